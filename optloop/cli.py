@@ -1,0 +1,73 @@
+"""Shared pieces of optloop's command-line entry points.
+
+Every entry point is wrapped by :func:`run_cli`: an :class:`OptloopError`
+becomes one ``optloop: error: ...`` line on stderr and a non-zero exit, never
+a traceback wall. ``--verbose`` shows the traceback for debugging.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable, Sequence
+
+from rich.logging import RichHandler
+
+from optloop.errors import OptloopError
+from optloop.lm import LMSettings, OptloopLM
+
+LM_HELP = """\
+LM backends (--lm, or the OPTLOOP_LM environment variable):
+  local                      the bundled SmolLM2-135M-Instruct, llama.cpp in-process (default)
+  local:/path/model.gguf     any GGUF file, llama.cpp in-process
+  openai:<model>             any OpenAI-compatible endpoint; --lm-base-url or OPENAI_BASE_URL
+                             (vLLM, Ollama, a llama.cpp server), key from OPENAI_API_KEY
+"""
+
+
+def add_lm_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("LM", "which model answers (see the LM backends below)")
+    group.add_argument("--lm", metavar="SPEC", help="LM spec: local | local:/path.gguf | openai:<model>")
+    group.add_argument("--lm-base-url", metavar="URL", help="base URL of an OpenAI-compatible endpoint")
+    group.add_argument("--lm-timeout", metavar="SECONDS", type=float, help="per-call timeout (default 60)")
+    group.add_argument("--lm-retries", metavar="N", type=int, help="retries on transient errors (default 3)")
+    group.add_argument("--no-cache", action="store_true", help="bypass the persistent LM call cache")
+
+
+def lm_from_args(args: argparse.Namespace) -> OptloopLM:
+    settings = LMSettings.from_spec(
+        args.lm,
+        base_url=args.lm_base_url,
+        timeout_s=args.lm_timeout,
+        max_retries=args.lm_retries,
+        cache=False if args.no_cache else None,
+    )
+    return OptloopLM(settings)
+
+
+def setup_logging(verbose: bool) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.WARNING,
+        format="%(message)s",
+        handlers=[RichHandler(show_path=False, rich_tracebacks=verbose)],
+        force=True,
+    )
+    if not verbose:  # third-party chatter that says nothing actionable
+        for name in ("httpx", "LiteLLM", "mem0", "graphiti_core", "sentence_transformers"):
+            logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def run_cli(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | None = None) -> int:
+    """Run ``main``; turn an :class:`OptloopError` into one line and exit code 2."""
+    verbose = "--verbose" in (sys.argv[1:] if argv is None else argv)
+    try:
+        return main(argv)
+    except OptloopError as exc:
+        if verbose:
+            logging.getLogger("optloop").exception("failed")
+        print(f"optloop: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("optloop: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,114 @@
+"""``python -m optloop.doctor``: check that the whole stack works here, end to end.
+
+It makes real calls, not import checks: a schema-constrained extraction and a
+free-text answer through :mod:`optloop.lm`, an embedding through
+:mod:`optloop.embed`, and reports versions, timings and the call accounting.
+Exit status 0 means every check passed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import sys
+import time
+from collections.abc import Sequence
+
+from pydantic import BaseModel
+from rich.console import Console
+from rich.table import Table
+
+from optloop.cli import LM_HELP, add_lm_arguments, lm_from_args, run_cli, setup_logging
+from optloop.embed import get_embedder
+from optloop.lm import prompt_site
+
+PACKAGES = ("dspy", "mem0ai", "graphiti-core", "kuzu", "mlflow", "optuna", "torch", "sentence-transformers",
+            "llama_cpp_python", "openai")
+
+
+class Fact(BaseModel):
+    subject: str
+    attribute: str
+    value: str
+
+
+class Facts(BaseModel):
+    facts: list[Fact]
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m optloop.doctor",
+        description="Check the optloop stack end to end with real calls: LM (schema-constrained and free text), "
+                    "embeddings, and the installed versions.",
+        epilog=LM_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_lm_arguments(parser)
+    parser.add_argument("--embed", metavar="SPEC", help="embedder: local (default) | openai:<model>")
+    parser.add_argument("--verbose", action="store_true", help="debug logging and tracebacks")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    setup_logging(args.verbose)
+    console = Console()
+
+    versions = Table(title="installed stack", show_header=True)
+    versions.add_column("package")
+    versions.add_column("version")
+    for name in PACKAGES:
+        try:
+            versions.add_row(name, importlib.metadata.version(name))
+        except importlib.metadata.PackageNotFoundError:
+            versions.add_row(name, "[red]missing[/red]")
+    console.print(versions)
+
+    lm = lm_from_args(args)
+    console.print(f"LM: [bold]{lm.backend.identity}[/bold]  cache: {lm.settings.resolved_cache_path()}")
+    checks = Table(title="checks", show_header=True)
+    for col in ("check", "result", "seconds"):
+        checks.add_column(col)
+
+    started = time.perf_counter()
+    with prompt_site("doctor.extract"):
+        facts = lm.json(
+            [
+                {"role": "system", "content": "Extract facts about the user as subject/attribute/value triples."},
+                {"role": "user", "content": "I moved to Lisbon in 2021 and my sister Ana is a nurse."},
+            ],
+            Facts,
+        )
+    parsed = Facts.model_validate(facts)
+    checks.add_row("schema-constrained call", f"{len(parsed.facts)} facts: {parsed.facts[:2]}",
+                   f"{time.perf_counter() - started:.2f}")
+
+    started = time.perf_counter()
+    with prompt_site("doctor.answer"):
+        answer = lm.text("In one short sentence: what is long-term memory for a chat assistant?", max_tokens=48)
+    checks.add_row("free-text call", answer.strip()[:100] or "[red]empty[/red]", f"{time.perf_counter() - started:.2f}")
+
+    started = time.perf_counter()
+    embedder = get_embedder(args.embed)
+    vectors = embedder.embed(["I live in Lisbon.", "My home city is Lisbon.", "The cat sleeps all day."])
+    close, far = float(vectors[0] @ vectors[1]), float(vectors[0] @ vectors[2])
+    checks.add_row(f"embeddings ({embedder.name}, dim {embedder.dim})",
+                   f"paraphrase {close:.2f} > unrelated {far:.2f}", f"{time.perf_counter() - started:.2f}")
+    console.print(checks)
+
+    usage = Table(title="LM accounting by prompt site")
+    for col in ("site", "calls", "model calls", "cache hits", "prompt tok", "completion tok", "seconds"):
+        usage.add_column(col)
+    for site, u in lm.accounting.by_site().items():
+        usage.add_row(str(site), str(u.calls), str(u.model_calls), str(u.cache_hits), str(u.prompt_tokens),
+                      str(u.completion_tokens), f"{u.seconds:.2f}")
+    console.print(usage)
+
+    ok = bool(answer.strip()) and close > far
+    console.print("[green]all checks passed[/green]" if ok else "[red]a check failed[/red]")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main))

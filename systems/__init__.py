@@ -1,0 +1,1 @@
+"""Memory systems behind one protocol (see DESIGN.md)."""

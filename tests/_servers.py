@@ -1,0 +1,86 @@
+"""A loopback OpenAI-compatible HTTP server whose behaviour follows a script.
+
+It is a real HTTP server on 127.0.0.1 spoken to by the real ``openai`` client,
+so tests exercise the LM layer's actual network path: status codes, bodies
+that do not parse, answers that never come. Each request consumes the next
+scripted behaviour (the last one repeats).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+# Behaviours: ("ok", content) | ("status", code) | ("raw", body_text) | ("hang", seconds) | ("embed", dim)
+
+
+class ScriptedOpenAIServer:
+    def __init__(self, script: list[tuple[str, Any]]):
+        self.script = list(script)
+        self.requests: list[dict[str, Any]] = []
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:  # keep test output clean
+                pass
+
+            def do_POST(self) -> None:  # noqa: N802 - http.server naming
+                length = int(self.headers.get("content-length") or 0)
+                body = json.loads(self.rfile.read(length) or b"{}")
+                server.requests.append({"path": self.path, "body": body, "auth": self.headers.get("authorization")})
+                kind, arg = server.script.pop(0) if len(server.script) > 1 else server.script[0]
+                if kind == "hang":
+                    time.sleep(arg)
+                    return
+                if kind == "status":
+                    self._send(arg, {"error": {"message": f"scripted {arg}", "type": "server_error"}})
+                elif kind == "raw":
+                    self._send(200, None, raw=arg.encode())
+                elif kind == "embed":
+                    data = [{"object": "embedding", "index": i, "embedding": [float(i + 1)] + [0.0] * (arg - 1)}
+                            for i, _ in enumerate(body["input"])]
+                    self._send(200, {"object": "list", "data": data, "model": body["model"],
+                                     "usage": {"prompt_tokens": 1, "total_tokens": 1}})
+                else:
+                    self._send(200, {
+                        "id": "cmpl-1", "object": "chat.completion", "created": 0, "model": body.get("model", "m"),
+                        "choices": [{"index": 0, "finish_reason": "stop",
+                                     "message": {"role": "assistant", "content": arg}}],
+                        "usage": {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10},
+                    })
+
+            def _send(self, code: int, payload: Any, raw: bytes | None = None) -> None:
+                data = raw if raw is not None else json.dumps(payload).encode()
+                self.send_response(code)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+
+    def __enter__(self) -> ScriptedOpenAIServer:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def closed_port_url() -> str:
+    """A loopback URL on which nothing listens (connection refused)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return f"http://127.0.0.1:{port}/v1"

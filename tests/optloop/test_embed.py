@@ -1,0 +1,49 @@
+"""Embeddings: the bundled MiniLM (real model, offline) and an OpenAI-compatible endpoint over loopback."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from optloop.embed import LocalEmbedder, OpenAIEmbedder, get_embedder
+from optloop.errors import ConfigError, LMUnreachableError
+from tests._servers import ScriptedOpenAIServer, closed_port_url
+
+
+def test_default_embedder_is_the_bundled_minilm():
+    embedder = get_embedder()
+    assert isinstance(embedder, LocalEmbedder) and embedder.dim == 384
+
+
+def test_local_embeddings_are_normalized_and_meaningful():
+    vectors = LocalEmbedder().embed(["I live in Lisbon.", "My home is in Lisbon.", "Quarterly revenue grew."])
+    assert vectors.shape == (3, 384) and vectors.dtype == np.float32
+    assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+    assert vectors[0] @ vectors[1] > vectors[0] @ vectors[2] + 0.3
+
+
+def test_batching_does_not_change_the_vectors():
+    texts = [f"sentence number {i} about topic {i % 7}" for i in range(70)]
+    whole = LocalEmbedder(batch_size=64).embed(texts)
+    small = LocalEmbedder(batch_size=8).embed(texts)
+    assert whole.shape == (70, 384) and np.allclose(whole, small, atol=1e-5)
+    assert LocalEmbedder().embed([]).shape == (0, 384)
+
+
+def test_remote_embeddings_are_batched_and_normalized():
+    with ScriptedOpenAIServer([("embed", 4)]) as server:
+        embedder = OpenAIEmbedder("emb-model", base_url=server.base_url, batch_size=2)
+        vectors = embedder.embed(["a", "b", "c"])
+    assert vectors.shape == (3, 4) and [len(r["body"]["input"]) for r in server.requests] == [2, 1]
+    assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0)
+
+
+def test_unreachable_embedding_endpoint_names_the_url():
+    url = closed_port_url()
+    with pytest.raises(LMUnreachableError, match=url.replace(".", r"\.")):
+        OpenAIEmbedder("m", base_url=url, max_retries=0).embed(["x"])
+
+
+def test_unknown_embedder_spec():
+    with pytest.raises(ConfigError, match="unknown embedder spec"):
+        get_embedder("word2vec")

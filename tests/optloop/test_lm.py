@@ -1,0 +1,281 @@
+"""Unit tests of the LM layer that need no model: settings, cache, accounting, remote endpoints.
+
+Remote behaviour is exercised against a real loopback HTTP server with the real
+``openai`` client (see ``tests/_servers.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from pydantic import BaseModel
+
+from optloop.errors import ConfigError, LMError, LMUnreachableError
+from optloop.lm import (
+    Accounting,
+    CallRecord,
+    LMCache,
+    LMSettings,
+    OptloopLM,
+    bundled_model_path,
+    prompt_site,
+    response_format_to_schema,
+)
+from tests._servers import ScriptedOpenAIServer, closed_port_url
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class City(BaseModel):
+    name: str
+    population: int
+
+
+# --- settings ---------------------------------------------------------------------------
+
+
+def test_default_spec_is_the_bundled_local_model():
+    settings = LMSettings.from_spec()
+    assert settings.backend == "local" and settings.model == ""
+    assert bundled_model_path().name == "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@pytest.mark.parametrize(
+    ("spec", "backend", "model"),
+    [
+        ("local", "local", ""),
+        ("local:/models/x.gguf", "local", "/models/x.gguf"),
+        ("/models/y.gguf", "local", "/models/y.gguf"),
+        ("openai:gpt-4o-mini", "openai", "gpt-4o-mini"),
+        ("openai/qwen2.5", "openai", "qwen2.5"),
+    ],
+)
+def test_spec_strings_select_backend_and_model(spec, backend, model):
+    settings = LMSettings.from_spec(spec)
+    assert (settings.backend, settings.model) == (backend, model)
+
+
+def test_spec_from_environment_and_base_url(monkeypatch):
+    monkeypatch.setenv("OPTLOOP_LM", "openai:llama3")
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:11434/v1")
+    settings = LMSettings.from_spec(None, timeout_s=None)
+    assert settings.model == "llama3" and settings.base_url == "http://127.0.0.1:11434/v1"
+    assert settings.timeout_s == 60.0  # None overrides fall through to the default
+
+
+def test_flag_overrides_environment_base_url(monkeypatch):
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://env:1/v1")
+    assert LMSettings.from_spec("openai:m", base_url="http://flag:2/v1").base_url == "http://flag:2/v1"
+
+
+@pytest.mark.parametrize(
+    ("spec", "overrides", "needle"),
+    [
+        ("gpt4", {}, "unknown LM spec 'gpt4'"),
+        ("openai:", {}, "needs a model name"),
+        ("local", {"max_tokens": 0}, "invalid LM setting max_tokens"),
+        ("local", {"max_retries": 99}, "invalid LM setting max_retries"),
+    ],
+)
+def test_bad_settings_raise_one_line_config_errors(spec, overrides, needle):
+    with pytest.raises(ConfigError) as info:
+        LMSettings.from_spec(spec, **overrides)
+    assert needle in str(info.value) and "\n" not in str(info.value)
+
+
+def test_missing_gguf_names_the_file():
+    with pytest.raises(ConfigError, match="GGUF model file not found: /nope/model.gguf"):
+        OptloopLM(LMSettings.from_spec("local:/nope/model.gguf"))
+
+
+def test_openai_without_key_or_base_url_says_what_to_set():
+    with pytest.raises(ConfigError, match="OPENAI_API_KEY is not set"):
+        OptloopLM(LMSettings.from_spec("openai:gpt-4o-mini"))
+
+
+# --- response formats ---------------------------------------------------------------------
+
+
+def test_every_way_to_ask_for_json_normalizes_to_a_schema():
+    schema = City.model_json_schema()
+    assert response_format_to_schema(City) == (schema, True)
+    assert response_format_to_schema({"type": "json_schema", "json_schema": {"name": "c", "schema": schema}}) == (
+        schema, True)
+    assert response_format_to_schema({"type": "json_object", "schema": schema}) == (schema, True)
+    assert response_format_to_schema({"type": "json_object"}) == (None, True)
+    assert response_format_to_schema(None) == (None, False)
+    with pytest.raises(ConfigError):
+        response_format_to_schema({"type": "xml"})
+
+
+# --- cache and accounting ---------------------------------------------------------------
+
+
+def test_cache_key_depends_on_every_input_that_changes_the_answer():
+    base = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "schema": None, "temperature": 0.0}
+    key = LMCache.key(base)
+    assert key == LMCache.key(dict(reversed(list(base.items()))))  # order-insensitive
+    for change in ({"model": "m2"}, {"messages": [{"role": "user", "content": "ho"}]},
+                   {"schema": {"type": "object"}}, {"temperature": 0.7}):
+        assert LMCache.key({**base, **change}) != key
+
+
+def test_cache_survives_reopening_the_file(tmp_path):
+    path = tmp_path / "c.sqlite"
+    LMCache(path).put("k", {"choices": [{"message": {"content": "x"}}]})
+    reopened = LMCache(path)
+    assert reopened.get("k") == {"choices": [{"message": {"content": "x"}}]} and len(reopened) == 1
+    assert reopened.get("missing") is None
+
+
+def test_corrupt_cache_file_gives_a_clear_error(tmp_path):
+    path = tmp_path / "c.sqlite"
+    path.write_bytes(b"this is not a database" * 100)
+    with pytest.raises(ConfigError, match="is corrupt"):
+        LMCache(path)
+
+
+def test_accounting_totals_by_site_and_since_mark():
+    acc = Accounting()
+    seen: list[CallRecord] = []
+    acc.listeners.append(seen.append)
+    acc.add(CallRecord("a", "m", 10, 5, 1.0, cached=False))
+    mark = acc.mark()
+    acc.add(CallRecord("a", "m", 10, 5, 0.1, cached=True))
+    acc.add(CallRecord("b", "m", 3, 2, 0.5, cached=False, attempts=3))
+    assert acc.totals().calls == 3 and acc.totals().model_calls == 2 and acc.totals().cache_hits == 1
+    assert acc.totals().tokens == 20  # cached calls spend no tokens
+    assert acc.totals(since=mark).calls == 2 and acc.totals("b").retries == 2
+    assert set(acc.by_site()) == {"a", "b"} and len(seen) == 3
+
+
+def test_prompt_site_is_scoped():
+    from optloop.lm import current_site
+
+    assert current_site() is None
+    with prompt_site("mem0.extract"):
+        with prompt_site("answer"):
+            assert current_site() == "answer"
+        assert current_site() == "mem0.extract"
+    assert current_site() is None
+
+
+# --- OpenAI-compatible endpoints over loopback HTTP -----------------------------------
+
+
+def _remote(base_url: str, **overrides) -> OptloopLM:
+    return OptloopLM(LMSettings.from_spec("openai:test-model", base_url=base_url, **overrides))
+
+
+def test_remote_call_sends_the_schema_and_is_accounted_to_the_site():
+    with ScriptedOpenAIServer([("ok", '{"name": "Lisbon", "population": 545000}')]) as server:
+        lm = _remote(server.base_url)
+        with prompt_site("answer"):
+            out = lm.json("Largest city of Portugal?", City)
+    assert out == {"name": "Lisbon", "population": 545000}
+    sent = server.requests[0]["body"]
+    assert sent["response_format"]["type"] == "json_schema"
+    assert sent["response_format"]["json_schema"]["schema"]["required"] == ["name", "population"]
+    record = lm.accounting.records[0]
+    assert (record.site, record.prompt_tokens, record.completion_tokens, record.cached) == ("answer", 7, 3, False)
+
+
+def test_json_object_schema_mode_for_llama_cpp_servers():
+    with ScriptedOpenAIServer([("ok", '{"name": "x", "population": 1}')]) as server:
+        _remote(server.base_url, schema_mode="json_object").json("q", City)
+    assert server.requests[0]["body"]["response_format"] == {"type": "json_object", "schema": City.model_json_schema()}
+
+
+def test_transient_5xx_and_non_json_bodies_are_retried_then_succeed():
+    script = [("status", 503), ("ok", "not json {"), ("status", 500), ("ok", '{"name": "y", "population": 2}')]
+    with ScriptedOpenAIServer(script) as server:
+        lm = _remote(server.base_url, max_retries=3)
+        assert lm.json("q", City)["name"] == "y"
+    assert len(server.requests) == 4
+    assert lm.accounting.records[-1].attempts == 4 and lm.accounting.totals().retries == 3
+
+
+def test_retries_are_bounded_and_the_error_is_one_line():
+    with ScriptedOpenAIServer([("status", 502)]) as server:
+        lm = _remote(server.base_url, max_retries=2)
+        with pytest.raises(LMError) as info:
+            lm.text("q")
+    assert len(server.requests) == 3
+    assert "HTTP 502" in str(info.value) and "\n" not in str(info.value)
+    assert lm.accounting.totals().errors == 1
+
+
+def test_client_errors_are_not_retried():
+    with ScriptedOpenAIServer([("status", 401)]) as server:
+        with pytest.raises(LMError, match="rejected the API key"):
+            _remote(server.base_url).text("q")
+    assert len(server.requests) == 1
+
+
+def test_remote_responses_are_cached(tmp_path):
+    with ScriptedOpenAIServer([("ok", "hello")]) as server:
+        lm = _remote(server.base_url)
+        assert lm.text("q") == lm.text("q") == "hello"
+    assert len(server.requests) == 1 and lm.accounting.totals().cache_hits == 1
+
+
+def test_refused_connection_names_the_url_quickly():
+    url = closed_port_url()
+    lm = _remote(url, max_retries=2, timeout_s=5)
+    started = time.perf_counter()
+    with pytest.raises(LMUnreachableError) as info:
+        lm.text("q")
+    assert url in str(info.value) and "\n" not in str(info.value)
+    assert time.perf_counter() - started < 5
+
+
+def test_an_endpoint_that_never_answers_fails_within_the_timeout():
+    with ScriptedOpenAIServer([("hang", 30)]) as server:
+        lm = _remote(server.base_url, timeout_s=1.5, max_retries=3)
+        started = time.perf_counter()
+        with pytest.raises(LMUnreachableError, match="did not answer in time"):
+            lm.text("q")
+        elapsed = time.perf_counter() - started
+    # No new attempt starts once the timeout budget is spent: one attempt + backoff.
+    assert elapsed < 1.5 * 2 + 1
+
+
+def test_cli_with_unreachable_endpoint_prints_one_line_and_exits_nonzero():
+    url = closed_port_url()
+    proc = subprocess.run(
+        [sys.executable, "-m", "optloop.doctor", "--lm", "openai:some-model", "--lm-base-url", url,
+         "--lm-timeout", "3", "--lm-retries", "1"],
+        capture_output=True, text=True, cwd=REPO, timeout=120,
+    )
+    assert proc.returncode == 2
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert lines == [line for line in lines if line.startswith("optloop: error:")] and len(lines) == 1, proc.stderr
+    assert url in lines[0] and "Traceback" not in proc.stderr
+
+
+def test_dspy_sees_an_lm_that_supports_response_schemas():
+    with ScriptedOpenAIServer([("ok", '{"answer": "Paris"}')]) as server:
+        lm = _remote(server.base_url)
+        import dspy
+
+        with dspy.context(lm=lm, adapter=dspy.JSONAdapter()):
+            result = dspy.Predict("question -> answer")(question="Capital of France?")
+    assert result.answer == "Paris"
+    fmt = server.requests[0]["body"]["response_format"]
+    assert fmt["type"] == "json_schema" and fmt["json_schema"]["schema"]["properties"]["answer"]["type"] == "string"
+    assert json.loads(json.dumps(lm.dump_state()))["settings"]["backend"] == "openai"
+
+
+def test_cache_file_is_sqlite_under_the_state_dir(isolated_state):
+    with ScriptedOpenAIServer([("ok", "x")]) as server:
+        lm = _remote(server.base_url)
+        lm.text("q")
+    path = isolated_state / "lm_cache.sqlite"
+    assert lm.settings.resolved_cache_path() == path
+    assert sqlite3.connect(path).execute("select count(*) from responses").fetchone()[0] == 1
