@@ -90,7 +90,9 @@ class LocalEmbedder(Embedder):
             if self.name not in _MODELS:
                 os.environ.setdefault("HF_HUB_OFFLINE", "1")
                 from sentence_transformers import SentenceTransformer
+                from transformers.utils import logging as hf_logging
 
+                hf_logging.disable_progress_bar()  # "Loading weights" bars on every start say nothing
                 _MODELS[self.name] = SentenceTransformer(self.model_path(), device="cpu")
             return _MODELS[self.name]
 

@@ -103,6 +103,11 @@ class LMSettings(BaseModel):
     cache_path: Path | None = Field(None, description="default: $OPTLOOP_HOME/lm_cache.sqlite")
     n_ctx: int = Field(8192, gt=0, description="context window of a local model")
     n_threads: int | None = None
+    # A tiny model can ramble inside a JSON string until max_tokens cuts it off.
+    # Locally decoded schemas get these bounds (where the schema sets none), so
+    # every constrained output closes; the result still satisfies the original.
+    max_string_chars: int = Field(400, gt=0, description="local decoding: longest JSON string")
+    max_array_items: int = Field(16, gt=0, description="local decoding: longest JSON array")
 
     @classmethod
     def from_spec(cls, spec: str | None = None, **overrides: Any) -> LMSettings:
@@ -337,6 +342,30 @@ def response_format_to_schema(response_format: Any) -> tuple[dict[str, Any] | No
     raise ConfigError(f"unsupported response_format {response_format!r}")
 
 
+def bound_schema(schema: dict[str, Any], *, max_chars: int, max_items: int) -> dict[str, Any]:
+    """A copy of ``schema`` whose strings and arrays have a maximum length.
+
+    Only adds ``maxLength``/``maxItems`` where none is set, so every document
+    valid under the result is valid under the original.
+    """
+
+    def visit(node: Any) -> Any:
+        if isinstance(node, list):
+            return [visit(item) for item in node]
+        if not isinstance(node, dict):
+            return node
+        out = {key: visit(value) for key, value in node.items()}
+        kinds = out.get("type")
+        kinds = kinds if isinstance(kinds, list) else [kinds]
+        if "string" in kinds and not {"enum", "const", "maxLength", "format", "pattern"} & out.keys():
+            out["maxLength"] = max_chars
+        if "array" in kinds and "maxItems" not in out:
+            out["maxItems"] = max(max_items, out.get("minItems", 0))
+        return out
+
+    return visit(schema)
+
+
 class Backend(ABC):
     """One way to reach a model. Backends make one attempt; the LM layer retries."""
 
@@ -367,12 +396,18 @@ class LocalLlamaBackend(Backend):
     cached run never loads it.
     """
 
-    def __init__(self, path: Path, *, n_ctx: int, n_threads: int | None):
+    # On a truncated JSON answer, retry with this many times the token budget, twice at most.
+    GROWTH = 2
+    MAX_GROWTHS = 2
+
+    def __init__(self, path: Path, *, n_ctx: int, n_threads: int | None, max_chars: int, max_items: int):
         if not path.is_file():
             raise ConfigError(f"GGUF model file not found: {path}; pass an existing file with --lm local:/path.gguf")
         self.path = path
         self.n_ctx = n_ctx
         self.n_threads = n_threads or os.cpu_count() or 1
+        self.max_chars = max_chars
+        self.max_items = max_items
 
     @property
     def identity(self) -> str:
@@ -407,12 +442,27 @@ class LocalLlamaBackend(Backend):
             stop=request.stop,
         )
         if request.json_mode:
-            kwargs["response_format"] = {"type": "json_object", **({"schema": request.schema} if request.schema else {})}
-        with lock:
-            try:
-                return llama.create_chat_completion(**kwargs)
-            except ValueError as exc:  # e.g. "Requested tokens (9000) exceed context window of 8192"
-                raise LMError(f"local model {self.path.name}: {exc}; shorten the prompt or raise n_ctx") from None
+            fmt: dict[str, Any] = {"type": "json_object"}
+            if request.schema:
+                fmt["schema"] = bound_schema(request.schema, max_chars=self.max_chars, max_items=self.max_items)
+            kwargs["response_format"] = fmt
+        spent = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+        for growth in range(self.MAX_GROWTHS + 1):
+            with lock:
+                try:
+                    response = llama.create_chat_completion(**kwargs)
+                except ValueError as exc:  # e.g. "Requested tokens (9000) exceed context window of 8192"
+                    raise LMError(f"local model {self.path.name}: {exc}; shorten the prompt or raise n_ctx") from None
+            for name in spent:
+                spent[name] += response["usage"][name]
+            room = self.n_ctx - response["usage"]["prompt_tokens"]
+            truncated = response["choices"][0]["finish_reason"] == "length"
+            if not (request.json_mode and truncated) or kwargs["max_tokens"] >= room or growth == self.MAX_GROWTHS:
+                break
+            kwargs["max_tokens"] = min(kwargs["max_tokens"] * self.GROWTH, room)
+            logger.debug("JSON answer truncated; retrying with max_tokens=%d", kwargs["max_tokens"])
+        response["usage"] = spent
+        return response
 
 
 class OpenAICompatibleBackend(Backend):
@@ -500,7 +550,8 @@ class OpenAICompatibleBackend(Backend):
 def make_backend(settings: LMSettings) -> Backend:
     if settings.backend == "local":
         path = Path(settings.model).expanduser() if settings.model else bundled_model_path()
-        return LocalLlamaBackend(path, n_ctx=settings.n_ctx, n_threads=settings.n_threads)
+        return LocalLlamaBackend(path, n_ctx=settings.n_ctx, n_threads=settings.n_threads,
+                                 max_chars=settings.max_string_chars, max_items=settings.max_array_items)
     return OpenAICompatibleBackend(settings)
 
 

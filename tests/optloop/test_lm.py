@@ -279,3 +279,23 @@ def test_cache_file_is_sqlite_under_the_state_dir(isolated_state):
     path = isolated_state / "lm_cache.sqlite"
     assert lm.settings.resolved_cache_path() == path
     assert sqlite3.connect(path).execute("select count(*) from responses").fetchone()[0] == 1
+
+
+def test_bound_schema_only_tightens_unbounded_strings_and_arrays():
+    from optloop.lm import bound_schema
+
+    schema = {"type": "object", "properties": {
+        "type": {"type": "string"},  # a property named "type" is still just a property
+        "tags": {"type": "array", "items": {"type": "string"}},
+        "kind": {"type": "string", "enum": ["a", "b"]},
+        "short": {"type": "string", "maxLength": 5},
+        "nick": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+        "few": {"type": "array", "minItems": 20, "items": {"$ref": "#/$defs/X"}}},
+        "$defs": {"X": {"type": "object", "properties": {"v": {"type": "string"}}}}}
+    bounded = bound_schema(schema, max_chars=50, max_items=4)
+    props = bounded["properties"]
+    assert props["type"]["maxLength"] == 50 and props["tags"]["maxItems"] == 4
+    assert props["tags"]["items"]["maxLength"] == 50 and "maxLength" not in props["kind"]
+    assert props["short"]["maxLength"] == 5 and props["nick"]["anyOf"][0]["maxLength"] == 50
+    assert props["few"]["maxItems"] == 20 and bounded["$defs"]["X"]["properties"]["v"]["maxLength"] == 50
+    assert "maxLength" not in schema["properties"]["type"]  # the input is not modified
