@@ -5,8 +5,7 @@
 Runs a fixed workload of schema-constrained memory-style calls (fact
 extraction, yes/no, multiple choice, short answers) and a few free-text calls
 against a fresh cache (every call reaches the model), then the same workload
-again (every call is a cache hit), and a fresh process's first cached call.
-Also times the bundled embedder. Figures go to the terminal and optionally JSON.
+again (every call is a cache hit). Also times the bundled embedder. Figures go to the terminal and optionally JSON.
 """
 
 from __future__ import annotations

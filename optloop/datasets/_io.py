@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -41,7 +42,12 @@ def _loc(loc: Sequence[int | str]) -> str:
     out = ""
     for part in loc:
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out or "(record)"
+    return out
+
+
+# A model-level validator cannot set pydantic's error location, so its message starts
+# with the field path it is about ("questions[0].evidence_ids: ...").
+_FIELD_PREFIX = re.compile(r"^([A-Za-z_][\w\[\]\.]*): (.*)$", re.S)
 
 
 def validation_error(source: str | Path, where: str | None, exc: ValidationError) -> DatasetError:
@@ -49,8 +55,12 @@ def validation_error(source: str | Path, where: str | None, exc: ValidationError
     errors = exc.errors()
     first = errors[0]
     more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
+    field = _loc(first["loc"])
     msg = first["msg"].removeprefix("Value error, ")
-    return dataset_error(source, where, _loc(first["loc"]), msg + more)
+    if match := _FIELD_PREFIX.match(msg):
+        field = f"{field}.{match[1]}" if field else match[1]
+        msg = match[2]
+    return dataset_error(source, where, field or None, msg + more)
 
 
 @contextmanager

@@ -91,14 +91,15 @@ class Question(BaseModel):
 
     @model_validator(mode="after")
     def _check_task(self) -> Question:
+        # Messages start with the field they are about; loaders turn that into the location.
         if self.scorer == "multiple_choice":
             if not self.options or not 2 <= len(self.options) <= len(LETTERS):
-                raise ValueError("a multiple_choice question needs 2 to 26 options")
+                raise ValueError("options: a multiple_choice question needs 2 to 26 options")
             letters = LETTERS[: len(self.options)]
             if self.gold not in letters:
-                raise ValueError(f"gold {self.gold!r} must be one of the option letters {letters}")
+                raise ValueError(f"gold: {self.gold!r} must be one of the option letters {letters}")
         if self.abstain and self.scorer != "abstain":
-            raise ValueError("an abstain question must use scorer='abstain'")
+            raise ValueError("scorer: an abstain question must use scorer='abstain'")
         return self
 
 
@@ -116,22 +117,22 @@ class Episode(BaseModel):
     def _check_ids(self) -> Episode:
         seen_sessions: set[str] = set()
         seen_turns: set[str] = set()
-        for session in self.sessions:
+        for i, session in enumerate(self.sessions):
             if session.id in seen_sessions:
-                raise ValueError(f"duplicate session id {session.id!r}")
+                raise ValueError(f"sessions[{i}].id: duplicate session id {session.id!r}")
             seen_sessions.add(session.id)
-            for turn in session.turns:
+            for j, turn in enumerate(session.turns):
                 if turn.id in seen_turns:
-                    raise ValueError(f"duplicate turn id {turn.id!r}")
+                    raise ValueError(f"sessions[{i}].turns[{j}].id: duplicate turn id {turn.id!r}")
                 seen_turns.add(turn.id)
         seen_questions: set[str] = set()
-        for question in self.questions:
+        for k, question in enumerate(self.questions):
             if question.id in seen_questions:
-                raise ValueError(f"duplicate question id {question.id!r}")
+                raise ValueError(f"questions[{k}].id: duplicate question id {question.id!r}")
             seen_questions.add(question.id)
             missing = [e for e in question.evidence_ids if e not in seen_turns]
             if missing:
-                raise ValueError(f"question {question.id!r} cites unknown turn ids {missing}")
+                raise ValueError(f"questions[{k}].evidence_ids: unknown turn ids {missing}")
         return self
 
     def all_turns(self) -> list[Turn]:

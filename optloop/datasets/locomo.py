@@ -96,7 +96,7 @@ def _evidence(raw: Any, by_dia_id: dict[str, str], source: Path, where: str, fie
     return ids, dropped
 
 
-def _sample(index: int, where: str, sample: Any, source: Path) -> Episode:
+def _sample(where: str, sample: Any, source: Path) -> Episode:
     sample_id = require(sample, "sample_id", source, where)
     where = f"{where} (sample_id={sample_id})"
     sessions, by_dia_id = _sessions(sample.get("conversation"), source, where)
@@ -123,7 +123,7 @@ def _sample(index: int, where: str, sample: Any, source: Path) -> Episode:
         else:
             if record.get("answer") is None:
                 raise dataset_error(source, where, f"{field}.answer", "missing")
-            gold = str(record["answer"])
+            gold = str(record["answer"]).strip()
             if category == 3:
                 meta["full_answer"] = gold
                 gold = gold.split(";")[0].strip() or gold
@@ -154,9 +154,9 @@ def load_locomo(rest: str, params: dict[str, str]) -> tuple[str, list[Episode]]:
     """Load a LoCoMo JSON file; returns the dataset name and its episodes."""
     path = existing_file(rest, "locomo")
     episodes = []
-    for index, (where, sample) in enumerate(read_json_records(path)):
+    for where, sample in read_json_records(path):
         with record_context(path, where):
-            episodes.append(_sample(index, where, sample, path))
+            episodes.append(_sample(where, sample, path))
     if not episodes:
         raise dataset_error(path, None, None, "no samples")
     return f"locomo:{path.stem}", episodes

@@ -61,7 +61,7 @@ def _instance(where: str, record: Any, source: Path) -> Episode:
     question = Question(
         id=qid,
         question=text,
-        gold=str(answer),
+        gold=str(answer).strip(),
         evidence_ids=[] if abstain else evidence,
         task_type=question_type,
         scorer="abstain" if abstain else "llm_judge",

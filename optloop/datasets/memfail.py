@@ -60,7 +60,8 @@ class _Task:
     build: RowBuilder
 
 
-def _fact_sessions(episode_id: str, facts: list[str], source: Path, where: str, field: str) -> list[Session]:
+def _fact_sessions(facts: list[str], source: Path, where: str, field: str) -> list[Session]:
+    """One session of one user turn per fact: ``s<k>`` / ``s<k>:t1``."""
     sessions = []
     for k, fact in enumerate(facts, start=1):
         if not isinstance(fact, str) or not fact.strip():
@@ -81,7 +82,7 @@ def _text(row: dict[str, str], field: str, source: Path, where: str) -> str:
 def _coexisting(episode_id: str, source: Path, where: str, row: dict[str, str]) -> Episode:
     preferences = json_cell(row["preferences"], source, where, "preferences")
     facts = json_cell(row["preference_facts"], source, where, "preference_facts")
-    sessions = _fact_sessions(episode_id, facts, source, where, "preference_facts")
+    sessions = _fact_sessions(facts, source, where, "preference_facts")
     question = Question(
         id=f"{episode_id}:q1",
         question=_text(row, "question", source, where),
@@ -97,7 +98,7 @@ def _coexisting(episode_id: str, source: Path, where: str, row: dict[str, str]) 
 def _conditional(difficulty: str) -> RowBuilder:
     def build(episode_id: str, source: Path, where: str, row: dict[str, str]) -> Episode:
         facts = json_cell(row["entity_facts"], source, where, "entity_facts")
-        sessions = _fact_sessions(episode_id, facts, source, where, "entity_facts")
+        sessions = _fact_sessions(facts, source, where, "entity_facts")
         gold = _text(row, "ground_truth_answer", source, where)
         if parse_yes_no(gold) is None:
             raise dataset_error(source, where, "ground_truth_answer", f"does not start with yes or no: {gold[:40]!r}")
@@ -118,7 +119,7 @@ def _conditional(difficulty: str) -> RowBuilder:
 
 def _persona(episode_id: str, source: Path, where: str, row: dict[str, str]) -> Episode:
     facts = json_cell(row["entity_facts"], source, where, "entity_facts")
-    sessions = _fact_sessions(episode_id, facts, source, where, "entity_facts")
+    sessions = _fact_sessions(facts, source, where, "entity_facts")
     records = json_cell(row["questions"], source, where, "questions")
     if not records:
         raise dataset_error(source, where, "questions", "no questions")
@@ -163,7 +164,7 @@ def _choice_letter(raw: str, options: list[str], source: Path, where: str) -> st
 def _long_hop(episode_id: str, source: Path, where: str, row: dict[str, str]) -> Episode:
     episode_id = f"long_hop-{row['id'].strip()}" if row.get("id", "").strip() else episode_id
     facts = [row[f"fact_{k}"].strip() for k in range(1, 5) if (row.get(f"fact_{k}") or "").strip()]
-    sessions = _fact_sessions(episode_id, facts, source, where, "fact_1")
+    sessions = _fact_sessions(facts, source, where, "fact_1")
     options = [_text(row, c, source, where) for c in _CHOICES]
     gold = _choice_letter(row["correct_choice"], options, source, where)
     hop_text = (row.get("hop_count") or "").strip()

@@ -1,0 +1,130 @@
+"""Dataset URIs: ``<scheme>:<rest>[?key=value&...]`` -> :class:`Dataset`.
+
+=====================================  ==============================================
+``builtin:[tiny|suite|meme]``          shipped in code (``builtin:`` = tiny)
+``memfail:<task>[:path]``              coexisting, conditional_easy, conditional_hard,
+                                       persona, long_hop
+``locomo:<path>``                      official ``locomo10.json`` layout
+``longmemeval:<path>``                 official LongMemEval JSON
+``meme:<path>``                        MEME records (JSON list / JSONL)
+``jsonl:<path>``                       one Episode per line (the model's JSON)
+``synthetic:meme?seed=&episodes=&fillers=&domain=``   generated MEME-style episodes
+``synthetic:suite?seed=``              generated end-to-end memory check-list
+=====================================  ==============================================
+
+Query parameters every scheme accepts, applied in this order after loading:
+``tasks=a,b`` keeps questions of those task types (episodes left without questions
+are dropped), ``offset=N`` skips episodes, ``limit=N`` keeps at most N episodes,
+``questions=N`` keeps at most N questions per episode. Anything else is passed to the
+loader, which rejects what it does not know. All of this happens before any LM call.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from optloop.datasets._io import dataset_error
+from optloop.datasets._model import Dataset, Episode
+from optloop.datasets.builtin import load_builtin
+from optloop.datasets.jsonl import load_jsonl
+from optloop.datasets.locomo import load_locomo
+from optloop.datasets.longmemeval import load_longmemeval
+from optloop.datasets.meme import load_meme
+from optloop.datasets.memfail import load_memfail
+from optloop.datasets.synthetic import load_synthetic
+from optloop.errors import DatasetError
+
+logger = logging.getLogger(__name__)
+
+Loader = Callable[[str, dict[str, str]], tuple[str, list[Episode]]]
+"""``loader(rest, params) -> (dataset name, episodes)``; raises DatasetError."""
+
+LOADERS: dict[str, Loader] = {
+    "builtin": load_builtin,
+    "memfail": load_memfail,
+    "locomo": load_locomo,
+    "longmemeval": load_longmemeval,
+    "meme": load_meme,
+    "jsonl": load_jsonl,
+    "synthetic": load_synthetic,
+}
+COMMON_PARAMS = ("tasks", "offset", "limit", "questions")
+_TAKES_PARAMS = {"synthetic"}
+
+
+def parse_uri(uri: str) -> tuple[str, str, dict[str, str]]:
+    """Split ``scheme:rest?k=v&...`` into its parts; a DatasetError when malformed."""
+    text = uri.strip()
+    scheme, sep, rest = text.partition(":")
+    if not sep or not scheme:
+        raise DatasetError(f"{uri!r}: not a dataset URI (expected <scheme>:<rest>, schemes: {', '.join(LOADERS)})")
+    scheme = scheme.lower()
+    if scheme not in LOADERS:
+        raise DatasetError(f"{uri}: unknown dataset scheme {scheme!r} (one of: {', '.join(LOADERS)})")
+    rest, _, query = rest.partition("?")
+    params: dict[str, str] = {}
+    for part in filter(None, query.split("&")):
+        key, eq, value = part.partition("=")
+        if not eq or not key:
+            raise dataset_error(uri, None, key or part, "query parameter needs a value (key=value)")
+        if key in params:
+            raise dataset_error(uri, None, key, "query parameter given twice")
+        params[key] = value
+    return scheme, rest, params
+
+
+def _count(uri: str, params: dict[str, str], name: str, minimum: int) -> int | None:
+    raw = params.get(name)
+    if raw is None:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        value = minimum - 1
+    if value < minimum:
+        raise dataset_error(uri, None, name, f"expected an integer >= {minimum}, got {raw!r}")
+    return value
+
+
+def load_dataset(uri: str) -> Dataset:
+    """Load the dataset a URI names (see the module docstring for the schemes).
+
+    Fails with a one-line :class:`~optloop.errors.DatasetError` that names the file,
+    the line or record and the field for a malformed source, and the scheme, task or
+    parameter for a bad URI.
+    """
+    scheme, rest, params = parse_uri(uri)
+    common = {k: params.pop(k) for k in COMMON_PARAMS if k in params}
+    if params and scheme not in _TAKES_PARAMS:
+        name = sorted(params)[0]
+        raise dataset_error(uri, None, name, f"unknown query parameter (accepted: {', '.join(COMMON_PARAMS)})")
+    name, episodes = LOADERS[scheme](rest, params)
+
+    seen: set[str] = set()
+    for episode in episodes:
+        if episode.id in seen:
+            raise DatasetError(f"{uri}: duplicate episode id {episode.id!r}")
+        seen.add(episode.id)
+
+    if "tasks" in common:
+        wanted = {t.strip() for t in common["tasks"].split(",") if t.strip()}
+        known = {q.task_type for e in episodes for q in e.questions}
+        if not wanted or not wanted <= known:
+            bad = sorted(wanted - known) or [common["tasks"]]
+            raise dataset_error(uri, None, "tasks", f"no questions of task {bad[0]!r} (tasks here: {', '.join(sorted(known))})")
+        episodes = [
+            e.model_copy(update={"questions": [q for q in e.questions if q.task_type in wanted]})
+            for e in episodes
+            if any(q.task_type in wanted for q in e.questions)
+        ]
+    offset = _count(uri, common, "offset", 0) or 0
+    limit = _count(uri, common, "limit", 1)
+    episodes = episodes[offset:] if limit is None else episodes[offset : offset + limit]
+    per_episode = _count(uri, common, "questions", 1)
+    if per_episode is not None:
+        episodes = [e.model_copy(update={"questions": e.questions[:per_episode]}) for e in episodes]
+    if not episodes:
+        raise dataset_error(uri, None, "offset", "no episodes left after offset/limit")
+    logger.info("dataset %s: %d episodes, %d questions", name, len(episodes), sum(len(e.questions) for e in episodes))
+    return Dataset(name=name, uri=uri, episodes=episodes)
