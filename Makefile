@@ -6,7 +6,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 # Portable llama.cpp build: a native (-march=native) build dies with SIGILL on
 # CPUs that differ from the build host's, which is what CI machines are.
-LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF
+# LLAVA_BUILD=OFF skips the multimodal library (imported lazily, unused here).
+LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF -DLLAVA_BUILD=OFF
 STAMP := $(VENV)/.optloop-installed
 PYTEST_ARGS ?=
 
