@@ -1,0 +1,172 @@
+"""The memory-system protocol and the prompt-site type every system is built from.
+
+A :class:`MemorySystem` is MemFail's store / retrieve / get_all API plus the
+answer step: ``ingest`` sessions, ``retrieve`` memories for a question,
+``answer`` from them. Its LLM calls all go through :class:`PromptSite` s, one
+DSPy module per prompt the system sends, so an optimizer sees a system as a
+DSPy program: ``prompt_sites()`` are its predictors, ``knobs()`` its non-LLM
+parameters (top_k, thresholds, search recipe).
+
+Each system keeps all of its state under its own ``run_dir`` and ``reset()``
+empties it, so two systems can live in one process without sharing anything.
+"""
+
+from __future__ import annotations
+
+import shutil
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+import dspy
+from pydantic import BaseModel, Field
+
+from optloop.lm import OptloopLM, prompt_site
+from signatures._layout import LibraryLayoutAdapter
+from signatures.common import AnswerFromMemories, RewriteQuery, render_memories
+
+if TYPE_CHECKING:
+    from optloop.datasets import Session
+    from optloop.embed import Embedder
+
+Stage = Literal["ingest", "retrieve", "answer"]
+
+
+@dataclass
+class PromptSite:
+    """One prompt a system sends, as a DSPy module an optimizer can rewrite.
+
+    ``layout="library"`` sites render with :class:`LibraryLayoutAdapter` (system
+    = the library's prompt, user = the library's own user content), so the
+    messages are what the vanilla library sends. ``layout="dspy"`` sites are
+    optloop's own (answer, query rewrite) and use DSPy's JSONAdapter.
+    """
+
+    name: str
+    stage: Stage
+    module: dspy.Predict
+    seed_instruction: str
+    op_kinds: tuple[str, ...] = ()
+    layout: Literal["library", "dspy"] = "library"
+    _adapter: Any = field(default=None, repr=False)
+
+    @classmethod
+    def from_signature(cls, name: str, stage: Stage, signature: type[dspy.Signature], *,
+                       op_kinds: tuple[str, ...] = (), layout: Literal["library", "dspy"] = "library") -> PromptSite:
+        return cls(name=name, stage=stage, module=dspy.Predict(signature), seed_instruction=signature.instructions,
+                   op_kinds=op_kinds, layout=layout)
+
+    @property
+    def instructions(self) -> str:
+        return self.module.signature.instructions
+
+    def set_instructions(self, text: str) -> None:
+        self.module.signature = self.module.signature.with_instructions(text)
+
+    @property
+    def changed(self) -> bool:
+        return self.instructions != self.seed_instruction or bool(self.module.demos)
+
+    def adapter(self) -> dspy.Adapter:
+        if self._adapter is None:
+            self._adapter = LibraryLayoutAdapter() if self.layout == "library" else dspy.JSONAdapter()
+        return self._adapter
+
+    def __call__(self, lm: OptloopLM, **inputs: Any) -> dspy.Prediction:
+        """Run the site on ``lm``, charging the call to this site's name."""
+        with prompt_site(self.name), dspy.context(lm=lm, adapter=self.adapter()):
+            return self.module(**inputs)
+
+
+class MemoryItem(BaseModel):
+    """One memory unit as a system stores or returns it."""
+
+    id: str
+    text: str
+    score: float | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class MemorySystem(ABC):
+    """Base class of every memory system; subclasses wrap the real library.
+
+    Subclasses set ``name``, add their own sites in ``_build_sites`` and
+    implement ``reset``, ``ingest``, ``_search`` and ``all_memories``. The
+    shared ``answer`` site and the optional ``retrieve.query`` site live here.
+    """
+
+    name: ClassVar[str]
+    default_knobs: ClassVar[dict[str, Any]] = {"top_k": 5}
+
+    def __init__(self, lm: OptloopLM, run_dir: Path, *, embedder: Embedder | None = None,
+                 knobs: dict[str, Any] | None = None, query_site: bool = False):
+        self.lm = lm
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        if embedder is None:
+            from optloop.embed import get_embedder
+
+            embedder = get_embedder()
+        self.embedder = embedder
+        unknown = set(knobs or {}) - set(self.default_knobs)
+        if unknown:
+            from optloop.errors import ConfigError
+
+            raise ConfigError(f"{self.name} has no knob(s) {sorted(unknown)}; its knobs are {sorted(self.default_knobs)}")
+        self._knobs = {**self.default_knobs, **(knobs or {})}
+        self._sites: dict[str, PromptSite] = {}
+        self._build_sites()
+        self._sites["answer"] = PromptSite.from_signature("answer", "answer", AnswerFromMemories,
+                                                          op_kinds=("answer",), layout="dspy")
+        if query_site:
+            self._sites["retrieve.query"] = PromptSite.from_signature(
+                "retrieve.query", "retrieve", RewriteQuery, op_kinds=("rewrite",), layout="dspy")
+
+    # --- what subclasses provide ---------------------------------------------------------
+
+    def _build_sites(self) -> None:
+        """Add the system's own prompt sites to ``self._sites``."""
+
+    @abstractmethod
+    def reset(self) -> None:
+        """Forget everything stored (the run directory is emptied)."""
+
+    @abstractmethod
+    def ingest(self, sessions: Sequence[Session]) -> None:
+        """Store the sessions, in order, as the library would."""
+
+    @abstractmethod
+    def _search(self, query: str, k: int) -> list[MemoryItem]:
+        """The library's own retrieval for ``query``."""
+
+    @abstractmethod
+    def all_memories(self) -> list[MemoryItem]:
+        """Everything currently stored."""
+
+    # --- shared behaviour ----------------------------------------------------------------
+
+    def retrieve(self, question: str, k: int | None = None) -> list[MemoryItem]:
+        query = question
+        if "retrieve.query" in self._sites:
+            query = self._sites["retrieve.query"](self.lm, question=question).query or question
+        return self._search(query, int(k or self._knobs["top_k"]))
+
+    def answer(self, question: str, memories: Sequence[MemoryItem]) -> str:
+        return self._sites["answer"](self.lm, memories=render_memories(memories), question=question).answer
+
+    def prompt_sites(self) -> dict[str, PromptSite]:
+        return dict(self._sites)
+
+    def knobs(self) -> dict[str, Any]:
+        return dict(self._knobs)
+
+    def set_knob(self, name: str, value: Any) -> None:
+        if name not in self._knobs:
+            raise KeyError(f"{self.name} has no knob {name!r}")
+        self._knobs[name] = value
+
+    def _clear_run_dir(self) -> None:
+        shutil.rmtree(self.run_dir, ignore_errors=True)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
