@@ -224,3 +224,17 @@ def shared_data_dirs() -> list[Path]:
         if c not in out:
             out.append(c)
     return out
+
+
+def int_param(uri: str, params: dict[str, str], name: str, minimum: int, default: int | None = None) -> int | None:
+    """The integer query parameter ``name`` of a dataset URI (``default`` when absent), at least ``minimum``."""
+    raw = params.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = minimum - 1
+    if value < minimum:
+        raise dataset_error(uri, None, name, f"expected an integer >= {minimum}, got {raw!r}")
+    return value

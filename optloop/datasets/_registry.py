@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from optloop.datasets._io import dataset_error
+from optloop.datasets._io import dataset_error, int_param
 from optloop.datasets._model import Dataset, Episode
 from optloop.datasets.builtin import load_builtin
 from optloop.datasets.jsonl import load_jsonl
@@ -74,19 +74,6 @@ def parse_uri(uri: str) -> tuple[str, str, dict[str, str]]:
     return scheme, rest, params
 
 
-def _count(uri: str, params: dict[str, str], name: str, minimum: int) -> int | None:
-    raw = params.get(name)
-    if raw is None:
-        return None
-    try:
-        value = int(raw)
-    except ValueError:
-        value = minimum - 1
-    if value < minimum:
-        raise dataset_error(uri, None, name, f"expected an integer >= {minimum}, got {raw!r}")
-    return value
-
-
 def load_dataset(uri: str) -> Dataset:
     """Load the dataset a URI names (see the module docstring for the schemes).
 
@@ -118,10 +105,10 @@ def load_dataset(uri: str) -> Dataset:
             for e in episodes
             if any(q.task_type in wanted for q in e.questions)
         ]
-    offset = _count(uri, common, "offset", 0) or 0
-    limit = _count(uri, common, "limit", 1)
+    offset = int_param(uri, common, "offset", 0) or 0
+    limit = int_param(uri, common, "limit", 1)
     episodes = episodes[offset:] if limit is None else episodes[offset : offset + limit]
-    per_episode = _count(uri, common, "questions", 1)
+    per_episode = int_param(uri, common, "questions", 1)
     if per_episode is not None:
         episodes = [e.model_copy(update={"questions": e.questions[:per_episode]}) for e in episodes]
     if not episodes:

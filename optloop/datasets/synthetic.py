@@ -36,7 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from optloop.datasets._io import dataset_error
+from optloop.datasets._io import dataset_error, int_param
 from optloop.datasets._model import Episode, Question, Session, Turn
 from optloop.datasets.meme import episode_from_record
 from optloop.datasets.scorers import normalize_answer
@@ -512,19 +512,6 @@ def _suite(seed: int) -> list[Episode]:
 # --------------------------------------------------------------------------- loader
 
 
-def _int(params: dict[str, str], name: str, default: int, minimum: int, uri: str) -> int:
-    raw = params.get(name)
-    if raw is None:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        value = minimum - 1
-    if value < minimum:
-        raise dataset_error(uri, None, name, f"expected an integer >= {minimum}, got {raw!r}")
-    return value
-
-
 GENERATORS = ("meme", "suite")
 PARAMS = {"meme": {"seed", "episodes", "fillers", "domain"}, "suite": {"seed"}}
 
@@ -538,12 +525,12 @@ def load_synthetic(rest: str, params: dict[str, str]) -> tuple[str, list[Episode
     unknown = sorted(set(params) - PARAMS[kind])
     if unknown:
         raise dataset_error(uri, None, unknown[0], f"unknown query parameter (accepted: {', '.join(sorted(PARAMS[kind]))})")
-    seed = _int(params, "seed", 0, 0, uri)
+    seed = int_param(uri, params, "seed", 0, 0)
     if kind == "suite":
         return f"synthetic:suite?seed={seed}", _suite(seed)
     domain = params.get("domain")
     if domain is not None and domain not in DOMAINS:
         raise dataset_error(uri, None, "domain", f"unknown domain {domain!r} (one of: {', '.join(DOMAINS)})")
-    records = meme_records(seed, _int(params, "episodes", 4, 1, uri), _int(params, "fillers", 2, 0, uri), domain)
+    records = meme_records(seed, int_param(uri, params, "episodes", 1, 4), int_param(uri, params, "fillers", 0, 2), domain)
     episodes = [episode_from_record(r, uri, f"episode {i}", f"meme-{i}") for i, r in enumerate(records)]
     return f"synthetic:meme?seed={seed}", episodes
