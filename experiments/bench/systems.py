@@ -1,0 +1,102 @@
+"""Benchmark the memory systems: cost per ingested session and answer accuracy.
+
+    python -m experiments.bench.systems [--systems mem0,graphiti,...] [--dataset builtin:tiny] [--json out.json]
+
+For each system and each episode of the dataset: a fresh store, ingest the
+episode's sessions, then retrieve and answer every question, scored by the
+question's own scorer. Reports, per system, LLM calls and seconds per ingested
+session (ingest stage only), calls per question, and accuracy. The LM cache is
+a fresh temporary file, so every figure is a real model call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from optloop.cli import add_lm_arguments, run_cli, setup_logging
+from optloop.datasets import load_dataset, passed
+from optloop.lm import LMSettings, OptloopLM
+from systems import SYSTEMS, get_system
+
+
+def bench_system(name: str, dataset_uri: str, lm: OptloopLM, work: Path, progress: Progress) -> dict[str, Any]:
+    dataset = load_dataset(dataset_uri)
+    system_cls = get_system(name)
+    sessions = questions = correct = 0
+    ingest_s = answer_s = 0.0
+    ingest_calls = answer_calls = 0
+    task = progress.add_task(f"{name}", total=len(dataset.episodes))
+    for episode in dataset.episodes:
+        system = system_cls(lm, work / name / episode.id)
+        mark = lm.accounting.mark()
+        started = time.perf_counter()
+        system.ingest(episode.sessions)
+        ingest_s += time.perf_counter() - started
+        ingest_calls += lm.accounting.totals(since=mark).calls
+        sessions += len(episode.sessions)
+        mark = lm.accounting.mark()
+        started = time.perf_counter()
+        for question in episode.questions:
+            prediction = system.answer(question.question, system.retrieve(question.question))
+            correct += passed(question, prediction)
+            questions += 1
+        answer_s += time.perf_counter() - started
+        answer_calls += lm.accounting.totals(since=mark).calls
+        progress.advance(task)
+    return {
+        "system": name, "episodes": len(dataset.episodes), "sessions": sessions, "questions": questions,
+        "calls_per_session": ingest_calls / sessions, "seconds_per_session": ingest_s / sessions,
+        "calls_per_question": answer_calls / questions, "seconds_per_question": answer_s / questions,
+        "accuracy": correct / questions,
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m experiments.bench.systems", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_lm_arguments(parser)
+    parser.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated (default: all six)")
+    parser.add_argument("--dataset", default="builtin:tiny", help="dataset URI (default builtin:tiny)")
+    parser.add_argument("--json", type=Path, help="also write the figures to this JSON file")
+    parser.add_argument("--verbose", action="store_true")
+    args = parser.parse_args(argv)
+    setup_logging(args.verbose)
+    names = [n.strip() for n in args.systems.split(",") if n.strip()]
+    for name in names:
+        get_system(name)  # unknown names fail here, before any work
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        lm = OptloopLM(LMSettings.from_spec(args.lm, base_url=args.lm_base_url, timeout_s=args.lm_timeout,
+                                            cache_path=Path(tmp) / "cache.sqlite"))
+        with Progress() as progress:
+            for name in names:
+                rows.append(bench_system(name, args.dataset, lm, Path(tmp), progress))
+
+    table = Table(title=f"memory systems on {args.dataset} ({lm.backend.identity})")
+    for col in ("system", "sessions", "LLM calls/session", "s/session", "LLM calls/question", "s/question",
+                "accuracy"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(r["system"], str(r["sessions"]), f"{r['calls_per_session']:.1f}",
+                      f"{r['seconds_per_session']:.1f}", f"{r['calls_per_question']:.1f}",
+                      f"{r['seconds_per_question']:.1f}", f"{r['accuracy']:.2f} ({r['questions']} q)")
+    Console().print(table)
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main))
