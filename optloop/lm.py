@@ -464,6 +464,11 @@ class LocalLlamaBackend(Backend):
         response["usage"] = spent
         return response
 
+    def is_transient(self, exc: BaseException) -> bool:
+        # Decoding is deterministic for a given request and seed, and truncation was already
+        # handled above by growing the budget: asking again would repeat the same answer.
+        return False
+
 
 class OpenAICompatibleBackend(Backend):
     """Any OpenAI-compatible chat-completions endpoint."""

@@ -98,7 +98,8 @@ SEARCH_RECIPES: dict[str, SearchConfig] = {
 def search_recipe(name: str) -> SearchConfig:
     """A fresh copy of the named recipe; a one-line error lists the choices."""
     if name not in SEARCH_RECIPES:
-        raise ConfigError(f"unknown graphiti search_recipe {name!r}; choose one of: {', '.join(sorted(SEARCH_RECIPES))}")
+        raise ConfigError(f"unknown graphiti search_recipe {name!r}; "
+                          f"choose one of: {', '.join(sorted(SEARCH_RECIPES))}")
     return SEARCH_RECIPES[name].model_copy(deep=True)
 
 
@@ -150,7 +151,11 @@ class SiteLLMClient(LLMClient):
     output via ``json_schema``) does to the messages, then hands the site the
     user message and returns the parsed output fields as the dict graphiti
     expects. ``sites`` is read on every call, so a site whose instructions an
-    optimizer changed takes effect at once.
+    optimizer changed takes effect at once. graphiti's ``max_tokens`` and
+    ``model_size`` are not forwarded: the one :class:`~optloop.lm.OptloopLM`
+    decides both (a 16k-token budget does not fit a local context window).
+    The site runs on a worker thread, so the event loop keeps serving graphiti's
+    concurrent calls while a blocking LM call is in flight.
     """
 
     def __init__(self, lm: OptloopLM, sites: Callable[[], dict[str, PromptSite]]):
@@ -181,6 +186,12 @@ class SiteLLMClient(LLMClient):
         model: str | None = None,
     ) -> dict[str, Any]:
         site = self.site_for(prompt_name)
+        fields = list(site.module.signature.output_fields)
+        if response_model is None or list(response_model.model_fields) != fields:
+            raise UnknownPromptError(
+                f"graphiti asked {prompt_name} for {getattr(response_model, '__name__', None)}, but its site "
+                f"answers with fields {fields}; the installed graphiti-core differs from the one "
+                "signatures/graphiti.py read")
         if [m.role for m in messages] != ["system", "user"]:
             raise UnknownPromptError(f"graphiti prompt {prompt_name} sent roles {[m.role for m in messages]}; "
                                      "a library-layout site takes exactly one system and one user message")
@@ -195,7 +206,7 @@ class SiteLLMClient(LLMClient):
         framing = _Framing(system_suffix=system[len(site.seed_instruction):], clean=self._clean_input)
         user = self._clean_input(messages[1].content)
         prediction = await asyncio.to_thread(self._run_site, site, user, framing)
-        return {name: _plain(prediction[name]) for name in site.module.signature.output_fields}
+        return {name: _plain(prediction[name]) for name in fields}
 
     def _run_site(self, site: PromptSite, user: str, framing: _Framing) -> dspy.Prediction:
         token = _FRAMING.set(framing)
@@ -306,6 +317,23 @@ def parse_session_time(timestamp: str | None) -> datetime | None:
     return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=timezone.utc)
 
 
+_NEO4J_SCHEMES = {"bolt", "bolt+s", "bolt+ssc", "neo4j", "neo4j+s", "neo4j+ssc"}
+_FALKOR_SCHEMES = {"falkor", "falkordb", "redis"}
+
+
+def graph_backend(graph_uri: str | None) -> str:
+    """Which graph database a URI names: ``kuzu`` (none given), ``neo4j`` or ``falkordb``."""
+    if graph_uri is None:
+        return "kuzu"
+    scheme = urlparse(graph_uri).scheme
+    if scheme in _NEO4J_SCHEMES:
+        return "neo4j"
+    if scheme in _FALKOR_SCHEMES:
+        return "falkordb"
+    raise ConfigError(f"unsupported graph URI {graph_uri!r}; use bolt:// or neo4j:// (Neo4j), "
+                      "falkor:// or redis:// (FalkorDB), or none for Kuzu embedded under the run directory")
+
+
 def episode_body(session: Session) -> str:
     """The session as graphiti's message episode: one ``speaker: content`` line per turn.
 
@@ -335,11 +363,12 @@ class GraphitiSystem(MemorySystem):
                  group_id: str | None = None):
         super().__init__(lm, run_dir, embedder=embedder, knobs=self._canonical_knobs(knobs), query_site=query_site)
         search_recipe(self._knobs["search_recipe"])  # fail now, not at the first retrieve
+        self.backend = graph_backend(graph_uri)
         self.graph_uri = graph_uri
         self._graph_auth = (graph_user, graph_password)
         # A server is shared by every run; a group per run directory keeps runs apart there.
         digest = hashlib.sha256(str(self.run_dir.resolve()).encode()).hexdigest()[:12]
-        self.group_id = group_id or (DEFAULT_GROUP_ID if graph_uri is None else f"{DEFAULT_GROUP_ID}-{digest}")
+        self.group_id = group_id or (DEFAULT_GROUP_ID if self.backend == "kuzu" else f"{DEFAULT_GROUP_ID}-{digest}")
         self._lock = threading.RLock()
         self._sessions_by_episode: dict[str, str] = {}
         self._fallback_count = 0
@@ -378,7 +407,7 @@ class GraphitiSystem(MemorySystem):
     # --- the store ------------------------------------------------------------------------
 
     def _make_driver(self) -> Any:
-        if self.graph_uri is None:
+        if self.backend == "kuzu":
             from graphiti_core.driver.kuzu_driver import KuzuDriver
 
             driver = KuzuDriver(db=str(self.run_dir / KUZU_FILE))
@@ -386,24 +415,24 @@ class GraphitiSystem(MemorySystem):
             # driver._database, which KuzuDriver never sets.
             driver._database = "default"
             return driver
-        scheme = urlparse(self.graph_uri).scheme
         user, password = self._graph_auth
-        if scheme in {"bolt", "bolt+s", "bolt+ssc", "neo4j", "neo4j+s", "neo4j+ssc"}:
+        if self.backend == "neo4j":
             from graphiti_core.driver.neo4j_driver import Neo4jDriver
 
-            return Neo4jDriver(self.graph_uri, user, password)
-        if scheme in {"falkor", "falkordb", "redis"}:
-            from graphiti_core.driver.falkordb_driver import FalkorDriver
+            return Neo4jDriver(str(self.graph_uri), user, password)
+        from graphiti_core.driver.falkordb_driver import FalkorDriver
 
-            parsed = urlparse(self.graph_uri)
-            return FalkorDriver(host=parsed.hostname or "localhost", port=parsed.port or 6379,
-                                username=user or parsed.username, password=password or parsed.password)
-        raise ConfigError(f"unsupported graph URI {self.graph_uri!r}; use bolt:// or neo4j:// (Neo4j), "
-                          "falkor:// or redis:// (FalkorDB), or none for Kuzu embedded under the run directory")
+        parsed = urlparse(self.graph_uri)
+        return FalkorDriver(host=parsed.hostname or "localhost", port=parsed.port or 6379,
+                            username=user or parsed.username, password=password or parsed.password)
+
+    def _group_driver(self) -> Any:
+        """The driver for this system's group (FalkorDB keeps one graph per group; others share one)."""
+        return self.graphiti.driver.clone(database=self.group_id)
 
     async def _open(self) -> None:
         driver = self._make_driver()
-        if self.graph_uri is None:
+        if self.backend == "kuzu":
             # KuzuDriver.build_indices_and_constraints is a no-op; without the full-text
             # indexes graph_ops builds, search fails (ENVIRONMENT.md).
             await driver.graph_ops.build_indices_and_constraints(driver)
@@ -413,7 +442,7 @@ class GraphitiSystem(MemorySystem):
             embedder=LocalEmbedderClient(self.embedder),
             cross_encoder=LocalCrossEncoderClient(self.embedder),
         )
-        if self.graph_uri is not None:
+        if self.backend != "kuzu":
             await self._graphiti.build_indices_and_constraints()
 
     async def _close_store(self) -> None:
@@ -421,7 +450,7 @@ class GraphitiSystem(MemorySystem):
             return
         driver = self._graphiti.driver
         await self._graphiti.close()
-        if self.graph_uri is None:  # KuzuDriver.close leaves the files open; reset must delete them
+        if self.backend == "kuzu":  # KuzuDriver.close leaves the files open; reset must delete them
             driver.client.close()
             driver.db.close()
         self._graphiti = None
@@ -445,10 +474,10 @@ class GraphitiSystem(MemorySystem):
 
     def reset(self) -> None:
         with self._lock:
-            if self.graph_uri is not None:
+            if self.backend != "kuzu":  # a server outlives the run directory: delete this group's data
                 from graphiti_core.utils.maintenance.graph_data_operations import clear_data
 
-                self._loop.run(clear_data(self.graphiti.driver, group_ids=[self.group_id]))
+                self._loop.run(clear_data(self._group_driver(), group_ids=[self.group_id]))
             self._loop.run(self._close_store())
             self._clear_run_dir()
             self._sessions_by_episode.clear()
@@ -502,7 +531,7 @@ class GraphitiSystem(MemorySystem):
         return [self._edge_item(edge, None, sessions) for edge in edges] + [self._node_item(n, None) for n in nodes]
 
     async def _all_edges_and_nodes(self) -> tuple[list[EntityEdge], list[EntityNode]]:
-        driver = self.graphiti.driver
+        driver = self._group_driver()
         try:
             edges = await EntityEdge.get_by_group_ids(driver, [self.group_id])
         except GroupsEdgesNotFoundError:
@@ -516,7 +545,7 @@ class GraphitiSystem(MemorySystem):
     def _session_ids(self, episode_uuids: Iterable[str]) -> dict[str, str]:
         """Episode uuid -> session id, read back from the store for episodes this object did not add."""
         if any(uuid not in self._sessions_by_episode for uuid in episode_uuids):
-            episodes = self._loop.run(EpisodicNode.get_by_group_ids(self.graphiti.driver, [self.group_id]))
+            episodes = self._loop.run(EpisodicNode.get_by_group_ids(self._group_driver(), [self.group_id]))
             self._sessions_by_episode.update({episode.uuid: episode.name for episode in episodes})
         return self._sessions_by_episode
 

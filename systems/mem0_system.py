@@ -19,7 +19,6 @@ so with seed instructions the messages are byte-identical to vanilla mem0's.
 from __future__ import annotations
 
 import json
-import logging
 import weakref
 from collections.abc import Sequence
 from pathlib import Path
@@ -50,8 +49,6 @@ if TYPE_CHECKING:
     from optloop.datasets import Session
     from optloop.embed import Embedder
     from optloop.lm import OptloopLM
-
-logger = logging.getLogger(__name__)
 
 USER_ID = "optloop-user"
 """The one mem0 user every memory of a system instance belongs to (instances never share a store)."""
