@@ -290,9 +290,9 @@ def check_pipeline(system: Mem0System, lm: OptloopLM) -> None:
 def test_pipeline_on_the_embedded_lm_with_short_instructions(tmp_path, embedder):
     # What an optimized prompt looks like to the system: a rewritten site, mem0's own user
     # message and schema, decoded by the real model (seconds, unlike the full seed prompt).
-    # Tight bounds keep the tiny model's rambling short: constrained decoding here runs at
-    # 0.02 to 3 s a token depending on load, so every token counts.
-    lm = OptloopLM(LMSettings.from_spec("local", max_array_items=2, max_string_chars=64, max_tokens=160))
+    # Tight bounds keep the tiny model's rambling short (11 s on an idle machine, but decoding
+    # slowed to 3 s a token under load); max_tokens fits two bounded items, so no retry grows it.
+    lm = OptloopLM(LMSettings.from_spec("local", max_array_items=2, max_string_chars=64, max_tokens=320))
     system = Mem0System(lm, tmp_path / "run", embedder=embedder)
     system.prompt_sites()["mem0.extract"].set_instructions(
         "Extract every fact about the user from the New Messages: one memory per fact, each a short sentence.")
@@ -305,5 +305,5 @@ def test_seed_prompt_pipeline_on_the_embedded_lm(tmp_path, embedder):
     # mem0's extraction prompt alone is ~8.5k SmolLM2 tokens: the default n_ctx (8192) cannot
     # hold it. The first call evaluates it (minutes on two shared cores); the second reuses
     # llama.cpp's cached prefix. Bounded lists and strings keep each answer inside max_tokens.
-    lm = OptloopLM(LMSettings.from_spec("local", n_ctx=12288, max_array_items=2, max_string_chars=64, max_tokens=160))
+    lm = OptloopLM(LMSettings.from_spec("local", n_ctx=12288, max_array_items=2, max_string_chars=64, max_tokens=320))
     check_pipeline(Mem0System(lm, tmp_path / "run", embedder=embedder), lm)
