@@ -42,17 +42,18 @@ def render_system(signature: type[dspy.Signature], demos: list[dict[str, Any]]) 
         return text
     lines = [text, "", "# Examples"]
     for i, demo in enumerate(demos, 1):
-        output = {name: _jsonable(demo[name]) for name in signature.output_fields if name in demo}
+        output = {name: jsonable(demo[name]) for name in signature.output_fields if name in demo}
         lines += [f"## Example {i}", "Input:", str(demo.get(USER_FIELD, "")), "Output:",
                   json.dumps(output, ensure_ascii=False)]
     return "\n".join(lines)
 
 
-def _jsonable(value: Any) -> Any:
+def jsonable(value: Any) -> Any:
+    """Pydantic models (also inside lists) as plain JSON-ready data."""
     if isinstance(value, pydantic.BaseModel):
         return value.model_dump(mode="json")
     if isinstance(value, list):
-        return [_jsonable(v) for v in value]
+        return [jsonable(v) for v in value]
     return value
 
 

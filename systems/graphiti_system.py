@@ -54,7 +54,7 @@ from graphiti_core.search import search_config_recipes
 from graphiti_core.search.search_config import EdgeReranker, NodeReranker, SearchConfig
 
 from optloop.errors import ConfigError, OptloopError
-from signatures._layout import LibraryLayoutAdapter
+from signatures._layout import LibraryLayoutAdapter, jsonable
 from signatures.graphiti import OP_KINDS, SIGNATURES, SITE_PREFIX
 from systems.base import MemoryItem, MemorySystem, PromptSite
 
@@ -136,14 +136,6 @@ class GraphitiLayoutAdapter(LibraryLayoutAdapter):
         return messages
 
 
-def _plain(value: Any) -> Any:
-    if isinstance(value, pydantic.BaseModel):
-        return value.model_dump(mode="json")
-    if isinstance(value, list):
-        return [_plain(item) for item in value]
-    return value
-
-
 class SiteLLMClient(LLMClient):
     """graphiti's LLM client, replaced: each call runs the prompt site its ``prompt_name`` names.
 
@@ -206,7 +198,7 @@ class SiteLLMClient(LLMClient):
         framing = _Framing(system_suffix=system[len(site.seed_instruction):], clean=self._clean_input)
         user = self._clean_input(messages[1].content)
         prediction = await asyncio.to_thread(self._run_site, site, user, framing)
-        return {name: _plain(prediction[name]) for name in fields}
+        return {name: jsonable(prediction[name]) for name in fields}
 
     def _run_site(self, site: PromptSite, user: str, framing: _Framing) -> dspy.Prediction:
         token = _FRAMING.set(framing)
