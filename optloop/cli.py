@@ -32,6 +32,7 @@ def add_lm_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--lm-base-url", metavar="URL", help="base URL of an OpenAI-compatible endpoint")
     group.add_argument("--lm-timeout", metavar="SECONDS", type=float, help="per-call timeout (default 60)")
     group.add_argument("--lm-retries", metavar="N", type=int, help="retries on transient errors (default 3)")
+    group.add_argument("--lm-n-ctx", metavar="TOKENS", type=int, help="context window of a local model (default 12288)")
     group.add_argument("--no-cache", action="store_true", help="bypass the persistent LM call cache")
 
 
@@ -41,6 +42,7 @@ def lm_from_args(args: argparse.Namespace) -> OptloopLM:
         base_url=args.lm_base_url,
         timeout_s=args.lm_timeout,
         max_retries=args.lm_retries,
+        n_ctx=getattr(args, "lm_n_ctx", None),
         cache=False if args.no_cache else None,
     )
     return OptloopLM(settings)

@@ -101,7 +101,9 @@ class LMSettings(BaseModel):
     max_retries: int = Field(3, ge=0, le=10)
     cache: bool = True
     cache_path: Path | None = Field(None, description="default: $OPTLOOP_HOME/lm_cache.sqlite")
-    n_ctx: int = Field(8192, gt=0, description="context window of a local model")
+    # mem0's extraction prompt alone is ~8.5k SmolLM2 tokens, so 8192 (SmolLM2's trained
+    # window) cannot hold it; llama.cpp runs past the trained window without failing.
+    n_ctx: int = Field(12288, gt=0, description="context window of a local model")
     n_threads: int | None = None
     # A tiny model can ramble inside a JSON string until max_tokens cuts it off.
     # Locally decoded schemas get these bounds (where the schema sets none), so

@@ -79,6 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         lm = OptloopLM(LMSettings.from_spec(args.lm, base_url=args.lm_base_url, timeout_s=args.lm_timeout,
+                                            n_ctx=args.lm_n_ctx,
                                             cache_path=Path(tmp) / "cache.sqlite"))
         with Progress() as progress:
             for name in names:

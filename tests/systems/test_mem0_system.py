@@ -302,8 +302,8 @@ def test_pipeline_on_the_embedded_lm_with_short_instructions(tmp_path, embedder)
 @pytest.mark.integration
 @pytest.mark.slow
 def test_seed_prompt_pipeline_on_the_embedded_lm(tmp_path, embedder):
-    # mem0's extraction prompt alone is ~8.5k SmolLM2 tokens: the default n_ctx (8192) cannot
-    # hold it. The first call evaluates it (minutes on two shared cores); the second reuses
+    # mem0's extraction prompt alone is ~8.5k SmolLM2 tokens (the default n_ctx, 12288, holds
+    # it). The first call evaluates it (minutes on two shared cores); the second reuses
     # llama.cpp's cached prefix. Bounded lists and strings keep each answer inside max_tokens.
-    lm = OptloopLM(LMSettings.from_spec("local", n_ctx=12288, max_array_items=2, max_string_chars=64, max_tokens=320))
+    lm = OptloopLM(LMSettings.from_spec("local", max_array_items=2, max_string_chars=64, max_tokens=320))
     check_pipeline(Mem0System(lm, tmp_path / "run", embedder=embedder), lm)

@@ -1,0 +1,38 @@
+"""Blame: attributions summed per prompt site and per knob, with shares."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+
+from pydantic import BaseModel
+
+from optloop.attribution.taxonomy import Attribution, is_knob
+
+
+class BlameEntry(BaseModel):
+    target: str
+    failures: int
+    share: float
+    types: dict[str, int]
+    is_knob: bool
+
+
+def blame(attributions: Iterable[Attribution]) -> list[BlameEntry]:
+    """Targets ordered by how many failures they decided (unattributed ones are left out)."""
+    counts: Counter[str] = Counter()
+    types: dict[str, Counter[str]] = {}
+    total = 0
+    for a in attributions:
+        if a.target is None:
+            continue
+        total += 1
+        counts[a.target] += 1
+        types.setdefault(a.target, Counter())[a.error_type.value] += 1
+    return [BlameEntry(target=t, failures=n, share=n / total, types=dict(types[t]), is_knob=is_knob(t))
+            for t, n in counts.most_common()]
+
+
+def blamed_sites(entries: Iterable[BlameEntry], min_share: float = 0.0) -> list[str]:
+    """The prompt sites (not knobs) with at least ``min_share`` of the blame."""
+    return [e.target for e in entries if not e.is_knob and e.share >= min_share]

@@ -1,0 +1,274 @@
+"""The planted-fault harness: faults with known ground truth, to measure attribution.
+
+Each :class:`Fault` breaks one operation of a system in a known way and knows
+the site (or knob) and error type a correct attribution must name. Faults on
+prompt sites are injected at the operation, as fault-injection studies do: the
+site's DSPy module still makes its real LLM call, then its output (or input)
+is corrupted the way the fault's description says ("extraction keeps only the
+first fact", "the answer ignores the memories"). This makes the fault bite
+even on a 135M model that would not follow a written instruction to misbehave,
+so every induced failure has one known cause. Knob faults set the knob.
+
+The harness runs each system clean and with each of its faults over the same
+episodes; a question that passes clean and fails under the fault is an
+*induced failure*, and its attribution is scored: site accuracy (the blamed
+target is the planted one) and type accuracy (the error type is).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import shutil
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import dspy
+
+from optloop.attribution.decisive import attribute
+from optloop.attribution.judges import default_judges
+from optloop.attribution.taxonomy import Attribution, ErrorType, knob_target
+from optloop.datasets import passed
+from optloop.tracing.recorder import record_episode
+
+if TYPE_CHECKING:
+    from optloop.datasets import Dataset
+    from optloop.embed import Embedder
+    from optloop.lm import OptloopLM
+    from systems.base import MemorySystem
+
+logger = logging.getLogger(__name__)
+
+_NUMBERISH = re.compile(r"\d|\b(jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)[a-z]*\b|\b(monday|tuesday|wednesday|"
+                        r"thursday|friday|saturday|sunday|yesterday|today|tomorrow)\b", re.I)
+UNRELATED_QUERY = "weather forecast for the weekend"
+
+
+def _item_text(item: Any) -> str:
+    from optloop.tracing.recorder import _text
+
+    return _text(item)
+
+
+def _normalize(text: str) -> str:
+    return " ".join(re.findall(r"[a-z0-9]+", text.lower()))
+
+
+def _map_lists(prediction: dspy.Prediction, fn: Callable[[list[Any], dict[str, Any]], list[Any]],
+               inputs: dict[str, Any]) -> dspy.Prediction:
+    for key, value in list(prediction.items()):
+        if isinstance(value, list):
+            prediction[key] = fn(value, inputs)
+    return prediction
+
+
+def _already_in_file(item: Any, inputs: dict[str, Any]) -> bool:
+    return bool(_normalize(_item_text(item))) and _normalize(_item_text(item)) in _normalize(
+        str(inputs.get("memory_file", "")))
+
+
+def _blur(text: str) -> str:
+    """The same sentence with its specifics (names, numbers, places) replaced: an overwrite."""
+    words = text.split()
+    out = [("something" if i > 0 and (w[:1].isupper() or any(c.isdigit() for c in w)) else w)
+           for i, w in enumerate(words)]
+    if out == words and words:
+        out[-1] = "something"
+    return " ".join(out)
+
+
+# --- output/input transforms --------------------------------------------------------------
+
+
+def drop_numbers(items: list[Any], _: dict[str, Any]) -> list[Any]:
+    return [i for i in items if not _NUMBERISH.search(_item_text(i))]
+
+
+def first_only(items: list[Any], _: dict[str, Any]) -> list[Any]:
+    return items[:1]
+
+
+def drop_all(items: list[Any], _: dict[str, Any]) -> list[Any]:
+    return []
+
+
+def forget_old(items: list[Any], inputs: dict[str, Any]) -> list[Any]:
+    return [i for i in items if not _already_in_file(i, inputs)]
+
+
+def overwrite_old(items: list[Any], inputs: dict[str, Any]) -> list[Any]:
+    return [(_blur(i) if isinstance(i, str) and _already_in_file(i, inputs) else i) for i in items]
+
+
+@dataclass
+class Fault:
+    """One planted fault: where it is, what it does, what attribution must say."""
+
+    name: str
+    systems: tuple[str, ...]
+    target: str  # the site, or knob:<name>, a correct attribution blames
+    error_type: ErrorType
+    description: str
+    site: str | None = None  # the site whose module is corrupted
+    lists: Callable[[list[Any], dict[str, Any]], list[Any]] | None = None
+    outputs: dict[str, Any] = field(default_factory=dict)  # output fields forced to a value
+    inputs: dict[str, Any] = field(default_factory=dict)  # input fields forced to a value
+    knobs: dict[str, Any] = field(default_factory=dict)
+    query_site: bool = False
+
+    def applies_to(self, system: str) -> bool:
+        return system in self.systems
+
+    def apply(self, system: MemorySystem) -> None:
+        for name, value in self.knobs.items():
+            system.set_knob(name, value)
+        if self.site is None:
+            return
+        module = system.prompt_sites()[self.site].module
+        original = module.forward
+        lists, forced_out, forced_in = self.lists, dict(self.outputs), dict(self.inputs)
+
+        def faulty_forward(**kwargs: Any) -> dspy.Prediction:
+            kwargs = {**kwargs, **forced_in}
+            prediction = original(**kwargs)
+            if lists is not None:
+                prediction = _map_lists(prediction, lists, kwargs)
+            for key, value in forced_out.items():
+                prediction[key] = value
+            return prediction
+
+        module.forward = faulty_forward
+
+
+CATALOGUE: tuple[Fault, ...] = (
+    Fault("mem0-extract-drop-numbers", ("mem0",), "mem0.extract", ErrorType.EXTRACTION,
+          "extraction drops every fact with a date or a number", site="mem0.extract", lists=drop_numbers),
+    Fault("mem0-extract-first-only", ("mem0",), "mem0.extract", ErrorType.EXTRACTION,
+          "extraction keeps only the first fact of a session", site="mem0.extract", lists=first_only),
+    Fault("graphiti-edges-dropped", ("graphiti",), "graphiti.extract_edges.edge", ErrorType.EXTRACTION,
+          "edge (fact) extraction returns no facts", site="graphiti.extract_edges.edge", lists=drop_all),
+    Fault("mdflat-curate-first-only", ("md_flat",), "md_flat.curate", ErrorType.EXTRACTION,
+          "curation keeps the old file but only the first new fact", site="md_flat.curate",
+          lists=lambda items, inputs: [i for i in items if _already_in_file(i, inputs)]
+          + [i for i in items if not _already_in_file(i, inputs)][:1]),
+    Fault("mdflat-curate-overwrites", ("md_flat",), "md_flat.curate", ErrorType.UPDATE,
+          "curation rewrites every existing fact with its specifics replaced", site="md_flat.curate",
+          lists=overwrite_old),
+    Fault("mdflat-curate-forgets", ("md_flat",), "md_flat.curate", ErrorType.DELETION,
+          "curation deletes every fact already in the file", site="md_flat.curate", lists=forget_old),
+    Fault("top-k-1", ("mem0", "rag_bm25", "rag_embedding", "md_flat"), knob_target("top_k"), ErrorType.RETRIEVAL,
+          "top_k set to 1", knobs={"top_k": 1}),
+    Fault("query-unrelated", ("mem0", "rag_bm25", "rag_embedding"), "retrieve.query", ErrorType.RETRIEVAL,
+          "the query-rewrite site turns every question into an unrelated query", site="retrieve.query",
+          outputs={"query": UNRELATED_QUERY}, query_site=True),
+    Fault("answer-unknown", ("mem0", "graphiti", "long_context", "rag_bm25", "rag_embedding", "md_flat"), "answer",
+          ErrorType.RESPONSE, "the answer site replies 'unknown'", site="answer", outputs={"answer": "unknown"}),
+    Fault("answer-ignores-memories", ("mem0", "graphiti", "long_context", "rag_bm25", "rag_embedding", "md_flat"),
+          "answer", ErrorType.RESPONSE, "the answer site ignores the memories it is given", site="answer",
+          inputs={"memories": "(no memories)"}),
+)
+
+
+def faults_for(system: str, names: Iterable[str] | None = None) -> list[Fault]:
+    wanted = set(names) if names else None
+    return [f for f in CATALOGUE if f.applies_to(system) and (wanted is None or f.name in wanted)]
+
+
+# --- the harness --------------------------------------------------------------------------
+
+
+@dataclass
+class Case:
+    """One induced failure and how its attribution scored."""
+
+    system: str
+    fault: str
+    episode: str
+    attribution: Attribution
+    true_target: str
+    true_type: ErrorType
+    seconds: float
+
+    @property
+    def site_ok(self) -> bool:
+        return self.attribution.target == self.true_target
+
+    @property
+    def type_ok(self) -> bool:
+        return self.attribution.error_type == self.true_type
+
+
+def _run(system_factory: Callable[..., MemorySystem], run_dir: Path, episode: Any, fault: Fault | None,
+         dataset_uri: str) -> tuple[Any, dict[str, str]]:
+    shutil.rmtree(run_dir, ignore_errors=True)
+    system = system_factory(run_dir, query_site=bool(fault and fault.query_site))
+    try:
+        if fault is not None:
+            fault.apply(system)
+        return record_episode(system, episode, dataset=dataset_uri)
+    finally:
+        close = getattr(system, "close", None)
+        if close is not None:
+            close()
+
+
+def run_planted(systems: Sequence[str], dataset: Dataset, lm: OptloopLM, work: Path, *,
+                embedder: Embedder | None = None, fault_names: Iterable[str] | None = None,
+                progress: Callable[[str], None] | None = None) -> list[Case]:
+    """Run every system clean and under each of its faults; attribute every induced failure."""
+    from systems import get_system
+
+    if embedder is None:
+        from optloop.embed import get_embedder
+
+        embedder = get_embedder()
+    names = list(fault_names) if fault_names else None
+    cases: list[Case] = []
+    for system_name in systems:
+        cls = get_system(system_name)
+
+        def factory(run_dir: Path, query_site: bool = False, _cls: Any = cls) -> MemorySystem:
+            return _cls(lm, run_dir, embedder=embedder, query_site=query_site)
+
+        faults = faults_for(system_name, names)
+        if not faults:
+            continue
+        for episode in dataset.episodes:
+            _, clean = _run(factory, work / system_name / "clean" / episode.id, episode, None, dataset.uri)
+            passing = {q.id for q in episode.questions if passed(q, clean[q.id])}
+            if progress:
+                progress(f"{system_name} {episode.id}: {len(passing)}/{len(episode.questions)} pass clean")
+            if not passing:
+                continue
+            for fault in faults:
+                graph, preds = _run(factory, work / system_name / fault.name / episode.id, episode, fault,
+                                    dataset.uri)
+                judges = default_judges(embedder)
+                for q in episode.questions:
+                    if q.id not in passing or passed(q, preds[q.id]):
+                        continue
+                    started = time.perf_counter()
+                    result = attribute(graph, q, preds[q.id], judges, embedder=embedder)
+                    cases.append(Case(system_name, fault.name, episode.id, result, fault.target, fault.error_type,
+                                      time.perf_counter() - started))
+                if progress:
+                    progress(f"{system_name} {episode.id} {fault.name}: {len(cases)} induced failures so far")
+    return cases
+
+
+def summarize(cases: Sequence[Case]) -> dict[str, Any]:
+    """``site_accuracy``, ``type_accuracy`` and ``n``, overall and per fault."""
+
+    def block(group: Sequence[Case]) -> dict[str, Any]:
+        n = len(group)
+        return {"n": n, "site_accuracy": sum(c.site_ok for c in group) / n if n else None,
+                "type_accuracy": sum(c.type_ok for c in group) / n if n else None}
+
+    by_fault: dict[str, list[Case]] = {}
+    for c in cases:
+        by_fault.setdefault(f"{c.system}/{c.fault}", []).append(c)
+    return {**block(cases), "by_fault": {k: block(v) for k, v in sorted(by_fault.items())},
+            "median_attribution_ms": (sorted(c.seconds for c in cases)[len(cases) // 2] * 1000) if cases else None}

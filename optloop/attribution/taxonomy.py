@@ -1,0 +1,72 @@
+"""The error taxonomy and the attribution record.
+
+Types follow MemTrace (the operation that failed); each maps to MemFail's
+failure label (what the user sees), so reports speak both languages.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+
+class ErrorType(str, Enum):
+    EXTRACTION = "ExtractionError"  # the evidence never became a memory
+    UPDATE = "UpdateError"  # a memory that carried it was rewritten without it
+    DELETION = "DeletionError"  # a memory that carried it was removed
+    RETRIEVAL = "RetrievalError"  # stored, but not among the memories the answer saw
+    RESPONSE = "ResponseError"  # the answer saw it and still got it wrong
+    UNKNOWN = "Unattributed"  # no evidence to follow (abstention, or nothing matched)
+
+
+MEMFAIL_LABEL: dict[ErrorType, str] = {
+    ErrorType.EXTRACTION: "not_stored",
+    ErrorType.UPDATE: "summary_error",
+    ErrorType.DELETION: "summary_error",
+    ErrorType.RETRIEVAL: "not_retrieved",
+    ErrorType.RESPONSE: "reasoning_error",
+    ErrorType.UNKNOWN: "unknown",
+}
+
+KNOB_PREFIX = "knob:"
+
+
+def knob_target(name: str) -> str:
+    """Blame target for a non-LLM parameter: ``knob:top_k``."""
+    return KNOB_PREFIX + name
+
+
+def is_knob(target: str | None) -> bool:
+    return bool(target) and str(target).startswith(KNOB_PREFIX)
+
+
+class Attribution(BaseModel):
+    """Why one question failed: the decisive operation, its type, what to fix."""
+
+    question_id: str
+    question: str = ""
+    gold: str = ""
+    prediction: str = ""
+    error_type: ErrorType
+    op_id: str | None = None
+    target: str | None = Field(None, description="the prompt site to fix, or knob:<name>")
+    explanation: str = ""
+    evidence_ids: list[str] = Field(default_factory=list, description="message variable ids of the evidence")
+    evidence_source: str = Field("", description="dataset | search | none")
+    ambiguous: bool = False
+    judge_calls: dict[str, int] = Field(default_factory=dict)
+    details: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def memfail_label(self) -> str:
+        return MEMFAIL_LABEL[self.error_type]
+
+    def to_annotation(self) -> dict[str, Any]:
+        """The MemTraceBench annotation record of this attribution."""
+        return {"query_id": self.question_id, "query": self.question, "golden_answers": [self.gold],
+                "prediction": self.prediction,
+                "source_evidence_ids": list(self.evidence_ids), "final_error_type": self.error_type.value,
+                "final_op_id": self.op_id, "site": self.target, "explanation": self.explanation,
+                "memfail_label": self.memfail_label}
