@@ -1,0 +1,236 @@
+"""Attribute every wrong answer of a memory system to the operation that caused it.
+
+    python -m optloop.attribute --system mem0 --dataset builtin:tiny
+    python -m optloop.attribute --system rag_bm25 --dataset synthetic:suite --faults planted --json report.json
+
+Runs the system over the dataset with the tracer on (one execution graph per
+episode), attributes each failed question to its decisive operation, error
+type and prompt site (or knob), and prints a table of error type by site.
+Writes a JSON and a markdown report, the graphs, and (unless --no-traces) an
+MLflow trace per failed question, whose spans are the operations.
+
+With ``--faults planted`` it instead runs the planted-fault harness: the
+system clean and with each fault of the catalogue (``--list-faults``), and
+reports how often attribution names the planted site and type
+(``site_accuracy``, ``type_accuracy``, ``n`` in the JSON).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import shutil
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from optloop.attribution import attribute, blame, default_judges
+from optloop.attribution.faults import CATALOGUE, run_planted, summarize
+from optloop.cli import add_lm_arguments, lm_from_args, run_cli, setup_logging
+from optloop.datasets import load_dataset, passed
+from optloop.errors import ConfigError
+from optloop.paths import state_dir
+from optloop.tracing.recorder import record_episode
+from systems import SYSTEMS, get_system
+
+logger = logging.getLogger(__name__)
+console = Console()
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
+
+
+def attribute_dataset(system_name: str, dataset_uri: str, lm: Any, work: Path, *, embedder: Any = None,
+                      traces: bool = False, llm_judge: bool = False) -> dict[str, Any]:
+    """Run, trace and attribute; returns the report (graphs saved under ``work/graphs``)."""
+    from optloop.embed import get_embedder
+
+    dataset = load_dataset(dataset_uri)
+    cls = get_system(system_name)
+    embedder = embedder or get_embedder()
+    judges = default_judges(embedder, lm if llm_judge else None)
+    attributions, questions, correct, timings = [], 0, 0, []
+    mark = lm.accounting.mark()
+    started = time.perf_counter()
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task(f"{system_name} on {dataset.name}", total=len(dataset.episodes))
+        for episode in dataset.episodes:
+            system = cls(lm, work / "runs" / episode.id, embedder=embedder)
+            try:
+                graph, predictions = record_episode(system, episode, dataset=dataset.uri)
+            finally:
+                getattr(system, "close", lambda: None)()
+            graph.save(work / "graphs" / f"{episode.id}.json")
+            failed = []
+            for q in episode.questions:
+                questions += 1
+                if passed(q, predictions[q.id]):
+                    correct += 1
+                    continue
+                t0 = time.perf_counter()
+                failed.append(attribute(graph, q, predictions[q.id], judges, embedder=embedder))
+                timings.append(time.perf_counter() - t0)
+            attributions += failed
+            if traces and failed:
+                from optloop.tracing.mlflow_traces import log_graph_traces
+
+                log_graph_traces(graph, [a.question_id for a in failed],
+                                 {a.question_id: a.to_annotation() for a in failed})
+            progress.advance(task)
+    usage = lm.accounting.totals(since=mark)
+    entries = blame(attributions)
+    return {
+        "system": system_name, "dataset": dataset.uri, "questions": questions, "correct": correct,
+        "accuracy": correct / questions if questions else None, "failures": len(attributions),
+        "blame": [e.model_dump() for e in entries],
+        "by_type_and_site": [{"type": t, "target": s, "n": n} for (t, s), n in
+                             Counter((a.error_type.value, a.target or "-") for a in attributions).most_common()],
+        "attributions": [a.model_dump(mode="json") for a in attributions],
+        "median_attribution_ms": sorted(timings)[len(timings) // 2] * 1000 if timings else None,
+        "judge_calls": dict(judges.calls),
+        "cost": {"llm_calls": usage.calls, "tokens": usage.tokens, "seconds": round(time.perf_counter() - started, 1)},
+    }
+
+
+def render_table(report: dict[str, Any]) -> Table:
+    types = sorted({row["type"] for row in report["by_type_and_site"]})
+    targets = sorted({row["target"] for row in report["by_type_and_site"]})
+    table = Table(title=f"{report['system']} on {report['dataset']}: {report['failures']} failures of "
+                        f"{report['questions']} questions, attributed (error type by site)")
+    table.add_column("site / knob")
+    for t in types:
+        table.add_column(t, justify="right")
+    counts = {(r["type"], r["target"]): r["n"] for r in report["by_type_and_site"]}
+    for target in targets:
+        table.add_row(target, *(str(counts.get((t, target), "")) for t in types))
+    return table
+
+
+def render_markdown(report: dict[str, Any]) -> str:
+    lines = [f"# Attribution: {report['system']} on {report['dataset']}", "",
+             f"Accuracy {report['correct']}/{report['questions']}; {report['failures']} failures attributed; "
+             f"{report['cost']['llm_calls']} LLM calls, {report['cost']['seconds']} s.", "",
+             "## Blame", "", "| site / knob | failures | share | types |", "|---|---|---|---|"]
+    lines += [f"| {b['target']} | {b['failures']} | {b['share']:.0%} | "
+              f"{', '.join(f'{k} {v}' for k, v in b['types'].items())} |" for b in report["blame"]]
+    lines += ["", "## Failures", ""]
+    for a in report["attributions"]:
+        lines += [f"### {a['question_id']}: {a['question']}", "",
+                  f"- gold: `{a['gold']}`; prediction: `{a['prediction']}`",
+                  f"- **{a['error_type']}** at `{a['op_id']}`, fix `{a['target']}`"
+                  + (" (ambiguous)" if a["ambiguous"] else ""), "", a["explanation"], ""]
+    return "\n".join(lines)
+
+
+def planted_report(systems: list[str], dataset_uri: str, lm: Any, work: Path,
+                   fault_names: list[str] | None) -> dict[str, Any]:
+    dataset = load_dataset(dataset_uri)
+    mark = lm.accounting.mark()
+    started = time.perf_counter()
+    with console.status("planted faults") as status:
+        cases = run_planted(systems, dataset, lm, work, fault_names=fault_names,
+                            progress=lambda msg: status.update(f"planted faults: {msg}"))
+    usage = lm.accounting.totals(since=mark)
+    return {**summarize(cases), "systems": systems, "dataset": dataset.uri,
+            "cases": [{"system": c.system, "fault": c.fault, "episode": c.episode, "true_target": c.true_target,
+                       "true_type": c.true_type.value, "site_ok": c.site_ok, "type_ok": c.type_ok,
+                       "attribution": c.attribution.model_dump(mode="json")} for c in cases],
+            "cost": {"llm_calls": usage.calls, "tokens": usage.tokens,
+                     "seconds": round(time.perf_counter() - started, 1)}}
+
+
+def render_planted(report: dict[str, Any]) -> Table:
+    table = Table(title=f"planted faults on {report['dataset']}: site accuracy {report['site_accuracy'] or 0:.3f}, "
+                        f"type accuracy {report['type_accuracy'] or 0:.3f}, n={report['n']}")
+    for col in ("system/fault", "induced failures", "site accuracy", "type accuracy"):
+        table.add_column(col)
+    for name, row in report["by_fault"].items():
+        table.add_row(name, str(row["n"]), f"{row['site_accuracy']:.2f}", f"{row['type_accuracy']:.2f}")
+    return table
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m optloop.attribute", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--system", default="rag_bm25",
+                        help=f"memory system, or a comma-separated list with --faults ({', '.join(SYSTEMS)})")
+    parser.add_argument("--dataset", default="builtin:tiny", help="dataset URI (default builtin:tiny)")
+    parser.add_argument("--faults", choices=["planted"], help="run the planted-fault harness instead")
+    parser.add_argument("--fault", action="append", dest="fault_names", metavar="NAME",
+                        help="only this planted fault (repeatable)")
+    parser.add_argument("--list-faults", action="store_true", help="print the fault catalogue and exit")
+    parser.add_argument("--json", type=Path, metavar="OUT", help="write the JSON report here")
+    parser.add_argument("--markdown", type=Path, metavar="OUT", help="write the markdown report here")
+    parser.add_argument("--out", type=Path, help="where graphs and reports go (default .optloop/attribution/...)")
+    parser.add_argument("--no-traces", action="store_true", help="do not mirror failures to MLflow traces")
+    parser.add_argument("--llm-judge", action="store_true", help="let an LLM judge settle cases the cheap judges "
+                        "cannot (costs LLM calls)")
+    parser.add_argument("--verbose", action="store_true")
+    add_lm_arguments(parser)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    setup_logging(args.verbose)
+    if args.list_faults:
+        table = Table(title="planted-fault catalogue")
+        for col in ("fault", "systems", "true target", "true type", "what it does"):
+            table.add_column(col)
+        for f in CATALOGUE:
+            table.add_row(f.name, ", ".join(f.systems), f.target, f.error_type.value, f.description)
+        console.print(table)
+        return 0
+    systems = [s.strip() for s in args.system.split(",") if s.strip()]
+    for name in systems:
+        get_system(name)  # unknown names fail before any work
+    if len(systems) > 1 and not args.faults:
+        raise ConfigError("several systems need --faults planted; attribute one system at a time")
+    known = {f.name for f in CATALOGUE}
+    unknown = sorted(set(args.fault_names or ()) - known)
+    if unknown:
+        raise ConfigError(f"unknown fault(s) {unknown}; see --list-faults")
+    load_dataset(args.dataset)  # a malformed dataset fails here, before any LLM call
+    lm = lm_from_args(args)
+    slug = f"{'+'.join(systems)}-{args.dataset.replace(':', '_').replace('/', '_')}"
+    out = args.out or state_dir() / "attribution" / slug
+    with tempfile.TemporaryDirectory(prefix="optloop-attr-") as tmp:
+        work = Path(tmp)
+        if args.faults:
+            report = planted_report(systems, args.dataset, lm, work, args.fault_names)
+            console.print(render_planted(report))
+            markdown = None
+        else:
+            report = attribute_dataset(systems[0], args.dataset, lm, work, traces=not args.no_traces,
+                                       llm_judge=args.llm_judge)
+            console.print(render_table(report))
+            for b in report["blame"]:
+                console.print(f"  blame {b['target']}: {b['failures']} ({b['share']:.0%})")
+            markdown = render_markdown(report)
+            if (work / "graphs").exists():
+                shutil.rmtree(out / "graphs", ignore_errors=True)
+                shutil.copytree(work / "graphs", out / "graphs")
+    text = json.dumps(report, indent=1, ensure_ascii=False)
+    _write_atomic(args.json or out / "report.json", text)
+    if markdown is not None:
+        _write_atomic(args.markdown or out / "report.md", markdown)
+    console.print(f"reports in {args.json or out / 'report.json'}"
+                  + ("" if markdown is None else f" and {args.markdown or out / 'report.md'}"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main))

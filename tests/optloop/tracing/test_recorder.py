@@ -1,0 +1,98 @@
+"""The recorder on MD-flat with a scripted LM: what the graph holds after a run."""
+
+from __future__ import annotations
+
+import dspy
+import pytest
+from dspy.utils import DummyLM
+
+from optloop.datasets import Episode, Question, Session, Turn
+from optloop.lm import Accounting
+from optloop.tracing.graph import ExecutionGraph
+from optloop.tracing.recorder import record_episode
+from systems.baselines import MarkdownFlatSystem
+
+EPISODE = Episode(
+    id="ep",
+    sessions=[
+        Session(id="s1", timestamp="2024-03-01", turns=[Turn(id="s1:t1", role="user", content="My dog is Biscuit."),
+                                                        Turn(id="s1:t2", role="user", content="I live in Denver.")]),
+        Session(id="s2", timestamp="2024-04-01", turns=[Turn(id="s2:t1", role="user", content="I moved to Austin.")]),
+    ],
+    questions=[
+        Question(id="q1", question="What is my dog's name?", gold="Biscuit", evidence_ids=["s1:t1"],
+                 task_type="exact_recall", scorer="contains"),
+        Question(id="q2", question="Which city do I live in now?", gold="Austin", evidence_ids=["s2:t1"],
+                 task_type="update", scorer="contains"),
+    ],
+)
+
+
+def scripted_lm(*answers: dict) -> DummyLM:
+    lm = DummyLM(list(answers), adapter=dspy.JSONAdapter())
+    lm.accounting = Accounting()  # what the recorder reads LLM-call counts from
+    return lm
+
+
+@pytest.fixture
+def run(tmp_path, local_embedder):
+    def _run(*answers: dict) -> tuple[ExecutionGraph, dict[str, str]]:
+        system = MarkdownFlatSystem(scripted_lm(*answers), tmp_path / "md", embedder=local_embedder)
+        return record_episode(system, EPISODE, dataset="test")
+
+    return _run
+
+
+@pytest.fixture(scope="module")
+def local_embedder():
+    from optloop.embed import get_embedder
+
+    return get_embedder("local")
+
+
+def test_graph_records_site_calls_store_diff_retrieval_and_answers(run):
+    graph, predictions = run(
+        {"facts": ["User's dog is named Biscuit.", "User lives in Denver."]},
+        {"facts": ["User's dog is named Biscuit.", "User lives in Austin."]},
+        {"answer": "Biscuit"}, {"answer": "Denver"})
+
+    assert predictions == {"q1": "Biscuit", "q2": "Denver"}
+    names = [(op.name, op.site, op.session_id or op.question_id) for op in graph.operations]
+    assert names == [
+        ("extract", "md_flat.curate", "s1"), ("store", None, "s1"),
+        ("extract", "md_flat.curate", "s2"), ("update", None, "s2"),
+        ("retrieve", None, "q1"), ("answer", "answer", "q1"),
+        ("retrieve", None, "q2"), ("answer", "answer", "q2"),
+    ]
+    curate = graph.operations[0]
+    assert "message:s1:t1@0" in curate.inputs and any(i.startswith("prompt:md_flat.curate@") for i in curate.inputs)
+    assert [graph.variables[o].text for o in curate.outputs] == ["User's dog is named Biscuit.",
+                                                                  "User lives in Denver."]
+    # Denver -> Austin is one update: the old unit in, the rewritten one out.
+    update = graph.operations[3]
+    old = [graph.variables[i] for i in update.inputs if i.startswith("memory:")]
+    assert [v.text for v in old] == ["User lives in Denver."]
+    assert graph.variables[update.outputs[0]].text == "User lives in Austin."
+    assert graph.latest("memory", old[0].name).status == "deleted"
+    retrieve = graph.operations[4]
+    assert retrieve.knobs == {"top_k": 0}
+    items = graph.variables[retrieve.outputs[0]].data["items"]
+    assert [it["text"] for it in items] == ["User's dog is named Biscuit.", "User lives in Austin."]
+    assert graph.variables[graph.operations[5].outputs[0]].text == "Biscuit"
+    assert graph.meta["sites"]["md_flat.curate"]["op_kinds"] == ["extract", "update", "delete"]
+
+
+def test_graph_json_round_trip_is_equal(run, tmp_path):
+    graph, _ = run({"facts": ["User's dog is named Biscuit."]}, {"facts": ["User's dog is named Biscuit."]},
+                   {"answer": "Biscuit"}, {"answer": "Denver"})
+    path = graph.save(tmp_path / "g.json")
+    assert ExecutionGraph.load(path) == graph
+    assert ExecutionGraph.from_json(graph.to_json()) == graph
+
+
+def test_descendants_and_ancestors_follow_data_flow(run):
+    graph, _ = run({"facts": ["User's dog is named Biscuit."]}, {"facts": ["User's dog is named Biscuit."]},
+                   {"answer": "Biscuit"}, {"answer": "Denver"})
+    down = graph.descendants("message:s1:t1@0")
+    assert any(v.startswith("memory:") for v in down) and "answer:q1.answer@0" in down
+    assert "message:s1:t1@0" in graph.ancestors("answer:q1.answer@0")
