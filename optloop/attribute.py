@@ -85,7 +85,11 @@ def attribute_dataset(system_name: str, dataset_uri: str, lm: Any, work: Path, *
                 timings.append(time.perf_counter() - t0)
             attributions += failed
             if traces and failed:
+                from optloop import tracking
                 from optloop.tracing.mlflow_traces import log_graph_traces
+
+                tracking.configure()
+                tracking.experiment(f"optloop-attribution-{system_name}")
 
                 log_graph_traces(graph, [a.question_id for a in failed],
                                  {a.question_id: a.to_annotation() for a in failed})

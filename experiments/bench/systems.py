@@ -15,7 +15,6 @@ import argparse
 import json
 import sys
 import tempfile
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -24,9 +23,10 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from experiments.bench._common import bench_lm, parse_systems, run_episode
 from optloop.cli import add_lm_arguments, run_cli, setup_logging
-from optloop.datasets import load_dataset, passed
-from optloop.lm import LMSettings, OptloopLM
+from optloop.datasets import load_dataset
+from optloop.lm import OptloopLM
 from systems import SYSTEMS, get_system
 
 
@@ -38,21 +38,14 @@ def bench_system(name: str, dataset_uri: str, lm: OptloopLM, work: Path, progres
     ingest_calls = answer_calls = 0
     task = progress.add_task(f"{name}", total=len(dataset.episodes))
     for episode in dataset.episodes:
-        system = system_cls(lm, work / name / episode.id)
-        mark = lm.accounting.mark()
-        started = time.perf_counter()
-        system.ingest(episode.sessions)
-        ingest_s += time.perf_counter() - started
-        ingest_calls += lm.accounting.totals(since=mark).calls
-        sessions += len(episode.sessions)
-        mark = lm.accounting.mark()
-        started = time.perf_counter()
-        for question in episode.questions:
-            prediction = system.answer(question.question, system.retrieve(question.question))
-            correct += passed(question, prediction)
-            questions += 1
-        answer_s += time.perf_counter() - started
-        answer_calls += lm.accounting.totals(since=mark).calls
+        run = run_episode(system_cls, episode, lm, work / name / episode.id)
+        sessions += run.sessions
+        questions += len(run.results)
+        correct += run.correct
+        ingest_s += run.ingest_s
+        answer_s += run.answer_s
+        ingest_calls += run.ingest_calls
+        answer_calls += run.answer_calls
         progress.advance(task)
     return {
         "system": name, "episodes": len(dataset.episodes), "sessions": sessions, "questions": questions,
@@ -72,15 +65,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--verbose", action="store_true")
     args = parser.parse_args(argv)
     setup_logging(args.verbose)
-    names = [n.strip() for n in args.systems.split(",") if n.strip()]
-    for name in names:
-        get_system(name)  # unknown names fail here, before any work
+    names = parse_systems(args.systems)  # unknown names fail here, before any work
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        lm = OptloopLM(LMSettings.from_spec(args.lm, base_url=args.lm_base_url, timeout_s=args.lm_timeout,
-                                            n_ctx=args.lm_n_ctx,
-                                            cache_path=Path(tmp) / "cache.sqlite"))
+        lm = bench_lm(args, Path(tmp))
         with Progress() as progress:
             for name in names:
                 rows.append(bench_system(name, args.dataset, lm, Path(tmp), progress))

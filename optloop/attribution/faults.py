@@ -191,6 +191,7 @@ class Case:
     true_target: str
     true_type: ErrorType
     seconds: float
+    llm_calls: int = 0  # LLM calls the attribution itself made (0 for the deterministic pass)
 
     @property
     def site_ok(self) -> bool:
@@ -250,10 +251,10 @@ def run_planted(systems: Sequence[str], dataset: Dataset, lm: OptloopLM, work: P
                 for q in episode.questions:
                     if q.id not in passing or passed(q, preds[q.id]):
                         continue
-                    started = time.perf_counter()
+                    mark, started = lm.accounting.mark(), time.perf_counter()
                     result = attribute(graph, q, preds[q.id], judges, embedder=embedder)
                     cases.append(Case(system_name, fault.name, episode.id, result, fault.target, fault.error_type,
-                                      time.perf_counter() - started))
+                                      time.perf_counter() - started, lm.accounting.totals(since=mark).calls))
                 if progress:
                     progress(f"{system_name} {episode.id} {fault.name}: {len(cases)} induced failures so far")
     return cases
@@ -270,5 +271,13 @@ def summarize(cases: Sequence[Case]) -> dict[str, Any]:
     by_fault: dict[str, list[Case]] = {}
     for c in cases:
         by_fault.setdefault(f"{c.system}/{c.fault}", []).append(c)
+    by_type: dict[str, list[Case]] = {}
+    for c in cases:
+        by_type.setdefault(c.true_type.value, []).append(c)
+    ms = sorted(c.seconds * 1000 for c in cases)
     return {**block(cases), "by_fault": {k: block(v) for k, v in sorted(by_fault.items())},
-            "median_attribution_ms": (sorted(c.seconds for c in cases)[len(cases) // 2] * 1000) if cases else None}
+            "by_type": {k: block(v) for k, v in sorted(by_type.items())},
+            "systems_covered": sorted({c.system for c in cases}),
+            "attribution_llm_calls": sum(c.llm_calls for c in cases),
+            "median_attribution_ms": ms[len(ms) // 2] if ms else None,
+            "p95_attribution_ms": ms[min(len(ms) - 1, int(len(ms) * 0.95))] if ms else None}

@@ -1,0 +1,99 @@
+"""Pieces the memory-system benchmarks share: system names, the LM, one episode's run.
+
+:func:`run_episode` is the loop every benchmark here measures: a fresh system on its
+own directory, ingest all of an episode's sessions, then
+``system.answer(q, system.retrieve(q))`` for each question, scored by the question's
+own scorer, with seconds and LLM calls taken for the ingest and the answer stages.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from optloop.datasets import Episode, Question, passed
+from optloop.embed import Embedder
+from optloop.lm import LMSettings, OptloopLM
+from systems import get_system
+from systems.base import MemorySystem
+
+
+def parse_systems(text: str | Sequence[str]) -> list[str]:
+    """``"a,b"`` (or a list) -> names; an unknown name raises ConfigError before any work."""
+    parts = text.split(",") if isinstance(text, str) else list(text)
+    names = [n.strip() for n in parts if n.strip()]
+    for name in names:
+        get_system(name)
+    return names
+
+
+def bench_lm(args: argparse.Namespace, tmp: Path) -> OptloopLM:
+    """The LM from the ``add_lm_arguments`` flags, on a fresh cache so every call is real."""
+    return OptloopLM(LMSettings.from_spec(
+        args.lm, base_url=args.lm_base_url, timeout_s=args.lm_timeout, max_retries=args.lm_retries,
+        n_ctx=args.lm_n_ctx, max_array_items=getattr(args, "lm_max_items", None),
+        max_string_chars=getattr(args, "lm_max_chars", None), cache_path=tmp / "cache.sqlite"))
+
+
+@dataclass
+class QuestionResult:
+    question: Question
+    prediction: str
+    passed: bool
+
+
+@dataclass
+class EpisodeRun:
+    """What one episode cost and how its questions went."""
+
+    episode_id: str
+    sessions: int
+    setup_s: float = 0.0
+    ingest_s: float = 0.0
+    ingest_calls: int = 0
+    answer_s: float = 0.0
+    answer_calls: int = 0
+    results: list[QuestionResult] = field(default_factory=list)
+
+    @property
+    def seconds(self) -> float:
+        return self.setup_s + self.ingest_s + self.answer_s
+
+    @property
+    def calls(self) -> int:
+        return self.ingest_calls + self.answer_calls
+
+    @property
+    def correct(self) -> int:
+        return sum(r.passed for r in self.results)
+
+
+def run_episode(system_cls: type[MemorySystem], episode: Episode, lm: OptloopLM, run_dir: Path,
+                embedder: Embedder | None = None) -> EpisodeRun:
+    """Fresh ``system_cls`` under ``run_dir``: ingest every session, answer and score every question."""
+    run = EpisodeRun(episode_id=episode.id, sessions=len(episode.sessions))
+    started = time.perf_counter()
+    system = system_cls(lm, run_dir, embedder=embedder)
+    run.setup_s = time.perf_counter() - started
+    try:
+        mark = lm.accounting.mark()
+        started = time.perf_counter()
+        system.ingest(episode.sessions)
+        run.ingest_s = time.perf_counter() - started
+        run.ingest_calls = lm.accounting.totals(since=mark).calls
+
+        mark = lm.accounting.mark()
+        started = time.perf_counter()
+        for question in episode.questions:
+            prediction = system.answer(question.question, system.retrieve(question.question))
+            run.results.append(QuestionResult(question, prediction, passed(question, prediction)))
+        run.answer_s = time.perf_counter() - started
+        run.answer_calls = lm.accounting.totals(since=mark).calls
+    finally:
+        close = getattr(system, "close", None)
+        if callable(close):
+            close()
+    return run
