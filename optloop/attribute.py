@@ -145,13 +145,13 @@ def planted_report(systems: list[str], dataset_uri: str, lm: Any, work: Path,
     mark = lm.accounting.mark()
     started = time.perf_counter()
     with console.status("planted faults") as status:
-        cases = run_planted(systems, dataset, lm, work, fault_names=fault_names,
-                            progress=lambda msg: status.update(f"planted faults: {msg}"))
+        planted = run_planted(systems, dataset, lm, work, fault_names=fault_names,
+                              progress=lambda msg: status.update(f"planted faults: {msg}"))
     usage = lm.accounting.totals(since=mark)
-    return {**summarize(cases), "systems": systems, "dataset": dataset.uri,
+    return {**summarize(planted), "systems": systems, "dataset": dataset.uri,
             "cases": [{"system": c.system, "fault": c.fault, "episode": c.episode, "true_target": c.true_target,
                        "true_type": c.true_type.value, "site_ok": c.site_ok, "type_ok": c.type_ok,
-                       "attribution": c.attribution.model_dump(mode="json")} for c in cases],
+                       "attribution": c.attribution.model_dump(mode="json")} for c in planted.cases],
             "cost": {"llm_calls": usage.calls, "tokens": usage.tokens,
                      "seconds": round(time.perf_counter() - started, 1)}}
 

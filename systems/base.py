@@ -145,6 +145,14 @@ class MemorySystem(ABC):
     def all_memories(self) -> list[MemoryItem]:
         """Everything currently stored."""
 
+    def delete_memory(self, memory_id: str) -> None:
+        """Remove one stored unit (MemFail's ``delete``); not every system can."""
+        raise NotImplementedError(f"{self.name} cannot delete a single memory")
+
+    def update_memory(self, memory_id: str, text: str) -> None:
+        """Replace one stored unit's text (MemFail's ``update``); not every system can."""
+        raise NotImplementedError(f"{self.name} cannot update a single memory")
+
     # --- shared behaviour ----------------------------------------------------------------
 
     def retrieve(self, question: str, k: int | None = None) -> list[MemoryItem]:

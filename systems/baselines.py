@@ -190,6 +190,19 @@ class _RawTurnSystem(_FileBackedSystem):
     def all_memories(self) -> list[MemoryItem]:
         return [turn.to_item() for turn in self._log.turns]
 
+    def delete_memory(self, memory_id: str) -> None:
+        self._rewrite([t for t in self._log.turns if t.id != memory_id])
+
+    def update_memory(self, memory_id: str, text: str) -> None:
+        self._rewrite([t.model_copy(update={"content": text}) if t.id == memory_id else t for t in self._log.turns])
+
+    def _rewrite(self, turns: list[StoredTurn]) -> None:
+        """Replace the stored turns and rebuild the index from them."""
+        _write_jsonl(self._log.path, turns)
+        for name in ("vectors.npy", "vectors.json"):
+            (self.run_dir / name).unlink(missing_ok=True)
+        self._load()
+
 
 def estimate_tokens(text: str) -> int:
     """Tokens ``text`` costs in a prompt, estimated from its length (no tokenizer needed)."""

@@ -259,6 +259,12 @@ class Mem0System(MemorySystem):
                                    threshold=float(self._knobs["threshold"]), rerank=bool(self._knobs["rerank"]))
         return [_memory_item(r) for r in found["results"]]
 
+    def delete_memory(self, memory_id: str) -> None:
+        self.memory.delete(memory_id)
+
+    def update_memory(self, memory_id: str, text: str) -> None:
+        self.memory.update(memory_id, text=text)
+
     def all_memories(self) -> list[MemoryItem]:
         listed = self.memory.get_all(filters={"user_id": USER_ID}, top_k=ALL_MEMORIES_LIMIT)
         items = [_memory_item(r) for r in listed["results"]]

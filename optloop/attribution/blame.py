@@ -7,7 +7,7 @@ from collections.abc import Iterable
 
 from pydantic import BaseModel
 
-from optloop.attribution.taxonomy import Attribution, is_knob
+from optloop.attribution.taxonomy import Attribution, is_knob, is_prompt_site
 
 
 class BlameEntry(BaseModel):
@@ -16,6 +16,7 @@ class BlameEntry(BaseModel):
     share: float
     types: dict[str, int]
     is_knob: bool
+    is_prompt: bool
 
 
 def blame(attributions: Iterable[Attribution]) -> list[BlameEntry]:
@@ -29,10 +30,11 @@ def blame(attributions: Iterable[Attribution]) -> list[BlameEntry]:
         total += 1
         counts[a.target] += 1
         types.setdefault(a.target, Counter())[a.error_type.value] += 1
-    return [BlameEntry(target=t, failures=n, share=n / total, types=dict(types[t]), is_knob=is_knob(t))
+    return [BlameEntry(target=t, failures=n, share=n / total, types=dict(types[t]), is_knob=is_knob(t),
+                        is_prompt=is_prompt_site(t))
             for t, n in counts.most_common()]
 
 
 def blamed_sites(entries: Iterable[BlameEntry], min_share: float = 0.0) -> list[str]:
     """The prompt sites (not knobs) with at least ``min_share`` of the blame."""
-    return [e.target for e in entries if not e.is_knob and e.share >= min_share]
+    return [e.target for e in entries if e.is_prompt and e.share >= min_share]

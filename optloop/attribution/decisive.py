@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 from optloop.attribution.evidence import Evidence, find_evidence
 from optloop.attribution.judges import JudgeChain, content_tokens
-from optloop.attribution.taxonomy import Attribution, ErrorType, knob_target
+from optloop.attribution.taxonomy import Attribution, ErrorType, knob_target, library_target
 from optloop.tracing.graph import ExecutionGraph, Operation, Variable
 
 if TYPE_CHECKING:
@@ -158,11 +158,10 @@ class _Walk:
         """The prompt site of ``op``'s session that decides updates (or deletes): the one to fix."""
         session_llm = [o for o in self.graph.operations
                        if o.site and o.category == "ingest" and o.session_id == op.session_id and o.seq < op.seq]
-        for candidates in ([o for o in session_llm if kind in self.kinds(o)],
-                           [o for o in session_llm if "extract" in self.kinds(o)], session_llm):
-            if candidates:
-                return candidates[-1].site
-        return f"{self.graph.system}.store"
+        deciding = [o for o in session_llm if kind in self.kinds(o)]
+        if deciding:
+            return deciding[-1].site
+        return library_target(f"{self.graph.system}.store")  # no prompt decides it: the library's own step
 
     def not_retrieved(self, retrieve: Operation, retrieved: Variable, survivors: Sequence[Variable]) -> Attribution:
         data = retrieved.data or {}
@@ -199,3 +198,14 @@ def attribute(graph: ExecutionGraph, question: Question, prediction: str, judges
     """The decisive error of one failed question."""
     evidence = find_evidence(graph, question, embedder)
     return _Walk(graph, question, prediction, judges, evidence).run()
+
+
+def evidence_reaches_answer(graph: ExecutionGraph, question: Question, judges: JudgeChain, *,
+                            embedder: Embedder | None = None) -> bool:
+    """Whether the memories retrieved for ``question`` carry its evidence."""
+    evidence = find_evidence(graph, question, embedder)
+    retrieve = next((op for op in reversed(graph.question_ops(question.id)) if op.name == "retrieve"), None)
+    if retrieve is None or not evidence.message_ids:
+        return False
+    items = (graph.variables[retrieve.outputs[0]].data or {}).get("items", [])
+    return any(judges.carries([it["text"] for it in items], evidence)) if items else False

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import dspy
 
-from optloop.attribution.decisive import attribute
+from optloop.attribution.decisive import attribute, evidence_reaches_answer
 from optloop.attribution.judges import default_judges
 from optloop.attribution.taxonomy import Attribution, ErrorType, knob_target
 from optloop.datasets import passed
@@ -99,7 +99,7 @@ def forget_old(items: list[Any], inputs: dict[str, Any]) -> list[Any]:
     return [i for i in items if not _already_in_file(i, inputs)]
 
 
-def overwrite_old(items: list[Any], inputs: dict[str, Any]) -> list[Any]:
+def blur_old(items: list[Any], inputs: dict[str, Any]) -> list[Any]:
     return [(_blur(i) if isinstance(i, str) and _already_in_file(i, inputs) else i) for i in items]
 
 
@@ -118,6 +118,8 @@ class Fault:
     inputs: dict[str, Any] = field(default_factory=dict)  # input fields forced to a value
     knobs: dict[str, Any] = field(default_factory=dict)
     query_site: bool = False
+    # A store fault: run after each session is ingested, with the ids stored before it.
+    after_session: Callable[[MemorySystem, set[str]], None] | None = None
 
     def applies_to(self, system: str) -> bool:
         return system in self.systems
@@ -125,6 +127,8 @@ class Fault:
     def apply(self, system: MemorySystem) -> None:
         for name, value in self.knobs.items():
             system.set_knob(name, value)
+        if self.after_session is not None:
+            self._wrap_ingest(system, self.after_session)
         if self.site is None:
             return
         module = system.prompt_sites()[self.site].module
@@ -142,6 +146,32 @@ class Fault:
 
         module.forward = faulty_forward
 
+    @staticmethod
+    def _wrap_ingest(system: MemorySystem, hook: Callable[[MemorySystem, set[str]], None]) -> None:
+        original = system.ingest
+
+        def faulty_ingest(sessions: Any) -> None:
+            for session in sessions:
+                before = {m.id for m in system.all_memories()}
+                original([session])
+                if before:
+                    hook(system, before)
+
+        system.ingest = faulty_ingest  # type: ignore[method-assign]
+
+
+def delete_old(system: MemorySystem, before: set[str]) -> None:
+    """The store removes every unit that existed before this session."""
+    for memory_id in sorted(before):
+        system.delete_memory(memory_id)
+
+
+def overwrite_old(system: MemorySystem, before: set[str]) -> None:
+    """The store rewrites every unit that existed before this session, its specifics blurred."""
+    for item in system.all_memories():
+        if item.id in before:
+            system.update_memory(item.id, _blur(item.text.split(": ", 1)[-1]))
+
 
 CATALOGUE: tuple[Fault, ...] = (
     Fault("mem0-extract-drop-numbers", ("mem0",), "mem0.extract", ErrorType.EXTRACTION,
@@ -156,9 +186,15 @@ CATALOGUE: tuple[Fault, ...] = (
           + [i for i in items if not _already_in_file(i, inputs)][:1]),
     Fault("mdflat-curate-overwrites", ("md_flat",), "md_flat.curate", ErrorType.UPDATE,
           "curation rewrites every existing fact with its specifics replaced", site="md_flat.curate",
-          lists=overwrite_old),
+          lists=blur_old),
     Fault("mdflat-curate-forgets", ("md_flat",), "md_flat.curate", ErrorType.DELETION,
           "curation deletes every fact already in the file", site="md_flat.curate", lists=forget_old),
+    Fault("store-deletes-old", ("mem0", "rag_bm25", "rag_embedding", "long_context"), "library:{system}.store",
+          ErrorType.DELETION, "the store deletes every memory of earlier sessions when a session is added",
+          after_session=delete_old),
+    Fault("store-overwrites-old", ("mem0", "rag_bm25", "rag_embedding", "long_context"), "library:{system}.store",
+          ErrorType.UPDATE, "the store rewrites every memory of earlier sessions with its specifics replaced",
+          after_session=overwrite_old),
     Fault("top-k-1", ("mem0", "rag_bm25", "rag_embedding", "md_flat"), knob_target("top_k"), ErrorType.RETRIEVAL,
           "top_k set to 1", knobs={"top_k": 1}),
     Fault("query-unrelated", ("mem0", "rag_bm25", "rag_embedding"), "retrieve.query", ErrorType.RETRIEVAL,
@@ -202,6 +238,19 @@ class Case:
         return self.attribution.error_type == self.true_type
 
 
+@dataclass
+class PlantedRun:
+    """The induced failures, and the fault-run failures the fault did not cause (``collateral``)."""
+
+    cases: list[Case]
+    collateral: list[tuple[str, str, str]] = field(default_factory=list)  # (system, fault, question id)
+
+    def __iadd__(self, other: PlantedRun) -> PlantedRun:
+        self.cases += other.cases
+        self.collateral += other.collateral
+        return self
+
+
 def _run(system_factory: Callable[..., MemorySystem], run_dir: Path, episode: Any, fault: Fault | None,
          dataset_uri: str) -> tuple[Any, dict[str, str]]:
     shutil.rmtree(run_dir, ignore_errors=True)
@@ -218,7 +267,7 @@ def _run(system_factory: Callable[..., MemorySystem], run_dir: Path, episode: An
 
 def run_planted(systems: Sequence[str], dataset: Dataset, lm: OptloopLM, work: Path, *,
                 embedder: Embedder | None = None, fault_names: Iterable[str] | None = None,
-                progress: Callable[[str], None] | None = None) -> list[Case]:
+                progress: Callable[[str], None] | None = None) -> PlantedRun:
     """Run every system clean and under each of its faults; attribute every induced failure."""
     from systems import get_system
 
@@ -228,6 +277,7 @@ def run_planted(systems: Sequence[str], dataset: Dataset, lm: OptloopLM, work: P
         embedder = get_embedder()
     names = list(fault_names) if fault_names else None
     cases: list[Case] = []
+    collateral: list[tuple[str, str, str]] = []
     for system_name in systems:
         cls = get_system(system_name)
 
@@ -238,7 +288,8 @@ def run_planted(systems: Sequence[str], dataset: Dataset, lm: OptloopLM, work: P
         if not faults:
             continue
         for episode in dataset.episodes:
-            _, clean = _run(factory, work / system_name / "clean" / episode.id, episode, None, dataset.uri)
+            clean_graph, clean = _run(factory, work / system_name / "clean" / episode.id, episode, None,
+                                      dataset.uri)
             passing = {q.id for q in episode.questions if passed(q, clean[q.id])}
             if progress:
                 progress(f"{system_name} {episode.id}: {len(passing)}/{len(episode.questions)} pass clean")
@@ -251,17 +302,26 @@ def run_planted(systems: Sequence[str], dataset: Dataset, lm: OptloopLM, work: P
                 for q in episode.questions:
                     if q.id not in passing or passed(q, preds[q.id]):
                         continue
+                    if fault.site != "answer" and not (
+                            evidence_reaches_answer(clean_graph, q, judges, embedder=embedder)
+                            and not evidence_reaches_answer(graph, q, judges, embedder=embedder)):
+                        # The fault did not keep the evidence from the answer; the answer changed only
+                        # because its context did. Not a failure of the planted operation: counted apart.
+                        collateral.append((system_name, fault.name, q.id))
+                        continue
                     mark, started = lm.accounting.mark(), time.perf_counter()
                     result = attribute(graph, q, preds[q.id], judges, embedder=embedder)
-                    cases.append(Case(system_name, fault.name, episode.id, result, fault.target, fault.error_type,
+                    cases.append(Case(system_name, fault.name, episode.id, result,
+                                      fault.target.format(system=system_name), fault.error_type,
                                       time.perf_counter() - started, lm.accounting.totals(since=mark).calls))
                 if progress:
                     progress(f"{system_name} {episode.id} {fault.name}: {len(cases)} induced failures so far")
-    return cases
+    return PlantedRun(cases, collateral)
 
 
-def summarize(cases: Sequence[Case]) -> dict[str, Any]:
+def summarize(run: PlantedRun) -> dict[str, Any]:
     """``site_accuracy``, ``type_accuracy`` and ``n``, overall and per fault."""
+    cases = run.cases
 
     def block(group: Sequence[Case]) -> dict[str, Any]:
         n = len(group)
@@ -279,5 +339,6 @@ def summarize(cases: Sequence[Case]) -> dict[str, Any]:
             "by_type": {k: block(v) for k, v in sorted(by_type.items())},
             "systems_covered": sorted({c.system for c in cases}),
             "attribution_llm_calls": sum(c.llm_calls for c in cases),
+            "collateral": len(run.collateral),
             "median_attribution_ms": ms[len(ms) // 2] if ms else None,
             "p95_attribution_ms": ms[min(len(ms) - 1, int(len(ms) * 0.95))] if ms else None}

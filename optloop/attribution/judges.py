@@ -38,23 +38,39 @@ class Judge(Protocol):
 
 
 class LexicalJudge:
-    """Gold-answer recall first; else recall of the evidence's content words."""
+    """Gold-answer words plus the evidence's context words; else the evidence's words alone.
+
+    A text carries the evidence when it holds the gold answer's content words
+    *and* some of the evidence's other words ("User's sister is Lena" carries
+    "My sister is called Lena"; "Lena has a cat" does not). Without an
+    informative answer (yes/no, a choice letter) it needs half of the
+    evidence's content words. In between it abstains.
+    """
 
     name = "lexical"
 
-    def __init__(self, answer_recall: float = 0.6, evidence_recall: float = 0.5, undecided_below: float = 0.25):
+    def __init__(self, answer_recall: float = 0.6, context_recall: float = 0.2, evidence_recall: float = 0.5,
+                 undecided_below: float = 0.25):
         self.answer_recall = answer_recall
+        self.context_recall = context_recall
         self.evidence_recall = evidence_recall
         self.undecided_below = undecided_below
 
     def carries(self, texts: Sequence[str], evidence: Evidence) -> list[bool | None]:
         answer = content_tokens(evidence.answer) if evidence.answer_is_informative else set()
         key = set().union(*(content_tokens(t.split(":", 1)[-1]) for t in evidence.texts)) if evidence.texts else set()
+        context = key - answer
         out: list[bool | None] = []
         for text in texts:
             tokens = content_tokens(text)
             if answer:
-                out.append(len(answer & tokens) / len(answer) >= self.answer_recall)
+                if len(answer & tokens) / len(answer) < self.answer_recall:
+                    out.append(False)
+                elif len(context) < 2:
+                    out.append(True)
+                else:
+                    ratio = len(context & tokens) / len(context)
+                    out.append(True if ratio >= self.context_recall else False if ratio == 0 else None)
             elif key:
                 recall = len(key & tokens) / len(key)
                 out.append(True if recall >= self.evidence_recall else False if recall < self.undecided_below

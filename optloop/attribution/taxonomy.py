@@ -38,8 +38,21 @@ def knob_target(name: str) -> str:
     return KNOB_PREFIX + name
 
 
+LIBRARY_PREFIX = "library:"
+
+
+def library_target(step: str) -> str:
+    """Blame target for a step of the library no prompt decides: ``library:mem0.store``."""
+    return LIBRARY_PREFIX + step
+
+
 def is_knob(target: str | None) -> bool:
     return bool(target) and str(target).startswith(KNOB_PREFIX)
+
+
+def is_prompt_site(target: str | None) -> bool:
+    """Whether an optimizer can fix ``target`` by rewriting a prompt."""
+    return bool(target) and not str(target).startswith((KNOB_PREFIX, LIBRARY_PREFIX))
 
 
 class Attribution(BaseModel):
