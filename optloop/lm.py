@@ -720,6 +720,13 @@ def _check_json(response: dict[str, Any]) -> None:
     content = (choice.get("message") or {}).get("content") or ""
     try:
         json.loads(content)
+        return
+    except json.JSONDecodeError:
+        pass
+    try:
+        # A raw control character (a newline, a tab) inside a JSON string is invalid JSON that
+        # small models emit under a grammar; keep the value and re-serialize it escaped.
+        choice["message"]["content"] = json.dumps(json.loads(content, strict=False), ensure_ascii=False)
     except json.JSONDecodeError as exc:
         reason = "truncated at max_tokens" if choice.get("finish_reason") == "length" else "not JSON"
         raise MalformedResponse(f"response {reason}: {exc.msg} at char {exc.pos}") from None

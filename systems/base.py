@@ -145,6 +145,10 @@ class MemorySystem(ABC):
     def all_memories(self) -> list[MemoryItem]:
         """Everything currently stored."""
 
+    def retrievable_kinds(self) -> set[str] | None:
+        """The ``metadata["kind"]`` values retrieval can return (None: every unit is searchable)."""
+        return None
+
     def delete_memory(self, memory_id: str) -> None:
         """Remove one stored unit (MemFail's ``delete``); not every system can."""
         raise NotImplementedError(f"{self.name} cannot delete a single memory")

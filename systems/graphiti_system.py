@@ -515,6 +515,12 @@ class GraphitiSystem(MemorySystem):
                   for community, score in _scored(results.communities, results.community_reranker_scores)]
         return items
 
+    def retrievable_kinds(self) -> set[str] | None:
+        config = search_recipe(self._knobs["search_recipe"])
+        kinds = {"edge": config.edge_config, "node": config.node_config, "episode": config.episode_config,
+                 "community": config.community_config}
+        return {kind for kind, part in kinds.items() if part is not None}
+
     def all_memories(self) -> list[MemoryItem]:
         """Every entity edge (fact), expired ones included, then every entity node of the group."""
         with self._lock:

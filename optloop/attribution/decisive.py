@@ -39,6 +39,10 @@ if TYPE_CHECKING:
 QUERY_DRIFT = 0.34  # a rewrite keeping under a third of the question's content words has drifted
 
 
+def _kind(variable: Variable) -> str | None:
+    return ((variable.data or {}).get("metadata") or {}).get("kind")
+
+
 class _Walk:
     def __init__(self, graph: ExecutionGraph, question: Question, prediction: str, judges: JudgeChain,
                  evidence: Evidence):
@@ -83,6 +87,9 @@ class _Walk:
             return self.result(ErrorType.UNKNOWN, None, None, "No evidence for the gold answer was found among the "
                                "messages, so the failure cannot be followed through the graph.", ambiguous=True)
         memories = self.graph.by_cls("memory")
+        kinds = self.graph.meta.get("retrievable_kinds")
+        if kinds is not None:  # a unit the configured search can never return is not stored *for* retrieval
+            memories = [v for v in memories if _kind(v) is None or _kind(v) in kinds]
         carriers = [v for v, ok in zip(memories, self.carries(memories), strict=True) if ok and v.status == "live"]
         if not carriers:
             return self.not_stored()

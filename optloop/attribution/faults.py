@@ -240,7 +240,8 @@ class Case:
 
 @dataclass
 class PlantedRun:
-    """The induced failures, and the fault-run failures the fault did not cause (``collateral``)."""
+    """The induced failures, and the fault-run failures not counted (``collateral``): the clean run
+    passed without the evidence reaching its answer, or the fault left the evidence in front of it."""
 
     cases: list[Case]
     collateral: list[tuple[str, str, str]] = field(default_factory=list)  # (system, fault, question id)
@@ -302,9 +303,12 @@ def run_planted(systems: Sequence[str], dataset: Dataset, lm: OptloopLM, work: P
                 for q in episode.questions:
                     if q.id not in passing or passed(q, preds[q.id]):
                         continue
-                    if fault.site != "answer" and not (
-                            evidence_reaches_answer(clean_graph, q, judges, embedder=embedder)
-                            and not evidence_reaches_answer(graph, q, judges, embedder=embedder)):
+                    if not evidence_reaches_answer(clean_graph, q, judges, embedder=embedder):
+                        # The clean run passed without the evidence reaching the answer (a lucky guess):
+                        # no sound baseline to plant a fault against. Counted apart.
+                        collateral.append((system_name, fault.name, q.id))
+                        continue
+                    if fault.site != "answer" and evidence_reaches_answer(graph, q, judges, embedder=embedder):
                         # The fault did not keep the evidence from the answer; the answer changed only
                         # because its context did. Not a failure of the planted operation: counted apart.
                         collateral.append((system_name, fault.name, q.id))

@@ -145,6 +145,8 @@ class Recorder:
             self.graph.meta["sites"][name] = {"stage": site.stage, "op_kinds": list(site.op_kinds),
                                               "changed": site.changed}
         self.graph.meta["knobs"] = jsonable(self.system.knobs())
+        kinds = self.system.retrievable_kinds()
+        self.graph.meta["retrievable_kinds"] = sorted(kinds) if kinds is not None else None
 
     @contextmanager
     def _scoped(self, category: Category, inputs: list[str], **ids: Any) -> Iterator[list[str]]:

@@ -299,3 +299,11 @@ def test_bound_schema_only_tightens_unbounded_strings_and_arrays():
     assert props["short"]["maxLength"] == 5 and props["nick"]["anyOf"][0]["maxLength"] == 50
     assert props["few"]["maxItems"] == 20 and bounded["$defs"]["X"]["properties"]["v"]["maxLength"] == 50
     assert "maxLength" not in schema["properties"]["type"]  # the input is not modified
+
+
+def test_raw_control_characters_in_json_strings_are_escaped_not_failed():
+    from optloop.lm import _check_json
+
+    response = {"choices": [{"message": {"content": '{"answer": "line one\nline two"}'}, "finish_reason": "stop"}]}
+    _check_json(response)
+    assert json.loads(response["choices"][0]["message"]["content"]) == {"answer": "line one\nline two"}
