@@ -122,7 +122,7 @@ SIGNATURES: dict[str, type[dspy.Signature]] = {
 OP_KINDS: dict[str, tuple[str, ...]] = {
     site_name("extract_nodes.extract_message"): ("extract",),
     site_name("dedupe_nodes.nodes"): ("update",),
-    site_name("extract_edges.edge"): ("extract",),
+    site_name("extract_edges.edge"): ("extract", "store"),  # its facts are the edges stored
     site_name("extract_edges.extract_timestamps"): ("extract",),
     site_name("dedupe_edges.resolve_edge"): ("update", "delete"),
     site_name("extract_nodes.extract_summaries_batch"): ("update",),

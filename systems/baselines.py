@@ -431,7 +431,7 @@ class MarkdownFlatSystem(_FileBackedSystem):
 
     def _build_sites(self) -> None:
         self._sites["md_flat.curate"] = PromptSite.from_signature(
-            "md_flat.curate", "ingest", CurateMarkdownMemory, op_kinds=("extract", "update", "delete"), layout="dspy")
+            "md_flat.curate", "ingest", CurateMarkdownMemory, op_kinds=("extract", "update", "delete", "store"), layout="dspy")
 
     @property
     def memory_path(self) -> Path:

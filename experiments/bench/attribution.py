@@ -32,7 +32,7 @@ from optloop.datasets import load_dataset
 from systems import get_system
 
 DEFAULT_SYSTEMS = "rag_bm25,rag_embedding,long_context,md_flat,mem0,graphiti"
-DEFAULT_DATASETS = "builtin:tiny;synthetic:suite?seed=0;synthetic:suite?seed=1;synthetic:suite?seed=2"
+DEFAULT_DATASETS = ";".join(["builtin:tiny"] + [f"synthetic:suite?seed={i}" for i in range(5)])
 LIBRARY_SYSTEMS = {"mem0", "graphiti"}  # ~50 s per ingested session on 2 cores with the embedded LM
 
 

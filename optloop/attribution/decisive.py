@@ -112,7 +112,10 @@ class _Walk:
         session_ops = [op for op in self.graph.operations
                        if op.category == "ingest" and op.site and op.session_id in self.ev.sessions]
         extract_ops = [op for op in session_ops if "extract" in self.kinds(op)]
-        for op in extract_ops:
+        # Sites whose output is what gets stored (kind "store") must carry the evidence; an earlier
+        # step (graphiti's entity names) holds only part of it, so it is judged only without them.
+        storing = [op for op in extract_ops if "store" in self.kinds(op)]
+        for op in storing or extract_ops:
             outputs = [self.graph.variables[o] for o in op.outputs]
             if not any(self.carries(outputs)):
                 return self.result(ErrorType.EXTRACTION, op, op.site,

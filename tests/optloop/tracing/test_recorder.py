@@ -79,7 +79,7 @@ def test_graph_records_site_calls_store_diff_retrieval_and_answers(run):
     items = graph.variables[retrieve.outputs[0]].data["items"]
     assert [it["text"] for it in items] == ["User's dog is named Biscuit.", "User lives in Austin."]
     assert graph.variables[graph.operations[5].outputs[0]].text == "Biscuit"
-    assert graph.meta["sites"]["md_flat.curate"]["op_kinds"] == ["extract", "update", "delete"]
+    assert graph.meta["sites"]["md_flat.curate"]["op_kinds"] == ["extract", "update", "delete", "store"]
 
 
 def test_graph_json_round_trip_is_equal(run, tmp_path):
