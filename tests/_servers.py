@@ -16,6 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 # Behaviours: ("ok", content) | ("status", code) | ("raw", body_text) | ("hang", seconds) | ("embed", dim)
+#             | ("respond", fn): fn(request body) returns one of the other behaviours for this request
 
 
 class ScriptedOpenAIServer:
@@ -33,6 +34,8 @@ class ScriptedOpenAIServer:
                 body = json.loads(self.rfile.read(length) or b"{}")
                 server.requests.append({"path": self.path, "body": body, "auth": self.headers.get("authorization")})
                 kind, arg = server.script.pop(0) if len(server.script) > 1 else server.script[0]
+                if kind == "respond":
+                    kind, arg = arg(body)
                 if kind == "hang":
                     time.sleep(arg)
                     return

@@ -11,9 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import threading
 from collections.abc import Sequence
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +41,7 @@ from systems.graphiti_system import (
     graph_backend,
     parse_session_time,
 )
-from tests._servers import closed_port_url
+from tests._servers import ScriptedOpenAIServer, closed_port_url
 
 SESSIONS = [
     Session(id="s1", timestamp="2024-01-01T10:00:00+00:00", turns=[
@@ -87,65 +85,29 @@ def canned_answer(prompt: str, user: str) -> dict[str, Any]:
     }[prompt]
 
 
-class GraphitiStubServer:
+class GraphitiStubServer(ScriptedOpenAIServer):
     """A loopback OpenAI-compatible server that answers each graphiti prompt with valid JSON.
 
     Records ``(prompt, messages)`` for every chat completion, in arrival order.
     """
 
     def __init__(self) -> None:
+        super().__init__([("respond", self._respond)])
         self.calls: list[tuple[str, list[dict[str, Any]]]] = []
-        server = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def do_POST(self) -> None:  # noqa: N802 - http.server naming
-                body = json.loads(self.rfile.read(int(self.headers.get("content-length") or 0)))
-                schema = (body.get("response_format") or {}).get("json_schema", {}).get("schema", {})
-                prompt = PROMPT_BY_FIELDS.get(frozenset(schema.get("properties", {})), "unknown")
-                server.calls.append((prompt, body["messages"]))
-                if prompt == "unknown":
-                    self._send(400, {"error": {"message": "not a graphiti prompt", "type": "invalid_request_error"}})
-                    return
-                content = json.dumps(canned_answer(prompt, body["messages"][-1]["content"]))
-                self._send(200, {
-                    "id": "cmpl-1", "object": "chat.completion", "created": 0, "model": body.get("model", "m"),
-                    "choices": [{"index": 0, "finish_reason": "stop",
-                                 "message": {"role": "assistant", "content": content}}],
-                    "usage": {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10},
-                })
-
-            def _send(self, code: int, payload: Any) -> None:
-                data = json.dumps(payload).encode()
-                self.send_response(code)
-                self.send_header("content-type", "application/json")
-                self.send_header("content-length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+    def _respond(self, body: dict[str, Any]) -> tuple[str, Any]:
+        schema = (body.get("response_format") or {}).get("json_schema", {}).get("schema", {})
+        prompt = PROMPT_BY_FIELDS.get(frozenset(schema.get("properties", {})), "unknown")
+        self.calls.append((prompt, body["messages"]))
+        if prompt == "unknown":
+            return "status", 400
+        return "ok", json.dumps(canned_answer(prompt, body["messages"][-1]["content"]))
 
     def by_prompt(self) -> dict[str, list[list[dict[str, Any]]]]:
         out: dict[str, list[list[dict[str, Any]]]] = {}
         for prompt, messages in self.calls:
             out.setdefault(prompt, []).append(messages)
         return out
-
-    def __enter__(self) -> GraphitiStubServer:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
 
 
 def stub_lm(server: GraphitiStubServer) -> OptloopLM:
