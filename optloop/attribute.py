@@ -38,19 +38,12 @@ from optloop.attribution.faults import CATALOGUE, run_planted, summarize
 from optloop.cli import add_lm_arguments, lm_from_args, run_cli, setup_logging
 from optloop.datasets import load_dataset, passed
 from optloop.errors import ConfigError
-from optloop.paths import state_dir
+from optloop.paths import state_dir, write_atomic
 from optloop.tracing.recorder import record_episode
 from systems import SYSTEMS, get_system
 
 logger = logging.getLogger(__name__)
 console = Console()
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
 
 
 def attribute_dataset(system_name: str, dataset_uri: str, lm: Any, work: Path, *, embedder: Any = None,
@@ -228,9 +221,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 shutil.rmtree(out / "graphs", ignore_errors=True)
                 shutil.copytree(work / "graphs", out / "graphs")
     text = json.dumps(report, indent=1, ensure_ascii=False)
-    _write_atomic(args.json or out / "report.json", text)
+    write_atomic(args.json or out / "report.json", text)
     if markdown is not None:
-        _write_atomic(args.markdown or out / "report.md", markdown)
+        write_atomic(args.markdown or out / "report.md", markdown)
     console.print(f"reports in {args.json or out / 'report.json'}"
                   + ("" if markdown is None else f" and {args.markdown or out / 'report.md'}"))
     return 0

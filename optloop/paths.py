@@ -23,3 +23,15 @@ def mlruns_dir() -> Path:
     path = Path(os.environ.get("OPTLOOP_MLRUNS", "mlruns")).expanduser().resolve()
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def write_atomic(path: Path, data: str | bytes) -> Path:
+    """Replace ``path`` in one step (parent created), so a killed process never leaves half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    if isinstance(data, bytes):
+        tmp.write_bytes(data)
+    else:
+        tmp.write_text(data, encoding="utf-8")
+    os.replace(tmp, path)
+    return path

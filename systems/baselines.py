@@ -30,7 +30,6 @@ import io
 import json
 import logging
 import math
-import os
 import re
 from abc import abstractmethod
 from collections.abc import Iterable, Sequence
@@ -42,6 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from rank_bm25 import BM25Okapi
 
 from optloop.errors import ConfigError
+from optloop.paths import write_atomic as _write_atomic
 from signatures.baselines import CurateMarkdownMemory
 from systems.base import MemoryItem, MemorySystem, PromptSite
 
@@ -58,16 +58,6 @@ CHARS_PER_TOKEN = 4  # a cheap, tokenizer-free estimate; English runs 3.5-4.5 ch
 # ---------------------------------------------------------------------------
 # Plain-file state
 # ---------------------------------------------------------------------------
-
-
-def _write_atomic(path: Path, data: str | bytes) -> None:
-    """Replace ``path`` in one step, so a killed process never leaves half a file."""
-    tmp = path.with_name(path.name + ".tmp")
-    if isinstance(data, bytes):
-        tmp.write_bytes(data)
-    else:
-        tmp.write_text(data, encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def _read_jsonl(path: Path, model: type[BaseModel]) -> list[Any]:

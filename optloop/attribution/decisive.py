@@ -39,6 +39,14 @@ if TYPE_CHECKING:
 QUERY_DRIFT = 0.34  # a rewrite keeping under a third of the question's content words has drifted
 
 
+def _retrieval(graph: ExecutionGraph, question_id: str) -> tuple[Operation | None, list[dict]]:
+    """The question's (last) retrieve operation and the items it returned."""
+    retrieve = next((op for op in reversed(graph.question_ops(question_id)) if op.name == "retrieve"), None)
+    if retrieve is None:
+        return None, []
+    return retrieve, (graph.variables[retrieve.outputs[0]].data or {}).get("items", [])
+
+
 def _kind(variable: Variable) -> str | None:
     return ((variable.data or {}).get("metadata") or {}).get("kind")
 
@@ -75,9 +83,8 @@ class _Walk:
     # --- the four questions ---------------------------------------------------------------
 
     def run(self) -> Attribution:
-        ops = self.graph.question_ops(self.q.id)
-        retrieve = next((op for op in reversed(ops) if op.name == "retrieve"), None)
-        answer = next((op for op in reversed(ops) if op.category == "answer"), None)
+        retrieve, items = _retrieval(self.graph, self.q.id)
+        answer = next((op for op in reversed(self.graph.question_ops(self.q.id)) if op.category == "answer"), None)
         if self.q.abstain:
             return self.result(ErrorType.RESPONSE, answer, "answer",
                                f"Nothing in the conversation answers {self.q.question!r}; the right answer was to "
@@ -99,10 +106,8 @@ class _Walk:
         if retrieve is None:
             return self.result(ErrorType.UNKNOWN, None, None, "The question has no recorded retrieval.",
                                ambiguous=True)
-        retrieved_var = self.graph.variables[retrieve.outputs[0]]
-        items = (retrieved_var.data or {}).get("items", [])
-        if not any(self.judges.carries([it["text"] for it in items], self.ev)):
-            return self.not_retrieved(retrieve, retrieved_var, survivors)
+        if not self.judges.any([it["text"] for it in items], self.ev):
+            return self.not_retrieved(retrieve, self.graph.variables[retrieve.outputs[0]], survivors)
         return self.result(ErrorType.RESPONSE, answer, "answer",
                            f"The retrieval handed {self.evidence_quote()} to the answer site (in "
                            f"{len(items)} memories), but it answered {self.prediction!r}. The memories were right; "
@@ -214,8 +219,5 @@ def evidence_reaches_answer(graph: ExecutionGraph, question: Question, judges: J
                             embedder: Embedder | None = None) -> bool:
     """Whether the memories retrieved for ``question`` carry its evidence."""
     evidence = find_evidence(graph, question, embedder)
-    retrieve = next((op for op in reversed(graph.question_ops(question.id)) if op.name == "retrieve"), None)
-    if retrieve is None or not evidence.message_ids:
-        return False
-    items = (graph.variables[retrieve.outputs[0]].data or {}).get("items", [])
-    return any(judges.carries([it["text"] for it in items], evidence)) if items else False
+    _, items = _retrieval(graph, question.id)
+    return bool(evidence.message_ids) and judges.any([it["text"] for it in items], evidence)

@@ -292,6 +292,10 @@ def run_planted(systems: Sequence[str], dataset: Dataset, lm: OptloopLM, work: P
             clean_graph, clean = _run(factory, work / system_name / "clean" / episode.id, episode, None,
                                       dataset.uri)
             passing = {q.id for q in episode.questions if passed(q, clean[q.id])}
+            judges = default_judges(embedder)
+            # A clean pass is a sound baseline only if the evidence reached the answer (not a lucky guess).
+            sound = {q.id for q in episode.questions
+                     if q.id in passing and evidence_reaches_answer(clean_graph, q, judges, embedder=embedder)}
             if progress:
                 progress(f"{system_name} {episode.id}: {len(passing)}/{len(episode.questions)} pass clean")
             if not passing:
@@ -299,11 +303,10 @@ def run_planted(systems: Sequence[str], dataset: Dataset, lm: OptloopLM, work: P
             for fault in faults:
                 graph, preds = _run(factory, work / system_name / fault.name / episode.id, episode, fault,
                                     dataset.uri)
-                judges = default_judges(embedder)
                 for q in episode.questions:
                     if q.id not in passing or passed(q, preds[q.id]):
                         continue
-                    if not evidence_reaches_answer(clean_graph, q, judges, embedder=embedder):
+                    if q.id not in sound:
                         # The clean run passed without the evidence reaching the answer (a lucky guess):
                         # no sound baseline to plant a fault against. Counted apart.
                         collateral.append((system_name, fault.name, q.id))

@@ -209,11 +209,9 @@ class ExecutionGraph(BaseModel):
         return cls.model_validate(data)
 
     def save(self, path: Path) -> Path:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(self.to_json(), ensure_ascii=False, indent=1), encoding="utf-8")
-        tmp.replace(path)
-        return path
+        from optloop.paths import write_atomic
+
+        return write_atomic(path, json.dumps(self.to_json(), ensure_ascii=False, indent=1))
 
     @classmethod
     def load(cls, path: Path) -> ExecutionGraph:

@@ -52,6 +52,7 @@ from typing import Any, get_args
 from pydantic import ValidationError
 
 from optloop.errors import DatasetError
+from optloop.paths import write_atomic
 from optloop.tracing.graph import SCHEMA, Category, ExecutionGraph, Operation, Variable
 
 logger = logging.getLogger(__name__)
@@ -458,10 +459,7 @@ def save_memtrace(path: str | Path, graph: ExecutionGraph,
     """Write ``graph`` (and ``annotations``) as MemTraceBench JSON to ``path``, atomically."""
     path = Path(path)
     document = to_memtrace(graph, annotations)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(document, ensure_ascii=False, indent=1), encoding="utf-8")
-    tmp.replace(path)
+    write_atomic(path, json.dumps(document, ensure_ascii=False, indent=1))
     logger.info("wrote %s (%d nodes, %d operations)", path, len(graph.variables), len(graph.operations))
     return path
 

@@ -237,7 +237,7 @@ class Recorder:
 
     def _diff_store(self, session: Session, messages: list[str], sources: list[str]) -> None:
         after = {item.id: item for item in self.system.all_memories()}
-        added, updated, removed = [], [], []
+        added, updated = [], []
         for mid, item in after.items():
             status = "invalidated" if item.metadata.get("invalid_at") or item.metadata.get("expired_at") else "live"
             old = self._memory.get(mid)
@@ -265,7 +265,7 @@ class Recorder:
             self.graph.add_operation("update", "ingest", inputs=[*store_inputs, self._memory[old_id].id],
                                      outputs=[new_vars[new_id].id], knobs=knobs, session_id=session.id,
                                      comment=f"memory {old_id} rewritten as {new_id}")
-            self._tombstone(old_id, session, status="deleted", record=False)
+            self._tombstone(old_id, session)
         for mid, item, status in updated:
             old = self._memory[mid]
             var = self._memory_var(mid, item, status, session, messages, previous=old)
@@ -275,7 +275,7 @@ class Recorder:
         gone = [mid for mid in removed if mid not in rewritten]
         if gone:
             olds = [self._memory[mid].id for mid in gone]
-            tombs = [self._tombstone(mid, session, status="deleted").id for mid in gone]
+            tombs = [self._tombstone(mid, session).id for mid in gone]
             self.graph.add_operation("delete", "ingest", inputs=[*store_inputs, *olds], outputs=tombs, knobs=knobs,
                                      session_id=session.id, comment=f"{len(gone)} memory unit(s) removed")
 
@@ -292,11 +292,12 @@ class Recorder:
         self._memory[mid] = var
         return var
 
-    def _tombstone(self, mid: str, session: Session, *, status: str, record: bool = True) -> Variable:
+    def _tombstone(self, mid: str, session: Session) -> Variable:
+        """A deleted version of memory ``mid``: what the store holds after it is gone."""
         old = self._memory[mid]
         var = self.graph.add_variable(Variable.make(
             "memory", mid, old.version + 1, text="", session_id=session.id, timestamp=session.timestamp,
-            provenance=old.provenance, status=status))  # type: ignore[arg-type]
+            provenance=old.provenance, status="deleted"))
         self._memory[mid] = var
         return var
 
