@@ -47,14 +47,20 @@ console = Console()
 
 
 def attribute_dataset(system_name: str, dataset_uri: str, lm: Any, work: Path, *, embedder: Any = None,
-                      traces: bool = False, llm_judge: bool = False) -> dict[str, Any]:
-    """Run, trace and attribute; returns the report (graphs saved under ``work/graphs``)."""
+                      traces: bool = False, llm_judge: bool = False, agent: bool = False) -> dict[str, Any]:
+    """Run, trace and attribute; returns the report (graphs saved under ``work/graphs``).
+
+    With ``agent`` the LLM agent (:mod:`optloop.attribution.agent`) re-examines the cases the
+    deterministic walk marks ambiguous.
+    """
+    from optloop.attribution.agent import AttributionAgent, refine_ambiguous
     from optloop.embed import get_embedder
 
     dataset = load_dataset(dataset_uri)
     cls = get_system(system_name)
     embedder = embedder or get_embedder()
     judges = default_judges(embedder, lm if llm_judge else None)
+    explorer = AttributionAgent(lm) if agent else None
     attributions, questions, correct, timings = [], 0, 0, []
     mark = lm.accounting.mark()
     started = time.perf_counter()
@@ -76,6 +82,9 @@ def attribute_dataset(system_name: str, dataset_uri: str, lm: Any, work: Path, *
                 t0 = time.perf_counter()
                 failed.append(attribute(graph, q, predictions[q.id], judges, embedder=embedder))
                 timings.append(time.perf_counter() - t0)
+            if explorer is not None:
+                failed = refine_ambiguous(explorer, graph, {q.id: q for q in episode.questions}, failed,
+                                          embedder=embedder)
             attributions += failed
             if traces and failed:
                 from optloop import tracking
@@ -98,6 +107,8 @@ def attribute_dataset(system_name: str, dataset_uri: str, lm: Any, work: Path, *
         "attributions": [a.model_dump(mode="json") for a in attributions],
         "median_attribution_ms": sorted(timings)[len(timings) // 2] * 1000 if timings else None,
         "judge_calls": dict(judges.calls),
+        "ambiguous": sum(a.ambiguous for a in attributions),
+        "agent_calls": explorer.calls if explorer else 0,
         "cost": {"llm_calls": usage.calls, "tokens": usage.tokens, "seconds": round(time.perf_counter() - started, 1)},
     }
 
@@ -175,6 +186,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-traces", action="store_true", help="do not mirror failures to MLflow traces")
     parser.add_argument("--llm-judge", action="store_true", help="let an LLM judge settle cases the cheap judges "
                         "cannot (costs LLM calls)")
+    parser.add_argument("--agent", action="store_true", help="let an LLM agent explore the graph for the cases the "
+                        "deterministic pass marks ambiguous (costs LLM calls; at most 6 per case)")
     parser.add_argument("--verbose", action="store_true")
     add_lm_arguments(parser)
     return parser
@@ -212,7 +225,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             markdown = None
         else:
             report = attribute_dataset(systems[0], args.dataset, lm, work, traces=not args.no_traces,
-                                       llm_judge=args.llm_judge)
+                                       llm_judge=args.llm_judge, agent=args.agent)
             console.print(render_table(report))
             for b in report["blame"]:
                 console.print(f"  blame {b['target']}: {b['failures']} ({b['share']:.0%})")
