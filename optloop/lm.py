@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import copy
 import hashlib
 import importlib.util
 import json
@@ -701,6 +702,20 @@ class OptloopLM(dspy.BaseLM):
 
     def dump_state(self) -> dict[str, Any]:
         return {"settings": self.settings.model_dump(mode="json")}
+
+    def copy(self, **kwargs: Any) -> OptloopLM:
+        """A sibling with other call defaults (``temperature``, ``rollout_id``): same backend, cache, accounting.
+
+        DSPy's optimizers copy LMs to sample (SIMBA: ``lm.copy(rollout_id=r, temperature=1.0)``);
+        a deep copy would duplicate the loaded model.
+        """
+        new = copy.copy(self)
+        new.kwargs = {**self.kwargs, **kwargs}
+        new.history = []
+        return new
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> OptloopLM:
+        return self.copy()
 
 
 def _plain_message(message: Any) -> dict[str, Any]:

@@ -171,6 +171,12 @@ class MemorySystem(ABC):
     def prompt_sites(self) -> dict[str, PromptSite]:
         return dict(self._sites)
 
+    def use_modules(self, modules: dict[str, dspy.Predict]) -> None:
+        """Run these DSPy modules at the named sites from now on (an optimizer's candidate program)."""
+        for name, module in modules.items():
+            if name in self._sites:
+                self._sites[name].module = module
+
     def knobs(self) -> dict[str, Any]:
         return dict(self._knobs)
 

@@ -77,6 +77,9 @@ class SiteCallback(BaseCallback):
     def __init__(self) -> None:
         self._starts: dict[str, tuple[str | None, dict[str, Any], float, int]] = {}
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> SiteCallback:
+        return self  # one callback per process: a deep-copied module (an optimizer's candidate) shares it
+
     def on_module_start(self, call_id: str, instance: Any, inputs: dict[str, Any]) -> None:
         recorder = _ACTIVE
         if recorder is None or not isinstance(instance, dspy.Predict):
@@ -119,6 +122,15 @@ class Recorder:
         self._lock = threading.Lock()
         self.graph.meta["sites"] = {}
         self.graph.meta["knobs"] = {}
+
+    @classmethod
+    def resume(cls, system: MemorySystem, graph: ExecutionGraph) -> Recorder:
+        """Go on recording on a copy of ``graph`` (a cached ingestion), e.g. to ask questions."""
+        recorder = cls(system)
+        recorder.graph = graph.model_copy(deep=True)
+        recorder._memory = {v.name: v for v in sorted(recorder.graph.by_cls("memory"), key=lambda v: v.version)}
+        recorder._prompts = {(v.name, (v.data or {}).get("sha1", "")): v.id for v in recorder.graph.by_cls("prompt")}
+        return recorder
 
     # --- activation -----------------------------------------------------------------------
 

@@ -1,0 +1,165 @@
+"""The closed loop: find which prompt makes a memory system fail, rewrite only that one, measure.
+
+    python -m optloop.run --system mem0 --budget 3
+    python -m optloop.run --system graphiti --dataset memfail:coexisting?limit=12 --budget 20 --optimizer gepa
+    python -m optloop.run --system rag_bm25 --budget 10 --optimizer optuna --untargeted   # the ablation
+
+What happens:
+  1. the dataset is split train / dev / test by episode (a conversation never straddles splits);
+  2. the baseline (the library's own prompts) runs on train and dev, every wrong answer is
+     attributed to its decisive operation, and blame is summed per prompt site and knob;
+  3. the optimizer rewrites only the blamed sites (every site with --untargeted); each
+     candidate is evaluated on dev, one MLflow child run per candidate; when a candidate
+     becomes the best, its failures are re-attributed and the optimizer follows the blame;
+  4. the baseline and the best candidate run on the held-out test split; changed prompts are
+     registered as optloop.<system>.<site> in the MLflow Prompt Registry, and the `champion`
+     alias moves only when test accuracy improved.
+
+One evaluation (what --budget counts) = one candidate run over the dev split: ingest every
+dev episode (reusing the stored result when the candidate's ingest prompts are unchanged),
+answer every dev question, attribute every failure. SIMBA's and GEPA's own mini-batch runs
+on train are the optimizer's cost: their LLM calls are reported, they are not evaluations.
+
+Results: `make ui` (or `mlflow ui --backend-store-uri sqlite:///mlruns/mlflow.db`), experiment
+optloop-<system>. An interrupted run resumes with the same command and --run-name.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+
+from rich.console import Console
+from rich.table import Table
+
+from optloop.cli import add_lm_arguments, lm_from_args, run_cli, setup_logging
+from optloop.errors import ConfigError
+from optloop.loop.runner import MAX_BUDGET, Loop, LoopConfig, LoopResult
+from systems import SYSTEMS, get_system
+
+console = Console(stderr=True)
+
+
+def _budget(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if not 1 <= value <= MAX_BUDGET:
+        raise argparse.ArgumentTypeError(f"{value} is out of range: give 1 to {MAX_BUDGET} candidate evaluations")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m optloop.run", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--system", default="mem0", choices=list(SYSTEMS), metavar="SYSTEM",
+                        help=f"memory system: {', '.join(SYSTEMS)} (default mem0)")
+    parser.add_argument("--dataset", default="builtin:tiny",
+                        help="dataset URI (default builtin:tiny): builtin:tiny, memfail:<task>, locomo:<path>, "
+                             "longmemeval:<path>, meme:<path>, synthetic:meme?seed=K, jsonl:<path>; "
+                             "?limit=N keeps the first N episodes")
+    parser.add_argument("--budget", type=_budget, default=3, help="candidate evaluations on dev (default 3)")
+    parser.add_argument("--optimizer", choices=["simba", "gepa", "optuna"], default="simba",
+                        help="simba (default), gepa, or optuna (TPE over proposed instructions and knobs)")
+    parser.add_argument("--proposer-lm", metavar="SPEC",
+                        help="LM that writes new instructions (SIMBA rules, GEPA reflection, Optuna proposals); "
+                             "same spec syntax as --lm; default: the system's LM")
+    parser.add_argument("--seed", type=int, default=0, help="split and optimizer seed (default 0)")
+    parser.add_argument("--untargeted", action="store_true",
+                        help="ablation: let the optimizer rewrite every site, not only the blamed ones")
+    parser.add_argument("--sites", help="comma-separated sites to optimize instead of the blamed ones")
+    parser.add_argument("--knob", action="append", default=[], metavar="NAME=VALUE",
+                        help="start from this knob value (repeatable), e.g. --knob top_k=3")
+    parser.add_argument("--run-name", help="MLflow run name and resume key (default <system>-<optimizer>-<time>)")
+    parser.add_argument("--tracking-uri", help="MLflow tracking URI (default sqlite:///mlruns/mlflow.db)")
+    parser.add_argument("--storage", help="Optuna storage URL (default SQLite in the run directory; "
+                                          "postgresql://... to share a study)")
+    parser.add_argument("--json", metavar="OUT", help="also write the result as JSON here")
+    parser.add_argument("--verbose", action="store_true")
+    add_lm_arguments(parser)
+    return parser
+
+
+def _knobs(pairs: list[str]) -> dict[str, object]:
+    knobs: dict[str, object] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep:
+            raise ConfigError(f"--knob {pair!r}: write NAME=VALUE, e.g. --knob top_k=3")
+        try:
+            knobs[name] = json.loads(value)
+        except json.JSONDecodeError:
+            knobs[name] = value
+    return knobs
+
+
+def summary_table(result: LoopResult) -> Table:
+    cfg = result.config
+    table = Table(title=f"optloop.run {cfg.run_name}: {cfg.system} on {cfg.dataset}, {cfg.optimizer}, "
+                        f"budget {cfg.budget}" + (" (untargeted)" if cfg.untargeted else ""))
+    table.add_column("")
+    table.add_column("baseline", justify="right")
+    table.add_column("best", justify="right")
+    table.add_column("delta", justify="right")
+    table.add_row("dev accuracy", f"{result.baseline_dev:.3f}", f"{result.best_dev:.3f}",
+                  f"{result.best_dev - result.baseline_dev:+.3f}")
+    table.add_row("test accuracy (held out)", f"{result.test_before:.3f}", f"{result.test_after:.3f}",
+                  f"{result.delta_test:+.3f}")
+    table.add_section()
+    table.add_row("blamed", ", ".join(result.targets) or "(nothing failed)", "", "")
+    table.add_row("optimized", ", ".join(result.tunable_sites + [f"knob:{k}" for k in result.tunable_knobs]), "", "")
+    changed = result.changed_sites + [f"{k}={v}" for k, v in result.changed_knobs.items()]
+    table.add_row("changed (best)", ", ".join(changed) or "nothing (baseline stays best)",
+                  f"trial {result.best_trial}", "")
+    table.add_row("promoted", "champion moved" if result.promoted else "no", "", "")
+    table.add_section()
+    table.add_row("evaluations / budget", f"{result.evaluations} / {cfg.budget}", "", "")
+    table.add_row("cost", f"{result.cost['llm_calls']} LLM calls ({result.cost['model_calls']} computed), "
+                          f"{result.cost['tokens']} tokens, {result.cost['seconds']} s", "", "")
+    return table
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    setup_logging(args.verbose)
+    get_system(args.system)
+    from optloop.datasets import load_dataset
+
+    load_dataset(args.dataset)  # a malformed dataset fails here, before any LLM call or any state
+    run_name = args.run_name or f"{args.system}-{args.optimizer}-{time.strftime('%Y%m%d-%H%M%S')}"
+    lm = lm_from_args(args)
+    proposer = lm
+    if args.proposer_lm:
+        proposer_args = argparse.Namespace(**{**vars(args), "lm": args.proposer_lm})
+        proposer = lm_from_args(proposer_args)
+    for model in {id(lm): lm, id(proposer): proposer}.values():
+        if model.settings.backend != "local":  # an unreachable endpoint fails now, before any state is written
+            model.text("ping", max_tokens=1, cache=False)
+    config = LoopConfig(system=args.system, dataset=args.dataset, budget=args.budget, optimizer=args.optimizer,
+                        seed=args.seed, untargeted=args.untargeted,
+                        sites=[s.strip() for s in args.sites.split(",") if s.strip()] if args.sites else None,
+                        run_name=run_name, tracking_uri=args.tracking_uri, storage=args.storage,
+                        lm=args.lm or "local", proposer_lm=args.proposer_lm or "same", knobs=_knobs(args.knob))
+    console.print(f"[bold]optloop.run[/] {run_name}: {args.system} on {args.dataset}, {args.optimizer}, "
+                  f"budget {args.budget} (resume with --run-name {run_name})")
+    with console.status("starting") as status:
+        result = Loop(config, lm, proposer, progress=lambda msg: status.update(msg)).run()
+    console.print(summary_table(result))
+    if result.note:
+        console.print(f"note: {result.note}")
+    console.print(f"MLflow parent run {result.parent_run_id} (experiment optloop-{args.system}); `make ui` to compare")
+    if args.json:
+        from pathlib import Path
+
+        from optloop.paths import write_atomic
+
+        write_atomic(Path(args.json), result.model_dump_json(indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main))
