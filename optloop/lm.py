@@ -602,6 +602,9 @@ class OptloopLM(dspy.BaseLM):
 
     def forward(self, prompt: str | None = None, messages: list[dict[str, Any]] | None = None, **kwargs: Any):
         messages = messages or [{"role": "user", "content": prompt or ""}]
+        for key in ("temperature", "max_tokens", "rollout_id"):  # DSPy 3.4 passes only some call defaults on
+            if kwargs.get(key) is None and self.kwargs.get(key) is not None:
+                kwargs[key] = self.kwargs[key]  # (``lm.copy(temperature=1.0, rollout_id=r)`` must sample)
         return self.complete(messages, **kwargs)
 
     def complete(

@@ -26,9 +26,15 @@ optloop-<system>. An interrupted run resumes with the same command and --run-nam
 
 from __future__ import annotations
 
+import os
+import sys
+
+if "--verbose" not in sys.argv:  # tqdm reads this when it is imported (by DSPy): no bars over our status line
+    os.environ.setdefault("TQDM_DISABLE", "1")
+
 import argparse
 import json
-import sys
+import logging
 import time
 from collections.abc import Sequence
 
@@ -110,7 +116,7 @@ def summary_table(result: LoopResult) -> Table:
     table.add_row("test accuracy (held out)", f"{result.test_before:.3f}", f"{result.test_after:.3f}",
                   f"{result.delta_test:+.3f}")
     table.add_section()
-    table.add_row("blamed", ", ".join(result.targets) or "(nothing failed)", "", "")
+    table.add_row("blamed", ", ".join(result.targets) or "(no failure attributed to a site)", "", "")
     table.add_row("optimized", ", ".join(result.tunable_sites + [f"knob:{k}" for k in result.tunable_knobs]), "", "")
     changed = result.changed_sites + [f"{k}={v}" for k, v in result.changed_knobs.items()]
     table.add_row("changed (best)", ", ".join(changed) or "nothing (baseline stays best)",
@@ -126,6 +132,8 @@ def summary_table(result: LoopResult) -> Table:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging(args.verbose)
+    if not args.verbose:  # DSPy's optimizers log every step; our status line says what runs
+        logging.getLogger("dspy").setLevel(logging.WARNING)
     get_system(args.system)
     from optloop.datasets import load_dataset
 

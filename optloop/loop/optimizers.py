@@ -31,9 +31,9 @@ from typing import TYPE_CHECKING, Any
 
 import dspy
 
-from optloop.lm import prompt_site
+from optloop.lm import prompt_site, response_format_to_schema
 from optloop.loop.candidate import Candidate, SiteState
-from optloop.loop.program import MemoryProgram, examples, feedback_metric, site_name
+from optloop.loop.program import MemoryProgram, attr_name, examples, feedback_metric, site_name
 
 if TYPE_CHECKING:
     from optloop.datasets import Dataset
@@ -105,17 +105,93 @@ class _QueueOptimizer(Optimizer):
 class SimbaOptimizer(_QueueOptimizer):
     name = "simba"
 
-    def __init__(self, *args: Any, bsize: int = 6, num_candidates: int = 2, max_demos: int = 2, **kwargs: Any):
+    def __init__(self, *args: Any, bsize: int = 6, num_candidates: int = 2, max_demos: int = 2, tries: int = 3,
+                 **kwargs: Any):
         super().__init__(*args, **kwargs)
-        self.bsize, self.num_candidates, self.max_demos = bsize, num_candidates, max_demos
+        self.bsize, self.num_candidates, self.max_demos, self.tries = bsize, num_candidates, max_demos, tries
 
     def round(self, program: MemoryProgram) -> list[MemoryProgram]:
         train = examples(self.trainset)
         simba = dspy.SIMBA(metric=feedback_metric, bsize=min(self.bsize, len(train)),
                            num_candidates=self.num_candidates, max_steps=1, max_demos=self.max_demos,
-                           prompt_model=_Charged(self.proposer), num_threads=1)
+                           prompt_model=_Charged(self.proposer, keys=[attr_name(s) for s in self.sites]),
+                           num_threads=1)
         best = simba.compile(program, trainset=train, seed=self.seed + self.rounds)
-        return [entry["program"] for entry in getattr(best, "candidate_programs", [])] or [best]
+        programs = [entry["program"] for entry in getattr(best, "candidate_programs", [])] or [best]
+        if all(p.candidate("").digest() == program.candidate("").digest() for p in programs):
+            programs += self.attributed_rules(program, train)
+        if all(p.candidate("").digest() == program.candidate("").digest() for p in programs):
+            programs += self.rewrites(program, train)
+        return programs
+
+    def rewrites(self, program: MemoryProgram, train: list[dspy.Example]) -> list[MemoryProgram]:
+        """Last resort when SIMBA's steps yield no new program (a proposer too small to write rules):
+        the proposer rewrites each blamed site's instruction from its attributed failures."""
+        runs = [program(**ex.inputs()) for ex in train]
+        attributions = [r.attribution for r in runs if r.attribution]
+        out = []
+        for i in range(self.num_candidates):
+            candidate = program.deepcopy()
+            for site in self.sites:
+                predictor = getattr(candidate, attr_name(site))
+                text = propose_instruction(self.proposer, site, predictor.signature.instructions,
+                                           failure_summary(attributions, site), rollout=self.rounds * 100 + i)
+                if text:
+                    predictor.signature = predictor.signature.with_instructions(text)
+            out.append(candidate)
+        logger.info("SIMBA produced no new program this round; %d attribution-guided rewrite(s) instead", len(out))
+        return out
+
+    def attributed_rules(self, program: MemoryProgram, train: list[dspy.Example]) -> list[MemoryProgram]:
+        """SIMBA's rule step on failures alone, when its sampled trajectories show no contrast.
+
+        SIMBA writes a rule only from a better and a worse trajectory of one example; with a
+        small model every sample often fails alike and the step yields nothing. The
+        attribution already says why each failed, so each failing example's trajectory goes
+        to SIMBA's own ``append_a_rule`` (its ``OfferFeedback`` prompt) as the worse
+        trajectory, with the attribution as its reward info, and the advice lands on the
+        blamed modules.
+        """
+        import random
+
+        from dspy.teleprompt.simba_utils import append_a_rule, wrap_program
+
+        rng = random.Random(self.seed * 1000 + self.rounds)
+        runs = [wrap_program(program, feedback_metric)(ex) for ex in train]
+        failing = [r for r in runs if float(r["score"]) < 1.0]
+        blamed = [r for r in failing if (r["output_metadata"].get("site") or "") in self.sites]
+        pool = blamed or failing
+        rng.shuffle(pool)
+        out: list[MemoryProgram] = []
+        before = {n: p.signature.instructions for n, p in program.named_predictors()}
+        for i, run in enumerate(pool[: self.num_candidates]):
+            for attempt in range(self.tries):
+                candidate = program.deepcopy()
+                predictor2name = {id(p): n for n, p in program.named_predictors()}
+                rollout = (self.rounds * 10 + i) * 10 + attempt
+                try:
+                    append_a_rule([dict(run)], candidate, predictor2name=predictor2name,
+                                  batch_10p_score=float("-inf"), batch_90p_score=float("inf"),
+                                  prompt_model=_Charged(self.proposer.copy(rollout_id=rollout, temperature=1.0),
+                                                        keys=[attr_name(s) for s in self.sites]))
+                except Exception as exc:  # noqa: BLE001 - SIMBA logs and skips a failed strategy too
+                    logger.warning("SIMBA rule step failed: %s", exc)
+                    continue
+                if self._useful(candidate, before, out):
+                    out.append(candidate)
+                    break
+        return out
+
+    @staticmethod
+    def _useful(candidate: MemoryProgram, before: dict[str, str], kept: list[MemoryProgram]) -> bool:
+        """Advice that adds words (not just the module's name) and differs from the advice kept so far."""
+        for name, predictor in candidate.named_predictors():
+            added = predictor.signature.instructions[len(before.get(name, "")):].strip()
+            if len(set(added.lower().split()) - {name.lower()}) >= 3 and all(
+                    k.candidate("").digest() != candidate.candidate("").digest() for k in kept):
+                return True
+        return False
+        return out
 
 
 class BlamedSiteSelector:
@@ -158,6 +234,27 @@ class ProposeInstruction(dspy.Signature):
     new_instruction: str = dspy.OutputField()
 
 
+def propose_instruction(proposer: dspy.BaseLM, site: str, instruction: str, failures: str, *,
+                        rollout: int) -> str | None:
+    """One rewrite of ``instruction`` by the proposer LM (``None`` when it fails)."""
+    try:
+        with prompt_site(PROPOSER_SITE), dspy.context(lm=proposer.copy(rollout_id=rollout, temperature=1.0),
+                                                      adapter=dspy.JSONAdapter()):
+            text = dspy.Predict(ProposeInstruction)(site=site, instruction=instruction,
+                                                    failures=failures).new_instruction.strip()
+    except Exception as exc:  # noqa: BLE001 - a failed proposal is one candidate fewer
+        logger.warning("proposer failed for %s: %s", site, exc)
+        return None
+    return text or None
+
+
+def failure_summary(attributions: Sequence[Any], site: str) -> str:
+    return "\n".join(f"- {a['error_type'] if isinstance(a, dict) else a.error_type.value}: "
+                     f"{(a['explanation'] if isinstance(a, dict) else a.explanation)[:300]}"
+                     for a in attributions if (a['target'] if isinstance(a, dict) else a.target) == site)[:3000] \
+        or "(no failure attributed here yet)"
+
+
 def knob_choices(system: str, knob: str, current: Any) -> list[Any]:
     """The values Optuna may try for a knob (the current value always among them)."""
     if knob == "search_recipe":
@@ -192,18 +289,10 @@ class OptunaOptimizer(Optimizer):
         if stored is not None:  # proposals are made once per study, so a resumed study sees the same space
             return list(stored)
         seed_text = base.sites[site].instructions
-        failures = "\n".join(f"- {a.error_type.value}: {a.explanation[:300]}" for a in best_eval.attributions()
-                             if a.target == site)[:3000] or "(no failure attributed here yet)"
+        failures = failure_summary(best_eval.attributions(), site)
         texts = [seed_text]
-        predict = dspy.Predict(ProposeInstruction)
         for i in range(self.proposals):
-            try:
-                with prompt_site(PROPOSER_SITE), dspy.context(lm=self.proposer.copy(rollout_id=i, temperature=1.0),
-                                                              adapter=dspy.JSONAdapter()):
-                    text = predict(site=site, instruction=seed_text, failures=failures).new_instruction.strip()
-            except Exception as exc:  # noqa: BLE001 - a failed proposal is one choice fewer
-                logger.warning("proposer failed for %s: %s", site, exc)
-                continue
+            text = propose_instruction(self.proposer, site, seed_text, failures, rollout=i)
             if text and text not in texts:
                 texts.append(text)
         self.study.set_user_attr(key, texts)
@@ -247,22 +336,65 @@ class OptunaOptimizer(Optimizer):
 
 
 class _Charged(dspy.BaseLM):
-    """The proposer LM with its calls charged to the ``optimizer.proposer`` site in the accounting."""
+    """The proposer LM, its calls charged to the ``optimizer.proposer`` site.
 
-    def __init__(self, lm: dspy.BaseLM):
+    With ``keys`` (used for SIMBA's rule step), a JSON request is sent with SIMBA's
+    ``OfferFeedback`` schema (DSPy sends bare JSON mode for its open dict), its
+    free-form ``module_advice`` dict asked for with exactly those keys (the modules the optimizer may change):
+    a stricter schema than the original, so any answer is still valid, and a
+    small model under grammar-constrained decoding no longer invents keys forever.
+    """
+
+    def __init__(self, lm: dspy.BaseLM, keys: Sequence[str] = ()):
         super().__init__(model=getattr(lm, "model", "proposer"), model_type="chat", cache=False)
         self.inner = lm
+        self.keys = list(keys)
         self.kwargs = dict(getattr(lm, "kwargs", {}))
 
+    @property
+    def supports_response_schema(self) -> bool:
+        return bool(getattr(self.inner, "supports_response_schema", False))
+
+    @property
+    def supported_params(self) -> set[str]:
+        return set(getattr(self.inner, "supported_params", set()))
+
     def forward(self, prompt: str | None = None, messages: list[dict[str, Any]] | None = None, **kwargs: Any):
+        fmt = kwargs.get("response_format")
+        if self.keys and fmt is not None:
+            schema, _ = response_format_to_schema(fmt)
+            if schema is None:  # DSPy asks for bare JSON when an output is an open dict: give SIMBA's schema
+                from dspy.teleprompt.simba_utils import OfferFeedback
+
+                from signatures._layout import output_model
+
+                schema = output_model(OfferFeedback).model_json_schema()
+            if schema is not None:
+                kwargs["response_format"] = {"type": "json_schema",
+                                             "json_schema": {"schema": _fixed_keys(schema, self.keys)}}
         with prompt_site(PROPOSER_SITE):
             return self.inner.forward(prompt=prompt, messages=messages, **kwargs)
 
     def copy(self, **kwargs: Any) -> _Charged:
-        return _Charged(self.inner.copy(**kwargs))
+        return _Charged(self.inner.copy(**kwargs), self.keys)
 
     def __deepcopy__(self, memo: dict[int, Any]) -> _Charged:
         return self
+
+
+def _fixed_keys(schema: Any, keys: Sequence[str]) -> Any:
+    """``schema`` with every free-form string dict given exactly ``keys``."""
+    if isinstance(schema, list):
+        return [_fixed_keys(s, keys) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: _fixed_keys(v, keys) for k, v in schema.items()}
+    extra = out.get("additionalProperties")
+    if out.get("type") == "object" and isinstance(extra, dict) and not out.get("properties"):
+        out["properties"] = {k: dict(extra) for k in keys}
+        out["required"] = list(keys)
+        out["additionalProperties"] = False
+    return out
 
 
 OPTIMIZERS: dict[str, type[Optimizer]] = {"simba": SimbaOptimizer, "gepa": GepaOptimizer, "optuna": OptunaOptimizer}

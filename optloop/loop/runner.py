@@ -148,7 +148,7 @@ def choose_targets(entries: list[Any], config: LoopConfig, all_sites: list[str])
     if sites:
         return sites, knobs, ""
     note = ("no prompt site is to blame" + (f" (blame: {', '.join(e.target for e in entries)})" if entries else
-                                            " (no failure)")
+                                            " (no failure was attributed to a site)")
             + "; the optimizer targets the answer site" + ("; --optimizer optuna also tunes the blamed knobs"
                                                            if knobs else ""))
     return ["answer"], knobs, note
