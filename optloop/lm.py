@@ -760,4 +760,5 @@ def configure_dspy(lm: OptloopLM | None = None, **settings_overrides: Any) -> Op
 # DSPy 3.4 warns that forward()-style LMs are a transition interface. optloop
 # pins DSPy 3.4.1, where it is supported; the warning is noise for users.
 warnings.filterwarnings("ignore", message=r".*forward\(\).*", category=DeprecationWarning)
+warnings.filterwarnings("ignore", message=r"Implementing custom LMs", category=DeprecationWarning)
 warnings.filterwarnings("ignore", message=r".*(legacy|Legacy).*", category=FutureWarning)

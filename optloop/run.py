@@ -26,15 +26,10 @@ optloop-<system>. An interrupted run resumes with the same command and --run-nam
 
 from __future__ import annotations
 
-import os
-import sys
-
-if "--verbose" not in sys.argv:  # tqdm reads this when it is imported (by DSPy): no bars over our status line
-    os.environ.setdefault("TQDM_DISABLE", "1")
-
 import argparse
 import json
 import logging
+import sys
 import time
 from collections.abc import Sequence
 
@@ -133,7 +128,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging(args.verbose)
     if not args.verbose:  # DSPy's optimizers log every step; our status line says what runs
-        logging.getLogger("dspy").setLevel(logging.WARNING)
+        logging.getLogger("dspy").setLevel(logging.ERROR)
     get_system(args.system)
     from optloop.datasets import load_dataset
 

@@ -249,6 +249,13 @@ class Loop:
                          "optloop.tunable_knobs": ",".join(knobs) or "-", "optloop.targeting_note": note or "-"})
         if note:
             logger.warning("%s", note)
+        client = mlflow.tracking.MlflowClient()
+        for t in [t for t in ckpt.trials if t.evaluation is None]:  # killed mid-trial: redo it cleanly
+            if t.child_run_id:
+                client.delete_run(t.child_run_id)
+            ckpt.trials.remove(t)
+            ckpt.queue.insert(0, t.candidate)
+        ckpt.save(ckpt_path)
         optimizer = self._optimizer(evaluator, train, sites, knobs)
         optimizer.mark_seen(base)
         best, best_eval, best_trial = base, ckpt.baseline_dev, 0
@@ -256,14 +263,11 @@ class Loop:
             optimizer.mark_seen(t.candidate)
             if t.evaluation is not None and t.evaluation.accuracy > best_eval.accuracy:
                 best, best_eval, best_trial = t.candidate, t.evaluation, t.trial
+        if best_trial:
+            optimizer.retarget(*choose_targets(best_eval.blame(), cfg, list(evaluator.sites))[:2])
         if isinstance(getattr(optimizer, "queue", None), list):
             optimizer.queue = [c for c in ckpt.queue if c.digest() not in optimizer.seen]  # type: ignore[attr-defined]
-        client = mlflow.tracking.MlflowClient()
-        for t in [t for t in ckpt.trials if t.evaluation is None]:  # killed mid-trial: redo it cleanly
-            if t.child_run_id:
-                client.delete_run(t.child_run_id)
-            ckpt.trials.remove(t)
-        ckpt.save(ckpt_path)
+            optimizer.seen |= {c.digest() for c in optimizer.queue}
         best_curve = [ckpt.baseline_dev.accuracy]
         points = [(0, ckpt.baseline_dev.accuracy)]
         for t in ckpt.trials:

@@ -1,0 +1,67 @@
+"""Optimizer plumbing that needs no model: frozen sites, the metric's feedback, GEPA's selector, schemas."""
+
+from __future__ import annotations
+
+import dspy
+import pytest
+
+from optloop.loop.optimizers import BlamedSiteSelector, _fixed_keys, knob_choices
+from optloop.loop.program import MemoryProgram, attr_name, feedback_metric, site_name
+
+
+@pytest.fixture(scope="module")
+def evaluator(tmp_path_factory):
+    from optloop.embed import get_embedder
+    from optloop.lm import LMSettings, OptloopLM
+    from optloop.loop.evaluate import Evaluator
+
+    lm = OptloopLM(LMSettings.from_spec("local", cache=False))  # never called here
+    ev = Evaluator("md_flat", lm, tmp_path_factory.mktemp("ev"), embedder=get_embedder("local"))
+    yield ev
+    ev.close()
+
+
+def test_only_tunable_sites_are_predictors(evaluator):
+    program = MemoryProgram(evaluator, evaluator.baseline(), ["md_flat.curate"])
+    assert [n for n, _ in program.named_predictors()] == ["md_flat__curate"]
+    assert set(program.site_modules()) == {"md_flat.curate", "answer"}
+    copy = program.deepcopy()
+    copy.md_flat__curate.signature = copy.md_flat__curate.signature.with_instructions("changed")
+    assert copy.candidate("x").changed_sites(program.candidate("x")) == ["md_flat.curate"]
+    assert copy.evaluator is evaluator  # the stores are shared, not copied
+
+
+def test_site_names_round_trip():
+    assert site_name(attr_name("graphiti.extract_edges.edge")) == "graphiti.extract_edges.edge"
+    assert site_name("answer.predict") == "answer"
+
+
+def test_metric_returns_the_attribution_as_feedback():
+    gold = dspy.Example(gold="Biscuit")
+    pred = dspy.Prediction(answer="Rex", passed=False, score=0.0,
+                           attribution={"target": "md_flat.curate", "error_type": "ExtractionError",
+                                        "explanation": "the dog's name was never stored"})
+    out = feedback_metric(gold, pred)
+    assert out.score == 0.0 and out.site == "md_flat.curate" and "never stored" in out.feedback
+    assert "blamed on md_flat.curate" in feedback_metric(gold, pred, pred_name="answer").feedback
+    ok = feedback_metric(gold, dspy.Prediction(answer="Biscuit", passed=True, score=1.0, attribution=None))
+    assert ok.score == 1.0 and ok.feedback.startswith("Correct")
+
+
+def test_gepa_selector_returns_blamed_components_first():
+    select = BlamedSiteSelector(["md_flat.curate"])
+    assert select(None, [], [], 0, {"answer": "a", "md_flat__curate": "b"}) == ["md_flat__curate"]
+    assert select(None, [], [], 0, {"answer": "a"}) == ["answer"]
+
+
+def test_open_dicts_get_the_module_keys():
+    schema = {"type": "object", "properties": {"advice": {"type": "object", "additionalProperties": {"type": "string"}},
+                                               "talk": {"type": "string"}}}
+    fixed = _fixed_keys(schema, ["answer"])["properties"]["advice"]
+    assert fixed["properties"] == {"answer": {"type": "string"}} and fixed["additionalProperties"] is False
+    assert _fixed_keys(schema, ["answer"])["properties"]["talk"] == {"type": "string"}
+
+
+def test_knob_choices_keep_the_current_value():
+    assert knob_choices("rag_bm25", "top_k", 7)[0] == 7 and 1 in knob_choices("rag_bm25", "top_k", 7)
+    assert "EDGE_HYBRID_SEARCH_RRF" in knob_choices("graphiti", "search_recipe", "EDGE_HYBRID_SEARCH_RRF")
