@@ -24,8 +24,9 @@ $(STAMP): pyproject.toml constraints.txt
 
 setup: $(STAMP)  ## create .venv and install everything (idempotent)
 
-demo: setup  ## set up, then run the main job on the embedded default
+demo: setup  ## set up, then run the main job (the closed loop) on the embedded default
 	$(PY) -m optloop.doctor
+	$(PY) -m optloop.run --system md_flat --budget 3
 
 test: setup  ## set up, then run unit and integration tests (what CI runs)
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS); status=$$?; \

@@ -76,6 +76,8 @@ class Optimizer(ABC):
 class _QueueOptimizer(Optimizer):
     """Runs rounds of a DSPy optimizer and hands out their new candidate programs one at a time."""
 
+    fallback_rewrites = 2
+
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.queue: list[Candidate] = []
@@ -88,8 +90,11 @@ class _QueueOptimizer(Optimizer):
             self.rounds += 1
             program = MemoryProgram(self.evaluator, best, self.sites)
             fresh = []
-            for i, p in enumerate(self.round(program)):
-                c = p.candidate(f"{self.name} round {self.rounds} #{i}")
+            programs = self.round(program)
+            if all(p.candidate("").digest() == program.candidate("").digest() for p in programs):
+                programs = self.rewrites(program, examples(self.trainset))
+            for i, p in enumerate(programs):
+                c = p.candidate(f"{self.name} round {self.rounds} #{i}{getattr(p, 'origin_note', '')}")
                 if c.digest() not in self.seen and c.digest() != best.digest():
                     self.seen.add(c.digest())
                     fresh.append(c)
@@ -101,11 +106,32 @@ class _QueueOptimizer(Optimizer):
     def round(self, program: MemoryProgram) -> list[MemoryProgram]:
         """One round of the DSPy optimizer from ``program``; its candidate programs."""
 
+    def rewrites(self, program: MemoryProgram, train: list[dspy.Example]) -> list[MemoryProgram]:
+        """Last resort when a round yields no new program (a proposer too small to write usable
+        rules, or every reflection rejected): the proposer rewrites each blamed site's
+        instruction from its attributed failures."""
+        runs = [program(**ex.inputs()) for ex in train]
+        attributions = [r.attribution for r in runs if r.attribution]
+        out = []
+        for i in range(self.fallback_rewrites):
+            candidate = program.deepcopy()
+            for site in self.sites:
+                predictor = getattr(candidate, attr_name(site))
+                text = propose_instruction(self.proposer, site, predictor.signature.instructions,
+                                           failure_summary(attributions, site), rollout=self.rounds * 100 + i)
+                if text:
+                    predictor.signature = predictor.signature.with_instructions(text)
+            candidate.origin_note = " (proposer rewrite)"
+            out.append(candidate)
+        logger.info("%s produced no new program this round; %d attribution-guided rewrite(s) instead", self.name,
+                    len(out))
+        return out
+
 
 class SimbaOptimizer(_QueueOptimizer):
     name = "simba"
 
-    def __init__(self, *args: Any, bsize: int = 6, num_candidates: int = 2, max_demos: int = 2, tries: int = 3,
+    def __init__(self, *args: Any, bsize: int = 6, num_candidates: int = 2, max_demos: int = 2, tries: int = 2,
                  **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.bsize, self.num_candidates, self.max_demos, self.tries = bsize, num_candidates, max_demos, tries
@@ -120,27 +146,7 @@ class SimbaOptimizer(_QueueOptimizer):
         programs = [entry["program"] for entry in getattr(best, "candidate_programs", [])] or [best]
         if all(p.candidate("").digest() == program.candidate("").digest() for p in programs):
             programs += self.attributed_rules(program, train)
-        if all(p.candidate("").digest() == program.candidate("").digest() for p in programs):
-            programs += self.rewrites(program, train)
         return programs
-
-    def rewrites(self, program: MemoryProgram, train: list[dspy.Example]) -> list[MemoryProgram]:
-        """Last resort when SIMBA's steps yield no new program (a proposer too small to write rules):
-        the proposer rewrites each blamed site's instruction from its attributed failures."""
-        runs = [program(**ex.inputs()) for ex in train]
-        attributions = [r.attribution for r in runs if r.attribution]
-        out = []
-        for i in range(self.num_candidates):
-            candidate = program.deepcopy()
-            for site in self.sites:
-                predictor = getattr(candidate, attr_name(site))
-                text = propose_instruction(self.proposer, site, predictor.signature.instructions,
-                                           failure_summary(attributions, site), rollout=self.rounds * 100 + i)
-                if text:
-                    predictor.signature = predictor.signature.with_instructions(text)
-            out.append(candidate)
-        logger.info("SIMBA produced no new program this round; %d attribution-guided rewrite(s) instead", len(out))
-        return out
 
     def attributed_rules(self, program: MemoryProgram, train: list[dspy.Example]) -> list[MemoryProgram]:
         """SIMBA's rule step on failures alone, when its sampled trajectories show no contrast.
@@ -164,7 +170,7 @@ class SimbaOptimizer(_QueueOptimizer):
         rng.shuffle(pool)
         out: list[MemoryProgram] = []
         before = {n: p.signature.instructions for n, p in program.named_predictors()}
-        for i, run in enumerate(pool[: self.num_candidates]):
+        for i, run in enumerate(pool[:1]):  # one rule per round: each call carries every blamed prompt
             for attempt in range(self.tries):
                 candidate = program.deepcopy()
                 predictor2name = {id(p): n for n, p in program.named_predictors()}

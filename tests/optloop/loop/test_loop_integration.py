@@ -104,3 +104,13 @@ def test_budget_3_on_the_real_libraries(system, tmp_path):
     assert main(["--system", system, "--budget", "3", "--run-name", f"{system}-3", "--tracking-uri", uri,
                  "--json", str(out), *extra]) == 0
     check_store(uri, system, 3, json.loads(out.read_text()))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("optimizer", ["gepa", "optuna"])
+def test_other_optimizers_spend_the_budget(optimizer, tmp_path):
+    uri = f"sqlite:///{tmp_path / 'ml' / 'mlflow.db'}"
+    out = tmp_path / "result.json"
+    assert main(["--system", "md_flat", "--budget", "2", "--optimizer", optimizer, "--run-name", optimizer,
+                 "--tracking-uri", uri, "--json", str(out)]) == 0
+    check_store(uri, "md_flat", 2, json.loads(out.read_text()))
