@@ -30,6 +30,7 @@ from pydantic import BaseModel, Field
 
 from optloop.attribution import Attribution, attribute, blame, default_judges
 from optloop.datasets import Dataset, Episode, Question, passed, score
+from optloop.errors import LMError
 from optloop.loop.candidate import Candidate, apply_state, candidate_from_modules, ingest_key
 from optloop.tracing.graph import ExecutionGraph
 from optloop.tracing.recorder import Recorder
@@ -53,6 +54,7 @@ class QuestionOutcome(BaseModel):
     score: float
     passed: bool
     attribution: Attribution | None = None
+    error: str | None = Field(None, description="the LM fault that stopped this question (it counts as failed)")
 
 
 class Evaluation(BaseModel):
@@ -68,6 +70,10 @@ class Evaluation(BaseModel):
     seconds: float = 0.0
     stores_reused: int = 0
     stores_built: int = 0
+
+    @property
+    def errors(self) -> int:
+        return sum(o.error is not None for o in self.outcomes)
 
     @property
     def n(self) -> int:
@@ -211,20 +217,35 @@ class Evaluator:
         started = time.perf_counter()
         outcomes, ingest_calls, reused, built = [], 0, 0, 0
         for episode in dataset.episodes:
-            store, was_cached = self.store(candidate, episode, modules)
+            try:
+                store, was_cached = self.store(candidate, episode, modules)
+            except LMError as exc:  # the candidate's ingestion hit an LM fault: its questions fail, the loop goes on
+                logger.warning("episode %s: ingestion failed under candidate %s: %s", episode.id, candidate.origin, exc)
+                outcomes += [self._failed(episode, q, f"ingestion: {exc}") for q in episode.questions]
+                continue
             if was_cached:
                 reused += 1
             else:
                 built += 1
                 ingest_calls += store.llm_calls
             for question in episode.questions:
-                outcomes.append(self.ask(store, candidate, modules, episode, question))
+                try:
+                    outcomes.append(self.ask(store, candidate, modules, episode, question))
+                except LMError as exc:
+                    logger.warning("question %s failed under candidate %s: %s", question.id, candidate.origin, exc)
+                    outcomes.append(self._failed(episode, question, str(exc)))
                 if progress:
                     progress(1)
         usage = self.lm.accounting.totals(since=mark)
         return Evaluation(split=split, candidate=candidate.digest(), outcomes=outcomes, llm_calls=usage.calls,
                           model_calls=usage.model_calls, ingest_calls=ingest_calls, tokens=usage.tokens,
                           seconds=round(time.perf_counter() - started, 2), stores_reused=reused, stores_built=built)
+
+    @staticmethod
+    def _failed(episode: Episode, question: Question, error: str) -> QuestionOutcome:
+        return QuestionOutcome(episode_id=episode.id, question_id=question.id, task_type=question.task_type,
+                               question=question.question, gold=question.gold, prediction="", score=0.0,
+                               passed=False, error=error[:500])
 
     def close(self) -> None:
         for store in self._stores.values():

@@ -17,6 +17,7 @@ name                        run     meaning
 ``blame_share/<target>``    both    share of failures blamed on a site or knob (``knob_top_k``)
 ``llm_calls`` ``model_calls`` ``tokens`` ``seconds``  both  cost (model_calls: not from the cache)
 ``ingest_calls`` ``stores_reused``  child  ingestion cost of the candidate, stores it reused
+``lm_faults``               child   questions lost to an LM fault the retries did not cure (counted failed)
 ``evaluations``             parent  candidate evaluations used (``<= --budget``)
 =========================== ======= ===========================================================
 """
@@ -49,7 +50,7 @@ def evaluation_metrics(evaluation: Evaluation, prefix: str = "acc_dev") -> dict[
 def cost_metrics(evaluation: Evaluation) -> dict[str, float]:
     return {"llm_calls": evaluation.llm_calls, "model_calls": evaluation.model_calls, "tokens": evaluation.tokens,
             "seconds": evaluation.seconds, "ingest_calls": evaluation.ingest_calls,
-            "stores_reused": evaluation.stores_reused}
+            "stores_reused": evaluation.stores_reused, "lm_faults": evaluation.errors}
 
 
 def blame_metrics(entries: Sequence[Any], errors: Mapping[str, int], prefix: str = "") -> dict[str, float]:
