@@ -87,7 +87,7 @@ def reuse(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                                                 + " Answer in as few words as possible.")
         reingest = base.model_copy(deep=True)
         site = ingest_sites[0]
-        reingest.sites[site] = SiteState(instructions=base.sites[site].instructions + "\n",
+        reingest.sites[site] = SiteState(instructions=base.sites[site].instructions + " Keep every stated fact.",
                                          demos=base.sites[site].demos)
         results = {}
         for label, candidate in (("baseline", base), ("answer-only", answer_only), ("full re-ingest", reingest)):
