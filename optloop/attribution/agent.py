@@ -29,8 +29,9 @@ from typing import TYPE_CHECKING, Literal
 
 import dspy
 
+from optloop.attribution.decisive import deciding_site, search_knob
 from optloop.attribution.evidence import find_evidence
-from optloop.attribution.taxonomy import Attribution, ErrorType, library_target
+from optloop.attribution.taxonomy import Attribution, ErrorType, knob_target
 from optloop.lm import prompt_site
 
 if TYPE_CHECKING:
@@ -135,11 +136,10 @@ class AttributionAgent:
         if op.site:
             return op.site
         if op.category == "ingest":
-            deciding = [o for o in graph.operations if o.site and o.category == "ingest"
-                        and o.session_id == op.session_id and o.seq < op.seq]
-            return deciding[-1].site if deciding else library_target(f"{graph.system}.store")
+            return deciding_site(graph, op)
         if op.name == "retrieve":
-            return next((f"knob:{k}" for k in ("search_recipe", "threshold", "top_k") if k in op.knobs), None)
+            knob = search_knob(op)
+            return knob_target(knob) if knob else None
         return None
 
 

@@ -157,7 +157,7 @@ class _Walk:
                 carrier_ids |= {v.id for v in live}
                 continue
             error = ErrorType.UPDATE if live or any(v.status == "invalidated" for v in outputs) else ErrorType.DELETION
-            site = self.deciding_site(op, "update" if error is ErrorType.UPDATE else "delete")
+            site = deciding_site(self.graph, op, "update" if error is ErrorType.UPDATE else "delete")
             verb = "rewrote" if error is ErrorType.UPDATE else "removed"
             before = next((self.graph.variables[i].text for i in op.inputs if i in carrier_ids), "")
             after = live[0].text if live else "(nothing)"
@@ -168,15 +168,6 @@ class _Walk:
         return self.result(ErrorType.UPDATE, None, None,
                            f"A memory carried {self.evidence_quote()}, but none does at question time and no "
                            "recorded update or delete explains it.", ambiguous=True)
-
-    def deciding_site(self, op: Operation, kind: str) -> str | None:
-        """The prompt site of ``op``'s session that decides updates (or deletes): the one to fix."""
-        session_llm = [o for o in self.graph.operations
-                       if o.site and o.category == "ingest" and o.session_id == op.session_id and o.seq < op.seq]
-        deciding = [o for o in session_llm if kind in self.kinds(o)]
-        if deciding:
-            return deciding[-1].site
-        return library_target(f"{self.graph.system}.store")  # no prompt decides it: the library's own step
 
     def not_retrieved(self, retrieve: Operation, retrieved: Variable, survivors: Sequence[Variable]) -> Attribution:
         data = retrieved.data or {}
@@ -202,10 +193,28 @@ class _Walk:
             return self.result(ErrorType.RETRIEVAL, retrieve, knob_target("top_k"),
                                f"{where}; the best ranked {ranks[0]} for {query!r}, below top_k={k}. Raise top_k "
                                f"to at least {ranks[0]} or improve the ranking.", rank=ranks[0])
-        knob = next((n for n in ("search_recipe", "threshold", "top_k") if n in retrieve.knobs), None)
+        knob = search_knob(retrieve)
         return self.result(ErrorType.RETRIEVAL, retrieve, knob_target(knob) if knob else None,
                            f"{where}, but the search for {query!r} did not return it (not in the top {len(wide)} "
                            f"either). Tune the search ({knob or 'its parameters'}) or add a query-rewrite site.")
+
+
+def deciding_site(graph: ExecutionGraph, op: Operation, kind: str | None = None) -> str:
+    """The last prompt site of ``op``'s session, before it, that produces ``kind`` operations (any, if None).
+
+    That site decided what a non-LLM store step of the session wrote; without one, the
+    library's own step is to blame.
+    """
+    sites = graph.meta.get("sites", {})
+    deciding = [o for o in graph.operations
+                if o.site and o.category == "ingest" and o.session_id == op.session_id and o.seq < op.seq
+                and (kind is None or kind in (sites.get(o.site, {}).get("op_kinds") or []))]
+    return deciding[-1].site if deciding else library_target(f"{graph.system}.store")  # type: ignore[return-value]
+
+
+def search_knob(retrieve: Operation) -> str | None:
+    """The knob that decides what a retrieve operation's search returns."""
+    return next((n for n in ("search_recipe", "threshold", "top_k") if n in retrieve.knobs), None)
 
 
 def attribute(graph: ExecutionGraph, question: Question, prediction: str, judges: JudgeChain, *,
