@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import dspy
 
+from optloop.attribution import Attribution
 from optloop.lm import prompt_site, response_format_to_schema
 from optloop.loop.candidate import Candidate, SiteState
 from optloop.loop.program import MemoryProgram, attr_name, examples, feedback_metric, site_name
@@ -73,6 +74,12 @@ class Optimizer(ABC):
         self.seen.add(candidate.digest())
 
 
+def unchanged(programs: Sequence[MemoryProgram], source: MemoryProgram) -> bool:
+    """Whether every program carries the same prompts as ``source`` (a round that produced nothing)."""
+    digest = source.candidate("").digest()
+    return all(p.candidate("").digest() == digest for p in programs)
+
+
 class _QueueOptimizer(Optimizer):
     """Runs rounds of a DSPy optimizer and hands out their new candidate programs one at a time."""
 
@@ -91,7 +98,7 @@ class _QueueOptimizer(Optimizer):
             program = MemoryProgram(self.evaluator, best, self.sites)
             fresh = []
             programs = self.round(program)
-            if all(p.candidate("").digest() == program.candidate("").digest() for p in programs):
+            if unchanged(programs, program):
                 programs = self.rewrites(program, examples(self.trainset))
             for i, p in enumerate(programs):
                 c = p.candidate(f"{self.name} round {self.rounds} #{i}{getattr(p, 'origin_note', '')}")
@@ -111,7 +118,7 @@ class _QueueOptimizer(Optimizer):
         rules, or every reflection rejected): the proposer rewrites each blamed site's
         instruction from its attributed failures."""
         runs = [program(**ex.inputs()) for ex in train]
-        attributions = [r.attribution for r in runs if r.attribution]
+        attributions = [Attribution.model_validate(r.attribution) for r in runs if r.attribution]
         out = []
         for i in range(self.fallback_rewrites):
             candidate = program.deepcopy()
@@ -144,7 +151,7 @@ class SimbaOptimizer(_QueueOptimizer):
                            num_threads=1)
         best = simba.compile(program, trainset=train, seed=self.seed + self.rounds)
         programs = [entry["program"] for entry in getattr(best, "candidate_programs", [])] or [best]
-        if all(p.candidate("").digest() == program.candidate("").digest() for p in programs):
+        if unchanged(programs, program):
             programs += self.attributed_rules(program, train)
         return programs
 
@@ -168,36 +175,34 @@ class SimbaOptimizer(_QueueOptimizer):
         blamed = [r for r in failing if (r["output_metadata"].get("site") or "") in self.sites]
         pool = blamed or failing
         rng.shuffle(pool)
-        out: list[MemoryProgram] = []
+        if not pool:
+            return []
+        run = pool[0]  # one rule per round: each call carries every blamed prompt
         before = {n: p.signature.instructions for n, p in program.named_predictors()}
-        for i, run in enumerate(pool[:1]):  # one rule per round: each call carries every blamed prompt
-            for attempt in range(self.tries):
-                candidate = program.deepcopy()
-                predictor2name = {id(p): n for n, p in program.named_predictors()}
-                rollout = (self.rounds * 10 + i) * 10 + attempt
-                try:
-                    append_a_rule([dict(run)], candidate, predictor2name=predictor2name,
-                                  batch_10p_score=float("-inf"), batch_90p_score=float("inf"),
-                                  prompt_model=_Charged(self.proposer.copy(rollout_id=rollout, temperature=1.0),
-                                                        keys=[attr_name(s) for s in self.sites]))
-                except Exception as exc:  # noqa: BLE001 - SIMBA logs and skips a failed strategy too
-                    logger.warning("SIMBA rule step failed: %s", exc)
-                    continue
-                if self._useful(candidate, before, out):
-                    out.append(candidate)
-                    break
-        return out
+        predictor2name = {id(p): n for n, p in program.named_predictors()}
+        for attempt in range(self.tries):
+            candidate = program.deepcopy()
+            rollout = self.rounds * 100 + attempt
+            try:
+                append_a_rule([dict(run)], candidate, predictor2name=predictor2name,
+                              batch_10p_score=float("-inf"), batch_90p_score=float("inf"),
+                              prompt_model=_Charged(self.proposer.copy(rollout_id=rollout, temperature=1.0),
+                                                    keys=[attr_name(s) for s in self.sites]))
+            except Exception as exc:  # noqa: BLE001 - SIMBA logs and skips a failed strategy too
+                logger.warning("SIMBA rule step failed: %s", exc)
+                continue
+            if self._adds_advice(candidate, before):
+                return [candidate]
+        return []
 
     @staticmethod
-    def _useful(candidate: MemoryProgram, before: dict[str, str], kept: list[MemoryProgram]) -> bool:
-        """Advice that adds words (not just the module's name) and differs from the advice kept so far."""
+    def _adds_advice(candidate: MemoryProgram, before: dict[str, str]) -> bool:
+        """Whether some module's instructions gained advice of 3+ words besides its own name."""
         for name, predictor in candidate.named_predictors():
             added = predictor.signature.instructions[len(before.get(name, "")):].strip()
-            if len(set(added.lower().split()) - {name.lower()}) >= 3 and all(
-                    k.candidate("").digest() != candidate.candidate("").digest() for k in kept):
+            if len(set(added.lower().split()) - {name.lower()}) >= 3:
                 return True
         return False
-        return out
 
 
 class BlamedSiteSelector:
@@ -254,11 +259,10 @@ def propose_instruction(proposer: dspy.BaseLM, site: str, instruction: str, fail
     return text or None
 
 
-def failure_summary(attributions: Sequence[Any], site: str) -> str:
-    return "\n".join(f"- {a['error_type'] if isinstance(a, dict) else a.error_type.value}: "
-                     f"{(a['explanation'] if isinstance(a, dict) else a.explanation)[:300]}"
-                     for a in attributions if (a['target'] if isinstance(a, dict) else a.target) == site)[:3000] \
-        or "(no failure attributed here yet)"
+def failure_summary(attributions: Sequence[Attribution], site: str) -> str:
+    """The failures blamed on ``site``, one line each: what the proposer rewrites from."""
+    lines = [f"- {a.error_type.value}: {a.explanation[:300]}" for a in attributions if a.target == site]
+    return "\n".join(lines)[:3000] or "(no failure attributed here yet)"
 
 
 def knob_choices(system: str, knob: str, current: Any) -> list[Any]:
@@ -375,9 +379,8 @@ class _Charged(dspy.BaseLM):
                 from signatures._layout import output_model
 
                 schema = output_model(OfferFeedback).model_json_schema()
-            if schema is not None:
-                kwargs["response_format"] = {"type": "json_schema",
-                                             "json_schema": {"schema": _fixed_keys(schema, self.keys)}}
+            kwargs["response_format"] = {"type": "json_schema",
+                                         "json_schema": {"schema": _fixed_keys(schema, self.keys)}}
         with prompt_site(PROPOSER_SITE):
             return self.inner.forward(prompt=prompt, messages=messages, **kwargs)
 

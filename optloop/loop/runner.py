@@ -18,7 +18,9 @@ import hashlib
 import json
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable
+from itertools import accumulate
 from pathlib import Path
 from typing import Any, Literal
 
@@ -238,10 +240,7 @@ class Loop:
                                step=0)
         base_evals = [ckpt.baseline_train, ckpt.baseline_dev]
         entries = blame([a for ev in base_evals for a in ev.attributions()])
-        errors: dict[str, int] = {}
-        for ev in base_evals:
-            for t, n in ev.error_counts().items():
-                errors[t] = errors.get(t, 0) + n
+        errors = dict(sum((Counter(ev.error_counts()) for ev in base_evals), Counter()))
         ckpt.targets = [e.target for e in entries]
         sites, knobs, note = choose_targets(entries, cfg, list(evaluator.sites))
         mlflow.log_metrics(record.blame_metrics(entries, errors))
@@ -268,11 +267,6 @@ class Loop:
         if isinstance(getattr(optimizer, "queue", None), list):
             optimizer.queue = [c for c in ckpt.queue if c.digest() not in optimizer.seen]  # type: ignore[attr-defined]
             optimizer.seen |= {c.digest() for c in optimizer.queue}
-        best_curve = [ckpt.baseline_dev.accuracy]
-        points = [(0, ckpt.baseline_dev.accuracy)]
-        for t in ckpt.trials:
-            points.append((t.trial, t.evaluation.accuracy))  # type: ignore[union-attr]
-            best_curve.append(max(best_curve[-1], t.evaluation.accuracy))  # type: ignore[union-attr]
         while len(ckpt.trials) < cfg.budget:
             trial_no = len(ckpt.trials) + 1
             self.progress(f"trial {trial_no}/{cfg.budget}: {optimizer.name} proposing for {', '.join(optimizer.sites)}")
@@ -299,8 +293,6 @@ class Loop:
                     self.progress(f"re-attribution: blame moved to {', '.join(new_sites + new_knobs)}")
                     optimizer.retarget(new_sites, new_knobs)
             ckpt.save(ckpt_path)
-            points.append((trial_no, evaluation.accuracy))
-            best_curve.append(best_eval.accuracy)
             mlflow.log_metrics({"acc_dev": evaluation.accuracy, "acc_dev_best": best_eval.accuracy}, step=trial_no)
         if ckpt.test_before is None:
             ckpt.test_before = self._evaluate(evaluator, base, test, "test")
@@ -310,7 +302,7 @@ class Loop:
                                self._evaluate(evaluator, best, test, "test"))
             ckpt.save(ckpt_path)
         return self._finish(evaluator, ckpt, ckpt_path, base, best, best_trial, entries, errors, sites, knobs, note,
-                            points, best_curve, mark, proposer_mark)
+                            mark, proposer_mark)
 
     def _optimizer(self, evaluator: Evaluator, train: Dataset, sites: list[str], knobs: list[str]) -> Optimizer:
         cfg = self.config
@@ -344,8 +336,7 @@ class Loop:
 
     def _finish(self, evaluator: Evaluator, ckpt: Checkpoint, ckpt_path: Path, base: Candidate, best: Candidate,
                 best_trial: int, entries: list[Any], errors: dict[str, int], sites: list[str], knobs: list[str],
-                note: str, points: list[tuple[int, float]], best_curve: list[float], mark: int,
-                proposer_mark: int | None) -> LoopResult:
+                note: str, mark: int, proposer_mark: int | None) -> LoopResult:
         import mlflow
 
         from optloop.loop.program import AllSites
@@ -353,6 +344,9 @@ class Loop:
         cfg = self.config
         before, after = ckpt.test_before, ckpt.test_after
         assert before is not None and after is not None and ckpt.baseline_dev is not None
+        points = [(0, ckpt.baseline_dev.accuracy)] + [(t.trial, t.evaluation.accuracy) for t in ckpt.trials
+                                                      if t.evaluation is not None]
+        best_curve = list(accumulate((a for _, a in points), max))
         delta = after.accuracy - before.accuracy
         promoted = best is not base and delta > 0
         usage = self.lm.accounting.totals(since=mark)
