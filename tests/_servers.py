@@ -13,6 +13,7 @@ import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Callable
 from typing import Any
 
 # Behaviours: ("ok", content) | ("status", code) | ("raw", body_text) | ("hang", seconds) | ("embed", dim)
@@ -79,6 +80,21 @@ class ScriptedOpenAIServer:
     def __exit__(self, *exc: Any) -> None:
         self.httpd.shutdown()
         self.httpd.server_close()
+
+
+def answer_with(lm: Any) -> Callable[[dict[str, Any]], tuple[str, Any]]:
+    """A ``("respond", ...)`` behaviour that answers every chat request with a real LM.
+
+    ``ScriptedOpenAIServer([("respond", answer_with(lm))])`` is an OpenAI-compatible
+    endpoint in front of ``lm`` (the embedded SmolLM2 in tests): the request's messages
+    and ``response_format`` go to ``lm`` unchanged, its sampling parameters are the
+    server's own (``lm``'s settings), as with any hosted model.
+    """
+
+    def respond(body: dict[str, Any]) -> tuple[str, Any]:
+        return "ok", lm.text(body["messages"], response_format=body.get("response_format"))
+
+    return respond
 
 
 def closed_port_url() -> str:
