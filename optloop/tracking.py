@@ -22,11 +22,16 @@ def default_tracking_uri() -> str:
     return f"sqlite:///{mlruns_dir().resolve() / 'mlflow.db'}"
 
 
+def resolve_uri(tracking_uri: str | None = None) -> str:
+    """``tracking_uri``, else ``MLFLOW_TRACKING_URI``, else the embedded store."""
+    return tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri()
+
+
 def configure(tracking_uri: str | None = None) -> str:
-    """Point MLflow at ``tracking_uri`` (else ``MLFLOW_TRACKING_URI``, else the embedded store)."""
+    """Point MLflow at :func:`resolve_uri` of ``tracking_uri``."""
     import mlflow
 
-    uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri()
+    uri = resolve_uri(tracking_uri)
     if uri.startswith("sqlite:///"):
         from pathlib import Path
 
@@ -49,3 +54,16 @@ def experiment(name: str) -> str:
     experiment_id = mlflow.create_experiment(name, artifact_location=location)
     mlflow.set_experiment(experiment_id=experiment_id)
     return experiment_id
+
+
+def open_existing(tracking_uri: str | None = None) -> str:
+    """:func:`configure` for readers: a SQLite store that does not exist is an error, not a new empty store."""
+    from pathlib import Path
+
+    from optloop.errors import ConfigError
+
+    uri = resolve_uri(tracking_uri)
+    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
+        raise ConfigError(f"no MLflow store at {uri.removeprefix('sqlite:///')}; run python -m optloop.run first, "
+                          "or point --tracking-uri (MLFLOW_TRACKING_URI) at the store that holds the run")
+    return configure(uri)

@@ -126,9 +126,18 @@ def plot_blame(entries: Sequence[Any], path: Path) -> Path:
     return path
 
 
+def registry_name(system: str, site: str) -> str:
+    """The Prompt Registry name of a site: ``optloop.mem0.extract``, ``optloop.mem0.answer``.
+
+    A library site already carries its system (``mem0.extract``, ``graphiti.extract_edges.edge``)
+    and is not prefixed twice; a shared site (``answer``, ``retrieve.query``) gets the system.
+    """
+    return f"optloop.{site}" if site.startswith(f"{system}.") else f"optloop.{system}.{site}"
+
+
 def register_prompts(system: str, texts: Mapping[str, str], *, run_id: str, promote: bool,
                      message: str) -> dict[str, dict[str, Any]]:
-    """Register each changed site's prompt as a new version of ``optloop.<system>.<site>``.
+    """Register each changed site's prompt as a new version of :func:`registry_name` (tags: site, system).
 
     The ``champion`` alias moves to the new version only when ``promote`` (held-out gain).
     """
@@ -136,7 +145,7 @@ def register_prompts(system: str, texts: Mapping[str, str], *, run_id: str, prom
 
     registered = {}
     for site, text in texts.items():
-        name = f"optloop.{system}.{site}"
+        name = registry_name(system, site)
         version = mlflow.genai.register_prompt(name=name, template=text, commit_message=message,
                                                tags={"optloop_run_id": run_id, "site": site, "system": system})
         if promote:

@@ -1,0 +1,260 @@
+"""Export optimized prompts from MLflow into a product that uses vanilla mem0 or graphiti.
+
+    python -m optloop.export --run RUN_ID --format mem0 --out mem0_prompts.py
+    python -m optloop.export --prompt optloop.mem0.extract@champion --format mem0 --out mem0_prompts.py
+    python -m optloop.export --run RUN_ID --format graphiti --out graphiti_prompts.py
+    python -m optloop.export --run RUN_ID --format json --out prompts.json
+    python -m optloop.export --run RUN_ID --format dspy --out program.json
+
+Sources (one of):
+  --run RUN_ID       a finished `python -m optloop.run` (its parent run; the id it printed, also in
+                     `make ui`): every site's prompt as the best candidate sends it (prompts_after.json),
+                     the knobs of that candidate, the DSPy program
+  --prompt REF       one prompt of the MLflow Prompt Registry: NAME@ALIAS or NAME/VERSION, optionally
+                     as prompts:/NAME@ALIAS. optloop registers the changed sites of each run as
+                     optloop.<site> (optloop.mem0.extract, optloop.graphiti.extract_edges.edge) or
+                     optloop.<system>.<site> (optloop.mem0.answer); alias `champion` = held-out winner
+
+Formats:
+  json      {site: exact prompt text}: instructions with any demos rendered, what the site sends as
+            its system message (graphiti then appends its own framing, as always)
+  mem0      a standalone Python module (no optloop needed) for a vanilla mem0.Memory:
+                import mem0_prompts; mem0_prompts.apply(memory)
+            mem0 then sends the optimized extraction (and LLM-rerank) prompt with the site's JSON
+            schema as response_format: the same request as the optimization run
+  graphiti  a standalone Python module for vanilla graphiti:
+                Graphiti(..., prompt_library=graphiti_prompts.prompt_library())
+            or graphiti_prompts.apply(graphiti) on a live instance
+  dspy      the run's DSPy program JSON (every site's instructions and demos; dspy's load())
+
+Without the export step, optloop.product.apply(memory, "prompts:/optloop.mem0.extract@champion")
+applies registry prompts to a live mem0 or graphiti from Python (optloop installed).
+
+Nothing is written unless the export succeeds; the file is replaced in one step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from optloop.cli import run_cli, setup_logging
+from optloop.errors import ConfigError
+from optloop.product import SchemaMode, library_of, load_registry_prompt, response_format
+
+FORMATS = ("json", "mem0", "graphiti", "dspy")
+PROMPTS_ARTIFACT = "prompts_after.json"
+CANDIDATE_ARTIFACT = "best_candidate.json"
+PROGRAM_ARTIFACT = "program.json"
+
+
+class Bundle(BaseModel):
+    """What a source holds: the prompts by site and what else the formats need."""
+
+    system: str | None
+    prompts: dict[str, str]
+    knobs: dict[str, Any] = Field(default_factory=dict)
+    program: str | None = None
+    source: dict[str, Any]
+    label: str
+
+
+# --- sources ---------------------------------------------------------------------------------
+
+
+def from_run(run_id: str) -> Bundle:
+    """The best candidate of a finished ``optloop.run`` parent run."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient()
+    try:
+        run = client.get_run(run_id)
+    except MlflowException:
+        raise ConfigError(f"no MLflow run {run_id!r} in this store; pass the run id python -m optloop.run printed "
+                          "(or see `make ui`), and --tracking-uri if the run is in another store") from None
+    tags, params = run.data.tags, run.data.params
+    if parent := tags.get("mlflow.parentRunId"):
+        raise ConfigError(f"run {run_id} is a trial (child run) of optloop run {parent}; export the parent run")
+    system = params.get("system") or tags.get("optloop.system")
+    if not system:
+        raise ConfigError(f"run {run_id} is not an optloop.run parent run (it has no 'system' parameter); "
+                          "pass the run id python -m optloop.run printed")
+    artifacts = {a.path for a in client.list_artifacts(run_id)}
+    if PROMPTS_ARTIFACT not in artifacts:
+        raise ConfigError(f"run {run_id} has no {PROMPTS_ARTIFACT}: it has not finished; resume it with the same "
+                          "python -m optloop.run command and --run-name")
+    prompts = json.loads(_artifact_text(run_id, PROMPTS_ARTIFACT))
+    knobs = json.loads(_artifact_text(run_id, CANDIDATE_ARTIFACT)).get("knobs", {}) \
+        if CANDIDATE_ARTIFACT in artifacts else {}
+    program = _artifact_text(run_id, PROGRAM_ARTIFACT) if PROGRAM_ARTIFACT in artifacts else None
+    return Bundle(system=system, prompts=prompts, knobs=knobs, program=program, label=f"run {run_id}",
+                  source={"run_id": run_id, "run_name": run.info.run_name, "system": system})
+
+
+def _artifact_text(run_id: str, path: str) -> str:
+    import mlflow
+
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # stderr stays one line on success
+
+    with tempfile.TemporaryDirectory() as tmp:
+        local = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=path, dst_path=tmp)
+        return Path(local).read_text(encoding="utf-8")
+
+
+def from_prompt(ref: str) -> Bundle:
+    """One registered prompt version."""
+    found = load_registry_prompt(ref)
+    source = {"prompt": found.name, "version": found.version, "system": found.system}
+    if found.alias:
+        source["alias"] = found.alias
+    return Bundle(system=found.system, prompts={found.site: found.text}, source=source,
+                  label=f"prompt {found.name} version {found.version}")
+
+
+# --- formats ---------------------------------------------------------------------------------
+
+
+def render(bundle: Bundle, fmt: str, *, schema_mode: SchemaMode = "json_schema", command: str = "") -> str:
+    """The file ``fmt`` makes of ``bundle``; a :class:`ConfigError` when the format does not fit the source."""
+    if fmt == "json":
+        return json.dumps(bundle.prompts, indent=1, ensure_ascii=False) + "\n"
+    if fmt == "dspy":
+        if bundle.program is None:
+            raise ConfigError(f"--format dspy needs a run's DSPy program; {bundle.label} has none (export a run with "
+                              "--run, or use --format json)")
+        return bundle.program
+    if fmt in ("mem0", "graphiti"):
+        return _module(bundle, fmt, schema_mode=schema_mode, command=command)
+    raise ConfigError(f"unknown format {fmt!r}; choose one of: {', '.join(FORMATS)}")
+
+
+def _module(bundle: Bundle, library: str, *, schema_mode: SchemaMode, command: str) -> str:
+    from optloop.product_templates import fill, template_source
+
+    sites = [s for s in bundle.prompts if library_of(s) == library]
+    if bundle.system not in (None, library):
+        other = f"--format {bundle.system} or json" if library_of(f"{bundle.system}.") else "--format json"
+        raise ConfigError(f"--format {library} needs {library} prompts; {bundle.label} holds {bundle.system} "
+                          f"prompts (use {other})")
+    if not sites:
+        raise ConfigError(f"--format {library} needs {library} prompts; {bundle.label} holds only "
+                          f"{', '.join(sorted(bundle.prompts))}, optloop's own step (use --format json)")
+    own = _library_texts(library, sites)
+    data: dict[str, tuple[str, Any]] = {"PROMPTS": ("dict[str, str]", bundle.prompts)}
+    if library == "mem0":
+        data["RESPONSE_FORMATS"] = ("dict[str, dict[str, Any]]", {s: response_format(s, schema_mode) for s in sites})
+    module = _template(library)
+    data |= {"LIBRARY_SHA256": ("dict[str, str]", {s: module.sha256(t) for s, t in own.items()}),
+             "KNOBS": ("dict[str, Any]", bundle.knobs), "SOURCE": ("dict[str, Any]", bundle.source)}
+    header = (f"# Written by `{command or 'python -m optloop.export'}` ({bundle.label}).\n"
+              "# Standalone: needs only the memory library. Export again rather than edit PROMPTS by hand.\n")
+    text = fill(template_source(f"{library}_prompts"), data, header)
+    compile(text, f"{library}_prompts.py", "exec")  # a template or data bug fails here, not in the product
+    return text
+
+
+def _template(library: str) -> Any:
+    from optloop.product_templates import graphiti_prompts, mem0_prompts
+
+    return mem0_prompts if library == "mem0" else graphiti_prompts
+
+
+def _library_texts(library: str, sites: list[str]) -> dict[str, str]:
+    """The installed library's own prompt of each site (what the optimized text was tuned from)."""
+    if library == "mem0":
+        from optloop.product_templates.mem0_prompts import library_prompts
+
+        own = library_prompts()
+        unknown = sorted(set(sites) - set(own))
+        if unknown:
+            raise ConfigError(f"{', '.join(unknown)}: mem0 has no such prompt; its sites are {', '.join(own)}")
+        return {s: own[s] for s in sites}
+    from signatures.graphiti import library_system_prompt
+
+    try:
+        return {s: library_system_prompt(s.removeprefix("graphiti.")) for s in sites}
+    except ValueError as exc:
+        raise ConfigError(f"graphiti sites {', '.join(sites)}: {exc}") from None
+
+
+# --- output ----------------------------------------------------------------------------------
+
+
+def check_out(out: str) -> Path | None:
+    """The output path (None: stdout), refused before any work when it cannot be written."""
+    if out == "-":
+        return None
+    path = Path(out).expanduser()
+    if path.is_dir():
+        raise ConfigError(f"--out {out} is a directory; name the file to write, e.g. {path / 'prompts.py'}")
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        raise ConfigError(f"--out {out}: directory {parent} does not exist; create it first")
+    if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise ConfigError(f"--out {out} is not writable; pick another path")
+    return path
+
+
+def write(path: Path | None, text: str) -> None:
+    """Write through a temporary file in the same directory, then rename: never half a file."""
+    if path is None:
+        sys.stdout.write(text)
+        return
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise ConfigError(f"--out {path}: cannot write ({exc.strerror or exc}); pick another path") from None
+
+
+# --- command line ----------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m optloop.export", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--run", metavar="RUN_ID", help="a finished optloop.run parent run")
+    source.add_argument("--prompt", metavar="REF", help="a registry prompt: NAME@ALIAS or NAME/VERSION")
+    parser.add_argument("--format", required=True, choices=FORMATS, help="json | mem0 | graphiti | dspy")
+    parser.add_argument("--out", required=True, metavar="PATH", help="file to write (- for stdout)")
+    parser.add_argument("--schema-mode", choices=["json_schema", "json_object"], default="json_schema",
+                        help="mem0 format: how the module asks for the JSON schema; json_schema (OpenAI, vLLM; "
+                             "default) or json_object (a llama.cpp server), as the run's LM endpoint did")
+    parser.add_argument("--tracking-uri", help="MLflow tracking URI (default sqlite:///mlruns/mlflow.db, or "
+                                               "MLFLOW_TRACKING_URI)")
+    parser.add_argument("--verbose", action="store_true")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    setup_logging(args.verbose)
+    out = check_out(args.out)
+    from optloop import tracking
+
+    tracking.open_existing(args.tracking_uri)
+    bundle = from_run(args.run) if args.run else from_prompt(args.prompt)
+    source = f"--run {args.run}" if args.run else f"--prompt {args.prompt}"
+    text = render(bundle, args.format, schema_mode=args.schema_mode,
+                  command=f"python -m optloop.export {source} --format {args.format}")
+    write(out, text)
+    if out is not None:
+        print(f"wrote {out} ({args.format}, {len(bundle.prompts)} prompt(s) from {bundle.label})", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main))
