@@ -16,7 +16,8 @@ moves the blame.
   attribution explanation of that site's failures; its new candidates are queued.
 - **Optuna**: TPE over, per blamed site, the seed instruction and rewrites an
   LLM proposer writes from the attributions, plus the values of blamed knobs.
-  The study lives in ``--storage`` (SQLite by default), so it resumes.
+  The study lives in ``--storage`` (SQLite by default), so it resumes; with
+  ``postgresql://...`` several workers share it (see :mod:`optloop.loop.study`).
 
 SIMBA's and GEPA's inner mini-batch runs are the optimizer's own cost: their
 LLM calls are counted and reported, but they are not evaluations.
@@ -25,6 +26,7 @@ LLM calls are counted and reported, but they are not evaluations.
 from __future__ import annotations
 
 import logging
+import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -32,9 +34,11 @@ from typing import TYPE_CHECKING, Any
 import dspy
 
 from optloop.attribution import Attribution
+from optloop.errors import ConfigError
 from optloop.lm import prompt_site, response_format_to_schema
 from optloop.loop.candidate import Candidate, SiteState
 from optloop.loop.program import MemoryProgram, attr_name, examples, feedback_metric, site_name
+from optloop.loop.study import SharedStudy
 
 if TYPE_CHECKING:
     from optloop.datasets import Dataset
@@ -44,6 +48,7 @@ logger = logging.getLogger(__name__)
 
 PROPOSER_SITE = "optimizer.proposer"
 MAX_EMPTY_ROUNDS = 3
+MAX_BUDGET_SLOTS = 500
 
 
 class Optimizer(ABC):
@@ -72,6 +77,9 @@ class Optimizer(ABC):
 
     def mark_seen(self, candidate: Candidate) -> None:
         self.seen.add(candidate.digest())
+
+    def release(self, candidate: Candidate) -> None:
+        """A proposed candidate that will not be evaluated (the budget is spent)."""
 
 
 def unchanged(programs: Sequence[MemoryProgram], source: MemoryProgram) -> bool:
@@ -278,26 +286,56 @@ def knob_choices(system: str, knob: str, current: Any) -> list[Any]:
 
 
 class OptunaOptimizer(Optimizer):
-    """TPE over LLM-proposed instructions per blamed site and the values of blamed knobs."""
+    """TPE over LLM-proposed instructions per blamed site and the values of blamed knobs.
+
+    The study is a :class:`~optloop.loop.study.SharedStudy`: several workers may ask it for
+    trials at once. Each site's candidate instructions are proposed once per study (first
+    proposer wins, the others wait for its list), so every worker searches the same space; a
+    candidate is claimed before it is evaluated, so no two workers evaluate the same one.
+    """
 
     name = "optuna"
+    max_duplicates = 20
 
-    def __init__(self, *args: Any, storage: str, study_name: str, proposals: int = 3, **kwargs: Any):
+    def __init__(self, *args: Any, storage: str | None = None, study_name: str | None = None,
+                 shared: SharedStudy | None = None, budget: int = MAX_BUDGET_SLOTS, proposals: int = 3,
+                 **kwargs: Any):
         super().__init__(*args, **kwargs)
         import optuna
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-        self.study = optuna.create_study(study_name=study_name, storage=storage, direction="maximize",
-                                         sampler=optuna.samplers.TPESampler(seed=self.seed), load_if_exists=True)
+        if shared is None:  # a study of its own (one worker)
+            if storage is None or study_name is None:
+                raise ConfigError("OptunaOptimizer needs a shared study, or a storage URL and a study name")
+            shared = SharedStudy(storage, study_name, worker=uuid.uuid4().hex[:12], budget=budget, seed=self.seed)
+            shared.join("standalone")
+        self.shared = shared
+        self.study = shared.study
         self.proposals = proposals
         self.pending: dict[str, Any] = {}
         self.duplicates = 0
+        self._base_knobs = dict(self.evaluator.baseline().knobs)
+        self._fail_my_stale_trials()
+
+    def _fail_my_stale_trials(self) -> None:
+        """Trials this worker asked for in an interrupted run of it: they were never told."""
+        from optuna.trial import TrialState
+
+        for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            if t.user_attrs.get("optloop:worker") == self.shared.worker:
+                self.study.tell(t.number, state=TrialState.FAIL)
 
     def _instructions(self, site: str, base: Candidate, best_eval: Evaluation) -> list[str]:
         key = f"instructions:{site}"
-        stored = self.study.user_attrs.get(key)
-        if stored is not None:  # proposals are made once per study, so a resumed study sees the same space
-            return list(stored)
+        stored = self.shared.get(key)
+        if stored is not None:  # proposals are made once per study, so every worker and a resumed study see
+            return list(stored)  # the same space
+        holder = self.shared.claim(f"optloop:proposing:{site}", {"worker": self.shared.worker})["worker"]
+        if holder != self.shared.worker:
+            stored = self.shared.wait_for(key, holder=holder, what=f"candidate instructions for {site}")
+            if stored is not None:
+                return list(stored)
+            logger.warning("%s stopped before proposing for %s; proposing here", self.shared.describe(holder), site)
         seed_text = base.sites[site].instructions
         failures = failure_summary(best_eval.attributions(), site)
         texts = [seed_text]
@@ -305,19 +343,22 @@ class OptunaOptimizer(Optimizer):
             text = propose_instruction(self.proposer, site, seed_text, failures, rollout=i)
             if text and text not in texts:
                 texts.append(text)
-        self.study.set_user_attr(key, texts)
-        return texts
+        return list(self.shared.claim(key, texts))
 
     def propose(self, best: Candidate, best_eval: Evaluation) -> Candidate | None:
+        from optuna.trial import TrialState
+
         spaces = {f"site:{s}": self._instructions(s, best, best_eval) for s in self.sites}
-        spaces |= {f"knob:{k}": knob_choices(self.evaluator.system_name, k, best.knobs.get(k)) for k in self.knobs
-                   if k in best.knobs}
+        # knob values around the baseline's, not the best's: a categorical's choices may never change in a study
+        spaces |= {f"knob:{k}": knob_choices(self.evaluator.system_name, k, self._base_knobs.get(k))
+                   for k in self.knobs if k in best.knobs}
         spaces = {name: choices for name, choices in spaces.items() if len(choices) > 1}
         if not spaces:
             return None
-        while self.duplicates < 20:
+        while self.duplicates < self.max_duplicates:
             self.rounds += 1
             trial = self.study.ask()
+            trial.set_user_attr("optloop:worker", self.shared.worker)
             sites = dict(best.sites)
             knobs = dict(best.knobs)
             for name, choices in spaces.items():
@@ -328,13 +369,26 @@ class OptunaOptimizer(Optimizer):
                 else:
                     knobs[target] = choices[index]
             candidate = Candidate(sites=sites, knobs=knobs, origin=f"optuna trial {trial.number}")
-            if candidate.digest() in self.seen:
+            digest = candidate.digest()
+            if digest in self.seen:
                 previous = [t for t in self.study.trials if t.params == trial.params and t.value is not None]
                 self.study.tell(trial, previous[0].value if previous else 0.0)  # already evaluated: no budget spent
                 self.duplicates += 1
                 continue
-            self.seen.add(candidate.digest())
-            self.pending[candidate.digest()] = trial
+            self.seen.add(digest)
+            owner = self.shared.claim_candidate(digest, trial.number)
+            if owner["worker"] != self.shared.worker:  # another worker has it: its result, when known, is ours
+                trial.set_user_attr("optloop:duplicate_of", owner["study_trial"])
+                theirs = [t for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+                          if t.number == owner["study_trial"]]
+                if theirs:
+                    self.study.tell(trial, theirs[0].value)
+                else:
+                    self.study.tell(trial, state=TrialState.FAIL)
+                self.duplicates += 1
+                continue
+            trial.set_user_attr("optloop:digest", digest)
+            self.pending[digest] = trial
             return candidate
         logger.warning("optuna keeps proposing evaluated candidates: the search space is exhausted")
         return None
@@ -342,7 +396,19 @@ class OptunaOptimizer(Optimizer):
     def observe(self, candidate: Candidate, evaluation: Evaluation, trial: int) -> None:
         optuna_trial = self.pending.pop(candidate.digest(), None)
         if optuna_trial is not None:
+            optuna_trial.set_user_attr("optloop:trial", trial)
             self.study.tell(optuna_trial, evaluation.accuracy)
+
+    def release(self, candidate: Candidate) -> None:
+        from optuna.trial import TrialState
+
+        optuna_trial = self.pending.pop(candidate.digest(), None)
+        if optuna_trial is not None:  # the budget went to other workers: not evaluated
+            self.study.tell(optuna_trial, state=TrialState.FAIL)
+
+    def study_trial(self, candidate: Candidate) -> int | None:
+        optuna_trial = self.pending.get(candidate.digest())
+        return None if optuna_trial is None else optuna_trial.number
 
 
 class _Charged(dspy.BaseLM):

@@ -10,14 +10,27 @@ atomically after every step, so the same command with the same ``--run-name``
 resumes an interrupted run: finished evaluations are read back, a trial whose
 child run was left half-done is deleted from MLflow and redone, nothing is
 counted twice.
+
+Several workers (``--optimizer optuna``): every process started with the same
+command joins one Optuna study (``--storage``; the SQLite file in the run
+directory by default, ``postgresql://...`` across machines) and they split
+the budget through it (:mod:`optloop.loop.study`): the first worker creates the
+MLflow parent run and evaluates the baseline, every worker logs its trials as
+child runs of that parent, and the worker that sees the last evaluation done
+runs the held-out test and the summary; the others print its result. Each
+process holds a lock on its own state directory (the run directory, else
+``workers/<n>/`` under it), so workers on one machine never share a checkpoint
+or a store, and a restarted worker resumes a dead one's state.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import logging
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable
 from itertools import accumulate
@@ -30,11 +43,12 @@ from pydantic import BaseModel, Field
 from optloop.attribution import blame
 from optloop.attribution.taxonomy import KNOB_PREFIX, is_prompt_site
 from optloop.datasets import Dataset, load_dataset, split_episodes
-from optloop.errors import ConfigError, DatasetError
+from optloop.errors import ConfigError, DatasetError, OptloopError
 from optloop.loop import record
 from optloop.loop.candidate import Candidate, prompt_diff, prompt_text
 from optloop.loop.evaluate import Evaluation, Evaluator
 from optloop.loop.optimizers import OPTIMIZERS, Optimizer
+from optloop.loop.study import SharedStudy, redact_url
 from optloop.paths import state_dir, write_atomic
 
 logger = logging.getLogger(__name__)
@@ -60,9 +74,10 @@ class LoopConfig(BaseModel):
     knobs: dict[str, Any] = Field(default_factory=dict)
     fractions: tuple[float, float, float] = (0.5, 0.25, 0.25)
 
-    def digest(self) -> str:
-        """What must match for a run name to be resumed (the tracking URI may move)."""
-        payload = self.model_dump(exclude={"tracking_uri"})
+    def digest(self, *, shared: bool = False) -> str:
+        """What must match for a run name to be resumed (the tracking URI may move), or, with ``shared``,
+        for a worker to join a study (reached by another URL on another machine, perhaps)."""
+        payload = self.model_dump(exclude={"tracking_uri", "storage"} if shared else {"tracking_uri"})
         return hashlib.sha1(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
@@ -76,6 +91,8 @@ class Trial(BaseModel):
 
 class Checkpoint(BaseModel):
     config_digest: str
+    worker: str = Field(default_factory=lambda: uuid.uuid4().hex[:12],
+                        description="this worker's id in a shared study (kept across resumes)")
     parent_run_id: str | None = None
     split: dict[str, list[str]] = Field(default_factory=dict)
     baseline_train: Evaluation | None = None
@@ -156,6 +173,19 @@ def choose_targets(entries: list[Any], config: LoopConfig, all_sites: list[str])
     return ["answer"], knobs, note
 
 
+def _lock_dir(path: Path) -> Any | None:
+    """An exclusive lock on ``path`` for this process's lifetime (the open file holds it); ``None`` when
+    another process holds it."""
+    path.mkdir(parents=True, exist_ok=True)
+    handle = open(path / ".lock", "a+")  # noqa: SIM115 - held open until the run ends
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.close()
+        return None
+    return handle
+
+
 class Loop:
     """One ``optloop.run``: see the module docstring."""
 
@@ -165,59 +195,163 @@ class Loop:
         self.lm = lm
         self.proposer = proposer
         self.run_dir = work or state_dir() / "runs" / config.run_name
+        self.state = self.run_dir  # this worker's own directory (another one under workers/ when shared)
         self.progress = progress or (lambda msg: None)
         self.started = time.perf_counter()
+        self._lock: Any = None
 
     # --- the run --------------------------------------------------------------------------
 
     def run(self) -> LoopResult:
-        import mlflow
-
-        from optloop import tracking
-
         cfg = self.config
         dataset = load_dataset(cfg.dataset)
         train, dev, test = split_dataset(dataset, cfg)
-        ckpt_path = self.run_dir / "checkpoint.json"
+        self.state = self._claim_state_dir()
+        try:
+            return self._run(dataset, train, dev, test)
+        finally:
+            self._lock.close()
+
+    def _claim_state_dir(self) -> Path:
+        """The run directory, or for another worker of a shared run the first free ``workers/<n>``."""
+        self._lock = _lock_dir(self.run_dir)
+        if self._lock is not None:
+            return self.run_dir
+        if self.config.optimizer != "optuna":
+            raise ConfigError(f"run {self.config.run_name!r} is in use by another optloop.run process; wait for it "
+                              "or pick another --run-name (only --optimizer optuna splits a run between workers)")
+        n = 1
+        while True:
+            path = self.run_dir / "workers" / str(n)
+            self._lock = _lock_dir(path)
+            if self._lock is not None:
+                return path
+            n += 1
+
+    def _run(self, dataset: Dataset, train: Dataset, dev: Dataset, test: Dataset) -> LoopResult:
+        from optloop import tracking
+
+        cfg = self.config
+        ckpt_path = self.state / "checkpoint.json"
         ckpt = Checkpoint.load(ckpt_path) if ckpt_path.exists() else None
         if ckpt is not None and ckpt.config_digest != cfg.digest():
             raise ConfigError(f"run name {cfg.run_name!r} exists with other settings; resume it with the same "
                               "command, or pick another --run-name")
         tracking.configure(cfg.tracking_uri)
-        experiment_id = tracking.experiment(f"optloop-{cfg.system}")
+        experiment_id = self._experiment()
         ckpt = ckpt or Checkpoint(config_digest=cfg.digest())
         if ckpt.finished:
             raise ConfigError(f"run {cfg.run_name!r} already finished (MLflow run {ckpt.parent_run_id}); pick another "
                               "--run-name to run again")
         ckpt.split = {"train": [e.id for e in train.episodes], "dev": [e.id for e in dev.episodes],
                       "test": [e.id for e in test.episodes]}
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        ckpt.save(ckpt_path)  # the worker id first: a restarted worker must find its slots and roles again
+        shared = self._join(ckpt) if cfg.optimizer == "optuna" else None
+        try:
+            return self._run_parent(dataset, train, dev, test, ckpt, ckpt_path, experiment_id, shared)
+        finally:
+            if shared is not None:
+                shared.close()
+
+    def _run_parent(self, dataset: Dataset, train: Dataset, dev: Dataset, test: Dataset, ckpt: Checkpoint,
+                    ckpt_path: Path, experiment_id: str, shared: SharedStudy | None) -> LoopResult:
+        import mlflow
+
+        cfg = self.config
         dspy.configure(lm=self.lm, adapter=dspy.JSONAdapter())
-        evaluator = Evaluator(cfg.system, self.lm, self.run_dir / "work", knobs=cfg.knobs, dataset_uri=dataset.uri)
+        evaluator = Evaluator(cfg.system, self.lm, self.state / "work", knobs=cfg.knobs, dataset_uri=dataset.uri)
         evaluator.register(train, dev, test)
         mark = self.lm.accounting.mark()
         proposer_mark = self.proposer.accounting.mark() if self.proposer is not self.lm else None
-        parent = mlflow.start_run(run_id=ckpt.parent_run_id) if ckpt.parent_run_id else mlflow.start_run(
-            experiment_id=experiment_id, run_name=cfg.run_name,
-            tags={"optloop.system": cfg.system, "optloop.optimizer": cfg.optimizer})
+        leads = shared is None or shared.leader
+        if ckpt.parent_run_id:
+            parent = mlflow.start_run(run_id=ckpt.parent_run_id)
+        elif leads:
+            parent = mlflow.start_run(experiment_id=experiment_id, run_name=cfg.run_name,
+                                      tags={"optloop.system": cfg.system, "optloop.optimizer": cfg.optimizer})
+        else:
+            parent = mlflow.start_run(run_id=self._wait_for_leader(shared, "optloop:parent_run_id",
+                                                                   "the MLflow parent run"))
         ckpt.parent_run_id = parent.info.run_id
         ckpt.save(ckpt_path)
         status = "FAILED"
         try:
-            if not ckpt.trials and not ckpt.baseline_dev:
-                mlflow.log_params({**{k: str(v) for k, v in cfg.model_dump(exclude={"knobs", "fractions"}).items()},
+            if shared is not None and leads and shared.claim("optloop:parent_run_id", ckpt.parent_run_id) != \
+                    ckpt.parent_run_id:
+                raise ConfigError(f"study {cfg.run_name!r} already has another MLflow parent run; pick another "
+                                  "--run-name")
+            if leads and not ckpt.trials and not ckpt.baseline_dev:
+                params = cfg.model_dump(exclude={"knobs", "fractions"})
+                params |= {"storage": redact_url(cfg.storage), "tracking_uri": redact_url(cfg.tracking_uri)}
+                mlflow.log_params({**{k: str(v) for k, v in params.items()},
                                    "knobs": json.dumps(evaluator.template.knobs()), "fractions": str(cfg.fractions),
                                    "split_train": len(train.episodes), "split_dev": len(dev.episodes),
                                    "split_test": len(test.episodes), "lm_identity": self.lm.model})
-            result = self._loop(evaluator, ckpt, ckpt_path, train, dev, test, mark, proposer_mark)
+            result = self._loop(evaluator, ckpt, ckpt_path, train, dev, test, mark, proposer_mark, shared)
             status = "FINISHED"
             return result
         except KeyboardInterrupt:
             status = "KILLED"
             raise
         finally:
+            if status != "FINISHED" and shared is not None and _quiet(lambda: shared.get("optloop:result")):
+                status = "FINISHED"  # this worker failed after another one finished the run
             mlflow.end_run(status)
             evaluator.close()
+
+    def _experiment(self) -> str:
+        """The experiment id. Workers starting together race to create the experiment, and on one machine
+        to create the SQLite store's tables (MLflow's migrations are not safe to run twice at once): the
+        latter is serialized by a lock file beside the store, the former retried."""
+        import mlflow
+
+        from optloop import tracking
+
+        uri = mlflow.get_tracking_uri()
+        lock = None
+        if uri.startswith("sqlite:///"):
+            db = Path(uri.removeprefix("sqlite:///"))
+            db.parent.mkdir(parents=True, exist_ok=True)
+            lock = open(db.with_name(f".{db.name}.lock"), "a+")  # noqa: SIM115 - closed below
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            for attempt in range(3):
+                try:
+                    return tracking.experiment(f"optloop-{self.config.system}")
+                except Exception:  # noqa: BLE001 - the loser of a creation race finds it on the next try
+                    if attempt == 2:
+                        raise
+                    time.sleep(0.5 + attempt)
+            raise AssertionError("unreachable")
+        finally:
+            if lock is not None:
+                lock.close()
+
+    def _join(self, ckpt: Checkpoint) -> SharedStudy:
+        cfg = self.config
+        storage = cfg.storage or f"sqlite:///{(self.run_dir / 'optuna.db').resolve()}"
+        shared = SharedStudy(storage, cfg.run_name, worker=ckpt.worker, budget=cfg.budget, seed=cfg.seed)
+        try:
+            if shared.get("optloop:result") is not None:
+                raise ConfigError(f"run {cfg.run_name!r} already finished (MLflow run "
+                                  f"{shared.get('optloop:parent_run_id')}); pick another --run-name to run again")
+            rank = shared.join(cfg.digest(shared=True))
+        except BaseException:
+            shared.close()
+            raise
+        if rank:
+            self.progress(f"joined run {cfg.run_name} as worker {rank}")
+            logger.info("joined study %s as worker %d (%s)", cfg.run_name, rank, ckpt.worker)
+        return shared
+
+    def _wait_for_leader(self, shared: SharedStudy | None, key: str, what: str) -> Any:
+        assert shared is not None
+        leader = shared.leader_id() or ""
+        value = shared.wait_for(key, holder=leader, what=what, progress=self.progress)
+        if value is None:
+            raise OptloopError(f"{shared.describe(leader)}, the first worker of run {self.config.run_name!r}, "
+                               f"stopped before publishing {what}; rerun the same command on that host to resume it")
+        return value
 
     def _evaluate(self, evaluator: Evaluator, candidate: Candidate, dataset: Dataset, split: str) -> Evaluation:
         self.progress(f"evaluating {candidate.origin} on {split} ({sum(len(e.questions) for e in dataset.episodes)} "
@@ -225,11 +359,17 @@ class Loop:
         return evaluator.evaluate(candidate, dataset, split=split)
 
     def _loop(self, evaluator: Evaluator, ckpt: Checkpoint, ckpt_path: Path, train: Dataset, dev: Dataset,
-              test: Dataset, mark: int, proposer_mark: int | None) -> LoopResult:
+              test: Dataset, mark: int, proposer_mark: int | None, shared: SharedStudy | None = None) -> LoopResult:
         import mlflow
 
         cfg = self.config
         base = evaluator.baseline()
+        leads = shared is None or shared.leader
+        if ckpt.baseline_dev is None and not leads:  # the first worker evaluates the baseline once for all
+            for split in ("train", "dev"):
+                data = self._wait_for_leader(shared, f"optloop:baseline_{split}", "the baseline evaluation")
+                setattr(ckpt, f"baseline_{split}", Evaluation.model_validate(data))
+            ckpt.save(ckpt_path)
         if ckpt.baseline_train is None:
             ckpt.baseline_train = self._evaluate(evaluator, base, train, "train")
             ckpt.save(ckpt_path)
@@ -238,14 +378,19 @@ class Loop:
             ckpt.save(ckpt_path)
             mlflow.log_metrics({"acc_dev": ckpt.baseline_dev.accuracy, "acc_dev_best": ckpt.baseline_dev.accuracy},
                                step=0)
+        if shared is not None and leads:
+            for split, ev in (("train", ckpt.baseline_train), ("dev", ckpt.baseline_dev)):
+                shared.claim(f"optloop:baseline_{split}", ev.model_dump(mode="json"))
         base_evals = [ckpt.baseline_train, ckpt.baseline_dev]
         entries = blame([a for ev in base_evals for a in ev.attributions()])
         errors = dict(sum((Counter(ev.error_counts()) for ev in base_evals), Counter()))
         ckpt.targets = [e.target for e in entries]
         sites, knobs, note = choose_targets(entries, cfg, list(evaluator.sites))
-        mlflow.log_metrics(record.blame_metrics(entries, errors))
-        mlflow.set_tags({"optloop.targets": ",".join(ckpt.targets) or "-", "optloop.tunable_sites": ",".join(sites),
-                         "optloop.tunable_knobs": ",".join(knobs) or "-", "optloop.targeting_note": note or "-"})
+        if leads:
+            mlflow.log_metrics(record.blame_metrics(entries, errors))
+            mlflow.set_tags({"optloop.targets": ",".join(ckpt.targets) or "-",
+                             "optloop.tunable_sites": ",".join(sites), "optloop.tunable_knobs": ",".join(knobs) or "-",
+                             "optloop.targeting_note": note or "-"})
         if note:
             logger.warning("%s", note)
         client = mlflow.tracking.MlflowClient()
@@ -255,7 +400,12 @@ class Loop:
             ckpt.trials.remove(t)
             ckpt.queue.insert(0, t.candidate)
         ckpt.save(ckpt_path)
-        optimizer = self._optimizer(evaluator, train, sites, knobs)
+        if shared is not None:  # killed between its checkpoint and its report: report the evaluations now
+            done = shared.done()
+            for t in ckpt.trials:
+                if t.trial - 1 not in done and t.evaluation is not None:
+                    shared.publish_done(t.trial - 1, self._done_record(t))
+        optimizer = self._optimizer(evaluator, train, sites, knobs, shared)
         optimizer.mark_seen(base)
         best, best_eval, best_trial = base, ckpt.baseline_dev, 0
         for t in ckpt.trials:
@@ -267,16 +417,21 @@ class Loop:
         if isinstance(getattr(optimizer, "queue", None), list):
             optimizer.queue = [c for c in ckpt.queue if c.digest() not in optimizer.seen]  # type: ignore[attr-defined]
             optimizer.seen |= {c.digest() for c in optimizer.queue}
-        while len(ckpt.trials) < cfg.budget:
-            trial_no = len(ckpt.trials) + 1
-            self.progress(f"trial {trial_no}/{cfg.budget}: {optimizer.name} proposing for {', '.join(optimizer.sites)}")
+        while self._budget_left(ckpt, shared):
+            upcoming = len(ckpt.trials) + 1 if shared is None else len(shared.slots()) + 1
+            self.progress(f"trial {upcoming}/{cfg.budget}: {optimizer.name} proposing for {', '.join(optimizer.sites)}")
             candidate = optimizer.propose(best, best_eval)
             ckpt.queue = list(getattr(optimizer, "queue", []))
             if candidate is None:
                 note = (note + "; " if note else "") + f"{optimizer.name} proposed nothing new after " \
-                       f"{len(ckpt.trials)} evaluation(s)"
+                       f"{len(ckpt.trials)} evaluation(s)" + (" by this worker" if shared is not None else "")
                 break
-            with mlflow.start_run(run_name=f"trial-{trial_no}", nested=True) as child:
+            trial_no = self._take(ckpt, shared, optimizer, candidate)
+            if trial_no is None:  # other workers took the rest of the budget meanwhile
+                optimizer.release(candidate)
+                break
+            tags = {"optloop.worker": f"{shared.rank}:{shared.worker}"} if shared is not None else None
+            with mlflow.start_run(run_name=f"trial-{trial_no}", nested=True, tags=tags) as child:
                 trial = Trial(trial=trial_no, candidate=candidate, child_run_id=child.info.run_id)
                 ckpt.trials.append(trial)
                 ckpt.save(ckpt_path)
@@ -293,7 +448,15 @@ class Loop:
                     self.progress(f"re-attribution: blame moved to {', '.join(new_sites + new_knobs)}")
                     optimizer.retarget(new_sites, new_knobs)
             ckpt.save(ckpt_path)
-            mlflow.log_metrics({"acc_dev": evaluation.accuracy, "acc_dev_best": best_eval.accuracy}, step=trial_no)
+            best_so_far = best_eval.accuracy
+            if shared is not None:
+                shared.publish_done(trial_no - 1, self._done_record(trial))
+                shared.put_cost(self._cost(mark, proposer_mark))
+                best_so_far = shared.best_accuracy(ckpt.baseline_dev.accuracy)
+            mlflow.log_metrics({"acc_dev": evaluation.accuracy, "acc_dev_best": best_so_far}, step=trial_no)
+        if shared is not None:
+            return self._settle(shared, evaluator, ckpt, ckpt_path, base, test, entries, errors, sites, knobs, note,
+                                mark, proposer_mark)
         if ckpt.test_before is None:
             ckpt.test_before = self._evaluate(evaluator, base, test, "test")
             ckpt.save(ckpt_path)
@@ -301,16 +464,96 @@ class Loop:
             ckpt.test_after = (ckpt.test_before if best is base else
                                self._evaluate(evaluator, best, test, "test"))
             ckpt.save(ckpt_path)
+        points = [(0, ckpt.baseline_dev.accuracy)] + [(t.trial, t.evaluation.accuracy) for t in ckpt.trials
+                                                      if t.evaluation is not None]
         return self._finish(evaluator, ckpt, ckpt_path, base, best, best_trial, entries, errors, sites, knobs, note,
-                            mark, proposer_mark)
+                            mark, proposer_mark, points=points, evaluations=len(ckpt.trials))
 
-    def _optimizer(self, evaluator: Evaluator, train: Dataset, sites: list[str], knobs: list[str]) -> Optimizer:
+    def _budget_left(self, ckpt: Checkpoint, shared: SharedStudy | None) -> bool:
+        return len(ckpt.trials) < self.config.budget if shared is None else shared.can_take()
+
+    @staticmethod
+    def _take(ckpt: Checkpoint, shared: SharedStudy | None, optimizer: Optimizer, candidate: Candidate) -> int | None:
+        """The trial number ``candidate`` is evaluated as: the next of this checkpoint, or a budget slot of the
+        shared study (``None`` when other workers took the last ones)."""
+        if shared is None:
+            return len(ckpt.trials) + 1
+        slot = shared.take_slot(candidate.digest(), getattr(optimizer, "study_trial", lambda c: None)(candidate))
+        return None if slot is None else slot + 1
+
+    @staticmethod
+    def _done_record(trial: Trial) -> dict[str, Any]:
+        assert trial.evaluation is not None
+        return {"trial": trial.trial, "accuracy": trial.evaluation.accuracy, "child_run_id": trial.child_run_id,
+                "candidate": trial.candidate.model_dump(mode="json")}
+
+    def _settle(self, shared: SharedStudy, evaluator: Evaluator, ckpt: Checkpoint, ckpt_path: Path, base: Candidate,
+                test: Dataset, entries: list[Any], errors: dict[str, int], sites: list[str], knobs: list[str],
+                note: str, mark: int, proposer_mark: int | None) -> LoopResult:
+        """After this worker's last trial: finish the run if every evaluation is done and no other worker
+        does it, else wait for the worker that finishes it; every worker returns the same result."""
+        cfg = self.config
+        if voided := shared.void_my_open_slots():
+            logger.warning("trial(s) %s of an interrupted run of this worker were not redone: nothing new to propose",
+                           ", ".join(str(k + 1) for k in voided))
+        shared.put_cost(self._cost(mark, proposer_mark))
+        shared.leave()
+        while True:
+            result = shared.get("optloop:result")
+            if result is not None:
+                ckpt.finished = True
+                ckpt.save(ckpt_path)
+                return LoopResult.model_validate(result)
+            settled, waiting_on = shared.settled()
+            if settled:
+                finisher = shared.claim("optloop:finisher", shared.worker)
+                if finisher == shared.worker:
+                    return self._finish_shared(shared, evaluator, ckpt, ckpt_path, base, test, entries, errors, sites,
+                                               knobs, note, mark, proposer_mark)
+                waiting_on = [finisher]
+            dead = [w for w in waiting_on if not shared.alive(w)]
+            if dead:
+                raise OptloopError(f"{shared.describe(dead[0])} of run {cfg.run_name!r} stopped before its part was "
+                                   "done; rerun the same command on that host to resume it (this worker's trials are "
+                                   "saved)")
+            self.progress(f"budget spent or taken; waiting for {', '.join(shared.describe(w) for w in waiting_on)} "
+                          "to finish the run")
+            time.sleep(shared.poll)
+
+    def _finish_shared(self, shared: SharedStudy, evaluator: Evaluator, ckpt: Checkpoint, ckpt_path: Path,
+                       base: Candidate, test: Dataset, entries: list[Any], errors: dict[str, int], sites: list[str],
+                       knobs: list[str], note: str, mark: int, proposer_mark: int | None) -> LoopResult:
+        """The held-out test and the summary over every worker's trials (the best is the best of them all)."""
+        assert ckpt.baseline_dev is not None
+        done = sorted(shared.results().values(), key=lambda d: d["trial"])
+        best, best_trial, best_accuracy = base, 0, ckpt.baseline_dev.accuracy
+        for d in done:
+            if d["accuracy"] > best_accuracy:
+                best, best_trial, best_accuracy = Candidate.model_validate(d["candidate"]), d["trial"], d["accuracy"]
+        if ckpt.test_before is None:
+            ckpt.test_before = self._evaluate(evaluator, base, test, "test")
+            ckpt.save(ckpt_path)
+        if ckpt.test_after is None:
+            ckpt.test_after = (ckpt.test_before if best is base else self._evaluate(evaluator, best, test, "test"))
+            ckpt.save(ckpt_path)
+        points = [(0, ckpt.baseline_dev.accuracy)] + [(d["trial"], d["accuracy"]) for d in done]
+        result = self._finish(evaluator, ckpt, ckpt_path, base, best, best_trial, entries, errors, sites, knobs, note,
+                              mark, proposer_mark, points=points, evaluations=len(done),
+                              extra_cost=shared.others_cost(),
+                              publish=lambda r: shared.claim("optloop:result", _shareable(r)))
+        return LoopResult.model_validate(_shareable(result))  # the very result every other worker prints
+
+    def _optimizer(self, evaluator: Evaluator, train: Dataset, sites: list[str], knobs: list[str],
+                   shared: SharedStudy | None = None) -> Optimizer:
         cfg = self.config
         cls = OPTIMIZERS[cfg.optimizer]
         kwargs: dict[str, Any] = {"sites": sites, "knobs": knobs if cfg.optimizer == "optuna" else [], "seed": cfg.seed}
         if cfg.optimizer == "optuna":
-            storage = cfg.storage or f"sqlite:///{(self.run_dir / 'optuna.db').resolve()}"
-            kwargs |= {"storage": storage, "study_name": cfg.run_name}
+            if shared is not None:
+                kwargs["shared"] = shared
+            else:
+                storage = cfg.storage or f"sqlite:///{(self.run_dir / 'optuna.db').resolve()}"
+                kwargs |= {"storage": storage, "study_name": cfg.run_name, "budget": cfg.budget}
         return cls(evaluator, self.proposer, train, **kwargs)
 
     # --- MLflow ---------------------------------------------------------------------------
@@ -334,21 +577,8 @@ class Loop:
     def _texts(evaluator: Evaluator, candidate: Candidate) -> dict[str, str]:
         return {n: prompt_text(evaluator.sites[n], s) for n, s in candidate.sites.items() if n in evaluator.sites}
 
-    def _finish(self, evaluator: Evaluator, ckpt: Checkpoint, ckpt_path: Path, base: Candidate, best: Candidate,
-                best_trial: int, entries: list[Any], errors: dict[str, int], sites: list[str], knobs: list[str],
-                note: str, mark: int, proposer_mark: int | None) -> LoopResult:
-        import mlflow
-
-        from optloop.loop.program import AllSites
-
-        cfg = self.config
-        before, after = ckpt.test_before, ckpt.test_after
-        assert before is not None and after is not None and ckpt.baseline_dev is not None
-        points = [(0, ckpt.baseline_dev.accuracy)] + [(t.trial, t.evaluation.accuracy) for t in ckpt.trials
-                                                      if t.evaluation is not None]
-        best_curve = list(accumulate((a for _, a in points), max))
-        delta = after.accuracy - before.accuracy
-        promoted = best is not base and delta > 0
+    def _cost(self, mark: int, proposer_mark: int | None) -> dict[str, float]:
+        """What this process spent since ``mark``: LLM calls, tokens, seconds."""
         usage = self.lm.accounting.totals(since=mark)
         cost = {"llm_calls": usage.calls, "model_calls": usage.model_calls, "tokens": usage.tokens,
                 "seconds": round(time.perf_counter() - self.started, 1)}
@@ -356,10 +586,33 @@ class Loop:
             p = self.proposer.accounting.totals(since=proposer_mark)
             cost |= {"proposer_llm_calls": p.calls, "proposer_tokens": p.tokens}
         cost["proposer_calls_in_system_lm"] = self.lm.accounting.totals("optimizer.proposer", since=mark).calls
+        return cost
+
+    def _finish(self, evaluator: Evaluator, ckpt: Checkpoint, ckpt_path: Path, base: Candidate, best: Candidate,
+                best_trial: int, entries: list[Any], errors: dict[str, int], sites: list[str], knobs: list[str],
+                note: str, mark: int, proposer_mark: int | None, *, points: list[tuple[int, float]],
+                evaluations: int, extra_cost: dict[str, float] | None = None,
+                publish: Callable[[LoopResult], Any] | None = None) -> LoopResult:
+        """Parent metrics, artifacts and the prompt registry. ``points``: (trial, dev accuracy), baseline
+        first; ``extra_cost``: what other workers of a shared run spent; ``publish``: hands the result to
+        them before this checkpoint says finished."""
+        import mlflow
+
+        from optloop.loop.program import AllSites
+
+        cfg = self.config
+        before, after = ckpt.test_before, ckpt.test_after
+        assert before is not None and after is not None and ckpt.baseline_dev is not None
+        best_curve = list(accumulate((a for _, a in points), max))
+        delta = after.accuracy - before.accuracy
+        promoted = best is not base and delta > 0
+        cost = self._cost(mark, proposer_mark)
+        for key, value in (extra_cost or {}).items():  # other workers' share (seconds: worker-seconds)
+            cost[key] = round(cost.get(key, 0) + value, 1)
         mlflow.log_metrics({"acc_dev_baseline": ckpt.baseline_dev.accuracy,
                             "acc_dev_best_final": max(best_curve), "acc_test_before": before.accuracy,
                             "acc_test_after": after.accuracy, "delta_test": delta,
-                            "evaluations": len(ckpt.trials), **cost,
+                            "evaluations": evaluations, **cost,
                             **record.evaluation_metrics(before, "acc_test_before"),
                             **record.evaluation_metrics(after, "acc_test_after"),
                             **{f"errors_test_before/{record.metric_key(t)}": n for t, n in before.error_counts().items()},
@@ -372,11 +625,11 @@ class Loop:
         record.log_json(record.attribution_report([ckpt.baseline_train, ckpt.baseline_dev], entries),  # type: ignore[list-item]
                         "attribution_report.json")
         record.log_text(record.questions_csv(before, after), "questions_test.csv")
-        with_plots = self.run_dir / "plots"
+        with_plots = self.state / "plots"
         with_plots.mkdir(parents=True, exist_ok=True)
         mlflow.log_artifact(str(record.plot_accuracy(points, best_curve, with_plots / "accuracy_by_trial.png")))
         mlflow.log_artifact(str(record.plot_blame(entries, with_plots / "blame_by_site.png")))
-        program_path = self.run_dir / "program.json"
+        program_path = self.state / "program.json"
         AllSites(evaluator.modules(best)).save(str(program_path))
         mlflow.log_artifact(str(program_path))
         changed = best.changed_sites(base)
@@ -390,11 +643,29 @@ class Loop:
             note = (note + "; " if note else "") + "the best dev candidate did not improve held-out test accuracy: " \
                                                    "nothing promoted"
         mlflow.set_tags({"optloop.promoted": str(promoted), "optloop.note": note or "-"})
+        result = LoopResult(config=cfg, parent_run_id=ckpt.parent_run_id or "", targets=ckpt.targets,
+                            tunable_sites=sites, tunable_knobs=knobs, baseline_dev=ckpt.baseline_dev.accuracy,
+                            best_dev=max(best_curve), best_trial=best_trial, test_before=before.accuracy,
+                            test_after=after.accuracy, evaluations=evaluations, changed_sites=changed,
+                            changed_knobs={k: best.knobs[k] for k in best.changed_knobs(base)}, promoted=promoted,
+                            registered=ckpt.registered, cost=cost, note=note)
+        if publish is not None:
+            publish(result)
         ckpt.finished = True
         ckpt.save(ckpt_path)
-        return LoopResult(config=cfg, parent_run_id=ckpt.parent_run_id or "", targets=ckpt.targets,
-                          tunable_sites=sites, tunable_knobs=knobs, baseline_dev=ckpt.baseline_dev.accuracy,
-                          best_dev=max(best_curve), best_trial=best_trial, test_before=before.accuracy,
-                          test_after=after.accuracy, evaluations=len(ckpt.trials), changed_sites=changed,
-                          changed_knobs={k: best.knobs[k] for k in best.changed_knobs(base)}, promoted=promoted,
-                          registered=ckpt.registered, cost=cost, note=note)
+        return result
+
+
+def _shareable(result: LoopResult) -> dict[str, Any]:
+    """``result`` as JSON for the other workers, with no password from a storage or tracking URL."""
+    config = result.config.model_copy(update={"storage": redact_url(result.config.storage),
+                                              "tracking_uri": redact_url(result.config.tracking_uri)})
+    return json.loads(result.model_copy(update={"config": config}).model_dump_json())
+
+
+def _quiet(fn: Callable[[], Any]) -> Any:
+    """``fn()``, or ``None`` if it fails (for best-effort reads while a run is already failing)."""
+    try:
+        return fn()
+    except Exception:  # noqa: BLE001
+        return None
