@@ -10,8 +10,16 @@ PY := $(VENV)/bin/python
 LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF -DLLAVA_BUILD=OFF
 STAMP := $(VENV)/.optloop-installed
 PYTEST_ARGS ?=
+UI_PORT ?= 5000
+# The MLflow store `make ui` opens: OPTLOOP_MLRUNS when set (as optloop itself does), else mlruns/.
+MLRUNS ?= $(if $(OPTLOOP_MLRUNS),$(OPTLOOP_MLRUNS),mlruns)
+# Debian packages some integration tests need: a PostgreSQL server (the shared Optuna
+# study test starts one on loopback) and Chromium (the MLflow UI browser test). Each is
+# installed only when missing; without apt (or root/sudo) those tests skip, setup goes on.
+SYSTEM_PKGS_PG := postgresql
+SYSTEM_PKGS_BROWSER := chromium fonts-dejavu-core
 
-.PHONY: setup demo test test-unit test-all bench ui clean-state help
+.PHONY: setup system-deps demo test test-unit test-all bench ui clean-state help
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/'
@@ -22,7 +30,25 @@ $(STAMP): pyproject.toml constraints.txt
 	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PY) -m pip install --quiet -c constraints.txt -e '.[dev]'
 	touch $@
 
-setup: $(STAMP)  ## create .venv and install everything (idempotent)
+setup: system-deps $(STAMP)  ## create .venv and install everything (idempotent)
+
+system-deps:  ## install the Debian packages tests need (PostgreSQL server, Chromium) when missing
+	@missing=""; \
+	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing="$$missing $(SYSTEM_PKGS_PG)"; \
+	test -x /usr/bin/chromium || missing="$$missing $(SYSTEM_PKGS_BROWSER)"; \
+	[ -n "$$missing" ] || exit 0; \
+	skip="the PostgreSQL (shared Optuna study) and/or browser (MLflow UI) tests will skip"; \
+	if ! command -v apt-get >/dev/null 2>&1; then \
+		echo "system-deps: no apt-get to install$$missing; $$skip"; exit 0; fi; \
+	sudo=""; \
+	if [ "$$(id -u)" -ne 0 ]; then \
+		if command -v sudo >/dev/null 2>&1; then sudo="sudo"; else \
+		echo "system-deps: not root and no sudo to install$$missing; $$skip"; exit 0; fi; fi; \
+	echo "system-deps: apt-get install$$missing"; \
+	if $$sudo apt-get update -qq && \
+	   $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	then echo "system-deps: installed$$missing"; \
+	else echo "system-deps: apt-get failed for$$missing; $$skip"; fi
 
 demo: setup  ## set up, then run the main job (the closed loop) on the embedded default
 	$(PY) -m optloop.doctor
@@ -41,8 +67,14 @@ test-all: setup  ## every test, the slow ones included
 bench: setup  ## the embedded LM benchmark (calls/s, tokens/s, cache speed-up)
 	$(PY) -m experiments.bench.lm
 
-ui: setup  ## the MLflow UI on the project's store
-	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///mlruns/mlflow.db --port 5000
+# Offline and light: MLflow's GenAI job runner (8 more processes here) imports litellm, which
+# without LITELLM_LOCAL_MODEL_COST_MAP fetches its cost map at import and, on a machine with
+# no internet, hangs the server before it serves. Viewing runs needs neither.
+ui: setup  ## the MLflow UI on the project's store, http://127.0.0.1:$(UI_PORT) (make ui UI_PORT=5001)
+	mkdir -p $(MLRUNS)
+	LITELLM_LOCAL_MODEL_COST_MAP=True MLFLOW_DISABLE_TELEMETRY=true \
+	MLFLOW_SERVER_ENABLE_JOB_EXECUTION=$${MLFLOW_SERVER_ENABLE_JOB_EXECUTION:-false} \
+	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(MLRUNS)/mlflow.db --host 127.0.0.1 --port $(UI_PORT) --workers 1
 
 clean-state:  ## delete caches and run state (.optloop/), keep .venv and mlruns/
 	rm -rf .optloop

@@ -1,0 +1,157 @@
+"""The MLflow UI in a real browser: two optloop runs, compared side by side, and a screenshot.
+
+Headless Debian Chromium (``/usr/bin/chromium``, installed by ``make system-deps``; no
+browser is downloaded) opens MLflow's compare page for two real ``optloop.run`` parent
+runs on a store of their own, served by ``mlflow ui`` on a free loopback port. The
+rendered DOM must name both runs and a loop metric; the screenshot must be a real page.
+A copy of the screenshot lands in ``experiments/results/mlflow_compare.png`` for humans.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SCREENSHOT_COPY = REPO / "experiments" / "results" / "mlflow_compare.png"
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+RUNS = {"ui-a": ["--seed", "0"], "ui-b": ["--seed", "1"]}
+SYSTEM = "md_flat"
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(not os.access(CHROMIUM, os.X_OK),
+                       reason="no Debian chromium at /usr/bin/chromium (`make system-deps` installs it)"),
+]
+
+# As `make ui` starts it: MLflow's GenAI job runner imports litellm, which without the bundled
+# cost map fetches one at import and, offline, hangs the server; viewing runs needs no jobs.
+UI_ENV = {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "MLFLOW_DISABLE_TELEMETRY": "true",
+          "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _chromium(*args: str, profile: Path, budget_ms: int = 20000, timeout: float = 240) -> subprocess.CompletedProcess:
+    """One headless Chromium run, no network but loopback, a fresh profile."""
+    shutil.rmtree(profile, ignore_errors=True)
+    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+           "--disable-background-networking", "--disable-component-update", "--disable-sync",
+           "--hide-scrollbars", f"--user-data-dir={profile}", f"--virtual-time-budget={budget_ms}", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def _wait_until_up(server: subprocess.Popen, url: str, log: Path, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            pytest.fail(f"mlflow ui exited with {server.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(url, timeout=5) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(1)
+    pytest.fail(f"mlflow ui did not answer {url} within {timeout:.0f} s:\n{log.read_text()[-3000:]}")
+
+
+def _optloop_run(name: str, extra: list[str], log: Path) -> None:
+    cmd = [sys.executable, "-m", "optloop.run", "--system", SYSTEM, "--budget", "1", "--run-name", name, *extra]
+    with log.open("w") as out:
+        done = subprocess.run(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, timeout=1500, check=False)
+    assert done.returncode == 0, f"{' '.join(cmd[1:])} exited {done.returncode}:\n{log.read_text()[-3000:]}"
+
+
+def _parent_runs(tracking_uri: str) -> tuple[str, dict[str, str]]:
+    """The experiment id and {run name: run id} of the two parent runs."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri)
+    experiment = client.get_experiment_by_name(f"optloop-{SYSTEM}")
+    assert experiment is not None, "optloop.run made no experiment"
+    ids = {}
+    for run in client.search_runs([experiment.experiment_id], max_results=500):
+        if run.info.run_name in RUNS and "mlflow.parentRunId" not in run.data.tags:
+            assert run.info.status == "FINISHED", (run.info.run_name, run.info.status)
+            assert "acc_test_after" in run.data.metrics
+            ids[run.info.run_name] = run.info.run_id
+    assert set(ids) == set(RUNS), ids
+    return experiment.experiment_id, ids
+
+
+def _color_stats(png: Path) -> tuple[int, float]:
+    """(distinct colours, share of pixels that are not near-white)."""
+    from PIL import Image
+
+    with Image.open(png) as image:
+        rgb = image.convert("RGB")
+        colors = rgb.getcolors(maxcolors=1 << 20) or []
+        gray = rgb.convert("L")
+        dark = sum(1 for value in gray.getdata() if value < 235)
+        return len(colors), dark / (gray.width * gray.height)
+
+
+@pytest.mark.timeout(3600)
+def test_mlflow_ui_compares_two_optloop_runs_in_chromium(tmp_path):
+    mlruns = Path(os.environ["OPTLOOP_MLRUNS"])  # the conftest's per-test store, inherited below
+    for name, extra in RUNS.items():
+        _optloop_run(name, extra, tmp_path / f"{name}.log")
+    tracking_uri = f"sqlite:///{mlruns.resolve() / 'mlflow.db'}"
+    experiment_id, ids = _parent_runs(tracking_uri)
+
+    port = _free_port()
+    log = tmp_path / "mlflow-ui.log"
+    env = {**os.environ, **UI_ENV}
+    mlflow_cli = Path(sys.executable).with_name("mlflow")
+    cmd = [str(mlflow_cli)] if mlflow_cli.exists() else [sys.executable, "-m", "mlflow"]
+    cmd += ["ui", "--backend-store-uri", tracking_uri, "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
+    with log.open("w") as out:
+        server = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        _wait_until_up(server, f"{base}/health", log)
+        # MLflow 3.17's own link from the runs table ("Compare"): getCompareRunPageRoute.
+        run_ids = [ids[name] for name in RUNS]
+        url = f"{base}/#/compare-runs?runs={json.dumps(run_ids)}&experiments={json.dumps([experiment_id])}"
+        url = url.replace(" ", "")
+
+        wanted = ["Comparing 2 Runs", *RUNS, *run_ids, "acc_test_after"]
+        missing = wanted
+        for budget_ms in (20000, 60000):  # a loaded machine may need longer for the page's fetches
+            dom = _chromium("--dump-dom", url, profile=tmp_path / "chromium-profile", budget_ms=budget_ms)
+            missing = [text for text in wanted if text not in dom.stdout]
+            if not missing:
+                break
+        assert not missing, f"the compare page lacks {missing}; chromium said:\n{dom.stderr[-2000:]}"
+
+        png = tmp_path / "mlflow_compare.png"
+        shot = _chromium(f"--screenshot={png}", "--window-size=1600,2050", url,
+                         profile=tmp_path / "chromium-profile")
+        assert png.exists(), f"no screenshot; chromium said:\n{shot.stderr[-2000:]}"
+        assert png.stat().st_size > 20_000, png.stat().st_size
+        colors, not_white = _color_stats(png)
+        assert colors > 50 and not_white > 0.02, (colors, not_white)  # a rendered page, not a blank one
+        SCREENSHOT_COPY.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(png, SCREENSHOT_COPY)
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
