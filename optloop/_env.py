@@ -20,6 +20,8 @@ OFFLINE_DEFAULTS: dict[str, str] = {
     # qdrant-client and chromadb read this one.
     "ANONYMIZED_TELEMETRY": "False",
     "DO_NOT_TRACK": "1",
+    # MLflow turns its telemetry off only for "true" here (DO_NOT_TRACK=1 is not enough).
+    "MLFLOW_DISABLE_TELEMETRY": "true",
     "TOKENIZERS_PARALLELISM": "false",
 }
 
