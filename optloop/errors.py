@@ -31,3 +31,12 @@ class LMError(OptloopError):
 
 class LMUnreachableError(LMError):
     """The configured LM endpoint cannot be reached (refused, DNS, timeout)."""
+
+
+class EndpointDownError(OptloopError):
+    """The LM endpoint stayed unreachable through a call's retries: the run stops, saved and resumable.
+
+    Exit code 75 (``EX_TEMPFAIL``): nothing is wrong with the input; rerun later.
+    """
+
+    exit_code = 75

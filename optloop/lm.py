@@ -25,6 +25,20 @@ does not parse is retried like any transient fault.
 Call records: each request appends a :class:`CallRecord` to ``lm.accounting``
 with the prompt site active at that moment (see :func:`prompt_site`), so later
 code can charge calls, tokens and seconds to the site that made them.
+
+Faults and retries: a transient fault (HTTP 5xx, a refused or dropped connection,
+a truncated or non-JSON body, a timed-out attempt) is retried with exponential
+backoff, ``max_retries`` times at most; a second timed-out attempt ends the call
+(an endpoint that hung twice in a row is taken as unreachable). Every failed
+attempt is named in its record's ``faults`` (``HTTP 503``, ``timeout``,
+``body truncated``), so a retry that cured a fault is as visible as one that did
+not; the tracer copies them onto the operation that made the call. After a call
+fails with :class:`~optloop.errors.LMUnreachableError`, ``lm.endpoint_down`` holds
+its message until a later call succeeds.
+
+Secrets: the API key is read from the environment into the HTTP client only.
+Identities, records and error messages show the base URL with any user info and
+query string masked (:func:`redact_url`).
 """
 
 from __future__ import annotations
@@ -40,6 +54,7 @@ import os
 import sqlite3
 import threading
 import time
+import urllib.parse
 import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
@@ -50,7 +65,7 @@ from typing import Any, Literal
 import dspy
 import pydantic
 from pydantic import BaseModel, Field
-from tenacity import RetryError, Retrying, retry_if_exception, stop_after_attempt, stop_after_delay, wait_exponential
+from tenacity import RetryError, Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from optloop.errors import ConfigError, LMError, LMUnreachableError
 from optloop.paths import state_dir
@@ -98,7 +113,7 @@ class LMSettings(BaseModel):
     temperature: float = 0.0
     max_tokens: int = Field(512, gt=0)
     seed: int = 0
-    timeout_s: float = Field(60.0, gt=0, description="per attempt, and the budget after which no retry starts")
+    timeout_s: float = Field(60.0, gt=0, description="per attempt; a call ends after its second timed-out attempt")
     max_retries: int = Field(3, ge=0, le=10)
     cache: bool = True
     cache_path: Path | None = Field(None, description="default: $OPTLOOP_HOME/lm_cache.sqlite")
@@ -149,6 +164,27 @@ class LMSettings(BaseModel):
         return self.cache_path or state_dir() / "lm_cache.sqlite"
 
 
+def redact_url(url: str | None) -> str | None:
+    """``url`` fit to show or log: a password or token in its user info and its query values masked.
+
+    ``https://user:sk-abc@host/v1?api-key=sk-abc`` -> ``https://user:***@host/v1?api-key=***``.
+    """
+    if not url:
+        return url
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:
+        return "<unparseable URL>"
+    netloc = parts.netloc
+    if "@" in netloc:
+        userinfo, host = netloc.rsplit("@", 1)
+        user = userinfo.split(":", 1)[0]
+        netloc = f"{user}:***@{host}" if ":" in userinfo else f"***@{host}"
+    query = urllib.parse.urlencode([(k, "***") for k, _ in urllib.parse.parse_qsl(parts.query, keep_blank_values=True)],
+                                   safe="*")
+    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, query, ""))
+
+
 # ---------------------------------------------------------------------------
 # Accounting
 # ---------------------------------------------------------------------------
@@ -172,7 +208,13 @@ def current_site() -> str | None:
 
 @dataclass
 class CallRecord:
-    """One request to the LM layer. ``cached`` calls did not touch the model."""
+    """One request to the LM layer. ``cached`` calls did not touch the model.
+
+    ``attempts`` counts the tries made (1 = no retry); ``faults`` names each failed
+    try, in order (``HTTP 503``, ``timeout``, ``body not JSON``). A record without
+    ``error`` and with faults is a call a retry cured; with ``error``, every one of
+    its attempts failed and the fault surfaced to the caller.
+    """
 
     site: str | None
     model: str
@@ -184,6 +226,7 @@ class CallRecord:
     schema: bool = False
     error: str | None = None
     key: str = ""
+    faults: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -193,6 +236,8 @@ class Usage:
     cache_hits: int = 0
     errors: int = 0
     retries: int = 0
+    faults: int = 0  # failed attempts (what a flaky endpoint did to us)
+    cured: int = 0  # failed attempts of calls that a retry then completed
     prompt_tokens: int = 0
     completion_tokens: int = 0
     seconds: float = 0.0
@@ -203,6 +248,8 @@ class Usage:
         self.model_calls += not rec.cached
         self.errors += rec.error is not None
         self.retries += max(rec.attempts - 1, 0)
+        self.faults += len(rec.faults)
+        self.cured += len(rec.faults) if rec.error is None else 0
         if not rec.cached:  # tokens and seconds the model actually spent
             self.prompt_tokens += rec.prompt_tokens
             self.completion_tokens += rec.completion_tokens
@@ -253,6 +300,11 @@ class Accounting:
         with self._lock:
             return len(self.records)
 
+    def since(self, mark: int = 0) -> list[CallRecord]:
+        """The records added after :meth:`mark` returned ``mark``."""
+        with self._lock:
+            return self.records[mark:]
+
 
 # ---------------------------------------------------------------------------
 # Persistent cache
@@ -272,13 +324,22 @@ class LMCache:
         self._lock = threading.Lock()
         self._conn = sqlite3.connect(str(path), check_same_thread=False, timeout=30)
         try:
+            # quick_check reads every page once (milliseconds for a cache of some MB): a truncated
+            # or overwritten file fails here, before a run writes anything, not in its 500th call.
+            check = self._conn.execute("PRAGMA quick_check").fetchone()
+            if check and check[0] != "ok":
+                raise sqlite3.DatabaseError(str(check[0]))
             self._conn.execute("PRAGMA journal_mode=WAL")
             self._conn.execute(
                 "CREATE TABLE IF NOT EXISTS responses (key TEXT PRIMARY KEY, response TEXT NOT NULL, created REAL)"
             )
             self._conn.commit()
         except sqlite3.DatabaseError as exc:
-            raise ConfigError(f"the LM cache {path} is corrupt ({exc}); delete it and rerun") from None
+            self._conn.close()
+            raise self._corrupt(exc) from None
+
+    def _corrupt(self, exc: Exception) -> ConfigError:
+        return ConfigError(f"the LM cache {self.path} is corrupt ({exc}); delete it (or pass --no-cache) and rerun")
 
     @staticmethod
     def key(payload: dict[str, Any]) -> str:
@@ -286,16 +347,22 @@ class LMCache:
         return hashlib.sha256(blob.encode()).hexdigest()
 
     def get(self, key: str) -> dict[str, Any] | None:
-        with self._lock:
-            row = self._conn.execute("SELECT response FROM responses WHERE key = ?", (key,)).fetchone()
-        return json.loads(row[0]) if row else None
+        try:
+            with self._lock:
+                row = self._conn.execute("SELECT response FROM responses WHERE key = ?", (key,)).fetchone()
+            return json.loads(row[0]) if row else None
+        except (sqlite3.DatabaseError, json.JSONDecodeError) as exc:
+            raise self._corrupt(exc) from None
 
     def put(self, key: str, response: dict[str, Any]) -> None:
-        with self._lock:
-            self._conn.execute(
-                "INSERT OR REPLACE INTO responses VALUES (?, ?, ?)", (key, json.dumps(response), time.time())
-            )
-            self._conn.commit()
+        try:
+            with self._lock:
+                self._conn.execute(
+                    "INSERT OR REPLACE INTO responses VALUES (?, ?, ?)", (key, json.dumps(response), time.time())
+                )
+                self._conn.commit()
+        except sqlite3.DatabaseError as exc:
+            raise self._corrupt(exc) from None
 
     def __len__(self) -> int:
         with self._lock:
@@ -308,7 +375,14 @@ class LMCache:
 
 
 class MalformedResponse(Exception):
-    """A body that is truncated or not the JSON that was asked for (retried)."""
+    """A body that is truncated or not the JSON that was asked for (retried).
+
+    ``label`` is the short name the fault gets in call records and graphs.
+    """
+
+    def __init__(self, message: str, label: str = "malformed response"):
+        super().__init__(message)
+        self.label = label
 
 
 @dataclass(frozen=True)
@@ -383,6 +457,16 @@ class Backend(ABC):
 
     def is_transient(self, exc: BaseException) -> bool:
         return isinstance(exc, MalformedResponse)
+
+    def is_timeout(self, exc: BaseException) -> bool:
+        """Whether this failed attempt waited out the timeout (two in one call end it)."""
+        return False
+
+    def fault_label(self, exc: BaseException) -> str:
+        """A short name for one failed attempt, as the graph and the records show it."""
+        if isinstance(exc, MalformedResponse):
+            return exc.label
+        return type(exc).__name__
 
     def describe_failure(self, exc: BaseException) -> LMError:
         return LMError(f"LM call to {self.identity} failed: {type(exc).__name__}: {exc}")
@@ -495,7 +579,7 @@ class OpenAICompatibleBackend(Backend):
 
     @property
     def identity(self) -> str:
-        return f"openai:{self.model}@{self.base_url or 'api.openai.com'}"
+        return f"openai:{self.model}@{redact_url(self.base_url) or 'api.openai.com'}"
 
     def _response_format(self, request: Request) -> dict[str, Any] | None:
         if not request.json_mode:
@@ -522,10 +606,13 @@ class OpenAICompatibleBackend(Backend):
         try:
             response = self.client.chat.completions.create(**kwargs)
         except json.JSONDecodeError as exc:  # the SDK could not parse the body at all
-            raise MalformedResponse(f"endpoint returned a body that is not JSON: {exc}") from exc
+            doc = exc.doc.strip()  # a body that starts as JSON and stops (not one that goes wrong) was cut short
+            cut = doc[:1] in ("{", "[") and (exc.msg.startswith("Unterminated string") or exc.pos >= len(doc))
+            raise MalformedResponse(f"endpoint returned a body that is not JSON: {exc}",
+                                    label="body truncated" if cut else "body not JSON") from exc
         data = response.model_dump() if hasattr(response, "model_dump") else response
         if not isinstance(data, dict) or not data.get("choices"):
-            raise MalformedResponse(f"endpoint returned no choices: {str(data)[:200]}")
+            raise MalformedResponse(f"endpoint returned no choices: {str(data)[:200]}", label="no choices")
         return data
 
     def is_transient(self, exc: BaseException) -> bool:
@@ -534,10 +621,26 @@ class OpenAICompatibleBackend(Backend):
         transient = (openai.APIConnectionError, openai.RateLimitError, openai.InternalServerError, MalformedResponse)
         return isinstance(exc, transient) or (isinstance(exc, openai.APIStatusError) and exc.status_code >= 500)
 
+    def is_timeout(self, exc: BaseException) -> bool:
+        import openai
+
+        return isinstance(exc, openai.APITimeoutError)
+
+    def fault_label(self, exc: BaseException) -> str:
+        import openai
+
+        if isinstance(exc, openai.APITimeoutError):
+            return "timeout"
+        if isinstance(exc, openai.APIConnectionError):
+            return f"connection: {type(exc.__cause__ or exc).__name__}"
+        if isinstance(exc, openai.APIStatusError):
+            return f"HTTP {exc.status_code}"
+        return super().fault_label(exc)
+
     def describe_failure(self, exc: BaseException) -> LMError:
         import openai
 
-        where = self.base_url or "https://api.openai.com/v1"
+        where = redact_url(self.base_url) or "https://api.openai.com/v1"
         if isinstance(exc, openai.APITimeoutError):
             return LMUnreachableError(f"LM endpoint {where} did not answer in time; check the server or raise --lm-timeout")
         if isinstance(exc, openai.APIConnectionError):
@@ -582,6 +685,7 @@ class OptloopLM(dspy.BaseLM):
         self.backend = make_backend(settings)
         self.accounting = accounting or Accounting()
         self._cache = LMCache(settings.resolved_cache_path()) if settings.cache else None
+        self._down: list[str | None] = [None]  # shared with copies: one endpoint, one state
         super().__init__(
             model=self.backend.identity,
             model_type="chat",
@@ -643,41 +747,59 @@ class OptloopLM(dspy.BaseLM):
             self._record(request, hit, started, cached=True, key=key)
             return hit
         attempts = 0
+        faults: list[str] = []
+        timeouts = 0
 
         def attempt() -> dict[str, Any]:
-            nonlocal attempts
+            nonlocal attempts, timeouts
             attempts += 1
-            response = self.backend.complete(request)
-            if request.json_mode:
-                _check_json(response)
+            try:
+                response = self.backend.complete(request)
+                if request.json_mode:
+                    _check_json(response)
+            except Exception as exc:
+                faults.append(self.backend.fault_label(exc))
+                timeouts += self.backend.is_timeout(exc)
+                raise
             return response
 
         retrying = Retrying(
-            stop=stop_after_attempt(self.settings.max_retries + 1) | stop_after_delay(self.settings.timeout_s),
+            # Bounded twice: by attempts, and by time (a second timed-out attempt ends the call).
+            stop=stop_after_attempt(self.settings.max_retries + 1) | (lambda rs: timeouts >= 2),
             wait=wait_exponential(multiplier=0.5, max=8),
             retry=retry_if_exception(self.backend.is_transient),
             before_sleep=lambda rs: logger.warning(
                 "LM call to %s failed (attempt %d: %s); retrying",
-                self.backend.identity, rs.attempt_number, rs.outcome.exception() if rs.outcome else "?",
+                self.backend.identity, rs.attempt_number, faults[-1] if faults else "?",
             ),
             reraise=True,
         )
         try:
             response = retrying(attempt)
         except LMError as exc:
-            self._record(request, None, started, cached=False, attempts=attempts, error=str(exc), key=key)
+            self._record(request, None, started, cached=False, attempts=attempts, error=str(exc), key=key,
+                         faults=faults)
             raise
         except (RetryError, Exception) as exc:  # noqa: BLE001 - turned into one actionable line
             error = self.backend.describe_failure(exc)
-            self._record(request, None, started, cached=False, attempts=attempts, error=str(error), key=key)
+            self._record(request, None, started, cached=False, attempts=attempts, error=str(error), key=key,
+                         faults=faults)
+            if isinstance(error, LMUnreachableError):
+                self._down[0] = str(error)
             raise error from exc
+        self._down[0] = None
         if use_cache:
             self._cache.put(key, response)  # type: ignore[union-attr]
-        self._record(request, response, started, cached=False, attempts=attempts, key=key)
+        self._record(request, response, started, cached=False, attempts=attempts, key=key, faults=faults)
         return response
 
+    @property
+    def endpoint_down(self) -> str | None:
+        """Why the endpoint is taken as unreachable: the last call failed so and none succeeded since."""
+        return self._down[0]
+
     def _record(self, request: Request, response: dict[str, Any] | None, started: float, *, cached: bool,
-                attempts: int = 1, error: str | None = None, key: str = "") -> None:
+                attempts: int = 1, error: str | None = None, key: str = "", faults: list[str] | None = None) -> None:
         usage = (response or {}).get("usage") or {}
         self.accounting.add(CallRecord(
             site=current_site(),
@@ -690,6 +812,7 @@ class OptloopLM(dspy.BaseLM):
             schema=request.schema is not None,
             error=error,
             key=key,
+            faults=list(faults or []),
         ))
 
     def text(self, messages: list[dict[str, Any]] | str, **kwargs: Any) -> str:
@@ -704,7 +827,10 @@ class OptloopLM(dspy.BaseLM):
         return json.loads(self.text(messages, response_format=fmt, **kwargs))
 
     def dump_state(self) -> dict[str, Any]:
-        return {"settings": self.settings.model_dump(mode="json")}
+        """What DSPy saves with a program: the settings (they name the key's variable, never the key)."""
+        settings = self.settings.model_dump(mode="json")
+        settings["base_url"] = redact_url(settings["base_url"])
+        return {"settings": settings}
 
     def copy(self, **kwargs: Any) -> OptloopLM:
         """A sibling with other call defaults (``temperature``, ``rollout_id``): same backend, cache, accounting.
@@ -747,7 +873,7 @@ def _check_json(response: dict[str, Any]) -> None:
         choice["message"]["content"] = json.dumps(json.loads(content, strict=False), ensure_ascii=False)
     except json.JSONDecodeError as exc:
         reason = "truncated at max_tokens" if choice.get("finish_reason") == "length" else "not JSON"
-        raise MalformedResponse(f"response {reason}: {exc.msg} at char {exc.pos}") from None
+        raise MalformedResponse(f"response {reason}: {exc.msg} at char {exc.pos}", label=f"content {reason}") from None
 
 
 def configure_dspy(lm: OptloopLM | None = None, **settings_overrides: Any) -> OptloopLM:

@@ -22,6 +22,16 @@ on train are the optimizer's cost: their LLM calls are reported, they are not ev
 
 Results: `make ui` (or `mlflow ui --backend-store-uri sqlite:///mlruns/mlflow.db`), experiment
 optloop-<system>. An interrupted run resumes with the same command and --run-name.
+
+LM faults: transient faults of an OpenAI-compatible endpoint (HTTP 5xx, dropped
+connections, truncated or non-JSON bodies, timeouts) are retried (--lm-retries,
+--lm-timeout); one that outlasts the retries fails the question it hit and the run
+goes on. An endpoint that stays unreachable stops the run (exit code 75) with the
+state saved: rerun the same command, with --run-name, to resume.
+
+Bad input (an unknown system, a budget out of range, a missing or malformed dataset,
+a corrupt LM cache or checkpoint) exits with code 2 and one line, before anything
+is written.
 """
 
 from __future__ import annotations
@@ -37,8 +47,10 @@ from rich.console import Console
 from rich.table import Table
 
 from optloop.cli import add_lm_arguments, lm_from_args, run_cli, setup_logging
-from optloop.errors import ConfigError
-from optloop.loop.runner import MAX_BUDGET, Loop, LoopConfig, LoopResult
+from optloop.errors import ConfigError, EndpointDownError
+from optloop.lm import Usage
+from optloop.loop.runner import MAX_BUDGET, Checkpoint, Loop, LoopConfig, LoopResult, split_dataset
+from optloop.paths import state_dir
 from systems import SYSTEMS, get_system
 
 console = Console(stderr=True)
@@ -54,9 +66,16 @@ def _budget(text: str) -> int:
     return value
 
 
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse, but a usage error is one ``optloop: error:`` line (exit 2), like every other bad input."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"optloop: error: {' '.join(message.split())}; see {self.prog} --help\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m optloop.run", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = _OneLineParser(prog="python -m optloop.run", description=__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--system", default="mem0", choices=list(SYSTEMS), metavar="SYSTEM",
                         help=f"memory system: {', '.join(SYSTEMS)} (default mem0)")
     parser.add_argument("--dataset", default="builtin:tiny",
@@ -124,6 +143,16 @@ def summary_table(result: LoopResult) -> Table:
     return table
 
 
+def fault_line(usage: Usage) -> str | None:
+    """What LM faults did to this run, in one line (``None`` when there were none)."""
+    if not usage.faults:
+        return None
+    surfaced = usage.faults - usage.cured
+    return (f"LM faults: {usage.faults} failed attempt(s); {usage.cured} cured by a retry, {surfaced} in "
+            f"{usage.errors} call(s) that failed after their retries (see lm_faults in MLflow, fault graphs in the "
+            "run directory)")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging(args.verbose)
@@ -132,8 +161,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     get_system(args.system)
     from optloop.datasets import load_dataset
 
-    load_dataset(args.dataset)  # a malformed dataset fails here, before any LLM call or any state
+    dataset = load_dataset(args.dataset)  # a malformed dataset fails here, before any LLM call or any state
     run_name = args.run_name or f"{args.system}-{args.optimizer}-{time.strftime('%Y%m%d-%H%M%S')}"
+    config = LoopConfig(system=args.system, dataset=args.dataset, budget=args.budget, optimizer=args.optimizer,
+                        seed=args.seed, untargeted=args.untargeted,
+                        sites=[s.strip() for s in args.sites.split(",") if s.strip()] if args.sites else None,
+                        run_name=run_name, tracking_uri=args.tracking_uri, storage=args.storage,
+                        lm=args.lm or "local", proposer_lm=args.proposer_lm or "same", knobs=_knobs(args.knob))
+    # Everything the loop would refuse is refused now, before the LM (and its cache file) exists.
+    split_dataset(dataset, config)
+    checkpoint = state_dir() / "runs" / run_name / "checkpoint.json"
+    if checkpoint.exists():
+        Checkpoint.load(checkpoint)
     lm = lm_from_args(args)
     proposer = lm
     if args.proposer_lm:
@@ -142,25 +181,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     for model in {id(lm): lm, id(proposer): proposer}.values():
         if model.settings.backend != "local":  # an unreachable endpoint fails now, before any state is written
             model.text("ping", max_tokens=1, cache=False)
-    config = LoopConfig(system=args.system, dataset=args.dataset, budget=args.budget, optimizer=args.optimizer,
-                        seed=args.seed, untargeted=args.untargeted,
-                        sites=[s.strip() for s in args.sites.split(",") if s.strip()] if args.sites else None,
-                        run_name=run_name, tracking_uri=args.tracking_uri, storage=args.storage,
-                        lm=args.lm or "local", proposer_lm=args.proposer_lm or "same", knobs=_knobs(args.knob))
     console.print(f"[bold]optloop.run[/] {run_name}: {args.system} on {args.dataset}, {args.optimizer}, "
                   f"budget {args.budget} (resume with --run-name {run_name})")
-    with console.status("starting") as status:
-        result = Loop(config, lm, proposer, progress=lambda msg: status.update(msg)).run()
+    try:
+        with console.status("starting") as status:
+            result = Loop(config, lm, proposer, progress=lambda msg: status.update(msg)).run()
+    except EndpointDownError as exc:
+        again = "rerun the same command" if args.run_name else f"rerun the same command with --run-name {run_name}"
+        raise EndpointDownError(f"{exc}; the run is saved: {again} to resume") from None
     console.print(summary_table(result))
     if result.note:
         console.print(f"note: {result.note}")
+    if line := fault_line(lm.accounting.totals()):
+        console.print(line, soft_wrap=True, markup=False)
     console.print(f"MLflow parent run {result.parent_run_id} (experiment optloop-{args.system}); `make ui` to compare")
     if args.json:
         from pathlib import Path
 
         from optloop.paths import write_atomic
 
-        write_atomic(Path(args.json), result.model_dump_json(indent=1))
+        out = result.model_dump(mode="json")
+        out["lm"] = lm.accounting.totals().as_dict()  # this process's calls: faults, cured, errors, retries ...
+        if proposer is not lm:
+            out["proposer_lm"] = proposer.accounting.totals().as_dict()
+        write_atomic(Path(args.json), json.dumps(out, indent=1))
     return 0
 
 

@@ -12,6 +12,17 @@ asks its questions against the same store and costs only its question calls.
 Ingestion always runs on the system's own LM (an optimizer's temperature
 variants apply to retrieve and answer sites), so a store is a pure function of
 its key; the persistent LM cache makes rebuilding an evicted store cheap.
+
+LM faults: the LM layer retries transient faults. A fault that outlasts the
+retries fails the question it hit (or every question of the episode whose
+ingestion it hit): recorded on the outcome, and the evaluation goes on. An
+*unreachable* endpoint (refused, or timing out twice in a call) is different:
+failing every remaining question would waste the run, so the evaluation raises
+:class:`~optloop.errors.EndpointDownError` and the loop stops with its
+checkpoint intact (the same command resumes it). Every episode whose calls hit a
+fault, cured or not, has its execution graph saved under
+``<work>/graphs/<split>/<candidate>/<episode>.json``: the faulted operations
+carry ``lm_attempts``, ``lm_faults`` and ``lm_error``.
 """
 
 from __future__ import annotations
@@ -30,7 +41,7 @@ from pydantic import BaseModel, Field
 
 from optloop.attribution import Attribution, attribute, blame, default_judges
 from optloop.datasets import Dataset, Episode, Question, passed, score
-from optloop.errors import LMError
+from optloop.errors import EndpointDownError, LMError, LMUnreachableError
 from optloop.loop.candidate import Candidate, apply_state, candidate_from_modules, ingest_key
 from optloop.tracing.graph import ExecutionGraph
 from optloop.tracing.recorder import Recorder
@@ -70,6 +81,11 @@ class Evaluation(BaseModel):
     seconds: float = 0.0
     stores_reused: int = 0
     stores_built: int = 0
+    lm_attempt_faults: int = Field(0, description="failed LM attempts during this evaluation, cured or not")
+    lm_cured: int = Field(0, description="of those, attempts whose call a retry then completed")
+    lm_failed_calls: int = Field(0, description="LM calls that failed after their retries (their questions failed)")
+    fault_graphs: list[str] = Field(default_factory=list,
+                                    description="saved execution graphs of the episodes whose LM calls hit a fault")
 
     @property
     def errors(self) -> int:
@@ -172,14 +188,17 @@ class Evaluator:
         ingest_modules = {n: m for n, m in modules.items() if self.stages.get(n) == "ingest"}
         saved_lms = {n: m.lm for n, m in ingest_modules.items()}
         mark = self.lm.accounting.mark()
+        recorder = None
         try:
             for module in ingest_modules.values():
                 module.lm = None  # ingestion runs on the system's own LM (see the module docstring)
             system.use_modules(dict(modules))
             with Recorder(system, episode, dataset=self.dataset_uri) as recorder:
                 recorder.ingest(episode.sessions)
-        except BaseException:
+        except BaseException as exc:
             getattr(system, "close", lambda: None)()
+            if recorder is not None:  # what ran before the fault, the failed call marked: for the fault graph
+                exc.partial_graph = recorder.graph  # type: ignore[attr-defined]
             raise
         finally:
             for name, lm in saved_lms.items():
@@ -194,13 +213,23 @@ class Evaluator:
     # --- questions ------------------------------------------------------------------------
 
     def ask(self, store: Store, candidate: Candidate, modules: Mapping[str, dspy.Predict], episode: Episode,
-            question: Question, *, attribute_failures: bool = True) -> QuestionOutcome:
+            question: Question, *, attribute_failures: bool = True,
+            graph: ExecutionGraph | None = None) -> QuestionOutcome:
+        """Retrieve, answer, score and attribute one question against ``store``.
+
+        ``graph`` (a copy of ``store.graph``) collects this question's operations, the
+        failed one included when an LM fault stops it: one graph for an episode's questions.
+        """
         system = store.system
         system.use_modules(dict(modules))
         for name, value in candidate.knobs.items():
             system.set_knob(name, value)
         with Recorder.resume(system, store.graph) as recorder:
-            prediction = recorder.ask(question)
+            try:
+                prediction = recorder.ask(question)
+            finally:
+                if graph is not None:
+                    graph.absorb(recorder.graph, since=len(store.graph.operations))
         ok = passed(question, prediction)
         attribution = None
         if not ok and attribute_failures:
@@ -211,15 +240,24 @@ class Evaluator:
 
     def evaluate(self, candidate: Candidate, dataset: Dataset, *, split: str = "dev",
                  progress: Callable[[int], None] | None = None) -> Evaluation:
-        """Run ``candidate`` over every episode of ``dataset``; ``progress(n)`` after each question."""
+        """Run ``candidate`` over every episode of ``dataset``; ``progress(n)`` after each question.
+
+        Raises :class:`EndpointDownError` when the LM endpoint is unreachable (see the module docstring).
+        """
+        self.check_endpoint()
         modules = self.modules(candidate)
         mark = self.lm.accounting.mark()
         started = time.perf_counter()
-        outcomes, ingest_calls, reused, built = [], 0, 0, 0
+        outcomes, ingest_calls, reused, built, graphs = [], 0, 0, 0, []
         for episode in dataset.episodes:
+            episode_mark = self.lm.accounting.mark()
             try:
                 store, was_cached = self.store(candidate, episode, modules)
             except LMError as exc:  # the candidate's ingestion hit an LM fault: its questions fail, the loop goes on
+                partial = getattr(exc, "partial_graph", None)
+                if partial is not None:
+                    graphs.append(self._save_graph(partial, split, candidate, episode))
+                self._stop_if_down(exc)
                 logger.warning("episode %s: ingestion failed under candidate %s: %s", episode.id, candidate.origin, exc)
                 outcomes += [self._failed(episode, q, f"ingestion: {exc}") for q in episode.questions]
                 continue
@@ -228,18 +266,53 @@ class Evaluator:
             else:
                 built += 1
                 ingest_calls += store.llm_calls
-            for question in episode.questions:
-                try:
-                    outcomes.append(self.ask(store, candidate, modules, episode, question))
-                except LMError as exc:
-                    logger.warning("question %s failed under candidate %s: %s", question.id, candidate.origin, exc)
-                    outcomes.append(self._failed(episode, question, str(exc)))
-                if progress:
-                    progress(1)
+            graph = store.graph.model_copy(deep=True)
+            graph.meta["evaluation"] = {"split": split, "candidate": candidate.digest(), "origin": candidate.origin,
+                                        "store_reused": was_cached, "first_op": 0 if not was_cached
+                                        else len(store.graph.operations)}
+            try:
+                for question in episode.questions:
+                    try:
+                        outcomes.append(self.ask(store, candidate, modules, episode, question, graph=graph))
+                    except LMError as exc:
+                        self._stop_if_down(exc)
+                        logger.warning("question %s failed under candidate %s: %s", question.id, candidate.origin,
+                                       exc)
+                        outcomes.append(self._failed(episode, question, str(exc)))
+                    if progress:
+                        progress(1)
+            finally:
+                if self.lm.accounting.totals(since=episode_mark).faults:
+                    graphs.append(self._save_graph(graph, split, candidate, episode))
         usage = self.lm.accounting.totals(since=mark)
         return Evaluation(split=split, candidate=candidate.digest(), outcomes=outcomes, llm_calls=usage.calls,
                           model_calls=usage.model_calls, ingest_calls=ingest_calls, tokens=usage.tokens,
-                          seconds=round(time.perf_counter() - started, 2), stores_reused=reused, stores_built=built)
+                          seconds=round(time.perf_counter() - started, 2), stores_reused=reused, stores_built=built,
+                          lm_attempt_faults=usage.faults, lm_cured=usage.cured, lm_failed_calls=usage.errors,
+                          fault_graphs=graphs)
+
+    # --- LM faults ------------------------------------------------------------------------
+
+    def check_endpoint(self) -> None:
+        """Before new work: if the last LM call found the endpoint unreachable, ask it once more."""
+        if self.lm.endpoint_down is None:
+            return
+        try:
+            self.lm.text("ping", max_tokens=1, cache=False)
+        except LMUnreachableError as exc:
+            raise EndpointDownError(str(exc)) from exc
+        except LMError:
+            pass  # it answers (with an error of another kind): the questions will tell
+
+    @staticmethod
+    def _stop_if_down(exc: LMError) -> None:
+        if isinstance(exc, LMUnreachableError):
+            raise EndpointDownError(str(exc)) from exc
+
+    def _save_graph(self, graph: ExecutionGraph, split: str, candidate: Candidate, episode: Episode) -> str:
+        path = self.work / "graphs" / split / candidate.digest() / f"{episode.id}.json"
+        graph.save(path)
+        return str(path)
 
     @staticmethod
     def _failed(episode: Episode, question: Question, error: str) -> QuestionOutcome:

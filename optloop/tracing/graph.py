@@ -77,6 +77,10 @@ class Operation(BaseModel):
     llm_calls: int = 0
     retries: int = 0
     seconds: float = 0.0
+    lm_attempts: int = Field(0, description="requests the model was sent (cache hits are none; a retry is one more)")
+    lm_faults: list[str] = Field(default_factory=list,
+                                 description="each failed attempt, in order: 'HTTP 503', 'timeout', 'body truncated', ...'")
+    lm_error: str | None = Field(None, description="the LM error that outlasted the retries (None: every fault cured)")
 
     @property
     def is_llm(self) -> bool:
@@ -193,6 +197,28 @@ class ExecutionGraph(BaseModel):
 
     def question_ops(self, question_id: str) -> list[Operation]:
         return [op for op in self.operations if op.question_id == question_id]
+
+    def faulted_ops(self) -> list[Operation]:
+        """Operations whose LM calls hit a fault, cured by a retry or not."""
+        return [op for op in self.operations if op.lm_faults or op.lm_error]
+
+    # --- combining ------------------------------------------------------------------------
+
+    def absorb(self, other: ExecutionGraph, since: int) -> list[Operation]:
+        """Append ``other``'s operations from ``since`` on (and the variables they touch) to this graph.
+
+        ``other`` is this graph's state at ``since`` operations plus more recording (a
+        :meth:`Recorder.resume` copy that asked one question): the new operations get the
+        next ids here, so several such copies fold into one graph. Returns them.
+        """
+        for vid, var in other.variables.items():
+            self.variables.setdefault(vid, var)
+        self.meta.update(other.meta)
+        added = []
+        for op in other.operations[since:]:
+            fields = op.model_dump(exclude={"id", "seq", "name", "category", "inputs", "outputs"})
+            added.append(self.add_operation(op.name, op.category, inputs=op.inputs, outputs=op.outputs, **fields))
+        return added
 
     # --- JSON -----------------------------------------------------------------------------
 

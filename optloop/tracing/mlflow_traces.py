@@ -208,6 +208,9 @@ def _op_attributes(op: Operation, decisive: bool) -> dict[str, Any]:
         "llm_calls": op.llm_calls,
         "retries": op.retries,
         "seconds": op.seconds,
+        "lm_attempts": op.lm_attempts or None,
+        "lm_faults": op.lm_faults or None,
+        "lm_error": op.lm_error,
     }
     if decisive:
         attributes["decisive"] = True

@@ -5,7 +5,9 @@ Two sources feed the graph:
 * **Prompt-site calls**, through a DSPy callback attached to every site's
   ``dspy.Predict``: each call becomes an LLM operation with its prompt, inputs
   and outputs (list outputs become one ``fact`` variable per item), its LLM
-  calls, retries and any LM fault. The callback finds the active recorder in a
+  calls and retries, and, from the LM layer's call records of the calls made
+  inside it, ``lm_attempts``, ``lm_faults`` (each failed attempt: ``HTTP 503``,
+  ``timeout`` ...) and ``lm_error`` (a fault no retry cured). The callback finds the active recorder in a
   process-wide slot, so calls made on graphiti's own event-loop thread are seen.
 * **The store**, observed from outside: after each session the recorder diffs
   ``all_memories()`` against the state before it. New units become ``store``
@@ -37,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 import dspy
 from dspy.utils.callback import BaseCallback
 
-from optloop.lm import current_site
+from optloop.lm import CallRecord, current_site
 from optloop.tracing.graph import Category, ExecutionGraph, Operation, Variable
 from signatures._layout import jsonable
 
@@ -69,6 +71,14 @@ def similar(a: str, b: str) -> float:
     """Token Jaccard similarity: the cheap test of "the same fact, reworded"."""
     ta, tb = _tokens(a), _tokens(b)
     return len(ta & tb) / len(ta | tb) if ta and tb else 0.0
+
+
+def lm_fault_fields(records: Sequence[CallRecord]) -> dict[str, Any]:
+    """``lm_attempts``, ``lm_faults``, ``lm_error`` of an operation from the LM calls made inside it."""
+    faults = [fault for rec in records for fault in rec.faults]
+    error = next((rec.error for rec in reversed(records) if rec.error), None)
+    return {"lm_attempts": sum(rec.attempts for rec in records if not rec.cached), "lm_faults": faults,
+            "lm_error": error[:500] if error else None}
 
 
 class SiteCallback(BaseCallback):
@@ -190,6 +200,7 @@ class Recorder:
         with self._lock:
             scope = self._scope
             category: Category = scope["category"]
+            records = self.system.lm.accounting.since(mark)
             usage = self.system.lm.accounting.totals(since=mark)
             op_inputs = list(scope["inputs"])
             for op_id in self._scope_ops:  # data flows from earlier calls of the same session
@@ -207,9 +218,11 @@ class Recorder:
                 session_id=scope.get("session_id"), question_id=scope.get("question_id"),
                 comment=f"LLM call of prompt site {name}",
                 error=None if exception is None else f"{type(exception).__name__}: {exception}"[:500],
-                llm_calls=usage.calls, retries=usage.retries, seconds=round(seconds, 4))
-            if usage.errors and op.error is None:
-                op.error = f"{usage.errors} LM call(s) failed and were retried"
+                llm_calls=usage.calls, retries=usage.retries, seconds=round(seconds, 4),
+                **lm_fault_fields(records))
+            if op.lm_faults and op.error is None:
+                op.error = (f"{len(op.lm_faults)} LM attempt(s) failed ({', '.join(op.lm_faults)}); "
+                            + ("cured by retry" if op.lm_error is None else op.lm_error))[:500]
             self._scope_ops.append(op.id)
 
     def _output_vars(self, op_id: str, site: str, category: Category, outputs: Any,

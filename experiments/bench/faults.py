@@ -1,0 +1,440 @@
+"""Reliability bench: the real loop against an LM endpoint that misbehaves on a schedule.
+
+    python -m experiments.bench.faults                       # md_flat on builtin:tiny, budget 1
+    python -m experiments.bench.faults --budget 2 --json faults.json
+
+A loopback OpenAI-compatible server (``tests/_servers.py``'s ``ScriptedOpenAIServer``)
+stands in front of the embedded LM. Request number ``n`` (1-based, counted by the
+server) gets the fault the :class:`FaultSchedule` names for it, or a real answer:
+
+``http500`` / ``http503``  an HTTP error status
+``truncated``              HTTP 200 and a JSON body cut off mid-way
+``nonjson``                HTTP 200 and an HTML error page
+``hang``                   no answer until past ``--lm-timeout``
+
+The default schedule (a cycle of 20 requests) puts isolated faults of every kind,
+which one retry cures, and one burst of two faults in a row, which outlasts
+``--lm-retries 1`` and fails a call (the question it belonged to fails, the run
+goes on). ``python -m optloop.run --system md_flat --lm openai:smollm2
+--lm-base-url <server> --lm-retries 1 --lm-timeout T`` runs against it in a
+subprocess, with its own state dir and MLflow store under ``--work``.
+
+Figures (printed, and written with ``--json``):
+
+* **injected**: requests the server answered with a fault (server side);
+* **cured**: failed attempts whose call a retry then completed (client side: the LM
+  layer's call records, ``optloop.run --json``'s ``lm`` section);
+* **surfaced**: failed attempts of calls that failed after their retries, the calls
+  themselves, and the questions those failures lost (the run's checkpoint);
+* **marked**: operations of the saved fault graphs carrying ``lm_faults`` / ``lm_error``.
+
+Consistency: injected == cured + surfaced attempts (every fault the server injected
+was seen by a retry or surfaced, and nothing else failed); the faults marked on the
+graphs' operations == the faulted attempts the evaluations counted; every surfaced
+call used all its attempts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+from rich.console import Console
+from rich.table import Table
+
+from optloop.cli import run_cli
+from optloop.errors import ConfigError
+from optloop.tracing.graph import ExecutionGraph
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:  # the scripted server lives with the tests
+    sys.path.insert(0, str(REPO))
+
+from tests._servers import ScriptedOpenAIServer  # noqa: E402
+
+Fault = Literal["http500", "http503", "truncated", "nonjson", "hang"]
+TRUNCATED_BODY = '{"id": "cmpl-1", "object": "chat.completion", "created": 0, "choices": [{"index": 0, "message": {"ro'
+NON_JSON_BODY = "<html><head><title>502 Bad Gateway</title></head><body>upstream went away</body></html>"
+
+
+class FaultSchedule(BaseModel):
+    """Which request numbers get which fault: position ``(n - 1) % period + 1`` of a cycle."""
+
+    period: int = Field(20, ge=1)
+    at: dict[int, Fault] = Field(default_factory=lambda: {
+        3: "http500", 6: "truncated", 9: "http503", 12: "nonjson", 15: "hang", 18: "http503", 19: "http500"})
+    max_hangs: int = Field(1, ge=0, description="hangs cost a timeout each: at most this many, later ones answer")
+
+    @classmethod
+    def parse(cls, text: str) -> FaultSchedule:
+        """``"20:3=http500,6=truncated,15=hang"`` (period, then position=fault pairs)."""
+        try:
+            period, _, pairs = text.partition(":")
+            at = {int(pos): kind for pos, _, kind in (p.partition("=") for p in pairs.split(",") if p.strip())}
+            return cls(period=int(period), at=at)  # type: ignore[arg-type]
+        except ValueError as exc:
+            raise ConfigError(f"--schedule {text!r}: write PERIOD:POS=FAULT,... with FAULT one of "
+                              f"http500, http503, truncated, nonjson, hang ({' '.join(str(exc).split())[:120]})") from None
+
+    def fault(self, n: int) -> Fault | None:
+        return self.at.get((n - 1) % self.period + 1)
+
+
+def answer_with(lm: Any) -> Callable[[dict[str, Any]], tuple[str, Any]]:
+    """Answer a chat request with ``lm`` (the embedded SmolLM2): its messages, response format and token limit.
+
+    Like ``tests._servers.answer_with``, but the request's ``max_tokens`` holds, as on any
+    real server (a 1-token ping is not a 512-token essay on a busy CPU).
+    """
+
+    def respond(body: dict[str, Any]) -> tuple[str, Any]:
+        return "ok", lm.text(body["messages"], response_format=body.get("response_format"),
+                             max_tokens=body.get("max_tokens"))
+
+    return respond
+
+
+def schema_stub(schema: dict[str, Any] | None, text: str = "keep every name, date and number") -> Any:
+    """The smallest document valid under a JSON schema (strings: ``text``), for an endpoint that needs no model."""
+    defs = (schema or {}).get("$defs") or (schema or {}).get("definitions") or {}
+
+    def visit(node: Any) -> Any:
+        if not isinstance(node, dict):
+            return "stub"
+        if "$ref" in node:
+            return visit(defs.get(node["$ref"].rsplit("/", 1)[-1], {}))
+        if "const" in node:
+            return node["const"]
+        if node.get("enum"):
+            return node["enum"][0]
+        for key in ("anyOf", "oneOf", "allOf"):
+            if node.get(key):
+                return visit(node[key][0])
+        kind = node.get("type")
+        kind = kind[0] if isinstance(kind, list) else kind
+        if kind == "object" or "properties" in node:
+            return {name: visit(sub) for name, sub in (node.get("properties") or {}).items()}
+        return {"array": [], "integer": 0, "number": 0.0, "boolean": False,
+                "null": None}.get(kind, text)
+
+    return visit(schema or {})
+
+
+def stub_answer(body: dict[str, Any]) -> tuple[str, Any]:
+    """A ``respond`` behaviour: a schema-valid stub (no model), for tests of everything but the answers.
+
+    Its strings vary with the request's seed, as a sampled answer would (an optimizer's
+    rollouts then propose distinct candidates).
+    """
+    fmt = body.get("response_format") or {}
+    text = f"keep every name, date and number of the question (variant {body.get('seed', 0)})"
+    if fmt.get("type") == "json_schema":
+        return "ok", json.dumps(schema_stub((fmt.get("json_schema") or {}).get("schema"), text))
+    if fmt.get("type") == "json_object":
+        return "ok", json.dumps(schema_stub(fmt.get("schema"), text) if fmt.get("schema") else {})
+    return "ok", "ok"
+
+
+class FaultyEndpoint:
+    """An OpenAI-compatible loopback endpoint: the real ``lm`` behind a fault schedule.
+
+    ``lm=None`` answers with :func:`stub_answer` instead (fast; for what needs no model).
+
+    ``down_when()`` (checked at every request) switches it off for good: the request
+    that sees it true is dropped and the server stops listening, so later requests are
+    refused, as from a crashed server.
+    """
+
+    def __init__(self, lm: Any, schedule: FaultSchedule | None = None, *, hang_s: float = 5.0,
+                 down_when: Callable[[], bool] | None = None, port: int = 0, client_timeout: float | None = None):
+        self.schedule = schedule or FaultSchedule(at={})
+        self.hang_s = hang_s
+        self.client_timeout = client_timeout
+        self.down_when = down_when
+        self.answer = answer_with(lm) if lm is not None else stub_answer
+        self.log: list[tuple[int, str]] = []  # (request number, fault or "ok" or "dropped" or "slow")
+        self.answer_seconds: list[float] = []  # how long each real answer took
+        self.down = False
+        self._lock = threading.Lock()
+        self._hangs = 0
+        self.server = ScriptedOpenAIServer([("respond", self._respond)])
+        if port:  # the same address again, as a restarted server would have
+            from http.server import ThreadingHTTPServer
+
+            handler = self.server.httpd.RequestHandlerClass
+            self.server.httpd.server_close()
+            self.server.httpd = ThreadingHTTPServer(("127.0.0.1", port), handler)
+            self.server.httpd.daemon_threads = True
+            self.server.thread = threading.Thread(target=self.server.httpd.serve_forever, daemon=True)
+        default_handle_error = self.server.httpd.handle_error
+
+        def handle_error(request: Any, client_address: Any) -> None:
+            if not isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
+                default_handle_error(request, client_address)  # a client that gave up on an answer is no news
+
+        self.server.httpd.handle_error = handle_error  # type: ignore[method-assign]
+
+    @property
+    def base_url(self) -> str:
+        return self.server.base_url
+
+    @property
+    def port(self) -> int:
+        return self.server.httpd.server_address[1]
+
+    def __enter__(self) -> FaultyEndpoint:
+        self.server.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if not self.down:
+            self.server.__exit__(*exc)
+
+    def _respond(self, body: dict[str, Any]) -> tuple[str, Any]:
+        with self._lock:
+            n = len(self.log) + 1
+            if self.down or (self.down_when is not None and self.down_when()):
+                self.log.append((n, "dropped"))
+                if not self.down:
+                    self.down = True
+                    threading.Thread(target=self._stop, daemon=True).start()
+                return "hang", 0  # the connection closes with no answer
+            fault = self.schedule.fault(n)
+            if fault == "hang":
+                if self._hangs >= self.schedule.max_hangs:
+                    fault = None
+                else:
+                    self._hangs += 1
+            self.log.append((n, fault or "ok"))
+        if fault is None:
+            started = time.perf_counter()
+            answer = self.answer(body)
+            self.answer_seconds.append(time.perf_counter() - started)
+            if self.client_timeout and self.answer_seconds[-1] >= self.client_timeout:
+                with self._lock:  # a real answer the client had stopped waiting for: a fault nobody injected
+                    self.log[n - 1] = (n, "slow")
+            return answer
+        return {"http500": ("status", 500), "http503": ("status", 503), "truncated": ("raw", TRUNCATED_BODY),
+                "nonjson": ("raw", NON_JSON_BODY), "hang": ("hang", self.hang_s)}[fault]
+
+    def _stop(self) -> None:
+        self.server.httpd.shutdown()
+        self.server.httpd.server_close()
+
+    def injected(self) -> Counter[str]:
+        return Counter(kind for _, kind in self.log if kind not in ("ok", "dropped", "slow"))
+
+    @property
+    def slow(self) -> int:
+        """Real answers that took longer than the client waited (timeouts the schedule did not inject)."""
+        return sum(kind == "slow" for _, kind in self.log)
+
+
+# --- reading a finished run --------------------------------------------------------------------
+
+
+def evaluations(checkpoint: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every distinct evaluation a checkpoint holds (test_after is test_before when the baseline stayed best)."""
+    found = [checkpoint.get("baseline_train"), checkpoint.get("baseline_dev")]
+    found += [t.get("evaluation") for t in checkpoint.get("trials", [])]
+    found += [checkpoint.get("test_before")]
+    after = checkpoint.get("test_after")
+    if after and after != checkpoint.get("test_before"):
+        found.append(after)
+    return [ev for ev in found if ev]
+
+
+def graph_figures(evals: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Faults marked on the operations of the evaluations' fault graphs."""
+    marked_ops, marked_faults, surfaced_ops, kinds = 0, 0, 0, Counter()
+    examples: list[dict[str, Any]] = []
+    for ev in evals:
+        for path in ev.get("fault_graphs", []):
+            graph = ExecutionGraph.load(Path(path))
+            first = (graph.meta.get("evaluation") or {}).get("first_op", 0)
+            for op in graph.faulted_ops():
+                if op.seq < first:  # copied from a store this evaluation reused: counted where it was built
+                    continue
+                marked_ops += 1
+                marked_faults += len(op.lm_faults)
+                surfaced_ops += op.lm_error is not None
+                kinds.update(op.lm_faults)
+                if len(examples) < 3:
+                    examples.append({"graph": Path(path).name, "op": op.id, "site": op.site,
+                                     "lm_attempts": op.lm_attempts, "lm_faults": op.lm_faults,
+                                     "lm_error": op.lm_error})
+    return {"ops_marked": marked_ops, "faults_marked": marked_faults, "ops_surfaced": surfaced_ops,
+            "fault_kinds_marked": dict(kinds), "examples": examples}
+
+
+class Figures(BaseModel):
+    command: str
+    requests: int
+    injected: int
+    slow_answers: int  # real answers later than --lm-timeout: client-side faults nobody injected
+    slowest_answer_s: float
+    injected_by_kind: dict[str, int]
+    faulted_attempts: int  # client side: every failed attempt the LM layer saw
+    cured: int
+    surfaced_attempts: int
+    surfaced_calls: int
+    surfaced_calls_in_evaluations: int  # the rest hit the optimizer (SIMBA's runs, the proposer): a candidate fewer
+    questions_lost: int
+    evaluation_faults: int  # faulted attempts during the loop's evaluations (the rest: SIMBA, proposer, ping)
+    graphs: dict[str, Any]
+    run_rc: int
+    evaluations: int
+    budget: int
+    seconds: float
+    checks: dict[str, bool]
+
+    @property
+    def consistent(self) -> bool:
+        return all(self.checks.values())
+
+
+def figures(endpoint: FaultyEndpoint, result: dict[str, Any], checkpoint: dict[str, Any], *, command: str,
+            run_rc: int, budget: int, retries: int, seconds: float) -> Figures:
+    lm = result.get("lm", {})
+    evals = evaluations(checkpoint)
+    graphs = graph_figures(evals)
+    injected = sum(endpoint.injected().values())
+    faulted, cured, calls = int(lm.get("faults", 0)), int(lm.get("cured", 0)), int(lm.get("errors", 0))
+    surfaced = faulted - cured
+    evaluation_faults = sum(int(ev.get("lm_attempt_faults", 0)) for ev in evals)
+    checks = {
+        "run completed": run_rc == 0 and result.get("evaluations") == budget,
+        "injected (+ slow answers) == cured + surfaced attempts": injected + endpoint.slow == cured + surfaced
+        == faulted,
+        "each surfaced call used all its attempts": surfaced == calls * (retries + 1),
+        "graph faults == evaluation faults": graphs["faults_marked"] == evaluation_faults,
+        "graph surfaced ops == evaluation failed calls": graphs["ops_surfaced"] == sum(
+            int(ev.get("lm_failed_calls", 0)) for ev in evals),
+    }
+    return Figures(command=command, requests=len(endpoint.log), injected=injected, slow_answers=endpoint.slow,
+                   slowest_answer_s=round(max(endpoint.answer_seconds, default=0.0), 1),
+                   injected_by_kind=dict(endpoint.injected()), faulted_attempts=faulted, cured=cured,
+                   surfaced_attempts=surfaced, surfaced_calls=calls,
+                   surfaced_calls_in_evaluations=sum(int(ev.get("lm_failed_calls", 0)) for ev in evals),
+                   questions_lost=sum(bool(o.get("error")) for ev in evals for o in ev["outcomes"]),
+                   evaluation_faults=evaluation_faults, graphs=graphs, run_rc=run_rc,
+                   evaluations=int(result.get("evaluations", 0)), budget=budget, seconds=round(seconds, 1),
+                   checks=checks)
+
+
+# --- running ------------------------------------------------------------------------------------
+
+
+def run_loop(base_url: str, work: Path, *, system: str, dataset: str, budget: int, timeout: float, retries: int,
+             run_name: str = "faults", extra: Sequence[str] = (), env: dict[str, str] | None = None,
+             timeout_s: float = 1800) -> subprocess.CompletedProcess[str]:
+    """``python -m optloop.run`` against ``base_url``, its state and MLflow store under ``work``."""
+    cmd = [sys.executable, "-m", "optloop.run", "--system", system, "--dataset", dataset, "--budget", str(budget),
+           "--lm", "openai:smollm2", "--lm-base-url", base_url, "--lm-timeout", str(timeout),
+           "--lm-retries", str(retries), "--run-name", run_name, "--tracking-uri",
+           f"sqlite:///{work / 'mlruns' / 'mlflow.db'}", "--json", str(work / f"{run_name}.json"), *extra]
+    run_env = {**os.environ, "OPTLOOP_HOME": str(work / "state"), "OPTLOOP_MLRUNS": str(work / "mlruns"),
+               **(env or {})}
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=run_env, timeout=timeout_s)
+
+
+def upstream_lm(work: Path) -> Any:
+    """The embedded SmolLM2 that answers behind the faulty endpoint (its own cache).
+
+    Its decoding bounds are tighter than optloop's local defaults (JSON strings of 120
+    characters, arrays of 4 items): a shorter answer is the server's business, and on a
+    busy 2-core machine it keeps real answers well inside the client's timeout.
+    """
+    from optloop.lm import LMSettings, OptloopLM
+
+    return OptloopLM(LMSettings.from_spec("local", cache_path=work / "upstream_lm_cache.sqlite",
+                                          max_string_chars=120, max_array_items=4))
+
+
+def bench(work: Path, *, system: str = "md_flat", dataset: str = "builtin:tiny", budget: int = 1,
+          timeout: float = 60.0, retries: int = 1, schedule: FaultSchedule | None = None,
+          lm: Any = None) -> tuple[Figures, subprocess.CompletedProcess[str]]:
+    schedule = schedule or FaultSchedule()
+    lm = lm or upstream_lm(work)
+    started = time.perf_counter()
+    with FaultyEndpoint(lm, schedule, hang_s=timeout + 2, client_timeout=timeout) as endpoint:
+        proc = run_loop(endpoint.base_url, work, system=system, dataset=dataset, budget=budget, timeout=timeout,
+                        retries=retries)
+    seconds = time.perf_counter() - started
+    result_path = work / "faults.json"
+    result = json.loads(result_path.read_text()) if result_path.exists() else {}
+    ckpt_path = work / "state" / "runs" / "faults" / "checkpoint.json"
+    checkpoint = json.loads(ckpt_path.read_text()) if ckpt_path.exists() else {}
+    command = (f"python -m optloop.run --system {system} --dataset {dataset} --budget {budget} --lm openai:smollm2 "
+               f"--lm-base-url <faulty endpoint> --lm-timeout {timeout} --lm-retries {retries}")
+    return figures(endpoint, result, checkpoint, command=command, run_rc=proc.returncode, budget=budget,
+                   retries=retries, seconds=seconds), proc
+
+
+def table(fig: Figures) -> Table:
+    out = Table(title="LM faults injected into a real optloop.run")
+    out.add_column("figure")
+    out.add_column("value", justify="right")
+    out.add_row("requests to the endpoint", str(fig.requests))
+    kinds = ", ".join(f"{k} {v}" for k, v in sorted(fig.injected_by_kind.items()))
+    out.add_row("faults injected", f"{fig.injected} ({kinds})")
+    if fig.slow_answers:
+        out.add_row("real answers slower than --lm-timeout", str(fig.slow_answers))
+    out.add_row("retried and cured", str(fig.cured))
+    out.add_row("surfaced (attempts / calls)", f"{fig.surfaced_attempts} / {fig.surfaced_calls}")
+    out.add_row("surfaced calls in evaluations (the rest: optimizer)", str(fig.surfaced_calls_in_evaluations))
+    out.add_row("questions lost to surfaced faults", str(fig.questions_lost))
+    out.add_row("graph ops marked (faults on them)", f"{fig.graphs['ops_marked']} ({fig.graphs['faults_marked']})")
+    out.add_row("evaluations / budget", f"{fig.evaluations} / {fig.budget}")
+    out.add_row("slowest real answer (s)", f"{fig.slowest_answer_s}")
+    out.add_row("wall seconds", f"{fig.seconds}")
+    out.add_section()
+    for name, ok in fig.checks.items():
+        out.add_row(name, "ok" if ok else "FAILED")
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m experiments.bench.faults", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--system", default="md_flat")
+    parser.add_argument("--dataset", default="builtin:tiny")
+    parser.add_argument("--budget", type=int, default=1)
+    parser.add_argument("--lm-timeout", type=float, default=60.0,
+                        help="the run's --lm-timeout (default 60: above the slowest real answer on a busy 2-core "
+                             "machine; a hang lasts 2 s more)")
+    parser.add_argument("--lm-retries", type=int, default=1)
+    parser.add_argument("--schedule", help="PERIOD:POS=FAULT,... (default 20:3=http500,6=truncated,9=http503,"
+                                           "12=nonjson,15=hang,18=http503,19=http500)")
+    parser.add_argument("--work", help="keep the run's state and MLflow store here (default: a temp dir)")
+    parser.add_argument("--json", metavar="OUT", help="write the figures here")
+    args = parser.parse_args(argv)
+    schedule = FaultSchedule.parse(args.schedule) if args.schedule else FaultSchedule()
+    console = Console()
+    with tempfile.TemporaryDirectory(prefix="optloop-faults-") as tmp:
+        work = Path(args.work) if args.work else Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        fig, proc = bench(work, system=args.system, dataset=args.dataset, budget=args.budget,
+                          timeout=args.lm_timeout, retries=args.lm_retries, schedule=schedule)
+    console.print(table(fig))
+    console.print(f"command: {fig.command}")
+    if proc.returncode != 0:
+        console.print(f"the run failed (exit {proc.returncode}): {proc.stderr.strip().splitlines()[-1:]}")
+    if args.json:
+        Path(args.json).write_text(fig.model_dump_json(indent=1))
+    return 0 if fig.consistent else 1
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main))
