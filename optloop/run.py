@@ -12,15 +12,15 @@ What happens:
      candidate is evaluated on dev, one MLflow child run per candidate; when a candidate
      becomes the best, its failures are re-attributed and the optimizer follows the blame;
   4. the baseline and the best candidate run on the held-out test split; changed prompts are
-     registered as optloop.<system>.<site> in the MLflow Prompt Registry, and the `champion`
-     alias moves only when test accuracy improved.
+     registered in the MLflow Prompt Registry as optloop.<site> (optloop.mem0.extract;
+     optloop.<system>.answer), and the `champion` alias moves only when test accuracy improved.
 
 One evaluation (what --budget counts) = one candidate run over the dev split: ingest every
 dev episode (reusing the stored result when the candidate's ingest prompts are unchanged),
 answer every dev question, attribute every failure. SIMBA's and GEPA's own mini-batch runs
 on train are the optimizer's cost: their LLM calls are reported, they are not evaluations.
 
-Results: `make ui` (or `mlflow ui --backend-store-uri sqlite:///mlruns/mlflow.db`), experiment
+Results: `make ui` (MLflow UI on mlruns/, offline-safe; see the README), experiment
 optloop-<system>. An interrupted run resumes with the same command and --run-name.
 
 LM faults: transient faults of an OpenAI-compatible endpoint (HTTP 5xx, dropped
