@@ -48,7 +48,8 @@ from optloop.loop import record
 from optloop.loop.candidate import Candidate, prompt_diff, prompt_text
 from optloop.loop.evaluate import Evaluation, Evaluator
 from optloop.loop.optimizers import OPTIMIZERS, Optimizer
-from optloop.loop.study import SharedStudy, redact_url
+from optloop.lm import redact_url
+from optloop.loop.study import SharedStudy
 from optloop.paths import state_dir, write_atomic
 
 logger = logging.getLogger(__name__)

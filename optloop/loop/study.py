@@ -52,23 +52,12 @@ from contextlib import contextmanager
 from typing import Any
 
 from optloop.errors import ConfigError
+from optloop.lm import redact_url
 
 logger = logging.getLogger(__name__)
 
 PREFIX = "optloop:"
 OPEN_RETRIES = 6
-
-
-def redact_url(url: str | None) -> str | None:
-    """``url`` with its password masked (what may appear in logs and MLflow params)."""
-    if not url:
-        return url
-    try:
-        from sqlalchemy.engine import make_url
-
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # noqa: BLE001 - not a database URL: nothing to mask in the way SQLAlchemy reads it
-        return url
 
 
 def storage_url(url: str) -> str:
