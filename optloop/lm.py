@@ -34,7 +34,11 @@ attempt is named in its record's ``faults`` (``HTTP 503``, ``timeout``,
 ``body truncated``), so a retry that cured a fault is as visible as one that did
 not; the tracer copies them onto the operation that made the call. After a call
 fails with :class:`~optloop.errors.LMUnreachableError`, ``lm.endpoint_down`` holds
-its message until a later call succeeds.
+its message until a later call succeeds. An endpoint that answers, but only with
+server errors (HTTP 5xx through every retry of ``SERVER_ERRORS_DOWN`` calls in a
+row, none succeeding in between), is taken as down too: the third such call
+raises :class:`~optloop.errors.LMUnreachableError` instead of failing one more
+question.
 
 Secrets: the API key is read from the environment into the HTTP client only.
 Identities, records and error messages show the base URL with any user info and
@@ -74,6 +78,8 @@ logger = logging.getLogger(__name__)
 
 BUNDLED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CACHE_FORMAT = 1
+# Calls in a row that end on HTTP 5xx (after their retries) before the endpoint is taken as down.
+SERVER_ERRORS_DOWN = 3
 
 # ---------------------------------------------------------------------------
 # Configuration
@@ -471,6 +477,14 @@ class Backend(ABC):
     def describe_failure(self, exc: BaseException) -> LMError:
         return LMError(f"LM call to {self.identity} failed: {type(exc).__name__}: {exc}")
 
+    def is_server_error(self, exc: BaseException) -> bool:
+        """Whether the endpoint answered this attempt with a server error (HTTP 5xx)."""
+        return False
+
+    def where(self) -> str:
+        """The endpoint as error messages name it (credentials masked)."""
+        return self.identity
+
 
 _LOADED: dict[tuple[str, int, int], tuple[Any, threading.Lock]] = {}
 _LOADED_LOCK = threading.Lock()
@@ -637,10 +651,18 @@ class OpenAICompatibleBackend(Backend):
             return f"HTTP {exc.status_code}"
         return super().fault_label(exc)
 
+    def is_server_error(self, exc: BaseException) -> bool:
+        import openai
+
+        return isinstance(exc, openai.APIStatusError) and exc.status_code >= 500
+
+    def where(self) -> str:
+        return redact_url(self.base_url) or "https://api.openai.com/v1"
+
     def describe_failure(self, exc: BaseException) -> LMError:
         import openai
 
-        where = redact_url(self.base_url) or "https://api.openai.com/v1"
+        where = self.where()
         if isinstance(exc, openai.APITimeoutError):
             return LMUnreachableError(f"LM endpoint {where} did not answer in time; check the server or raise --lm-timeout")
         if isinstance(exc, openai.APIConnectionError):
@@ -686,6 +708,7 @@ class OptloopLM(dspy.BaseLM):
         self.accounting = accounting or Accounting()
         self._cache = LMCache(settings.resolved_cache_path()) if settings.cache else None
         self._down: list[str | None] = [None]  # shared with copies: one endpoint, one state
+        self._server_errors: list[int] = [0]  # calls in a row that ended on HTTP 5xx (shared likewise)
         super().__init__(
             model=self.backend.identity,
             model_type="chat",
@@ -781,17 +804,31 @@ class OptloopLM(dspy.BaseLM):
                          faults=faults)
             raise
         except (RetryError, Exception) as exc:  # noqa: BLE001 - turned into one actionable line
-            error = self.backend.describe_failure(exc)
+            error = self._persistent_server_error(exc, attempts) or self.backend.describe_failure(exc)
             self._record(request, None, started, cached=False, attempts=attempts, error=str(error), key=key,
                          faults=faults)
             if isinstance(error, LMUnreachableError):
                 self._down[0] = str(error)
             raise error from exc
         self._down[0] = None
+        self._server_errors[0] = 0
         if use_cache:
             self._cache.put(key, response)  # type: ignore[union-attr]
         self._record(request, response, started, cached=False, attempts=attempts, key=key, faults=faults)
         return response
+
+    def _persistent_server_error(self, exc: BaseException, attempts: int) -> LMUnreachableError | None:
+        """Counts calls that ended on a server error; at ``SERVER_ERRORS_DOWN`` in a row, the endpoint is down."""
+        if not self.backend.is_server_error(exc):
+            self._server_errors[0] = 0
+            return None
+        self._server_errors[0] += 1
+        if self._server_errors[0] < SERVER_ERRORS_DOWN:
+            return None
+        return LMUnreachableError(
+            f"LM endpoint {self.backend.where()} answered only server errors ({self.backend.fault_label(exc)}) "
+            f"to {self._server_errors[0]} calls in a row, {attempts} attempts each; check the server and its logs"
+        )
 
     @property
     def endpoint_down(self) -> str | None:

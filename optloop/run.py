@@ -26,7 +26,8 @@ optloop-<system>. An interrupted run resumes with the same command and --run-nam
 LM faults: transient faults of an OpenAI-compatible endpoint (HTTP 5xx, dropped
 connections, truncated or non-JSON bodies, timeouts) are retried (--lm-retries,
 --lm-timeout); one that outlasts the retries fails the question it hit and the run
-goes on. An endpoint that stays unreachable stops the run (exit code 75) with the
+goes on. An endpoint that stays unreachable (refused, timing out twice in a call,
+or answering only HTTP 5xx to 3 calls in a row) stops the run (exit code 75) with the
 state saved: rerun the same command, with --run-name, to resume.
 
 Bad input (an unknown system, a budget out of range, a missing or malformed dataset,

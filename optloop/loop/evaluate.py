@@ -16,7 +16,8 @@ its key; the persistent LM cache makes rebuilding an evicted store cheap.
 LM faults: the LM layer retries transient faults. A fault that outlasts the
 retries fails the question it hit (or every question of the episode whose
 ingestion it hit): recorded on the outcome, and the evaluation goes on. An
-*unreachable* endpoint (refused, or timing out twice in a call) is different:
+*unreachable* endpoint (refused, timing out twice in a call, or answering only
+HTTP 5xx to 3 calls in a row) is different:
 failing every remaining question would waste the run, so the evaluation raises
 :class:`~optloop.errors.EndpointDownError` and the loop stops with its
 checkpoint intact (the same command resumes it). Every episode whose calls hit a

@@ -211,6 +211,36 @@ def test_retries_are_bounded_and_the_error_is_one_line():
     assert lm.accounting.totals().errors == 1
 
 
+def test_an_endpoint_answering_only_5xx_is_taken_as_down_on_the_third_call():
+    with ScriptedOpenAIServer([("status", 500)]) as server:
+        lm = _remote(server.base_url, max_retries=1)
+        for prompt in ("a", "b"):  # one failed call fails its question only
+            with pytest.raises(LMError) as info:
+                lm.text(prompt)
+            assert not isinstance(info.value, LMUnreachableError)
+        with pytest.raises(LMUnreachableError) as info:
+            lm.copy(temperature=1.0).text("c")  # copies share the count: one endpoint
+    message = str(info.value)
+    assert "HTTP 500" in message and "3 calls in a row" in message and "\n" not in message
+    assert server.base_url in message and len(server.requests) == 6
+    assert lm.endpoint_down == message
+
+
+def test_a_success_between_5xx_calls_resets_the_count():
+    script = [("status", 500), ("status", 500), ("ok", "fine"), ("status", 500)]
+    with ScriptedOpenAIServer(script) as server:
+        lm = _remote(server.base_url, max_retries=0)
+        for prompt in ("a", "b"):
+            with pytest.raises(LMError):
+                lm.text(prompt)
+        assert lm.text("c") == "fine"
+        for prompt in ("d", "e"):
+            with pytest.raises(LMError) as info:
+                lm.text(prompt)
+            assert not isinstance(info.value, LMUnreachableError)
+    assert lm.endpoint_down is None
+
+
 def test_client_errors_are_not_retried():
     with ScriptedOpenAIServer([("status", 401)]) as server:
         with pytest.raises(LMError, match="rejected the API key"):

@@ -168,6 +168,18 @@ def test_a_dead_endpoint_stops_the_evaluation_instead_of_failing_every_question(
     assert len(evaluator.lm.accounting.records) == 2  # no question after the first was tried
 
 
+def test_an_endpoint_answering_only_5xx_stops_the_evaluation_on_the_third_failed_call(tmp_path, embedder):
+    dataset = load_dataset("builtin:tiny")  # 4 episodes: each failed ingestion fails one episode, then it stops
+    with ScriptedOpenAIServer([("status", 503)]) as server:
+        evaluator = Evaluator("md_flat", remote(server.base_url, max_retries=1), tmp_path, embedder=embedder)
+        try:
+            with pytest.raises(EndpointDownError, match="only server errors .HTTP 503. to 3 calls in a row"):
+                evaluator.evaluate(evaluator.baseline(), dataset)
+        finally:
+            evaluator.close()
+    assert len(evaluator.lm.accounting.records) == 3 and len(server.requests) == 6
+
+
 # --- bad input: one line, exit 2, nothing written ---------------------------------------------
 
 
