@@ -16,8 +16,10 @@ the ratio answer-only / full re-ingest. The ratio is structural: answer-only
 costs one call per question; a re-ingest also costs the ingest calls of every
 session, so it depends on sessions per question (reported beside it).
 
-Both use a fresh LM cache under a temp dir unless ``--cache`` is given, so the
-calls are real model calls.
+Both use fresh LM caches under a temp dir (``targeted``: one per arm), so the
+calls are real model calls and each arm's model calls, tokens and seconds are its
+own. ``blamed`` is what the baseline's attribution blamed; ``optimized`` what the
+optimizer was allowed to change.
 """
 
 from __future__ import annotations
@@ -41,15 +43,15 @@ from optloop.loop.evaluate import Evaluator
 from optloop.loop.runner import Loop, LoopConfig
 from optloop.paths import write_atomic
 
-console = Console()
+console = Console(width=None if sys.stdout.isatty() else 160)  # a log file gets the whole table
 
 
 def targeted(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
-    lm = bench_lm(args, tmp)
     rows = []
     for system in parse_systems(args.systems):
         for untargeted in (False, True):
             name = f"bench-{system}-{'untargeted' if untargeted else 'targeted'}-s{args.seed}"
+            lm = bench_lm(args, tmp / name)  # each arm on its own fresh cache: its calls, tokens, seconds are its own
             config = LoopConfig(system=system, dataset=args.dataset, budget=args.budget, seed=args.seed,
                                 untargeted=untargeted, run_name=name, tracking_uri=args.tracking_uri,
                                 lm=args.lm or "local")
@@ -57,16 +59,18 @@ def targeted(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                 result = Loop(config, lm, lm, work=tmp / "runs" / name,
                               progress=lambda msg, s=status, n=name: s.update(f"{n}: {msg}")).run()
             rows.append({"system": system, "mode": "untargeted" if untargeted else "targeted",
-                         "optimized": result.tunable_sites, "test_before": result.test_before,
+                         "blamed": result.targets, "optimized": result.tunable_sites,
+                         "changed": result.changed_sites, "test_before": result.test_before,
                          "test_after": result.test_after, "delta_test": result.delta_test,
                          "dev_before": result.baseline_dev, "dev_best": result.best_dev,
                          "evaluations": result.evaluations, **result.cost, "run_id": result.parent_run_id})
     table = Table(title=f"targeted vs untargeted on {args.dataset}, budget {args.budget}, seed {args.seed}")
-    for col in ("system", "mode", "optimized sites", "test before", "test after", "delta", "evaluations",
-                "LLM calls", "model calls", "seconds"):
+    for col in ("system", "mode", "blamed", "optimized sites", "test before", "test after", "delta",
+                "evaluations", "LLM calls", "model calls", "seconds"):
         table.add_column(col)
     for r in rows:
-        table.add_row(r["system"], r["mode"], ", ".join(r["optimized"]), f"{r['test_before']:.3f}",
+        table.add_row(r["system"], r["mode"], ", ".join(r["blamed"]), ", ".join(r["optimized"]),
+                      f"{r['test_before']:.3f}",
                       f"{r['test_after']:.3f}", f"{r['delta_test']:+.3f}", str(r["evaluations"]),
                       str(r["llm_calls"]), str(r["model_calls"]), str(r["seconds"]))
     console.print(table)
