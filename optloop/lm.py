@@ -632,8 +632,8 @@ class OpenAICompatibleBackend(Backend):
     def is_transient(self, exc: BaseException) -> bool:
         import openai
 
-        transient = (openai.APIConnectionError, openai.RateLimitError, openai.InternalServerError, MalformedResponse)
-        return isinstance(exc, transient) or (isinstance(exc, openai.APIStatusError) and exc.status_code >= 500)
+        transient = (openai.APIConnectionError, openai.RateLimitError, MalformedResponse)
+        return isinstance(exc, transient) or self.is_server_error(exc)
 
     def is_timeout(self, exc: BaseException) -> bool:
         import openai
@@ -693,6 +693,14 @@ def make_backend(settings: LMSettings) -> Backend:
 # ---------------------------------------------------------------------------
 
 
+@dataclass
+class EndpointHealth:
+    """What an LM's calls have shown of its endpoint; one object, shared by the LM and its copies."""
+
+    down: str | None = None  # why the endpoint is taken as unreachable, until a call succeeds
+    server_errors: int = 0  # calls in a row that ended on HTTP 5xx after their retries
+
+
 class OptloopLM(dspy.BaseLM):
     """A DSPy LM over one :class:`Backend`, with cache, retries and accounting.
 
@@ -707,8 +715,7 @@ class OptloopLM(dspy.BaseLM):
         self.backend = make_backend(settings)
         self.accounting = accounting or Accounting()
         self._cache = LMCache(settings.resolved_cache_path()) if settings.cache else None
-        self._down: list[str | None] = [None]  # shared with copies: one endpoint, one state
-        self._server_errors: list[int] = [0]  # calls in a row that ended on HTTP 5xx (shared likewise)
+        self._health = EndpointHealth()  # shared with copies: one endpoint, one state
         super().__init__(
             model=self.backend.identity,
             model_type="chat",
@@ -808,10 +815,9 @@ class OptloopLM(dspy.BaseLM):
             self._record(request, None, started, cached=False, attempts=attempts, error=str(error), key=key,
                          faults=faults)
             if isinstance(error, LMUnreachableError):
-                self._down[0] = str(error)
+                self._health.down = str(error)
             raise error from exc
-        self._down[0] = None
-        self._server_errors[0] = 0
+        self._health.down, self._health.server_errors = None, 0
         if use_cache:
             self._cache.put(key, response)  # type: ignore[union-attr]
         self._record(request, response, started, cached=False, attempts=attempts, key=key, faults=faults)
@@ -819,21 +825,20 @@ class OptloopLM(dspy.BaseLM):
 
     def _persistent_server_error(self, exc: BaseException, attempts: int) -> LMUnreachableError | None:
         """Counts calls that ended on a server error; at ``SERVER_ERRORS_DOWN`` in a row, the endpoint is down."""
-        if not self.backend.is_server_error(exc):
-            self._server_errors[0] = 0
-            return None
-        self._server_errors[0] += 1
-        if self._server_errors[0] < SERVER_ERRORS_DOWN:
+        health = self._health
+        health.server_errors = health.server_errors + 1 if self.backend.is_server_error(exc) else 0
+        if health.server_errors < SERVER_ERRORS_DOWN:
             return None
         return LMUnreachableError(
             f"LM endpoint {self.backend.where()} answered only server errors ({self.backend.fault_label(exc)}) "
-            f"to {self._server_errors[0]} calls in a row, {attempts} attempts each; check the server and its logs"
+            f"to {health.server_errors} calls in a row, the last after {attempts} attempts; "
+            "check the server and its logs"
         )
 
     @property
     def endpoint_down(self) -> str | None:
         """Why the endpoint is taken as unreachable: the last call failed so and none succeeded since."""
-        return self._down[0]
+        return self._health.down
 
     def _record(self, request: Request, response: dict[str, Any] | None, started: float, *, cached: bool,
                 attempts: int = 1, error: str | None = None, key: str = "", faults: list[str] | None = None) -> None:
