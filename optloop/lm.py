@@ -497,9 +497,13 @@ class LocalLlamaBackend(Backend):
     cached run never loads it.
     """
 
-    # On a truncated JSON answer, retry with this many times the token budget, twice at most.
-    GROWTH = 2
-    MAX_GROWTHS = 2
+    # A truncated JSON answer is asked for again at the same token budget, under a schema whose
+    # string and array bounds are TIGHTEN times tighter, twice at most (16 items x 400 chars, then
+    # 4 x 100, then 1 x 25). The answer it ends with is shorter and still satisfies the schema, and
+    # a failing call generates at most 3 x max_tokens. (Growing the budget instead cost minutes per
+    # call on a rambling model: decoding slows with the context, and each try ran out again.)
+    TIGHTEN = 4
+    MAX_TIGHTENINGS = 2
 
     def __init__(self, path: Path, *, n_ctx: int, n_threads: int | None, max_chars: int, max_items: int):
         if not path.is_file():
@@ -542,13 +546,14 @@ class LocalLlamaBackend(Backend):
             seed=request.seed,
             stop=request.stop,
         )
-        if request.json_mode:
-            fmt: dict[str, Any] = {"type": "json_object"}
-            if request.schema:
-                fmt["schema"] = bound_schema(request.schema, max_chars=self.max_chars, max_items=self.max_items)
-            kwargs["response_format"] = fmt
         spent = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
-        for growth in range(self.MAX_GROWTHS + 1):
+        max_chars, max_items = self.max_chars, self.max_items
+        for tightening in range(self.MAX_TIGHTENINGS + 1):
+            if request.json_mode:
+                fmt: dict[str, Any] = {"type": "json_object"}
+                if request.schema:
+                    fmt["schema"] = bound_schema(request.schema, max_chars=max_chars, max_items=max_items)
+                kwargs["response_format"] = fmt
             with lock:
                 try:
                     response = llama.create_chat_completion(**kwargs)
@@ -556,18 +561,18 @@ class LocalLlamaBackend(Backend):
                     raise LMError(f"local model {self.path.name}: {exc}; shorten the prompt or raise n_ctx") from None
             for name in spent:
                 spent[name] += response["usage"][name]
-            room = self.n_ctx - response["usage"]["prompt_tokens"]
             truncated = response["choices"][0]["finish_reason"] == "length"
-            if not (request.json_mode and truncated) or kwargs["max_tokens"] >= room or growth == self.MAX_GROWTHS:
+            if not (request.json_mode and request.schema and truncated) or tightening == self.MAX_TIGHTENINGS:
                 break
-            kwargs["max_tokens"] = min(kwargs["max_tokens"] * self.GROWTH, room)
-            logger.debug("JSON answer truncated; retrying with max_tokens=%d", kwargs["max_tokens"])
+            max_chars, max_items = max(1, max_chars // self.TIGHTEN), max(1, max_items // self.TIGHTEN)
+            logger.debug("JSON answer truncated at %d tokens; asking again with at most %d items of %d chars",
+                         request.max_tokens, max_items, max_chars)
         response["usage"] = spent
         return response
 
     def is_transient(self, exc: BaseException) -> bool:
         # Decoding is deterministic for a given request and seed, and truncation was already
-        # handled above by growing the budget: asking again would repeat the same answer.
+        # handled above by tightening the schema: asking again would repeat the same answer.
         return False
 
 

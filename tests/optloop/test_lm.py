@@ -337,3 +337,66 @@ def test_raw_control_characters_in_json_strings_are_escaped_not_failed():
     response = {"choices": [{"message": {"content": '{"answer": "line one\nline two"}'}, "finish_reason": "stop"}]}
     _check_json(response)
     assert json.loads(response["choices"][0]["message"]["content"]) == {"answer": "line one\nline two"}
+
+
+class _RamblingLlama:
+    """Stands in for llama_cpp.Llama: runs out of tokens until the schema allows at most ``closes_at`` items."""
+
+    def __init__(self, closes_at: int):
+        self.closes_at = closes_at
+        self.calls: list[dict] = []
+
+    def create_chat_completion(self, **kwargs):
+        self.calls.append(kwargs)
+        items = kwargs["response_format"]["schema"]["properties"]["facts"]["maxItems"]
+        done = items <= self.closes_at
+        return {"choices": [{"index": 0, "finish_reason": "stop" if done else "length",
+                             "message": {"role": "assistant", "content": '{"facts": ["a"]}' if done else '{"facts": ["a'}}],
+                "usage": {"prompt_tokens": 100, "completion_tokens": 7, "total_tokens": 107}}
+
+
+def _local_with(monkeypatch, tmp_path, llama) -> OptloopLM:
+    import threading
+
+    from optloop.lm import LocalLlamaBackend
+
+    model = tmp_path / "fake.gguf"
+    model.write_bytes(b"gguf")
+    monkeypatch.setattr(LocalLlamaBackend, "_model", lambda self: (llama, threading.Lock()))
+    return OptloopLM(LMSettings.from_spec(f"local:{model}", cache_path=tmp_path / "cache.sqlite"))
+
+
+FACTS = {"type": "object", "properties": {"facts": {"type": "array", "items": {"type": "string"}}}}
+
+
+@pytest.mark.parametrize("closes_at, bounds", [(16, [(16, 400)]), (4, [(16, 400), (4, 100)]),
+                                               (1, [(16, 400), (4, 100), (1, 25)])])
+def test_a_truncated_local_answer_is_asked_again_under_tighter_bounds_at_the_same_budget(
+        monkeypatch, tmp_path, closes_at, bounds):
+    llama = _RamblingLlama(closes_at)
+    lm = _local_with(monkeypatch, tmp_path, llama)
+    assert lm.json("list the facts", FACTS) == {"facts": ["a"]}
+    seen = [(c["response_format"]["schema"]["properties"]["facts"]["maxItems"],
+             c["response_format"]["schema"]["properties"]["facts"]["items"]["maxLength"]) for c in llama.calls]
+    assert seen == bounds
+    assert {c["max_tokens"] for c in llama.calls} == {512}  # the budget never grows
+    record = lm.accounting.records[-1]
+    assert record.attempts == 1 and record.completion_tokens == 7 * len(bounds)  # every try is paid for
+
+
+def test_a_local_answer_that_never_closes_fails_after_three_tries_of_max_tokens(monkeypatch, tmp_path):
+    llama = _RamblingLlama(closes_at=0)
+    lm = _local_with(monkeypatch, tmp_path, llama)
+    with pytest.raises(LMError, match="truncated at max_tokens"):
+        lm.json("list the facts", FACTS)
+    assert len(llama.calls) == 3 and {c["max_tokens"] for c in llama.calls} == {512}
+    assert lm.accounting.records[-1].attempts == 1  # deterministic decoding: not retried again
+
+
+def test_a_truncated_local_answer_without_a_schema_is_not_asked_again(monkeypatch, tmp_path):
+    llama = _RamblingLlama(closes_at=0)
+    llama.create_chat_completion = lambda **kw: (llama.calls.append(kw), {
+        "choices": [{"index": 0, "finish_reason": "length", "message": {"role": "assistant", "content": "a b c"}}],
+        "usage": {"prompt_tokens": 1, "completion_tokens": 512, "total_tokens": 513}})[1]
+    lm = _local_with(monkeypatch, tmp_path, llama)
+    assert lm.text("ramble") == "a b c" and len(llama.calls) == 1
