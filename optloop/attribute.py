@@ -214,7 +214,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:
         raise ConfigError(f"unknown fault(s) {unknown}; see --list-faults")
     load_dataset(args.dataset)  # a malformed dataset fails here, before any LLM call
-    lm = lm_from_args(args)
+    lm = lm_from_args(args, get_system(systems[0]).local_decoding if len(systems) == 1 else None)
     slug = f"{'+'.join(systems)}-{args.dataset.replace(':', '_').replace('/', '_')}"
     out = args.out or state_dir() / "attribution" / slug
     with tempfile.TemporaryDirectory(prefix="optloop-attr-") as tmp:

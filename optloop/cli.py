@@ -10,7 +10,8 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from rich.logging import RichHandler
 
@@ -34,24 +35,29 @@ def add_lm_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--lm-retries", metavar="N", type=int, help="retries on transient errors (default 3)")
     group.add_argument("--lm-n-ctx", metavar="TOKENS", type=int, help="context window of a local model (default 12288)")
     group.add_argument("--lm-max-items", metavar="N", type=int,
-                       help="local decoding: longest JSON array (default 16; graphiti runs far faster at 3)")
+                       help="local decoding: longest JSON array (default 16; 3 for graphiti)")
     group.add_argument("--lm-max-chars", metavar="N", type=int,
-                       help="local decoding: longest JSON string (default 400; graphiti runs far faster at 80)")
+                       help="local decoding: longest JSON string (default 400; 80 for graphiti)")
     group.add_argument("--no-cache", action="store_true", help="bypass the persistent LM call cache")
 
 
-def lm_from_args(args: argparse.Namespace) -> OptloopLM:
+def lm_from_args(args: argparse.Namespace, defaults: Mapping[str, Any] | None = None) -> OptloopLM:
+    """The LM the flags ask for; ``defaults`` (a system's ``local_decoding``) fill settings the flags leave unset."""
     settings = LMSettings.from_spec(
         args.lm,
         base_url=args.lm_base_url,
         timeout_s=args.lm_timeout,
         max_retries=args.lm_retries,
         n_ctx=getattr(args, "lm_n_ctx", None),
-        max_array_items=getattr(args, "lm_max_items", None),
-        max_string_chars=getattr(args, "lm_max_chars", None),
+        max_array_items=_first_set(getattr(args, "lm_max_items", None), (defaults or {}).get("max_array_items")),
+        max_string_chars=_first_set(getattr(args, "lm_max_chars", None), (defaults or {}).get("max_string_chars")),
         cache=False if args.no_cache else None,
     )
     return OptloopLM(settings)
+
+
+def _first_set(*values: Any) -> Any:
+    return next((v for v in values if v is not None), None)
 
 
 def setup_logging(verbose: bool) -> None:

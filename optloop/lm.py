@@ -17,8 +17,12 @@ Backends (pick one with a spec string, ``--lm`` or ``OPTLOOP_LM``):
 
 Schema-constrained decoding: a call that carries a response schema (DSPy's
 JSONAdapter passes the signature's output model; a memory library passes its
-``response_format``) is decoded under that schema by llama.cpp, so its output
-always parses. Remote endpoints get the schema as ``json_schema`` (or
+``response_format``) is decoded under that schema by llama.cpp, with every
+unbounded string and array given a bound (``max_string_chars``,
+``max_array_items``), so its output closes. An answer that still runs out of
+``max_tokens`` is asked again under 4x, then 16x, tighter bounds at the same
+budget: a shorter answer that satisfies the schema, and a failing call that
+generates at most 3 x ``max_tokens``. Remote endpoints get the schema as ``json_schema`` (or
 ``json_object`` + schema, for servers that only take that), and a body that
 does not parse is retried like any transient fault.
 

@@ -174,11 +174,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     checkpoint = state_dir() / "runs" / run_name / "checkpoint.json"
     if checkpoint.exists():
         Checkpoint.load(checkpoint)
-    lm = lm_from_args(args)
+    decoding = get_system(args.system).local_decoding
+    lm = lm_from_args(args, decoding)
     proposer = lm
     if args.proposer_lm:
         proposer_args = argparse.Namespace(**{**vars(args), "lm": args.proposer_lm})
-        proposer = lm_from_args(proposer_args)
+        proposer = lm_from_args(proposer_args, decoding)
     for model in {id(lm): lm, id(proposer): proposer}.values():
         if model.settings.backend != "local":  # an unreachable endpoint fails now, before any state is written
             model.text("ping", max_tokens=1, cache=False)

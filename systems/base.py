@@ -99,6 +99,9 @@ class MemorySystem(ABC):
 
     name: ClassVar[str]
     default_knobs: ClassVar[dict[str, Any]] = {"top_k": 5}
+    # LMSettings this system's runs use unless the user sets them (``--lm-max-items``,
+    # ``--lm-max-chars``): bounds for schema-constrained decoding on a local model.
+    local_decoding: ClassVar[dict[str, int]] = {}
 
     def __init__(self, lm: OptloopLM, run_dir: Path, *, embedder: Embedder | None = None,
                  knobs: dict[str, Any] | None = None, query_site: bool = False):

@@ -348,6 +348,9 @@ class GraphitiSystem(MemorySystem):
     name: ClassVar[str] = "graphiti"
     default_knobs: ClassVar[dict[str, Any]] = {"top_k": 10, "search_recipe": "EDGE_HYBRID_SEARCH_RRF"}
     knob_aliases: ClassVar[dict[str, str]] = {"num_results": "top_k"}
+    # graphiti's response models nest lists of objects of strings; at the LM defaults (16 items
+    # of 400 chars) llama.cpp's grammar sampling made one extraction call run over ten minutes.
+    local_decoding: ClassVar[dict[str, int]] = {"max_array_items": 3, "max_string_chars": 80}
 
     def __init__(self, lm: OptloopLM, run_dir: Path, *, embedder: Embedder | None = None,
                  knobs: dict[str, Any] | None = None, query_site: bool = False,

@@ -100,9 +100,8 @@ def test_same_seed_and_cache_give_the_same_result(tmp_path):
 def test_budget_3_on_the_real_libraries(system, tmp_path):
     uri = f"sqlite:///{tmp_path / 'ml' / 'mlflow.db'}"
     out = tmp_path / "result.json"
-    extra = ["--lm-max-items", "3", "--lm-max-chars", "80"] if system == "graphiti" else []
     assert main(["--system", system, "--budget", "3", "--run-name", f"{system}-3", "--tracking-uri", uri,
-                 "--json", str(out), *extra]) == 0
+                 "--json", str(out)]) == 0
     check_store(uri, system, 3, json.loads(out.read_text()))
 
 

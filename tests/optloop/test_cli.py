@@ -1,0 +1,27 @@
+"""The shared LM flags: a system's local-decoding defaults fill what the flags leave unset."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from optloop.cli import add_lm_arguments, lm_from_args
+from systems import get_system
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_lm_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+@pytest.mark.parametrize("system, argv, expected", [
+    ("graphiti", [], (3, 80)),                                   # graphiti's own bounds
+    ("graphiti", ["--lm-max-items", "5"], (5, 80)),              # a flag wins, the other default stays
+    ("mem0", [], (16, 400)),                                     # no system default: the LM's
+    ("mem0", ["--lm-max-chars", "120"], (16, 120)),
+])
+def test_system_decoding_defaults_yield_to_flags(isolated_state, system, argv, expected):
+    lm = lm_from_args(_args(*argv), get_system(system).local_decoding)
+    assert (lm.settings.max_array_items, lm.settings.max_string_chars) == expected
