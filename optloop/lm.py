@@ -322,7 +322,7 @@ class Accounting:
 
 
 class LMCache:
-    """Responses keyed by (model, messages, schema, sampling params), in SQLite.
+    """Responses keyed by (model, messages, schema, sampling params, decoding settings), in SQLite.
 
     SQLite gives atomic writes and safe concurrent readers, so a killed process
     never leaves a half-written entry and a restart finds every finished call.
@@ -465,6 +465,14 @@ class Backend(ABC):
     def complete(self, request: Request) -> dict[str, Any]:
         """Return an OpenAI chat-completion dict, or raise."""
 
+    def decoding(self, request: Request) -> str | None:
+        """This backend's own settings that shape the answer to ``request`` (None: none do).
+
+        They join the cache key, so an answer decoded under one setting is never served
+        under another (e.g. a JSON answer bounded to 16 x 400 chars, asked for under 3 x 80).
+        """
+        return None
+
     def is_transient(self, exc: BaseException) -> bool:
         return isinstance(exc, MalformedResponse)
 
@@ -522,6 +530,11 @@ class LocalLlamaBackend(Backend):
     def identity(self) -> str:
         stat = self.path.stat()  # name + size tell models apart without hashing 100 MB
         return f"local:{self.path.name}:{stat.st_size}"
+
+    def decoding(self, request: Request) -> str | None:
+        if request.json_mode and request.schema:
+            return f"bounds:{self.max_items}x{self.max_chars}"
+        return None
 
     @property
     def loaded(self) -> bool:
@@ -603,6 +616,9 @@ class OpenAICompatibleBackend(Backend):
     @property
     def identity(self) -> str:
         return f"openai:{self.model}@{redact_url(self.base_url) or 'api.openai.com'}"
+
+    def decoding(self, request: Request) -> str | None:
+        return f"schema_mode:{self.schema_mode}" if request.json_mode and request.schema else None
 
     def _response_format(self, request: Request) -> dict[str, Any] | None:
         if not request.json_mode:
@@ -779,7 +795,10 @@ class OptloopLM(dspy.BaseLM):
             seed=base_seed if rollout_id is None else _mix_seed(base_seed, rollout_id),
             stop=[stop] if isinstance(stop, str) else stop,
         )
-        key = LMCache.key({"model": self.backend.identity, **asdict(request), "rollout_id": rollout_id})
+        payload = {"model": self.backend.identity, **asdict(request), "rollout_id": rollout_id}
+        if (decoding := self.backend.decoding(request)) is not None:
+            payload["decoding"] = decoding
+        key = LMCache.key(payload)
         use_cache = self._cache is not None and (cache if cache is not None else True)
         started = time.perf_counter()
         if use_cache and (hit := self._cache.get(key)) is not None:  # type: ignore[union-attr]

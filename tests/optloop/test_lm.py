@@ -348,6 +348,9 @@ class _RamblingLlama:
 
     def create_chat_completion(self, **kwargs):
         self.calls.append(kwargs)
+        if "response_format" not in kwargs:  # plain text
+            return {"choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "hi"}}],
+                    "usage": {"prompt_tokens": 10, "completion_tokens": 1, "total_tokens": 11}}
         items = kwargs["response_format"]["schema"]["properties"]["facts"]["maxItems"]
         done = items <= self.closes_at
         return {"choices": [{"index": 0, "finish_reason": "stop" if done else "length",
@@ -382,6 +385,30 @@ def test_a_truncated_local_answer_is_asked_again_under_tighter_bounds_at_the_sam
     assert {c["max_tokens"] for c in llama.calls} == {512}  # the budget never grows
     record = lm.accounting.records[-1]
     assert record.attempts == 1 and record.completion_tokens == 7 * len(bounds)  # every try is paid for
+
+
+def test_a_cached_local_json_answer_is_not_served_under_other_decoding_bounds(monkeypatch, tmp_path):
+    import threading
+
+    from optloop.lm import LocalLlamaBackend
+
+    llama = _RamblingLlama(closes_at=16)
+    model = tmp_path / "fake.gguf"
+    model.write_bytes(b"gguf")
+    monkeypatch.setattr(LocalLlamaBackend, "_model", lambda self: (llama, threading.Lock()))
+
+    def lm(**bounds) -> OptloopLM:
+        return OptloopLM(LMSettings.from_spec(f"local:{model}", cache_path=tmp_path / "cache.sqlite", **bounds))
+
+    lm().json("list the facts", FACTS)
+    lm().json("list the facts", FACTS)  # same bounds: the cache answers
+    assert len(llama.calls) == 1
+    lm(max_array_items=3, max_string_chars=80).json("list the facts", FACTS)
+    assert len(llama.calls) == 2  # other bounds: decoded again, under those bounds
+    assert llama.calls[-1]["response_format"]["schema"]["properties"]["facts"]["maxItems"] == 3
+    lm(max_array_items=3, max_string_chars=80).text("say hi")  # plain text: bounds play no part
+    lm().text("say hi")
+    assert len(llama.calls) == 3
 
 
 def test_a_local_answer_that_never_closes_fails_after_three_tries_of_max_tokens(monkeypatch, tmp_path):
