@@ -73,6 +73,9 @@ class LoopConfig(BaseModel):
     lm: str = "local"
     proposer_lm: str = "same"
     knobs: dict[str, Any] = Field(default_factory=dict)
+    start: dict[str, str] = Field(default_factory=dict,
+                                  description="site -> instruction the run starts from instead of the system's own "
+                                              "(a product's current prompt, or a benchmark's sabotage)")
     fractions: tuple[float, float, float] = (0.5, 0.25, 0.25)
 
     def digest(self, *, shared: bool = False) -> str:
@@ -172,6 +175,20 @@ def choose_targets(entries: list[Any], config: LoopConfig, all_sites: list[str])
             + "; the optimizer targets the answer site" + ("; --optimizer optuna also tunes the blamed knobs"
                                                            if knobs else ""))
     return ["answer"], knobs, note
+
+
+def start_candidate(evaluator: Evaluator, config: LoopConfig) -> Candidate:
+    """The program the run starts from: the system's own prompts, with ``config.start``'s instructions."""
+    base = evaluator.baseline()
+    unknown = sorted(set(config.start) - set(base.sites))
+    if unknown:
+        raise ConfigError(f"start instructions for {', '.join(unknown)}: no such site on {config.system}; its sites "
+                          f"are {', '.join(base.sites)}")
+    if not config.start:
+        return base
+    sites = {name: state.model_copy(update={"instructions": config.start[name]}) if name in config.start else state
+             for name, state in base.sites.items()}
+    return Candidate(sites=sites, knobs=base.knobs, origin="baseline (start instructions)")
 
 
 def _lock_dir(path: Path) -> Any | None:
@@ -282,7 +299,8 @@ class Loop:
                 raise ConfigError(f"study {cfg.run_name!r} already has another MLflow parent run; pick another "
                                   "--run-name")
             if leads and not ckpt.trials and not ckpt.baseline_dev:
-                params = cfg.model_dump(exclude={"knobs", "fractions"})
+                params = cfg.model_dump(exclude={"knobs", "fractions", "start"})
+                params["start_sites"] = ",".join(cfg.start) or "-"  # the texts are in prompts_before.json
                 params |= {"storage": redact_url(cfg.storage), "tracking_uri": redact_url(cfg.tracking_uri)}
                 mlflow.log_params({**{k: str(v) for k, v in params.items()},
                                    "knobs": json.dumps(evaluator.template.knobs()), "fractions": str(cfg.fractions),
@@ -364,7 +382,7 @@ class Loop:
         import mlflow
 
         cfg = self.config
-        base = evaluator.baseline()
+        base = start_candidate(evaluator, cfg)
         leads = shared is None or shared.leader
         if ckpt.baseline_dev is None and not leads:  # the first worker evaluates the baseline once for all
             for split in ("train", "dev"):
