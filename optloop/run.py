@@ -84,8 +84,10 @@ def build_parser() -> argparse.ArgumentParser:
                              "longmemeval:<path>, meme:<path>, synthetic:meme?seed=K, jsonl:<path>; "
                              "?limit=N keeps the first N episodes")
     parser.add_argument("--budget", type=_budget, default=3, help="candidate evaluations on dev (default 3)")
-    parser.add_argument("--optimizer", choices=["simba", "gepa", "optuna"], default="simba",
-                        help="simba (default), gepa, or optuna (TPE over proposed instructions and knobs)")
+    parser.add_argument("--optimizer", choices=["simba", "gepa", "optuna", "edit"], default="simba",
+                        help="simba (default), gepa, optuna (TPE over proposed instructions and knobs), or edit "
+                             "(GrIPS-style phrase edits of the blamed instruction: delete, swap, paraphrase, add "
+                             "back; needs no strong proposer)")
     parser.add_argument("--proposer-lm", metavar="SPEC",
                         help="LM that writes new instructions (SIMBA rules, GEPA reflection, Optuna proposals); "
                              "same spec syntax as --lm; default: the system's LM")

@@ -63,7 +63,7 @@ class LoopConfig(BaseModel):
     system: str
     dataset: str = "builtin:tiny"
     budget: int = Field(3, ge=1, le=MAX_BUDGET)
-    optimizer: Literal["simba", "gepa", "optuna"] = "simba"
+    optimizer: Literal["simba", "gepa", "optuna", "edit"] = "simba"
     seed: int = 0
     untargeted: bool = False
     sites: list[str] | None = None
