@@ -741,6 +741,9 @@ class OptloopLM(dspy.BaseLM):
         self.accounting = accounting or Accounting()
         self._cache = LMCache(settings.resolved_cache_path()) if settings.cache else None
         self._health = EndpointHealth()  # shared with copies: one endpoint, one state
+        # Called with (site, messages) before every request, cached or not; shared with copies. A benchmark's
+        # witness (e.g. that a text never reaches the proposer), not a way to change requests.
+        self.watchers: list[Callable[[str | None, list[dict[str, Any]]], None]] = []
         super().__init__(
             model=self.backend.identity,
             model_type="chat",
@@ -795,6 +798,8 @@ class OptloopLM(dspy.BaseLM):
             seed=base_seed if rollout_id is None else _mix_seed(base_seed, rollout_id),
             stop=[stop] if isinstance(stop, str) else stop,
         )
+        for watch in self.watchers:
+            watch(current_site(), request.messages)
         payload = {"model": self.backend.identity, **asdict(request), "rollout_id": rollout_id}
         if (decoding := self.backend.decoding(request)) is not None:
             payload["decoding"] = decoding

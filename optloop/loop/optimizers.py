@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +36,7 @@ import dspy
 from optloop.attribution import Attribution
 from optloop.errors import ConfigError
 from optloop.lm import prompt_site, response_format_to_schema
+from optloop.loop._base import PROPOSER_SITE, Optimizer
 from optloop.loop.candidate import Candidate, SiteState
 from optloop.loop.program import MemoryProgram, attr_name, examples, feedback_metric, site_name
 from optloop.loop.study import SharedStudy
@@ -46,40 +47,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-PROPOSER_SITE = "optimizer.proposer"
 MAX_EMPTY_ROUNDS = 3
 MAX_BUDGET_SLOTS = 500
-
-
-class Optimizer(ABC):
-    name: str
-
-    def __init__(self, evaluator: Evaluator, proposer: dspy.BaseLM, trainset: Dataset, *, sites: Sequence[str],
-                 knobs: Sequence[str] = (), seed: int = 0):
-        self.evaluator = evaluator
-        self.proposer = proposer
-        self.trainset = trainset
-        self.sites = list(sites)
-        self.knobs = list(knobs)
-        self.seed = seed
-        self.seen: set[str] = set()
-        self.rounds = 0
-
-    def retarget(self, sites: Sequence[str], knobs: Sequence[str] = ()) -> None:
-        self.sites, self.knobs = list(sites), list(knobs)
-
-    @abstractmethod
-    def propose(self, best: Candidate, best_eval: Evaluation) -> Candidate | None:
-        """The next candidate to evaluate, or ``None`` when the optimizer has nothing new."""
-
-    def observe(self, candidate: Candidate, evaluation: Evaluation, trial: int) -> None:
-        """The dev result of a candidate this optimizer proposed."""
-
-    def mark_seen(self, candidate: Candidate) -> None:
-        self.seen.add(candidate.digest())
-
-    def release(self, candidate: Candidate) -> None:
-        """A proposed candidate that will not be evaluated (the budget is spent)."""
 
 
 def unchanged(programs: Sequence[MemoryProgram], source: MemoryProgram) -> bool:
@@ -472,8 +441,11 @@ def _fixed_keys(schema: Any, keys: Sequence[str]) -> Any:
     return out
 
 
-OPTIMIZERS: dict[str, type[Optimizer]] = {"simba": SimbaOptimizer, "gepa": GepaOptimizer, "optuna": OptunaOptimizer}
+from optloop.loop.edit import EditOptimizer  # noqa: E402 - edit builds on this module's base, not on this module
+
+OPTIMIZERS: dict[str, type[Optimizer]] = {"simba": SimbaOptimizer, "gepa": GepaOptimizer, "optuna": OptunaOptimizer,
+                                          "edit": EditOptimizer}
 
 
-__all__ = ["OPTIMIZERS", "BlamedSiteSelector", "GepaOptimizer", "Optimizer", "OptunaOptimizer", "SimbaOptimizer",
+__all__ = ["OPTIMIZERS", "BlamedSiteSelector", "EditOptimizer", "GepaOptimizer", "Optimizer", "OptunaOptimizer", "SimbaOptimizer",
            "knob_choices"]
