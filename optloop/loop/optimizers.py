@@ -25,10 +25,12 @@ LLM calls are counted and reported, but they are not evaluations.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
 import uuid
 from abc import abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import dspy
@@ -49,6 +51,18 @@ logger = logging.getLogger(__name__)
 
 MAX_EMPTY_ROUNDS = 3
 MAX_BUDGET_SLOTS = 500
+
+
+@contextlib.contextmanager
+def dspy_bars_hidden() -> Iterator[None]:
+    """Hide the tqdm bars DSPy's parallel executor prints to stdout inside an optimizer round (SIMBA and GEPA
+    offer no switch for them), unless DSPy's logger is verbose (``--verbose``): the run's own status line says
+    what runs."""
+    if logging.getLogger("dspy").getEffectiveLevel() <= logging.INFO:
+        yield
+        return
+    with contextlib.redirect_stdout(io.StringIO()):
+        yield
 
 
 def unchanged(programs: Sequence[MemoryProgram], source: MemoryProgram) -> bool:
@@ -74,9 +88,10 @@ class _QueueOptimizer(Optimizer):
             self.rounds += 1
             program = MemoryProgram(self.evaluator, best, self.sites)
             fresh = []
-            programs = self.round(program)
-            if unchanged(programs, program):
-                programs = self.rewrites(program, examples(self.trainset))
+            with dspy_bars_hidden():
+                programs = self.round(program)
+                if unchanged(programs, program):
+                    programs = self.rewrites(program, examples(self.trainset))
             for i, p in enumerate(programs):
                 c = p.candidate(f"{self.name} round {self.rounds} #{i}{getattr(p, 'origin_note', '')}")
                 if c.digest() not in self.seen and c.digest() != best.digest():

@@ -65,3 +65,25 @@ def test_open_dicts_get_the_module_keys():
 def test_knob_choices_keep_the_current_value():
     assert knob_choices("rag_bm25", "top_k", 7)[0] == 7 and 1 in knob_choices("rag_bm25", "top_k", 7)
     assert "EDGE_HYBRID_SEARCH_RRF" in knob_choices("graphiti", "search_recipe", "EDGE_HYBRID_SEARCH_RRF")
+
+
+def test_dspy_progress_bars_are_hidden_inside_a_round_unless_verbose(capsys):
+    import logging
+
+    import tqdm
+
+    from optloop.loop.optimizers import dspy_bars_hidden
+
+    dspy_logger = logging.getLogger("dspy")
+    old = dspy_logger.level
+    try:
+        for level, shown in ((logging.ERROR, False), (logging.INFO, True)):
+            dspy_logger.setLevel(level)
+            with dspy_bars_hidden():
+                import sys
+
+                for _ in tqdm.tqdm(range(3), file=sys.stdout, desc="bar-under-test"):  # what DSPy's executor does
+                    pass
+            assert ("bar-under-test" in capsys.readouterr().out) is shown
+    finally:
+        dspy_logger.setLevel(old)
