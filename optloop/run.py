@@ -13,7 +13,11 @@ What happens:
      becomes the best, its failures are re-attributed and the optimizer follows the blame;
   4. the baseline and the best candidate run on the held-out test split; changed prompts are
      registered in the MLflow Prompt Registry as optloop.<site> (optloop.mem0.extract;
-     optloop.<system>.answer), and the `champion` alias moves only when test accuracy improved.
+     optloop.<system>.answer), and the `champion` alias moves only when the held-out gain is
+     more than noise: the 95% CI of the per-question delta lies above 0 (--promote-if).
+
+Every accuracy is reported with its n and a 95% bootstrap CI over the questions: on a test
+split of 12 questions one question is 0.083 of accuracy, and a 95% CI spans about ±0.3.
 
 One evaluation (what --budget counts) = one candidate run over the dev split: ingest every
 dev episode (reusing the stored result when the candidate's ingest prompts are unchanged),
@@ -50,8 +54,9 @@ from rich.table import Table
 from optloop.cli import add_lm_arguments, lm_from_args, run_cli, setup_logging
 from optloop.errors import ConfigError, EndpointDownError
 from optloop.lm import Usage
-from optloop.loop.runner import MAX_BUDGET, Checkpoint, Loop, LoopConfig, LoopResult, split_dataset
+from optloop.loop.runner import MAX_BUDGET, Checkpoint, Loop, LoopConfig, LoopResult, check_fractions, split_dataset
 from optloop.paths import state_dir
+from optloop.stats import Interval, bootstrap_mean
 from systems import SYSTEMS, get_system
 
 console = Console(stderr=True)
@@ -65,6 +70,17 @@ def _budget(text: str) -> int:
     if not 1 <= value <= MAX_BUDGET:
         raise argparse.ArgumentTypeError(f"{value} is out of range: give 1 to {MAX_BUDGET} candidate evaluations")
     return value
+
+
+def _split(text: str) -> tuple[float, float, float]:
+    try:
+        fractions = tuple(float(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give three numbers TRAIN,DEV,TEST, e.g. 0.5,0.25,0.25") from None
+    try:
+        return check_fractions(fractions)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r}: {exc}") from None
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -91,7 +107,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--proposer-lm", metavar="SPEC",
                         help="LM that writes new instructions (SIMBA rules, GEPA reflection, Optuna proposals); "
                              "same spec syntax as --lm; default: the system's LM")
-    parser.add_argument("--seed", type=int, default=0, help="split and optimizer seed (default 0)")
+    parser.add_argument("--seed", type=int, default=0, help="split, optimizer and bootstrap seed (default 0)")
+    parser.add_argument("--split", type=_split, default=LoopConfig.model_fields["fractions"].default,
+                        metavar="TRAIN,DEV,TEST",
+                        help="shares of the episodes for train, dev and test (default 0.5,0.25,0.25; each above 0, "
+                             "summing to 1). A 95%% CI on n questions spans about ±1/sqrt(n): 24 test questions, "
+                             "±0.2; give dev and test more (0.4,0.3,0.3) or use more episodes")
+    parser.add_argument("--promote-if", choices=["ci", "delta"], default="ci",
+                        help="when the prompt registry's champion alias moves to the best candidate: ci (default) "
+                             "when the 95%% CI of its held-out gain lies above 0, i.e. the gain is unlikely to be "
+                             "noise; delta when the point gain is above 0 (on a small test split that also promotes "
+                             "noise)")
     parser.add_argument("--untargeted", action="store_true",
                         help="ablation: let the optimizer rewrite every site, not only the blamed ones")
     parser.add_argument("--sites", help="comma-separated sites to optimize instead of the blamed ones")
@@ -120,29 +146,43 @@ def _knobs(pairs: list[str]) -> dict[str, object]:
     return knobs
 
 
+def _accuracy(interval: Interval) -> str:
+    """``0.458 [0.250, 0.667] n=24``"""
+    return f"{interval.estimate:.3f} [{interval.low:.3f}, {interval.high:.3f}] n={interval.n}"
+
+
+def _dev_accuracy(accuracy: float, n: int, seed: int) -> str:
+    """A dev accuracy with its CI, from its count alone (a bootstrap of 0/1 scores depends only on how
+    many passed)."""
+    passes = round(accuracy * n)
+    return _accuracy(bootstrap_mean([1.0] * passes + [0.0] * (n - passes), seed=seed))
+
+
 def summary_table(result: LoopResult) -> Table:
     cfg = result.config
+    cost = result.cost
     table = Table(title=f"optloop.run {cfg.run_name}: {cfg.system} on {cfg.dataset}, {cfg.optimizer}, "
                         f"budget {cfg.budget}" + (" (untargeted)" if cfg.untargeted else ""))
     table.add_column("")
     table.add_column("baseline", justify="right")
     table.add_column("best", justify="right")
     table.add_column("delta", justify="right")
-    table.add_row("dev accuracy", f"{result.baseline_dev:.3f}", f"{result.best_dev:.3f}",
-                  f"{result.best_dev - result.baseline_dev:+.3f}")
-    table.add_row("test accuracy (held out)", f"{result.test_before:.3f}", f"{result.test_after:.3f}",
-                  f"{result.delta_test:+.3f}")
+    table.add_row("dev accuracy", _dev_accuracy(result.baseline_dev, result.n_dev, cfg.seed),
+                  _dev_accuracy(result.best_dev, result.n_dev, cfg.seed),
+                  f"{result.best_dev - result.baseline_dev:+.3f} (best of {result.evaluations + 1} on dev)")
+    table.add_row("test accuracy (held out)", _accuracy(result.test_before_ci), _accuracy(result.test_after_ci),
+                  str(result.delta_test_ci))
     table.add_section()
     table.add_row("blamed", ", ".join(result.targets) or "(no failure attributed to a site)", "", "")
     table.add_row("optimized", ", ".join(result.tunable_sites + [f"knob:{k}" for k in result.tunable_knobs]), "", "")
     changed = result.changed_sites + [f"{k}={v}" for k, v in result.changed_knobs.items()]
     table.add_row("changed (best)", ", ".join(changed) or "nothing (baseline stays best)",
                   f"trial {result.best_trial}", "")
-    table.add_row("promoted", "champion moved" if result.promoted else "no", "", "")
+    table.add_row("promoted", result.promotion_reason, "", "")
     table.add_section()
     table.add_row("evaluations / budget", f"{result.evaluations} / {cfg.budget}", "", "")
-    table.add_row("cost", f"{result.cost['llm_calls']} LLM calls ({result.cost['model_calls']} computed), "
-                          f"{result.cost['tokens']} tokens, {result.cost['seconds']} s", "", "")
+    table.add_row("cost", f"{cost['llm_calls']:.0f} LLM calls ({cost['model_calls']:.0f} computed), "
+                          f"{cost['tokens']:.0f} tokens, {cost['seconds']:.1f} s", "", "")
     return table
 
 
@@ -170,7 +210,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         seed=args.seed, untargeted=args.untargeted,
                         sites=[s.strip() for s in args.sites.split(",") if s.strip()] if args.sites else None,
                         run_name=run_name, tracking_uri=args.tracking_uri, storage=args.storage,
-                        lm=args.lm or "local", proposer_lm=args.proposer_lm or "same", knobs=_knobs(args.knob))
+                        lm=args.lm or "local", proposer_lm=args.proposer_lm or "same", knobs=_knobs(args.knob),
+                        fractions=args.split, promote_if=args.promote_if)
     # Everything the loop would refuse is refused now, before the LM (and its cache file) exists.
     split_dataset(dataset, config)
     checkpoint = state_dir() / "runs" / run_name / "checkpoint.json"

@@ -62,17 +62,20 @@ def targeted(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                          "blamed": result.targets, "optimized": result.tunable_sites,
                          "changed": result.changed_sites, "test_before": result.test_before,
                          "test_after": result.test_after, "delta_test": result.delta_test,
+                         "delta_test_ci": [result.delta_test_ci.low, result.delta_test_ci.high],
+                         "n_test": result.n_test, "n_dev": result.n_dev, "promoted": result.promoted,
                          "dev_before": result.baseline_dev, "dev_best": result.best_dev,
                          "evaluations": result.evaluations, **result.cost, "run_id": result.parent_run_id})
     table = Table(title=f"targeted vs untargeted on {args.dataset}, budget {args.budget}, seed {args.seed}")
-    for col in ("system", "mode", "blamed", "optimized sites", "test before", "test after", "delta",
-                "evaluations", "LLM calls", "model calls", "seconds"):
+    for col in ("system", "mode", "blamed", "optimized sites", "test before", "test after", "delta [95% CI]",
+                "n test", "evaluations", "LLM calls", "model calls", "seconds"):
         table.add_column(col)
     for r in rows:
+        low, high = r["delta_test_ci"]
         table.add_row(r["system"], r["mode"], ", ".join(r["blamed"]), ", ".join(r["optimized"]),
-                      f"{r['test_before']:.3f}",
-                      f"{r['test_after']:.3f}", f"{r['delta_test']:+.3f}", str(r["evaluations"]),
-                      str(r["llm_calls"]), str(r["model_calls"]), str(r["seconds"]))
+                      f"{r['test_before']:.3f}", f"{r['test_after']:.3f}",
+                      f"{r['delta_test']:+.3f} [{low:+.3f}, {high:+.3f}]", str(r["n_test"]), str(r["evaluations"]),
+                      f"{r['llm_calls']:.0f}", f"{r['model_calls']:.0f}", f"{r['seconds']:.1f}")
     console.print(table)
     return {"bench": "targeted", "dataset": args.dataset, "budget": args.budget, "seed": args.seed, "rows": rows}
 

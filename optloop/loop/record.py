@@ -11,6 +11,10 @@ name                        run     meaning
 ``acc_test_before``         parent  held-out test accuracy of the baseline
 ``acc_test_after``          parent  held-out test accuracy of the best candidate
 ``delta_test``              parent  ``acc_test_after - acc_test_before``
+``acc_test_{before,after}_ci_{low,high}`` parent  95% bootstrap CI of that accuracy over the test questions
+``delta_test_ci_{low,high}`` parent  95% paired bootstrap CI of ``delta_test`` (per question, after - before);
+                                    ``--promote-if ci`` moves ``champion`` only when ``delta_test_ci_low > 0``
+``n_dev`` ``n_test``        parent  questions in the dev and test splits (the n of those CIs)
 ``acc_test_{before,after}/<task>`` parent  per task type
 ``errors/<type>``           both    attributed failures per error type (child: dev; parent: baseline train+dev)
 ``errors_test_{before,after}/<type>`` parent  on test
@@ -34,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from optloop.loop.evaluate import Evaluation
+    from optloop.stats import Interval
 
 
 def metric_key(name: str) -> str:
@@ -45,6 +50,11 @@ def evaluation_metrics(evaluation: Evaluation, prefix: str = "acc_dev") -> dict[
     metrics = {prefix: evaluation.accuracy}
     metrics |= {f"{prefix}/{metric_key(t)}": v for t, v in evaluation.per_task().items()}
     return metrics
+
+
+def interval_metrics(name: str, interval: Interval) -> dict[str, float]:
+    """``<name>_ci_low`` and ``<name>_ci_high``."""
+    return {f"{name}_ci_low": interval.low, f"{name}_ci_high": interval.high}
 
 
 def cost_metrics(evaluation: Evaluation) -> dict[str, float]:

@@ -29,6 +29,7 @@ import fcntl
 import hashlib
 import json
 import logging
+import math
 import time
 import uuid
 from collections import Counter
@@ -38,7 +39,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import dspy
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from optloop.attribution import blame
 from optloop.attribution.taxonomy import KNOB_PREFIX, is_prompt_site
@@ -51,10 +52,24 @@ from optloop.loop.optimizers import OPTIMIZERS, Optimizer
 from optloop.lm import redact_url
 from optloop.loop.study import SharedStudy
 from optloop.paths import state_dir, write_atomic
+from optloop.stats import Interval, bootstrap_mean, paired_bootstrap_delta
 
 logger = logging.getLogger(__name__)
 
 MAX_BUDGET = 500
+FEW_QUESTIONS = 20  # fewer dev or test questions than this and a 95% CI spans more than about ±0.2
+
+
+def check_fractions(fractions: tuple[float, ...]) -> tuple[float, float, float]:
+    """``fractions`` if they are three shares above 0 summing to 1 (within 1e-6), else a ValueError saying
+    what to fix."""
+    if len(fractions) != 3:
+        raise ValueError(f"give three fractions TRAIN,DEV,TEST (e.g. 0.5,0.25,0.25), not {len(fractions)}")
+    if any(not f > 0 for f in fractions):
+        raise ValueError("every fraction must be above 0: each split needs episodes")
+    if abs(sum(fractions) - 1) > 1e-6:
+        raise ValueError(f"the fractions sum to {sum(fractions):g}; they must sum to 1")
+    return fractions[0], fractions[1], fractions[2]
 
 
 class LoopConfig(BaseModel):
@@ -77,6 +92,13 @@ class LoopConfig(BaseModel):
                                   description="site -> instruction the run starts from instead of the system's own "
                                               "(a product's current prompt, or a benchmark's sabotage)")
     fractions: tuple[float, float, float] = (0.5, 0.25, 0.25)
+    promote_if: Literal["ci", "delta"] = Field("ci", description="the champion alias moves when the held-out "
+                                                                 "delta's CI is above 0 (ci) or its point (delta)")
+
+    @field_validator("fractions")
+    @classmethod
+    def _fractions(cls, value: tuple[float, float, float]) -> tuple[float, float, float]:
+        return check_fractions(value)
 
     def digest(self, *, shared: bool = False) -> str:
         """What must match for a run name to be resumed (the tracking URI may move), or, with ``shared``,
@@ -136,13 +158,55 @@ class LoopResult(BaseModel):
     changed_sites: list[str]
     changed_knobs: dict[str, Any]
     promoted: bool
+    promotion_reason: str = Field(description="why the champion alias moved or did not (see promotion())")
     registered: dict[str, Any]
-    cost: dict[str, float]
+    cost: dict[str, int | float]
+    n_dev: int = Field(description="dev questions")
+    n_test: int = Field(description="held-out test questions")
+    test_before_ci: Interval = Field(description="baseline's test accuracy, bootstrap CI over test questions")
+    test_after_ci: Interval = Field(description="best candidate's test accuracy, bootstrap CI over test questions")
+    delta_test_ci: Interval = Field(description="after - before per test question, paired bootstrap CI")
     note: str = ""
 
     @property
     def delta_test(self) -> float:
         return self.test_after - self.test_before
+
+
+def held_out_intervals(before: Evaluation, after: Evaluation, *, seed: int) -> tuple[Interval, Interval, Interval]:
+    """(test accuracy before, after, delta), each with its bootstrap CI over the test questions; the delta
+    pairs each question's pass before with its pass after by (episode, question)."""
+    passed_after = {(o.episode_id, o.question_id): float(o.passed) for o in after.outcomes}
+    pairs = [(float(o.passed), passed_after[key]) for o in before.outcomes
+             if (key := (o.episode_id, o.question_id)) in passed_after]
+    return (bootstrap_mean([float(o.passed) for o in before.outcomes], seed=seed),
+            bootstrap_mean([float(o.passed) for o in after.outcomes], seed=seed),
+            paired_bootstrap_delta([b for b, _ in pairs], [a for _, a in pairs], seed=seed))
+
+
+def promotion(rule: Literal["ci", "delta"], changed: bool, delta: Interval) -> tuple[bool, str]:
+    """(move the ``champion`` alias?, why): with ``ci`` only when the held-out delta's CI lies above 0,
+    with ``delta`` when its point value is above 0; a candidate that changed nothing never moves it."""
+    if not changed:
+        return False, "the baseline stayed best on dev: no new prompt to promote"
+    level = f"{delta.confidence:.0%} CI"
+    where = "is above 0" if delta.above_zero else "is below 0" if delta.high < 0 else "includes 0"
+    if rule == "ci":
+        moved, why = delta.above_zero, f"its {level} {where}"
+    else:
+        moved = delta.estimate > 0
+        why = f"the point delta is {'above' if moved else 'not above'} 0 (its {level} {where})"
+    return moved, (f"held-out delta {delta}: {why}, champion {'moved' if moved else 'not moved'} "
+                   f"(--promote-if {rule})")
+
+
+def small_split_warning(n_dev: int, n_test: int) -> str | None:
+    """A warning when dev or test is too small for its accuracy to mean much (``None`` when both are fine)."""
+    if min(n_dev, n_test) >= FEW_QUESTIONS:
+        return None
+    spread = 1.96 * 0.5 / math.sqrt(max(min(n_dev, n_test), 1))  # a 95% CI's half-width at accuracy 0.5
+    return (f"dev has {n_dev} questions, test {n_test}: a 95% CI this small spans about \u00b1{spread:.1f}; "
+            "use more episodes (?limit=) or --split")
 
 
 def split_dataset(dataset: Dataset, config: LoopConfig) -> tuple[Dataset, Dataset, Dataset]:
@@ -224,6 +288,8 @@ class Loop:
         cfg = self.config
         dataset = load_dataset(cfg.dataset)
         train, dev, test = split_dataset(dataset, cfg)
+        if warning := small_split_warning(_questions(dev), _questions(test)):
+            logger.warning("%s", warning)
         self.state = self._claim_state_dir()
         try:
             return self._run(dataset, train, dev, test)
@@ -596,7 +662,7 @@ class Loop:
     def _texts(evaluator: Evaluator, candidate: Candidate) -> dict[str, str]:
         return {n: prompt_text(evaluator.sites[n], s) for n, s in candidate.sites.items() if n in evaluator.sites}
 
-    def _cost(self, mark: int, proposer_mark: int | None) -> dict[str, float]:
+    def _cost(self, mark: int, proposer_mark: int | None) -> dict[str, int | float]:
         """What this process spent since ``mark``: LLM calls, tokens, seconds."""
         usage = self.lm.accounting.totals(since=mark)
         cost = {"llm_calls": usage.calls, "model_calls": usage.model_calls, "tokens": usage.tokens,
@@ -624,13 +690,18 @@ class Loop:
         assert before is not None and after is not None and ckpt.baseline_dev is not None
         best_curve = list(accumulate((a for _, a in points), max))
         delta = after.accuracy - before.accuracy
-        promoted = best is not base and delta > 0
+        before_ci, after_ci, delta_ci = held_out_intervals(before, after, seed=cfg.seed)
+        promoted, reason = promotion(cfg.promote_if, best is not base, delta_ci)
+        n_dev, n_test = ckpt.baseline_dev.n, before.n
         cost = self._cost(mark, proposer_mark)
         for key, value in (extra_cost or {}).items():  # other workers' share (seconds: worker-seconds)
             cost[key] = round(cost.get(key, 0) + value, 1)
         mlflow.log_metrics({"acc_dev_baseline": ckpt.baseline_dev.accuracy,
                             "acc_dev_best_final": max(best_curve), "acc_test_before": before.accuracy,
                             "acc_test_after": after.accuracy, "delta_test": delta,
+                            "n_dev": n_dev, "n_test": n_test, **record.interval_metrics("delta_test", delta_ci),
+                            **record.interval_metrics("acc_test_before", before_ci),
+                            **record.interval_metrics("acc_test_after", after_ci),
                             "evaluations": evaluations, **cost,
                             **record.evaluation_metrics(before, "acc_test_before"),
                             **record.evaluation_metrics(after, "acc_test_after"),
@@ -653,26 +724,31 @@ class Loop:
         mlflow.log_artifact(str(program_path))
         changed = best.changed_sites(base)
         if changed and not ckpt.registered:
-            message = (f"optloop run {cfg.run_name}: test {before.accuracy:.3f} -> {after.accuracy:.3f}"
-                       + ("" if promoted else " (not promoted: no held-out gain)"))
+            message = f"optloop run {cfg.run_name}: test {before.accuracy:.3f} -> {after.accuracy:.3f}; {reason}"
             ckpt.registered = record.register_prompts(cfg.system, {s: texts_after[s] for s in changed},
                                                       run_id=ckpt.parent_run_id or "", promote=promoted,
                                                       message=message)
-        if best is not base and not promoted:
-            note = (note + "; " if note else "") + "the best dev candidate did not improve held-out test accuracy: " \
-                                                   "nothing promoted"
-        mlflow.set_tags({"optloop.promoted": str(promoted), "optloop.note": note or "-"})
+        if warning := small_split_warning(n_dev, n_test):
+            note = warning + ("; " + note if note else "")
+        mlflow.set_tags({"optloop.promoted": str(promoted), "optloop.promotion_reason": reason,
+                         "optloop.note": note or "-"})
         result = LoopResult(config=cfg, parent_run_id=ckpt.parent_run_id or "", targets=ckpt.targets,
                             tunable_sites=sites, tunable_knobs=knobs, baseline_dev=ckpt.baseline_dev.accuracy,
                             best_dev=max(best_curve), best_trial=best_trial, test_before=before.accuracy,
                             test_after=after.accuracy, evaluations=evaluations, changed_sites=changed,
                             changed_knobs={k: best.knobs[k] for k in best.changed_knobs(base)}, promoted=promoted,
-                            registered=ckpt.registered, cost=cost, note=note)
+                            promotion_reason=reason, registered=ckpt.registered, cost=cost, n_dev=n_dev,
+                            n_test=n_test, test_before_ci=before_ci, test_after_ci=after_ci, delta_test_ci=delta_ci,
+                            note=note)
         if publish is not None:
             publish(result)
         ckpt.finished = True
         ckpt.save(ckpt_path)
         return result
+
+
+def _questions(dataset: Dataset) -> int:
+    return sum(len(e.questions) for e in dataset.episodes)
 
 
 def _shareable(result: LoopResult) -> dict[str, Any]:

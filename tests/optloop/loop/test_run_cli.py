@@ -26,6 +26,7 @@ def nothing_written(tmp_path: Path) -> bool:
     (["--system", "nosuch"], "invalid choice: 'nosuch'"),
     (["--budget", "0"], "0 is out of range"),
     (["--budget", "many"], "not a whole number"),
+    (["--split", "0.5,0.3,0.3"], "must sum to 1"),
 ])
 def test_bad_arguments_exit_with_one_line(args, message, tmp_path):
     result = run(args, tmp_path)
@@ -60,3 +61,31 @@ def test_too_few_episodes_is_a_dataset_error(tmp_path, monkeypatch):
 def test_help_teaches_what_an_evaluation_is():
     text = build_parser().format_help()
     assert "One evaluation (what --budget counts)" in text and "--proposer-lm" in text and "--untargeted" in text
+
+
+def test_split_and_promote_if_reach_the_config():
+    args = build_parser().parse_args(["--split", "0.4, 0.3,0.3", "--promote-if", "delta"])
+    assert args.split == (0.4, 0.3, 0.3) and args.promote_if == "delta"
+    args = build_parser().parse_args([])
+    assert args.split == (0.5, 0.25, 0.25) and args.promote_if == "ci"
+
+
+@pytest.mark.parametrize("value, message", [
+    ("0.5,0.5", "give three fractions TRAIN,DEV,TEST"),
+    ("0.5,0.25,a", "give three numbers TRAIN,DEV,TEST"),
+    ("0.6,0.3,0.3", "they must sum to 1"),
+    ("1,0,0", "every fraction must be above 0"),
+    ("0.5,-0.25,0.75", "every fraction must be above 0"),
+])
+def test_bad_split_is_one_line_exit_2(value, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        build_parser().parse_args(["--split", value])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and message in err and "--split" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_bad_promote_if_is_refused(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        build_parser().parse_args(["--promote-if", "always"])
+    assert exit_info.value.code == 2 and "invalid choice: 'always'" in capsys.readouterr().err
