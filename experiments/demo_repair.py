@@ -30,6 +30,13 @@ from optloop.paths import state_dir
 console = Console()
 
 
+def _logged_prompts(run_id: str, artifact: str) -> dict[str, str]:
+    """A prompts artifact of a finished run (``prompts_before.json``: the program the run started from)."""
+    import mlflow
+
+    return json.loads(mlflow.artifacts.load_text(f"runs:/{run_id}/{artifact}"))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m experiments.demo_repair", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -57,7 +64,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if code:
         return code
     after = json.loads(prompts.read_text())[sabotage.site]
-    before = result["start_prompts"][sabotage.site]
+    before = _logged_prompts(result["parent_run_id"], "prompts_before.json")[sabotage.site]
     console.rule(f"[bold]4. the mended prompt[/] {sabotage.site}")
     first = result["targets"][0] if result["targets"] else "nothing"
     console.print(f"first blame: {first} ({'the sabotaged site' if first == sabotage.site else 'NOT the sabotaged site'})"

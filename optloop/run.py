@@ -121,6 +121,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--untargeted", action="store_true",
                         help="ablation: let the optimizer rewrite every site, not only the blamed ones")
     parser.add_argument("--sites", help="comma-separated sites to optimize instead of the blamed ones")
+    parser.add_argument("--start", action="append", default=[], metavar="SITE=TEXT",
+                        help="start from this instruction at SITE instead of the system's own (repeatable): your "
+                             "product's current prompt, or a planted fault; SITE=+TEXT appends TEXT to the site's "
+                             "own instruction (see experiments.bench.repair)")
     parser.add_argument("--knob", action="append", default=[], metavar="NAME=VALUE",
                         help="start from this knob value (repeatable), e.g. --knob top_k=3")
     parser.add_argument("--run-name", help="MLflow run name and resume key (default <system>-<optimizer>-<time>)")
@@ -131,6 +135,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--verbose", action="store_true")
     add_lm_arguments(parser)
     return parser
+
+
+def _pairs(pairs: list[str], flag: str, example: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name.strip() or not value.strip():
+            raise ConfigError(f"{flag} {pair!r}: write {example}")
+        out[name.strip()] = value
+    return out
 
 
 def _knobs(pairs: list[str]) -> dict[str, object]:
@@ -186,6 +200,17 @@ def summary_table(result: LoopResult) -> Table:
     return table
 
 
+def tried_table(result: LoopResult) -> Table:
+    """What the optimizer tried: every evaluated candidate with its dev accuracy (a 0 -> 0 run says what failed)."""
+    table = Table(title=f"candidates tried on dev (baseline {result.baseline_dev:.3f}, n={result.n_dev})")
+    for col, justify in (("trial", "right"), ("dev", "right"), ("changed", "left"), ("how", "left")):
+        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    for t in result.tried:
+        mark = " best" if t.trial == result.best_trial else ""
+        table.add_row(str(t.trial), f"{t.dev:.3f}{mark}", ", ".join(t.changed) or "-", t.origin)
+    return table
+
+
 def fault_line(usage: Usage) -> str | None:
     """What LM faults did to this run, in one line (``None`` when there were none)."""
     if not usage.faults:
@@ -211,6 +236,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         sites=[s.strip() for s in args.sites.split(",") if s.strip()] if args.sites else None,
                         run_name=run_name, tracking_uri=args.tracking_uri, storage=args.storage,
                         lm=args.lm or "local", proposer_lm=args.proposer_lm or "same", knobs=_knobs(args.knob),
+                        start=_pairs(args.start, "--start", "SITE=TEXT, e.g. --start 'answer=+Be brief.'"),
                         fractions=args.split, promote_if=args.promote_if)
     # Everything the loop would refuse is refused now, before the LM (and its cache file) exists.
     split_dataset(dataset, config)
@@ -235,6 +261,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         again = "rerun the same command" if args.run_name else f"rerun the same command with --run-name {run_name}"
         raise EndpointDownError(f"{exc}; the run is saved: {again} to resume") from None
     console.print(summary_table(result))
+    if result.tried:
+        console.print(tried_table(result))
+    if result.prompt_diff:
+        console.print("prompts, start -> best (also prompts.diff in MLflow):", style="bold")
+        console.print(result.prompt_diff, markup=False, highlight=False, soft_wrap=True)
     if result.note:
         console.print(f"note: {result.note}")
     if line := fault_line(lm.accounting.totals()):

@@ -52,6 +52,7 @@ from optloop.loop.optimizers import OPTIMIZERS, Optimizer
 from optloop.lm import redact_url
 from optloop.loop.study import SharedStudy
 from optloop.paths import state_dir, write_atomic
+from systems import get_system
 from optloop.stats import Interval, bootstrap_mean, paired_bootstrap_delta
 
 logger = logging.getLogger(__name__)
@@ -89,7 +90,7 @@ class LoopConfig(BaseModel):
     proposer_lm: str = "same"
     knobs: dict[str, Any] = Field(default_factory=dict)
     start: dict[str, str] = Field(default_factory=dict,
-                                  description="site -> instruction the run starts from instead of the system's own "
+                                  description="site -> instruction the run starts from instead of the system's own ('+TEXT': appended to it) "
                                               "(a product's current prompt, or a benchmark's sabotage)")
     fractions: tuple[float, float, float] = (0.5, 0.25, 0.25)
     promote_if: Literal["ci", "delta"] = Field("ci", description="the champion alias moves when the held-out "
@@ -143,6 +144,20 @@ class Checkpoint(BaseModel):
                               "or pick another --run-name") from None
 
 
+class Tried(BaseModel):
+    """One evaluated candidate, for the summary: what the optimizer tried and how it scored on dev."""
+
+    trial: int
+    origin: str
+    changed: list[str]
+    dev: float
+
+    @classmethod
+    def of(cls, trial: int, candidate: Candidate, dev: float, base: Candidate) -> Tried:
+        return cls(trial=trial, origin=candidate.origin, dev=dev,
+                   changed=candidate.changed_sites(base) + [f"knob:{k}" for k in candidate.changed_knobs(base)])
+
+
 class LoopResult(BaseModel):
     config: LoopConfig
     parent_run_id: str
@@ -166,6 +181,8 @@ class LoopResult(BaseModel):
     test_before_ci: Interval = Field(description="baseline's test accuracy, bootstrap CI over test questions")
     test_after_ci: Interval = Field(description="best candidate's test accuracy, bootstrap CI over test questions")
     delta_test_ci: Interval = Field(description="after - before per test question, paired bootstrap CI")
+    tried: list[Tried] = Field(default_factory=list, description="every evaluated candidate, in trial order")
+    prompt_diff: str = Field("", description="unified diff of the start prompts and the best candidate's")
     note: str = ""
 
     @property
@@ -244,15 +261,24 @@ def choose_targets(entries: list[Any], config: LoopConfig, all_sites: list[str])
 def start_candidate(evaluator: Evaluator, config: LoopConfig) -> Candidate:
     """The program the run starts from: the system's own prompts, with ``config.start``'s instructions."""
     base = evaluator.baseline()
-    unknown = sorted(set(config.start) - set(base.sites))
-    if unknown:
-        raise ConfigError(f"start instructions for {', '.join(unknown)}: no such site on {config.system}; its sites "
-                          f"are {', '.join(base.sites)}")
+    check_start(config, list(base.sites))
     if not config.start:
         return base
-    sites = {name: state.model_copy(update={"instructions": config.start[name]}) if name in config.start else state
-             for name, state in base.sites.items()}
+    sites = {name: state.model_copy(update={"instructions": _start_text(state.instructions, config.start[name])})
+             if name in config.start else state for name, state in base.sites.items()}
     return Candidate(sites=sites, knobs=base.knobs, origin="baseline (start instructions)")
+
+
+def check_start(config: LoopConfig, sites: list[str]) -> None:
+    unknown = sorted(set(config.start) - set(sites))
+    if unknown:
+        raise ConfigError(f"--start {', '.join(unknown)}: no such site on {config.system}; its sites are "
+                          f"{', '.join(sites)}")
+
+
+def _start_text(own: str, start: str) -> str:
+    """A start instruction: ``start`` itself, or with a leading ``+`` the site's own instruction with it appended."""
+    return f"{own.rstrip()} {start[1:].strip()}" if start.startswith("+") else start
 
 
 def _lock_dir(path: Path) -> Any | None:
@@ -290,6 +316,13 @@ class Loop:
         train, dev, test = split_dataset(dataset, cfg)
         if warning := small_split_warning(_questions(dev), _questions(test)):
             logger.warning("%s", warning)
+        if cfg.start:  # an unknown site is refused before any state of the run is written
+            import tempfile
+
+            with tempfile.TemporaryDirectory(prefix="optloop-sites-") as tmp:
+                probe = get_system(cfg.system)(self.lm, Path(tmp))
+                check_start(cfg, list(probe.prompt_sites()))
+                getattr(probe, "close", lambda: None)()
         self.state = self._claim_state_dir()
         try:
             return self._run(dataset, train, dev, test)
@@ -551,8 +584,10 @@ class Loop:
             ckpt.save(ckpt_path)
         points = [(0, ckpt.baseline_dev.accuracy)] + [(t.trial, t.evaluation.accuracy) for t in ckpt.trials
                                                       if t.evaluation is not None]
+        tried = [Tried.of(t.trial, t.candidate, t.evaluation.accuracy, base) for t in ckpt.trials
+                 if t.evaluation is not None]
         return self._finish(evaluator, ckpt, ckpt_path, base, best, best_trial, entries, errors, sites, knobs, note,
-                            mark, proposer_mark, points=points, evaluations=len(ckpt.trials))
+                            mark, proposer_mark, points=points, evaluations=len(ckpt.trials), tried=tried)
 
     def _budget_left(self, ckpt: Checkpoint, shared: SharedStudy | None) -> bool:
         return len(ckpt.trials) < self.config.budget if shared is None else shared.can_take()
@@ -624,6 +659,8 @@ class Loop:
         points = [(0, ckpt.baseline_dev.accuracy)] + [(d["trial"], d["accuracy"]) for d in done]
         result = self._finish(evaluator, ckpt, ckpt_path, base, best, best_trial, entries, errors, sites, knobs, note,
                               mark, proposer_mark, points=points, evaluations=len(done),
+                              tried=[Tried.of(d["trial"], Candidate.model_validate(d["candidate"]), d["accuracy"], base)
+                                     for d in done],
                               extra_cost=shared.others_cost(),
                               publish=lambda r: shared.claim("optloop:result", _shareable(r)))
         return LoopResult.model_validate(_shareable(result))  # the very result every other worker prints
@@ -676,7 +713,7 @@ class Loop:
     def _finish(self, evaluator: Evaluator, ckpt: Checkpoint, ckpt_path: Path, base: Candidate, best: Candidate,
                 best_trial: int, entries: list[Any], errors: dict[str, int], sites: list[str], knobs: list[str],
                 note: str, mark: int, proposer_mark: int | None, *, points: list[tuple[int, float]],
-                evaluations: int, extra_cost: dict[str, float] | None = None,
+                evaluations: int, tried: list[Tried], extra_cost: dict[str, float] | None = None,
                 publish: Callable[[LoopResult], Any] | None = None) -> LoopResult:
         """Parent metrics, artifacts and the prompt registry. ``points``: (trial, dev accuracy), baseline
         first; ``extra_cost``: what other workers of a shared run spent; ``publish``: hands the result to
@@ -710,7 +747,8 @@ class Loop:
         texts_before, texts_after = self._texts(evaluator, base), self._texts(evaluator, best)
         record.log_json(texts_before, "prompts_before.json")
         record.log_json(texts_after, "prompts_after.json")
-        record.log_text(prompt_diff(texts_before, texts_after), "prompts.diff")
+        diff = prompt_diff(texts_before, texts_after)
+        record.log_text(diff, "prompts.diff")
         record.log_json(best.model_dump(mode="json"), "best_candidate.json")
         record.log_json(record.attribution_report([ckpt.baseline_train, ckpt.baseline_dev], entries),  # type: ignore[list-item]
                         "attribution_report.json")
@@ -739,7 +777,7 @@ class Loop:
                             changed_knobs={k: best.knobs[k] for k in best.changed_knobs(base)}, promoted=promoted,
                             promotion_reason=reason, registered=ckpt.registered, cost=cost, n_dev=n_dev,
                             n_test=n_test, test_before_ci=before_ci, test_after_ci=after_ci, delta_test_ci=delta_ci,
-                            note=note)
+                            tried=tried, prompt_diff=diff, note=note)
         if publish is not None:
             publish(result)
         ckpt.finished = True

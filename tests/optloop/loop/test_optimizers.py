@@ -87,3 +87,15 @@ def test_dspy_progress_bars_are_hidden_inside_a_round_unless_verbose(capsys):
             assert ("bar-under-test" in capsys.readouterr().out) is shown
     finally:
         dspy_logger.setLevel(old)
+
+
+def test_a_run_starts_from_the_given_instructions_replaced_or_appended(evaluator):
+    from optloop.loop.runner import LoopConfig, start_candidate
+
+    own = evaluator.baseline().sites["answer"].instructions
+    replaced = start_candidate(evaluator, LoopConfig(system="md_flat", run_name="x", start={"answer": "Echo it."}))
+    assert replaced.sites["answer"].instructions == "Echo it." and own not in replaced.sites["answer"].instructions
+    assert replaced.sites["md_flat.curate"] == evaluator.baseline().sites["md_flat.curate"]
+    appended = start_candidate(evaluator, LoopConfig(system="md_flat", run_name="x", start={"answer": "+Be brief."}))
+    assert appended.sites["answer"].instructions == f"{own.rstrip()} Be brief."
+    assert start_candidate(evaluator, LoopConfig(system="md_flat", run_name="x")) == evaluator.baseline()

@@ -89,3 +89,13 @@ def test_bad_promote_if_is_refused(capsys):
     with pytest.raises(SystemExit) as exit_info:
         build_parser().parse_args(["--promote-if", "always"])
     assert exit_info.value.code == 2 and "invalid choice: 'always'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("start, message", [
+    ("answer", "write SITE=TEXT"),
+    ("nosuch=Be brief.", "--start nosuch: no such site on md_flat"),
+])
+def test_bad_start_instruction_exits_with_one_line_before_any_state(start, message, tmp_path):
+    result = run(["--system", "md_flat", "--start", start], tmp_path)
+    assert result.returncode == 2 and message in result.stderr
+    assert nothing_written(tmp_path)
