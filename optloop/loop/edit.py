@@ -84,7 +84,7 @@ class EditOptimizer(Optimizer):
 
     name = "edit"
 
-    def __init__(self, *args: Any, extra: int = 4, bsize: int = 12, **kwargs: Any):
+    def __init__(self, *args: Any, extra: int = 3, bsize: int = 8, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.extra = extra
         self.bsize = bsize
