@@ -149,19 +149,44 @@ def register_prompts(system: str, texts: Mapping[str, str], *, run_id: str, prom
                      message: str) -> dict[str, dict[str, Any]]:
     """Register each changed site's prompt as a new version of :func:`registry_name` (tags: site, system).
 
-    The ``champion`` alias moves to the new version only when ``promote`` (held-out gain).
+    The ``champion`` alias moves to the new version only when ``promote`` (held-out gain). A version this
+    run already registered with the same text (a resumed run killed before its checkpoint said so) is
+    reused, not registered again.
     """
     import mlflow
 
     registered = {}
     for site, text in texts.items():
         name = registry_name(system, site)
-        version = mlflow.genai.register_prompt(name=name, template=text, commit_message=message,
-                                               tags={"optloop_run_id": run_id, "site": site, "system": system})
+        version = registered_by(name, run_id, text) if run_id else None
+        if version is None:
+            version = mlflow.genai.register_prompt(name=name, template=text, commit_message=message,
+                                                   tags={"optloop_run_id": run_id, "site": site,
+                                                         "system": system}).version
         if promote:
-            mlflow.genai.set_prompt_alias(name, alias="champion", version=version.version)
-        registered[site] = {"name": name, "version": version.version, "champion": promote}
+            mlflow.genai.set_prompt_alias(name, alias="champion", version=version)
+        registered[site] = {"name": name, "version": version, "champion": promote}
     return registered
+
+
+def registered_by(name: str, run_id: str, text: str) -> int | None:
+    """The version of prompt ``name`` that run ``run_id`` registered with ``text``, if there is one."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient()
+    token = None
+    while True:
+        try:
+            page = client.search_prompt_versions(name, page_token=token)
+        except MlflowException:
+            return None  # no prompt of that name yet
+        for version in page:
+            if version.tags.get("optloop_run_id") == run_id and version.template == text:
+                return version.version
+        token = getattr(page, "token", None)
+        if not token:
+            return None
 
 
 def log_text(text: str, name: str) -> None:

@@ -11,7 +11,8 @@ import mlflow
 import pytest
 from mlflow.tracking import MlflowClient
 
-from optloop.loop.runner import Loop
+from optloop.loop.mlflow_sink import MlflowSink
+from optloop.loop.runner import SplitEvaluator
 from optloop.run import main
 
 PARENT_ARTIFACTS = {"prompts_before.json", "prompts_after.json", "prompts.diff", "best_candidate.json",
@@ -56,7 +57,7 @@ def test_interrupted_run_resumes_without_redoing_or_double_counting(tmp_path, mo
     args = ["--system", "md_flat", "--budget", "2", "--run-name", "it", "--tracking-uri", uri,
             "--json", str(tmp_path / "result.json")]
     calls = {"n": 0}
-    original = Loop._log_child
+    original = MlflowSink.log_trial
 
     def interrupt_second(self, *a, **kw):
         calls["n"] += 1
@@ -64,14 +65,14 @@ def test_interrupted_run_resumes_without_redoing_or_double_counting(tmp_path, mo
             raise KeyboardInterrupt  # a Ctrl-C in the middle of trial 2
         return original(self, *a, **kw)
 
-    monkeypatch.setattr(Loop, "_log_child", interrupt_second)
+    monkeypatch.setattr(MlflowSink, "log_trial", interrupt_second)
     with pytest.raises(KeyboardInterrupt):
         main(args)
-    monkeypatch.setattr(Loop, "_log_child", original)
+    monkeypatch.setattr(MlflowSink, "log_trial", original)
     evaluated = []
-    real_evaluate = Loop._evaluate
-    monkeypatch.setattr(Loop, "_evaluate", lambda self, ev, cand, data, split: (
-        evaluated.append((cand.origin, split)), real_evaluate(self, ev, cand, data, split))[1])
+    real_evaluate = SplitEvaluator.evaluate
+    monkeypatch.setattr(SplitEvaluator, "evaluate", lambda self, cand, split: (
+        evaluated.append((cand.origin, split)), real_evaluate(self, cand, split))[1])
     assert main(args) == 0
     result = json.loads((tmp_path / "result.json").read_text())
     # resumed: the baseline and trial 1 were not evaluated again; trial 2 was redone once

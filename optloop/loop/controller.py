@@ -1,0 +1,473 @@
+"""The loop controller: propose, evaluate, observe, re-attribute and retarget, finish.
+
+    baseline on train and dev ─► blame ─► targets ─► repair what a kill left half done
+        ─► while the coordinator grants a trial: the optimizer proposes ─► evaluate on dev
+           (a child run of the sink) ─► the optimizer observes ─► if better: re-attribute, retarget
+        ─► settle (the coordinator) ─► baseline and best on test ─► summary, registry ─► result
+
+The controller owns the algorithm and the checkpoint discipline and nothing else. What it
+talks to sits behind small interfaces, so tests drive it with fakes
+(``tests/optloop/loop/test_controller.py``) and :class:`optloop.loop.runner.Loop` wires the
+real ones:
+
+=========================== ================================================ ==========================================
+interface                   does                                             real implementation
+=========================== ================================================ ==========================================
+:class:`CandidateEvaluator` one candidate over a named split -> Evaluation   ``runner.SplitEvaluator`` (the Evaluator)
+:class:`TrackingSink`       records the run (parent metrics, child runs,     :class:`optloop.loop.mlflow_sink.MlflowSink`
+                            artifacts, the prompt registry)
+:class:`Coordinator`        who evaluates the baseline, who may take the     :class:`optloop.loop.coordinator.LocalCoordinator`,
+                            next trial, who finishes                         :class:`~optloop.loop.coordinator.SharedCoordinator`
+``make_optimizer``          an :class:`~optloop.loop._base.Optimizer` for    ``Loop._optimizer`` (``OPTIMIZERS``)
+                            (sites, knobs)
+:class:`RunContext`         config, checkpoint, start program, progress,     built by ``Loop``
+                            cost
+=========================== ================================================ ==========================================
+
+**Checkpoint discipline** (why a resumed run equals an uninterrupted one). Every
+evaluation is written to the checkpoint as soon as it returns. A trial is appended to the
+checkpoint *before* its record (child run) opens and it is evaluated, so a kill from
+then on leaves it without an evaluation: on resume every record of that trial number is
+discarded and its candidate goes back to the head of the queue, to be redone under the
+same trial number. The
+optimizer is rebuilt on resume and told every candidate already tried; a queue-based
+optimizer gets its saved queue back. Nothing is counted twice: the budget counts the
+checkpoint's trials (or, shared, the study's slots). The data flow of the whole
+system is in ``docs/architecture.md``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from itertools import accumulate
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+from optloop.attribution import blame
+from optloop.loop._base import Optimizer
+from optloop.loop.candidate import Candidate, prompt_diff
+from optloop.loop.evaluate import Evaluation
+from optloop.loop.policy import choose_targets, held_out_intervals, promotion, small_split_warning
+from optloop.loop.state import Checkpoint, LoopConfig, LoopResult, Trial, Tried
+from optloop.stats import Interval
+
+logger = logging.getLogger(__name__)
+
+Split = Literal["train", "dev", "test"]
+Cost = dict[str, int | float]
+
+
+# --- the interfaces -----------------------------------------------------------------------
+
+
+class CandidateEvaluator(Protocol):
+    """Runs one candidate over one of the run's splits (one *evaluation*: what ``--budget`` counts on dev)."""
+
+    @property
+    def site_names(self) -> list[str]:
+        """Every prompt site of the system, in the system's order."""
+
+    def evaluate(self, candidate: Candidate, split: Split) -> Evaluation:
+        """``candidate`` over every episode of ``split``, each failure attributed. May raise (the run stops;
+        the checkpoint holds everything evaluated before)."""
+
+    def prompt_texts(self, candidate: Candidate) -> dict[str, str]:
+        """site -> the exact prompt text ``candidate`` sends there."""
+
+
+@dataclass(frozen=True)
+class Targeting:
+    """What the baseline's attribution decided: the blame, and what the optimizer may change."""
+
+    entries: list[Any]
+    errors: dict[str, int]
+    targets: list[str]
+    sites: list[str]
+    knobs: list[str]
+    note: str
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Everything the run's record holds at the end (the sink turns it into metrics and artifacts)."""
+
+    config: LoopConfig
+    base: Candidate
+    best: Candidate
+    baseline_train: Evaluation
+    baseline_dev: Evaluation
+    test_before: Evaluation
+    test_after: Evaluation
+    entries: list[Any]
+    points: list[tuple[int, float]]
+    best_curve: list[float]
+    test_before_ci: Interval
+    test_after_ci: Interval
+    delta_test_ci: Interval
+    evaluations: int
+    cost: Cost
+    texts_before: dict[str, str]
+    texts_after: dict[str, str]
+    diff: str
+
+
+class TrackingSink(Protocol):
+    """Where a run is recorded. The controller calls it only after the state it reports is checkpointed,
+    so a resumed run never records a trial twice (a kill after the checkpoint write and before the call
+    loses that one record instead: ``acc_dev`` at that step, say)."""
+
+    def log_dev(self, trial: int, accuracy: float, best: float) -> None:
+        """The dev accuracy of trial ``trial`` (0: the baseline) and the best so far."""
+
+    def log_targets(self, targeting: Targeting) -> None:
+        """The baseline's blame and the targets chosen from it (recorded once, by the leading worker)."""
+
+    def open_trial(self, trial: int, tags: Mapping[str, str] | None) -> AbstractContextManager[str]:
+        """A record for one trial (a child run), open while the trial is evaluated; yields its id. The
+        record must be findable by the trial number alone (see :meth:`discard_trial`)."""
+
+    def log_trial(self, trial: int, candidate: Candidate, evaluation: Evaluation, *, base: Candidate,
+                  diff: str) -> None:
+        """The trial's candidate, evaluation and prompt diff against ``base``, into its open record."""
+
+    def discard_trial(self, trial: int) -> None:
+        """Delete every record of trial ``trial``, which a kill left half done (it is redone under the same
+        number). Only this worker ever holds a trial number, so every such record is its own."""
+
+    def log_summary(self, summary: Summary) -> None:
+        """The run's final metrics and artifacts."""
+
+    def register(self, texts: Mapping[str, str], *, promote: bool, message: str) -> dict[str, Any]:
+        """New registry versions of the changed prompts (moving ``champion`` when ``promote``); what was
+        registered, per site."""
+
+    def tag_result(self, promoted: bool, reason: str, note: str) -> None:
+        """Why the champion moved or not, and the run's note."""
+
+
+@dataclass(frozen=True)
+class TrialRecord:
+    """One evaluated trial as the finisher sees it (this worker's or, shared, any worker's)."""
+
+    trial: int
+    accuracy: float
+    candidate: Candidate
+
+
+class Coordinator(Protocol):
+    """Who does what when one or several workers run the same loop.
+
+    :class:`~optloop.loop.coordinator.LocalCoordinator` is one worker; the shared one splits
+    the budget between the workers of one Optuna study (:mod:`optloop.loop.study`).
+    """
+
+    @property
+    def leads(self) -> bool:
+        """Whether this worker evaluates the baseline and records run-level metrics."""
+
+    @property
+    def scope(self) -> str:
+        """Appended to notes about this worker's own trials (``" by this worker"`` when shared)."""
+
+    def wait_for_baseline(self) -> tuple[Evaluation, Evaluation] | None:
+        """The leader's (train, dev) baseline; ``None`` when this worker evaluates it."""
+
+    def publish_baseline(self, train: Evaluation, dev: Evaluation) -> None:
+        """Hand the baseline to the other workers (the leader only)."""
+
+    def republish(self, trials: Sequence[Trial]) -> None:
+        """Report evaluated trials a kill kept from being reported."""
+
+    def budget_left(self, trials: Sequence[Trial]) -> bool:
+        """Whether this worker may try to take another trial (``trials``: this worker's checkpoint)."""
+
+    def upcoming(self, trials: Sequence[Trial]) -> int:
+        """The number the next trial will probably get (for progress messages)."""
+
+    def take(self, trials: Sequence[Trial], candidate: Candidate, study_trial: int | None) -> int | None:
+        """The trial number ``candidate`` is evaluated as; ``None`` when the budget went to other workers."""
+
+    def trial_tags(self) -> dict[str, str] | None:
+        """Tags for a trial's record (which worker ran it)."""
+
+    def report(self, trial: Trial, cost: Callable[[], Cost]) -> None:
+        """An evaluated trial, checkpointed: tell the other workers."""
+
+    def best_accuracy(self, mine: float, baseline: float) -> float:
+        """The run's best dev accuracy so far, given this worker's best."""
+
+    def settle(self, finish: Callable[[], LoopResult], cost: Callable[[], Cost]) -> LoopResult:
+        """After this worker's last trial: ``finish()`` when this worker finishes the run, else the result of
+        the worker that did."""
+
+    def records(self, trials: Sequence[Trial]) -> list[TrialRecord]:
+        """Every evaluated trial of the run, by trial number (``trials``: this worker's checkpoint)."""
+
+    def others_cost(self) -> dict[str, float]:
+        """What the other workers spent (added to this one's cost in the result)."""
+
+    def publish(self, result: LoopResult) -> LoopResult:
+        """Hand the final result to the other workers; the result as every worker returns it."""
+
+
+# --- the run's context --------------------------------------------------------------------
+
+
+def _no_progress(message: str) -> None:
+    """The default progress callback: says nothing."""
+
+
+def _no_cost() -> Cost:
+    return {}
+
+
+@dataclass
+class RunContext:
+    """What one run of the controller works on.
+
+    ``checkpoint`` is saved to ``path``; ``base`` is the start program (the system's prompts with
+    ``--start`` applied); ``progress`` receives one-line status messages; ``cost`` returns what this
+    process has spent so far (LLM calls, tokens, seconds).
+    """
+
+    config: LoopConfig
+    checkpoint: Checkpoint
+    path: Path
+    base: Candidate
+    progress: Callable[[str], None] = _no_progress
+    cost: Callable[[], Cost] = _no_cost
+
+    def save(self) -> None:
+        """Write the checkpoint atomically."""
+        self.checkpoint.save(self.path)
+
+
+@dataclass
+class _Best:
+    candidate: Candidate
+    evaluation: Evaluation
+    trial: int = 0
+
+
+# --- the controller -----------------------------------------------------------------------
+
+
+class Controller:
+    """Runs the loop of the module docstring once (or resumes it from the context's checkpoint)."""
+
+    def __init__(self, context: RunContext, evaluator: CandidateEvaluator, sink: TrackingSink,
+                 coordinator: Coordinator, make_optimizer: Callable[[list[str], list[str]], Optimizer]):
+        self.ctx = context
+        self.evaluator = evaluator
+        self.sink = sink
+        self.coordinator = coordinator
+        self.make_optimizer = make_optimizer
+
+    @property
+    def config(self) -> LoopConfig:
+        return self.ctx.config
+
+    @property
+    def ckpt(self) -> Checkpoint:
+        return self.ctx.checkpoint
+
+    def run(self) -> LoopResult:
+        """The whole loop; the result every worker of the run returns. The checkpoint says finished after."""
+        self._baseline()
+        targeting = self._target()
+        self._repair()
+        optimizer, best = self._resume_optimizer(targeting)
+        note = self._trials(optimizer, best, targeting.note)
+        result = self.coordinator.settle(lambda: self._finish(targeting, note), self.ctx.cost)
+        if not self.ckpt.finished:
+            self.ckpt.finished = True
+            self.ctx.save()
+        return result
+
+    # --- before the trials ----------------------------------------------------------------
+
+    def _evaluate(self, candidate: Candidate, split: Split) -> Evaluation:
+        return self.evaluator.evaluate(candidate, split)
+
+    def _baseline(self) -> None:
+        """The start program on train and dev, each checkpointed as soon as it is known."""
+        ckpt = self.ckpt
+        if ckpt.baseline_dev is None and (theirs := self.coordinator.wait_for_baseline()) is not None:
+            ckpt.baseline_train, ckpt.baseline_dev = theirs
+            self.ctx.save()
+        if ckpt.baseline_train is None:
+            ckpt.baseline_train = self._evaluate(self.ctx.base, "train")
+            self.ctx.save()
+        if ckpt.baseline_dev is None:
+            ckpt.baseline_dev = self._evaluate(self.ctx.base, "dev")
+            self.ctx.save()
+            self.sink.log_dev(0, ckpt.baseline_dev.accuracy, ckpt.baseline_dev.accuracy)
+        self.coordinator.publish_baseline(ckpt.baseline_train, ckpt.baseline_dev)
+
+    def _target(self) -> Targeting:
+        """Blame over the baseline's failures, and the sites and knobs the optimizer may change."""
+        ckpt = self.ckpt
+        assert ckpt.baseline_train is not None and ckpt.baseline_dev is not None
+        evaluations = [ckpt.baseline_train, ckpt.baseline_dev]
+        entries = blame([a for ev in evaluations for a in ev.attributions()])
+        errors = dict(sum((Counter(ev.error_counts()) for ev in evaluations), Counter()))
+        ckpt.targets = [e.target for e in entries]
+        sites, knobs, note = choose_targets(entries, self.config, self.evaluator.site_names)
+        targeting = Targeting(entries=entries, errors=errors, targets=list(ckpt.targets), sites=sites, knobs=knobs,
+                              note=note)
+        if self.coordinator.leads:
+            self.sink.log_targets(targeting)
+        if note:
+            logger.warning("%s", note)
+        return targeting
+
+    def _repair(self) -> None:
+        """Undo a trial a kill left half done (its record discarded, its candidate queued first), then report
+        evaluated trials a kill kept from being reported."""
+        ckpt = self.ckpt
+        for trial in [t for t in ckpt.trials if t.evaluation is None]:
+            self.sink.discard_trial(trial.trial)
+            ckpt.trials.remove(trial)
+            ckpt.queue.insert(0, trial.candidate)
+        self.ctx.save()
+        self.coordinator.republish(ckpt.trials)
+
+    def _resume_optimizer(self, targeting: Targeting) -> tuple[Optimizer, _Best]:
+        """A fresh optimizer told everything already tried, retargeted on the best so far, its queue restored."""
+        ckpt, base = self.ckpt, self.ctx.base
+        assert ckpt.baseline_dev is not None
+        optimizer = self.make_optimizer(targeting.sites, targeting.knobs)
+        optimizer.mark_seen(base)
+        best = _Best(base, ckpt.baseline_dev)
+        for t in ckpt.trials:
+            optimizer.mark_seen(t.candidate)
+            if t.evaluation is not None and t.evaluation.accuracy > best.evaluation.accuracy:
+                best = _Best(t.candidate, t.evaluation, t.trial)
+        if best.trial:
+            optimizer.retarget(*choose_targets(best.evaluation.blame(), self.config, self.evaluator.site_names)[:2])
+        if isinstance(getattr(optimizer, "queue", None), list):
+            optimizer.queue = [c for c in ckpt.queue if c.digest() not in optimizer.seen]  # type: ignore[attr-defined]
+            optimizer.seen |= {c.digest() for c in optimizer.queue}  # type: ignore[attr-defined]
+        return optimizer, best
+
+    # --- the trials -----------------------------------------------------------------------
+
+    def _trials(self, optimizer: Optimizer, best: _Best, note: str) -> str:
+        """Propose, evaluate and observe while the coordinator grants trials; the note, extended when the
+        optimizer ran dry."""
+        ckpt, cfg, coordinator = self.ckpt, self.config, self.coordinator
+        assert ckpt.baseline_dev is not None
+        while coordinator.budget_left(ckpt.trials):
+            upcoming = coordinator.upcoming(ckpt.trials)
+            self.ctx.progress(f"trial {upcoming}/{cfg.budget}: {optimizer.name} proposing for "
+                              f"{', '.join(optimizer.sites)}")
+            candidate = optimizer.propose(best.candidate, best.evaluation)
+            ckpt.queue = list(getattr(optimizer, "queue", []))
+            if candidate is None:
+                note = (note + "; " if note else "") + f"{optimizer.name} proposed nothing new after " \
+                       f"{len(ckpt.trials)} evaluation(s)" + coordinator.scope
+                break
+            study_trial = getattr(optimizer, "study_trial", lambda c: None)(candidate)
+            trial_no = coordinator.take(ckpt.trials, candidate, study_trial)
+            if trial_no is None:  # other workers took the rest of the budget meanwhile
+                optimizer.release(candidate)
+                break
+            trial = self._run_trial(trial_no, candidate)
+            assert trial.evaluation is not None
+            optimizer.observe(candidate, trial.evaluation, trial_no)
+            if trial.evaluation.accuracy > best.evaluation.accuracy:
+                trial.improved = True
+                best = _Best(candidate, trial.evaluation, trial_no)
+                self._retarget(optimizer, trial.evaluation)
+            self.ctx.save()
+            coordinator.report(trial, self.ctx.cost)
+            best_so_far = coordinator.best_accuracy(best.evaluation.accuracy, ckpt.baseline_dev.accuracy)
+            self.sink.log_dev(trial_no, trial.evaluation.accuracy, best_so_far)
+        return note
+
+    def _run_trial(self, trial_no: int, candidate: Candidate) -> Trial:
+        """Evaluate ``candidate`` on dev as trial ``trial_no`` inside its own record. The trial is in the
+        checkpoint before its record opens, so whatever a kill leaves of it is found and discarded on resume
+        (see the module docstring)."""
+        base = self.ctx.base
+        trial = Trial(trial=trial_no, candidate=candidate)
+        self.ckpt.trials.append(trial)
+        self.ctx.save()
+        with self.sink.open_trial(trial_no, self.coordinator.trial_tags()) as run_id:
+            trial.child_run_id = run_id
+            evaluation = self._evaluate(candidate, "dev")
+            diff = prompt_diff(self.evaluator.prompt_texts(base), self.evaluator.prompt_texts(candidate))
+            self.sink.log_trial(trial_no, candidate, evaluation, base=base, diff=diff)
+        trial.evaluation = evaluation
+        return trial
+
+    def _retarget(self, optimizer: Optimizer, evaluation: Evaluation) -> None:
+        """A new best: re-attribute from its failures and retarget the optimizer when the blame moved."""
+        sites, knobs, _ = choose_targets(evaluation.blame(), self.config, self.evaluator.site_names)
+        if (sites, knobs) != (optimizer.sites, optimizer.knobs):
+            self.ctx.progress(f"re-attribution: blame moved to {', '.join(sites + knobs)}")
+            optimizer.retarget(sites, knobs)
+
+    # --- the end --------------------------------------------------------------------------
+
+    def _finish(self, targeting: Targeting, note: str) -> LoopResult:
+        """The held-out test of the start program and the run's best, the summary, the registry, the result
+        (run by the one worker that finishes the run)."""
+        ckpt, cfg, base = self.ckpt, self.config, self.ctx.base
+        assert ckpt.baseline_train is not None and ckpt.baseline_dev is not None
+        records = self.coordinator.records(ckpt.trials)
+        best, best_trial, best_accuracy = base, 0, ckpt.baseline_dev.accuracy
+        for r in records:
+            if r.accuracy > best_accuracy:
+                best, best_trial, best_accuracy = r.candidate, r.trial, r.accuracy
+        if ckpt.test_before is None:
+            ckpt.test_before = self._evaluate(base, "test")
+            self.ctx.save()
+        if ckpt.test_after is None:
+            ckpt.test_after = ckpt.test_before if best is base else self._evaluate(best, "test")
+            self.ctx.save()
+        before, after = ckpt.test_before, ckpt.test_after
+        points = [(0, ckpt.baseline_dev.accuracy)] + [(r.trial, r.accuracy) for r in records]
+        best_curve = list(accumulate((a for _, a in points), max))
+        before_ci, after_ci, delta_ci = held_out_intervals(before, after, seed=cfg.seed)
+        promoted, reason = promotion(cfg.promote_if, best is not base, delta_ci)
+        cost = self.ctx.cost()
+        for key, value in self.coordinator.others_cost().items():  # other workers' share (seconds: worker-seconds)
+            cost[key] = round(cost.get(key, 0) + value, 1)
+        texts_before, texts_after = self.evaluator.prompt_texts(base), self.evaluator.prompt_texts(best)
+        diff = prompt_diff(texts_before, texts_after)
+        self.sink.log_summary(Summary(
+            config=cfg, base=base, best=best, baseline_train=ckpt.baseline_train, baseline_dev=ckpt.baseline_dev,
+            test_before=before, test_after=after, entries=targeting.entries, points=points, best_curve=best_curve,
+            test_before_ci=before_ci, test_after_ci=after_ci, delta_test_ci=delta_ci, evaluations=len(records),
+            cost=cost, texts_before=texts_before, texts_after=texts_after, diff=diff))
+        changed = best.changed_sites(base)
+        if changed and not ckpt.registered:
+            message = f"optloop run {cfg.run_name}: test {before.accuracy:.3f} -> {after.accuracy:.3f}; {reason}"
+            ckpt.registered = self.sink.register({s: texts_after[s] for s in changed}, promote=promoted,
+                                                 message=message)
+            self.ctx.save()  # registered once: a kill after this point does not register again
+        n_dev, n_test = ckpt.baseline_dev.n, before.n
+        if warning := small_split_warning(n_dev, n_test):
+            note = warning + ("; " + note if note else "")
+        self.sink.tag_result(promoted, reason, note)
+        result = LoopResult(
+            config=cfg, parent_run_id=ckpt.parent_run_id or "", targets=ckpt.targets, tunable_sites=targeting.sites,
+            tunable_knobs=targeting.knobs, baseline_dev=ckpt.baseline_dev.accuracy, best_dev=max(best_curve),
+            best_trial=best_trial, test_before=before.accuracy, test_after=after.accuracy, evaluations=len(records),
+            changed_sites=changed, changed_knobs={k: best.knobs[k] for k in best.changed_knobs(base)},
+            promoted=promoted, promotion_reason=reason, registered=ckpt.registered, cost=cost, n_dev=n_dev,
+            n_test=n_test, test_before_ci=before_ci, test_after_ci=after_ci, delta_test_ci=delta_ci,
+            tried=[Tried.of(r.trial, r.candidate, r.accuracy, base) for r in records], prompt_diff=diff, note=note)
+        result = self.coordinator.publish(result)
+        ckpt.finished = True
+        self.ctx.save()
+        return result
+
+
+__all__ = ["CandidateEvaluator", "Controller", "Coordinator", "RunContext", "Summary", "Targeting", "TrackingSink",
+           "TrialRecord"]

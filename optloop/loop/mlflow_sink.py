@@ -1,0 +1,131 @@
+"""The controller's :class:`~optloop.loop.controller.TrackingSink` on MLflow.
+
+It writes into the active parent run (``Loop`` starts and ends it): ``acc_dev`` with step =
+trial, the blame and targets, one nested child run per trial, and at the end the parent
+metrics, artifacts, tags and the prompt registry. Metric and artifact names, and the helpers
+that build them, are in :mod:`optloop.loop.record`. See ``docs/architecture.md``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from optloop.loop import record
+from optloop.loop.candidate import Candidate
+
+if TYPE_CHECKING:
+    import dspy
+
+    from optloop.loop.controller import Summary, Targeting
+    from optloop.loop.evaluate import Evaluation
+
+
+class MlflowSink:
+    """Records one run in MLflow. ``system`` names the registry prompts; ``parent_run_id`` tags them;
+    ``state`` is where plots and ``program.json`` are written before they are logged; ``modules`` gives a
+    candidate's DSPy modules (for ``program.json``)."""
+
+    def __init__(self, system: str, parent_run_id: str, state: Path,
+                 modules: Callable[[Candidate], dict[str, dspy.Predict]]):
+        self.system = system
+        self.parent_run_id = parent_run_id
+        self.state = state
+        self.modules = modules
+
+    def log_dev(self, trial: int, accuracy: float, best: float) -> None:
+        import mlflow
+
+        mlflow.log_metrics({"acc_dev": accuracy, "acc_dev_best": best}, step=trial)
+
+    def log_targets(self, targeting: Targeting) -> None:
+        import mlflow
+
+        mlflow.log_metrics(record.blame_metrics(targeting.entries, targeting.errors))
+        mlflow.set_tags({"optloop.targets": ",".join(targeting.targets) or "-",
+                         "optloop.tunable_sites": ",".join(targeting.sites),
+                         "optloop.tunable_knobs": ",".join(targeting.knobs) or "-",
+                         "optloop.targeting_note": targeting.note or "-"})
+
+    @contextmanager
+    def open_trial(self, trial: int, tags: Mapping[str, str] | None) -> Iterator[str]:
+        import mlflow
+
+        with mlflow.start_run(run_name=f"trial-{trial}", nested=True, tags=dict(tags) if tags else None) as child:
+            yield child.info.run_id
+
+    def log_trial(self, trial: int, candidate: Candidate, evaluation: Evaluation, *, base: Candidate,
+                  diff: str) -> None:
+        import mlflow
+
+        changed = candidate.changed_sites(base)
+        mlflow.log_params({"trial": trial, "origin": candidate.origin, "candidate": candidate.digest(),
+                           "changed_sites": ",".join(changed) or "-",
+                           "changed_knobs": json.dumps({k: candidate.knobs[k] for k in candidate.changed_knobs(base)})})
+        mlflow.log_metrics({**record.evaluation_metrics(evaluation), **record.cost_metrics(evaluation),
+                            **record.blame_metrics(evaluation.blame(), evaluation.error_counts())})
+        record.log_json(candidate.model_dump(mode="json"), "candidate.json")
+        record.log_text(diff, "prompts.diff")
+        record.log_json(record.attribution_report([evaluation], evaluation.blame()), "attribution.json")
+        record.log_text(record.questions_csv(evaluation), "questions_dev.csv")
+
+    def discard_trial(self, trial: int) -> None:
+        """Delete every child run named ``trial-<trial>`` under the parent run (one a kill left behind
+        before the checkpoint learnt its id included)."""
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient()
+        experiment_id = client.get_run(self.parent_run_id).info.experiment_id
+        query = f"tags.`mlflow.parentRunId` = '{self.parent_run_id}' and attributes.run_name = 'trial-{trial}'"
+        for run in client.search_runs([experiment_id], filter_string=query):
+            client.delete_run(run.info.run_id)
+
+    def log_summary(self, summary: Summary) -> None:
+        import mlflow
+
+        from optloop.loop.program import AllSites
+
+        before, after = summary.test_before, summary.test_after
+        mlflow.log_metrics({"acc_dev_baseline": summary.baseline_dev.accuracy,
+                            "acc_dev_best_final": max(summary.best_curve), "acc_test_before": before.accuracy,
+                            "acc_test_after": after.accuracy, "delta_test": after.accuracy - before.accuracy,
+                            "n_dev": summary.baseline_dev.n, "n_test": before.n,
+                            **record.interval_metrics("delta_test", summary.delta_test_ci),
+                            **record.interval_metrics("acc_test_before", summary.test_before_ci),
+                            **record.interval_metrics("acc_test_after", summary.test_after_ci),
+                            "evaluations": summary.evaluations, **summary.cost,
+                            **record.evaluation_metrics(before, "acc_test_before"),
+                            **record.evaluation_metrics(after, "acc_test_after"),
+                            **{f"errors_test_before/{record.metric_key(t)}": n for t, n in before.error_counts().items()},
+                            **{f"errors_test_after/{record.metric_key(t)}": n for t, n in after.error_counts().items()}})
+        record.log_json(summary.texts_before, "prompts_before.json")
+        record.log_json(summary.texts_after, "prompts_after.json")
+        record.log_text(summary.diff, "prompts.diff")
+        record.log_json(summary.best.model_dump(mode="json"), "best_candidate.json")
+        record.log_json(record.attribution_report([summary.baseline_train, summary.baseline_dev], summary.entries),
+                        "attribution_report.json")
+        record.log_text(record.questions_csv(before, after), "questions_test.csv")
+        plots = self.state / "plots"
+        plots.mkdir(parents=True, exist_ok=True)
+        mlflow.log_artifact(str(record.plot_accuracy(summary.points, summary.best_curve,
+                                                     plots / "accuracy_by_trial.png")))
+        mlflow.log_artifact(str(record.plot_blame(summary.entries, plots / "blame_by_site.png")))
+        program_path = self.state / "program.json"
+        AllSites(self.modules(summary.best)).save(str(program_path))
+        mlflow.log_artifact(str(program_path))
+
+    def register(self, texts: Mapping[str, str], *, promote: bool, message: str) -> dict[str, Any]:
+        return record.register_prompts(self.system, texts, run_id=self.parent_run_id, promote=promote,
+                                       message=message)
+
+    def tag_result(self, promoted: bool, reason: str, note: str) -> None:
+        import mlflow
+
+        mlflow.set_tags({"optloop.promoted": str(promoted), "optloop.promotion_reason": reason,
+                         "optloop.note": note or "-"})
+
+
+__all__ = ["MlflowSink"]

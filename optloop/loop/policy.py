@@ -1,0 +1,119 @@
+"""The loop's rules, as pure functions: split, targets, start program, promotion, held-out statistics.
+
+Each takes data and returns a decision; none logs, evaluates or writes state, so the
+controller (:mod:`optloop.loop.controller`) and the tests call them alike. See
+``docs/architecture.md``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any, Literal
+
+from optloop.attribution.taxonomy import KNOB_PREFIX, is_prompt_site
+from optloop.datasets import Dataset, split_episodes
+from optloop.errors import ConfigError, DatasetError
+from optloop.loop.candidate import Candidate
+from optloop.loop.state import LoopConfig
+from optloop.stats import Interval, bootstrap_mean, paired_bootstrap_delta
+
+if TYPE_CHECKING:
+    from optloop.loop.evaluate import Evaluation, Evaluator
+
+FEW_QUESTIONS = 20  # fewer dev or test questions than this and a 95% CI spans more than about ±0.2
+
+
+def held_out_intervals(before: Evaluation, after: Evaluation, *, seed: int) -> tuple[Interval, Interval, Interval]:
+    """(test accuracy before, after, delta), each with its bootstrap CI over the test questions; the delta
+    pairs each question's pass before with its pass after by (episode, question)."""
+    passed_after = {(o.episode_id, o.question_id): float(o.passed) for o in after.outcomes}
+    pairs = [(float(o.passed), passed_after[key]) for o in before.outcomes
+             if (key := (o.episode_id, o.question_id)) in passed_after]
+    return (bootstrap_mean([float(o.passed) for o in before.outcomes], seed=seed),
+            bootstrap_mean([float(o.passed) for o in after.outcomes], seed=seed),
+            paired_bootstrap_delta([b for b, _ in pairs], [a for _, a in pairs], seed=seed))
+
+
+def promotion(rule: Literal["ci", "delta"], changed: bool, delta: Interval) -> tuple[bool, str]:
+    """(move the ``champion`` alias?, why): with ``ci`` only when the held-out delta's CI lies above 0,
+    with ``delta`` when its point value is above 0; a candidate that changed nothing never moves it."""
+    if not changed:
+        return False, "the baseline stayed best on dev: no new prompt to promote"
+    level = f"{delta.confidence:.0%} CI"
+    where = "is above 0" if delta.above_zero else "is below 0" if delta.high < 0 else "includes 0"
+    if rule == "ci":
+        moved, why = delta.above_zero, f"its {level} {where}"
+    else:
+        moved = delta.estimate > 0
+        why = f"the point delta is {'above' if moved else 'not above'} 0 (its {level} {where})"
+    return moved, (f"held-out delta {delta}: {why}, champion {'moved' if moved else 'not moved'} "
+                   f"(--promote-if {rule})")
+
+
+def small_split_warning(n_dev: int, n_test: int) -> str | None:
+    """A warning when dev or test is too small for its accuracy to mean much (``None`` when both are fine)."""
+    if min(n_dev, n_test) >= FEW_QUESTIONS:
+        return None
+    spread = 1.96 * 0.5 / math.sqrt(max(min(n_dev, n_test), 1))  # a 95% CI's half-width at accuracy 0.5
+    return (f"dev has {n_dev} questions, test {n_test}: a 95% CI this small spans about \u00b1{spread:.1f}; "
+            "use more episodes (?limit=) or --split")
+
+
+def split_dataset(dataset: Dataset, config: LoopConfig) -> tuple[Dataset, Dataset, Dataset]:
+    if len(dataset.episodes) < 3:
+        raise DatasetError(f"{dataset.uri}: the loop splits train/dev/test by episode and needs at least 3 "
+                           f"episodes; this dataset has {len(dataset.episodes)}")
+    train, dev, test = split_episodes(dataset, config.fractions, seed=config.seed)
+    for part in (train, dev, test):
+        if not any(e.questions for e in part.episodes):
+            raise DatasetError(f"{part.name} has no question; use a dataset with more episodes")
+    return train, dev, test
+
+
+def choose_targets(entries: list[Any], config: LoopConfig, all_sites: list[str]) -> tuple[list[str], list[str], str]:
+    """(sites, knobs, note): what the optimizer may change."""
+    if config.sites:
+        unknown = sorted(set(config.sites) - set(all_sites))
+        if unknown:
+            raise ConfigError(f"--sites {','.join(unknown)}: no such site on {config.system}; its sites are "
+                              f"{', '.join(all_sites)}")
+        return list(config.sites), [], "sites given by --sites"
+    knobs = [e.target.removeprefix(KNOB_PREFIX) for e in entries if e.is_knob]
+    if config.untargeted:
+        return list(all_sites), knobs, "untargeted: every prompt site"
+    sites = [e.target for e in entries if is_prompt_site(e.target) and e.target in all_sites]
+    if sites:
+        return sites, knobs, ""
+    note = ("no prompt site is to blame" + (f" (blame: {', '.join(e.target for e in entries)})" if entries else
+                                            " (no failure was attributed to a site)")
+            + "; the optimizer targets the answer site" + ("; --optimizer optuna also tunes the blamed knobs"
+                                                           if knobs else ""))
+    return ["answer"], knobs, note
+
+
+def start_candidate(evaluator: Evaluator, config: LoopConfig) -> Candidate:
+    """The program the run starts from: the system's own prompts, with ``config.start``'s instructions."""
+    base = evaluator.baseline()
+    check_start(config, list(base.sites))
+    if not config.start:
+        return base
+    sites = {name: state.model_copy(update={"instructions": _start_text(state.instructions, config.start[name])})
+             if name in config.start else state for name, state in base.sites.items()}
+    return Candidate(sites=sites, knobs=base.knobs, origin="baseline (start instructions)")
+
+
+def check_start(config: LoopConfig, sites: list[str]) -> None:
+    unknown = sorted(set(config.start) - set(sites))
+    if unknown:
+        raise ConfigError(f"--start {', '.join(unknown)}: no such site on {config.system}; its sites are "
+                          f"{', '.join(sites)}")
+
+
+def _start_text(own: str, start: str) -> str:
+    """A start instruction: ``start`` itself, or with a leading ``+`` the site's own instruction with it appended."""
+    return f"{own.rstrip()} {start[1:].strip()}" if start.startswith("+") else start
+
+
+def questions(dataset: Dataset) -> int:
+    """How many questions ``dataset`` holds over all its episodes."""
+    return sum(len(e.questions) for e in dataset.episodes)

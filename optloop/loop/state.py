@@ -1,0 +1,154 @@
+"""What a loop run is configured by, persists and returns: config, checkpoint, trials, result.
+
+These are plain data (pydantic models): the controller (:mod:`optloop.loop.controller`)
+reads and writes them, the checkpoint file holds them between runs, and every
+worker of a shared run exchanges them. Nothing here does I/O except
+:meth:`Checkpoint.save` and :meth:`Checkpoint.load`. See ``docs/architecture.md``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, field_validator
+
+from optloop.errors import ConfigError
+from optloop.loop.candidate import Candidate
+from optloop.loop.evaluate import Evaluation
+from optloop.paths import write_atomic
+from optloop.stats import Interval
+
+MAX_BUDGET = 500
+
+
+def check_fractions(fractions: tuple[float, ...]) -> tuple[float, float, float]:
+    """``fractions`` if they are three shares above 0 summing to 1 (within 1e-6), else a ValueError saying
+    what to fix."""
+    if len(fractions) != 3:
+        raise ValueError(f"give three fractions TRAIN,DEV,TEST (e.g. 0.5,0.25,0.25), not {len(fractions)}")
+    if any(not f > 0 for f in fractions):
+        raise ValueError("every fraction must be above 0: each split needs episodes")
+    if abs(sum(fractions) - 1) > 1e-6:
+        raise ValueError(f"the fractions sum to {sum(fractions):g}; they must sum to 1")
+    return fractions[0], fractions[1], fractions[2]
+
+
+class LoopConfig(BaseModel):
+    """Everything a run depends on (logged as the parent run's params)."""
+
+    system: str
+    dataset: str = "builtin:tiny"
+    budget: int = Field(3, ge=1, le=MAX_BUDGET)
+    optimizer: Literal["simba", "gepa", "optuna", "edit"] = "simba"
+    seed: int = 0
+    untargeted: bool = False
+    sites: list[str] | None = None
+    run_name: str
+    tracking_uri: str | None = None
+    storage: str | None = None
+    lm: str = "local"
+    proposer_lm: str = "same"
+    knobs: dict[str, Any] = Field(default_factory=dict)
+    start: dict[str, str] = Field(default_factory=dict,
+                                  description="site -> instruction the run starts from instead of the system's own ('+TEXT': appended to it) "
+                                              "(a product's current prompt, or a benchmark's sabotage)")
+    fractions: tuple[float, float, float] = (0.5, 0.25, 0.25)
+    promote_if: Literal["ci", "delta"] = Field("ci", description="the champion alias moves when the held-out "
+                                                                 "delta's CI is above 0 (ci) or its point (delta)")
+
+    @field_validator("fractions")
+    @classmethod
+    def _fractions(cls, value: tuple[float, float, float]) -> tuple[float, float, float]:
+        return check_fractions(value)
+
+    def digest(self, *, shared: bool = False) -> str:
+        """What must match for a run name to be resumed (the tracking URI may move), or, with ``shared``,
+        for a worker to join a study (reached by another URL on another machine, perhaps)."""
+        payload = self.model_dump(exclude={"tracking_uri", "storage"} if shared else {"tracking_uri"})
+        return hashlib.sha1(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+class Trial(BaseModel):
+    trial: int
+    candidate: Candidate
+    evaluation: Evaluation | None = None
+    child_run_id: str | None = None
+    improved: bool = False
+
+
+class Checkpoint(BaseModel):
+    config_digest: str
+    worker: str = Field(default_factory=lambda: uuid.uuid4().hex[:12],
+                        description="this worker's id in a shared study (kept across resumes)")
+    parent_run_id: str | None = None
+    split: dict[str, list[str]] = Field(default_factory=dict)
+    baseline_train: Evaluation | None = None
+    baseline_dev: Evaluation | None = None
+    targets: list[str] = Field(default_factory=list)
+    trials: list[Trial] = Field(default_factory=list)
+    queue: list[Candidate] = Field(default_factory=list)
+    test_before: Evaluation | None = None
+    test_after: Evaluation | None = None
+    registered: dict[str, Any] = Field(default_factory=dict)
+    finished: bool = False
+
+    def save(self, path: Path) -> None:
+        write_atomic(path, self.model_dump_json(indent=1))
+
+    @classmethod
+    def load(cls, path: Path) -> Checkpoint:
+        try:
+            return cls.model_validate_json(path.read_text())
+        except Exception as exc:  # noqa: BLE001 - a corrupt checkpoint is the user's to remove
+            raise ConfigError(f"checkpoint {path} is unreadable ({type(exc).__name__}); delete that run directory "
+                              "or pick another --run-name") from None
+
+
+class Tried(BaseModel):
+    """One evaluated candidate, for the summary: what the optimizer tried and how it scored on dev."""
+
+    trial: int
+    origin: str
+    changed: list[str]
+    dev: float
+
+    @classmethod
+    def of(cls, trial: int, candidate: Candidate, dev: float, base: Candidate) -> Tried:
+        return cls(trial=trial, origin=candidate.origin, dev=dev,
+                   changed=candidate.changed_sites(base) + [f"knob:{k}" for k in candidate.changed_knobs(base)])
+
+
+class LoopResult(BaseModel):
+    config: LoopConfig
+    parent_run_id: str
+    targets: list[str]
+    tunable_sites: list[str]
+    tunable_knobs: list[str]
+    baseline_dev: float
+    best_dev: float
+    best_trial: int
+    test_before: float
+    test_after: float
+    evaluations: int
+    changed_sites: list[str]
+    changed_knobs: dict[str, Any]
+    promoted: bool
+    promotion_reason: str = Field(description="why the champion alias moved or did not (see promotion())")
+    registered: dict[str, Any]
+    cost: dict[str, int | float]
+    n_dev: int = Field(description="dev questions")
+    n_test: int = Field(description="held-out test questions")
+    test_before_ci: Interval = Field(description="baseline's test accuracy, bootstrap CI over test questions")
+    test_after_ci: Interval = Field(description="best candidate's test accuracy, bootstrap CI over test questions")
+    delta_test_ci: Interval = Field(description="after - before per test question, paired bootstrap CI")
+    tried: list[Tried] = Field(default_factory=list, description="every evaluated candidate, in trial order")
+    prompt_diff: str = Field("", description="unified diff of the start prompts and the best candidate's")
+    note: str = ""
+
+    @property
+    def delta_test(self) -> float:
+        return self.test_after - self.test_before

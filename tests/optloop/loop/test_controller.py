@@ -1,0 +1,445 @@
+"""The loop controller driven by fakes: no LM, no MLflow, no optimizer library.
+
+A scripted evaluator decides each candidate's accuracy and where its failures are
+blamed; a scripted optimizer proposes deterministic rewrites of its target sites; an
+in-memory sink stands for MLflow (its records survive a "kill", as MLflow's do); the
+checkpoint is a real file. A kill is an exception raised by any fake, or just before a
+checkpoint write, at step k of the run.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from optloop.attribution import Attribution, ErrorType
+from optloop.loop._base import Optimizer
+from optloop.loop.candidate import Candidate, SiteState
+from optloop.loop.controller import Controller, RunContext, Split, Summary, Targeting
+from optloop.loop.coordinator import LocalCoordinator, SharedCoordinator
+from optloop.loop.evaluate import Evaluation, QuestionOutcome
+from optloop.loop.state import Checkpoint, LoopConfig, LoopResult
+from optloop.loop.study import SharedStudy
+
+ANSWER, EXTRACT = "answer", "mem.extract"
+SITES = [ANSWER, EXTRACT]
+BASE = Candidate(sites={ANSWER: SiteState(instructions="seed answer"), EXTRACT: SiteState(instructions="seed extract")})
+QUESTIONS = {"train": 4, "dev": 4, "test": 24}
+
+# dev: (questions passed of 4, the site their failures are blamed on), by (answer, extract) instruction
+DEV = {("seed answer", "seed extract"): (1, ANSWER),
+       ("answer:1", "seed extract"): (1, ANSWER),
+       ("answer:2", "seed extract"): (2, EXTRACT),  # better, and the blame moves: retarget
+       ("answer:2", "mem.extract:1"): (3, EXTRACT),  # better, the blame stays: no retarget
+       ("answer:2", "mem.extract:2"): (2, EXTRACT)}
+TEST = {("seed answer", "seed extract"): 6, ("answer:2", "mem.extract:1"): 20}  # of 24
+
+
+class Killed(Exception):
+    """A simulated kill (SIGKILL, Ctrl-C, a crash) at one step of the run."""
+
+
+class Clock:
+    """Counts the run's steps; raises :class:`Killed` at step ``kill_at``, or at the first step named
+    ``kill_on``."""
+
+    def __init__(self, kill_at: int | None = None, kill_on: str | None = None):
+        self.kill_at = kill_at
+        self.kill_on = kill_on
+        self.steps: list[str] = []
+
+    def tick(self, what: str) -> None:
+        self.steps.append(what)
+        if len(self.steps) == self.kill_at or (self.kill_on is not None and what.startswith(self.kill_on)):
+            raise Killed(f"step {len(self.steps)}: {what}")
+
+
+def key(candidate: Candidate) -> tuple[str, str]:
+    return candidate.sites[ANSWER].instructions, candidate.sites[EXTRACT].instructions
+
+
+def evaluation(split: str, candidate: Candidate, passes: int, n: int, target: str) -> Evaluation:
+    outcomes = []
+    for i in range(n):
+        ok = i < passes
+        outcomes.append(QuestionOutcome(
+            episode_id=f"e{i // 4}", question_id=f"q{i}", task_type="t", question="?", gold="g",
+            prediction="g" if ok else "x", score=float(ok), passed=ok,
+            attribution=None if ok else Attribution(question_id=f"q{i}", error_type=ErrorType.RESPONSE,
+                                                    target=target)))
+    return Evaluation(split=split, candidate=candidate.digest(), outcomes=outcomes)
+
+
+class FakeEvaluator:
+    """Scripted evaluations: ``DEV`` on train and dev (default 1 pass), ``TEST`` on test (default 6)."""
+
+    site_names = SITES
+
+    def __init__(self, clock: Clock, test: Mapping[tuple[str, str], int] | None = None):
+        self.clock = clock
+        self.test = dict(TEST if test is None else test)
+        self.calls: list[tuple[str, str]] = []
+
+    def evaluate(self, candidate: Candidate, split: Split) -> Evaluation:
+        self.clock.tick(f"evaluate {split} {key(candidate)}")
+        self.calls.append((split, candidate.digest()))
+        if split == "test":
+            return evaluation(split, candidate, self.test.get(key(candidate), 6), QUESTIONS[split], ANSWER)
+        passes, target = DEV.get(key(candidate), (1, EXTRACT))
+        return evaluation(split, candidate, passes, QUESTIONS[split], target)
+
+    def prompt_texts(self, candidate: Candidate) -> dict[str, str]:
+        return {name: state.instructions for name, state in candidate.sites.items()}
+
+
+class FakeOptimizer(Optimizer):
+    """Proposes ``<site>:1``, ``<site>:2``, ... for its first site, two per round, on the best so far."""
+
+    name = "fake"
+
+    def __init__(self, sites: list[str], knobs: list[str], clock: Clock, *, fail_at: int | None = None,
+                 prefix: str = ""):
+        super().__init__(None, None, None, sites=sites, knobs=knobs)  # type: ignore[arg-type]
+        self.clock = clock
+        self.queue: list[Candidate] = []
+        self.retargets: list[tuple[list[str], list[str]]] = []
+        self.observed: list[int] = []
+        self.proposals = 0
+        self.fail_at = fail_at
+        self.prefix = prefix
+
+    def propose(self, best: Candidate, best_eval: Evaluation) -> Candidate | None:
+        self.clock.tick("propose")
+        self.proposals += 1
+        if self.proposals == self.fail_at:
+            raise RuntimeError("the optimizer failed")
+        site, k, fresh = self.sites[0], 0, not self.queue
+        while fresh and len(self.queue) < 2 and k < 50:
+            k += 1
+            text = f"{self.prefix}{site}:{k}"
+            candidate = best.model_copy(update={"sites": {**best.sites, site: SiteState(instructions=text)},
+                                                "origin": f"fake {site} {k}"})
+            if candidate.digest() not in self.seen and candidate.digest() != best.digest():
+                self.seen.add(candidate.digest())
+                self.queue.append(candidate)
+        return self.queue.pop(0) if self.queue else None
+
+    def observe(self, candidate: Candidate, evaluation: Evaluation, trial: int) -> None:
+        self.clock.tick("observe")
+        self.observed.append(trial)
+
+    def retarget(self, sites, knobs=()) -> None:
+        self.retargets.append((list(sites), list(knobs)))
+        super().retarget(sites, knobs)
+
+
+class NothingOptimizer(FakeOptimizer):
+    def propose(self, best: Candidate, best_eval: Evaluation) -> Candidate | None:
+        self.clock.tick("propose")
+        return None
+
+
+class MemorySink:
+    """MLflow in memory: child runs by id (discarded ones removed), dev points, summary, registry, tags."""
+
+    def __init__(self, clock: Clock):
+        self.clock = clock
+        self.lock = threading.Lock()
+        self.children: dict[str, dict[str, Any]] = {}
+        self.discarded: list[str] = []
+        self.dev: list[tuple[int, float, float]] = []
+        self.targets: list[Targeting] = []
+        self.summary: Summary | None = None
+        self.registered: list[tuple[dict[str, str], bool]] = []
+        self.tags: dict[str, Any] = {}
+        self._ids = 0
+
+    def log_dev(self, trial: int, accuracy: float, best: float) -> None:
+        self.clock.tick(f"log_dev {trial}")
+        with self.lock:
+            self.dev.append((trial, accuracy, best))
+
+    def log_targets(self, targeting: Targeting) -> None:
+        self.clock.tick("log_targets")
+        self.targets.append(targeting)
+
+    @contextmanager
+    def open_trial(self, trial: int, tags: Mapping[str, str] | None) -> Iterator[str]:
+        self.clock.tick(f"open_trial {trial}")
+        with self.lock:
+            self._ids += 1
+            run_id = f"child-{self._ids}"
+            self.children[run_id] = {"trial": trial, "status": "RUNNING", "tags": dict(tags or {})}
+        try:
+            yield run_id
+        except BaseException:
+            self.children[run_id]["status"] = "FAILED"
+            raise
+        self.children[run_id]["status"] = "FINISHED"
+
+    def log_trial(self, trial: int, candidate: Candidate, evaluation: Evaluation, *, base: Candidate,
+                  diff: str) -> None:
+        self.clock.tick(f"log_trial {trial}")
+        with self.lock:
+            run = next(r for r in self.children.values() if r["trial"] == trial and r["status"] == "RUNNING")
+            run |= {"candidate": candidate.digest(), "accuracy": evaluation.accuracy, "diff": diff}
+
+    def discard_trial(self, trial: int) -> None:
+        self.clock.tick(f"discard_trial {trial}")
+        for run_id in [i for i, r in self.children.items() if r["trial"] == trial]:
+            del self.children[run_id]
+        self.discarded.append(trial)
+
+    def log_summary(self, summary: Summary) -> None:
+        self.clock.tick("log_summary")
+        self.summary = summary
+
+    def register(self, texts: Mapping[str, str], *, promote: bool, message: str) -> dict[str, Any]:
+        """As ``record.register_prompts``: a version this run registered with the same text is reused."""
+        self.clock.tick("register")
+        if not self.registered or self.registered[-1][0] != dict(texts):
+            self.registered.append((dict(texts), promote))
+        return {site: {"name": f"optloop.{site}", "version": len(self.registered), "champion": promote}
+                for site in texts}
+
+    def tag_result(self, promoted: bool, reason: str, note: str) -> None:
+        self.clock.tick("tag_result")
+        self.tags = {"promoted": promoted, "reason": reason, "note": note}
+
+    def trials(self) -> list[int]:
+        return sorted(r["trial"] for r in self.children.values())
+
+
+class Run:
+    """One process's run of the controller on the checkpoint at ``path`` (loaded if it exists)."""
+
+    def __init__(self, path: Path, sink: MemorySink, clock: Clock, *, budget: int = 5, promote_if: str = "ci",
+                 optimizer: type[FakeOptimizer] = FakeOptimizer, fail_at: int | None = None,
+                 coordinator: Any = None, test: Mapping[tuple[str, str], int] | None = None, prefix: str = ""):
+        self.config = LoopConfig(system="fake", run_name="r", budget=budget, optimizer="edit", promote_if=promote_if)
+        ckpt = Checkpoint.load(path) if path.exists() else Checkpoint(config_digest=self.config.digest(),
+                                                                      parent_run_id="parent")
+        self.clock = clock
+        self.evaluator = FakeEvaluator(clock, test)
+        self.optimizers: list[FakeOptimizer] = []
+        self.messages: list[str] = []
+        context = RunContext(config=self.config, checkpoint=ckpt, path=path, base=BASE, progress=self.messages.append,
+                             cost=lambda: {"llm_calls": 7})
+        original_save = context.save
+
+        def save() -> None:
+            clock.tick("save")
+            original_save()
+
+        context.save = save  # type: ignore[method-assign]
+        self.context = context
+
+        def make(sites: list[str], knobs: list[str]) -> FakeOptimizer:
+            self.optimizers.append(optimizer(sites, knobs, clock, fail_at=fail_at, prefix=prefix))
+            return self.optimizers[-1]
+
+        self.controller = Controller(context, self.evaluator, sink, coordinator or LocalCoordinator(budget), make)
+
+    @property
+    def optimizer(self) -> FakeOptimizer:
+        return self.optimizers[-1]
+
+    def run(self) -> LoopResult:
+        return self.controller.run()
+
+
+def uninterrupted(tmp_path: Path, **kwargs: Any) -> tuple[LoopResult, Run, MemorySink]:
+    sink = MemorySink(Clock())
+    run = Run(tmp_path / "clean.json", sink, sink.clock, **kwargs)
+    return run.run(), run, sink
+
+
+def trials_of(path: Path) -> list[tuple[int, str, float, bool]]:
+    ckpt = Checkpoint.load(path)
+    return [(t.trial, t.candidate.digest(), t.evaluation.accuracy, t.improved) for t in ckpt.trials if t.evaluation]
+
+
+# --- the budget -----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("budget", [1, 2, 5])
+def test_the_budget_is_exact(tmp_path, budget):
+    result, run, sink = uninterrupted(tmp_path, budget=budget)
+    dev_calls = [c for c in run.evaluator.calls if c[0] == "dev"]
+    assert len(dev_calls) == budget + 1  # the baseline, then one per trial
+    assert result.evaluations == budget and [t.trial for t in result.tried] == list(range(1, budget + 1))
+    assert sink.trials() == list(range(1, budget + 1))
+    assert [p[0] for p in sink.dev] == list(range(budget + 1))
+    assert len({d for _, d in dev_calls}) == budget + 1  # no candidate evaluated twice
+    assert Checkpoint.load(tmp_path / "clean.json").finished
+
+
+def test_the_run_follows_the_script(tmp_path):
+    result, run, sink = uninterrupted(tmp_path)
+    assert [round(t.dev, 2) for t in result.tried] == [0.25, 0.5, 0.75, 0.5, 0.25]
+    assert result.best_trial == 3 and result.best_dev == 0.75 and result.baseline_dev == 0.25
+    assert result.targets == [ANSWER] and result.tunable_sites == [ANSWER]
+    assert result.changed_sites == [ANSWER, EXTRACT]
+    assert result.test_before == 0.25 and result.test_after == pytest.approx(20 / 24)
+    assert [p[2] for p in sink.dev] == [0.25, 0.25, 0.5, 0.75, 0.75, 0.75]  # best so far
+    assert result.cost == {"llm_calls": 7}
+    assert "answer:2" in result.prompt_diff and "mem.extract:1" in result.prompt_diff
+    assert sink.summary is not None and sink.summary.evaluations == 5 and sink.summary.best_curve[-1] == 0.75
+
+
+# --- retargeting ----------------------------------------------------------------------------------------------
+
+
+def test_the_optimizer_is_retargeted_when_the_blame_moves_and_only_then(tmp_path):
+    result, run, _ = uninterrupted(tmp_path)
+    assert run.optimizer.retargets == [([EXTRACT], [])]  # trial 2 moved the blame; trial 3 improved, blame stayed
+    assert "re-attribution: blame moved to mem.extract" in run.messages
+    assert run.optimizer.observed == [1, 2, 3, 4, 5]
+
+
+def test_a_resumed_optimizer_is_retargeted_on_the_best_so_far(tmp_path):
+    path, sink = tmp_path / "ckpt.json", MemorySink(Clock())
+    with pytest.raises(Killed):  # both trials done (trial 2 moved the blame), killed in the held-out test
+        Run(path, sink, Clock(kill_on="evaluate test"), budget=2).run()
+    again = Run(path, sink, Clock(), budget=2)
+    again.run()
+    assert again.optimizer.retargets == [([EXTRACT], [])]  # from the checkpoint's best, before any proposal
+    assert again.optimizer.proposals == 0
+
+
+# --- promotion ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("rule, test_after, promoted, why", [
+    ("ci", 20, True, "its 95% CI is above 0, champion moved (--promote-if ci)"),
+    ("ci", 8, False, "its 95% CI includes 0, champion not moved (--promote-if ci)"),
+    ("delta", 8, True, "the point delta is above 0 (its 95% CI includes 0), champion moved (--promote-if delta)"),
+    ("delta", 6, False, "the point delta is not above 0"),
+])
+def test_promotion_follows_the_rule(tmp_path, rule, test_after, promoted, why):
+    result, _, sink = uninterrupted(tmp_path, promote_if=rule, test={("seed answer", "seed extract"): 6,
+                                                                     ("answer:2", "mem.extract:1"): test_after})
+    assert result.promoted is promoted and why in result.promotion_reason
+    assert sink.registered == [({ANSWER: "answer:2", EXTRACT: "mem.extract:1"}, promoted)]  # registered either way
+    assert sink.tags["promoted"] is promoted and sink.tags["reason"] == result.promotion_reason
+    assert all(r["champion"] is promoted for r in result.registered.values())
+
+
+def test_nothing_is_registered_or_promoted_when_the_baseline_stays_best(tmp_path):
+    result, _, sink = uninterrupted(tmp_path, budget=1)  # trial 1 ties the baseline: not better
+    assert result.best_trial == 0 and not result.changed_sites and not result.promoted
+    assert "baseline stayed best" in result.promotion_reason
+    assert sink.registered == [] and result.registered == {}
+    assert result.test_after == result.test_before
+
+
+# --- proposals that fail --------------------------------------------------------------------------------------
+
+
+def test_an_optimizer_with_nothing_to_propose_ends_the_run_cleanly(tmp_path):
+    result, run, sink = uninterrupted(tmp_path, optimizer=NothingOptimizer)
+    assert result.evaluations == 0 and result.tried == [] and sink.trials() == []
+    assert "fake proposed nothing new after 0 evaluation(s)" in result.note and "by this worker" not in result.note
+    assert result.test_before == result.test_after and not result.promoted
+    assert [c[0] for c in run.evaluator.calls] == ["train", "dev", "test"]
+    assert Checkpoint.load(tmp_path / "clean.json").finished
+
+
+def test_a_proposal_that_raises_stops_the_run_with_nothing_half_done_and_a_rerun_finishes_it(tmp_path):
+    path, sink = tmp_path / "ckpt.json", MemorySink(Clock())
+    with pytest.raises(RuntimeError, match="the optimizer failed"):
+        Run(path, sink, Clock(), fail_at=2).run()
+    ckpt = Checkpoint.load(path)
+    assert [t.trial for t in ckpt.trials] == [1] and ckpt.trials[0].evaluation is not None
+    assert not ckpt.finished and ckpt.test_before is None and sink.trials() == [1] and sink.summary is None
+    result = Run(path, sink, Clock()).run()
+    clean, _, _ = uninterrupted(tmp_path)
+    assert result == clean
+    assert sink.trials() == [1, 2, 3, 4, 5] and sink.discarded == []
+
+
+# --- resume after a kill at every step ------------------------------------------------------------------------
+
+
+def steps_of_a_clean_run(tmp_path: Path) -> list[str]:
+    clock = Clock()
+    Run(tmp_path / "count.json", MemorySink(clock), clock).run()
+    return clock.steps
+
+
+def test_resume_after_a_kill_at_any_step_equals_an_uninterrupted_run(tmp_path):
+    clean, _, clean_sink = uninterrupted(tmp_path)
+    clean_trials = trials_of(tmp_path / "clean.json")
+    steps = steps_of_a_clean_run(tmp_path)
+    assert len(steps) > 40
+    for k in range(1, len(steps) + 1):
+        path = tmp_path / f"kill-{k}.json"
+        clock = Clock(kill_at=k)
+        sink = MemorySink(clock)
+        with pytest.raises(Killed):
+            Run(path, sink, clock).run()
+        sink.clock = Clock()
+        resumed = Run(path, sink, sink.clock)
+        result = resumed.run()
+        where = f"killed at step {k} ({steps[k - 1]})"
+        assert result == clean, where
+        assert trials_of(path) == clean_trials, where
+        assert sink.trials() == [1, 2, 3, 4, 5], where  # one record per trial: a half-done one was discarded
+        assert all(r["status"] == "FINISHED" and "accuracy" in r for r in sink.children.values()), where
+        assert len({p[0] for p in sink.dev}) == len(sink.dev), where  # no trial's point logged twice
+        assert len(sink.registered) == 1, where  # registered once, even when killed just after
+        dev_calls = [c for c in resumed.evaluator.calls if c[0] == "dev"]
+        assert len(set(dev_calls)) == len(dev_calls), where
+        assert Checkpoint.load(path).finished, where
+
+
+def test_a_finished_checkpoint_is_not_run_again(tmp_path):
+    _, _, sink = uninterrupted(tmp_path)
+    rerun = Run(tmp_path / "clean.json", sink, Clock())
+    assert rerun.context.checkpoint.finished  # Loop refuses such a run before the controller starts
+
+
+# --- several workers: the shared coordinator on a SQLite study ------------------------------------------------
+
+
+def test_two_workers_split_the_budget_through_a_shared_study(tmp_path):
+    config = LoopConfig(system="fake", run_name="shared", budget=4, optimizer="optuna")
+    storage = f"sqlite:///{tmp_path / 'optuna.db'}"
+    coordinators = [SharedCoordinator.join(config, storage, worker=f"w{i}") for i in range(2)]
+    for c in coordinators:
+        c.study.poll = 0.05
+    sink = MemorySink(Clock())
+    runs = [Run(tmp_path / f"w{i}.json", sink, Clock(), budget=4, coordinator=coordinators[i], prefix=f"w{i}-")
+            for i in range(2)]
+    results: dict[int, LoopResult] = {}
+    errors: list[BaseException] = []
+
+    def work(i: int) -> None:
+        try:
+            results[i] = runs[i].run()
+        except BaseException as exc:  # noqa: BLE001 - re-raised below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    finally:
+        for c in coordinators:
+            c.close()
+    assert not errors, errors
+    assert results[0] == results[1] and results[0].evaluations == 4
+    assert sink.trials() == [1, 2, 3, 4]  # every slot once, none beyond the budget
+    assert len({r["candidate"] for r in sink.children.values()}) == 4
+    assert [c[0] for c in runs[1].evaluator.calls].count("train") == 0  # the leader evaluated the baseline once
+    assert len(sink.targets) == 1  # the run-level blame is recorded once, by the leader
+    assert {r["tags"]["optloop.worker"].split(":")[0] for r in sink.children.values()} <= {"0", "1"}
+    assert all(Checkpoint.load(tmp_path / f"w{i}.json").finished for i in range(2))
+    assert len(sink.registered) <= 1
