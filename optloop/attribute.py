@@ -33,13 +33,13 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from optloop.attribution import attribute, blame, default_judges
+from optloop.attribution import blame, default_judges
 from optloop.attribution.faults import CATALOGUE, run_planted, summarize
 from optloop.cli import add_lm_arguments, lm_from_args, run_cli, setup_logging
-from optloop.datasets import load_dataset, passed
+from optloop.datasets import load_dataset
 from optloop.errors import ConfigError
 from optloop.paths import state_dir, write_atomic
-from optloop.tracing.recorder import record_episode
+from optloop.pipeline import Attributor, FreshStores, run_episode
 from systems import SYSTEMS, get_system
 
 logger = logging.getLogger(__name__)
@@ -48,12 +48,13 @@ console = Console()
 
 def attribute_dataset(system_name: str, dataset_uri: str, lm: Any, work: Path, *, embedder: Any = None,
                       traces: bool = False, llm_judge: bool = False, agent: bool = False) -> dict[str, Any]:
-    """Run, trace and attribute; returns the report (graphs saved under ``work/graphs``).
+    """Run, trace and attribute every episode through the one pipeline (:func:`optloop.pipeline.run_episode`);
+    returns the report (graphs saved under ``work/graphs``).
 
     With ``agent`` the LLM agent (:mod:`optloop.attribution.agent`) re-examines the cases the
     deterministic walk marks ambiguous.
     """
-    from optloop.attribution.agent import AttributionAgent, refine_ambiguous
+    from optloop.attribution.agent import AttributionAgent
     from optloop.embed import get_embedder
 
     dataset = load_dataset(dataset_uri)
@@ -61,30 +62,21 @@ def attribute_dataset(system_name: str, dataset_uri: str, lm: Any, work: Path, *
     embedder = embedder or get_embedder()
     judges = default_judges(embedder, lm if llm_judge else None)
     explorer = AttributionAgent(lm) if agent else None
+    attributor = Attributor(judges, embedder, agent=explorer)
+    stores = FreshStores(lambda episode: cls(lm, work / "runs" / episode.id, embedder=embedder), lm,
+                         dataset_uri=dataset.uri)
     attributions, questions, correct, timings = [], 0, 0, []
     mark = lm.accounting.mark()
     started = time.perf_counter()
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task(f"{system_name} on {dataset.name}", total=len(dataset.episodes))
         for episode in dataset.episodes:
-            system = cls(lm, work / "runs" / episode.id, embedder=embedder)
-            try:
-                graph, predictions = record_episode(system, episode, dataset=dataset.uri)
-            finally:
-                getattr(system, "close", lambda: None)()
-            graph.save(work / "graphs" / f"{episode.id}.json")
-            failed = []
-            for q in episode.questions:
-                questions += 1
-                if passed(q, predictions[q.id]):
-                    correct += 1
-                    continue
-                t0 = time.perf_counter()
-                failed.append(attribute(graph, q, predictions[q.id], judges, embedder=embedder))
-                timings.append(time.perf_counter() - t0)
-            if explorer is not None:
-                failed = refine_ambiguous(explorer, graph, {q.id: q for q in episode.questions}, failed,
-                                          embedder=embedder)
+            result = run_episode(episode, stores, lm=lm, attributor=attributor, keep="all",
+                                 save_graph=lambda graph, episode=episode: _save(graph, work, episode.id))
+            questions += len(result.outcomes)
+            correct += sum(o.passed for o in result.outcomes)
+            timings += [result.attribution_s[o.question_id] for o in result.outcomes if o.attribution is not None]
+            failed = result.attributions()
             attributions += failed
             if traces and failed:
                 from optloop import tracking
@@ -93,7 +85,8 @@ def attribute_dataset(system_name: str, dataset_uri: str, lm: Any, work: Path, *
                 tracking.configure()
                 tracking.experiment(f"optloop-attribution-{system_name}")
 
-                log_graph_traces(graph, [a.question_id for a in failed],
+                assert result.graph is not None
+                log_graph_traces(result.graph, [a.question_id for a in failed],
                                  {a.question_id: a.to_annotation() for a in failed})
             progress.advance(task)
     usage = lm.accounting.totals(since=mark)
@@ -111,6 +104,12 @@ def attribute_dataset(system_name: str, dataset_uri: str, lm: Any, work: Path, *
         "agent_calls": explorer.calls if explorer else 0,
         "cost": {"llm_calls": usage.calls, "tokens": usage.tokens, "seconds": round(time.perf_counter() - started, 1)},
     }
+
+
+def _save(graph: Any, work: Path, episode_id: str) -> str:
+    path = work / "graphs" / f"{episode_id}.json"
+    graph.save(path)
+    return str(path)
 
 
 def render_table(report: dict[str, Any]) -> Table:

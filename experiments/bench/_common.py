@@ -3,20 +3,22 @@
 :func:`run_episode` is the loop every benchmark here measures: a fresh system on its
 own directory, ingest all of an episode's sessions, then
 ``system.answer(q, system.retrieve(q))`` for each question, scored by the question's
-own scorer, with seconds and LLM calls taken for the ingest and the answer stages.
+own scorer, with seconds and LLM calls taken for the ingest and the answer stages. It is
+the one episode pipeline (``optloop.pipeline``) without recording or attribution.
 """
 
 from __future__ import annotations
 
 import argparse
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from optloop.datasets import Episode, Question, passed
+from optloop import pipeline
+from optloop.datasets import Episode, Question
 from optloop.embed import Embedder
 from optloop.lm import LMSettings, OptloopLM
+from optloop.pipeline import FreshStores
 from systems import get_system
 from systems.base import MemorySystem
 
@@ -73,27 +75,15 @@ class EpisodeRun:
 
 def run_episode(system_cls: type[MemorySystem], episode: Episode, lm: OptloopLM, run_dir: Path,
                 embedder: Embedder | None = None) -> EpisodeRun:
-    """Fresh ``system_cls`` under ``run_dir``: ingest every session, answer and score every question."""
-    run = EpisodeRun(episode_id=episode.id, sessions=len(episode.sessions))
-    started = time.perf_counter()
-    system = system_cls(lm, run_dir, embedder=embedder)
-    run.setup_s = time.perf_counter() - started
-    try:
-        mark = lm.accounting.mark()
-        started = time.perf_counter()
-        system.ingest(episode.sessions)
-        run.ingest_s = time.perf_counter() - started
-        run.ingest_calls = lm.accounting.totals(since=mark).calls
+    """Fresh ``system_cls`` under ``run_dir``: ingest every session, answer and score every question.
 
-        mark = lm.accounting.mark()
-        started = time.perf_counter()
-        for question in episode.questions:
-            prediction = system.answer(question.question, system.retrieve(question.question))
-            run.results.append(QuestionResult(question, prediction, passed(question, prediction)))
-        run.answer_s = time.perf_counter() - started
-        run.answer_calls = lm.accounting.totals(since=mark).calls
-    finally:
-        close = getattr(system, "close", None)
-        if callable(close):
-            close()
-    return run
+    The one episode pipeline (:func:`optloop.pipeline.run_episode`) with nothing recorded or attributed,
+    so the figures are the system's own.
+    """
+    stores = FreshStores(lambda _episode: system_cls(lm, run_dir, embedder=embedder), lm, record=False)
+    result = pipeline.run_episode(episode, stores, lm=lm)
+    return EpisodeRun(episode_id=episode.id, sessions=len(episode.sessions), setup_s=result.setup_s,
+                      ingest_s=result.ingest_s, ingest_calls=result.ingest_calls, answer_s=result.answer_s,
+                      answer_calls=result.answer_calls,
+                      results=[QuestionResult(q, o.prediction, o.passed) for q, o in zip(episode.questions,
+                                                                                      result.outcomes)])

@@ -20,7 +20,6 @@ from __future__ import annotations
 import logging
 import re
 import shutil
-import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,11 +27,11 @@ from typing import TYPE_CHECKING, Any
 
 import dspy
 
-from optloop.attribution.decisive import attribute, evidence_reaches_answer
+from optloop.attribution.decisive import evidence_reaches_answer
 from optloop.attribution.judges import default_judges
 from optloop.attribution.taxonomy import Attribution, ErrorType, knob_target
 from optloop.datasets import passed
-from optloop.tracing.recorder import record_episode
+from optloop.pipeline import Attributor, EpisodeResult, FreshStores, run_episode
 
 if TYPE_CHECKING:
     from optloop.datasets import Dataset
@@ -253,23 +252,56 @@ class PlantedRun:
 
 
 def _run(system_factory: Callable[..., MemorySystem], run_dir: Path, episode: Any, fault: Fault | None,
-         dataset_uri: str) -> tuple[Any, dict[str, str]]:
-    shutil.rmtree(run_dir, ignore_errors=True)
-    system = system_factory(run_dir, query_site=bool(fault and fault.query_site))
-    try:
+         dataset_uri: str, lm: OptloopLM, attributor: Attributor | None = None) -> EpisodeResult:
+    """``episode`` through the one pipeline on a fresh system in ``run_dir``, with ``fault`` planted."""
+
+    def make(_episode: Any) -> MemorySystem:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        system = system_factory(run_dir, query_site=bool(fault and fault.query_site))
         if fault is not None:
-            fault.apply(system)
-        return record_episode(system, episode, dataset=dataset_uri)
-    finally:
-        close = getattr(system, "close", None)
-        if close is not None:
-            close()
+            try:
+                fault.apply(system)
+            except BaseException:
+                getattr(system, "close", lambda: None)()
+                raise
+        return system
+
+    return run_episode(episode, FreshStores(make, lm, dataset_uri=dataset_uri), lm=lm, attributor=attributor)
+
+
+class _Induced:
+    """``Attributor.select`` of a fault run: which failures are induced by the fault (attributed), and the
+    ones that are not, kept as ``collateral``."""
+
+    def __init__(self, system: str, fault: Fault, passing: set[str], sound: set[str], judges: Any, embedder: Any,
+                 collateral: list[tuple[str, str, str]]):
+        self.system, self.fault, self.passing, self.sound = system, fault, passing, sound
+        self.judges, self.embedder, self.collateral = judges, embedder, collateral
+
+    def __call__(self, q: Any, prediction: str, graph: Any) -> bool:
+        if q.id not in self.passing:
+            return False
+        if q.id not in self.sound:
+            # The clean run passed without the evidence reaching the answer (a lucky guess):
+            # no sound baseline to plant a fault against. Counted apart.
+            self.collateral.append((self.system, self.fault.name, q.id))
+            return False
+        if self.fault.site != "answer" and evidence_reaches_answer(graph, q, self.judges, embedder=self.embedder):
+            # The fault did not keep the evidence from the answer; the answer changed only
+            # because its context did. Not a failure of the planted operation: counted apart.
+            self.collateral.append((self.system, self.fault.name, q.id))
+            return False
+        return True
 
 
 def run_planted(systems: Sequence[str], dataset: Dataset, lm: OptloopLM, work: Path, *,
                 embedder: Embedder | None = None, fault_names: Iterable[str] | None = None,
                 progress: Callable[[str], None] | None = None) -> PlantedRun:
-    """Run every system clean and under each of its faults; attribute every induced failure."""
+    """Run every system clean and under each of its faults; attribute every induced failure.
+
+    Every run goes through the one episode pipeline (:func:`optloop.pipeline.run_episode`): the clean
+    run unattributed, each fault run attributing only the failures the fault induced.
+    """
     from systems import get_system
 
     if embedder is None:
@@ -289,8 +321,8 @@ def run_planted(systems: Sequence[str], dataset: Dataset, lm: OptloopLM, work: P
         if not faults:
             continue
         for episode in dataset.episodes:
-            clean_graph, clean = _run(factory, work / system_name / "clean" / episode.id, episode, None,
-                                      dataset.uri)
+            clean_run = _run(factory, work / system_name / "clean" / episode.id, episode, None, dataset.uri, lm)
+            clean_graph, clean = clean_run.graph, clean_run.predictions
             passing = {q.id for q in episode.questions if passed(q, clean[q.id])}
             judges = default_judges(embedder)
             # A clean pass is a sound baseline only if the evidence reached the answer (not a lucky guess).
@@ -301,26 +333,15 @@ def run_planted(systems: Sequence[str], dataset: Dataset, lm: OptloopLM, work: P
             if not passing:
                 continue
             for fault in faults:
-                graph, preds = _run(factory, work / system_name / fault.name / episode.id, episode, fault,
-                                    dataset.uri)
-                for q in episode.questions:
-                    if q.id not in passing or passed(q, preds[q.id]):
-                        continue
-                    if q.id not in sound:
-                        # The clean run passed without the evidence reaching the answer (a lucky guess):
-                        # no sound baseline to plant a fault against. Counted apart.
-                        collateral.append((system_name, fault.name, q.id))
-                        continue
-                    if fault.site != "answer" and evidence_reaches_answer(graph, q, judges, embedder=embedder):
-                        # The fault did not keep the evidence from the answer; the answer changed only
-                        # because its context did. Not a failure of the planted operation: counted apart.
-                        collateral.append((system_name, fault.name, q.id))
-                        continue
-                    mark, started = lm.accounting.mark(), time.perf_counter()
-                    result = attribute(graph, q, preds[q.id], judges, embedder=embedder)
-                    cases.append(Case(system_name, fault.name, episode.id, result,
-                                      fault.target.format(system=system_name), fault.error_type,
-                                      time.perf_counter() - started, lm.accounting.totals(since=mark).calls))
+                induced = _Induced(system_name, fault, passing, sound, judges, embedder, collateral)
+                run = _run(factory, work / system_name / fault.name / episode.id, episode, fault, dataset.uri, lm,
+                           Attributor(judges, embedder, select=induced))
+                for outcome in run.outcomes:
+                    if outcome.attribution is not None:
+                        cases.append(Case(system_name, fault.name, episode.id, outcome.attribution,
+                                          fault.target.format(system=system_name), fault.error_type,
+                                          run.attribution_s[outcome.question_id],
+                                          run.attribution_calls[outcome.question_id]))
                 if progress:
                     progress(f"{system_name} {episode.id} {fault.name}: {len(cases)} induced failures so far")
     return PlantedRun(cases, collateral)

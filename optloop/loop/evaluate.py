@@ -3,9 +3,11 @@
 One **evaluation** is one candidate run over one split: every episode's store
 (ingested with the candidate's ingest-stage prompts, or reused), then each
 question retrieved, answered and scored, and each wrong answer attributed to
-its decisive operation. ``--budget N`` counts these on the dev split.
+its decisive operation. ``--budget N`` counts these on the dev split. Each
+episode goes through the one episode pipeline (:func:`optloop.pipeline.run_episode`)
+on stores this evaluator keeps; see ``docs/architecture.md``.
 
-Ingestion reuse (DESIGN decision 7): the store after ingesting an episode is
+Ingestion reuse: the store after ingesting an episode is
 kept, live, under the key (system, ingest sites' instructions and demos,
 episode). A candidate that changes only retrieve or answer sites, or knobs,
 asks its questions against the same store and costs only its question calls.
@@ -31,21 +33,21 @@ from __future__ import annotations
 import logging
 import shutil
 import time
-from collections import Counter, OrderedDict
+from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import dspy
 from pydantic import BaseModel, Field
 
-from optloop.attribution import Attribution, attribute, blame, default_judges
-from optloop.datasets import Dataset, Episode, Question, passed, score
+from optloop.attribution import Attribution, blame, default_judges
+from optloop.datasets import Dataset, Episode, Question
 from optloop.errors import EndpointDownError, LMError, LMUnreachableError
 from optloop.loop.candidate import Candidate, apply_state, candidate_from_modules, ingest_key
+from optloop.pipeline import (Attributor, CachedStores, QuestionOutcome, Store, StoreCache, answer, ingest, judge,
+                              run_episode)
 from optloop.tracing.graph import ExecutionGraph
-from optloop.tracing.recorder import Recorder
 from systems import get_system
 
 if TYPE_CHECKING:
@@ -54,19 +56,6 @@ if TYPE_CHECKING:
     from systems.base import MemorySystem
 
 logger = logging.getLogger(__name__)
-
-
-class QuestionOutcome(BaseModel):
-    episode_id: str
-    question_id: str
-    task_type: str
-    question: str
-    gold: str
-    prediction: str
-    score: float
-    passed: bool
-    attribution: Attribution | None = None
-    error: str | None = Field(None, description="the LM fault that stopped this question (it counts as failed)")
 
 
 class Evaluation(BaseModel):
@@ -116,15 +105,6 @@ class Evaluation(BaseModel):
         return blame(self.attributions())
 
 
-@dataclass
-class Store:
-    """An episode ingested under one ingest key: the live system and the ingestion graph."""
-
-    system: MemorySystem
-    graph: ExecutionGraph
-    llm_calls: int
-
-
 class Evaluator:
     """Runs candidates of one system over episodes, reusing stores by ingest key."""
 
@@ -140,10 +120,11 @@ class Evaluator:
         self.dataset_uri = dataset_uri
         self.max_live = max_live
         self.judges = default_judges(self.embedder)
+        self.attributor = Attributor(self.judges, self.embedder)
         self.template = self.cls(lm, self.work / "template", embedder=self.embedder, knobs=dict(knobs or {}))
         self.sites = self.template.prompt_sites()
         self.stages = {name: site.stage for name, site in self.sites.items()}
-        self._stores: OrderedDict[tuple[str, str], Store] = OrderedDict()
+        self._stores = StoreCache(max_live)
         self._episodes: dict[str, tuple[Episode, dict[str, Question]]] = {}
 
     def register(self, *datasets: Dataset) -> None:
@@ -179,65 +160,56 @@ class Evaluator:
 
     def store(self, candidate: Candidate, episode: Episode, modules: Mapping[str, dspy.Predict]) -> tuple[Store, bool]:
         """The episode ingested with ``candidate``'s ingest sites; ``True`` when it was reused."""
-        key = (ingest_key(self.system_name, candidate, self.stages), episode.id)
-        if key in self._stores:
-            self._stores.move_to_end(key)
-            return self._stores[key], True
-        run_dir = self.work / "stores" / key[0] / episode.id
+        key = ingest_key(self.system_name, candidate, self.stages)
+        return self._stores.open((key, episode.id), lambda: self._build(key, candidate, episode, modules))
+
+    def _build(self, key: str, candidate: Candidate, episode: Episode, modules: Mapping[str, dspy.Predict]) -> Store:
+        """A fresh system for ``episode`` under ``key``, ingested by the pipeline on the system's own LM."""
+        run_dir = self.work / "stores" / key / episode.id
         shutil.rmtree(run_dir, ignore_errors=True)
         system = self.cls(self.lm, run_dir, embedder=self.embedder, knobs=candidate.knobs)
         ingest_modules = {n: m for n, m in modules.items() if self.stages.get(n) == "ingest"}
         saved_lms = {n: m.lm for n, m in ingest_modules.items()}
-        mark = self.lm.accounting.mark()
-        recorder = None
         try:
             for module in ingest_modules.values():
                 module.lm = None  # ingestion runs on the system's own LM (see the module docstring)
-            system.use_modules(dict(modules))
-            with Recorder(system, episode, dataset=self.dataset_uri) as recorder:
-                recorder.ingest(episode.sessions)
-        except BaseException as exc:
-            getattr(system, "close", lambda: None)()
-            if recorder is not None:  # what ran before the fault, the failed call marked: for the fault graph
-                exc.partial_graph = recorder.graph  # type: ignore[attr-defined]
-            raise
+            try:
+                system.use_modules(dict(modules))
+            except BaseException:
+                getattr(system, "close", lambda: None)()
+                raise
+            return ingest(system, episode, self.lm, dataset_uri=self.dataset_uri)
         finally:
             for name, lm in saved_lms.items():
                 ingest_modules[name].lm = lm
-        store = Store(system, recorder.graph, self.lm.accounting.totals(since=mark).calls)
-        self._stores[key] = store
-        while len(self._stores) > self.max_live:
-            _, old = self._stores.popitem(last=False)
-            getattr(old.system, "close", lambda: None)()
-        return store, False
 
     # --- questions ------------------------------------------------------------------------
+
+    @staticmethod
+    def _prepare(candidate: Candidate, modules: Mapping[str, dspy.Predict]) -> Callable[[MemorySystem], None]:
+        """What runs on a store's system before each of ``candidate``'s questions: its modules and knobs."""
+
+        def prepare(system: MemorySystem) -> None:
+            system.use_modules(dict(modules))
+            for name, value in candidate.knobs.items():
+                system.set_knob(name, value)
+
+        return prepare
 
     def ask(self, store: Store, candidate: Candidate, modules: Mapping[str, dspy.Predict], episode: Episode,
             question: Question, *, attribute_failures: bool = True,
             graph: ExecutionGraph | None = None) -> QuestionOutcome:
-        """Retrieve, answer, score and attribute one question against ``store``.
+        """Retrieve, answer, score and attribute one question against ``store`` (the pipeline's stages 2, 3
+        and 5 for one question, as :class:`~optloop.loop.program.MemoryProgram` needs them).
 
         ``graph`` (a copy of ``store.graph``) collects this question's operations, the
         failed one included when an LM fault stops it: one graph for an episode's questions.
         """
-        system = store.system
-        system.use_modules(dict(modules))
-        for name, value in candidate.knobs.items():
-            system.set_knob(name, value)
-        with Recorder.resume(system, store.graph) as recorder:
-            try:
-                prediction = recorder.ask(question)
-            finally:
-                if graph is not None:
-                    graph.absorb(recorder.graph, since=len(store.graph.operations))
-        ok = passed(question, prediction)
-        attribution = None
-        if not ok and attribute_failures:
-            attribution = attribute(recorder.graph, question, prediction, self.judges, embedder=self.embedder)
-        return QuestionOutcome(episode_id=episode.id, question_id=question.id, task_type=question.task_type,
-                               question=question.question, gold=question.gold, prediction=prediction,
-                               score=score(question, prediction), passed=ok, attribution=attribution)
+        prediction, own = answer(store, question, shared=True, prepare=self._prepare(candidate, modules), into=graph)
+        outcome = judge(episode, question, prediction)
+        if not outcome.passed and attribute_failures and own is not None:
+            outcome.attribution = self.attributor(own, question, prediction)
+        return outcome
 
     def evaluate(self, candidate: Candidate, dataset: Dataset, *, split: str = "dev",
                  progress: Callable[[int], None] | None = None) -> Evaluation:
@@ -247,44 +219,25 @@ class Evaluator:
         """
         self.check_endpoint()
         modules = self.modules(candidate)
+        stores = CachedStores(lambda episode: self.store(candidate, episode, modules))
         mark = self.lm.accounting.mark()
         started = time.perf_counter()
         outcomes, ingest_calls, reused, built, graphs = [], 0, 0, 0, []
         for episode in dataset.episodes:
-            episode_mark = self.lm.accounting.mark()
-            try:
-                store, was_cached = self.store(candidate, episode, modules)
-            except LMError as exc:  # the candidate's ingestion hit an LM fault: its questions fail, the loop goes on
-                partial = getattr(exc, "partial_graph", None)
-                if partial is not None:
-                    graphs.append(self._save_graph(partial, split, candidate, episode))
-                self._stop_if_down(exc)
-                logger.warning("episode %s: ingestion failed under candidate %s: %s", episode.id, candidate.origin, exc)
-                outcomes += [self._failed(episode, q, f"ingestion: {exc}") for q in episode.questions]
-                continue
-            if was_cached:
+            result = run_episode(
+                episode, stores, lm=self.lm, attributor=self.attributor, prepare=self._prepare(candidate, modules),
+                on_lm_error="fail", keep="faulted",
+                save_graph=lambda graph, episode=episode: self._save_graph(graph, split, candidate, episode),
+                label={"split": split, "candidate": candidate.digest(), "origin": candidate.origin},
+                where=f" under candidate {candidate.origin}", on_question=progress and (lambda: progress(1)))
+            outcomes += result.outcomes
+            if result.graph_path is not None:
+                graphs.append(result.graph_path)
+            if result.store_reused is True:
                 reused += 1
-            else:
+            elif result.store_reused is False:
                 built += 1
-                ingest_calls += store.llm_calls
-            graph = store.graph.model_copy(deep=True)
-            graph.meta["evaluation"] = {"split": split, "candidate": candidate.digest(), "origin": candidate.origin,
-                                        "store_reused": was_cached, "first_op": 0 if not was_cached
-                                        else len(store.graph.operations)}
-            try:
-                for question in episode.questions:
-                    try:
-                        outcomes.append(self.ask(store, candidate, modules, episode, question, graph=graph))
-                    except LMError as exc:
-                        self._stop_if_down(exc)
-                        logger.warning("question %s failed under candidate %s: %s", question.id, candidate.origin,
-                                       exc)
-                        outcomes.append(self._failed(episode, question, str(exc)))
-                    if progress:
-                        progress(1)
-            finally:
-                if self.lm.accounting.totals(since=episode_mark).faults:
-                    graphs.append(self._save_graph(graph, split, candidate, episode))
+                ingest_calls += result.ingest_calls
         usage = self.lm.accounting.totals(since=mark)
         return Evaluation(split=split, candidate=candidate.digest(), outcomes=outcomes, llm_calls=usage.calls,
                           model_calls=usage.model_calls, ingest_calls=ingest_calls, tokens=usage.tokens,
@@ -305,24 +258,11 @@ class Evaluator:
         except LMError:
             pass  # it answers (with an error of another kind): the questions will tell
 
-    @staticmethod
-    def _stop_if_down(exc: LMError) -> None:
-        if isinstance(exc, LMUnreachableError):
-            raise EndpointDownError(str(exc)) from exc
-
     def _save_graph(self, graph: ExecutionGraph, split: str, candidate: Candidate, episode: Episode) -> str:
         path = self.work / "graphs" / split / candidate.digest() / f"{episode.id}.json"
         graph.save(path)
         return str(path)
 
-    @staticmethod
-    def _failed(episode: Episode, question: Question, error: str) -> QuestionOutcome:
-        return QuestionOutcome(episode_id=episode.id, question_id=question.id, task_type=question.task_type,
-                               question=question.question, gold=question.gold, prediction="", score=0.0,
-                               passed=False, error=error[:500])
-
     def close(self) -> None:
-        for store in self._stores.values():
-            getattr(store.system, "close", lambda: None)()
-        self._stores.clear()
+        self._stores.close()
         getattr(self.template, "close", lambda: None)()

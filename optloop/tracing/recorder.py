@@ -383,7 +383,11 @@ class Recorder:
 
 def record_episode(system: MemorySystem, episode: Episode, questions: Sequence[Question] | None = None, *,
                    dataset: str = "") -> tuple[ExecutionGraph, dict[str, str]]:
-    """Ingest ``episode`` into ``system`` and answer its questions, recording everything."""
+    """Ingest ``episode`` into ``system`` and answer its questions, recording everything.
+
+    A convenience for tests and notebooks; the product runs episodes through :func:`optloop.pipeline.run_episode`,
+    whose private-store mode records the same graph.
+    """
     with Recorder(system, episode, dataset=dataset) as recorder:
         recorder.ingest(episode.sessions)
         predictions = {q.id: recorder.ask(q) for q in (questions if questions is not None else episode.questions)}
