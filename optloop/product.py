@@ -44,13 +44,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
+from optloop import sites
 from optloop.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
 SchemaMode = Literal["json_schema", "json_object"]
 LIBRARY_SYSTEMS = ("mem0", "graphiti")
-SHARED_SITES = ("answer", "retrieve.query")
+SHARED_SITES = sites.SHARED_SITES
 """Sites every system has (``systems.base.MemorySystem``): optloop's steps, not a library's prompts."""
 
 _REF = re.compile(r"^(?:prompts:/)?(?P<name>[^@/\s]+)(?:@(?P<alias>[^@/\s]+)|/(?P<version>\d+))$")

@@ -51,6 +51,7 @@ from collections.abc import Sequence
 from rich.console import Console
 from rich.table import Table
 
+from optloop.attribution.taxonomy import Target
 from optloop.cli import add_lm_arguments, lm_from_args, run_cli, setup_logging
 from optloop.errors import ConfigError, EndpointDownError
 from optloop.lm import Usage
@@ -188,7 +189,7 @@ def summary_table(result: LoopResult) -> Table:
                   str(result.delta_test_ci))
     table.add_section()
     table.add_row("blamed", ", ".join(result.targets) or "(no failure attributed to a site)", "", "")
-    table.add_row("optimized", ", ".join(result.tunable_sites + [f"knob:{k}" for k in result.tunable_knobs]), "", "")
+    table.add_row("optimized", ", ".join(result.tunable_sites + [str(Target.knob(k)) for k in result.tunable_knobs]), "", "")
     changed = result.changed_sites + [f"{k}={v}" for k, v in result.changed_knobs.items()]
     table.add_row("changed (best)", ", ".join(changed) or "nothing (baseline stays best)",
                   f"trial {result.best_trial}", "")

@@ -24,6 +24,7 @@ import dspy
 from pydantic import BaseModel, Field
 
 from optloop.lm import OptloopLM, prompt_site
+from optloop.sites import ANSWER, QUERY_REWRITE
 from signatures._layout import LibraryLayoutAdapter
 from signatures.common import AnswerFromMemories, RewriteQuery, render_memories
 
@@ -121,11 +122,11 @@ class MemorySystem(ABC):
         self._knobs = {**self.default_knobs, **(knobs or {})}
         self._sites: dict[str, PromptSite] = {}
         self._build_sites()
-        self._sites["answer"] = PromptSite.from_signature("answer", "answer", AnswerFromMemories,
+        self._sites[ANSWER] = PromptSite.from_signature(ANSWER, "answer", AnswerFromMemories,
                                                           op_kinds=("answer",), layout="dspy")
         if query_site:
-            self._sites["retrieve.query"] = PromptSite.from_signature(
-                "retrieve.query", "retrieve", RewriteQuery, op_kinds=("rewrite",), layout="dspy")
+            self._sites[QUERY_REWRITE] = PromptSite.from_signature(
+                QUERY_REWRITE, "retrieve", RewriteQuery, op_kinds=("rewrite",), layout="dspy")
 
     # --- what subclasses provide ---------------------------------------------------------
 
@@ -164,12 +165,12 @@ class MemorySystem(ABC):
 
     def retrieve(self, question: str, k: int | None = None) -> list[MemoryItem]:
         query = question
-        if "retrieve.query" in self._sites:
-            query = self._sites["retrieve.query"](self.lm, question=question).query or question
+        if QUERY_REWRITE in self._sites:
+            query = self._sites[QUERY_REWRITE](self.lm, question=question).query or question
         return self._search(query, int(k or self._knobs["top_k"]))
 
     def answer(self, question: str, memories: Sequence[MemoryItem]) -> str:
-        return self._sites["answer"](self.lm, memories=render_memories(memories), question=question).answer
+        return self._sites[ANSWER](self.lm, memories=render_memories(memories), question=question).answer
 
     def prompt_sites(self) -> dict[str, PromptSite]:
         return dict(self._sites)

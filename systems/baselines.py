@@ -42,6 +42,7 @@ from rank_bm25 import BM25Okapi
 
 from optloop.errors import ConfigError
 from optloop.paths import write_atomic as _write_atomic
+from optloop.sites import MD_FLAT_CURATE
 from signatures.baselines import CurateMarkdownMemory
 from systems.base import MemoryItem, MemorySystem, PromptSite
 
@@ -420,8 +421,8 @@ class MarkdownFlatSystem(_FileBackedSystem):
     CURATIONS = "curations.jsonl"
 
     def _build_sites(self) -> None:
-        self._sites["md_flat.curate"] = PromptSite.from_signature(
-            "md_flat.curate", "ingest", CurateMarkdownMemory, op_kinds=("extract", "update", "delete", "store"), layout="dspy")
+        self._sites[MD_FLAT_CURATE] = PromptSite.from_signature(
+            MD_FLAT_CURATE, "ingest", CurateMarkdownMemory, op_kinds=("extract", "update", "delete", "store"), layout="dspy")
 
     @property
     def memory_path(self) -> Path:
@@ -453,7 +454,7 @@ class MarkdownFlatSystem(_FileBackedSystem):
 
     def _curate(self, session: Session) -> None:
         before = self._facts
-        prediction = self._sites["md_flat.curate"](
+        prediction = self._sites[MD_FLAT_CURATE](
             self.lm, memory_file=self.render_file() or "(empty)", session=render_session(session))
         self._facts = self._merge(prediction.facts, before, session)
         _write_atomic(self.memory_path, self.render_file())

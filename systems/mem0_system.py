@@ -28,6 +28,7 @@ import dspy
 
 from optloop.errors import OptloopError
 from optloop.lm import prompt_site
+from optloop.sites import MEM0_EXTRACT, MEM0_RERANK
 from signatures.mem0 import (  # imported first: it points MEM0_DIR into optloop's state before mem0 loads
     ADDITIVE_EXTRACTION_PROMPT,
     AGENT_CONTEXT_SUFFIX,
@@ -139,14 +140,14 @@ class Mem0System(MemorySystem):
         super().__init__(lm, run_dir, embedder=embedder, knobs=knobs, query_site=query_site)
 
     def _build_sites(self) -> None:
-        self._sites["mem0.extract"] = PromptSite.from_signature("mem0.extract", "ingest", Mem0Extract,
+        self._sites[MEM0_EXTRACT] = PromptSite.from_signature(MEM0_EXTRACT, "ingest", Mem0Extract,
                                                                 op_kinds=("extract", "store"))
         if self._knobs["rerank"]:
             self._add_rerank_site()
 
     def _add_rerank_site(self) -> None:
-        if "mem0.rerank" not in self._sites:
-            self._sites["mem0.rerank"] = PromptSite.from_signature("mem0.rerank", "retrieve", Mem0Rerank,
+        if MEM0_RERANK not in self._sites:
+            self._sites[MEM0_RERANK] = PromptSite.from_signature(MEM0_RERANK, "retrieve", Mem0Rerank,
                                                                    op_kinds=("rerank",))
 
     def set_knob(self, name: str, value: Any) -> None:
@@ -196,11 +197,11 @@ class Mem0System(MemorySystem):
         passed through verbatim.
         """
         if system == ADDITIVE_EXTRACTION_PROMPT:
-            prediction = self._run_site("mem0.extract", user)
+            prediction = self._run_site(MEM0_EXTRACT, user)
         elif system == ADDITIVE_EXTRACTION_PROMPT + AGENT_CONTEXT_SUFFIX:  # agent-scoped add (no user_id)
-            prediction = self._run_site("mem0.extract", user, suffix=AGENT_CONTEXT_SUFFIX)
+            prediction = self._run_site(MEM0_EXTRACT, user, suffix=AGENT_CONTEXT_SUFFIX)
         elif system == RERANK_SYSTEM_PROMPT:
-            if "mem0.rerank" not in self._sites:
+            if MEM0_RERANK not in self._sites:
                 raise UnknownPromptError("mem0 called its LLM reranker but the rerank knob was off when the site "
                                          "list was built; set_knob('rerank', True) adds the mem0.rerank site")
             # Vanilla mem0 reads the first number of a free-text answer; a fixed-point string

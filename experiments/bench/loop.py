@@ -41,6 +41,7 @@ from optloop.datasets import load_dataset
 from optloop.loop.candidate import SiteState
 from optloop.loop.evaluate import Evaluator
 from optloop.loop.runner import Loop, LoopConfig
+from optloop.sites import ANSWER
 from optloop.paths import write_atomic
 
 console = Console(width=None if sys.stdout.isatty() else 160)  # a log file gets the whole table
@@ -90,7 +91,7 @@ def reuse(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             raise SystemExit(f"{args.system} has no ingest prompt site: nothing to re-ingest")
         base = evaluator.baseline()
         answer_only = base.model_copy(deep=True)
-        answer_only.sites["answer"] = SiteState(instructions=base.sites["answer"].instructions
+        answer_only.sites[ANSWER] = SiteState(instructions=base.sites[ANSWER].instructions
                                                 + " Answer in as few words as possible.")
         reingest = base.model_copy(deep=True)
         site = ingest_sites[0]

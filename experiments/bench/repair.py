@@ -61,6 +61,7 @@ from optloop.loop.evaluate import Evaluation, Evaluator
 from optloop.loop.optimizers import PROPOSER_SITE
 from optloop.loop.runner import Checkpoint, Loop, LoopConfig, start_candidate
 from optloop.paths import write_atomic
+from optloop.sites import ANSWER, MD_FLAT_CURATE, MEM0_EXTRACT
 from optloop.stats import Interval, bootstrap_mean, paired_bootstrap_delta, recovered_share
 from systems import get_system
 
@@ -91,25 +92,25 @@ class Sabotage(BaseModel):
 # curate instruction and an "answer only word for word" rule left md_flat's accuracy where it was),
 # so most cases are of that kind; `curate-food` is kept as the topic-filter case.
 SABOTAGES: list[Sabotage] = [
-    Sabotage(name="answer-echo", system="md_flat", site="answer", mode="replace",
+    Sabotage(name="answer-echo", system="md_flat", site=ANSWER, mode="replace",
              text="Repeat the question back word for word. Do not answer it.",
              why="behaviour: the answer becomes the question"),
-    Sabotage(name="answer-na", system="md_flat", site="answer", mode="append",
+    Sabotage(name="answer-na", system="md_flat", site=ANSWER, mode="append",
              text="Whatever the memories say, reply with exactly N/A.",
              why="behaviour, appended: a fixed non-answer"),
-    Sabotage(name="answer-french", system="md_flat", site="answer", mode="append",
+    Sabotage(name="answer-french", system="md_flat", site=ANSWER, mode="append",
              text="Always write your answer in French.",
              why="format, appended: the language of the answer"),
-    Sabotage(name="curate-empty", system="md_flat", site="md_flat.curate", mode="replace",
+    Sabotage(name="curate-empty", system="md_flat", site=MD_FLAT_CURATE, mode="replace",
              text="Return an empty list. Do not write down any fact.",
              why="behaviour: nothing is stored"),
-    Sabotage(name="curate-redact", system="md_flat", site="md_flat.curate", mode="append",
+    Sabotage(name="curate-redact", system="md_flat", site=MD_FLAT_CURATE, mode="append",
              text="In every fact, replace each name, number, place and object with the word REDACTED.",
              why="format, appended: stored facts lose their values"),
-    Sabotage(name="curate-food", system="md_flat", site="md_flat.curate", mode="replace",
+    Sabotage(name="curate-food", system="md_flat", site=MD_FLAT_CURATE, mode="replace",
              text="Write down only facts about food and drinks; ignore everything else.",
              why="topic filter (expected not to bite on SmolLM2-135M)"),
-    Sabotage(name="mem0-extract-empty", system="mem0", site="mem0.extract", mode="append",
+    Sabotage(name="mem0-extract-empty", system="mem0", site=MEM0_EXTRACT, mode="append",
              text="Return an empty memory list: store nothing.", dataset="memfail:persona?limit=6",
              why="behaviour, appended to mem0's own extraction prompt (slow: ~50 s a session)"),
 ]

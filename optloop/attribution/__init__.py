@@ -9,7 +9,7 @@ still carry it), ``decisive`` (the forward walk), ``blame`` (per-site shares),
 from optloop.attribution.blame import BlameEntry, blame, blamed_sites
 from optloop.attribution.decisive import attribute
 from optloop.attribution.judges import JudgeChain, default_judges
-from optloop.attribution.taxonomy import Attribution, ErrorType
+from optloop.attribution.taxonomy import Attribution, ErrorType, Target
 
-__all__ = ["Attribution", "BlameEntry", "ErrorType", "JudgeChain", "attribute", "blame", "blamed_sites",
+__all__ = ["Attribution", "BlameEntry", "ErrorType", "JudgeChain", "Target", "attribute", "blame", "blamed_sites",
            "default_judges"]

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 
 from pydantic import BaseModel
 
-from optloop.attribution.taxonomy import Attribution, is_knob, is_prompt_site
+from optloop.attribution.taxonomy import Attribution, Target, is_knob, is_prompt_site
 
 
 class BlameEntry(BaseModel):
@@ -17,6 +17,11 @@ class BlameEntry(BaseModel):
     types: dict[str, int]
     is_knob: bool
     is_prompt: bool
+
+    @property
+    def blamed(self) -> Target:
+        """``target`` as a :class:`~optloop.attribution.taxonomy.Target`."""
+        return Target.parse(self.target)
 
 
 def blame(attributions: Iterable[Attribution]) -> list[BlameEntry]:

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 from optloop.attribution.evidence import Evidence, find_evidence
 from optloop.attribution.judges import JudgeChain, content_tokens
 from optloop.attribution.taxonomy import Attribution, ErrorType, knob_target, library_target
+from optloop.sites import ANSWER, QUERY_REWRITE
 from optloop.tracing.graph import ExecutionGraph, Operation, Variable
 
 if TYPE_CHECKING:
@@ -86,7 +87,7 @@ class _Walk:
         retrieve, items = _retrieval(self.graph, self.q.id)
         answer = next((op for op in reversed(self.graph.question_ops(self.q.id)) if op.category == "answer"), None)
         if self.q.abstain:
-            return self.result(ErrorType.RESPONSE, answer, "answer",
+            return self.result(ErrorType.RESPONSE, answer, ANSWER,
                                f"Nothing in the conversation answers {self.q.question!r}; the right answer was to "
                                f"decline, but the answer site replied {self.prediction!r}. Fix the answer prompt so "
                                "it abstains when the memories do not support an answer.")
@@ -108,7 +109,7 @@ class _Walk:
                                ambiguous=True)
         if not self.judges.any([it["text"] for it in items], self.ev):
             return self.not_retrieved(retrieve, self.graph.variables[retrieve.outputs[0]], survivors)
-        return self.result(ErrorType.RESPONSE, answer, "answer",
+        return self.result(ErrorType.RESPONSE, answer, ANSWER,
                            f"The retrieval handed {self.evidence_quote()} to the answer site (in "
                            f"{len(items)} memories), but it answered {self.prediction!r}. The memories were right; "
                            "the answer prompt did not use them. Fix the answer site.")
@@ -172,13 +173,13 @@ class _Walk:
     def not_retrieved(self, retrieve: Operation, retrieved: Variable, survivors: Sequence[Variable]) -> Attribution:
         data = retrieved.data or {}
         query = data.get("query") or ""
-        rewrite = next((op for op in self.graph.question_ops(self.q.id) if op.site == "retrieve.query"), None)
+        rewrite = next((op for op in self.graph.question_ops(self.q.id) if op.site == QUERY_REWRITE), None)
         question_words = content_tokens(self.q.question)
         where = f"{len(survivors)} stored memory unit(s) carried {self.evidence_quote()}"
         if rewrite is not None and question_words:
             kept = len(question_words & content_tokens(query)) / len(question_words)
             if kept < QUERY_DRIFT:
-                return self.result(ErrorType.RETRIEVAL, rewrite, "retrieve.query",
+                return self.result(ErrorType.RETRIEVAL, rewrite, QUERY_REWRITE,
                                    f"{where}, but retrieval searched for {query!r}, a rewrite of "
                                    f"{self.q.question!r} that kept {kept:.0%} of its words, and missed it. Fix the "
                                    "query-rewrite prompt.", query_overlap=kept)

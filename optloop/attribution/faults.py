@@ -29,9 +29,10 @@ import dspy
 
 from optloop.attribution.decisive import evidence_reaches_answer
 from optloop.attribution.judges import default_judges
-from optloop.attribution.taxonomy import Attribution, ErrorType, knob_target
+from optloop.attribution.taxonomy import Attribution, ErrorType, knob_target, library_target
 from optloop.datasets import passed
 from optloop.pipeline import Attributor, EpisodeResult, FreshStores, run_episode
+from optloop.sites import ANSWER, GRAPHITI_EXTRACT_EDGES, MD_FLAT_CURATE, MEM0_EXTRACT, QUERY_REWRITE
 
 if TYPE_CHECKING:
     from optloop.datasets import Dataset
@@ -173,36 +174,36 @@ def overwrite_old(system: MemorySystem, before: set[str]) -> None:
 
 
 CATALOGUE: tuple[Fault, ...] = (
-    Fault("mem0-extract-drop-numbers", ("mem0",), "mem0.extract", ErrorType.EXTRACTION,
-          "extraction drops every fact with a date or a number", site="mem0.extract", lists=drop_numbers),
-    Fault("mem0-extract-first-only", ("mem0",), "mem0.extract", ErrorType.EXTRACTION,
-          "extraction keeps only the first fact of a session", site="mem0.extract", lists=first_only),
-    Fault("graphiti-edges-dropped", ("graphiti",), "graphiti.extract_edges.edge", ErrorType.EXTRACTION,
-          "edge (fact) extraction returns no facts", site="graphiti.extract_edges.edge", lists=drop_all),
-    Fault("mdflat-curate-first-only", ("md_flat",), "md_flat.curate", ErrorType.EXTRACTION,
-          "curation keeps the old file but only the first new fact", site="md_flat.curate",
+    Fault("mem0-extract-drop-numbers", ("mem0",), MEM0_EXTRACT, ErrorType.EXTRACTION,
+          "extraction drops every fact with a date or a number", site=MEM0_EXTRACT, lists=drop_numbers),
+    Fault("mem0-extract-first-only", ("mem0",), MEM0_EXTRACT, ErrorType.EXTRACTION,
+          "extraction keeps only the first fact of a session", site=MEM0_EXTRACT, lists=first_only),
+    Fault("graphiti-edges-dropped", ("graphiti",), GRAPHITI_EXTRACT_EDGES, ErrorType.EXTRACTION,
+          "edge (fact) extraction returns no facts", site=GRAPHITI_EXTRACT_EDGES, lists=drop_all),
+    Fault("mdflat-curate-first-only", ("md_flat",), MD_FLAT_CURATE, ErrorType.EXTRACTION,
+          "curation keeps the old file but only the first new fact", site=MD_FLAT_CURATE,
           lists=lambda items, inputs: [i for i in items if _already_in_file(i, inputs)]
           + [i for i in items if not _already_in_file(i, inputs)][:1]),
-    Fault("mdflat-curate-overwrites", ("md_flat",), "md_flat.curate", ErrorType.UPDATE,
-          "curation rewrites every existing fact with its specifics replaced", site="md_flat.curate",
+    Fault("mdflat-curate-overwrites", ("md_flat",), MD_FLAT_CURATE, ErrorType.UPDATE,
+          "curation rewrites every existing fact with its specifics replaced", site=MD_FLAT_CURATE,
           lists=blur_old),
-    Fault("mdflat-curate-forgets", ("md_flat",), "md_flat.curate", ErrorType.DELETION,
-          "curation deletes every fact already in the file", site="md_flat.curate", lists=forget_old),
-    Fault("store-deletes-old", ("mem0", "rag_bm25", "rag_embedding", "long_context"), "library:{system}.store",
+    Fault("mdflat-curate-forgets", ("md_flat",), MD_FLAT_CURATE, ErrorType.DELETION,
+          "curation deletes every fact already in the file", site=MD_FLAT_CURATE, lists=forget_old),
+    Fault("store-deletes-old", ("mem0", "rag_bm25", "rag_embedding", "long_context"), library_target("{system}.store"),
           ErrorType.DELETION, "the store deletes every memory of earlier sessions when a session is added",
           after_session=delete_old),
-    Fault("store-overwrites-old", ("mem0", "rag_bm25", "rag_embedding", "long_context"), "library:{system}.store",
+    Fault("store-overwrites-old", ("mem0", "rag_bm25", "rag_embedding", "long_context"), library_target("{system}.store"),
           ErrorType.UPDATE, "the store rewrites every memory of earlier sessions with its specifics replaced",
           after_session=overwrite_old),
     Fault("top-k-1", ("mem0", "rag_bm25", "rag_embedding", "md_flat"), knob_target("top_k"), ErrorType.RETRIEVAL,
           "top_k set to 1", knobs={"top_k": 1}),
-    Fault("query-unrelated", ("mem0", "rag_bm25", "rag_embedding"), "retrieve.query", ErrorType.RETRIEVAL,
-          "the query-rewrite site turns every question into an unrelated query", site="retrieve.query",
+    Fault("query-unrelated", ("mem0", "rag_bm25", "rag_embedding"), QUERY_REWRITE, ErrorType.RETRIEVAL,
+          "the query-rewrite site turns every question into an unrelated query", site=QUERY_REWRITE,
           outputs={"query": UNRELATED_QUERY}, query_site=True),
-    Fault("answer-unknown", ("mem0", "graphiti", "long_context", "rag_bm25", "rag_embedding", "md_flat"), "answer",
-          ErrorType.RESPONSE, "the answer site replies 'unknown'", site="answer", outputs={"answer": "unknown"}),
+    Fault("answer-unknown", ("mem0", "graphiti", "long_context", "rag_bm25", "rag_embedding", "md_flat"), ANSWER,
+          ErrorType.RESPONSE, "the answer site replies 'unknown'", site=ANSWER, outputs={"answer": "unknown"}),
     Fault("answer-ignores-memories", ("mem0", "graphiti", "long_context", "rag_bm25", "rag_embedding", "md_flat"),
-          "answer", ErrorType.RESPONSE, "the answer site ignores the memories it is given", site="answer",
+          ANSWER, ErrorType.RESPONSE, "the answer site ignores the memories it is given", site=ANSWER,
           inputs={"memories": "(no memories)"}),
 )
 
@@ -286,7 +287,7 @@ class _Induced:
             # no sound baseline to plant a fault against. Counted apart.
             self.collateral.append((self.system, self.fault.name, q.id))
             return False
-        if self.fault.site != "answer" and evidence_reaches_answer(graph, q, self.judges, embedder=self.embedder):
+        if self.fault.site != ANSWER and evidence_reaches_answer(graph, q, self.judges, embedder=self.embedder):
             # The fault did not keep the evidence from the answer; the answer changed only
             # because its context did. Not a failure of the planted operation: counted apart.
             self.collateral.append((self.system, self.fault.name, q.id))

@@ -6,8 +6,9 @@ failure label (what the user sees), so reports speak both languages.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import Enum
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -31,28 +32,72 @@ MEMFAIL_LABEL: dict[ErrorType, str] = {
 }
 
 KNOB_PREFIX = "knob:"
+LIBRARY_PREFIX = "library:"
+
+TargetKind = Literal["site", "knob", "library"]
+_PREFIXES: dict[str, str] = {"knob": KNOB_PREFIX, "library": LIBRARY_PREFIX}
+
+
+@dataclass(frozen=True)
+class Target:
+    """What a failure is blamed on, and so what could fix it.
+
+    ``kind`` is ``site`` (a prompt site an optimizer can rewrite: ``answer``, ``mem0.extract``),
+    ``knob`` (a non-LLM parameter: ``top_k``) or ``library`` (a step of the library no prompt
+    decides: ``mem0.store``). Its string form (``str(target)``, read back by :meth:`parse`) is what
+    attributions, reports, checkpoints and MLflow carry: ``answer``, ``knob:top_k``,
+    ``library:mem0.store``.
+    """
+
+    kind: TargetKind
+    name: str
+
+    @classmethod
+    def site(cls, name: str) -> Target:
+        return cls("site", name)
+
+    @classmethod
+    def knob(cls, name: str) -> Target:
+        return cls("knob", name)
+
+    @classmethod
+    def library(cls, step: str) -> Target:
+        return cls("library", step)
+
+    @classmethod
+    def parse(cls, text: str) -> Target:
+        """The target whose string form is ``text``."""
+        for kind, prefix in _PREFIXES.items():
+            if text.startswith(prefix):
+                return cls(kind, text[len(prefix):])  # type: ignore[arg-type]
+        return cls("site", text)
+
+    @property
+    def is_prompt_site(self) -> bool:
+        """Whether an optimizer can fix this target by rewriting a prompt."""
+        return self.kind == "site"
+
+    def __str__(self) -> str:
+        return _PREFIXES.get(self.kind, "") + self.name
 
 
 def knob_target(name: str) -> str:
     """Blame target for a non-LLM parameter: ``knob:top_k``."""
-    return KNOB_PREFIX + name
-
-
-LIBRARY_PREFIX = "library:"
+    return str(Target.knob(name))
 
 
 def library_target(step: str) -> str:
     """Blame target for a step of the library no prompt decides: ``library:mem0.store``."""
-    return LIBRARY_PREFIX + step
+    return str(Target.library(step))
 
 
 def is_knob(target: str | None) -> bool:
-    return bool(target) and str(target).startswith(KNOB_PREFIX)
+    return bool(target) and Target.parse(str(target)).kind == "knob"
 
 
 def is_prompt_site(target: str | None) -> bool:
     """Whether an optimizer can fix ``target`` by rewriting a prompt."""
-    return bool(target) and not str(target).startswith((KNOB_PREFIX, LIBRARY_PREFIX))
+    return bool(target) and Target.parse(str(target)).is_prompt_site
 
 
 class Attribution(BaseModel):
@@ -71,6 +116,11 @@ class Attribution(BaseModel):
     ambiguous: bool = False
     judge_calls: dict[str, int] = Field(default_factory=dict)
     details: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def blamed(self) -> Target | None:
+        """``target`` as a :class:`Target` (``None`` when no target was found)."""
+        return None if self.target is None else Target.parse(self.target)
 
     @property
     def memfail_label(self) -> str:

@@ -17,12 +17,14 @@ from typing import TYPE_CHECKING
 
 import dspy
 
+from optloop.sites import PROPOSER
+
 if TYPE_CHECKING:
     from optloop.datasets import Dataset
     from optloop.loop.candidate import Candidate
     from optloop.loop.evaluate import Evaluation, Evaluator
 
-PROPOSER_SITE = "optimizer.proposer"  # the prompt site every proposer call is charged to
+PROPOSER_SITE = PROPOSER  # the prompt site every proposer call is charged to (optloop.sites)
 
 
 class Optimizer(ABC):

@@ -47,7 +47,7 @@ from itertools import accumulate
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from optloop.attribution import blame
+from optloop.attribution import BlameEntry, blame
 from optloop.loop._base import Optimizer
 from optloop.loop.candidate import Candidate, prompt_diff
 from optloop.loop.evaluate import Evaluation
@@ -83,7 +83,7 @@ class CandidateEvaluator(Protocol):
 class Targeting:
     """What the baseline's attribution decided: the blame, and what the optimizer may change."""
 
-    entries: list[Any]
+    entries: list[BlameEntry]
     errors: dict[str, int]
     targets: list[str]
     sites: list[str]
@@ -102,7 +102,7 @@ class Summary:
     baseline_dev: Evaluation
     test_before: Evaluation
     test_after: Evaluation
-    entries: list[Any]
+    entries: list[BlameEntry]
     points: list[tuple[int, float]]
     best_curve: list[float]
     test_before_ci: Interval

@@ -8,16 +8,18 @@ controller (:mod:`optloop.loop.controller`) and the tests call them alike. See
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Literal
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Literal
 
-from optloop.attribution.taxonomy import KNOB_PREFIX, is_prompt_site
 from optloop.datasets import Dataset, split_episodes
 from optloop.errors import ConfigError, DatasetError
 from optloop.loop.candidate import Candidate
 from optloop.loop.state import LoopConfig
+from optloop.sites import ANSWER
 from optloop.stats import Interval, bootstrap_mean, paired_bootstrap_delta
 
 if TYPE_CHECKING:
+    from optloop.attribution import BlameEntry
     from optloop.loop.evaluate import Evaluation, Evaluator
 
 FEW_QUESTIONS = 20  # fewer dev or test questions than this and a 95% CI spans more than about ±0.2
@@ -70,25 +72,31 @@ def split_dataset(dataset: Dataset, config: LoopConfig) -> tuple[Dataset, Datase
     return train, dev, test
 
 
-def choose_targets(entries: list[Any], config: LoopConfig, all_sites: list[str]) -> tuple[list[str], list[str], str]:
-    """(sites, knobs, note): what the optimizer may change."""
+def choose_targets(entries: Sequence[BlameEntry], config: LoopConfig,
+                   all_sites: list[str]) -> tuple[list[str], list[str], str]:
+    """(sites, knobs, note): what the optimizer may change, from the blame (most blamed first).
+
+    ``--sites`` wins; ``--untargeted`` gives every site; otherwise the blamed prompt sites of this
+    system, or the answer site when none is blamed (the note says why). Knobs are the blamed knobs.
+    """
     if config.sites:
         unknown = sorted(set(config.sites) - set(all_sites))
         if unknown:
             raise ConfigError(f"--sites {','.join(unknown)}: no such site on {config.system}; its sites are "
                               f"{', '.join(all_sites)}")
         return list(config.sites), [], "sites given by --sites"
-    knobs = [e.target.removeprefix(KNOB_PREFIX) for e in entries if e.is_knob]
+    targets = [e.blamed for e in entries]
+    knobs = [t.name for t in targets if t.kind == "knob"]
     if config.untargeted:
         return list(all_sites), knobs, "untargeted: every prompt site"
-    sites = [e.target for e in entries if is_prompt_site(e.target) and e.target in all_sites]
+    sites = [t.name for t in targets if t.is_prompt_site and t.name in all_sites]
     if sites:
         return sites, knobs, ""
-    note = ("no prompt site is to blame" + (f" (blame: {', '.join(e.target for e in entries)})" if entries else
+    note = ("no prompt site is to blame" + (f" (blame: {', '.join(str(t) for t in targets)})" if targets else
                                             " (no failure was attributed to a site)")
             + "; the optimizer targets the answer site" + ("; --optimizer optuna also tunes the blamed knobs"
                                                            if knobs else ""))
-    return ["answer"], knobs, note
+    return [ANSWER], knobs, note
 
 
 def start_candidate(evaluator: Evaluator, config: LoopConfig) -> Candidate:

@@ -59,6 +59,7 @@ from optloop.loop.policy import (FEW_QUESTIONS, check_start, choose_targets, hel
                                  small_split_warning, split_dataset, start_candidate)
 from optloop.loop.state import MAX_BUDGET, Checkpoint, LoopConfig, LoopResult, Trial, Tried, check_fractions
 from optloop.paths import state_dir
+from optloop.sites import PROPOSER
 from systems import get_system
 
 logger = logging.getLogger(__name__)
@@ -282,7 +283,7 @@ class Loop:
         if proposer_mark is not None:
             p = self.proposer.accounting.totals(since=proposer_mark)
             cost |= {"proposer_llm_calls": p.calls, "proposer_tokens": p.tokens}
-        cost["proposer_calls_in_system_lm"] = self.lm.accounting.totals("optimizer.proposer", since=mark).calls
+        cost["proposer_calls_in_system_lm"] = self.lm.accounting.totals(PROPOSER, since=mark).calls
         return cost
 
 

@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator
 
+from optloop.attribution.taxonomy import Target
 from optloop.errors import ConfigError
 from optloop.loop.candidate import Candidate
 from optloop.loop.evaluate import Evaluation
@@ -119,7 +120,7 @@ class Tried(BaseModel):
     @classmethod
     def of(cls, trial: int, candidate: Candidate, dev: float, base: Candidate) -> Tried:
         return cls(trial=trial, origin=candidate.origin, dev=dev,
-                   changed=candidate.changed_sites(base) + [f"knob:{k}" for k in candidate.changed_knobs(base)])
+                   changed=candidate.changed_sites(base) + [str(Target.knob(k)) for k in candidate.changed_knobs(base)])
 
 
 class LoopResult(BaseModel):

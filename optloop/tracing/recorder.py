@@ -40,6 +40,7 @@ import dspy
 from dspy.utils.callback import BaseCallback
 
 from optloop.lm import CallRecord, current_site
+from optloop.sites import QUERY_REWRITE
 from optloop.tracing.graph import Category, ExecutionGraph, Operation, Variable
 from signatures._layout import jsonable
 
@@ -355,7 +356,7 @@ class Recorder:
                           items: Sequence[MemoryItem], seconds: float) -> Variable:
         knobs = jsonable(self.system.knobs())
         wide: list[str] = []
-        if not any(s.stage == "retrieve" and n != "retrieve.query" for n, s in self.system.prompt_sites().items()):
+        if not any(s.stage == "retrieve" and n != QUERY_REWRITE for n, s in self.system.prompt_sites().items()):
             try:  # a wider search (no LLM) tells "ranked below top_k" from "not found at all"
                 k = max(self.wide_k, len(items))
                 wide = [m.id for m in self.system._search(query_text, k)]
