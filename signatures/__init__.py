@@ -1,1 +1,1 @@
-"""DSPy signatures, one per prompt site, seeded from the installed libraries (see DESIGN.md)."""
+"""DSPy signatures, one per prompt site, seeded from the installed libraries (see docs/architecture.md)."""

@@ -1,4 +1,4 @@
-"""One Optuna study shared by several ``optloop.run`` workers (DESIGN decision 9).
+"""One Optuna study shared by several ``optloop.run`` workers (``docs/architecture.md``, "Several workers").
 
 Workers started with the same command (same ``--run-name``, hence the same
 study name, and the same ``--storage``) coordinate through the study's RDB

@@ -1,4 +1,4 @@
-"""Several ``optloop.run`` workers on one Optuna study (DESIGN decision 9).
+"""Several ``optloop.run`` workers on one Optuna study (``docs/architecture.md``, "Several workers").
 
 The unit tests drive the shared-study protocol (``optloop.loop.study``) and the
 Optuna optimizer on a SQLite storage with several connections at once, no LM.
