@@ -339,22 +339,11 @@ def run_episode(episode: Episode, stores: EpisodeStores, *, lm: OptloopLM, attri
     except LMError as exc:  # ingestion hit an LM fault
         if on_lm_error == "raise":
             raise
-        result.graph = getattr(exc, "partial_graph", None)
-        if result.graph is not None and save_graph is not None:
-            result.graph_path = save_graph(result.graph)
-        _stop_if_down(exc)
-        logger.warning("episode %s: ingestion failed%s: %s", episode.id, where, exc)
-        result.outcomes = [failed_outcome(episode, q, f"ingestion: {exc}") for q in asked]
-        return result
+        return _ingestion_failed(result, exc, asked, save_graph, where)
     result.store_reused = reused
     result.ingest_calls = 0 if reused else store.llm_calls
     result.setup_s, result.ingest_s = (0.0, 0.0) if reused else (store.setup_s, store.ingest_s)
-    graph = store.graph
-    if graph is not None and stores.shared:
-        graph = graph.model_copy(deep=True)
-        if label is not None:
-            graph.meta["evaluation"] = {**label, "store_reused": reused,
-                                        "first_op": 0 if not reused else len(store.graph.operations)}  # type: ignore[union-attr]
+    graph = _episode_graph(store, shared=stores.shared, reused=reused, label=label)
     result.graph = graph
     done = False
     try:
@@ -374,6 +363,33 @@ def run_episode(episode: Episode, stores: EpisodeStores, *, lm: OptloopLM, attri
         if save_graph is not None and result.graph is not None and ((done and keep == "all") or faulted):
             result.graph_path = save_graph(result.graph)
     return result
+
+
+def _ingestion_failed(result: EpisodeResult, exc: LMError, asked: Sequence[Question],
+                      save_graph: Callable[[ExecutionGraph], str] | None, where: str) -> EpisodeResult:
+    """An LM fault stopped the ingestion: its partial graph saved, then every question failed (or, when the
+    endpoint is unreachable, :class:`EndpointDownError`)."""
+    result.graph = getattr(exc, "partial_graph", None)
+    if result.graph is not None and save_graph is not None:
+        result.graph_path = save_graph(result.graph)
+    _stop_if_down(exc)
+    logger.warning("episode %s: ingestion failed%s: %s", result.episode.id, where, exc)
+    result.outcomes = [failed_outcome(result.episode, q, f"ingestion: {exc}") for q in asked]
+    return result
+
+
+def _episode_graph(store: Store, *, shared: bool, reused: bool,
+                   label: Mapping[str, Any] | None) -> ExecutionGraph | None:
+    """The graph the episode's questions are folded into: the store's own for a private store, a labelled
+    copy of it for a shared one."""
+    ingestion = store.graph
+    if ingestion is None or not shared:
+        return ingestion
+    graph = ingestion.model_copy(deep=True)
+    if label is not None:
+        graph.meta["evaluation"] = {**label, "store_reused": reused,
+                                    "first_op": len(ingestion.operations) if reused else 0}
+    return graph
 
 
 def _ask_all(result: EpisodeResult, store: Store, asked: Sequence[Question], shared: bool,

@@ -10,7 +10,7 @@ checkpoint write, at step k of the run.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -24,7 +24,6 @@ from optloop.loop.controller import Controller, RunContext, Split, Summary, Targ
 from optloop.loop.coordinator import LocalCoordinator, SharedCoordinator
 from optloop.loop.evaluate import Evaluation, QuestionOutcome
 from optloop.loop.state import Checkpoint, LoopConfig, LoopResult
-from optloop.loop.study import SharedStudy
 
 ANSWER, EXTRACT = "answer", "mem.extract"
 SITES = [ANSWER, EXTRACT]
