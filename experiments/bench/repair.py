@@ -230,12 +230,22 @@ class Bench:
                 "recovered": None if recovered.estimate != recovered.estimate else round(recovered.estimate, 3),
                 "recovered_ci": ci(recovered), "first_blame": result.targets[0] if result.targets else None,
                 "first_blame_correct": bool(result.targets) and result.targets[0] == sabotage.site,
+                "blame": _blame_counts(ckpt), "site_blamed": sabotage.site in result.targets,
                 "changed": result.changed_sites, "best_trial": result.best_trial,
                 "llm_calls": int(result.cost["llm_calls"]), "model_calls": int(result.cost["model_calls"]),
                 "tokens": int(result.cost["tokens"]), "seconds": round(time.perf_counter() - started, 1),
                 "proposer_requests": witness.proposer_requests,
                 "leaks": witness.leaks if sabotage.mode == "replace" else None,
                 "after_instruction": _best_instruction(ckpt, result.best_trial, sabotage.site, start)}
+
+
+def _blame_counts(ckpt: Checkpoint) -> dict[str, int]:
+    """Failures of the sabotaged baseline (train + dev) per blamed target: what the first blame was chosen from."""
+    counts: dict[str, int] = {}
+    for ev in (ckpt.baseline_train, ckpt.baseline_dev):
+        for a in ev.attributions() if ev is not None else []:
+            counts[a.target or "-"] = counts.get(a.target or "-", 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
 
 
 def _best_instruction(ckpt: Checkpoint, best_trial: int, site: str, start: dict[str, str]) -> str:
