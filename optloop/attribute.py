@@ -118,9 +118,9 @@ def attribute_dataset(system_name: str, dataset_uri: str, lm: Any, work: Path, *
     }
 
 
-def traces_report(uri: str, out: Path) -> dict[str, Any]:
+def traces_report(uri: str, out: Path, lexical_only: bool = False) -> dict[str, Any]:
     """Import published traces (``meme:<dir>``), attribute every failed probe offline, save the graphs."""
-    from optloop.attribution.traces import attribute_traces, llm_calls
+    from optloop.attribution.traces import attribute_traces, llm_calls, warm_embedder
     from optloop.tracing.meme_traces import import_traces
 
     scheme, _, rest = uri.partition(":")
@@ -130,7 +130,8 @@ def traces_report(uri: str, out: Path) -> dict[str, Any]:
     started = time.perf_counter()
     runs = import_traces(rest)
     import_s = time.perf_counter() - started
-    failures = attribute_traces(runs)
+    embedder, load_s = (None, 0.0) if lexical_only else warm_embedder()
+    failures = attribute_traces(runs, embedder)
     for run in runs:
         run.graph.save(out / "graphs" / run.system / f"{run.episode.id}.json")
     attributions = [f.attribution for f in failures]
@@ -147,8 +148,9 @@ def traces_report(uri: str, out: Path) -> dict[str, Any]:
         "ms_per_failure": sum(ms) / len(ms) if ms else None,
         "median_attribution_ms": ms[len(ms) // 2] if ms else None,
         "ambiguous": sum(a.ambiguous for a in attributions), "llm_calls": llm_calls(failures),
+        "judges": "lexical" if embedder is None else f"lexical+embedding ({embedder.name})",
         "cost": {"llm_calls": llm_calls(failures), "tokens": 0, "seconds": round(time.perf_counter() - started, 3),
-                 "import_seconds": round(import_s, 3)},
+                 "import_seconds": round(import_s, 3), "embedder_load_seconds": round(load_s, 3)},
     }
 
 
@@ -252,6 +254,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--markdown", type=Path, metavar="OUT", help="write the markdown report here")
     parser.add_argument("--out", type=Path, help="where graphs and reports go (default .optloop/attribution/...)")
     parser.add_argument("--no-traces", action="store_true", help="do not mirror failures to MLflow traces")
+    parser.add_argument("--lexical-only", action="store_true", help="with --from-traces: the lexical judge alone "
+                        "(no embedding model; a text it cannot decide counts as not carrying the evidence)")
     parser.add_argument("--llm-judge", action="store_true", help="let an LLM judge settle cases the cheap judges "
                         "cannot (costs LLM calls)")
     parser.add_argument("--agent", action="store_true", help="let an LLM agent explore the graph for the cases the "
@@ -320,7 +324,7 @@ def main_traces(args: argparse.Namespace) -> int:
         raise ConfigError(f"--from-traces attributes offline; drop {', '.join(clashing)}")
     slug = "traces-" + args.from_traces.replace(":", "_").replace("/", "_").strip("_")
     out = args.out or state_dir() / "attribution" / slug
-    report = traces_report(args.from_traces, out)
+    report = traces_report(args.from_traces, out, lexical_only=args.lexical_only)
     console.print(render_traces(report))
     for b in report["blame"]:
         console.print(f"  blame {b['target']}: {b['failures']} ({b['share']:.0%})")

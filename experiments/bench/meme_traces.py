@@ -5,8 +5,9 @@
 The MEME authors publish one episode with the traces of seven systems and, for each
 failed probe, a hand-judged ``failure_stage`` (encoding, maintenance, retrieval,
 answering). This imports the traces (``optloop.tracing.meme_traces``), attributes
-every failed probe offline (``optloop.attribution.traces``: no system run, no LM, no
-embedding model) and compares optloop's decisive stage with the label:
+every failed probe offline (``optloop.attribution.traces``: no system run, no LLM;
+optloop's deterministic judges, lexical then the bundled embedding model, loaded before
+the clock starts; ``--lexical-only`` drops the embedding judge) and compares optloop's decisive stage with the label:
 ExtractionError <-> encoding, UpdateError/DeletionError <-> maintenance,
 RetrievalError <-> retrieval, ResponseError <-> answering (``docs/meme-traces.md``).
 
@@ -38,7 +39,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from optloop.attribution.traces import TracedFailure, attribute_traces, llm_calls
+from optloop.attribution.traces import TracedFailure, attribute_traces, llm_calls, warm_embedder
 from optloop.cli import run_cli, setup_logging
 from optloop.datasets.meme_published import STAGES
 from optloop.paths import write_atomic
@@ -100,13 +101,16 @@ def evaluate(failures: Sequence[TracedFailure], source: str = "") -> dict[str, A
     }
 
 
-def run(path: Path) -> dict[str, Any]:
+def run(path: Path, lexical_only: bool = False) -> dict[str, Any]:
     started = time.perf_counter()
     runs = import_traces(path)
     import_s = time.perf_counter() - started
-    report = evaluate(attribute_traces(runs), str(path))
+    embedder, load_s = (None, 0.0) if lexical_only else warm_embedder()
+    report = evaluate(attribute_traces(runs, embedder), str(path))
     report["probes"] = sum(len(r.probes) for r in runs)
+    report["judges"] = "lexical" if lexical_only else f"lexical+embedding ({embedder.name})"
     report["import_seconds"] = round(import_s, 3)
+    report["embedder_load_seconds"] = round(load_s, 3)
     return report
 
 
@@ -150,7 +154,8 @@ def summary_line(report: dict[str, Any]) -> str:
     marks = [f"agreement {agreement:.3f} (target >= {TARGET_AGREEMENT}: {'met' if agreement >= TARGET_AGREEMENT else 'missed'})",
              f"{ms:.2f} ms per failure (target < {TARGET_MS:.0f}: {'met' if ms < TARGET_MS else 'missed'})",
              f"{report['llm_calls']} LLM calls"]
-    return f"n={report['n']} labelled failures of {report.get('probes', '?')} probes: " + "; ".join(marks)
+    return (f"n={report['n']} labelled failures of {report.get('probes', '?')} probes, judges "
+            f"{report.get('judges', '?')}: " + "; ".join(marks))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -160,10 +165,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="a checkout of SeokwonJung-Jay/meme-eval (src/data and public/<name>), or one "
                              "src/data/<name>.json")
     parser.add_argument("--json", type=Path, metavar="FILE", help="also write the figures here")
+    parser.add_argument("--lexical-only", action="store_true",
+                        help="judge with the lexical judge alone (no embedding model; undecided counts as absent)")
     parser.add_argument("--verbose", action="store_true")
     args = parser.parse_args(argv)
     setup_logging(args.verbose)
-    report = run(args.path)
+    report = run(args.path, lexical_only=args.lexical_only)
     console = Console(width=None if sys.stdout.isatty() else 160)
     console.print(summary_line(report))
     console.print(render_confusion(report))

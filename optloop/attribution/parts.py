@@ -12,8 +12,10 @@ response; the first part on a tie).
 A part whose value the answer already states did not break and is skipped, unless
 that leaves nothing to walk. A retraction part is judged by :class:`RetractionJudge`
 (a line that names the deleted value or entity *and* says it was deleted); the other
-parts by the lexical judge. No embedding model, no LLM. Without parts the plain walk
-runs.
+parts by optloop's deterministic chain: the lexical judge, then (given an embedder)
+the embedding judge for what the lexical one leaves undecided. Without an embedder an
+undecided text counts as not carrying the evidence. No LLM. Without parts the plain
+walk runs.
 """
 
 from __future__ import annotations
@@ -25,12 +27,13 @@ from typing import TYPE_CHECKING, Any
 
 from optloop.attribution.decisive import attribute
 from optloop.attribution.evidence import Evidence
-from optloop.attribution.judges import JudgeChain, LexicalJudge, content_tokens
+from optloop.attribution.judges import EmbeddingJudge, Judge, JudgeChain, LexicalJudge, content_tokens
 from optloop.attribution.taxonomy import Attribution, ErrorType
 from optloop.datasets.scorers import normalize_answer
 
 if TYPE_CHECKING:
     from optloop.datasets import Question
+    from optloop.embed import Embedder
     from optloop.tracing.graph import ExecutionGraph
 
 STAGE_RANK: dict[ErrorType, int] = {
@@ -93,8 +96,16 @@ def states(prediction: str, value: str) -> bool:
     return bool(wanted) and len(wanted & content_tokens(prediction)) / len(wanted) >= STATED
 
 
-def judges_for(part: Part) -> JudgeChain:
-    return JudgeChain([RetractionJudge(part.entity)] if part.kind == "retraction" else [LexicalJudge()])
+def fact_judges(embedder: Embedder | None = None) -> JudgeChain:
+    """optloop's deterministic chain: lexical, then embedding (when there is an embedder)."""
+    judges: list[Judge] = [LexicalJudge()]
+    if embedder is not None:
+        judges.append(EmbeddingJudge(embedder))
+    return JudgeChain(judges)
+
+
+def judges_for(part: Part, embedder: Embedder | None = None) -> JudgeChain:
+    return JudgeChain([RetractionJudge(part.entity)]) if part.kind == "retraction" else fact_judges(embedder)
 
 
 def parts_to_walk(parts: Sequence[Part], prediction: str) -> tuple[list[Part], list[Part]]:
@@ -109,14 +120,15 @@ def _part_question(question: Question, part: Part) -> Question:
                                        "scorer": "contains", "forbidden": []})
 
 
-def attribute_parts(graph: ExecutionGraph, question: Question, prediction: str) -> Attribution:
+def attribute_parts(graph: ExecutionGraph, question: Question, prediction: str,
+                    embedder: Embedder | None = None) -> Attribution:
     """The decisive error of a failed question, part by part (the plain walk when it has none)."""
     parts = question_parts(question)
     if not parts:
-        return attribute(graph, question, prediction, JudgeChain([LexicalJudge()]))
+        return attribute(graph, question, prediction, fact_judges(embedder), embedder=embedder)
     walk, skipped = parts_to_walk(parts, prediction)
-    verdicts = [(part, attribute(graph, _part_question(question, part), prediction, judges_for(part)))
-                for part in walk]
+    verdicts = [(part, attribute(graph, _part_question(question, part), prediction, judges_for(part, embedder),
+                                 embedder=embedder)) for part in walk]
     part, decisive = min(verdicts, key=lambda pv: STAGE_RANK[pv[1].error_type])
     calls: dict[str, int] = {}
     for _, verdict in verdicts:
@@ -132,4 +144,5 @@ def attribute_parts(graph: ExecutionGraph, question: Question, prediction: str) 
         "explanation": f"[{part.label}] {decisive.explanation}", "judge_calls": calls, "details": details})
 
 
-__all__ = ["Part", "RetractionJudge", "STAGE_RANK", "attribute_parts", "parts_to_walk", "question_parts", "states"]
+__all__ = ["Part", "RetractionJudge", "STAGE_RANK", "attribute_parts", "fact_judges", "parts_to_walk", "question_parts",
+           "states"]
