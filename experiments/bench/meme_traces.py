@@ -137,7 +137,8 @@ def render_systems(report: dict[str, Any]) -> Table:
 
 
 def render_disagreements(report: dict[str, Any]) -> Table:
-    table = Table(title=f"{len(report['disagreements'])} disagreements (mark each: optloop wrong / label arguable / "
+    n = len(report["disagreements"])
+    table = Table(title=f"{n} disagreement{'' if n == 1 else 's'} (mark each: optloop wrong / label arguable / "
                         "mapping loses information)", show_lines=True)
     for col in ("#", "probe", "system", "label", "optloop", "explanation"):
         table.add_column(col, overflow="fold")
