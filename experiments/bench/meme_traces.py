@@ -152,8 +152,12 @@ def render_disagreements(report: dict[str, Any]) -> Table:
 
 def summary_line(report: dict[str, Any]) -> str:
     agreement, ms = report["agreement"] or 0.0, report["ms_per_failure"] or 0.0
-    marks = [f"agreement {agreement:.3f} (target >= {TARGET_AGREEMENT}: {'met' if agreement >= TARGET_AGREEMENT else 'missed'})",
-             f"{ms:.2f} ms per failure (target < {TARGET_MS:.0f}: {'met' if ms < TARGET_MS else 'missed'})",
+
+    def met(ok: bool) -> str:
+        return "met" if ok else "missed"
+
+    marks = [f"agreement {agreement:.3f} (target >= {TARGET_AGREEMENT}: {met(agreement >= TARGET_AGREEMENT)})",
+             f"{ms:.2f} ms per failure (target < {TARGET_MS:.0f}: {met(ms < TARGET_MS)})",
              f"{report['llm_calls']} LLM calls"]
     return (f"n={report['n']} labelled failures of {report.get('probes', '?')} probes, judges "
             f"{report.get('judges', '?')}: " + "; ".join(marks))

@@ -187,8 +187,8 @@ def _sessions(data: Mapping[str, Any], source: Path) -> tuple[list[tuple[int, Se
     sessions: list[tuple[int, Session]] = []
     facts: list[Fact] = []
     for i, raw in enumerate(raw_sessions):
-        where, prefix = f"sessions[{i}]", ""
-        idx = require(raw, "idx", source, where, int, prefix=prefix)
+        where = f"sessions[{i}]"
+        idx = require(raw, "idx", source, where, int)
         if any(idx == j for j, _ in sessions):
             raise dataset_error(source, where, "idx", f"duplicate session idx {idx}")
         conversation = require(raw, "conversation", source, where, list)

@@ -10,7 +10,8 @@ from optloop.tracing.meme_traces import context_items, import_traces, split_unit
 from optloop.tracing.memtrace import from_memtrace, to_memtrace
 from tests._meme_fixture import FIXTURE, copy_fixture
 
-WIKI = "INDEX:\n# Index\n\nDAILY (2024-01-02):\n---\n## Session 1\nTeam lead is Ana.\n\nCONCEPTS (oncall):\n---\ntitle: x\n---\nPaired."
+WIKI = ("INDEX:\n# Index\n\nDAILY (2024-01-02):\n---\n## Session 1\nTeam lead is Ana.\n\n"
+        "CONCEPTS (oncall):\n---\ntitle: x\n---\nPaired.")
 CHUNKS = "[Session: a]\nUser: hi\nAssistant: hello\n\n---\n\n[Session: b]\nUser: log\nspans lines\n"
 MEM0 = "[7a77d5a5] User likes tea\n[0acf8914] User has a cat\n\n[7a77d5a5] User likes tea\n"
 
