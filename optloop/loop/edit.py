@@ -87,7 +87,7 @@ class EditOptimizer(Optimizer):
 
     name = "edit"
 
-    def __init__(self, *args: Any, deletions: int = 4, extra: int = 2, bsize: int = 8, **kwargs: Any):
+    def __init__(self, *args: Any, deletions: int = 3, extra: int = 1, bsize: int = 6, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.deletions = deletions
         self.extra = extra
