@@ -337,6 +337,32 @@ def render(report: dict[str, Any]) -> None:
         console.print(line)
 
 
+def to_markdown(report: dict[str, Any]) -> str:
+    """The report's tables as Markdown (the README's and ``experiments/results/repair.md``)."""
+    def ci_text(v: Any, lo_hi: list[float]) -> str:
+        return "n/a" if v is None else f"{v:+.2f} [{lo_hi[0]:+.2f}, {lo_hi[1]:+.2f}]"
+
+    lines = [f"Model: {report.get('model', '?')}; budget {report['budget']}; seeds {report['seeds']}.", "",
+             "| case | site | mode | n | clean | sabotaged | margin [95% CI] | kept |", "|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {b['name']} | {b['site']} | {b['mode']} | {b['n']} | {b['clean']:.3f} | {b['sabotaged']:.3f} | "
+              f"{ci_text(b['margin'], b['margin_ci'])} | {'yes' if b['bites'] else 'dropped'} |" for b in report["bites"]]
+    if report["cases"]:
+        lines += ["", "| case | optimizer | arm | seed | n test | clean | sabotaged | after | recovered [95% CI] | "
+                  "first blame | changed | LLM calls | tokens | s |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        lines += [f"| {c['case']} | {c['optimizer']} | {c['arm']} | {c['seed']} | {c['n_test']} | {c['clean']:.2f} | "
+                  f"{c['sabotaged']:.2f} | {c['after']:.2f} | {ci_text(c['recovered'], c['recovered_ci'])} | "
+                  f"{c['first_blame']}{'' if c['first_blame_correct'] else ' (wrong)'} | {', '.join(c['changed']) or '-'} | "
+                  f"{c['llm_calls']} | {c['tokens']} | {c['seconds']:.0f} |" for c in report["cases"]]
+    if report.get("aggregate"):
+        lines += ["", "| optimizer | arm | cases | first blame right | recovered >= 50% | recovered, mean [95% CI] | "
+                  "LLM calls (mean) |", "|---|---|---|---|---|---|---|"]
+        lines += [f"| {r['optimizer']} | {r['arm']} | {r['cases']} | {r['first_blame_correct']:.0%} | "
+                  f"{r['recovered_half']:.0%} | {ci_text(r['recovered_mean'], r['recovered_mean_ci'])} | "
+                  f"{r['llm_calls_mean']:.0f} |" for r in report["aggregate"]]
+        lines += ["", *[f"- {t}" for t in report.get("targets", [])]]
+    return "\n".join(lines) + "\n"
+
+
 def _csv(text: str) -> list[str]:
     return [t.strip() for t in text.split(",") if t.strip()]
 
@@ -354,6 +380,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--cache", type=Path, help="the LM cache all arms share (default: a fresh temporary one)")
     parser.add_argument("--tracking-uri", help="MLflow store (default: a temporary one)")
     parser.add_argument("--json", type=Path, metavar="OUT", help="write the report here (experiments/results/repair.json)")
+    parser.add_argument("--markdown", type=Path, metavar="OUT", help="write the tables as Markdown here")
     parser.add_argument("--verbose", action="store_true")
     add_lm_arguments(parser)
     return parser
@@ -409,6 +436,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     render(report)
     if args.json:
         write_atomic(args.json, json.dumps(report, indent=1, default=str))
+    if args.markdown:
+        write_atomic(args.markdown, to_markdown(report))
     leaks = sum(c["leaks"] or 0 for c in report["cases"])
     if leaks:
         console.print(f"[red]the clean instruction reached the proposer or a demo {leaks} time(s)[/]")
