@@ -24,7 +24,7 @@ from rich.console import Console
 from experiments.bench.repair import DEFAULT_CASES, SABOTAGES
 from optloop import export
 from optloop import run as optloop_run
-from optloop.cli import run_cli
+from optloop.cli import add_lm_arguments, run_cli
 from optloop.paths import state_dir
 
 console = Console()
@@ -45,7 +45,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--optimizer", default="edit", choices=["edit", "simba", "gepa", "optuna"])
     parser.add_argument("--budget", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
+    add_lm_arguments(parser)
     args = parser.parse_args(argv)
+    lm_flags = [f for flag, value in (("--lm", args.lm), ("--lm-base-url", args.lm_base_url),
+                                      ("--lm-max-items", args.lm_max_items), ("--lm-max-chars", args.lm_max_chars))
+                if value is not None for f in (flag, str(value))]
     sabotage = next(s for s in SABOTAGES if s.name == args.case)
     out = state_dir() / "demo-repair"
     out.mkdir(parents=True, exist_ok=True)
@@ -54,7 +58,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     console.rule(f"[bold]1. plant[/] {sabotage.site} <- {sabotage.mode} {sabotage.text!r}")
     code = optloop_run.main(["--system", sabotage.system, "--dataset", args.dataset, "--optimizer", args.optimizer,
                              "--budget", str(args.budget), "--seed", str(args.seed), "--run-name", name,
-                             "--start", f"{sabotage.site}={start}", "--json", str(out / f"{name}.json")])
+                             "--start", f"{sabotage.site}={start}", "--json", str(out / f"{name}.json"), *lm_flags])
     if code:
         return code
     result = json.loads((out / f"{name}.json").read_text())

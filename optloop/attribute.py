@@ -9,6 +9,11 @@ type and prompt site (or knob), and prints a table of error type by site.
 Writes a JSON and a markdown report, the graphs, and (unless --no-traces) an
 MLflow trace per failed question, whose spans are the operations.
 
+With ``--from-traces meme:<dir>`` it runs nothing: it imports the traces MEME's
+authors published (a checkout of ``SeokwonJung-Jay/meme-eval``, see
+``docs/meme-traces.md``) as one graph per system and episode and attributes every
+probe their judge failed, offline (no LM, no embedding model).
+
 With ``--faults planted`` it instead runs the planted-fault harness: the
 system clean and with each fault of the catalogue (``--list-faults``), and
 reports how often attribution names the planted site and type
@@ -112,6 +117,69 @@ def _save(graph: Any, work: Path, episode_id: str) -> str:
     return str(path)
 
 
+def traces_report(uri: str, out: Path, lexical_only: bool = False) -> dict[str, Any]:
+    """Import published traces (``meme:<dir>``), attribute every failed probe offline, save the graphs."""
+    from optloop.attribution.traces import attribute_traces, llm_calls, warm_embedder
+    from optloop.tracing.meme_traces import import_traces
+
+    scheme, _, rest = uri.partition(":")
+    if scheme != "meme" or not rest:
+        raise ConfigError(f"--from-traces {uri!r}: expected meme:<dir> (a checkout of meme-eval, or its "
+                          "src/data/<name>.json)")
+    started = time.perf_counter()
+    runs = import_traces(rest)
+    import_s = time.perf_counter() - started
+    embedder, load_s = (None, 0.0) if lexical_only else warm_embedder()
+    failures = attribute_traces(runs, embedder)
+    for run in runs:
+        run.graph.save(out / "graphs" / run.system / f"{run.episode.id}.json")
+    attributions = [f.attribution for f in failures]
+    ms = sorted(f.seconds * 1000 for f in failures)
+    return {
+        "source": uri, "systems": list(dict.fromkeys(r.system for r in runs)),
+        "probes": sum(len(r.probes) for r in runs), "failures": len(failures),
+        "blame": [e.model_dump() for e in blame(attributions)],
+        "by_type_and_site": [{"type": t, "target": s, "n": n} for (t, s), n in
+                             Counter((a.error_type.value, a.target or "-") for a in attributions).most_common()],
+        "by_system_and_type": [{"system": sy, "type": t, "n": n} for (sy, t), n in
+                               Counter((f.system, f.attribution.error_type.value) for f in failures).items()],
+        "attributions": [f.to_json() for f in failures],
+        "ms_per_failure": sum(ms) / len(ms) if ms else None,
+        "median_attribution_ms": ms[len(ms) // 2] if ms else None,
+        "ambiguous": sum(a.ambiguous for a in attributions), "llm_calls": llm_calls(failures),
+        "judges": "lexical" if embedder is None else f"lexical+embedding ({embedder.name})",
+        "cost": {"llm_calls": llm_calls(failures), "tokens": 0, "seconds": round(time.perf_counter() - started, 3),
+                 "import_seconds": round(import_s, 3), "embedder_load_seconds": round(load_s, 3)},
+    }
+
+
+def render_traces(report: dict[str, Any]) -> Table:
+    types = sorted({row["type"] for row in report["by_system_and_type"]})
+    counts = {(r["system"], r["type"]): r["n"] for r in report["by_system_and_type"]}
+    ms = report["ms_per_failure"]
+    table = Table(title=f"{report['source']}: {report['failures']} failed probes of {report['probes']}, attributed "
+                        f"offline ({report['llm_calls']} LLM calls, {ms or 0:.1f} ms per failure)")
+    table.add_column("system")
+    for t in types:
+        table.add_column(t, justify="right")
+    for system in report["systems"]:
+        table.add_row(system, *(str(counts.get((system, t), "")) for t in types))
+    return table
+
+
+def render_traces_markdown(report: dict[str, Any]) -> str:
+    lines = [f"# Attribution of published traces: {report['source']}", "",
+             f"{report['failures']} failed probes of {report['probes']}; {report['llm_calls']} LLM calls; "
+             f"{report['ms_per_failure'] or 0:.1f} ms per failure.", ""]
+    for f in report["attributions"]:
+        a = f["attribution"]
+        lines += [f"### {f['system']} / {f['question_id']}: {a['question']}", "",
+                  f"- gold: `{a['gold'][:200]}`; answer: `{a['prediction'][:200]}`",
+                  f"- **{a['error_type']}** at `{a['op_id']}` (stage {f['stage']}; published label {f['label']})"
+                  + (" (ambiguous)" if a["ambiguous"] else ""), "", a["explanation"], ""]
+    return "\n".join(lines)
+
+
 def render_table(report: dict[str, Any]) -> Table:
     types = sorted({row["type"] for row in report["by_type_and_site"]})
     targets = sorted({row["target"] for row in report["by_type_and_site"]})
@@ -176,6 +244,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"memory system, or a comma-separated list with --faults ({', '.join(SYSTEMS)})")
     parser.add_argument("--dataset", default="builtin:tiny", help="dataset URI (default builtin:tiny)")
     parser.add_argument("--faults", choices=["planted"], help="run the planted-fault harness instead")
+    parser.add_argument("--from-traces", metavar="URI", help="attribute published traces offline instead of running "
+                        "a system: meme:<dir> (a checkout of meme-eval; see docs/meme-traces.md)")
     parser.add_argument("--fault", action="append", dest="fault_names", metavar="NAME",
                         help="only this planted fault (repeatable)")
     parser.add_argument("--list-faults", action="store_true", help="print the fault catalogue and exit")
@@ -183,6 +253,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--markdown", type=Path, metavar="OUT", help="write the markdown report here")
     parser.add_argument("--out", type=Path, help="where graphs and reports go (default .optloop/attribution/...)")
     parser.add_argument("--no-traces", action="store_true", help="do not mirror failures to MLflow traces")
+    parser.add_argument("--lexical-only", action="store_true", help="with --from-traces: the lexical judge alone "
+                        "(no embedding model; a text it cannot decide counts as not carrying the evidence)")
     parser.add_argument("--llm-judge", action="store_true", help="let an LLM judge settle cases the cheap judges "
                         "cannot (costs LLM calls)")
     parser.add_argument("--agent", action="store_true", help="let an LLM agent explore the graph for the cases the "
@@ -203,6 +275,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             table.add_row(f.name, ", ".join(f.systems), f.target, f.error_type.value, f.description)
         console.print(table)
         return 0
+    if args.from_traces:
+        return main_traces(args)
     systems = [s.strip() for s in args.system.split(",") if s.strip()]
     for name in systems:
         get_system(name)  # unknown names fail before any work
@@ -238,6 +312,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         write_atomic(args.markdown or out / "report.md", markdown)
     console.print(f"reports in {args.json or out / 'report.json'}"
                   + ("" if markdown is None else f" and {args.markdown or out / 'report.md'}"))
+    return 0
+
+
+def main_traces(args: argparse.Namespace) -> int:
+    """``--from-traces``: import, attribute, write the reports; no LM is made."""
+    clashing = [flag for flag, on in (("--faults", args.faults), ("--agent", args.agent),
+                                      ("--llm-judge", args.llm_judge)) if on]
+    if clashing:
+        raise ConfigError(f"--from-traces attributes offline; drop {', '.join(clashing)}")
+    slug = "traces-" + args.from_traces.replace(":", "_").replace("/", "_").strip("_")
+    out = args.out or state_dir() / "attribution" / slug
+    report = traces_report(args.from_traces, out, lexical_only=args.lexical_only)
+    console.print(render_traces(report))
+    for b in report["blame"]:
+        console.print(f"  blame {b['target']}: {b['failures']} ({b['share']:.0%})")
+    write_atomic(args.json or out / "report.json", json.dumps(report, indent=1, ensure_ascii=False))
+    write_atomic(args.markdown or out / "report.md", render_traces_markdown(report))
+    console.print(f"reports in {args.json or out / 'report.json'} and {args.markdown or out / 'report.md'}; "
+                  f"graphs in {out / 'graphs'}")
     return 0
 
 

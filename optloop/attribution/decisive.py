@@ -195,9 +195,10 @@ class _Walk:
                                f"{where}; the best ranked {ranks[0]} for {query!r}, below top_k={k}. Raise top_k "
                                f"to at least {ranks[0]} or improve the ranking.", rank=ranks[0])
         knob = search_knob(retrieve)
+        wider = f" (not in the top {len(wide)} either)" if wide else ""
         return self.result(ErrorType.RETRIEVAL, retrieve, knob_target(knob) if knob else None,
-                           f"{where}, but the search for {query!r} did not return it (not in the top {len(wide)} "
-                           f"either). Tune the search ({knob or 'its parameters'}) or add a query-rewrite site.")
+                           f"{where}, but the search for {query!r} did not return it{wider}. Tune the search "
+                           f"({knob or 'its parameters'}) or add a query-rewrite site.")
 
 
 def deciding_site(graph: ExecutionGraph, op: Operation, kind: str | None = None) -> str:

@@ -1,5 +1,9 @@
 """MEME episodes as episodes: ``meme:<path>``.
 
+The authors' published layout (``SeokwonJung-Jay/meme-eval``: ``src/data/<name>.json``
+and ``public/<name>/``) is read by :mod:`optloop.datasets.meme_published` when the path
+is a checkout directory or such a file.
+
 File layout (this project's; the generator ``synthetic:meme`` produces the same
 records): a JSON list of records, a JSON object ``{"episodes": [records]}``, or a
 ``.jsonl`` file with one record per line. A record is::
@@ -38,7 +42,7 @@ import re
 from pathlib import Path
 from typing import Any, get_args
 
-from optloop.datasets._io import dataset_error, existing_file, read_json_records, record_context, require
+from optloop.datasets._io import dataset_error, existing_file, read_json, read_json_records, record_context, require
 from optloop.datasets._model import Episode, Question, ScorerName, Session, Turn
 
 TASK_SCORERS: dict[str, ScorerName] = {
@@ -186,8 +190,17 @@ def _question_evidence(
 
 
 def load_meme(rest: str, params: dict[str, str]) -> tuple[str, list[Episode]]:
-    """Load a MEME JSON/JSONL file; returns the dataset name and its episodes."""
+    """Load a MEME JSON/JSONL file, or the authors' published layout (a checkout directory
+    or its ``src/data/<name>.json``, see :mod:`optloop.datasets.meme_published`)."""
+    from optloop.datasets.meme_published import is_published, load_published
+
+    if rest and Path(rest).expanduser().is_dir():
+        return load_published(Path(rest).expanduser())
     path = existing_file(rest, "meme")
+    if path.suffix == ".json":
+        data = read_json(path)
+        if is_published(data):
+            return load_published(path, data)
     episodes = []
     for n, (where, record) in enumerate(read_json_records(path, container_key="episodes")):
         with record_context(path, where):

@@ -7,19 +7,22 @@ better. That suits a small model, which follows instructions far better than it
 writes them: only the paraphrase edit asks the proposer LM for text, and one
 phrase at a time.
 
-One round here, from the current best candidate and its most-blamed site:
+One round here, from the current best candidate, for each target site (the
+blamed ones, most blamed first):
 
 1. the site's instruction is split into phrases (sentences, then clauses);
-2. the edits proposed are every single-phrase deletion (an ablation of the
-   instruction, phrase by phrase), the deletion of every phrase (the
-   signature's own default instruction, built by DSPy from its fields), and
-   ``extra`` random edits (swap, paraphrase, add; one or two composed, as
-   GrIPS's ``num_compose``);
-3. each edit is scored on a seeded mini-batch of train questions (GrIPS's score
-   set; these runs are the optimizer's cost, not evaluations of ``--budget``);
+2. the edits proposed are single-phrase deletions (an ablation of the
+   instruction; ``deletions`` phrases, drawn at random from a longer one), the
+   deletion of every phrase (the signature's own default instruction, built by
+   DSPy from its fields), and ``extra`` random edits (swap, paraphrase, add;
+   one or two composed, as GrIPS's ``num_compose``);
+3. every site's edits are scored together on a seeded mini-batch of train
+   questions (GrIPS's score set; these runs are the optimizer's cost, not
+   evaluations of ``--budget``);
 4. the edits are queued best train score first, and the loop evaluates them on
-   dev, one per budget unit. When a candidate becomes the best, the next round
-   edits it (GrIPS's greedy search); blamed sites are retargeted by the loop.
+   dev, one per budget unit. When the queue is spent, the next round edits the
+   best candidate so far (GrIPS's greedy search); the loop retargets the sites
+   when re-attribution moves the blame.
 
 The optimizer sees only the instruction it starts from and the attributions of
 its failures: nothing else of the system's original prompt.
@@ -84,8 +87,9 @@ class EditOptimizer(Optimizer):
 
     name = "edit"
 
-    def __init__(self, *args: Any, extra: int = 3, bsize: int = 8, **kwargs: Any):
+    def __init__(self, *args: Any, deletions: int = 3, extra: int = 1, bsize: int = 6, **kwargs: Any):
         super().__init__(*args, **kwargs)
+        self.deletions = deletions
         self.extra = extra
         self.bsize = bsize
         self.queue: list[Candidate] = []
@@ -97,14 +101,9 @@ class EditOptimizer(Optimizer):
     # --- the loop's interface ------------------------------------------------------------
 
     def propose(self, best: Candidate, best_eval: Evaluation) -> Candidate | None:
-        tries = 0
-        while not self.queue and tries < len(self.sites) + 1:
-            tries += 1
-            if not self.sites:
-                return None
+        if not self.queue and self.sites:
             self.rounds += 1
-            site = self.sites[(self.rounds - 1) % len(self.sites)]  # most blamed first, then the next
-            self.queue = self.round(best, site)
+            self.queue = self.round(best)
         return self.queue.pop(0) if self.queue else None
 
     def release(self, candidate: Candidate) -> None:
@@ -112,32 +111,35 @@ class EditOptimizer(Optimizer):
 
     # --- one round -----------------------------------------------------------------------
 
-    def round(self, best: Candidate, site: str) -> list[Candidate]:
-        """Edits of ``site``'s instruction in ``best``, screened on the train mini-batch, best first."""
-        edits = self.edits(best.sites[site].instructions, site)
-        fresh: list[tuple[Candidate, Edit]] = []
-        for edit in edits:
-            state = SiteState(instructions=edit.text, demos=best.sites[site].demos)
-            candidate = best.model_copy(update={"sites": {**best.sites, site: state},
-                                                "origin": f"edit round {self.rounds}: {site} {'; '.join(edit.ops)}"})
-            if candidate.digest() not in self.seen and candidate.digest() != best.digest():
-                self.seen.add(candidate.digest())
-                fresh.append((candidate, edit))
+    def round(self, best: Candidate) -> list[Candidate]:
+        """Edits of every target site's instruction in ``best``, screened together on the train mini-batch,
+        best first (ties: the more blamed site, then the proposal order)."""
+        fresh: list[Candidate] = []
+        for site in self.sites:
+            for edit in self.edits(best.sites[site].instructions, site):
+                state = SiteState(instructions=edit.text, demos=best.sites[site].demos)
+                candidate = best.model_copy(update={"sites": {**best.sites, site: state},
+                                                    "origin": f"edit round {self.rounds}: {site} {'; '.join(edit.ops)}"})
+                if candidate.digest() not in self.seen and candidate.digest() != best.digest():
+                    self.seen.add(candidate.digest())
+                    fresh.append(candidate)
         if not fresh:
             return []
         base_score = self._screen(best)
-        scored = [(self._screen(c), i, c) for i, (c, _) in enumerate(fresh)]
-        scored.sort(key=lambda t: (-t[0], t[1]))  # best train score first; ties keep the proposal order
-        logger.info("edit round %d on %s: %d edits, train mini-batch %.2f (best) -> %s", self.rounds, site,
-                    len(scored), base_score, ", ".join(f"{s:.2f}" for s, _, _ in scored))
+        scored = [(self._screen(c), i, c) for i, c in enumerate(fresh)]
+        scored.sort(key=lambda t: (-t[0], t[1]))
+        logger.info("edit round %d on %s: %d edits, train mini-batch %.2f (best) -> %s", self.rounds,
+                    ", ".join(self.sites), len(scored), base_score, ", ".join(f"{s:.2f}" for s, _, _ in scored))
         return [c for _, _, c in scored]
 
     def edits(self, instruction: str, site: str) -> list[Edit]:
-        """Every single-phrase deletion, the deletion of all phrases, then ``extra`` random composed edits."""
+        """Single-phrase deletions (``deletions`` of them, drawn at random when the instruction has more
+        phrases), the deletion of all phrases, then ``extra`` random composed edits."""
         parts = phrases(instruction)
         pool = self.pool.setdefault(site, [])
         pool += [p for p in parts if p not in pool]
-        out = [Edit(join(parts[:i] + parts[i + 1:]), [f"del {i}"]) for i in range(len(parts))] if len(parts) > 1 else []
+        drop = sorted(self.rng.sample(range(len(parts)), min(self.deletions, len(parts)))) if len(parts) > 1 else []
+        out = [Edit(join(parts[:i] + parts[i + 1:]), [f"del {i}"]) for i in drop]
         out.append(Edit(self.default_instruction(site), ["del all (the signature's default instruction)"]))
         for k in range(self.extra):
             text, ops = list(parts), []

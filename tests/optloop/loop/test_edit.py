@@ -60,15 +60,19 @@ def optimizer():
     return opt, start
 
 
-def test_a_round_proposes_every_deletion_and_the_default_then_random_edits(optimizer):
+def test_a_round_proposes_deletions_and_the_default_then_random_edits(optimizer):
     opt, start = optimizer
+    opt.deletions = 10  # more than the phrases: every single-phrase deletion
     edits = opt.edits(start.sites["answer"].instructions, "answer")
     parts = phrases(start.sites["answer"].instructions)
-    deletions = [e for e in edits if len(e.ops) == 1 and e.ops[0].startswith("del ") and e.ops[0] != "del all"]
-    assert {e.text for e in deletions[: len(parts)]} == {join(parts[:i] + parts[i + 1:]) for i in range(len(parts))}
-    default = next(e for e in edits if e.ops[0].startswith("del all"))
-    assert default.text.startswith("Given the fields")  # DSPy's own default for the signature's fields
+    all_deletions = {join(parts[:i] + parts[i + 1:]) for i in range(len(parts))}
+    assert {e.text for e in edits[: len(parts)]} == all_deletions
+    default = edits[len(parts)]
+    assert default.ops[0].startswith("del all") and default.text.startswith("Given the fields")  # DSPy's default
     assert len(edits) == len(parts) + 1 + 3
+    opt.deletions = 2  # fewer than the phrases: that many, drawn at random
+    fewer = opt.edits(start.sites["answer"].instructions, "answer")
+    assert len(fewer) == 2 + 1 + 3 and {e.text for e in fewer[:2]} < all_deletions
 
 
 def test_edits_are_screened_on_train_and_the_best_comes_first(optimizer):
