@@ -29,6 +29,7 @@ from optloop.attribution.decisive import attribute
 from optloop.attribution.evidence import Evidence
 from optloop.attribution.judges import EmbeddingJudge, Judge, JudgeChain, LexicalJudge, content_tokens
 from optloop.attribution.taxonomy import Attribution, ErrorType
+from optloop.datasets._model import EvidencePart
 from optloop.datasets.scorers import normalize_answer
 
 if TYPE_CHECKING:
@@ -49,18 +50,7 @@ _RETRACTED = re.compile(r"\b(delete|deleted|deletes|deleting|deletion|remove|rem
                         r"forget|forgot|forgotten|erase|erased|discard|discarded|retract|retracted|no longer)\b")
 
 
-@dataclass(frozen=True)
-class Part:
-    """One part of a question's evidence."""
-
-    turn_id: str
-    entity: str
-    value: str
-    kind: str = "fact"  # fact | change | retraction
-
-    @property
-    def label(self) -> str:
-        return f"{self.kind} {self.entity}={self.value[:40]!r}"
+Part = EvidencePart  # the name this module's callers use
 
 
 def question_parts(question: Question) -> list[Part]:

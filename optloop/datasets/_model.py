@@ -17,6 +17,8 @@ Contracts (checked when an ``Episode`` is built, so a bad file fails at load tim
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import string
 from typing import Any, Literal
 
@@ -177,3 +179,24 @@ class Dataset(BaseModel):
             if episode.id == episode_id:
                 return episode
         raise KeyError(f"dataset {self.name!r} has no episode {episode_id!r}")
+
+
+@dataclass(frozen=True)
+class EvidencePart:
+    """One piece of what an answer needs: a fact, a change of a root fact, or a retraction.
+
+    Loaders that know their evidence part by part (MEME's published layout) store these, as
+    :meth:`to_json`, in ``Question.meta["evidence_parts"]``; attribution checks each part in turn.
+    """
+
+    turn_id: str
+    entity: str
+    value: str
+    kind: str = "fact"  # fact | change | retraction
+
+    @property
+    def label(self) -> str:
+        return f"{self.kind} {self.entity}={self.value[:40]!r}"
+
+    def to_json(self) -> dict[str, str]:
+        return {"turn_id": self.turn_id, "entity": self.entity, "value": self.value, "kind": self.kind}

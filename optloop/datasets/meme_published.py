@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from optloop.datasets._io import dataset_error, read_json, record_context, require
-from optloop.datasets._model import Episode, Question, Session, Turn
+from optloop.datasets._model import Episode, EvidencePart, Question, Session, Turn
 from optloop.datasets.meme import ABSTAIN_TASKS, TASK_SCORERS
 
 PUBLISHED_KEYS = ("episode", "sessions", "results")
@@ -51,19 +51,6 @@ def published_task(raw: str) -> str | None:
     """MEME's task for a published ``task_type`` ("Cascade-D (1-hop)" -> "cascade"), or None."""
     base = re.sub(r"\(.*?\)", " ", raw).strip().lower()
     return _TASKS.get(re.sub(r"\s+", "-", base))
-
-
-@dataclass(frozen=True)
-class EvidencePart:
-    """One piece of what the answer needs: a fact, a change of the root, or a retraction."""
-
-    turn_id: str
-    entity: str
-    value: str
-    kind: str = "fact"  # fact | change | retraction
-
-    def to_json(self) -> dict[str, str]:
-        return {"turn_id": self.turn_id, "entity": self.entity, "value": self.value, "kind": self.kind}
 
 
 @dataclass(frozen=True)
