@@ -43,7 +43,12 @@ def add_lm_arguments(parser: argparse.ArgumentParser) -> None:
 
 def lm_from_args(args: argparse.Namespace, defaults: Mapping[str, Any] | None = None) -> OptloopLM:
     """The LM the flags ask for; ``defaults`` (a system's ``local_decoding``) fill settings the flags leave unset."""
-    settings = LMSettings.from_spec(
+    return OptloopLM(lm_settings_from_args(args, defaults))
+
+
+def lm_settings_from_args(args: argparse.Namespace, defaults: Mapping[str, Any] | None = None) -> LMSettings:
+    """The settings :func:`lm_from_args` builds its LM from (no LM, no cache file yet)."""
+    return LMSettings.from_spec(
         args.lm,
         base_url=args.lm_base_url,
         timeout_s=args.lm_timeout,
@@ -53,7 +58,6 @@ def lm_from_args(args: argparse.Namespace, defaults: Mapping[str, Any] | None = 
         max_string_chars=_first_set(getattr(args, "lm_max_chars", None), (defaults or {}).get("max_string_chars")),
         cache=False if args.no_cache else None,
     )
-    return OptloopLM(settings)
 
 
 def _first_set(*values: Any) -> Any:

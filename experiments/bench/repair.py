@@ -53,7 +53,7 @@ from pydantic import BaseModel
 from rich.console import Console
 from rich.table import Table
 
-from optloop.cli import add_lm_arguments, lm_from_args, run_cli, setup_logging
+from optloop.cli import add_lm_arguments, lm_settings_from_args, run_cli, setup_logging
 from optloop.datasets import load_dataset
 from optloop.lm import OptloopLM
 from optloop.loop.candidate import Candidate
@@ -191,7 +191,7 @@ class Bench:
     def lm(self, system: str) -> OptloopLM:
         """One LM per system (its local decoding bounds), all on the bench's one cache."""
         if system not in self.lms:
-            settings = lm_from_args(self.args, get_system(system).local_decoding).settings
+            settings = lm_settings_from_args(self.args, get_system(system).local_decoding)
             self.lms[system] = OptloopLM(settings.model_copy(update={"cache_path": self.args.cache}))
         return self.lms[system]
 
