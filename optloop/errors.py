@@ -30,7 +30,13 @@ class LMError(OptloopError):
 
 
 class LMUnreachableError(LMError):
-    """The configured LM endpoint cannot be reached (refused, DNS, timeout)."""
+    """The configured LM endpoint cannot be reached (refused, DNS, timeout, only HTTP 5xx).
+
+    Exit code 75 (``EX_TEMPFAIL``), at startup too (:meth:`optloop.lm.OptloopLM.check_endpoint`):
+    nothing is wrong with the input; rerun when the endpoint is back.
+    """
+
+    exit_code = 75
 
 
 class EndpointDownError(OptloopError):

@@ -17,7 +17,7 @@ from optloop.lm import LMSettings, OptloopLM, configure_dspy, prompt_site
 
 pytestmark = pytest.mark.integration
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 class Person(BaseModel):

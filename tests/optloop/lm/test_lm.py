@@ -29,7 +29,7 @@ from optloop.lm import (
 )
 from tests._servers import ScriptedOpenAIServer, closed_port_url
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 class City(BaseModel):
@@ -276,14 +276,14 @@ def test_an_endpoint_that_never_answers_fails_within_the_timeout():
     assert elapsed < 1.5 * 2 + 1
 
 
-def test_cli_with_unreachable_endpoint_prints_one_line_and_exits_nonzero():
+def test_cli_with_unreachable_endpoint_prints_one_line_and_exits_75():
     url = closed_port_url()
     proc = subprocess.run(
         [sys.executable, "-m", "optloop.doctor", "--lm", "openai:some-model", "--lm-base-url", url,
          "--lm-timeout", "3", "--lm-retries", "1"],
         capture_output=True, text=True, cwd=REPO, timeout=120,
     )
-    assert proc.returncode == 2
+    assert proc.returncode == 75  # endpoint unavailable (EX_TEMPFAIL), not bad input
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert lines == [line for line in lines if line.startswith("optloop: error:")] and len(lines) == 1, proc.stderr
     assert url in lines[0] and "Traceback" not in proc.stderr

@@ -1,0 +1,127 @@
+"""The single LM layer: every LLM call optloop makes goes through :class:`OptloopLM`.
+
+``OptloopLM`` is a ``dspy.LM`` whose engine (``dspy.LM(engine=...)``, DSPy 3.4's
+custom-model interface) is optloop's own: DSPy programs, the memory systems'
+prompt sites and the optimizers' proposers all share one place for caching,
+retries, timeouts and accounting. See ``docs/architecture.md`` (the LM layer).
+
+Modules:
+
+=====================  ==================================================================
+``settings``           :class:`LMSettings` (spec strings, flags), the bundled model, :func:`redact_url`
+``accounting``         :func:`prompt_site`, :func:`collect_calls` (per thread/task), :class:`CallRecord`,
+                       :class:`Usage`, :class:`Accounting`
+``cache``              :class:`LMCache`, the persistent SQLite call cache
+``requests``           optloop's :class:`Request`, response formats, schema bounds, JSON checks
+``backends``           the :class:`Backend` contract (one attempt) and :func:`make_backend`
+``llama``              :class:`LocalLlamaBackend`, llama.cpp in-process
+``endpoint``           :class:`OpenAICompatibleBackend`, any OpenAI-compatible endpoint
+``machine``            :class:`MachineSlots`, the machine-wide budget of llama.cpp threads
+``engine``             :class:`OptloopEngine` / :class:`AsyncOptloopEngine`: cache, retries, health,
+                       accounting; ``complete(lm15.Request) -> lm15.Response``
+``dspy_lm``            :class:`OptloopLM` (the ``dspy.LM``), :func:`configure_dspy`
+=====================  ==================================================================
+
+Backends (pick one with a spec string, ``--lm`` or ``OPTLOOP_LM``):
+
+``local`` (default)
+    llama.cpp in-process on the bundled SmolLM2-135M-Instruct GGUF.
+``local:/path/model.gguf`` or ``/path/model.gguf``
+    llama.cpp in-process on any GGUF file.
+``openai:<model>`` (also ``openai/<model>``)
+    any OpenAI-compatible chat-completions endpoint: OpenAI, vLLM, Ollama, a
+    llama.cpp server. Base URL from ``--lm-base-url`` / ``OPENAI_BASE_URL``, key
+    from ``OPENAI_API_KEY`` (optional when a base URL is given).
+
+Schema-constrained decoding: a call that carries a response schema (DSPy's
+JSONAdapter passes the signature's output model; a memory library passes its
+``response_format``) is decoded under that schema by llama.cpp, with every
+unbounded string and array given a bound (``max_string_chars``,
+``max_array_items``), so its output closes. An answer that still runs out of
+``max_tokens`` is asked again under 4x, then 16x, tighter bounds at the same
+budget: a shorter answer that satisfies the schema, and a failing call that
+generates at most 3 x ``max_tokens``. Remote endpoints get the schema as ``json_schema`` (or
+``json_object`` + schema, for servers that only take that), and a body that
+does not parse is retried like any transient fault.
+
+Call records: each request appends a :class:`CallRecord` to ``lm.accounting``
+with the prompt site active at that moment in the calling thread or task (see
+:func:`prompt_site`), so later code can charge calls, tokens and seconds to the
+site that made them.
+
+Faults and retries: a transient fault (HTTP 5xx, a refused or dropped connection,
+a truncated or non-JSON body, a timed-out attempt) is retried with exponential
+backoff, ``max_retries`` times at most; a second timed-out attempt ends the call
+(an endpoint that hung twice in a row is taken as unreachable). Every failed
+attempt is named in its record's ``faults`` (``HTTP 503``, ``timeout``,
+``body truncated``), so a retry that cured a fault is as visible as one that did
+not; the tracer copies them onto the operation that made the call. After a call
+fails with :class:`~optloop.errors.LMUnreachableError` (exit code 75), ``lm.endpoint_down``
+holds its message until a later call succeeds. An endpoint that answers, but only with
+server errors (HTTP 5xx through every retry of ``SERVER_ERRORS_DOWN`` calls in a
+row, none succeeding in between), is taken as down too: the third such call
+raises :class:`~optloop.errors.LMUnreachableError` instead of failing one more
+question. :meth:`OptloopLM.check_endpoint` probes an endpoint at startup, before
+the cache file exists.
+
+Secrets: the API key is read from the environment into the HTTP client only.
+Identities, records and error messages show the base URL with any user info and
+query string masked (:func:`redact_url`).
+"""
+
+from __future__ import annotations
+
+from optloop.lm.accounting import Accounting, CallRecord, Usage, collect_calls, current_site, prompt_site
+from optloop.lm.backends import Backend, make_backend
+from optloop.lm.cache import CACHE_FORMAT, LMCache
+from optloop.lm.dspy_lm import OptloopLM, configure_dspy
+from optloop.lm.endpoint import OpenAICompatibleBackend
+from optloop.lm.engine import SERVER_ERRORS_DOWN, AsyncOptloopEngine, EndpointHealth, OptloopEngine
+from optloop.lm.llama import LocalLlamaBackend
+from optloop.lm.machine import MachineSlots, llama_slots, lock_dir, threads_per_slot
+from optloop.lm.requests import (
+    MalformedResponse,
+    Request,
+    bound_schema,
+    check_json,
+    openai_response_format,
+    response_format_to_schema,
+)
+from optloop.lm.settings import BUNDLED_GGUF, LMSettings, bundled_model_path, redact_url
+
+_check_json = check_json  # the name tests knew before the package split
+
+__all__ = [
+    "BUNDLED_GGUF",
+    "CACHE_FORMAT",
+    "SERVER_ERRORS_DOWN",
+    "Accounting",
+    "AsyncOptloopEngine",
+    "Backend",
+    "CallRecord",
+    "EndpointHealth",
+    "LMCache",
+    "LMSettings",
+    "LocalLlamaBackend",
+    "MachineSlots",
+    "MalformedResponse",
+    "OpenAICompatibleBackend",
+    "OptloopEngine",
+    "OptloopLM",
+    "Request",
+    "Usage",
+    "bound_schema",
+    "bundled_model_path",
+    "check_json",
+    "collect_calls",
+    "configure_dspy",
+    "current_site",
+    "llama_slots",
+    "lock_dir",
+    "make_backend",
+    "openai_response_format",
+    "prompt_site",
+    "redact_url",
+    "response_format_to_schema",
+    "threads_per_slot",
+]

