@@ -45,8 +45,8 @@ def test_malformed_dataset_fails_before_any_state(tmp_path):
 def test_unreachable_endpoint_fails_before_any_state(tmp_path):
     result = run(["--system", "rag_bm25", "--lm", "openai:test", "--lm-base-url", closed_port_url(),
                   "--lm-retries", "0"], tmp_path)
-    assert result.returncode == 2 and "optloop: error:" in result.stderr
-    assert nothing_written(tmp_path)
+    assert result.returncode == 75 and "optloop: error:" in result.stderr  # endpoint unavailable, not bad input
+    assert nothing_written(tmp_path) and not (tmp_path / "state" / "lm_cache.sqlite").exists()
 
 
 def test_too_few_episodes_is_a_dataset_error(tmp_path, monkeypatch):
