@@ -43,6 +43,7 @@ from rank_bm25 import BM25Okapi
 from optloop.errors import ConfigError
 from optloop.paths import write_atomic as _write_atomic
 from optloop.sites import MD_FLAT_CURATE
+from optloop.text import words
 from signatures.baselines import CurateMarkdownMemory
 from systems.base import MemoryItem, MemorySystem, PromptSite
 
@@ -245,11 +246,6 @@ class LongContextSystem(_RawTurnSystem):
         return [turn.to_item(truncation=dict(self.last_truncation)) for turn in kept]
 
 
-def tokenize(text: str) -> list[str]:
-    """Lower-cased word tokens, the terms BM25 indexes and queries with."""
-    return re.findall(r"\w+", text.lower())
-
-
 class _LuceneIdfBM25(BM25Okapi):
     """BM25Okapi with Lucene's idf, ``log(1 + (N - n + 0.5) / (n + 0.5))``, which is never negative.
 
@@ -278,11 +274,11 @@ class BM25RagSystem(_RawTurnSystem):
 
     def _search(self, query: str, k: int) -> list[MemoryItem]:
         turns = self._log.turns
-        terms = tokenize(query)
+        terms = words(query)  # the terms BM25 indexes and queries with
         if not turns or not terms:
             return []
         if self._bm25 is None:
-            self._bm25 = _LuceneIdfBM25([tokenize(turn.text) for turn in turns])
+            self._bm25 = _LuceneIdfBM25([words(turn.text) for turn in turns])
         scores = self._bm25.get_scores(terms)
         # Ties go to the earlier turn, so results are deterministic.
         order = sorted(range(len(turns)), key=lambda i: (-scores[i], i))

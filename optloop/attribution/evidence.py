@@ -14,6 +14,7 @@ import numpy as np
 from rank_bm25 import BM25Okapi
 
 from optloop.datasets.scorers import normalize_answer
+from optloop.text import words
 
 if TYPE_CHECKING:
     from optloop.datasets import Question
@@ -48,18 +49,14 @@ def gold_text(question: Question) -> str:
     return question.gold
 
 
-def _tokens(text: str) -> list[str]:
-    return normalize_answer(text).split()
-
-
 def hybrid_search(graph: ExecutionGraph, query: str, embedder: Embedder | None, k: int = 2) -> list[str]:
     """Message variable ids ranked by BM25 + embedding, fused by reciprocal rank."""
     messages = graph.by_cls("message")
     if not messages:
         return []
     ids = [m.id for m in messages]
-    corpus = [_tokens(m.text) or ["_"] for m in messages]
-    bm25 = BM25Okapi(corpus).get_scores(_tokens(query) or ["_"])
+    corpus = [words(m.text) or ["_"] for m in messages]
+    bm25 = BM25Okapi(corpus).get_scores(words(query) or ["_"])
     rankings = [list(np.argsort(-bm25, kind="stable"))]
     if embedder is not None:
         vectors = embedder.embed([m.text for m in messages])

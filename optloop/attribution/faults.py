@@ -33,6 +33,7 @@ from optloop.attribution.taxonomy import Attribution, ErrorType, knob_target, li
 from optloop.datasets import passed
 from optloop.pipeline import Attributor, EpisodeResult, FreshStores, run_episode
 from optloop.sites import ANSWER, GRAPHITI_EXTRACT_EDGES, MD_FLAT_CURATE, MEM0_EXTRACT, QUERY_REWRITE
+from optloop.text import words
 
 if TYPE_CHECKING:
     from optloop.datasets import Dataset
@@ -54,7 +55,7 @@ def _item_text(item: Any) -> str:
 
 
 def _normalize(text: str) -> str:
-    return " ".join(re.findall(r"[a-z0-9]+", text.lower()))
+    return " ".join(words(text))
 
 
 def _map_lists(prediction: dspy.Prediction, fn: Callable[[list[Any], dict[str, Any]], list[Any]],
@@ -72,10 +73,10 @@ def _already_in_file(item: Any, inputs: dict[str, Any]) -> bool:
 
 def _blur(text: str) -> str:
     """The same sentence with its specifics (names, numbers, places) replaced: an overwrite."""
-    words = text.split()
+    parts = text.split()  # the sentence's own words, case and spelling kept (not optloop.text.words)
     out = [("something" if i > 0 and (w[:1].isupper() or any(c.isdigit() for c in w)) else w)
-           for i, w in enumerate(words)]
-    if out == words and words:
+           for i, w in enumerate(parts)]
+    if out == parts and parts:
         out[-1] = "something"
     return " ".join(out)
 

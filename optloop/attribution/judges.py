@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Protocol
 import dspy
 
 from optloop.attribution.evidence import Evidence
-from optloop.datasets.scorers import _singular, normalize_answer
+from optloop.text import singular, words
 
 if TYPE_CHECKING:
     from optloop.embed import Embedder
@@ -28,7 +28,7 @@ over after before again any all some can could will would should may might must 
 
 
 def content_tokens(text: str) -> set[str]:
-    return {_singular(t) for t in normalize_answer(text).split() if t not in STOPWORDS}
+    return {singular(t) for t in words(text) if t not in STOPWORDS}
 
 
 class Judge(Protocol):

@@ -29,13 +29,14 @@ from __future__ import annotations
 
 import logging
 import re
-import string
-import unicodedata
 from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from optloop.datasets._model import LETTERS
+from optloop.text import normalize as normalize_answer  # the scorers' name for it
+from optloop.text import singular as _singular
+from optloop.text import words
 
 if TYPE_CHECKING:
     from optloop.datasets._model import Question, ScorerName
@@ -57,20 +58,6 @@ PASS_THRESHOLDS: dict[str, float] = {
     "llm_judge": 0.5,
 }
 
-_ARTICLES = re.compile(r"\b(a|an|the)\b")
-_PUNCT = str.maketrans({c: " " for c in string.punctuation + "‘’“”–—…"})
-
-
-def normalize_answer(text: str) -> str:
-    """SQuAD-style normalization: lower case, strip accents, punctuation and articles."""
-    text = unicodedata.normalize("NFKD", str(text))
-    text = "".join(c for c in text if not unicodedata.combining(c)).lower()
-    text = text.replace("'", "").replace("’", "")
-    text = text.translate(_PUNCT)
-    text = _ARTICLES.sub(" ", text)
-    return " ".join(text.split())
-
-
 def _contains(haystack: str, needle: str) -> bool:
     """Whole-word containment of already normalized strings."""
     if not needle:
@@ -78,25 +65,14 @@ def _contains(haystack: str, needle: str) -> bool:
     return f" {needle} " in f" {haystack} "
 
 
-def _singular(token: str) -> str:
-    # Light plural folding so "bucket hats" still contains "bucket hat"; no stemmer needed.
-    if len(token) > 3 and token.endswith("ies"):
-        return token[:-3] + "y"
-    if len(token) > 3 and token.endswith("es") and token[-3] in "sxz":
-        return token[:-2]
-    if len(token) > 2 and token.endswith("s") and not token.endswith("ss"):
-        return token[:-1]
-    return token
-
-
 def _folded(text: str) -> str:
-    return " ".join(_singular(t) for t in normalize_answer(text).split())
+    return " ".join(_singular(t) for t in words(text))
 
 
 def token_f1(prediction: str, gold: str) -> float:
     """Token-level F1 between normalized prediction and gold (0 when either is empty)."""
-    pred_tokens = normalize_answer(prediction).split()
-    gold_tokens = normalize_answer(gold).split()
+    pred_tokens = words(prediction)
+    gold_tokens = words(gold)
     if not pred_tokens or not gold_tokens:
         return float(pred_tokens == gold_tokens and bool(gold_tokens))
     common = Counter(pred_tokens) & Counter(gold_tokens)
@@ -150,7 +126,7 @@ def parse_yes_no(text: str) -> str | None:
     "Yes — because ...", "no.", "Answer: No" and "She would not" parse; a prediction
     with neither a yes/no word nor a negation gives ``None`` (which never passes).
     """
-    tokens = normalize_answer(text).split()
+    tokens = words(text)
     for token in tokens:
         if token in _YES:
             return "yes"

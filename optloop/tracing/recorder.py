@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import re
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -41,6 +40,7 @@ from dspy.utils.callback import BaseCallback
 
 from optloop.lm import CallRecord, current_site
 from optloop.sites import QUERY_REWRITE
+from optloop.text import words
 from optloop.tracing.graph import Category, ExecutionGraph, Operation, Variable
 from signatures._layout import jsonable
 
@@ -64,13 +64,9 @@ def _text(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, sort_keys=True)
 
 
-def _tokens(text: str) -> set[str]:
-    return set(re.findall(r"[a-z0-9]+", text.lower()))
-
-
 def similar(a: str, b: str) -> float:
     """Token Jaccard similarity: the cheap test of "the same fact, reworded"."""
-    ta, tb = _tokens(a), _tokens(b)
+    ta, tb = set(words(a)), set(words(b))
     return len(ta & tb) / len(ta | tb) if ta and tb else 0.0
 
 
