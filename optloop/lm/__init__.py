@@ -71,7 +71,16 @@ query string masked (:func:`redact_url`).
 
 from __future__ import annotations
 
-from optloop.lm.accounting import Accounting, CallRecord, Usage, collect_calls, current_site, prompt_site
+from optloop.lm.accounting import (
+    Accounting,
+    CallRecord,
+    Usage,
+    collect_calls,
+    current_site,
+    prompt_site,
+    start_collecting,
+    stop_collecting,
+)
 from optloop.lm.backends import Backend, make_backend
 from optloop.lm.cache import CACHE_FORMAT, LMCache
 from optloop.lm.dspy_lm import OptloopLM, configure_dspy
@@ -123,5 +132,7 @@ __all__ = [
     "prompt_site",
     "redact_url",
     "response_format_to_schema",
+    "start_collecting",
+    "stop_collecting",
     "threads_per_slot",
 ]

@@ -46,12 +46,23 @@ def collect_calls() -> Iterator[list[CallRecord]]:
     that concurrent threads append to, so a mark taken in one thread also sees the
     other threads' calls. Blocks nest; a record goes to every enclosing collector.
     """
-    records: list[CallRecord] = []
-    token = _COLLECTORS.set((*_COLLECTORS.get(), records))
+    records, token = start_collecting()
     try:
         yield records
     finally:
-        _COLLECTORS.reset(token)
+        stop_collecting(token)
+
+
+def start_collecting() -> tuple[list[CallRecord], contextvars.Token]:
+    """:func:`collect_calls` for callers that start and stop in two calls (a DSPy callback's
+    ``on_module_start``/``on_module_end``, which DSPy runs in the caller's thread or task).
+    Pass the token to :func:`stop_collecting` in the same context."""
+    records: list[CallRecord] = []
+    return records, _COLLECTORS.set((*_COLLECTORS.get(), records))
+
+
+def stop_collecting(token: contextvars.Token) -> None:
+    _COLLECTORS.reset(token)
 
 
 @dataclass

@@ -114,3 +114,26 @@ def test_collectors_nest_and_do_not_see_calls_made_before_them():
         with collect_calls() as inner:
             lm.text("two")
     assert len(outer) == 2 and len(inner) == 1 and len(lm.accounting.records) == 3
+
+
+def test_a_callback_pair_collects_the_calls_between_its_two_halves_in_its_own_thread():
+    """What a DSPy callback does: start in on_module_start, stop in on_module_end, same thread."""
+    from optloop.lm import start_collecting, stop_collecting
+
+    lm = meeting_lm(2)
+    seen: dict[str, list[str]] = {}
+
+    def work(site: str) -> None:
+        records, token = start_collecting()
+        with prompt_site(site):
+            lm.text(site)
+        stop_collecting(token)
+        lm.text("after")  # not collected
+        seen[site] = [r.site for r in records]
+
+    threads = [threading.Thread(target=work, args=(site,)) for site in ("a", "b")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert seen == {"a": ["a"], "b": ["b"]}
