@@ -87,6 +87,16 @@ class OptloopLM(dspy.LM):
         with self._call_options(prompt, kwargs), _optloop_errors():
             return await super().acall(prompt, messages=messages, **kwargs)
 
+    def provider_response(self, prompt: Any = None, messages: Any = None, **kwargs: Any) -> Any:
+        """What ``dspy.LM.forward`` returns (an OpenAI-shaped response), through the shim of :meth:`__call__`.
+
+        For LM wrappers that still speak DSPy's legacy ``forward()`` interface and delegate
+        to this LM (``optloop.loop.optimizers._Charged``): ``dspy.LM.forward`` itself would
+        skip the shim, losing the rollout (every SIMBA proposal sampled with one seed).
+        """
+        with self._call_options(prompt, kwargs), _optloop_errors():
+            return super().forward(prompt, messages, **kwargs)
+
     @contextlib.contextmanager
     def _call_options(self, prompt: Any, kwargs: dict[str, Any]) -> Iterator[None]:
         """Carry ``rollout_id`` and ``cache`` to the engine; hand DSPy a schema it will not rewrite.

@@ -432,7 +432,8 @@ class _Charged(dspy.BaseLM):
             kwargs["response_format"] = {"type": "json_schema",
                                          "json_schema": {"schema": _fixed_keys(schema, self.keys)}}
         with prompt_site(PROPOSER_SITE):
-            return self.inner.forward(prompt=prompt, messages=messages, **kwargs)
+            respond = getattr(self.inner, "provider_response", self.inner.forward)  # OptloopLM: keeps the rollout
+            return respond(prompt=prompt, messages=messages, **kwargs)
 
     def copy(self, **kwargs: Any) -> _Charged:
         return _Charged(self.inner.copy(**kwargs), self.keys)
