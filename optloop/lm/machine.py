@@ -87,6 +87,7 @@ class MachineSlots:
         self.name = name
         self.slots = slots or llama_slots()
         self.directory = directory or lock_dir()
+        self._warned = False
 
     def path(self, index: int) -> Path:
         return self.directory / f"{self.name}.{index}.lock"
@@ -105,7 +106,20 @@ class MachineSlots:
     @contextlib.contextmanager
     def hold(self) -> Iterator[float]:
         started = time.perf_counter()
-        fds = [self._open(i) for i in range(self.slots)]
+        fds: list[int] = []
+        try:
+            for i in range(self.slots):
+                fds.append(self._open(i))
+        except OSError as exc:  # a read-only or foreign temp dir: run, uncoordinated, rather than fail
+            for fd in fds:
+                os.close(fd)
+            if not self._warned:
+                logger.warning("cannot use %s for machine-wide %s slots (%s); model calls are not coordinated "
+                               "with other processes; set %s to a writable directory", self.directory, self.name,
+                               exc, LOCK_DIR_ENV)
+                self._warned = True
+            yield 0.0
+            return
         held: int | None = None
         try:
             start = (os.getpid() + threading.get_ident()) % self.slots

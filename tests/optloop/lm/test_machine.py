@@ -131,3 +131,12 @@ def test_a_local_model_call_waits_for_the_machine_slot_and_says_how_long(monkeyp
     assert done.is_set()
     record = lm.accounting.records[-1]
     assert record.queued_s >= 0.4 and record.seconds >= record.queued_s and lm.accounting.totals().queued_s >= 0.4
+
+
+def test_an_unusable_lock_directory_degrades_to_uncoordinated_calls(tmp_path, caplog):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    slots = MachineSlots("llama", 1, blocker / "locks")
+    with slots.hold() as waited, slots.hold():  # nothing is locked: nesting does not block
+        assert waited == 0.0
+    assert "not coordinated" in caplog.text
