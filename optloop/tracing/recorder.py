@@ -8,7 +8,9 @@ Two sources feed the graph:
   calls and retries, and, from the LM layer's call records of the calls made
   inside it, ``lm_attempts``, ``lm_faults`` (each failed attempt: ``HTTP 503``,
   ``timeout`` ...) and ``lm_error`` (a fault no retry cured). The callback finds the active recorder in a
-  process-wide slot, so calls made on graphiti's own event-loop thread are seen.
+  :class:`contextvars.ContextVar`: each thread (an optimizer's worker, say) records into its own
+  recorder, and calls made on graphiti's own event-loop thread, which runs in a copy of the caller's
+  context, are seen by the caller's recorder.
 * **The store**, observed from outside: after each session the recorder diffs
   ``all_memories()`` against the state before it. New units become ``store``
   operations, changed or invalidated ones ``update``, vanished ones ``delete``.
@@ -27,6 +29,7 @@ system in ``systems/`` supports incremental ingestion.
 
 from __future__ import annotations
 
+import contextvars
 import hashlib
 import logging
 import re
@@ -50,8 +53,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-_ACTIVE: Recorder | None = None
-_ACTIVE_LOCK = threading.Lock()
+_ACTIVE: contextvars.ContextVar[Recorder | None] = contextvars.ContextVar("optloop_recorder", default=None)
+_ATTACH_LOCK = threading.Lock()
 TEXT_LIMIT = 4000
 
 
@@ -82,29 +85,27 @@ def lm_fault_fields(records: Sequence[CallRecord]) -> dict[str, Any]:
             "lm_error": error[:500] if error else None}
 
 
+def active_recorder() -> Recorder | None:
+    """The recorder active in this context (thread), if any."""
+    return _ACTIVE.get()
+
+
 class SiteCallback(BaseCallback):
-    """Forwards every prompt-site call to the active :class:`Recorder` (if any)."""
+    """Forwards every prompt-site call to the :class:`Recorder` active in the calling context (if any).
 
-    def __init__(self) -> None:
-        self._starts: dict[str, tuple[str | None, dict[str, Any], float, int]] = {}
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> SiteCallback:
-        return self  # one callback per process: a deep-copied module (an optimizer's candidate) shares it
+    It holds no state (a call's start is kept by the recorder), so a deep-copied module (an optimizer's
+    candidate) may carry a copy of it.
+    """
 
     def on_module_start(self, call_id: str, instance: Any, inputs: dict[str, Any]) -> None:
-        recorder = _ACTIVE
-        if recorder is None or not isinstance(instance, dspy.Predict):
-            return
-        self._starts[call_id] = (current_site(), dict(inputs.get("kwargs") or inputs),
-                                 time.perf_counter(), recorder.system.lm.accounting.mark())
+        recorder = _ACTIVE.get()
+        if recorder is not None and isinstance(instance, dspy.Predict):
+            recorder._call_started(call_id, dict(inputs.get("kwargs") or inputs))
 
     def on_module_end(self, call_id: str, outputs: Any | None, exception: Exception | None = None) -> None:
-        start = self._starts.pop(call_id, None)
-        recorder = _ACTIVE
-        if start is None or recorder is None:
-            return
-        site, inputs, started, mark = start
-        recorder._site_call(site, inputs, outputs, exception, time.perf_counter() - started, mark)
+        recorder = _ACTIVE.get()
+        if recorder is not None:
+            recorder._call_ended(call_id, outputs, exception)
 
 
 SITE_CALLBACK = SiteCallback()
@@ -113,7 +114,7 @@ SITE_CALLBACK = SiteCallback()
 class Recorder:
     """Runs a system over an episode and records the execution graph.
 
-    Use as a context manager (only one recorder is active per process)::
+    Use as a context manager (one recorder is active per context: a thread records into its own)::
 
         with Recorder(system, episode) as rec:
             rec.ingest(episode.sessions)
@@ -130,7 +131,9 @@ class Recorder:
         self._scope_ops: list[str] = []
         self._memory: dict[str, Variable] = {}  # memory id -> latest version
         self._prompts: dict[tuple[str, str], str] = {}
+        self._starts: dict[str, tuple[str | None, dict[str, Any], float, int]] = {}
         self._lock = threading.Lock()
+        self._tokens = threading.local()  # per thread, the ContextVar tokens of this recorder's activations
         self.graph.meta["sites"] = {}
         self.graph.meta["knobs"] = {}
 
@@ -146,28 +149,27 @@ class Recorder:
     # --- activation -----------------------------------------------------------------------
 
     def __enter__(self) -> Recorder:
-        global _ACTIVE
-        with _ACTIVE_LOCK:
-            if _ACTIVE is not None and _ACTIVE is not self:
-                raise RuntimeError("another Recorder is active in this process")
-            _ACTIVE = self
+        active = _ACTIVE.get()
+        if active is not None and active is not self:
+            raise RuntimeError("another Recorder is active in this context")
+        tokens = self._tokens.__dict__.setdefault("stack", [])
+        tokens.append(_ACTIVE.set(self))
         self._attach()
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        global _ACTIVE
-        with _ACTIVE_LOCK:
-            if _ACTIVE is self:
-                _ACTIVE = None
+        _ACTIVE.reset(self._tokens.stack.pop())
 
     def _attach(self) -> None:
         """Hook the callback into every site (sites can appear later: rerank, query)."""
         for name, site in self.system.prompt_sites().items():
-            if SITE_CALLBACK not in site.module.callbacks:
-                site.module.callbacks.append(SITE_CALLBACK)
+            with _ATTACH_LOCK:  # one module may serve systems recording in several threads
+                if not any(isinstance(cb, SiteCallback) for cb in site.module.callbacks):
+                    site.module.callbacks.append(SITE_CALLBACK)
             self.graph.meta["sites"][name] = {"stage": site.stage, "op_kinds": list(site.op_kinds),
                                               "changed": site.changed}
         self.graph.meta["knobs"] = jsonable(self.system.knobs())
+        self.graph.meta["search_knob"] = self.system.search_knob
         kinds = self.system.retrievable_kinds()
         self.graph.meta["retrievable_kinds"] = sorted(kinds) if kinds is not None else None
 
@@ -183,6 +185,17 @@ class Recorder:
             self._scope = {"category": "ingest", "inputs": []}
 
     # --- site calls (from the callback) ---------------------------------------------------
+
+    def _call_started(self, call_id: str, inputs: dict[str, Any]) -> None:
+        with self._lock:
+            self._starts[call_id] = (current_site(), inputs, time.perf_counter(), self.system.lm.accounting.mark())
+
+    def _call_ended(self, call_id: str, outputs: Any | None, exception: Exception | None) -> None:
+        with self._lock:
+            start = self._starts.pop(call_id, None)
+        if start is not None:
+            site, inputs, started, mark = start
+            self._site_call(site, inputs, outputs, exception, time.perf_counter() - started, mark)
 
     def _prompt_var(self, site: str) -> str:
         sites = self.system.prompt_sites()
@@ -359,7 +372,7 @@ class Recorder:
         if not any(s.stage == "retrieve" and n != QUERY_REWRITE for n, s in self.system.prompt_sites().items()):
             try:  # a wider search (no LLM) tells "ranked below top_k" from "not found at all"
                 k = max(self.wide_k, len(items))
-                wide = [m.id for m in self.system._search(query_text, k)]
+                wide = [m.id for m in self.system.search(query_text, k)]
             except Exception as exc:  # noqa: BLE001 - diagnostic only
                 logger.debug("wide search failed: %s", exc)
         inputs = [*query_vars] if query_vars else [qvar]
@@ -370,7 +383,7 @@ class Recorder:
                 inputs.append(var.id)
             listed.append({"rank": rank, "id": item.id, "var": var.id if var else None, "text": item.text,
                            "score": item.score})
-        truncated = getattr(self.system, "last_truncation", None)
+        truncated = self.system.truncation()
         retrieved = self.graph.add_variable(Variable.make(
             "retrieved", question.id, text="\n".join(f"{x['rank']}. {x['text']}" for x in listed)[:TEXT_LIMIT * 4],
             data={"items": listed, "query": query_text, "wide": wide,
@@ -395,4 +408,4 @@ def record_episode(system: MemorySystem, episode: Episode, questions: Sequence[Q
     return recorder.graph, predictions
 
 
-__all__ = ["Operation", "Recorder", "SITE_CALLBACK", "record_episode", "similar"]
+__all__ = ["Operation", "Recorder", "SITE_CALLBACK", "SiteCallback", "active_recorder", "record_episode", "similar"]
