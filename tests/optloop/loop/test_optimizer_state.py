@@ -202,3 +202,55 @@ def test_gepa_starts_another_run_when_the_targets_move(toy):
     optimizer.retarget(["retrieve.query", "answer"])  # the same targets in another order: the same run
     assert optimizer.log_dir() == GepaOptimizer(evaluator, proposer_lm(), dataset,
                                                 sites=["answer", "retrieve.query"]).log_dir()
+
+
+def test_a_simba_round_runs_programs_in_threads_on_the_real_evaluator(tmp_path):
+    """rag_bm25 behind a scripted endpoint: the round runs its programs on four threads (the default on an
+    endpoint), each recording into its own recorder over the shared stores, and its winner carries the
+    advice."""
+    import threading
+    import time
+
+    from optloop.datasets import load_dataset
+    from optloop.embed import get_embedder
+    from optloop.lm import LMSettings, OptloopLM
+    from optloop.loop.evaluate import Evaluator
+    from tests._servers import ScriptedOpenAIServer
+
+    dataset = load_dataset("builtin:tiny?limit=2")
+    golds = {q.question: q.gold for e in dataset.episodes for q in e.questions}
+    calls, in_flight, most = itertools.count(), [0], [0]
+    lock = threading.Lock()
+
+    def respond(body: dict[str, Any]) -> tuple[str, Any]:
+        with lock:
+            in_flight[0] += 1
+            most[0] = max(most[0], in_flight[0])
+            n = next(calls)
+        time.sleep(0.02)  # long enough for the other threads' requests to overlap
+        system = body["messages"][0]["content"]
+        user = body["messages"][-1]["content"]
+        if "discussion" in system:
+            reply = {"discussion": "it guessed", "answer": f"{ADVICE} (advice #{n}): answer from the memories."}
+        else:
+            gold = next((g for q, g in golds.items() if q in user), "?")
+            right = n % 3 != 0 if ADVICE in system else n % 3 == 0
+            reply = {"answer": gold if right else "I don't know"}
+        with lock:
+            in_flight[0] -= 1
+        return "ok", json.dumps(reply)
+
+    with ScriptedOpenAIServer([("respond", respond)]) as server:
+        lm = OptloopLM(LMSettings.from_spec("openai:scripted", base_url=server.base_url, cache=False))
+        evaluator = Evaluator("rag_bm25", lm, tmp_path / "work", embedder=get_embedder("local"))
+        evaluator.register(dataset)
+        try:
+            optimizer = SimbaOptimizer(evaluator, lm, dataset, sites=["answer"], seed=0, bsize=4, max_demos=0)
+            assert optimizer.num_threads == 4
+            proposed = optimizer.propose(evaluator.baseline(), NO_EVAL)
+        finally:
+            evaluator.close()
+    assert most[0] > 1  # programs ran at once
+    assert proposed is not None and ADVICE in proposed.sites["answer"].instructions
+    stores = sorted(p.relative_to(tmp_path / "work" / "stores") for p in (tmp_path / "work" / "stores").glob("*/*"))
+    assert [s.name for s in stores] == sorted(e.id for e in dataset.episodes)  # one ingest key: one store an episode
