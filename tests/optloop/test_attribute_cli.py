@@ -27,7 +27,10 @@ def test_bad_input_is_one_line_and_writes_nothing(argv, needle, capsys, isolated
     assert not (isolated_state / "attribution").exists()
 
 
-def test_list_faults_prints_every_fault_of_the_catalogue_across_stages(capsys):
+def test_list_faults_prints_every_fault_of_the_catalogue_across_stages(capsys, monkeypatch):
+    from optloop import attribute
+
+    monkeypatch.setattr(attribute.console, "width", 300)  # no fault name wrapped inside its cell
     assert run_cli(main, ["--list-faults"]) == 0
     from optloop.attribution.faults import CATALOGUE
 
