@@ -76,11 +76,6 @@ def dspy_bars_hidden() -> Iterator[None]:
         yield
 
 
-def unchanged(candidates: Sequence[Candidate], source: Candidate) -> bool:
-    """Whether every candidate carries the same prompts as ``source`` (a round that produced nothing)."""
-    return all(c.digest() == source.digest() for c in candidates)
-
-
 class _QueueOptimizer(Optimizer):
     """Runs rounds of a DSPy optimizer and hands out their new candidates one at a time."""
 
@@ -100,19 +95,22 @@ class _QueueOptimizer(Optimizer):
             if not self.sites:
                 return None
             self.rounds += 1
-            fresh = []
             with dspy_bars_hidden(), running(self.evaluator):
-                candidates = self.round(best)
-                if unchanged(candidates, best):
-                    candidates = self.rewrites(best, examples(self.trainset))
-            for i, c in enumerate(candidates):
-                c = c.model_copy(update={"origin": f"{self.name} round {self.rounds} #{i}{c.origin}"})
-                if c.digest() not in self.seen and c.digest() != best.digest():
-                    self.seen.add(c.digest())
-                    fresh.append(c)
+                fresh = self._unseen(self.round(best), best)
+                if not fresh:  # nothing this optimizer has not proposed already
+                    fresh = self._unseen(self.rewrites(best, examples(self.trainset)), best)
             self.queue += fresh
             empty = 0 if fresh else empty + 1
         return self.queue.pop(0) if self.queue else None
+
+    def _unseen(self, candidates: Sequence[Candidate], best: Candidate) -> list[Candidate]:
+        """The candidates not proposed before (now marked seen), named after this round."""
+        fresh = []
+        for i, c in enumerate(candidates):
+            if c.digest() not in self.seen and c.digest() != best.digest():
+                self.seen.add(c.digest())
+                fresh.append(c.model_copy(update={"origin": f"{self.name} round {self.rounds} #{i}{c.origin}"}))
+        return fresh
 
     @abstractmethod
     def round(self, best: Candidate) -> list[Candidate]:
@@ -162,11 +160,9 @@ class SimbaOptimizer(_QueueOptimizer):
     def round(self, best: Candidate) -> list[Candidate]:
         train = examples(self.trainset)
         self.settings.num_threads = self.num_threads
-        candidates = simba_step(self.pool, best, train, build=self.program, lm=self.evaluator.lm,
-                                proposer=self.proposer, settings=self.settings)[:1]  # the step's winner
-        if unchanged(candidates, best):
-            candidates += self.attributed_rules(best, train)
-        return candidates
+        winners = simba_step(self.pool, best, train, build=self.program, lm=self.evaluator.lm,
+                             proposer=self.proposer, settings=self.settings)[:1]  # new to the pool, best first
+        return winners or self.attributed_rules(best, train)
 
     def attributed_rules(self, best: Candidate, train: list[dspy.Example]) -> list[Candidate]:
         """SIMBA's rule step on failures alone, when its sampled trajectories show no contrast.

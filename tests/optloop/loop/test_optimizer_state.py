@@ -192,6 +192,13 @@ def test_gepa_second_round_resumes_the_first_rounds_run(toy):
     iterations_two = [entry["i"] for entry in json.loads((log_dir / "run_log.json").read_text())]
     assert iterations_two[:len(iterations_one)] == iterations_one and max(iterations_two) > max(iterations_one)
 
+    # When the resumed run has nothing this optimizer has not proposed, the proposer rewrites the instruction.
+    for c in [START_CANDIDATE, *carried]:
+        second.mark_seen(c)
+    rewrite = second.propose(START_CANDIDATE, NO_EVAL)
+    assert rewrite is not None and "Rewrite #" in rewrite.sites["answer"].instructions
+    assert rewrite.origin.endswith("(proposer rewrite)")
+
 
 def test_gepa_starts_another_run_when_the_targets_move(toy):
     evaluator, dataset = toy
