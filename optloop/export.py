@@ -86,14 +86,14 @@ def from_run(run_id: str) -> Bundle:
     if not system:
         raise ConfigError(f"run {run_id} is not an optloop.run parent run (it has no 'system' parameter); "
                           "pass the run id python -m optloop.run printed")
-    artifacts = {a.path for a in client.list_artifacts(run_id)}
-    if artifacts.PROMPTS_AFTER not in artifacts:
-        raise ConfigError(f"run {run_id} has no {artifacts.PROMPTS_AFTER}: it has not finished; resume it with the same "
-                          "python -m optloop.run command and --run-name")
+    logged = {a.path for a in client.list_artifacts(run_id)}
+    if artifacts.PROMPTS_AFTER not in logged:
+        raise ConfigError(f"run {run_id} has no {artifacts.PROMPTS_AFTER}: it has not finished; resume it with the "
+                          "same python -m optloop.run command and --run-name")
     prompts = json.loads(_artifact_text(run_id, artifacts.PROMPTS_AFTER))
     knobs = json.loads(_artifact_text(run_id, artifacts.BEST_CANDIDATE)).get("knobs", {}) \
-        if artifacts.BEST_CANDIDATE in artifacts else {}
-    program = _artifact_text(run_id, artifacts.PROGRAM) if artifacts.PROGRAM in artifacts else None
+        if artifacts.BEST_CANDIDATE in logged else {}
+    program = _artifact_text(run_id, artifacts.PROGRAM) if artifacts.PROGRAM in logged else None
     return Bundle(system=system, prompts=prompts, knobs=knobs, program=program, label=f"run {run_id}",
                   source={"run_id": run_id, "run_name": run.info.run_name, "system": system})
 

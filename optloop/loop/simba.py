@@ -116,7 +116,8 @@ ADVICE_INSTRUCTIONS = (
 def advice_signature(module_names: Sequence[str]) -> type[dspy.Signature]:
     """The advice prompt with one output field per module, so the answer has exactly those keys."""
     fields: dict[str, Any] = {
-        "program_modules": (str, dspy.InputField(desc="each module of the pipeline: its inputs, outputs and instructions")),
+        "program_modules": (str, dspy.InputField(desc="each module of the pipeline: its inputs, outputs and "
+                                                      "instructions")),
         "program_inputs": (str, dspy.InputField(desc="the input both runs received")),
         "expected": (str, dspy.InputField(desc="what a correct run returns (hidden from the modules)")),
         "worse_run": (str, dspy.InputField(desc="the worse run: each module's inputs and outputs, in order; [] when "

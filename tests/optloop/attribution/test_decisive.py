@@ -68,7 +68,8 @@ def test_retrieval_error_blames_top_k_when_a_wider_search_finds_it(embedder):
 
 
 def _query_graph(query: str, wide: list[str] | None = None, rewrite: bool = True) -> ExecutionGraph:
-    g = ExecutionGraph(system="toy", meta={"sites": {"retrieve.query": {"op_kinds": ["rewrite"]}}, "search_knob": "top_k"})
+    g = ExecutionGraph(system="toy", meta={"sites": {"retrieve.query": {"op_kinds": ["rewrite"]}},
+                                          "search_knob": "top_k"})
     m = g.add_variable(Variable.make("message", "s1:t1", text="user: My dog is Biscuit.", session_id="s1"))
     mem = g.add_variable(Variable.make("memory", "m1", text="user: My dog is Biscuit.", session_id="s1"))
     g.add_operation("store", "ingest", inputs=[m.id], outputs=[mem.id], session_id="s1")

@@ -110,7 +110,8 @@ def _episode(tag: str) -> Episode:
                         turns=[Turn(id=f"{tag}-{t.id}", role=t.role, content=f"{tag}: {t.content}") for t in s.turns])
                 for s in EPISODE.sessions]
     return Episode(id=tag, sessions=sessions,
-                   questions=[q.model_copy(update={"id": f"{tag}-{q.id}", "evidence_ids": []}) for q in EPISODE.questions])
+                   questions=[q.model_copy(update={"id": f"{tag}-{q.id}", "evidence_ids": []})
+                              for q in EPISODE.questions])
 
 
 def test_two_threads_record_into_their_own_recorders_at_once(tmp_path, local_embedder):
