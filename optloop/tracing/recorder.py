@@ -7,7 +7,9 @@ Two sources feed the graph:
   and outputs (list outputs become one ``fact`` variable per item), its LLM
   calls and retries, and, from the LM layer's call records of the calls made
   inside it, ``lm_attempts``, ``lm_faults`` (each failed attempt: ``HTTP 503``,
-  ``timeout`` ...) and ``lm_error`` (a fault no retry cured). The callback finds the active recorder in a
+  ``timeout`` ...) and ``lm_error`` (a fault no retry cured); the LM calls made inside a site call are
+  collected in that call's context (an accounting listener), so calls of other threads never count.
+  The callback finds the active recorder in a
   :class:`contextvars.ContextVar`: each thread (an optimizer's worker, say) records into its own
   recorder, and calls made on graphiti's own event-loop thread, which runs in a copy of the caller's
   context, are seen by the caller's recorder.
@@ -42,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 import dspy
 from dspy.utils.callback import BaseCallback
 
-from optloop.lm import CallRecord, current_site
+from optloop.lm import Accounting, CallRecord, Usage, current_site
 from optloop.sites import QUERY_REWRITE
 from optloop.tracing.graph import Category, ExecutionGraph, Operation, Variable
 from signatures._layout import jsonable
@@ -55,6 +57,9 @@ logger = logging.getLogger(__name__)
 
 _ACTIVE: contextvars.ContextVar[Recorder | None] = contextvars.ContextVar("optloop_recorder", default=None)
 _ATTACH_LOCK = threading.Lock()
+# The LM call records of the site call running in this context (set from a call's start to its end).
+_CALL_RECORDS: contextvars.ContextVar[list[CallRecord] | None] = contextvars.ContextVar("optloop_site_call_records",
+                                                                                         default=None)
 TEXT_LIMIT = 4000
 
 
@@ -83,6 +88,19 @@ def lm_fault_fields(records: Sequence[CallRecord]) -> dict[str, Any]:
     error = next((rec.error for rec in reversed(records) if rec.error), None)
     return {"lm_attempts": sum(rec.attempts for rec in records if not rec.cached), "lm_faults": faults,
             "lm_error": error[:500] if error else None}
+
+
+def _collect(record: CallRecord) -> None:
+    """Accounting listener: an LM call made inside a recorded site call belongs to that call."""
+    records = _CALL_RECORDS.get()
+    if records is not None:
+        records.append(record)
+
+
+def _listen(accounting: Accounting) -> None:
+    with _ATTACH_LOCK:
+        if _collect not in accounting.listeners:
+            accounting.listeners.append(_collect)
 
 
 def active_recorder() -> Recorder | None:
@@ -161,7 +179,9 @@ class Recorder:
         _ACTIVE.reset(self._tokens.stack.pop())
 
     def _attach(self) -> None:
-        """Hook the callback into every site (sites can appear later: rerank, query)."""
+        """Hook the callback into every site (sites can appear later: rerank, query), and the call collector
+        into the system's LM accounting."""
+        _listen(self.system.lm.accounting)
         for name, site in self.system.prompt_sites().items():
             with _ATTACH_LOCK:  # one module may serve systems recording in several threads
                 if not any(isinstance(cb, SiteCallback) for cb in site.module.callbacks):
@@ -187,15 +207,22 @@ class Recorder:
     # --- site calls (from the callback) ---------------------------------------------------
 
     def _call_started(self, call_id: str, inputs: dict[str, Any]) -> None:
+        records: list[CallRecord] = []
+        token = _CALL_RECORDS.set(records)
         with self._lock:
-            self._starts[call_id] = (current_site(), inputs, time.perf_counter(), self.system.lm.accounting.mark())
+            self._starts[call_id] = (current_site(), inputs, time.perf_counter(), records, token)
 
     def _call_ended(self, call_id: str, outputs: Any | None, exception: Exception | None) -> None:
         with self._lock:
             start = self._starts.pop(call_id, None)
-        if start is not None:
-            site, inputs, started, mark = start
-            self._site_call(site, inputs, outputs, exception, time.perf_counter() - started, mark)
+        if start is None:
+            return
+        site, inputs, started, records, token = start
+        _CALL_RECORDS.reset(token)
+        outer = _CALL_RECORDS.get()
+        if outer is not None:  # a site call inside another: its LM calls are the outer call's too
+            outer.extend(records)
+        self._site_call(site, inputs, outputs, exception, time.perf_counter() - started, records)
 
     def _prompt_var(self, site: str) -> str:
         sites = self.system.prompt_sites()
@@ -210,12 +237,13 @@ class Recorder:
         return self._prompts[key]
 
     def _site_call(self, site: str | None, inputs: dict[str, Any], outputs: Any, exception: Exception | None,
-                   seconds: float, mark: int) -> None:
+                   seconds: float, records: list[CallRecord]) -> None:
         with self._lock:
             scope = self._scope
             category: Category = scope["category"]
-            records = self.system.lm.accounting.since(mark)
-            usage = self.system.lm.accounting.totals(since=mark)
+            usage = Usage()
+            for record in records:
+                usage.add(record)
             op_inputs = list(scope["inputs"])
             for op_id in self._scope_ops:  # data flows from earlier calls of the same session
                 op_inputs += self.graph.op(op_id).outputs

@@ -114,12 +114,33 @@ def _episode(tag: str) -> Episode:
                               for q in EPISODE.questions])
 
 
+class CountingLM(DummyLM):
+    """A scripted LM that logs each call in ``accounting`` (shared, as one OptloopLM's is) and takes a while."""
+
+    def __init__(self, answers: list[dict], accounting: Accounting):
+        super().__init__(answers, adapter=dspy.JSONAdapter())
+        self.accounting = accounting
+
+    def forward(self, *args, **kwargs):
+        import time
+
+        from optloop.lm import CallRecord, current_site
+
+        self.accounting.add(CallRecord(site=current_site(), model="dummy", prompt_tokens=1, completion_tokens=1,
+                                       seconds=0.0, cached=False))
+        time.sleep(0.05)  # the other thread's call lands meanwhile
+        return super().forward(*args, **kwargs)
+
+
 def test_two_threads_record_into_their_own_recorders_at_once(tmp_path, local_embedder):
     """The active recorder is per context: two threads, both recording at the same moment, each see only
-    their own system's calls (a process-wide recorder would refuse the second, or mix the two graphs)."""
+    their own system's calls (a process-wide recorder would refuse the second, or mix the two graphs), and
+    each operation counts only its own LM call, though both threads' calls go to one accounting."""
     import threading
 
     from optloop.tracing.recorder import Recorder, active_recorder
+
+    accounting = Accounting()
 
     both_active = threading.Barrier(2, timeout=30)
     graphs: dict[str, ExecutionGraph] = {}
@@ -128,7 +149,8 @@ def test_two_threads_record_into_their_own_recorders_at_once(tmp_path, local_emb
     def record(tag: str) -> None:
         try:
             episode = _episode(tag)
-            lm = scripted_lm(*[{"facts": [f"{tag} fact {i}"]} for i in range(2)], {"answer": tag}, {"answer": tag})
+            lm = CountingLM([*({"facts": [f"{tag} fact {i}"]} for i in range(2)), {"answer": tag}, {"answer": tag}],
+                            accounting)
             system = MarkdownFlatSystem(lm, tmp_path / tag, embedder=local_embedder)
             with Recorder(system, episode) as recorder:
                 both_active.wait()  # each thread's recorder is active while the other's is
@@ -157,6 +179,8 @@ def test_two_threads_record_into_their_own_recorders_at_once(tmp_path, local_emb
         texts = [graph.variables[v].text for op in calls for v in op.outputs]
         assert texts and all(tag in t and other not in t for t in texts), texts
         assert {op.session_id for op in calls if op.session_id} == {f"{tag}-s1", f"{tag}-s2"}
+        assert [op.llm_calls for op in calls] == [1, 1, 1, 1]
+    assert len(accounting.records) == 8
 
 
 def test_a_second_recorder_in_the_same_context_is_refused(tmp_path, local_embedder):
