@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from rich.console import Console
 
 from experiments.bench.repair import DEFAULT_CASES, SABOTAGES
-from optloop import export
+from optloop import artifacts, export
 from optloop import run as optloop_run
 from optloop.cli import add_lm_arguments, run_cli
 from optloop.paths import state_dir
@@ -68,7 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if code:
         return code
     after = json.loads(prompts.read_text())[sabotage.site]
-    before = _logged_prompts(result["parent_run_id"], "prompts_before.json")[sabotage.site]
+    before = _logged_prompts(result["parent_run_id"], artifacts.PROMPTS_BEFORE)[sabotage.site]
     console.rule(f"[bold]4. the mended prompt[/] {sabotage.site}")
     first = result["targets"][0] if result["targets"] else "nothing"
     console.print(f"first blame: {first} ({'the sabotaged site' if first == sabotage.site else 'NOT the sabotaged site'})"

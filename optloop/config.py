@@ -1,13 +1,10 @@
-"""Experiment files: which systems on which datasets, with what budget and optimizer.
+"""Experiment files: which systems on which datasets.
 
 An experiment file is TOML (see ``experiments/configs/``)::
 
     name = "memfail_baselines"
     systems = ["long_context", "rag_bm25"]
     datasets = ["memfail:coexisting?limit=3"]
-    budget = 10            # optimizer trials, 1..1000
-    optimizer = "simba"    # simba | gepa | optuna
-    seed = 0
     episodes = 3           # optional: at most this many episodes per dataset
     notes = "..."
 
@@ -21,24 +18,19 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import Literal
-
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from optloop.errors import ConfigError, DatasetError
 
 
 class ExperimentConfig(BaseModel):
-    """One experiment: systems x datasets, the optimizer's budget and seed."""
+    """One experiment: systems x datasets (read by ``experiments.bench.baselines --config``)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str = Field(min_length=1)
     systems: list[str] = Field(min_length=1)
     datasets: list[str] = Field(min_length=1)
-    budget: int = Field(default=10, ge=1, le=1000)
-    optimizer: Literal["simba", "gepa", "optuna"] = "simba"
-    seed: int = 0
     episodes: int | None = Field(default=None, ge=1)
     notes: str = ""
 

@@ -46,14 +46,12 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from optloop import artifacts
 from optloop.cli import run_cli, setup_logging
 from optloop.errors import ConfigError
 from optloop.product import SchemaMode, library_of, load_registry_prompt, response_format
 
 FORMATS = ("json", "mem0", "graphiti", "dspy")
-PROMPTS_ARTIFACT = "prompts_after.json"
-CANDIDATE_ARTIFACT = "best_candidate.json"
-PROGRAM_ARTIFACT = "program.json"
 
 
 class Bundle(BaseModel):
@@ -88,14 +86,14 @@ def from_run(run_id: str) -> Bundle:
     if not system:
         raise ConfigError(f"run {run_id} is not an optloop.run parent run (it has no 'system' parameter); "
                           "pass the run id python -m optloop.run printed")
-    artifacts = {a.path for a in client.list_artifacts(run_id)}
-    if PROMPTS_ARTIFACT not in artifacts:
-        raise ConfigError(f"run {run_id} has no {PROMPTS_ARTIFACT}: it has not finished; resume it with the same "
-                          "python -m optloop.run command and --run-name")
-    prompts = json.loads(_artifact_text(run_id, PROMPTS_ARTIFACT))
-    knobs = json.loads(_artifact_text(run_id, CANDIDATE_ARTIFACT)).get("knobs", {}) \
-        if CANDIDATE_ARTIFACT in artifacts else {}
-    program = _artifact_text(run_id, PROGRAM_ARTIFACT) if PROGRAM_ARTIFACT in artifacts else None
+    logged = {a.path for a in client.list_artifacts(run_id)}
+    if artifacts.PROMPTS_AFTER not in logged:
+        raise ConfigError(f"run {run_id} has no {artifacts.PROMPTS_AFTER}: it has not finished; resume it with the "
+                          "same python -m optloop.run command and --run-name")
+    prompts = json.loads(_artifact_text(run_id, artifacts.PROMPTS_AFTER))
+    knobs = json.loads(_artifact_text(run_id, artifacts.BEST_CANDIDATE)).get("knobs", {}) \
+        if artifacts.BEST_CANDIDATE in logged else {}
+    program = _artifact_text(run_id, artifacts.PROGRAM) if artifacts.PROGRAM in logged else None
     return Bundle(system=system, prompts=prompts, knobs=knobs, program=program, label=f"run {run_id}",
                   source={"run_id": run_id, "run_name": run.info.run_name, "system": system})
 

@@ -36,6 +36,7 @@ Concurrency (episodes in parallel) belongs here, behind :func:`run_episode`. See
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Mapping, Sequence
@@ -80,13 +81,18 @@ class QuestionOutcome(BaseModel):
 
 @dataclass
 class Store:
-    """An episode ingested into a live system; ``recorder`` watched it (``None``: not recorded)."""
+    """An episode ingested into a live system; ``recorder`` watched it (``None``: not recorded).
+
+    ``lock`` is held while a question runs on the system (its modules and knobs are set for that
+    question), so threads may share a store.
+    """
 
     system: MemorySystem
     recorder: Recorder | None
     llm_calls: int = 0
     setup_s: float = 0.0
     ingest_s: float = 0.0
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     @property
     def graph(self) -> ExecutionGraph | None:
@@ -94,9 +100,7 @@ class Store:
         return None if self.recorder is None else self.recorder.graph
 
     def close(self) -> None:
-        close = getattr(self.system, "close", None)
-        if callable(close):
-            close()
+        self.system.close()
 
 
 def ingest(system: MemorySystem, episode: Episode, lm: OptloopLM, *, record: bool = True,
@@ -116,7 +120,7 @@ def ingest(system: MemorySystem, episode: Episode, lm: OptloopLM, *, record: boo
         else:
             system.ingest(episode.sessions)
     except BaseException as exc:
-        getattr(system, "close", lambda: None)()
+        system.close()
         if recorder is not None:  # what ran before the fault, the failed call marked: for the fault graph
             exc.partial_graph = recorder.graph  # type: ignore[attr-defined]
         raise
@@ -167,23 +171,27 @@ class StoreCache:
     def __init__(self, max_live: int = 8):
         self.max_live = max_live
         self._stores: OrderedDict[Hashable, Store] = OrderedDict()
+        self._lock = threading.RLock()  # threads open stores one at a time: a store is built once
 
     def open(self, key: Hashable, build: Callable[[], Store]) -> tuple[Store, bool]:
         """The store under ``key`` (``True``: reused), else ``build()``'s, kept under ``key``."""
-        if key in self._stores:
-            self._stores.move_to_end(key)
-            return self._stores[key], True
-        store = build()
-        self._stores[key] = store
-        while len(self._stores) > self.max_live:
-            _, old = self._stores.popitem(last=False)
-            old.close()
-        return store, False
+        with self._lock:
+            if key in self._stores:
+                self._stores.move_to_end(key)
+                return self._stores[key], True
+            store = build()
+            self._stores[key] = store
+            while len(self._stores) > self.max_live:
+                _, old = self._stores.popitem(last=False)
+                with old.lock:  # not while a question runs on it
+                    old.close()
+            return store, False
 
     def close(self) -> None:
-        for store in self._stores.values():
-            store.close()
-        self._stores.clear()
+        with self._lock:
+            for store in self._stores.values():
+                store.close()
+            self._stores.clear()
 
 
 class CachedStores:
@@ -216,21 +224,22 @@ def answer(store: Store, question: Question, *, shared: bool, prepare: Callable[
     ``system.answer(question, system.retrieve(question))`` and no graph.
     """
     system = store.system
-    if prepare is not None:
-        prepare(system)
-    if store.recorder is None:
-        return system.answer(question.question, system.retrieve(question.question)), None
-    if not shared:
-        with store.recorder as recorder:
-            return recorder.ask(question), recorder.graph
-    assert store.graph is not None
-    with Recorder.resume(system, store.graph) as recorder:
-        try:
-            prediction = recorder.ask(question)
-        finally:
-            if into is not None:
-                into.absorb(recorder.graph, since=len(store.graph.operations))
-    return prediction, recorder.graph
+    with store.lock:
+        if prepare is not None:
+            prepare(system)
+        if store.recorder is None:
+            return system.answer(question.question, system.retrieve(question.question)), None
+        if not shared:
+            with store.recorder as recorder:
+                return recorder.ask(question), recorder.graph
+        assert store.graph is not None
+        with Recorder.resume(system, store.graph) as recorder:
+            try:
+                prediction = recorder.ask(question)
+            finally:
+                if into is not None:
+                    into.absorb(recorder.graph, since=len(store.graph.operations))
+        return prediction, recorder.graph
 
 
 @dataclass

@@ -51,6 +51,7 @@ from collections.abc import Sequence
 from rich.console import Console
 from rich.table import Table
 
+from optloop import artifacts
 from optloop.attribution.taxonomy import Target
 from optloop.cli import add_lm_arguments, lm_from_args, run_cli, setup_logging
 from optloop.errors import ConfigError, EndpointDownError
@@ -241,7 +242,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         fractions=args.split, promote_if=args.promote_if)
     # Everything the loop would refuse is refused now, before the LM (and its cache file) exists.
     split_dataset(dataset, config)
-    checkpoint = state_dir() / "runs" / run_name / "checkpoint.json"
+    checkpoint = state_dir() / "runs" / run_name / artifacts.CHECKPOINT
     if checkpoint.exists():
         Checkpoint.load(checkpoint)
     decoding = get_system(args.system).local_decoding

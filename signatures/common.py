@@ -7,13 +7,21 @@ question before retrieval, so a retrieval failure has a prompt to fix.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
 import dspy
 
-if TYPE_CHECKING:
-    from systems.base import MemoryItem
+
+class Memory(Protocol):
+    """What :func:`render_memories` reads of a memory (``systems.base.MemoryItem`` is one; signatures/ does
+    not import systems/)."""
+
+    @property
+    def text(self) -> str: ...
+
+    @property
+    def metadata(self) -> Mapping[str, Any]: ...
 
 
 class AnswerFromMemories(dspy.Signature):
@@ -34,7 +42,7 @@ class RewriteQuery(dspy.Signature):
     query: str = dspy.OutputField()
 
 
-def render_memories(memories: Sequence[MemoryItem]) -> str:
+def render_memories(memories: Sequence[Memory]) -> str:
     """One memory per line, with its date when the system kept one."""
     if not memories:
         return "(no memories)"

@@ -7,6 +7,16 @@ DSPy module per prompt the system sends, so an optimizer sees a system as a
 DSPy program: ``prompt_sites()`` are its predictors, ``knobs()`` its non-LLM
 parameters (top_k, thresholds, search recipe).
 
+What the rest of optloop may ask of a system, and nothing else:
+
+- ``ingest``, ``retrieve``, ``answer``, ``all_memories``, ``reset``, ``close``;
+- ``search(query, k)``: the library's own retrieval, no LLM (the recorder's wider search);
+- ``prompt_sites()`` and ``use_modules(...)``: the prompts, and a candidate's modules put in;
+- ``knobs()`` / ``set_knob(...)``, ``knob_choices(name)`` (the values an optimizer may try:
+  ``knob_values``) and ``search_knob`` (the knob that decides what a search returns: the one
+  attribution blames when the evidence was never found);
+- ``truncation()``: what the last retrieval left out to fit a context budget.
+
 Each system keeps all of its state under its own ``run_dir`` and ``reset()``
 empties it, so two systems can live in one process without sharing anything.
 """
@@ -94,12 +104,16 @@ class MemorySystem(ABC):
     """Base class of every memory system; subclasses wrap the real library.
 
     Subclasses set ``name``, add their own sites in ``_build_sites`` and
-    implement ``reset``, ``ingest``, ``_search`` and ``all_memories``. The
+    implement ``reset``, ``ingest``, ``search`` and ``all_memories``. The
     shared ``answer`` site and the optional ``retrieve.query`` site live here.
     """
 
     name: ClassVar[str]
     default_knobs: ClassVar[dict[str, Any]] = {"top_k": 5}
+    # The values an optimizer may try per knob (the current value is always tried too).
+    knob_values: ClassVar[dict[str, tuple[Any, ...]]] = {"top_k": (1, 3, 5, 10, 20)}
+    # The knob that decides what a search returns (None: no knob does).
+    search_knob: ClassVar[str | None] = "top_k"
     # LMSettings this system's runs use unless the user sets them (``--lm-max-items``,
     # ``--lm-max-chars``): bounds for schema-constrained decoding on a local model.
     local_decoding: ClassVar[dict[str, int]] = {}
@@ -142,12 +156,20 @@ class MemorySystem(ABC):
         """Store the sessions, in order, as the library would."""
 
     @abstractmethod
-    def _search(self, query: str, k: int) -> list[MemoryItem]:
-        """The library's own retrieval for ``query``."""
+    def search(self, query: str, k: int) -> list[MemoryItem]:
+        """The library's own retrieval for ``query``, at most ``k`` units, no LLM call."""
 
     @abstractmethod
     def all_memories(self) -> list[MemoryItem]:
         """Everything currently stored."""
+
+    def close(self) -> None:
+        """Release what the system holds open (an event loop, a database); it is not used afterwards."""
+
+    def truncation(self) -> dict[str, int] | None:
+        """The last ``retrieve``'s report on fitting a context budget (``kept``, ``dropped``, ``tokens``,
+        ...); ``None`` for a system that never cuts what it retrieves."""
+        return None
 
     def retrievable_kinds(self) -> set[str] | None:
         """The ``metadata["kind"]`` values retrieval can return (None: every unit is searchable)."""
@@ -167,7 +189,7 @@ class MemorySystem(ABC):
         query = question
         if QUERY_REWRITE in self._sites:
             query = self._sites[QUERY_REWRITE](self.lm, question=question).query or question
-        return self._search(query, int(k or self._knobs["top_k"]))
+        return self.search(query, int(k or self._knobs["top_k"]))
 
     def answer(self, question: str, memories: Sequence[MemoryItem]) -> str:
         return self._sites[ANSWER](self.lm, memories=render_memories(memories), question=question).answer
@@ -183,6 +205,15 @@ class MemorySystem(ABC):
 
     def knobs(self) -> dict[str, Any]:
         return dict(self._knobs)
+
+    @classmethod
+    def knob_choices(cls, name: str, current: Any = None) -> list[Any]:
+        """The values an optimizer may try for knob ``name``: ``current`` (the default value when
+        ``None``) first, then ``knob_values``. A knob with no value space has only its current value."""
+        if name not in cls.default_knobs:
+            raise KeyError(f"{cls.name} has no knob {name!r}")
+        current = cls.default_knobs[name] if current is None else current
+        return list(dict.fromkeys([current, *cls.knob_values.get(name, ())]))
 
     def set_knob(self, name: str, value: Any) -> None:
         if name not in self._knobs:

@@ -206,26 +206,28 @@ class LongContextSystem(_RawTurnSystem):
 
     ``retrieve`` ignores the question and ``k``: there is nothing to rank. When
     turns do not fit, the oldest are dropped (a contiguous recent window is
-    kept) and ``last_truncation`` — also copied into each returned item's
+    kept) and :meth:`truncation` — also copied into each returned item's
     ``metadata["truncation"]`` — says how many were kept and dropped.
     """
 
     name: ClassVar[str] = "long_context"
     # The default fits the embedded LM's 8192-token window with room for the answer prompt.
     default_knobs: ClassVar[dict[str, Any]] = {"max_context_tokens": 6000}
+    knob_values: ClassVar[dict[str, tuple[Any, ...]]] = {"max_context_tokens": (2000, 4000, 6000, 8000)}
+    search_knob: ClassVar[str | None] = None  # nothing is searched: every turn that fits is in context
 
     def __init__(self, lm: OptloopLM, run_dir: Path, *, embedder: Embedder | None = None,
                  knobs: dict[str, Any] | None = None, query_site: bool = False):
         if query_site:
             raise ConfigError("long_context puts every turn in context and never searches, so a query-rewrite "
                               "site would change nothing; run it without query_site")
-        self.last_truncation: dict[str, int] | None = None
+        self._truncation: dict[str, int] | None = None
         super().__init__(lm, run_dir, embedder=embedder, knobs=knobs)
 
     def retrieve(self, question: str, k: int | None = None) -> list[MemoryItem]:
-        return self._search(question, 0)
+        return self.search(question, 0)
 
-    def _search(self, query: str, k: int) -> list[MemoryItem]:
+    def search(self, query: str, k: int) -> list[MemoryItem]:
         budget = int(self._knobs["max_context_tokens"])
         turns = self._log.turns
         kept: list[StoredTurn] = []
@@ -238,12 +240,15 @@ class LongContextSystem(_RawTurnSystem):
             kept.append(turn)
             used += cost
         kept.reverse()
-        self.last_truncation = {"kept": len(kept), "dropped": len(turns) - len(kept), "tokens": used,
-                                "budget_tokens": budget}
-        if self.last_truncation["dropped"]:
+        self._truncation = {"kept": len(kept), "dropped": len(turns) - len(kept), "tokens": used,
+                            "budget_tokens": budget}
+        if self._truncation["dropped"]:
             logger.info("long_context: %d of %d turns do not fit %d tokens; kept the %d most recent",
-                        self.last_truncation["dropped"], len(turns), budget, len(kept))
-        return [turn.to_item(truncation=dict(self.last_truncation)) for turn in kept]
+                        self._truncation["dropped"], len(turns), budget, len(kept))
+        return [turn.to_item(truncation=dict(self._truncation)) for turn in kept]
+
+    def truncation(self) -> dict[str, int] | None:
+        return dict(self._truncation) if self._truncation else None
 
 
 class _LuceneIdfBM25(BM25Okapi):
@@ -272,7 +277,7 @@ class BM25RagSystem(_RawTurnSystem):
     def _index(self, new: list[StoredTurn]) -> None:
         self._bm25 = None
 
-    def _search(self, query: str, k: int) -> list[MemoryItem]:
+    def search(self, query: str, k: int) -> list[MemoryItem]:
         turns = self._log.turns
         terms = words(query)  # the terms BM25 indexes and queries with
         if not turns or not terms:
@@ -297,6 +302,8 @@ class EmbeddingRagSystem(_RawTurnSystem):
 
     name: ClassVar[str] = "rag_embedding"
     default_knobs: ClassVar[dict[str, Any]] = {"top_k": 5, "threshold": 0.0}
+    knob_values: ClassVar[dict[str, tuple[Any, ...]]] = {**MemorySystem.knob_values, "threshold": (0.0, 0.1, 0.2, 0.3)}
+    search_knob: ClassVar[str | None] = "threshold"
     VECTORS = "vectors.npy"
     META = "vectors.json"
 
@@ -326,7 +333,7 @@ class EmbeddingRagSystem(_RawTurnSystem):
         _write_atomic(self.run_dir / self.META, json.dumps(
             {"embedder": self.embedder.name, "dim": int(self._vectors.shape[1]), "count": len(self._vectors)}))
 
-    def _search(self, query: str, k: int) -> list[MemoryItem]:
+    def search(self, query: str, k: int) -> list[MemoryItem]:
         turns = self._log.turns
         if not turns or self._vectors is None:
             return []
@@ -481,7 +488,7 @@ class MarkdownFlatSystem(_FileBackedSystem):
                                                    turn_ids=[turn.id for turn in session.turns]))
         return facts
 
-    def _search(self, query: str, k: int) -> list[MemoryItem]:
+    def search(self, query: str, k: int) -> list[MemoryItem]:
         if k <= 0 or not self._facts:
             return [fact.to_item() for fact in self._facts]
         missing = [fact.text for fact in self._facts if fact.text not in self._fact_vectors]

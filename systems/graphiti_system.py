@@ -347,6 +347,9 @@ class GraphitiSystem(MemorySystem):
 
     name: ClassVar[str] = "graphiti"
     default_knobs: ClassVar[dict[str, Any]] = {"top_k": 10, "search_recipe": "EDGE_HYBRID_SEARCH_RRF"}
+    knob_values: ClassVar[dict[str, tuple[Any, ...]]] = {
+        **MemorySystem.knob_values, "search_recipe": tuple(sorted(n for n in SEARCH_RECIPES if n.startswith("EDGE_")))}
+    search_knob: ClassVar[str | None] = "search_recipe"
     knob_aliases: ClassVar[dict[str, str]] = {"num_results": "top_k"}
     # graphiti's response models nest lists of objects of strings; at the LM defaults (16 items
     # of 400 chars) llama.cpp's grammar sampling made one extraction call run over ten minutes.
@@ -503,7 +506,7 @@ class GraphitiSystem(MemorySystem):
         )
         self._sessions_by_episode[result.episode.uuid] = session.id
 
-    def _search(self, query: str, k: int) -> list[MemoryItem]:
+    def search(self, query: str, k: int) -> list[MemoryItem]:
         config = search_recipe(self._knobs["search_recipe"])
         config.limit = k
         with self._lock:

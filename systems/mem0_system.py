@@ -132,6 +132,9 @@ class Mem0System(MemorySystem):
 
     name: ClassVar[str] = "mem0"
     default_knobs: ClassVar[dict[str, Any]] = {"top_k": 5, "threshold": 0.1, "rerank": False}
+    knob_values: ClassVar[dict[str, tuple[Any, ...]]] = {**MemorySystem.knob_values, "threshold": (0.0, 0.1, 0.2, 0.3),
+                                                         "rerank": (False, True)}
+    search_knob: ClassVar[str | None] = "threshold"
 
     def __init__(self, lm: OptloopLM, run_dir: Path, *, embedder: Embedder | None = None,
                  knobs: dict[str, Any] | None = None, query_site: bool = False):
@@ -255,7 +258,7 @@ class Mem0System(MemorySystem):
                     raise exc.__cause__ from exc
                 raise
 
-    def _search(self, query: str, k: int) -> list[MemoryItem]:
+    def search(self, query: str, k: int) -> list[MemoryItem]:
         found = self.memory.search(query, top_k=k, filters={"user_id": USER_ID},
                                    threshold=float(self._knobs["threshold"]), rerank=bool(self._knobs["rerank"]))
         return [_memory_item(r) for r in found["results"]]

@@ -53,6 +53,7 @@ from pydantic import BaseModel, Field
 from rich.console import Console
 from rich.table import Table
 
+from optloop.artifacts import CHECKPOINT
 from optloop.cli import run_cli
 from optloop.errors import ConfigError
 from optloop.tracing.graph import ExecutionGraph
@@ -374,7 +375,7 @@ def bench(work: Path, *, system: str = "md_flat", dataset: str = "builtin:tiny",
     seconds = time.perf_counter() - started
     result_path = work / "faults.json"
     result = json.loads(result_path.read_text()) if result_path.exists() else {}
-    ckpt_path = work / "state" / "runs" / "faults" / "checkpoint.json"
+    ckpt_path = work / "state" / "runs" / "faults" / CHECKPOINT
     checkpoint = json.loads(ckpt_path.read_text()) if ckpt_path.exists() else {}
     command = (f"python -m optloop.run --system {system} --dataset {dataset} --budget {budget} --lm openai:smollm2 "
                f"--lm-base-url <faulty endpoint> --lm-timeout {timeout} --lm-retries {retries}")

@@ -53,6 +53,7 @@ from pydantic import BaseModel
 from rich.console import Console
 from rich.table import Table
 
+from optloop.artifacts import CHECKPOINT
 from optloop.cli import add_lm_arguments, lm_settings_from_args, run_cli, setup_logging
 from optloop.datasets import load_dataset
 from optloop.lm import OptloopLM
@@ -242,7 +243,7 @@ class Bench:
                 console.status(name) as status:
             result = Loop(config, lm, lm, work=work,
                           progress=lambda msg, s=status: s.update(f"{name}: {msg}")).run()
-        ckpt = Checkpoint.load(work / "checkpoint.json")
+        ckpt = Checkpoint.load(work / CHECKPOINT)
         witness.check_demos([t.candidate for t in ckpt.trials])
         assert ckpt.test_before is not None and ckpt.test_after is not None
         keys = [(o.episode_id, o.question_id) for o in ckpt.test_before.outcomes]

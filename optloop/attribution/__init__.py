@@ -6,10 +6,10 @@ still carry it), ``decisive`` (the forward walk), ``blame`` (per-site shares),
 ``faults`` (the planted-fault harness that measures all of this).
 """
 
-from optloop.attribution.blame import BlameEntry, blame, blamed_sites
+from optloop.attribution.blame import BlameEntry, blame
 from optloop.attribution.decisive import attribute
 from optloop.attribution.judges import JudgeChain, default_judges
 from optloop.attribution.taxonomy import Attribution, ErrorType, Target
 
-__all__ = ["Attribution", "BlameEntry", "ErrorType", "JudgeChain", "Target", "attribute", "blame", "blamed_sites",
+__all__ = ["Attribution", "BlameEntry", "ErrorType", "JudgeChain", "Target", "attribute", "blame",
            "default_judges"]

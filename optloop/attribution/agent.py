@@ -138,7 +138,7 @@ class AttributionAgent:
         if op.category == "ingest":
             return deciding_site(graph, op)
         if op.name == "retrieve":
-            knob = search_knob(op)
+            knob = search_knob(graph, op)
             return knob_target(knob) if knob else None
         return None
 

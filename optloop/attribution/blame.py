@@ -39,7 +39,3 @@ def blame(attributions: Iterable[Attribution]) -> list[BlameEntry]:
                         is_prompt=is_prompt_site(t))
             for t, n in counts.most_common()]
 
-
-def blamed_sites(entries: Iterable[BlameEntry], min_share: float = 0.0) -> list[str]:
-    """The prompt sites (not knobs) with at least ``min_share`` of the blame."""
-    return [e.target for e in entries if e.is_prompt and e.share >= min_share]

@@ -194,7 +194,7 @@ class _Walk:
             return self.result(ErrorType.RETRIEVAL, retrieve, knob_target("top_k"),
                                f"{where}; the best ranked {ranks[0]} for {query!r}, below top_k={k}. Raise top_k "
                                f"to at least {ranks[0]} or improve the ranking.", rank=ranks[0])
-        knob = search_knob(retrieve)
+        knob = search_knob(self.graph, retrieve)
         wider = f" (not in the top {len(wide)} either)" if wide else ""
         return self.result(ErrorType.RETRIEVAL, retrieve, knob_target(knob) if knob else None,
                            f"{where}, but the search for {query!r} did not return it{wider}. Tune the search "
@@ -214,9 +214,11 @@ def deciding_site(graph: ExecutionGraph, op: Operation, kind: str | None = None)
     return deciding[-1].site if deciding else library_target(f"{graph.system}.store")  # type: ignore[return-value]
 
 
-def search_knob(retrieve: Operation) -> str | None:
-    """The knob that decides what a retrieve operation's search returns."""
-    return next((n for n in ("search_recipe", "threshold", "top_k") if n in retrieve.knobs), None)
+def search_knob(graph: ExecutionGraph, retrieve: Operation) -> str | None:
+    """The knob that decides what a retrieve operation's search returns: the system's ``search_knob``,
+    recorded in ``graph.meta`` (``None`` when the graph does not name one, or the operation lacks it)."""
+    knob = graph.meta.get("search_knob")
+    return knob if knob in retrieve.knobs else None
 
 
 def attribute(graph: ExecutionGraph, question: Question, prediction: str, judges: JudgeChain, *,

@@ -264,7 +264,7 @@ def _run(system_factory: Callable[..., MemorySystem], run_dir: Path, episode: An
             try:
                 fault.apply(system)
             except BaseException:
-                getattr(system, "close", lambda: None)()
+                system.close()
                 raise
         return system
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import dspy
 
@@ -25,13 +26,25 @@ if TYPE_CHECKING:
     from optloop.loop.evaluate import Evaluation, Evaluator
 
 PROPOSER_SITE = PROPOSER  # the prompt site every proposer call is charged to (optloop.sites)
+ENDPOINT_THREADS = 4  # an optimizer's threads on an LM endpoint (the embedded model gets one)
+
+
+def default_threads(lm: Any) -> int:
+    """How many programs an optimizer runs at once on ``lm``: one on the embedded model (one llama.cpp
+    context answers every call in turn, so threads would only wait on it), :data:`ENDPOINT_THREADS` on an
+    endpoint (``LMSettings.backend == "openai"``)."""
+    backend = getattr(getattr(lm, "settings", None), "backend", None)
+    return ENDPOINT_THREADS if backend == "openai" else 1
 
 
 class Optimizer(ABC):
     name: str
 
     def __init__(self, evaluator: Evaluator, proposer: dspy.BaseLM, trainset: Dataset, *, sites: Sequence[str],
-                 knobs: Sequence[str] = (), seed: int = 0):
+                 knobs: Sequence[str] = (), seed: int = 0, num_threads: int | None = None, work: Path | None = None):
+        """``num_threads``: programs run at once inside a round (default :func:`default_threads` of the
+        evaluator's LM); ``work``: where the optimizer keeps state across rounds and resumes (default
+        ``<evaluator work>/optimizers/<name>``, inside the run's state directory)."""
         self.evaluator = evaluator
         self.proposer = proposer
         self.trainset = trainset
@@ -40,6 +53,16 @@ class Optimizer(ABC):
         self.seed = seed
         self.seen: set[str] = set()
         self.rounds = 0
+        self._num_threads = num_threads
+        self._work = work
+
+    @property
+    def num_threads(self) -> int:
+        return self._num_threads or default_threads(self.evaluator.lm)
+
+    @property
+    def work(self) -> Path:
+        return self._work or Path(self.evaluator.work) / "optimizers" / self.name
 
     def retarget(self, sites: Sequence[str], knobs: Sequence[str] = ()) -> None:
         self.sites, self.knobs = list(sites), list(knobs)

@@ -137,13 +137,14 @@ class Evaluator:
         episode, questions = self._episodes[episode_id]
         return episode, questions[question_id]
 
-    def __deepcopy__(self, memo: dict[int, Any]) -> Evaluator:
-        return self  # programs holding the evaluator are deep-copied by optimizers; the stores are shared
-
     # --- candidates -----------------------------------------------------------------------
 
     def baseline(self) -> Candidate:
         return candidate_from_modules({n: s.module for n, s in self.sites.items()}, self.template.knobs(), "baseline")
+
+    def knob_choices(self, name: str, current: Any = None) -> list[Any]:
+        """The values an optimizer may try for knob ``name``, ``current`` first (the system's value space)."""
+        return self.cls.knob_choices(name, current)
 
     def modules(self, candidate: Candidate) -> dict[str, dspy.Predict]:
         """Fresh DSPy modules carrying ``candidate``'s instructions and demos, one per site."""
@@ -176,7 +177,7 @@ class Evaluator:
             try:
                 system.use_modules(dict(modules))
             except BaseException:
-                getattr(system, "close", lambda: None)()
+                system.close()
                 raise
             return ingest(system, episode, self.lm, dataset_uri=self.dataset_uri)
         finally:
@@ -265,4 +266,4 @@ class Evaluator:
 
     def close(self) -> None:
         self._stores.close()
-        getattr(self.template, "close", lambda: None)()
+        self.template.close()

@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from optloop import artifacts
 from optloop.loop import record
 from optloop.loop.candidate import Candidate
 
@@ -67,10 +68,10 @@ class MlflowSink:
                            "changed_knobs": json.dumps({k: candidate.knobs[k] for k in candidate.changed_knobs(base)})})
         mlflow.log_metrics({**record.evaluation_metrics(evaluation), **record.cost_metrics(evaluation),
                             **record.blame_metrics(evaluation.blame(), evaluation.error_counts())})
-        record.log_json(candidate.model_dump(mode="json"), "candidate.json")
-        record.log_text(diff, "prompts.diff")
-        record.log_json(record.attribution_report([evaluation], evaluation.blame()), "attribution.json")
-        record.log_text(record.questions_csv(evaluation), "questions_dev.csv")
+        record.log_json(candidate.model_dump(mode="json"), artifacts.CANDIDATE)
+        record.log_text(diff, artifacts.PROMPTS_DIFF)
+        record.log_json(record.attribution_report([evaluation], evaluation.blame()), artifacts.ATTRIBUTION)
+        record.log_text(record.questions_csv(evaluation), artifacts.QUESTIONS_DEV)
 
     def discard_trial(self, trial: int) -> None:
         """Delete every child run named ``trial-<trial>`` under the parent run (one a kill left behind
@@ -101,19 +102,19 @@ class MlflowSink:
                             **record.evaluation_metrics(after, "acc_test_after"),
                             **{f"errors_test_before/{record.metric_key(t)}": n for t, n in before.error_counts().items()},
                             **{f"errors_test_after/{record.metric_key(t)}": n for t, n in after.error_counts().items()}})
-        record.log_json(summary.texts_before, "prompts_before.json")
-        record.log_json(summary.texts_after, "prompts_after.json")
-        record.log_text(summary.diff, "prompts.diff")
-        record.log_json(summary.best.model_dump(mode="json"), "best_candidate.json")
+        record.log_json(summary.texts_before, artifacts.PROMPTS_BEFORE)
+        record.log_json(summary.texts_after, artifacts.PROMPTS_AFTER)
+        record.log_text(summary.diff, artifacts.PROMPTS_DIFF)
+        record.log_json(summary.best.model_dump(mode="json"), artifacts.BEST_CANDIDATE)
         record.log_json(record.attribution_report([summary.baseline_train, summary.baseline_dev], summary.entries),
-                        "attribution_report.json")
-        record.log_text(record.questions_csv(before, after), "questions_test.csv")
+                        artifacts.ATTRIBUTION_REPORT)
+        record.log_text(record.questions_csv(before, after), artifacts.QUESTIONS_TEST)
         plots = self.state / "plots"
         plots.mkdir(parents=True, exist_ok=True)
         mlflow.log_artifact(str(record.plot_accuracy(summary.points, summary.best_curve,
-                                                     plots / "accuracy_by_trial.png")))
-        mlflow.log_artifact(str(record.plot_blame(summary.entries, plots / "blame_by_site.png")))
-        program_path = self.state / "program.json"
+                                                     plots / artifacts.ACCURACY_PLOT)))
+        mlflow.log_artifact(str(record.plot_blame(summary.entries, plots / artifacts.BLAME_PLOT)))
+        program_path = self.state / artifacts.PROGRAM
         AllSites(self.modules(summary.best)).save(str(program_path))
         mlflow.log_artifact(str(program_path))
 

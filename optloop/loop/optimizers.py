@@ -7,45 +7,56 @@ result back with :meth:`Optimizer.observe`. Each optimizer changes only its
 ``knobs`` (Optuna only); the loop calls :meth:`retarget` when re-attribution
 moves the blame.
 
-- **SIMBA** (the default): one SIMBA step (``max_steps=1``) on the train split
-  per round, on a :class:`MemoryProgram` whose unblamed predictors are frozen
-  and whose metric returns the attribution beside the score; the round's
-  candidate programs not yet evaluated are queued.
-- **GEPA**: one short GEPA run per round with a component selector that
-  returns the blamed sites and a metric whose feedback for a site is the
-  attribution explanation of that site's failures; its new candidates are queued.
+- **SIMBA** (the default): one SIMBA step per round on the train split
+  (:mod:`optloop.loop.simba`), on :class:`MemoryProgram` s whose only predictors
+  are the blamed sites and whose metric returns the attribution beside the score.
+  The program pool and its scores are kept across rounds (and across a resume,
+  in ``<work>/pool.json``); each round's best new program is queued.
+- **GEPA**: one GEPA run per target set, its ``log_dir`` under ``<work>/``: each
+  round resumes it with a larger metric-call budget, so its Pareto front and
+  candidates carry over; a component selector returns the blamed sites, and the
+  metric's feedback for a site is the attribution explanation of its failures.
+  Its new candidates are queued.
 - **Optuna**: TPE over, per blamed site, the seed instruction and rewrites an
-  LLM proposer writes from the attributions, plus the values of blamed knobs.
-  The study lives in ``--storage`` (SQLite by default), so it resumes; with
-  ``postgresql://...`` several workers share it (see :mod:`optloop.loop.study`).
+  LLM proposer writes from the attributions, plus the values of blamed knobs
+  (each system's ``knob_values``). The study lives in ``--storage`` (SQLite by
+  default), so it resumes; with ``postgresql://...`` several workers share it
+  (see :mod:`optloop.loop.study`).
 
 SIMBA's and GEPA's inner mini-batch runs are the optimizer's own cost: their
-LLM calls are counted and reported, but they are not evaluations.
+LLM calls are counted and reported, but they are not evaluations. They run
+``num_threads`` programs at once (one on the embedded model): each thread records
+into its own recorder, and a shared store serves one question at a time.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
+import json
 import logging
+import random
 import uuid
 from abc import abstractmethod
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import dspy
 
 from optloop.attribution import Attribution
 from optloop.errors import ConfigError
-from optloop.lm import prompt_site, response_format_to_schema
+from optloop.lm import prompt_site
 from optloop.loop._base import PROPOSER_SITE, Optimizer
 from optloop.loop.candidate import Candidate, SiteState
-from optloop.loop.program import MemoryProgram, attr_name, examples, feedback_metric, site_name
+from optloop.loop.program import MemoryProgram, attr_name, examples, feedback_metric, running, site_name
+from optloop.loop.simba import SimbaPool, SimbaSettings, append_advice, offer_advice, run_example, simba_step
 from optloop.loop.study import SharedStudy
+from optloop.paths import write_atomic
 
 if TYPE_CHECKING:
-    from optloop.datasets import Dataset
-    from optloop.loop.evaluate import Evaluation, Evaluator
+    from optloop.loop.evaluate import Evaluation
 
 logger = logging.getLogger(__name__)
 
@@ -65,14 +76,8 @@ def dspy_bars_hidden() -> Iterator[None]:
         yield
 
 
-def unchanged(programs: Sequence[MemoryProgram], source: MemoryProgram) -> bool:
-    """Whether every program carries the same prompts as ``source`` (a round that produced nothing)."""
-    digest = source.candidate("").digest()
-    return all(p.candidate("").digest() == digest for p in programs)
-
-
 class _QueueOptimizer(Optimizer):
-    """Runs rounds of a DSPy optimizer and hands out their new candidate programs one at a time."""
+    """Runs rounds of a DSPy optimizer and hands out their new candidates one at a time."""
 
     fallback_rewrites = 2
 
@@ -80,35 +85,42 @@ class _QueueOptimizer(Optimizer):
         super().__init__(*args, **kwargs)
         self.queue: list[Candidate] = []
 
+    def program(self, candidate: Candidate) -> MemoryProgram:
+        """``candidate`` as a program whose predictors are the target sites."""
+        return MemoryProgram(candidate, self.sites, self.evaluator.modules(candidate))
+
     def propose(self, best: Candidate, best_eval: Evaluation) -> Candidate | None:
         empty = 0
         while not self.queue and empty < MAX_EMPTY_ROUNDS:
             if not self.sites:
                 return None
             self.rounds += 1
-            program = MemoryProgram(self.evaluator, best, self.sites)
-            fresh = []
-            with dspy_bars_hidden():
-                programs = self.round(program)
-                if unchanged(programs, program):
-                    programs = self.rewrites(program, examples(self.trainset))
-            for i, p in enumerate(programs):
-                c = p.candidate(f"{self.name} round {self.rounds} #{i}{getattr(p, 'origin_note', '')}")
-                if c.digest() not in self.seen and c.digest() != best.digest():
-                    self.seen.add(c.digest())
-                    fresh.append(c)
+            with dspy_bars_hidden(), running(self.evaluator):
+                fresh = self._unseen(self.round(best), best)
+                if not fresh:  # nothing this optimizer has not proposed already
+                    fresh = self._unseen(self.rewrites(best, examples(self.trainset)), best)
             self.queue += fresh
             empty = 0 if fresh else empty + 1
         return self.queue.pop(0) if self.queue else None
 
-    @abstractmethod
-    def round(self, program: MemoryProgram) -> list[MemoryProgram]:
-        """One round of the DSPy optimizer from ``program``; its candidate programs."""
+    def _unseen(self, candidates: Sequence[Candidate], best: Candidate) -> list[Candidate]:
+        """The candidates not proposed before (now marked seen), named after this round."""
+        fresh = []
+        for i, c in enumerate(candidates):
+            if c.digest() not in self.seen and c.digest() != best.digest():
+                self.seen.add(c.digest())
+                fresh.append(c.model_copy(update={"origin": f"{self.name} round {self.rounds} #{i}{c.origin}"}))
+        return fresh
 
-    def rewrites(self, program: MemoryProgram, train: list[dspy.Example]) -> list[MemoryProgram]:
+    @abstractmethod
+    def round(self, best: Candidate) -> list[Candidate]:
+        """One round of the DSPy optimizer from ``best``; its candidates (``origin``: a note, or empty)."""
+
+    def rewrites(self, best: Candidate, train: list[dspy.Example]) -> list[Candidate]:
         """Last resort when a round yields no new program (a proposer too small to write usable
         rules, or every reflection rejected): the proposer rewrites each blamed site's
         instruction from its attributed failures."""
+        program = self.program(best)
         runs = [program(**ex.inputs()) for ex in train]
         attributions = [Attribution.model_validate(r.attribution) for r in runs if r.attribution]
         out = []
@@ -120,71 +132,68 @@ class _QueueOptimizer(Optimizer):
                                            failure_summary(attributions, site), rollout=self.rounds * 100 + i)
                 if text:
                     predictor.signature = predictor.signature.with_instructions(text)
-            candidate.origin_note = " (proposer rewrite)"
-            out.append(candidate)
+            out.append(candidate.candidate(" (proposer rewrite)"))
         logger.info("%s produced no new program this round; %d attribution-guided rewrite(s) instead", self.name,
                     len(out))
         return out
 
 
 class SimbaOptimizer(_QueueOptimizer):
+    """SIMBA steps on one program pool kept across rounds (:mod:`optloop.loop.simba`)."""
+
     name = "simba"
 
     def __init__(self, *args: Any, bsize: int = 6, num_candidates: int = 2, max_demos: int = 2, tries: int = 2,
                  **kwargs: Any):
         super().__init__(*args, **kwargs)
-        self.bsize, self.num_candidates, self.max_demos, self.tries = bsize, num_candidates, max_demos, tries
+        self.settings = SimbaSettings(bsize=bsize, num_candidates=num_candidates, max_demos=max_demos)
+        self.tries = tries
+        self._pool: SimbaPool | None = None
 
-    def round(self, program: MemoryProgram) -> list[MemoryProgram]:
+    @property
+    def pool(self) -> SimbaPool:
+        """The program pool, read from ``<work>/pool.json`` when a run before this one left it."""
+        if self._pool is None:
+            self._pool = SimbaPool(self.work / "pool.json", self.seed)
+        return self._pool
+
+    def round(self, best: Candidate) -> list[Candidate]:
         train = examples(self.trainset)
-        simba = dspy.SIMBA(metric=feedback_metric, bsize=min(self.bsize, len(train)),
-                           num_candidates=self.num_candidates, max_steps=1, max_demos=self.max_demos,
-                           prompt_model=_Charged(self.proposer, keys=[attr_name(s) for s in self.sites]),
-                           num_threads=1)
-        best = simba.compile(program, trainset=train, seed=self.seed + self.rounds)
-        programs = [entry["program"] for entry in getattr(best, "candidate_programs", [])] or [best]
-        if unchanged(programs, program):
-            programs += self.attributed_rules(program, train)
-        return programs
+        self.settings.num_threads = self.num_threads
+        winners = simba_step(self.pool, best, train, build=self.program, lm=self.evaluator.lm,
+                             proposer=self.proposer, settings=self.settings)[:1]  # new to the pool, best first
+        return winners or self.attributed_rules(best, train)
 
-    def attributed_rules(self, program: MemoryProgram, train: list[dspy.Example]) -> list[MemoryProgram]:
+    def attributed_rules(self, best: Candidate, train: list[dspy.Example]) -> list[Candidate]:
         """SIMBA's rule step on failures alone, when its sampled trajectories show no contrast.
 
         SIMBA writes a rule only from a better and a worse trajectory of one example; with a
         small model every sample often fails alike and the step yields nothing. The
-        attribution already says why each failed, so each failing example's trajectory goes
-        to SIMBA's own ``append_a_rule`` (its ``OfferFeedback`` prompt) as the worse
-        trajectory, with the attribution as its reward info, and the advice lands on the
-        blamed modules.
+        attribution already says why each failed, so one failing example's run is shown to the
+        proposer as the worse run, with the attribution as its reward info, and the advice lands
+        on the blamed modules.
         """
-        import random
-
-        from dspy.teleprompt.simba_utils import append_a_rule, wrap_program
-
         rng = random.Random(self.seed * 1000 + self.rounds)
-        runs = [wrap_program(program, feedback_metric)(ex) for ex in train]
-        failing = [r for r in runs if float(r["score"]) < 1.0]
-        blamed = [r for r in failing if (r["output_metadata"].get("site") or "") in self.sites]
+        program = self.program(best)
+        runs = [run_example(program, ex) for ex in train]
+        failing = [r for r in runs if r.score < 1.0]
+        blamed = [r for r in failing if (r.info.get("site") or "") in self.sites]
         pool = blamed or failing
         rng.shuffle(pool)
         if not pool:
             return []
         run = pool[0]  # one rule per round: each call carries every blamed prompt
         before = {n: p.signature.instructions for n, p in program.named_predictors()}
-        predictor2name = {id(p): n for n, p in program.named_predictors()}
         for attempt in range(self.tries):
             candidate = program.deepcopy()
-            rollout = self.rounds * 100 + attempt
+            proposer = self.proposer.copy(rollout_id=self.rounds * 100 + attempt, temperature=1.0)
             try:
-                append_a_rule([dict(run)], candidate, predictor2name=predictor2name,
-                              batch_10p_score=float("-inf"), batch_90p_score=float("inf"),
-                              prompt_model=_Charged(self.proposer.copy(rollout_id=rollout, temperature=1.0),
-                                                    keys=[attr_name(s) for s in self.sites]))
+                append_advice(candidate, offer_advice(candidate, proposer, worse=run, better=None))
             except Exception as exc:  # noqa: BLE001 - SIMBA logs and skips a failed strategy too
                 logger.warning("SIMBA rule step failed: %s", exc)
                 continue
             if self._adds_advice(candidate, before):
-                return [candidate]
+                return [candidate.candidate(" (attributed rule)")]
         return []
 
     @staticmethod
@@ -210,20 +219,39 @@ class BlamedSiteSelector:
 
 
 class GepaOptimizer(_QueueOptimizer):
+    """One GEPA run per target set, resumed each round from its ``log_dir`` with a larger budget."""
+
     name = "gepa"
 
     def __init__(self, *args: Any, metric_calls: int | None = None, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.metric_calls = metric_calls
 
-    def round(self, program: MemoryProgram) -> list[MemoryProgram]:
+    def log_dir(self) -> Path:
+        """The GEPA run of the current target sites (a retarget starts another: its candidates' components
+        are those sites)."""
+        key = hashlib.sha1(",".join(sorted(self.sites)).encode()).hexdigest()[:12]
+        return self.work / f"run-{key}"
+
+    def round(self, best: Candidate) -> list[Candidate]:
         train = examples(self.trainset)
-        calls = self.metric_calls or 2 * len(train) + 12
-        gepa = dspy.GEPA(metric=feedback_metric, max_metric_calls=calls, reflection_lm=_Charged(self.proposer),
-                         component_selector=BlamedSiteSelector(self.sites), num_threads=1, track_stats=True,
-                         use_merge=False, seed=self.seed + self.rounds, reflection_minibatch_size=min(3, len(train)))
-        result = gepa.compile(program, trainset=train, valset=train)
-        return list(result.detailed_results.candidates) if getattr(result, "detailed_results", None) else [result]
+        log_dir = self.log_dir()
+        log_dir.mkdir(parents=True, exist_ok=True)
+        ledger = log_dir / "optloop.json"  # what this run was granted so far: GEPA counts its calls since start
+        granted = json.loads(ledger.read_text()) if ledger.exists() else {"metric_calls": 0, "rounds": 0}
+        granted["metric_calls"] += self.metric_calls or 2 * len(train) + 12
+        granted["rounds"] += 1
+        write_atomic(ledger, json.dumps(granted))
+        gepa = dspy.GEPA(metric=feedback_metric, max_metric_calls=granted["metric_calls"], reflection_lm=self.proposer,
+                         component_selector=BlamedSiteSelector(self.sites), num_threads=self.num_threads,
+                         track_stats=True, use_merge=False, seed=self.seed + granted["rounds"],
+                         reflection_minibatch_size=min(3, len(train)), log_dir=str(log_dir))
+        # Every LM call of a system runs on its own prompt site (an unknown prompt raises), so the calls left
+        # to charge to this block's site are GEPA's reflections: the proposer's.
+        with prompt_site(PROPOSER_SITE):
+            result = gepa.compile(self.program(best), trainset=train, valset=train)
+        programs = list(result.detailed_results.candidates) if getattr(result, "detailed_results", None) else [result]
+        return [p.candidate("") for p in programs]
 
 
 class ProposeInstruction(dspy.Signature):
@@ -255,18 +283,6 @@ def failure_summary(attributions: Sequence[Attribution], site: str) -> str:
     """The failures blamed on ``site``, one line each: what the proposer rewrites from."""
     lines = [f"- {a.error_type.value}: {a.explanation[:300]}" for a in attributions if a.target == site]
     return "\n".join(lines)[:3000] or "(no failure attributed here yet)"
-
-
-def knob_choices(system: str, knob: str, current: Any) -> list[Any]:
-    """The values Optuna may try for a knob (the current value always among them)."""
-    if knob == "search_recipe":
-        from systems.graphiti_system import SEARCH_RECIPES
-
-        values = sorted(n for n in SEARCH_RECIPES if n.startswith("EDGE_"))
-    else:
-        values = {"top_k": [1, 3, 5, 10, 20], "threshold": [0.0, 0.1, 0.2, 0.3], "rerank": [False, True],
-                  "max_context_tokens": [2000, 4000, 6000, 8000]}.get(knob, [])
-    return list(dict.fromkeys([current, *values]))
 
 
 class OptunaOptimizer(Optimizer):
@@ -334,7 +350,7 @@ class OptunaOptimizer(Optimizer):
 
         spaces = {f"site:{s}": self._instructions(s, best, best_eval) for s in self.sites}
         # knob values around the baseline's, not the best's: a categorical's choices may never change in a study
-        spaces |= {f"knob:{k}": knob_choices(self.evaluator.system_name, k, self._base_knobs.get(k))
+        spaces |= {f"knob:{k}": self.evaluator.knob_choices(k, self._base_knobs.get(k))
                    for k in self.knobs if k in best.knobs}
         spaces = {name: choices for name, choices in spaces.items() if len(choices) > 1}
         if not spaces:
@@ -395,73 +411,11 @@ class OptunaOptimizer(Optimizer):
         return None if optuna_trial is None else optuna_trial.number
 
 
-class _Charged(dspy.BaseLM):
-    """The proposer LM, its calls charged to the ``optimizer.proposer`` site.
-
-    With ``keys`` (used for SIMBA's rule step), a JSON request is sent with SIMBA's
-    ``OfferFeedback`` schema (DSPy sends bare JSON mode for its open dict), its
-    free-form ``module_advice`` dict asked for with exactly those keys (the modules the optimizer may change):
-    a stricter schema than the original, so any answer is still valid, and a
-    small model under grammar-constrained decoding no longer invents keys forever.
-    """
-
-    def __init__(self, lm: dspy.BaseLM, keys: Sequence[str] = ()):
-        super().__init__(model=getattr(lm, "model", "proposer"), model_type="chat", cache=False)
-        self.inner = lm
-        self.keys = list(keys)
-        self.kwargs = dict(getattr(lm, "kwargs", {}))
-
-    @property
-    def supports_response_schema(self) -> bool:
-        return bool(getattr(self.inner, "supports_response_schema", False))
-
-    @property
-    def supported_params(self) -> set[str]:
-        return set(getattr(self.inner, "supported_params", set()))
-
-    def forward(self, prompt: str | None = None, messages: list[dict[str, Any]] | None = None, **kwargs: Any):
-        fmt = kwargs.get("response_format")
-        if self.keys and fmt is not None:
-            schema, _ = response_format_to_schema(fmt)
-            if schema is None:  # DSPy asks for bare JSON when an output is an open dict: give SIMBA's schema
-                from dspy.teleprompt.simba_utils import OfferFeedback
-
-                from signatures._layout import output_model
-
-                schema = output_model(OfferFeedback).model_json_schema()
-            kwargs["response_format"] = {"type": "json_schema",
-                                         "json_schema": {"schema": _fixed_keys(schema, self.keys)}}
-        with prompt_site(PROPOSER_SITE):
-            respond = getattr(self.inner, "provider_response", self.inner.forward)  # OptloopLM: keeps the rollout
-            return respond(prompt=prompt, messages=messages, **kwargs)
-
-    def copy(self, **kwargs: Any) -> _Charged:
-        return _Charged(self.inner.copy(**kwargs), self.keys)
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> _Charged:
-        return self
-
-
-def _fixed_keys(schema: Any, keys: Sequence[str]) -> Any:
-    """``schema`` with every free-form string dict given exactly ``keys``."""
-    if isinstance(schema, list):
-        return [_fixed_keys(s, keys) for s in schema]
-    if not isinstance(schema, dict):
-        return schema
-    out = {k: _fixed_keys(v, keys) for k, v in schema.items()}
-    extra = out.get("additionalProperties")
-    if out.get("type") == "object" and isinstance(extra, dict) and not out.get("properties"):
-        out["properties"] = {k: dict(extra) for k in keys}
-        out["required"] = list(keys)
-        out["additionalProperties"] = False
-    return out
-
-
 from optloop.loop.edit import EditOptimizer  # noqa: E402 - edit builds on this module's base, not on this module
 
 OPTIMIZERS: dict[str, type[Optimizer]] = {"simba": SimbaOptimizer, "gepa": GepaOptimizer, "optuna": OptunaOptimizer,
                                           "edit": EditOptimizer}
 
 
-__all__ = ["OPTIMIZERS", "BlamedSiteSelector", "EditOptimizer", "GepaOptimizer", "Optimizer", "OptunaOptimizer", "SimbaOptimizer",
-           "knob_choices"]
+__all__ = ["OPTIMIZERS", "BlamedSiteSelector", "EditOptimizer", "GepaOptimizer", "Optimizer", "OptunaOptimizer",
+           "SimbaOptimizer"]

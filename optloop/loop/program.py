@@ -3,26 +3,52 @@
 ``MemoryProgram(question)`` answers one question of an episode: it reuses (or
 builds) the episode's store for the program's ingest prompts, then retrieves and
 answers with the program's own predictors, so DSPy's trace sees exactly the
-calls the optimizer can change. Unblamed sites sit in a ``_compiled`` holder,
-which DSPy's ``named_predictors()`` skips: SIMBA and GEPA cannot touch them.
+calls the optimizer can change.
+
+The program is data: its tunable sites' ``dspy.Predict`` modules (what
+``named_predictors()`` returns, so SIMBA and GEPA can change nothing else), the
+other sites' states and the knobs. It holds no live object, so DSPy deep-copies
+it like any program. What runs it is the evaluator of the optimization (the
+stores, the system, the attribution), which the optimizer lends for the length
+of a round with :func:`running`: it travels in ``dspy.context``, which DSPy
+carries into the worker threads of its own parallel executor.
 
 :func:`feedback_metric` scores a prediction and returns the attribution beside
 the score (error type, site, explanation), which is what SIMBA's rule step
-(``worse_reward_info``) and GEPA's reflection (``feedback``) read.
+(the ``worse_reward_info``) and GEPA's reflection (``feedback``) read.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import dspy
 
-from optloop.loop.candidate import Candidate, candidate_from_modules
+from optloop.loop.candidate import Candidate, SiteState, site_state
 
 if TYPE_CHECKING:
     from optloop.datasets import Dataset
     from optloop.loop.evaluate import Evaluator
+
+RUNNER_SETTING = "optloop_program_runner"  # the dspy.context key the running evaluator travels under
+
+
+@contextmanager
+def running(evaluator: Evaluator) -> Iterator[None]:
+    """Let :class:`MemoryProgram` s run on ``evaluator`` inside this block (and in the threads DSPy starts
+    from it)."""
+    with dspy.context(**{RUNNER_SETTING: evaluator}):
+        yield
+
+
+def runner() -> Evaluator:
+    """The evaluator a program runs on (see :func:`running`)."""
+    evaluator = dspy.settings.get(RUNNER_SETTING)
+    if evaluator is None:
+        raise RuntimeError("a MemoryProgram runs only inside optloop.loop.program.running(evaluator)")
+    return evaluator
 
 
 def attr_name(site: str) -> str:
@@ -34,38 +60,36 @@ def site_name(predictor_name: str) -> str:
     return predictor_name.split(".")[0].replace("__", ".")
 
 
-class _Frozen(dspy.Module):
-    """Holds the sites an optimizer must not change (DSPy skips ``_compiled`` modules)."""
-
-    def __init__(self, modules: dict[str, dspy.Predict]):
-        super().__init__()
-        self.modules = modules
-        self._compiled = True
-
-
 class MemoryProgram(dspy.Module):
-    def __init__(self, evaluator: Evaluator, candidate: Candidate, tunable: Iterable[str]):
+    """``candidate`` as a program whose predictors are the ``tunable`` sites' ``modules``.
+
+    ``modules`` are fresh modules of every site carrying ``candidate``'s state
+    (``Evaluator.modules(candidate)``); the program keeps the tunable ones, the others as plain
+    state, which ``named_predictors()`` does not see.
+    """
+
+    def __init__(self, candidate: Candidate, tunable: Iterable[str], modules: Mapping[str, dspy.Predict]):
         super().__init__()
-        self.evaluator = evaluator
         self.knobs = dict(candidate.knobs)
-        modules = evaluator.modules(candidate)
         self.tunable = [s for s in tunable if s in modules]
         for site in self.tunable:
             setattr(self, attr_name(site), modules[site])
-        self.frozen = _Frozen({n: m for n, m in modules.items() if n not in self.tunable})
+        self.frozen: dict[str, SiteState] = {n: site_state(m) for n, m in modules.items() if n not in self.tunable}
 
-    def site_modules(self) -> dict[str, dspy.Predict]:
-        return {**self.frozen.modules, **{s: getattr(self, attr_name(s)) for s in self.tunable}}
+    def tunable_modules(self) -> dict[str, dspy.Predict]:
+        return {s: getattr(self, attr_name(s)) for s in self.tunable}
 
     def candidate(self, origin: str) -> Candidate:
-        return candidate_from_modules(self.site_modules(), self.knobs, origin)
+        sites = {**self.frozen, **{s: site_state(m) for s, m in self.tunable_modules().items()}}
+        return Candidate(sites=sites, knobs=dict(self.knobs), origin=origin)
 
     def forward(self, episode_id: str, question_id: str, question: str = "") -> dspy.Prediction:
-        episode, q = self.evaluator.lookup(episode_id, question_id)
+        evaluator = runner()
+        episode, q = evaluator.lookup(episode_id, question_id)
         candidate = self.candidate("program")
-        modules = self.site_modules()
-        store, _ = self.evaluator.store(candidate, episode, modules)
-        outcome = self.evaluator.ask(store, candidate, modules, episode, q)
+        modules = {**evaluator.modules(candidate), **self.tunable_modules()}
+        store, _ = evaluator.store(candidate, episode, modules)
+        outcome = evaluator.ask(store, candidate, modules, episode, q)
         attribution = outcome.attribution.model_dump(mode="json") if outcome.attribution else None
         return dspy.Prediction(answer=outcome.prediction, passed=outcome.passed, score=outcome.score,
                                attribution=attribution)

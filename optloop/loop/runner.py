@@ -46,6 +46,7 @@ from typing import Any
 
 import dspy
 
+from optloop import artifacts
 from optloop.datasets import Dataset, load_dataset
 from optloop.errors import ConfigError
 from optloop.lm import redact_url
@@ -161,7 +162,7 @@ class Loop:
         from optloop import tracking
 
         cfg = self.config
-        ckpt_path = self.state / "checkpoint.json"
+        ckpt_path = self.state / artifacts.CHECKPOINT
         ckpt = Checkpoint.load(ckpt_path) if ckpt_path.exists() else None
         if ckpt is not None and ckpt.config_digest != cfg.digest():
             raise ConfigError(f"run name {cfg.run_name!r} exists with other settings; resume it with the same "

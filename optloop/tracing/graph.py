@@ -82,10 +82,6 @@ class Operation(BaseModel):
                                  description="each failed attempt, in order: 'HTTP 503', 'timeout', 'body truncated', ...'")
     lm_error: str | None = Field(None, description="the LM error that outlasted the retries (None: every fault cured)")
 
-    @property
-    def is_llm(self) -> bool:
-        return self.site is not None
-
 
 class ExecutionGraph(BaseModel):
     """Variables and operations of one system run over one episode."""
@@ -143,12 +139,6 @@ class ExecutionGraph(BaseModel):
                 yield op.id, vid, op.id
             for vid in op.outputs:
                 yield op.id, op.id, vid
-
-    def producer(self, vid: str) -> Operation | None:
-        for op in self.operations:
-            if vid in op.outputs:
-                return op
-        return None
 
     def consumers(self, vid: str) -> list[Operation]:
         return [op for op in self.operations if vid in op.inputs]

@@ -7,8 +7,12 @@ Two sources feed the graph:
   and outputs (list outputs become one ``fact`` variable per item), its LLM
   calls and retries, and, from the LM layer's call records of the calls made
   inside it, ``lm_attempts``, ``lm_faults`` (each failed attempt: ``HTTP 503``,
-  ``timeout`` ...) and ``lm_error`` (a fault no retry cured). The callback finds the active recorder in a
-  process-wide slot, so calls made on graphiti's own event-loop thread are seen.
+  ``timeout`` ...) and ``lm_error`` (a fault no retry cured); the LM calls made inside a site call are
+  collected in that call's context (an accounting listener), so calls of other threads never count.
+  The callback finds the active recorder in a
+  :class:`contextvars.ContextVar`: each thread (an optimizer's worker, say) records into its own
+  recorder, and calls made on graphiti's own event-loop thread, which runs in a copy of the caller's
+  context, are seen by the caller's recorder.
 * **The store**, observed from outside: after each session the recorder diffs
   ``all_memories()`` against the state before it. New units become ``store``
   operations, changed or invalidated ones ``update``, vanished ones ``delete``.
@@ -27,6 +31,7 @@ system in ``systems/`` supports incremental ingestion.
 
 from __future__ import annotations
 
+import contextvars
 import hashlib
 import logging
 import threading
@@ -38,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 import dspy
 from dspy.utils.callback import BaseCallback
 
-from optloop.lm import CallRecord, current_site
+from optloop.lm import Accounting, CallRecord, Usage, current_site
 from optloop.sites import QUERY_REWRITE
 from optloop.text import words
 from optloop.tracing.graph import Category, ExecutionGraph, Operation, Variable
@@ -50,8 +55,11 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-_ACTIVE: Recorder | None = None
-_ACTIVE_LOCK = threading.Lock()
+_ACTIVE: contextvars.ContextVar[Recorder | None] = contextvars.ContextVar("optloop_recorder", default=None)
+_ATTACH_LOCK = threading.Lock()
+# The LM call records of the site call running in this context (set from a call's start to its end).
+_CALL_RECORDS: contextvars.ContextVar[list[CallRecord] | None] = contextvars.ContextVar("optloop_site_call_records",
+                                                                                         default=None)
 TEXT_LIMIT = 4000
 
 
@@ -78,29 +86,40 @@ def lm_fault_fields(records: Sequence[CallRecord]) -> dict[str, Any]:
             "lm_error": error[:500] if error else None}
 
 
+def _collect(record: CallRecord) -> None:
+    """Accounting listener: an LM call made inside a recorded site call belongs to that call."""
+    records = _CALL_RECORDS.get()
+    if records is not None:
+        records.append(record)
+
+
+def _listen(accounting: Accounting) -> None:
+    with _ATTACH_LOCK:
+        if _collect not in accounting.listeners:
+            accounting.listeners.append(_collect)
+
+
+def active_recorder() -> Recorder | None:
+    """The recorder active in this context (thread), if any."""
+    return _ACTIVE.get()
+
+
 class SiteCallback(BaseCallback):
-    """Forwards every prompt-site call to the active :class:`Recorder` (if any)."""
+    """Forwards every prompt-site call to the :class:`Recorder` active in the calling context (if any).
 
-    def __init__(self) -> None:
-        self._starts: dict[str, tuple[str | None, dict[str, Any], float, int]] = {}
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> SiteCallback:
-        return self  # one callback per process: a deep-copied module (an optimizer's candidate) shares it
+    It holds no state (a call's start is kept by the recorder), so a deep-copied module (an optimizer's
+    candidate) may carry a copy of it.
+    """
 
     def on_module_start(self, call_id: str, instance: Any, inputs: dict[str, Any]) -> None:
-        recorder = _ACTIVE
-        if recorder is None or not isinstance(instance, dspy.Predict):
-            return
-        self._starts[call_id] = (current_site(), dict(inputs.get("kwargs") or inputs),
-                                 time.perf_counter(), recorder.system.lm.accounting.mark())
+        recorder = _ACTIVE.get()
+        if recorder is not None and isinstance(instance, dspy.Predict):
+            recorder._call_started(call_id, dict(inputs.get("kwargs") or inputs))
 
     def on_module_end(self, call_id: str, outputs: Any | None, exception: Exception | None = None) -> None:
-        start = self._starts.pop(call_id, None)
-        recorder = _ACTIVE
-        if start is None or recorder is None:
-            return
-        site, inputs, started, mark = start
-        recorder._site_call(site, inputs, outputs, exception, time.perf_counter() - started, mark)
+        recorder = _ACTIVE.get()
+        if recorder is not None:
+            recorder._call_ended(call_id, outputs, exception)
 
 
 SITE_CALLBACK = SiteCallback()
@@ -109,7 +128,7 @@ SITE_CALLBACK = SiteCallback()
 class Recorder:
     """Runs a system over an episode and records the execution graph.
 
-    Use as a context manager (only one recorder is active per process)::
+    Use as a context manager (one recorder is active per context: a thread records into its own)::
 
         with Recorder(system, episode) as rec:
             rec.ingest(episode.sessions)
@@ -126,7 +145,9 @@ class Recorder:
         self._scope_ops: list[str] = []
         self._memory: dict[str, Variable] = {}  # memory id -> latest version
         self._prompts: dict[tuple[str, str], str] = {}
+        self._starts: dict[str, tuple[str | None, dict[str, Any], float, int]] = {}
         self._lock = threading.Lock()
+        self._tokens = threading.local()  # per thread, the ContextVar tokens of this recorder's activations
         self.graph.meta["sites"] = {}
         self.graph.meta["knobs"] = {}
 
@@ -142,28 +163,29 @@ class Recorder:
     # --- activation -----------------------------------------------------------------------
 
     def __enter__(self) -> Recorder:
-        global _ACTIVE
-        with _ACTIVE_LOCK:
-            if _ACTIVE is not None and _ACTIVE is not self:
-                raise RuntimeError("another Recorder is active in this process")
-            _ACTIVE = self
+        active = _ACTIVE.get()
+        if active is not None and active is not self:
+            raise RuntimeError("another Recorder is active in this context")
+        tokens = self._tokens.__dict__.setdefault("stack", [])
+        tokens.append(_ACTIVE.set(self))
         self._attach()
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        global _ACTIVE
-        with _ACTIVE_LOCK:
-            if _ACTIVE is self:
-                _ACTIVE = None
+        _ACTIVE.reset(self._tokens.stack.pop())
 
     def _attach(self) -> None:
-        """Hook the callback into every site (sites can appear later: rerank, query)."""
+        """Hook the callback into every site (sites can appear later: rerank, query), and the call collector
+        into the system's LM accounting."""
+        _listen(self.system.lm.accounting)
         for name, site in self.system.prompt_sites().items():
-            if SITE_CALLBACK not in site.module.callbacks:
-                site.module.callbacks.append(SITE_CALLBACK)
+            with _ATTACH_LOCK:  # one module may serve systems recording in several threads
+                if not any(isinstance(cb, SiteCallback) for cb in site.module.callbacks):
+                    site.module.callbacks.append(SITE_CALLBACK)
             self.graph.meta["sites"][name] = {"stage": site.stage, "op_kinds": list(site.op_kinds),
                                               "changed": site.changed}
         self.graph.meta["knobs"] = jsonable(self.system.knobs())
+        self.graph.meta["search_knob"] = self.system.search_knob
         kinds = self.system.retrievable_kinds()
         self.graph.meta["retrievable_kinds"] = sorted(kinds) if kinds is not None else None
 
@@ -180,6 +202,24 @@ class Recorder:
 
     # --- site calls (from the callback) ---------------------------------------------------
 
+    def _call_started(self, call_id: str, inputs: dict[str, Any]) -> None:
+        records: list[CallRecord] = []
+        token = _CALL_RECORDS.set(records)
+        with self._lock:
+            self._starts[call_id] = (current_site(), inputs, time.perf_counter(), records, token)
+
+    def _call_ended(self, call_id: str, outputs: Any | None, exception: Exception | None) -> None:
+        with self._lock:
+            start = self._starts.pop(call_id, None)
+        if start is None:
+            return
+        site, inputs, started, records, token = start
+        _CALL_RECORDS.reset(token)
+        outer = _CALL_RECORDS.get()
+        if outer is not None:  # a site call inside another: its LM calls are the outer call's too
+            outer.extend(records)
+        self._site_call(site, inputs, outputs, exception, time.perf_counter() - started, records)
+
     def _prompt_var(self, site: str) -> str:
         sites = self.system.prompt_sites()
         instructions = sites[site].instructions if site in sites else ""
@@ -193,12 +233,13 @@ class Recorder:
         return self._prompts[key]
 
     def _site_call(self, site: str | None, inputs: dict[str, Any], outputs: Any, exception: Exception | None,
-                   seconds: float, mark: int) -> None:
+                   seconds: float, records: list[CallRecord]) -> None:
         with self._lock:
             scope = self._scope
             category: Category = scope["category"]
-            records = self.system.lm.accounting.since(mark)
-            usage = self.system.lm.accounting.totals(since=mark)
+            usage = Usage()
+            for record in records:
+                usage.add(record)
             op_inputs = list(scope["inputs"])
             for op_id in self._scope_ops:  # data flows from earlier calls of the same session
                 op_inputs += self.graph.op(op_id).outputs
@@ -355,7 +396,7 @@ class Recorder:
         if not any(s.stage == "retrieve" and n != QUERY_REWRITE for n, s in self.system.prompt_sites().items()):
             try:  # a wider search (no LLM) tells "ranked below top_k" from "not found at all"
                 k = max(self.wide_k, len(items))
-                wide = [m.id for m in self.system._search(query_text, k)]
+                wide = [m.id for m in self.system.search(query_text, k)]
             except Exception as exc:  # noqa: BLE001 - diagnostic only
                 logger.debug("wide search failed: %s", exc)
         inputs = [*query_vars] if query_vars else [qvar]
@@ -366,7 +407,7 @@ class Recorder:
                 inputs.append(var.id)
             listed.append({"rank": rank, "id": item.id, "var": var.id if var else None, "text": item.text,
                            "score": item.score})
-        truncated = getattr(self.system, "last_truncation", None)
+        truncated = self.system.truncation()
         retrieved = self.graph.add_variable(Variable.make(
             "retrieved", question.id, text="\n".join(f"{x['rank']}. {x['text']}" for x in listed)[:TEXT_LIMIT * 4],
             data={"items": listed, "query": query_text, "wide": wide,
@@ -391,4 +432,4 @@ def record_episode(system: MemorySystem, episode: Episode, questions: Sequence[Q
     return recorder.graph, predictions
 
 
-__all__ = ["Operation", "Recorder", "SITE_CALLBACK", "record_episode", "similar"]
+__all__ = ["Operation", "Recorder", "SITE_CALLBACK", "SiteCallback", "active_recorder", "record_episode", "similar"]

@@ -143,6 +143,9 @@ class EchoSystem:
     def answer(self, question: str, memories: list[str]) -> str:
         return memories[0]
 
+    def close(self) -> None:  # MemorySystem's protocol: nothing held open
+        pass
+
 
 def test_a_stub_run_fills_both_tables_and_the_files(monkeypatch, capsys, tmp_path: Path) -> None:
     monkeypatch.setitem(SYSTEMS, "echo", f"{__name__}:EchoSystem")

@@ -19,7 +19,7 @@ from typing import Any
 import dspy
 import pytest
 
-from optloop import tracking
+from optloop import artifacts, tracking
 from optloop.loop import record
 from optloop.loop.candidate import SiteState, apply_state, candidate_from_modules, prompt_text
 from optloop.loop.program import AllSites
@@ -74,9 +74,9 @@ def _finished_run(store: Store, system: str, changes: dict[str, SiteState], knob
         mlflow.log_params({"system": system, "dataset": "builtin:tiny", "budget": "1"})
         with mlflow.start_run(run_name="trial-1", nested=True) as child:
             mlflow.log_params({"trial": 1})
-        record.log_json(texts, "prompts_after.json")
-        record.log_json(best.model_dump(mode="json"), "best_candidate.json")
-        program = store.mlruns / system / "program.json"
+        record.log_json(texts, artifacts.PROMPTS_AFTER)
+        record.log_json(best.model_dump(mode="json"), artifacts.BEST_CANDIDATE)
+        program = store.mlruns / system / artifacts.PROGRAM
         program.parent.mkdir(parents=True, exist_ok=True)
         AllSites(modules).save(str(program))
         mlflow.log_artifact(str(program))

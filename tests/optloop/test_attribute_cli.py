@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
 from optloop.attribute import main
 from optloop.cli import run_cli
+from optloop.datasets import load_dataset
+from tests._servers import ScriptedOpenAIServer
 
 
 @pytest.mark.parametrize("argv, needle", [
@@ -23,47 +27,83 @@ def test_bad_input_is_one_line_and_writes_nothing(argv, needle, capsys, isolated
     assert not (isolated_state / "attribution").exists()
 
 
-def test_list_faults_names_at_least_eight_across_stages(capsys):
+def test_list_faults_prints_every_fault_of_the_catalogue_across_stages(capsys, monkeypatch):
+    from optloop import attribute
+
+    monkeypatch.setattr(attribute.console, "width", 300)  # no fault name wrapped inside its cell
     assert run_cli(main, ["--list-faults"]) == 0
     from optloop.attribution.faults import CATALOGUE
 
-    assert len(CATALOGUE) >= 8
+    printed = capsys.readouterr().out
+    assert [f.name for f in CATALOGUE if f.name not in printed] == []
     assert {f.error_type.value for f in CATALOGUE} == {"ExtractionError", "UpdateError", "DeletionError",
                                                        "RetrievalError", "ResponseError"}
     assert {"mem0", "graphiti", "rag_bm25"} <= {s for f in CATALOGUE for s in f.systems}
 
 
-@pytest.mark.integration
+def _answers(reply: Callable[[str], str]) -> tuple[str, Callable[[dict[str, Any]], tuple[str, Any]]]:
+    """A scripted endpoint's behaviour: every chat request answered ``{"answer": reply(user message)}``
+    (rag_bm25 sends the LM nothing but its answer-site calls)."""
+
+    def respond(body: dict[str, Any]) -> tuple[str, Any]:
+        user = next((m["content"] for m in reversed(body["messages"]) if m["role"] == "user"), "")
+        return "ok", json.dumps({"answer": reply(str(user))})
+
+    return "respond", respond
+
+
+def _lm_flags(server: ScriptedOpenAIServer) -> list[str]:
+    return ["--lm", "openai:scripted", "--lm-base-url", server.base_url, "--no-cache"]
+
+
 def test_attribute_run_writes_reports_and_mlflow_traces_with_operation_spans(tmp_path, isolated_state):
+    """An endpoint that never knows the answer: every question fails, so every failure must be attributed,
+    kept as a graph and mirrored as an MLflow trace whose spans are the operations."""
     out = tmp_path / "out"
-    assert run_cli(main, ["--system", "rag_bm25", "--dataset", "builtin:tiny?limit=2", "--out", str(out)]) == 0
+    with ScriptedOpenAIServer([_answers(lambda user: "I don't know")]) as server:
+        code = run_cli(main, ["--system", "rag_bm25", "--dataset", "builtin:tiny?limit=2", "--out", str(out),
+                              *_lm_flags(server)])
+    assert code == 0
     report = json.loads((out / "report.json").read_text())
-    assert report["questions"] == 5 and report["failures"] == report["questions"] - report["correct"]
+    assert report["questions"] == 5 and report["correct"] == 0 and report["failures"] == 5
     assert len(report["attributions"]) == report["failures"]
     assert (out / "report.md").read_text().startswith("# Attribution: rag_bm25")
     assert sorted(p.name for p in (out / "graphs").iterdir()) == ["tiny-food.json", "tiny-pet.json"]
-    if report["failures"]:
-        import mlflow
+    import mlflow
 
-        from optloop import tracking
+    from optloop import tracking
 
-        tracking.configure()
-        traces = mlflow.search_traces(locations=[tracking.experiment("optloop-attribution-rag_bm25")],
-                                      return_type="list")
-        assert len(traces) == report["failures"]
-        spans = traces[0].data.spans
+    tracking.configure()
+    traces = mlflow.search_traces(locations=[tracking.experiment("optloop-attribution-rag_bm25")],
+                                  return_type="list")
+    assert len(traces) == report["failures"]
+    for trace in traces:
+        spans = trace.data.spans
         root = [s for s in spans if s.parent_id is None]
         assert len(root) == 1 and root[0].name.startswith("question ")
         assert any(s.name.startswith("retrieve") for s in spans) and any(s.name.startswith("answer") for s in spans)
 
 
-@pytest.mark.integration
 def test_planted_faults_report_has_accuracy_fields(tmp_path):
+    """An endpoint that answers right whenever the retrieved memories hold the gold answer: the clean run
+    passes, so the planted ``answer-unknown`` fault induces failures, and each must be scored."""
+    golds = [q.gold for e in load_dataset("builtin:tiny?limit=1").episodes for q in e.questions]
+
+    def reply(user: str) -> str:
+        memories = user.lower()
+        return next((g for g in golds if all(p.strip().lower() in memories for p in g.split(","))), "I don't know")
+
     out = tmp_path / "planted.json"
-    assert run_cli(main, ["--system", "rag_bm25", "--dataset", "builtin:tiny?limit=1", "--faults", "planted",
-                          "--fault", "answer-unknown", "--fault", "top-k-1", "--json", str(out)]) == 0
+    with ScriptedOpenAIServer([_answers(reply)]) as server:
+        code = run_cli(main, ["--system", "rag_bm25", "--dataset", "builtin:tiny?limit=1", "--faults", "planted",
+                              "--fault", "answer-unknown", "--fault", "top-k-1", "--json", str(out),
+                              *_lm_flags(server)])
+    assert code == 0
     report = json.loads(out.read_text())
     assert {"site_accuracy", "type_accuracy", "n"} <= set(report)
-    assert report["n"] == len(report["cases"])
-    for case in report["cases"]:
+    cases = report["cases"]
+    assert report["n"] == len(cases)
+    assert [c for c in cases if c["true_target"] == "answer"], cases  # the answer fault induced failures
+    for case in cases:
         assert case["true_target"] in ("answer", "knob:top_k")
+    assert 0.0 <= report["site_accuracy"] <= 1.0 and 0.0 <= report["type_accuracy"] <= 1.0

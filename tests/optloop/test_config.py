@@ -16,8 +16,12 @@ CONFIG_FILES = sorted(CONFIG_DIR.glob("*.toml"))
 NEEDS_NO_FILES = {"builtin", "synthetic"}
 
 
-def test_there_are_config_files() -> None:
-    assert len(CONFIG_FILES) >= 4 and (CONFIG_DIR / "README.md").is_file()
+def test_the_readme_lists_exactly_the_config_files() -> None:
+    """The parametrized tests below run once per file: the files must be there, and each documented."""
+    import re
+
+    listed = set(re.findall(r"^\| `([\w.]+\.toml)` \|", (CONFIG_DIR / "README.md").read_text(), flags=re.M))
+    assert listed and listed == {p.name for p in CONFIG_FILES}
 
 
 @pytest.mark.parametrize("path", CONFIG_FILES, ids=lambda p: p.name)
@@ -55,17 +59,15 @@ GOOD = 'name = "x"\nsystems = ["rag_bm25"]\ndatasets = ["builtin:tiny"]\n'
 
 def test_defaults(tmp_path: Path) -> None:
     config = load_config(_write(tmp_path, GOOD))
-    assert (config.budget, config.optimizer, config.seed, config.episodes, config.notes) == (10, "simba", 0, None, "")
+    assert (config.name, config.systems, config.datasets, config.episodes, config.notes) == (
+        "x", ["rag_bm25"], ["builtin:tiny"], None, "")
 
 
 @pytest.mark.parametrize(
     ("text", "field"),
     [
-        (GOOD + "budget = 0\n", "'budget'"),
-        (GOOD + "budget = 1001\n", "'budget'"),
-        (GOOD + 'optimizer = "adam"\n', "'optimizer'"),
+        (GOOD + "budget = 5\n", "'budget'"),  # no optimization entry point reads a file: not a field
         (GOOD + "episodes = 0\n", "'episodes'"),
-        (GOOD + 'seed = "zero"\n', "'seed'"),
         (GOOD + "budjet = 5\n", "'budjet'"),
         ('systems = ["rag_bm25"]\ndatasets = ["builtin:tiny"]\n', "'name'"),
         ('name = "x"\nsystems = []\ndatasets = ["builtin:tiny"]\n', "'systems'"),

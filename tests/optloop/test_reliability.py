@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from experiments.bench.faults import FaultSchedule, FaultyEndpoint, bench, run_loop, upstream_lm
+from optloop.artifacts import CHECKPOINT
 from optloop.datasets import load_dataset
 from optloop.errors import EndpointDownError, LMError, LMUnreachableError
 from optloop.lm import LMSettings, OptloopLM, redact_url
@@ -223,7 +224,7 @@ BAD_INPUTS = {
                          "LM cache"),
     "truncated LM cache": (["--system", "md_flat"], lambda s: truncated_cache(s / "lm_cache.sqlite"), "LM cache"),
     "corrupt checkpoint": (["--system", "md_flat", "--run-name", "broken"],
-                           lambda s: corrupt_checkpoint(s / "runs" / "broken" / "checkpoint.json"), "checkpoint"),
+                           lambda s: corrupt_checkpoint(s / "runs" / "broken" / CHECKPOINT), "checkpoint"),
 }
 
 
@@ -267,7 +268,7 @@ def test_dead_endpoint_stops_the_run_resumably_and_the_same_command_finishes_it(
     runs under one parent."""
     budget = 2
     lm = None  # the stub: see the module docstring
-    ckpt = tmp_path / "state" / "runs" / "dead" / "checkpoint.json"
+    ckpt = tmp_path / "state" / "runs" / "dead" / CHECKPOINT
 
     def last_trial_started() -> bool:  # trial 2 is checkpointed, not yet evaluated: its evaluation is under way
         try:

@@ -144,7 +144,7 @@ def test_long_context_keeps_the_most_recent_turns_that_fit_and_reports_the_rest(
     system.ingest(SESSIONS)
     everything = system.retrieve("anything")
     assert [m.id for m in everything] == [f"s{s}:t{t}" for s in (1, 2) for t in (1, 2, 3)]  # chronological
-    assert system.last_truncation["dropped"] == 0
+    assert system.truncation()["dropped"] == 0
 
     # A budget that holds exactly the last two turns.
     last_two = [f"- [2024-04-12] {m.text}\n" for m in everything[-2:]]
@@ -152,8 +152,8 @@ def test_long_context_keeps_the_most_recent_turns_that_fit_and_reports_the_rest(
     kept = system.retrieve("anything", k=100)  # k and the question do not matter
 
     assert [m.id for m in kept] == ["s2:t2", "s2:t3"]
-    assert system.last_truncation == {"kept": 2, "dropped": 4, "tokens": system.knobs()["max_context_tokens"],
-                                      "budget_tokens": system.knobs()["max_context_tokens"]}
+    assert system.truncation() == {"kept": 2, "dropped": 4, "tokens": system.knobs()["max_context_tokens"],
+                                  "budget_tokens": system.knobs()["max_context_tokens"]}
     assert all(m.metadata["truncation"]["dropped"] == 4 for m in kept)
 
 

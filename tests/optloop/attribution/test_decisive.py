@@ -68,7 +68,8 @@ def test_retrieval_error_blames_top_k_when_a_wider_search_finds_it(embedder):
 
 
 def _query_graph(query: str, wide: list[str] | None = None, rewrite: bool = True) -> ExecutionGraph:
-    g = ExecutionGraph(system="toy", meta={"sites": {"retrieve.query": {"op_kinds": ["rewrite"]}}})
+    g = ExecutionGraph(system="toy", meta={"sites": {"retrieve.query": {"op_kinds": ["rewrite"]}},
+                                          "search_knob": "top_k"})
     m = g.add_variable(Variable.make("message", "s1:t1", text="user: My dog is Biscuit.", session_id="s1"))
     mem = g.add_variable(Variable.make("memory", "m1", text="user: My dog is Biscuit.", session_id="s1"))
     g.add_operation("store", "ingest", inputs=[m.id], outputs=[mem.id], session_id="s1")
@@ -88,7 +89,15 @@ def test_retrieval_error_blames_a_drifted_query_rewrite(embedder):
     a = attribute(_query_graph("weather forecast for the weekend"), Q1, "unknown", default_judges(embedder))
     assert (a.error_type, a.target) == (ErrorType.RETRIEVAL, "retrieve.query")
     b = attribute(_query_graph("dog name"), Q1, "unknown", default_judges(embedder))
-    assert b.error_type is ErrorType.RETRIEVAL and b.target == "knob:top_k"
+    assert b.error_type is ErrorType.RETRIEVAL and b.target == "knob:top_k"  # the system's search knob
+
+
+def test_a_search_that_missed_blames_the_search_knob_the_system_names(embedder):
+    graph = _query_graph("dog name")
+    graph.meta["search_knob"] = None  # a system whose search no knob decides
+    assert attribute(graph, Q1, "unknown", default_judges(embedder)).target is None
+    graph.meta["search_knob"] = "threshold"  # named, but this retrieve did not run with it
+    assert attribute(graph, Q1, "unknown", default_judges(embedder)).target is None
 
 
 def test_evidence_falls_back_to_hybrid_search_without_dataset_ids(embedder):

@@ -27,6 +27,7 @@ from optloop.errors import ConfigError
 from optloop.loop.candidate import Candidate, SiteState
 from optloop.loop.optimizers import OptunaOptimizer
 from optloop.loop.study import SharedStudy, redact_url, storage_url
+from systems import get_system
 
 REPO = Path(__file__).resolve().parents[3]
 SECRET = "pg-secret-7f3a"
@@ -180,7 +181,8 @@ def test_workers_on_one_machine_get_their_own_state_dir(tmp_path):
 def stub_evaluator():
     base = Candidate(sites={"answer": SiteState(instructions="seed answer"),
                             "md_flat.curate": SiteState(instructions="seed curate")}, knobs={"top_k": 5})
-    return SimpleNamespace(system_name="md_flat", baseline=lambda: base.model_copy(deep=True)), base
+    return SimpleNamespace(system_name="md_flat", baseline=lambda: base.model_copy(deep=True),
+                           knob_choices=get_system("md_flat").knob_choices), base
 
 
 def optimizers(workers, n: int, budget: int, instructions: list[str]):

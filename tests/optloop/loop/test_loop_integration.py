@@ -11,14 +11,11 @@ import mlflow
 import pytest
 from mlflow.tracking import MlflowClient
 
+from optloop.artifacts import CHILD_ARTIFACTS, PARENT_ARTIFACTS
 from optloop.loop.mlflow_sink import MlflowSink
 from optloop.loop.runner import SplitEvaluator
 from optloop.run import main
 
-PARENT_ARTIFACTS = {"prompts_before.json", "prompts_after.json", "prompts.diff", "best_candidate.json",
-                    "attribution_report.json", "questions_test.csv", "accuracy_by_trial.png", "blame_by_site.png",
-                    "program.json"}
-CHILD_ARTIFACTS = {"candidate.json", "prompts.diff", "attribution.json", "questions_dev.csv"}
 PARENT_METRICS = {"acc_dev", "acc_dev_best", "acc_test_before", "acc_test_after", "delta_test", "llm_calls",
                   "model_calls", "tokens", "seconds", "evaluations"}
 

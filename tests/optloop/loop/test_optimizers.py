@@ -1,12 +1,13 @@
-"""Optimizer plumbing that needs no model: frozen sites, the metric's feedback, GEPA's selector, schemas."""
+"""Optimizer plumbing that needs no model: frozen sites, the metric's feedback, GEPA's selector, knob spaces."""
 
 from __future__ import annotations
 
 import dspy
 import pytest
 
-from optloop.loop.optimizers import BlamedSiteSelector, _fixed_keys, knob_choices
+from optloop.loop.optimizers import BlamedSiteSelector
 from optloop.loop.program import MemoryProgram, attr_name, feedback_metric, site_name
+from systems import get_system
 
 
 @pytest.fixture(scope="module")
@@ -22,13 +23,15 @@ def evaluator(tmp_path_factory):
 
 
 def test_only_tunable_sites_are_predictors(evaluator):
-    program = MemoryProgram(evaluator, evaluator.baseline(), ["md_flat.curate"])
+    base = evaluator.baseline()
+    program = MemoryProgram(base, ["md_flat.curate"], evaluator.modules(base))
     assert [n for n, _ in program.named_predictors()] == ["md_flat__curate"]
-    assert set(program.site_modules()) == {"md_flat.curate", "answer"}
+    assert set(program.candidate("x").sites) == {"md_flat.curate", "answer"}
+    assert program.candidate("x").digest() == base.digest()
     copy = program.deepcopy()
     copy.md_flat__curate.signature = copy.md_flat__curate.signature.with_instructions("changed")
     assert copy.candidate("x").changed_sites(program.candidate("x")) == ["md_flat.curate"]
-    assert copy.evaluator is evaluator  # the stores are shared, not copied
+    assert program.candidate("x").digest() == base.digest()  # the copy's change stays in the copy
 
 
 def test_site_names_round_trip():
@@ -54,17 +57,24 @@ def test_gepa_selector_returns_blamed_components_first():
     assert select(None, [], [], 0, {"answer": "a"}) == ["answer"]
 
 
-def test_open_dicts_get_the_module_keys():
-    schema = {"type": "object", "properties": {"advice": {"type": "object", "additionalProperties": {"type": "string"}},
-                                               "talk": {"type": "string"}}}
-    fixed = _fixed_keys(schema, ["answer"])["properties"]["advice"]
-    assert fixed["properties"] == {"answer": {"type": "string"}} and fixed["additionalProperties"] is False
-    assert _fixed_keys(schema, ["answer"])["properties"]["talk"] == {"type": "string"}
+def test_the_advice_prompt_asks_for_exactly_the_modules_keys():
+    from optloop.loop.simba import advice_signature
+
+    signature = advice_signature(["answer", "md_flat__curate"])
+    assert list(signature.output_fields) == ["discussion", "answer", "md_flat__curate"]
+    assert "program_modules" in signature.input_fields and "worse_reward_info" in signature.input_fields
 
 
-def test_knob_choices_keep_the_current_value():
-    assert knob_choices("rag_bm25", "top_k", 7)[0] == 7 and 1 in knob_choices("rag_bm25", "top_k", 7)
-    assert "EDGE_HYBRID_SEARCH_RRF" in knob_choices("graphiti", "search_recipe", "EDGE_HYBRID_SEARCH_RRF")
+def test_knob_choices_come_from_the_system_and_keep_the_current_value(evaluator):
+    assert get_system("rag_bm25").knob_choices("top_k", 7) == [7, 1, 3, 5, 10, 20]
+    assert get_system("rag_bm25").knob_choices("top_k") == [5, 1, 3, 10, 20]  # the default value first
+    assert get_system("mem0").knob_choices("rerank") == [False, True]
+    assert get_system("long_context").knob_choices("max_context_tokens", 3000) == [3000, 2000, 4000, 6000, 8000]
+    recipes = get_system("graphiti").knob_choices("search_recipe")
+    assert recipes[0] == "EDGE_HYBRID_SEARCH_RRF" and all(r.startswith("EDGE_") for r in recipes) and len(recipes) > 1
+    assert evaluator.knob_choices("top_k", 2)[0] == 2  # md_flat's, through the evaluator
+    with pytest.raises(KeyError):
+        get_system("rag_bm25").knob_choices("threshold")
 
 
 def test_dspy_progress_bars_are_hidden_inside_a_round_unless_verbose(capsys):

@@ -96,3 +96,102 @@ def test_descendants_and_ancestors_follow_data_flow(run):
     down = graph.descendants("message:s1:t1@0")
     assert any(v.startswith("memory:") for v in down) and "answer:q1.answer@0" in down
     assert "message:s1:t1@0" in graph.ancestors("answer:q1.answer@0")
+
+
+def test_the_graph_names_the_systems_knobs_and_search_knob(run):
+    graph, _ = run({"facts": ["User's dog is named Biscuit."]}, {"facts": []}, {"answer": "Biscuit"},
+                   {"answer": "Denver"})
+    assert graph.meta["knobs"] == {"top_k": 0} and graph.meta["search_knob"] == "top_k"
+
+
+def _episode(tag: str) -> Episode:
+    """EPISODE with every id and text prefixed by ``tag``, so two recordings cannot be mistaken."""
+    sessions = [Session(id=f"{tag}-{s.id}", timestamp=s.timestamp,
+                        turns=[Turn(id=f"{tag}-{t.id}", role=t.role, content=f"{tag}: {t.content}") for t in s.turns])
+                for s in EPISODE.sessions]
+    return Episode(id=tag, sessions=sessions,
+                   questions=[q.model_copy(update={"id": f"{tag}-{q.id}", "evidence_ids": []})
+                              for q in EPISODE.questions])
+
+
+class CountingLM(DummyLM):
+    """A scripted LM that logs each call in ``accounting`` (shared, as one OptloopLM's is) and takes a while."""
+
+    def __init__(self, answers: list[dict], accounting: Accounting):
+        super().__init__(answers, adapter=dspy.JSONAdapter())
+        self.accounting = accounting
+
+    def forward(self, *args, **kwargs):
+        import time
+
+        from optloop.lm import CallRecord, current_site
+
+        self.accounting.add(CallRecord(site=current_site(), model="dummy", prompt_tokens=1, completion_tokens=1,
+                                       seconds=0.0, cached=False))
+        time.sleep(0.05)  # the other thread's call lands meanwhile
+        return super().forward(*args, **kwargs)
+
+
+def test_two_threads_record_into_their_own_recorders_at_once(tmp_path, local_embedder):
+    """The active recorder is per context: two threads, both recording at the same moment, each see only
+    their own system's calls (a process-wide recorder would refuse the second, or mix the two graphs), and
+    each operation counts only its own LM call, though both threads' calls go to one accounting."""
+    import threading
+
+    from optloop.tracing.recorder import Recorder, active_recorder
+
+    accounting = Accounting()
+
+    both_active = threading.Barrier(2, timeout=30)
+    graphs: dict[str, ExecutionGraph] = {}
+    errors: list[BaseException] = []
+
+    def record(tag: str) -> None:
+        try:
+            episode = _episode(tag)
+            lm = CountingLM([*({"facts": [f"{tag} fact {i}"]} for i in range(2)), {"answer": tag}, {"answer": tag}],
+                            accounting)
+            system = MarkdownFlatSystem(lm, tmp_path / tag, embedder=local_embedder)
+            with Recorder(system, episode) as recorder:
+                both_active.wait()  # each thread's recorder is active while the other's is
+                assert active_recorder() is recorder
+                for session in episode.sessions:
+                    recorder.ingest_session(session)
+                    both_active.wait()  # interleave the two recordings session by session
+                for question in episode.questions:
+                    assert recorder.ask(question) == tag
+            assert active_recorder() is None
+            graphs[tag] = recorder.graph
+        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+            errors.append(exc)
+            both_active.abort()
+
+    threads = [threading.Thread(target=record, args=(tag,)) for tag in ("red", "blue")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert not errors, errors
+    for tag, other in (("red", "blue"), ("blue", "red")):
+        graph = graphs[tag]
+        calls = [op for op in graph.operations if op.site]
+        assert [op.site for op in calls] == ["md_flat.curate", "md_flat.curate", "answer", "answer"]
+        texts = [graph.variables[v].text for op in calls for v in op.outputs]
+        assert texts and all(tag in t and other not in t for t in texts), texts
+        assert {op.session_id for op in calls if op.session_id} == {f"{tag}-s1", f"{tag}-s2"}
+        assert [op.llm_calls for op in calls] == [1, 1, 1, 1]
+    assert len(accounting.records) == 8
+
+
+def test_a_second_recorder_in_the_same_context_is_refused(tmp_path, local_embedder):
+    from optloop.tracing.recorder import Recorder, active_recorder
+
+    first = Recorder(MarkdownFlatSystem(scripted_lm(), tmp_path / "a", embedder=local_embedder), EPISODE)
+    second = Recorder(MarkdownFlatSystem(scripted_lm(), tmp_path / "b", embedder=local_embedder), EPISODE)
+    with first:
+        with first:  # re-entering the active recorder is fine (a private store records its questions so)
+            assert active_recorder() is first
+        assert active_recorder() is first
+        with pytest.raises(RuntimeError, match="another Recorder"):
+            second.__enter__()
+    assert active_recorder() is None
