@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import dspy
+from pydantic import BaseModel
 
 from optloop.attribution.decisive import evidence_reaches_answer
 from optloop.attribution.judges import default_judges
@@ -103,6 +104,77 @@ def blur_old(items: list[Any], inputs: dict[str, Any]) -> list[Any]:
     return [(_blur(i) if isinstance(i, str) and _already_in_file(i, inputs) else i) for i in items]
 
 
+def _own_text(item: Any) -> str:
+    """The text an extracted item carries: the string, or its ``text`` field."""
+    if isinstance(item, str):
+        return item
+    if isinstance(item, BaseModel) and "text" in type(item).model_fields:
+        return str(item.text)  # type: ignore[attr-defined]
+    if isinstance(item, dict) and "text" in item:
+        return str(item["text"])
+    return _item_text(item)
+
+
+def _with_text(item: Any, text: str) -> Any:
+    """``item`` with its text replaced (a string, or a model or dict with a ``text`` field)."""
+    if isinstance(item, str):
+        return text
+    if isinstance(item, BaseModel) and "text" in type(item).model_fields:
+        return item.model_copy(update={"text": text})
+    if isinstance(item, dict) and "text" in item:
+        return {**item, "text": text}
+    return item
+
+
+def first_words(text: str, n: int) -> str:
+    return " ".join(text.split()[:n])
+
+
+def truncate_facts(items: list[Any], _: dict[str, Any]) -> list[Any]:
+    """Every extracted fact kept, but cut to its first four words."""
+    return [_with_text(i, first_words(_own_text(i), 4)) for i in items]
+
+
+def truncate_new(items: list[Any], inputs: dict[str, Any]) -> list[Any]:
+    """The facts already in the file kept as they are; every new fact cut to its first four words."""
+    return [i if _already_in_file(i, inputs) else _with_text(i, first_words(_own_text(i), 4)) for i in items]
+
+
+def compress_old(items: list[Any], inputs: dict[str, Any]) -> list[Any]:
+    """The facts already in the file collapsed into one summary line (their first twelve words); new facts kept."""
+    old = [i for i in items if _already_in_file(i, inputs)]
+    new = [i for i in items if not _already_in_file(i, inputs)]
+    if not old:
+        return new
+    return [first_words("; ".join(_own_text(i) for i in old), 12), *new]
+
+
+def shift_numbers(text: str) -> str:
+    """Every number one higher: ``3`` becomes ``4``, ``2023`` becomes ``2024``, ``10:30`` becomes ``11:31``."""
+    return re.sub(r"\d+", lambda m: str(int(m.group()) + 1), text)
+
+
+def strip_specifics(text: str) -> str:
+    """``text`` without its names, numbers and dates (capitalized words after the first, digits, months, days)."""
+    words = text.split()
+    kept = [w for i, w in enumerate(words)
+            if not ((i > 0 and w[:1].isupper()) or any(c.isdigit() for c in w) or _NUMBERISH.search(w))]
+    return " ".join(kept)
+
+
+def query_without_specifics(prediction: dspy.Prediction, inputs: dict[str, Any]) -> None:
+    prediction["query"] = strip_specifics(str(inputs.get("question", "")))
+
+
+def echo_question(prediction: dspy.Prediction, inputs: dict[str, Any]) -> None:
+    prediction["answer"] = str(inputs.get("question", ""))
+
+
+def first_memory_only(inputs: dict[str, Any]) -> dict[str, Any]:
+    lines = str(inputs.get("memories", "")).splitlines()
+    return {**inputs, "memories": lines[0] if lines else "(no memories)"}
+
+
 @dataclass
 class Fault:
     """One planted fault: where it is, what it does, what attribution must say."""
@@ -120,6 +192,10 @@ class Fault:
     query_site: bool = False
     # A store fault: run after each session is ingested, with the ids stored before it.
     after_session: Callable[[MemorySystem, set[str]], None] | None = None
+    # The site's inputs rewritten before its call, and its prediction edited (in place) after it, from the inputs.
+    edit_inputs: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    edit_outputs: Callable[[dspy.Prediction, dict[str, Any]], None] | None = None
+    added: str = "original"  # when the fault joined the catalogue: "original", or "issue-21" (written before any run)
 
     def applies_to(self, system: str) -> bool:
         return system in self.systems
@@ -134,14 +210,19 @@ class Fault:
         module = system.prompt_sites()[self.site].module
         original = module.forward
         lists, forced_out, forced_in = self.lists, dict(self.outputs), dict(self.inputs)
+        edit_inputs, edit_outputs = self.edit_inputs, self.edit_outputs
 
         def faulty_forward(**kwargs: Any) -> dspy.Prediction:
             kwargs = {**kwargs, **forced_in}
+            if edit_inputs is not None:
+                kwargs = edit_inputs(kwargs)
             prediction = original(**kwargs)
             if lists is not None:
                 prediction = _map_lists(prediction, lists, kwargs)
             for key, value in forced_out.items():
                 prediction[key] = value
+            if edit_outputs is not None:
+                edit_outputs(prediction, kwargs)
             return prediction
 
         module.forward = faulty_forward
@@ -154,8 +235,7 @@ class Fault:
             for session in sessions:
                 before = {m.id for m in system.all_memories()}
                 original([session])
-                if before:
-                    hook(system, before)
+                hook(system, before)  # after the first session too (``before`` empty): the old hooks then do nothing
 
         system.ingest = faulty_ingest  # type: ignore[method-assign]
 
@@ -172,6 +252,31 @@ def overwrite_old(system: MemorySystem, before: set[str]) -> None:
         if item.id in before:
             system.update_memory(item.id, _blur(item.text.split(": ", 1)[-1]))
 
+
+def _content(item: Any) -> str:
+    """What ``update_memory`` takes for ``item``: a raw turn's content (its ``speaker: `` shown in front dropped)."""
+    text = str(item.text)
+    return text.split(": ", 1)[-1] if (item.metadata or {}).get("kind") == "turn" else text
+
+
+def lose_alternate_writes(system: MemorySystem, before: set[str]) -> None:
+    """The store acknowledges every write of this session but persists only every other one (2nd, 4th, ... lost)."""
+    new = [m.id for m in system.all_memories() if m.id not in before]
+    for memory_id in new[1::2]:
+        system.delete_memory(memory_id)
+
+
+def shift_old_numbers(system: MemorySystem, before: set[str]) -> None:
+    """The store rewrites every unit that existed before this session with each of its numbers one higher."""
+    for item in system.all_memories():
+        if item.id in before:
+            shifted = shift_numbers(_content(item))
+            if shifted != _content(item):
+                system.update_memory(item.id, shifted)
+
+
+_BASELINES_AND_MEM0 = ("mem0", "rag_bm25", "rag_embedding", "long_context")
+_ALL_SYSTEMS = ("mem0", "graphiti", "long_context", "rag_bm25", "rag_embedding", "md_flat")
 
 CATALOGUE: tuple[Fault, ...] = (
     Fault("mem0-extract-drop-numbers", ("mem0",), MEM0_EXTRACT, ErrorType.EXTRACTION,
@@ -205,6 +310,48 @@ CATALOGUE: tuple[Fault, ...] = (
     Fault("answer-ignores-memories", ("mem0", "graphiti", "long_context", "rag_bm25", "rag_embedding", "md_flat"),
           ANSWER, ErrorType.RESPONSE, "the answer site ignores the memories it is given", site=ANSWER,
           inputs={"memories": "(no memories)"}),
+    # --- issue 21, part 2 -------------------------------------------------------------------------------------
+    # Ten faults of kinds the catalogue did not have, over store, update, extraction, retrieval and answer.
+    # Written down and committed BEFORE any run evaluated them (no figure was seen while writing them), so
+    # they are not tuned to the walk. Each one's true target and type say what happened by the taxonomy's
+    # definitions (taxonomy.ErrorType), not what the walk is expected to answer. Their first-run figures
+    # are reported as they come, next to any later ones.
+    # store: writes acknowledged but lost (the evidence never becomes a memory, by the store's fault)
+    Fault("store-loses-alternate-writes", _BASELINES_AND_MEM0, library_target("{system}.store"),
+          ErrorType.EXTRACTION, "the store acknowledges every write but persists only every other memory unit of "
+          "a session (the 2nd, 4th, ... are lost)", after_session=lose_alternate_writes, added="issue-21"),
+    # update: a plausible but wrong value written over a kept one (not blurred, not removed)
+    Fault("store-shifts-numbers", _BASELINES_AND_MEM0, library_target("{system}.store"), ErrorType.UPDATE,
+          "the store rewrites every memory of earlier sessions with each number one higher (3 -> 4, 2023 -> 2024)",
+          after_session=shift_old_numbers, added="issue-21"),
+    # update: a lossy summary of the existing memory (MemFail's summary error)
+    Fault("mdflat-curate-compresses", ("md_flat",), MD_FLAT_CURATE, ErrorType.UPDATE,
+          "curation collapses every fact already in the file into one summary line of its first twelve words",
+          site=MD_FLAT_CURATE, lists=compress_old, added="issue-21"),
+    # extraction: every fact kept, each cut short (partial facts, not dropped facts)
+    Fault("mem0-extract-truncates", ("mem0",), MEM0_EXTRACT, ErrorType.EXTRACTION,
+          "extraction keeps every fact but cuts each to its first four words", site=MEM0_EXTRACT,
+          lists=truncate_facts, added="issue-21"),
+    Fault("mdflat-curate-truncates-new", ("md_flat",), MD_FLAT_CURATE, ErrorType.EXTRACTION,
+          "curation keeps the old file but cuts every new fact to its first four words", site=MD_FLAT_CURATE,
+          lists=truncate_new, added="issue-21"),
+    # retrieval: a score cut-off that filters (not a rank cut-off), a query that lost its key terms (not an
+    # unrelated one), a search over the wrong layer of the graph
+    Fault("threshold-strict", ("mem0", "rag_embedding"), knob_target("threshold"), ErrorType.RETRIEVAL,
+          "the similarity threshold set to 0.99", knobs={"threshold": 0.99}, added="issue-21"),
+    Fault("query-drops-specifics", ("mem0", "rag_bm25", "rag_embedding"), QUERY_REWRITE, ErrorType.RETRIEVAL,
+          "the query rewrite returns the question with its names, numbers and dates removed", site=QUERY_REWRITE,
+          edit_outputs=query_without_specifics, query_site=True, added="issue-21"),
+    Fault("graphiti-recipe-nodes-only", ("graphiti",), knob_target("search_recipe"), ErrorType.RETRIEVAL,
+          "search_recipe set to NODE_HYBRID_SEARCH_RRF: the search returns entity nodes, never the facts (edges)",
+          knobs={"search_recipe": "NODE_HYBRID_SEARCH_RRF"}, added="issue-21"),
+    # answer: a degenerate output (not a fixed one), and a context cut short at the answer (not emptied)
+    Fault("answer-echoes-question", _ALL_SYSTEMS, ANSWER, ErrorType.RESPONSE,
+          "the answer site replies with the question itself", site=ANSWER, edit_outputs=echo_question,
+          added="issue-21"),
+    Fault("answer-sees-first-memory", _ALL_SYSTEMS, ANSWER, ErrorType.RESPONSE,
+          "the answer site sees only the first of the memories it is given", site=ANSWER,
+          edit_inputs=first_memory_only, added="issue-21"),
 )
 
 
