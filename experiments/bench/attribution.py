@@ -6,11 +6,17 @@
 Runs the planted-fault harness (``optloop.attribution.faults``) for each system
 over each dataset with the embedded LM: every system clean and under each of
 its faults. Each question that passes clean and fails under a fault is an
-induced failure with a known site and type; the deterministic attribution pass
-(lexical then embedding judges, no LLM judge) is scored against it. Reports
-site accuracy, type accuracy and n overall, per fault and per error type; the
-median and p95 milliseconds per attributed failure; and the LLM calls the
-attribution made (0 by design).
+failure the fault caused, with a known site and type; the deterministic
+attribution pass (lexical then embedding judges, no LLM judge) is scored
+against it. Reports, overall, per fault and per error type, site and type
+accuracy over the induced failures (a sound clean pass, and the fault kept the
+evidence from the answer) next to the same over every failure the faults
+caused, each with its 95% bootstrap interval and n; the failures set aside
+from the induced figure, each with its reason and its attribution; the
+denominators (clean passes per system and dataset, failures caused per fault),
+flagging samples under 10 as too small to support a figure; the median and
+p95 milliseconds per attributed failure; and the LLM calls the attribution
+made (0 by design). ``--json`` and ``--markdown`` save the same report.
 """
 
 from __future__ import annotations
@@ -24,8 +30,8 @@ from pathlib import Path
 from tempfile import TemporaryDirectory
 
 from rich.console import Console
-from rich.table import Table
 
+from optloop.attribute import render_planted, render_planted_markdown
 from optloop.attribution.faults import PlantedRun, run_planted, summarize
 from optloop.cli import add_lm_arguments, lm_from_args, run_cli, setup_logging
 from optloop.datasets import load_dataset
@@ -46,6 +52,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="semicolon-separated datasets for mem0 and graphiti, which ingest ~50 s a session "
                              "here (default builtin:tiny)")
     parser.add_argument("--json", type=Path, help="also write the figures (and every case) here")
+    parser.add_argument("--markdown", type=Path, help="also write the report as markdown here")
     parser.add_argument("--verbose", action="store_true")
     add_lm_arguments(parser)
     args = parser.parse_args(argv)
@@ -69,27 +76,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     summary = summarize(planted)
     summary["seconds"] = round(time.perf_counter() - started, 1)
     summary["datasets"] = [d.uri for d in datasets]
-
-    table = Table(title=f"planted faults, deterministic attribution ({lm.backend.identity})")
-    for col in ("system/fault", "induced failures", "site acc.", "type acc."):
-        table.add_column(col)
-    for name, row in summary["by_fault"].items():
-        table.add_row(name, str(row["n"]), f"{row['site_accuracy']:.2f}", f"{row['type_accuracy']:.2f}")
-    for name, row in summary["by_type"].items():
-        table.add_row(f"[b]type {name}", str(row["n"]), f"{row['site_accuracy']:.2f}", f"{row['type_accuracy']:.2f}")
-    table.add_row("[b]all", str(summary["n"]), f"{summary['site_accuracy'] or 0:.3f}",
-                  f"{summary['type_accuracy'] or 0:.3f}")
-    console.print(table)
-    console.print(f"attribution: median {summary['median_attribution_ms'] or 0:.2f} ms, p95 "
-                  f"{summary['p95_attribution_ms'] or 0:.2f} ms per failure, "
-                  f"{summary['attribution_llm_calls']} LLM calls; {summary['collateral']} collateral failures "
-                  "(the fault did not keep the evidence from the answer) left out; systems covered: "
-                  f"{', '.join(summary['systems_covered'])}; {summary['seconds']} s in all")
+    summary["lm"] = lm.backend.identity
+    summary["cases"] = [c.to_json() for c in planted.induced]
+    summary["set_aside_cases"] = [c.to_json() for c in planted.set_aside]
+    console.print(f"planted faults, deterministic attribution ({lm.backend.identity}); "
+                  f"{summary['seconds']} s in all")
+    console.print(render_planted(summary))
     if args.json:
-        detail = [{"system": c.system, "fault": c.fault, "episode": c.episode, "true_target": c.true_target,
-                   "true_type": c.true_type.value, "site_ok": c.site_ok, "type_ok": c.type_ok,
-                   "attribution": c.attribution.model_dump(mode="json")} for c in planted.cases]
-        args.json.write_text(json.dumps({**summary, "cases": detail}, indent=1))
+        args.json.write_text(json.dumps(summary, indent=1, ensure_ascii=False))
+    if args.markdown:
+        args.markdown.write_text(render_planted_markdown(summary))
     return 0
 
 
