@@ -276,6 +276,7 @@ def _fault_rows(report: dict[str, Any]) -> list[tuple[str, ...]]:
     groups = [(f"{name}" + (" (new)" if row.get("added") == "issue-21" else ""), row)
               for name, row in report["by_fault"].items()]
     groups += [(f"type {name}", row) for name, row in report["by_type"].items()]
+    groups += [(f"faults added: {name}", row) for name, row in report.get("by_added", {}).items()]
     groups += [("all", {"caused": report["all_failures"]["n"], "induced": report["induced"],
                         "all": report["all_failures"],
                         "passed_clean": sum(d["passed_clean"] for d in report["denominators"])})]

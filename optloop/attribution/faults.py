@@ -673,6 +673,17 @@ def summarize(run: PlantedRun, *, seed: int = 0, min_n: int = MIN_SAMPLE) -> dic
         by_type[t] = {**_block(ind, "induced failures", seed), "caused": len(group),
                       "induced": _block(ind, "induced failures", seed), "all": _block(group, "failures caused", seed)}
 
+    # The faults by when they joined the catalogue: the issue-21 ones' figures apart from the original ones'.
+    added_of = {(t.system, t.fault): t.added for t in run.tallies}
+    by_added: dict[str, Any] = {}
+    for added in sorted(set(added_of.values()) | {added_of.get((c.system, c.fault), "original") for c in cases}):
+        group = [c for c in cases if added_of.get((c.system, c.fault), "original") == added]
+        ind = [c for c in group if c.induced]
+        by_added[added] = {**_block(ind, "induced failures", seed), "caused": len(group),
+                           "induced": _block(ind, "induced failures", seed),
+                           "all": _block(group, "failures caused", seed),
+                           "passed_clean": sum(t.passed_clean for t in run.tallies if t.added == added)}
+
     denominators = []
     for system, dataset in dict.fromkeys((b.system, b.dataset) for b in run.baselines):
         rows = [b for b in run.baselines if (b.system, b.dataset) == (system, dataset)]
@@ -693,7 +704,7 @@ def summarize(run: PlantedRun, *, seed: int = 0, min_n: int = MIN_SAMPLE) -> dic
         "set_aside": {"n": len(aside), "by_reason": {
             r: {"description": d, **_block([c for c in aside if c.set_aside == r], "failures set aside for this reason",
                                            seed)} for r, d in SET_ASIDE_REASONS.items()}},
-        "by_fault": by_fault, "by_type": by_type, "denominators": denominators,
+        "by_fault": by_fault, "by_type": by_type, "by_added": by_added, "denominators": denominators,
         "tallies": [asdict(t) for t in run.tallies],
         "systems_covered": sorted({c.system for c in cases}),
         "attribution_llm_calls": sum(c.llm_calls for c in cases),
