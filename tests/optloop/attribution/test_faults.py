@@ -120,7 +120,7 @@ def test_the_new_faults_carry_their_ground_truth_and_cover_every_stage():
         assert (set(fault.systems), fault.target, fault.error_type) == (systems, target, error_type), name
     assert {stage for stage, *_ in EXPECTED.values()} == {"store", "update", "extraction", "retrieval", "answer"}
     names = [f.name for f in CATALOGUE]
-    assert len(names) == len(set(names)) and len(CATALOGUE) == 12 + len(NEW)
+    assert len(names) == len(set(names)) and len(CATALOGUE) >= 12 + len(NEW)
     assert all(f.added == "original" for f in CATALOGUE[:12])
     # The target of a store fault names the system it runs on; a fault is listed for each of its systems.
     assert NEW["store-loses-alternate-writes"].target.format(system="mem0") == "library:mem0.store"
