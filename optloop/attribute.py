@@ -16,8 +16,13 @@ probe their judge failed, offline (no LM, no embedding model).
 
 With ``--faults planted`` it instead runs the planted-fault harness: the
 system clean and with each fault of the catalogue (``--list-faults``), and
-reports how often attribution names the planted site and type
-(``site_accuracy``, ``type_accuracy``, ``n`` in the JSON).
+reports how often attribution names the planted site and type: over the
+induced failures (``site_accuracy``, ``type_accuracy``, ``n`` in the JSON, as
+before) and over every failure a fault caused (``all_failures``), with the
+failures the induced filter sets aside and why (``set_aside``,
+``set_aside_cases``), the denominators (``denominators``: clean passes per
+system and dataset; ``by_fault``: failures caused per fault) and a 95%
+interval on every rate.
 """
 
 from __future__ import annotations
@@ -34,12 +39,20 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
+from rich.console import Console, Group
 from rich.progress import Progress
 from rich.table import Table
 
 from optloop.attribution import blame, default_judges
-from optloop.attribution.faults import CATALOGUE, run_planted, summarize
+from optloop.attribution.faults import (
+    CATALOGUE,
+    EVIDENCE_REACHED,
+    SET_ASIDE_REASONS,
+    UNSOUND_CLEAN,
+    format_rate,
+    run_planted,
+    summarize,
+)
 from optloop.cli import add_lm_arguments, lm_from_args, run_cli, setup_logging
 from optloop.datasets import load_dataset
 from optloop.errors import ConfigError
@@ -220,21 +233,121 @@ def planted_report(systems: list[str], dataset_uri: str, lm: Any, work: Path,
                               progress=lambda msg: status.update(f"planted faults: {msg}"))
     usage = lm.accounting.totals(since=mark)
     return {**summarize(planted), "systems": systems, "dataset": dataset.uri,
-            "cases": [{"system": c.system, "fault": c.fault, "episode": c.episode, "true_target": c.true_target,
-                       "true_type": c.true_type.value, "site_ok": c.site_ok, "type_ok": c.type_ok,
-                       "attribution": c.attribution.model_dump(mode="json")} for c in planted.cases],
+            "cases": [c.to_json() for c in planted.induced],
+            "set_aside_cases": [c.to_json() for c in planted.set_aside],
             "cost": {"llm_calls": usage.calls, "tokens": usage.tokens,
                      "seconds": round(time.perf_counter() - started, 1)}}
 
 
-def render_planted(report: dict[str, Any]) -> Table:
-    table = Table(title=f"planted faults on {report['dataset']}: site accuracy {report['site_accuracy'] or 0:.3f}, "
-                        f"type accuracy {report['type_accuracy'] or 0:.3f}, n={report['n']}")
-    for col in ("system/fault", "induced failures", "site accuracy", "type accuracy"):
-        table.add_column(col)
-    for name, row in report["by_fault"].items():
-        table.add_row(name, str(row["n"]), f"{row['site_accuracy']:.2f}", f"{row['type_accuracy']:.2f}")
-    return table
+def _planted_scope(report: dict[str, Any]) -> str:
+    datasets = report.get("datasets") or [report.get("dataset") or ""]
+    return ", ".join(d for d in datasets if d) or "(no dataset)"
+
+
+def _planted_lines(report: dict[str, Any]) -> list[str]:
+    """The headline figures as sentences: each accuracy induced-only and over every caused failure, what was
+    set aside, the attribution's speed; an empty sample says so, a small one is flagged."""
+    ind, every, aside = report["induced"], report["all_failures"], report["set_aside"]
+    lines = []
+    for label, key in (("site accuracy", "site"), ("type accuracy", "type")):
+        lines.append(f"{label}, induced failures only: {format_rate(ind[key])}")
+        lines.append(f"{label}, every failure a fault caused: {format_rate(every[key])}")
+    if aside["n"]:
+        why = "; ".join(f"{r['n']} because {r['description']}" for r in aside["by_reason"].values() if r["n"])
+        lines.append(f"set aside from the induced figure: {aside['n']} ({why}); each is attributed below")
+    else:
+        lines.append("set aside from the induced figure: none")
+    small = [d for d in report["denominators"] if d["small_sample"]]
+    for d in small:
+        lines.append(f"{d['system']} on {d['dataset']}: {d['note']}")
+    if report["median_attribution_ms"] is None:
+        lines.append("attribution: no failure attributed")
+    else:
+        lines.append(f"attribution: median {report['median_attribution_ms']:.2f} ms, p95 "
+                     f"{report['p95_attribution_ms']:.2f} ms per failure, {report['attribution_llm_calls']} LLM calls")
+    lines.append(f"k/n estimate [95% CI]: seeded bootstrap (optloop.stats.bootstrap_mean, seed {report['seed']}); "
+                 f"* marks n < {report['min_sample']}, too small to support a figure")
+    return lines
+
+
+def _fault_rows(report: dict[str, Any]) -> list[tuple[str, ...]]:
+    """system/fault, clean passes, caused, induced, set aside (unsound / evidence reached), four rate cells."""
+    rows = []
+    groups = [(f"{name}" + (" (new)" if row.get("added") == "issue-21" else ""), row)
+              for name, row in report["by_fault"].items()]
+    groups += [(f"type {name}", row) for name, row in report["by_type"].items()]
+    groups += [(f"faults added: {name}", row) for name, row in report.get("by_added", {}).items()]
+    groups += [("all", {"caused": report["all_failures"]["n"], "induced": report["induced"],
+                        "all": report["all_failures"],
+                        "passed_clean": sum(d["passed_clean"] for d in report["denominators"])})]
+    for name, row in groups:
+        aside = row.get("set_aside")
+        rows.append((name, str(row.get("passed_clean", "")), str(row["caused"]), str(row["induced"]["n"]),
+                     f"{aside[UNSOUND_CLEAN]} / {aside[EVIDENCE_REACHED]}" if aside else "",
+                     format_rate(row["induced"]["site"], compact=True), format_rate(row["all"]["site"], compact=True),
+                     format_rate(row["induced"]["type"], compact=True), format_rate(row["all"]["type"], compact=True)))
+    return rows
+
+
+FAULT_COLUMNS = ("system/fault", "clean passes", "caused", "induced", "set aside (unsound / reached)",
+                 "site acc. induced", "site acc. all", "type acc. induced", "type acc. all")
+DENOMINATOR_COLUMNS = ("system", "dataset", "episodes", "questions", "passed clean", "sound clean passes",
+                       "failures caused", "note")
+ASIDE_COLUMNS = ("system/fault", "question", "why set aside", "planted", "attributed", "site", "type")
+
+
+def _denominator_rows(report: dict[str, Any]) -> list[tuple[str, ...]]:
+    return [(d["system"], d["dataset"], str(d["episodes"]), str(d["questions"]), str(d["passed_clean"]),
+             str(d["sound_clean"]), str(d["failures_caused"]), d["note"]) for d in report["denominators"]]
+
+
+def _aside_rows(report: dict[str, Any]) -> list[tuple[str, ...]]:
+    return [(f"{c['system']}/{c['fault']}", f"{c['episode']}/{c['question_id']}", c["set_aside"],
+             f"{c['true_target']} {c['true_type']}",
+             f"{c['attribution']['target'] or '-'} {c['attribution']['error_type']}",
+             "ok" if c["site_ok"] else "wrong", "ok" if c["type_ok"] else "wrong")
+            for c in report.get("set_aside_cases", [])]
+
+
+def render_planted(report: dict[str, Any]) -> Group:
+    """The planted report for the terminal: the denominators, each fault's caused failures with the
+    induced-only and all-failures accuracies side by side, the headline sentences, the set-aside failures."""
+    scope = _planted_scope(report)
+    parts: list[Any] = []
+    for title, columns, rows in (
+            (f"planted faults on {scope}: clean runs (the denominators)", DENOMINATOR_COLUMNS,
+             _denominator_rows(report)),
+            ("failures each fault caused, attributed (k/n estimate [95% CI])", FAULT_COLUMNS, _fault_rows(report)),
+            ("failures set aside from the induced figure, attributed anyway", ASIDE_COLUMNS, _aside_rows(report))):
+        if not rows and columns is ASIDE_COLUMNS:
+            continue
+        table = Table(title=title)
+        for col in columns:
+            table.add_column(col)
+        for row in rows:
+            table.add_row(*row)
+        parts.append(table)
+    parts.insert(2, "\n".join(_planted_lines(report)))
+    return Group(*parts)
+
+
+def render_planted_markdown(report: dict[str, Any]) -> str:
+    """The planted report as markdown: the same tables and sentences as :func:`render_planted`."""
+
+    def table(columns: Sequence[str], rows: list[tuple[str, ...]]) -> list[str]:
+        return (["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+                + ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows])
+
+    lines = [f"# Planted faults on {_planted_scope(report)}", "", "## Clean runs (the denominators)", "",
+             *table(DENOMINATOR_COLUMNS, _denominator_rows(report)), "",
+             "## Failures each fault caused", "", *table(FAULT_COLUMNS, _fault_rows(report)), "",
+             *(f"- {line}" for line in _planted_lines(report)), ""]
+    aside = _aside_rows(report)
+    if aside:
+        lines += ["## Failures set aside from the induced figure, attributed anyway", "",
+                  *table(ASIDE_COLUMNS, aside), "",
+                  *(f"- `{key}`: {text}" for key, text in SET_ASIDE_REASONS.items()), ""]
+    return "\n".join(lines)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -269,10 +382,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     setup_logging(args.verbose)
     if args.list_faults:
         table = Table(title="planted-fault catalogue")
-        for col in ("fault", "systems", "true target", "true type", "what it does"):
+        for col in ("fault", "systems", "true target", "true type", "added", "what it does"):
             table.add_column(col)
         for f in CATALOGUE:
-            table.add_row(f.name, ", ".join(f.systems), f.target, f.error_type.value, f.description)
+            table.add_row(f.name, ", ".join(f.systems), f.target, f.error_type.value, f.added, f.description)
         console.print(table)
         return 0
     if args.from_traces:
@@ -295,7 +408,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.faults:
             report = planted_report(systems, args.dataset, lm, work, args.fault_names)
             console.print(render_planted(report))
-            markdown = None
+            markdown = render_planted_markdown(report)
         else:
             report = attribute_dataset(systems[0], args.dataset, lm, work, traces=not args.no_traces,
                                        llm_judge=args.llm_judge, agent=args.agent)

@@ -1,16 +1,23 @@
 """Benchmark attribution on planted faults: accuracy, speed, and LLM calls of the deterministic pass.
 
-    python -m experiments.bench.attribution [--systems rag_bm25,...] [--datasets builtin:tiny,synthetic:suite]
-                                            [--json out.json]
+    python -m experiments.bench.attribution [--systems rag_bm25,...] [--datasets "builtin:tiny;synthetic:suite"]
+                                            [--faults issue-21|NAME,...] [--json out.json] [--markdown out.md]
 
 Runs the planted-fault harness (``optloop.attribution.faults``) for each system
 over each dataset with the embedded LM: every system clean and under each of
-its faults. Each question that passes clean and fails under a fault is an
-induced failure with a known site and type; the deterministic attribution pass
-(lexical then embedding judges, no LLM judge) is scored against it. Reports
-site accuracy, type accuracy and n overall, per fault and per error type; the
-median and p95 milliseconds per attributed failure; and the LLM calls the
-attribution made (0 by design).
+its faults. Each question that passes clean and fails under a fault is a
+failure the fault caused, with a known site and type; the deterministic
+attribution pass (lexical then embedding judges, no LLM judge) is scored
+against it. Reports, overall, per fault and per error type, site and type
+accuracy over the induced failures (a sound clean pass, and the fault kept the
+evidence from the answer) next to the same over every failure the faults
+caused, each with its 95% bootstrap interval and n; the failures set aside
+from the induced figure, each with its reason and its attribution; the
+denominators (clean passes per system and dataset, failures caused per fault),
+flagging samples under 10 as too small to support a figure; the original
+faults' figures apart from those of the faults issue 21 added; the median and
+p95 milliseconds per attributed failure; and the LLM calls the attribution
+made (0 by design). ``--json`` and ``--markdown`` save the same report.
 """
 
 from __future__ import annotations
@@ -24,16 +31,32 @@ from pathlib import Path
 from tempfile import TemporaryDirectory
 
 from rich.console import Console
-from rich.table import Table
 
-from optloop.attribution.faults import PlantedRun, run_planted, summarize
+from optloop.attribute import render_planted, render_planted_markdown
+from optloop.attribution.faults import CATALOGUE, PlantedRun, run_planted, summarize
 from optloop.cli import add_lm_arguments, lm_from_args, run_cli, setup_logging
 from optloop.datasets import load_dataset
+from optloop.errors import ConfigError
 from systems import get_system
 
 DEFAULT_SYSTEMS = "rag_bm25,rag_embedding,long_context,md_flat,mem0,graphiti"
 DEFAULT_DATASETS = ";".join(["builtin:tiny"] + [f"synthetic:suite?seed={i}" for i in range(5)])
 LIBRARY_SYSTEMS = {"mem0", "graphiti"}  # ~50 s per ingested session on 2 cores with the embedded LM
+
+
+def select_faults(spec: str | None) -> list[str] | None:
+    """``--faults``: ``None`` (every fault), the names given, or every fault a catalogue batch added
+    (``issue-21``); an unknown name fails before any work."""
+    if not spec:
+        return None
+    batches = {f.added for f in CATALOGUE}
+    names: list[str] = []
+    for item in (s.strip() for s in spec.split(",") if s.strip()):
+        names += [f.name for f in CATALOGUE if f.added == item] if item in batches else [item]
+    unknown = sorted(set(names) - {f.name for f in CATALOGUE})
+    if unknown:
+        raise ConfigError(f"unknown fault(s) {unknown}; see python -m optloop.attribute --list-faults")
+    return list(dict.fromkeys(names))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -45,7 +68,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--library-datasets", default="builtin:tiny",
                         help="semicolon-separated datasets for mem0 and graphiti, which ingest ~50 s a session "
                              "here (default builtin:tiny)")
+    parser.add_argument("--faults", metavar="NAMES",
+                        help="comma-separated fault names, or 'issue-21' for the faults issue 21 added (default: "
+                             "the whole catalogue; see python -m optloop.attribute --list-faults)")
     parser.add_argument("--json", type=Path, help="also write the figures (and every case) here")
+    parser.add_argument("--markdown", type=Path, help="also write the report as markdown here")
     parser.add_argument("--verbose", action="store_true")
     add_lm_arguments(parser)
     args = parser.parse_args(argv)
@@ -53,6 +80,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     for name in systems:
         get_system(name)
+    fault_names = select_faults(args.faults)
     datasets = [load_dataset(uri.strip()) for uri in args.datasets.split(";") if uri.strip()]
     library_uris = {load_dataset(uri.strip()).uri for uri in args.library_datasets.split(";") if uri.strip()}
     lm = lm_from_args(args)
@@ -65,31 +93,20 @@ def main(argv: Sequence[str] | None = None) -> int:
                 if system in LIBRARY_SYSTEMS and dataset.uri not in library_uris:
                     continue
                 planted += run_planted([system], dataset, lm, Path(tmp) / dataset.name, embedder=None,
-                                     progress=lambda msg: status.update(f"{dataset.name}: {msg}"))
+                                       fault_names=fault_names, progress=lambda msg: status.update(f"{dataset.name}: {msg}"))
     summary = summarize(planted)
     summary["seconds"] = round(time.perf_counter() - started, 1)
     summary["datasets"] = [d.uri for d in datasets]
-
-    table = Table(title=f"planted faults, deterministic attribution ({lm.backend.identity})")
-    for col in ("system/fault", "induced failures", "site acc.", "type acc."):
-        table.add_column(col)
-    for name, row in summary["by_fault"].items():
-        table.add_row(name, str(row["n"]), f"{row['site_accuracy']:.2f}", f"{row['type_accuracy']:.2f}")
-    for name, row in summary["by_type"].items():
-        table.add_row(f"[b]type {name}", str(row["n"]), f"{row['site_accuracy']:.2f}", f"{row['type_accuracy']:.2f}")
-    table.add_row("[b]all", str(summary["n"]), f"{summary['site_accuracy'] or 0:.3f}",
-                  f"{summary['type_accuracy'] or 0:.3f}")
-    console.print(table)
-    console.print(f"attribution: median {summary['median_attribution_ms'] or 0:.2f} ms, p95 "
-                  f"{summary['p95_attribution_ms'] or 0:.2f} ms per failure, "
-                  f"{summary['attribution_llm_calls']} LLM calls; {summary['collateral']} collateral failures "
-                  "(the fault did not keep the evidence from the answer) left out; systems covered: "
-                  f"{', '.join(summary['systems_covered'])}; {summary['seconds']} s in all")
+    summary["lm"] = lm.backend.identity
+    summary["cases"] = [c.to_json() for c in planted.induced]
+    summary["set_aside_cases"] = [c.to_json() for c in planted.set_aside]
+    console.print(f"planted faults, deterministic attribution ({lm.backend.identity}); "
+                  f"{summary['seconds']} s in all")
+    console.print(render_planted(summary))
     if args.json:
-        detail = [{"system": c.system, "fault": c.fault, "episode": c.episode, "true_target": c.true_target,
-                   "true_type": c.true_type.value, "site_ok": c.site_ok, "type_ok": c.type_ok,
-                   "attribution": c.attribution.model_dump(mode="json")} for c in planted.cases]
-        args.json.write_text(json.dumps({**summary, "cases": detail}, indent=1))
+        args.json.write_text(json.dumps(summary, indent=1, ensure_ascii=False))
+    if args.markdown:
+        args.markdown.write_text(render_planted_markdown(summary))
     return 0
 
 
