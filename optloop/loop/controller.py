@@ -32,8 +32,10 @@ discarded and its candidate goes back to the head of the queue, to be redone und
 same trial number. The
 optimizer is rebuilt on resume and told every candidate already tried; a queue-based
 optimizer gets its saved queue back. Nothing is counted twice: the budget counts the
-checkpoint's trials (or, shared, the study's slots). The data flow of the whole
-system is in ``docs/architecture.md``.
+checkpoint's trials (or, shared, the study's slots). Every save also writes what this process
+has spent, and every process adds itself to the checkpoint's count, so the run's cost adds up
+every process that worked on it (a kill loses only what was spent since the last save, which is
+the work that is redone). The data flow of the whole system is in ``docs/architecture.md``.
 """
 
 from __future__ import annotations
@@ -52,13 +54,12 @@ from optloop.loop._base import Optimizer
 from optloop.loop.candidate import Candidate, prompt_diff
 from optloop.loop.evaluate import Evaluation
 from optloop.loop.policy import choose_targets, held_out_intervals, promotion, small_split_warning
-from optloop.loop.state import Checkpoint, LoopConfig, LoopResult, Trial, Tried
+from optloop.loop.state import Checkpoint, Cost, LoopConfig, LoopResult, Trial, Tried, add_costs
 from optloop.stats import Interval
 
 logger = logging.getLogger(__name__)
 
 Split = Literal["train", "dev", "test"]
-Cost = dict[str, int | float]
 
 
 # --- the interfaces -----------------------------------------------------------------------
@@ -195,7 +196,8 @@ class Coordinator(Protocol):
         """Tags for a trial's record (which worker ran it)."""
 
     def report(self, trial: Trial, cost: Callable[[], Cost]) -> None:
-        """An evaluated trial, checkpointed: tell the other workers."""
+        """An evaluated trial, checkpointed: tell the other workers (``cost``: what this worker's processes
+        have spent on the run so far)."""
 
     def best_accuracy(self, mine: float, baseline: float) -> float:
         """The run's best dev accuracy so far, given this worker's best."""
@@ -208,7 +210,7 @@ class Coordinator(Protocol):
         """Every evaluated trial of the run, by trial number (``trials``: this worker's checkpoint)."""
 
     def others_cost(self) -> dict[str, float]:
-        """What the other workers spent (added to this one's cost in the result)."""
+        """What the other workers spent, every process of theirs (added to this one's cost in the result)."""
 
     def publish(self, result: LoopResult) -> LoopResult:
         """Hand the final result to the other workers; the result as every worker returns it."""
@@ -231,7 +233,8 @@ class RunContext:
 
     ``checkpoint`` is saved to ``path``; ``base`` is the start program (the system's prompts with
     ``--start`` applied); ``progress`` receives one-line status messages; ``cost`` returns what this
-    process has spent so far (LLM calls, tokens, seconds).
+    process has spent so far (LLM calls, tokens, seconds), saved with every checkpoint (the run's
+    total adds up every process's: :meth:`Checkpoint.total_cost`).
     """
 
     config: LoopConfig
@@ -242,8 +245,19 @@ class RunContext:
     cost: Callable[[], Cost] = _no_cost
 
     def save(self) -> None:
-        """Write the checkpoint atomically."""
+        """Write the checkpoint atomically, with what this process has spent so far."""
+        self.checkpoint.spending = self.cost()
         self.checkpoint.save(self.path)
+
+    def keep_spending(self) -> None:
+        """Write what this process has spent into the checkpoint *on disk* and nothing else: called when the
+        run stops midway (an interrupt, an error), when the checkpoint in memory may be ahead of the last
+        step it completed."""
+        if not self.path.exists():
+            return
+        saved = Checkpoint.load(self.path)
+        saved.spending = self.cost()
+        saved.save(self.path)
 
 
 @dataclass
@@ -276,17 +290,34 @@ class Controller:
         return self.ctx.checkpoint
 
     def run(self) -> LoopResult:
-        """The whole loop; the result every worker of the run returns. The checkpoint says finished after."""
-        self._baseline()
-        targeting = self._target()
-        self._repair()
-        optimizer, best = self._resume_optimizer(targeting)
-        note = self._trials(optimizer, best, targeting.note)
-        result = self.coordinator.settle(lambda: self._finish(targeting, note), self.ctx.cost)
-        if not self.ckpt.finished:
-            self.ckpt.finished = True
-            self.ctx.save()
-        return result
+        """The whole loop; the result every worker of the run returns. The checkpoint says finished after.
+
+        One call is one process's share of the run (:meth:`Checkpoint.begin_process`). When it stops midway
+        (a kill signal turned into ``KeyboardInterrupt``, an error), what it spent is written into the
+        checkpoint on disk before the exception goes on.
+        """
+        self.ckpt.begin_process()
+        try:
+            self._baseline()
+            targeting = self._target()
+            self._repair()
+            optimizer, best = self._resume_optimizer(targeting)
+            note = self._trials(optimizer, best, targeting.note)
+            result = self.coordinator.settle(lambda: self._finish(targeting, note), self.run_cost)
+            if not self.ckpt.finished:
+                self.ckpt.finished = True
+                self.ctx.save()
+            return result
+        except BaseException:
+            try:
+                self.ctx.keep_spending()
+            except Exception as exc:  # noqa: BLE001 - the original exception matters more
+                logger.warning("could not save this process's cost into the checkpoint: %s", exc)
+            raise
+
+    def run_cost(self) -> Cost:
+        """What this worker's processes have spent on the run, this one's up to now included."""
+        return self.ckpt.total_cost(self.ctx.cost())
 
     # --- before the trials ----------------------------------------------------------------
 
@@ -384,7 +415,7 @@ class Controller:
                 best = _Best(candidate, trial.evaluation, trial_no)
                 self._retarget(optimizer, trial.evaluation)
             self.ctx.save()
-            coordinator.report(trial, self.ctx.cost)
+            coordinator.report(trial, self.run_cost)
             best_so_far = coordinator.best_accuracy(best.evaluation.accuracy, ckpt.baseline_dev.accuracy)
             self.sink.log_dev(trial_no, trial.evaluation.accuracy, best_so_far)
         return note
@@ -435,9 +466,8 @@ class Controller:
         best_curve = list(accumulate((a for _, a in points), max))
         before_ci, after_ci, delta_ci = held_out_intervals(before, after, seed=cfg.seed)
         promoted, reason = promotion(cfg.promote_if, best is not base, delta_ci)
-        cost = self.ctx.cost()
-        for key, value in self.coordinator.others_cost().items():  # other workers' share (seconds: worker-seconds)
-            cost[key] = round(cost.get(key, 0) + value, 1)
+        # this worker's processes plus the other workers' (seconds: worker-seconds)
+        cost = add_costs(self.run_cost(), self.coordinator.others_cost())
         texts_before, texts_after = self.evaluator.prompt_texts(base), self.evaluator.prompt_texts(best)
         diff = prompt_diff(texts_before, texts_after)
         self.sink.log_summary(Summary(
