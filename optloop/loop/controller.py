@@ -119,10 +119,14 @@ class Summary:
 class TrackingSink(Protocol):
     """Where a run is recorded. The controller calls it only after the state it reports is checkpointed,
     so a resumed run never records a trial twice (a kill after the checkpoint write and before the call
-    loses that one record instead: ``acc_dev`` at that step, say)."""
+    would lose that one record: the ``acc_dev`` point a resumed run finds missing from
+    :meth:`dev_steps` it logs again)."""
 
     def log_dev(self, trial: int, accuracy: float, best: float) -> None:
         """The dev accuracy of trial ``trial`` (0: the baseline) and the best so far."""
+
+    def dev_steps(self) -> set[int]:
+        """The trials whose dev accuracy :meth:`log_dev` has recorded (asked by a resumed run only)."""
 
     def log_targets(self, targeting: Targeting) -> None:
         """The baseline's blame and the targets chosen from it (recorded once, by the leading worker)."""
@@ -250,13 +254,14 @@ class RunContext:
         self.checkpoint.save(self.path)
 
     def keep_spending(self) -> None:
-        """Write what this process has spent into the checkpoint *on disk* and nothing else: called when the
-        run stops midway (an interrupt, an error), when the checkpoint in memory may be ahead of the last
-        step it completed."""
+        """Write the run's cost (the earlier processes', this one's, their count) into the checkpoint *on disk*
+        and nothing else: called when the run stops midway (an interrupt, an error), when the rest of the
+        checkpoint in memory may be ahead of the last step it completed."""
         if not self.path.exists():
             return
         saved = Checkpoint.load(self.path)
-        saved.spending = self.cost()
+        ckpt = self.checkpoint  # its cost fields are consistent in memory (begin_process moved the last spending)
+        saved.spent, saved.processes, saved.spending = ckpt.spent, ckpt.processes, self.cost()
         saved.save(self.path)
 
 
@@ -366,6 +371,25 @@ class Controller:
             ckpt.queue.insert(0, trial.candidate)
         self.ctx.save()
         self.coordinator.republish(ckpt.trials)
+        if ckpt.processes > 1:
+            self._relog_dev()
+
+    def _relog_dev(self) -> None:
+        """The ``acc_dev`` points a kill kept from being logged (it came between a checkpoint write and the
+        sink's call), with the best so far as it was then: the baseline's (by the leading worker) and this
+        worker's trials' (when shared, the best among the baseline and this worker's trials up to it)."""
+        ckpt = self.ckpt
+        assert ckpt.baseline_dev is not None
+        best = ckpt.baseline_dev.accuracy
+        points = [(0, best, best)] if self.coordinator.leads else []
+        for t in sorted(ckpt.trials, key=lambda t: t.trial):
+            if t.evaluation is not None:
+                best = max(best, t.evaluation.accuracy)
+                points.append((t.trial, t.evaluation.accuracy, best))
+        logged = self.sink.dev_steps()
+        for trial, accuracy, best_so_far in points:
+            if trial not in logged:
+                self.sink.log_dev(trial, accuracy, best_so_far)
 
     def _resume_optimizer(self, targeting: Targeting) -> tuple[Optimizer, _Best]:
         """A fresh optimizer told everything already tried, retargeted on the best so far, its queue restored."""

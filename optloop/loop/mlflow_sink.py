@@ -41,6 +41,11 @@ class MlflowSink:
 
         mlflow.log_metrics({"acc_dev": accuracy, "acc_dev_best": best}, step=trial)
 
+    def dev_steps(self) -> set[int]:
+        from mlflow.tracking import MlflowClient
+
+        return {m.step for m in MlflowClient().get_metric_history(self.parent_run_id, "acc_dev")}
+
     def log_targets(self, targeting: Targeting) -> None:
         import mlflow
 
