@@ -222,9 +222,17 @@ def summary_table(result: LoopResult) -> Table:
     table.add_row("promoted", result.promotion_reason, "", "")
     table.add_section()
     table.add_row("evaluations / budget", f"{result.evaluations} / {cfg.budget}", "", "")
-    table.add_row("cost", f"{cost['llm_calls']:.0f} LLM calls ({cost['model_calls']:.0f} computed), "
-                          f"{cost['tokens']:.0f} tokens, {cost['seconds']:.1f} s", "", "")
+    table.add_row("cost", cost_line(cost), "", "")
     return table
+
+
+def cost_line(cost: dict[str, int | float]) -> str:
+    """The run's cost in one line: every process that worked on it, added up (and how many there were)."""
+    processes = int(cost.get("processes", 1))
+    dollars = f", ${cost['dollars']:.4f}" if "dollars" in cost else ""
+    return (f"{cost.get('llm_calls', 0):.0f} LLM calls ({cost.get('model_calls', 0):.0f} computed), "
+            f"{cost.get('tokens', 0):.0f} tokens, {cost.get('seconds', 0):.1f} s{dollars}; "
+            f"the run took {processes} process{'es' if processes != 1 else ''}")
 
 
 def tried_table(result: LoopResult) -> Table:
@@ -312,13 +320,14 @@ def _so_far(ckpt: Checkpoint, config: LoopConfig) -> str:
     return f"{ckpt.progress(config.budget)}, {ckpt.processes} process(es) so far"
 
 
-def check_endpoint(settings: LMSettings) -> None:
-    """An OpenAI-compatible endpoint answers one ping (with no cache file: nothing is written), or an
-    :class:`EndpointDownError` (exit 75) when it cannot be reached or answers only server errors. An LM
-    error of another kind (a wrong key, an unknown model) is bad input (exit 2)."""
-    if settings.backend == "local":
-        return
+def probe_lm(settings: LMSettings) -> OptloopLM:
+    """The LM of ``settings`` without its cache, checked: an OpenAI-compatible endpoint answers one ping, or an
+    :class:`EndpointDownError` (exit 75) when it cannot be reached or answers only server errors; an LM error
+    of another kind (a wrong key, an unknown model) is bad input (exit 2). Nothing is written (no cache file),
+    so it can serve the input's checks before the run's state exists."""
     probe = OptloopLM(settings.model_copy(update={"cache": False}))
+    if settings.backend == "local":
+        return probe
     try:
         probe.text("ping", max_tokens=1, cache=False)
     except LMUnreachableError as exc:
@@ -328,6 +337,7 @@ def check_endpoint(settings: LMSettings) -> None:
             raise EndpointDownError(f"{exc}; nothing was written: rerun the same command once the endpoint "
                                     "is up") from None
         raise
+    return probe
 
 
 @contextmanager
@@ -380,13 +390,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     split_dataset(dataset, config)
     choice = choose_run(args, config, state_dir(create=False) / "runs")
     config = config.model_copy(update={"run_name": choice.name})
-    for each in (settings, proposer_settings):  # an unavailable endpoint fails now, before any state is written
-        if each is not None:
-            check_endpoint(each)
-    lm = OptloopLM(settings)
+    probe = probe_lm(settings)  # an unavailable endpoint fails now, before any state is written
+    if proposer_settings is not None:
+        probe_lm(proposer_settings)
+    loop = Loop(config, probe, probe, auto_named=not args.run_name)
+    loop.prepare()  # --start names a site of the system (checked with the probe: no LM cache file yet)
+    lm = OptloopLM(settings)  # the input is valid: now the LM cache may be opened (or found corrupt)
     proposer = OptloopLM(proposer_settings) if proposer_settings is not None else lm
-    loop = Loop(config, lm, proposer, auto_named=not args.run_name)
-    loop.prepare()  # --start names a site of the system
+    loop.lm, loop.proposer = lm, proposer
     console.print(choice.line, soft_wrap=True)
     again = resume_command(argv)
     with interruptible() as signals:

@@ -154,7 +154,7 @@ class Loop:
         self.auto_named = auto_named  # the run name was made up: the same command (no --run-name) resumes it
         self.lm = lm
         self.proposer = proposer
-        self.run_dir = work or state_dir() / "runs" / config.run_name
+        self.run_dir = work or state_dir(create=False) / "runs" / config.run_name  # created when claimed
         self.state = self.run_dir  # this worker's own directory (another one under workers/ when shared)
         self.progress = progress or (lambda msg: None)
         self.started = time.perf_counter()
