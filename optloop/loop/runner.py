@@ -171,8 +171,6 @@ class Loop:
         cfg = self.config
         dataset = load_dataset(cfg.dataset)
         train, dev, test = split_dataset(dataset, cfg)
-        if warning := small_split_warning(questions(dev), questions(test)):
-            logger.warning("%s", warning)
         if cfg.start:  # an unknown site is refused before any state of the run is written
             import tempfile
 
@@ -185,6 +183,9 @@ class Loop:
     def run(self) -> LoopResult:
         self.prepare()
         assert self._prepared is not None
+        _, _, dev, test = self._prepared
+        if warning := small_split_warning(questions(dev), questions(test)):
+            logger.warning("%s", warning)
         self.state = self._claim_state_dir()
         try:
             return self._run(*self._prepared)
