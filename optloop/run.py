@@ -409,9 +409,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise EndpointDownError(f"{exc}; the run is saved: rerun the same command to resume it: {again}") from None
         except KeyboardInterrupt:
             where = loop.state / "checkpoint.json"
-            saved = f" ({Checkpoint.load(where).progress(config.budget)})" if where.exists() else ""
-            print(f"optloop: interrupted ({signals[0] if signals else 'SIGINT'}): run {config.run_name} is saved{saved}, "
-                  f"its MLflow runs marked KILLED; resume it with the same command: {again}", file=sys.stderr)
+            why = signals[0] if signals else "SIGINT"
+            if where.exists():
+                print(f"optloop: interrupted ({why}): run {config.run_name} is saved "
+                      f"({Checkpoint.load(where).progress(config.budget)}), its MLflow runs marked KILLED; resume it "
+                      f"with the same command: {again}", file=sys.stderr)
+            else:
+                print(f"optloop: interrupted ({why}) before run {config.run_name} started; nothing was saved",
+                      file=sys.stderr)
             return 130
     console.print(summary_table(result))
     if result.tried:
