@@ -220,7 +220,8 @@ def kill_main(argv: Sequence[str]) -> int:
 # --- one scenario -------------------------------------------------------------------------------------------
 
 
-def run_args(work: Path, budget: int, base_url: str, *, optimizer: str = "edit", extra: Sequence[str] = ()) -> list[str]:
+def run_args(work: Path, budget: int, base_url: str, *, optimizer: str = "edit",
+             extra: Sequence[str] = ()) -> list[str]:
     return ["--system", SYSTEM, "--dataset", DATASET, "--budget", str(budget), "--optimizer", optimizer,
             "--start", f"answer=+{PLANTED}", "--promote-if", "delta", "--lm", "openai:oracle", "--lm-base-url",
             base_url, "--lm-retries", "1", "--lm-timeout", "30", "--tracking-uri",
@@ -276,7 +277,8 @@ def read_store(work: Path) -> Store:
         except Exception:  # noqa: BLE001 - no champion alias
             champion = None
         registry[prompt.name] = {"versions": versions, "champion": champion}
-    return Store(statuses=statuses, running=[r.info.run_name or r.info.run_id for r in runs if r.info.status == "RUNNING"],
+    running = [r.info.run_name or r.info.run_id for r in runs if r.info.status == "RUNNING"]
+    return Store(statuses=statuses, running=running,
                  trials=sorted(int(r.data.params["trial"]) for r in children
                                if r.info.lifecycle_stage == "active" and "trial" in r.data.params),
                  discarded=sorted(f"{r.info.run_name} {r.info.status}" for r in children
@@ -485,7 +487,8 @@ def markdown(m: Matrix) -> str:
         lines.append(f"| {r.kill_point} | {_yes(r.resumed)} | {_yes(r.identical)} | "
                      f"{_yes(r.no_running and r.no_duplicate)} | {cost} | {r.processes} |")
     b = m.bound
-    lines.append(f"\nOne step (the costliest trial or held-out test of the uninterrupted run): {b['llm_calls']:.0f} LLM "
+    lines.append(f"\nOne step (the costliest trial or held-out test of the uninterrupted run): "
+                 f"{b['llm_calls']:.0f} LLM "
                  f"calls, {b['model_calls']:.0f} model calls, {b['tokens']:.0f} tokens, {b['seconds']:.1f} s. "
                  f"Uninterrupted: {m.clean['cost']}.")
     if m.shared is not None:

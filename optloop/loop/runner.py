@@ -278,8 +278,10 @@ class Loop:
         finally:
             if status != "FINISHED" and _quiet(coordinator.finished_elsewhere):
                 status = "FINISHED"  # this worker failed after another one finished the run
-            while mlflow.active_run() is not None:  # a child run an interrupt left open too, then the parent
+            while (active := mlflow.active_run()) is not None:  # a child run an interrupt left open, then the parent
                 mlflow.end_run(status)
+                if active.info.run_id == parent.info.run_id:
+                    break
             evaluator.close()
 
     def _log_params(self, evaluator: Evaluator, train: Dataset, dev: Dataset, test: Dataset) -> None:

@@ -78,7 +78,8 @@ def check(result: LoopResult, sink: MemorySink, path: Path, clean: LoopResult, c
     assert sink.trials() == list(range(1, BUDGET + 1)), where  # no trial twice, none missing
     assert all(r["status"] == "FINISHED" for r in sink.children.values()), where  # no record left running
     assert sorted(p[0] for p in sink.dev) == list(range(BUDGET + 1)), where  # each acc_dev point once
-    assert [(t, round(b, 3)) for t, _, b in sorted(sink.dev)] == [(t, round(b, 3)) for t, _, b in sorted(clean_sink.dev)]
+    best_so_far = [(t, round(b, 3)) for t, _, b in sorted(sink.dev)]
+    assert best_so_far == [(t, round(b, 3)) for t, _, b in sorted(clean_sink.dev)], where
     extra = result.cost["llm_calls"] - clean.cost["llm_calls"]
     assert 0 <= extra <= ONE_TRIAL * (processes - 1), (where, result.cost, clean.cost)
     assert result.cost["tokens"] == 100 * result.cost["llm_calls"], where  # every process's spending, added

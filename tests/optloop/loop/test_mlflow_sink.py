@@ -72,7 +72,8 @@ def test_the_dev_points_logged_so_far(parent, tmp_path):
 
 def test_the_cost_reads_dollars_when_the_lm_accounting_prices_calls():
     def lm(dollars):
-        usage = SimpleNamespace(calls=4, model_calls=3, tokens=40, **({"dollars": dollars} if dollars is not None else {}))
+        priced = {"dollars": dollars} if dollars is not None else {}
+        usage = SimpleNamespace(calls=4, model_calls=3, tokens=40, **priced)
         return SimpleNamespace(accounting=SimpleNamespace(totals=lambda *a, **k: usage))
 
     loop = Loop(LoopConfig(system="md_flat", run_name="r"), lm(None), None)

@@ -231,7 +231,8 @@ def test_a_run_in_use_is_left_to_its_process_unless_workers_share_it(tmp_path):
     lock = _lock_dir(runs / "busy")  # another process runs it
     try:
         choice = choose_run(args, config, runs)
-        assert choice.checkpoint is None and choice.name != "busy" and "busy with these settings is in use" in choice.line
+        assert choice.checkpoint is None and choice.name != "busy"
+        assert "busy with these settings is in use" in choice.line
         shared_args = args_of("--optimizer", "optuna")
         shared_config = config_of(shared_args)
         unfinished(runs, "study", shared_config)
