@@ -11,10 +11,12 @@ import os
 from pathlib import Path
 
 
-def state_dir() -> Path:
-    """The state directory, created on first use."""
+def state_dir(*, create: bool = True) -> Path:
+    """The state directory, created on first use (``create=False``: only its path, for reading before a
+    command has validated its input)."""
     path = Path(os.environ.get("OPTLOOP_HOME", ".optloop")).expanduser().resolve()
-    path.mkdir(parents=True, exist_ok=True)
+    if create:
+        path.mkdir(parents=True, exist_ok=True)
     return path
 
 

@@ -25,18 +25,26 @@ answer every dev question, attribute every failure. SIMBA's and GEPA's own mini-
 on train are the optimizer's cost: their LLM calls are reported, they are not evaluations.
 
 Results: `make ui` (MLflow UI on mlruns/, offline-safe; see the README), experiment
-optloop-<system>. An interrupted run resumes with the same command and --run-name.
+optloop-<system>.
+
+Resume: the same command resumes the latest unfinished run of the same settings
+(system, dataset, optimizer, seed, budget, targeting, start, knobs, split, LM settings)
+and says so in one line; --new starts afresh; --run-name NAME starts or resumes that
+run by name. Everything evaluated is read back, a half-done trial is redone, and the
+costs of every process that worked on the run add up. SIGTERM or Ctrl-C checkpoints
+the run, marks its MLflow runs KILLED, prints the command that resumes it and exits
+with code 130.
 
 LM faults: transient faults of an OpenAI-compatible endpoint (HTTP 5xx, dropped
 connections, truncated or non-JSON bodies, timeouts) are retried (--lm-retries,
 --lm-timeout); one that outlasts the retries fails the question it hit and the run
-goes on. An endpoint that stays unreachable (refused, timing out twice in a call,
-or answering only HTTP 5xx to 3 calls in a row) stops the run (exit code 75) with the
-state saved: rerun the same command, with --run-name, to resume.
+goes on. An endpoint that is unavailable at startup, or stays unreachable during the
+run (refused, timing out twice in a call, or answering only HTTP 5xx to 3 calls in a
+row), stops it with exit code 75, the state saved: rerun the same command to resume.
 
-Bad input (an unknown system, a budget out of range, a missing or malformed dataset,
-a corrupt LM cache or checkpoint) exits with code 2 and one line, before anything
-is written.
+Exit codes: 0 done; 2 bad input (an unknown system, a budget out of range, a missing
+or malformed dataset, a corrupt LM cache or checkpoint, a finished --run-name: one
+line, before anything is written); 75 LM endpoint unavailable; 130 interrupted.
 """
 
 from __future__ import annotations
@@ -44,24 +52,38 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import shlex
+import signal
 import sys
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
 from optloop import artifacts
 from optloop.attribution.taxonomy import Target
-from optloop.cli import add_lm_arguments, lm_from_args, run_cli, setup_logging
-from optloop.errors import ConfigError, EndpointDownError
-from optloop.lm import Usage
-from optloop.loop.runner import MAX_BUDGET, Checkpoint, Loop, LoopConfig, LoopResult, check_fractions, split_dataset
-from optloop.paths import state_dir
+from optloop.cli import add_lm_arguments, lm_settings_from_args, run_cli, setup_logging
+from optloop.errors import ConfigError, EndpointDownError, LMError, LMUnreachableError
+from optloop.lm import LMSettings, OptloopLM, Usage
+from optloop.loop.runner import (MAX_BUDGET, Checkpoint, Loop, LoopConfig, LoopResult, check_fractions, matches,
+                                 split_dataset, unfinished_runs)
+from optloop.paths import state_dir, write_atomic
 from optloop.stats import Interval, bootstrap_mean
 from systems import SYSTEMS, get_system
 
 console = Console(stderr=True)
+
+# The LM settings that change what the model answers: part of a run's settings (LoopConfig.lm_settings), so
+# the same command with another context window or decoding bound is another run. The endpoint's URL,
+# timeout and retries are not (a server that moved still serves the same run).
+ANSWER_SETTINGS = ("backend", "model", "schema_mode", "temperature", "max_tokens", "seed", "n_ctx",
+                   "max_string_chars", "max_array_items")
 
 
 def _budget(text: str) -> int:
@@ -129,7 +151,11 @@ def build_parser() -> argparse.ArgumentParser:
                              "own instruction (see experiments.bench.repair)")
     parser.add_argument("--knob", action="append", default=[], metavar="NAME=VALUE",
                         help="start from this knob value (repeatable), e.g. --knob top_k=3")
-    parser.add_argument("--run-name", help="MLflow run name and resume key (default <system>-<optimizer>-<time>)")
+    parser.add_argument("--run-name", help="MLflow run name; starts that run, or resumes it if unfinished (default: "
+                                           "resume the latest unfinished run of these settings, else a new "
+                                           "<system>-<optimizer>-<time>)")
+    parser.add_argument("--new", action="store_true",
+                        help="start a new run even if an unfinished run of these settings exists")
     parser.add_argument("--tracking-uri", help="MLflow tracking URI (default sqlite:///mlruns/mlflow.db)")
     parser.add_argument("--storage", help="Optuna storage URL (default SQLite in the run directory; "
                                           "postgresql://... to share a study)")
@@ -197,9 +223,17 @@ def summary_table(result: LoopResult) -> Table:
     table.add_row("promoted", result.promotion_reason, "", "")
     table.add_section()
     table.add_row("evaluations / budget", f"{result.evaluations} / {cfg.budget}", "", "")
-    table.add_row("cost", f"{cost['llm_calls']:.0f} LLM calls ({cost['model_calls']:.0f} computed), "
-                          f"{cost['tokens']:.0f} tokens, {cost['seconds']:.1f} s", "", "")
+    table.add_row("cost", cost_line(cost), "", "")
     return table
+
+
+def cost_line(cost: dict[str, int | float]) -> str:
+    """The run's cost in one line: every process that worked on it, added up (and how many there were)."""
+    processes = int(cost.get("processes", 1))
+    dollars = f", ${cost['dollars']:.4f}" if "dollars" in cost else ""
+    return (f"{cost.get('llm_calls', 0):.0f} LLM calls ({cost.get('model_calls', 0):.0f} computed), "
+            f"{cost.get('tokens', 0):.0f} tokens, {cost.get('seconds', 0):.1f} s{dollars}; "
+            f"the run took {processes} process{'es' if processes != 1 else ''}")
 
 
 def tried_table(result: LoopResult) -> Table:
@@ -223,45 +257,168 @@ def fault_line(usage: Usage) -> str | None:
             "run directory)")
 
 
+def _run_config(args: argparse.Namespace, settings: LMSettings) -> LoopConfig:
+    """The run's settings from the flags (the run name is chosen later: see :func:`choose_run`)."""
+    return LoopConfig(system=args.system, dataset=args.dataset, budget=args.budget, optimizer=args.optimizer,
+                      seed=args.seed, untargeted=args.untargeted,
+                      sites=[s.strip() for s in args.sites.split(",") if s.strip()] if args.sites else None,
+                      run_name=args.run_name or "-", tracking_uri=args.tracking_uri, storage=args.storage,
+                      lm=args.lm or "local", proposer_lm=args.proposer_lm or "same", knobs=_knobs(args.knob),
+                      start=_pairs(args.start, "--start", "SITE=TEXT, e.g. --start 'answer=+Be brief.'"),
+                      fractions=args.split, promote_if=args.promote_if,
+                      lm_settings=settings.model_dump(mode="json", include=set(ANSWER_SETTINGS)))
+
+
+@dataclass(frozen=True)
+class Choice:
+    """Which run this command works on: a new one, or the one it resumes (its checkpoint), and the line
+    that says so."""
+
+    name: str
+    checkpoint: Checkpoint | None
+    line: str
+
+
+def choose_run(args: argparse.Namespace, config: LoopConfig, runs: Path) -> Choice:
+    """``--run-name`` (refused when finished or started with other settings); else, unless ``--new``, the
+    latest unfinished run started without ``--run-name`` from the same settings (one a live process holds is
+    left to it, unless its optimizer shares the run between workers); else a new name. Reads only."""
+    what = f"{config.system} on {config.dataset}, {config.optimizer}, budget {config.budget}"
+    if args.run_name:
+        name = args.run_name
+        path = runs / name / "checkpoint.json"
+        ckpt = Checkpoint.load(path) if path.exists() else None
+        if ckpt is None:
+            return Choice(name, None, f"[bold]optloop.run[/] {name}: {what}")
+        if ckpt.finished:
+            raise ConfigError(f"run {name!r} already finished (MLflow run {ckpt.parent_run_id}); pick another "
+                              "--run-name to run again")
+        if not matches(ckpt, config.model_copy(update={"run_name": name})):
+            raise ConfigError(f"run name {name!r} exists with other settings; resume it with the same command, or "
+                              "pick another --run-name")
+        return Choice(name, ckpt, f"[bold]optloop.run[/] resuming {name}: {what} ({_so_far(ckpt, config)})")
+    busy: list[str] = []
+    if not args.new:
+        for run in unfinished_runs(runs, config):
+            if run.in_use and config.optimizer != "optuna":
+                busy.append(run.name)
+                continue
+            how = "joining" if run.in_use else "resuming"
+            return Choice(run.name, run.checkpoint,
+                          f"[bold]optloop.run[/] {how} {run.name}, the latest unfinished run of these settings "
+                          f"({_so_far(run.checkpoint, config)}); --new starts afresh")
+    name = f"{config.system}-{config.optimizer}-{time.strftime('%Y%m%d-%H%M%S')}"
+    n = 1
+    while (runs / name).exists():
+        n += 1
+        name = f"{config.system}-{config.optimizer}-{time.strftime('%Y%m%d-%H%M%S')}-{n}"
+    extra = f"; {', '.join(busy)} with these settings is in use by another process" if busy else ""
+    return Choice(name, None, f"[bold]optloop.run[/] {name}: {what} (a new run: the same command resumes it if it "
+                              f"stops{extra})")
+
+
+def _so_far(ckpt: Checkpoint, config: LoopConfig) -> str:
+    return f"{ckpt.progress(config.budget)}, {ckpt.processes} process(es) so far"
+
+
+def probe_lm(settings: LMSettings) -> OptloopLM:
+    """The LM of ``settings`` without its cache, checked: an OpenAI-compatible endpoint answers one ping, or an
+    :class:`EndpointDownError` (exit 75) when it cannot be reached or answers only server errors; an LM error
+    of another kind (a wrong key, an unknown model) is bad input (exit 2). Nothing is written (no cache file),
+    so it can serve the input's checks before the run's state exists."""
+    probe = OptloopLM(settings.model_copy(update={"cache": False}))
+    if settings.backend == "local":
+        return probe
+    try:
+        probe.text("ping", max_tokens=1, cache=False)
+    except LMUnreachableError as exc:
+        raise EndpointDownError(f"{exc}; nothing was written: rerun the same command once the endpoint is up") from None
+    except LMError as exc:
+        if exc.__cause__ is not None and probe.backend.is_server_error(exc.__cause__):
+            raise EndpointDownError(f"{exc}; nothing was written: rerun the same command once the endpoint "
+                                    "is up") from None
+        raise
+    return probe
+
+
+@contextmanager
+def interruptible() -> Iterator[list[str]]:
+    """SIGTERM and SIGINT (Ctrl-C) raise ``KeyboardInterrupt`` in the main thread, once: the run checkpoints,
+    ends its MLflow runs as KILLED and stops. A repeated signal is ignored while it does (SIGKILL still
+    stops it at once). Yields the names of the signals received."""
+    got: list[str] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield got
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        got.append(signal.Signals(signum).name)
+        if len(got) == 1:
+            raise KeyboardInterrupt(got[0])
+        print(f"optloop: {got[-1]} again: still saving the run (SIGKILL stops at once)", file=sys.stderr)
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield got
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def resume_command(argv: Sequence[str]) -> str:
+    """The command that resumes this run: the same one, without ``--new``."""
+    return shlex.join(["python", "-m", "optloop.run", *(a for a in argv if a != "--new")])
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     setup_logging(args.verbose)
     if not args.verbose:  # DSPy's optimizers log every step; our status line says what runs
         logging.getLogger("dspy").setLevel(logging.ERROR)
+    if args.new and args.run_name:
+        raise ConfigError("--new and --run-name exclude each other: --run-name names the run to start or resume")
     get_system(args.system)
     from optloop.datasets import load_dataset
 
     dataset = load_dataset(args.dataset)  # a malformed dataset fails here, before any LLM call or any state
-    run_name = args.run_name or f"{args.system}-{args.optimizer}-{time.strftime('%Y%m%d-%H%M%S')}"
-    config = LoopConfig(system=args.system, dataset=args.dataset, budget=args.budget, optimizer=args.optimizer,
-                        seed=args.seed, untargeted=args.untargeted,
-                        sites=[s.strip() for s in args.sites.split(",") if s.strip()] if args.sites else None,
-                        run_name=run_name, tracking_uri=args.tracking_uri, storage=args.storage,
-                        lm=args.lm or "local", proposer_lm=args.proposer_lm or "same", knobs=_knobs(args.knob),
-                        start=_pairs(args.start, "--start", "SITE=TEXT, e.g. --start 'answer=+Be brief.'"),
-                        fractions=args.split, promote_if=args.promote_if)
+    decoding = get_system(args.system).local_decoding
+    settings = lm_settings_from_args(args, decoding)
+    proposer_settings = (lm_settings_from_args(argparse.Namespace(**{**vars(args), "lm": args.proposer_lm}), decoding)
+                         if args.proposer_lm else None)
+    config = _run_config(args, settings)
     # Everything the loop would refuse is refused now, before the LM (and its cache file) exists.
     split_dataset(dataset, config)
-    checkpoint = state_dir() / "runs" / run_name / artifacts.CHECKPOINT
-    if checkpoint.exists():
-        Checkpoint.load(checkpoint)
-    decoding = get_system(args.system).local_decoding
-    lm = lm_from_args(args, decoding)
-    proposer = lm
-    if args.proposer_lm:
-        proposer_args = argparse.Namespace(**{**vars(args), "lm": args.proposer_lm})
-        proposer = lm_from_args(proposer_args, decoding)
-    for model in {id(lm): lm, id(proposer): proposer}.values():
-        if model.settings.backend != "local":  # an unreachable endpoint fails now, before any state is written
-            model.text("ping", max_tokens=1, cache=False)
-    console.print(f"[bold]optloop.run[/] {run_name}: {args.system} on {args.dataset}, {args.optimizer}, "
-                  f"budget {args.budget} (resume with --run-name {run_name})")
-    try:
-        with console.status("starting") as status:
-            result = Loop(config, lm, proposer, progress=lambda msg: status.update(msg)).run()
-    except EndpointDownError as exc:
-        again = "rerun the same command" if args.run_name else f"rerun the same command with --run-name {run_name}"
-        raise EndpointDownError(f"{exc}; the run is saved: {again} to resume") from None
+    choice = choose_run(args, config, state_dir(create=False) / "runs")
+    config = config.model_copy(update={"run_name": choice.name})
+    probe = probe_lm(settings)  # an unavailable endpoint fails now, before any state is written
+    if proposer_settings is not None:
+        probe_lm(proposer_settings)
+    loop = Loop(config, probe, probe, auto_named=not args.run_name)
+    loop.prepare()  # --start names a site of the system (checked with the probe: no LM cache file yet)
+    lm = OptloopLM(settings)  # the input is valid: now the LM cache may be opened (or found corrupt)
+    proposer = OptloopLM(proposer_settings) if proposer_settings is not None else lm
+    loop.lm, loop.proposer = lm, proposer
+    console.print(choice.line, soft_wrap=True)
+    again = resume_command(argv)
+    with interruptible() as signals:
+        try:
+            with console.status("starting") as status:
+                loop.progress = lambda msg: status.update(msg)
+                result = loop.run()
+        except EndpointDownError as exc:
+            raise EndpointDownError(f"{exc}; the run is saved: rerun the same command to resume it: {again}") from None
+        except KeyboardInterrupt:
+            where = loop.state / artifacts.CHECKPOINT
+            why = signals[0] if signals else "SIGINT"
+            if where.exists():
+                print(f"optloop: interrupted ({why}): run {config.run_name} is saved "
+                      f"({Checkpoint.load(where).progress(config.budget)}), its MLflow runs marked KILLED; resume it "
+                      f"with the same command: {again}", file=sys.stderr)
+            else:
+                print(f"optloop: interrupted ({why}) before run {config.run_name} started; nothing was saved",
+                      file=sys.stderr)
+            return 130
     console.print(summary_table(result))
     if result.tried:
         console.print(tried_table(result))
@@ -274,10 +431,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         console.print(line, soft_wrap=True, markup=False)
     console.print(f"MLflow parent run {result.parent_run_id} (experiment optloop-{args.system}); `make ui` to compare")
     if args.json:
-        from pathlib import Path
-
-        from optloop.paths import write_atomic
-
         out = result.model_dump(mode="json")
         out["lm"] = lm.accounting.totals().as_dict()  # this process's calls: faults, cured, errors, retries ...
         if proposer is not lm:

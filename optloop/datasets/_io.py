@@ -82,6 +82,23 @@ def existing_file(text: str, scheme: str) -> Path:
     return path
 
 
+def json_error(source: str | Path, exc: json.JSONDecodeError, text: str, first_line: int = 1,
+               unit: str = "file") -> DatasetError:
+    """Bad JSON in ``text`` (the ``unit``, "file" or "line", starting on line ``first_line`` of ``source``), at
+    the line and column where it went wrong. JSON that stops before its value ends (a file or a line cut
+    off) is reported at the end of its last line, where the rest is missing, not at "column 1" of the
+    empty line after it."""
+    content = text.rstrip()
+    if exc.pos >= len(content) or exc.msg.startswith("Unterminated string"):
+        lineno = first_line + content.count("\n")
+        column = len(content) - (content.rfind("\n") + 1)
+        return dataset_error(source, f"line {lineno}", None,
+                             f"invalid JSON: the {unit} ends after column {column}, before its JSON value is "
+                             "complete (cut off?)")
+    return dataset_error(source, f"line {first_line + exc.lineno - 1}", None,
+                         f"invalid JSON: {exc.msg} at column {exc.colno}")
+
+
 def read_json(path: Path) -> Any:
     """Parse a JSON file; bad JSON names its line and column."""
     try:
@@ -91,9 +108,7 @@ def read_json(path: Path) -> Any:
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
-        raise dataset_error(
-            path, f"line {exc.lineno}", None, f"invalid JSON: {exc.msg} at column {exc.colno}"
-        ) from None
+        raise json_error(path, exc, text) from None
 
 
 def read_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
@@ -109,9 +124,7 @@ def read_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
             try:
                 yield lineno, json.loads(line)
             except json.JSONDecodeError as exc:
-                raise dataset_error(
-                    path, f"line {lineno}", None, f"invalid JSON: {exc.msg} at column {exc.colno}"
-                ) from None
+                raise json_error(path, exc, line, first_line=lineno, unit="line") from None
 
 
 def read_json_records(path: Path, container_key: str | None = None) -> list[tuple[str, Any]]:

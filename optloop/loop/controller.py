@@ -32,8 +32,10 @@ discarded and its candidate goes back to the head of the queue, to be redone und
 same trial number. The
 optimizer is rebuilt on resume and told every candidate already tried; a queue-based
 optimizer gets its saved queue back. Nothing is counted twice: the budget counts the
-checkpoint's trials (or, shared, the study's slots). The data flow of the whole
-system is in ``docs/architecture.md``.
+checkpoint's trials (or, shared, the study's slots). Every save also writes what this process
+has spent, and every process adds itself to the checkpoint's count, so the run's cost adds up
+every process that worked on it (a kill loses only what was spent since the last save, which is
+the work that is redone). The data flow of the whole system is in ``docs/architecture.md``.
 """
 
 from __future__ import annotations
@@ -52,13 +54,12 @@ from optloop.loop._base import Optimizer
 from optloop.loop.candidate import Candidate, prompt_diff
 from optloop.loop.evaluate import Evaluation
 from optloop.loop.policy import choose_targets, held_out_intervals, promotion, small_split_warning
-from optloop.loop.state import Checkpoint, LoopConfig, LoopResult, Trial, Tried
+from optloop.loop.state import Checkpoint, Cost, LoopConfig, LoopResult, Trial, Tried, add_costs
 from optloop.stats import Interval
 
 logger = logging.getLogger(__name__)
 
 Split = Literal["train", "dev", "test"]
-Cost = dict[str, int | float]
 
 
 # --- the interfaces -----------------------------------------------------------------------
@@ -118,10 +119,14 @@ class Summary:
 class TrackingSink(Protocol):
     """Where a run is recorded. The controller calls it only after the state it reports is checkpointed,
     so a resumed run never records a trial twice (a kill after the checkpoint write and before the call
-    loses that one record instead: ``acc_dev`` at that step, say)."""
+    would lose that one record: the ``acc_dev`` point a resumed run finds missing from
+    :meth:`dev_steps` it logs again)."""
 
     def log_dev(self, trial: int, accuracy: float, best: float) -> None:
         """The dev accuracy of trial ``trial`` (0: the baseline) and the best so far."""
+
+    def dev_steps(self) -> set[int]:
+        """The trials whose dev accuracy :meth:`log_dev` has recorded (asked by a resumed run only)."""
 
     def log_targets(self, targeting: Targeting) -> None:
         """The baseline's blame and the targets chosen from it (recorded once, by the leading worker)."""
@@ -195,7 +200,8 @@ class Coordinator(Protocol):
         """Tags for a trial's record (which worker ran it)."""
 
     def report(self, trial: Trial, cost: Callable[[], Cost]) -> None:
-        """An evaluated trial, checkpointed: tell the other workers."""
+        """An evaluated trial, checkpointed: tell the other workers (``cost``: what this worker's processes
+        have spent on the run so far)."""
 
     def best_accuracy(self, mine: float, baseline: float) -> float:
         """The run's best dev accuracy so far, given this worker's best."""
@@ -208,7 +214,7 @@ class Coordinator(Protocol):
         """Every evaluated trial of the run, by trial number (``trials``: this worker's checkpoint)."""
 
     def others_cost(self) -> dict[str, float]:
-        """What the other workers spent (added to this one's cost in the result)."""
+        """What the other workers spent, every process of theirs (added to this one's cost in the result)."""
 
     def publish(self, result: LoopResult) -> LoopResult:
         """Hand the final result to the other workers; the result as every worker returns it."""
@@ -231,7 +237,8 @@ class RunContext:
 
     ``checkpoint`` is saved to ``path``; ``base`` is the start program (the system's prompts with
     ``--start`` applied); ``progress`` receives one-line status messages; ``cost`` returns what this
-    process has spent so far (LLM calls, tokens, seconds).
+    process has spent so far (LLM calls, tokens, seconds), saved with every checkpoint (the run's
+    total adds up every process's: :meth:`Checkpoint.total_cost`).
     """
 
     config: LoopConfig
@@ -242,8 +249,20 @@ class RunContext:
     cost: Callable[[], Cost] = _no_cost
 
     def save(self) -> None:
-        """Write the checkpoint atomically."""
+        """Write the checkpoint atomically, with what this process has spent so far."""
+        self.checkpoint.spending = self.cost()
         self.checkpoint.save(self.path)
+
+    def keep_spending(self) -> None:
+        """Write the run's cost (the earlier processes', this one's, their count) into the checkpoint *on disk*
+        and nothing else: called when the run stops midway (an interrupt, an error), when the rest of the
+        checkpoint in memory may be ahead of the last step it completed."""
+        if not self.path.exists():
+            return
+        saved = Checkpoint.load(self.path)
+        ckpt = self.checkpoint  # its cost fields are consistent in memory (begin_process moved the last spending)
+        saved.spent, saved.processes, saved.spending = ckpt.spent, ckpt.processes, self.cost()
+        saved.save(self.path)
 
 
 @dataclass
@@ -276,17 +295,34 @@ class Controller:
         return self.ctx.checkpoint
 
     def run(self) -> LoopResult:
-        """The whole loop; the result every worker of the run returns. The checkpoint says finished after."""
-        self._baseline()
-        targeting = self._target()
-        self._repair()
-        optimizer, best = self._resume_optimizer(targeting)
-        note = self._trials(optimizer, best, targeting.note)
-        result = self.coordinator.settle(lambda: self._finish(targeting, note), self.ctx.cost)
-        if not self.ckpt.finished:
-            self.ckpt.finished = True
-            self.ctx.save()
-        return result
+        """The whole loop; the result every worker of the run returns. The checkpoint says finished after.
+
+        One call is one process's share of the run (:meth:`Checkpoint.begin_process`). When it stops midway
+        (a kill signal turned into ``KeyboardInterrupt``, an error), what it spent is written into the
+        checkpoint on disk before the exception goes on.
+        """
+        self.ckpt.begin_process()
+        try:
+            self._baseline()
+            targeting = self._target()
+            self._repair()
+            optimizer, best = self._resume_optimizer(targeting)
+            note = self._trials(optimizer, best, targeting.note)
+            result = self.coordinator.settle(lambda: self._finish(targeting, note), self.run_cost)
+            if not self.ckpt.finished:
+                self.ckpt.finished = True
+                self.ctx.save()
+            return result
+        except BaseException:
+            try:
+                self.ctx.keep_spending()
+            except Exception as exc:  # noqa: BLE001 - the original exception matters more
+                logger.warning("could not save this process's cost into the checkpoint: %s", exc)
+            raise
+
+    def run_cost(self) -> Cost:
+        """What this worker's processes have spent on the run, this one's up to now included."""
+        return self.ckpt.total_cost(self.ctx.cost())
 
     # --- before the trials ----------------------------------------------------------------
 
@@ -335,6 +371,25 @@ class Controller:
             ckpt.queue.insert(0, trial.candidate)
         self.ctx.save()
         self.coordinator.republish(ckpt.trials)
+        if ckpt.processes > 1:
+            self._relog_dev()
+
+    def _relog_dev(self) -> None:
+        """The ``acc_dev`` points a kill kept from being logged (it came between a checkpoint write and the
+        sink's call), with the best so far as it was then: the baseline's (by the leading worker) and this
+        worker's trials' (when shared, the best among the baseline and this worker's trials up to it)."""
+        ckpt = self.ckpt
+        assert ckpt.baseline_dev is not None
+        best = ckpt.baseline_dev.accuracy
+        points = [(0, best, best)] if self.coordinator.leads else []
+        for t in sorted(ckpt.trials, key=lambda t: t.trial):
+            if t.evaluation is not None:
+                best = max(best, t.evaluation.accuracy)
+                points.append((t.trial, t.evaluation.accuracy, best))
+        logged = self.sink.dev_steps()
+        for trial, accuracy, best_so_far in points:
+            if trial not in logged:
+                self.sink.log_dev(trial, accuracy, best_so_far)
 
     def _resume_optimizer(self, targeting: Targeting) -> tuple[Optimizer, _Best]:
         """A fresh optimizer told everything already tried, retargeted on the best so far, its queue restored."""
@@ -384,7 +439,7 @@ class Controller:
                 best = _Best(candidate, trial.evaluation, trial_no)
                 self._retarget(optimizer, trial.evaluation)
             self.ctx.save()
-            coordinator.report(trial, self.ctx.cost)
+            coordinator.report(trial, self.run_cost)
             best_so_far = coordinator.best_accuracy(best.evaluation.accuracy, ckpt.baseline_dev.accuracy)
             self.sink.log_dev(trial_no, trial.evaluation.accuracy, best_so_far)
         return note
@@ -435,9 +490,8 @@ class Controller:
         best_curve = list(accumulate((a for _, a in points), max))
         before_ci, after_ci, delta_ci = held_out_intervals(before, after, seed=cfg.seed)
         promoted, reason = promotion(cfg.promote_if, best is not base, delta_ci)
-        cost = self.ctx.cost()
-        for key, value in self.coordinator.others_cost().items():  # other workers' share (seconds: worker-seconds)
-            cost[key] = round(cost.get(key, 0) + value, 1)
+        # this worker's processes plus the other workers' (seconds: worker-seconds)
+        cost = add_costs(self.run_cost(), self.coordinator.others_cost())
         texts_before, texts_after = self.evaluator.prompt_texts(base), self.evaluator.prompt_texts(best)
         diff = prompt_diff(texts_before, texts_after)
         self.sink.log_summary(Summary(

@@ -42,6 +42,11 @@ class MlflowSink:
 
         mlflow.log_metrics({"acc_dev": accuracy, "acc_dev_best": best}, step=trial)
 
+    def dev_steps(self) -> set[int]:
+        from mlflow.tracking import MlflowClient
+
+        return {m.step for m in MlflowClient().get_metric_history(self.parent_run_id, "acc_dev")}
+
     def log_targets(self, targeting: Targeting) -> None:
         import mlflow
 
@@ -53,10 +58,20 @@ class MlflowSink:
 
     @contextmanager
     def open_trial(self, trial: int, tags: Mapping[str, str] | None) -> Iterator[str]:
+        """The trial's child run, ended FINISHED, or KILLED when an interrupt (a kill signal, Ctrl-C) stops
+        it, or FAILED on an error (MLflow's own context manager says FAILED for both)."""
         import mlflow
 
-        with mlflow.start_run(run_name=f"trial-{trial}", nested=True, tags=dict(tags) if tags else None) as child:
+        child = mlflow.start_run(run_name=f"trial-{trial}", nested=True, tags=dict(tags) if tags else None)
+        status = "FAILED"
+        try:
             yield child.info.run_id
+            status = "FINISHED"
+        except (KeyboardInterrupt, SystemExit):
+            status = "KILLED"
+            raise
+        finally:
+            mlflow.end_run(status)
 
     def log_trial(self, trial: int, candidate: Candidate, evaluation: Evaluation, *, base: Candidate,
                   diff: str) -> None:
@@ -74,14 +89,23 @@ class MlflowSink:
         record.log_text(record.questions_csv(evaluation), artifacts.QUESTIONS_DEV)
 
     def discard_trial(self, trial: int) -> None:
-        """Delete every child run named ``trial-<trial>`` under the parent run (one a kill left behind
-        before the checkpoint learnt its id included)."""
+        """End as KILLED, then delete, every child run named ``trial-<trial>`` under the parent run (one a kill
+        left behind before the checkpoint learnt its id included), so no deleted run stays RUNNING. A run an
+        older version deleted while RUNNING is restored, ended KILLED and deleted again."""
+        from mlflow.entities import RunStatus, ViewType
         from mlflow.tracking import MlflowClient
 
         client = MlflowClient()
         experiment_id = client.get_run(self.parent_run_id).info.experiment_id
         query = f"tags.`mlflow.parentRunId` = '{self.parent_run_id}' and attributes.run_name = 'trial-{trial}'"
-        for run in client.search_runs([experiment_id], filter_string=query):
+        for run in client.search_runs([experiment_id], filter_string=query, run_view_type=ViewType.ALL):
+            deleted = run.info.lifecycle_stage == "deleted"
+            if run.info.status in (RunStatus.to_string(RunStatus.RUNNING), RunStatus.to_string(RunStatus.SCHEDULED)):
+                if deleted:
+                    client.restore_run(run.info.run_id)
+                client.set_terminated(run.info.run_id, "KILLED")
+            elif deleted:
+                continue
             client.delete_run(run.info.run_id)
 
     def log_summary(self, summary: Summary) -> None:

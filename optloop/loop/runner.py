@@ -22,10 +22,13 @@ owns what is not the loop's logic:
 - the optimizer factory (``OPTIMIZERS``) and the cost accounting.
 
 State lives in ``<state dir>/runs/<run name>/checkpoint.json``, rewritten
-atomically after every step, so the same command with the same ``--run-name``
-resumes an interrupted run: finished evaluations are read back, a trial whose
-child run was left half-done is deleted from MLflow and redone, nothing is
-counted twice (the controller's docstring says how).
+atomically after every step, so the same command resumes an interrupted run
+(``optloop.run`` finds it by :meth:`LoopConfig.resume_key`, or by ``--run-name``):
+finished evaluations are read back, a trial whose child run was left half-done is
+ended KILLED and deleted from MLflow and redone, nothing is counted twice, and what
+every process spent adds up (the controller's docstring says how). An interrupt
+(``KeyboardInterrupt``: Ctrl-C, or SIGTERM as ``optloop.run`` maps it) ends the
+MLflow runs it leaves as KILLED.
 
 Several workers (``--optimizer optuna``): every process started with the same
 command joins one Optuna study (``--storage``; the SQLite file in the run
@@ -41,6 +44,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -103,28 +107,71 @@ def _lock_dir(path: Path) -> Any | None:
     return handle
 
 
+def in_use(path: Path) -> bool:
+    """Whether a live process holds run directory ``path`` (its lock; nothing is created or changed)."""
+    lock = path / ".lock"
+    if not lock.exists():
+        return False
+    with open(lock) as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:
+            return True
+        fcntl.flock(handle, fcntl.LOCK_UN)
+    return False
+
+
+@dataclass(frozen=True)
+class Unfinished:
+    """A run that can be resumed: its name, its checkpoint, whether a live process holds it now."""
+
+    name: str
+    checkpoint: Checkpoint
+    in_use: bool
+
+
+def unfinished_runs(runs: Path, config: LoopConfig) -> list[Unfinished]:
+    """Every unfinished run under ``runs`` that was started without ``--run-name`` from ``config``'s settings
+    (:meth:`LoopConfig.resume_key`), the latest first. Reads only; an unreadable checkpoint is skipped."""
+    key, found = config.resume_key(), []
+    for path in runs.glob("*/checkpoint.json") if runs.is_dir() else []:
+        try:
+            ckpt = Checkpoint.model_validate_json(path.read_text())
+            mtime = path.stat().st_mtime
+        except Exception as exc:  # noqa: BLE001 - another run's broken state is no reason to refuse this one
+            logger.debug("skipping %s: %s", path, exc)
+            continue
+        if ckpt.auto_named and ckpt.resume_key == key and not ckpt.finished:
+            found.append((mtime, Unfinished(path.parent.name, ckpt, in_use(path.parent))))
+    return [u for _, u in sorted(found, key=lambda pair: pair[0], reverse=True)]
+
+
 class Loop:
     """One ``optloop.run``: see the module docstring."""
 
     def __init__(self, config: LoopConfig, lm: Any, proposer: Any, *, work: Path | None = None,
-                 progress: Callable[[str], None] | None = None):
+                 progress: Callable[[str], None] | None = None, auto_named: bool = False):
         self.config = config
+        self.auto_named = auto_named  # the run name was made up: the same command (no --run-name) resumes it
         self.lm = lm
         self.proposer = proposer
-        self.run_dir = work or state_dir() / "runs" / config.run_name
+        self.run_dir = work or state_dir(create=False) / "runs" / config.run_name  # created when claimed
         self.state = self.run_dir  # this worker's own directory (another one under workers/ when shared)
         self.progress = progress or (lambda msg: None)
         self.started = time.perf_counter()
         self._lock: Any = None
+        self._prepared: tuple[Dataset, Dataset, Dataset, Dataset] | None = None
 
     # --- the run --------------------------------------------------------------------------
 
-    def run(self) -> LoopResult:
+    def prepare(self) -> None:
+        """Load and split the dataset and check ``--start``: everything the run would refuse is refused here,
+        before any state of the run is written (``run`` calls it when the caller did not)."""
+        if self._prepared is not None:
+            return
         cfg = self.config
         dataset = load_dataset(cfg.dataset)
         train, dev, test = split_dataset(dataset, cfg)
-        if warning := small_split_warning(questions(dev), questions(test)):
-            logger.warning("%s", warning)
         if cfg.start:  # an unknown site is refused before any state of the run is written
             import tempfile
 
@@ -132,9 +179,17 @@ class Loop:
                 probe = get_system(cfg.system)(self.lm, Path(tmp))
                 check_start(cfg, list(probe.prompt_sites()))
                 getattr(probe, "close", lambda: None)()
+        self._prepared = (dataset, train, dev, test)
+
+    def run(self) -> LoopResult:
+        self.prepare()
+        assert self._prepared is not None
+        _, _, dev, test = self._prepared
+        if warning := small_split_warning(questions(dev), questions(test)):
+            logger.warning("%s", warning)
         self.state = self._claim_state_dir()
         try:
-            return self._run(dataset, train, dev, test)
+            return self._run(*self._prepared)
         finally:
             self._lock.close()
 
@@ -164,12 +219,13 @@ class Loop:
         cfg = self.config
         ckpt_path = self.state / artifacts.CHECKPOINT
         ckpt = Checkpoint.load(ckpt_path) if ckpt_path.exists() else None
-        if ckpt is not None and ckpt.config_digest != cfg.digest():
+        if ckpt is not None and not matches(ckpt, cfg):
             raise ConfigError(f"run name {cfg.run_name!r} exists with other settings; resume it with the same "
                               "command, or pick another --run-name")
         tracking.configure(cfg.tracking_uri)
         experiment_id = self._experiment()
-        ckpt = ckpt or Checkpoint(config_digest=cfg.digest())
+        ckpt = ckpt or Checkpoint(config_digest=cfg.digest(), resume_key=cfg.resume_key(), auto_named=self.auto_named)
+        ckpt.resume_key = ckpt.resume_key or cfg.resume_key()  # a checkpoint from before resume keys existed
         if ckpt.finished:
             raise ConfigError(f"run {cfg.run_name!r} already finished (MLflow run {ckpt.parent_run_id}); pick another "
                               "--run-name to run again")
@@ -223,7 +279,10 @@ class Loop:
         finally:
             if status != "FINISHED" and _quiet(coordinator.finished_elsewhere):
                 status = "FINISHED"  # this worker failed after another one finished the run
-            mlflow.end_run(status)
+            while (active := mlflow.active_run()) is not None:  # a child run an interrupt left open, then the parent
+                mlflow.end_run(status)
+                if active.info.run_id == parent.info.run_id:
+                    break
             evaluator.close()
 
     def _log_params(self, evaluator: Evaluator, train: Dataset, dev: Dataset, test: Dataset) -> None:
@@ -277,15 +336,34 @@ class Loop:
         return cls(evaluator, self.proposer, train, **kwargs)
 
     def _cost(self, mark: int, proposer_mark: int | None) -> dict[str, int | float]:
-        """What this process spent since ``mark``: LLM calls, tokens, seconds."""
+        """What this process spent since ``mark``: LLM calls, tokens, seconds, and dollars where the LM
+        accounting prices its calls (read through its public ``totals``)."""
         usage = self.lm.accounting.totals(since=mark)
-        cost = {"llm_calls": usage.calls, "model_calls": usage.model_calls, "tokens": usage.tokens,
-                "seconds": round(time.perf_counter() - self.started, 1)}
+        cost: dict[str, int | float] = {"llm_calls": usage.calls, "model_calls": usage.model_calls,
+                                        "tokens": usage.tokens, "seconds": round(time.perf_counter() - self.started, 1)}
+        dollars = _dollars(usage)
         if proposer_mark is not None:
             p = self.proposer.accounting.totals(since=proposer_mark)
             cost |= {"proposer_llm_calls": p.calls, "proposer_tokens": p.tokens}
+            if (proposer_dollars := _dollars(p)) is not None:
+                cost["proposer_dollars"] = proposer_dollars
+        if dollars is not None:
+            cost["dollars"] = dollars
         cost["proposer_calls_in_system_lm"] = self.lm.accounting.totals(PROPOSER, since=mark).calls
         return cost
+
+
+def _dollars(usage: Any) -> float | None:
+    """The dollars a :class:`~optloop.lm.Usage` says it cost, when the LM layer prices calls (``None`` until
+    it does)."""
+    value = getattr(usage, "dollars", None)
+    return None if value is None else round(float(value), 6)
+
+
+def matches(ckpt: Checkpoint, config: LoopConfig) -> bool:
+    """Whether ``ckpt`` was written by a run of ``config`` (a checkpoint from before ``lm_settings`` counted
+    included)."""
+    return ckpt.config_digest in (config.digest(), config.digest(legacy=True))
 
 
 def _quiet(fn: Callable[[], Any]) -> Any:
@@ -297,5 +375,5 @@ def _quiet(fn: Callable[[], Any]) -> Any:
 
 
 __all__ = ["FEW_QUESTIONS", "MAX_BUDGET", "Checkpoint", "Loop", "LoopConfig", "LoopResult", "SplitEvaluator", "Trial",
-           "Tried", "check_fractions", "check_start", "choose_targets", "held_out_intervals", "promotion",
-           "small_split_warning", "split_dataset", "start_candidate"]
+           "Tried", "Unfinished", "check_fractions", "check_start", "choose_targets", "held_out_intervals", "in_use",
+           "matches", "promotion", "small_split_warning", "split_dataset", "start_candidate", "unfinished_runs"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -60,17 +61,45 @@ class LoopConfig(BaseModel):
     fractions: tuple[float, float, float] = (0.5, 0.25, 0.25)
     promote_if: Literal["ci", "delta"] = Field("ci", description="the champion alias moves when the held-out "
                                                                  "delta's CI is above 0 (ci) or its point (delta)")
+    lm_settings: dict[str, Any] = Field(default_factory=dict,
+                                        description="the LM settings that change answers (context window, decoding "
+                                                    "bounds, temperature, ...); not the endpoint's URL, timeout or "
+                                                    "retries")
 
     @field_validator("fractions")
     @classmethod
     def _fractions(cls, value: tuple[float, float, float]) -> tuple[float, float, float]:
         return check_fractions(value)
 
-    def digest(self, *, shared: bool = False) -> str:
+    def digest(self, *, shared: bool = False, legacy: bool = False) -> str:
         """What must match for a run name to be resumed (the tracking URI may move), or, with ``shared``,
-        for a worker to join a study (reached by another URL on another machine, perhaps)."""
-        payload = self.model_dump(exclude={"tracking_uri", "storage"} if shared else {"tracking_uri"})
-        return hashlib.sha1(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:12]
+        for a worker to join a study (reached by another URL on another machine, perhaps). ``legacy``: the
+        digest of a checkpoint written before ``lm_settings`` existed."""
+        exclude = {"tracking_uri", "storage"} if shared else {"tracking_uri"}
+        return _digest(self.model_dump(exclude=exclude | ({"lm_settings"} if legacy or not self.lm_settings
+                                                          else set())))
+
+    def resume_key(self) -> str:
+        """What must match for ``optloop.run`` without ``--run-name`` to resume an unfinished run: everything
+        that changes results (the run name and the tracking URI do not)."""
+        return _digest(self.model_dump(exclude={"tracking_uri", "run_name"}))
+
+
+def _digest(payload: dict[str, Any]) -> str:
+    return hashlib.sha1(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+Cost = dict[str, int | float]
+PROCESSES = "processes"  # the cost key that counts the processes that worked on a run
+
+
+def add_costs(a: Mapping[str, int | float], b: Mapping[str, int | float]) -> Cost:
+    """``a + b`` key by key (seconds and dollars rounded; counts stay whole numbers)."""
+    out: Cost = dict(a)
+    for key, value in b.items():
+        total = out.get(key, 0) + value
+        out[key] = round(total, 6 if key.endswith("dollars") else 1) if isinstance(total, float) else total
+    return out
 
 
 class Trial(BaseModel):
@@ -82,7 +111,16 @@ class Trial(BaseModel):
 
 
 class Checkpoint(BaseModel):
+    """A run's state between processes: everything evaluated, and what every process spent.
+
+    Cost (see :meth:`total_cost`): ``spent`` sums the processes before this one, ``spending`` is this
+    process's own so far (rewritten with every save, so a kill loses only what it spent since the
+    last one), ``processes`` counts them all, this one included.
+    """
+
     config_digest: str
+    resume_key: str | None = Field(None, description="LoopConfig.resume_key(): how the same command finds the run")
+    auto_named: bool = Field(False, description="started without --run-name (so the same command resumes it)")
     worker: str = Field(default_factory=lambda: uuid.uuid4().hex[:12],
                         description="this worker's id in a shared study (kept across resumes)")
     parent_run_id: str | None = None
@@ -96,6 +134,31 @@ class Checkpoint(BaseModel):
     test_after: Evaluation | None = None
     registered: dict[str, Any] = Field(default_factory=dict)
     finished: bool = False
+    spent: Cost = Field(default_factory=dict, description="what the earlier processes of this run spent, summed")
+    spending: Cost = Field(default_factory=dict, description="what this process has spent so far")
+    processes: int = Field(0, description="processes that worked on this run, this one included")
+
+    def begin_process(self) -> None:
+        """A new process takes the run over: what the last one spent becomes part of ``spent``."""
+        self.spent = add_costs(self.spent, self.spending)
+        self.spending = {}
+        self.processes += 1
+
+    def total_cost(self, spending: Cost | None = None) -> Cost:
+        """What every process of the run spent (``spending``: this process's, if newer than the saved
+        one), with ``processes``."""
+        total = add_costs(self.spent, self.spending if spending is None else spending)
+        total[PROCESSES] = max(self.processes, 1)
+        return total
+
+    def progress(self, budget: int) -> str:
+        """Where the run stands, in a few words ("2 of 3 trials done")."""
+        if self.baseline_dev is None:
+            return "the baseline not yet evaluated"
+        done = sum(t.evaluation is not None for t in self.trials)
+        if self.test_before is not None or done >= budget:
+            return f"{done} of {budget} trials done, the held-out test under way"
+        return f"{done} of {budget} trials done"
 
     def save(self, path: Path) -> None:
         write_atomic(path, self.model_dump_json(indent=1))

@@ -7,12 +7,16 @@ file for workers on one machine, the same code with another URL. A single
 worker is the one-worker case of the same protocol.
 
 The one primitive is :meth:`SharedStudy.claim`: a first-writer-wins record in
-the study's user attributes, made atomic by the storage's unique (study, key)
-constraint (an ``INSERT`` that loses the race fails, and the loser reads the
-winner's value). Everything else is built on it:
+optloop's own table ``optloop_study_records`` (study id, key, JSON value), kept in
+the study's database beside Optuna's tables, made atomic by its primary key
+(study, key): an ``INSERT`` that loses the race fails, and the loser reads the
+winner's value. (Optuna's public API has no insert-if-absent; its study user
+attributes are overwritten by the last writer.) A study whose records an older
+optloop kept in Optuna's study user attributes gets them copied over once.
+Everything else is built on it:
 
 =============================== ===========================================================
-user attribute                  meaning
+record key                      meaning
 =============================== ===========================================================
 ``optloop:config``              the run's settings digest: a worker with other settings refuses
 ``optloop:worker:<rank>``       join order; rank 0 is the leader
@@ -75,14 +79,43 @@ def storage_url(url: str) -> str:
     raise ConfigError(f"--storage {redact_url(url)}: no PostgreSQL driver is installed; pip install psycopg2-binary")
 
 
-def _rdb_storage(url: str) -> Any:
+def _engine_kwargs(url: str) -> dict[str, Any]:
+    if url.startswith("sqlite"):
+        return {"connect_args": {"timeout": 60}}  # several local workers wait for SQLite's write lock
+    return {"pool_pre_ping": True}
+
+
+def _optuna_storage(url: str) -> Any:
     import optuna
 
     url = storage_url(url)
-    kwargs: dict[str, Any] = {"pool_pre_ping": True}
-    if url.startswith("sqlite"):
-        kwargs = {"connect_args": {"timeout": 60}}  # several local workers wait for SQLite's write lock
-    return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+    return optuna.storages.RDBStorage(url, engine_kwargs=_engine_kwargs(url))
+
+
+def _records_table() -> Any:
+    """optloop's table of first-writer-wins records (see the module docstring), in the study's database."""
+    global _RECORDS
+    if _RECORDS is None:
+        from sqlalchemy import Column, Integer, MetaData, PrimaryKeyConstraint, String, Table, Text
+
+        _RECORDS = Table(RECORDS_TABLE, MetaData(), Column("study_id", Integer, nullable=False),
+                         Column("key", String(512), nullable=False), Column("value_json", Text, nullable=False),
+                         PrimaryKeyConstraint("study_id", "key", name=f"{RECORDS_TABLE}_pk"))
+    return _RECORDS
+
+
+RECORDS_TABLE = "optloop_study_records"
+_RECORDS: Any = None
+
+
+def _records_engine(url: str) -> Any:
+    """An engine on the study's database with optloop's records table in it (created by the first worker)."""
+    from sqlalchemy import create_engine
+
+    url = storage_url(url)
+    engine = create_engine(url, **_engine_kwargs(url))
+    _records_table().metadata.create_all(engine, checkfirst=True)
+    return engine
 
 
 def _retrying(what: str, fn: Callable[[], Any], tries: int = OPEN_RETRIES) -> Any:
@@ -122,11 +155,13 @@ class SharedStudy:
         self.beat_every = beat_every
         self.poll = poll
         where = f"opening Optuna storage {redact_url(storage)}"
-        self.storage = _retrying(where, lambda: _rdb_storage(storage))
+        self.storage = _retrying(where, lambda: _optuna_storage(storage))
         self.study = _retrying(f"{where}, study {study_name!r}", lambda: optuna.create_study(
             study_name=study_name, storage=self.storage, direction="maximize",
             sampler=optuna.samplers.TPESampler(seed=seed), load_if_exists=True))
         self.study_id = self.storage.get_study_id_from_name(study_name)
+        self.engine = _retrying(f"{where}, table {RECORDS_TABLE}", lambda: _records_engine(storage))
+        self._adopt_user_attrs()
         self.rank = -1
         self._beats = 0
         self._seen_beats: dict[str, tuple[Any, float]] = {}
@@ -138,15 +173,29 @@ class SharedStudy:
 
     @property
     def _table(self) -> Any:
-        from optuna.storages._rdb.models import StudyUserAttributeModel
-
-        return StudyUserAttributeModel.__table__
+        return _records_table()
 
     @contextmanager
     def _conn(self, write: bool = False) -> Iterator[Any]:
-        engine = self.storage.engine
-        with (engine.begin() if write else engine.connect()) as conn:
+        with (self.engine.begin() if write else self.engine.connect()) as conn:
             yield conn
+
+    def _adopt_user_attrs(self) -> None:
+        """Copy the records an older optloop kept in the study's user attributes (read with Optuna's public
+        API) into the records table, once: when the table holds none for this study."""
+        from sqlalchemy import func, select
+
+        t = self._table
+
+        def count() -> int:
+            with self._conn() as conn:
+                return conn.execute(select(func.count()).select_from(t).where(t.c.study_id == self.study_id)).scalar()
+
+        if self._with_retry(count):
+            return
+        for key, value in self.study.user_attrs.items():
+            if key.startswith(PREFIX) or key.startswith("instructions:"):
+                self.claim(key, value)
 
     def _with_retry(self, fn: Callable[[], Any]) -> Any:
         from sqlalchemy.exc import OperationalError

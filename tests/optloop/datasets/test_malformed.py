@@ -78,6 +78,35 @@ def test_bad_json_file_names_line_and_column(tmp_path: Path) -> None:
     assert error_for(f"locomo:{path}").startswith(f"{path}: line 3: invalid JSON")
 
 
+def valid_episode_line() -> str:
+    return load_dataset("builtin:tiny").episodes[0].model_dump_json() + "\n"
+
+
+@pytest.mark.parametrize(("tail", "column"), [
+    ('{"id": "e2", "sessions": [\n', 26),  # cut between values
+    ('{"id": "e2", "sess\n', 18),  # cut inside a key
+    ('{"id": "e2", "sess', 18),  # cut inside a key, no newline at the end of the file
+])
+def test_a_jsonl_line_cut_off_at_its_end_is_reported_where_it_ends(tmp_path: Path, tail: str, column: int) -> None:
+    path = tmp_path / "episodes.jsonl"
+    path.write_text(valid_episode_line() + tail, encoding="utf-8")
+    assert error_for(f"jsonl:{path}") == (f"{path}: line 2: invalid JSON: the line ends after column {column}, "
+                                          "before its JSON value is complete (cut off?)")
+
+
+def test_a_json_file_cut_off_is_reported_at_its_last_line(tmp_path: Path) -> None:
+    path = tmp_path / "locomo10.json"
+    path.write_text('[\n  {"sample_id": "a",\n   "qa": [\n', encoding="utf-8")
+    assert error_for(f"locomo:{path}") == (f"{path}: line 3: invalid JSON: the file ends after column 10, before its "
+                                           "JSON value is complete (cut off?)")
+
+
+def test_bad_json_inside_a_jsonl_line_keeps_its_column(tmp_path: Path) -> None:
+    path = tmp_path / "episodes.jsonl"
+    path.write_text(valid_episode_line() + '{"id" "e2"}\n', encoding="utf-8")
+    assert error_for(f"jsonl:{path}") == f"{path}: line 2: invalid JSON: Expecting ':' delimiter at column 7"
+
+
 @pytest.mark.parametrize(
     ("mutate", "expected"),
     [

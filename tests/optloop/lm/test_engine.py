@@ -149,20 +149,19 @@ def test_copies_share_the_engine_and_a_deep_copy_does_not_duplicate_it():
     assert json.loads(json.dumps(lm.dump_state()))["settings"]["base_url"] == "http://127.0.0.1:9/v1"
 
 
-def test_the_proposer_wrapper_keeps_its_rollouts_and_its_site():
-    """loop.optimizers._Charged still speaks DSPy's legacy forward(); through OptloopLM.provider_response
-    each SIMBA rollout of the proposer samples with its own seed, charged to the proposer site."""
-    from optloop.loop.optimizers import _Charged
+def test_proposer_rollouts_keep_their_seeds_and_their_site():
+    """The SIMBA step (loop.simba) asks the proposer through ``lm.copy(rollout_id=...)`` under the proposer
+    site: each rollout samples with its own seed and is charged to the proposer site, not served from cache."""
+    from optloop.lm import prompt_site
     from optloop.sites import PROPOSER
 
     with ScriptedOpenAIServer([("ok", '{"answer": "x"}')]) as server:
         lm = remote(server.base_url)
         for rollout in (1, 2):
-            proposer = _Charged(lm.copy(rollout_id=rollout, temperature=1.0))
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", DeprecationWarning)  # _Charged itself is a legacy BaseLM
-                with dspy.context(lm=proposer, adapter=dspy.JSONAdapter()):
-                    dspy.Predict("question -> answer")(question="q")
+            with prompt_site(PROPOSER), dspy.context(lm=lm.copy(rollout_id=rollout, temperature=1.0),
+                                                     adapter=dspy.JSONAdapter()):
+                dspy.Predict("question -> answer")(question="q")
     seeds = [r["body"]["seed"] for r in server.requests]
     assert len(seeds) == 2 and len(set(seeds)) == 2
     assert {r.site for r in lm.accounting.records} == {PROPOSER} and not any(r.cached for r in lm.accounting.records)
+

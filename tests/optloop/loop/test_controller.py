@@ -4,7 +4,8 @@ A scripted evaluator decides each candidate's accuracy and where its failures ar
 blamed; a scripted optimizer proposes deterministic rewrites of its target sites; an
 in-memory sink stands for MLflow (its records survive a "kill", as MLflow's do); the
 checkpoint is a real file. A kill is an exception raised by any fake, or just before a
-checkpoint write, at step k of the run.
+checkpoint write, at step k of the run. A :class:`Meter` stands for one process's LM
+accounting: 10 LLM calls per evaluation, 1 per proposal.
 """
 
 from __future__ import annotations
@@ -44,18 +45,38 @@ class Killed(Exception):
 
 
 class Clock:
-    """Counts the run's steps; raises :class:`Killed` at step ``kill_at``, or at the first step named
-    ``kill_on``."""
+    """Counts the run's steps; raises :class:`Killed` at step ``kill_at``, at the first step named
+    ``kill_on`` (its ``nth`` one), or at the step right after the first one named ``kill_after``."""
 
-    def __init__(self, kill_at: int | None = None, kill_on: str | None = None):
+    def __init__(self, kill_at: int | None = None, kill_on: str | None = None, *, nth: int = 1,
+                 kill_after: str | None = None):
         self.kill_at = kill_at
         self.kill_on = kill_on
+        self.nth = nth
+        self.kill_after = kill_after
         self.steps: list[str] = []
 
     def tick(self, what: str) -> None:
         self.steps.append(what)
-        if len(self.steps) == self.kill_at or (self.kill_on is not None and what.startswith(self.kill_on)):
+        on = self.kill_on is not None and sum(s.startswith(self.kill_on) for s in self.steps) == self.nth \
+            and what.startswith(self.kill_on)
+        after = self.kill_after is not None and len(self.steps) > 1 and self.steps[-2] == self.kill_after \
+            and self.steps.count(self.kill_after) == 1
+        if len(self.steps) == self.kill_at or on or after:
             raise Killed(f"step {len(self.steps)}: {what}")
+
+
+EVALUATION_CALLS, PROPOSAL_CALLS = 10, 1
+
+
+class Meter:
+    """One process's LM accounting: what its evaluations and proposals spent."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def cost(self) -> dict[str, int | float]:
+        return {"llm_calls": self.calls, "tokens": 100 * self.calls}
 
 
 def key(candidate: Candidate) -> tuple[str, str]:
@@ -79,12 +100,15 @@ class FakeEvaluator:
 
     site_names = SITES
 
-    def __init__(self, clock: Clock, test: Mapping[tuple[str, str], int] | None = None):
+    def __init__(self, clock: Clock, test: Mapping[tuple[str, str], int] | None = None,
+                 meter: Meter | None = None):
         self.clock = clock
         self.test = dict(TEST if test is None else test)
         self.calls: list[tuple[str, str]] = []
+        self.meter = meter or Meter()
 
     def evaluate(self, candidate: Candidate, split: Split) -> Evaluation:
+        self.meter.calls += EVALUATION_CALLS  # spent as it starts: a kill at this step loses the work, not its cost
         self.clock.tick(f"evaluate {split} {key(candidate)}")
         self.calls.append((split, candidate.digest()))
         if split == "test":
@@ -102,9 +126,10 @@ class FakeOptimizer(Optimizer):
     name = "fake"
 
     def __init__(self, sites: list[str], knobs: list[str], clock: Clock, *, fail_at: int | None = None,
-                 prefix: str = ""):
+                 prefix: str = "", meter: Meter | None = None):
         super().__init__(None, None, None, sites=sites, knobs=knobs)  # type: ignore[arg-type]
         self.clock = clock
+        self.meter = meter or Meter()
         self.queue: list[Candidate] = []
         self.retargets: list[tuple[list[str], list[str]]] = []
         self.observed: list[int] = []
@@ -117,6 +142,7 @@ class FakeOptimizer(Optimizer):
         self.proposals += 1
         if self.proposals == self.fail_at:
             raise RuntimeError("the optimizer failed")
+        self.meter.calls += PROPOSAL_CALLS
         site, k, fresh = self.sites[0], 0, not self.queue
         while fresh and len(self.queue) < 2 and k < 50:
             k += 1
@@ -162,6 +188,10 @@ class MemorySink:
         self.clock.tick(f"log_dev {trial}")
         with self.lock:
             self.dev.append((trial, accuracy, best))
+
+    def dev_steps(self) -> set[int]:
+        with self.lock:
+            return {trial for trial, _, _ in self.dev}
 
     def log_targets(self, targeting: Targeting) -> None:
         self.clock.tick("log_targets")
@@ -223,12 +253,15 @@ class Run:
         self.config = LoopConfig(system="fake", run_name="r", budget=budget, optimizer="edit", promote_if=promote_if)
         ckpt = Checkpoint.load(path) if path.exists() else Checkpoint(config_digest=self.config.digest(),
                                                                       parent_run_id="parent")
+        if not path.exists():
+            ckpt.save(path)  # as Loop does, before the controller starts (the worker id, the parent run)
         self.clock = clock
-        self.evaluator = FakeEvaluator(clock, test)
+        self.meter = Meter()  # this process's own accounting
+        self.evaluator = FakeEvaluator(clock, test, self.meter)
         self.optimizers: list[FakeOptimizer] = []
         self.messages: list[str] = []
         context = RunContext(config=self.config, checkpoint=ckpt, path=path, base=BASE, progress=self.messages.append,
-                             cost=lambda: {"llm_calls": 7})
+                             cost=self.meter.cost)
         original_save = context.save
 
         def save() -> None:
@@ -239,7 +272,7 @@ class Run:
         self.context = context
 
         def make(sites: list[str], knobs: list[str]) -> FakeOptimizer:
-            self.optimizers.append(optimizer(sites, knobs, clock, fail_at=fail_at, prefix=prefix))
+            self.optimizers.append(optimizer(sites, knobs, clock, fail_at=fail_at, prefix=prefix, meter=self.meter))
             return self.optimizers[-1]
 
         self.controller = Controller(context, self.evaluator, sink, coordinator or LocalCoordinator(budget), make)
@@ -250,6 +283,14 @@ class Run:
 
     def run(self) -> LoopResult:
         return self.controller.run()
+
+
+ONE_TRIAL = EVALUATION_CALLS + PROPOSAL_CALLS  # what one redone trial costs at most
+
+
+def without_cost(result: LoopResult) -> LoopResult:
+    """``result`` with its cost left out (a resumed run's cost differs by the work it redid)."""
+    return result.model_copy(update={"cost": {}})
 
 
 def uninterrupted(tmp_path: Path, **kwargs: Any) -> tuple[LoopResult, Run, MemorySink]:
@@ -286,7 +327,9 @@ def test_the_run_follows_the_script(tmp_path):
     assert result.changed_sites == [ANSWER, EXTRACT]
     assert result.test_before == 0.25 and result.test_after == pytest.approx(20 / 24)
     assert [p[2] for p in sink.dev] == [0.25, 0.25, 0.5, 0.75, 0.75, 0.75]  # best so far
-    assert result.cost == {"llm_calls": 7}
+    # 9 evaluations (train, dev, 5 trials, test before and after) and 5 proposals, in one process
+    assert result.cost == {"llm_calls": 9 * EVALUATION_CALLS + 5 * PROPOSAL_CALLS, "tokens": 9500, "processes": 1}
+    assert Checkpoint.load(tmp_path / "clean.json").total_cost() == result.cost
     assert "answer:2" in result.prompt_diff and "mem.extract:1" in result.prompt_diff
     assert sink.summary is not None and sink.summary.evaluations == 5 and sink.summary.best_curve[-1] == 0.75
 
@@ -356,9 +399,12 @@ def test_a_proposal_that_raises_stops_the_run_with_nothing_half_done_and_a_rerun
     ckpt = Checkpoint.load(path)
     assert [t.trial for t in ckpt.trials] == [1] and ckpt.trials[0].evaluation is not None
     assert not ckpt.finished and ckpt.test_before is None and sink.trials() == [1] and sink.summary is None
+    spent = Checkpoint.load(path).spending
+    assert spent == {"llm_calls": 3 * EVALUATION_CALLS + PROPOSAL_CALLS, "tokens": 3100}  # kept when it stopped
     result = Run(path, sink, Clock()).run()
     clean, _, _ = uninterrupted(tmp_path)
-    assert result == clean
+    assert without_cost(result) == without_cost(clean)
+    assert result.cost == clean.cost | {"processes": 2}  # nothing was redone: the same cost, over two processes
     assert sink.trials() == [1, 2, 3, 4, 5] and sink.discarded == []
 
 
@@ -386,7 +432,10 @@ def test_resume_after_a_kill_at_any_step_equals_an_uninterrupted_run(tmp_path):
         resumed = Run(path, sink, sink.clock)
         result = resumed.run()
         where = f"killed at step {k} ({steps[k - 1]})"
-        assert result == clean, where
+        assert without_cost(result) == without_cost(clean), where
+        extra = result.cost["llm_calls"] - clean.cost["llm_calls"]
+        assert 0 <= extra <= ONE_TRIAL and result.cost["processes"] == 2, (where, result.cost, clean.cost)
+        assert sorted(sink.dev_steps()) == [0, 1, 2, 3, 4, 5], where  # every acc_dev point, none lost to the kill
         assert trials_of(path) == clean_trials, where
         assert sink.trials() == [1, 2, 3, 4, 5], where  # one record per trial: a half-done one was discarded
         assert all(r["status"] == "FINISHED" and "accuracy" in r for r in sink.children.values()), where

@@ -147,6 +147,50 @@ def test_a_silent_worker_is_seen_dead(workers):
     assert not a.alive("b") and a.alive("a")
 
 
+def test_records_live_in_optloops_own_table_not_optunas_private_models(sqlite_url, workers):
+    import inspect
+
+    import sqlalchemy
+
+    from optloop.loop import study as study_module
+
+    assert "optuna.storages._" not in inspect.getsource(study_module)  # Optuna's private storage models are not used
+    a = workers("a")
+    assert a.claim("optloop:test", {"v": 1}) == {"v": 1} and a.claim("optloop:test", {"v": 2}) == {"v": 1}
+    engine = sqlalchemy.create_engine(sqlite_url)
+    with engine.connect() as conn:
+        rows = dict(conn.execute(sqlalchemy.text(
+            "SELECT key, value_json FROM optloop_study_records WHERE key = 'optloop:test'")).fetchall())
+    engine.dispose()
+    assert json.loads(rows["optloop:test"]) == {"v": 1}
+    assert "optloop:test" not in a.study.user_attrs  # nothing in Optuna's own (last-writer-wins) attributes
+
+
+def test_records_an_older_optloop_kept_in_study_user_attrs_are_adopted(sqlite_url):
+    import optuna
+
+    old = optuna.create_study(study_name="shared", storage=sqlite_url, direction="maximize")
+    old.set_user_attr("optloop:config", "settings-1")
+    old.set_user_attr("optloop:worker:0", "a")
+    old.set_user_attr("instructions:answer", ["seed answer", "rewrite"])
+    old.set_user_attr("unrelated", 1)
+    study = SharedStudy(sqlite_url, "shared", worker="a", budget=3)
+    try:
+        assert study.get("optloop:config") == "settings-1" and study.get("instructions:answer") == ["seed answer",
+                                                                                                   "rewrite"]
+        assert study.get("unrelated") is None
+        assert study.join("settings-1") == 0  # the same worker keeps its rank: rank 0, the leader
+        assert study.join("settings-1") == 0
+    finally:
+        study.close()
+    with pytest.raises(ConfigError, match="other settings"):  # the adopted config digest still guards the study
+        other = SharedStudy(sqlite_url, "shared", worker="b", budget=3)
+        try:
+            other.join("settings-2")
+        finally:
+            other.close()
+
+
 def test_passwords_are_masked():
     assert redact_url("postgresql://me:secret@db:5432/x") == "postgresql://me:***@db:5432/x"
     assert redact_url(None) is None
@@ -346,7 +390,11 @@ def test_two_workers_share_one_study_on_postgresql(postgres_url, tmp_path):
     assert sorted(t.user_attrs["optloop:trial"] for t in evaluated) == list(range(1, budget + 1))
     assert len({t.user_attrs["optloop:digest"] for t in evaluated}) == budget
     assert all(t.state.name in ("COMPLETE", "FAIL") for t in trials)
-    assert {study.user_attrs["optloop:worker:0"], study.user_attrs["optloop:worker:1"]}  # both joined
+    shared = SharedStudy(postgres_url, "shared", worker="reader", budget=budget)
+    try:
+        assert len(set(shared.scan("optloop:worker:").values())) == 2  # both joined
+    finally:
+        shared.close()
 
     mlflow.set_tracking_uri(uri)
     client = MlflowClient(uri)

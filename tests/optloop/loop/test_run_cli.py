@@ -1,15 +1,26 @@
-"""`python -m optloop.run` on bad input: one line naming what to fix, non-zero exit, nothing written."""
+"""`python -m optloop.run`: bad input (one line naming what to fix, exit 2, nothing written), the other exit
+codes (75: endpoint unavailable, 130: interrupted, 0: done; README "Exit codes"), and how the same
+command finds the run it resumes."""
 
 from __future__ import annotations
 
+import json
+import os
+import shlex
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from optloop.run import build_parser, main
+from optloop.errors import ConfigError
+from optloop.loop.state import Checkpoint, LoopConfig
+from optloop.run import build_parser, choose_run, interruptible, main, resume_command
 from tests._servers import closed_port_url
+
+REPO = Path(__file__).resolve().parents[3]
 
 
 def run(args, tmp_path):
@@ -40,13 +51,6 @@ def test_malformed_dataset_fails_before_any_state(tmp_path):
     result = run(["--system", "rag_bm25", "--dataset", f"jsonl:{bad}"], tmp_path)
     assert result.returncode == 2 and "optloop: error:" in result.stderr and "bad.jsonl" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and nothing_written(tmp_path)
-
-
-def test_unreachable_endpoint_fails_before_any_state(tmp_path):
-    result = run(["--system", "rag_bm25", "--lm", "openai:test", "--lm-base-url", closed_port_url(),
-                  "--lm-retries", "0"], tmp_path)
-    assert result.returncode == 75 and "optloop: error:" in result.stderr  # endpoint unavailable, not bad input
-    assert nothing_written(tmp_path) and not (tmp_path / "state" / "lm_cache.sqlite").exists()
 
 
 def test_too_few_episodes_is_a_dataset_error(tmp_path, monkeypatch):
@@ -99,3 +103,244 @@ def test_bad_start_instruction_exits_with_one_line_before_any_state(start, messa
     result = run(["--system", "md_flat", "--start", start], tmp_path)
     assert result.returncode == 2 and message in result.stderr
     assert nothing_written(tmp_path)
+
+
+# --- exit codes (README: "Exit codes") --------------------------------------------------------------------------
+
+
+def snapshot(root: Path) -> dict[str, int]:
+    return {str(p.relative_to(root)): p.stat().st_size for p in sorted(root.rglob("*"))} if root.exists() else {}
+
+
+def test_exit_75_when_the_endpoint_is_unreachable_at_startup_and_nothing_is_written(tmp_path):
+    before = snapshot(tmp_path)
+    result = run(["--system", "rag_bm25", "--lm", "openai:test", "--lm-base-url", closed_port_url(),
+                  "--lm-retries", "0"], tmp_path)
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode == 75, result.stderr
+    assert len(lines) == 1 and lines[0].startswith("optloop: error: cannot reach LM endpoint"), result.stderr
+    assert "nothing was written" in lines[0]
+    assert snapshot(tmp_path) == before  # no state directory, no empty lm_cache.sqlite, no MLflow store
+
+
+def test_exit_75_when_the_endpoint_answers_only_server_errors_at_startup(tmp_path):
+    from tests._servers import ScriptedOpenAIServer
+
+    with ScriptedOpenAIServer([("status", 503)]) as server:
+        result = run(["--system", "rag_bm25", "--lm", "openai:test", "--lm-base-url", server.base_url,
+                      "--lm-retries", "0"], tmp_path)
+    assert result.returncode == 75 and "HTTP 503" in result.stderr, result.stderr
+    assert snapshot(tmp_path) == {}
+
+
+def test_exit_2_when_the_endpoint_refuses_the_model_at_startup(tmp_path):
+    from tests._servers import ScriptedOpenAIServer
+
+    with ScriptedOpenAIServer([("status", 404)]) as server:  # the input (the model name) is wrong, not the server
+        result = run(["--system", "rag_bm25", "--lm", "openai:nosuch", "--lm-base-url", server.base_url,
+                      "--lm-retries", "0"], tmp_path)
+    assert result.returncode == 2 and "does not serve model 'nosuch'" in result.stderr, result.stderr
+    assert snapshot(tmp_path) == {}
+
+
+def finished_checkpoint(tmp_path: Path, name: str) -> Path:
+    path = tmp_path / "state" / "runs" / name / "checkpoint.json"
+    Checkpoint(config_digest="whatever", parent_run_id="p1", finished=True).save(path)
+    return path
+
+
+def test_a_finished_run_name_is_refused_before_anything_is_printed_or_written(tmp_path):
+    finished_checkpoint(tmp_path, "done")
+    before = snapshot(tmp_path)
+    result = run(["--system", "md_flat", "--run-name", "done"], tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip() == ("optloop: error: run 'done' already finished (MLflow run p1); pick another "
+                                     "--run-name to run again")  # the one line: no "optloop.run ..." banner before
+    assert snapshot(tmp_path) == before
+
+
+def test_new_and_run_name_together_are_refused(tmp_path):
+    result = run(["--system", "md_flat", "--new", "--run-name", "x"], tmp_path)
+    assert result.returncode == 2 and "--new and --run-name exclude each other" in result.stderr
+
+
+# --- choosing the run: the same command resumes ------------------------------------------------------------------
+
+
+def args_of(*argv: str):
+    return build_parser().parse_args(["--system", "md_flat", *argv])
+
+
+def config_of(args) -> LoopConfig:
+    return LoopConfig(system=args.system, dataset=args.dataset, budget=args.budget, optimizer=args.optimizer,
+                      seed=args.seed, run_name=args.run_name or "-")
+
+
+def unfinished(runs: Path, name: str, config: LoopConfig, *, auto_named: bool = True, finished: bool = False,
+               age: float = 0.0, trials: int = 0) -> Path:
+    path = runs / name / "checkpoint.json"
+    ckpt = Checkpoint(config_digest=config.model_copy(update={"run_name": name}).digest(),
+                      resume_key=config.resume_key(), auto_named=auto_named, finished=finished, processes=1)
+    ckpt.save(path)
+    stamp = time.time() - age
+    os.utime(path, (stamp, stamp))
+    return path
+
+
+def test_the_same_command_resumes_the_latest_unfinished_run_of_its_settings(tmp_path):
+    runs = tmp_path / "runs"
+    args = args_of("--budget", "3")
+    config = config_of(args)
+    unfinished(runs, "older", config, age=100)
+    unfinished(runs, "latest", config, age=10)
+    unfinished(runs, "finished", config, finished=True, age=1)
+    unfinished(runs, "named", config, auto_named=False, age=1)  # started with --run-name: that command resumes it
+    unfinished(runs, "other-seed", config.model_copy(update={"seed": 1}), age=1)
+    unfinished(runs, "other-budget", config.model_copy(update={"budget": 4}), age=1)
+    (runs / "broken").mkdir()
+    (runs / "broken" / "checkpoint.json").write_text("{")  # another run's broken state is skipped
+    before = snapshot(tmp_path)
+    choice = choose_run(args, config, runs)
+    assert choice.name == "latest" and choice.checkpoint is not None
+    assert choice.line.startswith("[bold]optloop.run[/] resuming latest, the latest unfinished run of these settings")
+    assert "--new starts afresh" in choice.line and "1 process(es) so far" in choice.line
+    assert "\n" not in choice.line
+    fresh = choose_run(args_of("--budget", "3", "--new"), config, runs)
+    assert fresh.checkpoint is None and fresh.name.startswith("md_flat-simba-") and "a new run" in fresh.line
+    assert snapshot(tmp_path) == before  # choosing reads only
+
+
+def test_other_settings_or_nothing_unfinished_start_a_new_run(tmp_path):
+    runs = tmp_path / "runs"
+    args = args_of()
+    config = config_of(args)
+    assert choose_run(args, config, runs).checkpoint is None  # no runs directory at all
+    unfinished(runs, "other", config.model_copy(update={"untargeted": True}))
+    unfinished(runs, "other-lm", config.model_copy(update={"lm_settings": {"n_ctx": 4096}}))
+    choice = choose_run(args, config, runs)
+    assert choice.checkpoint is None and choice.name not in ("other", "other-lm")
+
+
+def test_a_run_in_use_is_left_to_its_process_unless_workers_share_it(tmp_path):
+    from optloop.loop.runner import _lock_dir
+
+    runs = tmp_path / "runs"
+    args = args_of()
+    config = config_of(args)
+    unfinished(runs, "busy", config)
+    lock = _lock_dir(runs / "busy")  # another process runs it
+    try:
+        choice = choose_run(args, config, runs)
+        assert choice.checkpoint is None and choice.name != "busy"
+        assert "busy with these settings is in use" in choice.line
+        shared_args = args_of("--optimizer", "optuna")
+        shared_config = config_of(shared_args)
+        unfinished(runs, "study", shared_config)
+        lock2 = _lock_dir(runs / "study")
+        try:
+            joined = choose_run(shared_args, shared_config, runs)  # another worker joins the run, as documented
+            assert joined.name == "study" and joined.line.startswith("[bold]optloop.run[/] joining study")
+        finally:
+            lock2.close()
+    finally:
+        lock.close()
+    assert choose_run(args, config, runs).name == "busy"  # its process ended: the same command resumes it
+
+
+def test_a_named_run_is_resumed_by_name_and_refused_with_other_settings(tmp_path):
+    runs = tmp_path / "runs"
+    args = args_of("--run-name", "mine")
+    config = config_of(args)
+    unfinished(runs, "mine", config, auto_named=False)
+    choice = choose_run(args, config, runs)
+    assert choice.name == "mine" and choice.checkpoint is not None and "resuming mine" in choice.line
+    with pytest.raises(ConfigError, match="exists with other settings"):
+        choose_run(args, config.model_copy(update={"seed": 5}), runs)
+
+
+def test_the_resume_command_is_the_same_command_without_new():
+    assert resume_command(["--system", "md_flat", "--new", "--start", "answer=Be brief."]) == \
+        "python -m optloop.run --system md_flat --start 'answer=Be brief.'"
+
+
+def test_sigterm_becomes_one_interrupt_and_the_handlers_come_back():
+    previous = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(KeyboardInterrupt):
+        with interruptible() as got:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the handler raises here, at once
+    assert got == ["SIGTERM"]
+    with interruptible() as got:
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)
+        except KeyboardInterrupt:
+            os.kill(os.getpid(), signal.SIGINT)  # a second signal while the run saves itself: ignored
+            time.sleep(0.1)
+    assert got == ["SIGTERM", "SIGINT"]
+    assert signal.getsignal(signal.SIGTERM) is previous
+
+
+def test_sigterm_exits_130_marks_the_runs_killed_and_the_same_command_resumes_and_exits_0(tmp_path):
+    """Exit 130 and exit 0, on the real CLI against a scripted endpoint (no model): SIGTERM while trial 1 is
+    evaluated; then the same command (no --run-name) finds the run, ends the half-done trial's child run
+    KILLED and deletes it, redoes it, and finishes with the costs of both processes."""
+    from experiments.bench.crash import OracleEndpoint, env_for, read_store, run_args
+
+    runs = tmp_path / "state" / "runs"
+
+    def trial_1_under_way() -> bool:
+        for path in runs.glob("*/checkpoint.json"):
+            try:
+                trials = Checkpoint.model_validate_json(path.read_text()).trials
+            except Exception:  # noqa: BLE001 - being written
+                return False
+            return len(trials) == 1 and trials[0].evaluation is None
+        return False
+
+    with OracleEndpoint() as endpoint:
+        endpoint.hold_when = trial_1_under_way
+        args = run_args(tmp_path, 1, endpoint.base_url, extra=["--json", str(tmp_path / "result.json")])
+        env = env_for(tmp_path, endpoint.base_url)
+        proc = subprocess.Popen([sys.executable, "-m", "optloop.run", *args], cwd=REPO, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            assert endpoint.holding.wait(180), "trial 1 never started"
+            proc.send_signal(signal.SIGTERM)
+            _, err = proc.communicate(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        endpoint.release()
+        [name] = [p.name for p in runs.iterdir()]
+        last = err.strip().splitlines()[-1]
+        assert proc.returncode == 130, err[-3000:]
+        assert last == (f"optloop: interrupted (SIGTERM): run {name} is saved (0 of 1 trials done), its MLflow runs "
+                        f"marked KILLED; resume it with the same command: python -m optloop.run {shlex.join(args)}")
+        store = read_store(tmp_path)
+        assert store.parents == ["KILLED"] and store.statuses == {"KILLED": 2} and not store.running  # parent, trial 1
+        saved = Checkpoint.load(runs / name / "checkpoint.json")
+        assert saved.processes == 1 and saved.spending["llm_calls"] > 0 and not saved.finished  # what it spent
+
+        again = subprocess.run([sys.executable, "-m", "optloop.run", *args], cwd=REPO, env=env, capture_output=True,
+                               text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert again.stderr.splitlines()[0].startswith(
+        f"optloop.run resuming {name}, the latest unfinished run of these settings (0 of 1 trials done, 1 process(es) "
+        "so far); --new starts afresh"), again.stderr[:500]
+    store = read_store(tmp_path)
+    assert store.parents == ["FINISHED"] and not store.running and store.trials == [1]
+    assert store.discarded == ["trial-1 KILLED"]  # the half-done trial: ended KILLED, then deleted, then redone
+    assert store.dev_steps == [0, 1]
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["cost"]["processes"] == 2 and result["cost"]["llm_calls"] > saved.spending["llm_calls"]
+    assert Checkpoint.load(runs / name / "checkpoint.json").finished
+
+
+def test_the_summary_says_what_every_process_spent_and_how_many_there_were():
+    from optloop.run import cost_line
+
+    assert cost_line({"llm_calls": 112, "model_calls": 31, "tokens": 21481, "seconds": 55.04, "processes": 2}) == \
+        "112 LLM calls (31 computed), 21481 tokens, 55.0 s; the run took 2 processes"
+    assert cost_line({"llm_calls": 3, "model_calls": 3, "tokens": 30, "seconds": 1, "dollars": 0.01234,
+                      "processes": 1}).endswith("1.0 s, $0.0123; the run took 1 process")

@@ -1,0 +1,84 @@
+"""The MLflow sink's part in crash consistency: a trial's child run ends KILLED when an interrupt stops it,
+a discarded trial's runs are ended KILLED before they are deleted (an older leftover, deleted while
+RUNNING, included), and a resumed run can ask which ``acc_dev`` points exist."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from optloop.loop.mlflow_sink import MlflowSink
+from optloop.loop.runner import Loop
+from optloop.loop.state import LoopConfig
+
+
+@pytest.fixture
+def parent(tmp_path):
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    previous = mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    experiment = mlflow.set_experiment("sink")
+    run = mlflow.start_run(experiment_id=experiment.experiment_id, run_name="parent")
+    try:
+        yield MlflowClient(), run.info.run_id
+    finally:
+        while mlflow.active_run() is not None:
+            mlflow.end_run()
+        mlflow.set_tracking_uri(previous)
+
+
+def children(client, parent_id):
+    from mlflow.entities import ViewType
+
+    experiment = client.get_run(parent_id).info.experiment_id
+    runs = client.search_runs([experiment], f"tags.`mlflow.parentRunId` = '{parent_id}'", run_view_type=ViewType.ALL)
+    return {r.info.run_name: (r.info.status, r.info.lifecycle_stage) for r in runs}
+
+
+def test_an_interrupted_trial_ends_killed_a_failed_one_failed_and_discarding_ends_then_deletes(parent, tmp_path):
+    import mlflow
+
+    client, parent_id = parent
+    sink = MlflowSink("md_flat", parent_id, tmp_path, modules=lambda candidate: {})
+    with pytest.raises(KeyboardInterrupt), sink.open_trial(1, None):
+        raise KeyboardInterrupt  # SIGTERM or Ctrl-C during trial 1
+    with pytest.raises(RuntimeError), sink.open_trial(2, None):
+        raise RuntimeError("an evaluation failed")
+    with sink.open_trial(4, {"optloop.worker": "0:w"}):
+        pass
+    leftover = mlflow.start_run(run_name="trial-3", nested=True).info.run_id  # a kill left it RUNNING ...
+    mlflow.end_run("RUNNING")  # (the fluent stack forgets it; its status stays RUNNING)
+    client.delete_run(leftover)  # ... and an older optloop deleted it as it was
+    assert children(client, parent_id) == {"trial-1": ("KILLED", "active"), "trial-2": ("FAILED", "active"),
+                                           "trial-3": ("RUNNING", "deleted"), "trial-4": ("FINISHED", "active")}
+    for trial in (1, 3):
+        sink.discard_trial(trial)
+    assert children(client, parent_id) == {"trial-1": ("KILLED", "deleted"), "trial-2": ("FAILED", "active"),
+                                           "trial-3": ("KILLED", "deleted"), "trial-4": ("FINISHED", "active")}
+    assert mlflow.active_run().info.run_id == parent_id  # the parent is still the active run
+
+
+def test_the_dev_points_logged_so_far(parent, tmp_path):
+    _, parent_id = parent
+    sink = MlflowSink("md_flat", parent_id, tmp_path, modules=lambda candidate: {})
+    assert sink.dev_steps() == set()
+    sink.log_dev(0, 0.25, 0.25)
+    sink.log_dev(2, 0.5, 0.5)
+    assert sink.dev_steps() == {0, 2}
+
+
+def test_the_cost_reads_dollars_when_the_lm_accounting_prices_calls():
+    def lm(dollars):
+        priced = {"dollars": dollars} if dollars is not None else {}
+        usage = SimpleNamespace(calls=4, model_calls=3, tokens=40, **priced)
+        return SimpleNamespace(accounting=SimpleNamespace(totals=lambda *a, **k: usage))
+
+    loop = Loop(LoopConfig(system="md_flat", run_name="r"), lm(None), None)
+    loop.proposer = loop.lm
+    assert "dollars" not in loop._cost(0, None)
+    priced = Loop(LoopConfig(system="md_flat", run_name="r"), lm(0.0123456789), lm(0.5))
+    cost = priced._cost(0, 0)
+    assert cost["dollars"] == 0.012346 and cost["proposer_dollars"] == 0.5 and cost["llm_calls"] == 4
