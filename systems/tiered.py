@@ -484,6 +484,7 @@ class TieredSystem(MemorySystem):
     def _open(self) -> None:
         self._conn = sqlite3.connect(self.db_path, check_same_thread=False)
         self._conn.row_factory = sqlite3.Row
+        self._conn.execute("PRAGMA secure_delete = ON")  # a forgotten value is overwritten on disk, not just unlinked
         with self._conn:
             self._conn.executescript(SCHEMA)
             version = self._meta("schema_version")
@@ -761,6 +762,12 @@ class TieredSystem(MemorySystem):
                     if text != row["text"]:
                         db.execute(f"UPDATE {table} SET {text_column} = ? WHERE {id_column} = ?", (text, row["id"]))
                         redacted += 1
+            # The extraction log keeps what the site wrote; the forgotten values go from it too.
+            for row in db.execute("SELECT id, lines, stored, malformed FROM extractions").fetchall():
+                cleaned = [redact(row[column], values) for column in ("lines", "stored", "malformed")]
+                if cleaned != [row["lines"], row["stored"], row["malformed"]]:
+                    db.execute("UPDATE extractions SET lines = ?, stored = ?, malformed = ? WHERE id = ?",
+                               (*cleaned, row["id"]))
             db.execute("INSERT INTO forgotten(request, what, keys, session_id, turn_id, timestamp, rows_removed, "
                        "texts_redacted) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                        (request or f"forget {what}", what, json.dumps(keys), session.id if session else None, turn_id,
