@@ -271,7 +271,8 @@ def _parse_line(line: str) -> FactLine | MalformedLine | None:
     if not key_slug:
         return MalformedLine(line=line, reason="empty key")
     if key_slug == "forget":
-        return MalformedLine(line=line, reason="FORGET lines are not obeyed: forgetting is the deterministic rule's job")
+        return MalformedLine(line=line,
+                             reason="FORGET lines are not obeyed: forgetting is the deterministic rule's job")
     if key_slug in _TEMPLATE_KEYS:
         return MalformedLine(line=line, reason="the key is the format's placeholder")
     if len(key_slug.split("_")) > MAX_KEY_WORDS or len(key_slug) > MAX_KEY_CHARS:

@@ -54,7 +54,8 @@ class SiteLM(DummyLM):
     """DummyLM whose replies are chosen by prompt site; ``calls`` lists (site, input fields) in order."""
 
     def __init__(self, scripts: dict[str, Script] | None = None):
-        self.scripts: dict[str, Script] = {k: (list(v) if isinstance(v, list) else v) for k, v in (scripts or {}).items()}
+        self.scripts: dict[str, Script] = {name: (list(script) if isinstance(script, list) else script)
+                                           for name, script in (scripts or {}).items()}
         self.calls: list[tuple[str, dict[str, str]]] = []
         self.last_messages: list[dict[str, Any]] = []
         super().__init__(_Replies(self), adapter=dspy.JSONAdapter())  # type: ignore[arg-type]
