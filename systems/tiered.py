@@ -546,7 +546,7 @@ class TieredSystem(MemorySystem):
     # --- reading the tiers ----------------------------------------------------------------
 
     def live_facts(self) -> list[LtmFact]:
-        """LTM's live rows, oldest key first."""
+        """LTM's live rows, in the order they were written."""
         with self._lock:
             rows = self.db.execute("""
                 SELECT l.*, (SELECT COUNT(*) FROM ltm h WHERE h.key = l.key) AS version
