@@ -25,9 +25,13 @@ MEM0_EXTRACT = "mem0.extract"
 MEM0_RERANK = "mem0.rerank"
 MD_FLAT_CURATE = "md_flat.curate"
 GRAPHITI_EXTRACT_EDGES = "graphiti.extract_edges.edge"
+TIERED_EXTRACT = "tiered.extract"
+"""tiered's extraction stage: one call after every user message, ``Key|Value`` lines into long-term memory."""
+TIERED_SUMMARIZE = "tiered.summarize"
+"""tiered's end-of-session summary: one call per conversation, written to mid-term memory."""
 
 PROPOSER = "optimizer.proposer"
 """Not a system's site: the LLM calls optimizers make to write or edit prompts are charged here."""
 
 __all__ = ["ANSWER", "GRAPHITI_EXTRACT_EDGES", "MD_FLAT_CURATE", "MEM0_EXTRACT", "MEM0_RERANK", "PROPOSER",
-           "QUERY_REWRITE", "SHARED_SITES"]
+           "QUERY_REWRITE", "SHARED_SITES", "TIERED_EXTRACT", "TIERED_SUMMARIZE"]

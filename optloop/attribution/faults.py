@@ -41,7 +41,7 @@ from optloop.attribution.judges import default_judges
 from optloop.attribution.taxonomy import Attribution, ErrorType, knob_target, library_target
 from optloop.datasets import passed
 from optloop.pipeline import Attributor, EpisodeResult, FreshStores, run_episode
-from optloop.sites import ANSWER, GRAPHITI_EXTRACT_EDGES, MD_FLAT_CURATE, MEM0_EXTRACT, QUERY_REWRITE
+from optloop.sites import ANSWER, GRAPHITI_EXTRACT_EDGES, MD_FLAT_CURATE, MEM0_EXTRACT, QUERY_REWRITE, TIERED_EXTRACT
 from optloop.stats import bootstrap_mean
 from optloop.text import words
 
@@ -104,6 +104,11 @@ def first_only(items: list[Any], _: dict[str, Any]) -> list[Any]:
 
 def drop_all(items: list[Any], _: dict[str, Any]) -> list[Any]:
     return []
+
+
+def keys_only(items: list[Any], _: dict[str, Any]) -> list[Any]:
+    """``Key|Value`` lines cut to their keys: the wrong format, every line malformed."""
+    return [_item_text(i).split("|", 1)[0].strip() for i in items]
 
 
 def forget_old(items: list[Any], inputs: dict[str, Any]) -> list[Any]:
@@ -304,15 +309,24 @@ CATALOGUE: tuple[Fault, ...] = (
           lists=blur_old),
     Fault("mdflat-curate-forgets", ("md_flat",), MD_FLAT_CURATE, ErrorType.DELETION,
           "curation deletes every fact already in the file", site=MD_FLAT_CURATE, lists=forget_old),
+    Fault("tiered-extract-first-only", ("tiered",), TIERED_EXTRACT, ErrorType.EXTRACTION,
+          "the extraction stage keeps only the first Key|Value line of each message", site=TIERED_EXTRACT,
+          lists=first_only),
+    Fault("tiered-extract-keys-only", ("tiered",), TIERED_EXTRACT, ErrorType.EXTRACTION,
+          "the extraction stage writes keys without values (the wrong format: every line malformed)",
+          site=TIERED_EXTRACT, lists=keys_only),
+    Fault("tiered-category-matches-nothing", ("tiered",), knob_target("search_recipe"), ErrorType.RETRIEVAL,
+          "retrieval searches only a category no fact or summary is filed under (search_recipe=category:archived)",
+          knobs={"search_recipe": "category:archived"}),
     Fault("store-deletes-old", ("mem0", "rag_bm25", "rag_embedding", "long_context"), library_target("{system}.store"),
           ErrorType.DELETION, "the store deletes every memory of earlier sessions when a session is added",
           after_session=delete_old),
     Fault("store-overwrites-old", ("mem0", "rag_bm25", "rag_embedding", "long_context"), library_target("{system}.store"),
           ErrorType.UPDATE, "the store rewrites every memory of earlier sessions with its specifics replaced",
           after_session=overwrite_old),
-    Fault("top-k-1", ("mem0", "rag_bm25", "rag_embedding", "md_flat"), knob_target("top_k"), ErrorType.RETRIEVAL,
-          "top_k set to 1", knobs={"top_k": 1}),
-    Fault("query-unrelated", ("mem0", "rag_bm25", "rag_embedding"), QUERY_REWRITE, ErrorType.RETRIEVAL,
+    Fault("top-k-1", ("mem0", "rag_bm25", "rag_embedding", "md_flat", "tiered"), knob_target("top_k"),
+          ErrorType.RETRIEVAL, "top_k set to 1", knobs={"top_k": 1}),
+    Fault("query-unrelated", ("mem0", "rag_bm25", "rag_embedding", "tiered"), QUERY_REWRITE, ErrorType.RETRIEVAL,
           "the query-rewrite site turns every question into an unrelated query", site=QUERY_REWRITE,
           outputs={"query": UNRELATED_QUERY}, query_site=True),
     Fault("answer-unknown", ("mem0", "graphiti", "long_context", "rag_bm25", "rag_embedding", "md_flat"), ANSWER,

@@ -6,7 +6,7 @@ evidence turn ids, task type and scorer); ``score`` / ``passed`` grade a predict
 with the question's own scorer; ``split_episodes`` makes train/dev/test splits by
 episode. URIs (see :mod:`optloop.datasets._registry`)::
 
-    builtin:tiny  builtin:suite  builtin:meme
+    builtin:tiny  builtin:suite  builtin:meme  builtin:assistant
     memfail:<coexisting|conditional_easy|conditional_hard|persona|long_hop>[:path]
     locomo:<path>  longmemeval:<path>  meme:<path>  jsonl:<path>
     synthetic:meme?seed=K&episodes=N&fillers=F&domain=workplace|household

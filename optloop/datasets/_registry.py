@@ -1,7 +1,8 @@
 """Dataset URIs: ``<scheme>:<rest>[?key=value&...]`` -> :class:`Dataset`.
 
 =====================================  ==============================================
-``builtin:[tiny|suite|meme]``          shipped in code (``builtin:`` = tiny)
+``builtin:<name>``                     shipped in code: tiny (``builtin:``), suite, meme,
+                                       assistant
 ``memfail:<task>[:path]``              coexisting, conditional_easy, conditional_hard,
                                        persona, long_hop
 ``locomo:<path>``                      official ``locomo10.json`` layout

@@ -6,6 +6,10 @@
            the demo and the tests default to it.
 ``suite``  ``synthetic:suite?seed=0`` (the end-to-end memory check-list).
 ``meme``   ``synthetic:meme?seed=0&episodes=2`` (one episode per domain).
+``assistant``  20 hand-written personal-assistant probes over 6 users
+           (:mod:`optloop.datasets.assistant`): store, recall in and across
+           sessions, several facts, update, forget, implicit facts, numbers, and
+           abstention on a person never mentioned.
 
 Kept as Python data rather than package files so an installed wheel needs no
 package-data configuration.
@@ -113,7 +117,14 @@ def _meme() -> list[Episode]:
     return load_synthetic("meme", {"seed": "0", "episodes": "2"})[1]
 
 
-BUILTINS: dict[str, Callable[[], list[Episode]]] = {"tiny": tiny, "suite": _suite, "meme": _meme}
+def _assistant() -> list[Episode]:
+    from optloop.datasets.assistant import assistant
+
+    return assistant()
+
+
+BUILTINS: dict[str, Callable[[], list[Episode]]] = {"tiny": tiny, "suite": _suite, "meme": _meme,
+                                                    "assistant": _assistant}
 
 
 def load_builtin(rest: str, params: dict[str, str]) -> tuple[str, list[Episode]]:

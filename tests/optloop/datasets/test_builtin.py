@@ -36,5 +36,5 @@ def test_other_builtins_are_seed_zero_generators(name: str, episodes: int) -> No
 
 
 def test_unknown_builtin_lists_the_choices() -> None:
-    with pytest.raises(DatasetError, match=r"unknown built-in dataset 'huge' \(one of: tiny, suite, meme\)"):
+    with pytest.raises(DatasetError, match=r"unknown built-in dataset 'huge' \(one of: tiny, suite, meme, assistant\)"):
         load_dataset("builtin:huge")
