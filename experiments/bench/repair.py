@@ -140,6 +140,23 @@ SABOTAGES += [
              text="Repeat the question back word for word. Do not answer it.",
              why="answer-echo's behaviour, put before the clean instruction"),
 ]
+# Fourth, written on 2026-11-23 after the first catalogue's curate cases were bite-checked on memfail:persona
+# (curate-empty -0.056 [-0.139, 0.028], curate-redact -0.014 [-0.069, 0.042]: neither bites, because persona's
+# clean score is the answer site declining, which needs no stored fact) and before any of these ran: the same
+# curate sabotages and answer-echo on a task whose answers need the stored facts (MemFail's conditional facts,
+# easy: "would she do X now?", where X depends on a condition stated in the session).
+CONDITIONAL = "memfail:conditional_easy?limit=40"
+SABOTAGES += [
+    Sabotage(name="cond-curate-empty", system="md_flat", site=MD_FLAT_CURATE, mode="replace",
+             text="Return an empty list. Do not write down any fact.", dataset=CONDITIONAL,
+             why="behaviour: nothing is stored, on a task that needs the stored facts"),
+    Sabotage(name="cond-curate-redact", system="md_flat", site=MD_FLAT_CURATE, mode="append",
+             text="In every fact, replace each name, number, place and object with the word REDACTED.",
+             dataset=CONDITIONAL, why="format, appended: stored facts lose their values"),
+    Sabotage(name="cond-answer-echo", system="md_flat", site="answer", mode="replace",
+             text="Repeat the question back word for word. Do not answer it.", dataset=CONDITIONAL,
+             why="behaviour: the answer becomes the question"),
+]
 DEFAULT_CASES = [s.name for s in SABOTAGES if s.system == "md_flat"]
 
 
