@@ -76,8 +76,11 @@ class ScriptedOpenAIServer:
                 self.end_headers()
                 self.wfile.write(data)
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
+        class Server(ThreadingHTTPServer):
+            daemon_threads = True
+            request_queue_size = 128  # many clients at once (the default backlog of 5 resets connections)
+
+        self.httpd = Server(("127.0.0.1", 0), Handler)
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
 
     @property
