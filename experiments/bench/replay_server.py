@@ -116,6 +116,15 @@ class ReplayConfig:
         if self.retry_after < 0:
             raise ConfigError("--retry-after must be >= 0 seconds")
 
+    def latency_s(self, key: str, occurrence: int = 0) -> float:
+        """The injected latency of the ``occurrence``-th request for ``key`` (0-based)."""
+        unit = _unit(self.seed, key, occurrence, "latency")
+        return max(0.0, self.latency_ms + self.jitter_ms * (2 * unit - 1)) / 1000
+
+    def refuses(self, key: str, occurrence: int = 0) -> bool:
+        """Whether the ``occurrence``-th request for ``key`` gets HTTP 429."""
+        return self.rate_429 > 0 and _unit(self.seed, key, occurrence, "429") < self.rate_429
+
 
 @dataclass
 class ReplayStats:
@@ -189,13 +198,6 @@ class ReplayServer:
 
     # --- what a request gets -------------------------------------------------------------
 
-    def latency_s(self, key: str, occurrence: int = 0) -> float:
-        cfg = self.config
-        return max(0.0, cfg.latency_ms + cfg.jitter_ms * (2 * _unit(cfg.seed, key, occurrence, "latency") - 1)) / 1000
-
-    def refuses(self, key: str, occurrence: int) -> bool:
-        return self.config.rate_429 > 0 and _unit(self.config.seed, key, occurrence, "429") < self.config.rate_429
-
     def answer(self, body: dict[str, Any]) -> tuple[int, dict[str, Any], dict[str, str], float]:
         """(status, payload, headers, seconds to wait before sending) for one chat request."""
         try:
@@ -214,7 +216,7 @@ class ReplayServer:
                         self.stats.missed.append(str((body.get("messages") or [{}])[-1].get("content"))[:120])
             occurrence = self._asked[key or keys[-1]]
             self._asked[key or keys[-1]] += 1
-            refused = key is not None and self.refuses(key, occurrence)
+            refused = key is not None and self.config.refuses(key, occurrence)
             if refused:
                 self.stats.injected_429 += 1
         if key is None:
@@ -229,7 +231,7 @@ class ReplayServer:
                 else f"{cfg.retry_after:g}"
             return 429, {"error": {"message": "rate limited (replay server)", "type": "rate_limit_error",
                                    "code": "rate_limit_exceeded"}}, {"retry-after": value}, 0.0
-        delay = self.latency_s(key, occurrence)
+        delay = self.config.latency_s(key, occurrence)
         with self._lock:
             self.stats.hits += 1
             self.stats.latency_s += delay
