@@ -8,10 +8,15 @@ direct calls (:meth:`OptloopEngine.call`) alike:
 
 * the persistent cache (:class:`~optloop.lm.cache.LMCache`), keyed as before the
   engine existed, so caches written by earlier versions still answer;
-* retries with backoff, fault labels, the endpoint's health (DSPy's own retries
-  and cache are off for this LM: ``num_retries=0``, ``cache=False``);
+* retries with jittered backoff, HTTP 429 after ``Retry-After`` on a budget of its own,
+  fault labels, the endpoint's health (DSPy's own retries and cache are off for this LM:
+  ``num_retries=0``, ``cache=False``);
+* the process's ``--rpm`` / ``--tpm`` / ``--concurrency`` throttle for the endpoint
+  (:mod:`optloop.lm.limits`), and single-flight cache misses (concurrent calls with one key
+  make one model call);
 * one :class:`~optloop.lm.accounting.CallRecord` per call, charged to the
-  :func:`~optloop.lm.accounting.prompt_site` of the calling thread or task;
+  :func:`~optloop.lm.accounting.prompt_site` of the calling thread or task, with its
+  dollar cost (:mod:`optloop.lm.pricing`);
 * the request watchers (a benchmark's witness of what reaches the model).
 
 What DSPy 3.4.1's engine interface cannot carry, and how the gap is bridged
