@@ -297,3 +297,21 @@ def test_the_cache_takes_writes_and_reads_from_many_threads(tmp_path):
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(work, range(8)))
     assert len(cache) == 400 and LMCache(tmp_path / "c.sqlite").get("7-49") == {"n": 49, "w": 7}
+
+
+def test_blocking_work_of_an_async_library_runs_on_the_lms_pool_with_the_tasks_site():
+    """graphiti's sites run DSPy programs in threads: ``lm.to_thread`` gives them the LM's pool and the task's site."""
+    lm = meeting_lm(3)  # all three calls must be in flight together
+
+    def site_program(prompt: str) -> tuple[str, str | None]:
+        return lm.text(prompt), current_site()
+
+    async def one(site: str) -> tuple[str, str | None]:
+        with prompt_site(site):
+            return await lm.to_thread(site_program, f"from {site}")
+
+    async def main() -> list[tuple[str, str | None]]:
+        return list(await asyncio.gather(*(one(s) for s in ("a", "b", "c"))))
+
+    assert asyncio.run(main()) == [("from a", "a"), ("from b", "b"), ("from c", "c")]
+    assert sorted(r.site for r in lm.accounting.records) == ["a", "b", "c"]
