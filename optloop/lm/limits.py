@@ -180,7 +180,10 @@ class Backoff:
     """How long to sleep before the next attempt: jittered exponential backoff, or what the server asked.
 
     * an HTTP 429 with ``Retry-After``: that long, plus up to 10 % (at most 1 s) of jitter so the
-      threads a storm hit together do not come back together;
+      threads a storm hit together do not come back together; from a call's
+      ``HONOURED_FREELY + 1``-th 429 on, at least the backoff below (counted from there), so a
+      server that keeps saying ``Retry-After: 0`` is not hammered and the call's sleeps do
+      reach its wait budget;
     * an HTTP 429 without it: full-jitter exponential on the call's count of 429s,
       ``uniform(0, min(60, 2 ** (n - 1)))`` seconds;
     * any other transient fault: full-jitter exponential on its count, ``uniform(0, min(8, 0.5 * 2 ** (n - 1)))``,
@@ -201,10 +204,17 @@ class Backoff:
         with self._lock:  # random.Random is not documented as thread-safe
             return self.rng.uniform(low, high)
 
+    HONOURED_FREELY = 5
+
     def rate_limited(self, n: int, retry_after: float | None) -> float:
-        if retry_after is not None:
-            return retry_after + self._uniform(0, min(1.0, 0.1 * retry_after))
-        return self._uniform(0, self._rate_limited(SimpleNamespace(attempt_number=max(1, n))))
+        """The sleep after a call's ``n``-th HTTP 429 (1-based)."""
+        if retry_after is None:
+            return self._uniform(0, self._rate_limited(SimpleNamespace(attempt_number=max(1, n))))
+        wait = retry_after + self._uniform(0, min(1.0, 0.1 * retry_after))
+        if n > self.HONOURED_FREELY:
+            floor = self._rate_limited(SimpleNamespace(attempt_number=n - self.HONOURED_FREELY))
+            wait = max(wait, self._uniform(0, floor))
+        return wait
 
     def fault(self, n: int, retry_after: float | None) -> float:
         wait = self._uniform(0, self._faults(SimpleNamespace(attempt_number=max(1, n))))

@@ -144,6 +144,8 @@ def test_backoff_honours_retry_after_with_a_little_jitter_and_is_exponential_wit
     backoff = Backoff(random.Random(1))
     waits = [backoff.rate_limited(1, 4.0) for _ in range(50)]
     assert all(4.0 <= w <= 4.4 for w in waits) and len(set(waits)) > 1
+    assert {backoff.rate_limited(n, 0.0) for n in range(1, 6)} == {0.0}  # "now" is taken at its word, 5 times
+    assert max(backoff.rate_limited(12, 0.0) for _ in range(50)) > 8  # then the call backs off anyway
     assert all(0 <= backoff.rate_limited(n, None) <= min(60, 2 ** (n - 1)) for n in range(1, 10) for _ in range(20))
     assert max(backoff.rate_limited(8, None) for _ in range(50)) > 8  # it grows
     assert all(0 <= backoff.fault(n, None) <= min(8, 0.5 * 2 ** (n - 1)) for n in range(1, 8) for _ in range(20))
