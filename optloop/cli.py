@@ -38,6 +38,10 @@ def add_lm_arguments(parser: argparse.ArgumentParser) -> None:
                        help="local decoding: longest JSON array (default 16; 3 for graphiti)")
     group.add_argument("--lm-max-chars", metavar="N", type=int,
                        help="local decoding: longest JSON string (default 400; 80 for graphiti)")
+    group.add_argument("--rpm", metavar="N", type=float, help="requests per minute to the LM, for the whole process")
+    group.add_argument("--tpm", metavar="N", type=int, help="tokens per minute to the LM (prompt + max_tokens)")
+    group.add_argument("--concurrency", metavar="N", type=int,
+                       help="LM requests in flight at once (default $OPTLOOP_CONCURRENCY, else 1 local, 8 endpoint)")
     group.add_argument("--no-cache", action="store_true", help="bypass the persistent LM call cache")
 
 
@@ -57,6 +61,7 @@ def lm_settings_from_args(args: argparse.Namespace, defaults: Mapping[str, Any] 
         max_array_items=_first_set(getattr(args, "lm_max_items", None), (defaults or {}).get("max_array_items")),
         max_string_chars=_first_set(getattr(args, "lm_max_chars", None), (defaults or {}).get("max_string_chars")),
         cache=False if args.no_cache else None,
+        rpm=getattr(args, "rpm", None), tpm=getattr(args, "tpm", None), concurrency=getattr(args, "concurrency", None),
     )
 
 

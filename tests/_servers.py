@@ -16,14 +16,18 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from collections.abc import Callable
 from typing import Any
 
-# Behaviours: ("ok", content) | ("status", code) | ("raw", body_text) | ("hang", seconds) | ("embed", dim)
+# Behaviours: ("ok", content) | ("status", code) | ("status", (code, headers[, error])) | ("raw", body_text)
+#             | ("hang", seconds) | ("embed", dim)
 #             | ("respond", fn): fn(request body) returns one of the other behaviours for this request
+# Requests may come from many threads at once: the script is consumed under a lock, and each
+# recorded request carries its arrival time ("at", time.monotonic()).
 
 
 class ScriptedOpenAIServer:
     def __init__(self, script: list[tuple[str, Any]]):
         self.script = list(script)
         self.requests: list[dict[str, Any]] = []
+        self.lock = threading.Lock()
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -33,15 +37,19 @@ class ScriptedOpenAIServer:
             def do_POST(self) -> None:  # noqa: N802 - http.server naming
                 length = int(self.headers.get("content-length") or 0)
                 body = json.loads(self.rfile.read(length) or b"{}")
-                server.requests.append({"path": self.path, "body": body, "auth": self.headers.get("authorization")})
-                kind, arg = server.script.pop(0) if len(server.script) > 1 else server.script[0]
+                with server.lock:
+                    server.requests.append({"path": self.path, "body": body, "auth": self.headers.get("authorization"),
+                                            "at": time.monotonic()})
+                    kind, arg = server.script.pop(0) if len(server.script) > 1 else server.script[0]
                 if kind == "respond":
                     kind, arg = arg(body)
                 if kind == "hang":
                     time.sleep(arg)
                     return
                 if kind == "status":
-                    self._send(arg, {"error": {"message": f"scripted {arg}", "type": "server_error"}})
+                    code, headers, *error = arg if isinstance(arg, tuple) else (arg, {})
+                    body = error[0] if error else {"message": f"scripted {code}", "type": "server_error"}
+                    self._send(code, {"error": body}, headers=headers)
                 elif kind == "raw":
                     self._send(200, None, raw=arg.encode())
                 elif kind == "embed":
@@ -57,16 +65,22 @@ class ScriptedOpenAIServer:
                         "usage": {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10},
                     })
 
-            def _send(self, code: int, payload: Any, raw: bytes | None = None) -> None:
+            def _send(self, code: int, payload: Any, raw: bytes | None = None,
+                      headers: dict[str, str] | None = None) -> None:
                 data = raw if raw is not None else json.dumps(payload).encode()
                 self.send_response(code)
                 self.send_header("content-type", "application/json")
+                for name, value in (headers or {}).items():
+                    self.send_header(name, value)
                 self.send_header("content-length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
+        class Server(ThreadingHTTPServer):
+            daemon_threads = True
+            request_queue_size = 128  # many clients at once (the default backlog of 5 resets connections)
+
+        self.httpd = Server(("127.0.0.1", 0), Handler)
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
 
     @property

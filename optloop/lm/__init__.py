@@ -17,6 +17,9 @@ Modules:
 ``llama``              :class:`LocalLlamaBackend`, llama.cpp in-process
 ``endpoint``           :class:`OpenAICompatibleBackend`, any OpenAI-compatible endpoint
 ``machine``            :class:`MachineSlots`, the machine-wide budget of llama.cpp threads
+``limits``             :class:`Throttle` (``--rpm``/``--tpm`` token buckets, ``--concurrency``), ``Retry-After``,
+                       jittered backoff
+``pricing``            :func:`model_price`: dollars per token from litellm's bundled cost map, offline
 ``engine``             :class:`OptloopEngine` / :class:`AsyncOptloopEngine`: cache, retries, health,
                        accounting; ``complete(lm15.Request) -> lm15.Response``
 ``dspy_lm``            :class:`OptloopLM` (the ``dspy.LM``), :func:`configure_dspy`
@@ -64,6 +67,25 @@ raises :class:`~optloop.errors.LMUnreachableError` instead of failing one more
 question. :meth:`OptloopLM.check_endpoint` probes an endpoint at startup, before
 the cache file exists.
 
+Load: ``rpm``, ``tpm`` and ``concurrency`` (``--rpm``, ``--tpm``, ``--concurrency``,
+``OPTLOOP_CONCURRENCY``; concurrency defaults to 1 on the embedded model, 8 on an
+endpoint) are enforced by one :class:`~optloop.lm.limits.Throttle` per endpoint, shared by
+every thread and task of the process. HTTP 429 is not a fault: it is retried apart from
+``max_retries``, after the server's ``Retry-After`` (seconds or an HTTP date) or a
+jittered exponential backoff, for as long as the call's total sleep on 429s stays within
+``rate_limit_wait_s`` (default one hour); a 429 storm slows the run and fails no question.
+Records count ``retries_429``, ``rate_limited_s`` and ``throttled_s``. OpenAI's
+``insufficient_quota`` 429 (no credit) is not retried: the endpoint is taken as down.
+
+Cost: a call to a model that litellm's bundled price table knows (``gpt-4o-mini``) carries
+``cost_usd``; :attr:`Usage.cost_usd` totals it (None for a model without a price), and
+:meth:`Accounting.cost_metrics` gives ``{"cost_usd": ..., "cost_usd.<site>": ...}`` for MLflow.
+
+Concurrency: the cache (one SQLite connection behind a lock), the accounting (a locked
+log), the prompt site and the collectors (context variables) are safe from many threads
+and tasks; concurrent calls with one cache key make one model call between them, so N
+threads leave the same cache, records and totals as one thread calling in turn.
+
 Secrets: the API key is read from the environment into the HTTP client only.
 Identities, records and error messages show the base URL with any user info and
 query string masked (:func:`redact_url`).
@@ -86,8 +108,10 @@ from optloop.lm.cache import CACHE_FORMAT, LMCache
 from optloop.lm.dspy_lm import OptloopLM, configure_dspy
 from optloop.lm.endpoint import OpenAICompatibleBackend
 from optloop.lm.engine import SERVER_ERRORS_DOWN, AsyncOptloopEngine, EndpointHealth, OptloopEngine
+from optloop.lm.limits import Throttle, TokenBucket, parse_retry_after, shared_throttle
 from optloop.lm.llama import LocalLlamaBackend
 from optloop.lm.machine import MachineSlots, llama_slots, lock_dir, threads_per_slot
+from optloop.lm.pricing import ModelPrice, model_price, price_source
 from optloop.lm.requests import (
     MalformedResponse,
     Request,
@@ -96,13 +120,14 @@ from optloop.lm.requests import (
     openai_response_format,
     response_format_to_schema,
 )
-from optloop.lm.settings import BUNDLED_GGUF, LMSettings, bundled_model_path, redact_url
+from optloop.lm.settings import BUNDLED_GGUF, CONCURRENCY_ENV, LMSettings, bundled_model_path, redact_url
 
 _check_json = check_json  # the name tests knew before the package split
 
 __all__ = [
     "BUNDLED_GGUF",
     "CACHE_FORMAT",
+    "CONCURRENCY_ENV",
     "SERVER_ERRORS_DOWN",
     "Accounting",
     "AsyncOptloopEngine",
@@ -114,10 +139,13 @@ __all__ = [
     "LocalLlamaBackend",
     "MachineSlots",
     "MalformedResponse",
+    "ModelPrice",
     "OpenAICompatibleBackend",
     "OptloopEngine",
     "OptloopLM",
     "Request",
+    "Throttle",
+    "TokenBucket",
     "Usage",
     "bound_schema",
     "bundled_model_path",
@@ -128,10 +156,14 @@ __all__ = [
     "llama_slots",
     "lock_dir",
     "make_backend",
+    "model_price",
     "openai_response_format",
+    "parse_retry_after",
+    "price_source",
     "prompt_site",
     "redact_url",
     "response_format_to_schema",
+    "shared_throttle",
     "start_collecting",
     "stop_collecting",
     "threads_per_slot",

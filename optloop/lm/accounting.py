@@ -15,8 +15,9 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
+from fractions import Fraction
 
 _CURRENT_SITE: contextvars.ContextVar[str | None] = contextvars.ContextVar("optloop_prompt_site", default=None)
 _COLLECTORS: contextvars.ContextVar[tuple[list[CallRecord], ...]] = contextvars.ContextVar(
@@ -75,6 +76,15 @@ class CallRecord:
     its attempts failed and the fault surfaced to the caller. ``queued_s`` is the part
     of ``seconds`` spent waiting for the machine's llama.cpp slot (other processes'
     model calls, see :mod:`optloop.lm.machine`).
+
+    Load (:mod:`optloop.lm.limits`): ``retries_429`` counts the attempts the endpoint
+    refused with HTTP 429 (they are in ``attempts``, not in ``faults``: a rate limit is the
+    endpoint pacing us, not failing), ``rate_limited_s`` the seconds slept on them,
+    ``throttled_s`` the seconds this process held the call back itself (``--rpm``,
+    ``--tpm``, ``--concurrency``). All three are parts of ``seconds``.
+
+    ``cost_usd``: dollars at the model's price (:mod:`optloop.lm.pricing`); 0.0 for a
+    cache hit of a priced model (nothing was spent), None when the model has no price.
     """
 
     site: str | None
@@ -89,21 +99,46 @@ class CallRecord:
     key: str = ""
     faults: list[str] = field(default_factory=list)
     queued_s: float = 0.0
+    retries_429: int = 0
+    rate_limited_s: float = 0.0
+    throttled_s: float = 0.0
+    cost_usd: float | None = None
 
 
 @dataclass
 class Usage:
+    """Totals over call records (:meth:`Accounting.totals`, :meth:`Accounting.by_site`, :meth:`Usage.of`).
+
+    ``cost_usd`` is the dollars of the priced records (None when none was priced: a model
+    without a price reports tokens only); ``unpriced_calls`` counts the model calls it
+    leaves out. The sum is exact (fractions), so it does not depend on the order in which
+    concurrent calls were recorded.
+    """
+
     calls: int = 0
     model_calls: int = 0
     cache_hits: int = 0
     errors: int = 0
     retries: int = 0
-    faults: int = 0  # failed attempts (what a flaky endpoint did to us)
+    faults: int = 0  # failed attempts (what a flaky endpoint did to us); HTTP 429 is not one
     cured: int = 0  # failed attempts of calls that a retry then completed
     prompt_tokens: int = 0
     completion_tokens: int = 0
     seconds: float = 0.0
     queued_s: float = 0.0  # of ``seconds``: waiting for another process's model call
+    retries_429: int = 0  # attempts refused with HTTP 429 (rate limited) and asked again
+    rate_limited_s: float = 0.0  # of ``seconds``: sleeping on HTTP 429 (Retry-After or backoff)
+    throttled_s: float = 0.0  # of ``seconds``: held back by --rpm / --tpm / --concurrency
+    unpriced_calls: int = 0  # model calls without a price (not in ``cost_usd``)
+    _cost: Fraction | None = field(default=None, repr=False, compare=False)
+
+    @classmethod
+    def of(cls, records: Iterable[CallRecord]) -> Usage:
+        """The totals of ``records`` (e.g. what :func:`collect_calls` gathered for one task)."""
+        usage = cls()
+        for rec in records:
+            usage.add(rec)
+        return usage
 
     def add(self, rec: CallRecord) -> None:
         self.calls += 1
@@ -118,13 +153,25 @@ class Usage:
             self.completion_tokens += rec.completion_tokens
         self.seconds += rec.seconds
         self.queued_s += rec.queued_s
+        self.retries_429 += rec.retries_429
+        self.rate_limited_s += rec.rate_limited_s
+        self.throttled_s += rec.throttled_s
+        if rec.cost_usd is not None:
+            self._cost = (self._cost or Fraction(0)) + Fraction(rec.cost_usd)
+        elif not rec.cached:
+            self.unpriced_calls += 1
 
     @property
     def tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
 
-    def as_dict(self) -> dict[str, float]:
-        return {**asdict(self), "tokens": self.tokens}
+    @property
+    def cost_usd(self) -> float | None:
+        return None if self._cost is None else float(self._cost)
+
+    def as_dict(self) -> dict[str, float | None]:
+        out: dict[str, float | None] = {k: v for k, v in asdict(self).items() if not k.startswith("_")}
+        return {**out, "tokens": self.tokens, "cost_usd": self.cost_usd}
 
 
 @dataclass
@@ -159,6 +206,26 @@ class Accounting:
             records = self.records[since:]
         for rec in records:
             out.setdefault(rec.site, Usage()).add(rec)
+        return out
+
+    def cost_metrics(self, since: int = 0, *, records: Iterable[CallRecord] | None = None,
+                     prefix: str = "cost_usd") -> dict[str, float]:
+        """Dollars as MLflow metrics: ``{prefix: total, f"{prefix}.{site}": per site}``, priced ones only.
+
+        Over the records ``since`` a :meth:`mark`, or over ``records`` (a collector's). A total or
+        site without a price is left out (MLflow takes no None); calls made outside any
+        prompt site appear as ``f"{prefix}.no_site"``.
+        """
+        chosen = list(records) if records is not None else self.since(since)
+        out: dict[str, float] = {}
+        if (total := Usage.of(chosen).cost_usd) is not None:
+            out[prefix] = total
+        by_site: dict[str | None, Usage] = {}
+        for rec in chosen:
+            by_site.setdefault(rec.site, Usage()).add(rec)
+        for site, usage in sorted(by_site.items(), key=lambda item: str(item[0])):
+            if usage.cost_usd is not None:
+                out[f"{prefix}.{site if site is not None else 'no_site'}"] = usage.cost_usd
         return out
 
     def mark(self) -> int:

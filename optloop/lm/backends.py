@@ -55,6 +55,14 @@ class Backend(ABC):
     def describe_failure(self, exc: BaseException) -> LMError:
         return LMError(f"LM call to {self.identity} failed: {type(exc).__name__}: {exc}")
 
+    def is_rate_limited(self, exc: BaseException) -> bool:
+        """Whether the endpoint refused this attempt for load (HTTP 429): retried apart from ``max_retries``."""
+        return False
+
+    def retry_after(self, exc: BaseException) -> float | None:
+        """Seconds the endpoint asked us to wait before the next attempt (``Retry-After``), if it said."""
+        return None
+
     def is_server_error(self, exc: BaseException) -> bool:
         """Whether the endpoint answered this attempt with a server error (HTTP 5xx)."""
         return False

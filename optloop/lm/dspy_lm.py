@@ -116,6 +116,16 @@ class OptloopLM(dspy.LM):
         finally:
             CALL_OPTIONS.reset(token)
 
+    async def to_thread(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        """``asyncio.to_thread`` on this LM's own pool: for an async library's blocking work that calls the LM.
+
+        asyncio's default pool has ``min(32, cpu_count + 4)`` threads (6 on 2 cores), fewer than
+        ``--concurrency`` may ask for; this one has ``max(32, 4 x concurrency)`` (shared with
+        :meth:`acall`). The calling task's context (prompt site, collectors) goes with ``fn``.
+        """
+        engine: AsyncOptloopEngine = self._async_engine_spec  # type: ignore[assignment]
+        return await engine.run(fn, *args, **kwargs)
+
     # --- optloop's direct calls -------------------------------------------------------------
 
     def complete(

@@ -8,6 +8,7 @@ from typing import Any
 
 from optloop.errors import ConfigError, LMError, LMUnreachableError
 from optloop.lm.backends import Backend
+from optloop.lm.limits import parse_retry_after
 from optloop.lm.requests import MalformedResponse, Request
 from optloop.lm.settings import LMSettings, redact_url
 
@@ -76,8 +77,28 @@ class OpenAICompatibleBackend(Backend):
     def is_transient(self, exc: BaseException) -> bool:
         import openai
 
-        transient = (openai.APIConnectionError, openai.RateLimitError, MalformedResponse)
-        return isinstance(exc, transient) or self.is_server_error(exc)
+        transient = (openai.APIConnectionError, MalformedResponse)
+        return isinstance(exc, transient) or self.is_server_error(exc) or self.is_rate_limited(exc)
+
+    @staticmethod
+    def _quota_exhausted(exc: BaseException) -> bool:
+        """OpenAI answers 429 ``insufficient_quota`` when the account is out of credit: no wait cures that."""
+        import openai
+
+        return (isinstance(exc, openai.APIStatusError) and exc.status_code == 429
+                and "insufficient_quota" in (str(getattr(exc, "code", "") or ""), str(getattr(exc, "type", "") or "")))
+
+    def is_rate_limited(self, exc: BaseException) -> bool:
+        import openai
+
+        return isinstance(exc, openai.APIStatusError) and exc.status_code == 429 and not self._quota_exhausted(exc)
+
+    def retry_after(self, exc: BaseException) -> float | None:
+        import openai
+
+        if not isinstance(exc, openai.APIStatusError):
+            return None
+        return parse_retry_after(exc.response.headers)
 
     def is_timeout(self, exc: BaseException) -> bool:
         import openai
@@ -115,6 +136,9 @@ class OpenAICompatibleBackend(Backend):
                 f"cannot reach LM endpoint {where} ({type(cause).__name__}); "
                 "check --lm-base-url / OPENAI_BASE_URL and that the server is running"
             )
+        if self._quota_exhausted(exc):
+            return LMUnreachableError(f"LM endpoint {where} refused the call: the account's quota is exhausted "
+                                      "(HTTP 429 insufficient_quota); add credit or raise the limit, then rerun")
         if isinstance(exc, openai.AuthenticationError):
             return LMError(f"LM endpoint {where} rejected the API key (401); check the key in the environment")
         if isinstance(exc, openai.NotFoundError):

@@ -8,10 +8,15 @@ direct calls (:meth:`OptloopEngine.call`) alike:
 
 * the persistent cache (:class:`~optloop.lm.cache.LMCache`), keyed as before the
   engine existed, so caches written by earlier versions still answer;
-* retries with backoff, fault labels, the endpoint's health (DSPy's own retries
-  and cache are off for this LM: ``num_retries=0``, ``cache=False``);
+* retries with jittered backoff, HTTP 429 after ``Retry-After`` on a budget of its own,
+  fault labels, the endpoint's health (DSPy's own retries and cache are off for this LM:
+  ``num_retries=0``, ``cache=False``);
+* the process's ``--rpm`` / ``--tpm`` / ``--concurrency`` throttle for the endpoint
+  (:mod:`optloop.lm.limits`), and single-flight cache misses (concurrent calls with one key
+  make one model call);
 * one :class:`~optloop.lm.accounting.CallRecord` per call, charged to the
-  :func:`~optloop.lm.accounting.prompt_site` of the calling thread or task;
+  :func:`~optloop.lm.accounting.prompt_site` of the calling thread or task, with its
+  dollar cost (:mod:`optloop.lm.pricing`);
 * the request watchers (a benchmark's witness of what reaches the model).
 
 What DSPy 3.4.1's engine interface cannot carry, and how the gap is bridged
@@ -33,19 +38,26 @@ What DSPy 3.4.1's engine interface cannot carry, and how the gap is bridged
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
+import functools
 import logging
+import random
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from tenacity import RetryError, Retrying, retry_if_exception, stop_after_attempt, wait_exponential
+from tenacity import RetryCallState, RetryError, Retrying, retry_if_exception
 
 from optloop.errors import LMError, LMUnreachableError
 from optloop.lm.accounting import Accounting, CallRecord, current_site
 from optloop.lm.backends import Backend
 from optloop.lm.cache import LMCache
+from optloop.lm.limits import Backoff, estimate_tokens, shared_throttle
+from optloop.lm.pricing import ModelPrice, model_price
 from optloop.lm.requests import Request, check_json, mix_seed, plain_message, response_format_to_schema
 from optloop.lm.settings import LMSettings
 
@@ -94,6 +106,16 @@ class OptloopEngine:
         self.accounting = accounting or Accounting()
         self.cache = cache
         self.health = EndpointHealth()
+        self._health_lock = threading.Lock()
+        # Load: one throttle per endpoint and limits, process-wide; the price of the model, if it has one.
+        self.throttle = shared_throttle(backend.identity, rpm=settings.rpm, tpm=settings.tpm,
+                                        concurrency=settings.concurrency or 1)
+        self.price: ModelPrice | None = model_price(settings.model) if settings.backend == "openai" else None
+        self.backoff = Backoff(random.Random())
+        # Single flight: concurrent calls with one cache key wait for the first one and get its answer
+        # from the cache, so N threads record exactly what one thread calling in turn would.
+        self._inflight: dict[str, list[Any]] = {}
+        self._inflight_lock = threading.Lock()
         # Called with (site, messages) before every request, cached or not. A benchmark's
         # witness (e.g. that a text never reaches the proposer), not a way to change requests.
         self.watchers: list[Callable[[str | None, list[dict[str, Any]]], None]] = []
@@ -120,90 +142,183 @@ class OptloopEngine:
         )
 
     def call(self, request: Request, *, rollout_id: Any = None, cache: bool = True) -> dict[str, Any]:
-        """One chat completion through the cache and the retries; returns the OpenAI chat-completion dict."""
+        """One chat completion through the cache and the retries; returns the OpenAI chat-completion dict.
+
+        Safe to call from many threads (and, through :class:`AsyncOptloopEngine`, many tasks) at once:
+        concurrent calls with one cache key make one model call between them (the others wait
+        for it and are served from the cache, as they would be one after another).
+        """
         for watch in self.watchers:
             watch(current_site(), request.messages)
         payload = {"model": self.backend.identity, **asdict(request), "rollout_id": rollout_id}
         if (decoding := self.backend.decoding(request)) is not None:
             payload["decoding"] = decoding
         key = LMCache.key(payload)
-        use_cache = self.cache is not None and cache
         started = time.perf_counter()
-        if use_cache and (hit := self.cache.get(key)) is not None:  # type: ignore[union-attr]
+        if self.cache is None or not cache:
+            return self._call_model(request, key, started, store=False)
+        if (hit := self.cache.get(key)) is not None:
             self._record(request, hit, started, cached=True, key=key)
             return hit
-        attempts = 0
+        with self._single_flight(key):
+            if (hit := self.cache.get(key)) is not None:  # another thread's call for this key just finished
+                self._record(request, hit, started, cached=True, key=key)
+                return hit
+            return self._call_model(request, key, started, store=True)
+
+    @contextlib.contextmanager
+    def _single_flight(self, key: str) -> Any:
+        with self._inflight_lock:
+            entry = self._inflight.setdefault(key, [threading.Lock(), 0])
+            entry[1] += 1
+        try:
+            with entry[0]:
+                yield
+        finally:
+            with self._inflight_lock:
+                entry[1] -= 1
+                if entry[1] == 0:
+                    del self._inflight[key]
+
+    def _call_model(self, request: Request, key: str, started: float, *, store: bool) -> dict[str, Any]:
+        """The model call with its retries (see the module docstring of :mod:`optloop.lm.limits` for the waits).
+
+        Two budgets, kept apart: transient faults (5xx, dropped connections, bad bodies,
+        timeouts) get ``max_retries`` retries, and a second timed-out attempt ends the call;
+        HTTP 429 is retried for as long as the call's total sleep on 429s stays within
+        ``rate_limit_wait_s`` (beyond it, or if one ``Retry-After`` alone exceeds it, the
+        endpoint is taken as down: :class:`~optloop.errors.LMUnreachableError`, the run stops
+        resumable, no question is failed).
+        """
+        backend, settings = self.backend, self.settings
+        attempts = timeouts = rate_limited = 0
         faults: list[str] = []
-        timeouts = 0
-        queued = 0.0
+        queued = throttled = limit_wait = 0.0
+        last_retry_after: float | None = None
+        estimate = (estimate_tokens(request.messages, request.schema, request.max_tokens)
+                    if self.throttle.tokens is not None else 0)
 
         def attempt() -> dict[str, Any]:
-            nonlocal attempts, timeouts, queued
+            nonlocal attempts, timeouts, queued, throttled, rate_limited
             attempts += 1
-            try:
-                response = self.backend.complete(request)
-                if request.json_mode:
-                    check_json(response)
-            except Exception as exc:
-                faults.append(self.backend.fault_label(exc))
-                timeouts += self.backend.is_timeout(exc)
-                raise
-            finally:
-                queued += self.backend.queued_s()
+            with self.throttle.attempt(estimate) as waited:
+                try:
+                    response = backend.complete(request)
+                    if request.json_mode:
+                        check_json(response)
+                except Exception as exc:
+                    if backend.is_rate_limited(exc):
+                        rate_limited += 1
+                        self.throttle.settle(estimate, 0)  # refused: nothing of the estimate was spent
+                    else:
+                        faults.append(backend.fault_label(exc))
+                        timeouts += backend.is_timeout(exc)
+                    raise
+                finally:
+                    queued += backend.queued_s()
+                    throttled += waited[0]
+            usage = response.get("usage") or {}
+            spent = usage.get("total_tokens")
+            if spent is None and usage:
+                spent = int(usage.get("prompt_tokens") or 0) + int(usage.get("completion_tokens") or 0)
+            self.throttle.settle(estimate, spent)
             return response
 
-        retrying = Retrying(
-            # Bounded twice: by attempts, and by time (a second timed-out attempt ends the call).
-            stop=stop_after_attempt(self.settings.max_retries + 1) | (lambda rs: timeouts >= 2),
-            wait=wait_exponential(multiplier=0.5, max=8),
-            retry=retry_if_exception(self.backend.is_transient),
-            before_sleep=lambda rs: logger.warning(
-                "LM call to %s failed (attempt %d: %s); retrying",
-                self.backend.identity, rs.attempt_number, faults[-1] if faults else "?",
-            ),
-            reraise=True,
-        )
+        def wait(rs: RetryCallState) -> float:
+            nonlocal last_retry_after
+            exc = rs.outcome.exception()  # type: ignore[union-attr]
+            last_retry_after = backend.retry_after(exc)
+            if backend.is_rate_limited(exc):
+                return self.backoff.rate_limited(rate_limited, last_retry_after)
+            return self.backoff.fault(len(faults), last_retry_after)
+
+        def stop(rs: RetryCallState) -> bool:
+            if timeouts >= 2:  # an endpoint that hung twice in a row is taken as unreachable
+                return True
+            if backend.is_rate_limited(rs.outcome.exception()):  # type: ignore[union-attr]
+                return limit_wait + (rs.upcoming_sleep or 0.0) > settings.rate_limit_wait_s
+            return len(faults) > settings.max_retries
+
+        def before_sleep(rs: RetryCallState) -> None:
+            nonlocal limit_wait
+            if backend.is_rate_limited(rs.outcome.exception()):  # type: ignore[union-attr]
+                limit_wait += rs.upcoming_sleep
+                logger.info("LM call to %s rate limited (HTTP 429, %d in this call); retrying in %.1fs",
+                            backend.identity, rate_limited, rs.upcoming_sleep)
+            else:
+                logger.warning("LM call to %s failed (attempt %d: %s); retrying",
+                               backend.identity, rs.attempt_number, faults[-1] if faults else "?")
+
+        retrying = Retrying(stop=stop, wait=wait, retry=retry_if_exception(backend.is_transient),
+                            before_sleep=before_sleep, reraise=True)
         try:
             response = retrying(attempt)
         except LMError as exc:
             self._record(request, None, started, cached=False, attempts=attempts, error=str(exc), key=key,
-                         faults=faults, queued=queued)
+                         faults=faults, queued=queued, load=self._load(rate_limited, limit_wait, throttled))
             raise
         except (RetryError, Exception) as exc:  # noqa: BLE001 - turned into one actionable line
-            error = self._persistent_server_error(exc, attempts) or self.backend.describe_failure(exc)
+            if backend.is_rate_limited(exc):
+                error: LMError = self._rate_limited_too_long(exc, attempts, rate_limited, limit_wait, last_retry_after)
+            else:
+                error = self._persistent_server_error(exc, attempts) or backend.describe_failure(exc)
             self._record(request, None, started, cached=False, attempts=attempts, error=str(error), key=key,
-                         faults=faults, queued=queued)
+                         faults=faults, queued=queued, load=self._load(rate_limited, limit_wait, throttled))
             if isinstance(error, LMUnreachableError):
-                self.health.down = str(error)
+                with self._health_lock:
+                    self.health.down = str(error)
             raise error from exc
-        self.health.down, self.health.server_errors = None, 0
-        if use_cache:
+        with self._health_lock:
+            self.health.down, self.health.server_errors = None, 0
+        if store:
             self.cache.put(key, response)  # type: ignore[union-attr]
         self._record(request, response, started, cached=False, attempts=attempts, key=key, faults=faults,
-                     queued=queued)
+                     queued=queued, load=self._load(rate_limited, limit_wait, throttled))
         return response
+
+    @staticmethod
+    def _load(rate_limited: int, limit_wait: float, throttled: float) -> dict[str, Any]:
+        return {"retries_429": rate_limited, "rate_limited_s": limit_wait, "throttled_s": throttled}
+
+    def _rate_limited_too_long(self, exc: BaseException, attempts: int, rate_limited: int, limit_wait: float,
+                               retry_after: float | None) -> LMUnreachableError:
+        asked = f"; it asked for {retry_after:.0f}s more" if retry_after is not None else ""
+        return LMUnreachableError(
+            f"LM endpoint {self.backend.where()} kept answering HTTP 429 (rate limited): {rate_limited} times "
+            f"over {limit_wait:.0f}s of waiting in one call{asked}, past the {self.settings.rate_limit_wait_s:.0f}s "
+            "a call may wait; lower --rpm / --tpm / --concurrency or wait for the limit to reset"
+        )
 
     def _persistent_server_error(self, exc: BaseException, attempts: int) -> LMUnreachableError | None:
         """Counts calls that ended on a server error; at ``SERVER_ERRORS_DOWN`` in a row, the endpoint is down."""
-        health = self.health
-        health.server_errors = health.server_errors + 1 if self.backend.is_server_error(exc) else 0
-        if health.server_errors < SERVER_ERRORS_DOWN:
+        with self._health_lock:
+            health = self.health
+            health.server_errors = health.server_errors + 1 if self.backend.is_server_error(exc) else 0
+            count = health.server_errors
+        if count < SERVER_ERRORS_DOWN:
             return None
         return LMUnreachableError(
             f"LM endpoint {self.backend.where()} answered only server errors ({self.backend.fault_label(exc)}) "
-            f"to {health.server_errors} calls in a row, the last after {attempts} attempts; "
+            f"to {count} calls in a row, the last after {attempts} attempts; "
             "check the server and its logs"
         )
 
     def _record(self, request: Request, response: dict[str, Any] | None, started: float, *, cached: bool,
                 attempts: int = 1, error: str | None = None, key: str = "", faults: list[str] | None = None,
-                queued: float = 0.0) -> None:
+                queued: float = 0.0, load: dict[str, Any] | None = None) -> None:
         usage = (response or {}).get("usage") or {}
+        prompt_tokens = int(usage.get("prompt_tokens") or 0)
+        completion_tokens = int(usage.get("completion_tokens") or 0)
+        cost: float | None = None
+        if self.price is not None:  # a cache hit or a failed call spent nothing
+            cached_prompt = int(((usage.get("prompt_tokens_details") or {}).get("cached_tokens")) or 0)
+            cost = 0.0 if cached or response is None else self.price.cost(prompt_tokens, completion_tokens,
+                                                                         cached_prompt)
         self.accounting.add(CallRecord(
             site=current_site(),
             model=self.backend.identity,
-            prompt_tokens=int(usage.get("prompt_tokens") or 0),
-            completion_tokens=int(usage.get("completion_tokens") or 0),
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
             seconds=time.perf_counter() - started,
             cached=cached,
             attempts=attempts,
@@ -212,6 +327,8 @@ class OptloopEngine:
             key=key,
             faults=list(faults or []),
             queued_s=queued,
+            cost_usd=cost,
+            **(load or {}),
         ))
 
     # --- the DSPy engine interface (dspy/clients/engines/base.py: Engine) -------------------
@@ -272,21 +389,39 @@ class OptloopEngine:
 class AsyncOptloopEngine:
     """The async counterpart DSPy awaits in ``lm.acall``: the sync engine on a worker thread.
 
-    The cache (SQLite), the retry loop and llama.cpp all block, so each call runs in
-    ``asyncio.to_thread``; that copies the caller's context, so the prompt site and the
-    call options of the awaiting task reach the engine.
+    The cache (SQLite), the retry loop and llama.cpp all block, so each call runs on a thread
+    of this engine's own pool, in a copy of the awaiting task's context (so its prompt site,
+    collectors and call options reach the engine). The pool is not asyncio's default one
+    (``min(32, cpu_count + 4)`` threads: 6 on a 2-core machine), which would cap an async
+    library's parallel calls below ``--concurrency``; it has ``max(32, 4 x concurrency)``
+    threads, started as needed, and the engine's throttle bounds the requests in flight.
     """
 
     def __init__(self, sync: OptloopEngine):
         self.sync = sync
+        self._pool: ThreadPoolExecutor | None = None
+        self._pool_lock = threading.Lock()
 
     supports_response_schema = OptloopEngine.supports_response_schema
     supports_function_calling = OptloopEngine.supports_function_calling
     supports_reasoning = OptloopEngine.supports_reasoning
     supported_params = OptloopEngine.supported_params
 
+    def _executor(self) -> ThreadPoolExecutor:
+        with self._pool_lock:
+            if self._pool is None:
+                workers = max(32, 4 * (self.sync.settings.concurrency or 1))
+                self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="optloop-lm")
+            return self._pool
+
+    async def run(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """``fn(*args, **kwargs)`` on the engine's pool, in a copy of the calling task's context."""
+        context = contextvars.copy_context()
+        call = functools.partial(context.run, fn, *args, **kwargs)
+        return await asyncio.get_running_loop().run_in_executor(self._executor(), call)
+
     async def complete(self, request: Any) -> Any:
-        return await asyncio.to_thread(self.sync.complete, request)
+        return await self.run(self.sync.complete, request)
 
     async def stream(self, request: Any) -> AsyncIterator[Any]:
         from dspy.lm15 import response_to_events
@@ -295,4 +430,4 @@ class AsyncOptloopEngine:
             yield event
 
     async def aclose(self) -> None:
-        """Nothing to release (see :meth:`OptloopEngine.close`)."""
+        """Nothing to release (see :meth:`OptloopEngine.close`); the pool's idle threads outlive an event loop."""

@@ -15,6 +15,9 @@ from optloop.errors import ConfigError
 from optloop.paths import state_dir
 
 BUNDLED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+CONCURRENCY_ENV = "OPTLOOP_CONCURRENCY"
+# The embedded model runs one call at a time anyway (llama.cpp, one machine slot); an endpoint serves many.
+DEFAULT_CONCURRENCY = {"local": 1, "openai": 8}
 
 
 def bundled_model_path() -> Path:
@@ -63,6 +66,30 @@ class LMSettings(BaseModel):
     # every constrained output closes; the result still satisfies the original.
     max_string_chars: int = Field(400, gt=0, description="local decoding: longest JSON string")
     max_array_items: int = Field(16, gt=0, description="local decoding: longest JSON array")
+    # Load (optloop.lm.limits): one throttle per endpoint, shared by the process's threads and tasks.
+    rpm: float | None = Field(None, gt=0, description="requests per minute to the model (None: no limit)")
+    tpm: int | None = Field(None, gt=0, description="tokens per minute to the model, prompt + max_tokens (None: no limit)")
+    concurrency: int | None = Field(
+        None, ge=1, le=1024,
+        description=f"requests in flight at once; default ${CONCURRENCY_ENV}, else 1 local, 8 on an endpoint")
+    rate_limit_wait_s: float = Field(
+        3600.0, gt=0, description="one call's total sleep on HTTP 429 before the endpoint is taken as down")
+
+    @pydantic.model_validator(mode="after")
+    def _default_concurrency(self) -> LMSettings:
+        if self.concurrency is None:
+            raw = os.environ.get(CONCURRENCY_ENV, "").strip()
+            if raw:
+                try:
+                    value = int(raw)
+                except ValueError:
+                    value = 0
+                if not 1 <= value <= 1024:
+                    raise ValueError(f"{CONCURRENCY_ENV}={raw!r} must be a whole number from 1 to 1024")
+                self.concurrency = value
+            else:
+                self.concurrency = DEFAULT_CONCURRENCY[self.backend]
+        return self
 
     @classmethod
     def from_spec(cls, spec: str | None = None, **overrides: Any) -> LMSettings:
@@ -92,7 +119,8 @@ class LMSettings(BaseModel):
             settings = cls(**fields)
         except pydantic.ValidationError as exc:
             err = exc.errors()[0]
-            raise ConfigError(f"invalid LM setting {'.'.join(map(str, err['loc']))}: {err['msg']}") from None
+            where = " " + ".".join(map(str, err["loc"])) if err["loc"] else ""
+            raise ConfigError(f"invalid LM setting{where}: {err['msg'].removeprefix('Value error, ')}") from None
         if settings.backend == "openai" and not settings.model:
             raise ConfigError("an openai LM spec needs a model name, e.g. 'openai:gpt-4o-mini'")
         return settings
