@@ -130,7 +130,9 @@ def test_a_local_model_call_waits_for_the_machine_slot_and_says_how_long(monkeyp
     worker.join(10)
     assert done.is_set()
     record = lm.accounting.records[-1]
-    assert record.queued_s >= 0.4 and record.seconds >= record.queued_s and lm.accounting.totals().queued_s >= 0.4
+    # it waited (how long depends on when the thread got to the slot on a loaded machine: no timing threshold)
+    assert record.queued_s > 0 and record.seconds >= record.queued_s
+    assert lm.accounting.totals().queued_s == record.queued_s
 
 
 def test_an_unusable_lock_directory_degrades_to_uncoordinated_calls(tmp_path, caplog):
