@@ -68,6 +68,8 @@ from pydantic import BaseModel, Field
 
 from optloop.errors import ConfigError
 from optloop.sites import QUERY_REWRITE, TIERED_EXTRACT, TIERED_SUMMARIZE
+from optloop.text import singular
+from optloop.text import words as text_words
 from signatures.tiered import ExtractKeyValueFacts, SummarizeConversation
 from systems.base import MemoryItem, MemorySystem, PromptSite
 
@@ -162,13 +164,9 @@ those what which who whom when where why how please can could would will just al
 now then there here from user users s""".split())
 
 
-def _singular(token: str) -> str:
-    return token[:-1] if len(token) > 3 and token.endswith("s") and not token.endswith("ss") else token
-
-
 def words(text: str) -> set[str]:
-    """Lower-cased content words (singular), underscores and punctuation as spaces."""
-    return {_singular(t) for t in re.findall(r"[a-z0-9]+", text.lower().replace("_", " ")) if t not in _STOPWORDS}
+    """Content words (the one tokenizer, optloop.text.words, singular, stop words out); ``_`` splits words."""
+    return {singular(t) for t in text_words(text.replace("_", " ")) if t not in _STOPWORDS}
 
 
 def normalize_value(value: str) -> str:
