@@ -25,9 +25,11 @@ MEM0_EXTRACT = "mem0.extract"
 MEM0_RERANK = "mem0.rerank"
 MD_FLAT_CURATE = "md_flat.curate"
 GRAPHITI_EXTRACT_EDGES = "graphiti.extract_edges.edge"
+GATED_ADMIT = "gated.admit"
+"""The gated system's admission gate: which retrieved memories enter the answer prompt (``systems/gated.py``)."""
 
 PROPOSER = "optimizer.proposer"
 """Not a system's site: the LLM calls optimizers make to write or edit prompts are charged here."""
 
-__all__ = ["ANSWER", "GRAPHITI_EXTRACT_EDGES", "MD_FLAT_CURATE", "MEM0_EXTRACT", "MEM0_RERANK", "PROPOSER",
+__all__ = ["ANSWER", "GATED_ADMIT", "GRAPHITI_EXTRACT_EDGES", "MD_FLAT_CURATE", "MEM0_EXTRACT", "MEM0_RERANK", "PROPOSER",
            "QUERY_REWRITE", "SHARED_SITES"]

@@ -21,6 +21,7 @@ SYSTEMS: dict[str, str] = {
     "rag_bm25": "systems.baselines:BM25RagSystem",
     "rag_embedding": "systems.baselines:EmbeddingRagSystem",
     "md_flat": "systems.baselines:MarkdownFlatSystem",
+    "gated": "systems.gated:GatedSystem",
 }
 
 

@@ -32,7 +32,7 @@ from optloop.attribution.judges import default_judges
 from optloop.attribution.taxonomy import Attribution, ErrorType, knob_target, library_target
 from optloop.datasets import passed
 from optloop.pipeline import Attributor, EpisodeResult, FreshStores, run_episode
-from optloop.sites import ANSWER, GRAPHITI_EXTRACT_EDGES, MD_FLAT_CURATE, MEM0_EXTRACT, QUERY_REWRITE
+from optloop.sites import ANSWER, GATED_ADMIT, GRAPHITI_EXTRACT_EDGES, MD_FLAT_CURATE, MEM0_EXTRACT, QUERY_REWRITE
 
 if TYPE_CHECKING:
     from optloop.datasets import Dataset
@@ -205,6 +205,19 @@ CATALOGUE: tuple[Fault, ...] = (
     Fault("answer-ignores-memories", ("mem0", "graphiti", "long_context", "rag_bm25", "rag_embedding", "md_flat"),
           ANSWER, ErrorType.RESPONSE, "the answer site ignores the memories it is given", site=ANSWER,
           inputs={"memories": "(no memories)"}),
+    # --- gated (issue 22): written down before any run evaluated them. Truth is the taxonomy's definition: who
+    # let the stale memory into the answer's positive context. Lenient floors leave status and branch to the
+    # gate's LLM, so there the gate site decides; with the floors off and no LLM asked, the floors knob does.
+    Fault("gated-gate-admits-all", ("gated",), GATED_ADMIT, ErrorType.CONTAMINATION,
+          "floors lenient (status and branch left to the gate) and the gate admits every candidate it decides",
+          site=GATED_ADMIT, knobs={"floors": "lenient"},
+          lists=lambda items, _: [i.model_copy(update={"verdict": "admit", "reason": "looks relevant"})
+                                  if getattr(i, "by", "floor") != "floor" else i for i in items]),
+    Fault("gated-floors-off", ("gated",), knob_target("floors"), ErrorType.CONTAMINATION,
+          "floors off and no LLM verdict (gate=floors_only): every retrieved candidate enters the answer",
+          knobs={"floors": "off", "gate": "floors_only"}),
+    Fault("gated-top-k-1", ("gated",), knob_target("top_k"), ErrorType.RETRIEVAL, "top_k set to 1",
+          knobs={"top_k": 1}),
 )
 
 
