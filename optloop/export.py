@@ -5,6 +5,7 @@
     python -m optloop.export --run RUN_ID --format graphiti --out graphiti_prompts.py
     python -m optloop.export --run RUN_ID --format json --out prompts.json
     python -m optloop.export --run RUN_ID --format dspy --out program.json
+    python -m optloop.export --run RUN_ID --format pack --out gated_pack.json
 
 Sources (one of):
   --run RUN_ID       a finished `python -m optloop.run` (its parent run; the id it printed, also in
@@ -26,6 +27,10 @@ Formats:
                 Graphiti(..., prompt_library=graphiti_prompts.prompt_library())
             or graphiti_prompts.apply(graphiti) on a live instance
   dspy      the run's DSPy program JSON (every site's instructions and demos; dspy's load())
+  pack      a JSON prompt pack: {format, system, prompts, knobs, knob_values, sites, source}; sites gives
+            each optloop-defined site's input fields and output fields (type, description, JSON schema),
+            knob_values the system's knob value spaces: what optloop's own systems (gated) need to run
+            with the optimized prompts and knobs
 
 Without the export step, optloop.product.apply(memory, "prompts:/optloop.mem0.extract@champion")
 applies registry prompts to a live mem0 or graphiti from Python (optloop installed).
@@ -50,7 +55,8 @@ from optloop.cli import run_cli, setup_logging
 from optloop.errors import ConfigError
 from optloop.product import SchemaMode, library_of, load_registry_prompt, response_format
 
-FORMATS = ("json", "mem0", "graphiti", "dspy")
+FORMATS = ("json", "mem0", "graphiti", "dspy", "pack")
+PACK_FORMAT = "optloop.prompt-pack/1"
 PROMPTS_ARTIFACT = "prompts_after.json"
 CANDIDATE_ARTIFACT = "best_candidate.json"
 PROGRAM_ARTIFACT = "program.json"
@@ -134,7 +140,52 @@ def render(bundle: Bundle, fmt: str, *, schema_mode: SchemaMode = "json_schema",
         return bundle.program
     if fmt in ("mem0", "graphiti"):
         return _module(bundle, fmt, schema_mode=schema_mode, command=command)
+    if fmt == "pack":
+        return json.dumps(prompt_pack(bundle), indent=1, ensure_ascii=False) + "\n"
     raise ConfigError(f"unknown format {fmt!r}; choose one of: {', '.join(FORMATS)}")
+
+
+def prompt_pack(bundle: Bundle) -> dict[str, Any]:
+    """The ``pack`` format: prompts, knobs (and their value spaces) and provenance, plus each optloop-defined
+    site's fields."""
+    knob_values: dict[str, Any] = {}
+    if bundle.system:
+        from systems import SYSTEMS, get_system
+
+        if bundle.system in SYSTEMS:
+            knob_values = dict(getattr(get_system(bundle.system), "knob_values", {}))
+    return {"format": PACK_FORMAT, "system": bundle.system, "prompts": dict(bundle.prompts),
+            "knobs": dict(bundle.knobs), "knob_values": knob_values,
+            "sites": {site: _site_fields(site) for site in bundle.prompts}, "source": dict(bundle.source)}
+
+
+def _site_fields(site: str) -> dict[str, Any] | None:
+    """A site's input fields (name -> description) and output fields (type, description, JSON schema), when
+    optloop defines its signature; ``None`` for a library's own site (mem0, graphiti: see their formats)."""
+    import pydantic
+
+    from optloop.sites import ANSWER, MD_FLAT_CURATE, QUERY_REWRITE
+    from signatures.baselines import CurateMarkdownMemory
+    from signatures.common import AnswerFromMemories, RewriteQuery
+    from signatures.gated import SITE_SIGNATURES as GATED_SIGNATURES
+
+    signatures = {**GATED_SIGNATURES, ANSWER: AnswerFromMemories, QUERY_REWRITE: RewriteQuery,
+                  MD_FLAT_CURATE: CurateMarkdownMemory}
+    signature = signatures.get(site)
+    if signature is None:
+        return None
+
+    def desc(field: Any) -> str:
+        text = (field.json_schema_extra or {}).get("desc", "")
+        return "" if text.startswith("${") else text  # DSPy's placeholder for "no description"
+
+    def type_name(annotation: Any) -> str:
+        return str(annotation) if getattr(annotation, "__origin__", None) else annotation.__name__
+
+    return {"inputs": {name: desc(field) for name, field in signature.input_fields.items()},
+            "outputs": {name: {"type": type_name(field.annotation), "desc": desc(field),
+                               "schema": pydantic.TypeAdapter(field.annotation).json_schema()}
+                        for name, field in signature.output_fields.items()}}
 
 
 def _module(bundle: Bundle, library: str, *, schema_mode: SchemaMode, command: str) -> str:
@@ -228,7 +279,7 @@ def build_parser() -> argparse.ArgumentParser:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--run", metavar="RUN_ID", help="a finished optloop.run parent run")
     source.add_argument("--prompt", metavar="REF", help="a registry prompt: NAME@ALIAS or NAME/VERSION")
-    parser.add_argument("--format", required=True, choices=FORMATS, help="json | mem0 | graphiti | dspy")
+    parser.add_argument("--format", required=True, choices=FORMATS, help="json | mem0 | graphiti | dspy | pack")
     parser.add_argument("--out", required=True, metavar="PATH", help="file to write (- for stdout)")
     parser.add_argument("--schema-mode", choices=["json_schema", "json_object"], default="json_schema",
                         help="mem0 format: how the module asks for the JSON schema; json_schema (OpenAI, vLLM; "

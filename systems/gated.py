@@ -303,6 +303,18 @@ class GatedSystem(MemorySystem):
             modules = {**modules, GATED_ADMIT: AdmissionGate.from_predict(gate)}
         super().use_modules(modules)
 
+    def apply_pack(self, pack: dict[str, Any]) -> None:
+        """Use an exported prompt pack (``python -m optloop.export --format pack``): its prompts and knobs."""
+        if pack.get("system") not in (None, self.name):
+            raise ConfigError(f"the pack holds {pack.get('system')} prompts, not {self.name}'s")
+        for site, text in (pack.get("prompts") or {}).items():
+            if site in self._sites:
+                self._sites[site].set_instructions(text)
+            else:
+                logger.warning("gated has no prompt site %s; the pack's prompt for it is ignored", site)
+        for name, value in (pack.get("knobs") or {}).items():
+            self.set_knob(name, value)
+
     # --- storage -----------------------------------------------------------------------------
 
     @property
