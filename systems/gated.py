@@ -329,7 +329,8 @@ class GatedSystem(MemorySystem):
     def _load(self) -> None:
         """Read every row and vector; re-embed rows embedded by another model (or not at all)."""
         with self._lock, closing(self._connect()) as db:
-            records = db.execute(f"SELECT {', '.join(_COLUMNS)}, embedder, embedding FROM memories ORDER BY seq").fetchall()
+            records = db.execute(
+                f"SELECT {', '.join(_COLUMNS)}, embedder, embedding FROM memories ORDER BY seq").fetchall()
             latest = db.execute("SELECT workspace FROM runs ORDER BY seq DESC LIMIT 1").fetchone()
             self._sessions = {row[0] for row in db.execute("SELECT session_id FROM runs")}
             self._run_seq = (db.execute("SELECT MAX(seq) FROM runs").fetchone()[0] or 0)
@@ -392,10 +393,11 @@ class GatedSystem(MemorySystem):
         for offset, (turn_id, text, tag) in enumerate(notes, 1):
             key = str(tag["key"]).strip() if tag.get("key") else None
             status = "superseded" if tag.get("status") == "superseded" else "active"
+            value = None if tag.get("value") is None else str(tag["value"])
             rows.append(MemoryRow(id=turn_id, seq=start + offset, run=run["run"], session_id=session.id,
                                   timestamp=session.timestamp, workspace=run["workspace"], path=run["path"], key=key,
-                                  value=None if tag.get("value") is None else str(tag["value"]), content=text or "(empty)",
-                                  status=status, branch_status=run["branch"]))  # type: ignore[arg-type]
+                                  value=value, content=text or "(empty)", status=status,
+                                  branch_status=run["branch"]))  # type: ignore[arg-type]
         vectors = self.embedder.embed([row.content for row in rows])
         with closing(self._connect()) as db, db:
             self._run_seq += 1

@@ -83,7 +83,8 @@ def run(records: int, seed: int, top_k: int, embedder: Embedder, work: Path,
     seconds = {RAG: 0.0, GATED: 0.0}
     for i, episode in enumerate(dataset.episodes):
         started = time.perf_counter()
-        rag = EmbeddingRagSystem(lm, work / RAG / episode.id, embedder=embedder, knobs={"top_k": top_k})  # type: ignore[arg-type]
+        rag = EmbeddingRagSystem(lm, work / RAG / episode.id, embedder=embedder,  # type: ignore[arg-type]
+                                 knobs={"top_k": top_k})
         rag.ingest(episode.sessions)
         for q in episode.questions:
             scores[RAG].append(score_context(q, [item.text for item in rag.retrieve(q.question)]))

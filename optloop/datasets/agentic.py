@@ -504,7 +504,8 @@ def read_agentic_jsonl(path: Path) -> list[AgenticEpisode]:
     for lineno, value in read_jsonl(path):
         where = f"line {lineno}"
         if not isinstance(value, dict):
-            raise dataset_error(path, where, None, f"expected a JSON object (one agentic episode), got {type(value).__name__}")
+            raise dataset_error(path, where, None,
+                                f"expected a JSON object (one agentic episode), got {type(value).__name__}")
         try:
             records.append(AgenticEpisode.model_validate(value))
         except ValidationError as exc:

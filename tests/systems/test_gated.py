@@ -141,7 +141,8 @@ def test_reset_delete_and_update(tmp_path):
     system.update_memory("f2", "The API connects to the database host db-omega-99.")
 
     assert "f7" not in by_id(system)
-    assert [m.text for m in system.all_memories() if m.id == "f2"] == ["The API connects to the database host db-omega-99."]
+    texts = [m.text for m in system.all_memories() if m.id == "f2"]
+    assert texts == ["The API connects to the database host db-omega-99."]
     system.reset()
     assert system.all_memories() == [] and system.retrieve(Q["p-dead"].question) == []
     with sqlite3.connect(tmp_path / "gated" / DB_FILE) as db:
