@@ -5,7 +5,7 @@
     python -m optloop.export --run RUN_ID --format graphiti --out graphiti_prompts.py
     python -m optloop.export --run RUN_ID --format json --out prompts.json
     python -m optloop.export --run RUN_ID --format dspy --out program.json
-    python -m optloop.export --run RUN_ID --format pack --out tiered_pack.json
+    python -m optloop.export --run RUN_ID --format pack --out pack.json   (tiered, gated)
 
 Sources (one of):
   --run RUN_ID       a finished `python -m optloop.run` (its parent run; the id it printed, also in
@@ -27,10 +27,10 @@ Formats:
                 Graphiti(..., prompt_library=graphiti_prompts.prompt_library())
             or graphiti_prompts.apply(graphiti) on a live instance
   dspy      the run's DSPy program JSON (every site's instructions and demos; dspy's load())
-  pack      a JSON prompt pack: {format, system, prompts, knobs, sites, source}, where sites gives
-            each optloop-defined site's input and output fields. For optloop's own systems (tiered,
-            md_flat), the product format: TieredSystem(...).apply_pack(json.load(open(path)))
-            uses the pack's prompts and knobs
+  pack      a JSON prompt pack: {format, system, prompts, knobs, knob_values, sites, source}; sites gives
+            each optloop-defined site's input fields and output fields (type, description, JSON schema),
+            knob_values the system's knob value spaces: what optloop's own systems (tiered, gated: SystemClass(...).apply_pack(json.load(open(path)))) need to run
+            with the optimized prompts and knobs
 
 Without the export step, optloop.product.apply(memory, "prompts:/optloop.mem0.extract@champion")
 applies registry prompts to a live mem0 or graphiti from Python (optloop installed).
@@ -144,21 +144,31 @@ def render(bundle: Bundle, fmt: str, *, schema_mode: SchemaMode = "json_schema",
 
 
 def prompt_pack(bundle: Bundle) -> dict[str, Any]:
-    """The ``pack`` format: prompts, knobs and provenance, plus each optloop-defined site's fields."""
+    """The ``pack`` format: prompts, knobs (and their value spaces) and provenance, plus each optloop-defined
+    site's fields."""
+    knob_values: dict[str, Any] = {}
+    if bundle.system:
+        from systems import SYSTEMS, get_system
+
+        if bundle.system in SYSTEMS:
+            knob_values = dict(getattr(get_system(bundle.system), "knob_values", {}))
     return {"format": PACK_FORMAT, "system": bundle.system, "prompts": dict(bundle.prompts),
-            "knobs": dict(bundle.knobs), "sites": {site: _site_fields(site) for site in bundle.prompts},
-            "source": dict(bundle.source)}
+            "knobs": dict(bundle.knobs), "knob_values": knob_values,
+            "sites": {site: _site_fields(site) for site in bundle.prompts}, "source": dict(bundle.source)}
 
 
 def _site_fields(site: str) -> dict[str, Any] | None:
-    """A site's input and output fields (name -> description, outputs with their type), when optloop defines
-    its signature; ``None`` for a library's own site (mem0, graphiti: see their formats)."""
+    """A site's input fields (name -> description) and output fields (type, description, JSON schema), when
+    optloop defines its signature; ``None`` for a library's own site (mem0, graphiti: see their formats)."""
+    import pydantic
+
     from optloop.sites import ANSWER, MD_FLAT_CURATE, QUERY_REWRITE
     from signatures.baselines import CurateMarkdownMemory
     from signatures.common import AnswerFromMemories, RewriteQuery
-    from signatures.tiered import SITE_SIGNATURES
+    from signatures.gated import SITE_SIGNATURES as GATED_SIGNATURES
+    from signatures.tiered import SITE_SIGNATURES as TIERED_SIGNATURES
 
-    signatures = {**SITE_SIGNATURES, ANSWER: AnswerFromMemories, QUERY_REWRITE: RewriteQuery,
+    signatures = {**TIERED_SIGNATURES, **GATED_SIGNATURES, ANSWER: AnswerFromMemories, QUERY_REWRITE: RewriteQuery,
                   MD_FLAT_CURATE: CurateMarkdownMemory}
     signature = signatures.get(site)
     if signature is None:
@@ -172,7 +182,8 @@ def _site_fields(site: str) -> dict[str, Any] | None:
         return str(annotation) if getattr(annotation, "__origin__", None) else annotation.__name__
 
     return {"inputs": {name: desc(field) for name, field in signature.input_fields.items()},
-            "outputs": {name: {"type": type_name(field.annotation), "desc": desc(field)}
+            "outputs": {name: {"type": type_name(field.annotation), "desc": desc(field),
+                               "schema": pydantic.TypeAdapter(field.annotation).json_schema()}
                         for name, field in signature.output_fields.items()}}
 
 

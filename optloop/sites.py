@@ -29,9 +29,11 @@ TIERED_EXTRACT = "tiered.extract"
 """tiered's extraction stage: one call after every user message, ``Key|Value`` lines into long-term memory."""
 TIERED_SUMMARIZE = "tiered.summarize"
 """tiered's end-of-session summary: one call per conversation, written to mid-term memory."""
+GATED_ADMIT = "gated.admit"
+"""The gated system's admission gate: which retrieved memories enter the answer prompt (``systems/gated.py``)."""
 
 PROPOSER = "optimizer.proposer"
 """Not a system's site: the LLM calls optimizers make to write or edit prompts are charged here."""
 
-__all__ = ["ANSWER", "GRAPHITI_EXTRACT_EDGES", "MD_FLAT_CURATE", "MEM0_EXTRACT", "MEM0_RERANK", "PROPOSER",
-           "QUERY_REWRITE", "SHARED_SITES", "TIERED_EXTRACT", "TIERED_SUMMARIZE"]
+__all__ = ["ANSWER", "GATED_ADMIT", "GRAPHITI_EXTRACT_EDGES", "MD_FLAT_CURATE", "MEM0_EXTRACT", "MEM0_RERANK",
+           "PROPOSER", "QUERY_REWRITE", "SHARED_SITES", "TIERED_EXTRACT", "TIERED_SUMMARIZE"]

@@ -22,6 +22,7 @@ SYSTEMS: dict[str, str] = {
     "rag_embedding": "systems.baselines:EmbeddingRagSystem",
     "md_flat": "systems.baselines:MarkdownFlatSystem",
     "tiered": "systems.tiered:TieredSystem",
+    "gated": "systems.gated:GatedSystem",
 }
 
 

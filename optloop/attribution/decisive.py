@@ -15,11 +15,27 @@ For a failed question the walk asks, in the order the data flowed:
    drifted from the question, on ``knob:max_context_tokens`` when a long
    context was truncated, on ``knob:top_k`` when a wider search ranks it just
    below the cut, else on the system's search knob.
-4. **used?** It was in front of the answer and the answer is still wrong:
+4. **admitted?** (systems with an admission gate: an operation of kind ``admit``, whose
+   output lists a decision per retrieved memory) Did the gate let it into the answer's
+   positive context? If it rejected it or showed it only as negative evidence,
+   ``RetrievalError``: blamed on the gate's site when the LLM decided, on ``knob:floors``
+   when a deterministic floor did.
+5. **used?** It was in front of the answer and the answer is still wrong:
    ``ResponseError`` at the ``answer`` site.
 
-The first "no" is the decisive error. No LLM is called unless an LLM judge is
-configured (:func:`optloop.attribution.judges.default_judges`).
+The first "no" is the decisive error. Before the five questions comes one more:
+**contaminated?** The answer states a value that is stale (superseded), from a dead branch
+(a failed or rolled-back run) or from another workspace, and a memory in its positive
+context carries that value: ``ContaminationError``. What is stale is known from the
+question's markers (``Question.meta["distractors"]`` and ``["foreign"]``, as the
+``agentic:`` dataset sets them) or from the memory's own state (``status`` superseded,
+``branch_status`` failed or rolled back, as the ``gated`` system records it). It is blamed
+on whoever let the memory in: the gate's site when its LLM admitted it, ``knob:floors``
+when it passed the floors without an LLM verdict, and, without a gate, the retrieval knob
+(``top_k`` when the evidence ranked above the contaminant, else the search knob).
+
+No LLM is called unless an LLM judge is configured
+(:func:`optloop.attribution.judges.default_judges`).
 """
 
 from __future__ import annotations
@@ -30,6 +46,7 @@ from typing import TYPE_CHECKING
 from optloop.attribution.evidence import Evidence, find_evidence
 from optloop.attribution.judges import JudgeChain, content_tokens
 from optloop.attribution.taxonomy import Attribution, ErrorType, knob_target, library_target
+from optloop.datasets.agentic import DEAD_BRANCHES, mentions
 from optloop.sites import ANSWER, QUERY_REWRITE
 from optloop.tracing.graph import ExecutionGraph, Operation, Variable
 
@@ -38,6 +55,8 @@ if TYPE_CHECKING:
     from optloop.embed import Embedder
 
 QUERY_DRIFT = 0.34  # a rewrite keeping under a third of the question's content words has drifted
+ADMIT_KIND = "admit"  # the op kind of an admission gate's site (systems/gated.py)
+FLOORS_KNOB = "floors"
 
 
 def _retrieval(graph: ExecutionGraph, question_id: str) -> tuple[Operation | None, list[dict]]:
@@ -46,6 +65,34 @@ def _retrieval(graph: ExecutionGraph, question_id: str) -> tuple[Operation | Non
     if retrieve is None:
         return None, []
     return retrieve, (graph.variables[retrieve.outputs[0]].data or {}).get("items", [])
+
+
+def admission(graph: ExecutionGraph, question_id: str) -> tuple[Operation | None, dict[str, dict]]:
+    """The question's (last) admission-gate operation and its decisions by memory id (``None``, ``{}``: no gate).
+
+    A gate is a site whose op kinds include ``admit``; its output is the list of decisions
+    (``memory_id``, ``verdict`` admit | negative | reject, ``by`` floor | llm | default, ``reason``).
+    """
+    sites = graph.meta.get("sites", {})
+    gate = next((op for op in reversed(graph.question_ops(question_id))
+                 if op.site and op.outputs and ADMIT_KIND in (sites.get(op.site, {}).get("op_kinds") or [])), None)
+    if gate is None:
+        return None, {}
+    data = graph.variables[gate.outputs[0]].data
+    decisions = data if isinstance(data, list) else []
+    return gate, {str(d.get("memory_id")): d for d in decisions if isinstance(d, dict)}
+
+
+def answer_context(graph: ExecutionGraph, question_id: str) -> tuple[list[dict], list[dict]]:
+    """The retrieved items the answer was told to use (positive context) and those it was shown as negative
+    evidence ("this did not work"). Without a gate every retrieved item is positive context."""
+    _, items = _retrieval(graph, question_id)
+    gate, decisions = admission(graph, question_id)
+    if gate is None:
+        return list(items), []
+    positive = [it for it in items if decisions.get(str(it.get("id")), {}).get("verdict", "admit") == "admit"]
+    negative = [it for it in items if decisions.get(str(it.get("id")), {}).get("verdict") == "negative"]
+    return positive, negative
 
 
 def _kind(variable: Variable) -> str | None:
@@ -91,6 +138,12 @@ class _Walk:
                                f"Nothing in the conversation answers {self.q.question!r}; the right answer was to "
                                f"decline, but the answer site replied {self.prediction!r}. Fix the answer prompt so "
                                "it abstains when the memories do not support an answer.")
+        gate, decisions = admission(self.graph, self.q.id)
+        positive, negative = answer_context(self.graph, self.q.id)
+        if retrieve is not None:
+            contaminated = self.contamination(retrieve, items, positive, gate, decisions)
+            if contaminated is not None:
+                return contaminated
         if not self.ev.message_ids:
             return self.result(ErrorType.UNKNOWN, None, None, "No evidence for the gold answer was found among the "
                                "messages, so the failure cannot be followed through the graph.", ambiguous=True)
@@ -109,6 +162,8 @@ class _Walk:
                                ambiguous=True)
         if not self.judges.any([it["text"] for it in items], self.ev):
             return self.not_retrieved(retrieve, self.graph.variables[retrieve.outputs[0]], survivors)
+        if gate is not None and not self.judges.any([it["text"] for it in positive], self.ev):
+            return self.not_admitted(gate, retrieve, items, decisions)
         return self.result(ErrorType.RESPONSE, answer, ANSWER,
                            f"The retrieval handed {self.evidence_quote()} to the answer site (in "
                            f"{len(items)} memories), but it answered {self.prediction!r}. The memories were right; "
@@ -201,6 +256,89 @@ class _Walk:
                            f"({knob or 'its parameters'}) or add a query-rewrite site.")
 
 
+    # --- contamination and admission ---------------------------------------------------------
+
+    def contaminant(self, positive: Sequence[dict]) -> tuple[dict, str, str] | None:
+        """``(item, kind, value)``: a positive-context item carrying a stale value the answer states.
+
+        ``kind`` is ``distractor`` or ``foreign`` (the question's markers), ``superseded`` or
+        ``dead_branch`` (the memory's own state).
+        """
+        gold = self.ev.answer or self.q.gold
+        meta = self.q.meta or {}
+        markers = [("distractor", str(m)) for m in meta.get("distractors") or []]
+        markers += [("foreign", str(m)) for m in meta.get("foreign") or []]
+        for kind, marker in markers:
+            if mentions(self.prediction, marker) and not mentions(gold, marker):
+                item = next((it for it in positive if mentions(str(it.get("text", "")), marker)), None)
+                if item is not None:
+                    return item, kind, marker
+        for item in positive:
+            variable = self.graph.variables.get(str(item.get("var") or ""))
+            state = ((variable.data or {}).get("metadata") or {}) if variable is not None else {}
+            value = str(state.get("value") or "")
+            kind = ("superseded" if state.get("status") == "superseded"
+                    else "dead_branch" if state.get("branch_status") in DEAD_BRANCHES else "")
+            if kind and value and mentions(self.prediction, value) and not mentions(gold, value):
+                return item, kind, value
+        return None
+
+    def contamination(self, retrieve: Operation, items: Sequence[dict], positive: Sequence[dict],
+                      gate: Operation | None, decisions: dict[str, dict]) -> Attribution | None:
+        found = self.contaminant(positive)
+        if found is None:
+            return None
+        item, kind, value = found
+        what = {"distractor": "a stale or dead-branch value", "foreign": "a value from another workspace",
+                "superseded": "a superseded value", "dead_branch": "a value written by a failed or rolled-back run"}[kind]
+        seen = (f"The answer {self.prediction!r} states {value!r}, {what}, which memory {item.get('id')} "
+                f"({str(item.get('text', ''))[:160]!r}, rank {item.get('rank')}) put in its positive context")
+        details = {"contaminant": item.get("id"), "value": value, "kind": kind, "rank": item.get("rank")}
+        decision = decisions.get(str(item.get("id"))) if gate is not None else None
+        if gate is not None and decision is not None and decision.get("by") in ("llm", "default"):
+            how = "admitted it" if decision.get("by") == "llm" else "gave no verdict on it, so it was admitted by default"
+            return self.result(ErrorType.CONTAMINATION, gate, gate.site,
+                               f"{seen}: the admission gate {gate.site} ({gate.id}) {how} ({decision.get('reason')!r}). "
+                               "Fix the gate prompt so it rejects stale, dead-branch and other-workspace memories.",
+                               decided_by=decision.get("by"), **details)
+        if gate is not None and FLOORS_KNOB in retrieve.knobs:
+            floors = retrieve.knobs.get(FLOORS_KNOB)
+            return self.result(ErrorType.CONTAMINATION, gate, knob_target(FLOORS_KNOB),
+                               f"{seen}: it passed the gate's floors (floors={floors!r}) without an LLM verdict. "
+                               "Strict floors reject superseded and other-workspace memories and keep dead-branch "
+                               "ones to negative evidence.", decided_by="floor", **details)
+        carried = [it.get("rank") or 0 for it, ok in zip(items, self.judges.carries([str(it.get("text", ""))
+                                                                                     for it in items], self.ev),
+                                                        strict=True) if ok] if self.ev.message_ids else []
+        if carried and "top_k" in retrieve.knobs and min(carried) < (item.get("rank") or 0):
+            return self.result(ErrorType.CONTAMINATION, retrieve, knob_target("top_k"),
+                               f"{seen}. The retrieval ranked the evidence higher (rank {min(carried)}) and has no "
+                               f"notion of status or workspace; top_k={retrieve.knobs['top_k']} let the stale memory in "
+                               "below it. Lower top_k, or gate what retrieval returns.", **details)
+        knob = search_knob(retrieve)
+        return self.result(ErrorType.CONTAMINATION, retrieve, knob_target(knob) if knob else None,
+                           f"{seen}. The retrieval returned it and has no notion of status or workspace. Tune the search "
+                           f"({knob or 'its parameters'}), or gate what retrieval returns.", **details)
+
+    def not_admitted(self, gate: Operation, retrieve: Operation, items: Sequence[dict],
+                     decisions: dict[str, dict]) -> Attribution:
+        carriers = [it for it, ok in zip(items, self.judges.carries([str(it.get("text", "")) for it in items],
+                                                                    self.ev), strict=True) if ok]
+        best = carriers[0]
+        decision = decisions.get(str(best.get("id")), {})
+        shown = "let it in only as negative evidence" if decision.get("verdict") == "negative" else "rejected it"
+        where = (f"Retrieval found {self.evidence_quote()} (memory {best.get('id')}, rank {best.get('rank')}), but the "
+                 f"admission gate ({gate.id}) {shown}: {decision.get('reason')!r}")
+        if decision.get("by") == "floor" and FLOORS_KNOB in retrieve.knobs:
+            return self.result(ErrorType.RETRIEVAL, gate, knob_target(FLOORS_KNOB),
+                               f"{where}. A floor decided (floors={retrieve.knobs.get(FLOORS_KNOB)!r}); this is the "
+                               "recall a strict gate costs. Lenient floors would leave the decision to the gate's LLM.",
+                               decided_by="floor", memory=best.get("id"))
+        return self.result(ErrorType.RETRIEVAL, gate, gate.site,
+                           f"{where}. Fix the gate prompt so it admits current facts of the agent's workspace.",
+                           decided_by=decision.get("by"), memory=best.get("id"))
+
+
 def deciding_site(graph: ExecutionGraph, op: Operation, kind: str | None = None) -> str:
     """The last prompt site of ``op``'s session, before it, that produces ``kind`` operations (any, if None).
 
@@ -230,7 +368,8 @@ def attribute(graph: ExecutionGraph, question: Question, prediction: str, judges
 
 def evidence_reaches_answer(graph: ExecutionGraph, question: Question, judges: JudgeChain, *,
                             embedder: Embedder | None = None) -> bool:
-    """Whether the memories retrieved for ``question`` carry its evidence."""
+    """Whether the memories retrieved for ``question`` and admitted to its answer's positive context (all
+    of them, without an admission gate) carry its evidence."""
     evidence = find_evidence(graph, question, embedder)
-    _, items = _retrieval(graph, question.id)
-    return bool(evidence.message_ids) and judges.any([it["text"] for it in items], evidence)
+    positive, _ = answer_context(graph, question.id)
+    return bool(evidence.message_ids) and judges.any([it["text"] for it in positive], evidence)

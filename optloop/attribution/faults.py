@@ -41,7 +41,8 @@ from optloop.attribution.judges import default_judges
 from optloop.attribution.taxonomy import Attribution, ErrorType, knob_target, library_target
 from optloop.datasets import passed
 from optloop.pipeline import Attributor, EpisodeResult, FreshStores, run_episode
-from optloop.sites import ANSWER, GRAPHITI_EXTRACT_EDGES, MD_FLAT_CURATE, MEM0_EXTRACT, QUERY_REWRITE, TIERED_EXTRACT
+from optloop.sites import (ANSWER, GATED_ADMIT, GRAPHITI_EXTRACT_EDGES, MD_FLAT_CURATE, MEM0_EXTRACT, QUERY_REWRITE,
+                           TIERED_EXTRACT)
 from optloop.stats import bootstrap_mean
 from optloop.text import words
 
@@ -291,7 +292,7 @@ def shift_old_numbers(system: MemorySystem, before: set[str]) -> None:
 
 
 _BASELINES_AND_MEM0 = ("mem0", "rag_bm25", "rag_embedding", "long_context")
-_ALL_SYSTEMS = ("mem0", "graphiti", "long_context", "rag_bm25", "rag_embedding", "md_flat")
+_ALL_SYSTEMS = ("mem0", "graphiti", "long_context", "rag_bm25", "rag_embedding", "md_flat", "tiered", "gated")
 
 CATALOGUE: tuple[Fault, ...] = (
     Fault("mem0-extract-drop-numbers", ("mem0",), MEM0_EXTRACT, ErrorType.EXTRACTION,
@@ -376,6 +377,19 @@ CATALOGUE: tuple[Fault, ...] = (
     Fault("answer-sees-first-memory", _ALL_SYSTEMS, ANSWER, ErrorType.RESPONSE,
           "the answer site sees only the first of the memories it is given", site=ANSWER,
           edit_inputs=first_memory_only, added="issue-21"),
+    # --- gated (issue 22): written down before any run evaluated them. Truth is the taxonomy's definition: who
+    # let the stale memory into the answer's positive context. Lenient floors leave status and branch to the
+    # gate's LLM, so there the gate site decides; with the floors off and no LLM asked, the floors knob does.
+    Fault("gated-gate-admits-all", ("gated",), GATED_ADMIT, ErrorType.CONTAMINATION,
+          "floors lenient (status and branch left to the gate) and the gate admits every candidate it decides",
+          site=GATED_ADMIT, knobs={"floors": "lenient"},
+          lists=lambda items, _: [i.model_copy(update={"verdict": "admit", "reason": "looks relevant"})
+                                  if getattr(i, "by", "floor") != "floor" else i for i in items]),
+    Fault("gated-floors-off", ("gated",), knob_target("floors"), ErrorType.CONTAMINATION,
+          "floors off and no LLM verdict (gate=floors_only): every retrieved candidate enters the answer",
+          knobs={"floors": "off", "gate": "floors_only"}),
+    Fault("gated-top-k-1", ("gated",), knob_target("top_k"), ErrorType.RETRIEVAL, "top_k set to 1",
+          knobs={"top_k": 1}),
 )
 
 
@@ -533,7 +547,9 @@ class _Caused:
             # The clean run passed without the evidence reaching the answer (a lucky guess):
             # no sound baseline to plant a fault against.
             self.reasons[q.id] = UNSOUND_CLEAN
-        elif self.fault.site != ANSWER and evidence_reaches_answer(graph, q, self.judges, embedder=self.embedder):
+        elif (self.fault.site != ANSWER and self.fault.error_type is not ErrorType.CONTAMINATION
+              and evidence_reaches_answer(graph, q, self.judges, embedder=self.embedder)):
+            # (a contamination fault leaves the evidence in reach by definition: a stale value joins it)
             # The fault did not keep the evidence from the answer; the answer changed only because
             # its context did.
             self.reasons[q.id] = EVIDENCE_REACHED

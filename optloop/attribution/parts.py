@@ -41,6 +41,7 @@ STAGE_RANK: dict[ErrorType, int] = {
     ErrorType.UPDATE: 1,
     ErrorType.DELETION: 1,
     ErrorType.RETRIEVAL: 2,
+    ErrorType.CONTAMINATION: 2,
     ErrorType.RESPONSE: 3,
     ErrorType.UNKNOWN: 4,
 }

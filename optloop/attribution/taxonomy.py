@@ -19,6 +19,9 @@ class ErrorType(str, Enum):
     DELETION = "DeletionError"  # a memory that carried it was removed
     RETRIEVAL = "RetrievalError"  # stored, but not among the memories the answer saw
     RESPONSE = "ResponseError"  # the answer saw it and still got it wrong
+    # a stale, dead-branch or other-workspace fact was retrieved or admitted into the answer's
+    # positive context, and the answer used it
+    CONTAMINATION = "ContaminationError"
     UNKNOWN = "Unattributed"  # no evidence to follow (abstention, or nothing matched)
 
 
@@ -28,6 +31,7 @@ MEMFAIL_LABEL: dict[ErrorType, str] = {
     ErrorType.DELETION: "summary_error",
     ErrorType.RETRIEVAL: "not_retrieved",
     ErrorType.RESPONSE: "reasoning_error",
+    ErrorType.CONTAMINATION: "stale_context",  # MemFail has no label of its own for it
     ErrorType.UNKNOWN: "unknown",
 }
 

@@ -33,6 +33,7 @@ MEME_STAGE: dict[ErrorType, str | None] = {
     ErrorType.UPDATE: "maintenance",
     ErrorType.DELETION: "maintenance",
     ErrorType.RETRIEVAL: "retrieval",
+    ErrorType.CONTAMINATION: "retrieval",
     ErrorType.RESPONSE: "answering",
     ErrorType.UNKNOWN: None,
 }

@@ -11,6 +11,8 @@
 ``jsonl:<path>``                       one Episode per line (the model's JSON)
 ``synthetic:meme?seed=&episodes=&fillers=&domain=``   generated MEME-style episodes
 ``synthetic:suite?seed=``              generated end-to-end memory check-list
+``agentic:<path>``                     agent memories with workspace, status, branch status
+``agentic:generate?records=&seed=``    generated agentic probes (``probes=``, ``workspaces=``)
 =====================================  ==============================================
 
 Query parameters every scheme accepts, applied in this order after loading:
@@ -27,6 +29,7 @@ from collections.abc import Callable
 
 from optloop.datasets._io import dataset_error, int_param
 from optloop.datasets._model import Dataset, Episode
+from optloop.datasets.agentic import load_agentic
 from optloop.datasets.builtin import load_builtin
 from optloop.datasets.jsonl import load_jsonl
 from optloop.datasets.locomo import load_locomo
@@ -49,9 +52,10 @@ LOADERS: dict[str, Loader] = {
     "meme": load_meme,
     "jsonl": load_jsonl,
     "synthetic": load_synthetic,
+    "agentic": load_agentic,
 }
 COMMON_PARAMS = ("tasks", "offset", "limit", "questions")
-_TAKES_PARAMS = {"synthetic"}
+_TAKES_PARAMS = {"synthetic", "agentic"}
 
 
 def parse_uri(uri: str) -> tuple[str, str, dict[str, str]]:
