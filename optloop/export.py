@@ -5,7 +5,7 @@
     python -m optloop.export --run RUN_ID --format graphiti --out graphiti_prompts.py
     python -m optloop.export --run RUN_ID --format json --out prompts.json
     python -m optloop.export --run RUN_ID --format dspy --out program.json
-    python -m optloop.export --run RUN_ID --format pack --out pack.json   (tiered, gated)
+    python -m optloop.export --run RUN_ID --format pack --out pack.json
 
 Sources (one of):
   --run RUN_ID       a finished `python -m optloop.run` (its parent run; the id it printed, also in

@@ -453,7 +453,7 @@ class GatedSystem(MemorySystem):
         self._asked = (workspace, path)  # a rewritten query loses the header; the search keeps the scope
         return super().retrieve(question, k)
 
-    def _search(self, query: str, k: int) -> list[MemoryItem]:
+    def search(self, query: str, k: int) -> list[MemoryItem]:
         workspace, path, text = parse_scope(query)
         if workspace is None:
             workspace, path = self._asked or (self._workspace, "")

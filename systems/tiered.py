@@ -828,9 +828,6 @@ class TieredSystem(MemorySystem):
         threshold = self._knobs["threshold"]
         return [fact.to_item(score) for score, fact in scored if threshold is None or score >= threshold][:k]
 
-    def _search(self, query: str, k: int) -> list[MemoryItem]:
-        return self.search(query, k)
-
     def recent_summaries(self, query: str) -> list[MemoryItem]:
         """The ``mtm_summaries`` most recent conversation summaries the recipe allows, oldest first."""
         limit = int(self._knobs["mtm_summaries"])

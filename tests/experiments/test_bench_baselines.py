@@ -75,7 +75,7 @@ def test_systems_bench_unknown_system_exits_2_before_the_lm(no_lm, capsys) -> No
 def test_default_plan_skips_slow_systems_and_absent_memfail_tasks(monkeypatch, tmp_path: Path) -> None:
     monkeypatch.setenv("OPTLOOP_SHARED_DATA", str(tmp_path))  # no MemFail data at all
     plan = baselines.make_plan(_args())
-    assert plan.systems == ["long_context", "rag_bm25", "rag_embedding", "md_flat", "tiered"]
+    assert plan.systems == ["long_context", "rag_bm25", "rag_embedding", "md_flat", "tiered", "gated"]
     assert [d.uri for d in plan.datasets] == ["synthetic:meme?seed=0&episodes=3"]
     assert len(plan.datasets[0].episodes) == 3
     assert len(plan.skipped) == len(baselines.MEMFAIL_TASKS)

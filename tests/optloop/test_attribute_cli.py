@@ -37,7 +37,7 @@ def test_list_faults_prints_every_fault_of_the_catalogue_across_stages(capsys, m
     printed = capsys.readouterr().out
     assert [f.name for f in CATALOGUE if f.name not in printed] == []
     assert {f.error_type.value for f in CATALOGUE} == {"ExtractionError", "UpdateError", "DeletionError",
-                                                       "RetrievalError", "ResponseError"}
+                                                       "RetrievalError", "ResponseError", "ContaminationError"}
     assert {"mem0", "graphiti", "rag_bm25"} <= {s for f in CATALOGUE for s in f.systems}
 
 

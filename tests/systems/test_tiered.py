@@ -484,8 +484,10 @@ def test_a_prompt_pack_round_trips_into_a_tiered_system(tmp_path, embedder):
     pack = json.loads(render(bundle, "pack"))
 
     assert pack["format"] == "optloop.prompt-pack/1" and pack["system"] == "tiered"
-    assert pack["sites"]["tiered.extract"]["outputs"] == {
-        "facts": {"type": "list[str]", "desc": "one 'Key|Value' line per fact; an empty list when there is none"}}
+    facts = pack["sites"]["tiered.extract"]["outputs"]["facts"]
+    assert (facts["type"], facts["desc"], facts["schema"]) == (
+        "list[str]", "one 'Key|Value' line per fact; an empty list when there is none",
+        {"items": {"type": "string"}, "type": "array"})
     assert set(pack["sites"]["tiered.extract"]["inputs"]) == {"known_keys", "conversation", "message"}
     system, _ = make(tmp_path, embedder)
     system.apply_pack(pack)

@@ -125,7 +125,8 @@ def gated_faults():
 
 
 def test_gated_has_planted_faults_with_known_truth(gated_faults):
-    assert set(gated_faults) == {"gated-gate-admits-all", "gated-floors-off", "gated-top-k-1"}
+    assert {n for n in gated_faults if n.startswith("gated-")} == {"gated-gate-admits-all", "gated-floors-off",
+                                                                 "gated-top-k-1"}
     assert (gated_faults["gated-gate-admits-all"].target, gated_faults["gated-gate-admits-all"].error_type) == \
         (GATED_ADMIT, ErrorType.CONTAMINATION)
     assert (gated_faults["gated-floors-off"].target, gated_faults["gated-floors-off"].error_type) == \

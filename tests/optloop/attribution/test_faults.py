@@ -107,9 +107,9 @@ EXPECTED = {  # name: (stage, systems, target, type)
                               ErrorType.RETRIEVAL),
     "graphiti-recipe-nodes-only": ("retrieval", {"graphiti"}, "knob:search_recipe", ErrorType.RETRIEVAL),
     "answer-echoes-question": ("answer", {"mem0", "graphiti", "long_context", "rag_bm25", "rag_embedding",
-                                          "md_flat"}, "answer", ErrorType.RESPONSE),
+                                          "md_flat", "tiered", "gated"}, "answer", ErrorType.RESPONSE),
     "answer-sees-first-memory": ("answer", {"mem0", "graphiti", "long_context", "rag_bm25", "rag_embedding",
-                                            "md_flat"}, "answer", ErrorType.RESPONSE),
+                                            "md_flat", "tiered", "gated"}, "answer", ErrorType.RESPONSE),
 }
 
 
