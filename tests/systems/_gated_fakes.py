@@ -11,62 +11,15 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Callable
-from typing import Any
 
-import dspy
 import numpy as np
-from dspy.utils import DummyLM
 
 from optloop.datasets import Episode
 from optloop.datasets.agentic import AgenticEpisode, AgenticFact, AgenticProbe, to_episode
 from optloop.embed import Embedder
-from optloop.lm import Accounting, current_site
+from tests.systems._site_lm import Reply, SiteLM
 
-Reply = dict[str, Any]
-Script = list[Reply] | Callable[[dict[str, str]], Reply]
-_FIELD = re.compile(r"\[\[ ## (\w+) ## \]\]\n(.*?)(?=\n\n\[\[ ## |\n\nRespond with|\Z)", re.DOTALL)
-DEFAULTS: dict[str, Reply] = {"gated.admit": {"decisions": []}, "answer": {"answer": "I don't know"},
-                              "retrieve.query": {"query": ""}}
-
-
-def input_fields(messages: list[dict[str, Any]]) -> dict[str, str]:
-    user = "\n".join(str(m.get("content", "")) for m in messages if m.get("role") == "user")
-    return {name: value.strip() for name, value in _FIELD.findall(user)}
-
-
-class _Replies:
-    def __init__(self, lm: ScriptedLM):
-        self.lm = lm
-
-    def __iter__(self) -> _Replies:
-        return self
-
-    def __next__(self) -> Reply:
-        site = current_site() or "?"
-        fields = input_fields(self.lm.last_messages)
-        self.lm.calls.append((site, fields))
-        script = self.lm.scripts.get(site)
-        if callable(script):
-            return script(fields)
-        if script:
-            return script.pop(0)
-        return DEFAULTS.get(site, {})
-
-
-class ScriptedLM(DummyLM):
-    def __init__(self, scripts: dict[str, Script] | None = None):
-        self.scripts: dict[str, Script] = {k: (list(v) if isinstance(v, list) else v) for k, v in (scripts or {}).items()}
-        self.calls: list[tuple[str, dict[str, str]]] = []
-        self.last_messages: list[dict[str, Any]] = []
-        super().__init__(_Replies(self), adapter=dspy.JSONAdapter())  # type: ignore[arg-type]
-        self.accounting = Accounting()  # what the recorder reads call counts from
-
-    def forward(self, prompt: Any = None, messages: Any = None, **kwargs: Any) -> Any:
-        self.last_messages = list(messages or [])
-        return super().forward(prompt=prompt, messages=messages, **kwargs)
-
-    def sites(self) -> list[str]:
-        return [site for site, _ in self.calls]
+ScriptedLM = SiteLM  # the per-site scripted LM shared with the tiered tests (tests/systems/_site_lm.py)
 
 
 def candidate_ids(fields: dict[str, str]) -> list[str]:

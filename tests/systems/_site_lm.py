@@ -3,7 +3,7 @@
 ``SiteLM({"tiered.extract": fn_or_list, "answer": ...})``: for each call the reply for the
 active site (:func:`optloop.lm.current_site`) is the next item of its list, or ``fn(fields)``
 where ``fields`` are the call's input fields as DSPy rendered them (``fields["message"]``).
-A site without a script gets a neutral reply: no facts, no summary, "I don't know".
+A site without a script gets a neutral reply: no facts, no summary, no gate decision, "I don't know".
 """
 
 from __future__ import annotations
@@ -21,13 +21,14 @@ Reply = dict[str, Any]
 Script = list[Reply] | Callable[[dict[str, str]], Reply]
 
 DEFAULTS: dict[str, Reply] = {"tiered.extract": {"facts": []}, "tiered.summarize": {"summary": ""},
-                              "answer": {"answer": "I don't know"}, "retrieve.query": {"query": ""}}
+                              "gated.admit": {"decisions": []}, "answer": {"answer": "I don't know"},
+                              "retrieve.query": {"query": ""}}
 _FIELD = re.compile(r"\[\[ ## (\w+) ## \]\]\n(.*?)(?=\n\n\[\[ ## |\n\nRespond with|\Z)", re.DOTALL)
 
 
 def input_fields(messages: list[dict[str, Any]]) -> dict[str, str]:
     """The input fields of a JSONAdapter request, by name."""
-    user = "\n".join(m["content"] for m in messages if m.get("role") == "user")
+    user = "\n".join(str(m.get("content", "")) for m in messages if m.get("role") == "user")
     return {name: value.strip() for name, value in _FIELD.findall(user)}
 
 
