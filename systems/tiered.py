@@ -743,7 +743,7 @@ class TieredSystem(MemorySystem):
         and every sentence using all of ``what``'s words, become ``[forgotten]`` in STM and MTM (the request's
         own turn excepted). Returns the keys removed; the ``forgotten`` table records the request."""
         keys = self.match_keys(what)
-        what_words = words(what)
+        what_words = subject_words(what)
         with self._transaction() as db:
             rows = db.execute(f"SELECT id, value FROM ltm WHERE key IN ({','.join('?' * len(keys))})",
                               keys).fetchall() if keys else []
@@ -886,6 +886,20 @@ class TieredSystem(MemorySystem):
             self._sites[site].set_instructions(text)
         for name, value in (pack.get("knobs") or {}).items():
             self.set_knob(name, value)
+
+
+# Words that name which attribute of a thing is meant ("my cousin's *name*", "the *code* for my unit"): a
+# sentence that stores the attribute gives its value ("my cousin, Leocadia"), not the word, so a sentence to
+# forget needs only the other words of the request. (Found by the embedded-LM test: a summary held "my
+# cousin, Leocadia" and survived "forget my cousin's name".)
+_ATTRIBUTE_WORDS = frozenset({"name", "code", "number", "value", "detail", "info", "information", "address"})
+
+
+def subject_words(what: str) -> set[str]:
+    """The words a sentence must all use to be about what a forget request names: its content words less the
+    attribute words, unless that leaves none."""
+    content = words(what)
+    return (content - _ATTRIBUTE_WORDS) or content
 
 
 def redact(text: str, values: Sequence[str], what_words: set[str] | frozenset[str] = frozenset()) -> str:
