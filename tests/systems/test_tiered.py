@@ -28,7 +28,6 @@ from systems.tiered import (
     FORGOTTEN,
     TieredSystem,
     category_of,
-    redact,
     subject_words,
     forget_request,
     parse_fact_lines,
@@ -551,7 +550,7 @@ def test_tiered_runs_builtin_assistant_on_the_embedded_lm(tmp_path, embedder):
 
 def test_forgetting_an_attribute_redacts_the_sentence_that_gives_its_value():
     """"Forget my cousin's name": a summary stores the value ("my cousin, Leocadia"), not the word "name"."""
-    what = subject_words("Please forget my cousin's name")
+    what = subject_words(forget_request("Please forget my cousin's name."))
     assert what == {"cousin"} and subject_words("my name") == {"name"}  # an attribute alone stays the subject
     text = redact("The user is Marisol, my brother, and my cousin, Leocadia. Birgitta is my manager.", [], what)
     assert "Leocadia" not in text and text.endswith("Birgitta is my manager.")
