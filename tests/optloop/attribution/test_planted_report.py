@@ -33,10 +33,11 @@ from optloop.attribution.faults import (
     summarize,
 )
 from optloop.attribution.taxonomy import Attribution, ErrorType
-from optloop.datasets import Dataset, Episode, Question, Session, Turn
+from optloop.datasets import Dataset, Question
 from optloop.lm import Accounting
 from optloop.stats import bootstrap_mean
 from tests.optloop.attribution.test_faults import HashEmbedder
+from tests.optloop.tracing.test_recorder import EPISODE as RECORDER_EPISODE
 
 TINY = "builtin:tiny"
 
@@ -271,22 +272,12 @@ def respond(content: str) -> dict[str, Any]:
     return {"answer": "red"}  # the car: a lucky guess, nothing in memory says so
 
 
-EPISODE = Episode(
-    id="ep",
-    sessions=[
-        Session(id="s1", timestamp="2024-03-01", turns=[Turn(id="s1:t1", role="user", content="My dog is Biscuit."),
-                                                        Turn(id="s1:t2", role="user", content="I live in Denver.")]),
-        Session(id="s2", timestamp="2024-04-01", turns=[Turn(id="s2:t1", role="user", content="I moved to Austin.")]),
-    ],
-    questions=[
-        Question(id="q1", question="What is my dog's name?", gold="Biscuit", evidence_ids=["s1:t1"],
-                 task_type="exact_recall", scorer="contains"),
-        Question(id="q2", question="Which city do I live in now?", gold="Austin", evidence_ids=["s2:t1"],
-                 task_type="update", scorer="contains"),
-        Question(id="q3", question="What colour is my car?", gold="red", evidence_ids=["s1:t1"],
-                 task_type="exact_recall", scorer="contains"),
-    ],
-)
+# The recorder tests' two-session episode, plus a question nothing in memory answers (a lucky guess).
+EPISODE = RECORDER_EPISODE.model_copy(update={"questions": [
+    *RECORDER_EPISODE.questions,
+    Question(id="q3", question="What colour is my car?", gold="red", evidence_ids=["s1:t1"],
+             task_type="exact_recall", scorer="contains"),
+]})
 
 
 def test_the_harness_attributes_every_caused_failure_and_says_why_it_set_some_aside(tmp_path: Path):
