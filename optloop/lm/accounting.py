@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from fractions import Fraction
 
@@ -179,7 +179,6 @@ class Accounting:
     """Thread-safe log of :class:`CallRecord`; totals overall or per prompt site."""
 
     records: list[CallRecord] = field(default_factory=list)
-    listeners: list[Callable[[CallRecord], None]] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def add(self, record: CallRecord) -> None:
@@ -187,8 +186,6 @@ class Accounting:
             self.records.append(record)
         for collector in _COLLECTORS.get():
             collector.append(record)
-        for listener in list(self.listeners):
-            listener(record)
 
     def totals(self, site: str | None = ..., since: int = 0) -> Usage:  # type: ignore[assignment]
         """Totals over records ``since`` an index (see :meth:`mark`), optionally for one site."""

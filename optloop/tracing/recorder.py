@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 import dspy
 from dspy.utils.callback import BaseCallback
 
-from optloop.lm import Accounting, CallRecord, Usage, current_site
+from optloop.lm import CallRecord, Usage, current_site, start_collecting, stop_collecting
 from optloop.sites import QUERY_REWRITE
 from optloop.text import words
 from optloop.tracing.graph import Category, ExecutionGraph, Operation, Variable
@@ -57,9 +57,6 @@ logger = logging.getLogger(__name__)
 
 _ACTIVE: contextvars.ContextVar[Recorder | None] = contextvars.ContextVar("optloop_recorder", default=None)
 _ATTACH_LOCK = threading.Lock()
-# The LM call records of the site call running in this context (set from a call's start to its end).
-_CALL_RECORDS: contextvars.ContextVar[list[CallRecord] | None] = contextvars.ContextVar("optloop_site_call_records",
-                                                                                         default=None)
 TEXT_LIMIT = 4000
 
 
@@ -85,18 +82,6 @@ def lm_fault_fields(records: Sequence[CallRecord]) -> dict[str, Any]:
     return {"lm_attempts": sum(rec.attempts for rec in records if not rec.cached), "lm_faults": faults,
             "lm_error": error[:500] if error else None}
 
-
-def _collect(record: CallRecord) -> None:
-    """Accounting listener: an LM call made inside a recorded site call belongs to that call."""
-    records = _CALL_RECORDS.get()
-    if records is not None:
-        records.append(record)
-
-
-def _listen(accounting: Accounting) -> None:
-    with _ATTACH_LOCK:
-        if _collect not in accounting.listeners:
-            accounting.listeners.append(_collect)
 
 
 def active_recorder() -> Recorder | None:
@@ -175,9 +160,7 @@ class Recorder:
         _ACTIVE.reset(self._tokens.stack.pop())
 
     def _attach(self) -> None:
-        """Hook the callback into every site (sites can appear later: rerank, query), and the call collector
-        into the system's LM accounting."""
-        _listen(self.system.lm.accounting)
+        """Hook the callback into every site (sites can appear later: rerank, query)."""
         for name, site in self.system.prompt_sites().items():
             with _ATTACH_LOCK:  # one module may serve systems recording in several threads
                 if not any(isinstance(cb, SiteCallback) for cb in site.module.callbacks):
@@ -203,8 +186,8 @@ class Recorder:
     # --- site calls (from the callback) ---------------------------------------------------
 
     def _call_started(self, call_id: str, inputs: dict[str, Any]) -> None:
-        records: list[CallRecord] = []
-        token = _CALL_RECORDS.set(records)
+        # The LM calls made inside this site call, in this context only (a nested site call's are ours too).
+        records, token = start_collecting()
         with self._lock:
             self._starts[call_id] = (current_site(), inputs, time.perf_counter(), records, token)
 
@@ -214,10 +197,7 @@ class Recorder:
         if start is None:
             return
         site, inputs, started, records, token = start
-        _CALL_RECORDS.reset(token)
-        outer = _CALL_RECORDS.get()
-        if outer is not None:  # a site call inside another: its LM calls are the outer call's too
-            outer.extend(records)
+        stop_collecting(token)
         self._site_call(site, inputs, outputs, exception, time.perf_counter() - started, records)
 
     def _prompt_var(self, site: str) -> str:

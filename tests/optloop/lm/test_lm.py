@@ -24,6 +24,7 @@ from optloop.lm import (
     LMSettings,
     OptloopLM,
     bundled_model_path,
+    collect_calls,
     prompt_site,
     response_format_to_schema,
 )
@@ -143,12 +144,11 @@ def test_corrupt_cache_file_gives_a_clear_error(tmp_path):
 
 def test_accounting_totals_by_site_and_since_mark():
     acc = Accounting()
-    seen: list[CallRecord] = []
-    acc.listeners.append(seen.append)
-    acc.add(CallRecord("a", "m", 10, 5, 1.0, cached=False))
-    mark = acc.mark()
-    acc.add(CallRecord("a", "m", 10, 5, 0.1, cached=True))
-    acc.add(CallRecord("b", "m", 3, 2, 0.5, cached=False, attempts=3))
+    with collect_calls() as seen:  # a collector in this context sees every record added
+        acc.add(CallRecord("a", "m", 10, 5, 1.0, cached=False))
+        mark = acc.mark()
+        acc.add(CallRecord("a", "m", 10, 5, 0.1, cached=True))
+        acc.add(CallRecord("b", "m", 3, 2, 0.5, cached=False, attempts=3))
     assert acc.totals().calls == 3 and acc.totals().model_calls == 2 and acc.totals().cache_hits == 1
     assert acc.totals().tokens == 20  # cached calls spend no tokens
     assert acc.totals(since=mark).calls == 2 and acc.totals("b").retries == 2
