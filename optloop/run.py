@@ -69,7 +69,7 @@ from rich.table import Table
 from optloop import artifacts
 from optloop.attribution.taxonomy import Target
 from optloop.cli import add_lm_arguments, lm_settings_from_args, run_cli, setup_logging
-from optloop.errors import ConfigError, EndpointDownError, LMError, LMUnreachableError
+from optloop.errors import ConfigError, EndpointDownError, LMUnreachableError
 from optloop.lm import LMSettings, OptloopLM, Usage
 from optloop.loop.runner import (MAX_BUDGET, Checkpoint, Loop, LoopConfig, LoopResult, check_fractions, matches,
                                  split_dataset, unfinished_runs)
@@ -322,22 +322,15 @@ def _so_far(ckpt: Checkpoint, config: LoopConfig) -> str:
 
 
 def probe_lm(settings: LMSettings) -> OptloopLM:
-    """The LM of ``settings`` without its cache, checked: an OpenAI-compatible endpoint answers one ping, or an
-    :class:`EndpointDownError` (exit 75) when it cannot be reached or answers only server errors; an LM error
-    of another kind (a wrong key, an unknown model) is bad input (exit 2). Nothing is written (no cache file),
-    so it can serve the input's checks before the run's state exists."""
+    """The LM of ``settings`` without its cache, checked (:meth:`OptloopLM.check_endpoint`): an
+    :class:`EndpointDownError` (exit 75) when an endpoint cannot be reached or answers only server errors; an
+    LM error of another kind (a wrong key, an unknown model) is bad input (exit 2). Nothing is written (no cache
+    file), so it can serve the input's checks before the run's state exists."""
     probe = OptloopLM(settings.model_copy(update={"cache": False}))
-    if settings.backend == "local":
-        return probe
     try:
-        probe.text("ping", max_tokens=1, cache=False)
+        probe.check_endpoint()
     except LMUnreachableError as exc:
         raise EndpointDownError(f"{exc}; nothing was written: rerun the same command once the endpoint is up") from None
-    except LMError as exc:
-        if exc.__cause__ is not None and probe.backend.is_server_error(exc.__cause__):
-            raise EndpointDownError(f"{exc}; nothing was written: rerun the same command once the endpoint "
-                                    "is up") from None
-        raise
     return probe
 
 

@@ -11,7 +11,7 @@ import dspy
 from dspy.utils.exceptions import LMError as DSPyLMError
 from pydantic import BaseModel
 
-from optloop.errors import LMError
+from optloop.errors import LMError, LMUnreachableError
 from optloop.lm.accounting import Accounting
 from optloop.lm.backends import Backend, make_backend
 from optloop.lm.cache import LMCache
@@ -166,11 +166,20 @@ class OptloopLM(dspy.LM):
         """Fail now if the endpoint cannot be reached: one uncached 1-token call, nothing written.
 
         Raises :class:`~optloop.errors.LMUnreachableError` (exit code 75) when the endpoint
-        is unreachable, :class:`~optloop.errors.LMError` (exit code 2) when it refuses the
-        key or the model. The embedded model needs no check (and loading it is not one).
+        is unreachable or answers only server errors (HTTP 5xx), :class:`~optloop.errors.LMError`
+        (exit code 2) when it refuses the key or the model. The embedded model needs no check
+        (and loading it is not one).
         """
-        if self.settings.backend != "local":
+        if self.settings.backend == "local":
+            return
+        try:
             self.text("ping", max_tokens=1, cache=False)
+        except LMUnreachableError:
+            raise
+        except LMError as exc:
+            if exc.__cause__ is not None and self.backend.is_server_error(exc.__cause__):
+                raise LMUnreachableError(str(exc)) from exc.__cause__
+            raise
 
     # --- state and copies ---------------------------------------------------------------------
 
