@@ -59,6 +59,26 @@ class Embedder(ABC):
         return self.embed([text])[0]
 
 
+class WrappedEmbedder(Embedder):
+    """Another embedder under the same identity (name, dimension, batch size), for wrappers that cache or
+    count its calls: a subclass overrides :meth:`_embed_batch`."""
+
+    def __init__(self, inner: Embedder):
+        self.inner = inner
+        self.batch_size = inner.batch_size
+
+    @property
+    def name(self) -> str:
+        return self.inner.name
+
+    @property
+    def dim(self) -> int:
+        return self.inner.dim
+
+    def _embed_batch(self, texts: list[str]) -> np.ndarray:
+        return self.inner._embed_batch(texts)
+
+
 _MODELS: dict[str, Any] = {}
 _MODELS_LOCK = threading.Lock()
 

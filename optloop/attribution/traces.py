@@ -21,7 +21,7 @@ import numpy as np
 
 from optloop.attribution.parts import attribute_parts
 from optloop.attribution.taxonomy import Attribution, ErrorType
-from optloop.embed import Embedder
+from optloop.embed import Embedder, WrappedEmbedder
 
 if TYPE_CHECKING:
     from optloop.datasets import Question
@@ -63,21 +63,12 @@ class TracedFailure:
                 "attribution": self.attribution.model_dump(mode="json")}
 
 
-class CachedEmbedder(Embedder):
+class CachedEmbedder(WrappedEmbedder):
     """Another embedder's vectors, each distinct text embedded once."""
 
     def __init__(self, inner: Embedder):
-        self.inner = inner
-        self.batch_size = inner.batch_size
+        super().__init__(inner)
         self._cache: dict[str, np.ndarray] = {}
-
-    @property
-    def name(self) -> str:
-        return self.inner.name
-
-    @property
-    def dim(self) -> int:
-        return self.inner.dim
 
     def _embed_batch(self, texts: list[str]) -> np.ndarray:
         todo = list(dict.fromkeys(t for t in texts if t not in self._cache))

@@ -18,7 +18,7 @@ import pytest
 from dspy.utils import DummyLM
 
 from optloop.datasets import Session, Turn
-from optloop.embed import Embedder, get_embedder
+from optloop.embed import Embedder, WrappedEmbedder, get_embedder
 from optloop.errors import ConfigError
 from optloop.lm import LMSettings, OptloopLM
 from systems import get_system
@@ -34,24 +34,16 @@ from systems.baselines import (
 RAW_SYSTEMS = [LongContextSystem, BM25RagSystem, EmbeddingRagSystem]
 
 
-class CountingEmbedder(Embedder):
+class CountingEmbedder(WrappedEmbedder):
     """The real embedder, counting how many texts it was asked to embed."""
 
     def __init__(self, inner: Embedder):
-        self.inner = inner
+        super().__init__(inner)
         self.embedded = 0
-
-    @property
-    def name(self) -> str:
-        return self.inner.name
-
-    @property
-    def dim(self) -> int:
-        return self.inner.dim
 
     def _embed_batch(self, texts: list[str]) -> np.ndarray:
         self.embedded += len(texts)
-        return self.inner._embed_batch(texts)
+        return super()._embed_batch(texts)
 
 
 @pytest.fixture(scope="module")
