@@ -111,6 +111,24 @@ def answer_with(lm: Any) -> Callable[[dict[str, Any]], tuple[str, Any]]:
     return respond
 
 
+class InFlight:
+    """A responder that takes ``seconds`` per request and records the most requests it held at once (``peak``)."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+        self.inside = self.peak = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, body: dict[str, Any]) -> tuple[str, Any]:
+        with self._lock:
+            self.inside += 1
+            self.peak = max(self.peak, self.inside)
+        time.sleep(self.seconds)
+        with self._lock:
+            self.inside -= 1
+        return "ok", "x"
+
+
 def closed_port_url() -> str:
     """A loopback URL on which nothing listens (connection refused)."""
     with socket.socket() as sock:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from optloop.lm import Backend, CallRecord, LMSettings, OptloopLM, Request, collect_calls, current_site, prompt_site
-from tests._servers import ScriptedOpenAIServer
+from tests._servers import InFlight, ScriptedOpenAIServer
 
 
 class MeetingBackend(Backend):
@@ -262,18 +262,7 @@ def test_asyncio_tasks_leave_the_same_cache_records_and_totals_as_one_task(tmp_p
 
 def test_async_calls_are_not_capped_by_asyncios_default_thread_pool():
     """asyncio.to_thread would run 6 calls at a time on a 2-core machine; the engine's own pool runs --concurrency."""
-    lock = threading.Lock()
-    state = {"inside": 0, "peak": 0}
-
-    def slow(body: dict[str, Any]) -> tuple[str, Any]:
-        with lock:
-            state["inside"] += 1
-            state["peak"] = max(state["peak"], state["inside"])
-        time.sleep(0.3)
-        with lock:
-            state["inside"] -= 1
-        return "ok", "x"
-
+    slow = InFlight(0.3)
     with ScriptedOpenAIServer([("respond", slow)]) as server:
         lm = OptloopLM(LMSettings.from_spec("openai:m", base_url=server.base_url, cache=False, concurrency=12))
 
@@ -281,7 +270,7 @@ def test_async_calls_are_not_capped_by_asyncios_default_thread_pool():
             await asyncio.gather(*(lm.acall(f"q{i}") for i in range(24)))
 
         asyncio.run(main())
-    assert state["peak"] == 12
+    assert slow.peak == 12
 
 
 def test_the_cache_takes_writes_and_reads_from_many_threads(tmp_path):

@@ -12,7 +12,7 @@ import pytest
 
 from optloop.errors import ConfigError, LMError, LMUnreachableError
 from optloop.lm import LMSettings, OptloopLM, prompt_site
-from tests._servers import ScriptedOpenAIServer
+from tests._servers import InFlight, ScriptedOpenAIServer
 
 
 def remote(url: str, **overrides) -> OptloopLM:
@@ -151,23 +151,12 @@ def test_tpm_paces_calls_by_their_estimated_tokens_and_settles_on_the_usage():
 
 
 def test_concurrency_caps_requests_in_flight_at_the_endpoint():
-    lock = threading.Lock()
-    state = {"inside": 0, "peak": 0}
-
-    def slow(body):
-        with lock:
-            state["inside"] += 1
-            state["peak"] = max(state["peak"], state["inside"])
-        time.sleep(0.1)
-        with lock:
-            state["inside"] -= 1
-        return "ok", "x"
-
+    slow = InFlight(0.1)
     with ScriptedOpenAIServer([("respond", slow)]) as server:
         lm = remote(server.base_url, concurrency=3)
         with ThreadPoolExecutor(10) as pool:
             list(pool.map(lambda i: lm.text(f"q{i}"), range(20)))
-    assert state["peak"] == 3
+    assert slow.peak == 3
 
 
 def test_concurrency_defaults_and_the_environment(monkeypatch):
