@@ -11,14 +11,16 @@ import csv
 import json
 import os
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
 from optloop.errors import DatasetError
+
+T = TypeVar("T")
 
 SHARED_DATA_ENV = "OPTLOOP_SHARED_DATA"
 
@@ -143,6 +145,20 @@ def read_json_records(path: Path, container_key: str | None = None) -> list[tupl
     if not isinstance(data, list):
         raise dataset_error(path, None, None, f"expected a JSON list of records, got {type(data).__name__}")
     return [(f"record {i}", value) for i, value in enumerate(data)]
+
+
+def load_json_episodes(rest: str, scheme: str, build: Callable[[str, Any, Path], T], what: str) -> tuple[str, list[T]]:
+    """A JSON/JSONL dataset of one episode per record (LoCoMo, LongMemEval): ``build(where, record, path)``
+    makes each, with any error pointing at its record; returns ``"<scheme>:<file stem>"`` and the episodes.
+    An empty file is an error naming ``what`` it lacks (``"samples"``)."""
+    path = existing_file(rest, scheme)
+    episodes = []
+    for where, record in read_json_records(path):
+        with record_context(path, where):
+            episodes.append(build(where, record, path))
+    if not episodes:
+        raise dataset_error(path, None, None, f"no {what}")
+    return f"{scheme}:{path.stem}", episodes
 
 
 def read_csv(path: Path, required: Sequence[str]) -> list[tuple[int, dict[str, str]]]:

@@ -32,7 +32,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from optloop.datasets._io import dataset_error, existing_file, read_json_records, record_context, require
+from optloop.datasets._io import dataset_error, load_json_episodes, require
 from optloop.datasets._model import Episode, Question, Session, Turn
 
 logger = logging.getLogger(__name__)
@@ -152,11 +152,4 @@ def _sample(where: str, sample: Any, source: Path) -> Episode:
 
 def load_locomo(rest: str, params: dict[str, str]) -> tuple[str, list[Episode]]:
     """Load a LoCoMo JSON file; returns the dataset name and its episodes."""
-    path = existing_file(rest, "locomo")
-    episodes = []
-    for where, sample in read_json_records(path):
-        with record_context(path, where):
-            episodes.append(_sample(where, sample, path))
-    if not episodes:
-        raise dataset_error(path, None, None, "no samples")
-    return f"locomo:{path.stem}", episodes
+    return load_json_episodes(rest, "locomo", _sample, "samples")

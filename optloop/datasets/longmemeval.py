@@ -17,7 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from optloop.datasets._io import dataset_error, existing_file, read_json_records, record_context, require
+from optloop.datasets._io import dataset_error, load_json_episodes, require
 from optloop.datasets._model import Episode, Question, Session, Turn
 
 
@@ -83,11 +83,4 @@ def _instance(where: str, record: Any, source: Path) -> Episode:
 
 def load_longmemeval(rest: str, params: dict[str, str]) -> tuple[str, list[Episode]]:
     """Load a LongMemEval JSON file; returns the dataset name and its episodes."""
-    path = existing_file(rest, "longmemeval")
-    episodes = []
-    for where, record in read_json_records(path):
-        with record_context(path, where):
-            episodes.append(_instance(where, record, path))
-    if not episodes:
-        raise dataset_error(path, None, None, "no instances")
-    return f"longmemeval:{path.stem}", episodes
+    return load_json_episodes(rest, "longmemeval", _instance, "instances")

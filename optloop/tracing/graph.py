@@ -117,6 +117,18 @@ class ExecutionGraph(BaseModel):
         self.operations.append(op)
         return op
 
+    def add_removal(self, sources: Iterable[str], removed: Iterable[Variable], tombstones: Iterable[Variable], *,
+                    session_id: str) -> Operation | None:
+        """One ``delete`` operation for a session's removed memory units (``None`` when there are none): it
+        reads the session's ``sources`` and each unit's last version, and writes its tombstone (the deleted
+        version). The recorder and the MEME trace importer both end a session's store changes with it."""
+        olds, tombs = [v.id for v in removed], [v.id for v in tombstones]
+        if not olds:
+            return None
+        return self.add_operation("delete", "ingest", inputs=[*sources, *olds], outputs=tombs,
+                                  knobs={"session": session_id}, session_id=session_id,
+                                  comment=f"{len(olds)} memory unit(s) removed")
+
     def next_version(self, cls: str, name: str) -> int:
         versions = self.versions(cls, name)
         return versions[-1].version + 1 if versions else 0

@@ -146,11 +146,8 @@ class _Builder:
                                      knobs=knobs, session_id=session.id,
                                      comment="text changed" if old == key else "unit replaced by a similar one")
         gone = [k for k in removed if k not in replaced]
-        if gone:
-            olds = [self.live[k].id for k in gone]
-            tombs = [self._tombstone(k, session).id for k in gone]
-            self.graph.add_operation("delete", "ingest", inputs=[*messages, *olds], outputs=tombs, knobs=knobs,
-                                     session_id=session.id, comment=f"{len(gone)} memory unit(s) removed")
+        olds = [self.live[k] for k in gone]
+        self.graph.add_removal(messages, olds, [self._tombstone(k, session) for k in gone], session_id=session.id)
 
     def _pair(self, removed: list[str], added: list[str], units: dict[str, str]) -> dict[str, str]:
         """Removed unit -> the added unit that replaced it (at least REPLACED similar)."""

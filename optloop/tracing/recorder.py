@@ -316,11 +316,9 @@ class Recorder:
                                      knobs=knobs, session_id=session.id,
                                      comment="invalidated" if status == "invalidated" else "text changed")
         gone = [mid for mid in removed if mid not in rewritten]
-        if gone:
-            olds = [self._memory[mid].id for mid in gone]
-            tombs = [self._tombstone(mid, session).id for mid in gone]
-            self.graph.add_operation("delete", "ingest", inputs=[*store_inputs, *olds], outputs=tombs, knobs=knobs,
-                                     session_id=session.id, comment=f"{len(gone)} memory unit(s) removed")
+        olds = [self._memory[mid] for mid in gone]
+        self.graph.add_removal(store_inputs, olds, [self._tombstone(mid, session) for mid in gone],
+                               session_id=session.id)
 
     def _memory_var(self, mid: str, item: MemoryItem, status: str, session: Session, messages: list[str],
                     previous: Variable | None = None) -> Variable:
