@@ -108,7 +108,7 @@ def attribute_dataset(system_name: str, dataset_uri: str, lm: Any, work: Path, *
                                  {a.question_id: a.to_annotation() for a in failed})
             progress.advance(task)
     usage = lm.accounting.totals(since=mark)
-    entries = blame(attributions)
+    entries = blame(attributions, passed=correct)
     return {
         "system": system_name, "dataset": dataset.uri, "questions": questions, "correct": correct,
         "accuracy": correct / questions if questions else None, "failures": len(attributions),
@@ -207,12 +207,21 @@ def render_table(report: dict[str, Any]) -> Table:
     return table
 
 
+def _rate(entry: dict[str, Any]) -> str:
+    """A blame entry's failure rate given a correct input, ``"12/20 (60%)"`` (``"-"`` when not computed)."""
+    if entry.get("rate") is None:
+        return "-"
+    return f"{entry['failures']}/{entry['reached']} ({entry['rate']:.0%})"
+
+
 def render_markdown(report: dict[str, Any]) -> str:
     lines = [f"# Attribution: {report['system']} on {report['dataset']}", "",
              f"Accuracy {report['correct']}/{report['questions']}; {report['failures']} failures attributed; "
              f"{report['cost']['llm_calls']} LLM calls, {report['cost']['seconds']} s.", "",
-             "## Blame", "", "| site / knob | failures | share | types |", "|---|---|---|---|"]
-    lines += [f"| {b['target']} | {b['failures']} | {b['share']:.0%} | "
+             "## Blame", "", "ranked by failure rate given a correct input (failures / questions that reached "
+             "the target's stage intact)", "",
+             "| site / knob | failures | share | failure rate | types |", "|---|---|---|---|---|"]
+    lines += [f"| {b['target']} | {b['failures']} | {b['share']:.0%} | {_rate(b)} | "
               f"{', '.join(f'{k} {v}' for k, v in b['types'].items())} |" for b in report["blame"]]
     lines += ["", "## Failures", ""]
     for a in report["attributions"]:
@@ -414,7 +423,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                        llm_judge=args.llm_judge, agent=args.agent)
             console.print(render_table(report))
             for b in report["blame"]:
-                console.print(f"  blame {b['target']}: {b['failures']} ({b['share']:.0%})")
+                console.print(f"  blame {b['target']}: {b['failures']} ({b['share']:.0%}), failure rate {_rate(b)}")
             markdown = render_markdown(report)
             if (work / "graphs").exists():
                 shutil.rmtree(out / "graphs", ignore_errors=True)

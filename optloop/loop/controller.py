@@ -349,7 +349,8 @@ class Controller:
         ckpt = self.ckpt
         assert ckpt.baseline_train is not None and ckpt.baseline_dev is not None
         evaluations = [ckpt.baseline_train, ckpt.baseline_dev]
-        entries = blame([a for ev in evaluations for a in ev.attributions()])
+        entries = blame([a for ev in evaluations for a in ev.attributions()],
+                        passed=sum(o.passed for ev in evaluations for o in ev.outcomes))
         errors = dict(sum((Counter(ev.error_counts()) for ev in evaluations), Counter()))
         ckpt.targets = [e.target for e in entries]
         sites, knobs, note = choose_targets(entries, self.config, self.evaluator.site_names)

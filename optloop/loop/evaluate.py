@@ -102,7 +102,8 @@ class Evaluation(BaseModel):
         return dict(Counter(a.error_type.value for a in self.attributions()))
 
     def blame(self) -> list[Any]:
-        return blame(self.attributions())
+        """Its failures' targets, ranked by failure rate given a correct input (:func:`~optloop.attribution.blame`)."""
+        return blame(self.attributions(), passed=sum(o.passed for o in self.outcomes))
 
 
 class Evaluator:

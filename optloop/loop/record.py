@@ -66,6 +66,7 @@ def cost_metrics(evaluation: Evaluation) -> dict[str, float]:
 def blame_metrics(entries: Sequence[Any], errors: Mapping[str, int], prefix: str = "") -> dict[str, float]:
     out = {f"{prefix}errors/{metric_key(t)}": float(n) for t, n in errors.items()}
     out |= {f"{prefix}blame_share/{metric_key(e.target)}": e.share for e in entries}
+    out |= {f"{prefix}blame_rate/{metric_key(e.target)}": e.rate for e in entries if e.rate is not None}
     return out
 
 
@@ -127,9 +128,12 @@ def plot_blame(entries: Sequence[Any], path: Path) -> Path:
 
     fig, ax = plt.subplots(figsize=(6, 0.5 + 0.45 * max(len(entries), 1)))
     names = [e.target for e in entries][::-1]
-    ax.barh(names or ["(no failure)"], [e.failures for e in entries][::-1] or [0])
+    bars = ax.barh(names or ["(no failure)"], [e.failures for e in entries][::-1] or [0])
+    rates = [f"{e.failures}/{e.reached} failed" if e.reached else "" for e in entries][::-1]
+    if any(rates):
+        ax.bar_label(bars, labels=rates, padding=3, fontsize=8)
     ax.set_xlabel("failures blamed (baseline, train + dev)")
-    ax.set_title("blame by site / knob")
+    ax.set_title("blame by site / knob (ranked by failure rate given a correct input)", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
