@@ -70,15 +70,24 @@ def test_the_dev_points_logged_so_far(parent, tmp_path):
     assert sink.dev_steps() == {0, 2}
 
 
-def test_the_cost_reads_dollars_when_the_lm_accounting_prices_calls():
-    def lm(dollars):
-        priced = {"dollars": dollars} if dollars is not None else {}
-        usage = SimpleNamespace(calls=4, model_calls=3, tokens=40, **priced)
-        return SimpleNamespace(accounting=SimpleNamespace(totals=lambda *a, **k: usage))
+def test_the_run_cost_has_dollars_and_per_site_figures_when_the_lm_prices_calls():
+    """``Loop._cost`` (what a process spent, saved in the checkpoint, logged on the parent run): dollars as
+    ``cost_usd`` when the model has a price, none (not 0) when it has not, and the same per prompt site."""
+    from optloop.lm.accounting import Accounting, CallRecord
 
-    loop = Loop(LoopConfig(system="md_flat", run_name="r"), lm(None), None)
-    loop.proposer = loop.lm
-    assert "dollars" not in loop._cost(0, None)
-    priced = Loop(LoopConfig(system="md_flat", run_name="r"), lm(0.0123456789), lm(0.5))
+    def lm(prices):
+        accounting = Accounting()
+        for site, price in prices:
+            accounting.add(CallRecord(site, "m", 7, 3, 0.5, cached=False, cost_usd=price))
+        return SimpleNamespace(accounting=accounting)
+
+    unpriced = Loop(LoopConfig(system="md_flat", run_name="r"), lm([("answer", None), (None, None)]), None)
+    unpriced.proposer = unpriced.lm
+    cost = unpriced._cost(0, None)
+    assert "cost_usd" not in cost and not any(k.startswith("cost_usd/") for k in cost)
+    assert cost["llm_calls/answer"] == 1 and cost["tokens/no_site"] == 10 and cost["model_calls"] == 2
+    priced = Loop(LoopConfig(system="md_flat", run_name="r"), lm([("answer", 0.25), ("answer", 0.5)]),
+                  lm([("proposer", 1.0)]))
     cost = priced._cost(0, 0)
-    assert cost["dollars"] == 0.012346 and cost["proposer_dollars"] == 0.5 and cost["llm_calls"] == 4
+    assert cost["cost_usd"] == 0.75 and cost["cost_usd/answer"] == 0.75 and cost["llm_calls/answer"] == 2
+    assert cost["proposer_cost_usd"] == 1.0 and cost["proposer_model_calls"] == 1
