@@ -274,10 +274,17 @@ def summary_table(result: LoopResult) -> Table:
 def cost_line(cost: dict[str, int | float]) -> str:
     """The run's cost in one line: every process that worked on it, added up (and how many there were)."""
     processes = int(cost.get("processes", 1))
-    dollars = f", ${run_dollars(cost):.4f}" if "cost_usd" in cost or "proposer_cost_usd" in cost else ""
+    dollars = f", {money(run_dollars(cost))}" if "cost_usd" in cost or "proposer_cost_usd" in cost else ""
     return (f"{cost.get('llm_calls', 0):.0f} LLM calls ({cost.get('model_calls', 0):.0f} computed), "
             f"{cost.get('tokens', 0):.0f} tokens, {cost.get('seconds', 0):.1f} s{dollars}; "
             f"the run took {processes} process{'es' if processes != 1 else ''}")
+
+
+def money(dollars: float) -> str:
+    """``$12.35``, ``$0.0123``, or a tiny amount with its digits (``$2.9e-06``) rather than ``$0.0000``."""
+    if dollars == 0 or dollars >= 1:
+        return f"${dollars:.2f}"
+    return f"${dollars:.4f}" if dollars >= 0.0001 else f"${dollars:.2g}"
 
 
 def tried_table(result: LoopResult) -> Table:
@@ -375,10 +382,10 @@ def model_name(settings: LMSettings) -> str:
 def check_priced(settings: LMSettings, proposer: LMSettings | None) -> None:
     """``--max-cost`` needs every LM of the run to have a price: without one its calls cost "nothing" and the limit
     would never stop the run. A :class:`ConfigError` (exit 2) naming the model, before anything is written."""
-    for which, lm in (("", settings), ("proposer ", proposer)):
+    for which, lm in (("", settings), ("the proposer LM ", proposer)):
         if lm is not None and lm.price() is None:
-            raise ConfigError(f"--max-cost: the {which}model {model_name(lm)} has no price in litellm's model cost map, so its "
-                              "dollars are unknown; limit it with --max-calls N instead")
+            raise ConfigError(f"--max-cost: {which}{model_name(lm)} has no price in litellm's model cost map, so its "
+                              "dollars are unknown; limit the run with --max-calls N instead")
 
 
 def stopped_line(stop: RunStopped, ckpt: Checkpoint, config: LoopConfig, again: str) -> str:
@@ -389,22 +396,29 @@ def stopped_line(stop: RunStopped, ckpt: Checkpoint, config: LoopConfig, again: 
             f"re-run the same command with a higher {flag} to go on: {again}")
 
 
-def _cell(value: float | None, fmt: str, missing: str = "unknown") -> str:
-    return missing if value is None else format(value, fmt)
+def _cell(value: float | None, fmt: str) -> str:
+    return "unknown" if value is None else format(value, fmt)
+
+
+def duration(hours: float) -> str:
+    """``37.5 h``, ``25 min``, ``12 s``: an estimate's time in the unit that reads best."""
+    if hours >= 1:
+        return f"{hours:.1f} h"
+    return f"{hours * 60:.0f} min" if hours >= 1 / 60 else f"{hours * 3600:.0f} s"
 
 
 def estimate_table(figures: Estimate, config: LoopConfig, settings: LMSettings) -> Table:
     """The ``--estimate`` of a run, one row per part (see :mod:`optloop.loop.spend` for the model)."""
     table = Table(title=f"estimate for {config.run_name}: {config.system} on {config.dataset}, budget {config.budget}, "
                         f"{model_name(settings)}, --concurrency {figures.concurrency}")
-    for column in ("part", "evaluations", "calls", "tokens", "dollars", "hours"):
+    for column in ("part", "evaluations", "calls", "tokens", "dollars", "time"):
         table.add_column(column, justify="left" if column == "part" else "right")
     for part in [*figures.parts, figures.total]:
         if part is figures.total:
             table.add_section()
-        dollars = _cell(part.cost_usd, ".4f", "unknown" if figures.priced else "no price")
-        table.add_row(part.part, str(part.evaluations), str(part.calls), _cell(part.tokens, "d"),
-                      dollars if part.cost_usd is None else f"${dollars}", _cell(part.hours, ".2f"))
+        dollars = ("unknown" if figures.priced else "no price") if part.cost_usd is None else money(part.cost_usd)
+        table.add_row(part.part, str(part.evaluations), str(part.calls), _cell(part.tokens, "d"), dollars,
+                      "unknown" if part.hours is None else duration(part.hours))
     return table
 
 

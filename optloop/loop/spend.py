@@ -156,12 +156,12 @@ def estimate(ckpt: Checkpoint, *, budget: int, concurrency: int, dev_units: int,
     ``dev_units``, ``test_units``: :func:`work_units` of the dev and test splits."""
     train, dev = ckpt.baseline_train, ckpt.baseline_dev
     assert train is not None and dev is not None, "the estimate needs the baseline"
-    baseline = Part(part="baseline (train + dev, measured)", evaluations=2, calls=train.llm_calls + dev.llm_calls,
+    baseline = Part(part="baseline (measured)", evaluations=2, calls=train.llm_calls + dev.llm_calls,
                     tokens=train.tokens + dev.tokens,
                     cost_usd=_sum([train.cost_usd, dev.cost_usd]),
                     hours=(train.seconds + dev.seconds) / 3600)
-    trials = _scaled(dev, budget, f"{budget} trials (dev)", budget, concurrency)
-    test = _scaled(dev, 2 * test_units / max(dev_units, 1), "held-out test (2 x test)", 2, concurrency)
+    trials = _scaled(dev, budget, f"{budget} trials", budget, concurrency)
+    test = _scaled(dev, 2 * test_units / max(dev_units, 1), "held-out test", 2, concurrency)
     parts = [baseline, trials, test]
     total = Part(part="total", evaluations=sum(p.evaluations for p in parts), calls=sum(p.calls for p in parts),
                  tokens=_sum([p.tokens for p in parts]), cost_usd=_sum([p.cost_usd for p in parts]),
