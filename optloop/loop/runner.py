@@ -28,7 +28,10 @@ finished evaluations are read back, a trial whose child run was left half-done i
 ended KILLED and deleted from MLflow and redone, nothing is counted twice, and what
 every process spent adds up (the controller's docstring says how). An interrupt
 (``KeyboardInterrupt``: Ctrl-C, or SIGTERM as ``optloop.run`` maps it) ends the
-MLflow runs it leaves as KILLED.
+MLflow runs it leaves as KILLED. A spending limit (``limits``: ``--max-cost``,
+``--max-calls``, ``--estimate``; :mod:`optloop.loop.spend`) stops the controller at a step
+boundary: the parent run ends KILLED with the tag ``optloop.stopped_by``, which the next
+process to open the run removes.
 
 Several workers (``--optimizer optuna``): every process started with the same
 command joins one Optuna study (``--storage``; the SQLite file in the run
