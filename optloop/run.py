@@ -99,14 +99,23 @@ ANSWER_SETTINGS = ("backend", "model", "schema_mode", "temperature", "max_tokens
                    "max_string_chars", "max_array_items")
 
 
-def _budget(text: str) -> int:
+def _whole_number(text: str, low: int, high: float, what: str) -> int:
+    """``text`` as a whole number from ``low`` to ``high``, else argparse's one-line error (``what``: the range)."""
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if not 1 <= value <= MAX_BUDGET:
-        raise argparse.ArgumentTypeError(f"{value} is out of range: give 1 to {MAX_BUDGET} candidate evaluations")
+    if not low <= value <= high:
+        raise argparse.ArgumentTypeError(f"{value} is out of range: {what}")
     return value
+
+
+def _budget(text: str) -> int:
+    return _whole_number(text, 1, MAX_BUDGET, f"give 1 to {MAX_BUDGET} candidate evaluations")
+
+
+def _max_calls(text: str) -> int:
+    return _whole_number(text, 1, float("inf"), "give at least 1 model call")
 
 
 def _max_cost(text: str) -> float:
@@ -116,16 +125,6 @@ def _max_cost(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of dollars, e.g. 5 or 0.50") from None
     if not value > 0:
         raise argparse.ArgumentTypeError(f"{text!r}: give a limit above 0 dollars")
-    return value
-
-
-def _max_calls(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value}: give at least 1 model call")
     return value
 
 
