@@ -17,7 +17,7 @@ from optloop.loop.evaluate import Evaluation
 from optloop.loop.spend import ESTIMATE, MAX_CALLS, MAX_COST, RunStopped, SpendingLimits, estimate
 from optloop.loop.state import Checkpoint
 from tests.optloop.loop.test_controller import (EVALUATION_CALLS, PROPOSAL_CALLS, Clock, MemorySink, Run,
-                                                uninterrupted, without_cost)
+                                                without_cost)
 
 DOLLARS_PER_CALL = 0.01
 BASELINE = 2 * EVALUATION_CALLS  # train + dev
