@@ -42,9 +42,20 @@ goes on. An endpoint that is unavailable at startup, or stays unreachable during
 run (refused, timing out twice in a call, or answering only HTTP 5xx to 3 calls in a
 row), stops it with exit code 75, the state saved: rerun the same command to resume.
 
-Exit codes: 0 done; 2 bad input (an unknown system, a budget out of range, a missing
-or malformed dataset, a corrupt LM cache or checkpoint, a finished --run-name: one
-line, before anything is written); 75 LM endpoint unavailable; 130 interrupted.
+Spending limits: --max-cost USD and --max-calls N stop the run at the next step boundary
+(after the baseline, after a trial, before a held-out evaluation) once the run's total over
+every process has reached them: the checkpoint is kept, the MLflow parent run ends KILLED
+with the tag optloop.stopped_by, and the same command with a higher limit resumes it (the
+limits are not part of the run's settings). The total may pass a limit by one step.
+--max-cost needs a model with a price (litellm's table): for any other, use --max-calls.
+--estimate evaluates the baseline, prints the expected calls, tokens, dollars and hours of
+the whole run, and stops; the same command without --estimate goes on from that baseline.
+
+Exit codes: 0 done (or --estimate printed); 2 bad input (an unknown system, a budget out of
+range, a missing or malformed dataset, a corrupt LM cache or checkpoint, a finished
+--run-name, --max-cost on a model without a price: one line, before anything is written);
+3 stopped at --max-cost or --max-calls (saved: raise the limit and rerun); 75 LM endpoint
+unavailable; 130 interrupted.
 """
 
 from __future__ import annotations
@@ -73,6 +84,8 @@ from optloop.errors import ConfigError, EndpointDownError, LMUnreachableError
 from optloop.lm import LMSettings, OptloopLM, Usage
 from optloop.loop.runner import (MAX_BUDGET, Checkpoint, Loop, LoopConfig, LoopResult, check_fractions, matches,
                                  split_dataset, unfinished_runs)
+from optloop.loop.spend import (ESTIMATE, EXIT_LIMIT, MAX_COST, STOPPED_BY, Estimate, RunStopped,
+                                SpendingLimits, estimate, run_dollars, work_units)
 from optloop.paths import state_dir, write_atomic
 from optloop.stats import Interval, bootstrap_mean
 from systems import SYSTEMS, get_system
@@ -86,13 +99,32 @@ ANSWER_SETTINGS = ("backend", "model", "schema_mode", "temperature", "max_tokens
                    "max_string_chars", "max_array_items")
 
 
-def _budget(text: str) -> int:
+def _whole_number(text: str, low: int, high: float, what: str) -> int:
+    """``text`` as a whole number from ``low`` to ``high``, else argparse's one-line error (``what``: the range)."""
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if not 1 <= value <= MAX_BUDGET:
-        raise argparse.ArgumentTypeError(f"{value} is out of range: give 1 to {MAX_BUDGET} candidate evaluations")
+    if not low <= value <= high:
+        raise argparse.ArgumentTypeError(f"{value} is out of range: {what}")
+    return value
+
+
+def _budget(text: str) -> int:
+    return _whole_number(text, 1, MAX_BUDGET, f"give 1 to {MAX_BUDGET} candidate evaluations")
+
+
+def _max_calls(text: str) -> int:
+    return _whole_number(text, 1, float("inf"), "give at least 1 model call")
+
+
+def _max_cost(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of dollars, e.g. 5 or 0.50") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a limit above 0 dollars")
     return value
 
 
@@ -159,7 +191,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--tracking-uri", help="MLflow tracking URI (default sqlite:///mlruns/mlflow.db)")
     parser.add_argument("--storage", help="Optuna storage URL (default SQLite in the run directory; "
                                           "postgresql://... to share a study)")
-    parser.add_argument("--json", metavar="OUT", help="also write the result as JSON here")
+    parser.add_argument("--json", metavar="OUT", help="also write the result (or the --estimate) as JSON here")
+    spend = parser.add_argument_group(
+        "spending", "checked at step boundaries against the run's total over every process; not part of the run's "
+                    "settings, so the same command with a higher limit resumes a stopped run (exit code 3)")
+    spend.add_argument("--max-cost", type=_max_cost, metavar="USD",
+                       help="stop once the run has spent this many dollars (a model with a price only; the run may "
+                            "pass it by one step)")
+    spend.add_argument("--max-calls", type=_max_calls, metavar="N",
+                       help="stop once the models have computed this many calls (LM cache hits are free)")
+    spend.add_argument("--estimate", action="store_true",
+                       help="evaluate the baseline, print the expected calls, tokens, dollars and hours of the whole "
+                            "run, and stop (the same command without --estimate goes on from that baseline)")
     parser.add_argument("--verbose", action="store_true")
     add_lm_arguments(parser)
     return parser
@@ -230,10 +273,17 @@ def summary_table(result: LoopResult) -> Table:
 def cost_line(cost: dict[str, int | float]) -> str:
     """The run's cost in one line: every process that worked on it, added up (and how many there were)."""
     processes = int(cost.get("processes", 1))
-    dollars = f", ${cost['dollars']:.4f}" if "dollars" in cost else ""
+    dollars = f", {money(run_dollars(cost))}" if "cost_usd" in cost or "proposer_cost_usd" in cost else ""
     return (f"{cost.get('llm_calls', 0):.0f} LLM calls ({cost.get('model_calls', 0):.0f} computed), "
             f"{cost.get('tokens', 0):.0f} tokens, {cost.get('seconds', 0):.1f} s{dollars}; "
             f"the run took {processes} process{'es' if processes != 1 else ''}")
+
+
+def money(dollars: float) -> str:
+    """``$12.35``, ``$0.0123``, or a tiny amount with its digits (``$2.9e-06``) rather than ``$0.0000``."""
+    if dollars == 0 or dollars >= 1:
+        return f"${dollars:.2f}"
+    return f"${dollars:.4f}" if dollars >= 0.0001 else f"${dollars:.2g}"
 
 
 def tried_table(result: LoopResult) -> Table:
@@ -321,6 +371,67 @@ def _so_far(ckpt: Checkpoint, config: LoopConfig) -> str:
     return f"{ckpt.progress(config.budget)}, {ckpt.processes} process(es) so far"
 
 
+def model_name(settings: LMSettings) -> str:
+    """The model as the user named it: ``openai:gpt-4o-mini``, a GGUF path, or the embedded model."""
+    if settings.backend == "openai":
+        return f"openai:{settings.model}"
+    return settings.model or "the embedded model"
+
+
+def check_priced(settings: LMSettings, proposer: LMSettings | None) -> None:
+    """``--max-cost`` needs every LM of the run to have a price: without one its calls cost "nothing" and the limit
+    would never stop the run. A :class:`ConfigError` (exit 2) naming the model, before anything is written."""
+    for which, lm in (("", settings), ("the proposer LM ", proposer)):
+        if lm is not None and lm.price() is None:
+            raise ConfigError(f"--max-cost: {which}{model_name(lm)} has no price in litellm's model cost map, so its "
+                              "dollars are unknown; limit the run with --max-calls N instead")
+
+
+def stopped_line(stop: RunStopped, ckpt: Checkpoint, config: LoopConfig, again: str) -> str:
+    """What a run stopped by a spending limit says: the limit, what the run spent, where it stands, how to go on."""
+    flag = "--max-cost" if stop.reason == MAX_COST else "--max-calls"
+    return (f"optloop: stopped: {stop} ({cost_line(ckpt.total_cost())}); run {config.run_name} is saved "
+            f"({ckpt.progress(config.budget)}), its MLflow parent run marked KILLED ({STOPPED_BY}={stop.reason}); "
+            f"re-run the same command with a higher {flag} to go on: {again}")
+
+
+def _cell(value: float | None, fmt: str) -> str:
+    return "unknown" if value is None else format(value, fmt)
+
+
+def duration(hours: float) -> str:
+    """``37.5 h``, ``25 min``, ``12 s``: an estimate's time in the unit that reads best."""
+    if hours >= 1:
+        return f"{hours:.1f} h"
+    return f"{hours * 60:.0f} min" if hours >= 1 / 60 else f"{hours * 3600:.0f} s"
+
+
+def estimate_table(figures: Estimate, config: LoopConfig, settings: LMSettings) -> Table:
+    """The ``--estimate`` of a run, one row per part (see :mod:`optloop.loop.spend` for the model)."""
+    table = Table(title=f"estimate for {config.run_name}: {config.system} on {config.dataset}, budget {config.budget}, "
+                        f"{model_name(settings)}, --concurrency {figures.concurrency}")
+    for column in ("part", "evaluations", "calls", "tokens", "dollars", "time"):
+        table.add_column(column, justify="left" if column == "part" else "right")
+    for part in [*figures.parts, figures.total]:
+        if part is figures.total:
+            table.add_section()
+        dollars = ("unknown" if figures.priced else "no price") if part.cost_usd is None else money(part.cost_usd)
+        table.add_row(part.part, str(part.evaluations), str(part.calls), _cell(part.tokens, "d"), dollars,
+                      "unknown" if part.hours is None else duration(part.hours))
+    return table
+
+
+def estimate_lines(figures: Estimate, ckpt: Checkpoint, config: LoopConfig, go_on: str) -> list[str]:
+    """The estimate's model and what to do next, in plain lines."""
+    latency = "unknown (no call was computed: the LM cache served them all)" if figures.latency_s is None else \
+        f"{figures.latency_s:.3f} s, measured on the baseline's dev evaluation"
+    return [f"how: {figures.model}",
+            f"mean latency of one computed call: {latency}",
+            f"spent so far: {cost_line(ckpt.total_cost())}",
+            f"nothing else ran: the baseline is saved in run {config.run_name}; the same command without --estimate "
+            f"goes on from it: {go_on}"]
+
+
 def probe_lm(settings: LMSettings) -> OptloopLM:
     """The LM of ``settings`` without its cache, checked (:meth:`OptloopLM.check_endpoint`): an
     :class:`EndpointDownError` (exit 75) when an endpoint cannot be reached or answers only server errors; an
@@ -380,14 +491,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     proposer_settings = (lm_settings_from_args(argparse.Namespace(**{**vars(args), "lm": args.proposer_lm}), decoding)
                          if args.proposer_lm else None)
     config = _run_config(args, settings)
+    if args.max_cost is not None:
+        check_priced(settings, proposer_settings)
+    limits = SpendingLimits(max_cost=args.max_cost, max_calls=args.max_calls, estimate=args.estimate)
     # Everything the loop would refuse is refused now, before the LM (and its cache file) exists.
-    split_dataset(dataset, config)
+    _, dev, test = split_dataset(dataset, config)
     choice = choose_run(args, config, state_dir(create=False) / "runs")
     config = config.model_copy(update={"run_name": choice.name})
     probe = probe_lm(settings)  # an unavailable endpoint fails now, before any state is written
     if proposer_settings is not None:
         probe_lm(proposer_settings)
-    loop = Loop(config, probe, probe, auto_named=not args.run_name)
+    loop = Loop(config, probe, probe, auto_named=not args.run_name, limits=limits)
     loop.prepare()  # --start names a site of the system (checked with the probe: no LM cache file yet)
     lm = OptloopLM(settings)  # the input is valid: now the LM cache may be opened (or found corrupt)
     proposer = OptloopLM(proposer_settings) if proposer_settings is not None else lm
@@ -401,6 +515,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                 result = loop.run()
         except EndpointDownError as exc:
             raise EndpointDownError(f"{exc}; the run is saved: rerun the same command to resume it: {again}") from None
+        except RunStopped as stop:
+            ckpt = Checkpoint.load(loop.state / artifacts.CHECKPOINT)
+            if stop.reason != ESTIMATE:
+                print(stopped_line(stop, ckpt, config, again), file=sys.stderr)
+                return EXIT_LIMIT
+            figures = estimate(ckpt, budget=config.budget, concurrency=settings.concurrency or 1,
+                               dev_units=work_units(dev), test_units=work_units(test))
+            console.print(estimate_table(figures, config, settings))
+            for line in estimate_lines(figures, ckpt, config, resume_command([a for a in argv if a != "--estimate"])):
+                console.print(line, soft_wrap=True, markup=False, highlight=False)
+            if args.json:
+                write_atomic(Path(args.json), figures.model_dump_json(indent=1))
+            return 0
         except KeyboardInterrupt:
             where = loop.state / artifacts.CHECKPOINT
             why = signals[0] if signals else "SIGINT"

@@ -207,11 +207,12 @@ class Accounting:
 
     def cost_metrics(self, since: int = 0, *, records: Iterable[CallRecord] | None = None,
                      prefix: str = "cost_usd") -> dict[str, float]:
-        """Dollars as MLflow metrics: ``{prefix: total, f"{prefix}.{site}": per site}``, priced ones only.
+        """Dollars as MLflow metrics: ``{prefix: total, f"{prefix}/{site}": per site}``, priced ones only.
 
         Over the records ``since`` a :meth:`mark`, or over ``records`` (a collector's). A total or
         site without a price is left out (MLflow takes no None); calls made outside any
-        prompt site appear as ``f"{prefix}.no_site"``.
+        prompt site appear as ``f"{prefix}/no_site"``. The names are the ones ``optloop.run``
+        logs per trial and per run (``metric/<breakdown>``, :mod:`optloop.loop.cost`).
         """
         chosen = list(records) if records is not None else self.since(since)
         out: dict[str, float] = {}
@@ -222,7 +223,7 @@ class Accounting:
             by_site.setdefault(rec.site, Usage()).add(rec)
         for site, usage in sorted(by_site.items(), key=lambda item: str(item[0])):
             if usage.cost_usd is not None:
-                out[f"{prefix}.{site if site is not None else 'no_site'}"] = usage.cost_usd
+                out[f"{prefix}/{site if site is not None else 'no_site'}"] = usage.cost_usd
         return out
 
     def mark(self) -> int:

@@ -57,7 +57,7 @@ from optloop.lm.accounting import Accounting, CallRecord, current_site
 from optloop.lm.backends import Backend
 from optloop.lm.cache import LMCache
 from optloop.lm.limits import Backoff, estimate_tokens, shared_throttle
-from optloop.lm.pricing import ModelPrice, model_price
+from optloop.lm.pricing import ModelPrice
 from optloop.lm.requests import Request, check_json, mix_seed, plain_message, response_format_to_schema
 from optloop.lm.settings import LMSettings
 
@@ -110,7 +110,7 @@ class OptloopEngine:
         # Load: one throttle per endpoint and limits, process-wide; the price of the model, if it has one.
         self.throttle = shared_throttle(backend.identity, rpm=settings.rpm, tpm=settings.tpm,
                                         concurrency=settings.concurrency or 1)
-        self.price: ModelPrice | None = model_price(settings.model) if settings.backend == "openai" else None
+        self.price: ModelPrice | None = settings.price()
         self.backoff = Backoff(random.Random())
         # Single flight: concurrent calls with one cache key wait for the first one and get its answer
         # from the cache, so N threads record exactly what one thread calling in turn would.

@@ -12,6 +12,7 @@ import pydantic
 from pydantic import BaseModel, Field
 
 from optloop.errors import ConfigError
+from optloop.lm.pricing import ModelPrice, model_price
 from optloop.paths import state_dir
 
 BUNDLED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -127,6 +128,11 @@ class LMSettings(BaseModel):
 
     def resolved_cache_path(self) -> Path:
         return self.cache_path or state_dir() / "lm_cache.sqlite"
+
+    def price(self) -> ModelPrice | None:
+        """The model's price per token (:func:`~optloop.lm.pricing.model_price`): an endpoint's model name looked up
+        in litellm's table; None for the embedded model or a name the table lacks (vLLM, Ollama)."""
+        return model_price(self.model) if self.backend == "openai" else None
 
 
 def redact_url(url: str | None) -> str | None:

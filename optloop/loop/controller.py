@@ -35,7 +35,14 @@ optimizer gets its saved queue back. Nothing is counted twice: the budget counts
 checkpoint's trials (or, shared, the study's slots). Every save also writes what this process
 has spent, and every process adds itself to the checkpoint's count, so the run's cost adds up
 every process that worked on it (a kill loses only what was spent since the last save, which is
-the work that is redone). The data flow of the whole system is in ``docs/architecture.md``.
+the work that is redone).
+
+**Spending limits** (``--max-cost``, ``--max-calls``, ``--estimate``: :mod:`optloop.loop.spend`)
+are checked at step boundaries only (:meth:`Controller._boundary`): before each evaluation
+outside a trial, after the baseline, and before each trial's proposal, where everything done
+is checkpointed and no trial is open. A limit reached there raises ``RunStopped``; the run
+resumes from its checkpoint as after any other stop. The data flow of the whole system is in
+``docs/architecture.md``.
 """
 
 from __future__ import annotations
@@ -54,6 +61,7 @@ from optloop.loop._base import Optimizer
 from optloop.loop.candidate import Candidate, prompt_diff
 from optloop.loop.evaluate import Evaluation
 from optloop.loop.policy import choose_targets, held_out_intervals, promotion, small_split_warning
+from optloop.loop.spend import SpendingLimits
 from optloop.loop.state import Checkpoint, Cost, LoopConfig, LoopResult, Trial, Tried, add_costs
 from optloop.stats import Interval
 
@@ -238,7 +246,9 @@ class RunContext:
     ``checkpoint`` is saved to ``path``; ``base`` is the start program (the system's prompts with
     ``--start`` applied); ``progress`` receives one-line status messages; ``cost`` returns what this
     process has spent so far (LLM calls, tokens, seconds), saved with every checkpoint (the run's
-    total adds up every process's: :meth:`Checkpoint.total_cost`).
+    total adds up every process's: :meth:`Checkpoint.total_cost`); ``limits`` are this process's
+    ``--max-cost``, ``--max-calls`` and ``--estimate``, checked at step boundaries against that total
+    (:mod:`optloop.loop.spend`).
     """
 
     config: LoopConfig
@@ -247,6 +257,7 @@ class RunContext:
     base: Candidate
     progress: Callable[[str], None] = _no_progress
     cost: Callable[[], Cost] = _no_cost
+    limits: SpendingLimits = SpendingLimits()
 
     def save(self) -> None:
         """Write the checkpoint atomically, with what this process has spent so far."""
@@ -298,12 +309,14 @@ class Controller:
         """The whole loop; the result every worker of the run returns. The checkpoint says finished after.
 
         One call is one process's share of the run (:meth:`Checkpoint.begin_process`). When it stops midway
-        (a kill signal turned into ``KeyboardInterrupt``, an error), what it spent is written into the
+        (a kill signal turned into ``KeyboardInterrupt``, an error, a spending limit's
+        :class:`~optloop.loop.spend.RunStopped` at a step boundary), what it spent is written into the
         checkpoint on disk before the exception goes on.
         """
         self.ckpt.begin_process()
         try:
             self._baseline()
+            self._boundary()  # after the baseline: where --estimate stops
             targeting = self._target()
             self._repair()
             optimizer, best = self._resume_optimizer(targeting)
@@ -324,6 +337,18 @@ class Controller:
         """What this worker's processes have spent on the run, this one's up to now included."""
         return self.ckpt.total_cost(self.ctx.cost())
 
+    def total_cost(self) -> Cost:
+        """What the whole run has spent so far: this worker's processes plus, shared, the other workers'
+        (their seconds are worker-seconds)."""
+        return add_costs(self.run_cost(), self.coordinator.others_cost())
+
+    def _boundary(self) -> None:
+        """A step boundary: everything before it is checkpointed and no trial is open, so the run may stop here
+        when it has reached a spending limit (:meth:`SpendingLimits.check` raises ``RunStopped``)."""
+        limits = self.ctx.limits
+        if limits.active:
+            limits.check(self.total_cost(), baseline_done=self.ckpt.baseline_dev is not None)
+
     # --- before the trials ----------------------------------------------------------------
 
     def _evaluate(self, candidate: Candidate, split: Split) -> Evaluation:
@@ -336,9 +361,11 @@ class Controller:
             ckpt.baseline_train, ckpt.baseline_dev = theirs
             self.ctx.save()
         if ckpt.baseline_train is None:
+            self._boundary()
             ckpt.baseline_train = self._evaluate(self.ctx.base, "train")
             self.ctx.save()
         if ckpt.baseline_dev is None:
+            self._boundary()
             ckpt.baseline_dev = self._evaluate(self.ctx.base, "dev")
             self.ctx.save()
             self.sink.log_dev(0, ckpt.baseline_dev.accuracy, ckpt.baseline_dev.accuracy)
@@ -418,6 +445,7 @@ class Controller:
         ckpt, cfg, coordinator = self.ckpt, self.config, self.coordinator
         assert ckpt.baseline_dev is not None
         while coordinator.budget_left(ckpt.trials):
+            self._boundary()  # the last trial and its acc_dev point are recorded
             upcoming = coordinator.upcoming(ckpt.trials)
             self.ctx.progress(f"trial {upcoming}/{cfg.budget}: {optimizer.name} proposing for "
                               f"{', '.join(optimizer.sites)}")
@@ -481,9 +509,12 @@ class Controller:
             if r.accuracy > best_accuracy:
                 best, best_trial, best_accuracy = r.candidate, r.trial, r.accuracy
         if ckpt.test_before is None:
+            self._boundary()
             ckpt.test_before = self._evaluate(base, "test")
             self.ctx.save()
         if ckpt.test_after is None:
+            if best is not base:
+                self._boundary()
             ckpt.test_after = ckpt.test_before if best is base else self._evaluate(best, "test")
             self.ctx.save()
         before, after = ckpt.test_before, ckpt.test_after
@@ -491,8 +522,7 @@ class Controller:
         best_curve = list(accumulate((a for _, a in points), max))
         before_ci, after_ci, delta_ci = held_out_intervals(before, after, seed=cfg.seed)
         promoted, reason = promotion(cfg.promote_if, best is not base, delta_ci)
-        # this worker's processes plus the other workers' (seconds: worker-seconds)
-        cost = add_costs(self.run_cost(), self.coordinator.others_cost())
+        cost = self.total_cost()
         texts_before, texts_after = self.evaluator.prompt_texts(base), self.evaluator.prompt_texts(best)
         diff = prompt_diff(texts_before, texts_after)
         self.sink.log_summary(Summary(

@@ -45,6 +45,7 @@ from optloop.attribution import Attribution, blame, default_judges
 from optloop.datasets import Dataset, Episode, Question
 from optloop.errors import EndpointDownError, LMError, LMUnreachableError
 from optloop.loop.candidate import Candidate, apply_state, candidate_from_modules, ingest_key
+from optloop.loop.cost import LMCost, evaluation_cost
 from optloop.pipeline import (Attributor, CachedStores, QuestionOutcome, Store, StoreCache, answer, ingest, judge,
                               run_episode)
 from optloop.tracing.graph import ExecutionGraph
@@ -76,6 +77,10 @@ class Evaluation(BaseModel):
     lm_failed_calls: int = Field(0, description="LM calls that failed after their retries (their questions failed)")
     fault_graphs: list[str] = Field(default_factory=list,
                                     description="saved execution graphs of the episodes whose LM calls hit a fault")
+    cost_usd: float | None = Field(None, description="dollars of its LM calls (None: the model has no price)")
+    lm_seconds: float | None = Field(None, description="seconds the model spent on its calls, waits for a slot or a "
+                                                       "limit left out (optloop.loop.cost.lm_seconds)")
+    sites: dict[str, LMCost] = Field(default_factory=dict, description="LM cost per prompt site")
 
     @property
     def errors(self) -> int:
@@ -245,7 +250,7 @@ class Evaluator:
                           model_calls=usage.model_calls, ingest_calls=ingest_calls, tokens=usage.tokens,
                           seconds=round(time.perf_counter() - started, 2), stores_reused=reused, stores_built=built,
                           lm_attempt_faults=usage.faults, lm_cured=usage.cured, lm_failed_calls=usage.errors,
-                          fault_graphs=graphs)
+                          fault_graphs=graphs, **evaluation_cost(usage, self.lm.accounting.by_site(since=mark)))
 
     # --- LM faults ------------------------------------------------------------------------
 

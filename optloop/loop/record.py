@@ -19,7 +19,13 @@ name                        run     meaning
 ``errors/<type>``           both    attributed failures per error type (child: dev; parent: baseline train+dev)
 ``errors_test_{before,after}/<type>`` parent  on test
 ``blame_share/<target>``    both    share of failures blamed on a site or knob (``knob_top_k``)
-``llm_calls`` ``model_calls`` ``tokens`` ``seconds``  both  cost (model_calls: not from the cache)
+``llm_calls`` ``model_calls`` ``tokens`` ``seconds``  both  cost (model_calls: not from the cache); parent: every
+                                    process of the run, summed
+``cost_usd``                both    dollars, when the model has a price (litellm's table; none: tokens only)
+``llm_calls/<site>`` ``tokens/<site>`` ``cost_usd/<site>``  both  the same per prompt site (``no_site``: calls
+                                    outside any); child: the trial's evaluation, parent: the whole run
+``proposer_*``              parent  the same for a ``--proposer-lm`` of its own
+``processes``               parent  processes that worked on the run (resumes, workers)
 ``ingest_calls`` ``stores_reused``  child  ingestion cost of the candidate, stores it reused
 ``lm_faults``               child   questions lost to an LM fault the retries did not cure (counted failed)
 ``evaluations``             parent  candidate evaluations used (``<= --budget``)
@@ -58,9 +64,14 @@ def interval_metrics(name: str, interval: Interval) -> dict[str, float]:
 
 
 def cost_metrics(evaluation: Evaluation) -> dict[str, float]:
+    """A trial's cost: totals, ``cost_usd`` when its model is priced, and the same per prompt site."""
+    from optloop.loop.cost import site_metrics
+
+    priced = {"cost_usd": evaluation.cost_usd} if evaluation.cost_usd is not None else {}
     return {"llm_calls": evaluation.llm_calls, "model_calls": evaluation.model_calls, "tokens": evaluation.tokens,
             "seconds": evaluation.seconds, "ingest_calls": evaluation.ingest_calls,
-            "stores_reused": evaluation.stores_reused, "lm_faults": evaluation.errors}
+            "stores_reused": evaluation.stores_reused, "lm_faults": evaluation.errors, **priced,
+            **site_metrics(evaluation.sites)}
 
 
 def blame_metrics(entries: Sequence[Any], errors: Mapping[str, int], prefix: str = "") -> dict[str, float]:

@@ -28,7 +28,10 @@ finished evaluations are read back, a trial whose child run was left half-done i
 ended KILLED and deleted from MLflow and redone, nothing is counted twice, and what
 every process spent adds up (the controller's docstring says how). An interrupt
 (``KeyboardInterrupt``: Ctrl-C, or SIGTERM as ``optloop.run`` maps it) ends the
-MLflow runs it leaves as KILLED.
+MLflow runs it leaves as KILLED. A spending limit (``limits``: ``--max-cost``,
+``--max-calls``, ``--estimate``; :mod:`optloop.loop.spend`) stops the controller at a step
+boundary: the parent run ends KILLED with the tag ``optloop.stopped_by``, which the next
+process to open the run removes.
 
 Several workers (``--optimizer optuna``): every process started with the same
 command joins one Optuna study (``--storage``; the SQLite file in the run
@@ -56,12 +59,14 @@ from optloop.errors import ConfigError
 from optloop.lm import redact_url
 from optloop.loop.candidate import Candidate, prompt_text
 from optloop.loop.controller import Controller, RunContext, Split
+from optloop.loop.cost import site_costs, site_metrics
 from optloop.loop.coordinator import LocalCoordinator, SharedCoordinator
 from optloop.loop.evaluate import Evaluation, Evaluator
 from optloop.loop.mlflow_sink import MlflowSink
 from optloop.loop.optimizers import OPTIMIZERS, Optimizer
 from optloop.loop.policy import (FEW_QUESTIONS, check_start, choose_targets, held_out_intervals, promotion, questions,
                                  small_split_warning, split_dataset, start_candidate)
+from optloop.loop.spend import STOPPED_BY, RunStopped, SpendingLimits
 from optloop.loop.state import MAX_BUDGET, Checkpoint, LoopConfig, LoopResult, Trial, Tried, check_fractions
 from optloop.paths import state_dir
 from optloop.sites import PROPOSER
@@ -150,8 +155,10 @@ class Loop:
     """One ``optloop.run``: see the module docstring."""
 
     def __init__(self, config: LoopConfig, lm: Any, proposer: Any, *, work: Path | None = None,
-                 progress: Callable[[str], None] | None = None, auto_named: bool = False):
+                 progress: Callable[[str], None] | None = None, auto_named: bool = False,
+                 limits: SpendingLimits | None = None):
         self.config = config
+        self.limits = limits or SpendingLimits()  # this process's --max-cost, --max-calls, --estimate
         self.auto_named = auto_named  # the run name was made up: the same command (no --run-name) resumes it
         self.lm = lm
         self.proposer = proposer
@@ -243,6 +250,7 @@ class Loop:
     def _run_parent(self, dataset: Dataset, train: Dataset, dev: Dataset, test: Dataset, ckpt: Checkpoint,
                     ckpt_path: Path, experiment_id: str, coordinator: Coordinators) -> LoopResult:
         import mlflow
+        from mlflow.tracking import MlflowClient
 
         cfg = self.config
         dspy.configure(lm=self.lm, adapter=dspy.JSONAdapter())
@@ -258,13 +266,16 @@ class Loop:
                                       tags={"optloop.system": cfg.system, "optloop.optimizer": cfg.optimizer})
         ckpt.parent_run_id = parent.info.run_id
         ckpt.save(ckpt_path)
+        if parent.data.tags.get(STOPPED_BY):  # a limit stopped an earlier process; this one takes the run up again
+            MlflowClient().delete_tag(parent.info.run_id, STOPPED_BY)
         status = "FAILED"
         try:
             coordinator.adopt_parent_run(ckpt.parent_run_id)
             if coordinator.leads and not ckpt.trials and not ckpt.baseline_dev:
                 self._log_params(evaluator, train, dev, test)
             context = RunContext(config=cfg, checkpoint=ckpt, path=ckpt_path, base=start_candidate(evaluator, cfg),
-                                 progress=self.progress, cost=lambda: self._cost(mark, proposer_mark))
+                                 progress=self.progress, cost=lambda: self._cost(mark, proposer_mark),
+                                 limits=self.limits)
             controller = Controller(context, SplitEvaluator(evaluator, {"train": train, "dev": dev, "test": test},
                                                             self.progress),
                                     MlflowSink(cfg.system, ckpt.parent_run_id, self.state, evaluator.modules),
@@ -275,6 +286,10 @@ class Loop:
             return result
         except KeyboardInterrupt:
             status = "KILLED"
+            raise
+        except RunStopped as stop:  # a step boundary: the checkpoint is complete, no trial is open
+            status = "KILLED"
+            MlflowClient().set_tag(parent.info.run_id, STOPPED_BY, stop.reason)
             raise
         finally:
             if status != "FINISHED" and _quiet(coordinator.finished_elsewhere):
@@ -336,28 +351,22 @@ class Loop:
         return cls(evaluator, self.proposer, train, **kwargs)
 
     def _cost(self, mark: int, proposer_mark: int | None) -> dict[str, int | float]:
-        """What this process spent since ``mark``: LLM calls, tokens, seconds, and dollars where the LM
-        accounting prices its calls (read through its public ``totals``)."""
+        """What this process spent since ``mark``: LLM calls, tokens, seconds, dollars where the model has a price
+        (``cost_usd``), and the same per prompt site (:func:`~optloop.loop.cost.site_metrics`); a proposer LM of
+        its own as ``proposer_*``."""
         usage = self.lm.accounting.totals(since=mark)
         cost: dict[str, int | float] = {"llm_calls": usage.calls, "model_calls": usage.model_calls,
                                         "tokens": usage.tokens, "seconds": round(time.perf_counter() - self.started, 1)}
-        dollars = _dollars(usage)
+        if usage.cost_usd is not None:
+            cost["cost_usd"] = usage.cost_usd
         if proposer_mark is not None:
             p = self.proposer.accounting.totals(since=proposer_mark)
-            cost |= {"proposer_llm_calls": p.calls, "proposer_tokens": p.tokens}
-            if (proposer_dollars := _dollars(p)) is not None:
-                cost["proposer_dollars"] = proposer_dollars
-        if dollars is not None:
-            cost["dollars"] = dollars
+            cost |= {"proposer_llm_calls": p.calls, "proposer_model_calls": p.model_calls,
+                     "proposer_tokens": p.tokens}
+            if p.cost_usd is not None:
+                cost["proposer_cost_usd"] = p.cost_usd
         cost["proposer_calls_in_system_lm"] = self.lm.accounting.totals(PROPOSER, since=mark).calls
-        return cost
-
-
-def _dollars(usage: Any) -> float | None:
-    """The dollars a :class:`~optloop.lm.Usage` says it cost, when the LM layer prices calls (``None`` until
-    it does)."""
-    value = getattr(usage, "dollars", None)
-    return None if value is None else round(float(value), 6)
+        return cost | site_metrics(site_costs(self.lm.accounting.by_site(since=mark)))
 
 
 def matches(ckpt: Checkpoint, config: LoopConfig) -> bool:

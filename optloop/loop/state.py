@@ -94,11 +94,11 @@ PROCESSES = "processes"  # the cost key that counts the processes that worked on
 
 
 def add_costs(a: Mapping[str, int | float], b: Mapping[str, int | float]) -> Cost:
-    """``a + b`` key by key (seconds and dollars rounded; counts stay whole numbers)."""
+    """``a + b`` key by key (seconds rounded to 0.1, dollars to 1e-9; counts stay whole numbers)."""
     out: Cost = dict(a)
     for key, value in b.items():
         total = out.get(key, 0) + value
-        out[key] = round(total, 6 if key.endswith("dollars") else 1) if isinstance(total, float) else total
+        out[key] = round(total, 9 if "cost_usd" in key else 1) if isinstance(total, float) else total
     return out
 
 

@@ -67,8 +67,8 @@ def test_each_call_carries_its_cost_and_the_totals_add_up_by_site():
     by_site = lm.accounting.by_site()
     assert by_site["mem0.extract"].cost_usd == pytest.approx(one_call) and by_site["mem0.extract"].tokens == 10
     assert lm.accounting.cost_metrics() == pytest.approx({
-        "cost_usd": 3 * one_call, "cost_usd.answer": one_call, "cost_usd.mem0.extract": one_call,
-        "cost_usd.no_site": one_call})
+        "cost_usd": 3 * one_call, "cost_usd/answer": one_call, "cost_usd/mem0.extract": one_call,
+        "cost_usd/no_site": one_call})
     mark = lm.accounting.mark()
     assert lm.accounting.cost_metrics(since=mark) == {}  # nothing since: nothing to log
     assert json.loads(json.dumps(lm.accounting.totals().as_dict()))["cost_usd"] == pytest.approx(3 * one_call)

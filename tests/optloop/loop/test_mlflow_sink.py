@@ -70,15 +70,49 @@ def test_the_dev_points_logged_so_far(parent, tmp_path):
     assert sink.dev_steps() == {0, 2}
 
 
-def test_the_cost_reads_dollars_when_the_lm_accounting_prices_calls():
-    def lm(dollars):
-        priced = {"dollars": dollars} if dollars is not None else {}
-        usage = SimpleNamespace(calls=4, model_calls=3, tokens=40, **priced)
-        return SimpleNamespace(accounting=SimpleNamespace(totals=lambda *a, **k: usage))
+def test_the_run_cost_has_dollars_and_per_site_figures_when_the_lm_prices_calls():
+    """``Loop._cost`` (what a process spent, saved in the checkpoint, logged on the parent run): dollars as
+    ``cost_usd`` when the model has a price, none (not 0) when it has not, and the same per prompt site."""
+    from optloop.lm.accounting import Accounting, CallRecord
 
-    loop = Loop(LoopConfig(system="md_flat", run_name="r"), lm(None), None)
-    loop.proposer = loop.lm
-    assert "dollars" not in loop._cost(0, None)
-    priced = Loop(LoopConfig(system="md_flat", run_name="r"), lm(0.0123456789), lm(0.5))
+    def lm(prices):
+        accounting = Accounting()
+        for site, price in prices:
+            accounting.add(CallRecord(site, "m", 7, 3, 0.5, cached=False, cost_usd=price))
+        return SimpleNamespace(accounting=accounting)
+
+    unpriced = Loop(LoopConfig(system="md_flat", run_name="r"), lm([("answer", None), (None, None)]), None)
+    unpriced.proposer = unpriced.lm
+    cost = unpriced._cost(0, None)
+    assert "cost_usd" not in cost and not any(k.startswith("cost_usd/") for k in cost)
+    assert cost["llm_calls/answer"] == 1 and cost["tokens/no_site"] == 10 and cost["model_calls"] == 2
+    priced = Loop(LoopConfig(system="md_flat", run_name="r"), lm([("answer", 0.25), ("answer", 0.5)]),
+                  lm([("proposer", 1.0)]))
     cost = priced._cost(0, 0)
-    assert cost["dollars"] == 0.012346 and cost["proposer_dollars"] == 0.5 and cost["llm_calls"] == 4
+    assert cost["cost_usd"] == 0.75 and cost["cost_usd/answer"] == 0.75 and cost["llm_calls/answer"] == 2
+    assert cost["proposer_cost_usd"] == 1.0 and cost["proposer_model_calls"] == 1
+
+
+def test_a_trial_logs_its_cost_per_prompt_site_and_dollars_only_where_priced(parent, tmp_path):
+    from optloop.loop.candidate import Candidate, SiteState
+    from optloop.loop.cost import LMCost
+    from optloop.loop.evaluate import Evaluation
+
+    client, parent_id = parent
+    sink = MlflowSink("md_flat", parent_id, tmp_path, modules=lambda candidate: {})
+    base = Candidate(sites={"answer": SiteState(instructions="a")})
+    candidate = Candidate(sites={"answer": SiteState(instructions="b")})
+    evaluation = Evaluation(split="dev", candidate=candidate.digest(), outcomes=[], llm_calls=5, model_calls=4,
+                            tokens=40, cost_usd=0.003, lm_seconds=2.0,
+                            sites={"answer": LMCost(calls=3, model_calls=2, tokens=20, cost_usd=0.003),
+                                   "no_site": LMCost(calls=2, model_calls=2, tokens=20)})  # unpriced: no dollars
+    with sink.open_trial(1, None) as run_id:
+        sink.log_trial(1, candidate, evaluation, base=base, diff="")
+    metrics = client.get_run(run_id).data.metrics
+    assert metrics["cost_usd"] == 0.003 and metrics["llm_calls"] == 5 and metrics["tokens"] == 40
+    assert metrics["llm_calls/answer"] == 3 and metrics["tokens/answer"] == 20 and metrics["cost_usd/answer"] == 0.003
+    assert metrics["llm_calls/no_site"] == 2 and "cost_usd/no_site" not in metrics
+    unpriced = evaluation.model_copy(update={"cost_usd": None, "sites": {}})
+    with sink.open_trial(2, None) as run_id:
+        sink.log_trial(2, candidate, unpriced, base=base, diff="")
+    assert not any(key.startswith("cost_usd") for key in client.get_run(run_id).data.metrics)

@@ -342,5 +342,163 @@ def test_the_summary_says_what_every_process_spent_and_how_many_there_were():
 
     assert cost_line({"llm_calls": 112, "model_calls": 31, "tokens": 21481, "seconds": 55.04, "processes": 2}) == \
         "112 LLM calls (31 computed), 21481 tokens, 55.0 s; the run took 2 processes"
-    assert cost_line({"llm_calls": 3, "model_calls": 3, "tokens": 30, "seconds": 1, "dollars": 0.01234,
+    assert cost_line({"llm_calls": 3, "model_calls": 3, "tokens": 30, "seconds": 1, "cost_usd": 0.01234,
                       "processes": 1}).endswith("1.0 s, $0.0123; the run took 1 process")
+    assert cost_line({"llm_calls": 3, "model_calls": 3, "tokens": 30, "seconds": 1, "cost_usd": 0.000002,
+                      "proposer_cost_usd": 0.0000005, "processes": 1}).endswith("1.0 s, $2.5e-06; the run took 1 process")
+
+
+# --- spending limits and --estimate (exit code 3) ----------------------------------------------------------------
+
+
+def parent_run(tmp_path: Path):
+    """The run's MLflow parent run, read back from the store (status, tags, metrics)."""
+    from mlflow.tracking import MlflowClient
+
+    from experiments.bench.crash import SYSTEM
+
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlruns' / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name(f"optloop-{SYSTEM}")
+    runs = client.search_runs([experiment.experiment_id])
+    [parent] = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    children = {r.info.run_name: r for r in runs if "mlflow.parentRunId" in r.data.tags}
+    return parent, children
+
+
+def the_checkpoint(tmp_path: Path) -> Checkpoint:
+    [path] = (tmp_path / "state" / "runs").glob("*/checkpoint.json")
+    return Checkpoint.load(path)
+
+
+def cli(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "optloop.run", *args], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+def with_flag(args: list[str], flag: str, value: str) -> list[str]:
+    return [*args, flag, value]
+
+
+def test_estimate_then_max_calls_stops_with_exit_3_and_a_higher_limit_resumes_from_the_same_baseline(tmp_path):
+    """--estimate evaluates the baseline only (exit 0, "no price" for an unpriced model); --max-calls stops the
+    same run after its first trial (exit 3, one line naming the limit and the command); a higher --max-calls
+    resumes it (the limit is not a setting of the run) and finishes it on the baseline the estimate left."""
+    from experiments.bench.crash import OracleEndpoint, env_for, run_args
+
+    with OracleEndpoint() as endpoint:
+        args, env = run_args(tmp_path, 2, endpoint.base_url), env_for(tmp_path, endpoint.base_url)
+        estimated = cli([*args, "--estimate"], env)
+        assert estimated.returncode == 0, estimated.stderr[-3000:]
+        assert "held-out test" in estimated.stderr and "2 trials" in estimated.stderr and "no price" in estimated.stderr
+        assert "nothing else ran: the baseline is saved" in estimated.stderr
+        assert "hours: requests x mean latency / concurrency" in estimated.stderr
+        ckpt = the_checkpoint(tmp_path)
+        baseline = ckpt.baseline_dev
+        assert baseline is not None and ckpt.trials == [] and not ckpt.finished
+        assert baseline.lm_seconds is not None and baseline.cost_usd is None and "answer" in baseline.sites
+        parent, _ = parent_run(tmp_path)
+        assert parent.info.status == "KILLED" and parent.data.tags["optloop.stopped_by"] == "estimate"
+
+        limit = baseline.model_calls + ckpt.baseline_train.model_calls + 1  # reached by the first trial
+        stopped = cli(with_flag(args, "--max-calls", str(limit)), env)
+        assert stopped.returncode == 3, stopped.stderr[-3000:]
+        assert stopped.stderr.splitlines()[0].startswith("optloop.run resuming ")
+        last = stopped.stderr.strip().splitlines()[-1]
+        assert last.startswith(f"optloop: stopped: --max-calls {limit} reached: the run has made "), last
+        assert "(1 of 2 trials done)" in last and "optloop.stopped_by=max-calls" in last
+        assert last.endswith(f"re-run the same command with a higher --max-calls to go on: python -m optloop.run "
+                             f"{shlex.join(with_flag(args, '--max-calls', str(limit)))}")
+        ckpt = the_checkpoint(tmp_path)
+        assert [t.evaluation is not None for t in ckpt.trials] == [True] and ckpt.baseline_dev == baseline
+        parent, children = parent_run(tmp_path)
+        assert parent.info.status == "KILLED" and parent.data.tags["optloop.stopped_by"] == "max-calls"
+        assert {name: r.info.status for name, r in children.items()} == {"trial-1": "FINISHED"}
+
+        done = cli([*with_flag(args, "--max-calls", "100000"), "--json", str(tmp_path / "result.json")], env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    ckpt = the_checkpoint(tmp_path)
+    assert ckpt.finished and ckpt.baseline_dev == baseline and len(ckpt.trials) == 2  # the same baseline, reused
+    parent, children = parent_run(tmp_path)
+    assert parent.info.status == "FINISHED" and "optloop.stopped_by" not in parent.data.tags
+    assert sorted(children) == ["trial-1", "trial-2"]
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["evaluations"] == 2 and result["cost"]["processes"] == 3
+
+
+def test_max_cost_on_a_priced_model_stops_with_exit_3_and_logs_dollars_per_trial_and_site(tmp_path):
+    """gpt-4o-mini's price (litellm's table) on the scripted endpoint's usage (7 + 3 tokens a call): --max-cost
+    stops the run after its first trial; a higher one resumes and finishes it; dollars, calls and tokens are
+    logged per trial and per site on the trial's child run, and the run's totals on the parent."""
+    from experiments.bench.crash import OracleEndpoint, env_for, run_args
+    from optloop.lm import model_price
+
+    price = model_price("gpt-4o-mini")
+    assert price is not None
+    per_call = 7 * price.input + 3 * price.output
+    with OracleEndpoint() as endpoint:
+        args = run_args(tmp_path, 2, endpoint.base_url)
+        args[args.index("openai:oracle")] = "openai:gpt-4o-mini"
+        env = env_for(tmp_path, endpoint.base_url)
+        stopped = cli(with_flag(args, "--max-cost", "0.00001"), env)  # about 3.5 calls' worth: the baseline's train
+        assert stopped.returncode == 3, stopped.stderr[-3000:]
+        last = stopped.stderr.strip().splitlines()[-1]
+        assert last.startswith("optloop: stopped: --max-cost 1e-05 reached: the run has spent $"), last
+        assert "re-run the same command with a higher --max-cost to go on" in last
+        ckpt = the_checkpoint(tmp_path)
+        assert ckpt.baseline_train is not None and ckpt.baseline_dev is None  # stopped before the baseline's dev
+        assert ckpt.baseline_train.cost_usd == pytest.approx(ckpt.baseline_train.model_calls * per_call)
+        parent, _ = parent_run(tmp_path)
+        assert parent.info.status == "KILLED" and parent.data.tags["optloop.stopped_by"] == "max-cost"
+
+        done = cli([*with_flag(args, "--max-cost", "1"), "--json", str(tmp_path / "result.json")], env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stderr.splitlines()[0].startswith("optloop.run resuming ")
+    result = json.loads((tmp_path / "result.json").read_text())
+    cost = result["cost"]
+    assert cost["cost_usd"] == pytest.approx(cost["model_calls"] * per_call) and cost["processes"] == 2
+    parent, children = parent_run(tmp_path)
+    assert parent.info.status == "FINISHED" and "optloop.stopped_by" not in parent.data.tags
+    metrics = parent.data.metrics
+    assert metrics["cost_usd"] == pytest.approx(cost["cost_usd"])
+    sites = {key.split("/", 1)[1] for key in metrics if key.startswith("cost_usd/")}
+    assert {"answer", "md_flat.curate"} <= sites
+    assert sum(metrics[f"cost_usd/{s}"] for s in sites) == pytest.approx(metrics["cost_usd"])
+    assert sum(metrics[f"llm_calls/{s}"] for s in sites) == metrics["llm_calls"]
+    trial = children["trial-1"].data.metrics
+    assert trial["cost_usd"] == pytest.approx(trial["model_calls"] * per_call) and trial["cost_usd"] > 0
+    assert trial["llm_calls/answer"] > 0 and trial["tokens/answer"] == pytest.approx(
+        trial["cost_usd/answer"] / per_call * 10)
+
+
+@pytest.mark.parametrize("lm, named", [("openai:my-vllm-model", "openai:my-vllm-model"),
+                                       ("local", "the embedded model")])
+def test_max_cost_on_a_model_without_a_price_is_one_line_exit_2_before_anything_is_written(tmp_path, lm, named):
+    result = run(["--system", "md_flat", "--lm", lm, "--lm-base-url", closed_port_url(), "--max-cost", "5"], tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip() == (f"optloop: error: --max-cost: {named} has no price in litellm's model cost map, "
+                                     "so its dollars are unknown; limit the run with --max-calls N instead")
+    assert nothing_written(tmp_path)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--max-cost", "0"], "give a limit above 0 dollars"),
+    (["--max-cost", "lots"], "is not a number of dollars"),
+    (["--max-calls", "0"], "give at least 1 model call"),
+])
+def test_bad_limits_are_one_line_exit_2(args, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        build_parser().parse_args(args)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_limits_are_not_settings_of_the_run():
+    """The same command with another limit (or --estimate) resumes the run: none of them reaches the config."""
+    from optloop.cli import lm_settings_from_args
+    from optloop.run import _run_config
+
+    plain = build_parser().parse_args(["--system", "md_flat"])
+    limited = build_parser().parse_args(["--system", "md_flat", "--max-cost", "3", "--max-calls", "9", "--estimate"])
+    settings = lm_settings_from_args(plain)
+    assert _run_config(limited, settings).resume_key() == _run_config(plain, settings).resume_key()
+    assert _run_config(limited, settings).digest() == _run_config(plain, settings).digest()

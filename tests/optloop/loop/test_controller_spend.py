@@ -1,0 +1,208 @@
+"""Spending limits and ``--estimate`` in the controller, driven by the fakes of ``test_controller``.
+
+The fake meter charges 10 model calls per evaluation and 1 per proposal, at $0.01 a call, so
+every limit below falls at a known step. A run stopped by a limit must leave nothing half done
+(no open or discarded trial, nothing to redo), and the same run resumed with a higher limit, or
+none, must end exactly where an unlimited run ends, at exactly its cost.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from optloop.loop.coordinator import LocalCoordinator
+from optloop.loop.evaluate import Evaluation
+from optloop.loop.spend import ESTIMATE, MAX_CALLS, MAX_COST, RunStopped, SpendingLimits, estimate
+from optloop.loop.state import Checkpoint
+from tests.optloop.loop.test_controller import (EVALUATION_CALLS, PROPOSAL_CALLS, Clock, MemorySink, Run,
+                                                without_cost)
+
+DOLLARS_PER_CALL = 0.01
+BASELINE = 2 * EVALUATION_CALLS  # train + dev
+TRIAL = EVALUATION_CALLS + PROPOSAL_CALLS
+
+
+def priced(run: Run) -> Run:
+    """``run`` whose meter also reports model calls and dollars, as ``Loop._cost`` does for a priced model."""
+    meter = run.meter
+    run.context.cost = lambda: {"llm_calls": meter.calls, "model_calls": meter.calls, "tokens": 100 * meter.calls,
+                                "cost_usd": round(meter.calls * DOLLARS_PER_CALL, 9)}
+    return run
+
+
+def limited(path: Path, sink: MemorySink, limits: SpendingLimits, **kwargs) -> Run:
+    run = priced(Run(path, sink, sink.clock, **kwargs))
+    run.context.limits = limits
+    return run
+
+
+def stop(path: Path, sink: MemorySink, limits: SpendingLimits) -> tuple[RunStopped, Run]:
+    run = limited(path, sink, limits)
+    with pytest.raises(RunStopped) as stopped:
+        run.run()
+    return stopped.value, run
+
+
+def clean_run(tmp_path: Path):
+    sink = MemorySink(Clock())
+    run = priced(Run(tmp_path / "clean.json", sink, sink.clock))
+    return run.run()
+
+
+def nothing_half_done(path: Path, sink: MemorySink) -> None:
+    ckpt = Checkpoint.load(path)
+    assert all(t.evaluation is not None for t in ckpt.trials) and not ckpt.finished
+    assert all(r["status"] == "FINISHED" for r in sink.children.values()) and sink.discarded == []
+    assert sorted(sink.dev_steps()) == list(range(len(ckpt.trials) + 1))  # every trial's acc_dev point logged
+
+
+def test_max_calls_stops_after_a_trial_and_a_higher_limit_resumes_to_the_unlimited_result(tmp_path):
+    path, sink = tmp_path / "ckpt.json", MemorySink(Clock())
+    stopped, _ = stop(path, sink, SpendingLimits(max_calls=BASELINE + TRIAL + 1))  # reached during trial 2
+    assert stopped.reason == MAX_CALLS and str(stopped) == "--max-calls 32 reached: the run has made 42 model calls"
+    ckpt = Checkpoint.load(path)
+    assert len(ckpt.trials) == 2 and ckpt.spending["model_calls"] == BASELINE + 2 * TRIAL  # trial 2 was finished
+    nothing_half_done(path, sink)
+
+    again, run = stop(path, sink, SpendingLimits(max_calls=BASELINE + 2 * TRIAL))  # the same total: no new step
+    assert again.reason == MAX_CALLS and run.evaluator.calls == [] and run.optimizers == []
+    assert Checkpoint.load(path).spending == {"llm_calls": 0, "model_calls": 0, "tokens": 0, "cost_usd": 0.0}
+
+    _, run = stop(path, sink, SpendingLimits(max_calls=BASELINE + 4 * TRIAL))  # a higher limit: two more trials
+    assert [c[0] for c in run.evaluator.calls] == ["dev", "dev"] and len(Checkpoint.load(path).trials) == 4
+    nothing_half_done(path, sink)
+
+    result = limited(path, sink, SpendingLimits(max_calls=10_000)).run()  # high enough: it finishes
+    clean = clean_run(tmp_path)
+    assert without_cost(result) == without_cost(clean)
+    assert result.cost == clean.cost | {"processes": 4}  # nothing was redone: exactly the unlimited run's cost
+    assert sink.trials() == [1, 2, 3, 4, 5] and sink.discarded == [] and sorted(sink.dev_steps()) == list(range(6))
+
+
+def test_max_cost_stops_before_each_held_out_evaluation_and_the_run_finishes_as_an_unlimited_one(tmp_path):
+    path, sink = tmp_path / "ckpt.json", MemorySink(Clock())
+    after_trials = (BASELINE + 5 * TRIAL) * DOLLARS_PER_CALL  # $0.75: every trial done, the test not begun
+    stopped, _ = stop(path, sink, SpendingLimits(max_cost=after_trials - 0.05))
+    assert stopped.reason == MAX_COST and str(stopped) == "--max-cost 0.7 reached: the run has spent $0.750000"
+    ckpt = Checkpoint.load(path)
+    assert len(ckpt.trials) == 5 and ckpt.test_before is None and sink.summary is None
+    nothing_half_done(path, sink)
+
+    stopped, run = stop(path, sink, SpendingLimits(max_cost=after_trials + 0.05))  # one held-out evaluation more
+    ckpt = Checkpoint.load(path)
+    assert run.evaluator.calls[0][0] == "test" and len(run.evaluator.calls) == 1
+    assert ckpt.test_before is not None and ckpt.test_after is None and stopped.reason == MAX_COST
+
+    result = limited(path, sink, SpendingLimits(max_cost=5.0)).run()
+    clean = clean_run(tmp_path)
+    assert without_cost(result) == without_cost(clean) and result.cost == clean.cost | {"processes": 3}
+    assert result.cost["cost_usd"] == pytest.approx((9 * EVALUATION_CALLS + 5 * PROPOSAL_CALLS) * DOLLARS_PER_CALL)
+    assert len(sink.registered) == 1 and Checkpoint.load(path).finished
+
+
+def test_estimate_stops_after_the_baseline_and_the_next_run_reuses_it(tmp_path):
+    path, sink = tmp_path / "ckpt.json", MemorySink(Clock())
+    stopped, run = stop(path, sink, SpendingLimits(estimate=True))
+    assert stopped.reason == ESTIMATE and [c[0] for c in run.evaluator.calls] == ["train", "dev"]
+    ckpt = Checkpoint.load(path)
+    assert ckpt.baseline_dev is not None and ckpt.trials == [] and sink.dev == [(0, 0.25, 0.25)]
+    assert len(sink.targets) == 0  # stopped before anything but the baseline was done
+
+    resumed = limited(path, sink, SpendingLimits())
+    result = resumed.run()
+    assert "train" not in [c[0] for c in resumed.evaluator.calls]  # the baseline came from the checkpoint
+    assert [c[0] for c in resumed.evaluator.calls].count("dev") == 5  # the five trials only
+    clean = clean_run(tmp_path)
+    assert without_cost(result) == without_cost(clean) and result.cost == clean.cost | {"processes": 2}
+
+
+class SpendingWorkers(LocalCoordinator):
+    """One worker of a shared run whose other workers have spent ``others`` already."""
+
+    def __init__(self, budget: int, others: dict[str, float]):
+        super().__init__(budget)
+        self.others = others
+
+    def others_cost(self) -> dict[str, float]:
+        return dict(self.others)
+
+
+def test_a_limit_counts_what_the_other_workers_spent(tmp_path):
+    path, sink = tmp_path / "ckpt.json", MemorySink(Clock())
+    run = limited(path, sink, SpendingLimits(max_cost=1.0), coordinator=SpendingWorkers(5, {"cost_usd": 0.9}))
+    with pytest.raises(RunStopped, match=r"spent \$1\.000000"):  # 0.9 + the baseline's train, 10 calls at $0.01
+        run.run()
+    assert [c[0] for c in run.evaluator.calls] == ["train"]  # stopped before the baseline's dev evaluation
+    ckpt = Checkpoint.load(path)
+    assert ckpt.baseline_train is not None and ckpt.baseline_dev is None and ckpt.trials == []
+
+
+# --- the limits and the estimate alone ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("limits, total, reason", [
+    (SpendingLimits(max_cost=1.0), {"cost_usd": 0.6, "proposer_cost_usd": 0.4}, MAX_COST),  # both LMs count
+    (SpendingLimits(max_cost=1.0), {"cost_usd": 0.99}, None),
+    (SpendingLimits(max_calls=5), {"model_calls": 3, "proposer_model_calls": 2, "llm_calls": 100}, MAX_CALLS),
+    (SpendingLimits(max_calls=5), {"model_calls": 4, "llm_calls": 100}, None),  # cache hits are free
+    (SpendingLimits(), {"model_calls": 10 ** 9, "cost_usd": 10 ** 9}, None),
+])
+def test_a_limit_is_reached_when_the_total_gets_to_it(limits, total, reason):
+    if reason is None:
+        limits.check(total, baseline_done=True)
+        return
+    with pytest.raises(RunStopped) as stopped:
+        limits.check(total, baseline_done=True)
+    assert stopped.value.reason == reason
+
+
+def test_limits_are_positive():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError):
+        SpendingLimits(max_cost=0)
+    with pytest.raises(ValidationError):
+        SpendingLimits(max_calls=0)
+    assert not SpendingLimits().active and SpendingLimits(estimate=True).active
+
+
+def measured(split: str, *, calls: int, computed: int, tokens: int, dollars: float | None, lm_seconds: float | None,
+             seconds: float) -> Evaluation:
+    return Evaluation(split=split, candidate="c", outcomes=[], llm_calls=calls, model_calls=computed, tokens=tokens,
+                      cost_usd=dollars, lm_seconds=lm_seconds, seconds=seconds)
+
+
+def test_the_estimate_extrapolates_the_baseline_dev_evaluation():
+    ckpt = Checkpoint(config_digest="x",
+                      baseline_train=measured("train", calls=30, computed=30, tokens=3000, dollars=0.03,
+                                              lm_seconds=60, seconds=90),
+                      baseline_dev=measured("dev", calls=10, computed=5, tokens=500, dollars=0.05, lm_seconds=10,
+                                            seconds=30))
+    figures = estimate(ckpt, budget=3, concurrency=4, dev_units=10, test_units=15)
+    baseline, trials, test = figures.parts
+    assert (baseline.calls, baseline.tokens, baseline.evaluations) == (40, 3500, 2)
+    assert baseline.cost_usd == pytest.approx(0.08) and baseline.hours == pytest.approx(120 / 3600)  # measured
+    # per computed call: 100 tokens, $0.01, 2 s; a trial = 10 requests, every one computed
+    assert (trials.calls, trials.tokens, trials.evaluations) == (30, 3000, 3)
+    assert trials.cost_usd == pytest.approx(0.30) and trials.hours == pytest.approx(30 * 2 / 4 / 3600)
+    assert (test.calls, test.tokens, test.evaluations) == (30, 3000, 2)  # 2 evaluations x 1.5 the dev split's work
+    assert figures.total.calls == 100 and figures.total.cost_usd == pytest.approx(0.68)
+    assert figures.latency_s == pytest.approx(2.0) and figures.priced and figures.concurrency == 4
+
+
+def test_an_unpriced_or_fully_cached_baseline_says_what_it_cannot_know():
+    unpriced = Checkpoint(config_digest="x",
+                          baseline_train=measured("train", calls=3, computed=3, tokens=30, dollars=None,
+                                                  lm_seconds=3, seconds=4),
+                          baseline_dev=measured("dev", calls=2, computed=2, tokens=20, dollars=None, lm_seconds=2,
+                                                seconds=3))
+    figures = estimate(unpriced, budget=2, concurrency=1, dev_units=4, test_units=4)
+    assert not figures.priced and figures.total.cost_usd is None and figures.total.tokens == 20 + 30 + 2 * 20 + 2 * 20
+    assert figures.total.hours is not None
+    cached = unpriced.model_copy(update={"baseline_dev": measured("dev", calls=2, computed=0, tokens=0, dollars=0.0,
+                                                                  lm_seconds=0.0, seconds=1)})
+    figures = estimate(cached, budget=2, concurrency=1, dev_units=4, test_units=4)
+    assert figures.parts[1].calls == 4 and figures.parts[1].tokens is None and figures.parts[1].hours is None
+    assert figures.latency_s is None and figures.total.tokens is None
