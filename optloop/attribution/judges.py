@@ -9,6 +9,7 @@ used when asked for (the deterministic pass makes no LLM call).
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
@@ -127,26 +128,36 @@ class LLMJudge:
 
 
 class JudgeChain:
-    """Asks each judge in turn for the texts the previous ones left undecided."""
+    """Asks each judge in turn for the texts the previous ones left undecided.
+
+    Attributions run at once at ``--concurrency`` > 1 (``optloop.pipeline``), so the verdict cache and the
+    ``calls`` counts are updated under a lock; judging itself runs outside it. Verdicts are a function of
+    (text, evidence), so which thread judged a text first changes nothing, but ``calls`` may count a text
+    twice when two questions with the same evidence judged it at the same moment.
+    """
 
     def __init__(self, judges: Sequence[Judge]):
         self.judges = list(judges)
         self.calls: dict[str, int] = {}
         self._cache: dict[tuple[str, tuple[str, tuple[str, ...]]], bool] = {}
+        self._lock = threading.Lock()
 
     def carries(self, texts: Sequence[str], evidence: Evidence) -> list[bool]:
         key_base = (evidence.answer, tuple(evidence.message_ids))
-        result: list[bool | None] = [self._cache.get((t, key_base)) for t in texts]
+        with self._lock:
+            result: list[bool | None] = [self._cache.get((t, key_base)) for t in texts]
         for judge in self.judges:
             todo = [i for i, r in enumerate(result) if r is None]
             if not todo:
                 break
-            self.calls[judge.name] = self.calls.get(judge.name, 0) + len(todo)
+            with self._lock:
+                self.calls[judge.name] = self.calls.get(judge.name, 0) + len(todo)
             for i, verdict in zip(todo, judge.carries([texts[i] for i in todo], evidence), strict=True):
                 result[i] = verdict
         final = [bool(r) for r in result]
-        for t, r in zip(texts, final, strict=True):
-            self._cache[(t, key_base)] = r
+        with self._lock:
+            for t, r in zip(texts, final, strict=True):
+                self._cache[(t, key_base)] = r
         return final
 
     def any(self, texts: Sequence[str], evidence: Evidence) -> bool:
