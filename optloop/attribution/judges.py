@@ -130,17 +130,29 @@ class LLMJudge:
 class JudgeChain:
     """Asks each judge in turn for the texts the previous ones left undecided.
 
-    Attributions run at once at ``--concurrency`` > 1 (``optloop.pipeline``), so the verdict cache and the
-    ``calls`` counts are updated under a lock; judging itself runs outside it. Verdicts are a function of
-    (text, evidence), so which thread judged a text first changes nothing, but ``calls`` may count a text
-    twice when two questions with the same evidence judged it at the same moment.
+    ``calls`` counts, per judge, the texts it was asked about. One attribution judges on a
+    :meth:`session` of the evaluator's chain: its own verdict cache and counts (its
+    ``Attribution.judge_calls``), added to the chain's own. So an attribution's figures never depend on
+    what other attributions judged before it or beside it (they run at once at ``--concurrency`` > 1):
+    the verdict cache is keyed by the question's evidence, which another question seldom shares.
     """
 
-    def __init__(self, judges: Sequence[Judge]):
+    def __init__(self, judges: Sequence[Judge], *, parent: JudgeChain | None = None):
         self.judges = list(judges)
         self.calls: dict[str, int] = {}
         self._cache: dict[tuple[str, tuple[str, tuple[str, ...]]], bool] = {}
+        self._parent = parent
         self._lock = threading.Lock()
+
+    def session(self) -> JudgeChain:
+        """A chain over the same judges with a cache and counts of its own, also counted in this one's."""
+        return JudgeChain(self.judges, parent=self)
+
+    def _count(self, name: str, n: int) -> None:
+        with self._lock:
+            self.calls[name] = self.calls.get(name, 0) + n
+        if self._parent is not None:
+            self._parent._count(name, n)
 
     def carries(self, texts: Sequence[str], evidence: Evidence) -> list[bool]:
         key_base = (evidence.answer, tuple(evidence.message_ids))
@@ -150,8 +162,7 @@ class JudgeChain:
             todo = [i for i, r in enumerate(result) if r is None]
             if not todo:
                 break
-            with self._lock:
-                self.calls[judge.name] = self.calls.get(judge.name, 0) + len(todo)
+            self._count(judge.name, len(todo))
             for i, verdict in zip(todo, judge.carries([texts[i] for i in todo], evidence), strict=True):
                 result[i] = verdict
         final = [bool(r) for r in result]
