@@ -142,3 +142,24 @@ class OracleLlama:
                 "choices": [{"index": 0, "finish_reason": "stop",
                              "message": {"role": "assistant", "content": content}}],
                 "usage": {"prompt_tokens": 11, "completion_tokens": 3, "total_tokens": 14}}
+
+
+UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+CLOCK = {"seconds", "created_at", "updated_at"}
+
+
+def without_clock(graph: dict[str, Any]) -> Any:
+    """A graph's JSON less what the clock and chance decide, so two runs can be compared: timings and the
+    stores' own creation times dropped, and the uuid4s mem0 and graphiti name memories with numbered in
+    order of appearance (two runs at the same concurrency differ in these too)."""
+
+    def strip(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: strip(v) for k, v in value.items() if k not in CLOCK}
+        if isinstance(value, list):
+            return [strip(v) for v in value]
+        return value
+
+    names: dict[str, str] = {}
+    text = UUID.sub(lambda m: names.setdefault(m.group(0), f"uuid{len(names)}"), json.dumps(strip(graph)))
+    return json.loads(text)

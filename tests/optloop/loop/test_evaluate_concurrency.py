@@ -14,7 +14,6 @@ and the accounting by prompt site.
 from __future__ import annotations
 
 import json
-import re
 import sqlite3
 from collections import Counter
 from pathlib import Path
@@ -28,7 +27,7 @@ from optloop.errors import EndpointDownError
 from optloop.lm import LMSettings, OptloopLM
 from optloop.loop.candidate import SiteState
 from optloop.loop.evaluate import Evaluator
-from tests._oracle import KeyedEndpoint, gold_answers
+from tests._oracle import KeyedEndpoint, gold_answers, without_clock
 from tests._servers import closed_port_url
 
 DATASET = "builtin:tiny"
@@ -37,27 +36,6 @@ DATASET = "builtin:tiny"
 @pytest.fixture(scope="module")
 def embedder():
     return get_embedder("local")
-
-
-UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
-CLOCK = {"seconds", "created_at", "updated_at"}
-
-
-def without_clock(graph: dict[str, Any]) -> Any:
-    """A saved graph's JSON less what the clock and chance decide, so two runs can be compared: timings and
-    the stores' own creation times dropped, and the uuid4s mem0 and graphiti name memories with numbered in
-    order of appearance (two runs at the same N differ in these too)."""
-
-    def strip(value: Any) -> Any:
-        if isinstance(value, dict):
-            return {k: strip(v) for k, v in value.items() if k not in CLOCK}
-        if isinstance(value, list):
-            return [strip(v) for v in value]
-        return value
-
-    names: dict[str, str] = {}
-    text = UUID.sub(lambda m: names.setdefault(m.group(0), f"uuid{len(names)}"), json.dumps(strip(graph)))
-    return json.loads(text)
 
 
 def run(system: str, n: int, root: Path, endpoint: KeyedEndpoint, embedder: Any) -> dict[str, Any]:
