@@ -54,8 +54,8 @@ from optloop.datasets import Dataset, Episode, Question
 from optloop.errors import EndpointDownError, LMError, LMUnreachableError
 from optloop.loop.candidate import Candidate, apply_state, candidate_from_modules, ingest_key
 from optloop.lm.accounting import Usage, collect_calls
-from optloop.pipeline import (Attributor, CachedStores, QuestionOutcome, Store, StoreCache, StorePlan, answer,
-                              concurrency, ingest, judge, run_episodes)
+from optloop.pipeline import (Attributor, CachedStores, EpisodeResult, QuestionOutcome, Store, StoreCache, StorePlan,
+                              answer, concurrency, ingest, judge, run_episodes)
 from optloop.tracing.graph import ExecutionGraph
 from systems import get_system
 
@@ -229,8 +229,11 @@ class Evaluator:
         return outcome
 
     def evaluate(self, candidate: Candidate, dataset: Dataset, *, split: str = "dev",
-                 progress: Callable[[int], None] | None = None) -> Evaluation:
-        """Run ``candidate`` over every episode of ``dataset``; ``progress(n)`` after each question.
+                 progress: Callable[[int], None] | None = None,
+                 on_episode: Callable[[EpisodeResult], None] | None = None) -> Evaluation:
+        """Run ``candidate`` over every episode of ``dataset``; ``progress(n)`` after each question,
+        ``on_episode(result)`` with each episode's pipeline result, in episode order (a benchmark's look
+        at what each episode did).
 
         At ``--concurrency`` N > 1 the episodes, their questions and their attributions run N at a time
         (:func:`~optloop.pipeline.run_episodes`), the stores' reuse decided up front in episode order
@@ -256,6 +259,8 @@ class Evaluator:
                     label={"split": split, "candidate": candidate.digest(), "origin": candidate.origin},
                     where=f" under candidate {candidate.origin}", on_question=progress and (lambda: progress(1))):
                 outcomes += result.outcomes
+                if on_episode is not None:
+                    on_episode(result)
                 if result.graph_path is not None:
                     graphs.append(result.graph_path)
                 if result.store_reused is True:
