@@ -57,7 +57,7 @@ from optloop.cli import add_lm_arguments, lm_from_args, run_cli, setup_logging
 from optloop.datasets import load_dataset
 from optloop.errors import ConfigError
 from optloop.paths import state_dir, write_atomic
-from optloop.pipeline import Attributor, FreshStores, run_episode
+from optloop.pipeline import Attributor, FreshStores, run_episodes
 from systems import SYSTEMS, get_system
 
 logger = logging.getLogger(__name__)
@@ -66,8 +66,8 @@ console = Console()
 
 def attribute_dataset(system_name: str, dataset_uri: str, lm: Any, work: Path, *, embedder: Any = None,
                       traces: bool = False, llm_judge: bool = False, agent: bool = False) -> dict[str, Any]:
-    """Run, trace and attribute every episode through the one pipeline (:func:`optloop.pipeline.run_episode`);
-    returns the report (graphs saved under ``work/graphs``).
+    """Run, trace and attribute every episode through the one pipeline (:func:`optloop.pipeline.run_episodes`:
+    ``--concurrency`` at a time, reported in episode order); returns the report (graphs saved under ``work/graphs``).
 
     With ``agent`` the LLM agent (:mod:`optloop.attribution.agent`) re-examines the cases the
     deterministic walk marks ambiguous.
@@ -88,9 +88,8 @@ def attribute_dataset(system_name: str, dataset_uri: str, lm: Any, work: Path, *
     started = time.perf_counter()
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task(f"{system_name} on {dataset.name}", total=len(dataset.episodes))
-        for episode in dataset.episodes:
-            result = run_episode(episode, stores, lm=lm, attributor=attributor, keep="all",
-                                 save_graph=lambda graph, episode=episode: _save(graph, work, episode.id))
+        for result in run_episodes(dataset.episodes, stores, lm=lm, attributor=attributor, keep="all",
+                                   save_graph=lambda graph, episode: _save(graph, work, episode.id)):
             questions += len(result.outcomes)
             correct += sum(o.passed for o in result.outcomes)
             timings += [result.attribution_s[o.question_id] for o in result.outcomes if o.attribution is not None]

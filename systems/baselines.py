@@ -31,6 +31,7 @@ import json
 import logging
 import math
 import re
+import threading
 from abc import abstractmethod
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -221,7 +222,9 @@ class LongContextSystem(_RawTurnSystem):
         if query_site:
             raise ConfigError("long_context puts every turn in context and never searches, so a query-rewrite "
                               "site would change nothing; run it without query_site")
-        self._truncation: dict[str, int] | None = None
+        # The last search's report, per thread: an episode's questions may run at once (optloop.pipeline),
+        # each reading truncation() on the thread that retrieved.
+        self._last = threading.local()
         super().__init__(lm, run_dir, embedder=embedder, knobs=knobs)
 
     def retrieve(self, question: str, k: int | None = None) -> list[MemoryItem]:
@@ -240,15 +243,16 @@ class LongContextSystem(_RawTurnSystem):
             kept.append(turn)
             used += cost
         kept.reverse()
-        self._truncation = {"kept": len(kept), "dropped": len(turns) - len(kept), "tokens": used,
-                            "budget_tokens": budget}
-        if self._truncation["dropped"]:
+        truncation = {"kept": len(kept), "dropped": len(turns) - len(kept), "tokens": used, "budget_tokens": budget}
+        self._last.truncation = truncation
+        if truncation["dropped"]:
             logger.info("long_context: %d of %d turns do not fit %d tokens; kept the %d most recent",
-                        self._truncation["dropped"], len(turns), budget, len(kept))
-        return [turn.to_item(truncation=dict(self._truncation)) for turn in kept]
+                        truncation["dropped"], len(turns), budget, len(kept))
+        return [turn.to_item(truncation=dict(truncation)) for turn in kept]
 
     def truncation(self) -> dict[str, int] | None:
-        return dict(self._truncation) if self._truncation else None
+        truncation = getattr(self._last, "truncation", None)
+        return dict(truncation) if truncation else None
 
 
 class _LuceneIdfBM25(BM25Okapi):

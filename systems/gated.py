@@ -281,7 +281,9 @@ class GatedSystem(MemorySystem):
         for name, value in self._knobs.items():
             _check_knob(name, value)
         self._lock = threading.RLock()
-        self._asked: tuple[str, str] | None = None  # (workspace, path) of the question being retrieved for
+        # (workspace, path) of the question being retrieved for, per thread: an episode's questions may
+        # run at once (optloop.pipeline), each retrieve followed by its searches on the same thread.
+        self._asked = _Asked()
         self.last_admission: Admission | None = None
         self._load()
 
@@ -356,7 +358,7 @@ class GatedSystem(MemorySystem):
     def reset(self) -> None:
         with self._lock:
             self._clear_run_dir()
-            self._asked = None
+            self._asked = _Asked()
             self.last_admission = None
             self._load()
 
@@ -450,13 +452,13 @@ class GatedSystem(MemorySystem):
 
     def retrieve(self, question: str, k: int | None = None) -> list[MemoryItem]:
         workspace, path, _ = self.scope_of(question)
-        self._asked = (workspace, path)  # a rewritten query loses the header; the search keeps the scope
+        self._asked.scope = (workspace, path)  # a rewritten query loses the header; the search keeps the scope
         return super().retrieve(question, k)
 
     def search(self, query: str, k: int) -> list[MemoryItem]:
         workspace, path, text = parse_scope(query)
         if workspace is None:
-            workspace, path = self._asked or (self._workspace, "")
+            workspace, path = self._asked.scope or (self._workspace, "")
         scope = self._knobs["scope"]
         with self._lock:
             rows, vectors = self._rows, self._vectors
@@ -509,6 +511,12 @@ class GatedSystem(MemorySystem):
         admission = self.admit(question, memories)
         self.last_admission = admission
         return self._sites[ANSWER](self.lm, memories=admission.render(), question=question).answer
+
+
+class _Asked(threading.local):
+    """The scope of the question this thread is retrieving for (``None`` before its first retrieve)."""
+
+    scope: tuple[str, str] | None = None
 
 
 def _check_knob(name: str, value: Any) -> None:

@@ -21,6 +21,13 @@ graphiti is async; the system owns one event loop on a private thread and
 exposes the synchronous :class:`~systems.base.MemorySystem` API over it. The
 caller's context variables (DSPy settings and traces, optloop's prompt-site
 accounting) travel with each call into the loop.
+
+Concurrency (``--concurrency N``, see ``optloop/pipeline.py``): the episodes of a split
+run on the pipeline's threads like every other system's, each driving its own system and
+event loop; inside one ``add_episode`` graphiti itself makes its independent calls at once
+(its ``semaphore_gather``), on the LM's pool. Every request passes the LM's one throttle,
+the single limit shared by every episode. Sessions go in order (``ingest`` holds the
+system's lock); searches take the lock too, answers do not.
 """
 
 from __future__ import annotations
@@ -146,8 +153,10 @@ class SiteLLMClient(LLMClient):
     optimizer changed takes effect at once. graphiti's ``max_tokens`` and
     ``model_size`` are not forwarded: the one :class:`~optloop.lm.OptloopLM`
     decides both (a 16k-token budget does not fit a local context window).
-    The site runs on a worker thread, so the event loop keeps serving graphiti's
-    concurrent calls while a blocking LM call is in flight.
+    The site runs on a worker thread of the LM's own pool (``lm.to_thread``: ``max(32, 4 x
+    concurrency)`` threads, where asyncio's default pool has 6 on 2 cores), so the event loop keeps
+    serving graphiti's concurrent calls while blocking LM calls are in flight, as many as
+    ``--concurrency`` allows.
     """
 
     def __init__(self, lm: OptloopLM, sites: Callable[[], dict[str, PromptSite]]):
@@ -197,7 +206,7 @@ class SiteLLMClient(LLMClient):
                 "the installed graphiti-core or its prompt library differs from the one signatures/graphiti.py read")
         framing = _Framing(system_suffix=system[len(site.seed_instruction):], clean=self._clean_input)
         user = self._clean_input(messages[1].content)
-        prediction = await asyncio.to_thread(self._run_site, site, user, framing)
+        prediction = await self.lm.to_thread(self._run_site, site, user, framing)
         return {name: jsonable(prediction[name]) for name in fields}
 
     def _run_site(self, site: PromptSite, user: str, framing: _Framing) -> dspy.Prediction:

@@ -361,9 +361,10 @@ def search_knob(graph: ExecutionGraph, retrieve: Operation) -> str | None:
 
 def attribute(graph: ExecutionGraph, question: Question, prediction: str, judges: JudgeChain, *,
               embedder: Embedder | None = None) -> Attribution:
-    """The decisive error of one failed question."""
+    """The decisive error of one failed question, judged on a session of ``judges`` (``judge_calls``: this
+    attribution's own, see :meth:`JudgeChain.session`)."""
     evidence = find_evidence(graph, question, embedder)
-    return _Walk(graph, question, prediction, judges, evidence).run()
+    return _Walk(graph, question, prediction, judges.session(), evidence).run()
 
 
 def evidence_reaches_answer(graph: ExecutionGraph, question: Question, judges: JudgeChain, *,

@@ -40,7 +40,7 @@ from optloop.attribution.decisive import evidence_reaches_answer
 from optloop.attribution.judges import default_judges
 from optloop.attribution.taxonomy import Attribution, ErrorType, knob_target, library_target
 from optloop.datasets import passed
-from optloop.pipeline import Attributor, EpisodeResult, FreshStores, run_episode
+from optloop.pipeline import Attributor, EpisodeResult, FreshStores, Workers, concurrency, run_episode
 from optloop.sites import (ANSWER, GATED_ADMIT, GRAPHITI_EXTRACT_EDGES, MD_FLAT_CURATE, MEM0_EXTRACT, QUERY_REWRITE,
                            TIERED_EXTRACT)
 from optloop.stats import bootstrap_mean
@@ -513,7 +513,8 @@ class PlantedRun:
 
 
 def _run(system_factory: Callable[..., MemorySystem], run_dir: Path, episode: Any, fault: Fault | None,
-         dataset_uri: str, lm: OptloopLM, attributor: Attributor | None = None) -> EpisodeResult:
+         dataset_uri: str, lm: OptloopLM, attributor: Attributor | None = None,
+         workers: Workers | None = None) -> EpisodeResult:
     """``episode`` through the one pipeline on a fresh system in ``run_dir``, with ``fault`` planted."""
 
     def make(_episode: Any) -> MemorySystem:
@@ -527,7 +528,8 @@ def _run(system_factory: Callable[..., MemorySystem], run_dir: Path, episode: An
                 raise
         return system
 
-    return run_episode(episode, FreshStores(make, lm, dataset_uri=dataset_uri), lm=lm, attributor=attributor)
+    return run_episode(episode, FreshStores(make, lm, dataset_uri=dataset_uri), lm=lm, attributor=attributor,
+                       workers=workers)
 
 
 class _Caused:
@@ -565,7 +567,9 @@ def run_planted(systems: Sequence[str], dataset: Dataset, lm: OptloopLM, work: P
 
     Every run goes through the one episode pipeline (:func:`optloop.pipeline.run_episode`): the clean
     run unattributed, each fault run attributing the failures of the questions that passed clean (each
-    marked induced or set aside, with the reason).
+    marked induced or set aside, with the reason). At ``--concurrency`` N > 1 the episodes of a system
+    go N at a time (each its clean run, then its fault runs), their results and ``progress`` lines
+    taken in episode order.
     """
     from systems import get_system
 
@@ -575,6 +579,7 @@ def run_planted(systems: Sequence[str], dataset: Dataset, lm: OptloopLM, work: P
         embedder = get_embedder()
     names = list(fault_names) if fault_names else None
     planted = PlantedRun([])
+    say = progress or (lambda line: None)
     for system_name in systems:
         cls = get_system(system_name)
 
@@ -584,43 +589,72 @@ def run_planted(systems: Sequence[str], dataset: Dataset, lm: OptloopLM, work: P
         faults = faults_for(system_name, names)
         if not faults:
             continue
-        for episode in dataset.episodes:
-            clean_run = _run(factory, work / system_name / "clean" / episode.id, episode, None, dataset.uri, lm)
-            clean_graph, clean = clean_run.graph, clean_run.predictions
-            passing = {q.id for q in episode.questions if passed(q, clean[q.id])}
-            judges = default_judges(embedder)
-            # A clean pass is a sound baseline only if the evidence reached the answer (not a lucky guess).
-            sound = {q.id for q in episode.questions
-                     if q.id in passing and evidence_reaches_answer(clean_graph, q, judges, embedder=embedder)}
-            planted.baselines.append(CleanBaseline(system_name, dataset.uri, episode.id, len(episode.questions),
-                                                   len(passing), len(sound)))
-            if progress:
-                progress(f"{system_name} {episode.id}: {len(passing)}/{len(episode.questions)} pass clean")
-            for fault in faults:
-                tally = FaultTally(system_name, dataset.uri, episode.id, fault.name,
-                                   fault.target.format(system=system_name), fault.error_type.value, fault.added,
-                                   len(episode.questions), len(passing), ran=bool(passing))
-                planted.tallies.append(tally)
-                if not passing:
-                    continue
-                caused = _Caused(fault, passing, sound, judges, embedder)
-                run = _run(factory, work / system_name / fault.name / episode.id, episode, fault, dataset.uri, lm,
-                           Attributor(judges, embedder, select=caused))
-                for outcome in run.outcomes:
-                    if outcome.passed:
-                        continue
-                    if outcome.question_id not in passing:
-                        tally.failed_both += 1
-                    elif outcome.attribution is not None:
-                        tally.caused += 1
-                        planted.cases.append(Case(
-                            system_name, fault.name, episode.id, outcome.attribution, tally.true_target,
-                            fault.error_type, run.attribution_s[outcome.question_id],
-                            run.attribution_calls[outcome.question_id], dataset=dataset.uri,
-                            question_id=outcome.question_id, set_aside=caused.reasons.get(outcome.question_id)))
-                if progress:
-                    progress(f"{system_name} {episode.id} {fault.name}: {len(planted.cases)} failures caused so far "
-                             f"({len(planted.induced)} induced)")
+
+        def plant(episode: Any, workers: Workers | None = None, report: Callable[[str], None] = say,
+                  _system: str = system_name, _factory: Any = factory, _faults: Any = faults) -> PlantedRun:
+            return _plant_episode(_system, _factory, _faults, episode, dataset.uri, lm, work, embedder, workers,
+                                  report)
+
+        n = concurrency(lm)
+        if n == 1:
+            for episode in dataset.episodes:
+                planted += plant(episode)
+            continue
+        with Workers(n) as workers:
+            for piece, lines in workers.episodes(lambda episode: _with_lines(plant, episode, workers),
+                                                 dataset.episodes):
+                planted += piece
+                for line in lines:
+                    say(line)
+    return planted
+
+
+def _with_lines(plant: Callable[..., PlantedRun], episode: Any, workers: Workers) -> tuple[PlantedRun, list[str]]:
+    """``plant(episode)`` with its progress lines kept, to be said in episode order."""
+    lines: list[str] = []
+    return plant(episode, workers, lines.append), lines
+
+
+def _plant_episode(system_name: str, factory: Callable[..., MemorySystem], faults: Sequence[Fault], episode: Any,
+                   dataset_uri: str, lm: OptloopLM, work: Path, embedder: Embedder, workers: Workers | None,
+                   say: Callable[[str], None]) -> PlantedRun:
+    """One episode of :func:`run_planted`: its clean run, then each fault's run, attributed."""
+    planted = PlantedRun([])
+    clean_run = _run(factory, work / system_name / "clean" / episode.id, episode, None, dataset_uri, lm,
+                     workers=workers)
+    clean_graph, clean = clean_run.graph, clean_run.predictions
+    passing = {q.id for q in episode.questions if passed(q, clean[q.id])}
+    judges = default_judges(embedder)
+    # A clean pass is a sound baseline only if the evidence reached the answer (not a lucky guess).
+    sound = {q.id for q in episode.questions
+             if q.id in passing and evidence_reaches_answer(clean_graph, q, judges, embedder=embedder)}
+    planted.baselines.append(CleanBaseline(system_name, dataset_uri, episode.id, len(episode.questions),
+                                           len(passing), len(sound)))
+    say(f"{system_name} {episode.id}: {len(passing)}/{len(episode.questions)} pass clean")
+    for fault in faults:
+        tally = FaultTally(system_name, dataset_uri, episode.id, fault.name,
+                           fault.target.format(system=system_name), fault.error_type.value, fault.added,
+                           len(episode.questions), len(passing), ran=bool(passing))
+        planted.tallies.append(tally)
+        if not passing:
+            continue
+        caused = _Caused(fault, passing, sound, judges, embedder)
+        run = _run(factory, work / system_name / fault.name / episode.id, episode, fault, dataset_uri, lm,
+                   Attributor(judges, embedder, select=caused), workers=workers)
+        for outcome in run.outcomes:
+            if outcome.passed:
+                continue
+            if outcome.question_id not in passing:
+                tally.failed_both += 1
+            elif outcome.attribution is not None:
+                tally.caused += 1
+                planted.cases.append(Case(
+                    system_name, fault.name, episode.id, outcome.attribution, tally.true_target,
+                    fault.error_type, run.attribution_s[outcome.question_id],
+                    run.attribution_calls[outcome.question_id], dataset=dataset_uri,
+                    question_id=outcome.question_id, set_aside=caused.reasons.get(outcome.question_id)))
+        say(f"{system_name} {episode.id} {fault.name}: {tally.caused} failure(s) caused "
+            f"({sum(c.fault == fault.name and c.induced for c in planted.cases)} induced)")
     return planted
 
 

@@ -9,6 +9,7 @@ used when asked for (the deterministic pass makes no LLM call).
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
@@ -127,26 +128,47 @@ class LLMJudge:
 
 
 class JudgeChain:
-    """Asks each judge in turn for the texts the previous ones left undecided."""
+    """Asks each judge in turn for the texts the previous ones left undecided.
 
-    def __init__(self, judges: Sequence[Judge]):
+    ``calls`` counts, per judge, the texts it was asked about. One attribution judges on a
+    :meth:`session` of the evaluator's chain: its own verdict cache and counts (its
+    ``Attribution.judge_calls``), added to the chain's own. So an attribution's figures never depend on
+    what other attributions judged before it or beside it (they run at once at ``--concurrency`` > 1):
+    the verdict cache is keyed by the question's evidence, which another question seldom shares.
+    """
+
+    def __init__(self, judges: Sequence[Judge], *, parent: JudgeChain | None = None):
         self.judges = list(judges)
         self.calls: dict[str, int] = {}
         self._cache: dict[tuple[str, tuple[str, tuple[str, ...]]], bool] = {}
+        self._parent = parent
+        self._lock = threading.Lock()
+
+    def session(self) -> JudgeChain:
+        """A chain over the same judges with a cache and counts of its own, also counted in this one's."""
+        return JudgeChain(self.judges, parent=self)
+
+    def _count(self, name: str, n: int) -> None:
+        with self._lock:
+            self.calls[name] = self.calls.get(name, 0) + n
+        if self._parent is not None:
+            self._parent._count(name, n)
 
     def carries(self, texts: Sequence[str], evidence: Evidence) -> list[bool]:
         key_base = (evidence.answer, tuple(evidence.message_ids))
-        result: list[bool | None] = [self._cache.get((t, key_base)) for t in texts]
+        with self._lock:
+            result: list[bool | None] = [self._cache.get((t, key_base)) for t in texts]
         for judge in self.judges:
             todo = [i for i, r in enumerate(result) if r is None]
             if not todo:
                 break
-            self.calls[judge.name] = self.calls.get(judge.name, 0) + len(todo)
+            self._count(judge.name, len(todo))
             for i, verdict in zip(todo, judge.carries([texts[i] for i in todo], evidence), strict=True):
                 result[i] = verdict
         final = [bool(r) for r in result]
-        for t, r in zip(texts, final, strict=True):
-            self._cache[(t, key_base)] = r
+        with self._lock:
+            for t, r in zip(texts, final, strict=True):
+                self._cache[(t, key_base)] = r
         return final
 
     def any(self, texts: Sequence[str], evidence: Evidence) -> bool:

@@ -175,6 +175,14 @@ class Usage:
 
 
 @dataclass
+def usage_by_site(records: Iterable[CallRecord]) -> dict[str | None, Usage]:
+    """Totals of ``records`` per prompt site (``None``: calls made outside any)."""
+    out: dict[str | None, Usage] = {}
+    for rec in records:
+        out.setdefault(rec.site, Usage()).add(rec)
+    return out
+
+
 class Accounting:
     """Thread-safe log of :class:`CallRecord`; totals overall or per prompt site."""
 
@@ -198,12 +206,9 @@ class Accounting:
         return usage
 
     def by_site(self, since: int = 0) -> dict[str | None, Usage]:
-        out: dict[str | None, Usage] = {}
         with self._lock:
             records = self.records[since:]
-        for rec in records:
-            out.setdefault(rec.site, Usage()).add(rec)
-        return out
+        return usage_by_site(records)
 
     def cost_metrics(self, since: int = 0, *, records: Iterable[CallRecord] | None = None,
                      prefix: str = "cost_usd") -> dict[str, float]:
@@ -218,10 +223,7 @@ class Accounting:
         out: dict[str, float] = {}
         if (total := Usage.of(chosen).cost_usd) is not None:
             out[prefix] = total
-        by_site: dict[str | None, Usage] = {}
-        for rec in chosen:
-            by_site.setdefault(rec.site, Usage()).add(rec)
-        for site, usage in sorted(by_site.items(), key=lambda item: str(item[0])):
+        for site, usage in sorted(usage_by_site(chosen).items(), key=lambda item: str(item[0])):
             if usage.cost_usd is not None:
                 out[f"{prefix}/{site if site is not None else 'no_site'}"] = usage.cost_usd
         return out

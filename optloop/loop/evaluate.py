@@ -15,6 +15,13 @@ Ingestion always runs on the system's own LM (an optimizer's temperature
 variants apply to retrieve and answer sites), so a store is a pure function of
 its key; the persistent LM cache makes rebuilding an evicted store cheap.
 
+Concurrency: at ``--concurrency`` N > 1 an evaluation runs its episodes, their questions and
+their attributions N at a time through :func:`optloop.pipeline.run_episodes`, and gives the
+evaluation N = 1 gives: outcomes in episode and question order, the same LM calls and cache
+keys, the same stores reused (their reuse is decided up front in episode order,
+:meth:`~optloop.pipeline.StoreCache.plan`), the same fault graphs. The store cache is
+thread-safe; a store in use by an episode is never closed under it.
+
 LM faults: the LM layer retries transient faults. A fault that outlasts the
 retries fails the question it hit (or every question of the episode whose
 ingestion it hit): recorded on the outcome, and the evaluation goes on. An
@@ -30,6 +37,7 @@ carry ``lm_attempts``, ``lm_faults`` and ``lm_error``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import shutil
 import time
@@ -45,9 +53,10 @@ from optloop.attribution import Attribution, blame, default_judges
 from optloop.datasets import Dataset, Episode, Question
 from optloop.errors import EndpointDownError, LMError, LMUnreachableError
 from optloop.loop.candidate import Candidate, apply_state, candidate_from_modules, ingest_key
+from optloop.lm.accounting import Usage, collect_calls, usage_by_site
 from optloop.loop.cost import LMCost, evaluation_cost
-from optloop.pipeline import (Attributor, CachedStores, QuestionOutcome, Store, StoreCache, answer, ingest, judge,
-                              run_episode)
+from optloop.pipeline import (Attributor, CachedStores, EpisodeResult, QuestionOutcome, Store, StoreCache, StorePlan,
+                              answer, concurrency, ingest, judge, run_episodes)
 from optloop.tracing.graph import ExecutionGraph
 from systems import get_system
 
@@ -165,10 +174,15 @@ class Evaluator:
 
     # --- stores ---------------------------------------------------------------------------
 
-    def store(self, candidate: Candidate, episode: Episode, modules: Mapping[str, dspy.Predict]) -> tuple[Store, bool]:
-        """The episode ingested with ``candidate``'s ingest sites; ``True`` when it was reused."""
+    def store(self, candidate: Candidate, episode: Episode, modules: Mapping[str, dspy.Predict], *,
+              pin: bool = False, plan: StorePlan | None = None) -> tuple[Store, bool]:
+        """The episode ingested with ``candidate``'s ingest sites; ``True`` when it was reused.
+
+        ``pin`` and ``plan``: see :meth:`StoreCache.open` (an evaluation pins its stores until each episode
+        is done and, at ``--concurrency`` > 1, plans their reuse in episode order)."""
         key = ingest_key(self.system_name, candidate, self.stages)
-        return self._stores.open((key, episode.id), lambda: self._build(key, candidate, episode, modules))
+        return self._stores.open((key, episode.id), lambda: self._build(key, candidate, episode, modules), pin=pin,
+                                 plan=plan)
 
     def _build(self, key: str, candidate: Candidate, episode: Episode, modules: Mapping[str, dspy.Predict]) -> Store:
         """A fresh system for ``episode`` under ``key``, ingested by the pipeline on the system's own LM."""
@@ -176,6 +190,8 @@ class Evaluator:
         shutil.rmtree(run_dir, ignore_errors=True)
         system = self.cls(self.lm, run_dir, embedder=self.embedder, knobs=candidate.knobs)
         ingest_modules = {n: m for n, m in modules.items() if self.stages.get(n) == "ingest"}
+        # (An evaluation's modules carry no LM, so episodes building at once put back the None they found;
+        # a DSPy program's may carry one, see the module docstring.)
         saved_lms = {n: m.lm for n, m in ingest_modules.items()}
         try:
             for module in ingest_modules.values():
@@ -219,38 +235,51 @@ class Evaluator:
         return outcome
 
     def evaluate(self, candidate: Candidate, dataset: Dataset, *, split: str = "dev",
-                 progress: Callable[[int], None] | None = None) -> Evaluation:
-        """Run ``candidate`` over every episode of ``dataset``; ``progress(n)`` after each question.
+                 progress: Callable[[int], None] | None = None,
+                 on_episode: Callable[[EpisodeResult], None] | None = None) -> Evaluation:
+        """Run ``candidate`` over every episode of ``dataset``; ``progress(n)`` after each question,
+        ``on_episode(result)`` with each episode's pipeline result, in episode order (a benchmark's look
+        at what each episode did).
+
+        At ``--concurrency`` N > 1 the episodes, their questions and their attributions run N at a time
+        (:func:`~optloop.pipeline.run_episodes`), the stores' reuse decided up front in episode order
+        (:meth:`StoreCache.plan`): the evaluation is the one N = 1 gives (outcomes in episode and question
+        order, the same calls, stores reused and graphs), only sooner.
 
         Raises :class:`EndpointDownError` when the LM endpoint is unreachable (see the module docstring).
         """
         self.check_endpoint()
         modules = self.modules(candidate)
-        stores = CachedStores(lambda episode: self.store(candidate, episode, modules))
-        mark = self.lm.accounting.mark()
         started = time.perf_counter()
         outcomes, ingest_calls, reused, built, graphs = [], 0, 0, 0, []
-        for episode in dataset.episodes:
-            result = run_episode(
-                episode, stores, lm=self.lm, attributor=self.attributor, prepare=self._prepare(candidate, modules),
-                on_lm_error="fail", keep="faulted",
-                save_graph=lambda graph, episode=episode: self._save_graph(graph, split, candidate, episode),
-                label={"split": split, "candidate": candidate.digest(), "origin": candidate.origin},
-                where=f" under candidate {candidate.origin}", on_question=progress and (lambda: progress(1)))
-            outcomes += result.outcomes
-            if result.graph_path is not None:
-                graphs.append(result.graph_path)
-            if result.store_reused is True:
-                reused += 1
-            elif result.store_reused is False:
-                built += 1
-                ingest_calls += result.ingest_calls
-        usage = self.lm.accounting.totals(since=mark)
+        key = ingest_key(self.system_name, candidate, self.stages)
+        planning = (self._stores.plan([(key, e.id) for e in dataset.episodes]) if concurrency(self.lm) > 1
+                    else contextlib.nullcontext())
+        with collect_calls() as calls, planning as plan:
+            stores = CachedStores(lambda episode: self.store(candidate, episode, modules, pin=True, plan=plan),
+                                  self._stores.release)
+            for result in run_episodes(
+                    dataset.episodes, stores, lm=self.lm, attributor=self.attributor,
+                    prepare=self._prepare(candidate, modules), on_lm_error="fail", keep="faulted",
+                    save_graph=lambda graph, episode: self._save_graph(graph, split, candidate, episode),
+                    label={"split": split, "candidate": candidate.digest(), "origin": candidate.origin},
+                    where=f" under candidate {candidate.origin}", on_question=progress and (lambda: progress(1))):
+                outcomes += result.outcomes
+                if on_episode is not None:
+                    on_episode(result)
+                if result.graph_path is not None:
+                    graphs.append(result.graph_path)
+                if result.store_reused is True:
+                    reused += 1
+                elif result.store_reused is False:
+                    built += 1
+                    ingest_calls += result.ingest_calls
+        usage = Usage.of(calls)
         return Evaluation(split=split, candidate=candidate.digest(), outcomes=outcomes, llm_calls=usage.calls,
                           model_calls=usage.model_calls, ingest_calls=ingest_calls, tokens=usage.tokens,
                           seconds=round(time.perf_counter() - started, 2), stores_reused=reused, stores_built=built,
                           lm_attempt_faults=usage.faults, lm_cured=usage.cured, lm_failed_calls=usage.errors,
-                          fault_graphs=graphs, **evaluation_cost(usage, self.lm.accounting.by_site(since=mark)))
+                          fault_graphs=graphs, **evaluation_cost(usage, usage_by_site(calls)))
 
     # --- LM faults ------------------------------------------------------------------------
 

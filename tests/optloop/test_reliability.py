@@ -134,9 +134,11 @@ def test_faults_are_marked_on_their_operations_and_the_episode_graph_is_saved(tm
     assert n >= 2
     # rag_bm25: no ingest LLM, one answer call per question. Question 1: 500 then ok (cured);
     # question 2: 503, 503 (surfaced with one retry: the question fails, the evaluation goes on).
+    # The faults follow the order requests arrive in, so the questions go one at a time (concurrency 1).
     faults = {1: ("status", 500), 3: ("status", 503), 4: ("status", 503)}
     with ScriptedOpenAIServer([("respond", on_schedule(faults))]) as server:
-        evaluator = Evaluator("rag_bm25", remote(server.base_url, max_retries=1), tmp_path, embedder=embedder)
+        evaluator = Evaluator("rag_bm25", remote(server.base_url, max_retries=1, concurrency=1), tmp_path,
+                              embedder=embedder)
         try:
             ev = evaluator.evaluate(evaluator.baseline(), dataset)
         finally:
@@ -158,7 +160,8 @@ def test_faults_are_marked_on_their_operations_and_the_episode_graph_is_saved(tm
 @pytest.mark.parametrize("system", ["md_flat", "rag_bm25"])  # md_flat dies in ingestion, rag_bm25 in answering
 def test_a_dead_endpoint_stops_the_evaluation_instead_of_failing_every_question(system, tmp_path, embedder):
     dataset = load_dataset("builtin:tiny?limit=1")
-    evaluator = Evaluator(system, remote(closed_port_url(), max_retries=0), tmp_path, embedder=embedder)
+    # one call at a time, so "the first" is well defined (at N > 1 see tests/optloop/test_concurrency.py)
+    evaluator = Evaluator(system, remote(closed_port_url(), max_retries=0, concurrency=1), tmp_path, embedder=embedder)
     try:
         with pytest.raises(EndpointDownError, match="cannot reach LM endpoint"):
             evaluator.evaluate(evaluator.baseline(), dataset)
@@ -172,7 +175,8 @@ def test_a_dead_endpoint_stops_the_evaluation_instead_of_failing_every_question(
 def test_an_endpoint_answering_only_5xx_stops_the_evaluation_on_the_third_failed_call(tmp_path, embedder):
     dataset = load_dataset("builtin:tiny")  # 4 episodes: each failed ingestion fails one episode, then it stops
     with ScriptedOpenAIServer([("status", 503)]) as server:
-        evaluator = Evaluator("md_flat", remote(server.base_url, max_retries=1), tmp_path, embedder=embedder)
+        evaluator = Evaluator("md_flat", remote(server.base_url, max_retries=1, concurrency=1), tmp_path,
+                              embedder=embedder)  # one episode at a time: "the third call" is well defined
         try:
             with pytest.raises(EndpointDownError, match="only server errors .HTTP 503. to 3 calls in a row"):
                 evaluator.evaluate(evaluator.baseline(), dataset)

@@ -328,3 +328,26 @@ def test_the_new_faults_figures_stand_apart_from_the_original_ones():
     assert s["by_added"]["issue-21"]["passed_clean"] == 3
     row = next(line for line in text(report_of(run)).splitlines() if "faults added: issue-21" in line)
     assert "1/1 1.00 [1.00, 1.00]*" in row
+
+
+def test_planted_faults_at_concurrency_4_give_the_serial_harness_results(tmp_path: Path):
+    """Episodes in parallel (each its clean run, then its fault runs) against an endpoint whose answers are
+    fixed by the request: the same baselines, tallies and cases, in the same order, as one at a time."""
+    from optloop.datasets import load_dataset
+    from optloop.lm import LMSettings, OptloopLM
+    from tests._oracle import KeyedEndpoint, gold_answers
+
+    dataset = load_dataset("builtin:tiny")
+    runs, lines = {}, {}
+    with KeyedEndpoint(gold_answers(dataset.episodes), latency_s=0.01) as endpoint:
+        for n in (1, 4):
+            lm = OptloopLM(LMSettings.from_spec("openai:oracle", base_url=endpoint.base_url, concurrency=n,
+                                                cache_path=tmp_path / f"n{n}.sqlite"))
+            lines[n] = []
+            run = run_planted(["md_flat"], dataset, lm, tmp_path / f"n{n}", embedder=HashEmbedder(),
+                              fault_names=["answer-unknown", "mdflat-curate-forgets"], progress=lines[n].append)
+            runs[n] = (run.baselines, run.tallies,
+                       [(c.fault, c.episode, c.question_id, c.set_aside, c.attribution.model_dump(), c.llm_calls)
+                        for c in run.cases])
+    assert runs[1][2] and runs[4] == runs[1]
+    assert lines[4] == lines[1]  # said in episode order

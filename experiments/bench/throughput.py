@@ -1,0 +1,329 @@
+"""Throughput against an endpoint: one evaluation at ``--concurrency`` N = 1, 2, 4, 8, 16 (issue 20, section 4).
+
+    python -m experiments.bench.throughput record [--systems md_flat,mem0,graphiti] [--dataset URI] [--cache FILE]
+    python -m experiments.bench.throughput replay [--systems ...] [--n 1,2,4,8,16] [--latency-ms 300] [--jitter-ms 50]
+                                                  [--rate-429 0,0.1] [--retry-after 1] [--seed 0]
+                                                  [--json experiments/results/throughput.json] [--markdown OUT]
+
+``record`` runs one evaluation of each system (the baseline candidate, as ``optloop.run`` evaluates it) on
+the dataset with the embedded LM (``--lm``, default ``local``; each system with its own decoding bounds),
+writing every answer to a dedicated LM cache file (default ``$OPTLOOP_HOME/throughput/lm_cache.sqlite``)
+and, beside it, ``recording.json``: the dataset, the model identity, the date and each system's figures.
+The default dataset, ``synthetic:suite?seed=0``, has 9 short episodes (1 or 2 sessions, 1 or 2 questions),
+so graphiti on the embedded LM records in minutes.
+
+``replay`` serves that cache from :mod:`experiments.bench.replay_server` on loopback (answers after
+``--latency-ms`` +- ``--jitter-ms``, and HTTP 429 with ``Retry-After`` on a ``--rate-429`` fraction of
+requests, all fixed by ``--seed`` and the request) and runs the same evaluation through it, uncached,
+at every N (and every 429 rate), each on a fresh server, store directory and LM. Per row:
+
+``seconds``        wall time of the evaluation (``Evaluator.evaluate``; the systems' construction left out)
+``calls``          LM requests it made (429 retries not counted)
+``ideal_seconds``  ``max(calls x mean latency / N, longest chain x mean latency)``: the time N requests
+                   always in flight would take, bounded below by the longest episode's chain of calls that
+                   must go one after another, its ingestion calls (sessions go in order) plus the calls of
+                   its costliest question (a question's calls go in order; its questions run at once).
+                   The mean latency is the replay server's injected mean for the run. graphiti makes some of
+                   a session's calls at once, so for graphiti the chain overstates the true one, and an
+                   efficiency above 1 says by how much.
+``efficiency``     ``ideal_seconds / seconds``
+``accuracy``       of the evaluation; it must be the same at every N and 429 rate (the run fails otherwise)
+``retries_429``    attempts the endpoint refused with 429 and optloop asked again
+``misses``         requests the recording does not hold (answered HTTP 400: that question fails at every N)
+
+Results go to ``--json`` (``{"rows": [...], <settings>}``) and, with ``--markdown``, a table.
+mem0's extraction prompt carries the day's date (UTC), so its recording replays on the day it was made.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from experiments.bench._common import parse_systems
+from experiments.bench.replay_server import ReplayConfig, ReplayServer, load_cache
+from optloop.cli import run_cli, setup_logging
+from optloop.datasets import Dataset, load_dataset
+from optloop.embed import Embedder, get_embedder
+from optloop.errors import ConfigError
+from optloop.lm import LMSettings, OptloopLM, Usage
+from optloop.loop.evaluate import Evaluation, Evaluator
+from optloop.paths import state_dir, write_atomic
+from optloop.pipeline import EpisodeResult
+from systems import get_system
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_SYSTEMS = "md_flat,mem0,graphiti"
+DEFAULT_DATASET = "synthetic:suite?seed=0"
+DEFAULT_N = "1,2,4,8,16"
+MIN_EPISODES = 8
+RESULTS = Path(__file__).resolve().parents[1] / "results"
+
+
+class Recorded(BaseModel):
+    """One system's recording run, on the embedded LM."""
+
+    accuracy: float
+    calls: int
+    model_calls: int
+    seconds: float
+
+
+class Recording(BaseModel):
+    """``recording.json``, beside the cache: what ``replay`` needs to ask exactly what was recorded."""
+
+    dataset: str
+    identity: str = Field(description="the model identity the cache entries were written under")
+    recorded_on: str = Field(description="UTC date (mem0's prompts carry it)")
+    systems: dict[str, Recorded] = Field(default_factory=dict)
+
+
+class Row(BaseModel):
+    system: str
+    n: int
+    rate_429: float
+    seconds: float
+    ideal_seconds: float
+    efficiency: float
+    accuracy: float
+    calls: int
+    retries_429: int
+    misses: int
+    chain: int = Field(description="the longest episode's chain of sequential calls")
+    mean_latency_s: float
+
+
+def today() -> str:
+    return datetime.now(timezone.utc).date().isoformat()
+
+
+def chain(result: EpisodeResult) -> int:
+    """An episode's calls that must go one after another: its ingestion's, then its costliest question's."""
+    graph = result.graph
+    questions = [sum(op.llm_calls for op in graph.question_ops(q.id)) for q in result.episode.questions] \
+        if graph is not None else []
+    return result.ingest_calls + max(questions, default=0)
+
+
+def evaluate(system: str, lm: OptloopLM, dataset: Dataset, work: Path,
+             embedder: Embedder) -> tuple[Evaluation, list[EpisodeResult], float]:
+    """One evaluation of ``system``'s baseline over ``dataset``: (evaluation, episode results, wall seconds)."""
+    evaluator = Evaluator(system, lm, work, embedder=embedder, dataset_uri=dataset.uri)
+    episodes: list[EpisodeResult] = []
+    try:
+        started = time.perf_counter()
+        evaluation = evaluator.evaluate(evaluator.baseline(), dataset, on_episode=episodes.append)
+        return evaluation, episodes, time.perf_counter() - started
+    finally:
+        evaluator.close()
+
+
+# --- record ----------------------------------------------------------------------------------
+
+
+def record(args: argparse.Namespace, console: Console) -> int:
+    systems = parse_systems(args.systems)
+    dataset = load_dataset(args.dataset)
+    if len(dataset.episodes) < MIN_EPISODES:
+        console.print(f"[yellow]{args.dataset} has {len(dataset.episodes)} episodes; the benchmark wants at least "
+                      f"{MIN_EPISODES} so that N = 8 has an episode per thread[/yellow]")
+    cache: Path = args.cache
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    embedder = get_embedder()
+    recording = Recording(dataset=dataset.uri, identity="", recorded_on=today())
+    with Progress(console=console) as progress:
+        task = progress.add_task("record", total=len(systems))
+        for system in systems:
+            progress.update(task, description=f"record {system}")
+            settings = LMSettings.from_spec(args.lm, cache_path=cache, **get_system(system).local_decoding)
+            lm = OptloopLM(settings)
+            with tempfile.TemporaryDirectory(prefix="optloop-throughput-") as tmp:
+                evaluation, _, seconds = evaluate(system, lm, dataset, Path(tmp), embedder)
+            recording.identity = lm.backend.identity
+            recording.systems[system] = Recorded(accuracy=evaluation.accuracy, calls=evaluation.llm_calls,
+                                                 model_calls=evaluation.model_calls, seconds=round(seconds, 1))
+            progress.advance(task)
+    write_atomic(manifest_path(cache), recording.model_dump_json(indent=2))
+    table = Table(title=f"recorded on {recording.identity} ({dataset.uri}) into {cache}")
+    for column in ("system", "accuracy", "calls", "model calls", "seconds"):
+        table.add_column(column, justify="left" if column == "system" else "right")
+    for system, done in recording.systems.items():
+        table.add_row(system, f"{done.accuracy:.3f}", str(done.calls), str(done.model_calls), f"{done.seconds:.1f}")
+    console.print(table)
+    return 0
+
+
+def manifest_path(cache: Path) -> Path:
+    return cache.with_name("recording.json")
+
+
+def read_recording(cache: Path, systems: Sequence[str]) -> Recording:
+    path = manifest_path(cache)
+    if not path.is_file():
+        raise ConfigError(f"no recording at {path}; run `python -m experiments.bench.throughput record` first")
+    recording = Recording.model_validate_json(path.read_text())
+    missing = [s for s in systems if s not in recording.systems]
+    if missing:
+        raise ConfigError(f"{path} holds no recording of {', '.join(missing)}; record them first")
+    if "mem0" in systems and recording.recorded_on != today():
+        raise ConfigError(f"mem0's extraction prompt carries the date (UTC): its recording of {recording.recorded_on} "
+                          f"cannot be replayed on {today()}; record again (or leave mem0 out with --systems)")
+    return recording
+
+
+# --- replay ----------------------------------------------------------------------------------
+
+
+def replay_one(system: str, n: int, rate_429: float, dataset: Dataset, responses: dict[str, Any], identity: str,
+               args: argparse.Namespace, embedder: Embedder) -> tuple[Row, list[tuple[str, str, bool]]]:
+    """One evaluation through a fresh replay server at concurrency ``n``: its row, and its outcomes
+    (question id, prediction, passed) to compare across N."""
+    config = ReplayConfig(latency_ms=args.latency_ms, jitter_ms=args.jitter_ms, seed=args.seed, rate_429=rate_429,
+                          retry_after=args.retry_after)
+    with ReplayServer(responses, identity=identity, config=config) as server, \
+            tempfile.TemporaryDirectory(prefix="optloop-throughput-") as tmp:
+        lm = OptloopLM(LMSettings.from_spec("openai:replay", base_url=server.base_url, cache=False, concurrency=n,
+                                            timeout_s=args.timeout))
+        evaluation, episodes, seconds = evaluate(system, lm, dataset, Path(tmp), embedder)
+        stats = server.stats
+    usage = Usage.of(lm.accounting.records)
+    mean = stats.latency_s / stats.hits if stats.hits else args.latency_ms / 1000
+    longest = max((chain(result) for result in episodes), default=0)
+    ideal = max(evaluation.llm_calls * mean / n, longest * mean)
+    row = Row(system=system, n=n, rate_429=rate_429, seconds=round(seconds, 2), ideal_seconds=round(ideal, 2),
+              efficiency=round(ideal / seconds, 3) if seconds else 0.0, accuracy=evaluation.accuracy,
+              calls=evaluation.llm_calls, retries_429=usage.retries_429, misses=stats.misses, chain=longest,
+              mean_latency_s=round(mean, 4))
+    return row, [(o.question_id, o.prediction, o.passed) for o in evaluation.outcomes]
+
+
+def replay(args: argparse.Namespace, console: Console) -> int:
+    systems = parse_systems(args.systems)
+    recording = read_recording(args.cache, systems)
+    dataset = load_dataset(recording.dataset)
+    responses = load_cache(args.cache)
+    ns = parse_numbers(args.n, int)
+    rates = parse_numbers(args.rate_429, float)
+    embedder = get_embedder()
+    embedder.embed(["warm up"])  # loaded now, not inside the first run's seconds
+    rows: list[Row] = []
+    different: list[str] = []
+    with Progress(console=console) as progress:
+        task = progress.add_task("replay", total=len(systems) * len(ns) * len(rates))
+        for system in systems:
+            first: list[tuple[str, str, bool]] | None = None
+            for rate in rates:
+                for n in ns:
+                    progress.update(task, description=f"{system} N={n}" + (f" 429s {rate:g}" if rate else ""))
+                    row, outcomes = replay_one(system, n, rate, dataset, responses, recording.identity, args,
+                                               embedder)
+                    rows.append(row)
+                    first = outcomes if first is None else first
+                    if outcomes != first:
+                        different.append(f"{system} at N={n}, 429s {rate:g}")
+                    progress.advance(task)
+    results = {"rows": [row.model_dump() for row in rows], "dataset": dataset.uri, "identity": recording.identity,
+               "systems": systems, "n": ns, "rate_429": rates, "latency_ms": args.latency_ms,
+               "jitter_ms": args.jitter_ms, "retry_after_s": args.retry_after, "seed": args.seed,
+               "identical": not different, "different": different}
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(args.json, json.dumps(results, indent=2) + "\n")
+    if args.markdown:
+        write_atomic(args.markdown, to_markdown(rows, results))
+    print_table(rows, results, console)
+    if any(row.misses for row in rows):
+        console.print("[yellow]some requests were not in the recording (misses): those questions failed at every N; "
+                      "was the recording made with these systems and this dataset?[/yellow]")
+    if different:
+        console.print(f"[red]the evaluation differs across N: {'; '.join(different)}[/red]")
+        return 1
+    return 0
+
+
+def parse_numbers(text: str, kind: type) -> list[Any]:
+    try:
+        values = [kind(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ConfigError(f"not a comma-separated list of numbers: {text!r}") from None
+    if not values:
+        raise ConfigError(f"no numbers in {text!r}")
+    return values
+
+
+COLUMNS = ("system", "N", "429s", "seconds", "ideal s", "efficiency", "accuracy", "calls", "429 retries", "misses")
+
+
+def _cells(row: Row) -> list[str]:
+    return [row.system, str(row.n), f"{row.rate_429:g}", f"{row.seconds:.1f}", f"{row.ideal_seconds:.1f}",
+            f"{row.efficiency:.2f}", f"{row.accuracy:.3f}", str(row.calls), str(row.retries_429), str(row.misses)]
+
+
+def _settings(results: dict[str, Any]) -> str:
+    return (f"{results['dataset']}, answers recorded from {results['identity']}, replayed at "
+            f"{results['latency_ms']:g} ms +- {results['jitter_ms']:g} (Retry-After {results['retry_after_s']:g} s); "
+            f"accuracy identical across N: {'yes' if results['identical'] else 'NO'}")
+
+
+def to_markdown(rows: Sequence[Row], results: dict[str, Any]) -> str:
+    lines = [_settings(results) + ".", "", "| " + " | ".join(COLUMNS) + " |", "|---" * len(COLUMNS) + "|"]
+    lines += ["| " + " | ".join(_cells(row)) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def print_table(rows: Sequence[Row], results: dict[str, Any], console: Console) -> None:
+    table = Table(title=_settings(results))
+    for column in COLUMNS:
+        table.add_column(column, justify="left" if column == "system" else "right")
+    for row in rows:
+        table.add_row(*_cells(row))
+    console.print(table)
+
+
+# --- the command line ------------------------------------------------------------------------
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m experiments.bench.throughput", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    steps = parser.add_subparsers(dest="step", required=True)
+    rec = steps.add_parser("record", help="record each system's evaluation on the embedded LM into an LM cache")
+    rep = steps.add_parser("replay", help="replay it through a loopback endpoint at each N")
+    for sub in (rec, rep):
+        sub.add_argument("--systems", default=DEFAULT_SYSTEMS, help=f"comma-separated (default {DEFAULT_SYSTEMS})")
+        sub.add_argument("--cache", type=Path, default=None,
+                         help="the recording's LM cache (default $OPTLOOP_HOME/throughput/lm_cache.sqlite)")
+        sub.add_argument("--verbose", action="store_true")
+    rec.add_argument("--dataset", default=DEFAULT_DATASET, help=f"dataset URI (default {DEFAULT_DATASET})")
+    rec.add_argument("--lm", default="local", help="LM spec to record from (default: the embedded model)")
+    rep.add_argument("--n", default=DEFAULT_N, help=f"concurrencies (default {DEFAULT_N})")
+    rep.add_argument("--latency-ms", type=float, default=300.0)
+    rep.add_argument("--jitter-ms", type=float, default=50.0)
+    rep.add_argument("--rate-429", default="0", help="fractions of requests refused with HTTP 429, e.g. 0,0.1")
+    rep.add_argument("--retry-after", type=float, default=1.0, help="seconds in the 429s' Retry-After")
+    rep.add_argument("--seed", type=int, default=0)
+    rep.add_argument("--timeout", type=float, default=60.0, help="per-attempt LM timeout, seconds")
+    rep.add_argument("--json", type=Path, default=RESULTS / "throughput.json")
+    rep.add_argument("--markdown", type=Path, metavar="OUT", help="also write the table to this Markdown file")
+    args = parser.parse_args(argv)
+    setup_logging(args.verbose)
+    args.cache = args.cache or state_dir() / "throughput" / "lm_cache.sqlite"
+    console = Console()
+    return record(args, console) if args.step == "record" else replay(args, console)
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main))
