@@ -174,7 +174,6 @@ class Usage:
         return {**out, "tokens": self.tokens, "cost_usd": self.cost_usd}
 
 
-@dataclass
 def usage_by_site(records: Iterable[CallRecord]) -> dict[str | None, Usage]:
     """Totals of ``records`` per prompt site (``None``: calls made outside any)."""
     out: dict[str | None, Usage] = {}
@@ -183,6 +182,7 @@ def usage_by_site(records: Iterable[CallRecord]) -> dict[str | None, Usage]:
     return out
 
 
+@dataclass
 class Accounting:
     """Thread-safe log of :class:`CallRecord`; totals overall or per prompt site."""
 

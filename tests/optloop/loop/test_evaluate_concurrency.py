@@ -62,7 +62,7 @@ def run(system: str, n: int, root: Path, endpoint: KeyedEndpoint, embedder: Any)
     records = Counter((r.site, r.key, r.cached, r.attempts, tuple(r.faults), r.error) for r in lm.accounting.records)
     by_site = {site: (u.calls, u.model_calls, u.cache_hits, u.errors, u.retries, u.faults, u.tokens)
                for site, u in lm.accounting.by_site().items()}
-    return {"evaluations": [e.model_dump(exclude={"seconds", "fault_graphs"}) for e in evaluations],
+    return {"evaluations": [e.model_dump(exclude={"seconds", "lm_seconds", "fault_graphs"}) for e in evaluations],
             "graphs": graphs, "keys": keys, "records": records, "by_site": by_site}
 
 
