@@ -81,6 +81,9 @@ class Recorded(BaseModel):
     calls: int
     model_calls: int
     seconds: float
+    tokens: int = Field(0, description="prompt + completion tokens of its calls (the README's cost estimate)")
+    sessions: int = Field(0, description="sessions ingested (calls and tokens per session)")
+    ingest_calls: int = 0
 
 
 class Recording(BaseModel):
@@ -155,7 +158,9 @@ def record(args: argparse.Namespace, console: Console) -> int:
                 evaluation, _, seconds = evaluate(system, lm, dataset, Path(tmp), embedder)
             recording.identity = lm.backend.identity
             recording.systems[system] = Recorded(accuracy=evaluation.accuracy, calls=evaluation.llm_calls,
-                                                 model_calls=evaluation.model_calls, seconds=round(seconds, 1))
+                                                 model_calls=evaluation.model_calls, seconds=round(seconds, 1),
+                                                 tokens=evaluation.tokens, ingest_calls=evaluation.ingest_calls,
+                                                 sessions=sum(len(e.sessions) for e in dataset.episodes))
             progress.advance(task)
     write_atomic(manifest_path(cache), recording.model_dump_json(indent=2))
     table = Table(title=f"recorded on {recording.identity} ({dataset.uri}) into {cache}")
