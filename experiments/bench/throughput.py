@@ -60,6 +60,7 @@ from optloop.datasets import Dataset, load_dataset
 from optloop.embed import Embedder, get_embedder
 from optloop.errors import ConfigError
 from optloop.lm import LMSettings, OptloopLM, Usage
+from optloop.loop.cost import LMCost
 from optloop.loop.evaluate import Evaluation, Evaluator
 from optloop.paths import state_dir, write_atomic
 from optloop.pipeline import EpisodeResult
@@ -84,6 +85,7 @@ class Recorded(BaseModel):
     tokens: int = Field(0, description="prompt + completion tokens of its calls (the README's cost estimate)")
     sessions: int = Field(0, description="sessions ingested (calls and tokens per session)")
     ingest_calls: int = 0
+    sites: dict[str, LMCost] = Field(default_factory=dict, description="calls and tokens per prompt site")
 
 
 class Recording(BaseModel):
@@ -160,7 +162,8 @@ def record(args: argparse.Namespace, console: Console) -> int:
             recording.systems[system] = Recorded(accuracy=evaluation.accuracy, calls=evaluation.llm_calls,
                                                  model_calls=evaluation.model_calls, seconds=round(seconds, 1),
                                                  tokens=evaluation.tokens, ingest_calls=evaluation.ingest_calls,
-                                                 sessions=sum(len(e.sessions) for e in dataset.episodes))
+                                                 sessions=sum(len(e.sessions) for e in dataset.episodes),
+                                                 sites=evaluation.sites)
             progress.advance(task)
     write_atomic(manifest_path(cache), recording.model_dump_json(indent=2))
     table = Table(title=f"recorded on {recording.identity} ({dataset.uri}) into {cache}")
