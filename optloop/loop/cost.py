@@ -32,11 +32,13 @@ class LMCost(BaseModel):
     calls: int = Field(0, description="LLM requests, cache hits included")
     model_calls: int = Field(0, description="requests the model computed (not from the cache)")
     tokens: int = Field(0, description="prompt + completion tokens of the computed requests")
+    prompt_tokens: int = Field(0, description="of ``tokens``, the prompts' (priced apart from completions)")
     cost_usd: float | None = Field(None, description="dollars (None: the model has no price)")
 
     @classmethod
     def of(cls, usage: Usage) -> LMCost:
-        return cls(calls=usage.calls, model_calls=usage.model_calls, tokens=usage.tokens, cost_usd=usage.cost_usd)
+        return cls(calls=usage.calls, model_calls=usage.model_calls, tokens=usage.tokens,
+                   prompt_tokens=usage.prompt_tokens, cost_usd=usage.cost_usd)
 
 
 def site_costs(by_site: Mapping[str | None, Usage]) -> dict[str, LMCost]:
