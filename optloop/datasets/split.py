@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from optloop.datasets._model import Dataset
 
 
-def _counts(n: int, fractions: Sequence[float]) -> list[int]:
+def split_counts(n: int, fractions: Sequence[float]) -> list[int]:
     """Largest-remainder allocation of n items; every positive fraction gets one when n allows."""
     total = sum(fractions)
     exact = [n * f / total for f in fractions]
@@ -43,7 +43,7 @@ def split_episodes(
         raise ValueError(f"fractions must be three non-negative numbers with a positive sum, got {tuple(fractions)}")
     ids = sorted(e.id for e in dataset.episodes)
     random.Random(seed).shuffle(ids)
-    counts = _counts(len(ids), fractions)
+    counts = split_counts(len(ids), fractions)
     assignment: dict[str, int] = {}
     start = 0
     for part, count in enumerate(counts):
