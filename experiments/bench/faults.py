@@ -339,11 +339,15 @@ def figures(endpoint: FaultyEndpoint, result: dict[str, Any], checkpoint: dict[s
 
 def run_loop(base_url: str, work: Path, *, system: str, dataset: str, budget: int, timeout: float, retries: int,
              run_name: str = "faults", extra: Sequence[str] = (), env: dict[str, str] | None = None,
-             timeout_s: float = 1800) -> subprocess.CompletedProcess[str]:
-    """``python -m optloop.run`` against ``base_url``, its state and MLflow store under ``work``."""
+             timeout_s: float = 1800, concurrency: int = 1) -> subprocess.CompletedProcess[str]:
+    """``python -m optloop.run`` against ``base_url``, its state and MLflow store under ``work``.
+
+    ``concurrency`` 1 by default (an endpoint's default is 8): the schedule counts requests in the order they
+    arrive, and its burst of two faults in a row fails a call only when the call's retry is the very next
+    request, which requests of other calls in flight would take instead."""
     cmd = [sys.executable, "-m", "optloop.run", "--system", system, "--dataset", dataset, "--budget", str(budget),
            "--lm", "openai:smollm2", "--lm-base-url", base_url, "--lm-timeout", str(timeout),
-           "--lm-retries", str(retries), "--run-name", run_name, "--tracking-uri",
+           "--lm-retries", str(retries), "--concurrency", str(concurrency), "--run-name", run_name, "--tracking-uri",
            f"sqlite:///{work / 'mlruns' / 'mlflow.db'}", "--json", str(work / f"{run_name}.json"), *extra]
     run_env = {**os.environ, "OPTLOOP_HOME": str(work / "state"), "OPTLOOP_MLRUNS": str(work / "mlruns"),
                **(env or {})}
