@@ -93,7 +93,11 @@ def per_unit(recording: Recording, system: str, questions: int) -> PerUnit:
     asked = [c for s, c in done.sites.items() if s in ANSWER_SIDE]
 
     def total(costs: list[Any], field: str) -> float:
-        return float(sum(getattr(c, field) for c in costs))
+        """Summed over sites; tokens, which only computed requests report, scaled up to every request (a
+        recording resumed from its cache served some of them)."""
+        if field == "calls":
+            return float(sum(c.calls for c in costs))
+        return float(sum(getattr(c, field) * c.calls / c.model_calls for c in costs if c.model_calls))
 
     sessions = done.sessions
     return PerUnit(
