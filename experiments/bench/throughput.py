@@ -82,10 +82,9 @@ class Recorded(BaseModel):
     calls: int
     model_calls: int
     seconds: float
-    tokens: int = Field(0, description="prompt + completion tokens of its calls (the README's cost estimate)")
     sessions: int = Field(0, description="sessions ingested (calls and tokens per session)")
-    ingest_calls: int = 0
-    sites: dict[str, LMCost] = Field(default_factory=dict, description="calls and tokens per prompt site")
+    sites: dict[str, LMCost] = Field(default_factory=dict, description="calls and tokens per prompt site "
+                                                                         "(experiments.bench.estimate)")
 
 
 class Recording(BaseModel):
@@ -161,7 +160,6 @@ def record(args: argparse.Namespace, console: Console) -> int:
             recording.identity = lm.backend.identity
             recording.systems[system] = Recorded(accuracy=evaluation.accuracy, calls=evaluation.llm_calls,
                                                  model_calls=evaluation.model_calls, seconds=round(seconds, 1),
-                                                 tokens=evaluation.tokens, ingest_calls=evaluation.ingest_calls,
                                                  sessions=sum(len(e.sessions) for e in dataset.episodes),
                                                  sites=evaluation.sites)
             progress.advance(task)
