@@ -49,7 +49,8 @@ with the tag optloop.stopped_by, and the same command with a higher limit resume
 limits are not part of the run's settings). The total may pass a limit by one step.
 --max-cost needs a model with a price (litellm's table): for any other, use --max-calls.
 --estimate evaluates the baseline, prints the expected calls, tokens, dollars and hours of
-the whole run, and stops; the same command without --estimate goes on from that baseline.
+the whole run (the trials' evaluations and the optimizer's own calls on train and to the
+proposer), and stops; the same command without --estimate goes on from that baseline.
 
 Exit codes: 0 done (or --estimate printed); 2 bad input (an unknown system, a budget out of
 range, a missing or malformed dataset, a corrupt LM cache or checkpoint, a finished
@@ -202,7 +203,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="stop once the models have computed this many calls (LM cache hits are free)")
     spend.add_argument("--estimate", action="store_true",
                        help="evaluate the baseline, print the expected calls, tokens, dollars and hours of the whole "
-                            "run, and stop (the same command without --estimate goes on from that baseline)")
+                            "run, the optimizer's own calls included, and stop (the same command without --estimate "
+                            "goes on from that baseline)")
     parser.add_argument("--verbose", action="store_true")
     add_lm_arguments(parser)
     return parser
@@ -408,8 +410,8 @@ def duration(hours: float) -> str:
 
 def estimate_table(figures: Estimate, config: LoopConfig, settings: LMSettings) -> Table:
     """The ``--estimate`` of a run, one row per part (see :mod:`optloop.loop.spend` for the model)."""
-    table = Table(title=f"estimate for {config.run_name}: {config.system} on {config.dataset}, budget {config.budget}, "
-                        f"{model_name(settings)}, --concurrency {figures.concurrency}")
+    table = Table(title=f"estimate for {config.run_name}: {config.system} on {config.dataset}, {config.optimizer}, "
+                        f"budget {config.budget}, {model_name(settings)}, --concurrency {figures.concurrency}")
     for column in ("part", "evaluations", "calls", "tokens", "dollars", "time"):
         table.add_column(column, justify="left" if column == "part" else "right")
     for part in [*figures.parts, figures.total]:
@@ -421,11 +423,22 @@ def estimate_table(figures: Estimate, config: LoopConfig, settings: LMSettings) 
     return table
 
 
+def optimizer_line(figures: Estimate, config: LoopConfig) -> str:
+    """What the optimizer's part stands for: its calls a trial and where the figure comes from."""
+    work = figures.optimizer
+    if work is None:
+        return f"optimizer: {config.optimizer}'s own calls are not estimated (no model of them)"
+    source = "" if work.measured else f"the {work.optimizer} model (optloop/loop/overhead.py): "
+    return (f"optimizer: {work.per_trial(config.budget):.1f} calls a trial ({work.calls:.0f} on train with the system "
+            f"LM, {work.proposer_calls:.0f} to the proposer, over the run), from {source}{work.basis}")
+
+
 def estimate_lines(figures: Estimate, ckpt: Checkpoint, config: LoopConfig, go_on: str) -> list[str]:
     """The estimate's model and what to do next, in plain lines."""
     latency = "unknown (no call was computed: the LM cache served them all)" if figures.latency_s is None else \
         f"{figures.latency_s:.3f} s, measured on the baseline's dev evaluation"
     return [f"how: {figures.model}",
+            optimizer_line(figures, config),
             f"mean latency of one computed call: {latency}",
             f"spent so far: {cost_line(ckpt.total_cost())}",
             f"nothing else ran: the baseline is saved in run {config.run_name}; the same command without --estimate "
@@ -520,8 +533,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             if stop.reason != ESTIMATE:
                 print(stopped_line(stop, ckpt, config, again), file=sys.stderr)
                 return EXIT_LIMIT
+            price = (proposer_settings or settings).price()
             figures = estimate(ckpt, budget=config.budget, concurrency=settings.concurrency or 1,
-                               dev_units=work_units(dev), test_units=work_units(test))
+                               dev_units=work_units(dev), test_units=work_units(test),
+                               optimizer=loop.optimizer_work(ckpt), own_proposer=proposer_settings is not None,
+                               proposer_price=None if price is None else (price.input, price.output))
             console.print(estimate_table(figures, config, settings))
             for line in estimate_lines(figures, ckpt, config, resume_command([a for a in argv if a != "--estimate"])):
                 console.print(line, soft_wrap=True, markup=False, highlight=False)

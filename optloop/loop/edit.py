@@ -18,7 +18,8 @@ blamed ones, most blamed first):
    one or two composed, as GrIPS's ``num_compose``);
 3. every site's edits are scored together on a seeded mini-batch of train
    questions (GrIPS's score set; these runs are the optimizer's cost, not
-   evaluations of ``--budget``);
+   evaluations of ``--budget``: ``--estimate`` counts them, with the best's
+   screening and the paraphrase calls, by :func:`optloop.loop.overhead.edit_work`);
 4. the edits are queued best train score first, and the loop evaluates them on
    dev, one per budget unit. When the queue is spent, the next round edits the
    best candidate so far (GrIPS's greedy search); the loop retargets the sites
@@ -86,8 +87,9 @@ class EditOptimizer(Optimizer):
     """GrIPS-style phrase edits of the blamed instructions, screened on train, queued for the loop (see module doc)."""
 
     name = "edit"
+    DELETIONS, EXTRA, BSIZE = 3, 1, 6  # the defaults (also what --estimate's model of a round assumes: overhead.py)
 
-    def __init__(self, *args: Any, deletions: int = 3, extra: int = 1, bsize: int = 6, **kwargs: Any):
+    def __init__(self, *args: Any, deletions: int = DELETIONS, extra: int = EXTRA, bsize: int = BSIZE, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.deletions = deletions
         self.extra = extra

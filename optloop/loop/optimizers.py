@@ -24,7 +24,9 @@ moves the blame.
   (see :mod:`optloop.loop.study`).
 
 SIMBA's and GEPA's inner mini-batch runs are the optimizer's own cost: their
-LLM calls are counted and reported, but they are not evaluations. They run
+LLM calls are counted and reported, but they are not evaluations (``--estimate``
+counts them with a model of each optimizer's rounds, :mod:`optloop.loop.overhead`,
+which reads the defaults below: keep the two in step). They run
 ``num_threads`` programs at once (one on the embedded model): each thread records
 into its own recorder, and a shared store serves one question at a time.
 """
@@ -142,9 +144,10 @@ class SimbaOptimizer(_QueueOptimizer):
     """SIMBA steps on one program pool kept across rounds (:mod:`optloop.loop.simba`)."""
 
     name = "simba"
+    BSIZE, NUM_CANDIDATES = 6, 2  # the defaults (also what --estimate's model of a step assumes: overhead.py)
 
-    def __init__(self, *args: Any, bsize: int = 6, num_candidates: int = 2, max_demos: int = 2, tries: int = 2,
-                 **kwargs: Any):
+    def __init__(self, *args: Any, bsize: int = BSIZE, num_candidates: int = NUM_CANDIDATES, max_demos: int = 2,
+                 tries: int = 2, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.settings = SimbaSettings(bsize=bsize, num_candidates=num_candidates, max_demos=max_demos)
         self.tries = tries
@@ -222,10 +225,17 @@ class GepaOptimizer(_QueueOptimizer):
     """One GEPA run per target set, resumed each round from its ``log_dir`` with a larger budget."""
 
     name = "gepa"
+    REFLECTION_MINIBATCH = 3  # train examples a reflection sees (at most)
 
     def __init__(self, *args: Any, metric_calls: int | None = None, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.metric_calls = metric_calls
+
+    @staticmethod
+    def round_metric_calls(train: int) -> int:
+        """The metric calls (program runs on one train example) a round grants GEPA by default: two passes over
+        train and 12 more (also what --estimate's model of a round assumes: overhead.py)."""
+        return 2 * train + 12
 
     def log_dir(self) -> Path:
         """The GEPA run of the current target sites (a retarget starts another: its candidates' components
@@ -239,13 +249,13 @@ class GepaOptimizer(_QueueOptimizer):
         log_dir.mkdir(parents=True, exist_ok=True)
         ledger = log_dir / "optloop.json"  # what this run was granted so far: GEPA counts its calls since start
         granted = json.loads(ledger.read_text()) if ledger.exists() else {"metric_calls": 0, "rounds": 0}
-        granted["metric_calls"] += self.metric_calls or 2 * len(train) + 12
+        granted["metric_calls"] += self.metric_calls or self.round_metric_calls(len(train))
         granted["rounds"] += 1
         write_atomic(ledger, json.dumps(granted))
         gepa = dspy.GEPA(metric=feedback_metric, max_metric_calls=granted["metric_calls"], reflection_lm=self.proposer,
                          component_selector=BlamedSiteSelector(self.sites), num_threads=self.num_threads,
                          track_stats=True, use_merge=False, seed=self.seed + granted["rounds"],
-                         reflection_minibatch_size=min(3, len(train)), log_dir=str(log_dir))
+                         reflection_minibatch_size=min(self.REFLECTION_MINIBATCH, len(train)), log_dir=str(log_dir))
         # Every LM call of a system runs on its own prompt site (an unknown prompt raises), so the calls left
         # to charge to this block's site are GEPA's reflections: the proposer's.
         with prompt_site(PROPOSER_SITE):
@@ -296,9 +306,10 @@ class OptunaOptimizer(Optimizer):
 
     name = "optuna"
     max_duplicates = 20
+    PROPOSALS = 3  # instructions proposed per site (the default; also what --estimate's model assumes: overhead.py)
 
     def __init__(self, *args: Any, storage: str | None = None, study_name: str | None = None,
-                 shared: SharedStudy | None = None, budget: int = MAX_BUDGET_SLOTS, proposals: int = 3,
+                 shared: SharedStudy | None = None, budget: int = MAX_BUDGET_SLOTS, proposals: int = PROPOSALS,
                  **kwargs: Any):
         super().__init__(*args, **kwargs)
         import optuna

@@ -57,6 +57,7 @@ from optloop import artifacts
 from optloop.datasets import Dataset, load_dataset
 from optloop.errors import ConfigError
 from optloop.lm import redact_url
+from optloop.loop._base import default_threads
 from optloop.loop.candidate import Candidate, prompt_text
 from optloop.loop.controller import Controller, RunContext, Split
 from optloop.loop.cost import site_costs, site_metrics
@@ -64,9 +65,10 @@ from optloop.loop.coordinator import LocalCoordinator, SharedCoordinator
 from optloop.loop.evaluate import Evaluation, Evaluator
 from optloop.loop.mlflow_sink import MlflowSink
 from optloop.loop.optimizers import OPTIMIZERS, Optimizer
+from optloop.loop.overhead import modeled_work, run_shape
 from optloop.loop.policy import (FEW_QUESTIONS, check_start, choose_targets, held_out_intervals, promotion, questions,
                                  small_split_warning, split_dataset, start_candidate)
-from optloop.loop.spend import STOPPED_BY, RunStopped, SpendingLimits
+from optloop.loop.spend import STOPPED_BY, OptimizerWork, RunStopped, SpendingLimits, measured_work
 from optloop.loop.state import MAX_BUDGET, Checkpoint, LoopConfig, LoopResult, Trial, Tried, check_fractions
 from optloop.paths import state_dir
 from optloop.sites import PROPOSER
@@ -168,6 +170,8 @@ class Loop:
         self.started = time.perf_counter()
         self._lock: Any = None
         self._prepared: tuple[Dataset, Dataset, Dataset, Dataset] | None = None
+        self.site_stages: dict[str, str] = {}  # the system's prompt sites and their stages, once the run has begun
+        self.start: Candidate | None = None  # the program the run starts from, once the run has begun
 
     # --- the run --------------------------------------------------------------------------
 
@@ -256,6 +260,7 @@ class Loop:
         dspy.configure(lm=self.lm, adapter=dspy.JSONAdapter())
         evaluator = Evaluator(cfg.system, self.lm, self.state / "work", knobs=cfg.knobs, dataset_uri=dataset.uri)
         evaluator.register(train, dev, test)
+        self.site_stages = {name: site.stage for name, site in evaluator.sites.items()}
         mark = self.lm.accounting.mark()
         proposer_mark = self.proposer.accounting.mark() if self.proposer is not self.lm else None
         run_id = ckpt.parent_run_id or coordinator.leader_parent_run_id()
@@ -273,7 +278,8 @@ class Loop:
             coordinator.adopt_parent_run(ckpt.parent_run_id)
             if coordinator.leads and not ckpt.trials and not ckpt.baseline_dev:
                 self._log_params(evaluator, train, dev, test)
-            context = RunContext(config=cfg, checkpoint=ckpt, path=ckpt_path, base=start_candidate(evaluator, cfg),
+            self.start = start_candidate(evaluator, cfg)
+            context = RunContext(config=cfg, checkpoint=ckpt, path=ckpt_path, base=self.start,
                                  progress=self.progress, cost=lambda: self._cost(mark, proposer_mark),
                                  limits=self.limits)
             controller = Controller(context, SplitEvaluator(evaluator, {"train": train, "dev": dev, "test": test},
@@ -349,6 +355,18 @@ class Loop:
         if cfg.optimizer == "optuna":
             kwargs |= coordinator.optimizer_kwargs()
         return cls(evaluator, self.proposer, train, **kwargs)
+
+    def optimizer_work(self, ckpt: Checkpoint) -> OptimizerWork | None:
+        """The optimizer's own work over the whole run (for ``--estimate``), once ``ckpt`` holds the baseline:
+        measured on its finished trials when it has some (:func:`~optloop.loop.spend.measured_work`), else the
+        optimizer's model (:mod:`optloop.loop.overhead`) on this run's shape; ``None`` when neither can say."""
+        self.prepare()
+        assert self._prepared is not None
+        _, train, _, _ = self._prepared
+        shape = run_shape(ckpt, self.config, train, stages=self.site_stages, start=self.start,
+                          threads=default_threads(self.lm))
+        model = modeled_work(shape, self.config.optimizer)
+        return measured_work(ckpt, model, self.config.budget) or model
 
     def _cost(self, mark: int, proposer_mark: int | None) -> dict[str, int | float]:
         """What this process spent since ``mark``: LLM calls, tokens, seconds, dollars where the model has a price

@@ -27,9 +27,18 @@ The model, stated in the output too (:data:`MODEL`):
 - each of ``--budget`` trials: one evaluation of the dev split, costed as the baseline's dev
   evaluation with every request computed (tokens and dollars per computed call times all
   requests): an upper bound for the evaluation, since a trial reuses the stores of episodes
-  whose ingest prompts it leaves unchanged and the LM cache serves repeated calls. Not
-  included: the optimizer's own calls (SIMBA's and GEPA's mini-batches on train, the
-  proposer), which depend on the optimizer and the blame;
+  whose ingest prompts it leaves unchanged and the LM cache serves repeated calls;
+- the optimizer's own calls (:class:`OptimizerWork`): its runs on train (the edit optimizer's
+  screening, SIMBA's and GEPA's mini-batches) on the system LM and its calls to the proposer
+  (SIMBA's advice, GEPA's reflection, the edit optimizer's paraphrases, Optuna's proposals).
+  Measured on the run's finished trials when the checkpoint has some (:func:`measured_work`: the
+  run's total less its evaluations, per round of the optimizer, times the rounds the run takes);
+  otherwise modeled from the optimizer's structure and the baseline's measurements
+  (:mod:`optloop.loop.overhead`, one model per optimizer, its assumptions in its ``basis``). Its
+  system-LM requests are priced as the trials' are (tokens as modeled, dollars per token and
+  latency per call measured on the baseline's dev); the proposer's tokens at the proposer LM's
+  price (a separate ``--proposer-lm`` without a price: unknown dollars), its time at the
+  baseline's latency per token, one call at a time;
 - the held-out test: two evaluations of the test split (baseline and best; one when the
   baseline stays best), the dev evaluation scaled by the splits' work (sessions to ingest plus
   questions to answer);
@@ -41,10 +50,13 @@ The model, stated in the output too (:data:`MODEL`):
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, Field
+
+from optloop.sites import PROPOSER
 
 if TYPE_CHECKING:
     from optloop.datasets import Dataset
@@ -103,10 +115,11 @@ class SpendingLimits(BaseModel):
 # --- the estimate ---------------------------------------------------------------------------------------------
 
 MODEL = ("baseline: measured (train + dev, wall time); each trial: the baseline's dev evaluation with every request "
-         "computed (stores reused and cache hits make it cheaper; the optimizer's own calls, its train mini-batches "
-         "and proposals, are not included); held-out test: 2 evaluations of the test split, the dev evaluation scaled "
-         "by sessions + questions; hours: requests x mean latency / concurrency, LM time only, as if that many "
-         "requests were always in flight (an episode's sessions go in order, so few episodes take longer)")
+         "computed (stores reused and cache hits make it cheaper); optimizer: its own runs on train and its proposer "
+         "calls, measured on finished trials or modeled from its structure (see the optimizer line); held-out test: 2 "
+         "evaluations of the test split, the dev evaluation scaled by sessions + questions; hours: requests x mean "
+         "latency / concurrency, LM time only, as if that many requests were always in flight (an episode's sessions "
+         "go in order, so few episodes take longer)")
 
 
 class Part(BaseModel):
@@ -120,6 +133,35 @@ class Part(BaseModel):
     hours: float | None
 
 
+class OptimizerWork(BaseModel):
+    """The optimizer's own LM work over the whole run, beside the evaluations: what :func:`estimate` prices as the
+    optimizer's part. Modeled from the optimizer's structure (:mod:`optloop.loop.overhead`) or measured on the run's
+    finished trials (:func:`measured_work`)."""
+
+    optimizer: str
+    measured: bool = Field(False, description="measured on the run's finished trials (else modeled)")
+    rounds: int = Field(description="the optimizer's rounds over the run (0: its work is done once, up front)")
+    trials_per_round: float = Field(description="candidates one round yields for the loop to evaluate (0: up front)")
+    calls: float = Field(description="system-LM requests: the optimizer's runs on train (screening, mini-batches)")
+    tokens: float | None = Field(description="their tokens, every request computed (None: unknown)")
+    proposer_calls: float = Field(description="requests to the proposer LM (advice, reflection, paraphrases, ...)")
+    proposer_prompt_tokens: float = Field(description="their prompt tokens, all calls (a measured work: every token)")
+    proposer_completion_tokens: float = Field(0.0, description="their completion tokens, all calls")
+    cost_usd: float | None = Field(None, description="dollars, measured (a measured work only; a modeled one is "
+                                                     "priced from its tokens)")
+    threads: int | None = Field(None, description="runs at once on the system LM (None: an evaluation's, "
+                                                  "--concurrency)")
+    basis: str = Field(description="how the figures were made (the estimate's optimizer line)")
+
+    @property
+    def proposer_tokens(self) -> float:
+        return self.proposer_prompt_tokens + self.proposer_completion_tokens
+
+    def per_trial(self, budget: int) -> float:
+        """Requests (both LMs) per trial of a run of ``budget`` trials."""
+        return (self.calls + self.proposer_calls) / max(budget, 1)
+
+
 class Estimate(BaseModel):
     """The expected cost of the whole configured run (see the module docstring for the model)."""
 
@@ -129,6 +171,8 @@ class Estimate(BaseModel):
     latency_s: float | None = Field(description="mean seconds of one computed call, measured on the baseline's dev")
     priced: bool = Field(description="whether the model has a price (else dollars are unknown)")
     model: str = MODEL
+    optimizer: OptimizerWork | None = Field(None, description="the optimizer's own work, its part's source (None: "
+                                                              "not estimated)")
 
 
 def work_units(dataset: Dataset) -> int:
@@ -151,25 +195,117 @@ def _sum(values: list[float | None]) -> float | None:
     return None if any(v is None for v in values) else sum(v for v in values if v is not None)
 
 
-def estimate(ckpt: Checkpoint, *, budget: int, concurrency: int, dev_units: int, test_units: int) -> Estimate:
+def _ratio(value: float | None, per: float) -> float | None:
+    return None if value is None or not per else value / per
+
+
+def _optimizer_part(work: OptimizerWork, dev: Evaluation, concurrency: int, proposer_price: tuple[float, float] | None,
+                    own_proposer: bool) -> Part:
+    """``work`` priced from the baseline's dev evaluation (see the module docstring)."""
+    dollars_per_token = _ratio(dev.cost_usd, dev.tokens)
+    if work.measured:
+        dollars = work.cost_usd
+    else:
+        system = None if work.tokens is None or dollars_per_token is None else work.tokens * dollars_per_token
+        if not work.proposer_calls:
+            proposer: float | None = 0.0
+        elif proposer_price is not None:
+            proposer = work.proposer_prompt_tokens * proposer_price[0] + work.proposer_completion_tokens * proposer_price[1]
+        else:  # the system LM's measured dollars per token, unless the proposer is another LM (without a price)
+            proposer = None if own_proposer or dollars_per_token is None else work.proposer_tokens * dollars_per_token
+        dollars = _sum([system, proposer])
+    latency, token_seconds = _ratio(dev.lm_seconds, dev.model_calls), _ratio(dev.lm_seconds, dev.tokens)
+    parallel = max(min(work.threads or concurrency, concurrency), 1)
+    system_hours = None if latency is None else work.calls * latency / parallel
+    proposer_hours = 0.0 if not work.proposer_calls else (
+        None if token_seconds is None else work.proposer_tokens * token_seconds)  # one call at a time
+    hours = _sum([system_hours, proposer_hours])
+    return Part(part=f"optimizer ({work.optimizer}, {'measured' if work.measured else 'modeled'})", evaluations=0,
+                calls=round(work.calls + work.proposer_calls),
+                tokens=None if work.tokens is None else round(work.tokens + work.proposer_tokens),
+                cost_usd=dollars, hours=None if hours is None else hours / 3600)
+
+
+def estimate(ckpt: Checkpoint, *, budget: int, concurrency: int, dev_units: int, test_units: int,
+             optimizer: OptimizerWork | None = None, proposer_price: tuple[float, float] | None = None,
+             own_proposer: bool = False) -> Estimate:
     """The whole run of ``budget`` trials, from ``ckpt``'s baseline (train and dev must be evaluated);
-    ``dev_units``, ``test_units``: :func:`work_units` of the dev and test splits."""
+    ``dev_units``, ``test_units``: :func:`work_units` of the dev and test splits.
+
+    ``optimizer``: the optimizer's own work (:func:`measured_work`, or the model of
+    :mod:`optloop.loop.overhead`), a part of its own after the trials (none when ``None``);
+    ``proposer_price``: the proposer LM's dollars per prompt and per completion token, when it has a price;
+    ``own_proposer``: the proposer is another LM than the system's (``--proposer-lm``), so without a price its
+    dollars are unknown (the system LM's are measured)."""
     train, dev = ckpt.baseline_train, ckpt.baseline_dev
     assert train is not None and dev is not None, "the estimate needs the baseline"
     baseline = Part(part="baseline (measured)", evaluations=2, calls=train.llm_calls + dev.llm_calls,
                     tokens=train.tokens + dev.tokens,
                     cost_usd=_sum([train.cost_usd, dev.cost_usd]),
                     hours=(train.seconds + dev.seconds) / 3600)
-    trials = _scaled(dev, budget, f"{budget} trials", budget, concurrency)
-    test = _scaled(dev, 2 * test_units / max(dev_units, 1), "held-out test", 2, concurrency)
-    parts = [baseline, trials, test]
+    parts = [baseline, _scaled(dev, budget, f"{budget} trials", budget, concurrency)]
+    if optimizer is not None:
+        parts.append(_optimizer_part(optimizer, dev, concurrency, proposer_price, own_proposer))
+    parts.append(_scaled(dev, 2 * test_units / max(dev_units, 1), "held-out test", 2, concurrency))
     total = Part(part="total", evaluations=sum(p.evaluations for p in parts), calls=sum(p.calls for p in parts),
                  tokens=_sum([p.tokens for p in parts]), cost_usd=_sum([p.cost_usd for p in parts]),
                  hours=_sum([p.hours for p in parts]))
     latency = dev.lm_seconds / dev.model_calls if dev.lm_seconds is not None and dev.model_calls else None
     return Estimate(parts=parts, total=total, concurrency=concurrency, latency_s=latency,
-                    priced=dev.cost_usd is not None)
+                    priced=dev.cost_usd is not None, optimizer=optimizer)
 
 
-__all__ = ["ESTIMATE", "EXIT_LIMIT", "MAX_CALLS", "MAX_COST", "MODEL", "STOPPED_BY", "Estimate", "Part", "RunStopped",
-           "SpendingLimits", "estimate", "run_calls", "run_dollars", "work_units"]
+def measured_work(ckpt: Checkpoint, model: OptimizerWork | None, budget: int) -> OptimizerWork | None:
+    """The optimizer's own work over the whole run, measured on the run's finished trials (``None`` when none has
+    finished: then only ``model`` can say).
+
+    What the optimizer has spent so far is the run's total over every process (:meth:`Checkpoint.total_cost`) less
+    its evaluations (the baseline's, the finished trials', a held-out one); its proposer calls are those of a
+    ``--proposer-lm`` (``proposer_*``) and the system LM's at the proposer site. That is scaled to the whole run by
+    rounds, since an optimizer spends a round's work before the round's first trial: ``model``'s rounds over the
+    rounds begun (``k`` trials at ``model``'s trials a round); ``budget / k`` without a model; nothing more for an
+    optimizer whose work is done up front (Optuna's proposals, ``model.rounds == 0``). Half-done trials and
+    redone steps count as the optimizer's (they are neither evaluations nor free).
+    """
+    done = [t.evaluation for t in ckpt.trials if t.evaluation is not None]
+    if not done:
+        return None
+    evaluations = [e for e in (ckpt.baseline_train, ckpt.baseline_dev, *done, ckpt.test_before) if e is not None]
+    if ckpt.test_after is not None and ckpt.test_before is not None and \
+            ckpt.test_after.candidate != ckpt.test_before.candidate:
+        evaluations.append(ckpt.test_after)
+    total = ckpt.total_cost()
+    at_site = {key: float(total.get(f"{key}/{PROPOSER}", 0)) for key in ("llm_calls", "tokens")}
+    calls = max(float(total.get("llm_calls", 0)) - at_site["llm_calls"] - sum(e.llm_calls for e in evaluations), 0.0)
+    tokens = max(float(total.get("tokens", 0)) - at_site["tokens"] - sum(e.tokens for e in evaluations), 0.0)
+    proposer_calls = float(total.get("proposer_llm_calls", 0)) + at_site["llm_calls"]
+    proposer_tokens = float(total.get("proposer_tokens", 0)) + at_site["tokens"]
+    dollars: float | None = None
+    if "cost_usd" in total and all(e.cost_usd is not None for e in evaluations):
+        dollars = max(float(total["cost_usd"]) - sum(e.cost_usd or 0.0 for e in evaluations), 0.0)
+        if "proposer_cost_usd" in total:
+            dollars += float(total["proposer_cost_usd"])
+        elif total.get("proposer_model_calls"):  # a --proposer-lm without a price
+            dollars = None
+    k = len(done)
+    if model is None:
+        rounds, per_round, begun = budget, 1.0, k
+    elif model.rounds == 0:
+        rounds, per_round, begun = 0, 0.0, 0
+    else:
+        rounds, per_round = model.rounds, model.trials_per_round
+        begun = min(rounds, max(math.ceil(k / per_round), 1)) if per_round else rounds
+    scale = rounds / begun if begun else 1.0
+    how = (f"scaled by rounds: {rounds} in the run / {begun} begun ({per_round:.3g} trial(s) a round)" if begun
+           else "nothing more to come: its work is done up front")
+    return OptimizerWork(
+        optimizer=model.optimizer if model is not None else "optimizer", measured=True, rounds=rounds,
+        trials_per_round=per_round, calls=calls * scale, tokens=tokens * scale, proposer_calls=proposer_calls * scale,
+        proposer_prompt_tokens=proposer_tokens * scale, cost_usd=None if dollars is None else dollars * scale,
+        threads=None if model is None else model.threads,
+        basis=(f"the {k} finished trial(s): {calls:.0f} requests on train and {proposer_calls:.0f} to the proposer "
+               f"so far (the run's total less its evaluations), {how}"))
+
+
+__all__ = ["ESTIMATE", "EXIT_LIMIT", "MAX_CALLS", "MAX_COST", "MODEL", "STOPPED_BY", "Estimate", "OptimizerWork", "Part",
+           "RunStopped", "SpendingLimits", "estimate", "measured_work", "run_calls", "run_dollars", "work_units"]

@@ -14,9 +14,10 @@ import pytest
 
 from optloop.loop.coordinator import LocalCoordinator
 from optloop.loop.evaluate import Evaluation
-from optloop.loop.spend import ESTIMATE, MAX_CALLS, MAX_COST, RunStopped, SpendingLimits, estimate
-from optloop.loop.state import Checkpoint
-from tests.optloop.loop.test_controller import (EVALUATION_CALLS, PROPOSAL_CALLS, Clock, MemorySink, Run,
+from optloop.loop.spend import (ESTIMATE, MAX_CALLS, MAX_COST, OptimizerWork, RunStopped, SpendingLimits, estimate,
+                                measured_work)
+from optloop.loop.state import Checkpoint, Trial
+from tests.optloop.loop.test_controller import (BASE, EVALUATION_CALLS, PROPOSAL_CALLS, Clock, MemorySink, Run,
                                                 without_cost)
 
 DOLLARS_PER_CALL = 0.01
@@ -206,3 +207,93 @@ def test_an_unpriced_or_fully_cached_baseline_says_what_it_cannot_know():
     figures = estimate(cached, budget=2, concurrency=1, dev_units=4, test_units=4)
     assert figures.parts[1].calls == 4 and figures.parts[1].tokens is None and figures.parts[1].hours is None
     assert figures.latency_s is None and figures.total.tokens is None
+
+
+# --- the optimizer's own calls ------------------------------------------------------------------------------------
+
+
+def baseline_checkpoint(**update) -> Checkpoint:
+    """The baseline of ``test_the_estimate_extrapolates_the_baseline_dev_evaluation``: on dev, per computed call,
+    100 tokens, $0.01 and 2 s (per token: $0.0001, 0.02 s)."""
+    return Checkpoint(config_digest="x",
+                      baseline_train=measured("train", calls=30, computed=30, tokens=3000, dollars=0.03, lm_seconds=60,
+                                              seconds=90),
+                      baseline_dev=measured("dev", calls=10, computed=5, tokens=500, dollars=0.05, lm_seconds=10,
+                                            seconds=30), **update)
+
+
+def work(**update) -> OptimizerWork:
+    fields = dict(optimizer="edit", rounds=1, trials_per_round=10, calls=40, tokens=4000, proposer_calls=2,
+                  proposer_prompt_tokens=300, proposer_completion_tokens=100, threads=None, basis="a model")
+    return OptimizerWork(**(fields | update))
+
+
+def test_the_estimate_adds_the_optimizers_own_calls_as_a_part_of_their_own():
+    plain = estimate(baseline_checkpoint(), budget=3, concurrency=4, dev_units=10, test_units=15)
+    figures = estimate(baseline_checkpoint(), budget=3, concurrency=4, dev_units=10, test_units=15, optimizer=work())
+    assert [p.part for p in figures.parts] == ["baseline (measured)", "3 trials", "optimizer (edit, modeled)",
+                                               "held-out test"]
+    optimizer = figures.parts[2]
+    assert (optimizer.evaluations, optimizer.calls, optimizer.tokens) == (0, 42, 4400)  # train runs + 2 proposals
+    assert optimizer.cost_usd == pytest.approx(4400 * 0.0001)  # the system LM's measured dollars per token
+    # 40 requests at 2 s, 4 at once; the proposer's 400 tokens at 0.02 s, one call at a time
+    assert optimizer.hours == pytest.approx((40 * 2 / 4 + 400 * 0.02) / 3600)
+    assert figures.total.calls == plain.total.calls + 42 and figures.total.evaluations == plain.total.evaluations
+    assert figures.total.cost_usd == pytest.approx(plain.total.cost_usd + 0.44)
+    assert figures.optimizer == work() and plain.optimizer is None and len(plain.parts) == 3
+
+
+def test_the_proposers_price_threads_and_an_unpriced_proposer_lm():
+    ckpt = baseline_checkpoint()
+    priced = estimate(ckpt, budget=3, concurrency=4, dev_units=10, test_units=15, optimizer=work(threads=2),
+                      proposer_price=(1e-6, 2e-6))
+    optimizer = priced.parts[2]
+    assert optimizer.cost_usd == pytest.approx(4000 * 0.0001 + 300 * 1e-6 + 100 * 2e-6)
+    assert optimizer.hours == pytest.approx((40 * 2 / 2 + 400 * 0.02) / 3600)  # SIMBA's 2 threads, not 4
+    unknown = estimate(ckpt, budget=3, concurrency=4, dev_units=10, test_units=15, optimizer=work(), own_proposer=True)
+    assert unknown.parts[2].cost_usd is None and unknown.total.cost_usd is None and unknown.parts[2].tokens == 4400
+    no_proposals = estimate(ckpt, budget=3, concurrency=4, dev_units=10, test_units=15,
+                            optimizer=work(proposer_calls=0, proposer_prompt_tokens=0, proposer_completion_tokens=0),
+                            own_proposer=True)
+    assert no_proposals.parts[2].cost_usd == pytest.approx(0.4)  # no proposer call: its price does not matter
+
+
+def trial(n: int, calls: int) -> Trial:
+    """Trial ``n``, its dev evaluation of ``calls`` requests (10 tokens and $0.001 each); half done when ``calls < 0``."""
+    evaluation = None if calls < 0 else measured("dev", calls=calls, computed=calls, tokens=10 * calls,
+                                                 dollars=0.001 * calls, lm_seconds=calls, seconds=calls)
+    return Trial(trial=n, candidate=BASE, evaluation=evaluation)
+
+
+def test_the_optimizers_calls_are_measured_on_finished_trials_and_scaled_by_rounds():
+    # the baseline (40 requests) and 2 finished trials (10 each), a third left half done; the run spent 100: the
+    # optimizer 40, of them 4 at the proposer site (the system LM's own), 600 tokens (400 the proposer's) and $0.04
+    spent = {"llm_calls": 100, "model_calls": 100, "tokens": 3500 + 200 + 600, "cost_usd": 0.08 + 0.02 + 0.04,
+             "llm_calls/optimizer.proposer": 4, "tokens/optimizer.proposer": 400}
+    ckpt = baseline_checkpoint(trials=[trial(1, 10), trial(2, 10), trial(3, -1)], spent=spent, processes=2)
+    assert measured_work(baseline_checkpoint(), work(), 10) is None  # no finished trial: only a model can say
+    one_a_round = measured_work(ckpt, work(rounds=10, trials_per_round=1), 10)  # SIMBA: 2 of 10 rounds begun
+    assert one_a_round is not None and one_a_round.measured and one_a_round.optimizer == "edit"
+    assert (one_a_round.calls, one_a_round.proposer_calls) == (36 * 5, 4 * 5)
+    assert (one_a_round.tokens, one_a_round.proposer_tokens) == (200 * 5, 400 * 5)
+    assert one_a_round.cost_usd == pytest.approx(0.04 * 5)
+    assert "the 2 finished trial(s): 36 requests on train and 4 to the proposer so far" in one_a_round.basis
+    ten_a_round = measured_work(ckpt, work(rounds=2, trials_per_round=10), 20)  # edit: round 1 of 2 begun
+    assert ten_a_round is not None and ten_a_round.calls == 36 * 2
+    up_front = measured_work(ckpt, work(rounds=0, trials_per_round=0), 10)  # Optuna: its proposals are made
+    assert up_front is not None and up_front.calls == 36 and "done up front" in up_front.basis
+    no_model = measured_work(ckpt, None, 10)
+    assert no_model is not None and no_model.calls == 36 * 10 / 2
+
+
+def test_a_proposer_lm_of_its_own_is_measured_apart_and_unpriced_it_leaves_dollars_unknown():
+    spent = {"llm_calls": 80, "model_calls": 80, "tokens": 5000, "cost_usd": 0.1, "proposer_llm_calls": 3,
+             "proposer_model_calls": 3, "proposer_tokens": 900}
+    ckpt = baseline_checkpoint(trials=[trial(1, 10)], spent=spent)
+    measured_one = measured_work(ckpt, work(rounds=1, trials_per_round=5), 5)
+    assert measured_one is not None
+    assert (measured_one.calls, measured_one.proposer_calls, measured_one.proposer_tokens) == (30, 3, 900)
+    assert measured_one.cost_usd is None  # the proposer LM has no price
+    priced = measured_work(ckpt.model_copy(update={"spent": spent | {"proposer_cost_usd": 0.5}}),
+                           work(rounds=1, trials_per_round=5), 5)
+    assert priced is not None and priced.cost_usd == pytest.approx(0.1 - 0.09 + 0.5)

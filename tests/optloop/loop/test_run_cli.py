@@ -382,16 +382,27 @@ def with_flag(args: list[str], flag: str, value: str) -> list[str]:
 def test_estimate_then_max_calls_stops_with_exit_3_and_a_higher_limit_resumes_from_the_same_baseline(tmp_path):
     """--estimate evaluates the baseline only (exit 0, "no price" for an unpriced model); --max-calls stops the
     same run after its first trial (exit 3, one line naming the limit and the command); a higher --max-calls
-    resumes it (the limit is not a setting of the run) and finishes it on the baseline the estimate left."""
+    resumes it (the limit is not a setting of the run) and finishes it on the baseline the estimate left.
+
+    The estimate counts the optimizer's own calls: on this run (the edit optimizer, md_flat on builtin:tiny, budget
+    2) its one round screens the best and 10 edits (5 of answer, 5 of md_flat.curate, both blamed) on the 4 train
+    questions, about 64 requests, over three times what the trials and the held-out test make; without them the
+    estimate said 31 calls for a run of about 100. With them it must come within 25% of the run's requests: the
+    loopback endpoint answers deterministically and the edits are seeded, so what is left between them is the
+    stores each resumed process rebuilds (its cache hits are requests) and the paraphrase the model expects. An
+    --estimate after the first trial measures the optimizer's calls on it instead, within the same bound."""
     from experiments.bench.crash import OracleEndpoint, env_for, run_args
 
     with OracleEndpoint() as endpoint:
         args, env = run_args(tmp_path, 2, endpoint.base_url), env_for(tmp_path, endpoint.base_url)
-        estimated = cli([*args, "--estimate"], env)
+        estimated = cli([*args, "--estimate", "--json", str(tmp_path / "estimate.json")], env)
         assert estimated.returncode == 0, estimated.stderr[-3000:]
         assert "held-out test" in estimated.stderr and "2 trials" in estimated.stderr and "no price" in estimated.stderr
         assert "nothing else ran: the baseline is saved" in estimated.stderr
         assert "hours: requests x mean latency / concurrency" in estimated.stderr
+        assert "optimizer (edit, modeled)" in estimated.stderr and "optimizer: " in estimated.stderr
+        assert "calls a trial" in estimated.stderr and "the edit model (optloop/loop/overhead.py)" in estimated.stderr
+        figures = json.loads((tmp_path / "estimate.json").read_text())
         ckpt = the_checkpoint(tmp_path)
         baseline = ckpt.baseline_dev
         assert baseline is not None and ckpt.trials == [] and not ckpt.finished
@@ -414,6 +425,11 @@ def test_estimate_then_max_calls_stops_with_exit_3_and_a_higher_limit_resumes_fr
         assert parent.info.status == "KILLED" and parent.data.tags["optloop.stopped_by"] == "max-calls"
         assert {name: r.info.status for name, r in children.items()} == {"trial-1": "FINISHED"}
 
+        again = cli([*args, "--estimate", "--json", str(tmp_path / "measured.json")], env)  # trial 1 is finished
+        assert again.returncode == 0 and "optimizer (edit, measured)" in again.stderr, again.stderr[-3000:]
+        assert "from the 1 finished trial(s): " in again.stderr
+        measured = json.loads((tmp_path / "measured.json").read_text())
+
         done = cli([*with_flag(args, "--max-calls", "100000"), "--json", str(tmp_path / "result.json")], env)
     assert done.returncode == 0, done.stderr[-3000:]
     ckpt = the_checkpoint(tmp_path)
@@ -422,7 +438,13 @@ def test_estimate_then_max_calls_stops_with_exit_3_and_a_higher_limit_resumes_fr
     assert parent.info.status == "FINISHED" and "optloop.stopped_by" not in parent.data.tags
     assert sorted(children) == ["trial-1", "trial-2"]
     result = json.loads((tmp_path / "result.json").read_text())
-    assert result["evaluations"] == 2 and result["cost"]["processes"] == 3
+    assert result["evaluations"] == 2 and result["cost"]["processes"] == 4
+    made = result["cost"]["llm_calls"]  # every request of the four processes (one LM: the proposer's are in it)
+    [optimizer] = [p for p in figures["parts"] if p["part"].startswith("optimizer")]
+    assert figures["optimizer"]["rounds"] == 1 and figures["optimizer"]["trials_per_round"] == 10
+    assert abs(figures["total"]["calls"] - made) <= 0.25 * made, (figures["total"], made)
+    assert figures["total"]["calls"] - optimizer["calls"] < 0.5 * made  # what the estimate said without it
+    assert measured["optimizer"]["measured"] and abs(measured["total"]["calls"] - made) <= 0.25 * made
 
 
 def test_max_cost_on_a_priced_model_stops_with_exit_3_and_logs_dollars_per_trial_and_site(tmp_path):
