@@ -57,9 +57,14 @@ USER_ID = "optloop-user"
 COLLECTION = "mem0"
 # get_all() returns at most top_k memories; "all memories" asks for more than any run stores.
 ALL_MEMORIES_LIMIT = 100_000
-# mem0 builds its own OpenAI clients at construction; they are replaced before any call,
-# and point at a host that cannot resolve so a missed replacement fails instead of leaking.
-_PLACEHOLDER_CLIENT = {"model": "replaced-by-optloop", "api_key": "unused", "openai_base_url": "http://optloop.invalid/v1"}
+# mem0 builds an LLM, an embedder and a reranker LLM from its config, and optloop replaces all
+# three before any call. Built as OpenAI clients they would cost about 40 ms of CPU each (an SSL
+# context apiece), two thirds of a store's construction, paid again for every episode's store and
+# serialized on the GIL when episodes run at once. So the config names PLACEHOLDER_PROVIDER, whose
+# clients are inert stand-ins (:class:`UnwiredLLM`, :class:`UnwiredEmbedding`) that fail loudly if
+# a replacement is ever missed. mem0 validates provider names against a fixed list, so the config
+# is written with "openai" and the name swapped after validation (see ``Mem0System._build_memory``).
+PLACEHOLDER_PROVIDER = "optloop-unwired"
 
 
 class UnknownPromptError(OptloopError):
@@ -67,6 +72,29 @@ class UnknownPromptError(OptloopError):
 
 
 # --- mem0's clients, replaced ------------------------------------------------------------
+
+
+class UnwiredLLM(LLMBase):
+    """What mem0 builds for its LLM and reranker LLM; replaced by :class:`SiteDispatchLLM` before any call."""
+
+    def generate_response(self, messages: list[dict[str, str]], **kwargs: Any) -> str:
+        raise OptloopError("mem0 called an LLM client optloop did not wire (Mem0System._build_memory missed one)")
+
+
+class UnwiredEmbedding(EmbeddingBase):
+    """What mem0 builds for its embedder; replaced by :class:`OptloopEmbedding` before any call."""
+
+    def embed(self, text: str, memory_action: str | None = None) -> list[float]:
+        raise OptloopError("mem0 called an embedder optloop did not wire (Mem0System._build_memory missed it)")
+
+
+def _register_placeholders() -> None:
+    """Make :data:`PLACEHOLDER_PROVIDER` a provider mem0's factories build (idempotent)."""
+    from mem0.utils.factory import EmbedderFactory, LlmFactory
+
+    LlmFactory.register_provider(PLACEHOLDER_PROVIDER, f"{__name__}.UnwiredLLM", BaseLlmConfig)
+    # EmbedderFactory has no register_provider; its table is the same kind of name -> class path map.
+    EmbedderFactory.provider_to_class[PLACEHOLDER_PROVIDER] = f"{__name__}.UnwiredEmbedding"
 
 
 class OptloopEmbedding(EmbeddingBase):
@@ -171,17 +199,19 @@ class Mem0System(MemorySystem):
         from mem0 import Memory
         from mem0.configs.base import MemoryConfig
 
+        _register_placeholders()
         config = MemoryConfig(
             vector_store={"provider": "qdrant", "config": {
                 "collection_name": COLLECTION, "embedding_model_dims": self.embedder.dim,
                 "path": str(self.run_dir / "qdrant"), "on_disk": True}},
-            llm={"provider": "openai", "config": dict(_PLACEHOLDER_CLIENT)},
-            embedder={"provider": "openai", "config": {**_PLACEHOLDER_CLIENT, "embedding_dims": self.embedder.dim}},
+            llm={"provider": "openai", "config": {}},
+            embedder={"provider": "openai", "config": {"embedding_dims": self.embedder.dim}},
             history_db_path=str(self.run_dir / "history.db"),
             # Always configured (it is only called when search(rerank=True)), so the knob can flip.
-            reranker={"provider": "llm_reranker",
-                      "config": {"llm": {"provider": "openai", "config": dict(_PLACEHOLDER_CLIENT)}}},
+            reranker={"provider": "llm_reranker", "config": {"llm": {"provider": PLACEHOLDER_PROVIDER, "config": {}}}},
         )
+        # Validated as "openai" (mem0 checks names against a fixed list), built as placeholders.
+        config.llm.provider = config.embedder.provider = PLACEHOLDER_PROVIDER
         memory = Memory(config)
         dispatch = SiteDispatchLLM(self)
         memory.llm = dispatch

@@ -20,7 +20,16 @@ from optloop.lm import LMSettings, OptloopLM
 from signatures.mem0 import ADDITIVE_EXTRACTION_PROMPT, RERANK_SYSTEM_PROMPT, Mem0Extract
 from systems import get_system
 from systems.base import MemoryItem
-from systems.mem0_system import USER_ID, Mem0System, OptloopEmbedding, UnknownPromptError, session_messages
+from systems.mem0_system import (
+    USER_ID,
+    Mem0System,
+    OptloopEmbedding,
+    SiteDispatchLLM,
+    UnknownPromptError,
+    UnwiredEmbedding,
+    UnwiredLLM,
+    session_messages,
+)
 from tests._servers import ScriptedOpenAIServer
 
 SESSIONS = [
@@ -256,6 +265,37 @@ def test_instances_share_nothing_and_reset_empties(tmp_path, embedder):
         assert "## Existing Memories\n[]" in sent_messages(server_a)[1][1]["content"]
         a.close()
         b.close()
+
+
+def test_a_store_builds_no_openai_client_and_wires_every_client(tmp_path, embedder, monkeypatch):
+    """mem0 builds its LLM, embedder and reranker LLM from the config; optloop replaces all three, so
+    building them as OpenAI clients (an SSL context each, most of a store's CPU) would be waste."""
+    import openai
+
+    built: list[object] = []
+    real_init = openai.OpenAI.__init__
+    with ScriptedOpenAIServer([SCRIPT[0]]) as server:
+        system = Mem0System(scripted_lm(server), tmp_path / "m", embedder=embedder)
+        with monkeypatch.context() as patched:
+            patched.setattr(openai.OpenAI, "__init__",
+                            lambda self, *a, **k: (built.append(self), real_init(self, *a, **k))[1])
+            memory = system.memory
+        assert built == []
+        assert isinstance(memory.llm, SiteDispatchLLM) and isinstance(memory.reranker.llm, SiteDispatchLLM)
+        assert isinstance(memory.embedding_model, OptloopEmbedding)
+        system.ingest(SESSIONS[:1])
+        assert [m.text for m in system.all_memories()] == [S1_MEMORY]
+        system.close()
+
+
+def test_placeholder_clients_fail_loudly_if_left_unwired():
+    from mem0.configs.embeddings.base import BaseEmbedderConfig
+    from mem0.configs.llms.base import BaseLlmConfig
+
+    with pytest.raises(OptloopError, match="did not wire"):
+        UnwiredLLM(BaseLlmConfig()).generate_response([{"role": "user", "content": "hi"}])
+    with pytest.raises(OptloopError, match="did not wire"):
+        UnwiredEmbedding(BaseEmbedderConfig()).embed("hi")
 
 
 # --- the real embedded LM ----------------------------------------------------------------
