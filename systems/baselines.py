@@ -390,8 +390,11 @@ _LINE = re.compile(r"^\s*(?:[-*]\s+)?(?:\[(?P<date>[^\]]*)\]\s*)?(?P<text>.*?)\s
 
 
 def _parse_line(line: str) -> tuple[str | None, str]:
-    """``- [date] text`` (bullet and date optional) -> (date, text)."""
-    match = _LINE.match(line)
+    """``- [date] text`` (bullet and date optional) -> (date, text).
+
+    A fact is one line of ``memory.md``: line breaks inside what the model wrote become spaces
+    (written as they came, the fact would be cut in two on the next load)."""
+    match = _LINE.match(" ".join(line.splitlines()))
     assert match is not None  # the pattern matches every string
     return match["date"] or None, match["text"]
 

@@ -269,6 +269,19 @@ def test_md_flat_writes_one_dated_line_per_curated_fact(tmp_path, embedder):
     assert facts[0].metadata["turn_ids"] == ["s1:t1", "s1:t2", "s1:t3"]
 
 
+def test_md_flat_keeps_a_fact_with_line_breaks_on_one_line(tmp_path, embedder):
+    system = MarkdownFlatSystem(curating_lm(["Clara lives in Lisbon\nand works at the port.", "The user\r\nhas a puppy."]),
+                                tmp_path, embedder=embedder)
+
+    system.ingest(SESSIONS[:1])
+
+    assert system.memory_path.read_text() == ("- [2024-03-01] Clara lives in Lisbon and works at the port.\n"
+                                              "- [2024-03-01] The user has a puppy.\n")
+    reloaded = MarkdownFlatSystem(curating_lm([]), tmp_path, embedder=embedder)
+    assert [f.text for f in reloaded.all_memories()] == ["Clara lives in Lisbon and works at the port.",
+                                                         "The user has a puppy."]
+
+
 def test_md_flat_curation_updates_and_deletes_by_rewriting_the_file(tmp_path, embedder):
     system = MarkdownFlatSystem(curating_lm(
         ["Clara lives in Lisbon.", "The user adopted a puppy."],
