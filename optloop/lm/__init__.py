@@ -79,7 +79,7 @@ Records count ``retries_429``, ``rate_limited_s`` and ``throttled_s``. OpenAI's
 
 Cost: a call to a model that litellm's bundled price table knows (``gpt-4o-mini``) carries
 ``cost_usd``; :attr:`Usage.cost_usd` totals it (None for a model without a price), and
-:meth:`Accounting.cost_metrics` gives ``{"cost_usd": ..., "cost_usd/<site>": ...}`` for MLflow.
+:meth:`Accounting.by_site` splits it by prompt site (``optloop.loop.cost`` makes MLflow metrics of that).
 
 Concurrency: the cache (one SQLite connection behind a lock), the accounting (a locked
 log), the prompt site and the collectors (context variables) are safe from many threads

@@ -210,24 +210,6 @@ class Accounting:
             records = self.records[since:]
         return usage_by_site(records)
 
-    def cost_metrics(self, since: int = 0, *, records: Iterable[CallRecord] | None = None,
-                     prefix: str = "cost_usd") -> dict[str, float]:
-        """Dollars as MLflow metrics: ``{prefix: total, f"{prefix}/{site}": per site}``, priced ones only.
-
-        Over the records ``since`` a :meth:`mark`, or over ``records`` (a collector's). A total or
-        site without a price is left out (MLflow takes no None); calls made outside any
-        prompt site appear as ``f"{prefix}/no_site"``. The names are the ones ``optloop.run``
-        logs per trial and per run (``metric/<breakdown>``, :mod:`optloop.loop.cost`).
-        """
-        chosen = list(records) if records is not None else self.since(since)
-        out: dict[str, float] = {}
-        if (total := Usage.of(chosen).cost_usd) is not None:
-            out[prefix] = total
-        for site, usage in sorted(usage_by_site(chosen).items(), key=lambda item: str(item[0])):
-            if usage.cost_usd is not None:
-                out[f"{prefix}/{site if site is not None else 'no_site'}"] = usage.cost_usd
-        return out
-
     def mark(self) -> int:
         """An index to pass as ``since`` to measure one stretch of work (of every thread: see :func:`collect_calls`)."""
         with self._lock:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from optloop.lm import Backend, CallRecord, LMSettings, OptloopLM, Request, collect_calls, current_site, prompt_site
+from optloop.loop.cost import site_costs, site_metrics
 from tests._servers import InFlight, ScriptedOpenAIServer
 
 
@@ -211,7 +212,7 @@ def snapshot(lm: OptloopLM, cache_path: Path) -> dict[str, Any]:
 
     return {"cache": dict(rows), "records": records, "totals": counts(lm.accounting.totals()),
             "by_site": {site: counts(u) for site, u in lm.accounting.by_site().items()},
-            "cost": lm.accounting.cost_metrics()}
+            "cost": site_metrics(site_costs(lm.accounting.by_site()))}
 
 
 def fresh_lm(url: str, cache_path: Path, concurrency: int) -> OptloopLM:

@@ -12,6 +12,7 @@ import pytest
 
 from optloop.lm import Accounting, CallRecord, LMSettings, OptloopLM, Usage, model_price, prompt_site
 from optloop.lm.pricing import price_file, price_source
+from optloop.loop.cost import site_costs, site_metrics
 from tests._servers import ScriptedOpenAIServer
 
 REPO = Path(__file__).resolve().parents[3]
@@ -66,11 +67,11 @@ def test_each_call_carries_its_cost_and_the_totals_add_up_by_site():
     assert lm.accounting.totals().cost_usd == pytest.approx(3 * one_call)
     by_site = lm.accounting.by_site()
     assert by_site["mem0.extract"].cost_usd == pytest.approx(one_call) and by_site["mem0.extract"].tokens == 10
-    assert lm.accounting.cost_metrics() == pytest.approx({
-        "cost_usd": 3 * one_call, "cost_usd/answer": one_call, "cost_usd/mem0.extract": one_call,
-        "cost_usd/no_site": one_call})
+    dollars = {k: v for k, v in site_metrics(site_costs(lm.accounting.by_site())).items() if k.startswith("cost_usd/")}
+    assert dollars == pytest.approx({"cost_usd/answer": one_call, "cost_usd/mem0.extract": one_call,
+                                     "cost_usd/no_site": one_call})
     mark = lm.accounting.mark()
-    assert lm.accounting.cost_metrics(since=mark) == {}  # nothing since: nothing to log
+    assert site_metrics(site_costs(lm.accounting.by_site(since=mark))) == {}  # nothing since: nothing to log
     assert json.loads(json.dumps(lm.accounting.totals().as_dict()))["cost_usd"] == pytest.approx(3 * one_call)
 
 
@@ -83,7 +84,8 @@ def test_a_model_without_a_price_reports_tokens_only():
     assert record.cost_usd is None and (record.prompt_tokens, record.completion_tokens) == (7, 3)
     usage = lm.accounting.totals()
     assert usage.cost_usd is None and usage.tokens == 10 and usage.unpriced_calls == 1
-    assert usage.as_dict()["cost_usd"] is None and lm.accounting.cost_metrics() == {}
+    assert usage.as_dict()["cost_usd"] is None
+    assert "cost_usd/answer" not in site_metrics(site_costs(lm.accounting.by_site()))  # unpriced: no dollar metric
 
 
 def test_prompt_tokens_the_provider_cached_are_priced_at_the_cache_read_price():
@@ -127,7 +129,7 @@ def test_totals_over_priced_and_unpriced_calls_and_a_collectors_records():
     assert usage.cost_usd == pytest.approx(0.3)
     assert usage.unpriced_calls == 1 and acc.by_site()["b"].cost_usd is None
     assert Usage.of(acc.records[:2]).cost_usd == usage.cost_usd
-    assert acc.cost_metrics(records=acc.records[2:]) == {}
+    assert Usage.of(acc.records[2:]).cost_usd is None
 
 
 def test_a_sum_of_costs_does_not_depend_on_the_order_of_the_records():
