@@ -264,7 +264,7 @@ class Store:
         self.system.close()
 
 
-def ingest(system: MemorySystem, episode: Episode, lm: OptloopLM, *, record: bool = True,
+def ingest(system: MemorySystem, episode: Episode, *, record: bool = True,
            dataset_uri: str = "") -> Store:
     """Ingest every session of ``episode`` into ``system``.
 
@@ -319,7 +319,7 @@ class FreshStores:
         started = time.perf_counter()
         system = self.make(episode)
         setup_s = time.perf_counter() - started
-        store = ingest(system, episode, self.lm, record=self.record, dataset_uri=self.dataset_uri)
+        store = ingest(system, episode, record=self.record, dataset_uri=self.dataset_uri)
         store.setup_s = setup_s
         return store, False
 

@@ -201,7 +201,7 @@ class Evaluator:
             except BaseException:
                 system.close()
                 raise
-            return ingest(system, episode, self.lm, dataset_uri=self.dataset_uri)
+            return ingest(system, episode, dataset_uri=self.dataset_uri)
         finally:
             for name, lm in saved_lms.items():
                 ingest_modules[name].lm = lm

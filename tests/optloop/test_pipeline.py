@@ -126,7 +126,7 @@ def test_private_and_shared_stores_record_the_same_questions(tmp_path, embedder)
         fresh = run_episode(episode, FreshStores(lambda ep: system(lm, tmp_path / "fresh", embedder=embedder), lm),
                             lm=lm, attributor=attributor, save_graph=saver("fresh"))
         cache = StoreCache()
-        store, _ = cache.open("k", lambda: ingest(system(lm, tmp_path / "shared", embedder=embedder), episode, lm))
+        store, _ = cache.open("k", lambda: ingest(system(lm, tmp_path / "shared", embedder=embedder), episode))
         ingest_ops = len(store.graph.operations)
         shared = run_episode(episode, CachedStores(lambda ep: cache.open("k", lambda: store)), lm=lm,
                              attributor=attributor, label={"split": "dev"}, keep="faulted",
