@@ -1,6 +1,7 @@
 """A worked cost estimate of a whole loop run on an endpoint, from measured calls and tokens per session.
 
-    python -m experiments.bench.estimate [--system graphiti] [--budget 50] [--model openai:gpt-4o-mini]
+    python -m experiments.bench.estimate [--system graphiti] [--budget 50] [--optimizer simba] [--sites S,S]
+                                         [--model openai:gpt-4o-mini]
                                          [--dataset locomo:../shared/data/locomo/locomo_dev5.json]
                                          [--conversations 10] [--latency-ms 1000] [--n 1,16]
 
@@ -8,26 +9,41 @@ What a user asks before ``python -m optloop.run --system graphiti --budget 50`` 
 gpt-4o-mini, without spending anything: how many calls, tokens, dollars and hours. ``optloop.run
 --estimate`` answers it after a real baseline on the endpoint; this answers it from a recording
 instead (``python -m experiments.bench.throughput record``: one evaluation of the system on the
-embedded LM, its calls and tokens per prompt site in ``recording.json``).
+embedded LM, its calls and tokens per prompt site in ``recording.json``). Nothing here calls or
+loads an LM.
 
-The model (stated in the output too):
+The run model is ``optloop.run --estimate``'s own (:func:`optloop.loop.spend.project`): what
+differs is only where the baseline's figures come from. Here they are modeled:
 
 - **per session**: the recording's ingestion calls and tokens over its sessions; **per question**:
   its other calls (answer, query rewriting) over its questions. Tokens split into prompt and
-  completion, each priced from litellm's bundled cost map (:func:`optloop.lm.pricing.model_price`).
+  completion, each priced from litellm's bundled cost map (:func:`optloop.lm.pricing.model_price`);
+  every request computed (an endpoint's LM cache starts empty), each taking ``--latency-ms`` (an
+  assumption about the endpoint, not a measurement).
 - **the dataset**: LoCoMo's conversations (``--dataset``; the sessions and questions per
   conversation are averaged and scaled to ``--conversations``, LoCoMo's 10 by default), split
-  train/dev/test by conversation as ``optloop.run`` does (0.5/0.25/0.25, largest remainder).
-- **the run**: the baseline on train and dev, ``--budget`` trials each one evaluation of dev (every
-  session re-ingested: an upper bound, as a trial that leaves the ingestion prompts alone reuses the
-  stores), and the held-out test twice (baseline and best). The optimizer's own calls (SIMBA and
-  GEPA mini-batches on train, the edit optimizer's screening, the proposer) are **not** included:
-  they depend on the optimizer and the blame, and on a small scripted run they were about twice the
-  evaluations' calls, so read the figures as a floor for those.
-- **hours** at concurrency N: per evaluation, ingestion takes ``max(ingestion calls x latency / N,
-  the longest conversation's sessions x calls per session x latency)`` (sessions of one conversation
-  go in order, conversations in parallel), then the questions ``calls x latency / N``; evaluations
-  run one after another. ``--latency-ms`` is an assumption about the endpoint, not a measurement.
+  train/dev/test by conversation as ``optloop.run`` does (0.5/0.25/0.25, largest remainder); the
+  baseline's train and dev evaluations are those per-conversation figures times the split's
+  conversations (:func:`evaluation`).
+- **the run** (``optloop.run --estimate``'s model): the baseline, ``--budget`` trials each one
+  evaluation of dev with every session re-ingested (an upper bound: a trial that leaves the
+  ingestion prompts alone reuses the stores), the optimizer's own calls, and the held-out test
+  twice (the dev evaluation scaled by sessions + questions); hours at concurrency N are
+  ``requests x latency / N``, as if N requests were always in flight. The sessions of one
+  conversation go in order, so at an N above a split's conversations ingestion takes longer:
+  the output gives that floor (the longest conversation's sessions, one after another, in every
+  evaluation).
+- **the optimizer** (``--optimizer``, ``optloop.run``'s default ``simba``): its model in
+  :mod:`optloop.loop.overhead` on a :class:`~optloop.loop.overhead.RunShape` built from the
+  recording and LoCoMo's shape (:func:`run_shape`): the train split's questions and
+  conversations, the calls and tokens per question and per conversation above, the optimizer's
+  threads on an endpoint, the proposer being ``--model`` too. The target sites are the system's
+  recorded ingest sites plus ``answer`` unless ``--sites`` names them: ``optloop.run`` chooses
+  them from the baseline's blame, which a recording does not hold (it has no failures), so the
+  default is every site a run could target but query rewriting, the dearest case for an optimizer
+  that re-ingests for an ingest site. The sites' start instructions are not read (that takes building
+  the system, an LM with it): the proposer's prompts count the recorded prompts of those sites,
+  which carry them, but not the instructions once more on their own.
 
 The embedded model's extraction bounds (at most 3 items a list, 80 characters a string for
 graphiti) make it extract fewer entities and facts than gpt-4o-mini would, so graphiti's calls per
@@ -37,26 +53,30 @@ session here are a lower bound too.
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 from rich.console import Console
 from rich.table import Table
 
-from experiments.bench.throughput import Recording, manifest_path
+from experiments.bench.throughput import Recorded, Recording, manifest_path
 from optloop.cli import run_cli, setup_logging
-from optloop.datasets import load_dataset
+from optloop.datasets import Dataset, load_dataset
 from optloop.datasets.split import split_counts
 from optloop.errors import ConfigError
-from optloop.lm.pricing import model_price
+from optloop.lm.pricing import ModelPrice, model_price
+from optloop.loop._base import ENDPOINT_THREADS
+from optloop.loop.cost import LMCost
+from optloop.loop.overhead import MODELS, RunShape
+from optloop.loop.spend import Estimate, OptimizerWork, project
 from optloop.loop.state import LoopConfig
 from optloop.paths import state_dir
+from optloop.run import duration, optimizer_line
+from optloop.sites import ANSWER, QUERY_REWRITE
 
-ANSWER_SIDE = {"answer", "retrieve.query"}  # prompt sites of the question path; the rest is ingestion
+ANSWER_SIDE = {ANSWER, QUERY_REWRITE}  # prompt sites of the question path; the rest is ingestion
 SHARED_LOCOMO = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "locomo" / "locomo_dev5.json"
 
 
@@ -70,29 +90,64 @@ class PerUnit(BaseModel):
     question_prompt: float
     question_completion: float
 
+    @property
+    def session_tokens(self) -> float:
+        return self.session_prompt + self.session_completion
 
-class Row(BaseModel):
-    part: str
-    evaluations: int
-    calls: float
-    prompt_tokens: float
-    completion_tokens: float
-    dollars: float | None
-    hours: dict[int, float]
+    @property
+    def question_tokens(self) -> float:
+        return self.question_prompt + self.question_completion
 
 
-def per_unit(recording: Recording, system: str, questions: int) -> PerUnit:
-    """``system``'s calls and tokens per session and per question in ``recording``."""
+class Shape(BaseModel):
+    """A dataset's conversations on average: what a split of ``n`` of them has to do."""
+
+    conversations: int
+    sessions: float
+    questions: float
+    longest: int = Field(description="the most sessions of one conversation")
+
+    @classmethod
+    def of(cls, dataset: Dataset) -> Shape:
+        n = len(dataset.episodes)
+        return cls(conversations=n, sessions=sum(len(e.sessions) for e in dataset.episodes) / n,
+                   questions=sum(len(e.questions) for e in dataset.episodes) / n,
+                   longest=max(len(e.sessions) for e in dataset.episodes))
+
+    def units(self, conversations: int) -> float:
+        """:func:`~optloop.loop.spend.work_units` of ``conversations`` of them: sessions plus questions."""
+        return conversations * (self.sessions + self.questions)
+
+
+class ModeledEvaluation(BaseModel):
+    """One evaluation modeled from a recording, as :func:`~optloop.loop.spend.project` reads a measured one
+    (:class:`~optloop.loop.spend.Figures`)."""
+
+    llm_calls: float
+    model_calls: float
+    tokens: float
+    cost_usd: float | None
+    lm_seconds: float | None
+    seconds: float
+
+
+def recorded(recording: Recording, system: str) -> Recorded:
     done = recording.systems.get(system)
     if done is None:
         raise ConfigError(f"the recording holds no {system}; run `python -m experiments.bench.throughput record "
                           f"--systems {system}` first")
     if not done.sites or not done.sessions:
         raise ConfigError("the recording has no per-site figures; record again with this version")
+    return done
+
+
+def per_unit(recording: Recording, system: str, questions: int) -> PerUnit:
+    """``system``'s calls and tokens per session and per question in ``recording``."""
+    done = recorded(recording, system)
     ingest = [c for s, c in done.sites.items() if s not in ANSWER_SIDE]
     asked = [c for s, c in done.sites.items() if s in ANSWER_SIDE]
 
-    def total(costs: list[Any], field: str) -> float:
+    def total(costs: list[LMCost], field: str) -> float:
         """Summed over sites; tokens, which only computed requests report, scaled up to every request (a
         recording resumed from its cache served some of them)."""
         if field == "calls":
@@ -109,12 +164,74 @@ def per_unit(recording: Recording, system: str, questions: int) -> PerUnit:
         question_completion=(total(asked, "tokens") - total(asked, "prompt_tokens")) / questions)
 
 
+def evaluation(unit: PerUnit, shape: Shape, conversations: int, *, price: ModelPrice, latency_s: float,
+               concurrency: int) -> ModeledEvaluation:
+    """An evaluation of ``conversations`` of ``shape``'s, every request computed in ``latency_s``, ``concurrency``
+    at a time (its wall time: the run model's hours)."""
+    sessions, questions = conversations * shape.sessions, conversations * shape.questions
+    calls = sessions * unit.session_calls + questions * unit.question_calls
+    prompt = sessions * unit.session_prompt + questions * unit.question_prompt
+    completion = sessions * unit.session_completion + questions * unit.question_completion
+    return ModeledEvaluation(llm_calls=calls, model_calls=calls, tokens=prompt + completion,
+                   cost_usd=prompt * price.input + completion * price.output, lm_seconds=calls * latency_s,
+                   seconds=calls * latency_s / concurrency)
+
+
+def run_shape(recording: Recording, system: str, unit: PerUnit, shape: Shape, *, budget: int, train: int,
+              targets: Sequence[str] = ()) -> RunShape:
+    """What the optimizer's model reads (see the module docstring): ``train`` conversations of ``shape``'s,
+    ``targets`` as the target sites (by default the system's recorded ingest sites plus ``answer``), the
+    optimizer's threads on an endpoint."""
+    sites = recorded(recording, system).sites
+    ingest = sorted(s for s in sites if s not in ANSWER_SIDE)
+    if unknown := sorted(set(targets) - set(sites)):
+        raise ConfigError(f"--sites {','.join(unknown)}: not in the recording of {system}; its sites are "
+                          f"{', '.join(sites)}")
+    chosen = list(targets) or [*ingest, ANSWER]
+    return RunShape(
+        budget=budget, train_questions=round(train * shape.questions), train_episodes=train, sites=chosen,
+        ingest_sites=[s for s in chosen if s in ingest],
+        prompt_tokens={s: sites[s].prompt_tokens / sites[s].model_calls for s in chosen if sites[s].model_calls},
+        question_calls=unit.question_calls, ingest_calls=shape.sessions * unit.session_calls,
+        question_tokens=unit.question_tokens / unit.question_calls if unit.question_calls else None,
+        ingest_tokens=unit.session_tokens / unit.session_calls if unit.session_calls else None,
+        threads=ENDPOINT_THREADS)
+
+
+def run_estimate(unit: PerUnit, shape: Shape, splits: Sequence[int], *, budget: int, work: OptimizerWork | None,
+                 price: ModelPrice, latency_s: float, concurrency: int) -> Estimate:
+    """``optloop.run --estimate``'s projection (:func:`~optloop.loop.spend.project`) of a run on ``splits`` (train,
+    dev, test conversations of ``shape``'s), its baseline modeled from ``unit``; the proposer priced as the LM."""
+    train, dev, test = splits
+
+    def modeled(conversations: int) -> ModeledEvaluation:
+        return evaluation(unit, shape, conversations, price=price, latency_s=latency_s, concurrency=concurrency)
+
+    return project(modeled(train), modeled(dev), budget=budget, concurrency=concurrency,
+                   dev_units=shape.units(dev), test_units=shape.units(test), optimizer=work,
+                   proposer_price=(price.input, price.output), baseline="baseline (train + dev)")
+
+
+def cell(value: float | None, fmt: str) -> str:
+    return "unknown" if value is None else fmt.format(value)
+
+
+def duration_cell(hours: float | None) -> str:
+    return "unknown" if hours is None else duration(hours)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m experiments.bench.estimate", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--system", default="graphiti")
     parser.add_argument("--budget", type=int, default=50)
-    parser.add_argument("--model", default="openai:gpt-4o-mini", help="the endpoint model whose price to use")
+    parser.add_argument("--optimizer", choices=list(MODELS), default=LoopConfig.model_fields["optimizer"].default,
+                        help="whose own calls to model (optloop.run's default: %(default)s)")
+    parser.add_argument("--sites", default="",
+                        help="the optimizer's target sites, comma-separated (optloop.run --sites; default: the "
+                             "system's recorded ingest sites plus answer)")
+    parser.add_argument("--model", default="openai:gpt-4o-mini",
+                        help="the endpoint model whose price to use (the proposer's too)")
     parser.add_argument("--dataset", default=f"locomo:{SHARED_LOCOMO}", help="LoCoMo file whose shape to use")
     parser.add_argument("--conversations", type=int, default=10, help="scale to this many conversations (LoCoMo: 10)")
     parser.add_argument("--latency-ms", type=float, default=1000.0, help="assumed seconds per call, in ms")
@@ -128,65 +245,59 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not path.is_file():
         raise ConfigError(f"no recording at {path}; run `python -m experiments.bench.throughput record` first")
     recording = Recording.model_validate_json(path.read_text())
-    recorded = load_dataset(recording.dataset)
-    unit = per_unit(recording, args.system, sum(len(e.questions) for e in recorded.episodes))
+    source = load_dataset(recording.dataset)
+    unit = per_unit(recording, args.system, sum(len(e.questions) for e in source.episodes))
     price = model_price(args.model.split(":", 1)[-1])
     if price is None:
         raise ConfigError(f"{args.model} has no price in litellm's cost map; pick a priced model")
-    locomo = load_dataset(args.dataset)
-    convs = len(locomo.episodes)
-    sessions = sum(len(e.sessions) for e in locomo.episodes) / convs
-    questions = sum(len(e.questions) for e in locomo.episodes) / convs
-    longest = max(len(e.sessions) for e in locomo.episodes)
-    train, dev, test = split_counts(args.conversations, LoopConfig.model_fields["fractions"].default)
+    shape = Shape.of(load_dataset(args.dataset))
+    config = LoopConfig(system=args.system, dataset=args.dataset, budget=args.budget, optimizer=args.optimizer,
+                        run_name="estimate")
+    splits = split_counts(args.conversations, config.fractions)
+    targets = [site for site in args.sites.split(",") if site]
+    work = MODELS[args.optimizer](run_shape(recording, args.system, unit, shape, budget=args.budget,
+                                            train=splits[0], targets=targets))
     levels = [int(n) for n in args.n.split(",")]
     latency = args.latency_ms / 1000
+    figures = {n: run_estimate(unit, shape, splits, budget=args.budget, work=work, price=price, latency_s=latency,
+                               concurrency=n) for n in levels}
+    first = figures[levels[0]]
 
-    def evaluation(conversations: int) -> tuple[float, float, float, dict[int, float]]:
-        ingest_calls = conversations * sessions * unit.session_calls
-        ask_calls = conversations * questions * unit.question_calls
-        prompt = conversations * (sessions * unit.session_prompt + questions * unit.question_prompt)
-        completion = conversations * (sessions * unit.session_completion + questions * unit.question_completion)
-        hours = {n: (max(ingest_calls * latency / n, longest * unit.session_calls * latency)
-                     + ask_calls * latency / n) / 3600 for n in levels}
-        return ingest_calls + ask_calls, prompt, completion, hours
-
-    def row(part: str, parts: list[tuple[int, int]]) -> Row:
-        """``parts``: (evaluations, conversations each)."""
-        calls = prompt = completion = 0.0
-        hours = dict.fromkeys(levels, 0.0)
-        for times, conversations in parts:
-            c, p, q, h = evaluation(conversations)
-            calls, prompt, completion = calls + times * c, prompt + times * p, completion + times * q
-            hours = {n: hours[n] + times * h[n] for n in levels}
-        dollars = prompt * price.input + completion * price.output
-        return Row(part=part, evaluations=sum(t for t, _ in parts), calls=calls, prompt_tokens=prompt,
-                   completion_tokens=completion, dollars=dollars, hours=hours)
-
-    rows = [row("baseline (train + dev)", [(1, train), (1, dev)]),
-            row(f"{args.budget} trials (dev each)", [(args.budget, dev)]),
-            row("held-out test (twice)", [(2, test)])]
-    total = row("total", [(1, train), (1 + args.budget, dev), (2, test)])
     console = Console()
-    table = Table(title=f"{args.system}, --budget {args.budget}, LoCoMo ({args.conversations} conversations: "
-                        f"{train}/{dev}/{test} train/dev/test), {args.model}")
-    for col in ["part", "evaluations", "calls", "tokens (prompt + completion)", "dollars",
-                *(f"hours at N={n}" for n in levels)]:
+    table = Table(title=f"{args.system}, --budget {args.budget}, --optimizer {args.optimizer}, LoCoMo "
+                        f"({args.conversations} conversations: {'/'.join(map(str, splits))} train/dev/test), "
+                        f"{args.model}")
+    for col in ["part", "evaluations", "calls", "tokens", "dollars", *(f"time at N={n}" for n in levels)]:
         table.add_column(col, justify="left" if col == "part" else "right")
-    for r in [*rows, total]:
-        table.add_row(r.part, str(r.evaluations), f"{r.calls:,.0f}",
-                      f"{r.prompt_tokens + r.completion_tokens:,.0f} ({r.prompt_tokens:,.0f} + {r.completion_tokens:,.0f})",
-                      f"${r.dollars:,.2f}", *(f"{r.hours[n]:,.1f}" for n in levels))
+    rows = {n: [*estimated.parts, estimated.total] for n, estimated in figures.items()}
+    for i, part in enumerate(rows[levels[0]]):
+        if part is first.total:
+            table.add_section()
+        table.add_row(part.part, str(part.evaluations), f"{part.calls:,}", cell(part.tokens, "{:,}"),
+                      cell(part.cost_usd, "${:,.2f}"), *(duration_cell(rows[n][i].hours) for n in levels))
     console.print(table)
-    console.print(
+    evaluations = first.total.evaluations
+    chain = shape.longest * unit.session_calls * latency
+    lines = [
         f"measured on {recording.identity} ({recording.dataset}, {recording.recorded_on}): {unit.session_calls:.1f} "
         f"calls, {unit.session_prompt:,.0f} + {unit.session_completion:,.0f} tokens per session; "
         f"{unit.question_calls:.1f} calls, {unit.question_prompt:,.0f} + {unit.question_completion:,.0f} tokens per "
-        f"question. LoCoMo shape from {convs} conversations of {args.dataset}: {sessions:.1f} sessions, "
-        f"{questions:.0f} questions each, the longest {longest} sessions. Latency assumed {args.latency_ms:.0f} ms a "
-        f"call. Not included: the optimizer's own calls (see the module docstring). Price: "
-        f"${price.input * 1e6:.3f} / ${price.output * 1e6:.3f} per million prompt / completion "
-        "tokens.")
+        f"question. LoCoMo shape from {shape.conversations} conversations of {args.dataset}: {shape.sessions:.1f} "
+        f"sessions, {shape.questions:.0f} questions each, the longest {shape.longest} sessions. Price: "
+        f"${price.input * 1e6:.3f} / ${price.output * 1e6:.3f} per million prompt / completion tokens.",
+        "how: optloop.run --estimate's run model (optloop/loop/spend.py), its baseline's train and dev modeled from "
+        f"the recording, every request computed in an assumed {args.latency_ms:.0f} ms.",
+        optimizer_line(first, config) + "; target sites: " + (
+            ", ".join(targets) + " (--sites)" if targets else
+            f"the recorded ingest sites plus {ANSWER} (the run picks them from the baseline's blame, which a "
+            "recording lacks; --sites names others)") + "; the proposer is the same model.",
+        f"time: requests x latency / N, as if N were always in flight. An episode's sessions go in order: "
+        f"ingesting the longest conversation ({shape.longest} sessions) takes {chain:,.0f} s at any N, "
+        f"{evaluations * chain / 3600:,.1f} h over the {evaluations} evaluations if each holds one as long: the "
+        "floor of their time at a large N.",
+    ]
+    for line in lines:
+        console.print(line, soft_wrap=True, markup=False, highlight=False)
     return 0
 
 

@@ -21,7 +21,8 @@ prints which limit stopped it and exits with :data:`EXIT_LIMIT`.
 
 **Estimate** (``--estimate``): the same machinery stops the run right after its baseline
 (reason ``estimate``), and :func:`estimate` projects the whole configured run from it.
-The model, stated in the output too (:data:`MODEL`):
+The model, stated in the output too (:data:`MODEL`), is :func:`project`'s, on the baseline's train and dev
+figures (:class:`Figures`); ``experiments/bench/estimate.py`` runs it on figures modeled from a recording:
 
 - the baseline (train and dev): measured, as it ran;
 - each of ``--budget`` trials: one evaluation of the dev split, costed as the baseline's dev
@@ -52,7 +53,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from pydantic import BaseModel, Field
 
@@ -60,7 +61,6 @@ from optloop.sites import PROPOSER
 
 if TYPE_CHECKING:
     from optloop.datasets import Dataset
-    from optloop.loop.evaluate import Evaluation
     from optloop.loop.state import Checkpoint
 
 MAX_COST, MAX_CALLS, ESTIMATE = "max-cost", "max-calls", "estimate"
@@ -175,12 +175,35 @@ class Estimate(BaseModel):
                                                               "not estimated)")
 
 
+class Figures(Protocol):
+    """What the estimate reads of one evaluation: a measured :class:`~optloop.loop.evaluate.Evaluation`, or a
+    model of one (``experiments/bench/estimate.py``, from a recording's calls and tokens per session)."""
+
+    @property
+    def llm_calls(self) -> float: ...  # requests made, cache hits included
+
+    @property
+    def model_calls(self) -> float: ...  # requests the model computed
+
+    @property
+    def tokens(self) -> float: ...  # of the computed requests
+
+    @property
+    def cost_usd(self) -> float | None: ...  # dollars (None: no price)
+
+    @property
+    def lm_seconds(self) -> float | None: ...  # the model's seconds on its calls
+
+    @property
+    def seconds(self) -> float: ...  # wall time
+
+
 def work_units(dataset: Dataset) -> int:
     """What an evaluation of ``dataset`` has to do: sessions to ingest plus questions to answer."""
     return sum(len(e.sessions) + len(e.questions) for e in dataset.episodes)
 
 
-def _scaled(dev: Evaluation, evaluations: float, name: str, count: int, concurrency: int) -> Part:
+def _scaled(dev: Figures, evaluations: float, name: str, count: int, concurrency: int) -> Part:
     """``evaluations`` times ``dev`` with every request computed (see the module docstring)."""
     calls = round(dev.llm_calls * evaluations)
     computed = dev.model_calls
@@ -199,7 +222,7 @@ def _ratio(value: float | None, per: float) -> float | None:
     return None if value is None or not per else value / per
 
 
-def _optimizer_part(work: OptimizerWork, dev: Evaluation, concurrency: int, proposer_price: tuple[float, float] | None,
+def _optimizer_part(work: OptimizerWork, dev: Figures, concurrency: int, proposer_price: tuple[float, float] | None,
                     own_proposer: bool) -> Part:
     """``work`` priced from the baseline's dev evaluation (see the module docstring)."""
     dollars_per_token = _ratio(dev.cost_usd, dev.tokens)
@@ -239,11 +262,19 @@ def estimate(ckpt: Checkpoint, *, budget: int, concurrency: int, dev_units: int,
     dollars are unknown (the system LM's are measured)."""
     train, dev = ckpt.baseline_train, ckpt.baseline_dev
     assert train is not None and dev is not None, "the estimate needs the baseline"
-    baseline = Part(part="baseline (measured)", evaluations=2, calls=train.llm_calls + dev.llm_calls,
-                    tokens=train.tokens + dev.tokens,
-                    cost_usd=_sum([train.cost_usd, dev.cost_usd]),
-                    hours=(train.seconds + dev.seconds) / 3600)
-    parts = [baseline, _scaled(dev, budget, f"{budget} trials", budget, concurrency)]
+    return project(train, dev, budget=budget, concurrency=concurrency, dev_units=dev_units, test_units=test_units,
+                   optimizer=optimizer, proposer_price=proposer_price, own_proposer=own_proposer)
+
+
+def project(train: Figures, dev: Figures, *, budget: int, concurrency: int, dev_units: float, test_units: float,
+            optimizer: OptimizerWork | None = None, proposer_price: tuple[float, float] | None = None,
+            own_proposer: bool = False, baseline: str = "baseline (measured)") -> Estimate:
+    """The run model of :func:`estimate` on the baseline's train and dev evaluations as figures (measured ones, or
+    a model's of them); ``baseline``: the name of their part. The other arguments are :func:`estimate`'s."""
+    first = Part(part=baseline, evaluations=2, calls=round(train.llm_calls + dev.llm_calls),
+                 tokens=round(train.tokens + dev.tokens), cost_usd=_sum([train.cost_usd, dev.cost_usd]),
+                 hours=(train.seconds + dev.seconds) / 3600)
+    parts = [first, _scaled(dev, budget, f"{budget} trials", budget, concurrency)]
     if optimizer is not None:
         parts.append(_optimizer_part(optimizer, dev, concurrency, proposer_price, own_proposer))
     parts.append(_scaled(dev, 2 * test_units / max(dev_units, 1), "held-out test", 2, concurrency))
@@ -307,5 +338,6 @@ def measured_work(ckpt: Checkpoint, model: OptimizerWork | None, budget: int) ->
                f"so far (the run's total less its evaluations), {how}"))
 
 
-__all__ = ["ESTIMATE", "EXIT_LIMIT", "MAX_CALLS", "MAX_COST", "MODEL", "STOPPED_BY", "Estimate", "OptimizerWork", "Part",
-           "RunStopped", "SpendingLimits", "estimate", "measured_work", "run_calls", "run_dollars", "work_units"]
+__all__ = ["ESTIMATE", "EXIT_LIMIT", "MAX_CALLS", "MAX_COST", "MODEL", "STOPPED_BY", "Estimate", "Figures",
+           "OptimizerWork", "Part", "RunStopped", "SpendingLimits", "estimate", "measured_work", "project", "run_calls",
+           "run_dollars", "work_units"]

@@ -1,4 +1,5 @@
-"""The worked endpoint estimate: per-session and per-question figures from a recording, scaled to a run."""
+"""The worked endpoint estimate: per-session and per-question figures from a recording, projected by
+``optloop.run --estimate``'s run model, the optimizer's own calls included."""
 
 from __future__ import annotations
 
@@ -6,8 +7,15 @@ import pytest
 
 from experiments.bench import estimate
 from experiments.bench.throughput import Recorded, Recording
+from optloop.datasets import load_dataset
 from optloop.errors import ConfigError
+from optloop.lm.pricing import model_price
 from optloop.loop.cost import LMCost
+from optloop.loop.evaluate import Evaluation
+from optloop.loop.overhead import MODELS
+from optloop.loop.spend import Estimate, work_units
+from optloop.loop.spend import estimate as product_estimate
+from optloop.loop.state import Checkpoint
 
 
 def recording() -> Recording:
@@ -20,23 +28,102 @@ def recording() -> Recording:
                                                    sites=sites)})
 
 
+def tiny() -> estimate.Shape:
+    return estimate.Shape.of(load_dataset("builtin:tiny"))  # 2 sessions and 2.25 questions a conversation
+
+
 def test_per_unit_splits_ingestion_from_the_question_path():
     unit = estimate.per_unit(recording(), "graphiti", questions=9)
     assert (unit.session_calls, unit.session_prompt, unit.session_completion) == (2, 150, 50)
     assert (unit.question_calls, unit.question_prompt, unit.question_completion) == (1, 90, 10)
 
 
-def test_the_run_adds_baseline_trials_and_test(tmp_path, capsys):
+def test_the_optimizers_shape_comes_from_the_recording_and_the_train_split():
+    unit = estimate.per_unit(recording(), "graphiti", questions=9)
+    shape = estimate.run_shape(recording(), "graphiti", unit, tiny(), budget=3, train=2)
+    assert shape.sites == ["graphiti.extract_nodes", "answer"] and shape.ingest_sites == ["graphiti.extract_nodes"]
+    assert (shape.train_episodes, shape.train_questions) == (2, round(2 * 2.25))
+    assert (shape.ingest_calls, shape.question_calls) == (2 * 2, 1)  # per conversation: 2 sessions x 2 calls
+    assert (shape.ingest_tokens, shape.question_tokens) == (100, 100)  # per call
+    assert shape.prompt_tokens == {"graphiti.extract_nodes": 75, "answer": 90}  # per computed call
+
+
+def modeled(budget: int = 3, concurrency: int = 4) -> tuple[Estimate, estimate.PerUnit, estimate.Shape]:
+    unit, shape = estimate.per_unit(recording(), "graphiti", questions=9), tiny()
+    price = model_price("gpt-4o-mini")
+    assert price is not None
+    work = MODELS["simba"](estimate.run_shape(recording(), "graphiti", unit, shape, budget=budget, train=8))
+    figures = estimate.run_estimate(unit, shape, [8, 4, 4], budget=budget, work=work, price=price, latency_s=0.5,
+                                    concurrency=concurrency)
+    return figures, unit, shape
+
+
+def test_the_optimizer_is_a_part_and_the_parts_add_up_to_the_total():
+    figures, _, _ = modeled()
+    names = [p.part for p in figures.parts]
+    assert names == ["baseline (train + dev)", "3 trials", "optimizer (simba, modeled)", "held-out test"]
+    assert figures.optimizer is not None and figures.parts[2].calls == round(figures.optimizer.calls
+                                                                             + figures.optimizer.proposer_calls)
+    assert figures.total.calls == sum(p.calls for p in figures.parts)
+    assert figures.total.tokens == sum(p.tokens or 0 for p in figures.parts)
+    assert figures.total.cost_usd == pytest.approx(sum(p.cost_usd or 0 for p in figures.parts))
+    assert figures.total.hours == pytest.approx(sum(p.hours or 0 for p in figures.parts))
+
+
+def test_the_bench_and_the_products_estimate_agree_on_the_same_baseline():
+    figures, unit, shape = modeled()
+    price = model_price("gpt-4o-mini")
+    assert price is not None
+
+    def measured(split: str, conversations: int) -> Evaluation:
+        f = estimate.evaluation(unit, shape, conversations, price=price, latency_s=0.5, concurrency=4)
+        assert f.llm_calls == int(f.llm_calls) and f.tokens == int(f.tokens)  # 16 conversations: whole figures
+        return Evaluation(split=split, candidate="c", outcomes=[], llm_calls=int(f.llm_calls),
+                          model_calls=int(f.model_calls), tokens=int(f.tokens), cost_usd=f.cost_usd,
+                          lm_seconds=f.lm_seconds, seconds=f.seconds)
+
+    ckpt = Checkpoint(config_digest="x", baseline_train=measured("train", 8), baseline_dev=measured("dev", 4))
+    units = work_units(load_dataset("builtin:tiny"))  # its 4 conversations, as dev's and test's
+    assert units == shape.units(4)
+    product = product_estimate(ckpt, budget=3, concurrency=4, dev_units=units, test_units=units,
+                               optimizer=figures.optimizer, proposer_price=(price.input, price.output))
+    assert [p.part for p in product.parts][1:] == [p.part for p in figures.parts][1:]
+    for ours, theirs in zip([*figures.parts, figures.total], [*product.parts, product.total], strict=True):
+        assert (ours.evaluations, ours.calls, ours.tokens) == (theirs.evaluations, theirs.calls, theirs.tokens)
+        assert ours.cost_usd == pytest.approx(theirs.cost_usd) and ours.hours == pytest.approx(theirs.hours)
+    assert figures.latency_s == pytest.approx(product.latency_s) == 0.5
+
+
+def table_rows(out: str) -> dict[str, list[str]]:
+    """The printed table's rows: part -> its other cells."""
+    rows = [[cell.strip() for cell in line.split("│")[1:-1]] for line in out.splitlines() if line.startswith("│")]
+    return {row[0]: row[1:] for row in rows}
+
+
+def test_the_run_adds_baseline_trials_optimizer_and_test(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")  # one line a row
     path = tmp_path / "recording.json"
     path.write_text(recording().model_dump_json())
     # builtin:tiny as the shape: 2 sessions and 2.25 questions per conversation; 4 conversations -> 2/1/1
     assert estimate.main(["--recording", str(path), "--dataset", "builtin:tiny", "--conversations", "4",
                           "--budget", "3", "--n", "1"]) == 0
     out = capsys.readouterr().out
+    rows = table_rows(out)
+    assert list(rows) == ["baseline (train + dev)", "3 trials", "optimizer (simba, modeled)", "held-out test", "total"]
     per_conversation = 2 * 2 + 2.25 * 1  # calls: sessions x 2 + questions x 1
-    evaluations = 2 * per_conversation + 1 * per_conversation + 3 * per_conversation + 2 * per_conversation
-    assert f"{evaluations:,.0f}" in out  # total calls (train 2, dev 1 + 3 trials, test 1 twice)
-    assert "Not included: the optimizer's own calls" in " ".join(out.split())
+    assert rows["3 trials"][1] == f"{round(3 * per_conversation)}"  # dev: 1 conversation
+    calls = {part: int(cells[1].replace(",", "")) for part, cells in rows.items()}
+    assert calls.pop("total") == sum(calls.values()) and calls["optimizer (simba, modeled)"] > 0
+    assert "target sites: the recorded ingest sites plus answer" in " ".join(out.split())
+
+
+def test_the_optimizer_is_chosen_by_option(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
+    path = tmp_path / "recording.json"
+    path.write_text(recording().model_dump_json())
+    assert estimate.main(["--recording", str(path), "--dataset", "builtin:tiny", "--conversations", "4",
+                          "--budget", "3", "--n", "1", "--optimizer", "optuna"]) == 0
+    assert "optimizer (optuna, modeled)" in table_rows(capsys.readouterr().out)
 
 
 def test_a_system_not_recorded_is_a_clear_error(tmp_path):
@@ -44,3 +131,11 @@ def test_a_system_not_recorded_is_a_clear_error(tmp_path):
     path.write_text(recording().model_dump_json())
     with pytest.raises(ConfigError, match="holds no mem0"):
         estimate.main(["--recording", str(path), "--system", "mem0", "--dataset", "builtin:tiny"])
+
+
+def test_sites_not_recorded_are_refused():
+    unit = estimate.per_unit(recording(), "graphiti", questions=9)
+    assert estimate.run_shape(recording(), "graphiti", unit, tiny(), budget=3, train=2,
+                              targets=["answer"]).ingest_sites == []
+    with pytest.raises(ConfigError, match="--sites graphiti.nowhere: not in the recording of graphiti"):
+        estimate.run_shape(recording(), "graphiti", unit, tiny(), budget=3, train=2, targets=["graphiti.nowhere"])
