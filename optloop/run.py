@@ -86,7 +86,7 @@ from optloop.lm import LMSettings, OptloopLM, Usage
 from optloop.loop.runner import (MAX_BUDGET, Checkpoint, Loop, LoopConfig, LoopResult, check_fractions, matches,
                                  split_dataset, unfinished_runs)
 from optloop.loop.spend import (ESTIMATE, EXIT_LIMIT, MAX_COST, STOPPED_BY, Estimate, RunStopped,
-                                SpendingLimits, estimate, run_dollars, work_units)
+                                SpendingLimits, estimate, measured_chains, run_dollars, work_units)
 from optloop.paths import state_dir, write_atomic
 from optloop.stats import Interval, bootstrap_mean
 from systems import SYSTEMS, get_system
@@ -440,6 +440,7 @@ def estimate_lines(figures: Estimate, ckpt: Checkpoint, config: LoopConfig, go_o
     return [f"how: {figures.model}",
             optimizer_line(figures, config),
             f"mean latency of one computed call: {latency}",
+            *figures.floor_lines(),
             f"spent so far: {cost_line(ckpt.total_cost())}",
             f"nothing else ran: the baseline is saved in run {config.run_name}; the same command without --estimate "
             f"goes on from it: {go_on}"]
@@ -536,6 +537,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             price = (proposer_settings or settings).price()
             figures = estimate(ckpt, budget=config.budget, concurrency=settings.concurrency or 1,
                                dev_units=work_units(dev), test_units=work_units(test),
+                               chains=measured_chains(ckpt, dev, test),
                                optimizer=loop.optimizer_work(ckpt), own_proposer=proposer_settings is not None,
                                proposer_price=None if price is None else (price.input, price.output))
             console.print(estimate_table(figures, config, settings))

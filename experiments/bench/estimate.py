@@ -28,11 +28,12 @@ differs is only where the baseline's figures come from. Here they are modeled:
 - **the run** (``optloop.run --estimate``'s model): the baseline, ``--budget`` trials each one
   evaluation of dev with every session re-ingested (an upper bound: a trial that leaves the
   ingestion prompts alone reuses the stores), the optimizer's own calls, and the held-out test
-  twice (the dev evaluation scaled by sessions + questions); hours at concurrency N are
-  ``requests x latency / N``, as if N requests were always in flight. The sessions of one
-  conversation go in order, so at an N above a split's conversations ingestion takes longer:
-  the output gives that floor (the longest conversation's sessions, one after another, in every
-  evaluation).
+  twice (the dev evaluation scaled by sessions + questions); an evaluation at concurrency N
+  takes ``max(requests x latency / N, chain x latency)``: N requests always in flight, but
+  never less than its longest conversation's chain, whose sessions are ingested one after
+  another before a question's requests (:class:`~optloop.loop.spend.Chains`). Each split is
+  taken to hold a conversation as long as the dataset's longest (:meth:`Shape.chain`), the
+  modeled baseline's evaluations included; the output says which parts the chain timed.
 - **the optimizer** (``--optimizer``, ``optloop.run``'s default ``simba``): its model in
   :mod:`optloop.loop.overhead` on a :class:`~optloop.loop.overhead.RunShape` built from the
   recording and LoCoMo's shape (:func:`run_shape`): the train split's questions and
@@ -70,7 +71,7 @@ from optloop.lm.pricing import ModelPrice, model_price
 from optloop.loop._base import ENDPOINT_THREADS
 from optloop.loop.cost import LMCost
 from optloop.loop.overhead import MODELS, RunShape
-from optloop.loop.spend import Estimate, OptimizerWork, project
+from optloop.loop.spend import Chains, Estimate, OptimizerWork, chain_requests, evaluation_seconds, project
 from optloop.loop.state import LoopConfig
 from optloop.paths import state_dir
 from optloop.run import duration, optimizer_line
@@ -117,6 +118,10 @@ class Shape(BaseModel):
     def units(self, conversations: int) -> float:
         """:func:`~optloop.loop.spend.work_units` of ``conversations`` of them: sessions plus questions."""
         return conversations * (self.sessions + self.questions)
+
+    def chain(self, unit: PerUnit) -> float:
+        """Sequential requests of the longest conversation at ``unit``'s rates: its sessions, then a question."""
+        return chain_requests(self.longest, unit.session_calls, unit.question_calls)
 
 
 class ModeledEvaluation(BaseModel):
@@ -167,14 +172,14 @@ def per_unit(recording: Recording, system: str, questions: int) -> PerUnit:
 def evaluation(unit: PerUnit, shape: Shape, conversations: int, *, price: ModelPrice, latency_s: float,
                concurrency: int) -> ModeledEvaluation:
     """An evaluation of ``conversations`` of ``shape``'s, every request computed in ``latency_s``, ``concurrency``
-    at a time (its wall time: the run model's hours)."""
+    at a time but no sooner than its longest conversation's chain (its wall time: the run model's hours)."""
     sessions, questions = conversations * shape.sessions, conversations * shape.questions
     calls = sessions * unit.session_calls + questions * unit.question_calls
     prompt = sessions * unit.session_prompt + questions * unit.question_prompt
     completion = sessions * unit.session_completion + questions * unit.question_completion
     return ModeledEvaluation(llm_calls=calls, model_calls=calls, tokens=prompt + completion,
                    cost_usd=prompt * price.input + completion * price.output, lm_seconds=calls * latency_s,
-                   seconds=calls * latency_s / concurrency)
+                   seconds=evaluation_seconds(calls, latency_s, concurrency, shape.chain(unit)))
 
 
 def run_shape(recording: Recording, system: str, unit: PerUnit, shape: Shape, *, budget: int, train: int,
@@ -207,9 +212,11 @@ def run_estimate(unit: PerUnit, shape: Shape, splits: Sequence[int], *, budget: 
     def modeled(conversations: int) -> ModeledEvaluation:
         return evaluation(unit, shape, conversations, price=price, latency_s=latency_s, concurrency=concurrency)
 
+    chain = shape.chain(unit)  # dev's and test's: each split holds a conversation as long as the longest
     return project(modeled(train), modeled(dev), budget=budget, concurrency=concurrency,
                    dev_units=shape.units(dev), test_units=shape.units(test), optimizer=work,
-                   proposer_price=(price.input, price.output), baseline="baseline (train + dev)")
+                   proposer_price=(price.input, price.output), chains=Chains(dev=chain, test=chain),
+                   baseline="baseline (train + dev)")
 
 
 def cell(value: float | None, fmt: str) -> str:
@@ -276,8 +283,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         table.add_row(part.part, str(part.evaluations), f"{part.calls:,}", cell(part.tokens, "{:,}"),
                       cell(part.cost_usd, "${:,.2f}"), *(duration_cell(rows[n][i].hours) for n in levels))
     console.print(table)
-    evaluations = first.total.evaluations
-    chain = shape.longest * unit.session_calls * latency
+    chain = shape.chain(unit)
     lines = [
         f"measured on {recording.identity} ({recording.dataset}, {recording.recorded_on}): {unit.session_calls:.1f} "
         f"calls, {unit.session_prompt:,.0f} + {unit.session_completion:,.0f} tokens per session; "
@@ -291,10 +297,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             ", ".join(targets) + " (--sites)" if targets else
             f"the recorded ingest sites plus {ANSWER} (the run picks them from the baseline's blame, which a "
             "recording lacks; --sites names others)") + "; the proposer is the same model.",
-        f"time: requests x latency / N, as if N were always in flight. An episode's sessions go in order: "
-        f"ingesting the longest conversation ({shape.longest} sessions) takes {chain:,.0f} s at any N, "
-        f"{evaluations * chain / 3600:,.1f} h over the {evaluations} evaluations if each holds one as long: the "
-        "floor of their time at a large N.",
+        f"time: an evaluation takes max(requests x latency / N, chain x latency): N in flight, but an episode's "
+        f"sessions go in order, then a question; the longest conversation's chain, {shape.longest} sessions x "
+        f"{unit.session_calls:.1f} + {unit.question_calls:.1f} requests = {chain:,.0f}, takes {chain * latency:,.0f} s "
+        "at any N, taken to be in every split (the baseline's evaluations too). The optimizer's part is not floored: "
+        "its time is its requests / its threads.",
+        *(line for n in levels for line in figures[n].floor_lines()),
     ]
     for line in lines:
         console.print(line, soft_wrap=True, markup=False, highlight=False)

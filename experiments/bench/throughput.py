@@ -67,6 +67,7 @@ from optloop.errors import ConfigError
 from optloop.lm import LMSettings, OptloopLM, Usage
 from optloop.loop.cost import LMCost
 from optloop.loop.evaluate import Evaluation, Evaluator
+from optloop.loop.spend import evaluation_seconds
 from optloop.paths import state_dir, write_atomic
 from optloop.pipeline import EpisodeResult
 from systems import get_system
@@ -274,7 +275,7 @@ def replay_one(system: str, n: int, rate_429: float, dataset: Dataset, responses
     usage = Usage.of(lm.accounting.records)
     mean = stats.latency_s / stats.hits if stats.hits else args.latency_ms / 1000
     longest = max((chain(result) for result in episodes), default=0)
-    ideal = max(evaluation.llm_calls * mean / n, longest * mean)
+    ideal = evaluation_seconds(evaluation.llm_calls, mean, n, longest)  # the estimate's time model
     row = Row(system=system, dataset=dataset.uri, n=n, rate_429=rate_429, seconds=round(seconds, 2), ideal_seconds=round(ideal, 2),
               efficiency=round(ideal / seconds, 3) if seconds else 0.0, accuracy=evaluation.accuracy,
               calls=evaluation.llm_calls, retries_429=usage.retries_429, misses=stats.misses, chain=longest,

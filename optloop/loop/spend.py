@@ -43,10 +43,22 @@ figures (:class:`Figures`); ``experiments/bench/estimate.py`` runs it on figures
 - the held-out test: two evaluations of the test split (baseline and best; one when the
   baseline stays best), the dev evaluation scaled by the splits' work (sessions to ingest plus
   questions to answer);
-- hours: requests x the measured mean latency of one computed call / ``--concurrency``. LM time
-  only, as if N requests were always in flight: the sessions of one episode are ingested in
-  order, so a split with fewer episodes than N, or local work (embedding, scoring), takes
-  longer. The baseline's own hours are its measured wall time.
+- hours: LM time only (local work, embedding and scoring, is left out), at the measured mean
+  latency of one computed call. An evaluation (a trial's, a held-out one) takes
+  ``max(requests x latency / --concurrency, chain x latency)``: N requests always in flight,
+  but never less than its split's longest **chain** of sequential requests (:class:`Chains`).
+  The sessions of one episode are ingested in order (memory is stateful) and a question's
+  requests follow its episode's ingestion, so the longest episode's ingestion (its sessions x
+  the requests one session takes) plus one question's requests is a chain no concurrency
+  shortens: a split with few long episodes at a large N takes that chain's time, not
+  requests / N. ``optloop.run`` measures the requests per session and per question on the
+  baseline's dev evaluation and takes the longest episode of the dev and the test split
+  (:func:`measured_chains`); a part whose time the chain set says so (:attr:`Part.floor`,
+  :func:`floor_line`). The optimizer's part is not floored: its runs on train are spread over
+  steps of its own (mini-batches, screening) at its own threads, an order the model does not
+  follow, so its time stays requests x latency / its threads (the proposer's, one call at a
+  time). Without chains (a caller that passes none) there is no floor. The baseline's own
+  hours are its measured wall time.
 """
 
 from __future__ import annotations
@@ -118,8 +130,26 @@ MODEL = ("baseline: measured (train + dev, wall time); each trial: the baseline'
          "computed (stores reused and cache hits make it cheaper); optimizer: its own runs on train and its proposer "
          "calls, measured on finished trials or modeled from its structure (see the optimizer line); held-out test: 2 "
          "evaluations of the test split, the dev evaluation scaled by sessions + questions; hours: requests x mean "
-         "latency / concurrency, LM time only, as if that many requests were always in flight (an episode's sessions "
-         "go in order, so few episodes take longer)")
+         "latency / concurrency, LM time only, as if that many requests were always in flight, but an evaluation "
+         "takes at least its split's longest episode's chain of sequential requests x latency (its sessions ingested "
+         "in order, then one question), when the chains are known; the optimizer's part is not floored")
+
+
+class Chains(BaseModel):
+    """The longest chain of sequential requests in one evaluation of the dev and of the test split: its longest
+    episode's ingestion (sessions x requests a session, one session after another) and then one question's requests.
+    However high ``--concurrency``, an evaluation takes at least that chain x latency (see the module docstring)."""
+
+    dev: float = Field(ge=0, description="requests of the dev split's longest chain")
+    test: float = Field(ge=0, description="requests of the test split's longest chain")
+
+
+class Floor(BaseModel):
+    """The chain under a part's evaluations (:class:`Chains`), and whether it, not ``--concurrency``, set their time."""
+
+    split: str
+    requests: float = Field(description="sequential requests of the split's longest episode (ingestion, a question)")
+    binds: bool = Field(description="the chain is longer than an evaluation's requests / concurrency: it set the time")
 
 
 class Part(BaseModel):
@@ -131,6 +161,8 @@ class Part(BaseModel):
     tokens: int | None
     cost_usd: float | None
     hours: float | None
+    floor: Floor | None = Field(None, description="the chain its evaluations cannot take less than (None: not "
+                                                  "modeled for this part, or no chains given)")
 
 
 class OptimizerWork(BaseModel):
@@ -174,6 +206,10 @@ class Estimate(BaseModel):
     optimizer: OptimizerWork | None = Field(None, description="the optimizer's own work, its part's source (None: "
                                                               "not estimated)")
 
+    def floor_lines(self) -> list[str]:
+        """One line for each part whose time its chain set (:func:`floor_line`)."""
+        return [line for part in self.parts if (line := floor_line(part, self.concurrency, self.latency_s))]
+
 
 class Figures(Protocol):
     """What the estimate reads of one evaluation: a measured :class:`~optloop.loop.evaluate.Evaluation`, or a
@@ -203,15 +239,66 @@ def work_units(dataset: Dataset) -> int:
     return sum(len(e.sessions) + len(e.questions) for e in dataset.episodes)
 
 
-def _scaled(dev: Figures, evaluations: float, name: str, count: int, concurrency: int) -> Part:
-    """``evaluations`` times ``dev`` with every request computed (see the module docstring)."""
+def chain_requests(sessions: float, session_requests: float, question_requests: float) -> float:
+    """Sequential requests of an episode of ``sessions``: ingested one session after another, then a question."""
+    return sessions * session_requests + question_requests
+
+
+def evaluation_seconds(requests: float, latency_s: float, concurrency: int, chain: float | None = None) -> float:
+    """LM seconds of one evaluation of ``requests``: ``concurrency`` always in flight, but no less than its longest
+    ``chain`` of sequential requests (none: no floor)."""
+    return max(requests / max(concurrency, 1), chain or 0.0) * latency_s
+
+
+def measured_chains(ckpt: Checkpoint, dev: Dataset, test: Dataset) -> Chains | None:
+    """The dev and test splits' longest chains, at the requests per session and per question that ``ckpt``'s
+    baseline dev evaluation (of ``dev``) measured: its ingestion requests over the sessions of the stores it built
+    (a reused store ingested nothing: those taken as the built share of the split's sessions), its other requests
+    over the split's questions. ``None`` when it built no store (nothing measured the ingestion) or ``dev`` has no
+    question."""
+    measured = ckpt.baseline_dev
+    assert measured is not None, "the chains need the baseline"
+    sessions = sum(len(e.sessions) for e in dev.episodes)
+    questions = sum(len(e.questions) for e in dev.episodes)
+    if not measured.stores_built or not sessions or not questions:
+        return None
+    stores = measured.stores_built + measured.stores_reused
+    per_session = measured.ingest_calls / (sessions * measured.stores_built / stores)
+    per_question = (measured.llm_calls - measured.ingest_calls) / questions
+
+    def longest(split: Dataset) -> float:
+        return max((chain_requests(len(e.sessions), per_session, per_question) for e in split.episodes), default=0.0)
+
+    return Chains(dev=longest(dev), test=longest(test))
+
+
+def floor_line(part: Part, concurrency: int, latency_s: float | None) -> str | None:
+    """What set ``part``'s time when its chain did (``None`` otherwise): "time of the 50 trials set by the longest
+    dev episode's 94 sequential requests (94 s an evaluation), not by --concurrency 16: ..."."""
+    floor = part.floor
+    if floor is None or not floor.binds:
+        return None
+    each = "" if latency_s is None else f" ({floor.requests * latency_s:,.0f} s an evaluation)"
+    return (f"time of the {part.part} set by the longest {floor.split} episode's {floor.requests:,.0f} sequential "
+            f"requests{each}, not by --concurrency {concurrency}: its sessions are ingested in order, then a question")
+
+
+def _scaled(dev: Figures, evaluations: float, name: str, count: int, concurrency: int,
+            chain: tuple[str, float] | None = None) -> Part:
+    """``evaluations`` times ``dev`` with every request computed, in ``count`` evaluations each no shorter than
+    ``chain`` (the split and the requests of its longest chain; see the module docstring)."""
     calls = round(dev.llm_calls * evaluations)
     computed = dev.model_calls
     per_call = (lambda value: None if value is None or not computed else value / computed)
     tokens, dollars, latency = per_call(dev.tokens), per_call(dev.cost_usd), per_call(dev.lm_seconds)
+    each = calls / max(count, 1)  # requests of one evaluation
+    floor = None if chain is None else Floor(split=chain[0], requests=chain[1],
+                                             binds=count > 0 and chain[1] > each / max(concurrency, 1))
+    seconds = None if latency is None else count * evaluation_seconds(each, latency, concurrency,
+                                                                      None if floor is None else floor.requests)
     return Part(part=name, evaluations=count, calls=calls, tokens=None if tokens is None else round(calls * tokens),
                 cost_usd=None if dollars is None else calls * dollars,
-                hours=None if latency is None else calls * latency / concurrency / 3600)
+                hours=None if seconds is None else seconds / 3600, floor=floor)
 
 
 def _sum(values: list[float | None]) -> float | None:
@@ -251,9 +338,11 @@ def _optimizer_part(work: OptimizerWork, dev: Figures, concurrency: int, propose
 
 def estimate(ckpt: Checkpoint, *, budget: int, concurrency: int, dev_units: int, test_units: int,
              optimizer: OptimizerWork | None = None, proposer_price: tuple[float, float] | None = None,
-             own_proposer: bool = False) -> Estimate:
+             own_proposer: bool = False, chains: Chains | None = None) -> Estimate:
     """The whole run of ``budget`` trials, from ``ckpt``'s baseline (train and dev must be evaluated);
-    ``dev_units``, ``test_units``: :func:`work_units` of the dev and test splits.
+    ``dev_units``, ``test_units``: :func:`work_units` of the dev and test splits; ``chains``: their longest chains of
+    sequential requests (:func:`measured_chains`), the floor of each trial's and held-out evaluation's time (none
+    when ``None``).
 
     ``optimizer``: the optimizer's own work (:func:`measured_work`, or the model of
     :mod:`optloop.loop.overhead`), a part of its own after the trials (none when ``None``);
@@ -263,21 +352,24 @@ def estimate(ckpt: Checkpoint, *, budget: int, concurrency: int, dev_units: int,
     train, dev = ckpt.baseline_train, ckpt.baseline_dev
     assert train is not None and dev is not None, "the estimate needs the baseline"
     return project(train, dev, budget=budget, concurrency=concurrency, dev_units=dev_units, test_units=test_units,
-                   optimizer=optimizer, proposer_price=proposer_price, own_proposer=own_proposer)
+                   optimizer=optimizer, proposer_price=proposer_price, own_proposer=own_proposer, chains=chains)
 
 
 def project(train: Figures, dev: Figures, *, budget: int, concurrency: int, dev_units: float, test_units: float,
             optimizer: OptimizerWork | None = None, proposer_price: tuple[float, float] | None = None,
-            own_proposer: bool = False, baseline: str = "baseline (measured)") -> Estimate:
+            own_proposer: bool = False, chains: Chains | None = None,
+            baseline: str = "baseline (measured)") -> Estimate:
     """The run model of :func:`estimate` on the baseline's train and dev evaluations as figures (measured ones, or
     a model's of them); ``baseline``: the name of their part. The other arguments are :func:`estimate`'s."""
     first = Part(part=baseline, evaluations=2, calls=round(train.llm_calls + dev.llm_calls),
                  tokens=round(train.tokens + dev.tokens), cost_usd=_sum([train.cost_usd, dev.cost_usd]),
                  hours=(train.seconds + dev.seconds) / 3600)
-    parts = [first, _scaled(dev, budget, f"{budget} trials", budget, concurrency)]
+    parts = [first, _scaled(dev, budget, f"{budget} trials", budget, concurrency,
+                            None if chains is None else ("dev", chains.dev))]
     if optimizer is not None:
         parts.append(_optimizer_part(optimizer, dev, concurrency, proposer_price, own_proposer))
-    parts.append(_scaled(dev, 2 * test_units / max(dev_units, 1), "held-out test", 2, concurrency))
+    parts.append(_scaled(dev, 2 * test_units / max(dev_units, 1), "held-out test", 2, concurrency,
+                         None if chains is None else ("test", chains.test)))
     total = Part(part="total", evaluations=sum(p.evaluations for p in parts), calls=sum(p.calls for p in parts),
                  tokens=_sum([p.tokens for p in parts]), cost_usd=_sum([p.cost_usd for p in parts]),
                  hours=_sum([p.hours for p in parts]))
@@ -338,6 +430,7 @@ def measured_work(ckpt: Checkpoint, model: OptimizerWork | None, budget: int) ->
                f"so far (the run's total less its evaluations), {how}"))
 
 
-__all__ = ["ESTIMATE", "EXIT_LIMIT", "MAX_CALLS", "MAX_COST", "MODEL", "STOPPED_BY", "Estimate", "Figures",
-           "OptimizerWork", "Part", "RunStopped", "SpendingLimits", "estimate", "measured_work", "project", "run_calls",
+__all__ = ["ESTIMATE", "EXIT_LIMIT", "MAX_CALLS", "MAX_COST", "MODEL", "STOPPED_BY", "Chains", "Estimate", "Figures",
+           "Floor", "OptimizerWork", "Part", "RunStopped", "SpendingLimits", "chain_requests", "estimate",
+           "evaluation_seconds", "floor_line", "measured_chains", "measured_work", "project", "run_calls",
            "run_dollars", "work_units"]

@@ -13,7 +13,7 @@ from optloop.lm.pricing import model_price
 from optloop.loop.cost import LMCost
 from optloop.loop.evaluate import Evaluation
 from optloop.loop.overhead import MODELS
-from optloop.loop.spend import Estimate, work_units
+from optloop.loop.spend import Estimate, measured_chains, work_units
 from optloop.loop.spend import estimate as product_estimate
 from optloop.loop.state import Checkpoint
 
@@ -78,20 +78,38 @@ def test_the_bench_and_the_products_estimate_agree_on_the_same_baseline():
     def measured(split: str, conversations: int) -> Evaluation:
         f = estimate.evaluation(unit, shape, conversations, price=price, latency_s=0.5, concurrency=4)
         assert f.llm_calls == int(f.llm_calls) and f.tokens == int(f.tokens)  # 16 conversations: whole figures
+        ingest = conversations * shape.sessions * unit.session_calls
         return Evaluation(split=split, candidate="c", outcomes=[], llm_calls=int(f.llm_calls),
-                          model_calls=int(f.model_calls), tokens=int(f.tokens), cost_usd=f.cost_usd,
-                          lm_seconds=f.lm_seconds, seconds=f.seconds)
+                          model_calls=int(f.model_calls), ingest_calls=int(ingest), stores_built=conversations,
+                          tokens=int(f.tokens), cost_usd=f.cost_usd, lm_seconds=f.lm_seconds, seconds=f.seconds)
 
     ckpt = Checkpoint(config_digest="x", baseline_train=measured("train", 8), baseline_dev=measured("dev", 4))
-    units = work_units(load_dataset("builtin:tiny"))  # its 4 conversations, as dev's and test's
+    tiny = load_dataset("builtin:tiny")  # its 4 conversations, as dev's and test's
+    units = work_units(tiny)
     assert units == shape.units(4)
-    product = product_estimate(ckpt, budget=3, concurrency=4, dev_units=units, test_units=units,
+    chains = measured_chains(ckpt, tiny, tiny)  # every conversation of 2 sessions, the longest too
+    assert chains is not None and chains.dev == chains.test == shape.chain(unit) == 2 * 2 + 1
+    product = product_estimate(ckpt, budget=3, concurrency=4, dev_units=units, test_units=units, chains=chains,
                                optimizer=figures.optimizer, proposer_price=(price.input, price.output))
     assert [p.part for p in product.parts][1:] == [p.part for p in figures.parts][1:]
     for ours, theirs in zip([*figures.parts, figures.total], [*product.parts, product.total], strict=True):
         assert (ours.evaluations, ours.calls, ours.tokens) == (theirs.evaluations, theirs.calls, theirs.tokens)
         assert ours.cost_usd == pytest.approx(theirs.cost_usd) and ours.hours == pytest.approx(theirs.hours)
+        assert ours.floor == theirs.floor
     assert figures.latency_s == pytest.approx(product.latency_s) == 0.5
+
+
+def test_at_a_high_concurrency_the_longest_conversations_chain_sets_the_time():
+    # 4 dev conversations of 2 sessions: 25 requests an evaluation; the longest chains 2 x 2 + 1 = 5, at 0.5 s each
+    figures, unit, shape = modeled(concurrency=16)
+    trials, test = figures.parts[1], figures.parts[3]
+    for part in (trials, test):
+        assert part.floor is not None and part.floor.binds and part.floor.requests == shape.chain(unit) == 5
+    assert trials.hours == pytest.approx(3 * 5 * 0.5 / 3600) and test.hours == pytest.approx(2 * 5 * 0.5 / 3600)
+    assert figures.parts[0].hours == pytest.approx(2 * 5 * 0.5 / 3600)  # the modeled baseline's train and dev too
+    assert len(figures.floor_lines()) == 2
+    slow, _, _ = modeled(concurrency=4)  # 25 / 4 = 6.25 requests' time: more than the chain's 5
+    assert slow.floor_lines() == [] and slow.parts[1].hours == pytest.approx(3 * 25 * 0.5 / 4 / 3600)
 
 
 def table_rows(out: str) -> dict[str, list[str]]:

@@ -14,8 +14,9 @@ import pytest
 
 from optloop.loop.coordinator import LocalCoordinator
 from optloop.loop.evaluate import Evaluation
-from optloop.loop.spend import (ESTIMATE, MAX_CALLS, MAX_COST, OptimizerWork, RunStopped, SpendingLimits, estimate,
-                                measured_work)
+from optloop.datasets import load_dataset
+from optloop.loop.spend import (ESTIMATE, MAX_CALLS, MAX_COST, Chains, OptimizerWork, RunStopped, SpendingLimits,
+                                estimate, measured_chains, measured_work)
 from optloop.loop.state import Checkpoint, Trial
 from tests.optloop.loop.test_controller import (BASE, EVALUATION_CALLS, PROPOSAL_CALLS, Clock, MemorySink, Run,
                                                 without_cost)
@@ -207,6 +208,44 @@ def test_an_unpriced_or_fully_cached_baseline_says_what_it_cannot_know():
     figures = estimate(cached, budget=2, concurrency=1, dev_units=4, test_units=4)
     assert figures.parts[1].calls == 4 and figures.parts[1].tokens is None and figures.parts[1].hours is None
     assert figures.latency_s is None and figures.total.tokens is None
+
+
+# --- the floor: an episode's chain of sequential requests ---------------------------------------------------------
+
+
+def test_an_evaluation_takes_at_least_its_longest_chain_of_sequential_requests():
+    # the baseline: on dev, 10 requests, 2 s per computed call; the test split 1.5 times dev's work: 15 requests
+    ckpt = baseline_checkpoint()
+    figures = estimate(ckpt, budget=3, concurrency=4, dev_units=10, test_units=15, chains=Chains(dev=6, test=3))
+    _, trials, test = figures.parts
+    # a trial: 10 requests / 4 in flight = 2.5 requests' time, but its longest episode chains 6: 6 x 2 s each
+    assert trials.floor is not None and trials.floor.binds and (trials.floor.split, trials.floor.requests) == ("dev", 6)
+    assert trials.hours == pytest.approx(3 * 6 * 2 / 3600) and trials.calls == 30  # the floor costs no call
+    # a held-out evaluation: 15 requests / 4 = 3.75 requests' time, more than its chain of 3: N decides
+    assert test.floor is not None and not test.floor.binds and test.hours == pytest.approx(30 * 2 / 4 / 3600)
+    assert figures.total.hours == pytest.approx(sum(p.hours for p in figures.parts))
+    assert figures.floor_lines() == [
+        "time of the 3 trials set by the longest dev episode's 6 sequential requests (12 s an evaluation), not by "
+        "--concurrency 4: its sessions are ingested in order, then a question"]
+    # one request at a time, the chain never binds: the same hours as without chains
+    serial = estimate(ckpt, budget=3, concurrency=1, dev_units=10, test_units=15, chains=Chains(dev=6, test=3))
+    plain = estimate(ckpt, budget=3, concurrency=1, dev_units=10, test_units=15)
+    assert [p.hours for p in serial.parts] == [p.hours for p in plain.parts] and serial.floor_lines() == []
+    assert all(p.floor is None for p in plain.parts)
+
+
+def test_the_chains_are_measured_on_the_baseline_dev_evaluation_and_the_splits_longest_episodes():
+    tiny = load_dataset("builtin:tiny")  # 4 episodes of 2 sessions; 2, 3, 2, 2 questions
+    dev = tiny.model_copy(update={"episodes": tiny.episodes[:2]})  # 4 sessions, 5 questions
+    longer = tiny.episodes[2].model_copy(update={"sessions": tiny.episodes[2].sessions * 3})  # 6 sessions
+    test = tiny.model_copy(update={"episodes": [longer, tiny.episodes[3]]})
+    # one of dev's two stores built (2 sessions, 6 requests: 3 a session), 10 requests for its 5 questions: 2 each
+    evaluation = Evaluation(split="dev", candidate="c", outcomes=[], llm_calls=16, model_calls=16, ingest_calls=6,
+                            stores_built=1, stores_reused=1)
+    chains = measured_chains(Checkpoint(config_digest="x", baseline_dev=evaluation), dev, test)
+    assert chains == Chains(dev=2 * 3 + 2, test=6 * 3 + 2)
+    nothing_built = evaluation.model_copy(update={"stores_built": 0, "ingest_calls": 0})
+    assert measured_chains(Checkpoint(config_digest="x", baseline_dev=nothing_built), dev, test) is None
 
 
 # --- the optimizer's own calls ------------------------------------------------------------------------------------

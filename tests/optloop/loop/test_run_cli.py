@@ -403,6 +403,8 @@ def test_estimate_then_max_calls_stops_with_exit_3_and_a_higher_limit_resumes_fr
         assert "optimizer (edit, modeled)" in estimated.stderr and "optimizer: " in estimated.stderr
         assert "calls a trial" in estimated.stderr and "the edit model (optloop/loop/overhead.py)" in estimated.stderr
         figures = json.loads((tmp_path / "estimate.json").read_text())
+        [trials] = [p for p in figures["parts"] if p["part"] == "2 trials"]  # floored by dev's longest chain
+        assert trials["floor"]["split"] == "dev" and trials["floor"]["requests"] > 0
         ckpt = the_checkpoint(tmp_path)
         baseline = ckpt.baseline_dev
         assert baseline is not None and ckpt.trials == [] and not ckpt.finished
