@@ -36,7 +36,9 @@ table. The summary reads each system against issue 20's targets (:func:`summariz
 N = 8 as a share of the ideal speed-up (target >= 0.8), and the time with 429s over the time without
 at each N (target <= 1.3x), beside the least that ratio can be at N = 1 for any client that honours
 ``Retry-After`` (:func:`floor_429`: with 300 ms calls and a 1 s Retry-After on 10 % of attempts it is
-1.39x, so at N = 1 that target is out of reach by arithmetic; only overlapping waits bring it lower).
+1.39x, so for calls made strictly one after another, as md_flat's and mem0's are at N = 1, that target
+is out of reach by arithmetic; only waits overlapped by other calls bring it lower, and graphiti
+overlaps some calls of a session even at N = 1, since a call waiting out a Retry-After holds no slot).
 mem0's extraction prompt carries the day's date (UTC), so its recording replays on the day it was made.
 """
 
@@ -128,8 +130,8 @@ class Summary(BaseModel):
     share_of_ideal: float | None = Field(description="speed-up / ideal speed-up; the target is >= 0.8")
     cost_429: dict[int, float] = Field(default_factory=dict,
                                        description="per N: seconds with the 429 rate / seconds without; target <= 1.3")
-    floor_429_n1: float | None = Field(None, description="the least cost_429 at N=1 that any client honouring "
-                                                         "Retry-After can reach (see floor_429)")
+    floor_429_n1: float | None = Field(None, description="the cost_429 expected at N=1 of calls made strictly one "
+                                                         "at a time by a client honouring Retry-After (floor_429)")
     lost: int = Field(0, description="questions whose outcome differs from the first run's (target 0)")
 
 
@@ -139,12 +141,13 @@ RETRY_AFTER_JITTER = 0.05  # the mean of optloop's Retry-After jitter, uniform(0
 
 
 def floor_429(rate: float, retry_after_s: float, latency_s: float) -> float:
-    """The time with 429s over the time without, at N=1, for a client that honours ``Retry-After``.
+    """The expected time with 429s over the time without, for calls made strictly one at a time by a client
+    that honours ``Retry-After``.
 
-    One call at a time gets a 429 on a ``rate`` share of its attempts, so ``rate / (1 - rate)`` 429s a
-    call on average, each answered at once and followed by a wait of ``Retry-After`` (plus optloop's
-    jitter) in which nothing else runs. Against ``latency_s`` a call, the run takes at least this many
-    times as long; only concurrency (other calls going on during a wait) can bring it lower.
+    Each attempt gets a 429 with probability ``rate``, so a call meets ``rate / (1 - rate)`` 429s on average,
+    each answered at once and followed by a wait of ``Retry-After`` (plus optloop's jitter) in which no other
+    call runs. Against ``latency_s`` a call, the run takes this many times as long (LM time alone); only
+    other calls going on during a wait bring it lower.
     """
     waits = rate / (1 - rate) * retry_after_s * (1 + RETRY_AFTER_JITTER)
     return 1 + waits / latency_s if latency_s else float("inf")
@@ -402,8 +405,8 @@ def summary_lines(summaries: Sequence[Summary]) -> list[str]:
                          f"{_verdict(s.share_of_ideal >= TARGET_SHARE)})")
         if s.cost_429:
             costs = ", ".join(f"N={n} {c:.2f}x ({_verdict(c <= TARGET_COST_429)})" for n, c in s.cost_429.items())
-            floor = (f"; at N=1 no client that honours Retry-After can go below {s.floor_429_n1:.2f}x"
-                     if s.floor_429_n1 is not None else "")
+            floor = (f"; calls made strictly one at a time expect {s.floor_429_n1:.2f}x at N=1, Retry-After waits "
+                     "that nothing overlaps" if s.floor_429_n1 is not None else "")
             lines.append(f"{s.system}: 429s cost {costs} (target <= {TARGET_COST_429}x){floor}; "
                          f"questions lost: {s.lost}")
     return lines
