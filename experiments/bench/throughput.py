@@ -130,6 +130,10 @@ class Summary(BaseModel):
     share_of_ideal: float | None = Field(description="speed-up / ideal speed-up; the target is >= 0.8")
     cost_429: dict[int, float] = Field(default_factory=dict,
                                        description="per N: seconds with the 429 rate / seconds without; target <= 1.3")
+    serial_429: dict[int, float] = Field(default_factory=dict,
+                                         description="per N: what the 429s would cost if no other call went on "
+                                                     "during their waits, 1 + retries x wait / seconds without; "
+                                                     "cost_429 below it is the waits concurrency hid")
     floor_429_n1: float | None = Field(None, description="the cost_429 expected at N=1 of calls made strictly one "
                                                          "at a time by a client honouring Retry-After (floor_429)")
     lost: int = Field(0, description="questions whose outcome differs from the first run's (target 0)")
@@ -168,11 +172,14 @@ def summarize(rows: Sequence[Row], *, at: int = 8, retry_after_s: float = 1.0) -
         limited = [row for row in mine if row.rate_429 > 0]
         cost = {row.n: round(row.seconds / clean[row.n].seconds, 3) for row in limited
                 if row.n in clean and clean[row.n].seconds}
+        wait = retry_after_s * (1 + RETRY_AFTER_JITTER)
+        serial = {row.n: round(1 + row.retries_429 * wait / clean[row.n].seconds, 3) for row in limited
+                  if row.n in clean and clean[row.n].seconds}
         floor = None
         if limited and 1 in clean:
             floor = round(floor_429(limited[0].rate_429, retry_after_s, clean[1].mean_latency_s), 3)
         out.append(Summary(system=system, n=at, speedup=_round(speedup), ideal_speedup=_round(ideal),
-                           share_of_ideal=_round(share), cost_429=cost, floor_429_n1=floor))
+                           share_of_ideal=_round(share), cost_429=cost, serial_429=serial, floor_429_n1=floor))
     return out
 
 
@@ -404,7 +411,8 @@ def summary_lines(summaries: Sequence[Summary]) -> list[str]:
                          f"{s.share_of_ideal:.2f} of it (target >= {TARGET_SHARE}: "
                          f"{_verdict(s.share_of_ideal >= TARGET_SHARE)})")
         if s.cost_429:
-            costs = ", ".join(f"N={n} {c:.2f}x ({_verdict(c <= TARGET_COST_429)})" for n, c in s.cost_429.items())
+            costs = ", ".join(f"N={n} {c:.2f}x ({_verdict(c <= TARGET_COST_429)}; {s.serial_429[n]:.2f}x if nothing "
+                              f"overlapped the waits)" for n, c in s.cost_429.items())
             floor = (f"; calls made strictly one at a time expect {s.floor_429_n1:.2f}x at N=1, Retry-After waits "
                      "that nothing overlaps" if s.floor_429_n1 is not None else "")
             lines.append(f"{s.system}: 429s cost {costs} (target <= {TARGET_COST_429}x){floor}; "

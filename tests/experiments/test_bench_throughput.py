@@ -96,7 +96,8 @@ def test_summary_reads_speedup_share_and_429_cost_off_the_rows():
     assert md_flat.speedup is None and md_flat.cost_429 == {}  # no N=8 row, no 429 rows
     lines = throughput.summary_lines([mem0])
     assert "0.62 of it (target >= 0.8: MISSED)" in lines[0]
-    assert "N=1 1.30x (met), N=8 1.20x (met)" in lines[1] and "expect 1.39x at N=1" in lines[1]
+    assert mem0.serial_429 == {1: 1.0, 8: 1.0}  # the rows had no retries: nothing to wait out
+    assert "N=1 1.30x (met; 1.00x if nothing overlapped the waits)" in lines[1] and "expect 1.39x at N=1" in lines[1]
 
 
 def test_update_keeps_other_systems_rows_replayed_with_the_same_settings(tmp_path):
