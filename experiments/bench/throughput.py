@@ -31,6 +31,9 @@ at every N (and every 429 rate), each on a fresh server, store directory and LM.
 ``retries_429``    attempts the endpoint refused with 429 and optloop asked again
 ``misses``         requests the recording does not hold (answered HTTP 400: that question fails at every N)
 
+With ``--repeat K`` each row is the run of median seconds of K (its ``seconds_runs`` lists all K): the
+injected latencies and 429s are the same in every run, so what varies is this machine's own work.
+
 Results go to ``--json`` (``{"rows": [...], "summary": [...], <settings>}``) and, with ``--markdown``, a
 table. The summary reads each system against issue 20's targets (:func:`summarize`): the speed-up at
 N = 8 as a share of the ideal speed-up (target >= 0.8), and the time with 429s over the time without
@@ -117,6 +120,8 @@ class Row(BaseModel):
     retries_429: int
     misses: int
     chain: int = Field(description="the longest episode's chain of sequential calls")
+    seconds_runs: list[float] = Field(default_factory=list,
+                                      description="with --repeat: every run's seconds (``seconds`` is their median)")
     mean_latency_s: float
 
 
@@ -293,11 +298,21 @@ def replay_one(system: str, n: int, rate_429: float, dataset: Dataset, responses
     return row, [(o.question_id, o.prediction, o.passed) for o in evaluation.outcomes]
 
 
+def median_run(runs: Sequence[Row]) -> Row:
+    """The run of median seconds (the lower middle one of an even count), carrying every run's seconds."""
+    if len(runs) == 1:
+        return runs[0]
+    ordered = sorted(runs, key=lambda row: row.seconds)
+    return ordered[(len(ordered) - 1) // 2].model_copy(update={"seconds_runs": [row.seconds for row in runs]})
+
+
 def replay(args: argparse.Namespace, console: Console) -> int:
     systems = parse_systems(args.systems)
     recording = read_recording(args.cache, systems)
     dataset = load_dataset(recording.dataset)
     responses = load_cache(args.cache)
+    if args.repeat < 1:
+        raise ConfigError(f"--repeat must be at least 1, not {args.repeat}")
     ns = parse_numbers(args.n, int)
     rates = parse_numbers(args.rate_429, float)
     embedder = get_embedder()
@@ -312,17 +327,20 @@ def replay(args: argparse.Namespace, console: Console) -> int:
             for rate in rates:
                 for n in ns:
                     progress.update(task, description=f"{system} N={n}" + (f" 429s {rate:g}" if rate else ""))
-                    row, outcomes = replay_one(system, n, rate, dataset, responses, recording.identity, args,
-                                               embedder)
-                    rows.append(row)
-                    first = outcomes if first is None else first
-                    if outcomes != first:
-                        different.append(f"{system} at N={n}, 429s {rate:g}")
-                        changed = sum(a != b for a, b in zip(outcomes, first)) + abs(len(outcomes) - len(first))
-                        lost[system] = max(lost.get(system, 0), changed)
+                    runs: list[Row] = []
+                    for _ in range(args.repeat):
+                        row, outcomes = replay_one(system, n, rate, dataset, responses, recording.identity, args,
+                                                   embedder)
+                        runs.append(row)
+                        first = outcomes if first is None else first
+                        if outcomes != first:
+                            different.append(f"{system} at N={n}, 429s {rate:g}")
+                            changed = sum(a != b for a, b in zip(outcomes, first)) + abs(len(outcomes) - len(first))
+                            lost[system] = max(lost.get(system, 0), changed)
+                    rows.append(median_run(runs))
                     progress.advance(task)
     settings = {"latency_ms": args.latency_ms, "jitter_ms": args.jitter_ms, "retry_after_s": args.retry_after,
-                "seed": args.seed}
+                "seed": args.seed, "repeat": args.repeat}
     kept = kept_results(args.json, systems, settings) if args.update else None
     if kept is not None:
         rows = [Row.model_validate(r) for r in kept["rows"]] + rows
@@ -359,7 +377,8 @@ def kept_results(path: Path, systems: Sequence[str], settings: dict[str, Any]) -
     if not path.is_file():
         return None
     old = json.loads(path.read_text())
-    differ = [f"{key} {old.get(key)} there, {value} now" for key, value in settings.items() if old.get(key) != value]
+    there = {key: old.get(key, 1 if key == "repeat" else None) for key in settings}  # files before --repeat: 1 run
+    differ = [f"{key} {there[key]} there, {value} now" for key, value in settings.items() if there[key] != value]
     if differ:
         raise ConfigError(f"--update: {path} was replayed with other settings ({'; '.join(differ)}); "
                           "replay with the same ones, or write a new --json")
@@ -388,7 +407,8 @@ def _cells(row: Row) -> list[str]:
 
 def _settings(results: dict[str, Any]) -> str:
     return (f"{results['dataset']}, answers recorded from {results['identity']}, replayed at "
-            f"{results['latency_ms']:g} ms +- {results['jitter_ms']:g} (Retry-After {results['retry_after_s']:g} s); "
+            f"{results['latency_ms']:g} ms +- {results['jitter_ms']:g} (Retry-After {results['retry_after_s']:g} s)"
+            + (f", the median of {results['repeat']} runs a row" if results.get("repeat", 1) > 1 else "") + "; "
             f"accuracy identical across N: {'yes' if results['identical'] else 'NO'}")
 
 
@@ -455,6 +475,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     rep.add_argument("--rate-429", default="0", help="fractions of requests refused with HTTP 429, e.g. 0,0.1")
     rep.add_argument("--retry-after", type=float, default=1.0, help="seconds in the 429s' Retry-After")
     rep.add_argument("--seed", type=int, default=0)
+    rep.add_argument("--repeat", type=int, default=1,
+                     help="runs per cell; the row is the run of median seconds (default 1)")
     rep.add_argument("--timeout", type=float, default=60.0, help="per-attempt LM timeout, seconds")
     rep.add_argument("--json", type=Path, default=RESULTS / "throughput.json")
     rep.add_argument("--markdown", type=Path, metavar="OUT", help="also write the table to this Markdown file")

@@ -112,3 +112,11 @@ def test_update_keeps_other_systems_rows_replayed_with_the_same_settings(tmp_pat
     assert kept["summary"] == [{"system": "graphiti", "lost": 0}] and kept["different"] == []
     with pytest.raises(ConfigError, match="latency_ms 300.0 there, 100.0 now"):
         throughput.kept_results(path, ["mem0"], {**settings, "latency_ms": 100.0})
+
+
+def test_a_repeated_cell_is_its_median_run():
+    runs = [_row("mem0", 8, 0.0, seconds, 1.0) for seconds in (5.0, 4.2, 4.6)]
+    row = throughput.median_run(runs)
+    assert row.seconds == 4.6 and row.seconds_runs == [5.0, 4.2, 4.6]
+    assert throughput.median_run(runs[:1]) is runs[0]
+    assert throughput.median_run(runs[:2]).seconds == 4.2  # the lower middle of an even count
