@@ -19,6 +19,7 @@ import logging
 import os
 import threading
 from abc import ABC, abstractmethod
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
@@ -77,6 +78,46 @@ class WrappedEmbedder(Embedder):
 
     def _embed_batch(self, texts: list[str]) -> np.ndarray:
         return self.inner._embed_batch(texts)
+
+
+class QueryCache(WrappedEmbedder):
+    """Another embedder, with single texts remembered: a one-text :meth:`embed` (a search query, a memory
+    added alone) is computed once and then served from memory, the most recent ``max_texts`` kept.
+
+    An evaluation embeds the same single texts many times over: mem0 embeds each question once per
+    search, every search again, and every trial of a run asks the same dev questions. Calls with
+    several texts pass through uncached, so every vector is exactly what the inner embedder returns
+    for that call (a text's vector can differ in its last bits with the batch it is embedded in);
+    results do not depend on the order threads fill the cache. Safe from many threads.
+    """
+
+    def __init__(self, inner: Embedder, max_texts: int = 20_000):
+        super().__init__(inner)
+        self.max_texts = max_texts
+        self._vectors: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._lock = threading.Lock()
+        self.hits = 0
+
+    @classmethod
+    def around(cls, embedder: Embedder) -> QueryCache:
+        return embedder if isinstance(embedder, QueryCache) else cls(embedder)
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        if len(texts) != 1:
+            return self.inner.embed(texts)
+        (text,) = texts
+        with self._lock:
+            vector = self._vectors.get(text)
+            if vector is not None:
+                self._vectors.move_to_end(text)
+                self.hits += 1
+        if vector is None:
+            vector = self.inner.embed([text])[0]
+            with self._lock:
+                self._vectors[text] = vector
+                while len(self._vectors) > self.max_texts:
+                    self._vectors.popitem(last=False)
+        return vector[None, :].copy()  # the caller's own, as the inner embedder's would be
 
 
 _MODELS: dict[str, Any] = {}

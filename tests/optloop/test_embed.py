@@ -47,3 +47,37 @@ def test_unreachable_embedding_endpoint_names_the_url():
 def test_unknown_embedder_spec():
     with pytest.raises(ConfigError, match="unknown embedder spec"):
         get_embedder("word2vec")
+
+
+class _Counting(LocalEmbedder):
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[list[str]] = []
+
+    def _embed_batch(self, texts: list[str]) -> np.ndarray:
+        self.calls.append(list(texts))
+        return np.arange(len(texts) * 384, dtype=np.float32).reshape(len(texts), 384) + sum(map(len, texts))
+
+
+def test_query_cache_embeds_a_single_text_once_and_passes_batches_through():
+    from concurrent.futures import ThreadPoolExecutor
+
+    from optloop.embed import QueryCache
+
+    inner = _Counting()
+    cache = QueryCache(inner, max_texts=2)
+    assert (cache.name, cache.dim) == (inner.name, inner.dim) and QueryCache.around(cache) is cache
+    first = cache.embed(["where does Clara live?"])
+    first[0, 0] = 99.0  # the caller's own copy: the cache is not changed through it
+    with ThreadPoolExecutor(4) as pool:
+        again = list(pool.map(lambda _: cache.embed(["where does Clara live?"]), range(8)))
+    assert inner.calls.count(["where does Clara live?"]) == 1  # computed once, eight times served
+    expected = inner.embed(["where does Clara live?"])
+    assert all(np.array_equal(a, expected) for a in again)
+    assert cache.hits == 8
+    batch = cache.embed(["a", "where does Clara live?"])  # several texts: exactly the inner embedder's call
+    assert np.array_equal(batch, inner.embed(["a", "where does Clara live?"]))
+    cache.embed(["b"]), cache.embed(["c"])  # max_texts 2: the question is forgotten
+    calls = len(inner.calls)
+    cache.embed(["where does Clara live?"])
+    assert len(inner.calls) == calls + 1
