@@ -80,44 +80,52 @@ class WrappedEmbedder(Embedder):
         return self.inner._embed_batch(texts)
 
 
-class QueryCache(WrappedEmbedder):
-    """Another embedder, with single texts remembered: a one-text :meth:`embed` (a search query, a memory
-    added alone) is computed once and then served from memory, the most recent ``max_texts`` kept.
+class CachedEmbedder(WrappedEmbedder):
+    """Another embedder, each distinct text embedded once and then served from memory (the most recent
+    ``max_texts`` kept; ``None``: all). Safe from many threads.
 
-    An evaluation embeds the same single texts many times over: mem0 embeds each question once per
-    search, every search again, and every trial of a run asks the same dev questions. Calls with
-    several texts pass through uncached, so every vector is exactly what the inner embedder returns
-    for that call (a text's vector can differ in its last bits with the batch it is embedded in);
-    results do not depend on the order threads fill the cache. Safe from many threads.
+    ``batches=False`` remembers only one-text calls (a search query, a memory added alone) and passes
+    calls with several texts through uncached, so every vector is exactly what the inner embedder
+    returns for that call (a text's vector can differ in its last bits with the batch it is embedded
+    in) and results do not depend on the order threads fill the cache: the evaluator's setting
+    (:class:`~optloop.loop.evaluate.Evaluator`), where mem0 embeds each question once per search and
+    every trial asks the same questions again. With ``batches=True`` (the default) every text is
+    remembered, whatever call it came in: for offline passes that judge the same texts again and again
+    (:mod:`optloop.attribution.traces`, ``experiments/bench/gated.py``).
     """
 
-    def __init__(self, inner: Embedder, max_texts: int = 20_000):
+    def __init__(self, inner: Embedder, *, max_texts: int | None = None, batches: bool = True):
         super().__init__(inner)
         self.max_texts = max_texts
+        self.batches = batches
         self._vectors: OrderedDict[str, np.ndarray] = OrderedDict()
         self._lock = threading.Lock()
-        self.hits = 0
+        self.hits = 0  # texts served from memory
 
     @classmethod
-    def around(cls, embedder: Embedder) -> QueryCache:
-        return embedder if isinstance(embedder, QueryCache) else cls(embedder)
+    def around(cls, embedder: Embedder, **kwargs: Any) -> CachedEmbedder:
+        """``embedder`` if it is already cached, else a cache (``kwargs``: :meth:`__init__`'s) around it."""
+        return embedder if isinstance(embedder, CachedEmbedder) else cls(embedder, **kwargs)
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
-        if len(texts) != 1:
+        if not texts or (len(texts) != 1 and not self.batches):
             return self.inner.embed(texts)
-        (text,) = texts
+        found: dict[str, np.ndarray] = {}
         with self._lock:
-            vector = self._vectors.get(text)
-            if vector is not None:
-                self._vectors.move_to_end(text)
-                self.hits += 1
-        if vector is None:
-            vector = self.inner.embed([text])[0]
+            for text in dict.fromkeys(texts):
+                if (vector := self._vectors.get(text)) is not None:
+                    self._vectors.move_to_end(text)
+                    found[text] = vector
+            self.hits += sum(text in found for text in texts)
+        todo = [text for text in dict.fromkeys(texts) if text not in found]
+        if todo:
+            computed = self.inner.embed(todo)
             with self._lock:
-                self._vectors[text] = vector
-                while len(self._vectors) > self.max_texts:
+                for text, vector in zip(todo, computed, strict=True):
+                    self._vectors[text] = found[text] = vector
+                while self.max_texts is not None and len(self._vectors) > self.max_texts:
                     self._vectors.popitem(last=False)
-        return vector[None, :].copy()  # the caller's own, as the inner embedder's would be
+        return np.stack([found[text] for text in texts])  # a new array: the caller's own, as the inner's would be
 
 
 _MODELS: dict[str, Any] = {}

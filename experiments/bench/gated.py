@@ -42,11 +42,10 @@ from dspy.utils import DummyLM
 from rich.console import Console
 from rich.table import Table
 
-from optloop.attribution.traces import CachedEmbedder
 from optloop.cli import run_cli, setup_logging
 from optloop.datasets import Episode, Question, load_dataset
 from optloop.datasets.agentic import CATEGORIES, ContextScore, parse_scope, parse_tag, score_context
-from optloop.embed import Embedder, get_embedder
+from optloop.embed import CachedEmbedder, Embedder, get_embedder
 from optloop.stats import Interval, bootstrap_mean, paired_bootstrap_delta
 from systems.baselines import EmbeddingRagSystem
 from systems.gated import GatedSystem

@@ -3,7 +3,7 @@
 :func:`attribute_traces` takes the runs of :func:`optloop.tracing.meme_traces.import_traces`
 and attributes every probe the authors' judge failed with
 :func:`optloop.attribution.parts.attribute_parts`, timing each. The judges are
-optloop's deterministic chain, lexical then embedding; :class:`CachedEmbedder` embeds
+optloop's deterministic chain, lexical then embedding; :class:`~optloop.embed.CachedEmbedder` embeds
 each distinct text once across all failures (the same memories are judged again and
 again), and :func:`warm_embedder` loads the model before the clock starts. Without an
 embedder only the lexical judge runs. :data:`MEME_STAGE` maps optloop's error types to
@@ -17,11 +17,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from optloop.attribution.parts import attribute_parts
 from optloop.attribution.taxonomy import Attribution, ErrorType
-from optloop.embed import Embedder, WrappedEmbedder
+from optloop.embed import CachedEmbedder, Embedder
 
 if TYPE_CHECKING:
     from optloop.datasets import Question
@@ -63,21 +61,6 @@ class TracedFailure:
                 "attribution": self.attribution.model_dump(mode="json")}
 
 
-class CachedEmbedder(WrappedEmbedder):
-    """Another embedder's vectors, each distinct text embedded once."""
-
-    def __init__(self, inner: Embedder):
-        super().__init__(inner)
-        self._cache: dict[str, np.ndarray] = {}
-
-    def _embed_batch(self, texts: list[str]) -> np.ndarray:
-        todo = list(dict.fromkeys(t for t in texts if t not in self._cache))
-        if todo:
-            for text, vector in zip(todo, self.inner.embed(todo), strict=True):
-                self._cache[text] = vector
-        return np.stack([self._cache[t] for t in texts])
-
-
 def warm_embedder(spec: str | None = None) -> tuple[CachedEmbedder, float]:
     """The configured embedder, cached and loaded; returns it and the seconds loading took."""
     from optloop.embed import get_embedder
@@ -105,4 +88,4 @@ def llm_calls(failures: Iterable[TracedFailure]) -> int:
     return sum(f.attribution.judge_calls.get("llm", 0) for f in failures)
 
 
-__all__ = ["MEME_STAGE", "CachedEmbedder", "TracedFailure", "attribute_traces", "llm_calls", "warm_embedder"]
+__all__ = ["MEME_STAGE", "TracedFailure", "attribute_traces", "llm_calls", "warm_embedder"]

@@ -125,14 +125,14 @@ class Evaluator:
 
     def __init__(self, system_name: str, lm: OptloopLM, work: Path, *, embedder: Embedder | None = None,
                  knobs: Mapping[str, Any] | None = None, dataset_uri: str = "", max_live: int = 8):
-        from optloop.embed import QueryCache, get_embedder
+        from optloop.embed import CachedEmbedder, get_embedder
 
         self.system_name = system_name
         self.cls = get_system(system_name)
         self.lm = lm
         self.work = Path(work)
-        # One query cache for every evaluation of the run: trials ask the same questions again.
-        self.embedder = QueryCache.around(embedder or get_embedder())
+        # One cache of single texts (queries) for every evaluation of the run: trials ask the same questions again.
+        self.embedder = CachedEmbedder.around(embedder or get_embedder(), batches=False, max_texts=20_000)
         self.dataset_uri = dataset_uri
         self.max_live = max_live
         self.judges = default_judges(self.embedder)

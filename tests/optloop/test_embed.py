@@ -62,11 +62,11 @@ class _Counting(LocalEmbedder):
 def test_query_cache_embeds_a_single_text_once_and_passes_batches_through():
     from concurrent.futures import ThreadPoolExecutor
 
-    from optloop.embed import QueryCache
+    from optloop.embed import CachedEmbedder
 
     inner = _Counting()
-    cache = QueryCache(inner, max_texts=2)
-    assert (cache.name, cache.dim) == (inner.name, inner.dim) and QueryCache.around(cache) is cache
+    cache = CachedEmbedder(inner, max_texts=2, batches=False)
+    assert (cache.name, cache.dim) == (inner.name, inner.dim) and CachedEmbedder.around(cache) is cache
     first = cache.embed(["where does Clara live?"])
     first[0, 0] = 99.0  # the caller's own copy: the cache is not changed through it
     with ThreadPoolExecutor(4) as pool:

@@ -8,8 +8,8 @@ import pytest
 from optloop.attribution.evidence import Evidence
 from optloop.attribution.parts import Part, RetractionJudge, attribute_parts, parts_to_walk, states
 from optloop.attribution.taxonomy import ErrorType
-from optloop.attribution.traces import MEME_STAGE, CachedEmbedder, attribute_traces, llm_calls
-from optloop.embed import Embedder
+from optloop.attribution.traces import MEME_STAGE, attribute_traces, llm_calls
+from optloop.embed import CachedEmbedder, Embedder
 from optloop.tracing.meme_traces import import_traces
 from tests._meme_fixture import FIXTURE
 
