@@ -288,9 +288,7 @@ def _scaled(dev: Figures, evaluations: float, name: str, count: int, concurrency
     """``evaluations`` times ``dev`` with every request computed, in ``count`` evaluations each no shorter than
     ``chain`` (the split and the requests of its longest chain; see the module docstring)."""
     calls = round(dev.llm_calls * evaluations)
-    computed = dev.model_calls
-    per_call = (lambda value: None if value is None or not computed else value / computed)
-    tokens, dollars, latency = per_call(dev.tokens), per_call(dev.cost_usd), per_call(dev.lm_seconds)
+    tokens, dollars, latency = (_ratio(value, dev.model_calls) for value in (dev.tokens, dev.cost_usd, dev.lm_seconds))
     each = calls / max(count, 1)  # requests of one evaluation
     floor = None if chain is None else Floor(split=chain[0], requests=chain[1],
                                              binds=count > 0 and chain[1] > each / max(concurrency, 1))
@@ -373,8 +371,7 @@ def project(train: Figures, dev: Figures, *, budget: int, concurrency: int, dev_
     total = Part(part="total", evaluations=sum(p.evaluations for p in parts), calls=sum(p.calls for p in parts),
                  tokens=_sum([p.tokens for p in parts]), cost_usd=_sum([p.cost_usd for p in parts]),
                  hours=_sum([p.hours for p in parts]))
-    latency = dev.lm_seconds / dev.model_calls if dev.lm_seconds is not None and dev.model_calls else None
-    return Estimate(parts=parts, total=total, concurrency=concurrency, latency_s=latency,
+    return Estimate(parts=parts, total=total, concurrency=concurrency, latency_s=_ratio(dev.lm_seconds, dev.model_calls),
                     priced=dev.cost_usd is not None, optimizer=optimizer)
 
 
