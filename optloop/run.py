@@ -182,6 +182,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="start from this instruction at SITE instead of the system's own (repeatable): your "
                              "product's current prompt, or a planted fault; SITE=+TEXT appends TEXT to the site's "
                              "own instruction (see experiments.bench.repair)")
+    parser.add_argument("--query-rewrite", action="store_true",
+                        help="give the system a retrieve.query site: the LM rewrites each question into a search "
+                             "query before retrieval, and that prompt is optimized like the others (not for "
+                             "long_context, which never searches)")
     parser.add_argument("--knob", action="append", default=[], metavar="NAME=VALUE",
                         help="start from this knob value (repeatable), e.g. --knob top_k=3")
     parser.add_argument("--run-name", help="MLflow run name; starts that run, or resumes it if unfinished (default: "
@@ -317,7 +321,7 @@ def _run_config(args: argparse.Namespace, settings: LMSettings) -> LoopConfig:
                       run_name=args.run_name or "-", tracking_uri=args.tracking_uri, storage=args.storage,
                       lm=args.lm or "local", proposer_lm=args.proposer_lm or "same", knobs=_knobs(args.knob),
                       start=_pairs(args.start, "--start", "SITE=TEXT, e.g. --start 'answer=+Be brief.'"),
-                      fractions=args.split, promote_if=args.promote_if,
+                      fractions=args.split, promote_if=args.promote_if, query_rewrite=args.query_rewrite,
                       lm_settings=settings.model_dump(mode="json", include=set(ANSWER_SETTINGS)))
 
 

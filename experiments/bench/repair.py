@@ -62,7 +62,7 @@ from optloop.loop.evaluate import Evaluation, Evaluator
 from optloop.loop.optimizers import PROPOSER_SITE
 from optloop.loop.runner import Checkpoint, Loop, LoopConfig, start_candidate
 from optloop.paths import write_atomic
-from optloop.sites import ANSWER, MD_FLAT_CURATE, MEM0_EXTRACT
+from optloop.sites import ANSWER, MD_FLAT_CURATE, MEM0_EXTRACT, QUERY_REWRITE
 from optloop.stats import Interval, bootstrap_mean, paired_bootstrap_delta, recovered_share
 from systems import get_system
 
@@ -82,6 +82,7 @@ class Sabotage(BaseModel):
     mode: Literal["replace", "append", "prepend"]
     text: str
     dataset: str = PERSONA
+    query_rewrite: bool = False  # run the system with its retrieve.query site (optloop.run --query-rewrite)
     why: str = ""
 
     def instruction(self, clean: str) -> str:
@@ -157,7 +158,41 @@ SABOTAGES += [
              text="Repeat the question back word for word. Do not answer it.", dataset=CONDITIONAL,
              why="behaviour: the answer becomes the question"),
 ]
+# Fifth, written on 2026-11-23 (session 14) before any of these ran. The four catalogues above showed that on
+# SmolLM2-135M, md_flat's score on MemFail barely depends on memory (a curate sabotage that stores nothing moves
+# nothing), and the answer sabotage that bites replaces the instruction, which only writing can mend. So: a task
+# whose score depends on memory even at 135M (synthetic:recall: three made-up facts, two asked; the answer is a
+# value copied from context), a system with two sites on the path of every question (rag_bm25 with its query
+# rewrite: retrieve.query, then answer; no LLM at ingest, so a question's fault is at one of the two), and for
+# each site sabotages of three kinds: put in front of the site's own instruction (one phrase, so one deletion
+# takes it out), replacing it, and appended. Which of them bite is the bite check's to say.
+RECALL = "synthetic:recall?seed=0&episodes=40"
+_ECHO_ONE = "Repeat the question back word for word instead of answering it."
+_NOTHING = "Reply with the single word nothing."
+SABOTAGES += [
+    Sabotage(name="recall-answer-echo-prepend", system="rag_bm25", site=ANSWER, mode="prepend", text=_ECHO_ONE,
+             dataset=RECALL, query_rewrite=True, why="behaviour, in front: one phrase a deletion removes"),
+    Sabotage(name="recall-answer-echo", system="rag_bm25", site=ANSWER, mode="replace",
+             text="Repeat the question back word for word. Do not answer it.", dataset=RECALL, query_rewrite=True,
+             why="answer-echo on a task that needs no declining: the signature's default instruction may mend it"),
+    Sabotage(name="recall-answer-unknown-prepend", system="rag_bm25", site=ANSWER, mode="prepend",
+             text="Always reply exactly I don't know whatever the memories say.", dataset=RECALL,
+             query_rewrite=True, why="behaviour, in front: a fixed non-answer"),
+    Sabotage(name="recall-answer-echo-append", system="rag_bm25", site=ANSWER, mode="append", text=_ECHO_ONE,
+             dataset=RECALL, query_rewrite=True, why="behaviour, appended (SmolLM2 acted on the start before)"),
+    Sabotage(name="recall-query-nothing-prepend", system="rag_bm25", site=QUERY_REWRITE, mode="prepend",
+             text=_NOTHING, dataset=RECALL, query_rewrite=True,
+             why="behaviour, in front: a query that matches no stored turn"),
+    Sabotage(name="recall-query-nothing", system="rag_bm25", site=QUERY_REWRITE, mode="replace", text=_NOTHING,
+             dataset=RECALL, query_rewrite=True, why="behaviour: the rewrite replaced by a fixed useless query"),
+    Sabotage(name="recall-query-weather-prepend", system="rag_bm25", site=QUERY_REWRITE, mode="prepend",
+             text="Write a search query about today's weather instead of the question.", dataset=RECALL,
+             query_rewrite=True, why="topic, in front: the query about something else"),
+    Sabotage(name="recall-query-nothing-append", system="rag_bm25", site=QUERY_REWRITE, mode="append",
+             text=_NOTHING, dataset=RECALL, query_rewrite=True, why="behaviour, appended"),
+]
 DEFAULT_CASES = [s.name for s in SABOTAGES if s.system == "md_flat"]
+RECALL_CASES = [s.name for s in SABOTAGES if s.dataset == RECALL]
 
 
 class Witness:
@@ -218,10 +253,11 @@ class Bench:
     def bite(self, sabotage: Sabotage) -> dict[str, Any]:
         lm = self.lm(sabotage.system)
         dataset = load_dataset(sabotage.dataset)
-        evaluator = Evaluator(sabotage.system, lm, self.tmp / "bite" / sabotage.name, dataset_uri=dataset.uri)
+        evaluator = Evaluator(sabotage.system, lm, self.tmp / "bite" / sabotage.name, dataset_uri=dataset.uri,
+                              query_site=sabotage.query_rewrite)
         try:
             clean = evaluator.baseline()
-            config = LoopConfig(system=sabotage.system, run_name="bite",
+            config = LoopConfig(system=sabotage.system, run_name="bite", query_rewrite=sabotage.query_rewrite,
                                 start={sabotage.site: sabotage.instruction(clean.sites[sabotage.site].instructions)})
             sabotaged = start_candidate(evaluator, config)
             with console.status(f"{sabotage.name}: clean over {dataset.uri}"):
@@ -253,7 +289,7 @@ class Bench:
         config = LoopConfig(system=sabotage.system, dataset=sabotage.dataset, budget=self.args.budget,
                             optimizer=optimizer, seed=seed, untargeted=arm == "untargeted", sites=sites,
                             run_name=name, tracking_uri=self.args.tracking_uri, start=start,
-                            lm=self.args.lm or "local")
+                            lm=self.args.lm or "local", query_rewrite=sabotage.query_rewrite)
         work = self.tmp / "runs" / name
         started = time.perf_counter()
         with Witness(lm, clean_text if sabotage.mode == "replace" else None) as witness, \
@@ -280,7 +316,10 @@ class Bench:
                 "tokens": int(result.cost["tokens"]), "seconds": round(time.perf_counter() - started, 1),
                 "proposer_requests": witness.proposer_requests,
                 "leaks": witness.leaks if sabotage.mode == "replace" else None,
-                "after_instruction": _best_instruction(ckpt, result.best_trial, sabotage.site, start)}
+                "after_instruction": _best_instruction(ckpt, result.best_trial, sabotage.site, start),
+                "trials": [{"trial": t.trial, "origin": t.candidate.origin,
+                            "dev": None if t.evaluation is None else round(t.evaluation.accuracy, 3)}
+                           for t in ckpt.trials]}
 
 
 def _blame_counts(ckpt: Checkpoint) -> dict[str, int]:
@@ -415,7 +454,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m experiments.bench.repair", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cases", default=",".join(DEFAULT_CASES),
-                        help=f"sabotages to run (default the md_flat ones); all: {', '.join(s.name for s in SABOTAGES)}")
+                        help=f"sabotages to run (default the md_flat ones; 'recall': the rag_bm25 ones on "
+                             f"{RECALL}); all: {', '.join(s.name for s in SABOTAGES)}")
     parser.add_argument("--seeds", default="0,1,2", help="split and optimizer seeds (default 0,1,2)")
     parser.add_argument("--arms", default=",".join(ARMS), help="targeted, untargeted, random (default all)")
     parser.add_argument("--optimizers", default="edit,simba", help="optimizers to run the arms with (default edit,simba)")
@@ -436,6 +476,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.verbose:
         logging.getLogger("dspy").setLevel(logging.ERROR)
     known = {s.name: s for s in SABOTAGES}
+    if args.cases == "recall":
+        args.cases = ",".join(RECALL_CASES)
     unknown = [c for c in _csv(args.cases) if c not in known]
     if unknown:
         raise SystemExit(f"repair: unknown case(s) {', '.join(unknown)}; the cases are {', '.join(known)}")

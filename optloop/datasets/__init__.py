@@ -11,6 +11,7 @@ episode. URIs (see :mod:`optloop.datasets._registry`)::
     locomo:<path>  longmemeval:<path>  meme:<path>  jsonl:<path>
     synthetic:meme?seed=K&episodes=N&fillers=F&domain=workplace|household
     synthetic:suite?seed=K
+    synthetic:recall?seed=K&episodes=N
     ...?tasks=a,b&offset=N&limit=N&questions=N   (any scheme)
 
 Every load failure is an :class:`optloop.errors.DatasetError` naming file, line or

@@ -1,4 +1,5 @@
-"""Seeded generators: ``synthetic:meme?seed=K&episodes=N&fillers=F&domain=D`` and ``synthetic:suite?seed=K``.
+"""Seeded generators: ``synthetic:meme?seed=K&episodes=N&fillers=F&domain=D``, ``synthetic:suite?seed=K``
+and ``synthetic:recall?seed=K&episodes=N``.
 
 ``synthetic:meme`` builds MEME-style episodes (the records :mod:`optloop.datasets.meme`
 reads) from a small dependency DAG over fictitious values, in two domains
@@ -26,6 +27,13 @@ seed gives identical output; every value is a made-up name so a model cannot kno
 assistant's tests, one small episode per check: store, same_session_recall,
 cross_session_recall, multi_fact, selective_recall, update (the old value must not
 come back), forget, implicit_info, numbers.
+
+``synthetic:recall`` is the plainest memory task at any size: each episode is one user
+stating three personal facts (made-up values) in a first session, chatting about
+something else in a second, then asked for two of the facts (scorer ``contains``). A
+model that can copy a value from its context passes it when the fact reaches the answer,
+so even a 135M model's score depends on what memory kept and retrieved: the controlled
+setting of the repair benchmark (``experiments/bench/repair.py``).
 """
 
 from __future__ import annotations
@@ -509,15 +517,66 @@ def _suite(seed: int) -> list[Episode]:
     return episodes
 
 
+# --------------------------------------------------------------------------- recall
+
+# (statement, question) with the value's slot; ``kind`` picks the made-up value's shape.
+_RECALL_FACTS: list[tuple[str, str, str]] = [
+    ("My dog is named {v}.", "What is my dog's name?", "word"),
+    ("My cat is called {v}.", "What is my cat's name?", "word"),
+    ("My favourite tea is {v} tea.", "What is my favourite tea?", "word"),
+    ("I work for a company called {v}.", "Which company do I work for?", "word"),
+    ("I live in {v}.", "Which city do I live in?", "city"),
+    ("I was born in {v}.", "Where was I born?", "city"),
+    ("My sister is called {v}.", "What is my sister's name?", "word"),
+    ("My best friend is {v}.", "Who is my best friend?", "person"),
+    ("My manager at work is {v}.", "Who is my manager?", "person"),
+    ("My locker number is {v}.", "What is my locker number?", "code"),
+    ("My favourite band is {v}.", "What is my favourite band?", "word"),
+    ("My boat is named {v}.", "What is my boat's name?", "word"),
+]
+_RECALL_ACKS = ["Noted.", "Got it.", "Thanks for telling me.", "I'll remember that.", "Okay!"]
+_RECALL_CHATS = [
+    ("Any tips for sleeping better?", "Keep a regular bedtime and avoid screens late at night."),
+    ("What should I cook tonight?", "A vegetable stir-fry is quick and easy."),
+    ("Can you suggest a book?", "A short mystery novel could be fun."),
+    ("How do I keep my plants alive?", "Water them regularly and give them some sun."),
+]
+
+
+def _recall(seed: int, episodes: int) -> list[Episode]:
+    rng = random.Random(seed * 104_729 + 31)
+    names = _Names(rng)
+    value = {"word": names.word, "city": names.city, "person": names.person, "code": names.code}
+    day = dt.date(2024, 3, 1) + dt.timedelta(days=rng.randint(0, 100))
+    out: list[Episode] = []
+    for i in range(episodes):
+        eid = f"recall-s{seed}-e{i}"
+        facts = rng.sample(_RECALL_FACTS, 3)
+        values = [value[kind]() for _, _, kind in facts]
+        lines: list[str] = []
+        for (statement, _, _), v in zip(facts, values):
+            lines += [statement.format(v=v), rng.choice(_RECALL_ACKS)]
+        d1 = (day + dt.timedelta(days=2 * i)).isoformat()
+        d2 = (day + dt.timedelta(days=2 * i + 1)).isoformat()
+        sessions = [_session("s1", d1, *lines), _session("s2", d2, *rng.choice(_RECALL_CHATS))]
+        asked = sorted(rng.sample(range(3), 2))
+        questions = [Question(id=f"{eid}:q{k}", task_type="exact_recall", question=facts[j][1], gold=values[j],
+                              scorer="contains", evidence_ids=[f"s1:t{2 * j + 1}"])
+                     for k, j in enumerate(asked, 1)]
+        out.append(Episode(id=eid, sessions=sessions, questions=questions,
+                           meta={"generator": "synthetic:recall", "seed": seed}))
+    return out
+
+
 # --------------------------------------------------------------------------- loader
 
 
-GENERATORS = ("meme", "suite")
-PARAMS = {"meme": {"seed", "episodes", "fillers", "domain"}, "suite": {"seed"}}
+GENERATORS = ("meme", "suite", "recall")
+PARAMS = {"meme": {"seed", "episodes", "fillers", "domain"}, "suite": {"seed"}, "recall": {"seed", "episodes"}}
 
 
 def load_synthetic(rest: str, params: dict[str, str]) -> tuple[str, list[Episode]]:
-    """Generate ``meme`` or ``suite``; returns the dataset name and its episodes."""
+    """Generate ``meme``, ``suite`` or ``recall``; returns the dataset name and its episodes."""
     kind = rest.strip()
     uri = f"synthetic:{kind}"
     if kind not in GENERATORS:
@@ -528,6 +587,9 @@ def load_synthetic(rest: str, params: dict[str, str]) -> tuple[str, list[Episode
     seed = int_param(uri, params, "seed", 0, 0)
     if kind == "suite":
         return f"synthetic:suite?seed={seed}", _suite(seed)
+    if kind == "recall":
+        episodes = int_param(uri, params, "episodes", 1, 20)
+        return f"synthetic:recall?seed={seed}&episodes={episodes}", _recall(seed, episodes)
     domain = params.get("domain")
     if domain is not None and domain not in DOMAINS:
         raise dataset_error(uri, None, "domain", f"unknown domain {domain!r} (one of: {', '.join(DOMAINS)})")

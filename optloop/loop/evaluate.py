@@ -124,7 +124,8 @@ class Evaluator:
     """Runs candidates of one system over episodes, reusing stores by ingest key."""
 
     def __init__(self, system_name: str, lm: OptloopLM, work: Path, *, embedder: Embedder | None = None,
-                 knobs: Mapping[str, Any] | None = None, dataset_uri: str = "", max_live: int = 8):
+                 knobs: Mapping[str, Any] | None = None, dataset_uri: str = "", max_live: int = 8,
+                 query_site: bool = False):
         from optloop.embed import CachedEmbedder, get_embedder
 
         self.system_name = system_name
@@ -137,7 +138,9 @@ class Evaluator:
         self.max_live = max_live
         self.judges = default_judges(self.embedder)
         self.attributor = Attributor(self.judges, self.embedder)
-        self.template = self.cls(lm, self.work / "template", embedder=self.embedder, knobs=dict(knobs or {}))
+        self.query_site = query_site  # the system's retrieve.query site (optloop.run --query-rewrite)
+        self.template = self.cls(lm, self.work / "template", embedder=self.embedder, knobs=dict(knobs or {}),
+                                 query_site=query_site)
         self.sites = self.template.prompt_sites()
         self.stages = {name: site.stage for name, site in self.sites.items()}
         self._stores = StoreCache(max_live)
@@ -189,7 +192,7 @@ class Evaluator:
         """A fresh system for ``episode`` under ``key``, ingested by the pipeline on the system's own LM."""
         run_dir = self.work / "stores" / key / episode.id
         shutil.rmtree(run_dir, ignore_errors=True)
-        system = self.cls(self.lm, run_dir, embedder=self.embedder, knobs=candidate.knobs)
+        system = self.cls(self.lm, run_dir, embedder=self.embedder, knobs=candidate.knobs, query_site=self.query_site)
         ingest_modules = {n: m for n, m in modules.items() if self.stages.get(n) == "ingest"}
         # (An evaluation's modules carry no LM, so episodes building at once put back the None they found;
         # a DSPy program's may carry one, see the module docstring.)

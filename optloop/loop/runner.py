@@ -183,11 +183,12 @@ class Loop:
         cfg = self.config
         dataset = load_dataset(cfg.dataset)
         train, dev, test = split_dataset(dataset, cfg)
-        if cfg.start:  # an unknown site is refused before any state of the run is written
+        if cfg.start or cfg.query_rewrite:  # an unknown site or a system without a search is refused before any
+            # state of the run is written
             import tempfile
 
             with tempfile.TemporaryDirectory(prefix="optloop-sites-") as tmp:
-                probe = get_system(cfg.system)(self.lm, Path(tmp))
+                probe = get_system(cfg.system)(self.lm, Path(tmp), query_site=cfg.query_rewrite)
                 check_start(cfg, list(probe.prompt_sites()))
                 getattr(probe, "close", lambda: None)()
         self._prepared = (dataset, train, dev, test)
@@ -258,7 +259,8 @@ class Loop:
 
         cfg = self.config
         dspy.configure(lm=self.lm, adapter=dspy.JSONAdapter())
-        evaluator = Evaluator(cfg.system, self.lm, self.state / "work", knobs=cfg.knobs, dataset_uri=dataset.uri)
+        evaluator = Evaluator(cfg.system, self.lm, self.state / "work", knobs=cfg.knobs, dataset_uri=dataset.uri,
+                              query_site=cfg.query_rewrite)
         evaluator.register(train, dev, test)
         self.site_stages = {name: site.stage for name, site in evaluator.sites.items()}
         mark = self.lm.accounting.mark()

@@ -65,6 +65,8 @@ class LoopConfig(BaseModel):
                                         description="the LM settings that change answers (context window, decoding "
                                                     "bounds, temperature, ...); not the endpoint's URL, timeout or "
                                                     "retries")
+    query_rewrite: bool = Field(False, description="give the system its retrieve.query site: an LLM rewrite of "
+                                                   "the question before the search (--query-rewrite)")
 
     @field_validator("fractions")
     @classmethod
@@ -76,13 +78,18 @@ class LoopConfig(BaseModel):
         for a worker to join a study (reached by another URL on another machine, perhaps). ``legacy``: the
         digest of a checkpoint written before ``lm_settings`` existed."""
         exclude = {"tracking_uri", "storage"} if shared else {"tracking_uri"}
-        return _digest(self.model_dump(exclude=exclude | ({"lm_settings"} if legacy or not self.lm_settings
-                                                          else set())))
+        return _digest(self.model_dump(exclude=exclude | self._unset_later_fields()
+                                       | ({"lm_settings"} if legacy or not self.lm_settings else set())))
 
     def resume_key(self) -> str:
         """What must match for ``optloop.run`` without ``--run-name`` to resume an unfinished run: everything
         that changes results (the run name and the tracking URI do not)."""
-        return _digest(self.model_dump(exclude={"tracking_uri", "run_name"}))
+        return _digest(self.model_dump(exclude={"tracking_uri", "run_name"} | self._unset_later_fields()))
+
+    def _unset_later_fields(self) -> set[str]:
+        """Fields added after checkpoints were first written, left out of digests while they hold their
+        default, so that a run started before they existed still resumes."""
+        return set() if self.query_rewrite else {"query_rewrite"}
 
 
 def _digest(payload: dict[str, Any]) -> str:

@@ -150,3 +150,29 @@ def test_suite_covers_every_check_deterministically() -> None:
     assert checks["multi_fact"].questions[0].scorer == "contains_all"
     selective = checks["selective_recall"].questions[0]
     assert score(selective, selective.gold) == 1.0 and score(selective, " ".join([selective.gold, *selective.forbidden])) == 0.0
+
+
+def test_recall_is_seeded_and_every_gold_is_stated_in_its_evidence_turn():
+    dataset = load_dataset("synthetic:recall?seed=1&episodes=30")
+    assert dataset.uri == "synthetic:recall?seed=1&episodes=30"
+    assert dataset.model_dump() == load_dataset("synthetic:recall?seed=1&episodes=30").model_dump()
+    assert dataset.model_dump() != load_dataset("synthetic:recall?seed=2&episodes=30").model_dump()
+    assert len(dataset.episodes) == 30 and all(len(e.questions) == 2 for e in dataset.episodes)
+    golds = []
+    for episode in dataset.episodes:
+        turns = {f"{s.id}:{t.id.split(':')[1]}": t for s in episode.sessions for t in s.turns}
+        assert [len(s.turns) for s in episode.sessions] == [6, 2]
+        for q in episode.questions:
+            [evidence] = q.evidence_ids
+            assert turns[evidence].role == "user" and q.gold in turns[evidence].content and q.scorer == "contains"
+            golds.append(q.gold.lower())
+    assert all(a not in b for a in golds for b in golds if a != b)  # no value is part of another
+
+
+@pytest.mark.parametrize("uri, message", [
+    ("synthetic:recall?episodes=0", "expected an integer >= 1"),
+    ("synthetic:recall?fillers=2", r"unknown query parameter \(accepted: episodes, seed\)"),
+])
+def test_recall_refuses_bad_parameters(uri, message):
+    with pytest.raises(DatasetError, match=message):
+        load_dataset(uri)

@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+import json
+
 from optloop.datasets import load_dataset
 from optloop.embed import get_embedder
 from optloop.lm import LMSettings, OptloopLM
@@ -30,3 +32,27 @@ def test_faults_in_ingestion_and_answering_become_failed_questions(tmp_path):
             assert all(o.error and not o.passed and "HTTP 500" in o.error for o in ev.outcomes)
             assert ("ingestion" in ev.outcomes[0].error) == (system == "md_flat")
             assert ev.lm_failed_calls == ev.lm_attempt_faults == (1 if system == "md_flat" else ev.n)
+
+
+def test_query_site_gives_the_system_its_rewrite_site_and_every_question_is_rewritten(tmp_path):
+    """``Evaluator(query_site=True)`` (``optloop.run --query-rewrite``): the baseline has a ``retrieve.query``
+    site, and each question costs a rewrite request before its answer request, on the stores it builds too."""
+    def asks_query(body):
+        return "`query`" in body["messages"][0]["content"]
+
+    def respond(body):
+        return "ok", json.dumps({"query": "dog name city"} if asks_query(body) else {"answer": "Biscuit, Austin"})
+
+    dataset = load_dataset("builtin:tiny?limit=1")
+    with ScriptedOpenAIServer([("respond", respond)]) as server:
+        evaluator = Evaluator("rag_bm25", broken_lm(server.base_url), tmp_path, embedder=get_embedder("local"),
+                              query_site=True)
+        try:
+            baseline = evaluator.baseline()
+            ev = evaluator.evaluate(baseline, dataset)
+        finally:
+            evaluator.close()
+        asked = [asks_query(r["body"]) for r in server.requests]
+    assert sorted(baseline.sites) == ["answer", "retrieve.query"]
+    assert ev.n == 2 and ev.accuracy == 1.0 and ev.errors == 0
+    assert sum(asked) == ev.n and len(asked) == 2 * ev.n  # a rewrite and an answer per question

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from optloop.errors import ConfigError
-from optloop.loop.state import Checkpoint, LoopConfig
-from optloop.run import build_parser, choose_run, interruptible, main, resume_command
+from optloop.loop.state import Checkpoint, LoopConfig, _digest
+from optloop.run import _run_config, build_parser, choose_run, interruptible, main, resume_command
 from tests._servers import closed_port_url
 
 REPO = Path(__file__).resolve().parents[3]
@@ -103,6 +103,25 @@ def test_bad_start_instruction_exits_with_one_line_before_any_state(start, messa
     result = run(["--system", "md_flat", "--start", start], tmp_path)
     assert result.returncode == 2 and message in result.stderr
     assert nothing_written(tmp_path)
+
+
+def test_query_rewrite_on_a_system_that_never_searches_is_one_line_before_any_state(tmp_path):
+    result = run(["--system", "long_context", "--query-rewrite"], tmp_path)
+    assert result.returncode == 2 and "long_context puts every turn in context" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and nothing_written(tmp_path)
+
+
+def test_query_rewrite_reaches_the_config_and_leaves_older_runs_resumable():
+    """A run started before --query-rewrite existed has the same digests as one without the flag now."""
+    from optloop.cli import lm_settings_from_args
+
+    settings = lm_settings_from_args(build_parser().parse_args(["--system", "rag_bm25"]))
+    plain = _run_config(build_parser().parse_args(["--system", "rag_bm25"]), settings)
+    rewrite = _run_config(build_parser().parse_args(["--system", "rag_bm25", "--query-rewrite"]), settings)
+    assert not plain.query_rewrite and rewrite.query_rewrite
+    older = {k: v for k, v in plain.model_dump().items() if k != "query_rewrite"}
+    assert plain.resume_key() == _digest({k: v for k, v in older.items() if k not in ("tracking_uri", "run_name")})
+    assert rewrite.resume_key() != plain.resume_key() and rewrite.digest() != plain.digest()
 
 
 # --- exit codes (README: "Exit codes") --------------------------------------------------------------------------
