@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 from rich.console import Console
 
-from experiments.bench.repair import DEFAULT_CASES, SABOTAGES
+from experiments.bench.repair import SABOTAGES
 from optloop import artifacts, export
 from optloop import run as optloop_run
 from optloop.cli import add_lm_arguments, run_cli
@@ -40,8 +40,9 @@ def _logged_prompts(run_id: str, artifact: str) -> dict[str, str]:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m experiments.demo_repair", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--case", default="answer-echo", choices=DEFAULT_CASES, help="the sabotage to plant")
-    parser.add_argument("--dataset", default="memfail:persona?limit=12")
+    parser.add_argument("--case", default="answer-echo", choices=[s.name for s in SABOTAGES if s.system != "mem0"],
+                        help="the sabotage to plant (a case of experiments.bench.repair)")
+    parser.add_argument("--dataset", help="the dataset to run on (default: the case's own)")
     parser.add_argument("--optimizer", default="edit", choices=["edit", "simba", "gepa", "optuna"])
     parser.add_argument("--budget", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
@@ -54,11 +55,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = state_dir() / "demo-repair"
     out.mkdir(parents=True, exist_ok=True)
     name = f"demo-repair-{args.case}-{time.strftime('%Y%m%d-%H%M%S')}"
-    start = sabotage.text if sabotage.mode == "replace" else f"+{sabotage.text}"
     console.rule(f"[bold]1. plant[/] {sabotage.site} <- {sabotage.mode} {sabotage.text!r}")
-    code = optloop_run.main(["--system", sabotage.system, "--dataset", args.dataset, "--optimizer", args.optimizer,
-                             "--budget", str(args.budget), "--seed", str(args.seed), "--run-name", name,
-                             "--start", f"{sabotage.site}={start}", "--json", str(out / f"{name}.json"), *lm_flags])
+    code = optloop_run.main(["--system", sabotage.system, "--dataset", args.dataset or sabotage.dataset,
+                             "--optimizer", args.optimizer, "--budget", str(args.budget), "--seed", str(args.seed),
+                             "--run-name", name, "--start", f"{sabotage.site}={sabotage.start}",
+                             *(["--query-rewrite"] if sabotage.query_rewrite else []),
+                             "--json", str(out / f"{name}.json"), *lm_flags])
     if code:
         return code
     result = json.loads((out / f"{name}.json").read_text())

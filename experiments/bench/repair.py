@@ -60,6 +60,7 @@ from optloop.lm import OptloopLM
 from optloop.loop.candidate import Candidate
 from optloop.loop.evaluate import Evaluation, Evaluator
 from optloop.loop.optimizers import PROPOSER_SITE
+from optloop.loop.policy import start_text
 from optloop.loop.runner import Checkpoint, Loop, LoopConfig, start_candidate
 from optloop.paths import write_atomic
 from optloop.sites import ANSWER, MD_FLAT_CURATE, MEM0_EXTRACT, QUERY_REWRITE
@@ -85,10 +86,13 @@ class Sabotage(BaseModel):
     query_rewrite: bool = False  # run the system with its retrieve.query site (optloop.run --query-rewrite)
     why: str = ""
 
+    @property
+    def start(self) -> str:
+        """The sabotage as ``optloop.run --start SITE=...`` takes it: TEXT, +TEXT (appended) or TEXT+ (in front)."""
+        return {"replace": self.text, "append": f"+{self.text}", "prepend": f"{self.text}+"}[self.mode]
+
     def instruction(self, clean: str) -> str:
-        if self.mode == "replace":
-            return self.text
-        return f"{clean.rstrip()} {self.text}" if self.mode == "append" else f"{self.text} {clean.lstrip()}"
+        return start_text(clean, self.start)
 
 
 # Written before the first run (see the module docstring). The 135M model follows behaviour and

@@ -105,7 +105,7 @@ def start_candidate(evaluator: Evaluator, config: LoopConfig) -> Candidate:
     check_start(config, list(base.sites))
     if not config.start:
         return base
-    sites = {name: state.model_copy(update={"instructions": _start_text(state.instructions, config.start[name])})
+    sites = {name: state.model_copy(update={"instructions": start_text(state.instructions, config.start[name])})
              if name in config.start else state for name, state in base.sites.items()}
     return Candidate(sites=sites, knobs=base.knobs, origin="baseline (start instructions)")
 
@@ -117,9 +117,14 @@ def check_start(config: LoopConfig, sites: list[str]) -> None:
                           f"{', '.join(sites)}")
 
 
-def _start_text(own: str, start: str) -> str:
-    """A start instruction: ``start`` itself, or with a leading ``+`` the site's own instruction with it appended."""
-    return f"{own.rstrip()} {start[1:].strip()}" if start.startswith("+") else start
+def start_text(own: str, start: str) -> str:
+    """A start instruction: ``start`` itself; with a leading ``+`` the site's own instruction with it appended;
+    with a trailing ``+`` the site's own instruction with it put in front (the ``+`` stands where ``own`` goes)."""
+    if start.startswith("+"):
+        return f"{own.rstrip()} {start[1:].strip()}"
+    if start.endswith("+"):
+        return f"{start[:-1].strip()} {own.lstrip()}"
+    return start
 
 
 def questions(dataset: Dataset) -> int:

@@ -99,7 +99,7 @@ def test_dspy_progress_bars_are_hidden_inside_a_round_unless_verbose(capsys):
         dspy_logger.setLevel(old)
 
 
-def test_a_run_starts_from_the_given_instructions_replaced_or_appended(evaluator):
+def test_a_run_starts_from_the_given_instructions_replaced_appended_or_prepended(evaluator):
     from optloop.loop.runner import LoopConfig, start_candidate
 
     own = evaluator.baseline().sites["answer"].instructions
@@ -108,4 +108,6 @@ def test_a_run_starts_from_the_given_instructions_replaced_or_appended(evaluator
     assert replaced.sites["md_flat.curate"] == evaluator.baseline().sites["md_flat.curate"]
     appended = start_candidate(evaluator, LoopConfig(system="md_flat", run_name="x", start={"answer": "+Be brief."}))
     assert appended.sites["answer"].instructions == f"{own.rstrip()} Be brief."
+    prepended = start_candidate(evaluator, LoopConfig(system="md_flat", run_name="x", start={"answer": "Be brief.+"}))
+    assert prepended.sites["answer"].instructions == f"Be brief. {own.lstrip()}"
     assert start_candidate(evaluator, LoopConfig(system="md_flat", run_name="x")) == evaluator.baseline()
