@@ -307,12 +307,14 @@ class Bench:
         clean_v = scores(bite["_clean_eval"], keys)
         sab_v, after_v = scores(ckpt.test_before, keys), scores(ckpt.test_after, keys)
         recovered = recovered_share(clean_v, sab_v, after_v, seed=seed)
+        gain = paired_bootstrap_delta(sab_v, after_v, seed=seed)  # stable where clean - sabotaged is small on test
         return {"case": sabotage.name, "site": sabotage.site, "mode": sabotage.mode, "optimizer": optimizer,
                 "arm": arm, "seed": seed, "optimized": result.tunable_sites,
                 "clean": round(statistics.fmean(clean_v), 3) if clean_v else 0.0,
                 "sabotaged": round(result.test_before, 3), "after": round(result.test_after, 3), "n_test": len(keys),
                 "recovered": None if recovered.estimate != recovered.estimate else round(recovered.estimate, 3),
-                "recovered_ci": ci(recovered), "first_blame": result.targets[0] if result.targets else None,
+                "recovered_ci": ci(recovered), "gain": round(gain.estimate, 3), "gain_ci": ci(gain),
+                "first_blame": result.targets[0] if result.targets else None,
                 "first_blame_correct": bool(result.targets) and result.targets[0] == sabotage.site,
                 "blame": _blame_counts(ckpt), "site_blamed": sabotage.site in result.targets,
                 "changed": result.changed_sites, "best_trial": result.best_trial,
@@ -399,14 +401,15 @@ def render(report: dict[str, Any]) -> None:
     if not report["cases"]:
         return
     table = Table(title=f"repair on held-out test, budget {report['budget']} ({report['model']})")
-    for col in ("case", "optimizer", "arm", "seed", "n", "clean", "sab.", "after", "recovered [95% CI]",
+    for col in ("case", "optimizer", "arm", "seed", "n", "clean", "sab.", "after", "gain [95% CI]", "recovered [95% CI]",
                 "1st blame ok", "LLM calls", "tokens", "s", "leaks"):
         table.add_column(col)
     for c in report["cases"]:
         rec = "n/a" if c["recovered"] is None else \
             f"{c['recovered']:+.2f} [{c['recovered_ci'][0]:+.2f}, {c['recovered_ci'][1]:+.2f}]"
+        gain = f"{c['gain']:+.2f} [{c['gain_ci'][0]:+.2f}, {c['gain_ci'][1]:+.2f}]" if "gain" in c else "n/a"
         table.add_row(c["case"], c["optimizer"], c["arm"], str(c["seed"]), str(c["n_test"]), f"{c['clean']:.2f}",
-                      f"{c['sabotaged']:.2f}", f"{c['after']:.2f}", rec, "yes" if c["first_blame_correct"] else "no",
+                      f"{c['sabotaged']:.2f}", f"{c['after']:.2f}", gain, rec, "yes" if c["first_blame_correct"] else "no",
                       str(c["llm_calls"]), str(c["tokens"]), f"{c['seconds']:.0f}",
                       "-" if c["leaks"] is None else str(c["leaks"]))
     console.print(table)
@@ -434,10 +437,13 @@ def to_markdown(report: dict[str, Any]) -> str:
     lines += [f"| {b['name']} | {b['site']} | {b['mode']} | {b['n']} | {b['clean']:.3f} | {b['sabotaged']:.3f} | "
               f"{ci_text(b['margin'], b['margin_ci'])} | {'yes' if b['bites'] else 'dropped'} |" for b in report["bites"]]
     if report["cases"]:
-        lines += ["", "| case | optimizer | arm | seed | n test | clean | sabotaged | after | recovered [95% CI] | "
-                  "first blame | changed | LLM calls | tokens | s |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        lines += ["", "| case | optimizer | arm | seed | n test | clean | sabotaged | after | after - sabotaged [95% CI] | "
+                  "recovered [95% CI] | first blame | changed | LLM calls | tokens | s |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         lines += [f"| {c['case']} | {c['optimizer']} | {c['arm']} | {c['seed']} | {c['n_test']} | {c['clean']:.2f} | "
-                  f"{c['sabotaged']:.2f} | {c['after']:.2f} | {ci_text(c['recovered'], c['recovered_ci'])} | "
+                  f"{c['sabotaged']:.2f} | {c['after']:.2f} | "
+                  f"{ci_text(c['gain'], c['gain_ci']) if 'gain' in c else 'n/a'} | "
+                  f"{ci_text(c['recovered'], c['recovered_ci'])} | "
                   f"{c['first_blame']}{'' if c['first_blame_correct'] else ' (wrong)'} | {', '.join(c['changed']) or '-'} | "
                   f"{c['llm_calls']} | {c['tokens']} | {c['seconds']:.0f} |" for c in report["cases"]]
     if report.get("aggregate"):

@@ -23,7 +23,10 @@ def test_sabotages_replace_or_append_and_name_real_sites():
     assert na.instruction(CLEAN) == f"{CLEAN} {na.text}"
     assert len({s.name for s in repair.SABOTAGES}) == len(repair.SABOTAGES)
     kinds = {s.site.split(".")[-1] for s in repair.SABOTAGES}
-    assert {"answer", "curate", "extract"} <= kinds  # answer, md_flat's ingest site, mem0's ingest site
+    assert {"answer", "curate", "extract", "query"} <= kinds  # + mem0's ingest site and rag_bm25's query rewrite
+    front = next(s for s in repair.SABOTAGES if s.mode == "prepend")
+    assert front.instruction(CLEAN) == f"{front.text} {CLEAN}" and front.start == f"{front.text}+"
+    assert all(s.query_rewrite for s in repair.SABOTAGES if s.site == "retrieve.query")
 
 
 class _FakeLM(SimpleNamespace):
