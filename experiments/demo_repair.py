@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import argparse
-import difflib
 import json
 import sys
 import time
@@ -25,6 +24,7 @@ from experiments.bench.repair import SABOTAGES
 from optloop import artifacts, export
 from optloop import run as optloop_run
 from optloop.cli import add_lm_arguments, run_cli
+from optloop.loop.candidate import prompt_diff
 from optloop.paths import state_dir
 
 console = Console()
@@ -75,10 +75,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     first = result["targets"][0] if result["targets"] else "nothing"
     console.print(f"first blame: {first} ({'the sabotaged site' if first == sabotage.site else 'NOT the sabotaged site'})"
                   f"; changed: {', '.join(result['changed_sites']) or 'nothing'}")
-    diff = difflib.unified_diff(before.splitlines(), after.splitlines(), "sabotaged (start)", "exported (after)",
-                                lineterm="")
-    console.print("\n".join(diff) or "(unchanged: the loop found no better prompt within the budget)", markup=False,
-                  highlight=False)
+    diff = prompt_diff({sabotage.site: before}, {sabotage.site: after})  # before: the sabotaged start
+    console.print(diff if before != after else "(unchanged: the loop found no better prompt within the budget)",
+                  markup=False, highlight=False, soft_wrap=True)
     console.print(f"exported prompts: {prompts}")
     return 0
 

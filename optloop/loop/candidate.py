@@ -13,6 +13,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -87,13 +88,27 @@ def prompt_text(site: PromptSite, state: SiteState) -> str:
     return f"{state.instructions}\n\n# Examples\n{shots}"
 
 
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+
+
+def _diff_lines(text: str) -> list[str]:
+    """``text`` as the lines a prompt diff compares: prose one sentence a line (its white space folded, so a
+    docstring's line breaks and an edited instruction's single line compare sentence by sentence); the
+    examples block (``# Examples`` and the JSON demos after it) line by line as written."""
+    prose, sep, examples = text.partition("\n\n# Examples\n")
+    lines = [s for paragraph in prose.split("\n\n") for s in _SENTENCE_END.split(" ".join(paragraph.split())) if s]
+    if sep:
+        lines += ["", "# Examples", *examples.splitlines()]
+    return [f"{line}\n" for line in lines]
+
+
 def prompt_diff(before: Mapping[str, str], after: Mapping[str, str]) -> str:
-    """A unified diff of every site whose prompt text changed."""
+    """A unified diff of every site whose prompt text changed (sentence by sentence: :func:`_diff_lines`)."""
     chunks = []
     for name in sorted(set(before) | set(after)):
         a, b = before.get(name, ""), after.get(name, "")
         if a != b:
-            chunks += difflib.unified_diff(a.splitlines(keepends=True), b.splitlines(keepends=True),
+            chunks += difflib.unified_diff(_diff_lines(a), _diff_lines(b),
                                            fromfile=f"{name} (before)", tofile=f"{name} (after)")
             chunks.append("\n")
     return "".join(chunks) or "(no prompt changed)\n"

@@ -35,9 +35,20 @@ def test_digest_and_changes():
 
 
 def test_prompt_diff_names_only_changed_sites():
-    diff = prompt_diff({"a": "one\ntwo", "b": "same"}, {"a": "one\nthree", "b": "same"})
-    assert "a (before)" in diff and "+three" in diff and "b (before)" not in diff
+    diff = prompt_diff({"a": "One.\nTwo.", "b": "same"}, {"a": "One.\nThree.", "b": "same"})
+    assert "a (before)" in diff and "+Three." in diff and " One." in diff and "b (before)" not in diff
     assert prompt_diff({"a": "x"}, {"a": "x"}) == "(no prompt changed)\n"
+
+
+def test_prompt_diff_compares_sentences_whatever_the_line_breaks():
+    """A docstring's instruction (wrapped) against the one-line edit of it: only the edited sentence differs."""
+    before = "Answer the question. Give the shortest answer that is\ncorrect. If unsure, reply \"I don't know\"."
+    after = "Answer the question. Give the shortest answer that is correct. If unsure,"
+    diff = prompt_diff({"answer": before}, {"answer": after}).splitlines()
+    assert [line for line in diff if line[:1] in ("+", "-") and line[:3] not in ("---", "+++")] == \
+        ["-If unsure, reply \"I don't know\".", "+If unsure,"]
+    demos = prompt_diff({"s": 'Be brief.\n\n# Examples\n{"q": 1}'}, {"s": 'Be brief.\n\n# Examples\n{"q": 2}'})
+    assert '-{"q": 1}' in demos and '+{"q": 2}' in demos and "-Be brief." not in demos
 
 
 def attribution(target, error=ErrorType.EXTRACTION):
