@@ -50,20 +50,17 @@ system-deps:  ## install the Debian packages tests need (PostgreSQL server, Chro
 	then echo "system-deps: installed$$missing"; \
 	else echo "system-deps: apt-get failed for$$missing; $$skip"; fi
 
-# The demo's dataset gives the embedded model headroom (md_flat scores between 0.2 and 0.8 on it); the edit
-# optimizer needs no strong proposer; 8 facts of at most 160 characters per curation keep md_flat's
-# schema-constrained rewrite about 6 s a session on 2 cores (20 s at the default 16 x 400). See the README.
-# MemFail's persona CSV is not part of optloop (it sits in ../shared/data or $OPTLOOP_SHARED_DATA); without
-# it the demo runs on the bundled synthetic MEME generator instead (slower: about 7 sessions an episode).
-SHARED_DATA := $(if $(OPTLOOP_SHARED_DATA),$(OPTLOOP_SHARED_DATA),../shared/data)
-DEMO_DATASET ?= $(if $(wildcard $(SHARED_DATA)/memfail/persona_dataset.csv),memfail:persona?limit=12,synthetic:meme?episodes=6&fillers=0)
-DEMO_BOUNDS := --lm-max-items 8 --lm-max-chars 160
+# The demo runs where the embedded model has headroom and no data from outside optloop is needed: rag_bm25 with
+# its query rewrite (two prompt sites on every question's path) on synthetic:recall, which optloop generates
+# (40 episodes, 80 questions: three made-up facts stated, two asked). SmolLM2-135M scores about 0.3 on it; the
+# edit optimizer needs no strong proposer. About 4 minutes on 2 cores. See the README ("make demo").
+DEMO_RUN := --system rag_bm25 --query-rewrite --dataset "synthetic:recall?seed=0&episodes=40"
 demo: setup  ## set up, then run the main job (the closed loop) on the embedded default
 	$(PY) -m optloop.doctor
-	$(PY) -m optloop.run --system md_flat --dataset "$(DEMO_DATASET)" --optimizer edit --budget 3 $(DEMO_BOUNDS)
+	$(PY) -m optloop.run $(DEMO_RUN) --optimizer edit --budget 3
 
 demo-repair: setup  ## one repair case end to end: sabotage planted, blamed, mended, exported, diff printed
-	$(PY) -m experiments.demo_repair --dataset "$(DEMO_DATASET)" $(DEMO_BOUNDS)
+	$(PY) -m experiments.demo_repair --case recall-answer-unknown-prepend
 
 test: setup  ## set up, then run unit and integration tests (what CI runs)
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS); status=$$?; \

@@ -1,13 +1,14 @@
 """One repair case end to end (``make demo-repair``): plant a sabotage, let the loop find and mend it, export.
 
-    python -m experiments.demo_repair                    # the answer-echo sabotage on md_flat, edit optimizer
-    python -m experiments.demo_repair --case curate-redact --budget 4 --optimizer simba
+    python -m experiments.demo_repair             # recall-answer-unknown-prepend: rag_bm25 on synthetic:recall, edit
+    python -m experiments.demo_repair --case answer-echo --dataset "memfail:persona?limit=12" --lm-max-items 8
 
 1. the sabotage (a case of ``experiments.bench.repair``) is planted as the run's start
    instruction: ``optloop.run --start SITE=TEXT``; the loop is not told which site it is in;
 2. ``optloop.run`` attributes the failures, blames a site and rewrites only that one;
 3. the run's prompts are exported (``optloop.export --format json``) as a product would take them;
-4. the before/after diff of the mended prompt is printed, with where the first blame went.
+4. the before/after diff of the mended prompt is printed, with where the first blame went, the held-out
+   delta with its CI, and whether the sabotage's text is still in the exported prompt.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def _logged_prompts(run_id: str, artifact: str) -> dict[str, str]:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m experiments.demo_repair", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--case", default="answer-echo", choices=[s.name for s in SABOTAGES if s.system != "mem0"],
+    parser.add_argument("--case", default="recall-answer-unknown-prepend", choices=[s.name for s in SABOTAGES if s.system != "mem0"],
                         help="the sabotage to plant (a case of experiments.bench.repair)")
     parser.add_argument("--dataset", help="the dataset to run on (default: the case's own)")
     parser.add_argument("--optimizer", default="edit", choices=["edit", "simba", "gepa", "optuna"])
@@ -75,6 +76,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     first = result["targets"][0] if result["targets"] else "nothing"
     console.print(f"first blame: {first} ({'the sabotaged site' if first == sabotage.site else 'NOT the sabotaged site'})"
                   f"; changed: {', '.join(result['changed_sites']) or 'nothing'}")
+    ci = result["delta_test_ci"]
+    console.print(f"held-out test ({result['n_test']} questions): {result['test_before']:.3f} sabotaged -> "
+                  f"{result['test_after']:.3f} after, {ci['estimate']:+.3f} [{ci['low']:+.3f}, {ci['high']:+.3f}]"
+                  f"{'' if ci['low'] > 0 else ': no measurable change'}")
+    gone = " ".join(sabotage.text.split()) not in " ".join(after.split())
+    console.print("the sabotage's text is gone from the exported prompt" if gone else
+                  "the sabotage's text is still in the exported prompt: whatever changed, the loop did not take it out")
     diff = prompt_diff({sabotage.site: before}, {sabotage.site: after})  # before: the sabotaged start
     console.print(diff if before != after else "(unchanged: the loop found no better prompt within the budget)",
                   markup=False, highlight=False, soft_wrap=True)
