@@ -44,6 +44,15 @@ def words(text: str) -> list[str]:
     return normalize(text).split()
 
 
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+
+
+def sentences(text: str) -> list[str]:
+    """``text`` cut after each ``.``, ``!`` or ``?`` that white space follows, as written (nothing normalized;
+    ``[""]`` for an empty text): the sentences an instruction is edited, diffed or redacted by."""
+    return _SENTENCE_END.split(text)
+
+
 def singular(token: str) -> str:
     """Light plural folding so "bucket hats" still contains "bucket hat"; no stemmer needed."""
     if len(token) > 3 and token.endswith("ies"):

@@ -68,7 +68,7 @@ from pydantic import BaseModel, Field
 
 from optloop.errors import ConfigError
 from optloop.sites import QUERY_REWRITE, TIERED_EXTRACT, TIERED_SUMMARIZE
-from optloop.text import singular
+from optloop.text import sentences, singular
 from optloop.text import words as text_words
 from signatures.tiered import ExtractKeyValueFacts, SummarizeConversation
 from systems.base import MemoryItem, MemorySystem, PromptSite
@@ -909,7 +909,7 @@ def redact(text: str, values: Sequence[str], what_words: set[str] | frozenset[st
         if value.strip():
             text = re.sub(rf"(?<!\w){re.escape(value.strip())}(?!\w)", FORGOTTEN, text, flags=re.IGNORECASE)
     if what_words:
-        sentences = re.split(r"(?<=[.!?])\s+", text)
-        if any(what_words <= words(sentence) for sentence in sentences):
-            text = " ".join(FORGOTTEN if what_words <= words(sentence) else sentence for sentence in sentences)
+        parts = sentences(text)
+        if any(what_words <= words(sentence) for sentence in parts):
+            text = " ".join(FORGOTTEN if what_words <= words(sentence) else sentence for sentence in parts)
     return text

@@ -13,13 +13,13 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
-import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import dspy
 from pydantic import BaseModel, Field
 
+from optloop.text import sentences
 from signatures._layout import USER_FIELD, jsonable, render_system
 
 if TYPE_CHECKING:
@@ -88,15 +88,12 @@ def prompt_text(site: PromptSite, state: SiteState) -> str:
     return f"{state.instructions}\n\n# Examples\n{shots}"
 
 
-_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
-
-
 def _diff_lines(text: str) -> list[str]:
     """``text`` as the lines a prompt diff compares: prose one sentence a line (its white space folded, so a
     docstring's line breaks and an edited instruction's single line compare sentence by sentence); the
     examples block (``# Examples`` and the JSON demos after it) line by line as written."""
     prose, sep, examples = text.partition("\n\n# Examples\n")
-    lines = [s for paragraph in prose.split("\n\n") for s in _SENTENCE_END.split(" ".join(paragraph.split())) if s]
+    lines = [s for paragraph in prose.split("\n\n") for s in sentences(" ".join(paragraph.split())) if s]
     if sep:
         lines += ["", "# Examples", *examples.splitlines()]
     return [f"{line}\n" for line in lines]

@@ -42,6 +42,7 @@ import dspy
 from optloop.lm import prompt_site
 from optloop.loop.candidate import Candidate, SiteState
 from optloop.loop._base import PROPOSER_SITE, Optimizer
+from optloop.text import sentences
 
 if TYPE_CHECKING:
     from optloop.datasets import Dataset
@@ -49,7 +50,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-_SENTENCE = re.compile(r"(?<=[.!?])\s+")
 _CLAUSE = re.compile(r"(?<=[,;:])\s+")
 
 
@@ -59,7 +59,7 @@ def phrases(instruction: str) -> list[str]:
     ``" ".join(phrases(text))`` is ``text`` with its white space folded.
     """
     out: list[str] = []
-    for sentence in _SENTENCE.split(" ".join(instruction.split())):
+    for sentence in sentences(" ".join(instruction.split())):
         out += [c for c in _CLAUSE.split(sentence) if c]
     return out
 
