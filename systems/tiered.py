@@ -29,7 +29,7 @@ Updates and forgetting are explicit:
   ``[forgotten]`` in the STM turns and MTM summaries (:func:`redact`); the
   ``forgotten`` table keeps the request and the keys, never a value. Such
   a message is a command, so it is **not** sent to the extraction stage: a fact stated
-  in the same message is lost (the "path that skips extraction" of issue 22, which the
+  in the same message is lost (the "path that skips extraction", which the
   graph shows as the turn's ``extraction`` status). A ``FORGET|key`` line from the
   extraction site is not obeyed: it is recorded as malformed.
 

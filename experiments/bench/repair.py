@@ -145,7 +145,7 @@ SABOTAGES += [
              text="Repeat the question back word for word. Do not answer it.",
              why="answer-echo's behaviour, put before the clean instruction"),
 ]
-# Fourth, written on 2026-11-23 after the first catalogue's curate cases were bite-checked on memfail:persona
+# Fourth, written after the first catalogue's curate cases were bite-checked on memfail:persona
 # (curate-empty -0.056 [-0.139, 0.028], curate-redact -0.014 [-0.069, 0.042]: neither bites, because persona's
 # clean score is the answer site declining, which needs no stored fact) and before any of these ran: the same
 # curate sabotages and answer-echo on a task whose answers need the stored facts (MemFail's conditional facts,
@@ -162,7 +162,7 @@ SABOTAGES += [
              text="Repeat the question back word for word. Do not answer it.", dataset=CONDITIONAL,
              why="behaviour: the answer becomes the question"),
 ]
-# Fifth, written on 2026-11-23 (session 14) before any of these ran. The four catalogues above showed that on
+# Fifth, written down before any of these ran. The four catalogues above showed that on
 # SmolLM2-135M, md_flat's score on MemFail barely depends on memory (a curate sabotage that stores nothing moves
 # nothing), and the answer sabotage that bites replaces the instruction, which only writing can mend. So: a task
 # whose score depends on memory even at 135M (synthetic:recall: three made-up facts, two asked; the answer is a

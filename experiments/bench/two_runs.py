@@ -8,7 +8,7 @@ Runs ``python -m optloop.run --system md_flat --budget 2`` once alone, then twic
 the same time (the second ``--stagger`` seconds after the first), each run in a fresh
 ``OPTLOOP_HOME`` and MLflow store (so no run reuses another's LM cache or stores), and
 reports each concurrent run's wall time over the lone run's. Target: at most 2.3x
-(issue 23; before the machine-wide llama.cpp slots it was about 11x on 2 cores).
+(before the machine-wide llama.cpp slots it was about 11x on 2 cores).
 
 The runs share the machine's llama.cpp slots (``optloop/lm/machine.py``):
 ``--slots N`` sets ``OPTLOOP_LLAMA_SLOTS`` for them (1: model calls take turns, each

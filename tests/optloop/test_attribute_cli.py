@@ -110,7 +110,7 @@ def test_planted_faults_report_has_accuracy_fields(tmp_path):
 
 
 def test_planted_report_with_no_induced_failure_says_so_and_scores_every_caused_failure(tmp_path, monkeypatch):
-    """``--faults planted`` end to end with the harness and the LM faked (issue 21's mem0 example: 0 induced
+    """``--faults planted`` end to end with the harness and the LM faked (a mem0 example with 0 induced
     failures, 4 set aside): nothing-to-score instead of 0.000, the all-failures figure, the set-aside
     failures with their reasons, the denominators; in the text, the JSON and the markdown."""
     from rich.console import Console

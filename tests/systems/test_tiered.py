@@ -500,7 +500,7 @@ def test_a_prompt_pack_round_trips_into_a_tiered_system(tmp_path, embedder):
 
 
 # ---------------------------------------------------------------------------
-# Integration: the embedded SmolLM2-135M over builtin:assistant (minutes; the lead runs it)
+# Integration: the embedded SmolLM2-135M over builtin:assistant (minutes)
 # ---------------------------------------------------------------------------
 
 

@@ -1,4 +1,4 @@
-"""The planted-fault catalogue: the faults added for issue 21 load, carry their ground truth, and apply.
+"""The planted-fault catalogue: the added faults load, carry their ground truth, and apply.
 
 No LLM and no embedding model: site faults are applied to a fake module (or to MD-flat on a scripted
 ``DummyLM``), store faults to a real BM25 store, knob faults checked against each system's knobs.

@@ -1,4 +1,4 @@
-"""The planted harness made honest (issue 21, part 2): every failure a fault caused is attributed and
+"""The planted harness reports honestly: every failure a fault caused is attributed and
 reported next to the induced-only figure, set-aside failures say why, empty samples say there is nothing
 to score, denominators and small samples are reported, rates carry seeded 95% intervals.
 
