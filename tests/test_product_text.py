@@ -1,18 +1,17 @@
 """The product speaks of the product: no tracked text names how the work on it was organised.
 
 Every file git tracks (code, comments, docs, CLI values, reports, tests, results JSON, fixtures) is
-scanned for references a user cannot resolve: a tracker's issue numbers ("issue 21", "issue-21",
-"issue #21"), numbered or relative work periods ("session 12", "this session") and dates of work
-("written on 2026-11-23"; a results file's provenance date is the product's own), the people or agents
-who did the work ("the lead runs it", "the `x` engineer", "helper session") and notes between them
-(paths of the workspaces they shared).
+scanned for references a user cannot resolve: a tracker's issue numbers, numbered or relative work
+periods, dates of work (a results file's provenance date is the product's own), the people or
+agents who did the work, and notes between them (paths of the workspaces they shared). The
+examples at the end of this file show each kind; this file, which defines the rule, is the one
+file not scanned.
 
 Conversations are part of the domain: MEME and LoCoMo episodes are made of numbered sessions, so a
 line that names a session is a work period only when nothing on it speaks of conversation data
 (:data:`CONVERSATION`: an episode, a snapshot, a probe, a turn, something stored, deleted or asked,
-a memory ...) or when the session is a parenthetical annotation of the text around it
-("(session 14)", ", session 14)"), which is how work periods were written and never how a
-conversation is.
+a memory ...) or when the session number is a parenthetical annotation of the text around it,
+which is how work periods were written and never how a conversation is.
 """
 
 from __future__ import annotations
@@ -75,6 +74,8 @@ def scan(root: Path) -> list[str]:
     """``path:line: text [what]`` for every reference in the tracked text files."""
     hits = []
     for path in tracked_text_files(root):
+        if path.resolve() == Path(__file__).resolve():
+            continue
         for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
             if found := process_references(line):
                 hits.append(f"{path.relative_to(root)}:{number}: {line.strip()[:120]} {found}")
