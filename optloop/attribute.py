@@ -28,12 +28,14 @@ interval on every rate.
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import logging
 import shutil
 import sys
 import tempfile
 import time
+import types
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -53,7 +55,7 @@ from optloop.attribution.faults import (
     run_planted,
     summarize,
 )
-from optloop.cli import add_lm_arguments, lm_from_args, run_cli, setup_logging
+from optloop.cli import add_lm_arguments, lm_from_args, prog, run_cli, setup_logging
 from optloop.datasets import load_dataset
 from optloop.errors import ConfigError
 from optloop.paths import state_dir, write_atomic
@@ -359,7 +361,7 @@ def render_planted_markdown(report: dict[str, Any]) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m optloop.attribute", description=__doc__,
+    parser = argparse.ArgumentParser(prog=prog("python -m optloop.attribute"), description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--system", default="rag_bm25",
                         help=f"memory system, or a comma-separated list with --faults ({', '.join(SYSTEMS)})")
@@ -453,6 +455,26 @@ def main_traces(args: argparse.Namespace) -> int:
     console.print(f"reports in {args.json or out / 'report.json'} and {args.markdown or out / 'report.md'}; "
                   f"graphs in {out / 'graphs'}")
     return 0
+
+
+
+class _CallableModule(types.ModuleType):
+    """This module, callable: ``optloop.attribute(...)`` is :func:`optloop._api.attribute` (the module and the
+    function share the name ``optloop.attribute``; calling the module runs the function)."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from optloop._api import attribute
+
+        return attribute(*args, **kwargs)
+
+    @property
+    def __signature__(self) -> inspect.Signature:
+        from optloop._api import attribute
+
+        return inspect.signature(attribute)
+
+
+sys.modules[__name__].__class__ = _CallableModule
 
 
 if __name__ == "__main__":

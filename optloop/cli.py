@@ -10,7 +10,9 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 from rich.logging import RichHandler
@@ -27,13 +29,33 @@ LM backends (--lm, or the OPTLOOP_LM environment variable):
 """
 
 
+_COMMAND: ContextVar[str | None] = ContextVar("optloop_command", default=None)
+
+
+@contextmanager
+def command_name(name: str) -> Iterator[None]:
+    """Within this block, parsers name themselves ``name`` (``optloop run``): set by the ``optloop`` command."""
+    token = _COMMAND.set(name)
+    try:
+        yield
+    finally:
+        _COMMAND.reset(token)
+
+
+def prog(module_prog: str) -> str:
+    """A parser's ``prog``: the ``optloop`` subcommand it runs under, else ``module_prog`` (``python -m ...``)."""
+    return _COMMAND.get() or module_prog
+
+
 def add_lm_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("LM", "which model answers (see the LM backends below)")
     group.add_argument("--lm", metavar="SPEC", help="LM spec: local | local:/path.gguf | openai:<model>")
     group.add_argument("--lm-base-url", metavar="URL", help="base URL of an OpenAI-compatible endpoint")
     group.add_argument("--lm-timeout", metavar="SECONDS", type=float, help="per-call timeout (default 60)")
     group.add_argument("--lm-retries", metavar="N", type=int, help="retries on transient errors (default 3)")
-    group.add_argument("--lm-n-ctx", metavar="TOKENS", type=int, help="context window of a local model (default 12288)")
+    group.add_argument("--lm-n-ctx", metavar="TOKENS", type=int,
+                       help="context window of a local model (default: its training context, read from the GGUF; "
+                            "12288 for mem0, whose extraction prompt is longer)")
     group.add_argument("--lm-max-items", metavar="N", type=int,
                        help="local decoding: longest JSON array (default 16; 3 for graphiti)")
     group.add_argument("--lm-max-chars", metavar="N", type=int,
@@ -57,7 +79,7 @@ def lm_settings_from_args(args: argparse.Namespace, defaults: Mapping[str, Any] 
         base_url=args.lm_base_url,
         timeout_s=args.lm_timeout,
         max_retries=args.lm_retries,
-        n_ctx=getattr(args, "lm_n_ctx", None),
+        n_ctx=_first_set(getattr(args, "lm_n_ctx", None), (defaults or {}).get("n_ctx")),
         max_array_items=_first_set(getattr(args, "lm_max_items", None), (defaults or {}).get("max_array_items")),
         max_string_chars=_first_set(getattr(args, "lm_max_chars", None), (defaults or {}).get("max_string_chars")),
         cache=False if args.no_cache else None,

@@ -18,7 +18,7 @@ from pydantic import BaseModel
 from rich.console import Console
 from rich.table import Table
 
-from optloop.cli import LM_HELP, add_lm_arguments, lm_from_args, run_cli, setup_logging
+from optloop.cli import LM_HELP, add_lm_arguments, lm_from_args, prog, run_cli, setup_logging
 from optloop.embed import get_embedder
 from optloop.lm import prompt_site
 
@@ -36,9 +36,9 @@ class Facts(BaseModel):
     facts: list[Fact]
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m optloop.doctor",
+        prog=prog("python -m optloop.doctor"),
         description="Check the optloop stack end to end with real calls: LM (schema-constrained and free text), "
                     "embeddings, and the installed versions.",
         epilog=LM_HELP,
@@ -51,7 +51,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
     setup_logging(args.verbose)
     console = Console()
 

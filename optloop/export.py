@@ -52,7 +52,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from optloop import artifacts
-from optloop.cli import run_cli, setup_logging
+from optloop.cli import prog, run_cli, setup_logging
 from optloop.errors import ConfigError
 from optloop.product import SchemaMode, library_of, load_registry_prompt, response_format
 
@@ -273,7 +273,7 @@ def write(path: Path | None, text: str) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m optloop.export", description=__doc__,
+    parser = argparse.ArgumentParser(prog=prog("python -m optloop.export"), description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--run", metavar="RUN_ID", help="a finished optloop.run parent run")

@@ -271,7 +271,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     plan = make_plan(args)  # unknown systems, bad URIs and bad config files fail here, before the LM
 
     with tempfile.TemporaryDirectory() as tmp:
-        lm = bench_lm(args, Path(tmp))
+        lm = bench_lm(args, Path(tmp), plan.systems)
         with Progress() as progress:
             results = run_bench(plan, lm, Path(tmp), progress)
     identity = lm.backend.identity

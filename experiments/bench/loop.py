@@ -52,7 +52,7 @@ def targeted(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     for system in parse_systems(args.systems):
         for untargeted in (False, True):
             name = f"bench-{system}-{'untargeted' if untargeted else 'targeted'}-s{args.seed}"
-            lm = bench_lm(args, tmp / name)  # each arm on its own fresh cache: its calls, tokens, seconds are its own
+            lm = bench_lm(args, tmp / name, [system])  # each arm on its own fresh cache: its calls, tokens, seconds are its own
             config = LoopConfig(system=system, dataset=args.dataset, budget=args.budget, seed=args.seed,
                                 untargeted=untargeted, run_name=name, tracking_uri=args.tracking_uri,
                                 lm=args.lm or "local")
@@ -82,7 +82,7 @@ def targeted(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
 
 
 def reuse(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
-    lm = bench_lm(args, tmp)
+    lm = bench_lm(args, tmp, [args.system])
     dataset = load_dataset(args.dataset)
     evaluator = Evaluator(args.system, lm, tmp / "reuse")
     try:
