@@ -55,7 +55,7 @@ from optloop.attribution.faults import (
     run_planted,
     summarize,
 )
-from optloop.cli import add_lm_arguments, lm_from_args, prog, run_cli, setup_logging
+from optloop.cli import add_lm_arguments, dataset_help, lm_from_args, prog, run_cli, setup_logging
 from optloop.datasets import load_dataset
 from optloop.errors import ConfigError
 from optloop.paths import state_dir, write_atomic
@@ -365,7 +365,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--system", default="rag_bm25",
                         help=f"memory system, or a comma-separated list with --faults ({', '.join(SYSTEMS)})")
-    parser.add_argument("--dataset", default="builtin:tiny", help="dataset URI (default builtin:tiny)")
+    parser.add_argument("--dataset", default="builtin:tiny", help=dataset_help())
     parser.add_argument("--faults", choices=["planted"], help="run the planted-fault harness instead")
     parser.add_argument("--from-traces", metavar="URI", help="attribute published traces offline instead of running "
                         "a system: meme:<dir> (a checkout of meme-eval; see docs/meme-traces.md)")

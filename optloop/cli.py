@@ -47,6 +47,25 @@ def prog(module_prog: str) -> str:
     return _COMMAND.get() or module_prog
 
 
+# How each dataset scheme is written; a scheme missing here is still listed (as SCHEME:...).
+_DATASET_FORMS = {"memfail": "memfail:<task>[:path]", "locomo": "locomo:<path>", "longmemeval": "longmemeval:<path>",
+                  "meme": "meme:<path>", "jsonl": "jsonl:<path>", "agentic": "agentic:<path>, agentic:generate?records=N"}
+
+
+def dataset_help(default: str = "builtin:tiny") -> str:
+    """``--dataset``'s help, naming every dataset kind the registries hold (``optloop.datasets.LOADERS``, the
+    built-in datasets, the synthetic generators)."""
+    from optloop.datasets import LOADERS
+    from optloop.datasets.builtin import BUILTINS
+    from optloop.datasets.synthetic import GENERATORS
+
+    forms = {"builtin": ", ".join(f"builtin:{name}" for name in BUILTINS),
+             "synthetic": ", ".join(f"synthetic:{kind}?seed=K" for kind in GENERATORS), **_DATASET_FORMS}
+    kinds = "; ".join(forms.get(scheme, f"{scheme}:...") for scheme in LOADERS)
+    return (f"dataset URI (default {default}): {kinds}. Any URI takes ?limit=N (episodes), questions=N, "
+            "tasks=a,b (docs/systems.md)")
+
+
 def add_lm_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("LM", "which model answers (see the LM backends below)")
     group.add_argument("--lm", metavar="SPEC", help="LM spec: local | local:/path.gguf | openai:<model>")

@@ -59,7 +59,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m experiments.bench.systems", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_lm_arguments(parser)
-    parser.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated (default: all six)")
+    parser.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated (default: all {len(SYSTEMS)}: {', '.join(SYSTEMS)})")
     parser.add_argument("--dataset", default="builtin:tiny", help="dataset URI (default builtin:tiny)")
     parser.add_argument("--json", type=Path, help="also write the figures to this JSON file")
     parser.add_argument("--verbose", action="store_true")
