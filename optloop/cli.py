@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -120,6 +121,12 @@ def setup_logging(verbose: bool) -> None:
     if not verbose:  # third-party chatter that says nothing actionable
         for name in ("httpx", "LiteLLM", "mem0", "graphiti_core", "sentence_transformers"):
             logging.getLogger(name).setLevel(logging.ERROR)
+        # MLflow gives its loggers their own handler and level when it is imported (INFO unless this says
+        # otherwise: "Creating initial MLflow database tables..."), so the level is set before that import,
+        # and again for a process that imported it already. A level the user set is kept.
+        os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
+        logging.getLogger("mlflow").setLevel(os.environ["MLFLOW_LOGGING_LEVEL"].upper())
+        logging.getLogger("alembic").setLevel(logging.WARNING)
 
 
 def run_cli(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | None = None) -> int:
