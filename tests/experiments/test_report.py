@@ -25,3 +25,13 @@ def test_every_results_file_is_on_the_benchmarks_page_or_linked_from_it():
     names = [p.name for p in sorted(report.RESULTS.iterdir()) if p.suffix in (".json", ".md")]
     unlinked = [n for n in names if n not in page and n.replace(".md", ".json") not in page]
     assert not unlinked, f"results files nothing shows or links: {unlinked}"
+
+
+def test_a_benchmark_stamps_its_results_with_their_provenance():
+    from experiments.provenance import stamped
+
+    data = stamped({"rows": [1], "provenance": {"command": "old"}}, "local:SmolLM2", command="python -m x --json y")
+    assert list(data) == ["provenance", "rows"]
+    p = data["provenance"]
+    assert p["command"] == "python -m x --json y" and p["model"] == "local:SmolLM2" and p["commit"] != ""
+    assert len(p["date"]) == 10 and "CPUs" in p["machine"]
