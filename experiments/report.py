@@ -12,6 +12,7 @@ took from there, so a re-run of a benchmark (which rewrites its results file) up
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
 from collections.abc import Callable, Iterable, Sequence
@@ -36,7 +37,11 @@ def provenance(data: Json, name: str) -> str:
     if not p:
         raise SystemExit(f"experiments/results/{name} has no provenance header (command, date, commit, model, "
                          "machine); add one")
-    return (f"`{name}`: `{p['command']}`  \n{p['date']}, commit {p['commit']}, {p['model']}; {p['machine']}.")
+    line = f"`{name}`: `{p['command']}`  \n{p['date']}, commit {p['commit']}, {p['model']}; {p['machine']}."
+    module = p["command"].split()[2] if p["command"].startswith("python -m ") else None
+    if module and importlib.util.find_spec(module) is None:
+        line += f" `{module}` is no longer in the tree: the command runs at commit {p['commit']}."
+    return line
 
 
 def table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
