@@ -91,11 +91,11 @@ def test_no_tracked_text_refers_to_how_the_work_was_organised():
 
 
 # The rule itself, on lines built here (so this file holds none of them verbatim).
-I, S = "iss" + "ue", "sess" + "ion"
+ISS, S = "iss" + "ue", "sess" + "ion"
 
 
 @pytest.mark.parametrize("line", [
-    f"the faults {I} 21 added", f"`--faults {I}-21`", f"({I} #20)", f"see {I}s 19",
+    f"the faults {ISS} 21 added", f"`--faults {ISS}-21`", f"({ISS} #20)", f"see {ISS}s 19",
     f"Measured (2026-11-23, {S} 14); later", f"Seeds 1 and 2 ({S} 13, same command", f"first run ({S} 12, `x.md`)",
     f"the tests' size and time this {S}", "(minutes; the lead runs it)", "the `structure` engineer splits it",
     "a note for the next engineer", "read /work/wt/_notes/preamble.md", "# Fourth, written on 2026-11-23 after",

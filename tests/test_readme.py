@@ -49,7 +49,10 @@ def test_the_readme_is_a_short_page():
     assert len(README.read_text(encoding="utf-8").splitlines()) <= 200
 
 
-@pytest.mark.parametrize("page", ["README.md", *(str(p.relative_to(REPO)) for p in sorted((REPO / "docs").glob("*.md")))])
+PAGES = ["README.md", *(str(p.relative_to(REPO)) for p in sorted((REPO / "docs").glob("*.md")))]
+
+
+@pytest.mark.parametrize("page", PAGES)
 def test_every_relative_link_resolves(page):
     path = REPO / page
     for target in re.findall(r"\]\(([^)#:\s]+)(?:#[^)]*)?\)", path.read_text(encoding="utf-8")):
