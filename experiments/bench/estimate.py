@@ -74,7 +74,7 @@ from optloop.loop.overhead import MODELS, RunShape
 from optloop.loop.spend import Chains, Estimate, OptimizerWork, chain_requests, evaluation_seconds, project
 from optloop.loop.state import LoopConfig
 from optloop.paths import state_dir
-from optloop.run import duration, optimizer_line
+from optloop.run_tables import duration, optimizer_line
 from optloop.sites import ANSWER, QUERY_REWRITE
 
 ANSWER_SIDE = {ANSWER, QUERY_REWRITE}  # prompt sites of the question path; the rest is ingestion

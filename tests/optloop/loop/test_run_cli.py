@@ -17,7 +17,10 @@ import pytest
 
 from optloop.errors import ConfigError
 from optloop.loop.state import Checkpoint, LoopConfig, _digest
-from optloop.run import _run_config, build_parser, choose_run, interruptible, main, resume_command
+from optloop.interrupt import interruptible
+from optloop.run import main
+from optloop.run_args import build_parser, run_config
+from optloop.run_resume import choose_run, resume_command
 from tests._servers import closed_port_url
 
 REPO = Path(__file__).resolve().parents[3]
@@ -116,8 +119,8 @@ def test_query_rewrite_reaches_the_config_and_leaves_older_runs_resumable():
     from optloop.cli import lm_settings_from_args
 
     settings = lm_settings_from_args(build_parser().parse_args(["--system", "rag_bm25"]))
-    plain = _run_config(build_parser().parse_args(["--system", "rag_bm25"]), settings)
-    rewrite = _run_config(build_parser().parse_args(["--system", "rag_bm25", "--query-rewrite"]), settings)
+    plain = run_config(build_parser().parse_args(["--system", "rag_bm25"]), settings)
+    rewrite = run_config(build_parser().parse_args(["--system", "rag_bm25", "--query-rewrite"]), settings)
     assert not plain.query_rewrite and rewrite.query_rewrite
     older = {k: v for k, v in plain.model_dump().items() if k != "query_rewrite"}
     assert plain.resume_key() == _digest({k: v for k, v in older.items() if k not in ("tracking_uri", "run_name")})
@@ -357,7 +360,7 @@ def test_sigterm_exits_130_marks_the_runs_killed_and_the_same_command_resumes_an
 
 
 def test_the_summary_says_what_every_process_spent_and_how_many_there_were():
-    from optloop.run import cost_line
+    from optloop.run_tables import cost_line
 
     assert cost_line({"llm_calls": 112, "model_calls": 31, "tokens": 21481, "seconds": 55.04, "processes": 2}) == \
         "112 LLM calls (31 computed), 21481 tokens, 55.0 s; the run took 2 processes"
@@ -538,10 +541,10 @@ def test_bad_limits_are_one_line_exit_2(args, message, capsys):
 def test_the_limits_are_not_settings_of_the_run():
     """The same command with another limit (or --estimate) resumes the run: none of them reaches the config."""
     from optloop.cli import lm_settings_from_args
-    from optloop.run import _run_config
+    from optloop.run_args import run_config
 
     plain = build_parser().parse_args(["--system", "md_flat"])
     limited = build_parser().parse_args(["--system", "md_flat", "--max-cost", "3", "--max-calls", "9", "--estimate"])
     settings = lm_settings_from_args(plain)
-    assert _run_config(limited, settings).resume_key() == _run_config(plain, settings).resume_key()
-    assert _run_config(limited, settings).digest() == _run_config(plain, settings).digest()
+    assert run_config(limited, settings).resume_key() == run_config(plain, settings).resume_key()
+    assert run_config(limited, settings).digest() == run_config(plain, settings).digest()
