@@ -51,7 +51,6 @@ from optloop.datasets.scorers import normalize_answer
 from optloop.errors import DatasetError
 
 TurnRef = tuple[int, int]  # (session idx, 0-based turn index)
-MEME_TASKS = ("exact_recall", "aggregation", "tracking", "deletion", "cascade", "absence")
 DOMAINS = ("workplace", "household")
 SUITE_CHECKS = (
     "store",
