@@ -60,7 +60,7 @@ demo: setup  ## set up, then run the main job (the closed loop) on the embedded 
 	$(PY) -m optloop.run $(DEMO_RUN) --optimizer edit --budget 3
 
 demo-repair: setup  ## one repair case end to end: sabotage planted, blamed, mended, exported, diff printed
-	$(PY) -m experiments.demo_repair --case recall-answer-unknown-prepend
+	$(PY) -m optloop.demo_repair --case recall-answer-unknown-prepend
 
 test: setup  ## set up, then run unit and integration tests (what CI runs)
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS); status=$$?; \

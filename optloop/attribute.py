@@ -44,18 +44,18 @@ from rich.progress import Progress
 from rich.table import Table
 
 from optloop.attribution import blame, default_judges
-from optloop.attribution.faults import (
-    CATALOGUE,
+from optloop.attribution.planted import (
     EVIDENCE_REACHED,
     SET_ASIDE_REASONS,
     UNSOUND_CLEAN,
-    format_rate,
     run_planted,
-    summarize,
 )
+from optloop.attribution.planted_report import format_rate, summarize
 from optloop.cli import add_lm_arguments, lm_from_args, run_cli, setup_logging
 from optloop.datasets import load_dataset
 from optloop.errors import ConfigError
+from optloop.faults.catalogue import CATALOGUE
+from optloop.faults.model import PREREGISTERED
 from optloop.paths import state_dir, write_atomic
 from optloop.pipeline import Attributor, FreshStores, run_episodes
 from systems import SYSTEMS, get_system
@@ -281,7 +281,7 @@ def _planted_lines(report: dict[str, Any]) -> list[str]:
 def _fault_rows(report: dict[str, Any]) -> list[tuple[str, ...]]:
     """system/fault, clean passes, caused, induced, set aside (unsound / evidence reached), four rate cells."""
     rows = []
-    groups = [(f"{name}" + (" (new)" if row.get("added") == "issue-21" else ""), row)
+    groups = [(f"{name}" + (" (new)" if row.get("added") == PREREGISTERED else ""), row)
               for name, row in report["by_fault"].items()]
     groups += [(f"type {name}", row) for name, row in report["by_type"].items()]
     groups += [(f"faults added: {name}", row) for name, row in report.get("by_added", {}).items()]

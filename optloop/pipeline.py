@@ -11,7 +11,7 @@ caller                                 how it runs the pipeline
                                        question, graphs saved only when a fault hit the episode
 ``optloop.attribute.attribute_dataset`` fresh stores, recorded, every failure attributed (the LLM
                                        agent refines the ambiguous ones), every graph saved
-``attribution.faults.run_planted``     fresh stores with a planted fault, recorded, the failures of
+``attribution.planted.run_planted``    fresh stores with a planted fault, recorded, the failures of
                                        clean passes attributed (``Attributor.select``)
 ``experiments.bench._common``          fresh stores, not recorded, not attributed: the system alone,
                                        timed per stage

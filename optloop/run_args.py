@@ -158,7 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--start", action="append", default=[], metavar="SITE=TEXT",
                         help="start from this instruction at SITE instead of the system's own (repeatable): your "
                              "product's current prompt, or a planted fault; SITE=+TEXT appends TEXT to the site's "
-                             "own instruction, SITE=TEXT+ puts it in front (see experiments.bench.repair)")
+                             "own instruction, SITE=TEXT+ puts it in front (see optloop.faults.sabotages)")
     parser.add_argument("--query-rewrite", action="store_true",
                         help="give the system a retrieve.query site: the LM rewrites each question into a search "
                              "query before retrieval, and that prompt is optimized like the others (not for "

@@ -11,8 +11,8 @@ import pytest
 
 from optloop.attribution import ErrorType, attribute, default_judges
 from optloop.attribution.decisive import admission, answer_context, evidence_reaches_answer
-from optloop.attribution.faults import faults_for
 from optloop.attribution.taxonomy import MEMFAIL_LABEL, Attribution
+from optloop.faults.catalogue import faults_for
 from optloop.sites import ANSWER, GATED_ADMIT
 from optloop.tracing.recorder import record_episode
 from systems.baselines import EmbeddingRagSystem

@@ -1,9 +1,9 @@
 """One repair case end to end (``make demo-repair``): plant a sabotage, let the loop find and mend it, export.
 
-    python -m experiments.demo_repair             # recall-answer-unknown-prepend: rag_bm25 on synthetic:recall, edit
-    python -m experiments.demo_repair --case answer-echo --dataset "memfail:persona?limit=12" --lm-max-items 8
+    python -m optloop.demo_repair    # recall-answer-unknown-prepend: rag_bm25 on synthetic:recall, edit
+    python -m optloop.demo_repair --case answer-echo --dataset "memfail:persona?limit=12" --lm-max-items 8
 
-1. the sabotage (a case of ``experiments.bench.repair``) is planted as the run's start
+1. the sabotage (a case of :mod:`optloop.faults.sabotages`) is planted as the run's start
    instruction: ``optloop.run --start SITE=TEXT``; the loop is not told which site it is in;
 2. ``optloop.run`` attributes the failures, blames a site and rewrites only that one;
 3. the run's prompts are exported (``optloop.export --format json``) as a product would take them;
@@ -21,10 +21,10 @@ from collections.abc import Sequence
 
 from rich.console import Console
 
-from experiments.bench.repair import SABOTAGES
 from optloop import artifacts, export
 from optloop import run as optloop_run
 from optloop.cli import add_lm_arguments, run_cli
+from optloop.faults.sabotages import SABOTAGES
 from optloop.loop.candidate import prompt_diff
 from optloop.paths import state_dir
 
@@ -39,10 +39,10 @@ def _logged_prompts(run_id: str, artifact: str) -> dict[str, str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m experiments.demo_repair", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m optloop.demo_repair", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--case", default="recall-answer-unknown-prepend", choices=[s.name for s in SABOTAGES if s.system != "mem0"],
-                        help="the sabotage to plant (a case of experiments.bench.repair)")
+                        help="the sabotage to plant (a case of optloop.faults.sabotages)")
     parser.add_argument("--dataset", help="the dataset to run on (default: the case's own)")
     parser.add_argument("--optimizer", default="edit", choices=["edit", "simba", "gepa", "optuna"])
     parser.add_argument("--budget", type=int, default=3)
