@@ -22,7 +22,7 @@ exposes the synchronous :class:`~systems.base.MemorySystem` API over it. The
 caller's context variables (DSPy settings and traces, optloop's prompt-site
 accounting) travel with each call into the loop.
 
-Concurrency (``--concurrency N``, see ``optloop/pipeline.py``): the episodes of a split
+Concurrency (``--concurrency N``, see ``optloop/pipeline/``): the episodes of a split
 run on the pipeline's threads like every other system's, each driving its own system and
 event loop; inside one ``add_episode`` graphiti itself makes its independent calls at once
 (its ``semaphore_gather``), on the LM's pool. Every request passes the LM's one throttle,
