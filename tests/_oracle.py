@@ -23,8 +23,8 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
-from experiments.bench.faults import schema_stub
-from tests._servers import ScriptedOpenAIServer
+from optloop.testing.chaos import schema_stub
+from optloop.testing.scripted import ScriptedOpenAIServer
 
 DONT_KNOW = "I don't know"
 

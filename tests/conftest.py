@@ -1,4 +1,4 @@
-"""Shared fixtures: every test gets its own optloop state dir; servers live in ``_servers``."""
+"""Shared fixtures: every test gets its own optloop state dir; loopback servers live in ``optloop.testing``."""
 
 from __future__ import annotations
 

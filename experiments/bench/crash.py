@@ -49,12 +49,10 @@ from pydantic import BaseModel, Field
 from rich.console import Console
 from rich.table import Table
 
-REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:  # the scripted server lives with the tests
-    sys.path.insert(0, str(REPO))
+from optloop.testing.chaos import stub_answer
+from optloop.testing.scripted import ScriptedOpenAIServer
 
-from experiments.bench.faults import stub_answer  # noqa: E402
-from tests._servers import ScriptedOpenAIServer  # noqa: E402
+REPO = Path(__file__).resolve().parents[2]
 
 SYSTEM, DATASET = "md_flat", "builtin:tiny"
 PLANTED = "Always reply that you do not know."

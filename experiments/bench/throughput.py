@@ -12,7 +12,7 @@ and, beside it, ``recording.json``: the dataset, the model identity, the date an
 The default dataset, ``synthetic:suite?seed=0``, has 9 short episodes (1 or 2 sessions, 1 or 2 questions),
 so graphiti on the embedded LM records in minutes.
 
-``replay`` serves that cache from :mod:`experiments.bench.replay_server` on loopback (answers after
+``replay`` serves that cache from :mod:`optloop.testing.replay` on loopback (answers after
 ``--latency-ms`` +- ``--jitter-ms``, and HTTP 429 with ``Retry-After`` on a ``--rate-429`` fraction of
 requests, all fixed by ``--seed`` and the request) and runs the same evaluation through it, uncached,
 at every N (and every 429 rate), each on a fresh server, store directory and LM. Per row:
@@ -64,7 +64,6 @@ from rich.progress import Progress
 from rich.table import Table
 
 from experiments.bench._common import parse_systems
-from experiments.bench.replay_server import ReplayConfig, ReplayServer, load_cache
 from optloop.cli import run_cli, setup_logging
 from optloop.datasets import Dataset, load_dataset
 from optloop.embed import Embedder, get_embedder
@@ -75,6 +74,7 @@ from optloop.loop.evaluate import Evaluation, Evaluator
 from optloop.loop.spend import evaluation_seconds
 from optloop.paths import state_dir, write_atomic
 from optloop.pipeline import EpisodeResult
+from optloop.testing.replay import ReplayConfig, ReplayServer, load_cache
 from systems import get_system
 
 logger = logging.getLogger(__name__)

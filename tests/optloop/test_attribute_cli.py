@@ -11,7 +11,7 @@ import pytest
 from optloop.attribute import main
 from optloop.cli import run_cli
 from optloop.datasets import load_dataset
-from tests._servers import ScriptedOpenAIServer
+from optloop.testing.scripted import ScriptedOpenAIServer
 
 
 @pytest.mark.parametrize("argv, needle", [

@@ -36,11 +36,11 @@ from optloop.datasets import Episode, load_dataset, passed, score
 from optloop.embed import get_embedder
 from optloop.export import main as export_main
 from optloop.lm import LMSettings, OptloopLM
-from optloop.loop.prompt_registry import register_prompts
 from optloop.loop.candidate import prompt_text, site_state
+from optloop.loop.prompt_registry import register_prompts
+from optloop.testing.scripted import ScriptedOpenAIServer, answer_with
 from signatures.common import AnswerFromMemories, render_memories
 from systems.base import MemoryItem, PromptSite
-from tests._servers import ScriptedOpenAIServer, answer_with
 
 RULE = "Rule: keep names, pets and cities exactly as the user wrote them."
 

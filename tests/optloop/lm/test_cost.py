@@ -13,7 +13,7 @@ import pytest
 from optloop.lm import Accounting, CallRecord, LMSettings, OptloopLM, Usage, model_price, prompt_site
 from optloop.lm.pricing import price_file, price_source
 from optloop.loop.cost import site_costs, site_metrics
-from tests._servers import ScriptedOpenAIServer
+from optloop.testing.scripted import ScriptedOpenAIServer
 
 REPO = Path(__file__).resolve().parents[3]
 

@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 
 from optloop.errors import ConfigError
-from optloop.loop.state import Checkpoint, LoopConfig, _digest
 from optloop.interrupt import interruptible
+from optloop.loop.state import Checkpoint, LoopConfig, _digest
 from optloop.run import main
 from optloop.run_args import build_parser, run_config
 from optloop.run_resume import choose_run, resume_command
-from tests._servers import closed_port_url
+from optloop.testing.loopback import closed_port_url
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -146,7 +146,7 @@ def test_exit_75_when_the_endpoint_is_unreachable_at_startup_and_nothing_is_writ
 
 
 def test_exit_75_when_the_endpoint_answers_only_server_errors_at_startup(tmp_path):
-    from tests._servers import ScriptedOpenAIServer
+    from optloop.testing.scripted import ScriptedOpenAIServer
 
     with ScriptedOpenAIServer([("status", 503)]) as server:
         result = run(["--system", "rag_bm25", "--lm", "openai:test", "--lm-base-url", server.base_url,
@@ -156,7 +156,7 @@ def test_exit_75_when_the_endpoint_answers_only_server_errors_at_startup(tmp_pat
 
 
 def test_exit_2_when_the_endpoint_refuses_the_model_at_startup(tmp_path):
-    from tests._servers import ScriptedOpenAIServer
+    from optloop.testing.scripted import ScriptedOpenAIServer
 
     with ScriptedOpenAIServer([("status", 404)]) as server:  # the input (the model name) is wrong, not the server
         result = run(["--system", "rag_bm25", "--lm", "openai:nosuch", "--lm-base-url", server.base_url,
