@@ -280,7 +280,7 @@ def _planted_lines(report: dict[str, Any]) -> list[str]:
 
 def _fault_rows(report: dict[str, Any]) -> list[tuple[str, ...]]:
     """system/fault, clean passes, caused, induced, set aside (unsound / evidence reached), four rate cells."""
-    rows = []
+    rows: list[tuple[str, ...]] = []
     groups = [(f"{name}" + (" (new)" if row.get("added") == PREREGISTERED else ""), row)
               for name, row in report["by_fault"].items()]
     groups += [(f"type {name}", row) for name, row in report["by_type"].items()]

@@ -170,7 +170,7 @@ def _site_fields(site: str) -> dict[str, Any] | None:
 
     signatures = {**TIERED_SIGNATURES, **GATED_SIGNATURES, ANSWER: AnswerFromMemories, QUERY_REWRITE: RewriteQuery,
                   MD_FLAT_CURATE: CurateMarkdownMemory}
-    signature = signatures.get(site)
+    signature: Any = signatures.get(site)
     if signature is None:
         return None
 

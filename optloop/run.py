@@ -120,8 +120,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         console.print(result.prompt_diff, markup=False, highlight=False, soft_wrap=True)
     if result.note:
         console.print(f"note: {result.note}")
-    if line := fault_line(lm.accounting.totals()):
-        console.print(line, soft_wrap=True, markup=False)
+    if faults := fault_line(lm.accounting.totals()):
+        console.print(faults, soft_wrap=True, markup=False)
     console.print(f"MLflow parent run {result.parent_run_id} (experiment optloop-{args.system}); `make ui` to compare")
     if args.json:
         out = result.model_dump(mode="json")

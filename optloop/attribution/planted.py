@@ -262,6 +262,7 @@ def _plant_episode(system_name: str, factory: Callable[..., MemorySystem], fault
     clean_run = _run(factory, work / system_name / "clean" / episode.id, episode, None, dataset_uri, lm,
                      workers=workers)
     clean_graph, clean = clean_run.graph, clean_run.predictions
+    assert clean_graph is not None  # fresh stores record every run
     passing = {q.id for q in episode.questions if passed(q, clean[q.id])}
     judges = default_judges(embedder)
     # A clean pass is a sound baseline only if the evidence reached the answer (not a lucky guess).

@@ -198,7 +198,7 @@ class StoreCache:
         evict), as opening them one after another would; pass the plan to :meth:`open`. Each decision
         pins its store until the episode that takes it releases it; the ones no episode took (the run
         stopped) are dropped on leaving the block."""
-        plan, closing = StorePlan(), []
+        plan, closing = StorePlan(), list[Store]()
         with self._lock:
             for key in keys:
                 plan.decisions.setdefault(key, []).append(self._decide(key, closing))

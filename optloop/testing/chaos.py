@@ -29,12 +29,15 @@ TRUNCATED_BODY = '{"id": "cmpl-1", "object": "chat.completion", "created": 0, "c
 NON_JSON_BODY = "<html><head><title>502 Bad Gateway</title></head><body>upstream went away</body></html>"
 
 
+DEFAULT_AT: dict[int, Disruption] = {3: "http500", 6: "truncated", 9: "http503", 12: "nonjson", 15: "hang",
+                                      18: "http503", 19: "http500"}
+
+
 class FaultSchedule(BaseModel):
     """Which request numbers get which fault: position ``(n - 1) % period + 1`` of a cycle."""
 
     period: int = Field(20, ge=1)
-    at: dict[int, Disruption] = Field(default_factory=lambda: {
-        3: "http500", 6: "truncated", 9: "http503", 12: "nonjson", 15: "hang", 18: "http503", 19: "http500"})
+    at: dict[int, Disruption] = Field(default_factory=lambda: dict(DEFAULT_AT))
     max_hangs: int = Field(1, ge=0, description="hangs cost a timeout each: at most this many, later ones answer")
 
     @classmethod
@@ -43,7 +46,7 @@ class FaultSchedule(BaseModel):
         try:
             period, _, pairs = text.partition(":")
             at = {int(pos): kind for pos, _, kind in (p.partition("=") for p in pairs.split(",") if p.strip())}
-            return cls(period=int(period), at=at)  # type: ignore[arg-type]
+            return cls(period=int(period), at=at)
         except ValueError as exc:
             raise ConfigError(f"--schedule {text!r}: write PERIOD:POS=FAULT,... with FAULT one of "
                               f"http500, http503, truncated, nonjson, hang ({' '.join(str(exc).split())[:120]})") from None
@@ -73,7 +76,7 @@ def schema_stub(schema: dict[str, Any] | None, text: str = "keep every name, dat
         if kind == "object" or "properties" in node:
             return {name: visit(sub) for name, sub in (node.get("properties") or {}).items()}
         return {"array": [], "integer": 0, "number": 0.0, "boolean": False,
-                "null": None}.get(kind, text)
+                "null": None}.get(str(kind), text)
 
     return visit(schema or {})
 

@@ -45,7 +45,7 @@ from dataclasses import asdict, dataclass, field
 from email.message import Message
 from email.utils import formatdate
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from optloop.errors import ConfigError
 from optloop.lm.cache import LMCache
@@ -87,8 +87,8 @@ def request_keys(body: dict[str, Any], identity: str, decodings: Sequence[str]) 
     schema, json_mode = response_format_to_schema(body.get("response_format"))
     stop = body.get("stop")
     request = Request(messages=list(body.get("messages") or []), schema=schema, json_mode=json_mode,
-                      temperature=body.get("temperature", 0.0), max_tokens=body.get("max_tokens"),
-                      seed=body.get("seed"), stop=[stop] if isinstance(stop, str) else (stop or None))
+                      temperature=body.get("temperature", 0.0), max_tokens=cast(int, body.get("max_tokens")),
+                      seed=cast(int, body.get("seed")), stop=[stop] if isinstance(stop, str) else (stop or None))
     payload = {"model": identity, **asdict(request), "rollout_id": None}
     keys = [LMCache.key({**payload, "decoding": d}) for d in decodings] if json_mode and schema else []
     return [*keys, LMCache.key(payload)]

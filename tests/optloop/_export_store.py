@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import dspy
 import pytest
 
 from optloop import artifacts, tracking

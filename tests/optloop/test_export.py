@@ -16,7 +16,6 @@ import sysconfig
 import textwrap
 from pathlib import Path
 
-import pytest
 
 from optloop.cli import run_cli
 from optloop.export import main

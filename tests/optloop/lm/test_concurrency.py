@@ -11,7 +11,6 @@ import contextvars
 import json
 import sqlite3
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
