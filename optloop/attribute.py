@@ -51,7 +51,7 @@ from optloop.attribution.planted import (
     run_planted,
 )
 from optloop.attribution.planted_report import format_rate, summarize
-from optloop.cli import add_lm_arguments, lm_from_args, run_cli, setup_logging
+from optloop.cli import CommandParser, lm_from_args, parse_command, run_cli
 from optloop.datasets import load_dataset
 from optloop.errors import ConfigError
 from optloop.faults.catalogue import CATALOGUE
@@ -359,8 +359,7 @@ def render_planted_markdown(report: dict[str, Any]) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m optloop.attribute", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser("python -m optloop.attribute", __doc__, lm=True)
     parser.add_argument("--system", default="rag_bm25",
                         help=f"memory system, or a comma-separated list with --faults ({', '.join(SYSTEMS)})")
     parser.add_argument("--dataset", default="builtin:tiny", help="dataset URI (default builtin:tiny)")
@@ -380,14 +379,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "cannot (costs LLM calls)")
     parser.add_argument("--agent", action="store_true", help="let an LLM agent explore the graph for the cases the "
                         "deterministic pass marks ambiguous (costs LLM calls; at most 6 per case)")
-    parser.add_argument("--verbose", action="store_true")
-    add_lm_arguments(parser)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    setup_logging(args.verbose)
+    args = parse_command(build_parser(), argv)
     if args.list_faults:
         table = Table(title="planted-fault catalogue")
         for col in ("fault", "systems", "true target", "true type", "added", "what it does"):

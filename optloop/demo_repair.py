@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -23,7 +22,7 @@ from rich.console import Console
 
 from optloop import artifacts, export
 from optloop import run as optloop_run
-from optloop.cli import add_lm_arguments, run_cli
+from optloop.cli import CommandParser, parse_command, run_cli
 from optloop.faults.sabotages import SABOTAGES
 from optloop.loop.candidate import prompt_diff
 from optloop.paths import state_dir
@@ -39,16 +38,14 @@ def _logged_prompts(run_id: str, artifact: str) -> dict[str, str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m optloop.demo_repair", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser("python -m optloop.demo_repair", __doc__, lm=True)
     parser.add_argument("--case", default="recall-answer-unknown-prepend", choices=[s.name for s in SABOTAGES if s.system != "mem0"],
                         help="the sabotage to plant (a case of optloop.faults.sabotages)")
     parser.add_argument("--dataset", help="the dataset to run on (default: the case's own)")
     parser.add_argument("--optimizer", default="edit", choices=["edit", "simba", "gepa", "optuna"])
     parser.add_argument("--budget", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
-    add_lm_arguments(parser)
-    args = parser.parse_args(argv)
+    args = parse_command(parser, argv)
     lm_flags = [f for flag, value in (("--lm", args.lm), ("--lm-base-url", args.lm_base_url),
                                       ("--lm-max-items", args.lm_max_items), ("--lm-max-chars", args.lm_max_chars))
                 if value is not None for f in (flag, str(value))]

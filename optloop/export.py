@@ -52,7 +52,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from optloop import artifacts
-from optloop.cli import run_cli, setup_logging
+from optloop.cli import CommandParser, parse_command, run_cli
 from optloop.errors import ConfigError
 from optloop.product import SchemaMode, library_of, load_registry_prompt, response_format
 
@@ -273,8 +273,7 @@ def write(path: Path | None, text: str) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m optloop.export", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser("python -m optloop.export", __doc__)
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--run", metavar="RUN_ID", help="a finished optloop.run parent run")
     source.add_argument("--prompt", metavar="REF", help="a registry prompt: NAME@ALIAS or NAME/VERSION")
@@ -285,13 +284,11 @@ def build_parser() -> argparse.ArgumentParser:
                              "default) or json_object (a llama.cpp server), as the run's LM endpoint did")
     parser.add_argument("--tracking-uri", help="MLflow tracking URI (default sqlite:///mlruns/mlflow.db, or "
                                                "MLFLOW_TRACKING_URI)")
-    parser.add_argument("--verbose", action="store_true")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    setup_logging(args.verbose)
+    args = parse_command(build_parser(), argv)
     out = check_out(args.out)
     from optloop import tracking
 

@@ -14,18 +14,31 @@ from pathlib import Path
 from rich.console import Console
 
 from optloop import artifacts
-from optloop.cli import lm_settings_from_args, run_cli, setup_logging
+from optloop.cli import lm_settings_from_args, parse_command, run_cli
 from optloop.errors import ConfigError, EndpointDownError, LMUnreachableError
 from optloop.interrupt import interruptible
 from optloop.lm import LMSettings, OptloopLM
 from optloop.loop.runner import Checkpoint, Loop, check_start_sites, split_dataset
-from optloop.loop.spend import (ESTIMATE, EXIT_LIMIT, RunStopped, SpendingLimits, estimate, measured_chains,
-                                work_units)
+from optloop.loop.spend import (
+    ESTIMATE,
+    EXIT_LIMIT,
+    RunStopped,
+    SpendingLimits,
+    estimate,
+    measured_chains,
+    work_units,
+)
 from optloop.paths import state_dir, write_atomic
 from optloop.run_args import build_parser, check_priced, run_config
 from optloop.run_resume import choose_run, resume_command
-from optloop.run_tables import (estimate_lines, estimate_table, fault_line, stopped_line, summary_table,
-                                tried_table)
+from optloop.run_tables import (
+    estimate_lines,
+    estimate_table,
+    fault_line,
+    stopped_line,
+    summary_table,
+    tried_table,
+)
 from systems import get_system
 
 console = Console(stderr=True)
@@ -45,8 +58,7 @@ def probe_lm(settings: LMSettings) -> OptloopLM:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(argv)
-    setup_logging(args.verbose)
+    args = parse_command(build_parser(), argv)
     if not args.verbose:  # DSPy's optimizers log every step; our status line says what runs
         logging.getLogger("dspy").setLevel(logging.ERROR)
     if args.new and args.run_name:

@@ -64,7 +64,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from optloop.cli import add_lm_arguments
+from optloop.cli import CommandParser
 from optloop.errors import ConfigError
 from optloop.lm import LMSettings
 from optloop.loop.runner import MAX_BUDGET, LoopConfig, check_fractions
@@ -118,15 +118,14 @@ def _split(text: str) -> tuple[float, float, float]:
         raise argparse.ArgumentTypeError(f"{text!r}: {exc}") from None
 
 
-class _OneLineParser(argparse.ArgumentParser):
+class _OneLineParser(CommandParser):
     """argparse, but a usage error is one ``optloop: error:`` line (exit 2), like every other bad input."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
         self.exit(2, f"optloop: error: {' '.join(message.split())}; see {self.prog} --help\n")
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _OneLineParser(prog="python -m optloop.run", description=__doc__,
-                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = _OneLineParser("python -m optloop.run", __doc__, lm=True)
     parser.add_argument("--system", default="mem0", choices=list(SYSTEMS), metavar="SYSTEM",
                         help=f"memory system: {', '.join(SYSTEMS)} (default mem0)")
     parser.add_argument("--dataset", default="builtin:tiny",
@@ -186,8 +185,6 @@ def build_parser() -> argparse.ArgumentParser:
                        help="evaluate the baseline, print the expected calls, tokens, dollars and hours of the whole "
                             "run, the optimizer's own calls included, and stop (the same command without --estimate "
                             "goes on from that baseline)")
-    parser.add_argument("--verbose", action="store_true")
-    add_lm_arguments(parser)
     return parser
 
 

@@ -22,7 +22,6 @@ made (0 by design). ``--json`` and ``--markdown`` save the same report.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -35,7 +34,7 @@ from rich.console import Console
 from optloop.attribute import render_planted, render_planted_markdown
 from optloop.attribution.planted import PlantedRun, run_planted
 from optloop.attribution.planted_report import summarize
-from optloop.cli import add_lm_arguments, lm_from_args, run_cli, setup_logging
+from optloop.cli import CommandParser, lm_from_args, parse_command, run_cli
 from optloop.datasets import load_dataset
 from optloop.errors import ConfigError
 from optloop.faults.catalogue import CATALOGUE
@@ -62,8 +61,7 @@ def select_faults(spec: str | None) -> list[str] | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m experiments.bench.attribution", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser("python -m experiments.bench.attribution", __doc__, lm=True)
     parser.add_argument("--systems", default=DEFAULT_SYSTEMS, help=f"comma-separated (default {DEFAULT_SYSTEMS})")
     parser.add_argument("--datasets", default=DEFAULT_DATASETS,
                         help=f"semicolon-separated dataset URIs (default {DEFAULT_DATASETS!r})")
@@ -76,10 +74,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "--list-faults)")
     parser.add_argument("--json", type=Path, help="also write the figures (and every case) here")
     parser.add_argument("--markdown", type=Path, help="also write the report as markdown here")
-    parser.add_argument("--verbose", action="store_true")
-    add_lm_arguments(parser)
-    args = parser.parse_args(argv)
-    setup_logging(args.verbose)
+    args = parse_command(parser, argv)
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     for name in systems:
         get_system(name)

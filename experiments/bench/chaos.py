@@ -37,7 +37,6 @@ call used all its attempts.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -54,7 +53,7 @@ from rich.console import Console
 from rich.table import Table
 
 from optloop.artifacts import CHECKPOINT
-from optloop.cli import run_cli
+from optloop.cli import CommandParser, parse_command, run_cli
 from optloop.testing.chaos import FaultSchedule, FaultyEndpoint
 from optloop.tracing.graph import ExecutionGraph
 
@@ -229,8 +228,7 @@ def table(fig: Figures) -> Table:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m experiments.bench.chaos", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser("python -m experiments.bench.chaos", __doc__)
     parser.add_argument("--system", default="md_flat")
     parser.add_argument("--dataset", default="builtin:tiny")
     parser.add_argument("--budget", type=int, default=1)
@@ -242,7 +240,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                            "12=nonjson,15=hang,18=http503,19=http500)")
     parser.add_argument("--work", help="keep the run's state and MLflow store here (default: a temp dir)")
     parser.add_argument("--json", metavar="OUT", help="write the figures here")
-    args = parser.parse_args(argv)
+    args = parse_command(parser, argv)
     schedule = FaultSchedule.parse(args.schedule) if args.schedule else FaultSchedule()
     console = Console()
     with tempfile.TemporaryDirectory(prefix="optloop-faults-") as tmp:

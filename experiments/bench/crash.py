@@ -49,6 +49,7 @@ from pydantic import BaseModel, Field
 from rich.console import Console
 from rich.table import Table
 
+from optloop.cli import CommandParser, parse_command
 from optloop.testing.chaos import stub_answer
 from optloop.testing.scripted import ScriptedOpenAIServer
 
@@ -517,13 +518,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["kill"]:
         return kill_main(argv[1:])
-    parser = argparse.ArgumentParser(prog="python -m experiments.bench.crash", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser("python -m experiments.bench.crash", __doc__)
     parser.add_argument("--budget", type=int, default=3)
     parser.add_argument("--shared", action="store_true", help="also kill one of two Optuna workers")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--keep", type=Path, help="keep every scenario's state and MLflow store here")
-    args = parser.parse_args(argv)
+    args = parse_command(parser, argv)
     console = Console(stderr=True)
     root = args.keep or Path(tempfile.mkdtemp(prefix="optloop-crash-"))
     try:

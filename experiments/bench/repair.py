@@ -53,7 +53,7 @@ from rich.console import Console
 from rich.table import Table
 
 from optloop.artifacts import CHECKPOINT
-from optloop.cli import add_lm_arguments, lm_settings_from_args, run_cli, setup_logging
+from optloop.cli import CommandParser, lm_settings_from_args, parse_command, run_cli
 from optloop.datasets import load_dataset
 from optloop.faults.model import InstructionFault
 from optloop.faults.sabotages import DEFAULT_CASES, RECALL, RECALL_CASES, SABOTAGES
@@ -334,8 +334,7 @@ def _csv(text: str) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m experiments.bench.repair", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser("python -m experiments.bench.repair", __doc__, lm=True)
     parser.add_argument("--cases", default=",".join(DEFAULT_CASES),
                         help=f"sabotages to run (default the md_flat ones; 'recall': the rag_bm25 ones on "
                              f"{RECALL}); all: {', '.join(s.name for s in SABOTAGES)}")
@@ -348,14 +347,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--tracking-uri", help="MLflow store (default: a temporary one)")
     parser.add_argument("--json", type=Path, metavar="OUT", help="write the report here (experiments/results/repair.json)")
     parser.add_argument("--markdown", type=Path, metavar="OUT", help="write the tables as Markdown here")
-    parser.add_argument("--verbose", action="store_true")
-    add_lm_arguments(parser)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    setup_logging(args.verbose)
+    args = parse_command(build_parser(), argv)
     if not args.verbose:
         logging.getLogger("dspy").setLevel(logging.ERROR)
     known = {s.name: s for s in SABOTAGES}

@@ -54,7 +54,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from datetime import UTC, datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +64,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from experiments.bench._common import parse_systems
-from optloop.cli import run_cli, setup_logging
+from optloop.cli import CommandParser, parse_command, run_cli
 from optloop.datasets import Dataset, load_dataset
 from optloop.embed import Embedder, get_embedder
 from optloop.errors import ConfigError
@@ -457,8 +457,7 @@ def print_table(rows: Sequence[Row], results: dict[str, Any], console: Console) 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m experiments.bench.throughput", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser("python -m experiments.bench.throughput", __doc__)
     steps = parser.add_subparsers(dest="step", required=True)
     rec = steps.add_parser("record", help="record each system's evaluation on the embedded LM into an LM cache")
     rep = steps.add_parser("replay", help="replay it through a loopback endpoint at each N")
@@ -466,7 +465,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         sub.add_argument("--systems", default=DEFAULT_SYSTEMS, help=f"comma-separated (default {DEFAULT_SYSTEMS})")
         sub.add_argument("--cache", type=Path, default=None,
                          help="the recording's LM cache (default $OPTLOOP_HOME/throughput/lm_cache.sqlite)")
-        sub.add_argument("--verbose", action="store_true")
     rec.add_argument("--dataset", default=DEFAULT_DATASET, help=f"dataset URI (default {DEFAULT_DATASET})")
     rec.add_argument("--lm", default="local", help="LM spec to record from (default: the embedded model)")
     rep.add_argument("--n", default=DEFAULT_N, help=f"concurrencies (default {DEFAULT_N})")
@@ -483,8 +481,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rep.add_argument("--update", action="store_true",
                      help="keep the --json file's rows of other systems (replayed with the same settings, perhaps "
                           "from another recording) and replace only these systems'")
-    args = parser.parse_args(argv)
-    setup_logging(args.verbose)
+    args = parse_command(parser, argv)
     args.cache = args.cache or state_dir() / "throughput" / "lm_cache.sqlite"
     console = Console()
     return record(args, console) if args.step == "record" else replay(args, console)

@@ -30,7 +30,6 @@ before), so a run at any concurrency sees the same latencies and the same 429s:
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import logging
@@ -47,6 +46,7 @@ from email.utils import formatdate
 from pathlib import Path
 from typing import Any, cast
 
+from optloop.cli import CommandParser, parse_command, run_cli
 from optloop.errors import ConfigError
 from optloop.lm.cache import LMCache
 from optloop.lm.requests import Request, response_format_to_schema
@@ -215,8 +215,7 @@ class ReplayServer(LoopbackServer):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m optloop.testing.replay",
-                                     description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser = CommandParser("python -m optloop.testing.replay", __doc__)
     parser.add_argument("--cache", type=Path, required=True, help="an optloop LM cache file (lm_cache.sqlite)")
     parser.add_argument("--identity", help="model identity the cache was written under (default: the bundled GGUF)")
     parser.add_argument("--decoding", action="append", help=f"backend decoding to try (repeatable; default "
@@ -228,16 +227,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--retry-after", type=float, default=1.0, help="seconds in the 429's Retry-After")
     parser.add_argument("--retry-after-date", action="store_true", help="send Retry-After as an HTTP date")
     parser.add_argument("--port", type=int, default=0)
-    args = parser.parse_args(argv)
-    try:
-        config = ReplayConfig(latency_ms=args.latency_ms, jitter_ms=args.jitter_ms, seed=args.seed,
-                              rate_429=args.rate_429, retry_after=args.retry_after,
-                              retry_after_date=args.retry_after_date)
-        responses = load_cache(args.cache)
-        identity = args.identity or bundled_identity()
-    except ConfigError as exc:
-        print(f"replay_server: error: {exc}", file=sys.stderr)
-        return 2
+    args = parse_command(parser, argv)
+    config = ReplayConfig(latency_ms=args.latency_ms, jitter_ms=args.jitter_ms, seed=args.seed,
+                          rate_429=args.rate_429, retry_after=args.retry_after, retry_after_date=args.retry_after_date)
+    responses = load_cache(args.cache)  # a missing or unreadable cache: one line, exit 2 (run_cli)
+    identity = args.identity or bundled_identity()
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     with ReplayServer(responses, identity=identity, decodings=args.decoding or DEFAULT_DECODINGS, config=config,
@@ -253,4 +247,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_cli(main))
