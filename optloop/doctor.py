@@ -8,6 +8,12 @@ Exit status 0 means every check passed.
 
 from __future__ import annotations
 
+import os
+
+from optloop.offline import offline_defaults
+
+os.environ.update(offline_defaults())  # first: litellm, mem0 and Hugging Face read them when imported
+
 import importlib.metadata
 import sys
 import time

@@ -40,9 +40,14 @@ Nothing is written unless the export succeeds; the file is replaced in one step.
 
 from __future__ import annotations
 
+import os
+
+from optloop.offline import offline_defaults
+
+os.environ.update(offline_defaults())  # first: litellm, mem0 and Hugging Face read them when imported
+
 import argparse
 import json
-import os
 import sys
 import tempfile
 from collections.abc import Sequence

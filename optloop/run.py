@@ -4,6 +4,12 @@ manual), the run it resumes (:mod:`optloop.run_resume`) and what it prints (:mod
 
 from __future__ import annotations
 
+import os
+
+from optloop.offline import offline_defaults
+
+os.environ.update(offline_defaults())  # first: litellm, mem0 and Hugging Face read them when imported
+
 import argparse
 import json
 import logging

@@ -22,6 +22,12 @@ made (0 by design). ``--json`` and ``--markdown`` save the same report.
 
 from __future__ import annotations
 
+import os
+
+from optloop.offline import offline_defaults
+
+os.environ.update(offline_defaults())  # first: litellm, mem0 and Hugging Face read them when imported
+
 import json
 import sys
 import time

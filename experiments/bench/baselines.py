@@ -22,6 +22,12 @@ systems and malformed dataset URIs fail before the LM is loaded.
 
 from __future__ import annotations
 
+import os
+
+from optloop.offline import offline_defaults
+
+os.environ.update(offline_defaults())  # first: litellm, mem0 and Hugging Face read them when imported
+
 import argparse
 import json
 import sys

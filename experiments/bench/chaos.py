@@ -37,8 +37,13 @@ call used all its attempts.
 
 from __future__ import annotations
 
-import json
 import os
+
+from optloop.offline import offline_defaults
+
+os.environ.update(offline_defaults())  # first: litellm, mem0 and Hugging Face read them when imported
+
+import json
 import subprocess
 import sys
 import tempfile

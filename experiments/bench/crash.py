@@ -30,9 +30,14 @@ one held-out evaluation); its seconds are every process's, startup included, and
 
 from __future__ import annotations
 
+import os
+
+from optloop.offline import offline_defaults
+
+os.environ.update(offline_defaults())  # first: litellm, mem0 and Hugging Face read them when imported
+
 import argparse
 import json
-import os
 import re
 import shutil
 import signal

@@ -53,6 +53,12 @@ session here are a lower bound too.
 
 from __future__ import annotations
 
+import os
+
+from optloop.offline import offline_defaults
+
+os.environ.update(offline_defaults())  # first: litellm, mem0 and Hugging Face read them when imported
+
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -70,7 +76,14 @@ from optloop.lm.pricing import ModelPrice, model_price
 from optloop.loop._base import ENDPOINT_THREADS
 from optloop.loop.cost import LMCost
 from optloop.loop.overhead import MODELS, RunShape
-from optloop.loop.spend import Chains, Estimate, OptimizerWork, chain_requests, evaluation_seconds, project
+from optloop.loop.spend import (
+    Chains,
+    Estimate,
+    OptimizerWork,
+    chain_requests,
+    evaluation_seconds,
+    project,
+)
 from optloop.loop.state import LoopConfig
 from optloop.paths import state_dir
 from optloop.run_tables import duration, optimizer_line

@@ -28,6 +28,12 @@ in the positive context), contamination (a distractor marker there), cross-works
 
 from __future__ import annotations
 
+import os
+
+from optloop.offline import offline_defaults
+
+os.environ.update(offline_defaults())  # first: litellm, mem0 and Hugging Face read them when imported
+
 import json
 import sys
 import tempfile
@@ -43,7 +49,13 @@ from rich.table import Table
 
 from optloop.cli import CommandParser, parse_command, run_cli
 from optloop.datasets import Episode, Question, load_dataset
-from optloop.datasets.agentic import CATEGORIES, ContextScore, parse_scope, parse_tag, score_context
+from optloop.datasets.agentic import (
+    CATEGORIES,
+    ContextScore,
+    parse_scope,
+    parse_tag,
+    score_context,
+)
 from optloop.embed import CachedEmbedder, Embedder, get_embedder
 from optloop.stats import Interval, bootstrap_mean, paired_bootstrap_delta
 from systems.baselines import EmbeddingRagSystem

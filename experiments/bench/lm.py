@@ -10,6 +10,12 @@ again (every call is a cache hit). Also times the bundled embedder. Figures go t
 
 from __future__ import annotations
 
+import os
+
+from optloop.offline import offline_defaults
+
+os.environ.update(offline_defaults())  # first: litellm, mem0 and Hugging Face read them when imported
+
 import json
 import statistics
 import sys

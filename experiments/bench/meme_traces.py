@@ -26,6 +26,12 @@ Get the data (it is not copied into this repository)::
 
 from __future__ import annotations
 
+import os
+
+from optloop.offline import offline_defaults
+
+os.environ.update(offline_defaults())  # first: litellm, mem0 and Hugging Face read them when imported
+
 import json
 import sys
 import time

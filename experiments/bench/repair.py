@@ -37,6 +37,12 @@ runs go to a temporary store unless ``--tracking-uri`` is given.
 
 from __future__ import annotations
 
+import os
+
+from optloop.offline import offline_defaults
+
+os.environ.update(offline_defaults())  # first: litellm, mem0 and Hugging Face read them when imported
+
 import argparse
 import json
 import logging

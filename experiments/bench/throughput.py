@@ -47,6 +47,12 @@ mem0's extraction prompt carries the day's date (UTC), so its recording replays 
 
 from __future__ import annotations
 
+import os
+
+from optloop.offline import offline_defaults
+
+os.environ.update(offline_defaults())  # first: litellm, mem0 and Hugging Face read them when imported
+
 import argparse
 import json
 import logging

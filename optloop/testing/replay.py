@@ -30,6 +30,12 @@ before), so a run at any concurrency sees the same latencies and the same 429s:
 
 from __future__ import annotations
 
+import os
+
+from optloop.offline import offline_defaults
+
+os.environ.update(offline_defaults())  # first: litellm, mem0 and Hugging Face read them when imported
+
 import hashlib
 import json
 import logging

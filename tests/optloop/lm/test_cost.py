@@ -38,6 +38,8 @@ def test_prices_come_from_litellms_bundled_table():
 def test_reading_prices_never_imports_litellm_or_touches_the_network():
     script = textwrap.dedent("""
         import os, socket, sys
+        from optloop.offline import offline_defaults
+        os.environ.update(offline_defaults())  # as a command does first
         def no_network(*args, **kwargs):
             raise AssertionError("network access")
         socket.socket.connect = no_network
