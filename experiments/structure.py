@@ -1,12 +1,12 @@
-"""The shape of the code: the longest modules and classes, the import cycles, the lines over 99 columns.
+"""The shape of the code: the longest modules and classes, the import cycles, the long lines.
 
     python -m experiments.structure                          # this checkout, a table on stdout
     python -m experiments.structure --root DIR --json out.json
 
 Read from the source as text and syntax trees (nothing is imported or run):
 
-* **modules**: the longest ``.py`` files of the product (``optloop/``, ``systems/``, ``signatures/``)
-  and the studies (``experiments/``), in lines;
+* **modules**: the longest ``.py`` files of the product (``optloop/``, ``systems/``,
+  ``signatures/``) and the studies (``experiments/``), in lines;
 * **classes**: their longest classes, in lines, with how many methods each defines;
 * **import cycles**: the strongly connected groups of the module import graph of ``optloop``,
   ``systems`` and ``signatures``, counting every import, those inside a function or under
@@ -48,8 +48,10 @@ def module_name(root: Path, path: Path) -> str:
 
 
 def longest_modules(root: Path, n: int = 10) -> list[dict[str, Any]]:
-    sizes = [{"module": str(p.relative_to(root)), "lines": len(p.read_text().splitlines())}
-             for p in python_files(root, CODE)]
+    sizes = [
+        {"module": str(p.relative_to(root)), "lines": len(p.read_text().splitlines())}
+        for p in python_files(root, CODE)
+    ]
     return sorted(sizes, key=lambda row: (-row["lines"], row["module"]))[:n]
 
 
@@ -58,14 +60,21 @@ def longest_classes(root: Path, n: int = 10) -> list[dict[str, Any]]:
     for path in python_files(root, CODE):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ClassDef) and node.end_lineno is not None:
-                methods = sum(isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) for item in node.body)
-                rows.append({"class": f"{path.relative_to(root)}:{node.name}",
-                             "lines": node.end_lineno - node.lineno + 1, "methods": methods})
+                methods = sum(
+                    isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) for item in node.body
+                )
+                rows.append(
+                    {
+                        "class": f"{path.relative_to(root)}:{node.name}",
+                        "lines": node.end_lineno - node.lineno + 1,
+                        "methods": methods,
+                    }
+                )
     return sorted(rows, key=lambda row: (-row["lines"], row["class"]))[:n]
 
 
 def _imported(node: ast.Import | ast.ImportFrom, module: str, is_package: bool) -> Iterator[str]:
-    """The module names an import statement names (relative imports resolved against ``module``)."""
+    """The module names an import statement names (relative ones resolved against ``module``)."""
     if isinstance(node, ast.Import):
         yield from (alias.name for alias in node.names)
         return
@@ -103,7 +112,7 @@ def import_graph(root: Path) -> dict[str, set[str]]:
 
 
 def import_cycles(root: Path) -> list[list[str]]:
-    """The strongly connected groups of more than one module (Tarjan), each sorted, the list sorted."""
+    """The strongly connected groups of more than one module (Tarjan), each sorted, all sorted."""
     graph = import_graph(root)
     index: dict[str, int] = {}
     low: dict[str, int] = {}
@@ -140,35 +149,65 @@ def import_cycles(root: Path) -> list[list[str]]:
 
 
 def long_lines(root: Path, limit: int = MAX_COLUMNS) -> dict[str, Any]:
-    """How many lines of every ``.py`` file are longer than ``limit`` columns, and where most are."""
+    """How many lines of every ``.py`` file are longer than ``limit`` columns; where most are."""
     per_file = {}
     for path in python_files(root):
         count = sum(len(line) > limit for line in path.read_text().splitlines())
         if count:
             per_file[str(path.relative_to(root))] = count
     top = sorted(per_file.items(), key=lambda item: (-item[1], item[0]))[:5]
-    return {"limit": limit, "lines": sum(per_file.values()), "files": len(per_file), "most": dict(top)}
+    return {
+        "limit": limit,
+        "lines": sum(per_file.values()),
+        "files": len(per_file),
+        "most": dict(top),
+    }
 
 
 def measure(root: Path) -> dict[str, Any]:
-    return {"root": str(root), "modules": longest_modules(root), "classes": longest_classes(root),
-            "import_cycles": import_cycles(root), "long_lines": long_lines(root)}
+    return {
+        "root": str(root),
+        "modules": longest_modules(root),
+        "classes": longest_classes(root),
+        "import_cycles": import_cycles(root),
+        "long_lines": long_lines(root),
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m experiments.structure", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--root", type=Path, default=Path(__file__).resolve().parents[1],
-                        help="the checkout to measure (default: this one)")
-    parser.add_argument("--json", type=Path, metavar="OUT", help="also write the figures as JSON here")
+    parser = argparse.ArgumentParser(
+        prog="python -m experiments.structure",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--root",
+        type=Path,
+        default=Path(__file__).resolve().parents[1],
+        help="the checkout to measure (default: this one)",
+    )
+    parser.add_argument(
+        "--json", type=Path, metavar="OUT", help="also write the figures as JSON here"
+    )
     args = parser.parse_args(argv)
     if not (args.root / "optloop").is_dir():
         parser.error(f"{args.root} holds no optloop/ folder: give --root a checkout of optloop")
     figures = measure(args.root.resolve())
-    print("longest modules:", *(f"  {r['lines']:5d}  {r['module']}" for r in figures["modules"]), sep="\n")
-    print("longest classes:", *(f"  {r['lines']:5d}  {r['class']} ({r['methods']} methods)"
-                                for r in figures["classes"]), sep="\n")
-    print("import cycles:", *(f"  {' <-> '.join(c)}" for c in figures["import_cycles"]) or ["  none"], sep="\n")
+    print(
+        "longest modules:",
+        *(f"  {r['lines']:5d}  {r['module']}" for r in figures["modules"]),
+        sep="\n",
+    )
+    print(
+        "longest classes:",
+        *(f"  {r['lines']:5d}  {r['class']} ({r['methods']} methods)" for r in figures["classes"]),
+        sep="\n",
+    )
+    print(
+        "import cycles:",
+        *(f"  {' <-> '.join(c)}" for c in figures["import_cycles"]) or ["  none"],
+        sep="\n",
+    )
     lines = figures["long_lines"]
     print(f"lines over {lines['limit']} columns: {lines['lines']} in {lines['files']} files")
     if args.json:

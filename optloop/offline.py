@@ -37,5 +37,5 @@ OFFLINE_DEFAULTS: dict[str, str] = {
 
 
 def offline_defaults(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
-    """The offline defaults ``environ`` does not set yet (what a command adds to its environment)."""
+    """The offline defaults ``environ`` does not set yet (what a command adds to it)."""
     return {name: value for name, value in OFFLINE_DEFAULTS.items() if name not in environ}

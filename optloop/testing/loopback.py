@@ -1,7 +1,8 @@
-"""A real HTTP server on 127.0.0.1, the base of the loopback endpoints the tests and benchmarks speak to
-(:class:`~optloop.testing.scripted.ScriptedOpenAIServer`, :class:`~optloop.testing.replay.ReplayServer`):
-the real ``openai`` client goes over the real network path, so status codes, bodies that do not parse
-and answers that never come are exercised as a hosted endpoint would give them."""
+"""A real HTTP server on 127.0.0.1, the base of the loopback endpoints the tests and benchmarks
+speak to (:class:`~optloop.testing.scripted.ScriptedOpenAIServer`,
+:class:`~optloop.testing.replay.ReplayServer`): the real ``openai`` client goes over the real
+network path, so status codes, bodies that do not parse and answers that never come are
+exercised as a hosted endpoint would give them."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from typing import Any, Self
 
 @dataclass
 class Reply:
-    """What one request gets: ``payload`` as JSON (or ``raw`` bytes as they are), after ``delay_s``."""
+    """What one request gets: ``payload`` as JSON (or ``raw`` bytes), after ``delay_s``."""
 
     code: int = 200
     payload: Any = None
@@ -27,9 +28,10 @@ class Reply:
 
 
 class LoopbackServer:
-    """An HTTP server on 127.0.0.1 (a context manager; :attr:`base_url` once started) answering each POST
-    with :meth:`post` and each GET with :meth:`get`, on daemon threads (requests may come from many
-    threads at once). A ``None`` reply sends nothing: the client waits for its timeout."""
+    """An HTTP server on 127.0.0.1 (a context manager; :attr:`base_url` once started) answering
+    each POST with :meth:`post` and each GET with :meth:`get`, on daemon threads (requests may
+    come from many threads at once). A ``None`` reply sends nothing: the client waits for its
+    timeout."""
 
     protocol_version = "HTTP/1.0"  # HTTP/1.1 keeps a client's pooled connections alive
     backlog = 128  # connections queued at once (the default of 5 resets a burst of clients)
@@ -56,7 +58,9 @@ class LoopbackServer:
             request_queue_size = server.backlog
 
         self.httpd = Server(("127.0.0.1", port), Handler)
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True, name=self.thread_name)
+        self.thread = threading.Thread(
+            target=self.httpd.serve_forever, daemon=True, name=self.thread_name
+        )
 
     def post(self, path: str, body: bytes, headers: Message) -> Reply | None:
         raise NotImplementedError
@@ -92,12 +96,29 @@ class LoopbackServer:
         self.httpd.server_close()
 
 
-def chat_completion(body: dict[str, Any], content: str, usage: dict[str, int], *, id: str = "cmpl-1",
-                    model: str = "m") -> dict[str, Any]:
+def chat_completion(
+    body: dict[str, Any],
+    content: str,
+    usage: dict[str, int],
+    *,
+    id: str = "cmpl-1",
+    model: str = "m",
+) -> dict[str, Any]:
     """An OpenAI chat-completions answer of ``content`` to the request ``body``."""
-    return {"id": id, "object": "chat.completion", "created": 0, "model": body.get("model", model),
-            "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": content}}],
-            "usage": usage}
+    return {
+        "id": id,
+        "object": "chat.completion",
+        "created": 0,
+        "model": body.get("model", model),
+        "choices": [
+            {
+                "index": 0,
+                "finish_reason": "stop",
+                "message": {"role": "assistant", "content": content},
+            }
+        ],
+        "usage": usage,
+    }
 
 
 def closed_port_url() -> str:

@@ -1,5 +1,5 @@
-"""Offline hygiene: ``import optloop`` changes nothing; a command applies the offline defaults first,
-never overriding the user."""
+"""Offline hygiene: ``import optloop`` changes nothing; a command applies the offline defaults
+first, never overriding the user."""
 
 from __future__ import annotations
 
@@ -14,7 +14,9 @@ BASE = {"PATH": "/usr/bin:/bin", "HOME": "/tmp"}
 
 def _env_after(code: str, env: dict[str, str]) -> dict[str, str]:
     script = f"{code}; import json, os; print(json.dumps(dict(os.environ)))"
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, check=True
+    )
     return json.loads(out.stdout)
 
 
@@ -30,6 +32,10 @@ def test_a_command_sets_the_offline_defaults_before_the_libraries_read_them():
 
 
 def test_a_command_keeps_what_the_user_set():
-    env = _env_after("import optloop.run", {**BASE, "HF_HUB_OFFLINE": "0", "MEM0_TELEMETRY": "True"})
+    env = _env_after(
+        "import optloop.run", {**BASE, "HF_HUB_OFFLINE": "0", "MEM0_TELEMETRY": "True"}
+    )
     assert env["HF_HUB_OFFLINE"] == "0" and env["MEM0_TELEMETRY"] == "True"
-    assert offline_defaults({"HF_HUB_OFFLINE": "0"}).keys() == OFFLINE_DEFAULTS.keys() - {"HF_HUB_OFFLINE"}
+    assert offline_defaults({"HF_HUB_OFFLINE": "0"}).keys() == OFFLINE_DEFAULTS.keys() - {
+        "HF_HUB_OFFLINE"
+    }
