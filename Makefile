@@ -67,8 +67,8 @@ lint: setup  ## ruff (lint, and the format check) and mypy, as CI runs them befo
 	$(PY) -m ruff format --check .
 	$(PY) -m mypy
 
-format: setup  ## sort the imports and format the tree (ruff), what `make lint` checks
-	$(PY) -m ruff check --select I --fix .
+format: setup  ## apply ruff's safe fixes (import order, ...) and format the tree, as `make lint` checks
+	$(PY) -m ruff check --fix-only .
 	$(PY) -m ruff format .
 
 test: setup  ## set up, then run unit and integration tests (what CI runs)

@@ -29,8 +29,9 @@ Formats:
   dspy      the run's DSPy program JSON (every site's instructions and demos; dspy's load())
   pack      a JSON prompt pack: {format, system, prompts, knobs, knob_values, sites, source}; sites gives
             each optloop-defined site's input fields and output fields (type, description, JSON schema),
-            knob_values the system's knob value spaces: what optloop's own systems (tiered, gated: SystemClass(...).apply_pack(json.load(open(path)))) need to run
-            with the optimized prompts and knobs
+            knob_values the system's knob value spaces: what optloop's own systems (tiered, gated:
+            SystemClass(...).apply_pack(json.load(open(path)))) need to run with the optimized
+            prompts and knobs
 
 Without the export step, optloop.product.apply(memory, "prompts:/optloop.mem0.extract@champion")
 applies registry prompts to a live mem0 or graphiti from Python (optloop installed).

@@ -90,7 +90,8 @@ class TokenBucket:
 
 
 def estimate_tokens(messages: list[dict[str, Any]], schema: dict[str, Any] | None, max_tokens: int) -> int:
-    """What a provider counts against a tokens-per-minute limit before the answer: ~4 characters a token, plus max_tokens."""
+    """What a provider counts against a tokens-per-minute limit before the answer: ~4 characters a
+    token, plus max_tokens."""
     chars = sum(len(m.get("content") or "") if isinstance(m.get("content"), str) else len(json.dumps(m.get("content")))
                 for m in messages)
     if schema:
@@ -143,9 +144,11 @@ def shared_throttle(endpoint: str, *, rpm: float | None, tpm: int | None, concur
 
 
 def parse_retry_after(headers: Mapping[str, str] | None, *, now: datetime | None = None) -> float | None:
-    """Seconds a ``Retry-After`` (delta-seconds or an HTTP date) or ``retry-after-ms`` header asks to wait; None if absent.
+    """Seconds a ``Retry-After`` (delta-seconds or an HTTP date) or ``retry-after-ms`` header asks
+    to wait; None if absent.
 
-    ``retry-after-ms`` (OpenAI's, more precise) wins; a date in the past means 0; an unparseable value means absent.
+    ``retry-after-ms`` (OpenAI's, more precise) wins; a date in the past means 0; an unparseable
+    value means absent.
     """
     if not headers:
         return None

@@ -82,7 +82,8 @@ def price_table() -> dict[str, Any]:
 
 
 def price_source() -> str:
-    """Where prices come from, for a run's parameters: ``litellm 1.106.2 model_prices_and_context_window_backup.json``."""
+    """Where prices come from, for a run's parameters:
+    ``litellm 1.106.2 model_prices_and_context_window_backup.json``."""
     if price_file() is None:
         return "none (litellm not installed)"
     try:

@@ -111,7 +111,8 @@ class Workers:
         self._tasks = _Pool(n, "optloop-task")
 
     def episodes(self, fn: Callable[[T], R], items: Iterable[T]) -> Iterator[R]:
-        """``fn`` over episodes (or anything that asks for questions on :meth:`tasks`), in order: see :func:`in_order`."""
+        """``fn`` over episodes (or anything that asks for questions on :meth:`tasks`), in order:
+        see :func:`in_order`."""
         return in_order(self._episodes, fn, items)
 
     def tasks(self, fn: Callable[[T], R], items: Iterable[T]) -> list[R]:

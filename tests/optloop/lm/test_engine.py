@@ -1,5 +1,6 @@
 """OptloopLM as a DSPy 3.4 engine LM: DSPy calls reach optloop's engine, warn about nothing, and keep
-optloop's schemas, cache keys, rollouts and errors. Remote calls go to a loopback server (``optloop/testing/scripted.py``).
+optloop's schemas, cache keys, rollouts and errors. Remote calls go to a loopback server
+(``optloop/testing/scripted.py``).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""HTTP 429, Retry-After, --rpm / --tpm / --concurrency, against a real loopback endpoint (``optloop/testing/scripted.py``)."""
+"""HTTP 429, Retry-After, --rpm / --tpm / --concurrency, against a real loopback endpoint
+(``optloop/testing/scripted.py``)."""
 
 from __future__ import annotations
 
