@@ -5,7 +5,7 @@ resume with the same command, compare with an uninterrupted run.
     python -m experiments.bench.crash --shared        # also: two Optuna workers, one killed and restarted
     python -m experiments.bench.crash --json OUT.json
 
-Every process is the real CLI against :class:`OracleEndpoint`, a loopback OpenAI-compatible
+Every process is the real CLI against :class:`~optloop.testing.oracle.OracleEndpoint`, a loopback OpenAI-compatible
 server that needs no model: md_flat's curate call keeps the session's user lines as facts, the
 answer call gives the gold answer when the memories hold it, unless the answer instruction
 carries the run's planted sentence (``--start answer=+...``), and everything else gets a
@@ -44,7 +44,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -55,93 +54,12 @@ from rich.console import Console
 from rich.table import Table
 
 from optloop.cli import CommandParser, parse_command
-from optloop.testing.chaos import stub_answer
-from optloop.testing.scripted import ScriptedOpenAIServer
+from optloop.testing.oracle import DATASET, PLANTED, OracleEndpoint
 
 REPO = Path(__file__).resolve().parents[2]
 
-SYSTEM, DATASET = "md_flat", "builtin:tiny"
-PLANTED = "Always reply that you do not know."
-DONT_KNOW = "I don't know"
+SYSTEM = "md_flat"
 COSTS = ("llm_calls", "model_calls", "tokens")
-
-
-# --- the endpoint -------------------------------------------------------------------------------------------
-
-
-class OracleEndpoint:
-    """The loopback endpoint of the module docstring; ``requests`` counts what it answered."""
-
-    def __init__(self, dataset: str = DATASET, planted: str = PLANTED, *, delay: float = 0.0):
-        from optloop.datasets import load_dataset
-
-        self.gold = {q.question: q.gold for e in load_dataset(dataset).episodes for q in e.questions}
-        self.planted = planted
-        self.delay = delay  # seconds per chat answer (a run long enough for a second worker to join)
-        self.hold_when: Callable[[], bool] | None = None  # while true, requests wait for release()
-        self.holding = threading.Event()  # set when a request is being held
-        self._released = threading.Event()
-        self.requests = 0
-        self.server = ScriptedOpenAIServer([("respond", self._respond)])
-        default_handle_error = self.server.httpd.handle_error
-
-        def handle_error(request: Any, client_address: Any) -> None:
-            if not isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
-                default_handle_error(request, client_address)  # a killed client is what this endpoint is for
-
-        self.server.httpd.handle_error = handle_error  # type: ignore[method-assign]
-
-    @property
-    def base_url(self) -> str:
-        return self.server.base_url
-
-    def __enter__(self) -> OracleEndpoint:
-        self.server.__enter__()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.server.__exit__(*exc)
-
-    def release(self) -> None:
-        """Let held requests go on, and hold no more."""
-        self.hold_when = None
-        self._released.set()
-
-    def _respond(self, body: dict[str, Any]) -> tuple[str, Any]:
-        self.requests += 1
-        if self.hold_when is not None and self.hold_when():
-            self.holding.set()
-            self._released.wait(120)
-        if "input" in body:  # /embeddings
-            return "embed", 8
-        if self.delay:
-            time.sleep(self.delay)
-        fields = _schema_fields(body)
-        messages = body.get("messages") or []
-        system = next((m.get("content") or "" for m in messages if m.get("role") == "system"), "")
-        user = messages[-1].get("content") or "" if messages else ""
-        if fields == ["facts"]:
-            session = _section(user, "session")
-            facts = [line.split(":", 1)[1].strip() for line in session.splitlines() if line.startswith("user:")]
-            return "ok", json.dumps({"facts": facts})
-        if fields == ["answer"]:
-            gold = self.gold.get(_section(user, "question").strip())
-            memories = _section(user, "memories").lower()
-            known = gold is not None and all(part.strip().lower() in memories for part in gold.split(","))
-            return "ok", json.dumps({"answer": gold if known and self.planted not in system else DONT_KNOW})
-        return stub_answer(body)
-
-
-def _schema_fields(body: dict[str, Any]) -> list[str]:
-    fmt = body.get("response_format") or {}
-    schema = (fmt.get("json_schema") or {}).get("schema") or fmt.get("schema") or {}
-    return sorted((schema.get("properties") or {}).keys())
-
-
-def _section(text: str, name: str) -> str:
-    """The value of DSPy's ``[[ ## name ## ]]`` section in a prompt ("" when absent)."""
-    match = re.search(rf"\[\[ ## {re.escape(name)} ## \]\]\n(.*?)(?:\n\n\[\[ ## |\n\nRespond with|\Z)", text, re.S)
-    return match.group(1) if match else ""
 
 
 # --- the killed process: hooks, then optloop.run ------------------------------------------------------------

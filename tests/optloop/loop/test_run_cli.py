@@ -307,7 +307,8 @@ def test_sigterm_exits_130_marks_the_runs_killed_and_the_same_command_resumes_an
     """Exit 130 and exit 0, on the real CLI against a scripted endpoint (no model): SIGTERM while trial 1 is
     evaluated; then the same command (no --run-name) finds the run, ends the half-done trial's child run
     KILLED and deletes it, redoes it, and finishes with the costs of both processes."""
-    from experiments.bench.crash import OracleEndpoint, env_for, read_store, run_args
+    from experiments.bench.crash import env_for, read_store, run_args
+    from optloop.testing.oracle import OracleEndpoint
 
     runs = tmp_path / "state" / "runs"
 
@@ -413,7 +414,8 @@ def test_estimate_then_max_calls_stops_with_exit_3_and_a_higher_limit_resumes_fr
     loopback endpoint answers deterministically and the edits are seeded, so what is left between them is the
     stores each resumed process rebuilds (its cache hits are requests) and the paraphrase the model expects. An
     --estimate after the first trial measures the optimizer's calls on it instead, within the same bound."""
-    from experiments.bench.crash import OracleEndpoint, env_for, run_args
+    from experiments.bench.crash import env_for, run_args
+    from optloop.testing.oracle import OracleEndpoint
 
     with OracleEndpoint() as endpoint:
         args, env = run_args(tmp_path, 2, endpoint.base_url), env_for(tmp_path, endpoint.base_url)
@@ -475,8 +477,9 @@ def test_max_cost_on_a_priced_model_stops_with_exit_3_and_logs_dollars_per_trial
     """gpt-4o-mini's price (litellm's table) on the scripted endpoint's usage (7 + 3 tokens a call): --max-cost
     stops the run after its first trial; a higher one resumes and finishes it; dollars, calls and tokens are
     logged per trial and per site on the trial's child run, and the run's totals on the parent."""
-    from experiments.bench.crash import OracleEndpoint, env_for, run_args
+    from experiments.bench.crash import env_for, run_args
     from optloop.lm import model_price
+    from optloop.testing.oracle import OracleEndpoint
 
     price = model_price("gpt-4o-mini")
     assert price is not None
