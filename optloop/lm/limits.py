@@ -35,9 +35,9 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
-from tenacity import wait_exponential
+from tenacity import RetryCallState, wait_exponential
 
 # A Retry-After honoured on a fault other than 429 (a 503 from an overloaded server) is capped here.
 MAX_FAULT_RETRY_AFTER_S = 60.0
@@ -178,6 +178,11 @@ def parse_retry_after(headers: Mapping[str, str] | None, *, now: datetime | None
     return max(0.0, (when - (now or datetime.now(timezone.utc))).total_seconds())
 
 
+def _attempt(n: int) -> RetryCallState:
+    """The ``n``-th attempt as tenacity's waits see it (they read only ``attempt_number``)."""
+    return cast(RetryCallState, SimpleNamespace(attempt_number=n))
+
+
 @dataclass
 class Backoff:
     """How long to sleep before the next attempt: jittered exponential backoff, or what the server asked.
@@ -212,15 +217,15 @@ class Backoff:
     def rate_limited(self, n: int, retry_after: float | None) -> float:
         """The sleep after a call's ``n``-th HTTP 429 (1-based)."""
         if retry_after is None:
-            return self._uniform(0, self._rate_limited(SimpleNamespace(attempt_number=max(1, n))))
+            return self._uniform(0, self._rate_limited(_attempt(max(1, n))))
         wait = retry_after + self._uniform(0, min(1.0, 0.1 * retry_after))
         if n > self.HONOURED_FREELY:
-            floor = self._rate_limited(SimpleNamespace(attempt_number=n - self.HONOURED_FREELY))
+            floor = self._rate_limited(_attempt(n - self.HONOURED_FREELY))
             wait = max(wait, self._uniform(0, floor))
         return wait
 
     def fault(self, n: int, retry_after: float | None) -> float:
-        wait = self._uniform(0, self._faults(SimpleNamespace(attempt_number=max(1, n))))
+        wait = self._uniform(0, self._faults(_attempt(max(1, n))))
         if retry_after is not None:
             wait = max(wait, min(retry_after, MAX_FAULT_RETRY_AFTER_S))
         return wait
