@@ -53,3 +53,14 @@ def provenance(model: str, command: str | None = None) -> dict[str, str]:
 def stamped(data: dict[str, Any], model: str, command: str | None = None) -> dict[str, Any]:
     """``data`` with its provenance header first (an older header is replaced)."""
     return {"provenance": provenance(model, command), **{k: v for k, v in data.items() if k != "provenance"}}
+
+
+def model_of(args: Any) -> str:
+    """The model a benchmark's ``--lm`` flag named, as a results header states it."""
+    from optloop.lm import LMSettings
+    from optloop.lm.settings import bundled_model_path
+
+    settings = LMSettings.from_spec(getattr(args, "lm", None))
+    if settings.backend == "openai":
+        return f"openai:{settings.model}"
+    return Path(settings.model).name if settings.model else f"{bundled_model_path().name} (embedded, llama.cpp)"

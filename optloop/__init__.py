@@ -10,16 +10,14 @@ In Python::
 :func:`optimize` returns the run's :class:`~optloop.loop.state.LoopResult`, :func:`attribute` an
 :class:`AttributionReport`. Importing optloop loads nothing else: each name below is imported on first
 use, and the heavy libraries (DSPy, MLflow, the memory systems) only when a function runs.
+Importing optloop changes nothing in the environment; its commands and functions apply the
+offline defaults (:mod:`optloop.offline`) when they start.
 """
 
 from __future__ import annotations
 
 import importlib
 from typing import TYPE_CHECKING, Any
-
-from optloop._env import apply_offline_defaults
-
-apply_offline_defaults()
 
 __version__ = "0.1.0"
 __all__ = ["AttributionReport", "LoopResult", "__version__", "attribute", "optimize"]

@@ -7,11 +7,14 @@ the functions, so ``import optloop`` stays cheap and changes nothing in the proc
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from optloop.offline import offline_defaults
 
 if TYPE_CHECKING:
     from optloop.loop.state import LoopResult
@@ -125,10 +128,9 @@ def optimize(system: str = "mem0", dataset: str = "builtin:tiny", budget: int = 
         argv += ["--knob", f"{name}={value}"]
     argv += [flag for flag, on in (("--untargeted", untargeted), ("--query-rewrite", query_rewrite),
                                    ("--new", new), ("--verbose", verbose)) if on]
-    from optloop._env import apply_offline_defaults
+    os.environ.update(offline_defaults())  # before DSPy, litellm and the memory libraries are imported
     from optloop.run import execute
 
-    apply_offline_defaults()
     return execute(argv)
 
 
@@ -202,9 +204,7 @@ def attribute(system: str = "rag_bm25", dataset: str = "builtin:tiny", lm: str |
     import shutil
     import tempfile
 
-    from optloop._env import apply_offline_defaults
-
-    apply_offline_defaults()
+    os.environ.update(offline_defaults())  # before DSPy, litellm and the memory libraries are imported
     from optloop.attribute import attribute_dataset
     from optloop.datasets import load_dataset
     from optloop.lm import LMSettings, OptloopLM

@@ -1,4 +1,6 @@
-"""Shared pieces of optloop's command-line entry points.
+"""The start every optloop command shares: its parser (:class:`CommandParser`: the module docstring as
+``--help``, ``--verbose``, the LM flags), parsing with logging set up (:func:`parse_command`), the LM the
+flags ask for, and the wrapper that runs it (:func:`run_cli`).
 
 Every entry point is wrapped by :func:`run_cli`: an :class:`OptloopError`
 becomes one ``optloop: error: ...`` line on stderr and a non-zero exit, never
@@ -11,7 +13,7 @@ import argparse
 import logging
 import os
 import sys
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
@@ -35,7 +37,8 @@ _COMMAND: ContextVar[str | None] = ContextVar("optloop_command", default=None)
 
 @contextmanager
 def command_name(name: str) -> Iterator[None]:
-    """Within this block, parsers name themselves ``name`` (``optloop run``): set by the ``optloop`` command."""
+    """Within this block, parsers name themselves ``name`` (``optloop run``): set by the ``optloop``
+    command (:mod:`optloop.console`)."""
     token = _COMMAND.set(name)
     try:
         yield
@@ -43,19 +46,15 @@ def command_name(name: str) -> Iterator[None]:
         _COMMAND.reset(token)
 
 
-def prog(module_prog: str) -> str:
-    """A parser's ``prog``: the ``optloop`` subcommand it runs under, else ``module_prog`` (``python -m ...``)."""
-    return _COMMAND.get() or module_prog
-
-
 # How each dataset scheme is written; a scheme missing here is still listed (as SCHEME:...).
-_DATASET_FORMS = {"memfail": "memfail:<task>[:path]", "locomo": "locomo:<path>", "longmemeval": "longmemeval:<path>",
-                  "meme": "meme:<path>", "jsonl": "jsonl:<path>", "agentic": "agentic:<path>, agentic:generate?records=N"}
+_DATASET_FORMS = {"memfail": "memfail:<task>[:path]", "locomo": "locomo:<path>",
+                  "longmemeval": "longmemeval:<path>", "meme": "meme:<path>", "jsonl": "jsonl:<path>",
+                  "agentic": "agentic:<path>, agentic:generate?records=N"}
 
 
 def dataset_help(default: str = "builtin:tiny") -> str:
-    """``--dataset``'s help, naming every dataset kind the registries hold (``optloop.datasets.LOADERS``, the
-    built-in datasets, the synthetic generators)."""
+    """``--dataset``'s help, naming every dataset kind the registries hold (``optloop.datasets.LOADERS``,
+    the built-in datasets, the synthetic generators)."""
     from optloop.datasets import LOADERS
     from optloop.datasets.builtin import BUILTINS
     from optloop.datasets.synthetic import GENERATORS
@@ -63,8 +62,44 @@ def dataset_help(default: str = "builtin:tiny") -> str:
     forms = {"builtin": ", ".join(f"builtin:{name}" for name in BUILTINS),
              "synthetic": ", ".join(f"synthetic:{kind}?seed=K" for kind in GENERATORS), **_DATASET_FORMS}
     kinds = "; ".join(forms.get(scheme, f"{scheme}:...") for scheme in LOADERS)
-    return (f"dataset URI (default {default}): {kinds}. Any URI takes ?limit=N (episodes), questions=N, "
-            "tasks=a,b (docs/systems.md)")
+    return (f"dataset URI (default {default}): {kinds}. Any URI takes ?limit=N (episodes), "
+            "questions=N, tasks=a,b (docs/systems.md)")
+
+
+class CommandParser(argparse.ArgumentParser):
+    """The parser of an optloop command: ``description`` (the module docstring) shown as written, and after
+    the command's own flags ``--verbose`` and, with ``lm``, the LM flags (:func:`add_lm_arguments`), added
+    when the parser is first used."""
+
+    def __init__(self, prog: str | None = None, description: str | None = None, *, lm: bool = False,
+                 **kwargs: Any):
+        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        super().__init__(prog=_COMMAND.get() or prog, description=description, **kwargs)
+        self._lm = lm
+        self._finished = False
+
+    def _finish(self) -> None:
+        if not self._finished:
+            self._finished = True
+            self.add_argument("--verbose", action="store_true", help="debug logging and tracebacks")
+            if self._lm:
+                add_lm_arguments(self)
+
+    def parse_known_args(self, args: Iterable[str] | None = None,
+                         namespace: Any = None) -> tuple[Any, list[str]]:
+        self._finish()
+        return super().parse_known_args(args, namespace)
+
+    def format_help(self) -> str:
+        self._finish()
+        return super().format_help()
+
+
+def parse_command(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """``argv`` parsed by a command's parser, and logging set up (``--verbose``: debug, tracebacks)."""
+    args = parser.parse_args(argv)
+    setup_logging(args.verbose)
+    return args
 
 
 def add_lm_arguments(parser: argparse.ArgumentParser) -> None:
@@ -74,8 +109,8 @@ def add_lm_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--lm-timeout", metavar="SECONDS", type=float, help="per-call timeout (default 60)")
     group.add_argument("--lm-retries", metavar="N", type=int, help="retries on transient errors (default 3)")
     group.add_argument("--lm-n-ctx", metavar="TOKENS", type=int,
-                       help="context window of a local model (default: its training context, read from the GGUF; "
-                            "12288 for mem0, whose extraction prompt is longer)")
+                       help="context window of a local model (default: its training context, read "
+                            "from the GGUF; 12288 for mem0, whose extraction prompt is longer)")
     group.add_argument("--lm-max-items", metavar="N", type=int,
                        help="local decoding: longest JSON array (default 16; 3 for graphiti)")
     group.add_argument("--lm-max-chars", metavar="N", type=int,
@@ -121,9 +156,10 @@ def setup_logging(verbose: bool) -> None:
     if not verbose:  # third-party chatter that says nothing actionable
         for name in ("httpx", "LiteLLM", "mem0", "graphiti_core", "sentence_transformers"):
             logging.getLogger(name).setLevel(logging.ERROR)
-        # MLflow gives its loggers their own handler and level when it is imported (INFO unless this says
-        # otherwise: "Creating initial MLflow database tables..."), so the level is set before that import,
-        # and again for a process that imported it already. A level the user set is kept.
+        # MLflow gives its loggers their own handler and level when it is imported (INFO unless
+        # this says otherwise: "Creating initial MLflow database tables..."), so the level is set
+        # before that import, and again for a process that imported it already. A level the user
+        # set is kept.
         os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
         logging.getLogger("mlflow").setLevel(os.environ["MLFLOW_LOGGING_LEVEL"].upper())
         logging.getLogger("alembic").setLevel(logging.WARNING)

@@ -24,7 +24,8 @@ def _formatter(parser: argparse.ArgumentParser) -> argparse.HelpFormatter:
 
 
 def _cell(text: str) -> str:
-    return " ".join(text.split()).replace("|", "\\|")
+    """One table cell: one line, its pipes escaped, its <placeholders> shown rather than read as HTML."""
+    return " ".join(text.split()).replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
 
 
 def _flag(action: argparse.Action) -> str:
@@ -45,7 +46,7 @@ def _default(action: argparse.Action) -> str:
 
 def _help(action: argparse.Action, formatter: argparse.HelpFormatter) -> str:
     text = formatter._expand_help(action) if action.help else ""  # the %(default)s / %% expansion argparse does
-    if action.choices and not action.metavar:
+    if action.choices and not all(str(choice) in text for choice in action.choices):
         text = f"{text} (one of: {', '.join(map(str, action.choices))})".strip()
     return _cell(text)
 
@@ -56,6 +57,7 @@ def _summary(parser: argparse.ArgumentParser) -> str:
 
 
 def render_parser(parser: argparse.ArgumentParser, title: str) -> list[str]:
+    parser.format_help()  # a CommandParser adds --verbose and the LM flags when first used
     formatter = _formatter(parser)
     usage = formatter._format_usage(parser.usage, parser._actions, parser._mutually_exclusive_groups, "")
     out = [f"## {title}", "", _summary(parser), "", "```", usage.strip(), "```"]

@@ -17,13 +17,12 @@ import os
 import sys
 from collections.abc import Sequence
 
-from optloop.cli import prog, run_cli
+from optloop.cli import CommandParser, parse_command, run_cli
 from optloop.errors import ConfigError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=prog("python -m optloop.ui"), description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser("python -m optloop.ui", __doc__)
     parser.add_argument("--port", type=int, default=5000, help="port to serve on (default 5000)")
     parser.add_argument("--host", default="127.0.0.1",
                         help="address to bind (default 127.0.0.1: this machine only)")
@@ -49,7 +48,7 @@ def server_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_command(build_parser(), argv)
     if not 0 < args.port < 65536:
         raise ConfigError(f"--port {args.port}: give a port from 1 to 65535")
     command, env = server_command(args)
