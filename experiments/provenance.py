@@ -21,10 +21,20 @@ REPO = Path(__file__).resolve().parents[1]
 def commit() -> str:
     """The checkout's commit (``+`` when it has uncommitted changes), or ``unknown`` outside a git checkout."""
     try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                              check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
-                               capture_output=True, text=True, check=True).stdout.strip()
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return head + ("+" if dirty else "")
@@ -46,13 +56,21 @@ def provenance(model: str, command: str | None = None) -> dict[str, str]:
         module = sys.modules["__main__"].__spec__
         head = ["python", "-m", module.name] if module is not None else ["python", sys.argv[0]]
         command = shlex.join([*head, *sys.argv[1:]])
-    return {"command": command, "date": time.strftime("%Y-%m-%d", time.gmtime()), "commit": commit(),
-            "model": model, "machine": machine()}
+    return {
+        "command": command,
+        "date": time.strftime("%Y-%m-%d", time.gmtime()),
+        "commit": commit(),
+        "model": model,
+        "machine": machine(),
+    }
 
 
 def stamped(data: dict[str, Any], model: str, command: str | None = None) -> dict[str, Any]:
     """``data`` with its provenance header first (an older header is replaced)."""
-    return {"provenance": provenance(model, command), **{k: v for k, v in data.items() if k != "provenance"}}
+    return {
+        "provenance": provenance(model, command),
+        **{k: v for k, v in data.items() if k != "provenance"},
+    }
 
 
 def model_of(args: Any) -> str:
@@ -63,4 +81,8 @@ def model_of(args: Any) -> str:
     settings = LMSettings.from_spec(getattr(args, "lm", None))
     if settings.backend == "openai":
         return f"openai:{settings.model}"
-    return Path(settings.model).name if settings.model else f"{bundled_model_path().name} (embedded, llama.cpp)"
+    return (
+        Path(settings.model).name
+        if settings.model
+        else f"{bundled_model_path().name} (embedded, llama.cpp)"
+    )

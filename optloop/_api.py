@@ -20,14 +20,32 @@ if TYPE_CHECKING:
     from optloop.loop.state import LoopResult
 
 
-def optimize(system: str = "mem0", dataset: str = "builtin:tiny", budget: int = 3, optimizer: str = "simba",
-             lm: str | None = None, *, seed: int = 0, sites: Sequence[str] | None = None, untargeted: bool = False,
-             query_rewrite: bool = False, start: Mapping[str, str] | None = None,
-             knobs: Mapping[str, Any] | None = None, split: tuple[float, float, float] | None = None,
-             promote_if: str = "ci", proposer_lm: str | None = None, lm_base_url: str | None = None,
-             concurrency: int | None = None, max_cost: float | None = None, max_calls: int | None = None,
-             run_name: str | None = None, new: bool = False, tracking_uri: str | None = None,
-             storage: str | None = None, verbose: bool = False) -> LoopResult:
+def optimize(
+    system: str = "mem0",
+    dataset: str = "builtin:tiny",
+    budget: int = 3,
+    optimizer: str = "simba",
+    lm: str | None = None,
+    *,
+    seed: int = 0,
+    sites: Sequence[str] | None = None,
+    untargeted: bool = False,
+    query_rewrite: bool = False,
+    start: Mapping[str, str] | None = None,
+    knobs: Mapping[str, Any] | None = None,
+    split: tuple[float, float, float] | None = None,
+    promote_if: str = "ci",
+    proposer_lm: str | None = None,
+    lm_base_url: str | None = None,
+    concurrency: int | None = None,
+    max_cost: float | None = None,
+    max_calls: int | None = None,
+    run_name: str | None = None,
+    new: bool = False,
+    tracking_uri: str | None = None,
+    storage: str | None = None,
+    verbose: bool = False,
+) -> LoopResult:
     """Find which prompt makes a memory system fail, rewrite only that prompt, and measure the change.
 
     The same run as ``optloop run`` with the matching flags: the dataset is split by episode, the
@@ -112,13 +130,33 @@ def optimize(system: str = "mem0", dataset: str = "builtin:tiny", budget: int = 
             ``max_cost`` or ``max_calls`` was reached; the run is saved and the same call with a higher
             limit resumes it.
     """
-    argv = ["--system", system, "--dataset", dataset, "--budget", str(budget), "--optimizer", optimizer,
-            "--seed", str(seed), "--promote-if", promote_if]
-    flags: dict[str, Any] = {"--lm": lm, "--proposer-lm": proposer_lm, "--lm-base-url": lm_base_url,
-                             "--concurrency": concurrency, "--max-cost": max_cost, "--max-calls": max_calls,
-                             "--run-name": run_name, "--tracking-uri": tracking_uri, "--storage": storage,
-                             "--sites": ",".join(sites) if sites else None,
-                             "--split": ",".join(map(str, split)) if split else None}
+    argv = [
+        "--system",
+        system,
+        "--dataset",
+        dataset,
+        "--budget",
+        str(budget),
+        "--optimizer",
+        optimizer,
+        "--seed",
+        str(seed),
+        "--promote-if",
+        promote_if,
+    ]
+    flags: dict[str, Any] = {
+        "--lm": lm,
+        "--proposer-lm": proposer_lm,
+        "--lm-base-url": lm_base_url,
+        "--concurrency": concurrency,
+        "--max-cost": max_cost,
+        "--max-calls": max_calls,
+        "--run-name": run_name,
+        "--tracking-uri": tracking_uri,
+        "--storage": storage,
+        "--sites": ",".join(sites) if sites else None,
+        "--split": ",".join(map(str, split)) if split else None,
+    }
     for flag, value in flags.items():
         if value is not None:
             argv += [flag, str(value)]
@@ -126,9 +164,19 @@ def optimize(system: str = "mem0", dataset: str = "builtin:tiny", budget: int = 
         argv += ["--start", f"{site}={text}"]
     for name, value in (knobs or {}).items():
         argv += ["--knob", f"{name}={value}"]
-    argv += [flag for flag, on in (("--untargeted", untargeted), ("--query-rewrite", query_rewrite),
-                                   ("--new", new), ("--verbose", verbose)) if on]
-    os.environ.update(offline_defaults())  # before DSPy, litellm and the memory libraries are imported
+    argv += [
+        flag
+        for flag, on in (
+            ("--untargeted", untargeted),
+            ("--query-rewrite", query_rewrite),
+            ("--new", new),
+            ("--verbose", verbose),
+        )
+        if on
+    ]
+    os.environ.update(
+        offline_defaults()
+    )  # before DSPy, litellm and the memory libraries are imported
     from optloop.run import execute
 
     return execute(argv)
@@ -145,17 +193,33 @@ class AttributionReport(BaseModel):
     correct: int = Field(description="questions answered right")
     accuracy: float | None = Field(description="correct / questions (None without questions)")
     failures: int = Field(description="wrong answers, each attributed")
-    blame: list[dict[str, Any]] = Field(description="per target (prompt site or knob:<name>), ranked by failure "
-                                                    "rate: failures, share, rate with its 95% CI")
-    by_type_and_site: list[dict[str, Any]] = Field(description="failures per error type and target")
-    attributions: list[dict[str, Any]] = Field(description="one per wrong answer: decisive operation, error "
-                                                           "type, target, explanation")
-    graphs: Path | None = Field(None, description="the folder of execution graphs, one per episode")
+    blame: list[dict[str, Any]] = Field(
+        description="per target (prompt site or knob:<name>), ranked by failure "
+        "rate: failures, share, rate with its 95% CI"
+    )
+    by_type_and_site: list[dict[str, Any]] = Field(
+        description="failures per error type and target"
+    )
+    attributions: list[dict[str, Any]] = Field(
+        description="one per wrong answer: decisive operation, error type, target, explanation"
+    )
+    graphs: Path | None = Field(
+        None, description="the folder of execution graphs, one per episode"
+    )
 
 
-def attribute(system: str = "rag_bm25", dataset: str = "builtin:tiny", lm: str | None = None, *,
-              lm_base_url: str | None = None, concurrency: int | None = None, out: str | Path | None = None,
-              traces: bool = False, llm_judge: bool = False, agent: bool = False) -> AttributionReport:
+def attribute(
+    system: str = "rag_bm25",
+    dataset: str = "builtin:tiny",
+    lm: str | None = None,
+    *,
+    lm_base_url: str | None = None,
+    concurrency: int | None = None,
+    out: str | Path | None = None,
+    traces: bool = False,
+    llm_judge: bool = False,
+    agent: bool = False,
+) -> AttributionReport:
     """Run a memory system over a dataset and attribute every wrong answer to its cause.
 
     The same attribution as ``optloop attribute``: the system runs with every memory operation
@@ -204,7 +268,9 @@ def attribute(system: str = "rag_bm25", dataset: str = "builtin:tiny", lm: str |
     import shutil
     import tempfile
 
-    os.environ.update(offline_defaults())  # before DSPy, litellm and the memory libraries are imported
+    os.environ.update(
+        offline_defaults()
+    )  # before DSPy, litellm and the memory libraries are imported
     from optloop.attribute import attribute_dataset
     from optloop.datasets import load_dataset
     from optloop.lm import LMSettings, OptloopLM
@@ -212,11 +278,14 @@ def attribute(system: str = "rag_bm25", dataset: str = "builtin:tiny", lm: str |
 
     cls = get_system(system)
     load_dataset(dataset)  # a malformed dataset fails here, before any LLM call
-    settings = LMSettings.from_spec(lm, base_url=lm_base_url, concurrency=concurrency, **cls.local_decoding)
+    settings = LMSettings.from_spec(
+        lm, base_url=lm_base_url, concurrency=concurrency, **cls.local_decoding
+    )
     model = OptloopLM(settings)
     with tempfile.TemporaryDirectory(prefix="optloop-attr-") as tmp:
-        report = attribute_dataset(system, dataset, model, Path(tmp), traces=traces, llm_judge=llm_judge,
-                                   agent=agent)
+        report = attribute_dataset(
+            system, dataset, model, Path(tmp), traces=traces, llm_judge=llm_judge, agent=agent
+        )
         graphs = None
         if out is not None and (Path(tmp) / "graphs").exists():
             graphs = Path(out) / "graphs"

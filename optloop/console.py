@@ -41,9 +41,19 @@ class Command:
 
 
 COMMANDS: tuple[Command, ...] = (
-    Command("run", "optloop.run", "the closed loop: blame the failing prompt, rewrite it, measure"),
-    Command("attribute", "optloop.attribute", "blame each wrong answer on an operation and a prompt site"),
-    Command("export", "optloop.export", "write optimized prompts for a product on plain mem0 or graphiti"),
+    Command(
+        "run", "optloop.run", "the closed loop: blame the failing prompt, rewrite it, measure"
+    ),
+    Command(
+        "attribute",
+        "optloop.attribute",
+        "blame each wrong answer on an operation and a prompt site",
+    ),
+    Command(
+        "export",
+        "optloop.export",
+        "write optimized prompts for a product on plain mem0 or graphiti",
+    ),
     Command("doctor", "optloop.doctor", "check the stack end to end with real calls"),
     Command("ui", "optloop.ui", "the MLflow UI on optloop's store (loopback only)"),
 )
@@ -53,10 +63,12 @@ BY_NAME = {c.name: c for c in COMMANDS}
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser: ``optloop --help`` and ``--version`` (each subcommand parses its own flags)."""
     parser = argparse.ArgumentParser(
-        prog="optloop", formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog="optloop",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         description="optloop: trace every memory operation, blame the faulty prompt, optimize only that prompt.",
         epilog="Every subcommand has its own --help (optloop run --help). The same commands run as "
-               "python -m optloop.<command>. Guides: docs/ in the repository; every flag: docs/cli.md.")
+        "python -m optloop.<command>. Guides: docs/ in the repository; every flag: docs/cli.md.",
+    )
     parser.add_argument("--version", action="version", version=f"optloop {__version__}")
     sub = parser.add_subparsers(title="commands", metavar="COMMAND", dest="command")
     for command in COMMANDS:
@@ -70,8 +82,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     if not args or args[0] not in BY_NAME:
         if args and not args[0].startswith("-"):
-            parser.exit(2, f"optloop: error: unknown command {args[0]!r}; choose one of: "
-                           f"{', '.join(BY_NAME)} (optloop --help)\n")
+            parser.exit(
+                2,
+                f"optloop: error: unknown command {args[0]!r}; choose one of: "
+                f"{', '.join(BY_NAME)} (optloop --help)\n",
+            )
         parser.parse_args(args)  # --help, --version, or a usage error
         parser.print_help()
         return 2

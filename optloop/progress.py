@@ -29,7 +29,9 @@ def duration(seconds: float) -> str:
     return f"{seconds / 60:.0f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
 
 
-def trial_line(trial: int, budget: int, dev: float, best: float, seconds: float, eta_s: float | None = None) -> str:
+def trial_line(
+    trial: int, budget: int, dev: float, best: float, seconds: float, eta_s: float | None = None
+) -> str:
     """``trial 3/50 dev 0.550 (best 0.650) 41 s, ETA 18 min``: one finished trial, its dev accuracy, the best
     so far, how long it took and, when known, how long the rest of the run should take."""
     line = f"trial {trial}/{budget} dev {dev:.3f} (best {best:.3f}) {duration(seconds)}"
@@ -69,7 +71,9 @@ class RunProgress:
             self._status.update(message)
         elif not self.live:
             elapsed = duration(time.monotonic() - self._started)
-            self.console.print(f"[{elapsed}] {message}", markup=False, highlight=False, soft_wrap=True)
+            self.console.print(
+                f"[{elapsed}] {message}", markup=False, highlight=False, soft_wrap=True
+            )
 
     def _write_log(self, message: str) -> None:
         if self.log is None:

@@ -24,10 +24,15 @@ from optloop.errors import ConfigError
 def build_parser() -> argparse.ArgumentParser:
     parser = CommandParser("python -m optloop.ui", __doc__)
     parser.add_argument("--port", type=int, default=5000, help="port to serve on (default 5000)")
-    parser.add_argument("--host", default="127.0.0.1",
-                        help="address to bind (default 127.0.0.1: this machine only)")
-    parser.add_argument("--tracking-uri", help="the store to show (default sqlite:///mlruns/mlflow.db, or "
-                                               "MLFLOW_TRACKING_URI)")
+    parser.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to bind (default 127.0.0.1: this machine only)",
+    )
+    parser.add_argument(
+        "--tracking-uri",
+        help="the store to show (default sqlite:///mlruns/mlflow.db, or MLFLOW_TRACKING_URI)",
+    )
     return parser
 
 
@@ -40,10 +45,28 @@ def server_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]
         from pathlib import Path
 
         Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "MLFLOW_DISABLE_TELEMETRY": "true",
-           "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": os.environ.get("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")}
-    command = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", args.host,
-               "--port", str(args.port), "--workers", "1"]
+    env = {
+        **os.environ,
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+        "MLFLOW_DISABLE_TELEMETRY": "true",
+        "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": os.environ.get(
+            "MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false"
+        ),
+    }
+    command = [
+        sys.executable,
+        "-m",
+        "mlflow",
+        "ui",
+        "--backend-store-uri",
+        uri,
+        "--host",
+        args.host,
+        "--port",
+        str(args.port),
+        "--workers",
+        "1",
+    ]
     return command, env
 
 
@@ -53,7 +76,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise ConfigError(f"--port {args.port}: give a port from 1 to 65535")
     command, env = server_command(args)
     print(f"optloop ui: http://{args.host}:{args.port} (Ctrl-C stops it)", file=sys.stderr)
-    os.execvpe(command[0], command, env)  # the server replaces this process: its exit code is the command's
+    os.execvpe(
+        command[0], command, env
+    )  # the server replaces this process: its exit code is the command's
     return 0  # not reached
 
 

@@ -15,8 +15,11 @@ LATER = {"docs/servers.md", "docs/reliability.md", "docs/tiered.md"}
 
 def python_snippet() -> str:
     """The README's one ``python`` block that starts with ``import optloop``."""
-    [block] = [b for b in re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), re.S)
-               if b.startswith("import optloop")]
+    [block] = [
+        b
+        for b in re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), re.S)
+        if b.startswith("import optloop")
+    ]
     return block
 
 
@@ -29,9 +32,13 @@ def test_the_readme_python_snippet_runs(tmp_path, monkeypatch, capsys):
     code = python_snippet()
     assert code.count('lm="local"') == 2
     with OracleEndpoint() as endpoint:
-        for name, value in {"OPTLOOP_HOME": tmp_path / "state", "OPTLOOP_MLRUNS": tmp_path / "mlruns",
-                            "OPTLOOP_EMBED": "openai:oracle", "OPENAI_BASE_URL": endpoint.base_url,
-                            "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlruns' / 'mlflow.db'}"}.items():
+        for name, value in {
+            "OPTLOOP_HOME": tmp_path / "state",
+            "OPTLOOP_MLRUNS": tmp_path / "mlruns",
+            "OPTLOOP_EMBED": "openai:oracle",
+            "OPENAI_BASE_URL": endpoint.base_url,
+            "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlruns' / 'mlflow.db'}",
+        }.items():
             monkeypatch.setenv(name, str(value))
         scope: dict[str, object] = {}
         exec(compile(code.replace('lm="local"', 'lm="openai:oracle"'), "README.md", "exec"), scope)

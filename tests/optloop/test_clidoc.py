@@ -16,7 +16,8 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
 
 def test_docs_cli_md_is_generated_from_the_parsers():
     assert DOC.read_text(encoding="utf-8") == clidoc.render(), (
-        "docs/cli.md drifted from the command-line parsers; write it again: python -m optloop.clidoc > docs/cli.md")
+        "docs/cli.md drifted from the command-line parsers; write it again: python -m optloop.clidoc > docs/cli.md"
+    )
 
 
 @pytest.mark.parametrize("command", COMMANDS, ids=lambda c: c.name)
@@ -24,8 +25,15 @@ def test_every_flag_of_every_command_is_in_the_reference(command):
     text = DOC.read_text(encoding="utf-8")
     section = text.split(f"## optloop {command.name}\n", 1)[1].split("\n## ", 1)[0]
     parser = command.build_parser()
-    flags = [s for a in parser._actions if not isinstance(a, argparse._HelpAction) for s in a.option_strings]
-    assert flags and all(f"`{flag}`" in section for flag in flags), [f for f in flags if f"`{f}`" not in section]
+    flags = [
+        s
+        for a in parser._actions
+        if not isinstance(a, argparse._HelpAction)
+        for s in a.option_strings
+    ]
+    assert flags and all(f"`{flag}`" in section for flag in flags), [
+        f for f in flags if f"`{f}`" not in section
+    ]
 
 
 def test_a_flag_added_to_a_parser_makes_the_reference_drift(monkeypatch):

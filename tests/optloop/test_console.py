@@ -46,10 +46,17 @@ def test_a_usage_error_in_a_subcommand_is_its_own_one_line(capsys):
 
 
 def test_importing_optloop_loads_no_library_and_sets_no_environment():
-    code = ("import os, sys; before = dict(os.environ); import optloop; "
-            "heavy = [m for m in ('dspy', 'mlflow', 'mem0', 'torch', 'llama_cpp', 'pydantic') if m in sys.modules]; "
-            "print(heavy, sorted(set(os.environ) - set(before)))")
-    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "MLFLOW_DISABLE_TELEMETRY")}
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
-                         check=True).stdout
+    code = (
+        "import os, sys; before = dict(os.environ); import optloop; "
+        "heavy = [m for m in ('dspy', 'mlflow', 'mem0', 'torch', 'llama_cpp', 'pydantic') if m in sys.modules]; "
+        "print(heavy, sorted(set(os.environ) - set(before)))"
+    )
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("HF_HUB_OFFLINE", "MLFLOW_DISABLE_TELEMETRY")
+    }
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, check=True
+    ).stdout
     assert out.strip() == "[] []", out

@@ -25,14 +25,20 @@ def test_system_help_names_every_registered_system(command):
     text = _help(command, "--system")
     words = set(re.findall(r"[a-z0-9_]+", text))
     named = [name for name in SYSTEMS if name in words]
-    assert named == list(SYSTEMS), f"--system's help names {len(named)} of {len(SYSTEMS)} systems: {text}"
+    assert named == list(SYSTEMS), (
+        f"--system's help names {len(named)} of {len(SYSTEMS)} systems: {text}"
+    )
 
 
 @pytest.mark.parametrize("command", ["run", "attribute"])
 def test_dataset_help_names_every_dataset_kind(command):
     text = _help(command, "--dataset")
-    kinds = [f"{scheme}:" for scheme in LOADERS] + [f"builtin:{n}" for n in BUILTINS] + \
-        [f"synthetic:{k}" for k in GENERATORS] + ["agentic:generate"]
+    kinds = (
+        [f"{scheme}:" for scheme in LOADERS]
+        + [f"builtin:{n}" for n in BUILTINS]
+        + [f"synthetic:{k}" for k in GENERATORS]
+        + ["agentic:generate"]
+    )
     missing = [kind for kind in kinds if kind not in text]
     assert not missing, f"--dataset's help leaves out {missing}: {text}"
 
