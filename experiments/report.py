@@ -548,6 +548,18 @@ def two_runs() -> list[str]:
     ]
 
 
+def structure() -> list[str]:
+    if not (RESULTS / "structure.md").exists():
+        return []
+    return [
+        "## The code's structure",
+        "How long are the longest modules and classes, which imports form cycles, how many lines pass 99 "
+        "columns? `python -m experiments.structure` reads a checkout's syntax trees; the figures before and "
+        "after the split of the largest modules, with their command and commits: "
+        "[`structure.md`](../experiments/results/structure.md).",
+    ]
+
+
 def checked_by_tests() -> list[str]:
     return [
         "## Benchmarks whose figures are checked by tests",
@@ -583,6 +595,7 @@ SECTIONS: tuple[Callable[[], list[str]], ...] = (
     gated,
     throughput,
     two_runs,
+    structure,
     checked_by_tests,
 )
 
