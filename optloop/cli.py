@@ -77,12 +77,13 @@ def setup_logging(verbose: bool) -> None:
         force=True,
     )
     if not verbose:  # third-party chatter that says nothing actionable
-        for name in ("httpx", "LiteLLM", "mem0", "graphiti_core", "sentence_transformers"):
+        for name in ("httpx", "LiteLLM", "mem0", "graphiti_core", "sentence_transformers", "urllib3"):
             logging.getLogger(name).setLevel(logging.ERROR)
 
 
 def run_cli(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | None = None) -> int:
-    """Run ``main``; turn an :class:`OptloopError` into one line and exit code 2."""
+    """Run ``main``; turn an :class:`OptloopError`, or a fault from outside optloop
+    (:mod:`optloop.outside`: exit 74 or 75), into one line and its exit code."""
     verbose = "--verbose" in (sys.argv[1:] if argv is None else argv)
     try:
         return main(argv)
@@ -94,3 +95,13 @@ def run_cli(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | N
     except KeyboardInterrupt:
         print("optloop: interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:
+        from optloop.outside import error_for
+
+        error = error_for(exc)  # a full disk, an unwritable store, a tracking server gone: one line
+        if error is None:
+            raise
+        if verbose:
+            logging.getLogger("optloop").exception("failed")
+        print(f"optloop: error: {error}", file=sys.stderr)
+        return error.exit_code

@@ -52,11 +52,25 @@ limits are not part of the run's settings). The total may pass a limit by one st
 the whole run (the trials' evaluations and the optimizer's own calls on train and to the
 proposer), and stops; the same command without --estimate goes on from that baseline.
 
+Outside services and stores: the tracking server (--tracking-uri), a database --storage and
+the LM endpoint are each probed once at start with a bounded timeout, and the state directory
+and the MLflow store must be writable, before anything is written. MLflow's own HTTP retries
+are bounded (MLFLOW_HTTP_REQUEST_MAX_RETRIES=3, ..._TIMEOUT=10 unless set), so a tracking
+server lost mid-run stops the run like a lost LM endpoint: saved, exit 75, the same command
+resumes it. A full disk or a store that turns read-only stops it saved with exit 74. A
+checkpoint the same command cannot read is refused (exit 2: --new starts afresh and ends
+its MLflow run KILLED); one whose parent run the tracking store lacks (another
+--tracking-uri, mlruns/ deleted) resumes into a new parent run there. docs/reliability.md
+has every case.
+
 Exit codes: 0 done (or --estimate printed); 2 bad input (an unknown system, a budget out of
 range, a missing or malformed dataset, a corrupt LM cache or checkpoint, a finished
 --run-name, --max-cost on a model without a price: one line, before anything is written);
-3 stopped at --max-cost or --max-calls (saved: raise the limit and rerun); 75 LM endpoint
-unavailable; 130 interrupted.
+3 stopped at --max-cost or --max-calls (saved: raise the limit and rerun); 74 a full disk
+or an unwritable state directory or MLflow store (EX_IOERR: free space or fix the
+permission named, then rerun the same command); 75 the LM endpoint, the tracking server
+or the --storage database unavailable (EX_TEMPFAIL: rerun when it is back); 130
+interrupted.
 """
 
 from __future__ import annotations
@@ -83,6 +97,10 @@ from optloop.attribution.taxonomy import Target
 from optloop.cli import add_lm_arguments, lm_settings_from_args, run_cli, setup_logging
 from optloop.errors import ConfigError, EndpointDownError, LMUnreachableError
 from optloop.lm import LMSettings, OptloopLM, Usage
+from optloop import preflight
+from optloop.loop import checkpoint_guard
+from optloop.outside import RunPlace, describe_run, saved_line
+from optloop.tracking import resolve_uri
 from optloop.loop.runner import (MAX_BUDGET, Checkpoint, Loop, LoopConfig, LoopResult, check_fractions, matches,
                                  split_dataset, unfinished_runs)
 from optloop.loop.spend import (ESTIMATE, EXIT_LIMIT, MAX_COST, STOPPED_BY, Estimate, RunStopped,
@@ -354,6 +372,8 @@ def choose_run(args: argparse.Namespace, config: LoopConfig, runs: Path) -> Choi
                               "pick another --run-name")
         return Choice(name, ckpt, f"[bold]optloop.run[/] resuming {name}: {what} ({_so_far(ckpt, config)})")
     busy: list[str] = []
+    if not args.new and (broken := checkpoint_guard.broken_runs(runs, config)):
+        raise ConfigError(checkpoint_guard.refusal(broken[0]))  # not skipped in silence: it is this command's run
     if not args.new:
         for run in unfinished_runs(runs, config):
             if run.in_use and config.optimizer != "optuna":
@@ -521,11 +541,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         probe_lm(proposer_settings)
     loop = Loop(config, probe, probe, auto_named=not args.run_name, limits=limits)
     loop.prepare()  # --start names a site of the system (checked with the probe: no LM cache file yet)
+    runs = state_dir(create=False) / "runs"
+    preflight.check_run(resolve_uri(config.tracking_uri, create=False), config.storage, state_dir(create=False),
+                        runs / choice.name)  # the tracking server, the storage: up; the stores: writable
+    again = resume_command(argv)
+    describe_run(RunPlace(lambda: resolve_uri(config.tracking_uri, create=False), state_dir(create=False),
+                          lambda: saved_line(loop.state / artifacts.CHECKPOINT, choice.name, config.budget, again)))
+    for line in checkpoint_guard.retire(checkpoint_guard.broken_runs(runs, config) if args.new else [],
+                                        resolve_uri(config.tracking_uri, create=False)):
+        console.print(line, soft_wrap=True, markup=False, highlight=False)
     lm = OptloopLM(settings)  # the input is valid: now the LM cache may be opened (or found corrupt)
     proposer = OptloopLM(proposer_settings) if proposer_settings is not None else lm
     loop.lm, loop.proposer = lm, proposer
     console.print(choice.line, soft_wrap=True)
-    again = resume_command(argv)
+    loop.announce = lambda line: console.print(line, soft_wrap=True, markup=False, highlight=False)
     with interruptible() as signals:
         try:
             with console.status("starting") as status:

@@ -58,6 +58,7 @@ from optloop.datasets import Dataset, load_dataset
 from optloop.errors import ConfigError
 from optloop.lm import redact_url
 from optloop.loop._base import default_threads
+from optloop.loop import checkpoint_guard
 from optloop.loop.candidate import Candidate, prompt_text
 from optloop.loop.controller import Controller, RunContext, Split
 from optloop.loop.cost import site_costs, site_metrics
@@ -172,6 +173,7 @@ class Loop:
         self._prepared: tuple[Dataset, Dataset, Dataset, Dataset] | None = None
         self.site_stages: dict[str, str] = {}  # the system's prompt sites and their stages, once the run has begun
         self.start: Candidate | None = None  # the program the run starts from, once the run has begun
+        self.announce: Callable[[str], None] = lambda line: logger.warning("%s", line)  # one line to the user
 
     # --- the run --------------------------------------------------------------------------
 
@@ -266,6 +268,10 @@ class Loop:
         mark = self.lm.accounting.mark()
         proposer_mark = self.proposer.accounting.mark() if self.proposer is not self.lm else None
         run_id = ckpt.parent_run_id or coordinator.leader_parent_run_id()
+        relog = bool(run_id) and checkpoint_guard.parent_run_missing(run_id)
+        if relog:  # another store than the run's first: a new parent run, the trials logged again
+            self.announce(checkpoint_guard.lost_parent_line(cfg, run_id, mlflow.get_tracking_uri(), ckpt))
+            run_id = ckpt.parent_run_id = None
         if run_id:
             parent = mlflow.start_run(run_id=run_id)
         else:
@@ -278,16 +284,19 @@ class Loop:
         status = "FAILED"
         try:
             coordinator.adopt_parent_run(ckpt.parent_run_id)
-            if coordinator.leads and not ckpt.trials and not ckpt.baseline_dev:
+            if coordinator.leads and (relog or (not ckpt.trials and not ckpt.baseline_dev)):
                 self._log_params(evaluator, train, dev, test)
             self.start = start_candidate(evaluator, cfg)
+            splits = SplitEvaluator(evaluator, {"train": train, "dev": dev, "test": test}, self.progress)
+            sink = MlflowSink(cfg.system, ckpt.parent_run_id, self.state, evaluator.modules)
+            if relog:
+                checkpoint_guard.relog_trials(sink, ckpt, self.start, splits.prompt_texts,
+                                              coordinator.trial_tags())
+                ckpt.save(ckpt_path)
             context = RunContext(config=cfg, checkpoint=ckpt, path=ckpt_path, base=self.start,
                                  progress=self.progress, cost=lambda: self._cost(mark, proposer_mark),
                                  limits=self.limits)
-            controller = Controller(context, SplitEvaluator(evaluator, {"train": train, "dev": dev, "test": test},
-                                                            self.progress),
-                                    MlflowSink(cfg.system, ckpt.parent_run_id, self.state, evaluator.modules),
-                                    coordinator,
+            controller = Controller(context, splits, sink, coordinator,
                                     lambda sites, knobs: self._optimizer(evaluator, train, sites, knobs, coordinator))
             result = controller.run()
             status = "FINISHED"
@@ -303,7 +312,12 @@ class Loop:
             if status != "FINISHED" and _quiet(coordinator.finished_elsewhere):
                 status = "FINISHED"  # this worker failed after another one finished the run
             while (active := mlflow.active_run()) is not None:  # a child run an interrupt left open, then the parent
-                mlflow.end_run(status)
+                try:
+                    mlflow.end_run(status)
+                except Exception as exc:  # noqa: BLE001 - a full disk or a lost server: the run is saved, and the
+                    if status == "FINISHED":  # same command, resuming it, ends it
+                        raise
+                    logger.debug("could not end MLflow run %s as %s: %s", active.info.run_id, status, exc)
                 if active.info.run_id == parent.info.run_id:
                     break
             evaluator.close()
@@ -327,7 +341,7 @@ class Loop:
         latter is serialized by a lock file beside the store, the former retried."""
         import mlflow
 
-        from optloop import tracking
+        from optloop import tracking, tracking_store
 
         uri = mlflow.get_tracking_uri()
         lock = None
@@ -337,6 +351,8 @@ class Loop:
             lock = open(db.with_name(f".{db.name}.lock"), "a+")  # noqa: SIM115 - closed below
             fcntl.flock(lock, fcntl.LOCK_EX)
         try:
+            if lock is not None:  # made whole or not at all; a half-made store mended (a full disk)
+                tracking_store.ensure_sqlite_store(db)
             for attempt in range(3):
                 try:
                     return tracking.experiment(f"optloop-{self.config.system}")
