@@ -88,6 +88,9 @@ def run_cli(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | N
     try:
         return main(argv)
     except OptloopError as exc:
+        from optloop.outside import error_for
+
+        exc = error_for(exc) or exc  # bad input only in appearance: a full disk under a cache, say
         if verbose:
             logging.getLogger("optloop").exception("failed")
         print(f"optloop: error: {exc}", file=sys.stderr)

@@ -29,9 +29,11 @@ that resumes it.
 from __future__ import annotations
 
 import errno
+import logging
 import shutil
 import sqlite3
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,25 +66,23 @@ def _text(exc: BaseException) -> str:
     return " ".join(str(exc).split()).lower()
 
 
-def disk_fault(exc: BaseException) -> tuple[str, OSError | BaseException] | None:
-    """``("full" | "denied" | "io", the exception that says so)`` when ``exc`` comes from a full disk, a
+def disk_fault(exc: BaseException) -> tuple[str, str, str | None] | None:
+    """``("full" | "denied" | "io", the reason, the file named)`` when ``exc`` comes from a full disk, a
     store that cannot be written, or a write the device failed; ``None`` otherwise."""
     for item in chain(exc):
-        if isinstance(item, OSError) and item.errno in FULL_ERRNOS:
-            return "full", item
-        if isinstance(item, OSError) and item.errno in DENIED_ERRNOS:
-            return "denied", item
-        if isinstance(item, OSError) and item.errno == errno.EIO:
-            return "io", item
+        if isinstance(item, OSError) and item.errno is not None:
+            kind = ("full" if item.errno in FULL_ERRNOS else "denied" if item.errno in DENIED_ERRNOS
+                    else "io" if item.errno == errno.EIO else None)
+            if kind is not None:
+                filename = item.filename if isinstance(item.filename, str) else None
+                return kind, item.strerror or str(item), filename
     for item in chain(exc):
         text = _text(item)
-        if any(cue in text for cue in FULL_CUES):
-            return "full", item
-        if any(cue in text for cue in DENIED_CUES) and (isinstance(item, sqlite3.Error) or "errno" in text
-                                                        or "sqlite" in text or "database" in text):
-            return "denied", item
-        if any(cue in text for cue in IO_CUES):
-            return "io", item
+        sqlite_like = isinstance(item, sqlite3.Error) or "errno" in text or "sqlite" in text or "database" in text
+        for kind, cues in (("full", FULL_CUES), ("denied", DENIED_CUES), ("io", IO_CUES)):
+            cue = next((c for c in cues if c in text), None)
+            if cue is not None and (kind == "full" or sqlite_like):
+                return kind, cue.strip("[]"), None
     return None
 
 
@@ -119,20 +119,18 @@ def _free(path: Path) -> str:
 def classify(exc: BaseException, *, tracking_uri: str, state: Path, saved: str) -> OptloopError | None:
     """The one-line error for ``exc`` when it is an outside fault (module docstring), else ``None``.
     ``saved`` says where the run stands and how to resume it (appended to the line)."""
-    if isinstance(exc, OptloopError):
-        return None
-    if (reason := tracking_lost(exc, tracking_uri)) is not None:
+    if isinstance(exc, OptloopError) and exc.exit_code != 2:
+        return None  # it says what it is already
+    if not isinstance(exc, OptloopError) and (reason := tracking_lost(exc, tracking_uri)) is not None:
         return ServiceUnavailableError(f"lost the MLflow tracking server at {redact_url(tracking_uri)} ({reason}; "
                                        f"{TRACKING_FLAG}); {saved}")
     found = disk_fault(exc)
-    if found is None:
-        return None
-    kind, cause = found
-    filename = getattr(cause, "filename", None)
+    if found is None or (isinstance(exc, OptloopError) and found[0] == "denied"):
+        return None  # bad input that met a permission (an unreadable checkpoint) stays bad input
+    kind, reason, filename = found
     store = sqlite_path(tracking_uri)
     places = [Path(filename)] if filename else [p for p in (state, store) if p is not None]
     where = " or ".join(f"{p} ({_free(p)})" for p in places)
-    reason = getattr(cause, "strerror", None) or " ".join(str(cause).split())[:120]
     if kind == "full":
         return StoreWriteError(f"no space left writing {where}: {reason}; free space there (OPTLOOP_HOME, "
                                f"OPTLOOP_MLRUNS or {TRACKING_FLAG} set where it goes); {saved}")
@@ -141,6 +139,21 @@ def classify(exc: BaseException, *, tracking_uri: str, state: Path, saved: str) 
                                f"device); free space or check the device; {saved}")
     return StoreWriteError(f"cannot write {where}: {reason}; make it writable, or set OPTLOOP_HOME / "
                            f"{TRACKING_FLAG} to a writable place; {saved}")
+
+
+@contextmanager
+def muted(*names: str) -> Iterator[None]:
+    """The loggers ``names`` say nothing in the block (MLflow logs a traceback at ERROR for each write a full
+    store refuses, then raises it: the raised error is reported once, by :func:`classify`)."""
+    loggers = [logging.getLogger(name) for name in names]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL + 1)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
 
 
 @dataclass(frozen=True)
@@ -173,7 +186,7 @@ def error_for(exc: BaseException) -> OptloopError | None:
                                lambda: "rerun the same command once that is fixed")
     try:
         uri, saved = place.tracking_uri(), place.saved()
-    except Exception:  # noqa: BLE001 - the fault itself may keep the run's state from being read
+    except Exception:
         uri, saved = tracking.resolve_uri(create=False), "rerun the same command once that is fixed"
     return classify(exc, tracking_uri=uri, state=place.state, saved=saved)
 
@@ -188,5 +201,5 @@ def saved_line(checkpoint: Path, run_name: str, budget: int, again: str) -> str:
     return f"run {run_name} is saved ({progress}); once that is fixed, rerun the same command to resume it: {again}"
 
 
-__all__ = ["RunPlace", "chain", "classify", "describe_run", "disk_fault", "error_for", "saved_line",
+__all__ = ["RunPlace", "chain", "classify", "describe_run", "disk_fault", "error_for", "muted", "saved_line",
            "tracking_lost"]

@@ -92,21 +92,20 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from optloop import artifacts
+from optloop import artifacts, preflight
 from optloop.attribution.taxonomy import Target
 from optloop.cli import add_lm_arguments, lm_settings_from_args, run_cli, setup_logging
 from optloop.errors import ConfigError, EndpointDownError, LMUnreachableError
 from optloop.lm import LMSettings, OptloopLM, Usage
-from optloop import preflight
 from optloop.loop import checkpoint_guard
-from optloop.outside import RunPlace, describe_run, saved_line
-from optloop.tracking import resolve_uri
 from optloop.loop.runner import (MAX_BUDGET, Checkpoint, Loop, LoopConfig, LoopResult, check_fractions, matches,
                                  split_dataset, unfinished_runs)
 from optloop.loop.spend import (ESTIMATE, EXIT_LIMIT, MAX_COST, STOPPED_BY, Estimate, RunStopped,
                                 SpendingLimits, estimate, measured_chains, run_dollars, work_units)
+from optloop.outside import RunPlace, describe_run, saved_line
 from optloop.paths import state_dir, write_atomic
 from optloop.stats import Interval, bootstrap_mean
+from optloop.tracking import resolve_uri
 from systems import SYSTEMS, get_system
 
 console = Console(stderr=True)

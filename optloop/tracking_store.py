@@ -18,15 +18,13 @@ Callers hold the store's creation lock (``optloop.loop.runner.Loop._experiment``
 
 from __future__ import annotations
 
-import logging
 import os
 import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 
 from optloop.errors import StoreWriteError
-
-logger = logging.getLogger(__name__)
+from optloop.outside import muted
 
 # Tables whose rows are the user's records; a half-made store with none of them has nothing to lose.
 _RECORD_TABLES = ("runs", "registered_models", "trace_info")
@@ -61,7 +59,7 @@ def schema_state(db: Path) -> SchemaState:
         if "alembic_version" in tables:
             row = conn.execute("select version_num from alembic_version").fetchone()
             revision = row[0] if row else None
-        has_records = any(conn.execute(f"select 1 from {t} limit 1").fetchone() is not None  # noqa: S608
+        has_records = any(conn.execute(f"select 1 from {t} limit 1").fetchone() is not None
                           for t in _RECORD_TABLES if t in tables)
         experiments = 0
         if "experiments" in tables:  # the store's own "Default" experiment is no record of the user's
@@ -69,23 +67,26 @@ def schema_state(db: Path) -> SchemaState:
     return SchemaState(revision=revision, head=head_revision(), has_records=has_records or experiments > 0)
 
 
-def ensure_sqlite_store(db: Path) -> None:
+def ensure_sqlite_store(db: Path) -> str | None:
     """A complete MLflow store at ``db``: created whole when missing, made again when a cut-off creation left
-    it half-made and empty; a :class:`StoreWriteError` (exit 74) when a half-made store holds records. An
-    ``OSError`` or ``sqlite3.Error`` of a full or read-only disk propagates (the caller names it)."""
+    it half-made and empty (the line to tell the user so is returned); a :class:`StoreWriteError` (exit 74)
+    when a half-made store holds records. An ``OSError`` or ``sqlite3.Error`` of a full or read-only disk
+    propagates (the caller names it)."""
+    said = None
     if db.exists():
         state = schema_state(db)
         if state.complete:
-            return
+            return None
         if state.has_records:
             raise StoreWriteError(
                 f"the MLflow store {db} stops at schema revision {state.revision or 'none'}, not {state.head} (its "
                 f"creation or an upgrade was cut off) and holds runs: back it up, then run `mlflow db upgrade "
                 f"sqlite:///{db}`, or point --tracking-uri at another store")
-        logger.warning("the MLflow store %s was left half-made (its creation was cut off, e.g. by a full disk) and "
-                       "held no runs: made again", db)
+        said = (f"optloop.run: the MLflow store {db} was left half-made (schema revision {state.revision or 'none'} "
+                f"of {state.head}: its creation was cut off, by a full disk perhaps) and held no runs: made again")
         _remove(db)
     _create(db)
+    return said
 
 
 def _create(db: Path) -> None:
@@ -98,7 +99,8 @@ def _create(db: Path) -> None:
     _remove(tmp)
     engine = sqlalchemy.create_engine(f"sqlite:///{tmp}")
     try:
-        _initialize_tables(engine)
+        with muted("mlflow.store.db.utils"):  # its INFO lines, and a traceback at ERROR before it raises
+            _initialize_tables(engine)
         engine.dispose()
         with open(tmp, "rb+") as handle:  # the whole schema on disk before it takes the store's name
             os.fsync(handle.fileno())

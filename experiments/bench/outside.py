@@ -44,6 +44,7 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, Field
 
@@ -51,7 +52,7 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from experiments.bench.crash import OracleEndpoint, env_for, optloop_run, run_args  # noqa: E402
+from experiments.bench.crash import OracleEndpoint, env_for, optloop_run, run_args
 
 BUDGET = 2
 
@@ -67,7 +68,10 @@ class Row(BaseModel):
     fault: str
     exit_code: int
     line: str = Field(description="the last line the command printed")
-    lines: int = Field(description="lines on stderr (a traceback would be dozens)")
+    lines: int = Field(description="lines on stderr")
+    tracebacks: int = Field(0, description="tracebacks on stderr")
+    other: list[str] = Field(default_factory=list, description="lines printed besides the run's own banner "
+                                                               "(optloop.run ...) and the last line")
     left: str = Field(description="what was on disk after the failing command")
     recovery: str = Field(description="what the same command did once the fault was removed")
     recovered_exit: int | None = None
@@ -142,7 +146,7 @@ class TrackingServer:
             [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(self.port),
              "--backend-store-uri", f"sqlite:///{self.work / 'server.db'}",
              "--artifacts-destination", str(self.work / "artifacts"), "--workers", "1"],
-            stdout=subprocess.DEVNULL, stderr=open(self.work / "server.log", "ab"),  # noqa: SIM115
+            stdout=subprocess.DEVNULL, stderr=open(self.work / "server.log", "ab"),
             cwd=self.work, start_new_session=True)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -170,6 +174,19 @@ def last_line(text: str) -> str:
     return lines[-1] if lines else ""
 
 
+def other_lines(text: str) -> list[str]:
+    """What was printed besides the run's own lines (``optloop.run ...``) and the last line."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    return [line for line in lines[:-1] if not line.startswith("optloop.run ")]
+
+
+def described(done: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+    """The printed part of a :class:`Row` for ``done``."""
+    return {"exit_code": done.returncode, "line": last_line(done.stderr),
+            "lines": len([x for x in done.stderr.splitlines() if x.strip()]),
+            "tracebacks": done.stderr.count("Traceback (most recent call last)"), "other": other_lines(done.stderr)}
+
+
 def stray_files(root: Path) -> list[str]:
     """Temporary files a write left behind (``*.tmp``, ``.mlflow.db.creating-*``)."""
     if not root.exists():
@@ -184,8 +201,9 @@ def checkpoints(state: Path) -> list[str]:
     out = []
     for path in sorted((state / "runs").glob("*/checkpoint.json")) if (state / "runs").is_dir() else []:
         try:
-            out.append(f"checkpoint {Checkpoint.model_validate_json(path.read_text()).progress(BUDGET)}")
-        except Exception:  # noqa: BLE001 - reported as such
+            ckpt = Checkpoint.model_validate_json(path.read_text())
+            out.append("checkpoint finished" if ckpt.finished else f"checkpoint {ckpt.progress(BUDGET)}")
+        except Exception:
             out.append("checkpoint unreadable")
     return out
 
@@ -235,13 +253,12 @@ def _run(work: Path, endpoint: OracleEndpoint, *, extra: Sequence[str] = (), env
 
 def _row(case: str, fault: str, done: subprocess.CompletedProcess[str], seconds: float, left: str,
          again: subprocess.CompletedProcess[str] | None, recovery: str) -> Row:
-    return Row(case=case, fault=fault, exit_code=done.returncode, line=last_line(done.stderr),
-               lines=len([x for x in done.stderr.splitlines() if x.strip()]), left=left, recovery=recovery,
+    return Row(case=case, fault=fault, **described(done), left=left, recovery=recovery,
                recovered_exit=None if again is None else again.returncode, seconds=seconds)
 
 
 def _recovery(again: subprocess.CompletedProcess[str], work: Path, db: Path | None = None) -> str:
-    first = again.stderr.splitlines()[0] if again.stderr.strip() else ""
+    first = next((x for x in again.stderr.splitlines() if x.startswith("optloop.run ")), "")
     said = "resumed" if " resuming " in first else "started afresh" if "a new run" in first else "ran"
     running = running_runs(db or work / "mlruns" / "mlflow.db")
     return f"exit {again.returncode}: {said}, {running if running is not None else '?'} run(s) left RUNNING"
@@ -249,47 +266,41 @@ def _recovery(again: subprocess.CompletedProcess[str], work: Path, db: Path | No
 
 def case_dead_tracking_server(work: Path) -> list[Row]:
     """A tracking URI with nothing listening; then a real server that is killed mid-run and restarted."""
-    port = closed_port()
-    server = TrackingServer(work / "server", port)
+    server = TrackingServer(work / "server", closed_port())
+    down, lost = work / "down", work / "lost"
     with OracleEndpoint() as endpoint:
-        done, seconds = _run(work, endpoint, tracking=server.uri)
-        left = left_on_disk(work)
+        done, seconds = _run(down, endpoint, tracking=server.uri)
+        left = left_on_disk(down)
         server.start()
         try:
-            again, _ = _run(work, endpoint, tracking=server.uri, extra=["--new"])
+            again, _ = _run(down, endpoint, tracking=server.uri)
             first = _row("dead-tracking-server", "tracking server down at start (`--tracking-uri "
                          "http://127.0.0.1:<closed port>`)", done, seconds, left, again,
                          f"once a server listens there: exit {again.returncode}")
-
-            def trial_1_under_way() -> bool:
-                ckpts = checkpoints(work / "state")
-                return any("0 of 2 trials done" in c for c in ckpts) and _trial_open(work)
-
-            endpoint.hold_when = trial_1_under_way
-            args = run_args(work, BUDGET, endpoint.base_url, extra=["--new"])
+            endpoint.hold_when = lambda: _trial_open(lost)
+            args = run_args(lost, BUDGET, endpoint.base_url)
             args[args.index("--tracking-uri") + 1] = server.uri
-            proc = subprocess.Popen([sys.executable, "-m", "optloop.run", *args], cwd=REPO,
-                                    env=env_for(work, endpoint.base_url), stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, text=True)
+            env = env_for(lost, endpoint.base_url)
+            proc = subprocess.Popen([sys.executable, "-m", "optloop.run", *args], cwd=REPO, env=env,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             started = time.perf_counter()
             try:
                 if not endpoint.holding.wait(300):
                     raise RuntimeError("trial 1 never started")
-                server.stop()
+                server.stop()  # while trial 1 is evaluated
                 endpoint.release()
                 out, err = proc.communicate(timeout=300)
             finally:
                 if proc.poll() is None:
                     proc.kill()
-            lost = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+            stopped = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
             seconds = round(time.perf_counter() - started, 1)
-            left = left_on_disk(work)
+            left = left_on_disk(lost)
             server.start()
-            resume = [a for a in args if a != "--new"]
-            again = optloop_run(resume, env_for(work, endpoint.base_url), timeout=600)
+            again = optloop_run(args, env, timeout=600)
             second = _row("tracking-server-lost", "tracking server killed while trial 1 is evaluated, then "
-                          "restarted", lost, seconds, left, again, _recovery(again, work, work / "server" /
-                                                                             "server.db"))
+                          "restarted", stopped, seconds, left, again,
+                          _recovery(again, lost, work / "server" / "server.db"))
         finally:
             server.stop()
     return [first, second]
@@ -301,7 +312,7 @@ def _trial_open(work: Path) -> bool:
     for path in (work / "state" / "runs").glob("*/checkpoint.json"):
         try:
             trials = Checkpoint.model_validate_json(path.read_text()).trials
-        except Exception:  # noqa: BLE001 - being written
+        except Exception:
             return False
         return len(trials) == 1 and trials[0].evaluation is None
     return False
@@ -338,8 +349,8 @@ def case_half_made_store(work: Path) -> list[Row]:
         done, seconds = _run(work, endpoint)
     mended = next((x for x in done.stderr.splitlines() if "half-made" in x), "")
     return [Row(case="half-made-store", fault=f"mlflow.db left at schema revision {state.revision} of "
-                f"{state.head} by a full disk during plain MLflow's table creation", exit_code=done.returncode,
-                line=" ".join(mended.split()) or last_line(done.stderr), lines=len(done.stderr.splitlines()),
+                f"{state.head} by a full disk during plain MLflow's table creation",
+                **{**described(done), "line": " ".join(mended.split()) or last_line(done.stderr)},
                 left=left_on_disk(work), recovery="(the first run mends it)", seconds=seconds)]
 
 
@@ -381,8 +392,8 @@ def case_parent_run_gone(work: Path) -> list[Row]:
         done, seconds = _run(work, endpoint, tracking=f"sqlite:///{other}")
         said = next((x for x in done.stderr.splitlines() if "is not in the tracking store" in x), "")
         rows.append(Row(case="parent-run-gone", fault="the same settings with another `--tracking-uri` after a "
-                        "SIGKILL after trial 1", exit_code=done.returncode, line=" ".join(said.split()),
-                        lines=len(done.stderr.splitlines()), left=left_on_disk(work, other),
+                        "SIGKILL after trial 1", **{**described(done), "line": " ".join(said.split())},
+                        left=left_on_disk(work, other),
                         recovery=f"(resumed at once) trials in the new store: {_trial_names(other)}",
                         seconds=seconds))
     shutil.rmtree(work)
@@ -394,8 +405,7 @@ def case_parent_run_gone(work: Path) -> list[Row]:
         said = next((x for x in done.stderr.splitlines() if "is not in the tracking store" in x), "")
         db = work / "mlruns" / "mlflow.db"
         rows.append(Row(case="mlruns-deleted", fault="`mlruns/` deleted after a SIGKILL after trial 1",
-                        exit_code=done.returncode, line=" ".join(said.split()), lines=len(done.stderr.splitlines()),
-                        left=left_on_disk(work), recovery=f"(resumed at once) trials: {_trial_names(db)}",
+                        **{**described(done), "line": " ".join(said.split())}, left=left_on_disk(work), recovery=f"(resumed at once) trials: {_trial_names(db)}",
                         seconds=seconds))
     return rows
 

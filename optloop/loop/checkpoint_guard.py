@@ -166,9 +166,10 @@ def lost_parent_line(config: LoopConfig, run_id: str, tracking_uri: str, ckpt: C
     from optloop.lm import redact_url
 
     done = sum(t.evaluation is not None for t in ckpt.trials)
+    store = tracking_uri if tracking_uri.startswith("sqlite:") else redact_url(tracking_uri)
     return (f"optloop.run: run {config.run_name}'s MLflow parent run {run_id} is not in the tracking store "
-            f"{redact_url(tracking_uri)} (another --tracking-uri, or mlruns/ deleted): resuming into a new parent run "
-            f"there, the baseline and {done} evaluated trial(s) logged again from the checkpoint")
+            f"{store} (another --tracking-uri, or mlruns/ deleted): resuming into a new parent run there, the "
+            f"baseline and {done} evaluated trial(s) logged again from the checkpoint")
 
 
 def relog_trials(sink: TrackingSink, ckpt: Checkpoint, base: Candidate, prompt_texts: Callable[[Candidate], dict[str, str]],

@@ -47,18 +47,19 @@ import json
 import logging
 import time
 from collections.abc import Callable
+from contextlib import nullcontext, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import dspy
 
-from optloop import artifacts
+from optloop import artifacts, outside
 from optloop.datasets import Dataset, load_dataset
 from optloop.errors import ConfigError
 from optloop.lm import redact_url
-from optloop.loop._base import default_threads
 from optloop.loop import checkpoint_guard
+from optloop.loop._base import default_threads
 from optloop.loop.candidate import Candidate, prompt_text
 from optloop.loop.controller import Controller, RunContext, Split
 from optloop.loop.cost import site_costs, site_metrics
@@ -206,6 +207,10 @@ class Loop:
             return self._run(*self._prepared)
         finally:
             self._lock.close()
+            with suppress(OSError):  # stopped before its first checkpoint (a full disk, a store that cannot be
+                if [p.name for p in self.state.iterdir()] == [".lock"]:  # made): leave no empty run behind
+                    (self.state / ".lock").unlink()
+                    self.state.rmdir()
 
     def _claim_state_dir(self) -> Path:
         """The run directory, or for another worker of a shared run the first free ``workers/<n>``."""
@@ -313,7 +318,8 @@ class Loop:
                 status = "FINISHED"  # this worker failed after another one finished the run
             while (active := mlflow.active_run()) is not None:  # a child run an interrupt left open, then the parent
                 try:
-                    mlflow.end_run(status)
+                    with outside.muted("mlflow.store.db.utils") if status != "FINISHED" else nullcontext():
+                        mlflow.end_run(status)
                 except Exception as exc:  # noqa: BLE001 - a full disk or a lost server: the run is saved, and the
                     if status == "FINISHED":  # same command, resuming it, ends it
                         raise
@@ -351,8 +357,8 @@ class Loop:
             lock = open(db.with_name(f".{db.name}.lock"), "a+")  # noqa: SIM115 - closed below
             fcntl.flock(lock, fcntl.LOCK_EX)
         try:
-            if lock is not None:  # made whole or not at all; a half-made store mended (a full disk)
-                tracking_store.ensure_sqlite_store(db)
+            if lock is not None and (mended := tracking_store.ensure_sqlite_store(db)):  # made whole or not
+                self.announce(mended)  # at all; one a full disk left half-made, mended
             for attempt in range(3):
                 try:
                     return tracking.experiment(f"optloop-{self.config.system}")

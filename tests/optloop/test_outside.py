@@ -23,7 +23,7 @@ def raised(make):
     """The exception ``make()`` raises (so __context__ is set as in real code)."""
     try:
         make()
-    except BaseException as exc:  # noqa: BLE001
+    except BaseException as exc:
         return exc
     raise AssertionError("nothing raised")
 
@@ -77,7 +77,7 @@ def test_a_lost_tracking_server_is_exit_75_only_for_a_server_uri(tmp_path):
         try:
             raise requests.exceptions.ConnectionError("Max retries exceeded ... Connection refused")
         except requests.exceptions.ConnectionError as e:  # how mlflow.utils.rest_utils wraps it
-            raise MlflowException(f"API request to http://h/api failed with exception {e}")  # noqa: B904
+            raise MlflowException(f"API request to http://h/api failed with exception {e}")
 
     exc = raised(make)
     assert tracking_lost(exc, SQLITE) is None

@@ -14,8 +14,15 @@ from pathlib import Path
 import pytest
 
 from optloop.errors import ConfigError, ServiceUnavailableError, StoreWriteError
-from optloop.preflight import (MLFLOW_HTTP_BOUNDS, bound_mlflow_http, check_tracking, check_writable, probe_database,
-                               probe_tracking_server, write_fault)
+from optloop.preflight import (
+    MLFLOW_HTTP_BOUNDS,
+    bound_mlflow_http,
+    check_tracking,
+    check_writable,
+    probe_database,
+    probe_tracking_server,
+    write_fault,
+)
 from tests._servers import closed_port_url
 
 REPO = Path(__file__).resolve().parents[2]
@@ -26,8 +33,11 @@ def test_mlflow_http_retries_are_bounded_unless_the_user_set_them(monkeypatch):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "99")
     applied = bound_mlflow_http()
-    from mlflow.environment_variables import (MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR, MLFLOW_HTTP_REQUEST_MAX_RETRIES,
-                                              MLFLOW_HTTP_REQUEST_TIMEOUT)
+    from mlflow.environment_variables import (
+        MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR,
+        MLFLOW_HTTP_REQUEST_MAX_RETRIES,
+        MLFLOW_HTTP_REQUEST_TIMEOUT,
+    )
 
     assert "MLFLOW_HTTP_REQUEST_TIMEOUT" not in applied and MLFLOW_HTTP_REQUEST_TIMEOUT.get() == 99
     assert MLFLOW_HTTP_REQUEST_MAX_RETRIES.get() == 3 and MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR.get() == 1
@@ -38,7 +48,7 @@ def health_server(status: int) -> ThreadingHTTPServer:
         def log_message(self, *args):
             pass
 
-        def do_GET(self):  # noqa: N802
+        def do_GET(self):
             self.send_response(status if self.path == "/health" else 404)
             self.send_header("content-length", "2")
             self.end_headers()

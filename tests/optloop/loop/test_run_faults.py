@@ -23,7 +23,8 @@ def case(name: str, tmp_path) -> list[Row]:
 
 
 def one_line(row: Row, start: str) -> None:
-    assert row.lines == 1, row
+    """The command's last line is the error, and nothing but the run's own lines came before it."""
+    assert row.tracebacks == 0 and row.other == [], row
     assert row.line.startswith(f"optloop: error: {start}"), row.line
 
 
