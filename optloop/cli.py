@@ -77,7 +77,8 @@ def setup_logging(verbose: bool) -> None:
         force=True,
     )
     if not verbose:  # third-party chatter that says nothing actionable
-        for name in ("httpx", "LiteLLM", "mem0", "graphiti_core", "sentence_transformers", "urllib3"):
+        for name in ("httpx", "LiteLLM", "mem0", "graphiti_core", "sentence_transformers",
+                     "urllib3"):
             logging.getLogger(name).setLevel(logging.ERROR)
 
 
@@ -101,7 +102,7 @@ def run_cli(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | N
     except Exception as exc:
         from optloop.outside import error_for
 
-        error = error_for(exc)  # a full disk, an unwritable store, a tracking server gone: one line
+        error = error_for(exc)  # a full disk, an unwritable store, a lost tracking server
         if error is None:
             raise
         if verbose:

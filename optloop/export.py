@@ -206,7 +206,7 @@ def _module(bundle: Bundle, library: str, *, schema_mode: SchemaMode, command: s
     module = _template(library)
     data |= {"LIBRARY_SHA256": ("dict[str, str]", {s: module.sha256(t) for s, t in own.items()}),
              "KNOBS": ("dict[str, Any]", bundle.knobs), "SOURCE": ("dict[str, Any]", bundle.source)}
-    written_by = " ".join((command or "python -m optloop.export").split())  # a comment line: no line breaks
+    written_by = " ".join((command or "python -m optloop.export").split())  # a comment: one line
     header = (f"# Written by `{written_by}` ({' '.join(bundle.label.split())}).\n"
               "# Standalone: needs only the memory library. Export again rather than edit PROMPTS by hand.\n")
     text = fill(template_source(f"{library}_prompts"), data, header)
@@ -257,8 +257,8 @@ def check_out(out: str) -> Path | None:
 
 
 def _file_mode(path: Path) -> int:
-    """The mode a plain ``open(path, "w")`` would leave: the file's own when it exists, else 0666 less the
-    umask."""
+    """The mode a plain ``open(path, "w")`` would leave: the file's own when it exists, else 0666
+    less the umask."""
     if path.exists():
         return path.stat().st_mode & 0o7777
     umask = os.umask(0)
@@ -273,7 +273,7 @@ def write(path: Path | None, text: str) -> None:
         return
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        os.fchmod(fd, _file_mode(path))  # mkstemp makes 0600; a product run by another user must read it
+        os.fchmod(fd, _file_mode(path))  # not mkstemp's 0600: a service of another user reads it
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
         os.replace(tmp, path)

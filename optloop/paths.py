@@ -30,9 +30,9 @@ def mlruns_dir(*, create: bool = True) -> Path:
 
 
 def write_atomic(path: Path, data: str | bytes) -> Path:
-    """Replace ``path`` in one step (parent created), so a killed process never leaves half a file. The
-    data is on disk before the rename (a full disk fails the write, not the file's later reading), and a
-    write that fails leaves ``path`` as it was and no temporary file behind."""
+    """Replace ``path`` in one step (parent created), so a killed process never leaves half a
+    file. The data is on disk before the rename (a full disk fails the write, not the file's later
+    reading), and a write that fails leaves ``path`` as it was and no temporary file behind."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     payload = data if isinstance(data, bytes) else data.encode("utf-8")

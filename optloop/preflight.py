@@ -1,4 +1,4 @@
-"""Before a run writes anything: every outside service it needs answers, every store it writes is writable.
+"""Before a run writes anything: the outside services it needs answer, its stores are writable.
 
 ``optloop.run`` calls :func:`check_run` once its input is valid and the LM endpoint answered
 (``probe_lm``), and before the first file of the run is written:
@@ -29,7 +29,8 @@ from optloop.lm import redact_url
 
 PROBE_TIMEOUT_S = 5.0
 
-# MLflow's HTTP client settings (mlflow.environment_variables): 3 retries 1, 2 and 4 s apart, 10 s a try.
+# MLflow's HTTP client settings (mlflow.environment_variables): 3 retries 1, 2 and 4 s apart, 10 s
+# a try.
 MLFLOW_HTTP_BOUNDS: dict[str, str] = {
     "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "3",
     "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
@@ -51,7 +52,8 @@ def bound_mlflow_http() -> dict[str, str]:
 
 
 def sqlite_path(uri: str) -> Path | None:
-    """The file of a ``sqlite:///PATH`` URI (``None`` for any other URI or an in-memory database)."""
+    """The file of a ``sqlite:///PATH`` URI (``None`` for any other URI or an in-memory
+    database)."""
     if not uri.startswith("sqlite:///"):
         return None
     path = uri.removeprefix("sqlite:///")
@@ -67,8 +69,8 @@ def is_server(uri: str) -> bool:
 
 
 def probe_tracking_server(uri: str, timeout: float = PROBE_TIMEOUT_S) -> None:
-    """One ``GET /health`` to the tracking server at ``uri``; :class:`ServiceUnavailableError` when it does
-    not answer within ``timeout`` seconds or answers with a server error."""
+    """One ``GET /health`` to the tracking server at ``uri``; :class:`ServiceUnavailableError` when
+    it does not answer within ``timeout`` seconds or answers with a server error."""
     import requests
 
     where = redact_url(uri)
@@ -76,36 +78,54 @@ def probe_tracking_server(uri: str, timeout: float = PROBE_TIMEOUT_S) -> None:
         response = requests.get(f"{uri.rstrip('/')}/health", timeout=timeout)
     except requests.exceptions.RequestException as exc:
         raise ServiceUnavailableError(
-            f"cannot reach the MLflow tracking server at {where} ({_reason(exc)}); start it, or point "
-            f"{TRACKING_FLAG} at one that is up; nothing was written") from None
+            f"cannot reach the MLflow tracking server at {where} ({_reason(exc)}); start it, or "
+            "point "
+            f"{TRACKING_FLAG} at one that is up; nothing was written"
+        ) from None
     if response.status_code >= 500:
         raise ServiceUnavailableError(
-            f"the MLflow tracking server at {where} answers HTTP {response.status_code}; rerun once it is up, or "
-            f"point {TRACKING_FLAG} elsewhere; nothing was written")
+            f"the MLflow tracking server at {where} answers HTTP {response.status_code}; rerun "
+            "once it is up, or "
+            f"point {TRACKING_FLAG} elsewhere; nothing was written"
+        )
 
 
 def probe_database(url: str, flag: str, timeout: float = PROBE_TIMEOUT_S) -> None:
     """One connection to the database at ``url`` (``flag``: the option that set it). Unreachable:
-    :class:`ServiceUnavailableError`; refused credentials or a missing database: :class:`ConfigError`."""
+    :class:`ServiceUnavailableError`; refused credentials or a missing database:
+    :class:`ConfigError`."""
     import sqlalchemy
 
     from optloop.loop.study import storage_url
 
     where = redact_url(url)
     try:
-        engine = sqlalchemy.create_engine(storage_url(url), connect_args={"connect_timeout": int(timeout)})
+        engine = sqlalchemy.create_engine(
+            storage_url(url), connect_args={"connect_timeout": int(timeout)}
+        )
     except ImportError as exc:
-        raise ConfigError(f"{flag} {where}: its driver is missing ({exc}); for postgresql:// install "
-                          "psycopg2-binary") from None
+        raise ConfigError(
+            f"{flag} {where}: its driver is missing ({exc}); for postgresql:// "
+            "install "
+            "psycopg2-binary"
+        ) from None
     try:
         with engine.connect():
             pass
     except sqlalchemy.exc.SQLAlchemyError as exc:
         reason = _reason(exc)
-        if any(cue in reason for cue in ("authentication failed", "does not exist", "no password supplied")):
-            raise ConfigError(f"{flag} {where}: {reason}; fix the URL's user, password or database") from None
-        raise ServiceUnavailableError(f"cannot reach the database at {where} ({reason}); start it, or fix {flag}; "
-                                      "nothing was written") from None
+        if any(
+            cue in reason
+            for cue in ("authentication failed", "does not exist", "no password supplied")
+        ):
+            raise ConfigError(
+                f"{flag} {where}: {reason}; fix the URL's user, password or database"
+            ) from None
+        raise ServiceUnavailableError(
+            f"cannot reach the database at {where} ({reason}); start "
+            f"it, or fix {flag}; "
+            "nothing was written"
+        ) from None
     finally:
         engine.dispose()
 
@@ -114,8 +134,13 @@ def _reason(exc: BaseException) -> str:
     """The useful part of a connection error, on one short line."""
     inner = getattr(exc, "orig", None) or exc
     text = " ".join(str(inner).split())
-    for cue in ("Connection refused", "timed out", "Name or service not known", "No route to host",
-                "Connection reset"):
+    for cue in (
+        "Connection refused",
+        "timed out",
+        "Name or service not known",
+        "No route to host",
+        "Connection reset",
+    ):
         if cue.lower() in text.lower():
             return cue.lower() if cue != "Connection refused" else "connection refused"
     return text[:160] or type(inner).__name__
@@ -125,9 +150,9 @@ def _reason(exc: BaseException) -> str:
 
 
 def write_fault(path: Path) -> OSError | None:
-    """The ``OSError`` a write at ``path`` (a file or directory, existing or to be created) meets now,
-    found without changing anything: an existing file is opened for writing, a directory (the nearest
-    existing one) gets an unnamed temporary file."""
+    """The ``OSError`` a write at ``path`` (a file or directory, existing or to be created) meets
+    now, found without changing anything: an existing file is opened for writing, a directory (the
+    nearest existing one) gets an unnamed temporary file."""
     try:
         if path.is_file():
             os.close(os.open(path, os.O_RDWR))
@@ -145,8 +170,11 @@ def check_writable(path: Path, what: str, fix: str) -> None:
     """:class:`StoreWriteError` (exit 74) naming ``path`` when it cannot be written."""
     fault = write_fault(path)
     if fault is not None:
-        raise StoreWriteError(f"cannot write {what} at {path} ({fault.strerror or fault}): {fix}; nothing was "
-                              "written")
+        raise StoreWriteError(
+            f"cannot write {what} at {path} ({fault.strerror or fault}): {fix}; "
+            "nothing was "
+            "written"
+        )
 
 
 def check_tracking(uri: str) -> None:
@@ -156,7 +184,9 @@ def check_tracking(uri: str) -> None:
         return
     db = sqlite_path(uri)
     if db is not None:
-        fix = f"make it writable, or point {TRACKING_FLAG} (or OPTLOOP_MLRUNS) at a writable folder"
+        fix = (
+            f"make it writable, or point {TRACKING_FLAG} (or OPTLOOP_MLRUNS) at a writable folder"
+        )
         check_writable(db.parent, "the MLflow store's folder", fix)
         if db.exists():
             check_writable(db, "the MLflow store", fix)
@@ -166,10 +196,14 @@ def check_tracking(uri: str) -> None:
 
 
 def check_run(tracking_uri: str, storage: str | None, state: Path, run_dir: Path) -> None:
-    """Everything :mod:`this module <optloop.preflight>`'s docstring lists, for one run; reads only."""
+    """Everything :mod:`this module <optloop.preflight>`'s docstring lists, for one run; reads
+    only."""
     bound_mlflow_http()
-    check_writable(state, "optloop's state directory (OPTLOOP_HOME)",
-                   "make it writable, or set OPTLOOP_HOME to a writable folder")
+    check_writable(
+        state,
+        "optloop's state directory (OPTLOOP_HOME)",
+        "make it writable, or set OPTLOOP_HOME to a writable folder",
+    )
     checkpoint = run_dir / "checkpoint.json"
     if checkpoint.exists():
         check_writable(checkpoint, f"run {run_dir.name}'s checkpoint", "make it writable")
@@ -178,5 +212,16 @@ def check_run(tracking_uri: str, storage: str | None, state: Path, run_dir: Path
         probe_database(storage, "--storage")
 
 
-__all__ = ["MLFLOW_HTTP_BOUNDS", "PROBE_TIMEOUT_S", "bound_mlflow_http", "check_run", "check_tracking",
-           "check_writable", "is_server", "probe_database", "probe_tracking_server", "sqlite_path", "write_fault"]
+__all__ = [
+    "MLFLOW_HTTP_BOUNDS",
+    "PROBE_TIMEOUT_S",
+    "bound_mlflow_http",
+    "check_run",
+    "check_tracking",
+    "check_writable",
+    "is_server",
+    "probe_database",
+    "probe_tracking_server",
+    "sqlite_path",
+    "write_fault",
+]

@@ -371,8 +371,8 @@ def choose_run(args: argparse.Namespace, config: LoopConfig, runs: Path) -> Choi
                               "pick another --run-name")
         return Choice(name, ckpt, f"[bold]optloop.run[/] resuming {name}: {what} ({_so_far(ckpt, config)})")
     busy: list[str] = []
-    if not args.new and (broken := checkpoint_guard.broken_runs(runs, config)):
-        raise ConfigError(checkpoint_guard.refusal(broken[0]))  # not skipped in silence: it is this command's run
+    if not args.new and (broken := checkpoint_guard.broken_runs(runs, config)):  # not skipped
+        raise ConfigError(checkpoint_guard.refusal(broken[0]))
     if not args.new:
         for run in unfinished_runs(runs, config):
             if run.in_use and config.optimizer != "optuna":
@@ -541,13 +541,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     loop = Loop(config, probe, probe, auto_named=not args.run_name, limits=limits)
     loop.prepare()  # --start names a site of the system (checked with the probe: no LM cache file yet)
     runs = state_dir(create=False) / "runs"
-    preflight.check_run(resolve_uri(config.tracking_uri, create=False), config.storage, state_dir(create=False),
-                        runs / choice.name)  # the tracking server, the storage: up; the stores: writable
+    tracking_uri = resolve_uri(config.tracking_uri, create=False)
+    # The tracking server and the storage answer, the stores are writable: before any write.
+    preflight.check_run(tracking_uri, config.storage, state_dir(create=False), runs / choice.name)
     again = resume_command(argv)
-    describe_run(RunPlace(lambda: resolve_uri(config.tracking_uri, create=False), state_dir(create=False),
-                          lambda: saved_line(loop.state / artifacts.CHECKPOINT, choice.name, config.budget, again)))
-    for line in checkpoint_guard.retire(checkpoint_guard.broken_runs(runs, config) if args.new else [],
-                                        resolve_uri(config.tracking_uri, create=False)):
+    describe_run(RunPlace(lambda: tracking_uri, state_dir(create=False),
+                          lambda: saved_line(loop.state / artifacts.CHECKPOINT, choice.name,
+                                             config.budget, again)))
+    broken = checkpoint_guard.broken_runs(runs, config) if args.new else []
+    for line in checkpoint_guard.retire(broken, tracking_uri):
         console.print(line, soft_wrap=True, markup=False, highlight=False)
     lm = OptloopLM(settings)  # the input is valid: now the LM cache may be opened (or found corrupt)
     proposer = OptloopLM(proposer_settings) if proposer_settings is not None else lm

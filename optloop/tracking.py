@@ -24,9 +24,10 @@ def default_tracking_uri(*, create: bool = True) -> str:
 
 
 def resolve_uri(tracking_uri: str | None = None, *, create: bool = True) -> str:
-    """``tracking_uri``, else ``MLFLOW_TRACKING_URI``, else the embedded store (``create=False``: for
-    checks before anything is written)."""
-    return tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri(create=create)
+    """``tracking_uri``, else ``MLFLOW_TRACKING_URI``, else the embedded store (``create=False``:
+    for checks before anything is written)."""
+    return (tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+            or default_tracking_uri(create=create))
 
 
 def configure(tracking_uri: str | None = None) -> str:

@@ -26,14 +26,15 @@ from pathlib import Path
 from optloop.errors import StoreWriteError
 from optloop.outside import muted
 
-# Tables whose rows are the user's records; a half-made store with none of them has nothing to lose.
+# Tables whose rows are the user's records; a half-made store with none of them has nothing to
+# lose.
 _RECORD_TABLES = ("runs", "registered_models", "trace_info")
 
 
 @dataclass(frozen=True)
 class SchemaState:
-    """What a SQLite store file holds: its schema revision (``None``: none recorded), whether that is
-    MLflow's head, and whether any record (a run, a registered prompt, a trace) is in it."""
+    """What a SQLite store file holds: its schema revision (``None``: none recorded), whether that
+    is MLflow's head, and whether any record (a run, a registered prompt, a trace) is in it."""
 
     revision: str | None
     head: str
@@ -54,24 +55,35 @@ def head_revision() -> str:
 def schema_state(db: Path) -> SchemaState:
     """:class:`SchemaState` of store file ``db``, read without writing to it."""
     with sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True) as conn:
-        tables = {row[0] for row in conn.execute("select name from sqlite_master where type = 'table'")}
+        tables = {
+            row[0] for row in conn.execute("select name from sqlite_master where type = 'table'")
+        }
         revision = None
         if "alembic_version" in tables:
             row = conn.execute("select version_num from alembic_version").fetchone()
             revision = row[0] if row else None
-        has_records = any(conn.execute(f"select 1 from {t} limit 1").fetchone() is not None
-                          for t in _RECORD_TABLES if t in tables)
+        has_records = any(
+            conn.execute(f"select 1 from {t} limit 1").fetchone() is not None
+            for t in _RECORD_TABLES
+            if t in tables
+        )
         experiments = 0
-        if "experiments" in tables:  # the store's own "Default" experiment is no record of the user's
-            experiments = conn.execute("select count(*) from experiments where name != 'Default'").fetchone()[0]
-    return SchemaState(revision=revision, head=head_revision(), has_records=has_records or experiments > 0)
+        if (
+            "experiments" in tables
+        ):  # the store's own "Default" experiment is no record of the user's
+            experiments = conn.execute(
+                "select count(*) from experiments where name != 'Default'"
+            ).fetchone()[0]
+    return SchemaState(
+        revision=revision, head=head_revision(), has_records=has_records or experiments > 0
+    )
 
 
 def ensure_sqlite_store(db: Path) -> str | None:
-    """A complete MLflow store at ``db``: created whole when missing, made again when a cut-off creation left
-    it half-made and empty (the line to tell the user so is returned); a :class:`StoreWriteError` (exit 74)
-    when a half-made store holds records. An ``OSError`` or ``sqlite3.Error`` of a full or read-only disk
-    propagates (the caller names it)."""
+    """A complete MLflow store at ``db``: created whole when missing, made again when a cut-off
+    creation left it half-made and empty (the line to tell the user so is returned); a
+    :class:`StoreWriteError` (exit 74) when a half-made store holds records. An ``OSError`` or
+    ``sqlite3.Error`` of a full or read-only disk propagates (the caller names it)."""
     said = None
     if db.exists():
         state = schema_state(db)
@@ -79,11 +91,18 @@ def ensure_sqlite_store(db: Path) -> str | None:
             return None
         if state.has_records:
             raise StoreWriteError(
-                f"the MLflow store {db} stops at schema revision {state.revision or 'none'}, not {state.head} (its "
-                f"creation or an upgrade was cut off) and holds runs: back it up, then run `mlflow db upgrade "
-                f"sqlite:///{db}`, or point --tracking-uri at another store")
-        said = (f"optloop.run: the MLflow store {db} was left half-made (schema revision {state.revision or 'none'} "
-                f"of {state.head}: its creation was cut off, by a full disk perhaps) and held no runs: made again")
+                f"the MLflow store {db} stops at schema revision {state.revision or 'none'}, not "
+                f"{state.head} (its "
+                "creation or an upgrade was cut off) and holds runs: back it up, then run "
+                "`mlflow db upgrade "
+                f"sqlite:///{db}`, or point --tracking-uri at another store"
+            )
+        said = (
+            f"optloop.run: the MLflow store {db} was left half-made (schema revision "
+            f"{state.revision or 'none'} "
+            f"of {state.head}: its creation was cut off, by a full disk perhaps) and held no "
+            "runs: made again"
+        )
         _remove(db)
     _create(db)
     return said
@@ -99,10 +118,14 @@ def _create(db: Path) -> None:
     _remove(tmp)
     engine = sqlalchemy.create_engine(f"sqlite:///{tmp}")
     try:
-        with muted("mlflow.store.db.utils"):  # its INFO lines, and a traceback at ERROR before it raises
+        with muted(
+            "mlflow.store.db.utils"
+        ):  # its INFO lines, and a traceback at ERROR before it raises
             _initialize_tables(engine)
         engine.dispose()
-        with open(tmp, "rb+") as handle:  # the whole schema on disk before it takes the store's name
+        with open(
+            tmp, "rb+"
+        ) as handle:  # the whole schema on disk before it takes the store's name
             os.fsync(handle.fileno())
         os.replace(tmp, db)
     finally:
@@ -112,8 +135,12 @@ def _create(db: Path) -> None:
 
 def _remove(db: Path) -> None:
     """``db`` and SQLite's side files, if present."""
-    for path in (db, db.with_name(db.name + "-journal"), db.with_name(db.name + "-wal"),
-                 db.with_name(db.name + "-shm")):
+    for path in (
+        db,
+        db.with_name(db.name + "-journal"),
+        db.with_name(db.name + "-wal"),
+        db.with_name(db.name + "-shm"),
+    ):
         path.unlink(missing_ok=True)
 
 

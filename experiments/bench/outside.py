@@ -1,4 +1,4 @@
-"""Faults from outside optloop, measured: every case of ``docs/reliability.md`` run on the real CLI.
+"""Faults from outside optloop, measured: each case of ``docs/reliability.md`` on the real CLI.
 
     python -m experiments.bench.outside                    # every case; the table as markdown
     python -m experiments.bench.outside --case full-disk   # one case (repeatable)
@@ -21,8 +21,11 @@ it recovers. The faults:
   (another ``--tracking-uri``, or ``mlruns/`` deleted);
 - an unwritable store: the empty ``mlruns`` folder, or an existing ``mlflow.db``, made immutable
   (``chattr +i`` as root, where ``chmod`` does not stop writes; ``chmod a-w`` otherwise);
-- smaller ones: a refused ``--start`` on mem0, an unreachable PostgreSQL ``--storage``, an export
-  of a prompt reference ending in a newline, an empty gold answer.
+- smaller ones: a refused ``--start`` on mem0 (nothing may be written), an unreachable
+  PostgreSQL ``--storage``.
+
+(An export of a prompt reference ending in a newline, exported files' modes and an empty gold
+answer need no run: ``tests/optloop/test_export.py``, ``tests/optloop/datasets/test_jsonl.py``.)
 
 A case that needs what this machine cannot do (mount a tmpfs, make a file immutable) raises
 :class:`Unsupported`; the tests skip it.
@@ -70,23 +73,31 @@ class Row(BaseModel):
     line: str = Field(description="the last line the command printed")
     lines: int = Field(description="lines on stderr")
     tracebacks: int = Field(0, description="tracebacks on stderr")
-    other: list[str] = Field(default_factory=list, description="lines printed besides the run's own banner "
-                                                               "(optloop.run ...) and the last line")
+    other: list[str] = Field(
+        default_factory=list,
+        description="lines printed besides the run's "
+        "own banner "
+        "(optloop.run ...) and the last "
+        "line",
+    )
     left: str = Field(description="what was on disk after the failing command")
     recovery: str = Field(description="what the same command did once the fault was removed")
     recovered_exit: int | None = None
     seconds: float = Field(description="wall time of the failing command")
 
 
-# --- injecting faults -----------------------------------------------------------------------------------------
+# --- injecting faults ----------------------------------------------------------------------------
 
 
 @contextlib.contextmanager
 def tmpfs(path: Path, size_kb: int) -> Iterator[Path]:
     """A tmpfs of ``size_kb`` mounted at ``path`` (root only); unmounted after."""
     path.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_kb}k", "tmpfs", str(path)],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size_kb}k", "tmpfs", str(path)],
+        capture_output=True,
+        text=True,
+    )
     if done.returncode != 0:
         raise Unsupported(f"cannot mount a tmpfs here: {done.stderr.strip() or done.returncode}")
     try:
@@ -97,13 +108,15 @@ def tmpfs(path: Path, size_kb: int) -> Iterator[Path]:
 
 def grow(path: Path, size_kb: int) -> None:
     """Give the tmpfs at ``path`` ``size_kb`` (space restored)."""
-    subprocess.run(["mount", "-o", f"remount,size={size_kb}k", str(path)], check=True, capture_output=True)
+    subprocess.run(
+        ["mount", "-o", f"remount,size={size_kb}k", str(path)], check=True, capture_output=True
+    )
 
 
 @contextlib.contextmanager
 def unwritable(path: Path) -> Iterator[Path]:
-    """``path`` (a file, or a folder: no new entries) refuses writes, even to root: ``chattr +i`` as root,
-    ``chmod a-w`` for anyone else; restored after (also by :func:`restore`)."""
+    """``path`` (a file, or a folder: no new entries) refuses writes, even to root: ``chattr +i``
+    as root, ``chmod a-w`` for anyone else; restored after (also by :func:`restore`)."""
     if os.geteuid() == 0:
         done = subprocess.run(["chattr", "+i", str(path)], capture_output=True, text=True)
         if done.returncode != 0:
@@ -143,11 +156,27 @@ class TrackingServer:
     def start(self, timeout: float = 120) -> None:
         self.work.mkdir(parents=True, exist_ok=True)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(self.port),
-             "--backend-store-uri", f"sqlite:///{self.work / 'server.db'}",
-             "--artifacts-destination", str(self.work / "artifacts"), "--workers", "1"],
-            stdout=subprocess.DEVNULL, stderr=open(self.work / "server.log", "ab"),
-            cwd=self.work, start_new_session=True)
+            [
+                sys.executable,
+                "-m",
+                "mlflow",
+                "server",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--backend-store-uri",
+                f"sqlite:///{self.work / 'server.db'}",
+                "--artifacts-destination",
+                str(self.work / "artifacts"),
+                "--workers",
+                "1",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=open(self.work / "server.log", "ab"),
+            cwd=self.work,
+            start_new_session=True,
+        )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
@@ -157,7 +186,9 @@ class TrackingServer:
             except OSError:
                 time.sleep(0.5)
         self.stop()
-        raise RuntimeError(f"mlflow server did not start in {timeout} s; see {self.work / 'server.log'}")
+        raise RuntimeError(
+            f"mlflow server did not start in {timeout} s; see {self.work / 'server.log'}"
+        )
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -166,7 +197,7 @@ class TrackingServer:
         self.proc = None
 
 
-# --- reading what was left ------------------------------------------------------------------------------------
+# --- reading what was left -----------------------------------------------------------------------
 
 
 def last_line(text: str) -> str:
@@ -182,16 +213,24 @@ def other_lines(text: str) -> list[str]:
 
 def described(done: subprocess.CompletedProcess[str]) -> dict[str, Any]:
     """The printed part of a :class:`Row` for ``done``."""
-    return {"exit_code": done.returncode, "line": last_line(done.stderr),
-            "lines": len([x for x in done.stderr.splitlines() if x.strip()]),
-            "tracebacks": done.stderr.count("Traceback (most recent call last)"), "other": other_lines(done.stderr)}
+    return {
+        "exit_code": done.returncode,
+        "line": last_line(done.stderr),
+        "lines": len([x for x in done.stderr.splitlines() if x.strip()]),
+        "tracebacks": done.stderr.count("Traceback (most recent call last)"),
+        "other": other_lines(done.stderr),
+    }
 
 
 def stray_files(root: Path) -> list[str]:
     """Temporary files a write left behind (``*.tmp``, ``.mlflow.db.creating-*``)."""
     if not root.exists():
         return []
-    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.name.endswith(".tmp") or ".creating-" in p.name)
+    return sorted(
+        str(p.relative_to(root))
+        for p in root.rglob("*")
+        if p.name.endswith(".tmp") or ".creating-" in p.name
+    )
 
 
 def checkpoints(state: Path) -> list[str]:
@@ -199,10 +238,14 @@ def checkpoints(state: Path) -> list[str]:
     from optloop.loop.state import Checkpoint
 
     out = []
-    for path in sorted((state / "runs").glob("*/checkpoint.json")) if (state / "runs").is_dir() else []:
+    for path in (
+        sorted((state / "runs").glob("*/checkpoint.json")) if (state / "runs").is_dir() else []
+    ):
         try:
             ckpt = Checkpoint.model_validate_json(path.read_text())
-            out.append("checkpoint finished" if ckpt.finished else f"checkpoint {ckpt.progress(BUDGET)}")
+            out.append(
+                "checkpoint finished" if ckpt.finished else f"checkpoint {ckpt.progress(BUDGET)}"
+            )
         except Exception:
             out.append("checkpoint unreadable")
     return out
@@ -216,13 +259,16 @@ def running_runs(db: Path) -> int | None:
         return None
     try:
         with sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True) as conn:
-            return int(conn.execute("select count(*) from runs where status = 'RUNNING'").fetchone()[0])
+            return int(
+                conn.execute("select count(*) from runs where status = 'RUNNING'").fetchone()[0]
+            )
     except sqlite3.Error:
         return None
 
 
 def left_on_disk(work: Path, db: Path | None = None) -> str:
-    """What a failing command left: nothing, or its checkpoints, stray temporary files, RUNNING runs."""
+    """What a failing command left: nothing, or its checkpoints, stray temporary files, RUNNING
+    runs."""
     state, db = work / "state", db or work / "mlruns" / "mlflow.db"
     parts = checkpoints(state)
     if strays := stray_files(work):
@@ -232,17 +278,31 @@ def left_on_disk(work: Path, db: Path | None = None) -> str:
     elif db.exists():
         parts.append("mlflow.db unreadable")
     if not parts:
-        files = [p for p in work.rglob("*") if p.is_file() and p.parts[len(work.parts)] in ("state", "mlruns")]
-        return "nothing" if not files else f"{len(files)} file(s): " + ", ".join(
-            str(p.relative_to(work)) for p in files[:4])
+        files = [
+            p
+            for p in work.rglob("*")
+            if p.is_file() and p.parts[len(work.parts)] in ("state", "mlruns")
+        ]
+        return (
+            "nothing"
+            if not files
+            else f"{len(files)} file(s): " + ", ".join(str(p.relative_to(work)) for p in files[:4])
+        )
     return "; ".join(parts)
 
 
-# --- the cases ------------------------------------------------------------------------------------------------
+# --- the cases -----------------------------------------------------------------------------------
 
 
-def _run(work: Path, endpoint: OracleEndpoint, *, extra: Sequence[str] = (), env: dict[str, str] | None = None,
-         kill_at: str | None = None, tracking: str | None = None) -> tuple[subprocess.CompletedProcess[str], float]:
+def _run(
+    work: Path,
+    endpoint: OracleEndpoint,
+    *,
+    extra: Sequence[str] = (),
+    env: dict[str, str] | None = None,
+    kill_at: str | None = None,
+    tracking: str | None = None,
+) -> tuple[subprocess.CompletedProcess[str], float]:
     args = run_args(work, BUDGET, endpoint.base_url, extra=extra)
     if tracking is not None:
         args[args.index("--tracking-uri") + 1] = tracking
@@ -251,38 +311,80 @@ def _run(work: Path, endpoint: OracleEndpoint, *, extra: Sequence[str] = (), env
     return done, round(time.perf_counter() - started, 1)
 
 
-def _row(case: str, fault: str, done: subprocess.CompletedProcess[str], seconds: float, left: str,
-         again: subprocess.CompletedProcess[str] | None, recovery: str) -> Row:
-    return Row(case=case, fault=fault, **described(done), left=left, recovery=recovery,
-               recovered_exit=None if again is None else again.returncode, seconds=seconds)
+def _row(
+    case: str,
+    fault: str,
+    done: subprocess.CompletedProcess[str],
+    seconds: float,
+    left: str,
+    again: subprocess.CompletedProcess[str] | None,
+    recovery: str,
+) -> Row:
+    return Row(
+        case=case,
+        fault=fault,
+        **described(done),
+        left=left,
+        recovery=recovery,
+        recovered_exit=None if again is None else again.returncode,
+        seconds=seconds,
+    )
 
 
 def _recovery(again: subprocess.CompletedProcess[str], work: Path, db: Path | None = None) -> str:
     first = next((x for x in again.stderr.splitlines() if x.startswith("optloop.run ")), "")
-    said = "resumed" if " resuming " in first else "started afresh" if "a new run" in first else "ran"
+    said = (
+        "resumed" if " resuming " in first else "started afresh" if "a new run" in first else "ran"
+    )
     running = running_runs(db or work / "mlruns" / "mlflow.db")
-    return f"exit {again.returncode}: {said}, {running if running is not None else '?'} run(s) left RUNNING"
+    left = "?" if running is None else running
+    return f"exit {again.returncode}: {said}, {left} run(s) left RUNNING"
 
 
-def case_dead_tracking_server(work: Path) -> list[Row]:
-    """A tracking URI with nothing listening; then a real server that is killed mid-run and restarted."""
+def case_dead_tracking_server(work: Path, *, then_lost: bool = True) -> list[Row]:
+    """A tracking URI with nothing listening; then (``then_lost``) a real server there, the same
+    command again, and a run whose server is killed mid-run and restarted."""
     server = TrackingServer(work / "server", closed_port())
     down, lost = work / "down", work / "lost"
     with OracleEndpoint() as endpoint:
         done, seconds = _run(down, endpoint, tracking=server.uri)
         left = left_on_disk(down)
+        if not then_lost:
+            return [
+                _row(
+                    "dead-tracking-server",
+                    "tracking server down at start",
+                    done,
+                    seconds,
+                    left,
+                    None,
+                    "(not run)",
+                )
+            ]
         server.start()
         try:
             again, _ = _run(down, endpoint, tracking=server.uri)
-            first = _row("dead-tracking-server", "tracking server down at start (`--tracking-uri "
-                         "http://127.0.0.1:<closed port>`)", done, seconds, left, again,
-                         f"once a server listens there: exit {again.returncode}")
+            first = _row(
+                "dead-tracking-server",
+                "tracking server down at start (`--tracking-uri http://127.0.0.1:<closed port>`)",
+                done,
+                seconds,
+                left,
+                again,
+                f"once a server listens there: exit {again.returncode}",
+            )
             endpoint.hold_when = lambda: _trial_open(lost)
             args = run_args(lost, BUDGET, endpoint.base_url)
             args[args.index("--tracking-uri") + 1] = server.uri
             env = env_for(lost, endpoint.base_url)
-            proc = subprocess.Popen([sys.executable, "-m", "optloop.run", *args], cwd=REPO, env=env,
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "optloop.run", *args],
+                cwd=REPO,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
             started = time.perf_counter()
             try:
                 if not endpoint.holding.wait(300):
@@ -298,9 +400,15 @@ def case_dead_tracking_server(work: Path) -> list[Row]:
             left = left_on_disk(lost)
             server.start()
             again = optloop_run(args, env, timeout=600)
-            second = _row("tracking-server-lost", "tracking server killed while trial 1 is evaluated, then "
-                          "restarted", stopped, seconds, left, again,
-                          _recovery(again, lost, work / "server" / "server.db"))
+            second = _row(
+                "tracking-server-lost",
+                "tracking server killed while trial 1 is evaluated, then restarted",
+                stopped,
+                seconds,
+                left,
+                again,
+                _recovery(again, lost, work / "server" / "server.db"),
+            )
         finally:
             server.stop()
     return [first, second]
@@ -326,17 +434,36 @@ def case_full_disk(work: Path, size_kb: int = 1400) -> list[Row]:
         left = left_on_disk(disk)
         grow(disk, 256 * 1024)
         again, _ = _run(disk, endpoint, env=env)
-        return [_row(f"full-disk-{size_kb}k", f"state and store on a {size_kb} KB tmpfs (full "
-                     f"{'while MLflow creates its tables' if size_kb < 1000 else 'mid-run'}), then grown", done,
-                     seconds, left, again, _recovery(again, disk))]
+        return [
+            _row(
+                f"full-disk-{size_kb}k",
+                f"state and store on a {size_kb} KB tmpfs (full "
+                f"{'while MLflow creates its tables' if size_kb < 1000 else 'mid-run'}), "
+                "then grown",
+                done,
+                seconds,
+                left,
+                again,
+                _recovery(again, disk),
+            )
+        ]
 
 
 def case_half_made_store(work: Path) -> list[Row]:
-    """A store whose table creation a full disk cut off (plain MLflow, as an older optloop left it)."""
+    """A store whose table creation a full disk cut off (plain MLflow, as an older optloop left
+    it)."""
     db = work / "mlruns" / "mlflow.db"
     with tmpfs(work / "mlruns", 300):
-        probe = subprocess.run([sys.executable, "-c", "import mlflow, sys; mlflow.MlflowClient(sys.argv[1])"
-                                ".search_experiments()", f"sqlite:///{db}"], capture_output=True, text=True)
+        probe = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "import mlflow, sys; mlflow.MlflowClient(sys.argv[1]).search_experiments()",
+                f"sqlite:///{db}",
+            ],
+            capture_output=True,
+            text=True,
+        )
         if probe.returncode == 0:
             raise RuntimeError("MLflow created its store in 300 KB: no half-made store to test")
         kept = work / "half-made.db"
@@ -348,10 +475,18 @@ def case_half_made_store(work: Path) -> list[Row]:
     with OracleEndpoint() as endpoint:
         done, seconds = _run(work, endpoint)
     mended = next((x for x in done.stderr.splitlines() if "half-made" in x), "")
-    return [Row(case="half-made-store", fault=f"mlflow.db left at schema revision {state.revision} of "
-                f"{state.head} by a full disk during plain MLflow's table creation",
-                **{**described(done), "line": " ".join(mended.split()) or last_line(done.stderr)},
-                left=left_on_disk(work), recovery="(the first run mends it)", seconds=seconds)]
+    return [
+        Row(
+            case="half-made-store",
+            fault="mlflow.db left at schema revision "
+            f"{state.revision} of "
+            f"{state.head} by a full disk during plain MLflow's table creation",
+            **{**described(done), "line": " ".join(mended.split()) or last_line(done.stderr)},
+            left=left_on_disk(work),
+            recovery="(the first run mends it)",
+            seconds=seconds,
+        )
+    ]
 
 
 def case_corrupt_checkpoint(work: Path) -> list[Row]:
@@ -366,10 +501,21 @@ def case_corrupt_checkpoint(work: Path) -> list[Row]:
         left = left_on_disk(work)
         again, _ = _run(work, endpoint, extra=["--new"])
     statuses = _parent_statuses(work / "mlruns" / "mlflow.db")
-    return [_row("corrupt-checkpoint", "checkpoint.json cut to half its bytes after a SIGKILL after trial 1",
-                 done, seconds, left, again, f"with --new: exit {again.returncode}, the killed run's parent "
-                 f"run {statuses[0] if statuses else '?'}, the new one {statuses[-1] if statuses else '?'}; "
-                 f"{_recovery(again, work).split(': ', 1)[1]}")]
+    return [
+        _row(
+            "corrupt-checkpoint",
+            "checkpoint.json cut to half its bytes after a SIGKILL after trial 1",
+            done,
+            seconds,
+            left,
+            again,
+            f"with --new: exit {again.returncode}, the killed "
+            "run's parent "
+            f"run {statuses[0] if statuses else '?'}, the new one "
+            f"{statuses[-1] if statuses else '?'}; "
+            f"{_recovery(again, work).split(': ', 1)[1]}",
+        )
+    ]
 
 
 def _parent_statuses(db: Path) -> list[str]:
@@ -377,36 +523,58 @@ def _parent_statuses(db: Path) -> list[str]:
     import sqlite3
 
     with sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True) as conn:
-        rows = conn.execute("select status from runs where run_uuid not in (select run_uuid from tags where key = "
-                            "'mlflow.parentRunId') order by start_time").fetchall()
+        rows = conn.execute(
+            "select status from runs where run_uuid not in (select run_uuid from "
+            "tags where key = "
+            "'mlflow.parentRunId') order by start_time"
+        ).fetchall()
     return [r[0] for r in rows]
 
 
 def case_parent_run_gone(work: Path) -> list[Row]:
-    """SIGKILL after trial 1; the same command on another store, then after ``mlruns/`` is deleted."""
+    """SIGKILL after trial 1; the same command on another store, then after ``mlruns/`` is
+    deleted."""
     rows = []
     with OracleEndpoint() as endpoint:
         killed, _ = _run(work, endpoint, kill_at="trial:1")
         assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
         other = work / "other" / "mlflow.db"
         done, seconds = _run(work, endpoint, tracking=f"sqlite:///{other}")
-        said = next((x for x in done.stderr.splitlines() if "is not in the tracking store" in x), "")
-        rows.append(Row(case="parent-run-gone", fault="the same settings with another `--tracking-uri` after a "
-                        "SIGKILL after trial 1", **{**described(done), "line": " ".join(said.split())},
-                        left=left_on_disk(work, other),
-                        recovery=f"(resumed at once) trials in the new store: {_trial_names(other)}",
-                        seconds=seconds))
+        said = next(
+            (x for x in done.stderr.splitlines() if "is not in the tracking store" in x), ""
+        )
+        rows.append(
+            Row(
+                case="parent-run-gone",
+                fault="the same settings with another "
+                "`--tracking-uri` after a "
+                "SIGKILL after trial 1",
+                **{**described(done), "line": " ".join(said.split())},
+                left=left_on_disk(work, other),
+                recovery=f"(resumed at once) trials in the new store: {_trial_names(other)}",
+                seconds=seconds,
+            )
+        )
     shutil.rmtree(work)
     work.mkdir()
     with OracleEndpoint() as endpoint:
         killed, _ = _run(work, endpoint, kill_at="trial:1")
         shutil.rmtree(work / "mlruns")
         done, seconds = _run(work, endpoint)
-        said = next((x for x in done.stderr.splitlines() if "is not in the tracking store" in x), "")
+        said = next(
+            (x for x in done.stderr.splitlines() if "is not in the tracking store" in x), ""
+        )
         db = work / "mlruns" / "mlflow.db"
-        rows.append(Row(case="mlruns-deleted", fault="`mlruns/` deleted after a SIGKILL after trial 1",
-                        **{**described(done), "line": " ".join(said.split())}, left=left_on_disk(work), recovery=f"(resumed at once) trials: {_trial_names(db)}",
-                        seconds=seconds))
+        rows.append(
+            Row(
+                case="mlruns-deleted",
+                fault="`mlruns/` deleted after a SIGKILL after trial 1",
+                **{**described(done), "line": " ".join(said.split())},
+                left=left_on_disk(work),
+                recovery=f"(resumed at once) trials: {_trial_names(db)}",
+                seconds=seconds,
+            )
+        )
     return rows
 
 
@@ -414,8 +582,11 @@ def _trial_names(db: Path) -> str:
     import sqlite3
 
     with sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True) as conn:
-        rows = conn.execute("select name, status from runs where name like 'trial-%' and lifecycle_stage = "
-                            "'active' order by name").fetchall()
+        rows = conn.execute(
+            "select name, status from runs where name like 'trial-%' and "
+            "lifecycle_stage = "
+            "'active' order by name"
+        ).fetchall()
     return ", ".join(f"{n} {s}" for n, s in rows) or "none"
 
 
@@ -431,8 +602,17 @@ def case_unwritable_store(work: Path) -> list[Row]:
             done, seconds = _run(work, endpoint)
             left = left_on_disk(work)
         again, _ = _run(work, endpoint)
-        rows.append(_row("unwritable-mlruns", "empty `mlruns/` that refuses new files (chattr +i; chmod 555 for "
-                         "a user)", done, seconds, left, again, "made writable: " + _recovery(again, work)))
+        rows.append(
+            _row(
+                "unwritable-mlruns",
+                "empty `mlruns/` that refuses new files (chattr +i; chmod 555 for a user)",
+                done,
+                seconds,
+                left,
+                again,
+                "made writable: " + _recovery(again, work),
+            )
+        )
     shutil.rmtree(work)
     db = work / "mlruns" / "mlflow.db"
     ensure_sqlite_store(db)
@@ -441,8 +621,17 @@ def case_unwritable_store(work: Path) -> list[Row]:
             done, seconds = _run(work, endpoint)
             left = left_on_disk(work)
         again, _ = _run(work, endpoint)
-        rows.append(_row("read-only-mlflow-db", "existing `mlflow.db` that refuses writes (chattr +i; chmod 444 "
-                         "for a user)", done, seconds, left, again, "made writable: " + _recovery(again, work)))
+        rows.append(
+            _row(
+                "read-only-mlflow-db",
+                "existing `mlflow.db` that refuses writes (chattr +i; chmod 444 for a user)",
+                done,
+                seconds,
+                left,
+                again,
+                "made writable: " + _recovery(again, work),
+            )
+        )
     return rows
 
 
@@ -451,18 +640,48 @@ def case_refusals(work: Path) -> list[Row]:
     rows = []
     with OracleEndpoint() as endpoint:
         env = {**env_for(work, endpoint.base_url), "HOME": str(work / "home")}
-        args = ["--system", "mem0", "--budget", "1", "--start", "nosuch=x", "--lm", "openai:oracle",
-                "--lm-base-url", endpoint.base_url, "--tracking-uri", f"sqlite:///{work / 'mlruns' / 'mlflow.db'}"]
+        args = [
+            "--system",
+            "mem0",
+            "--budget",
+            "1",
+            "--start",
+            "nosuch=x",
+            "--lm",
+            "openai:oracle",
+            "--lm-base-url",
+            endpoint.base_url,
+            "--tracking-uri",
+            f"sqlite:///{work / 'mlruns' / 'mlflow.db'}",
+        ]
         started = time.perf_counter()
         done = optloop_run(args, env)
         seconds = round(time.perf_counter() - started, 1)
         written = sorted(str(p.relative_to(work)) for p in work.rglob("*") if p.is_file())
-        rows.append(_row("refused-start", "`--system mem0 --start nosuch=x`", done, seconds,
-                         "nothing" if not written else ", ".join(written[:4]), None, "(bad input: fix it)"))
+        rows.append(
+            _row(
+                "refused-start",
+                "`--system mem0 --start nosuch=x`",
+                done,
+                seconds,
+                "nothing" if not written else ", ".join(written[:4]),
+                None,
+                "(bad input: fix it)",
+            )
+        )
         url = f"postgresql://optloop:secret@127.0.0.1:{closed_port()}/optloop"
         done, seconds = _run(work, endpoint, extra=["--optimizer", "optuna", "--storage", url])
-        rows.append(_row("storage-unreachable", "`--optimizer optuna --storage postgresql://...` with nothing "
-                         "listening", done, seconds, left_on_disk(work), None, "(rerun once it is up)"))
+        rows.append(
+            _row(
+                "storage-unreachable",
+                "`--optimizer optuna --storage postgresql://...` with nothing listening",
+                done,
+                seconds,
+                left_on_disk(work),
+                None,
+                "(rerun once it is up)",
+            )
+        )
     return rows
 
 
@@ -480,19 +699,29 @@ CASES: dict[str, Callable[[Path], list[Row]]] = {
 
 def table(rows: Sequence[Row]) -> str:
     """The rows as the markdown table of ``docs/reliability.md``."""
-    out = ["| fault | exit | the line printed | left on disk | the same command after | s |",
-           "|---|---|---|---|---|---|"]
+    out = [
+        "| fault | exit | the line printed | left on disk | the same command after | s |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in rows:
         line = r.line.replace("|", "\\|")
-        out.append(f"| {r.fault} | {r.exit_code} | `{line}` ({r.lines} line(s)) | {r.left} | {r.recovery} | "
-                   f"{r.seconds} |")
+        out.append(
+            f"| {r.fault} | {r.exit_code} | `{line}` ({r.lines} line(s)) | {r.left} | "
+            f"{r.recovery} | "
+            f"{r.seconds} |"
+        )
     return "\n".join(out)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m experiments.bench.outside", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--case", action="append", choices=list(CASES), help="run only this case (repeatable)")
+    parser = argparse.ArgumentParser(
+        prog="python -m experiments.bench.outside",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--case", action="append", choices=list(CASES), help="run only this case (repeatable)"
+    )
     parser.add_argument("--json", type=Path, help="also write the rows here")
     args = parser.parse_args(argv)
     rows: list[Row] = []

@@ -96,9 +96,9 @@ class Question(BaseModel):
     def _check_task(self) -> Question:
         # Messages start with the field they are about; loaders turn that into the location.
         if not self.gold.strip() and self.scorer != "abstain":
-            raise ValueError("gold: empty, so no answer could be graded right (or, under some scorers, every "
-                             "answer would be); give the expected answer, or mark a question whose right answer "
-                             "is \"I don't know\" with \"abstain\": true")
+            raise ValueError("gold: empty, so every answer would be graded wrong; give the "
+                             "expected answer, or mark a question whose right answer is \"I don't "
+                             "know\" with \"abstain\": true")
         if self.scorer == "multiple_choice":
             if not self.options or not 2 <= len(self.options) <= len(LETTERS):
                 raise ValueError("options: a multiple_choice question needs 2 to 26 options")

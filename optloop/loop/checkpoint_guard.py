@@ -1,4 +1,4 @@
-"""Checkpoints the world broke: a file cut short, or a parent run its tracking store no longer holds.
+"""Checkpoints the world broke: a file cut short, or a parent run the tracking store lacks.
 
 **An unreadable checkpoint** (a disk that failed under it, a hand edit, a copy cut short; optloop
 itself writes checkpoints atomically) of the run the same command would resume is not skipped
@@ -53,7 +53,8 @@ class Broken:
 
 
 def _field(text: str, name: str) -> str | bool | None:
-    """Field ``name`` of a checkpoint's (possibly truncated) JSON text, when its value is all there."""
+    """Field ``name`` of a checkpoint's (possibly truncated) JSON text, when its value is all
+    there."""
     match = re.search(_FIELD.format(name=re.escape(name)), text)
     if match is None:
         return None
@@ -63,7 +64,8 @@ def _field(text: str, name: str) -> str | bool | None:
 
 
 def _problem(path: Path) -> tuple[str, str] | None:
-    """(why the checkpoint at ``path`` is unreadable, what is left of its text), or ``None`` when it reads."""
+    """(why the checkpoint at ``path`` is unreadable, what is left of its text), or ``None`` when
+    it reads."""
     try:
         raw = path.read_bytes()
     except OSError as exc:
@@ -73,15 +75,18 @@ def _problem(path: Path) -> tuple[str, str] | None:
         Checkpoint.model_validate_json(raw)
     except ValueError as exc:  # pydantic's ValidationError is a ValueError
         first = str(exc).splitlines()
-        kind = "not valid JSON: cut short?" if "json_invalid" in str(exc) or not raw.strip() else \
-            (first[-1].strip() if first else type(exc).__name__)
+        kind = (
+            "not valid JSON: cut short?"
+            if "json_invalid" in str(exc) or not raw.strip()
+            else (first[-1].strip() if first else type(exc).__name__)
+        )
         return f"{len(raw)} bytes, {kind}", text
     return None
 
 
 def broken_runs(runs: Path, config: LoopConfig) -> list[Broken]:
-    """Unreadable checkpoints under ``runs`` of runs the same command would resume (module docstring);
-    reads only."""
+    """Unreadable checkpoints under ``runs`` of runs the same command would resume (module
+    docstring); reads only."""
     found: list[Broken] = []
     key, prefix = config.resume_key(), f"{config.system}-{config.optimizer}-"
     for path in sorted(runs.glob(f"*/{artifacts.CHECKPOINT}")) if runs.is_dir() else []:
@@ -91,32 +96,45 @@ def broken_runs(runs: Path, config: LoopConfig) -> list[Broken]:
         reason, text = problem
         resume_key, auto_named = _field(text, "resume_key"), _field(text, "auto_named")
         if isinstance(resume_key, str):
-            ours = resume_key == key and auto_named is not False and _field(text, "finished") is not True
+            ours = (
+                resume_key == key
+                and auto_named is not False
+                and _field(text, "finished") is not True
+            )
         else:
             ours = path.parent.name.startswith(prefix)
         if ours:
             parent = _field(text, "parent_run_id")
-            found.append(Broken(path.parent.name, path, reason, parent if isinstance(parent, str) else None))
+            found.append(
+                Broken(path.parent.name, path, reason, parent if isinstance(parent, str) else None)
+            )
     return found
 
 
 def refusal(broken: Broken) -> str:
     """The one line that refuses to go on past ``broken``."""
-    return (f"run {broken.name}'s checkpoint {broken.path} is unreadable ({broken.reason}), and it is the run this "
-            f"command would resume: rerun with --new to start afresh (its MLflow run is then ended KILLED), or "
-            f"delete {broken.path.parent}")
+    return (
+        f"run {broken.name}'s checkpoint {broken.path} is unreadable ({broken.reason}), and "
+        "it is the run this "
+        "command would resume: rerun with --new to start afresh (its MLflow run is then "
+        "ended KILLED), or "
+        f"delete {broken.path.parent}"
+    )
 
 
 def retire(broken: list[Broken], tracking_uri: str) -> list[str]:
-    """Set each broken checkpoint aside (``checkpoint.json.unreadable``) and end its MLflow parent run KILLED
-    when the store at ``tracking_uri`` holds it RUNNING; one line per run saying what was done."""
+    """Set each broken checkpoint aside (``checkpoint.json.unreadable``) and end its MLflow parent
+    run KILLED when the store at ``tracking_uri`` holds it RUNNING; one line per run saying what
+    was done."""
     lines = []
     for run in broken:
         ended = _end_killed(run.parent_run_id, tracking_uri)
         run.path.replace(run.path.with_name(run.path.name + UNREADABLE_SUFFIX))
-        lines.append(f"optloop.run: run {run.name}'s unreadable checkpoint set aside as "
-                     f"{run.path.name}{UNREADABLE_SUFFIX}" + (f"; its MLflow run {run.parent_run_id} ended KILLED"
-                                                              if ended else ""))
+        lines.append(
+            f"optloop.run: run {run.name}'s unreadable checkpoint set aside as "
+            f"{run.path.name}{UNREADABLE_SUFFIX}"
+            + (f"; its MLflow run {run.parent_run_id} ended KILLED" if ended else "")
+        )
     return lines
 
 
@@ -134,7 +152,10 @@ def _end_killed(run_id: str | None, tracking_uri: str) -> bool:
     client = MlflowClient(tracking_uri)
     try:
         run = client.get_run(run_id)
-        if run.info.status not in (RunStatus.to_string(RunStatus.RUNNING), RunStatus.to_string(RunStatus.SCHEDULED)):
+        if run.info.status not in (
+            RunStatus.to_string(RunStatus.RUNNING),
+            RunStatus.to_string(RunStatus.SCHEDULED),
+        ):
             return False
         client.set_terminated(run_id, "KILLED")
     except MlflowException as exc:  # not in this store: nothing to end
@@ -147,7 +168,8 @@ def _end_killed(run_id: str | None, tracking_uri: str) -> bool:
 
 
 def parent_run_missing(run_id: str) -> bool:
-    """Whether the tracking store MLflow points at has no run ``run_id`` (deleted runs count as held)."""
+    """Whether the tracking store MLflow points at has no run ``run_id`` (deleted runs count as
+    held)."""
     from mlflow.exceptions import MlflowException
     from mlflow.protos.databricks_pb2 import RESOURCE_DOES_NOT_EXIST, ErrorCode
     from mlflow.tracking import MlflowClient
@@ -167,23 +189,46 @@ def lost_parent_line(config: LoopConfig, run_id: str, tracking_uri: str, ckpt: C
 
     done = sum(t.evaluation is not None for t in ckpt.trials)
     store = tracking_uri if tracking_uri.startswith("sqlite:") else redact_url(tracking_uri)
-    return (f"optloop.run: run {config.run_name}'s MLflow parent run {run_id} is not in the tracking store "
-            f"{store} (another --tracking-uri, or mlruns/ deleted): resuming into a new parent run there, the "
-            f"baseline and {done} evaluated trial(s) logged again from the checkpoint")
+    return (
+        f"optloop.run: run {config.run_name}'s MLflow parent run {run_id} is not in the "
+        "tracking store "
+        f"{store} (another --tracking-uri, or mlruns/ deleted): resuming into a new parent "
+        "run there, the "
+        f"baseline and {done} evaluated trial(s) logged again from the checkpoint"
+    )
 
 
-def relog_trials(sink: TrackingSink, ckpt: Checkpoint, base: Candidate, prompt_texts: Callable[[Candidate], dict[str, str]],
-                 tags: Mapping[str, str] | None) -> None:
-    """Every evaluated trial of ``ckpt`` as a child run of the sink's (new) parent run, as it was first logged
-    (candidate, evaluation, prompt diff against ``base``); the checkpoint's child run ids follow."""
+def relog_trials(
+    sink: TrackingSink,
+    ckpt: Checkpoint,
+    base: Candidate,
+    prompt_texts: Callable[[Candidate], dict[str, str]],
+    tags: Mapping[str, str] | None,
+) -> None:
+    """Every evaluated trial of ``ckpt`` as a child run of the sink's (new) parent run, as it was
+    first logged (candidate, evaluation, prompt diff against ``base``); the checkpoint's child run
+    ids follow."""
     texts_base = prompt_texts(base)
     for trial in sorted(ckpt.trials, key=lambda t: t.trial):
         if trial.evaluation is None:
             continue  # a half-done trial: the controller redoes it
         with sink.open_trial(trial.trial, tags) as run_id:
-            sink.log_trial(trial.trial, trial.candidate, trial.evaluation, base=base,
-                           diff=prompt_diff(texts_base, prompt_texts(trial.candidate)))
+            sink.log_trial(
+                trial.trial,
+                trial.candidate,
+                trial.evaluation,
+                base=base,
+                diff=prompt_diff(texts_base, prompt_texts(trial.candidate)),
+            )
         trial.child_run_id = run_id
 
 
-__all__ = ["Broken", "broken_runs", "lost_parent_line", "parent_run_missing", "refusal", "relog_trials", "retire"]
+__all__ = [
+    "Broken",
+    "broken_runs",
+    "lost_parent_line",
+    "parent_run_missing",
+    "refusal",
+    "relog_trials",
+    "retire",
+]

@@ -174,7 +174,8 @@ class Loop:
         self._prepared: tuple[Dataset, Dataset, Dataset, Dataset] | None = None
         self.site_stages: dict[str, str] = {}  # the system's prompt sites and their stages, once the run has begun
         self.start: Candidate | None = None  # the program the run starts from, once the run has begun
-        self.announce: Callable[[str], None] = lambda line: logger.warning("%s", line)  # one line to the user
+        # One line to the user (optloop.run prints it; a library caller gets a warning).
+        self.announce: Callable[[str], None] = lambda line: logger.warning("%s", line)
 
     # --- the run --------------------------------------------------------------------------
 
@@ -207,8 +208,10 @@ class Loop:
             return self._run(*self._prepared)
         finally:
             self._lock.close()
-            with suppress(OSError):  # stopped before its first checkpoint (a full disk, a store that cannot be
-                if [p.name for p in self.state.iterdir()] == [".lock"]:  # made): leave no empty run behind
+            # Stopped before its first checkpoint (a full disk, a store that cannot be made): leave
+            # no empty run directory behind.
+            with suppress(OSError):
+                if [p.name for p in self.state.iterdir()] == [".lock"]:
                     (self.state / ".lock").unlink()
                     self.state.rmdir()
 
@@ -275,7 +278,8 @@ class Loop:
         run_id = ckpt.parent_run_id or coordinator.leader_parent_run_id()
         relog = bool(run_id) and checkpoint_guard.parent_run_missing(run_id)
         if relog:  # another store than the run's first: a new parent run, the trials logged again
-            self.announce(checkpoint_guard.lost_parent_line(cfg, run_id, mlflow.get_tracking_uri(), ckpt))
+            uri = mlflow.get_tracking_uri()
+            self.announce(checkpoint_guard.lost_parent_line(cfg, run_id, uri, ckpt))
             run_id = ckpt.parent_run_id = None
         if run_id:
             parent = mlflow.start_run(run_id=run_id)
@@ -292,7 +296,8 @@ class Loop:
             if coordinator.leads and (relog or (not ckpt.trials and not ckpt.baseline_dev)):
                 self._log_params(evaluator, train, dev, test)
             self.start = start_candidate(evaluator, cfg)
-            splits = SplitEvaluator(evaluator, {"train": train, "dev": dev, "test": test}, self.progress)
+            splits = SplitEvaluator(evaluator, {"train": train, "dev": dev, "test": test},
+                                    self.progress)
             sink = MlflowSink(cfg.system, ckpt.parent_run_id, self.state, evaluator.modules)
             if relog:
                 checkpoint_guard.relog_trials(sink, ckpt, self.start, splits.prompt_texts,
@@ -317,13 +322,15 @@ class Loop:
             if status != "FINISHED" and _quiet(coordinator.finished_elsewhere):
                 status = "FINISHED"  # this worker failed after another one finished the run
             while (active := mlflow.active_run()) is not None:  # a child run an interrupt left open, then the parent
+                failing = status != "FINISHED"
                 try:
-                    with outside.muted("mlflow.store.db.utils") if status != "FINISHED" else nullcontext():
+                    with outside.muted("mlflow.store.db.utils") if failing else nullcontext():
                         mlflow.end_run(status)
-                except Exception as exc:  # noqa: BLE001 - a full disk or a lost server: the run is saved, and the
-                    if status == "FINISHED":  # same command, resuming it, ends it
+                except Exception as exc:  # noqa: BLE001 - a full disk or a lost server: the run is
+                    if not failing:  # saved, and the same command, resuming it, ends it
                         raise
-                    logger.debug("could not end MLflow run %s as %s: %s", active.info.run_id, status, exc)
+                    logger.debug("could not end MLflow run %s as %s: %s", active.info.run_id,
+                                 status, exc)
                 if active.info.run_id == parent.info.run_id:
                     break
             evaluator.close()
@@ -357,8 +364,9 @@ class Loop:
             lock = open(db.with_name(f".{db.name}.lock"), "a+")  # noqa: SIM115 - closed below
             fcntl.flock(lock, fcntl.LOCK_EX)
         try:
-            if lock is not None and (mended := tracking_store.ensure_sqlite_store(db)):  # made whole or not
-                self.announce(mended)  # at all; one a full disk left half-made, mended
+            # The store made whole or not at all; one a full disk left half-made, mended.
+            if lock is not None and (mended := tracking_store.ensure_sqlite_store(db)):
+                self.announce(mended)
             for attempt in range(3):
                 try:
                     return tracking.experiment(f"optloop-{self.config.system}")

@@ -283,12 +283,13 @@ def test_argument_errors_exit_non_zero():
     assert done.returncode == 2 and "one of the arguments --run --prompt is required" in done.stderr
 
 
-# --- any reference, the user's file modes -------------------------------------------------------------------------
+# --- any reference, the user's file modes -----------------------------------------------------
 
 
 def test_a_prompt_reference_ending_in_a_newline_exports_a_module_that_compiles(store, tmp_path):
     out = tmp_path / "mem0_prompts.py"
-    assert export("--prompt", "optloop.mem0.extract@champion\n", "--format", "mem0", "--out", str(out)) == 0
+    ref = "optloop.mem0.extract@champion\n"
+    assert export("--prompt", ref, "--format", "mem0", "--out", str(out)) == 0
     text = out.read_text()
     compile(text, str(out), "exec")
     assert text.splitlines()[0].startswith("# Written by `python -m optloop.export --prompt "
@@ -303,7 +304,7 @@ def test_exported_files_take_the_users_umask_or_keep_an_existing_files_mode(stor
     try:
         new = tmp_path / "prompts.json"
         assert export("--run", store.runs["mem0"], "--format", "json", "--out", str(new)) == 0
-        assert stat.S_IMODE(new.stat().st_mode) == 0o644  # readable by a service running as another user
+        assert stat.S_IMODE(new.stat().st_mode) == 0o644  # a service of another user reads it
         os.umask(0o007)
         group = tmp_path / "group.json"
         assert export("--run", store.runs["mem0"], "--format", "json", "--out", str(group)) == 0

@@ -1,5 +1,5 @@
-"""Faults from outside optloop turned into one line and an exit code: a full disk or an unwritable store (74),
-a tracking server gone (75); anything else keeps its traceback."""
+"""Faults from outside optloop turned into one line and an exit code: a full disk or an unwritable
+store (74), a tracking server gone (75); anything else keeps its traceback."""
 
 from __future__ import annotations
 
@@ -29,12 +29,18 @@ def raised(make):
 
 
 def test_a_full_disk_is_exit_74_naming_the_file_and_its_free_space(tmp_path):
-    full = OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "runs" / "r" / "checkpoint.json.tmp"))
+    full = OSError(
+        errno.ENOSPC,
+        "No space left on device",
+        str(tmp_path / "runs" / "r" / "checkpoint.json.tmp"),
+    )
     error = classify(full, tracking_uri=SQLITE, state=tmp_path, saved="run r is saved")
     assert isinstance(error, StoreWriteError) and error.exit_code == 74
     text = str(error)
     assert text.startswith(f"no space left writing {tmp_path}/runs/r/checkpoint.json.tmp (")
-    assert "KB free" in text and "No space left on device" in text and text.endswith("run r is saved")
+    assert (
+        "KB free" in text and "No space left on device" in text and text.endswith("run r is saved")
+    )
 
 
 def test_sqlite_full_or_read_only_inside_mlflow_is_exit_74_naming_the_store(tmp_path):
@@ -46,16 +52,28 @@ def test_sqlite_full_or_read_only_inside_mlflow_is_exit_74_naming_the_store(tmp_
     def wrapped(message: str):
         def make():
             try:
-                raise sqlalchemy.exc.OperationalError("INSERT ...", {}, sqlite3.OperationalError(message))
+                raise sqlalchemy.exc.OperationalError(
+                    "INSERT ...", {}, sqlite3.OperationalError(message)
+                )
             except sqlalchemy.exc.OperationalError as exc:
                 raise MlflowException(f"(sqlite3.OperationalError) {message}") from exc
+
         return raised(make)
 
-    full = classify(wrapped("database or disk is full"), tracking_uri=f"sqlite:///{db}", state=tmp_path, saved="s")
+    full = classify(
+        wrapped("database or disk is full"),
+        tracking_uri=f"sqlite:///{db}",
+        state=tmp_path,
+        saved="s",
+    )
     assert isinstance(full, StoreWriteError) and str(full).startswith("no space left writing ")
     assert str(db) in str(full) and str(tmp_path) in str(full)
-    denied = classify(wrapped("attempt to write a readonly database"), tracking_uri=f"sqlite:///{db}",
-                      state=tmp_path, saved="s")
+    denied = classify(
+        wrapped("attempt to write a readonly database"),
+        tracking_uri=f"sqlite:///{db}",
+        state=tmp_path,
+        saved="s",
+    )
     assert isinstance(denied, StoreWriteError) and str(denied).startswith("cannot write ")
     assert "make it writable" in str(denied)
 
@@ -75,20 +93,29 @@ def test_a_lost_tracking_server_is_exit_75_only_for_a_server_uri(tmp_path):
 
     def make():
         try:
-            raise requests.exceptions.ConnectionError("Max retries exceeded ... Connection refused")
+            raise requests.exceptions.ConnectionError(
+                "Max retries exceeded ... Connection refused"
+            )
         except requests.exceptions.ConnectionError as e:  # how mlflow.utils.rest_utils wraps it
             raise MlflowException(f"API request to http://h/api failed with exception {e}")
 
     exc = raised(make)
     assert tracking_lost(exc, SQLITE) is None
-    error = classify(exc, tracking_uri="http://user:pw@127.0.0.1:5000", state=tmp_path, saved="run r is saved")
+    error = classify(
+        exc, tracking_uri="http://user:pw@127.0.0.1:5000", state=tmp_path, saved="run r is saved"
+    )
     assert isinstance(error, ServiceUnavailableError) and error.exit_code == 75
-    assert str(error).startswith("lost the MLflow tracking server at http://user:***@127.0.0.1:5000 ")
+    assert str(error).startswith(
+        "lost the MLflow tracking server at http://user:***@127.0.0.1:5000 "
+    )
     assert "--tracking-uri" in str(error) and "pw" not in str(error)
 
 
-def test_mlflow_against_a_dead_server_fails_within_seconds_and_is_classified(tmp_path, monkeypatch):
-    """The real MLflow client, its retries bounded by optloop (7 retries over about 4 minutes unbounded)."""
+def test_mlflow_against_a_dead_server_fails_within_seconds_and_is_classified(
+    tmp_path, monkeypatch
+):
+    """The real MLflow client, its retries bounded by optloop (7 retries over about 4 minutes
+    unbounded)."""
     from mlflow.tracking import MlflowClient
 
     from optloop.preflight import MLFLOW_HTTP_BOUNDS, bound_mlflow_http
@@ -111,9 +138,17 @@ def test_run_cli_prints_one_line_and_the_exit_code_of_an_outside_fault(tmp_path)
         "from optloop.cli import run_cli\n"
         "def main(argv):\n"
         f"    raise OSError(errno.ENOSPC, 'No space left on device', {str(tmp_path / 'f')!r})\n"
-        "sys.exit(run_cli(main, []))\n")
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
-                          cwd=Path(__file__).resolve().parents[2])
+        "sys.exit(run_cli(main, []))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).resolve().parents[2],
+    )
     assert done.returncode == 74, done.stderr
     lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"optloop: error: no space left writing {tmp_path / 'f'}")
+    assert len(lines) == 1 and lines[0].startswith(
+        f"optloop: error: no space left writing {tmp_path / 'f'}"
+    )

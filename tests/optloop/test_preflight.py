@@ -1,5 +1,6 @@
-"""Before a run writes anything: outside services probed once with a bounded timeout (exit 75), stores checked
-writable (exit 74); a checkpoint write that fails leaves the old checkpoint and no temporary file."""
+"""Before a run writes anything: outside services probed once with a bounded timeout (exit 75),
+stores checked writable (exit 74); a checkpoint write that fails leaves the old checkpoint and no
+temporary file."""
 
 from __future__ import annotations
 
@@ -40,7 +41,10 @@ def test_mlflow_http_retries_are_bounded_unless_the_user_set_them(monkeypatch):
     )
 
     assert "MLFLOW_HTTP_REQUEST_TIMEOUT" not in applied and MLFLOW_HTTP_REQUEST_TIMEOUT.get() == 99
-    assert MLFLOW_HTTP_REQUEST_MAX_RETRIES.get() == 3 and MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR.get() == 1
+    assert (
+        MLFLOW_HTTP_REQUEST_MAX_RETRIES.get() == 3
+        and MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR.get() == 1
+    )
 
 
 def health_server(status: int) -> ThreadingHTTPServer:
@@ -65,8 +69,12 @@ def test_a_tracking_server_with_nothing_listening_is_exit_75_at_once():
     with pytest.raises(ServiceUnavailableError) as info:
         check_tracking(uri)
     assert time.monotonic() - started < 5 and info.value.exit_code == 75
-    assert str(info.value) == (f"cannot reach the MLflow tracking server at {uri} (connection refused); start it, or "
-                               "point --tracking-uri (MLFLOW_TRACKING_URI) at one that is up; nothing was written")
+    assert str(info.value) == (
+        f"cannot reach the MLflow tracking server at {uri} (connection "
+        "refused); start it, or "
+        "point --tracking-uri (MLFLOW_TRACKING_URI) at one that is up; "
+        "nothing was written"
+    )
 
 
 def test_a_tracking_server_answering_5xx_is_unavailable_and_one_answering_health_is_up():
@@ -101,13 +109,18 @@ def test_an_unreachable_postgresql_storage_is_exit_75_and_bad_credentials_exit_2
     with pytest.raises(ServiceUnavailableError) as info:
         probe_database(url, "--storage")
     assert info.value.exit_code == 75 and "secret" not in str(info.value)
-    assert str(info.value).startswith(f"cannot reach the database at postgresql://optloop:***@127.0.0.1:{port}/optloop "
-                                      "(connection refused)")
+    assert str(info.value).startswith(
+        "cannot reach the database at "
+        f"postgresql://optloop:***@127.0.0.1:{port}/optloop "
+        "(connection refused)"
+    )
     import sqlalchemy
 
     class Refused:
         def connect(self):
-            raise sqlalchemy.exc.OperationalError("connect", {}, Exception('FATAL: password authentication failed'))
+            raise sqlalchemy.exc.OperationalError(
+                "connect", {}, Exception("FATAL: password authentication failed")
+            )
 
         def dispose(self):
             pass
@@ -162,13 +175,20 @@ def test_an_unwritable_store_folder_or_file_is_exit_74_naming_it(tmp_path):
 
 
 def test_a_checkpoint_write_that_fails_leaves_the_old_one_and_no_temporary_file(tmp_path):
-    """A file size limit (RLIMIT_FSIZE) fails the write as a full disk would (EFBIG; ENOSPC on a tmpfs)."""
+    """A file size limit (RLIMIT_FSIZE) fails the write as a full disk would (EFBIG; ENOSPC on a
+    tmpfs)."""
     path = tmp_path / "checkpoint.json"
     path.write_text('{"old": true}')
-    code = ("import resource, sys; from pathlib import Path\n"
-            "resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))\n"
-            "from optloop.paths import write_atomic\n"
-            "write_atomic(Path(sys.argv[1]), 'x' * 100000)\n")
-    done = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, cwd=REPO)
+    code = (
+        "import resource, sys; from pathlib import Path\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))\n"
+        "from optloop.paths import write_atomic\n"
+        "write_atomic(Path(sys.argv[1]), 'x' * 100000)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(path)], capture_output=True, text=True, cwd=REPO
+    )
     assert done.returncode != 0 and "File too large" in done.stderr, done.stderr[-1000:]
-    assert path.read_text() == '{"old": true}' and sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.json"]
+    assert path.read_text() == '{"old": true}' and sorted(p.name for p in tmp_path.iterdir()) == [
+        "checkpoint.json"
+    ]

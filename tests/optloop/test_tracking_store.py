@@ -1,4 +1,5 @@
-"""The embedded MLflow store is made whole or not at all, and one a full disk left half-made is mended.
+"""The embedded MLflow store is made whole or not at all, and one a full disk left half-made is
+mended.
 
 A full disk is a file size limit here (RLIMIT_FSIZE in a child process: SQLite's writes then fail
 with EFBIG, "disk I/O error", where a full tmpfs says "database or disk is full"), which needs no
@@ -24,18 +25,28 @@ LIMIT = 300 * 1024  # bytes a file may grow to: MLflow's complete store is large
 def limited(code: str, *args: str) -> subprocess.CompletedProcess[str]:
     """``code`` in a child process whose files may not grow past :data:`LIMIT` bytes."""
     prelude = f"import resource; resource.setrlimit(resource.RLIMIT_FSIZE, ({LIMIT}, {LIMIT}))\n"
-    return subprocess.run([sys.executable, "-c", prelude + code, *args], capture_output=True, text=True,
-                          cwd=REPO, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-c", prelude + code, *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+    )
 
 
 def cut_off(done: subprocess.CompletedProcess[str]) -> bool:
     """Whether ``done`` failed on the file size limit."""
-    return done.returncode != 0 and ("disk I/O error" in done.stderr or "File too large" in done.stderr)
+    return done.returncode != 0 and (
+        "disk I/O error" in done.stderr or "File too large" in done.stderr
+    )
 
 
 def half_made(db: Path) -> Path:
     """A store whose creation by plain MLflow a full disk cut off."""
-    done = limited("import mlflow, sys; mlflow.MlflowClient(sys.argv[1]).search_experiments()", f"sqlite:///{db}")
+    done = limited(
+        "import mlflow, sys; mlflow.MlflowClient(sys.argv[1]).search_experiments()",
+        f"sqlite:///{db}",
+    )
     assert cut_off(done), done.stderr[-2000:]
     return db
 
@@ -47,16 +58,28 @@ def test_a_new_store_is_complete_and_opens_in_mlflow(tmp_path):
     ensure_sqlite_store(db)
     assert schema_state(db).complete and not schema_state(db).has_records
     assert sorted(p.name for p in db.parent.iterdir()) == ["mlflow.db"]
-    assert MlflowClient(f"sqlite:///{db}").create_experiment("e")  # no "out-of-date schema", no migration
+    assert MlflowClient(f"sqlite:///{db}").create_experiment(
+        "e"
+    )  # no "out-of-date schema", no migration
     ensure_sqlite_store(db)  # a complete store is left as it is
     assert schema_state(db).has_records
 
 
 def open_in_mlflow(db: Path) -> subprocess.CompletedProcess[str]:
     """Plain MLflow opening store ``db`` in a fresh process (MLflow keeps a process's engines)."""
-    return subprocess.run([sys.executable, "-c", "import mlflow, sys; print([e.name for e in "
-                           "mlflow.MlflowClient(sys.argv[1]).search_experiments()])", f"sqlite:///{db}"],
-                          capture_output=True, text=True, cwd=REPO, timeout=300)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import mlflow, sys; print([e.name for e in "
+            "mlflow.MlflowClient(sys.argv[1]).search_experiments()])",
+            f"sqlite:///{db}",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+    )
 
 
 def test_plain_mlflow_cut_off_by_a_full_disk_wedges_the_store_and_optloop_mends_it(tmp_path):
@@ -74,7 +97,9 @@ def test_plain_mlflow_cut_off_by_a_full_disk_wedges_the_store_and_optloop_mends_
 def test_a_half_made_store_that_holds_records_is_refused_with_how_to_mend_it(tmp_path):
     db = half_made(tmp_path / "mlflow.db")
     with sqlite3.connect(db) as conn:
-        tables = {r[0] for r in conn.execute("select name from sqlite_master where type = 'table'")}
+        tables = {
+            r[0] for r in conn.execute("select name from sqlite_master where type = 'table'")
+        }
         assert "experiments" in tables
         conn.execute("insert into experiments (name, lifecycle_stage) values ('mine', 'active')")
     before = db.read_bytes()
@@ -86,8 +111,12 @@ def test_a_half_made_store_that_holds_records_is_refused_with_how_to_mend_it(tmp
 
 def test_creating_a_store_on_a_full_disk_leaves_no_store_and_no_temporary_file(tmp_path):
     db = tmp_path / "mlruns" / "mlflow.db"
-    done = limited("import sys; from pathlib import Path; from optloop.tracking_store import ensure_sqlite_store; "
-                   "ensure_sqlite_store(Path(sys.argv[1]))", str(db))
+    done = limited(
+        "import sys; from pathlib import Path; from optloop.tracking_store import "
+        "ensure_sqlite_store; "
+        "ensure_sqlite_store(Path(sys.argv[1]))",
+        str(db),
+    )
     assert cut_off(done), done.stderr[-2000:]
     assert list(db.parent.iterdir()) == []  # the next run creates it whole, nothing to mend
     ensure_sqlite_store(db)

@@ -1,5 +1,6 @@
-"""Checkpoints the world broke: an unreadable one of the run the same command would resume is refused (exit 2,
-nothing written) and set aside with --new, its MLflow run ended KILLED; a lost parent run is detected."""
+"""Checkpoints the world broke: an unreadable one of the run the same command would resume is
+refused (exit 2, nothing written) and set aside with --new, its MLflow run ended KILLED; a lost
+parent run is detected."""
 
 from __future__ import annotations
 
@@ -23,7 +24,9 @@ def test_a_truncated_checkpoint_of_these_settings_is_found_with_its_parent_run(t
     path = unfinished(runs, "md_flat-simba-1", config)
     ckpt = Checkpoint.load(path)
     ckpt.parent_run_id = "abc123"
-    ckpt.split = {"train": [f"episode-{i}" for i in range(200)]}  # the file's tail, where the cut falls
+    ckpt.split = {
+        "train": [f"episode-{i}" for i in range(200)]
+    }  # the file's tail, where the cut falls
     ckpt.save(path)
     cut(path)
     other = unfinished(runs, "md_flat-simba-2", config.model_copy(update={"seed": 7}))
@@ -34,7 +37,9 @@ def test_a_truncated_checkpoint_of_these_settings_is_found_with_its_parent_run(t
     assert "not valid JSON" in found.reason and f"{path.stat().st_size} bytes" in found.reason
 
 
-def test_a_checkpoint_cut_before_its_settings_counts_when_the_folder_is_named_like_this_commands_runs(tmp_path):
+def test_a_checkpoint_cut_before_its_settings_counts_by_the_name_of_its_folder(
+    tmp_path,
+):
     runs = tmp_path / "runs"
     config = config_of(args_of())
     for name in ("md_flat-simba-20260101-000000", "graphiti-simba-20260101-000000"):
@@ -53,9 +58,15 @@ def test_the_same_command_refuses_a_broken_run_in_one_line_and_writes_nothing(tm
         choose_run(args, config, runs)
     text = str(info.value)
     assert info.value.exit_code == 2 and "\n" not in text
-    assert text.startswith(f"run md_flat-simba-1's checkpoint {runs / 'md_flat-simba-1' / 'checkpoint.json'} is "
-                           "unreadable (")
-    assert "rerun with --new to start afresh" in text and f"or delete {runs / 'md_flat-simba-1'}" in text
+    assert text.startswith(
+        "run md_flat-simba-1's checkpoint "
+        f"{runs / 'md_flat-simba-1' / 'checkpoint.json'} is "
+        "unreadable ("
+    )
+    assert (
+        "rerun with --new to start afresh" in text
+        and f"or delete {runs / 'md_flat-simba-1'}" in text
+    )
     assert snapshot(tmp_path) == before
     fresh = choose_run(build_parser().parse_args(["--system", "md_flat", "--new"]), config, runs)
     assert fresh.checkpoint is None and fresh.name != "md_flat-simba-1"
@@ -70,7 +81,9 @@ def test_new_sets_the_broken_checkpoint_aside_and_ends_its_running_mlflow_run_ki
     ensure_sqlite_store(db)
     uri = f"sqlite:///{db}"
     client = MlflowClient(uri)
-    run = client.create_run(client.create_experiment("optloop-md_flat"))  # RUNNING, as a SIGKILL leaves it
+    run = client.create_run(
+        client.create_experiment("optloop-md_flat")
+    )  # RUNNING, as a SIGKILL leaves it
     runs = tmp_path / "runs"
     config = config_of(args_of())
     path = unfinished(runs, "md_flat-simba-1", config)
@@ -79,8 +92,10 @@ def test_new_sets_the_broken_checkpoint_aside_and_ends_its_running_mlflow_run_ki
     ckpt.save(path)
     cut(path, 0.7)
     lines = retire(broken_runs(runs, config), uri)
-    assert lines == [f"optloop.run: run md_flat-simba-1's unreadable checkpoint set aside as "
-                     f"checkpoint.json.unreadable; its MLflow run {run.info.run_id} ended KILLED"]
+    assert lines == [
+        f"optloop.run: run md_flat-simba-1's unreadable checkpoint set aside as "
+        f"checkpoint.json.unreadable; its MLflow run {run.info.run_id} ended KILLED"
+    ]
     assert client.get_run(run.info.run_id).info.status == "KILLED"
     assert not path.exists() and path.with_name("checkpoint.json.unreadable").exists()
     assert broken_runs(runs, config) == []
