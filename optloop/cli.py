@@ -86,11 +86,11 @@ def run_cli(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | N
     """Run ``main``; turn an :class:`OptloopError`, or a fault from outside optloop
     (:mod:`optloop.outside`: exit 74 or 75), into one line and its exit code."""
     verbose = "--verbose" in (sys.argv[1:] if argv is None else argv)
+    from optloop.outside import describe_run, error_for
+
     try:
         return main(argv)
     except OptloopError as exc:
-        from optloop.outside import error_for
-
         exc = error_for(exc) or exc  # bad input only in appearance: a full disk under a cache, say
         if verbose:
             logging.getLogger("optloop").exception("failed")
@@ -100,8 +100,6 @@ def run_cli(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | N
         print("optloop: interrupted", file=sys.stderr)
         return 130
     except Exception as exc:
-        from optloop.outside import error_for
-
         error = error_for(exc)  # a full disk, an unwritable store, a lost tracking server
         if error is None:
             raise
@@ -109,3 +107,5 @@ def run_cli(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | N
             logging.getLogger("optloop").exception("failed")
         print(f"optloop: error: {error}", file=sys.stderr)
         return error.exit_code
+    finally:
+        describe_run(None)  # what the command said of itself ends with it

@@ -213,9 +213,9 @@ class RunPlace:
 _place: RunPlace | None = None
 
 
-def describe_run(place: RunPlace) -> None:
+def describe_run(place: RunPlace | None) -> None:
     """Where this process's command writes (for :func:`error_for`); set once the command's input
-    is valid."""
+    is valid, cleared (``None``) when the command ends."""
     global _place
     _place = place
 
@@ -250,7 +250,10 @@ def saved_line(checkpoint: Path, run_name: str, budget: int, again: str) -> str:
     if not checkpoint.exists():
         return (f"run {run_name} had saved nothing yet; once that is fixed, rerun the same "
                 f"command: {again}")
-    progress = Checkpoint.load(checkpoint).progress(budget)
+    ckpt = Checkpoint.load(checkpoint)
+    if ckpt.finished:
+        return f"run {run_name} had finished (MLflow parent run {ckpt.parent_run_id}) before that"
+    progress = ckpt.progress(budget)
     return (f"run {run_name} is saved ({progress}); once that is fixed, rerun the same command to "
             f"resume it: {again}")
 

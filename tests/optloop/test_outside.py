@@ -152,3 +152,20 @@ def test_run_cli_prints_one_line_and_the_exit_code_of_an_outside_fault(tmp_path)
     assert len(lines) == 1 and lines[0].startswith(
         f"optloop: error: no space left writing {tmp_path / 'f'}"
     )
+
+
+def test_the_line_ends_with_where_the_run_stands_and_the_command_that_goes_on(tmp_path):
+    from optloop.loop.state import Checkpoint
+    from optloop.outside import saved_line
+
+    path = tmp_path / "checkpoint.json"
+    assert saved_line(path, "r", 3, "CMD") == (
+        "run r had saved nothing yet; once that is fixed, rerun the same command: CMD"
+    )
+    Checkpoint(config_digest="d").save(path)
+    assert saved_line(path, "r", 3, "CMD") == (
+        "run r is saved (the baseline not yet evaluated); once that is fixed, rerun the same "
+        "command to resume it: CMD"
+    )
+    Checkpoint(config_digest="d", parent_run_id="p1", finished=True).save(path)
+    assert saved_line(path, "r", 3, "CMD") == "run r had finished (MLflow parent run p1) before that"
