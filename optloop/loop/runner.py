@@ -68,8 +68,9 @@ from optloop.loop.evaluate import Evaluation, Evaluator
 from optloop.loop.mlflow_sink import MlflowSink
 from optloop.loop.optimizers import OPTIMIZERS, Optimizer
 from optloop.loop.overhead import modeled_work, run_shape
-from optloop.loop.policy import (FEW_QUESTIONS, check_start, choose_targets, held_out_intervals, promotion, questions,
-                                 small_split_warning, split_dataset, start_candidate)
+from optloop.loop.policy import (FEW_QUESTIONS, check_knobs, check_start, choose_targets,
+                                 held_out_intervals, promotion, questions, small_split_warning,
+                                 split_dataset, start_candidate)
 from optloop.loop.spend import STOPPED_BY, OptimizerWork, RunStopped, SpendingLimits, measured_work
 from optloop.loop.state import MAX_BUDGET, Checkpoint, LoopConfig, LoopResult, Trial, Tried, check_fractions
 from optloop.paths import state_dir
@@ -180,20 +181,25 @@ class Loop:
     # --- the run --------------------------------------------------------------------------
 
     def prepare(self) -> None:
-        """Load and split the dataset and check ``--start``: everything the run would refuse is refused here,
-        before any state of the run is written (``run`` calls it when the caller did not)."""
+        """Load and split the dataset and check ``--start``, ``--sites`` and ``--knob``: everything
+        the run would refuse is refused here, before any state of the run is written (``run`` calls
+        it when the caller did not)."""
         if self._prepared is not None:
             return
         cfg = self.config
         dataset = load_dataset(cfg.dataset)
         train, dev, test = split_dataset(dataset, cfg)
-        if cfg.start or cfg.query_rewrite:  # an unknown site or a system without a search is refused before any
-            # state of the run is written
+        check_knobs(cfg, get_system(cfg.system))
+        if cfg.start or cfg.query_rewrite or cfg.sites:  # an unknown site, or a system without a
+            # search, is refused before any state of the run is written
             import tempfile
 
             with tempfile.TemporaryDirectory(prefix="optloop-sites-") as tmp:
                 probe = get_system(cfg.system)(self.lm, Path(tmp), query_site=cfg.query_rewrite)
-                check_start(cfg, list(probe.prompt_sites()))
+                sites = list(probe.prompt_sites())
+                check_start(cfg, sites)
+                if cfg.sites:
+                    choose_targets([], cfg, sites)  # refuses an unknown --sites name
                 getattr(probe, "close", lambda: None)()
         self._prepared = (dataset, train, dev, test)
 
