@@ -685,6 +685,99 @@ def case_refusals(work: Path) -> list[Row]:
     return rows
 
 
+def case_export_and_gold(work: Path) -> list[Row]:
+    """``optloop.export --prompt`` of a reference ending in a newline (a mem0 module), its file
+    mode under umask 022; a dataset question with an empty gold answer."""
+    import stat
+
+    from optloop.product_templates.mem0_prompts import library_prompts
+    from optloop.tracking_store import ensure_sqlite_store
+
+    db = work / "mlruns" / "mlflow.db"
+    ensure_sqlite_store(db)
+    code = (
+        "import sys, mlflow; from optloop.loop.record import register_prompts; "
+        "mlflow.set_tracking_uri(sys.argv[1]); "
+        "register_prompts('mem0', {'mem0.extract': sys.argv[2]}, run_id='', promote=True, "
+        "message='m')"
+    )
+    text = library_prompts()["mem0.extract"] + "\nKeep dates."
+    subprocess.run(
+        [sys.executable, "-c", code, f"sqlite:///{db}", text],
+        check=True,
+        cwd=REPO,
+        capture_output=True,
+    )
+    out = work / "out" / "mem0_prompts.py"
+    out.parent.mkdir()
+    started = time.perf_counter()
+    done = subprocess.run(
+        [
+            "sh",
+            "-c",
+            'umask 022 && exec "$@"',
+            "sh",
+            sys.executable,
+            "-m",
+            "optloop.export",
+            "--prompt",
+            "optloop.mem0.extract@champion\n",
+            "--format",
+            "mem0",
+            "--out",
+            str(out),
+            "--tracking-uri",
+            f"sqlite:///{db}",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+    )
+    seconds = round(time.perf_counter() - started, 1)
+    mode = oct(stat.S_IMODE(out.stat().st_mode)) if out.exists() else "none"
+    compiles = (
+        out.exists()
+        and subprocess.run(
+            [sys.executable, "-m", "py_compile", str(out)], capture_output=True
+        ).returncode
+        == 0
+    )
+    rows = [
+        _row(
+            "export-newline-ref",
+            "`optloop.export --prompt 'optloop.mem0.extract@champion\\n' "
+            "--format mem0` under umask 022",
+            done,
+            seconds,
+            f"mem0_prompts.py, mode {mode}, {'compiles' if compiles else 'does not compile'}",
+            None,
+            "(done)",
+        )
+    ]
+    from optloop.datasets import load_dataset
+
+    episode = json.loads(load_dataset("builtin:tiny").episodes[0].model_dump_json())
+    episode["questions"][0]["gold"] = ""
+    data = work / "gold.jsonl"
+    data.write_text("\n".join(json.dumps({**episode, "id": f"e{i}"}) for i in range(4)) + "\n")
+    gold = work / "gold"
+    with OracleEndpoint() as endpoint:
+        done, seconds = _run(gold, endpoint, extra=["--dataset", f"jsonl:{data}"])
+    rows.append(
+        _row(
+            "empty-gold",
+            'a question with `gold: ""` in a `jsonl:` dataset',
+            done,
+            seconds,
+            left_on_disk(gold),
+            None,
+            "(bad input: fix it)",
+        )
+    )
+    return rows
+
+
 CASES: dict[str, Callable[[Path], list[Row]]] = {
     "dead-tracking-server": case_dead_tracking_server,
     "full-disk": case_full_disk,
@@ -694,21 +787,34 @@ CASES: dict[str, Callable[[Path], list[Row]]] = {
     "parent-run-gone": case_parent_run_gone,
     "unwritable-store": case_unwritable_store,
     "refusals": case_refusals,
+    "export-and-gold": case_export_and_gold,
 }
+
+
+def compact(text: str) -> str:
+    """``text`` for the table: the case's temporary folder as ``<work>``, the printed resume
+    command's arguments (the case's own) as ``<the same arguments>``."""
+    import re
+
+    text = re.sub(r"/tmp/optloop-[^/ ]+", "<work>", text)
+    text = re.sub(r"/tmp/tmp[^/ ]+", "<work>", text)
+    return re.sub(r"(: python -m optloop\.run) .*$", r"\1 <the same arguments>", text)
 
 
 def table(rows: Sequence[Row]) -> str:
     """The rows as the markdown table of ``docs/reliability.md``."""
     out = [
-        "| fault | exit | the line printed | left on disk | the same command after | s |",
+        "| fault | exit | the line printed (the last) | left on disk | the same command after "
+        "| s |",
         "|---|---|---|---|---|---|",
     ]
     for r in rows:
-        line = r.line.replace("|", "\\|")
+        line = compact(r.line).replace("|", "\\|")
+        extra = f"; {r.tracebacks} traceback(s)" if r.tracebacks else ""
+        extra += f"; {len(r.other)} other line(s)" if r.other and r.exit_code else ""
         out.append(
-            f"| {r.fault} | {r.exit_code} | `{line}` ({r.lines} line(s)) | {r.left} | "
-            f"{r.recovery} | "
-            f"{r.seconds} |"
+            f"| {r.fault} | {r.exit_code} | `{line}`{extra} | {compact(r.left)} | "
+            f"{r.recovery} | {r.seconds} |"
         )
     return "\n".join(out)
 
