@@ -248,14 +248,18 @@ def saved_line(checkpoint: Path, run_name: str, budget: int, again: str) -> str:
     from optloop.loop.state import Checkpoint
 
     if not checkpoint.exists():
-        return (f"run {run_name} had saved nothing yet; once that is fixed, rerun the same "
-                f"command: {again}")
+        return (
+            f"run {run_name} had saved nothing yet; once that is fixed, rerun the same "
+            f"command: {again}"
+        )
     ckpt = Checkpoint.load(checkpoint)
     if ckpt.finished:
         return f"run {run_name} had finished (MLflow parent run {ckpt.parent_run_id}) before that"
     progress = ckpt.progress(budget)
-    return (f"run {run_name} is saved ({progress}); once that is fixed, rerun the same command to "
-            f"resume it: {again}")
+    return (
+        f"run {run_name} is saved ({progress}); once that is fixed, rerun the same command to "
+        f"resume it: {again}"
+    )
 
 
 __all__ = [

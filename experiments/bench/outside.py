@@ -55,7 +55,7 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from experiments.bench.crash import OracleEndpoint, env_for, optloop_run, run_args
+from experiments.bench.crash import OracleEndpoint, env_for, optloop_run, run_args  # noqa: E402
 
 BUDGET = 2
 

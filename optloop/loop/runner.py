@@ -282,11 +282,11 @@ class Loop:
         mark = self.lm.accounting.mark()
         proposer_mark = self.proposer.accounting.mark() if self.proposer is not self.lm else None
         run_id = ckpt.parent_run_id or coordinator.leader_parent_run_id()
-        relog = bool(run_id) and checkpoint_guard.parent_run_missing(run_id)
-        if relog:  # another store than the run's first: a new parent run, the trials logged again
+        relog = False  # another store than the run's first: a new parent run, the trials logged again
+        if run_id and checkpoint_guard.parent_run_missing(run_id):
             uri = mlflow.get_tracking_uri()
             self.announce(checkpoint_guard.lost_parent_line(cfg, run_id, uri, ckpt))
-            run_id = ckpt.parent_run_id = None
+            relog, run_id, ckpt.parent_run_id = True, None, None
         if run_id:
             parent = mlflow.start_run(run_id=run_id)
         else:

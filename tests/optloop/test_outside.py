@@ -97,7 +97,7 @@ def test_a_lost_tracking_server_is_exit_75_only_for_a_server_uri(tmp_path):
                 "Max retries exceeded ... Connection refused"
             )
         except requests.exceptions.ConnectionError as e:  # how mlflow.utils.rest_utils wraps it
-            raise MlflowException(f"API request to http://h/api failed with exception {e}")
+            raise MlflowException(f"API request to http://h/api failed with exception {e}")  # noqa: B904
 
     exc = raised(make)
     assert tracking_lost(exc, SQLITE) is None
@@ -168,4 +168,6 @@ def test_the_line_ends_with_where_the_run_stands_and_the_command_that_goes_on(tm
         "command to resume it: CMD"
     )
     Checkpoint(config_digest="d", parent_run_id="p1", finished=True).save(path)
-    assert saved_line(path, "r", 3, "CMD") == "run r had finished (MLflow parent run p1) before that"
+    assert (
+        saved_line(path, "r", 3, "CMD") == "run r had finished (MLflow parent run p1) before that"
+    )
