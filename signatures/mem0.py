@@ -25,13 +25,11 @@ import dspy
 from dspy.signatures.signature import SignatureMeta
 from pydantic import BaseModel, Field
 
-import optloop  # noqa: F401 - imported first: it turns mem0's telemetry off
-
 # Importing any mem0 module runs mem0.memory.setup, which creates MEM0_DIR (default ~/.mem0) and
-# writes a config.json there: a telemetry id, unused with telemetry off (optloop's mem0 keeps its
-# stores and history DB in its run directory). So MEM0_DIR is a folder of this process's own,
-# removed at exit: importing mem0 (as a refused command does) leaves nothing in the user's home
-# or in optloop's state.
+# writes a config.json there: a telemetry id, unused with telemetry off (optloop.offline; optloop's
+# mem0 keeps its stores and history DB in its run directory). So MEM0_DIR is a folder of this
+# process's own, removed at exit: importing mem0 (as a refused command does) leaves nothing in the
+# user's home or in optloop's state.
 if "MEM0_DIR" not in os.environ:
     os.environ["MEM0_DIR"] = tempfile.mkdtemp(prefix="optloop-mem0-")
     atexit.register(shutil.rmtree, os.environ["MEM0_DIR"], ignore_errors=True)

@@ -5,7 +5,7 @@
     python -m experiments.bench.outside --json OUT.json
 
 Each case runs ``python -m optloop.run`` (md_flat on builtin:tiny, the edit optimizer, budget 2)
-against :class:`~experiments.bench.crash.OracleEndpoint`, a loopback endpoint that needs no
+against :class:`~optloop.testing.oracle.OracleEndpoint`, a loopback endpoint that needs no
 model, in a fresh work folder; injects one fault from outside optloop; records the exit code,
 the last line printed, what was left on disk (the run's checkpoint, stray temporary files, the
 MLflow runs left RUNNING); then removes the fault and runs the same command again to see whether
@@ -55,7 +55,8 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from experiments.bench.crash import OracleEndpoint, env_for, optloop_run, run_args  # noqa: E402
+from experiments.bench.crash import env_for, optloop_run, run_args  # noqa: E402
+from optloop.testing.oracle import OracleEndpoint  # noqa: E402
 
 BUDGET = 2
 

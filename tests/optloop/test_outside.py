@@ -14,7 +14,7 @@ import pytest
 
 from optloop.errors import ServiceUnavailableError, StoreWriteError
 from optloop.outside import classify, disk_fault, tracking_lost
-from tests._servers import closed_port_url
+from optloop.testing.loopback import closed_port_url
 
 SQLITE = "sqlite:////tmp/nowhere/mlflow.db"
 

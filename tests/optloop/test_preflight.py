@@ -24,7 +24,7 @@ from optloop.preflight import (
     probe_tracking_server,
     write_fault,
 )
-from tests._servers import closed_port_url
+from optloop.testing.loopback import closed_port_url
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -3,7 +3,7 @@
 checkpoint, a lost parent run, an unwritable store, and refusals that must write nothing.
 
 Every case is :mod:`experiments.bench.outside` (which also prints the reliability guide's table) on
-the real CLI against the loopback :class:`~experiments.bench.crash.OracleEndpoint` (no model). A
+the real CLI against the loopback :class:`~optloop.testing.oracle.OracleEndpoint` (no model). A
 fault this machine cannot inject (a tmpfs mount, an immutable file) skips its test. The cases of
 several runs each (a real ``mlflow server`` killed and restarted, a SIGKILL then a resume) are
 ``slow``; the fast suite covers the same faults through the units they meet
