@@ -697,7 +697,7 @@ def case_export_and_gold(work: Path) -> list[Row]:
     db = work / "mlruns" / "mlflow.db"
     ensure_sqlite_store(db)
     code = (
-        "import sys, mlflow; from optloop.loop.record import register_prompts; "
+        "import sys, mlflow; from optloop.loop.prompt_registry import register_prompts; "
         "mlflow.set_tracking_uri(sys.argv[1]); "
         "register_prompts('mem0', {'mem0.extract': sys.argv[2]}, run_id='', promote=True, "
         "message='m')"
@@ -832,16 +832,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="also write the rows here")
     args = parser.parse_args(argv)
     rows: list[Row] = []
+    failed: list[str] = []
     for name in args.case or list(CASES):
         with tempfile.TemporaryDirectory(prefix=f"optloop-{name}-") as tmp:
             try:
                 rows += CASES[name](Path(tmp))
             except Unsupported as exc:
                 print(f"{name}: skipped: {exc}", file=sys.stderr)
+            except Exception as exc:  # noqa: BLE001 - the other cases still run; the exit code says so
+                print(f"{name}: failed: {type(exc).__name__}: {str(exc)[:300]}", file=sys.stderr)
+                failed.append(name)
     print(table(rows))
     if args.json:
         args.json.write_text(json.dumps([r.model_dump() for r in rows], indent=1))
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
