@@ -22,8 +22,19 @@ from pydantic import BaseModel, Field
 
 from optloop.sites import TIERED_EXTRACT, TIERED_SUMMARIZE
 
-Category = Literal["pets", "family", "people", "work", "health", "travel", "home", "food", "finance", "schedule",
-                   "general"]
+Category = Literal[
+    "pets",
+    "family",
+    "people",
+    "work",
+    "health",
+    "travel",
+    "home",
+    "food",
+    "finance",
+    "schedule",
+    "general",
+]
 """The categories a fact can be filed under (``systems.tiered.keys.CATEGORIES`` and ``general``)."""
 
 MAX_KEY_CHARS = 40
@@ -33,9 +44,14 @@ MAX_VALUE_CHARS = 120
 class ExtractedFact(BaseModel):
     """One lasting fact about the user, as the extraction stage writes it."""
 
-    key: str = Field(max_length=MAX_KEY_CHARS, description="short lowercase attribute name, words joined by "
-                                                            "underscores, e.g. sister_name")
-    value: str = Field(max_length=MAX_VALUE_CHARS, description="the detail itself, as the user wrote it")
+    key: str = Field(
+        max_length=MAX_KEY_CHARS,
+        description="short lowercase attribute name, words joined by "
+        "underscores, e.g. sister_name",
+    )
+    value: str = Field(
+        max_length=MAX_VALUE_CHARS, description="the detail itself, as the user wrote it"
+    )
     category: Category = Field(description="what the fact is about")
 
 
@@ -51,10 +67,16 @@ class ExtractKeyValueFacts(dspy.Signature):
     replaces the old one. Write an empty list for greetings, questions, requests and small talk, and never
     write a value the message does not give."""
 
-    known_keys: str = dspy.InputField(desc="keys already in memory, comma-separated ('(none)' when empty)")
-    conversation: str = dspy.InputField(desc="the turns just before the message, one 'speaker: text' line each")
+    known_keys: str = dspy.InputField(
+        desc="keys already in memory, comma-separated ('(none)' when empty)"
+    )
+    conversation: str = dspy.InputField(
+        desc="the turns just before the message, one 'speaker: text' line each"
+    )
     message: str = dspy.InputField(desc="the user's newest message")
-    facts: list[ExtractedFact] = dspy.OutputField(desc="one object per fact; an empty list when there is none")
+    facts: list[ExtractedFact] = dspy.OutputField(
+        desc="one object per fact; an empty list when there is none"
+    )
 
 
 class SummarizeConversation(dspy.Signature):
@@ -64,7 +86,9 @@ class SummarizeConversation(dspy.Signature):
     decisions, and copy every name, number and date exactly. Leave out greetings and small talk, and
     add nothing that was not said."""
 
-    conversation: str = dspy.InputField(desc="the conversation: its date, then one 'speaker: text' line per turn")
+    conversation: str = dspy.InputField(
+        desc="the conversation: its date, then one 'speaker: text' line per turn"
+    )
     summary: str = dspy.OutputField(desc="two to four sentences")
 
 

@@ -61,15 +61,53 @@ Modules, one job each: :mod:`~systems.tiered.keys` (words, keys, categories),
 from __future__ import annotations
 
 from systems.tiered.extraction import Fact, ParsedExtraction, Refused, parse_facts
-from systems.tiered.forgetting import FORGOTTEN, forget, forget_request, match_keys, redact, subject_words
+from systems.tiered.forgetting import (
+    FORGOTTEN,
+    forget,
+    forget_request,
+    match_keys,
+    redact,
+    subject_words,
+)
 from systems.tiered.keys import CATEGORIES, GENERAL, category_of, known_key, slug, words
 from systems.tiered.retrieval import allowed_categories, conversation, recent_summaries
-from systems.tiered.store import DB_FILE, MTM_TTL_DAYS, SCHEMA_VERSION, LtmFact, MtmSummary, StmTurn, TieredStore
+from systems.tiered.store import (
+    DB_FILE,
+    MTM_TTL_DAYS,
+    SCHEMA_VERSION,
+    LtmFact,
+    MtmSummary,
+    StmTurn,
+    TieredStore,
+)
 from systems.tiered.system import TieredSystem
 
 __all__ = [
-    "CATEGORIES", "DB_FILE", "FORGOTTEN", "GENERAL", "MTM_TTL_DAYS", "SCHEMA_VERSION", "Fact", "LtmFact", "MtmSummary",
-    "ParsedExtraction", "Refused", "StmTurn", "TieredStore", "TieredSystem", "allowed_categories", "category_of",
-    "conversation", "forget", "forget_request", "known_key", "match_keys", "parse_facts", "recent_summaries", "redact",
-    "slug", "subject_words", "words",
+    "CATEGORIES",
+    "DB_FILE",
+    "FORGOTTEN",
+    "GENERAL",
+    "MTM_TTL_DAYS",
+    "SCHEMA_VERSION",
+    "Fact",
+    "LtmFact",
+    "MtmSummary",
+    "ParsedExtraction",
+    "Refused",
+    "StmTurn",
+    "TieredStore",
+    "TieredSystem",
+    "allowed_categories",
+    "category_of",
+    "conversation",
+    "forget",
+    "forget_request",
+    "known_key",
+    "match_keys",
+    "parse_facts",
+    "recent_summaries",
+    "redact",
+    "slug",
+    "subject_words",
+    "words",
 ]

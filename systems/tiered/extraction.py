@@ -1,4 +1,4 @@
-"""The extraction stage's answer, read: the objects the model wrote, as facts to store and items refused.
+"""The extraction stage's answer read: the objects the model wrote, as facts and refused items.
 
 ``tiered.extract`` answers a list of ``{key, value, category}`` objects
 (:class:`signatures.tiered.ExtractedFact`), decoded under that schema, so the answer
@@ -26,20 +26,39 @@ from pydantic import BaseModel, Field
 
 from systems.tiered.keys import file_under, known_key, label_of, normalize_value, slug
 
-_PLACEHOLDERS = frozenset({"", "value", "values", "unknown", "none", "n/a", "na", "null", "nil", "?", "-", "...",
-                           "tbd", "not mentioned", "not given"})
+_PLACEHOLDERS = frozenset(
+    {
+        "",
+        "value",
+        "values",
+        "unknown",
+        "none",
+        "n/a",
+        "na",
+        "null",
+        "nil",
+        "?",
+        "-",
+        "...",
+        "tbd",
+        "not mentioned",
+        "not given",
+    }
+)
 _TEMPLATE_KEYS = frozenset({"key", "keys", "attribute", "fact", "name_of_attribute", "value"})
 MAX_KEY_WORDS = 6
 
 
 class Fact(BaseModel):
-    """One fact to store: the key as stored, its value (several values for one key merged) and category."""
+    """One fact to store: its key as stored, its value (several values of a key merged), its category."""
 
     key: str
     label: str
     value: str
     category: str
-    written: list[dict[str, Any]] = Field(default_factory=list)  # the objects the model wrote for it
+    written: list[dict[str, Any]] = Field(
+        default_factory=list
+    )  # the objects the model wrote for it
 
     @property
     def written_keys(self) -> list[str]:
@@ -71,13 +90,19 @@ def _read(item: Any, known: Sequence[str]) -> Fact | Refused:
     written = as_object(item)
     if written is None:
         return Refused(item=str(item), reason="not a {key, value} object")
-    raw_key, value = str(written.get("key") or "").strip(), " ".join(str(written.get("value") or "").split())
+    raw_key, value = (
+        str(written.get("key") or "").strip(),
+        " ".join(str(written.get("value") or "").split()),
+    )
     value = value.strip().rstrip(".").strip()
     key = slug(raw_key)
     if not key:
         return Refused(item=written, reason="empty key")
     if key == "forget":
-        return Refused(item=written, reason="a 'forget' fact is not obeyed: forgetting is the deterministic rule's job")
+        return Refused(
+            item=written,
+            reason="a 'forget' fact is not obeyed: forgetting is the deterministic rule's job",
+        )
     if key in _TEMPLATE_KEYS:
         return Refused(item=written, reason="the key is the schema's placeholder")
     if len(key.split("_")) > MAX_KEY_WORDS:
@@ -90,7 +115,7 @@ def _read(item: Any, known: Sequence[str]) -> Fact | Refused:
 
 
 def parse_facts(items: Iterable[Any] | None, known_keys: Sequence[str] = ()) -> ParsedExtraction:
-    """The extraction stage's answer as facts to store and refused items (see the module docstring)."""
+    """The extraction stage's answer as facts to store and refused items (see the module)."""
     parsed = ParsedExtraction()
     by_key: dict[str, Fact] = {}
     for item in items or []:
@@ -100,7 +125,9 @@ def parse_facts(items: Iterable[Any] | None, known_keys: Sequence[str] = ()) -> 
         elif result.key in by_key:
             held = by_key[result.key]
             held.written += result.written
-            if normalize_value(result.value) not in {normalize_value(v) for v in held.value.split(", ")}:
+            if normalize_value(result.value) not in {
+                normalize_value(v) for v in held.value.split(", ")
+            }:
                 held.value = f"{held.value}, {result.value}"
         else:
             by_key[result.key] = result

@@ -15,10 +15,12 @@ from collections.abc import Iterable
 from optloop.text import singular
 from optloop.text import words as text_words
 
-_STOPWORDS = frozenset("""a an the i me my mine we our you your he she it its they them their is am are was were be
+_STOPWORDS = frozenset(
+    """a an the i me my mine we our you your he she it its they them their is am are was were be
 been being do does did have has had of to in on at for with from by about as and or but not no so that this these
 those what which who whom when where why how please can could would will just also all any some anything everything
-now then there here from user users s""".split())
+now then there here from user users s""".split()
+)
 
 
 def words(text: str) -> set[str]:
@@ -35,7 +37,7 @@ def slug(key: str) -> str:
     text = re.sub(r"[^a-z0-9]+", "_", key.lower()).strip("_")
     for prefix in ("user_s_", "users_", "user_", "my_", "the_"):
         if text.startswith(prefix) and len(text) > len(prefix):
-            text = text[len(prefix):]
+            text = text[len(prefix) :]
     return text
 
 
@@ -45,7 +47,9 @@ def known_key(key: str, known: Iterable[str]) -> str:
     wanted = words(key)
     if not wanted:
         return key
-    return next((k for k in known if k == key), None) or next((k for k in known if words(k) == wanted), key)
+    return next((k for k in known if k == key), None) or next(
+        (k for k in known if words(k) == wanted), key
+    )
 
 
 def label_of(key: str) -> str:
@@ -54,20 +58,36 @@ def label_of(key: str) -> str:
 
 
 CATEGORIES: dict[str, frozenset[str]] = {
-    "pets": frozenset("pet dog cat puppy kitten hamster parrot rabbit horse fish vet groomer".split()),
-    "family": frozenset("""family sister brother sibling mother mom mum father dad parent niece nephew cousin aunt uncle
+    "pets": frozenset(
+        "pet dog cat puppy kitten hamster parrot rabbit horse fish vet groomer".split()
+    ),
+    "family": frozenset(
+        """family sister brother sibling mother mom mum father dad parent niece nephew cousin aunt uncle
         grandmother grandma grandfather grandpa grandparent son daughter child kid baby wife husband partner spouse
-        fiance fiancee""".split()),
-    "people": frozenset("friend neighbour neighbor roommate flatmate birthday anniversary".split()),
-    "work": frozenset("""work job career manager boss colleague coworker office employer company team project salary
-        occupation profession role client""".split()),
-    "health": frozenset("""health allergy allergic doctor dentist medication medicine gluten vegan vegetarian diet
-        blood condition therapist""".split()),
-    "travel": frozenset("""travel trip flight seat gate train platform airport hotel passport ticket vacation holiday
-        departure depart""".split()),
-    "home": frozenset("""home address city town live flat apartment house street neighbourhood neighborhood storage
-        garage parking car moved""".split()),
-    "food": frozenset("food tea coffee drink dish meal cuisine restaurant fruit snack dessert wine beer".split()),
+        fiance fiancee""".split()
+    ),
+    "people": frozenset(
+        "friend neighbour neighbor roommate flatmate birthday anniversary".split()
+    ),
+    "work": frozenset(
+        """work job career manager boss colleague coworker office employer company team project salary
+        occupation profession role client""".split()
+    ),
+    "health": frozenset(
+        """health allergy allergic doctor dentist medication medicine gluten vegan vegetarian diet
+        blood condition therapist""".split()
+    ),
+    "travel": frozenset(
+        """travel trip flight seat gate train platform airport hotel passport ticket vacation holiday
+        departure depart""".split()
+    ),
+    "home": frozenset(
+        """home address city town live flat apartment house street neighbourhood neighborhood storage
+        garage parking car moved""".split()
+    ),
+    "food": frozenset(
+        "food tea coffee drink dish meal cuisine restaurant fruit snack dessert wine beer".split()
+    ),
     "finance": frozenset("bank account card budget rent loan pin savings".split()),
     "schedule": frozenset("appointment meeting schedule class lesson deadline".split()),
 }
@@ -81,7 +101,7 @@ def category_of(text: str) -> str:
 
 
 def file_under(key: str, written: str | None) -> str:
-    """A fact's category: its key's (:func:`category_of`), else the one the model wrote when it is one."""
+    """A fact's category: its key's (:func:`category_of`), else the model's when it is a category."""
     from_key = category_of(key)
     if from_key != GENERAL or written not in CATEGORIES:
         return from_key

@@ -1,4 +1,4 @@
-"""What ``tiered`` puts in context for a question: LTM facts by similarity, recent MTM summaries, the conversation.
+"""What ``tiered`` puts in context: LTM facts by similarity, recent MTM summaries, the conversation.
 
 The ``search_recipe`` knob decides which facts and summaries may be searched at all:
 ``similarity`` (every one), ``category`` (only the category the question is routed to,
@@ -30,14 +30,22 @@ def allowed_categories(recipe: str, query: str) -> set[str] | None:
 def search(store: TieredStore, knobs: Mapping[str, Any], query: str, k: int) -> list[MemoryItem]:
     """The ``k`` live LTM facts most similar to ``query`` within the recipe's categories, at least ``threshold``."""
     allowed = allowed_categories(str(knobs["search_recipe"]), query)
-    facts = [f for f in store.live_facts() if f.id in store.vectors and (allowed is None or f.category in allowed)]
+    facts = [
+        f
+        for f in store.live_facts()
+        if f.id in store.vectors and (allowed is None or f.category in allowed)
+    ]
     if k <= 0 or not facts:
         return []
     query_vector = store.embedder.embed_one(query)
-    scored = sorted(((float(store.vectors[f.id] @ query_vector), f) for f in facts),
-                    key=lambda pair: (-pair[0], pair[1].id))
+    scored = sorted(
+        ((float(store.vectors[f.id] @ query_vector), f) for f in facts),
+        key=lambda pair: (-pair[0], pair[1].id),
+    )
     threshold = knobs["threshold"]
-    return [fact.to_item(score) for score, fact in scored if threshold is None or score >= threshold][:k]
+    return [
+        fact.to_item(score) for score, fact in scored if threshold is None or score >= threshold
+    ][:k]
 
 
 def recent_summaries(store: TieredStore, knobs: Mapping[str, Any], query: str) -> list[MemoryItem]:

@@ -102,7 +102,7 @@ CREATE TABLE IF NOT EXISTS extractions (     -- every extraction-stage decision,
     turn_id    TEXT NOT NULL,
     status     TEXT NOT NULL,                -- extracted | nothing | skipped
     written    TEXT NOT NULL,                -- JSON: the objects the site wrote, as written
-    stored     TEXT NOT NULL,                -- JSON: [{key, value, category, action, written_keys}]
+    stored     TEXT NOT NULL,                -- JSON: [{key, value, category, action, ...}]
     refused    TEXT NOT NULL                 -- JSON: [{item, reason}]
 );
 """
@@ -151,11 +151,25 @@ class LtmFact(BaseModel):
         return f"{self.label}: {self.value}"
 
     def to_item(self, score: float | None = None) -> MemoryItem:
-        return MemoryItem(id=f"ltm:{self.key}", text=self.text, score=score, metadata={
-            "kind": "fact", "tier": "ltm", "table": "ltm", "row_id": self.id, "key": self.key,
-            "written_keys": list(self.written_keys), "category": self.category, "version": self.version,
-            "grounded": self.grounded, "session_id": self.session_id,
-            "turn_ids": [self.turn_id] if self.turn_id else [], "timestamp": self.timestamp})
+        return MemoryItem(
+            id=f"ltm:{self.key}",
+            text=self.text,
+            score=score,
+            metadata={
+                "kind": "fact",
+                "tier": "ltm",
+                "table": "ltm",
+                "row_id": self.id,
+                "key": self.key,
+                "written_keys": list(self.written_keys),
+                "category": self.category,
+                "version": self.version,
+                "grounded": self.grounded,
+                "session_id": self.session_id,
+                "turn_ids": [self.turn_id] if self.turn_id else [],
+                "timestamp": self.timestamp,
+            },
+        )
 
 
 class MtmSummary(BaseModel):
@@ -168,10 +182,20 @@ class MtmSummary(BaseModel):
     expires_at: str | None
 
     def to_item(self) -> MemoryItem:
-        return MemoryItem(id=f"mtm:{self.session_id}", text=self.summary, metadata={
-            "kind": "summary", "tier": "mtm", "table": "mtm", "session_id": self.session_id,
-            "categories": list(self.categories), "turn_ids": list(self.turn_ids), "timestamp": self.created_at,
-            "expires_at": self.expires_at})
+        return MemoryItem(
+            id=f"mtm:{self.session_id}",
+            text=self.summary,
+            metadata={
+                "kind": "summary",
+                "tier": "mtm",
+                "table": "mtm",
+                "session_id": self.session_id,
+                "categories": list(self.categories),
+                "turn_ids": list(self.turn_ids),
+                "timestamp": self.created_at,
+                "expires_at": self.expires_at,
+            },
+        )
 
 
 class StmTurn(BaseModel):
@@ -189,10 +213,22 @@ class StmTurn(BaseModel):
         return f"{self.speaker or self.role}: {self.content}"
 
     def to_item(self) -> MemoryItem:
-        return MemoryItem(id=f"stm:{self.turn_id}", text=self.text, metadata={
-            "kind": "turn", "tier": "stm", "table": "stm", "session_id": self.session_id,
-            "turn_ids": [self.turn_id], "turn_id": self.turn_id, "role": self.role, "speaker": self.speaker,
-            "timestamp": self.timestamp, "extraction": self.extraction})
+        return MemoryItem(
+            id=f"stm:{self.turn_id}",
+            text=self.text,
+            metadata={
+                "kind": "turn",
+                "tier": "stm",
+                "table": "stm",
+                "session_id": self.session_id,
+                "turn_ids": [self.turn_id],
+                "turn_id": self.turn_id,
+                "role": self.role,
+                "speaker": self.speaker,
+                "timestamp": self.timestamp,
+                "extraction": self.extraction,
+            },
+        )
 
 
 # ---------------------------------------------------------------------------
@@ -201,7 +237,7 @@ class StmTurn(BaseModel):
 
 
 class TieredStore:
-    """The connection to one ``tiered.sqlite`` and the live facts' vectors (``vectors``, by row id)."""
+    """The connection to one ``tiered.sqlite`` and the live facts' vectors (by row id)."""
 
     def __init__(self, path: Path, embedder: Embedder):
         self.path = Path(path)
@@ -216,15 +252,19 @@ class TieredStore:
     def open(self) -> None:
         self._conn = sqlite3.connect(self.path, check_same_thread=False)
         self._conn.row_factory = sqlite3.Row
-        self._conn.execute("PRAGMA secure_delete = ON")  # a forgotten value is overwritten on disk, not just unlinked
+        self._conn.execute(
+            "PRAGMA secure_delete = ON"
+        )  # a forgotten value is overwritten on disk, not just unlinked
         with self._conn:
             self._conn.executescript(SCHEMA)
             version = self.meta("schema_version")
             if version is None:
                 self.set_meta("schema_version", str(SCHEMA_VERSION))
             elif int(version) != SCHEMA_VERSION:
-                raise ConfigError(f"{self.path} has tiered schema {version}, this code reads {SCHEMA_VERSION}; "
-                                  "reset() the system or delete the file")
+                raise ConfigError(
+                    f"{self.path} has tiered schema {version}, this code reads {SCHEMA_VERSION}; "
+                    "reset() the system or delete the file"
+                )
         self._load_vectors()
 
     @property
@@ -249,25 +289,41 @@ class TieredStore:
         return None if row is None else row["value"]
 
     def set_meta(self, key: str, value: str) -> None:
-        self.db.execute("INSERT INTO meta(key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = ?",
-                        (key, value, value))
+        self.db.execute(
+            "INSERT INTO meta(key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = ?",
+            (key, value, value),
+        )
 
     def _load_vectors(self) -> None:
         """Live facts' embeddings into memory; re-embedded when another embedder wrote them."""
         with self.lock:
-            rows = self.db.execute("SELECT id, label, value, embedding FROM ltm WHERE status = 'live'").fetchall()
+            rows = self.db.execute(
+                "SELECT id, label, value, embedding FROM ltm WHERE status = 'live'"
+            ).fetchall()
             stored_by = self.meta("embedder")
             if rows and stored_by != self.embedder.name:
-                logger.warning("%s was embedded with %s, not %s; re-embedding %d facts", self.path, stored_by,
-                               self.embedder.name, len(rows))
+                logger.warning(
+                    "%s was embedded with %s, not %s; re-embedding %d facts",
+                    self.path,
+                    stored_by,
+                    self.embedder.name,
+                    len(rows),
+                )
                 vectors = self.embedder.embed([f"{row['label']}: {row['value']}" for row in rows])
                 with self.db:
                     for row, vector in zip(rows, vectors, strict=True):
-                        self.db.execute("UPDATE ltm SET embedding = ? WHERE id = ?", (vector.tobytes(), row["id"]))
+                        self.db.execute(
+                            "UPDATE ltm SET embedding = ? WHERE id = ?",
+                            (vector.tobytes(), row["id"]),
+                        )
                     self.set_meta("embedder", self.embedder.name)
-                self.vectors = {row["id"]: vector for row, vector in zip(rows, vectors, strict=True)}
+                self.vectors = {
+                    row["id"]: vector for row, vector in zip(rows, vectors, strict=True)
+                }
                 return
-            self.vectors = {row["id"]: np.frombuffer(row["embedding"], dtype=np.float32) for row in rows}
+            self.vectors = {
+                row["id"]: np.frombuffer(row["embedding"], dtype=np.float32) for row in rows
+            }
 
     # --- reading the tiers -------------------------------------------------------------------
 
@@ -277,24 +333,48 @@ class TieredStore:
             rows = self.db.execute("""
                 SELECT l.*, (SELECT COUNT(*) FROM ltm h WHERE h.key = l.key) AS version
                 FROM ltm l WHERE l.status = 'live' ORDER BY l.id""").fetchall()
-        return [LtmFact(id=r["id"], key=r["key"], label=r["label"], value=r["value"], category=r["category"],
-                        session_id=r["session_id"], turn_id=r["turn_id"], timestamp=r["timestamp"],
-                        grounded=bool(r["grounded"]), written_keys=json.loads(r["written_keys"]),
-                        version=r["version"]) for r in rows]
+        return [
+            LtmFact(
+                id=r["id"],
+                key=r["key"],
+                label=r["label"],
+                value=r["value"],
+                category=r["category"],
+                session_id=r["session_id"],
+                turn_id=r["turn_id"],
+                timestamp=r["timestamp"],
+                grounded=bool(r["grounded"]),
+                written_keys=json.loads(r["written_keys"]),
+                version=r["version"],
+            )
+            for r in rows
+        ]
 
     def history(self, key: str) -> list[dict[str, Any]]:
         """Every row a key has had, oldest first: ``value``, ``status``, ``superseded_by``, ``session_id``."""
         with self.lock:
-            rows = self.db.execute("SELECT id, value, status, superseded_by, session_id, turn_id, timestamp FROM ltm "
-                                   "WHERE key = ? ORDER BY id", (slug(key),)).fetchall()
+            rows = self.db.execute(
+                "SELECT id, value, status, superseded_by, session_id, turn_id, timestamp FROM ltm "
+                "WHERE key = ? ORDER BY id",
+                (slug(key),),
+            ).fetchall()
         return [dict(row) for row in rows]
 
     def summaries(self) -> list[MtmSummary]:
         with self.lock:
             rows = self.db.execute("SELECT * FROM mtm ORDER BY seq").fetchall()
-        return [MtmSummary(session_id=r["session_id"], seq=r["seq"], summary=r["summary"],
-                           categories=json.loads(r["categories"]), turn_ids=json.loads(r["turn_ids"]),
-                           created_at=r["created_at"], expires_at=r["expires_at"]) for r in rows]
+        return [
+            MtmSummary(
+                session_id=r["session_id"],
+                seq=r["seq"],
+                summary=r["summary"],
+                categories=json.loads(r["categories"]),
+                turn_ids=json.loads(r["turn_ids"]),
+                created_at=r["created_at"],
+                expires_at=r["expires_at"],
+            )
+            for r in rows
+        ]
 
     def stm_turns(self) -> list[StmTurn]:
         with self.lock:
@@ -305,16 +385,28 @@ class TieredStore:
         """One row per user message: what the site wrote, the facts stored, the items refused."""
         with self.lock:
             rows = self.db.execute("SELECT * FROM extractions ORDER BY id").fetchall()
-        return [{**dict(r), "written": json.loads(r["written"]), "stored": json.loads(r["stored"]),
-                 "refused": json.loads(r["refused"])} for r in rows]
+        return [
+            {
+                **dict(r),
+                "written": json.loads(r["written"]),
+                "stored": json.loads(r["stored"]),
+                "refused": json.loads(r["refused"]),
+            }
+            for r in rows
+        ]
 
     def forgotten(self) -> list[dict[str, Any]]:
         with self.lock:
-            return [dict(r) for r in self.db.execute("SELECT * FROM forgotten ORDER BY id").fetchall()]
+            return [
+                dict(r) for r in self.db.execute("SELECT * FROM forgotten ORDER BY id").fetchall()
+            ]
 
     def has_session(self, session_id: str) -> bool:
         with self.lock:
-            return self.db.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone() is not None
+            return (
+                self.db.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone()
+                is not None
+            )
 
     # --- writing the conversation ----------------------------------------------------------
 
@@ -325,8 +417,10 @@ class TieredStore:
             gone = db.execute("DELETE FROM stm WHERE session_id != ?", (session_id,)).rowcount
             expired = 0
             if day is not None:
-                expired = db.execute("DELETE FROM mtm WHERE expires_at IS NOT NULL AND expires_at < ?",
-                                     (day.isoformat(),)).rowcount
+                expired = db.execute(
+                    "DELETE FROM mtm WHERE expires_at IS NOT NULL AND expires_at < ?",
+                    (day.isoformat(),),
+                ).rowcount
                 self.set_meta("clock", day.isoformat())
             self.set_meta("current_session", session_id)
         return gone, expired
@@ -335,60 +429,126 @@ class TieredStore:
         with self.lock:
             return int(self.db.execute("SELECT COALESCE(MAX(seq), 0) FROM stm").fetchone()[0])
 
-    def add_turn(self, *, turn_id: str, session_id: str, seq: int, role: str, speaker: str | None, content: str,
-                 timestamp: str | None, extraction: str) -> None:
+    def add_turn(
+        self,
+        *,
+        turn_id: str,
+        session_id: str,
+        seq: int,
+        role: str,
+        speaker: str | None,
+        content: str,
+        timestamp: str | None,
+        extraction: str,
+    ) -> None:
         with self.transaction() as db:
-            db.execute("INSERT OR REPLACE INTO stm(turn_id, session_id, seq, role, speaker, content, timestamp, "
-                       "extraction) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                       (turn_id, session_id, seq, role, speaker, content, timestamp, extraction))
+            db.execute(
+                "INSERT OR REPLACE INTO stm(turn_id, session_id, seq, role, speaker, content, timestamp, "
+                "extraction) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (turn_id, session_id, seq, role, speaker, content, timestamp, extraction),
+            )
 
-    def record_extraction(self, session_id: str, turn_id: str, status: str, written: list[Any],
-                          stored: list[dict[str, Any]], refused: list[dict[str, Any]]) -> None:
+    def record_extraction(
+        self,
+        session_id: str,
+        turn_id: str,
+        status: str,
+        written: list[Any],
+        stored: list[dict[str, Any]],
+        refused: list[dict[str, Any]],
+    ) -> None:
         kind = "skipped" if status.startswith("skipped") else "extracted" if written else "nothing"
         with self.transaction() as db:
-            db.execute("INSERT INTO extractions(session_id, turn_id, status, written, stored, refused) "
-                       "VALUES (?, ?, ?, ?, ?, ?)",
-                       (session_id, turn_id, kind, json.dumps(written), json.dumps(stored), json.dumps(refused)))
+            db.execute(
+                "INSERT INTO extractions(session_id, turn_id, status, written, stored, refused) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (
+                    session_id,
+                    turn_id,
+                    kind,
+                    json.dumps(written),
+                    json.dumps(stored),
+                    json.dumps(refused),
+                ),
+            )
             db.execute("UPDATE stm SET extraction = ? WHERE turn_id = ?", (status, turn_id))
 
-    def end_conversation(self, session_id: str, timestamp: str | None, turns: int, summary: str,
-                         categories: list[str], turn_ids: list[str]) -> None:
+    def end_conversation(
+        self,
+        session_id: str,
+        timestamp: str | None,
+        turns: int,
+        summary: str,
+        categories: list[str],
+        turn_ids: list[str],
+    ) -> None:
         """The conversation's MTM summary (none when empty), then the session marked ingested."""
         day = parse_date(timestamp)
         expires = (day + dt.timedelta(days=MTM_TTL_DAYS)).isoformat() if day else None
         with self.transaction() as db:
             seq = db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM sessions").fetchone()[0]
             if summary:
-                db.execute("INSERT OR REPLACE INTO mtm(session_id, seq, summary, categories, turn_ids, created_at, "
-                           "expires_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                           (session_id, seq, summary, json.dumps(categories), json.dumps(turn_ids), timestamp,
-                            expires))
+                db.execute(
+                    "INSERT OR REPLACE INTO mtm(session_id, seq, summary, categories, turn_ids, created_at, "
+                    "expires_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        session_id,
+                        seq,
+                        summary,
+                        json.dumps(categories),
+                        json.dumps(turn_ids),
+                        timestamp,
+                        expires,
+                    ),
+                )
             else:
                 logger.info("tiered: session %s got an empty summary; no MTM row", session_id)
             # Last: a session counts as ingested once its facts and summary are stored.
-            db.execute("INSERT INTO sessions(id, seq, timestamp, turns) VALUES (?, ?, ?, ?)",
-                       (session_id, seq, timestamp, turns))
+            db.execute(
+                "INSERT INTO sessions(id, seq, timestamp, turns) VALUES (?, ?, ?, ?)",
+                (session_id, seq, timestamp, turns),
+            )
 
     # --- writing LTM ----------------------------------------------------------------------
 
-    def store_fact(self, fact: Fact, *, session_id: str | None = None, turn_id: str | None = None,
-                   timestamp: str | None = None, is_grounded: bool = True) -> Action:
+    def store_fact(
+        self,
+        fact: Fact,
+        *,
+        session_id: str | None = None,
+        turn_id: str | None = None,
+        timestamp: str | None = None,
+        is_grounded: bool = True,
+    ) -> Action:
         """Write one fact: a new key is stored, a new value for a held key supersedes the old row."""
         with self.lock:
-            live = self.db.execute("SELECT id, value FROM ltm WHERE key = ? AND status = 'live'",
-                                   (fact.key,)).fetchone()
+            live = self.db.execute(
+                "SELECT id, value FROM ltm WHERE key = ? AND status = 'live'", (fact.key,)
+            ).fetchone()
         if live is not None and normalize_value(live["value"]) == normalize_value(fact.value):
             return "unchanged"
         vector = self.embedder.embed_one(f"{fact.label}: {fact.value}").astype(np.float32)
         with self.transaction() as db:
             if live is not None:
                 db.execute("UPDATE ltm SET status = 'superseded' WHERE id = ?", (live["id"],))
-            new_id = int(db.execute(
-                "INSERT INTO ltm(key, label, value, category, status, session_id, turn_id, timestamp, grounded, "
-                "written_keys, embedding) VALUES (?, ?, ?, ?, 'live', ?, ?, ?, ?, ?, ?)",
-                (fact.key, fact.label, fact.value, fact.category, session_id, turn_id, timestamp, int(is_grounded),
-                 json.dumps(fact.written_keys), vector.tobytes()),
-            ).lastrowid)
+            new_id = int(
+                db.execute(
+                    "INSERT INTO ltm(key, label, value, category, status, session_id, turn_id, timestamp, grounded, "
+                    "written_keys, embedding) VALUES (?, ?, ?, ?, 'live', ?, ?, ?, ?, ?, ?)",
+                    (
+                        fact.key,
+                        fact.label,
+                        fact.value,
+                        fact.category,
+                        session_id,
+                        turn_id,
+                        timestamp,
+                        int(is_grounded),
+                        json.dumps(fact.written_keys),
+                        vector.tobytes(),
+                    ),
+                ).lastrowid
+            )
             if live is not None:
                 db.execute("UPDATE ltm SET superseded_by = ? WHERE id = ?", (new_id, live["id"]))
                 self.vectors.pop(live["id"], None)
@@ -402,7 +562,9 @@ class TieredStore:
         if not keys:
             return []
         marks = ",".join("?" * len(keys))
-        rows = self.db.execute(f"SELECT id, value FROM ltm WHERE key IN ({marks})", keys).fetchall()
+        rows = self.db.execute(
+            f"SELECT id, value FROM ltm WHERE key IN ({marks})", keys
+        ).fetchall()
         self.db.execute(f"DELETE FROM ltm WHERE key IN ({marks})", keys)
         for row in rows:
             self.vectors.pop(row["id"], None)
@@ -429,4 +591,3 @@ class TieredStore:
                 db.execute("DELETE FROM stm WHERE turn_id = ?", (ident,))
             else:
                 raise KeyError(f"tiered has no tier {tier!r}")
-

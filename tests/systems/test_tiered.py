@@ -553,6 +553,31 @@ def test_a_prompt_pack_round_trips_into_a_tiered_system(tmp_path, embedder):
 
 
 # ---------------------------------------------------------------------------
+# The suite bench's view of a store
+# ---------------------------------------------------------------------------
+
+
+def test_the_suite_bench_reports_each_tier_and_the_sessions_whose_extraction_stored_a_fact(tmp_path, embedder):
+    from experiments.bench.baselines import memory_report
+
+    system, _ = make(tmp_path, embedder, {"tiered.extract": LIVE_MOVE_EXTRACT,
+                                          "tiered.summarize": live_move_summaries})
+    episode = Episode(id="ep", sessions=[*LIVE_MOVE, session("s3", "2024-11-20", "Hello!", "Hi!")],
+                      questions=GRAPH_EPISODE.questions)
+    system.ingest(episode.sessions)
+
+    report = memory_report(episode)(system)
+
+    assert report["tiers"]["ltm"] == ["home city: Ourense"]
+    assert len(report["tiers"]["mtm"]) == 3 and report["tiers"]["stm"] == ["user: Hello!", "assistant: Hi!"]
+    assert report["context"]["q1"][0] == "home city: Ourense"
+    # s1 stored two facts; s2 superseded one (its forget request skips extraction); s3 stored none.
+    assert report["extraction"] == {"s1": {"messages": 2, "written": 2, "stored": 2, "refused": 0},
+                                    "s2": {"messages": 2, "written": 1, "stored": 1, "refused": 0},
+                                    "s3": {"messages": 1, "written": 0, "stored": 0, "refused": 0}}
+
+
+# ---------------------------------------------------------------------------
 # Integration: the embedded SmolLM2-135M over builtin:assistant (minutes; the lead runs it)
 # ---------------------------------------------------------------------------
 
