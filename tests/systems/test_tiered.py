@@ -593,6 +593,7 @@ def test_tiered_runs_builtin_assistant_on_the_embedded_lm(tmp_path, embedder):
     dataset = load_dataset("builtin:assistant")
     attributor = Attributor(judges_for(embedder), embedder)
     outcomes = []
+    stored_facts = 0
 
     def make_system(episode: Episode) -> TieredSystem:
         return TieredSystem(lm, tmp_path / "runs" / episode.id, embedder=embedder)
@@ -617,13 +618,18 @@ def test_tiered_runs_builtin_assistant_on_the_embedded_lm(tmp_path, embedder):
         # The forgotten value is gone from the store (the file reopened after the episode), whatever the answer.
         reopened = TieredSystem(lm, tmp_path / "runs" / episode.id, embedder=embedder)
         stored = " ".join(m.text for m in reopened.all_memories())
+        log = reopened.store.extractions()
         reopened.close()
+        # Every extraction answer parsed (decoded under the schema): each row says what was written.
+        assert all(isinstance(item, dict) for row in log for item in row["written"])
+        stored_facts += sum(1 for row in log for fact in row["stored"] if fact["action"] != "unchanged")
         for question in episode.questions:
             if question.task_type == "forget":
                 assert not any(value in stored for value in question.forbidden)
     assert len(outcomes) == 20
+    assert stored_facts > 0  # long-term memory fills on the embedded model
     accuracy = sum(o.passed for o in outcomes) / len(outcomes)
-    print(f"tiered on builtin:assistant, embedded LM: accuracy {accuracy:.2f}")
+    print(f"tiered on builtin:assistant, embedded LM: accuracy {accuracy:.2f}, {stored_facts} facts stored")
 
 
 def test_forgetting_an_attribute_redacts_the_sentence_that_gives_its_value():
