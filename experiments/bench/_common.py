@@ -48,26 +48,34 @@ def bench_lm(args: argparse.Namespace, tmp: Path) -> OptloopLM:
 
 
 def provenance(model: str, argv: Sequence[str] | None = None) -> dict[str, str]:
-    """Where a results file came from: the command, the date (UTC), the commit, the model and the machine."""
+    """Where a results file came from: the command, the date (UTC), the commit, the model and
+    the machine."""
     args = list(sys.argv[1:] if argv is None else argv)
     module = Path(sys.argv[0]).with_suffix("").as_posix().replace("/", ".")
     module = module[module.index("experiments."):] if "experiments." in module else module
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                               text=True, check=True).stdout.strip()
-        commit += "+changes" if dirty else ""
-    except (OSError, subprocess.CalledProcessError):
-        commit = "unknown (not a git checkout)"
     return {"command": shlex.join(["python", "-m", module, *args]),
-            "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"), "commit": commit, "model": model,
-            "machine": f"{platform.machine()}, {platform.system()}, {_cores()} cores, Python "
-                       f"{platform.python_version()}"}
+            "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"), "commit": _commit(),
+            "model": model, "machine": _machine()}
 
 
-def _cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 0
+def _commit() -> str:
+    """The checkout's commit, ``+changes`` when tracked files differ from it."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], capture_output=True, text=True,
+                              check=True).stdout.strip()
+
+    try:
+        dirty = git("status", "--porcelain", "--untracked-files=no")
+        return git("rev-parse", "--short", "HEAD") + ("+changes" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown (not a git checkout)"
+
+
+def _machine() -> str:
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return (f"{platform.machine()}, {platform.system()}, {cores} cores, {memory:.0f} GiB, "
+            f"Python {platform.python_version()}")
 
 
 def provenance_markdown(record: dict[str, str]) -> str:
@@ -95,7 +103,8 @@ class EpisodeRun:
     answer_s: float = 0.0
     answer_calls: int = 0
     results: list[QuestionResult] = field(default_factory=list)
-    inspected: dict[str, Any] | None = None  # what ``inspect(system)`` said once the questions were answered
+    # What ``inspect(system)`` said once the questions were answered.
+    inspected: dict[str, Any] | None = None
 
     @property
     def seconds(self) -> float:
@@ -111,7 +120,8 @@ class EpisodeRun:
 
 
 class _InspectedStores(FreshStores):
-    """Fresh stores that let ``inspect`` look at the system after the questions, before it is closed."""
+    """Fresh stores that let ``inspect`` look at the system after the questions, before it
+    closes."""
 
     def __init__(self, make: Callable[[Episode], MemorySystem], lm: OptloopLM,
                  inspect: Callable[[MemorySystem], dict[str, Any]]):
@@ -131,18 +141,19 @@ def run_episode(system_cls: type[MemorySystem], episode: Episode, lm: OptloopLM,
                 inspect: Callable[[MemorySystem], dict[str, Any]] | None = None) -> EpisodeRun:
     """Fresh ``system_cls`` under ``run_dir``: ingest every session, answer and score every question.
 
-    The one episode pipeline (:func:`optloop.pipeline.run_episode`) with nothing recorded or attributed,
-    so the figures are the system's own. ``inspect(system)``, when given, runs once the questions are
-    answered (before the store closes); what it returns is the run's ``inspected``.
+    The one episode pipeline (:func:`optloop.pipeline.run_episode`) with nothing recorded or
+    attributed, so the figures are the system's own. ``inspect(system)``, when given, runs once
+    the questions are answered (before the store closes); it returns the run's ``inspected``.
     """
     def make(_episode: Episode) -> MemorySystem:
         return system_cls(lm, run_dir, embedder=embedder)
 
-    stores = FreshStores(make, lm, record=False) if inspect is None else _InspectedStores(make, lm, inspect)
+    stores = (FreshStores(make, lm, record=False) if inspect is None
+              else _InspectedStores(make, lm, inspect))
     result = pipeline.run_episode(episode, stores, lm=lm)
+    results = [QuestionResult(q, o.prediction, o.passed)
+               for q, o in zip(episode.questions, result.outcomes)]
     return EpisodeRun(episode_id=episode.id, sessions=len(episode.sessions), setup_s=result.setup_s,
-                      ingest_s=result.ingest_s, ingest_calls=result.ingest_calls, answer_s=result.answer_s,
-                      answer_calls=result.answer_calls,
-                      results=[QuestionResult(q, o.prediction, o.passed) for q, o in zip(episode.questions,
-                                                                                      result.outcomes)],
+                      ingest_s=result.ingest_s, ingest_calls=result.ingest_calls,
+                      answer_s=result.answer_s, answer_calls=result.answer_calls, results=results,
                       inspected=getattr(stores, "inspected", None))

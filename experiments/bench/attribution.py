@@ -109,7 +109,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps(summary, indent=1, ensure_ascii=False))
     if args.markdown:
-        args.markdown.write_text(provenance_markdown(summary["provenance"]) + render_planted_markdown(summary))
+        args.markdown.write_text(provenance_markdown(summary["provenance"])
+                                 + render_planted_markdown(summary))
     return 0
 
 

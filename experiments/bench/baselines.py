@@ -1,7 +1,8 @@
 """Baseline table: accuracy of each memory system per task type, in the spirit of MEME's Table 2.
 
     python -m experiments.bench.baselines [--systems a,b] [--datasets URI,URI] [--episodes N]
-                                          [--config FILE] [--json OUT] [--markdown OUT] [--probes OUT]
+                                          [--config FILE] [--json OUT] [--markdown OUT]
+                                          [--probes OUT]
 
 For each system and each episode of each dataset: a fresh store under a temporary
 directory, ingest all the episode's sessions, then retrieve and answer every question,
@@ -44,8 +45,8 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from experiments.bench._common import (EpisodeRun, bench_lm, parse_systems, provenance, provenance_markdown,
-                                       run_episode)
+from experiments.bench._common import (EpisodeRun, bench_lm, parse_systems, provenance,
+                                       provenance_markdown, run_episode)
 from optloop.cli import add_lm_arguments, run_cli, setup_logging
 from optloop.config import load_config, with_limit
 from optloop.datasets import LOADERS, Dataset, Episode, Question, load_dataset, parse_uri
@@ -159,9 +160,10 @@ class SystemTotals:
 
 
 def memory_report(episode: Episode) -> Callable[[MemorySystem], dict[str, Any]]:
-    """What a system held once ``episode``'s questions were answered: its units by tier, what retrieval puts
-    in context for each question (asked again: retrieval without a query-rewrite site calls no LM), and,
-    for a system with an extraction log, per session the facts written, stored and refused."""
+    """What a system held once ``episode``'s questions were answered: its units by tier, what
+    retrieval puts in context for each question (asked again: without a query-rewrite site,
+    retrieval calls no LM), and, for a system with an extraction log, per session the facts
+    written, stored and refused."""
     from systems.tiered import TieredSystem
 
     def inspect(system: MemorySystem) -> dict[str, Any]:
@@ -170,16 +172,17 @@ def memory_report(episode: Episode) -> Callable[[MemorySystem], dict[str, Any]]:
             tiers[str(item.metadata.get("tier", "memory"))].append(item.text)
         report: dict[str, Any] = {"tiers": dict(tiers)}
         if QUERY_REWRITE not in system.prompt_sites():
-            report["context"] = {q.id: [m.text for m in system.retrieve(q.question)] for q in episode.questions}
+            report["context"] = {q.id: [m.text for m in system.retrieve(q.question)]
+                                 for q in episode.questions}
         if isinstance(system, TieredSystem):
             log = system.store.extractions()
-            report["extraction"] = {
-                s.id: {"messages": sum(1 for r in log if r["session_id"] == s.id),
-                       "written": sum(len(r["written"]) for r in log if r["session_id"] == s.id),
-                       "stored": sum(1 for r in log if r["session_id"] == s.id for f in r["stored"]
-                                     if f["action"] != "unchanged"),
-                       "refused": sum(len(r["refused"]) for r in log if r["session_id"] == s.id)}
-                for s in episode.sessions}
+            report["extraction"] = {}
+            for s in episode.sessions:
+                rows = [r for r in log if r["session_id"] == s.id]
+                report["extraction"][s.id] = {
+                    "messages": len(rows), "written": sum(len(r["written"]) for r in rows),
+                    "stored": sum(f["action"] != "unchanged" for r in rows for f in r["stored"]),
+                    "refused": sum(len(r["refused"]) for r in rows)}
         return report
 
     return inspect
@@ -191,7 +194,8 @@ class Results:
     labels: list[str] = field(default_factory=list)  # rows, in first-seen order
     cells: dict[str, dict[str, list[int]]] = field(default_factory=lambda: defaultdict(dict))  # label -> system -> [correct, n]
     totals: dict[str, SystemTotals] = field(default_factory=dict)
-    passes: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))  # system -> 1/0 per question
+    # system -> 1.0 / 0.0 per question, in order
+    passes: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
     probes: dict[str, list[dict[str, Any]]] = field(default_factory=lambda: defaultdict(list))
     episodes: dict[str, list[dict[str, Any]]] = field(default_factory=lambda: defaultdict(list))
 
@@ -203,8 +207,9 @@ class Results:
             q = result.question
             self.passes[system].append(float(result.passed))
             self.probes[system].append({
-                "dataset": uri, "episode": run.episode_id, "question_id": q.id, "task": task_label(uri, q),
-                "question": q.question, "expected": q.gold, "got": result.prediction, "pass": result.passed,
+                "dataset": uri, "episode": run.episode_id, "question_id": q.id,
+                "task": task_label(uri, q), "question": q.question, "expected": q.gold,
+                "got": result.prediction, "pass": result.passed,
                 "context": (inspected.get("context") or {}).get(q.id)})
             label = task_label(uri, result.question)
             if label not in self.labels:
@@ -219,14 +224,16 @@ class Results:
         return bootstrap_mean(values, seed=0) if values else None
 
     def extraction(self, system: str) -> dict[str, Any] | None:
-        """Sessions whose extraction stored at least one fact (a system with an extraction log only)."""
-        sessions = [counts for ep in self.episodes.get(system, []) for counts in (ep.get("extraction") or {}).values()]
+        """Sessions whose extraction stored at least one fact (a system with an extraction log)."""
+        sessions = [counts for ep in self.episodes.get(system, [])
+                    for counts in (ep.get("extraction") or {}).values()]
         if not sessions:
             return None
         stored = [float(c["stored"] > 0) for c in sessions]
+        totals = {name: sum(c[name] for c in sessions)
+                  for name in ("written", "stored", "refused")}
         return {"sessions": len(sessions), "with_facts": int(sum(stored)),
-                "share": bootstrap_mean(stored, seed=0), "written": sum(c["written"] for c in sessions),
-                "stored": sum(c["stored"] for c in sessions), "refused": sum(c["refused"] for c in sessions)}
+                "share": bootstrap_mean(stored, seed=0), **totals}
 
     def cell(self, label: str, system: str) -> tuple[int, int] | None:
         if label == ALL_ROW:
@@ -249,8 +256,8 @@ def run_bench(plan: Plan, lm: Any, work: Path, progress: Progress) -> Results:
         for index, dataset in enumerate(plan.datasets):
             progress.update(task, description=f"{name} {dataset.name}")
             for episode in dataset.episodes:
-                run = run_episode(system_cls, episode, lm, work / name / f"d{index}" / episode.id, embedder,
-                                  inspect=memory_report(episode))
+                run = run_episode(system_cls, episode, lm, work / name / f"d{index}" / episode.id,
+                                  embedder, inspect=memory_report(episode))
                 results.add(name, dataset.uri, run)
                 progress.advance(task)
         progress.update(task, description=name)
@@ -266,11 +273,14 @@ def _fmt(value: float | None, digits: int = 1) -> str:
 
 
 def _interval(value: Interval | None) -> dict[str, Any] | None:
-    return None if value is None else {"estimate": round(value.estimate, 4), "low": round(value.low, 4),
-                                       "high": round(value.high, 4), "n": value.n}
+    if value is None:
+        return None
+    return {"estimate": round(value.estimate, 4), "low": round(value.low, 4),
+            "high": round(value.high, 4), "n": value.n}
 
 
-def to_json(plan: Plan, results: Results, lm_identity: str, origin: dict[str, str] | None = None) -> dict[str, Any]:
+def to_json(plan: Plan, results: Results, lm_identity: str,
+            origin: dict[str, str] | None = None) -> dict[str, Any]:
     accuracy = {
         label: {s: {"correct": c[0], "n": c[1], "accuracy": c[0] / c[1]}
                 for s in plan.systems if (c := results.cell(label, s))}
@@ -294,7 +304,8 @@ def to_json(plan: Plan, results: Results, lm_identity: str, origin: dict[str, st
     }
 
 
-def to_markdown(plan: Plan, results: Results, lm_identity: str, origin: dict[str, str] | None = None) -> str:
+def to_markdown(plan: Plan, results: Results, lm_identity: str,
+                origin: dict[str, str] | None = None) -> str:
     lines = [f"Accuracy per task type ({lm_identity}); cells: accuracy (questions).", "",
              "| task | " + " | ".join(plan.systems) + " |", "|---" * (len(plan.systems) + 1) + "|"]
     for label in results.rows():
@@ -305,12 +316,15 @@ def to_markdown(plan: Plan, results: Results, lm_identity: str, origin: dict[str
         t = results.totals.get(s, SystemTotals()).as_dict()
         lines.append(f"| {s} | {t['episodes']} | {_fmt(t['seconds_per_episode'])} | {_fmt(t['calls_per_episode'])} |")
     lines += ["", "Accuracy over every question, seeded 95% bootstrap interval:", ""]
-    lines += [f"- {s}: {found.format(signed=False)}" for s in plan.systems if (found := results.accuracy(s))]
+    lines += [f"- {s}: {found.format(signed=False)}"
+              for s in plan.systems if (found := results.accuracy(s))]
     for s in plan.systems:
         if found := results.extraction(s):
-            lines.append(f"- {s}: sessions whose extraction stored at least one fact: {found['with_facts']}/"
-                         f"{found['sessions']} = {found['share'].format(signed=False)}; facts written "
-                         f"{found['written']}, stored {found['stored']}, refused {found['refused']}")
+            lines.append(f"- {s}: sessions whose extraction stored at least one fact: "
+                         f"{found['with_facts']}/{found['sessions']} = "
+                         f"{found['share'].format(signed=False)}; facts written "
+                         f"{found['written']}, stored {found['stored']}, "
+                         f"refused {found['refused']}")
     lines += ["", "Datasets: " + ", ".join(f"`{d.uri}`" for d in plan.datasets) + "."]
     lines += [f"{note}." for note in plan.skipped]
     return (provenance_markdown(origin) if origin else "") + "\n".join(lines) + "\n"
@@ -325,8 +339,10 @@ def _tier_lines(units: Sequence[str]) -> str:
     return "; ".join(_cell_text(u, 120) for u in units) if units else "(empty)"
 
 
-def probes_markdown(plan: Plan, results: Results, lm_identity: str, origin: dict[str, str] | None = None) -> str:
-    """Per system and episode: what each tier held, then each probe (expected, got, pass, context)."""
+def probes_markdown(plan: Plan, results: Results, lm_identity: str,
+                    origin: dict[str, str] | None = None) -> str:
+    """Per system and episode: what each tier held, then each probe (expected, got, pass,
+    context)."""
     lines = [f"# Per probe ({lm_identity})", ""]
     for s in plan.systems:
         lines += [f"## {s}", ""]
@@ -337,16 +353,19 @@ def probes_markdown(plan: Plan, results: Results, lm_identity: str, origin: dict
             for tier, units in sorted((ep.get("tiers") or {}).items()):
                 lines.append(f"- {tier.upper()} ({len(units)}): {_tier_lines(units)}")
             for sid, counts in (ep.get("extraction") or {}).items():
-                lines.append(f"- extraction {sid}: {counts['messages']} message(s), {counts['written']} object(s) "
-                             f"written, {counts['stored']} fact(s) stored, {counts['refused']} refused")
-            lines += ["", "| probe | task | expected | got | pass | in context |", "|---|---|---|---|---|---|"]
+                lines.append(f"- extraction {sid}: {counts['messages']} message(s), "
+                             f"{counts['written']} object(s) written, {counts['stored']} fact(s) "
+                             f"stored, {counts['refused']} refused")
+            lines += ["", "| probe | task | expected | got | pass | in context |",
+                      "|---|---|---|---|---|---|"]
             for row in results.probes.get(s, []):
                 if row["episode"] != ep["episode"] or row["dataset"] != ep["dataset"]:
                     continue
                 context = _tier_lines(row["context"]) if row["context"] is not None else "-"
-                lines.append(f"| {_cell_text(row['question'])} | {row['task']} | {_cell_text(row['expected'])} | "
-                             f"{_cell_text(row['got'])} | {'yes' if row['pass'] else 'no'} | "
-                             f"{_cell_text(context, 400)} |")
+                cells = [_cell_text(row["question"]), row["task"], _cell_text(row["expected"]),
+                         _cell_text(row["got"]), "yes" if row["pass"] else "no",
+                         _cell_text(context, 400)]
+                lines.append("| " + " | ".join(cells) + " |")
             lines.append("")
     return (provenance_markdown(origin) if origin else "") + "\n".join(lines)
 
@@ -384,7 +403,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, metavar="OUT", help="also write the figures to this JSON file")
     parser.add_argument("--markdown", type=Path, metavar="OUT", help="also write the tables to this Markdown file")
     parser.add_argument("--probes", type=Path, metavar="OUT",
-                        help="also write the per-probe tables (expected, got, pass, context, each tier) as Markdown")
+                        help="also write the per-probe tables (expected, got, pass, context, each "
+                             "tier) as Markdown")
     parser.add_argument("--verbose", action="store_true")
     args = parser.parse_args(argv)
     if args.episodes is not None and args.episodes < 1:

@@ -174,21 +174,23 @@ def test_a_stub_run_fills_both_tables_and_the_files(monkeypatch, capsys, tmp_pat
     assert data["accuracy"][baselines.ALL_ROW]["echo"]["n"] == sum(d["questions"] for d in data["datasets"])
     markdown = out_md.read_text()
     assert "| task | echo |" in markdown and "| echo | 5 |" in markdown and "meme/cascade" in markdown
-    # The provenance, the accuracy's interval, and per probe: expected, got, pass and what was in context.
+    # The provenance, the accuracy's interval, and per probe: expected, got, pass, the context.
     assert set(data["provenance"]) == {"command", "date", "commit", "model", "machine"}
     assert data["provenance"]["model"] == "stub" and "--probes" in data["provenance"]["command"]
     n = data["accuracy"][baselines.ALL_ROW]["echo"]["n"]
     interval = data["accuracy_ci"]["echo"]
     assert interval["n"] == n and interval["low"] <= interval["estimate"] <= interval["high"]
-    assert interval["estimate"] == pytest.approx(data["accuracy"][baselines.ALL_ROW]["echo"]["accuracy"], abs=1e-4)
+    overall = data["accuracy"][baselines.ALL_ROW]["echo"]
+    assert interval["estimate"] == pytest.approx(overall["accuracy"], abs=1e-4)
     probes = data["probes"]["echo"]
-    assert len(probes) == n and sum(p["pass"] for p in probes) == data["accuracy"][baselines.ALL_ROW]["echo"]["correct"]
+    assert len(probes) == n and sum(p["pass"] for p in probes) == overall["correct"]
     first = probes[0]
     assert first["got"] == first["context"][0] and first["expected"] and first["question"]
     assert data["episodes"]["echo"][0]["tiers"] == {"memory": [first["got"]]}
     assert data["extraction"] == {}  # no extraction log in this system
     assert markdown.startswith("- command: `python -m ")
     table = out_probes.read_text()
-    assert "| probe | task | expected | got | pass | in context |" in table and "- MEMORY (1):" in table
+    assert "| probe | task | expected | got | pass | in context |" in table
+    assert "- MEMORY (1):" in table
     printed = capsys.readouterr().out
     assert "accuracy per task type" in printed and "cost per episode" in printed

@@ -1,4 +1,4 @@
-"""The ``tiered`` assistant memory: schema, extraction reading, supersede, forget, retrieval, the graph.
+"""The ``tiered`` assistant memory: schema, extraction, supersede, forget, retrieval, the graph.
 
 Unit tests never load a model: the prompt sites run on :class:`SiteLM`, which answers each
 call by its site (the extraction stage's ``{key, value, category}`` objects, the summary,
@@ -55,15 +55,17 @@ def session(sid: str, timestamp: str | None, *user_then_assistant: str) -> Sessi
 
 def facts(*pairs: str, category: str = "general") -> list[dict]:
     """Extraction objects from ``"key|value"`` shorthands (the test's notation, not the site's)."""
-    return [{"key": p.split("|", 1)[0], "value": p.split("|", 1)[1], "category": category} for p in pairs]
+    return [{"key": key, "value": value, "category": category}
+            for key, value in (p.split("|", 1) for p in pairs)]
 
 
 def extractor(table: dict[str, list[str]]):
-    """An extraction script: the facts (``key|value`` shorthands) for a message containing one of ``table``'s
-    phrases, else none."""
+    """An extraction script: the facts (``key|value`` shorthands) for a message containing one of
+    ``table``'s phrases, else none."""
     def reply(fields: dict[str, str]) -> dict:
         message = fields.get("message", "")
-        return {"facts": facts(*next((pairs for phrase, pairs in table.items() if phrase in message), []))}
+        found = next((pairs for phrase, pairs in table.items() if phrase in message), [])
+        return {"facts": facts(*found)}
     return reply
 
 
@@ -161,8 +163,9 @@ def test_keys_are_normalized_in_code_and_known_keys_reused():
         ExtractedFact(key="Sister Name", value="Lena", category="family"),
         {"key": "my_home-city", "value": " Porto ", "category": "general"},
         {"key": "FLIGHT_NUMBER", "value": "QZ 4471.", "category": "travel"},
-        {"key": "city_home", "value": "Porto", "category": "home"},     # the same words as a key already given
-        {"key": "sisters_name", "value": "Lena", "category": "family"},  # a known key, spelt otherwise
+        # the same words as a key already given; a known key, spelt otherwise
+        {"key": "city_home", "value": "Porto", "category": "home"},
+        {"key": "sisters_name", "value": "Lena", "category": "family"},
     ], known_keys=["home_city", "sister_name"])
 
     assert [(f.key, f.label, f.value) for f in parsed.facts] == [
@@ -174,11 +177,12 @@ def test_keys_are_normalized_in_code_and_known_keys_reused():
 
 
 def test_a_category_comes_from_the_key_else_from_the_model():
-    parsed = parse_facts(facts("sister_name|Lena", category="work") + facts("locker|317", category="health")
+    parsed = parse_facts(facts("sister_name|Lena", category="work")
+                         + facts("locker|317", category="health")
                          + facts("favourite_colour|green", category="nonsense"))
 
-    assert [(f.key, f.category) for f in parsed.facts] == [("sister_name", "family"), ("locker", "health"),
-                                                           ("favourite_colour", "general")]
+    assert [(f.key, f.category) for f in parsed.facts] == [
+        ("sister_name", "family"), ("locker", "health"), ("favourite_colour", "general")]
 
 
 @pytest.mark.parametrize(("item", "reason"), [
@@ -187,7 +191,8 @@ def test_a_category_comes_from_the_key_else_from_the_model():
     ({"key": "", "value": "Lena", "category": "family"}, "empty key"),
     ({"key": "sister_name", "value": "unknown", "category": "family"}, "no value"),
     ({"key": "forget", "value": "sister_name", "category": "general"}, "not obeyed"),
-    ({"key": "the user said that her only sister is called", "value": "Lena", "category": "family"}, "sentence"),
+    ({"key": "the user said that her only sister is called", "value": "Lena",
+      "category": "family"}, "sentence"),
 ])
 def test_items_that_store_nothing_are_kept_with_the_reason(item, reason):
     parsed = parse_facts([item, {"key": "pet", "value": "Rex", "category": "pets"}])
@@ -198,9 +203,11 @@ def test_items_that_store_nothing_are_kept_with_the_reason(item, reason):
 
 
 def test_several_values_for_one_key_in_one_answer_are_a_list_not_an_update():
-    parsed = parse_facts(facts("birthday|Nayeli 4 March", "birthday|Cosmin 19 July", "birthday|nayeli 4 march"))
+    parsed = parse_facts(facts("birthday|Nayeli 4 March", "birthday|Cosmin 19 July",
+                               "birthday|nayeli 4 march"))
 
-    assert [(f.key, f.value) for f in parsed.facts] == [("birthday", "Nayeli 4 March, Cosmin 19 July")]
+    assert [(f.key, f.value) for f in parsed.facts] == [
+        ("birthday", "Nayeli 4 March, Cosmin 19 July")]
     assert len(parsed.facts[0].written) == 3
 
 
@@ -221,7 +228,8 @@ def test_extraction_runs_after_every_user_message_with_context_and_known_keys(tm
     assert lm.sites().count("tiered.summarize") == 2
 
 
-def test_what_the_model_wrote_what_was_stored_and_what_was_refused_are_recorded(tmp_path, embedder):
+def test_what_the_model_wrote_what_was_stored_and_what_was_refused_are_recorded(tmp_path,
+                                                                                 embedder):
     written = [{"key": "Favourite Tea", "value": "rooibos", "category": "food"},
                {"key": "", "value": "just some words", "category": "general"},
                {"key": "favourite_colour", "value": "blue", "category": "general"}]
@@ -239,7 +247,8 @@ def test_what_the_model_wrote_what_was_stored_and_what_was_refused_are_recorded(
          "written_keys": ["favourite_colour"]}]
     assert row["refused"] == [{"item": written[1], "reason": "empty key"}]
     stored = {f.key: f for f in system.store.live_facts()}
-    assert stored["favourite_tea"].grounded and not stored["favourite_colour"].grounded  # "blue" was never said
+    # "blue" was never said
+    assert stored["favourite_tea"].grounded and not stored["favourite_colour"].grounded
     item = next(m for m in system.all_memories() if m.id == "ltm:favourite_tea")
     assert item.metadata["written_keys"] == ["Favourite Tea"]
     turn = next(t for t in system.store.stm_turns() if t.turn_id == "s1:t1")
@@ -448,11 +457,12 @@ def test_the_graph_records_every_extraction_store_update_and_delete(tmp_path, em
     home = graph.latest("memory", "ltm:home_city")
     assert home.text == "home city: Ourense" and home.provenance == ["message:s2:t1@0"]
     assert home.data["metadata"]["table"] == "ltm" and home.data["metadata"]["version"] == 2
-    # The trace shows what the model wrote (the site's output objects) and what was stored (the LTM unit).
+    # The trace shows what the model wrote (the site's output objects) and what was stored.
     first = next(op for op in graph.operations if op.site == "tiered.extract")
     assert [graph.variables[v].data for v in first.outputs] == [
         {"key": "home_city", "value": "Valdemoro", "category": "general"}]
-    assert home.data["metadata"]["written_keys"] == ["home_city"] and home.data["metadata"]["category"] == "home"
+    assert home.data["metadata"]["written_keys"] == ["home_city"]
+    assert home.data["metadata"]["category"] == "home"
     assert graph.meta["sites"]["tiered.extract"]["op_kinds"] == ["extract", "store", "update"]
     assert graph.meta["retrievable_kinds"] == ["fact", "summary"]
     assert not any("5829" in v.text for v in graph.by_cls("memory") if v.status == "live"
@@ -524,7 +534,8 @@ def test_the_catalogue_plants_tiered_faults_and_attribution_names_them(tmp_path,
 
 
 def test_a_prompt_pack_round_trips_into_a_tiered_system(tmp_path, embedder):
-    bundle = Bundle(system="tiered", prompts={"tiered.extract": "Write every fact as an object. Be exhaustive.",
+    instruction = "Write every fact as an object. Be exhaustive."
+    bundle = Bundle(system="tiered", prompts={"tiered.extract": instruction,
                                               "answer": "Answer briefly."},
                     knobs={"top_k": 3, "search_recipe": "category"}, source={"run_id": "r1"}, label="run r1")
 
@@ -539,12 +550,12 @@ def test_a_prompt_pack_round_trips_into_a_tiered_system(tmp_path, embedder):
     assert set(pack["sites"]["tiered.extract"]["inputs"]) == {"known_keys", "conversation", "message"}
     system, _ = make(tmp_path, embedder)
     system.apply_pack(pack)
-    assert system.prompt_sites()["tiered.extract"].instructions == "Write every fact as an object. Be exhaustive."
+    assert system.prompt_sites()["tiered.extract"].instructions == instruction
     assert system.prompt_sites()["tiered.summarize"].changed is False
     assert system.knobs()["top_k"] == 3 and system.knobs()["search_recipe"] == "category"
     with pytest.raises(ConfigError, match="mem0"):
         system.apply_pack({**pack, "system": "mem0"})
-    # A pack whose extraction answers another schema (Key|Value lines) is refused, not half applied.
+    # A pack whose extraction answers another schema (Key|Value lines) is refused.
     older = json.loads(json.dumps(pack))
     older["sites"]["tiered.extract"]["outputs"]["facts"]["schema"] = {"items": {"type": "string"},
                                                                      "type": "array"}
@@ -557,7 +568,8 @@ def test_a_prompt_pack_round_trips_into_a_tiered_system(tmp_path, embedder):
 # ---------------------------------------------------------------------------
 
 
-def test_the_suite_bench_reports_each_tier_and_the_sessions_whose_extraction_stored_a_fact(tmp_path, embedder):
+def test_the_suite_bench_reports_each_tier_and_the_sessions_whose_extraction_stored_a_fact(
+        tmp_path, embedder):
     from experiments.bench.baselines import memory_report
 
     system, _ = make(tmp_path, embedder, {"tiered.extract": LIVE_MOVE_EXTRACT,
@@ -569,7 +581,8 @@ def test_the_suite_bench_reports_each_tier_and_the_sessions_whose_extraction_sto
     report = memory_report(episode)(system)
 
     assert report["tiers"]["ltm"] == ["home city: Ourense"]
-    assert len(report["tiers"]["mtm"]) == 3 and report["tiers"]["stm"] == ["user: Hello!", "assistant: Hi!"]
+    assert len(report["tiers"]["mtm"]) == 3
+    assert report["tiers"]["stm"] == ["user: Hello!", "assistant: Hi!"]
     assert report["context"]["q1"][0] == "home city: Ourense"
     # s1 stored two facts; s2 superseded one (its forget request skips extraction); s3 stored none.
     assert report["extraction"] == {"s1": {"messages": 2, "written": 2, "stored": 2, "refused": 0},
@@ -620,16 +633,17 @@ def test_tiered_runs_builtin_assistant_on_the_embedded_lm(tmp_path, embedder):
         stored = " ".join(m.text for m in reopened.all_memories())
         log = reopened.store.extractions()
         reopened.close()
-        # Every extraction answer parsed (decoded under the schema): each row says what was written.
+        # Every extraction answer parsed (decoded under the schema): each row holds objects.
         assert all(isinstance(item, dict) for row in log for item in row["written"])
-        stored_facts += sum(1 for row in log for fact in row["stored"] if fact["action"] != "unchanged")
+        stored_facts += sum(fact["action"] != "unchanged" for row in log for fact in row["stored"])
         for question in episode.questions:
             if question.task_type == "forget":
                 assert not any(value in stored for value in question.forbidden)
     assert len(outcomes) == 20
     assert stored_facts > 0  # long-term memory fills on the embedded model
     accuracy = sum(o.passed for o in outcomes) / len(outcomes)
-    print(f"tiered on builtin:assistant, embedded LM: accuracy {accuracy:.2f}, {stored_facts} facts stored")
+    print(f"tiered on builtin:assistant, embedded LM: accuracy {accuracy:.2f}, "
+          f"{stored_facts} facts stored")
 
 
 def test_forgetting_an_attribute_redacts_the_sentence_that_gives_its_value():
