@@ -37,8 +37,8 @@ Category = Literal[
 ]
 """The categories a fact can be filed under (``systems.tiered.keys.CATEGORIES`` and ``general``)."""
 
-MAX_KEY_CHARS = 40
-MAX_VALUE_CHARS = 120
+MAX_KEY_CHARS = 32
+MAX_VALUE_CHARS = 48
 
 
 class ExtractedFact(BaseModel):

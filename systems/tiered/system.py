@@ -51,8 +51,9 @@ class TieredSystem(MemorySystem):
     }
     # The knob that decides what a search returns: a fact outside the recipe's categories is never found.
     search_knob: ClassVar[str | None] = "search_recipe"
-    # A few short facts and a few-sentence summary: bounds that keep a local model's answers closed.
-    local_decoding: ClassVar[dict[str, int]] = {"max_array_items": 6, "max_string_chars": 160}
+    # At most four short facts a message and a few-sentence summary: bounds that keep a local
+    # model's answers closed (a 135M model repeats one object until the array's bound).
+    local_decoding: ClassVar[dict[str, int]] = {"max_array_items": 4, "max_string_chars": 160}
     RECIPES: ClassVar[tuple[str, ...]] = retrieval.RECIPES
 
     def __init__(
