@@ -531,24 +531,25 @@ class TieredStore:
         with self.transaction() as db:
             if live is not None:
                 db.execute("UPDATE ltm SET status = 'superseded' WHERE id = ?", (live["id"],))
-            new_id = int(
-                db.execute(
-                    "INSERT INTO ltm(key, label, value, category, status, session_id, turn_id, timestamp, grounded, "
-                    "written_keys, embedding) VALUES (?, ?, ?, ?, 'live', ?, ?, ?, ?, ?, ?)",
-                    (
-                        fact.key,
-                        fact.label,
-                        fact.value,
-                        fact.category,
-                        session_id,
-                        turn_id,
-                        timestamp,
-                        int(is_grounded),
-                        json.dumps(fact.written_keys),
-                        vector.tobytes(),
-                    ),
-                ).lastrowid
+            row = (
+                fact.key,
+                fact.label,
+                fact.value,
+                fact.category,
+                session_id,
+                turn_id,
+                timestamp,
+                int(is_grounded),
+                json.dumps(fact.written_keys),
+                vector.tobytes(),
             )
+            new_id = db.execute(
+                "INSERT INTO ltm(key, label, value, category, status, session_id, turn_id, "
+                "timestamp, grounded, written_keys, embedding) "
+                "VALUES (?, ?, ?, ?, 'live', ?, ?, ?, ?, ?, ?)",
+                row,
+            ).lastrowid
+            assert new_id is not None  # an INSERT's row id
             if live is not None:
                 db.execute("UPDATE ltm SET superseded_by = ? WHERE id = ?", (new_id, live["id"]))
                 self.vectors.pop(live["id"], None)

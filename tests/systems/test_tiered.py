@@ -16,14 +16,16 @@ from pathlib import Path
 import pytest
 
 from optloop.attribution import ErrorType, attribute, default_judges
-from optloop.attribution.faults import faults_for, run_planted, summarize
+from optloop.attribution.planted import run_planted
+from optloop.attribution.planted_report import summarize
 from optloop.datasets import Dataset, Episode, Question, Session, Turn, load_dataset
 from optloop.embed import Embedder, get_embedder
 from optloop.errors import ConfigError
 from optloop.export import Bundle, render
+from optloop.faults.catalogue import faults_for
 from optloop.tracing.recorder import record_episode
-from systems import get_system
 from signatures.tiered import Category, ExtractedFact
+from systems import get_system
 from systems.tiered import (
     CATEGORIES,
     DB_FILE,
