@@ -39,12 +39,14 @@ def parse_systems(text: str | Sequence[str]) -> list[str]:
     return names
 
 
-def bench_lm(args: argparse.Namespace, tmp: Path) -> OptloopLM:
-    """The LM from the ``add_lm_arguments`` flags, on a fresh cache so every call is real."""
+def bench_lm(args: argparse.Namespace, tmp: Path, cache: Path | None = None) -> OptloopLM:
+    """The LM from the ``add_lm_arguments`` flags, on a fresh cache so every call is real; with
+    ``cache``, on that file instead (an earlier run's answers are reused, the new ones added)."""
     return OptloopLM(LMSettings.from_spec(
         args.lm, base_url=args.lm_base_url, timeout_s=args.lm_timeout, max_retries=args.lm_retries,
         n_ctx=args.lm_n_ctx, max_array_items=getattr(args, "lm_max_items", None),
-        max_string_chars=getattr(args, "lm_max_chars", None), cache_path=tmp / "cache.sqlite"))
+        max_string_chars=getattr(args, "lm_max_chars", None),
+        cache_path=cache or tmp / "cache.sqlite"))
 
 
 def provenance(model: str, argv: Sequence[str] | None = None) -> dict[str, str]:

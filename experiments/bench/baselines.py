@@ -409,13 +409,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--probes", type=Path, metavar="OUT",
                         help="also write the per-probe tables (expected, got, pass, context, each "
                              "tier) as Markdown")
+    parser.add_argument("--lm-cache", type=Path, metavar="FILE",
+                        help="reuse this LM cache (an earlier run's answers; new ones are added) "
+                             "instead of a fresh one")
     args = parse_command(parser, argv)
     if args.episodes is not None and args.episodes < 1:
         parser.error("--episodes must be at least 1")
     plan = make_plan(args)  # unknown systems, bad URIs and bad config files fail here, before the LM
 
     with tempfile.TemporaryDirectory() as tmp:
-        lm = bench_lm(args, Path(tmp))
+        lm = bench_lm(args, Path(tmp), args.lm_cache)
         with Progress() as progress:
             results = run_bench(plan, lm, Path(tmp), progress)
     identity = lm.backend.identity
