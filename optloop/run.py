@@ -20,12 +20,13 @@ from pathlib import Path
 
 from rich.console import Console
 
-from optloop import artifacts
+from optloop import artifacts, preflight
 from optloop.cli import lm_settings_from_args, parse_command, run_cli
 from optloop.datasets import Dataset
 from optloop.errors import ConfigError, EndpointDownError, LMUnreachableError
 from optloop.interrupt import interruptible
 from optloop.lm import LMSettings, OptloopLM
+from optloop.loop import checkpoint_guard
 from optloop.loop.runner import Checkpoint, Loop, check_start_sites, split_dataset
 from optloop.loop.spend import (
     ESTIMATE,
@@ -37,6 +38,7 @@ from optloop.loop.spend import (
     work_units,
 )
 from optloop.loop.state import LoopConfig, LoopResult
+from optloop.outside import RunPlace, describe_run, saved_line
 from optloop.paths import state_dir, write_atomic
 from optloop.progress import LOG_NAME, RunProgress
 from optloop.run_args import build_parser, check_priced, run_config
@@ -49,6 +51,7 @@ from optloop.run_tables import (
     summary_table,
     tried_table,
 )
+from optloop.tracking import resolve_uri
 from systems import get_system
 
 # In a log file (no terminal) the tables get room to be read instead of rich's 80 columns.
@@ -78,16 +81,19 @@ class PreparedRun:
     proposer: OptloopLM
     loop: Loop
     line: str = field(repr=False)  # which run this is, said once before it starts
+    again: str = field(repr=False)  # the command that resumes it
     dev: Dataset = field(repr=False)
     test: Dataset = field(repr=False)
 
-    def progress(self) -> RunProgress:
-        """Where the run says what it does: the console (a status line on a terminal, plain lines
-        elsewhere) and its ``run.log``."""
+    def start(self) -> RunProgress:
+        """Say which run this is, and where the run will say what it does: the console (a status line
+        on a terminal, plain lines elsewhere) and its ``run.log``."""
+        console.print(self.line, soft_wrap=True)
+        self.loop.announce = lambda line: console.print(line, soft_wrap=True, markup=False, highlight=False)
         return RunProgress(console, self.loop.run_dir / LOG_NAME)
 
 
-def prepare(args: argparse.Namespace) -> PreparedRun:
+def prepare(args: argparse.Namespace, argv: Sequence[str]) -> PreparedRun:
     """Everything ``optloop run`` checks before it starts, in order, and the run it starts: bad input
     fails here (:class:`ConfigError`, exit 2) with nothing written, an unavailable endpoint with
     :class:`EndpointDownError` (exit 75)."""
@@ -113,11 +119,22 @@ def prepare(args: argparse.Namespace) -> PreparedRun:
     if proposer_settings is not None:
         probe_lm(proposer_settings)
     check_start_sites(config, probe)  # --start names a site of the system (no LM cache file yet)
+    runs = state_dir(create=False) / "runs"
+    tracking_uri = resolve_uri(config.tracking_uri, create=False)
+    # The tracking server and the storage answer, the stores are writable: before any write.
+    preflight.check_run(tracking_uri, config.storage, state_dir(create=False), runs / choice.name)
+    again = resume_command(argv)
+    checkpoint = runs / choice.name / artifacts.CHECKPOINT
+    describe_run(RunPlace(lambda: tracking_uri, state_dir(create=False),
+                          lambda: saved_line(checkpoint, choice.name, config.budget, again)))
+    broken = checkpoint_guard.broken_runs(runs, config) if args.new else []
+    for line in checkpoint_guard.retire(broken, tracking_uri):  # --new past a broken checkpoint
+        console.print(line, soft_wrap=True, markup=False, highlight=False)
     lm = OptloopLM(settings)  # the input is valid: now the LM cache may be opened (or found corrupt)
     proposer = OptloopLM(proposer_settings) if proposer_settings is not None else lm
     loop = Loop(config, lm, proposer, auto_named=not args.run_name, limits=limits,
                 prepared=(dataset, train, dev, test))
-    return PreparedRun(config, settings, proposer_settings, lm, proposer, loop, choice.line, dev, test)
+    return PreparedRun(config, settings, proposer_settings, lm, proposer, loop, choice.line, again, dev, test)
 
 
 def execute(argv: Sequence[str]) -> LoopResult:
@@ -126,9 +143,9 @@ def execute(argv: Sequence[str]) -> LoopResult:
     Raises what the command turns into exit codes: :class:`~optloop.errors.OptloopError` (bad input,
     an unavailable endpoint, an unwritable state), :class:`~optloop.loop.spend.RunStopped` (a spending
     limit or ``--estimate``: the run is saved), :class:`KeyboardInterrupt`."""
-    run = prepare(build_parser().parse_args(list(argv)))
-    console.print(run.line, soft_wrap=True)
-    with run.progress().shown() as progress:
+    argv = list(argv)
+    run = prepare(build_parser().parse_args(argv), argv)
+    with run.start().shown() as progress:
         run.loop.progress = progress
         return run.loop.run()
 
@@ -138,16 +155,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_command(build_parser(), argv)
     if not args.verbose:  # DSPy's optimizers log every step; our status line says what runs
         logging.getLogger("dspy").setLevel(logging.ERROR)
-    run = prepare(args)
+    run = prepare(args, argv)
     config, settings, proposer_settings, lm, proposer, loop = (run.config, run.settings, run.proposer_settings,
                                                                run.lm, run.proposer, run.loop)
-    dev, test = run.dev, run.test
-    console.print(run.line, soft_wrap=True)
-    again = resume_command(argv)
+    dev, test, again = run.dev, run.test, run.again
+    progress = run.start()
     with interruptible() as signals:
         try:
-            with run.progress().shown() as progress:
-                loop.progress = progress
+            with progress.shown() as say:
+                loop.progress = say
                 result = loop.run()
         except EndpointDownError as exc:
             raise EndpointDownError(f"{exc}; the run is saved: rerun the same command to resume it: {again}") from None

@@ -70,7 +70,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        lm = bench_lm(args, Path(tmp), names)
+        lm = bench_lm(args, Path(tmp), systems=names)
         with Progress() as progress:
             for name in names:
                 rows.append(bench_system(name, args.dataset, lm, Path(tmp), progress))
