@@ -331,7 +331,12 @@ def planted() -> list[str]:
         "the fault is a failure the fault caused. Rates over fewer than 10 cases are marked `*` (too small to "
         "support a figure). Method: [attribution.md](attribution.md#planted-faults-is-attribution-right).",
     ]
-    for name in ("planted.json", "tiered_planted.json", "gated_planted.json"):
+    for name in (
+        "planted.json",
+        "tiered_planted.json",
+        "tiered_planted_before.json",
+        "gated_planted.json",
+    ):
         data = load(name)
         if data is None:
             continue
@@ -381,8 +386,13 @@ def planted() -> list[str]:
                 for d in data["denominators"]
             ],
         )
+        before = (
+            " (before the change to its extraction; docs/tiered.md)"
+            if name.endswith("_before.json")
+            else ""
+        )
         out += [
-            f"### {', '.join(sorted({d['system'] for d in data['denominators']}))}",
+            f"### {', '.join(sorted({d['system'] for d in data['denominators']}))}{before}",
             provenance(data, name),
             table(["failures scored", "site accuracy [95% CI]", "type accuracy [95% CI]"], rows),
             dens,
