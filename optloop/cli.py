@@ -115,16 +115,21 @@ def setup_logging(verbose: bool) -> None:
         force=True,
     )
     if not verbose:  # third-party chatter that says nothing actionable
-        for name in ("httpx", "LiteLLM", "mem0", "graphiti_core", "sentence_transformers"):
+        for name in ("httpx", "LiteLLM", "mem0", "graphiti_core", "sentence_transformers",
+                     "urllib3"):
             logging.getLogger(name).setLevel(logging.ERROR)
 
 
 def run_cli(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | None = None) -> int:
-    """Run ``main``; turn an :class:`OptloopError` into one line and exit code 2."""
+    """Run ``main``; turn an :class:`OptloopError`, or a fault from outside optloop
+    (:mod:`optloop.outside`: exit 74 or 75), into one line and its exit code."""
     verbose = "--verbose" in (sys.argv[1:] if argv is None else argv)
+    from optloop.outside import describe_run, error_for
+
     try:
         return main(argv)
     except OptloopError as exc:
+        exc = error_for(exc) or exc  # bad input only in appearance: a full disk under a cache, say
         if verbose:
             logging.getLogger("optloop").exception("failed")
         print(f"optloop: error: {exc}", file=sys.stderr)
@@ -132,3 +137,13 @@ def run_cli(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | N
     except KeyboardInterrupt:
         print("optloop: interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:
+        error = error_for(exc)  # a full disk, an unwritable store, a lost tracking server
+        if error is None:
+            raise
+        if verbose:
+            logging.getLogger("optloop").exception("failed")
+        print(f"optloop: error: {error}", file=sys.stderr)
+        return error.exit_code
+    finally:
+        describe_run(None)  # what the command said of itself ends with it

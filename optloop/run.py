@@ -19,11 +19,12 @@ from pathlib import Path
 
 from rich.console import Console
 
-from optloop import artifacts
+from optloop import artifacts, preflight
 from optloop.cli import lm_settings_from_args, parse_command, run_cli
 from optloop.errors import ConfigError, EndpointDownError, LMUnreachableError
 from optloop.interrupt import interruptible
 from optloop.lm import LMSettings, OptloopLM
+from optloop.loop import checkpoint_guard
 from optloop.loop.runner import Checkpoint, Loop, check_start_sites, split_dataset
 from optloop.loop.spend import (
     ESTIMATE,
@@ -34,6 +35,7 @@ from optloop.loop.spend import (
     measured_chains,
     work_units,
 )
+from optloop.outside import RunPlace, describe_run, saved_line
 from optloop.paths import state_dir, write_atomic
 from optloop.run_args import build_parser, check_priced, run_config
 from optloop.run_resume import choose_run, resume_command
@@ -45,6 +47,7 @@ from optloop.run_tables import (
     summary_table,
     tried_table,
 )
+from optloop.tracking import resolve_uri
 from systems import get_system
 
 console = Console(stderr=True)
@@ -89,12 +92,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     if proposer_settings is not None:
         probe_lm(proposer_settings)
     check_start_sites(config, probe)  # --start names a site of the system (no LM cache file yet)
+    runs = state_dir(create=False) / "runs"
+    tracking_uri = resolve_uri(config.tracking_uri, create=False)
+    # The tracking server and the storage answer, the stores are writable: before any write.
+    preflight.check_run(tracking_uri, config.storage, state_dir(create=False), runs / choice.name)
+    again = resume_command(argv)
+    checkpoint = runs / choice.name / artifacts.CHECKPOINT
+    describe_run(RunPlace(lambda: tracking_uri, state_dir(create=False),
+                          lambda: saved_line(checkpoint, choice.name, config.budget, again)))
+    broken = checkpoint_guard.broken_runs(runs, config) if args.new else []
+    for line in checkpoint_guard.retire(broken, tracking_uri):  # --new past a broken checkpoint
+        console.print(line, soft_wrap=True, markup=False, highlight=False)
     lm = OptloopLM(settings)  # the input is valid: now the LM cache may be opened (or found corrupt)
     proposer = OptloopLM(proposer_settings) if proposer_settings is not None else lm
     loop = Loop(config, lm, proposer, auto_named=not args.run_name, limits=limits,
                 prepared=(dataset, train, dev, test))
     console.print(choice.line, soft_wrap=True)
-    again = resume_command(argv)
+    loop.announce = lambda line: console.print(line, soft_wrap=True, markup=False, highlight=False)
     with interruptible() as signals:
         try:
             with console.status("starting") as status:

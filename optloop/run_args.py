@@ -52,11 +52,25 @@ limits are not part of the run's settings). The total may pass a limit by one st
 the whole run (the trials' evaluations and the optimizer's own calls on train and to the
 proposer), and stops; the same command without --estimate goes on from that baseline.
 
+Outside services and stores: the tracking server (--tracking-uri), a database --storage and
+the LM endpoint are each probed once at start with a bounded timeout, and the state directory
+and the MLflow store must be writable, before anything is written. MLflow's own HTTP retries
+are bounded (MLFLOW_HTTP_REQUEST_MAX_RETRIES=3, ..._TIMEOUT=10 unless set), so a tracking
+server lost mid-run stops the run like a lost LM endpoint: saved, exit 75, the same command
+resumes it. A full disk or a store that turns read-only stops it saved with exit 74. A
+checkpoint the same command cannot read is refused (exit 2: --new starts afresh and ends
+its MLflow run KILLED); one whose parent run the tracking store lacks (another
+--tracking-uri, mlruns/ deleted) resumes into a new parent run there. docs/reliability.md
+has every case.
+
 Exit codes: 0 done (or --estimate printed); 2 bad input (an unknown system, a budget out of
 range, a missing or malformed dataset, a corrupt LM cache or checkpoint, a finished
 --run-name, --max-cost on a model without a price: one line, before anything is written);
-3 stopped at --max-cost or --max-calls (saved: raise the limit and rerun); 75 LM endpoint
-unavailable; 130 interrupted.
+3 stopped at --max-cost or --max-calls (saved: raise the limit and rerun); 74 a full disk
+or an unwritable state directory or MLflow store (EX_IOERR: free space or fix the
+permission named, then rerun the same command); 75 the LM endpoint, the tracking server
+or the --storage database unavailable (EX_TEMPFAIL: rerun when it is back); 130
+interrupted.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ import dspy
 from optloop.errors import OptloopError
 from optloop.lm import prompt_site
 from optloop.sites import MEM0_EXTRACT, MEM0_RERANK
-from signatures.mem0 import (  # imported first: it points MEM0_DIR into optloop's state before mem0 loads
+from signatures.mem0 import (  # imported first: it sets MEM0_DIR before mem0 loads
     ADDITIVE_EXTRACTION_PROMPT,
     AGENT_CONTEXT_SUFFIX,
     RERANK_SYSTEM_PROMPT,
