@@ -409,7 +409,7 @@ def baselines() -> list[str]:
         "Cells: accuracy (questions). Seconds per episode were taken while other jobs shared the cores: upper "
         "bounds.",
     ]
-    for name in ("baselines.json", "baselines_tiered_gated.json"):
+    for name in ("baselines.json", "baselines_tiered_gated.json", "tiered_suite.json"):
         data = load(name)
         if data is None:
             continue
@@ -439,6 +439,12 @@ def baselines() -> list[str]:
             table(["task", *systems], rows),
             table(["system", "questions", "accuracy", "s / episode", "LLM calls / episode"], cost),
         ]
+    if (RESULTS / "tiered_suite_probes.md").exists():
+        out.append(
+            "`tiered` on its own suite, per probe and per memory tier: "
+            "[`tiered_suite_probes.md`](../experiments/results/tiered_suite_probes.md) "
+            "([tiered.md](tiered.md))."
+        )
     return out
 
 
