@@ -4,6 +4,11 @@
     python -m optloop.run --system graphiti --dataset memfail:coexisting?limit=12 --budget 20 --optimizer gepa
     python -m optloop.run --system rag_bm25 --budget 10 --optimizer optuna --untargeted   # the ablation
 
+With no --dataset, a system runs on a dataset optloop generates (see --dataset and
+optloop/datasets/defaults.py): synthetic:recall?seed=0&episodes=40, 20 dev and 20 test
+questions, where the embedded model's baseline has room to rise and to fall. A dev or test
+split of fewer than 20 questions is refused (exit 2) unless --allow-small-splits.
+
 What happens:
   1. the dataset is split train / dev / test by episode (a conversation never straddles splits);
   2. the baseline (the library's own prompts) runs on train and dev, every wrong answer is
@@ -18,6 +23,12 @@ What happens:
 
 Every accuracy is reported with its n and a 95% bootstrap CI over the questions: on a test
 split of 12 questions one question is 0.083 of accuracy, and a 95% CI spans about ±0.3.
+
+Time: once the baseline is evaluated, the run prints the projection of the whole run (the
+--estimate table: calls, tokens, dollars where priced, hours) and its ETA, then one line per
+trial with its ETA (measured on the trials done, the held-out test projected). --batch K
+evaluates K candidates of one optimizer round at once, each on its own stores, under the one
+--concurrency limit: on an endpoint the trials take about 1/K of the time.
 
 One evaluation (what --budget counts) = one candidate run over the dev split: ingest every
 dev episode (reusing the stored result when the candidate's ingest prompts are unchanged),
@@ -53,7 +64,8 @@ the whole run (the trials' evaluations and the optimizer's own calls on train an
 proposer), and stops; the same command without --estimate goes on from that baseline.
 
 Exit codes: 0 done (or --estimate printed); 2 bad input (an unknown system, a budget out of
-range, a missing or malformed dataset, a corrupt LM cache or checkpoint, a finished
+range, a missing or malformed dataset, a dev or test split under 20 questions without
+--allow-small-splits, a corrupt LM cache or checkpoint, a finished
 --run-name, --max-cost on a model without a price: one line, before anything is written);
 3 stopped at --max-cost or --max-calls (saved: raise the limit and rerun); 75 LM endpoint
 unavailable; 130 interrupted.
@@ -85,8 +97,12 @@ from optloop.errors import ConfigError, EndpointDownError, LMUnreachableError
 from optloop.lm import LMSettings, OptloopLM, Usage
 from optloop.loop.runner import (MAX_BUDGET, Checkpoint, Loop, LoopConfig, LoopResult, check_fractions, matches,
                                  split_dataset, unfinished_runs)
+from optloop.datasets.defaults import DEFAULTS, RECALL, default_dataset
+from optloop.loop.eta import Eta, duration
+from optloop.loop.policy import FEW_QUESTIONS, check_split_sizes, questions
 from optloop.loop.spend import (ESTIMATE, EXIT_LIMIT, MAX_COST, STOPPED_BY, Estimate, RunStopped,
-                                SpendingLimits, estimate, measured_chains, run_dollars, work_units)
+                                SpendingLimits, run_dollars)
+from optloop.loop.state import MAX_BATCH
 from optloop.paths import state_dir, write_atomic
 from optloop.stats import Interval, bootstrap_mean
 from systems import SYSTEMS, get_system
@@ -129,6 +145,10 @@ def _max_cost(text: str) -> float:
     return value
 
 
+def _batch(text: str) -> int:
+    return _whole_number(text, 1, MAX_BATCH, f"give 1 to {MAX_BATCH} candidates at once")
+
+
 def _split(text: str) -> tuple[float, float, float]:
     try:
         fractions = tuple(float(part) for part in text.split(","))
@@ -152,10 +172,13 @@ def build_parser() -> argparse.ArgumentParser:
                             formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--system", default="mem0", choices=list(SYSTEMS), metavar="SYSTEM",
                         help=f"memory system: {', '.join(SYSTEMS)} (default mem0)")
-    parser.add_argument("--dataset", default="builtin:tiny",
-                        help="dataset URI (default builtin:tiny): builtin:tiny, memfail:<task>, locomo:<path>, "
-                             "longmemeval:<path>, meme:<path>, synthetic:meme?seed=K, jsonl:<path>; "
-                             "?limit=N keeps the first N episodes")
+    parser.add_argument("--dataset", default=None,
+                        help="dataset URI: builtin:tiny, memfail:<task>, locomo:<path>, longmemeval:<path>, "
+                             "meme:<path>, synthetic:recall?seed=K&episodes=N, synthetic:meme?seed=K, jsonl:<path>; "
+                             "?limit=N keeps the first N episodes. Default: a dataset optloop generates, "
+                             f"{RECALL} for every system: 40 episodes of made-up facts, 20 dev and 20 test "
+                             "questions, where the embedded model's baseline has headroom both ways (see "
+                             "optloop/datasets/defaults.py): " + "; ".join(d.line(s) for s, d in DEFAULTS.items()))
     parser.add_argument("--budget", type=_budget, default=3, help="candidate evaluations on dev (default 3)")
     parser.add_argument("--optimizer", choices=["simba", "gepa", "optuna", "edit"], default="simba",
                         help="simba (default), gepa, optuna (TPE over proposed instructions and knobs), or edit "
@@ -170,6 +193,16 @@ def build_parser() -> argparse.ArgumentParser:
                         help="shares of the episodes for train, dev and test (default 0.5,0.25,0.25; each above 0, "
                              "summing to 1). A 95%% CI on n questions spans about ±1/sqrt(n): 24 test questions, "
                              "±0.2; give dev and test more (0.4,0.3,0.3) or use more episodes")
+    parser.add_argument("--allow-small-splits", action="store_true",
+                        help=f"run even when dev or test has fewer than {FEW_QUESTIONS} questions (refused "
+                             "otherwise, exit 2: accuracies on so few questions are noise)")
+    parser.add_argument("--batch", type=_batch, default=1, metavar="K",
+                        help="candidates evaluated at once, one optimizer round's (an edit round, SIMBA's best K "
+                             "new programs of a step, K Optuna asks), each on its own stores, under the one "
+                             "--concurrency limit (default 1). On an endpoint, where one evaluation is floored by "
+                             "its longest episode's sequential calls, K of 2-4 at --concurrency 16 cuts the "
+                             "trials' time by about K; on the embedded model it gains nothing. Which candidates "
+                             "a run tries depends on K (same --seed and K: same run)")
     parser.add_argument("--promote-if", choices=["ci", "delta"], default="ci",
                         help="when the prompt registry's champion alias moves to the best candidate: ci (default) "
                              "when the 95%% CI of its held-out gain lies above 0, i.e. the gain is unlikely to be "
@@ -322,6 +355,7 @@ def _run_config(args: argparse.Namespace, settings: LMSettings) -> LoopConfig:
                       lm=args.lm or "local", proposer_lm=args.proposer_lm or "same", knobs=_knobs(args.knob),
                       start=_pairs(args.start, "--start", "SITE=TEXT, e.g. --start 'answer=+Be brief.'"),
                       fractions=args.split, promote_if=args.promote_if, query_rewrite=args.query_rewrite,
+                      batch=args.batch,
                       lm_settings=settings.model_dump(mode="json", include=set(ANSWER_SETTINGS)))
 
 
@@ -405,13 +439,6 @@ def _cell(value: float | None, fmt: str) -> str:
     return "unknown" if value is None else format(value, fmt)
 
 
-def duration(hours: float) -> str:
-    """``37.5 h``, ``25 min``, ``12 s``: an estimate's time in the unit that reads best."""
-    if hours >= 1:
-        return f"{hours:.1f} h"
-    return f"{hours * 60:.0f} min" if hours >= 1 / 60 else f"{hours * 3600:.0f} s"
-
-
 def estimate_table(figures: Estimate, config: LoopConfig, settings: LMSettings) -> Table:
     """The ``--estimate`` of a run, one row per part (see :mod:`optloop.loop.spend` for the model)."""
     table = Table(title=f"estimate for {config.run_name}: {config.system} on {config.dataset}, {config.optimizer}, "
@@ -448,6 +475,19 @@ def estimate_lines(figures: Estimate, ckpt: Checkpoint, config: LoopConfig, go_o
             f"spent so far: {cost_line(ckpt.total_cost())}",
             f"nothing else ran: the baseline is saved in run {config.run_name}; the same command without --estimate "
             f"goes on from it: {go_on}"]
+
+
+def print_projection(figures: Estimate, ckpt: Checkpoint, config: LoopConfig, settings: LMSettings) -> None:
+    """Before the first trial: what the whole run is expected to take (``--estimate``'s table, from the
+    measured baseline) and its ETA, so a run that would take hours can be stopped now and resumed later."""
+    console.print(estimate_table(figures, config, settings))
+    left = Eta.of(figures, config.budget).seconds_left(sum(t.evaluation is not None for t in ckpt.trials))
+    hours = "unknown" if left is None else duration(left / 3600)
+    console.print(f"projected: {figures.total.calls} calls, "
+                  f"{'unknown' if figures.total.tokens is None else figures.total.tokens} tokens"
+                  + ("" if figures.total.cost_usd is None else f", {money(figures.total.cost_usd)}")
+                  + f"; ETA {hours} for the rest of the run (Ctrl-C stops it; the same command resumes it)",
+                  soft_wrap=True, markup=False, highlight=False)
 
 
 def probe_lm(settings: LMSettings) -> OptloopLM:
@@ -503,6 +543,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     get_system(args.system)
     from optloop.datasets import load_dataset
 
+    if args.dataset is None:
+        args.dataset = default_dataset(args.system).uri
     dataset = load_dataset(args.dataset)  # a malformed dataset fails here, before any LLM call or any state
     decoding = get_system(args.system).local_decoding
     settings = lm_settings_from_args(args, decoding)
@@ -514,6 +556,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     limits = SpendingLimits(max_cost=args.max_cost, max_calls=args.max_calls, estimate=args.estimate)
     # Everything the loop would refuse is refused now, before the LM (and its cache file) exists.
     _, dev, test = split_dataset(dataset, config)
+    if not args.allow_small_splits:
+        check_split_sizes(config.dataset, questions(dev), questions(test))
     choice = choose_run(args, config, state_dir(create=False) / "runs")
     config = config.model_copy(update={"run_name": choice.name})
     probe = probe_lm(settings)  # an unavailable endpoint fails now, before any state is written
@@ -524,7 +568,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     lm = OptloopLM(settings)  # the input is valid: now the LM cache may be opened (or found corrupt)
     proposer = OptloopLM(proposer_settings) if proposer_settings is not None else lm
     loop.lm, loop.proposer = lm, proposer
+    loop.announce = lambda figures, ckpt: print_projection(figures, ckpt, config, settings)
+    loop.on_trial = lambda line: console.print(line.text(), soft_wrap=True, markup=False, highlight=False)
     console.print(choice.line, soft_wrap=True)
+    console.print(f"dataset {config.dataset}: {questions(dev)} dev and {questions(test)} test questions "
+                  f"(split {','.join(f'{f:g}' for f in config.fractions)} by episode)", soft_wrap=True,
+                  markup=False, highlight=False)
     again = resume_command(argv)
     with interruptible() as signals:
         try:
@@ -538,17 +587,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             if stop.reason != ESTIMATE:
                 print(stopped_line(stop, ckpt, config, again), file=sys.stderr)
                 return EXIT_LIMIT
-            price = (proposer_settings or settings).price()
-            figures = estimate(ckpt, budget=config.budget, concurrency=settings.concurrency or 1,
-                               dev_units=work_units(dev), test_units=work_units(test),
-                               chains=measured_chains(ckpt, dev, test),
-                               optimizer=loop.optimizer_work(ckpt), own_proposer=proposer_settings is not None,
-                               proposer_price=None if price is None else (price.input, price.output))
+            figures = loop.estimate(ckpt)
             console.print(estimate_table(figures, config, settings))
             for line in estimate_lines(figures, ckpt, config, resume_command([a for a in argv if a != "--estimate"])):
                 console.print(line, soft_wrap=True, markup=False, highlight=False)
             if args.json:
-                write_atomic(Path(args.json), figures.model_dump_json(indent=1))
+                out = figures.model_dump(mode="json")
+                out |= {"dataset": config.dataset, "n_dev_questions": questions(dev),
+                        "n_test_questions": questions(test), "hours": figures.total.hours}
+                write_atomic(Path(args.json), json.dumps(out, indent=1))
             return 0
         except KeyboardInterrupt:
             where = loop.state / artifacts.CHECKPOINT

@@ -49,7 +49,7 @@ def start_run(name: str, root: Path, args: argparse.Namespace, lock_dir: Path | 
         env["OPTLOOP_LOCK_DIR"] = str(lock_dir)
     out = home / "result.json"
     command = [sys.executable, "-m", "optloop.run", "--system", args.system, "--budget", str(args.budget),
-               "--dataset", args.dataset, "--lm", args.lm, "--run-name", name,
+               "--dataset", args.dataset, "--allow-small-splits", "--lm", args.lm, "--run-name", name,
                "--tracking-uri", f"sqlite:///{home / 'mlruns' / 'mlflow.db'}", "--json", str(out), *args.extra]
     log = (home / "run.log").open("w")
     proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=Path.cwd())

@@ -362,7 +362,8 @@ def test_two_workers_share_one_study_on_postgresql(postgres_url, tmp_path):
     for i in range(2):  # same command, same state dir (one machine), one LM cache, one MLflow store
         out = open(tmp_path / f"worker{i}.log", "w")  # noqa: SIM115 - closed below
         procs.append((subprocess.Popen(
-            [sys.executable, "-m", "optloop.run", "--system", "md_flat", "--optimizer", "optuna", "--budget",
+            [sys.executable, "-m", "optloop.run", "--system", "md_flat", "--dataset", "builtin:tiny",
+             "--allow-small-splits", "--optimizer", "optuna", "--budget",
              str(budget), "--storage", postgres_url, "--run-name", "shared", "--tracking-uri", uri,
              "--json", str(tmp_path / f"result{i}.json")], cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT),
             out))

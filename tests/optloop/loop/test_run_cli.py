@@ -58,7 +58,7 @@ def test_too_few_episodes_is_a_dataset_error(tmp_path, monkeypatch):
     from optloop.errors import DatasetError
 
     with pytest.raises(DatasetError, match="at least 3 episodes"):
-        main(["--system", "rag_bm25", "--dataset", "builtin:tiny?limit=2", "--tracking-uri",
+        main(["--system", "rag_bm25", "--dataset", "builtin:tiny?limit=2", "--allow-small-splits", "--tracking-uri",
               f"sqlite:///{tmp_path / 'ml' / 'mlflow.db'}"])
 
 
