@@ -348,7 +348,7 @@ def fault_line(usage: Usage) -> str | None:
 
 def _run_config(args: argparse.Namespace, settings: LMSettings) -> LoopConfig:
     """The run's settings from the flags (the run name is chosen later: see :func:`choose_run`)."""
-    return LoopConfig(system=args.system, dataset=args.dataset, budget=args.budget, optimizer=args.optimizer,
+    return LoopConfig(system=args.system, dataset=args.dataset or default_dataset(args.system).uri, budget=args.budget, optimizer=args.optimizer,
                       seed=args.seed, untargeted=args.untargeted,
                       sites=[s.strip() for s in args.sites.split(",") if s.strip()] if args.sites else None,
                       run_name=args.run_name or "-", tracking_uri=args.tracking_uri, storage=args.storage,

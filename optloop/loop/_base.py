@@ -67,7 +67,7 @@ class Optimizer(ABC):
 
     @property
     def num_threads(self) -> int:
-        return self._num_threads or default_threads(self.evaluator.lm)
+        return self._num_threads or default_threads(getattr(self.evaluator, "lm", None))
 
     @property
     def work(self) -> Path:

@@ -119,7 +119,7 @@ def test_query_rewrite_reaches_the_config_and_leaves_older_runs_resumable():
     plain = _run_config(build_parser().parse_args(["--system", "rag_bm25"]), settings)
     rewrite = _run_config(build_parser().parse_args(["--system", "rag_bm25", "--query-rewrite"]), settings)
     assert not plain.query_rewrite and rewrite.query_rewrite
-    older = {k: v for k, v in plain.model_dump().items() if k != "query_rewrite"}
+    older = {k: v for k, v in plain.model_dump().items() if k not in ("query_rewrite", "batch")}  # both came later
     assert plain.resume_key() == _digest({k: v for k, v in older.items() if k not in ("tracking_uri", "run_name")})
     assert rewrite.resume_key() != plain.resume_key() and rewrite.digest() != plain.digest()
 
@@ -191,8 +191,8 @@ def args_of(*argv: str):
 
 
 def config_of(args) -> LoopConfig:
-    return LoopConfig(system=args.system, dataset=args.dataset, budget=args.budget, optimizer=args.optimizer,
-                      seed=args.seed, run_name=args.run_name or "-")
+    return LoopConfig(system=args.system, dataset=args.dataset or "builtin:tiny", budget=args.budget,
+                      optimizer=args.optimizer, seed=args.seed, run_name=args.run_name or "-")
 
 
 def unfinished(runs: Path, name: str, config: LoopConfig, *, auto_named: bool = True, finished: bool = False,
@@ -545,3 +545,41 @@ def test_the_limits_are_not_settings_of_the_run():
     settings = lm_settings_from_args(plain)
     assert _run_config(limited, settings).resume_key() == _run_config(plain, settings).resume_key()
     assert _run_config(limited, settings).digest() == _run_config(plain, settings).digest()
+
+
+# --- defaults that make the command mean something -----------------------------------------------------------
+
+
+def test_a_split_under_20_dev_or_test_questions_is_refused_in_one_line_and_nothing_is_written(tmp_path):
+    result = run(["--system", "md_flat", "--dataset", "builtin:tiny"], tmp_path)
+    assert result.returncode == 2, result.stderr
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith("optloop: error: builtin:tiny splits into 3 dev and 2 test questions, fewer than 20")
+    assert "--dataset" in line and "--split" in line and "--allow-small-splits" in line
+    assert nothing_written(tmp_path)
+
+
+def test_without_a_dataset_each_system_runs_on_a_generated_one_with_20_dev_and_20_test_questions():
+    from optloop.cli import lm_settings_from_args
+    from optloop.datasets import load_dataset
+    from optloop.datasets.defaults import DEFAULTS
+    from optloop.loop.policy import questions, split_dataset
+    from systems import SYSTEMS
+
+    assert set(DEFAULTS) == set(SYSTEMS)
+    text = " ".join(build_parser().format_help().split())
+    for system, default in DEFAULTS.items():
+        assert default.uri.startswith("synthetic:") and f"{system}: {default.uri}" in text
+        config = _run_config(args_of("--system", system), lm_settings_from_args(args_of()))
+        _, dev, test = split_dataset(load_dataset(default.uri), config.model_copy(update={"dataset": default.uri}))
+        assert questions(dev) >= 20 and questions(test) >= 20
+
+
+def test_batch_reaches_the_config_and_only_a_batch_above_1_changes_the_run_key():
+    from optloop.cli import lm_settings_from_args
+
+    settings = lm_settings_from_args(args_of())
+    one, four = _run_config(args_of(), settings), _run_config(args_of("--batch", "4"), settings)
+    assert one.batch == 1 and four.batch == 4
+    assert one.resume_key() == one.model_copy(update={"batch": 1}).resume_key() != four.resume_key()
+    assert "batch" not in one.model_dump(exclude=one._unset_later_fields())

@@ -1,0 +1,227 @@
+"""Trials in batches against an endpoint: ``optloop.run --budget 8`` at ``--concurrency 16``, one candidate at a
+time against ``--batch K``, through the replay server at 1 s a call.
+
+    flock /tmp/optloop-lm.lock python -m experiments.bench.batch [--system rag_bm25] [--query-rewrite]
+        [--dataset synthetic:recall?seed=0&episodes=40] [--optimizer edit] [--budget 8] [--batches 1,4]
+        [--n 16] [--latency-ms 1000] [--jitter-ms 150] [--work DIR]
+        [--json experiments/results/batch.json] [--markdown experiments/results/batch.md]
+
+Each batch size K is one whole run of the real CLI (``python -m optloop.run``: baseline, optimizer,
+trials, held-out test, MLflow), twice:
+
+1. **record**: against :class:`~experiments.bench.replay_server.ReplayServer` with no latency, whose
+   every answer is computed by the embedded model (SmolLM2 through llama.cpp, the system's own decoding
+   bounds) the first time it is asked and kept (``<work>/responses.json``, shared by every K and every
+   rerun): the run as the embedded model makes it, at ``--concurrency 1``, over HTTP, so every request
+   of the replay is one the recording holds (a request made for a DSPy rollout is keyed by its body, as
+   the server sees it, not by the rollout id);
+2. **replay**: the same command at ``--concurrency N`` against the server replaying those answers at
+   ``--latency-ms`` +- ``--jitter-ms`` (fixed by the request and the seed), timed (wall time of the
+   process, startup included).
+
+A row says the replay's wall time, its trials, dev and held-out accuracies, and whether its candidates and
+accuracies are identical to the recording's (the same ``--seed`` and ``--batch`` at another concurrency:
+deterministic), and how many requests the recording did not hold (must be 0). Runs with other K try other
+candidates (a SIMBA step's best K, an edit round's K best edits at once), so their accuracies may differ;
+what the table compares is the time the same budget takes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+from rich.console import Console
+from rich.table import Table
+
+from experiments.bench.replay_server import ReplayConfig, ReplayServer, bundled_identity
+from optloop.cli import run_cli, setup_logging
+from optloop.errors import ConfigError
+from optloop.paths import write_atomic
+
+REPO = Path(__file__).resolve().parents[2]
+RESULTS = REPO / "experiments" / "results"
+
+
+class Row(BaseModel):
+    """One batch size: its recording and its timed replay."""
+
+    batch: int
+    n: int
+    seconds: float = Field(description="wall time of the replayed run (the process, startup included)")
+    record_seconds: float = Field(description="wall time of the recording run (embedded model, N=1)")
+    trials: int
+    tried: list[tuple[int, float]] = Field(description="(trial, dev accuracy) of the replay, in trial order")
+    baseline_dev: float
+    best_dev: float
+    test_before: float
+    test_after: float
+    delta_test: str = Field(description="the held-out delta with its 95% CI and n (paired bootstrap)")
+    identical: bool = Field(description="candidates, dev and held-out accuracies equal the recording's")
+    requests: int = Field(description="requests the replay server answered")
+    misses: int = Field(description="requests the recording did not hold (answered HTTP 400)")
+
+
+def _embedded_engine(system: str, cache: Path) -> Any:
+    """The embedded model behind the recording server: the system's decoding bounds, its own LM cache file."""
+    from optloop.cli import lm_settings_from_args
+    from optloop.lm import OptloopLM
+    from optloop.run import build_parser
+    from systems import get_system
+
+    args = build_parser().parse_args(["--system", system])
+    settings = lm_settings_from_args(args, get_system(system).local_decoding)
+    lm = OptloopLM(settings.model_copy(update={"cache_path": cache}))
+    return lm.optloop_engine
+
+
+def _run(args: argparse.Namespace, base_url: str, home: Path, batch: int, n: int, out: Path) -> float:
+    """``python -m optloop.run`` against ``base_url``, its state under ``home``; its wall seconds."""
+    cmd = [sys.executable, "-m", "optloop.run", "--system", args.system, "--dataset", args.dataset,
+           "--optimizer", args.optimizer, "--budget", str(args.budget), "--batch", str(batch),
+           "--seed", str(args.seed), "--lm", "openai:replay", "--lm-base-url", base_url, "--lm-timeout", "120",
+           "--concurrency", str(n), "--run-name", f"batch-{batch}", "--allow-small-splits",
+           "--tracking-uri", f"sqlite:///{home / 'mlruns' / 'mlflow.db'}", "--json", str(out),
+           *(["--query-rewrite"] if args.query_rewrite else [])]
+    env = {**os.environ, "OPTLOOP_HOME": str(home / "state"), "OPTLOOP_MLRUNS": str(home / "mlruns")}
+    started = time.perf_counter()
+    with (home / "run.log").open("w") as log:
+        done = subprocess.run(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, check=False)
+    seconds = time.perf_counter() - started
+    if done.returncode != 0:
+        raise ConfigError(f"{' '.join(cmd[3:])} exited {done.returncode}; see {home / 'run.log'}")
+    return seconds
+
+
+def _outcome(result: dict[str, Any]) -> tuple[Any, ...]:
+    """What must match between the recording and the replay."""
+    return (result["baseline_dev"], [(t["trial"], t["origin"], t["dev"]) for t in result["tried"]],
+            result["test_before"], result["test_after"], result["changed_sites"])
+
+
+def one_batch(args: argparse.Namespace, batch: int, responses: dict[str, Any], engine: Any,
+              console: Console) -> Row:
+    """Record the run with ``--batch batch`` (answers computed once, kept), then replay it at ``--n``."""
+    work: Path = args.work / f"batch-{batch}"
+    identity = bundled_identity()
+    record_home, replay_home = work / "record", work / "replay"
+    for home in (record_home, replay_home):
+        if home.exists():
+            import shutil
+
+            shutil.rmtree(home)
+        home.mkdir(parents=True)
+    console.print(f"batch {batch}: recording (embedded model, --concurrency 1)")
+    config = ReplayConfig(latency_ms=0.0, jitter_ms=0.0, seed=args.seed)
+    with ReplayServer(responses, identity=identity, config=config, fallback=engine.call) as server:
+        record_seconds = _run(args, server.base_url, record_home, batch, 1, record_home / "result.json")
+    _save(args.work / "responses.json", responses)
+    console.print(f"batch {batch}: recorded in {record_seconds:.0f} s; replaying at N={args.n}, "
+                  f"{args.latency_ms:g} ms a call")
+    config = ReplayConfig(latency_ms=args.latency_ms, jitter_ms=args.jitter_ms, seed=args.seed)
+    with ReplayServer(responses, identity=identity, config=config) as server:
+        seconds = _run(args, server.base_url, replay_home, batch, args.n, replay_home / "result.json")
+        stats = server.stats
+    recorded = json.loads((record_home / "result.json").read_text())
+    replayed = json.loads((replay_home / "result.json").read_text())
+    delta = replayed["delta_test_ci"]
+    return Row(batch=batch, n=args.n, seconds=round(seconds, 1), record_seconds=round(record_seconds, 1),
+               trials=replayed["evaluations"], tried=[(t["trial"], t["dev"]) for t in replayed["tried"]],
+               baseline_dev=replayed["baseline_dev"], best_dev=replayed["best_dev"],
+               test_before=replayed["test_before"], test_after=replayed["test_after"],
+               delta_test=f"{delta['estimate']:+.3f} [{delta['low']:+.3f}, {delta['high']:+.3f}] n={delta['n']}",
+               identical=_outcome(recorded) == _outcome(replayed), requests=stats.requests, misses=stats.misses)
+
+
+_save_lock = threading.Lock()
+
+
+def _save(path: Path, responses: dict[str, Any]) -> None:
+    with _save_lock:
+        write_atomic(path, json.dumps(responses))
+
+
+def to_markdown(rows: Sequence[Row], results: dict[str, Any]) -> str:
+    head = (f"# Trials in batches: `optloop.run --budget {results['budget']}` at --concurrency {results['n']}, "
+            f"replayed at {results['latency_ms']:g} ms +- {results['jitter_ms']:g} a call\n\n"
+            f"- command: `{results['command']}`\n- model: {results['model']} (answers recorded once, then "
+            f"replayed)\n- run: {results['system']}{' --query-rewrite' if results['query_rewrite'] else ''} on "
+            f"`{results['dataset']}`, --optimizer {results['optimizer']}, --seed {results['seed']}\n"
+            f"- date: {results['date']}; commit {results['commit']}; machine: {os.cpu_count()} cores\n\n")
+    lines = ["| --batch | wall s (replay) | speed-up | trials | dev baseline -> best | held-out before -> after "
+             "| delta [95% CI] n | same as recording (N=1) | misses |", "|---|---|---|---|---|---|---|---|---|"]
+    first = rows[0].seconds if rows else 0.0
+    for r in rows:
+        lines.append(f"| {r.batch} | {r.seconds:.1f} | {first / r.seconds:.2f}x | {r.trials} | "
+                     f"{r.baseline_dev:.3f} -> {r.best_dev:.3f} | {r.test_before:.3f} -> {r.test_after:.3f} | "
+                     f"{r.delta_test} | {'yes' if r.identical else 'NO'} | {r.misses} |")
+    return head + "\n".join(lines) + "\n"
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m experiments.bench.batch", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--system", default="rag_bm25")
+    parser.add_argument("--query-rewrite", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--dataset", default="synthetic:recall?seed=0&episodes=40")
+    parser.add_argument("--optimizer", default="edit")
+    parser.add_argument("--budget", type=int, default=8)
+    parser.add_argument("--batches", default="1,4", help="batch sizes to compare, the first the reference")
+    parser.add_argument("--n", type=int, default=16, help="--concurrency of the replayed runs")
+    parser.add_argument("--latency-ms", type=float, default=1000.0)
+    parser.add_argument("--jitter-ms", type=float, default=150.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--work", type=Path, default=Path("/tmp/optloop-batch-bench"))
+    parser.add_argument("--json", type=Path, default=RESULTS / "batch.json")
+    parser.add_argument("--markdown", type=Path, default=RESULTS / "batch.md")
+    parser.add_argument("--verbose", action="store_true")
+    args = parser.parse_args(argv)
+    setup_logging(args.verbose)
+    try:
+        batches = [int(b) for b in args.batches.split(",")]
+    except ValueError:
+        raise ConfigError(f"--batches {args.batches!r}: give whole numbers, e.g. 1,4") from None
+    console = Console(stderr=True)
+    args.work.mkdir(parents=True, exist_ok=True)
+    kept = args.work / "responses.json"
+    responses: dict[str, Any] = json.loads(kept.read_text()) if kept.exists() else {}
+    engine = _embedded_engine(args.system, args.work / "lm_cache.sqlite")
+    rows = [one_batch(args, b, responses, engine, console) for b in batches]
+    results = {"command": "python -m experiments.bench.batch " + " ".join(argv if argv is not None else sys.argv[1:]),
+               "model": bundled_identity(), "system": args.system, "query_rewrite": args.query_rewrite,
+               "dataset": args.dataset, "optimizer": args.optimizer, "budget": args.budget, "n": args.n,
+               "latency_ms": args.latency_ms, "jitter_ms": args.jitter_ms, "seed": args.seed,
+               "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "commit": _commit(),
+               "rows": [r.model_dump() for r in rows]}
+    write_atomic(args.json, json.dumps(results, indent=1))
+    write_atomic(args.markdown, to_markdown(rows, results))
+    table = Table(title=f"--budget {args.budget} at --concurrency {args.n}, {args.latency_ms:g} ms a call")
+    for col in ("--batch", "wall s", "trials", "best dev", "held-out delta", "same as recording", "misses"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(str(r.batch), f"{r.seconds:.1f}", str(r.trials), f"{r.best_dev:.3f}", r.delta_test,
+                      "yes" if r.identical else "NO", str(r.misses))
+    console.print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main))
