@@ -247,10 +247,11 @@ class Evaluator:
 
         Each candidate runs on its own thread and its own stores (slot ``i`` of the batch: a store serves
         one candidate at a time, so candidates sharing stores would take turns on them), under the LM's one
-        ``--concurrency`` throttle. A candidate's evaluation is the one :meth:`evaluate` gives it alone:
-        outcomes, calls and cache keys (a slot's store of a key is built from the same cached LM answers
-        as any other's). What differs is only which evaluation computed a request another one then read
-        from the LM cache (``model_calls``, tokens, dollars) and which stores were reused."""
+        ``--concurrency`` throttle. A candidate's outcomes are the ones :meth:`evaluate` gives it alone (a
+        slot's store of a key is ingested with the same LM answers as any other's, the later ones from the
+        LM cache). What differs is which stores were built or reused (and so the ingestion requests an
+        evaluation counts) and which evaluation computed a request another one then read from the cache
+        (``model_calls``, tokens, dollars)."""
         if len(candidates) <= 1:
             return [self.evaluate(c, dataset, split=split) for c in candidates]
         self._stores.max_live = max(self._stores.max_live, self.max_live * len(candidates))
