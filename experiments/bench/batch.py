@@ -1,10 +1,11 @@
 """Trials in batches against an endpoint: ``optloop.run --budget 8`` at ``--concurrency 16``, one candidate at a
 time against ``--batch K``, through the replay server at 1 s a call.
 
-    flock /tmp/optloop-lm.lock python -m experiments.bench.batch [--system rag_bm25] [--query-rewrite]
+    flock /tmp/optloop-lm.lock python -m experiments.bench.batch --phase record [--system rag_bm25] [--query-rewrite]
         [--dataset synthetic:recall?seed=0&episodes=40] [--optimizer edit] [--budget 8] [--batches 1,4]
         [--n 16] [--latency-ms 1000] [--jitter-ms 150] [--work DIR]
         [--json experiments/results/batch.json] [--markdown experiments/results/batch.md]
+    python -m experiments.bench.batch --phase replay [the same flags]
 
 Each batch size K is one whole run of the real CLI (``python -m optloop.run``: baseline, optimizer,
 trials, held-out test, MLflow), twice:
@@ -109,25 +110,37 @@ def _outcome(result: dict[str, Any]) -> tuple[Any, ...]:
             result["test_before"], result["test_after"], result["changed_sites"])
 
 
-def one_batch(args: argparse.Namespace, batch: int, responses: dict[str, Any], engine: Any,
-              console: Console) -> Row:
-    """Record the run with ``--batch batch`` (answers computed once, kept), then replay it at ``--n``."""
-    work: Path = args.work / f"batch-{batch}"
-    identity = bundled_identity()
-    record_home, replay_home = work / "record", work / "replay"
-    for home in (record_home, replay_home):
-        if home.exists():
-            import shutil
+def _fresh(home: Path) -> Path:
+    if home.exists():
+        import shutil
 
-            shutil.rmtree(home)
-        home.mkdir(parents=True)
+        shutil.rmtree(home)
+    home.mkdir(parents=True)
+    return home
+
+
+def record_batch(args: argparse.Namespace, batch: int, responses: dict[str, Any], engine: Any,
+                 console: Console) -> None:
+    """The run with ``--batch batch`` on the embedded model through the recording server (answers kept)."""
+    home = _fresh(args.work / f"batch-{batch}" / "record")
     console.print(f"batch {batch}: recording (embedded model, --concurrency 1)")
     config = ReplayConfig(latency_ms=0.0, jitter_ms=0.0, seed=args.seed)
-    with ReplayServer(responses, identity=identity, config=config, fallback=engine.call) as server:
-        record_seconds = _run(args, server.base_url, record_home, batch, 1, record_home / "result.json")
+    started = time.perf_counter()
+    with ReplayServer(responses, identity=bundled_identity(), config=config, fallback=engine.call) as server:
+        _run(args, server.base_url, home, batch, 1, home / "result.json")
+    (home / "seconds").write_text(f"{time.perf_counter() - started:.1f}")
     _save(args.work / "responses.json", responses)
-    console.print(f"batch {batch}: recorded in {record_seconds:.0f} s; replaying at N={args.n}, "
-                  f"{args.latency_ms:g} ms a call")
+
+
+def one_batch(args: argparse.Namespace, batch: int, responses: dict[str, Any], console: Console) -> Row:
+    """Replay the recorded run with ``--batch batch`` at ``--n``, timed."""
+    work: Path = args.work / f"batch-{batch}"
+    identity = bundled_identity()
+    record_home, replay_home = work / "record", _fresh(work / "replay")
+    if not (record_home / "result.json").exists():
+        raise ConfigError(f"no recording of --batch {batch} in {record_home}; run with --phase record first")
+    record_seconds = float((record_home / "seconds").read_text())
+    console.print(f"batch {batch}: replaying at N={args.n}, {args.latency_ms:g} ms a call")
     config = ReplayConfig(latency_ms=args.latency_ms, jitter_ms=args.jitter_ms, seed=args.seed)
     with ReplayServer(responses, identity=identity, config=config) as server:
         seconds = _run(args, server.base_url, replay_home, batch, args.n, replay_home / "result.json")
@@ -192,6 +205,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--work", type=Path, default=Path("/tmp/optloop-batch-bench"))
     parser.add_argument("--json", type=Path, default=RESULTS / "batch.json")
     parser.add_argument("--markdown", type=Path, default=RESULTS / "batch.md")
+    parser.add_argument("--phase", choices=["record", "replay", "both"], default="both",
+                        help="record (needs the embedded model: hold the LM lock), replay (no model), or both")
     parser.add_argument("--verbose", action="store_true")
     args = parser.parse_args(argv)
     setup_logging(args.verbose)
@@ -203,8 +218,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.work.mkdir(parents=True, exist_ok=True)
     kept = args.work / "responses.json"
     responses: dict[str, Any] = json.loads(kept.read_text()) if kept.exists() else {}
-    engine = _embedded_engine(args.system, args.work / "lm_cache.sqlite")
-    rows = [one_batch(args, b, responses, engine, console) for b in batches]
+    if args.phase in ("record", "both"):
+        engine = _embedded_engine(args.system, args.work / "lm_cache.sqlite")
+        for b in batches:
+            record_batch(args, b, responses, engine, console)
+        if args.phase == "record":
+            return 0
+    rows = [one_batch(args, b, responses, console) for b in batches]
     results = {"command": "python -m experiments.bench.batch " + " ".join(argv if argv is not None else sys.argv[1:]),
                "model": bundled_identity(), "system": args.system, "query_rewrite": args.query_rewrite,
                "dataset": args.dataset, "optimizer": args.optimizer, "budget": args.budget, "n": args.n,
