@@ -5,6 +5,7 @@ command finds the run it resumes."""
 from __future__ import annotations
 
 import json
+import re
 import os
 import shlex
 import signal
@@ -422,6 +423,8 @@ def test_estimate_then_max_calls_stops_with_exit_3_and_a_higher_limit_resumes_fr
         assert "optimizer (edit, modeled)" in estimated.stderr and "optimizer: " in estimated.stderr
         assert "calls a trial" in estimated.stderr and "the edit model (optloop/loop/overhead.py)" in estimated.stderr
         figures = json.loads((tmp_path / "estimate.json").read_text())
+        assert (figures["dataset"], figures["n_dev_questions"], figures["n_test_questions"]) == ("builtin:tiny", 3, 2)
+        assert figures["hours"] == figures["total"]["hours"] > 0
         [trials] = [p for p in figures["parts"] if p["part"] == "2 trials"]  # floored by dev's longest chain
         assert trials["floor"]["split"] == "dev" and trials["floor"]["requests"] > 0
         ckpt = the_checkpoint(tmp_path)
@@ -453,6 +456,9 @@ def test_estimate_then_max_calls_stops_with_exit_3_and_a_higher_limit_resumes_fr
 
         done = cli([*with_flag(args, "--max-calls", "100000"), "--json", str(tmp_path / "result.json")], env)
     assert done.returncode == 0, done.stderr[-3000:]
+    # before the trials left, the projection of the rest and its ETA; then a line for the trial, with its ETA
+    assert "projected: " in done.stderr and "ETA " in done.stderr.split("projected: ")[1].splitlines()[0]
+    assert re.search(r"^trial 2/2 dev \d\.\d{3} \(best \d\.\d{3}\) \d+ s, ETA ", done.stderr, re.M), done.stderr
     ckpt = the_checkpoint(tmp_path)
     assert ckpt.finished and ckpt.baseline_dev == baseline and len(ckpt.trials) == 2  # the same baseline, reused
     parent, children = parent_run(tmp_path)
