@@ -357,6 +357,59 @@ def test_sigterm_exits_130_marks_the_runs_killed_and_the_same_command_resumes_an
     assert Checkpoint.load(runs / name / "checkpoint.json").finished
 
 
+def test_sigterm_mid_batch_resumes_the_batch_and_ends_as_the_uninterrupted_batched_run(tmp_path):
+    """--batch 2 on the real CLI against the scripted endpoint: SIGTERM while the batch's two trials are evaluated
+    (both in the checkpoint, neither evaluated, no child run open yet); the same command redoes them as a batch
+    and the run ends with the candidates, accuracies and held-out figures of an uninterrupted --batch 2 run."""
+    from experiments.bench.crash import OracleEndpoint, env_for, read_store, run_args
+
+    def outcome(path: Path) -> tuple:
+        result = json.loads(path.read_text())
+        return (result["baseline_dev"], [(t["trial"], t["origin"], t["dev"]) for t in result["tried"]],
+                result["test_before"], result["test_after"], result["changed_sites"])
+
+    clean_dir, killed_dir = tmp_path / "clean", tmp_path / "killed"
+    runs = killed_dir / "state" / "runs"
+
+    def batch_under_way() -> bool:
+        for path in runs.glob("*/checkpoint.json"):
+            try:
+                trials = Checkpoint.model_validate_json(path.read_text()).trials
+            except Exception:  # noqa: BLE001 - being written
+                return False
+            return len(trials) == 2 and all(t.evaluation is None for t in trials)
+        return False
+
+    with OracleEndpoint() as endpoint:
+        clean_args = run_args(clean_dir, 2, endpoint.base_url, extra=["--batch", "2", "--json",
+                                                                      str(clean_dir / "result.json")])
+        clean = cli(clean_args, env_for(clean_dir, endpoint.base_url))
+        assert clean.returncode == 0, clean.stderr[-3000:]
+        endpoint.hold_when = batch_under_way
+        args = run_args(killed_dir, 2, endpoint.base_url, extra=["--batch", "2", "--json",
+                                                                 str(killed_dir / "result.json")])
+        env = env_for(killed_dir, endpoint.base_url)
+        proc = subprocess.Popen([sys.executable, "-m", "optloop.run", *args], cwd=REPO, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            assert endpoint.holding.wait(180), "the batch never started"
+            proc.send_signal(signal.SIGTERM)
+            _, err = proc.communicate(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        endpoint.release()
+        assert proc.returncode == 130, err[-3000:]
+        assert "(0 of 2 trials done)" in err.strip().splitlines()[-1]
+        again = cli(args, env)
+    assert again.returncode == 0, again.stderr[-3000:]
+    store = read_store(killed_dir)
+    assert store.parents == ["FINISHED"] and not store.running and store.trials == [1, 2]
+    assert store.dev_steps == [0, 1, 2]
+    assert outcome(killed_dir / "result.json") == outcome(clean_dir / "result.json")
+    assert json.loads((killed_dir / "result.json").read_text())["cost"]["processes"] == 2
+
+
 def test_the_summary_says_what_every_process_spent_and_how_many_there_were():
     from optloop.run import cost_line
 
