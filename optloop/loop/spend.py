@@ -211,7 +211,8 @@ class Estimate(BaseModel):
 
     def floor_lines(self) -> list[str]:
         """One line for each part whose time its chain set (:func:`floor_line`)."""
-        return [line for part in self.parts if (line := floor_line(part, self.concurrency, self.latency_s))]
+        return [line for part in self.parts
+                if (line := floor_line(part, self.concurrency, self.latency_s, self.batch))]
 
 
 class Figures(Protocol):
@@ -275,13 +276,14 @@ def measured_chains(ckpt: Checkpoint, dev: Dataset, test: Dataset) -> Chains | N
     return Chains(dev=longest(dev), test=longest(test))
 
 
-def floor_line(part: Part, concurrency: int, latency_s: float | None) -> str | None:
+def floor_line(part: Part, concurrency: int, latency_s: float | None, batch: int = 1) -> str | None:
     """What set ``part``'s time when its chain did (``None`` otherwise): "time of the 50 trials set by the longest
     dev episode's 94 sequential requests (94 s an evaluation), not by --concurrency 16: ..."."""
     floor = part.floor
     if floor is None or not floor.binds:
         return None
-    each = "" if latency_s is None else f" ({floor.requests * latency_s:,.0f} s an evaluation)"
+    unit = f"a batch of {batch}" if batch > 1 and "at once" in part.part else "an evaluation"
+    each = "" if latency_s is None else f" ({floor.requests * latency_s:,.0f} s {unit})"
     return (f"time of the {part.part} set by the longest {floor.split} episode's {floor.requests:,.0f} sequential "
             f"requests{each}, not by --concurrency {concurrency}: its sessions are ingested in order, then a question")
 
