@@ -181,6 +181,31 @@ def to_markdown(rows: Sequence[Row], results: dict[str, Any]) -> str:
     return head + "\n".join(lines) + "\n"
 
 
+def estimate_markdown(paths: Sequence[Path], n: int) -> str:
+    """The projections ``experiments.bench.estimate --json`` wrote (one per --batch), at concurrency ``n``."""
+    estimates = [json.loads(p.read_text()) for p in paths]
+    if not estimates:
+        return ""
+    first = estimates[0]
+    head = (f"\n## The projection: `--system {first['system']} --budget {first['budget']}` on LoCoMo with "
+            f"{first['model']} at --concurrency {n}\n\n- command: `python -m experiments.bench.estimate --n {n} "
+            f"--batch K --json OUT` (the run model of `optloop.run --estimate`, optloop/loop/spend.py, on a "
+            f"baseline modeled from a recording of {first['recording']} made {first['recorded_on']}; "
+            f"{first['conversations']} conversations of `{first['dataset']}`; {first['latency_ms']:g} ms a call "
+            f"assumed; optimizer {first['optimizer']})\n\n")
+    parts = [p["part"].split(" (")[0] for p in first["levels"][str(n)]["parts"]]
+    lines = ["| --batch | " + " | ".join(parts) + " | total | calls | dollars |",
+             "|---|" + "---|" * (len(parts) + 3)]
+    for e in estimates:
+        figures = e["levels"][str(n)]
+        hours = [f"{p['hours']:.2f} h" if p["hours"] is not None else "unknown" for p in figures["parts"]]
+        total = figures["total"]
+        dollars = "unknown" if total["cost_usd"] is None else f"${total['cost_usd']:.2f}"
+        lines.append(f"| {e['batch']} | " + " | ".join(hours) + f" | **{total['hours']:.2f} h** | "
+                     f"{total['calls']:,} | {dollars} |")
+    return head + "\n".join(lines) + "\n"
+
+
 def _commit() -> str:
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
@@ -205,6 +230,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--work", type=Path, default=Path("/tmp/optloop-batch-bench"))
     parser.add_argument("--json", type=Path, default=RESULTS / "batch.json")
     parser.add_argument("--markdown", type=Path, default=RESULTS / "batch.md")
+    parser.add_argument("--estimates", default="", help="comma-separated experiments.bench.estimate --json files "
+                                                        "to add to the markdown (one per --batch)")
     parser.add_argument("--phase", choices=["record", "replay", "both"], default="both",
                         help="record (needs the embedded model: hold the LM lock), replay (no model), or both")
     parser.add_argument("--verbose", action="store_true")
@@ -231,8 +258,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                "latency_ms": args.latency_ms, "jitter_ms": args.jitter_ms, "seed": args.seed,
                "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "commit": _commit(),
                "rows": [r.model_dump() for r in rows]}
+    estimates = [Path(p) for p in args.estimates.split(",") if p]
+    results["estimates"] = [json.loads(p.read_text()) for p in estimates]
     write_atomic(args.json, json.dumps(results, indent=1))
-    write_atomic(args.markdown, to_markdown(rows, results))
+    write_atomic(args.markdown, to_markdown(rows, results) + estimate_markdown(estimates, args.n))
     table = Table(title=f"--budget {args.budget} at --concurrency {args.n}, {args.latency_ms:g} ms a call")
     for col in ("--batch", "wall s", "trials", "best dev", "held-out delta", "same as recording", "misses"):
         table.add_column(col)
