@@ -60,9 +60,9 @@ from typing import Any, Literal, Protocol
 from optloop.attribution import BlameEntry, blame
 from optloop.loop._base import Optimizer
 from optloop.loop.candidate import Candidate, prompt_diff
+from optloop.loop.eta import Eta, TrialLine
 from optloop.loop.evaluate import Evaluation
 from optloop.loop.policy import choose_targets, held_out_intervals, promotion, small_split_warning
-from optloop.loop.eta import Eta, TrialLine
 from optloop.loop.spend import SpendingLimits
 from optloop.loop.state import Checkpoint, Cost, LoopConfig, LoopResult, Trial, Tried, add_costs
 from optloop.stats import Interval
@@ -496,9 +496,11 @@ class Controller:
                 self.ctx.progress(f"trials {trials[0].trial}-{trials[-1].trial}/{cfg.budget}: evaluating "
                                   f"{len(trials)} candidates at once{left}")
             evaluations = self._evaluate_many(trials)
-            seconds = (time.perf_counter() - started) / len(trials)
+            seconds: float | None = None  # each trial's share of the batch's time, proposals included
             for trial, evaluation in zip(trials, evaluations):
                 self._record_trial(trial, evaluation)
+                if seconds is None:  # a trial alone was evaluated inside its record
+                    seconds = (time.perf_counter() - started) / len(trials)
                 assert trial.evaluation is not None
                 evaluation = trial.evaluation
                 optimizer.observe(trial.candidate, evaluation, trial.trial)

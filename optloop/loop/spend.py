@@ -9,7 +9,7 @@ over every process that worked on it (:meth:`~optloop.loop.state.Checkpoint.tota
 the other workers' of a shared run): ``--max-calls`` counts the requests the models computed
 (``model_calls``, the proposer's included; LM cache hits are free), ``--max-cost`` their
 dollars. The check is "has the total reached the limit", so a run may pass its limit by the
-cost of one step (one trial, or one held-out evaluation): the limit says when to stop, it
+cost of one step (one trial or one ``--batch`` of them, or one held-out evaluation): the limit says when to stop, it
 does not cut a step short. The limits are not settings of the run (not in
 :class:`~optloop.loop.state.LoopConfig`, its digest or resume key): the same command with a
 higher limit resumes it.
