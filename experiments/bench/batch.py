@@ -37,7 +37,7 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -171,8 +171,8 @@ def to_markdown(rows: Sequence[Row], results: dict[str, Any]) -> str:
             f"replayed)\n- run: {results['system']}{' --query-rewrite' if results['query_rewrite'] else ''} on "
             f"`{results['dataset']}`, --optimizer {results['optimizer']}, --seed {results['seed']}\n"
             f"- date: {results['date']}; commit {results['commit']}; machine: {os.cpu_count()} cores\n\n")
-    lines = ["| --batch | wall s (replay) | speed-up | trials | dev baseline -> best | held-out before -> after "
-             "| delta [95% CI] n | same as recording (N=1) | misses |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = [("| --batch | wall s (replay) | speed-up | trials | dev baseline -> best | held-out before -> after "
+              "| delta [95% CI] n | same as recording (N=1) | misses |"), "|---|---|---|---|---|---|---|---|---|"]
     first = rows[0].seconds if rows else 0.0
     for r in rows:
         lines.append(f"| {r.batch} | {r.seconds:.1f} | {first / r.seconds:.2f}x | {r.trials} | "
@@ -256,7 +256,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                "model": bundled_identity(), "system": args.system, "query_rewrite": args.query_rewrite,
                "dataset": args.dataset, "optimizer": args.optimizer, "budget": args.budget, "n": args.n,
                "latency_ms": args.latency_ms, "jitter_ms": args.jitter_ms, "seed": args.seed,
-               "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "commit": _commit(),
+               "date": datetime.now(UTC).strftime("%Y-%m-%d"), "commit": _commit(),
                "rows": [r.model_dump() for r in rows]}
     estimates = [Path(p) for p in args.estimates.split(",") if p]
     results["estimates"] = [json.loads(p.read_text()) for p in estimates]

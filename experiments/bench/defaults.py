@@ -23,7 +23,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -95,8 +95,8 @@ def to_markdown(rows: Sequence[Row], results: dict[str, Any]) -> str:
             f"`python -m optloop.run --system S --budget {results['budget']} --estimate --json OUT`, no --dataset)\n"
             f"- model: {results['model']}\n- date: {results['date']}; commit {results['commit']}; machine: "
             f"{os.cpu_count()} cores, shared\n- headroom: baseline dev accuracy in [{HEADROOM[0]}, {HEADROOM[1]}]\n\n")
-    lines = ["| system | dataset | dev / test questions | baseline dev [95% CI] n | train | headroom | baseline s "
-             f"| projected hours, --budget {results['budget']} |", "|---|---|---|---|---|---|---|---|"]
+    lines = [("| system | dataset | dev / test questions | baseline dev [95% CI] n | train | headroom | baseline s "
+              f"| projected hours, --budget {results['budget']} |"), "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if r.dev is None:
             lines.append(f"| {r.system} | {r.note} | | | | | | |")
@@ -132,7 +132,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = [measure(s, args) for s in args.systems.split(",") if s]
     results = {"command": "python -m experiments.bench.defaults " + " ".join(argv if argv is not None else sys.argv[1:]),
                "model": bundled_identity(), "budget": args.budget,
-               "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "commit": _commit(),
+               "date": datetime.now(UTC).strftime("%Y-%m-%d"), "commit": _commit(),
                "rows": [r.model_dump() for r in rows]}
     write_atomic(args.json, json.dumps(results, indent=1))
     write_atomic(args.markdown, to_markdown(rows, results))

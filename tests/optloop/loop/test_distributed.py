@@ -428,7 +428,7 @@ def test_a_batch_of_asks_is_distinct_and_the_same_for_the_same_seed(tmp_path):
             study.claim("instructions:answer", ["seed answer", "rewrite one", "rewrite two"])
             opt = OptunaOptimizer(evaluator, None, None, sites=["answer"], knobs=["top_k"], shared=study, batch=3)
             opt.mark_seen(base)
-            best_eval = SimpleNamespace(accuracy=0.0, attributions=lambda: [])
+            best_eval = SimpleNamespace(accuracy=0.0, attributions=list)
             batch = opt.propose_batch(base, best_eval, 3)
             assert len(batch) == 3 and len({c.digest() for c in batch}) == 3
             for i, candidate in enumerate(batch, 1):

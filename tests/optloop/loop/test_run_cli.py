@@ -511,7 +511,7 @@ def test_estimate_then_max_calls_stops_with_exit_3_and_a_higher_limit_resumes_fr
     assert done.returncode == 0, done.stderr[-3000:]
     # before the trials left, the projection of the rest and its ETA; then a line for the trial, with its ETA
     assert "projected: " in done.stderr and "ETA " in done.stderr.split("projected: ")[1].splitlines()[0]
-    assert re.search(r"^trial 2/2 dev \d\.\d{3} \(best \d\.\d{3}\) \d+ s, ETA ", done.stderr, re.M), done.stderr
+    assert re.search(r"^trial 2/2 dev \d\.\d{3} \(best \d\.\d{3}\) \d+ s, ETA ", done.stderr, re.MULTILINE), done.stderr
     ckpt = the_checkpoint(tmp_path)
     assert ckpt.finished and ckpt.baseline_dev == baseline and len(ckpt.trials) == 2  # the same baseline, reused
     parent, children = parent_run(tmp_path)
