@@ -36,7 +36,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -45,6 +45,7 @@ from pydantic import BaseModel, Field
 from rich.console import Console
 from rich.table import Table
 
+from experiments.bench.crash import PLANTED
 from experiments.bench.replay_server import ReplayConfig, ReplayServer, bundled_identity
 from optloop.cli import run_cli, setup_logging
 from optloop.errors import ConfigError
@@ -73,6 +74,40 @@ class Row(BaseModel):
     misses: int = Field(description="requests the recording did not hold (answered HTTP 400)")
 
 
+def _oracle(dataset: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """The scripted answers of :class:`experiments.bench.crash.OracleEndpoint` (no model; md_flat): the gold
+    answer when the memories hold it, unless the answer instruction carries the planted sentence; md_flat's
+    curation keeps the file's facts and adds the session's user lines (the full list its prompt asks for)."""
+    from experiments.bench.crash import OracleEndpoint, _section
+    from experiments.bench.replay_server import _completion
+
+    oracle = OracleEndpoint(dataset)  # its answers only: its own server is never started
+
+    def answer(body: dict[str, Any]) -> dict[str, Any]:
+        kind, content = oracle._respond(body)
+        messages = body.get("messages") or []
+        user = str(messages[-1].get("content") or "") if messages else ""
+        if "[[ ## memory_file ## ]]" in user and kind == "ok":  # md_flat.curate: the full list, the file's facts kept
+            kept = [line[2:].strip() for line in _section(user, "memory_file").splitlines() if line.startswith("- ")]
+            content = json.dumps({"facts": kept + [f for f in json.loads(content)["facts"] if f not in kept]})
+        if kind != "ok":
+            raise ConfigError(f"the oracle answered {kind!r} to a chat request")
+        words = sum(len(str(m.get("content") or "").split()) for m in body.get("messages") or [])
+        usage = {"prompt_tokens": words, "completion_tokens": len(str(content).split()),
+                 "total_tokens": words + len(str(content).split())}
+        return _completion(body, content, usage)
+
+    return answer
+
+
+def _embedded(system: str, cache: Path) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """The embedded model behind the recording server (the system's decoding bounds, its own LM cache file)."""
+    from experiments.bench.replay_server import request_of
+
+    engine = _embedded_engine(system, cache)
+    return lambda body: engine.call(request_of(body))
+
+
 def _embedded_engine(system: str, cache: Path) -> Any:
     """The embedded model behind the recording server: the system's decoding bounds, its own LM cache file."""
     from optloop.cli import lm_settings_from_args
@@ -90,10 +125,11 @@ def _run(args: argparse.Namespace, base_url: str, home: Path, batch: int, n: int
     """``python -m optloop.run`` against ``base_url``, its state under ``home``; its wall seconds."""
     cmd = [sys.executable, "-m", "optloop.run", "--system", args.system, "--dataset", args.dataset,
            "--optimizer", args.optimizer, "--budget", str(args.budget), "--batch", str(batch),
-           "--seed", str(args.seed), "--lm", "openai:replay", "--lm-base-url", base_url, "--lm-timeout", "120",
+           "--seed", str(args.seed), "--lm", "openai:replay", "--lm-base-url", base_url, "--lm-timeout", "900",
            "--concurrency", str(n), "--run-name", f"batch-{batch}", "--allow-small-splits",
            "--tracking-uri", f"sqlite:///{home / 'mlruns' / 'mlflow.db'}", "--json", str(out),
-           *(["--query-rewrite"] if args.query_rewrite else [])]
+           *(["--query-rewrite"] if args.query_rewrite else []),
+           *(["--start", f"answer=+{PLANTED}"] if args.answers == "oracle" else [])]
     env = {**os.environ, "OPTLOOP_HOME": str(home / "state"), "OPTLOOP_MLRUNS": str(home / "mlruns")}
     started = time.perf_counter()
     with (home / "run.log").open("w") as log:
@@ -119,14 +155,14 @@ def _fresh(home: Path) -> Path:
     return home
 
 
-def record_batch(args: argparse.Namespace, batch: int, responses: dict[str, Any], engine: Any,
-                 console: Console) -> None:
+def record_batch(args: argparse.Namespace, batch: int, responses: dict[str, Any],
+                 fallback: Callable[[dict[str, Any]], dict[str, Any]], console: Console) -> None:
     """The run with ``--batch batch`` on the embedded model through the recording server (answers kept)."""
     home = _fresh(args.work / f"batch-{batch}" / "record")
-    console.print(f"batch {batch}: recording (embedded model, --concurrency 1)")
+    console.print(f"batch {batch}: recording ({args.answers} answers, --concurrency 1)")
     config = ReplayConfig(latency_ms=0.0, jitter_ms=0.0, seed=args.seed)
     started = time.perf_counter()
-    with ReplayServer(responses, identity=bundled_identity(), config=config, fallback=engine.call) as server:
+    with ReplayServer(responses, identity=bundled_identity(), config=config, fallback=fallback) as server:
         _run(args, server.base_url, home, batch, 1, home / "result.json")
     (home / "seconds").write_text(f"{time.perf_counter() - started:.1f}")
     _save(args.work / "responses.json", responses)
@@ -232,6 +268,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--markdown", type=Path, default=RESULTS / "batch.md")
     parser.add_argument("--estimates", default="", help="comma-separated experiments.bench.estimate --json files "
                                                         "to add to the markdown (one per --batch)")
+    parser.add_argument("--answers", choices=["embedded", "oracle"], default="embedded",
+                        help="who answers what the recording lacks: the embedded model (hold the LM lock), or the "
+                             "scripted oracle of experiments.bench.crash (md_flat; no model; with --start "
+                             "answer=+<its planted sentence>, which the edit optimizer can delete)")
     parser.add_argument("--phase", choices=["record", "replay", "both"], default="both",
                         help="record (needs the embedded model: hold the LM lock), replay (no model), or both")
     parser.add_argument("--verbose", action="store_true")
@@ -246,14 +286,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     kept = args.work / "responses.json"
     responses: dict[str, Any] = json.loads(kept.read_text()) if kept.exists() else {}
     if args.phase in ("record", "both"):
-        engine = _embedded_engine(args.system, args.work / "lm_cache.sqlite")
+        fallback = (_oracle(args.dataset) if args.answers == "oracle"
+                    else _embedded(args.system, args.work / "lm_cache.sqlite"))
         for b in batches:
-            record_batch(args, b, responses, engine, console)
+            record_batch(args, b, responses, fallback, console)
         if args.phase == "record":
             return 0
     rows = [one_batch(args, b, responses, console) for b in batches]
     results = {"command": "python -m experiments.bench.batch " + " ".join(argv if argv is not None else sys.argv[1:]),
-               "model": bundled_identity(), "system": args.system, "query_rewrite": args.query_rewrite,
+               "model": bundled_identity() if args.answers == "embedded" else "the scripted oracle "
+                        "(experiments.bench.crash.OracleEndpoint)", "answers": args.answers, "system": args.system, "query_rewrite": args.query_rewrite,
                "dataset": args.dataset, "optimizer": args.optimizer, "budget": args.budget, "n": args.n,
                "latency_ms": args.latency_ms, "jitter_ms": args.jitter_ms, "seed": args.seed,
                "date": datetime.now(UTC).strftime("%Y-%m-%d"), "commit": _commit(),

@@ -148,9 +148,10 @@ class ReplayServer:
 
     def __init__(self, responses: dict[str, dict[str, Any]], *, identity: str,
                  decodings: Sequence[str] = DEFAULT_DECODINGS, config: ReplayConfig | None = None, port: int = 0,
-                 fallback: Callable[[Request], dict[str, Any]] | None = None):
-        """``fallback``: what answers a request the responses do not hold (recording: the embedded model), its
-        answer then kept in ``responses`` under the request's first key and served from there."""
+                 fallback: Callable[[dict[str, Any]], dict[str, Any]] | None = None):
+        """``fallback``: what answers a chat request (its body) the responses do not hold, with a chat completion
+        (recording: the embedded model), its answer then kept in ``responses`` under the request's first key
+        and served from there."""
         self.responses = responses
         self.fallback = fallback
         self._fallback_lock = threading.Lock()
@@ -219,7 +220,7 @@ class ReplayServer:
         if key is None and self.fallback is not None and body.get("max_tokens") != 1:
             with self._fallback_lock:  # one model, one call at a time; a request asked twice is computed once
                 if not any(k in self.responses for k in keys):
-                    self.responses[keys[0]] = self.fallback(request_of(body))
+                    self.responses[keys[0]] = self.fallback(body)
             key = next(k for k in keys if k in self.responses)
         with self._lock:
             self.stats.requests += 1

@@ -187,8 +187,8 @@ def test_a_request_the_recording_lacks_is_answered_by_the_fallback_once_and_kept
     would serve it."""
     asked: list[Any] = []
 
-    def fallback(request: Any) -> dict[str, Any]:
-        asked.append(request)
+    def fallback(body: dict[str, Any]) -> dict[str, Any]:
+        asked.append(body)
         return {"id": "x", "object": "chat.completion", "created": 0, "model": "fake",
                 "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "Paris"}}],
                 "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6}}
@@ -200,7 +200,7 @@ def test_a_request_the_recording_lacks_is_answered_by_the_fallback_once_and_kept
         assert lm.text("What is the capital of France?") == "Paris"
         assert lm.text("What is the capital of France?", cache=False) == "Paris"
         assert server.stats.misses == 0 and server.stats.hits == 2
-    assert len(asked) == 1 and asked[0].messages[-1]["content"] == "What is the capital of France?"
+    assert len(asked) == 1 and asked[0]["messages"][-1]["content"] == "What is the capital of France?"
     with ReplayServer(dict(responses), identity="local:fake.gguf:4", config=config) as server:  # replayed
         assert client(server.base_url).text("What is the capital of France?") == "Paris"
         assert server.stats.misses == 0
