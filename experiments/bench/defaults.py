@@ -65,6 +65,8 @@ def _checkpoint(home: Path) -> Checkpoint | None:
 def measure(system: str, args: argparse.Namespace) -> Row:
     home = args.home / system
     estimate = home / "estimate.json"
+    if (_checkpoint(home) is None or not estimate.exists()) and args.report_only:
+        return Row(system=system, note="not measured")
     if _checkpoint(home) is None or not estimate.exists():
         home.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "OPTLOOP_HOME": str(home), "OPTLOOP_MLRUNS": str(home / "mlruns")}
@@ -124,6 +126,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=1500.0, help="seconds a system's baseline may take")
     parser.add_argument("--json", type=Path, default=RESULTS / "defaults.json")
     parser.add_argument("--markdown", type=Path, default=RESULTS / "defaults.md")
+    parser.add_argument("--report-only", action="store_true",
+                        help="run nothing: report the systems whose baseline is already in --home")
     parser.add_argument("--verbose", action="store_true")
     args = parser.parse_args(argv)
     setup_logging(args.verbose)
