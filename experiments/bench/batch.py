@@ -129,7 +129,8 @@ def _run(args: argparse.Namespace, base_url: str, home: Path, batch: int, n: int
            "--concurrency", str(n), "--run-name", f"batch-{batch}", "--allow-small-splits",
            "--tracking-uri", f"sqlite:///{home / 'mlruns' / 'mlflow.db'}", "--json", str(out),
            *(["--query-rewrite"] if args.query_rewrite else []),
-           *(["--start", f"answer=+{PLANTED}"] if args.answers == "oracle" else [])]
+           *(["--start", f"answer=+{PLANTED}"] if args.answers == "oracle" and args.plant else []),
+           *(["--sites", args.sites] if args.sites else [])]
     env = {**os.environ, "OPTLOOP_HOME": str(home / "state"), "OPTLOOP_MLRUNS": str(home / "mlruns")}
     started = time.perf_counter()
     with (home / "run.log").open("w") as log:
@@ -204,7 +205,8 @@ def to_markdown(rows: Sequence[Row], results: dict[str, Any]) -> str:
     head = (f"# Trials in batches: `optloop.run --budget {results['budget']}` at --concurrency {results['n']}, "
             f"replayed at {results['latency_ms']:g} ms +- {results['jitter_ms']:g} a call\n\n"
             f"- command: `{results['command']}`\n- model: {results['model']} (answers recorded once, then "
-            f"replayed)\n- run: {results['system']}{' --query-rewrite' if results['query_rewrite'] else ''} on "
+            f"replayed)\n- run: {results['system']}{' --query-rewrite' if results['query_rewrite'] else ''}"
+            f"{' --sites ' + results['sites'] if results.get('sites') else ''} on "
             f"`{results['dataset']}`, --optimizer {results['optimizer']}, --seed {results['seed']}\n"
             f"- date: {results['date']}; commit {results['commit']}; machine: {os.cpu_count()} cores\n\n")
     lines = [("| --batch | wall s (replay) | speed-up | trials | dev baseline -> best | held-out before -> after "
@@ -272,6 +274,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="who answers what the recording lacks: the embedded model (hold the LM lock), or the "
                              "scripted oracle of experiments.bench.crash (md_flat; no model; with --start "
                              "answer=+<its planted sentence>, which the edit optimizer can delete)")
+    parser.add_argument("--plant", action=argparse.BooleanOptionalAction, default=True,
+                        help="with --answers oracle, start from the answer instruction with the oracle's planted "
+                             "sentence (default; --no-plant: the system's own)")
+    parser.add_argument("--sites", help="optloop.run --sites: the sites to optimize (e.g. md_flat.curate: every trial "
+                                        "re-ingests its split, one session after another)")
     parser.add_argument("--phase", choices=["record", "replay", "both"], default="both",
                         help="record (needs the embedded model: hold the LM lock), replay (no model), or both")
     parser.add_argument("--verbose", action="store_true")
@@ -295,7 +302,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = [one_batch(args, b, responses, console) for b in batches]
     results = {"command": "python -m experiments.bench.batch " + " ".join(argv if argv is not None else sys.argv[1:]),
                "model": bundled_identity() if args.answers == "embedded" else "the scripted oracle "
-                        "(experiments.bench.crash.OracleEndpoint)", "answers": args.answers, "system": args.system, "query_rewrite": args.query_rewrite,
+                        "(experiments.bench.crash.OracleEndpoint)", "answers": args.answers, "system": args.system, "sites": args.sites, "query_rewrite": args.query_rewrite,
                "dataset": args.dataset, "optimizer": args.optimizer, "budget": args.budget, "n": args.n,
                "latency_ms": args.latency_ms, "jitter_ms": args.jitter_ms, "seed": args.seed,
                "date": datetime.now(UTC).strftime("%Y-%m-%d"), "commit": _commit(),
