@@ -97,7 +97,7 @@ from optloop.errors import ConfigError, EndpointDownError, LMUnreachableError
 from optloop.lm import LMSettings, OptloopLM, Usage
 from optloop.loop.runner import (MAX_BUDGET, Checkpoint, Loop, LoopConfig, LoopResult, check_fractions, matches,
                                  split_dataset, unfinished_runs)
-from optloop.datasets.defaults import DEFAULTS, RECALL, default_dataset
+from optloop.datasets.defaults import default_dataset, defaults_help
 from optloop.loop.eta import Eta, duration
 from optloop.loop.policy import FEW_QUESTIONS, check_split_sizes, questions
 from optloop.loop.spend import (ESTIMATE, EXIT_LIMIT, MAX_COST, STOPPED_BY, Estimate, RunStopped,
@@ -176,9 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="dataset URI: builtin:tiny, memfail:<task>, locomo:<path>, longmemeval:<path>, "
                              "meme:<path>, synthetic:recall?seed=K&episodes=N, synthetic:meme?seed=K, jsonl:<path>; "
                              "?limit=N keeps the first N episodes. Default: a dataset optloop generates, "
-                             f"{RECALL} for every system: 40 episodes of made-up facts, 20 dev and 20 test "
-                             "questions, where the embedded model's baseline has headroom both ways (see "
-                             "optloop/datasets/defaults.py): " + "; ".join(d.line(s) for s, d in DEFAULTS.items()))
+                             + defaults_help())
     parser.add_argument("--budget", type=_budget, default=3, help="candidate evaluations on dev (default 3)")
     parser.add_argument("--optimizer", choices=["simba", "gepa", "optuna", "edit"], default="simba",
                         help="simba (default), gepa, optuna (TPE over proposed instructions and knobs), or edit "
