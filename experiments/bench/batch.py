@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -61,6 +62,8 @@ class Row(BaseModel):
     batch: int
     n: int
     seconds: float = Field(description="wall time of the replayed run (the process, startup included)")
+    trials_seconds: float = Field(description="of which the trials: proposals (the optimizer's screening "
+                                              "included) and evaluations, as the run's trial lines report them")
     record_seconds: float = Field(description="wall time of the recording run (embedded model, N=1)")
     trials: int
     tried: list[tuple[int, float]] = Field(description="(trial, dev accuracy) of the replay, in trial order")
@@ -182,10 +185,12 @@ def one_batch(args: argparse.Namespace, batch: int, responses: dict[str, Any], c
     with ReplayServer(responses, identity=identity, config=config) as server:
         seconds = _run(args, server.base_url, replay_home, batch, args.n, replay_home / "result.json")
         stats = server.stats
+    lines = re.findall(r"^trial \d+/\d+ dev \S+ \(best \S+\) (\d+) s", (replay_home / "run.log").read_text(), re.M)
     recorded = json.loads((record_home / "result.json").read_text())
     replayed = json.loads((replay_home / "result.json").read_text())
     delta = replayed["delta_test_ci"]
-    return Row(batch=batch, n=args.n, seconds=round(seconds, 1), record_seconds=round(record_seconds, 1),
+    return Row(batch=batch, n=args.n, seconds=round(seconds, 1), trials_seconds=sum(float(x) for x in lines),
+               record_seconds=round(record_seconds, 1),
                trials=replayed["evaluations"], tried=[(t["trial"], t["dev"]) for t in replayed["tried"]],
                baseline_dev=replayed["baseline_dev"], best_dev=replayed["best_dev"],
                test_before=replayed["test_before"], test_after=replayed["test_after"],
@@ -209,11 +214,14 @@ def to_markdown(rows: Sequence[Row], results: dict[str, Any]) -> str:
             f"{' --sites ' + results['sites'] if results.get('sites') else ''} on "
             f"`{results['dataset']}`, --optimizer {results['optimizer']}, --seed {results['seed']}\n"
             f"- date: {results['date']}; commit {results['commit']}; machine: {os.cpu_count()} cores\n\n")
-    lines = [("| --batch | wall s (replay) | speed-up | trials | dev baseline -> best | held-out before -> after "
-              "| delta [95% CI] n | same as recording (N=1) | misses |"), "|---|---|---|---|---|---|---|---|---|"]
+    lines = [("| --batch | wall s (replay) | speed-up | of which trials, s | speed-up | trials "
+              "| dev baseline -> best | held-out before -> after | delta [95% CI] n | same as recording (N=1) "
+              "| misses |"), "|---|---|---|---|---|---|---|---|---|---|---|"]
     first = rows[0].seconds if rows else 0.0
+    first_trials = rows[0].trials_seconds if rows else 0.0
     for r in rows:
-        lines.append(f"| {r.batch} | {r.seconds:.1f} | {first / r.seconds:.2f}x | {r.trials} | "
+        lines.append(f"| {r.batch} | {r.seconds:.1f} | {first / r.seconds:.2f}x | {r.trials_seconds:.0f} | "
+                     f"{first_trials / r.trials_seconds if r.trials_seconds else 0:.2f}x | {r.trials} | "
                      f"{r.baseline_dev:.3f} -> {r.best_dev:.3f} | {r.test_before:.3f} -> {r.test_after:.3f} | "
                      f"{r.delta_test} | {'yes' if r.identical else 'NO'} | {r.misses} |")
     return head + "\n".join(lines) + "\n"
