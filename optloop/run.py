@@ -28,7 +28,8 @@ Time: once the baseline is evaluated, the run prints the projection of the whole
 --estimate table: calls, tokens, dollars where priced, hours) and its ETA, then one line per
 trial with its ETA (measured on the trials done, the held-out test projected). --batch K
 evaluates K candidates of one optimizer round at once, each on its own stores, under the one
---concurrency limit: on an endpoint the trials take about 1/K of the time.
+--concurrency limit: on an endpoint, K trials floored by their longest episode's sequential
+calls take about the time of one.
 
 One evaluation (what --budget counts) = one candidate run over the dev split: ingest every
 dev episode (reusing the stored result when the candidate's ingest prompts are unchanged),
@@ -94,14 +95,14 @@ from optloop import artifacts
 from optloop.attribution.taxonomy import Target
 from optloop.cli import add_lm_arguments, lm_settings_from_args, run_cli, setup_logging
 from optloop.errors import ConfigError, EndpointDownError, LMUnreachableError
-from optloop.lm import LMSettings, OptloopLM, Usage
-from optloop.loop.runner import (MAX_BUDGET, Checkpoint, Loop, LoopConfig, LoopResult, check_fractions, matches,
-                                 split_dataset, unfinished_runs)
 from optloop.datasets.defaults import default_dataset, defaults_help
+from optloop.lm import LMSettings, OptloopLM, Usage
 from optloop.loop.eta import Eta, duration
 from optloop.loop.policy import FEW_QUESTIONS, check_split_sizes, questions
 from optloop.loop.spend import (ESTIMATE, EXIT_LIMIT, MAX_COST, STOPPED_BY, Estimate, RunStopped,
                                 SpendingLimits, run_dollars)
+from optloop.loop.runner import (MAX_BUDGET, Checkpoint, Loop, LoopConfig, LoopResult, check_fractions, matches,
+                                 split_dataset, unfinished_runs)
 from optloop.loop.state import MAX_BATCH
 from optloop.paths import state_dir, write_atomic
 from optloop.stats import Interval, bootstrap_mean
@@ -198,9 +199,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="candidates evaluated at once, one optimizer round's (an edit round, SIMBA's best K "
                              "new programs of a step, K Optuna asks), each on its own stores, under the one "
                              "--concurrency limit (default 1). On an endpoint, where one evaluation is floored by "
-                             "its longest episode's sequential calls, K of 2-4 at --concurrency 16 cuts the "
-                             "trials' time by about K; on the embedded model it gains nothing. Which candidates "
-                             "a run tries depends on K (same --seed and K: same run)")
+                             "its longest episode's sequential calls, K candidates share that floor (see "
+                             "experiments/results/batch.md); on the embedded model, one call at a time, it gains "
+                             "nothing. Which candidates a run tries depends on K (same --seed and K: same run)")
     parser.add_argument("--promote-if", choices=["ci", "delta"], default="ci",
                         help="when the prompt registry's champion alias moves to the best candidate: ci (default) "
                              "when the 95%% CI of its held-out gain lies above 0, i.e. the gain is unlikely to be "
@@ -346,7 +347,8 @@ def fault_line(usage: Usage) -> str | None:
 
 def _run_config(args: argparse.Namespace, settings: LMSettings) -> LoopConfig:
     """The run's settings from the flags (the run name is chosen later: see :func:`choose_run`)."""
-    return LoopConfig(system=args.system, dataset=args.dataset or default_dataset(args.system).uri, budget=args.budget, optimizer=args.optimizer,
+    return LoopConfig(system=args.system, dataset=args.dataset or default_dataset(args.system).uri,
+                      budget=args.budget, optimizer=args.optimizer,
                       seed=args.seed, untargeted=args.untargeted,
                       sites=[s.strip() for s in args.sites.split(",") if s.strip()] if args.sites else None,
                       run_name=args.run_name or "-", tracking_uri=args.tracking_uri, storage=args.storage,
