@@ -10,7 +10,7 @@ time against ``--batch K``, through the replay server at 1 s a call.
 Each batch size K is one whole run of the real CLI (``python -m optloop.run``: baseline, optimizer,
 trials, held-out test, MLflow), twice:
 
-1. **record**: against :class:`~experiments.bench.replay_server.ReplayServer` with no latency, whose
+1. **record**: against :class:`~optloop.testing.replay.ReplayServer` with no latency, whose
    every answer is computed by the embedded model (SmolLM2 through llama.cpp, the system's own decoding
    bounds) the first time it is asked and kept (``<work>/responses.json``, shared by every K and every
    rerun): the run as the embedded model makes it, at ``--concurrency 1``, over HTTP, so every request
@@ -29,9 +29,14 @@ what the table compares is the time the same budget takes.
 
 from __future__ import annotations
 
+import os
+
+from optloop.offline import offline_defaults
+
+os.environ.update(offline_defaults())  # first: litellm, mem0 and Hugging Face read them when imported
+
 import argparse
 import json
-import os
 import re
 import subprocess
 import sys
@@ -46,11 +51,11 @@ from pydantic import BaseModel, Field
 from rich.console import Console
 from rich.table import Table
 
-from experiments.bench.crash import PLANTED
-from experiments.bench.replay_server import ReplayConfig, ReplayServer, bundled_identity
-from optloop.cli import run_cli, setup_logging
+from optloop.cli import CommandParser, parse_command, run_cli
 from optloop.errors import ConfigError
 from optloop.paths import write_atomic
+from optloop.testing.oracle import PLANTED
+from optloop.testing.replay import ReplayConfig, ReplayServer, bundled_identity
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "experiments" / "results"
@@ -78,11 +83,11 @@ class Row(BaseModel):
 
 
 def _oracle(dataset: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
-    """The scripted answers of :class:`experiments.bench.crash.OracleEndpoint` (no model; md_flat): the gold
+    """The scripted answers of :class:`optloop.testing.oracle.OracleEndpoint` (no model; md_flat): the gold
     answer when the memories hold it, unless the answer instruction carries the planted sentence; md_flat's
     curation keeps the file's facts and adds the session's user lines (the full list its prompt asks for)."""
-    from experiments.bench.crash import OracleEndpoint, _section
-    from experiments.bench.replay_server import _completion
+    from optloop.testing.loopback import chat_completion
+    from optloop.testing.oracle import OracleEndpoint, prompt_section
 
     oracle = OracleEndpoint(dataset)  # its answers only: its own server is never started
 
@@ -91,21 +96,22 @@ def _oracle(dataset: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
         messages = body.get("messages") or []
         user = str(messages[-1].get("content") or "") if messages else ""
         if "[[ ## memory_file ## ]]" in user and kind == "ok":  # md_flat.curate: the full list, the file's facts kept
-            kept = [line[2:].strip() for line in _section(user, "memory_file").splitlines() if line.startswith("- ")]
+            file = prompt_section(user, "memory_file")
+            kept = [line[2:].strip() for line in file.splitlines() if line.startswith("- ")]
             content = json.dumps({"facts": kept + [f for f in json.loads(content)["facts"] if f not in kept]})
         if kind != "ok":
             raise ConfigError(f"the oracle answered {kind!r} to a chat request")
         words = sum(len(str(m.get("content") or "").split()) for m in body.get("messages") or [])
         usage = {"prompt_tokens": words, "completion_tokens": len(str(content).split()),
                  "total_tokens": words + len(str(content).split())}
-        return _completion(body, content, usage)
+        return chat_completion(body, content, usage, model="oracle")
 
     return answer
 
 
 def _embedded(system: str, cache: Path) -> Callable[[dict[str, Any]], dict[str, Any]]:
     """The embedded model behind the recording server (the system's decoding bounds, its own LM cache file)."""
-    from experiments.bench.replay_server import request_of
+    from optloop.testing.replay import request_of
 
     engine = _embedded_engine(system, cache)
     return lambda body: engine.call(request_of(body))
@@ -261,8 +267,7 @@ def _commit() -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m experiments.bench.batch", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser("python -m experiments.bench.batch", __doc__)
     parser.add_argument("--system", default="rag_bm25")
     parser.add_argument("--query-rewrite", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--dataset", default="synthetic:recall?seed=0&episodes=40")
@@ -280,7 +285,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                         "to add to the markdown (one per --batch)")
     parser.add_argument("--answers", choices=["embedded", "oracle"], default="embedded",
                         help="who answers what the recording lacks: the embedded model (hold the LM lock), or the "
-                             "scripted oracle of experiments.bench.crash (md_flat; no model; with --start "
+                             "scripted oracle of optloop.testing.oracle (md_flat; no model; with --start "
                              "answer=+<its planted sentence>, which the edit optimizer can delete)")
     parser.add_argument("--plant", action=argparse.BooleanOptionalAction, default=True,
                         help="with --answers oracle, start from the answer instruction with the oracle's planted "
@@ -289,9 +294,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                         "re-ingests its split, one session after another)")
     parser.add_argument("--phase", choices=["record", "replay", "both"], default="both",
                         help="record (needs the embedded model: hold the LM lock), replay (no model), or both")
-    parser.add_argument("--verbose", action="store_true")
-    args = parser.parse_args(argv)
-    setup_logging(args.verbose)
+    args = parse_command(parser, argv)
     try:
         batches = [int(b) for b in args.batches.split(",")]
     except ValueError:
@@ -308,11 +311,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.phase == "record":
             return 0
     rows = [one_batch(args, b, responses, console) for b in batches]
-    results = {"command": "python -m experiments.bench.batch " + " ".join(argv if argv is not None else sys.argv[1:]),
-               "model": bundled_identity() if args.answers == "embedded" else "the scripted oracle "
-                        "(experiments.bench.crash.OracleEndpoint)", "answers": args.answers, "system": args.system, "sites": args.sites, "query_rewrite": args.query_rewrite,
-               "dataset": args.dataset, "optimizer": args.optimizer, "budget": args.budget, "n": args.n,
-               "latency_ms": args.latency_ms, "jitter_ms": args.jitter_ms, "seed": args.seed,
+    model = (bundled_identity() if args.answers == "embedded"
+             else "the scripted oracle (optloop.testing.oracle.OracleEndpoint)")
+    command = " ".join(argv if argv is not None else sys.argv[1:])
+    results = {"command": f"python -m experiments.bench.batch {command}", "model": model,
+               "answers": args.answers, "system": args.system, "sites": args.sites,
+               "query_rewrite": args.query_rewrite, "dataset": args.dataset, "optimizer": args.optimizer,
+               "budget": args.budget, "n": args.n, "latency_ms": args.latency_ms,
+               "jitter_ms": args.jitter_ms, "seed": args.seed,
                "date": datetime.now(UTC).strftime("%Y-%m-%d"), "commit": _commit(),
                "rows": [r.model_dump() for r in rows]}
     estimates = [Path(p) for p in args.estimates.split(",") if p]

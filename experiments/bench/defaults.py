@@ -17,9 +17,14 @@ LM time at the measured latency, the optimizer's own calls included). A system t
 
 from __future__ import annotations
 
+import os
+
+from optloop.offline import offline_defaults
+
+os.environ.update(offline_defaults())  # first: litellm, mem0 and Hugging Face read them when imported
+
 import argparse
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -29,7 +34,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from optloop.cli import run_cli, setup_logging
+from optloop.cli import CommandParser, parse_command, run_cli
 from optloop.loop.state import Checkpoint
 from optloop.paths import write_atomic
 from optloop.stats import bootstrap_mean
@@ -118,8 +123,7 @@ def _commit() -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m experiments.bench.defaults", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser("python -m experiments.bench.defaults", __doc__)
     parser.add_argument("--systems", default="rag_bm25,mem0,md_flat,long_context,rag_embedding,tiered,gated")
     parser.add_argument("--budget", type=int, default=50)
     parser.add_argument("--home", type=Path, default=Path("/tmp/optloop-defaults"))
@@ -128,13 +132,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--markdown", type=Path, default=RESULTS / "defaults.md")
     parser.add_argument("--report-only", action="store_true",
                         help="run nothing: report the systems whose baseline is already in --home")
-    parser.add_argument("--verbose", action="store_true")
-    args = parser.parse_args(argv)
-    setup_logging(args.verbose)
-    from experiments.bench.replay_server import bundled_identity
+    args = parse_command(parser, argv)
+    from optloop.testing.replay import bundled_identity
 
     rows = [measure(s, args) for s in args.systems.split(",") if s]
-    results = {"command": "python -m experiments.bench.defaults " + " ".join(argv if argv is not None else sys.argv[1:]),
+    command = " ".join(argv if argv is not None else sys.argv[1:])
+    results = {"command": f"python -m experiments.bench.defaults {command}",
                "model": bundled_identity(), "budget": args.budget,
                "date": datetime.now(UTC).strftime("%Y-%m-%d"), "commit": _commit(),
                "rows": [r.model_dump() for r in rows]}
