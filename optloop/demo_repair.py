@@ -61,6 +61,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     name = f"demo-repair-{args.case}-{time.strftime('%Y%m%d-%H%M%S')}"
     console.rule(f"[bold]1. plant[/] {sabotage.site} <- {sabotage.mode} {sabotage.text!r}")
     code = optloop_run.main(["--system", sabotage.system, "--dataset", args.dataset or sabotage.dataset,
+                             "--allow-small-splits",
                              "--optimizer", args.optimizer, "--budget", str(args.budget), "--seed", str(args.seed),
                              "--run-name", name, "--start", f"{sabotage.site}={sabotage.start}",
                              *(["--query-rewrite"] if sabotage.query_rewrite else []),

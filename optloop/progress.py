@@ -75,6 +75,13 @@ class RunProgress:
                 f"[{elapsed}] {message}", markup=False, highlight=False, soft_wrap=True
             )
 
+    def line(self, message: str) -> None:
+        """A line that stays (a finished trial): printed above the status line on a terminal, as a
+        plain line elsewhere, and written to the log either way."""
+        self._write_log(message)
+        prefix = "" if self.live else f"[{duration(time.monotonic() - self._started)}] "
+        self.console.print(f"{prefix}{message}", markup=False, highlight=False, soft_wrap=True)
+
     def _write_log(self, message: str) -> None:
         if self.log is None:
             return

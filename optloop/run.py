@@ -23,10 +23,12 @@ from rich.console import Console
 from optloop import artifacts, preflight
 from optloop.cli import lm_settings_from_args, parse_command, run_cli
 from optloop.datasets import Dataset
+from optloop.datasets.defaults import default_dataset
 from optloop.errors import ConfigError, EndpointDownError, LMUnreachableError
 from optloop.interrupt import interruptible
 from optloop.lm import LMSettings, OptloopLM
 from optloop.loop import checkpoint_guard
+from optloop.loop.policy import check_split_sizes, questions
 from optloop.loop.runner import Checkpoint, Loop, check_start_sites, split_dataset
 from optloop.loop.spend import (
     ESTIMATE,
@@ -47,6 +49,7 @@ from optloop.run_tables import (
     estimate_lines,
     estimate_table,
     fault_line,
+    print_projection,
     stopped_line,
     summary_table,
     tried_table,
@@ -89,8 +92,13 @@ class PreparedRun:
         """Say which run this is, and where the run will say what it does: the console (a status line
         on a terminal, plain lines elsewhere) and its ``run.log``."""
         console.print(self.line, soft_wrap=True)
+        fractions = ",".join(f"{f:g}" for f in self.config.fractions)
+        console.print(f"dataset {self.config.dataset}: {questions(self.dev)} dev and {questions(self.test)} test "
+                      f"questions (split {fractions} by episode)", soft_wrap=True, markup=False, highlight=False)
         self.loop.announce = lambda line: console.print(line, soft_wrap=True, markup=False, highlight=False)
-        return RunProgress(console, self.loop.run_dir / LOG_NAME)
+        progress = RunProgress(console, self.loop.run_dir / LOG_NAME)
+        self.loop.on_trial = lambda line: progress.line(line.text())
+        return progress
 
 
 def prepare(args: argparse.Namespace, argv: Sequence[str]) -> PreparedRun:
@@ -102,6 +110,8 @@ def prepare(args: argparse.Namespace, argv: Sequence[str]) -> PreparedRun:
     get_system(args.system)
     from optloop.datasets import load_dataset
 
+    if args.dataset is None:
+        args.dataset = default_dataset(args.system).uri
     dataset = load_dataset(args.dataset)  # a malformed dataset fails here, before any LLM call or any state
     decoding = get_system(args.system).local_decoding
     settings = lm_settings_from_args(args, decoding)
@@ -113,6 +123,8 @@ def prepare(args: argparse.Namespace, argv: Sequence[str]) -> PreparedRun:
     limits = SpendingLimits(max_cost=args.max_cost, max_calls=args.max_calls, estimate=args.estimate)
     # Everything the loop would refuse is refused now, before the LM (and its cache file) exists.
     train, dev, test = split_dataset(dataset, config)
+    if not args.allow_small_splits:
+        check_split_sizes(config.dataset, questions(dev), questions(test))
     choice = choose_run(args, config, state_dir(create=False) / "runs")
     config = config.model_copy(update={"run_name": choice.name})
     probe = probe_lm(settings)  # an unavailable endpoint fails now, before any state is written
@@ -134,6 +146,7 @@ def prepare(args: argparse.Namespace, argv: Sequence[str]) -> PreparedRun:
     proposer = OptloopLM(proposer_settings) if proposer_settings is not None else lm
     loop = Loop(config, lm, proposer, auto_named=not args.run_name, limits=limits,
                 prepared=(dataset, train, dev, test))
+    loop.project = lambda figures, ckpt: print_projection(console, figures, ckpt, config, settings)
     return PreparedRun(config, settings, proposer_settings, lm, proposer, loop, choice.line, again, dev, test)
 
 
@@ -172,17 +185,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             if stop.reason != ESTIMATE:
                 print(stopped_line(stop, ckpt, config, again), file=sys.stderr)
                 return EXIT_LIMIT
-            price = (proposer_settings or settings).price()
-            figures = estimate(ckpt, budget=config.budget, concurrency=settings.concurrency or 1,
-                               dev_units=work_units(dev), test_units=work_units(test),
-                               chains=measured_chains(ckpt, dev, test),
-                               optimizer=loop.optimizer_work(ckpt), own_proposer=proposer_settings is not None,
-                               proposer_price=None if price is None else (price.input, price.output))
+            figures = loop.estimate(ckpt)
             console.print(estimate_table(figures, config, settings))
             for line in estimate_lines(figures, ckpt, config, resume_command([a for a in argv if a != "--estimate"])):
                 console.print(line, soft_wrap=True, markup=False, highlight=False)
             if args.json:
-                write_atomic(Path(args.json), figures.model_dump_json(indent=1))
+                out = figures.model_dump(mode="json")
+                out |= {"dataset": config.dataset, "n_dev_questions": questions(dev),
+                        "n_test_questions": questions(test), "hours": figures.total.hours}
+                write_atomic(Path(args.json), json.dumps(out, indent=1))
             return 0
         except KeyboardInterrupt:
             where = loop.state / artifacts.CHECKPOINT

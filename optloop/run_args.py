@@ -4,6 +4,11 @@
     python -m optloop.run --system graphiti --dataset memfail:coexisting?limit=12 --budget 20 --optimizer gepa
     python -m optloop.run --system rag_bm25 --budget 10 --optimizer optuna --untargeted   # the ablation
 
+With no --dataset, a system runs on a dataset optloop generates (see --dataset and
+optloop/datasets/defaults.py): synthetic:recall?seed=0&episodes=40, 20 dev and 20 test
+questions, where the embedded model's baseline has room to rise and to fall. A dev or test
+split of fewer than 20 questions is refused (exit 2) unless --allow-small-splits.
+
 What happens:
   1. the dataset is split train / dev / test by episode (a conversation never straddles splits);
   2. the baseline (the library's own prompts) runs on train and dev, every wrong answer is
@@ -18,6 +23,13 @@ What happens:
 
 Every accuracy is reported with its n and a 95% bootstrap CI over the questions: on a test
 split of 12 questions one question is 0.083 of accuracy, and a 95% CI spans about ±0.3.
+
+Time: once the baseline is evaluated, the run prints the projection of the whole run (the
+--estimate table: calls, tokens, dollars where priced, hours) and its ETA, then one line per
+trial with its ETA (measured on the trials done, the held-out test projected). --batch K
+evaluates K candidates of one optimizer round at once, each on its own stores, under the one
+--concurrency limit: on an endpoint, K trials floored by their longest episode's sequential
+calls take about the time of one.
 
 One evaluation (what --budget counts) = one candidate run over the dev split: ingest every
 dev episode (reusing the stored result when the candidate's ingest prompts are unchanged),
@@ -64,7 +76,8 @@ its MLflow run KILLED); one whose parent run the tracking store lacks (another
 has every case.
 
 Exit codes: 0 done (or --estimate printed); 2 bad input (an unknown system, a budget out of
-range, a missing or malformed dataset, a corrupt LM cache or checkpoint, a finished
+range, a missing or malformed dataset, a dev or test split under 20 questions without
+--allow-small-splits, a corrupt LM cache or checkpoint, a finished
 --run-name, --max-cost on a model without a price: one line, before anything is written);
 3 stopped at --max-cost or --max-calls (saved: raise the limit and rerun); 74 a full disk
 or an unwritable state directory or MLflow store (EX_IOERR: free space or fix the
@@ -79,9 +92,12 @@ import argparse
 import json
 
 from optloop.cli import CommandParser, dataset_help
+from optloop.datasets.defaults import default_dataset, defaults_help
 from optloop.errors import ConfigError
 from optloop.lm import LMSettings
+from optloop.loop.policy import FEW_QUESTIONS
 from optloop.loop.runner import MAX_BUDGET, LoopConfig, check_fractions
+from optloop.loop.state import MAX_BATCH
 from optloop.run_tables import model_name
 from systems import SYSTEMS
 
@@ -121,6 +137,10 @@ def _max_cost(text: str) -> float:
     return value
 
 
+def _batch(text: str) -> int:
+    return _whole_number(text, 1, MAX_BATCH, f"give 1 to {MAX_BATCH} candidates at once")
+
+
 def _split(text: str) -> tuple[float, float, float]:
     try:
         fractions = tuple(float(part) for part in text.split(","))
@@ -142,7 +162,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _OneLineParser("python -m optloop.run", __doc__, lm=True)
     parser.add_argument("--system", default="mem0", choices=list(SYSTEMS), metavar="SYSTEM",
                         help=f"memory system: {', '.join(SYSTEMS)} (default mem0)")
-    parser.add_argument("--dataset", default="builtin:tiny", help=dataset_help())
+    parser.add_argument("--dataset", default=None,
+                        help=dataset_help("a dataset optloop generates, see below") + ". The default: "
+                        + defaults_help())
     parser.add_argument("--budget", type=_budget, default=3, help="candidate evaluations on dev (default 3)")
     parser.add_argument("--optimizer", choices=["simba", "gepa", "optuna", "edit"], default="simba",
                         help="simba (default), gepa, optuna (TPE over proposed instructions and knobs), or edit "
@@ -157,6 +179,16 @@ def build_parser() -> argparse.ArgumentParser:
                         help="shares of the episodes for train, dev and test (default 0.5,0.25,0.25; each above 0, "
                              "summing to 1). A 95%% CI on n questions spans about ±1/sqrt(n): 24 test questions, "
                              "±0.2; give dev and test more (0.4,0.3,0.3) or use more episodes")
+    parser.add_argument("--allow-small-splits", action="store_true",
+                        help=f"run even when dev or test has fewer than {FEW_QUESTIONS} questions (refused "
+                             "otherwise, exit 2: accuracies on so few questions are noise)")
+    parser.add_argument("--batch", type=_batch, default=1, metavar="K",
+                        help="candidates evaluated at once, one optimizer round's (an edit round, SIMBA's best K "
+                             "new programs of a step, K Optuna asks), each on its own stores, under the one "
+                             "--concurrency limit (default 1). On an endpoint, where one evaluation is floored by "
+                             "its longest episode's sequential calls, K candidates share that floor (see "
+                             "experiments/results/batch.md); on the embedded model, one call at a time, it gains "
+                             "nothing. Which candidates a run tries depends on K (same --seed and K: same run)")
     parser.add_argument("--promote-if", choices=["ci", "delta"], default="ci",
                         help="when the prompt registry's champion alias moves to the best candidate: ci (default) "
                              "when the 95%% CI of its held-out gain lies above 0, i.e. the gain is unlikely to be "
@@ -223,14 +255,15 @@ def _knobs(pairs: list[str]) -> dict[str, object]:
 
 def run_config(args: argparse.Namespace, settings: LMSettings) -> LoopConfig:
     """The run's settings from the flags (the run name is chosen later: see :func:`choose_run`)."""
-    return LoopConfig(system=args.system, dataset=args.dataset, budget=args.budget, optimizer=args.optimizer,
+    return LoopConfig(system=args.system, dataset=args.dataset or default_dataset(args.system).uri,
+                      budget=args.budget, optimizer=args.optimizer,
                       seed=args.seed, untargeted=args.untargeted,
                       sites=[s.strip() for s in args.sites.split(",") if s.strip()] if args.sites else None,
                       run_name=args.run_name or "-", tracking_uri=args.tracking_uri, storage=args.storage,
                       lm=args.lm or "local", proposer_lm=args.proposer_lm or "same", knobs=_knobs(args.knob),
                       start=_pairs(args.start, "--start", "SITE=TEXT, e.g. --start 'answer=+Be brief.'"),
                       fractions=args.split, promote_if=args.promote_if, query_rewrite=args.query_rewrite,
-                      lm_settings=settings.model_dump(mode="json", include=set(ANSWER_SETTINGS)))
+                      batch=args.batch, lm_settings=settings.model_dump(mode="json", include=set(ANSWER_SETTINGS)))
 
 
 def check_priced(settings: LMSettings, proposer: LMSettings | None) -> None:

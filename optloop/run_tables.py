@@ -3,10 +3,12 @@ that stopped (money, durations and accuracies with their CIs, formatted once her
 
 from __future__ import annotations
 
+from rich.console import Console
 from rich.table import Table
 
 from optloop.attribution.taxonomy import Target
 from optloop.lm import LMSettings, Usage
+from optloop.loop.eta import Eta, duration
 from optloop.loop.runner import Checkpoint, LoopConfig, LoopResult
 from optloop.loop.spend import MAX_COST, STOPPED_BY, Estimate, RunStopped, run_dollars
 from optloop.stats import Interval, bootstrap_mean
@@ -105,13 +107,6 @@ def _cell(value: float | None, fmt: str) -> str:
     return "unknown" if value is None else format(value, fmt)
 
 
-def duration(hours: float) -> str:
-    """``37.5 h``, ``25 min``, ``12 s``: an estimate's time in the unit that reads best."""
-    if hours >= 1:
-        return f"{hours:.1f} h"
-    return f"{hours * 60:.0f} min" if hours >= 1 / 60 else f"{hours * 3600:.0f} s"
-
-
 def estimate_table(figures: Estimate, config: LoopConfig, settings: LMSettings) -> Table:
     """The ``--estimate`` of a run, one row per part (see :mod:`optloop.loop.spend` for the model)."""
     table = Table(title=f"estimate for {config.run_name}: {config.system} on {config.dataset}, {config.optimizer}, "
@@ -148,3 +143,17 @@ def estimate_lines(figures: Estimate, ckpt: Checkpoint, config: LoopConfig, go_o
             f"spent so far: {cost_line(ckpt.total_cost())}",
             f"nothing else ran: the baseline is saved in run {config.run_name}; the same command without --estimate "
             f"goes on from it: {go_on}"]
+
+
+def print_projection(console: Console, figures: Estimate, ckpt: Checkpoint, config: LoopConfig,
+                     settings: LMSettings) -> None:
+    """Before the first trial: what the whole run is expected to take (``--estimate``'s table, from the
+    measured baseline) and its ETA, so a run that would take hours can be stopped now and resumed later."""
+    console.print(estimate_table(figures, config, settings))
+    left = Eta.of(figures, config.budget).seconds_left(sum(t.evaluation is not None for t in ckpt.trials))
+    hours = "unknown" if left is None else duration(left / 3600)
+    tokens = "unknown" if figures.total.tokens is None else str(figures.total.tokens)
+    dollars = "" if figures.total.cost_usd is None else f", {money(figures.total.cost_usd)}"
+    console.print(f"projected: {figures.total.calls} calls, {tokens} tokens{dollars}; ETA {hours} for the rest of "
+                  "the run (Ctrl-C stops it; the same command resumes it)", soft_wrap=True, markup=False,
+                  highlight=False)

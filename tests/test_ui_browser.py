@@ -74,7 +74,8 @@ def _wait_until_up(server: subprocess.Popen, url: str, log: Path, timeout: float
 
 
 def _optloop_run(name: str, extra: list[str], log: Path) -> None:
-    cmd = [sys.executable, "-m", "optloop.run", "--system", SYSTEM, "--budget", "1", "--run-name", name, *extra]
+    cmd = [sys.executable, "-m", "optloop.run", "--system", SYSTEM, "--dataset", "builtin:tiny", "--allow-small-splits",
+           "--budget", "1", "--run-name", name, *extra]
     with log.open("w") as out:
         done = subprocess.run(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, timeout=1500, check=False)
     assert done.returncode == 0, f"{' '.join(cmd[1:])} exited {done.returncode}:\n{log.read_text()[-3000:]}"

@@ -167,7 +167,8 @@ def run_loop(base_url: str, work: Path, *, system: str, dataset: str, budget: in
     ``concurrency`` 1 by default (an endpoint's default is 8): the schedule counts requests in the order they
     arrive, and its burst of two faults in a row fails a call only when the call's retry is the very next
     request, which requests of other calls in flight would take instead."""
-    cmd = [sys.executable, "-m", "optloop.run", "--system", system, "--dataset", dataset, "--budget", str(budget),
+    cmd = [sys.executable, "-m", "optloop.run", "--system", system, "--dataset", dataset, "--allow-small-splits",
+           "--budget", str(budget),
            "--lm", "openai:smollm2", "--lm-base-url", base_url, "--lm-timeout", str(timeout),
            "--lm-retries", str(retries), "--concurrency", str(concurrency), "--run-name", run_name, "--tracking-uri",
            f"sqlite:///{work / 'mlruns' / 'mlflow.db'}", "--json", str(work / f"{run_name}.json"), *extra]

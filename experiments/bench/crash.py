@@ -144,7 +144,8 @@ def kill_main(argv: Sequence[str]) -> int:
 
 def run_args(work: Path, budget: int, base_url: str, *, optimizer: str = "edit",
              extra: Sequence[str] = ()) -> list[str]:
-    return ["--system", SYSTEM, "--dataset", DATASET, "--budget", str(budget), "--optimizer", optimizer,
+    return ["--system", SYSTEM, "--dataset", DATASET, "--allow-small-splits", "--budget", str(budget),
+            "--optimizer", optimizer,
             "--start", f"answer=+{PLANTED}", "--promote-if", "delta", "--lm", "openai:oracle", "--lm-base-url",
             base_url, "--lm-retries", "1", "--lm-timeout", "30", "--tracking-uri",
             f"sqlite:///{work / 'mlruns' / 'mlflow.db'}", *extra]

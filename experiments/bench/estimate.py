@@ -53,6 +53,7 @@ session here are a lower bound too.
 
 from __future__ import annotations
 
+import json
 import os
 
 from optloop.offline import offline_defaults
@@ -85,7 +86,7 @@ from optloop.loop.spend import (
     project,
 )
 from optloop.loop.state import LoopConfig
-from optloop.paths import state_dir
+from optloop.paths import state_dir, write_atomic
 from optloop.run_tables import duration, optimizer_line
 from optloop.sites import ANSWER, QUERY_REWRITE
 
@@ -195,10 +196,11 @@ def evaluation(unit: PerUnit, shape: Shape, conversations: int, *, price: ModelP
 
 
 def run_shape(recording: Recording, system: str, unit: PerUnit, shape: Shape, *, budget: int, train: int,
-              targets: Sequence[str] = ()) -> RunShape:
+              targets: Sequence[str] = (), threads: int = ENDPOINT_THREADS, batch: int = 1) -> RunShape:
     """What the optimizer's model reads (see the module docstring): ``train`` conversations of ``shape``'s,
     ``targets`` as the target sites (by default the system's recorded ingest sites plus ``answer``), the
-    optimizer's threads on an endpoint."""
+    optimizer's ``threads`` on an endpoint (``optloop.run``'s: its --concurrency, at least 4), ``batch`` its
+    --batch."""
     sites = recorded(recording, system).sites
     ingest = sorted(s for s in sites if s not in ANSWER_SIDE)
     if unknown := sorted(set(targets) - set(sites)):
@@ -212,11 +214,11 @@ def run_shape(recording: Recording, system: str, unit: PerUnit, shape: Shape, *,
         question_calls=unit.question_calls, ingest_calls=shape.sessions * unit.session_calls,
         question_tokens=unit.question_tokens / unit.question_calls if unit.question_calls else None,
         ingest_tokens=unit.session_tokens / unit.session_calls if unit.session_calls else None,
-        threads=ENDPOINT_THREADS)
+        threads=threads, batch=batch)
 
 
 def run_estimate(unit: PerUnit, shape: Shape, splits: Sequence[int], *, budget: int, work: OptimizerWork | None,
-                 price: ModelPrice, latency_s: float, concurrency: int) -> Estimate:
+                 price: ModelPrice, latency_s: float, concurrency: int, batch: int = 1) -> Estimate:
     """``optloop.run --estimate``'s projection (:func:`~optloop.loop.spend.project`) of a run on ``splits`` (train,
     dev, test conversations of ``shape``'s), its baseline modeled from ``unit``; the proposer priced as the LM."""
     train, dev, test = splits
@@ -228,7 +230,7 @@ def run_estimate(unit: PerUnit, shape: Shape, splits: Sequence[int], *, budget: 
     return project(modeled(train), modeled(dev), budget=budget, concurrency=concurrency,
                    dev_units=shape.units(dev), test_units=shape.units(test), optimizer=work,
                    proposer_price=(price.input, price.output), chains=Chains(dev=chain, test=chain),
-                   baseline="baseline (train + dev)")
+                   baseline="baseline (train + dev)", batch=batch)
 
 
 def cell(value: float | None, fmt: str) -> str:
@@ -254,6 +256,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--conversations", type=int, default=10, help="scale to this many conversations (LoCoMo: 10)")
     parser.add_argument("--latency-ms", type=float, default=1000.0, help="assumed seconds per call, in ms")
     parser.add_argument("--n", default="1,16", help="concurrency levels to give hours for")
+    parser.add_argument("--batch", type=int, default=1, help="optloop.run --batch: trials evaluated at once")
+    parser.add_argument("--json", type=Path, help="also write each level's estimate here")
     parser.add_argument("--recording", type=Path, default=None,
                         help="recording.json (default: $OPTLOOP_HOME/throughput/recording.json)")
     args = parse_command(parser, argv)
@@ -268,19 +272,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise ConfigError(f"{args.model} has no price in litellm's cost map; pick a priced model")
     shape = Shape.of(load_dataset(args.dataset))
     config = LoopConfig(system=args.system, dataset=args.dataset, budget=args.budget, optimizer=args.optimizer,
-                        run_name="estimate")
+                        run_name="estimate", batch=args.batch)
     splits = split_counts(args.conversations, config.fractions)
     targets = [site for site in args.sites.split(",") if site]
-    work = MODELS[args.optimizer](run_shape(recording, args.system, unit, shape, budget=args.budget,
-                                            train=splits[0], targets=targets))
     levels = [int(n) for n in args.n.split(",")]
+    works = {n: MODELS[args.optimizer](run_shape(recording, args.system, unit, shape, budget=args.budget,
+                                                 train=splits[0], targets=targets,
+                                                 threads=max(ENDPOINT_THREADS, n), batch=args.batch))
+             for n in levels}
     latency = args.latency_ms / 1000
-    figures = {n: run_estimate(unit, shape, splits, budget=args.budget, work=work, price=price, latency_s=latency,
-                               concurrency=n) for n in levels}
+    figures = {n: run_estimate(unit, shape, splits, budget=args.budget, work=works[n], price=price,
+                               latency_s=latency, concurrency=n, batch=args.batch) for n in levels}
     first = figures[levels[0]]
+    if args.json:
+        write_atomic(args.json, json.dumps({"system": args.system, "budget": args.budget, "batch": args.batch,
+                                            "optimizer": args.optimizer, "model": args.model,
+                                            "dataset": args.dataset, "conversations": args.conversations,
+                                            "latency_ms": args.latency_ms, "recording": recording.identity,
+                                            "recorded_on": recording.recorded_on,
+                                            "levels": {str(n): f.model_dump(mode="json")
+                                                       for n, f in figures.items()}}, indent=1))
 
     console = Console()
-    table = Table(title=f"{args.system}, --budget {args.budget}, --optimizer {args.optimizer}, LoCoMo "
+    table = Table(title=f"{args.system}, --budget {args.budget}, --batch {args.batch}, --optimizer {args.optimizer}, LoCoMo "
                         f"({args.conversations} conversations: {'/'.join(map(str, splits))} train/dev/test), "
                         f"{args.model}")
     for col in ["part", "evaluations", "calls", "tokens", "dollars", *(f"time at N={n}" for n in levels)]:

@@ -2,7 +2,10 @@
 
 The loop owns the budget: it asks :meth:`Optimizer.propose` for a candidate,
 evaluates it on the dev split (one evaluation of ``--budget``), and reports the
-result back with :meth:`Optimizer.observe`. An optimizer changes only its
+result back with :meth:`Optimizer.observe`. With ``--batch K`` it asks
+:meth:`Optimizer.propose_batch` for up to K candidates of one round (an edit round,
+a SIMBA step's new programs, K Optuna asks before any tell), evaluates them at once
+and reports each back in trial order. An optimizer changes only its
 ``sites`` (the blamed prompt sites) and ``knobs``; the loop calls
 :meth:`Optimizer.retarget` when re-attribution moves the blame. Implementations:
 :mod:`optloop.loop.optimizers` (SIMBA, GEPA, Optuna) and :mod:`optloop.loop.edit`
@@ -31,20 +34,25 @@ ENDPOINT_THREADS = 4  # an optimizer's threads on an LM endpoint (the embedded m
 
 def default_threads(lm: Any) -> int:
     """How many programs an optimizer runs at once on ``lm``: one on the embedded model (one llama.cpp
-    context answers every call in turn, so threads would only wait on it), :data:`ENDPOINT_THREADS` on an
-    endpoint (``LMSettings.backend == "openai"``)."""
+    context answers every call in turn, so threads would only wait on it); on an endpoint
+    (``LMSettings.backend == "openai"``) its ``--concurrency``, at least :data:`ENDPOINT_THREADS`: the
+    LM's throttle bounds the requests in flight either way, and fewer threads would leave slots idle."""
     backend = getattr(getattr(lm, "settings", None), "backend", None)
-    return ENDPOINT_THREADS if backend == "openai" else 1
+    if backend != "openai":
+        return 1
+    return max(ENDPOINT_THREADS, int(getattr(lm.settings, "concurrency", None) or 0))
 
 
 class Optimizer(ABC):
     name: str
 
     def __init__(self, evaluator: Evaluator, proposer: dspy.BaseLM, trainset: Dataset, *, sites: Sequence[str],
-                 knobs: Sequence[str] = (), seed: int = 0, num_threads: int | None = None, work: Path | None = None):
+                 knobs: Sequence[str] = (), seed: int = 0, num_threads: int | None = None, work: Path | None = None,
+                 batch: int = 1):
         """``num_threads``: programs run at once inside a round (default :func:`default_threads` of the
         evaluator's LM); ``work``: where the optimizer keeps state across rounds and resumes (default
-        ``<evaluator work>/optimizers/<name>``, inside the run's state directory)."""
+        ``<evaluator work>/optimizers/<name>``, inside the run's state directory); ``batch``: the
+        candidates the loop evaluates at once (``--batch``), which a round may fill."""
         self.evaluator = evaluator
         self.proposer = proposer
         self.trainset = trainset
@@ -55,10 +63,11 @@ class Optimizer(ABC):
         self.rounds = 0
         self._num_threads = num_threads
         self._work = work
+        self.batch = max(1, batch)
 
     @property
     def num_threads(self) -> int:
-        return self._num_threads or default_threads(self.evaluator.lm)
+        return self._num_threads or default_threads(getattr(self.evaluator, "lm", None))
 
     @property
     def work(self) -> Path:
@@ -70,6 +79,23 @@ class Optimizer(ABC):
     @abstractmethod
     def propose(self, best: Candidate, best_eval: Evaluation) -> Candidate | None:
         """The next candidate to evaluate, or ``None`` when the optimizer has nothing new."""
+
+    def propose_batch(self, best: Candidate, best_eval: Evaluation, size: int) -> list[Candidate]:
+        """Up to ``size`` candidates to evaluate at once, from one round: :meth:`propose` (which may run a
+        round), then what that round left queued (:meth:`next_queued`), never a second round before the
+        loop has observed the first's. Empty when the optimizer has nothing new."""
+        first = self.propose(best, best_eval)
+        if first is None:
+            return []
+        batch = [first]
+        while len(batch) < size and (more := self.next_queued()) is not None:
+            batch.append(more)
+        return batch
+
+    def next_queued(self) -> Candidate | None:
+        """The next candidate a round already made (``None``: none left; an optimizer without a queue)."""
+        queue = getattr(self, "queue", None)
+        return queue.pop(0) if isinstance(queue, list) and queue else None
 
     def observe(self, candidate: Candidate, evaluation: Evaluation, trial: int) -> None:
         """The dev result of a candidate this optimizer proposed."""

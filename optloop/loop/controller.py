@@ -61,11 +61,11 @@ from typing import Any, Literal, Protocol
 from optloop.attribution import BlameEntry, blame
 from optloop.loop._base import Optimizer
 from optloop.loop.candidate import Candidate, prompt_diff
+from optloop.loop.eta import Eta, TrialLine
 from optloop.loop.evaluate import Evaluation
 from optloop.loop.policy import choose_targets, held_out_intervals, promotion, small_split_warning
 from optloop.loop.spend import SpendingLimits
 from optloop.loop.state import Checkpoint, Cost, LoopConfig, LoopResult, Trial, Tried, add_costs
-from optloop.progress import trial_line
 from optloop.stats import Interval
 
 logger = logging.getLogger(__name__)
@@ -86,6 +86,10 @@ class CandidateEvaluator(Protocol):
     def evaluate(self, candidate: Candidate, split: Split) -> Evaluation:
         """``candidate`` over every episode of ``split``, each failure attributed. May raise (the run stops;
         the checkpoint holds everything evaluated before)."""
+
+    def evaluate_many(self, candidates: Sequence[Candidate], split: Split) -> list[Evaluation]:
+        """Each of ``candidates`` over ``split`` as :meth:`evaluate` does, possibly at once (``--batch``): the
+        evaluations in the candidates' order, each the one :meth:`evaluate` would give. May raise."""
 
     def prompt_texts(self, candidate: Candidate) -> dict[str, str]:
         """site -> the exact prompt text ``candidate`` sends there."""
@@ -204,6 +208,9 @@ class Coordinator(Protocol):
     def upcoming(self, trials: Sequence[Trial]) -> int:
         """The number the next trial will probably get (for progress messages)."""
 
+    def room(self, trials: Sequence[Trial]) -> int:
+        """How many trials are left to take, at most (a batch is no larger)."""
+
     def take(self, trials: Sequence[Trial], candidate: Candidate, study_trial: int | None) -> int | None:
         """The trial number ``candidate`` is evaluated as; ``None`` when the budget went to other workers."""
 
@@ -242,6 +249,14 @@ def _no_cost() -> Cost:
     return {}
 
 
+def _no_projection(checkpoint: Checkpoint) -> Eta | None:
+    return None
+
+
+def _no_line(line: TrialLine) -> None:
+    """The default trial callback: says nothing."""
+
+
 @dataclass
 class RunContext:
     """What one run of the controller works on.
@@ -251,7 +266,9 @@ class RunContext:
     process has spent so far (LLM calls, tokens, seconds), saved with every checkpoint (the run's
     total adds up every process's: :meth:`Checkpoint.total_cost`); ``limits`` are this process's
     ``--max-cost``, ``--max-calls`` and ``--estimate``, checked at step boundaries against that total
-    (:mod:`optloop.loop.spend`).
+    (:mod:`optloop.loop.spend`); ``baseline_done`` is called once the baseline is known and trials are
+    to come (``Loop`` prints the projection of the whole run there) and returns the :class:`Eta` its
+    projection starts; ``trial_done`` receives one :class:`TrialLine` per evaluated trial.
     """
 
     config: LoopConfig
@@ -261,6 +278,8 @@ class RunContext:
     progress: Callable[[str], None] = _no_progress
     cost: Callable[[], Cost] = _no_cost
     limits: SpendingLimits = SpendingLimits()
+    baseline_done: Callable[[Checkpoint], Eta | None] = _no_projection
+    trial_done: Callable[[TrialLine], None] = _no_line
 
     def save(self) -> None:
         """Write the checkpoint atomically, with what this process has spent so far."""
@@ -299,6 +318,7 @@ class Controller:
         self.sink = sink
         self.coordinator = coordinator
         self.make_optimizer = make_optimizer
+        self._redo = 0  # trials a kill left half done, redone first as a batch of their own (_repair)
 
     @property
     def config(self) -> LoopConfig:
@@ -396,10 +416,12 @@ class Controller:
         """Undo a trial a kill left half done (its record discarded, its candidate queued first), then report
         evaluated trials a kill kept from being reported."""
         ckpt = self.ckpt
-        for trial in [t for t in ckpt.trials if t.evaluation is None]:
+        half_done = [t for t in ckpt.trials if t.evaluation is None]
+        for trial in half_done:
             self.sink.discard_trial(trial.trial)
             ckpt.trials.remove(trial)
-            ckpt.queue.insert(0, trial.candidate)
+        ckpt.queue[:0] = [t.candidate for t in half_done]  # in trial order, as the batch was taken
+        self._redo = len(half_done)
         self.ctx.save()
         self.coordinator.republish(ckpt.trials)
         if ckpt.processes > 1:
@@ -443,57 +465,105 @@ class Controller:
     # --- the trials -----------------------------------------------------------------------
 
     def _trials(self, optimizer: Optimizer, best: _Best, note: str) -> str:
-        """Propose, evaluate and observe while the coordinator grants trials; the note, extended when the
-        optimizer ran dry."""
+        """Propose, evaluate and observe while the coordinator grants trials, ``--batch`` candidates at a
+        time; the note, extended when the optimizer ran dry.
+
+        A batch is one round's candidates (:meth:`Optimizer.propose_batch`), taken as trials in order and
+        checkpointed before any is evaluated; they are evaluated at once (``evaluate_many``), then recorded,
+        observed and checkpointed one by one in trial order, each improving one moving the best (and the
+        blame) before the next is observed. Trials a kill left half done are redone first as a batch of
+        their own, so the run goes on as the uninterrupted one did."""
         ckpt, cfg, coordinator = self.ckpt, self.config, self.coordinator
         assert ckpt.baseline_dev is not None
+        eta = self.ctx.baseline_done(ckpt) if coordinator.budget_left(ckpt.trials) else None
         while coordinator.budget_left(ckpt.trials):
             self._boundary()  # the last trial and its acc_dev point are recorded
             upcoming = coordinator.upcoming(ckpt.trials)
+            size, self._redo = self._redo or max(1, min(cfg.batch, coordinator.room(ckpt.trials))), 0
+            left = f", ETA {eta.text(self._done())}" if eta is not None else ""
             self.ctx.progress(f"trial {upcoming}/{cfg.budget}: {optimizer.name} proposing for "
-                              f"{', '.join(optimizer.sites)}")
-            candidate = optimizer.propose(best.candidate, best.evaluation)
+                              f"{', '.join(optimizer.sites)}{left}")
+            started = time.perf_counter()
+            candidates = optimizer.propose_batch(best.candidate, best.evaluation, size)
             ckpt.queue = list(getattr(optimizer, "queue", []))
-            if candidate is None:
+            if not candidates:
                 note = (note + "; " if note else "") + f"{optimizer.name} proposed nothing new after " \
                        f"{len(ckpt.trials)} evaluation(s)" + coordinator.scope
                 break
-            study_trial = getattr(optimizer, "study_trial", lambda c: None)(candidate)
-            trial_no = coordinator.take(ckpt.trials, candidate, study_trial)
-            if trial_no is None:  # other workers took the rest of the budget meanwhile
-                optimizer.release(candidate)
+            trials = self._take(optimizer, candidates)
+            if not trials:  # other workers took the rest of the budget meanwhile
                 break
-            started = time.monotonic()
-            trial = self._run_trial(trial_no, candidate)
-            assert trial.evaluation is not None
-            optimizer.observe(candidate, trial.evaluation, trial_no)
-            if trial.evaluation.accuracy > best.evaluation.accuracy:
-                trial.improved = True
-                best = _Best(candidate, trial.evaluation, trial_no)
-                self._retarget(optimizer, trial.evaluation)
-            self.ctx.save()
-            coordinator.report(trial, self.run_cost)
-            best_so_far = coordinator.best_accuracy(best.evaluation.accuracy, ckpt.baseline_dev.accuracy)
-            self.sink.log_dev(trial_no, trial.evaluation.accuracy, best_so_far)
-            self.ctx.progress(trial_line(trial_no, cfg.budget, trial.evaluation.accuracy, best_so_far,
-                                         time.monotonic() - started))
+            if len(trials) > 1:
+                self.ctx.progress(f"trials {trials[0].trial}-{trials[-1].trial}/{cfg.budget}: evaluating "
+                                  f"{len(trials)} candidates at once{left}")
+            evaluations = self._evaluate_many(trials)
+            seconds: float | None = None  # each trial's share of the batch's time, proposals included
+            for trial, evaluation in zip(trials, evaluations):
+                self._record_trial(trial, evaluation)
+                if seconds is None:  # a trial alone was evaluated inside its record
+                    seconds = (time.perf_counter() - started) / len(trials)
+                assert trial.evaluation is not None
+                evaluation = trial.evaluation
+                optimizer.observe(trial.candidate, evaluation, trial.trial)
+                if evaluation.accuracy > best.evaluation.accuracy:
+                    trial.improved = True
+                    best = _Best(trial.candidate, evaluation, trial.trial)
+                    self._retarget(optimizer, evaluation)
+                self.ctx.save()
+                coordinator.report(trial, self.run_cost)
+                best_so_far = coordinator.best_accuracy(best.evaluation.accuracy, ckpt.baseline_dev.accuracy)
+                self.sink.log_dev(trial.trial, evaluation.accuracy, best_so_far)
+                if eta is not None:
+                    eta.trial_took(seconds)
+                self.ctx.trial_done(TrialLine(
+                    trial=trial.trial, budget=cfg.budget, accuracy=evaluation.accuracy, best=best_so_far,
+                    seconds=seconds, eta_s=None if eta is None else eta.seconds_left(self._done())))
+            if len(trials) < len(candidates):  # the budget went to other workers
+                break
         return note
 
-    def _run_trial(self, trial_no: int, candidate: Candidate) -> Trial:
-        """Evaluate ``candidate`` on dev as trial ``trial_no`` inside its own record. The trial is in the
-        checkpoint before its record opens, so whatever a kill leaves of it is found and discarded on resume
-        (see the module docstring)."""
+    def _done(self) -> int:
+        """Trials of this worker's checkpoint with an evaluation."""
+        return sum(t.evaluation is not None for t in self.ckpt.trials)
+
+    def _take(self, optimizer: Optimizer, candidates: Sequence[Candidate]) -> list[Trial]:
+        """``candidates`` as trials, numbered by the coordinator in order and in the checkpoint (saved) before
+        any is evaluated; the ones the budget no longer allows go back to the optimizer."""
+        taken: list[Trial] = []
+        for i, candidate in enumerate(candidates):
+            study_trial = getattr(optimizer, "study_trial", lambda c: None)(candidate)
+            trial_no = self.coordinator.take(self.ckpt.trials, candidate, study_trial)
+            if trial_no is None:
+                for rest in reversed(candidates[i:]):
+                    optimizer.release(rest)
+                break
+            trial = Trial(trial=trial_no, candidate=candidate)
+            self.ckpt.trials.append(trial)
+            taken.append(trial)
+        if taken:
+            self.ctx.save()
+        return taken
+
+    def _evaluate_many(self, trials: Sequence[Trial]) -> list[Evaluation | None]:
+        """Several trials' candidates on dev at once; a trial alone is evaluated inside its record instead
+        (``None``: :meth:`_record_trial` evaluates it)."""
+        if len(trials) == 1:
+            return [None]
+        return list(self.evaluator.evaluate_many([t.candidate for t in trials], "dev"))
+
+    def _record_trial(self, trial: Trial, evaluation: Evaluation | None) -> None:
+        """``trial``'s record (a child run): its evaluation (made here when ``None``: the record's time is
+        then the evaluation's), logged into it, then set on the trial. The trial is in the checkpoint before
+        its record opens, so whatever a kill leaves of it is found and discarded on resume (see the module
+        docstring)."""
         base = self.ctx.base
-        trial = Trial(trial=trial_no, candidate=candidate)
-        self.ckpt.trials.append(trial)
-        self.ctx.save()
-        with self.sink.open_trial(trial_no, self.coordinator.trial_tags()) as run_id:
+        with self.sink.open_trial(trial.trial, self.coordinator.trial_tags()) as run_id:
             trial.child_run_id = run_id
-            evaluation = self._evaluate(candidate, "dev")
-            diff = prompt_diff(self.evaluator.prompt_texts(base), self.evaluator.prompt_texts(candidate))
-            self.sink.log_trial(trial_no, candidate, evaluation, base=base, diff=diff)
+            if evaluation is None:
+                evaluation = self._evaluate(trial.candidate, "dev")
+            diff = prompt_diff(self.evaluator.prompt_texts(base), self.evaluator.prompt_texts(trial.candidate))
+            self.sink.log_trial(trial.trial, trial.candidate, evaluation, base=base, diff=diff)
         trial.evaluation = evaluation
-        return trial
 
     def _retarget(self, optimizer: Optimizer, evaluation: Evaluation) -> None:
         """A new best: re-attribute from its failures and retarget the optimizer when the blame moved."""

@@ -66,6 +66,9 @@ class LocalCoordinator:
     def upcoming(self, trials: Sequence[Trial]) -> int:
         return len(trials) + 1
 
+    def room(self, trials: Sequence[Trial]) -> int:
+        return self.budget - len(trials)
+
     def take(self, trials: Sequence[Trial], candidate: Candidate, study_trial: int | None) -> int | None:
         return len(trials) + 1
 
@@ -180,6 +183,9 @@ class SharedCoordinator:
 
     def upcoming(self, trials: Sequence[Trial]) -> int:
         return len(self.study.slots()) + 1
+
+    def room(self, trials: Sequence[Trial]) -> int:
+        return self.study.budget - len(self.study.slots()) + len(self.study.my_open_slots())
 
     def take(self, trials: Sequence[Trial], candidate: Candidate, study_trial: int | None) -> int | None:
         slot = self.study.take_slot(candidate.digest(), study_trial)

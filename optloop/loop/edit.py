@@ -127,6 +127,7 @@ class EditOptimizer(Optimizer):
                     fresh.append(candidate)
         if not fresh:
             return []
+        self._screen_all([best, *fresh])
         base_score = self._screen(best)
         scored = [(self._screen(c), i, c) for i, c in enumerate(fresh)]
         scored.sort(key=lambda t: (-t[0], t[1]))
@@ -204,6 +205,17 @@ class EditOptimizer(Optimizer):
         episodes = [e.model_copy(update={"questions": [q for q in e.questions if (e.id, q.id) in keep]})
                     for e in trainset.episodes]
         return trainset.model_copy(update={"episodes": [e for e in episodes if e.questions]})
+
+    def _screen_all(self, candidates: list[Candidate]) -> None:
+        """Screen the candidates not screened yet, ``num_threads`` at once (on an endpoint; one at a time on the
+        embedded model): each evaluation is the one it gets alone (:meth:`Evaluator.evaluate_many`)."""
+        todo = list({c.digest(): c for c in candidates if c.digest() not in self.screened}.values())
+        step = max(1, self.num_threads)
+        for i in range(0, len(todo), step):
+            chunk = todo[i:i + step]
+            for candidate, evaluation in zip(chunk, self.evaluator.evaluate_many(chunk, self.minibatch,
+                                                                                 split="train")):
+                self.screened[candidate.digest()] = evaluation.accuracy
 
     def _screen(self, candidate: Candidate) -> float:
         digest = candidate.digest()

@@ -42,7 +42,7 @@ import logging
 import shutil
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -56,7 +56,7 @@ from optloop.loop.candidate import Candidate, apply_state, candidate_from_module
 from optloop.lm.accounting import Usage, collect_calls, usage_by_site
 from optloop.loop.cost import LMCost, evaluation_cost
 from optloop.pipeline import (Attributor, CachedStores, EpisodeResult, QuestionOutcome, Store, StoreCache, StorePlan,
-                              answer, concurrency, ingest, judge, run_episodes)
+                              Workers, answer, concurrency, ingest, judge, run_episodes)
 from optloop.tracing.graph import ExecutionGraph
 from systems import get_system
 
@@ -179,18 +179,20 @@ class Evaluator:
     # --- stores ---------------------------------------------------------------------------
 
     def store(self, candidate: Candidate, episode: Episode, modules: Mapping[str, dspy.Predict], *,
-              pin: bool = False, plan: StorePlan | None = None) -> tuple[Store, bool]:
+              pin: bool = False, plan: StorePlan | None = None, slot: int = 0) -> tuple[Store, bool]:
         """The episode ingested with ``candidate``'s ingest sites; ``True`` when it was reused.
 
         ``pin`` and ``plan``: see :meth:`StoreCache.open` (an evaluation pins its stores until each episode
-        is done and, at ``--concurrency`` > 1, plans their reuse in episode order)."""
+        is done and, at ``--concurrency`` > 1, plans their reuse in episode order). ``slot``: whose stores
+        (:meth:`evaluate_many` gives each candidate of a batch its own)."""
         key = ingest_key(self.system_name, candidate, self.stages)
-        return self._stores.open((key, episode.id), lambda: self._build(key, candidate, episode, modules), pin=pin,
-                                 plan=plan)
+        return self._stores.open(_store_key(key, episode, slot),
+                                 lambda: self._build(key, candidate, episode, modules, slot), pin=pin, plan=plan)
 
-    def _build(self, key: str, candidate: Candidate, episode: Episode, modules: Mapping[str, dspy.Predict]) -> Store:
+    def _build(self, key: str, candidate: Candidate, episode: Episode, modules: Mapping[str, dspy.Predict],
+               slot: int = 0) -> Store:
         """A fresh system for ``episode`` under ``key``, ingested by the pipeline on the system's own LM."""
-        run_dir = self.work / "stores" / key / episode.id
+        run_dir = self.work / "stores" / key / (episode.id if not slot else f"{episode.id}.slot{slot}")
         shutil.rmtree(run_dir, ignore_errors=True)
         system = self.cls(self.lm, run_dir, embedder=self.embedder, knobs=candidate.knobs, query_site=self.query_site)
         ingest_modules = {n: m for n, m in modules.items() if self.stages.get(n) == "ingest"}
@@ -238,9 +240,30 @@ class Evaluator:
             outcome.attribution = self.attributor(own, question, prediction)
         return outcome
 
+    def evaluate_many(self, candidates: Sequence[Candidate], dataset: Dataset, *,
+                      split: str = "dev") -> list[Evaluation]:
+        """Each of ``candidates`` over ``dataset`` at once (``optloop.run --batch``), the evaluations in
+        the candidates' order.
+
+        Each candidate runs on its own thread and its own stores (slot ``i`` of the batch: a store serves
+        one candidate at a time, so candidates sharing stores would take turns on them), under the LM's one
+        ``--concurrency`` throttle. A candidate's outcomes are the ones :meth:`evaluate` gives it alone (a
+        slot's store of a key is ingested with the same LM answers as any other's, the later ones from the
+        LM cache). What differs is which stores were built or reused (and so the ingestion requests an
+        evaluation counts) and which evaluation computed a request another one then read from the cache
+        (``model_calls``, tokens, dollars)."""
+        if len(candidates) <= 1:
+            return [self.evaluate(c, dataset, split=split) for c in candidates]
+        self._stores.max_live = max(self._stores.max_live, self.max_live * len(candidates))
+        slots = list(enumerate(candidates))
+        # The threads are the pipeline's daemon workers: an interrupt does not wait for calls in flight.
+        with Workers(len(candidates)) as workers:
+            return list(workers.episodes(lambda item: self.evaluate(item[1], dataset, split=split,
+                                                                    slot=item[0]), slots))
+
     def evaluate(self, candidate: Candidate, dataset: Dataset, *, split: str = "dev",
                  progress: Callable[[int], None] | None = None,
-                 on_episode: Callable[[EpisodeResult], None] | None = None) -> Evaluation:
+                 on_episode: Callable[[EpisodeResult], None] | None = None, slot: int = 0) -> Evaluation:
         """Run ``candidate`` over every episode of ``dataset``; ``progress(n)`` after each question,
         ``on_episode(result)`` with each episode's pipeline result, in episode order (a benchmark's look
         at what each episode did).
@@ -257,11 +280,11 @@ class Evaluator:
         started = time.perf_counter()
         outcomes, ingest_calls, reused, built, graphs = [], 0, 0, 0, []
         key = ingest_key(self.system_name, candidate, self.stages)
-        planning = (self._stores.plan([(key, e.id) for e in dataset.episodes]) if concurrency(self.lm) > 1
-                    else contextlib.nullcontext())
+        planning = (self._stores.plan([_store_key(key, e, slot) for e in dataset.episodes])
+                    if concurrency(self.lm) > 1 else contextlib.nullcontext())
         with collect_calls() as calls, planning as plan:
-            stores = CachedStores(lambda episode: self.store(candidate, episode, modules, pin=True, plan=plan),
-                                  self._stores.release)
+            stores = CachedStores(lambda episode: self.store(candidate, episode, modules, pin=True, plan=plan,
+                                                             slot=slot), self._stores.release)
             for result in run_episodes(
                     dataset.episodes, stores, lm=self.lm, attributor=self.attributor,
                     prepare=self._prepare(candidate, modules), on_lm_error="fail", keep="faulted",
@@ -306,3 +329,9 @@ class Evaluator:
     def close(self) -> None:
         self._stores.close()
         self.template.close()
+
+
+def _store_key(key: str, episode: Episode, slot: int) -> tuple[str, ...]:
+    """The store cache's key of ``episode`` ingested under ``key`` for batch slot ``slot`` (0: the one every
+    evaluation alone uses)."""
+    return (key, episode.id) if not slot else (key, episode.id, f"slot{slot}")

@@ -11,7 +11,8 @@ moves the blame.
   (:mod:`optloop.loop.simba`), on :class:`MemoryProgram` s whose only predictors
   are the blamed sites and whose metric returns the attribution beside the score.
   The program pool and its scores are kept across rounds (and across a resume,
-  in ``<work>/pool.json``); each round's best new program is queued.
+  in ``<work>/pool.json``); each round's best new program is queued (with
+  ``--batch K``, its best K, evaluated at once).
 - **GEPA**: one GEPA run per target set, its ``log_dir`` under ``<work>/``: each
   round resumes it with a larger metric-call budget, so its Pareto front and
   candidates carry over; a component selector returns the blamed sites, and the
@@ -19,7 +20,9 @@ moves the blame.
   Its new candidates are queued.
 - **Optuna**: TPE over, per blamed site, the seed instruction and rewrites an
   LLM proposer writes from the attributions, plus the values of blamed knobs
-  (each system's ``knob_values``). The study lives in ``--storage`` (SQLite by
+  (each system's ``knob_values``); ask and tell, and with ``--batch K`` K asks
+  before their tells (the trials asked meanwhile are running, as in Optuna's own
+  ``n_jobs``). The study lives in ``--storage`` (SQLite by
   default), so it resumes; with ``postgresql://...`` several workers share it
   (see :mod:`optloop.loop.study`).
 
@@ -105,6 +108,9 @@ class _QueueOptimizer(Optimizer):
             empty = 0 if fresh else empty + 1
         return self.queue.pop(0) if self.queue else None
 
+    def release(self, candidate: Candidate) -> None:
+        self.queue.insert(0, candidate)
+
     def _unseen(self, candidates: Sequence[Candidate], best: Candidate) -> list[Candidate]:
         """The candidates not proposed before (now marked seen), named after this round."""
         fresh = []
@@ -163,8 +169,9 @@ class SimbaOptimizer(_QueueOptimizer):
     def round(self, best: Candidate) -> list[Candidate]:
         train = examples(self.trainset)
         self.settings.num_threads = self.num_threads
+        # new to the pool, best first: the best one, or with --batch K the step's best K to evaluate at once
         winners = simba_step(self.pool, best, train, build=self.program, lm=self.evaluator.lm,
-                             proposer=self.proposer, settings=self.settings)[:1]  # new to the pool, best first
+                             proposer=self.proposer, settings=self.settings)[:self.batch]
         return winners or self.attributed_rules(best, train)
 
     def attributed_rules(self, best: Candidate, train: list[dspy.Example]) -> list[Candidate]:
@@ -381,6 +388,10 @@ class OptunaOptimizer(Optimizer):
                     knobs[target] = choices[index]
             candidate = Candidate(sites=sites, knobs=knobs, origin=f"optuna trial {trial.number}")
             digest = candidate.digest()
+            if digest in self.pending:  # asked again while a batch evaluates it: no value to tell yet
+                self.study.tell(trial, state=TrialState.FAIL)
+                self.duplicates += 1
+                continue
             if digest in self.seen:
                 previous = [t for t in self.study.trials if t.params == trial.params and t.value is not None]
                 self.study.tell(trial, previous[0].value if previous else 0.0)  # already evaluated: no budget spent
@@ -403,6 +414,20 @@ class OptunaOptimizer(Optimizer):
             return candidate
         logger.warning("optuna keeps proposing evaluated candidates: the search space is exhausted")
         return None
+
+    def propose_batch(self, best: Candidate, best_eval: Evaluation, size: int) -> list[Candidate]:
+        """``size`` asks before any tell (as Optuna's own ``n_jobs`` keeps several trials running), in this
+        thread, so the batch depends on the seed and its size alone; with more than one, TPE's
+        ``constant_liar`` counts the running ones as bad, which keeps a batch's asks apart."""
+        if size > 1 and not getattr(self.study.sampler, "_constant_liar", True):
+            import optuna
+
+            self.study.sampler = optuna.samplers.TPESampler(seed=self.seed + 7919 * max(self.shared.rank, 0),
+                                                            constant_liar=True)
+        batch: list[Candidate] = []
+        while len(batch) < size and (candidate := self.propose(best, best_eval)) is not None:
+            batch.append(candidate)
+        return batch
 
     def observe(self, candidate: Candidate, evaluation: Evaluation, trial: int) -> None:
         optuna_trial = self.pending.pop(candidate.digest(), None)

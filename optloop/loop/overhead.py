@@ -24,7 +24,8 @@ episodes, ``S`` target sites, ``b = min(bsize, Q)`` a mini-batch, ``m = min(b, E
   proposer calls); it screens the best and every edit on the mini-batch (``b`` questions each;
   an edit of an ingest site also ingests the ``m`` episodes), and the loop evaluates the edits,
   one a trial: rounds = budget / edits a round, rounded up.
-- **simba**: one SIMBA step a round, one trial a round: 2 sampled programs x ``b`` questions,
+- **simba**: one SIMBA step a round, one trial a round (``min(--batch, 3)`` with ``--batch``: the
+  step's best new programs, evaluated at once): 2 sampled programs x ``b`` questions,
   then 3 new programs x ``b`` questions; half the new programs get a rule (one advice call to
   the proposer each, showing a worse and a better trajectory; a rule on an ingest site rebuilds
   the mini-batch's ``m`` episodes), half a demo (no call).
@@ -96,6 +97,8 @@ class RunShape(BaseModel):
     question_tokens: float | None = Field(description="tokens of one such request (measured; None: all cached)")
     ingest_tokens: float | None = Field(None, description="tokens of one ingest request (measured; None: all cached)")
     threads: int = Field(1, description="programs SIMBA and GEPA run at once (optimizers.default_threads)")
+    batch: int = Field(1, description="trials evaluated at once (--batch): SIMBA evaluates up to that many of a "
+                                      "step's new programs, so a run takes fewer steps")
 
     def tokens(self, text: str) -> float:
         return len(text) / CHARS_PER_TOKEN
@@ -171,18 +174,19 @@ def simba_work(shape: RunShape) -> OptimizerWork:
     opt = SimbaOptimizer
     b = min(opt.BSIZE, shape.train_questions)
     m = min(b, shape.train_episodes)
-    rounds = shape.budget  # one winner a step
     made = opt.NUM_CANDIDATES + 1
+    per_round = max(1, min(shape.batch, made))  # one winner a step, or a batch of the step's new programs
+    rounds = math.ceil(shape.budget / per_round)
     rules = made * RULE_SHARE
     names = tuple(attr_name(s) for s in shape.sites)
     advice: Any = advice_signature(names)  # a class made at run time: hashable, as lru_cache needs
     prompt = (template_tokens(advice) + sum(shape.instruction_tokens(s) for s in shape.sites)
               + 2 * sum(shape.call_tokens(s) for s in shape.sites))  # the worse and the better trajectory
     return shape.work(
-        opt.name, rounds=rounds, trials_per_round=1, question_runs=rounds * (opt.NUM_CANDIDATES + made) * b,
+        opt.name, rounds=rounds, trials_per_round=per_round, question_runs=rounds * (opt.NUM_CANDIDATES + made) * b,
         episode_ingests=rounds * rules * m if shape.ingest_sites else 0.0, proposer_calls=rounds * rules,
         prompt_tokens=prompt, completion_tokens=FIELD_TOKENS * (len(names) + 1) + JSON_TOKENS, threads=shape.threads,
-        basis=(f"{rounds} SIMBA step(s), one a trial: {opt.NUM_CANDIDATES} sampled and {made} new programs on "
+        basis=(f"{rounds} SIMBA step(s), {per_round} trial(s) a step: {opt.NUM_CANDIDATES} sampled and {made} new programs on "
                f"{b} train questions, {rules:g} advice call(s) to the proposer a step (a rule for half the new "
                "programs)" + (f", a rule on an ingest site ingesting {m} episodes" if shape.ingest_sites else "")))
 
@@ -273,7 +277,7 @@ def run_shape(ckpt: Checkpoint, config: LoopConfig, train: Dataset, *, stages: M
         question_calls=(train_eval.llm_calls - train_eval.ingest_calls) / max(questions, 1),
         ingest_calls=train_eval.ingest_calls / max(episodes, 1),
         question_tokens=_per_call(train_eval, ingest, at_ingest=False),
-        ingest_tokens=_per_call(train_eval, ingest, at_ingest=True), threads=threads)
+        ingest_tokens=_per_call(train_eval, ingest, at_ingest=True), threads=threads, batch=config.batch)
 
 
 def modeled_work(shape: RunShape, optimizer: str) -> OptimizerWork | None:

@@ -63,6 +63,18 @@ def small_split_warning(n_dev: int, n_test: int) -> str | None:
             "use more episodes (?limit=) or --split")
 
 
+def check_split_sizes(dataset: str, n_dev: int, n_test: int) -> None:
+    """Refuse a run whose dev or test split has fewer than :data:`FEW_QUESTIONS` questions: on so few, the
+    candidates are chosen and the held-out delta measured on noise (``optloop.run --allow-small-splits``
+    runs it anyway). A :class:`ConfigError` (exit 2) naming ``--dataset`` and ``--split``."""
+    if min(n_dev, n_test) >= FEW_QUESTIONS:
+        return
+    spread = 1.96 * 0.5 / math.sqrt(max(min(n_dev, n_test), 1))
+    raise ConfigError(f"{dataset} splits into {n_dev} dev and {n_test} test questions, fewer than "
+                      f"{FEW_QUESTIONS} (a 95% CI of \u00b1{spread:.1f}): give a larger --dataset (more episodes) "
+                      "or a --split with larger dev and test shares, or --allow-small-splits to run anyway")
+
+
 def split_dataset(dataset: Dataset, config: LoopConfig) -> tuple[Dataset, Dataset, Dataset]:
     if len(dataset.episodes) < 3:
         raise DatasetError(f"{dataset.uri}: the loop splits train/dev/test by episode and needs at least 3 "

@@ -47,7 +47,7 @@ import json
 import logging
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext, suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,10 +69,12 @@ from optloop.loop.evaluate import Evaluation, Evaluator
 from optloop.loop.mlflow_sink import MlflowSink
 from optloop.loop.optimizers import OPTIMIZERS, Optimizer
 from optloop.loop.overhead import modeled_work, run_shape
+from optloop.loop.eta import Eta, TrialLine
 from optloop.loop.policy import (FEW_QUESTIONS, check_knobs, check_start, choose_targets,
                                  held_out_intervals, promotion, questions, small_split_warning,
                                  split_dataset, start_candidate)
-from optloop.loop.spend import STOPPED_BY, OptimizerWork, RunStopped, SpendingLimits, measured_work
+from optloop.loop.spend import (STOPPED_BY, Estimate, OptimizerWork, RunStopped, SpendingLimits, estimate,
+                                measured_chains, measured_work, work_units)
 from optloop.loop.state import MAX_BUDGET, Checkpoint, LoopConfig, LoopResult, Trial, Tried, check_fractions
 from optloop.paths import state_dir
 from optloop.sites import PROPOSER
@@ -99,6 +101,12 @@ class SplitEvaluator:
         dataset = self.splits[split]
         self.progress(f"evaluating {candidate.origin} on {split} ({questions(dataset)} questions)")
         return self.evaluator.evaluate(candidate, dataset, split=split)
+
+    def evaluate_many(self, candidates: Sequence[Candidate], split: Split) -> list[Evaluation]:
+        dataset = self.splits[split]
+        self.progress(f"evaluating {len(candidates)} candidates at once on {split} ({questions(dataset)} "
+                      "questions each)")
+        return self.evaluator.evaluate_many(candidates, dataset, split=split)
 
     def prompt_texts(self, candidate: Candidate) -> dict[str, str]:
         sites = self.evaluator.sites
@@ -197,6 +205,9 @@ class Loop:
         self.start: Candidate | None = None  # the program the run starts from, once the run has begun
         # One line to the user (optloop.run prints it; a library caller gets a warning).
         self.announce: Callable[[str], None] = lambda line: logger.warning("%s", line)
+        # Once the baseline is known and trials are to come: the projection of the whole run (printed by the CLI)
+        self.project: Callable[[Estimate, Checkpoint], None] = lambda figures, ckpt: None
+        self.on_trial: Callable[[TrialLine], None] = lambda line: None  # one per evaluated trial
 
     # --- the run --------------------------------------------------------------------------
 
@@ -320,7 +331,7 @@ class Loop:
                 ckpt.save(ckpt_path)
             context = RunContext(config=cfg, checkpoint=ckpt, path=ckpt_path, base=self.start,
                                  progress=self.progress, cost=lambda: self._cost(mark, proposer_mark),
-                                 limits=self.limits)
+                                 limits=self.limits, baseline_done=self._projection, trial_done=self.on_trial)
             controller = Controller(context, splits, sink, coordinator,
                                     lambda sites, knobs: self._optimizer(evaluator, train, sites, knobs, coordinator))
             result = controller.run()
@@ -398,10 +409,37 @@ class Loop:
                    coordinator: Coordinators) -> Optimizer:
         cfg = self.config
         cls = OPTIMIZERS[cfg.optimizer]
-        kwargs: dict[str, Any] = {"sites": sites, "knobs": knobs if cfg.optimizer == "optuna" else [], "seed": cfg.seed}
+        kwargs: dict[str, Any] = {"sites": sites, "knobs": knobs if cfg.optimizer == "optuna" else [], "seed": cfg.seed,
+                                  "batch": cfg.batch}
         if cfg.optimizer == "optuna":
             kwargs |= coordinator.optimizer_kwargs()
         return cls(evaluator, self.proposer, train, **kwargs)
+
+    def estimate(self, ckpt: Checkpoint) -> Estimate:
+        """``--estimate``'s projection of the whole run from ``ckpt``'s baseline (:func:`~optloop.loop.spend.estimate`):
+        this run's splits, ``--concurrency``, ``--batch``, the optimizer's work and the proposer's price."""
+        self.prepare()
+        assert self._prepared is not None
+        _, _, dev, test = self._prepared
+        own_proposer = self.proposer is not self.lm
+        price = (self.proposer if own_proposer else self.lm).settings.price()
+        return estimate(ckpt, budget=self.config.budget, concurrency=self.lm.settings.concurrency or 1,
+                        dev_units=work_units(dev), test_units=work_units(test),
+                        chains=measured_chains(ckpt, dev, test), optimizer=self.optimizer_work(ckpt),
+                        own_proposer=own_proposer,
+                        proposer_price=None if price is None else (price.input, price.output),
+                        batch=self.config.batch)
+
+    def _projection(self, ckpt: Checkpoint) -> Eta | None:
+        """After the baseline, before the trials: the projection of the whole run, announced, and the ETA it
+        starts (``None`` when it cannot be made: the run goes on without one)."""
+        try:
+            figures = self.estimate(ckpt)
+        except Exception as exc:  # noqa: BLE001 - a projection is advice: the run goes on without it
+            logger.warning("no projection of the run's cost and time: %s", exc)
+            return None
+        self.project(figures, ckpt)
+        return Eta.of(figures, self.config.budget)
 
     def optimizer_work(self, ckpt: Checkpoint) -> OptimizerWork | None:
         """The optimizer's own work over the whole run (for ``--estimate``), once ``ckpt`` holds the baseline:

@@ -9,7 +9,7 @@ over every process that worked on it (:meth:`~optloop.loop.state.Checkpoint.tota
 the other workers' of a shared run): ``--max-calls`` counts the requests the models computed
 (``model_calls``, the proposer's included; LM cache hits are free), ``--max-cost`` their
 dollars. The check is "has the total reached the limit", so a run may pass its limit by the
-cost of one step (one trial, or one held-out evaluation): the limit says when to stop, it
+cost of one step (one trial or one ``--batch`` of them, or one held-out evaluation): the limit says when to stop, it
 does not cut a step short. The limits are not settings of the run (not in
 :class:`~optloop.loop.state.LoopConfig`, its digest or resume key): the same command with a
 higher limit resumes it.
@@ -51,7 +51,9 @@ figures (:class:`Figures`); ``experiments/bench/estimate.py`` runs it on figures
   requests follow its episode's ingestion, so the longest episode's ingestion (its sessions x
   the requests one session takes) plus one question's requests is a chain no concurrency
   shortens: a split with few long episodes at a large N takes that chain's time, not
-  requests / N. ``optloop.run`` measures the requests per session and per question on the
+  requests / N. With ``--batch K`` the trials run K at once, each on its own stores: a
+  batch takes ``max(K x requests x latency / --concurrency, chain x latency)``, so the
+  chain floors a batch, not each trial. ``optloop.run`` measures the requests per session and per question on the
   baseline's dev evaluation and takes the longest episode of the dev and the test split
   (:func:`measured_chains`); a part whose time the chain set says so (:attr:`Part.floor`,
   :func:`floor_line`). The optimizer's part is not floored: its runs on train are spread over
@@ -205,10 +207,12 @@ class Estimate(BaseModel):
     model: str = MODEL
     optimizer: OptimizerWork | None = Field(None, description="the optimizer's own work, its part's source (None: "
                                                               "not estimated)")
+    batch: int = Field(1, description="trials evaluated at once (--batch)")
 
     def floor_lines(self) -> list[str]:
         """One line for each part whose time its chain set (:func:`floor_line`)."""
-        return [line for part in self.parts if (line := floor_line(part, self.concurrency, self.latency_s))]
+        return [line for part in self.parts
+                if (line := floor_line(part, self.concurrency, self.latency_s, self.batch))]
 
 
 class Figures(Protocol):
@@ -272,28 +276,33 @@ def measured_chains(ckpt: Checkpoint, dev: Dataset, test: Dataset) -> Chains | N
     return Chains(dev=longest(dev), test=longest(test))
 
 
-def floor_line(part: Part, concurrency: int, latency_s: float | None) -> str | None:
+def floor_line(part: Part, concurrency: int, latency_s: float | None, batch: int = 1) -> str | None:
     """What set ``part``'s time when its chain did (``None`` otherwise): "time of the 50 trials set by the longest
     dev episode's 94 sequential requests (94 s an evaluation), not by --concurrency 16: ..."."""
     floor = part.floor
     if floor is None or not floor.binds:
         return None
-    each = "" if latency_s is None else f" ({floor.requests * latency_s:,.0f} s an evaluation)"
+    unit = f"a batch of {batch}" if batch > 1 and "at once" in part.part else "an evaluation"
+    each = "" if latency_s is None else f" ({floor.requests * latency_s:,.0f} s {unit})"
     return (f"time of the {part.part} set by the longest {floor.split} episode's {floor.requests:,.0f} sequential "
             f"requests{each}, not by --concurrency {concurrency}: its sessions are ingested in order, then a question")
 
 
 def _scaled(dev: Figures, evaluations: float, name: str, count: int, concurrency: int,
-            chain: tuple[str, float] | None = None) -> Part:
+            chain: tuple[str, float] | None = None, batch: int = 1) -> Part:
     """``evaluations`` times ``dev`` with every request computed, in ``count`` evaluations each no shorter than
-    ``chain`` (the split and the requests of its longest chain; see the module docstring)."""
+    ``chain`` (the split and the requests of its longest chain; see the module docstring), ``batch`` of them at
+    once: a batch's requests share the ``concurrency`` slots, and its time is floored by the chain once."""
     calls = round(dev.llm_calls * evaluations)
     tokens, dollars, latency = (_ratio(value, dev.model_calls) for value in (dev.tokens, dev.cost_usd, dev.lm_seconds))
     each = calls / max(count, 1)  # requests of one evaluation
+    batch = max(1, min(batch, count)) if count else 1
     floor = None if chain is None else Floor(split=chain[0], requests=chain[1],
-                                             binds=count > 0 and chain[1] > each / max(concurrency, 1))
-    seconds = None if latency is None else count * evaluation_seconds(each, latency, concurrency,
-                                                                      None if floor is None else floor.requests)
+                                             binds=count > 0 and chain[1] > batch * each / max(concurrency, 1))
+    full, rest = divmod(count, batch)
+    seconds = None if latency is None else sum(
+        n * evaluation_seconds(size * each, latency, concurrency, None if floor is None else floor.requests)
+        for n, size in ((full, batch), (1 if rest else 0, rest)))
     return Part(part=name, evaluations=count, calls=calls, tokens=None if tokens is None else round(calls * tokens),
                 cost_usd=None if dollars is None else calls * dollars,
                 hours=None if seconds is None else seconds / 3600, floor=floor)
@@ -336,7 +345,7 @@ def _optimizer_part(work: OptimizerWork, dev: Figures, concurrency: int, propose
 
 def estimate(ckpt: Checkpoint, *, budget: int, concurrency: int, dev_units: int, test_units: int,
              optimizer: OptimizerWork | None = None, proposer_price: tuple[float, float] | None = None,
-             own_proposer: bool = False, chains: Chains | None = None) -> Estimate:
+             own_proposer: bool = False, chains: Chains | None = None, batch: int = 1) -> Estimate:
     """The whole run of ``budget`` trials, from ``ckpt``'s baseline (train and dev must be evaluated);
     ``dev_units``, ``test_units``: :func:`work_units` of the dev and test splits; ``chains``: their longest chains of
     sequential requests (:func:`measured_chains`), the floor of each trial's and held-out evaluation's time (none
@@ -346,24 +355,25 @@ def estimate(ckpt: Checkpoint, *, budget: int, concurrency: int, dev_units: int,
     :mod:`optloop.loop.overhead`), a part of its own after the trials (none when ``None``);
     ``proposer_price``: the proposer LM's dollars per prompt and per completion token, when it has a price;
     ``own_proposer``: the proposer is another LM than the system's (``--proposer-lm``), so without a price its
-    dollars are unknown (the system LM's are measured)."""
+    dollars are unknown (the system LM's are measured); ``batch``: the trials evaluated at once (``--batch``)."""
     train, dev = ckpt.baseline_train, ckpt.baseline_dev
     assert train is not None and dev is not None, "the estimate needs the baseline"
     return project(train, dev, budget=budget, concurrency=concurrency, dev_units=dev_units, test_units=test_units,
-                   optimizer=optimizer, proposer_price=proposer_price, own_proposer=own_proposer, chains=chains)
+                   optimizer=optimizer, proposer_price=proposer_price, own_proposer=own_proposer, chains=chains,
+                   batch=batch)
 
 
 def project(train: Figures, dev: Figures, *, budget: int, concurrency: int, dev_units: float, test_units: float,
             optimizer: OptimizerWork | None = None, proposer_price: tuple[float, float] | None = None,
             own_proposer: bool = False, chains: Chains | None = None,
-            baseline: str = "baseline (measured)") -> Estimate:
+            baseline: str = "baseline (measured)", batch: int = 1) -> Estimate:
     """The run model of :func:`estimate` on the baseline's train and dev evaluations as figures (measured ones, or
     a model's of them); ``baseline``: the name of their part. The other arguments are :func:`estimate`'s."""
     first = Part(part=baseline, evaluations=2, calls=round(train.llm_calls + dev.llm_calls),
                  tokens=round(train.tokens + dev.tokens), cost_usd=_sum([train.cost_usd, dev.cost_usd]),
                  hours=(train.seconds + dev.seconds) / 3600)
-    parts = [first, _scaled(dev, budget, f"{budget} trials", budget, concurrency,
-                            None if chains is None else ("dev", chains.dev))]
+    parts = [first, _scaled(dev, budget, f"{budget} trials" + (f" ({batch} at once)" if batch > 1 else ""), budget,
+                            concurrency, None if chains is None else ("dev", chains.dev), batch=batch)]
     if optimizer is not None:
         parts.append(_optimizer_part(optimizer, dev, concurrency, proposer_price, own_proposer))
     parts.append(_scaled(dev, 2 * test_units / max(dev_units, 1), "held-out test", 2, concurrency,
@@ -372,7 +382,7 @@ def project(train: Figures, dev: Figures, *, budget: int, concurrency: int, dev_
                  tokens=_sum([p.tokens for p in parts]), cost_usd=_sum([p.cost_usd for p in parts]),
                  hours=_sum([p.hours for p in parts]))
     return Estimate(parts=parts, total=total, concurrency=concurrency, latency_s=_ratio(dev.lm_seconds, dev.model_calls),
-                    priced=dev.cost_usd is not None, optimizer=optimizer)
+                    priced=dev.cost_usd is not None, optimizer=optimizer, batch=batch)
 
 
 def measured_work(ckpt: Checkpoint, model: OptimizerWork | None, budget: int) -> OptimizerWork | None:

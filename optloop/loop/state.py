@@ -25,6 +25,7 @@ from optloop.paths import write_atomic
 from optloop.stats import Interval
 
 MAX_BUDGET = 500
+MAX_BATCH = 64
 
 
 def check_fractions(fractions: tuple[float, ...]) -> tuple[float, float, float]:
@@ -67,6 +68,9 @@ class LoopConfig(BaseModel):
                                                     "retries")
     query_rewrite: bool = Field(False, description="give the system its retrieve.query site: an LLM rewrite of "
                                                    "the question before the search (--query-rewrite)")
+    batch: int = Field(1, ge=1, le=MAX_BATCH,
+                       description="candidates evaluated at once, one optimizer round's (--batch): which "
+                                   "candidates a run tries depends on it")
 
     @field_validator("fractions")
     @classmethod
@@ -89,7 +93,7 @@ class LoopConfig(BaseModel):
     def _unset_later_fields(self) -> set[str]:
         """Fields added after checkpoints were first written, left out of digests while they hold their
         default, so that a run started before they existed still resumes."""
-        return set() if self.query_rewrite else {"query_rewrite"}
+        return ({"query_rewrite"} if not self.query_rewrite else set()) | ({"batch"} if self.batch == 1 else set())
 
 
 def _digest(payload: dict[str, Any]) -> str:

@@ -45,7 +45,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from email.message import Message
 from email.utils import formatdate
@@ -88,13 +88,19 @@ def load_cache(path: Path) -> dict[str, dict[str, Any]]:
     return {key: json.loads(response) for key, response in rows}
 
 
-def request_keys(body: dict[str, Any], identity: str, decodings: Sequence[str]) -> list[str]:
-    """The cache keys a chat-completions body may have been stored under, most specific first."""
+def request_of(body: dict[str, Any]) -> Request:
+    """The :class:`Request` a chat-completions body carries (as optloop's engine keys it)."""
     schema, json_mode = response_format_to_schema(body.get("response_format"))
     stop = body.get("stop")
-    request = Request(messages=list(body.get("messages") or []), schema=schema, json_mode=json_mode,
-                      temperature=body.get("temperature", 0.0), max_tokens=cast(int, body.get("max_tokens")),
-                      seed=cast(int, body.get("seed")), stop=[stop] if isinstance(stop, str) else (stop or None))
+    return Request(messages=list(body.get("messages") or []), schema=schema, json_mode=json_mode,
+                   temperature=body.get("temperature", 0.0), max_tokens=cast(int, body.get("max_tokens")),
+                   seed=cast(int, body.get("seed")), stop=[stop] if isinstance(stop, str) else (stop or None))
+
+
+def request_keys(body: dict[str, Any], identity: str, decodings: Sequence[str]) -> list[str]:
+    """The cache keys a chat-completions body may have been stored under, most specific first."""
+    request = request_of(body)
+    json_mode, schema = request.json_mode, request.schema
     payload = {"model": identity, **asdict(request), "rollout_id": None}
     keys = [LMCache.key({**payload, "decoding": d}) for d in decodings] if json_mode and schema else []
     return [*keys, LMCache.key(payload)]
@@ -152,8 +158,14 @@ class ReplayServer(LoopbackServer):
     thread_name = "replay-server"
 
     def __init__(self, responses: dict[str, dict[str, Any]], *, identity: str,
-                 decodings: Sequence[str] = DEFAULT_DECODINGS, config: ReplayConfig | None = None, port: int = 0):
+                 decodings: Sequence[str] = DEFAULT_DECODINGS, config: ReplayConfig | None = None, port: int = 0,
+                 fallback: Callable[[dict[str, Any]], dict[str, Any]] | None = None):
+        """``fallback``: what answers a chat request (its body) the responses do not hold, with a chat completion
+        (recording: the embedded model), its answer then kept in ``responses`` under the request's first key
+        and served from there."""
         self.responses = responses
+        self.fallback = fallback
+        self._fallback_lock = threading.Lock()
         self.identity = identity
         self.decodings = tuple(decodings)
         self.config = config or ReplayConfig()
@@ -187,6 +199,11 @@ class ReplayServer(LoopbackServer):
         except Exception as exc:  # noqa: BLE001 - a request optloop would not send
             return 400, {"error": {"message": f"unreadable request: {exc}", "type": "invalid_request_error"}}, {}, 0.0
         key = next((k for k in keys if k in self.responses), None)
+        if key is None and self.fallback is not None and body.get("max_tokens") != 1:
+            with self._fallback_lock:  # one model, one call at a time; a request asked twice is computed once
+                if not any(k in self.responses for k in keys):
+                    self.responses[keys[0]] = self.fallback(body)
+            key = next(k for k in keys if k in self.responses)
         with self._lock:
             self.stats.requests += 1
             if key is None:

@@ -11,6 +11,7 @@ import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -178,3 +179,28 @@ def test_the_command_line_serves_until_terminated_and_reports_its_stats(recorded
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=30)
     assert proc.returncode == 0 and '"hits": 1' in err
+
+
+def test_a_request_the_recording_lacks_is_answered_by_the_fallback_once_and_kept(tmp_path):
+    """Recording through the server (``experiments.bench.batch``): a miss is computed by the fallback (there, the
+    embedded model), kept under the request's key and served from the responses the next time, as a replay
+    would serve it."""
+    asked: list[Any] = []
+
+    def fallback(body: dict[str, Any]) -> dict[str, Any]:
+        asked.append(body)
+        return {"id": "x", "object": "chat.completion", "created": 0, "model": "fake",
+                "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "Paris"}}],
+                "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6}}
+
+    responses: dict[str, Any] = {}
+    config = ReplayConfig(latency_ms=0, jitter_ms=0)
+    with ReplayServer(responses, identity="local:fake.gguf:4", config=config, fallback=fallback) as server:
+        lm = client(server.base_url)
+        assert lm.text("What is the capital of France?") == "Paris"
+        assert lm.text("What is the capital of France?", cache=False) == "Paris"
+        assert server.stats.misses == 0 and server.stats.hits == 2
+    assert len(asked) == 1 and asked[0]["messages"][-1]["content"] == "What is the capital of France?"
+    with ReplayServer(dict(responses), identity="local:fake.gguf:4", config=config) as server:  # replayed
+        assert client(server.base_url).text("What is the capital of France?") == "Paris"
+        assert server.stats.misses == 0

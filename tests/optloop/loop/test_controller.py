@@ -23,6 +23,7 @@ from optloop.loop._base import Optimizer
 from optloop.loop.candidate import Candidate, SiteState
 from optloop.loop.controller import Controller, RunContext, Split, Summary, Targeting
 from optloop.loop.coordinator import LocalCoordinator, SharedCoordinator
+from optloop.loop.eta import TrialLine
 from optloop.loop.evaluate import Evaluation, QuestionOutcome
 from optloop.loop.state import Checkpoint, LoopConfig, LoopResult
 
@@ -105,6 +106,7 @@ class FakeEvaluator:
         self.clock = clock
         self.test = dict(TEST if test is None else test)
         self.calls: list[tuple[str, str]] = []
+        self.batches: list[int] = []  # the size of each evaluate_many
         self.meter = meter or Meter()
 
     def evaluate(self, candidate: Candidate, split: Split) -> Evaluation:
@@ -115,6 +117,10 @@ class FakeEvaluator:
             return evaluation(split, candidate, self.test.get(key(candidate), 6), QUESTIONS[split], ANSWER)
         passes, target = DEV.get(key(candidate), (1, EXTRACT))
         return evaluation(split, candidate, passes, QUESTIONS[split], target)
+
+    def evaluate_many(self, candidates: list[Candidate], split: Split) -> list[Evaluation]:
+        self.batches.append(len(candidates))
+        return [self.evaluate(c, split) for c in candidates]
 
     def prompt_texts(self, candidate: Candidate) -> dict[str, str]:
         return {name: state.instructions for name, state in candidate.sites.items()}
@@ -249,8 +255,10 @@ class Run:
 
     def __init__(self, path: Path, sink: MemorySink, clock: Clock, *, budget: int = 5, promote_if: str = "ci",
                  optimizer: type[FakeOptimizer] = FakeOptimizer, fail_at: int | None = None,
-                 coordinator: Any = None, test: Mapping[tuple[str, str], int] | None = None, prefix: str = ""):
-        self.config = LoopConfig(system="fake", run_name="r", budget=budget, optimizer="edit", promote_if=promote_if)
+                 coordinator: Any = None, test: Mapping[tuple[str, str], int] | None = None, prefix: str = "",
+                 batch: int = 1):
+        self.config = LoopConfig(system="fake", run_name="r", budget=budget, optimizer="edit", promote_if=promote_if,
+                                 batch=batch)
         ckpt = Checkpoint.load(path) if path.exists() else Checkpoint(config_digest=self.config.digest(),
                                                                       parent_run_id="parent")
         if not path.exists():
@@ -260,8 +268,9 @@ class Run:
         self.evaluator = FakeEvaluator(clock, test, self.meter)
         self.optimizers: list[FakeOptimizer] = []
         self.messages: list[str] = []
+        self.lines: list[TrialLine] = []
         context = RunContext(config=self.config, checkpoint=ckpt, path=path, base=BASE, progress=self.messages.append,
-                             cost=self.meter.cost)
+                             cost=self.meter.cost, trial_done=self.lines.append)
         original_save = context.save
 
         def save() -> None:
@@ -411,30 +420,33 @@ def test_a_proposal_that_raises_stops_the_run_with_nothing_half_done_and_a_rerun
 # --- resume after a kill at every step ------------------------------------------------------------------------
 
 
-def steps_of_a_clean_run(tmp_path: Path) -> list[str]:
+def steps_of_a_clean_run(tmp_path: Path, batch: int = 1) -> list[str]:
     clock = Clock()
-    Run(tmp_path / "count.json", MemorySink(clock), clock).run()
+    Run(tmp_path / f"count-{batch}.json", MemorySink(clock), clock, batch=batch).run()
     return clock.steps
 
 
-def test_resume_after_a_kill_at_any_step_equals_an_uninterrupted_run(tmp_path):
-    clean, _, clean_sink = uninterrupted(tmp_path)
+@pytest.mark.parametrize("batch", [1, 2])
+def test_resume_after_a_kill_at_any_step_equals_an_uninterrupted_run(tmp_path, batch):
+    clean, _, clean_sink = uninterrupted(tmp_path, batch=batch)
     clean_trials = trials_of(tmp_path / "clean.json")
-    steps = steps_of_a_clean_run(tmp_path)
+    steps = steps_of_a_clean_run(tmp_path, batch)
     assert len(steps) > 40
     for k in range(1, len(steps) + 1):
         path = tmp_path / f"kill-{k}.json"
         clock = Clock(kill_at=k)
         sink = MemorySink(clock)
         with pytest.raises(Killed):
-            Run(path, sink, clock).run()
+            Run(path, sink, clock, batch=batch).run()
         sink.clock = Clock()
-        resumed = Run(path, sink, sink.clock)
+        resumed = Run(path, sink, sink.clock, batch=batch)
         result = resumed.run()
         where = f"killed at step {k} ({steps[k - 1]})"
         assert without_cost(result) == without_cost(clean), where
         extra = result.cost["llm_calls"] - clean.cost["llm_calls"]
-        assert 0 <= extra <= ONE_TRIAL and result.cost["processes"] == 2, (where, result.cost, clean.cost)
+        # a kill mid-batch redoes the batch's evaluations (and the proposals of the step it stopped)
+        bound = batch * EVALUATION_CALLS + batch * PROPOSAL_CALLS
+        assert 0 <= extra <= bound and result.cost["processes"] == 2, (where, result.cost, clean.cost)
         assert sorted(sink.dev_steps()) == [0, 1, 2, 3, 4, 5], where  # every acc_dev point, none lost to the kill
         assert trials_of(path) == clean_trials, where
         assert sink.trials() == [1, 2, 3, 4, 5], where  # one record per trial: a half-done one was discarded
@@ -444,6 +456,43 @@ def test_resume_after_a_kill_at_any_step_equals_an_uninterrupted_run(tmp_path):
         dev_calls = [c for c in resumed.evaluator.calls if c[0] == "dev"]
         assert len(set(dev_calls)) == len(dev_calls), where
         assert Checkpoint.load(path).finished, where
+
+
+# --- batches ----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("batch, sizes", [(2, [2, 2, 1]), (3, [2, 2, 1]), (5, [2, 2, 1])])
+def test_a_batch_is_one_round_evaluated_at_once_and_the_budget_stays_exact(tmp_path, batch, sizes):
+    """The fake optimizer's rounds make two candidates: a batch never asks for a second round before the first's
+    results are observed, and never takes more trials than the budget leaves."""
+    result, run, sink = uninterrupted(tmp_path, batch=batch)
+    assert [t.trial for t in result.tried] == [1, 2, 3, 4, 5] and sink.trials() == [1, 2, 3, 4, 5]
+    assert run.evaluator.batches == [s for s in sizes if s > 1]
+    assert run.optimizer.observed == [1, 2, 3, 4, 5]
+    assert [p[0] for p in sink.dev] == [0, 1, 2, 3, 4, 5]
+    dev_calls = [c for c in run.evaluator.calls if c[0] == "dev"]
+    assert len(dev_calls) == 6 and len(set(dev_calls)) == 6
+
+
+def test_a_batched_run_is_deterministic_for_its_seed_and_batch_size(tmp_path):
+    first, _, _ = uninterrupted(tmp_path / "a", batch=2)
+    again, _, _ = uninterrupted(tmp_path / "b", batch=2)
+    assert first == again
+    assert [t.dev for t in first.tried] == [0.25, 0.5, 0.75, 0.5, 0.25]  # this script's order survives batches
+
+
+def test_every_trial_reports_a_line_with_an_eta(tmp_path):
+    from optloop.loop.eta import Eta
+
+    clock, sink = Clock(), MemorySink(Clock())
+    run = Run(tmp_path / "eta.json", sink, clock, batch=2)
+    run.context.baseline_done = lambda ckpt: Eta(5, trial_s=60.0, test_s=30.0)
+    run.run()
+    assert [line.trial for line in run.lines] == [1, 2, 3, 4, 5]
+    assert all(line.eta_s is not None and line.eta_s >= 30.0 for line in run.lines)
+    assert run.lines[-1].eta_s == pytest.approx(30.0)  # only the held-out test is left
+    assert run.lines[2].text().startswith("trial 3/5 dev 0.750 (best 0.750) ")
+    assert any("ETA" in m for m in run.messages if m.startswith("trial "))
 
 
 def test_a_finished_checkpoint_is_not_run_again(tmp_path):

@@ -337,3 +337,34 @@ def test_a_proposer_lm_of_its_own_is_measured_apart_and_unpriced_it_leaves_dolla
     priced = measured_work(ckpt.model_copy(update={"spent": spent | {"proposer_cost_usd": 0.5}}),
                            work(rounds=1, trials_per_round=5), 5)
     assert priced is not None and priced.cost_usd == pytest.approx(0.1 - 0.09 + 0.5)
+
+
+def test_a_batch_shares_the_concurrency_and_its_chain_floors_the_batch_not_each_trial():
+    ckpt = baseline_checkpoint()  # a trial: 10 requests, 2 s each; the dev chain 6 requests
+    one = estimate(ckpt, budget=8, concurrency=16, dev_units=10, test_units=15, chains=Chains(dev=6, test=3))
+    batched = estimate(ckpt, budget=8, concurrency=16, dev_units=10, test_units=15, chains=Chains(dev=6, test=3),
+                       batch=4)
+    trials, in_batches = one.parts[1], batched.parts[1]
+    assert trials.hours == pytest.approx(8 * 6 * 2 / 3600)  # each trial floored by the chain
+    # two batches of 4: 40 requests / 16 = 2.5 requests' time, under the chain of 6: the chain floors each batch
+    assert in_batches.hours == pytest.approx(2 * 6 * 2 / 3600) and in_batches.calls == trials.calls
+    assert in_batches.part == "8 trials (4 at once)" and batched.batch == 4
+    # a batch whose requests outrun the chain takes requests / N: 3 batches (4, 4, 1) at N = 2
+    slow = estimate(ckpt, budget=9, concurrency=2, dev_units=10, test_units=15, chains=Chains(dev=6, test=3),
+                    batch=4)
+    assert slow.parts[1].hours == pytest.approx((2 * 40 / 2 + 6) * 2 / 3600)
+
+
+def test_the_eta_starts_from_the_projection_and_follows_the_trials_timed():
+    from optloop.loop.eta import Eta, TrialLine
+
+    figures = estimate(baseline_checkpoint(), budget=4, concurrency=1, dev_units=10, test_units=15)
+    eta = Eta.of(figures, 4)
+    trials_s, test_s = figures.parts[1].hours * 3600, figures.parts[2].hours * 3600
+    assert eta.seconds_left(0) == pytest.approx(trials_s + test_s) and eta.seconds_left(4) == pytest.approx(test_s)
+    eta.trial_took(100.0)
+    eta.trial_took(50.0)
+    assert eta.seconds_left(2) == pytest.approx(2 * 75.0 + test_s)  # measured, the held-out test still projected
+    assert Eta(3, trial_s=None, test_s=10.0).seconds_left(0) is None
+    line = TrialLine(trial=3, budget=50, accuracy=0.55, best=0.65, seconds=41.2, eta_s=18 * 60)
+    assert line.text() == "trial 3/50 dev 0.550 (best 0.650) 41 s, ETA 18 min"

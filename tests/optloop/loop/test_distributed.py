@@ -362,7 +362,8 @@ def test_two_workers_share_one_study_on_postgresql(postgres_url, tmp_path):
     for i in range(2):  # same command, same state dir (one machine), one LM cache, one MLflow store
         out = open(tmp_path / f"worker{i}.log", "w")  # noqa: SIM115 - closed below
         procs.append((subprocess.Popen(
-            [sys.executable, "-m", "optloop.run", "--system", "md_flat", "--optimizer", "optuna", "--budget",
+            [sys.executable, "-m", "optloop.run", "--system", "md_flat", "--dataset", "builtin:tiny",
+             "--allow-small-splits", "--optimizer", "optuna", "--budget",
              str(budget), "--storage", postgres_url, "--run-name", "shared", "--tracking-uri", uri,
              "--json", str(tmp_path / f"result{i}.json")], cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT),
             out))
@@ -414,3 +415,26 @@ def test_two_workers_share_one_study_on_postgresql(postgres_url, tmp_path):
     assert not any(SECRET in text for text in logs + [json.dumps(r) for r in results])
     by_worker = {c.data.tags["optloop.worker"] for c in children}
     print(f"children by worker: {sorted(by_worker)}; optuna trials asked: {len(trials)}")
+
+
+def test_a_batch_of_asks_is_distinct_and_the_same_for_the_same_seed(tmp_path):
+    """--batch 3 with Optuna: three asks before any tell, each a candidate no other ask of the batch holds (TPE's
+    constant liar counts the running ones), and the same three for the same seed; their tells complete them."""
+    batches = []
+    for run in range(2):
+        study = open_study(f"sqlite:///{tmp_path / f'batch{run}.db'}", "w0", budget=9)
+        try:
+            evaluator, base = stub_evaluator()
+            study.claim("instructions:answer", ["seed answer", "rewrite one", "rewrite two"])
+            opt = OptunaOptimizer(evaluator, None, None, sites=["answer"], knobs=["top_k"], shared=study, batch=3)
+            opt.mark_seen(base)
+            best_eval = SimpleNamespace(accuracy=0.0, attributions=list)
+            batch = opt.propose_batch(base, best_eval, 3)
+            assert len(batch) == 3 and len({c.digest() for c in batch}) == 3
+            for i, candidate in enumerate(batch, 1):
+                opt.observe(candidate, SimpleNamespace(accuracy=i / 10), i)
+            assert not opt.pending
+            batches.append([c.digest() for c in batch])
+        finally:
+            study.close()
+    assert batches[0] == batches[1]

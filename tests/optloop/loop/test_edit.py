@@ -38,6 +38,9 @@ class FakeEvaluator:
                     for e in dataset.episodes for q in e.questions]
         return Evaluation(split=split, candidate=candidate.digest(), outcomes=outcomes)
 
+    def evaluate_many(self, candidates: list[Candidate], dataset: Dataset, *, split: str = "dev") -> list[Evaluation]:
+        return [self.evaluate(c, dataset, split=split) for c in candidates]
+
 
 class _Site:
     class _Module:

@@ -113,3 +113,40 @@ def test_a_dead_endpoint_still_stops_an_evaluation_at_n4(tmp_path, embedder):
     finally:
         evaluator.close()
     assert len(lm.accounting.records) <= 4  # the episodes under way when it went down, no more
+
+
+# --- a batch: several candidates at once, each on its own stores --------------------------------------------
+
+
+def _variants(evaluator: Evaluator) -> list[Any]:
+    """The baseline and two answer prompts of it (the same ingest key: shared stores would serialize them)."""
+    baseline = evaluator.baseline()
+    state = baseline.sites["answer"]
+    return [baseline, *(baseline.model_copy(update={"sites": {**baseline.sites, "answer": SiteState(
+        instructions=state.instructions + extra, demos=state.demos)}, "origin": f"variant {i}"})
+        for i, extra in enumerate((" Answer in as few words as you can.", " Be brief.")))]
+
+
+@pytest.mark.parametrize("system", ["md_flat", "mem0"])
+def test_a_batch_gives_each_candidate_the_evaluation_it_gets_alone(system, tmp_path, embedder):
+    dataset = load_dataset(DATASET)
+    gold = gold_answers(dataset.episodes)
+    outcomes = {}
+    with KeyedEndpoint(gold, latency_s=0.03) as endpoint:
+        for how in ("alone", "batch"):
+            lm = OptloopLM(LMSettings.from_spec("openai:oracle", base_url=endpoint.base_url, concurrency=4,
+                                                cache_path=tmp_path / how / "cache.sqlite"))
+            evaluator = Evaluator(system, lm, tmp_path / how / "work", embedder=embedder)
+            try:
+                candidates = _variants(evaluator)
+                evaluations = ([evaluator.evaluate(c, dataset) for c in candidates] if how == "alone"
+                               else evaluator.evaluate_many(candidates, dataset))
+            finally:
+                evaluator.close()
+            # the outcomes: which stores were built or reused (and their ingestion calls) are the batch's own
+            outcomes[how] = [e.model_dump(include={"candidate", "outcomes"}) for e in evaluations]
+            if how == "batch":  # each candidate of the batch built its own stores
+                assert [e.stores_built for e in evaluations] == [len(dataset.episodes)] * 3
+                assert len({p.name for p in (tmp_path / how / "work" / "stores").glob("*/*")}) == \
+                    3 * len(dataset.episodes)
+    assert outcomes["batch"] == outcomes["alone"]

@@ -16,6 +16,8 @@ from optloop.loop.mlflow_sink import MlflowSink
 from optloop.loop.runner import SplitEvaluator
 from optloop.run import main
 
+TINY = ["--dataset", "builtin:tiny", "--allow-small-splits"]  # a few minutes on the embedded model, not hours
+
 PARENT_METRICS = {"acc_dev", "acc_dev_best", "acc_test_before", "acc_test_after", "delta_test", "llm_calls",
                   "model_calls", "tokens", "seconds", "evaluations"}
 
@@ -51,7 +53,7 @@ def check_store(uri: str, system: str, budget: int, result: dict) -> None:
 @pytest.mark.integration
 def test_interrupted_run_resumes_without_redoing_or_double_counting(tmp_path, monkeypatch):
     uri = f"sqlite:///{tmp_path / 'ml' / 'mlflow.db'}"
-    args = ["--system", "md_flat", "--budget", "2", "--run-name", "it", "--tracking-uri", uri,
+    args = ["--system", "md_flat", *TINY, "--budget", "2", "--run-name", "it", "--tracking-uri", uri,
             "--json", str(tmp_path / "result.json")]
     calls = {"n": 0}
     original = MlflowSink.log_trial
@@ -84,7 +86,7 @@ def test_same_seed_and_cache_give_the_same_result(tmp_path):
     outs = []
     for name in ("first", "second"):
         out = tmp_path / f"{name}.json"
-        assert main(["--system", "md_flat", "--budget", "2", "--run-name", name, "--tracking-uri", uri,
+        assert main(["--system", "md_flat", *TINY, "--budget", "2", "--run-name", name, "--tracking-uri", uri,
                      "--json", str(out)]) == 0
         outs.append(json.loads(out.read_text()))
     keys = ("baseline_dev", "best_dev", "best_trial", "test_before", "test_after", "changed_sites", "targets")
@@ -97,7 +99,7 @@ def test_same_seed_and_cache_give_the_same_result(tmp_path):
 def test_budget_3_on_the_real_libraries(system, tmp_path):
     uri = f"sqlite:///{tmp_path / 'ml' / 'mlflow.db'}"
     out = tmp_path / "result.json"
-    assert main(["--system", system, "--budget", "3", "--run-name", f"{system}-3", "--tracking-uri", uri,
+    assert main(["--system", system, *TINY, "--budget", "3", "--run-name", f"{system}-3", "--tracking-uri", uri,
                  "--json", str(out)]) == 0
     check_store(uri, system, 3, json.loads(out.read_text()))
 
@@ -107,6 +109,6 @@ def test_budget_3_on_the_real_libraries(system, tmp_path):
 def test_other_optimizers_spend_the_budget(optimizer, tmp_path):
     uri = f"sqlite:///{tmp_path / 'ml' / 'mlflow.db'}"
     out = tmp_path / "result.json"
-    assert main(["--system", "md_flat", "--budget", "2", "--optimizer", optimizer, "--run-name", optimizer,
+    assert main(["--system", "md_flat", *TINY, "--budget", "2", "--optimizer", optimizer, "--run-name", optimizer,
                  "--tracking-uri", uri, "--json", str(out)]) == 0
     check_store(uri, "md_flat", 2, json.loads(out.read_text()))

@@ -212,8 +212,8 @@ def test_gepa_starts_another_run_when_the_targets_move(toy):
 
 
 def test_a_simba_round_runs_programs_in_threads_on_the_real_evaluator(tmp_path):
-    """rag_bm25 behind a scripted endpoint: the round runs its programs on four threads (the default on an
-    endpoint), each recording into its own recorder over the shared stores, and its winner carries the
+    """rag_bm25 behind a scripted endpoint: the round runs its programs on the endpoint's --concurrency threads
+    (8 by default), each recording into its own recorder over the shared stores, and its winner carries the
     advice."""
     import threading
     import time
@@ -253,7 +253,7 @@ def test_a_simba_round_runs_programs_in_threads_on_the_real_evaluator(tmp_path):
         evaluator.register(dataset)
         try:
             optimizer = SimbaOptimizer(evaluator, lm, dataset, sites=["answer"], seed=0, bsize=4, max_demos=0)
-            assert optimizer.num_threads == 4
+            assert optimizer.num_threads == 8  # an endpoint's --concurrency (8 by default), at least 4
             proposed = optimizer.propose(evaluator.baseline(), NO_EVAL)
         finally:
             evaluator.close()

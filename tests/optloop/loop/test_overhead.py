@@ -115,3 +115,10 @@ def test_the_runs_shape_comes_from_the_baseline_and_the_loops_targeting():
     assert untargeted.sites == [ANSWER, CURATE] and untargeted.ingest_sites == [CURATE]
     given = run_shape(ckpt, config.model_copy(update={"sites": [CURATE]}), train, stages=stages, start=start)
     assert given.sites == [CURATE] and given.ingest_sites == [CURATE]
+
+
+def test_simba_with_a_batch_evaluates_several_programs_of_a_step_so_a_run_takes_fewer_steps():
+    one, batched = simba_work(shape(budget=6)), simba_work(shape(budget=6, batch=4))
+    assert (one.rounds, one.trials_per_round) == (6, 1)
+    assert (batched.rounds, batched.trials_per_round) == (2, 3)  # a step makes 3 new programs: at most 3 a step
+    assert batched.calls == pytest.approx(one.calls / 3) and batched.proposer_calls == pytest.approx(one.proposer_calls / 3)

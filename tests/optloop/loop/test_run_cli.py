@@ -5,6 +5,7 @@ command finds the run it resumes."""
 from __future__ import annotations
 
 import json
+import re
 import os
 import shlex
 import signal
@@ -61,7 +62,7 @@ def test_too_few_episodes_is_a_dataset_error(tmp_path, monkeypatch):
     from optloop.errors import DatasetError
 
     with pytest.raises(DatasetError, match="at least 3 episodes"):
-        main(["--system", "rag_bm25", "--dataset", "builtin:tiny?limit=2", "--tracking-uri",
+        main(["--system", "rag_bm25", "--dataset", "builtin:tiny?limit=2", "--allow-small-splits", "--tracking-uri",
               f"sqlite:///{tmp_path / 'ml' / 'mlflow.db'}"])
 
 
@@ -122,7 +123,7 @@ def test_query_rewrite_reaches_the_config_and_leaves_older_runs_resumable():
     plain = run_config(build_parser().parse_args(["--system", "rag_bm25"]), settings)
     rewrite = run_config(build_parser().parse_args(["--system", "rag_bm25", "--query-rewrite"]), settings)
     assert not plain.query_rewrite and rewrite.query_rewrite
-    older = {k: v for k, v in plain.model_dump().items() if k != "query_rewrite"}
+    older = {k: v for k, v in plain.model_dump().items() if k not in ("query_rewrite", "batch")}  # both came later
     assert plain.resume_key() == _digest({k: v for k, v in older.items() if k not in ("tracking_uri", "run_name")})
     assert rewrite.resume_key() != plain.resume_key() and rewrite.digest() != plain.digest()
 
@@ -194,8 +195,8 @@ def args_of(*argv: str):
 
 
 def config_of(args) -> LoopConfig:
-    return LoopConfig(system=args.system, dataset=args.dataset, budget=args.budget, optimizer=args.optimizer,
-                      seed=args.seed, run_name=args.run_name or "-")
+    return LoopConfig(system=args.system, dataset=args.dataset or "builtin:tiny", budget=args.budget,
+                      optimizer=args.optimizer, seed=args.seed, run_name=args.run_name or "-")
 
 
 def unfinished(runs: Path, name: str, config: LoopConfig, *, auto_named: bool = True, finished: bool = False,
@@ -360,6 +361,59 @@ def test_sigterm_exits_130_marks_the_runs_killed_and_the_same_command_resumes_an
     assert Checkpoint.load(runs / name / "checkpoint.json").finished
 
 
+def test_sigterm_mid_batch_resumes_the_batch_and_ends_as_the_uninterrupted_batched_run(tmp_path):
+    """--batch 2 on the real CLI against the scripted endpoint: SIGTERM while the batch's two trials are evaluated
+    (both in the checkpoint, neither evaluated, no child run open yet); the same command redoes them as a batch
+    and the run ends with the candidates, accuracies and held-out figures of an uninterrupted --batch 2 run."""
+    from experiments.bench.crash import OracleEndpoint, env_for, read_store, run_args
+
+    def outcome(path: Path) -> tuple:
+        result = json.loads(path.read_text())
+        return (result["baseline_dev"], [(t["trial"], t["origin"], t["dev"]) for t in result["tried"]],
+                result["test_before"], result["test_after"], result["changed_sites"])
+
+    clean_dir, killed_dir = tmp_path / "clean", tmp_path / "killed"
+    runs = killed_dir / "state" / "runs"
+
+    def batch_under_way() -> bool:
+        for path in runs.glob("*/checkpoint.json"):
+            try:
+                trials = Checkpoint.model_validate_json(path.read_text()).trials
+            except Exception:  # noqa: BLE001 - being written
+                return False
+            return len(trials) == 2 and all(t.evaluation is None for t in trials)
+        return False
+
+    with OracleEndpoint() as endpoint:
+        clean_args = run_args(clean_dir, 2, endpoint.base_url, extra=["--batch", "2", "--json",
+                                                                      str(clean_dir / "result.json")])
+        clean = cli(clean_args, env_for(clean_dir, endpoint.base_url))
+        assert clean.returncode == 0, clean.stderr[-3000:]
+        endpoint.hold_when = batch_under_way
+        args = run_args(killed_dir, 2, endpoint.base_url, extra=["--batch", "2", "--json",
+                                                                 str(killed_dir / "result.json")])
+        env = env_for(killed_dir, endpoint.base_url)
+        proc = subprocess.Popen([sys.executable, "-m", "optloop.run", *args], cwd=REPO, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            assert endpoint.holding.wait(180), "the batch never started"
+            proc.send_signal(signal.SIGTERM)
+            _, err = proc.communicate(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        endpoint.release()
+        assert proc.returncode == 130, err[-3000:]
+        assert "(0 of 2 trials done)" in err.strip().splitlines()[-1]
+        again = cli(args, env)
+    assert again.returncode == 0, again.stderr[-3000:]
+    store = read_store(killed_dir)
+    assert store.parents == ["FINISHED"] and not store.running and store.trials == [1, 2]
+    assert store.dev_steps == [0, 1, 2]
+    assert outcome(killed_dir / "result.json") == outcome(clean_dir / "result.json")
+    assert json.loads((killed_dir / "result.json").read_text())["cost"]["processes"] == 2
+
+
 def test_the_summary_says_what_every_process_spent_and_how_many_there_were():
     from optloop.run_tables import cost_line
 
@@ -427,6 +481,8 @@ def test_estimate_then_max_calls_stops_with_exit_3_and_a_higher_limit_resumes_fr
         assert "optimizer (edit, modeled)" in estimated.stderr and "optimizer: " in estimated.stderr
         assert "calls a trial" in estimated.stderr and "the edit model (optloop/loop/overhead.py)" in estimated.stderr
         figures = json.loads((tmp_path / "estimate.json").read_text())
+        assert (figures["dataset"], figures["n_dev_questions"], figures["n_test_questions"]) == ("builtin:tiny", 3, 2)
+        assert figures["hours"] == figures["total"]["hours"] > 0
         [trials] = [p for p in figures["parts"] if p["part"] == "2 trials"]  # floored by dev's longest chain
         assert trials["floor"]["split"] == "dev" and trials["floor"]["requests"] > 0
         ckpt = the_checkpoint(tmp_path)
@@ -458,6 +514,9 @@ def test_estimate_then_max_calls_stops_with_exit_3_and_a_higher_limit_resumes_fr
 
         done = cli([*with_flag(args, "--max-calls", "100000"), "--json", str(tmp_path / "result.json")], env)
     assert done.returncode == 0, done.stderr[-3000:]
+    # before the trials left, the projection of the rest and its ETA; then a line for the trial, with its ETA
+    assert "projected: " in done.stderr and "ETA " in done.stderr.split("projected: ")[1].splitlines()[0]
+    assert re.search(r"^trial 2/2 dev \d\.\d{3} \(best \d\.\d{3}\) \d+ s, ETA ", done.stderr, re.MULTILINE), done.stderr
     ckpt = the_checkpoint(tmp_path)
     assert ckpt.finished and ckpt.baseline_dev == baseline and len(ckpt.trials) == 2  # the same baseline, reused
     parent, children = parent_run(tmp_path)
@@ -569,3 +628,41 @@ def test_bad_sites_and_knobs_are_one_line_exit_2_before_any_state(args, message,
     assert result.returncode == 2, result.stderr
     assert result.stderr.strip() == f"optloop: error: {message}"
     assert nothing_written(tmp_path)
+
+
+# --- defaults that make the command mean something -----------------------------------------------------------
+
+
+def test_a_split_under_20_dev_or_test_questions_is_refused_in_one_line_and_nothing_is_written(tmp_path):
+    result = run(["--system", "md_flat", "--dataset", "builtin:tiny"], tmp_path)
+    assert result.returncode == 2, result.stderr
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith("optloop: error: builtin:tiny splits into 3 dev and 2 test questions, fewer than 20")
+    assert "--dataset" in line and "--split" in line and "--allow-small-splits" in line
+    assert nothing_written(tmp_path)
+
+
+def test_without_a_dataset_each_system_runs_on_a_generated_one_with_20_dev_and_20_test_questions():
+    from optloop.cli import lm_settings_from_args
+    from optloop.datasets import load_dataset
+    from optloop.datasets.defaults import DEFAULTS
+    from optloop.loop.policy import questions, split_dataset
+    from systems import SYSTEMS
+
+    assert set(DEFAULTS) == set(SYSTEMS)
+    text = " ".join(build_parser().format_help().split())
+    for system, default in DEFAULTS.items():
+        assert default.uri.startswith("synthetic:") and default.uri in text and system in text
+        config = run_config(args_of("--system", system), lm_settings_from_args(args_of()))
+        _, dev, test = split_dataset(load_dataset(default.uri), config.model_copy(update={"dataset": default.uri}))
+        assert questions(dev) >= 20 and questions(test) >= 20
+
+
+def test_batch_reaches_the_config_and_only_a_batch_above_1_changes_the_run_key():
+    from optloop.cli import lm_settings_from_args
+
+    settings = lm_settings_from_args(args_of())
+    one, four = run_config(args_of(), settings), run_config(args_of("--batch", "4"), settings)
+    assert one.batch == 1 and four.batch == 4
+    assert one.resume_key() == one.model_copy(update={"batch": 1}).resume_key() != four.resume_key()
+    assert "batch" not in one.model_dump(exclude=one._unset_later_fields())

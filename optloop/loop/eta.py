@@ -1,0 +1,91 @@
+"""How long a run has left: the ETA printed before the first trial and on every trial line.
+
+Before any trial of this process is timed, the ETA is the projection of the rest of the run by
+``--estimate``'s model (:func:`optloop.loop.spend.estimate`, fed by the measured baseline): the
+trials' and the optimizer's time per trial, times the trials left, plus the held-out test. Once
+trials have been timed here, their measured mean (wall time from the proposal to the last record,
+the optimizer's own work and a batch's shared time included) replaces the projected time per
+trial; the held-out test stays projected, since it has not run yet.
+
+:class:`TrialLine` is what the controller reports after each trial; its :meth:`TrialLine.text` is
+one plain line (no terminal needed): ``trial 3/50 dev 0.550 (best 0.650) 41 s, ETA 18 min``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pydantic import BaseModel, Field
+
+from optloop.progress import trial_line
+
+if TYPE_CHECKING:
+    from optloop.loop.spend import Estimate
+
+
+def duration(hours: float) -> str:
+    """``37.5 h``, ``25 min``, ``12 s``: a time in the unit that reads best."""
+    if hours >= 1:
+        return f"{hours:.1f} h"
+    return f"{hours * 60:.0f} min" if hours >= 1 / 60 else f"{hours * 3600:.0f} s"
+
+
+class TrialLine(BaseModel):
+    """One evaluated trial, as a progress line reports it."""
+
+    trial: int
+    budget: int
+    accuracy: float = Field(description="its dev accuracy")
+    best: float = Field(description="the run's best dev accuracy so far, the baseline's included")
+    seconds: float = Field(description="wall time it took (a batch's time shared by its trials)")
+    eta_s: float | None = Field(None, description="seconds the run has left, held-out test included "
+                                                  "(None: unknown)")
+
+    def text(self) -> str:
+        return trial_line(self.trial, self.budget, self.accuracy, self.best, self.seconds, self.eta_s)
+
+
+class Eta:
+    """The seconds a run of ``budget`` trials has left (see the module docstring): ``trial_s``, the
+    projected seconds of one trial (its evaluation and the optimizer's share); ``test_s``, the
+    held-out test's (``None``: unknown, then so is the ETA until a trial is timed)."""
+
+    def __init__(self, budget: int, *, trial_s: float | None, test_s: float | None):
+        self.budget = budget
+        self.trial_s = trial_s
+        self.test_s = test_s
+        self.timed: list[float] = []
+
+    @classmethod
+    def of(cls, figures: Estimate, budget: int) -> Eta:
+        """From an estimate of the whole run: its trials' and optimizer's parts over ``budget``, and its
+        held-out part (a part of unknown time leaves its share unknown)."""
+        per_trial: float | None = 0.0
+        test_s: float | None = None
+        for part in figures.parts:
+            if part.part.startswith("baseline"):
+                continue
+            if part.part == "held-out test":
+                test_s = None if part.hours is None else part.hours * 3600
+            elif per_trial is not None:
+                per_trial = None if part.hours is None else per_trial + part.hours * 3600 / max(budget, 1)
+        return cls(budget, trial_s=per_trial, test_s=test_s)
+
+    def trial_took(self, seconds: float) -> None:
+        """A trial of this process took ``seconds`` (wall time)."""
+        self.timed.append(seconds)
+
+    def seconds_left(self, done: int) -> float | None:
+        """Seconds to the end of the run once ``done`` trials are evaluated (``None``: unknown)."""
+        per_trial = sum(self.timed) / len(self.timed) if self.timed else self.trial_s
+        if per_trial is None or self.test_s is None:
+            return None
+        return max(self.budget - done, 0) * per_trial + self.test_s
+
+    def text(self, done: int) -> str:
+        """``18 min``, or ``unknown``."""
+        left = self.seconds_left(done)
+        return "unknown" if left is None else duration(left / 3600)
+
+
+__all__ = ["Eta", "TrialLine", "duration"]
