@@ -38,7 +38,10 @@ with code 130.
 LM faults: transient faults of an OpenAI-compatible endpoint (HTTP 5xx, dropped
 connections, truncated or non-JSON bodies, timeouts) are retried (--lm-retries,
 --lm-timeout); one that outlasts the retries fails the question it hit and the run
-goes on. An endpoint that is unavailable at startup, or stays unreachable during the
+goes on, unless failed calls pass 5 % of an evaluation's (exit code 4: a failed call is never
+scored as a wrong answer). A request the endpoint refuses (a field it does not take, a prompt longer
+than its context) is not retried: the line says which field and what to change. An endpoint that
+is unavailable at startup, or stays unreachable during the
 run (refused, timing out twice in a call, or answering only HTTP 5xx to 3 calls in a
 row), stops it with exit code 75, the state saved: rerun the same command to resume.
 
@@ -55,7 +58,9 @@ proposer), and stops; the same command without --estimate goes on from that base
 Exit codes: 0 done (or --estimate printed); 2 bad input (an unknown system, a budget out of
 range, a missing or malformed dataset, a corrupt LM cache or checkpoint, a finished
 --run-name, --max-cost on a model without a price: one line, before anything is written);
-3 stopped at --max-cost or --max-calls (saved: raise the limit and rerun); 75 LM endpoint
+3 stopped at --max-cost or --max-calls (saved: raise the limit and rerun); 4 stopped because more
+than 5 % of an evaluation's LM calls failed after their retries (saved: the line names the first
+failure and what to change; a figure with fewer failures carries their count); 75 LM endpoint
 unavailable; 130 interrupted.
 """
 
@@ -81,7 +86,8 @@ from rich.table import Table
 from optloop import artifacts
 from optloop.attribution.taxonomy import Target
 from optloop.cli import add_lm_arguments, lm_settings_from_args, run_cli, setup_logging
-from optloop.errors import ConfigError, EndpointDownError, LMUnreachableError
+from optloop.errors import CallsFailedError, ConfigError, EndpointDownError, LMUnreachableError
+from optloop.failures import mark
 from optloop.lm import LMSettings, OptloopLM, Usage
 from optloop.loop.runner import (MAX_BUDGET, Checkpoint, Loop, LoopConfig, LoopResult, check_fractions, matches,
                                  split_dataset, unfinished_runs)
@@ -258,11 +264,13 @@ def summary_table(result: LoopResult) -> Table:
     table.add_column("baseline", justify="right")
     table.add_column("best", justify="right")
     table.add_column("delta", justify="right")
-    table.add_row("dev accuracy", _dev_accuracy(result.baseline_dev, result.n_dev, cfg.seed),
-                  _dev_accuracy(result.best_dev, result.n_dev, cfg.seed),
+    failed = result.failed_calls  # figures with failed LM calls carry the count (optloop.failures)
+    table.add_row("dev accuracy", mark(_dev_accuracy(result.baseline_dev, result.n_dev, cfg.seed),
+                                       failed.get("baseline_dev", 0)),
+                  mark(_dev_accuracy(result.best_dev, result.n_dev, cfg.seed), failed.get("best_dev", 0)),
                   f"{result.best_dev - result.baseline_dev:+.3f} (best of {result.evaluations + 1} on dev)")
-    table.add_row("test accuracy (held out)", _accuracy(result.test_before_ci), _accuracy(result.test_after_ci),
-                  str(result.delta_test_ci))
+    table.add_row("test accuracy (held out)", mark(_accuracy(result.test_before_ci), failed.get("test_before", 0)),
+                  mark(_accuracy(result.test_after_ci), failed.get("test_after", 0)), str(result.delta_test_ci))
     table.add_section()
     table.add_row("blamed", ", ".join(result.targets) or "(no failure attributed to a site)", "", "")
     table.add_row("optimized", ", ".join(result.tunable_sites + [str(Target.knob(k)) for k in result.tunable_knobs]), "", "")
@@ -322,7 +330,16 @@ def _run_config(args: argparse.Namespace, settings: LMSettings) -> LoopConfig:
                       lm=args.lm or "local", proposer_lm=args.proposer_lm or "same", knobs=_knobs(args.knob),
                       start=_pairs(args.start, "--start", "SITE=TEXT, e.g. --start 'answer=+Be brief.'"),
                       fractions=args.split, promote_if=args.promote_if, query_rewrite=args.query_rewrite,
-                      lm_settings=settings.model_dump(mode="json", include=set(ANSWER_SETTINGS)))
+                      lm_settings=answer_settings(settings))
+
+
+def answer_settings(settings: LMSettings) -> dict[str, Any]:
+    """:data:`ANSWER_SETTINGS` of ``settings``. The embedded model decodes every schema in-process, whatever
+    the schema mode: its runs keep the mode they were started under (json_schema), so they still resume."""
+    out = settings.model_dump(mode="json", include=set(ANSWER_SETTINGS))
+    if settings.backend == "local":
+        out["schema_mode"] = "json_schema"
+    return out
 
 
 @dataclass(frozen=True)
@@ -457,7 +474,8 @@ def probe_lm(settings: LMSettings) -> OptloopLM:
     file), so it can serve the input's checks before the run's state exists."""
     probe = OptloopLM(settings.model_copy(update={"cache": False}))
     try:
-        probe.check_endpoint()
+        for line in probe.check_endpoint():  # the schema mode and concurrency chosen, and why
+            console.print(line, soft_wrap=True, markup=False, highlight=False)
     except LMUnreachableError as exc:
         raise EndpointDownError(f"{exc}; nothing was written: rerun the same command once the endpoint is up") from None
     return probe
@@ -533,6 +551,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 result = loop.run()
         except EndpointDownError as exc:
             raise EndpointDownError(f"{exc}; the run is saved: rerun the same command to resume it: {again}") from None
+        except CallsFailedError as exc:
+            raise CallsFailedError(f"{exc}; the run is saved: fix that, then rerun the same command to resume it: "
+                                   f"{again}") from None
         except RunStopped as stop:
             ckpt = Checkpoint.load(loop.state / artifacts.CHECKPOINT)
             if stop.reason != ESTIMATE:

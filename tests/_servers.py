@@ -23,10 +23,37 @@ from typing import Any
 # recorded request carries its arrival time ("at", time.monotonic()).
 
 
+# optloop's start-up probes (the schema mode, --concurrency auto) are answered outside the script and
+# recorded in ``probes``, not ``requests``: a server that takes ``schema_modes`` (a llama.cpp server:
+# {"json_object", "none"}, answering HTTP 500 with pydantic's validation text to json_schema, as it does).
+
+
+LLAMA_CPP_REJECTION = {"error": {
+    "message": "1 validation error:\n  {'type': 'literal_error', 'loc': ('body', 'response_format', 'type'), "
+               "'msg': \"Input should be 'text' or 'json_object'\", 'input': 'json_schema'}",
+    "type": "internal_server_error", "param": None, "code": None}}
+
+
+def _probe_kind(body: dict[str, Any]) -> str | None:
+    from optloop.lm.endpoint import SCHEMA_PROBE
+    from optloop.lm.probe import CONCURRENCY_PROBE
+
+    text = json.dumps(body.get("messages") or [])
+    return "schema" if SCHEMA_PROBE in text else "concurrency" if CONCURRENCY_PROBE in text else None
+
+
+def _schema_mode(body: dict[str, Any]) -> str:
+    fmt = body.get("response_format") or {}
+    return "none" if not fmt else "json_schema" if fmt.get("type") == "json_schema" else "json_object"
+
+
 class ScriptedOpenAIServer:
-    def __init__(self, script: list[tuple[str, Any]]):
+    def __init__(self, script: list[tuple[str, Any]],
+                 schema_modes: frozenset[str] = frozenset({"json_schema", "json_object", "none"})):
         self.script = list(script)
         self.requests: list[dict[str, Any]] = []
+        self.probes: list[dict[str, Any]] = []
+        self.schema_modes = schema_modes
         self.lock = threading.Lock()
         server = self
 
@@ -37,6 +64,16 @@ class ScriptedOpenAIServer:
             def do_POST(self) -> None:  # noqa: N802 - http.server naming
                 length = int(self.headers.get("content-length") or 0)
                 body = json.loads(self.rfile.read(length) or b"{}")
+                if (probe := _probe_kind(body)) is not None:
+                    with server.lock:
+                        server.probes.append({"kind": probe, "body": body, "at": time.monotonic()})
+                    if probe == "concurrency":
+                        return self._chat(body, "ok")
+                    if _schema_mode(body) in server.schema_modes:
+                        return self._chat(body, '{"city": "Lisbon"}')
+                    return self._send(500, LLAMA_CPP_REJECTION)
+                if _schema_mode(body) not in server.schema_modes:
+                    return self._send(500, LLAMA_CPP_REJECTION)
                 with server.lock:
                     server.requests.append({"path": self.path, "body": body, "auth": self.headers.get("authorization"),
                                             "at": time.monotonic()})
@@ -58,12 +95,15 @@ class ScriptedOpenAIServer:
                     self._send(200, {"object": "list", "data": data, "model": body["model"],
                                      "usage": {"prompt_tokens": 1, "total_tokens": 1}})
                 else:
-                    self._send(200, {
-                        "id": "cmpl-1", "object": "chat.completion", "created": 0, "model": body.get("model", "m"),
-                        "choices": [{"index": 0, "finish_reason": "stop",
-                                     "message": {"role": "assistant", "content": arg}}],
-                        "usage": {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10},
-                    })
+                    self._chat(body, arg)
+
+            def _chat(self, body: dict[str, Any], content: str) -> None:
+                self._send(200, {
+                    "id": "cmpl-1", "object": "chat.completion", "created": 0, "model": body.get("model", "m"),
+                    "choices": [{"index": 0, "finish_reason": "stop",
+                                 "message": {"role": "assistant", "content": content}}],
+                    "usage": {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10},
+                })
 
             def _send(self, code: int, payload: Any, raw: bytes | None = None,
                       headers: dict[str, str] | None = None) -> None:

@@ -14,10 +14,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from optloop import pipeline
+from optloop import failures, pipeline
 from optloop.datasets import Episode, Question
 from optloop.embed import Embedder
-from optloop.lm import LMSettings, OptloopLM
+from optloop.lm import LMSettings, OptloopLM, collect_calls
 from optloop.pipeline import FreshStores
 from systems import get_system
 from systems.base import MemorySystem
@@ -78,10 +78,15 @@ def run_episode(system_cls: type[MemorySystem], episode: Episode, lm: OptloopLM,
     """Fresh ``system_cls`` under ``run_dir``: ingest every session, answer and score every question.
 
     The one episode pipeline (:func:`optloop.pipeline.run_episode`) with nothing recorded or attributed,
-    so the figures are the system's own.
+    so the figures are the system's own. Failed LM calls past :data:`optloop.failures.ALLOWED_SHARE` of the
+    episode's raise :class:`~optloop.errors.CallsFailedError` (exit 4) instead of a figure.
     """
     stores = FreshStores(lambda _episode: system_cls(lm, run_dir, embedder=embedder), lm, record=False)
-    result = pipeline.run_episode(episode, stores, lm=lm)
+    with collect_calls() as calls:
+        result = pipeline.run_episode(episode, stores, lm=lm)
+    # A library may swallow a failed LLM call (mem0 stores nothing): such an episode is not a measurement.
+    failures.check(sum(c.error is not None for c in calls), len(calls),
+                   what=f"{system_cls.name} on episode {episode.id}", first=failures.first_error(calls))
     return EpisodeRun(episode_id=episode.id, sessions=len(episode.sessions), setup_s=result.setup_s,
                       ingest_s=result.ingest_s, ingest_calls=result.ingest_calls, answer_s=result.answer_s,
                       answer_calls=result.answer_calls,

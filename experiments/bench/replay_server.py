@@ -25,7 +25,9 @@ before), so a run at any concurrency sees the same latencies and the same 429s:
   ``Retry-After: --retry-after`` (seconds; ``--retry-after-date`` sends it as an HTTP date);
 * a request with no recorded answer gets HTTP 400 ``no recorded response`` (not retried by
   optloop, so the question fails visibly), except a 1-token probe (``max_tokens == 1``,
-  :meth:`~optloop.lm.OptloopLM.check_endpoint`'s ping), answered ``ok``.
+  :meth:`~optloop.lm.OptloopLM.check_endpoint`'s ping), answered ``ok``; the start-up probes of the
+  schema mode and of ``--concurrency auto`` are answered as a json_schema endpoint that serves
+  requests side by side would.
 """
 
 from __future__ import annotations
@@ -91,6 +93,15 @@ def request_keys(body: dict[str, Any], identity: str, decodings: Sequence[str]) 
     payload = {"model": identity, **asdict(request), "rollout_id": None}
     keys = [LMCache.key({**payload, "decoding": d}) for d in decodings] if json_mode and schema else []
     return [*keys, LMCache.key(payload)]
+
+
+def _probe_answer(body: dict[str, Any]) -> str | None:
+    """The answer to one of optloop's start-up probes (schema mode, concurrency), None for any other request."""
+    from optloop.lm.endpoint import SCHEMA_PROBE
+    from optloop.lm.probe import CONCURRENCY_PROBE
+
+    text = json.dumps(body.get("messages") or [])
+    return '{"city": "Lisbon"}' if SCHEMA_PROBE in text else "ok" if CONCURRENCY_PROBE in text else None
 
 
 def _unit(*parts: Any) -> float:
@@ -205,10 +216,11 @@ class ReplayServer:
         except Exception as exc:  # noqa: BLE001 - a request optloop would not send
             return 400, {"error": {"message": f"unreadable request: {exc}", "type": "invalid_request_error"}}, {}, 0.0
         key = next((k for k in keys if k in self.responses), None)
+        probe = _probe_answer(body)
         with self._lock:
             self.stats.requests += 1
             if key is None:
-                if body.get("max_tokens") == 1:
+                if body.get("max_tokens") == 1 or probe is not None:
                     self.stats.probes += 1
                 else:
                     self.stats.misses += 1
@@ -220,6 +232,9 @@ class ReplayServer:
             if refused:
                 self.stats.injected_429 += 1
         if key is None:
+            if probe is not None:  # the start-up probes: a json_schema endpoint that serves side by side
+                return 200, _completion(body, probe, {"prompt_tokens": 1, "completion_tokens": 1,
+                                                      "total_tokens": 2}), {}, self.config.latency_ms / 1000
             if body.get("max_tokens") == 1:
                 return 200, _completion(body, "ok", {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}), \
                     {}, 0.0

@@ -28,6 +28,9 @@ name                        run     meaning
 ``processes``               parent  processes that worked on the run (resumes, workers)
 ``ingest_calls`` ``stores_reused``  child  ingestion cost of the candidate, stores it reused
 ``lm_faults``               child   questions lost to an LM fault the retries did not cure (counted failed)
+``lm_failed_calls``         both    LM calls that failed after their retries (child: its evaluation; parent:
+                                    ``lm_failed_calls_{dev_baseline,test_before,test_after}``); past 5 % of an
+                                    evaluation's calls the run stops instead (``optloop.failures``)
 ``evaluations``             parent  candidate evaluations used (``<= --budget``)
 =========================== ======= ===========================================================
 """
@@ -70,7 +73,8 @@ def cost_metrics(evaluation: Evaluation) -> dict[str, float]:
     priced = {"cost_usd": evaluation.cost_usd} if evaluation.cost_usd is not None else {}
     return {"llm_calls": evaluation.llm_calls, "model_calls": evaluation.model_calls, "tokens": evaluation.tokens,
             "seconds": evaluation.seconds, "ingest_calls": evaluation.ingest_calls,
-            "stores_reused": evaluation.stores_reused, "lm_faults": evaluation.errors, **priced,
+            "stores_reused": evaluation.stores_reused, "lm_faults": evaluation.errors,
+            "lm_failed_calls": evaluation.lm_failed_calls, **priced,
             **site_metrics(evaluation.sites)}
 
 
