@@ -28,9 +28,10 @@ from typing import Any
 # {"json_object", "none"}, answering HTTP 500 with pydantic's validation text to json_schema, as it does).
 
 
-LLAMA_CPP_REJECTION = {"error": {
+LLAMA_CPP_REJECTION = {"error": {  # llama-cpp-python 0.3.36's server, word for word
     "message": "1 validation error:\n  {'type': 'literal_error', 'loc': ('body', 'response_format', 'type'), "
-               "'msg': \"Input should be 'text' or 'json_object'\", 'input': 'json_schema'}",
+               "'msg': \"Input should be 'text' or 'json_object'\", 'input': 'json_schema', 'ctx': {'expected': "
+               "\"'text' or 'json_object'\"}}\n\n  Endpoint: POST /v1/chat/completions",
     "type": "internal_server_error", "param": None, "code": None}}
 
 
