@@ -24,9 +24,9 @@ ALLOWED_SHARE = 0.05
 """The share of an evaluation's LM calls that may fail (after retries) before its figures are withheld."""
 
 
-def too_many(failed: int, calls: int) -> bool:
-    """Whether ``failed`` of ``calls`` LM calls is past :data:`ALLOWED_SHARE`."""
-    return failed > ALLOWED_SHARE * max(calls, failed, 1)
+def too_many(failed: int, calls: int, allowed: float = ALLOWED_SHARE) -> bool:
+    """Whether ``failed`` of ``calls`` LM calls is past the ``allowed`` share."""
+    return failed > allowed * max(calls, failed, 1)
 
 
 def first_error(records: Iterable[Any]) -> str | None:
@@ -34,15 +34,15 @@ def first_error(records: Iterable[Any]) -> str | None:
     return next((r.error for r in records if getattr(r, "error", None)), None)
 
 
-def check(failed: int, calls: int, *, what: str, first: str | None) -> None:
-    """Raise :class:`CallsFailedError` when ``failed`` of ``calls`` is past the threshold; ``what`` names the
-    figure (``the dev evaluation of candidate baseline``), ``first`` is the first failure's message."""
-    if not too_many(failed, calls):
+def check(failed: int, calls: int, *, what: str, first: str | None, allowed: float = ALLOWED_SHARE) -> None:
+    """Raise :class:`CallsFailedError` when ``failed`` of ``calls`` is past the ``allowed`` share; ``what`` names
+    the figure (``the dev evaluation of candidate baseline``), ``first`` is the first failure's message."""
+    if not too_many(failed, calls, allowed):
         return
     cause = f"; the first: {first}" if first else ""
     raise CallsFailedError(
         f"{failed} of {calls} LM calls failed after their retries in {what}, more than "
-        f"{ALLOWED_SHARE:.0%}: its figures would score failed calls as wrong answers, so none is reported"
+        f"{allowed:.0%}: its figures would score failed calls as wrong answers, so none is reported"
         f"{cause}")
 
 

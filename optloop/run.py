@@ -560,7 +560,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(stopped_line(stop, ckpt, config, again), file=sys.stderr)
                 return EXIT_LIMIT
             price = (proposer_settings or settings).price()
-            figures = estimate(ckpt, budget=config.budget, concurrency=settings.concurrency or 1,
+            figures = estimate(ckpt, budget=config.budget, concurrency=lm.settings.concurrency or 1,
                                dev_units=work_units(dev), test_units=work_units(test),
                                chains=measured_chains(ckpt, dev, test),
                                optimizer=loop.optimizer_work(ckpt), own_proposer=proposer_settings is not None,

@@ -143,6 +143,7 @@ class ReplayStats:
     hits: int = 0
     misses: int = 0
     probes: int = 0
+    startup_probes: int = 0  # the schema-mode and --concurrency auto probes
     injected_429: int = 0
     latency_s: float = 0.0  # injected, summed over answered requests
     missed: list[str] = field(default_factory=list)  # the first few missed prompts, shortened
@@ -216,11 +217,16 @@ class ReplayServer:
         except Exception as exc:  # noqa: BLE001 - a request optloop would not send
             return 400, {"error": {"message": f"unreadable request: {exc}", "type": "invalid_request_error"}}, {}, 0.0
         key = next((k for k in keys if k in self.responses), None)
-        probe = _probe_answer(body)
+        if key is None and (probe := _probe_answer(body)) is not None:
+            # the start-up probes: a json_schema endpoint that serves side by side (not in requests or probes)
+            with self._lock:
+                self.stats.startup_probes += 1
+            return 200, _completion(body, probe, {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}), \
+                {}, self.config.latency_ms / 1000
         with self._lock:
             self.stats.requests += 1
             if key is None:
-                if body.get("max_tokens") == 1 or probe is not None:
+                if body.get("max_tokens") == 1:
                     self.stats.probes += 1
                 else:
                     self.stats.misses += 1
@@ -232,9 +238,6 @@ class ReplayServer:
             if refused:
                 self.stats.injected_429 += 1
         if key is None:
-            if probe is not None:  # the start-up probes: a json_schema endpoint that serves side by side
-                return 200, _completion(body, probe, {"prompt_tokens": 1, "completion_tokens": 1,
-                                                      "total_tokens": 2}), {}, self.config.latency_ms / 1000
             if body.get("max_tokens") == 1:
                 return 200, _completion(body, "ok", {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}), \
                     {}, 0.0

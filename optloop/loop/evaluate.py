@@ -129,7 +129,7 @@ class Evaluator:
 
     def __init__(self, system_name: str, lm: OptloopLM, work: Path, *, embedder: Embedder | None = None,
                  knobs: Mapping[str, Any] | None = None, dataset_uri: str = "", max_live: int = 8,
-                 query_site: bool = False):
+                 query_site: bool = False, allowed_failed_share: float = failures.ALLOWED_SHARE):
         from optloop.embed import CachedEmbedder, get_embedder
 
         self.system_name = system_name
@@ -143,6 +143,8 @@ class Evaluator:
         self.judges = default_judges(self.embedder)
         self.attributor = Attributor(self.judges, self.embedder)
         self.query_site = query_site  # the system's retrieve.query site (optloop.run --query-rewrite)
+        # Failed LM calls an evaluation may have and still report its figures (optloop.failures).
+        self.allowed_failed_share = allowed_failed_share
         self.template = self.cls(lm, self.work / "template", embedder=self.embedder, knobs=dict(knobs or {}),
                                  query_site=query_site)
         self.sites = self.template.prompt_sites()
@@ -285,7 +287,7 @@ class Evaluator:
         usage = Usage.of(calls)
         # A failed call is not a measured answer: past the threshold the evaluation is not recorded at all.
         failures.check(usage.errors, usage.calls, what=f"the {split} evaluation of candidate {candidate.origin}",
-                       first=failures.first_error(calls))
+                       first=failures.first_error(calls), allowed=self.allowed_failed_share)
         return Evaluation(split=split, candidate=candidate.digest(), outcomes=outcomes, llm_calls=usage.calls,
                           model_calls=usage.model_calls, ingest_calls=ingest_calls, tokens=usage.tokens,
                           seconds=round(time.perf_counter() - started, 2), stores_reused=reused, stores_built=built,

@@ -545,3 +545,20 @@ def test_the_limits_are_not_settings_of_the_run():
     settings = lm_settings_from_args(plain)
     assert _run_config(limited, settings).resume_key() == _run_config(plain, settings).resume_key()
     assert _run_config(limited, settings).digest() == _run_config(plain, settings).digest()
+
+
+def test_exit_4_when_the_calls_of_an_evaluation_fail_and_no_accuracy_is_reported(tmp_path):
+    from tests._servers import ScriptedOpenAIServer
+
+    too_long = (400, {}, {"message": "This model's maximum context length is 2048 tokens. However, you requested "
+                                     "9658 tokens (9146 in the messages, 512 in the completion).",
+                          "type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded"})
+    with ScriptedOpenAIServer([("ok", "pong"), ("status", too_long)]) as server:
+        result = run(["--system", "rag_bm25", "--lm", "openai:test", "--lm-base-url", server.base_url,
+                      "--optimizer", "edit", "--budget", "1"], tmp_path)
+    last = result.stderr.strip().splitlines()[-1]
+    assert result.returncode == 4, result.stderr
+    assert "LM calls failed after their retries in the train evaluation of candidate baseline" in last
+    assert "the server's context is 2048" in last and "--n_ctx" in last and "rerun the same command" in last
+    assert "accuracy" not in result.stdout + result.stderr
+    assert len([r for r in server.requests if r["body"]["messages"][-1]["content"] != "ping"]) > 0
