@@ -2,7 +2,8 @@
 ``openai`` at llama.cpp's own server, the local MiniLM embedder, qdrant on disk), an exported prompt
 applied, ``add()`` and ``search()`` called, and the server's requests (a recording proxy in front of
 it) showing what mem0 sent. Also: the exported baseline module sends exactly the request optloop's
-mem0 measured. Run it under the machine's LM lock (``flock /tmp/optloop-lm.lock``)."""
+mem0 measured; and graphiti's exported prompt library in a graphiti app's call. Run it under the
+machine's LM lock (``flock /tmp/optloop-lm.lock``)."""
 
 from __future__ import annotations
 
@@ -129,3 +130,54 @@ def test_the_exported_baseline_sends_the_request_optloops_mem0_measured(server, 
     assert {k: measured[0].get(k) for k in keys} == {k: shipped[0].get(k) for k in keys}
     # mem0 adds its own top_p (0.1), which optloop does not send: at temperature 0 decoding is greedy either way.
     assert set(shipped[0]) - set(measured[0]) <= {"top_p"}
+
+
+def test_an_exported_graphiti_prompt_is_what_a_graphiti_app_sends(server, tmp_path):
+    """graphiti 0.31.1's own ``OpenAIGenericClient`` at the server (``json_object``: this server refuses
+    ``json_schema``), the exported prompt library applied: the request carries the exported text.
+    Whether SmolLM2's free JSON then fits graphiti's model is the model's matter, printed, not asserted."""
+    import asyncio
+
+    from graphiti_core import Graphiti
+    from graphiti_core.driver.kuzu_driver import KuzuDriver
+    from graphiti_core.llm_client.config import LLMConfig
+    from graphiti_core.llm_client.openai_generic_client import OpenAIGenericClient
+
+    from optloop.embed import get_embedder
+    from signatures.graphiti import library_system_prompt
+    from systems.graphiti_system import LocalCrossEncoderClient, LocalEmbedderClient
+
+    site = "graphiti.extract_edges.edge"
+    text = f"{library_system_prompt('extract_edges.edge')}\n\nRule: every fact names both entities."
+    bundle = Bundle(system="graphiti", prompts={site: text}, source={"test": True}, label="a test export")
+    path = tmp_path / "graphiti_prompts.py"
+    path.write_text(render(bundle, "graphiti"))
+    spec = importlib.util.spec_from_file_location("graphiti_prompts_app", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+
+    class Context(dict):  # every key the prompt builder reads exists
+        def __missing__(self, key):
+            return []
+
+    with RecordingProxy(server.base_url) as proxy:
+        driver = KuzuDriver(db=str(tmp_path / "g.kuzu"))
+        embedder = get_embedder()
+        client = OpenAIGenericClient(LLMConfig(api_key="not-needed", base_url=proxy.base_url, model=MODEL_ALIAS,
+                                               max_tokens=256), structured_output_mode="json_object")
+        graphiti = Graphiti(graph_driver=driver, embedder=LocalEmbedderClient(embedder),
+                            cross_encoder=LocalCrossEncoderClient(embedder), llm_client=client)
+        assert module.apply(graphiti) == [site]
+        context = Context(episode_content="Ana moved to Lisbon in 2021.", nodes=[{"name": "Ana"}, {"name": "Lisbon"}])
+        try:
+            outcome = asyncio.run(graphiti.clients.complete_prompt("extract_edges.edge", context, group_id="g"))
+        except Exception as exc:  # noqa: BLE001 - graphiti's own validation of the model's answer
+            outcome = f"{type(exc).__name__}: {str(exc)[:200]}"
+        finally:
+            driver.client.close()
+            driver.db.close()
+    sent = proxy.chat_requests()
+    print(f"graphiti sent {len(sent)} request(s); its call returned {outcome!r}")
+    assert sent and all(body["messages"][0]["content"].startswith(text) for body in sent)
+    assert all(body.get("response_format") == {"type": "json_object"} for body in sent)
