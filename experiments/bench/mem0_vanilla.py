@@ -123,7 +123,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from optloop.lm import LMSettings, OptloopLM, collect_calls
 
     dataset = load_dataset(args.dataset)
-    lm = OptloopLM(LMSettings.from_spec(f"openai:{args.model}", base_url=args.lm_base_url, cache=False))
+    lm = OptloopLM(LMSettings.from_spec(f"openai:{args.model}", base_url=args.lm_base_url, cache=False,
+                                        timeout_s=300))  # mem0's long prompt on a CPU server
     lines = lm.check_endpoint()
     scores: dict[str, list[float]] = {arm: [] for arm in ARMS}
     stored: dict[str, list[int]] = {arm: [] for arm in ARMS}

@@ -63,8 +63,9 @@ def test_rag_bm25_budget_1_runs_and_attribute_reports(server, tmp_path):
 
 
 def test_mem0_budget_1_runs_at_the_default_concurrency(server, tmp_path):
+    # mem0's ~8,600-token prompt on a 2-core CPU server can take most of a minute: --lm-timeout (docs/servers.md)
     run = cli("optloop.run", ["--system", "mem0", "--dataset", "builtin:tiny", "--optimizer", "edit", "--budget", "1",
-                              "--json", str(tmp_path / "run.json")], server.base_url, tmp_path)
+                              "--lm-timeout", "300", "--json", str(tmp_path / "run.json")], server.base_url, tmp_path)
     out = run.stdout + run.stderr
     assert run.returncode == 0, out[-3000:]
     assert "--concurrency 1 (auto" in out

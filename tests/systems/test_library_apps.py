@@ -113,7 +113,8 @@ def test_the_exported_baseline_sends_the_request_optloops_mem0_measured(server, 
 
     turns = [Turn(id="t1", role=m["role"], content=m["content"]) for m in SESSION]
     with RecordingProxy(server.base_url) as proxy:
-        lm = OptloopLM(LMSettings.from_spec(f"openai:{MODEL_ALIAS}", base_url=proxy.base_url, cache=False))
+        lm = OptloopLM(LMSettings.from_spec(f"openai:{MODEL_ALIAS}", base_url=proxy.base_url, cache=False,
+                                            timeout_s=300))
         lm.check_endpoint()
         system = Mem0System(lm, tmp_path / "optloop")
         system.ingest([Session(id="s1", turns=turns)])
