@@ -34,7 +34,9 @@ def first_error(records: Iterable[Any]) -> str | None:
     return next((r.error for r in records if getattr(r, "error", None)), None)
 
 
-def check(failed: int, calls: int, *, what: str, first: str | None, allowed: float = ALLOWED_SHARE) -> None:
+def check(
+    failed: int, calls: int, *, what: str, first: str | None, allowed: float = ALLOWED_SHARE
+) -> None:
     """Raise :class:`CallsFailedError` when ``failed`` of ``calls`` is past the ``allowed`` share; ``what`` names
     the figure (``the dev evaluation of candidate baseline``), ``first`` is the first failure's message."""
     if not too_many(failed, calls, allowed):
@@ -43,7 +45,8 @@ def check(failed: int, calls: int, *, what: str, first: str | None, allowed: flo
     raise CallsFailedError(
         f"{failed} of {calls} LM calls failed after their retries in {what}, more than "
         f"{allowed:.0%}: its figures would score failed calls as wrong answers, so none is reported"
-        f"{cause}")
+        f"{cause}"
+    )
 
 
 def mark(text: str, failed: int) -> str:

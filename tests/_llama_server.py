@@ -50,14 +50,18 @@ def server_available() -> str | None:
     for module in ("llama_cpp.server", "uvicorn", "fastapi", "sse_starlette", "starlette_context"):
         try:
             if importlib.util.find_spec(module) is None:
-                return f"{module} is not installed (pip install 'llama-cpp-python[server]==0.3.36')"
+                return (
+                    f"{module} is not installed (pip install 'llama-cpp-python[server]==0.3.36')"
+                )
         except ModuleNotFoundError:
             return f"{module} is not installed (pip install 'llama-cpp-python[server]==0.3.36')"
     return None
 
 
 @contextlib.contextmanager
-def llama_server(log_dir: Path, *, n_ctx: int = 12288, n_threads: int | None = None) -> Iterator[LlamaServer]:
+def llama_server(
+    log_dir: Path, *, n_ctx: int = 12288, n_threads: int | None = None
+) -> Iterator[LlamaServer]:
     """``python -m llama_cpp.server`` on the bundled GGUF and a free loopback port, as a user starts it."""
     import os
 
@@ -65,9 +69,23 @@ def llama_server(log_dir: Path, *, n_ctx: int = 12288, n_threads: int | None = N
 
     port = free_port()
     log = log_dir / f"llama-server-{port}.log"
-    cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(bundled_model_path()), "--model_alias",
-           MODEL_ALIAS, "--host", "127.0.0.1", "--port", str(port), "--n_ctx", str(n_ctx),
-           "--n_threads", str(n_threads or os.cpu_count() or 1)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "llama_cpp.server",
+        "--model",
+        str(bundled_model_path()),
+        "--model_alias",
+        MODEL_ALIAS,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--n_ctx",
+        str(n_ctx),
+        "--n_threads",
+        str(n_threads or os.cpu_count() or 1),
+    ]
     with log.open("wb") as out:
         process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
     server = LlamaServer(base_url=f"http://127.0.0.1:{port}/v1", log=log, process=process)
@@ -75,7 +93,9 @@ def llama_server(log_dir: Path, *, n_ctx: int = 12288, n_threads: int | None = N
         deadline = time.monotonic() + 120
         while True:
             if process.poll() is not None:
-                raise RuntimeError(f"llama.cpp's server exited with {process.returncode}: {server.log_text()[-2000:]}")
+                raise RuntimeError(
+                    f"llama.cpp's server exited with {process.returncode}: {server.log_text()[-2000:]}"
+                )
             try:
                 with urllib.request.urlopen(f"{server.base_url}/models", timeout=2) as response:
                     if response.status == 200:
@@ -83,7 +103,9 @@ def llama_server(log_dir: Path, *, n_ctx: int = 12288, n_threads: int | None = N
             except (urllib.error.URLError, ConnectionError, TimeoutError):
                 pass
             if time.monotonic() > deadline:
-                raise RuntimeError(f"llama.cpp's server did not start in 120 s: {server.log_text()[-2000:]}")
+                raise RuntimeError(
+                    f"llama.cpp's server did not start in 120 s: {server.log_text()[-2000:]}"
+                )
             time.sleep(0.5)
         yield server
     finally:
@@ -117,8 +139,12 @@ class RecordingProxy:
                     with lock:
                         proxy.requests.append({"path": self.path, "body": json.loads(data)})
                 base = proxy.upstream.removesuffix("/v1")
-                request = urllib.request.Request(base + self.path, data=data, method=method,
-                                                 headers={"content-type": "application/json"})
+                request = urllib.request.Request(
+                    base + self.path,
+                    data=data,
+                    method=method,
+                    headers={"content-type": "application/json"},
+                )
                 try:
                     with urllib.request.urlopen(request, timeout=600) as response:
                         status, body = response.status, response.read()

@@ -53,12 +53,23 @@ def app_config(root: Path, base_url: str, model: str) -> dict[str, Any]:
     from optloop.embed import LocalEmbedder
 
     return {
-        "llm": {"provider": "openai", "config": {"model": model, "openai_base_url": base_url,
-                                                 "api_key": "not-needed"}},
-        "embedder": {"provider": "huggingface", "config": {"model": LocalEmbedder.model_path(),
-                                                           "embedding_dims": 384}},
-        "vector_store": {"provider": "qdrant", "config": {"collection_name": "app", "path": str(root / "qdrant"),
-                                                          "on_disk": True, "embedding_model_dims": 384}},
+        "llm": {
+            "provider": "openai",
+            "config": {"model": model, "openai_base_url": base_url, "api_key": "not-needed"},
+        },
+        "embedder": {
+            "provider": "huggingface",
+            "config": {"model": LocalEmbedder.model_path(), "embedding_dims": 384},
+        },
+        "vector_store": {
+            "provider": "qdrant",
+            "config": {
+                "collection_name": "app",
+                "path": str(root / "qdrant"),
+                "on_disk": True,
+                "embedding_model_dims": 384,
+            },
+        },
         "history_db_path": str(root / "history.db"),
     }
 
@@ -68,8 +79,12 @@ def exported_module(root: Path) -> Any:
     from optloop.export import Bundle, render
     from signatures.mem0 import Mem0Extract
 
-    bundle = Bundle(system="mem0", prompts={"mem0.extract": Mem0Extract.instructions}, source={"baseline": True},
-                    label="the baseline prompts")
+    bundle = Bundle(
+        system="mem0",
+        prompts={"mem0.extract": Mem0Extract.instructions},
+        source={"baseline": True},
+        label="the baseline prompts",
+    )
     path = root / "mem0_prompts.py"
     path.write_text(render(bundle, "mem0", command="experiments.bench.mem0_vanilla"))
     spec = importlib.util.spec_from_file_location("mem0_prompts_baseline", path)
@@ -79,8 +94,13 @@ def exported_module(root: Path) -> Any:
     return module
 
 
-def run_app(episode: Episode, root: Path, base_url: str, model: str, prepare: Callable[[Any], None]) -> dict:
-    from systems.mem0_system import USER_ID, session_messages  # first: it points MEM0_DIR into optloop's state
+def run_app(
+    episode: Episode, root: Path, base_url: str, model: str, prepare: Callable[[Any], None]
+) -> dict:
+    from systems.mem0_system import (
+        USER_ID,
+        session_messages,
+    )  # first: it points MEM0_DIR into optloop's state
 
     from mem0 import Memory  # isort: skip
 
@@ -90,8 +110,15 @@ def run_app(episode: Episode, root: Path, base_url: str, model: str, prepare: Ca
         for session in episode.sessions:
             memory.add(session_messages(session), user_id=USER_ID)
         stored = memory.get_all(filters={"user_id": USER_ID})["results"]
-        hits = [[h["memory"] for h in memory.search(q.question, top_k=TOP_K, filters={"user_id": USER_ID})["results"]]
-                for q in episode.questions]
+        hits = [
+            [
+                h["memory"]
+                for h in memory.search(q.question, top_k=TOP_K, filters={"user_id": USER_ID})[
+                    "results"
+                ]
+            ]
+            for q in episode.questions
+        ]
     finally:
         memory.close()
     return {"memories": [m["memory"] for m in stored], "hits": hits}
@@ -111,8 +138,11 @@ def run_optloop(episode: Episode, root: Path, lm: Any) -> dict:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m experiments.bench.mem0_vanilla", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m experiments.bench.mem0_vanilla",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--lm-base-url", required=True, help="the OpenAI-compatible server")
     parser.add_argument("--model", default="smollm2", help="the model name the server answers to")
     parser.add_argument("--dataset", default="synthetic:recall?seed=0&episodes=10")
@@ -123,8 +153,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     from optloop.lm import LMSettings, OptloopLM, collect_calls
 
     dataset = load_dataset(args.dataset)
-    lm = OptloopLM(LMSettings.from_spec(f"openai:{args.model}", base_url=args.lm_base_url, cache=False,
-                                        timeout_s=300))  # mem0's long prompt on a CPU server
+    lm = OptloopLM(
+        LMSettings.from_spec(
+            f"openai:{args.model}", base_url=args.lm_base_url, cache=False, timeout_s=300
+        )
+    )  # mem0's long prompt on a CPU server
     lines = lm.check_endpoint()
     scores: dict[str, list[float]] = {arm: [] for arm in ARMS}
     stored: dict[str, list[int]] = {arm: [] for arm in ARMS}
@@ -145,19 +178,32 @@ def main(argv: Sequence[str] | None = None) -> int:
                     results[arm] = run_app(episode, root, args.lm_base_url, args.model, prepare)
                 seconds[arm] += time.perf_counter() - started
                 stored[arm].append(len(results[arm]["memories"]))
-                scores[arm] += [holds_gold(h, q.gold) for h, q in zip(results[arm]["hits"], episode.questions)]
-            same_memories += sorted(results["optloop"]["memories"]) == sorted(results["exported"]["memories"])
-            print(f"episode {i + 1}/{len(dataset.episodes)}: memories "
-                  + ", ".join(f"{arm} {stored[arm][-1]}" for arm in ARMS), file=sys.stderr)
+                scores[arm] += [
+                    holds_gold(h, q.gold) for h, q in zip(results[arm]["hits"], episode.questions)
+                ]
+            same_memories += sorted(results["optloop"]["memories"]) == sorted(
+                results["exported"]["memories"]
+            )
+            print(
+                f"episode {i + 1}/{len(dataset.episodes)}: memories "
+                + ", ".join(f"{arm} {stored[arm][-1]}" for arm in ARMS),
+                file=sys.stderr,
+            )
     seed = 0
     figures = {
-        "dataset": dataset.uri, "model": args.model, "server": args.lm_base_url, "endpoint": lines,
-        "episodes": len(dataset.episodes), "questions": len(scores["vanilla"]),
+        "dataset": dataset.uri,
+        "model": args.model,
+        "server": args.lm_base_url,
+        "endpoint": lines,
+        "episodes": len(dataset.episodes),
+        "questions": len(scores["vanilla"]),
         "recall_at_5": {arm: bootstrap_mean(scores[arm], seed=seed).model_dump() for arm in ARMS},
-        "delta_optloop_minus_vanilla": paired_bootstrap_delta(scores["vanilla"], scores["optloop"],
-                                                              seed=seed).model_dump(),
-        "delta_exported_minus_optloop": paired_bootstrap_delta(scores["optloop"], scores["exported"],
-                                                               seed=seed).model_dump(),
+        "delta_optloop_minus_vanilla": paired_bootstrap_delta(
+            scores["vanilla"], scores["optloop"], seed=seed
+        ).model_dump(),
+        "delta_exported_minus_optloop": paired_bootstrap_delta(
+            scores["optloop"], scores["exported"], seed=seed
+        ).model_dump(),
         "memories_stored": {arm: sum(stored[arm]) for arm in ARMS},
         "episodes_with_no_memory": {arm: sum(n == 0 for n in stored[arm]) for arm in ARMS},
         "episodes_where_exported_stored_what_optloop_stored": same_memories,

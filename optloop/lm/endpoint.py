@@ -27,8 +27,17 @@ from typing import Any
 from optloop.errors import ConfigError, LMError, LMUnreachableError
 from optloop.lm.backends import Backend
 from optloop.lm.limits import parse_retry_after
-from optloop.lm.requests import (SCHEMA_MODES, MalformedResponse, Request, SchemaMode, chat_kwargs, check_json,
-                                 check_schema, openai_response_format, with_schema_instruction)
+from optloop.lm.requests import (
+    SCHEMA_MODES,
+    MalformedResponse,
+    Request,
+    SchemaMode,
+    chat_kwargs,
+    check_json,
+    check_schema,
+    openai_response_format,
+    with_schema_instruction,
+)
 from optloop.lm.settings import LMSettings, redact_url
 
 logger = logging.getLogger(__name__)
@@ -36,11 +45,16 @@ logger = logging.getLogger(__name__)
 SCHEMA_PROBE = "optloop schema-mode probe: which of these is a city?"
 """The user message of the schema-mode probe (a test server recognizes it by this text)."""
 _PROBE_SCHEMA: dict[str, Any] = {
-    "title": "Probe", "type": "object", "additionalProperties": False, "required": ["city"],
+    "title": "Probe",
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["city"],
     "properties": {"city": {"type": "string", "enum": ["Lisbon", "Tuesday", "Blue"]}},
 }
-_PROBE_MESSAGES = [{"role": "system", "content": "Answer in JSON."},
-                   {"role": "user", "content": f"{SCHEMA_PROBE} Lisbon, Tuesday, Blue."}]
+_PROBE_MESSAGES = [
+    {"role": "system", "content": "Answer in JSON."},
+    {"role": "user", "content": f"{SCHEMA_PROBE} Lisbon, Tuesday, Blue."},
+]
 
 
 class LMRequestError(LMError):
@@ -81,7 +95,9 @@ class OpenAICompatibleBackend(Backend):
             key = "not-needed"  # vLLM, Ollama and llama.cpp servers accept any key
         # Retries are ours (bounded, logged, accounted), not the SDK's. The timeout is one HTTP request's:
         # it starts when the request is sent, after the wait for a --concurrency slot (optloop.lm.limits).
-        self.client = openai.OpenAI(base_url=settings.base_url, api_key=key, timeout=settings.timeout_s, max_retries=0)
+        self.client = openai.OpenAI(
+            base_url=settings.base_url, api_key=key, timeout=settings.timeout_s, max_retries=0
+        )
 
     @property
     def identity(self) -> str:
@@ -111,11 +127,19 @@ class OpenAICompatibleBackend(Backend):
 
     def _probe_schema_modes(self) -> SchemaChoice:
         where = self.where()
-        modes: tuple[SchemaMode, ...] = SCHEMA_MODES if self.schema_setting == "auto" else (self.schema_setting,)
+        modes: tuple[SchemaMode, ...] = (
+            SCHEMA_MODES if self.schema_setting == "auto" else (self.schema_setting,)
+        )
         refused: list[str] = []
         for mode in modes:
-            request = Request(messages=_PROBE_MESSAGES, schema=_PROBE_SCHEMA, json_mode=True, temperature=0.0,
-                              max_tokens=16, seed=0)
+            request = Request(
+                messages=_PROBE_MESSAGES,
+                schema=_PROBE_SCHEMA,
+                json_mode=True,
+                temperature=0.0,
+                max_tokens=16,
+                seed=0,
+            )
             try:
                 answer = self._send(request, mode)
                 check_json(answer)
@@ -130,20 +154,32 @@ class OpenAICompatibleBackend(Backend):
                 refused.append(f"{mode}: refused ({self.fault_label(exc)}: {_short(exc)})")
                 continue
             if self.schema_setting != "auto":
-                return SchemaChoice(mode, f"LM endpoint {where}: schema mode {mode} (--lm-schema-mode)")
+                return SchemaChoice(
+                    mode, f"LM endpoint {where}: schema mode {mode} (--lm-schema-mode)"
+                )
             why = f"; {'; '.join(refused)}" if refused else " (the first tried)"
-            return SchemaChoice(mode, f"LM endpoint {where}: schema mode {mode}, chosen by --lm-schema-mode auto{why}")
+            return SchemaChoice(
+                mode,
+                f"LM endpoint {where}: schema mode {mode}, chosen by --lm-schema-mode auto{why}",
+            )
         if self.schema_setting != "auto":
-            raise LMRequestError(f"LM endpoint {where} does not take --lm-schema-mode {self.schema_setting} "
-                                 f"({refused[0].split(': ', 1)[1]}); use --lm-schema-mode auto")
+            raise LMRequestError(
+                f"LM endpoint {where} does not take --lm-schema-mode {self.schema_setting} "
+                f"({refused[0].split(': ', 1)[1]}); use --lm-schema-mode auto"
+            )
         # Mode none always sends a valid request; its answers are checked against each call's schema.
-        return SchemaChoice("none", f"LM endpoint {where}: schema mode none, the schema written into the "
-                                    f"instructions and each answer checked against it ({'; '.join(refused)})")
+        return SchemaChoice(
+            "none",
+            f"LM endpoint {where}: schema mode none, the schema written into the "
+            f"instructions and each answer checked against it ({'; '.join(refused)})",
+        )
 
     def decoding(self, request: Request) -> str | None:
         return f"schema_mode:{self.schema_mode}" if request.json_mode and request.schema else None
 
-    def _response_format(self, request: Request, mode: SchemaMode | None = None) -> dict[str, Any] | None:
+    def _response_format(
+        self, request: Request, mode: SchemaMode | None = None
+    ) -> dict[str, Any] | None:
         return openai_response_format(request.schema, request.json_mode, mode or self.schema_mode)
 
     # --- one attempt -------------------------------------------------------------------------
@@ -159,19 +195,30 @@ class OpenAICompatibleBackend(Backend):
         return response
 
     def _send(self, request: Request, mode: SchemaMode) -> dict[str, Any]:
-        messages = with_schema_instruction(request.messages, request.schema) if mode == "none" and \
-            request.json_mode else None
+        messages = (
+            with_schema_instruction(request.messages, request.schema)
+            if mode == "none" and request.json_mode
+            else None
+        )
         kwargs = chat_kwargs(request, self._response_format(request, mode), messages=messages)
         try:
             response = self.client.chat.completions.create(model=self.model, **kwargs)
         except json.JSONDecodeError as exc:  # the SDK could not parse the body at all
-            doc = exc.doc.strip()  # a body that starts as JSON and stops (not one that goes wrong) was cut short
-            cut = doc[:1] in ("{", "[") and (exc.msg.startswith("Unterminated string") or exc.pos >= len(doc))
-            raise MalformedResponse(f"endpoint returned a body that is not JSON: {exc}",
-                                    label="body truncated" if cut else "body not JSON") from exc
+            doc = (
+                exc.doc.strip()
+            )  # a body that starts as JSON and stops (not one that goes wrong) was cut short
+            cut = doc[:1] in ("{", "[") and (
+                exc.msg.startswith("Unterminated string") or exc.pos >= len(doc)
+            )
+            raise MalformedResponse(
+                f"endpoint returned a body that is not JSON: {exc}",
+                label="body truncated" if cut else "body not JSON",
+            ) from exc
         data = response.model_dump() if hasattr(response, "model_dump") else response
         if not isinstance(data, dict) or not data.get("choices"):
-            raise MalformedResponse(f"endpoint returned no choices: {str(data)[:200]}", label="no choices")
+            raise MalformedResponse(
+                f"endpoint returned no choices: {str(data)[:200]}", label="no choices"
+            )
         return data
 
     # --- what a failed attempt was -------------------------------------------------------------
@@ -192,13 +239,21 @@ class OpenAICompatibleBackend(Backend):
         """OpenAI answers 429 ``insufficient_quota`` when the account is out of credit: no wait cures that."""
         import openai
 
-        return (isinstance(exc, openai.APIStatusError) and exc.status_code == 429
-                and "insufficient_quota" in (str(getattr(exc, "code", "") or ""), str(getattr(exc, "type", "") or "")))
+        return (
+            isinstance(exc, openai.APIStatusError)
+            and exc.status_code == 429
+            and "insufficient_quota"
+            in (str(getattr(exc, "code", "") or ""), str(getattr(exc, "type", "") or ""))
+        )
 
     def is_rate_limited(self, exc: BaseException) -> bool:
         import openai
 
-        return isinstance(exc, openai.APIStatusError) and exc.status_code == 429 and not self._quota_exhausted(exc)
+        return (
+            isinstance(exc, openai.APIStatusError)
+            and exc.status_code == 429
+            and not self._quota_exhausted(exc)
+        )
 
     def retry_after(self, exc: BaseException) -> float | None:
         import openai
@@ -226,8 +281,11 @@ class OpenAICompatibleBackend(Backend):
     def is_server_error(self, exc: BaseException) -> bool:
         import openai
 
-        return (isinstance(exc, openai.APIStatusError) and exc.status_code >= 500
-                and self.request_error(exc) is None)
+        return (
+            isinstance(exc, openai.APIStatusError)
+            and exc.status_code >= 500
+            and self.request_error(exc) is None
+        )
 
     def where(self) -> str:
         return redact_url(self.base_url) or "https://api.openai.com/v1"
@@ -237,11 +295,14 @@ class OpenAICompatibleBackend(Backend):
 
         where = self.where()
         if (fix := self.request_error(exc)) is not None:
-            return LMRequestError(f"LM endpoint {where} refused the request ({self.fault_label(exc)}): {fix}")
+            return LMRequestError(
+                f"LM endpoint {where} refused the request ({self.fault_label(exc)}): {fix}"
+            )
         if isinstance(exc, openai.APITimeoutError):
             return LMUnreachableError(
                 f"LM endpoint {where} did not answer in time; check the server, raise --lm-timeout, or lower "
-                "--concurrency if the server answers one request at a time (--concurrency auto detects it)")
+                "--concurrency if the server answers one request at a time (--concurrency auto detects it)"
+            )
         if isinstance(exc, openai.APIConnectionError):
             cause = exc.__cause__ or exc
             return LMUnreachableError(
@@ -249,14 +310,22 @@ class OpenAICompatibleBackend(Backend):
                 "check --lm-base-url / OPENAI_BASE_URL and that the server is running"
             )
         if self._quota_exhausted(exc):
-            return LMUnreachableError(f"LM endpoint {where} refused the call: the account's quota is exhausted "
-                                      "(HTTP 429 insufficient_quota); add credit or raise the limit, then rerun")
+            return LMUnreachableError(
+                f"LM endpoint {where} refused the call: the account's quota is exhausted "
+                "(HTTP 429 insufficient_quota); add credit or raise the limit, then rerun"
+            )
         if isinstance(exc, openai.AuthenticationError):
-            return LMError(f"LM endpoint {where} rejected the API key (401); check the key in the environment")
+            return LMError(
+                f"LM endpoint {where} rejected the API key (401); check the key in the environment"
+            )
         if isinstance(exc, openai.NotFoundError):
-            return LMError(f"LM endpoint {where} does not serve model {self.model!r} (404); check --lm")
+            return LMError(
+                f"LM endpoint {where} does not serve model {self.model!r} (404); check --lm"
+            )
         if isinstance(exc, openai.APIStatusError):
-            return LMError(f"LM endpoint {where} answered HTTP {exc.status_code}: {str(exc)[:200]}")
+            return LMError(
+                f"LM endpoint {where} answered HTTP {exc.status_code}: {str(exc)[:200]}"
+            )
         return super().describe_failure(exc)
 
 
@@ -264,12 +333,21 @@ class OpenAICompatibleBackend(Backend):
 
 # HTTP statuses that mean "this request" rather than "this server" or "this account".
 _REQUEST_STATUSES = {400, 413, 422}
-_CONTEXT = re.compile(r"context[ _](length|window)|maximum context|too many tokens|n_ctx|prompt is too long",
-                      re.IGNORECASE)
-_NUMBERS = (re.compile(r"maximum context length is (\d+)", re.I), re.compile(r"context window of (\d+)", re.I),
-            re.compile(r"n_ctx[^\d]{0,20}(\d+)", re.I), re.compile(r"max_model_len[^\d]{0,20}(\d+)", re.I))
-_ASKED = (re.compile(r"you requested (\d+) tokens", re.I), re.compile(r"requested tokens \((\d+)\)", re.I),
-          re.compile(r"\((\d+)\) exceed", re.I))
+_CONTEXT = re.compile(
+    r"context[ _](length|window)|maximum context|too many tokens|n_ctx|prompt is too long",
+    re.IGNORECASE,
+)
+_NUMBERS = (
+    re.compile(r"maximum context length is (\d+)", re.I),
+    re.compile(r"context window of (\d+)", re.I),
+    re.compile(r"n_ctx[^\d]{0,20}(\d+)", re.I),
+    re.compile(r"max_model_len[^\d]{0,20}(\d+)", re.I),
+)
+_ASKED = (
+    re.compile(r"you requested (\d+) tokens", re.I),
+    re.compile(r"requested tokens \((\d+)\)", re.I),
+    re.compile(r"\((\d+)\) exceed", re.I),
+)
 _IN_MESSAGES = re.compile(r"(\d+) in the messages", re.I)
 _LOC = re.compile(r"""['"]loc['"]\s*:\s*(\([^)]*\)|\[[^\]]*\])""")
 _MSG = re.compile(r"""['"]msg['"]\s*:\s*(['"])(.*?)\1""")
@@ -307,15 +385,22 @@ def request_error(exc: BaseException, *, schema_setting: str = "auto") -> str | 
     code = str(error.get("code") or "")
     if code == "context_length_exceeded" or _CONTEXT.search(text):
         return _context_fix(text)
-    names_field = bool(_LOC.search(text) or "validation error" in text.lower() or error.get("param")
-                       or _PARAM.search(text))
+    names_field = bool(
+        _LOC.search(text)
+        or "validation error" in text.lower()
+        or error.get("param")
+        or _PARAM.search(text)
+    )
     if status not in _REQUEST_STATUSES and not (status >= 500 and names_field):
         return None
     field = _field(text, error)
     reason = _reason(text)
     if field.startswith("response_format"):
-        fix = ("set --lm-schema-mode json_object (llama.cpp's servers) or none, or leave it at auto"
-               if schema_setting != "auto" else "set --lm-schema-mode none")
+        fix = (
+            "set --lm-schema-mode json_object (llama.cpp's servers) or none, or leave it at auto"
+            if schema_setting != "auto"
+            else "set --lm-schema-mode none"
+        )
         return f"the server does not take this response_format ({field}: {reason}); {fix}"
     if field:
         return f"the server refuses the request's {field} ({reason}); check the flag that sets it or the server"
@@ -355,9 +440,11 @@ def _context_fix(text: str) -> str:
         sizes.append(f"the server's context is {window}")
     told = f" ({', '.join(sizes)})" if sizes else ""
     need = f" to at least {2 ** math.ceil(math.log2(asked))}" if asked else ""
-    return (f"the prompt does not fit the server's context window{told}; restart the server with a larger "
-            f"context{need} (llama.cpp server: --n_ctx; vLLM: --max-model-len; Ollama: num_ctx) or shorten "
-            "the prompt")
+    return (
+        f"the prompt does not fit the server's context window{told}; restart the server with a larger "
+        f"context{need} (llama.cpp server: --n_ctx; vLLM: --max-model-len; Ollama: num_ctx) or shorten "
+        "the prompt"
+    )
 
 
 def _short(exc: BaseException) -> str:
@@ -374,7 +461,7 @@ def _unwrap_json(response: dict[str, Any]) -> None:
     if start < 0 or end <= start or (start == 0 and end == len(content) - 1):
         return
     try:
-        json.loads(content[start:end + 1])
+        json.loads(content[start : end + 1])
     except json.JSONDecodeError:
         return
-    message["content"] = content[start:end + 1]
+    message["content"] = content[start : end + 1]

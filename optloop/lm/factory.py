@@ -18,6 +18,11 @@ def make_backend(settings: LMSettings) -> Backend:
     """The backend of ``settings``: llama.cpp in-process (``local``) or an OpenAI-compatible endpoint."""
     if settings.backend == "local":
         path = Path(settings.model).expanduser() if settings.model else bundled_model_path()
-        return LocalLlamaBackend(path, n_ctx=settings.n_ctx, n_threads=settings.n_threads,
-                                 max_chars=settings.max_string_chars, max_items=settings.max_array_items)
+        return LocalLlamaBackend(
+            path,
+            n_ctx=settings.n_ctx,
+            n_threads=settings.n_threads,
+            max_chars=settings.max_string_chars,
+            max_items=settings.max_array_items,
+        )
     return OpenAICompatibleBackend(settings)

@@ -46,8 +46,14 @@ class Detected:
 
 def _request(i: int) -> Request:
     # A distinct message per request: a server with a prompt cache must not answer the burst from it.
-    return Request(messages=[{"role": "user", "content": f"{CONCURRENCY_PROBE} ({i})"}], schema=None,
-                   json_mode=False, temperature=0.0, max_tokens=8, seed=0)
+    return Request(
+        messages=[{"role": "user", "content": f"{CONCURRENCY_PROBE} ({i})"}],
+        schema=None,
+        json_mode=False,
+        temperature=0.0,
+        max_tokens=8,
+        seed=0,
+    )
 
 
 def _timed(backend: Backend, i: int) -> float:
@@ -64,16 +70,28 @@ def detect_concurrency(backend: Backend, default: int) -> Detected:
     with ThreadPoolExecutor(BURST) as pool:
         slowest = max(pool.map(lambda i: _timed(backend, i), range(3, 3 + BURST)))
     if single < UNMEASURABLE_S:
-        return Detected(default, f"LM endpoint {where}: --concurrency {default} (auto: it answers in "
-                                 f"{single * 1000:.0f} ms, too fast for queueing to matter)")
+        return Detected(
+            default,
+            f"LM endpoint {where}: --concurrency {default} (auto: it answers in "
+            f"{single * 1000:.0f} ms, too fast for queueing to matter)",
+        )
     slots = BURST * single / max(slowest, 1e-9)
     measured = f"one request {single:.2f} s, {BURST} at once {slowest:.2f} s"
     if slots < 1.5:
-        return Detected(1, f"LM endpoint {where}: --concurrency 1 (auto: it answers one request at a time: "
-                           f"{measured})")
+        return Detected(
+            1,
+            f"LM endpoint {where}: --concurrency 1 (auto: it answers one request at a time: "
+            f"{measured})",
+        )
     if slots < 0.6 * BURST:
         n = max(1, round(slots))
-        return Detected(n, f"LM endpoint {where}: --concurrency {n} (auto: it answers about {slots:.1f} "
-                           f"requests at a time: {measured})")
-    return Detected(default, f"LM endpoint {where}: --concurrency {default} (auto: it answers requests "
-                             f"side by side: {measured})")
+        return Detected(
+            n,
+            f"LM endpoint {where}: --concurrency {n} (auto: it answers about {slots:.1f} "
+            f"requests at a time: {measured})",
+        )
+    return Detected(
+        default,
+        f"LM endpoint {where}: --concurrency {default} (auto: it answers requests "
+        f"side by side: {measured})",
+    )

@@ -16,16 +16,35 @@ def test_up_to_five_percent_of_the_calls_may_fail():
 
 
 def test_past_the_threshold_the_error_names_the_figure_and_the_first_failure():
-    records = [CallRecord(site="answer", model="m", prompt_tokens=1, completion_tokens=1, seconds=0.1,
-                          cached=False),
-               CallRecord(site="mem0.extract", model="m", prompt_tokens=0, completion_tokens=0, seconds=0.1,
-                          cached=False, error="the prompt does not fit the server's context window")]
+    records = [
+        CallRecord(
+            site="answer",
+            model="m",
+            prompt_tokens=1,
+            completion_tokens=1,
+            seconds=0.1,
+            cached=False,
+        ),
+        CallRecord(
+            site="mem0.extract",
+            model="m",
+            prompt_tokens=0,
+            completion_tokens=0,
+            seconds=0.1,
+            cached=False,
+            error="the prompt does not fit the server's context window",
+        ),
+    ]
     with pytest.raises(CallsFailedError) as info:
         check(1, 2, what="the dev evaluation of candidate baseline", first=first_error(records))
     assert info.value.exit_code == 4
-    assert str(info.value).startswith("1 of 2 LM calls failed after their retries in the dev evaluation of "
-                                      "candidate baseline, more than 5%")
-    assert str(info.value).endswith("the first: the prompt does not fit the server's context window")
+    assert str(info.value).startswith(
+        "1 of 2 LM calls failed after their retries in the dev evaluation of "
+        "candidate baseline, more than 5%"
+    )
+    assert str(info.value).endswith(
+        "the first: the prompt does not fit the server's context window"
+    )
     check(1, 40, what="x", first=None)  # under the threshold: no error
 
 

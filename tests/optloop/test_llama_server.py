@@ -19,8 +19,10 @@ import pytest
 
 from tests._llama_server import MODEL_ALIAS, LlamaServer, llama_server, server_available
 
-pytestmark = [pytest.mark.integration,
-              pytest.mark.skipif(server_available() is not None, reason=str(server_available()))]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(server_available() is not None, reason=str(server_available())),
+]
 
 RECALL = "synthetic:recall?seed=0&episodes=8"
 
@@ -31,12 +33,33 @@ def server(tmp_path_factory) -> LlamaServer:
         yield running
 
 
-def cli(module: str, args: list[str], base_url: str, tmp_path: Path, timeout: int = 600) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OPTLOOP_HOME": str(tmp_path / "state"), "OPTLOOP_MLRUNS": str(tmp_path / "mlruns"),
-           "MEM0_TELEMETRY": "False"}
-    for name in ("OPTLOOP_LM", "OPENAI_BASE_URL", "OPENAI_API_KEY", "OPTLOOP_CONCURRENCY", "OPTLOOP_LM_SCHEMA_MODE"):
+def cli(
+    module: str, args: list[str], base_url: str, tmp_path: Path, timeout: int = 600
+) -> subprocess.CompletedProcess:
+    env = {
+        **os.environ,
+        "OPTLOOP_HOME": str(tmp_path / "state"),
+        "OPTLOOP_MLRUNS": str(tmp_path / "mlruns"),
+        "MEM0_TELEMETRY": "False",
+    }
+    for name in (
+        "OPTLOOP_LM",
+        "OPENAI_BASE_URL",
+        "OPENAI_API_KEY",
+        "OPTLOOP_CONCURRENCY",
+        "OPTLOOP_LM_SCHEMA_MODE",
+    ):
         env.pop(name, None)
-    command = [sys.executable, "-m", module, *args, "--lm", f"openai:{MODEL_ALIAS}", "--lm-base-url", base_url]
+    command = [
+        sys.executable,
+        "-m",
+        module,
+        *args,
+        "--lm",
+        f"openai:{MODEL_ALIAS}",
+        "--lm-base-url",
+        base_url,
+    ]
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
 
 
@@ -44,19 +67,50 @@ def test_doctor_finds_the_schema_mode_and_the_concurrency(server, tmp_path):
     result = cli("optloop.doctor", [], server.base_url, tmp_path)
     out = result.stdout + result.stderr
     assert result.returncode == 0, out[-3000:]
-    assert "schema mode json_object, chosen by --lm-schema-mode auto; json_schema: refused (HTTP 500" in out
+    assert (
+        "schema mode json_object, chosen by --lm-schema-mode auto; json_schema: refused (HTTP 500"
+        in out
+    )
     assert "--concurrency 1 (auto: it answers one request at a time" in out
     assert "all checks passed" in out
 
 
 def test_rag_bm25_budget_1_runs_and_attribute_reports(server, tmp_path):
-    run = cli("optloop.run", ["--system", "rag_bm25", "--query-rewrite", "--dataset", RECALL, "--optimizer", "edit",
-                              "--budget", "1", "--json", str(tmp_path / "run.json")], server.base_url, tmp_path)
+    run = cli(
+        "optloop.run",
+        [
+            "--system",
+            "rag_bm25",
+            "--query-rewrite",
+            "--dataset",
+            RECALL,
+            "--optimizer",
+            "edit",
+            "--budget",
+            "1",
+            "--json",
+            str(tmp_path / "run.json"),
+        ],
+        server.base_url,
+        tmp_path,
+    )
     assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
     result = json.loads((tmp_path / "run.json").read_text())
     assert result["lm"]["errors"] == 0 and result["n_test"] > 0 and not result["failed_calls"]
-    attribute = cli("optloop.attribute", ["--system", "rag_bm25", "--dataset", RECALL, "--no-traces",
-                                          "--json", str(tmp_path / "attr.json")], server.base_url, tmp_path)
+    attribute = cli(
+        "optloop.attribute",
+        [
+            "--system",
+            "rag_bm25",
+            "--dataset",
+            RECALL,
+            "--no-traces",
+            "--json",
+            str(tmp_path / "attr.json"),
+        ],
+        server.base_url,
+        tmp_path,
+    )
     assert attribute.returncode == 0, (attribute.stdout + attribute.stderr)[-3000:]
     report = json.loads((tmp_path / "attr.json").read_text())
     assert report["questions"] == 16 and report["failed_calls"] == 0
@@ -64,8 +118,25 @@ def test_rag_bm25_budget_1_runs_and_attribute_reports(server, tmp_path):
 
 def test_mem0_budget_1_runs_at_the_default_concurrency(server, tmp_path):
     # mem0's ~8,600-token prompt on a 2-core CPU server can take most of a minute: --lm-timeout (docs/servers.md)
-    run = cli("optloop.run", ["--system", "mem0", "--dataset", "builtin:tiny", "--optimizer", "edit", "--budget", "1",
-                              "--lm-timeout", "300", "--json", str(tmp_path / "run.json")], server.base_url, tmp_path)
+    run = cli(
+        "optloop.run",
+        [
+            "--system",
+            "mem0",
+            "--dataset",
+            "builtin:tiny",
+            "--optimizer",
+            "edit",
+            "--budget",
+            "1",
+            "--lm-timeout",
+            "300",
+            "--json",
+            str(tmp_path / "run.json"),
+        ],
+        server.base_url,
+        tmp_path,
+    )
     out = run.stdout + run.stderr
     assert run.returncode == 0, out[-3000:]
     assert "--concurrency 1 (auto" in out
@@ -76,7 +147,9 @@ def test_mem0_budget_1_runs_at_the_default_concurrency(server, tmp_path):
 def test_an_over_long_prompt_is_a_request_error_naming_the_context(server):
     from optloop.lm import LMRequestError, LMSettings, OptloopLM
 
-    lm = OptloopLM(LMSettings.from_spec(f"openai:{MODEL_ALIAS}", base_url=server.base_url, cache=False))
+    lm = OptloopLM(
+        LMSettings.from_spec(f"openai:{MODEL_ALIAS}", base_url=server.base_url, cache=False)
+    )
     with pytest.raises(LMRequestError) as info:
         lm.text("memory " * 14000)
     message = str(info.value)
@@ -87,11 +160,26 @@ def test_an_over_long_prompt_is_a_request_error_naming_the_context(server):
 def test_a_run_whose_calls_fail_stops_with_exit_4_instead_of_reporting(tmp_path):
     # mem0's extraction prompt (~8,600 tokens) does not fit llama.cpp's default 2,048-token context.
     with llama_server(tmp_path, n_ctx=2048) as small:
-        run = cli("optloop.run", ["--system", "mem0", "--dataset", "builtin:tiny", "--optimizer", "edit",
-                                  "--budget", "1"], small.base_url, tmp_path)
+        run = cli(
+            "optloop.run",
+            [
+                "--system",
+                "mem0",
+                "--dataset",
+                "builtin:tiny",
+                "--optimizer",
+                "edit",
+                "--budget",
+                "1",
+            ],
+            small.base_url,
+            tmp_path,
+        )
     out = run.stdout + run.stderr
     assert run.returncode == 4, out[-3000:]
     last = out.strip().splitlines()[-1]
-    assert "LM calls failed after their retries in the train evaluation of candidate baseline" in last
+    assert (
+        "LM calls failed after their retries in the train evaluation of candidate baseline" in last
+    )
     assert "the server's context is 2048" in last and "--n_ctx" in last
     assert "test accuracy" not in out

@@ -20,8 +20,10 @@ from signatures.mem0 import Mem0Extract  # first: it points MEM0_DIR into optloo
 from tests._llama_server import MODEL_ALIAS, RecordingProxy, llama_server, server_available
 from tests.optloop._export_store import MEM0_RULE, store, template  # noqa: F401 (fixtures)
 
-pytestmark = [pytest.mark.integration,
-              pytest.mark.skipif(server_available() is not None, reason=str(server_available()))]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(server_available() is not None, reason=str(server_available())),
+]
 
 OPTIMIZED = f"{Mem0Extract.instructions}\n\nRule: one memory per fact, in the user's own words."
 SESSION = [{"role": "user", "content": "I moved to Lisbon in 2021. My sister Ana is a nurse."}]
@@ -37,26 +39,51 @@ def server(tmp_path_factory):
 def _offline(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("MEM0_TELEMETRY", "False")
-    monkeypatch.delenv("OPENROUTER_API_KEY", raising=False)  # mem0's OpenAI client would switch to it
+    monkeypatch.delenv(
+        "OPENROUTER_API_KEY", raising=False
+    )  # mem0's OpenAI client would switch to it
 
 
 def app_memory(root: Path, base_url: str) -> Any:
     """The product's own mem0: nothing of optloop in it."""
     from mem0 import Memory
 
-    return Memory.from_config({
-        "llm": {"provider": "openai", "config": {"model": MODEL_ALIAS, "openai_base_url": base_url,
-                                                 "api_key": "not-needed"}},
-        "embedder": {"provider": "huggingface", "config": {"model": LocalEmbedder.model_path(), "embedding_dims": 384}},
-        "vector_store": {"provider": "qdrant", "config": {"collection_name": "app", "path": str(root / "qdrant"),
-                                                          "on_disk": True, "embedding_model_dims": 384}},
-        "history_db_path": str(root / "history.db"),
-    })
+    return Memory.from_config(
+        {
+            "llm": {
+                "provider": "openai",
+                "config": {
+                    "model": MODEL_ALIAS,
+                    "openai_base_url": base_url,
+                    "api_key": "not-needed",
+                },
+            },
+            "embedder": {
+                "provider": "huggingface",
+                "config": {"model": LocalEmbedder.model_path(), "embedding_dims": 384},
+            },
+            "vector_store": {
+                "provider": "qdrant",
+                "config": {
+                    "collection_name": "app",
+                    "path": str(root / "qdrant"),
+                    "on_disk": True,
+                    "embedding_model_dims": 384,
+                },
+            },
+            "history_db_path": str(root / "history.db"),
+        }
+    )
 
 
 def exported(root: Path, prompt: str, **options: Any) -> Any:
     """``python -m optloop.export --format mem0``'s module for ``prompt``, imported as a product imports it."""
-    bundle = Bundle(system="mem0", prompts={"mem0.extract": prompt}, source={"test": True}, label="a test export")
+    bundle = Bundle(
+        system="mem0",
+        prompts={"mem0.extract": prompt},
+        source={"test": True},
+        label="a test export",
+    )
     path = root / "mem0_prompts.py"
     path.write_text(render(bundle, "mem0", **options))
     spec = importlib.util.spec_from_file_location(f"mem0_prompts_{abs(hash(prompt))}", path)
@@ -73,7 +100,9 @@ def extraction(body: dict[str, Any]) -> bool:
 
 
 def test_an_exported_prompt_is_what_the_mem0_app_sends(server, tmp_path):
-    module = exported(tmp_path, OPTIMIZED)  # --schema-mode json_schema (the default): this server refuses it
+    module = exported(
+        tmp_path, OPTIMIZED
+    )  # --schema-mode json_schema (the default): this server refuses it
     with RecordingProxy(server.base_url) as proxy:
         memory = app_memory(tmp_path / "app", proxy.base_url)
         assert module.apply(memory) == ["mem0.extract"]
@@ -82,20 +111,34 @@ def test_an_exported_prompt_is_what_the_mem0_app_sends(server, tmp_path):
         stored = memory.get_all(filters={"user_id": "u1"})["results"]
         memory.close()
     sent = [body for body in proxy.chat_requests() if extraction(body)]
-    print(f"mem0 sent {len(sent)} extraction request(s); stored {[m['memory'] for m in stored]}; "
-          f"search found {[h['memory'] for h in found['results']]}")
-    *refused, accepted = sent  # json_schema refused (HTTP 500, the SDK's own retries), then json_object
-    assert refused and all(r["response_format"] == module.RESPONSE_FORMATS["mem0.extract"] for r in refused)
+    print(
+        f"mem0 sent {len(sent)} extraction request(s); stored {[m['memory'] for m in stored]}; "
+        f"search found {[h['memory'] for h in found['results']]}"
+    )
+    *refused, accepted = (
+        sent  # json_schema refused (HTTP 500, the SDK's own retries), then json_object
+    )
+    assert refused and all(
+        r["response_format"] == module.RESPONSE_FORMATS["mem0.extract"] for r in refused
+    )
     assert all(r["messages"][0] == {"role": "system", "content": OPTIMIZED} for r in sent)
     assert accepted["response_format"] == response_format("mem0.extract", "json_object")
-    assert {k: accepted[k] for k in ("temperature", "max_tokens", "seed")} == module.SAMPLING == loop_sampling()
+    assert (
+        {k: accepted[k] for k in ("temperature", "max_tokens", "seed")}
+        == module.SAMPLING
+        == loop_sampling()
+    )
     assert "results" in found
 
 
-def test_the_registry_champion_through_optloop_product_is_what_the_mem0_app_sends(store, server, tmp_path):
+def test_the_registry_champion_through_optloop_product_is_what_the_mem0_app_sends(
+    store, server, tmp_path
+):
     with RecordingProxy(server.base_url) as proxy:
         memory = app_memory(tmp_path / "app", proxy.base_url)
-        assert apply(memory, "prompts:/optloop.mem0.extract@champion", schema_mode="json_object") == ["mem0.extract"]
+        assert apply(
+            memory, "prompts:/optloop.mem0.extract@champion", schema_mode="json_object"
+        ) == ["mem0.extract"]
         memory.add(SESSION, user_id="u1")
         found = memory.search("What does Ana do?", top_k=3, filters={"user_id": "u1"})
         memory.close()
@@ -113,8 +156,11 @@ def test_the_exported_baseline_sends_the_request_optloops_mem0_measured(server, 
 
     turns = [Turn(id="t1", role=m["role"], content=m["content"]) for m in SESSION]
     with RecordingProxy(server.base_url) as proxy:
-        lm = OptloopLM(LMSettings.from_spec(f"openai:{MODEL_ALIAS}", base_url=proxy.base_url, cache=False,
-                                            timeout_s=300))
+        lm = OptloopLM(
+            LMSettings.from_spec(
+                f"openai:{MODEL_ALIAS}", base_url=proxy.base_url, cache=False, timeout_s=300
+            )
+        )
         lm.check_endpoint()
         system = Mem0System(lm, tmp_path / "optloop")
         system.ingest([Session(id="s1", turns=turns)])
@@ -125,7 +171,7 @@ def test_the_exported_baseline_sends_the_request_optloops_mem0_measured(server, 
         module.apply(memory)
         memory.add(session_messages(Session(id="s1", turns=turns)), user_id="optloop-user")
         memory.close()
-    shipped = [body for body in proxy.chat_requests() if extraction(body)][len(measured):]
+    shipped = [body for body in proxy.chat_requests() if extraction(body)][len(measured) :]
     keys = ("model", "messages", "response_format", "temperature", "max_tokens", "seed")
     assert len(measured) == len(shipped) == 1
     assert {k: measured[0].get(k) for k in keys} == {k: shipped[0].get(k) for k in keys}
@@ -149,8 +195,12 @@ def test_an_exported_graphiti_prompt_is_what_a_graphiti_app_sends(server, tmp_pa
     from systems.graphiti_system import LocalCrossEncoderClient, LocalEmbedderClient
 
     site = "graphiti.extract_edges.edge"
-    text = f"{library_system_prompt('extract_edges.edge')}\n\nRule: every fact names both entities."
-    bundle = Bundle(system="graphiti", prompts={site: text}, source={"test": True}, label="a test export")
+    text = (
+        f"{library_system_prompt('extract_edges.edge')}\n\nRule: every fact names both entities."
+    )
+    bundle = Bundle(
+        system="graphiti", prompts={site: text}, source={"test": True}, label="a test export"
+    )
     path = tmp_path / "graphiti_prompts.py"
     path.write_text(render(bundle, "graphiti"))
     spec = importlib.util.spec_from_file_location("graphiti_prompts_app", path)
@@ -165,14 +215,27 @@ def test_an_exported_graphiti_prompt_is_what_a_graphiti_app_sends(server, tmp_pa
     with RecordingProxy(server.base_url) as proxy:
         driver = KuzuDriver(db=str(tmp_path / "g.kuzu"))
         embedder = get_embedder()
-        client = OpenAIGenericClient(LLMConfig(api_key="not-needed", base_url=proxy.base_url, model=MODEL_ALIAS,
-                                               max_tokens=256), structured_output_mode="json_object")
-        graphiti = Graphiti(graph_driver=driver, embedder=LocalEmbedderClient(embedder),
-                            cross_encoder=LocalCrossEncoderClient(embedder), llm_client=client)
+        client = OpenAIGenericClient(
+            LLMConfig(
+                api_key="not-needed", base_url=proxy.base_url, model=MODEL_ALIAS, max_tokens=256
+            ),
+            structured_output_mode="json_object",
+        )
+        graphiti = Graphiti(
+            graph_driver=driver,
+            embedder=LocalEmbedderClient(embedder),
+            cross_encoder=LocalCrossEncoderClient(embedder),
+            llm_client=client,
+        )
         assert module.apply(graphiti) == [site]
-        context = Context(episode_content="Ana moved to Lisbon in 2021.", nodes=[{"name": "Ana"}, {"name": "Lisbon"}])
+        context = Context(
+            episode_content="Ana moved to Lisbon in 2021.",
+            nodes=[{"name": "Ana"}, {"name": "Lisbon"}],
+        )
         try:
-            outcome = asyncio.run(graphiti.clients.complete_prompt("extract_edges.edge", context, group_id="g"))
+            outcome = asyncio.run(
+                graphiti.clients.complete_prompt("extract_edges.edge", context, group_id="g")
+            )
         except Exception as exc:  # noqa: BLE001 - graphiti's own validation of the model's answer
             outcome = f"{type(exc).__name__}: {str(exc)[:200]}"
         finally:

@@ -30,18 +30,23 @@ def _lm(base_url: str, **overrides) -> OptloopLM:
 
 
 def test_auto_falls_back_to_json_object_on_a_server_that_refuses_json_schema_and_says_why():
-    with ScriptedOpenAIServer([("ok", "pong"), ("ok", '{"name": "Lisbon", "population": 1}')],
-                              schema_modes=LLAMA_CPP) as server:
+    with ScriptedOpenAIServer(
+        [("ok", "pong"), ("ok", '{"name": "Lisbon", "population": 1}')], schema_modes=LLAMA_CPP
+    ) as server:
         lm = _lm(server.base_url)
         lines = lm.check_endpoint()
         assert lm.json("q", City)["name"] == "Lisbon"
     assert "schema mode json_object, chosen by --lm-schema-mode auto" in lines[0]
     assert "json_schema: refused (HTTP 500: Input should be 'text' or 'json_object')" in lines[0]
-    assert [p["body"]["response_format"]["type"] for p in server.probes if p["kind"] == "schema"] == \
-        ["json_schema", "json_object"]
+    assert [
+        p["body"]["response_format"]["type"] for p in server.probes if p["kind"] == "schema"
+    ] == ["json_schema", "json_object"]
     sent = server.requests[-1]["body"]["response_format"]
     assert sent == {"type": "json_object", "schema": City.model_json_schema()}
-    assert lm.backend.decoding(lm.optloop_engine.request([], response_format=City)) == "schema_mode:json_object"
+    assert (
+        lm.backend.decoding(lm.optloop_engine.request([], response_format=City))
+        == "schema_mode:json_object"
+    )
 
 
 def test_auto_keeps_json_schema_where_it_is_taken_and_probes_once_per_endpoint():
@@ -49,39 +54,59 @@ def test_auto_keeps_json_schema_where_it_is_taken_and_probes_once_per_endpoint()
         first, second = _lm(server.base_url), _lm(server.base_url)
         first.json("q", City)
         second.json("q2", City)
-    assert [p["kind"] for p in server.probes] == ["schema"]  # the first schema call probed; the rest remember
+    assert [p["kind"] for p in server.probes] == [
+        "schema"
+    ]  # the first schema call probed; the rest remember
     assert all(r["body"]["response_format"]["type"] == "json_schema" for r in server.requests)
 
 
-def test_the_variable_sets_the_mode_and_an_explicit_mode_the_server_refuses_is_bad_input(monkeypatch):
+def test_the_variable_sets_the_mode_and_an_explicit_mode_the_server_refuses_is_bad_input(
+    monkeypatch,
+):
     monkeypatch.setenv("OPTLOOP_LM_SCHEMA_MODE", "json_schema")
     with ScriptedOpenAIServer([("ok", "pong")], schema_modes=LLAMA_CPP) as server:
         lm = _lm(server.base_url)
         assert lm.settings.schema_mode == "json_schema"
-        with pytest.raises(LMRequestError, match="does not take --lm-schema-mode json_schema") as info:
+        with pytest.raises(
+            LMRequestError, match="does not take --lm-schema-mode json_schema"
+        ) as info:
             lm.check_endpoint()
     assert info.value.exit_code == 2 and "use --lm-schema-mode auto" in str(info.value)
 
 
 def test_mode_none_writes_the_schema_into_the_instructions_and_checks_the_answer():
     fenced = '```json\n{"name": "Lisbon", "population": 545000}\n```'
-    with ScriptedOpenAIServer([("ok", fenced), ("ok", '{"name": "Lisbon"}')], schema_modes=frozenset({"none"})) \
-            as server:
+    with ScriptedOpenAIServer(
+        [("ok", fenced), ("ok", '{"name": "Lisbon"}')], schema_modes=frozenset({"none"})
+    ) as server:
         lm = _lm(server.base_url, max_retries=0)
-        assert lm.json([{"role": "system", "content": "Extract."}, {"role": "user", "content": "q"}], City) == \
-            {"name": "Lisbon", "population": 545000}
-        with pytest.raises(LMError, match="population"):  # off the schema: a malformed answer, not a result
+        assert lm.json(
+            [{"role": "system", "content": "Extract."}, {"role": "user", "content": "q"}], City
+        ) == {"name": "Lisbon", "population": 545000}
+        with pytest.raises(
+            LMError, match="population"
+        ):  # off the schema: a malformed answer, not a result
             lm.json("q2", City)
     body = server.requests[0]["body"]
     assert "response_format" not in body
-    assert body["messages"][0]["content"].startswith("Extract.\n\nAnswer with one JSON object and nothing else")
+    assert body["messages"][0]["content"].startswith(
+        "Extract.\n\nAnswer with one JSON object and nothing else"
+    )
     assert '"population"' in body["messages"][0]["content"]
 
 
-CONTEXT_400 = (400, {}, {"message": "This model's maximum context length is 2048 tokens. However, you requested "
-                                    "9658 tokens (9146 in the messages, 512 in the completion). Please reduce the "
-                                    "length of the messages or completion.",
-                         "type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded"})
+CONTEXT_400 = (
+    400,
+    {},
+    {
+        "message": "This model's maximum context length is 2048 tokens. However, you requested "
+        "9658 tokens (9146 in the messages, 512 in the completion). Please reduce the "
+        "length of the messages or completion.",
+        "type": "invalid_request_error",
+        "param": "messages",
+        "code": "context_length_exceeded",
+    },
+)
 
 
 def test_a_prompt_longer_than_the_context_fails_at_once_with_the_sizes_and_the_server_flag():
@@ -97,11 +122,16 @@ def test_a_prompt_longer_than_the_context_fails_at_once_with_the_sizes_and_the_s
 
 
 def test_a_validation_error_naming_a_field_is_a_request_error_even_as_http_500():
-    body = {"message": "1 validation error:\n  {'type': 'less_than_equal', 'loc': ('body', 'temperature'), "
-                       "'msg': 'Input should be less than or equal to 2', 'input': 3}", "type": "internal_server_error"}
+    body = {
+        "message": "1 validation error:\n  {'type': 'less_than_equal', 'loc': ('body', 'temperature'), "
+        "'msg': 'Input should be less than or equal to 2', 'input': 3}",
+        "type": "internal_server_error",
+    }
     with ScriptedOpenAIServer([("status", (500, {}, body))]) as server:
         lm = _lm(server.base_url, max_retries=3)
-        with pytest.raises(LMRequestError, match="refuses the request's temperature .Input should be less"):
+        with pytest.raises(
+            LMRequestError, match="refuses the request's temperature .Input should be less"
+        ):
             lm.text("q")
     assert len(server.requests) == 1
 
@@ -136,7 +166,9 @@ def test_concurrency_auto_measures_how_many_requests_the_server_serves_at_once(s
 
 def test_concurrency_auto_is_the_endpoint_default_and_an_explicit_number_wins(monkeypatch):
     assert LMSettings.from_spec("openai:m", base_url="http://x/v1").concurrency_auto
-    assert not LMSettings.from_spec("openai:m", base_url="http://x/v1", concurrency=3).concurrency_auto
+    assert not LMSettings.from_spec(
+        "openai:m", base_url="http://x/v1", concurrency=3
+    ).concurrency_auto
     assert not LMSettings.from_spec("local").concurrency_auto
     monkeypatch.setenv("OPTLOOP_CONCURRENCY", "auto")
     assert LMSettings.from_spec("openai:m", base_url="http://x/v1").concurrency_auto
