@@ -467,15 +467,16 @@ def estimate_lines(figures: Estimate, ckpt: Checkpoint, config: LoopConfig, go_o
             f"goes on from it: {go_on}"]
 
 
-def probe_lm(settings: LMSettings) -> OptloopLM:
+def probe_lm(settings: LMSettings, lines: list[str] | None = None) -> OptloopLM:
     """The LM of ``settings`` without its cache, checked (:meth:`OptloopLM.check_endpoint`): an
     :class:`EndpointDownError` (exit 75) when an endpoint cannot be reached or answers only server errors; an
     LM error of another kind (a wrong key, an unknown model) is bad input (exit 2). Nothing is written (no cache
     file), so it can serve the input's checks before the run's state exists."""
     probe = OptloopLM(settings.model_copy(update={"cache": False}))
     try:
-        for line in probe.check_endpoint():  # the schema mode and concurrency chosen, and why
-            console.print(line, soft_wrap=True, markup=False, highlight=False)
+        found = probe.check_endpoint()  # the schema mode and concurrency chosen, and why
+        if lines is not None:
+            lines += found
     except LMUnreachableError as exc:
         raise EndpointDownError(f"{exc}; nothing was written: rerun the same command once the endpoint is up") from None
     return probe
@@ -534,15 +535,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     _, dev, test = split_dataset(dataset, config)
     choice = choose_run(args, config, state_dir(create=False) / "runs")
     config = config.model_copy(update={"run_name": choice.name})
-    probe = probe_lm(settings)  # an unavailable endpoint fails now, before any state is written
+    endpoint_lines: list[str] = []
+    probe = probe_lm(settings, endpoint_lines)  # an unavailable endpoint fails now, before any state is written
     if proposer_settings is not None:
-        probe_lm(proposer_settings)
+        probe_lm(proposer_settings, endpoint_lines)
     loop = Loop(config, probe, probe, auto_named=not args.run_name, limits=limits)
     loop.prepare()  # --start names a site of the system (checked with the probe: no LM cache file yet)
     lm = OptloopLM(settings)  # the input is valid: now the LM cache may be opened (or found corrupt)
     proposer = OptloopLM(proposer_settings) if proposer_settings is not None else lm
     loop.lm, loop.proposer = lm, proposer
     console.print(choice.line, soft_wrap=True)
+    for line in endpoint_lines:
+        console.print(line, soft_wrap=True, markup=False, highlight=False)
     again = resume_command(argv)
     with interruptible() as signals:
         try:
