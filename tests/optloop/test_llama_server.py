@@ -66,6 +66,7 @@ def cli(
 def test_doctor_finds_the_schema_mode_and_the_concurrency(server, tmp_path):
     result = cli("optloop.doctor", [], server.base_url, tmp_path)
     out = result.stdout + result.stderr
+    print(out)  # pytest -rP shows it: the schema mode and the concurrency chosen, and why
     assert result.returncode == 0, out[-3000:]
     assert (
         "schema mode json_object, chosen by --lm-schema-mode auto; json_schema: refused (HTTP 500"
@@ -94,6 +95,7 @@ def test_rag_bm25_budget_1_runs_and_attribute_reports(server, tmp_path):
         server.base_url,
         tmp_path,
     )
+    print(run.stdout + run.stderr)
     assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
     result = json.loads((tmp_path / "run.json").read_text())
     assert result["lm"]["errors"] == 0 and result["n_test"] > 0 and not result["failed_calls"]
@@ -111,6 +113,7 @@ def test_rag_bm25_budget_1_runs_and_attribute_reports(server, tmp_path):
         server.base_url,
         tmp_path,
     )
+    print(attribute.stdout + attribute.stderr)
     assert attribute.returncode == 0, (attribute.stdout + attribute.stderr)[-3000:]
     report = json.loads((tmp_path / "attr.json").read_text())
     assert report["questions"] == 16 and report["failed_calls"] == 0
@@ -138,6 +141,7 @@ def test_mem0_budget_1_runs_at_the_default_concurrency(server, tmp_path):
         tmp_path,
     )
     out = run.stdout + run.stderr
+    print(out)
     assert run.returncode == 0, out[-3000:]
     assert "--concurrency 1 (auto" in out
     result = json.loads((tmp_path / "run.json").read_text())
@@ -153,6 +157,7 @@ def test_an_over_long_prompt_is_a_request_error_naming_the_context(server):
     with pytest.raises(LMRequestError) as info:
         lm.text("memory " * 14000)
     message = str(info.value)
+    print(f"{type(info.value).__name__} (exit {info.value.exit_code}): {message}")
     assert "the server's context is 12288" in message and "--n_ctx" in message
     assert lm.accounting.records[-1].attempts == 1
 
@@ -176,6 +181,7 @@ def test_a_run_whose_calls_fail_stops_with_exit_4_instead_of_reporting(tmp_path)
             tmp_path,
         )
     out = run.stdout + run.stderr
+    print(f"exit {run.returncode}\n{out}")
     assert run.returncode == 4, out[-3000:]
     last = out.strip().splitlines()[-1]
     assert (
