@@ -334,7 +334,7 @@ class OpenAICompatibleBackend(Backend):
 # HTTP statuses that mean "this request" rather than "this server" or "this account".
 _REQUEST_STATUSES = {400, 413, 422}
 _CONTEXT = re.compile(
-    r"context[ _](length|window)|maximum context|too many tokens|n_ctx|prompt is too long",
+    r"context[ _](length|window|size)|maximum context|too many tokens|n_ctx|prompt is too long",
     re.IGNORECASE,
 )
 _NUMBERS = (
@@ -384,7 +384,7 @@ def request_error(exc: BaseException, *, schema_setting: str = "auto") -> str | 
     text, error = _body(exc)
     code = str(error.get("code") or "")
     if code == "context_length_exceeded" or _CONTEXT.search(text):
-        return _context_fix(text)
+        return _context_fix(text, error)
     names_field = bool(
         _LOC.search(text)
         or "validation error" in text.lower()
@@ -427,10 +427,13 @@ def _reason(text: str) -> str:
     return " ".join(text.split())[:200]
 
 
-def _context_fix(text: str) -> str:
+def _context_fix(text: str, error: dict[str, Any]) -> str:
     window = next((int(m.group(1)) for p in _NUMBERS if (m := p.search(text))), None)
     asked = next((int(m.group(1)) for p in _ASKED if (m := p.search(text))), None)
     prompt = int(m.group(1)) if (m := _IN_MESSAGES.search(text)) else None
+    # llama.cpp's C++ llama-server puts the sizes in the error object itself.
+    window = window or _whole(error.get("n_ctx"))
+    prompt = prompt or _whole(error.get("n_prompt_tokens"))
     sizes = []
     if prompt is not None:
         sizes.append(f"a {prompt}-token prompt")
@@ -439,12 +442,17 @@ def _context_fix(text: str) -> str:
     if window is not None:
         sizes.append(f"the server's context is {window}")
     told = f" ({', '.join(sizes)})" if sizes else ""
-    need = f" to at least {2 ** math.ceil(math.log2(asked))}" if asked else ""
+    total = asked or prompt
+    need = f" to at least {2 ** math.ceil(math.log2(total))}" if total else ""
     return (
         f"the prompt does not fit the server's context window{told}; restart the server with a larger "
-        f"context{need} (llama.cpp server: --n_ctx; vLLM: --max-model-len; Ollama: num_ctx) or shorten "
-        "the prompt"
+        f"context{need} (llama.cpp's Python server: --n_ctx; llama-server: -c per --parallel slot; "
+        "vLLM: --max-model-len; Ollama: OLLAMA_CONTEXT_LENGTH) or shorten the prompt"
     )
+
+
+def _whole(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _short(exc: BaseException) -> str:

@@ -186,3 +186,15 @@ def test_the_timeout_counts_the_request_not_the_wait_for_a_concurrency_slot():
     records = lm.accounting.records
     assert len(records) == 6 and all(r.error is None and not r.faults for r in records)
     assert max(r.throttled_s for r in records) > 1.0  # it did wait, outside the timeout
+
+
+def test_llama_servers_own_context_error_carries_its_sizes_in_the_error_object():
+    body = {"code": 400, "message": "the request exceeds the available context size, try increasing it",
+            "type": "exceed_context_size_error", "n_prompt_tokens": 9146, "n_ctx": 4096}
+    with ScriptedOpenAIServer([("status", (400, {}, body))]) as server:
+        lm = _lm(server.base_url, max_retries=3)
+        with pytest.raises(LMRequestError) as info:
+            lm.text("q")
+    message = str(info.value)
+    assert "a 9146-token prompt" in message and "the server's context is 4096" in message
+    assert "at least 16384" in message and len(server.requests) == 1
