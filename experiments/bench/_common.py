@@ -86,7 +86,8 @@ def run_episode(system_cls: type[MemorySystem], episode: Episode, lm: OptloopLM,
         result = pipeline.run_episode(episode, stores, lm=lm)
     # A library may swallow a failed LLM call (mem0 stores nothing): such an episode is not a measurement.
     failures.check(sum(c.error is not None for c in calls), len(calls),
-                   what=f"{system_cls.name} on episode {episode.id}", first=failures.first_error(calls))
+                   what=f"{getattr(system_cls, 'name', system_cls.__name__)} on episode {episode.id}",
+                   first=failures.first_error(calls))
     return EpisodeRun(episode_id=episode.id, sessions=len(episode.sessions), setup_s=result.setup_s,
                       ingest_s=result.ingest_s, ingest_calls=result.ingest_calls, answer_s=result.answer_s,
                       answer_calls=result.answer_calls,
