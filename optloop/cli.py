@@ -1,4 +1,6 @@
-"""Shared pieces of optloop's command-line entry points.
+"""The start every optloop command shares: its parser (:class:`CommandParser`: the module docstring as
+``--help``, ``--verbose``, the LM flags), parsing with logging set up (:func:`parse_command`), the LM the
+flags ask for, and the wrapper that runs it (:func:`run_cli`).
 
 Every entry point is wrapped by :func:`run_cli`: an :class:`OptloopError`
 becomes one ``optloop: error: ...`` line on stderr and a non-zero exit, never
@@ -10,7 +12,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from rich.logging import RichHandler
@@ -27,6 +29,42 @@ LM backends (--lm, or the OPTLOOP_LM environment variable):
                              the schema mode and the concurrency are found at start-up
                              (--lm-schema-mode auto, --concurrency auto; docs/servers.md)
 """
+
+
+class CommandParser(argparse.ArgumentParser):
+    """The parser of an optloop command: ``description`` (the module docstring) shown as written, and after
+    the command's own flags ``--verbose`` and, with ``lm``, the LM flags (:func:`add_lm_arguments`), added
+    when the parser is first used."""
+
+    def __init__(self, prog: str | None = None, description: str | None = None, *, lm: bool = False,
+                 **kwargs: Any):
+        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        super().__init__(prog=prog, description=description, **kwargs)
+        self._lm = lm
+        self._finished = False
+
+    def _finish(self) -> None:
+        if not self._finished:
+            self._finished = True
+            self.add_argument("--verbose", action="store_true", help="debug logging and tracebacks")
+            if self._lm:
+                add_lm_arguments(self)
+
+    def parse_known_args(self, args: Iterable[str] | None = None,
+                         namespace: Any = None) -> tuple[Any, list[str]]:
+        self._finish()
+        return super().parse_known_args(args, namespace)
+
+    def format_help(self) -> str:
+        self._finish()
+        return super().format_help()
+
+
+def parse_command(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """``argv`` parsed by a command's parser, and logging set up (``--verbose``: debug, tracebacks)."""
+    args = parser.parse_args(argv)
+    setup_logging(args.verbose)
+    return args
 
 
 def add_lm_arguments(parser: argparse.ArgumentParser) -> None:

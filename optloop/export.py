@@ -30,8 +30,9 @@ Formats:
   dspy      the run's DSPy program JSON (every site's instructions and demos; dspy's load())
   pack      a JSON prompt pack: {format, system, prompts, knobs, knob_values, sites, source}; sites gives
             each optloop-defined site's input fields and output fields (type, description, JSON schema),
-            knob_values the system's knob value spaces: what optloop's own systems (tiered, gated: SystemClass(...).apply_pack(json.load(open(path)))) need to run
-            with the optimized prompts and knobs
+            knob_values the system's knob value spaces: what optloop's own systems (tiered, gated:
+            SystemClass(...).apply_pack(json.load(open(path)))) need to run with the optimized
+            prompts and knobs
 
 Without the export step, optloop.product.apply(memory, "prompts:/optloop.mem0.extract@champion")
 applies registry prompts to a live mem0 or graphiti from Python (optloop installed).
@@ -41,10 +42,15 @@ Nothing is written unless the export succeeds; the file is replaced in one step.
 
 from __future__ import annotations
 
+import os
+
+from optloop.offline import offline_defaults
+
+os.environ.update(offline_defaults())  # first: litellm, mem0 and Hugging Face read them when imported
+
 import argparse
 import ast
 import json
-import os
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -54,7 +60,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from optloop import artifacts
-from optloop.cli import run_cli, setup_logging
+from optloop.cli import CommandParser, parse_command, run_cli
 from optloop.errors import ConfigError
 from optloop.product import SchemaMode, library_of, load_registry_prompt, loop_sampling, response_format
 
@@ -179,7 +185,7 @@ def _site_fields(site: str) -> dict[str, Any] | None:
 
     signatures = {**TIERED_SIGNATURES, **GATED_SIGNATURES, ANSWER: AnswerFromMemories, QUERY_REWRITE: RewriteQuery,
                   MD_FLAT_CURATE: CurateMarkdownMemory}
-    signature = signatures.get(site)
+    signature: Any = signatures.get(site)
     if signature is None:
         return None
 
@@ -283,8 +289,7 @@ def write(path: Path | None, text: str) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m optloop.export", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser("python -m optloop.export", __doc__)
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--run", metavar="RUN_ID", help="a finished optloop.run parent run")
     source.add_argument("--prompt", metavar="REF", help="a registry prompt: NAME@ALIAS or NAME/VERSION")
@@ -295,13 +300,11 @@ def build_parser() -> argparse.ArgumentParser:
                              "default) or json_object (a llama.cpp server), as the run's LM endpoint did")
     parser.add_argument("--tracking-uri", help="MLflow tracking URI (default sqlite:///mlruns/mlflow.db, or "
                                                "MLFLOW_TRACKING_URI)")
-    parser.add_argument("--verbose", action="store_true")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    setup_logging(args.verbose)
+    args = parse_command(build_parser(), argv)
     out = check_out(args.out)
     from optloop import tracking
 

@@ -260,7 +260,7 @@ def _parse_line(line: str) -> FactLine | MalformedLine | None:
             return MalformedLine(line=line, reason="nothing on one side of '|'")
         key, value = parts[0], ", ".join(parts[1:])
     else:
-        match = re.match(r"^([^:=]{1,%d})\s*[:=]\s*(.+)$" % MAX_KEY_CHARS, text)
+        match = re.match(rf"^([^:=]{{1,{MAX_KEY_CHARS}}})\s*[:=]\s*(.+)$", text)
         if match is None or len(match[1].split()) > MAX_KEY_WORDS:
             return MalformedLine(line=line, reason="no '|' between a key and a value")
         key, value, separator = match[1].strip(), match[2].strip(), "=" if "=" in text[:len(match[1]) + 2] else ":"
@@ -713,6 +713,7 @@ class TieredSystem(MemorySystem):
                 (fact.key, fact.label, fact.value, category_of(fact.key), session.id if session else None, turn_id,
                  session.timestamp if session else None, int(is_grounded), vector.astype(np.float32).tobytes()),
             ).lastrowid
+            assert new_id is not None  # an INSERT's row id
             if live is not None:
                 db.execute("UPDATE ltm SET superseded_by = ? WHERE id = ?", (new_id, live["id"]))
                 self._vectors.pop(live["id"], None)

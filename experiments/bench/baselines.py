@@ -22,6 +22,12 @@ systems and malformed dataset URIs fail before the LM is loaded.
 
 from __future__ import annotations
 
+import os
+
+from optloop.offline import offline_defaults
+
+os.environ.update(offline_defaults())  # first: litellm, mem0 and Hugging Face read them when imported
+
 import argparse
 import json
 import sys
@@ -37,7 +43,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from experiments.bench._common import EpisodeRun, bench_lm, parse_systems, run_episode
-from optloop.cli import add_lm_arguments, run_cli, setup_logging
+from optloop.cli import CommandParser, parse_command, run_cli
 from optloop.config import load_config, with_limit
 from optloop.datasets import LOADERS, Dataset, Question, load_dataset, parse_uri
 from optloop.datasets.memfail import default_path
@@ -252,9 +258,7 @@ def print_tables(plan: Plan, results: Results, lm_identity: str, console: Consol
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m experiments.bench.baselines", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_lm_arguments(parser)
+    parser = CommandParser("python -m experiments.bench.baselines", __doc__, lm=True)
     parser.add_argument("--systems", help=f"comma-separated (default: {','.join(DEFAULT_SYSTEMS)})")
     parser.add_argument("--datasets", help="comma-separated dataset URIs (default: MemFail tasks + synthetic:meme)")
     parser.add_argument("--episodes", type=int, metavar="N",
@@ -263,11 +267,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--config", type=Path, metavar="FILE", help="experiment file (experiments/configs/*.toml)")
     parser.add_argument("--json", type=Path, metavar="OUT", help="also write the figures to this JSON file")
     parser.add_argument("--markdown", type=Path, metavar="OUT", help="also write the tables to this Markdown file")
-    parser.add_argument("--verbose", action="store_true")
-    args = parser.parse_args(argv)
+    args = parse_command(parser, argv)
     if args.episodes is not None and args.episodes < 1:
         parser.error("--episodes must be at least 1")
-    setup_logging(args.verbose)
     plan = make_plan(args)  # unknown systems, bad URIs and bad config files fail here, before the LM
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -144,7 +144,7 @@ class EditOptimizer(Optimizer):
         out = [Edit(join(parts[:i] + parts[i + 1:]), [f"del {i}"]) for i in drop]
         out.append(Edit(self.default_instruction(site), ["del all (the signature's default instruction)"]))
         for k in range(self.extra):
-            text, ops = list(parts), []
+            text, ops = list(parts), list[str]()
             for _ in range(self.rng.choice((1, 2))):  # GrIPS's num_compose
                 gone = [p for p in pool if p not in text]  # phrases an earlier edit deleted: "add" puts one back
                 op = self.rng.choice([o for o in ("swap", "par", "add", "del") if self._can(o, text, gone)])

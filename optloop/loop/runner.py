@@ -45,6 +45,7 @@ from __future__ import annotations
 import fcntl
 import json
 import logging
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -153,12 +154,25 @@ def unfinished_runs(runs: Path, config: LoopConfig) -> list[Unfinished]:
     return [u for _, u in sorted(found, key=lambda pair: pair[0], reverse=True)]
 
 
+def check_start_sites(cfg: LoopConfig, lm: Any) -> None:
+    """Refuse (:class:`ConfigError`) a ``--start`` naming no site of the system, or ``--query-rewrite`` on a
+    system that never searches, before any state of the run is written: the system is built with ``lm`` (its
+    LM calls none) in a throwaway directory."""
+    if not (cfg.start or cfg.query_rewrite):
+        return
+    with tempfile.TemporaryDirectory(prefix="optloop-sites-") as tmp:
+        probe = get_system(cfg.system)(lm, Path(tmp), query_site=cfg.query_rewrite)
+        check_start(cfg, list(probe.prompt_sites()))
+        getattr(probe, "close", lambda: None)()
+
+
 class Loop:
     """One ``optloop.run``: see the module docstring."""
 
     def __init__(self, config: LoopConfig, lm: Any, proposer: Any, *, work: Path | None = None,
                  progress: Callable[[str], None] | None = None, auto_named: bool = False,
-                 limits: SpendingLimits | None = None):
+                 limits: SpendingLimits | None = None,
+                 prepared: tuple[Dataset, Dataset, Dataset, Dataset] | None = None):
         self.config = config
         self.limits = limits or SpendingLimits()  # this process's --max-cost, --max-calls, --estimate
         self.auto_named = auto_named  # the run name was made up: the same command (no --run-name) resumes it
@@ -169,7 +183,8 @@ class Loop:
         self.progress = progress or (lambda msg: None)
         self.started = time.perf_counter()
         self._lock: Any = None
-        self._prepared: tuple[Dataset, Dataset, Dataset, Dataset] | None = None
+        # the dataset and its train, dev and test splits, once loaded and checked (see prepare)
+        self._prepared = prepared
         self.site_stages: dict[str, str] = {}  # the system's prompt sites and their stages, once the run has begun
         self.start: Candidate | None = None  # the program the run starts from, once the run has begun
 
@@ -183,14 +198,7 @@ class Loop:
         cfg = self.config
         dataset = load_dataset(cfg.dataset)
         train, dev, test = split_dataset(dataset, cfg)
-        if cfg.start or cfg.query_rewrite:  # an unknown site or a system without a search is refused before any
-            # state of the run is written
-            import tempfile
-
-            with tempfile.TemporaryDirectory(prefix="optloop-sites-") as tmp:
-                probe = get_system(cfg.system)(self.lm, Path(tmp), query_site=cfg.query_rewrite)
-                check_start(cfg, list(probe.prompt_sites()))
-                getattr(probe, "close", lambda: None)()
+        check_start_sites(cfg, self.lm)
         self._prepared = (dataset, train, dev, test)
 
     def run(self) -> LoopResult:
@@ -404,5 +412,5 @@ def _quiet(fn: Callable[[], Any]) -> Any:
 
 
 __all__ = ["FEW_QUESTIONS", "MAX_BUDGET", "Checkpoint", "Loop", "LoopConfig", "LoopResult", "SplitEvaluator", "Trial",
-           "Tried", "Unfinished", "check_fractions", "check_start", "choose_targets", "held_out_intervals", "in_use",
-           "matches", "promotion", "small_split_warning", "split_dataset", "start_candidate", "unfinished_runs"]
+           "Tried", "Unfinished", "check_fractions", "check_start", "check_start_sites", "choose_targets",
+           "held_out_intervals", "in_use", "matches", "promotion", "small_split_warning", "split_dataset", "start_candidate", "unfinished_runs"]

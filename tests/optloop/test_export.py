@@ -16,15 +16,14 @@ import sysconfig
 import textwrap
 from pathlib import Path
 
-import pytest
 
 from optloop.cli import run_cli
 from optloop.export import main
 from optloop.product import response_format
 from optloop.product_templates.mem0_prompts import sha256
+from optloop.testing.scripted import ScriptedOpenAIServer
 from signatures.graphiti import library_system_prompt
 from signatures.mem0 import AGENT_CONTEXT_SUFFIX
-from tests._servers import ScriptedOpenAIServer
 from tests.optloop._export_store import EDGE_RULE, EDGE_SITE, MEM0_RULE, store, template  # noqa: F401 (fixtures)
 
 

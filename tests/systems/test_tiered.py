@@ -16,11 +16,13 @@ from pathlib import Path
 import pytest
 
 from optloop.attribution import ErrorType, attribute, default_judges
-from optloop.attribution.faults import faults_for, run_planted, summarize
+from optloop.attribution.planted import run_planted
+from optloop.attribution.planted_report import summarize
 from optloop.datasets import Dataset, Episode, Question, Session, Turn, load_dataset
 from optloop.embed import Embedder, get_embedder
 from optloop.errors import ConfigError
 from optloop.export import Bundle, render
+from optloop.faults.catalogue import faults_for
 from optloop.tracing.recorder import record_episode
 from systems import get_system
 from systems.tiered import (
@@ -28,10 +30,10 @@ from systems.tiered import (
     FORGOTTEN,
     TieredSystem,
     category_of,
-    subject_words,
     forget_request,
     parse_fact_lines,
     redact,
+    subject_words,
 )
 from tests.systems._site_lm import SiteLM, echo_memories
 

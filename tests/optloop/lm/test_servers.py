@@ -15,7 +15,7 @@ from pydantic import BaseModel
 from optloop.errors import LMError
 from optloop.lm import LMRequestError, LMSettings, OptloopLM, Request
 from optloop.lm.probe import detect_concurrency
-from tests._servers import InFlight, ScriptedOpenAIServer
+from optloop.testing.scripted import InFlight, ScriptedOpenAIServer
 
 LLAMA_CPP = frozenset({"json_object", "none"})
 
