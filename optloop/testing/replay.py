@@ -203,8 +203,9 @@ class ReplayServer(LoopbackServer):
             # the start-up probes: a json_schema endpoint that serves side by side (not in requests or probes)
             with self._lock:
                 self.stats.startup_probes += 1
-            return 200, _completion(body, probe, {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}), \
-                {}, self.config.latency_ms / 1000
+            usage = {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
+            return 200, chat_completion(body, probe, usage, id="replay-probe", model="replay"), {}, \
+                self.config.latency_ms / 1000
         with self._lock:
             self.stats.requests += 1
             if key is None:
