@@ -4,7 +4,8 @@ A server that answers one request at a time (llama.cpp's Python server, Ollama w
 ``OLLAMA_NUM_PARALLEL=1``, one vLLM replica at its batch limit) keeps the others waiting
 inside their HTTP request, where the request timeout runs: at ``--concurrency 8`` the eighth
 request of a burst waits for seven answers before its own starts. The probe sends one short
-request alone (twice, after one to warm the server), then :data:`BURST` at once, and compares:
+request alone (twice, after one to warm the server; the faster counts), then :data:`BURST` at once,
+and compares:
 
     slots ~= BURST x (one request's latency) / (the burst's slowest latency)
 
@@ -66,7 +67,9 @@ def detect_concurrency(backend: Backend, default: int) -> Detected:
     """The concurrency that fits ``backend``'s endpoint (see the module docstring); raises what a call raises."""
     where = backend.where()
     _timed(backend, 0)  # warm-up: a first request may load the model
-    single = (_timed(backend, 1) + _timed(backend, 2)) / 2
+    # The faster of two: a request slowed by something else on the machine must not pass for the
+    # server's own latency (a serial server once read as 2.4 slots from one slow single request).
+    single = min(_timed(backend, 1), _timed(backend, 2))
     with ThreadPoolExecutor(BURST) as pool:
         slowest = max(pool.map(lambda i: _timed(backend, i), range(3, 3 + BURST)))
     if single < UNMEASURABLE_S:
