@@ -51,6 +51,7 @@ os.environ.update(offline_defaults())  # first: litellm, mem0 and Hugging Face r
 import argparse
 import ast
 import json
+import shlex
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -221,7 +222,8 @@ def _module(bundle: Bundle, library: str, *, schema_mode: SchemaMode, command: s
     module = _template(library)
     data |= {"LIBRARY_SHA256": ("dict[str, str]", {s: module.sha256(t) for s, t in own.items()}),
              "KNOBS": ("dict[str, Any]", bundle.knobs), "SOURCE": ("dict[str, Any]", bundle.source)}
-    header = (f"# Written by `{command or 'python -m optloop.export'}` ({bundle.label}).\n"
+    written_by = " ".join((command or "python -m optloop.export").split())  # a comment: one line
+    header = (f"# Written by `{written_by}` ({' '.join(bundle.label.split())}).\n"
               "# Standalone: needs only the memory library. Export again rather than edit PROMPTS by hand.\n")
     text = fill(template_source(f"{library}_prompts"), data, header)
     compile(text, f"{library}_prompts.py", "exec")  # a template or data bug fails here, not in the product
@@ -270,6 +272,16 @@ def check_out(out: str) -> Path | None:
     return path
 
 
+def _file_mode(path: Path) -> int:
+    """The mode a plain ``open(path, "w")`` would leave: the file's own when it exists, else 0666
+    less the umask."""
+    if path.exists():
+        return path.stat().st_mode & 0o7777
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
 def write(path: Path | None, text: str) -> None:
     """Write through a temporary file in the same directory, then rename: never half a file."""
     if path is None:
@@ -277,6 +289,7 @@ def write(path: Path | None, text: str) -> None:
         return
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, _file_mode(path))  # not mkstemp's 0600: a service of another user reads it
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
         os.replace(tmp, path)
@@ -310,7 +323,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     tracking.open_existing(args.tracking_uri)
     bundle = from_run(args.run) if args.run else from_prompt(args.prompt)
-    source = f"--run {args.run}" if args.run else f"--prompt {args.prompt}"
+    source = shlex.join(["--run", args.run] if args.run else ["--prompt", args.prompt.strip()])
     text = render(bundle, args.format, schema_mode=args.schema_mode,
                   command=f"python -m optloop.export {source} --format {args.format}")
     write(out, text)

@@ -55,13 +55,27 @@ limits are not part of the run's settings). The total may pass a limit by one st
 the whole run (the trials' evaluations and the optimizer's own calls on train and to the
 proposer), and stops; the same command without --estimate goes on from that baseline.
 
+Outside services and stores: the tracking server (--tracking-uri), a database --storage and
+the LM endpoint are each probed once at start with a bounded timeout, and the state directory
+and the MLflow store must be writable, before anything is written. MLflow's own HTTP retries
+are bounded (MLFLOW_HTTP_REQUEST_MAX_RETRIES=3, ..._TIMEOUT=10 unless set), so a tracking
+server lost mid-run stops the run like a lost LM endpoint: saved, exit 75, the same command
+resumes it. A full disk or a store that turns read-only stops it saved with exit 74. A
+checkpoint the same command cannot read is refused (exit 2: --new starts afresh and ends
+its MLflow run KILLED); one whose parent run the tracking store lacks (another
+--tracking-uri, mlruns/ deleted) resumes into a new parent run there. docs/reliability.md
+has every case.
+
 Exit codes: 0 done (or --estimate printed); 2 bad input (an unknown system, a budget out of
 range, a missing or malformed dataset, a corrupt LM cache or checkpoint, a finished
 --run-name, --max-cost on a model without a price: one line, before anything is written);
 3 stopped at --max-cost or --max-calls (saved: raise the limit and rerun); 4 stopped because more
 than 5 % of an evaluation's LM calls failed after their retries (saved: the line names the first
-failure and what to change; a figure with fewer failures carries their count); 75 LM endpoint
-unavailable; 130 interrupted.
+failure and what to change; a figure with fewer failures carries their count); 74 a full disk
+or an unwritable state directory or MLflow store (EX_IOERR: free space or fix the
+permission named, then rerun the same command); 75 the LM endpoint, the tracking server
+or the --storage database unavailable (EX_TEMPFAIL: rerun when it is back); 130
+interrupted.
 """
 
 from __future__ import annotations
@@ -69,7 +83,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from optloop.cli import CommandParser
+from optloop.cli import CommandParser, dataset_help
 from optloop.errors import ConfigError
 from optloop.lm import LMSettings
 from optloop.loop.runner import MAX_BUDGET, LoopConfig, check_fractions
@@ -133,10 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _OneLineParser("python -m optloop.run", __doc__, lm=True)
     parser.add_argument("--system", default="mem0", choices=list(SYSTEMS), metavar="SYSTEM",
                         help=f"memory system: {', '.join(SYSTEMS)} (default mem0)")
-    parser.add_argument("--dataset", default="builtin:tiny",
-                        help="dataset URI (default builtin:tiny): builtin:tiny, memfail:<task>, locomo:<path>, "
-                             "longmemeval:<path>, meme:<path>, synthetic:meme?seed=K, jsonl:<path>; "
-                             "?limit=N keeps the first N episodes")
+    parser.add_argument("--dataset", default="builtin:tiny", help=dataset_help())
     parser.add_argument("--budget", type=_budget, default=3, help="candidate evaluations on dev (default 3)")
     parser.add_argument("--optimizer", choices=["simba", "gepa", "optuna", "edit"], default="simba",
                         help="simba (default), gepa, optuna (TPE over proposed instructions and knobs), or edit "

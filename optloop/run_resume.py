@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from optloop.errors import ConfigError
+from optloop.loop import checkpoint_guard
 from optloop.loop.runner import Checkpoint, LoopConfig, matches, unfinished_runs
 
 
@@ -43,6 +44,8 @@ def choose_run(args: argparse.Namespace, config: LoopConfig, runs: Path) -> Choi
                               "pick another --run-name")
         return Choice(name, ckpt, f"[bold]optloop.run[/] resuming {name}: {what} ({_so_far(ckpt, config)})")
     busy: list[str] = []
+    if not args.new and (broken := checkpoint_guard.broken_runs(runs, config)):  # not skipped
+        raise ConfigError(checkpoint_guard.refusal(broken[0]))
     if not args.new:
         for run in unfinished_runs(runs, config):
             if run.in_use and config.optimizer != "optuna":

@@ -553,6 +553,24 @@ def test_the_limits_are_not_settings_of_the_run():
     assert run_config(limited, settings).digest() == run_config(plain, settings).digest()
 
 
+@pytest.mark.parametrize("args, message", [
+    (["--sites", "nosuch"], "--sites nosuch: no such site on rag_bm25; its sites are answer"),
+    (["--knob", "nosuch=3"], "rag_bm25 has no knob(s) ['nosuch']; its knobs are ['top_k']"),
+    (["--knob", "top_k=many"],
+     "--knob top_k='many': rag_bm25's top_k takes a whole number, e.g. --knob top_k=5"),
+])
+def test_bad_sites_and_knobs_are_one_line_exit_2_before_any_state(args, message, tmp_path):
+    """Checked with the input: not after the baseline (--sites), nor as the system is built."""
+    from optloop.testing.scripted import ScriptedOpenAIServer
+
+    with ScriptedOpenAIServer([("ok", "{}")]) as server:
+        result = run(["--system", "rag_bm25", "--lm", "openai:test", "--lm-base-url",
+                      server.base_url, *args], tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip() == f"optloop: error: {message}"
+    assert nothing_written(tmp_path)
+
+
 def test_exit_4_when_the_calls_of_an_evaluation_fail_and_no_accuracy_is_reported(tmp_path):
     from optloop.testing.scripted import ScriptedOpenAIServer
 
