@@ -51,6 +51,7 @@ from rich.console import Console, Group
 from rich.progress import Progress
 from rich.table import Table
 
+from optloop import failures
 from optloop.attribution import blame, default_judges
 from optloop.attribution.planted import (
     EVIDENCE_REACHED,
@@ -115,6 +116,8 @@ def attribute_dataset(system_name: str, dataset_uri: str, lm: Any, work: Path, *
                                  {a.question_id: a.to_annotation() for a in failed})
             progress.advance(task)
     usage = lm.accounting.totals(since=mark)
+    failures.check(usage.errors, usage.calls, what=f"optloop.attribute of {system_name} on {dataset.uri}",
+                   first=failures.first_error(lm.accounting.since(mark)))
     entries = blame(attributions, passed=correct)
     return {
         "system": system_name, "dataset": dataset.uri, "questions": questions, "correct": correct,
@@ -128,6 +131,7 @@ def attribute_dataset(system_name: str, dataset_uri: str, lm: Any, work: Path, *
         "ambiguous": sum(a.ambiguous for a in attributions),
         "agent_calls": explorer.calls if explorer else 0,
         "cost": {"llm_calls": usage.calls, "tokens": usage.tokens, "seconds": round(time.perf_counter() - started, 1)},
+        "failed_calls": usage.errors,
     }
 
 
@@ -203,8 +207,9 @@ def render_traces_markdown(report: dict[str, Any]) -> str:
 def render_table(report: dict[str, Any]) -> Table:
     types = sorted({row["type"] for row in report["by_type_and_site"]})
     targets = sorted({row["target"] for row in report["by_type_and_site"]})
-    table = Table(title=f"{report['system']} on {report['dataset']}: {report['failures']} failures of "
-                        f"{report['questions']} questions, attributed (error type by site)")
+    title = failures.mark(f"{report['system']} on {report['dataset']}: {report['failures']} failures of "
+                          f"{report['questions']} questions", report.get("failed_calls", 0))
+    table = Table(title=f"{title}, attributed (error type by site)")
     table.add_column("site / knob")
     for t in types:
         table.add_column(t, justify="right")
@@ -223,7 +228,8 @@ def _rate(entry: dict[str, Any]) -> str:
 
 def render_markdown(report: dict[str, Any]) -> str:
     lines = [f"# Attribution: {report['system']} on {report['dataset']}", "",
-             f"Accuracy {report['correct']}/{report['questions']}; {report['failures']} failures attributed; "
+             failures.mark(f"Accuracy {report['correct']}/{report['questions']}", report.get("failed_calls", 0))
+             + f"; {report['failures']} failures attributed; "
              f"{report['cost']['llm_calls']} LLM calls, {report['cost']['seconds']} s.", "",
              "## Blame", "", "ranked by failure rate given a correct input (failures / questions that reached "
              "the target's stage intact)", "",
@@ -413,6 +419,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise ConfigError(f"unknown fault(s) {unknown}; see --list-faults")
     load_dataset(args.dataset)  # a malformed dataset fails here, before any LLM call
     lm = lm_from_args(args, get_system(systems[0]).local_decoding if len(systems) == 1 else None)
+    for line in lm.check_endpoint():  # an endpoint that cannot serve fails now; the modes it gets, and why
+        console.print(line, soft_wrap=True, markup=False, highlight=False)
     slug = f"{'+'.join(systems)}-{args.dataset.replace(':', '_').replace('/', '_')}"
     out = args.out or state_dir() / "attribution" / slug
     with tempfile.TemporaryDirectory(prefix="optloop-attr-") as tmp:

@@ -28,7 +28,9 @@ LM backends (--lm, or the OPTLOOP_LM environment variable):
   local                      the bundled SmolLM2-135M-Instruct, llama.cpp in-process (default)
   local:/path/model.gguf     any GGUF file, llama.cpp in-process
   openai:<model>             any OpenAI-compatible endpoint; --lm-base-url or OPENAI_BASE_URL
-                             (vLLM, Ollama, a llama.cpp server), key from OPENAI_API_KEY
+                             (vLLM, Ollama, a llama.cpp server), key from OPENAI_API_KEY;
+                             the schema mode and the concurrency are found at start-up
+                             (--lm-schema-mode auto, --concurrency auto; docs/servers.md)
 """
 
 
@@ -117,8 +119,13 @@ def add_lm_arguments(parser: argparse.ArgumentParser) -> None:
                        help="local decoding: longest JSON string (default 400; 80 for graphiti)")
     group.add_argument("--rpm", metavar="N", type=float, help="requests per minute to the LM, for the whole process")
     group.add_argument("--tpm", metavar="N", type=int, help="tokens per minute to the LM (prompt + max_tokens)")
-    group.add_argument("--concurrency", metavar="N", type=int,
-                       help="LM requests in flight at once (default $OPTLOOP_CONCURRENCY, else 1 local, 8 endpoint)")
+    group.add_argument("--lm-schema-mode", choices=["auto", "json_schema", "json_object", "none"],
+                       help="how an endpoint gets a response schema (default $OPTLOOP_LM_SCHEMA_MODE, else auto: "
+                            "json_schema, else json_object + schema (llama.cpp's servers), else none (the schema "
+                            "in the instructions, answers checked), the first the endpoint takes)")
+    group.add_argument("--concurrency", metavar="N|auto", type=_concurrency,
+                       help="LM requests in flight at once (default $OPTLOOP_CONCURRENCY, else 1 local, auto on an "
+                            "endpoint: measured at start-up, 1 for a server that answers one request at a time)")
     group.add_argument("--no-cache", action="store_true", help="bypass the persistent LM call cache")
 
 
@@ -139,7 +146,18 @@ def lm_settings_from_args(args: argparse.Namespace, defaults: Mapping[str, Any] 
         max_string_chars=_first_set(getattr(args, "lm_max_chars", None), (defaults or {}).get("max_string_chars")),
         cache=False if args.no_cache else None,
         rpm=getattr(args, "rpm", None), tpm=getattr(args, "tpm", None), concurrency=getattr(args, "concurrency", None),
+        schema_mode=getattr(args, "lm_schema_mode", None),
     )
+
+
+def _concurrency(text: str) -> int | str:
+    """``--concurrency``: ``auto`` or a whole number (its range is :class:`LMSettings`' to check)."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give auto or a whole number from 1 to 1024") from None
 
 
 def _first_set(*values: Any) -> Any:

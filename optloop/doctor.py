@@ -3,7 +3,11 @@
 It makes real calls, not import checks: a schema-constrained extraction and a
 free-text answer through :mod:`optloop.lm`, an embedding through
 :mod:`optloop.embed`, and reports versions, timings and the call accounting.
-Exit status 0 means every check passed.
+Against an endpoint it first runs the start-up check every CLI runs
+(:meth:`optloop.lm.OptloopLM.check_endpoint`) and prints the schema mode and the
+concurrency the endpoint gets, and why (``docs/servers.md``).
+Exit status 0 means every check passed; 75 the endpoint cannot be reached; 2 it
+refuses the key, the model or the schema mode.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from optloop.embed import get_embedder
 from optloop.lm import prompt_site
 
 PACKAGES = ("dspy", "mem0ai", "graphiti-core", "kuzu", "mlflow", "optuna", "torch", "sentence-transformers",
-            "llama_cpp_python", "openai")
+            "llama_cpp_python", "openai", "uvicorn", "fastapi")
 
 
 class Fact(BaseModel):
@@ -65,6 +69,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     lm = lm_from_args(args)
     console.print(f"LM: [bold]{lm.backend.identity}[/bold]  cache: {lm.settings.resolved_cache_path()}")
+    for line in lm.check_endpoint():  # an endpoint: the schema mode and the concurrency it gets, and why
+        console.print(line, soft_wrap=True, markup=False, highlight=False)
     checks = Table(title="checks", show_header=True)
     for col in ("check", "result", "seconds"):
         checks.add_column(col)

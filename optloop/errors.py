@@ -48,6 +48,19 @@ class EndpointDownError(OptloopError):
     exit_code = 75
 
 
+class CallsFailedError(OptloopError):
+    """Too many LM calls of one evaluation failed after their retries for its figures to be a measurement.
+
+    Exit code 4: the run stops before the evaluation is recorded, its state saved; the message names the
+    first failure and what to change (a request the server refuses, its context, its timeout). Once that
+    is fixed, the same command resumes the run. A failed call is never scored as a wrong answer in a
+    reported figure: under the threshold (:data:`optloop.failures.ALLOWED_SHARE`) the figure
+    carries the count of failed calls beside it.
+    """
+
+    exit_code = 4
+
+
 class ServiceUnavailableError(OptloopError):
     """An outside service other than the LM (the MLflow tracking server, the Optuna storage's
     database) cannot be reached, at startup or during the run.

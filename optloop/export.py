@@ -22,7 +22,8 @@ Formats:
   mem0      a standalone Python module (no optloop needed) for a vanilla mem0.Memory:
                 import mem0_prompts; mem0_prompts.apply(memory)
             mem0 then sends the optimized extraction (and LLM-rerank) prompt with the site's JSON
-            schema as response_format: the same request as the optimization run
+            schema as response_format and the run's sampling (SAMPLING): the same request as the
+            optimization run
   graphiti  a standalone Python module for vanilla graphiti:
                 Graphiti(..., prompt_library=graphiti_prompts.prompt_library())
             or graphiti_prompts.apply(graphiti) on a live instance
@@ -48,6 +49,7 @@ from optloop.offline import offline_defaults
 os.environ.update(offline_defaults())  # first: litellm, mem0 and Hugging Face read them when imported
 
 import argparse
+import ast
 import json
 import shlex
 import sys
@@ -61,7 +63,7 @@ from pydantic import BaseModel, Field
 from optloop import artifacts
 from optloop.cli import CommandParser, parse_command, run_cli
 from optloop.errors import ConfigError
-from optloop.product import SchemaMode, library_of, load_registry_prompt, response_format
+from optloop.product import SchemaMode, library_of, load_registry_prompt, loop_sampling, response_format
 
 FORMATS = ("json", "mem0", "graphiti", "dspy", "pack")
 PACK_FORMAT = "optloop.prompt-pack/1"
@@ -107,8 +109,15 @@ def from_run(run_id: str) -> Bundle:
     knobs = json.loads(_artifact_text(run_id, artifacts.BEST_CANDIDATE)).get("knobs", {}) \
         if artifacts.BEST_CANDIDATE in logged else {}
     program = _artifact_text(run_id, artifacts.PROGRAM) if artifacts.PROGRAM in logged else None
+    source: dict[str, Any] = {"run_id": run_id, "run_name": run.info.run_name, "system": system}
+    try:  # the run's LM settings (a param, written as a Python dict): its sampling is the export's
+        settings = ast.literal_eval(params.get("lm_settings") or "{}")
+    except (ValueError, SyntaxError):
+        settings = {}
+    if isinstance(settings, dict) and settings:
+        source["lm_settings"] = {k: v for k, v in settings.items() if k in ("temperature", "max_tokens", "seed")}
     return Bundle(system=system, prompts=prompts, knobs=knobs, program=program, label=f"run {run_id}",
-                  source={"run_id": run_id, "run_name": run.info.run_name, "system": system})
+                  source=source)
 
 
 def _artifact_text(run_id: str, path: str) -> str:
@@ -209,6 +218,7 @@ def _module(bundle: Bundle, library: str, *, schema_mode: SchemaMode, command: s
     data: dict[str, tuple[str, Any]] = {"PROMPTS": ("dict[str, str]", bundle.prompts)}
     if library == "mem0":
         data["RESPONSE_FORMATS"] = ("dict[str, dict[str, Any]]", {s: response_format(s, schema_mode) for s in sites})
+        data["SAMPLING"] = ("dict[str, Any]", loop_sampling(bundle.source.get("lm_settings")))
     module = _template(library)
     data |= {"LIBRARY_SHA256": ("dict[str, str]", {s: module.sha256(t) for s, t in own.items()}),
              "KNOBS": ("dict[str, Any]", bundle.knobs), "SOURCE": ("dict[str, Any]", bundle.source)}

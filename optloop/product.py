@@ -142,6 +142,21 @@ def response_format(site: str, schema_mode: SchemaMode = "json_schema") -> dict[
     return fmt
 
 
+SAMPLED = ("temperature", "max_tokens", "seed")
+"""The sampling settings of optloop's requests that a product's LLM config would otherwise set differently
+(mem0's own defaults: temperature 0.1, max_tokens 2000, no seed)."""
+
+
+def loop_sampling(lm_settings: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The sampling settings a run's requests carried: ``lm_settings`` (a run's ``LoopConfig.lm_settings``)
+    where it has them, else optloop's defaults (``LMSettings``)."""
+    from optloop.lm import LMSettings
+
+    defaults = LMSettings.model_fields
+    given = dict(lm_settings or {})
+    return {name: given.get(name, defaults[name].default) for name in SAMPLED}
+
+
 def is_registry_ref(source: str) -> bool:
     """A string source names a registry prompt unless it is a ``.json`` file path."""
     return source.startswith("prompts:/") or not source.endswith(".json")
@@ -221,7 +236,7 @@ def apply(memory: Any, *sources: Any, tracking_uri: str | None = None,
         if unknown:
             raise ConfigError(f"{', '.join(unknown)}: mem0 has no such prompt; its sites are "
                               f"{', '.join(mem0_prompts.SITES)}")
-        return mem0_prompts.apply(memory, ours, {s: response_format(s, schema_mode) for s in ours})
+        return mem0_prompts.apply(memory, ours, {s: response_format(s, schema_mode) for s in ours}, loop_sampling())
     from optloop.product_templates import graphiti_prompts
 
     try:

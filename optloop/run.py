@@ -24,7 +24,7 @@ from optloop import artifacts, preflight
 from optloop.cli import lm_settings_from_args, parse_command, run_cli
 from optloop.datasets import Dataset
 from optloop.datasets.defaults import default_dataset
-from optloop.errors import ConfigError, EndpointDownError, LMUnreachableError
+from optloop.errors import CallsFailedError, ConfigError, EndpointDownError, LMUnreachableError
 from optloop.interrupt import interruptible
 from optloop.lm import LMSettings, OptloopLM
 from optloop.loop import checkpoint_guard
@@ -61,14 +61,16 @@ from systems import get_system
 console = Console(stderr=True, width=None if sys.stderr.isatty() else 120)
 
 
-def probe_lm(settings: LMSettings) -> OptloopLM:
+def probe_lm(settings: LMSettings, lines: list[str] | None = None) -> OptloopLM:
     """The LM of ``settings`` without its cache, checked (:meth:`OptloopLM.check_endpoint`): an
     :class:`EndpointDownError` (exit 75) when an endpoint cannot be reached or answers only server errors; an
     LM error of another kind (a wrong key, an unknown model) is bad input (exit 2). Nothing is written (no cache
     file), so it can serve the input's checks before the run's state exists."""
     probe = OptloopLM(settings.model_copy(update={"cache": False}))
     try:
-        probe.check_endpoint()
+        found = probe.check_endpoint()  # the schema mode and concurrency chosen, and why
+        if lines is not None:
+            lines += found
     except LMUnreachableError as exc:
         raise EndpointDownError(f"{exc}; nothing was written: rerun the same command once the endpoint is up") from None
     return probe
@@ -87,11 +89,14 @@ class PreparedRun:
     again: str = field(repr=False)  # the command that resumes it
     dev: Dataset = field(repr=False)
     test: Dataset = field(repr=False)
+    endpoint: list[str] = field(default_factory=list, repr=False)  # the schema mode and concurrency chosen
 
     def start(self) -> RunProgress:
         """Say which run this is, and where the run will say what it does: the console (a status line
         on a terminal, plain lines elsewhere) and its ``run.log``."""
         console.print(self.line, soft_wrap=True)
+        for line in self.endpoint:
+            console.print(line, soft_wrap=True, markup=False, highlight=False)
         fractions = ",".join(f"{f:g}" for f in self.config.fractions)
         console.print(f"dataset {self.config.dataset}: {questions(self.dev)} dev and {questions(self.test)} test "
                       f"questions (split {fractions} by episode)", soft_wrap=True, markup=False, highlight=False)
@@ -127,9 +132,10 @@ def prepare(args: argparse.Namespace, argv: Sequence[str]) -> PreparedRun:
         check_split_sizes(config.dataset, questions(dev), questions(test))
     choice = choose_run(args, config, state_dir(create=False) / "runs")
     config = config.model_copy(update={"run_name": choice.name})
-    probe = probe_lm(settings)  # an unavailable endpoint fails now, before any state is written
+    endpoint_lines: list[str] = []
+    probe = probe_lm(settings, endpoint_lines)  # an unavailable endpoint fails now, before any state is written
     if proposer_settings is not None:
-        probe_lm(proposer_settings)
+        probe_lm(proposer_settings, endpoint_lines)
     check_start_sites(config, probe)  # --start names a site of the system (no LM cache file yet)
     runs = state_dir(create=False) / "runs"
     tracking_uri = resolve_uri(config.tracking_uri, create=False)
@@ -147,7 +153,8 @@ def prepare(args: argparse.Namespace, argv: Sequence[str]) -> PreparedRun:
     loop = Loop(config, lm, proposer, auto_named=not args.run_name, limits=limits,
                 prepared=(dataset, train, dev, test))
     loop.project = lambda figures, ckpt: print_projection(console, figures, ckpt, config, settings)
-    return PreparedRun(config, settings, proposer_settings, lm, proposer, loop, choice.line, again, dev, test)
+    return PreparedRun(config, settings, proposer_settings, lm, proposer, loop, choice.line, again, dev, test,
+                       endpoint_lines)
 
 
 def execute(argv: Sequence[str]) -> LoopResult:
@@ -180,6 +187,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 result = loop.run()
         except EndpointDownError as exc:
             raise EndpointDownError(f"{exc}; the run is saved: rerun the same command to resume it: {again}") from None
+        except CallsFailedError as exc:
+            raise CallsFailedError(f"{exc}; the run is saved: fix that, then rerun the same command to resume it: "
+                                   f"{again}") from None
         except RunStopped as stop:
             ckpt = Checkpoint.load(loop.state / artifacts.CHECKPOINT)
             if stop.reason != ESTIMATE:

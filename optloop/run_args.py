@@ -50,7 +50,10 @@ with code 130.
 LM faults: transient faults of an OpenAI-compatible endpoint (HTTP 5xx, dropped
 connections, truncated or non-JSON bodies, timeouts) are retried (--lm-retries,
 --lm-timeout); one that outlasts the retries fails the question it hit and the run
-goes on. An endpoint that is unavailable at startup, or stays unreachable during the
+goes on, unless failed calls pass 5 % of an evaluation's (exit code 4: a failed call is never
+scored as a wrong answer). A request the endpoint refuses (a field it does not take, a prompt longer
+than its context) is not retried: the line says which field and what to change. An endpoint that
+is unavailable at startup, or stays unreachable during the
 run (refused, timing out twice in a call, or answering only HTTP 5xx to 3 calls in a
 row), stops it with exit code 75, the state saved: rerun the same command to resume.
 
@@ -79,7 +82,9 @@ Exit codes: 0 done (or --estimate printed); 2 bad input (an unknown system, a bu
 range, a missing or malformed dataset, a dev or test split under 20 questions without
 --allow-small-splits, a corrupt LM cache or checkpoint, a finished
 --run-name, --max-cost on a model without a price: one line, before anything is written);
-3 stopped at --max-cost or --max-calls (saved: raise the limit and rerun); 74 a full disk
+3 stopped at --max-cost or --max-calls (saved: raise the limit and rerun); 4 stopped because more
+than 5 % of an evaluation's LM calls failed after their retries (saved: the line names the first
+failure and what to change; a figure with fewer failures carries their count); 74 a full disk
 or an unwritable state directory or MLflow store (EX_IOERR: free space or fix the
 permission named, then rerun the same command); 75 the LM endpoint, the tracking server
 or the --storage database unavailable (EX_TEMPFAIL: rerun when it is back); 130
@@ -253,6 +258,7 @@ def _knobs(pairs: list[str]) -> dict[str, object]:
             knobs[name] = value
     return knobs
 
+
 def run_config(args: argparse.Namespace, settings: LMSettings) -> LoopConfig:
     """The run's settings from the flags (the run name is chosen later: see :func:`choose_run`)."""
     return LoopConfig(system=args.system, dataset=args.dataset or default_dataset(args.system).uri,
@@ -263,7 +269,16 @@ def run_config(args: argparse.Namespace, settings: LMSettings) -> LoopConfig:
                       lm=args.lm or "local", proposer_lm=args.proposer_lm or "same", knobs=_knobs(args.knob),
                       start=_pairs(args.start, "--start", "SITE=TEXT, e.g. --start 'answer=+Be brief.'"),
                       fractions=args.split, promote_if=args.promote_if, query_rewrite=args.query_rewrite,
-                      batch=args.batch, lm_settings=settings.model_dump(mode="json", include=set(ANSWER_SETTINGS)))
+                      batch=args.batch, lm_settings=answer_settings(settings))
+
+
+def answer_settings(settings: LMSettings) -> dict[str, object]:
+    """:data:`ANSWER_SETTINGS` of ``settings``. The embedded model decodes every schema in-process, whatever
+    the schema mode: its runs keep the mode they were started under (json_schema), so they still resume."""
+    out = settings.model_dump(mode="json", include=set(ANSWER_SETTINGS))
+    if settings.backend == "local":
+        out["schema_mode"] = "json_schema"
+    return out
 
 
 def check_priced(settings: LMSettings, proposer: LMSettings | None) -> None:

@@ -7,6 +7,7 @@ from rich.console import Console
 from rich.table import Table
 
 from optloop.attribution.taxonomy import Target
+from optloop.failures import mark
 from optloop.lm import LMSettings, Usage
 from optloop.loop.eta import Eta, duration
 from optloop.loop.runner import Checkpoint, LoopConfig, LoopResult
@@ -35,11 +36,13 @@ def summary_table(result: LoopResult) -> Table:
     table.add_column("baseline", justify="right")
     table.add_column("best", justify="right")
     table.add_column("delta", justify="right")
-    table.add_row("dev accuracy", _dev_accuracy(result.baseline_dev, result.n_dev, cfg.seed),
-                  _dev_accuracy(result.best_dev, result.n_dev, cfg.seed),
+    failed = result.failed_calls  # figures with failed LM calls carry the count (optloop.failures)
+    table.add_row("dev accuracy", mark(_dev_accuracy(result.baseline_dev, result.n_dev, cfg.seed),
+                                       failed.get("baseline_dev", 0)),
+                  mark(_dev_accuracy(result.best_dev, result.n_dev, cfg.seed), failed.get("best_dev", 0)),
                   f"{result.best_dev - result.baseline_dev:+.3f} (best of {result.evaluations + 1} on dev)")
-    table.add_row("test accuracy (held out)", _accuracy(result.test_before_ci), _accuracy(result.test_after_ci),
-                  str(result.delta_test_ci))
+    table.add_row("test accuracy (held out)", mark(_accuracy(result.test_before_ci), failed.get("test_before", 0)),
+                  mark(_accuracy(result.test_after_ci), failed.get("test_after", 0)), str(result.delta_test_ci))
     table.add_section()
     table.add_row("blamed", ", ".join(result.targets) or "(no failure attributed to a site)", "", "")
     table.add_row("optimized", ", ".join(result.tunable_sites + [str(Target.knob(k)) for k in result.tunable_knobs]), "", "")

@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from optloop import pipeline
+from optloop import failures, pipeline
 from optloop.datasets import Episode, Question
 from optloop.embed import Embedder
-from optloop.lm import LMSettings, OptloopLM
+from optloop.lm import LMSettings, OptloopLM, collect_calls
 from optloop.pipeline import FreshStores, Store
 from systems import get_system
 from systems.base import MemorySystem
@@ -150,13 +150,20 @@ def run_episode(system_cls: type[MemorySystem], episode: Episode, lm: OptloopLM,
     The one episode pipeline (:func:`optloop.pipeline.run_episode`) with nothing recorded or
     attributed, so the figures are the system's own. ``inspect(system)``, when given, runs once
     the questions are answered (before the store closes); it returns the run's ``inspected``.
+    Failed LM calls past :data:`optloop.failures.ALLOWED_SHARE` of the episode's raise
+    :class:`~optloop.errors.CallsFailedError` (exit 4) instead of a figure.
     """
     def make(_episode: Episode) -> MemorySystem:
         return system_cls(lm, run_dir, embedder=embedder)
 
     stores = (FreshStores(make, lm, record=False) if inspect is None
               else _InspectedStores(make, lm, inspect))
-    result = pipeline.run_episode(episode, stores, lm=lm)
+    with collect_calls() as calls:
+        result = pipeline.run_episode(episode, stores, lm=lm)
+    # A library may swallow a failed LLM call (mem0 stores nothing): such an episode is not a measurement.
+    failures.check(sum(c.error is not None for c in calls), len(calls),
+                   what=f"{getattr(system_cls, 'name', system_cls.__name__)} on episode {episode.id}",
+                   first=failures.first_error(calls))
     results = [QuestionResult(q, o.prediction, o.passed)
                for q, o in zip(episode.questions, result.outcomes)]
     return EpisodeRun(episode_id=episode.id, sessions=len(episode.sessions), setup_s=result.setup_s,

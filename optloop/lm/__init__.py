@@ -13,9 +13,12 @@ Modules:
                        :class:`Usage`, :class:`Accounting`
 ``cache``              :class:`LMCache`, the persistent SQLite call cache
 ``requests``           optloop's :class:`Request`, response formats, schema bounds, JSON checks
-``backends``           the :class:`Backend` contract (one attempt) and :func:`make_backend`
+``backends``           the :class:`Backend` contract (one attempt)
+``factory``            :func:`make_backend`: the backend a setting names
 ``llama``              :class:`LocalLlamaBackend`, llama.cpp in-process
-``endpoint``           :class:`OpenAICompatibleBackend`, any OpenAI-compatible endpoint
+``endpoint``           :class:`OpenAICompatibleBackend`, any OpenAI-compatible endpoint: schema modes,
+                       request errors (:class:`LMRequestError`)
+``probe``              ``--concurrency auto``: how many requests an endpoint serves at once
 ``machine``            :class:`MachineSlots`, the machine-wide budget of llama.cpp threads
 ``limits``             :class:`Throttle` (``--rpm``/``--tpm`` token buckets, ``--concurrency``), ``Retry-After``,
                        jittered backoff
@@ -43,9 +46,12 @@ unbounded string and array given a bound (``max_string_chars``,
 ``max_array_items``), so its output closes. An answer that still runs out of
 ``max_tokens`` is asked again under 4x, then 16x, tighter bounds at the same
 budget: a shorter answer that satisfies the schema, and a failing call that
-generates at most 3 x ``max_tokens``. Remote endpoints get the schema as ``json_schema`` (or
-``json_object`` + schema, for servers that only take that), and a body that
-does not parse is retried like any transient fault.
+generates at most 3 x ``max_tokens``. Remote endpoints get the schema in the endpoint's
+schema mode (``--lm-schema-mode``: ``json_schema``, ``json_object`` + schema for llama.cpp's
+servers, ``none`` for servers that take neither; ``auto``, the default, probes once per endpoint
+and process), and a body that does not parse is retried like any transient fault. A request
+error (a field the server refuses, a prompt longer than its context) is not retried: the call
+fails at once with :class:`LMRequestError`, naming the field and what to change.
 
 Call records: each request appends a :class:`CallRecord` to ``lm.accounting``
 with the prompt site active at that moment in the calling thread or task (see
@@ -103,10 +109,11 @@ from optloop.lm.accounting import (
     start_collecting,
     stop_collecting,
 )
-from optloop.lm.backends import Backend, make_backend
+from optloop.lm.backends import Backend
 from optloop.lm.cache import CACHE_FORMAT, LMCache
-from optloop.lm.dspy_lm import OptloopLM, configure_dspy
-from optloop.lm.endpoint import OpenAICompatibleBackend
+from optloop.lm.dspy_lm import OptloopLM, configure_dspy, forget_endpoints
+from optloop.lm.endpoint import LMRequestError, OpenAICompatibleBackend, request_error
+from optloop.lm.factory import make_backend
 from optloop.lm.engine import SERVER_ERRORS_DOWN, AsyncOptloopEngine, EndpointHealth, OptloopEngine
 from optloop.lm.limits import Throttle, TokenBucket, parse_retry_after, shared_throttle
 from optloop.lm.llama import LocalLlamaBackend
@@ -117,10 +124,14 @@ from optloop.lm.requests import (
     Request,
     bound_schema,
     check_json,
+    SCHEMA_MODES,
+    SchemaMode,
+    chat_kwargs,
     openai_response_format,
     response_format_to_schema,
 )
-from optloop.lm.settings import BUNDLED_GGUF, CONCURRENCY_ENV, LMSettings, bundled_model_path, redact_url
+from optloop.lm.settings import (BUNDLED_GGUF, CONCURRENCY_ENV, SCHEMA_MODE_ENV, LMSettings, bundled_model_path,
+                                  redact_url)
 
 _check_json = check_json  # the name tests knew before the package split
 
@@ -128,6 +139,8 @@ __all__ = [
     "BUNDLED_GGUF",
     "CACHE_FORMAT",
     "CONCURRENCY_ENV",
+    "SCHEMA_MODES",
+    "SCHEMA_MODE_ENV",
     "SERVER_ERRORS_DOWN",
     "Accounting",
     "AsyncOptloopEngine",
@@ -135,6 +148,7 @@ __all__ = [
     "CallRecord",
     "EndpointHealth",
     "LMCache",
+    "LMRequestError",
     "LMSettings",
     "LocalLlamaBackend",
     "MachineSlots",
@@ -144,15 +158,18 @@ __all__ = [
     "OptloopEngine",
     "OptloopLM",
     "Request",
+    "SchemaMode",
     "Throttle",
     "TokenBucket",
     "Usage",
     "bound_schema",
     "bundled_model_path",
+    "chat_kwargs",
     "check_json",
     "collect_calls",
     "configure_dspy",
     "current_site",
+    "forget_endpoints",
     "llama_slots",
     "lock_dir",
     "make_backend",
@@ -162,6 +179,7 @@ __all__ = [
     "price_source",
     "prompt_site",
     "redact_url",
+    "request_error",
     "response_format_to_schema",
     "shared_throttle",
     "start_collecting",

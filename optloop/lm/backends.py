@@ -1,18 +1,17 @@
-"""The ways to reach a model. A backend makes one attempt; the engine caches, retries and accounts.
+"""The backend contract: one attempt at a model. The engine caches, retries and accounts.
 
-``local`` is llama.cpp in-process (:mod:`optloop.lm.llama`), ``openai`` any OpenAI-compatible
-chat-completions endpoint (:mod:`optloop.lm.endpoint`).
+The implementations are ``local``, llama.cpp in-process (:mod:`optloop.lm.llama`), and ``openai``,
+any OpenAI-compatible chat-completions endpoint (:mod:`optloop.lm.endpoint`);
+:func:`optloop.lm.factory.make_backend` picks one. This module imports neither.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from pathlib import Path
 from typing import Any
 
 from optloop.errors import LMError
 from optloop.lm.requests import MalformedResponse, Request
-from optloop.lm.settings import LMSettings, bundled_model_path
 
 
 class Backend(ABC):
@@ -67,18 +66,11 @@ class Backend(ABC):
         """Whether the endpoint answered this attempt with a server error (HTTP 5xx)."""
         return False
 
+    def request_error(self, exc: BaseException) -> str | None:
+        """When this attempt failed on the request itself (a field the server refuses, a prompt
+        longer than its context), what to change, in one line; such a call is never retried."""
+        return None
+
     def where(self) -> str:
         """The endpoint as error messages name it (credentials masked)."""
         return self.identity
-
-
-def make_backend(settings: LMSettings) -> Backend:
-    if settings.backend == "local":
-        from optloop.lm.llama import LocalLlamaBackend
-
-        path = Path(settings.model).expanduser() if settings.model else bundled_model_path()
-        return LocalLlamaBackend(path, n_ctx=settings.n_ctx, n_threads=settings.n_threads,
-                                 max_chars=settings.max_string_chars, max_items=settings.max_array_items)
-    from optloop.lm.endpoint import OpenAICompatibleBackend
-
-    return OpenAICompatibleBackend(settings)

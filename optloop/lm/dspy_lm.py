@@ -13,11 +13,16 @@ from pydantic import BaseModel
 
 from optloop.errors import LMError, LMUnreachableError
 from optloop.lm.accounting import Accounting
-from optloop.lm.backends import Backend, make_backend
+from optloop.lm.backends import Backend
 from optloop.lm.cache import LMCache
 from optloop.lm.engine import CALL_OPTIONS, AsyncOptloopEngine, CallOptions, OptloopEngine
+from optloop.lm.factory import make_backend
 from optloop.lm.requests import openai_response_format, response_format_to_schema
 from optloop.lm.settings import LMSettings, redact_url
+
+
+# --concurrency auto: what the start-up probe found, per endpoint, for the process (optloop.lm.probe).
+_DETECTED: dict[str, Any] = {}
 
 
 class OptloopLM(dspy.LM):
@@ -36,6 +41,8 @@ class OptloopLM(dspy.LM):
     def __init__(self, settings: LMSettings | None = None, *, accounting: Accounting | None = None):
         settings = settings or LMSettings.from_spec()
         backend = make_backend(settings)
+        if settings.concurrency_auto and (found := _DETECTED.get(backend.identity)) is not None:
+            settings = settings.model_copy(update={"concurrency": found.concurrency})
         cache = LMCache(settings.resolved_cache_path(), lazy=True) if settings.cache else None
         engine = OptloopEngine(settings, backend, accounting, cache)
         super().__init__(
@@ -162,24 +169,54 @@ class OptloopLM(dspy.LM):
         fmt = schema if isinstance(schema, type) else {"type": "json_object", "schema": schema}
         return json.loads(self.text(messages, response_format=fmt, **kwargs))
 
-    def check_endpoint(self) -> None:
-        """Fail now if the endpoint cannot be reached: one uncached 1-token call, nothing written.
+    def check_endpoint(self) -> list[str]:
+        """Fail now if the endpoint cannot serve the run; nothing cached, nothing written.
+
+        One uncached 1-token call; then one schema-constrained call, which settles the schema mode
+        (``--lm-schema-mode``: ``auto`` picks the first mode the endpoint takes, an explicit mode is
+        checked); then, under ``--concurrency auto``, the concurrency probe (:mod:`optloop.lm.probe`).
+        Both are remembered per endpoint for the process (an LM built later on the same endpoint
+        starts from them). Returns the lines that say what was chosen and why.
 
         Raises :class:`~optloop.errors.LMUnreachableError` (exit code 75) when the endpoint
         is unreachable or answers only server errors (HTTP 5xx), :class:`~optloop.errors.LMError`
-        (exit code 2) when it refuses the key or the model. The embedded model needs no check
-        (and loading it is not one).
+        (exit code 2) when it refuses the key, the model or the schema mode. The embedded model
+        needs no check (and loading it is not one).
         """
         if self.settings.backend == "local":
-            return
+            return []
+        backend = self.backend
         try:
             self.text("ping", max_tokens=1, cache=False)
+            lines = [backend.choose_schema_mode().line]  # type: ignore[attr-defined]
+            if self.settings.concurrency_auto:
+                lines.append(self._settle_concurrency())
         except LMUnreachableError:
             raise
         except LMError as exc:
-            if exc.__cause__ is not None and self.backend.is_server_error(exc.__cause__):
+            if exc.__cause__ is not None and backend.is_server_error(exc.__cause__):
                 raise LMUnreachableError(str(exc)) from exc.__cause__
             raise
+        return lines
+
+    def _settle_concurrency(self) -> str:
+        """``--concurrency auto``: the endpoint's measured concurrency, now this LM's (and its throttle's)."""
+        from optloop.lm.limits import shared_throttle
+        from optloop.lm.probe import detect_concurrency
+
+        identity = self.backend.identity
+        found = _DETECTED.get(identity)
+        if found is None:
+            try:
+                found = detect_concurrency(self.backend, self.settings.concurrency or 1)
+            except Exception as exc:  # noqa: BLE001 - one line, as any other call's failure
+                raise self.backend.describe_failure(exc) from exc
+            _DETECTED[identity] = found
+        settings, engine = self.settings, self.optloop_engine
+        settings.concurrency = found.concurrency
+        engine.throttle = shared_throttle(identity, rpm=settings.rpm, tpm=settings.tpm,
+                                          concurrency=found.concurrency)
+        return found.line
 
     # --- state and copies ---------------------------------------------------------------------
 
@@ -199,6 +236,15 @@ class OptloopLM(dspy.LM):
 
     def __deepcopy__(self, memo: dict[int, Any]) -> OptloopLM:
         return self.copy()
+
+
+def forget_endpoints() -> None:
+    """Forget every endpoint's schema mode and detected concurrency (a server restarted with other flags)."""
+    from optloop.lm import endpoint
+
+    with endpoint._CHOSEN_LOCK:
+        endpoint._CHOSEN.clear()
+    _DETECTED.clear()
 
 
 @contextlib.contextmanager

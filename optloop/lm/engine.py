@@ -151,10 +151,18 @@ class OptloopEngine:
         for watch in self.watchers:
             watch(current_site(), request.messages)
         payload = {"model": self.backend.identity, **asdict(request), "rollout_id": rollout_id}
-        if (decoding := self.backend.decoding(request)) is not None:
+        started = time.perf_counter()
+        try:
+            decoding = self.backend.decoding(request)  # may probe the endpoint once (the schema mode)
+        except LMError as exc:  # the probe's failure is this call's
+            self._record(request, None, started, cached=False, error=str(exc))
+            if isinstance(exc, LMUnreachableError):
+                with self._health_lock:
+                    self.health.down = str(exc)
+            raise
+        if decoding is not None:
             payload["decoding"] = decoding
         key = LMCache.key(payload)
-        started = time.perf_counter()
         if self.cache is None or not cache:
             return self._call_model(request, key, started, store=False)
         if (hit := self.cache.get(key)) is not None:

@@ -11,7 +11,7 @@ from typing import Any
 from optloop.errors import ConfigError, LMError
 from optloop.lm.backends import Backend
 from optloop.lm.machine import MachineSlots, threads_per_slot
-from optloop.lm.requests import Request, bound_schema
+from optloop.lm.requests import Request, bound_schema, chat_kwargs, openai_response_format
 
 logger = logging.getLogger(__name__)
 
@@ -82,22 +82,14 @@ class LocalLlamaBackend(Backend):
 
     def complete(self, request: Request) -> dict[str, Any]:
         llama, lock = self._model()
-        kwargs: dict[str, Any] = dict(
-            messages=request.messages,
-            temperature=request.temperature,
-            max_tokens=request.max_tokens,
-            seed=request.seed,
-            stop=request.stop,
-        )
         spent = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
         self._waits.seconds = 0.0
         max_chars, max_items = self.max_chars, self.max_items
         for tightening in range(self.MAX_TIGHTENINGS + 1):
-            if request.json_mode:
-                fmt: dict[str, Any] = {"type": "json_object"}
-                if request.schema:
-                    fmt["schema"] = bound_schema(request.schema, max_chars=max_chars, max_items=max_items)
-                kwargs["response_format"] = fmt
+            # llama.cpp takes a schema as json_object + schema (see optloop.lm.requests.SCHEMA_MODES).
+            schema = (bound_schema(request.schema, max_chars=max_chars, max_items=max_items)
+                      if request.schema else None)
+            kwargs = chat_kwargs(request, openai_response_format(schema, request.json_mode, "json_object"))
             with lock, self.slots.hold() as waited:
                 self._waits.seconds += waited
                 try:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import pydantic
 
@@ -66,14 +66,78 @@ def response_format_to_schema(response_format: Any) -> tuple[dict[str, Any] | No
     raise ConfigError(f"unsupported response_format {response_format!r}")
 
 
-def openai_response_format(schema: dict[str, Any] | None, json_mode: bool) -> dict[str, Any] | None:
-    """(schema, json_mode) as an OpenAI ``response_format`` (the inverse of :func:`response_format_to_schema`)."""
-    if not json_mode:
+SchemaMode = Literal["json_schema", "json_object", "none"]
+SCHEMA_MODES: tuple[SchemaMode, ...] = ("json_schema", "json_object", "none")
+"""How a response schema reaches an endpoint, most constrained first (``auto`` tries them in this order).
+
+``json_schema``: OpenAI's ``{"type": "json_schema", "json_schema": {"name", "schema"}}`` (OpenAI, vLLM,
+Ollama); ``json_object``: ``{"type": "json_object", "schema": ...}`` (llama.cpp's servers); ``none``: no
+``response_format``, the schema written into the instructions (:func:`schema_instruction`) and the
+answer checked against it (:func:`check_schema`)."""
+
+
+def openai_response_format(schema: dict[str, Any] | None, json_mode: bool,
+                           mode: SchemaMode = "json_schema") -> dict[str, Any] | None:
+    """(schema, json_mode) as the ``response_format`` of schema mode ``mode`` (the inverse of
+    :func:`response_format_to_schema`); None when nothing is asked for, or in mode ``none``."""
+    if not json_mode or mode == "none":
         return None
     if schema is None:
         return {"type": "json_object"}
+    if mode == "json_object":
+        return {"type": "json_object", "schema": schema}
     name = str(schema.get("title") or "response")[:64]
     return {"type": "json_schema", "json_schema": {"name": name, "schema": schema}}
+
+
+def schema_instruction(schema: dict[str, Any] | None) -> str:
+    """What schema mode ``none`` appends to the system message in place of a ``response_format``."""
+    if schema is None:
+        return "Answer with one JSON object and nothing else."
+    return ("Answer with one JSON object and nothing else, valid under this JSON schema:\n"
+            + json.dumps(schema, ensure_ascii=False, sort_keys=True))
+
+
+def with_schema_instruction(messages: list[dict[str, Any]], schema: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """``messages`` with :func:`schema_instruction` at the end of the system message (one added if none)."""
+    note = schema_instruction(schema)
+    out = [dict(m) for m in messages]
+    if out and out[0].get("role") == "system" and isinstance(out[0].get("content"), str):
+        out[0]["content"] = f"{out[0]['content']}\n\n{note}"
+    else:
+        out.insert(0, {"role": "system", "content": note})
+    return out
+
+
+def chat_kwargs(request: Request, response_format: dict[str, Any] | None = None,
+                messages: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The one mapping of a :class:`Request` to chat-completion keyword arguments, for llama.cpp's
+    ``create_chat_completion`` and an OpenAI-compatible client alike (the model name is the caller's)."""
+    kwargs: dict[str, Any] = dict(
+        messages=request.messages if messages is None else messages,
+        temperature=request.temperature,
+        max_tokens=request.max_tokens,
+        seed=request.seed,
+    )
+    if request.stop:
+        kwargs["stop"] = request.stop
+    if response_format is not None:
+        kwargs["response_format"] = response_format
+    return kwargs
+
+
+def check_schema(response: dict[str, Any], schema: dict[str, Any]) -> None:
+    """An answer decoded without a grammar (schema mode ``none``) must still follow the schema:
+    one that does not is a :class:`MalformedResponse` (retried like a body that does not parse)."""
+    import jsonschema
+
+    content = ((response.get("choices") or [{}])[0].get("message") or {}).get("content") or ""
+    try:
+        jsonschema.validate(json.loads(content), schema)
+    except jsonschema.ValidationError as exc:
+        where = "/".join(map(str, exc.absolute_path)) or "the answer"
+        raise MalformedResponse(f"answer does not follow the schema at {where}: {exc.message[:200]}",
+                                label="content off schema") from None
 
 
 def bound_schema(schema: dict[str, Any], *, max_chars: int, max_items: int) -> dict[str, Any]:

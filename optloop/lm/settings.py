@@ -17,7 +17,9 @@ from optloop.paths import state_dir
 
 BUNDLED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CONCURRENCY_ENV = "OPTLOOP_CONCURRENCY"
-# The embedded model runs one call at a time anyway (llama.cpp, one machine slot); an endpoint serves many.
+SCHEMA_MODE_ENV = "OPTLOOP_LM_SCHEMA_MODE"
+# The embedded model runs one call at a time anyway (llama.cpp, one machine slot); an endpoint serves many
+# (its default is auto: probed at start-up, see optloop.lm.probe).
 DEFAULT_CONCURRENCY = {"local": 1, "openai": 8}
 
 
@@ -48,9 +50,9 @@ class LMSettings(BaseModel):
     model: str = Field("", description="GGUF path (local) or model name (openai); empty = bundled model")
     base_url: str | None = None
     api_key_env: str = "OPENAI_API_KEY"
-    schema_mode: Literal["json_schema", "json_object"] = Field(
-        "json_schema", description="how a schema is sent to a remote endpoint (llama.cpp server: json_object)"
-    )
+    schema_mode: Literal["auto", "json_schema", "json_object", "none"] = Field(
+        "auto", description=f"how a schema is sent to an endpoint (default ${SCHEMA_MODE_ENV}, else auto: the "
+                            "first of json_schema, json_object + schema, none that the endpoint takes)")
     temperature: float = 0.0
     max_tokens: int = Field(512, gt=0)
     seed: int = 0
@@ -74,24 +76,46 @@ class LMSettings(BaseModel):
     tpm: int | None = Field(None, gt=0, description="tokens per minute to the model, prompt + max_tokens (None: no limit)")
     concurrency: int | None = Field(
         None, ge=1, le=1024,
-        description=f"requests in flight at once; default ${CONCURRENCY_ENV}, else 1 local, 8 on an endpoint")
+        description=f"requests in flight at once; default ${CONCURRENCY_ENV}, else 1 local, auto on an endpoint")
+    concurrency_auto: bool = Field(
+        False, description="probe the endpoint at start-up (OptloopLM.check_endpoint): 1 when it answers one "
+                           "request at a time, else concurrency (8 unless set)")
     rate_limit_wait_s: float = Field(
         3600.0, gt=0, description="one call's total sleep on HTTP 429 before the endpoint is taken as down")
 
+    @pydantic.model_validator(mode="before")
+    @classmethod
+    def _auto_words(cls, data: Any) -> Any:
+        """``concurrency="auto"`` (the flag's or the variable's word) is ``concurrency_auto``; an unset
+        schema mode is ``$OPTLOOP_LM_SCHEMA_MODE``'s."""
+        if isinstance(data, dict):
+            data = dict(data)
+            if str(data.get("concurrency", "")).strip().lower() == "auto":
+                data["concurrency"], data["concurrency_auto"] = None, True
+            if data.get("schema_mode") is None and (raw := os.environ.get(SCHEMA_MODE_ENV, "").strip()):
+                data["schema_mode"] = raw
+        return data
+
     @pydantic.model_validator(mode="after")
     def _default_concurrency(self) -> LMSettings:
+        """Unset: ``$OPTLOOP_CONCURRENCY`` (a number or auto), else 1 on the embedded model and auto on an
+        endpoint. Auto starts from the backend's default and is settled by the start-up probe; the
+        embedded model has nothing to probe."""
         if self.concurrency is None:
-            raw = os.environ.get(CONCURRENCY_ENV, "").strip()
-            if raw:
+            raw = "" if self.concurrency_auto else os.environ.get(CONCURRENCY_ENV, "").strip()
+            if raw and raw.lower() != "auto":
                 try:
                     value = int(raw)
                 except ValueError:
                     value = 0
                 if not 1 <= value <= 1024:
-                    raise ValueError(f"{CONCURRENCY_ENV}={raw!r} must be a whole number from 1 to 1024")
+                    raise ValueError(f"{CONCURRENCY_ENV}={raw!r} must be auto or a whole number from 1 to 1024")
                 self.concurrency = value
             else:
                 self.concurrency = DEFAULT_CONCURRENCY[self.backend]
+                self.concurrency_auto = self.backend == "openai"
+        elif self.concurrency_auto and self.backend != "openai":
+            self.concurrency_auto = False
         return self
 
     @classmethod

@@ -574,6 +574,18 @@ class Controller:
 
     # --- the end --------------------------------------------------------------------------
 
+    def _failed_calls(self, best_trial: int, before: Evaluation, after: Evaluation) -> dict[str, int]:
+        """The failed LM calls behind each figure of the result (only those that had any): under the
+        threshold of :mod:`optloop.failures` they are reported beside the figure."""
+        ckpt = self.ckpt
+        assert ckpt.baseline_dev is not None
+        best = ckpt.baseline_dev if best_trial == 0 else next(
+            (t.evaluation for t in ckpt.trials if t.trial == best_trial and t.evaluation is not None), None)
+        counts = {"baseline_dev": ckpt.baseline_dev.lm_failed_calls,
+                  "best_dev": best.lm_failed_calls if best is not None else 0,
+                  "test_before": before.lm_failed_calls, "test_after": after.lm_failed_calls}
+        return {name: n for name, n in counts.items() if n}
+
     def _finish(self, targeting: Targeting, note: str) -> LoopResult:
         """The held-out test of the start program and the run's best, the summary, the registry, the result
         (run by the one worker that finishes the run)."""
@@ -623,7 +635,8 @@ class Controller:
             changed_sites=changed, changed_knobs={k: best.knobs[k] for k in best.changed_knobs(base)},
             promoted=promoted, promotion_reason=reason, registered=ckpt.registered, cost=cost, n_dev=n_dev,
             n_test=n_test, test_before_ci=before_ci, test_after_ci=after_ci, delta_test_ci=delta_ci,
-            tried=[Tried.of(r.trial, r.candidate, r.accuracy, base) for r in records], prompt_diff=diff, note=note)
+            tried=[Tried.of(r.trial, r.candidate, r.accuracy, base) for r in records], prompt_diff=diff, note=note,
+            failed_calls=self._failed_calls(best_trial, before, after))
         result = self.coordinator.publish(result)
         ckpt.finished = True
         self.ctx.save()

@@ -24,7 +24,10 @@ thread-safe; a store in use by an episode is never closed under it.
 
 LM faults: the LM layer retries transient faults. A fault that outlasts the
 retries fails the question it hit (or every question of the episode whose
-ingestion it hit): recorded on the outcome, and the evaluation goes on. An
+ingestion it hit): recorded on the outcome, and the evaluation goes on; at its
+end, failed calls past :data:`optloop.failures.ALLOWED_SHARE` of its calls raise
+:class:`~optloop.errors.CallsFailedError` (exit 4) instead of returning figures
+that would score them as wrong answers (``lm_failed_calls`` counts the rest). An
 *unreachable* endpoint (refused, timing out twice in a call, or answering only
 HTTP 5xx to 3 calls in a row) is different:
 failing every remaining question would waste the run, so the evaluation raises
@@ -49,6 +52,7 @@ from typing import TYPE_CHECKING, Any
 import dspy
 from pydantic import BaseModel, Field
 
+from optloop import failures
 from optloop.attribution import Attribution, blame, default_judges
 from optloop.datasets import Dataset, Episode, Question
 from optloop.errors import EndpointDownError, LMError, LMUnreachableError
@@ -125,7 +129,7 @@ class Evaluator:
 
     def __init__(self, system_name: str, lm: OptloopLM, work: Path, *, embedder: Embedder | None = None,
                  knobs: Mapping[str, Any] | None = None, dataset_uri: str = "", max_live: int = 8,
-                 query_site: bool = False):
+                 query_site: bool = False, allowed_failed_share: float = failures.ALLOWED_SHARE):
         from optloop.embed import CachedEmbedder, get_embedder
 
         self.system_name = system_name
@@ -139,6 +143,8 @@ class Evaluator:
         self.judges = default_judges(self.embedder)
         self.attributor = Attributor(self.judges, self.embedder)
         self.query_site = query_site  # the system's retrieve.query site (optloop.run --query-rewrite)
+        # Failed LM calls an evaluation may have and still report its figures (optloop.failures).
+        self.allowed_failed_share = allowed_failed_share
         self.template = self.cls(lm, self.work / "template", embedder=self.embedder, knobs=dict(knobs or {}),
                                  query_site=query_site)
         self.sites = self.template.prompt_sites()
@@ -302,6 +308,9 @@ class Evaluator:
                     built += 1
                     ingest_calls += result.ingest_calls
         usage = Usage.of(calls)
+        # A failed call is not a measured answer: past the threshold the evaluation is not recorded at all.
+        failures.check(usage.errors, usage.calls, what=f"the {split} evaluation of candidate {candidate.origin}",
+                       first=failures.first_error(calls), allowed=self.allowed_failed_share)
         return Evaluation(split=split, candidate=candidate.digest(), outcomes=outcomes, llm_calls=usage.calls,
                           model_calls=usage.model_calls, ingest_calls=ingest_calls, tokens=usage.tokens,
                           seconds=round(time.perf_counter() - started, 2), stores_reused=reused, stores_built=built,

@@ -27,6 +27,9 @@ name                        run     meaning
 ``processes``               parent  processes that worked on the run (resumes, workers)
 ``ingest_calls`` ``stores_reused``  child  ingestion cost of the candidate, stores it reused
 ``lm_faults``               child   questions lost to an LM fault the retries did not cure (counted failed)
+``lm_failed_calls``         both    LM calls that failed after their retries (child: its evaluation; parent:
+                                    ``lm_failed_calls_{dev_baseline,test_before,test_after}``); past 5 % of an
+                                    evaluation's calls the run stops instead (``optloop.failures``)
 ``evaluations``             parent  candidate evaluations used (``<= --budget``)
 =========================== ======= ===========================================================
 """

@@ -35,7 +35,8 @@ def cost_metrics(evaluation: Evaluation) -> dict[str, float]:
     priced = {"cost_usd": evaluation.cost_usd} if evaluation.cost_usd is not None else {}
     return {"llm_calls": evaluation.llm_calls, "model_calls": evaluation.model_calls, "tokens": evaluation.tokens,
             "seconds": evaluation.seconds, "ingest_calls": evaluation.ingest_calls,
-            "stores_reused": evaluation.stores_reused, "lm_faults": evaluation.errors, **priced,
+            "stores_reused": evaluation.stores_reused, "lm_faults": evaluation.errors,
+            "lm_failed_calls": evaluation.lm_failed_calls, **priced,
             **site_metrics(evaluation.sites)}
 
 

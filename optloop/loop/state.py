@@ -223,6 +223,10 @@ class LoopResult(BaseModel):
     tried: list[Tried] = Field(default_factory=list, description="every evaluated candidate, in trial order")
     prompt_diff: str = Field("", description="unified diff of the start prompts and the best candidate's")
     note: str = ""
+    failed_calls: dict[str, int] = Field(default_factory=dict,
+                                         description="LM calls that failed after their retries, per figure "
+                                                     "(baseline_dev, best_dev, test_before, test_after); "
+                                                     "absent: none")
 
     @property
     def delta_test(self) -> float:

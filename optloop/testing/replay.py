@@ -25,7 +25,9 @@ before), so a run at any concurrency sees the same latencies and the same 429s:
   ``Retry-After: --retry-after`` (seconds; ``--retry-after-date`` sends it as an HTTP date);
 * a request with no recorded answer gets HTTP 400 ``no recorded response`` (not retried by
   optloop, so the question fails visibly), except a 1-token probe (``max_tokens == 1``,
-  :meth:`~optloop.lm.OptloopLM.check_endpoint`'s ping), answered ``ok``.
+  :meth:`~optloop.lm.OptloopLM.check_endpoint`'s ping), answered ``ok``; the start-up probes of the
+  schema mode and of ``--concurrency auto`` are answered as a json_schema endpoint that serves
+  requests side by side would.
 """
 
 from __future__ import annotations
@@ -106,6 +108,15 @@ def request_keys(body: dict[str, Any], identity: str, decodings: Sequence[str]) 
     return [*keys, LMCache.key(payload)]
 
 
+def _probe_answer(body: dict[str, Any]) -> str | None:
+    """The answer to one of optloop's start-up probes (schema mode, concurrency), None for any other request."""
+    from optloop.lm.endpoint import SCHEMA_PROBE
+    from optloop.lm.probe import CONCURRENCY_PROBE
+
+    text = json.dumps(body.get("messages") or [])
+    return '{"city": "Lisbon"}' if SCHEMA_PROBE in text else "ok" if CONCURRENCY_PROBE in text else None
+
+
 def _unit(*parts: Any) -> float:
     """A number in [0, 1) fixed by ``parts``."""
     digest = hashlib.sha256(json.dumps(parts).encode()).digest()
@@ -145,6 +156,7 @@ class ReplayStats:
     hits: int = 0
     misses: int = 0
     probes: int = 0
+    startup_probes: int = 0  # the schema-mode and --concurrency auto probes
     injected_429: int = 0
     latency_s: float = 0.0  # injected, summed over answered requests
     missed: list[str] = field(default_factory=list)  # the first few missed prompts, shortened
@@ -199,6 +211,13 @@ class ReplayServer(LoopbackServer):
         except Exception as exc:  # noqa: BLE001 - a request optloop would not send
             return 400, {"error": {"message": f"unreadable request: {exc}", "type": "invalid_request_error"}}, {}, 0.0
         key = next((k for k in keys if k in self.responses), None)
+        if key is None and (probe := _probe_answer(body)) is not None:
+            # the start-up probes: a json_schema endpoint that serves side by side (not in requests or probes)
+            with self._lock:
+                self.stats.startup_probes += 1
+            usage = {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
+            return 200, chat_completion(body, probe, usage, id="replay-probe", model="replay"), {}, \
+                self.config.latency_ms / 1000
         if key is None and self.fallback is not None and body.get("max_tokens") != 1:
             with self._fallback_lock:  # one model, one call at a time; a request asked twice is computed once
                 if not any(k in self.responses for k in keys):

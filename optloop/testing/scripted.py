@@ -10,7 +10,8 @@ Each request consumes the next scripted behaviour (the last one repeats):
 * ``("respond", fn)``: ``fn(request body)`` returns one of the others for this request.
 
 Requests may come from many threads at once: the script is consumed under a lock, and each recorded
-request carries its arrival time (``"at"``, ``time.monotonic()``).
+request carries its arrival time (``"at"``, ``time.monotonic()``). optloop's start-up probes are
+answered apart from the script (``probes``), as a server taking ``schema_modes`` would.
 """
 
 from __future__ import annotations
@@ -25,15 +26,56 @@ from typing import Any
 from optloop.testing.loopback import LoopbackServer, Reply, chat_completion
 
 
+# optloop's start-up probes (the schema mode, --concurrency auto) are answered outside the script and
+# recorded in ``probes``, not ``requests``, as a server that takes ``schema_modes`` would answer them;
+# a llama.cpp Python server takes {"json_object", "none"} and answers json_schema with HTTP 500 and
+# pydantic's validation text (LLAMA_CPP_REJECTION, word for word).
+ALL_SCHEMA_MODES = frozenset({"json_schema", "json_object", "none"})
+LLAMA_CPP_REJECTION = {"error": {  # llama-cpp-python 0.3.36's server, word for word
+    "message": "1 validation error:\n  {'type': 'literal_error', 'loc': ('body', 'response_format', 'type'), "
+               "'msg': \"Input should be 'text' or 'json_object'\", 'input': 'json_schema', 'ctx': {'expected': "
+               "\"'text' or 'json_object'\"}}\n\n  Endpoint: POST /v1/chat/completions",
+    "type": "internal_server_error", "param": None, "code": None}}
+
+
+def _probe_kind(body: dict[str, Any]) -> str | None:
+    from optloop.lm.endpoint import SCHEMA_PROBE
+    from optloop.lm.probe import CONCURRENCY_PROBE
+
+    text = json.dumps(body.get("messages") or [])
+    return "schema" if SCHEMA_PROBE in text else "concurrency" if CONCURRENCY_PROBE in text else None
+
+
+def _schema_mode(body: dict[str, Any]) -> str:
+    fmt = body.get("response_format") or {}
+    return "none" if not fmt else "json_schema" if fmt.get("type") == "json_schema" else "json_object"
+
+
+_USAGE = {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}
+
+
 class ScriptedOpenAIServer(LoopbackServer):
-    def __init__(self, script: list[tuple[str, Any]], *, port: int = 0):
+    def __init__(self, script: list[tuple[str, Any]], *, port: int = 0,
+                 schema_modes: frozenset[str] = ALL_SCHEMA_MODES):
         self.script = list(script)
         self.requests: list[dict[str, Any]] = []
+        self.probes: list[dict[str, Any]] = []
+        self.schema_modes = schema_modes
         self.lock = threading.Lock()
         super().__init__(port)
 
     def post(self, path: str, body: bytes, headers: Message) -> Reply | None:
         request = json.loads(body or b"{}")
+        if (probe := _probe_kind(request)) is not None:
+            with self.lock:
+                self.probes.append({"kind": probe, "body": request, "at": time.monotonic()})
+            if probe == "concurrency":
+                return Reply(payload=chat_completion(request, "ok", _USAGE))
+            if _schema_mode(request) in self.schema_modes:
+                return Reply(payload=chat_completion(request, '{"city": "Lisbon"}', _USAGE))
+            return Reply(500, LLAMA_CPP_REJECTION)
+        if _schema_mode(request) not in self.schema_modes:
+            return Reply(500, LLAMA_CPP_REJECTION)
         with self.lock:
             self.requests.append({"path": path, "body": request, "auth": headers.get("authorization"),
                                   "at": time.monotonic()})
@@ -54,8 +96,7 @@ class ScriptedOpenAIServer(LoopbackServer):
                     for i, _ in enumerate(request["input"])]
             return Reply(payload={"object": "list", "data": data, "model": request["model"],
                                   "usage": {"prompt_tokens": 1, "total_tokens": 1}})
-        return Reply(payload=chat_completion(request, arg, {"prompt_tokens": 7, "completion_tokens": 3,
-                                                            "total_tokens": 10}))
+        return Reply(payload=chat_completion(request, arg, _USAGE))
 
 
 def answer_with(lm: Any, *, keep_max_tokens: bool = False) -> Callable[[dict[str, Any]], tuple[str, Any]]:

@@ -122,6 +122,9 @@ def test_planted_report_with_no_induced_failure_says_so_and_scores_every_caused_
     class FakeLM:
         accounting = Accounting()
 
+        def check_endpoint(self) -> list[str]:  # the embedded model's: nothing to check
+            return []
+
     recorded = Console(record=True, width=250)
     monkeypatch.setattr(cli, "console", recorded)
     monkeypatch.setattr(cli, "lm_from_args", lambda *args, **kwargs: FakeLM())

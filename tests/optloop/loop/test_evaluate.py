@@ -1,4 +1,5 @@
-"""Evaluation under LM faults: the question or episode fails, the fault is recorded, nothing raises.
+"""Evaluation under LM faults: the question or episode fails and the fault is recorded; past the share of
+failed calls an evaluation may have (``optloop.failures``), it raises instead of reporting figures.
 
 (An *unreachable* endpoint stops the evaluation instead: see tests/optloop/test_reliability.py.)
 """
@@ -23,7 +24,7 @@ def test_faults_in_ingestion_and_answering_become_failed_questions(tmp_path):
     with ScriptedOpenAIServer([("status", 500)]) as server:  # answers, but every answer is an error
         for system in ("md_flat", "rag_bm25"):  # md_flat fails in ingestion, rag_bm25 (no ingest LLM) in answering
             evaluator = Evaluator(system, broken_lm(server.base_url), tmp_path / system,
-                                  embedder=get_embedder("local"))
+                                  embedder=get_embedder("local"), allowed_failed_share=1.0)
             try:
                 ev = evaluator.evaluate(evaluator.baseline(), dataset)
             finally:
@@ -32,6 +33,23 @@ def test_faults_in_ingestion_and_answering_become_failed_questions(tmp_path):
             assert all(o.error and not o.passed and "HTTP 500" in o.error for o in ev.outcomes)
             assert ("ingestion" in ev.outcomes[0].error) == (system == "md_flat")
             assert ev.lm_failed_calls == ev.lm_attempt_faults == (1 if system == "md_flat" else ev.n)
+
+
+def test_failed_calls_past_the_threshold_stop_the_evaluation_with_the_first_failure(tmp_path):
+    import pytest
+
+    from optloop.errors import CallsFailedError
+
+    dataset = load_dataset("builtin:tiny?limit=1")
+    with ScriptedOpenAIServer([("status", 500)]) as server:
+        evaluator = Evaluator("rag_bm25", broken_lm(server.base_url), tmp_path, embedder=get_embedder("local"))
+        try:
+            with pytest.raises(CallsFailedError, match="LM calls failed after their retries in the dev evaluation "
+                                                       "of candidate baseline, more than 5%.*HTTP 500") as info:
+                evaluator.evaluate(evaluator.baseline(), dataset)
+        finally:
+            evaluator.close()
+    assert info.value.exit_code == 4
 
 
 def test_query_site_gives_the_system_its_rewrite_site_and_every_question_is_rewritten(tmp_path):

@@ -666,3 +666,20 @@ def test_batch_reaches_the_config_and_only_a_batch_above_1_changes_the_run_key()
     assert one.batch == 1 and four.batch == 4
     assert one.resume_key() == one.model_copy(update={"batch": 1}).resume_key() != four.resume_key()
     assert "batch" not in one.model_dump(exclude=one._unset_later_fields())
+
+
+def test_exit_4_when_the_calls_of_an_evaluation_fail_and_no_accuracy_is_reported(tmp_path):
+    from optloop.testing.scripted import ScriptedOpenAIServer
+
+    too_long = (400, {}, {"message": "This model's maximum context length is 2048 tokens. However, you requested "
+                                     "9658 tokens (9146 in the messages, 512 in the completion).",
+                          "type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded"})
+    with ScriptedOpenAIServer([("ok", "pong"), ("status", too_long)]) as server:
+        result = run(["--system", "rag_bm25", "--lm", "openai:test", "--lm-base-url", server.base_url,
+                      "--optimizer", "edit", "--budget", "1"], tmp_path)
+    last = result.stderr.strip().splitlines()[-1]
+    assert result.returncode == 4, result.stderr
+    assert "LM calls failed after their retries in the train evaluation of candidate baseline" in last
+    assert "the server's context is 2048" in last and "--n_ctx" in last and "rerun the same command" in last
+    assert "accuracy" not in result.stdout + result.stderr
+    assert len([r for r in server.requests if r["body"]["messages"][-1]["content"] != "ping"]) > 0

@@ -1,0 +1,220 @@
+"""Vanilla mem0 against mem0 through optloop, same model, same server: what optloop's calls change.
+
+    python -m experiments.bench.mem0_vanilla --lm-base-url http://127.0.0.1:8011/v1 --model smollm2 \
+        --dataset "synthetic:recall?seed=0&episodes=10" --json experiments/results/mem0_vanilla.json
+
+Three arms ingest every episode's sessions and search every question (top 5), all with
+``mem0.Memory`` 2.2.1, qdrant on disk and the local MiniLM embedder, against one OpenAI-compatible
+server:
+
+* ``vanilla``: ``Memory.from_config`` with provider ``openai`` at the server, as a product builds it;
+  mem0's own request (``response_format={"type": "json_object"}`` without a schema, mem0's sampling:
+  temperature 0.1, top_p 0.1, max_tokens 2000);
+* ``optloop``: optloop's ``Mem0System`` (the baseline prompts, optloop's LM at the server: the site's
+  schema in the endpoint's schema mode, temperature 0, max_tokens 512, seed 0);
+* ``exported``: the vanilla app with ``optloop.export``'s mem0 module of the baseline prompts applied
+  (``mem0_prompts.apply``): the requests the ``optloop`` arm sent, from a product.
+
+Per question: whether a retrieved memory holds every word of the gold answer (recall@5), with its
+95 % bootstrap CI, and the paired difference between arms. Per arm: memories stored, extraction
+requests and how many returned no memory. Run it under the machine's LM lock.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from optloop.cli import run_cli
+from optloop.datasets import Episode, load_dataset
+from optloop.stats import bootstrap_mean, paired_bootstrap_delta
+from optloop.text import words
+
+ARMS = ("vanilla", "optloop", "exported")
+TOP_K = 5
+
+
+def holds_gold(texts: Sequence[str], gold: str) -> float:
+    """1.0 when one retrieved text holds every word of ``gold``."""
+    need = set(words(gold))
+    return float(bool(need) and any(need <= set(words(t)) for t in texts))
+
+
+def app_config(root: Path, base_url: str, model: str) -> dict[str, Any]:
+    """A product's mem0 config: provider openai at the server, the local MiniLM, qdrant on disk."""
+    from optloop.embed import LocalEmbedder
+
+    return {
+        "llm": {
+            "provider": "openai",
+            "config": {"model": model, "openai_base_url": base_url, "api_key": "not-needed"},
+        },
+        "embedder": {
+            "provider": "huggingface",
+            "config": {"model": LocalEmbedder.model_path(), "embedding_dims": 384},
+        },
+        "vector_store": {
+            "provider": "qdrant",
+            "config": {
+                "collection_name": "app",
+                "path": str(root / "qdrant"),
+                "on_disk": True,
+                "embedding_model_dims": 384,
+            },
+        },
+        "history_db_path": str(root / "history.db"),
+    }
+
+
+def exported_module(root: Path) -> Any:
+    """``optloop.export``'s mem0 module of the baseline prompts (mem0's own text, the site's schema)."""
+    from optloop.export import Bundle, render
+    from signatures.mem0 import Mem0Extract
+
+    bundle = Bundle(
+        system="mem0",
+        prompts={"mem0.extract": Mem0Extract.instructions},
+        source={"baseline": True},
+        label="the baseline prompts",
+    )
+    path = root / "mem0_prompts.py"
+    path.write_text(render(bundle, "mem0", command="experiments.bench.mem0_vanilla"))
+    spec = importlib.util.spec_from_file_location("mem0_prompts_baseline", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def run_app(
+    episode: Episode, root: Path, base_url: str, model: str, prepare: Callable[[Any], None]
+) -> dict:
+    from systems.mem0_system import (
+        USER_ID,
+        session_messages,
+    )  # first: it points MEM0_DIR into optloop's state
+
+    from mem0 import Memory  # isort: skip
+
+    memory = Memory.from_config(app_config(root, base_url, model))
+    prepare(memory)
+    try:
+        for session in episode.sessions:
+            memory.add(session_messages(session), user_id=USER_ID)
+        stored = memory.get_all(filters={"user_id": USER_ID})["results"]
+        hits = [
+            [
+                h["memory"]
+                for h in memory.search(q.question, top_k=TOP_K, filters={"user_id": USER_ID})[
+                    "results"
+                ]
+            ]
+            for q in episode.questions
+        ]
+    finally:
+        memory.close()
+    return {"memories": [m["memory"] for m in stored], "hits": hits}
+
+
+def run_optloop(episode: Episode, root: Path, lm: Any) -> dict:
+    from systems.mem0_system import Mem0System
+
+    system = Mem0System(lm, root)
+    try:
+        system.ingest(episode.sessions)
+        stored = system.all_memories()
+        hits = [[m.text for m in system.search(q.question, TOP_K)] for q in episode.questions]
+    finally:
+        system.close()
+    return {"memories": [m.text for m in stored], "hits": hits}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m experiments.bench.mem0_vanilla",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--lm-base-url", required=True, help="the OpenAI-compatible server")
+    parser.add_argument("--model", default="smollm2", help="the model name the server answers to")
+    parser.add_argument("--dataset", default="synthetic:recall?seed=0&episodes=10")
+    parser.add_argument("--json", metavar="OUT", help="write the figures here")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("MEM0_TELEMETRY", "False")
+    from optloop.lm import LMSettings, OptloopLM, collect_calls
+
+    dataset = load_dataset(args.dataset)
+    lm = OptloopLM(
+        LMSettings.from_spec(
+            f"openai:{args.model}", base_url=args.lm_base_url, cache=False, timeout_s=300
+        )
+    )  # mem0's long prompt on a CPU server
+    lines = lm.check_endpoint()
+    scores: dict[str, list[float]] = {arm: [] for arm in ARMS}
+    stored: dict[str, list[int]] = {arm: [] for arm in ARMS}
+    seconds = dict.fromkeys(ARMS, 0.0)
+    same_memories = 0
+    with tempfile.TemporaryDirectory(prefix="mem0-vanilla-") as tmp:
+        module = exported_module(Path(tmp))
+        for i, episode in enumerate(dataset.episodes):
+            results = {}
+            for arm in ARMS:
+                started = time.perf_counter()
+                root = Path(tmp) / arm / episode.id
+                if arm == "optloop":
+                    with collect_calls():
+                        results[arm] = run_optloop(episode, root, lm)
+                else:
+                    prepare = module.apply if arm == "exported" else (lambda memory: None)
+                    results[arm] = run_app(episode, root, args.lm_base_url, args.model, prepare)
+                seconds[arm] += time.perf_counter() - started
+                stored[arm].append(len(results[arm]["memories"]))
+                scores[arm] += [
+                    holds_gold(h, q.gold) for h, q in zip(results[arm]["hits"], episode.questions)
+                ]
+            same_memories += sorted(results["optloop"]["memories"]) == sorted(
+                results["exported"]["memories"]
+            )
+            print(
+                f"episode {i + 1}/{len(dataset.episodes)}: memories "
+                + ", ".join(f"{arm} {stored[arm][-1]}" for arm in ARMS),
+                file=sys.stderr,
+            )
+    seed = 0
+    figures = {
+        "dataset": dataset.uri,
+        "model": args.model,
+        "server": args.lm_base_url,
+        "endpoint": lines,
+        "episodes": len(dataset.episodes),
+        "questions": len(scores["vanilla"]),
+        "recall_at_5": {arm: bootstrap_mean(scores[arm], seed=seed).model_dump() for arm in ARMS},
+        "delta_optloop_minus_vanilla": paired_bootstrap_delta(
+            scores["vanilla"], scores["optloop"], seed=seed
+        ).model_dump(),
+        "delta_exported_minus_optloop": paired_bootstrap_delta(
+            scores["optloop"], scores["exported"], seed=seed
+        ).model_dump(),
+        "memories_stored": {arm: sum(stored[arm]) for arm in ARMS},
+        "episodes_with_no_memory": {arm: sum(n == 0 for n in stored[arm]) for arm in ARMS},
+        "episodes_where_exported_stored_what_optloop_stored": same_memories,
+        "seconds": {arm: round(s, 1) for arm, s in seconds.items()},
+    }
+    text = json.dumps(figures, indent=1)
+    print(text)
+    if args.json:
+        Path(args.json).write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main))
