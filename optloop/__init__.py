@@ -23,14 +23,17 @@ __version__ = "0.1.0"
 __all__ = ["AttributionReport", "LoopResult", "__version__", "attribute", "optimize"]
 
 if TYPE_CHECKING:
-    from optloop._api import AttributionReport, attribute, optimize
+    from optloop._api import optimize
+    from optloop.attribute import AttributionReport, attribute
     from optloop.loop.state import LoopResult
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("optimize", "AttributionReport"):
-        return getattr(importlib.import_module("optloop._api"), name)
-    if name == "attribute":  # the module optloop.attribute, callable as optloop._api.attribute
+    if name == "optimize":
+        return importlib.import_module("optloop._api").optimize
+    if name == "AttributionReport":
+        return importlib.import_module("optloop.attribute").AttributionReport
+    if name == "attribute":  # the module optloop.attribute, callable as its function attribute()
         return importlib.import_module("optloop.attribute")
     if name == "LoopResult":
         return importlib.import_module("optloop.loop.state").LoopResult

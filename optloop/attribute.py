@@ -47,6 +47,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field
 from rich.console import Console, Group
 from rich.progress import Progress
 from rich.table import Table
@@ -468,19 +469,120 @@ def main_traces(args: argparse.Namespace) -> int:
 
 
 
+class AttributionReport(BaseModel):
+    """What :func:`attribute` found: the same report ``optloop attribute`` writes to ``report.json``."""
+
+    model_config = ConfigDict(extra="allow")
+
+    system: str
+    dataset: str
+    questions: int = Field(description="questions asked")
+    correct: int = Field(description="questions answered right")
+    accuracy: float | None = Field(description="correct / questions (None without questions)")
+    failures: int = Field(description="wrong answers, each attributed")
+    blame: list[dict[str, Any]] = Field(
+        description="per target (prompt site or knob:<name>), ranked by failure "
+        "rate: failures, share, rate with its 95% CI"
+    )
+    by_type_and_site: list[dict[str, Any]] = Field(
+        description="failures per error type and target"
+    )
+    attributions: list[dict[str, Any]] = Field(
+        description="one per wrong answer: decisive operation, error type, target, explanation"
+    )
+    graphs: Path | None = Field(
+        None, description="the folder of execution graphs, one per episode"
+    )
+
+
+def attribute(
+    system: str = "rag_bm25",
+    dataset: str = "builtin:tiny",
+    lm: str | None = None,
+    *,
+    lm_base_url: str | None = None,
+    concurrency: int | None = None,
+    out: str | Path | None = None,
+    traces: bool = False,
+    llm_judge: bool = False,
+    agent: bool = False,
+) -> AttributionReport:
+    """Run a memory system over a dataset and attribute every wrong answer to its cause.
+
+    The same attribution as ``optloop attribute``: the system runs with every memory operation
+    recorded, and each failed question is traced to its decisive operation (the first one that lost
+    the evidence), its error type, and the prompt site or knob to fix; blame is summed per target.
+
+    Example:
+
+        .. code-block:: python
+
+            import optloop
+
+            report = optloop.attribute(system="rag_bm25", dataset="builtin:tiny")
+            for entry in report.blame:
+                print(entry["target"], entry["failures"])
+
+    Args:
+        system:
+            A memory system of ``systems.SYSTEMS``.
+        dataset:
+            A dataset URI (see ``docs/systems.md``).
+        lm:
+            The LM spec (``local``, ``local:/path/model.gguf``, ``openai:<model>``); :obj:`None` reads
+            ``OPTLOOP_LM``, else ``local``.
+        lm_base_url:
+            Base URL of an OpenAI-compatible endpoint (else ``OPENAI_BASE_URL``).
+        concurrency:
+            LM requests in flight at once.
+        out:
+            A folder to keep the execution graphs in (``<out>/graphs``); :obj:`None` keeps none.
+        traces:
+            Also log one MLflow trace per failed question.
+        llm_judge:
+            Let an LLM judge settle the cases the lexical and embedding judges cannot.
+        agent:
+            Let an LLM agent re-examine the cases the deterministic walk leaves ambiguous.
+
+    Returns:
+        The :class:`AttributionReport`: accuracy, blame per target, failures per error type and target,
+        and every attribution.
+
+    Raises:
+        optloop.errors.OptloopError:
+            An unknown system, a malformed dataset, or an LM that cannot be reached.
+    """
+    from optloop.datasets import load_dataset
+    from optloop.lm import LMSettings, OptloopLM
+    from systems import get_system
+
+    cls = get_system(system)
+    load_dataset(dataset)  # a malformed dataset fails here, before any LLM call
+    settings = LMSettings.from_spec(
+        lm, base_url=lm_base_url, concurrency=concurrency, **cls.local_decoding
+    )
+    model = OptloopLM(settings)
+    with tempfile.TemporaryDirectory(prefix="optloop-attr-") as tmp:
+        report = attribute_dataset(
+            system, dataset, model, Path(tmp), traces=traces, llm_judge=llm_judge, agent=agent
+        )
+        graphs = None
+        if out is not None and (Path(tmp) / "graphs").exists():
+            graphs = Path(out) / "graphs"
+            shutil.rmtree(graphs, ignore_errors=True)
+            shutil.copytree(Path(tmp) / "graphs", graphs)
+    return AttributionReport.model_validate({**report, "graphs": graphs})
+
+
 class _CallableModule(types.ModuleType):
-    """This module, callable: ``optloop.attribute(...)`` is :func:`optloop._api.attribute` (the module
-    and the function share the name ``optloop.attribute``; calling the module runs the function)."""
+    """This module, callable: ``optloop.attribute(...)`` is :func:`attribute` (the module and the
+    function share the name ``optloop.attribute``; calling the module runs the function)."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        from optloop._api import attribute
-
         return attribute(*args, **kwargs)
 
     @property
     def __signature__(self) -> inspect.Signature:
-        from optloop._api import attribute
-
         return inspect.signature(attribute)
 
 

@@ -54,8 +54,5 @@ def test_a_tree_without_cycles_has_none_and_its_sizes_are_counted(tmp_path):
     assert long_lines(root)["lines"] == 1 and long_lines(root)["most"] == {"optloop/b.py": 1}
 
 
-@pytest.mark.xfail(
-    strict=True, reason="optloop.lm.backends makes the backends that import it (endpoint, llama)"
-)
 def test_optloop_systems_and_signatures_import_no_cycle():
     assert import_cycles(REPO) == []
