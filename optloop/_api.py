@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 def optimize(
     system: str = "mem0",
-    dataset: str = "builtin:tiny",
+    dataset: str | None = None,
     budget: int = 3,
     optimizer: str = "simba",
     lm: str | None = None,
@@ -37,7 +37,9 @@ def optimize(
     promote_if: str = "ci",
     proposer_lm: str | None = None,
     lm_base_url: str | None = None,
-    concurrency: int | None = None,
+    concurrency: int | str | None = None,
+    batch: int = 1,
+    allow_small_splits: bool = False,
     max_cost: float | None = None,
     max_calls: int | None = None,
     run_name: str | None = None,
@@ -60,7 +62,7 @@ def optimize(
 
             import optloop
 
-            result = optloop.optimize(system="rag_bm25", dataset="builtin:tiny", budget=3, optimizer="edit")
+            result = optloop.optimize(system="rag_bm25", budget=3, optimizer="edit")
             print(result.delta_test_ci, result.changed_sites)
 
     Args:
@@ -68,8 +70,9 @@ def optimize(
             A memory system of ``systems.SYSTEMS``: ``mem0``, ``graphiti``, ``tiered``, ``gated``,
             ``long_context``, ``rag_bm25``, ``rag_embedding`` or ``md_flat``.
         dataset:
-            A dataset URI, e.g. ``builtin:tiny``, ``memfail:persona?limit=12``,
-            ``synthetic:recall?seed=0&episodes=40``, ``locomo:<path>`` (see ``docs/systems.md``).
+            A dataset URI, e.g. ``synthetic:recall?seed=0&episodes=40``, ``memfail:persona?limit=40``,
+            ``locomo:<path>`` (see ``docs/systems.md``); :obj:`None` is the dataset optloop generates
+            for the system (``optloop.datasets.defaults``: 20 dev and 20 test questions).
         budget:
             Candidate evaluations on the dev split.
         optimizer:
@@ -100,7 +103,12 @@ def optimize(
         lm_base_url:
             Base URL of an OpenAI-compatible endpoint (else ``OPENAI_BASE_URL``).
         concurrency:
-            LM requests in flight at once.
+            LM requests in flight at once, or ``"auto"`` (probe the endpoint).
+        batch:
+            Candidates of one optimizer round evaluated at once (an endpoint's slots fill up).
+        allow_small_splits:
+            Run even when the dev or test split has fewer than 20 questions (its CIs are too wide
+            to show a change).
         max_cost:
             Stop once the run has spent this many dollars (a model with a price only).
         max_calls:
@@ -133,8 +141,6 @@ def optimize(
     argv = [
         "--system",
         system,
-        "--dataset",
-        dataset,
         "--budget",
         str(budget),
         "--optimizer",
@@ -145,6 +151,8 @@ def optimize(
         promote_if,
     ]
     flags: dict[str, Any] = {
+        "--dataset": dataset,
+        "--batch": batch if batch != 1 else None,
         "--lm": lm,
         "--proposer-lm": proposer_lm,
         "--lm-base-url": lm_base_url,
@@ -168,6 +176,7 @@ def optimize(
         flag
         for flag, on in (
             ("--untargeted", untargeted),
+            ("--allow-small-splits", allow_small_splits),
             ("--query-rewrite", query_rewrite),
             ("--new", new),
             ("--verbose", verbose),
