@@ -17,7 +17,8 @@ denominators (clean passes per system and dataset, failures caused per fault),
 flagging samples under 10 as too small to support a figure; the original
 faults' figures apart from those of the preregistered ones; the median and
 p95 milliseconds per attributed failure; and the LLM calls the attribution
-made (0 by design). ``--json`` and ``--markdown`` save the same report.
+made (0 by design). ``--json`` and ``--markdown`` save the same report, with its provenance
+(command, date, commit, model, machine).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from tempfile import TemporaryDirectory
 
 from rich.console import Console
 
+from experiments.bench._common import provenance, provenance_markdown
 from optloop.attribute import render_planted, render_planted_markdown
 from optloop.attribution.planted import PlantedRun, run_planted
 from optloop.attribution.planted_report import summarize
@@ -102,6 +104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     summary["seconds"] = round(time.perf_counter() - started, 1)
     summary["datasets"] = [d.uri for d in datasets]
     summary["lm"] = lm.backend.identity
+    summary["provenance"] = provenance(lm.backend.identity, argv)
     summary["cases"] = [c.to_json() for c in planted.induced]
     summary["set_aside_cases"] = [c.to_json() for c in planted.set_aside]
     console.print(f"planted faults, deterministic attribution ({lm.backend.identity}); "
@@ -110,7 +113,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps(summary, indent=1, ensure_ascii=False))
     if args.markdown:
-        args.markdown.write_text(render_planted_markdown(summary))
+        args.markdown.write_text(provenance_markdown(summary["provenance"])
+                                 + render_planted_markdown(summary))
     return 0
 
 
