@@ -34,12 +34,14 @@ from optloop.offline import offline_defaults
 os.environ.update(offline_defaults())  # first: litellm, mem0 and Hugging Face read them when imported
 
 import argparse
+import inspect
 import json
 import logging
 import shutil
 import sys
 import tempfile
 import time
+import types
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -57,7 +59,7 @@ from optloop.attribution.planted import (
     run_planted,
 )
 from optloop.attribution.planted_report import format_rate, summarize
-from optloop.cli import CommandParser, lm_from_args, parse_command, run_cli
+from optloop.cli import CommandParser, dataset_help, lm_from_args, parse_command, run_cli
 from optloop.datasets import load_dataset
 from optloop.errors import ConfigError
 from optloop.faults.catalogue import CATALOGUE
@@ -368,7 +370,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = CommandParser("python -m optloop.attribute", __doc__, lm=True)
     parser.add_argument("--system", default="rag_bm25",
                         help=f"memory system, or a comma-separated list with --faults ({', '.join(SYSTEMS)})")
-    parser.add_argument("--dataset", default="builtin:tiny", help="dataset URI (default builtin:tiny)")
+    parser.add_argument("--dataset", default="builtin:tiny", help=dataset_help())
     parser.add_argument("--faults", choices=["planted"], help="run the planted-fault harness instead")
     parser.add_argument("--from-traces", metavar="URI", help="attribute published traces offline instead of running "
                         "a system: meme:<dir> (a checkout of meme-eval; see docs/meme-traces.md)")
@@ -455,6 +457,26 @@ def main_traces(args: argparse.Namespace) -> int:
     console.print(f"reports in {args.json or out / 'report.json'} and {args.markdown or out / 'report.md'}; "
                   f"graphs in {out / 'graphs'}")
     return 0
+
+
+
+class _CallableModule(types.ModuleType):
+    """This module, callable: ``optloop.attribute(...)`` is :func:`optloop._api.attribute` (the module
+    and the function share the name ``optloop.attribute``; calling the module runs the function)."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from optloop._api import attribute
+
+        return attribute(*args, **kwargs)
+
+    @property
+    def __signature__(self) -> inspect.Signature:
+        from optloop._api import attribute
+
+        return inspect.signature(attribute)
+
+
+sys.modules[__name__].__class__ = _CallableModule
 
 
 if __name__ == "__main__":

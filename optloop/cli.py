@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 from rich.logging import RichHandler
@@ -29,6 +32,40 @@ LM backends (--lm, or the OPTLOOP_LM environment variable):
 """
 
 
+_COMMAND: ContextVar[str | None] = ContextVar("optloop_command", default=None)
+
+
+@contextmanager
+def command_name(name: str) -> Iterator[None]:
+    """Within this block, parsers name themselves ``name`` (``optloop run``): set by the ``optloop``
+    command (:mod:`optloop.console`)."""
+    token = _COMMAND.set(name)
+    try:
+        yield
+    finally:
+        _COMMAND.reset(token)
+
+
+# How each dataset scheme is written; a scheme missing here is still listed (as SCHEME:...).
+_DATASET_FORMS = {"memfail": "memfail:<task>[:path]", "locomo": "locomo:<path>",
+                  "longmemeval": "longmemeval:<path>", "meme": "meme:<path>", "jsonl": "jsonl:<path>",
+                  "agentic": "agentic:<path>, agentic:generate?records=N"}
+
+
+def dataset_help(default: str = "builtin:tiny") -> str:
+    """``--dataset``'s help, naming every dataset kind the registries hold (``optloop.datasets.LOADERS``,
+    the built-in datasets, the synthetic generators)."""
+    from optloop.datasets import LOADERS
+    from optloop.datasets.builtin import BUILTINS
+    from optloop.datasets.synthetic import GENERATORS
+
+    forms = {"builtin": ", ".join(f"builtin:{name}" for name in BUILTINS),
+             "synthetic": ", ".join(f"synthetic:{kind}?seed=K" for kind in GENERATORS), **_DATASET_FORMS}
+    kinds = "; ".join(forms.get(scheme, f"{scheme}:...") for scheme in LOADERS)
+    return (f"dataset URI (default {default}): {kinds}. Any URI takes ?limit=N (episodes), "
+            "questions=N, tasks=a,b (docs/systems.md)")
+
+
 class CommandParser(argparse.ArgumentParser):
     """The parser of an optloop command: ``description`` (the module docstring) shown as written, and after
     the command's own flags ``--verbose`` and, with ``lm``, the LM flags (:func:`add_lm_arguments`), added
@@ -37,7 +74,7 @@ class CommandParser(argparse.ArgumentParser):
     def __init__(self, prog: str | None = None, description: str | None = None, *, lm: bool = False,
                  **kwargs: Any):
         kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
-        super().__init__(prog=prog, description=description, **kwargs)
+        super().__init__(prog=_COMMAND.get() or prog, description=description, **kwargs)
         self._lm = lm
         self._finished = False
 
@@ -71,7 +108,9 @@ def add_lm_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--lm-base-url", metavar="URL", help="base URL of an OpenAI-compatible endpoint")
     group.add_argument("--lm-timeout", metavar="SECONDS", type=float, help="per-call timeout (default 60)")
     group.add_argument("--lm-retries", metavar="N", type=int, help="retries on transient errors (default 3)")
-    group.add_argument("--lm-n-ctx", metavar="TOKENS", type=int, help="context window of a local model (default 12288)")
+    group.add_argument("--lm-n-ctx", metavar="TOKENS", type=int,
+                       help="context window of a local model (default: its training context, read "
+                            "from the GGUF; 12288 for mem0, whose extraction prompt is longer)")
     group.add_argument("--lm-max-items", metavar="N", type=int,
                        help="local decoding: longest JSON array (default 16; 3 for graphiti)")
     group.add_argument("--lm-max-chars", metavar="N", type=int,
@@ -95,7 +134,7 @@ def lm_settings_from_args(args: argparse.Namespace, defaults: Mapping[str, Any] 
         base_url=args.lm_base_url,
         timeout_s=args.lm_timeout,
         max_retries=args.lm_retries,
-        n_ctx=getattr(args, "lm_n_ctx", None),
+        n_ctx=_first_set(getattr(args, "lm_n_ctx", None), (defaults or {}).get("n_ctx")),
         max_array_items=_first_set(getattr(args, "lm_max_items", None), (defaults or {}).get("max_array_items")),
         max_string_chars=_first_set(getattr(args, "lm_max_chars", None), (defaults or {}).get("max_string_chars")),
         cache=False if args.no_cache else None,
@@ -118,6 +157,13 @@ def setup_logging(verbose: bool) -> None:
         for name in ("httpx", "LiteLLM", "mem0", "graphiti_core", "sentence_transformers",
                      "urllib3"):
             logging.getLogger(name).setLevel(logging.ERROR)
+        # MLflow gives its loggers their own handler and level when it is imported (INFO unless
+        # this says otherwise: "Creating initial MLflow database tables..."), so the level is set
+        # before that import, and again for a process that imported it already. A level the user
+        # set is kept.
+        os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
+        logging.getLogger("mlflow").setLevel(os.environ["MLFLOW_LOGGING_LEVEL"].upper())
+        logging.getLogger("alembic").setLevel(logging.WARNING)
 
 
 def run_cli(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | None = None) -> int:

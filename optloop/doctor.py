@@ -41,7 +41,7 @@ class Facts(BaseModel):
     facts: list[Fact]
 
 
-def _parser() -> CommandParser:
+def build_parser() -> CommandParser:
     parser = CommandParser("python -m optloop.doctor",
                            "Check the optloop stack end to end with real calls: LM (schema-constrained and free "
                            "text), embeddings, and the installed versions.", lm=True, epilog=LM_HELP)
@@ -50,7 +50,7 @@ def _parser() -> CommandParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_command(_parser(), argv)
+    args = parse_command(build_parser(), argv)
     console = Console()
 
     versions = Table(title="installed stack", show_header=True)

@@ -15,12 +15,14 @@ import json
 import logging
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from rich.console import Console
 
 from optloop import artifacts, preflight
 from optloop.cli import lm_settings_from_args, parse_command, run_cli
+from optloop.datasets import Dataset
 from optloop.errors import ConfigError, EndpointDownError, LMUnreachableError
 from optloop.interrupt import interruptible
 from optloop.lm import LMSettings, OptloopLM
@@ -35,8 +37,10 @@ from optloop.loop.spend import (
     measured_chains,
     work_units,
 )
+from optloop.loop.state import LoopConfig, LoopResult
 from optloop.outside import RunPlace, describe_run, saved_line
 from optloop.paths import state_dir, write_atomic
+from optloop.progress import LOG_NAME, RunProgress
 from optloop.run_args import build_parser, check_priced, run_config
 from optloop.run_resume import choose_run, resume_command
 from optloop.run_tables import (
@@ -50,7 +54,8 @@ from optloop.run_tables import (
 from optloop.tracking import resolve_uri
 from systems import get_system
 
-console = Console(stderr=True)
+# In a log file (no terminal) the tables get room to be read instead of rich's 80 columns.
+console = Console(stderr=True, width=None if sys.stderr.isatty() else 120)
 
 
 def probe_lm(settings: LMSettings) -> OptloopLM:
@@ -65,11 +70,33 @@ def probe_lm(settings: LMSettings) -> OptloopLM:
         raise EndpointDownError(f"{exc}; nothing was written: rerun the same command once the endpoint is up") from None
     return probe
 
-def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    args = parse_command(build_parser(), argv)
-    if not args.verbose:  # DSPy's optimizers log every step; our status line says what runs
-        logging.getLogger("dspy").setLevel(logging.ERROR)
+@dataclass
+class PreparedRun:
+    """A run whose input is checked: its settings, its LMs and its :class:`Loop`, not started."""
+
+    config: LoopConfig
+    settings: LMSettings
+    proposer_settings: LMSettings | None
+    lm: OptloopLM
+    proposer: OptloopLM
+    loop: Loop
+    line: str = field(repr=False)  # which run this is, said once before it starts
+    again: str = field(repr=False)  # the command that resumes it
+    dev: Dataset = field(repr=False)
+    test: Dataset = field(repr=False)
+
+    def start(self) -> RunProgress:
+        """Say which run this is, and where the run will say what it does: the console (a status line
+        on a terminal, plain lines elsewhere) and its ``run.log``."""
+        console.print(self.line, soft_wrap=True)
+        self.loop.announce = lambda line: console.print(line, soft_wrap=True, markup=False, highlight=False)
+        return RunProgress(console, self.loop.run_dir / LOG_NAME)
+
+
+def prepare(args: argparse.Namespace, argv: Sequence[str]) -> PreparedRun:
+    """Everything ``optloop run`` checks before it starts, in order, and the run it starts: bad input
+    fails here (:class:`ConfigError`, exit 2) with nothing written, an unavailable endpoint with
+    :class:`EndpointDownError` (exit 75)."""
     if args.new and args.run_name:
         raise ConfigError("--new and --run-name exclude each other: --run-name names the run to start or resume")
     get_system(args.system)
@@ -107,12 +134,36 @@ def main(argv: Sequence[str] | None = None) -> int:
     proposer = OptloopLM(proposer_settings) if proposer_settings is not None else lm
     loop = Loop(config, lm, proposer, auto_named=not args.run_name, limits=limits,
                 prepared=(dataset, train, dev, test))
-    console.print(choice.line, soft_wrap=True)
-    loop.announce = lambda line: console.print(line, soft_wrap=True, markup=False, highlight=False)
+    return PreparedRun(config, settings, proposer_settings, lm, proposer, loop, choice.line, again, dev, test)
+
+
+def execute(argv: Sequence[str]) -> LoopResult:
+    """What ``optloop run ARGV`` runs, its result returned instead of printed (``optloop.optimize``).
+
+    Raises what the command turns into exit codes: :class:`~optloop.errors.OptloopError` (bad input,
+    an unavailable endpoint, an unwritable state), :class:`~optloop.loop.spend.RunStopped` (a spending
+    limit or ``--estimate``: the run is saved), :class:`KeyboardInterrupt`."""
+    argv = list(argv)
+    run = prepare(build_parser().parse_args(argv), argv)
+    with run.start().shown() as progress:
+        run.loop.progress = progress
+        return run.loop.run()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_command(build_parser(), argv)
+    if not args.verbose:  # DSPy's optimizers log every step; our status line says what runs
+        logging.getLogger("dspy").setLevel(logging.ERROR)
+    run = prepare(args, argv)
+    config, settings, proposer_settings, lm, proposer, loop = (run.config, run.settings, run.proposer_settings,
+                                                               run.lm, run.proposer, run.loop)
+    dev, test, again = run.dev, run.test, run.again
+    progress = run.start()
     with interruptible() as signals:
         try:
-            with console.status("starting") as status:
-                loop.progress = lambda msg: status.update(msg)
+            with progress.shown() as say:
+                loop.progress = say
                 result = loop.run()
         except EndpointDownError as exc:
             raise EndpointDownError(f"{exc}; the run is saved: rerun the same command to resume it: {again}") from None

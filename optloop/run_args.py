@@ -78,7 +78,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from optloop.cli import CommandParser
+from optloop.cli import CommandParser, dataset_help
 from optloop.errors import ConfigError
 from optloop.lm import LMSettings
 from optloop.loop.runner import MAX_BUDGET, LoopConfig, check_fractions
@@ -142,10 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _OneLineParser("python -m optloop.run", __doc__, lm=True)
     parser.add_argument("--system", default="mem0", choices=list(SYSTEMS), metavar="SYSTEM",
                         help=f"memory system: {', '.join(SYSTEMS)} (default mem0)")
-    parser.add_argument("--dataset", default="builtin:tiny",
-                        help="dataset URI (default builtin:tiny): builtin:tiny, memfail:<task>, locomo:<path>, "
-                             "longmemeval:<path>, meme:<path>, synthetic:meme?seed=K, jsonl:<path>; "
-                             "?limit=N keeps the first N episodes")
+    parser.add_argument("--dataset", default="builtin:tiny", help=dataset_help())
     parser.add_argument("--budget", type=_budget, default=3, help="candidate evaluations on dev (default 3)")
     parser.add_argument("--optimizer", choices=["simba", "gepa", "optuna", "edit"], default="simba",
                         help="simba (default), gepa, optuna (TPE over proposed instructions and knobs), or edit "

@@ -115,7 +115,7 @@ class MemorySystem(ABC):
     # The knob that decides what a search returns (None: no knob does).
     search_knob: ClassVar[str | None] = "top_k"
     # LMSettings this system's runs use unless the user sets them (``--lm-max-items``,
-    # ``--lm-max-chars``): bounds for schema-constrained decoding on a local model.
+    # ``--lm-max-chars``, ``--lm-n-ctx``): decoding bounds and the context window of a local model.
     local_decoding: ClassVar[dict[str, int]] = {}
 
     def __init__(self, lm: OptloopLM, run_dir: Path, *, embedder: Embedder | None = None,

@@ -163,6 +163,8 @@ class Mem0System(MemorySystem):
     knob_values: ClassVar[Mapping[str, Sequence[Any]]] = {**MemorySystem.knob_values, "threshold": (0.0, 0.1, 0.2, 0.3),
                                                          "rerank": (False, True)}
     search_knob: ClassVar[str | None] = "threshold"
+    # Its extraction prompt alone is ~8.5k SmolLM2 tokens: more than the 8192 SmolLM2 was trained on.
+    local_decoding: ClassVar[dict[str, int]] = {"n_ctx": 12288}
 
     def __init__(self, lm: OptloopLM, run_dir: Path, *, embedder: Embedder | None = None,
                  knobs: dict[str, Any] | None = None, query_site: bool = False):

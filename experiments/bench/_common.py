@@ -39,12 +39,16 @@ def parse_systems(text: str | Sequence[str]) -> list[str]:
     return names
 
 
-def bench_lm(args: argparse.Namespace, tmp: Path, cache: Path | None = None) -> OptloopLM:
+def bench_lm(args: argparse.Namespace, tmp: Path, cache: Path | None = None, *,
+             systems: Sequence[str] = ()) -> OptloopLM:
     """The LM from the ``add_lm_arguments`` flags, on a fresh cache so every call is real; with
-    ``cache``, on that file instead (an earlier run's answers are reused, the new ones added)."""
+    ``cache``, on that file instead (an earlier run's answers are reused, the new ones added). A local
+    model's context window is the largest any of ``systems`` asks for (``local_decoding``) unless the
+    flags set it."""
+    n_ctx = args.lm_n_ctx or max((get_system(s).local_decoding.get("n_ctx", 0) for s in systems), default=0)
     return OptloopLM(LMSettings.from_spec(
         args.lm, base_url=args.lm_base_url, timeout_s=args.lm_timeout, max_retries=args.lm_retries,
-        n_ctx=args.lm_n_ctx, max_array_items=getattr(args, "lm_max_items", None),
+        n_ctx=n_ctx or None, max_array_items=getattr(args, "lm_max_items", None),
         max_string_chars=getattr(args, "lm_max_chars", None),
         cache_path=cache or tmp / "cache.sqlite"))
 

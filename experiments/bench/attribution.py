@@ -47,6 +47,7 @@ from optloop.datasets import load_dataset
 from optloop.errors import ConfigError
 from optloop.faults.catalogue import CATALOGUE
 from systems import get_system
+from experiments.provenance import stamped, model_of
 
 DEFAULT_SYSTEMS = "rag_bm25,rag_embedding,long_context,md_flat,mem0,graphiti"
 DEFAULT_DATASETS = ";".join(["builtin:tiny"] + [f"synthetic:suite?seed={i}" for i in range(5)])
@@ -111,7 +112,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                   f"{summary['seconds']} s in all")
     console.print(render_planted(summary))
     if args.json:
-        args.json.write_text(json.dumps(summary, indent=1, ensure_ascii=False))
+        args.json.write_text(json.dumps(stamped(summary, model_of(args)), indent=1, ensure_ascii=False))
     if args.markdown:
         args.markdown.write_text(provenance_markdown(summary["provenance"])
                                  + render_planted_markdown(summary))

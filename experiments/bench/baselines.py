@@ -418,7 +418,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     plan = make_plan(args)  # unknown systems, bad URIs and bad config files fail here, before the LM
 
     with tempfile.TemporaryDirectory() as tmp:
-        lm = bench_lm(args, Path(tmp), args.lm_cache)
+        lm = bench_lm(args, Path(tmp), args.lm_cache, systems=plan.systems)
         with Progress() as progress:
             results = run_bench(plan, lm, Path(tmp), progress)
     identity = lm.backend.identity

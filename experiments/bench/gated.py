@@ -60,6 +60,7 @@ from optloop.embed import CachedEmbedder, Embedder, get_embedder
 from optloop.stats import Interval, bootstrap_mean, paired_bootstrap_delta
 from systems.baselines import EmbeddingRagSystem
 from systems.gated import GatedSystem
+from experiments.provenance import stamped
 
 DEFAULT_JSON = Path("experiments/results/gated.json")
 RAG = "rag_embedding"
@@ -223,7 +224,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                              for m in ("recall", "contamination", "leakage", "clean_context")))
     Console().print(table)
     args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(_jsonable(report), indent=1) + "\n", encoding="utf-8")
+    args.json.write_text(json.dumps(stamped(_jsonable(report), "none (no LLM: the gate's floors only)"), indent=1) + "\n", encoding="utf-8")
     if args.markdown:
         args.markdown.write_text(markdown(report), encoding="utf-8")
     console.print(f"wrote {args.json}" + (f" and {args.markdown}" if args.markdown else ""))

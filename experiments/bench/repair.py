@@ -71,6 +71,7 @@ from optloop.loop.runner import Checkpoint, Loop, LoopConfig, start_candidate
 from optloop.paths import write_atomic
 from optloop.stats import Interval, bootstrap_mean, paired_bootstrap_delta, recovered_share
 from systems import get_system
+from experiments.provenance import stamped, model_of
 
 logger = logging.getLogger(__name__)
 console = Console(width=None if sys.stdout.isatty() else 200)
@@ -389,7 +390,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 report["dropped"].append({k: bite[k] for k in ("name", "site", "mode", "n", "clean", "sabotaged",
                                                                  "margin", "margin_ci")})
             if args.json:  # partial results survive a long run's interruption
-                write_atomic(args.json, json.dumps(report, indent=1, default=str))
+                write_atomic(args.json, json.dumps(stamped(report, model_of(args)), indent=1, default=str))
             if not bite["bites"] or args.bite_only:
                 continue
             for seed in seeds:
@@ -402,12 +403,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                                       f"recovered {case['recovered']} {case['recovered_ci']}, "
                                       f"{case['llm_calls']} LLM calls")
                         if args.json:  # partial results survive a long run's interruption
-                            write_atomic(args.json, json.dumps(report, indent=1, default=str))
+                            write_atomic(args.json, json.dumps(stamped(report, model_of(args)), indent=1, default=str))
         report["aggregate"] = aggregate(report["cases"])
         report["targets"] = targets(report["aggregate"])
     render(report)
     if args.json:
-        write_atomic(args.json, json.dumps(report, indent=1, default=str))
+        write_atomic(args.json, json.dumps(stamped(report, model_of(args)), indent=1, default=str))
     if args.markdown:
         write_atomic(args.markdown, to_markdown(report))
     leaks = sum(c["leaks"] or 0 for c in report["cases"])

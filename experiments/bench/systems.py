@@ -62,7 +62,7 @@ def bench_system(name: str, dataset_uri: str, lm: OptloopLM, work: Path, progres
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = CommandParser("python -m experiments.bench.systems", __doc__, lm=True)
-    parser.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated (default: all six)")
+    parser.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated (default: all {len(SYSTEMS)}: {', '.join(SYSTEMS)})")
     parser.add_argument("--dataset", default="builtin:tiny", help="dataset URI (default builtin:tiny)")
     parser.add_argument("--json", type=Path, help="also write the figures to this JSON file")
     args = parse_command(parser, argv)
@@ -70,7 +70,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        lm = bench_lm(args, Path(tmp))
+        lm = bench_lm(args, Path(tmp), systems=names)
         with Progress() as progress:
             for name in names:
                 rows.append(bench_system(name, args.dataset, lm, Path(tmp), progress))

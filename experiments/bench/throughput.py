@@ -1,4 +1,4 @@
-"""Throughput against an endpoint: one evaluation at ``--concurrency`` N = 1, 2, 4, 8, 16 (issue 20, section 4).
+"""Throughput against an endpoint: one evaluation at ``--concurrency`` N = 1, 2, 4, 8, 16.
 
     python -m experiments.bench.throughput record [--systems md_flat,mem0,graphiti] [--dataset URI] [--cache FILE]
     python -m experiments.bench.throughput replay [--systems ...] [--n 1,2,4,8,16] [--latency-ms 300] [--jitter-ms 50]
@@ -35,7 +35,7 @@ With ``--repeat K`` each row is the run of median seconds of K (its ``seconds_ru
 injected latencies and 429s are the same in every run, so what varies is this machine's own work.
 
 Results go to ``--json`` (``{"rows": [...], "summary": [...], <settings>}``) and, with ``--markdown``, a
-table. The summary reads each system against issue 20's targets (:func:`summarize`): the speed-up at
+table. The summary reads each system against the throughput targets (:func:`summarize`): the speed-up at
 N = 8 as a share of the ideal speed-up (target >= 0.8), and the time with 429s over the time without
 at each N (target <= 1.3x), beside the least that ratio can be at N = 1 for any client that honours
 ``Retry-After`` (:func:`floor_429`: with 300 ms calls and a 1 s Retry-After on 10 % of attempts it is
@@ -82,6 +82,7 @@ from optloop.paths import state_dir, write_atomic
 from optloop.pipeline import EpisodeResult
 from optloop.testing.replay import ReplayConfig, ReplayServer, load_cache
 from systems import get_system
+from experiments.provenance import stamped
 
 logger = logging.getLogger(__name__)
 
@@ -132,7 +133,7 @@ class Row(BaseModel):
 
 
 class Summary(BaseModel):
-    """One system's figures against issue 20's targets, read off its rows."""
+    """One system's figures against the throughput targets, read off its rows."""
 
     system: str
     n: int = Field(description="the concurrency the speed-up is read at (the target's N = 8)")
@@ -362,7 +363,7 @@ def replay(args: argparse.Namespace, console: Console) -> int:
                "identity": recording.identity, "systems": list(dict.fromkeys(row.system for row in rows)),
                "n": ns, "rate_429": rates, **settings, "identical": not different, "different": different}
     args.json.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(args.json, json.dumps(results, indent=2) + "\n")
+    write_atomic(args.json, json.dumps(stamped(results, f"{recording.identity}, replayed"), indent=2) + "\n")
     if args.markdown:
         write_atomic(args.markdown, to_markdown(rows, results) + "\n" + summary_markdown(summaries))
     print_table(rows, results, console)

@@ -59,8 +59,17 @@ def drop_all(items: list[Any], _: dict[str, Any]) -> list[Any]:
 
 
 def keys_only(items: list[Any], _: dict[str, Any]) -> list[Any]:
-    """``Key|Value`` lines cut to their keys: the wrong format, every line malformed."""
-    return [_item_text(i).split("|", 1)[0].strip() for i in items]
+    """Facts cut to their keys: a ``{key, value}`` object keeps its key with an empty value, a
+    ``Key|Value`` line only its key; nothing the extraction wrote carries a value."""
+    out: list[Any] = []
+    for item in items:
+        if isinstance(item, BaseModel) and "value" in type(item).model_fields:
+            out.append(item.model_copy(update={"value": ""}))
+        elif isinstance(item, dict) and "value" in item:
+            out.append({**item, "value": ""})
+        else:
+            out.append(_item_text(item).split("|", 1)[0].strip())
+    return out
 
 
 def forget_old(items: list[Any], inputs: dict[str, Any]) -> list[Any]:

@@ -36,12 +36,12 @@ class LocalLlamaBackend(Backend):
     TIGHTEN = 4
     MAX_TIGHTENINGS = 2
 
-    def __init__(self, path: Path, *, n_ctx: int, n_threads: int | None, max_chars: int, max_items: int,
+    def __init__(self, path: Path, *, n_ctx: int | None, n_threads: int | None, max_chars: int, max_items: int,
                  slots: MachineSlots | None = None):
         if not path.is_file():
             raise ConfigError(f"GGUF model file not found: {path}; pass an existing file with --lm local:/path.gguf")
         self.path = path
-        self.n_ctx = n_ctx
+        self.n_ctx = n_ctx or 0  # 0: llama.cpp takes the training context from the GGUF's metadata
         self.slots = slots or MachineSlots()
         self.n_threads = n_threads or threads_per_slot(self.slots.slots)
         self.max_chars = max_chars
@@ -75,8 +75,8 @@ class LocalLlamaBackend(Backend):
                 llama = Llama(
                     model_path=str(self.path), n_ctx=self.n_ctx, n_threads=self.n_threads, verbose=False, seed=0
                 )
-                logger.info("loaded %s in %.2fs (%d threads)", self.path.name, time.perf_counter() - started,
-                            self.n_threads)
+                logger.info("loaded %s in %.2fs (%d threads, context %d tokens)", self.path.name,
+                            time.perf_counter() - started, self.n_threads, llama.n_ctx())
                 _LOADED[key] = (llama, threading.Lock())
             return _LOADED[key]
 

@@ -58,9 +58,11 @@ class LMSettings(BaseModel):
     max_retries: int = Field(3, ge=0, le=10)
     cache: bool = True
     cache_path: Path | None = Field(None, description="default: $OPTLOOP_HOME/lm_cache.sqlite")
-    # mem0's extraction prompt alone is ~8.5k SmolLM2 tokens, so 8192 (SmolLM2's trained
-    # window) cannot hold it; llama.cpp runs past the trained window without failing.
-    n_ctx: int = Field(12288, gt=0, description="context window of a local model")
+    # None: the model's training context, which llama.cpp reads from the GGUF's metadata (8192 for
+    # SmolLM2). A larger window runs past what the model was trained on (llama.cpp warns); a system
+    # whose prompts need it says so (mem0: ``Mem0System.local_decoding``).
+    n_ctx: int | None = Field(None, gt=0, description="context window of a local model; default: its training "
+                                                      "context (GGUF metadata)")
     n_threads: int | None = Field(None, description="llama.cpp threads; default: the machine's budget per slot")
     # A tiny model can ramble inside a JSON string until max_tokens cuts it off.
     # Locally decoded schemas get these bounds (where the schema sets none), so

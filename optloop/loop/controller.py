@@ -49,6 +49,7 @@ resumes from its checkpoint as after any other stop. The data flow of the whole 
 from __future__ import annotations
 
 import logging
+import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
@@ -64,6 +65,7 @@ from optloop.loop.evaluate import Evaluation
 from optloop.loop.policy import choose_targets, held_out_intervals, promotion, small_split_warning
 from optloop.loop.spend import SpendingLimits
 from optloop.loop.state import Checkpoint, Cost, LoopConfig, LoopResult, Trial, Tried, add_costs
+from optloop.progress import trial_line
 from optloop.stats import Interval
 
 logger = logging.getLogger(__name__)
@@ -461,6 +463,7 @@ class Controller:
             if trial_no is None:  # other workers took the rest of the budget meanwhile
                 optimizer.release(candidate)
                 break
+            started = time.monotonic()
             trial = self._run_trial(trial_no, candidate)
             assert trial.evaluation is not None
             optimizer.observe(candidate, trial.evaluation, trial_no)
@@ -472,6 +475,8 @@ class Controller:
             coordinator.report(trial, self.run_cost)
             best_so_far = coordinator.best_accuracy(best.evaluation.accuracy, ckpt.baseline_dev.accuracy)
             self.sink.log_dev(trial_no, trial.evaluation.accuracy, best_so_far)
+            self.ctx.progress(trial_line(trial_no, cfg.budget, trial.evaluation.accuracy, best_so_far,
+                                         time.monotonic() - started))
         return note
 
     def _run_trial(self, trial_no: int, candidate: Candidate) -> Trial:

@@ -1,4 +1,4 @@
-"""Export fidelity (issue 7, "Must show"): vanilla mem0 / graphiti with the exported prompt behave as the optimized run.
+"""Export fidelity: vanilla mem0 / graphiti with the exported prompt behave as the optimized run.
 
 One loopback OpenAI-compatible server stands in front of the embedded SmolLM2
 (``answer_with``). The optimized run is optloop's own system (``Mem0System`` /

@@ -593,7 +593,7 @@ def test_the_suite_bench_reports_each_tier_and_the_sessions_whose_extraction_sto
 
 
 # ---------------------------------------------------------------------------
-# Integration: the embedded SmolLM2-135M over builtin:assistant (minutes; the lead runs it)
+# Integration: the embedded SmolLM2-135M over builtin:assistant (minutes)
 # ---------------------------------------------------------------------------
 
 

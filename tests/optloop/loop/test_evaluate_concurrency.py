@@ -1,4 +1,4 @@
-"""One evaluation at ``--concurrency`` 1 and 4 is the same evaluation (issue 20, section 1).
+"""One evaluation at ``--concurrency`` 1 and 4 is the same evaluation.
 
 Each system (md_flat; mem0 in the thread pool; graphiti, each episode's event loop on a thread of the
 pool) runs the same three evaluations at N = 1 and at N = 4 against :class:`KeyedEndpoint`, a

@@ -1,0 +1,88 @@
+"""The provenance header every results file carries: the command, the date, the commit, the model, the machine.
+
+A benchmark writes its JSON through :func:`stamped`, so the figures in it say once, at the top, how they
+were made; ``python -m experiments.report`` shows that header above them in docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def commit() -> str:
+    """The checkout's commit (``+`` when it has uncommitted changes), or ``unknown`` outside a git checkout."""
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+" if dirty else "")
+
+
+def machine() -> str:
+    """``2 CPUs (x86_64), 24 GiB, Linux``: what the timings were taken on."""
+    try:
+        memory = f", {os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB"
+    except (ValueError, OSError, AttributeError):
+        memory = ""
+    return f"{os.cpu_count()} CPUs ({platform.machine()}){memory}, {platform.system()}"
+
+
+def provenance(model: str, command: str | None = None) -> dict[str, str]:
+    """The header: ``command`` (default: this process's own, as ``python -m module args``), today's date (UTC),
+    the commit, ``model`` and the machine."""
+    if command is None:
+        module = sys.modules["__main__"].__spec__
+        head = ["python", "-m", module.name] if module is not None else ["python", sys.argv[0]]
+        command = shlex.join([*head, *sys.argv[1:]])
+    return {
+        "command": command,
+        "date": time.strftime("%Y-%m-%d", time.gmtime()),
+        "commit": commit(),
+        "model": model,
+        "machine": machine(),
+    }
+
+
+def stamped(data: dict[str, Any], model: str, command: str | None = None) -> dict[str, Any]:
+    """``data`` with its provenance header first (an older header is replaced)."""
+    return {
+        "provenance": provenance(model, command),
+        **{k: v for k, v in data.items() if k != "provenance"},
+    }
+
+
+def model_of(args: Any) -> str:
+    """The model a benchmark's ``--lm`` flag named, as a results header states it."""
+    from optloop.lm import LMSettings
+    from optloop.lm.settings import bundled_model_path
+
+    settings = LMSettings.from_spec(getattr(args, "lm", None))
+    if settings.backend == "openai":
+        return f"openai:{settings.model}"
+    return (
+        Path(settings.model).name
+        if settings.model
+        else f"{bundled_model_path().name} (embedded, llama.cpp)"
+    )

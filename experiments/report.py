@@ -1,0 +1,657 @@
+"""docs/benchmarks.md from experiments/results/*.json: each benchmark's question, command and latest tables.
+
+    python -m experiments.report            # rewrite docs/benchmarks.md
+    python -m experiments.report --check    # exit 1 when docs/benchmarks.md differs from what the results say
+
+Every table is read from a results file; the page's text names what each benchmark asks and how to
+run it. Each results file carries its provenance (``command``, ``date``, ``commit``, ``model``,
+``machine``) once, in its ``provenance`` header, and the page repeats it above the figures it
+took from there, so a re-run of a benchmark (which rewrites its results file) updates the page.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "experiments" / "results"
+PAGE = ROOT / "docs" / "benchmarks.md"
+
+Json = dict[str, Any]
+
+
+def load(name: str) -> Json | None:
+    path = RESULTS / name
+    return json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
+
+
+def provenance(data: Json, name: str) -> str:
+    """The provenance header of a results file, as one paragraph."""
+    p = data.get("provenance")
+    if not p:
+        raise SystemExit(
+            f"experiments/results/{name} has no provenance header (command, date, commit, model, "
+            "machine); add one"
+        )
+    line = f"`{name}`: `{p['command']}`  \n{p['date']}, commit {p['commit']}, {p['model']}; {p['machine']}."
+    module = p["command"].split()[2] if p["command"].startswith("python -m ") else None
+    if module and importlib.util.find_spec(module) is None:
+        line += f" `{module}` is no longer in the tree: the command runs at commit {p['commit']}."
+    return line
+
+
+def table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def ci(low: float, high: float, fmt: str = "+.2f") -> str:
+    return f"[{format(low, fmt)}, {format(high, fmt)}]"
+
+
+def interval(x: Json, fmt: str = ".3f") -> str:
+    """``k/n 0.921 [0.874, 0.969]`` from a ``{k, n, estimate, low, high}`` rate."""
+    if not x.get("n"):
+        return "nothing to score"
+    mark = "*" if x.get("small_sample") else ""
+    return f"{x['k']}/{x['n']} {x['estimate']:{fmt}} {ci(x['low'], x['high'], fmt)}{mark}"
+
+
+def pct(x: float) -> str:
+    return f"{x:.0%}"
+
+
+# --- one section per benchmark ------------------------------------------------------------------
+
+
+def demo() -> list[str]:
+    out = [
+        "## The closed loop on the embedded model (`make demo`)",
+        "Does the loop raise held-out accuracy on a task whose score depends on memory, with the "
+        "135M model and no proposer that writes? `make demo`'s run: rag_bm25 with `--query-rewrite` on "
+        "`synthetic:recall`, the edit optimizer, budget 3.",
+    ]
+    data = load("demo.json")
+    if data is None:
+        return out + [
+            "No results file yet: run `make demo`'s command with `--json experiments/results/demo.json`."
+        ]
+    cost = data.get("cost", {})
+    delta = data["delta_test_ci"]
+    out += [
+        provenance(data, "demo.json"),
+        table(
+            [
+                "dev baseline",
+                "dev best",
+                "test before",
+                "test after",
+                "held-out delta [95% CI]",
+                "n test",
+                "blamed",
+                "changed",
+                "promoted",
+                "LLM calls",
+            ],
+            [
+                [
+                    f"{data['baseline_dev']:.3f}",
+                    f"{data['best_dev']:.3f}",
+                    f"{data['test_before']:.3f}",
+                    f"{data['test_after']:.3f}",
+                    f"{delta['estimate']:+.3f} {ci(delta['low'], delta['high'], '+.3f')}",
+                    data["n_test"],
+                    ", ".join(data["targets"]),
+                    ", ".join(data["changed_sites"]) or "-",
+                    "yes" if data.get("promoted") else "no",
+                    f"{cost.get('llm_calls', 0):.0f}",
+                ]
+            ],
+        ),
+    ]
+    return out
+
+
+def _repair_bites(data: Json) -> str:
+    return table(
+        ["case", "site", "mode", "n", "clean", "sabotaged", "margin [95% CI]", "kept"],
+        [
+            [
+                b["name"],
+                b["site"],
+                b["mode"],
+                b["n"],
+                f"{b['clean']:.3f}",
+                f"{b['sabotaged']:.3f}",
+                f"{b['margin']:+.2f} {ci(*b['margin_ci'])}",
+                "yes" if b["bites"] else "dropped",
+            ]
+            for b in data["bites"]
+        ],
+    )
+
+
+def _repair_arms(data: Json) -> str:
+    return table(
+        [
+            "case",
+            "optimizer",
+            "arm",
+            "seed",
+            "n test",
+            "clean",
+            "sabotaged",
+            "after",
+            "gain [95% CI]",
+            "first blame",
+            "changed",
+            "LLM calls",
+        ],
+        [
+            [
+                c["case"],
+                c["optimizer"],
+                c["arm"],
+                c["seed"],
+                c["n_test"],
+                f"{c['clean']:.2f}",
+                f"{c['sabotaged']:.2f}",
+                f"{c['after']:.2f}",
+                f"{c['gain']:+.2f} {ci(*c['gain_ci'])}" if c.get("gain_ci") else "n/a",
+                c["first_blame"] + ("" if c["first_blame_correct"] else " (wrong)"),
+                ", ".join(c["changed"]) or "-",
+                c["llm_calls"],
+            ]
+            for c in data["cases"]
+        ],
+    )
+
+
+def _repair_aggregate(data: Json) -> str:
+    return table(
+        [
+            "optimizer",
+            "arm",
+            "cases",
+            "first blame right",
+            "recovered >= 50%",
+            "recovered, mean [95% CI]",
+            "LLM calls (mean)",
+        ],
+        [
+            [
+                a["optimizer"],
+                a["arm"],
+                a["cases"],
+                pct(a["first_blame_correct"]),
+                pct(a["recovered_half"]),
+                f"{a['recovered_mean']:+.2f} {ci(*a['recovered_mean_ci'])}",
+                f"{a['llm_calls_mean']:.0f}",
+            ]
+            for a in data["aggregate"]
+        ],
+    )
+
+
+def repair() -> list[str]:
+    out = [
+        "## The repair benchmark: does the loop mend a prompt that was made worse?",
+        "A sabotage (a written instruction) is planted at one prompt site; the loop starts from the sabotaged "
+        "program without being told where it is, and never sees the clean instruction. The bite check keeps "
+        "a sabotage only when the 95% CI of its accuracy loss lies above 0. Each kept case runs three arms at "
+        "equal budget (`targeted`: the blamed sites; `untargeted`: every site; `random`: one site) and "
+        "reports the held-out gain (after - sabotaged, paired bootstrap CI), whether the first blame named "
+        "the sabotaged site, and the cost. `recovered` = gain / (clean - sabotaged). "
+        "`experiments/bench/repair.py` documents every step and every catalogue.",
+    ]
+    for name, title in (
+        (
+            "repair_recall.json",
+            "rag_bm25 on `synthetic:recall` (a task whose score depends on "
+            "memory), edit optimizer",
+        ),
+        ("repair_recall_simba.json", "the same cases with SIMBA"),
+        (
+            "repair.json",
+            "MD-flat on MemFail persona and conditional (scores barely depend on memory at 135M)",
+        ),
+    ):
+        data = load(name)
+        if data is None:
+            continue
+        out += [
+            f"### {title}",
+            provenance(data, name),
+            _repair_bites(data),
+            _repair_arms(data),
+            _repair_aggregate(data),
+        ]
+        if data.get("targets"):
+            out.append("\n".join(f"- {t}" for t in data["targets"]))
+    rate = [d for d in (load(f"repair_rate_s{k}.json") for k in range(3)) if d is not None]
+    if rate:
+        out += [
+            "### Blame ranked by failure rate: `cond-answer-echo` after the change",
+            "Blame is ranked by each target's failure rate given a correct input "
+            "([attribution.md](attribution.md#blame)). Before the change: the `cond-answer-echo` rows of "
+            "`repair.json` above (blame by count). After the change, one results file per seed:",
+        ]
+        for k, data in enumerate(rate):
+            out += [provenance(data, f"repair_rate_s{k}.json"), _repair_arms(data)]
+    out.append(
+        "Before the change to the edit optimizer's rounds (two starts stopped by hand, no figure): "
+        "[`repair_first_run.md`](../experiments/results/repair_first_run.md)."
+    )
+    return out
+
+
+def targeted() -> list[str]:
+    out = [
+        "## Targeted vs untargeted optimization",
+        "Does optimizing only the blamed sites cost less than optimizing every site, for the same gain? Same "
+        "split, seed 0, equal budget, each arm on its own fresh LM cache. LLM calls count every call (cached "
+        "ones too); model calls are the ones the model computed. Each test split holds 3 to 6 questions, so "
+        "the accuracies are no measurable change either way; the costs are the figure.",
+    ]
+    rows = []
+    for name in (
+        "targeted_md_flat_persona.json",
+        "targeted_md_flat.json",
+        "targeted_mem0.json",
+        "targeted_rag_bm25.json",
+    ):
+        data = load(name)
+        if data is None:
+            continue
+        out.append(provenance(data, name))
+        for r in data["rows"]:
+            rows.append(
+                [
+                    f"{r['system']}, {data['dataset']}",
+                    r["mode"],
+                    ", ".join(r.get("blamed", [])) or "-",
+                    ", ".join(r["optimized"]),
+                    f"{r['test_before']:.2f} -> {r['test_after']:.2f}",
+                    f"{r['llm_calls']:.0f}",
+                    f"{r.get('model_calls', 0):.0f}",
+                    f"{r.get('tokens', 0):.0f}",
+                    f"{r.get('seconds', 0):.0f}",
+                ]
+            )
+    out.append(
+        table(
+            [
+                "system, dataset",
+                "mode",
+                "blamed",
+                "optimized",
+                "test before -> after",
+                "LLM calls",
+                "model calls",
+                "tokens",
+                "s",
+            ],
+            rows,
+        )
+    )
+    return out
+
+
+def reuse() -> list[str]:
+    data = load("reuse_md_flat.json")
+    if data is None:
+        return []
+    rows = [
+        [arm, r["llm_calls"], r["ingest_calls"], r["stores_reused"], f"{r['seconds']:.1f}"]
+        for arm, r in data["results"].items()
+    ]
+    return [
+        "## Ingestion reuse",
+        "What does a candidate that changes only the answer site cost, against a full re-ingest? Stores are "
+        "kept by the ingest sites' prompts, so such a candidate reuses them.",
+        provenance(data, "reuse_md_flat.json"),
+        table(["candidate", "LLM calls", "ingest calls", "stores reused", "s"], rows),
+        f"Answer-only / full re-ingest LLM calls: **{data['ratio']:.1%}** ({data['sessions']} sessions, "
+        f"{data['questions']} questions).",
+    ]
+
+
+def planted() -> list[str]:
+    out = [
+        "## Attribution on planted faults",
+        "How often does attribution name the planted site and error type? Each fault of the catalogue "
+        "(`optloop attribute --list-faults`) is planted in turn; a question that passes clean and fails under "
+        "the fault is a failure the fault caused. Rates over fewer than 10 cases are marked `*` (too small to "
+        "support a figure). Method: [attribution.md](attribution.md#planted-faults-is-attribution-right).",
+    ]
+    for name in (
+        "planted.json",
+        "tiered_planted.json",
+        "tiered_planted_before.json",
+        "gated_planted.json",
+    ):
+        data = load(name)
+        if data is None:
+            continue
+        rows = [
+            [
+                "induced failures only",
+                interval(data["induced"]["site"]),
+                interval(data["induced"]["type"]),
+            ],
+            [
+                "every failure a fault caused",
+                interval(data["all_failures"]["site"]),
+                interval(data["all_failures"]["type"]),
+            ],
+        ]
+        for group, g in sorted(data.get("by_added", {}).items()):
+            rows += [
+                [
+                    f"faults of group `{group}`, induced only",
+                    interval(g["induced"]["site"]),
+                    interval(g["induced"]["type"]),
+                ],
+                [
+                    f"faults of group `{group}`, every failure caused",
+                    interval(g["all"]["site"]),
+                    interval(g["all"]["type"]),
+                ],
+            ]
+        dens = table(
+            [
+                "system",
+                "dataset",
+                "questions",
+                "passed clean",
+                "sound clean passes",
+                "failures caused",
+            ],
+            [
+                [
+                    d["system"],
+                    d["dataset"],
+                    d["questions"],
+                    d["passed_clean"],
+                    d["sound_clean"],
+                    d["failures_caused"],
+                ]
+                for d in data["denominators"]
+            ],
+        )
+        before = (
+            " (before the change to its extraction; docs/tiered.md)"
+            if name.endswith("_before.json")
+            else ""
+        )
+        out += [
+            f"### {', '.join(sorted({d['system'] for d in data['denominators']}))}{before}",
+            provenance(data, name),
+            table(["failures scored", "site accuracy [95% CI]", "type accuracy [95% CI]"], rows),
+            dens,
+            f"Every table (per fault, per type, the failures set aside): "
+            f"[`{name.replace('.json', '.md')}`](../experiments/results/{name.replace('.json', '.md')}).",
+        ]
+    return out
+
+
+def baselines() -> list[str]:
+    out = [
+        "## Baselines per task type",
+        "How does each system score on each task type on the embedded model (in the spirit of MEME's Table 2)? "
+        "Cells: accuracy (questions). Seconds per episode were taken while other jobs shared the cores: upper "
+        "bounds.",
+    ]
+    for name in ("baselines.json", "baselines_tiered_gated.json", "tiered_suite.json"):
+        data = load(name)
+        if data is None:
+            continue
+        systems = data["systems"]
+        rows = [
+            [
+                task,
+                *(
+                    f"{cells[s]['accuracy']:.2f} ({cells[s]['n']})" if s in cells else "-"
+                    for s in systems
+                ),
+            ]
+            for task, cells in data["accuracy"].items()
+        ]
+        cost = [
+            [
+                s,
+                data["cost"][s]["questions"],
+                f"{data['cost'][s]['accuracy']:.3f}",
+                f"{data['cost'][s]['seconds_per_episode']:.1f}",
+                f"{data['cost'][s]['calls_per_episode']:.1f}",
+            ]
+            for s in systems
+        ]
+        out += [
+            provenance(data, name),
+            table(["task", *systems], rows),
+            table(["system", "questions", "accuracy", "s / episode", "LLM calls / episode"], cost),
+        ]
+    if (RESULTS / "tiered_suite_probes.md").exists():
+        out.append(
+            "`tiered` on its own suite, per probe and per memory tier: "
+            "[`tiered_suite_probes.md`](../experiments/results/tiered_suite_probes.md) "
+            "([tiered.md](tiered.md))."
+        )
+    return out
+
+
+def gated() -> list[str]:
+    data = load("gated.json")
+    if data is None:
+        return []
+    metrics = ("recall", "contamination", "leakage", "clean_context")
+    rows = [
+        [arm, *(f"{v[m]['estimate']:.3f} {ci(v[m]['low'], v[m]['high'], '.3f')}" for m in metrics)]
+        for arm, v in ((a, d["all"]) for a, d in data["summary"]["arms"].items())
+    ]
+    return [
+        "## `gated` vs `rag_embedding`: what reaches the answer prompt",
+        "Does the admission gate keep stale, dead-branch and other-workspace memories out of the context, and "
+        "what recall does it cost? Same embedder and `top_k`, the gate's deterministic floors only (no LLM). "
+        "The generator's state is exact, so this checks the mechanism, not a product.",
+        provenance(data, "gated.json"),
+        table(["arm", *metrics], rows),
+        "Per category: [`gated.md`](../experiments/results/gated.md).",
+    ]
+
+
+def throughput() -> list[str]:
+    out = [
+        "## Throughput against an endpoint",
+        "What does `--concurrency N` buy, and what do HTTP 429s cost? Answers recorded once on the embedded "
+        "model are replayed by a loopback endpoint with a fixed latency (and 10% HTTP 429 with Retry-After "
+        "1 s), at N = 1 to 16. Targets: speed-up at N=8 at least 0.8 of the ideal; 429s cost at most 1.3x. "
+        "Accuracy and every outcome must be identical at every N.",
+    ]
+
+    def summary(data: Json) -> str:
+        return table(
+            [
+                "system",
+                "speed-up at N=8 (ideal)",
+                "share of ideal",
+                "429 time ratio at N=1 / 2 / 4 / 8 / 16",
+                "questions lost",
+            ],
+            [
+                [
+                    s["system"],
+                    f"{s['speedup']:.2f}x ({s['ideal_speedup']:.2f}x)",
+                    f"{s['share_of_ideal']:.2f}",
+                    " / ".join(f"{v:.2f}" for v in s["cost_429"].values()),
+                    s["lost"],
+                ]
+                for s in data["summary"]
+            ],
+        )
+
+    for name, title in (
+        ("throughput.json", "300 ms a call"),
+        ("throughput_repeat3.json", "300 ms, median of 3 runs"),
+        ("throughput_1s.json", "1 s a call"),
+    ):
+        data = load(name)
+        if data is not None:
+            out += [f"### {title}", provenance(data, name), summary(data)]
+    first = load("throughput_first_run.json")
+    if first is not None:
+        rows = [
+            [
+                r["system"],
+                r["n"],
+                r["rate_429"],
+                r["seconds"],
+                f"{r['efficiency']:.2f}",
+                r["calls"],
+            ]
+            for r in first["rows"]
+            if r["n"] in (1, 8)
+        ]
+        out += [
+            "### Before the change (the 9-episode suite, before mem0's stores stopped building OpenAI clients "
+            "and before the embedding cache)",
+            provenance(first, "throughput_first_run.json"),
+            table(["system", "N", "429 rate", "s", "share of ideal", "calls"], rows),
+        ]
+    out.append(
+        "Every row: [`throughput.md`](../experiments/results/throughput.md). The 429 ratio at 300 ms has a "
+        "floor by arithmetic (`experiments.bench.throughput.floor_429`): 1 + 0.111 x 1.05 / 0.3 = 1.39x for "
+        "calls that must go one after another."
+    )
+    return out
+
+
+def two_runs() -> list[str]:
+    data = load("two_runs.json")
+    if data is None:
+        return []
+    rows = []
+    for label, key in (
+        ("before the change (each run its own lock, `--separate-locks`)", "before"),
+        ("after the change (machine-wide llama.cpp slots)", "after"),
+    ):
+        r = data[key]
+        alone = next(x for x in r["runs"] if x["name"] == "alone")
+        worst = max(x["wall_s"] for x in r["runs"] if x["name"] != "alone")
+        rows.append(
+            [
+                label,
+                f"{alone['wall_s']:.1f} s",
+                f"{worst:.1f} s",
+                f"{r['ratio_worst']:.2f}",
+                f"{r['target']}: {'met' if r['met'] else 'missed'}",
+            ]
+        )
+    return [
+        "## Two runs on one machine",
+        "Do two runs on one machine take turns at the embedded model instead of contending for its cores? "
+        "`optloop run --system md_flat --budget 2` alone, then two at once, 2 s apart.",
+        provenance(data, "two_runs.json"),
+        table(["", "alone", "two at once, worst", "x alone", "target"], rows),
+    ]
+
+
+def structure() -> list[str]:
+    if not (RESULTS / "structure.md").exists():
+        return []
+    return [
+        "## The code's structure",
+        "How long are the longest modules and classes, which imports form cycles, how many lines pass 99 "
+        "columns? `python -m experiments.structure` reads a checkout's syntax trees; the figures before and "
+        "after the split of the largest modules, with their command and commits: "
+        "[`structure.md`](../experiments/results/structure.md).",
+    ]
+
+
+def checked_by_tests() -> list[str]:
+    return [
+        "## Benchmarks whose figures are checked by tests",
+        "\n".join(
+            [
+                "- **Crash consistency** (`python -m experiments.bench.crash`; slow test "
+                "`tests/optloop/loop/test_crash_e2e.py`): the real command killed with SIGKILL at each checkpoint "
+                "boundary, resumed by the same command, must end exactly as an uninterrupted run (candidates, "
+                "accuracies, CIs, the registered prompt and its alias), with no RUNNING run and no trial run twice.",
+                "- **Faults** (`python -m experiments.bench.faults`): the loop against an endpoint that misbehaves on "
+                "a fixed schedule; faults injected, cured by a retry, surfaced.",
+                "- **Estimate** (`python -m experiments.bench.estimate`; `tests/experiments/test_bench_estimate.py`): "
+                "what `--system graphiti --budget 50` on LoCoMo costs with gpt-4o-mini, projected by `--estimate`'s "
+                "model from a recording.",
+                "- **MEME's published traces** "
+                "(`python -m experiments.bench.meme_traces --path <meme-eval checkout>`): "
+                "agreement of optloop's verdict with the authors' hand-judged failure stage; design and figures in "
+                "[meme-traces.md](meme-traces.md).",
+                "- **The LM** (`make bench`): calls/s, tokens/s, the cache speed-up and embedding throughput on this "
+                "machine.",
+            ]
+        ),
+    ]
+
+
+SECTIONS: tuple[Callable[[], list[str]], ...] = (
+    demo,
+    repair,
+    targeted,
+    reuse,
+    planted,
+    baselines,
+    gated,
+    throughput,
+    two_runs,
+    structure,
+    checked_by_tests,
+)
+
+
+def render() -> str:
+    parts = [
+        "# Benchmarks",
+        "Each benchmark: the question it answers, its command, and its latest figures, read from "
+        "`experiments/results/*.json` (each file's header names its command, date, commit, model and machine). "
+        "This page is generated: `python -m experiments.report` rewrites it after a benchmark is re-run. "
+        "Every accuracy comes with its n and a 95% bootstrap CI; a delta whose CI crosses 0 is no measurable "
+        "change. Figures of SmolLM2-135M say what a 135M model does, not what a strong model would.",
+    ]
+    for section in SECTIONS:
+        parts += section()
+    return "\n\n".join(parts) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m experiments.report",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--check", action="store_true", help="exit 1 when docs/benchmarks.md is not up to date"
+    )
+    args = parser.parse_args(argv)
+    text = render()
+    if args.check:
+        if not PAGE.exists() or PAGE.read_text(encoding="utf-8") != text:
+            print(
+                "docs/benchmarks.md is out of date: run python -m experiments.report",
+                file=sys.stderr,
+            )
+            return 1
+        return 0
+    PAGE.write_text(text, encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,294 @@
+"""optloop in Python: :func:`optimize` runs the closed loop, :func:`attribute` attributes a system's failures.
+
+Both run exactly what the commands run (``optloop run``, ``optloop attribute``) and return the result
+object instead of printing it. Heavy modules (DSPy, MLflow, the memory libraries) are imported inside
+the functions, so ``import optloop`` stays cheap and changes nothing in the process's environment.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from optloop.offline import offline_defaults
+
+if TYPE_CHECKING:
+    from optloop.loop.state import LoopResult
+
+
+def optimize(
+    system: str = "mem0",
+    dataset: str = "builtin:tiny",
+    budget: int = 3,
+    optimizer: str = "simba",
+    lm: str | None = None,
+    *,
+    seed: int = 0,
+    sites: Sequence[str] | None = None,
+    untargeted: bool = False,
+    query_rewrite: bool = False,
+    start: Mapping[str, str] | None = None,
+    knobs: Mapping[str, Any] | None = None,
+    split: tuple[float, float, float] | None = None,
+    promote_if: str = "ci",
+    proposer_lm: str | None = None,
+    lm_base_url: str | None = None,
+    concurrency: int | None = None,
+    max_cost: float | None = None,
+    max_calls: int | None = None,
+    run_name: str | None = None,
+    new: bool = False,
+    tracking_uri: str | None = None,
+    storage: str | None = None,
+    verbose: bool = False,
+) -> LoopResult:
+    """Find which prompt makes a memory system fail, rewrite only that prompt, and measure the change.
+
+    The same run as ``optloop run`` with the matching flags: the dataset is split by episode, the
+    baseline's failures are attributed and blamed, the optimizer rewrites the blamed sites within
+    ``budget`` evaluations on dev, and the baseline and the best candidate are compared on the held-out
+    test split. Every trial is an MLflow run; the same call resumes an unfinished run of the same
+    settings (``new=True`` starts afresh).
+
+    Example:
+
+        .. code-block:: python
+
+            import optloop
+
+            result = optloop.optimize(system="rag_bm25", dataset="builtin:tiny", budget=3, optimizer="edit")
+            print(result.delta_test_ci, result.changed_sites)
+
+    Args:
+        system:
+            A memory system of ``systems.SYSTEMS``: ``mem0``, ``graphiti``, ``tiered``, ``gated``,
+            ``long_context``, ``rag_bm25``, ``rag_embedding`` or ``md_flat``.
+        dataset:
+            A dataset URI, e.g. ``builtin:tiny``, ``memfail:persona?limit=12``,
+            ``synthetic:recall?seed=0&episodes=40``, ``locomo:<path>`` (see ``docs/systems.md``).
+        budget:
+            Candidate evaluations on the dev split.
+        optimizer:
+            ``simba``, ``gepa``, ``optuna`` or ``edit``.
+        lm:
+            The LM spec: ``local`` (the embedded model), ``local:/path/model.gguf`` or
+            ``openai:<model>``; :obj:`None` reads ``OPTLOOP_LM``, else ``local``.
+        seed:
+            Seed of the split, the optimizer and the bootstrap.
+        sites:
+            Optimize these prompt sites instead of the blamed ones.
+        untargeted:
+            Let the optimizer rewrite every site (the ablation).
+        query_rewrite:
+            Give the system a ``retrieve.query`` site.
+        start:
+            ``{site: instruction}`` to start from instead of the system's own (``+TEXT`` appends,
+            ``TEXT+`` prepends).
+        knobs:
+            ``{knob: value}`` to start from, e.g. ``{"top_k": 3}``.
+        split:
+            Train, dev and test shares of the episodes; :obj:`None` is ``(0.5, 0.25, 0.25)``.
+        promote_if:
+            ``ci`` moves the registry's ``champion`` alias only when the held-out gain's 95% CI lies
+            above 0; ``delta`` on any positive gain.
+        proposer_lm:
+            The LM spec that writes new instructions; :obj:`None` is the system's LM.
+        lm_base_url:
+            Base URL of an OpenAI-compatible endpoint (else ``OPENAI_BASE_URL``).
+        concurrency:
+            LM requests in flight at once.
+        max_cost:
+            Stop once the run has spent this many dollars (a model with a price only).
+        max_calls:
+            Stop once the models have computed this many calls.
+        run_name:
+            Start or resume the run of this name.
+        new:
+            Start a new run even if an unfinished run of these settings exists.
+        tracking_uri:
+            The MLflow tracking URI (default ``sqlite:///mlruns/mlflow.db``).
+        storage:
+            The Optuna storage URL (``optimizer="optuna"``).
+        verbose:
+            Show library log lines.
+
+    Returns:
+        The run's :class:`~optloop.loop.state.LoopResult`: dev and held-out accuracies with their 95% CIs
+        (``test_before_ci``, ``test_after_ci``, ``delta_test_ci``), the blamed and changed sites, whether
+        the ``champion`` alias moved and why, every candidate tried, the prompt diff, the cost and the
+        MLflow parent run id.
+
+    Raises:
+        optloop.errors.OptloopError:
+            Bad input (exit code 2 on the command line), an unavailable endpoint (75), or a state that
+            cannot be written (74); nothing is written for bad input.
+        optloop.loop.spend.RunStopped:
+            ``max_cost`` or ``max_calls`` was reached; the run is saved and the same call with a higher
+            limit resumes it.
+    """
+    argv = [
+        "--system",
+        system,
+        "--dataset",
+        dataset,
+        "--budget",
+        str(budget),
+        "--optimizer",
+        optimizer,
+        "--seed",
+        str(seed),
+        "--promote-if",
+        promote_if,
+    ]
+    flags: dict[str, Any] = {
+        "--lm": lm,
+        "--proposer-lm": proposer_lm,
+        "--lm-base-url": lm_base_url,
+        "--concurrency": concurrency,
+        "--max-cost": max_cost,
+        "--max-calls": max_calls,
+        "--run-name": run_name,
+        "--tracking-uri": tracking_uri,
+        "--storage": storage,
+        "--sites": ",".join(sites) if sites else None,
+        "--split": ",".join(map(str, split)) if split else None,
+    }
+    for flag, value in flags.items():
+        if value is not None:
+            argv += [flag, str(value)]
+    for site, text in (start or {}).items():
+        argv += ["--start", f"{site}={text}"]
+    for name, value in (knobs or {}).items():
+        argv += ["--knob", f"{name}={value}"]
+    argv += [
+        flag
+        for flag, on in (
+            ("--untargeted", untargeted),
+            ("--query-rewrite", query_rewrite),
+            ("--new", new),
+            ("--verbose", verbose),
+        )
+        if on
+    ]
+    os.environ.update(
+        offline_defaults()
+    )  # before DSPy, litellm and the memory libraries are imported
+    from optloop.run import execute
+
+    return execute(argv)
+
+
+class AttributionReport(BaseModel):
+    """What :func:`attribute` found: the same report ``optloop attribute`` writes to ``report.json``."""
+
+    model_config = ConfigDict(extra="allow")
+
+    system: str
+    dataset: str
+    questions: int = Field(description="questions asked")
+    correct: int = Field(description="questions answered right")
+    accuracy: float | None = Field(description="correct / questions (None without questions)")
+    failures: int = Field(description="wrong answers, each attributed")
+    blame: list[dict[str, Any]] = Field(
+        description="per target (prompt site or knob:<name>), ranked by failure "
+        "rate: failures, share, rate with its 95% CI"
+    )
+    by_type_and_site: list[dict[str, Any]] = Field(
+        description="failures per error type and target"
+    )
+    attributions: list[dict[str, Any]] = Field(
+        description="one per wrong answer: decisive operation, error type, target, explanation"
+    )
+    graphs: Path | None = Field(
+        None, description="the folder of execution graphs, one per episode"
+    )
+
+
+def attribute(
+    system: str = "rag_bm25",
+    dataset: str = "builtin:tiny",
+    lm: str | None = None,
+    *,
+    lm_base_url: str | None = None,
+    concurrency: int | None = None,
+    out: str | Path | None = None,
+    traces: bool = False,
+    llm_judge: bool = False,
+    agent: bool = False,
+) -> AttributionReport:
+    """Run a memory system over a dataset and attribute every wrong answer to its cause.
+
+    The same attribution as ``optloop attribute``: the system runs with every memory operation
+    recorded, and each failed question is traced to its decisive operation (the first one that lost
+    the evidence), its error type, and the prompt site or knob to fix; blame is summed per target.
+
+    Example:
+
+        .. code-block:: python
+
+            import optloop
+
+            report = optloop.attribute(system="rag_bm25", dataset="builtin:tiny")
+            for entry in report.blame:
+                print(entry["target"], entry["failures"])
+
+    Args:
+        system:
+            A memory system of ``systems.SYSTEMS``.
+        dataset:
+            A dataset URI (see ``docs/systems.md``).
+        lm:
+            The LM spec (``local``, ``local:/path/model.gguf``, ``openai:<model>``); :obj:`None` reads
+            ``OPTLOOP_LM``, else ``local``.
+        lm_base_url:
+            Base URL of an OpenAI-compatible endpoint (else ``OPENAI_BASE_URL``).
+        concurrency:
+            LM requests in flight at once.
+        out:
+            A folder to keep the execution graphs in (``<out>/graphs``); :obj:`None` keeps none.
+        traces:
+            Also log one MLflow trace per failed question.
+        llm_judge:
+            Let an LLM judge settle the cases the lexical and embedding judges cannot.
+        agent:
+            Let an LLM agent re-examine the cases the deterministic walk leaves ambiguous.
+
+    Returns:
+        The :class:`AttributionReport`: accuracy, blame per target, failures per error type and target,
+        and every attribution.
+
+    Raises:
+        optloop.errors.OptloopError:
+            An unknown system, a malformed dataset, or an LM that cannot be reached.
+    """
+    import shutil
+    import tempfile
+
+    os.environ.update(
+        offline_defaults()
+    )  # before DSPy, litellm and the memory libraries are imported
+    from optloop.attribute import attribute_dataset
+    from optloop.datasets import load_dataset
+    from optloop.lm import LMSettings, OptloopLM
+    from systems import get_system
+
+    cls = get_system(system)
+    load_dataset(dataset)  # a malformed dataset fails here, before any LLM call
+    settings = LMSettings.from_spec(
+        lm, base_url=lm_base_url, concurrency=concurrency, **cls.local_decoding
+    )
+    model = OptloopLM(settings)
+    with tempfile.TemporaryDirectory(prefix="optloop-attr-") as tmp:
+        report = attribute_dataset(
+            system, dataset, model, Path(tmp), traces=traces, llm_judge=llm_judge, agent=agent
+        )
+        graphs = None
+        if out is not None and (Path(tmp) / "graphs").exists():
+            graphs = Path(out) / "graphs"
+            shutil.rmtree(graphs, ignore_errors=True)
+            shutil.copytree(Path(tmp) / "graphs", graphs)
+    return AttributionReport.model_validate({**report, "graphs": graphs})
