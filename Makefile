@@ -19,7 +19,7 @@ MLRUNS ?= $(if $(OPTLOOP_MLRUNS),$(OPTLOOP_MLRUNS),mlruns)
 SYSTEM_PKGS_PG := postgresql
 SYSTEM_PKGS_BROWSER := chromium fonts-dejavu-core
 
-.PHONY: setup system-deps demo demo-repair test test-unit test-all bench ui clean-state help
+.PHONY: setup system-deps demo demo-repair test test-unit test-all lint format bench ui clean-state help
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/'
@@ -60,7 +60,16 @@ demo: setup  ## set up, then run the main job (the closed loop) on the embedded 
 	$(PY) -m optloop.run $(DEMO_RUN) --optimizer edit --budget 3
 
 demo-repair: setup  ## one repair case end to end: sabotage planted, blamed, mended, exported, diff printed
-	$(PY) -m experiments.demo_repair --case recall-answer-unknown-prepend
+	$(PY) -m optloop.demo_repair --case recall-answer-unknown-prepend
+
+lint: setup  ## ruff (lint, and the format check) and mypy, as CI runs them before the tests
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+	$(PY) -m mypy
+
+format: setup  ## apply ruff's safe fixes (import order, ...) and format the tree, as `make lint` checks
+	$(PY) -m ruff check --fix-only .
+	$(PY) -m ruff format .
 
 test: setup  ## set up, then run unit and integration tests (what CI runs)
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS); status=$$?; \

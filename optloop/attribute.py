@@ -27,6 +27,12 @@ interval on every rate.
 
 from __future__ import annotations
 
+import os
+
+from optloop.offline import offline_defaults
+
+os.environ.update(offline_defaults())  # first: litellm, mem0 and Hugging Face read them when imported
+
 import argparse
 import json
 import logging
@@ -44,18 +50,18 @@ from rich.progress import Progress
 from rich.table import Table
 
 from optloop.attribution import blame, default_judges
-from optloop.attribution.faults import (
-    CATALOGUE,
+from optloop.attribution.planted import (
     EVIDENCE_REACHED,
     SET_ASIDE_REASONS,
     UNSOUND_CLEAN,
-    format_rate,
     run_planted,
-    summarize,
 )
-from optloop.cli import add_lm_arguments, lm_from_args, run_cli, setup_logging
+from optloop.attribution.planted_report import format_rate, summarize
+from optloop.cli import CommandParser, lm_from_args, parse_command, run_cli
 from optloop.datasets import load_dataset
 from optloop.errors import ConfigError
+from optloop.faults.catalogue import CATALOGUE
+from optloop.faults.model import PREREGISTERED
 from optloop.paths import state_dir, write_atomic
 from optloop.pipeline import Attributor, FreshStores, run_episodes
 from systems import SYSTEMS, get_system
@@ -280,8 +286,8 @@ def _planted_lines(report: dict[str, Any]) -> list[str]:
 
 def _fault_rows(report: dict[str, Any]) -> list[tuple[str, ...]]:
     """system/fault, clean passes, caused, induced, set aside (unsound / evidence reached), four rate cells."""
-    rows = []
-    groups = [(f"{name}" + (" (new)" if row.get("added") == "issue-21" else ""), row)
+    rows: list[tuple[str, ...]] = []
+    groups = [(f"{name}" + (" (new)" if row.get("added") == PREREGISTERED else ""), row)
               for name, row in report["by_fault"].items()]
     groups += [(f"type {name}", row) for name, row in report["by_type"].items()]
     groups += [(f"faults added: {name}", row) for name, row in report.get("by_added", {}).items()]
@@ -359,8 +365,7 @@ def render_planted_markdown(report: dict[str, Any]) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m optloop.attribute", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser("python -m optloop.attribute", __doc__, lm=True)
     parser.add_argument("--system", default="rag_bm25",
                         help=f"memory system, or a comma-separated list with --faults ({', '.join(SYSTEMS)})")
     parser.add_argument("--dataset", default="builtin:tiny", help="dataset URI (default builtin:tiny)")
@@ -380,14 +385,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "cannot (costs LLM calls)")
     parser.add_argument("--agent", action="store_true", help="let an LLM agent explore the graph for the cases the "
                         "deterministic pass marks ambiguous (costs LLM calls; at most 6 per case)")
-    parser.add_argument("--verbose", action="store_true")
-    add_lm_arguments(parser)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    setup_logging(args.verbose)
+    args = parse_command(build_parser(), argv)
     if args.list_faults:
         table = Table(title="planted-fault catalogue")
         for col in ("fault", "systems", "true target", "true type", "added", "what it does"):

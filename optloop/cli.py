@@ -1,4 +1,6 @@
-"""Shared pieces of optloop's command-line entry points.
+"""The start every optloop command shares: its parser (:class:`CommandParser`: the module docstring as
+``--help``, ``--verbose``, the LM flags), parsing with logging set up (:func:`parse_command`), the LM the
+flags ask for, and the wrapper that runs it (:func:`run_cli`).
 
 Every entry point is wrapped by :func:`run_cli`: an :class:`OptloopError`
 becomes one ``optloop: error: ...`` line on stderr and a non-zero exit, never
@@ -10,7 +12,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from rich.logging import RichHandler
@@ -25,6 +27,42 @@ LM backends (--lm, or the OPTLOOP_LM environment variable):
   openai:<model>             any OpenAI-compatible endpoint; --lm-base-url or OPENAI_BASE_URL
                              (vLLM, Ollama, a llama.cpp server), key from OPENAI_API_KEY
 """
+
+
+class CommandParser(argparse.ArgumentParser):
+    """The parser of an optloop command: ``description`` (the module docstring) shown as written, and after
+    the command's own flags ``--verbose`` and, with ``lm``, the LM flags (:func:`add_lm_arguments`), added
+    when the parser is first used."""
+
+    def __init__(self, prog: str | None = None, description: str | None = None, *, lm: bool = False,
+                 **kwargs: Any):
+        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        super().__init__(prog=prog, description=description, **kwargs)
+        self._lm = lm
+        self._finished = False
+
+    def _finish(self) -> None:
+        if not self._finished:
+            self._finished = True
+            self.add_argument("--verbose", action="store_true", help="debug logging and tracebacks")
+            if self._lm:
+                add_lm_arguments(self)
+
+    def parse_known_args(self, args: Iterable[str] | None = None,
+                         namespace: Any = None) -> tuple[Any, list[str]]:
+        self._finish()
+        return super().parse_known_args(args, namespace)
+
+    def format_help(self) -> str:
+        self._finish()
+        return super().format_help()
+
+
+def parse_command(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """``argv`` parsed by a command's parser, and logging set up (``--verbose``: debug, tracebacks)."""
+    args = parser.parse_args(argv)
+    setup_logging(args.verbose)
+    return args
 
 
 def add_lm_arguments(parser: argparse.ArgumentParser) -> None:
@@ -77,16 +115,21 @@ def setup_logging(verbose: bool) -> None:
         force=True,
     )
     if not verbose:  # third-party chatter that says nothing actionable
-        for name in ("httpx", "LiteLLM", "mem0", "graphiti_core", "sentence_transformers"):
+        for name in ("httpx", "LiteLLM", "mem0", "graphiti_core", "sentence_transformers",
+                     "urllib3"):
             logging.getLogger(name).setLevel(logging.ERROR)
 
 
 def run_cli(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | None = None) -> int:
-    """Run ``main``; turn an :class:`OptloopError` into one line and exit code 2."""
+    """Run ``main``; turn an :class:`OptloopError`, or a fault from outside optloop
+    (:mod:`optloop.outside`: exit 74 or 75), into one line and its exit code."""
     verbose = "--verbose" in (sys.argv[1:] if argv is None else argv)
+    from optloop.outside import describe_run, error_for
+
     try:
         return main(argv)
     except OptloopError as exc:
+        exc = error_for(exc) or exc  # bad input only in appearance: a full disk under a cache, say
         if verbose:
             logging.getLogger("optloop").exception("failed")
         print(f"optloop: error: {exc}", file=sys.stderr)
@@ -94,3 +137,13 @@ def run_cli(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | N
     except KeyboardInterrupt:
         print("optloop: interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:
+        error = error_for(exc)  # a full disk, an unwritable store, a lost tracking server
+        if error is None:
+            raise
+        if verbose:
+            logging.getLogger("optloop").exception("failed")
+        print(f"optloop: error: {error}", file=sys.stderr)
+        return error.exit_code
+    finally:
+        describe_run(None)  # what the command said of itself ends with it

@@ -17,7 +17,10 @@ files are not opened here (a URI whose data is absent still loads as a config).
 from __future__ import annotations
 
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
+
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from optloop.errors import ConfigError, DatasetError
@@ -70,7 +73,7 @@ def with_limit(uri: str, episodes: int | None) -> str:
     return f"{uri}{'&' if '?' in uri else '?'}limit={episodes}"
 
 
-def _field_message(error: dict) -> str:
+def _field_message(error: Mapping[str, Any]) -> str:
     """``field 'systems[1]': unknown system ...`` from one pydantic error."""
     where = ""
     for part in error.get("loc", ()):

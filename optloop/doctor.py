@@ -8,7 +8,12 @@ Exit status 0 means every check passed.
 
 from __future__ import annotations
 
-import argparse
+import os
+
+from optloop.offline import offline_defaults
+
+os.environ.update(offline_defaults())  # first: litellm, mem0 and Hugging Face read them when imported
+
 import importlib.metadata
 import sys
 import time
@@ -18,7 +23,7 @@ from pydantic import BaseModel
 from rich.console import Console
 from rich.table import Table
 
-from optloop.cli import LM_HELP, add_lm_arguments, lm_from_args, run_cli, setup_logging
+from optloop.cli import LM_HELP, CommandParser, lm_from_args, parse_command, run_cli
 from optloop.embed import get_embedder
 from optloop.lm import prompt_site
 
@@ -36,23 +41,16 @@ class Facts(BaseModel):
     facts: list[Fact]
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m optloop.doctor",
-        description="Check the optloop stack end to end with real calls: LM (schema-constrained and free text), "
-                    "embeddings, and the installed versions.",
-        epilog=LM_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    add_lm_arguments(parser)
+def _parser() -> CommandParser:
+    parser = CommandParser("python -m optloop.doctor",
+                           "Check the optloop stack end to end with real calls: LM (schema-constrained and free "
+                           "text), embeddings, and the installed versions.", lm=True, epilog=LM_HELP)
     parser.add_argument("--embed", metavar="SPEC", help="embedder: local (default) | openai:<model>")
-    parser.add_argument("--verbose", action="store_true", help="debug logging and tracebacks")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    setup_logging(args.verbose)
+    args = parse_command(_parser(), argv)
     console = Console()
 
     versions = Table(title="installed stack", show_header=True)

@@ -46,3 +46,25 @@ class EndpointDownError(OptloopError):
     """
 
     exit_code = 75
+
+
+class ServiceUnavailableError(OptloopError):
+    """An outside service other than the LM (the MLflow tracking server, the Optuna storage's
+    database) cannot be reached, at startup or during the run.
+
+    Exit code 75 (``EX_TEMPFAIL``), like an unreachable LM endpoint: the input is fine; rerun the
+    same command when the service is back (a run it stopped resumes).
+    """
+
+    exit_code = 75
+
+
+class StoreWriteError(OptloopError):
+    """optloop's state or the MLflow store cannot be written: the disk is full, the directory or
+    file is read-only, or the store was left half-made.
+
+    Exit code 74 (``EX_IOERR``): free space or fix the permission named in the message, then rerun
+    the same command (a run it stopped resumes from its last checkpoint).
+    """
+
+    exit_code = 74

@@ -29,8 +29,9 @@ Formats:
   dspy      the run's DSPy program JSON (every site's instructions and demos; dspy's load())
   pack      a JSON prompt pack: {format, system, prompts, knobs, knob_values, sites, source}; sites gives
             each optloop-defined site's input fields and output fields (type, description, JSON schema),
-            knob_values the system's knob value spaces: what optloop's own systems (tiered, gated: SystemClass(...).apply_pack(json.load(open(path)))) need to run
-            with the optimized prompts and knobs
+            knob_values the system's knob value spaces: what optloop's own systems (tiered, gated:
+            SystemClass(...).apply_pack(json.load(open(path)))) need to run with the optimized
+            prompts and knobs
 
 Without the export step, optloop.product.apply(memory, "prompts:/optloop.mem0.extract@champion")
 applies registry prompts to a live mem0 or graphiti from Python (optloop installed).
@@ -40,9 +41,15 @@ Nothing is written unless the export succeeds; the file is replaced in one step.
 
 from __future__ import annotations
 
+import os
+
+from optloop.offline import offline_defaults
+
+os.environ.update(offline_defaults())  # first: litellm, mem0 and Hugging Face read them when imported
+
 import argparse
 import json
-import os
+import shlex
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -52,7 +59,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from optloop import artifacts
-from optloop.cli import run_cli, setup_logging
+from optloop.cli import CommandParser, parse_command, run_cli
 from optloop.errors import ConfigError
 from optloop.product import SchemaMode, library_of, load_registry_prompt, response_format
 
@@ -170,7 +177,7 @@ def _site_fields(site: str) -> dict[str, Any] | None:
 
     signatures = {**TIERED_SIGNATURES, **GATED_SIGNATURES, ANSWER: AnswerFromMemories, QUERY_REWRITE: RewriteQuery,
                   MD_FLAT_CURATE: CurateMarkdownMemory}
-    signature = signatures.get(site)
+    signature: Any = signatures.get(site)
     if signature is None:
         return None
 
@@ -205,7 +212,8 @@ def _module(bundle: Bundle, library: str, *, schema_mode: SchemaMode, command: s
     module = _template(library)
     data |= {"LIBRARY_SHA256": ("dict[str, str]", {s: module.sha256(t) for s, t in own.items()}),
              "KNOBS": ("dict[str, Any]", bundle.knobs), "SOURCE": ("dict[str, Any]", bundle.source)}
-    header = (f"# Written by `{command or 'python -m optloop.export'}` ({bundle.label}).\n"
+    written_by = " ".join((command or "python -m optloop.export").split())  # a comment: one line
+    header = (f"# Written by `{written_by}` ({' '.join(bundle.label.split())}).\n"
               "# Standalone: needs only the memory library. Export again rather than edit PROMPTS by hand.\n")
     text = fill(template_source(f"{library}_prompts"), data, header)
     compile(text, f"{library}_prompts.py", "exec")  # a template or data bug fails here, not in the product
@@ -254,6 +262,16 @@ def check_out(out: str) -> Path | None:
     return path
 
 
+def _file_mode(path: Path) -> int:
+    """The mode a plain ``open(path, "w")`` would leave: the file's own when it exists, else 0666
+    less the umask."""
+    if path.exists():
+        return path.stat().st_mode & 0o7777
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
 def write(path: Path | None, text: str) -> None:
     """Write through a temporary file in the same directory, then rename: never half a file."""
     if path is None:
@@ -261,6 +279,7 @@ def write(path: Path | None, text: str) -> None:
         return
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, _file_mode(path))  # not mkstemp's 0600: a service of another user reads it
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
         os.replace(tmp, path)
@@ -273,8 +292,7 @@ def write(path: Path | None, text: str) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m optloop.export", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser("python -m optloop.export", __doc__)
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--run", metavar="RUN_ID", help="a finished optloop.run parent run")
     source.add_argument("--prompt", metavar="REF", help="a registry prompt: NAME@ALIAS or NAME/VERSION")
@@ -285,19 +303,17 @@ def build_parser() -> argparse.ArgumentParser:
                              "default) or json_object (a llama.cpp server), as the run's LM endpoint did")
     parser.add_argument("--tracking-uri", help="MLflow tracking URI (default sqlite:///mlruns/mlflow.db, or "
                                                "MLFLOW_TRACKING_URI)")
-    parser.add_argument("--verbose", action="store_true")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    setup_logging(args.verbose)
+    args = parse_command(build_parser(), argv)
     out = check_out(args.out)
     from optloop import tracking
 
     tracking.open_existing(args.tracking_uri)
     bundle = from_run(args.run) if args.run else from_prompt(args.prompt)
-    source = f"--run {args.run}" if args.run else f"--prompt {args.prompt}"
+    source = shlex.join(["--run", args.run] if args.run else ["--prompt", args.prompt.strip()])
     text = render(bundle, args.format, schema_mode=args.schema_mode,
                   command=f"python -m optloop.export {source} --format {args.format}")
     write(out, text)

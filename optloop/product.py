@@ -194,7 +194,8 @@ def target_library(memory: Any) -> str:
 
 def apply(memory: Any, *sources: Any, tracking_uri: str | None = None,
           schema_mode: SchemaMode = "json_schema") -> list[str]:
-    """Load prompts from ``sources`` (see the module docstring) and apply them to ``memory``; returns the sites applied."""
+    """Load prompts from ``sources`` (see the module docstring) and apply them to ``memory``;
+    returns the sites applied."""
     library = target_library(memory)
     if not sources:
         raise ConfigError("apply() needs a prompt source, e.g. 'prompts:/optloop.mem0.extract@champion'")

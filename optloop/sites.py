@@ -1,7 +1,7 @@
 """Prompt-site names, as constants.
 
 A site's name is a plain string wherever it is stored (candidates, checkpoints, blame
-targets, MLflow metrics, registry names: :func:`optloop.loop.record.registry_name`), so
+targets, MLflow metrics, registry names: :func:`optloop.loop.prompt_registry.registry_name`), so
 these values never change. Every system has :data:`ANSWER` and may add
 :data:`QUERY_REWRITE` (``systems/base.py``); the library sites below are the ones
 optloop's own code names (the fault catalogue, export); graphiti's are generated from

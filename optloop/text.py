@@ -15,7 +15,7 @@ Kept apart on purpose, because they answer other questions:
   as the backend reports them.
 * ``" ".join(text.split())`` collapses whitespace to show or compare a text verbatim;
   it cuts nothing into words.
-* ``attribution.faults._blur`` rewrites a sentence word by word and must keep each
+* ``faults.corruptions._blur`` rewrites a sentence word by word and must keep each
   word's case and spelling.
 """
 

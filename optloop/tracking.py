@@ -18,19 +18,25 @@ from optloop.paths import mlruns_dir
 logger = logging.getLogger(__name__)
 
 
-def default_tracking_uri() -> str:
-    return f"sqlite:///{mlruns_dir().resolve() / 'mlflow.db'}"
+def default_tracking_uri(*, create: bool = True) -> str:
+    """The embedded store's URI (``create=False``: its folder is not created)."""
+    return f"sqlite:///{mlruns_dir(create=create).resolve() / 'mlflow.db'}"
 
 
-def resolve_uri(tracking_uri: str | None = None) -> str:
-    """``tracking_uri``, else ``MLFLOW_TRACKING_URI``, else the embedded store."""
-    return tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri()
+def resolve_uri(tracking_uri: str | None = None, *, create: bool = True) -> str:
+    """``tracking_uri``, else ``MLFLOW_TRACKING_URI``, else the embedded store (``create=False``:
+    for checks before anything is written)."""
+    return (tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+            or default_tracking_uri(create=create))
 
 
 def configure(tracking_uri: str | None = None) -> str:
     """Point MLflow at :func:`resolve_uri` of ``tracking_uri``."""
     import mlflow
 
+    from optloop.preflight import bound_mlflow_http
+
+    bound_mlflow_http()  # a tracking server that is gone fails a call in seconds, not minutes
     uri = resolve_uri(tracking_uri)
     if uri.startswith("sqlite:///"):
         from pathlib import Path

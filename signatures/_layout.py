@@ -60,15 +60,15 @@ def jsonable(value: Any) -> Any:
 class LibraryLayoutAdapter(Adapter):
     """Render (system = instructions [+ demos], user = library content) and parse JSON."""
 
-    def __call__(self, lm, lm_kwargs, signature, demos, inputs):  # type: ignore[override]
+    def __call__(self, lm, lm_kwargs, signature, demos, inputs):
         lm_kwargs = {**lm_kwargs, "response_format": output_model(signature)}
         return super().__call__(lm, lm_kwargs, signature, demos, inputs)
 
-    async def acall(self, lm, lm_kwargs, signature, demos, inputs):  # type: ignore[override]
+    async def acall(self, lm, lm_kwargs, signature, demos, inputs):
         lm_kwargs = {**lm_kwargs, "response_format": output_model(signature)}
         return await super().acall(lm, lm_kwargs, signature, demos, inputs)
 
-    def format(self, signature, demos, inputs):  # type: ignore[override]
+    def format(self, signature, demos, inputs):
         if USER_FIELD not in inputs:
             raise ValueError(f"a library-layout site needs its '{USER_FIELD}' input; got {sorted(inputs)}")
         return [
@@ -76,7 +76,7 @@ class LibraryLayoutAdapter(Adapter):
             {"role": "user", "content": inputs[USER_FIELD]},
         ]
 
-    def parse(self, signature, completion):  # type: ignore[override]
+    def parse(self, signature, completion):
         try:
             data = output_model(signature).model_validate_json(completion)
         except pydantic.ValidationError as exc:

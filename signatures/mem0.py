@@ -16,17 +16,23 @@ message verbatim, response schema = the output fields.
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 
 import dspy
 from dspy.signatures.signature import SignatureMeta
 from pydantic import BaseModel, Field
 
-from optloop.paths import state_dir  # importing optloop first turns mem0's telemetry off
-
-# Importing any mem0 module runs mem0.memory.setup, which creates MEM0_DIR (default
-# ~/.mem0) and writes a config.json there; keep that inside optloop's state directory.
-os.environ.setdefault("MEM0_DIR", str(state_dir() / "mem0"))
+# Importing any mem0 module runs mem0.memory.setup, which creates MEM0_DIR (default ~/.mem0) and
+# writes a config.json there: a telemetry id, unused with telemetry off (optloop.offline; optloop's
+# mem0 keeps its stores and history DB in its run directory). So MEM0_DIR is a folder of this
+# process's own, removed at exit: importing mem0 (as a refused command does) leaves nothing in the
+# user's home or in optloop's state.
+if "MEM0_DIR" not in os.environ:
+    os.environ["MEM0_DIR"] = tempfile.mkdtemp(prefix="optloop-mem0-")
+    atexit.register(shutil.rmtree, os.environ["MEM0_DIR"], ignore_errors=True)
 
 from mem0.configs.prompts import ADDITIVE_EXTRACTION_PROMPT, AGENT_CONTEXT_SUFFIX  # noqa: E402
 from mem0.reranker.llm_reranker import LLMReranker  # noqa: E402

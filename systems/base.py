@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import shutil
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
@@ -111,7 +111,7 @@ class MemorySystem(ABC):
     name: ClassVar[str]
     default_knobs: ClassVar[dict[str, Any]] = {"top_k": 5}
     # The values an optimizer may try per knob (the current value is always tried too).
-    knob_values: ClassVar[dict[str, tuple[Any, ...]]] = {"top_k": (1, 3, 5, 10, 20)}
+    knob_values: ClassVar[Mapping[str, Sequence[Any]]] = {"top_k": (1, 3, 5, 10, 20)}
     # The knob that decides what a search returns (None: no knob does).
     search_knob: ClassVar[str | None] = "top_k"
     # LMSettings this system's runs use unless the user sets them (``--lm-max-items``,

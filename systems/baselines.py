@@ -33,7 +33,7 @@ import math
 import re
 import threading
 from abc import abstractmethod
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -214,7 +214,7 @@ class LongContextSystem(_RawTurnSystem):
     name: ClassVar[str] = "long_context"
     # The default fits the embedded LM's 8192-token window with room for the answer prompt.
     default_knobs: ClassVar[dict[str, Any]] = {"max_context_tokens": 6000}
-    knob_values: ClassVar[dict[str, tuple[Any, ...]]] = {"max_context_tokens": (2000, 4000, 6000, 8000)}
+    knob_values: ClassVar[Mapping[str, Sequence[Any]]] = {"max_context_tokens": (2000, 4000, 6000, 8000)}
     search_knob: ClassVar[str | None] = None  # nothing is searched: every turn that fits is in context
 
     def __init__(self, lm: OptloopLM, run_dir: Path, *, embedder: Embedder | None = None,
@@ -306,7 +306,7 @@ class EmbeddingRagSystem(_RawTurnSystem):
 
     name: ClassVar[str] = "rag_embedding"
     default_knobs: ClassVar[dict[str, Any]] = {"top_k": 5, "threshold": 0.0}
-    knob_values: ClassVar[dict[str, tuple[Any, ...]]] = {**MemorySystem.knob_values, "threshold": (0.0, 0.1, 0.2, 0.3)}
+    knob_values: ClassVar[Mapping[str, Sequence[Any]]] = {**MemorySystem.knob_values, "threshold": (0.0, 0.1, 0.2, 0.3)}
     search_knob: ClassVar[str | None] = "threshold"
     VECTORS = "vectors.npy"
     META = "vectors.json"

@@ -52,7 +52,7 @@ from __future__ import annotations
 import logging
 import sqlite3
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import closing
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
@@ -271,7 +271,7 @@ class GatedSystem(MemorySystem):
     name: ClassVar[str] = "gated"
     default_knobs: ClassVar[dict[str, Any]] = {"top_k": 5, "scope": "workspace_path", "floors": "strict",
                                                "gate": "llm", "negative_evidence": True}
-    knob_values: ClassVar[dict[str, list[Any]]] = KNOB_VALUES
+    knob_values: ClassVar[Mapping[str, Sequence[Any]]] = KNOB_VALUES
     # The gate lists one verdict (a short reason each) per candidate: bound both for a local model.
     local_decoding: ClassVar[dict[str, int]] = {"max_array_items": 12, "max_string_chars": 160}
 
@@ -399,7 +399,7 @@ class GatedSystem(MemorySystem):
             rows.append(MemoryRow(id=turn_id, seq=start + offset, run=run["run"], session_id=session.id,
                                   timestamp=session.timestamp, workspace=run["workspace"], path=run["path"], key=key,
                                   value=value, content=text or "(empty)", status=status,
-                                  branch_status=run["branch"]))  # type: ignore[arg-type]
+                                  branch_status=run["branch"]))
         vectors = self.embedder.embed([row.content for row in rows])
         with closing(self._connect()) as db, db:
             self._run_seq += 1

@@ -22,7 +22,7 @@ exposes the synchronous :class:`~systems.base.MemorySystem` API over it. The
 caller's context variables (DSPy settings and traces, optloop's prompt-site
 accounting) travel with each call into the loop.
 
-Concurrency (``--concurrency N``, see ``optloop/pipeline.py``): the episodes of a split
+Concurrency (``--concurrency N``, see ``optloop/pipeline/``): the episodes of a split
 run on the pipeline's threads like every other system's, each driving its own system and
 event loop; inside one ``add_episode`` graphiti itself makes its independent calls at once
 (its ``semaphore_gather``), on the LM's pool. Every request passes the LM's one throttle,
@@ -38,9 +38,9 @@ import hashlib
 import logging
 import threading
 import weakref
-from collections.abc import Callable, Coroutine, Iterable, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 from urllib.parse import urlparse
@@ -78,7 +78,7 @@ DEFAULT_GROUP_ID = "optloop"
 KUZU_FILE = "graphiti.kuzu"
 # Sessions whose timestamp does not parse get consecutive minutes from here: a
 # deterministic time keeps prompts (and so the LM cache) stable across runs.
-FALLBACK_TIME = datetime(2000, 1, 1, tzinfo=timezone.utc)
+FALLBACK_TIME = datetime(2000, 1, 1, tzinfo=UTC)
 
 
 class UnknownPromptError(OptloopError):
@@ -135,7 +135,7 @@ class GraphitiLayoutAdapter(LibraryLayoutAdapter):
     is no framing and this is :class:`LibraryLayoutAdapter`.
     """
 
-    def format(self, signature, demos, inputs):  # type: ignore[override]
+    def format(self, signature, demos, inputs):
         messages = super().format(signature, demos, inputs)
         framing = _FRAMING.get()
         if framing is not None:
@@ -234,7 +234,7 @@ class LocalEmbedderClient(EmbedderClient):
 
     async def create(self, input_data: str | list[str] | Iterable[int] | Iterable[Iterable[int]]) -> list[float]:
         # Like graphiti's OpenAIEmbedder: one text, or a list whose first text is embedded.
-        texts = [input_data] if isinstance(input_data, str) else list(input_data)  # type: ignore[arg-type]
+        texts: list[Any] = [input_data] if isinstance(input_data, str) else list(input_data)
         if not texts or not isinstance(texts[0], str):
             raise TypeError("LocalEmbedderClient embeds text only (a string or a list of strings)")
         return (await asyncio.to_thread(self.embedder.embed, texts[:1]))[0].tolist()
@@ -315,7 +315,7 @@ def parse_session_time(timestamp: str | None) -> datetime | None:
             parsed = date_parser.parse(timestamp, fuzzy=True)
         except (ValueError, OverflowError):
             return None
-    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=timezone.utc)
+    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
 
 
 _NEO4J_SCHEMES = {"bolt", "bolt+s", "bolt+ssc", "neo4j", "neo4j+s", "neo4j+ssc"}
@@ -356,7 +356,7 @@ class GraphitiSystem(MemorySystem):
 
     name: ClassVar[str] = "graphiti"
     default_knobs: ClassVar[dict[str, Any]] = {"top_k": 10, "search_recipe": "EDGE_HYBRID_SEARCH_RRF"}
-    knob_values: ClassVar[dict[str, tuple[Any, ...]]] = {
+    knob_values: ClassVar[Mapping[str, Sequence[Any]]] = {
         **MemorySystem.knob_values, "search_recipe": tuple(sorted(n for n in SEARCH_RECIPES if n.startswith("EDGE_")))}
     search_knob: ClassVar[str | None] = "search_recipe"
     knob_aliases: ClassVar[dict[str, str]] = {"num_results": "top_k"}
@@ -429,7 +429,7 @@ class GraphitiSystem(MemorySystem):
             return Neo4jDriver(str(self.graph_uri), user, password)
         from graphiti_core.driver.falkordb_driver import FalkorDriver
 
-        parsed = urlparse(self.graph_uri)
+        parsed = urlparse(str(self.graph_uri))
         return FalkorDriver(host=parsed.hostname or "localhost", port=parsed.port or 6379,
                             username=user or parsed.username, password=password or parsed.password)
 
@@ -455,7 +455,7 @@ class GraphitiSystem(MemorySystem):
     async def _close_store(self) -> None:
         if self._graphiti is None:
             return
-        driver = self._graphiti.driver
+        driver: Any = self._graphiti.driver  # a KuzuDriver when backend is kuzu
         await self._graphiti.close()
         if self.backend == "kuzu":  # KuzuDriver.close leaves the files open; reset must delete them
             driver.client.close()

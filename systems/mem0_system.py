@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import weakref
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -29,7 +29,7 @@ import dspy
 from optloop.errors import OptloopError
 from optloop.lm import prompt_site
 from optloop.sites import MEM0_EXTRACT, MEM0_RERANK
-from signatures.mem0 import (  # imported first: it points MEM0_DIR into optloop's state before mem0 loads
+from signatures.mem0 import (  # imported first: it sets MEM0_DIR before mem0 loads
     ADDITIVE_EXTRACTION_PROMPT,
     AGENT_CONTEXT_SUFFIX,
     RERANK_SYSTEM_PROMPT,
@@ -160,7 +160,7 @@ class Mem0System(MemorySystem):
 
     name: ClassVar[str] = "mem0"
     default_knobs: ClassVar[dict[str, Any]] = {"top_k": 5, "threshold": 0.1, "rerank": False}
-    knob_values: ClassVar[dict[str, tuple[Any, ...]]] = {**MemorySystem.knob_values, "threshold": (0.0, 0.1, 0.2, 0.3),
+    knob_values: ClassVar[Mapping[str, Sequence[Any]]] = {**MemorySystem.knob_values, "threshold": (0.0, 0.1, 0.2, 0.3),
                                                          "rerank": (False, True)}
     search_knob: ClassVar[str | None] = "threshold"
 

@@ -23,26 +23,15 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
-from experiments.bench.faults import schema_stub
-from tests._servers import ScriptedOpenAIServer
+from optloop.testing.chaos import schema_stub
+from optloop.testing.oracle import prompt_section, response_schema
+from optloop.testing.scripted import ScriptedOpenAIServer
 
 DONT_KNOW = "I don't know"
 
 
 def _digest(messages: Any) -> bytes:
     return hashlib.sha256(json.dumps(messages, sort_keys=True).encode()).digest()
-
-
-def _schema(response_format: dict[str, Any] | None) -> dict[str, Any]:
-    """The JSON schema of an OpenAI (``json_schema``) or llama.cpp (``json_object`` + ``schema``) format."""
-    fmt = response_format or {}
-    return (fmt.get("json_schema") or {}).get("schema") or fmt.get("schema") or {}
-
-
-def _section(text: str, name: str) -> str:
-    """DSPy's ``[[ ## name ## ]]`` section of a prompt ("" when absent)."""
-    match = re.search(rf"\[\[ ## {re.escape(name)} ## \]\]\n(.*?)(?:\n\n\[\[ ## |\n\nRespond with|\Z)", text, re.S)
-    return match.group(1) if match else ""
 
 
 def _user_lines(text: str) -> list[str]:
@@ -67,13 +56,13 @@ def _graphiti_names(text: str) -> list[str]:
 def oracle_reply(messages: list[dict[str, Any]], response_format: dict[str, Any] | None,
                  gold: dict[str, str]) -> str:
     """The content of the oracle's answer; ``gold`` maps question texts to gold answers."""
-    schema = _schema(response_format)
+    schema = response_schema(response_format)
     fields = sorted((schema.get("properties") or {}).keys())
     user = str(messages[-1].get("content") or "") if messages else ""
     if fields == ["facts"]:  # md_flat.curate: what the file held, plus the session's user lines
-        kept = [line.removeprefix("- ").split("] ", 1)[-1] for line in _section(user, "memory_file").splitlines()
+        kept = [line.removeprefix("- ").split("] ", 1)[-1] for line in prompt_section(user, "memory_file").splitlines()
                 if line.startswith("- ")]
-        return json.dumps({"facts": kept + _user_lines(_section(user, "session"))})
+        return json.dumps({"facts": kept + _user_lines(prompt_section(user, "session"))})
     if fields == ["memory"]:  # mem0.extract: the new messages' user lines
         new = user.split("## New Messages", 1)[-1].split("\n## ", 1)[0]
         return json.dumps({"memory": [{"id": str(i), "text": text, "attributed_to": "user", "linked_memory_ids": []}
@@ -90,8 +79,8 @@ def oracle_reply(messages: list[dict[str, Any]], response_format: dict[str, Any]
                  for name in names if name != "User" and any(name in line for line in lines)]
         return json.dumps({"edges": edges})
     if fields == ["answer"]:
-        answer = gold.get(_section(user, "question").strip())
-        memories = _section(user, "memories").lower()
+        answer = gold.get(prompt_section(user, "question").strip())
+        memories = prompt_section(user, "memories").lower()
         known = answer is not None and all(part.strip().lower() in memories for part in answer.split(","))
         return json.dumps({"answer": answer if known else DONT_KNOW})
     return json.dumps(schema_stub(schema)) if schema else "ok"

@@ -1,6 +1,12 @@
-"""Shared fixtures: every test gets its own optloop state dir; servers live in ``_servers``."""
+"""Shared fixtures: every test gets its own optloop state dir; loopback servers live in ``optloop.testing``."""
 
 from __future__ import annotations
+
+import os
+
+from optloop.offline import offline_defaults
+
+os.environ.update(offline_defaults())  # first: litellm, mem0 and Hugging Face read them when imported
 
 import pytest
 

@@ -10,15 +10,22 @@ the one episode pipeline (``optloop.pipeline``) without recording or attribution
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+import datetime as dt
+import os
+import platform
+import shlex
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from optloop import pipeline
 from optloop.datasets import Episode, Question
 from optloop.embed import Embedder
 from optloop.lm import LMSettings, OptloopLM
-from optloop.pipeline import FreshStores
+from optloop.pipeline import FreshStores, Store
 from systems import get_system
 from systems.base import MemorySystem
 
@@ -32,12 +39,51 @@ def parse_systems(text: str | Sequence[str]) -> list[str]:
     return names
 
 
-def bench_lm(args: argparse.Namespace, tmp: Path) -> OptloopLM:
-    """The LM from the ``add_lm_arguments`` flags, on a fresh cache so every call is real."""
+def bench_lm(args: argparse.Namespace, tmp: Path, cache: Path | None = None) -> OptloopLM:
+    """The LM from the ``add_lm_arguments`` flags, on a fresh cache so every call is real; with
+    ``cache``, on that file instead (an earlier run's answers are reused, the new ones added)."""
     return OptloopLM(LMSettings.from_spec(
         args.lm, base_url=args.lm_base_url, timeout_s=args.lm_timeout, max_retries=args.lm_retries,
         n_ctx=args.lm_n_ctx, max_array_items=getattr(args, "lm_max_items", None),
-        max_string_chars=getattr(args, "lm_max_chars", None), cache_path=tmp / "cache.sqlite"))
+        max_string_chars=getattr(args, "lm_max_chars", None),
+        cache_path=cache or tmp / "cache.sqlite"))
+
+
+def provenance(model: str, argv: Sequence[str] | None = None) -> dict[str, str]:
+    """Where a results file came from: the command, the date (UTC), the commit, the model and
+    the machine."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    module = Path(sys.argv[0]).with_suffix("").as_posix().replace("/", ".")
+    module = module[module.index("experiments."):] if "experiments." in module else module
+    return {"command": shlex.join(["python", "-m", module, *args]),
+            "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"), "commit": _commit(),
+            "model": model, "machine": _machine()}
+
+
+def _commit() -> str:
+    """The checkout's commit, ``+changes`` when tracked files differ from it."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], capture_output=True, text=True,
+                              check=True).stdout.strip()
+
+    try:
+        dirty = git("status", "--porcelain", "--untracked-files=no")
+        return git("rev-parse", "--short", "HEAD") + ("+changes" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown (not a git checkout)"
+
+
+def _machine() -> str:
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return (f"{platform.machine()}, {platform.system()}, {cores} cores, {memory:.0f} GiB, "
+            f"Python {platform.python_version()}")
+
+
+def provenance_markdown(record: dict[str, str]) -> str:
+    """The provenance as the header lines of a markdown results file."""
+    return "\n".join(f"- {name}: `{value}`" if name == "command" else f"- {name}: {value}"
+                      for name, value in record.items()) + "\n\n"
 
 
 @dataclass
@@ -59,6 +105,8 @@ class EpisodeRun:
     answer_s: float = 0.0
     answer_calls: int = 0
     results: list[QuestionResult] = field(default_factory=list)
+    # What ``inspect(system)`` said once the questions were answered.
+    inspected: dict[str, Any] | None = None
 
     @property
     def seconds(self) -> float:
@@ -73,17 +121,41 @@ class EpisodeRun:
         return sum(r.passed for r in self.results)
 
 
+class _InspectedStores(FreshStores):
+    """Fresh stores that let ``inspect`` look at the system after the questions, before it
+    closes."""
+
+    def __init__(self, make: Callable[[Episode], MemorySystem], lm: OptloopLM,
+                 inspect: Callable[[MemorySystem], dict[str, Any]]):
+        super().__init__(make, lm, record=False)
+        self.inspect = inspect
+        self.inspected: dict[str, Any] | None = None
+
+    def release(self, store: Store) -> None:
+        try:
+            self.inspected = self.inspect(store.system)
+        finally:
+            super().release(store)
+
+
 def run_episode(system_cls: type[MemorySystem], episode: Episode, lm: OptloopLM, run_dir: Path,
-                embedder: Embedder | None = None) -> EpisodeRun:
+                embedder: Embedder | None = None,
+                inspect: Callable[[MemorySystem], dict[str, Any]] | None = None) -> EpisodeRun:
     """Fresh ``system_cls`` under ``run_dir``: ingest every session, answer and score every question.
 
-    The one episode pipeline (:func:`optloop.pipeline.run_episode`) with nothing recorded or attributed,
-    so the figures are the system's own.
+    The one episode pipeline (:func:`optloop.pipeline.run_episode`) with nothing recorded or
+    attributed, so the figures are the system's own. ``inspect(system)``, when given, runs once
+    the questions are answered (before the store closes); it returns the run's ``inspected``.
     """
-    stores = FreshStores(lambda _episode: system_cls(lm, run_dir, embedder=embedder), lm, record=False)
+    def make(_episode: Episode) -> MemorySystem:
+        return system_cls(lm, run_dir, embedder=embedder)
+
+    stores = (FreshStores(make, lm, record=False) if inspect is None
+              else _InspectedStores(make, lm, inspect))
     result = pipeline.run_episode(episode, stores, lm=lm)
+    results = [QuestionResult(q, o.prediction, o.passed)
+               for q, o in zip(episode.questions, result.outcomes)]
     return EpisodeRun(episode_id=episode.id, sessions=len(episode.sessions), setup_s=result.setup_s,
-                      ingest_s=result.ingest_s, ingest_calls=result.ingest_calls, answer_s=result.answer_s,
-                      answer_calls=result.answer_calls,
-                      results=[QuestionResult(q, o.prediction, o.passed) for q, o in zip(episode.questions,
-                                                                                      result.outcomes)])
+                      ingest_s=result.ingest_s, ingest_calls=result.ingest_calls,
+                      answer_s=result.answer_s, answer_calls=result.answer_calls, results=results,
+                      inspected=getattr(stores, "inspected", None))

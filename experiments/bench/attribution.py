@@ -1,9 +1,9 @@
 """Benchmark attribution on planted faults: accuracy, speed, and LLM calls of the deterministic pass.
 
     python -m experiments.bench.attribution [--systems rag_bm25,...] [--datasets "builtin:tiny;synthetic:suite"]
-                                            [--faults issue-21|NAME,...] [--json out.json] [--markdown out.md]
+                                            [--faults preregistered|NAME,...] [--json out.json] [--markdown out.md]
 
-Runs the planted-fault harness (``optloop.attribution.faults``) for each system
+Runs the planted-fault harness (``optloop.attribution.planted``) for each system
 over each dataset with the embedded LM: every system clean and under each of
 its faults. Each question that passes clean and fails under a fault is a
 failure the fault caused, with a known site and type; the deterministic
@@ -15,14 +15,20 @@ caused, each with its 95% bootstrap interval and n; the failures set aside
 from the induced figure, each with its reason and its attribution; the
 denominators (clean passes per system and dataset, failures caused per fault),
 flagging samples under 10 as too small to support a figure; the original
-faults' figures apart from those of the faults issue 21 added; the median and
+faults' figures apart from those of the preregistered ones; the median and
 p95 milliseconds per attributed failure; and the LLM calls the attribution
-made (0 by design). ``--json`` and ``--markdown`` save the same report.
+made (0 by design). ``--json`` and ``--markdown`` save the same report, with its provenance
+(command, date, commit, model, machine).
 """
 
 from __future__ import annotations
 
-import argparse
+import os
+
+from optloop.offline import offline_defaults
+
+os.environ.update(offline_defaults())  # first: litellm, mem0 and Hugging Face read them when imported
+
 import json
 import sys
 import time
@@ -32,11 +38,14 @@ from tempfile import TemporaryDirectory
 
 from rich.console import Console
 
+from experiments.bench._common import provenance, provenance_markdown
 from optloop.attribute import render_planted, render_planted_markdown
-from optloop.attribution.faults import CATALOGUE, PlantedRun, run_planted, summarize
-from optloop.cli import add_lm_arguments, lm_from_args, run_cli, setup_logging
+from optloop.attribution.planted import PlantedRun, run_planted
+from optloop.attribution.planted_report import summarize
+from optloop.cli import CommandParser, lm_from_args, parse_command, run_cli
 from optloop.datasets import load_dataset
 from optloop.errors import ConfigError
+from optloop.faults.catalogue import CATALOGUE
 from systems import get_system
 
 DEFAULT_SYSTEMS = "rag_bm25,rag_embedding,long_context,md_flat,mem0,graphiti"
@@ -46,7 +55,7 @@ LIBRARY_SYSTEMS = {"mem0", "graphiti"}  # ~50 s per ingested session on 2 cores 
 
 def select_faults(spec: str | None) -> list[str] | None:
     """``--faults``: ``None`` (every fault), the names given, or every fault a catalogue batch added
-    (``issue-21``); an unknown name fails before any work."""
+    (``preregistered``); an unknown name fails before any work."""
     if not spec:
         return None
     batches = {f.added for f in CATALOGUE}
@@ -60,8 +69,7 @@ def select_faults(spec: str | None) -> list[str] | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m experiments.bench.attribution", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser("python -m experiments.bench.attribution", __doc__, lm=True)
     parser.add_argument("--systems", default=DEFAULT_SYSTEMS, help=f"comma-separated (default {DEFAULT_SYSTEMS})")
     parser.add_argument("--datasets", default=DEFAULT_DATASETS,
                         help=f"semicolon-separated dataset URIs (default {DEFAULT_DATASETS!r})")
@@ -69,14 +77,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="semicolon-separated datasets for mem0 and graphiti, which ingest ~50 s a session "
                              "here (default builtin:tiny)")
     parser.add_argument("--faults", metavar="NAMES",
-                        help="comma-separated fault names, or 'issue-21' for the faults issue 21 added (default: "
-                             "the whole catalogue; see python -m optloop.attribute --list-faults)")
+                        help="comma-separated fault names, or 'preregistered' for the faults written down before "
+                             "any run evaluated them (default: the whole catalogue; see python -m optloop.attribute "
+                             "--list-faults)")
     parser.add_argument("--json", type=Path, help="also write the figures (and every case) here")
     parser.add_argument("--markdown", type=Path, help="also write the report as markdown here")
-    parser.add_argument("--verbose", action="store_true")
-    add_lm_arguments(parser)
-    args = parser.parse_args(argv)
-    setup_logging(args.verbose)
+    args = parse_command(parser, argv)
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     for name in systems:
         get_system(name)
@@ -98,6 +104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     summary["seconds"] = round(time.perf_counter() - started, 1)
     summary["datasets"] = [d.uri for d in datasets]
     summary["lm"] = lm.backend.identity
+    summary["provenance"] = provenance(lm.backend.identity, argv)
     summary["cases"] = [c.to_json() for c in planted.induced]
     summary["set_aside_cases"] = [c.to_json() for c in planted.set_aside]
     console.print(f"planted faults, deterministic attribution ({lm.backend.identity}); "
@@ -106,7 +113,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps(summary, indent=1, ensure_ascii=False))
     if args.markdown:
-        args.markdown.write_text(render_planted_markdown(summary))
+        args.markdown.write_text(provenance_markdown(summary["provenance"])
+                                 + render_planted_markdown(summary))
     return 0
 
 

@@ -2,6 +2,7 @@
 
     python -m experiments.bench.baselines [--systems a,b] [--datasets URI,URI] [--episodes N]
                                           [--config FILE] [--json OUT] [--markdown OUT]
+                                          [--probes OUT]
 
 For each system and each episode of each dataset: a fresh store under a temporary
 directory, ingest all the episode's sessions, then retrieve and answer every question,
@@ -18,16 +19,30 @@ them with --systems); datasets: the MemFail tasks whose CSV is in the shared dat
 to --episodes episodes (default 3). --config takes systems, datasets and episodes from
 an experiment file (experiments/configs/); flags given on the command line win. Unknown
 systems and malformed dataset URIs fail before the LM is loaded.
+
+The "all questions" row carries a seeded 95% bootstrap interval (``optloop.stats``). Per probe
+(``--probes OUT``, markdown; the JSON always has them): the question, expected, got, pass, what
+retrieval put in context, and what each episode's store held once its questions were answered,
+by tier (``metadata["tier"]``: tiered's ``ltm``, ``mtm``, ``stm``; ``memory`` for the others).
+For a system with an extraction log (``tiered``), the share of sessions whose extraction stored at
+least one fact, with its interval. Results files start with their provenance (command, date,
+commit, model, machine).
 """
 
 from __future__ import annotations
+
+import os
+
+from optloop.offline import offline_defaults
+
+os.environ.update(offline_defaults())  # first: litellm, mem0 and Hugging Face read them when imported
 
 import argparse
 import json
 import sys
 import tempfile
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,14 +51,18 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from experiments.bench._common import EpisodeRun, bench_lm, parse_systems, run_episode
-from optloop.cli import add_lm_arguments, run_cli, setup_logging
+from experiments.bench._common import (EpisodeRun, bench_lm, parse_systems, provenance,
+                                       provenance_markdown, run_episode)
+from optloop.cli import CommandParser, parse_command, run_cli
 from optloop.config import load_config, with_limit
-from optloop.datasets import LOADERS, Dataset, Question, load_dataset, parse_uri
+from optloop.datasets import LOADERS, Dataset, Episode, Question, load_dataset, parse_uri
 from optloop.datasets.memfail import default_path
 from optloop.embed import get_embedder
 from optloop.errors import ConfigError, DatasetError
+from optloop.sites import QUERY_REWRITE
+from optloop.stats import Interval, bootstrap_mean
 from systems import SYSTEMS, get_system
+from systems.base import MemorySystem
 
 SLOW_SYSTEMS = ("mem0", "graphiti")
 DEFAULT_SYSTEMS = tuple(n for n in SYSTEMS if n not in SLOW_SYSTEMS)
@@ -146,22 +165,81 @@ class SystemTotals:
         }
 
 
+def memory_report(episode: Episode) -> Callable[[MemorySystem], dict[str, Any]]:
+    """What a system held once ``episode``'s questions were answered: its units by tier, what
+    retrieval puts in context for each question (asked again: without a query-rewrite site,
+    retrieval calls no LM), and, for a system with an extraction log, per session the facts
+    written, stored and refused."""
+    from systems.tiered import TieredSystem
+
+    def inspect(system: MemorySystem) -> dict[str, Any]:
+        tiers: dict[str, list[str]] = defaultdict(list)
+        for item in system.all_memories():
+            tiers[str(item.metadata.get("tier", "memory"))].append(item.text)
+        report: dict[str, Any] = {"tiers": dict(tiers)}
+        if QUERY_REWRITE not in system.prompt_sites():
+            report["context"] = {q.id: [m.text for m in system.retrieve(q.question)]
+                                 for q in episode.questions}
+        if isinstance(system, TieredSystem):
+            log = system.store.extractions()
+            report["extraction"] = {}
+            for s in episode.sessions:
+                rows = [r for r in log if r["session_id"] == s.id]
+                report["extraction"][s.id] = {
+                    "messages": len(rows), "written": sum(len(r["written"]) for r in rows),
+                    "stored": sum(f["action"] != "unchanged" for r in rows for f in r["stored"]),
+                    "refused": sum(len(r["refused"]) for r in rows)}
+        return report
+
+    return inspect
+
+
 @dataclass
 class Results:
     systems: list[str]
     labels: list[str] = field(default_factory=list)  # rows, in first-seen order
     cells: dict[str, dict[str, list[int]]] = field(default_factory=lambda: defaultdict(dict))  # label -> system -> [correct, n]
     totals: dict[str, SystemTotals] = field(default_factory=dict)
+    # system -> 1.0 / 0.0 per question, in order
+    passes: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+    probes: dict[str, list[dict[str, Any]]] = field(default_factory=lambda: defaultdict(list))
+    episodes: dict[str, list[dict[str, Any]]] = field(default_factory=lambda: defaultdict(list))
 
     def add(self, system: str, uri: str, run: EpisodeRun) -> None:
         self.totals.setdefault(system, SystemTotals()).add(run)
+        inspected = run.inspected or {}
+        self.episodes[system].append({"dataset": uri, "episode": run.episode_id, **inspected})
         for result in run.results:
+            q = result.question
+            self.passes[system].append(float(result.passed))
+            self.probes[system].append({
+                "dataset": uri, "episode": run.episode_id, "question_id": q.id,
+                "task": task_label(uri, q), "question": q.question, "expected": q.gold,
+                "got": result.prediction, "pass": result.passed,
+                "context": (inspected.get("context") or {}).get(q.id)})
             label = task_label(uri, result.question)
             if label not in self.labels:
                 self.labels.append(label)
             cell = self.cells[label].setdefault(system, [0, 0])
             cell[0] += result.passed
             cell[1] += 1
+
+    def accuracy(self, system: str) -> Interval | None:
+        """Accuracy over every question, with its seeded 95% bootstrap interval."""
+        values = self.passes.get(system)
+        return bootstrap_mean(values, seed=0) if values else None
+
+    def extraction(self, system: str) -> dict[str, Any] | None:
+        """Sessions whose extraction stored at least one fact (a system with an extraction log)."""
+        sessions = [counts for ep in self.episodes.get(system, [])
+                    for counts in (ep.get("extraction") or {}).values()]
+        if not sessions:
+            return None
+        stored = [float(c["stored"] > 0) for c in sessions]
+        totals = {name: sum(c[name] for c in sessions)
+                  for name in ("written", "stored", "refused")}
+        return {"sessions": len(sessions), "with_facts": int(sum(stored)),
+                "share": bootstrap_mean(stored, seed=0), **totals}
 
     def cell(self, label: str, system: str) -> tuple[int, int] | None:
         if label == ALL_ROW:
@@ -184,7 +262,8 @@ def run_bench(plan: Plan, lm: Any, work: Path, progress: Progress) -> Results:
         for index, dataset in enumerate(plan.datasets):
             progress.update(task, description=f"{name} {dataset.name}")
             for episode in dataset.episodes:
-                run = run_episode(system_cls, episode, lm, work / name / f"d{index}" / episode.id, embedder)
+                run = run_episode(system_cls, episode, lm, work / name / f"d{index}" / episode.id,
+                                  embedder, inspect=memory_report(episode))
                 results.add(name, dataset.uri, run)
                 progress.advance(task)
         progress.update(task, description=name)
@@ -199,13 +278,24 @@ def _fmt(value: float | None, digits: int = 1) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def to_json(plan: Plan, results: Results, lm_identity: str) -> dict[str, Any]:
+def _interval(value: Interval | None) -> dict[str, Any] | None:
+    if value is None:
+        return None
+    return {"estimate": round(value.estimate, 4), "low": round(value.low, 4),
+            "high": round(value.high, 4), "n": value.n}
+
+
+def to_json(plan: Plan, results: Results, lm_identity: str,
+            origin: dict[str, str] | None = None) -> dict[str, Any]:
     accuracy = {
         label: {s: {"correct": c[0], "n": c[1], "accuracy": c[0] / c[1]}
                 for s in plan.systems if (c := results.cell(label, s))}
         for label in results.rows()
     }
+    extraction = {s: {**found, "share": _interval(found["share"])} for s in plan.systems
+                  if (found := results.extraction(s))}
     return {
+        "provenance": origin or {},
         "lm": lm_identity,
         "datasets": [{"uri": d.uri, "name": d.name, "episodes": len(d.episodes),
                       "questions": sum(len(e.questions) for e in d.episodes)} for d in plan.datasets],
@@ -213,10 +303,15 @@ def to_json(plan: Plan, results: Results, lm_identity: str) -> dict[str, Any]:
         "systems": plan.systems,
         "accuracy": accuracy,
         "cost": {s: results.totals.get(s, SystemTotals()).as_dict() for s in plan.systems},
+        "accuracy_ci": {s: _interval(results.accuracy(s)) for s in plan.systems},
+        "extraction": extraction,
+        "probes": dict(results.probes),
+        "episodes": dict(results.episodes),
     }
 
 
-def to_markdown(plan: Plan, results: Results, lm_identity: str) -> str:
+def to_markdown(plan: Plan, results: Results, lm_identity: str,
+                origin: dict[str, str] | None = None) -> str:
     lines = [f"Accuracy per task type ({lm_identity}); cells: accuracy (questions).", "",
              "| task | " + " | ".join(plan.systems) + " |", "|---" * (len(plan.systems) + 1) + "|"]
     for label in results.rows():
@@ -226,9 +321,59 @@ def to_markdown(plan: Plan, results: Results, lm_identity: str) -> str:
     for s in plan.systems:
         t = results.totals.get(s, SystemTotals()).as_dict()
         lines.append(f"| {s} | {t['episodes']} | {_fmt(t['seconds_per_episode'])} | {_fmt(t['calls_per_episode'])} |")
+    lines += ["", "Accuracy over every question, seeded 95% bootstrap interval:", ""]
+    lines += [f"- {s}: {found.format(signed=False)}"
+              for s in plan.systems if (found := results.accuracy(s))]
+    for s in plan.systems:
+        if found := results.extraction(s):
+            lines.append(f"- {s}: sessions whose extraction stored at least one fact: "
+                         f"{found['with_facts']}/{found['sessions']} = "
+                         f"{found['share'].format(signed=False)}; facts written "
+                         f"{found['written']}, stored {found['stored']}, "
+                         f"refused {found['refused']}")
     lines += ["", "Datasets: " + ", ".join(f"`{d.uri}`" for d in plan.datasets) + "."]
     lines += [f"{note}." for note in plan.skipped]
-    return "\n".join(lines) + "\n"
+    return (provenance_markdown(origin) if origin else "") + "\n".join(lines) + "\n"
+
+
+def _cell_text(text: Any, limit: int = 160) -> str:
+    flat = " ".join(str(text).split()).replace("|", "\\|")
+    return flat if len(flat) <= limit else flat[:limit - 1] + "\u2026"
+
+
+def _tier_lines(units: Sequence[str]) -> str:
+    return "; ".join(_cell_text(u, 120) for u in units) if units else "(empty)"
+
+
+def probes_markdown(plan: Plan, results: Results, lm_identity: str,
+                    origin: dict[str, str] | None = None) -> str:
+    """Per system and episode: what each tier held, then each probe (expected, got, pass,
+    context)."""
+    lines = [f"# Per probe ({lm_identity})", ""]
+    for s in plan.systems:
+        lines += [f"## {s}", ""]
+        if found := results.accuracy(s):
+            lines += [f"Accuracy {found.format(signed=False)}.", ""]
+        for ep in results.episodes.get(s, []):
+            lines += [f"### {ep['episode']} (`{ep['dataset']}`)", ""]
+            for tier, units in sorted((ep.get("tiers") or {}).items()):
+                lines.append(f"- {tier.upper()} ({len(units)}): {_tier_lines(units)}")
+            for sid, counts in (ep.get("extraction") or {}).items():
+                lines.append(f"- extraction {sid}: {counts['messages']} message(s), "
+                             f"{counts['written']} object(s) written, {counts['stored']} fact(s) "
+                             f"stored, {counts['refused']} refused")
+            lines += ["", "| probe | task | expected | got | pass | in context |",
+                      "|---|---|---|---|---|---|"]
+            for row in results.probes.get(s, []):
+                if row["episode"] != ep["episode"] or row["dataset"] != ep["dataset"]:
+                    continue
+                context = _tier_lines(row["context"]) if row["context"] is not None else "-"
+                cells = [_cell_text(row["question"]), row["task"], _cell_text(row["expected"]),
+                         _cell_text(row["got"]), "yes" if row["pass"] else "no",
+                         _cell_text(context, 400)]
+                lines.append("| " + " | ".join(cells) + " |")
+            lines.append("")
+    return (provenance_markdown(origin) if origin else "") + "\n".join(lines)
 
 
 def print_tables(plan: Plan, results: Results, lm_identity: str, console: Console) -> None:
@@ -252,9 +397,7 @@ def print_tables(plan: Plan, results: Results, lm_identity: str, console: Consol
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m experiments.bench.baselines", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_lm_arguments(parser)
+    parser = CommandParser("python -m experiments.bench.baselines", __doc__, lm=True)
     parser.add_argument("--systems", help=f"comma-separated (default: {','.join(DEFAULT_SYSTEMS)})")
     parser.add_argument("--datasets", help="comma-separated dataset URIs (default: MemFail tasks + synthetic:meme)")
     parser.add_argument("--episodes", type=int, metavar="N",
@@ -263,24 +406,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--config", type=Path, metavar="FILE", help="experiment file (experiments/configs/*.toml)")
     parser.add_argument("--json", type=Path, metavar="OUT", help="also write the figures to this JSON file")
     parser.add_argument("--markdown", type=Path, metavar="OUT", help="also write the tables to this Markdown file")
-    parser.add_argument("--verbose", action="store_true")
-    args = parser.parse_args(argv)
+    parser.add_argument("--probes", type=Path, metavar="OUT",
+                        help="also write the per-probe tables (expected, got, pass, context, each "
+                             "tier) as Markdown")
+    parser.add_argument("--lm-cache", type=Path, metavar="FILE",
+                        help="reuse this LM cache (an earlier run's answers; new ones are added) "
+                             "instead of a fresh one")
+    args = parse_command(parser, argv)
     if args.episodes is not None and args.episodes < 1:
         parser.error("--episodes must be at least 1")
-    setup_logging(args.verbose)
     plan = make_plan(args)  # unknown systems, bad URIs and bad config files fail here, before the LM
 
     with tempfile.TemporaryDirectory() as tmp:
-        lm = bench_lm(args, Path(tmp))
+        lm = bench_lm(args, Path(tmp), args.lm_cache)
         with Progress() as progress:
             results = run_bench(plan, lm, Path(tmp), progress)
     identity = lm.backend.identity
+    origin = provenance(identity, argv)
 
     print_tables(plan, results, identity, Console())
     if args.json:
-        args.json.write_text(json.dumps(to_json(plan, results, identity), indent=2))
+        args.json.write_text(json.dumps(to_json(plan, results, identity, origin), indent=2))
     if args.markdown:
-        args.markdown.write_text(to_markdown(plan, results, identity))
+        args.markdown.write_text(to_markdown(plan, results, identity, origin))
+    if args.probes:
+        args.probes.write_text(probes_markdown(plan, results, identity, origin))
     return 0
 
 

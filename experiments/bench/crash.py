@@ -5,7 +5,7 @@ resume with the same command, compare with an uninterrupted run.
     python -m experiments.bench.crash --shared        # also: two Optuna workers, one killed and restarted
     python -m experiments.bench.crash --json OUT.json
 
-Every process is the real CLI against :class:`OracleEndpoint`, a loopback OpenAI-compatible
+Every process is the real CLI against :class:`~optloop.testing.oracle.OracleEndpoint`, a loopback OpenAI-compatible
 server that needs no model: md_flat's curate call keeps the session's user lines as facts, the
 answer call gives the gold answer when the memories hold it, unless the answer instruction
 carries the run's planted sentence (``--start answer=+...``), and everything else gets a
@@ -30,16 +30,20 @@ one held-out evaluation); its seconds are every process's, startup included, and
 
 from __future__ import annotations
 
+import os
+
+from optloop.offline import offline_defaults
+
+os.environ.update(offline_defaults())  # first: litellm, mem0 and Hugging Face read them when imported
+
 import argparse
 import json
-import os
 import re
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -49,95 +53,13 @@ from pydantic import BaseModel, Field
 from rich.console import Console
 from rich.table import Table
 
+from optloop.cli import CommandParser, parse_command
+from optloop.testing.oracle import DATASET, PLANTED, OracleEndpoint
+
 REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:  # the scripted server lives with the tests
-    sys.path.insert(0, str(REPO))
 
-from experiments.bench.faults import stub_answer  # noqa: E402
-from tests._servers import ScriptedOpenAIServer  # noqa: E402
-
-SYSTEM, DATASET = "md_flat", "builtin:tiny"
-PLANTED = "Always reply that you do not know."
-DONT_KNOW = "I don't know"
+SYSTEM = "md_flat"
 COSTS = ("llm_calls", "model_calls", "tokens")
-
-
-# --- the endpoint -------------------------------------------------------------------------------------------
-
-
-class OracleEndpoint:
-    """The loopback endpoint of the module docstring; ``requests`` counts what it answered."""
-
-    def __init__(self, dataset: str = DATASET, planted: str = PLANTED, *, delay: float = 0.0):
-        from optloop.datasets import load_dataset
-
-        self.gold = {q.question: q.gold for e in load_dataset(dataset).episodes for q in e.questions}
-        self.planted = planted
-        self.delay = delay  # seconds per chat answer (a run long enough for a second worker to join)
-        self.hold_when: Callable[[], bool] | None = None  # while true, requests wait for release()
-        self.holding = threading.Event()  # set when a request is being held
-        self._released = threading.Event()
-        self.requests = 0
-        self.server = ScriptedOpenAIServer([("respond", self._respond)])
-        default_handle_error = self.server.httpd.handle_error
-
-        def handle_error(request: Any, client_address: Any) -> None:
-            if not isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
-                default_handle_error(request, client_address)  # a killed client is what this endpoint is for
-
-        self.server.httpd.handle_error = handle_error  # type: ignore[method-assign]
-
-    @property
-    def base_url(self) -> str:
-        return self.server.base_url
-
-    def __enter__(self) -> OracleEndpoint:
-        self.server.__enter__()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.server.__exit__(*exc)
-
-    def release(self) -> None:
-        """Let held requests go on, and hold no more."""
-        self.hold_when = None
-        self._released.set()
-
-    def _respond(self, body: dict[str, Any]) -> tuple[str, Any]:
-        self.requests += 1
-        if self.hold_when is not None and self.hold_when():
-            self.holding.set()
-            self._released.wait(120)
-        if "input" in body:  # /embeddings
-            return "embed", 8
-        if self.delay:
-            time.sleep(self.delay)
-        fields = _schema_fields(body)
-        messages = body.get("messages") or []
-        system = next((m.get("content") or "" for m in messages if m.get("role") == "system"), "")
-        user = messages[-1].get("content") or "" if messages else ""
-        if fields == ["facts"]:
-            session = _section(user, "session")
-            facts = [line.split(":", 1)[1].strip() for line in session.splitlines() if line.startswith("user:")]
-            return "ok", json.dumps({"facts": facts})
-        if fields == ["answer"]:
-            gold = self.gold.get(_section(user, "question").strip())
-            memories = _section(user, "memories").lower()
-            known = gold is not None and all(part.strip().lower() in memories for part in gold.split(","))
-            return "ok", json.dumps({"answer": gold if known and self.planted not in system else DONT_KNOW})
-        return stub_answer(body)
-
-
-def _schema_fields(body: dict[str, Any]) -> list[str]:
-    fmt = body.get("response_format") or {}
-    schema = (fmt.get("json_schema") or {}).get("schema") or fmt.get("schema") or {}
-    return sorted((schema.get("properties") or {}).keys())
-
-
-def _section(text: str, name: str) -> str:
-    """The value of DSPy's ``[[ ## name ## ]]`` section in a prompt ("" when absent)."""
-    match = re.search(rf"\[\[ ## {re.escape(name)} ## \]\]\n(.*?)(?:\n\n\[\[ ## |\n\nRespond with|\Z)", text, re.S)
-    return match.group(1) if match else ""
 
 
 # --- the killed process: hooks, then optloop.run ------------------------------------------------------------
@@ -519,13 +441,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["kill"]:
         return kill_main(argv[1:])
-    parser = argparse.ArgumentParser(prog="python -m experiments.bench.crash", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser("python -m experiments.bench.crash", __doc__)
     parser.add_argument("--budget", type=int, default=3)
     parser.add_argument("--shared", action="store_true", help="also kill one of two Optuna workers")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--keep", type=Path, help="keep every scenario's state and MLflow store here")
-    args = parser.parse_args(argv)
+    args = parse_command(parser, argv)
     console = Console(stderr=True)
     root = args.keep or Path(tempfile.mkdtemp(prefix="optloop-crash-"))
     try:

@@ -53,7 +53,12 @@ session here are a lower bound too.
 
 from __future__ import annotations
 
-import argparse
+import os
+
+from optloop.offline import offline_defaults
+
+os.environ.update(offline_defaults())  # first: litellm, mem0 and Hugging Face read them when imported
+
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -63,7 +68,7 @@ from rich.console import Console
 from rich.table import Table
 
 from experiments.bench.throughput import Recorded, Recording, manifest_path
-from optloop.cli import run_cli, setup_logging
+from optloop.cli import CommandParser, parse_command, run_cli
 from optloop.datasets import Dataset, load_dataset
 from optloop.datasets.split import split_counts
 from optloop.errors import ConfigError
@@ -71,10 +76,17 @@ from optloop.lm.pricing import ModelPrice, model_price
 from optloop.loop._base import ENDPOINT_THREADS
 from optloop.loop.cost import LMCost
 from optloop.loop.overhead import MODELS, RunShape
-from optloop.loop.spend import Chains, Estimate, OptimizerWork, chain_requests, evaluation_seconds, project
+from optloop.loop.spend import (
+    Chains,
+    Estimate,
+    OptimizerWork,
+    chain_requests,
+    evaluation_seconds,
+    project,
+)
 from optloop.loop.state import LoopConfig
 from optloop.paths import state_dir
-from optloop.run import duration, optimizer_line
+from optloop.run_tables import duration, optimizer_line
 from optloop.sites import ANSWER, QUERY_REWRITE
 
 ANSWER_SIDE = {ANSWER, QUERY_REWRITE}  # prompt sites of the question path; the rest is ingestion
@@ -228,8 +240,7 @@ def duration_cell(hours: float | None) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m experiments.bench.estimate", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser("python -m experiments.bench.estimate", __doc__)
     parser.add_argument("--system", default="graphiti")
     parser.add_argument("--budget", type=int, default=50)
     parser.add_argument("--optimizer", choices=list(MODELS), default=LoopConfig.model_fields["optimizer"].default,
@@ -245,9 +256,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--n", default="1,16", help="concurrency levels to give hours for")
     parser.add_argument("--recording", type=Path, default=None,
                         help="recording.json (default: $OPTLOOP_HOME/throughput/recording.json)")
-    parser.add_argument("--verbose", action="store_true")
-    args = parser.parse_args(argv)
-    setup_logging(args.verbose)
+    args = parse_command(parser, argv)
     path = args.recording or manifest_path(state_dir() / "throughput" / "lm_cache.sqlite")
     if not path.is_file():
         raise ConfigError(f"no recording at {path}; run `python -m experiments.bench.throughput record` first")

@@ -28,7 +28,12 @@ in the positive context), contamination (a distractor marker there), cross-works
 
 from __future__ import annotations
 
-import argparse
+import os
+
+from optloop.offline import offline_defaults
+
+os.environ.update(offline_defaults())  # first: litellm, mem0 and Hugging Face read them when imported
+
 import json
 import sys
 import tempfile
@@ -42,9 +47,15 @@ from dspy.utils import DummyLM
 from rich.console import Console
 from rich.table import Table
 
-from optloop.cli import run_cli, setup_logging
+from optloop.cli import CommandParser, parse_command, run_cli
 from optloop.datasets import Episode, Question, load_dataset
-from optloop.datasets.agentic import CATEGORIES, ContextScore, parse_scope, parse_tag, score_context
+from optloop.datasets.agentic import (
+    CATEGORIES,
+    ContextScore,
+    parse_scope,
+    parse_tag,
+    score_context,
+)
 from optloop.embed import CachedEmbedder, Embedder, get_embedder
 from optloop.stats import Interval, bootstrap_mean, paired_bootstrap_delta
 from systems.baselines import EmbeddingRagSystem
@@ -185,17 +196,14 @@ def markdown(report: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m experiments.bench.gated", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser("python -m experiments.bench.gated", __doc__)
     parser.add_argument("--records", type=int, default=2000, help="probes to generate (default 2000)")
     parser.add_argument("--seed", type=int, default=0, help="generator and bootstrap seed (default 0)")
     parser.add_argument("--top-k", type=int, default=5, help="top_k of both systems (default 5)")
     parser.add_argument("--embed", default="local", help="embedder spec (default local: MiniLM)")
     parser.add_argument("--json", type=Path, default=DEFAULT_JSON, help=f"JSON report (default {DEFAULT_JSON})")
     parser.add_argument("--markdown", type=Path, help="also write the tables as markdown")
-    parser.add_argument("--verbose", action="store_true")
-    args = parser.parse_args(argv)
-    setup_logging(args.verbose)
+    args = parse_command(parser, argv)
     console = Console(stderr=True)
     embedder = get_embedder(args.embed)
     started = time.perf_counter()

@@ -10,7 +10,12 @@ again (every call is a cache hit). Also times the bundled embedder. Figures go t
 
 from __future__ import annotations
 
-import argparse
+import os
+
+from optloop.offline import offline_defaults
+
+os.environ.update(offline_defaults())  # first: litellm, mem0 and Hugging Face read them when imported
+
 import json
 import statistics
 import sys
@@ -24,7 +29,7 @@ from rich.console import Console
 from rich.progress import track
 from rich.table import Table
 
-from optloop.cli import add_lm_arguments, run_cli, setup_logging
+from optloop.cli import CommandParser, parse_command, run_cli
 from optloop.embed import get_embedder
 from optloop.lm import LMSettings, OptloopLM
 
@@ -89,16 +94,12 @@ def _run(lm: OptloopLM, calls: list[dict[str, Any]], label: str, quiet: bool) ->
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m experiments.bench.lm", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_lm_arguments(parser)
+    parser = CommandParser("python -m experiments.bench.lm", __doc__, lm=True)
     parser.add_argument("--calls", type=int, default=24, help="calls in the workload (default 24)")
     parser.add_argument("--embed-texts", type=int, default=512, help="texts for the embedding benchmark")
     parser.add_argument("--json", type=Path, help="also write the figures to this JSON file")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
-    parser.add_argument("--verbose", action="store_true")
-    args = parser.parse_args(argv)
-    setup_logging(args.verbose)
+    args = parse_command(parser, argv)
     console = Console()
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -26,7 +26,12 @@ Get the data (it is not copied into this repository)::
 
 from __future__ import annotations
 
-import argparse
+import os
+
+from optloop.offline import offline_defaults
+
+os.environ.update(offline_defaults())  # first: litellm, mem0 and Hugging Face read them when imported
+
 import json
 import sys
 import time
@@ -40,7 +45,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from optloop.attribution.traces import TracedFailure, attribute_traces, llm_calls, warm_embedder
-from optloop.cli import run_cli, setup_logging
+from optloop.cli import CommandParser, parse_command, run_cli
 from optloop.datasets.meme_published import STAGES
 from optloop.paths import write_atomic
 from optloop.tracing.meme_traces import import_traces
@@ -164,17 +169,14 @@ def summary_line(report: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m experiments.bench.meme_traces", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser("python -m experiments.bench.meme_traces", __doc__)
     parser.add_argument("--path", type=Path, required=True,
                         help="a checkout of SeokwonJung-Jay/meme-eval (src/data and public/<name>), or one "
                              "src/data/<name>.json")
     parser.add_argument("--json", type=Path, metavar="FILE", help="also write the figures here")
     parser.add_argument("--lexical-only", action="store_true",
                         help="judge with the lexical judge alone (no embedding model; undecided counts as absent)")
-    parser.add_argument("--verbose", action="store_true")
-    args = parser.parse_args(argv)
-    setup_logging(args.verbose)
+    args = parse_command(parser, argv)
     report = run(args.path, lexical_only=args.lexical_only)
     console = Console(width=None if sys.stdout.isatty() else 160)
     console.print(summary_line(report))

@@ -11,7 +11,12 @@ a fresh temporary file, so every figure is a real model call.
 
 from __future__ import annotations
 
-import argparse
+import os
+
+from optloop.offline import offline_defaults
+
+os.environ.update(offline_defaults())  # first: litellm, mem0 and Hugging Face read them when imported
+
 import json
 import sys
 import tempfile
@@ -24,7 +29,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from experiments.bench._common import bench_lm, parse_systems, run_episode
-from optloop.cli import add_lm_arguments, run_cli, setup_logging
+from optloop.cli import CommandParser, parse_command, run_cli
 from optloop.datasets import load_dataset
 from optloop.lm import OptloopLM
 from systems import SYSTEMS, get_system
@@ -56,15 +61,11 @@ def bench_system(name: str, dataset_uri: str, lm: OptloopLM, work: Path, progres
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m experiments.bench.systems", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_lm_arguments(parser)
+    parser = CommandParser("python -m experiments.bench.systems", __doc__, lm=True)
     parser.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated (default: all six)")
     parser.add_argument("--dataset", default="builtin:tiny", help="dataset URI (default builtin:tiny)")
     parser.add_argument("--json", type=Path, help="also write the figures to this JSON file")
-    parser.add_argument("--verbose", action="store_true")
-    args = parser.parse_args(argv)
-    setup_logging(args.verbose)
+    args = parse_command(parser, argv)
     names = parse_systems(args.systems)  # unknown names fail here, before any work
 
     rows = []

@@ -12,7 +12,7 @@ and, beside it, ``recording.json``: the dataset, the model identity, the date an
 The default dataset, ``synthetic:suite?seed=0``, has 9 short episodes (1 or 2 sessions, 1 or 2 questions),
 so graphiti on the embedded LM records in minutes.
 
-``replay`` serves that cache from :mod:`experiments.bench.replay_server` on loopback (answers after
+``replay`` serves that cache from :mod:`optloop.testing.replay` on loopback (answers after
 ``--latency-ms`` +- ``--jitter-ms``, and HTTP 429 with ``Retry-After`` on a ``--rate-429`` fraction of
 requests, all fixed by ``--seed`` and the request) and runs the same evaluation through it, uncached,
 at every N (and every 429 rate), each on a fresh server, store directory and LM. Per row:
@@ -47,6 +47,12 @@ mem0's extraction prompt carries the day's date (UTC), so its recording replays 
 
 from __future__ import annotations
 
+import os
+
+from optloop.offline import offline_defaults
+
+os.environ.update(offline_defaults())  # first: litellm, mem0 and Hugging Face read them when imported
+
 import argparse
 import json
 import logging
@@ -54,7 +60,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -64,8 +70,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from experiments.bench._common import parse_systems
-from experiments.bench.replay_server import ReplayConfig, ReplayServer, load_cache
-from optloop.cli import run_cli, setup_logging
+from optloop.cli import CommandParser, parse_command, run_cli
 from optloop.datasets import Dataset, load_dataset
 from optloop.embed import Embedder, get_embedder
 from optloop.errors import ConfigError
@@ -75,6 +80,7 @@ from optloop.loop.evaluate import Evaluation, Evaluator
 from optloop.loop.spend import evaluation_seconds
 from optloop.paths import state_dir, write_atomic
 from optloop.pipeline import EpisodeResult
+from optloop.testing.replay import ReplayConfig, ReplayServer, load_cache
 from systems import get_system
 
 logger = logging.getLogger(__name__)
@@ -193,7 +199,7 @@ def _round(value: float | None) -> float | None:
 
 
 def today() -> str:
-    return datetime.now(timezone.utc).date().isoformat()
+    return datetime.now(UTC).date().isoformat()
 
 
 def chain(result: EpisodeResult) -> int:
@@ -457,8 +463,7 @@ def print_table(rows: Sequence[Row], results: dict[str, Any], console: Console) 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m experiments.bench.throughput", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser("python -m experiments.bench.throughput", __doc__)
     steps = parser.add_subparsers(dest="step", required=True)
     rec = steps.add_parser("record", help="record each system's evaluation on the embedded LM into an LM cache")
     rep = steps.add_parser("replay", help="replay it through a loopback endpoint at each N")
@@ -466,7 +471,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         sub.add_argument("--systems", default=DEFAULT_SYSTEMS, help=f"comma-separated (default {DEFAULT_SYSTEMS})")
         sub.add_argument("--cache", type=Path, default=None,
                          help="the recording's LM cache (default $OPTLOOP_HOME/throughput/lm_cache.sqlite)")
-        sub.add_argument("--verbose", action="store_true")
     rec.add_argument("--dataset", default=DEFAULT_DATASET, help=f"dataset URI (default {DEFAULT_DATASET})")
     rec.add_argument("--lm", default="local", help="LM spec to record from (default: the embedded model)")
     rep.add_argument("--n", default=DEFAULT_N, help=f"concurrencies (default {DEFAULT_N})")
@@ -483,8 +487,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rep.add_argument("--update", action="store_true",
                      help="keep the --json file's rows of other systems (replayed with the same settings, perhaps "
                           "from another recording) and replace only these systems'")
-    args = parser.parse_args(argv)
-    setup_logging(args.verbose)
+    args = parse_command(parser, argv)
     args.cache = args.cache or state_dir() / "throughput" / "lm_cache.sqlite"
     console = Console()
     return record(args, console) if args.step == "record" else replay(args, console)

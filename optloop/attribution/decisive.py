@@ -41,7 +41,7 @@ No LLM is called unless an LLM judge is configured
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from optloop.attribution.evidence import Evidence, find_evidence
 from optloop.attribution.judges import JudgeChain, content_tokens
@@ -293,7 +293,8 @@ class _Walk:
                 "superseded": "a superseded value", "dead_branch": "a value written by a failed or rolled-back run"}[kind]
         seen = (f"The answer {self.prediction!r} states {value!r}, {what}, which memory {item.get('id')} "
                 f"({str(item.get('text', ''))[:160]!r}, rank {item.get('rank')}) put in its positive context")
-        details = {"contaminant": item.get("id"), "value": value, "kind": kind, "rank": item.get("rank")}
+        details: dict[str, Any] = {"contaminant": item.get("id"), "value": value, "kind": kind,
+                                   "rank": item.get("rank")}
         decision = decisions.get(str(item.get("id"))) if gate is not None else None
         if gate is not None and decision is not None and decision.get("by") in ("llm", "default"):
             how = "admitted it" if decision.get("by") == "llm" else "gave no verdict on it, so it was admitted by default"
@@ -315,7 +316,7 @@ class _Walk:
                                f"{seen}. The retrieval ranked the evidence higher (rank {min(carried)}) and has no "
                                f"notion of status or workspace; top_k={retrieve.knobs['top_k']} let the stale memory in "
                                "below it. Lower top_k, or gate what retrieval returns.", **details)
-        knob = search_knob(retrieve)
+        knob = search_knob(self.graph, retrieve)
         return self.result(ErrorType.CONTAMINATION, retrieve, knob_target(knob) if knob else None,
                            f"{seen}. The retrieval returned it and has no notion of status or workspace. Tune the search "
                            f"({knob or 'its parameters'}), or gate what retrieval returns.", **details)

@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 from pydantic import ValidationError
 
@@ -253,6 +253,14 @@ def shared_data_dirs() -> list[Path]:
         if c not in out:
             out.append(c)
     return out
+
+
+@overload
+def int_param(uri: str, params: dict[str, str], name: str, minimum: int, default: int) -> int: ...
+
+
+@overload
+def int_param(uri: str, params: dict[str, str], name: str, minimum: int, default: None = None) -> int | None: ...
 
 
 def int_param(uri: str, params: dict[str, str], name: str, minimum: int, default: int | None = None) -> int | None:

@@ -12,7 +12,8 @@ Contracts (checked when an ``Episode`` is built, so a bad file fails at load tim
 - every ``Question.evidence_ids`` entry names a turn of the episode;
 - ``scorer == "multiple_choice"`` needs ``options`` (2..26 of them) and a gold that
   is one of their letters (``"A"``, ``"B"``, ...);
-- ``abstain`` questions (the right answer is "I don't know") use ``scorer="abstain"``.
+- ``abstain`` questions (the right answer is "I don't know") use ``scorer="abstain"``;
+- every other question has a gold answer that is not blank.
 """
 
 from __future__ import annotations
@@ -94,6 +95,10 @@ class Question(BaseModel):
     @model_validator(mode="after")
     def _check_task(self) -> Question:
         # Messages start with the field they are about; loaders turn that into the location.
+        if not self.gold.strip() and self.scorer != "abstain":
+            raise ValueError("gold: empty, so every answer would be graded wrong; give the "
+                             "expected answer, or mark a question whose right answer is \"I don't "
+                             "know\" with \"abstain\": true")
         if self.scorer == "multiple_choice":
             if not self.options or not 2 <= len(self.options) <= len(LETTERS):
                 raise ValueError("options: a multiple_choice question needs 2 to 26 options")

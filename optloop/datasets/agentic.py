@@ -460,7 +460,7 @@ def _episode_record(rng: random.Random, episode_id: str, categories: Sequence[st
             for ws, key, value, branch, template in run:
                 facts.append(AgenticFact(id=f"f{len(facts) + 1:03d}", run=f"r{run_no:03d}", key=key, value=value,
                                          content=_KEYS[key][2][template].format(v=value), workspace=ws,
-                                         path=_KEYS[key][0], branch=branch))  # type: ignore[arg-type]
+                                         path=_KEYS[key][0], branch=branch))
     facts = [f.model_copy(update={"status": "superseded"}) if _superseding(facts, i) else f
              for i, f in enumerate(facts)]
     probe_records = [AgenticProbe(id=f"{episode_id}:p{j + 1}", question=_KEYS[key][1], gold=gold, workspace=ws,

@@ -38,31 +38,15 @@ stated) -> ``abstain``.
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any, get_args
 
 from optloop.datasets._io import dataset_error, existing_file, read_json, read_json_records, record_context, require
 from optloop.datasets._model import Episode, Question, ScorerName, Session, Turn
+from optloop.datasets.meme_published import is_published, load_published
+from optloop.datasets.meme_tasks import ABSTAIN_TASKS, TASK_SCORERS, task_name
 
-TASK_SCORERS: dict[str, ScorerName] = {
-    "exact_recall": "contains",
-    "aggregation": "contains_all",
-    "tracking": "contains",
-    "deletion": "abstain",
-    "cascade": "contains",
-    "absence": "abstain",
-}
-ABSTAIN_TASKS = frozenset({"deletion", "absence"})
-_ALIASES = {"recall": "exact_recall", "exact": "exact_recall", "update": "tracking", "delete": "deletion", "absent": "absence"}
 SESSION_KINDS = frozenset({"filler", "evidence", "probe-before", "probe-after"})
-
-
-def task_name(raw: str) -> str | None:
-    """The canonical MEME task for ``raw`` ("Exact recall" -> "exact_recall"), or None."""
-    name = re.sub(r"[\s\-]+", "_", raw.strip().lower())
-    name = _ALIASES.get(name, name)
-    return name if name in TASK_SCORERS else None
 
 
 def _int_list(value: Any, source: Path, where: str, field: str) -> list[int]:
@@ -192,8 +176,6 @@ def _question_evidence(
 def load_meme(rest: str, params: dict[str, str]) -> tuple[str, list[Episode]]:
     """Load a MEME JSON/JSONL file, or the authors' published layout (a checkout directory
     or its ``src/data/<name>.json``, see :mod:`optloop.datasets.meme_published`)."""
-    from optloop.datasets.meme_published import is_published, load_published
-
     if rest and Path(rest).expanduser().is_dir():
         return load_published(Path(rest).expanduser())
     path = existing_file(rest, "meme")

@@ -24,7 +24,6 @@ parts of its evidence (see :func:`evidence_parts`); ``evidence_ids`` are their t
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,25 +31,11 @@ from typing import Any
 
 from optloop.datasets._io import dataset_error, read_json, record_context, require
 from optloop.datasets._model import Episode, EvidencePart, Question, Session, Turn
-from optloop.datasets.meme import ABSTAIN_TASKS, TASK_SCORERS
+from optloop.datasets.meme_tasks import ABSTAIN_TASKS, TASK_SCORERS, published_task
 
 PUBLISHED_KEYS = ("episode", "sessions", "results")
 PHASES = ("before", "after")
-_TASKS = {
-    "exact": "exact_recall",
-    "multi-hop": "aggregation",
-    "multiple-update": "tracking",
-    "deletion": "deletion",
-    "cascade-d": "cascade",
-    "cascade-u": "absence",
-}
 STAGES = ("encoding", "maintenance", "retrieval", "answering")
-
-
-def published_task(raw: str) -> str | None:
-    """MEME's task for a published ``task_type`` ("Cascade-D (1-hop)" -> "cascade"), or None."""
-    base = re.sub(r"\(.*?\)", " ", raw).strip().lower()
-    return _TASKS.get(re.sub(r"\s+", "-", base))
 
 
 @dataclass(frozen=True)

@@ -51,7 +51,6 @@ from optloop.datasets.scorers import normalize_answer
 from optloop.errors import DatasetError
 
 TurnRef = tuple[int, int]  # (session idx, 0-based turn index)
-MEME_TASKS = ("exact_recall", "aggregation", "tracking", "deletion", "cascade", "absence")
 DOMAINS = ("workplace", "household")
 SUITE_CHECKS = (
     "store",
@@ -594,5 +593,5 @@ def load_synthetic(rest: str, params: dict[str, str]) -> tuple[str, list[Episode
     if domain is not None and domain not in DOMAINS:
         raise dataset_error(uri, None, "domain", f"unknown domain {domain!r} (one of: {', '.join(DOMAINS)})")
     records = meme_records(seed, int_param(uri, params, "episodes", 1, 4), int_param(uri, params, "fillers", 0, 2), domain)
-    episodes = [episode_from_record(r, uri, f"episode {i}", f"meme-{i}") for i, r in enumerate(records)]
-    return f"synthetic:meme?seed={seed}", episodes
+    memes = [episode_from_record(r, uri, f"episode {i}", f"meme-{i}") for i, r in enumerate(records)]
+    return f"synthetic:meme?seed={seed}", memes

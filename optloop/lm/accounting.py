@@ -18,6 +18,7 @@ import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from fractions import Fraction
+from types import EllipsisType
 
 _CURRENT_SITE: contextvars.ContextVar[str | None] = contextvars.ContextVar("optloop_prompt_site", default=None)
 _COLLECTORS: contextvars.ContextVar[tuple[list[CallRecord], ...]] = contextvars.ContextVar(
@@ -195,7 +196,7 @@ class Accounting:
         for collector in _COLLECTORS.get():
             collector.append(record)
 
-    def totals(self, site: str | None = ..., since: int = 0) -> Usage:  # type: ignore[assignment]
+    def totals(self, site: str | None | EllipsisType = ..., since: int = 0) -> Usage:
         """Totals over records ``since`` an index (see :meth:`mark`), optionally for one site."""
         usage = Usage()
         with self._lock:

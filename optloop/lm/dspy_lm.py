@@ -54,7 +54,7 @@ class OptloopLM(dspy.LM):
 
     @property
     def optloop_engine(self) -> OptloopEngine:
-        return self.engine  # type: ignore[return-value]
+        return self.engine
 
     @property
     def backend(self) -> Backend:
@@ -123,7 +123,7 @@ class OptloopLM(dspy.LM):
         ``--concurrency`` may ask for; this one has ``max(32, 4 x concurrency)`` (shared with
         :meth:`acall`). The calling task's context (prompt site, collectors) goes with ``fn``.
         """
-        engine: AsyncOptloopEngine = self._async_engine_spec  # type: ignore[assignment]
+        engine: AsyncOptloopEngine = self._async_engine_spec
         return await engine.run(fn, *args, **kwargs)
 
     # --- optloop's direct calls -------------------------------------------------------------
@@ -195,7 +195,7 @@ class OptloopLM(dspy.LM):
         DSPy's optimizers copy LMs to sample (SIMBA: ``lm.copy(rollout_id=r, temperature=1.0)``);
         a deep copy would duplicate the loaded model.
         """
-        return super().copy(**kwargs)  # type: ignore[return-value]
+        return super().copy(**kwargs)
 
     def __deepcopy__(self, memo: dict[int, Any]) -> OptloopLM:
         return self.copy()

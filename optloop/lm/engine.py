@@ -48,7 +48,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, cast
 
 from tenacity import RetryCallState, RetryError, Retrying, retry_if_exception
 
@@ -224,9 +224,13 @@ class OptloopEngine:
             self.throttle.settle(estimate, spent)
             return response
 
+        def failure(rs: RetryCallState) -> BaseException:
+            """The exception of the attempt that failed (tenacity waits and stops only after one)."""
+            return cast(BaseException, rs.outcome.exception())  # type: ignore[union-attr]
+
         def wait(rs: RetryCallState) -> float:
             nonlocal last_retry_after
-            exc = rs.outcome.exception()  # type: ignore[union-attr]
+            exc = failure(rs)
             last_retry_after = backend.retry_after(exc)
             if backend.is_rate_limited(exc):
                 return self.backoff.rate_limited(rate_limited, last_retry_after)
@@ -235,13 +239,13 @@ class OptloopEngine:
         def stop(rs: RetryCallState) -> bool:
             if timeouts >= 2:  # an endpoint that hung twice in a row is taken as unreachable
                 return True
-            if backend.is_rate_limited(rs.outcome.exception()):  # type: ignore[union-attr]
+            if backend.is_rate_limited(failure(rs)):
                 return limit_wait + (rs.upcoming_sleep or 0.0) > settings.rate_limit_wait_s
             return len(faults) > settings.max_retries
 
         def before_sleep(rs: RetryCallState) -> None:
             nonlocal limit_wait
-            if backend.is_rate_limited(rs.outcome.exception()):  # type: ignore[union-attr]
+            if backend.is_rate_limited(failure(rs)):
                 limit_wait += rs.upcoming_sleep
                 logger.info("LM call to %s rate limited (HTTP 429, %d in this call); retrying in %.1fs",
                             backend.identity, rate_limited, rs.upcoming_sleep)

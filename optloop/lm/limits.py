@@ -35,9 +35,9 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
-from tenacity import wait_exponential
+from tenacity import RetryCallState, wait_exponential
 
 # A Retry-After honoured on a fault other than 429 (a 503 from an overloaded server) is capped here.
 MAX_FAULT_RETRY_AFTER_S = 60.0
@@ -90,7 +90,8 @@ class TokenBucket:
 
 
 def estimate_tokens(messages: list[dict[str, Any]], schema: dict[str, Any] | None, max_tokens: int) -> int:
-    """What a provider counts against a tokens-per-minute limit before the answer: ~4 characters a token, plus max_tokens."""
+    """What a provider counts against a tokens-per-minute limit before the answer: ~4 characters a
+    token, plus max_tokens."""
     chars = sum(len(m.get("content") or "") if isinstance(m.get("content"), str) else len(json.dumps(m.get("content")))
                 for m in messages)
     if schema:
@@ -143,9 +144,11 @@ def shared_throttle(endpoint: str, *, rpm: float | None, tpm: int | None, concur
 
 
 def parse_retry_after(headers: Mapping[str, str] | None, *, now: datetime | None = None) -> float | None:
-    """Seconds a ``Retry-After`` (delta-seconds or an HTTP date) or ``retry-after-ms`` header asks to wait; None if absent.
+    """Seconds a ``Retry-After`` (delta-seconds or an HTTP date) or ``retry-after-ms`` header asks
+    to wait; None if absent.
 
-    ``retry-after-ms`` (OpenAI's, more precise) wins; a date in the past means 0; an unparseable value means absent.
+    ``retry-after-ms`` (OpenAI's, more precise) wins; a date in the past means 0; an unparseable
+    value means absent.
     """
     if not headers:
         return None
@@ -173,6 +176,11 @@ def parse_retry_after(headers: Mapping[str, str] | None, *, now: datetime | None
     if when.tzinfo is None:
         when = when.replace(tzinfo=timezone.utc)
     return max(0.0, (when - (now or datetime.now(timezone.utc))).total_seconds())
+
+
+def _attempt(n: int) -> RetryCallState:
+    """The ``n``-th attempt as tenacity's waits see it (they read only ``attempt_number``)."""
+    return cast(RetryCallState, SimpleNamespace(attempt_number=n))
 
 
 @dataclass
@@ -209,15 +217,15 @@ class Backoff:
     def rate_limited(self, n: int, retry_after: float | None) -> float:
         """The sleep after a call's ``n``-th HTTP 429 (1-based)."""
         if retry_after is None:
-            return self._uniform(0, self._rate_limited(SimpleNamespace(attempt_number=max(1, n))))
+            return self._uniform(0, self._rate_limited(_attempt(max(1, n))))
         wait = retry_after + self._uniform(0, min(1.0, 0.1 * retry_after))
         if n > self.HONOURED_FREELY:
-            floor = self._rate_limited(SimpleNamespace(attempt_number=n - self.HONOURED_FREELY))
+            floor = self._rate_limited(_attempt(n - self.HONOURED_FREELY))
             wait = max(wait, self._uniform(0, floor))
         return wait
 
     def fault(self, n: int, retry_after: float | None) -> float:
-        wait = self._uniform(0, self._faults(SimpleNamespace(attempt_number=max(1, n))))
+        wait = self._uniform(0, self._faults(_attempt(max(1, n))))
         if retry_after is not None:
             wait = max(wait, min(retry_after, MAX_FAULT_RETRY_AFTER_S))
         return wait

@@ -4,10 +4,9 @@ litellm (installed with mlflow) ships ``model_prices_and_context_window_backup.j
 maintained price table of its ``litellm.model_cost``. Importing litellm fetches the newest
 table from GitHub first (and, offline, retries for seconds before falling back); optloop
 never imports it for prices: the packaged file is located with ``importlib.util.find_spec``
-(which does not run the package) and parsed once. Importing this module also sets
-``LITELLM_LOCAL_MODEL_COST_MAP=True`` unless the environment says otherwise, so a library
-that imports litellm later in the process (mem0 with a litellm provider) does not go to the
-network either.
+(which does not run the package) and parsed once. A library that imports litellm later in
+the process (mem0 with a litellm provider) stays offline by optloop's commands setting
+``LITELLM_LOCAL_MODEL_COST_MAP=True`` first (:mod:`optloop.offline`).
 
 A model is priced when its name, as sent to the endpoint, is a key of the table with a
 per-token price (``gpt-4o-mini``, ``gpt-4o-mini-2024-07-18``, ``deepseek-chat``), or is one
@@ -22,15 +21,12 @@ import importlib.metadata
 import importlib.util
 import json
 import logging
-import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 logger = logging.getLogger(__name__)
-
-os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 PRICE_FILE = "model_prices_and_context_window_backup.json"
 
@@ -86,7 +82,8 @@ def price_table() -> dict[str, Any]:
 
 
 def price_source() -> str:
-    """Where prices come from, for a run's parameters: ``litellm 1.106.2 model_prices_and_context_window_backup.json``."""
+    """Where prices come from, for a run's parameters:
+    ``litellm 1.106.2 model_prices_and_context_window_backup.json``."""
     if price_file() is None:
         return "none (litellm not installed)"
     try:

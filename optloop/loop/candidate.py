@@ -101,7 +101,7 @@ def _diff_lines(text: str) -> list[str]:
 
 def prompt_diff(before: Mapping[str, str], after: Mapping[str, str]) -> str:
     """A unified diff of every site whose prompt text changed (sentence by sentence: :func:`_diff_lines`)."""
-    chunks = []
+    chunks: list[str] = []
     for name in sorted(set(before) | set(after)):
         a, b = before.get(name, ""), after.get(name, "")
         if a != b:

@@ -10,19 +10,20 @@ talks to sits behind small interfaces, so tests drive it with fakes
 (``tests/optloop/loop/test_controller.py``) and :class:`optloop.loop.runner.Loop` wires the
 real ones:
 
-=========================== ================================================ ==========================================
-interface                   does                                             real implementation
-=========================== ================================================ ==========================================
-:class:`CandidateEvaluator` one candidate over a named split -> Evaluation   ``runner.SplitEvaluator`` (the Evaluator)
-:class:`TrackingSink`       records the run (parent metrics, child runs,     :class:`optloop.loop.mlflow_sink.MlflowSink`
-                            artifacts, the prompt registry)
-:class:`Coordinator`        who evaluates the baseline, who may take the     :class:`optloop.loop.coordinator.LocalCoordinator`,
-                            next trial, who finishes                         :class:`~optloop.loop.coordinator.SharedCoordinator`
-``make_optimizer``          an :class:`~optloop.loop._base.Optimizer` for    ``Loop._optimizer`` (``OPTIMIZERS``)
-                            (sites, knobs)
-:class:`RunContext`         config, checkpoint, start program, progress,     built by ``Loop``
-                            cost
-=========================== ================================================ ==========================================
+=========================== ========================================= ==============================
+interface                   does                                      real implementation
+=========================== ========================================= ==============================
+:class:`CandidateEvaluator` one candidate over a named split ->       ``runner.SplitEvaluator``
+                            Evaluation                                (the Evaluator)
+:class:`TrackingSink`       records the run (parent metrics, child    ``mlflow_sink.MlflowSink``
+                            runs, artifacts, the prompt registry)
+:class:`Coordinator`        who evaluates the baseline, who may take  ``coordinator.LocalCoordinator``,
+                            the next trial, who finishes              ``coordinator.SharedCoordinator``
+``make_optimizer``          an :class:`~optloop.loop._base.Optimizer` ``Loop._optimizer``
+                            for (sites, knobs)                        (``OPTIMIZERS``)
+:class:`RunContext`         config, checkpoint, start program,        built by ``Loop``
+                            progress, cost
+=========================== ========================================= ==============================
 
 **Checkpoint discipline** (why a resumed run equals an uninterrupted one). Every
 evaluation is written to the checkpoint as soon as it returns. A trial is appended to the

@@ -196,7 +196,7 @@ class EditOptimizer(Optimizer):
             out.append(Edit(start.delete(k).text, [f"del {k}"], count, reason))
         out.append(Edit(self.default_instruction(site), ["del all (the signature's default instruction)"]))
         for k in range(self.extra):
-            text, ops = start, []
+            text, ops = start, list[str]()
             for _ in range(self.rng.choice((1, 2))):  # GrIPS's num_compose
                 present = {(u.body, u.kind) for u in text.editable}
                 gone = [p for p in pool if p not in present]  # units an earlier edit deleted: "add" puts one back

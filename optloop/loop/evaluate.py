@@ -267,7 +267,7 @@ class Evaluator:
                     prepare=self._prepare(candidate, modules), on_lm_error="fail", keep="faulted",
                     save_graph=lambda graph, episode: self._save_graph(graph, split, candidate, episode),
                     label={"split": split, "candidate": candidate.digest(), "origin": candidate.origin},
-                    where=f" under candidate {candidate.origin}", on_question=progress and (lambda: progress(1))):
+                    where=f" under candidate {candidate.origin}", on_question=(lambda: progress(1)) if progress else None):
                 outcomes += result.outcomes
                 if on_episode is not None:
                     on_episode(result)

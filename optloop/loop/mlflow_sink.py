@@ -2,8 +2,8 @@
 
 It writes into the active parent run (``Loop`` starts and ends it): ``acc_dev`` with step =
 trial, the blame and targets, one nested child run per trial, and at the end the parent
-metrics, artifacts, tags and the prompt registry. Metric and artifact names, and the helpers
-that build them, are in :mod:`optloop.loop.record`. See ``docs/architecture.md``.
+metrics, artifacts, tags and the prompt registry. Metric names are listed in
+:mod:`optloop.loop.metric_names`, built by :mod:`optloop.loop.metrics`. See ``docs/architecture.md``.
 """
 
 from __future__ import annotations
@@ -15,8 +15,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from optloop import artifacts
-from optloop.loop import record
+from optloop.loop import metrics
 from optloop.loop.candidate import Candidate
+from optloop.loop.metric_names import metric_key
+from optloop.loop.prompt_registry import register_prompts
 
 if TYPE_CHECKING:
     import dspy
@@ -50,7 +52,7 @@ class MlflowSink:
     def log_targets(self, targeting: Targeting) -> None:
         import mlflow
 
-        mlflow.log_metrics(record.blame_metrics(targeting.entries, targeting.errors))
+        mlflow.log_metrics(metrics.blame_metrics(targeting.entries, targeting.errors))
         mlflow.set_tags({"optloop.targets": ",".join(targeting.targets) or "-",
                          "optloop.tunable_sites": ",".join(targeting.sites),
                          "optloop.tunable_knobs": ",".join(targeting.knobs) or "-",
@@ -81,12 +83,12 @@ class MlflowSink:
         mlflow.log_params({"trial": trial, "origin": candidate.origin, "candidate": candidate.digest(),
                            "changed_sites": ",".join(changed) or "-",
                            "changed_knobs": json.dumps({k: candidate.knobs[k] for k in candidate.changed_knobs(base)})})
-        mlflow.log_metrics({**record.evaluation_metrics(evaluation), **record.cost_metrics(evaluation),
-                            **record.blame_metrics(evaluation.blame(), evaluation.error_counts())})
-        record.log_json(candidate.model_dump(mode="json"), artifacts.CANDIDATE)
-        record.log_text(diff, artifacts.PROMPTS_DIFF)
-        record.log_json(record.attribution_report([evaluation], evaluation.blame()), artifacts.ATTRIBUTION)
-        record.log_text(record.questions_csv(evaluation), artifacts.QUESTIONS_DEV)
+        mlflow.log_metrics({**metrics.evaluation_metrics(evaluation), **metrics.cost_metrics(evaluation),
+                            **metrics.blame_metrics(evaluation.blame(), evaluation.error_counts())})
+        metrics.log_json(candidate.model_dump(mode="json"), artifacts.CANDIDATE)
+        metrics.log_text(diff, artifacts.PROMPTS_DIFF)
+        metrics.log_json(metrics.attribution_report([evaluation], evaluation.blame()), artifacts.ATTRIBUTION)
+        metrics.log_text(metrics.questions_csv(evaluation), artifacts.QUESTIONS_DEV)
 
     def discard_trial(self, trial: int) -> None:
         """End as KILLED, then delete, every child run named ``trial-<trial>`` under the parent run (one a kill
@@ -118,32 +120,32 @@ class MlflowSink:
                             "acc_dev_best_final": max(summary.best_curve), "acc_test_before": before.accuracy,
                             "acc_test_after": after.accuracy, "delta_test": after.accuracy - before.accuracy,
                             "n_dev": summary.baseline_dev.n, "n_test": before.n,
-                            **record.interval_metrics("delta_test", summary.delta_test_ci),
-                            **record.interval_metrics("acc_test_before", summary.test_before_ci),
-                            **record.interval_metrics("acc_test_after", summary.test_after_ci),
+                            **metrics.interval_metrics("delta_test", summary.delta_test_ci),
+                            **metrics.interval_metrics("acc_test_before", summary.test_before_ci),
+                            **metrics.interval_metrics("acc_test_after", summary.test_after_ci),
                             "evaluations": summary.evaluations, **summary.cost,
-                            **record.evaluation_metrics(before, "acc_test_before"),
-                            **record.evaluation_metrics(after, "acc_test_after"),
-                            **{f"errors_test_before/{record.metric_key(t)}": n for t, n in before.error_counts().items()},
-                            **{f"errors_test_after/{record.metric_key(t)}": n for t, n in after.error_counts().items()}})
-        record.log_json(summary.texts_before, artifacts.PROMPTS_BEFORE)
-        record.log_json(summary.texts_after, artifacts.PROMPTS_AFTER)
-        record.log_text(summary.diff, artifacts.PROMPTS_DIFF)
-        record.log_json(summary.best.model_dump(mode="json"), artifacts.BEST_CANDIDATE)
-        record.log_json(record.attribution_report([summary.baseline_train, summary.baseline_dev], summary.entries),
+                            **metrics.evaluation_metrics(before, "acc_test_before"),
+                            **metrics.evaluation_metrics(after, "acc_test_after"),
+                            **{f"errors_test_before/{metric_key(t)}": n for t, n in before.error_counts().items()},
+                            **{f"errors_test_after/{metric_key(t)}": n for t, n in after.error_counts().items()}})
+        metrics.log_json(summary.texts_before, artifacts.PROMPTS_BEFORE)
+        metrics.log_json(summary.texts_after, artifacts.PROMPTS_AFTER)
+        metrics.log_text(summary.diff, artifacts.PROMPTS_DIFF)
+        metrics.log_json(summary.best.model_dump(mode="json"), artifacts.BEST_CANDIDATE)
+        metrics.log_json(metrics.attribution_report([summary.baseline_train, summary.baseline_dev], summary.entries),
                         artifacts.ATTRIBUTION_REPORT)
-        record.log_text(record.questions_csv(before, after), artifacts.QUESTIONS_TEST)
+        metrics.log_text(metrics.questions_csv(before, after), artifacts.QUESTIONS_TEST)
         plots = self.state / "plots"
         plots.mkdir(parents=True, exist_ok=True)
-        mlflow.log_artifact(str(record.plot_accuracy(summary.points, summary.best_curve,
+        mlflow.log_artifact(str(metrics.plot_accuracy(summary.points, summary.best_curve,
                                                      plots / artifacts.ACCURACY_PLOT)))
-        mlflow.log_artifact(str(record.plot_blame(summary.entries, plots / artifacts.BLAME_PLOT)))
+        mlflow.log_artifact(str(metrics.plot_blame(summary.entries, plots / artifacts.BLAME_PLOT)))
         program_path = self.state / artifacts.PROGRAM
         AllSites(self.modules(summary.best)).save(str(program_path))
         mlflow.log_artifact(str(program_path))
 
     def register(self, texts: Mapping[str, str], *, promote: bool, message: str) -> dict[str, Any]:
-        return record.register_prompts(self.system, texts, run_id=self.parent_run_id, promote=promote,
+        return register_prompts(self.system, texts, run_id=self.parent_run_id, promote=promote,
                                        message=message)
 
     def tag_result(self, promoted: bool, reason: str, note: str) -> None:

@@ -47,7 +47,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import dspy
 from pydantic import BaseModel, Field
@@ -175,7 +175,8 @@ def simba_work(shape: RunShape) -> OptimizerWork:
     made = opt.NUM_CANDIDATES + 1
     rules = made * RULE_SHARE
     names = tuple(attr_name(s) for s in shape.sites)
-    prompt = (template_tokens(advice_signature(names)) + sum(shape.instruction_tokens(s) for s in shape.sites)
+    advice: Any = advice_signature(names)  # a class made at run time: hashable, as lru_cache needs
+    prompt = (template_tokens(advice) + sum(shape.instruction_tokens(s) for s in shape.sites)
               + 2 * sum(shape.call_tokens(s) for s in shape.sites))  # the worse and the better trajectory
     return shape.work(
         opt.name, rounds=rounds, trials_per_round=1, question_runs=rounds * (opt.NUM_CANDIDATES + made) * b,

@@ -7,6 +7,7 @@ controller (:mod:`optloop.loop.controller`) and the tests call them alike. See
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Literal
@@ -21,6 +22,7 @@ from optloop.stats import Interval, bootstrap_mean, paired_bootstrap_delta
 if TYPE_CHECKING:
     from optloop.attribution import BlameEntry
     from optloop.loop.evaluate import Evaluation, Evaluator
+    from systems.base import MemorySystem
 
 FEW_QUESTIONS = 20  # fewer dev or test questions than this and a 95% CI spans more than about ±0.2
 
@@ -108,6 +110,28 @@ def start_candidate(evaluator: Evaluator, config: LoopConfig) -> Candidate:
     sites = {name: state.model_copy(update={"instructions": start_text(state.instructions, config.start[name])})
              if name in config.start else state for name, state in base.sites.items()}
     return Candidate(sites=sites, knobs=base.knobs, origin="baseline (start instructions)")
+
+
+def check_knobs(config: LoopConfig, system: type[MemorySystem]) -> None:
+    """``--knob`` names knobs of ``system``, each with a value of its default's type (a whole
+    number for ``top_k``): a :class:`ConfigError` naming the knob otherwise, before anything is
+    written."""
+    defaults = system.default_knobs
+    unknown = sorted(set(config.knobs) - set(defaults))
+    if unknown:
+        raise ConfigError(f"{config.system} has no knob(s) {unknown}; its knobs are "
+                          f"{sorted(defaults)}")
+    for name, value in config.knobs.items():
+        default = defaults[name]
+        kind = type(default)
+        fits = (default is None or value is None  # None: the knob off, where a system allows it
+                or (isinstance(value, kind) and isinstance(value, bool) == (kind is bool))
+                or (kind is float and isinstance(value, int) and not isinstance(value, bool)))
+        if not fits:
+            what = {bool: "true or false", int: "a whole number", float: "a number",
+                    str: "a text"}.get(kind, kind.__name__)
+            raise ConfigError(f"--knob {name}={value!r}: {config.system}'s {name} takes {what}, "
+                              f"e.g. --knob {name}={json.dumps(default)}")
 
 
 def check_start(config: LoopConfig, sites: list[str]) -> None:

@@ -45,18 +45,21 @@ from __future__ import annotations
 import fcntl
 import json
 import logging
+import tempfile
 import time
 from collections.abc import Callable
+from contextlib import nullcontext, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import dspy
 
-from optloop import artifacts
+from optloop import artifacts, outside
 from optloop.datasets import Dataset, load_dataset
 from optloop.errors import ConfigError
 from optloop.lm import redact_url
+from optloop.loop import checkpoint_guard
 from optloop.loop._base import default_threads
 from optloop.loop.candidate import Candidate, prompt_text
 from optloop.loop.controller import Controller, RunContext, Split
@@ -66,8 +69,9 @@ from optloop.loop.evaluate import Evaluation, Evaluator
 from optloop.loop.mlflow_sink import MlflowSink
 from optloop.loop.optimizers import OPTIMIZERS, Optimizer
 from optloop.loop.overhead import modeled_work, run_shape
-from optloop.loop.policy import (FEW_QUESTIONS, check_start, choose_targets, held_out_intervals, promotion, questions,
-                                 small_split_warning, split_dataset, start_candidate)
+from optloop.loop.policy import (FEW_QUESTIONS, check_knobs, check_start, choose_targets,
+                                 held_out_intervals, promotion, questions, small_split_warning,
+                                 split_dataset, start_candidate)
 from optloop.loop.spend import STOPPED_BY, OptimizerWork, RunStopped, SpendingLimits, measured_work
 from optloop.loop.state import MAX_BUDGET, Checkpoint, LoopConfig, LoopResult, Trial, Tried, check_fractions
 from optloop.paths import state_dir
@@ -153,12 +157,30 @@ def unfinished_runs(runs: Path, config: LoopConfig) -> list[Unfinished]:
     return [u for _, u in sorted(found, key=lambda pair: pair[0], reverse=True)]
 
 
+def check_start_sites(cfg: LoopConfig, lm: Any) -> None:
+    """Refuse (:class:`ConfigError`) a ``--start`` or ``--sites`` naming no site of the system, a ``--knob``
+    the system lacks or of the wrong type, or ``--query-rewrite`` on a system that never searches, before any
+    state of the run is written: the system is built with ``lm`` (its LM calls none) in a throwaway
+    directory."""
+    check_knobs(cfg, get_system(cfg.system))
+    if not (cfg.start or cfg.query_rewrite or cfg.sites):
+        return
+    with tempfile.TemporaryDirectory(prefix="optloop-sites-") as tmp:
+        probe = get_system(cfg.system)(lm, Path(tmp), query_site=cfg.query_rewrite)
+        sites = list(probe.prompt_sites())
+        check_start(cfg, sites)
+        if cfg.sites:
+            choose_targets([], cfg, sites)  # refuses an unknown --sites name
+        getattr(probe, "close", lambda: None)()
+
+
 class Loop:
     """One ``optloop.run``: see the module docstring."""
 
     def __init__(self, config: LoopConfig, lm: Any, proposer: Any, *, work: Path | None = None,
                  progress: Callable[[str], None] | None = None, auto_named: bool = False,
-                 limits: SpendingLimits | None = None):
+                 limits: SpendingLimits | None = None,
+                 prepared: tuple[Dataset, Dataset, Dataset, Dataset] | None = None):
         self.config = config
         self.limits = limits or SpendingLimits()  # this process's --max-cost, --max-calls, --estimate
         self.auto_named = auto_named  # the run name was made up: the same command (no --run-name) resumes it
@@ -169,28 +191,25 @@ class Loop:
         self.progress = progress or (lambda msg: None)
         self.started = time.perf_counter()
         self._lock: Any = None
-        self._prepared: tuple[Dataset, Dataset, Dataset, Dataset] | None = None
+        # the dataset and its train, dev and test splits, once loaded and checked (see prepare)
+        self._prepared = prepared
         self.site_stages: dict[str, str] = {}  # the system's prompt sites and their stages, once the run has begun
         self.start: Candidate | None = None  # the program the run starts from, once the run has begun
+        # One line to the user (optloop.run prints it; a library caller gets a warning).
+        self.announce: Callable[[str], None] = lambda line: logger.warning("%s", line)
 
     # --- the run --------------------------------------------------------------------------
 
     def prepare(self) -> None:
-        """Load and split the dataset and check ``--start``: everything the run would refuse is refused here,
-        before any state of the run is written (``run`` calls it when the caller did not)."""
+        """Load and split the dataset and check ``--start``, ``--sites`` and ``--knob``: everything
+        the run would refuse is refused here, before any state of the run is written (``run`` calls
+        it when the caller did not)."""
         if self._prepared is not None:
             return
         cfg = self.config
         dataset = load_dataset(cfg.dataset)
         train, dev, test = split_dataset(dataset, cfg)
-        if cfg.start or cfg.query_rewrite:  # an unknown site or a system without a search is refused before any
-            # state of the run is written
-            import tempfile
-
-            with tempfile.TemporaryDirectory(prefix="optloop-sites-") as tmp:
-                probe = get_system(cfg.system)(self.lm, Path(tmp), query_site=cfg.query_rewrite)
-                check_start(cfg, list(probe.prompt_sites()))
-                getattr(probe, "close", lambda: None)()
+        check_start_sites(cfg, self.lm)
         self._prepared = (dataset, train, dev, test)
 
     def run(self) -> LoopResult:
@@ -204,6 +223,12 @@ class Loop:
             return self._run(*self._prepared)
         finally:
             self._lock.close()
+            # Stopped before its first checkpoint (a full disk, a store that cannot be made): leave
+            # no empty run directory behind.
+            with suppress(OSError):
+                if [p.name for p in self.state.iterdir()] == [".lock"]:
+                    (self.state / ".lock").unlink()
+                    self.state.rmdir()
 
     def _claim_state_dir(self) -> Path:
         """The run directory, or for another worker of a shared run the first free ``workers/<n>``."""
@@ -266,6 +291,11 @@ class Loop:
         mark = self.lm.accounting.mark()
         proposer_mark = self.proposer.accounting.mark() if self.proposer is not self.lm else None
         run_id = ckpt.parent_run_id or coordinator.leader_parent_run_id()
+        relog = False  # another store than the run's first: a new parent run, the trials logged again
+        if run_id and checkpoint_guard.parent_run_missing(run_id):
+            uri = mlflow.get_tracking_uri()
+            self.announce(checkpoint_guard.lost_parent_line(cfg, run_id, uri, ckpt))
+            relog, run_id, ckpt.parent_run_id = True, None, None
         if run_id:
             parent = mlflow.start_run(run_id=run_id)
         else:
@@ -278,16 +308,20 @@ class Loop:
         status = "FAILED"
         try:
             coordinator.adopt_parent_run(ckpt.parent_run_id)
-            if coordinator.leads and not ckpt.trials and not ckpt.baseline_dev:
+            if coordinator.leads and (relog or (not ckpt.trials and not ckpt.baseline_dev)):
                 self._log_params(evaluator, train, dev, test)
             self.start = start_candidate(evaluator, cfg)
+            splits = SplitEvaluator(evaluator, {"train": train, "dev": dev, "test": test},
+                                    self.progress)
+            sink = MlflowSink(cfg.system, ckpt.parent_run_id, self.state, evaluator.modules)
+            if relog:
+                checkpoint_guard.relog_trials(sink, ckpt, self.start, splits.prompt_texts,
+                                              coordinator.trial_tags())
+                ckpt.save(ckpt_path)
             context = RunContext(config=cfg, checkpoint=ckpt, path=ckpt_path, base=self.start,
                                  progress=self.progress, cost=lambda: self._cost(mark, proposer_mark),
                                  limits=self.limits)
-            controller = Controller(context, SplitEvaluator(evaluator, {"train": train, "dev": dev, "test": test},
-                                                            self.progress),
-                                    MlflowSink(cfg.system, ckpt.parent_run_id, self.state, evaluator.modules),
-                                    coordinator,
+            controller = Controller(context, splits, sink, coordinator,
                                     lambda sites, knobs: self._optimizer(evaluator, train, sites, knobs, coordinator))
             result = controller.run()
             status = "FINISHED"
@@ -303,7 +337,15 @@ class Loop:
             if status != "FINISHED" and _quiet(coordinator.finished_elsewhere):
                 status = "FINISHED"  # this worker failed after another one finished the run
             while (active := mlflow.active_run()) is not None:  # a child run an interrupt left open, then the parent
-                mlflow.end_run(status)
+                failing = status != "FINISHED"
+                try:
+                    with outside.muted("mlflow.store.db.utils") if failing else nullcontext():
+                        mlflow.end_run(status)
+                except Exception as exc:  # noqa: BLE001 - a full disk or a lost server: the run is
+                    if not failing:  # saved, and the same command, resuming it, ends it
+                        raise
+                    logger.debug("could not end MLflow run %s as %s: %s", active.info.run_id,
+                                 status, exc)
                 if active.info.run_id == parent.info.run_id:
                     break
             evaluator.close()
@@ -327,7 +369,7 @@ class Loop:
         latter is serialized by a lock file beside the store, the former retried."""
         import mlflow
 
-        from optloop import tracking
+        from optloop import tracking, tracking_store
 
         uri = mlflow.get_tracking_uri()
         lock = None
@@ -337,6 +379,9 @@ class Loop:
             lock = open(db.with_name(f".{db.name}.lock"), "a+")  # noqa: SIM115 - closed below
             fcntl.flock(lock, fcntl.LOCK_EX)
         try:
+            # The store made whole or not at all; one a full disk left half-made, mended.
+            if lock is not None and (mended := tracking_store.ensure_sqlite_store(db)):
+                self.announce(mended)
             for attempt in range(3):
                 try:
                     return tracking.experiment(f"optloop-{self.config.system}")
@@ -404,5 +449,5 @@ def _quiet(fn: Callable[[], Any]) -> Any:
 
 
 __all__ = ["FEW_QUESTIONS", "MAX_BUDGET", "Checkpoint", "Loop", "LoopConfig", "LoopResult", "SplitEvaluator", "Trial",
-           "Tried", "Unfinished", "check_fractions", "check_start", "choose_targets", "held_out_intervals", "in_use",
-           "matches", "promotion", "small_split_warning", "split_dataset", "start_candidate", "unfinished_runs"]
+           "Tried", "Unfinished", "check_fractions", "check_start", "check_start_sites", "choose_targets",
+           "held_out_intervals", "in_use", "matches", "promotion", "small_split_warning", "split_dataset", "start_candidate", "unfinished_runs"]

@@ -126,7 +126,7 @@ def _route(llm: Any, routes: dict[str, tuple[str, dict[str, Any] | None, Callabl
 
     def generate_response(messages: list[dict[str, Any]], *args: Any, **kwargs: Any) -> Any:
         first = messages[0] if messages else {}
-        route = table.get(first.get("content")) if first.get("role") == "system" else None
+        route = table.get(str(first.get("content"))) if first.get("role") == "system" else None
         if route is None:
             return original(messages, *args, **kwargs)
         text, fmt, post = route

@@ -143,11 +143,11 @@ def question_operations(graph: ExecutionGraph, question_id: str, evidence: Itera
         if vid in seen:
             continue
         seen.add(vid)
-        op = producers.get(vid)
-        if op is None or not (ingest(op) or op.id in chosen):
+        producer = producers.get(vid)
+        if producer is None or not (ingest(producer) or producer.id in chosen):
             continue
-        chosen[op.id] = op
-        todo.extend(op.inputs)
+        chosen[producer.id] = producer
+        todo.extend(producer.inputs)
 
     # downstream of the evidence, through ingest operations only
     by_input: dict[str, list[Operation]] = {}

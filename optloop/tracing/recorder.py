@@ -130,7 +130,7 @@ class Recorder:
         self._scope_ops: list[str] = []
         self._memory: dict[str, Variable] = {}  # memory id -> latest version
         self._prompts: dict[tuple[str, str], str] = {}
-        self._starts: dict[str, tuple[str | None, dict[str, Any], float, int]] = {}
+        self._starts: dict[str, tuple[str | None, dict[str, Any], float, list[CallRecord], contextvars.Token[Any]]] = {}
         self._lock = threading.Lock()
         self._tokens = threading.local()  # per thread, the ContextVar tokens of this recorder's activations
         self.graph.meta["sites"] = {}
@@ -329,7 +329,7 @@ class Recorder:
         var = self.graph.add_variable(Variable.make(
             "memory", mid, self.graph.next_version("memory", mid), text=item.text[:TEXT_LIMIT],
             data={"metadata": jsonable(item.metadata)}, session_id=session.id, timestamp=session.timestamp,
-            provenance=provenance, status=status))  # type: ignore[arg-type]
+            provenance=provenance, status=status))
         self._memory[mid] = var
         return var
 

@@ -20,6 +20,7 @@ from optloop.cli import run_cli
 from optloop.datasets import Question, Session
 from optloop.lm import Accounting, CallRecord
 from systems import SYSTEMS
+from systems.base import MemoryItem
 
 
 @pytest.fixture
@@ -137,11 +138,17 @@ class EchoSystem:
             self.lm.accounting.add(CallRecord(site="ingest", model="stub", prompt_tokens=1, completion_tokens=1,
                                               seconds=0.0, cached=False))
 
-    def retrieve(self, question: str) -> list[str]:
-        return [self.text]
+    def retrieve(self, question: str) -> list[MemoryItem]:
+        return [MemoryItem(id="all", text=self.text)]
 
-    def answer(self, question: str, memories: list[str]) -> str:
-        return memories[0]
+    def answer(self, question: str, memories: list[MemoryItem]) -> str:
+        return memories[0].text
+
+    def all_memories(self) -> list[MemoryItem]:
+        return [MemoryItem(id="all", text=self.text)]
+
+    def prompt_sites(self) -> dict:
+        return {}
 
     def close(self) -> None:  # MemorySystem's protocol: nothing held open
         pass
@@ -151,9 +158,9 @@ def test_a_stub_run_fills_both_tables_and_the_files(monkeypatch, capsys, tmp_pat
     monkeypatch.setitem(SYSTEMS, "echo", f"{__name__}:EchoSystem")
     lm = SimpleNamespace(accounting=Accounting(), backend=SimpleNamespace(identity="stub"))
     monkeypatch.setattr(baselines, "bench_lm", lambda *_a: lm)
-    out_json, out_md = tmp_path / "bl.json", tmp_path / "bl.md"
+    out_json, out_md, out_probes = tmp_path / "bl.json", tmp_path / "bl.md", tmp_path / "probes.md"
     argv = ["--systems", "echo", "--datasets", "builtin:tiny,synthetic:meme?seed=0&episodes=1",
-            "--json", str(out_json), "--markdown", str(out_md)]
+            "--json", str(out_json), "--markdown", str(out_md), "--probes", str(out_probes)]
     assert run_cli(baselines.main, argv) == 0
 
     data = json.loads(out_json.read_text())
@@ -167,5 +174,23 @@ def test_a_stub_run_fills_both_tables_and_the_files(monkeypatch, capsys, tmp_pat
     assert data["accuracy"][baselines.ALL_ROW]["echo"]["n"] == sum(d["questions"] for d in data["datasets"])
     markdown = out_md.read_text()
     assert "| task | echo |" in markdown and "| echo | 5 |" in markdown and "meme/cascade" in markdown
+    # The provenance, the accuracy's interval, and per probe: expected, got, pass, the context.
+    assert set(data["provenance"]) == {"command", "date", "commit", "model", "machine"}
+    assert data["provenance"]["model"] == "stub" and "--probes" in data["provenance"]["command"]
+    n = data["accuracy"][baselines.ALL_ROW]["echo"]["n"]
+    interval = data["accuracy_ci"]["echo"]
+    assert interval["n"] == n and interval["low"] <= interval["estimate"] <= interval["high"]
+    overall = data["accuracy"][baselines.ALL_ROW]["echo"]
+    assert interval["estimate"] == pytest.approx(overall["accuracy"], abs=1e-4)
+    probes = data["probes"]["echo"]
+    assert len(probes) == n and sum(p["pass"] for p in probes) == overall["correct"]
+    first = probes[0]
+    assert first["got"] == first["context"][0] and first["expected"] and first["question"]
+    assert data["episodes"]["echo"][0]["tiers"] == {"memory": [first["got"]]}
+    assert data["extraction"] == {}  # no extraction log in this system
+    assert markdown.startswith("- command: `python -m ")
+    table = out_probes.read_text()
+    assert "| probe | task | expected | got | pass | in context |" in table
+    assert "- MEMORY (1):" in table
     printed = capsys.readouterr().out
     assert "accuracy per task type" in printed and "cost per episode" in printed

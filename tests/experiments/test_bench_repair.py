@@ -7,6 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from experiments.bench import repair
+from optloop.faults.sabotages import SABOTAGES
 from optloop.lm import prompt_site
 from optloop.loop.candidate import Candidate, SiteState
 from optloop.loop.optimizers import PROPOSER_SITE
@@ -17,16 +18,16 @@ CLEAN = "Answer the user's question using only the memories below."
 def test_sabotages_replace_or_append_and_name_real_sites():
     from systems.base import MemorySystem  # noqa: F401 - the registry imports every system module
 
-    echo = next(s for s in repair.SABOTAGES if s.name == "answer-echo")
+    echo = next(s for s in SABOTAGES if s.name == "answer-echo")
     assert echo.instruction(CLEAN) == echo.text and CLEAN not in echo.instruction(CLEAN)
-    na = next(s for s in repair.SABOTAGES if s.name == "answer-na")
+    na = next(s for s in SABOTAGES if s.name == "answer-na")
     assert na.instruction(CLEAN) == f"{CLEAN} {na.text}"
-    assert len({s.name for s in repair.SABOTAGES}) == len(repair.SABOTAGES)
-    kinds = {s.site.split(".")[-1] for s in repair.SABOTAGES}
+    assert len({s.name for s in SABOTAGES}) == len(SABOTAGES)
+    kinds = {s.site.split(".")[-1] for s in SABOTAGES}
     assert {"answer", "curate", "extract", "query"} <= kinds  # + mem0's ingest site and rag_bm25's query rewrite
-    front = next(s for s in repair.SABOTAGES if s.mode == "prepend")
+    front = next(s for s in SABOTAGES if s.mode == "prepend")
     assert front.instruction(CLEAN) == f"{front.text} {CLEAN}" and front.start == f"{front.text}+"
-    assert all(s.query_rewrite for s in repair.SABOTAGES if s.site == "retrieve.query")
+    assert all(s.query_rewrite for s in SABOTAGES if s.site == "retrieve.query")
 
 
 class _FakeLM(SimpleNamespace):

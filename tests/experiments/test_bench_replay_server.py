@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from experiments.bench.replay_server import ReplayConfig, ReplayServer, load_cache, request_keys
 from optloop.errors import ConfigError, LMError
 from optloop.lm import LMSettings, OptloopLM
-from tests._servers import ScriptedOpenAIServer
+from optloop.testing.replay import ReplayConfig, ReplayServer, load_cache, request_keys
+from optloop.testing.scripted import ScriptedOpenAIServer
 
 REPO = Path(__file__).resolve().parents[2]
 SCHEMA = {"title": "Answer", "type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}
@@ -165,7 +165,7 @@ def test_bad_options_and_files_are_one_line_errors(tmp_path):
 
 def test_the_command_line_serves_until_terminated_and_reports_its_stats(recorded):
     path, identity, answers = recorded
-    proc = subprocess.Popen([sys.executable, "-m", "experiments.bench.replay_server", "--cache", str(path),
+    proc = subprocess.Popen([sys.executable, "-m", "optloop.testing.replay", "--cache", str(path),
                              "--identity", identity, "--latency-ms", "5", "--jitter-ms", "0"],
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

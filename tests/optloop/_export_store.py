@@ -4,7 +4,7 @@ The runs are made with real MLflow calls and optloop's own record/candidate code
 laid out as ``Loop._finish`` lays out a parent run: ``prompts_after.json`` (site ->
 exact prompt text), ``best_candidate.json``, ``program.json`` (DSPy), params with
 ``system``, tag ``optloop.system``; the changed sites registered through
-``record.register_prompts`` with the ``champion`` alias. Building a store costs
+``prompt_registry.register_prompts`` with the ``champion`` alias. Building a store costs
 seconds (MLflow creates its schema), so a module builds one and every test works
 on a copy of its database in the test's own ``OPTLOOP_MLRUNS`` (see ``use_store``).
 """
@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import dspy
 import pytest
 
 from optloop import artifacts, tracking
-from optloop.loop import record
+from optloop.loop.metrics import log_json
+from optloop.loop.prompt_registry import register_prompts
 from optloop.loop.candidate import SiteState, apply_state, candidate_from_modules, prompt_text
 from optloop.loop.program import AllSites
 from signatures.common import AnswerFromMemories
@@ -74,14 +74,14 @@ def _finished_run(store: Store, system: str, changes: dict[str, SiteState], knob
         mlflow.log_params({"system": system, "dataset": "builtin:tiny", "budget": "1"})
         with mlflow.start_run(run_name="trial-1", nested=True) as child:
             mlflow.log_params({"trial": 1})
-        record.log_json(texts, artifacts.PROMPTS_AFTER)
-        record.log_json(best.model_dump(mode="json"), artifacts.BEST_CANDIDATE)
+        log_json(texts, artifacts.PROMPTS_AFTER)
+        log_json(best.model_dump(mode="json"), artifacts.BEST_CANDIDATE)
         program = store.mlruns / system / artifacts.PROGRAM
         program.parent.mkdir(parents=True, exist_ok=True)
         AllSites(modules).save(str(program))
         mlflow.log_artifact(str(program))
     run_id = run.info.run_id
-    record.register_prompts(system, {n: texts[n] for n in changes}, run_id=run_id, promote=True,
+    register_prompts(system, {n: texts[n] for n in changes}, run_id=run_id, promote=True,
                             message="test run")
     store.runs[system] = run_id
     store.runs[f"{system}-child"] = child.info.run_id

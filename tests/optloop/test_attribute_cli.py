@@ -11,7 +11,7 @@ import pytest
 from optloop.attribute import main
 from optloop.cli import run_cli
 from optloop.datasets import load_dataset
-from tests._servers import ScriptedOpenAIServer
+from optloop.testing.scripted import ScriptedOpenAIServer
 
 
 @pytest.mark.parametrize("argv, needle", [
@@ -32,7 +32,7 @@ def test_list_faults_prints_every_fault_of_the_catalogue_across_stages(capsys, m
 
     monkeypatch.setattr(attribute.console, "width", 300)  # no fault name wrapped inside its cell
     assert run_cli(main, ["--list-faults"]) == 0
-    from optloop.attribution.faults import CATALOGUE
+    from optloop.faults.catalogue import CATALOGUE
 
     printed = capsys.readouterr().out
     assert [f.name for f in CATALOGUE if f.name not in printed] == []
@@ -110,7 +110,7 @@ def test_planted_faults_report_has_accuracy_fields(tmp_path):
 
 
 def test_planted_report_with_no_induced_failure_says_so_and_scores_every_caused_failure(tmp_path, monkeypatch):
-    """``--faults planted`` end to end with the harness and the LM faked (issue 21's mem0 example: 0 induced
+    """``--faults planted`` end to end with the harness and the LM faked (the mem0 example: 0 induced
     failures, 4 set aside): nothing-to-score instead of 0.000, the all-failures figure, the set-aside
     failures with their reasons, the denominators; in the text, the JSON and the markdown."""
     from rich.console import Console
@@ -144,7 +144,7 @@ def test_planted_report_with_no_induced_failure_says_so_and_scores_every_caused_
     assert "nothing to score (0 induced failures)" in md.read_text()
 
 
-def test_list_faults_shows_which_faults_were_added_for_issue_21(capsys, monkeypatch):
+def test_list_faults_shows_which_faults_were_preregistered(capsys, monkeypatch):
     from rich.console import Console
 
     import optloop.attribute as cli
@@ -152,5 +152,5 @@ def test_list_faults_shows_which_faults_were_added_for_issue_21(capsys, monkeypa
     recorded = Console(record=True, width=300)
     monkeypatch.setattr(cli, "console", recorded)
     assert run_cli(main, ["--list-faults"]) == 0
-    rows = [line for line in recorded.export_text().splitlines() if "issue-21" in line]
+    rows = [line for line in recorded.export_text().splitlines() if "preregistered" in line]
     assert len(rows) >= 5 and any("store-loses-alternate-writes" in row for row in rows)

@@ -7,7 +7,8 @@ import pytest
 
 from optloop.embed import LocalEmbedder, OpenAIEmbedder, get_embedder
 from optloop.errors import ConfigError, LMUnreachableError
-from tests._servers import ScriptedOpenAIServer, closed_port_url
+from optloop.testing.loopback import closed_port_url
+from optloop.testing.scripted import ScriptedOpenAIServer
 
 
 def test_default_embedder_is_the_bundled_minilm():

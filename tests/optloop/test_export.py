@@ -16,15 +16,14 @@ import sysconfig
 import textwrap
 from pathlib import Path
 
-import pytest
 
 from optloop.cli import run_cli
 from optloop.export import main
 from optloop.product import response_format
 from optloop.product_templates.mem0_prompts import sha256
+from optloop.testing.scripted import ScriptedOpenAIServer
 from signatures.graphiti import library_system_prompt
 from signatures.mem0 import AGENT_CONTEXT_SUFFIX
-from tests._servers import ScriptedOpenAIServer
 from tests.optloop._export_store import EDGE_RULE, EDGE_SITE, MEM0_RULE, store, template  # noqa: F401 (fixtures)
 
 
@@ -281,3 +280,36 @@ def test_argument_errors_exit_non_zero():
     done = subprocess.run([sys.executable, "-m", "optloop.export", "--format", "json", "--out", "x.json"],
                           capture_output=True, text=True)
     assert done.returncode == 2 and "one of the arguments --run --prompt is required" in done.stderr
+
+
+# --- any reference, the user's file modes -----------------------------------------------------
+
+
+def test_a_prompt_reference_ending_in_a_newline_exports_a_module_that_compiles(store, tmp_path):
+    out = tmp_path / "mem0_prompts.py"
+    ref = "optloop.mem0.extract@champion\n"
+    assert export("--prompt", ref, "--format", "mem0", "--out", str(out)) == 0
+    text = out.read_text()
+    compile(text, str(out), "exec")
+    assert text.splitlines()[0].startswith("# Written by `python -m optloop.export --prompt "
+                                           "optloop.mem0.extract@champion --format mem0` (prompt ")
+
+
+def test_exported_files_take_the_users_umask_or_keep_an_existing_files_mode(store, tmp_path):
+    import os
+    import stat
+
+    previous = os.umask(0o022)
+    try:
+        new = tmp_path / "prompts.json"
+        assert export("--run", store.runs["mem0"], "--format", "json", "--out", str(new)) == 0
+        assert stat.S_IMODE(new.stat().st_mode) == 0o644  # a service of another user reads it
+        os.umask(0o007)
+        group = tmp_path / "group.json"
+        assert export("--run", store.runs["mem0"], "--format", "json", "--out", str(group)) == 0
+        assert stat.S_IMODE(group.stat().st_mode) == 0o660
+        new.chmod(0o640)
+        assert export("--run", store.runs["mem0"], "--format", "json", "--out", str(new)) == 0
+        assert stat.S_IMODE(new.stat().st_mode) == 0o640
+    finally:
+        os.umask(previous)

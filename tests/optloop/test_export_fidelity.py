@@ -36,11 +36,11 @@ from optloop.datasets import Episode, load_dataset, passed, score
 from optloop.embed import get_embedder
 from optloop.export import main as export_main
 from optloop.lm import LMSettings, OptloopLM
-from optloop.loop import record
 from optloop.loop.candidate import prompt_text, site_state
+from optloop.loop.prompt_registry import register_prompts
+from optloop.testing.scripted import ScriptedOpenAIServer, answer_with
 from signatures.common import AnswerFromMemories, render_memories
 from systems.base import MemoryItem, PromptSite
-from tests._servers import ScriptedOpenAIServer, answer_with
 
 RULE = "Rule: keep names, pets and cities exactly as the user wrote them."
 
@@ -72,7 +72,7 @@ def register_and_export(system: str, site: str, text: str, fmt: str, out: Path) 
     from optloop import tracking
 
     tracking.configure()
-    registered = record.register_prompts(system, {site: text}, run_id="fidelity", promote=True, message="fidelity")
+    registered = register_prompts(system, {site: text}, run_id="fidelity", promote=True, message="fidelity")
     ref = f"{registered[site]['name']}@champion"
     assert run_cli(export_main, ["--prompt", ref, "--format", fmt, "--out", str(out)]) == 0
     spec = importlib.util.spec_from_file_location(out.stem, out)

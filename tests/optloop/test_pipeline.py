@@ -17,8 +17,8 @@ from optloop.attribution import default_judges
 from optloop.datasets import Session, load_dataset
 from optloop.lm import Accounting, CallRecord, LMSettings, OptloopLM
 from optloop.pipeline import Attributor, CachedStores, FreshStores, Store, StoreCache, ingest, run_episode
+from optloop.testing.scripted import ScriptedOpenAIServer
 from systems import get_system
-from tests._servers import ScriptedOpenAIServer
 
 
 class EchoSystem:

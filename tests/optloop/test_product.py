@@ -13,9 +13,9 @@ import pytest
 
 from optloop.errors import ConfigError
 from optloop.product import apply, registry_uri, response_format, site_of
+from optloop.testing.scripted import ScriptedOpenAIServer
 from signatures.graphiti import library_system_prompt
 from signatures.mem0 import ADDITIVE_EXTRACTION_PROMPT  # first: points MEM0_DIR into optloop's state
-from tests._servers import ScriptedOpenAIServer
 from tests.optloop._export_store import EDGE_SITE, store, template  # noqa: F401 (fixtures)
 
 

@@ -1,9 +1,9 @@
 """Reliability: LM faults retried and marked on the graph, a dead endpoint stops a run resumably,
 secrets stay out of every store and log, bad input writes nothing.
 
-The unit tests speak to a real loopback HTTP server (``tests/_servers.py``) with canned
+The unit tests speak to a real loopback HTTP server (``optloop/testing/scripted.py``) with canned
 answers. The integration tests run the real ``python -m optloop.run`` (md_flat on
-builtin:tiny) in a subprocess against ``experiments.bench.faults.FaultyEndpoint``: that
+builtin:tiny) in a subprocess against ``optloop.testing.chaos.FaultyEndpoint``: that
 server in front of the embedded SmolLM2 for the fault schedule; in front of a
 schema-valid stub for the dead endpoint and the secrets, where what the answers say
 does not matter and a real model would only make the test minutes longer.
@@ -22,14 +22,16 @@ from pathlib import Path
 
 import pytest
 
-from experiments.bench.faults import FaultSchedule, FaultyEndpoint, bench, run_loop, upstream_lm
+from experiments.bench.chaos import bench, run_loop, upstream_lm
 from optloop.artifacts import CHECKPOINT
 from optloop.datasets import load_dataset
 from optloop.errors import EndpointDownError, LMError, LMUnreachableError
 from optloop.lm import LMSettings, OptloopLM, redact_url
 from optloop.loop.evaluate import Evaluator
+from optloop.testing.chaos import FaultyEndpoint
+from optloop.testing.loopback import closed_port_url
+from optloop.testing.scripted import ScriptedOpenAIServer
 from optloop.tracing.graph import ExecutionGraph
-from tests._servers import ScriptedOpenAIServer, closed_port_url
 
 REPO = Path(__file__).resolve().parents[2]
 ANSWER = json.dumps({"answer": "I don't know"})

@@ -30,7 +30,6 @@ from tests.systems._gated_fakes import (
     fact,
     gate_all,
     small_episode,
-    small_record,
 )
 
 EPISODE = small_episode()

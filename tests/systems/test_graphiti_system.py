@@ -28,6 +28,8 @@ from optloop.datasets import Session, Turn
 from optloop.embed import get_embedder
 from optloop.errors import ConfigError
 from optloop.lm import LMSettings, OptloopLM
+from optloop.testing.loopback import closed_port_url
+from optloop.testing.scripted import ScriptedOpenAIServer
 from signatures._layout import render_system
 from signatures.graphiti import PROMPT_NAMES, SIGNATURES, library_system_prompt
 from systems import get_system
@@ -41,7 +43,6 @@ from systems.graphiti_system import (
     graph_backend,
     parse_session_time,
 )
-from tests._servers import ScriptedOpenAIServer, closed_port_url
 
 SESSIONS = [
     Session(id="s1", timestamp="2024-01-01T10:00:00+00:00", turns=[

@@ -1,6 +1,6 @@
 """Mem0System: real mem0ai behind prompt sites.
 
-Fast tests speak to loopback OpenAI-compatible servers (``tests/_servers.py``)
+Fast tests speak to loopback OpenAI-compatible servers (``optloop/testing/scripted.py``)
 and compare, at the HTTP boundary, what our sites send with what vanilla mem0
 sends. The integration test runs the real embedded LM.
 """
@@ -17,6 +17,7 @@ from optloop.datasets import Session, Turn
 from optloop.embed import get_embedder
 from optloop.errors import LMError, OptloopError
 from optloop.lm import LMSettings, OptloopLM
+from optloop.testing.scripted import ScriptedOpenAIServer
 from signatures.mem0 import ADDITIVE_EXTRACTION_PROMPT, RERANK_SYSTEM_PROMPT, Mem0Extract
 from systems import get_system
 from systems.base import MemoryItem
@@ -30,7 +31,6 @@ from systems.mem0_system import (
     UnwiredLLM,
     session_messages,
 )
-from tests._servers import ScriptedOpenAIServer
 
 SESSIONS = [
     Session(id="s1", timestamp="2023-05-08 13:56", turns=[

@@ -1,8 +1,8 @@
-"""The ``tiered`` assistant memory: schema, extraction parsing, supersede, forget, retrieval, the graph.
+"""The ``tiered`` assistant memory: schema, extraction, supersede, forget, retrieval, the graph.
 
 Unit tests never load a model: the prompt sites run on :class:`SiteLM`, which answers each
-call by its site (the extraction stage's ``Key|Value`` lines, the summary, the answer), so
-the bookkeeping is pinned exactly. The embedder is the bundled MiniLM, as in the baseline
+call by its site (the extraction stage's ``{key, value, category}`` objects, the summary,
+the answer), so the bookkeeping is pinned exactly. The embedder is the bundled MiniLM, as in the baseline
 tests. The one integration test at the end runs the embedded SmolLM2-135M over
 ``builtin:assistant`` (minutes); ``-m "not integration"`` skips it.
 """
@@ -16,22 +16,30 @@ from pathlib import Path
 import pytest
 
 from optloop.attribution import ErrorType, attribute, default_judges
-from optloop.attribution.faults import faults_for, run_planted, summarize
+from optloop.attribution.planted import run_planted
+from optloop.attribution.planted_report import summarize
 from optloop.datasets import Dataset, Episode, Question, Session, Turn, load_dataset
 from optloop.embed import Embedder, get_embedder
 from optloop.errors import ConfigError
 from optloop.export import Bundle, render
+from optloop.faults.catalogue import faults_for
 from optloop.tracing.recorder import record_episode
+from signatures.tiered import Category, ExtractedFact
 from systems import get_system
 from systems.tiered import (
+    CATEGORIES,
     DB_FILE,
     FORGOTTEN,
+    GENERAL,
     TieredSystem,
     category_of,
-    subject_words,
+    conversation,
+    forget,
     forget_request,
-    parse_fact_lines,
+    parse_facts,
+    recent_summaries,
     redact,
+    subject_words,
 )
 from tests.systems._site_lm import SiteLM, echo_memories
 
@@ -47,11 +55,19 @@ def session(sid: str, timestamp: str | None, *user_then_assistant: str) -> Sessi
     return Session(id=sid, timestamp=timestamp, turns=turns)
 
 
+def facts(*pairs: str, category: str = "general") -> list[dict]:
+    """Extraction objects from ``"key|value"`` shorthands (the test's notation, not the site's)."""
+    return [{"key": key, "value": value, "category": category}
+            for key, value in (p.split("|", 1) for p in pairs)]
+
+
 def extractor(table: dict[str, list[str]]):
-    """An extraction script: the lines for a message containing one of ``table``'s phrases, else none."""
+    """An extraction script: the facts (``key|value`` shorthands) for a message containing one of
+    ``table``'s phrases, else none."""
     def reply(fields: dict[str, str]) -> dict:
         message = fields.get("message", "")
-        return {"facts": next((lines for phrase, lines in table.items() if phrase in message), [])}
+        found = next((pairs for phrase, pairs in table.items() if phrase in message), [])
+        return {"facts": facts(*found)}
     return reply
 
 
@@ -108,7 +124,7 @@ def test_registry_sites_knobs_and_value_spaces(tmp_path, embedder):
     assert set(sites) == {"tiered.extract", "tiered.summarize", "answer"}
     assert sites["tiered.extract"].stage == sites["tiered.summarize"].stage == "ingest"
     assert sites["tiered.extract"].op_kinds == ("extract", "store", "update")
-    assert "Key|Value" in sites["tiered.extract"].instructions
+    assert "key, a value and a category" in sites["tiered.extract"].instructions
     assert set(system.knobs()) == set(TieredSystem.knob_values) == {"top_k", "threshold", "mtm_summaries",
                                                                        "stm_turns", "search_recipe"}
     for name, value in system.knobs().items():
@@ -128,51 +144,73 @@ def test_bad_knob_values_are_refused(tmp_path, embedder, name, value):
 
 
 # ---------------------------------------------------------------------------
-# Parsing the extraction stage's Key|Value lines
+# Reading the extraction stage's objects
 # ---------------------------------------------------------------------------
 
 
-def test_key_value_lines_are_parsed_robustly():
-    parsed = parse_fact_lines([
-        "sister_name|Lena",
-        "- Home City | Porto ",           # bullet, spaces, capitals
-        "2. `Favourite Tea: oolong`",      # numbering, backticks, ':' instead of '|'
-        "my_flight_number|QZ 4471.",      # "my_" prefix and a trailing full stop
-        "pet|Rex\nallergy|peanuts",       # two lines in one item
-        "| locker | 317 |",                # a markdown table row
-    ])
+def test_the_extraction_site_answers_a_schema_of_key_value_category_objects(tmp_path, embedder):
+    system, _ = make(tmp_path, embedder)
+    signature = system.prompt_sites()["tiered.extract"].module.signature
+
+    assert signature.output_fields["facts"].annotation == list[ExtractedFact]
+    schema = ExtractedFact.model_json_schema()
+    assert schema["required"] == ["key", "value", "category"]
+    assert schema["properties"]["key"]["maxLength"] and schema["properties"]["value"]["maxLength"]
+    # The categories the model may write are the ones the store files facts under.
+    assert set(Category.__args__) == {*CATEGORIES, GENERAL}
+
+
+def test_keys_are_normalized_in_code_and_known_keys_reused():
+    parsed = parse_facts([
+        ExtractedFact(key="Sister Name", value="Lena", category="family"),
+        {"key": "my_home-city", "value": " Porto ", "category": "general"},
+        {"key": "FLIGHT_NUMBER", "value": "QZ 4471.", "category": "travel"},
+        # the same words as a key already given; a known key, spelt otherwise
+        {"key": "city_home", "value": "Porto", "category": "home"},
+        {"key": "sisters_name", "value": "Lena", "category": "family"},
+    ], known_keys=["home_city", "sister_name"])
 
     assert [(f.key, f.label, f.value) for f in parsed.facts] == [
         ("sister_name", "sister name", "Lena"), ("home_city", "home city", "Porto"),
-        ("favourite_tea", "favourite tea", "oolong"), ("flight_number", "flight number", "QZ 4471"),
-        ("pet", "pet", "Rex"), ("allergy", "allergy", "peanuts"), ("locker", "locker", "317")]
-    assert [f.separator for f in parsed.facts] == ["|", "|", ":", "|", "|", "|", "|"]
-    assert parsed.malformed == []
+        ("flight_number", "flight number", "QZ 4471")]
+    assert parsed.facts[0].written_keys == ["Sister Name", "sisters_name"]
+    assert parsed.facts[1].written_keys == ["my_home-city", "city_home"]
+    assert parsed.refused == []
 
 
-@pytest.mark.parametrize(("line", "reason"), [
-    ("The user has a sister called Lena", "no '|'"),
-    ("Key|Value", "placeholder"),
-    ("sister_name|", "nothing on one side"),
-    ("sister_name|unknown", "no value"),
-    ("FORGET|sister_name", "FORGET lines are not obeyed"),
-    ("the user said that her only sister is called|Lena", "sentence"),
+def test_a_category_comes_from_the_key_else_from_the_model():
+    parsed = parse_facts(facts("sister_name|Lena", category="work")
+                         + facts("locker|317", category="health")
+                         + facts("favourite_colour|green", category="nonsense"))
+
+    assert [(f.key, f.category) for f in parsed.facts] == [
+        ("sister_name", "family"), ("locker", "health"), ("favourite_colour", "general")]
+
+
+@pytest.mark.parametrize(("item", "reason"), [
+    ("sister_name|Lena", "not a {key, value} object"),
+    ({"key": "key", "value": "value", "category": "general"}, "placeholder"),
+    ({"key": "", "value": "Lena", "category": "family"}, "empty key"),
+    ({"key": "sister_name", "value": "unknown", "category": "family"}, "no value"),
+    ({"key": "forget", "value": "sister_name", "category": "general"}, "not obeyed"),
+    ({"key": "the user said that her only sister is called", "value": "Lena",
+      "category": "family"}, "sentence"),
 ])
-def test_malformed_lines_are_kept_with_the_reason(line, reason):
-    parsed = parse_fact_lines([line, "pet|Rex"])
+def test_items_that_store_nothing_are_kept_with_the_reason(item, reason):
+    parsed = parse_facts([item, {"key": "pet", "value": "Rex", "category": "pets"}])
 
     assert [f.key for f in parsed.facts] == ["pet"]
-    assert len(parsed.malformed) == 1
-    assert parsed.malformed[0].line == line and reason in parsed.malformed[0].reason
+    assert len(parsed.refused) == 1
+    assert parsed.refused[0].item == item and reason in parsed.refused[0].reason
 
 
-def test_several_values_for_one_key_in_one_message_are_a_list_not_an_update():
-    parsed = parse_fact_lines(["birthday|Nayeli 4 March", "birthday|Cosmin 19 July", "birthday|nayeli 4 march",
-                               "child|Ana|Ben"])
+def test_several_values_for_one_key_in_one_answer_are_a_list_not_an_update():
+    parsed = parse_facts(facts("birthday|Nayeli 4 March", "birthday|Cosmin 19 July",
+                               "birthday|nayeli 4 march"))
 
-    assert [(f.key, f.value) for f in parsed.facts] == [("birthday", "Nayeli 4 March, Cosmin 19 July"),
-                                                        ("child", "Ana, Ben")]
-    assert len(parsed.facts[0].lines) == 3
+    assert [(f.key, f.value) for f in parsed.facts] == [
+        ("birthday", "Nayeli 4 March, Cosmin 19 July")]
+    assert len(parsed.facts[0].written) == 3
 
 
 def test_extraction_runs_after_every_user_message_with_context_and_known_keys(tmp_path, embedder):
@@ -192,20 +230,31 @@ def test_extraction_runs_after_every_user_message_with_context_and_known_keys(tm
     assert lm.sites().count("tiered.summarize") == 2
 
 
-def test_malformed_and_ungrounded_extractions_are_recorded(tmp_path, embedder):
-    system, _ = make(tmp_path, embedder, {"tiered.extract": [
-        {"facts": ["favourite_tea|rooibos", "just some words", "favourite_colour|blue"]}]})
+def test_what_the_model_wrote_what_was_stored_and_what_was_refused_are_recorded(tmp_path,
+                                                                                 embedder):
+    written = [{"key": "Favourite Tea", "value": "rooibos", "category": "food"},
+               {"key": "", "value": "just some words", "category": "general"},
+               {"key": "favourite_colour", "value": "blue", "category": "general"}]
+    system, _ = make(tmp_path, embedder, {"tiered.extract": [{"facts": written}]})
 
     system.ingest([session("s1", "2024-09-02", "Please remember that my favourite herbal tea is rooibos.", "Noted.")])
 
-    (row,) = system.extractions()
+    (row,) = system.store.extractions()
     assert row["status"] == "extracted" and row["turn_id"] == "s1:t1"
-    assert row["lines"] == ["favourite_tea|rooibos", "just some words", "favourite_colour|blue"]
-    assert row["malformed"] == [{"line": "just some words", "reason": "no '|' between a key and a value"}]
-    facts = {f.key: f for f in system.live_facts()}
-    assert facts["favourite_tea"].grounded and not facts["favourite_colour"].grounded  # "blue" was never said
-    turn = next(t for t in system.stm_turns() if t.turn_id == "s1:t1")
-    assert turn.extraction == "extracted: 2 fact(s), 1 malformed line(s)"
+    assert row["written"] == written  # what the model wrote, as written
+    assert row["stored"] == [
+        {"key": "favourite_tea", "value": "rooibos", "category": "food", "action": "stored",
+         "written_keys": ["Favourite Tea"]},
+        {"key": "favourite_colour", "value": "blue", "category": "general", "action": "stored",
+         "written_keys": ["favourite_colour"]}]
+    assert row["refused"] == [{"item": written[1], "reason": "empty key"}]
+    stored = {f.key: f for f in system.store.live_facts()}
+    # "blue" was never said
+    assert stored["favourite_tea"].grounded and not stored["favourite_colour"].grounded
+    item = next(m for m in system.all_memories() if m.id == "ltm:favourite_tea")
+    assert item.metadata["written_keys"] == ["Favourite Tea"]
+    turn = next(t for t in system.store.stm_turns() if t.turn_id == "s1:t1")
+    assert turn.extraction == "extracted: 2 fact(s), 1 item(s) refused"
 
 
 # ---------------------------------------------------------------------------
@@ -220,15 +269,16 @@ def test_a_later_value_supersedes_the_earlier_which_stays_as_history(tmp_path, e
     system.ingest([session("s2", "2024-11-12", "Big news, I just moved to Ourense!", "Congratulations!",
                            "Yes, I moved to Ourense last week.", "Lovely.")])
 
-    (live,) = [f for f in system.live_facts() if f.key == "home_city"]
+    (live,) = [f for f in system.store.live_facts() if f.key == "home_city"]
     assert (live.value, live.version, live.session_id, live.turn_id) == ("Ourense", 2, "s2", "s2:t1")
-    history = system.history("home_city")
+    history = system.store.history("home_city")
     assert [(h["value"], h["status"]) for h in history] == [("Valdemoro", "superseded"), ("Ourense", "live")]
     assert history[0]["superseded_by"] == history[1]["id"]
     # The same value again changes nothing: no third row.
-    assert len(system.history("Home City")) == 2
-    assert system.extractions()[-1]["stored"] == [
-        {"key": "home_city", "value": "Ourense", "action": "unchanged", "separator": "|"}]
+    assert len(system.store.history("Home City")) == 2
+    assert system.store.extractions()[-1]["stored"] == [
+        {"key": "home_city", "value": "Ourense", "category": "home", "action": "unchanged",
+         "written_keys": ["home_city"]}]
     item = next(m for m in system.all_memories() if m.id == "ltm:home_city")
     assert item.text == "home city: Ourense" and item.metadata["version"] == 2
 
@@ -241,14 +291,14 @@ def test_forget_removes_the_key_its_history_and_every_copy_of_the_value(tmp_path
 
     extracted = [fields["message"] for site, fields in lm.calls if site == "tiered.extract"]
     assert "Please forget the code for my storage unit, I don't want it stored anymore." not in extracted
-    assert [f.key for f in system.live_facts()] == ["home_city"]
-    assert system.history("storage_unit_code") == []
-    (request,) = system.forgotten()
+    assert [f.key for f in system.store.live_facts()] == ["home_city"]
+    assert system.store.history("storage_unit_code") == []
+    (request,) = system.store.forgotten()
     assert json.loads(request["keys"]) == ["storage_unit_code"] and request["turn_id"] == "s2:t3"
     assert request["rows_removed"] == 1 and request["texts_redacted"] == 1
-    summary = next(s for s in system.summaries() if s.session_id == "s1")
+    summary = next(s for s in system.store.summaries() if s.session_id == "s1")
     assert summary.summary == f"The user lives in Valdemoro. {FORGOTTEN}"
-    turn = next(t for t in system.stm_turns() if t.turn_id == "s2:t3")
+    turn = next(t for t in system.store.stm_turns() if t.turn_id == "s2:t3")
     assert turn.extraction == "skipped: forget request (storage_unit_code)"
     # Nothing in the file names the value any more: not a table, not the extraction log, not a free page.
     system.close()
@@ -269,14 +319,14 @@ def test_only_a_message_that_starts_as_a_request_is_a_forget_request(message, wh
 
 def test_forget_matches_the_best_key_only(tmp_path, embedder):
     system, _ = make(tmp_path, embedder, {"tiered.extract": [
-        {"facts": ["gym_locker_code|4471", "door_code|9090", "cousin|Leocadia"]}]})
+        {"facts": facts("gym_locker_code|4471", "door_code|9090", "cousin|Leocadia")}]})
     system.ingest([session("s1", "2024-01-01", "My gym locker code is 4471, the door code is 9090, and my cousin "
                                                "is Leocadia.", "Noted.")])
 
-    assert system.forget("my locker code") == ["gym_locker_code"]
-    assert system.forget("my cousin's name") == ["cousin"]  # the key's word matches; the value's would too
-    assert system.forget("my passport number") == []
-    assert [f.key for f in system.live_facts()] == ["door_code"]
+    assert forget(system.store, "my locker code") == ["gym_locker_code"]
+    assert forget(system.store, "my cousin's name") == ["cousin"]  # the key's word matches; the value's would too
+    assert forget(system.store, "my passport number") == []
+    assert [f.key for f in system.store.live_facts()] == ["door_code"]
     assert redact("Door 9090; code 90901.", ["9090"]) == f"Door {FORGOTTEN}; code 90901."  # whole words only
 
 
@@ -318,15 +368,16 @@ def test_stm_is_only_the_current_conversation(tmp_path, embedder):
     system, _ = make(tmp_path, embedder, FAMILY_SCRIPTS, stm_turns=12)
     system.ingest(FAMILY)
 
-    assert {t.session_id for t in system.stm_turns()} == {"s3"}
-    assert [m.id for m in system.conversation()] == ["stm:s3:t1", "stm:s3:t2", "stm:s3:t3", "stm:s3:t4"]
+    assert {t.session_id for t in system.store.stm_turns()} == {"s3"}
+    assert [m.id for m in conversation(system.store, system.knobs())] == [
+        "stm:s3:t1", "stm:s3:t2", "stm:s3:t3", "stm:s3:t4"]
     assert TieredSystem(SiteLM(), system.run_dir, embedder=embedder).all_memories() == system.all_memories()
 
 
 def test_search_recipe_routes_or_filters_by_category(tmp_path, embedder):
     system, _ = make(tmp_path, embedder, FAMILY_SCRIPTS, top_k=5, threshold=None)
     system.ingest(FAMILY)
-    facts = {f.key: f.category for f in system.live_facts()}
+    facts = {f.key: f.category for f in system.store.live_facts()}
     assert facts == {"sister_name": "family", "brother_name": "family", "occupation": "work",
                      "train_platform": "travel"}
     assert category_of("What is my brother's name?") == "family"
@@ -335,11 +386,12 @@ def test_search_recipe_routes_or_filters_by_category(tmp_path, embedder):
     assert {m.id for m in system.search("What is my brother's name?", 5)} == {"ltm:brother_name", "ltm:sister_name"}
     assert len(system.search("What is the weather like?", 5)) == 4  # routed nowhere: no filter
     # A summary is filed under the categories of the facts its conversation stored.
-    assert [m.id for m in system.recent_summaries("Which platform does my train leave from?")] == ["mtm:s2"]
+    summaries = recent_summaries(system.store, system.knobs(), "Which platform does my train leave from?")
+    assert [m.id for m in summaries] == ["mtm:s2"]
 
     system.set_knob("search_recipe", "category:archived")  # a category nothing is filed under
     assert system.search("What is my brother's name?", 5) == []
-    assert system.recent_summaries("What is my brother's name?") == []
+    assert recent_summaries(system.store, system.knobs(), "What is my brother's name?") == []
     assert [m.metadata["kind"] for m in system.retrieve("What is my brother's name?")] == ["turn"] * 4
 
 
@@ -348,8 +400,8 @@ def test_summaries_expire_after_their_time_limit(tmp_path, embedder):
     system.ingest([session("s1", "2024-01-01", "Hi.", "Hello."), session("s2", "2024-01-20", "Hi.", "Hello."),
                    session("s3", "2024-02-15", "Hi.", "Hello.")])
 
-    assert [s.session_id for s in system.summaries()] == ["s2", "s3"]  # s1 expired on 2024-01-31
-    assert system.summaries()[0].expires_at == "2024-02-19"
+    assert [s.session_id for s in system.store.summaries()] == ["s2", "s3"]  # s1 expired on 2024-01-31
+    assert system.store.summaries()[0].expires_at == "2024-02-19"
 
 
 def test_a_run_dir_reopened_by_another_embedder_is_re_embedded(tmp_path, embedder):
@@ -407,6 +459,12 @@ def test_the_graph_records_every_extraction_store_update_and_delete(tmp_path, em
     home = graph.latest("memory", "ltm:home_city")
     assert home.text == "home city: Ourense" and home.provenance == ["message:s2:t1@0"]
     assert home.data["metadata"]["table"] == "ltm" and home.data["metadata"]["version"] == 2
+    # The trace shows what the model wrote (the site's output objects) and what was stored.
+    first = next(op for op in graph.operations if op.site == "tiered.extract")
+    assert [graph.variables[v].data for v in first.outputs] == [
+        {"key": "home_city", "value": "Valdemoro", "category": "general"}]
+    assert home.data["metadata"]["written_keys"] == ["home_city"]
+    assert home.data["metadata"]["category"] == "home"
     assert graph.meta["sites"]["tiered.extract"]["op_kinds"] == ["extract", "store", "update"]
     assert graph.meta["retrievable_kinds"] == ["fact", "summary"]
     assert not any("5829" in v.text for v in graph.by_cls("memory") if v.status == "live"
@@ -478,25 +536,60 @@ def test_the_catalogue_plants_tiered_faults_and_attribution_names_them(tmp_path,
 
 
 def test_a_prompt_pack_round_trips_into_a_tiered_system(tmp_path, embedder):
-    bundle = Bundle(system="tiered", prompts={"tiered.extract": "Write Key|Value lines. Be exhaustive.",
+    instruction = "Write every fact as an object. Be exhaustive."
+    bundle = Bundle(system="tiered", prompts={"tiered.extract": instruction,
                                               "answer": "Answer briefly."},
                     knobs={"top_k": 3, "search_recipe": "category"}, source={"run_id": "r1"}, label="run r1")
 
     pack = json.loads(render(bundle, "pack"))
 
     assert pack["format"] == "optloop.prompt-pack/1" and pack["system"] == "tiered"
-    facts = pack["sites"]["tiered.extract"]["outputs"]["facts"]
-    assert (facts["type"], facts["desc"], facts["schema"]) == (
-        "list[str]", "one 'Key|Value' line per fact; an empty list when there is none",
-        {"items": {"type": "string"}, "type": "array"})
+    written = pack["sites"]["tiered.extract"]["outputs"]["facts"]
+    assert written["desc"] == "one object per fact; an empty list when there is none"
+    # The product decodes under the same schema as the site: {key, value, category} objects.
+    assert written["schema"]["items"]["$ref"].endswith("ExtractedFact")
+    assert written["schema"]["$defs"]["ExtractedFact"]["required"] == ["key", "value", "category"]
     assert set(pack["sites"]["tiered.extract"]["inputs"]) == {"known_keys", "conversation", "message"}
     system, _ = make(tmp_path, embedder)
     system.apply_pack(pack)
-    assert system.prompt_sites()["tiered.extract"].instructions == "Write Key|Value lines. Be exhaustive."
+    assert system.prompt_sites()["tiered.extract"].instructions == instruction
     assert system.prompt_sites()["tiered.summarize"].changed is False
     assert system.knobs()["top_k"] == 3 and system.knobs()["search_recipe"] == "category"
     with pytest.raises(ConfigError, match="mem0"):
         system.apply_pack({**pack, "system": "mem0"})
+    # A pack whose extraction answers another schema (Key|Value lines) is refused.
+    older = json.loads(json.dumps(pack))
+    older["sites"]["tiered.extract"]["outputs"]["facts"]["schema"] = {"items": {"type": "string"},
+                                                                     "type": "array"}
+    with pytest.raises(ConfigError, match="export the pack again"):
+        make(tmp_path / "other", embedder)[0].apply_pack(older)
+
+
+# ---------------------------------------------------------------------------
+# The suite bench's view of a store
+# ---------------------------------------------------------------------------
+
+
+def test_the_suite_bench_reports_each_tier_and_the_sessions_whose_extraction_stored_a_fact(
+        tmp_path, embedder):
+    from experiments.bench.baselines import memory_report
+
+    system, _ = make(tmp_path, embedder, {"tiered.extract": LIVE_MOVE_EXTRACT,
+                                          "tiered.summarize": live_move_summaries})
+    episode = Episode(id="ep", sessions=[*LIVE_MOVE, session("s3", "2024-11-20", "Hello!", "Hi!")],
+                      questions=GRAPH_EPISODE.questions)
+    system.ingest(episode.sessions)
+
+    report = memory_report(episode)(system)
+
+    assert report["tiers"]["ltm"] == ["home city: Ourense"]
+    assert len(report["tiers"]["mtm"]) == 3
+    assert report["tiers"]["stm"] == ["user: Hello!", "assistant: Hi!"]
+    assert report["context"]["q1"][0] == "home city: Ourense"
+    # s1 stored two facts; s2 superseded one (its forget request skips extraction); s3 stored none.
+    assert report["extraction"] == {"s1": {"messages": 2, "written": 2, "stored": 2, "refused": 0},
+                                    "s2": {"messages": 2, "written": 1, "stored": 1, "refused": 0},
+                                    "s3": {"messages": 1, "written": 0, "stored": 0, "refused": 0}}
 
 
 # ---------------------------------------------------------------------------
@@ -515,6 +608,7 @@ def test_tiered_runs_builtin_assistant_on_the_embedded_lm(tmp_path, embedder):
     dataset = load_dataset("builtin:assistant")
     attributor = Attributor(judges_for(embedder), embedder)
     outcomes = []
+    stored_facts = 0
 
     def make_system(episode: Episode) -> TieredSystem:
         return TieredSystem(lm, tmp_path / "runs" / episode.id, embedder=embedder)
@@ -539,13 +633,19 @@ def test_tiered_runs_builtin_assistant_on_the_embedded_lm(tmp_path, embedder):
         # The forgotten value is gone from the store (the file reopened after the episode), whatever the answer.
         reopened = TieredSystem(lm, tmp_path / "runs" / episode.id, embedder=embedder)
         stored = " ".join(m.text for m in reopened.all_memories())
+        log = reopened.store.extractions()
         reopened.close()
+        # Every extraction answer parsed (decoded under the schema): each row holds objects.
+        assert all(isinstance(item, dict) for row in log for item in row["written"])
+        stored_facts += sum(fact["action"] != "unchanged" for row in log for fact in row["stored"])
         for question in episode.questions:
             if question.task_type == "forget":
                 assert not any(value in stored for value in question.forbidden)
     assert len(outcomes) == 20
+    assert stored_facts > 0  # long-term memory fills on the embedded model
     accuracy = sum(o.passed for o in outcomes) / len(outcomes)
-    print(f"tiered on builtin:assistant, embedded LM: accuracy {accuracy:.2f}")
+    print(f"tiered on builtin:assistant, embedded LM: accuracy {accuracy:.2f}, "
+          f"{stored_facts} facts stored")
 
 
 def test_forgetting_an_attribute_redacts_the_sentence_that_gives_its_value():

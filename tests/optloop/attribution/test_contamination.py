@@ -11,11 +11,11 @@ import pytest
 
 from optloop.attribution import ErrorType, attribute, default_judges
 from optloop.attribution.decisive import admission, answer_context, evidence_reaches_answer
-from optloop.attribution.faults import faults_for
 from optloop.attribution.taxonomy import MEMFAIL_LABEL, Attribution
+from optloop.faults.catalogue import faults_for
 from optloop.sites import ANSWER, GATED_ADMIT
 from optloop.tracing.recorder import record_episode
-from systems.baselines import EmbeddingRagSystem
+from systems.baselines import BM25RagSystem, EmbeddingRagSystem
 from systems.gated import GatedSystem
 from tests.systems._gated_fakes import BowEmbedder, ScriptedLM, gate_all, small_episode
 
@@ -85,6 +85,14 @@ def test_rag_without_a_gate_blames_its_retrieval_knob(tmp_path):
     assert a.target == "knob:top_k"  # the evidence ranked above the dead value
     assert op_of(graph, a).name == "retrieve" and a.details["contaminant"] == "f5"
     assert admission(graph, "p-dead") == (None, {})
+
+
+def test_rag_whose_ranking_put_the_stale_value_first_blames_its_search_knob(tmp_path):
+    graph, a = run(tmp_path, "p-super", "21001", cls=BM25RagSystem, top_k=5)
+
+    assert a.error_type is ErrorType.CONTAMINATION
+    assert a.target == "knob:top_k"  # the system's search knob: no ranking put the evidence above the value
+    assert "Tune the search (top_k)" in a.explanation
 
 
 def test_a_floor_that_kept_the_evidence_out_is_a_retrieval_error_on_the_floors_knob(tmp_path):

@@ -1,4 +1,4 @@
-"""The planted-fault catalogue: the faults added for issue 21 load, carry their ground truth, and apply.
+"""The planted-fault catalogue: the preregistered faults load, carry their ground truth, and apply.
 
 No LLM and no embedding model: site faults are applied to a fake module (or to MD-flat on a scripted
 ``DummyLM``), store faults to a real BM25 store, knob faults checked against each system's knobs.
@@ -16,23 +16,22 @@ import numpy as np
 import pytest
 from dspy.utils import DummyLM
 
-from optloop.attribution.faults import (
-    CATALOGUE,
-    Fault,
+from optloop.attribution.taxonomy import ErrorType
+from optloop.datasets import Session, Turn
+from optloop.embed import Embedder
+from optloop.faults.catalogue import CATALOGUE, faults_for
+from optloop.faults.corruptions import (
     compress_old,
-    faults_for,
     first_memory_only,
     shift_numbers,
     strip_specifics,
     truncate_facts,
 )
-from optloop.attribution.taxonomy import ErrorType
-from optloop.datasets import Session, Turn
-from optloop.embed import Embedder
+from optloop.faults.model import OperationFault
 from optloop.lm import Accounting
 from signatures.mem0 import ExtractedMemory
 
-NEW = {f.name: f for f in CATALOGUE if f.added == "issue-21"}
+NEW = {f.name: f for f in CATALOGUE if f.added == "preregistered"}
 
 
 class HashEmbedder(Embedder):
@@ -62,7 +61,7 @@ def scripted_lm(*answers: dict) -> DummyLM:
 
 
 class FakeSystem:
-    """Just what ``Fault.apply`` touches: sites whose module has a ``forward``, and knobs."""
+    """Just what ``OperationFault.apply`` touches: sites whose module has a ``forward``, and knobs."""
 
     def __init__(self, sites: dict[str, Any], knobs: dict[str, Any] | None = None):
         self._sites = {name: SimpleNamespace(module=SimpleNamespace(forward=fn)) for name, fn in sites.items()}
@@ -77,7 +76,7 @@ class FakeSystem:
         self._knobs[name] = value
 
 
-def call_site(fault: Fault, returns: dict[str, Any], **inputs: Any) -> tuple[dspy.Prediction, dict[str, Any]]:
+def call_site(fault: OperationFault, returns: dict[str, Any], **inputs: Any) -> tuple[dspy.Prediction, dict[str, Any]]:
     """Apply ``fault`` to a fake site that records its inputs and returns ``returns``; call it with ``inputs``."""
     seen: dict[str, Any] = {}
 

@@ -1,4 +1,4 @@
-"""The planted harness made honest (issue 21, part 2): every failure a fault caused is attributed and
+"""The planted harness reported whole: every failure a fault caused is attributed and
 reported next to the induced-only figure, set-aside failures say why, empty samples say there is nothing
 to score, denominators and small samples are reported, rates carry seeded 95% intervals.
 
@@ -18,20 +18,17 @@ from dspy.utils import DummyLM
 from rich.console import Console
 
 from optloop.attribute import render_planted, render_planted_markdown
-from optloop.attribution.faults import (
+from optloop.attribution.planted import (
     EVIDENCE_REACHED,
-    MIN_SAMPLE,
     SET_ASIDE_REASONS,
     UNSOUND_CLEAN,
     Case,
     CleanBaseline,
     FaultTally,
     PlantedRun,
-    format_rate,
-    rate,
     run_planted,
-    summarize,
 )
+from optloop.attribution.planted_report import MIN_SAMPLE, format_rate, rate, summarize
 from optloop.attribution.taxonomy import Attribution, ErrorType
 from optloop.datasets import Dataset, Question
 from optloop.lm import Accounting
@@ -71,7 +68,7 @@ def issue_run() -> PlantedRun:
     baselines = [CleanBaseline("mem0", TINY, "tiny-pet", 3, 2, 1), CleanBaseline("mem0", TINY, "tiny-food", 2, 1, 1)]
     tallies = [tally("answer-unknown", 1), tally("top-k-1", 2, target="knob:top_k", true_type="RetrievalError"),
                tally("store-deletes-old", 1, target="library:mem0.store", true_type="DeletionError"),
-               tally("threshold-strict", 0, target="knob:threshold", true_type="RetrievalError", added="issue-21")]
+               tally("threshold-strict", 0, target="knob:threshold", true_type="RetrievalError", added="preregistered")]
     return PlantedRun(cases, baselines, tallies)
 
 
@@ -181,7 +178,7 @@ def test_denominators_per_system_and_dataset_and_failures_caused_per_fault():
          "sound_clean": 9, "failures_caused": 1, "small_sample": False, "note": ""}]
     # A fault that caused nothing is still a row, with its denominator.
     strict = s["by_fault"]["mem0/threshold-strict"]
-    assert (strict["caused"], strict["passed_clean"], strict["added"]) == (0, 3, "issue-21")
+    assert (strict["caused"], strict["passed_clean"], strict["added"]) == (0, 3, "preregistered")
     assert strict["all"]["site"]["note"] == "nothing to score (0 failures caused)"
     assert s["by_fault"]["rag_bm25/answer-unknown"]["passed_clean"] == 12
     assert len(s["tallies"]) == 5 and s["systems_covered"] == ["mem0", "rag_bm25"]
@@ -322,11 +319,11 @@ def test_the_new_faults_figures_stand_apart_from_the_original_ones():
     run.cases.append(case("threshold-strict", "q1", blamed="knob:threshold", blamed_type=ErrorType.RETRIEVAL,
                           target="knob:threshold", true_type=ErrorType.RETRIEVAL))
     s = summarize(run)
-    assert set(s["by_added"]) == {"original", "issue-21"}
+    assert set(s["by_added"]) == {"original", "preregistered"}
     assert (s["by_added"]["original"]["caused"], s["by_added"]["original"]["n"]) == (4, 0)
-    assert (s["by_added"]["issue-21"]["caused"], s["by_added"]["issue-21"]["site_accuracy"]) == (1, 1.0)
-    assert s["by_added"]["issue-21"]["passed_clean"] == 3
-    row = next(line for line in text(report_of(run)).splitlines() if "faults added: issue-21" in line)
+    assert (s["by_added"]["preregistered"]["caused"], s["by_added"]["preregistered"]["site_accuracy"]) == (1, 1.0)
+    assert s["by_added"]["preregistered"]["passed_clean"] == 3
+    row = next(line for line in text(report_of(run)).splitlines() if "faults added: preregistered" in line)
     assert "1/1 1.00 [1.00, 1.00]*" in row
 
 

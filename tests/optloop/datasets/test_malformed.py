@@ -116,7 +116,7 @@ def test_bad_json_inside_a_jsonl_line_keeps_its_column(tmp_path: Path) -> None:
         (lambda s: s["qa"][2].update(evidence="D1:2"), "field 'qa[2].evidence': expected a list"),
     ],
 )
-def test_locomo_record_errors_name_sample_and_field(write_json, mutate, expected: str) -> None:  # type: ignore[no-untyped-def]
+def test_locomo_record_errors_name_sample_and_field(write_json, mutate, expected: str) -> None:
     samples = locomo_fixture()
     mutate(samples[0])
     path = write_json("locomo10.json", samples)

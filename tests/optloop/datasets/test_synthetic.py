@@ -7,7 +7,8 @@ import re
 import pytest
 
 from optloop.datasets import Episode, Question, load_dataset, score
-from optloop.datasets.synthetic import MEME_TASKS, SUITE_CHECKS
+from optloop.datasets.meme_tasks import MEME_TASKS
+from optloop.datasets.synthetic import SUITE_CHECKS
 from optloop.errors import DatasetError
 
 URI = "synthetic:meme?seed=11&episodes=6&fillers=3"

@@ -39,7 +39,8 @@ def test_tasks_keeps_only_those_questions_and_drops_empty_episodes() -> None:
         ("builtin:tiny?limit", r"field 'limit': query parameter needs a value"),
         ("builtin:tiny?tasks=cascade", r"field 'tasks': no questions of task 'cascade'"),
         ("builtin:tiny?offset=99", r"no episodes left"),
-        ("memfail:recall", r"unknown task 'recall' \(choose one of: coexisting, conditional_easy, conditional_hard, persona, long_hop\)"),
+        ("memfail:recall", r"unknown task 'recall' \(choose one of: coexisting, conditional_easy, conditional_hard, "
+                            r"persona, long_hop\)"),
         ("memfail:persona:/nonexistent/p.csv", r"/nonexistent/p.csv: file not found"),
         ("locomo:", r"locomo: no file given"),
         ("synthetic:chaos", r"unknown generator 'chaos'"),

@@ -11,14 +11,13 @@ import contextvars
 import json
 import sqlite3
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from optloop.lm import Backend, CallRecord, LMSettings, OptloopLM, Request, collect_calls, current_site, prompt_site
 from optloop.loop.cost import site_costs, site_metrics
-from tests._servers import InFlight, ScriptedOpenAIServer
+from optloop.testing.scripted import InFlight, ScriptedOpenAIServer
 
 
 class MeetingBackend(Backend):

@@ -13,7 +13,7 @@ import pytest
 from optloop.lm import Accounting, CallRecord, LMSettings, OptloopLM, Usage, model_price, prompt_site
 from optloop.lm.pricing import price_file, price_source
 from optloop.loop.cost import site_costs, site_metrics
-from tests._servers import ScriptedOpenAIServer
+from optloop.testing.scripted import ScriptedOpenAIServer
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -38,6 +38,8 @@ def test_prices_come_from_litellms_bundled_table():
 def test_reading_prices_never_imports_litellm_or_touches_the_network():
     script = textwrap.dedent("""
         import os, socket, sys
+        from optloop.offline import offline_defaults
+        os.environ.update(offline_defaults())  # as a command does first
         def no_network(*args, **kwargs):
             raise AssertionError("network access")
         socket.socket.connect = no_network

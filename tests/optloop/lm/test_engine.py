@@ -1,5 +1,6 @@
 """OptloopLM as a DSPy 3.4 engine LM: DSPy calls reach optloop's engine, warn about nothing, and keep
-optloop's schemas, cache keys, rollouts and errors. Remote calls go to a loopback server (``tests/_servers.py``).
+optloop's schemas, cache keys, rollouts and errors. Remote calls go to a loopback server
+(``optloop/testing/scripted.py``).
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import pytest
 
 from optloop.errors import LMUnreachableError
 from optloop.lm import LMSettings, OptloopEngine, OptloopLM, prompt_site
-from tests._servers import ScriptedOpenAIServer, closed_port_url
+from optloop.testing.loopback import closed_port_url
+from optloop.testing.scripted import ScriptedOpenAIServer
 
 REPO = Path(__file__).resolve().parents[3]
 

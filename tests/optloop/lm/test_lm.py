@@ -1,7 +1,7 @@
 """Unit tests of the LM layer that need no model: settings, cache, accounting, remote endpoints.
 
 Remote behaviour is exercised against a real loopback HTTP server with the real
-``openai`` client (see ``tests/_servers.py``).
+``openai`` client (see ``optloop/testing/scripted.py``).
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ from optloop.lm import (
     prompt_site,
     response_format_to_schema,
 )
-from tests._servers import ScriptedOpenAIServer, closed_port_url
+from optloop.testing.loopback import closed_port_url
+from optloop.testing.scripted import ScriptedOpenAIServer
 
 REPO = Path(__file__).resolve().parents[3]
 

@@ -1,4 +1,5 @@
-"""HTTP 429, Retry-After, --rpm / --tpm / --concurrency, against a real loopback endpoint (``tests/_servers.py``)."""
+"""HTTP 429, Retry-After, --rpm / --tpm / --concurrency, against a real loopback endpoint
+(``optloop/testing/scripted.py``)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 
 from optloop.errors import ConfigError, LMError, LMUnreachableError
 from optloop.lm import LMSettings, OptloopLM, prompt_site
-from tests._servers import InFlight, ScriptedOpenAIServer
+from optloop.testing.scripted import InFlight, ScriptedOpenAIServer
 
 
 def remote(url: str, **overrides) -> OptloopLM:

@@ -8,7 +8,8 @@ import pytest
 
 from optloop.errors import ConfigError, LMError, LMUnreachableError
 from optloop.lm import LMSettings, OptloopLM
-from tests._servers import ScriptedOpenAIServer, closed_port_url
+from optloop.testing.loopback import closed_port_url
+from optloop.testing.scripted import ScriptedOpenAIServer
 
 
 def test_an_unreachable_endpoint_fails_the_check_with_exit_75_and_writes_no_cache(isolated_state):

@@ -229,7 +229,7 @@ class MemorySink:
         self.summary = summary
 
     def register(self, texts: Mapping[str, str], *, promote: bool, message: str) -> dict[str, Any]:
-        """As ``record.register_prompts``: a version this run registered with the same text is reused."""
+        """As ``prompt_registry.register_prompts``: a version this run registered with the same text is reused."""
         self.clock.tick("register")
         if not self.registered or self.registered[-1][0] != dict(texts):
             self.registered.append((dict(texts), promote))

@@ -298,7 +298,8 @@ def test_the_proposers_price_threads_and_an_unpriced_proposer_lm():
 
 
 def trial(n: int, calls: int) -> Trial:
-    """Trial ``n``, its dev evaluation of ``calls`` requests (10 tokens and $0.001 each); half done when ``calls < 0``."""
+    """Trial ``n``, its dev evaluation of ``calls`` requests (10 tokens and $0.001 each); half done
+    when ``calls < 0``."""
     evaluation = None if calls < 0 else measured("dev", calls=calls, computed=calls, tokens=10 * calls,
                                                  dollars=0.001 * calls, lm_seconds=calls, seconds=calls)
     return Trial(trial=n, candidate=BASE, evaluation=evaluation)

@@ -11,7 +11,7 @@ from optloop.datasets import load_dataset
 from optloop.embed import get_embedder
 from optloop.lm import LMSettings, OptloopLM
 from optloop.loop.evaluate import Evaluator
-from tests._servers import ScriptedOpenAIServer
+from optloop.testing.scripted import ScriptedOpenAIServer
 
 
 def broken_lm(url: str) -> OptloopLM:

@@ -27,8 +27,8 @@ from optloop.errors import EndpointDownError
 from optloop.lm import LMSettings, OptloopLM
 from optloop.loop.candidate import SiteState
 from optloop.loop.evaluate import Evaluator
+from optloop.testing.loopback import closed_port_url
 from tests._oracle import KeyedEndpoint, gold_answers, without_clock
-from tests._servers import closed_port_url
 
 DATASET = "builtin:tiny"
 

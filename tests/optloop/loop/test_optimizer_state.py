@@ -222,7 +222,7 @@ def test_a_simba_round_runs_programs_in_threads_on_the_real_evaluator(tmp_path):
     from optloop.embed import get_embedder
     from optloop.lm import LMSettings, OptloopLM
     from optloop.loop.evaluate import Evaluator
-    from tests._servers import ScriptedOpenAIServer
+    from optloop.testing.scripted import ScriptedOpenAIServer
 
     dataset = load_dataset("builtin:tiny?limit=2")
     golds = {q.question: q.gold for e in dataset.episodes for q in e.questions}

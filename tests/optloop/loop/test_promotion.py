@@ -11,7 +11,7 @@ from rich.console import Console
 
 from optloop.loop.evaluate import Evaluation, QuestionOutcome
 from optloop.loop.runner import (LoopConfig, LoopResult, held_out_intervals, promotion, small_split_warning)
-from optloop.run import summary_table
+from optloop.run_tables import summary_table
 from optloop.stats import Interval
 
 

@@ -16,9 +16,12 @@ from pathlib import Path
 import pytest
 
 from optloop.errors import ConfigError
+from optloop.interrupt import interruptible
 from optloop.loop.state import Checkpoint, LoopConfig, _digest
-from optloop.run import _run_config, build_parser, choose_run, interruptible, main, resume_command
-from tests._servers import closed_port_url
+from optloop.run import main
+from optloop.run_args import build_parser, run_config
+from optloop.run_resume import choose_run, resume_command
+from optloop.testing.loopback import closed_port_url
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -116,8 +119,8 @@ def test_query_rewrite_reaches_the_config_and_leaves_older_runs_resumable():
     from optloop.cli import lm_settings_from_args
 
     settings = lm_settings_from_args(build_parser().parse_args(["--system", "rag_bm25"]))
-    plain = _run_config(build_parser().parse_args(["--system", "rag_bm25"]), settings)
-    rewrite = _run_config(build_parser().parse_args(["--system", "rag_bm25", "--query-rewrite"]), settings)
+    plain = run_config(build_parser().parse_args(["--system", "rag_bm25"]), settings)
+    rewrite = run_config(build_parser().parse_args(["--system", "rag_bm25", "--query-rewrite"]), settings)
     assert not plain.query_rewrite and rewrite.query_rewrite
     older = {k: v for k, v in plain.model_dump().items() if k != "query_rewrite"}
     assert plain.resume_key() == _digest({k: v for k, v in older.items() if k not in ("tracking_uri", "run_name")})
@@ -143,7 +146,7 @@ def test_exit_75_when_the_endpoint_is_unreachable_at_startup_and_nothing_is_writ
 
 
 def test_exit_75_when_the_endpoint_answers_only_server_errors_at_startup(tmp_path):
-    from tests._servers import ScriptedOpenAIServer
+    from optloop.testing.scripted import ScriptedOpenAIServer
 
     with ScriptedOpenAIServer([("status", 503)]) as server:
         result = run(["--system", "rag_bm25", "--lm", "openai:test", "--lm-base-url", server.base_url,
@@ -153,7 +156,7 @@ def test_exit_75_when_the_endpoint_answers_only_server_errors_at_startup(tmp_pat
 
 
 def test_exit_2_when_the_endpoint_refuses_the_model_at_startup(tmp_path):
-    from tests._servers import ScriptedOpenAIServer
+    from optloop.testing.scripted import ScriptedOpenAIServer
 
     with ScriptedOpenAIServer([("status", 404)]) as server:  # the input (the model name) is wrong, not the server
         result = run(["--system", "rag_bm25", "--lm", "openai:nosuch", "--lm-base-url", server.base_url,
@@ -304,7 +307,8 @@ def test_sigterm_exits_130_marks_the_runs_killed_and_the_same_command_resumes_an
     """Exit 130 and exit 0, on the real CLI against a scripted endpoint (no model): SIGTERM while trial 1 is
     evaluated; then the same command (no --run-name) finds the run, ends the half-done trial's child run
     KILLED and deletes it, redoes it, and finishes with the costs of both processes."""
-    from experiments.bench.crash import OracleEndpoint, env_for, read_store, run_args
+    from experiments.bench.crash import env_for, read_store, run_args
+    from optloop.testing.oracle import OracleEndpoint
 
     runs = tmp_path / "state" / "runs"
 
@@ -357,7 +361,7 @@ def test_sigterm_exits_130_marks_the_runs_killed_and_the_same_command_resumes_an
 
 
 def test_the_summary_says_what_every_process_spent_and_how_many_there_were():
-    from optloop.run import cost_line
+    from optloop.run_tables import cost_line
 
     assert cost_line({"llm_calls": 112, "model_calls": 31, "tokens": 21481, "seconds": 55.04, "processes": 2}) == \
         "112 LLM calls (31 computed), 21481 tokens, 55.0 s; the run took 2 processes"
@@ -410,7 +414,8 @@ def test_estimate_then_max_calls_stops_with_exit_3_and_a_higher_limit_resumes_fr
     loopback endpoint answers deterministically and the edits are seeded, so what is left between them is the
     stores each resumed process rebuilds (its cache hits are requests) and the paraphrase the model expects. An
     --estimate after the first trial measures the optimizer's calls on it instead, within the same bound."""
-    from experiments.bench.crash import OracleEndpoint, env_for, run_args
+    from experiments.bench.crash import env_for, run_args
+    from optloop.testing.oracle import OracleEndpoint
 
     with OracleEndpoint() as endpoint:
         args, env = run_args(tmp_path, 2, endpoint.base_url), env_for(tmp_path, endpoint.base_url)
@@ -472,8 +477,9 @@ def test_max_cost_on_a_priced_model_stops_with_exit_3_and_logs_dollars_per_trial
     """gpt-4o-mini's price (litellm's table) on the scripted endpoint's usage (7 + 3 tokens a call): --max-cost
     stops the run after its first trial; a higher one resumes and finishes it; dollars, calls and tokens are
     logged per trial and per site on the trial's child run, and the run's totals on the parent."""
-    from experiments.bench.crash import OracleEndpoint, env_for, run_args
+    from experiments.bench.crash import env_for, run_args
     from optloop.lm import model_price
+    from optloop.testing.oracle import OracleEndpoint
 
     price = model_price("gpt-4o-mini")
     assert price is not None
@@ -538,10 +544,28 @@ def test_bad_limits_are_one_line_exit_2(args, message, capsys):
 def test_the_limits_are_not_settings_of_the_run():
     """The same command with another limit (or --estimate) resumes the run: none of them reaches the config."""
     from optloop.cli import lm_settings_from_args
-    from optloop.run import _run_config
+    from optloop.run_args import run_config
 
     plain = build_parser().parse_args(["--system", "md_flat"])
     limited = build_parser().parse_args(["--system", "md_flat", "--max-cost", "3", "--max-calls", "9", "--estimate"])
     settings = lm_settings_from_args(plain)
-    assert _run_config(limited, settings).resume_key() == _run_config(plain, settings).resume_key()
-    assert _run_config(limited, settings).digest() == _run_config(plain, settings).digest()
+    assert run_config(limited, settings).resume_key() == run_config(plain, settings).resume_key()
+    assert run_config(limited, settings).digest() == run_config(plain, settings).digest()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--sites", "nosuch"], "--sites nosuch: no such site on rag_bm25; its sites are answer"),
+    (["--knob", "nosuch=3"], "rag_bm25 has no knob(s) ['nosuch']; its knobs are ['top_k']"),
+    (["--knob", "top_k=many"],
+     "--knob top_k='many': rag_bm25's top_k takes a whole number, e.g. --knob top_k=5"),
+])
+def test_bad_sites_and_knobs_are_one_line_exit_2_before_any_state(args, message, tmp_path):
+    """Checked with the input: not after the baseline (--sites), nor as the system is built."""
+    from optloop.testing.scripted import ScriptedOpenAIServer
+
+    with ScriptedOpenAIServer([("ok", "{}")]) as server:
+        result = run(["--system", "rag_bm25", "--lm", "openai:test", "--lm-base-url",
+                      server.base_url, *args], tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip() == f"optloop: error: {message}"
+    assert nothing_written(tmp_path)

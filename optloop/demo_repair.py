@@ -1,9 +1,9 @@
 """One repair case end to end (``make demo-repair``): plant a sabotage, let the loop find and mend it, export.
 
-    python -m experiments.demo_repair             # recall-answer-unknown-prepend: rag_bm25 on synthetic:recall, edit
-    python -m experiments.demo_repair --case answer-echo --dataset "memfail:persona?limit=12" --lm-max-items 8
+    python -m optloop.demo_repair    # recall-answer-unknown-prepend: rag_bm25 on synthetic:recall, edit
+    python -m optloop.demo_repair --case answer-echo --dataset "memfail:persona?limit=12" --lm-max-items 8
 
-1. the sabotage (a case of ``experiments.bench.repair``) is planted as the run's start
+1. the sabotage (a case of :mod:`optloop.faults.sabotages`) is planted as the run's start
    instruction: ``optloop.run --start SITE=TEXT``; the loop is not told which site it is in;
 2. ``optloop.run`` attributes the failures, blames a site and rewrites only that one;
 3. the run's prompts are exported (``optloop.export --format json``) as a product would take them;
@@ -13,7 +13,12 @@
 
 from __future__ import annotations
 
-import argparse
+import os
+
+from optloop.offline import offline_defaults
+
+os.environ.update(offline_defaults())  # first: litellm, mem0 and Hugging Face read them when imported
+
 import json
 import sys
 import time
@@ -21,10 +26,10 @@ from collections.abc import Sequence
 
 from rich.console import Console
 
-from experiments.bench.repair import SABOTAGES
 from optloop import artifacts, export
 from optloop import run as optloop_run
-from optloop.cli import add_lm_arguments, run_cli
+from optloop.cli import CommandParser, parse_command, run_cli
+from optloop.faults.sabotages import SABOTAGES
 from optloop.loop.candidate import prompt_diff
 from optloop.paths import state_dir
 
@@ -39,16 +44,14 @@ def _logged_prompts(run_id: str, artifact: str) -> dict[str, str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m experiments.demo_repair", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser("python -m optloop.demo_repair", __doc__, lm=True)
     parser.add_argument("--case", default="recall-answer-unknown-prepend", choices=[s.name for s in SABOTAGES if s.system != "mem0"],
-                        help="the sabotage to plant (a case of experiments.bench.repair)")
+                        help="the sabotage to plant (a case of optloop.faults.sabotages)")
     parser.add_argument("--dataset", help="the dataset to run on (default: the case's own)")
     parser.add_argument("--optimizer", default="edit", choices=["edit", "simba", "gepa", "optuna"])
     parser.add_argument("--budget", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
-    add_lm_arguments(parser)
-    args = parser.parse_args(argv)
+    args = parse_command(parser, argv)
     lm_flags = [f for flag, value in (("--lm", args.lm), ("--lm-base-url", args.lm_base_url),
                                       ("--lm-max-items", args.lm_max_items), ("--lm-max-chars", args.lm_max_chars))
                 if value is not None for f in (flag, str(value))]

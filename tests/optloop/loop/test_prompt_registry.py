@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from optloop.loop.record import registry_name
+from optloop.loop.prompt_registry import registry_name
 
 
 def test_library_sites_are_not_prefixed_twice_and_shared_sites_get_the_system():

@@ -1,6 +1,6 @@
 """An OpenAI-compatible endpoint on loopback that replays answers from an optloop LM cache file.
 
-    python -m experiments.bench.replay_server --cache .optloop/lm_cache.sqlite \\
+    python -m optloop.testing.replay --cache .optloop/lm_cache.sqlite \\
         --latency-ms 300 --jitter-ms 50 --seed 0 --rate-429 0.1 --retry-after 1
 
 prints its base URL (``http://127.0.0.1:PORT/v1``) on the first line of stdout and serves
@@ -30,7 +30,12 @@ before), so a run at any concurrency sees the same latencies and the same 429s:
 
 from __future__ import annotations
 
-import argparse
+import os
+
+from optloop.offline import offline_defaults
+
+os.environ.update(offline_defaults())  # first: litellm, mem0 and Hugging Face read them when imported
+
 import hashlib
 import json
 import logging
@@ -42,14 +47,16 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from email.message import Message
 from email.utils import formatdate
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
+from optloop.cli import CommandParser, parse_command, run_cli
 from optloop.errors import ConfigError
 from optloop.lm.cache import LMCache
 from optloop.lm.requests import Request, response_format_to_schema
+from optloop.testing.loopback import LoopbackServer, Reply, chat_completion
 
 logger = logging.getLogger(__name__)
 
@@ -86,8 +93,8 @@ def request_keys(body: dict[str, Any], identity: str, decodings: Sequence[str]) 
     schema, json_mode = response_format_to_schema(body.get("response_format"))
     stop = body.get("stop")
     request = Request(messages=list(body.get("messages") or []), schema=schema, json_mode=json_mode,
-                      temperature=body.get("temperature", 0.0), max_tokens=body.get("max_tokens"),
-                      seed=body.get("seed"), stop=[stop] if isinstance(stop, str) else (stop or None))
+                      temperature=body.get("temperature", 0.0), max_tokens=cast(int, body.get("max_tokens")),
+                      seed=cast(int, body.get("seed")), stop=[stop] if isinstance(stop, str) else (stop or None))
     payload = {"model": identity, **asdict(request), "rollout_id": None}
     keys = [LMCache.key({**payload, "decoding": d}) for d in decodings] if json_mode and schema else []
     return [*keys, LMCache.key(payload)]
@@ -137,8 +144,12 @@ class ReplayStats:
     missed: list[str] = field(default_factory=list)  # the first few missed prompts, shortened
 
 
-class ReplayServer:
+class ReplayServer(LoopbackServer):
     """The replay endpoint on 127.0.0.1 (a context manager; ``base_url`` once started)."""
+
+    protocol_version = "HTTP/1.1"  # keep-alive: a client's pooled connections are reused
+    backlog = 256  # a burst of N new connections is not refused
+    thread_name = "replay-server"
 
     def __init__(self, responses: dict[str, dict[str, Any]], *, identity: str,
                  decodings: Sequence[str] = DEFAULT_DECODINGS, config: ReplayConfig | None = None, port: int = 0):
@@ -149,52 +160,23 @@ class ReplayServer:
         self.stats = ReplayStats()
         self._asked: Counter[str] = Counter()
         self._lock = threading.Lock()
-        server = self
+        super().__init__(port)
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"  # keep-alive: a client's pooled connections are reused
+    def get(self, path: str) -> Reply:
+        if path.rstrip("/").endswith("/stats"):
+            with self._lock:
+                return Reply(200, asdict(self.stats))
+        return Reply(404, {"error": {"message": "GET /stats or POST /v1/chat/completions"}})
 
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def do_GET(self) -> None:  # noqa: N802 - http.server naming
-                if self.path.rstrip("/").endswith("/stats"):
-                    with server._lock:
-                        self._send(200, asdict(server.stats))
-                else:
-                    self._send(404, {"error": {"message": "GET /stats or POST /v1/chat/completions"}})
-
-            def do_POST(self) -> None:  # noqa: N802
-                length = int(self.headers.get("content-length") or 0)
-                try:
-                    body = json.loads(self.rfile.read(length) or b"{}")
-                except json.JSONDecodeError:
-                    self._send(400, {"error": {"message": "body is not JSON", "type": "invalid_request_error"}})
-                    return
-                if not self.path.rstrip("/").endswith("/chat/completions"):
-                    self._send(404, {"error": {"message": f"no route {self.path}", "type": "invalid_request_error"}})
-                    return
-                code, payload, headers, delay = server.answer(body)
-                if delay > 0:
-                    time.sleep(delay)
-                self._send(code, payload, headers)
-
-            def _send(self, code: int, payload: Any, headers: dict[str, str] | None = None) -> None:
-                data = json.dumps(payload).encode()
-                self.send_response(code)
-                self.send_header("content-type", "application/json")
-                self.send_header("content-length", str(len(data)))
-                for name, value in (headers or {}).items():
-                    self.send_header(name, value)
-                self.end_headers()
-                self.wfile.write(data)
-
-        class Server(ThreadingHTTPServer):
-            daemon_threads = True
-            request_queue_size = 256  # a burst of N new connections is not refused
-
-        self.httpd = Server(("127.0.0.1", port), Handler)
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True, name="replay-server")
+    def post(self, path: str, body: bytes, headers: Message) -> Reply:
+        try:
+            request = json.loads(body or b"{}")
+        except json.JSONDecodeError:
+            return Reply(400, {"error": {"message": "body is not JSON", "type": "invalid_request_error"}})
+        if not path.rstrip("/").endswith("/chat/completions"):
+            return Reply(404, {"error": {"message": f"no route {path}", "type": "invalid_request_error"}})
+        code, payload, extra, delay = self.answer(request)
+        return Reply(code, payload, extra, delay_s=delay)
 
     # --- what a request gets -------------------------------------------------------------
 
@@ -221,8 +203,8 @@ class ReplayServer:
                 self.stats.injected_429 += 1
         if key is None:
             if body.get("max_tokens") == 1:
-                return 200, _completion(body, "ok", {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}), \
-                    {}, 0.0
+                usage = {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
+                return 200, chat_completion(body, "ok", usage, id="replay-probe", model="replay"), {}, 0.0
             return 400, {"error": {"message": "no recorded response for this request (replay server)",
                                    "type": "invalid_request_error", "code": "replay_miss"}}, {}, 0.0
         if refused:
@@ -237,30 +219,9 @@ class ReplayServer:
             self.stats.latency_s += delay
         return 200, {**self.responses[key], "model": body.get("model", "replay")}, {}, delay
 
-    # --- lifecycle -----------------------------------------------------------------------
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-
-    def __enter__(self) -> ReplayServer:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
-def _completion(body: dict[str, Any], content: str, usage: dict[str, int]) -> dict[str, Any]:
-    return {"id": "replay-probe", "object": "chat.completion", "created": 0, "model": body.get("model", "replay"),
-            "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": content}}],
-            "usage": usage}
-
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m experiments.bench.replay_server",
-                                     description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser = CommandParser("python -m optloop.testing.replay", __doc__)
     parser.add_argument("--cache", type=Path, required=True, help="an optloop LM cache file (lm_cache.sqlite)")
     parser.add_argument("--identity", help="model identity the cache was written under (default: the bundled GGUF)")
     parser.add_argument("--decoding", action="append", help=f"backend decoding to try (repeatable; default "
@@ -272,16 +233,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--retry-after", type=float, default=1.0, help="seconds in the 429's Retry-After")
     parser.add_argument("--retry-after-date", action="store_true", help="send Retry-After as an HTTP date")
     parser.add_argument("--port", type=int, default=0)
-    args = parser.parse_args(argv)
-    try:
-        config = ReplayConfig(latency_ms=args.latency_ms, jitter_ms=args.jitter_ms, seed=args.seed,
-                              rate_429=args.rate_429, retry_after=args.retry_after,
-                              retry_after_date=args.retry_after_date)
-        responses = load_cache(args.cache)
-        identity = args.identity or bundled_identity()
-    except ConfigError as exc:
-        print(f"replay_server: error: {exc}", file=sys.stderr)
-        return 2
+    args = parse_command(parser, argv)
+    config = ReplayConfig(latency_ms=args.latency_ms, jitter_ms=args.jitter_ms, seed=args.seed,
+                          rate_429=args.rate_429, retry_after=args.retry_after, retry_after_date=args.retry_after_date)
+    responses = load_cache(args.cache)  # a missing or unreadable cache: one line, exit 2 (run_cli)
+    identity = args.identity or bundled_identity()
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     with ReplayServer(responses, identity=identity, decodings=args.decoding or DEFAULT_DECODINGS, config=config,
@@ -297,4 +253,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_cli(main))

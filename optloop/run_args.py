@@ -1,0 +1,245 @@
+"""The closed loop: find which prompt makes a memory system fail, rewrite only that one, measure.
+
+    python -m optloop.run --system mem0 --budget 3
+    python -m optloop.run --system graphiti --dataset memfail:coexisting?limit=12 --budget 20 --optimizer gepa
+    python -m optloop.run --system rag_bm25 --budget 10 --optimizer optuna --untargeted   # the ablation
+
+What happens:
+  1. the dataset is split train / dev / test by episode (a conversation never straddles splits);
+  2. the baseline (the library's own prompts) runs on train and dev, every wrong answer is
+     attributed to its decisive operation, and blame is summed per prompt site and knob;
+  3. the optimizer rewrites only the blamed sites (every site with --untargeted); each
+     candidate is evaluated on dev, one MLflow child run per candidate; when a candidate
+     becomes the best, its failures are re-attributed and the optimizer follows the blame;
+  4. the baseline and the best candidate run on the held-out test split; changed prompts are
+     registered in the MLflow Prompt Registry as optloop.<site> (optloop.mem0.extract;
+     optloop.<system>.answer), and the `champion` alias moves only when the held-out gain is
+     more than noise: the 95% CI of the per-question delta lies above 0 (--promote-if).
+
+Every accuracy is reported with its n and a 95% bootstrap CI over the questions: on a test
+split of 12 questions one question is 0.083 of accuracy, and a 95% CI spans about ±0.3.
+
+One evaluation (what --budget counts) = one candidate run over the dev split: ingest every
+dev episode (reusing the stored result when the candidate's ingest prompts are unchanged),
+answer every dev question, attribute every failure. SIMBA's and GEPA's own mini-batch runs
+on train are the optimizer's cost: their LLM calls are reported, they are not evaluations.
+
+Results: `make ui` (MLflow UI on mlruns/, offline-safe; see the README), experiment
+optloop-<system>.
+
+Resume: the same command resumes the latest unfinished run of the same settings
+(system, dataset, optimizer, seed, budget, targeting, start, knobs, split, LM settings)
+and says so in one line; --new starts afresh; --run-name NAME starts or resumes that
+run by name. Everything evaluated is read back, a half-done trial is redone, and the
+costs of every process that worked on the run add up. SIGTERM or Ctrl-C checkpoints
+the run, marks its MLflow runs KILLED, prints the command that resumes it and exits
+with code 130.
+
+LM faults: transient faults of an OpenAI-compatible endpoint (HTTP 5xx, dropped
+connections, truncated or non-JSON bodies, timeouts) are retried (--lm-retries,
+--lm-timeout); one that outlasts the retries fails the question it hit and the run
+goes on. An endpoint that is unavailable at startup, or stays unreachable during the
+run (refused, timing out twice in a call, or answering only HTTP 5xx to 3 calls in a
+row), stops it with exit code 75, the state saved: rerun the same command to resume.
+
+Spending limits: --max-cost USD and --max-calls N stop the run at the next step boundary
+(after the baseline, after a trial, before a held-out evaluation) once the run's total over
+every process has reached them: the checkpoint is kept, the MLflow parent run ends KILLED
+with the tag optloop.stopped_by, and the same command with a higher limit resumes it (the
+limits are not part of the run's settings). The total may pass a limit by one step.
+--max-cost needs a model with a price (litellm's table): for any other, use --max-calls.
+--estimate evaluates the baseline, prints the expected calls, tokens, dollars and hours of
+the whole run (the trials' evaluations and the optimizer's own calls on train and to the
+proposer), and stops; the same command without --estimate goes on from that baseline.
+
+Outside services and stores: the tracking server (--tracking-uri), a database --storage and
+the LM endpoint are each probed once at start with a bounded timeout, and the state directory
+and the MLflow store must be writable, before anything is written. MLflow's own HTTP retries
+are bounded (MLFLOW_HTTP_REQUEST_MAX_RETRIES=3, ..._TIMEOUT=10 unless set), so a tracking
+server lost mid-run stops the run like a lost LM endpoint: saved, exit 75, the same command
+resumes it. A full disk or a store that turns read-only stops it saved with exit 74. A
+checkpoint the same command cannot read is refused (exit 2: --new starts afresh and ends
+its MLflow run KILLED); one whose parent run the tracking store lacks (another
+--tracking-uri, mlruns/ deleted) resumes into a new parent run there. docs/reliability.md
+has every case.
+
+Exit codes: 0 done (or --estimate printed); 2 bad input (an unknown system, a budget out of
+range, a missing or malformed dataset, a corrupt LM cache or checkpoint, a finished
+--run-name, --max-cost on a model without a price: one line, before anything is written);
+3 stopped at --max-cost or --max-calls (saved: raise the limit and rerun); 74 a full disk
+or an unwritable state directory or MLflow store (EX_IOERR: free space or fix the
+permission named, then rerun the same command); 75 the LM endpoint, the tracking server
+or the --storage database unavailable (EX_TEMPFAIL: rerun when it is back); 130
+interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from optloop.cli import CommandParser
+from optloop.errors import ConfigError
+from optloop.lm import LMSettings
+from optloop.loop.runner import MAX_BUDGET, LoopConfig, check_fractions
+from optloop.run_tables import model_name
+from systems import SYSTEMS
+
+# The LM settings that change what the model answers: part of a run's settings (LoopConfig.lm_settings), so
+# the same command with another context window or decoding bound is another run. The endpoint's URL,
+# timeout and retries are not (a server that moved still serves the same run).
+ANSWER_SETTINGS = ("backend", "model", "schema_mode", "temperature", "max_tokens", "seed", "n_ctx",
+                   "max_string_chars", "max_array_items")
+
+
+def _whole_number(text: str, low: int, high: float, what: str) -> int:
+    """``text`` as a whole number from ``low`` to ``high``, else argparse's one-line error (``what``: the range)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if not low <= value <= high:
+        raise argparse.ArgumentTypeError(f"{value} is out of range: {what}")
+    return value
+
+
+def _budget(text: str) -> int:
+    return _whole_number(text, 1, MAX_BUDGET, f"give 1 to {MAX_BUDGET} candidate evaluations")
+
+
+def _max_calls(text: str) -> int:
+    return _whole_number(text, 1, float("inf"), "give at least 1 model call")
+
+
+def _max_cost(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of dollars, e.g. 5 or 0.50") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a limit above 0 dollars")
+    return value
+
+
+def _split(text: str) -> tuple[float, float, float]:
+    try:
+        fractions = tuple(float(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give three numbers TRAIN,DEV,TEST, e.g. 0.5,0.25,0.25") from None
+    try:
+        return check_fractions(fractions)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r}: {exc}") from None
+
+
+class _OneLineParser(CommandParser):
+    """argparse, but a usage error is one ``optloop: error:`` line (exit 2), like every other bad input."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"optloop: error: {' '.join(message.split())}; see {self.prog} --help\n")
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _OneLineParser("python -m optloop.run", __doc__, lm=True)
+    parser.add_argument("--system", default="mem0", choices=list(SYSTEMS), metavar="SYSTEM",
+                        help=f"memory system: {', '.join(SYSTEMS)} (default mem0)")
+    parser.add_argument("--dataset", default="builtin:tiny",
+                        help="dataset URI (default builtin:tiny): builtin:tiny, memfail:<task>, locomo:<path>, "
+                             "longmemeval:<path>, meme:<path>, synthetic:meme?seed=K, jsonl:<path>; "
+                             "?limit=N keeps the first N episodes")
+    parser.add_argument("--budget", type=_budget, default=3, help="candidate evaluations on dev (default 3)")
+    parser.add_argument("--optimizer", choices=["simba", "gepa", "optuna", "edit"], default="simba",
+                        help="simba (default), gepa, optuna (TPE over proposed instructions and knobs), or edit "
+                             "(GrIPS-style phrase edits of the blamed instruction: delete, swap, paraphrase, add "
+                             "back; needs no strong proposer)")
+    parser.add_argument("--proposer-lm", metavar="SPEC",
+                        help="LM that writes new instructions (SIMBA rules, GEPA reflection, Optuna proposals); "
+                             "same spec syntax as --lm; default: the system's LM")
+    parser.add_argument("--seed", type=int, default=0, help="split, optimizer and bootstrap seed (default 0)")
+    parser.add_argument("--split", type=_split, default=LoopConfig.model_fields["fractions"].default,
+                        metavar="TRAIN,DEV,TEST",
+                        help="shares of the episodes for train, dev and test (default 0.5,0.25,0.25; each above 0, "
+                             "summing to 1). A 95%% CI on n questions spans about ±1/sqrt(n): 24 test questions, "
+                             "±0.2; give dev and test more (0.4,0.3,0.3) or use more episodes")
+    parser.add_argument("--promote-if", choices=["ci", "delta"], default="ci",
+                        help="when the prompt registry's champion alias moves to the best candidate: ci (default) "
+                             "when the 95%% CI of its held-out gain lies above 0, i.e. the gain is unlikely to be "
+                             "noise; delta when the point gain is above 0 (on a small test split that also promotes "
+                             "noise)")
+    parser.add_argument("--untargeted", action="store_true",
+                        help="ablation: let the optimizer rewrite every site, not only the blamed ones")
+    parser.add_argument("--sites", help="comma-separated sites to optimize instead of the blamed ones")
+    parser.add_argument("--start", action="append", default=[], metavar="SITE=TEXT",
+                        help="start from this instruction at SITE instead of the system's own (repeatable): your "
+                             "product's current prompt, or a planted fault; SITE=+TEXT appends TEXT to the site's "
+                             "own instruction, SITE=TEXT+ puts it in front (see optloop.faults.sabotages)")
+    parser.add_argument("--query-rewrite", action="store_true",
+                        help="give the system a retrieve.query site: the LM rewrites each question into a search "
+                             "query before retrieval, and that prompt is optimized like the others (not for "
+                             "long_context, which never searches)")
+    parser.add_argument("--knob", action="append", default=[], metavar="NAME=VALUE",
+                        help="start from this knob value (repeatable), e.g. --knob top_k=3")
+    parser.add_argument("--run-name", help="MLflow run name; starts that run, or resumes it if unfinished (default: "
+                                           "resume the latest unfinished run of these settings, else a new "
+                                           "<system>-<optimizer>-<time>)")
+    parser.add_argument("--new", action="store_true",
+                        help="start a new run even if an unfinished run of these settings exists")
+    parser.add_argument("--tracking-uri", help="MLflow tracking URI (default sqlite:///mlruns/mlflow.db)")
+    parser.add_argument("--storage", help="Optuna storage URL (default SQLite in the run directory; "
+                                          "postgresql://... to share a study)")
+    parser.add_argument("--json", metavar="OUT", help="also write the result (or the --estimate) as JSON here")
+    spend = parser.add_argument_group(
+        "spending", "checked at step boundaries against the run's total over every process; not part of the run's "
+                    "settings, so the same command with a higher limit resumes a stopped run (exit code 3)")
+    spend.add_argument("--max-cost", type=_max_cost, metavar="USD",
+                       help="stop once the run has spent this many dollars (a model with a price only; the run may "
+                            "pass it by one step)")
+    spend.add_argument("--max-calls", type=_max_calls, metavar="N",
+                       help="stop once the models have computed this many calls (LM cache hits are free)")
+    spend.add_argument("--estimate", action="store_true",
+                       help="evaluate the baseline, print the expected calls, tokens, dollars and hours of the whole "
+                            "run, the optimizer's own calls included, and stop (the same command without --estimate "
+                            "goes on from that baseline)")
+    return parser
+
+
+def _pairs(pairs: list[str], flag: str, example: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name.strip() or not value.strip():
+            raise ConfigError(f"{flag} {pair!r}: write {example}")
+        out[name.strip()] = value
+    return out
+
+
+def _knobs(pairs: list[str]) -> dict[str, object]:
+    knobs: dict[str, object] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep:
+            raise ConfigError(f"--knob {pair!r}: write NAME=VALUE, e.g. --knob top_k=3")
+        try:
+            knobs[name] = json.loads(value)
+        except json.JSONDecodeError:
+            knobs[name] = value
+    return knobs
+
+def run_config(args: argparse.Namespace, settings: LMSettings) -> LoopConfig:
+    """The run's settings from the flags (the run name is chosen later: see :func:`choose_run`)."""
+    return LoopConfig(system=args.system, dataset=args.dataset, budget=args.budget, optimizer=args.optimizer,
+                      seed=args.seed, untargeted=args.untargeted,
+                      sites=[s.strip() for s in args.sites.split(",") if s.strip()] if args.sites else None,
+                      run_name=args.run_name or "-", tracking_uri=args.tracking_uri, storage=args.storage,
+                      lm=args.lm or "local", proposer_lm=args.proposer_lm or "same", knobs=_knobs(args.knob),
+                      start=_pairs(args.start, "--start", "SITE=TEXT, e.g. --start 'answer=+Be brief.'"),
+                      fractions=args.split, promote_if=args.promote_if, query_rewrite=args.query_rewrite,
+                      lm_settings=settings.model_dump(mode="json", include=set(ANSWER_SETTINGS)))
+
+
+def check_priced(settings: LMSettings, proposer: LMSettings | None) -> None:
+    """``--max-cost`` needs every LM of the run to have a price: without one its calls cost "nothing" and the limit
+    would never stop the run. A :class:`ConfigError` (exit 2) naming the model, before anything is written."""
+    for which, lm in (("", settings), ("the proposer LM ", proposer)):
+        if lm is not None and lm.price() is None:
+            raise ConfigError(f"--max-cost: {which}{model_name(lm)} has no price in litellm's model cost map, so its "
+                              "dollars are unknown; limit the run with --max-calls N instead")

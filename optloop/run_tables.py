@@ -1,0 +1,150 @@
+"""What ``python -m optloop.run`` prints: the result's tables, the ``--estimate``, and the lines for a run
+that stopped (money, durations and accuracies with their CIs, formatted once here)."""
+
+from __future__ import annotations
+
+from rich.table import Table
+
+from optloop.attribution.taxonomy import Target
+from optloop.lm import LMSettings, Usage
+from optloop.loop.runner import Checkpoint, LoopConfig, LoopResult
+from optloop.loop.spend import MAX_COST, STOPPED_BY, Estimate, RunStopped, run_dollars
+from optloop.stats import Interval, bootstrap_mean
+
+
+def _accuracy(interval: Interval) -> str:
+    """``0.458 [0.250, 0.667] n=24``"""
+    return f"{interval.estimate:.3f} [{interval.low:.3f}, {interval.high:.3f}] n={interval.n}"
+
+
+def _dev_accuracy(accuracy: float, n: int, seed: int) -> str:
+    """A dev accuracy with its CI, from its count alone (a bootstrap of 0/1 scores depends only on how
+    many passed)."""
+    passes = round(accuracy * n)
+    return _accuracy(bootstrap_mean([1.0] * passes + [0.0] * (n - passes), seed=seed))
+
+
+def summary_table(result: LoopResult) -> Table:
+    cfg = result.config
+    cost = result.cost
+    table = Table(title=f"optloop.run {cfg.run_name}: {cfg.system} on {cfg.dataset}, {cfg.optimizer}, "
+                        f"budget {cfg.budget}" + (" (untargeted)" if cfg.untargeted else ""))
+    table.add_column("")
+    table.add_column("baseline", justify="right")
+    table.add_column("best", justify="right")
+    table.add_column("delta", justify="right")
+    table.add_row("dev accuracy", _dev_accuracy(result.baseline_dev, result.n_dev, cfg.seed),
+                  _dev_accuracy(result.best_dev, result.n_dev, cfg.seed),
+                  f"{result.best_dev - result.baseline_dev:+.3f} (best of {result.evaluations + 1} on dev)")
+    table.add_row("test accuracy (held out)", _accuracy(result.test_before_ci), _accuracy(result.test_after_ci),
+                  str(result.delta_test_ci))
+    table.add_section()
+    table.add_row("blamed", ", ".join(result.targets) or "(no failure attributed to a site)", "", "")
+    table.add_row("optimized", ", ".join(result.tunable_sites + [str(Target.knob(k)) for k in result.tunable_knobs]), "", "")
+    changed = result.changed_sites + [f"{k}={v}" for k, v in result.changed_knobs.items()]
+    table.add_row("changed (best)", ", ".join(changed) or "nothing (baseline stays best)",
+                  f"trial {result.best_trial}", "")
+    table.add_row("promoted", result.promotion_reason, "", "")
+    table.add_section()
+    table.add_row("evaluations / budget", f"{result.evaluations} / {cfg.budget}", "", "")
+    table.add_row("cost", cost_line(cost), "", "")
+    return table
+
+
+def cost_line(cost: dict[str, int | float]) -> str:
+    """The run's cost in one line: every process that worked on it, added up (and how many there were)."""
+    processes = int(cost.get("processes", 1))
+    dollars = f", {money(run_dollars(cost))}" if "cost_usd" in cost or "proposer_cost_usd" in cost else ""
+    return (f"{cost.get('llm_calls', 0):.0f} LLM calls ({cost.get('model_calls', 0):.0f} computed), "
+            f"{cost.get('tokens', 0):.0f} tokens, {cost.get('seconds', 0):.1f} s{dollars}; "
+            f"the run took {processes} process{'es' if processes != 1 else ''}")
+
+
+def money(dollars: float) -> str:
+    """``$12.35``, ``$0.0123``, or a tiny amount with its digits (``$2.9e-06``) rather than ``$0.0000``."""
+    if dollars == 0 or dollars >= 1:
+        return f"${dollars:.2f}"
+    return f"${dollars:.4f}" if dollars >= 0.0001 else f"${dollars:.2g}"
+
+
+def tried_table(result: LoopResult) -> Table:
+    """What the optimizer tried: every evaluated candidate with its dev accuracy (a 0 -> 0 run says what failed)."""
+    table = Table(title=f"candidates tried on dev (baseline {result.baseline_dev:.3f}, n={result.n_dev})")
+    for col, justify in (("trial", "right"), ("dev", "right"), ("changed", "left"), ("how", "left")):
+        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    for t in result.tried:
+        mark = " best" if t.trial == result.best_trial else ""
+        table.add_row(str(t.trial), f"{t.dev:.3f}{mark}", ", ".join(t.changed) or "-", t.origin)
+    return table
+
+
+def fault_line(usage: Usage) -> str | None:
+    """What LM faults did to this run, in one line (``None`` when there were none)."""
+    if not usage.faults:
+        return None
+    surfaced = usage.faults - usage.cured
+    return (f"LM faults: {usage.faults} failed attempt(s); {usage.cured} cured by a retry, {surfaced} in "
+            f"{usage.errors} call(s) that failed after their retries (see lm_faults in MLflow, fault graphs in the "
+            "run directory)")
+
+def model_name(settings: LMSettings) -> str:
+    """The model as the user named it: ``openai:gpt-4o-mini``, a GGUF path, or the embedded model."""
+    if settings.backend == "openai":
+        return f"openai:{settings.model}"
+    return settings.model or "the embedded model"
+
+def stopped_line(stop: RunStopped, ckpt: Checkpoint, config: LoopConfig, again: str) -> str:
+    """What a run stopped by a spending limit says: the limit, what the run spent, where it stands, how to go on."""
+    flag = "--max-cost" if stop.reason == MAX_COST else "--max-calls"
+    return (f"optloop: stopped: {stop} ({cost_line(ckpt.total_cost())}); run {config.run_name} is saved "
+            f"({ckpt.progress(config.budget)}), its MLflow parent run marked KILLED ({STOPPED_BY}={stop.reason}); "
+            f"re-run the same command with a higher {flag} to go on: {again}")
+
+
+def _cell(value: float | None, fmt: str) -> str:
+    return "unknown" if value is None else format(value, fmt)
+
+
+def duration(hours: float) -> str:
+    """``37.5 h``, ``25 min``, ``12 s``: an estimate's time in the unit that reads best."""
+    if hours >= 1:
+        return f"{hours:.1f} h"
+    return f"{hours * 60:.0f} min" if hours >= 1 / 60 else f"{hours * 3600:.0f} s"
+
+
+def estimate_table(figures: Estimate, config: LoopConfig, settings: LMSettings) -> Table:
+    """The ``--estimate`` of a run, one row per part (see :mod:`optloop.loop.spend` for the model)."""
+    table = Table(title=f"estimate for {config.run_name}: {config.system} on {config.dataset}, {config.optimizer}, "
+                        f"budget {config.budget}, {model_name(settings)}, --concurrency {figures.concurrency}")
+    for column in ("part", "evaluations", "calls", "tokens", "dollars", "time"):
+        table.add_column(column, justify="left" if column == "part" else "right")
+    for part in [*figures.parts, figures.total]:
+        if part is figures.total:
+            table.add_section()
+        dollars = ("unknown" if figures.priced else "no price") if part.cost_usd is None else money(part.cost_usd)
+        table.add_row(part.part, str(part.evaluations), str(part.calls), _cell(part.tokens, "d"), dollars,
+                      "unknown" if part.hours is None else duration(part.hours))
+    return table
+
+
+def optimizer_line(figures: Estimate, config: LoopConfig) -> str:
+    """What the optimizer's part stands for: its calls a trial and where the figure comes from."""
+    work = figures.optimizer
+    if work is None:
+        return f"optimizer: {config.optimizer}'s own calls are not estimated (no model of them)"
+    source = "" if work.measured else f"the {work.optimizer} model (optloop/loop/overhead.py): "
+    return (f"optimizer: {work.per_trial(config.budget):.1f} calls a trial ({work.calls:.0f} on train with the system "
+            f"LM, {work.proposer_calls:.0f} to the proposer, over the run), from {source}{work.basis}")
+
+
+def estimate_lines(figures: Estimate, ckpt: Checkpoint, config: LoopConfig, go_on: str) -> list[str]:
+    """The estimate's model and what to do next, in plain lines."""
+    latency = "unknown (no call was computed: the LM cache served them all)" if figures.latency_s is None else \
+        f"{figures.latency_s:.3f} s, measured on the baseline's dev evaluation"
+    return [f"how: {figures.model}",
+            optimizer_line(figures, config),
+            f"mean latency of one computed call: {latency}",
+            *figures.floor_lines(),
+            f"spent so far: {cost_line(ckpt.total_cost())}",
+            f"nothing else ran: the baseline is saved in run {config.run_name}; the same command without --estimate "
+            f"goes on from it: {go_on}"]

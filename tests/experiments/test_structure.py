@@ -1,0 +1,61 @@
+"""``experiments.structure`` on small trees written here, and the product's import graph itself."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from experiments.structure import import_cycles, long_lines, longest_classes, longest_modules
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def write(root: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return root
+
+
+def test_an_import_inside_a_function_or_under_type_checking_still_makes_a_cycle(tmp_path):
+    root = write(
+        tmp_path,
+        {
+            "optloop/__init__.py": "",
+            "optloop/a.py": "from optloop import b\n",
+            "optloop/b.py": "def f():\n    from optloop.c import g\n",
+            "optloop/c.py": (
+                "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from . import a\n"
+            ),
+            "optloop/d.py": "import optloop.a\n",
+        },
+    )
+    assert import_cycles(root) == [["optloop.a", "optloop.b", "optloop.c"]]
+
+
+def test_a_tree_without_cycles_has_none_and_its_sizes_are_counted(tmp_path):
+    root = write(
+        tmp_path,
+        {
+            "optloop/__init__.py": "",
+            "optloop/a.py": (
+                "from optloop.b import X\n\n\nclass Big:\n"
+                "    def one(self):\n        pass\n\n"
+                "    def two(self):\n        pass\n"
+            ),
+            "optloop/b.py": "X = 1  " + "#" * 100 + "\n",
+        },
+    )
+    assert import_cycles(root) == []
+    assert longest_modules(root)[0] == {"module": "optloop/a.py", "lines": 9}
+    assert longest_classes(root) == [{"class": "optloop/a.py:Big", "lines": 6, "methods": 2}]
+    assert long_lines(root)["lines"] == 1 and long_lines(root)["most"] == {"optloop/b.py": 1}
+
+
+@pytest.mark.xfail(
+    strict=True, reason="optloop.lm.backends makes the backends that import it (endpoint, llama)"
+)
+def test_optloop_systems_and_signatures_import_no_cycle():
+    assert import_cycles(REPO) == []
