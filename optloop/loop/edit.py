@@ -10,20 +10,34 @@ phrase at a time.
 One round here, from the current best candidate, for each target site (the
 blamed ones, most blamed first):
 
-1. the site's instruction is split into phrases (sentences, then clauses);
-2. the edits proposed are single-phrase deletions (an ablation of the
-   instruction; ``deletions`` phrases, drawn at random from a longer one), the
-   deletion of every phrase (the signature's own default instruction, built by
-   DSPy from its fields), and ``extra`` random edits (swap, paraphrase, add;
-   one or two composed, as GrIPS's ``num_compose``);
+1. the site's instruction is split into units a person could strike out and
+   leave complete sentences (sentences, semicolon clauses, list items:
+   :mod:`optloop.loop.units`);
+2. the edits proposed are single-unit deletions (an ablation of the
+   instruction): every deletion the failures point at (below), then random
+   ones up to ``deletions``; the deletion of every unit (the signature's own
+   default instruction, built by DSPy from its fields); and ``extra`` random
+   edits (swap, paraphrase, add; one or two composed, as GrIPS's
+   ``num_compose``). An edit that leaves malformed text (a sentence cut short,
+   an unmatched quote, an empty sentence: :func:`optloop.loop.units.problems`)
+   is dropped before anything runs it;
 3. every site's edits are scored together on a seeded mini-batch of train
    questions (GrIPS's score set; these runs are the optimizer's cost, not
    evaluations of ``--budget``: ``--estimate`` counts them, with the best's
    screening and the paraphrase calls, by :func:`optloop.loop.overhead.edit_work`);
-4. the edits are queued best train score first, and the loop evaluates them on
-   dev, one per budget unit. When the queue is spent, the next round edits the
+4. the edits are queued with the best-supported deletions first, then best train
+   score first, and the loop evaluates them on dev, one per budget unit. When the queue is spent, the next round edits the
    best candidate so far (GrIPS's greedy search); the loop retargets the sites
    when re-attribution moves the blame.
+
+**Evidence.** The attributions of the best candidate's dev failures blamed on a site
+hold what the decisive operation said (for ``answer``, the model's answer). A unit
+that would make the model say it (its text contains the failing answer, or a
+quoted phrase of it is in the answer) is *supported* by that failure; a deletion
+supported by at least :data:`MIN_SUPPORT` failures and a quarter of them is tried
+first, and its reason is part of the candidate's ``origin`` (the trial line and
+the MLflow ``origin`` parameter): ``answer del 2 (deleted sentence 3: 14 of 16
+failures answered "I don't know")``.
 
 The optimizer sees only the instruction it starts from and the attributions of
 its failures: nothing else of the system's original prompt.
@@ -32,8 +46,11 @@ its failures: nothing else of the system's original prompt.
 from __future__ import annotations
 
 import logging
+import math
 import random
 import re
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -42,30 +59,45 @@ import dspy
 from optloop.lm import prompt_site
 from optloop.loop.candidate import Candidate, SiteState
 from optloop.loop._base import PROPOSER_SITE, Optimizer
-from optloop.text import sentences
+from optloop.loop.units import Instruction, Kind, problems
+from optloop.text import normalize
 
 if TYPE_CHECKING:
+    from optloop.attribution import Attribution
     from optloop.datasets import Dataset
     from optloop.loop.evaluate import Evaluation
 
 logger = logging.getLogger(__name__)
 
-_CLAUSE = re.compile(r"(?<=[,;:])\s+")
+MIN_SUPPORT = 2  # failures that must point at a unit before its deletion goes first
+_QUOTED = re.compile(r'"([^"]+)"|\u201c([^\u201d]+)\u201d')
 
 
 def phrases(instruction: str) -> list[str]:
-    """``instruction`` as phrases: sentences, and the clauses of a sentence with commas or semicolons.
+    """The editable units of ``instruction`` (sentences, semicolon clauses, list items), as written."""
+    return [u.body for u in Instruction.parse(instruction).editable]
 
-    ``" ".join(phrases(text))`` is ``text`` with its white space folded.
+
+def support(instruction: Instruction, failures: Sequence[Attribution]) -> dict[int, tuple[int, str]]:
+    """Editable units the failures point at: unit -> (how many failures, the reason in words).
+
+    A failure points at a unit when what the decisive operation said (``details["output"]``, else the
+    prediction) is in the unit's text, or a quoted phrase of the unit is in what it said: the unit
+    tells the model to say what the failing answers said. Units pointed at by fewer than
+    :data:`MIN_SUPPORT` failures, or fewer than a quarter of them, are left out.
     """
-    out: list[str] = []
-    for sentence in sentences(" ".join(instruction.split())):
-        out += [c for c in _CLAUSE.split(sentence) if c]
+    said = [str(a.details.get("output") or a.prediction or "").strip() for a in failures]
+    floor = max(MIN_SUPPORT, math.ceil(len(said) / 4))
+    out: dict[int, tuple[int, str]] = {}
+    for k, unit in enumerate(instruction.editable):
+        text = f" {normalize(unit.body)} "
+        quoted = [normalize(a or b) for a, b in _QUOTED.findall(unit.body)]
+        hits = [s for s in said if (n := normalize(s)) and (f" {n} " in text or any(
+            q and f" {q} " in f" {n} " for q in quoted))]
+        if len(hits) >= floor:
+            common = Counter(hits).most_common(1)[0][0]
+            out[k] = (len(hits), f"{len(hits)} of {len(said)} failures answered {common[:60]!r}")
     return out
-
-
-def join(parts: list[str]) -> str:
-    return " ".join(p.strip() for p in parts if p.strip())
 
 
 class ParaphrasePhrase(dspy.Signature):
@@ -77,10 +109,13 @@ class ParaphrasePhrase(dspy.Signature):
 
 @dataclass
 class Edit:
-    """One edited instruction and the operations that made it (``"del 2"``, ``"swap 0,3"``, ...)."""
+    """One edited instruction, the operations that made it (``"del 2"``, ``"swap 0,3"``, ...), how many
+    failures support it (:func:`support`) and why, in words."""
 
     text: str
     ops: list[str]
+    support: int = 0
+    reason: str = ""
 
 
 class EditOptimizer(Optimizer):
@@ -95,7 +130,8 @@ class EditOptimizer(Optimizer):
         self.extra = extra
         self.bsize = bsize
         self.queue: list[Candidate] = []
-        self.pool: dict[str, list[str]] = {}  # per site, every phrase its edited instructions held ("add" draws here)
+        self.pool: dict[str, list[tuple[str, Kind]]] = {}  # per site, every unit its instructions held ("add")
+        self.rejected = 0  # edits dropped as malformed text
         self.rng = random.Random(self.seed)
         self.minibatch = self._minibatch(self.trainset)
         self.screened: dict[str, float] = {}  # candidate digest -> train mini-batch accuracy
@@ -105,7 +141,7 @@ class EditOptimizer(Optimizer):
     def propose(self, best: Candidate, best_eval: Evaluation) -> Candidate | None:
         if not self.queue and self.sites:
             self.rounds += 1
-            self.queue = self.round(best)
+            self.queue = self.round(best, best_eval)
         return self.queue.pop(0) if self.queue else None
 
     def release(self, candidate: Candidate) -> None:
@@ -113,72 +149,104 @@ class EditOptimizer(Optimizer):
 
     # --- one round -----------------------------------------------------------------------
 
-    def round(self, best: Candidate) -> list[Candidate]:
-        """Edits of every target site's instruction in ``best``, screened together on the train mini-batch,
-        best first (ties: the more blamed site, then the proposal order)."""
-        fresh: list[Candidate] = []
+    def round(self, best: Candidate, best_eval: Evaluation | None = None) -> list[Candidate]:
+        """Edits of every target site's instruction in ``best``, screened together on the train mini-batch:
+        the deletions ``best_eval``'s failures support first (most supported first), then best train score
+        first (ties: the more blamed site, then the proposal order)."""
+        failures = best_eval.attributions() if best_eval is not None else []
+        fresh: list[tuple[int, Candidate]] = []
         for site in self.sites:
-            for edit in self.edits(best.sites[site].instructions, site):
+            blamed = [a for a in failures if a.target == site]
+            for edit in self.edits(best.sites[site].instructions, site, blamed):
                 state = SiteState(instructions=edit.text, demos=best.sites[site].demos)
-                candidate = best.model_copy(update={"sites": {**best.sites, site: state},
-                                                    "origin": f"edit round {self.rounds}: {site} {'; '.join(edit.ops)}"})
+                why = f" ({edit.reason})" if edit.reason else ""
+                candidate = best.model_copy(update={
+                    "sites": {**best.sites, site: state},
+                    "origin": f"edit round {self.rounds}: {site} {'; '.join(edit.ops)}{why}"})
                 if candidate.digest() not in self.seen and candidate.digest() != best.digest():
                     self.seen.add(candidate.digest())
-                    fresh.append(candidate)
+                    fresh.append((edit.support, candidate))
         if not fresh:
             return []
         self._screen_all([best, *fresh])
         base_score = self._screen(best)
-        scored = [(self._screen(c), i, c) for i, c in enumerate(fresh)]
-        scored.sort(key=lambda t: (-t[0], t[1]))
+        scored = [(sup, self._screen(c), i, c) for i, (sup, c) in enumerate(fresh)]
+        scored.sort(key=lambda t: (-t[0], -t[1], t[2]))
         logger.info("edit round %d on %s: %d edits, train mini-batch %.2f (best) -> %s", self.rounds,
-                    ", ".join(self.sites), len(scored), base_score, ", ".join(f"{s:.2f}" for s, _, _ in scored))
-        return [c for _, _, c in scored]
+                    ", ".join(self.sites), len(scored), base_score, ", ".join(f"{s:.2f}" for _, s, _, _ in scored))
+        return [c for *_, c in scored]
 
-    def edits(self, instruction: str, site: str) -> list[Edit]:
-        """Single-phrase deletions (``deletions`` of them, drawn at random when the instruction has more
-        phrases), the deletion of all phrases, then ``extra`` random composed edits."""
-        parts = phrases(instruction)
+    def edits(self, instruction: str, site: str, failures: Sequence[Attribution] = ()) -> list[Edit]:
+        """The deletions ``failures`` support (:func:`support`), more single-unit deletions up to
+        ``deletions`` (drawn at random when the instruction has more units), the deletion of all units,
+        then ``extra`` random composed edits; any edit whose text has a problem the instruction did not
+        have (:func:`~optloop.loop.units.problems`) is dropped."""
+        start = Instruction.parse(instruction)
+        units = start.editable
         pool = self.pool.setdefault(site, [])
-        pool += [p for p in parts if p not in pool]
-        drop = sorted(self.rng.sample(range(len(parts)), min(self.deletions, len(parts)))) if len(parts) > 1 else []
-        out = [Edit(join(parts[:i] + parts[i + 1:]), [f"del {i}"]) for i in drop]
+        pool += [(u.body, u.kind) for u in units if (u.body, u.kind) not in pool]
+        backed = support(start, failures) if len(units) > 1 else {}
+        first = sorted(backed, key=lambda k: (-backed[k][0], k))
+        rest = [k for k in range(len(units)) if k not in backed]
+        room = max(self.deletions - len(first), 0)
+        drop = first + sorted(self.rng.sample(rest, min(room, len(rest)))) if len(units) > 1 else []
+        out = []
+        for k in drop:
+            count, why = backed.get(k, (0, ""))
+            reason = f"deleted {start.label(k)}: {why}" if why else ""
+            out.append(Edit(start.delete(k).text, [f"del {k}"], count, reason))
         out.append(Edit(self.default_instruction(site), ["del all (the signature's default instruction)"]))
         for k in range(self.extra):
-            text, ops = list(parts), list[str]()
+            text, ops = start, list[str]()
             for _ in range(self.rng.choice((1, 2))):  # GrIPS's num_compose
-                gone = [p for p in pool if p not in text]  # phrases an earlier edit deleted: "add" puts one back
+                present = {(u.body, u.kind) for u in text.editable}
+                gone = [p for p in pool if p not in present]  # units an earlier edit deleted: "add" puts one back
                 op = self.rng.choice([o for o in ("swap", "par", "add", "del") if self._can(o, text, gone)])
                 text = self._apply(op, text, ops, gone, rollout=self.rounds * 100 + k)
-            out.append(Edit(join(text), ops))
-        return [e for e in out if e.text.strip()]
+            out.append(Edit(text.text, ops))
+        before = problems(instruction)
+        kept = []
+        for edit in out:
+            new = [p for p in problems(edit.text) if p not in before] if edit.text.strip() else ["empty"]
+            if new:
+                self.rejected += 1
+                logger.info("edit %s of %s dropped, not well-formed: %s", "; ".join(edit.ops), site, new[0])
+            else:
+                kept.append(edit)
+        return kept
 
     @staticmethod
-    def _can(op: str, parts: list[str], gone: list[str]) -> bool:
-        return {"swap": len(parts) > 1, "add": bool(gone), "del": len(parts) > 1}.get(op, bool(parts))
+    def _swappable(text: Instruction) -> list[tuple[int, int]]:
+        units = text.editable
+        return [(i, j) for i in range(len(units)) for j in range(i + 1, len(units))
+                if units[i].kind == units[j].kind != "clause" and units[i].group == units[j].group]
 
-    def _apply(self, op: str, parts: list[str], ops: list[str], gone: list[str], *, rollout: int) -> list[str]:
-        parts = list(parts)
+    def _can(self, op: str, text: Instruction, gone: list[tuple[str, Kind]]) -> bool:
+        n = len(text.editable)
+        return {"swap": bool(self._swappable(text)), "add": bool(gone), "del": n > 1}.get(op, n > 0)
+
+    def _apply(self, op: str, text: Instruction, ops: list[str], gone: list[tuple[str, Kind]], *,
+               rollout: int) -> Instruction:
+        n = len(text.editable)
         if op == "del":
-            i = self.rng.randrange(len(parts))
-            parts.pop(i)
+            i = self.rng.randrange(n)
             ops.append(f"del {i}")
-        elif op == "swap":
-            i, j = self.rng.sample(range(len(parts)), 2)
-            parts[i], parts[j] = parts[j], parts[i]
+            return text.delete(i)
+        if op == "swap":
+            i, j = self.rng.choice(self._swappable(text))
             ops.append(f"swap {i},{j}")
-        elif op == "add":
-            phrase = self.rng.choice(gone)
-            i = self.rng.randrange(len(parts) + 1)
-            parts.insert(i, phrase)
+            return text.swap(i, j)
+        if op == "add":
+            body, kind = self.rng.choice(gone)
+            i = self.rng.randrange(n + 1)
             ops.append(f"add at {i}")
-        else:
-            i = self.rng.randrange(len(parts))
-            new = self.paraphrase(parts[i], rollout=rollout)
-            if new:
-                parts[i] = new
-                ops.append(f"par {i}")
-        return parts
+            return text.insert(i, body, kind)
+        i = self.rng.randrange(n)
+        new = self.paraphrase(text.editable[i].body, rollout=rollout)
+        if new:
+            ops.append(f"par {i}")
+            return text.replace_body(i, new)
+        return text
 
     def paraphrase(self, phrase: str, *, rollout: int) -> str | None:
         """The proposer LM's paraphrase of one phrase (``None`` when it fails or echoes it)."""
@@ -224,4 +292,4 @@ class EditOptimizer(Optimizer):
         return self.screened[digest]
 
 
-__all__ = ["EditOptimizer", "phrases"]
+__all__ = ["EditOptimizer", "phrases", "support"]

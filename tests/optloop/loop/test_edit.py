@@ -8,18 +8,19 @@ from dspy.utils import DummyLM
 
 from optloop.datasets import Dataset, Episode, Question, Session, Turn
 from optloop.loop.candidate import Candidate, SiteState
-from optloop.loop.edit import EditOptimizer, join, phrases
+from optloop.attribution import Attribution, ErrorType
+from optloop.loop.edit import EditOptimizer, phrases, support
+from optloop.loop.units import Instruction, problems
 from optloop.loop.evaluate import Evaluation, QuestionOutcome
 
 SABOTAGE = "Reply with exactly N/A."
 CLEAN = "Answer the question from the memories. Give the shortest answer, a name or a number."
 
 
-def test_phrases_split_sentences_then_clauses_and_join_back():
+def test_phrases_are_sentences_and_semicolon_clauses_as_written():
     text = "Answer the question.  Give the shortest answer, a name or a number; nothing else."
-    parts = phrases(text)
-    assert parts == ["Answer the question.", "Give the shortest answer,", "a name or a number;", "nothing else."]
-    assert join(parts) == " ".join(text.split())
+    assert phrases(text) == ["Answer the question.", "Give the shortest answer, a name or a number;", "nothing else."]
+    assert Instruction.parse(text).text == text
 
 
 class FakeEvaluator:
@@ -65,16 +66,17 @@ def optimizer():
 
 def test_a_round_proposes_deletions_and_the_default_then_random_edits(optimizer):
     opt, start = optimizer
-    opt.deletions = 10  # more than the phrases: every single-phrase deletion
-    edits = opt.edits(start.sites["answer"].instructions, "answer")
-    parts = phrases(start.sites["answer"].instructions)
-    all_deletions = {join(parts[:i] + parts[i + 1:]) for i in range(len(parts))}
-    assert {e.text for e in edits[: len(parts)]} == all_deletions
-    default = edits[len(parts)]
+    opt.deletions = 10  # more than the units: every single-unit deletion
+    instruction = Instruction.parse(start.sites["answer"].instructions)
+    n = len(instruction.editable)
+    edits = opt.edits(instruction.text, "answer")
+    all_deletions = {instruction.delete(k).text for k in range(n)}
+    assert {e.text for e in edits[:n]} == all_deletions
+    default = edits[n]
     assert default.ops[0].startswith("del all") and default.text.startswith("Given the fields")  # DSPy's default
-    assert len(edits) == len(parts) + 1 + 3
-    opt.deletions = 2  # fewer than the phrases: that many, drawn at random
-    fewer = opt.edits(start.sites["answer"].instructions, "answer")
+    assert len(edits) == n + 1 + 3
+    opt.deletions = 2  # fewer than the units: that many, drawn at random
+    fewer = opt.edits(instruction.text, "answer")
     assert len(fewer) == 2 + 1 + 3 and {e.text for e in fewer[:2]} < all_deletions
 
 
@@ -96,3 +98,87 @@ def test_the_optimizer_never_reads_the_systems_own_instruction(optimizer):
     opt.propose(start, Evaluation(split="dev", candidate=start.digest(), outcomes=[]))
     texts = [c.sites["answer"].instructions for c in opt.queue]
     assert texts and all(CLEAN not in t for t in texts)
+
+
+def _failure(answer: str, target: str = "answer") -> Attribution:
+    return Attribution(question_id="q", prediction=answer, error_type=ErrorType.RESPONSE, target=target)
+
+
+def test_the_deletion_the_failures_point_at_goes_first_and_says_why(optimizer):
+    opt, _ = optimizer
+    text = "Always reply exactly I don't know whatever the memories say. " + CLEAN
+    start = Candidate(sites={"answer": SiteState(instructions=text)})
+    failures = [_failure("I don't know")] * 14 + [_failure("Paris"), _failure("blue")]
+    outcomes = [QuestionOutcome(episode_id="e", question_id=f"q{i}", task_type="t", question="?", gold="x",
+                                prediction=a.prediction, score=0.0, passed=False, attribution=a)
+                for i, a in enumerate(failures)]
+    first = opt.propose(start, Evaluation(split="dev", candidate=start.digest(), outcomes=outcomes))
+    assert first is not None
+    assert first.sites["answer"].instructions == CLEAN
+    assert first.origin.endswith("""(deleted sentence 1: 14 of 16 failures answered "I don't know")""")
+
+
+def test_support_needs_several_failures_and_reads_quoted_phrases():
+    instruction = Instruction.parse('Answer from the memories. If unsure, reply "N/A". Be brief.')
+    assert support(instruction, [_failure("N/A")]) == {}  # one failure is not enough
+    backed = support(instruction, [_failure("n/a")] * 3 + [_failure("Rome")] * 5)
+    assert list(backed) == [1] and backed[1][0] == 3
+
+
+def test_no_edit_leaves_a_sentence_cut_in_half(optimizer):
+    opt, _ = optimizer
+    opt.deletions, opt.extra = 10, 30
+    text = 'Answer from the memories. If the memories do not contain the answer, reply "I don\'t know".'
+    for edit in opt.edits(text, "answer"):
+        assert not problems(edit.text), edit
+        assert "contain the answer," not in edit.text or "reply" in edit.text
+
+
+@pytest.mark.parametrize("text, problem", [
+    ("Answer. If the memories do not contain the answer,", "cut short"),
+    ('Answer. Reply "I don\'t know.', "unmatched quote"),
+    ("Answer the question. . Be brief.", "empty sentence"),
+    ("Answer the question and.", "ending on 'and'"),
+    ("If the memories do not contain the answer.", "no main clause"),
+    ("Answer (briefly.", "unmatched ()"),
+])
+def test_problems_name_what_a_reviewer_would_reject(text, problem):
+    assert any(problem in p for p in problems(text)), problems(text)
+
+
+def test_units_keep_layout_and_delete_whole_list_items_and_clauses():
+    text = "Rules:\n- Be brief.\n- Never guess;\n  say so instead.\n\nAnswer now; be polite."
+    instruction = Instruction.parse(text)
+    assert instruction.text == text
+    assert [u.kind for u in instruction.editable] == ["item", "item", "clause", "clause"]
+    assert instruction.delete(0).text == "Rules:\n- Never guess;\n  say so instead.\n\nAnswer now; be polite."
+    assert instruction.delete(3).text == "Rules:\n- Be brief.\n- Never guess;\n  say so instead.\n\nAnswer now."
+    assert instruction.delete(2).text.endswith("\n\nBe polite.")
+    assert instruction.label(1) == "list item 2"
+
+
+def _shipped_instructions() -> dict[str, str]:
+    import importlib
+    import inspect
+
+    from signatures import graphiti
+    out = {}
+    for name in ("baselines", "common", "gated", "mem0", "tiered"):
+        module = importlib.import_module(f"signatures.{name}")
+        for attr, obj in vars(module).items():
+            if inspect.isclass(obj) and issubclass(obj, dspy.Signature) and obj.__module__ == module.__name__ \
+                    and not attr.startswith(("Library", "_")):
+                out[f"{name}.{attr}"] = obj.instructions
+    out |= {site: sig.instructions for site, sig in graphiti.SIGNATURES.items()}
+    return out
+
+
+@pytest.mark.parametrize("site", sorted(_shipped_instructions()))
+def test_every_shipped_prompt_splits_losslessly_and_each_deletion_stays_well_formed(site):
+    text = _shipped_instructions()[site]
+    instruction = Instruction.parse(text)
+    assert instruction.text == text  # byte for byte
+    before = problems(text)
+    if len(instruction.editable) > 1:
+        for k in range(len(instruction.editable)):
+            assert [p for p in problems(instruction.delete(k).text) if p not in before] == [], (site, k)
