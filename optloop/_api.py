@@ -1,18 +1,16 @@
 """optloop in Python: :func:`optimize` runs the closed loop (``optloop.attribute(...)``, which
 attributes a system's failures, lives with its command in :mod:`optloop.attribute`).
 
-It runs exactly what ``optloop run`` runs and returns the result object instead of printing it. Heavy modules (DSPy, MLflow, the memory libraries) are imported inside
-the functions, so ``import optloop`` stays cheap and changes nothing in the process's environment.
+It runs exactly what ``optloop run`` runs and returns the result object instead of printing
+it. Heavy modules (DSPy, MLflow, the memory libraries) are imported inside the functions, so
+``import optloop`` stays cheap and changes nothing in the process's environment.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
-
-from pydantic import BaseModel, ConfigDict, Field
 
 from optloop.offline import offline_defaults
 

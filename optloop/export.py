@@ -46,7 +46,9 @@ import os
 
 from optloop.offline import offline_defaults
 
-os.environ.update(offline_defaults())  # first: litellm, mem0 and Hugging Face read them when imported
+os.environ.update(
+    offline_defaults()
+)  # first: litellm, mem0 and Hugging Face read them when imported
 
 import argparse
 import ast
@@ -63,7 +65,13 @@ from pydantic import BaseModel, Field
 from optloop import artifacts
 from optloop.cli import CommandParser, parse_command, run_cli
 from optloop.errors import ConfigError
-from optloop.product import SchemaMode, library_of, load_registry_prompt, loop_sampling, response_format
+from optloop.product import (
+    SchemaMode,
+    library_of,
+    load_registry_prompt,
+    loop_sampling,
+    response_format,
+)
 
 FORMATS = ("json", "mem0", "graphiti", "dspy", "pack")
 PACK_FORMAT = "optloop.prompt-pack/1"
@@ -92,22 +100,33 @@ def from_run(run_id: str) -> Bundle:
     try:
         run = client.get_run(run_id)
     except MlflowException:
-        raise ConfigError(f"no MLflow run {run_id!r} in this store; pass the run id python -m optloop.run printed "
-                          "(or see `make ui`), and --tracking-uri if the run is in another store") from None
+        raise ConfigError(
+            f"no MLflow run {run_id!r} in this store; pass the run id python -m optloop.run printed "
+            "(or see `make ui`), and --tracking-uri if the run is in another store"
+        ) from None
     tags, params = run.data.tags, run.data.params
     if parent := tags.get("mlflow.parentRunId"):
-        raise ConfigError(f"run {run_id} is a trial (child run) of optloop run {parent}; export the parent run")
+        raise ConfigError(
+            f"run {run_id} is a trial (child run) of optloop run {parent}; export the parent run"
+        )
     system = params.get("system") or tags.get("optloop.system")
     if not system:
-        raise ConfigError(f"run {run_id} is not an optloop.run parent run (it has no 'system' parameter); "
-                          "pass the run id python -m optloop.run printed")
+        raise ConfigError(
+            f"run {run_id} is not an optloop.run parent run (it has no 'system' parameter); "
+            "pass the run id python -m optloop.run printed"
+        )
     logged = {a.path for a in client.list_artifacts(run_id)}
     if artifacts.PROMPTS_AFTER not in logged:
-        raise ConfigError(f"run {run_id} has no {artifacts.PROMPTS_AFTER}: it has not finished; resume it with the "
-                          "same python -m optloop.run command and --run-name")
+        raise ConfigError(
+            f"run {run_id} has no {artifacts.PROMPTS_AFTER}: it has not finished; resume it with the "
+            "same python -m optloop.run command and --run-name"
+        )
     prompts = json.loads(_artifact_text(run_id, artifacts.PROMPTS_AFTER))
-    knobs = json.loads(_artifact_text(run_id, artifacts.BEST_CANDIDATE)).get("knobs", {}) \
-        if artifacts.BEST_CANDIDATE in logged else {}
+    knobs = (
+        json.loads(_artifact_text(run_id, artifacts.BEST_CANDIDATE)).get("knobs", {})
+        if artifacts.BEST_CANDIDATE in logged
+        else {}
+    )
     program = _artifact_text(run_id, artifacts.PROGRAM) if artifacts.PROGRAM in logged else None
     source: dict[str, Any] = {"run_id": run_id, "run_name": run.info.run_name, "system": system}
     try:  # the run's LM settings (a param, written as a Python dict): its sampling is the export's
@@ -115,18 +134,30 @@ def from_run(run_id: str) -> Bundle:
     except (ValueError, SyntaxError):
         settings = {}
     if isinstance(settings, dict) and settings:
-        source["lm_settings"] = {k: v for k, v in settings.items() if k in ("temperature", "max_tokens", "seed")}
-    return Bundle(system=system, prompts=prompts, knobs=knobs, program=program, label=f"run {run_id}",
-                  source=source)
+        source["lm_settings"] = {
+            k: v for k, v in settings.items() if k in ("temperature", "max_tokens", "seed")
+        }
+    return Bundle(
+        system=system,
+        prompts=prompts,
+        knobs=knobs,
+        program=program,
+        label=f"run {run_id}",
+        source=source,
+    )
 
 
 def _artifact_text(run_id: str, path: str) -> str:
     import mlflow
 
-    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # stderr stays one line on success
+    os.environ.setdefault(
+        "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false"
+    )  # stderr stays one line on success
 
     with tempfile.TemporaryDirectory() as tmp:
-        local = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=path, dst_path=tmp)
+        local = mlflow.artifacts.download_artifacts(
+            run_id=run_id, artifact_path=path, dst_path=tmp
+        )
         return Path(local).read_text(encoding="utf-8")
 
 
@@ -136,21 +167,29 @@ def from_prompt(ref: str) -> Bundle:
     source = {"prompt": found.name, "version": found.version, "system": found.system}
     if found.alias:
         source["alias"] = found.alias
-    return Bundle(system=found.system, prompts={found.site: found.text}, source=source,
-                  label=f"prompt {found.name} version {found.version}")
+    return Bundle(
+        system=found.system,
+        prompts={found.site: found.text},
+        source=source,
+        label=f"prompt {found.name} version {found.version}",
+    )
 
 
 # --- formats ---------------------------------------------------------------------------------
 
 
-def render(bundle: Bundle, fmt: str, *, schema_mode: SchemaMode = "json_schema", command: str = "") -> str:
+def render(
+    bundle: Bundle, fmt: str, *, schema_mode: SchemaMode = "json_schema", command: str = ""
+) -> str:
     """The file ``fmt`` makes of ``bundle``; a :class:`ConfigError` when the format does not fit the source."""
     if fmt == "json":
         return json.dumps(bundle.prompts, indent=1, ensure_ascii=False) + "\n"
     if fmt == "dspy":
         if bundle.program is None:
-            raise ConfigError(f"--format dspy needs a run's DSPy program; {bundle.label} has none (export a run with "
-                              "--run, or use --format json)")
+            raise ConfigError(
+                f"--format dspy needs a run's DSPy program; {bundle.label} has none (export a run with "
+                "--run, or use --format json)"
+            )
         return bundle.program
     if fmt in ("mem0", "graphiti"):
         return _module(bundle, fmt, schema_mode=schema_mode, command=command)
@@ -168,9 +207,15 @@ def prompt_pack(bundle: Bundle) -> dict[str, Any]:
 
         if bundle.system in SYSTEMS:
             knob_values = dict(getattr(get_system(bundle.system), "knob_values", {}))
-    return {"format": PACK_FORMAT, "system": bundle.system, "prompts": dict(bundle.prompts),
-            "knobs": dict(bundle.knobs), "knob_values": knob_values,
-            "sites": {site: _site_fields(site) for site in bundle.prompts}, "source": dict(bundle.source)}
+    return {
+        "format": PACK_FORMAT,
+        "system": bundle.system,
+        "prompts": dict(bundle.prompts),
+        "knobs": dict(bundle.knobs),
+        "knob_values": knob_values,
+        "sites": {site: _site_fields(site) for site in bundle.prompts},
+        "source": dict(bundle.source),
+    }
 
 
 def _site_fields(site: str) -> dict[str, Any] | None:
@@ -184,8 +229,13 @@ def _site_fields(site: str) -> dict[str, Any] | None:
     from signatures.gated import SITE_SIGNATURES as GATED_SIGNATURES
     from signatures.tiered import SITE_SIGNATURES as TIERED_SIGNATURES
 
-    signatures = {**TIERED_SIGNATURES, **GATED_SIGNATURES, ANSWER: AnswerFromMemories, QUERY_REWRITE: RewriteQuery,
-                  MD_FLAT_CURATE: CurateMarkdownMemory}
+    signatures = {
+        **TIERED_SIGNATURES,
+        **GATED_SIGNATURES,
+        ANSWER: AnswerFromMemories,
+        QUERY_REWRITE: RewriteQuery,
+        MD_FLAT_CURATE: CurateMarkdownMemory,
+    }
     signature: Any = signatures.get(site)
     if signature is None:
         return None
@@ -197,10 +247,17 @@ def _site_fields(site: str) -> dict[str, Any] | None:
     def type_name(annotation: Any) -> str:
         return str(annotation) if getattr(annotation, "__origin__", None) else annotation.__name__
 
-    return {"inputs": {name: desc(field) for name, field in signature.input_fields.items()},
-            "outputs": {name: {"type": type_name(field.annotation), "desc": desc(field),
-                               "schema": pydantic.TypeAdapter(field.annotation).json_schema()}
-                        for name, field in signature.output_fields.items()}}
+    return {
+        "inputs": {name: desc(field) for name, field in signature.input_fields.items()},
+        "outputs": {
+            name: {
+                "type": type_name(field.annotation),
+                "desc": desc(field),
+                "schema": pydantic.TypeAdapter(field.annotation).json_schema(),
+            }
+            for name, field in signature.output_fields.items()
+        },
+    }
 
 
 def _module(bundle: Bundle, library: str, *, schema_mode: SchemaMode, command: str) -> str:
@@ -208,25 +265,43 @@ def _module(bundle: Bundle, library: str, *, schema_mode: SchemaMode, command: s
 
     sites = [s for s in bundle.prompts if library_of(s) == library]
     if bundle.system not in (None, library):
-        other = f"--format {bundle.system} or json" if library_of(f"{bundle.system}.") else "--format json"
-        raise ConfigError(f"--format {library} needs {library} prompts; {bundle.label} holds {bundle.system} "
-                          f"prompts (use {other})")
+        other = (
+            f"--format {bundle.system} or json"
+            if library_of(f"{bundle.system}.")
+            else "--format json"
+        )
+        raise ConfigError(
+            f"--format {library} needs {library} prompts; {bundle.label} holds {bundle.system} "
+            f"prompts (use {other})"
+        )
     if not sites:
-        raise ConfigError(f"--format {library} needs {library} prompts; {bundle.label} holds only "
-                          f"{', '.join(sorted(bundle.prompts))}, optloop's own step (use --format json)")
+        raise ConfigError(
+            f"--format {library} needs {library} prompts; {bundle.label} holds only "
+            f"{', '.join(sorted(bundle.prompts))}, optloop's own step (use --format json)"
+        )
     own = _library_texts(library, sites)
     data: dict[str, tuple[str, Any]] = {"PROMPTS": ("dict[str, str]", bundle.prompts)}
     if library == "mem0":
-        data["RESPONSE_FORMATS"] = ("dict[str, dict[str, Any]]", {s: response_format(s, schema_mode) for s in sites})
+        data["RESPONSE_FORMATS"] = (
+            "dict[str, dict[str, Any]]",
+            {s: response_format(s, schema_mode) for s in sites},
+        )
         data["SAMPLING"] = ("dict[str, Any]", loop_sampling(bundle.source.get("lm_settings")))
     module = _template(library)
-    data |= {"LIBRARY_SHA256": ("dict[str, str]", {s: module.sha256(t) for s, t in own.items()}),
-             "KNOBS": ("dict[str, Any]", bundle.knobs), "SOURCE": ("dict[str, Any]", bundle.source)}
+    data |= {
+        "LIBRARY_SHA256": ("dict[str, str]", {s: module.sha256(t) for s, t in own.items()}),
+        "KNOBS": ("dict[str, Any]", bundle.knobs),
+        "SOURCE": ("dict[str, Any]", bundle.source),
+    }
     written_by = " ".join((command or "python -m optloop.export").split())  # a comment: one line
-    header = (f"# Written by `{written_by}` ({' '.join(bundle.label.split())}).\n"
-              "# Standalone: needs only the memory library. Export again rather than edit PROMPTS by hand.\n")
+    header = (
+        f"# Written by `{written_by}` ({' '.join(bundle.label.split())}).\n"
+        "# Standalone: needs only the memory library. Export again rather than edit PROMPTS by hand.\n"
+    )
     text = fill(template_source(f"{library}_prompts"), data, header)
-    compile(text, f"{library}_prompts.py", "exec")  # a template or data bug fails here, not in the product
+    compile(
+        text, f"{library}_prompts.py", "exec"
+    )  # a template or data bug fails here, not in the product
     return text
 
 
@@ -244,7 +319,9 @@ def _library_texts(library: str, sites: list[str]) -> dict[str, str]:
         own = library_prompts()
         unknown = sorted(set(sites) - set(own))
         if unknown:
-            raise ConfigError(f"{', '.join(unknown)}: mem0 has no such prompt; its sites are {', '.join(own)}")
+            raise ConfigError(
+                f"{', '.join(unknown)}: mem0 has no such prompt; its sites are {', '.join(own)}"
+            )
         return {s: own[s] for s in sites}
     from signatures.graphiti import library_system_prompt
 
@@ -263,7 +340,9 @@ def check_out(out: str) -> Path | None:
         return None
     path = Path(out).expanduser()
     if path.is_dir():
-        raise ConfigError(f"--out {out} is a directory; name the file to write, e.g. {path / 'prompts.py'}")
+        raise ConfigError(
+            f"--out {out} is a directory; name the file to write, e.g. {path / 'prompts.py'}"
+        )
     parent = path.parent if str(path.parent) else Path(".")
     if not parent.is_dir():
         raise ConfigError(f"--out {out}: directory {parent} does not exist; create it first")
@@ -295,7 +374,9 @@ def write(path: Path | None, text: str) -> None:
         os.replace(tmp, path)
     except OSError as exc:
         Path(tmp).unlink(missing_ok=True)
-        raise ConfigError(f"--out {path}: cannot write ({exc.strerror or exc}); pick another path") from None
+        raise ConfigError(
+            f"--out {path}: cannot write ({exc.strerror or exc}); pick another path"
+        ) from None
 
 
 # --- command line ----------------------------------------------------------------------------
@@ -305,14 +386,26 @@ def build_parser() -> argparse.ArgumentParser:
     parser = CommandParser("python -m optloop.export", __doc__)
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--run", metavar="RUN_ID", help="a finished optloop.run parent run")
-    source.add_argument("--prompt", metavar="REF", help="a registry prompt: NAME@ALIAS or NAME/VERSION")
-    parser.add_argument("--format", required=True, choices=FORMATS, help="json | mem0 | graphiti | dspy | pack")
-    parser.add_argument("--out", required=True, metavar="PATH", help="file to write (- for stdout)")
-    parser.add_argument("--schema-mode", choices=["json_schema", "json_object"], default="json_schema",
-                        help="mem0 format: how the module asks for the JSON schema; json_schema (OpenAI, vLLM; "
-                             "default) or json_object (a llama.cpp server), as the run's LM endpoint did")
-    parser.add_argument("--tracking-uri", help="MLflow tracking URI (default sqlite:///mlruns/mlflow.db, or "
-                                               "MLFLOW_TRACKING_URI)")
+    source.add_argument(
+        "--prompt", metavar="REF", help="a registry prompt: NAME@ALIAS or NAME/VERSION"
+    )
+    parser.add_argument(
+        "--format", required=True, choices=FORMATS, help="json | mem0 | graphiti | dspy | pack"
+    )
+    parser.add_argument(
+        "--out", required=True, metavar="PATH", help="file to write (- for stdout)"
+    )
+    parser.add_argument(
+        "--schema-mode",
+        choices=["json_schema", "json_object"],
+        default="json_schema",
+        help="mem0 format: how the module asks for the JSON schema; json_schema (OpenAI, vLLM; "
+        "default) or json_object (a llama.cpp server), as the run's LM endpoint did",
+    )
+    parser.add_argument(
+        "--tracking-uri",
+        help="MLflow tracking URI (default sqlite:///mlruns/mlflow.db, or MLFLOW_TRACKING_URI)",
+    )
     return parser
 
 
@@ -324,11 +417,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     tracking.open_existing(args.tracking_uri)
     bundle = from_run(args.run) if args.run else from_prompt(args.prompt)
     source = shlex.join(["--run", args.run] if args.run else ["--prompt", args.prompt.strip()])
-    text = render(bundle, args.format, schema_mode=args.schema_mode,
-                  command=f"python -m optloop.export {source} --format {args.format}")
+    text = render(
+        bundle,
+        args.format,
+        schema_mode=args.schema_mode,
+        command=f"python -m optloop.export {source} --format {args.format}",
+    )
     write(out, text)
     if out is not None:
-        print(f"wrote {out} ({args.format}, {len(bundle.prompts)} prompt(s) from {bundle.label})", file=sys.stderr)
+        print(
+            f"wrote {out} ({args.format}, {len(bundle.prompts)} prompt(s) from {bundle.label})",
+            file=sys.stderr,
+        )
     return 0
 
 

@@ -24,7 +24,10 @@ def interruptible() -> Iterator[list[str]]:
         got.append(signal.Signals(signum).name)
         if len(got) == 1:
             raise KeyboardInterrupt(got[0])
-        print(f"optloop: {got[-1]} again: still saving the run (SIGKILL stops at once)", file=sys.stderr)
+        print(
+            f"optloop: {got[-1]} again: still saving the run (SIGKILL stops at once)",
+            file=sys.stderr,
+        )
 
     previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:

@@ -72,8 +72,10 @@ def registry_uri(ref: str) -> tuple[str, str | None]:
     """``prompts:/NAME@ALIAS`` for any accepted spelling of a reference, and the alias (if any)."""
     match = _REF.match(ref.strip())
     if match is None:
-        raise ConfigError(f"prompt reference {ref!r}: write NAME@ALIAS or NAME/VERSION (optionally with prompts:/ "
-                          "in front), e.g. optloop.mem0.extract@champion")
+        raise ConfigError(
+            f"prompt reference {ref!r}: write NAME@ALIAS or NAME/VERSION (optionally with prompts:/ "
+            "in front), e.g. optloop.mem0.extract@champion"
+        )
     name, alias, version = match["name"], match["alias"], match["version"]
     return (f"prompts:/{name}@{alias}" if alias else f"prompts:/{name}/{version}"), alias
 
@@ -102,13 +104,23 @@ def load_registry_prompt(ref: str) -> RegistryPrompt:
         found = mlflow.genai.load_prompt(uri)
     except MlflowException as exc:
         reason = " ".join(str(exc.message).split())
-        raise ConfigError(f"prompt {ref}: {reason} in the MLflow Prompt Registry at this tracking URI; "
-                          "`make ui` lists registered prompts (optloop.<site>, alias champion)") from None
+        raise ConfigError(
+            f"prompt {ref}: {reason} in the MLflow Prompt Registry at this tracking URI; "
+            "`make ui` lists registered prompts (optloop.<site>, alias champion)"
+        ) from None
     if not isinstance(found.template, str):
-        raise ConfigError(f"prompt {ref} is a chat prompt; optloop registers (and exports) text prompts only")
+        raise ConfigError(
+            f"prompt {ref} is a chat prompt; optloop registers (and exports) text prompts only"
+        )
     system, site = site_of(found.name, found.tags or {})
-    return RegistryPrompt(name=found.name, version=int(found.version), alias=alias, system=system, site=site,
-                          text=found.template)
+    return RegistryPrompt(
+        name=found.name,
+        version=int(found.version),
+        alias=alias,
+        system=system,
+        site=site,
+        text=found.template,
+    )
 
 
 def library_of(site: str) -> str | None:
@@ -131,12 +143,22 @@ def response_format(site: str, schema_mode: SchemaMode = "json_schema") -> dict[
 
     signatures = {"mem0.extract": Mem0Extract, "mem0.rerank": Mem0Rerank}
     if site not in signatures:
-        raise ConfigError(f"no response schema for site {site!r}; mem0's sites are {', '.join(signatures)}")
+        raise ConfigError(
+            f"no response schema for site {site!r}; mem0's sites are {', '.join(signatures)}"
+        )
     schema, json_mode = response_format_to_schema(output_model(signatures[site]))
-    request = Request(messages=[], schema=schema, json_mode=json_mode, temperature=0.0, max_tokens=1, seed=0)
+    request = Request(
+        messages=[], schema=schema, json_mode=json_mode, temperature=0.0, max_tokens=1, seed=0
+    )
     # No request is sent: the backend only encodes the format (its client never connects).
-    backend = OpenAICompatibleBackend(LMSettings(backend="openai", model="export", base_url="http://127.0.0.1:9/v1",
-                                                 schema_mode=schema_mode))
+    backend = OpenAICompatibleBackend(
+        LMSettings(
+            backend="openai",
+            model="export",
+            base_url="http://127.0.0.1:9/v1",
+            schema_mode=schema_mode,
+        )
+    )
     fmt = backend._response_format(request)
     assert fmt is not None
     return fmt
@@ -167,9 +189,13 @@ def load_prompts(*sources: Any) -> dict[str, str]:
     prompts: dict[str, str] = {}
     for source in sources:
         if isinstance(source, Mapping):
-            bad = [k for k, v in source.items() if not isinstance(k, str) or not isinstance(v, str)]
+            bad = [
+                k for k, v in source.items() if not isinstance(k, str) or not isinstance(v, str)
+            ]
             if bad:
-                raise ConfigError(f"prompts must map site names to prompt text; {bad[0]!r} does not")
+                raise ConfigError(
+                    f"prompts must map site names to prompt text; {bad[0]!r} does not"
+                )
             prompts.update(source)
         elif isinstance(source, Path) or (isinstance(source, str) and not is_registry_ref(source)):
             prompts.update(load_prompts(_read_json_export(Path(source))))
@@ -179,8 +205,10 @@ def load_prompts(*sources: Any) -> dict[str, str]:
         elif isinstance(source, Sequence):
             prompts.update(load_prompts(*source))
         else:
-            raise ConfigError(f"unsupported prompt source {type(source).__name__}; pass a registry reference "
-                              "(prompts:/NAME@ALIAS), a dict of site -> text, or a JSON export's path")
+            raise ConfigError(
+                f"unsupported prompt source {type(source).__name__}; pass a registry reference "
+                "(prompts:/NAME@ALIAS), a dict of site -> text, or a JSON export's path"
+            )
     return prompts
 
 
@@ -188,7 +216,9 @@ def _read_json_export(path: Path) -> dict[str, str]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise ConfigError(f"{path}: no such file; write one with python -m optloop.export --format json") from None
+        raise ConfigError(
+            f"{path}: no such file; write one with python -m optloop.export --format json"
+        ) from None
     except (OSError, json.JSONDecodeError) as exc:
         raise ConfigError(f"{path}: not a JSON export ({type(exc).__name__}: {exc})") from None
     if not isinstance(data, dict):
@@ -203,17 +233,25 @@ def target_library(memory: Any) -> str:
         return "mem0"
     if module.startswith("graphiti_core.") and hasattr(memory, "clients"):
         return "graphiti"
-    raise ConfigError(f"apply() takes a live mem0.Memory or graphiti_core.Graphiti; got {module}."
-                      f"{type(memory).__name__}")
+    raise ConfigError(
+        f"apply() takes a live mem0.Memory or graphiti_core.Graphiti; got {module}."
+        f"{type(memory).__name__}"
+    )
 
 
-def apply(memory: Any, *sources: Any, tracking_uri: str | None = None,
-          schema_mode: SchemaMode = "json_schema") -> list[str]:
+def apply(
+    memory: Any,
+    *sources: Any,
+    tracking_uri: str | None = None,
+    schema_mode: SchemaMode = "json_schema",
+) -> list[str]:
     """Load prompts from ``sources`` (see the module docstring) and apply them to ``memory``;
     returns the sites applied."""
     library = target_library(memory)
     if not sources:
-        raise ConfigError("apply() needs a prompt source, e.g. 'prompts:/optloop.mem0.extract@champion'")
+        raise ConfigError(
+            "apply() needs a prompt source, e.g. 'prompts:/optloop.mem0.extract@champion'"
+        )
     if any(isinstance(s, str) and is_registry_ref(s) for s in _flat(sources)):
         from optloop import tracking
 
@@ -221,22 +259,32 @@ def apply(memory: Any, *sources: Any, tracking_uri: str | None = None,
     prompts = load_prompts(*sources)
     foreign = sorted(s for s in prompts if library_of(s) not in (None, library))
     if foreign:
-        raise ConfigError(f"{', '.join(foreign)} are not {library} prompts; apply them to a "
-                          f"{library_of(foreign[0])} instance")
+        raise ConfigError(
+            f"{', '.join(foreign)} are not {library} prompts; apply them to a "
+            f"{library_of(foreign[0])} instance"
+        )
     skipped = sorted(s for s in prompts if library_of(s) is None)
     if skipped:
-        logger.info("not applied (optloop's own steps, for your answer code): %s", ", ".join(skipped))
+        logger.info(
+            "not applied (optloop's own steps, for your answer code): %s", ", ".join(skipped)
+        )
     ours = {s: t for s, t in prompts.items() if library_of(s) == library}
     if not ours:
-        raise ConfigError(f"none of the prompts ({', '.join(sorted(prompts)) or 'none'}) is a {library} prompt")
+        raise ConfigError(
+            f"none of the prompts ({', '.join(sorted(prompts)) or 'none'}) is a {library} prompt"
+        )
     if library == "mem0":
         from optloop.product_templates import mem0_prompts
 
         unknown = sorted(set(ours) - set(mem0_prompts.SITES))
         if unknown:
-            raise ConfigError(f"{', '.join(unknown)}: mem0 has no such prompt; its sites are "
-                              f"{', '.join(mem0_prompts.SITES)}")
-        return mem0_prompts.apply(memory, ours, {s: response_format(s, schema_mode) for s in ours}, loop_sampling())
+            raise ConfigError(
+                f"{', '.join(unknown)}: mem0 has no such prompt; its sites are "
+                f"{', '.join(mem0_prompts.SITES)}"
+            )
+        return mem0_prompts.apply(
+            memory, ours, {s: response_format(s, schema_mode) for s in ours}, loop_sampling()
+        )
     from optloop.product_templates import graphiti_prompts
 
     try:

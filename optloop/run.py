@@ -8,7 +8,9 @@ import os
 
 from optloop.offline import offline_defaults
 
-os.environ.update(offline_defaults())  # first: litellm, mem0 and Hugging Face read them when imported
+os.environ.update(
+    offline_defaults()
+)  # first: litellm, mem0 and Hugging Face read them when imported
 
 import argparse
 import json
@@ -35,9 +37,6 @@ from optloop.loop.spend import (
     EXIT_LIMIT,
     RunStopped,
     SpendingLimits,
-    estimate,
-    measured_chains,
-    work_units,
 )
 from optloop.loop.state import LoopConfig, LoopResult
 from optloop.outside import RunPlace, describe_run, saved_line
@@ -72,8 +71,11 @@ def probe_lm(settings: LMSettings, lines: list[str] | None = None) -> OptloopLM:
         if lines is not None:
             lines += found
     except LMUnreachableError as exc:
-        raise EndpointDownError(f"{exc}; nothing was written: rerun the same command once the endpoint is up") from None
+        raise EndpointDownError(
+            f"{exc}; nothing was written: rerun the same command once the endpoint is up"
+        ) from None
     return probe
+
 
 @dataclass
 class PreparedRun:
@@ -89,7 +91,9 @@ class PreparedRun:
     again: str = field(repr=False)  # the command that resumes it
     dev: Dataset = field(repr=False)
     test: Dataset = field(repr=False)
-    endpoint: list[str] = field(default_factory=list, repr=False)  # the schema mode and concurrency chosen
+    endpoint: list[str] = field(
+        default_factory=list, repr=False
+    )  # the schema mode and concurrency chosen
 
     def start(self) -> RunProgress:
         """Say which run this is, and where the run will say what it does: the console (a status line
@@ -98,9 +102,16 @@ class PreparedRun:
         for line in self.endpoint:
             console.print(line, soft_wrap=True, markup=False, highlight=False)
         fractions = ",".join(f"{f:g}" for f in self.config.fractions)
-        console.print(f"dataset {self.config.dataset}: {questions(self.dev)} dev and {questions(self.test)} test "
-                      f"questions (split {fractions} by episode)", soft_wrap=True, markup=False, highlight=False)
-        self.loop.announce = lambda line: console.print(line, soft_wrap=True, markup=False, highlight=False)
+        console.print(
+            f"dataset {self.config.dataset}: {questions(self.dev)} dev and {questions(self.test)} test "
+            f"questions (split {fractions} by episode)",
+            soft_wrap=True,
+            markup=False,
+            highlight=False,
+        )
+        self.loop.announce = lambda line: console.print(
+            line, soft_wrap=True, markup=False, highlight=False
+        )
         progress = RunProgress(console, self.loop.run_dir / LOG_NAME)
         self.loop.on_trial = lambda line: progress.line(line.text())
         return progress
@@ -111,21 +122,32 @@ def prepare(args: argparse.Namespace, argv: Sequence[str]) -> PreparedRun:
     fails here (:class:`ConfigError`, exit 2) with nothing written, an unavailable endpoint with
     :class:`EndpointDownError` (exit 75)."""
     if args.new and args.run_name:
-        raise ConfigError("--new and --run-name exclude each other: --run-name names the run to start or resume")
+        raise ConfigError(
+            "--new and --run-name exclude each other: --run-name names the run to start or resume"
+        )
     get_system(args.system)
     from optloop.datasets import load_dataset
 
     if args.dataset is None:
         args.dataset = default_dataset(args.system).uri
-    dataset = load_dataset(args.dataset)  # a malformed dataset fails here, before any LLM call or any state
+    dataset = load_dataset(
+        args.dataset
+    )  # a malformed dataset fails here, before any LLM call or any state
     decoding = get_system(args.system).local_decoding
     settings = lm_settings_from_args(args, decoding)
-    proposer_settings = (lm_settings_from_args(argparse.Namespace(**{**vars(args), "lm": args.proposer_lm}), decoding)
-                         if args.proposer_lm else None)
+    proposer_settings = (
+        lm_settings_from_args(
+            argparse.Namespace(**{**vars(args), "lm": args.proposer_lm}), decoding
+        )
+        if args.proposer_lm
+        else None
+    )
     config = run_config(args, settings)
     if args.max_cost is not None:
         check_priced(settings, proposer_settings)
-    limits = SpendingLimits(max_cost=args.max_cost, max_calls=args.max_calls, estimate=args.estimate)
+    limits = SpendingLimits(
+        max_cost=args.max_cost, max_calls=args.max_calls, estimate=args.estimate
+    )
     # Everything the loop would refuse is refused now, before the LM (and its cache file) exists.
     train, dev, test = split_dataset(dataset, config)
     if not args.allow_small_splits:
@@ -133,7 +155,9 @@ def prepare(args: argparse.Namespace, argv: Sequence[str]) -> PreparedRun:
     choice = choose_run(args, config, state_dir(create=False) / "runs")
     config = config.model_copy(update={"run_name": choice.name})
     endpoint_lines: list[str] = []
-    probe = probe_lm(settings, endpoint_lines)  # an unavailable endpoint fails now, before any state is written
+    probe = probe_lm(
+        settings, endpoint_lines
+    )  # an unavailable endpoint fails now, before any state is written
     if proposer_settings is not None:
         probe_lm(proposer_settings, endpoint_lines)
     check_start_sites(config, probe)  # --start names a site of the system (no LM cache file yet)
@@ -143,18 +167,42 @@ def prepare(args: argparse.Namespace, argv: Sequence[str]) -> PreparedRun:
     preflight.check_run(tracking_uri, config.storage, state_dir(create=False), runs / choice.name)
     again = resume_command(argv)
     checkpoint = runs / choice.name / artifacts.CHECKPOINT
-    describe_run(RunPlace(lambda: tracking_uri, state_dir(create=False),
-                          lambda: saved_line(checkpoint, choice.name, config.budget, again)))
+    describe_run(
+        RunPlace(
+            lambda: tracking_uri,
+            state_dir(create=False),
+            lambda: saved_line(checkpoint, choice.name, config.budget, again),
+        )
+    )
     broken = checkpoint_guard.broken_runs(runs, config) if args.new else []
     for line in checkpoint_guard.retire(broken, tracking_uri):  # --new past a broken checkpoint
         console.print(line, soft_wrap=True, markup=False, highlight=False)
-    lm = OptloopLM(settings)  # the input is valid: now the LM cache may be opened (or found corrupt)
+    lm = OptloopLM(
+        settings
+    )  # the input is valid: now the LM cache may be opened (or found corrupt)
     proposer = OptloopLM(proposer_settings) if proposer_settings is not None else lm
-    loop = Loop(config, lm, proposer, auto_named=not args.run_name, limits=limits,
-                prepared=(dataset, train, dev, test))
+    loop = Loop(
+        config,
+        lm,
+        proposer,
+        auto_named=not args.run_name,
+        limits=limits,
+        prepared=(dataset, train, dev, test),
+    )
     loop.project = lambda figures, ckpt: print_projection(console, figures, ckpt, config, settings)
-    return PreparedRun(config, settings, proposer_settings, lm, proposer, loop, choice.line, again, dev, test,
-                       endpoint_lines)
+    return PreparedRun(
+        config,
+        settings,
+        proposer_settings,
+        lm,
+        proposer,
+        loop,
+        choice.line,
+        again,
+        dev,
+        test,
+        endpoint_lines,
+    )
 
 
 def execute(argv: Sequence[str]) -> LoopResult:
@@ -176,8 +224,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.verbose:  # DSPy's optimizers log every step; our status line says what runs
         logging.getLogger("dspy").setLevel(logging.ERROR)
     run = prepare(args, argv)
-    config, settings, proposer_settings, lm, proposer, loop = (run.config, run.settings, run.proposer_settings,
-                                                               run.lm, run.proposer, run.loop)
+    config, settings, lm, proposer, loop = (
+        run.config,
+        run.settings,
+        run.lm,
+        run.proposer,
+        run.loop,
+    )
     dev, test, again = run.dev, run.test, run.again
     progress = run.start()
     with interruptible() as signals:
@@ -186,10 +239,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 loop.progress = say
                 result = loop.run()
         except EndpointDownError as exc:
-            raise EndpointDownError(f"{exc}; the run is saved: rerun the same command to resume it: {again}") from None
+            raise EndpointDownError(
+                f"{exc}; the run is saved: rerun the same command to resume it: {again}"
+            ) from None
         except CallsFailedError as exc:
-            raise CallsFailedError(f"{exc}; the run is saved: fix that, then rerun the same command to resume it: "
-                                   f"{again}") from None
+            raise CallsFailedError(
+                f"{exc}; the run is saved: fix that, then rerun the same command to resume it: "
+                f"{again}"
+            ) from None
         except RunStopped as stop:
             ckpt = Checkpoint.load(loop.state / artifacts.CHECKPOINT)
             if stop.reason != ESTIMATE:
@@ -197,24 +254,35 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return EXIT_LIMIT
             figures = loop.estimate(ckpt)
             console.print(estimate_table(figures, config, settings))
-            for line in estimate_lines(figures, ckpt, config, resume_command([a for a in argv if a != "--estimate"])):
+            for line in estimate_lines(
+                figures, ckpt, config, resume_command([a for a in argv if a != "--estimate"])
+            ):
                 console.print(line, soft_wrap=True, markup=False, highlight=False)
             if args.json:
                 out = figures.model_dump(mode="json")
-                out |= {"dataset": config.dataset, "n_dev_questions": questions(dev),
-                        "n_test_questions": questions(test), "hours": figures.total.hours}
+                out |= {
+                    "dataset": config.dataset,
+                    "n_dev_questions": questions(dev),
+                    "n_test_questions": questions(test),
+                    "hours": figures.total.hours,
+                }
                 write_atomic(Path(args.json), json.dumps(out, indent=1))
             return 0
         except KeyboardInterrupt:
             where = loop.state / artifacts.CHECKPOINT
             why = signals[0] if signals else "SIGINT"
             if where.exists():
-                print(f"optloop: interrupted ({why}): run {config.run_name} is saved "
-                      f"({Checkpoint.load(where).progress(config.budget)}), its MLflow runs marked KILLED; resume it "
-                      f"with the same command: {again}", file=sys.stderr)
+                print(
+                    f"optloop: interrupted ({why}): run {config.run_name} is saved "
+                    f"({Checkpoint.load(where).progress(config.budget)}), its MLflow runs marked KILLED; resume it "
+                    f"with the same command: {again}",
+                    file=sys.stderr,
+                )
             else:
-                print(f"optloop: interrupted ({why}) before run {config.run_name} started; nothing was saved",
-                      file=sys.stderr)
+                print(
+                    f"optloop: interrupted ({why}) before run {config.run_name} started; nothing was saved",
+                    file=sys.stderr,
+                )
             return 130
     console.print(summary_table(result))
     if result.tried:
@@ -226,10 +294,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         console.print(f"note: {result.note}")
     if faults := fault_line(lm.accounting.totals()):
         console.print(faults, soft_wrap=True, markup=False)
-    console.print(f"MLflow parent run {result.parent_run_id} (experiment optloop-{args.system}); `make ui` to compare")
+    console.print(
+        f"MLflow parent run {result.parent_run_id} (experiment optloop-{args.system}); `make ui` to compare"
+    )
     if args.json:
         out = result.model_dump(mode="json")
-        out["lm"] = lm.accounting.totals().as_dict()  # this process's calls: faults, cured, errors, retries ...
+        out["lm"] = (
+            lm.accounting.totals().as_dict()
+        )  # this process's calls: faults, cured, errors, retries ...
         if proposer is not lm:
             out["proposer_lm"] = proposer.accounting.totals().as_dict()
         write_atomic(Path(args.json), json.dumps(out, indent=1))

@@ -109,8 +109,17 @@ from systems import SYSTEMS
 # The LM settings that change what the model answers: part of a run's settings (LoopConfig.lm_settings), so
 # the same command with another context window or decoding bound is another run. The endpoint's URL,
 # timeout and retries are not (a server that moved still serves the same run).
-ANSWER_SETTINGS = ("backend", "model", "schema_mode", "temperature", "max_tokens", "seed", "n_ctx",
-                   "max_string_chars", "max_array_items")
+ANSWER_SETTINGS = (
+    "backend",
+    "model",
+    "schema_mode",
+    "temperature",
+    "max_tokens",
+    "seed",
+    "n_ctx",
+    "max_string_chars",
+    "max_array_items",
+)
 
 
 def _whole_number(text: str, low: int, high: float, what: str) -> int:
@@ -136,7 +145,9 @@ def _max_cost(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of dollars, e.g. 5 or 0.50") from None
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a number of dollars, e.g. 5 or 0.50"
+        ) from None
     if not value > 0:
         raise argparse.ArgumentTypeError(f"{text!r}: give a limit above 0 dollars")
     return value
@@ -150,7 +161,9 @@ def _split(text: str) -> tuple[float, float, float]:
     try:
         fractions = tuple(float(part) for part in text.split(","))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: give three numbers TRAIN,DEV,TEST, e.g. 0.5,0.25,0.25") from None
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: give three numbers TRAIN,DEV,TEST, e.g. 0.5,0.25,0.25"
+        ) from None
     try:
         return check_fractions(fractions)
     except ValueError as exc:
@@ -163,76 +176,157 @@ class _OneLineParser(CommandParser):
     def error(self, message: str) -> None:  # type: ignore[override]
         self.exit(2, f"optloop: error: {' '.join(message.split())}; see {self.prog} --help\n")
 
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _OneLineParser("python -m optloop.run", __doc__, lm=True)
-    parser.add_argument("--system", default="mem0", choices=list(SYSTEMS), metavar="SYSTEM",
-                        help=f"memory system: {', '.join(SYSTEMS)} (default mem0)")
-    parser.add_argument("--dataset", default=None,
-                        help=dataset_help("a dataset optloop generates, see below") + ". The default: "
-                        + defaults_help())
-    parser.add_argument("--budget", type=_budget, default=3, help="candidate evaluations on dev (default 3)")
-    parser.add_argument("--optimizer", choices=["simba", "gepa", "optuna", "edit"], default="simba",
-                        help="simba (default), gepa, optuna (TPE over proposed instructions and knobs), or edit "
-                             "(GrIPS-style phrase edits of the blamed instruction: delete, swap, paraphrase, add "
-                             "back; needs no strong proposer)")
-    parser.add_argument("--proposer-lm", metavar="SPEC",
-                        help="LM that writes new instructions (SIMBA rules, GEPA reflection, Optuna proposals); "
-                             "same spec syntax as --lm; default: the system's LM")
-    parser.add_argument("--seed", type=int, default=0, help="split, optimizer and bootstrap seed (default 0)")
-    parser.add_argument("--split", type=_split, default=LoopConfig.model_fields["fractions"].default,
-                        metavar="TRAIN,DEV,TEST",
-                        help="shares of the episodes for train, dev and test (default 0.5,0.25,0.25; each above 0, "
-                             "summing to 1). A 95%% CI on n questions spans about ±1/sqrt(n): 24 test questions, "
-                             "±0.2; give dev and test more (0.4,0.3,0.3) or use more episodes")
-    parser.add_argument("--allow-small-splits", action="store_true",
-                        help=f"run even when dev or test has fewer than {FEW_QUESTIONS} questions (refused "
-                             "otherwise, exit 2: accuracies on so few questions are noise)")
-    parser.add_argument("--batch", type=_batch, default=1, metavar="K",
-                        help="candidates evaluated at once, one optimizer round's (an edit round, SIMBA's best K "
-                             "new programs of a step, K Optuna asks), each on its own stores, under the one "
-                             "--concurrency limit (default 1). On an endpoint, where one evaluation is floored by "
-                             "its longest episode's sequential calls, K candidates share that floor (see "
-                             "experiments/results/batch.md); on the embedded model, one call at a time, it gains "
-                             "nothing. Which candidates a run tries depends on K (same --seed and K: same run)")
-    parser.add_argument("--promote-if", choices=["ci", "delta"], default="ci",
-                        help="when the prompt registry's champion alias moves to the best candidate: ci (default) "
-                             "when the 95%% CI of its held-out gain lies above 0, i.e. the gain is unlikely to be "
-                             "noise; delta when the point gain is above 0 (on a small test split that also promotes "
-                             "noise)")
-    parser.add_argument("--untargeted", action="store_true",
-                        help="ablation: let the optimizer rewrite every site, not only the blamed ones")
-    parser.add_argument("--sites", help="comma-separated sites to optimize instead of the blamed ones")
-    parser.add_argument("--start", action="append", default=[], metavar="SITE=TEXT",
-                        help="start from this instruction at SITE instead of the system's own (repeatable): your "
-                             "product's current prompt, or a planted fault; SITE=+TEXT appends TEXT to the site's "
-                             "own instruction, SITE=TEXT+ puts it in front (see optloop.faults.sabotages)")
-    parser.add_argument("--query-rewrite", action="store_true",
-                        help="give the system a retrieve.query site: the LM rewrites each question into a search "
-                             "query before retrieval, and that prompt is optimized like the others (not for "
-                             "long_context, which never searches)")
-    parser.add_argument("--knob", action="append", default=[], metavar="NAME=VALUE",
-                        help="start from this knob value (repeatable), e.g. --knob top_k=3")
-    parser.add_argument("--run-name", help="MLflow run name; starts that run, or resumes it if unfinished (default: "
-                                           "resume the latest unfinished run of these settings, else a new "
-                                           "<system>-<optimizer>-<time>)")
-    parser.add_argument("--new", action="store_true",
-                        help="start a new run even if an unfinished run of these settings exists")
-    parser.add_argument("--tracking-uri", help="MLflow tracking URI (default sqlite:///mlruns/mlflow.db)")
-    parser.add_argument("--storage", help="Optuna storage URL (default SQLite in the run directory; "
-                                          "postgresql://... to share a study)")
-    parser.add_argument("--json", metavar="OUT", help="also write the result (or the --estimate) as JSON here")
+    parser.add_argument(
+        "--system",
+        default="mem0",
+        choices=list(SYSTEMS),
+        metavar="SYSTEM",
+        help=f"memory system: {', '.join(SYSTEMS)} (default mem0)",
+    )
+    parser.add_argument(
+        "--dataset",
+        default=None,
+        help=dataset_help("a dataset optloop generates, see below")
+        + ". The default: "
+        + defaults_help(),
+    )
+    parser.add_argument(
+        "--budget", type=_budget, default=3, help="candidate evaluations on dev (default 3)"
+    )
+    parser.add_argument(
+        "--optimizer",
+        choices=["simba", "gepa", "optuna", "edit"],
+        default="simba",
+        help="simba (default), gepa, optuna (TPE over proposed instructions and knobs), or edit "
+        "(GrIPS-style phrase edits of the blamed instruction: delete, swap, paraphrase, add "
+        "back; needs no strong proposer)",
+    )
+    parser.add_argument(
+        "--proposer-lm",
+        metavar="SPEC",
+        help="LM that writes new instructions (SIMBA rules, GEPA reflection, Optuna proposals); "
+        "same spec syntax as --lm; default: the system's LM",
+    )
+    parser.add_argument(
+        "--seed", type=int, default=0, help="split, optimizer and bootstrap seed (default 0)"
+    )
+    parser.add_argument(
+        "--split",
+        type=_split,
+        default=LoopConfig.model_fields["fractions"].default,
+        metavar="TRAIN,DEV,TEST",
+        help="shares of the episodes for train, dev and test (default 0.5,0.25,0.25; each above 0, "
+        "summing to 1). A 95%% CI on n questions spans about ±1/sqrt(n): 24 test questions, "
+        "±0.2; give dev and test more (0.4,0.3,0.3) or use more episodes",
+    )
+    parser.add_argument(
+        "--allow-small-splits",
+        action="store_true",
+        help=f"run even when dev or test has fewer than {FEW_QUESTIONS} questions (refused "
+        "otherwise, exit 2: accuracies on so few questions are noise)",
+    )
+    parser.add_argument(
+        "--batch",
+        type=_batch,
+        default=1,
+        metavar="K",
+        help="candidates evaluated at once, one optimizer round's (an edit round, SIMBA's best K "
+        "new programs of a step, K Optuna asks), each on its own stores, under the one "
+        "--concurrency limit (default 1). On an endpoint, where one evaluation is floored by "
+        "its longest episode's sequential calls, K candidates share that floor (see "
+        "experiments/results/batch.md); on the embedded model, one call at a time, it gains "
+        "nothing. Which candidates a run tries depends on K (same --seed and K: same run)",
+    )
+    parser.add_argument(
+        "--promote-if",
+        choices=["ci", "delta"],
+        default="ci",
+        help="when the prompt registry's champion alias moves to the best candidate: ci (default) "
+        "when the 95%% CI of its held-out gain lies above 0, i.e. the gain is unlikely to be "
+        "noise; delta when the point gain is above 0 (on a small test split that also promotes "
+        "noise)",
+    )
+    parser.add_argument(
+        "--untargeted",
+        action="store_true",
+        help="ablation: let the optimizer rewrite every site, not only the blamed ones",
+    )
+    parser.add_argument(
+        "--sites", help="comma-separated sites to optimize instead of the blamed ones"
+    )
+    parser.add_argument(
+        "--start",
+        action="append",
+        default=[],
+        metavar="SITE=TEXT",
+        help="start from this instruction at SITE instead of the system's own (repeatable): your "
+        "product's current prompt, or a planted fault; SITE=+TEXT appends TEXT to the site's "
+        "own instruction, SITE=TEXT+ puts it in front (see optloop.faults.sabotages)",
+    )
+    parser.add_argument(
+        "--query-rewrite",
+        action="store_true",
+        help="give the system a retrieve.query site: the LM rewrites each question into a search "
+        "query before retrieval, and that prompt is optimized like the others (not for "
+        "long_context, which never searches)",
+    )
+    parser.add_argument(
+        "--knob",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="start from this knob value (repeatable), e.g. --knob top_k=3",
+    )
+    parser.add_argument(
+        "--run-name",
+        help="MLflow run name; starts that run, or resumes it if unfinished (default: "
+        "resume the latest unfinished run of these settings, else a new "
+        "<system>-<optimizer>-<time>)",
+    )
+    parser.add_argument(
+        "--new",
+        action="store_true",
+        help="start a new run even if an unfinished run of these settings exists",
+    )
+    parser.add_argument(
+        "--tracking-uri", help="MLflow tracking URI (default sqlite:///mlruns/mlflow.db)"
+    )
+    parser.add_argument(
+        "--storage",
+        help="Optuna storage URL (default SQLite in the run directory; "
+        "postgresql://... to share a study)",
+    )
+    parser.add_argument(
+        "--json", metavar="OUT", help="also write the result (or the --estimate) as JSON here"
+    )
     spend = parser.add_argument_group(
-        "spending", "checked at step boundaries against the run's total over every process; not part of the run's "
-                    "settings, so the same command with a higher limit resumes a stopped run (exit code 3)")
-    spend.add_argument("--max-cost", type=_max_cost, metavar="USD",
-                       help="stop once the run has spent this many dollars (a model with a price only; the run may "
-                            "pass it by one step)")
-    spend.add_argument("--max-calls", type=_max_calls, metavar="N",
-                       help="stop once the models have computed this many calls (LM cache hits are free)")
-    spend.add_argument("--estimate", action="store_true",
-                       help="evaluate the baseline, print the expected calls, tokens, dollars and hours of the whole "
-                            "run, the optimizer's own calls included, and stop (the same command without --estimate "
-                            "goes on from that baseline)")
+        "spending",
+        "checked at step boundaries against the run's total over every process; not part of the run's "
+        "settings, so the same command with a higher limit resumes a stopped run (exit code 3)",
+    )
+    spend.add_argument(
+        "--max-cost",
+        type=_max_cost,
+        metavar="USD",
+        help="stop once the run has spent this many dollars (a model with a price only; the run may "
+        "pass it by one step)",
+    )
+    spend.add_argument(
+        "--max-calls",
+        type=_max_calls,
+        metavar="N",
+        help="stop once the models have computed this many calls (LM cache hits are free)",
+    )
+    spend.add_argument(
+        "--estimate",
+        action="store_true",
+        help="evaluate the baseline, print the expected calls, tokens, dollars and hours of the whole "
+        "run, the optimizer's own calls included, and stop (the same command without --estimate "
+        "goes on from that baseline)",
+    )
     return parser
 
 
@@ -261,15 +355,27 @@ def _knobs(pairs: list[str]) -> dict[str, object]:
 
 def run_config(args: argparse.Namespace, settings: LMSettings) -> LoopConfig:
     """The run's settings from the flags (the run name is chosen later: see :func:`choose_run`)."""
-    return LoopConfig(system=args.system, dataset=args.dataset or default_dataset(args.system).uri,
-                      budget=args.budget, optimizer=args.optimizer,
-                      seed=args.seed, untargeted=args.untargeted,
-                      sites=[s.strip() for s in args.sites.split(",") if s.strip()] if args.sites else None,
-                      run_name=args.run_name or "-", tracking_uri=args.tracking_uri, storage=args.storage,
-                      lm=args.lm or "local", proposer_lm=args.proposer_lm or "same", knobs=_knobs(args.knob),
-                      start=_pairs(args.start, "--start", "SITE=TEXT, e.g. --start 'answer=+Be brief.'"),
-                      fractions=args.split, promote_if=args.promote_if, query_rewrite=args.query_rewrite,
-                      batch=args.batch, lm_settings=answer_settings(settings))
+    return LoopConfig(
+        system=args.system,
+        dataset=args.dataset or default_dataset(args.system).uri,
+        budget=args.budget,
+        optimizer=args.optimizer,
+        seed=args.seed,
+        untargeted=args.untargeted,
+        sites=[s.strip() for s in args.sites.split(",") if s.strip()] if args.sites else None,
+        run_name=args.run_name or "-",
+        tracking_uri=args.tracking_uri,
+        storage=args.storage,
+        lm=args.lm or "local",
+        proposer_lm=args.proposer_lm or "same",
+        knobs=_knobs(args.knob),
+        start=_pairs(args.start, "--start", "SITE=TEXT, e.g. --start 'answer=+Be brief.'"),
+        fractions=args.split,
+        promote_if=args.promote_if,
+        query_rewrite=args.query_rewrite,
+        batch=args.batch,
+        lm_settings=answer_settings(settings),
+    )
 
 
 def answer_settings(settings: LMSettings) -> dict[str, object]:
@@ -286,5 +392,7 @@ def check_priced(settings: LMSettings, proposer: LMSettings | None) -> None:
     would never stop the run. A :class:`ConfigError` (exit 2) naming the model, before anything is written."""
     for which, lm in (("", settings), ("the proposer LM ", proposer)):
         if lm is not None and lm.price() is None:
-            raise ConfigError(f"--max-cost: {which}{model_name(lm)} has no price in litellm's model cost map, so its "
-                              "dollars are unknown; limit the run with --max-calls N instead")
+            raise ConfigError(
+                f"--max-cost: {which}{model_name(lm)} has no price in litellm's model cost map, so its "
+                "dollars are unknown; limit the run with --max-calls N instead"
+            )

@@ -37,12 +37,18 @@ def choose_run(args: argparse.Namespace, config: LoopConfig, runs: Path) -> Choi
         if ckpt is None:
             return Choice(name, None, f"[bold]optloop.run[/] {name}: {what}")
         if ckpt.finished:
-            raise ConfigError(f"run {name!r} already finished (MLflow run {ckpt.parent_run_id}); pick another "
-                              "--run-name to run again")
+            raise ConfigError(
+                f"run {name!r} already finished (MLflow run {ckpt.parent_run_id}); pick another "
+                "--run-name to run again"
+            )
         if not matches(ckpt, config.model_copy(update={"run_name": name})):
-            raise ConfigError(f"run name {name!r} exists with other settings; resume it with the same command, or "
-                              "pick another --run-name")
-        return Choice(name, ckpt, f"[bold]optloop.run[/] resuming {name}: {what} ({_so_far(ckpt, config)})")
+            raise ConfigError(
+                f"run name {name!r} exists with other settings; resume it with the same command, or "
+                "pick another --run-name"
+            )
+        return Choice(
+            name, ckpt, f"[bold]optloop.run[/] resuming {name}: {what} ({_so_far(ckpt, config)})"
+        )
     busy: list[str] = []
     if not args.new and (broken := checkpoint_guard.broken_runs(runs, config)):  # not skipped
         raise ConfigError(checkpoint_guard.refusal(broken[0]))
@@ -52,21 +58,29 @@ def choose_run(args: argparse.Namespace, config: LoopConfig, runs: Path) -> Choi
                 busy.append(run.name)
                 continue
             how = "joining" if run.in_use else "resuming"
-            return Choice(run.name, run.checkpoint,
-                          f"[bold]optloop.run[/] {how} {run.name}, the latest unfinished run of these settings "
-                          f"({_so_far(run.checkpoint, config)}); --new starts afresh")
+            return Choice(
+                run.name,
+                run.checkpoint,
+                f"[bold]optloop.run[/] {how} {run.name}, the latest unfinished run of these settings "
+                f"({_so_far(run.checkpoint, config)}); --new starts afresh",
+            )
     name = f"{config.system}-{config.optimizer}-{time.strftime('%Y%m%d-%H%M%S')}"
     n = 1
     while (runs / name).exists():
         n += 1
         name = f"{config.system}-{config.optimizer}-{time.strftime('%Y%m%d-%H%M%S')}-{n}"
     extra = f"; {', '.join(busy)} with these settings is in use by another process" if busy else ""
-    return Choice(name, None, f"[bold]optloop.run[/] {name}: {what} (a new run: the same command resumes it if it "
-                              f"stops{extra})")
+    return Choice(
+        name,
+        None,
+        f"[bold]optloop.run[/] {name}: {what} (a new run: the same command resumes it if it "
+        f"stops{extra})",
+    )
 
 
 def _so_far(ckpt: Checkpoint, config: LoopConfig) -> str:
     return f"{ckpt.progress(config.budget)}, {ckpt.processes} process(es) so far"
+
 
 def resume_command(argv: Sequence[str]) -> str:
     """The command that resumes this run: the same one, without ``--new``."""

@@ -30,25 +30,47 @@ def _dev_accuracy(accuracy: float, n: int, seed: int) -> str:
 def summary_table(result: LoopResult) -> Table:
     cfg = result.config
     cost = result.cost
-    table = Table(title=f"optloop.run {cfg.run_name}: {cfg.system} on {cfg.dataset}, {cfg.optimizer}, "
-                        f"budget {cfg.budget}" + (" (untargeted)" if cfg.untargeted else ""))
+    table = Table(
+        title=f"optloop.run {cfg.run_name}: {cfg.system} on {cfg.dataset}, {cfg.optimizer}, "
+        f"budget {cfg.budget}" + (" (untargeted)" if cfg.untargeted else "")
+    )
     table.add_column("")
     table.add_column("baseline", justify="right")
     table.add_column("best", justify="right")
     table.add_column("delta", justify="right")
     failed = result.failed_calls  # figures with failed LM calls carry the count (optloop.failures)
-    table.add_row("dev accuracy", mark(_dev_accuracy(result.baseline_dev, result.n_dev, cfg.seed),
-                                       failed.get("baseline_dev", 0)),
-                  mark(_dev_accuracy(result.best_dev, result.n_dev, cfg.seed), failed.get("best_dev", 0)),
-                  f"{result.best_dev - result.baseline_dev:+.3f} (best of {result.evaluations + 1} on dev)")
-    table.add_row("test accuracy (held out)", mark(_accuracy(result.test_before_ci), failed.get("test_before", 0)),
-                  mark(_accuracy(result.test_after_ci), failed.get("test_after", 0)), str(result.delta_test_ci))
+    table.add_row(
+        "dev accuracy",
+        mark(
+            _dev_accuracy(result.baseline_dev, result.n_dev, cfg.seed),
+            failed.get("baseline_dev", 0),
+        ),
+        mark(_dev_accuracy(result.best_dev, result.n_dev, cfg.seed), failed.get("best_dev", 0)),
+        f"{result.best_dev - result.baseline_dev:+.3f} (best of {result.evaluations + 1} on dev)",
+    )
+    table.add_row(
+        "test accuracy (held out)",
+        mark(_accuracy(result.test_before_ci), failed.get("test_before", 0)),
+        mark(_accuracy(result.test_after_ci), failed.get("test_after", 0)),
+        str(result.delta_test_ci),
+    )
     table.add_section()
-    table.add_row("blamed", ", ".join(result.targets) or "(no failure attributed to a site)", "", "")
-    table.add_row("optimized", ", ".join(result.tunable_sites + [str(Target.knob(k)) for k in result.tunable_knobs]), "", "")
+    table.add_row(
+        "blamed", ", ".join(result.targets) or "(no failure attributed to a site)", "", ""
+    )
+    table.add_row(
+        "optimized",
+        ", ".join(result.tunable_sites + [str(Target.knob(k)) for k in result.tunable_knobs]),
+        "",
+        "",
+    )
     changed = result.changed_sites + [f"{k}={v}" for k, v in result.changed_knobs.items()]
-    table.add_row("changed (best)", ", ".join(changed) or "nothing (baseline stays best)",
-                  f"trial {result.best_trial}", "")
+    table.add_row(
+        "changed (best)",
+        ", ".join(changed) or "nothing (baseline stays best)",
+        f"trial {result.best_trial}",
+        "",
+    )
     table.add_row("promoted", result.promotion_reason, "", "")
     table.add_section()
     table.add_row("evaluations / budget", f"{result.evaluations} / {cfg.budget}", "", "")
@@ -59,10 +81,16 @@ def summary_table(result: LoopResult) -> Table:
 def cost_line(cost: dict[str, int | float]) -> str:
     """The run's cost in one line: every process that worked on it, added up (and how many there were)."""
     processes = int(cost.get("processes", 1))
-    dollars = f", {money(run_dollars(cost))}" if "cost_usd" in cost or "proposer_cost_usd" in cost else ""
-    return (f"{cost.get('llm_calls', 0):.0f} LLM calls ({cost.get('model_calls', 0):.0f} computed), "
-            f"{cost.get('tokens', 0):.0f} tokens, {cost.get('seconds', 0):.1f} s{dollars}; "
-            f"the run took {processes} process{'es' if processes != 1 else ''}")
+    dollars = (
+        f", {money(run_dollars(cost))}"
+        if "cost_usd" in cost or "proposer_cost_usd" in cost
+        else ""
+    )
+    return (
+        f"{cost.get('llm_calls', 0):.0f} LLM calls ({cost.get('model_calls', 0):.0f} computed), "
+        f"{cost.get('tokens', 0):.0f} tokens, {cost.get('seconds', 0):.1f} s{dollars}; "
+        f"the run took {processes} process{'es' if processes != 1 else ''}"
+    )
 
 
 def money(dollars: float) -> str:
@@ -74,8 +102,15 @@ def money(dollars: float) -> str:
 
 def tried_table(result: LoopResult) -> Table:
     """What the optimizer tried: every evaluated candidate with its dev accuracy (a 0 -> 0 run says what failed)."""
-    table = Table(title=f"candidates tried on dev (baseline {result.baseline_dev:.3f}, n={result.n_dev})")
-    for col, justify in (("trial", "right"), ("dev", "right"), ("changed", "left"), ("how", "left")):
+    table = Table(
+        title=f"candidates tried on dev (baseline {result.baseline_dev:.3f}, n={result.n_dev})"
+    )
+    for col, justify in (
+        ("trial", "right"),
+        ("dev", "right"),
+        ("changed", "left"),
+        ("how", "left"),
+    ):
         table.add_column(col, justify=justify)  # type: ignore[arg-type]
     for t in result.tried:
         mark = " best" if t.trial == result.best_trial else ""
@@ -88,9 +123,12 @@ def fault_line(usage: Usage) -> str | None:
     if not usage.faults:
         return None
     surfaced = usage.faults - usage.cured
-    return (f"LM faults: {usage.faults} failed attempt(s); {usage.cured} cured by a retry, {surfaced} in "
-            f"{usage.errors} call(s) that failed after their retries (see lm_faults in MLflow, fault graphs in the "
-            "run directory)")
+    return (
+        f"LM faults: {usage.faults} failed attempt(s); {usage.cured} cured by a retry, {surfaced} in "
+        f"{usage.errors} call(s) that failed after their retries (see lm_faults in MLflow, fault graphs in the "
+        "run directory)"
+    )
+
 
 def model_name(settings: LMSettings) -> str:
     """The model as the user named it: ``openai:gpt-4o-mini``, a GGUF path, or the embedded model."""
@@ -98,12 +136,15 @@ def model_name(settings: LMSettings) -> str:
         return f"openai:{settings.model}"
     return settings.model or "the embedded model"
 
+
 def stopped_line(stop: RunStopped, ckpt: Checkpoint, config: LoopConfig, again: str) -> str:
     """What a run stopped by a spending limit says: the limit, what the run spent, where it stands, how to go on."""
     flag = "--max-cost" if stop.reason == MAX_COST else "--max-calls"
-    return (f"optloop: stopped: {stop} ({cost_line(ckpt.total_cost())}); run {config.run_name} is saved "
-            f"({ckpt.progress(config.budget)}), its MLflow parent run marked KILLED ({STOPPED_BY}={stop.reason}); "
-            f"re-run the same command with a higher {flag} to go on: {again}")
+    return (
+        f"optloop: stopped: {stop} ({cost_line(ckpt.total_cost())}); run {config.run_name} is saved "
+        f"({ckpt.progress(config.budget)}), its MLflow parent run marked KILLED ({STOPPED_BY}={stop.reason}); "
+        f"re-run the same command with a higher {flag} to go on: {again}"
+    )
 
 
 def _cell(value: float | None, fmt: str) -> str:
@@ -112,16 +153,28 @@ def _cell(value: float | None, fmt: str) -> str:
 
 def estimate_table(figures: Estimate, config: LoopConfig, settings: LMSettings) -> Table:
     """The ``--estimate`` of a run, one row per part (see :mod:`optloop.loop.spend` for the model)."""
-    table = Table(title=f"estimate for {config.run_name}: {config.system} on {config.dataset}, {config.optimizer}, "
-                        f"budget {config.budget}, {model_name(settings)}, --concurrency {figures.concurrency}")
+    table = Table(
+        title=f"estimate for {config.run_name}: {config.system} on {config.dataset}, {config.optimizer}, "
+        f"budget {config.budget}, {model_name(settings)}, --concurrency {figures.concurrency}"
+    )
     for column in ("part", "evaluations", "calls", "tokens", "dollars", "time"):
         table.add_column(column, justify="left" if column == "part" else "right")
     for part in [*figures.parts, figures.total]:
         if part is figures.total:
             table.add_section()
-        dollars = ("unknown" if figures.priced else "no price") if part.cost_usd is None else money(part.cost_usd)
-        table.add_row(part.part, str(part.evaluations), str(part.calls), _cell(part.tokens, "d"), dollars,
-                      "unknown" if part.hours is None else duration(part.hours))
+        dollars = (
+            ("unknown" if figures.priced else "no price")
+            if part.cost_usd is None
+            else money(part.cost_usd)
+        )
+        table.add_row(
+            part.part,
+            str(part.evaluations),
+            str(part.calls),
+            _cell(part.tokens, "d"),
+            dollars,
+            "unknown" if part.hours is None else duration(part.hours),
+        )
     return table
 
 
@@ -131,32 +184,48 @@ def optimizer_line(figures: Estimate, config: LoopConfig) -> str:
     if work is None:
         return f"optimizer: {config.optimizer}'s own calls are not estimated (no model of them)"
     source = "" if work.measured else f"the {work.optimizer} model (optloop/loop/overhead.py): "
-    return (f"optimizer: {work.per_trial(config.budget):.1f} calls a trial ({work.calls:.0f} on train with the system "
-            f"LM, {work.proposer_calls:.0f} to the proposer, over the run), from {source}{work.basis}")
+    return (
+        f"optimizer: {work.per_trial(config.budget):.1f} calls a trial ({work.calls:.0f} on train with the system "
+        f"LM, {work.proposer_calls:.0f} to the proposer, over the run), from {source}{work.basis}"
+    )
 
 
-def estimate_lines(figures: Estimate, ckpt: Checkpoint, config: LoopConfig, go_on: str) -> list[str]:
+def estimate_lines(
+    figures: Estimate, ckpt: Checkpoint, config: LoopConfig, go_on: str
+) -> list[str]:
     """The estimate's model and what to do next, in plain lines."""
-    latency = "unknown (no call was computed: the LM cache served them all)" if figures.latency_s is None else \
-        f"{figures.latency_s:.3f} s, measured on the baseline's dev evaluation"
-    return [f"how: {figures.model}",
-            optimizer_line(figures, config),
-            f"mean latency of one computed call: {latency}",
-            *figures.floor_lines(),
-            f"spent so far: {cost_line(ckpt.total_cost())}",
-            f"nothing else ran: the baseline is saved in run {config.run_name}; the same command without --estimate "
-            f"goes on from it: {go_on}"]
+    latency = (
+        "unknown (no call was computed: the LM cache served them all)"
+        if figures.latency_s is None
+        else f"{figures.latency_s:.3f} s, measured on the baseline's dev evaluation"
+    )
+    return [
+        f"how: {figures.model}",
+        optimizer_line(figures, config),
+        f"mean latency of one computed call: {latency}",
+        *figures.floor_lines(),
+        f"spent so far: {cost_line(ckpt.total_cost())}",
+        f"nothing else ran: the baseline is saved in run {config.run_name}; the same command without --estimate "
+        f"goes on from it: {go_on}",
+    ]
 
 
-def print_projection(console: Console, figures: Estimate, ckpt: Checkpoint, config: LoopConfig,
-                     settings: LMSettings) -> None:
+def print_projection(
+    console: Console, figures: Estimate, ckpt: Checkpoint, config: LoopConfig, settings: LMSettings
+) -> None:
     """Before the first trial: what the whole run is expected to take (``--estimate``'s table, from the
     measured baseline) and its ETA, so a run that would take hours can be stopped now and resumed later."""
     console.print(estimate_table(figures, config, settings))
-    left = Eta.of(figures, config.budget).seconds_left(sum(t.evaluation is not None for t in ckpt.trials))
+    left = Eta.of(figures, config.budget).seconds_left(
+        sum(t.evaluation is not None for t in ckpt.trials)
+    )
     hours = "unknown" if left is None else duration(left / 3600)
     tokens = "unknown" if figures.total.tokens is None else str(figures.total.tokens)
     dollars = "" if figures.total.cost_usd is None else f", {money(figures.total.cost_usd)}"
-    console.print(f"projected: {figures.total.calls} calls, {tokens} tokens{dollars}; ETA {hours} for the rest of "
-                  "the run (Ctrl-C stops it; the same command resumes it)", soft_wrap=True, markup=False,
-                  highlight=False)
+    console.print(
+        f"projected: {figures.total.calls} calls, {tokens} tokens{dollars}; ETA {hours} for the rest of "
+        "the run (Ctrl-C stops it; the same command resumes it)",
+        soft_wrap=True,
+        markup=False,
+        highlight=False,
+    )

@@ -35,5 +35,16 @@ GATED_ADMIT = "gated.admit"
 PROPOSER = "optimizer.proposer"
 """Not a system's site: the LLM calls optimizers make to write or edit prompts are charged here."""
 
-__all__ = ["ANSWER", "GATED_ADMIT", "GRAPHITI_EXTRACT_EDGES", "MD_FLAT_CURATE", "MEM0_EXTRACT", "MEM0_RERANK",
-           "PROPOSER", "QUERY_REWRITE", "SHARED_SITES", "TIERED_EXTRACT", "TIERED_SUMMARIZE"]
+__all__ = [
+    "ANSWER",
+    "GATED_ADMIT",
+    "GRAPHITI_EXTRACT_EDGES",
+    "MD_FLAT_CURATE",
+    "MEM0_EXTRACT",
+    "MEM0_RERANK",
+    "PROPOSER",
+    "QUERY_REWRITE",
+    "SHARED_SITES",
+    "TIERED_EXTRACT",
+    "TIERED_SUMMARIZE",
+]

@@ -26,8 +26,11 @@ def default_tracking_uri(*, create: bool = True) -> str:
 def resolve_uri(tracking_uri: str | None = None, *, create: bool = True) -> str:
     """``tracking_uri``, else ``MLFLOW_TRACKING_URI``, else the embedded store (``create=False``:
     for checks before anything is written)."""
-    return (tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
-            or default_tracking_uri(create=create))
+    return (
+        tracking_uri
+        or os.environ.get("MLFLOW_TRACKING_URI")
+        or default_tracking_uri(create=create)
+    )
 
 
 def configure(tracking_uri: str | None = None) -> str:
@@ -70,6 +73,8 @@ def open_existing(tracking_uri: str | None = None) -> str:
 
     uri = resolve_uri(tracking_uri)
     if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
-        raise ConfigError(f"no MLflow store at {uri.removeprefix('sqlite:///')}; run python -m optloop.run first, "
-                          "or point --tracking-uri (MLFLOW_TRACKING_URI) at the store that holds the run")
+        raise ConfigError(
+            f"no MLflow store at {uri.removeprefix('sqlite:///')}; run python -m optloop.run first, "
+            "or point --tracking-uri (MLFLOW_TRACKING_URI) at the store that holds the run"
+        )
     return configure(uri)

@@ -43,8 +43,13 @@ def render_system(signature: type[dspy.Signature], demos: list[dict[str, Any]]) 
     lines = [text, "", "# Examples"]
     for i, demo in enumerate(demos, 1):
         output = {name: jsonable(demo[name]) for name in signature.output_fields if name in demo}
-        lines += [f"## Example {i}", "Input:", str(demo.get(USER_FIELD, "")), "Output:",
-                  json.dumps(output, ensure_ascii=False)]
+        lines += [
+            f"## Example {i}",
+            "Input:",
+            str(demo.get(USER_FIELD, "")),
+            "Output:",
+            json.dumps(output, ensure_ascii=False),
+        ]
     return "\n".join(lines)
 
 
@@ -70,7 +75,9 @@ class LibraryLayoutAdapter(Adapter):
 
     def format(self, signature, demos, inputs):
         if USER_FIELD not in inputs:
-            raise ValueError(f"a library-layout site needs its '{USER_FIELD}' input; got {sorted(inputs)}")
+            raise ValueError(
+                f"a library-layout site needs its '{USER_FIELD}' input; got {sorted(inputs)}"
+            )
         return [
             {"role": "system", "content": render_system(signature, demos)},
             {"role": "user", "content": inputs[USER_FIELD]},
@@ -80,6 +87,10 @@ class LibraryLayoutAdapter(Adapter):
         try:
             data = output_model(signature).model_validate_json(completion)
         except pydantic.ValidationError as exc:
-            raise AdapterParseError(adapter_name=type(self).__name__, signature=signature, lm_response=completion,
-                                    message=str(exc)) from exc
+            raise AdapterParseError(
+                adapter_name=type(self).__name__,
+                signature=signature,
+                lm_response=completion,
+                message=str(exc),
+            ) from exc
         return {name: getattr(data, name) for name in signature.output_fields}

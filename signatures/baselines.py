@@ -24,6 +24,12 @@ class CurateMarkdownMemory(dspy.Signature):
     each fact as one short self-contained sentence that names its subject. Do not invent facts and do
     not record small talk."""
 
-    memory_file: str = dspy.InputField(desc="the current memory file, one '- fact' line each ('(empty)' at first)")
-    session: str = dspy.InputField(desc="the new session: its date, then one 'speaker: message' line per turn")
-    facts: list[str] = dspy.OutputField(desc="the full updated list of facts, one sentence each, without '- '")
+    memory_file: str = dspy.InputField(
+        desc="the current memory file, one '- fact' line each ('(empty)' at first)"
+    )
+    session: str = dspy.InputField(
+        desc="the new session: its date, then one 'speaker: message' line per turn"
+    )
+    facts: list[str] = dspy.OutputField(
+        desc="the full updated list of facts, one sentence each, without '- '"
+    )

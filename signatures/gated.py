@@ -38,7 +38,9 @@ class AdmitMemories(dspy.Signature):
 
     question: str = dspy.InputField()
     scope: str = dspy.InputField(desc="the workspace and path the agent is working in")
-    candidates: str = dspy.InputField(desc="one candidate per line: [id] (workspace, path, status, run outcome) text")
+    candidates: str = dspy.InputField(
+        desc="one candidate per line: [id] (workspace, path, status, run outcome) text"
+    )
     decisions: list[GateVerdict] = dspy.OutputField(desc="one verdict per candidate id")
 
 

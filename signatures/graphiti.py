@@ -35,7 +35,11 @@ from typing import Any
 
 import dspy
 from dspy.signatures.signature import make_signature
-from graphiti_core.prompts.lib import BUILTIN_PROMPT_SPECS, DefaultChatPromptLibrary, get_prompt_builder
+from graphiti_core.prompts.lib import (
+    BUILTIN_PROMPT_SPECS,
+    DefaultChatPromptLibrary,
+    get_prompt_builder,
+)
 
 SITE_PREFIX = "graphiti."
 
@@ -71,8 +75,10 @@ def library_system_prompt(prompt_name: str) -> str:
     first = builder(_ProbeContext([])).system.content
     second = builder(_ProbeContext(["probe"])).system.content
     if first != second:
-        raise ValueError(f"graphiti's system prompt for {prompt_name} depends on its context; "
-                         "it cannot be seeded as one instruction string")
+        raise ValueError(
+            f"graphiti's system prompt for {prompt_name} depends on its context; "
+            "it cannot be seeded as one instruction string"
+        )
     return first
 
 
@@ -89,16 +95,23 @@ def library_signature(prompt_name: str) -> type[dspy.Signature]:
     """A signature for one graphiti prompt: its system prompt, user content in, its schema out."""
     response_model = BUILTIN_PROMPT_SPECS[prompt_name].response_model
     if response_model is None:
-        raise ValueError(f"graphiti prompt {prompt_name} has no fixed response model to seed output fields from")
+        raise ValueError(
+            f"graphiti prompt {prompt_name} has no fixed response model to seed output fields from"
+        )
     fields: dict[str, Any] = {
-        "user_content": (str, dspy.InputField(desc=f"the user message graphiti builds for {prompt_name}, verbatim")),
+        "user_content": (
+            str,
+            dspy.InputField(desc=f"the user message graphiti builds for {prompt_name}, verbatim"),
+        ),
     }
     for name, field in response_model.model_fields.items():
         fields[name] = (field.annotation, dspy.OutputField(desc=field.description or ""))
     instructions = library_system_prompt(prompt_name)
     signature = make_signature(fields, instructions, signature_name=_class_name(prompt_name))
     if signature.instructions != instructions:  # DSPy normalizes docstrings (inspect.cleandoc)
-        raise ValueError(f"graphiti's system prompt for {prompt_name} does not survive as DSPy instructions unchanged")
+        raise ValueError(
+            f"graphiti's system prompt for {prompt_name} does not survive as DSPy instructions unchanged"
+        )
     return signature
 
 

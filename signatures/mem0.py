@@ -79,8 +79,15 @@ class LibraryPromptSignature(dspy.Signature, metaclass=_VerbatimInstructions):
         # Derive from the site's own signature class, not from the last rewrite, so
         # a long optimization does not grow an ever deeper chain of subclasses.
         root = next(c for c in cls.__mro__ if LibraryPromptSignature in c.__bases__)
-        return type(root)(root.__name__, (root,), {"__doc__": instructions, "__module__": root.__module__,
-                                                   "__qualname__": root.__qualname__})
+        return type(root)(
+            root.__name__,
+            (root,),
+            {
+                "__doc__": instructions,
+                "__module__": root.__module__,
+                "__qualname__": root.__qualname__,
+            },
+        )
 
     @classmethod
     def append_instructions(cls, instructions: str) -> type[dspy.Signature]:
@@ -116,8 +123,10 @@ class ExtractedMemory(BaseModel):
 class Mem0Extract(LibraryPromptSignature):
     __doc__ = ADDITIVE_EXTRACTION_PROMPT
 
-    user_content: str = dspy.InputField(desc="mem0's extraction user prompt (summary, last messages, existing "
-                                             "memories, new messages, dates), verbatim")
+    user_content: str = dspy.InputField(
+        desc="mem0's extraction user prompt (summary, last messages, existing "
+        "memories, new messages, dates), verbatim"
+    )
     memory: list[ExtractedMemory] = dspy.OutputField(desc="the memories to ADD")
 
 
@@ -130,5 +139,7 @@ class Mem0Rerank(LibraryPromptSignature):
     # mem0 the number as text. The messages are the library's; only the answer format differs.
     __doc__ = RERANK_SYSTEM_PROMPT
 
-    user_content: str = dspy.InputField(desc='LLMReranker\'s user message: "Query: ...\\n\\nDocument: ..."')
+    user_content: str = dspy.InputField(
+        desc='LLMReranker\'s user message: "Query: ...\\n\\nDocument: ..."'
+    )
     score: float = dspy.OutputField(desc="relevance between 0.0 and 1.0")

@@ -64,10 +64,23 @@ class PromptSite:
     _adapter: Any = field(default=None, repr=False)
 
     @classmethod
-    def from_signature(cls, name: str, stage: Stage, signature: type[dspy.Signature], *,
-                       op_kinds: tuple[str, ...] = (), layout: Literal["library", "dspy"] = "library") -> PromptSite:
-        return cls(name=name, stage=stage, module=dspy.Predict(signature), seed_instruction=signature.instructions,
-                   op_kinds=op_kinds, layout=layout)
+    def from_signature(
+        cls,
+        name: str,
+        stage: Stage,
+        signature: type[dspy.Signature],
+        *,
+        op_kinds: tuple[str, ...] = (),
+        layout: Literal["library", "dspy"] = "library",
+    ) -> PromptSite:
+        return cls(
+            name=name,
+            stage=stage,
+            module=dspy.Predict(signature),
+            seed_instruction=signature.instructions,
+            op_kinds=op_kinds,
+            layout=layout,
+        )
 
     @property
     def instructions(self) -> str:
@@ -82,7 +95,9 @@ class PromptSite:
 
     def adapter(self) -> dspy.Adapter:
         if self._adapter is None:
-            self._adapter = LibraryLayoutAdapter() if self.layout == "library" else dspy.JSONAdapter()
+            self._adapter = (
+                LibraryLayoutAdapter() if self.layout == "library" else dspy.JSONAdapter()
+            )
         return self._adapter
 
     def __call__(self, lm: OptloopLM, **inputs: Any) -> dspy.Prediction:
@@ -118,8 +133,15 @@ class MemorySystem(ABC):
     # ``--lm-max-chars``, ``--lm-n-ctx``): decoding bounds and the context window of a local model.
     local_decoding: ClassVar[dict[str, int]] = {}
 
-    def __init__(self, lm: OptloopLM, run_dir: Path, *, embedder: Embedder | None = None,
-                 knobs: dict[str, Any] | None = None, query_site: bool = False):
+    def __init__(
+        self,
+        lm: OptloopLM,
+        run_dir: Path,
+        *,
+        embedder: Embedder | None = None,
+        knobs: dict[str, Any] | None = None,
+        query_site: bool = False,
+    ):
         self.lm = lm
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -132,15 +154,19 @@ class MemorySystem(ABC):
         if unknown:
             from optloop.errors import ConfigError
 
-            raise ConfigError(f"{self.name} has no knob(s) {sorted(unknown)}; its knobs are {sorted(self.default_knobs)}")
+            raise ConfigError(
+                f"{self.name} has no knob(s) {sorted(unknown)}; its knobs are {sorted(self.default_knobs)}"
+            )
         self._knobs = {**self.default_knobs, **(knobs or {})}
         self._sites: dict[str, PromptSite] = {}
         self._build_sites()
-        self._sites[ANSWER] = PromptSite.from_signature(ANSWER, "answer", AnswerFromMemories,
-                                                          op_kinds=("answer",), layout="dspy")
+        self._sites[ANSWER] = PromptSite.from_signature(
+            ANSWER, "answer", AnswerFromMemories, op_kinds=("answer",), layout="dspy"
+        )
         if query_site:
             self._sites[QUERY_REWRITE] = PromptSite.from_signature(
-                QUERY_REWRITE, "retrieve", RewriteQuery, op_kinds=("rewrite",), layout="dspy")
+                QUERY_REWRITE, "retrieve", RewriteQuery, op_kinds=("rewrite",), layout="dspy"
+            )
 
     # --- what subclasses provide ---------------------------------------------------------
 
@@ -192,7 +218,9 @@ class MemorySystem(ABC):
         return self.search(query, int(k or self._knobs["top_k"]))
 
     def answer(self, question: str, memories: Sequence[MemoryItem]) -> str:
-        return self._sites[ANSWER](self.lm, memories=render_memories(memories), question=question).answer
+        return self._sites[ANSWER](
+            self.lm, memories=render_memories(memories), question=question
+        ).answer
 
     def prompt_sites(self) -> dict[str, PromptSite]:
         return dict(self._sites)

@@ -73,8 +73,10 @@ def _read_jsonl(path: Path, model: type[BaseModel]) -> list[Any]:
         try:
             records.append(model.model_validate_json(line))
         except ValidationError as exc:
-            raise ConfigError(f"{path}:{lineno} is not a valid {model.__name__} record "
-                              f"({exc.errors()[0]['msg']}); reset() the system or delete {path.parent}") from None
+            raise ConfigError(
+                f"{path}:{lineno} is not a valid {model.__name__} record "
+                f"({exc.errors()[0]['msg']}); reset() the system or delete {path.parent}"
+            ) from None
     return records
 
 
@@ -100,10 +102,21 @@ class StoredTurn(BaseModel):
         return f"{self.speaker or self.role}: {self.content}"
 
     def to_item(self, score: float | None = None, **extra: Any) -> MemoryItem:
-        return MemoryItem(id=self.id, text=self.text, score=score, metadata={
-            "kind": "turn", "turn_id": self.id, "turn_ids": [self.id], "session_id": self.session_id,
-            "timestamp": self.timestamp, "role": self.role, "speaker": self.speaker, **extra,
-        })
+        return MemoryItem(
+            id=self.id,
+            text=self.text,
+            score=score,
+            metadata={
+                "kind": "turn",
+                "turn_id": self.id,
+                "turn_ids": [self.id],
+                "session_id": self.session_id,
+                "timestamp": self.timestamp,
+                "role": self.role,
+                "speaker": self.speaker,
+                **extra,
+            },
+        )
 
 
 class _TurnLog:
@@ -131,9 +144,18 @@ class _TurnLog:
         return fresh
 
     def add(self, sessions: Sequence[Session]) -> list[StoredTurn]:
-        new = [StoredTurn(id=turn.id, session_id=session.id, timestamp=session.timestamp, role=turn.role,
-                          speaker=turn.speaker, content=turn.content)
-               for session in sessions for turn in session.turns]
+        new = [
+            StoredTurn(
+                id=turn.id,
+                session_id=session.id,
+                timestamp=session.timestamp,
+                role=turn.role,
+                speaker=turn.speaker,
+                content=turn.content,
+            )
+            for session in sessions
+            for turn in session.turns
+        ]
         if new:
             self.turns.extend(new)
             _write_jsonl(self.path, self.turns)
@@ -143,8 +165,15 @@ class _TurnLog:
 class _FileBackedSystem(MemorySystem):
     """A system whose state is files under ``run_dir``: loaded at construction, emptied by ``reset``."""
 
-    def __init__(self, lm: OptloopLM, run_dir: Path, *, embedder: Embedder | None = None,
-                 knobs: dict[str, Any] | None = None, query_site: bool = False):
+    def __init__(
+        self,
+        lm: OptloopLM,
+        run_dir: Path,
+        *,
+        embedder: Embedder | None = None,
+        knobs: dict[str, Any] | None = None,
+        query_site: bool = False,
+    ):
         super().__init__(lm, run_dir, embedder=embedder, knobs=knobs, query_site=query_site)
         self._load()
 
@@ -187,7 +216,12 @@ class _RawTurnSystem(_FileBackedSystem):
         self._rewrite([t for t in self._log.turns if t.id != memory_id])
 
     def update_memory(self, memory_id: str, text: str) -> None:
-        self._rewrite([t.model_copy(update={"content": text}) if t.id == memory_id else t for t in self._log.turns])
+        self._rewrite(
+            [
+                t.model_copy(update={"content": text}) if t.id == memory_id else t
+                for t in self._log.turns
+            ]
+        )
 
     def _rewrite(self, turns: list[StoredTurn]) -> None:
         """Replace the stored turns and rebuild the index from them."""
@@ -214,14 +248,27 @@ class LongContextSystem(_RawTurnSystem):
     name: ClassVar[str] = "long_context"
     # The default fits the embedded LM's 8192-token window with room for the answer prompt.
     default_knobs: ClassVar[dict[str, Any]] = {"max_context_tokens": 6000}
-    knob_values: ClassVar[Mapping[str, Sequence[Any]]] = {"max_context_tokens": (2000, 4000, 6000, 8000)}
-    search_knob: ClassVar[str | None] = None  # nothing is searched: every turn that fits is in context
+    knob_values: ClassVar[Mapping[str, Sequence[Any]]] = {
+        "max_context_tokens": (2000, 4000, 6000, 8000)
+    }
+    search_knob: ClassVar[str | None] = (
+        None  # nothing is searched: every turn that fits is in context
+    )
 
-    def __init__(self, lm: OptloopLM, run_dir: Path, *, embedder: Embedder | None = None,
-                 knobs: dict[str, Any] | None = None, query_site: bool = False):
+    def __init__(
+        self,
+        lm: OptloopLM,
+        run_dir: Path,
+        *,
+        embedder: Embedder | None = None,
+        knobs: dict[str, Any] | None = None,
+        query_site: bool = False,
+    ):
         if query_site:
-            raise ConfigError("long_context puts every turn in context and never searches, so a query-rewrite "
-                              "site would change nothing; run it without query_site")
+            raise ConfigError(
+                "long_context puts every turn in context and never searches, so a query-rewrite "
+                "site would change nothing; run it without query_site"
+            )
         # The last search's report, per thread: an episode's questions may run at once (optloop.pipeline),
         # each reading truncation() on the thread that retrieved.
         self._last = threading.local()
@@ -237,17 +284,29 @@ class LongContextSystem(_RawTurnSystem):
         used = 0
         for turn in reversed(turns):
             # Charge the line as render_memories shows it, date prefix included.
-            cost = estimate_tokens(f"- [{turn.timestamp}] {turn.text}\n" if turn.timestamp else f"- {turn.text}\n")
+            cost = estimate_tokens(
+                f"- [{turn.timestamp}] {turn.text}\n" if turn.timestamp else f"- {turn.text}\n"
+            )
             if used + cost > budget:
                 break
             kept.append(turn)
             used += cost
         kept.reverse()
-        truncation = {"kept": len(kept), "dropped": len(turns) - len(kept), "tokens": used, "budget_tokens": budget}
+        truncation = {
+            "kept": len(kept),
+            "dropped": len(turns) - len(kept),
+            "tokens": used,
+            "budget_tokens": budget,
+        }
         self._last.truncation = truncation
         if truncation["dropped"]:
-            logger.info("long_context: %d of %d turns do not fit %d tokens; kept the %d most recent",
-                        truncation["dropped"], len(turns), budget, len(kept))
+            logger.info(
+                "long_context: %d of %d turns do not fit %d tokens; kept the %d most recent",
+                truncation["dropped"],
+                len(turns),
+                budget,
+                len(kept),
+            )
         return [turn.to_item(truncation=dict(truncation)) for turn in kept]
 
     def truncation(self) -> dict[str, int] | None:
@@ -306,7 +365,10 @@ class EmbeddingRagSystem(_RawTurnSystem):
 
     name: ClassVar[str] = "rag_embedding"
     default_knobs: ClassVar[dict[str, Any]] = {"top_k": 5, "threshold": 0.0}
-    knob_values: ClassVar[Mapping[str, Sequence[Any]]] = {**MemorySystem.knob_values, "threshold": (0.0, 0.1, 0.2, 0.3)}
+    knob_values: ClassVar[Mapping[str, Sequence[Any]]] = {
+        **MemorySystem.knob_values,
+        "threshold": (0.0, 0.1, 0.2, 0.3),
+    }
     search_knob: ClassVar[str | None] = "threshold"
     VECTORS = "vectors.npy"
     META = "vectors.json"
@@ -317,25 +379,41 @@ class EmbeddingRagSystem(_RawTurnSystem):
         if vectors_path.exists() and meta_path.exists():
             meta = json.loads(meta_path.read_text(encoding="utf-8"))
             if meta.get("embedder") != self.embedder.name:
-                logger.warning("%s was embedded with %s, not %s; re-embedding every turn",
-                               self.run_dir, meta.get("embedder"), self.embedder.name)
+                logger.warning(
+                    "%s was embedded with %s, not %s; re-embedding every turn",
+                    self.run_dir,
+                    meta.get("embedder"),
+                    self.embedder.name,
+                )
             else:
                 self._vectors = np.load(vectors_path)
         stored = 0 if self._vectors is None else len(self._vectors)
         if stored > len(self._log.turns):
-            logger.warning("%s holds more vectors than turns; re-embedding every turn", self.run_dir)
+            logger.warning(
+                "%s holds more vectors than turns; re-embedding every turn", self.run_dir
+            )
             self._vectors, stored = None, 0
         if stored < len(self._log.turns):  # e.g. a run killed between storing turns and vectors
             self._index(self._log.turns[stored:])
 
     def _index(self, new: list[StoredTurn]) -> None:
         vectors = self.embedder.embed([turn.text for turn in new])
-        self._vectors = vectors if self._vectors is None else np.concatenate([self._vectors, vectors])
+        self._vectors = (
+            vectors if self._vectors is None else np.concatenate([self._vectors, vectors])
+        )
         buffer = io.BytesIO()
         np.save(buffer, self._vectors)
         _write_atomic(self.run_dir / self.VECTORS, buffer.getvalue())
-        _write_atomic(self.run_dir / self.META, json.dumps(
-            {"embedder": self.embedder.name, "dim": int(self._vectors.shape[1]), "count": len(self._vectors)}))
+        _write_atomic(
+            self.run_dir / self.META,
+            json.dumps(
+                {
+                    "embedder": self.embedder.name,
+                    "dim": int(self._vectors.shape[1]),
+                    "count": len(self._vectors),
+                }
+            ),
+        )
 
     def search(self, query: str, k: int) -> list[MemoryItem]:
         turns = self._log.turns
@@ -370,10 +448,17 @@ class Fact(BaseModel):
         return f"- [{self.timestamp}] {self.text}" if self.timestamp else f"- {self.text}"
 
     def to_item(self, score: float | None = None) -> MemoryItem:
-        return MemoryItem(id=self.id, text=self.text, score=score, metadata={
-            "kind": "fact", "turn_ids": list(self.turn_ids), "session_id": self.session_id,
-            "timestamp": self.timestamp,
-        })
+        return MemoryItem(
+            id=self.id,
+            text=self.text,
+            score=score,
+            metadata={
+                "kind": "fact",
+                "turn_ids": list(self.turn_ids),
+                "session_id": self.session_id,
+                "timestamp": self.timestamp,
+            },
+        )
 
 
 class Curation(BaseModel):
@@ -406,7 +491,9 @@ def _normalize(text: str) -> str:
 def render_session(session: Session) -> str:
     """A session as the curation prompt reads it: a dated header, then ``speaker: message`` lines."""
     header = f"Session {session.id}" + (f" ({session.timestamp})" if session.timestamp else "")
-    return "\n".join([header, *(f"{turn.speaker or turn.role}: {turn.content}" for turn in session.turns)])
+    return "\n".join(
+        [header, *(f"{turn.speaker or turn.role}: {turn.content}" for turn in session.turns)]
+    )
 
 
 class MarkdownFlatSystem(_FileBackedSystem):
@@ -432,7 +519,12 @@ class MarkdownFlatSystem(_FileBackedSystem):
 
     def _build_sites(self) -> None:
         self._sites[MD_FLAT_CURATE] = PromptSite.from_signature(
-            MD_FLAT_CURATE, "ingest", CurateMarkdownMemory, op_kinds=("extract", "update", "delete", "store"), layout="dspy")
+            MD_FLAT_CURATE,
+            "ingest",
+            CurateMarkdownMemory,
+            op_kinds=("extract", "update", "delete", "store"),
+            layout="dspy",
+        )
 
     @property
     def memory_path(self) -> Path:
@@ -444,15 +536,20 @@ class MarkdownFlatSystem(_FileBackedSystem):
         self._facts: list[Fact] = []
         if not self.memory_path.exists():
             return
-        provenance = {_normalize(f.text): f for f in _read_jsonl(self.run_dir / self.PROVENANCE, Fact)}
+        provenance = {
+            _normalize(f.text): f for f in _read_jsonl(self.run_dir / self.PROVENANCE, Fact)
+        }
         for line in self.memory_path.read_text(encoding="utf-8").splitlines():
             if not line.lstrip().startswith(("- ", "* ")):
                 continue  # headings and prose someone added by hand are not facts
             date, text = _parse_line(line)
             if text:
                 known = provenance.get(_normalize(text))
-                self._facts.append(known.model_copy(update={"text": text, "timestamp": date}) if known
-                                   else Fact(text=text, timestamp=date))
+                self._facts.append(
+                    known.model_copy(update={"text": text, "timestamp": date})
+                    if known
+                    else Fact(text=text, timestamp=date)
+                )
 
     def render_file(self) -> str:
         """``memory.md`` as it is (or would be) written."""
@@ -465,19 +562,29 @@ class MarkdownFlatSystem(_FileBackedSystem):
     def _curate(self, session: Session) -> None:
         before = self._facts
         prediction = self._sites[MD_FLAT_CURATE](
-            self.lm, memory_file=self.render_file() or "(empty)", session=render_session(session))
+            self.lm, memory_file=self.render_file() or "(empty)", session=render_session(session)
+        )
         self._facts = self._merge(prediction.facts, before, session)
         _write_atomic(self.memory_path, self.render_file())
         _write_jsonl(self.run_dir / self.PROVENANCE, self._facts)
         self._log.add([session])  # last: a session counts as ingested once its facts are on disk
         old, new = {_normalize(f.text) for f in before}, {_normalize(f.text) for f in self._facts}
-        record = Curation(session_id=session.id, before=[f.text for f in before], after=[f.text for f in self._facts],
-                          added=[f.text for f in self._facts if _normalize(f.text) not in old],
-                          removed=[f.text for f in before if _normalize(f.text) not in new])
+        record = Curation(
+            session_id=session.id,
+            before=[f.text for f in before],
+            after=[f.text for f in self._facts],
+            added=[f.text for f in self._facts if _normalize(f.text) not in old],
+            removed=[f.text for f in before if _normalize(f.text) not in new],
+        )
         with (self.run_dir / self.CURATIONS).open("a", encoding="utf-8") as out:
             out.write(record.model_dump_json() + "\n")
-        logger.info("md_flat: session %s -> %d facts (+%d -%d)", session.id, len(self._facts),
-                    len(record.added), len(record.removed))
+        logger.info(
+            "md_flat: session %s -> %d facts (+%d -%d)",
+            session.id,
+            len(self._facts),
+            len(record.added),
+            len(record.removed),
+        )
 
     @staticmethod
     def _merge(raw_facts: Sequence[str], before: Sequence[Fact], session: Session) -> list[Fact]:
@@ -486,13 +593,22 @@ class MarkdownFlatSystem(_FileBackedSystem):
         facts: list[Fact] = []
         seen: set[str] = set()
         for raw in raw_facts:
-            _, text = _parse_line(str(raw))  # the model may copy the "- [date] " of the file it was shown
+            _, text = _parse_line(
+                str(raw)
+            )  # the model may copy the "- [date] " of the file it was shown
             key = _normalize(text)
             if not key or key in seen:
                 continue
             seen.add(key)
-            facts.append(previous.get(key) or Fact(text=text, timestamp=session.timestamp, session_id=session.id,
-                                                   turn_ids=[turn.id for turn in session.turns]))
+            facts.append(
+                previous.get(key)
+                or Fact(
+                    text=text,
+                    timestamp=session.timestamp,
+                    session_id=session.id,
+                    turn_ids=[turn.id for turn in session.turns],
+                )
+            )
         return facts
 
     def search(self, query: str, k: int) -> list[MemoryItem]:
@@ -502,7 +618,10 @@ class MarkdownFlatSystem(_FileBackedSystem):
         if missing:
             self._fact_vectors.update(zip(missing, self.embedder.embed(missing), strict=True))
         query_vector = self.embedder.embed_one(query)
-        scored = [(float(self._fact_vectors[fact.text] @ query_vector), i) for i, fact in enumerate(self._facts)]
+        scored = [
+            (float(self._fact_vectors[fact.text] @ query_vector), i)
+            for i, fact in enumerate(self._facts)
+        ]
         scored.sort(key=lambda pair: (-pair[0], pair[1]))
         return [self._facts[i].to_item(score=score) for score, i in scored[:k]]
 

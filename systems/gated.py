@@ -61,7 +61,13 @@ import dspy
 import numpy as np
 from pydantic import BaseModel, Field
 
-from optloop.datasets.agentic import DEAD_BRANCHES, parse_scope, parse_tag, path_matches, scope_header
+from optloop.datasets.agentic import (
+    DEAD_BRANCHES,
+    parse_scope,
+    parse_tag,
+    path_matches,
+    scope_header,
+)
 from optloop.errors import ConfigError
 from optloop.sites import ANSWER, GATED_ADMIT
 from signatures.common import render_memories
@@ -120,8 +126,22 @@ CREATE TABLE IF NOT EXISTS memories (
 CREATE INDEX IF NOT EXISTS memories_by_key ON memories (workspace, key, status);
 """
 
-_COLUMNS = ("id", "seq", "run", "session_id", "timestamp", "workspace", "path", "key", "value", "content", "status",
-            "branch_status", "superseded_by", "superseded_at")
+_COLUMNS = (
+    "id",
+    "seq",
+    "run",
+    "session_id",
+    "timestamp",
+    "workspace",
+    "path",
+    "key",
+    "value",
+    "content",
+    "status",
+    "branch_status",
+    "superseded_by",
+    "superseded_at",
+)
 
 
 class MemoryRow(BaseModel):
@@ -144,10 +164,19 @@ class MemoryRow(BaseModel):
 
     def to_item(self, score: float | None = None) -> MemoryItem:
         metadata: dict[str, Any] = {
-            "kind": "fact" if self.key else "note", "turn_ids": [self.id], "session_id": self.session_id,
-            "timestamp": self.timestamp, "run": self.run, "workspace": self.workspace, "path": self.path,
-            "key": self.key, "value": self.value, "status": self.status, "branch_status": self.branch_status,
-            "superseded_by": self.superseded_by}
+            "kind": "fact" if self.key else "note",
+            "turn_ids": [self.id],
+            "session_id": self.session_id,
+            "timestamp": self.timestamp,
+            "run": self.run,
+            "workspace": self.workspace,
+            "path": self.path,
+            "key": self.key,
+            "value": self.value,
+            "status": self.status,
+            "branch_status": self.branch_status,
+            "superseded_by": self.superseded_by,
+        }
         if self.status == "superseded":  # the recorder's mark of a unit that no longer holds
             metadata["invalid_at"] = self.superseded_at or "superseded"
         return MemoryItem(id=self.id, text=self.content, score=score, metadata=metadata)
@@ -183,26 +212,48 @@ class Admission(BaseModel):
         return "\n".join(lines)
 
 
-def floor_decision(item: MemoryItem, rank: int, workspace: str, floors: str, negative_evidence: bool) -> GateDecision:
+def floor_decision(
+    item: MemoryItem, rank: int, workspace: str, floors: str, negative_evidence: bool
+) -> GateDecision:
     """The deterministic floors on one candidate: a final decision (``by="floor"``), or a provisional admit
     (reason ``"open"``) the LLM may change."""
     meta = item.metadata
-    info = {"rank": rank, "memory_id": item.id, "workspace": meta.get("workspace"), "path": meta.get("path"),
-            "status": meta.get("status"), "branch_status": meta.get("branch_status")}
+    info = {
+        "rank": rank,
+        "memory_id": item.id,
+        "workspace": meta.get("workspace"),
+        "path": meta.get("path"),
+        "status": meta.get("status"),
+        "branch_status": meta.get("branch_status"),
+    }
     if floors != "off" and meta.get("workspace") not in (None, workspace):
-        return GateDecision(**info, verdict="reject", by="floor",
-                            reason=f"floor: written in workspace {meta.get('workspace')}, not {workspace}")
+        return GateDecision(
+            **info,
+            verdict="reject",
+            by="floor",
+            reason=f"floor: written in workspace {meta.get('workspace')}, not {workspace}",
+        )
     if floors == "strict":
         if meta.get("status") == "superseded":
             successor = f" by {meta['superseded_by']}" if meta.get("superseded_by") else ""
-            return GateDecision(**info, verdict="reject", by="floor", reason=f"floor: superseded{successor}")
+            return GateDecision(
+                **info, verdict="reject", by="floor", reason=f"floor: superseded{successor}"
+            )
         if meta.get("branch_status") in DEAD_BRANCHES:
             outcome = str(meta["branch_status"]).replace("_", " ")
             if negative_evidence:
-                return GateDecision(**info, verdict="negative", by="floor",
-                                    reason=f"floor: written by a run that {outcome}; negative evidence only")
-            return GateDecision(**info, verdict="reject", by="floor",
-                                reason=f"floor: written by a run that {outcome} (negative evidence is off)")
+                return GateDecision(
+                    **info,
+                    verdict="negative",
+                    by="floor",
+                    reason=f"floor: written by a run that {outcome}; negative evidence only",
+                )
+            return GateDecision(
+                **info,
+                verdict="reject",
+                by="floor",
+                reason=f"floor: written by a run that {outcome} (negative evidence is off)",
+            )
     return GateDecision(**info, verdict="admit", by="floor", reason="open")
 
 
@@ -212,8 +263,10 @@ def render_candidates(pending: Sequence[tuple[GateDecision, MemoryItem]]) -> str
     for decision, item in pending:
         meta = item.metadata
         where = f"workspace {meta.get('workspace', '?')}, path {meta.get('path') or '/'}"
-        lines.append(f"[{decision.rank}] ({where}, {meta.get('status', 'active')}, run "
-                     f"{str(meta.get('branch_status', 'completed')).replace('_', ' ')}) {item.text}")
+        lines.append(
+            f"[{decision.rank}] ({where}, {meta.get('status', 'active')}, run "
+            f"{str(meta.get('branch_status', 'completed')).replace('_', ' ')}) {item.text}"
+        )
     return "\n".join(lines) or "(none)"
 
 
@@ -243,17 +296,27 @@ class AdmissionGate(dspy.Predict):
             for candidate in pending:
                 verdict = verdicts.get(str(candidate.rank))
                 if verdict is None:
-                    merged.append(candidate.model_copy(update={
-                        "by": "default", "reason": "the gate gave no verdict for this candidate; admitted by default"}))
+                    merged.append(
+                        candidate.model_copy(
+                            update={
+                                "by": "default",
+                                "reason": "the gate gave no verdict for this candidate; admitted by default",
+                            }
+                        )
+                    )
                     continue
                 choice, reason = verdict.verdict, verdict.reason
                 if choice == "negative" and not allow_negative:
                     choice, reason = "reject", f"{reason} (negative evidence is off)"
-                merged.append(candidate.model_copy(update={"verdict": choice, "by": "llm", "reason": reason}))
+                merged.append(
+                    candidate.model_copy(update={"verdict": choice, "by": "llm", "reason": reason})
+                )
             pending = merged
         else:
             note = "no LLM asked (gate=floors_only)" if not ask else "no candidate left"
-            pending = [c.model_copy(update={"reason": f"passed the floors; {note}"}) for c in pending]
+            pending = [
+                c.model_copy(update={"reason": f"passed the floors; {note}"}) for c in pending
+            ]
         return dspy.Prediction(decisions=sorted([*decided, *pending], key=lambda d: d.rank))
 
     @classmethod
@@ -269,14 +332,26 @@ class GatedSystem(MemorySystem):
     """Workspace-, status- and branch-aware memories in SQLite; an admission gate before the answer."""
 
     name: ClassVar[str] = "gated"
-    default_knobs: ClassVar[dict[str, Any]] = {"top_k": 5, "scope": "workspace_path", "floors": "strict",
-                                               "gate": "llm", "negative_evidence": True}
+    default_knobs: ClassVar[dict[str, Any]] = {
+        "top_k": 5,
+        "scope": "workspace_path",
+        "floors": "strict",
+        "gate": "llm",
+        "negative_evidence": True,
+    }
     knob_values: ClassVar[Mapping[str, Sequence[Any]]] = KNOB_VALUES
     # The gate lists one verdict (a short reason each) per candidate: bound both for a local model.
     local_decoding: ClassVar[dict[str, int]] = {"max_array_items": 12, "max_string_chars": 160}
 
-    def __init__(self, lm: OptloopLM, run_dir: Path, *, embedder: Embedder | None = None,
-                 knobs: dict[str, Any] | None = None, query_site: bool = False):
+    def __init__(
+        self,
+        lm: OptloopLM,
+        run_dir: Path,
+        *,
+        embedder: Embedder | None = None,
+        knobs: dict[str, Any] | None = None,
+        query_site: bool = False,
+    ):
         super().__init__(lm, run_dir, embedder=embedder, knobs=knobs, query_site=query_site)
         for name, value in self._knobs.items():
             _check_knob(name, value)
@@ -291,8 +366,13 @@ class GatedSystem(MemorySystem):
 
     def _build_sites(self) -> None:
         self._sites[GATED_ADMIT] = PromptSite(
-            name=GATED_ADMIT, stage="answer", module=AdmissionGate(AdmitMemories),
-            seed_instruction=AdmitMemories.instructions, op_kinds=("admit",), layout="dspy")
+            name=GATED_ADMIT,
+            stage="answer",
+            module=AdmissionGate(AdmitMemories),
+            seed_instruction=AdmitMemories.instructions,
+            op_kinds=("admit",),
+            layout="dspy",
+        )
 
     def set_knob(self, name: str, value: Any) -> None:
         if name in self._knobs:
@@ -313,7 +393,9 @@ class GatedSystem(MemorySystem):
             if site in self._sites:
                 self._sites[site].set_instructions(text)
             else:
-                logger.warning("gated has no prompt site %s; the pack's prompt for it is ignored", site)
+                logger.warning(
+                    "gated has no prompt site %s; the pack's prompt for it is ignored", site
+                )
         for name, value in (pack.get("knobs") or {}).items():
             self.set_knob(name, value)
 
@@ -332,27 +414,46 @@ class GatedSystem(MemorySystem):
         """Read every row and vector; re-embed rows embedded by another model (or not at all)."""
         with self._lock, closing(self._connect()) as db:
             records = db.execute(
-                f"SELECT {', '.join(_COLUMNS)}, embedder, embedding FROM memories ORDER BY seq").fetchall()
+                f"SELECT {', '.join(_COLUMNS)}, embedder, embedding FROM memories ORDER BY seq"
+            ).fetchall()
             latest = db.execute("SELECT workspace FROM runs ORDER BY seq DESC LIMIT 1").fetchone()
             self._sessions = {row[0] for row in db.execute("SELECT session_id FROM runs")}
-            self._run_seq = (db.execute("SELECT MAX(seq) FROM runs").fetchone()[0] or 0)
-            self._rows = [MemoryRow(**dict(zip(_COLUMNS, record[:len(_COLUMNS)], strict=True))) for record in records]
+            self._run_seq = db.execute("SELECT MAX(seq) FROM runs").fetchone()[0] or 0
+            self._rows = [
+                MemoryRow(**dict(zip(_COLUMNS, record[: len(_COLUMNS)], strict=True)))
+                for record in records
+            ]
             vectors: list[np.ndarray | None] = [
-                np.frombuffer(record[-1], dtype=np.float32) if record[-1] is not None and record[-2] == self.embedder.name
-                else None for record in records]
+                np.frombuffer(record[-1], dtype=np.float32)
+                if record[-1] is not None and record[-2] == self.embedder.name
+                else None
+                for record in records
+            ]
             missing = [i for i, v in enumerate(vectors) if v is None]
             if missing:
                 if len(missing) < len(records):
-                    logger.warning("%s: %d memories were embedded by another model; re-embedding them",
-                                   self.db_path, len(missing))
+                    logger.warning(
+                        "%s: %d memories were embedded by another model; re-embedding them",
+                        self.db_path,
+                        len(missing),
+                    )
                 fresh = self.embedder.embed([self._rows[i].content for i in missing])
                 with db:
                     for i, vector in zip(missing, fresh, strict=True):
                         vectors[i] = vector
-                        db.execute("UPDATE memories SET embedder = ?, embedding = ? WHERE id = ?",
-                                   (self.embedder.name, vector.astype(np.float32).tobytes(), self._rows[i].id))
-            self._vectors = (np.stack([np.asarray(v, dtype=np.float32) for v in vectors]) if vectors
-                             else np.zeros((0, self.embedder.dim), dtype=np.float32))
+                        db.execute(
+                            "UPDATE memories SET embedder = ?, embedding = ? WHERE id = ?",
+                            (
+                                self.embedder.name,
+                                vector.astype(np.float32).tobytes(),
+                                self._rows[i].id,
+                            ),
+                        )
+            self._vectors = (
+                np.stack([np.asarray(v, dtype=np.float32) for v in vectors])
+                if vectors
+                else np.zeros((0, self.embedder.dim), dtype=np.float32)
+            )
             self._workspace = latest[0] if latest else DEFAULT_WORKSPACE
 
     def reset(self) -> None:
@@ -378,12 +479,22 @@ class GatedSystem(MemorySystem):
         for turn in session.turns:
             text, kind, data = parse_tag(turn.content)
             if kind == "run":
-                run.update({k: str(data[k]).strip() for k in ("run", "workspace", "path") if data.get(k) is not None})
+                run.update(
+                    {
+                        k: str(data[k]).strip()
+                        for k in ("run", "workspace", "path")
+                        if data.get(k) is not None
+                    }
+                )
                 run["path"] = run["path"].strip("/")
             elif kind == "end":
                 branch = str(data.get("branch", "completed"))
                 if branch not in BRANCH_STATUSES:
-                    logger.warning("run %s ended with unknown branch status %r; stored as failed", run["run"], branch)
+                    logger.warning(
+                        "run %s ended with unknown branch status %r; stored as failed",
+                        run["run"],
+                        branch,
+                    )
                     branch = "failed"
                 run["branch"] = branch
             elif kind == "fact":
@@ -396,32 +507,71 @@ class GatedSystem(MemorySystem):
             key = str(tag["key"]).strip() if tag.get("key") else None
             status = "superseded" if tag.get("status") == "superseded" else "active"
             value = None if tag.get("value") is None else str(tag["value"])
-            rows.append(MemoryRow(id=turn_id, seq=start + offset, run=run["run"], session_id=session.id,
-                                  timestamp=session.timestamp, workspace=run["workspace"], path=run["path"], key=key,
-                                  value=value, content=text or "(empty)", status=status,
-                                  branch_status=run["branch"]))
+            rows.append(
+                MemoryRow(
+                    id=turn_id,
+                    seq=start + offset,
+                    run=run["run"],
+                    session_id=session.id,
+                    timestamp=session.timestamp,
+                    workspace=run["workspace"],
+                    path=run["path"],
+                    key=key,
+                    value=value,
+                    content=text or "(empty)",
+                    status=status,
+                    branch_status=run["branch"],
+                )
+            )
         vectors = self.embedder.embed([row.content for row in rows])
         with closing(self._connect()) as db, db:
             self._run_seq += 1
-            db.execute("INSERT INTO runs (session_id, run, seq, workspace, path, branch_status, timestamp) "
-                       "VALUES (?, ?, ?, ?, ?, ?, ?)", (session.id, run["run"], self._run_seq, run["workspace"],
-                                                        run["path"], run["branch"], session.timestamp))
+            db.execute(
+                "INSERT INTO runs (session_id, run, seq, workspace, path, branch_status, timestamp) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (
+                    session.id,
+                    run["run"],
+                    self._run_seq,
+                    run["workspace"],
+                    run["path"],
+                    run["branch"],
+                    session.timestamp,
+                ),
+            )
             for row, vector in zip(rows, vectors, strict=True):
-                db.execute(f"INSERT INTO memories ({', '.join(_COLUMNS)}, embedder, embedding) "
-                           f"VALUES ({', '.join('?' * (len(_COLUMNS) + 2))})",
-                           (*(getattr(row, c) for c in _COLUMNS), self.embedder.name,
-                            vector.astype(np.float32).tobytes()))
+                db.execute(
+                    f"INSERT INTO memories ({', '.join(_COLUMNS)}, embedder, embedding) "
+                    f"VALUES ({', '.join('?' * (len(_COLUMNS) + 2))})",
+                    (
+                        *(getattr(row, c) for c in _COLUMNS),
+                        self.embedder.name,
+                        vector.astype(np.float32).tobytes(),
+                    ),
+                )
                 if row.key and row.status == "active" and row.branch_status == "completed":
                     superseded = db.execute(
                         "UPDATE memories SET status = 'superseded', superseded_by = ?, superseded_at = ? "
                         "WHERE workspace = ? AND key = ? AND status = 'active' AND seq < ?",
-                        (row.id, session.timestamp or session.id, row.workspace, row.key, row.seq)).rowcount
+                        (row.id, session.timestamp or session.id, row.workspace, row.key, row.seq),
+                    ).rowcount
                     if superseded:
-                        logger.debug("gated: %s supersedes %d memory(ies) of %s/%s", row.id, superseded,
-                                     row.workspace, row.key)
+                        logger.debug(
+                            "gated: %s supersedes %d memory(ies) of %s/%s",
+                            row.id,
+                            superseded,
+                            row.workspace,
+                            row.key,
+                        )
         self._load()
-        logger.info("gated: run %s (%s, %s, %s) stored %d memories", run["run"], run["workspace"],
-                    run["path"] or "/", run["branch"], len(rows))
+        logger.info(
+            "gated: run %s (%s, %s, %s) stored %d memories",
+            run["run"],
+            run["workspace"],
+            run["path"] or "/",
+            run["branch"],
+            len(rows),
+        )
 
     # --- the store as the protocol sees it ----------------------------------------------------
 
@@ -437,8 +587,10 @@ class GatedSystem(MemorySystem):
     def update_memory(self, memory_id: str, text: str) -> None:
         vector = self.embedder.embed_one(text)
         with self._lock, closing(self._connect()) as db, db:
-            db.execute("UPDATE memories SET content = ?, embedder = ?, embedding = ? WHERE id = ?",
-                       (text, self.embedder.name, vector.astype(np.float32).tobytes(), memory_id))
+            db.execute(
+                "UPDATE memories SET content = ?, embedder = ?, embedding = ? WHERE id = ?",
+                (text, self.embedder.name, vector.astype(np.float32).tobytes(), memory_id),
+            )
         self._load()
 
     # --- retrieval ---------------------------------------------------------------------------
@@ -452,7 +604,10 @@ class GatedSystem(MemorySystem):
 
     def retrieve(self, question: str, k: int | None = None) -> list[MemoryItem]:
         workspace, path, _ = self.scope_of(question)
-        self._asked.scope = (workspace, path)  # a rewritten query loses the header; the search keeps the scope
+        self._asked.scope = (
+            workspace,
+            path,
+        )  # a rewritten query loses the header; the search keeps the scope
         return super().retrieve(question, k)
 
     def search(self, query: str, k: int) -> list[MemoryItem]:
@@ -462,9 +617,15 @@ class GatedSystem(MemorySystem):
         scope = self._knobs["scope"]
         with self._lock:
             rows, vectors = self._rows, self._vectors
-        keep = [i for i, row in enumerate(rows)
-                if scope == "all" or (row.workspace == workspace
-                                      and (scope == "workspace" or path_matches(row.path, path)))]
+        keep = [
+            i
+            for i, row in enumerate(rows)
+            if scope == "all"
+            or (
+                row.workspace == workspace
+                and (scope == "workspace" or path_matches(row.path, path))
+            )
+        ]
         if not keep or k <= 0:
             return []
         similarities = vectors[keep] @ self.embedder.embed_one(text or query)
@@ -478,7 +639,10 @@ class GatedSystem(MemorySystem):
         if not memories:
             return Admission()
         workspace, path, text = self.scope_of(question)
-        floors, negative_evidence = str(self._knobs["floors"]), bool(self._knobs["negative_evidence"])
+        floors, negative_evidence = (
+            str(self._knobs["floors"]),
+            bool(self._knobs["negative_evidence"]),
+        )
         decided: list[GateDecision] = []
         pending: list[tuple[GateDecision, MemoryItem]] = []
         for rank, item in enumerate(memories, 1):
@@ -488,24 +652,45 @@ class GatedSystem(MemorySystem):
             else:
                 decided.append(decision)
         prediction = self._sites[GATED_ADMIT](
-            self.lm, question=text, scope=scope_header(workspace, path), candidates=render_candidates(pending),
-            decided=decided, pending=[d for d, _ in pending], ask_llm=self._knobs["gate"] == "llm",
-            allow_negative=negative_evidence)
-        returned = {d.memory_id: d for d in (prediction.decisions or []) if isinstance(d, GateDecision)}
+            self.lm,
+            question=text,
+            scope=scope_header(workspace, path),
+            candidates=render_candidates(pending),
+            decided=decided,
+            pending=[d for d, _ in pending],
+            ask_llm=self._knobs["gate"] == "llm",
+            allow_negative=negative_evidence,
+        )
+        returned = {
+            d.memory_id: d for d in (prediction.decisions or []) if isinstance(d, GateDecision)
+        }
         final: list[GateDecision] = []
         for decision in decided:  # a floor holds whatever came back
             if returned.get(decision.memory_id, decision).verdict != decision.verdict:
-                logger.warning("gated.admit returned %s for %s; its floor says %s", returned[decision.memory_id].verdict,
-                               decision.memory_id, decision.verdict)
+                logger.warning(
+                    "gated.admit returned %s for %s; its floor says %s",
+                    returned[decision.memory_id].verdict,
+                    decision.memory_id,
+                    decision.verdict,
+                )
             final.append(decision)
         for decision, _ in pending:
-            final.append(returned.get(decision.memory_id) or decision.model_copy(update={
-                "by": "default", "reason": "missing from the gate's output; admitted by default"}))
+            final.append(
+                returned.get(decision.memory_id)
+                or decision.model_copy(
+                    update={
+                        "by": "default",
+                        "reason": "missing from the gate's output; admitted by default",
+                    }
+                )
+            )
         final.sort(key=lambda d: d.rank)
         items = {item.id: item for item in memories}
-        return Admission(decisions=final,
-                         positive=[items[d.memory_id] for d in final if d.verdict == "admit"],
-                         negative=[items[d.memory_id] for d in final if d.verdict == "negative"])
+        return Admission(
+            decisions=final,
+            positive=[items[d.memory_id] for d in final if d.verdict == "admit"],
+            negative=[items[d.memory_id] for d in final if d.verdict == "negative"],
+        )
 
     def answer(self, question: str, memories: Sequence[MemoryItem]) -> str:
         admission = self.admit(question, memories)

@@ -91,12 +91,18 @@ class UnknownPromptError(OptloopError):
 
 
 def _needs_center_node(config: SearchConfig) -> bool:
-    return ((config.edge_config is not None and config.edge_config.reranker == EdgeReranker.node_distance)
-            or (config.node_config is not None and config.node_config.reranker == NodeReranker.node_distance))
+    return (
+        config.edge_config is not None
+        and config.edge_config.reranker == EdgeReranker.node_distance
+    ) or (
+        config.node_config is not None
+        and config.node_config.reranker == NodeReranker.node_distance
+    )
 
 
 SEARCH_RECIPES: dict[str, SearchConfig] = {
-    name: value for name, value in vars(search_config_recipes).items()
+    name: value
+    for name, value in vars(search_config_recipes).items()
     if isinstance(value, SearchConfig) and not _needs_center_node(value)
 }
 """graphiti's search recipes by name, less the node-distance ones (they need a center node)."""
@@ -105,8 +111,10 @@ SEARCH_RECIPES: dict[str, SearchConfig] = {
 def search_recipe(name: str) -> SearchConfig:
     """A fresh copy of the named recipe; a one-line error lists the choices."""
     if name not in SEARCH_RECIPES:
-        raise ConfigError(f"unknown graphiti search_recipe {name!r}; "
-                          f"choose one of: {', '.join(sorted(SEARCH_RECIPES))}")
+        raise ConfigError(
+            f"unknown graphiti search_recipe {name!r}; "
+            f"choose one of: {', '.join(sorted(SEARCH_RECIPES))}"
+        )
     return SEARCH_RECIPES[name].model_copy(deep=True)
 
 
@@ -123,7 +131,9 @@ class _Framing:
     clean: Callable[[str], str]
 
 
-_FRAMING: contextvars.ContextVar[_Framing | None] = contextvars.ContextVar("graphiti_framing", default=None)
+_FRAMING: contextvars.ContextVar[_Framing | None] = contextvars.ContextVar(
+    "graphiti_framing", default=None
+)
 
 
 class GraphitiLayoutAdapter(LibraryLayoutAdapter):
@@ -139,7 +149,10 @@ class GraphitiLayoutAdapter(LibraryLayoutAdapter):
         messages = super().format(signature, demos, inputs)
         framing = _FRAMING.get()
         if framing is not None:
-            messages[0] = {"role": "system", "content": framing.clean(messages[0]["content"] + framing.system_suffix)}
+            messages[0] = {
+                "role": "system",
+                "content": framing.clean(messages[0]["content"] + framing.system_suffix),
+            }
         return messages
 
 
@@ -168,10 +181,13 @@ class SiteLLMClient(LLMClient):
         sites = self._sites()
         site = sites.get(SITE_PREFIX + str(prompt_name))
         if site is None:
-            known = sorted(name.removeprefix(SITE_PREFIX) for name in sites if name.startswith(SITE_PREFIX))
+            known = sorted(
+                name.removeprefix(SITE_PREFIX) for name in sites if name.startswith(SITE_PREFIX)
+            )
             raise UnknownPromptError(
                 f"graphiti sent prompt {prompt_name!r}, which has no optloop prompt site (known: {', '.join(known)}); "
-                "add a signature for it in signatures/graphiti.py")
+                "add a signature for it in signatures/graphiti.py"
+            )
         return site
 
     async def generate_response(
@@ -192,10 +208,13 @@ class SiteLLMClient(LLMClient):
             raise UnknownPromptError(
                 f"graphiti asked {prompt_name} for {getattr(response_model, '__name__', None)}, but its site "
                 f"answers with fields {fields}; the installed graphiti-core differs from the one "
-                "signatures/graphiti.py read")
+                "signatures/graphiti.py read"
+            )
         if [m.role for m in messages] != ["system", "user"]:
-            raise UnknownPromptError(f"graphiti prompt {prompt_name} sent roles {[m.role for m in messages]}; "
-                                     "a library-layout site takes exactly one system and one user message")
+            raise UnknownPromptError(
+                f"graphiti prompt {prompt_name} sent roles {[m.role for m in messages]}; "
+                "a library-layout site takes exactly one system and one user message"
+            )
         # OpenAIGenericClient.generate_response, json_schema mode: preamble, then the language note.
         self._apply_attribute_extraction_preamble(messages, attribute_extraction)
         messages[0].content += graphiti_llm_client.get_extraction_language_instruction(group_id)
@@ -203,8 +222,11 @@ class SiteLLMClient(LLMClient):
         if not system.startswith(site.seed_instruction):
             raise UnknownPromptError(
                 f"graphiti's system message for {prompt_name} does not start with the seeded prompt text; "
-                "the installed graphiti-core or its prompt library differs from the one signatures/graphiti.py read")
-        framing = _Framing(system_suffix=system[len(site.seed_instruction):], clean=self._clean_input)
+                "the installed graphiti-core or its prompt library differs from the one signatures/graphiti.py read"
+            )
+        framing = _Framing(
+            system_suffix=system[len(site.seed_instruction) :], clean=self._clean_input
+        )
         user = self._clean_input(messages[1].content)
         prediction = await self.lm.to_thread(self._run_site, site, user, framing)
         return {name: jsonable(prediction[name]) for name in fields}
@@ -216,8 +238,15 @@ class SiteLLMClient(LLMClient):
         finally:
             _FRAMING.reset(token)
 
-    async def _generate_response(self, messages, response_model=None, max_tokens=0, model_size=ModelSize.medium,
-                                 *, model=None) -> dict[str, Any]:  # pragma: no cover - generate_response is overridden
+    async def _generate_response(
+        self,
+        messages,
+        response_model=None,
+        max_tokens=0,
+        model_size=ModelSize.medium,
+        *,
+        model=None,
+    ) -> dict[str, Any]:  # pragma: no cover - generate_response is overridden
         raise NotImplementedError("SiteLLMClient answers in generate_response")
 
 
@@ -232,7 +261,9 @@ class LocalEmbedderClient(EmbedderClient):
     def __init__(self, embedder: Embedder):
         self.embedder = embedder
 
-    async def create(self, input_data: str | list[str] | Iterable[int] | Iterable[Iterable[int]]) -> list[float]:
+    async def create(
+        self, input_data: str | list[str] | Iterable[int] | Iterable[Iterable[int]]
+    ) -> list[float]:
         # Like graphiti's OpenAIEmbedder: one text, or a list whose first text is embedded.
         texts: list[Any] = [input_data] if isinstance(input_data, str) else list(input_data)
         if not texts or not isinstance(texts[0], str):
@@ -254,7 +285,9 @@ class LocalCrossEncoderClient(CrossEncoderClient):
             return []
         vectors = await asyncio.to_thread(self.embedder.embed, [query, *passages])
         scores = vectors[1:] @ vectors[0]
-        return sorted(zip(passages, (float(s) for s in scores)), key=lambda pair: pair[1], reverse=True)
+        return sorted(
+            zip(passages, (float(s) for s in scores)), key=lambda pair: pair[1], reverse=True
+        )
 
 
 # ---------------------------------------------------------------------------
@@ -331,8 +364,10 @@ def graph_backend(graph_uri: str | None) -> str:
         return "neo4j"
     if scheme in _FALKOR_SCHEMES:
         return "falkordb"
-    raise ConfigError(f"unsupported graph URI {graph_uri!r}; use bolt:// or neo4j:// (Neo4j), "
-                      "falkor:// or redis:// (FalkorDB), or none for Kuzu embedded under the run directory")
+    raise ConfigError(
+        f"unsupported graph URI {graph_uri!r}; use bolt:// or neo4j:// (Neo4j), "
+        "falkor:// or redis:// (FalkorDB), or none for Kuzu embedded under the run directory"
+    )
 
 
 def episode_body(session: Session) -> str:
@@ -355,27 +390,49 @@ class GraphitiSystem(MemorySystem):
     """
 
     name: ClassVar[str] = "graphiti"
-    default_knobs: ClassVar[dict[str, Any]] = {"top_k": 10, "search_recipe": "EDGE_HYBRID_SEARCH_RRF"}
+    default_knobs: ClassVar[dict[str, Any]] = {
+        "top_k": 10,
+        "search_recipe": "EDGE_HYBRID_SEARCH_RRF",
+    }
     knob_values: ClassVar[Mapping[str, Sequence[Any]]] = {
-        **MemorySystem.knob_values, "search_recipe": tuple(sorted(n for n in SEARCH_RECIPES if n.startswith("EDGE_")))}
+        **MemorySystem.knob_values,
+        "search_recipe": tuple(sorted(n for n in SEARCH_RECIPES if n.startswith("EDGE_"))),
+    }
     search_knob: ClassVar[str | None] = "search_recipe"
     knob_aliases: ClassVar[dict[str, str]] = {"num_results": "top_k"}
     # graphiti's response models nest lists of objects of strings; at the LM defaults (16 items
     # of 400 chars) llama.cpp's grammar sampling made one extraction call run over ten minutes.
     local_decoding: ClassVar[dict[str, int]] = {"max_array_items": 3, "max_string_chars": 80}
 
-    def __init__(self, lm: OptloopLM, run_dir: Path, *, embedder: Embedder | None = None,
-                 knobs: dict[str, Any] | None = None, query_site: bool = False,
-                 graph_uri: str | None = None, graph_user: str | None = None, graph_password: str | None = None,
-                 group_id: str | None = None):
-        super().__init__(lm, run_dir, embedder=embedder, knobs=self._canonical_knobs(knobs), query_site=query_site)
+    def __init__(
+        self,
+        lm: OptloopLM,
+        run_dir: Path,
+        *,
+        embedder: Embedder | None = None,
+        knobs: dict[str, Any] | None = None,
+        query_site: bool = False,
+        graph_uri: str | None = None,
+        graph_user: str | None = None,
+        graph_password: str | None = None,
+        group_id: str | None = None,
+    ):
+        super().__init__(
+            lm,
+            run_dir,
+            embedder=embedder,
+            knobs=self._canonical_knobs(knobs),
+            query_site=query_site,
+        )
         search_recipe(self._knobs["search_recipe"])  # fail now, not at the first retrieve
         self.backend = graph_backend(graph_uri)
         self.graph_uri = graph_uri
         self._graph_auth = (graph_user, graph_password)
         # A server is shared by every run; a group per run directory keeps runs apart there.
         digest = hashlib.sha256(str(self.run_dir.resolve()).encode()).hexdigest()[:12]
-        self.group_id = group_id or (DEFAULT_GROUP_ID if self.backend == "kuzu" else f"{DEFAULT_GROUP_ID}-{digest}")
+        self.group_id = group_id or (
+            DEFAULT_GROUP_ID if self.backend == "kuzu" else f"{DEFAULT_GROUP_ID}-{digest}"
+        )
         self._lock = threading.RLock()
         self._sessions_by_episode: dict[str, str] = {}
         self._fallback_count = 0
@@ -389,9 +446,14 @@ class GraphitiSystem(MemorySystem):
     def _build_sites(self) -> None:
         for site_name, signature in SIGNATURES.items():
             self._sites[site_name] = PromptSite(
-                name=site_name, stage="ingest", module=dspy.Predict(signature),
-                seed_instruction=signature.instructions, op_kinds=OP_KINDS[site_name], layout="library",
-                _adapter=GraphitiLayoutAdapter())
+                name=site_name,
+                stage="ingest",
+                module=dspy.Predict(signature),
+                seed_instruction=signature.instructions,
+                op_kinds=OP_KINDS[site_name],
+                layout="library",
+                _adapter=GraphitiLayoutAdapter(),
+            )
 
     @classmethod
     def _canonical_knobs(cls, knobs: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -401,7 +463,9 @@ class GraphitiSystem(MemorySystem):
         for name, value in knobs.items():
             canonical = cls.knob_aliases.get(name, name)
             if canonical in out and out[canonical] != value:
-                raise ConfigError(f"graphiti knobs {name!r} and {canonical!r} are the same knob; give one of them")
+                raise ConfigError(
+                    f"graphiti knobs {name!r} and {canonical!r} are the same knob; give one of them"
+                )
             out[canonical] = value
         return out
 
@@ -430,8 +494,12 @@ class GraphitiSystem(MemorySystem):
         from graphiti_core.driver.falkordb_driver import FalkorDriver
 
         parsed = urlparse(str(self.graph_uri))
-        return FalkorDriver(host=parsed.hostname or "localhost", port=parsed.port or 6379,
-                            username=user or parsed.username, password=password or parsed.password)
+        return FalkorDriver(
+            host=parsed.hostname or "localhost",
+            port=parsed.port or 6379,
+            username=user or parsed.username,
+            password=password or parsed.password,
+        )
 
     def _group_driver(self) -> Any:
         """The driver for this system's group (FalkorDB keeps one graph per group; others share one)."""
@@ -457,7 +525,9 @@ class GraphitiSystem(MemorySystem):
             return
         driver: Any = self._graphiti.driver  # a KuzuDriver when backend is kuzu
         await self._graphiti.close()
-        if self.backend == "kuzu":  # KuzuDriver.close leaves the files open; reset must delete them
+        if (
+            self.backend == "kuzu"
+        ):  # KuzuDriver.close leaves the files open; reset must delete them
             driver.client.close()
             driver.db.close()
         self._graphiti = None
@@ -481,7 +551,9 @@ class GraphitiSystem(MemorySystem):
 
     def reset(self) -> None:
         with self._lock:
-            if self.backend != "kuzu":  # a server outlives the run directory: delete this group's data
+            if (
+                self.backend != "kuzu"
+            ):  # a server outlives the run directory: delete this group's data
                 from graphiti_core.utils.maintenance.graph_data_operations import clear_data
 
                 self._loop.run(clear_data(self._group_driver(), group_ids=[self.group_id]))
@@ -503,8 +575,12 @@ class GraphitiSystem(MemorySystem):
             reference_time = FALLBACK_TIME + timedelta(minutes=self._fallback_count)
             self._fallback_count += 1
             if session.timestamp:
-                logger.warning("session %s: timestamp %r does not parse; using %s", session.id, session.timestamp,
-                               reference_time.isoformat())
+                logger.warning(
+                    "session %s: timestamp %r does not parse; using %s",
+                    session.id,
+                    session.timestamp,
+                    reference_time.isoformat(),
+                )
         result = await self.graphiti.add_episode(
             name=session.id,
             episode_body=episode_body(session),
@@ -519,21 +595,38 @@ class GraphitiSystem(MemorySystem):
         config = search_recipe(self._knobs["search_recipe"])
         config.limit = k
         with self._lock:
-            results = self._loop.run(self.graphiti.search_(query, config=config, group_ids=[self.group_id]))
-            sessions = self._session_ids([uuid for edge in results.edges for uuid in edge.episodes])
-        items = [self._edge_item(edge, score, sessions) for edge, score in _scored(results.edges,
-                                                                                   results.edge_reranker_scores)]
-        items += [self._node_item(node, score) for node, score in _scored(results.nodes, results.node_reranker_scores)]
-        items += [self._episode_item(episode, score)
-                  for episode, score in _scored(results.episodes, results.episode_reranker_scores)]
-        items += [self._community_item(community, score)
-                  for community, score in _scored(results.communities, results.community_reranker_scores)]
+            results = self._loop.run(
+                self.graphiti.search_(query, config=config, group_ids=[self.group_id])
+            )
+            sessions = self._session_ids(
+                [uuid for edge in results.edges for uuid in edge.episodes]
+            )
+        items = [
+            self._edge_item(edge, score, sessions)
+            for edge, score in _scored(results.edges, results.edge_reranker_scores)
+        ]
+        items += [
+            self._node_item(node, score)
+            for node, score in _scored(results.nodes, results.node_reranker_scores)
+        ]
+        items += [
+            self._episode_item(episode, score)
+            for episode, score in _scored(results.episodes, results.episode_reranker_scores)
+        ]
+        items += [
+            self._community_item(community, score)
+            for community, score in _scored(results.communities, results.community_reranker_scores)
+        ]
         return items
 
     def retrievable_kinds(self) -> set[str] | None:
         config = search_recipe(self._knobs["search_recipe"])
-        kinds = {"edge": config.edge_config, "node": config.node_config, "episode": config.episode_config,
-                 "community": config.community_config}
+        kinds = {
+            "edge": config.edge_config,
+            "node": config.node_config,
+            "episode": config.episode_config,
+            "community": config.community_config,
+        }
         return {kind for kind, part in kinds.items() if part is not None}
 
     def all_memories(self) -> list[MemoryItem]:
@@ -541,7 +634,9 @@ class GraphitiSystem(MemorySystem):
         with self._lock:
             edges, nodes = self._loop.run(self._all_edges_and_nodes())
             sessions = self._session_ids([uuid for edge in edges for uuid in edge.episodes])
-        return [self._edge_item(edge, None, sessions) for edge in edges] + [self._node_item(n, None) for n in nodes]
+        return [self._edge_item(edge, None, sessions) for edge in edges] + [
+            self._node_item(n, None) for n in nodes
+        ]
 
     async def _all_edges_and_nodes(self) -> tuple[list[EntityEdge], list[EntityNode]]:
         driver = self._group_driver()
@@ -553,12 +648,16 @@ class GraphitiSystem(MemorySystem):
             nodes = await EntityNode.get_by_group_ids(driver, [self.group_id])
         except GroupsNodesNotFoundError:
             nodes = []
-        return sorted(edges, key=lambda e: (e.created_at, e.uuid)), sorted(nodes, key=lambda n: (n.created_at, n.uuid))
+        return sorted(edges, key=lambda e: (e.created_at, e.uuid)), sorted(
+            nodes, key=lambda n: (n.created_at, n.uuid)
+        )
 
     def _session_ids(self, episode_uuids: Iterable[str]) -> dict[str, str]:
         """Episode uuid -> session id, read back from the store for episodes this object did not add."""
         if any(uuid not in self._sessions_by_episode for uuid in episode_uuids):
-            episodes = self._loop.run(EpisodicNode.get_by_group_ids(self._group_driver(), [self.group_id]))
+            episodes = self._loop.run(
+                EpisodicNode.get_by_group_ids(self._group_driver(), [self.group_id])
+            )
             self._sessions_by_episode.update({episode.uuid: episode.name for episode in episodes})
         return self._sessions_by_episode
 
@@ -567,41 +666,70 @@ class GraphitiSystem(MemorySystem):
     @staticmethod
     def _edge_item(edge: EntityEdge, score: float | None, sessions: dict[str, str]) -> MemoryItem:
         when = edge.valid_at or edge.reference_time
-        return MemoryItem(id=edge.uuid, text=edge.fact, score=score, metadata={
-            "kind": "edge",
-            "relation": edge.name,
-            "source_node_uuid": edge.source_node_uuid,
-            "target_node_uuid": edge.target_node_uuid,
-            "valid_at": _iso(edge.valid_at),
-            "invalid_at": _iso(edge.invalid_at),
-            "expired_at": _iso(edge.expired_at),
-            "created_at": _iso(edge.created_at),
-            "reference_time": _iso(edge.reference_time),
-            "timestamp": _iso(when),
-            "episodes": list(edge.episodes),
-            "session_ids": [sessions[uuid] for uuid in edge.episodes if uuid in sessions],
-            "attributes": dict(edge.attributes or {}),
-        })
+        return MemoryItem(
+            id=edge.uuid,
+            text=edge.fact,
+            score=score,
+            metadata={
+                "kind": "edge",
+                "relation": edge.name,
+                "source_node_uuid": edge.source_node_uuid,
+                "target_node_uuid": edge.target_node_uuid,
+                "valid_at": _iso(edge.valid_at),
+                "invalid_at": _iso(edge.invalid_at),
+                "expired_at": _iso(edge.expired_at),
+                "created_at": _iso(edge.created_at),
+                "reference_time": _iso(edge.reference_time),
+                "timestamp": _iso(when),
+                "episodes": list(edge.episodes),
+                "session_ids": [sessions[uuid] for uuid in edge.episodes if uuid in sessions],
+                "attributes": dict(edge.attributes or {}),
+            },
+        )
 
     @staticmethod
     def _node_item(node: EntityNode, score: float | None) -> MemoryItem:
-        return MemoryItem(id=node.uuid, text=f"{node.name}: {node.summary}" if node.summary else node.name,
-                          score=score, metadata={
-                              "kind": "node", "name": node.name, "labels": list(node.labels),
-                              "summary": node.summary, "created_at": _iso(node.created_at),
-                              "attributes": dict(node.attributes or {})})
+        return MemoryItem(
+            id=node.uuid,
+            text=f"{node.name}: {node.summary}" if node.summary else node.name,
+            score=score,
+            metadata={
+                "kind": "node",
+                "name": node.name,
+                "labels": list(node.labels),
+                "summary": node.summary,
+                "created_at": _iso(node.created_at),
+                "attributes": dict(node.attributes or {}),
+            },
+        )
 
     @staticmethod
     def _episode_item(episode: EpisodicNode, score: float | None) -> MemoryItem:
-        return MemoryItem(id=episode.uuid, text=episode.content, score=score, metadata={
-            "kind": "episode", "session_ids": [episode.name], "valid_at": _iso(episode.valid_at),
-            "timestamp": _iso(episode.valid_at), "created_at": _iso(episode.created_at)})
+        return MemoryItem(
+            id=episode.uuid,
+            text=episode.content,
+            score=score,
+            metadata={
+                "kind": "episode",
+                "session_ids": [episode.name],
+                "valid_at": _iso(episode.valid_at),
+                "timestamp": _iso(episode.valid_at),
+                "created_at": _iso(episode.created_at),
+            },
+        )
 
     @staticmethod
     def _community_item(community: CommunityNode, score: float | None) -> MemoryItem:
-        return MemoryItem(id=community.uuid, text=f"{community.name}: {community.summary}", score=score,
-                          metadata={"kind": "community", "name": community.name,
-                                    "created_at": _iso(community.created_at)})
+        return MemoryItem(
+            id=community.uuid,
+            text=f"{community.name}: {community.summary}",
+            score=score,
+            metadata={
+                "kind": "community",
+                "name": community.name,
+                "created_at": _iso(community.created_at),
+            },
+        )
 
 
 def _scored(objects: Sequence[T], scores: Sequence[float]) -> list[tuple[T, float | None]]:

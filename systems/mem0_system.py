@@ -78,14 +78,18 @@ class UnwiredLLM(LLMBase):
     """What mem0 builds for its LLM and reranker LLM; replaced by :class:`SiteDispatchLLM` before any call."""
 
     def generate_response(self, messages: list[dict[str, str]], **kwargs: Any) -> str:
-        raise OptloopError("mem0 called an LLM client optloop did not wire (Mem0System._build_memory missed one)")
+        raise OptloopError(
+            "mem0 called an LLM client optloop did not wire (Mem0System._build_memory missed one)"
+        )
 
 
 class UnwiredEmbedding(EmbeddingBase):
     """What mem0 builds for its embedder; replaced by :class:`OptloopEmbedding` before any call."""
 
     def embed(self, text: str, memory_action: str | None = None) -> list[float]:
-        raise OptloopError("mem0 called an embedder optloop did not wire (Mem0System._build_memory missed it)")
+        raise OptloopError(
+            "mem0 called an embedder optloop did not wire (Mem0System._build_memory missed it)"
+        )
 
 
 def _register_placeholders() -> None:
@@ -118,17 +122,27 @@ class SiteDispatchLLM(LLMBase):
         super().__init__(BaseLlmConfig(model=system.lm.model))
         self.system = system
 
-    def generate_response(self, messages: list[dict[str, str]], response_format: Any = None,
-                          tools: list[dict] | None = None, tool_choice: str = "auto", **kwargs: Any) -> str:
+    def generate_response(
+        self,
+        messages: list[dict[str, str]],
+        response_format: Any = None,
+        tools: list[dict] | None = None,
+        tool_choice: str = "auto",
+        **kwargs: Any,
+    ) -> str:
         # mem0's response_format ({"type": "json_object"}) is not forwarded: the site sends
         # its own response schema, the exact shape mem0 parses.
         if tools:
-            raise UnknownPromptError(f"mem0 asked for tool calls ({[t.get('function', {}).get('name') for t in tools]}); "
-                                     "mem0ai 2.2.1 never does, so this mem0ai differs from the one optloop models")
+            raise UnknownPromptError(
+                f"mem0 asked for tool calls ({[t.get('function', {}).get('name') for t in tools]}); "
+                "mem0ai 2.2.1 never does, so this mem0ai differs from the one optloop models"
+            )
         roles = [m.get("role") for m in messages]
         if roles != ["system", "user"]:
-            raise UnknownPromptError(f"mem0 sent messages with roles {roles}; every prompt optloop models is "
-                                     "[system, user] (is mem0ai 2.2.1 installed?)")
+            raise UnknownPromptError(
+                f"mem0 sent messages with roles {roles}; every prompt optloop models is "
+                "[system, user] (is mem0ai 2.2.1 installed?)"
+            )
         return self.system.run_library_prompt(messages[0]["content"], messages[1]["content"])
 
 
@@ -142,8 +156,13 @@ def session_messages(session: Session) -> list[dict[str, str]]:
     front of its content, ``"Caroline: ..."``, as mem0's own LoCoMo evaluation
     does; mem0's prompt builder keeps only role and content.
     """
-    return [{"role": turn.role, "content": f"{turn.speaker}: {turn.content}" if turn.speaker else turn.content}
-            for turn in session.turns]
+    return [
+        {
+            "role": turn.role,
+            "content": f"{turn.speaker}: {turn.content}" if turn.speaker else turn.content,
+        }
+        for turn in session.turns
+    ]
 
 
 class Mem0System(MemorySystem):
@@ -160,28 +179,40 @@ class Mem0System(MemorySystem):
 
     name: ClassVar[str] = "mem0"
     default_knobs: ClassVar[dict[str, Any]] = {"top_k": 5, "threshold": 0.1, "rerank": False}
-    knob_values: ClassVar[Mapping[str, Sequence[Any]]] = {**MemorySystem.knob_values, "threshold": (0.0, 0.1, 0.2, 0.3),
-                                                         "rerank": (False, True)}
+    knob_values: ClassVar[Mapping[str, Sequence[Any]]] = {
+        **MemorySystem.knob_values,
+        "threshold": (0.0, 0.1, 0.2, 0.3),
+        "rerank": (False, True),
+    }
     search_knob: ClassVar[str | None] = "threshold"
     # Its extraction prompt alone is ~8.5k SmolLM2 tokens: more than the 8192 SmolLM2 was trained on.
     local_decoding: ClassVar[dict[str, int]] = {"n_ctx": 12288}
 
-    def __init__(self, lm: OptloopLM, run_dir: Path, *, embedder: Embedder | None = None,
-                 knobs: dict[str, Any] | None = None, query_site: bool = False):
+    def __init__(
+        self,
+        lm: OptloopLM,
+        run_dir: Path,
+        *,
+        embedder: Embedder | None = None,
+        knobs: dict[str, Any] | None = None,
+        query_site: bool = False,
+    ):
         self._memory: Memory | None = None
         self._release_store: weakref.finalize | None = None
         super().__init__(lm, run_dir, embedder=embedder, knobs=knobs, query_site=query_site)
 
     def _build_sites(self) -> None:
-        self._sites[MEM0_EXTRACT] = PromptSite.from_signature(MEM0_EXTRACT, "ingest", Mem0Extract,
-                                                                op_kinds=("extract", "store"))
+        self._sites[MEM0_EXTRACT] = PromptSite.from_signature(
+            MEM0_EXTRACT, "ingest", Mem0Extract, op_kinds=("extract", "store")
+        )
         if self._knobs["rerank"]:
             self._add_rerank_site()
 
     def _add_rerank_site(self) -> None:
         if MEM0_RERANK not in self._sites:
-            self._sites[MEM0_RERANK] = PromptSite.from_signature(MEM0_RERANK, "retrieve", Mem0Rerank,
-                                                                   op_kinds=("rerank",))
+            self._sites[MEM0_RERANK] = PromptSite.from_signature(
+                MEM0_RERANK, "retrieve", Mem0Rerank, op_kinds=("rerank",)
+            )
 
     def set_knob(self, name: str, value: Any) -> None:
         super().set_knob(name, value)
@@ -203,14 +234,23 @@ class Mem0System(MemorySystem):
 
         _register_placeholders()
         config = MemoryConfig(
-            vector_store={"provider": "qdrant", "config": {
-                "collection_name": COLLECTION, "embedding_model_dims": self.embedder.dim,
-                "path": str(self.run_dir / "qdrant"), "on_disk": True}},
+            vector_store={
+                "provider": "qdrant",
+                "config": {
+                    "collection_name": COLLECTION,
+                    "embedding_model_dims": self.embedder.dim,
+                    "path": str(self.run_dir / "qdrant"),
+                    "on_disk": True,
+                },
+            },
             llm={"provider": "openai", "config": {}},
             embedder={"provider": "openai", "config": {"embedding_dims": self.embedder.dim}},
             history_db_path=str(self.run_dir / "history.db"),
             # Always configured (it is only called when search(rerank=True)), so the knob can flip.
-            reranker={"provider": "llm_reranker", "config": {"llm": {"provider": PLACEHOLDER_PROVIDER, "config": {}}}},
+            reranker={
+                "provider": "llm_reranker",
+                "config": {"llm": {"provider": PLACEHOLDER_PROVIDER, "config": {}}},
+            },
         )
         # Validated as "openai" (mem0 checks names against a fixed list), built as placeholders.
         config.llm.provider = config.embedder.provider = PLACEHOLDER_PROVIDER
@@ -233,20 +273,28 @@ class Mem0System(MemorySystem):
         """
         if system == ADDITIVE_EXTRACTION_PROMPT:
             prediction = self._run_site(MEM0_EXTRACT, user)
-        elif system == ADDITIVE_EXTRACTION_PROMPT + AGENT_CONTEXT_SUFFIX:  # agent-scoped add (no user_id)
+        elif (
+            system == ADDITIVE_EXTRACTION_PROMPT + AGENT_CONTEXT_SUFFIX
+        ):  # agent-scoped add (no user_id)
             prediction = self._run_site(MEM0_EXTRACT, user, suffix=AGENT_CONTEXT_SUFFIX)
         elif system == RERANK_SYSTEM_PROMPT:
             if MEM0_RERANK not in self._sites:
-                raise UnknownPromptError("mem0 called its LLM reranker but the rerank knob was off when the site "
-                                         "list was built; set_knob('rerank', True) adds the mem0.rerank site")
+                raise UnknownPromptError(
+                    "mem0 called its LLM reranker but the rerank knob was off when the site "
+                    "list was built; set_knob('rerank', True) adds the mem0.rerank site"
+                )
             # Vanilla mem0 reads the first number of a free-text answer; a fixed-point string
             # keeps it from reading "1e-05" as 1.
             return f"{float(self._run_site('mem0.rerank', user).score):.4f}"
         else:
             head = " ".join(system.split())[:120]
-            raise UnknownPromptError(f"mem0 sent a system prompt no mem0 site models: {head!r}... "
-                                     "(optloop models mem0ai 2.2.1; add a signature in signatures/mem0.py)")
-        return json.dumps({"memory": [m.model_dump() for m in prediction.memory]}, ensure_ascii=False)
+            raise UnknownPromptError(
+                f"mem0 sent a system prompt no mem0 site models: {head!r}... "
+                "(optloop models mem0ai 2.2.1; add a signature in signatures/mem0.py)"
+            )
+        return json.dumps(
+            {"memory": [m.model_dump() for m in prediction.memory]}, ensure_ascii=False
+        )
 
     def _run_site(self, name: str, user: str, *, suffix: str = "") -> dspy.Prediction:
         site = self._sites[name]
@@ -279,7 +327,10 @@ class Mem0System(MemorySystem):
             messages = session_messages(session)
             if not messages:
                 continue
-            metadata: dict[str, Any] = {"session_id": session.id, "turn_ids": [t.id for t in session.turns]}
+            metadata: dict[str, Any] = {
+                "session_id": session.id,
+                "turn_ids": [t.id for t in session.turns],
+            }
             if session.timestamp is not None:
                 metadata["timestamp"] = session.timestamp
             try:
@@ -291,8 +342,13 @@ class Mem0System(MemorySystem):
                 raise
 
     def search(self, query: str, k: int) -> list[MemoryItem]:
-        found = self.memory.search(query, top_k=k, filters={"user_id": USER_ID},
-                                   threshold=float(self._knobs["threshold"]), rerank=bool(self._knobs["rerank"]))
+        found = self.memory.search(
+            query,
+            top_k=k,
+            filters={"user_id": USER_ID},
+            threshold=float(self._knobs["threshold"]),
+            rerank=bool(self._knobs["rerank"]),
+        )
         return [_memory_item(r) for r in found["results"]]
 
     def delete_memory(self, memory_id: str) -> None:
@@ -310,7 +366,17 @@ class Mem0System(MemorySystem):
 def _memory_item(result: dict[str, Any]) -> MemoryItem:
     """One mem0 result dict as a :class:`MemoryItem`; our metadata and mem0's bookkeeping flattened."""
     metadata = dict(result.get("metadata") or {})
-    for key in ("created_at", "updated_at", "hash", "attributed_to", "role", "actor_id", "rerank_score"):
+    for key in (
+        "created_at",
+        "updated_at",
+        "hash",
+        "attributed_to",
+        "role",
+        "actor_id",
+        "rerank_score",
+    ):
         if result.get(key) is not None:
             metadata[key] = result[key]
-    return MemoryItem(id=str(result["id"]), text=result["memory"], score=result.get("score"), metadata=metadata)
+    return MemoryItem(
+        id=str(result["id"]), text=result["memory"], score=result.get("score"), metadata=metadata
+    )

@@ -37,7 +37,9 @@ def _digest(messages: Any) -> bytes:
 def _user_lines(text: str) -> list[str]:
     """The user's lines of a transcript, less one in three (chosen by its text): a memory that loses facts,
     so some answers fail and are attributed."""
-    lines = [line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("user:")]
+    lines = [
+        line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("user:")
+    ]
     return [line for line in lines if _digest(line)[0] % 3]
 
 
@@ -49,39 +51,68 @@ def _current_message(text: str) -> str:
 
 def _graphiti_names(text: str) -> list[str]:
     """Capitalised words, not a line's first, of the user lines kept from graphiti's current message."""
-    words = [word for line in _user_lines(_current_message(text)) for word in re.findall(r"\w+", line)[1:]]
+    words = [
+        word
+        for line in _user_lines(_current_message(text))
+        for word in re.findall(r"\w+", line)[1:]
+    ]
     return list(dict.fromkeys(word for word in words if word[:1].isupper()))
 
 
-def oracle_reply(messages: list[dict[str, Any]], response_format: dict[str, Any] | None,
-                 gold: dict[str, str]) -> str:
+def oracle_reply(
+    messages: list[dict[str, Any]], response_format: dict[str, Any] | None, gold: dict[str, str]
+) -> str:
     """The content of the oracle's answer; ``gold`` maps question texts to gold answers."""
     schema = response_schema(response_format)
     fields = sorted((schema.get("properties") or {}).keys())
     user = str(messages[-1].get("content") or "") if messages else ""
     if fields == ["facts"]:  # md_flat.curate: what the file held, plus the session's user lines
-        kept = [line.removeprefix("- ").split("] ", 1)[-1] for line in prompt_section(user, "memory_file").splitlines()
-                if line.startswith("- ")]
+        kept = [
+            line.removeprefix("- ").split("] ", 1)[-1]
+            for line in prompt_section(user, "memory_file").splitlines()
+            if line.startswith("- ")
+        ]
         return json.dumps({"facts": kept + _user_lines(prompt_section(user, "session"))})
     if fields == ["memory"]:  # mem0.extract: the new messages' user lines
         new = user.split("## New Messages", 1)[-1].split("\n## ", 1)[0]
-        return json.dumps({"memory": [{"id": str(i), "text": text, "attributed_to": "user", "linked_memory_ids": []}
-                                      for i, text in enumerate(_user_lines(new))]})
-    if fields == ["extracted_entities"]:  # graphiti: the user, and the capitalised words the user said
+        return json.dumps(
+            {
+                "memory": [
+                    {"id": str(i), "text": text, "attributed_to": "user", "linked_memory_ids": []}
+                    for i, text in enumerate(_user_lines(new))
+                ]
+            }
+        )
+    if fields == [
+        "extracted_entities"
+    ]:  # graphiti: the user, and the capitalised words the user said
         names = ["User", *_graphiti_names(user)]
-        return json.dumps({"extracted_entities": [{"name": name, "entity_type_id": 0} for name in names]})
-    if fields == ["edges"]:  # graphiti: the user is related to each entity by the line that names it
+        return json.dumps(
+            {"extracted_entities": [{"name": name, "entity_type_id": 0} for name in names]}
+        )
+    if fields == [
+        "edges"
+    ]:  # graphiti: the user is related to each entity by the line that names it
         listed = re.search(r"<ENTITIES>\n(.*?)\n</ENTITIES>", user, re.S)
         names = [e["name"] for e in json.loads(listed.group(1))] if listed else []
         lines = _user_lines(_current_message(user))
-        edges = [{"source_entity_name": "User", "target_entity_name": name, "relation_type": "SAID",
-                  "fact": next(line for line in lines if name in line)}
-                 for name in names if name != "User" and any(name in line for line in lines)]
+        edges = [
+            {
+                "source_entity_name": "User",
+                "target_entity_name": name,
+                "relation_type": "SAID",
+                "fact": next(line for line in lines if name in line),
+            }
+            for name in names
+            if name != "User" and any(name in line for line in lines)
+        ]
         return json.dumps({"edges": edges})
     if fields == ["answer"]:
         answer = gold.get(prompt_section(user, "question").strip())
         memories = prompt_section(user, "memories").lower()
-        known = answer is not None and all(part.strip().lower() in memories for part in answer.split(","))
+        known = answer is not None and all(
+            part.strip().lower() in memories for part in answer.split(",")
+        )
         return json.dumps({"answer": answer if known else DONT_KNOW})
     return json.dumps(schema_stub(schema)) if schema else "ok"
 
@@ -114,7 +145,9 @@ class KeyedEndpoint(ScriptedOpenAIServer):
         time.sleep(self.latency_s * (0.5 + key[0] / 255))
         if self.fault_every and asked == 0 and key[1] % self.fault_every == 0:
             return "status", 500
-        return "ok", oracle_reply(body.get("messages") or [], body.get("response_format"), self.gold)
+        return "ok", oracle_reply(
+            body.get("messages") or [], body.get("response_format"), self.gold
+        )
 
 
 class OracleLlama:
@@ -127,10 +160,20 @@ class OracleLlama:
     def create_chat_completion(self, **kwargs: Any) -> dict[str, Any]:
         self.calls += 1
         content = oracle_reply(kwargs["messages"], kwargs.get("response_format"), self.gold)
-        return {"id": "oracle", "object": "chat.completion", "created": 0, "model": "oracle.gguf",
-                "choices": [{"index": 0, "finish_reason": "stop",
-                             "message": {"role": "assistant", "content": content}}],
-                "usage": {"prompt_tokens": 11, "completion_tokens": 3, "total_tokens": 14}}
+        return {
+            "id": "oracle",
+            "object": "chat.completion",
+            "created": 0,
+            "model": "oracle.gguf",
+            "choices": [
+                {
+                    "index": 0,
+                    "finish_reason": "stop",
+                    "message": {"role": "assistant", "content": content},
+                }
+            ],
+            "usage": {"prompt_tokens": 11, "completion_tokens": 3, "total_tokens": 14},
+        }
 
 
 UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
@@ -150,5 +193,7 @@ def without_clock(graph: dict[str, Any]) -> Any:
         return value
 
     names: dict[str, str] = {}
-    text = UUID.sub(lambda m: names.setdefault(m.group(0), f"uuid{len(names)}"), json.dumps(strip(graph)))
+    text = UUID.sub(
+        lambda m: names.setdefault(m.group(0), f"uuid{len(names)}"), json.dumps(strip(graph))
+    )
     return json.loads(text)

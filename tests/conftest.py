@@ -6,7 +6,9 @@ import os
 
 from optloop.offline import offline_defaults
 
-os.environ.update(offline_defaults())  # first: litellm, mem0 and Hugging Face read them when imported
+os.environ.update(
+    offline_defaults()
+)  # first: litellm, mem0 and Hugging Face read them when imported
 
 import pytest
 
@@ -16,8 +18,15 @@ def isolated_state(tmp_path, monkeypatch):
     """Point OPTLOOP_HOME and OPTLOOP_MLRUNS at a temp dir so tests never share caches or stores."""
     monkeypatch.setenv("OPTLOOP_HOME", str(tmp_path / "state"))
     monkeypatch.setenv("OPTLOOP_MLRUNS", str(tmp_path / "mlruns"))
-    for name in ("OPTLOOP_LM", "OPENAI_BASE_URL", "OPENAI_API_KEY", "OPTLOOP_EMBED", "MLFLOW_TRACKING_URI",
-                 "OPTLOOP_LM_SCHEMA_MODE", "OPTLOOP_CONCURRENCY"):
+    for name in (
+        "OPTLOOP_LM",
+        "OPENAI_BASE_URL",
+        "OPENAI_API_KEY",
+        "OPTLOOP_EMBED",
+        "MLFLOW_TRACKING_URI",
+        "OPTLOOP_LM_SCHEMA_MODE",
+        "OPTLOOP_CONCURRENCY",
+    ):
         monkeypatch.delenv(name, raising=False)
     from optloop.lm import forget_endpoints
 

@@ -33,14 +33,19 @@ SYSTEM = "md_flat"
 
 pytestmark = [
     pytest.mark.integration,
-    pytest.mark.skipif(not os.access(CHROMIUM, os.X_OK),
-                       reason="no Debian chromium at /usr/bin/chromium (`make system-deps` installs it)"),
+    pytest.mark.skipif(
+        not os.access(CHROMIUM, os.X_OK),
+        reason="no Debian chromium at /usr/bin/chromium (`make system-deps` installs it)",
+    ),
 ]
 
 # As `make ui` starts it: MLflow's GenAI job runner imports litellm, which without the bundled
 # cost map fetches one at import and, offline, hangs the server; viewing runs needs no jobs.
-UI_ENV = {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "MLFLOW_DISABLE_TELEMETRY": "true",
-          "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+UI_ENV = {
+    "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+    "MLFLOW_DISABLE_TELEMETRY": "true",
+    "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
+}
 
 
 def _free_port() -> int:
@@ -49,12 +54,26 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _chromium(*args: str, profile: Path, budget_ms: int = 20000, timeout: float = 240) -> subprocess.CompletedProcess:
+def _chromium(
+    *args: str, profile: Path, budget_ms: int = 20000, timeout: float = 240
+) -> subprocess.CompletedProcess:
     """One headless Chromium run, no network but loopback, a fresh profile."""
     shutil.rmtree(profile, ignore_errors=True)
-    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-           "--disable-background-networking", "--disable-component-update", "--disable-sync",
-           "--hide-scrollbars", f"--user-data-dir={profile}", f"--virtual-time-budget={budget_ms}", *args]
+    cmd = [
+        CHROMIUM,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--hide-scrollbars",
+        f"--user-data-dir={profile}",
+        f"--virtual-time-budget={budget_ms}",
+        *args,
+    ]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
 
 
@@ -70,15 +89,34 @@ def _wait_until_up(server: subprocess.Popen, url: str, log: Path, timeout: float
         except OSError:
             pass
         time.sleep(1)
-    pytest.fail(f"mlflow ui did not answer {url} within {timeout:.0f} s:\n{log.read_text()[-3000:]}")
+    pytest.fail(
+        f"mlflow ui did not answer {url} within {timeout:.0f} s:\n{log.read_text()[-3000:]}"
+    )
 
 
 def _optloop_run(name: str, extra: list[str], log: Path) -> None:
-    cmd = [sys.executable, "-m", "optloop.run", "--system", SYSTEM, "--dataset", "builtin:tiny", "--allow-small-splits",
-           "--budget", "1", "--run-name", name, *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "optloop.run",
+        "--system",
+        SYSTEM,
+        "--dataset",
+        "builtin:tiny",
+        "--allow-small-splits",
+        "--budget",
+        "1",
+        "--run-name",
+        name,
+        *extra,
+    ]
     with log.open("w") as out:
-        done = subprocess.run(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, timeout=1500, check=False)
-    assert done.returncode == 0, f"{' '.join(cmd[1:])} exited {done.returncode}:\n{log.read_text()[-3000:]}"
+        done = subprocess.run(
+            cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, timeout=1500, check=False
+        )
+    assert done.returncode == 0, (
+        f"{' '.join(cmd[1:])} exited {done.returncode}:\n{log.read_text()[-3000:]}"
+    )
 
 
 def _parent_runs(tracking_uri: str) -> tuple[str, dict[str, str]]:
@@ -111,9 +149,21 @@ def test_mlflow_ui_compares_two_optloop_runs_in_chromium(tmp_path):
     env = {**os.environ, **UI_ENV}
     mlflow_cli = Path(sys.executable).with_name("mlflow")
     cmd = [str(mlflow_cli)] if mlflow_cli.exists() else [sys.executable, "-m", "mlflow"]
-    cmd += ["ui", "--backend-store-uri", tracking_uri, "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
+    cmd += [
+        "ui",
+        "--backend-store-uri",
+        tracking_uri,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workers",
+        "1",
+    ]
     with log.open("w") as out:
-        server = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        server = subprocess.Popen(
+            cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
     try:
         base = f"http://127.0.0.1:{port}"
         _wait_until_up(server, f"{base}/health", log)
@@ -125,19 +175,30 @@ def test_mlflow_ui_compares_two_optloop_runs_in_chromium(tmp_path):
         wanted = ["Comparing 2 Runs", *RUNS, *run_ids, "acc_test_after"]
         missing = wanted
         for budget_ms in (20000, 60000):  # a loaded machine may need longer for the page's fetches
-            dom = _chromium("--dump-dom", url, profile=tmp_path / "chromium-profile", budget_ms=budget_ms)
+            dom = _chromium(
+                "--dump-dom", url, profile=tmp_path / "chromium-profile", budget_ms=budget_ms
+            )
             missing = [text for text in wanted if text not in dom.stdout]
             if not missing:
                 break
-        assert not missing, f"the compare page lacks {missing}; chromium said:\n{dom.stderr[-2000:]}"
+        assert not missing, (
+            f"the compare page lacks {missing}; chromium said:\n{dom.stderr[-2000:]}"
+        )
 
         # The screenshot is an artifact for people, not a check: the DOM above is what the test asserts.
         png = tmp_path / "mlflow_compare.png"
-        shot = _chromium(f"--screenshot={png}", "--window-size=1600,2050", url,
-                         profile=tmp_path / "chromium-profile", budget_ms=budget_ms)  # the budget the DOM needed
+        shot = _chromium(
+            f"--screenshot={png}",
+            "--window-size=1600,2050",
+            url,
+            profile=tmp_path / "chromium-profile",
+            budget_ms=budget_ms,
+        )  # the budget the DOM needed
         if not png.exists():
             warnings.warn(f"chromium took no screenshot: {shot.stderr[-500:]}", stacklevel=1)
-        elif os.environ.get("OPTLOOP_UPDATE_SCREENSHOT"):  # refresh the committed copy on purpose only
+        elif os.environ.get(
+            "OPTLOOP_UPDATE_SCREENSHOT"
+        ):  # refresh the committed copy on purpose only
             SCREENSHOT_COPY.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(png, SCREENSHOT_COPY)
     finally:

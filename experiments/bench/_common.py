@@ -39,18 +39,28 @@ def parse_systems(text: str | Sequence[str]) -> list[str]:
     return names
 
 
-def bench_lm(args: argparse.Namespace, tmp: Path, cache: Path | None = None, *,
-             systems: Sequence[str] = ()) -> OptloopLM:
+def bench_lm(
+    args: argparse.Namespace, tmp: Path, cache: Path | None = None, *, systems: Sequence[str] = ()
+) -> OptloopLM:
     """The LM from the ``add_lm_arguments`` flags, on a fresh cache so every call is real; with
     ``cache``, on that file instead (an earlier run's answers are reused, the new ones added). A local
     model's context window is the largest any of ``systems`` asks for (``local_decoding``) unless the
     flags set it."""
-    n_ctx = args.lm_n_ctx or max((get_system(s).local_decoding.get("n_ctx", 0) for s in systems), default=0)
-    return OptloopLM(LMSettings.from_spec(
-        args.lm, base_url=args.lm_base_url, timeout_s=args.lm_timeout, max_retries=args.lm_retries,
-        n_ctx=n_ctx or None, max_array_items=getattr(args, "lm_max_items", None),
-        max_string_chars=getattr(args, "lm_max_chars", None),
-        cache_path=cache or tmp / "cache.sqlite"))
+    n_ctx = args.lm_n_ctx or max(
+        (get_system(s).local_decoding.get("n_ctx", 0) for s in systems), default=0
+    )
+    return OptloopLM(
+        LMSettings.from_spec(
+            args.lm,
+            base_url=args.lm_base_url,
+            timeout_s=args.lm_timeout,
+            max_retries=args.lm_retries,
+            n_ctx=n_ctx or None,
+            max_array_items=getattr(args, "lm_max_items", None),
+            max_string_chars=getattr(args, "lm_max_chars", None),
+            cache_path=cache or tmp / "cache.sqlite",
+        )
+    )
 
 
 def provenance(model: str, argv: Sequence[str] | None = None) -> dict[str, str]:
@@ -58,17 +68,23 @@ def provenance(model: str, argv: Sequence[str] | None = None) -> dict[str, str]:
     the machine."""
     args = list(sys.argv[1:] if argv is None else argv)
     module = Path(sys.argv[0]).with_suffix("").as_posix().replace("/", ".")
-    module = module[module.index("experiments."):] if "experiments." in module else module
-    return {"command": shlex.join(["python", "-m", module, *args]),
-            "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"), "commit": _commit(),
-            "model": model, "machine": _machine()}
+    module = module[module.index("experiments.") :] if "experiments." in module else module
+    return {
+        "command": shlex.join(["python", "-m", module, *args]),
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "commit": _commit(),
+        "model": model,
+        "machine": _machine(),
+    }
 
 
 def _commit() -> str:
     """The checkout's commit, ``+changes`` when tracked files differ from it."""
+
     def git(*args: str) -> str:
-        return subprocess.run(["git", *args], capture_output=True, text=True,
-                              check=True).stdout.strip()
+        return subprocess.run(
+            ["git", *args], capture_output=True, text=True, check=True
+        ).stdout.strip()
 
     try:
         dirty = git("status", "--porcelain", "--untracked-files=no")
@@ -80,14 +96,21 @@ def _commit() -> str:
 def _machine() -> str:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return (f"{platform.machine()}, {platform.system()}, {cores} cores, {memory:.0f} GiB, "
-            f"Python {platform.python_version()}")
+    return (
+        f"{platform.machine()}, {platform.system()}, {cores} cores, {memory:.0f} GiB, "
+        f"Python {platform.python_version()}"
+    )
 
 
 def provenance_markdown(record: dict[str, str]) -> str:
     """The provenance as the header lines of a markdown results file."""
-    return "\n".join(f"- {name}: `{value}`" if name == "command" else f"- {name}: {value}"
-                      for name, value in record.items()) + "\n\n"
+    return (
+        "\n".join(
+            f"- {name}: `{value}`" if name == "command" else f"- {name}: {value}"
+            for name, value in record.items()
+        )
+        + "\n\n"
+    )
 
 
 @dataclass
@@ -129,8 +152,12 @@ class _InspectedStores(FreshStores):
     """Fresh stores that let ``inspect`` look at the system after the questions, before it
     closes."""
 
-    def __init__(self, make: Callable[[Episode], MemorySystem], lm: OptloopLM,
-                 inspect: Callable[[MemorySystem], dict[str, Any]]):
+    def __init__(
+        self,
+        make: Callable[[Episode], MemorySystem],
+        lm: OptloopLM,
+        inspect: Callable[[MemorySystem], dict[str, Any]],
+    ):
         super().__init__(make, lm, record=False)
         self.inspect = inspect
         self.inspected: dict[str, Any] | None = None
@@ -142,9 +169,14 @@ class _InspectedStores(FreshStores):
             super().release(store)
 
 
-def run_episode(system_cls: type[MemorySystem], episode: Episode, lm: OptloopLM, run_dir: Path,
-                embedder: Embedder | None = None,
-                inspect: Callable[[MemorySystem], dict[str, Any]] | None = None) -> EpisodeRun:
+def run_episode(
+    system_cls: type[MemorySystem],
+    episode: Episode,
+    lm: OptloopLM,
+    run_dir: Path,
+    embedder: Embedder | None = None,
+    inspect: Callable[[MemorySystem], dict[str, Any]] | None = None,
+) -> EpisodeRun:
     """Fresh ``system_cls`` under ``run_dir``: ingest every session, answer and score every question.
 
     The one episode pipeline (:func:`optloop.pipeline.run_episode`) with nothing recorded or
@@ -153,20 +185,36 @@ def run_episode(system_cls: type[MemorySystem], episode: Episode, lm: OptloopLM,
     Failed LM calls past :data:`optloop.failures.ALLOWED_SHARE` of the episode's raise
     :class:`~optloop.errors.CallsFailedError` (exit 4) instead of a figure.
     """
+
     def make(_episode: Episode) -> MemorySystem:
         return system_cls(lm, run_dir, embedder=embedder)
 
-    stores = (FreshStores(make, lm, record=False) if inspect is None
-              else _InspectedStores(make, lm, inspect))
+    stores = (
+        FreshStores(make, lm, record=False)
+        if inspect is None
+        else _InspectedStores(make, lm, inspect)
+    )
     with collect_calls() as calls:
         result = pipeline.run_episode(episode, stores, lm=lm)
     # A library may swallow a failed LLM call (mem0 stores nothing): such an episode is not a measurement.
-    failures.check(sum(c.error is not None for c in calls), len(calls),
-                   what=f"{getattr(system_cls, 'name', system_cls.__name__)} on episode {episode.id}",
-                   first=failures.first_error(calls))
-    results = [QuestionResult(q, o.prediction, o.passed)
-               for q, o in zip(episode.questions, result.outcomes)]
-    return EpisodeRun(episode_id=episode.id, sessions=len(episode.sessions), setup_s=result.setup_s,
-                      ingest_s=result.ingest_s, ingest_calls=result.ingest_calls,
-                      answer_s=result.answer_s, answer_calls=result.answer_calls, results=results,
-                      inspected=getattr(stores, "inspected", None))
+    failures.check(
+        sum(c.error is not None for c in calls),
+        len(calls),
+        what=f"{getattr(system_cls, 'name', system_cls.__name__)} on episode {episode.id}",
+        first=failures.first_error(calls),
+    )
+    results = [
+        QuestionResult(q, o.prediction, o.passed)
+        for q, o in zip(episode.questions, result.outcomes)
+    ]
+    return EpisodeRun(
+        episode_id=episode.id,
+        sessions=len(episode.sessions),
+        setup_s=result.setup_s,
+        ingest_s=result.ingest_s,
+        ingest_calls=result.ingest_calls,
+        answer_s=result.answer_s,
+        answer_calls=result.answer_calls,
+        results=results,
+        inspected=getattr(stores, "inspected", None),
+    )

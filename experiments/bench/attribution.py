@@ -27,7 +27,9 @@ import os
 
 from optloop.offline import offline_defaults
 
-os.environ.update(offline_defaults())  # first: litellm, mem0 and Hugging Face read them when imported
+os.environ.update(
+    offline_defaults()
+)  # first: litellm, mem0 and Hugging Face read them when imported
 
 import json
 import sys
@@ -39,6 +41,7 @@ from tempfile import TemporaryDirectory
 from rich.console import Console
 
 from experiments.bench._common import provenance, provenance_markdown
+from experiments.provenance import model_of, stamped
 from optloop.attribute import render_planted, render_planted_markdown
 from optloop.attribution.planted import PlantedRun, run_planted
 from optloop.attribution.planted_report import summarize
@@ -47,11 +50,13 @@ from optloop.datasets import load_dataset
 from optloop.errors import ConfigError
 from optloop.faults.catalogue import CATALOGUE
 from systems import get_system
-from experiments.provenance import stamped, model_of
 
 DEFAULT_SYSTEMS = "rag_bm25,rag_embedding,long_context,md_flat,mem0,graphiti"
 DEFAULT_DATASETS = ";".join(["builtin:tiny"] + [f"synthetic:suite?seed={i}" for i in range(5)])
-LIBRARY_SYSTEMS = {"mem0", "graphiti"}  # ~50 s per ingested session on 2 cores with the embedded LM
+LIBRARY_SYSTEMS = {
+    "mem0",
+    "graphiti",
+}  # ~50 s per ingested session on 2 cores with the embedded LM
 
 
 def select_faults(spec: str | None) -> list[str] | None:
@@ -65,22 +70,35 @@ def select_faults(spec: str | None) -> list[str] | None:
         names += [f.name for f in CATALOGUE if f.added == item] if item in batches else [item]
     unknown = sorted(set(names) - {f.name for f in CATALOGUE})
     if unknown:
-        raise ConfigError(f"unknown fault(s) {unknown}; see python -m optloop.attribute --list-faults")
+        raise ConfigError(
+            f"unknown fault(s) {unknown}; see python -m optloop.attribute --list-faults"
+        )
     return list(dict.fromkeys(names))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = CommandParser("python -m experiments.bench.attribution", __doc__, lm=True)
-    parser.add_argument("--systems", default=DEFAULT_SYSTEMS, help=f"comma-separated (default {DEFAULT_SYSTEMS})")
-    parser.add_argument("--datasets", default=DEFAULT_DATASETS,
-                        help=f"semicolon-separated dataset URIs (default {DEFAULT_DATASETS!r})")
-    parser.add_argument("--library-datasets", default="builtin:tiny",
-                        help="semicolon-separated datasets for mem0 and graphiti, which ingest ~50 s a session "
-                             "here (default builtin:tiny)")
-    parser.add_argument("--faults", metavar="NAMES",
-                        help="comma-separated fault names, or 'preregistered' for the faults written down before "
-                             "any run evaluated them (default: the whole catalogue; see python -m optloop.attribute "
-                             "--list-faults)")
+    parser.add_argument(
+        "--systems", default=DEFAULT_SYSTEMS, help=f"comma-separated (default {DEFAULT_SYSTEMS})"
+    )
+    parser.add_argument(
+        "--datasets",
+        default=DEFAULT_DATASETS,
+        help=f"semicolon-separated dataset URIs (default {DEFAULT_DATASETS!r})",
+    )
+    parser.add_argument(
+        "--library-datasets",
+        default="builtin:tiny",
+        help="semicolon-separated datasets for mem0 and graphiti, which ingest ~50 s a session "
+        "here (default builtin:tiny)",
+    )
+    parser.add_argument(
+        "--faults",
+        metavar="NAMES",
+        help="comma-separated fault names, or 'preregistered' for the faults written down before "
+        "any run evaluated them (default: the whole catalogue; see python -m optloop.attribute "
+        "--list-faults)",
+    )
     parser.add_argument("--json", type=Path, help="also write the figures (and every case) here")
     parser.add_argument("--markdown", type=Path, help="also write the report as markdown here")
     args = parse_command(parser, argv)
@@ -89,18 +107,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         get_system(name)
     fault_names = select_faults(args.faults)
     datasets = [load_dataset(uri.strip()) for uri in args.datasets.split(";") if uri.strip()]
-    library_uris = {load_dataset(uri.strip()).uri for uri in args.library_datasets.split(";") if uri.strip()}
+    library_uris = {
+        load_dataset(uri.strip()).uri for uri in args.library_datasets.split(";") if uri.strip()
+    }
     lm = lm_from_args(args)
     console = Console()
     planted = PlantedRun([])
     started = time.perf_counter()
-    with TemporaryDirectory(prefix="optloop-bench-attr-") as tmp, console.status("planted faults") as status:
+    with (
+        TemporaryDirectory(prefix="optloop-bench-attr-") as tmp,
+        console.status("planted faults") as status,
+    ):
         for dataset in datasets:
             for system in systems:  # one system at a time, so a slow one shows its progress
                 if system in LIBRARY_SYSTEMS and dataset.uri not in library_uris:
                     continue
-                planted += run_planted([system], dataset, lm, Path(tmp) / dataset.name, embedder=None,
-                                       fault_names=fault_names, progress=lambda msg: status.update(f"{dataset.name}: {msg}"))
+                planted += run_planted(
+                    [system],
+                    dataset,
+                    lm,
+                    Path(tmp) / dataset.name,
+                    embedder=None,
+                    fault_names=fault_names,
+                    progress=lambda msg: status.update(f"{dataset.name}: {msg}"),
+                )
     summary = summarize(planted)
     summary["seconds"] = round(time.perf_counter() - started, 1)
     summary["datasets"] = [d.uri for d in datasets]
@@ -108,14 +138,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     summary["provenance"] = provenance(lm.backend.identity, argv)
     summary["cases"] = [c.to_json() for c in planted.induced]
     summary["set_aside_cases"] = [c.to_json() for c in planted.set_aside]
-    console.print(f"planted faults, deterministic attribution ({lm.backend.identity}); "
-                  f"{summary['seconds']} s in all")
+    console.print(
+        f"planted faults, deterministic attribution ({lm.backend.identity}); "
+        f"{summary['seconds']} s in all"
+    )
     console.print(render_planted(summary))
     if args.json:
-        args.json.write_text(json.dumps(stamped(summary, model_of(args)), indent=1, ensure_ascii=False))
+        args.json.write_text(
+            json.dumps(stamped(summary, model_of(args)), indent=1, ensure_ascii=False)
+        )
     if args.markdown:
-        args.markdown.write_text(provenance_markdown(summary["provenance"])
-                                 + render_planted_markdown(summary))
+        args.markdown.write_text(
+            provenance_markdown(summary["provenance"]) + render_planted_markdown(summary)
+        )
     return 0
 
 

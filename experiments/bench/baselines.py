@@ -35,7 +35,9 @@ import os
 
 from optloop.offline import offline_defaults
 
-os.environ.update(offline_defaults())  # first: litellm, mem0 and Hugging Face read them when imported
+os.environ.update(
+    offline_defaults()
+)  # first: litellm, mem0 and Hugging Face read them when imported
 
 import argparse
 import json
@@ -51,8 +53,14 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from experiments.bench._common import (EpisodeRun, bench_lm, parse_systems, provenance,
-                                       provenance_markdown, run_episode)
+from experiments.bench._common import (
+    EpisodeRun,
+    bench_lm,
+    parse_systems,
+    provenance,
+    provenance_markdown,
+    run_episode,
+)
 from optloop.cli import CommandParser, parse_command, run_cli
 from optloop.config import load_config, with_limit
 from optloop.datasets import LOADERS, Dataset, Episode, Question, load_dataset, parse_uri
@@ -123,8 +131,13 @@ class Plan:
 def make_plan(args: argparse.Namespace) -> Plan:
     """Systems and loaded datasets from flags and --config; every failure here precedes LM work."""
     config = load_config(args.config) if args.config else None
-    systems = parse_systems(args.systems if args.systems is not None
-                            else config.systems if config else list(DEFAULT_SYSTEMS))
+    systems = parse_systems(
+        args.systems
+        if args.systems is not None
+        else config.systems
+        if config
+        else list(DEFAULT_SYSTEMS)
+    )
     if not systems:
         raise ConfigError("--systems names no system")
     episodes = args.episodes if args.episodes is not None else config.episodes if config else None
@@ -158,7 +171,8 @@ class SystemTotals:
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            "episodes": self.episodes, "questions": self.questions,
+            "episodes": self.episodes,
+            "questions": self.questions,
             "accuracy": self.correct / self.questions if self.questions else None,
             "seconds_per_episode": self.seconds / self.episodes if self.episodes else None,
             "calls_per_episode": self.calls / self.episodes if self.episodes else None,
@@ -178,17 +192,20 @@ def memory_report(episode: Episode) -> Callable[[MemorySystem], dict[str, Any]]:
             tiers[str(item.metadata.get("tier", "memory"))].append(item.text)
         report: dict[str, Any] = {"tiers": dict(tiers)}
         if QUERY_REWRITE not in system.prompt_sites():
-            report["context"] = {q.id: [m.text for m in system.retrieve(q.question)]
-                                 for q in episode.questions}
+            report["context"] = {
+                q.id: [m.text for m in system.retrieve(q.question)] for q in episode.questions
+            }
         if isinstance(system, TieredSystem):
             log = system.store.extractions()
             report["extraction"] = {}
             for s in episode.sessions:
                 rows = [r for r in log if r["session_id"] == s.id]
                 report["extraction"][s.id] = {
-                    "messages": len(rows), "written": sum(len(r["written"]) for r in rows),
+                    "messages": len(rows),
+                    "written": sum(len(r["written"]) for r in rows),
                     "stored": sum(f["action"] != "unchanged" for r in rows for f in r["stored"]),
-                    "refused": sum(len(r["refused"]) for r in rows)}
+                    "refused": sum(len(r["refused"]) for r in rows),
+                }
         return report
 
     return inspect
@@ -198,7 +215,9 @@ def memory_report(episode: Episode) -> Callable[[MemorySystem], dict[str, Any]]:
 class Results:
     systems: list[str]
     labels: list[str] = field(default_factory=list)  # rows, in first-seen order
-    cells: dict[str, dict[str, list[int]]] = field(default_factory=lambda: defaultdict(dict))  # label -> system -> [correct, n]
+    cells: dict[str, dict[str, list[int]]] = field(
+        default_factory=lambda: defaultdict(dict)
+    )  # label -> system -> [correct, n]
     totals: dict[str, SystemTotals] = field(default_factory=dict)
     # system -> 1.0 / 0.0 per question, in order
     passes: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
@@ -212,11 +231,19 @@ class Results:
         for result in run.results:
             q = result.question
             self.passes[system].append(float(result.passed))
-            self.probes[system].append({
-                "dataset": uri, "episode": run.episode_id, "question_id": q.id,
-                "task": task_label(uri, q), "question": q.question, "expected": q.gold,
-                "got": result.prediction, "pass": result.passed,
-                "context": (inspected.get("context") or {}).get(q.id)})
+            self.probes[system].append(
+                {
+                    "dataset": uri,
+                    "episode": run.episode_id,
+                    "question_id": q.id,
+                    "task": task_label(uri, q),
+                    "question": q.question,
+                    "expected": q.gold,
+                    "got": result.prediction,
+                    "pass": result.passed,
+                    "context": (inspected.get("context") or {}).get(q.id),
+                }
+            )
             label = task_label(uri, result.question)
             if label not in self.labels:
                 self.labels.append(label)
@@ -231,15 +258,23 @@ class Results:
 
     def extraction(self, system: str) -> dict[str, Any] | None:
         """Sessions whose extraction stored at least one fact (a system with an extraction log)."""
-        sessions = [counts for ep in self.episodes.get(system, [])
-                    for counts in (ep.get("extraction") or {}).values()]
+        sessions = [
+            counts
+            for ep in self.episodes.get(system, [])
+            for counts in (ep.get("extraction") or {}).values()
+        ]
         if not sessions:
             return None
         stored = [float(c["stored"] > 0) for c in sessions]
-        totals = {name: sum(c[name] for c in sessions)
-                  for name in ("written", "stored", "refused")}
-        return {"sessions": len(sessions), "with_facts": int(sum(stored)),
-                "share": bootstrap_mean(stored, seed=0), **totals}
+        totals = {
+            name: sum(c[name] for c in sessions) for name in ("written", "stored", "refused")
+        }
+        return {
+            "sessions": len(sessions),
+            "with_facts": int(sum(stored)),
+            "share": bootstrap_mean(stored, seed=0),
+            **totals,
+        }
 
     def cell(self, label: str, system: str) -> tuple[int, int] | None:
         if label == ALL_ROW:
@@ -262,8 +297,14 @@ def run_bench(plan: Plan, lm: Any, work: Path, progress: Progress) -> Results:
         for index, dataset in enumerate(plan.datasets):
             progress.update(task, description=f"{name} {dataset.name}")
             for episode in dataset.episodes:
-                run = run_episode(system_cls, episode, lm, work / name / f"d{index}" / episode.id,
-                                  embedder, inspect=memory_report(episode))
+                run = run_episode(
+                    system_cls,
+                    episode,
+                    lm,
+                    work / name / f"d{index}" / episode.id,
+                    embedder,
+                    inspect=memory_report(episode),
+                )
                 results.add(name, dataset.uri, run)
                 progress.advance(task)
         progress.update(task, description=name)
@@ -281,24 +322,42 @@ def _fmt(value: float | None, digits: int = 1) -> str:
 def _interval(value: Interval | None) -> dict[str, Any] | None:
     if value is None:
         return None
-    return {"estimate": round(value.estimate, 4), "low": round(value.low, 4),
-            "high": round(value.high, 4), "n": value.n}
+    return {
+        "estimate": round(value.estimate, 4),
+        "low": round(value.low, 4),
+        "high": round(value.high, 4),
+        "n": value.n,
+    }
 
 
-def to_json(plan: Plan, results: Results, lm_identity: str,
-            origin: dict[str, str] | None = None) -> dict[str, Any]:
+def to_json(
+    plan: Plan, results: Results, lm_identity: str, origin: dict[str, str] | None = None
+) -> dict[str, Any]:
     accuracy = {
-        label: {s: {"correct": c[0], "n": c[1], "accuracy": c[0] / c[1]}
-                for s in plan.systems if (c := results.cell(label, s))}
+        label: {
+            s: {"correct": c[0], "n": c[1], "accuracy": c[0] / c[1]}
+            for s in plan.systems
+            if (c := results.cell(label, s))
+        }
         for label in results.rows()
     }
-    extraction = {s: {**found, "share": _interval(found["share"])} for s in plan.systems
-                  if (found := results.extraction(s))}
+    extraction = {
+        s: {**found, "share": _interval(found["share"])}
+        for s in plan.systems
+        if (found := results.extraction(s))
+    }
     return {
         "provenance": origin or {},
         "lm": lm_identity,
-        "datasets": [{"uri": d.uri, "name": d.name, "episodes": len(d.episodes),
-                      "questions": sum(len(e.questions) for e in d.episodes)} for d in plan.datasets],
+        "datasets": [
+            {
+                "uri": d.uri,
+                "name": d.name,
+                "episodes": len(d.episodes),
+                "questions": sum(len(e.questions) for e in d.episodes),
+            }
+            for d in plan.datasets
+        ],
         "skipped": plan.skipped,
         "systems": plan.systems,
         "accuracy": accuracy,
@@ -310,27 +369,43 @@ def to_json(plan: Plan, results: Results, lm_identity: str,
     }
 
 
-def to_markdown(plan: Plan, results: Results, lm_identity: str,
-                origin: dict[str, str] | None = None) -> str:
-    lines = [f"Accuracy per task type ({lm_identity}); cells: accuracy (questions).", "",
-             "| task | " + " | ".join(plan.systems) + " |", "|---" * (len(plan.systems) + 1) + "|"]
+def to_markdown(
+    plan: Plan, results: Results, lm_identity: str, origin: dict[str, str] | None = None
+) -> str:
+    lines = [
+        f"Accuracy per task type ({lm_identity}); cells: accuracy (questions).",
+        "",
+        "| task | " + " | ".join(plan.systems) + " |",
+        "|---" * (len(plan.systems) + 1) + "|",
+    ]
     for label in results.rows():
         cells = [_fmt_cell(results.cell(label, s)) for s in plan.systems]
-        lines.append(f"| {label if label != ALL_ROW else '**' + ALL_ROW + '**'} | " + " | ".join(cells) + " |")
+        lines.append(
+            f"| {label if label != ALL_ROW else '**' + ALL_ROW + '**'} | "
+            + " | ".join(cells)
+            + " |"
+        )
     lines += ["", "| system | episodes | s/episode | LLM calls/episode |", "|---|---|---|---|"]
     for s in plan.systems:
         t = results.totals.get(s, SystemTotals()).as_dict()
-        lines.append(f"| {s} | {t['episodes']} | {_fmt(t['seconds_per_episode'])} | {_fmt(t['calls_per_episode'])} |")
+        lines.append(
+            f"| {s} | {t['episodes']} | {_fmt(t['seconds_per_episode'])} | {_fmt(t['calls_per_episode'])} |"
+        )
     lines += ["", "Accuracy over every question, seeded 95% bootstrap interval:", ""]
-    lines += [f"- {s}: {found.format(signed=False)}"
-              for s in plan.systems if (found := results.accuracy(s))]
+    lines += [
+        f"- {s}: {found.format(signed=False)}"
+        for s in plan.systems
+        if (found := results.accuracy(s))
+    ]
     for s in plan.systems:
         if found := results.extraction(s):
-            lines.append(f"- {s}: sessions whose extraction stored at least one fact: "
-                         f"{found['with_facts']}/{found['sessions']} = "
-                         f"{found['share'].format(signed=False)}; facts written "
-                         f"{found['written']}, stored {found['stored']}, "
-                         f"refused {found['refused']}")
+            lines.append(
+                f"- {s}: sessions whose extraction stored at least one fact: "
+                f"{found['with_facts']}/{found['sessions']} = "
+                f"{found['share'].format(signed=False)}; facts written "
+                f"{found['written']}, stored {found['stored']}, "
+                f"refused {found['refused']}"
+            )
     lines += ["", "Datasets: " + ", ".join(f"`{d.uri}`" for d in plan.datasets) + "."]
     lines += [f"{note}." for note in plan.skipped]
     return (provenance_markdown(origin) if origin else "") + "\n".join(lines) + "\n"
@@ -338,15 +413,16 @@ def to_markdown(plan: Plan, results: Results, lm_identity: str,
 
 def _cell_text(text: Any, limit: int = 160) -> str:
     flat = " ".join(str(text).split()).replace("|", "\\|")
-    return flat if len(flat) <= limit else flat[:limit - 1] + "\u2026"
+    return flat if len(flat) <= limit else flat[: limit - 1] + "\u2026"
 
 
 def _tier_lines(units: Sequence[str]) -> str:
     return "; ".join(_cell_text(u, 120) for u in units) if units else "(empty)"
 
 
-def probes_markdown(plan: Plan, results: Results, lm_identity: str,
-                    origin: dict[str, str] | None = None) -> str:
+def probes_markdown(
+    plan: Plan, results: Results, lm_identity: str, origin: dict[str, str] | None = None
+) -> str:
     """Per system and episode: what each tier held, then each probe (expected, got, pass,
     context)."""
     lines = [f"# Per probe ({lm_identity})", ""]
@@ -359,18 +435,28 @@ def probes_markdown(plan: Plan, results: Results, lm_identity: str,
             for tier, units in sorted((ep.get("tiers") or {}).items()):
                 lines.append(f"- {tier.upper()} ({len(units)}): {_tier_lines(units)}")
             for sid, counts in (ep.get("extraction") or {}).items():
-                lines.append(f"- extraction {sid}: {counts['messages']} message(s), "
-                             f"{counts['written']} object(s) written, {counts['stored']} fact(s) "
-                             f"stored, {counts['refused']} refused")
-            lines += ["", "| probe | task | expected | got | pass | in context |",
-                      "|---|---|---|---|---|---|"]
+                lines.append(
+                    f"- extraction {sid}: {counts['messages']} message(s), "
+                    f"{counts['written']} object(s) written, {counts['stored']} fact(s) "
+                    f"stored, {counts['refused']} refused"
+                )
+            lines += [
+                "",
+                "| probe | task | expected | got | pass | in context |",
+                "|---|---|---|---|---|---|",
+            ]
             for row in results.probes.get(s, []):
                 if row["episode"] != ep["episode"] or row["dataset"] != ep["dataset"]:
                     continue
                 context = _tier_lines(row["context"]) if row["context"] is not None else "-"
-                cells = [_cell_text(row["question"]), row["task"], _cell_text(row["expected"]),
-                         _cell_text(row["got"]), "yes" if row["pass"] else "no",
-                         _cell_text(context, 400)]
+                cells = [
+                    _cell_text(row["question"]),
+                    row["task"],
+                    _cell_text(row["expected"]),
+                    _cell_text(row["got"]),
+                    "yes" if row["pass"] else "no",
+                    _cell_text(context, 400),
+                ]
                 lines.append("| " + " | ".join(cells) + " |")
             lines.append("")
     return (provenance_markdown(origin) if origin else "") + "\n".join(lines)
@@ -382,15 +468,20 @@ def print_tables(plan: Plan, results: Results, lm_identity: str, console: Consol
     for s in plan.systems:
         table.add_column(s, justify="right")
     for label in results.rows():
-        table.add_row(label, *[_fmt_cell(results.cell(label, s)) for s in plan.systems],
-                      end_section=label == results.labels[-1] if results.labels else False)
+        table.add_row(
+            label,
+            *[_fmt_cell(results.cell(label, s)) for s in plan.systems],
+            end_section=label == results.labels[-1] if results.labels else False,
+        )
     console.print(table)
     cost = Table(title="cost per episode")
     for col in ("system", "episodes", "s/episode", "LLM calls/episode"):
         cost.add_column(col, justify="left" if col == "system" else "right")
     for s in plan.systems:
         t = results.totals.get(s, SystemTotals()).as_dict()
-        cost.add_row(s, str(t["episodes"]), _fmt(t["seconds_per_episode"]), _fmt(t["calls_per_episode"]))
+        cost.add_row(
+            s, str(t["episodes"]), _fmt(t["seconds_per_episode"]), _fmt(t["calls_per_episode"])
+        )
     console.print(cost)
     for note in plan.skipped:
         console.print(f"[dim]{note}[/dim]")
@@ -398,24 +489,48 @@ def print_tables(plan: Plan, results: Results, lm_identity: str, console: Consol
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = CommandParser("python -m experiments.bench.baselines", __doc__, lm=True)
-    parser.add_argument("--systems", help=f"comma-separated (default: {','.join(DEFAULT_SYSTEMS)})")
-    parser.add_argument("--datasets", help="comma-separated dataset URIs (default: MemFail tasks + synthetic:meme)")
-    parser.add_argument("--episodes", type=int, metavar="N",
-                        help=f"at most N episodes per dataset whose URI has no limit= (default {DEFAULT_EPISODES} "
-                             "for the default datasets)")
-    parser.add_argument("--config", type=Path, metavar="FILE", help="experiment file (experiments/configs/*.toml)")
-    parser.add_argument("--json", type=Path, metavar="OUT", help="also write the figures to this JSON file")
-    parser.add_argument("--markdown", type=Path, metavar="OUT", help="also write the tables to this Markdown file")
-    parser.add_argument("--probes", type=Path, metavar="OUT",
-                        help="also write the per-probe tables (expected, got, pass, context, each "
-                             "tier) as Markdown")
-    parser.add_argument("--lm-cache", type=Path, metavar="FILE",
-                        help="reuse this LM cache (an earlier run's answers; new ones are added) "
-                             "instead of a fresh one")
+    parser.add_argument(
+        "--systems", help=f"comma-separated (default: {','.join(DEFAULT_SYSTEMS)})"
+    )
+    parser.add_argument(
+        "--datasets", help="comma-separated dataset URIs (default: MemFail tasks + synthetic:meme)"
+    )
+    parser.add_argument(
+        "--episodes",
+        type=int,
+        metavar="N",
+        help=f"at most N episodes per dataset whose URI has no limit= (default {DEFAULT_EPISODES} "
+        "for the default datasets)",
+    )
+    parser.add_argument(
+        "--config", type=Path, metavar="FILE", help="experiment file (experiments/configs/*.toml)"
+    )
+    parser.add_argument(
+        "--json", type=Path, metavar="OUT", help="also write the figures to this JSON file"
+    )
+    parser.add_argument(
+        "--markdown", type=Path, metavar="OUT", help="also write the tables to this Markdown file"
+    )
+    parser.add_argument(
+        "--probes",
+        type=Path,
+        metavar="OUT",
+        help="also write the per-probe tables (expected, got, pass, context, each "
+        "tier) as Markdown",
+    )
+    parser.add_argument(
+        "--lm-cache",
+        type=Path,
+        metavar="FILE",
+        help="reuse this LM cache (an earlier run's answers; new ones are added) "
+        "instead of a fresh one",
+    )
     args = parse_command(parser, argv)
     if args.episodes is not None and args.episodes < 1:
         parser.error("--episodes must be at least 1")
-    plan = make_plan(args)  # unknown systems, bad URIs and bad config files fail here, before the LM
+    plan = make_plan(
+        args
+    )  # unknown systems, bad URIs and bad config files fail here, before the LM
 
     with tempfile.TemporaryDirectory() as tmp:
         lm = bench_lm(args, Path(tmp), args.lm_cache, systems=plan.systems)

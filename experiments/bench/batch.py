@@ -33,7 +33,9 @@ import os
 
 from optloop.offline import offline_defaults
 
-os.environ.update(offline_defaults())  # first: litellm, mem0 and Hugging Face read them when imported
+os.environ.update(
+    offline_defaults()
+)  # first: litellm, mem0 and Hugging Face read them when imported
 
 import argparse
 import json
@@ -66,18 +68,30 @@ class Row(BaseModel):
 
     batch: int
     n: int
-    seconds: float = Field(description="wall time of the replayed run (the process, startup included)")
-    trials_seconds: float = Field(description="of which the trials: proposals (the optimizer's screening "
-                                              "included) and evaluations, as the run's trial lines report them")
-    record_seconds: float = Field(description="wall time of the recording run (embedded model, N=1)")
+    seconds: float = Field(
+        description="wall time of the replayed run (the process, startup included)"
+    )
+    trials_seconds: float = Field(
+        description="of which the trials: proposals (the optimizer's screening "
+        "included) and evaluations, as the run's trial lines report them"
+    )
+    record_seconds: float = Field(
+        description="wall time of the recording run (embedded model, N=1)"
+    )
     trials: int
-    tried: list[tuple[int, float]] = Field(description="(trial, dev accuracy) of the replay, in trial order")
+    tried: list[tuple[int, float]] = Field(
+        description="(trial, dev accuracy) of the replay, in trial order"
+    )
     baseline_dev: float
     best_dev: float
     test_before: float
     test_after: float
-    delta_test: str = Field(description="the held-out delta with its 95% CI and n (paired bootstrap)")
-    identical: bool = Field(description="candidates, dev and held-out accuracies equal the recording's")
+    delta_test: str = Field(
+        description="the held-out delta with its 95% CI and n (paired bootstrap)"
+    )
+    identical: bool = Field(
+        description="candidates, dev and held-out accuracies equal the recording's"
+    )
     requests: int = Field(description="requests the replay server answered")
     misses: int = Field(description="requests the recording did not hold (answered HTTP 400)")
 
@@ -95,15 +109,22 @@ def _oracle(dataset: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
         kind, content = oracle._respond(body)
         messages = body.get("messages") or []
         user = str(messages[-1].get("content") or "") if messages else ""
-        if "[[ ## memory_file ## ]]" in user and kind == "ok":  # md_flat.curate: the full list, the file's facts kept
+        if (
+            "[[ ## memory_file ## ]]" in user and kind == "ok"
+        ):  # md_flat.curate: the full list, the file's facts kept
             file = prompt_section(user, "memory_file")
             kept = [line[2:].strip() for line in file.splitlines() if line.startswith("- ")]
-            content = json.dumps({"facts": kept + [f for f in json.loads(content)["facts"] if f not in kept]})
+            content = json.dumps(
+                {"facts": kept + [f for f in json.loads(content)["facts"] if f not in kept]}
+            )
         if kind != "ok":
             raise ConfigError(f"the oracle answered {kind!r} to a chat request")
         words = sum(len(str(m.get("content") or "").split()) for m in body.get("messages") or [])
-        usage = {"prompt_tokens": words, "completion_tokens": len(str(content).split()),
-                 "total_tokens": words + len(str(content).split())}
+        usage = {
+            "prompt_tokens": words,
+            "completion_tokens": len(str(content).split()),
+            "total_tokens": words + len(str(content).split()),
+        }
         return chat_completion(body, content, usage, model="oracle")
 
     return answer
@@ -130,20 +151,55 @@ def _embedded_engine(system: str, cache: Path) -> Any:
     return lm.optloop_engine
 
 
-def _run(args: argparse.Namespace, base_url: str, home: Path, batch: int, n: int, out: Path) -> float:
+def _run(
+    args: argparse.Namespace, base_url: str, home: Path, batch: int, n: int, out: Path
+) -> float:
     """``python -m optloop.run`` against ``base_url``, its state under ``home``; its wall seconds."""
-    cmd = [sys.executable, "-m", "optloop.run", "--system", args.system, "--dataset", args.dataset,
-           "--optimizer", args.optimizer, "--budget", str(args.budget), "--batch", str(batch),
-           "--seed", str(args.seed), "--lm", "openai:replay", "--lm-base-url", base_url, "--lm-timeout", "900",
-           "--concurrency", str(n), "--run-name", f"batch-{batch}", "--allow-small-splits",
-           "--tracking-uri", f"sqlite:///{home / 'mlruns' / 'mlflow.db'}", "--json", str(out),
-           *(["--query-rewrite"] if args.query_rewrite else []),
-           *(["--start", f"answer=+{PLANTED}"] if args.answers == "oracle" and args.plant else []),
-           *(["--sites", args.sites] if args.sites else [])]
-    env = {**os.environ, "OPTLOOP_HOME": str(home / "state"), "OPTLOOP_MLRUNS": str(home / "mlruns")}
+    cmd = [
+        sys.executable,
+        "-m",
+        "optloop.run",
+        "--system",
+        args.system,
+        "--dataset",
+        args.dataset,
+        "--optimizer",
+        args.optimizer,
+        "--budget",
+        str(args.budget),
+        "--batch",
+        str(batch),
+        "--seed",
+        str(args.seed),
+        "--lm",
+        "openai:replay",
+        "--lm-base-url",
+        base_url,
+        "--lm-timeout",
+        "900",
+        "--concurrency",
+        str(n),
+        "--run-name",
+        f"batch-{batch}",
+        "--allow-small-splits",
+        "--tracking-uri",
+        f"sqlite:///{home / 'mlruns' / 'mlflow.db'}",
+        "--json",
+        str(out),
+        *(["--query-rewrite"] if args.query_rewrite else []),
+        *(["--start", f"answer=+{PLANTED}"] if args.answers == "oracle" and args.plant else []),
+        *(["--sites", args.sites] if args.sites else []),
+    ]
+    env = {
+        **os.environ,
+        "OPTLOOP_HOME": str(home / "state"),
+        "OPTLOOP_MLRUNS": str(home / "mlruns"),
+    }
     started = time.perf_counter()
     with (home / "run.log").open("w") as log:
-        done = subprocess.run(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, check=False)
+        done = subprocess.run(
+            cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, check=False
+        )
     seconds = time.perf_counter() - started
     if done.returncode != 0:
         raise ConfigError(f"{' '.join(cmd[3:])} exited {done.returncode}; see {home / 'run.log'}")
@@ -152,8 +208,13 @@ def _run(args: argparse.Namespace, base_url: str, home: Path, batch: int, n: int
 
 def _outcome(result: dict[str, Any]) -> tuple[Any, ...]:
     """What must match between the recording and the replay."""
-    return (result["baseline_dev"], [(t["trial"], t["origin"], t["dev"]) for t in result["tried"]],
-            result["test_before"], result["test_after"], result["changed_sites"])
+    return (
+        result["baseline_dev"],
+        [(t["trial"], t["origin"], t["dev"]) for t in result["tried"]],
+        result["test_before"],
+        result["test_after"],
+        result["changed_sites"],
+    )
 
 
 def _fresh(home: Path) -> Path:
@@ -165,43 +226,68 @@ def _fresh(home: Path) -> Path:
     return home
 
 
-def record_batch(args: argparse.Namespace, batch: int, responses: dict[str, Any],
-                 fallback: Callable[[dict[str, Any]], dict[str, Any]], console: Console) -> None:
+def record_batch(
+    args: argparse.Namespace,
+    batch: int,
+    responses: dict[str, Any],
+    fallback: Callable[[dict[str, Any]], dict[str, Any]],
+    console: Console,
+) -> None:
     """The run with ``--batch batch`` on the embedded model through the recording server (answers kept)."""
     home = _fresh(args.work / f"batch-{batch}" / "record")
     console.print(f"batch {batch}: recording ({args.answers} answers, --concurrency 1)")
     config = ReplayConfig(latency_ms=0.0, jitter_ms=0.0, seed=args.seed)
     started = time.perf_counter()
-    with ReplayServer(responses, identity=bundled_identity(), config=config, fallback=fallback) as server:
+    with ReplayServer(
+        responses, identity=bundled_identity(), config=config, fallback=fallback
+    ) as server:
         _run(args, server.base_url, home, batch, 1, home / "result.json")
     (home / "seconds").write_text(f"{time.perf_counter() - started:.1f}")
     _save(args.work / "responses.json", responses)
 
 
-def one_batch(args: argparse.Namespace, batch: int, responses: dict[str, Any], console: Console) -> Row:
+def one_batch(
+    args: argparse.Namespace, batch: int, responses: dict[str, Any], console: Console
+) -> Row:
     """Replay the recorded run with ``--batch batch`` at ``--n``, timed."""
     work: Path = args.work / f"batch-{batch}"
     identity = bundled_identity()
     record_home, replay_home = work / "record", _fresh(work / "replay")
     if not (record_home / "result.json").exists():
-        raise ConfigError(f"no recording of --batch {batch} in {record_home}; run with --phase record first")
+        raise ConfigError(
+            f"no recording of --batch {batch} in {record_home}; run with --phase record first"
+        )
     record_seconds = float((record_home / "seconds").read_text())
     console.print(f"batch {batch}: replaying at N={args.n}, {args.latency_ms:g} ms a call")
     config = ReplayConfig(latency_ms=args.latency_ms, jitter_ms=args.jitter_ms, seed=args.seed)
     with ReplayServer(responses, identity=identity, config=config) as server:
-        seconds = _run(args, server.base_url, replay_home, batch, args.n, replay_home / "result.json")
+        seconds = _run(
+            args, server.base_url, replay_home, batch, args.n, replay_home / "result.json"
+        )
         stats = server.stats
-    lines = re.findall(r"^trial \d+/\d+ dev \S+ \(best \S+\) (\d+) s", (replay_home / "run.log").read_text(), re.M)
+    lines = re.findall(
+        r"^trial \d+/\d+ dev \S+ \(best \S+\) (\d+) s", (replay_home / "run.log").read_text(), re.M
+    )
     recorded = json.loads((record_home / "result.json").read_text())
     replayed = json.loads((replay_home / "result.json").read_text())
     delta = replayed["delta_test_ci"]
-    return Row(batch=batch, n=args.n, seconds=round(seconds, 1), trials_seconds=sum(float(x) for x in lines),
-               record_seconds=round(record_seconds, 1),
-               trials=replayed["evaluations"], tried=[(t["trial"], t["dev"]) for t in replayed["tried"]],
-               baseline_dev=replayed["baseline_dev"], best_dev=replayed["best_dev"],
-               test_before=replayed["test_before"], test_after=replayed["test_after"],
-               delta_test=f"{delta['estimate']:+.3f} [{delta['low']:+.3f}, {delta['high']:+.3f}] n={delta['n']}",
-               identical=_outcome(recorded) == _outcome(replayed), requests=stats.requests, misses=stats.misses)
+    return Row(
+        batch=batch,
+        n=args.n,
+        seconds=round(seconds, 1),
+        trials_seconds=sum(float(x) for x in lines),
+        record_seconds=round(record_seconds, 1),
+        trials=replayed["evaluations"],
+        tried=[(t["trial"], t["dev"]) for t in replayed["tried"]],
+        baseline_dev=replayed["baseline_dev"],
+        best_dev=replayed["best_dev"],
+        test_before=replayed["test_before"],
+        test_after=replayed["test_after"],
+        delta_test=f"{delta['estimate']:+.3f} [{delta['low']:+.3f}, {delta['high']:+.3f}] n={delta['n']}",
+        identical=_outcome(recorded) == _outcome(replayed),
+        requests=stats.requests,
+        misses=stats.misses,
+    )
 
 
 _save_lock = threading.Lock()
@@ -213,23 +299,32 @@ def _save(path: Path, responses: dict[str, Any]) -> None:
 
 
 def to_markdown(rows: Sequence[Row], results: dict[str, Any]) -> str:
-    head = (f"# Trials in batches: `optloop.run --budget {results['budget']}` at --concurrency {results['n']}, "
-            f"replayed at {results['latency_ms']:g} ms +- {results['jitter_ms']:g} a call\n\n"
-            f"- command: `{results['command']}`\n- model: {results['model']} (answers recorded once, then "
-            f"replayed)\n- run: {results['system']}{' --query-rewrite' if results['query_rewrite'] else ''}"
-            f"{' --sites ' + results['sites'] if results.get('sites') else ''} on "
-            f"`{results['dataset']}`, --optimizer {results['optimizer']}, --seed {results['seed']}\n"
-            f"- date: {results['date']}; commit {results['commit']}; machine: {os.cpu_count()} cores\n\n")
-    lines = [("| --batch | wall s (replay) | speed-up | of which trials, s | speed-up | trials "
-              "| dev baseline -> best | held-out before -> after | delta [95% CI] n | same as recording (N=1) "
-              "| misses |"), "|---|---|---|---|---|---|---|---|---|---|---|"]
+    head = (
+        f"# Trials in batches: `optloop.run --budget {results['budget']}` at --concurrency {results['n']}, "
+        f"replayed at {results['latency_ms']:g} ms +- {results['jitter_ms']:g} a call\n\n"
+        f"- command: `{results['command']}`\n- model: {results['model']} (answers recorded once, then "
+        f"replayed)\n- run: {results['system']}{' --query-rewrite' if results['query_rewrite'] else ''}"
+        f"{' --sites ' + results['sites'] if results.get('sites') else ''} on "
+        f"`{results['dataset']}`, --optimizer {results['optimizer']}, --seed {results['seed']}\n"
+        f"- date: {results['date']}; commit {results['commit']}; machine: {os.cpu_count()} cores\n\n"
+    )
+    lines = [
+        (
+            "| --batch | wall s (replay) | speed-up | of which trials, s | speed-up | trials "
+            "| dev baseline -> best | held-out before -> after | delta [95% CI] n | same as recording (N=1) "
+            "| misses |"
+        ),
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     first = rows[0].seconds if rows else 0.0
     first_trials = rows[0].trials_seconds if rows else 0.0
     for r in rows:
-        lines.append(f"| {r.batch} | {r.seconds:.1f} | {first / r.seconds:.2f}x | {r.trials_seconds:.0f} | "
-                     f"{first_trials / r.trials_seconds if r.trials_seconds else 0:.2f}x | {r.trials} | "
-                     f"{r.baseline_dev:.3f} -> {r.best_dev:.3f} | {r.test_before:.3f} -> {r.test_after:.3f} | "
-                     f"{r.delta_test} | {'yes' if r.identical else 'NO'} | {r.misses} |")
+        lines.append(
+            f"| {r.batch} | {r.seconds:.1f} | {first / r.seconds:.2f}x | {r.trials_seconds:.0f} | "
+            f"{first_trials / r.trials_seconds if r.trials_seconds else 0:.2f}x | {r.trials} | "
+            f"{r.baseline_dev:.3f} -> {r.best_dev:.3f} | {r.test_before:.3f} -> {r.test_after:.3f} | "
+            f"{r.delta_test} | {'yes' if r.identical else 'NO'} | {r.misses} |"
+        )
     return head + "\n".join(lines) + "\n"
 
 
@@ -239,29 +334,43 @@ def estimate_markdown(paths: Sequence[Path], n: int) -> str:
     if not estimates:
         return ""
     first = estimates[0]
-    head = (f"\n## The projection: `--system {first['system']} --budget {first['budget']}` on LoCoMo with "
-            f"{first['model']} at --concurrency {n}\n\n- command: `python -m experiments.bench.estimate --n {n} "
-            f"--batch K --json OUT` (the run model of `optloop.run --estimate`, optloop/loop/spend.py, on a "
-            f"baseline modeled from a recording of {first['recording']} made {first['recorded_on']}; "
-            f"{first['conversations']} conversations of `{first['dataset']}`; {first['latency_ms']:g} ms a call "
-            f"assumed; optimizer {first['optimizer']})\n\n")
+    head = (
+        f"\n## The projection: `--system {first['system']} --budget {first['budget']}` on LoCoMo with "
+        f"{first['model']} at --concurrency {n}\n\n- command: `python -m experiments.bench.estimate --n {n} "
+        f"--batch K --json OUT` (the run model of `optloop.run --estimate`, optloop/loop/spend.py, on a "
+        f"baseline modeled from a recording of {first['recording']} made {first['recorded_on']}; "
+        f"{first['conversations']} conversations of `{first['dataset']}`; {first['latency_ms']:g} ms a call "
+        f"assumed; optimizer {first['optimizer']})\n\n"
+    )
     parts = [p["part"].split(" (")[0] for p in first["levels"][str(n)]["parts"]]
-    lines = ["| --batch | " + " | ".join(parts) + " | total | calls | dollars |",
-             "|---|" + "---|" * (len(parts) + 3)]
+    lines = [
+        "| --batch | " + " | ".join(parts) + " | total | calls | dollars |",
+        "|---|" + "---|" * (len(parts) + 3),
+    ]
     for e in estimates:
         figures = e["levels"][str(n)]
-        hours = [f"{p['hours']:.2f} h" if p["hours"] is not None else "unknown" for p in figures["parts"]]
+        hours = [
+            f"{p['hours']:.2f} h" if p["hours"] is not None else "unknown"
+            for p in figures["parts"]
+        ]
         total = figures["total"]
         dollars = "unknown" if total["cost_usd"] is None else f"${total['cost_usd']:.2f}"
-        lines.append(f"| {e['batch']} | " + " | ".join(hours) + f" | **{total['hours']:.2f} h** | "
-                     f"{total['calls']:,} | {dollars} |")
+        lines.append(
+            f"| {e['batch']} | " + " | ".join(hours) + f" | **{total['hours']:.2f} h** | "
+            f"{total['calls']:,} | {dollars} |"
+        )
     return head + "\n".join(lines) + "\n"
 
 
 def _commit() -> str:
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                              check=True).stdout.strip()
+        return subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
 
@@ -273,7 +382,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--dataset", default="synthetic:recall?seed=0&episodes=40")
     parser.add_argument("--optimizer", default="edit")
     parser.add_argument("--budget", type=int, default=8)
-    parser.add_argument("--batches", default="1,4", help="batch sizes to compare, the first the reference")
+    parser.add_argument(
+        "--batches", default="1,4", help="batch sizes to compare, the first the reference"
+    )
     parser.add_argument("--n", type=int, default=16, help="--concurrency of the replayed runs")
     parser.add_argument("--latency-ms", type=float, default=1000.0)
     parser.add_argument("--jitter-ms", type=float, default=150.0)
@@ -281,19 +392,38 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--work", type=Path, default=Path("/tmp/optloop-batch-bench"))
     parser.add_argument("--json", type=Path, default=RESULTS / "batch.json")
     parser.add_argument("--markdown", type=Path, default=RESULTS / "batch.md")
-    parser.add_argument("--estimates", default="", help="comma-separated experiments.bench.estimate --json files "
-                                                        "to add to the markdown (one per --batch)")
-    parser.add_argument("--answers", choices=["embedded", "oracle"], default="embedded",
-                        help="who answers what the recording lacks: the embedded model (hold the LM lock), or the "
-                             "scripted oracle of optloop.testing.oracle (md_flat; no model; with --start "
-                             "answer=+<its planted sentence>, which the edit optimizer can delete)")
-    parser.add_argument("--plant", action=argparse.BooleanOptionalAction, default=True,
-                        help="with --answers oracle, start from the answer instruction with the oracle's planted "
-                             "sentence (default; --no-plant: the system's own)")
-    parser.add_argument("--sites", help="optloop.run --sites: the sites to optimize (e.g. md_flat.curate: every trial "
-                                        "re-ingests its split, one session after another)")
-    parser.add_argument("--phase", choices=["record", "replay", "both"], default="both",
-                        help="record (needs the embedded model: hold the LM lock), replay (no model), or both")
+    parser.add_argument(
+        "--estimates",
+        default="",
+        help="comma-separated experiments.bench.estimate --json files "
+        "to add to the markdown (one per --batch)",
+    )
+    parser.add_argument(
+        "--answers",
+        choices=["embedded", "oracle"],
+        default="embedded",
+        help="who answers what the recording lacks: the embedded model (hold the LM lock), or the "
+        "scripted oracle of optloop.testing.oracle (md_flat; no model; with --start "
+        "answer=+<its planted sentence>, which the edit optimizer can delete)",
+    )
+    parser.add_argument(
+        "--plant",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="with --answers oracle, start from the answer instruction with the oracle's planted "
+        "sentence (default; --no-plant: the system's own)",
+    )
+    parser.add_argument(
+        "--sites",
+        help="optloop.run --sites: the sites to optimize (e.g. md_flat.curate: every trial "
+        "re-ingests its split, one session after another)",
+    )
+    parser.add_argument(
+        "--phase",
+        choices=["record", "replay", "both"],
+        default="both",
+        help="record (needs the embedded model: hold the LM lock), replay (no model), or both",
+    )
     args = parse_command(parser, argv)
     try:
         batches = [int(b) for b in args.batches.split(",")]
@@ -304,33 +434,67 @@ def main(argv: Sequence[str] | None = None) -> int:
     kept = args.work / "responses.json"
     responses: dict[str, Any] = json.loads(kept.read_text()) if kept.exists() else {}
     if args.phase in ("record", "both"):
-        fallback = (_oracle(args.dataset) if args.answers == "oracle"
-                    else _embedded(args.system, args.work / "lm_cache.sqlite"))
+        fallback = (
+            _oracle(args.dataset)
+            if args.answers == "oracle"
+            else _embedded(args.system, args.work / "lm_cache.sqlite")
+        )
         for b in batches:
             record_batch(args, b, responses, fallback, console)
         if args.phase == "record":
             return 0
     rows = [one_batch(args, b, responses, console) for b in batches]
-    model = (bundled_identity() if args.answers == "embedded"
-             else "the scripted oracle (optloop.testing.oracle.OracleEndpoint)")
+    model = (
+        bundled_identity()
+        if args.answers == "embedded"
+        else "the scripted oracle (optloop.testing.oracle.OracleEndpoint)"
+    )
     command = " ".join(argv if argv is not None else sys.argv[1:])
-    results = {"command": f"python -m experiments.bench.batch {command}", "model": model,
-               "answers": args.answers, "system": args.system, "sites": args.sites,
-               "query_rewrite": args.query_rewrite, "dataset": args.dataset, "optimizer": args.optimizer,
-               "budget": args.budget, "n": args.n, "latency_ms": args.latency_ms,
-               "jitter_ms": args.jitter_ms, "seed": args.seed,
-               "date": datetime.now(UTC).strftime("%Y-%m-%d"), "commit": _commit(),
-               "rows": [r.model_dump() for r in rows]}
+    results = {
+        "command": f"python -m experiments.bench.batch {command}",
+        "model": model,
+        "answers": args.answers,
+        "system": args.system,
+        "sites": args.sites,
+        "query_rewrite": args.query_rewrite,
+        "dataset": args.dataset,
+        "optimizer": args.optimizer,
+        "budget": args.budget,
+        "n": args.n,
+        "latency_ms": args.latency_ms,
+        "jitter_ms": args.jitter_ms,
+        "seed": args.seed,
+        "date": datetime.now(UTC).strftime("%Y-%m-%d"),
+        "commit": _commit(),
+        "rows": [r.model_dump() for r in rows],
+    }
     estimates = [Path(p) for p in args.estimates.split(",") if p]
     results["estimates"] = [json.loads(p.read_text()) for p in estimates]
     write_atomic(args.json, json.dumps(results, indent=1))
     write_atomic(args.markdown, to_markdown(rows, results) + estimate_markdown(estimates, args.n))
-    table = Table(title=f"--budget {args.budget} at --concurrency {args.n}, {args.latency_ms:g} ms a call")
-    for col in ("--batch", "wall s", "trials", "best dev", "held-out delta", "same as recording", "misses"):
+    table = Table(
+        title=f"--budget {args.budget} at --concurrency {args.n}, {args.latency_ms:g} ms a call"
+    )
+    for col in (
+        "--batch",
+        "wall s",
+        "trials",
+        "best dev",
+        "held-out delta",
+        "same as recording",
+        "misses",
+    ):
         table.add_column(col)
     for r in rows:
-        table.add_row(str(r.batch), f"{r.seconds:.1f}", str(r.trials), f"{r.best_dev:.3f}", r.delta_test,
-                      "yes" if r.identical else "NO", str(r.misses))
+        table.add_row(
+            str(r.batch),
+            f"{r.seconds:.1f}",
+            str(r.trials),
+            f"{r.best_dev:.3f}",
+            r.delta_test,
+            "yes" if r.identical else "NO",
+            str(r.misses),
+        )
     console.print(table)
     return 0
 

@@ -41,7 +41,9 @@ import os
 
 from optloop.offline import offline_defaults
 
-os.environ.update(offline_defaults())  # first: litellm, mem0 and Hugging Face read them when imported
+os.environ.update(
+    offline_defaults()
+)  # first: litellm, mem0 and Hugging Face read them when imported
 
 import json
 import subprocess
@@ -87,18 +89,32 @@ def graph_figures(evals: Sequence[dict[str, Any]]) -> dict[str, Any]:
             graph = ExecutionGraph.load(Path(path))
             first = (graph.meta.get("evaluation") or {}).get("first_op", 0)
             for op in graph.faulted_ops():
-                if op.seq < first:  # copied from a store this evaluation reused: counted where it was built
+                if (
+                    op.seq < first
+                ):  # copied from a store this evaluation reused: counted where it was built
                     continue
                 marked_ops += 1
                 marked_faults += len(op.lm_faults)
                 surfaced_ops += op.lm_error is not None
                 kinds.update(op.lm_faults)
                 if len(examples) < 3:
-                    examples.append({"graph": Path(path).name, "op": op.id, "site": op.site,
-                                     "lm_attempts": op.lm_attempts, "lm_faults": op.lm_faults,
-                                     "lm_error": op.lm_error})
-    return {"ops_marked": marked_ops, "faults_marked": marked_faults, "ops_surfaced": surfaced_ops,
-            "fault_kinds_marked": dict(kinds), "examples": examples}
+                    examples.append(
+                        {
+                            "graph": Path(path).name,
+                            "op": op.id,
+                            "site": op.site,
+                            "lm_attempts": op.lm_attempts,
+                            "lm_faults": op.lm_faults,
+                            "lm_error": op.lm_error,
+                        }
+                    )
+    return {
+        "ops_marked": marked_ops,
+        "faults_marked": marked_faults,
+        "ops_surfaced": surfaced_ops,
+        "fault_kinds_marked": dict(kinds),
+        "examples": examples,
+    }
 
 
 class Figures(BaseModel):
@@ -112,9 +128,13 @@ class Figures(BaseModel):
     cured: int
     surfaced_attempts: int
     surfaced_calls: int
-    surfaced_calls_in_evaluations: int  # the rest hit the optimizer (SIMBA's runs, the proposer): a candidate fewer
+    surfaced_calls_in_evaluations: (
+        int  # the rest hit the optimizer (SIMBA's runs, the proposer): a candidate fewer
+    )
     questions_lost: int
-    evaluation_faults: int  # faulted attempts during the loop's evaluations (the rest: SIMBA, proposer, ping)
+    evaluation_faults: (
+        int  # faulted attempts during the loop's evaluations (the rest: SIMBA, proposer, ping)
+    )
     graphs: dict[str, Any]
     run_rc: int
     evaluations: int
@@ -127,54 +147,122 @@ class Figures(BaseModel):
         return all(self.checks.values())
 
 
-def figures(endpoint: FaultyEndpoint, result: dict[str, Any], checkpoint: dict[str, Any], *, command: str,
-            run_rc: int, budget: int, retries: int, seconds: float) -> Figures:
+def figures(
+    endpoint: FaultyEndpoint,
+    result: dict[str, Any],
+    checkpoint: dict[str, Any],
+    *,
+    command: str,
+    run_rc: int,
+    budget: int,
+    retries: int,
+    seconds: float,
+) -> Figures:
     lm = result.get("lm", {})
     evals = evaluations(checkpoint)
     graphs = graph_figures(evals)
     injected = sum(endpoint.injected().values())
-    faulted, cured, calls = int(lm.get("faults", 0)), int(lm.get("cured", 0)), int(lm.get("errors", 0))
+    faulted, cured, calls = (
+        int(lm.get("faults", 0)),
+        int(lm.get("cured", 0)),
+        int(lm.get("errors", 0)),
+    )
     surfaced = faulted - cured
     evaluation_faults = sum(int(ev.get("lm_attempt_faults", 0)) for ev in evals)
     checks = {
         "run completed": run_rc == 0 and result.get("evaluations") == budget,
-        "injected (+ slow answers) == cured + surfaced attempts": injected + endpoint.slow == cured + surfaced
+        "injected (+ slow answers) == cured + surfaced attempts": injected + endpoint.slow
+        == cured + surfaced
         == faulted,
         "each surfaced call used all its attempts": surfaced == calls * (retries + 1),
         "graph faults == evaluation faults": graphs["faults_marked"] == evaluation_faults,
-        "graph surfaced ops == evaluation failed calls": graphs["ops_surfaced"] == sum(
-            int(ev.get("lm_failed_calls", 0)) for ev in evals),
+        "graph surfaced ops == evaluation failed calls": graphs["ops_surfaced"]
+        == sum(int(ev.get("lm_failed_calls", 0)) for ev in evals),
     }
-    return Figures(command=command, requests=len(endpoint.log), injected=injected, slow_answers=endpoint.slow,
-                   slowest_answer_s=round(max(endpoint.answer_seconds, default=0.0), 1),
-                   injected_by_kind=dict(endpoint.injected()), faulted_attempts=faulted, cured=cured,
-                   surfaced_attempts=surfaced, surfaced_calls=calls,
-                   surfaced_calls_in_evaluations=sum(int(ev.get("lm_failed_calls", 0)) for ev in evals),
-                   questions_lost=sum(bool(o.get("error")) for ev in evals for o in ev["outcomes"]),
-                   evaluation_faults=evaluation_faults, graphs=graphs, run_rc=run_rc,
-                   evaluations=int(result.get("evaluations", 0)), budget=budget, seconds=round(seconds, 1),
-                   checks=checks)
+    return Figures(
+        command=command,
+        requests=len(endpoint.log),
+        injected=injected,
+        slow_answers=endpoint.slow,
+        slowest_answer_s=round(max(endpoint.answer_seconds, default=0.0), 1),
+        injected_by_kind=dict(endpoint.injected()),
+        faulted_attempts=faulted,
+        cured=cured,
+        surfaced_attempts=surfaced,
+        surfaced_calls=calls,
+        surfaced_calls_in_evaluations=sum(int(ev.get("lm_failed_calls", 0)) for ev in evals),
+        questions_lost=sum(bool(o.get("error")) for ev in evals for o in ev["outcomes"]),
+        evaluation_faults=evaluation_faults,
+        graphs=graphs,
+        run_rc=run_rc,
+        evaluations=int(result.get("evaluations", 0)),
+        budget=budget,
+        seconds=round(seconds, 1),
+        checks=checks,
+    )
 
 
 # --- running ------------------------------------------------------------------------------------
 
 
-def run_loop(base_url: str, work: Path, *, system: str, dataset: str, budget: int, timeout: float, retries: int,
-             run_name: str = "faults", extra: Sequence[str] = (), env: dict[str, str] | None = None,
-             timeout_s: float = 1800, concurrency: int = 1) -> subprocess.CompletedProcess[str]:
+def run_loop(
+    base_url: str,
+    work: Path,
+    *,
+    system: str,
+    dataset: str,
+    budget: int,
+    timeout: float,
+    retries: int,
+    run_name: str = "faults",
+    extra: Sequence[str] = (),
+    env: dict[str, str] | None = None,
+    timeout_s: float = 1800,
+    concurrency: int = 1,
+) -> subprocess.CompletedProcess[str]:
     """``python -m optloop.run`` against ``base_url``, its state and MLflow store under ``work``.
 
     ``concurrency`` 1 by default (an endpoint's default is 8): the schedule counts requests in the order they
     arrive, and its burst of two faults in a row fails a call only when the call's retry is the very next
     request, which requests of other calls in flight would take instead."""
-    cmd = [sys.executable, "-m", "optloop.run", "--system", system, "--dataset", dataset, "--allow-small-splits",
-           "--budget", str(budget),
-           "--lm", "openai:smollm2", "--lm-base-url", base_url, "--lm-timeout", str(timeout),
-           "--lm-retries", str(retries), "--concurrency", str(concurrency), "--run-name", run_name, "--tracking-uri",
-           f"sqlite:///{work / 'mlruns' / 'mlflow.db'}", "--json", str(work / f"{run_name}.json"), *extra]
-    run_env = {**os.environ, "OPTLOOP_HOME": str(work / "state"), "OPTLOOP_MLRUNS": str(work / "mlruns"),
-               **(env or {})}
-    return subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=run_env, timeout=timeout_s)
+    cmd = [
+        sys.executable,
+        "-m",
+        "optloop.run",
+        "--system",
+        system,
+        "--dataset",
+        dataset,
+        "--allow-small-splits",
+        "--budget",
+        str(budget),
+        "--lm",
+        "openai:smollm2",
+        "--lm-base-url",
+        base_url,
+        "--lm-timeout",
+        str(timeout),
+        "--lm-retries",
+        str(retries),
+        "--concurrency",
+        str(concurrency),
+        "--run-name",
+        run_name,
+        "--tracking-uri",
+        f"sqlite:///{work / 'mlruns' / 'mlflow.db'}",
+        "--json",
+        str(work / f"{run_name}.json"),
+        *extra,
+    ]
+    run_env = {
+        **os.environ,
+        "OPTLOOP_HOME": str(work / "state"),
+        "OPTLOOP_MLRUNS": str(work / "mlruns"),
+        **(env or {}),
+    }
+    return subprocess.run(
+        cmd, capture_output=True, text=True, cwd=REPO, env=run_env, timeout=timeout_s
+    )
 
 
 def upstream_lm(work: Path) -> Any:
@@ -186,28 +274,59 @@ def upstream_lm(work: Path) -> Any:
     """
     from optloop.lm import LMSettings, OptloopLM
 
-    return OptloopLM(LMSettings.from_spec("local", cache_path=work / "upstream_lm_cache.sqlite",
-                                          max_string_chars=120, max_array_items=4))
+    return OptloopLM(
+        LMSettings.from_spec(
+            "local",
+            cache_path=work / "upstream_lm_cache.sqlite",
+            max_string_chars=120,
+            max_array_items=4,
+        )
+    )
 
 
-def bench(work: Path, *, system: str = "md_flat", dataset: str = "builtin:tiny", budget: int = 1,
-          timeout: float = 60.0, retries: int = 1, schedule: FaultSchedule | None = None,
-          lm: Any = None) -> tuple[Figures, subprocess.CompletedProcess[str]]:
+def bench(
+    work: Path,
+    *,
+    system: str = "md_flat",
+    dataset: str = "builtin:tiny",
+    budget: int = 1,
+    timeout: float = 60.0,
+    retries: int = 1,
+    schedule: FaultSchedule | None = None,
+    lm: Any = None,
+) -> tuple[Figures, subprocess.CompletedProcess[str]]:
     schedule = schedule or FaultSchedule()
     lm = lm or upstream_lm(work)
     started = time.perf_counter()
     with FaultyEndpoint(lm, schedule, hang_s=timeout + 2, client_timeout=timeout) as endpoint:
-        proc = run_loop(endpoint.base_url, work, system=system, dataset=dataset, budget=budget, timeout=timeout,
-                        retries=retries)
+        proc = run_loop(
+            endpoint.base_url,
+            work,
+            system=system,
+            dataset=dataset,
+            budget=budget,
+            timeout=timeout,
+            retries=retries,
+        )
     seconds = time.perf_counter() - started
     result_path = work / "faults.json"
     result = json.loads(result_path.read_text()) if result_path.exists() else {}
     ckpt_path = work / "state" / "runs" / "faults" / CHECKPOINT
     checkpoint = json.loads(ckpt_path.read_text()) if ckpt_path.exists() else {}
-    command = (f"python -m optloop.run --system {system} --dataset {dataset} --budget {budget} --lm openai:smollm2 "
-               f"--lm-base-url <faulty endpoint> --lm-timeout {timeout} --lm-retries {retries}")
-    return figures(endpoint, result, checkpoint, command=command, run_rc=proc.returncode, budget=budget,
-                   retries=retries, seconds=seconds), proc
+    command = (
+        f"python -m optloop.run --system {system} --dataset {dataset} --budget {budget} --lm openai:smollm2 "
+        f"--lm-base-url <faulty endpoint> --lm-timeout {timeout} --lm-retries {retries}"
+    )
+    return figures(
+        endpoint,
+        result,
+        checkpoint,
+        command=command,
+        run_rc=proc.returncode,
+        budget=budget,
+        retries=retries,
+        seconds=seconds,
+    ), proc
 
 
 def table(fig: Figures) -> Table:
@@ -221,9 +340,15 @@ def table(fig: Figures) -> Table:
         out.add_row("real answers slower than --lm-timeout", str(fig.slow_answers))
     out.add_row("retried and cured", str(fig.cured))
     out.add_row("surfaced (attempts / calls)", f"{fig.surfaced_attempts} / {fig.surfaced_calls}")
-    out.add_row("surfaced calls in evaluations (the rest: optimizer)", str(fig.surfaced_calls_in_evaluations))
+    out.add_row(
+        "surfaced calls in evaluations (the rest: optimizer)",
+        str(fig.surfaced_calls_in_evaluations),
+    )
     out.add_row("questions lost to surfaced faults", str(fig.questions_lost))
-    out.add_row("graph ops marked (faults on them)", f"{fig.graphs['ops_marked']} ({fig.graphs['faults_marked']})")
+    out.add_row(
+        "graph ops marked (faults on them)",
+        f"{fig.graphs['ops_marked']} ({fig.graphs['faults_marked']})",
+    )
     out.add_row("evaluations / budget", f"{fig.evaluations} / {fig.budget}")
     out.add_row("slowest real answer (s)", f"{fig.slowest_answer_s}")
     out.add_row("wall seconds", f"{fig.seconds}")
@@ -238,13 +363,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--system", default="md_flat")
     parser.add_argument("--dataset", default="builtin:tiny")
     parser.add_argument("--budget", type=int, default=1)
-    parser.add_argument("--lm-timeout", type=float, default=60.0,
-                        help="the run's --lm-timeout (default 60: above the slowest real answer on a busy 2-core "
-                             "machine; a hang lasts 2 s more)")
+    parser.add_argument(
+        "--lm-timeout",
+        type=float,
+        default=60.0,
+        help="the run's --lm-timeout (default 60: above the slowest real answer on a busy 2-core "
+        "machine; a hang lasts 2 s more)",
+    )
     parser.add_argument("--lm-retries", type=int, default=1)
-    parser.add_argument("--schedule", help="PERIOD:POS=FAULT,... (default 20:3=http500,6=truncated,9=http503,"
-                                           "12=nonjson,15=hang,18=http503,19=http500)")
-    parser.add_argument("--work", help="keep the run's state and MLflow store here (default: a temp dir)")
+    parser.add_argument(
+        "--schedule",
+        help="PERIOD:POS=FAULT,... (default 20:3=http500,6=truncated,9=http503,"
+        "12=nonjson,15=hang,18=http503,19=http500)",
+    )
+    parser.add_argument(
+        "--work", help="keep the run's state and MLflow store here (default: a temp dir)"
+    )
     parser.add_argument("--json", metavar="OUT", help="write the figures here")
     args = parse_command(parser, argv)
     schedule = FaultSchedule.parse(args.schedule) if args.schedule else FaultSchedule()
@@ -252,12 +386,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="optloop-faults-") as tmp:
         work = Path(args.work) if args.work else Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
-        fig, proc = bench(work, system=args.system, dataset=args.dataset, budget=args.budget,
-                          timeout=args.lm_timeout, retries=args.lm_retries, schedule=schedule)
+        fig, proc = bench(
+            work,
+            system=args.system,
+            dataset=args.dataset,
+            budget=args.budget,
+            timeout=args.lm_timeout,
+            retries=args.lm_retries,
+            schedule=schedule,
+        )
     console.print(table(fig))
     console.print(f"command: {fig.command}")
     if proc.returncode != 0:
-        console.print(f"the run failed (exit {proc.returncode}): {proc.stderr.strip().splitlines()[-1:]}")
+        console.print(
+            f"the run failed (exit {proc.returncode}): {proc.stderr.strip().splitlines()[-1:]}"
+        )
     if args.json:
         Path(args.json).write_text(fig.model_dump_json(indent=1))
     return 0 if fig.consistent else 1

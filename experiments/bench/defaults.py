@@ -21,7 +21,9 @@ import os
 
 from optloop.offline import offline_defaults
 
-os.environ.update(offline_defaults())  # first: litellm, mem0 and Hugging Face read them when imported
+os.environ.update(
+    offline_defaults()
+)  # first: litellm, mem0 and Hugging Face read them when imported
 
 import argparse
 import json
@@ -75,14 +77,33 @@ def measure(system: str, args: argparse.Namespace) -> Row:
     if _checkpoint(home) is None or not estimate.exists():
         home.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "OPTLOOP_HOME": str(home), "OPTLOOP_MLRUNS": str(home / "mlruns")}
-        cmd = [sys.executable, "-m", "optloop.run", "--system", system, "--budget", str(args.budget), "--estimate",
-               "--json", str(estimate)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "optloop.run",
+            "--system",
+            system,
+            "--budget",
+            str(args.budget),
+            "--estimate",
+            "--json",
+            str(estimate),
+        ]
         try:
             with (home / "estimate.log").open("w") as log:
-                subprocess.run(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=args.timeout,
-                               check=False)
+                subprocess.run(
+                    cmd,
+                    cwd=REPO,
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    timeout=args.timeout,
+                    check=False,
+                )
         except subprocess.TimeoutExpired:
-            return Row(system=system, note=f"not measured: the baseline took over {args.timeout} s")
+            return Row(
+                system=system, note=f"not measured: the baseline took over {args.timeout} s"
+            )
     ckpt = _checkpoint(home)
     if ckpt is None or not estimate.exists():
         return Row(system=system, note=f"not measured: no baseline (see {home / 'estimate.log'})")
@@ -90,57 +111,89 @@ def measure(system: str, args: argparse.Namespace) -> Row:
     dev, train = ckpt.baseline_dev, ckpt.baseline_train
     assert dev is not None and train is not None
     ci = bootstrap_mean([float(o.passed) for o in dev.outcomes], seed=0)
-    return Row(system=system, dataset=figures.get("dataset"), n_dev=figures.get("n_dev_questions"),
-               n_test=figures.get("n_test_questions"),
-               dev=f"{ci.estimate:.3f} [{ci.low:.3f}, {ci.high:.3f}] n={ci.n}", dev_accuracy=dev.accuracy,
-               train_accuracy=train.accuracy, headroom=HEADROOM[0] <= dev.accuracy <= HEADROOM[1],
-               baseline_seconds=round(train.seconds + dev.seconds, 1), hours=figures.get("hours"))
+    return Row(
+        system=system,
+        dataset=figures.get("dataset"),
+        n_dev=figures.get("n_dev_questions"),
+        n_test=figures.get("n_test_questions"),
+        dev=f"{ci.estimate:.3f} [{ci.low:.3f}, {ci.high:.3f}] n={ci.n}",
+        dev_accuracy=dev.accuracy,
+        train_accuracy=train.accuracy,
+        headroom=HEADROOM[0] <= dev.accuracy <= HEADROOM[1],
+        baseline_seconds=round(train.seconds + dev.seconds, 1),
+        hours=figures.get("hours"),
+    )
 
 
 def to_markdown(rows: Sequence[Row], results: dict[str, Any]) -> str:
-    head = (f"# Default datasets on the embedded model\n\n- command: `{results['command']}` (each system: "
-            f"`python -m optloop.run --system S --budget {results['budget']} --estimate --json OUT`, no --dataset)\n"
-            f"- model: {results['model']}\n- date: {results['date']}; commit {results['commit']}; machine: "
-            f"{os.cpu_count()} cores, shared\n- headroom: baseline dev accuracy in [{HEADROOM[0]}, {HEADROOM[1]}]\n\n")
-    lines = [("| system | dataset | dev / test questions | baseline dev [95% CI] n | train | headroom | baseline s "
-              f"| projected hours, --budget {results['budget']} |"), "|---|---|---|---|---|---|---|---|"]
+    head = (
+        f"# Default datasets on the embedded model\n\n- command: `{results['command']}` (each system: "
+        f"`python -m optloop.run --system S --budget {results['budget']} --estimate --json OUT`, no --dataset)\n"
+        f"- model: {results['model']}\n- date: {results['date']}; commit {results['commit']}; machine: "
+        f"{os.cpu_count()} cores, shared\n- headroom: baseline dev accuracy in [{HEADROOM[0]}, {HEADROOM[1]}]\n\n"
+    )
+    lines = [
+        (
+            "| system | dataset | dev / test questions | baseline dev [95% CI] n | train | headroom | baseline s "
+            f"| projected hours, --budget {results['budget']} |"
+        ),
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         if r.dev is None:
             lines.append(f"| {r.system} | {r.note} | | | | | | |")
             continue
-        lines.append(f"| {r.system} | `{r.dataset}` | {r.n_dev} / {r.n_test} | {r.dev} | {r.train_accuracy:.3f} | "
-                     f"{'yes' if r.headroom else 'NO'} | {r.baseline_seconds:.0f} | "
-                     f"{'unknown' if r.hours is None else f'{r.hours:.1f}'} |")
+        lines.append(
+            f"| {r.system} | `{r.dataset}` | {r.n_dev} / {r.n_test} | {r.dev} | {r.train_accuracy:.3f} | "
+            f"{'yes' if r.headroom else 'NO'} | {r.baseline_seconds:.0f} | "
+            f"{'unknown' if r.hours is None else f'{r.hours:.1f}'} |"
+        )
     return head + "\n".join(lines) + "\n"
 
 
 def _commit() -> str:
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                              check=True).stdout.strip()
+        return subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = CommandParser("python -m experiments.bench.defaults", __doc__)
-    parser.add_argument("--systems", default="rag_bm25,mem0,md_flat,long_context,rag_embedding,tiered,gated")
+    parser.add_argument(
+        "--systems", default="rag_bm25,mem0,md_flat,long_context,rag_embedding,tiered,gated"
+    )
     parser.add_argument("--budget", type=int, default=50)
     parser.add_argument("--home", type=Path, default=Path("/tmp/optloop-defaults"))
-    parser.add_argument("--timeout", type=float, default=1500.0, help="seconds a system's baseline may take")
+    parser.add_argument(
+        "--timeout", type=float, default=1500.0, help="seconds a system's baseline may take"
+    )
     parser.add_argument("--json", type=Path, default=RESULTS / "defaults.json")
     parser.add_argument("--markdown", type=Path, default=RESULTS / "defaults.md")
-    parser.add_argument("--report-only", action="store_true",
-                        help="run nothing: report the systems whose baseline is already in --home")
+    parser.add_argument(
+        "--report-only",
+        action="store_true",
+        help="run nothing: report the systems whose baseline is already in --home",
+    )
     args = parse_command(parser, argv)
     from optloop.testing.replay import bundled_identity
 
     rows = [measure(s, args) for s in args.systems.split(",") if s]
     command = " ".join(argv if argv is not None else sys.argv[1:])
-    results = {"command": f"python -m experiments.bench.defaults {command}",
-               "model": bundled_identity(), "budget": args.budget,
-               "date": datetime.now(UTC).strftime("%Y-%m-%d"), "commit": _commit(),
-               "rows": [r.model_dump() for r in rows]}
+    results = {
+        "command": f"python -m experiments.bench.defaults {command}",
+        "model": bundled_identity(),
+        "budget": args.budget,
+        "date": datetime.now(UTC).strftime("%Y-%m-%d"),
+        "commit": _commit(),
+        "rows": [r.model_dump() for r in rows],
+    }
     write_atomic(args.json, json.dumps(results, indent=1))
     write_atomic(args.markdown, to_markdown(rows, results))
     print(to_markdown(rows, results))

@@ -58,7 +58,9 @@ import os
 
 from optloop.offline import offline_defaults
 
-os.environ.update(offline_defaults())  # first: litellm, mem0 and Hugging Face read them when imported
+os.environ.update(
+    offline_defaults()
+)  # first: litellm, mem0 and Hugging Face read them when imported
 
 import sys
 from collections.abc import Sequence
@@ -91,7 +93,9 @@ from optloop.run_tables import duration, optimizer_line
 from optloop.sites import ANSWER, QUERY_REWRITE
 
 ANSWER_SIDE = {ANSWER, QUERY_REWRITE}  # prompt sites of the question path; the rest is ingestion
-SHARED_LOCOMO = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "locomo" / "locomo_dev5.json"
+SHARED_LOCOMO = (
+    Path(__file__).resolve().parents[2].parent / "shared" / "data" / "locomo" / "locomo_dev5.json"
+)
 
 
 class PerUnit(BaseModel):
@@ -124,9 +128,12 @@ class Shape(BaseModel):
     @classmethod
     def of(cls, dataset: Dataset) -> Shape:
         n = len(dataset.episodes)
-        return cls(conversations=n, sessions=sum(len(e.sessions) for e in dataset.episodes) / n,
-                   questions=sum(len(e.questions) for e in dataset.episodes) / n,
-                   longest=max(len(e.sessions) for e in dataset.episodes))
+        return cls(
+            conversations=n,
+            sessions=sum(len(e.sessions) for e in dataset.episodes) / n,
+            questions=sum(len(e.questions) for e in dataset.episodes) / n,
+            longest=max(len(e.sessions) for e in dataset.episodes),
+        )
 
     def units(self, conversations: int) -> float:
         """:func:`~optloop.loop.spend.work_units` of ``conversations`` of them: sessions plus questions."""
@@ -152,8 +159,10 @@ class ModeledEvaluation(BaseModel):
 def recorded(recording: Recording, system: str) -> Recorded:
     done = recording.systems.get(system)
     if done is None:
-        raise ConfigError(f"the recording holds no {system}; run `python -m experiments.bench.throughput record "
-                          f"--systems {system}` first")
+        raise ConfigError(
+            f"the recording holds no {system}; run `python -m experiments.bench.throughput record "
+            f"--systems {system}` first"
+        )
     if not done.sites or not done.sessions:
         raise ConfigError("the recording has no per-site figures; record again with this version")
     return done
@@ -170,7 +179,9 @@ def per_unit(recording: Recording, system: str, questions: int) -> PerUnit:
         recording resumed from its cache served some of them)."""
         if field == "calls":
             return float(sum(c.calls for c in costs))
-        return float(sum(getattr(c, field) * c.calls / c.model_calls for c in costs if c.model_calls))
+        return float(
+            sum(getattr(c, field) * c.calls / c.model_calls for c in costs if c.model_calls)
+        )
 
     sessions = done.sessions
     return PerUnit(
@@ -179,24 +190,47 @@ def per_unit(recording: Recording, system: str, questions: int) -> PerUnit:
         session_completion=(total(ingest, "tokens") - total(ingest, "prompt_tokens")) / sessions,
         question_calls=total(asked, "calls") / questions,
         question_prompt=total(asked, "prompt_tokens") / questions,
-        question_completion=(total(asked, "tokens") - total(asked, "prompt_tokens")) / questions)
+        question_completion=(total(asked, "tokens") - total(asked, "prompt_tokens")) / questions,
+    )
 
 
-def evaluation(unit: PerUnit, shape: Shape, conversations: int, *, price: ModelPrice, latency_s: float,
-               concurrency: int) -> ModeledEvaluation:
+def evaluation(
+    unit: PerUnit,
+    shape: Shape,
+    conversations: int,
+    *,
+    price: ModelPrice,
+    latency_s: float,
+    concurrency: int,
+) -> ModeledEvaluation:
     """An evaluation of ``conversations`` of ``shape``'s, every request computed in ``latency_s``, ``concurrency``
     at a time but no sooner than its longest conversation's chain (its wall time: the run model's hours)."""
     sessions, questions = conversations * shape.sessions, conversations * shape.questions
     calls = sessions * unit.session_calls + questions * unit.question_calls
     prompt = sessions * unit.session_prompt + questions * unit.question_prompt
     completion = sessions * unit.session_completion + questions * unit.question_completion
-    return ModeledEvaluation(llm_calls=calls, model_calls=calls, tokens=prompt + completion,
-                   cost_usd=prompt * price.input + completion * price.output, lm_seconds=calls * latency_s,
-                   seconds=evaluation_seconds(calls, latency_s, concurrency, shape.chain(unit)))
+    return ModeledEvaluation(
+        llm_calls=calls,
+        model_calls=calls,
+        tokens=prompt + completion,
+        cost_usd=prompt * price.input + completion * price.output,
+        lm_seconds=calls * latency_s,
+        seconds=evaluation_seconds(calls, latency_s, concurrency, shape.chain(unit)),
+    )
 
 
-def run_shape(recording: Recording, system: str, unit: PerUnit, shape: Shape, *, budget: int, train: int,
-              targets: Sequence[str] = (), threads: int = ENDPOINT_THREADS, batch: int = 1) -> RunShape:
+def run_shape(
+    recording: Recording,
+    system: str,
+    unit: PerUnit,
+    shape: Shape,
+    *,
+    budget: int,
+    train: int,
+    targets: Sequence[str] = (),
+    threads: int = ENDPOINT_THREADS,
+    batch: int = 1,
+) -> RunShape:
     """What the optimizer's model reads (see the module docstring): ``train`` conversations of ``shape``'s,
     ``targets`` as the target sites (by default the system's recorded ingest sites plus ``answer``), the
     optimizer's ``threads`` on an endpoint (``optloop.run``'s: its --concurrency, at least 4), ``batch`` its
@@ -204,33 +238,70 @@ def run_shape(recording: Recording, system: str, unit: PerUnit, shape: Shape, *,
     sites = recorded(recording, system).sites
     ingest = sorted(s for s in sites if s not in ANSWER_SIDE)
     if unknown := sorted(set(targets) - set(sites)):
-        raise ConfigError(f"--sites {','.join(unknown)}: not in the recording of {system}; its sites are "
-                          f"{', '.join(sites)}")
+        raise ConfigError(
+            f"--sites {','.join(unknown)}: not in the recording of {system}; its sites are "
+            f"{', '.join(sites)}"
+        )
     chosen = list(targets) or [*ingest, ANSWER]
     return RunShape(
-        budget=budget, train_questions=round(train * shape.questions), train_episodes=train, sites=chosen,
+        budget=budget,
+        train_questions=round(train * shape.questions),
+        train_episodes=train,
+        sites=chosen,
         ingest_sites=[s for s in chosen if s in ingest],
-        prompt_tokens={s: sites[s].prompt_tokens / sites[s].model_calls for s in chosen if sites[s].model_calls},
-        question_calls=unit.question_calls, ingest_calls=shape.sessions * unit.session_calls,
-        question_tokens=unit.question_tokens / unit.question_calls if unit.question_calls else None,
+        prompt_tokens={
+            s: sites[s].prompt_tokens / sites[s].model_calls
+            for s in chosen
+            if sites[s].model_calls
+        },
+        question_calls=unit.question_calls,
+        ingest_calls=shape.sessions * unit.session_calls,
+        question_tokens=unit.question_tokens / unit.question_calls
+        if unit.question_calls
+        else None,
         ingest_tokens=unit.session_tokens / unit.session_calls if unit.session_calls else None,
-        threads=threads, batch=batch)
+        threads=threads,
+        batch=batch,
+    )
 
 
-def run_estimate(unit: PerUnit, shape: Shape, splits: Sequence[int], *, budget: int, work: OptimizerWork | None,
-                 price: ModelPrice, latency_s: float, concurrency: int, batch: int = 1) -> Estimate:
+def run_estimate(
+    unit: PerUnit,
+    shape: Shape,
+    splits: Sequence[int],
+    *,
+    budget: int,
+    work: OptimizerWork | None,
+    price: ModelPrice,
+    latency_s: float,
+    concurrency: int,
+    batch: int = 1,
+) -> Estimate:
     """``optloop.run --estimate``'s projection (:func:`~optloop.loop.spend.project`) of a run on ``splits`` (train,
     dev, test conversations of ``shape``'s), its baseline modeled from ``unit``; the proposer priced as the LM."""
     train, dev, test = splits
 
     def modeled(conversations: int) -> ModeledEvaluation:
-        return evaluation(unit, shape, conversations, price=price, latency_s=latency_s, concurrency=concurrency)
+        return evaluation(
+            unit, shape, conversations, price=price, latency_s=latency_s, concurrency=concurrency
+        )
 
-    chain = shape.chain(unit)  # dev's and test's: each split holds a conversation as long as the longest
-    return project(modeled(train), modeled(dev), budget=budget, concurrency=concurrency,
-                   dev_units=shape.units(dev), test_units=shape.units(test), optimizer=work,
-                   proposer_price=(price.input, price.output), chains=Chains(dev=chain, test=chain),
-                   baseline="baseline (train + dev)", batch=batch)
+    chain = shape.chain(
+        unit
+    )  # dev's and test's: each split holds a conversation as long as the longest
+    return project(
+        modeled(train),
+        modeled(dev),
+        budget=budget,
+        concurrency=concurrency,
+        dev_units=shape.units(dev),
+        test_units=shape.units(test),
+        optimizer=work,
+        proposer_price=(price.input, price.output),
+        chains=Chains(dev=chain, test=chain),
+        baseline="baseline (train + dev)",
+        batch=batch,
+    )
 
 
 def cell(value: float | None, fmt: str) -> str:
@@ -245,25 +316,52 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = CommandParser("python -m experiments.bench.estimate", __doc__)
     parser.add_argument("--system", default="graphiti")
     parser.add_argument("--budget", type=int, default=50)
-    parser.add_argument("--optimizer", choices=list(MODELS), default=LoopConfig.model_fields["optimizer"].default,
-                        help="whose own calls to model (optloop.run's default: %(default)s)")
-    parser.add_argument("--sites", default="",
-                        help="the optimizer's target sites, comma-separated (optloop.run --sites; default: the "
-                             "system's recorded ingest sites plus answer)")
-    parser.add_argument("--model", default="openai:gpt-4o-mini",
-                        help="the endpoint model whose price to use (the proposer's too)")
-    parser.add_argument("--dataset", default=f"locomo:{SHARED_LOCOMO}", help="LoCoMo file whose shape to use")
-    parser.add_argument("--conversations", type=int, default=10, help="scale to this many conversations (LoCoMo: 10)")
-    parser.add_argument("--latency-ms", type=float, default=1000.0, help="assumed seconds per call, in ms")
+    parser.add_argument(
+        "--optimizer",
+        choices=list(MODELS),
+        default=LoopConfig.model_fields["optimizer"].default,
+        help="whose own calls to model (optloop.run's default: %(default)s)",
+    )
+    parser.add_argument(
+        "--sites",
+        default="",
+        help="the optimizer's target sites, comma-separated (optloop.run --sites; default: the "
+        "system's recorded ingest sites plus answer)",
+    )
+    parser.add_argument(
+        "--model",
+        default="openai:gpt-4o-mini",
+        help="the endpoint model whose price to use (the proposer's too)",
+    )
+    parser.add_argument(
+        "--dataset", default=f"locomo:{SHARED_LOCOMO}", help="LoCoMo file whose shape to use"
+    )
+    parser.add_argument(
+        "--conversations",
+        type=int,
+        default=10,
+        help="scale to this many conversations (LoCoMo: 10)",
+    )
+    parser.add_argument(
+        "--latency-ms", type=float, default=1000.0, help="assumed seconds per call, in ms"
+    )
     parser.add_argument("--n", default="1,16", help="concurrency levels to give hours for")
-    parser.add_argument("--batch", type=int, default=1, help="optloop.run --batch: trials evaluated at once")
+    parser.add_argument(
+        "--batch", type=int, default=1, help="optloop.run --batch: trials evaluated at once"
+    )
     parser.add_argument("--json", type=Path, help="also write each level's estimate here")
-    parser.add_argument("--recording", type=Path, default=None,
-                        help="recording.json (default: $OPTLOOP_HOME/throughput/recording.json)")
+    parser.add_argument(
+        "--recording",
+        type=Path,
+        default=None,
+        help="recording.json (default: $OPTLOOP_HOME/throughput/recording.json)",
+    )
     args = parse_command(parser, argv)
     path = args.recording or manifest_path(state_dir() / "throughput" / "lm_cache.sqlite")
     if not path.is_file():
-        raise ConfigError(f"no recording at {path}; run `python -m experiments.bench.throughput record` first")
+        raise ConfigError(
+            f"no recording at {path}; run `python -m experiments.bench.throughput record` first"
+        )
     recording = Recording.model_validate_json(path.read_text())
     source = load_dataset(recording.dataset)
     unit = per_unit(recording, args.system, sum(len(e.questions) for e in source.episodes))
@@ -271,40 +369,97 @@ def main(argv: Sequence[str] | None = None) -> int:
     if price is None:
         raise ConfigError(f"{args.model} has no price in litellm's cost map; pick a priced model")
     shape = Shape.of(load_dataset(args.dataset))
-    config = LoopConfig(system=args.system, dataset=args.dataset, budget=args.budget, optimizer=args.optimizer,
-                        run_name="estimate", batch=args.batch)
+    config = LoopConfig(
+        system=args.system,
+        dataset=args.dataset,
+        budget=args.budget,
+        optimizer=args.optimizer,
+        run_name="estimate",
+        batch=args.batch,
+    )
     splits = split_counts(args.conversations, config.fractions)
     targets = [site for site in args.sites.split(",") if site]
     levels = [int(n) for n in args.n.split(",")]
-    works = {n: MODELS[args.optimizer](run_shape(recording, args.system, unit, shape, budget=args.budget,
-                                                 train=splits[0], targets=targets,
-                                                 threads=max(ENDPOINT_THREADS, n), batch=args.batch))
-             for n in levels}
+    works = {
+        n: MODELS[args.optimizer](
+            run_shape(
+                recording,
+                args.system,
+                unit,
+                shape,
+                budget=args.budget,
+                train=splits[0],
+                targets=targets,
+                threads=max(ENDPOINT_THREADS, n),
+                batch=args.batch,
+            )
+        )
+        for n in levels
+    }
     latency = args.latency_ms / 1000
-    figures = {n: run_estimate(unit, shape, splits, budget=args.budget, work=works[n], price=price,
-                               latency_s=latency, concurrency=n, batch=args.batch) for n in levels}
+    figures = {
+        n: run_estimate(
+            unit,
+            shape,
+            splits,
+            budget=args.budget,
+            work=works[n],
+            price=price,
+            latency_s=latency,
+            concurrency=n,
+            batch=args.batch,
+        )
+        for n in levels
+    }
     first = figures[levels[0]]
     if args.json:
-        write_atomic(args.json, json.dumps({"system": args.system, "budget": args.budget, "batch": args.batch,
-                                            "optimizer": args.optimizer, "model": args.model,
-                                            "dataset": args.dataset, "conversations": args.conversations,
-                                            "latency_ms": args.latency_ms, "recording": recording.identity,
-                                            "recorded_on": recording.recorded_on,
-                                            "levels": {str(n): f.model_dump(mode="json")
-                                                       for n, f in figures.items()}}, indent=1))
+        write_atomic(
+            args.json,
+            json.dumps(
+                {
+                    "system": args.system,
+                    "budget": args.budget,
+                    "batch": args.batch,
+                    "optimizer": args.optimizer,
+                    "model": args.model,
+                    "dataset": args.dataset,
+                    "conversations": args.conversations,
+                    "latency_ms": args.latency_ms,
+                    "recording": recording.identity,
+                    "recorded_on": recording.recorded_on,
+                    "levels": {str(n): f.model_dump(mode="json") for n, f in figures.items()},
+                },
+                indent=1,
+            ),
+        )
 
     console = Console()
-    table = Table(title=f"{args.system}, --budget {args.budget}, --batch {args.batch}, --optimizer {args.optimizer}, LoCoMo "
-                        f"({args.conversations} conversations: {'/'.join(map(str, splits))} train/dev/test), "
-                        f"{args.model}")
-    for col in ["part", "evaluations", "calls", "tokens", "dollars", *(f"time at N={n}" for n in levels)]:
+    table = Table(
+        title=f"{args.system}, --budget {args.budget}, --batch {args.batch}, --optimizer {args.optimizer}, LoCoMo "
+        f"({args.conversations} conversations: {'/'.join(map(str, splits))} train/dev/test), "
+        f"{args.model}"
+    )
+    for col in [
+        "part",
+        "evaluations",
+        "calls",
+        "tokens",
+        "dollars",
+        *(f"time at N={n}" for n in levels),
+    ]:
         table.add_column(col, justify="left" if col == "part" else "right")
     rows = {n: [*estimated.parts, estimated.total] for n, estimated in figures.items()}
     for i, part in enumerate(rows[levels[0]]):
         if part is first.total:
             table.add_section()
-        table.add_row(part.part, str(part.evaluations), f"{part.calls:,}", cell(part.tokens, "{:,}"),
-                      cell(part.cost_usd, "${:,.2f}"), *(duration_cell(rows[n][i].hours) for n in levels))
+        table.add_row(
+            part.part,
+            str(part.evaluations),
+            f"{part.calls:,}",
+            cell(part.tokens, "{:,}"),
+            cell(part.cost_usd, "${:,.2f}"),
+            *(duration_cell(rows[n][i].hours) for n in levels),
+        )
     console.print(table)
     chain = shape.chain(unit)
     lines = [
@@ -316,10 +471,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"${price.input * 1e6:.3f} / ${price.output * 1e6:.3f} per million prompt / completion tokens.",
         "how: optloop.run --estimate's run model (optloop/loop/spend.py), its baseline's train and dev modeled from "
         f"the recording, every request computed in an assumed {args.latency_ms:.0f} ms.",
-        optimizer_line(first, config) + "; target sites: " + (
-            ", ".join(targets) + " (--sites)" if targets else
-            f"the recorded ingest sites plus {ANSWER} (the run picks them from the baseline's blame, which a "
-            "recording lacks; --sites names others)") + "; the proposer is the same model.",
+        optimizer_line(first, config)
+        + "; target sites: "
+        + (
+            ", ".join(targets) + " (--sites)"
+            if targets
+            else f"the recorded ingest sites plus {ANSWER} (the run picks them from the baseline's blame, which a "
+            "recording lacks; --sites names others)"
+        )
+        + "; the proposer is the same model.",
         f"time: an evaluation takes max(requests x latency / N, chain x latency): N in flight, but an episode's "
         f"sessions go in order, then a question; the longest conversation's chain, {shape.longest} sessions x "
         f"{unit.session_calls:.1f} + {unit.question_calls:.1f} requests = {chain:,.0f}, takes {chain * latency:,.0f} s "

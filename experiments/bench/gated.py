@@ -32,7 +32,9 @@ import os
 
 from optloop.offline import offline_defaults
 
-os.environ.update(offline_defaults())  # first: litellm, mem0 and Hugging Face read them when imported
+os.environ.update(
+    offline_defaults()
+)  # first: litellm, mem0 and Hugging Face read them when imported
 
 import json
 import sys
@@ -47,6 +49,7 @@ from dspy.utils import DummyLM
 from rich.console import Console
 from rich.table import Table
 
+from experiments.provenance import stamped
 from optloop.cli import CommandParser, parse_command, run_cli
 from optloop.datasets import Episode, Question, load_dataset
 from optloop.datasets.agentic import (
@@ -60,7 +63,6 @@ from optloop.embed import CachedEmbedder, Embedder, get_embedder
 from optloop.stats import Interval, bootstrap_mean, paired_bootstrap_delta
 from systems.baselines import EmbeddingRagSystem
 from systems.gated import GatedSystem
-from experiments.provenance import stamped
 
 DEFAULT_JSON = Path("experiments/results/gated.json")
 RAG = "rag_embedding"
@@ -83,8 +85,14 @@ def _no_llm() -> dspy.LM:
     return lm
 
 
-def run(records: int, seed: int, top_k: int, embedder: Embedder, work: Path,
-        progress: Callable[[str], None] | None = None) -> tuple[str, dict[str, list[ContextScore]], dict[str, float]]:
+def run(
+    records: int,
+    seed: int,
+    top_k: int,
+    embedder: Embedder,
+    work: Path,
+    progress: Callable[[str], None] | None = None,
+) -> tuple[str, dict[str, list[ContextScore]], dict[str, float]]:
     """Every probe's context score per arm, and seconds spent per system."""
     uri = f"agentic:generate?records={records}&seed={seed}"
     dataset = load_dataset(uri)
@@ -94,15 +102,23 @@ def run(records: int, seed: int, top_k: int, embedder: Embedder, work: Path,
     seconds = {RAG: 0.0, GATED: 0.0}
     for i, episode in enumerate(dataset.episodes):
         started = time.perf_counter()
-        rag = EmbeddingRagSystem(lm, work / RAG / episode.id, embedder=embedder,  # type: ignore[arg-type]
-                                 knobs={"top_k": top_k})
+        rag = EmbeddingRagSystem(
+            lm,
+            work / RAG / episode.id,
+            embedder=embedder,  # type: ignore[arg-type]
+            knobs={"top_k": top_k},
+        )
         rag.ingest(episode.sessions)
         for q in episode.questions:
             scores[RAG].append(score_context(q, [item.text for item in rag.retrieve(q.question)]))
         seconds[RAG] += time.perf_counter() - started
         started = time.perf_counter()
-        gated = GatedSystem(lm, work / GATED / episode.id, embedder=embedder,  # type: ignore[arg-type]
-                            knobs={"top_k": top_k, "gate": "floors_only"})
+        gated = GatedSystem(
+            lm,
+            work / GATED / episode.id,
+            embedder=embedder,  # type: ignore[arg-type]
+            knobs={"top_k": top_k, "gate": "floors_only"},
+        )
         gated.ingest(episode.sessions)
         for q in episode.questions:
             candidates = gated.retrieve(q.question)
@@ -117,13 +133,17 @@ def run(records: int, seed: int, top_k: int, embedder: Embedder, work: Path,
     return dataset.uri, scores, seconds
 
 
-def _prewarmed(embedder: Embedder, episodes: Sequence[Episode], progress: Callable[[str], None] | None) -> Embedder:
+def _prewarmed(
+    embedder: Embedder, episodes: Sequence[Episode], progress: Callable[[str], None] | None
+) -> Embedder:
     """``embedder`` behind a cache filled, in large batches, with every text either system will embed: a
     small embedding call costs far more than its share of a batch, and the vectors are the same."""
     texts: dict[str, None] = {}
     for episode in episodes:
         for turn in episode.all_turns():
-            texts[f"{turn.speaker or turn.role}: {turn.content}"] = None  # rag_embedding's turn text
+            texts[f"{turn.speaker or turn.role}: {turn.content}"] = (
+                None  # rag_embedding's turn text
+            )
             body, kind, _ = parse_tag(turn.content)
             if kind == "fact":
                 texts[body] = None  # gated's memory content
@@ -137,37 +157,61 @@ def _prewarmed(embedder: Embedder, episodes: Sequence[Episode], progress: Callab
     return cached
 
 
-def _gated_score(system: GatedSystem, question: Question, candidates: Sequence[Any]) -> ContextScore:
+def _gated_score(
+    system: GatedSystem, question: Question, candidates: Sequence[Any]
+) -> ContextScore:
     admission = system.admit(question.question, candidates)
-    return score_context(question, [m.text for m in admission.positive], [m.text for m in admission.negative])
+    return score_context(
+        question, [m.text for m in admission.positive], [m.text for m in admission.negative]
+    )
 
 
 def summarize(scores: dict[str, list[ContextScore]], seed: int) -> dict[str, Any]:
     """Intervals per arm (overall and per category) and the paired deltas of each arm against rag_embedding."""
 
     def block(rows: Sequence[ContextScore]) -> dict[str, Interval]:
-        return {name: bootstrap_mean([fn(s) for s in rows], seed=seed) for name, fn in METRICS.items()}
+        return {
+            name: bootstrap_mean([fn(s) for s in rows], seed=seed) for name, fn in METRICS.items()
+        }
 
     def delta(arm: str, category: str | None) -> dict[str, Interval]:
-        pairs = [(r, g) for r, g in zip(scores[RAG], scores[arm], strict=True)
-                 if category is None or r.category == category]
-        return {name: paired_bootstrap_delta([fn(r) for r, _ in pairs], [fn(g) for _, g in pairs], seed=seed)
-                for name, fn in METRICS.items() if name != "recall_any"}
+        pairs = [
+            (r, g)
+            for r, g in zip(scores[RAG], scores[arm], strict=True)
+            if category is None or r.category == category
+        ]
+        return {
+            name: paired_bootstrap_delta(
+                [fn(r) for r, _ in pairs], [fn(g) for _, g in pairs], seed=seed
+            )
+            for name, fn in METRICS.items()
+            if name != "recall_any"
+        }
 
     out: dict[str, Any] = {"arms": {}, "deltas_vs_rag": {}}
     for arm in ARMS:
         rows = scores[arm]
-        out["arms"][arm] = {"all": block(rows),
-                            "by_category": {c: block([s for s in rows if s.category == c]) for c in CATEGORIES}}
+        out["arms"][arm] = {
+            "all": block(rows),
+            "by_category": {c: block([s for s in rows if s.category == c]) for c in CATEGORIES},
+        }
         if arm != RAG:
-            out["deltas_vs_rag"][arm] = {"all": delta(arm, None), "by_category": {c: delta(arm, c) for c in CATEGORIES}}
+            out["deltas_vs_rag"][arm] = {
+                "all": delta(arm, None),
+                "by_category": {c: delta(arm, c) for c in CATEGORIES},
+            }
     return out
 
 
 def _jsonable(value: Any) -> Any:
     if isinstance(value, Interval):
-        return {"estimate": round(value.estimate, 4), "low": round(value.low, 4), "high": round(value.high, 4),
-                "n": value.n, "confidence": value.confidence}
+        return {
+            "estimate": round(value.estimate, 4),
+            "low": round(value.low, 4),
+            "high": round(value.high, 4),
+            "n": value.n,
+            "confidence": value.confidence,
+        }
     if isinstance(value, dict):
         return {k: _jsonable(v) for k, v in value.items()}
     return value
@@ -176,55 +220,106 @@ def _jsonable(value: Any) -> Any:
 def markdown(report: dict[str, Any]) -> str:
     """The overall table and the per-category table, as the README quotes them."""
     shown = ("recall", "contamination", "leakage", "clean_context")
-    lines = [f"# gated vs rag_embedding: retrieval-only context metrics ({report['dataset']})", "",
-             f"top_k={report['top_k']}, embedder {report['embedder']}, gated with gate=floors_only (no LLM). "
-             "Mean over probes [95% bootstrap interval] (n).", "",
-             "| arm | " + " | ".join(shown) + " |", "|---" * (len(shown) + 1) + "|"]
+    lines = [
+        f"# gated vs rag_embedding: retrieval-only context metrics ({report['dataset']})",
+        "",
+        f"top_k={report['top_k']}, embedder {report['embedder']}, gated with gate=floors_only (no LLM). "
+        "Mean over probes [95% bootstrap interval] (n).",
+        "",
+        "| arm | " + " | ".join(shown) + " |",
+        "|---" * (len(shown) + 1) + "|",
+    ]
     for arm, data in report["summary"]["arms"].items():
-        lines.append(f"| {arm} | " + " | ".join(data["all"][m].format(signed=False) for m in shown) + " |")
-    lines += ["", "Paired delta against rag_embedding (same probes):", "",
-              "| arm | " + " | ".join(shown) + " |", "|---" * (len(shown) + 1) + "|"]
+        lines.append(
+            f"| {arm} | " + " | ".join(data["all"][m].format(signed=False) for m in shown) + " |"
+        )
+    lines += [
+        "",
+        "Paired delta against rag_embedding (same probes):",
+        "",
+        "| arm | " + " | ".join(shown) + " |",
+        "|---" * (len(shown) + 1) + "|",
+    ]
     for arm, data in report["summary"]["deltas_vs_rag"].items():
         lines.append(f"| {arm} | " + " | ".join(data["all"][m].format() for m in shown) + " |")
-    lines += ["", "By category (rag_embedding -> gated):", "",
-              "| category | " + " | ".join(shown) + " |", "|---" * (len(shown) + 1) + "|"]
+    lines += [
+        "",
+        "By category (rag_embedding -> gated):",
+        "",
+        "| category | " + " | ".join(shown) + " |",
+        "|---" * (len(shown) + 1) + "|",
+    ]
     for category in CATEGORIES:
         rag = report["summary"]["arms"][RAG]["by_category"][category]
         gated = report["summary"]["arms"][GATED]["by_category"][category]
-        lines.append(f"| {category} (n={rag['recall'].n}) | " + " | ".join(
-            f"{rag[m].estimate:.3f} -> {gated[m].estimate:.3f}" for m in shown) + " |")
+        lines.append(
+            f"| {category} (n={rag['recall'].n}) | "
+            + " | ".join(f"{rag[m].estimate:.3f} -> {gated[m].estimate:.3f}" for m in shown)
+            + " |"
+        )
     return "\n".join(lines) + "\n"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = CommandParser("python -m experiments.bench.gated", __doc__)
-    parser.add_argument("--records", type=int, default=2000, help="probes to generate (default 2000)")
-    parser.add_argument("--seed", type=int, default=0, help="generator and bootstrap seed (default 0)")
+    parser.add_argument(
+        "--records", type=int, default=2000, help="probes to generate (default 2000)"
+    )
+    parser.add_argument(
+        "--seed", type=int, default=0, help="generator and bootstrap seed (default 0)"
+    )
     parser.add_argument("--top-k", type=int, default=5, help="top_k of both systems (default 5)")
     parser.add_argument("--embed", default="local", help="embedder spec (default local: MiniLM)")
-    parser.add_argument("--json", type=Path, default=DEFAULT_JSON, help=f"JSON report (default {DEFAULT_JSON})")
+    parser.add_argument(
+        "--json", type=Path, default=DEFAULT_JSON, help=f"JSON report (default {DEFAULT_JSON})"
+    )
     parser.add_argument("--markdown", type=Path, help="also write the tables as markdown")
     args = parse_command(parser, argv)
     console = Console(stderr=True)
     embedder = get_embedder(args.embed)
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="optloop-gated-") as tmp:
-        uri, scores, seconds = run(args.records, args.seed, args.top_k, embedder, Path(tmp),
-                                   progress=lambda text: console.print(text))
+        uri, scores, seconds = run(
+            args.records,
+            args.seed,
+            args.top_k,
+            embedder,
+            Path(tmp),
+            progress=lambda text: console.print(text),
+        )
     summary = summarize(scores, args.seed)
-    report = {"bench": "gated", "dataset": uri, "n": len(scores[RAG]), "top_k": args.top_k, "embedder": embedder.name,
-              "llm_calls": 0, "gated_mode": "gate=floors_only (deterministic floors; the gated.admit LLM is not asked)",
-              "seconds": {k: round(v, 1) for k, v in seconds.items()},  # ingest + retrieval, embeddings prewarmed
-              "wall_seconds": round(time.perf_counter() - started, 1), "summary": summary}
+    report = {
+        "bench": "gated",
+        "dataset": uri,
+        "n": len(scores[RAG]),
+        "top_k": args.top_k,
+        "embedder": embedder.name,
+        "llm_calls": 0,
+        "gated_mode": "gate=floors_only (deterministic floors; the gated.admit LLM is not asked)",
+        "seconds": {
+            k: round(v, 1) for k, v in seconds.items()
+        },  # ingest + retrieval, embeddings prewarmed
+        "wall_seconds": round(time.perf_counter() - started, 1),
+        "summary": summary,
+    }
     table = Table(title=f"context metrics, n={report['n']} probes ({uri})")
     for column in ("arm", "recall", "contamination", "leakage", "clean context"):
         table.add_column(column)
     for arm, data in summary["arms"].items():
-        table.add_row(arm, *(data["all"][m].format(signed=False)
-                             for m in ("recall", "contamination", "leakage", "clean_context")))
+        table.add_row(
+            arm,
+            *(
+                data["all"][m].format(signed=False)
+                for m in ("recall", "contamination", "leakage", "clean_context")
+            ),
+        )
     Console().print(table)
     args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(stamped(_jsonable(report), "none (no LLM: the gate's floors only)"), indent=1) + "\n", encoding="utf-8")
+    args.json.write_text(
+        json.dumps(stamped(_jsonable(report), "none (no LLM: the gate's floors only)"), indent=1)
+        + "\n",
+        encoding="utf-8",
+    )
     if args.markdown:
         args.markdown.write_text(markdown(report), encoding="utf-8")
     console.print(f"wrote {args.json}" + (f" and {args.markdown}" if args.markdown else ""))

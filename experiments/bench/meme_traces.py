@@ -30,7 +30,9 @@ import os
 
 from optloop.offline import offline_defaults
 
-os.environ.update(offline_defaults())  # first: litellm, mem0 and Hugging Face read them when imported
+os.environ.update(
+    offline_defaults()
+)  # first: litellm, mem0 and Hugging Face read them when imported
 
 import json
 import sys
@@ -63,7 +65,10 @@ def _probe_name(failure: TracedFailure) -> str:
 def confusion(labelled: Sequence[TracedFailure]) -> dict[str, dict[str, int]]:
     """label stage -> optloop stage -> count (every stage present, zeros included)."""
     counts = Counter((f.probe.failure_stage, f.stage or NONE) for f in labelled)
-    return {label: {verdict: counts[(label, verdict)] for verdict in (*STAGES, NONE)} for label in STAGES}
+    return {
+        label: {verdict: counts[(label, verdict)] for verdict in (*STAGES, NONE)}
+        for label in STAGES
+    }
 
 
 def per_system(labelled: Sequence[TracedFailure]) -> dict[str, dict[str, Any]]:
@@ -79,10 +84,20 @@ def per_system(labelled: Sequence[TracedFailure]) -> dict[str, dict[str, Any]]:
 
 def disagreement(f: TracedFailure) -> dict[str, Any]:
     a = f.attribution
-    return {"probe": _probe_name(f), "question_id": f.question.id, "system": f.system,
-            "label": f.probe.failure_stage, "label_note": f.probe.analysis.get("note"),
-            "verdict": a.error_type.value, "stage": f.stage, "op_id": a.op_id, "part": a.details.get("part"),
-            "ambiguous": a.ambiguous, "answer": f.probe.answer[:200], "explanation": a.explanation}
+    return {
+        "probe": _probe_name(f),
+        "question_id": f.question.id,
+        "system": f.system,
+        "label": f.probe.failure_stage,
+        "label_note": f.probe.analysis.get("note"),
+        "verdict": a.error_type.value,
+        "stage": f.stage,
+        "op_id": a.op_id,
+        "part": a.details.get("part"),
+        "ambiguous": a.ambiguous,
+        "answer": f.probe.answer[:200],
+        "explanation": a.explanation,
+    }
 
 
 def evaluate(failures: Sequence[TracedFailure], source: str = "") -> dict[str, Any]:
@@ -143,15 +158,24 @@ def render_systems(report: dict[str, Any]) -> Table:
 
 def render_disagreements(report: dict[str, Any]) -> Table:
     n = len(report["disagreements"])
-    table = Table(title=f"{n} disagreement{'' if n == 1 else 's'} (mark each: optloop wrong / label arguable / "
-                        "mapping loses information)", show_lines=True)
+    table = Table(
+        title=f"{n} disagreement{'' if n == 1 else 's'} (mark each: optloop wrong / label arguable / "
+        "mapping loses information)",
+        show_lines=True,
+    )
     for col in ("#", "probe", "system", "label", "optloop", "explanation"):
         table.add_column(col, overflow="fold")
     for i, d in enumerate(report["disagreements"], 1):
         text = d["explanation"]
-        text = text if len(text) <= EXPLANATION_CHARS else text[:EXPLANATION_CHARS - 1] + "…"
-        table.add_row(str(i), escape(d["probe"]), d["system"], d["label"], f"{d['verdict']} ({d['stage'] or NONE})",
-                      escape(text))
+        text = text if len(text) <= EXPLANATION_CHARS else text[: EXPLANATION_CHARS - 1] + "…"
+        table.add_row(
+            str(i),
+            escape(d["probe"]),
+            d["system"],
+            d["label"],
+            f"{d['verdict']} ({d['stage'] or NONE})",
+            escape(text),
+        )
     return table
 
 
@@ -161,21 +185,32 @@ def summary_line(report: dict[str, Any]) -> str:
     def met(ok: bool) -> str:
         return "met" if ok else "missed"
 
-    marks = [f"agreement {agreement:.3f} (target >= {TARGET_AGREEMENT}: {met(agreement >= TARGET_AGREEMENT)})",
-             f"{ms:.2f} ms per failure (target < {TARGET_MS:.0f}: {met(ms < TARGET_MS)})",
-             f"{report['llm_calls']} LLM calls"]
-    return (f"n={report['n']} labelled failures of {report.get('probes', '?')} probes, judges "
-            f"{report.get('judges', '?')}: " + "; ".join(marks))
+    marks = [
+        f"agreement {agreement:.3f} (target >= {TARGET_AGREEMENT}: {met(agreement >= TARGET_AGREEMENT)})",
+        f"{ms:.2f} ms per failure (target < {TARGET_MS:.0f}: {met(ms < TARGET_MS)})",
+        f"{report['llm_calls']} LLM calls",
+    ]
+    return (
+        f"n={report['n']} labelled failures of {report.get('probes', '?')} probes, judges "
+        f"{report.get('judges', '?')}: " + "; ".join(marks)
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = CommandParser("python -m experiments.bench.meme_traces", __doc__)
-    parser.add_argument("--path", type=Path, required=True,
-                        help="a checkout of SeokwonJung-Jay/meme-eval (src/data and public/<name>), or one "
-                             "src/data/<name>.json")
+    parser.add_argument(
+        "--path",
+        type=Path,
+        required=True,
+        help="a checkout of SeokwonJung-Jay/meme-eval (src/data and public/<name>), or one "
+        "src/data/<name>.json",
+    )
     parser.add_argument("--json", type=Path, metavar="FILE", help="also write the figures here")
-    parser.add_argument("--lexical-only", action="store_true",
-                        help="judge with the lexical judge alone (no embedding model; undecided counts as absent)")
+    parser.add_argument(
+        "--lexical-only",
+        action="store_true",
+        help="judge with the lexical judge alone (no embedding model; undecided counts as absent)",
+    )
     args = parse_command(parser, argv)
     report = run(args.path, lexical_only=args.lexical_only)
     console = Console(width=None if sys.stdout.isatty() else 160)

@@ -15,7 +15,9 @@ import os
 
 from optloop.offline import offline_defaults
 
-os.environ.update(offline_defaults())  # first: litellm, mem0 and Hugging Face read them when imported
+os.environ.update(
+    offline_defaults()
+)  # first: litellm, mem0 and Hugging Face read them when imported
 
 import json
 import sys
@@ -35,7 +37,9 @@ from optloop.lm import OptloopLM
 from systems import SYSTEMS, get_system
 
 
-def bench_system(name: str, dataset_uri: str, lm: OptloopLM, work: Path, progress: Progress) -> dict[str, Any]:
+def bench_system(
+    name: str, dataset_uri: str, lm: OptloopLM, work: Path, progress: Progress
+) -> dict[str, Any]:
     dataset = load_dataset(dataset_uri)
     system_cls = get_system(name)
     sessions = questions = correct = 0
@@ -53,17 +57,28 @@ def bench_system(name: str, dataset_uri: str, lm: OptloopLM, work: Path, progres
         answer_calls += run.answer_calls
         progress.advance(task)
     return {
-        "system": name, "episodes": len(dataset.episodes), "sessions": sessions, "questions": questions,
-        "calls_per_session": ingest_calls / sessions, "seconds_per_session": ingest_s / sessions,
-        "calls_per_question": answer_calls / questions, "seconds_per_question": answer_s / questions,
+        "system": name,
+        "episodes": len(dataset.episodes),
+        "sessions": sessions,
+        "questions": questions,
+        "calls_per_session": ingest_calls / sessions,
+        "seconds_per_session": ingest_s / sessions,
+        "calls_per_question": answer_calls / questions,
+        "seconds_per_question": answer_s / questions,
         "accuracy": correct / questions,
     }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = CommandParser("python -m experiments.bench.systems", __doc__, lm=True)
-    parser.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated (default: all {len(SYSTEMS)}: {', '.join(SYSTEMS)})")
-    parser.add_argument("--dataset", default="builtin:tiny", help="dataset URI (default builtin:tiny)")
+    parser.add_argument(
+        "--systems",
+        default=",".join(SYSTEMS),
+        help=f"comma-separated (default: all {len(SYSTEMS)}: {', '.join(SYSTEMS)})",
+    )
+    parser.add_argument(
+        "--dataset", default="builtin:tiny", help="dataset URI (default builtin:tiny)"
+    )
     parser.add_argument("--json", type=Path, help="also write the figures to this JSON file")
     args = parse_command(parser, argv)
     names = parse_systems(args.systems)  # unknown names fail here, before any work
@@ -76,13 +91,26 @@ def main(argv: Sequence[str] | None = None) -> int:
                 rows.append(bench_system(name, args.dataset, lm, Path(tmp), progress))
 
     table = Table(title=f"memory systems on {args.dataset} ({lm.backend.identity})")
-    for col in ("system", "sessions", "LLM calls/session", "s/session", "LLM calls/question", "s/question",
-                "accuracy"):
+    for col in (
+        "system",
+        "sessions",
+        "LLM calls/session",
+        "s/session",
+        "LLM calls/question",
+        "s/question",
+        "accuracy",
+    ):
         table.add_column(col)
     for r in rows:
-        table.add_row(r["system"], str(r["sessions"]), f"{r['calls_per_session']:.1f}",
-                      f"{r['seconds_per_session']:.1f}", f"{r['calls_per_question']:.1f}",
-                      f"{r['seconds_per_question']:.1f}", f"{r['accuracy']:.2f} ({r['questions']} q)")
+        table.add_row(
+            r["system"],
+            str(r["sessions"]),
+            f"{r['calls_per_session']:.1f}",
+            f"{r['seconds_per_session']:.1f}",
+            f"{r['calls_per_question']:.1f}",
+            f"{r['seconds_per_question']:.1f}",
+            f"{r['accuracy']:.2f} ({r['questions']} q)",
+        )
     Console().print(table)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))

@@ -51,7 +51,9 @@ import os
 
 from optloop.offline import offline_defaults
 
-os.environ.update(offline_defaults())  # first: litellm, mem0 and Hugging Face read them when imported
+os.environ.update(
+    offline_defaults()
+)  # first: litellm, mem0 and Hugging Face read them when imported
 
 import argparse
 import json
@@ -70,6 +72,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from experiments.bench._common import parse_systems
+from experiments.provenance import stamped
 from optloop.cli import CommandParser, parse_command, run_cli
 from optloop.datasets import Dataset, load_dataset
 from optloop.embed import Embedder, get_embedder
@@ -82,7 +85,6 @@ from optloop.paths import state_dir, write_atomic
 from optloop.pipeline import EpisodeResult
 from optloop.testing.replay import ReplayConfig, ReplayServer, load_cache
 from systems import get_system
-from experiments.provenance import stamped
 
 logger = logging.getLogger(__name__)
 
@@ -101,8 +103,10 @@ class Recorded(BaseModel):
     model_calls: int
     seconds: float
     sessions: int = Field(0, description="sessions ingested (calls and tokens per session)")
-    sites: dict[str, LMCost] = Field(default_factory=dict, description="calls and tokens per prompt site "
-                                                                         "(experiments.bench.estimate)")
+    sites: dict[str, LMCost] = Field(
+        default_factory=dict,
+        description="calls and tokens per prompt site (experiments.bench.estimate)",
+    )
 
 
 class Recording(BaseModel):
@@ -127,8 +131,10 @@ class Row(BaseModel):
     retries_429: int
     misses: int
     chain: int = Field(description="the longest episode's chain of sequential calls")
-    seconds_runs: list[float] = Field(default_factory=list,
-                                      description="with --repeat: every run's seconds (``seconds`` is their median)")
+    seconds_runs: list[float] = Field(
+        default_factory=list,
+        description="with --repeat: every run's seconds (``seconds`` is their median)",
+    )
     mean_latency_s: float
 
 
@@ -139,21 +145,34 @@ class Summary(BaseModel):
     n: int = Field(description="the concurrency the speed-up is read at (the target's N = 8)")
     speedup: float | None = Field(description="seconds at N=1 / seconds at N, without 429s")
     ideal_speedup: float | None = Field(description="ideal seconds at N=1 / ideal seconds at N")
-    share_of_ideal: float | None = Field(description="speed-up / ideal speed-up; the target is >= 0.8")
-    cost_429: dict[int, float] = Field(default_factory=dict,
-                                       description="per N: seconds with the 429 rate / seconds without; target <= 1.3")
-    serial_429: dict[int, float] = Field(default_factory=dict,
-                                         description="per N: what the 429s would cost if no other call went on "
-                                                     "during their waits, 1 + retries x wait / seconds without; "
-                                                     "cost_429 below it is the waits concurrency hid")
-    floor_429_n1: float | None = Field(None, description="the cost_429 expected at N=1 of calls made strictly one "
-                                                         "at a time by a client honouring Retry-After (floor_429)")
-    lost: int = Field(0, description="questions whose outcome differs from the first run's (target 0)")
+    share_of_ideal: float | None = Field(
+        description="speed-up / ideal speed-up; the target is >= 0.8"
+    )
+    cost_429: dict[int, float] = Field(
+        default_factory=dict,
+        description="per N: seconds with the 429 rate / seconds without; target <= 1.3",
+    )
+    serial_429: dict[int, float] = Field(
+        default_factory=dict,
+        description="per N: what the 429s would cost if no other call went on "
+        "during their waits, 1 + retries x wait / seconds without; "
+        "cost_429 below it is the waits concurrency hid",
+    )
+    floor_429_n1: float | None = Field(
+        None,
+        description="the cost_429 expected at N=1 of calls made strictly one "
+        "at a time by a client honouring Retry-After (floor_429)",
+    )
+    lost: int = Field(
+        0, description="questions whose outcome differs from the first run's (target 0)"
+    )
 
 
 TARGET_SHARE = 0.8
 TARGET_COST_429 = 1.3
-RETRY_AFTER_JITTER = 0.05  # the mean of optloop's Retry-After jitter, uniform(0, 10 %) (optloop.lm.limits.Backoff)
+RETRY_AFTER_JITTER = (
+    0.05  # the mean of optloop's Retry-After jitter, uniform(0, 10 %) (optloop.lm.limits.Backoff)
+)
 
 
 def floor_429(rate: float, retry_after_s: float, latency_s: float) -> float:
@@ -182,16 +201,34 @@ def summarize(rows: Sequence[Row], *, at: int = 8, retry_after_s: float = 1.0) -
             ideal = one.ideal_seconds / top.ideal_seconds
             share = speedup / ideal
         limited = [row for row in mine if row.rate_429 > 0]
-        cost = {row.n: round(row.seconds / clean[row.n].seconds, 3) for row in limited
-                if row.n in clean and clean[row.n].seconds}
+        cost = {
+            row.n: round(row.seconds / clean[row.n].seconds, 3)
+            for row in limited
+            if row.n in clean and clean[row.n].seconds
+        }
         wait = retry_after_s * (1 + RETRY_AFTER_JITTER)
-        serial = {row.n: round(1 + row.retries_429 * wait / clean[row.n].seconds, 3) for row in limited
-                  if row.n in clean and clean[row.n].seconds}
+        serial = {
+            row.n: round(1 + row.retries_429 * wait / clean[row.n].seconds, 3)
+            for row in limited
+            if row.n in clean and clean[row.n].seconds
+        }
         floor = None
         if limited and 1 in clean:
-            floor = round(floor_429(limited[0].rate_429, retry_after_s, clean[1].mean_latency_s), 3)
-        out.append(Summary(system=system, n=at, speedup=_round(speedup), ideal_speedup=_round(ideal),
-                           share_of_ideal=_round(share), cost_429=cost, serial_429=serial, floor_429_n1=floor))
+            floor = round(
+                floor_429(limited[0].rate_429, retry_after_s, clean[1].mean_latency_s), 3
+            )
+        out.append(
+            Summary(
+                system=system,
+                n=at,
+                speedup=_round(speedup),
+                ideal_speedup=_round(ideal),
+                share_of_ideal=_round(share),
+                cost_429=cost,
+                serial_429=serial,
+                floor_429_n1=floor,
+            )
+        )
     return out
 
 
@@ -206,13 +243,17 @@ def today() -> str:
 def chain(result: EpisodeResult) -> int:
     """An episode's calls that must go one after another: its ingestion's, then its costliest question's."""
     graph = result.graph
-    questions = [sum(op.llm_calls for op in graph.question_ops(q.id)) for q in result.episode.questions] \
-        if graph is not None else []
+    questions = (
+        [sum(op.llm_calls for op in graph.question_ops(q.id)) for q in result.episode.questions]
+        if graph is not None
+        else []
+    )
     return result.ingest_calls + max(questions, default=0)
 
 
-def evaluate(system: str, lm: OptloopLM, dataset: Dataset, work: Path,
-             embedder: Embedder) -> tuple[Evaluation, list[EpisodeResult], float]:
+def evaluate(
+    system: str, lm: OptloopLM, dataset: Dataset, work: Path, embedder: Embedder
+) -> tuple[Evaluation, list[EpisodeResult], float]:
     """One evaluation of ``system``'s baseline over ``dataset``: (evaluation, episode results, wall seconds)."""
     evaluator = Evaluator(system, lm, work, embedder=embedder, dataset_uri=dataset.uri)
     episodes: list[EpisodeResult] = []
@@ -231,8 +272,10 @@ def record(args: argparse.Namespace, console: Console) -> int:
     systems = parse_systems(args.systems)
     dataset = load_dataset(args.dataset)
     if len(dataset.episodes) < MIN_EPISODES:
-        console.print(f"[yellow]{args.dataset} has {len(dataset.episodes)} episodes; the benchmark wants at least "
-                      f"{MIN_EPISODES} so that N = 8 has an episode per thread[/yellow]")
+        console.print(
+            f"[yellow]{args.dataset} has {len(dataset.episodes)} episodes; the benchmark wants at least "
+            f"{MIN_EPISODES} so that N = 8 has an episode per thread[/yellow]"
+        )
     cache: Path = args.cache
     cache.parent.mkdir(parents=True, exist_ok=True)
     embedder = get_embedder()
@@ -241,22 +284,34 @@ def record(args: argparse.Namespace, console: Console) -> int:
         task = progress.add_task("record", total=len(systems))
         for system in systems:
             progress.update(task, description=f"record {system}")
-            settings = LMSettings.from_spec(args.lm, cache_path=cache, **get_system(system).local_decoding)
+            settings = LMSettings.from_spec(
+                args.lm, cache_path=cache, **get_system(system).local_decoding
+            )
             lm = OptloopLM(settings)
             with tempfile.TemporaryDirectory(prefix="optloop-throughput-") as tmp:
                 evaluation, _, seconds = evaluate(system, lm, dataset, Path(tmp), embedder)
             recording.identity = lm.backend.identity
-            recording.systems[system] = Recorded(accuracy=evaluation.accuracy, calls=evaluation.llm_calls,
-                                                 model_calls=evaluation.model_calls, seconds=round(seconds, 1),
-                                                 sessions=sum(len(e.sessions) for e in dataset.episodes),
-                                                 sites=evaluation.sites)
+            recording.systems[system] = Recorded(
+                accuracy=evaluation.accuracy,
+                calls=evaluation.llm_calls,
+                model_calls=evaluation.model_calls,
+                seconds=round(seconds, 1),
+                sessions=sum(len(e.sessions) for e in dataset.episodes),
+                sites=evaluation.sites,
+            )
             progress.advance(task)
     write_atomic(manifest_path(cache), recording.model_dump_json(indent=2))
     table = Table(title=f"recorded on {recording.identity} ({dataset.uri}) into {cache}")
     for column in ("system", "accuracy", "calls", "model calls", "seconds"):
         table.add_column(column, justify="left" if column == "system" else "right")
     for system, done in recording.systems.items():
-        table.add_row(system, f"{done.accuracy:.3f}", str(done.calls), str(done.model_calls), f"{done.seconds:.1f}")
+        table.add_row(
+            system,
+            f"{done.accuracy:.3f}",
+            str(done.calls),
+            str(done.model_calls),
+            f"{done.seconds:.1f}",
+        )
     console.print(table)
     return 0
 
@@ -268,40 +323,77 @@ def manifest_path(cache: Path) -> Path:
 def read_recording(cache: Path, systems: Sequence[str]) -> Recording:
     path = manifest_path(cache)
     if not path.is_file():
-        raise ConfigError(f"no recording at {path}; run `python -m experiments.bench.throughput record` first")
+        raise ConfigError(
+            f"no recording at {path}; run `python -m experiments.bench.throughput record` first"
+        )
     recording = Recording.model_validate_json(path.read_text())
     missing = [s for s in systems if s not in recording.systems]
     if missing:
         raise ConfigError(f"{path} holds no recording of {', '.join(missing)}; record them first")
     if "mem0" in systems and recording.recorded_on != today():
-        raise ConfigError(f"mem0's extraction prompt carries the date (UTC): its recording of {recording.recorded_on} "
-                          f"cannot be replayed on {today()}; record again (or leave mem0 out with --systems)")
+        raise ConfigError(
+            f"mem0's extraction prompt carries the date (UTC): its recording of {recording.recorded_on} "
+            f"cannot be replayed on {today()}; record again (or leave mem0 out with --systems)"
+        )
     return recording
 
 
 # --- replay ----------------------------------------------------------------------------------
 
 
-def replay_one(system: str, n: int, rate_429: float, dataset: Dataset, responses: dict[str, Any], identity: str,
-               args: argparse.Namespace, embedder: Embedder) -> tuple[Row, list[tuple[str, str, bool]]]:
+def replay_one(
+    system: str,
+    n: int,
+    rate_429: float,
+    dataset: Dataset,
+    responses: dict[str, Any],
+    identity: str,
+    args: argparse.Namespace,
+    embedder: Embedder,
+) -> tuple[Row, list[tuple[str, str, bool]]]:
     """One evaluation through a fresh replay server at concurrency ``n``: its row, and its outcomes
     (question id, prediction, passed) to compare across N."""
-    config = ReplayConfig(latency_ms=args.latency_ms, jitter_ms=args.jitter_ms, seed=args.seed, rate_429=rate_429,
-                          retry_after=args.retry_after)
-    with ReplayServer(responses, identity=identity, config=config) as server, \
-            tempfile.TemporaryDirectory(prefix="optloop-throughput-") as tmp:
-        lm = OptloopLM(LMSettings.from_spec("openai:replay", base_url=server.base_url, cache=False, concurrency=n,
-                                            timeout_s=args.timeout))
+    config = ReplayConfig(
+        latency_ms=args.latency_ms,
+        jitter_ms=args.jitter_ms,
+        seed=args.seed,
+        rate_429=rate_429,
+        retry_after=args.retry_after,
+    )
+    with (
+        ReplayServer(responses, identity=identity, config=config) as server,
+        tempfile.TemporaryDirectory(prefix="optloop-throughput-") as tmp,
+    ):
+        lm = OptloopLM(
+            LMSettings.from_spec(
+                "openai:replay",
+                base_url=server.base_url,
+                cache=False,
+                concurrency=n,
+                timeout_s=args.timeout,
+            )
+        )
         evaluation, episodes, seconds = evaluate(system, lm, dataset, Path(tmp), embedder)
         stats = server.stats
     usage = Usage.of(lm.accounting.records)
     mean = stats.latency_s / stats.hits if stats.hits else args.latency_ms / 1000
     longest = max((chain(result) for result in episodes), default=0)
     ideal = evaluation_seconds(evaluation.llm_calls, mean, n, longest)  # the estimate's time model
-    row = Row(system=system, dataset=dataset.uri, n=n, rate_429=rate_429, seconds=round(seconds, 2), ideal_seconds=round(ideal, 2),
-              efficiency=round(ideal / seconds, 3) if seconds else 0.0, accuracy=evaluation.accuracy,
-              calls=evaluation.llm_calls, retries_429=usage.retries_429, misses=stats.misses, chain=longest,
-              mean_latency_s=round(mean, 4))
+    row = Row(
+        system=system,
+        dataset=dataset.uri,
+        n=n,
+        rate_429=rate_429,
+        seconds=round(seconds, 2),
+        ideal_seconds=round(ideal, 2),
+        efficiency=round(ideal / seconds, 3) if seconds else 0.0,
+        accuracy=evaluation.accuracy,
+        calls=evaluation.llm_calls,
+        retries_429=usage.retries_429,
+        misses=stats.misses,
+        chain=longest,
+        mean_latency_s=round(mean, 4),
+    )
     return row, [(o.question_id, o.prediction, o.passed) for o in evaluation.outcomes]
 
 
@@ -310,7 +402,9 @@ def median_run(runs: Sequence[Row]) -> Row:
     if len(runs) == 1:
         return runs[0]
     ordered = sorted(runs, key=lambda row: row.seconds)
-    return ordered[(len(ordered) - 1) // 2].model_copy(update={"seconds_runs": [row.seconds for row in runs]})
+    return ordered[(len(ordered) - 1) // 2].model_copy(
+        update={"seconds_runs": [row.seconds for row in runs]}
+    )
 
 
 def replay(args: argparse.Namespace, console: Console) -> int:
@@ -333,21 +427,31 @@ def replay(args: argparse.Namespace, console: Console) -> int:
             first: list[tuple[str, str, bool]] | None = None
             for rate in rates:
                 for n in ns:
-                    progress.update(task, description=f"{system} N={n}" + (f" 429s {rate:g}" if rate else ""))
+                    progress.update(
+                        task, description=f"{system} N={n}" + (f" 429s {rate:g}" if rate else "")
+                    )
                     runs: list[Row] = []
                     for _ in range(args.repeat):
-                        row, outcomes = replay_one(system, n, rate, dataset, responses, recording.identity, args,
-                                                   embedder)
+                        row, outcomes = replay_one(
+                            system, n, rate, dataset, responses, recording.identity, args, embedder
+                        )
                         runs.append(row)
                         first = outcomes if first is None else first
                         if outcomes != first:
                             different.append(f"{system} at N={n}, 429s {rate:g}")
-                            changed = sum(a != b for a, b in zip(outcomes, first)) + abs(len(outcomes) - len(first))
+                            changed = sum(a != b for a, b in zip(outcomes, first)) + abs(
+                                len(outcomes) - len(first)
+                            )
                             lost[system] = max(lost.get(system, 0), changed)
                     rows.append(median_run(runs))
                     progress.advance(task)
-    settings = {"latency_ms": args.latency_ms, "jitter_ms": args.jitter_ms, "retry_after_s": args.retry_after,
-                "seed": args.seed, "repeat": args.repeat}
+    settings = {
+        "latency_ms": args.latency_ms,
+        "jitter_ms": args.jitter_ms,
+        "retry_after_s": args.retry_after,
+        "seed": args.seed,
+        "repeat": args.repeat,
+    }
     kept = kept_results(args.json, systems, settings) if args.update else None
     if kept is not None:
         rows = [Row.model_validate(r) for r in kept["rows"]] + rows
@@ -357,41 +461,70 @@ def replay(args: argparse.Namespace, console: Console) -> int:
     for summary in summaries:
         summary.lost = lost.get(summary.system, 0)
     datasets = dict.fromkeys(row.dataset for row in rows)
-    results = {"rows": [row.model_dump() for row in rows], "summary": [s.model_dump() for s in summaries],
-               "dataset": next(iter(datasets)) if len(datasets) == 1 else "; ".join(
-                   f"{system}: {row.dataset}" for system, row in {r.system: r for r in rows}.items()),
-               "identity": recording.identity, "systems": list(dict.fromkeys(row.system for row in rows)),
-               "n": ns, "rate_429": rates, **settings, "identical": not different, "different": different}
+    results = {
+        "rows": [row.model_dump() for row in rows],
+        "summary": [s.model_dump() for s in summaries],
+        "dataset": next(iter(datasets))
+        if len(datasets) == 1
+        else "; ".join(
+            f"{system}: {row.dataset}" for system, row in {r.system: r for r in rows}.items()
+        ),
+        "identity": recording.identity,
+        "systems": list(dict.fromkeys(row.system for row in rows)),
+        "n": ns,
+        "rate_429": rates,
+        **settings,
+        "identical": not different,
+        "different": different,
+    }
     args.json.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(args.json, json.dumps(stamped(results, f"{recording.identity}, replayed"), indent=2) + "\n")
+    write_atomic(
+        args.json, json.dumps(stamped(results, f"{recording.identity}, replayed"), indent=2) + "\n"
+    )
     if args.markdown:
-        write_atomic(args.markdown, to_markdown(rows, results) + "\n" + summary_markdown(summaries))
+        write_atomic(
+            args.markdown, to_markdown(rows, results) + "\n" + summary_markdown(summaries)
+        )
     print_table(rows, results, console)
     for line in summary_lines(summaries):
         console.print(line)
     if any(row.misses for row in rows):
-        console.print("[yellow]some requests were not in the recording (misses): those questions failed at every N; "
-                      "was the recording made with these systems and this dataset?[/yellow]")
+        console.print(
+            "[yellow]some requests were not in the recording (misses): those questions failed at every N; "
+            "was the recording made with these systems and this dataset?[/yellow]"
+        )
     if different:
         console.print(f"[red]the evaluation differs across N: {'; '.join(different)}[/red]")
         return 1
     return 0
 
 
-def kept_results(path: Path, systems: Sequence[str], settings: dict[str, Any]) -> dict[str, Any] | None:
+def kept_results(
+    path: Path, systems: Sequence[str], settings: dict[str, Any]
+) -> dict[str, Any] | None:
     """``--update``: the rows (and their summaries) of the systems not replayed now, from the ``--json`` file
     there; None if there is none. Its replay settings must be these, or the rows would not compare."""
     if not path.is_file():
         return None
     old = json.loads(path.read_text())
-    there = {key: old.get(key, 1 if key == "repeat" else None) for key in settings}  # files before --repeat: 1 run
-    differ = [f"{key} {there[key]} there, {value} now" for key, value in settings.items() if there[key] != value]
+    there = {
+        key: old.get(key, 1 if key == "repeat" else None) for key in settings
+    }  # files before --repeat: 1 run
+    differ = [
+        f"{key} {there[key]} there, {value} now"
+        for key, value in settings.items()
+        if there[key] != value
+    ]
     if differ:
-        raise ConfigError(f"--update: {path} was replayed with other settings ({'; '.join(differ)}); "
-                          "replay with the same ones, or write a new --json")
-    return {"rows": [r for r in old["rows"] if r["system"] not in systems],
-            "summary": [s for s in old.get("summary", []) if s["system"] not in systems],
-            "different": [d for d in old.get("different", []) if d.split(" at ")[0] not in systems]}
+        raise ConfigError(
+            f"--update: {path} was replayed with other settings ({'; '.join(differ)}); "
+            "replay with the same ones, or write a new --json"
+        )
+    return {
+        "rows": [r for r in old["rows"] if r["system"] not in systems],
+        "summary": [s for s in old.get("summary", []) if s["system"] not in systems],
+        "different": [d for d in old.get("different", []) if d.split(" at ")[0] not in systems],
+    }
 
 
 def parse_numbers(text: str, kind: type) -> list[Any]:
@@ -404,23 +537,56 @@ def parse_numbers(text: str, kind: type) -> list[Any]:
     return values
 
 
-COLUMNS = ("system", "N", "429s", "seconds", "ideal s", "efficiency", "accuracy", "calls", "429 retries", "misses")
+COLUMNS = (
+    "system",
+    "N",
+    "429s",
+    "seconds",
+    "ideal s",
+    "efficiency",
+    "accuracy",
+    "calls",
+    "429 retries",
+    "misses",
+)
 
 
 def _cells(row: Row) -> list[str]:
-    return [row.system, str(row.n), f"{row.rate_429:g}", f"{row.seconds:.1f}", f"{row.ideal_seconds:.1f}",
-            f"{row.efficiency:.2f}", f"{row.accuracy:.3f}", str(row.calls), str(row.retries_429), str(row.misses)]
+    return [
+        row.system,
+        str(row.n),
+        f"{row.rate_429:g}",
+        f"{row.seconds:.1f}",
+        f"{row.ideal_seconds:.1f}",
+        f"{row.efficiency:.2f}",
+        f"{row.accuracy:.3f}",
+        str(row.calls),
+        str(row.retries_429),
+        str(row.misses),
+    ]
 
 
 def _settings(results: dict[str, Any]) -> str:
-    return (f"{results['dataset']}, answers recorded from {results['identity']}, replayed at "
-            f"{results['latency_ms']:g} ms +- {results['jitter_ms']:g} (Retry-After {results['retry_after_s']:g} s)"
-            + (f", the median of {results['repeat']} runs a row" if results.get("repeat", 1) > 1 else "") + "; "
-            f"accuracy identical across N: {'yes' if results['identical'] else 'NO'}")
+    return (
+        f"{results['dataset']}, answers recorded from {results['identity']}, replayed at "
+        f"{results['latency_ms']:g} ms +- {results['jitter_ms']:g} (Retry-After {results['retry_after_s']:g} s)"
+        + (
+            f", the median of {results['repeat']} runs a row"
+            if results.get("repeat", 1) > 1
+            else ""
+        )
+        + "; "
+        f"accuracy identical across N: {'yes' if results['identical'] else 'NO'}"
+    )
 
 
 def to_markdown(rows: Sequence[Row], results: dict[str, Any]) -> str:
-    lines = [_settings(results) + ".", "", "| " + " | ".join(COLUMNS) + " |", "|---" * len(COLUMNS) + "|"]
+    lines = [
+        _settings(results) + ".",
+        "",
+        "| " + " | ".join(COLUMNS) + " |",
+        "|---" * len(COLUMNS) + "|",
+    ]
     lines += ["| " + " | ".join(_cells(row)) + " |" for row in rows]
     return "\n".join(lines) + "\n"
 
@@ -434,16 +600,27 @@ def summary_lines(summaries: Sequence[Summary]) -> list[str]:
     lines: list[str] = []
     for s in summaries:
         if s.share_of_ideal is not None:
-            lines.append(f"{s.system}: speed-up at N={s.n} {s.speedup:.2f}x of an ideal {s.ideal_speedup:.2f}x, "
-                         f"{s.share_of_ideal:.2f} of it (target >= {TARGET_SHARE}: "
-                         f"{_verdict(s.share_of_ideal >= TARGET_SHARE)})")
+            lines.append(
+                f"{s.system}: speed-up at N={s.n} {s.speedup:.2f}x of an ideal {s.ideal_speedup:.2f}x, "
+                f"{s.share_of_ideal:.2f} of it (target >= {TARGET_SHARE}: "
+                f"{_verdict(s.share_of_ideal >= TARGET_SHARE)})"
+            )
         if s.cost_429:
-            costs = ", ".join(f"N={n} {c:.2f}x ({_verdict(c <= TARGET_COST_429)}; {s.serial_429[n]:.2f}x if nothing "
-                              f"overlapped the waits)" for n, c in s.cost_429.items())
-            floor = (f"; calls made strictly one at a time expect {s.floor_429_n1:.2f}x at N=1, Retry-After waits "
-                     "that nothing overlaps" if s.floor_429_n1 is not None else "")
-            lines.append(f"{s.system}: 429s cost {costs} (target <= {TARGET_COST_429}x){floor}; "
-                         f"questions lost: {s.lost}")
+            costs = ", ".join(
+                f"N={n} {c:.2f}x ({_verdict(c <= TARGET_COST_429)}; {s.serial_429[n]:.2f}x if nothing "
+                f"overlapped the waits)"
+                for n, c in s.cost_429.items()
+            )
+            floor = (
+                f"; calls made strictly one at a time expect {s.floor_429_n1:.2f}x at N=1, Retry-After waits "
+                "that nothing overlaps"
+                if s.floor_429_n1 is not None
+                else ""
+            )
+            lines.append(
+                f"{s.system}: 429s cost {costs} (target <= {TARGET_COST_429}x){floor}; "
+                f"questions lost: {s.lost}"
+            )
     return lines
 
 
@@ -466,28 +643,55 @@ def print_table(rows: Sequence[Row], results: dict[str, Any], console: Console) 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = CommandParser("python -m experiments.bench.throughput", __doc__)
     steps = parser.add_subparsers(dest="step", required=True)
-    rec = steps.add_parser("record", help="record each system's evaluation on the embedded LM into an LM cache")
+    rec = steps.add_parser(
+        "record", help="record each system's evaluation on the embedded LM into an LM cache"
+    )
     rep = steps.add_parser("replay", help="replay it through a loopback endpoint at each N")
     for sub in (rec, rep):
-        sub.add_argument("--systems", default=DEFAULT_SYSTEMS, help=f"comma-separated (default {DEFAULT_SYSTEMS})")
-        sub.add_argument("--cache", type=Path, default=None,
-                         help="the recording's LM cache (default $OPTLOOP_HOME/throughput/lm_cache.sqlite)")
-    rec.add_argument("--dataset", default=DEFAULT_DATASET, help=f"dataset URI (default {DEFAULT_DATASET})")
-    rec.add_argument("--lm", default="local", help="LM spec to record from (default: the embedded model)")
+        sub.add_argument(
+            "--systems",
+            default=DEFAULT_SYSTEMS,
+            help=f"comma-separated (default {DEFAULT_SYSTEMS})",
+        )
+        sub.add_argument(
+            "--cache",
+            type=Path,
+            default=None,
+            help="the recording's LM cache (default $OPTLOOP_HOME/throughput/lm_cache.sqlite)",
+        )
+    rec.add_argument(
+        "--dataset", default=DEFAULT_DATASET, help=f"dataset URI (default {DEFAULT_DATASET})"
+    )
+    rec.add_argument(
+        "--lm", default="local", help="LM spec to record from (default: the embedded model)"
+    )
     rep.add_argument("--n", default=DEFAULT_N, help=f"concurrencies (default {DEFAULT_N})")
     rep.add_argument("--latency-ms", type=float, default=300.0)
     rep.add_argument("--jitter-ms", type=float, default=50.0)
-    rep.add_argument("--rate-429", default="0", help="fractions of requests refused with HTTP 429, e.g. 0,0.1")
-    rep.add_argument("--retry-after", type=float, default=1.0, help="seconds in the 429s' Retry-After")
+    rep.add_argument(
+        "--rate-429", default="0", help="fractions of requests refused with HTTP 429, e.g. 0,0.1"
+    )
+    rep.add_argument(
+        "--retry-after", type=float, default=1.0, help="seconds in the 429s' Retry-After"
+    )
     rep.add_argument("--seed", type=int, default=0)
-    rep.add_argument("--repeat", type=int, default=1,
-                     help="runs per cell; the row is the run of median seconds (default 1)")
+    rep.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="runs per cell; the row is the run of median seconds (default 1)",
+    )
     rep.add_argument("--timeout", type=float, default=60.0, help="per-attempt LM timeout, seconds")
     rep.add_argument("--json", type=Path, default=RESULTS / "throughput.json")
-    rep.add_argument("--markdown", type=Path, metavar="OUT", help="also write the table to this Markdown file")
-    rep.add_argument("--update", action="store_true",
-                     help="keep the --json file's rows of other systems (replayed with the same settings, perhaps "
-                          "from another recording) and replace only these systems'")
+    rep.add_argument(
+        "--markdown", type=Path, metavar="OUT", help="also write the table to this Markdown file"
+    )
+    rep.add_argument(
+        "--update",
+        action="store_true",
+        help="keep the --json file's rows of other systems (replayed with the same settings, perhaps "
+        "from another recording) and replace only these systems'",
+    )
     args = parse_command(parser, argv)
     args.cache = args.cache or state_dir() / "throughput" / "lm_cache.sqlite"
     console = Console()

@@ -11,5 +11,13 @@ from optloop.attribution.decisive import attribute
 from optloop.attribution.judges import JudgeChain, default_judges
 from optloop.attribution.taxonomy import Attribution, ErrorType, Target
 
-__all__ = ["Attribution", "BlameEntry", "ErrorType", "JudgeChain", "Target", "attribute", "blame",
-           "default_judges"]
+__all__ = [
+    "Attribution",
+    "BlameEntry",
+    "ErrorType",
+    "JudgeChain",
+    "Target",
+    "attribute",
+    "blame",
+    "default_judges",
+]

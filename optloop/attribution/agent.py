@@ -43,8 +43,13 @@ logger = logging.getLogger(__name__)
 
 AGENT_SITE = "attribution.agent"
 SHOW_CHARS = 300  # per variable shown to the agent
-_TYPES = {"extraction": ErrorType.EXTRACTION, "update": ErrorType.UPDATE, "deletion": ErrorType.DELETION,
-          "retrieval": ErrorType.RETRIEVAL, "response": ErrorType.RESPONSE}
+_TYPES = {
+    "extraction": ErrorType.EXTRACTION,
+    "update": ErrorType.UPDATE,
+    "deletion": ErrorType.DELETION,
+    "retrieval": ErrorType.RETRIEVAL,
+    "response": ErrorType.RESPONSE,
+}
 
 
 class InspectOperation(dspy.Signature):
@@ -59,13 +64,18 @@ class InspectOperation(dspy.Signature):
     inputs: str = dspy.InputField(desc="the operation's input values")
     outputs: str = dspy.InputField(desc="the operation's output values")
     faulty: bool = dspy.OutputField(desc="true if this operation lost or corrupted the evidence")
-    error_type: Literal["extraction", "update", "deletion", "retrieval", "response"] = dspy.OutputField()
+    error_type: Literal["extraction", "update", "deletion", "retrieval", "response"] = (
+        dspy.OutputField()
+    )
     explanation: str = dspy.OutputField(desc="one or two sentences a developer can act on")
 
 
 def _show(graph: ExecutionGraph, ids: list[str], limit: int = 6) -> str:
-    lines = [f"- {graph.variables[i].cls}: {graph.variables[i].text[:SHOW_CHARS]}"
-             for i in ids[:limit] if i in graph.variables and graph.variables[i].cls != "prompt"]
+    lines = [
+        f"- {graph.variables[i].cls}: {graph.variables[i].text[:SHOW_CHARS]}"
+        for i in ids[:limit]
+        if i in graph.variables and graph.variables[i].cls != "prompt"
+    ]
     if len(ids) > limit:
         lines.append(f"- ... and {len(ids) - limit} more")
     return "\n".join(lines) or "(none)"
@@ -81,8 +91,14 @@ class AttributionAgent:
         self.inspect = dspy.Predict(InspectOperation)
         self.calls = 0
 
-    def refine(self, graph: ExecutionGraph, question: Question, walk: Attribution, *,
-               embedder: Embedder | None = None) -> Attribution:
+    def refine(
+        self,
+        graph: ExecutionGraph,
+        question: Question,
+        walk: Attribution,
+        *,
+        embedder: Embedder | None = None,
+    ) -> Attribution:
         """The agent's attribution of ``question``, or ``walk`` unchanged if it finds no faulty operation."""
         evidence = find_evidence(graph, question, embedder)
         start = {op.id: op for vid in evidence.message_ids for op in graph.consumers(vid)}
@@ -103,29 +119,50 @@ class AttributionAgent:
             verdict = self._inspect(graph, op, question, evidence.answer, evidence_text)
             if verdict is not None and verdict.faulty:
                 error = _TYPES.get(str(verdict.error_type), ErrorType.UNKNOWN)
-                return walk.model_copy(update={
-                    "error_type": error, "op_id": op.id, "target": self._target(graph, op),
-                    "explanation": f"{verdict.explanation} (LLM agent, after inspecting {len(visited)} "
-                                   f"operation(s): {', '.join(visited)})",
-                    "ambiguous": False,
-                    "details": {**walk.details, "agent_steps": visited, "walk_error_type": walk.error_type.value,
-                                "walk_target": walk.target, "walk_explanation": walk.explanation}})
+                return walk.model_copy(
+                    update={
+                        "error_type": error,
+                        "op_id": op.id,
+                        "target": self._target(graph, op),
+                        "explanation": f"{verdict.explanation} (LLM agent, after inspecting {len(visited)} "
+                        f"operation(s): {', '.join(visited)})",
+                        "ambiguous": False,
+                        "details": {
+                            **walk.details,
+                            "agent_steps": visited,
+                            "walk_error_type": walk.error_type.value,
+                            "walk_target": walk.target,
+                            "walk_explanation": walk.explanation,
+                        },
+                    }
+                )
             for out in op.outputs:
                 for nxt in graph.consumers(out):
                     if nxt.id not in seen and len(frontier) < self.max_frontier:
                         heapq.heappush(frontier, (nxt.seq, nxt.id))
-        return walk.model_copy(update={"details": {**walk.details, "agent_steps": visited, "agent_verdict": "none"}})
+        return walk.model_copy(
+            update={"details": {**walk.details, "agent_steps": visited, "agent_verdict": "none"}}
+        )
 
-    def _inspect(self, graph: ExecutionGraph, op: Operation, question: Question, gold: str,
-                 evidence: str) -> dspy.Prediction | None:
-        what = f"{op.name} ({op.category}), " + (f"prompt site {op.site}" if op.site else "no prompt (library step)")
+    def _inspect(
+        self, graph: ExecutionGraph, op: Operation, question: Question, gold: str, evidence: str
+    ) -> dspy.Prediction | None:
+        what = f"{op.name} ({op.category}), " + (
+            f"prompt site {op.site}" if op.site else "no prompt (library step)"
+        )
         if op.comment:
             what += f"; {op.comment}"
         self.calls += 1
         try:
             with prompt_site(AGENT_SITE), dspy.context(lm=self.lm, adapter=dspy.JSONAdapter()):
-                return self.inspect(question=question.question, gold_answer=gold, evidence=evidence, operation=what,
-                                    inputs=_show(graph, op.inputs), outputs=_show(graph, op.outputs))
+                return self.inspect(
+                    question=question.question,
+                    gold_answer=gold,
+                    evidence=evidence,
+                    operation=what,
+                    inputs=_show(graph, op.inputs),
+                    outputs=_show(graph, op.outputs),
+                )
         except Exception as exc:  # noqa: BLE001 - an unusable verdict leaves the walk's answer standing
             logger.warning("attribution agent: %s on %s: %s", type(exc).__name__, op.id, exc)
             return None
@@ -143,8 +180,16 @@ class AttributionAgent:
         return None
 
 
-def refine_ambiguous(agent: AttributionAgent, graph: ExecutionGraph, questions: dict[str, Question],
-                     attributions: list[Attribution], *, embedder: Embedder | None = None) -> list[Attribution]:
+def refine_ambiguous(
+    agent: AttributionAgent,
+    graph: ExecutionGraph,
+    questions: dict[str, Question],
+    attributions: list[Attribution],
+    *,
+    embedder: Embedder | None = None,
+) -> list[Attribution]:
     """``attributions`` with every ambiguous one handed to ``agent``; the others unchanged."""
-    return [agent.refine(graph, questions[a.question_id], a, embedder=embedder) if a.ambiguous else a
-            for a in attributions]
+    return [
+        agent.refine(graph, questions[a.question_id], a, embedder=embedder) if a.ambiguous else a
+        for a in attributions
+    ]

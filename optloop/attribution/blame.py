@@ -42,9 +42,14 @@ class BlameEntry(BaseModel):
     types: dict[str, int]
     is_knob: bool
     is_prompt: bool
-    reached: int | None = Field(None, description="questions that reached this target's stage intact "
-                                                  "(None when the passes were not given)")
-    rate: float | None = Field(None, description="failures / reached: the failure rate given a correct input")
+    reached: int | None = Field(
+        None,
+        description="questions that reached this target's stage intact "
+        "(None when the passes were not given)",
+    )
+    rate: float | None = Field(
+        None, description="failures / reached: the failure rate given a correct input"
+    )
 
     @property
     def blamed(self) -> Target:
@@ -77,9 +82,20 @@ def blame(attributions: Iterable[Attribution], *, passed: int | None = None) -> 
             stage = STAGE.get(types[target].most_common(1)[0][0], max(STAGE.values()))
             reached = passed + n + sum(k for s, k in by_stage.items() if s > stage)
             rate = n / reached
-        entries.append(BlameEntry(target=target, failures=n, share=n / total, types=dict(types[target]),
-                                  is_knob=is_knob(target), is_prompt=is_prompt_site(target), reached=reached,
-                                  rate=rate))
+        entries.append(
+            BlameEntry(
+                target=target,
+                failures=n,
+                share=n / total,
+                types=dict(types[target]),
+                is_knob=is_knob(target),
+                is_prompt=is_prompt_site(target),
+                reached=reached,
+                rate=rate,
+            )
+        )
     if passed is not None:
-        entries.sort(key=lambda e: (-(e.rate or 0.0), -e.failures))  # stable: count order breaks full ties
+        entries.sort(
+            key=lambda e: (-(e.rate or 0.0), -e.failures)
+        )  # stable: count order breaks full ties
     return entries

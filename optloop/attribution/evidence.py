@@ -49,7 +49,9 @@ def gold_text(question: Question) -> str:
     return question.gold
 
 
-def hybrid_search(graph: ExecutionGraph, query: str, embedder: Embedder | None, k: int = 2) -> list[str]:
+def hybrid_search(
+    graph: ExecutionGraph, query: str, embedder: Embedder | None, k: int = 2
+) -> list[str]:
     """Message variable ids ranked by BM25 + embedding, fused by reciprocal rank."""
     messages = graph.by_cls("message")
     if not messages:
@@ -68,7 +70,9 @@ def hybrid_search(graph: ExecutionGraph, query: str, embedder: Embedder | None, 
     return [ids[i] for i in np.argsort(-fused, kind="stable")[:k]]
 
 
-def find_evidence(graph: ExecutionGraph, question: Question, embedder: Embedder | None = None) -> Evidence:
+def find_evidence(
+    graph: ExecutionGraph, question: Question, embedder: Embedder | None = None
+) -> Evidence:
     answer = gold_text(question)
     ids = [f"message:{t}@0" for t in question.evidence_ids if f"message:{t}@0" in graph.variables]
     source = "dataset" if ids else "none"
@@ -76,5 +80,10 @@ def find_evidence(graph: ExecutionGraph, question: Question, embedder: Embedder 
         ids = hybrid_search(graph, f"{question.question} {answer}", embedder)
         source = "search" if ids else "none"
     variables = [graph.variables[i] for i in ids]
-    return Evidence(message_ids=ids, texts=[v.text for v in variables], answer=answer, source=source,
-                    sessions=list(dict.fromkeys(v.session_id for v in variables if v.session_id)))
+    return Evidence(
+        message_ids=ids,
+        texts=[v.text for v in variables],
+        answer=answer,
+        source=source,
+        sessions=list(dict.fromkeys(v.session_id for v in variables if v.session_id)),
+    )

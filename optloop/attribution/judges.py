@@ -22,10 +22,12 @@ if TYPE_CHECKING:
     from optloop.embed import Embedder
     from optloop.lm import OptloopLM
 
-STOPWORDS = frozenset("""a an the i me my we our you your he she it its they them their is am are was were be been
+STOPWORDS = frozenset(
+    """a an the i me my we our you your he she it its they them their is am are was were be been
 being do does did have has had of to in on at for with from by about as and or but not no so that this these those
 what which who whom when where why how user assistant s t just also very really now then there here into out up
-over after before again any all some can could will would should may might must shall""".split())
+over after before again any all some can could will would should may might must shall""".split()
+)
 
 
 def content_tokens(text: str) -> set[str]:
@@ -50,8 +52,13 @@ class LexicalJudge:
 
     name = "lexical"
 
-    def __init__(self, answer_recall: float = 0.6, context_recall: float = 0.2, evidence_recall: float = 0.5,
-                 undecided_below: float = 0.25):
+    def __init__(
+        self,
+        answer_recall: float = 0.6,
+        context_recall: float = 0.2,
+        evidence_recall: float = 0.5,
+        undecided_below: float = 0.25,
+    ):
         self.answer_recall = answer_recall
         self.context_recall = context_recall
         self.evidence_recall = evidence_recall
@@ -59,7 +66,11 @@ class LexicalJudge:
 
     def carries(self, texts: Sequence[str], evidence: Evidence) -> list[bool | None]:
         answer = content_tokens(evidence.answer) if evidence.answer_is_informative else set()
-        key = set().union(*(content_tokens(t.split(":", 1)[-1]) for t in evidence.texts)) if evidence.texts else set()
+        key = (
+            set().union(*(content_tokens(t.split(":", 1)[-1]) for t in evidence.texts))
+            if evidence.texts
+            else set()
+        )
         context = key - answer
         out: list[bool | None] = []
         for text in texts:
@@ -71,11 +82,18 @@ class LexicalJudge:
                     out.append(True)
                 else:
                     ratio = len(context & tokens) / len(context)
-                    out.append(True if ratio >= self.context_recall else False if ratio == 0 else None)
+                    out.append(
+                        True if ratio >= self.context_recall else False if ratio == 0 else None
+                    )
             elif key:
                 recall = len(key & tokens) / len(key)
-                out.append(True if recall >= self.evidence_recall else False if recall < self.undecided_below
-                           else None)
+                out.append(
+                    True
+                    if recall >= self.evidence_recall
+                    else False
+                    if recall < self.undecided_below
+                    else None
+                )
             else:
                 out.append(None)
         return out
@@ -91,7 +109,11 @@ class EmbeddingJudge:
         self.threshold = threshold
 
     def carries(self, texts: Sequence[str], evidence: Evidence) -> list[bool | None]:
-        refs = [*evidence.texts, evidence.answer] if evidence.answer_is_informative else list(evidence.texts)
+        refs = (
+            [*evidence.texts, evidence.answer]
+            if evidence.answer_is_informative
+            else list(evidence.texts)
+        )
         if not refs or not texts:
             return [None] * len(texts)
         sims = self.embedder.embed(list(texts)) @ self.embedder.embed(refs).T
@@ -122,8 +144,15 @@ class LLMJudge:
         out: list[bool | None] = []
         with prompt_site("judge"), dspy.context(lm=self.lm, adapter=dspy.JSONAdapter()):
             for text in texts:
-                out.append(bool(self.predict(evidence="\n".join(evidence.texts), gold_answer=evidence.answer,
-                                             memory=text).contains))
+                out.append(
+                    bool(
+                        self.predict(
+                            evidence="\n".join(evidence.texts),
+                            gold_answer=evidence.answer,
+                            memory=text,
+                        ).contains
+                    )
+                )
         return out
 
 
@@ -163,7 +192,9 @@ class JudgeChain:
             if not todo:
                 break
             self._count(judge.name, len(todo))
-            for i, verdict in zip(todo, judge.carries([texts[i] for i in todo], evidence), strict=True):
+            for i, verdict in zip(
+                todo, judge.carries([texts[i] for i in todo], evidence), strict=True
+            ):
                 result[i] = verdict
         final = [bool(r) for r in result]
         with self._lock:

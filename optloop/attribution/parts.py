@@ -26,7 +26,13 @@ from typing import TYPE_CHECKING, Any
 
 from optloop.attribution.decisive import attribute
 from optloop.attribution.evidence import Evidence
-from optloop.attribution.judges import EmbeddingJudge, Judge, JudgeChain, LexicalJudge, content_tokens
+from optloop.attribution.judges import (
+    EmbeddingJudge,
+    Judge,
+    JudgeChain,
+    LexicalJudge,
+    content_tokens,
+)
 from optloop.attribution.taxonomy import Attribution, ErrorType
 from optloop.datasets._model import EvidencePart
 from optloop.datasets.scorers import normalize_answer
@@ -46,8 +52,10 @@ STAGE_RANK: dict[ErrorType, int] = {
     ErrorType.UNKNOWN: 4,
 }
 STATED = 0.6  # share of a value's content words the answer must hold to state it (the lexical judge's bar)
-_RETRACTED = re.compile(r"\b(delete|deleted|deletes|deleting|deletion|remove|removed|removes|removing|removal|"
-                        r"forget|forgot|forgotten|erase|erased|discard|discarded|retract|retracted|no longer)\b")
+_RETRACTED = re.compile(
+    r"\b(delete|deleted|deletes|deleting|deletion|remove|removed|removes|removing|removal|"
+    r"forget|forgot|forgotten|erase|erased|discard|discarded|retract|retracted|no longer)\b"
+)
 
 
 Part = EvidencePart  # the name this module's callers use
@@ -56,8 +64,15 @@ Part = EvidencePart  # the name this module's callers use
 def question_parts(question: Question) -> list[Part]:
     """The parts named in ``question.meta["evidence_parts"]`` (none when absent)."""
     raw = question.meta.get("evidence_parts") or []
-    return [Part(str(p["turn_id"]), str(p.get("entity", "")), str(p.get("value", "")), str(p.get("kind", "fact")))
-            for p in raw]
+    return [
+        Part(
+            str(p["turn_id"]),
+            str(p.get("entity", "")),
+            str(p.get("value", "")),
+            str(p.get("kind", "fact")),
+        )
+        for p in raw
+    ]
 
 
 class RetractionJudge:
@@ -95,7 +110,11 @@ def fact_judges(embedder: Embedder | None = None) -> JudgeChain:
 
 
 def judges_for(part: Part, embedder: Embedder | None = None) -> JudgeChain:
-    return JudgeChain([RetractionJudge(part.entity)]) if part.kind == "retraction" else fact_judges(embedder)
+    return (
+        JudgeChain([RetractionJudge(part.entity)])
+        if part.kind == "retraction"
+        else fact_judges(embedder)
+    )
 
 
 def parts_to_walk(parts: Sequence[Part], prediction: str) -> tuple[list[Part], list[Part]]:
@@ -106,33 +125,71 @@ def parts_to_walk(parts: Sequence[Part], prediction: str) -> tuple[list[Part], l
 
 
 def _part_question(question: Question, part: Part) -> Question:
-    return question.model_copy(update={"gold": part.value, "evidence_ids": [part.turn_id], "abstain": False,
-                                       "scorer": "contains", "forbidden": []})
+    return question.model_copy(
+        update={
+            "gold": part.value,
+            "evidence_ids": [part.turn_id],
+            "abstain": False,
+            "scorer": "contains",
+            "forbidden": [],
+        }
+    )
 
 
-def attribute_parts(graph: ExecutionGraph, question: Question, prediction: str,
-                    embedder: Embedder | None = None) -> Attribution:
+def attribute_parts(
+    graph: ExecutionGraph, question: Question, prediction: str, embedder: Embedder | None = None
+) -> Attribution:
     """The decisive error of a failed question, part by part (the plain walk when it has none)."""
     parts = question_parts(question)
     if not parts:
         return attribute(graph, question, prediction, fact_judges(embedder), embedder=embedder)
     walk, skipped = parts_to_walk(parts, prediction)
-    verdicts = [(part, attribute(graph, _part_question(question, part), prediction, judges_for(part, embedder),
-                                 embedder=embedder)) for part in walk]
+    verdicts = [
+        (
+            part,
+            attribute(
+                graph,
+                _part_question(question, part),
+                prediction,
+                judges_for(part, embedder),
+                embedder=embedder,
+            ),
+        )
+        for part in walk
+    ]
     part, decisive = min(verdicts, key=lambda pv: STAGE_RANK[pv[1].error_type])
     calls: dict[str, int] = {}
     for _, verdict in verdicts:
         for name, n in verdict.judge_calls.items():
             calls[name] = calls.get(name, 0) + n
     details: dict[str, Any] = {
-        **decisive.details, "part": part.label,
-        "parts": [{"part": p.label, "error_type": v.error_type.value, "op_id": v.op_id} for p, v in verdicts],
+        **decisive.details,
+        "part": part.label,
+        "parts": [
+            {"part": p.label, "error_type": v.error_type.value, "op_id": v.op_id}
+            for p, v in verdicts
+        ],
         "skipped": [p.label for p in skipped],
     }
-    return decisive.model_copy(update={
-        "question_id": question.id, "question": question.question, "gold": question.gold,
-        "explanation": f"[{part.label}] {decisive.explanation}", "judge_calls": calls, "details": details})
+    return decisive.model_copy(
+        update={
+            "question_id": question.id,
+            "question": question.question,
+            "gold": question.gold,
+            "explanation": f"[{part.label}] {decisive.explanation}",
+            "judge_calls": calls,
+            "details": details,
+        }
+    )
 
 
-__all__ = ["Part", "RetractionJudge", "STAGE_RANK", "attribute_parts", "fact_judges", "parts_to_walk", "question_parts",
-           "states"]
+__all__ = [
+    "Part",
+    "RetractionJudge",
+    "STAGE_RANK",
+    "attribute_parts",
+    "fact_judges",
+    "parts_to_walk",
+    "question_parts",
+    "states",
+]

@@ -31,7 +31,14 @@ from optloop.attribution.taxonomy import Attribution, ErrorType
 from optloop.datasets import passed
 from optloop.faults.catalogue import faults_for
 from optloop.faults.model import OperationFault
-from optloop.pipeline import Attributor, EpisodeResult, FreshStores, Workers, concurrency, run_episode
+from optloop.pipeline import (
+    Attributor,
+    EpisodeResult,
+    FreshStores,
+    Workers,
+    concurrency,
+    run_episode,
+)
 from optloop.sites import ANSWER
 
 if TYPE_CHECKING:
@@ -47,7 +54,7 @@ EVIDENCE_REACHED = "evidence_reached_answer"
 SET_ASIDE_REASONS: dict[str, str] = {
     UNSOUND_CLEAN: "the clean pass was unsound: the evidence did not reach the clean answer (a lucky guess)",
     EVIDENCE_REACHED: "the evidence still reached the answer under the fault: the answer changed only because "
-                      "its context did",
+    "its context did",
 }
 """Why a failure a fault caused is set aside from the induced-only figure (it is attributed all the same)."""
 
@@ -84,11 +91,21 @@ class Case:
         return self.attribution.error_type == self.true_type
 
     def to_json(self) -> dict[str, Any]:
-        return {"system": self.system, "fault": self.fault, "dataset": self.dataset, "episode": self.episode,
-                "question_id": self.question_id or self.attribution.question_id, "induced": self.induced,
-                "set_aside": self.set_aside, "why_set_aside": SET_ASIDE_REASONS.get(self.set_aside or "", ""),
-                "true_target": self.true_target, "true_type": self.true_type.value, "site_ok": self.site_ok,
-                "type_ok": self.type_ok, "attribution": self.attribution.model_dump(mode="json")}
+        return {
+            "system": self.system,
+            "fault": self.fault,
+            "dataset": self.dataset,
+            "episode": self.episode,
+            "question_id": self.question_id or self.attribution.question_id,
+            "induced": self.induced,
+            "set_aside": self.set_aside,
+            "why_set_aside": SET_ASIDE_REASONS.get(self.set_aside or "", ""),
+            "true_target": self.true_target,
+            "true_type": self.true_type.value,
+            "site_ok": self.site_ok,
+            "type_ok": self.type_ok,
+            "attribution": self.attribution.model_dump(mode="json"),
+        }
 
 
 @dataclass
@@ -151,9 +168,16 @@ class PlantedRun:
         return self
 
 
-def _run(system_factory: Callable[..., MemorySystem], run_dir: Path, episode: Any, fault: OperationFault | None,
-         dataset_uri: str, lm: OptloopLM, attributor: Attributor | None = None,
-         workers: Workers | None = None) -> EpisodeResult:
+def _run(
+    system_factory: Callable[..., MemorySystem],
+    run_dir: Path,
+    episode: Any,
+    fault: OperationFault | None,
+    dataset_uri: str,
+    lm: OptloopLM,
+    attributor: Attributor | None = None,
+    workers: Workers | None = None,
+) -> EpisodeResult:
     """``episode`` through the one pipeline on a fresh system in ``run_dir``, with ``fault`` planted."""
 
     def make(_episode: Any) -> MemorySystem:
@@ -167,8 +191,13 @@ def _run(system_factory: Callable[..., MemorySystem], run_dir: Path, episode: An
                 raise
         return system
 
-    return run_episode(episode, FreshStores(make, lm, dataset_uri=dataset_uri), lm=lm, attributor=attributor,
-                       workers=workers)
+    return run_episode(
+        episode,
+        FreshStores(make, lm, dataset_uri=dataset_uri),
+        lm=lm,
+        attributor=attributor,
+        workers=workers,
+    )
 
 
 class _Caused:
@@ -176,7 +205,9 @@ class _Caused:
     (the fault caused it); ``reasons`` records, per question id, why one is set aside from the induced-only
     figure (``None``: induced)."""
 
-    def __init__(self, fault: OperationFault, passing: set[str], sound: set[str], judges: Any, embedder: Any):
+    def __init__(
+        self, fault: OperationFault, passing: set[str], sound: set[str], judges: Any, embedder: Any
+    ):
         self.fault, self.passing, self.sound = fault, passing, sound
         self.judges, self.embedder = judges, embedder
         self.reasons: dict[str, str | None] = {}
@@ -188,8 +219,11 @@ class _Caused:
             # The clean run passed without the evidence reaching the answer (a lucky guess):
             # no sound baseline to plant a fault against.
             self.reasons[q.id] = UNSOUND_CLEAN
-        elif (self.fault.site != ANSWER and self.fault.error_type is not ErrorType.CONTAMINATION
-              and evidence_reaches_answer(graph, q, self.judges, embedder=self.embedder)):
+        elif (
+            self.fault.site != ANSWER
+            and self.fault.error_type is not ErrorType.CONTAMINATION
+            and evidence_reaches_answer(graph, q, self.judges, embedder=self.embedder)
+        ):
             # (a contamination fault leaves the evidence in reach by definition: a stale value joins it)
             # The fault did not keep the evidence from the answer; the answer changed only because
             # its context did.
@@ -199,9 +233,16 @@ class _Caused:
         return True
 
 
-def run_planted(systems: Sequence[str], dataset: Dataset, lm: OptloopLM, work: Path, *,
-                embedder: Embedder | None = None, fault_names: Iterable[str] | None = None,
-                progress: Callable[[str], None] | None = None) -> PlantedRun:
+def run_planted(
+    systems: Sequence[str],
+    dataset: Dataset,
+    lm: OptloopLM,
+    work: Path,
+    *,
+    embedder: Embedder | None = None,
+    fault_names: Iterable[str] | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> PlantedRun:
     """Run every system clean and under each of its faults; attribute every failure a fault caused.
 
     Every run goes through the one episode pipeline (:func:`optloop.pipeline.run_episode`): the clean
@@ -229,10 +270,26 @@ def run_planted(systems: Sequence[str], dataset: Dataset, lm: OptloopLM, work: P
         if not faults:
             continue
 
-        def plant(episode: Any, workers: Workers | None = None, report: Callable[[str], None] = say,
-                  _system: str = system_name, _factory: Any = factory, _faults: Any = faults) -> PlantedRun:
-            return _plant_episode(_system, _factory, _faults, episode, dataset.uri, lm, work, embedder, workers,
-                                  report)
+        def plant(
+            episode: Any,
+            workers: Workers | None = None,
+            report: Callable[[str], None] = say,
+            _system: str = system_name,
+            _factory: Any = factory,
+            _faults: Any = faults,
+        ) -> PlantedRun:
+            return _plant_episode(
+                _system,
+                _factory,
+                _faults,
+                episode,
+                dataset.uri,
+                lm,
+                work,
+                embedder,
+                workers,
+                report,
+            )
 
         n = concurrency(lm)
         if n == 1:
@@ -240,47 +297,89 @@ def run_planted(systems: Sequence[str], dataset: Dataset, lm: OptloopLM, work: P
                 planted += plant(episode)
             continue
         with Workers(n) as workers:
-            for piece, lines in workers.episodes(lambda episode: _with_lines(plant, episode, workers),
-                                                 dataset.episodes):
+            for piece, lines in workers.episodes(
+                lambda episode: _with_lines(plant, episode, workers), dataset.episodes
+            ):
                 planted += piece
                 for line in lines:
                     say(line)
     return planted
 
 
-def _with_lines(plant: Callable[..., PlantedRun], episode: Any, workers: Workers) -> tuple[PlantedRun, list[str]]:
+def _with_lines(
+    plant: Callable[..., PlantedRun], episode: Any, workers: Workers
+) -> tuple[PlantedRun, list[str]]:
     """``plant(episode)`` with its progress lines kept, to be said in episode order."""
     lines: list[str] = []
     return plant(episode, workers, lines.append), lines
 
 
-def _plant_episode(system_name: str, factory: Callable[..., MemorySystem], faults: Sequence[OperationFault], episode: Any,
-                   dataset_uri: str, lm: OptloopLM, work: Path, embedder: Embedder, workers: Workers | None,
-                   say: Callable[[str], None]) -> PlantedRun:
+def _plant_episode(
+    system_name: str,
+    factory: Callable[..., MemorySystem],
+    faults: Sequence[OperationFault],
+    episode: Any,
+    dataset_uri: str,
+    lm: OptloopLM,
+    work: Path,
+    embedder: Embedder,
+    workers: Workers | None,
+    say: Callable[[str], None],
+) -> PlantedRun:
     """One episode of :func:`run_planted`: its clean run, then each fault's run, attributed."""
     planted = PlantedRun([])
-    clean_run = _run(factory, work / system_name / "clean" / episode.id, episode, None, dataset_uri, lm,
-                     workers=workers)
+    clean_run = _run(
+        factory,
+        work / system_name / "clean" / episode.id,
+        episode,
+        None,
+        dataset_uri,
+        lm,
+        workers=workers,
+    )
     clean_graph, clean = clean_run.graph, clean_run.predictions
     assert clean_graph is not None  # fresh stores record every run
     passing = {q.id for q in episode.questions if passed(q, clean[q.id])}
     judges = default_judges(embedder)
     # A clean pass is a sound baseline only if the evidence reached the answer (not a lucky guess).
-    sound = {q.id for q in episode.questions
-             if q.id in passing and evidence_reaches_answer(clean_graph, q, judges, embedder=embedder)}
-    planted.baselines.append(CleanBaseline(system_name, dataset_uri, episode.id, len(episode.questions),
-                                           len(passing), len(sound)))
+    sound = {
+        q.id
+        for q in episode.questions
+        if q.id in passing and evidence_reaches_answer(clean_graph, q, judges, embedder=embedder)
+    }
+    planted.baselines.append(
+        CleanBaseline(
+            system_name, dataset_uri, episode.id, len(episode.questions), len(passing), len(sound)
+        )
+    )
     say(f"{system_name} {episode.id}: {len(passing)}/{len(episode.questions)} pass clean")
     for fault in faults:
-        tally = FaultTally(system_name, dataset_uri, episode.id, fault.name,
-                           fault.target.format(system=system_name), fault.error_type.value, fault.added,
-                           len(episode.questions), len(passing), ran=bool(passing))
+        tally = FaultTally(
+            system_name,
+            dataset_uri,
+            episode.id,
+            fault.name,
+            fault.target.format(system=system_name),
+            fault.error_type.value,
+            fault.added,
+            len(episode.questions),
+            len(passing),
+            ran=bool(passing),
+        )
         planted.tallies.append(tally)
         if not passing:
             continue
         caused = _Caused(fault, passing, sound, judges, embedder)
-        run = _run(factory, work / system_name / fault.name / episode.id, episode, fault, dataset_uri, lm,
-                   Attributor(judges, embedder, select=caused), workers=workers)
+        run = _run(
+            factory,
+            work / system_name / fault.name / episode.id,
+            episode,
+            fault,
+            dataset_uri,
+            lm,
+            Attributor(judges, embedder, select=caused),
+            workers=workers,
+        )
         for outcome in run.outcomes:
             if outcome.passed:
                 continue
@@ -288,11 +387,23 @@ def _plant_episode(system_name: str, factory: Callable[..., MemorySystem], fault
                 tally.failed_both += 1
             elif outcome.attribution is not None:
                 tally.caused += 1
-                planted.cases.append(Case(
-                    system_name, fault.name, episode.id, outcome.attribution, tally.true_target,
-                    fault.error_type, run.attribution_s[outcome.question_id],
-                    run.attribution_calls[outcome.question_id], dataset=dataset_uri,
-                    question_id=outcome.question_id, set_aside=caused.reasons.get(outcome.question_id)))
-        say(f"{system_name} {episode.id} {fault.name}: {tally.caused} failure(s) caused "
-            f"({sum(c.fault == fault.name and c.induced for c in planted.cases)} induced)")
+                planted.cases.append(
+                    Case(
+                        system_name,
+                        fault.name,
+                        episode.id,
+                        outcome.attribution,
+                        tally.true_target,
+                        fault.error_type,
+                        run.attribution_s[outcome.question_id],
+                        run.attribution_calls[outcome.question_id],
+                        dataset=dataset_uri,
+                        question_id=outcome.question_id,
+                        set_aside=caused.reasons.get(outcome.question_id),
+                    )
+                )
+        say(
+            f"{system_name} {episode.id} {fault.name}: {tally.caused} failure(s) caused "
+            f"({sum(c.fault == fault.name and c.induced for c in planted.cases)} induced)"
+        )
     return planted

@@ -73,7 +73,7 @@ class Target:
         """The target whose string form is ``text``."""
         for kind, prefix in _PREFIXES.items():
             if text.startswith(prefix):
-                return cls(kind, text[len(prefix):])  # type: ignore[arg-type]
+                return cls(kind, text[len(prefix) :])  # type: ignore[arg-type]
         return cls("site", text)
 
     @property
@@ -115,7 +115,9 @@ class Attribution(BaseModel):
     op_id: str | None = None
     target: str | None = Field(None, description="the prompt site to fix, or knob:<name>")
     explanation: str = ""
-    evidence_ids: list[str] = Field(default_factory=list, description="message variable ids of the evidence")
+    evidence_ids: list[str] = Field(
+        default_factory=list, description="message variable ids of the evidence"
+    )
     evidence_source: str = Field("", description="dataset | search | none")
     ambiguous: bool = False
     judge_calls: dict[str, int] = Field(default_factory=dict)
@@ -132,8 +134,15 @@ class Attribution(BaseModel):
 
     def to_annotation(self) -> dict[str, Any]:
         """The MemTraceBench annotation record of this attribution."""
-        return {"query_id": self.question_id, "query": self.question, "golden_answers": [self.gold],
-                "prediction": self.prediction,
-                "source_evidence_ids": list(self.evidence_ids), "final_error_type": self.error_type.value,
-                "final_op_id": self.op_id, "site": self.target, "explanation": self.explanation,
-                "memfail_label": self.memfail_label}
+        return {
+            "query_id": self.question_id,
+            "query": self.question,
+            "golden_answers": [self.gold],
+            "prediction": self.prediction,
+            "source_evidence_ids": list(self.evidence_ids),
+            "final_error_type": self.error_type.value,
+            "final_op_id": self.op_id,
+            "site": self.target,
+            "explanation": self.explanation,
+            "memfail_label": self.memfail_label,
+        }

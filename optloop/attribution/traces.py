@@ -54,11 +54,19 @@ class TracedFailure:
         return MEME_STAGE[self.attribution.error_type]
 
     def to_json(self) -> dict[str, Any]:
-        return {"system": self.system, "episode": self.episode_id, "question_id": self.question.id,
-                "task_type": self.question.task_type, "phase": self.probe.phase,
-                "published_task": self.probe.task_type, "stage": self.stage, "label": self.probe.failure_stage,
-                "label_note": self.probe.analysis.get("note"), "ms": round(self.seconds * 1000, 3),
-                "attribution": self.attribution.model_dump(mode="json")}
+        return {
+            "system": self.system,
+            "episode": self.episode_id,
+            "question_id": self.question.id,
+            "task_type": self.question.task_type,
+            "phase": self.probe.phase,
+            "published_task": self.probe.task_type,
+            "stage": self.stage,
+            "label": self.probe.failure_stage,
+            "label_note": self.probe.analysis.get("note"),
+            "ms": round(self.seconds * 1000, 3),
+            "attribution": self.attribution.model_dump(mode="json"),
+        }
 
 
 def warm_embedder(spec: str | None = None) -> tuple[CachedEmbedder, float]:
@@ -71,15 +79,25 @@ def warm_embedder(spec: str | None = None) -> tuple[CachedEmbedder, float]:
     return embedder, time.perf_counter() - started
 
 
-def attribute_traces(runs: Iterable[TraceRun], embedder: Embedder | None = None) -> list[TracedFailure]:
+def attribute_traces(
+    runs: Iterable[TraceRun], embedder: Embedder | None = None
+) -> list[TracedFailure]:
     """Attribute every failed probe of ``runs``, in order (lexical judge only without ``embedder``)."""
     out = []
     for run in runs:
         for question, probe in run.failures():
             started = time.perf_counter()
             attribution = attribute_parts(run.graph, question, probe.answer, embedder)
-            out.append(TracedFailure(run.system, run.episode.id, question, probe, attribution,
-                                     time.perf_counter() - started))
+            out.append(
+                TracedFailure(
+                    run.system,
+                    run.episode.id,
+                    question,
+                    probe,
+                    attribution,
+                    time.perf_counter() - started,
+                )
+            )
     return out
 
 

@@ -80,12 +80,19 @@ def existing_file(text: str, scheme: str) -> Path:
         raise DatasetError(f"{scheme}: no file given (use {scheme}:<path>)")
     path = Path(text).expanduser()
     if not path.is_file():
-        raise dataset_error(path, None, None, "file not found", f"check the path given to {scheme}:")
+        raise dataset_error(
+            path, None, None, "file not found", f"check the path given to {scheme}:"
+        )
     return path
 
 
-def json_error(source: str | Path, exc: json.JSONDecodeError, text: str, first_line: int = 1,
-               unit: str = "file") -> DatasetError:
+def json_error(
+    source: str | Path,
+    exc: json.JSONDecodeError,
+    text: str,
+    first_line: int = 1,
+    unit: str = "file",
+) -> DatasetError:
     """Bad JSON in ``text`` (the ``unit``, "file" or "line", starting on line ``first_line`` of ``source``), at
     the line and column where it went wrong. JSON that stops before its value ends (a file or a line cut
     off) is reported at the end of its last line, where the rest is missing, not at "column 1" of the
@@ -94,11 +101,19 @@ def json_error(source: str | Path, exc: json.JSONDecodeError, text: str, first_l
     if exc.pos >= len(content) or exc.msg.startswith("Unterminated string"):
         lineno = first_line + content.count("\n")
         column = len(content) - (content.rfind("\n") + 1)
-        return dataset_error(source, f"line {lineno}", None,
-                             f"invalid JSON: the {unit} ends after column {column}, before its JSON value is "
-                             "complete (cut off?)")
-    return dataset_error(source, f"line {first_line + exc.lineno - 1}", None,
-                         f"invalid JSON: {exc.msg} at column {exc.colno}")
+        return dataset_error(
+            source,
+            f"line {lineno}",
+            None,
+            f"invalid JSON: the {unit} ends after column {column}, before its JSON value is "
+            "complete (cut off?)",
+        )
+    return dataset_error(
+        source,
+        f"line {first_line + exc.lineno - 1}",
+        None,
+        f"invalid JSON: {exc.msg} at column {exc.colno}",
+    )
 
 
 def read_json(path: Path) -> Any:
@@ -143,11 +158,15 @@ def read_json_records(path: Path, container_key: str | None = None) -> list[tupl
     if isinstance(data, dict):
         data = [data]
     if not isinstance(data, list):
-        raise dataset_error(path, None, None, f"expected a JSON list of records, got {type(data).__name__}")
+        raise dataset_error(
+            path, None, None, f"expected a JSON list of records, got {type(data).__name__}"
+        )
     return [(f"record {i}", value) for i, value in enumerate(data)]
 
 
-def load_json_episodes(rest: str, scheme: str, build: Callable[[str, Any, Path], T], what: str) -> tuple[str, list[T]]:
+def load_json_episodes(
+    rest: str, scheme: str, build: Callable[[str, Any, Path], T], what: str
+) -> tuple[str, list[T]]:
     """A JSON/JSONL dataset of one episode per record (LoCoMo, LongMemEval): ``build(where, record, path)``
     makes each, with any error pointing at its record; returns ``"<scheme>:<file stem>"`` and the episodes.
     An empty file is an error naming ``what`` it lacks (``"samples"``)."""
@@ -189,11 +208,15 @@ def read_csv(path: Path, required: Sequence[str]) -> list[tuple[int, dict[str, s
             for row in reader:
                 for column in header:
                     if row.get(column) is None:
-                        raise dataset_error(path, f"line {start}", column, "missing value (row has too few cells)")
+                        raise dataset_error(
+                            path, f"line {start}", column, "missing value (row has too few cells)"
+                        )
                 rows.append((start, row))
                 start = reader.line_num + 1
         except csv.Error as exc:
-            raise dataset_error(path, f"line {reader.line_num}", None, f"malformed CSV: {exc}") from None
+            raise dataset_error(
+                path, f"line {reader.line_num}", None, f"malformed CSV: {exc}"
+            ) from None
     return rows
 
 
@@ -212,7 +235,12 @@ def require(
     """
     label = prefix + field
     if not isinstance(record, Mapping):
-        raise dataset_error(source, where, prefix.rstrip(".") or None, f"expected a JSON object, got {type(record).__name__}")
+        raise dataset_error(
+            source,
+            where,
+            prefix.rstrip(".") or None,
+            f"expected a JSON object, got {type(record).__name__}",
+        )
     if field not in record or record[field] is None:
         raise dataset_error(source, where, label, "missing")
     value = record[field]
@@ -233,7 +261,9 @@ def json_cell(text: str, source: str | Path, where: str, field: str, kind: type 
     except json.JSONDecodeError as exc:
         raise dataset_error(source, where, field, f"invalid JSON in cell: {exc.msg}") from None
     if not isinstance(value, kind):
-        raise dataset_error(source, where, field, f"expected a JSON {kind.__name__}, got {type(value).__name__}")
+        raise dataset_error(
+            source, where, field, f"expected a JSON {kind.__name__}, got {type(value).__name__}"
+        )
     return value
 
 
@@ -260,10 +290,14 @@ def int_param(uri: str, params: dict[str, str], name: str, minimum: int, default
 
 
 @overload
-def int_param(uri: str, params: dict[str, str], name: str, minimum: int, default: None = None) -> int | None: ...
+def int_param(
+    uri: str, params: dict[str, str], name: str, minimum: int, default: None = None
+) -> int | None: ...
 
 
-def int_param(uri: str, params: dict[str, str], name: str, minimum: int, default: int | None = None) -> int | None:
+def int_param(
+    uri: str, params: dict[str, str], name: str, minimum: int, default: int | None = None
+) -> int | None:
     """The integer query parameter ``name`` of a dataset URI (``default`` when absent), at least ``minimum``."""
     raw = params.get(name)
     if raw is None:

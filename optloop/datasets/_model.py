@@ -18,9 +18,8 @@ Contracts (checked when an ``Episode`` is built, so a bad file fails at load tim
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import string
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -96,15 +95,19 @@ class Question(BaseModel):
     def _check_task(self) -> Question:
         # Messages start with the field they are about; loaders turn that into the location.
         if not self.gold.strip() and self.scorer != "abstain":
-            raise ValueError("gold: empty, so every answer would be graded wrong; give the "
-                             "expected answer, or mark a question whose right answer is \"I don't "
-                             "know\" with \"abstain\": true")
+            raise ValueError(
+                "gold: empty, so every answer would be graded wrong; give the "
+                "expected answer, or mark a question whose right answer is \"I don't "
+                'know" with "abstain": true'
+            )
         if self.scorer == "multiple_choice":
             if not self.options or not 2 <= len(self.options) <= len(LETTERS):
                 raise ValueError("options: a multiple_choice question needs 2 to 26 options")
             letters = LETTERS[: len(self.options)]
             if self.gold not in letters:
-                raise ValueError(f"gold: {self.gold!r} must be one of the option letters {letters}")
+                raise ValueError(
+                    f"gold: {self.gold!r} must be one of the option letters {letters}"
+                )
         if self.abstain and self.scorer != "abstain":
             raise ValueError("scorer: an abstain question must use scorer='abstain'")
         return self
@@ -204,4 +207,9 @@ class EvidencePart:
         return f"{self.kind} {self.entity}={self.value[:40]!r}"
 
     def to_json(self) -> dict[str, str]:
-        return {"turn_id": self.turn_id, "entity": self.entity, "value": self.value, "kind": self.kind}
+        return {
+            "turn_id": self.turn_id,
+            "entity": self.entity,
+            "value": self.value,
+            "kind": self.kind,
+        }

@@ -64,16 +64,22 @@ def parse_uri(uri: str) -> tuple[str, str, dict[str, str]]:
     text = uri.strip()
     scheme, sep, rest = text.partition(":")
     if not sep or not scheme:
-        raise DatasetError(f"{uri!r}: not a dataset URI (expected <scheme>:<rest>, schemes: {', '.join(LOADERS)})")
+        raise DatasetError(
+            f"{uri!r}: not a dataset URI (expected <scheme>:<rest>, schemes: {', '.join(LOADERS)})"
+        )
     scheme = scheme.lower()
     if scheme not in LOADERS:
-        raise DatasetError(f"{uri}: unknown dataset scheme {scheme!r} (one of: {', '.join(LOADERS)})")
+        raise DatasetError(
+            f"{uri}: unknown dataset scheme {scheme!r} (one of: {', '.join(LOADERS)})"
+        )
     rest, _, query = rest.partition("?")
     params: dict[str, str] = {}
     for part in filter(None, query.split("&")):
         key, eq, value = part.partition("=")
         if not eq or not key:
-            raise dataset_error(uri, None, key or part, "query parameter needs a value (key=value)")
+            raise dataset_error(
+                uri, None, key or part, "query parameter needs a value (key=value)"
+            )
         if key in params:
             raise dataset_error(uri, None, key, "query parameter given twice")
         params[key] = value
@@ -91,7 +97,9 @@ def load_dataset(uri: str) -> Dataset:
     common = {k: params.pop(k) for k in COMMON_PARAMS if k in params}
     if params and scheme not in _TAKES_PARAMS:
         name = sorted(params)[0]
-        raise dataset_error(uri, None, name, f"unknown query parameter (accepted: {', '.join(COMMON_PARAMS)})")
+        raise dataset_error(
+            uri, None, name, f"unknown query parameter (accepted: {', '.join(COMMON_PARAMS)})"
+        )
     name, episodes = LOADERS[scheme](rest, params)
 
     seen: set[str] = set()
@@ -105,7 +113,12 @@ def load_dataset(uri: str) -> Dataset:
         known = {q.task_type for e in episodes for q in e.questions}
         if not wanted or not wanted <= known:
             bad = sorted(wanted - known) or [common["tasks"]]
-            raise dataset_error(uri, None, "tasks", f"no questions of task {bad[0]!r} (tasks here: {', '.join(sorted(known))})")
+            raise dataset_error(
+                uri,
+                None,
+                "tasks",
+                f"no questions of task {bad[0]!r} (tasks here: {', '.join(sorted(known))})",
+            )
         episodes = [
             e.model_copy(update={"questions": [q for q in e.questions if q.task_type in wanted]})
             for e in episodes
@@ -116,8 +129,15 @@ def load_dataset(uri: str) -> Dataset:
     episodes = episodes[offset:] if limit is None else episodes[offset : offset + limit]
     per_episode = int_param(uri, common, "questions", 1)
     if per_episode is not None:
-        episodes = [e.model_copy(update={"questions": e.questions[:per_episode]}) for e in episodes]
+        episodes = [
+            e.model_copy(update={"questions": e.questions[:per_episode]}) for e in episodes
+        ]
     if not episodes:
         raise dataset_error(uri, None, "offset", "no episodes left after offset/limit")
-    logger.info("dataset %s: %d episodes, %d questions", name, len(episodes), sum(len(e.questions) for e in episodes))
+    logger.info(
+        "dataset %s: %d episodes, %d questions",
+        name,
+        len(episodes),
+        sum(len(e.questions) for e in episodes),
+    )
     return Dataset(name=name, uri=uri, episodes=episodes)

@@ -63,7 +63,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from optloop.datasets._io import dataset_error, existing_file, int_param, read_jsonl, validation_error
+from optloop.datasets._io import (
+    dataset_error,
+    existing_file,
+    int_param,
+    read_jsonl,
+    validation_error,
+)
 from optloop.datasets._model import Episode, Question, Session, Turn
 from optloop.datasets.scorers import normalize_answer
 
@@ -79,8 +85,10 @@ GENERATE_PARAMS = ("records", "seed", "probes", "workspaces")
 
 TAGS = ("run", "fact", "end")
 _TAG = re.compile(r"^@(?P<kind>run|fact|end) (?P<json>\{.*\})\s*$")
-_SCOPE = re.compile(r"^\s*\[workspace\s+(?P<workspace>[^\s,\]]+)(?:\s*,\s*path\s+(?P<path>[^\]]*?))?\s*\]\s*(?P<rest>.*)$",
-                    re.S)
+_SCOPE = re.compile(
+    r"^\s*\[workspace\s+(?P<workspace>[^\s,\]]+)(?:\s*,\s*path\s+(?P<path>[^\]]*?))?\s*\]\s*(?P<rest>.*)$",
+    re.S,
+)
 
 
 def tag_line(kind: str, data: dict[str, Any]) -> str:
@@ -121,7 +129,7 @@ def path_matches(memory_path: str, query_path: str) -> bool:
     other, segment by segment (an empty path is the whole workspace)."""
     mem = [p for p in memory_path.strip("/").split("/") if p]
     query = [p for p in query_path.strip("/").split("/") if p]
-    return mem[:len(query)] == query or query[:len(mem)] == mem
+    return mem[: len(query)] == query or query[: len(mem)] == mem
 
 
 # --------------------------------------------------------------------------- records
@@ -181,21 +189,29 @@ class AgenticEpisode(BaseModel):
             ids.add(fact.id)
             where = (fact.workspace, fact.path, fact.branch)
             if fact.run in closed:
-                raise ValueError(f"facts[{i}].run: run {fact.run!r} is not contiguous (a run is one session)")
+                raise ValueError(
+                    f"facts[{i}].run: run {fact.run!r} is not contiguous (a run is one session)"
+                )
             if fact.run != previous and previous is not None:
                 closed.add(previous)
             if runs.setdefault(fact.run, where) != where:
-                raise ValueError(f"facts[{i}].run: run {fact.run!r} mixes workspaces, paths or branch statuses "
-                                 f"({runs[fact.run]} vs {where})")
+                raise ValueError(
+                    f"facts[{i}].run: run {fact.run!r} mixes workspaces, paths or branch statuses "
+                    f"({runs[fact.run]} vs {where})"
+                )
             previous = fact.run
         for run in runs:
             if {f"{run}:start", f"{run}:end"} & ids:
-                raise ValueError(f"facts: a fact id collides with the turn ids of run {run!r} ({run}:start/{run}:end)")
+                raise ValueError(
+                    f"facts: a fact id collides with the turn ids of run {run!r} ({run}:start/{run}:end)"
+                )
         for i, fact in enumerate(self.facts):
             later = _superseding(self.facts, i)
             if later is not None and fact.status == "active":
-                raise ValueError(f"facts[{i}].status: {fact.id} is marked active, but {later.id} (a later completed run, "
-                                 f"same workspace and key) supersedes it; mark it superseded")
+                raise ValueError(
+                    f"facts[{i}].status: {fact.id} is marked active, but {later.id} (a later completed run, "
+                    f"same workspace and key) supersedes it; mark it superseded"
+                )
         probe_ids: set[str] = set()
         workspaces = {f.workspace for f in self.facts}
         for j, probe in enumerate(self.probes):
@@ -203,9 +219,14 @@ class AgenticEpisode(BaseModel):
                 raise ValueError(f"probes[{j}].id: duplicate probe id {probe.id!r}")
             probe_ids.add(probe.id)
             if probe.workspace not in workspaces:
-                raise ValueError(f"probes[{j}].workspace: no fact was written in workspace {probe.workspace!r}")
+                raise ValueError(
+                    f"probes[{j}].workspace: no fact was written in workspace {probe.workspace!r}"
+                )
             for marker in probe.recall:
-                if not any(mentions(f.content, marker) or (f.value and mentions(f.value, marker)) for f in self.facts):
+                if not any(
+                    mentions(f.content, marker) or (f.value and mentions(f.value, marker))
+                    for f in self.facts
+                ):
                     raise ValueError(f"probes[{j}].recall: marker {marker!r} appears in no fact")
         return self
 
@@ -215,14 +236,26 @@ def _superseding(facts: Sequence[AgenticFact], i: int) -> AgenticFact | None:
     fact = facts[i]
     if fact.key is None:
         return None
-    return next((f for f in facts[i + 1:] if f.key == fact.key and f.workspace == fact.workspace
-                 and f.branch == "completed" and f.status == "active"), None)
+    return next(
+        (
+            f
+            for f in facts[i + 1 :]
+            if f.key == fact.key
+            and f.workspace == fact.workspace
+            and f.branch == "completed"
+            and f.status == "active"
+        ),
+        None,
+    )
 
 
 # --------------------------------------------------------------------------- records -> episodes
 
-_OUTCOME = {"completed": "completed; its changes were merged", "failed": "failed; its checks did not pass",
-            "rolled_back": "was rolled back; its changes were reverted"}
+_OUTCOME = {
+    "completed": "completed; its changes were merged",
+    "failed": "failed; its checks did not pass",
+    "rolled_back": "was rolled back; its changes were reverted",
+}
 
 
 def to_episode(record: AgenticEpisode) -> Episode:
@@ -237,31 +270,90 @@ def to_episode(record: AgenticEpisode) -> Episode:
     for index, facts in enumerate(runs):
         first = facts[0]
         where = first.path or "the workspace root"
-        turns = [Turn(id=f"{first.run}:start", role="system", content=(
-            f"Agent run {first.run} started in workspace {first.workspace} ({where}).\n"
-            + tag_line("run", {"run": first.run, "workspace": first.workspace, "path": first.path})))]
+        turns = [
+            Turn(
+                id=f"{first.run}:start",
+                role="system",
+                content=(
+                    f"Agent run {first.run} started in workspace {first.workspace} ({where}).\n"
+                    + tag_line(
+                        "run", {"run": first.run, "workspace": first.workspace, "path": first.path}
+                    )
+                ),
+            )
+        ]
         for fact in facts:
             tag: dict[str, Any] = {"key": fact.key, "value": fact.value}
-            if fact.status == "superseded" and _superseding(record.facts, record.facts.index(fact)) is None:
-                tag["status"] = "superseded"  # said explicitly: no later fact in the log supersedes it
-            turns.append(Turn(id=fact.id, role="assistant", content=f"{fact.content}\n{tag_line('fact', tag)}"))
-        turns.append(Turn(id=f"{first.run}:end", role="system", content=(
-            f"Run {first.run} {_OUTCOME[first.branch]}.\n" + tag_line("end", {"run": first.run, "branch": first.branch}))))
-        sessions.append(Session(id=first.run, timestamp=_stamp(index), turns=turns, kind=SESSION_KIND))
+            if (
+                fact.status == "superseded"
+                and _superseding(record.facts, record.facts.index(fact)) is None
+            ):
+                tag["status"] = (
+                    "superseded"  # said explicitly: no later fact in the log supersedes it
+                )
+            turns.append(
+                Turn(
+                    id=fact.id,
+                    role="assistant",
+                    content=f"{fact.content}\n{tag_line('fact', tag)}",
+                )
+            )
+        turns.append(
+            Turn(
+                id=f"{first.run}:end",
+                role="system",
+                content=(
+                    f"Run {first.run} {_OUTCOME[first.branch]}.\n"
+                    + tag_line("end", {"run": first.run, "branch": first.branch})
+                ),
+            )
+        )
+        sessions.append(
+            Session(id=first.run, timestamp=_stamp(index), turns=turns, kind=SESSION_KIND)
+        )
     questions = []
     for probe in record.probes:
-        foreign = probe.foreign if probe.foreign is not None else \
-            [f.value for f in record.facts if f.workspace != probe.workspace and f.value]
-        evidence = [f.id for f in record.facts if f.workspace == probe.workspace
-                    and any(mentions(f.content, m) or (f.value and mentions(f.value, m)) for m in probe.recall)]
-        forbidden = [v for v in dict.fromkeys([*probe.distractors, *foreign])
-                     if not any(mentions(v, r) or mentions(r, v) for r in (probe.gold, *probe.recall))]
-        questions.append(Question(
-            id=probe.id, question=f"{scope_header(probe.workspace, probe.path)} {probe.question}", gold=probe.gold,
-            evidence_ids=evidence, task_type=probe.category, scorer="contains", forbidden=forbidden,
-            meta={"category": probe.category, "workspace": probe.workspace, "path": probe.path, "key": probe.key,
-                  "recall": list(probe.recall), "distractors": list(probe.distractors), "foreign": list(foreign)}))
-    return Episode(id=record.id, sessions=sessions, questions=questions, meta={"format": "agentic"})
+        foreign = (
+            probe.foreign
+            if probe.foreign is not None
+            else [f.value for f in record.facts if f.workspace != probe.workspace and f.value]
+        )
+        evidence = [
+            f.id
+            for f in record.facts
+            if f.workspace == probe.workspace
+            and any(
+                mentions(f.content, m) or (f.value and mentions(f.value, m)) for m in probe.recall
+            )
+        ]
+        forbidden = [
+            v
+            for v in dict.fromkeys([*probe.distractors, *foreign])
+            if not any(mentions(v, r) or mentions(r, v) for r in (probe.gold, *probe.recall))
+        ]
+        questions.append(
+            Question(
+                id=probe.id,
+                question=f"{scope_header(probe.workspace, probe.path)} {probe.question}",
+                gold=probe.gold,
+                evidence_ids=evidence,
+                task_type=probe.category,
+                scorer="contains",
+                forbidden=forbidden,
+                meta={
+                    "category": probe.category,
+                    "workspace": probe.workspace,
+                    "path": probe.path,
+                    "key": probe.key,
+                    "recall": list(probe.recall),
+                    "distractors": list(probe.distractors),
+                    "foreign": list(foreign),
+                },
+            )
+        )
+    return Episode(
+        id=record.id, sessions=sessions, questions=questions, meta={"format": "agentic"}
+    )
 
 
 def _stamp(index: int) -> str:
@@ -285,7 +377,9 @@ class ContextScore(BaseModel):
     question_id: str
     category: str
     recall: float  # share of recall markers in the positive context
-    recall_any: float  # share of recall markers anywhere in the context (negative evidence included)
+    recall_any: (
+        float  # share of recall markers anywhere in the context (negative evidence included)
+    )
     contaminated: bool  # a distractor marker in the positive context
     leaked: bool  # a foreign (other-workspace) marker anywhere in the context
     positive: int
@@ -296,71 +390,205 @@ class ContextScore(BaseModel):
         return not self.contaminated and not self.leaked
 
 
-def score_context(question: Question, positive: Sequence[str], negative: Sequence[str] = ()) -> ContextScore:
+def score_context(
+    question: Question, positive: Sequence[str], negative: Sequence[str] = ()
+) -> ContextScore:
     """Recall, contamination and leakage of one agentic probe's context."""
     meta = question.meta
     recall = [str(m) for m in meta.get("recall") or [question.gold]]
     shown = "\n".join(positive)
     everything = "\n".join([*positive, *negative])
     return ContextScore(
-        question_id=question.id, category=str(meta.get("category") or question.task_type),
+        question_id=question.id,
+        category=str(meta.get("category") or question.task_type),
         recall=sum(mentions(shown, m) for m in recall) / len(recall),
         recall_any=sum(mentions(everything, m) for m in recall) / len(recall),
         contaminated=any(mentions(shown, str(m)) for m in meta.get("distractors") or []),
         leaked=any(mentions(everything, str(m)) for m in meta.get("foreign") or []),
-        positive=len(positive), negative=len(negative))
+        positive=len(positive),
+        negative=len(negative),
+    )
 
 
 # --------------------------------------------------------------------------- generator
 
 # key -> (path, question, templates for a value that holds, template for a value a run wrote, value kind)
 _KEYS: dict[str, tuple[str, str, tuple[str, ...], str]] = {
-    "api.port": ("services/api", "Which port does the API server listen on?",
-                 ("The API server listens on port {v}.", "Set the API server port to {v} in services/api/config.yaml.",
-                  "The API is now served on port {v}."), "port"),
-    "db.host": ("services/api", "Which database host does the API connect to?",
-                ("The API connects to the database host {v}.", "Pointed the API's database connection at {v}.",
-                 "The database host for the API is {v}."), "host"),
-    "cache.ttl": ("services/api", "What is the cache TTL of the API?",
-                  ("The API cache TTL is {v}.", "Set the API cache TTL to {v}.",
-                   "Response caching in the API expires after {v}."), "ttl"),
-    "schema.migration": ("services/api", "Which migration is the database schema at?",
-                         ("The schema is at migration {v}.", "Applied migration {v} to the schema.",
-                          "Database schema head is migration {v}."), "migration"),
-    "worker.queue": ("services/worker", "Which queue does the worker consume from?",
-                     ("The worker consumes from queue {v}.", "Switched the worker to consume queue {v}.",
-                      "Jobs reach the worker through queue {v}."), "queue"),
-    "worker.image": ("services/worker", "Which base image does the worker build from?",
-                     ("The worker image builds from {v}.", "Changed the worker's base image to {v}.",
-                      "The worker Dockerfile starts FROM {v}."), "image"),
-    "deploy.region": ("infra", "Which region does the service deploy to?",
-                      ("The service deploys to region {v}.", "Moved the deployment target to region {v}.",
-                       "Production runs in region {v}."), "region"),
-    "secret.db_password": ("infra", "Which secret holds the database password?",
-                           ("The database password lives in secret {v}.", "Stored the database password as secret {v}.",
-                            "The app reads its database password from secret {v}."), "secret"),
-    "logs.bucket": ("infra", "Which bucket receives the service logs?",
-                    ("Service logs are shipped to bucket {v}.", "Pointed log shipping at bucket {v}.",
-                     "The log sink writes to bucket {v}."), "bucket"),
-    "ci.integration_job": (".ci", "Which CI job runs the integration tests?",
-                           ("The integration tests run in CI job {v}.", "Renamed the integration-test CI job to {v}.",
-                            "CI job {v} runs the integration suite."), "job"),
-    "ci.test_timeout": (".ci", "What timeout do the integration tests use?",
-                        ("The integration tests time out after {v}.", "Raised the integration-test timeout to {v}.",
-                         "Integration tests are killed after {v}."), "timeout"),
-    "web.checkout_flag": ("services/web", "Which feature flag gates the new checkout page?",
-                          ("The new checkout page is behind feature flag {v}.", "Gated the new checkout behind flag {v}.",
-                           "Feature flag {v} turns the new checkout on."), "flag"),
-    "release.branch": ("", "Which branch are releases cut from?",
-                       ("Releases are cut from branch {v}.", "Switched the release branch to {v}.",
-                        "The release train leaves from branch {v}."), "branch"),
-    "python.version": ("", "Which Python version does the project pin?",
-                       ("The project pins Python {v}.", "Bumped the pinned Python version to {v}.",
-                        "The toolchain uses Python {v}."), "python"),
+    "api.port": (
+        "services/api",
+        "Which port does the API server listen on?",
+        (
+            "The API server listens on port {v}.",
+            "Set the API server port to {v} in services/api/config.yaml.",
+            "The API is now served on port {v}.",
+        ),
+        "port",
+    ),
+    "db.host": (
+        "services/api",
+        "Which database host does the API connect to?",
+        (
+            "The API connects to the database host {v}.",
+            "Pointed the API's database connection at {v}.",
+            "The database host for the API is {v}.",
+        ),
+        "host",
+    ),
+    "cache.ttl": (
+        "services/api",
+        "What is the cache TTL of the API?",
+        (
+            "The API cache TTL is {v}.",
+            "Set the API cache TTL to {v}.",
+            "Response caching in the API expires after {v}.",
+        ),
+        "ttl",
+    ),
+    "schema.migration": (
+        "services/api",
+        "Which migration is the database schema at?",
+        (
+            "The schema is at migration {v}.",
+            "Applied migration {v} to the schema.",
+            "Database schema head is migration {v}.",
+        ),
+        "migration",
+    ),
+    "worker.queue": (
+        "services/worker",
+        "Which queue does the worker consume from?",
+        (
+            "The worker consumes from queue {v}.",
+            "Switched the worker to consume queue {v}.",
+            "Jobs reach the worker through queue {v}.",
+        ),
+        "queue",
+    ),
+    "worker.image": (
+        "services/worker",
+        "Which base image does the worker build from?",
+        (
+            "The worker image builds from {v}.",
+            "Changed the worker's base image to {v}.",
+            "The worker Dockerfile starts FROM {v}.",
+        ),
+        "image",
+    ),
+    "deploy.region": (
+        "infra",
+        "Which region does the service deploy to?",
+        (
+            "The service deploys to region {v}.",
+            "Moved the deployment target to region {v}.",
+            "Production runs in region {v}.",
+        ),
+        "region",
+    ),
+    "secret.db_password": (
+        "infra",
+        "Which secret holds the database password?",
+        (
+            "The database password lives in secret {v}.",
+            "Stored the database password as secret {v}.",
+            "The app reads its database password from secret {v}.",
+        ),
+        "secret",
+    ),
+    "logs.bucket": (
+        "infra",
+        "Which bucket receives the service logs?",
+        (
+            "Service logs are shipped to bucket {v}.",
+            "Pointed log shipping at bucket {v}.",
+            "The log sink writes to bucket {v}.",
+        ),
+        "bucket",
+    ),
+    "ci.integration_job": (
+        ".ci",
+        "Which CI job runs the integration tests?",
+        (
+            "The integration tests run in CI job {v}.",
+            "Renamed the integration-test CI job to {v}.",
+            "CI job {v} runs the integration suite.",
+        ),
+        "job",
+    ),
+    "ci.test_timeout": (
+        ".ci",
+        "What timeout do the integration tests use?",
+        (
+            "The integration tests time out after {v}.",
+            "Raised the integration-test timeout to {v}.",
+            "Integration tests are killed after {v}.",
+        ),
+        "timeout",
+    ),
+    "web.checkout_flag": (
+        "services/web",
+        "Which feature flag gates the new checkout page?",
+        (
+            "The new checkout page is behind feature flag {v}.",
+            "Gated the new checkout behind flag {v}.",
+            "Feature flag {v} turns the new checkout on.",
+        ),
+        "flag",
+    ),
+    "release.branch": (
+        "",
+        "Which branch are releases cut from?",
+        (
+            "Releases are cut from branch {v}.",
+            "Switched the release branch to {v}.",
+            "The release train leaves from branch {v}.",
+        ),
+        "branch",
+    ),
+    "python.version": (
+        "",
+        "Which Python version does the project pin?",
+        (
+            "The project pins Python {v}.",
+            "Bumped the pinned Python version to {v}.",
+            "The toolchain uses Python {v}.",
+        ),
+        "python",
+    ),
 }
-_WORKSPACES = ("billing", "search", "auth", "payments", "ingest", "notify", "catalog", "reports", "gateway",
-               "profiles", "ledger", "media")
-_ONSETS = ("b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "kr", "st", "tr")
+_WORKSPACES = (
+    "billing",
+    "search",
+    "auth",
+    "payments",
+    "ingest",
+    "notify",
+    "catalog",
+    "reports",
+    "gateway",
+    "profiles",
+    "ledger",
+    "media",
+)
+_ONSETS = (
+    "b",
+    "d",
+    "f",
+    "g",
+    "k",
+    "l",
+    "m",
+    "n",
+    "p",
+    "r",
+    "s",
+    "t",
+    "v",
+    "z",
+    "br",
+    "kr",
+    "st",
+    "tr",
+)
 _VOWELS = ("a", "e", "i", "o", "u")
 _CODAS = ("", "", "n", "r", "l", "x", "s")
 _REGIONS = ("eu", "us", "ap", "sa", "me", "af")
@@ -374,7 +602,10 @@ class _Values:
         self.used: set[str] = set()
 
     def word(self) -> str:
-        return "".join(self.rng.choice(_ONSETS) + self.rng.choice(_VOWELS) + self.rng.choice(_CODAS) for _ in range(2))
+        return "".join(
+            self.rng.choice(_ONSETS) + self.rng.choice(_VOWELS) + self.rng.choice(_CODAS)
+            for _ in range(2)
+        )
 
     def _make(self, kind: str) -> str:
         r, w = self.rng, self.word
@@ -405,7 +636,9 @@ class _Values:
         raise RuntimeError("value generator exhausted")  # not reachable at these sizes
 
 
-def _episode_record(rng: random.Random, episode_id: str, categories: Sequence[str], n_workspaces: int) -> AgenticEpisode:
+def _episode_record(
+    rng: random.Random, episode_id: str, categories: Sequence[str], n_workspaces: int
+) -> AgenticEpisode:
     values = _Values(rng)
     workspaces = rng.sample(_WORKSPACES, n_workspaces)
     n_keys = max(4, -(-len(categories) // n_workspaces) + 2)
@@ -415,7 +648,9 @@ def _episode_record(rng: random.Random, episode_id: str, categories: Sequence[st
     plan = dict(zip(probed, categories, strict=True))
     # phase -> list of (workspace, key, value, branch, template index): 0 = oldest state, 1 = base, 2 = later runs
     phases: dict[int, list[tuple[str, str, str, str, int]]] = {0: [], 1: [], 2: []}
-    probes: list[tuple[str, str, str, str, list[str]]] = []  # (workspace, key, category, gold, distractors)
+    probes: list[
+        tuple[str, str, str, str, list[str]]
+    ] = []  # (workspace, key, category, gold, distractors)
     for ws, key in pairs:
         kind = _KEYS[key][3]
         category = plan.get((ws, key), "filler")
@@ -434,7 +669,15 @@ def _episode_record(rng: random.Random, episode_id: str, categories: Sequence[st
         phases[1].append((ws, key, first, "completed", rng.randrange(3)))
         if category == "dead_branch" or (category == "filler" and rng.random() < 0.3):
             dead = values.fresh(kind)
-            phases[2].append((ws, key, dead, "rolled_back" if rng.random() < 1 / 3 else "failed", rng.randrange(3)))
+            phases[2].append(
+                (
+                    ws,
+                    key,
+                    dead,
+                    "rolled_back" if rng.random() < 1 / 3 else "failed",
+                    rng.randrange(3),
+                )
+            )
             if category == "dead_branch":
                 probes.append((ws, key, category, first, [dead]))
         elif category == "clean_recall":
@@ -458,20 +701,44 @@ def _episode_record(rng: random.Random, episode_id: str, categories: Sequence[st
         for run in runs:
             run_no += 1
             for ws, key, value, branch, template in run:
-                facts.append(AgenticFact(id=f"f{len(facts) + 1:03d}", run=f"r{run_no:03d}", key=key, value=value,
-                                         content=_KEYS[key][2][template].format(v=value), workspace=ws,
-                                         path=_KEYS[key][0], branch=branch))
-    facts = [f.model_copy(update={"status": "superseded"}) if _superseding(facts, i) else f
-             for i, f in enumerate(facts)]
-    probe_records = [AgenticProbe(id=f"{episode_id}:p{j + 1}", question=_KEYS[key][1], gold=gold, workspace=ws,
-                                  path=_KEYS[key][0], category=category, key=key, recall=[gold],
-                                  distractors=distractors)
-                     for j, (ws, key, category, gold, distractors) in enumerate(
-                         sorted(probes, key=lambda p: probed.index((p[0], p[1]))))]
+                facts.append(
+                    AgenticFact(
+                        id=f"f{len(facts) + 1:03d}",
+                        run=f"r{run_no:03d}",
+                        key=key,
+                        value=value,
+                        content=_KEYS[key][2][template].format(v=value),
+                        workspace=ws,
+                        path=_KEYS[key][0],
+                        branch=branch,
+                    )
+                )
+    facts = [
+        f.model_copy(update={"status": "superseded"}) if _superseding(facts, i) else f
+        for i, f in enumerate(facts)
+    ]
+    probe_records = [
+        AgenticProbe(
+            id=f"{episode_id}:p{j + 1}",
+            question=_KEYS[key][1],
+            gold=gold,
+            workspace=ws,
+            path=_KEYS[key][0],
+            category=category,
+            key=key,
+            recall=[gold],
+            distractors=distractors,
+        )
+        for j, (ws, key, category, gold, distractors) in enumerate(
+            sorted(probes, key=lambda p: probed.index((p[0], p[1])))
+        )
+    ]
     return AgenticEpisode(id=episode_id, facts=facts, probes=probe_records)
 
 
-def generate_records(records: int = 2000, seed: int = 0, probes: int = 8, workspaces: int = 3) -> list[AgenticEpisode]:
+def generate_records(
+    records: int = 2000, seed: int = 0, probes: int = 8, workspaces: int = 3
+) -> list[AgenticEpisode]:
     """``records`` probes over episodes of ``probes`` each; categories rotate, so each has a quarter."""
     if not 2 <= workspaces <= len(_WORKSPACES):
         raise ValueError(f"workspaces must be 2..{len(_WORKSPACES)}")
@@ -504,8 +771,12 @@ def read_agentic_jsonl(path: Path) -> list[AgenticEpisode]:
     for lineno, value in read_jsonl(path):
         where = f"line {lineno}"
         if not isinstance(value, dict):
-            raise dataset_error(path, where, None,
-                                f"expected a JSON object (one agentic episode), got {type(value).__name__}")
+            raise dataset_error(
+                path,
+                where,
+                None,
+                f"expected a JSON object (one agentic episode), got {type(value).__name__}",
+            )
         try:
             records.append(AgenticEpisode.model_validate(value))
         except ValidationError as exc:
@@ -521,7 +792,12 @@ def load_agentic(rest: str, params: dict[str, str]) -> tuple[str, list[Episode]]
         uri = f"agentic:{GENERATE}"
         unknown = sorted(set(params) - set(GENERATE_PARAMS))
         if unknown:
-            raise dataset_error(uri, None, unknown[0], f"unknown query parameter (accepted: {', '.join(GENERATE_PARAMS)})")
+            raise dataset_error(
+                uri,
+                None,
+                unknown[0],
+                f"unknown query parameter (accepted: {', '.join(GENERATE_PARAMS)})",
+            )
         records = int_param(uri, params, "records", 1, 2000) or 2000
         seed = int_param(uri, params, "seed", 0, 0) or 0
         probes = int_param(uri, params, "probes", 1, 8) or 8
@@ -532,15 +808,38 @@ def load_agentic(rest: str, params: dict[str, str]) -> tuple[str, list[Episode]]
         name = f"agentic:generate?records={records}&seed={seed}&probes={probes}&workspaces={workspaces}"
         return name, [to_episode(r) for r in generated]
     if params:
-        raise dataset_error(f"agentic:{rest}", None, sorted(params)[0], "unknown query parameter (a file takes none; "
-                            "the generator takes records, seed, probes, workspaces)")
+        raise dataset_error(
+            f"agentic:{rest}",
+            None,
+            sorted(params)[0],
+            "unknown query parameter (a file takes none; "
+            "the generator takes records, seed, probes, workspaces)",
+        )
     path = existing_file(rest, "agentic")
     try:
         return f"agentic:{path.stem}", [to_episode(r) for r in read_agentic_jsonl(path)]
-    except ValidationError as exc:  # an episode the records could not become (a bug, or a record past the checks)
+    except (
+        ValidationError
+    ) as exc:  # an episode the records could not become (a bug, or a record past the checks)
         raise validation_error(path, None, exc) from None
 
 
-__all__ = ["CATEGORIES", "AgenticEpisode", "AgenticFact", "AgenticProbe", "ContextScore",
-           "generate_records", "load_agentic", "mentions", "parse_scope", "parse_tag", "path_matches",
-           "read_agentic_jsonl", "scope_header", "score_context", "tag_line", "to_episode", "write_agentic_jsonl"]
+__all__ = [
+    "CATEGORIES",
+    "AgenticEpisode",
+    "AgenticFact",
+    "AgenticProbe",
+    "ContextScore",
+    "generate_records",
+    "load_agentic",
+    "mentions",
+    "parse_scope",
+    "parse_tag",
+    "path_matches",
+    "read_agentic_jsonl",
+    "scope_header",
+    "score_context",
+    "tag_line",
+    "to_episode",
+    "write_agentic_jsonl",
+]

@@ -29,7 +29,15 @@ _TINY: list[tuple[str, _Sessions, _Questions]] = [
     (
         "tiny-pet",
         [
-            ("2024-03-01", ["My dog is named Biscuit.", "Biscuit is a lovely name!", "I live in Denver.", "Noted."]),
+            (
+                "2024-03-01",
+                [
+                    "My dog is named Biscuit.",
+                    "Biscuit is a lovely name!",
+                    "I live in Denver.",
+                    "Noted.",
+                ],
+            ),
             ("2024-04-10", ["I moved to Austin last week.", "Congratulations on the move!"]),
         ],
         [
@@ -46,13 +54,21 @@ _TINY: list[tuple[str, _Sessions, _Questions]] = [
         [
             ("What is my favorite fruit?", "mango", ["s1:t1"], "exact_recall"),
             ("What am I allergic to?", "peanuts", ["s2:t1"], "exact_recall"),
-            ("Name my favorite fruit and my allergy.", "mango, peanuts", ["s1:t1", "s2:t1"], "multi_session"),
+            (
+                "Name my favorite fruit and my allergy.",
+                "mango, peanuts",
+                ["s1:t1", "s2:t1"],
+                "multi_session",
+            ),
         ],
     ),
     (
         "tiny-work",
         [
-            ("2024-06-03", ["I work as a nurse.", "That's important work.", "My car is red.", "Nice."]),
+            (
+                "2024-06-03",
+                ["I work as a nurse.", "That's important work.", "My car is red.", "Nice."],
+            ),
             ("2024-07-15", ["I painted my car blue.", "Blue is a good color."]),
         ],
         [
@@ -101,7 +117,14 @@ def tiny() -> list[Episode]:
             )
             for i, (text, gold, evidence, task) in enumerate(raw_questions, 1)
         ]
-        episodes.append(Episode(id=episode_id, sessions=sessions, questions=questions, meta={"source": "builtin:tiny"}))
+        episodes.append(
+            Episode(
+                id=episode_id,
+                sessions=sessions,
+                questions=questions,
+                meta={"source": "builtin:tiny"},
+            )
+        )
     return episodes
 
 
@@ -123,13 +146,19 @@ def _assistant() -> list[Episode]:
     return assistant()
 
 
-BUILTINS: dict[str, Callable[[], list[Episode]]] = {"tiny": tiny, "suite": _suite, "meme": _meme,
-                                                    "assistant": _assistant}
+BUILTINS: dict[str, Callable[[], list[Episode]]] = {
+    "tiny": tiny,
+    "suite": _suite,
+    "meme": _meme,
+    "assistant": _assistant,
+}
 
 
 def load_builtin(rest: str, params: dict[str, str]) -> tuple[str, list[Episode]]:
     """Load a built-in dataset by name (empty name = ``tiny``)."""
     name = rest.strip() or "tiny"
     if name not in BUILTINS:
-        raise DatasetError(f"builtin:{rest}: unknown built-in dataset {name!r} (one of: {', '.join(BUILTINS)})")
+        raise DatasetError(
+            f"builtin:{rest}: unknown built-in dataset {name!r} (one of: {', '.join(BUILTINS)})"
+        )
     return f"builtin:{name}", BUILTINS[name]()

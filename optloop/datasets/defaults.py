@@ -29,8 +29,10 @@ class DefaultDataset(BaseModel):
     """A system's default dataset and why."""
 
     uri: str
-    baseline: str | None = Field(None, description="the embedded model's dev accuracy there, as measured "
-                                                    "(None: not measured)")
+    baseline: str | None = Field(
+        None,
+        description="the embedded model's dev accuracy there, as measured (None: not measured)",
+    )
 
 
 DEFAULTS: dict[str, DefaultDataset] = {
@@ -51,11 +53,14 @@ def defaults_help() -> str:
     uris = sorted({d.uri for d in DEFAULTS.values()})
     measured = [f"{s} {d.baseline}" for s, d in DEFAULTS.items() if d.baseline]
     unmeasured = [s for s, d in DEFAULTS.items() if not d.baseline]
-    return (f"{' / '.join(uris)} for every system: 40 episodes of three made-up facts, two asked after an "
-            "unrelated session; 20 dev and 20 test questions, so one question moves accuracy by 0.05; the embedded "
-            "model's baseline is meant to have room to rise and to fall there (dev accuracy "
-            + "; ".join(measured) + (f"; not measured yet for {', '.join(unmeasured)}" if unmeasured else "")
-            + "; see optloop/datasets/defaults.py)")
+    return (
+        f"{' / '.join(uris)} for every system: 40 episodes of three made-up facts, two asked after an "
+        "unrelated session; 20 dev and 20 test questions, so one question moves accuracy by 0.05; the embedded "
+        "model's baseline is meant to have room to rise and to fall there (dev accuracy "
+        + "; ".join(measured)
+        + (f"; not measured yet for {', '.join(unmeasured)}" if unmeasured else "")
+        + "; see optloop/datasets/defaults.py)"
+    )
 
 
 def default_dataset(system: str) -> DefaultDataset:

@@ -33,7 +33,12 @@ def load_jsonl(rest: str, params: dict[str, str]) -> tuple[str, list[Episode]]:
     for lineno, value in read_jsonl(path):
         where = f"line {lineno}"
         if not isinstance(value, dict):
-            raise dataset_error(path, where, None, f"expected a JSON object (one Episode), got {type(value).__name__}")
+            raise dataset_error(
+                path,
+                where,
+                None,
+                f"expected a JSON object (one Episode), got {type(value).__name__}",
+            )
         try:
             episodes.append(Episode.model_validate(value))
         except ValidationError as exc:

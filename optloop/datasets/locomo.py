@@ -37,7 +37,13 @@ from optloop.datasets._model import Episode, Question, Session, Turn
 
 logger = logging.getLogger(__name__)
 
-CATEGORIES: dict[int, str] = {1: "multi_hop", 2: "temporal", 3: "open_domain", 4: "single_hop", 5: "adversarial"}
+CATEGORIES: dict[int, str] = {
+    1: "multi_hop",
+    2: "temporal",
+    3: "open_domain",
+    4: "single_hop",
+    5: "adversarial",
+}
 ABSTAIN_GOLD = "Not mentioned in the conversation"
 
 _SESSION_KEY = re.compile(r"session_(\d+)")
@@ -49,7 +55,9 @@ def _sessions(conversation: Any, source: Path, where: str) -> tuple[list[Session
         raise dataset_error(source, where, "conversation", "expected a JSON object")
     numbers = sorted(int(m.group(1)) for key in conversation if (m := _SESSION_KEY.fullmatch(key)))
     if not numbers:
-        raise dataset_error(source, where, "conversation.session_1", "missing (no session_<N> lists)")
+        raise dataset_error(
+            source, where, "conversation.session_1", "missing (no session_<N> lists)"
+        )
     sessions: list[Session] = []
     by_dia_id: dict[str, str] = {}
     for n in numbers:
@@ -72,11 +80,15 @@ def _sessions(conversation: Any, source: Path, where: str) -> tuple[list[Session
             if isinstance(dia_id, str) and (m := _EVIDENCE.fullmatch(dia_id.strip())):
                 by_dia_id.setdefault(f"D{int(m.group(1))}:{int(m.group(2))}", turn_id)
         timestamp = conversation.get(f"session_{n}_date_time")
-        sessions.append(Session(id=f"s{n}", timestamp=str(timestamp) if timestamp else None, turns=turns))
+        sessions.append(
+            Session(id=f"s{n}", timestamp=str(timestamp) if timestamp else None, turns=turns)
+        )
     return sessions, by_dia_id
 
 
-def _evidence(raw: Any, by_dia_id: dict[str, str], source: Path, where: str, field: str) -> tuple[list[str], int]:
+def _evidence(
+    raw: Any, by_dia_id: dict[str, str], source: Path, where: str, field: str
+) -> tuple[list[str], int]:
     if raw is None:
         return [], 0
     if not isinstance(raw, list):
@@ -110,14 +122,28 @@ def _sample(where: str, sample: Any, source: Path) -> Episode:
         text = require(record, "question", source, where, prefix=f"{field}.")
         category = record.get("category")
         if category not in CATEGORIES:
-            raise dataset_error(source, where, f"{field}.category", f"expected 1-5, got {category!r}")
-        evidence, dropped = _evidence(record.get("evidence"), by_dia_id, source, where, f"{field}.evidence")
+            raise dataset_error(
+                source, where, f"{field}.category", f"expected 1-5, got {category!r}"
+            )
+        evidence, dropped = _evidence(
+            record.get("evidence"), by_dia_id, source, where, f"{field}.evidence"
+        )
         if dropped:
-            logger.warning("%s: %s: %s.evidence: %d id(s) name no turn, dropped", source, where, field, dropped)
+            logger.warning(
+                "%s: %s: %s.evidence: %d id(s) name no turn, dropped",
+                source,
+                where,
+                field,
+                dropped,
+            )
             dropped_total += dropped
         meta: dict[str, Any] = {"category": category}
         if category == 5:
-            meta["adversarial_answer"] = None if record.get("adversarial_answer") is None else str(record["adversarial_answer"])
+            meta["adversarial_answer"] = (
+                None
+                if record.get("adversarial_answer") is None
+                else str(record["adversarial_answer"])
+            )
             meta["distractor_evidence"] = evidence
             gold, evidence, scorer, abstain = ABSTAIN_GOLD, [], "abstain", True
         else:

@@ -32,12 +32,17 @@ def _instance(where: str, record: Any, source: Path) -> Episode:
     raw_sessions = require(record, "haystack_sessions", source, where, list)
     if len(raw_sessions) != len(session_ids):
         raise dataset_error(
-            source, where, "haystack_sessions",
+            source,
+            where,
+            "haystack_sessions",
             f"has {len(raw_sessions)} sessions but haystack_session_ids has {len(session_ids)}",
         )
     if len(dates) != len(session_ids):
         raise dataset_error(
-            source, where, "haystack_dates", f"has {len(dates)} dates but haystack_session_ids has {len(session_ids)}"
+            source,
+            where,
+            "haystack_dates",
+            f"has {len(dates)} dates but haystack_session_ids has {len(session_ids)}",
         )
     sessions: list[Session] = []
     evidence: list[str] = []
@@ -56,7 +61,9 @@ def _instance(where: str, record: Any, source: Path) -> Episode:
             turns.append(turn)
             if raw.get("has_answer") is True:
                 evidence.append(turn.id)
-        sessions.append(Session(id=f"s{i}", timestamp=None if date is None else str(date), turns=turns))
+        sessions.append(
+            Session(id=f"s{i}", timestamp=None if date is None else str(date), turns=turns)
+        )
     abstain = qid.endswith("_abs")
     question = Question(
         id=qid,

@@ -65,7 +65,9 @@ class PublishedEpisode:
     systems: list[str]
     labels: dict[str, dict[str, Any]] = field(default_factory=dict)
     probes: list[Probe] = field(default_factory=list)
-    probe_sessions: dict[str, int] = field(default_factory=dict)  # phase -> idx of the last session before it
+    probe_sessions: dict[str, int] = field(
+        default_factory=dict
+    )  # phase -> idx of the last session before it
 
     def snapshot_path(self, system: str, idx: int) -> Path:
         return self.public / "snap" / system / f"{idx}.txt"
@@ -85,11 +87,21 @@ def published_files(root: Path) -> list[Path]:
     """The published episode files under a checkout (``src/data/*.json`` holding an episode)."""
     data_dir = root / "src" / "data"
     if not data_dir.is_dir():
-        raise dataset_error(root, None, None, "no src/data folder",
-                            "point meme: at a checkout of meme-eval, or at src/data/<name>.json")
+        raise dataset_error(
+            root,
+            None,
+            None,
+            "no src/data folder",
+            "point meme: at a checkout of meme-eval, or at src/data/<name>.json",
+        )
     files = [p for p in sorted(data_dir.glob("*.json")) if is_published(read_json(p))]
     if not files:
-        raise dataset_error(data_dir, None, None, "no published MEME episode (a JSON with episode, sessions, results)")
+        raise dataset_error(
+            data_dir,
+            None,
+            None,
+            "no published MEME episode (a JSON with episode, sessions, results)",
+        )
     return files
 
 
@@ -97,8 +109,12 @@ def public_dir(source: Path, tag: str) -> Path:
     """``public/<name>`` beside ``src/data/<name>.json``; a DatasetError naming what is missing."""
     public = source.resolve().parents[2] / "public" / source.stem
     if not public.is_dir():
-        raise dataset_error(source, None, None, f"{public} not found (episode {tag}: fetch public/{source.stem} "
-                            "beside src/data)")
+        raise dataset_error(
+            source,
+            None,
+            None,
+            f"{public} not found (episode {tag}: fetch public/{source.stem} beside src/data)",
+        )
     return public
 
 
@@ -109,18 +125,24 @@ def read_published(source: Path, data: Any | None = None) -> PublishedEpisode:
     """Read one published episode file; a one-line DatasetError names the bad record and field."""
     data = read_json(source) if data is None else data
     if not is_published(data):
-        raise dataset_error(source, None, None, f"not a published MEME episode (needs {', '.join(PUBLISHED_KEYS)})")
+        raise dataset_error(
+            source, None, None, f"not a published MEME episode (needs {', '.join(PUBLISHED_KEYS)})"
+        )
     header = require(data, "episode", source, "", dict)
     tag = str(header.get("tag") or header.get("id") or source.stem)
     sessions, facts = _sessions(data, source)
     last = sessions[-1][0] if sessions else 0
-    positions = {"before": _int(header, "probe_before_idx", source, last), "after":
-                 _int(header, "probe_after_idx", source, last)}
+    positions = {
+        "before": _int(header, "probe_before_idx", source, last),
+        "after": _int(header, "probe_after_idx", source, last),
+    }
     results = require(data, "results", source, "results", dict)
     systems = [str(s) for s in data.get("systems") or results]
     for name in systems:
         if name not in results:
-            raise dataset_error(source, "results", name, "system listed in 'systems' has no results")
+            raise dataset_error(
+                source, "results", name, "system listed in 'systems' has no results"
+            )
     root = header.get("root")
     episodes: dict[str, Episode] = {}
     probes: list[Probe] = []
@@ -131,30 +153,53 @@ def read_published(source: Path, data: Any | None = None) -> PublishedEpisode:
         episode_id = f"{tag}-{phase}"
         questions = _questions(results, systems, phase, source, episode_id, facts, idx, root)
         kept = [s for i, s in sessions if i <= idx]
-        meta = {"source": "meme-published", "tag": tag, "phase": phase, "domain": header.get("domain"),
-                "root": root, "asked_after_session": f"s{idx}",
-                "evidence_session_ids": [f"s{i}" for i in header.get("evidence_session_indices") or [] if i <= idx]}
+        meta = {
+            "source": "meme-published",
+            "tag": tag,
+            "phase": phase,
+            "domain": header.get("domain"),
+            "root": root,
+            "asked_after_session": f"s{idx}",
+            "evidence_session_ids": [
+                f"s{i}" for i in header.get("evidence_session_indices") or [] if i <= idx
+            ],
+        }
         with record_context(source, f"episode {episode_id}"):
-            episodes[phase] = Episode(id=episode_id, sessions=kept, questions=[q for q, _ in questions], meta=meta)
+            episodes[phase] = Episode(
+                id=episode_id, sessions=kept, questions=[q for q, _ in questions], meta=meta
+            )
         probes += [p for _, ps in questions for p in ps]
     if not episodes:
-        raise dataset_error(source, "results", None, "no probes (neither 'before' nor 'after' results)")
-    return PublishedEpisode(source=source, public=public_dir(source, tag), tag=tag, episodes=episodes,
-                            systems=systems, labels=dict(data.get("systemLabels") or {}), probes=probes,
-                            probe_sessions=positions)
+        raise dataset_error(
+            source, "results", None, "no probes (neither 'before' nor 'after' results)"
+        )
+    return PublishedEpisode(
+        source=source,
+        public=public_dir(source, tag),
+        tag=tag,
+        episodes=episodes,
+        systems=systems,
+        labels=dict(data.get("systemLabels") or {}),
+        probes=probes,
+        probe_sessions=positions,
+    )
 
 
 def _int(record: Mapping[str, Any], key: str, source: Path, default: int) -> int:
     value = record.get(key, default)
     if not isinstance(value, int) or isinstance(value, bool):
-        raise dataset_error(source, "episode", key, f"expected an integer, got {type(value).__name__}")
+        raise dataset_error(
+            source, "episode", key, f"expected an integer, got {type(value).__name__}"
+        )
     return value
 
 
 Fact = tuple[int, int, dict[str, Any]]  # session idx, turn index, the gold fact
 
 
-def _sessions(data: Mapping[str, Any], source: Path) -> tuple[list[tuple[int, Session]], list[Fact]]:
+def _sessions(
+    data: Mapping[str, Any], source: Path
+) -> tuple[list[tuple[int, Session]], list[Fact]]:
     raw_sessions = require(data, "sessions", source, "sessions", list)
     sessions: list[tuple[int, Session]] = []
     facts: list[Fact] = []
@@ -177,12 +222,25 @@ def _sessions(data: Mapping[str, Any], source: Path) -> tuple[list[tuple[int, Se
             require(fact, "entity", source, where, prefix=fprefix)
             turn = require(fact, "conveyed_in_turn", source, where, int, prefix=fprefix)
             if not 0 <= turn < len(turns):
-                raise dataset_error(source, where, fprefix + "conveyed_in_turn",
-                                    f"turn {turn} is outside the conversation (0..{len(turns) - 1})")
+                raise dataset_error(
+                    source,
+                    where,
+                    fprefix + "conveyed_in_turn",
+                    f"turn {turn} is outside the conversation (0..{len(turns) - 1})",
+                )
             facts.append((idx, turn, fact))
         timestamp = raw.get("timestamp")
-        sessions.append((idx, Session(id=f"s{idx}", timestamp=None if timestamp is None else str(timestamp),
-                                      turns=turns, kind=str(raw.get("kind") or "conversation"))))
+        sessions.append(
+            (
+                idx,
+                Session(
+                    id=f"s{idx}",
+                    timestamp=None if timestamp is None else str(timestamp),
+                    turns=turns,
+                    kind=str(raw.get("kind") or "conversation"),
+                ),
+            )
+        )
     sessions.sort(key=lambda pair: pair[0])
     return sessions, facts
 
@@ -190,8 +248,16 @@ def _sessions(data: Mapping[str, Any], source: Path) -> tuple[list[tuple[int, Se
 # --- questions and probes -----------------------------------------------------------------
 
 
-def _questions(results: Mapping[str, Any], systems: list[str], phase: str, source: Path, episode_id: str,
-               facts: list[Fact], idx: int, root: str | None) -> list[tuple[Question, list[Probe]]]:
+def _questions(
+    results: Mapping[str, Any],
+    systems: list[str],
+    phase: str,
+    source: Path,
+    episode_id: str,
+    facts: list[Fact],
+    idx: int,
+    root: str | None,
+) -> list[tuple[Question, list[Probe]]]:
     """The phase's questions (from the first system) and, for each, every system's probe."""
     records = {s: _phase_records(results, s, phase, source) for s in systems}
     first = systems[0]
@@ -201,14 +267,20 @@ def _questions(results: Mapping[str, Any], systems: list[str], phase: str, sourc
         where = f"results.{first}.{phase}[{i}]"
         question = _question(record, source, where, episode_id, phase, facts, idx, root)
         if question.id in seen:
-            raise dataset_error(source, where, "task_type", f"second {question.task_type} probe in phase {phase}")
+            raise dataset_error(
+                source, where, "task_type", f"second {question.task_type} probe in phase {phase}"
+            )
         seen.add(question.id)
         probes = []
         for system in systems:
             other_where = f"results.{system}.{phase}[{i}]"
             if i >= len(records[system]):
-                raise dataset_error(source, f"results.{system}.{phase}", None,
-                                    f"{len(records[system])} probes, but {first} has {len(records[first])}")
+                raise dataset_error(
+                    source,
+                    f"results.{system}.{phase}",
+                    None,
+                    f"{len(records[system])} probes, but {first} has {len(records[first])}",
+                )
             other = records[system][i]
             for key in ("task_type", "question"):
                 if require(other, key, source, other_where) != record[key]:
@@ -221,20 +293,37 @@ def _questions(results: Mapping[str, Any], systems: list[str], phase: str, sourc
 def _phase_records(results: Mapping[str, Any], system: str, phase: str, source: Path) -> list[Any]:
     by_phase = results[system]
     if not isinstance(by_phase, Mapping):
-        raise dataset_error(source, "results", system, f"expected an object, got {type(by_phase).__name__}")
+        raise dataset_error(
+            source, "results", system, f"expected an object, got {type(by_phase).__name__}"
+        )
     records = by_phase.get(phase) or []
     if not isinstance(records, list):
-        raise dataset_error(source, f"results.{system}", phase, f"expected a list, got {type(records).__name__}")
+        raise dataset_error(
+            source, f"results.{system}", phase, f"expected a list, got {type(records).__name__}"
+        )
     return records
 
 
-def _question(record: Any, source: Path, where: str, episode_id: str, phase: str, facts: list[Fact], idx: int,
-              root: str | None) -> Question:
+def _question(
+    record: Any,
+    source: Path,
+    where: str,
+    episode_id: str,
+    phase: str,
+    facts: list[Fact],
+    idx: int,
+    root: str | None,
+) -> Question:
     raw_task = require(record, "task_type", source, where)
     task = published_task(raw_task)
     if task is None:
-        raise dataset_error(source, where, "task_type", f"unknown task {raw_task!r} (one of Exact, Multi-hop, "
-                            "Multiple-update, Deletion, Cascade-D, Cascade-U)")
+        raise dataset_error(
+            source,
+            where,
+            "task_type",
+            f"unknown task {raw_task!r} (one of Exact, Multi-hop, "
+            "Multiple-update, Deletion, Cascade-D, Cascade-U)",
+        )
     text = require(record, "question", source, where)
     gold = require(record, "gold_answer", source, where)
     entities = record.get("entity") or []
@@ -242,25 +331,43 @@ def _question(record: Any, source: Path, where: str, episode_id: str, phase: str
     if not isinstance(entities, list) or not all(isinstance(e, str) for e in entities):
         raise dataset_error(source, where, "entity", "expected a list of entity names")
     if not isinstance(values, Mapping):
-        raise dataset_error(source, where, "entity_values", f"expected an object, got {type(values).__name__}")
+        raise dataset_error(
+            source, where, "entity_values", f"expected an object, got {type(values).__name__}"
+        )
     abstain = phase == "after" and task in ABSTAIN_TASKS
     parts = evidence_parts(task, abstain, entities, values, facts, idx, root)
     flat = [str(v) for e in entities for v in _as_list(values.get(e))]
     scorer = TASK_SCORERS[task] if abstain or task not in ABSTAIN_TASKS else "contains"
     if scorer == "contains_all" and len(flat) > 1:
-        gold_for_scoring = ", ".join(flat)  # a sentence gold splits badly on commas; the values do not
+        gold_for_scoring = ", ".join(
+            flat
+        )  # a sentence gold splits badly on commas; the values do not
     else:
         gold_for_scoring = gold
     with record_context(source, where):
-        return Question(id=f"{episode_id}:{task}", question=text, gold=gold_for_scoring,
-                        evidence_ids=list(dict.fromkeys(p.turn_id for p in parts)), task_type=task, scorer=scorer,
-                        abstain=abstain, forbidden=flat if abstain and task == "deletion" else [],
-                        meta={"phase": phase, "published_task": raw_task, "published_gold": gold,
-                              "entity": entities, "entity_values": dict(values),
-                              "evidence_parts": [p.to_json() for p in parts]})
+        return Question(
+            id=f"{episode_id}:{task}",
+            question=text,
+            gold=gold_for_scoring,
+            evidence_ids=list(dict.fromkeys(p.turn_id for p in parts)),
+            task_type=task,
+            scorer=scorer,
+            abstain=abstain,
+            forbidden=flat if abstain and task == "deletion" else [],
+            meta={
+                "phase": phase,
+                "published_task": raw_task,
+                "published_gold": gold,
+                "entity": entities,
+                "entity_values": dict(values),
+                "evidence_parts": [p.to_json() for p in parts],
+            },
+        )
 
 
-def _probe(record: Any, source: Path, where: str, system: str, phase: str, question_id: str) -> Probe:
+def _probe(
+    record: Any, source: Path, where: str, system: str, phase: str, question_id: str
+) -> Probe:
     answer = record.get("agent_answer") if isinstance(record, Mapping) else None
     if not isinstance(answer, str):
         raise dataset_error(source, where, "agent_answer", "missing or not a string")
@@ -269,16 +376,34 @@ def _probe(record: Any, source: Path, where: str, system: str, phase: str, quest
         raise dataset_error(source, where, "u_pass", "missing or not true/false")
     context = record.get("retrieved_context_file")
     if context is not None and not isinstance(context, str):
-        raise dataset_error(source, where, "retrieved_context_file", "expected a file name or null")
+        raise dataset_error(
+            source, where, "retrieved_context_file", "expected a file name or null"
+        )
     analysis = record.get("failure_analysis") or {}
     if not isinstance(analysis, Mapping):
-        raise dataset_error(source, where, "failure_analysis", f"expected an object, got {type(analysis).__name__}")
+        raise dataset_error(
+            source, where, "failure_analysis", f"expected an object, got {type(analysis).__name__}"
+        )
     stage = analysis.get("failure_stage")
     if stage is not None and stage not in STAGES:
-        raise dataset_error(source, where, "failure_analysis.failure_stage",
-                            f"unknown stage {stage!r} (one of {', '.join(STAGES)})")
-    return Probe(system=system, phase=phase, question_id=question_id, task_type=record["task_type"], answer=answer,
-                 passed=verdict, context_file=context, failure_stage=stage, analysis=dict(analysis), where=where)
+        raise dataset_error(
+            source,
+            where,
+            "failure_analysis.failure_stage",
+            f"unknown stage {stage!r} (one of {', '.join(STAGES)})",
+        )
+    return Probe(
+        system=system,
+        phase=phase,
+        question_id=question_id,
+        task_type=record["task_type"],
+        answer=answer,
+        passed=verdict,
+        context_file=context,
+        failure_stage=stage,
+        analysis=dict(analysis),
+        where=where,
+    )
 
 
 # --- evidence parts -----------------------------------------------------------------------
@@ -296,13 +421,24 @@ def _turn(fact: Fact) -> str:
 
 def _latest(facts: list[Fact], entity: str, value: str | None = None) -> Fact | None:
     """The latest fact of ``entity`` (with ``value`` when given)."""
-    matching = [f for f in facts if f[2].get("entity") == entity
-                and (value is None or value in [str(v) for v in _as_list(f[2].get("value"))])]
+    matching = [
+        f
+        for f in facts
+        if f[2].get("entity") == entity
+        and (value is None or value in [str(v) for v in _as_list(f[2].get("value"))])
+    ]
     return max(matching, key=lambda f: (f[0], f[1]), default=None)
 
 
-def evidence_parts(task: str, abstain: bool, entities: list[str], values: Mapping[str, Any], facts: list[Fact],
-                   idx: int, root: str | None) -> list[EvidencePart]:
+def evidence_parts(
+    task: str,
+    abstain: bool,
+    entities: list[str],
+    values: Mapping[str, Any],
+    facts: list[Fact],
+    idx: int,
+    root: str | None,
+) -> list[EvidencePart]:
     """What the answer needs, one part per entity value, from the gold facts up to session ``idx``.
 
     Each value's part is the latest fact of its entity with that value (else the latest
@@ -338,4 +474,6 @@ def load_published(path: Path, data: Any | None = None) -> tuple[str, list[Episo
 
 def read_all(path: Path) -> list[PublishedEpisode]:
     """Every published episode at ``path`` (a checkout directory or one file)."""
-    return [read_published(source) for source in (published_files(path) if path.is_dir() else [path])]
+    return [
+        read_published(source) for source in (published_files(path) if path.is_dir() else [path])
+    ]

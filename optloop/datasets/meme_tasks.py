@@ -17,8 +17,13 @@ TASK_SCORERS: dict[str, ScorerName] = {
     "absence": "abstain",
 }
 ABSTAIN_TASKS = frozenset({"deletion", "absence"})
-_ALIASES = {"recall": "exact_recall", "exact": "exact_recall", "update": "tracking", "delete": "deletion",
-            "absent": "absence"}
+_ALIASES = {
+    "recall": "exact_recall",
+    "exact": "exact_recall",
+    "update": "tracking",
+    "delete": "deletion",
+    "absent": "absence",
+}
 # The published layout's ``task_type`` values (its own names, without the parenthesised variant).
 _PUBLISHED = {
     "exact": "exact_recall",

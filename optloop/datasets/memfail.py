@@ -66,7 +66,13 @@ def _fact_sessions(facts: list[str], source: Path, where: str, field: str) -> li
     for k, fact in enumerate(facts, start=1):
         if not isinstance(fact, str) or not fact.strip():
             raise dataset_error(source, where, f"{field}[{k - 1}]", "expected a non-empty string")
-        sessions.append(Session(id=f"s{k}", kind="fact", turns=[Turn(id=f"s{k}:t1", role="user", content=fact.strip())]))
+        sessions.append(
+            Session(
+                id=f"s{k}",
+                kind="fact",
+                turns=[Turn(id=f"s{k}:t1", role="user", content=fact.strip())],
+            )
+        )
     if not sessions:
         raise dataset_error(source, where, field, "no facts")
     return sessions
@@ -92,7 +98,9 @@ def _coexisting(episode_id: str, source: Path, where: str, row: dict[str, str]) 
         scorer="contains_all",
         meta={"preferences": preferences, "category": row.get("preference_category", "")},
     )
-    return Episode(id=episode_id, sessions=sessions, questions=[question], meta={"task": "coexisting"})
+    return Episode(
+        id=episode_id, sessions=sessions, questions=[question], meta={"task": "coexisting"}
+    )
 
 
 def _conditional(difficulty: str) -> RowBuilder:
@@ -101,8 +109,21 @@ def _conditional(difficulty: str) -> RowBuilder:
         sessions = _fact_sessions(facts, source, where, "entity_facts")
         gold = _text(row, "ground_truth_answer", source, where)
         if parse_yes_no(gold) is None:
-            raise dataset_error(source, where, "ground_truth_answer", f"does not start with yes or no: {gold[:40]!r}")
-        keep = ("entity", "entity_category", "behavior", "condition_type", "condition", "question_context", "condition_met")
+            raise dataset_error(
+                source,
+                where,
+                "ground_truth_answer",
+                f"does not start with yes or no: {gold[:40]!r}",
+            )
+        keep = (
+            "entity",
+            "entity_category",
+            "behavior",
+            "condition_type",
+            "condition",
+            "question_context",
+            "condition_met",
+        )
         question = Question(
             id=f"{episode_id}:q1",
             question=_text(row, "question", source, where),
@@ -112,7 +133,12 @@ def _conditional(difficulty: str) -> RowBuilder:
             scorer="yes_no",
             meta={"difficulty": difficulty, **{k: row[k] for k in keep if k in row}},
         )
-        return Episode(id=episode_id, sessions=sessions, questions=[question], meta={"task": f"conditional_{difficulty}"})
+        return Episode(
+            id=episode_id,
+            sessions=sessions,
+            questions=[question],
+            meta={"task": f"conditional_{difficulty}"},
+        )
 
     return build
 
@@ -144,7 +170,12 @@ def _persona(episode_id: str, source: Path, where: str, row: dict[str, str]) -> 
                 meta={"entity": row.get("entity", ""), "distractor": record.get("distractor")},
             )
         )
-    return Episode(id=episode_id, sessions=sessions, questions=questions, meta={"task": "persona", "entity": row.get("entity", "")})
+    return Episode(
+        id=episode_id,
+        sessions=sessions,
+        questions=questions,
+        meta={"task": "persona", "entity": row.get("entity", "")},
+    )
 
 
 _CHOICES = [f"choice_{c}" for c in "abcde"]
@@ -158,7 +189,9 @@ def _choice_letter(raw: str, options: list[str], source: Path, where: str) -> st
     for i, option in enumerate(options):
         if text.lower() == option.strip().lower():
             return LETTERS[i]
-    raise dataset_error(source, where, "correct_choice", f"expected a letter A-E (or choice_x), got {raw!r}")
+    raise dataset_error(
+        source, where, "correct_choice", f"expected a letter A-E (or choice_x), got {raw!r}"
+    )
 
 
 def _long_hop(episode_id: str, source: Path, where: str, row: dict[str, str]) -> Episode:
@@ -173,8 +206,12 @@ def _long_hop(episode_id: str, source: Path, where: str, row: dict[str, str]) ->
         try:
             hop_count = int(float(hop_text))
         except ValueError:
-            raise dataset_error(source, where, "hop_count", f"expected an integer, got {hop_text!r}") from None
-    chain = [row[f"chain_{k}"].strip() for k in range(1, 6) if (row.get(f"chain_{k}") or "").strip()]
+            raise dataset_error(
+                source, where, "hop_count", f"expected an integer, got {hop_text!r}"
+            ) from None
+    chain = [
+        row[f"chain_{k}"].strip() for k in range(1, 6) if (row.get(f"chain_{k}") or "").strip()
+    ]
     question = Question(
         id=f"{episode_id}:q1",
         question=_text(row, "graded_question", source, where),
@@ -183,9 +220,18 @@ def _long_hop(episode_id: str, source: Path, where: str, row: dict[str, str]) ->
         evidence_ids=[s.turns[0].id for s in sessions],
         task_type="long_hop",
         scorer="multiple_choice",
-        meta={"hop_count": hop_count, "chain": chain, "answer_text": (row.get("ground_truth_answer") or "").strip()},
+        meta={
+            "hop_count": hop_count,
+            "chain": chain,
+            "answer_text": (row.get("ground_truth_answer") or "").strip(),
+        },
     )
-    return Episode(id=episode_id, sessions=sessions, questions=[question], meta={"task": "long_hop", "hop_count": hop_count})
+    return Episode(
+        id=episode_id,
+        sessions=sessions,
+        questions=[question],
+        meta={"task": "long_hop", "hop_count": hop_count},
+    )
 
 
 TASKS: dict[str, _Task] = {
@@ -234,7 +280,9 @@ def load_memfail(rest: str, params: dict[str, str]) -> tuple[str, list[Episode]]
     task, _, path_text = rest.partition(":")
     task = task.strip().lower().replace("-", "_")
     if task not in TASKS:
-        raise DatasetError(f"memfail:{rest}: unknown task {task!r} (choose one of: {', '.join(TASKS)})")
+        raise DatasetError(
+            f"memfail:{rest}: unknown task {task!r} (choose one of: {', '.join(TASKS)})"
+        )
     spec = TASKS[task]
     path = existing_file(path_text, f"memfail:{task}") if path_text else default_path(task)
     episodes = []

@@ -58,6 +58,7 @@ PASS_THRESHOLDS: dict[str, float] = {
     "llm_judge": 0.5,
 }
 
+
 def _contains(haystack: str, needle: str) -> bool:
     """Whole-word containment of already normalized strings."""
     if not needle:
@@ -164,12 +165,19 @@ def parse_choice(text: str, options: list[str]) -> str | None:
         if match:
             return match.group(1).upper()
     folded = _folded(text)
-    hits = [letters[i] for i, option in enumerate(options) if _folded(option) and _contains(folded, _folded(option))]
+    hits = [
+        letters[i]
+        for i, option in enumerate(options)
+        if _folded(option) and _contains(folded, _folded(option))
+    ]
     if len(hits) > 1:
         # One option's text may contain another's ("New York" vs "New York City"): keep the longest.
         longest = max(hits, key=lambda letter: len(_folded(options[letters.index(letter)])))
         others = [h for h in hits if h != longest]
-        if all(_folded(options[letters.index(h)]) in _folded(options[letters.index(longest)]) for h in others):
+        if all(
+            _folded(options[letters.index(h)]) in _folded(options[letters.index(longest)])
+            for h in others
+        ):
             return longest
         return None
     return hits[0] if hits else None
@@ -260,7 +268,9 @@ def pass_threshold(question: Question) -> float:
     return PASS_THRESHOLDS[question.scorer]
 
 
-def passed(question: Question, prediction: str, judge: Judge | None = None, threshold: float | None = None) -> bool:
+def passed(
+    question: Question, prediction: str, judge: Judge | None = None, threshold: float | None = None
+) -> bool:
     """Whether ``score`` reaches ``threshold`` (default: the scorer's pass threshold)."""
     limit = pass_threshold(question) if threshold is None else threshold
     return score(question, prediction, judge) >= limit - 1e-9

@@ -40,7 +40,9 @@ def split_episodes(
     one episode when there are enough episodes. Names get ``[train]``/``[dev]``/``[test]``.
     """
     if len(fractions) != 3 or any(f < 0 for f in fractions) or sum(fractions) <= 0:
-        raise ValueError(f"fractions must be three non-negative numbers with a positive sum, got {tuple(fractions)}")
+        raise ValueError(
+            f"fractions must be three non-negative numbers with a positive sum, got {tuple(fractions)}"
+        )
     ids = sorted(e.id for e in dataset.episodes)
     random.Random(seed).shuffle(ids)
     counts = split_counts(len(ids), fractions)

@@ -66,7 +66,30 @@ SUITE_CHECKS = (
 
 # --------------------------------------------------------------------------- names
 
-_ONSETS = ["b", "br", "d", "dr", "f", "g", "gl", "k", "kr", "l", "m", "n", "p", "pr", "r", "s", "st", "t", "th", "v", "w", "z"]
+_ONSETS = [
+    "b",
+    "br",
+    "d",
+    "dr",
+    "f",
+    "g",
+    "gl",
+    "k",
+    "kr",
+    "l",
+    "m",
+    "n",
+    "p",
+    "pr",
+    "r",
+    "s",
+    "st",
+    "t",
+    "th",
+    "v",
+    "w",
+    "z",
+]
 _VOWELS = ["a", "e", "i", "o", "u", "a", "e", "o", "ei", "ou"]
 _CODAS = ["", "", "", "", "n", "r", "l", "s", "x", "m"]
 _CITY_SUFFIXES = ["ton", "mere", "vale", "stead", "port", "ford", "holm", "wick"]
@@ -89,7 +112,10 @@ class _Names:
         raise RuntimeError("name generator exhausted")  # not reachable with these pools
 
     def _word(self, syllables: int) -> str:
-        parts = [self.rng.choice(_ONSETS) + self.rng.choice(_VOWELS) + self.rng.choice(_CODAS) for _ in range(syllables)]
+        parts = [
+            self.rng.choice(_ONSETS) + self.rng.choice(_VOWELS) + self.rng.choice(_CODAS)
+            for _ in range(syllables)
+        ]
         return "".join(parts).capitalize()
 
     def word(self) -> str:
@@ -103,7 +129,12 @@ class _Names:
 
     def code(self) -> str:
         letters = "ABCDEFGHJKLMNPQRSTUVWXYZ"
-        return self._fresh(lambda: "".join(self.rng.choice(letters) for _ in range(2)) + f"-{self.rng.randint(1000, 9999)}")
+        return self._fresh(
+            lambda: (
+                "".join(self.rng.choice(letters) for _ in range(2))
+                + f"-{self.rng.randint(1000, 9999)}"
+            )
+        )
 
 
 # --------------------------------------------------------------------------- world model
@@ -119,7 +150,9 @@ class _World:
     """
 
     facts: dict[str, tuple[Any, list[TurnRef]]] = field(default_factory=dict)
-    rules: dict[str, tuple[Callable[[Callable[[str], Any]], Any], TurnRef]] = field(default_factory=dict)
+    rules: dict[str, tuple[Callable[[Callable[[str], Any]], Any], TurnRef]] = field(
+        default_factory=dict
+    )
 
     def set(self, key: str, value: str, at: TurnRef) -> None:
         self.facts[key] = (value, [at])
@@ -196,7 +229,11 @@ def _derives(text: str, key: str, link: str, entity: str) -> _Event:
         person = get(link)
         return None if person is None else get(f"home:{person}")
 
-    return _Event(text, lambda w, at: w.rule(key, rule, at), [(entity, "the city its " + link.split(":")[0] + " lives in")])
+    return _Event(
+        text,
+        lambda w, at: w.rule(key, rule, at),
+        [(entity, "the city its " + link.split(":")[0] + " lives in")],
+    )
 
 
 def _relinks(text: str, link: str, person: str, city: str, entity: str) -> _Event:
@@ -210,7 +247,13 @@ def _relinks(text: str, link: str, person: str, city: str, entity: str) -> _Even
 
 
 def _cascade(
-    rng: random.Random, rule: _Event, link_event: _Event, person: str, city1: str, moved: _Event, relinked: _Event
+    rng: random.Random,
+    rule: _Event,
+    link_event: _Event,
+    person: str,
+    city1: str,
+    moved: _Event,
+    relinked: _Event,
 ) -> list[_Event]:
     """Rule, link, root; then either the root moves or the link is reassigned (seeded coin)."""
     change = moved if rng.random() < 0.5 else relinked
@@ -231,40 +274,84 @@ def _workplace(names: _Names, rng: random.Random) -> tuple[str, list[_Task]]:
     meeting = f"standing meeting with {colleague}"
     cascade = _cascade(
         rng,
-        _derives(f"Project {project}'s office is always in whatever city its lead lives in.", office, link, f"project {project} office"),
-        _states(f"{lead} is the lead of project {project}.", link, lead, f"project {project} lead"),
+        _derives(
+            f"Project {project}'s office is always in whatever city its lead lives in.",
+            office,
+            link,
+            f"project {project} office",
+        ),
+        _states(
+            f"{lead} is the lead of project {project}.", link, lead, f"project {project} lead"
+        ),
         lead,
         city1,
         _states(f"Big news: {lead} just moved to {city2}.", f"home:{lead}", city2, lead),
-        _relinks(f"{new_lead}, who lives in {city2}, has taken over as lead of project {project}.", link, new_lead, city2, f"project {project} lead"),
+        _relinks(
+            f"{new_lead}, who lives in {city2}, has taken over as lead of project {project}.",
+            link,
+            new_lead,
+            city2,
+            f"project {project} lead",
+        ),
     )
     tasks = [
         _Task(
             "exact_recall",
             [_states(f"My employee badge number is {badge}.", "badge", badge, "badge")],
-            "What is my employee badge number?", "badge", str,
+            "What is my employee badge number?",
+            "badge",
+            str,
         ),
         _Task(
             "aggregation",
-            [_adds(f"I've started using a tool called {t} at work.", "tools", t, "work tools") for t in tools],
-            "Which tools have I said I use at work?", "tools", _list_gold,
+            [
+                _adds(f"I've started using a tool called {t} at work.", "tools", t, "work tools")
+                for t in tools
+            ],
+            "Which tools have I said I use at work?",
+            "tools",
+            _list_gold,
         ),
         _Task(
             "tracking",
             [_states(f"My manager is {managers[0]}.", "manager", managers[0], "manager")]
-            + [_states(f"There was a reorg; my manager is now {m}.", "manager", m, "manager") for m in managers[1:]],
-            "Who is my manager now?", "manager", str,
+            + [
+                _states(f"There was a reorg; my manager is now {m}.", "manager", m, "manager")
+                for m in managers[1:]
+            ],
+            "Who is my manager now?",
+            "manager",
+            str,
         ),
         _Task(
             "deletion",
             [
-                _states(f"I have a standing meeting with {colleague} every {weekday}.", meeting, weekday, meeting),
-                _retracts(f"The standing meeting with {colleague} has been cancelled for good, please forget it.", meeting, meeting),
+                _states(
+                    f"I have a standing meeting with {colleague} every {weekday}.",
+                    meeting,
+                    weekday,
+                    meeting,
+                ),
+                _retracts(
+                    f"The standing meeting with {colleague} has been cancelled for good, please forget it.",
+                    meeting,
+                    meeting,
+                ),
             ],
-            f"When is my standing meeting with {colleague}?", meeting, str,
+            f"When is my standing meeting with {colleague}?",
+            meeting,
+            str,
         ),
-        _Task("cascade", cascade, f"In which city is project {project}'s office now?", office, str),
-        _Task("absence", [], f"What is the budget code of project {project}?", f"budget:{project}", str),
+        _Task(
+            "cascade", cascade, f"In which city is project {project}'s office now?", office, str
+        ),
+        _Task(
+            "absence",
+            [],
+            f"What is the budget code of project {project}?",
+            f"budget:{project}",
+            str,
+        ),
     ]
     return f"project {project}", tasks
 
@@ -272,7 +359,9 @@ def _workplace(names: _Names, rng: random.Random) -> tuple[str, list[_Task]]:
 def _household(names: _Names, rng: random.Random) -> tuple[str, list[_Task]]:
     family = names.word()
     dentist = names.person()
-    species = rng.sample(["ferret", "parrot", "tortoise", "rabbit", "gecko", "cat", "dog", "hamster"], 3)
+    species = rng.sample(
+        ["ferret", "parrot", "tortoise", "rabbit", "gecko", "cat", "dog", "hamster"], 3
+    )
     pets = [names.word() for _ in range(3)]
     plates = [names.code() for _ in range(rng.choice((2, 3)))]
     gym = names.word()
@@ -281,29 +370,63 @@ def _household(names: _Names, rng: random.Random) -> tuple[str, list[_Task]]:
     reunion, link = f"reunion:{family}", "host:reunion"
     cascade = _cascade(
         rng,
-        _derives(f"The {family} family reunion is always held in the city where its host lives.", reunion, link, f"{family} family reunion"),
-        _states(f"My aunt {host} is hosting the {family} family reunion.", link, host, "reunion host"),
+        _derives(
+            f"The {family} family reunion is always held in the city where its host lives.",
+            reunion,
+            link,
+            f"{family} family reunion",
+        ),
+        _states(
+            f"My aunt {host} is hosting the {family} family reunion.", link, host, "reunion host"
+        ),
         host,
         city1,
         _states(f"Guess what, {host} moved to {city2} last week.", f"home:{host}", city2, host),
-        _relinks(f"From now on my cousin {new_host}, who lives in {city2}, hosts the reunion.", link, new_host, city2, "reunion host"),
+        _relinks(
+            f"From now on my cousin {new_host}, who lives in {city2}, hosts the reunion.",
+            link,
+            new_host,
+            city2,
+            "reunion host",
+        ),
     )
     tasks = [
         _Task(
             "exact_recall",
             [_states(f"My dentist is Dr. {dentist}.", "dentist", dentist, "dentist")],
-            "What is the name of my dentist?", "dentist", str,
+            "What is the name of my dentist?",
+            "dentist",
+            str,
         ),
         _Task(
             "aggregation",
-            [_adds(f"We adopted a {s} named {p}.", "pets", p, f"pet {s}") for s, p in zip(species, pets)],
-            "What are the names of all my pets?", "pets", _list_gold,
+            [
+                _adds(f"We adopted a {s} named {p}.", "pets", p, f"pet {s}")
+                for s, p in zip(species, pets)
+            ],
+            "What are the names of all my pets?",
+            "pets",
+            _list_gold,
         ),
         _Task(
             "tracking",
-            [_states(f"My car's license plate is {plates[0]}.", "plate", plates[0], "license plate")]
-            + [_states(f"I had to get new plates; my car's license plate is now {p}.", "plate", p, "license plate") for p in plates[1:]],
-            "What is my car's license plate now?", "plate", str,
+            [
+                _states(
+                    f"My car's license plate is {plates[0]}.", "plate", plates[0], "license plate"
+                )
+            ]
+            + [
+                _states(
+                    f"I had to get new plates; my car's license plate is now {p}.",
+                    "plate",
+                    p,
+                    "license plate",
+                )
+                for p in plates[1:]
+            ],
+            "What is my car's license plate now?",
+            "plate",
+            str,
         ),
         _Task(
             "deletion",
@@ -311,9 +434,17 @@ def _household(names: _Names, rng: random.Random) -> tuple[str, list[_Task]]:
                 _states(f"I'm a member of the {gym} gym.", "gym", gym, "gym"),
                 _retracts(f"I cancelled my {gym} gym membership, so drop that.", "gym", "gym"),
             ],
-            "Which gym am I a member of?", "gym", str,
+            "Which gym am I a member of?",
+            "gym",
+            str,
         ),
-        _Task("cascade", cascade, f"In which city will the {family} family reunion be held?", reunion, str),
+        _Task(
+            "cascade",
+            cascade,
+            f"In which city will the {family} family reunion be held?",
+            reunion,
+            str,
+        ),
         _Task("absence", [], "What is my dentist's phone number?", "dentist phone", str),
     ]
     return f"the {family} family", tasks
@@ -321,17 +452,44 @@ def _household(names: _Names, rng: random.Random) -> tuple[str, list[_Task]]:
 
 # Chit-chat for filler sessions: (user line, assistant reply); "{name}" gets a fresh made-up name.
 _FILLERS: list[tuple[str, str]] = [
-    ("I'm reading a novel called {name}; the pacing is slow but I like it.", "Slow novels often pay off at the end."),
-    ("Any tips for sleeping better on hot nights?", "Keep the room dark, drink water, and try a fan near a window."),
-    ("I tried baking sourdough again and it came out flat.", "Flat loaves usually mean the starter needs more time."),
+    (
+        "I'm reading a novel called {name}; the pacing is slow but I like it.",
+        "Slow novels often pay off at the end.",
+    ),
+    (
+        "Any tips for sleeping better on hot nights?",
+        "Keep the room dark, drink water, and try a fan near a window.",
+    ),
+    (
+        "I tried baking sourdough again and it came out flat.",
+        "Flat loaves usually mean the starter needs more time.",
+    ),
     ("A new cafe called {name} opened near me.", "Nice, a new cafe is always worth a visit."),
-    ("What's a good stretch after a long walk?", "A standing calf stretch and a gentle hamstring stretch work well."),
-    ("The weather has been so grey lately.", "Grey weeks are tough; a short walk at midday can help."),
-    ("I watched a documentary about the {name} islands.", "Documentaries about islands are great for armchair travel."),
+    (
+        "What's a good stretch after a long walk?",
+        "A standing calf stretch and a gentle hamstring stretch work well.",
+    ),
+    (
+        "The weather has been so grey lately.",
+        "Grey weeks are tough; a short walk at midday can help.",
+    ),
+    (
+        "I watched a documentary about the {name} islands.",
+        "Documentaries about islands are great for armchair travel.",
+    ),
     ("How long should I steep green tea?", "About two to three minutes at around 80 degrees."),
 ]
-_ACKS = ["Got it, I'll remember that.", "Noted.", "Thanks for letting me know.", "Okay, noted!", "Understood."]
-_ABSTAIN_GOLD = {"deletion": "Nothing: that was cancelled.", "absence": "Unknown: it was never mentioned."}
+_ACKS = [
+    "Got it, I'll remember that.",
+    "Noted.",
+    "Thanks for letting me know.",
+    "Okay, noted!",
+    "Understood.",
+]
+_ABSTAIN_GOLD = {
+    "deletion": "Nothing: that was cancelled.",
+    "absence": "Unknown: it was never mentioned.",
+}
 
 
 def _meme_record(seed: int, index: int, domain: str, fillers: int) -> dict[str, Any]:
@@ -344,7 +502,9 @@ def _meme_record(seed: int, index: int, domain: str, fillers: int) -> dict[str, 
     n_evidence = max(len(t.events) for t in tasks) + rng.randint(0, 1)
     placed: list[list[_Event]] = [[] for _ in range(n_evidence)]
     for task in tasks:
-        for slot, event in zip(sorted(rng.sample(range(n_evidence), len(task.events))), task.events):
+        for slot, event in zip(
+            sorted(rng.sample(range(n_evidence), len(task.events))), task.events
+        ):
             placed[slot].append(event)
     for events in placed:
         rng.shuffle(events)  # one event per task per session, so order within a session is free
@@ -362,9 +522,18 @@ def _meme_record(seed: int, index: int, domain: str, fillers: int) -> dict[str, 
             line, reply = rng.choice(_FILLERS)
             if "{name}" in line:
                 line = line.format(name=names.word())
-            conversation = [{"role": "user", "content": line}, {"role": "assistant", "content": reply}]
+            conversation = [
+                {"role": "user", "content": line},
+                {"role": "assistant", "content": reply},
+            ]
             sessions.append(
-                {"idx": idx, "kind": "filler", "timestamp": date.isoformat(), "conversation": conversation, "gold_facts": []}
+                {
+                    "idx": idx,
+                    "kind": "filler",
+                    "timestamp": date.isoformat(),
+                    "conversation": conversation,
+                    "gold_facts": [],
+                }
             )
             continue
         conversation = []
@@ -375,24 +544,37 @@ def _meme_record(seed: int, index: int, domain: str, fillers: int) -> dict[str, 
             conversation.append({"role": "assistant", "content": rng.choice(_ACKS)})
             event.apply(world, at)
             gold_facts += [
-                {"entity": e, "value": v, "fact_text": event.text, "conveyed_in_turn": at[1]} for e, v in event.facts
+                {"entity": e, "value": v, "fact_text": event.text, "conveyed_in_turn": at[1]}
+                for e, v in event.facts
             ]
             for task in tasks:  # record every value a question's answer has had, for stale values
                 value = world.resolve(task.key)[0]
                 if value is not None and (not history[task.key] or history[task.key][-1] != value):
                     history[task.key].append(value)
         sessions.append(
-            {"idx": idx, "kind": "evidence", "timestamp": date.isoformat(), "conversation": conversation, "gold_facts": gold_facts}
+            {
+                "idx": idx,
+                "kind": "evidence",
+                "timestamp": date.isoformat(),
+                "conversation": conversation,
+                "gold_facts": gold_facts,
+            }
         )
 
     questions = []
     for task in tasks:
         value, evidence = world.resolve(task.key)
         abstain = task.task_type in _ABSTAIN_GOLD
-        if abstain != (value is None):  # the construction guarantees this; fail loudly if a template breaks it
-            raise RuntimeError(f"synthetic:meme {task.task_type}: propagated value {value!r} contradicts the task")
+        if abstain != (
+            value is None
+        ):  # the construction guarantees this; fail loudly if a template breaks it
+            raise RuntimeError(
+                f"synthetic:meme {task.task_type}: propagated value {value!r} contradicts the task"
+            )
         # Values the answer used to have (and must not be given now); a growing set has none.
-        stale = [] if task.task_type == "aggregation" else [v for v in history[task.key] if v != value]
+        stale = (
+            [] if task.task_type == "aggregation" else [v for v in history[task.key] if v != value]
+        )
         questions.append(
             {
                 "id": f"meme-s{seed}-e{index}:{task.task_type}",
@@ -417,7 +599,9 @@ def _meme_record(seed: int, index: int, domain: str, fillers: int) -> dict[str, 
     }
 
 
-def meme_records(seed: int = 0, episodes: int = 4, fillers: int = 2, domain: str | None = None) -> list[dict[str, Any]]:
+def meme_records(
+    seed: int = 0, episodes: int = 4, fillers: int = 2, domain: str | None = None
+) -> list[dict[str, Any]]:
     """MEME records for ``synthetic:meme`` (write them as JSON to get a ``meme:`` file)."""
     domains = [domain] if domain else list(DOMAINS)
     return [_meme_record(seed, i, domains[i % len(domains)], fillers) for i in range(episodes)]
@@ -428,7 +612,10 @@ def meme_records(seed: int = 0, episodes: int = 4, fillers: int = 2, domain: str
 
 def _session(sid: str, timestamp: str, *lines: str) -> Session:
     """A session of alternating user / assistant lines, starting with the user."""
-    turns = [Turn(id=f"{sid}:t{j}", role="user" if j % 2 else "assistant", content=c) for j, c in enumerate(lines, 1)]
+    turns = [
+        Turn(id=f"{sid}:t{j}", role="user" if j % 2 else "assistant", content=c)
+        for j, c in enumerate(lines, 1)
+    ]
     return Session(id=sid, timestamp=timestamp, turns=turns)
 
 
@@ -442,7 +629,10 @@ def _suite(seed: int) -> list[Episode]:
     def add(check: str, sessions: list[Session], *questions: dict[str, Any]) -> None:
         eid = f"suite-s{seed}-{check}"
         # Evidence is the first user turn unless a question says otherwise.
-        qs = [Question(id=f"{eid}:q{i}", task_type=check, **{"evidence_ids": ["s1:t1"], **q}) for i, q in enumerate(questions, 1)]
+        qs = [
+            Question(id=f"{eid}:q{i}", task_type=check, **{"evidence_ids": ["s1:t1"], **q})
+            for i, q in enumerate(questions, 1)
+        ]
         meta = {"generator": "synthetic:suite", "seed": seed, "check": check}
         episodes.append(Episode(id=eid, sessions=sessions, questions=qs, meta=meta))
 
@@ -455,53 +645,119 @@ def _suite(seed: int) -> list[Episode]:
     garage = names.word()
     add(
         "same_session_recall",
-        [_session("s1", d1, f"I parked in the {garage} garage today.", "Okay.",
-                  "Can you suggest a podcast for the drive home?", "Try a history podcast; episodes are short.")],
-        dict(question="Which garage did I park in today?", gold=garage, scorer="contains", meta={"asked_in_session": "s1"}),
+        [
+            _session(
+                "s1",
+                d1,
+                f"I parked in the {garage} garage today.",
+                "Okay.",
+                "Can you suggest a podcast for the drive home?",
+                "Try a history podcast; episodes are short.",
+            )
+        ],
+        dict(
+            question="Which garage did I park in today?",
+            gold=garage,
+            scorer="contains",
+            meta={"asked_in_session": "s1"},
+        ),
     )
     niece = names.word()
     add(
         "cross_session_recall",
-        [_session("s1", d1, f"My niece {niece} turns seven next month.", "How lovely!"),
-         _session("s2", d2, "Any ideas for a rainy weekend?", "Board games, baking, or a long film.")],
+        [
+            _session("s1", d1, f"My niece {niece} turns seven next month.", "How lovely!"),
+            _session(
+                "s2", d2, "Any ideas for a rainy weekend?", "Board games, baking, or a long film."
+            ),
+        ],
         dict(question="What is my niece's name?", gold=niece, scorer="contains"),
     )
     born, cat = names.city(), names.word()
     instrument = rng.choice(["oboe", "cello", "banjo", "harp", "theremin", "bassoon"])
     add(
         "multi_fact",
-        [_session("s1", d1, f"Quick facts about me: I was born in {born}, my cat is called {cat}, "
-                            f"and I play the {instrument}.", "Great, noted all three.")],
-        dict(question="Where was I born, what is my cat called, and which instrument do I play?",
-             gold=f"{born}, {cat}, {instrument}", scorer="contains_all"),
+        [
+            _session(
+                "s1",
+                d1,
+                f"Quick facts about me: I was born in {born}, my cat is called {cat}, "
+                f"and I play the {instrument}.",
+                "Great, noted all three.",
+            )
+        ],
+        dict(
+            question="Where was I born, what is my cat called, and which instrument do I play?",
+            gold=f"{born}, {cat}, {instrument}",
+            scorer="contains_all",
+        ),
     )
     sister, brother, cousin = names.word(), names.word(), names.word()
     add(
         "selective_recall",
-        [_session("s1", d1, f"My sister is {sister}, my brother is {brother}, and my cousin is {cousin}.", "Thanks, got it.")],
-        dict(question="What is my brother's name?", gold=brother, scorer="contains", forbidden=[sister, cousin]),
+        [
+            _session(
+                "s1",
+                d1,
+                f"My sister is {sister}, my brother is {brother}, and my cousin is {cousin}.",
+                "Thanks, got it.",
+            )
+        ],
+        dict(
+            question="What is my brother's name?",
+            gold=brother,
+            scorer="contains",
+            forbidden=[sister, cousin],
+        ),
     )
     old_city, new_city = names.city(), names.city()
     add(
         "update",
-        [_session("s1", d1, f"I live in {old_city}.", "Noted."),
-         _session("s2", d2, f"I just moved to {new_city}!", "Congratulations on the move!")],
-        dict(question="Which city do I live in?", gold=new_city, scorer="contains", evidence_ids=["s2:t1"],
-             forbidden=[old_city], meta={"stale_values": [old_city]}),
+        [
+            _session("s1", d1, f"I live in {old_city}.", "Noted."),
+            _session("s2", d2, f"I just moved to {new_city}!", "Congratulations on the move!"),
+        ],
+        dict(
+            question="Which city do I live in?",
+            gold=new_city,
+            scorer="contains",
+            evidence_ids=["s2:t1"],
+            forbidden=[old_city],
+            meta={"stale_values": [old_city]},
+        ),
     )
     code = names.code()
     add(
         "forget",
-        [_session("s1", d1, f"My locker code is {code}.", "Saved."),
-         _session("s2", d2, "Please forget my locker code, I don't want it stored anymore.", "Done, I've forgotten it.")],
-        dict(question="What is my locker code?", gold="Nothing: it was forgotten on request.", scorer="abstain",
-             abstain=True, evidence_ids=["s2:t1"], forbidden=[code]),
+        [
+            _session("s1", d1, f"My locker code is {code}.", "Saved."),
+            _session(
+                "s2",
+                d2,
+                "Please forget my locker code, I don't want it stored anymore.",
+                "Done, I've forgotten it.",
+            ),
+        ],
+        dict(
+            question="What is my locker code?",
+            gold="Nothing: it was forgotten on request.",
+            scorer="abstain",
+            abstain=True,
+            evidence_ids=["s2:t1"],
+            forbidden=[code],
+        ),
     )
     dog = names.word()
     add(
         "implicit_info",
-        [_session("s1", d1, f"Ugh, I have to take {dog} to the vet again, he chewed up another one of my socks.",
-                  "Oh no, I hope he's okay!")],
+        [
+            _session(
+                "s1",
+                d1,
+                f"Ugh, I have to take {dog} to the vet again, he chewed up another one of my socks.",
+                "Oh no, I hope he's okay!",
+            )
+        ],
         dict(question="What is my dog's name?", gold=dog, scorer="contains"),
     )
     flight = f"{rng.choice(['QZ', 'XV', 'JP'])}{rng.randint(100, 9999)}"
@@ -509,7 +765,14 @@ def _suite(seed: int) -> list[Episode]:
     gate = f"{rng.choice('BCDE')}{rng.randint(2, 48)}"
     add(
         "numbers",
-        [_session("s1", d1, f"My flight {flight} leaves from gate {gate} and my seat is {seat}.", "Have a good flight!")],
+        [
+            _session(
+                "s1",
+                d1,
+                f"My flight {flight} leaves from gate {gate} and my seat is {seat}.",
+                "Have a good flight!",
+            )
+        ],
         dict(question="What is my seat number?", gold=seat, scorer="contains"),
         dict(question="What is my flight number?", gold=flight, scorer="contains"),
     )
@@ -559,11 +822,25 @@ def _recall(seed: int, episodes: int) -> list[Episode]:
         d2 = (day + dt.timedelta(days=2 * i + 1)).isoformat()
         sessions = [_session("s1", d1, *lines), _session("s2", d2, *rng.choice(_RECALL_CHATS))]
         asked = sorted(rng.sample(range(3), 2))
-        questions = [Question(id=f"{eid}:q{k}", task_type="exact_recall", question=facts[j][1], gold=values[j],
-                              scorer="contains", evidence_ids=[f"s1:t{2 * j + 1}"])
-                     for k, j in enumerate(asked, 1)]
-        out.append(Episode(id=eid, sessions=sessions, questions=questions,
-                           meta={"generator": "synthetic:recall", "seed": seed}))
+        questions = [
+            Question(
+                id=f"{eid}:q{k}",
+                task_type="exact_recall",
+                question=facts[j][1],
+                gold=values[j],
+                scorer="contains",
+                evidence_ids=[f"s1:t{2 * j + 1}"],
+            )
+            for k, j in enumerate(asked, 1)
+        ]
+        out.append(
+            Episode(
+                id=eid,
+                sessions=sessions,
+                questions=questions,
+                meta={"generator": "synthetic:recall", "seed": seed},
+            )
+        )
     return out
 
 
@@ -571,7 +848,11 @@ def _recall(seed: int, episodes: int) -> list[Episode]:
 
 
 GENERATORS = ("meme", "suite", "recall")
-PARAMS = {"meme": {"seed", "episodes", "fillers", "domain"}, "suite": {"seed"}, "recall": {"seed", "episodes"}}
+PARAMS = {
+    "meme": {"seed", "episodes", "fillers", "domain"},
+    "suite": {"seed"},
+    "recall": {"seed", "episodes"},
+}
 
 
 def load_synthetic(rest: str, params: dict[str, str]) -> tuple[str, list[Episode]]:
@@ -579,10 +860,17 @@ def load_synthetic(rest: str, params: dict[str, str]) -> tuple[str, list[Episode
     kind = rest.strip()
     uri = f"synthetic:{kind}"
     if kind not in GENERATORS:
-        raise DatasetError(f"synthetic:{rest}: unknown generator {kind!r} (one of: {', '.join(GENERATORS)})")
+        raise DatasetError(
+            f"synthetic:{rest}: unknown generator {kind!r} (one of: {', '.join(GENERATORS)})"
+        )
     unknown = sorted(set(params) - PARAMS[kind])
     if unknown:
-        raise dataset_error(uri, None, unknown[0], f"unknown query parameter (accepted: {', '.join(sorted(PARAMS[kind]))})")
+        raise dataset_error(
+            uri,
+            None,
+            unknown[0],
+            f"unknown query parameter (accepted: {', '.join(sorted(PARAMS[kind]))})",
+        )
     seed = int_param(uri, params, "seed", 0, 0)
     if kind == "suite":
         return f"synthetic:suite?seed={seed}", _suite(seed)
@@ -591,7 +879,16 @@ def load_synthetic(rest: str, params: dict[str, str]) -> tuple[str, list[Episode
         return f"synthetic:recall?seed={seed}&episodes={episodes}", _recall(seed, episodes)
     domain = params.get("domain")
     if domain is not None and domain not in DOMAINS:
-        raise dataset_error(uri, None, "domain", f"unknown domain {domain!r} (one of: {', '.join(DOMAINS)})")
-    records = meme_records(seed, int_param(uri, params, "episodes", 1, 4), int_param(uri, params, "fillers", 0, 2), domain)
-    memes = [episode_from_record(r, uri, f"episode {i}", f"meme-{i}") for i, r in enumerate(records)]
+        raise dataset_error(
+            uri, None, "domain", f"unknown domain {domain!r} (one of: {', '.join(DOMAINS)})"
+        )
+    records = meme_records(
+        seed,
+        int_param(uri, params, "episodes", 1, 4),
+        int_param(uri, params, "fillers", 0, 2),
+        domain,
+    )
+    memes = [
+        episode_from_record(r, uri, f"episode {i}", f"meme-{i}") for i, r in enumerate(records)
+    ]
     return f"synthetic:meme?seed={seed}", memes

@@ -16,8 +16,11 @@ from optloop.text import words
 if TYPE_CHECKING:
     from systems.base import MemorySystem
 
-_NUMBERISH = re.compile(r"\d|\b(jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)[a-z]*\b|\b(monday|tuesday|wednesday|"
-                        r"thursday|friday|saturday|sunday|yesterday|today|tomorrow)\b", re.I)
+_NUMBERISH = re.compile(
+    r"\d|\b(jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)[a-z]*\b|\b(monday|tuesday|wednesday|"
+    r"thursday|friday|saturday|sunday|yesterday|today|tomorrow)\b",
+    re.I,
+)
 UNRELATED_QUERY = "weather forecast for the weekend"
 
 
@@ -33,14 +36,19 @@ def _normalize(text: str) -> str:
 
 def _already_in_file(item: Any, inputs: dict[str, Any]) -> bool:
     return bool(_normalize(_item_text(item))) and _normalize(_item_text(item)) in _normalize(
-        str(inputs.get("memory_file", "")))
+        str(inputs.get("memory_file", ""))
+    )
 
 
 def _blur(text: str) -> str:
     """The same sentence with its specifics (names, numbers, places) replaced: an overwrite."""
-    parts = text.split()  # the sentence's own words, case and spelling kept (not optloop.text.words)
-    out = [("something" if i > 0 and (w[:1].isupper() or any(c.isdigit() for c in w)) else w)
-           for i, w in enumerate(parts)]
+    parts = (
+        text.split()
+    )  # the sentence's own words, case and spelling kept (not optloop.text.words)
+    out = [
+        ("something" if i > 0 and (w[:1].isupper() or any(c.isdigit() for c in w)) else w)
+        for i, w in enumerate(parts)
+    ]
     if out == parts and parts:
         out[-1] = "something"
     return " ".join(out)
@@ -113,7 +121,10 @@ def truncate_facts(items: list[Any], _: dict[str, Any]) -> list[Any]:
 
 def truncate_new(items: list[Any], inputs: dict[str, Any]) -> list[Any]:
     """The facts already in the file kept as they are; every new fact cut to its first four words."""
-    return [i if _already_in_file(i, inputs) else _with_text(i, first_words(_own_text(i), 4)) for i in items]
+    return [
+        i if _already_in_file(i, inputs) else _with_text(i, first_words(_own_text(i), 4))
+        for i in items
+    ]
 
 
 def compress_old(items: list[Any], inputs: dict[str, Any]) -> list[Any]:
@@ -133,8 +144,11 @@ def shift_numbers(text: str) -> str:
 def strip_specifics(text: str) -> str:
     """``text`` without its names, numbers and dates (capitalized words after the first, digits, months, days)."""
     words = text.split()
-    kept = [w for i, w in enumerate(words)
-            if not ((i > 0 and w[:1].isupper()) or any(c.isdigit() for c in w) or _NUMBERISH.search(w))]
+    kept = [
+        w
+        for i, w in enumerate(words)
+        if not ((i > 0 and w[:1].isupper()) or any(c.isdigit() for c in w) or _NUMBERISH.search(w))
+    ]
     return " ".join(kept)
 
 

@@ -48,8 +48,11 @@ class PlantedFault(ABC):
         """Plant the fault in ``system`` (built, nothing ingested yet)."""
 
 
-def _map_lists(prediction: dspy.Prediction, fn: Callable[[list[Any], dict[str, Any]], list[Any]],
-               inputs: dict[str, Any]) -> dspy.Prediction:
+def _map_lists(
+    prediction: dspy.Prediction,
+    fn: Callable[[list[Any], dict[str, Any]], list[Any]],
+    inputs: dict[str, Any],
+) -> dspy.Prediction:
     for key, value in list(prediction.items()):
         if isinstance(value, list):
             prediction[key] = fn(value, inputs)
@@ -114,7 +117,9 @@ class OperationFault(PlantedFault):
             for session in sessions:
                 before = {m.id for m in system.all_memories()}
                 original([session])
-                hook(system, before)  # after the first session too (``before`` empty): the old hooks then do nothing
+                hook(
+                    system, before
+                )  # after the first session too (``before`` empty): the old hooks then do nothing
 
         system.ingest = faulty_ingest  # type: ignore[method-assign]
 
@@ -146,7 +151,9 @@ class InstructionFault(PlantedFault):
     @property
     def start(self) -> str:
         """The fault as ``optloop.run --start SITE=...`` takes it: TEXT, +TEXT (appended) or TEXT+ (in front)."""
-        return {"replace": self.text, "append": f"+{self.text}", "prepend": f"{self.text}+"}[self.mode]
+        return {"replace": self.text, "append": f"+{self.text}", "prepend": f"{self.text}+"}[
+            self.mode
+        ]
 
     def instruction(self, clean: str) -> str:
         """The site's instruction under the fault, from its clean one."""

@@ -113,25 +113,31 @@ from optloop.lm.backends import Backend
 from optloop.lm.cache import CACHE_FORMAT, LMCache
 from optloop.lm.dspy_lm import OptloopLM, configure_dspy, forget_endpoints
 from optloop.lm.endpoint import LMRequestError, OpenAICompatibleBackend, request_error
-from optloop.lm.factory import make_backend
 from optloop.lm.engine import SERVER_ERRORS_DOWN, AsyncOptloopEngine, EndpointHealth, OptloopEngine
+from optloop.lm.factory import make_backend
 from optloop.lm.limits import Throttle, TokenBucket, parse_retry_after, shared_throttle
 from optloop.lm.llama import LocalLlamaBackend
 from optloop.lm.machine import MachineSlots, llama_slots, lock_dir, threads_per_slot
 from optloop.lm.pricing import ModelPrice, model_price, price_source
 from optloop.lm.requests import (
+    SCHEMA_MODES,
     MalformedResponse,
     Request,
-    bound_schema,
-    check_json,
-    SCHEMA_MODES,
     SchemaMode,
+    bound_schema,
     chat_kwargs,
+    check_json,
     openai_response_format,
     response_format_to_schema,
 )
-from optloop.lm.settings import (BUNDLED_GGUF, CONCURRENCY_ENV, SCHEMA_MODE_ENV, LMSettings, bundled_model_path,
-                                  redact_url)
+from optloop.lm.settings import (
+    BUNDLED_GGUF,
+    CONCURRENCY_ENV,
+    SCHEMA_MODE_ENV,
+    LMSettings,
+    bundled_model_path,
+    redact_url,
+)
 
 _check_json = check_json  # the name tests knew before the package split
 

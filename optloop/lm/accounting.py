@@ -20,9 +20,12 @@ from dataclasses import asdict, dataclass, field
 from fractions import Fraction
 from types import EllipsisType
 
-_CURRENT_SITE: contextvars.ContextVar[str | None] = contextvars.ContextVar("optloop_prompt_site", default=None)
+_CURRENT_SITE: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "optloop_prompt_site", default=None
+)
 _COLLECTORS: contextvars.ContextVar[tuple[list[CallRecord], ...]] = contextvars.ContextVar(
-    "optloop_call_collectors", default=())
+    "optloop_call_collectors", default=()
+)
 
 
 @contextlib.contextmanager
@@ -171,7 +174,9 @@ class Usage:
         return None if self._cost is None else float(self._cost)
 
     def as_dict(self) -> dict[str, float | None]:
-        out: dict[str, float | None] = {k: v for k, v in asdict(self).items() if not k.startswith("_")}
+        out: dict[str, float | None] = {
+            k: v for k, v in asdict(self).items() if not k.startswith("_")
+        }
         return {**out, "tokens": self.tokens, "cost_usd": self.cost_usd}
 
 

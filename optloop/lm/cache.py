@@ -60,17 +60,25 @@ class LMCache:
         return self._conn is not None
 
     def _corrupt(self, exc: Exception) -> ConfigError:
-        return ConfigError(f"the LM cache {self.path} is corrupt ({exc}); delete it (or pass --no-cache) and rerun")
+        return ConfigError(
+            f"the LM cache {self.path} is corrupt ({exc}); delete it (or pass --no-cache) and rerun"
+        )
 
     @staticmethod
     def key(payload: dict[str, Any]) -> str:
-        blob = json.dumps({"v": CACHE_FORMAT, **payload}, sort_keys=True, ensure_ascii=False, default=str)
+        blob = json.dumps(
+            {"v": CACHE_FORMAT, **payload}, sort_keys=True, ensure_ascii=False, default=str
+        )
         return hashlib.sha256(blob.encode()).hexdigest()
 
     def get(self, key: str) -> dict[str, Any] | None:
         try:
             with self._lock:
-                row = self._connect().execute("SELECT response FROM responses WHERE key = ?", (key,)).fetchone()
+                row = (
+                    self._connect()
+                    .execute("SELECT response FROM responses WHERE key = ?", (key,))
+                    .fetchone()
+                )
             return json.loads(row[0]) if row else None
         except (sqlite3.DatabaseError, json.JSONDecodeError) as exc:
             raise self._corrupt(exc) from None
@@ -79,8 +87,10 @@ class LMCache:
         try:
             with self._lock:
                 conn = self._connect()
-                conn.execute("INSERT OR REPLACE INTO responses VALUES (?, ?, ?)",
-                             (key, json.dumps(response), time.time()))
+                conn.execute(
+                    "INSERT OR REPLACE INTO responses VALUES (?, ?, ?)",
+                    (key, json.dumps(response), time.time()),
+                )
                 conn.commit()
         except sqlite3.DatabaseError as exc:
             raise self._corrupt(exc) from None

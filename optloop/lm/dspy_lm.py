@@ -20,7 +20,6 @@ from optloop.lm.factory import make_backend
 from optloop.lm.requests import openai_response_format, response_format_to_schema
 from optloop.lm.settings import LMSettings, redact_url
 
-
 # --concurrency auto: what the start-up probe found, per endpoint, for the process (optloop.lm.probe).
 _DETECTED: dict[str, Any] = {}
 
@@ -38,7 +37,9 @@ class OptloopLM(dspy.LM):
     file is written.
     """
 
-    def __init__(self, settings: LMSettings | None = None, *, accounting: Accounting | None = None):
+    def __init__(
+        self, settings: LMSettings | None = None, *, accounting: Accounting | None = None
+    ):
         settings = settings or LMSettings.from_spec()
         backend = make_backend(settings)
         if settings.concurrency_auto and (found := _DETECTED.get(backend.identity)) is not None:
@@ -117,7 +118,9 @@ class OptloopLM(dspy.LM):
             if fmt is not None:
                 kwargs["response_format"] = fmt
         rollout = kwargs.get("rollout_id", self.kwargs.get("rollout_id"))
-        token = CALL_OPTIONS.set(CallOptions(rollout_id=rollout, cache=kwargs.get("cache", True) is not False))
+        token = CALL_OPTIONS.set(
+            CallOptions(rollout_id=rollout, cache=kwargs.get("cache", True) is not False)
+        )
         try:
             yield
         finally:
@@ -154,8 +157,15 @@ class OptloopLM(dspy.LM):
         prompt) enters the cache key and the sampling seed.
         """
         engine = self.optloop_engine
-        request = engine.request(messages, response_format=response_format, temperature=temperature,
-                                 max_tokens=max_tokens, seed=seed, stop=stop, rollout_id=rollout_id)
+        request = engine.request(
+            messages,
+            response_format=response_format,
+            temperature=temperature,
+            max_tokens=max_tokens,
+            seed=seed,
+            stop=stop,
+            rollout_id=rollout_id,
+        )
         return engine.call(request, rollout_id=rollout_id, cache=cache is not False)
 
     def text(self, messages: list[dict[str, Any]] | str, **kwargs: Any) -> str:
@@ -164,7 +174,12 @@ class OptloopLM(dspy.LM):
             messages = [{"role": "user", "content": messages}]
         return self.complete(messages, **kwargs)["choices"][0]["message"]["content"] or ""
 
-    def json(self, messages: list[dict[str, Any]] | str, schema: dict[str, Any] | type[BaseModel], **kwargs: Any) -> Any:
+    def json(
+        self,
+        messages: list[dict[str, Any]] | str,
+        schema: dict[str, Any] | type[BaseModel],
+        **kwargs: Any,
+    ) -> Any:
         """Convenience: a schema-constrained completion, parsed."""
         fmt = schema if isinstance(schema, type) else {"type": "json_object", "schema": schema}
         return json.loads(self.text(messages, response_format=fmt, **kwargs))
@@ -214,8 +229,9 @@ class OptloopLM(dspy.LM):
             _DETECTED[identity] = found
         settings, engine = self.settings, self.optloop_engine
         settings.concurrency = found.concurrency
-        engine.throttle = shared_throttle(identity, rpm=settings.rpm, tpm=settings.tpm,
-                                          concurrency=found.concurrency)
+        engine.throttle = shared_throttle(
+            identity, rpm=settings.rpm, tpm=settings.tpm, concurrency=found.concurrency
+        )
         return found.line
 
     # --- state and copies ---------------------------------------------------------------------

@@ -45,8 +45,8 @@ import logging
 import random
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import AsyncIterator, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any, cast
 
@@ -58,7 +58,13 @@ from optloop.lm.backends import Backend
 from optloop.lm.cache import LMCache
 from optloop.lm.limits import Backoff, estimate_tokens, shared_throttle
 from optloop.lm.pricing import ModelPrice
-from optloop.lm.requests import Request, check_json, mix_seed, plain_message, response_format_to_schema
+from optloop.lm.requests import (
+    Request,
+    check_json,
+    mix_seed,
+    plain_message,
+    response_format_to_schema,
+)
 from optloop.lm.settings import LMSettings
 
 logger = logging.getLogger(__name__)
@@ -75,8 +81,9 @@ class CallOptions:
     cache: bool = True
 
 
-CALL_OPTIONS: contextvars.ContextVar[CallOptions] = contextvars.ContextVar("optloop_call_options",
-                                                                           default=CallOptions())
+CALL_OPTIONS: contextvars.ContextVar[CallOptions] = contextvars.ContextVar(
+    "optloop_call_options", default=CallOptions()
+)
 
 
 @dataclass
@@ -99,8 +106,13 @@ class OptloopEngine:
     supports_reasoning = False
     supported_params = frozenset({"response_format", "temperature", "max_tokens", "seed", "stop"})
 
-    def __init__(self, settings: LMSettings, backend: Backend, accounting: Accounting | None = None,
-                 cache: LMCache | None = None):
+    def __init__(
+        self,
+        settings: LMSettings,
+        backend: Backend,
+        accounting: Accounting | None = None,
+        cache: LMCache | None = None,
+    ):
         self.settings = settings
         self.backend = backend
         self.accounting = accounting or Accounting()
@@ -108,8 +120,12 @@ class OptloopEngine:
         self.health = EndpointHealth()
         self._health_lock = threading.Lock()
         # Load: one throttle per endpoint and limits, process-wide; the price of the model, if it has one.
-        self.throttle = shared_throttle(backend.identity, rpm=settings.rpm, tpm=settings.tpm,
-                                        concurrency=settings.concurrency or 1)
+        self.throttle = shared_throttle(
+            backend.identity,
+            rpm=settings.rpm,
+            tpm=settings.tpm,
+            concurrency=settings.concurrency or 1,
+        )
         self.price: ModelPrice | None = settings.price()
         self.backoff = Backoff(random.Random())
         # Single flight: concurrent calls with one cache key wait for the first one and get its answer
@@ -122,9 +138,17 @@ class OptloopEngine:
 
     # --- optloop's own calls ----------------------------------------------------------------
 
-    def request(self, messages: list[Any], *, response_format: Any = None, temperature: float | None = None,
-                max_tokens: int | None = None, seed: int | None = None, stop: list[str] | str | None = None,
-                rollout_id: Any = None) -> Request:
+    def request(
+        self,
+        messages: list[Any],
+        *,
+        response_format: Any = None,
+        temperature: float | None = None,
+        max_tokens: int | None = None,
+        seed: int | None = None,
+        stop: list[str] | str | None = None,
+        rollout_id: Any = None,
+    ) -> Request:
         """optloop's :class:`Request` for these arguments; unset ones take the settings' values.
 
         ``rollout_id`` (DSPy's way to ask for a distinct sample of the same prompt) changes the seed.
@@ -141,7 +165,9 @@ class OptloopEngine:
             stop=[stop] if isinstance(stop, str) else (list(stop) if stop else None),
         )
 
-    def call(self, request: Request, *, rollout_id: Any = None, cache: bool = True) -> dict[str, Any]:
+    def call(
+        self, request: Request, *, rollout_id: Any = None, cache: bool = True
+    ) -> dict[str, Any]:
         """One chat completion through the cache and the retries; returns the OpenAI chat-completion dict.
 
         Safe to call from many threads (and, through :class:`AsyncOptloopEngine`, many tasks) at once:
@@ -153,7 +179,9 @@ class OptloopEngine:
         payload = {"model": self.backend.identity, **asdict(request), "rollout_id": rollout_id}
         started = time.perf_counter()
         try:
-            decoding = self.backend.decoding(request)  # may probe the endpoint once (the schema mode)
+            decoding = self.backend.decoding(
+                request
+            )  # may probe the endpoint once (the schema mode)
         except LMError as exc:  # the probe's failure is this call's
             self._record(request, None, started, cached=False, error=str(exc))
             if isinstance(exc, LMUnreachableError):
@@ -169,7 +197,9 @@ class OptloopEngine:
             self._record(request, hit, started, cached=True, key=key)
             return hit
         with self._single_flight(key):
-            if (hit := self.cache.get(key)) is not None:  # another thread's call for this key just finished
+            if (
+                hit := self.cache.get(key)
+            ) is not None:  # another thread's call for this key just finished
                 self._record(request, hit, started, cached=True, key=key)
                 return hit
             return self._call_model(request, key, started, store=True)
@@ -188,7 +218,9 @@ class OptloopEngine:
                 if entry[1] == 0:
                     del self._inflight[key]
 
-    def _call_model(self, request: Request, key: str, started: float, *, store: bool) -> dict[str, Any]:
+    def _call_model(
+        self, request: Request, key: str, started: float, *, store: bool
+    ) -> dict[str, Any]:
         """The model call with its retries (see the module docstring of :mod:`optloop.lm.limits` for the waits).
 
         Two budgets, kept apart: transient faults (5xx, dropped connections, bad bodies,
@@ -203,8 +235,11 @@ class OptloopEngine:
         faults: list[str] = []
         queued = throttled = limit_wait = 0.0
         last_retry_after: float | None = None
-        estimate = (estimate_tokens(request.messages, request.schema, request.max_tokens)
-                    if self.throttle.tokens is not None else 0)
+        estimate = (
+            estimate_tokens(request.messages, request.schema, request.max_tokens)
+            if self.throttle.tokens is not None
+            else 0
+        )
 
         def attempt() -> dict[str, Any]:
             nonlocal attempts, timeouts, queued, throttled, rate_limited
@@ -217,7 +252,9 @@ class OptloopEngine:
                 except Exception as exc:
                     if backend.is_rate_limited(exc):
                         rate_limited += 1
-                        self.throttle.settle(estimate, 0)  # refused: nothing of the estimate was spent
+                        self.throttle.settle(
+                            estimate, 0
+                        )  # refused: nothing of the estimate was spent
                     else:
                         faults.append(backend.fault_label(exc))
                         timeouts += backend.is_timeout(exc)
@@ -228,7 +265,9 @@ class OptloopEngine:
             usage = response.get("usage") or {}
             spent = usage.get("total_tokens")
             if spent is None and usage:
-                spent = int(usage.get("prompt_tokens") or 0) + int(usage.get("completion_tokens") or 0)
+                spent = int(usage.get("prompt_tokens") or 0) + int(
+                    usage.get("completion_tokens") or 0
+                )
             self.throttle.settle(estimate, spent)
             return response
 
@@ -255,27 +294,64 @@ class OptloopEngine:
             nonlocal limit_wait
             if backend.is_rate_limited(failure(rs)):
                 limit_wait += rs.upcoming_sleep
-                logger.info("LM call to %s rate limited (HTTP 429, %d in this call); retrying in %.1fs",
-                            backend.identity, rate_limited, rs.upcoming_sleep)
+                logger.info(
+                    "LM call to %s rate limited (HTTP 429, %d in this call); retrying in %.1fs",
+                    backend.identity,
+                    rate_limited,
+                    rs.upcoming_sleep,
+                )
             else:
-                logger.warning("LM call to %s failed (attempt %d: %s); retrying",
-                               backend.identity, rs.attempt_number, faults[-1] if faults else "?")
+                logger.warning(
+                    "LM call to %s failed (attempt %d: %s); retrying",
+                    backend.identity,
+                    rs.attempt_number,
+                    faults[-1] if faults else "?",
+                )
 
-        retrying = Retrying(stop=stop, wait=wait, retry=retry_if_exception(backend.is_transient),
-                            before_sleep=before_sleep, reraise=True)
+        retrying = Retrying(
+            stop=stop,
+            wait=wait,
+            retry=retry_if_exception(backend.is_transient),
+            before_sleep=before_sleep,
+            reraise=True,
+        )
         try:
             response = retrying(attempt)
         except LMError as exc:
-            self._record(request, None, started, cached=False, attempts=attempts, error=str(exc), key=key,
-                         faults=faults, queued=queued, load=self._load(rate_limited, limit_wait, throttled))
+            self._record(
+                request,
+                None,
+                started,
+                cached=False,
+                attempts=attempts,
+                error=str(exc),
+                key=key,
+                faults=faults,
+                queued=queued,
+                load=self._load(rate_limited, limit_wait, throttled),
+            )
             raise
         except (RetryError, Exception) as exc:  # noqa: BLE001 - turned into one actionable line
             if backend.is_rate_limited(exc):
-                error: LMError = self._rate_limited_too_long(exc, attempts, rate_limited, limit_wait, last_retry_after)
+                error: LMError = self._rate_limited_too_long(
+                    exc, attempts, rate_limited, limit_wait, last_retry_after
+                )
             else:
-                error = self._persistent_server_error(exc, attempts) or backend.describe_failure(exc)
-            self._record(request, None, started, cached=False, attempts=attempts, error=str(error), key=key,
-                         faults=faults, queued=queued, load=self._load(rate_limited, limit_wait, throttled))
+                error = self._persistent_server_error(exc, attempts) or backend.describe_failure(
+                    exc
+                )
+            self._record(
+                request,
+                None,
+                started,
+                cached=False,
+                attempts=attempts,
+                error=str(error),
+                key=key,
+                faults=faults,
+                queued=queued,
+                load=self._load(rate_limited, limit_wait, throttled),
+            )
             if isinstance(error, LMUnreachableError):
                 with self._health_lock:
                     self.health.down = str(error)
@@ -284,16 +360,35 @@ class OptloopEngine:
             self.health.down, self.health.server_errors = None, 0
         if store:
             self.cache.put(key, response)  # type: ignore[union-attr]
-        self._record(request, response, started, cached=False, attempts=attempts, key=key, faults=faults,
-                     queued=queued, load=self._load(rate_limited, limit_wait, throttled))
+        self._record(
+            request,
+            response,
+            started,
+            cached=False,
+            attempts=attempts,
+            key=key,
+            faults=faults,
+            queued=queued,
+            load=self._load(rate_limited, limit_wait, throttled),
+        )
         return response
 
     @staticmethod
     def _load(rate_limited: int, limit_wait: float, throttled: float) -> dict[str, Any]:
-        return {"retries_429": rate_limited, "rate_limited_s": limit_wait, "throttled_s": throttled}
+        return {
+            "retries_429": rate_limited,
+            "rate_limited_s": limit_wait,
+            "throttled_s": throttled,
+        }
 
-    def _rate_limited_too_long(self, exc: BaseException, attempts: int, rate_limited: int, limit_wait: float,
-                               retry_after: float | None) -> LMUnreachableError:
+    def _rate_limited_too_long(
+        self,
+        exc: BaseException,
+        attempts: int,
+        rate_limited: int,
+        limit_wait: float,
+        retry_after: float | None,
+    ) -> LMUnreachableError:
         asked = f"; it asked for {retry_after:.0f}s more" if retry_after is not None else ""
         return LMUnreachableError(
             f"LM endpoint {self.backend.where()} kept answering HTTP 429 (rate limited): {rate_limited} times "
@@ -301,11 +396,15 @@ class OptloopEngine:
             "a call may wait; lower --rpm / --tpm / --concurrency or wait for the limit to reset"
         )
 
-    def _persistent_server_error(self, exc: BaseException, attempts: int) -> LMUnreachableError | None:
+    def _persistent_server_error(
+        self, exc: BaseException, attempts: int
+    ) -> LMUnreachableError | None:
         """Counts calls that ended on a server error; at ``SERVER_ERRORS_DOWN`` in a row, the endpoint is down."""
         with self._health_lock:
             health = self.health
-            health.server_errors = health.server_errors + 1 if self.backend.is_server_error(exc) else 0
+            health.server_errors = (
+                health.server_errors + 1 if self.backend.is_server_error(exc) else 0
+            )
             count = health.server_errors
         if count < SERVER_ERRORS_DOWN:
             return None
@@ -315,33 +414,51 @@ class OptloopEngine:
             "check the server and its logs"
         )
 
-    def _record(self, request: Request, response: dict[str, Any] | None, started: float, *, cached: bool,
-                attempts: int = 1, error: str | None = None, key: str = "", faults: list[str] | None = None,
-                queued: float = 0.0, load: dict[str, Any] | None = None) -> None:
+    def _record(
+        self,
+        request: Request,
+        response: dict[str, Any] | None,
+        started: float,
+        *,
+        cached: bool,
+        attempts: int = 1,
+        error: str | None = None,
+        key: str = "",
+        faults: list[str] | None = None,
+        queued: float = 0.0,
+        load: dict[str, Any] | None = None,
+    ) -> None:
         usage = (response or {}).get("usage") or {}
         prompt_tokens = int(usage.get("prompt_tokens") or 0)
         completion_tokens = int(usage.get("completion_tokens") or 0)
         cost: float | None = None
         if self.price is not None:  # a cache hit or a failed call spent nothing
-            cached_prompt = int(((usage.get("prompt_tokens_details") or {}).get("cached_tokens")) or 0)
-            cost = 0.0 if cached or response is None else self.price.cost(prompt_tokens, completion_tokens,
-                                                                         cached_prompt)
-        self.accounting.add(CallRecord(
-            site=current_site(),
-            model=self.backend.identity,
-            prompt_tokens=prompt_tokens,
-            completion_tokens=completion_tokens,
-            seconds=time.perf_counter() - started,
-            cached=cached,
-            attempts=attempts,
-            schema=request.schema is not None,
-            error=error,
-            key=key,
-            faults=list(faults or []),
-            queued_s=queued,
-            cost_usd=cost,
-            **(load or {}),
-        ))
+            cached_prompt = int(
+                ((usage.get("prompt_tokens_details") or {}).get("cached_tokens")) or 0
+            )
+            cost = (
+                0.0
+                if cached or response is None
+                else self.price.cost(prompt_tokens, completion_tokens, cached_prompt)
+            )
+        self.accounting.add(
+            CallRecord(
+                site=current_site(),
+                model=self.backend.identity,
+                prompt_tokens=prompt_tokens,
+                completion_tokens=completion_tokens,
+                seconds=time.perf_counter() - started,
+                cached=cached,
+                attempts=attempts,
+                schema=request.schema is not None,
+                error=error,
+                key=key,
+                faults=list(faults or []),
+                queued_s=queued,
+                cost_usd=cost,
+                **(load or {}),
+            )
+        )
 
     # --- the DSPy engine interface (dspy/clients/engines/base.py: Engine) -------------------
 
@@ -373,29 +490,55 @@ class OptloopEngine:
             if isinstance(parts, str):
                 return parts
             if not all(isinstance(part, TextPart) for part in parts):
-                kinds = sorted({type(part).__name__ for part in parts if not isinstance(part, TextPart)})
-                raise UnsupportedFeatureError(f"optloop's LM sends text only; {where} carries {kinds}",
-                                              feature=where)
+                kinds = sorted(
+                    {type(part).__name__ for part in parts if not isinstance(part, TextPart)}
+                )
+                raise UnsupportedFeatureError(
+                    f"optloop's LM sends text only; {where} carries {kinds}", feature=where
+                )
             return "".join(part.text for part in parts)
 
         if request.tools:
             raise UnsupportedFeatureError("optloop's LM does not call tools", feature="tools")
         config = request.config
-        unsupported = [name for name in ("top_p", "top_k", "tool_choice", "reasoning", "cache", "frequency_penalty",
-                                         "presence_penalty", "service_tier", "user_id", "store", "logprobs",
-                                         "probabilities", "extensions") if getattr(config, name, None) is not None]
+        unsupported = [
+            name
+            for name in (
+                "top_p",
+                "top_k",
+                "tool_choice",
+                "reasoning",
+                "cache",
+                "frequency_penalty",
+                "presence_penalty",
+                "service_tier",
+                "user_id",
+                "store",
+                "logprobs",
+                "probabilities",
+                "extensions",
+            )
+            if getattr(config, name, None) is not None
+        ]
         if unsupported:
-            raise UnsupportedFeatureError(f"optloop's LM does not take {unsupported}",
-                                          feature=f"config.{unsupported[0]}")
+            raise UnsupportedFeatureError(
+                f"optloop's LM does not take {unsupported}", feature=f"config.{unsupported[0]}"
+            )
         messages: list[dict[str, Any]] = []
         if request.system is not None:
             messages.append({"role": "system", "content": text(request.system, "system")})
         for i, message in enumerate(request.messages):
             role = "system" if message.role == "developer" else message.role
             messages.append({"role": role, "content": text(message.parts, f"messages[{i}]")})
-        return self.request(messages, response_format=config.response_format, temperature=config.temperature,
-                            max_tokens=config.max_tokens, seed=config.seed, stop=list(config.stop) or None,
-                            rollout_id=rollout_id)
+        return self.request(
+            messages,
+            response_format=config.response_format,
+            temperature=config.temperature,
+            max_tokens=config.max_tokens,
+            seed=config.seed,
+            stop=list(config.stop) or None,
+            rollout_id=rollout_id,
+        )
 
 
 class AsyncOptloopEngine:
@@ -423,7 +566,9 @@ class AsyncOptloopEngine:
         with self._pool_lock:
             if self._pool is None:
                 workers = max(32, 4 * (self.sync.settings.concurrency or 1))
-                self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="optloop-lm")
+                self._pool = ThreadPoolExecutor(
+                    max_workers=workers, thread_name_prefix="optloop-lm"
+                )
             return self._pool
 
     async def run(self, fn: Any, *args: Any, **kwargs: Any) -> Any:

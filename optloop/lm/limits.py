@@ -33,7 +33,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from types import SimpleNamespace
 from typing import Any, cast
 
@@ -89,11 +89,17 @@ class TokenBucket:
         return wait
 
 
-def estimate_tokens(messages: list[dict[str, Any]], schema: dict[str, Any] | None, max_tokens: int) -> int:
+def estimate_tokens(
+    messages: list[dict[str, Any]], schema: dict[str, Any] | None, max_tokens: int
+) -> int:
     """What a provider counts against a tokens-per-minute limit before the answer: ~4 characters a
     token, plus max_tokens."""
-    chars = sum(len(m.get("content") or "") if isinstance(m.get("content"), str) else len(json.dumps(m.get("content")))
-                for m in messages)
+    chars = sum(
+        len(m.get("content") or "")
+        if isinstance(m.get("content"), str)
+        else len(json.dumps(m.get("content")))
+        for m in messages
+    )
     if schema:
         chars += len(json.dumps(schema))
     return math.ceil(chars / 4) + max_tokens
@@ -134,7 +140,9 @@ _THROTTLES: dict[tuple[Any, ...], Throttle] = {}
 _THROTTLES_LOCK = threading.Lock()
 
 
-def shared_throttle(endpoint: str, *, rpm: float | None, tpm: int | None, concurrency: int) -> Throttle:
+def shared_throttle(
+    endpoint: str, *, rpm: float | None, tpm: int | None, concurrency: int
+) -> Throttle:
     """The process's one :class:`Throttle` for ``endpoint`` (a backend identity) under these limits."""
     key = (endpoint, rpm, tpm, concurrency)
     with _THROTTLES_LOCK:
@@ -143,7 +151,9 @@ def shared_throttle(endpoint: str, *, rpm: float | None, tpm: int | None, concur
         return _THROTTLES[key]
 
 
-def parse_retry_after(headers: Mapping[str, str] | None, *, now: datetime | None = None) -> float | None:
+def parse_retry_after(
+    headers: Mapping[str, str] | None, *, now: datetime | None = None
+) -> float | None:
     """Seconds a ``Retry-After`` (delta-seconds or an HTTP date) or ``retry-after-ms`` header asks
     to wait; None if absent.
 
@@ -174,8 +184,8 @@ def parse_retry_after(headers: Mapping[str, str] | None, *, now: datetime | None
     except (TypeError, ValueError, IndexError):
         return None
     if when.tzinfo is None:
-        when = when.replace(tzinfo=timezone.utc)
-    return max(0.0, (when - (now or datetime.now(timezone.utc))).total_seconds())
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, (when - (now or datetime.now(UTC))).total_seconds())
 
 
 def _attempt(n: int) -> RetryCallState:

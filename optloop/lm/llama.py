@@ -36,10 +36,20 @@ class LocalLlamaBackend(Backend):
     TIGHTEN = 4
     MAX_TIGHTENINGS = 2
 
-    def __init__(self, path: Path, *, n_ctx: int | None, n_threads: int | None, max_chars: int, max_items: int,
-                 slots: MachineSlots | None = None):
+    def __init__(
+        self,
+        path: Path,
+        *,
+        n_ctx: int | None,
+        n_threads: int | None,
+        max_chars: int,
+        max_items: int,
+        slots: MachineSlots | None = None,
+    ):
         if not path.is_file():
-            raise ConfigError(f"GGUF model file not found: {path}; pass an existing file with --lm local:/path.gguf")
+            raise ConfigError(
+                f"GGUF model file not found: {path}; pass an existing file with --lm local:/path.gguf"
+            )
         self.path = path
         self.n_ctx = n_ctx or 0  # 0: llama.cpp takes the training context from the GGUF's metadata
         self.slots = slots or MachineSlots()
@@ -73,10 +83,19 @@ class LocalLlamaBackend(Backend):
 
                 started = time.perf_counter()
                 llama = Llama(
-                    model_path=str(self.path), n_ctx=self.n_ctx, n_threads=self.n_threads, verbose=False, seed=0
+                    model_path=str(self.path),
+                    n_ctx=self.n_ctx,
+                    n_threads=self.n_threads,
+                    verbose=False,
+                    seed=0,
                 )
-                logger.info("loaded %s in %.2fs (%d threads, context %d tokens)", self.path.name,
-                            time.perf_counter() - started, self.n_threads, llama.n_ctx())
+                logger.info(
+                    "loaded %s in %.2fs (%d threads, context %d tokens)",
+                    self.path.name,
+                    time.perf_counter() - started,
+                    self.n_threads,
+                    llama.n_ctx(),
+                )
                 _LOADED[key] = (llama, threading.Lock())
             return _LOADED[key]
 
@@ -87,23 +106,42 @@ class LocalLlamaBackend(Backend):
         max_chars, max_items = self.max_chars, self.max_items
         for tightening in range(self.MAX_TIGHTENINGS + 1):
             # llama.cpp takes a schema as json_object + schema (see optloop.lm.requests.SCHEMA_MODES).
-            schema = (bound_schema(request.schema, max_chars=max_chars, max_items=max_items)
-                      if request.schema else None)
-            kwargs = chat_kwargs(request, openai_response_format(schema, request.json_mode, "json_object"))
+            schema = (
+                bound_schema(request.schema, max_chars=max_chars, max_items=max_items)
+                if request.schema
+                else None
+            )
+            kwargs = chat_kwargs(
+                request, openai_response_format(schema, request.json_mode, "json_object")
+            )
             with lock, self.slots.hold() as waited:
                 self._waits.seconds += waited
                 try:
                     response = llama.create_chat_completion(**kwargs)
-                except ValueError as exc:  # e.g. "Requested tokens (9000) exceed context window of 8192"
-                    raise LMError(f"local model {self.path.name}: {exc}; shorten the prompt or raise n_ctx") from None
+                except (
+                    ValueError
+                ) as exc:  # e.g. "Requested tokens (9000) exceed context window of 8192"
+                    raise LMError(
+                        f"local model {self.path.name}: {exc}; shorten the prompt or raise n_ctx"
+                    ) from None
             for name in spent:
                 spent[name] += response["usage"][name]
             truncated = response["choices"][0]["finish_reason"] == "length"
-            if not (request.json_mode and request.schema and truncated) or tightening == self.MAX_TIGHTENINGS:
+            if (
+                not (request.json_mode and request.schema and truncated)
+                or tightening == self.MAX_TIGHTENINGS
+            ):
                 break
-            max_chars, max_items = max(1, max_chars // self.TIGHTEN), max(1, max_items // self.TIGHTEN)
-            logger.debug("JSON answer truncated at %d tokens; asking again with at most %d items of %d chars",
-                         request.max_tokens, max_items, max_chars)
+            max_chars, max_items = (
+                max(1, max_chars // self.TIGHTEN),
+                max(1, max_items // self.TIGHTEN),
+            )
+            logger.debug(
+                "JSON answer truncated at %d tokens; asking again with at most %d items of %d chars",
+                request.max_tokens,
+                max_items,
+                max_chars,
+            )
         response["usage"] = spent
         return response
 

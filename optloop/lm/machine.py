@@ -83,7 +83,9 @@ class MachineSlots:
 
     POLL_S = 0.05  # with several slots: how often a waiter looks for any free one
 
-    def __init__(self, name: str = "llama", slots: int | None = None, directory: Path | None = None):
+    def __init__(
+        self, name: str = "llama", slots: int | None = None, directory: Path | None = None
+    ):
         self.name = name
         self.slots = slots or llama_slots()
         self.directory = directory or lock_dir()
@@ -110,13 +112,20 @@ class MachineSlots:
         try:
             for i in range(self.slots):
                 fds.append(self._open(i))
-        except OSError as exc:  # a read-only or foreign temp dir: run, uncoordinated, rather than fail
+        except (
+            OSError
+        ) as exc:  # a read-only or foreign temp dir: run, uncoordinated, rather than fail
             for fd in fds:
                 os.close(fd)
             if not self._warned:
-                logger.warning("cannot use %s for machine-wide %s slots (%s); model calls are not coordinated "
-                               "with other processes; set %s to a writable directory", self.directory, self.name,
-                               exc, LOCK_DIR_ENV)
+                logger.warning(
+                    "cannot use %s for machine-wide %s slots (%s); model calls are not coordinated "
+                    "with other processes; set %s to a writable directory",
+                    self.directory,
+                    self.name,
+                    exc,
+                    LOCK_DIR_ENV,
+                )
                 self._warned = True
             yield 0.0
             return
@@ -127,13 +136,17 @@ class MachineSlots:
             while held is None:
                 held = next((i for i in order if self._try(fds[i])), None)
                 if held is None and self.slots == 1:
-                    fcntl.flock(fds[0], fcntl.LOCK_EX)  # sleeps in the kernel until the holder lets go: no polling
+                    fcntl.flock(
+                        fds[0], fcntl.LOCK_EX
+                    )  # sleeps in the kernel until the holder lets go: no polling
                     held = 0
                 elif held is None:
                     time.sleep(self.POLL_S)
             waited = time.perf_counter() - started
             if waited > 1:
-                logger.debug("waited %.1fs for a %s slot (another process's model call)", waited, self.name)
+                logger.debug(
+                    "waited %.1fs for a %s slot (another process's model call)", waited, self.name
+                )
             yield waited
         finally:
             for i, fd in enumerate(fds):

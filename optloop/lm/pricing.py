@@ -43,11 +43,20 @@ class ModelPrice:
     output: float
     cached_input: float | None = None
 
-    def cost(self, prompt_tokens: int, completion_tokens: int, cached_prompt_tokens: int = 0) -> float:
+    def cost(
+        self, prompt_tokens: int, completion_tokens: int, cached_prompt_tokens: int = 0
+    ) -> float:
         """Dollars for one call's usage; ``cached_prompt_tokens`` (of ``prompt_tokens``) at the cache-read price."""
-        cached = min(max(cached_prompt_tokens, 0), prompt_tokens) if self.cached_input is not None else 0
-        return ((prompt_tokens - cached) * self.input + cached * (self.cached_input or 0.0)
-                + completion_tokens * self.output)
+        cached = (
+            min(max(cached_prompt_tokens, 0), prompt_tokens)
+            if self.cached_input is not None
+            else 0
+        )
+        return (
+            (prompt_tokens - cached) * self.input
+            + cached * (self.cached_input or 0.0)
+            + completion_tokens * self.output
+        )
 
 
 def price_file() -> Path | None:
@@ -70,13 +79,19 @@ def price_table() -> dict[str, Any]:
         if _TABLE is None:
             path = price_file()
             if path is None:
-                logger.warning("litellm's model cost map is not installed: LM calls report tokens only, no dollars")
+                logger.warning(
+                    "litellm's model cost map is not installed: LM calls report tokens only, no dollars"
+                )
                 _TABLE = {}
             else:
                 try:
                     _TABLE = json.loads(path.read_text())
                 except (OSError, json.JSONDecodeError) as exc:
-                    logger.warning("cannot read litellm's model cost map %s (%s): tokens only, no dollars", path, exc)
+                    logger.warning(
+                        "cannot read litellm's model cost map %s (%s): tokens only, no dollars",
+                        path,
+                        exc,
+                    )
                     _TABLE = {}
         return _TABLE
 
@@ -100,7 +115,12 @@ def _entry_price(key: str, entry: Any) -> ModelPrice | None:
     if not isinstance(prompt, (int, float)) or not isinstance(completion, (int, float)):
         return None
     cached = entry.get("cache_read_input_token_cost")
-    return ModelPrice(key, float(prompt), float(completion), float(cached) if isinstance(cached, (int, float)) else None)
+    return ModelPrice(
+        key,
+        float(prompt),
+        float(completion),
+        float(cached) if isinstance(cached, (int, float)) else None,
+    )
 
 
 def model_price(model: str | None) -> ModelPrice | None:

@@ -55,7 +55,9 @@ def response_format_to_schema(response_format: Any) -> tuple[dict[str, Any] | No
     if isinstance(response_format, dict):
         kind = response_format.get("type")
         if kind == "json_schema":
-            if "json_schema" not in response_format and isinstance(response_format.get("schema"), dict):
+            if "json_schema" not in response_format and isinstance(
+                response_format.get("schema"), dict
+            ):
                 return response_format["schema"], True  # lm15's canonical form
             inner = response_format.get("json_schema") or {}
             return inner.get("schema") or inner, True
@@ -76,8 +78,9 @@ Ollama); ``json_object``: ``{"type": "json_object", "schema": ...}`` (llama.cpp'
 answer checked against it (:func:`check_schema`)."""
 
 
-def openai_response_format(schema: dict[str, Any] | None, json_mode: bool,
-                           mode: SchemaMode = "json_schema") -> dict[str, Any] | None:
+def openai_response_format(
+    schema: dict[str, Any] | None, json_mode: bool, mode: SchemaMode = "json_schema"
+) -> dict[str, Any] | None:
     """(schema, json_mode) as the ``response_format`` of schema mode ``mode`` (the inverse of
     :func:`response_format_to_schema`); None when nothing is asked for, or in mode ``none``."""
     if not json_mode or mode == "none":
@@ -94,11 +97,15 @@ def schema_instruction(schema: dict[str, Any] | None) -> str:
     """What schema mode ``none`` appends to the system message in place of a ``response_format``."""
     if schema is None:
         return "Answer with one JSON object and nothing else."
-    return ("Answer with one JSON object and nothing else, valid under this JSON schema:\n"
-            + json.dumps(schema, ensure_ascii=False, sort_keys=True))
+    return (
+        "Answer with one JSON object and nothing else, valid under this JSON schema:\n"
+        + json.dumps(schema, ensure_ascii=False, sort_keys=True)
+    )
 
 
-def with_schema_instruction(messages: list[dict[str, Any]], schema: dict[str, Any] | None) -> list[dict[str, Any]]:
+def with_schema_instruction(
+    messages: list[dict[str, Any]], schema: dict[str, Any] | None
+) -> list[dict[str, Any]]:
     """``messages`` with :func:`schema_instruction` at the end of the system message (one added if none)."""
     note = schema_instruction(schema)
     out = [dict(m) for m in messages]
@@ -109,8 +116,11 @@ def with_schema_instruction(messages: list[dict[str, Any]], schema: dict[str, An
     return out
 
 
-def chat_kwargs(request: Request, response_format: dict[str, Any] | None = None,
-                messages: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+def chat_kwargs(
+    request: Request,
+    response_format: dict[str, Any] | None = None,
+    messages: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
     """The one mapping of a :class:`Request` to chat-completion keyword arguments, for llama.cpp's
     ``create_chat_completion`` and an OpenAI-compatible client alike (the model name is the caller's)."""
     kwargs: dict[str, Any] = dict(
@@ -136,8 +146,10 @@ def check_schema(response: dict[str, Any], schema: dict[str, Any]) -> None:
         jsonschema.validate(json.loads(content), schema)
     except jsonschema.ValidationError as exc:
         where = "/".join(map(str, exc.absolute_path)) or "the answer"
-        raise MalformedResponse(f"answer does not follow the schema at {where}: {exc.message[:200]}",
-                                label="content off schema") from None
+        raise MalformedResponse(
+            f"answer does not follow the schema at {where}: {exc.message[:200]}",
+            label="content off schema",
+        ) from None
 
 
 def bound_schema(schema: dict[str, Any], *, max_chars: int, max_items: int) -> dict[str, Any]:
@@ -155,7 +167,10 @@ def bound_schema(schema: dict[str, Any], *, max_chars: int, max_items: int) -> d
         out = {key: visit(value) for key, value in node.items()}
         kinds = out.get("type")
         kinds = kinds if isinstance(kinds, list) else [kinds]
-        if "string" in kinds and not {"enum", "const", "maxLength", "format", "pattern"} & out.keys():
+        if (
+            "string" in kinds
+            and not {"enum", "const", "maxLength", "format", "pattern"} & out.keys()
+        ):
             out["maxLength"] = max_chars
         if "array" in kinds and "maxItems" not in out:
             out["maxItems"] = max(max_items, out.get("minItems", 0))
@@ -188,7 +203,13 @@ def check_json(response: dict[str, Any]) -> None:
     try:
         # A raw control character (a newline, a tab) inside a JSON string is invalid JSON that
         # small models emit under a grammar; keep the value and re-serialize it escaped.
-        choice["message"]["content"] = json.dumps(json.loads(content, strict=False), ensure_ascii=False)
+        choice["message"]["content"] = json.dumps(
+            json.loads(content, strict=False), ensure_ascii=False
+        )
     except json.JSONDecodeError as exc:
-        reason = "truncated at max_tokens" if choice.get("finish_reason") == "length" else "not JSON"
-        raise MalformedResponse(f"response {reason}: {exc.msg} at char {exc.pos}", label=f"content {reason}") from None
+        reason = (
+            "truncated at max_tokens" if choice.get("finish_reason") == "length" else "not JSON"
+        )
+        raise MalformedResponse(
+            f"response {reason}: {exc.msg} at char {exc.pos}", label=f"content {reason}"
+        ) from None

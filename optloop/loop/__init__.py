@@ -15,5 +15,14 @@ from optloop.loop.controller import Controller, RunContext
 from optloop.loop.evaluate import Evaluation, Evaluator
 from optloop.loop.runner import Loop, LoopConfig, LoopResult
 
-__all__ = ["Candidate", "Controller", "Evaluation", "Evaluator", "Loop", "LoopConfig", "LoopResult", "RunContext",
-           "SiteState"]
+__all__ = [
+    "Candidate",
+    "Controller",
+    "Evaluation",
+    "Evaluator",
+    "Loop",
+    "LoopConfig",
+    "LoopResult",
+    "RunContext",
+    "SiteState",
+]

@@ -46,9 +46,19 @@ def default_threads(lm: Any) -> int:
 class Optimizer(ABC):
     name: str
 
-    def __init__(self, evaluator: Evaluator, proposer: dspy.BaseLM, trainset: Dataset, *, sites: Sequence[str],
-                 knobs: Sequence[str] = (), seed: int = 0, num_threads: int | None = None, work: Path | None = None,
-                 batch: int = 1):
+    def __init__(
+        self,
+        evaluator: Evaluator,
+        proposer: dspy.BaseLM,
+        trainset: Dataset,
+        *,
+        sites: Sequence[str],
+        knobs: Sequence[str] = (),
+        seed: int = 0,
+        num_threads: int | None = None,
+        work: Path | None = None,
+        batch: int = 1,
+    ):
         """``num_threads``: programs run at once inside a round (default :func:`default_threads` of the
         evaluator's LM); ``work``: where the optimizer keeps state across rounds and resumes (default
         ``<evaluator work>/optimizers/<name>``, inside the run's state directory); ``batch``: the

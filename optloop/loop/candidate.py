@@ -41,9 +41,13 @@ class Candidate(BaseModel):
     origin: str = "baseline"
 
     def digest(self, only: set[str] | None = None, *, with_knobs: bool = True) -> str:
-        sites = {n: s.model_dump() for n, s in sorted(self.sites.items()) if only is None or n in only}
+        sites = {
+            n: s.model_dump() for n, s in sorted(self.sites.items()) if only is None or n in only
+        }
         payload = {"sites": sites, "knobs": self.knobs if with_knobs else {}}
-        return hashlib.sha1(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:12]
+        return hashlib.sha1(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[
+            :12
+        ]
 
     def changed_sites(self, base: Candidate) -> list[str]:
         return [n for n, s in self.sites.items() if base.sites.get(n) != s]
@@ -65,11 +69,17 @@ def demo_dict(demo: Any) -> dict[str, Any]:
 
 
 def site_state(module: dspy.Predict) -> SiteState:
-    return SiteState(instructions=module.signature.instructions, demos=[demo_dict(d) for d in module.demos])
+    return SiteState(
+        instructions=module.signature.instructions, demos=[demo_dict(d) for d in module.demos]
+    )
 
 
-def candidate_from_modules(modules: Mapping[str, dspy.Predict], knobs: Mapping[str, Any], origin: str) -> Candidate:
-    return Candidate(sites={n: site_state(m) for n, m in modules.items()}, knobs=dict(knobs), origin=origin)
+def candidate_from_modules(
+    modules: Mapping[str, dspy.Predict], knobs: Mapping[str, Any], origin: str
+) -> Candidate:
+    return Candidate(
+        sites={n: site_state(m) for n, m in modules.items()}, knobs=dict(knobs), origin=origin
+    )
 
 
 def apply_state(module: dspy.Predict, state: SiteState) -> None:
@@ -80,11 +90,15 @@ def apply_state(module: dspy.Predict, state: SiteState) -> None:
 def prompt_text(site: PromptSite, state: SiteState) -> str:
     """The exact system prompt a site sends with ``state``: instructions, then rendered demos."""
     if site.layout == "library":
-        return render_system(site.module.signature.with_instructions(state.instructions), state.demos)
+        return render_system(
+            site.module.signature.with_instructions(state.instructions), state.demos
+        )
     if not state.demos:
         return state.instructions
-    shots = "\n\n".join(json.dumps({k: v for k, v in d.items() if k != USER_FIELD}, ensure_ascii=False)
-                        for d in state.demos)
+    shots = "\n\n".join(
+        json.dumps({k: v for k, v in d.items() if k != USER_FIELD}, ensure_ascii=False)
+        for d in state.demos
+    )
     return f"{state.instructions}\n\n# Examples\n{shots}"
 
 
@@ -93,7 +107,9 @@ def _diff_lines(text: str) -> list[str]:
     docstring's line breaks and an edited instruction's single line compare sentence by sentence); the
     examples block (``# Examples`` and the JSON demos after it) line by line as written."""
     prose, sep, examples = text.partition("\n\n# Examples\n")
-    lines = [s for paragraph in prose.split("\n\n") for s in sentences(" ".join(paragraph.split())) if s]
+    lines = [
+        s for paragraph in prose.split("\n\n") for s in sentences(" ".join(paragraph.split())) if s
+    ]
     if sep:
         lines += ["", "# Examples", *examples.splitlines()]
     return [f"{line}\n" for line in lines]
@@ -105,7 +121,11 @@ def prompt_diff(before: Mapping[str, str], after: Mapping[str, str]) -> str:
     for name in sorted(set(before) | set(after)):
         a, b = before.get(name, ""), after.get(name, "")
         if a != b:
-            chunks += difflib.unified_diff(_diff_lines(a), _diff_lines(b),
-                                           fromfile=f"{name} (before)", tofile=f"{name} (after)")
+            chunks += difflib.unified_diff(
+                _diff_lines(a),
+                _diff_lines(b),
+                fromfile=f"{name} (before)",
+                tofile=f"{name} (after)",
+            )
             chunks.append("\n")
     return "".join(chunks) or "(no prompt changed)\n"

@@ -146,12 +146,21 @@ class TrackingSink(Protocol):
     def log_targets(self, targeting: Targeting) -> None:
         """The baseline's blame and the targets chosen from it (recorded once, by the leading worker)."""
 
-    def open_trial(self, trial: int, tags: Mapping[str, str] | None) -> AbstractContextManager[str]:
+    def open_trial(
+        self, trial: int, tags: Mapping[str, str] | None
+    ) -> AbstractContextManager[str]:
         """A record for one trial (a child run), open while the trial is evaluated; yields its id. The
         record must be findable by the trial number alone (see :meth:`discard_trial`)."""
 
-    def log_trial(self, trial: int, candidate: Candidate, evaluation: Evaluation, *, base: Candidate,
-                  diff: str) -> None:
+    def log_trial(
+        self,
+        trial: int,
+        candidate: Candidate,
+        evaluation: Evaluation,
+        *,
+        base: Candidate,
+        diff: str,
+    ) -> None:
         """The trial's candidate, evaluation and prompt diff against ``base``, into its open record."""
 
     def discard_trial(self, trial: int) -> None:
@@ -211,7 +220,9 @@ class Coordinator(Protocol):
     def room(self, trials: Sequence[Trial]) -> int:
         """How many trials are left to take, at most (a batch is no larger)."""
 
-    def take(self, trials: Sequence[Trial], candidate: Candidate, study_trial: int | None) -> int | None:
+    def take(
+        self, trials: Sequence[Trial], candidate: Candidate, study_trial: int | None
+    ) -> int | None:
         """The trial number ``candidate`` is evaluated as; ``None`` when the budget went to other workers."""
 
     def trial_tags(self) -> dict[str, str] | None:
@@ -293,7 +304,9 @@ class RunContext:
         if not self.path.exists():
             return
         saved = Checkpoint.load(self.path)
-        ckpt = self.checkpoint  # its cost fields are consistent in memory (begin_process moved the last spending)
+        ckpt = (
+            self.checkpoint
+        )  # its cost fields are consistent in memory (begin_process moved the last spending)
         saved.spent, saved.processes, saved.spending = ckpt.spent, ckpt.processes, self.cost()
         saved.save(self.path)
 
@@ -311,14 +324,22 @@ class _Best:
 class Controller:
     """Runs the loop of the module docstring once (or resumes it from the context's checkpoint)."""
 
-    def __init__(self, context: RunContext, evaluator: CandidateEvaluator, sink: TrackingSink,
-                 coordinator: Coordinator, make_optimizer: Callable[[list[str], list[str]], Optimizer]):
+    def __init__(
+        self,
+        context: RunContext,
+        evaluator: CandidateEvaluator,
+        sink: TrackingSink,
+        coordinator: Coordinator,
+        make_optimizer: Callable[[list[str], list[str]], Optimizer],
+    ):
         self.ctx = context
         self.evaluator = evaluator
         self.sink = sink
         self.coordinator = coordinator
         self.make_optimizer = make_optimizer
-        self._redo = 0  # trials a kill left half done, redone first as a batch of their own (_repair)
+        self._redo = (
+            0  # trials a kill left half done, redone first as a batch of their own (_repair)
+        )
 
     @property
     def config(self) -> LoopConfig:
@@ -380,7 +401,10 @@ class Controller:
     def _baseline(self) -> None:
         """The start program on train and dev, each checkpointed as soon as it is known."""
         ckpt = self.ckpt
-        if ckpt.baseline_dev is None and (theirs := self.coordinator.wait_for_baseline()) is not None:
+        if (
+            ckpt.baseline_dev is None
+            and (theirs := self.coordinator.wait_for_baseline()) is not None
+        ):
             ckpt.baseline_train, ckpt.baseline_dev = theirs
             self.ctx.save()
         if ckpt.baseline_train is None:
@@ -399,13 +423,21 @@ class Controller:
         ckpt = self.ckpt
         assert ckpt.baseline_train is not None and ckpt.baseline_dev is not None
         evaluations = [ckpt.baseline_train, ckpt.baseline_dev]
-        entries = blame([a for ev in evaluations for a in ev.attributions()],
-                        passed=sum(o.passed for ev in evaluations for o in ev.outcomes))
+        entries = blame(
+            [a for ev in evaluations for a in ev.attributions()],
+            passed=sum(o.passed for ev in evaluations for o in ev.outcomes),
+        )
         errors = dict(sum((Counter(ev.error_counts()) for ev in evaluations), Counter()))
         ckpt.targets = [e.target for e in entries]
         sites, knobs, note = choose_targets(entries, self.config, self.evaluator.site_names)
-        targeting = Targeting(entries=entries, errors=errors, targets=list(ckpt.targets), sites=sites, knobs=knobs,
-                              note=note)
+        targeting = Targeting(
+            entries=entries,
+            errors=errors,
+            targets=list(ckpt.targets),
+            sites=sites,
+            knobs=knobs,
+            note=note,
+        )
         if self.coordinator.leads:
             self.sink.log_targets(targeting)
         if note:
@@ -456,7 +488,11 @@ class Controller:
             if t.evaluation is not None and t.evaluation.accuracy > best.evaluation.accuracy:
                 best = _Best(t.candidate, t.evaluation, t.trial)
         if best.trial:
-            optimizer.retarget(*choose_targets(best.evaluation.blame(), self.config, self.evaluator.site_names)[:2])
+            optimizer.retarget(
+                *choose_targets(best.evaluation.blame(), self.config, self.evaluator.site_names)[
+                    :2
+                ]
+            )
         if isinstance(getattr(optimizer, "queue", None), list):
             optimizer.queue = [c for c in ckpt.queue if c.digest() not in optimizer.seen]  # type: ignore[attr-defined]
             optimizer.seen |= {c.digest() for c in optimizer.queue}  # type: ignore[attr-defined]
@@ -479,25 +515,36 @@ class Controller:
         while coordinator.budget_left(ckpt.trials):
             self._boundary()  # the last trial and its acc_dev point are recorded
             upcoming = coordinator.upcoming(ckpt.trials)
-            size, self._redo = self._redo or max(1, min(cfg.batch, coordinator.room(ckpt.trials))), 0
+            size, self._redo = (
+                self._redo or max(1, min(cfg.batch, coordinator.room(ckpt.trials))),
+                0,
+            )
             left = f", ETA {eta.text(self._done())}" if eta is not None else ""
-            self.ctx.progress(f"trial {upcoming}/{cfg.budget}: {optimizer.name} proposing for "
-                              f"{', '.join(optimizer.sites)}{left}")
+            self.ctx.progress(
+                f"trial {upcoming}/{cfg.budget}: {optimizer.name} proposing for "
+                f"{', '.join(optimizer.sites)}{left}"
+            )
             started = time.perf_counter()
             candidates = optimizer.propose_batch(best.candidate, best.evaluation, size)
             ckpt.queue = list(getattr(optimizer, "queue", []))
             if not candidates:
-                note = (note + "; " if note else "") + f"{optimizer.name} proposed nothing new after " \
-                       f"{len(ckpt.trials)} evaluation(s)" + coordinator.scope
+                note = (
+                    (note + "; " if note else "") + f"{optimizer.name} proposed nothing new after "
+                    f"{len(ckpt.trials)} evaluation(s)" + coordinator.scope
+                )
                 break
             trials = self._take(optimizer, candidates)
             if not trials:  # other workers took the rest of the budget meanwhile
                 break
             if len(trials) > 1:
-                self.ctx.progress(f"trials {trials[0].trial}-{trials[-1].trial}/{cfg.budget}: evaluating "
-                                  f"{len(trials)} candidates at once{left}")
+                self.ctx.progress(
+                    f"trials {trials[0].trial}-{trials[-1].trial}/{cfg.budget}: evaluating "
+                    f"{len(trials)} candidates at once{left}"
+                )
             evaluations = self._evaluate_many(trials)
-            seconds: float | None = None  # each trial's share of the batch's time, proposals included
+            seconds: float | None = (
+                None  # each trial's share of the batch's time, proposals included
+            )
             for trial, evaluation in zip(trials, evaluations):
                 self._record_trial(trial, evaluation)
                 if seconds is None:  # a trial alone was evaluated inside its record
@@ -511,13 +558,22 @@ class Controller:
                     self._retarget(optimizer, evaluation)
                 self.ctx.save()
                 coordinator.report(trial, self.run_cost)
-                best_so_far = coordinator.best_accuracy(best.evaluation.accuracy, ckpt.baseline_dev.accuracy)
+                best_so_far = coordinator.best_accuracy(
+                    best.evaluation.accuracy, ckpt.baseline_dev.accuracy
+                )
                 self.sink.log_dev(trial.trial, evaluation.accuracy, best_so_far)
                 if eta is not None:
                     eta.trial_took(seconds)
-                self.ctx.trial_done(TrialLine(
-                    trial=trial.trial, budget=cfg.budget, accuracy=evaluation.accuracy, best=best_so_far,
-                    seconds=seconds, eta_s=None if eta is None else eta.seconds_left(self._done())))
+                self.ctx.trial_done(
+                    TrialLine(
+                        trial=trial.trial,
+                        budget=cfg.budget,
+                        accuracy=evaluation.accuracy,
+                        best=best_so_far,
+                        seconds=seconds,
+                        eta_s=None if eta is None else eta.seconds_left(self._done()),
+                    )
+                )
             if len(trials) < len(candidates):  # the budget went to other workers
                 break
         return note
@@ -561,29 +617,48 @@ class Controller:
             trial.child_run_id = run_id
             if evaluation is None:
                 evaluation = self._evaluate(trial.candidate, "dev")
-            diff = prompt_diff(self.evaluator.prompt_texts(base), self.evaluator.prompt_texts(trial.candidate))
+            diff = prompt_diff(
+                self.evaluator.prompt_texts(base), self.evaluator.prompt_texts(trial.candidate)
+            )
             self.sink.log_trial(trial.trial, trial.candidate, evaluation, base=base, diff=diff)
         trial.evaluation = evaluation
 
     def _retarget(self, optimizer: Optimizer, evaluation: Evaluation) -> None:
         """A new best: re-attribute from its failures and retarget the optimizer when the blame moved."""
-        sites, knobs, _ = choose_targets(evaluation.blame(), self.config, self.evaluator.site_names)
+        sites, knobs, _ = choose_targets(
+            evaluation.blame(), self.config, self.evaluator.site_names
+        )
         if (sites, knobs) != (optimizer.sites, optimizer.knobs):
             self.ctx.progress(f"re-attribution: blame moved to {', '.join(sites + knobs)}")
             optimizer.retarget(sites, knobs)
 
     # --- the end --------------------------------------------------------------------------
 
-    def _failed_calls(self, best_trial: int, before: Evaluation, after: Evaluation) -> dict[str, int]:
+    def _failed_calls(
+        self, best_trial: int, before: Evaluation, after: Evaluation
+    ) -> dict[str, int]:
         """The failed LM calls behind each figure of the result (only those that had any): under the
         threshold of :mod:`optloop.failures` they are reported beside the figure."""
         ckpt = self.ckpt
         assert ckpt.baseline_dev is not None
-        best = ckpt.baseline_dev if best_trial == 0 else next(
-            (t.evaluation for t in ckpt.trials if t.trial == best_trial and t.evaluation is not None), None)
-        counts = {"baseline_dev": ckpt.baseline_dev.lm_failed_calls,
-                  "best_dev": best.lm_failed_calls if best is not None else 0,
-                  "test_before": before.lm_failed_calls, "test_after": after.lm_failed_calls}
+        best = (
+            ckpt.baseline_dev
+            if best_trial == 0
+            else next(
+                (
+                    t.evaluation
+                    for t in ckpt.trials
+                    if t.trial == best_trial and t.evaluation is not None
+                ),
+                None,
+            )
+        )
+        counts = {
+            "baseline_dev": ckpt.baseline_dev.lm_failed_calls,
+            "best_dev": best.lm_failed_calls if best is not None else 0,
+            "test_before": before.lm_failed_calls,
+            "test_after": after.lm_failed_calls,
+        }
         return {name: n for name, n in counts.items() if n}
 
     def _finish(self, targeting: Targeting, note: str) -> LoopResult:
@@ -611,37 +686,85 @@ class Controller:
         before_ci, after_ci, delta_ci = held_out_intervals(before, after, seed=cfg.seed)
         promoted, reason = promotion(cfg.promote_if, best is not base, delta_ci)
         cost = self.total_cost()
-        texts_before, texts_after = self.evaluator.prompt_texts(base), self.evaluator.prompt_texts(best)
+        texts_before, texts_after = (
+            self.evaluator.prompt_texts(base),
+            self.evaluator.prompt_texts(best),
+        )
         diff = prompt_diff(texts_before, texts_after)
-        self.sink.log_summary(Summary(
-            config=cfg, base=base, best=best, baseline_train=ckpt.baseline_train, baseline_dev=ckpt.baseline_dev,
-            test_before=before, test_after=after, entries=targeting.entries, points=points, best_curve=best_curve,
-            test_before_ci=before_ci, test_after_ci=after_ci, delta_test_ci=delta_ci, evaluations=len(records),
-            cost=cost, texts_before=texts_before, texts_after=texts_after, diff=diff))
+        self.sink.log_summary(
+            Summary(
+                config=cfg,
+                base=base,
+                best=best,
+                baseline_train=ckpt.baseline_train,
+                baseline_dev=ckpt.baseline_dev,
+                test_before=before,
+                test_after=after,
+                entries=targeting.entries,
+                points=points,
+                best_curve=best_curve,
+                test_before_ci=before_ci,
+                test_after_ci=after_ci,
+                delta_test_ci=delta_ci,
+                evaluations=len(records),
+                cost=cost,
+                texts_before=texts_before,
+                texts_after=texts_after,
+                diff=diff,
+            )
+        )
         changed = best.changed_sites(base)
         if changed and not ckpt.registered:
             message = f"optloop run {cfg.run_name}: test {before.accuracy:.3f} -> {after.accuracy:.3f}; {reason}"
-            ckpt.registered = self.sink.register({s: texts_after[s] for s in changed}, promote=promoted,
-                                                 message=message)
+            ckpt.registered = self.sink.register(
+                {s: texts_after[s] for s in changed}, promote=promoted, message=message
+            )
             self.ctx.save()  # registered once: a kill after this point does not register again
         n_dev, n_test = ckpt.baseline_dev.n, before.n
         if warning := small_split_warning(n_dev, n_test):
             note = warning + ("; " + note if note else "")
         self.sink.tag_result(promoted, reason, note)
         result = LoopResult(
-            config=cfg, parent_run_id=ckpt.parent_run_id or "", targets=ckpt.targets, tunable_sites=targeting.sites,
-            tunable_knobs=targeting.knobs, baseline_dev=ckpt.baseline_dev.accuracy, best_dev=max(best_curve),
-            best_trial=best_trial, test_before=before.accuracy, test_after=after.accuracy, evaluations=len(records),
-            changed_sites=changed, changed_knobs={k: best.knobs[k] for k in best.changed_knobs(base)},
-            promoted=promoted, promotion_reason=reason, registered=ckpt.registered, cost=cost, n_dev=n_dev,
-            n_test=n_test, test_before_ci=before_ci, test_after_ci=after_ci, delta_test_ci=delta_ci,
-            tried=[Tried.of(r.trial, r.candidate, r.accuracy, base) for r in records], prompt_diff=diff, note=note,
-            failed_calls=self._failed_calls(best_trial, before, after))
+            config=cfg,
+            parent_run_id=ckpt.parent_run_id or "",
+            targets=ckpt.targets,
+            tunable_sites=targeting.sites,
+            tunable_knobs=targeting.knobs,
+            baseline_dev=ckpt.baseline_dev.accuracy,
+            best_dev=max(best_curve),
+            best_trial=best_trial,
+            test_before=before.accuracy,
+            test_after=after.accuracy,
+            evaluations=len(records),
+            changed_sites=changed,
+            changed_knobs={k: best.knobs[k] for k in best.changed_knobs(base)},
+            promoted=promoted,
+            promotion_reason=reason,
+            registered=ckpt.registered,
+            cost=cost,
+            n_dev=n_dev,
+            n_test=n_test,
+            test_before_ci=before_ci,
+            test_after_ci=after_ci,
+            delta_test_ci=delta_ci,
+            tried=[Tried.of(r.trial, r.candidate, r.accuracy, base) for r in records],
+            prompt_diff=diff,
+            note=note,
+            failed_calls=self._failed_calls(best_trial, before, after),
+        )
         result = self.coordinator.publish(result)
         ckpt.finished = True
         self.ctx.save()
         return result
 
 
-__all__ = ["CandidateEvaluator", "Controller", "Coordinator", "RunContext", "Summary", "Targeting", "TrackingSink",
-           "TrialRecord"]
+__all__ = [
+    "CandidateEvaluator",
+    "Controller",
+    "Coordinator",
+    "RunContext",
+    "Summary",
+    "Targeting",
+    "TrackingSink",
+    "TrialRecord",
+]

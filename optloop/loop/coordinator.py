@@ -69,7 +69,9 @@ class LocalCoordinator:
     def room(self, trials: Sequence[Trial]) -> int:
         return self.budget - len(trials)
 
-    def take(self, trials: Sequence[Trial], candidate: Candidate, study_trial: int | None) -> int | None:
+    def take(
+        self, trials: Sequence[Trial], candidate: Candidate, study_trial: int | None
+    ) -> int | None:
         return len(trials) + 1
 
     def trial_tags(self) -> dict[str, str] | None:
@@ -85,7 +87,11 @@ class LocalCoordinator:
         return finish()
 
     def records(self, trials: Sequence[Trial]) -> list[TrialRecord]:
-        return [TrialRecord(t.trial, t.evaluation.accuracy, t.candidate) for t in trials if t.evaluation is not None]
+        return [
+            TrialRecord(t.trial, t.evaluation.accuracy, t.candidate)
+            for t in trials
+            if t.evaluation is not None
+        ]
 
     def others_cost(self) -> dict[str, float]:
         return {}
@@ -120,20 +126,31 @@ class SharedCoordinator:
 
     scope = " by this worker"
 
-    def __init__(self, study: SharedStudy, config: LoopConfig, progress: Callable[[str], None] | None = None):
+    def __init__(
+        self, study: SharedStudy, config: LoopConfig, progress: Callable[[str], None] | None = None
+    ):
         self.study = study
         self.config = config
         self.progress = progress or (lambda message: None)
 
     @classmethod
-    def join(cls, config: LoopConfig, storage: str, worker: str,
-             progress: Callable[[str], None] | None = None) -> SharedCoordinator:
+    def join(
+        cls,
+        config: LoopConfig,
+        storage: str,
+        worker: str,
+        progress: Callable[[str], None] | None = None,
+    ) -> SharedCoordinator:
         """Open the study named after the run, refuse a finished run or other settings, and take a rank."""
-        study = SharedStudy(storage, config.run_name, worker=worker, budget=config.budget, seed=config.seed)
+        study = SharedStudy(
+            storage, config.run_name, worker=worker, budget=config.budget, seed=config.seed
+        )
         try:
             if study.get(RESULT_KEY) is not None:
-                raise ConfigError(f"run {config.run_name!r} already finished (MLflow run {study.get(PARENT_KEY)}); "
-                                  "pick another --run-name to run again")
+                raise ConfigError(
+                    f"run {config.run_name!r} already finished (MLflow run {study.get(PARENT_KEY)}); "
+                    "pick another --run-name to run again"
+                )
             rank = study.join(config.digest(shared=True))
         except BaseException:
             study.close()
@@ -153,8 +170,10 @@ class SharedCoordinator:
         leader = self.study.leader_id() or ""
         value = self.study.wait_for(key, holder=leader, what=what, progress=self.progress)
         if value is None:
-            raise OptloopError(f"{self.study.describe(leader)}, the first worker of run {self.config.run_name!r}, "
-                               f"stopped before publishing {what}; rerun the same command on that host to resume it")
+            raise OptloopError(
+                f"{self.study.describe(leader)}, the first worker of run {self.config.run_name!r}, "
+                f"stopped before publishing {what}; rerun the same command on that host to resume it"
+            )
         return value
 
     # --- the controller's interface ------------------------------------------------------
@@ -162,9 +181,12 @@ class SharedCoordinator:
     def wait_for_baseline(self) -> tuple[Evaluation, Evaluation] | None:
         if self.leads:
             return None
-        train, dev = (Evaluation.model_validate(self.wait_for_leader(f"optloop:baseline_{split}",
-                                                                     "the baseline evaluation"))
-                      for split in ("train", "dev"))
+        train, dev = (
+            Evaluation.model_validate(
+                self.wait_for_leader(f"optloop:baseline_{split}", "the baseline evaluation")
+            )
+            for split in ("train", "dev")
+        )
         return train, dev
 
     def publish_baseline(self, train: Evaluation, dev: Evaluation) -> None:
@@ -187,7 +209,9 @@ class SharedCoordinator:
     def room(self, trials: Sequence[Trial]) -> int:
         return self.study.budget - len(self.study.slots()) + len(self.study.my_open_slots())
 
-    def take(self, trials: Sequence[Trial], candidate: Candidate, study_trial: int | None) -> int | None:
+    def take(
+        self, trials: Sequence[Trial], candidate: Candidate, study_trial: int | None
+    ) -> int | None:
         slot = self.study.take_slot(candidate.digest(), study_trial)
         return None if slot is None else slot + 1
 
@@ -206,8 +230,10 @@ class SharedCoordinator:
         else wait for the worker that finishes it; every worker returns the same result."""
         study = self.study
         if voided := study.void_my_open_slots():
-            logger.warning("trial(s) %s of an interrupted run of this worker were not redone: nothing new to propose",
-                           ", ".join(str(k + 1) for k in voided))
+            logger.warning(
+                "trial(s) %s of an interrupted run of this worker were not redone: nothing new to propose",
+                ", ".join(str(k + 1) for k in voided),
+            )
         study.put_cost(cost())
         study.leave()
         while True:
@@ -222,16 +248,23 @@ class SharedCoordinator:
                 waiting_on = [finisher]
             dead = [w for w in waiting_on if not study.alive(w)]
             if dead:
-                raise OptloopError(f"{study.describe(dead[0])} of run {self.config.run_name!r} stopped before its part "
-                                   "was done; rerun the same command on that host to resume it (this worker's trials "
-                                   "are saved)")
-            self.progress(f"budget spent or taken; waiting for {', '.join(study.describe(w) for w in waiting_on)} "
-                          "to finish the run")
+                raise OptloopError(
+                    f"{study.describe(dead[0])} of run {self.config.run_name!r} stopped before its part "
+                    "was done; rerun the same command on that host to resume it (this worker's trials "
+                    "are saved)"
+                )
+            self.progress(
+                f"budget spent or taken; waiting for {', '.join(study.describe(w) for w in waiting_on)} "
+                "to finish the run"
+            )
             time.sleep(study.poll)
 
     def records(self, trials: Sequence[Trial]) -> list[TrialRecord]:
         done = sorted(self.study.results().values(), key=lambda d: d["trial"])
-        return [TrialRecord(d["trial"], d["accuracy"], Candidate.model_validate(d["candidate"])) for d in done]
+        return [
+            TrialRecord(d["trial"], d["accuracy"], Candidate.model_validate(d["candidate"]))
+            for d in done
+        ]
 
     def others_cost(self) -> dict[str, float]:
         return self.study.others_cost()
@@ -250,8 +283,10 @@ class SharedCoordinator:
     def adopt_parent_run(self, run_id: str) -> None:
         """The leader records ``run_id`` as the one parent run; a study with another one is refused."""
         if self.leads and self.study.claim(PARENT_KEY, run_id) != run_id:
-            raise ConfigError(f"study {self.config.run_name!r} already has another MLflow parent run; pick another "
-                              "--run-name")
+            raise ConfigError(
+                f"study {self.config.run_name!r} already has another MLflow parent run; pick another "
+                "--run-name"
+            )
 
     def finished_elsewhere(self) -> bool:
         return bool(self.study.get(RESULT_KEY))
@@ -266,14 +301,22 @@ class SharedCoordinator:
 def done_record(trial: Trial) -> dict[str, Any]:
     """What the other workers learn about an evaluated trial."""
     assert trial.evaluation is not None
-    return {"trial": trial.trial, "accuracy": trial.evaluation.accuracy, "child_run_id": trial.child_run_id,
-            "candidate": trial.candidate.model_dump(mode="json")}
+    return {
+        "trial": trial.trial,
+        "accuracy": trial.evaluation.accuracy,
+        "child_run_id": trial.child_run_id,
+        "candidate": trial.candidate.model_dump(mode="json"),
+    }
 
 
 def shareable(result: LoopResult) -> dict[str, Any]:
     """``result`` as JSON for the other workers, with no password from a storage or tracking URL."""
-    config = result.config.model_copy(update={"storage": redact_url(result.config.storage),
-                                              "tracking_uri": redact_url(result.config.tracking_uri)})
+    config = result.config.model_copy(
+        update={
+            "storage": redact_url(result.config.storage),
+            "tracking_uri": redact_url(result.config.tracking_uri),
+        }
+    )
     return json.loads(result.model_copy(update={"config": config}).model_dump_json())
 
 

@@ -32,18 +32,27 @@ class LMCost(BaseModel):
     calls: int = Field(0, description="LLM requests, cache hits included")
     model_calls: int = Field(0, description="requests the model computed (not from the cache)")
     tokens: int = Field(0, description="prompt + completion tokens of the computed requests")
-    prompt_tokens: int = Field(0, description="of ``tokens``, the prompts' (priced apart from completions)")
+    prompt_tokens: int = Field(
+        0, description="of ``tokens``, the prompts' (priced apart from completions)"
+    )
     cost_usd: float | None = Field(None, description="dollars (None: the model has no price)")
 
     @classmethod
     def of(cls, usage: Usage) -> LMCost:
-        return cls(calls=usage.calls, model_calls=usage.model_calls, tokens=usage.tokens,
-                   prompt_tokens=usage.prompt_tokens, cost_usd=usage.cost_usd)
+        return cls(
+            calls=usage.calls,
+            model_calls=usage.model_calls,
+            tokens=usage.tokens,
+            prompt_tokens=usage.prompt_tokens,
+            cost_usd=usage.cost_usd,
+        )
 
 
 def site_costs(by_site: Mapping[str | None, Usage]) -> dict[str, LMCost]:
     """``Accounting.by_site(...)`` as :class:`LMCost` per site name, sorted (``None`` -> ``no_site``)."""
-    named = {NO_SITE if site is None else site: LMCost.of(usage) for site, usage in by_site.items()}
+    named = {
+        NO_SITE if site is None else site: LMCost.of(usage) for site, usage in by_site.items()
+    }
     return dict(sorted(named.items()))
 
 
@@ -57,7 +66,11 @@ def lm_seconds(usage: Usage) -> float:
 def evaluation_cost(usage: Usage, by_site: Mapping[str | None, Usage]) -> dict[str, Any]:
     """The cost fields of an :class:`~optloop.loop.evaluate.Evaluation` over the calls it made (``usage``, and
     the same calls per site)."""
-    return {"cost_usd": usage.cost_usd, "lm_seconds": lm_seconds(usage), "sites": site_costs(by_site)}
+    return {
+        "cost_usd": usage.cost_usd,
+        "lm_seconds": lm_seconds(usage),
+        "sites": site_costs(by_site),
+    }
 
 
 def site_metrics(sites: Mapping[str, LMCost]) -> dict[str, float]:

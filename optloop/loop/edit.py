@@ -26,8 +26,8 @@ blamed ones, most blamed first):
    evaluations of ``--budget``: ``--estimate`` counts them, with the best's
    screening and the paraphrase calls, by :func:`optloop.loop.overhead.edit_work`);
 4. the edits are queued with the best-supported deletions first, then best train
-   score first, and the loop evaluates them on dev, one per budget unit. When the queue is spent, the next round edits the
-   best candidate so far (GrIPS's greedy search); the loop retargets the sites
+   score first, and the loop evaluates them on dev, one per budget unit. When the queue
+   is spent, the next round edits the best candidate so far (GrIPS's greedy search); the loop retargets the sites
    when re-attribution moves the blame.
 
 **Evidence.** The attributions of the best candidate's dev failures blamed on a site
@@ -57,8 +57,8 @@ from typing import TYPE_CHECKING, Any
 import dspy
 
 from optloop.lm import prompt_site
-from optloop.loop.candidate import Candidate, SiteState
 from optloop.loop._base import PROPOSER_SITE, Optimizer
+from optloop.loop.candidate import Candidate, SiteState
 from optloop.loop.units import Instruction, Kind, problems
 from optloop.text import normalize
 
@@ -78,7 +78,9 @@ def phrases(instruction: str) -> list[str]:
     return [u.body for u in Instruction.parse(instruction).editable]
 
 
-def support(instruction: Instruction, failures: Sequence[Attribution]) -> dict[int, tuple[int, str]]:
+def support(
+    instruction: Instruction, failures: Sequence[Attribution]
+) -> dict[int, tuple[int, str]]:
     """Editable units the failures point at: unit -> (how many failures, the reason in words).
 
     A failure points at a unit when what the decisive operation said (``details["output"]``, else the
@@ -92,8 +94,12 @@ def support(instruction: Instruction, failures: Sequence[Attribution]) -> dict[i
     for k, unit in enumerate(instruction.editable):
         text = f" {normalize(unit.body)} "
         quoted = [normalize(a or b) for a, b in _QUOTED.findall(unit.body)]
-        hits = [s for s in said if (n := normalize(s)) and (f" {n} " in text or any(
-            q and f" {q} " in f" {n} " for q in quoted))]
+        hits = [
+            s
+            for s in said
+            if (n := normalize(s))
+            and (f" {n} " in text or any(q and f" {q} " in f" {n} " for q in quoted))
+        ]
         if len(hits) >= floor:
             common = Counter(hits).most_common(1)[0][0]
             out[k] = (len(hits), f"{len(hits)} of {len(said)} failures answered {common[:60]!r}")
@@ -122,15 +128,28 @@ class EditOptimizer(Optimizer):
     """GrIPS-style phrase edits of the blamed instructions, screened on train, queued for the loop (see module doc)."""
 
     name = "edit"
-    DELETIONS, EXTRA, BSIZE = 3, 1, 6  # the defaults (also what --estimate's model of a round assumes: overhead.py)
+    DELETIONS, EXTRA, BSIZE = (
+        3,
+        1,
+        6,
+    )  # the defaults (also what --estimate's model of a round assumes: overhead.py)
 
-    def __init__(self, *args: Any, deletions: int = DELETIONS, extra: int = EXTRA, bsize: int = BSIZE, **kwargs: Any):
+    def __init__(
+        self,
+        *args: Any,
+        deletions: int = DELETIONS,
+        extra: int = EXTRA,
+        bsize: int = BSIZE,
+        **kwargs: Any,
+    ):
         super().__init__(*args, **kwargs)
         self.deletions = deletions
         self.extra = extra
         self.bsize = bsize
         self.queue: list[Candidate] = []
-        self.pool: dict[str, list[tuple[str, Kind]]] = {}  # per site, every unit its instructions held ("add")
+        self.pool: dict[
+            str, list[tuple[str, Kind]]
+        ] = {}  # per site, every unit its instructions held ("add")
         self.rejected = 0  # edits dropped as malformed text
         self.rng = random.Random(self.seed)
         self.minibatch = self._minibatch(self.trainset)
@@ -160,9 +179,12 @@ class EditOptimizer(Optimizer):
             for edit in self.edits(best.sites[site].instructions, site, blamed):
                 state = SiteState(instructions=edit.text, demos=best.sites[site].demos)
                 why = f" ({edit.reason})" if edit.reason else ""
-                candidate = best.model_copy(update={
-                    "sites": {**best.sites, site: state},
-                    "origin": f"edit round {self.rounds}: {site} {'; '.join(edit.ops)}{why}"})
+                candidate = best.model_copy(
+                    update={
+                        "sites": {**best.sites, site: state},
+                        "origin": f"edit round {self.rounds}: {site} {'; '.join(edit.ops)}{why}",
+                    }
+                )
                 if candidate.digest() not in self.seen and candidate.digest() != best.digest():
                     self.seen.add(candidate.digest())
                     fresh.append((edit.support, candidate))
@@ -172,11 +194,19 @@ class EditOptimizer(Optimizer):
         base_score = self._screen(best)
         scored = [(sup, self._screen(c), i, c) for i, (sup, c) in enumerate(fresh)]
         scored.sort(key=lambda t: (-t[0], -t[1], t[2]))
-        logger.info("edit round %d on %s: %d edits, train mini-batch %.2f (best) -> %s", self.rounds,
-                    ", ".join(self.sites), len(scored), base_score, ", ".join(f"{s:.2f}" for _, s, _, _ in scored))
+        logger.info(
+            "edit round %d on %s: %d edits, train mini-batch %.2f (best) -> %s",
+            self.rounds,
+            ", ".join(self.sites),
+            len(scored),
+            base_score,
+            ", ".join(f"{s:.2f}" for _, s, _, _ in scored),
+        )
         return [c for *_, c in scored]
 
-    def edits(self, instruction: str, site: str, failures: Sequence[Attribution] = ()) -> list[Edit]:
+    def edits(
+        self, instruction: str, site: str, failures: Sequence[Attribution] = ()
+    ) -> list[Edit]:
         """The deletions ``failures`` support (:func:`support`), more single-unit deletions up to
         ``deletions`` (drawn at random when the instruction has more units), the deletion of all units,
         then ``extra`` random composed edits; any edit whose text has a problem the instruction did not
@@ -189,28 +219,42 @@ class EditOptimizer(Optimizer):
         first = sorted(backed, key=lambda k: (-backed[k][0], k))
         rest = [k for k in range(len(units)) if k not in backed]
         room = max(self.deletions - len(first), 0)
-        drop = first + sorted(self.rng.sample(rest, min(room, len(rest)))) if len(units) > 1 else []
+        drop = (
+            first + sorted(self.rng.sample(rest, min(room, len(rest)))) if len(units) > 1 else []
+        )
         out = []
         for k in drop:
             count, why = backed.get(k, (0, ""))
             reason = f"deleted {start.label(k)}: {why}" if why else ""
             out.append(Edit(start.delete(k).text, [f"del {k}"], count, reason))
-        out.append(Edit(self.default_instruction(site), ["del all (the signature's default instruction)"]))
+        out.append(
+            Edit(self.default_instruction(site), ["del all (the signature's default instruction)"])
+        )
         for k in range(self.extra):
             text, ops = start, list[str]()
             for _ in range(self.rng.choice((1, 2))):  # GrIPS's num_compose
                 present = {(u.body, u.kind) for u in text.editable}
-                gone = [p for p in pool if p not in present]  # units an earlier edit deleted: "add" puts one back
-                op = self.rng.choice([o for o in ("swap", "par", "add", "del") if self._can(o, text, gone)])
+                gone = [
+                    p for p in pool if p not in present
+                ]  # units an earlier edit deleted: "add" puts one back
+                op = self.rng.choice(
+                    [o for o in ("swap", "par", "add", "del") if self._can(o, text, gone)]
+                )
                 text = self._apply(op, text, ops, gone, rollout=self.rounds * 100 + k)
             out.append(Edit(text.text, ops))
         before = problems(instruction)
         kept = []
         for edit in out:
-            new = [p for p in problems(edit.text) if p not in before] if edit.text.strip() else ["empty"]
+            new = (
+                [p for p in problems(edit.text) if p not in before]
+                if edit.text.strip()
+                else ["empty"]
+            )
             if new:
                 self.rejected += 1
-                logger.info("edit %s of %s dropped, not well-formed: %s", "; ".join(edit.ops), site, new[0])
+                logger.info(
+                    "edit %s of %s dropped, not well-formed: %s", "; ".join(edit.ops), site, new[0]
+                )
             else:
                 kept.append(edit)
         return kept
@@ -218,15 +262,28 @@ class EditOptimizer(Optimizer):
     @staticmethod
     def _swappable(text: Instruction) -> list[tuple[int, int]]:
         units = text.editable
-        return [(i, j) for i in range(len(units)) for j in range(i + 1, len(units))
-                if units[i].kind == units[j].kind != "clause" and units[i].group == units[j].group]
+        return [
+            (i, j)
+            for i in range(len(units))
+            for j in range(i + 1, len(units))
+            if units[i].kind == units[j].kind != "clause" and units[i].group == units[j].group
+        ]
 
     def _can(self, op: str, text: Instruction, gone: list[tuple[str, Kind]]) -> bool:
         n = len(text.editable)
-        return {"swap": bool(self._swappable(text)), "add": bool(gone), "del": n > 1}.get(op, n > 0)
+        return {"swap": bool(self._swappable(text)), "add": bool(gone), "del": n > 1}.get(
+            op, n > 0
+        )
 
-    def _apply(self, op: str, text: Instruction, ops: list[str], gone: list[tuple[str, Kind]], *,
-               rollout: int) -> Instruction:
+    def _apply(
+        self,
+        op: str,
+        text: Instruction,
+        ops: list[str],
+        gone: list[tuple[str, Kind]],
+        *,
+        rollout: int,
+    ) -> Instruction:
         n = len(text.editable)
         if op == "del":
             i = self.rng.randrange(n)
@@ -251,8 +308,13 @@ class EditOptimizer(Optimizer):
     def paraphrase(self, phrase: str, *, rollout: int) -> str | None:
         """The proposer LM's paraphrase of one phrase (``None`` when it fails or echoes it)."""
         try:
-            with prompt_site(PROPOSER_SITE), dspy.context(lm=self.proposer.copy(rollout_id=rollout, temperature=1.0),
-                                                          adapter=dspy.JSONAdapter()):
+            with (
+                prompt_site(PROPOSER_SITE),
+                dspy.context(
+                    lm=self.proposer.copy(rollout_id=rollout, temperature=1.0),
+                    adapter=dspy.JSONAdapter(),
+                ),
+            ):
                 text = dspy.Predict(ParaphrasePhrase)(phrase=phrase).paraphrase.strip()
         except Exception as exc:  # noqa: BLE001 - a failed paraphrase is one edit fewer
             logger.warning("paraphrase failed: %s", exc)
@@ -270,25 +332,32 @@ class EditOptimizer(Optimizer):
         """A seeded sample of ``bsize`` train questions, as a dataset of their episodes."""
         pairs = [(e.id, q.id) for e in trainset.episodes for q in e.questions]
         keep = set(random.Random(self.seed).sample(pairs, min(self.bsize, len(pairs))))
-        episodes = [e.model_copy(update={"questions": [q for q in e.questions if (e.id, q.id) in keep]})
-                    for e in trainset.episodes]
+        episodes = [
+            e.model_copy(update={"questions": [q for q in e.questions if (e.id, q.id) in keep]})
+            for e in trainset.episodes
+        ]
         return trainset.model_copy(update={"episodes": [e for e in episodes if e.questions]})
 
     def _screen_all(self, candidates: list[Candidate]) -> None:
         """Screen the candidates not screened yet, ``num_threads`` at once (on an endpoint; one at a time on the
         embedded model): each evaluation is the one it gets alone (:meth:`Evaluator.evaluate_many`)."""
-        todo = list({c.digest(): c for c in candidates if c.digest() not in self.screened}.values())
+        todo = list(
+            {c.digest(): c for c in candidates if c.digest() not in self.screened}.values()
+        )
         step = max(1, self.num_threads)
         for i in range(0, len(todo), step):
-            chunk = todo[i:i + step]
-            for candidate, evaluation in zip(chunk, self.evaluator.evaluate_many(chunk, self.minibatch,
-                                                                                 split="train")):
+            chunk = todo[i : i + step]
+            for candidate, evaluation in zip(
+                chunk, self.evaluator.evaluate_many(chunk, self.minibatch, split="train")
+            ):
                 self.screened[candidate.digest()] = evaluation.accuracy
 
     def _screen(self, candidate: Candidate) -> float:
         digest = candidate.digest()
         if digest not in self.screened:
-            self.screened[digest] = self.evaluator.evaluate(candidate, self.minibatch, split="train").accuracy
+            self.screened[digest] = self.evaluator.evaluate(
+                candidate, self.minibatch, split="train"
+            ).accuracy
         return self.screened[digest]
 
 

@@ -38,11 +38,14 @@ class TrialLine(BaseModel):
     accuracy: float = Field(description="its dev accuracy")
     best: float = Field(description="the run's best dev accuracy so far, the baseline's included")
     seconds: float = Field(description="wall time it took (a batch's time shared by its trials)")
-    eta_s: float | None = Field(None, description="seconds the run has left, held-out test included "
-                                                  "(None: unknown)")
+    eta_s: float | None = Field(
+        None, description="seconds the run has left, held-out test included (None: unknown)"
+    )
 
     def text(self) -> str:
-        return trial_line(self.trial, self.budget, self.accuracy, self.best, self.seconds, self.eta_s)
+        return trial_line(
+            self.trial, self.budget, self.accuracy, self.best, self.seconds, self.eta_s
+        )
 
 
 class Eta:
@@ -68,7 +71,9 @@ class Eta:
             if part.part == "held-out test":
                 test_s = None if part.hours is None else part.hours * 3600
             elif per_trial is not None:
-                per_trial = None if part.hours is None else per_trial + part.hours * 3600 / max(budget, 1)
+                per_trial = (
+                    None if part.hours is None else per_trial + part.hours * 3600 / max(budget, 1)
+                )
         return cls(budget, trial_s=per_trial, test_s=test_s)
 
     def trial_took(self, seconds: float) -> None:

@@ -56,11 +56,24 @@ from optloop import failures
 from optloop.attribution import Attribution, blame, default_judges
 from optloop.datasets import Dataset, Episode, Question
 from optloop.errors import EndpointDownError, LMError, LMUnreachableError
-from optloop.loop.candidate import Candidate, apply_state, candidate_from_modules, ingest_key
 from optloop.lm.accounting import Usage, collect_calls, usage_by_site
+from optloop.loop.candidate import Candidate, apply_state, candidate_from_modules, ingest_key
 from optloop.loop.cost import LMCost, evaluation_cost
-from optloop.pipeline import (Attributor, CachedStores, EpisodeResult, QuestionOutcome, Store, StoreCache, StorePlan,
-                              Workers, answer, concurrency, ingest, judge, run_episodes)
+from optloop.pipeline import (
+    Attributor,
+    CachedStores,
+    EpisodeResult,
+    QuestionOutcome,
+    Store,
+    StoreCache,
+    StorePlan,
+    Workers,
+    answer,
+    concurrency,
+    ingest,
+    judge,
+    run_episodes,
+)
 from optloop.tracing.graph import ExecutionGraph
 from systems import get_system
 
@@ -79,20 +92,33 @@ class Evaluation(BaseModel):
     candidate: str = Field(description="the candidate's digest")
     outcomes: list[QuestionOutcome]
     llm_calls: int = Field(0, description="LLM requests made (cache hits included)")
-    model_calls: int = Field(0, description="requests the model actually computed (not from the cache)")
+    model_calls: int = Field(
+        0, description="requests the model actually computed (not from the cache)"
+    )
     ingest_calls: int = 0
     tokens: int = 0
     seconds: float = 0.0
     stores_reused: int = 0
     stores_built: int = 0
-    lm_attempt_faults: int = Field(0, description="failed LM attempts during this evaluation, cured or not")
+    lm_attempt_faults: int = Field(
+        0, description="failed LM attempts during this evaluation, cured or not"
+    )
     lm_cured: int = Field(0, description="of those, attempts whose call a retry then completed")
-    lm_failed_calls: int = Field(0, description="LM calls that failed after their retries (their questions failed)")
-    fault_graphs: list[str] = Field(default_factory=list,
-                                    description="saved execution graphs of the episodes whose LM calls hit a fault")
-    cost_usd: float | None = Field(None, description="dollars of its LM calls (None: the model has no price)")
-    lm_seconds: float | None = Field(None, description="seconds the model spent on its calls, waits for a slot or a "
-                                                       "limit left out (optloop.loop.cost.lm_seconds)")
+    lm_failed_calls: int = Field(
+        0, description="LM calls that failed after their retries (their questions failed)"
+    )
+    fault_graphs: list[str] = Field(
+        default_factory=list,
+        description="saved execution graphs of the episodes whose LM calls hit a fault",
+    )
+    cost_usd: float | None = Field(
+        None, description="dollars of its LM calls (None: the model has no price)"
+    )
+    lm_seconds: float | None = Field(
+        None,
+        description="seconds the model spent on its calls, waits for a slot or a "
+        "limit left out (optloop.loop.cost.lm_seconds)",
+    )
     sites: dict[str, LMCost] = Field(default_factory=dict, description="LM cost per prompt site")
 
     @property
@@ -127,9 +153,19 @@ class Evaluation(BaseModel):
 class Evaluator:
     """Runs candidates of one system over episodes, reusing stores by ingest key."""
 
-    def __init__(self, system_name: str, lm: OptloopLM, work: Path, *, embedder: Embedder | None = None,
-                 knobs: Mapping[str, Any] | None = None, dataset_uri: str = "", max_live: int = 8,
-                 query_site: bool = False, allowed_failed_share: float = failures.ALLOWED_SHARE):
+    def __init__(
+        self,
+        system_name: str,
+        lm: OptloopLM,
+        work: Path,
+        *,
+        embedder: Embedder | None = None,
+        knobs: Mapping[str, Any] | None = None,
+        dataset_uri: str = "",
+        max_live: int = 8,
+        query_site: bool = False,
+        allowed_failed_share: float = failures.ALLOWED_SHARE,
+    ):
         from optloop.embed import CachedEmbedder, get_embedder
 
         self.system_name = system_name
@@ -137,16 +173,25 @@ class Evaluator:
         self.lm = lm
         self.work = Path(work)
         # One cache of single texts (queries) for every evaluation of the run: trials ask the same questions again.
-        self.embedder = CachedEmbedder.around(embedder or get_embedder(), batches=False, max_texts=20_000)
+        self.embedder = CachedEmbedder.around(
+            embedder or get_embedder(), batches=False, max_texts=20_000
+        )
         self.dataset_uri = dataset_uri
         self.max_live = max_live
         self.judges = default_judges(self.embedder)
         self.attributor = Attributor(self.judges, self.embedder)
-        self.query_site = query_site  # the system's retrieve.query site (optloop.run --query-rewrite)
+        self.query_site = (
+            query_site  # the system's retrieve.query site (optloop.run --query-rewrite)
+        )
         # Failed LM calls an evaluation may have and still report its figures (optloop.failures).
         self.allowed_failed_share = allowed_failed_share
-        self.template = self.cls(lm, self.work / "template", embedder=self.embedder, knobs=dict(knobs or {}),
-                                 query_site=query_site)
+        self.template = self.cls(
+            lm,
+            self.work / "template",
+            embedder=self.embedder,
+            knobs=dict(knobs or {}),
+            query_site=query_site,
+        )
         self.sites = self.template.prompt_sites()
         self.stages = {name: site.stage for name, site in self.sites.items()}
         self._stores = StoreCache(max_live)
@@ -165,7 +210,9 @@ class Evaluator:
     # --- candidates -----------------------------------------------------------------------
 
     def baseline(self) -> Candidate:
-        return candidate_from_modules({n: s.module for n, s in self.sites.items()}, self.template.knobs(), "baseline")
+        return candidate_from_modules(
+            {n: s.module for n, s in self.sites.items()}, self.template.knobs(), "baseline"
+        )
 
     def knob_choices(self, name: str, current: Any = None) -> list[Any]:
         """The values an optimizer may try for knob ``name``, ``current`` first (the system's value space)."""
@@ -184,30 +231,58 @@ class Evaluator:
 
     # --- stores ---------------------------------------------------------------------------
 
-    def store(self, candidate: Candidate, episode: Episode, modules: Mapping[str, dspy.Predict], *,
-              pin: bool = False, plan: StorePlan | None = None, slot: int = 0) -> tuple[Store, bool]:
+    def store(
+        self,
+        candidate: Candidate,
+        episode: Episode,
+        modules: Mapping[str, dspy.Predict],
+        *,
+        pin: bool = False,
+        plan: StorePlan | None = None,
+        slot: int = 0,
+    ) -> tuple[Store, bool]:
         """The episode ingested with ``candidate``'s ingest sites; ``True`` when it was reused.
 
         ``pin`` and ``plan``: see :meth:`StoreCache.open` (an evaluation pins its stores until each episode
         is done and, at ``--concurrency`` > 1, plans their reuse in episode order). ``slot``: whose stores
         (:meth:`evaluate_many` gives each candidate of a batch its own)."""
         key = ingest_key(self.system_name, candidate, self.stages)
-        return self._stores.open(_store_key(key, episode, slot),
-                                 lambda: self._build(key, candidate, episode, modules, slot), pin=pin, plan=plan)
+        return self._stores.open(
+            _store_key(key, episode, slot),
+            lambda: self._build(key, candidate, episode, modules, slot),
+            pin=pin,
+            plan=plan,
+        )
 
-    def _build(self, key: str, candidate: Candidate, episode: Episode, modules: Mapping[str, dspy.Predict],
-               slot: int = 0) -> Store:
+    def _build(
+        self,
+        key: str,
+        candidate: Candidate,
+        episode: Episode,
+        modules: Mapping[str, dspy.Predict],
+        slot: int = 0,
+    ) -> Store:
         """A fresh system for ``episode`` under ``key``, ingested by the pipeline on the system's own LM."""
-        run_dir = self.work / "stores" / key / (episode.id if not slot else f"{episode.id}.slot{slot}")
+        run_dir = (
+            self.work / "stores" / key / (episode.id if not slot else f"{episode.id}.slot{slot}")
+        )
         shutil.rmtree(run_dir, ignore_errors=True)
-        system = self.cls(self.lm, run_dir, embedder=self.embedder, knobs=candidate.knobs, query_site=self.query_site)
+        system = self.cls(
+            self.lm,
+            run_dir,
+            embedder=self.embedder,
+            knobs=candidate.knobs,
+            query_site=self.query_site,
+        )
         ingest_modules = {n: m for n, m in modules.items() if self.stages.get(n) == "ingest"}
         # (An evaluation's modules carry no LM, so episodes building at once put back the None they found;
         # a DSPy program's may carry one, see the module docstring.)
         saved_lms = {n: m.lm for n, m in ingest_modules.items()}
         try:
             for module in ingest_modules.values():
-                module.lm = None  # ingestion runs on the system's own LM (see the module docstring)
+                module.lm = (
+                    None  # ingestion runs on the system's own LM (see the module docstring)
+                )
             try:
                 system.use_modules(dict(modules))
             except BaseException:
@@ -221,7 +296,9 @@ class Evaluator:
     # --- questions ------------------------------------------------------------------------
 
     @staticmethod
-    def _prepare(candidate: Candidate, modules: Mapping[str, dspy.Predict]) -> Callable[[MemorySystem], None]:
+    def _prepare(
+        candidate: Candidate, modules: Mapping[str, dspy.Predict]
+    ) -> Callable[[MemorySystem], None]:
         """What runs on a store's system before each of ``candidate``'s questions: its modules and knobs."""
 
         def prepare(system: MemorySystem) -> None:
@@ -231,23 +308,34 @@ class Evaluator:
 
         return prepare
 
-    def ask(self, store: Store, candidate: Candidate, modules: Mapping[str, dspy.Predict], episode: Episode,
-            question: Question, *, attribute_failures: bool = True,
-            graph: ExecutionGraph | None = None) -> QuestionOutcome:
+    def ask(
+        self,
+        store: Store,
+        candidate: Candidate,
+        modules: Mapping[str, dspy.Predict],
+        episode: Episode,
+        question: Question,
+        *,
+        attribute_failures: bool = True,
+        graph: ExecutionGraph | None = None,
+    ) -> QuestionOutcome:
         """Retrieve, answer, score and attribute one question against ``store`` (the pipeline's stages 2, 3
         and 5 for one question, as :class:`~optloop.loop.program.MemoryProgram` needs them).
 
         ``graph`` (a copy of ``store.graph``) collects this question's operations, the
         failed one included when an LM fault stops it: one graph for an episode's questions.
         """
-        prediction, own = answer(store, question, shared=True, prepare=self._prepare(candidate, modules), into=graph)
+        prediction, own = answer(
+            store, question, shared=True, prepare=self._prepare(candidate, modules), into=graph
+        )
         outcome = judge(episode, question, prediction)
         if not outcome.passed and attribute_failures and own is not None:
             outcome.attribution = self.attributor(own, question, prediction)
         return outcome
 
-    def evaluate_many(self, candidates: Sequence[Candidate], dataset: Dataset, *,
-                      split: str = "dev") -> list[Evaluation]:
+    def evaluate_many(
+        self, candidates: Sequence[Candidate], dataset: Dataset, *, split: str = "dev"
+    ) -> list[Evaluation]:
         """Each of ``candidates`` over ``dataset`` at once (``optloop.run --batch``), the evaluations in
         the candidates' order.
 
@@ -264,12 +352,22 @@ class Evaluator:
         slots = list(enumerate(candidates))
         # The threads are the pipeline's daemon workers: an interrupt does not wait for calls in flight.
         with Workers(len(candidates)) as workers:
-            return list(workers.episodes(lambda item: self.evaluate(item[1], dataset, split=split,
-                                                                    slot=item[0]), slots))
+            return list(
+                workers.episodes(
+                    lambda item: self.evaluate(item[1], dataset, split=split, slot=item[0]), slots
+                )
+            )
 
-    def evaluate(self, candidate: Candidate, dataset: Dataset, *, split: str = "dev",
-                 progress: Callable[[int], None] | None = None,
-                 on_episode: Callable[[EpisodeResult], None] | None = None, slot: int = 0) -> Evaluation:
+    def evaluate(
+        self,
+        candidate: Candidate,
+        dataset: Dataset,
+        *,
+        split: str = "dev",
+        progress: Callable[[int], None] | None = None,
+        on_episode: Callable[[EpisodeResult], None] | None = None,
+        slot: int = 0,
+    ) -> Evaluation:
         """Run ``candidate`` over every episode of ``dataset``; ``progress(n)`` after each question,
         ``on_episode(result)`` with each episode's pipeline result, in episode order (a benchmark's look
         at what each episode did).
@@ -286,17 +384,37 @@ class Evaluator:
         started = time.perf_counter()
         outcomes, ingest_calls, reused, built, graphs = [], 0, 0, 0, []
         key = ingest_key(self.system_name, candidate, self.stages)
-        planning = (self._stores.plan([_store_key(key, e, slot) for e in dataset.episodes])
-                    if concurrency(self.lm) > 1 else contextlib.nullcontext())
+        planning = (
+            self._stores.plan([_store_key(key, e, slot) for e in dataset.episodes])
+            if concurrency(self.lm) > 1
+            else contextlib.nullcontext()
+        )
         with collect_calls() as calls, planning as plan:
-            stores = CachedStores(lambda episode: self.store(candidate, episode, modules, pin=True, plan=plan,
-                                                             slot=slot), self._stores.release)
+            stores = CachedStores(
+                lambda episode: self.store(
+                    candidate, episode, modules, pin=True, plan=plan, slot=slot
+                ),
+                self._stores.release,
+            )
             for result in run_episodes(
-                    dataset.episodes, stores, lm=self.lm, attributor=self.attributor,
-                    prepare=self._prepare(candidate, modules), on_lm_error="fail", keep="faulted",
-                    save_graph=lambda graph, episode: self._save_graph(graph, split, candidate, episode),
-                    label={"split": split, "candidate": candidate.digest(), "origin": candidate.origin},
-                    where=f" under candidate {candidate.origin}", on_question=(lambda: progress(1)) if progress else None):
+                dataset.episodes,
+                stores,
+                lm=self.lm,
+                attributor=self.attributor,
+                prepare=self._prepare(candidate, modules),
+                on_lm_error="fail",
+                keep="faulted",
+                save_graph=lambda graph, episode: self._save_graph(
+                    graph, split, candidate, episode
+                ),
+                label={
+                    "split": split,
+                    "candidate": candidate.digest(),
+                    "origin": candidate.origin,
+                },
+                where=f" under candidate {candidate.origin}",
+                on_question=(lambda: progress(1)) if progress else None,
+            ):
                 outcomes += result.outcomes
                 if on_episode is not None:
                     on_episode(result)
@@ -309,13 +427,30 @@ class Evaluator:
                     ingest_calls += result.ingest_calls
         usage = Usage.of(calls)
         # A failed call is not a measured answer: past the threshold the evaluation is not recorded at all.
-        failures.check(usage.errors, usage.calls, what=f"the {split} evaluation of candidate {candidate.origin}",
-                       first=failures.first_error(calls), allowed=self.allowed_failed_share)
-        return Evaluation(split=split, candidate=candidate.digest(), outcomes=outcomes, llm_calls=usage.calls,
-                          model_calls=usage.model_calls, ingest_calls=ingest_calls, tokens=usage.tokens,
-                          seconds=round(time.perf_counter() - started, 2), stores_reused=reused, stores_built=built,
-                          lm_attempt_faults=usage.faults, lm_cured=usage.cured, lm_failed_calls=usage.errors,
-                          fault_graphs=graphs, **evaluation_cost(usage, usage_by_site(calls)))
+        failures.check(
+            usage.errors,
+            usage.calls,
+            what=f"the {split} evaluation of candidate {candidate.origin}",
+            first=failures.first_error(calls),
+            allowed=self.allowed_failed_share,
+        )
+        return Evaluation(
+            split=split,
+            candidate=candidate.digest(),
+            outcomes=outcomes,
+            llm_calls=usage.calls,
+            model_calls=usage.model_calls,
+            ingest_calls=ingest_calls,
+            tokens=usage.tokens,
+            seconds=round(time.perf_counter() - started, 2),
+            stores_reused=reused,
+            stores_built=built,
+            lm_attempt_faults=usage.faults,
+            lm_cured=usage.cured,
+            lm_failed_calls=usage.errors,
+            fault_graphs=graphs,
+            **evaluation_cost(usage, usage_by_site(calls)),
+        )
 
     # --- LM faults ------------------------------------------------------------------------
 
@@ -330,7 +465,9 @@ class Evaluator:
         except LMError:
             pass  # it answers (with an error of another kind): the questions will tell
 
-    def _save_graph(self, graph: ExecutionGraph, split: str, candidate: Candidate, episode: Episode) -> str:
+    def _save_graph(
+        self, graph: ExecutionGraph, split: str, candidate: Candidate, episode: Episode
+    ) -> str:
         path = self.work / "graphs" / split / candidate.digest() / f"{episode.id}.json"
         graph.save(path)
         return str(path)

@@ -33,17 +33,28 @@ def interval_metrics(name: str, interval: Interval) -> dict[str, float]:
 def cost_metrics(evaluation: Evaluation) -> dict[str, float]:
     """A trial's cost: totals, ``cost_usd`` when its model is priced, and the same per prompt site."""
     priced = {"cost_usd": evaluation.cost_usd} if evaluation.cost_usd is not None else {}
-    return {"llm_calls": evaluation.llm_calls, "model_calls": evaluation.model_calls, "tokens": evaluation.tokens,
-            "seconds": evaluation.seconds, "ingest_calls": evaluation.ingest_calls,
-            "stores_reused": evaluation.stores_reused, "lm_faults": evaluation.errors,
-            "lm_failed_calls": evaluation.lm_failed_calls, **priced,
-            **site_metrics(evaluation.sites)}
+    return {
+        "llm_calls": evaluation.llm_calls,
+        "model_calls": evaluation.model_calls,
+        "tokens": evaluation.tokens,
+        "seconds": evaluation.seconds,
+        "ingest_calls": evaluation.ingest_calls,
+        "stores_reused": evaluation.stores_reused,
+        "lm_faults": evaluation.errors,
+        "lm_failed_calls": evaluation.lm_failed_calls,
+        **priced,
+        **site_metrics(evaluation.sites),
+    }
 
 
-def blame_metrics(entries: Sequence[Any], errors: Mapping[str, int], prefix: str = "") -> dict[str, float]:
+def blame_metrics(
+    entries: Sequence[Any], errors: Mapping[str, int], prefix: str = ""
+) -> dict[str, float]:
     out = {f"{prefix}errors/{metric_key(t)}": float(n) for t, n in errors.items()}
     out |= {f"{prefix}blame_share/{metric_key(e.target)}": e.share for e in entries}
-    out |= {f"{prefix}blame_rate/{metric_key(e.target)}": e.rate for e in entries if e.rate is not None}
+    out |= {
+        f"{prefix}blame_rate/{metric_key(e.target)}": e.rate for e in entries if e.rate is not None
+    }
     return out
 
 
@@ -52,27 +63,55 @@ def questions_csv(before: Evaluation, after: Evaluation | None = None) -> str:
     after_by = {o.question_id: o for o in after.outcomes} if after else {}
     buf = io.StringIO()
     writer = csv.writer(buf)
-    header = ["episode", "question_id", "task", "question", "gold", "prediction_before", "passed_before",
-              "error_before", "site_before"]
+    header = [
+        "episode",
+        "question_id",
+        "task",
+        "question",
+        "gold",
+        "prediction_before",
+        "passed_before",
+        "error_before",
+        "site_before",
+    ]
     if after:
         header += ["prediction_after", "passed_after", "error_after", "site_after"]
     writer.writerow(header)
     for o in before.outcomes:
         a = o.attribution
-        row = [o.episode_id, o.question_id, o.task_type, o.question, o.gold, o.prediction, o.passed,
-               a.error_type.value if a else "", (a.target or "") if a else ""]
+        row = [
+            o.episode_id,
+            o.question_id,
+            o.task_type,
+            o.question,
+            o.gold,
+            o.prediction,
+            o.passed,
+            a.error_type.value if a else "",
+            (a.target or "") if a else "",
+        ]
         if after:
             n = after_by.get(o.question_id)
             na = n.attribution if n else None
-            row += [n.prediction if n else "", n.passed if n else "", na.error_type.value if na else "",
-                    (na.target or "") if na else ""]
+            row += [
+                n.prediction if n else "",
+                n.passed if n else "",
+                na.error_type.value if na else "",
+                (na.target or "") if na else "",
+            ]
         writer.writerow(row)
     return buf.getvalue()
 
 
-def attribution_report(evaluations: Sequence[Evaluation], entries: Sequence[Any]) -> dict[str, Any]:
-    return {"blame": [e.model_dump() for e in entries],
-            "attributions": [a.model_dump(mode="json") for ev in evaluations for a in ev.attributions()]}
+def attribution_report(
+    evaluations: Sequence[Evaluation], entries: Sequence[Any]
+) -> dict[str, Any]:
+    return {
+        "blame": [e.model_dump() for e in entries],
+        "attributions": [
+            a.model_dump(mode="json") for ev in evaluations for a in ev.attributions()
+        ],
+    }
 
 
 def plot_accuracy(trials: Sequence[tuple[int, float]], best: Sequence[float], path: Path) -> Path:

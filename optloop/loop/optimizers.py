@@ -55,8 +55,22 @@ from optloop.errors import ConfigError
 from optloop.lm import prompt_site
 from optloop.loop._base import PROPOSER_SITE, Optimizer
 from optloop.loop.candidate import Candidate, SiteState
-from optloop.loop.program import MemoryProgram, attr_name, examples, feedback_metric, running, site_name
-from optloop.loop.simba import SimbaPool, SimbaSettings, append_advice, offer_advice, run_example, simba_step
+from optloop.loop.program import (
+    MemoryProgram,
+    attr_name,
+    examples,
+    feedback_metric,
+    running,
+    site_name,
+)
+from optloop.loop.simba import (
+    SimbaPool,
+    SimbaSettings,
+    append_advice,
+    offer_advice,
+    run_example,
+    simba_step,
+)
 from optloop.loop.study import SharedStudy
 from optloop.paths import write_atomic
 
@@ -117,7 +131,11 @@ class _QueueOptimizer(Optimizer):
         for i, c in enumerate(candidates):
             if c.digest() not in self.seen and c.digest() != best.digest():
                 self.seen.add(c.digest())
-                fresh.append(c.model_copy(update={"origin": f"{self.name} round {self.rounds} #{i}{c.origin}"}))
+                fresh.append(
+                    c.model_copy(
+                        update={"origin": f"{self.name} round {self.rounds} #{i}{c.origin}"}
+                    )
+                )
         return fresh
 
     @abstractmethod
@@ -136,13 +154,21 @@ class _QueueOptimizer(Optimizer):
             candidate = program.deepcopy()
             for site in self.sites:
                 predictor = getattr(candidate, attr_name(site))
-                text = propose_instruction(self.proposer, site, predictor.signature.instructions,
-                                           failure_summary(attributions, site), rollout=self.rounds * 100 + i)
+                text = propose_instruction(
+                    self.proposer,
+                    site,
+                    predictor.signature.instructions,
+                    failure_summary(attributions, site),
+                    rollout=self.rounds * 100 + i,
+                )
                 if text:
                     predictor.signature = predictor.signature.with_instructions(text)
             out.append(candidate.candidate(" (proposer rewrite)"))
-        logger.info("%s produced no new program this round; %d attribution-guided rewrite(s) instead", self.name,
-                    len(out))
+        logger.info(
+            "%s produced no new program this round; %d attribution-guided rewrite(s) instead",
+            self.name,
+            len(out),
+        )
         return out
 
 
@@ -150,12 +176,24 @@ class SimbaOptimizer(_QueueOptimizer):
     """SIMBA steps on one program pool kept across rounds (:mod:`optloop.loop.simba`)."""
 
     name = "simba"
-    BSIZE, NUM_CANDIDATES = 6, 2  # the defaults (also what --estimate's model of a step assumes: overhead.py)
+    BSIZE, NUM_CANDIDATES = (
+        6,
+        2,
+    )  # the defaults (also what --estimate's model of a step assumes: overhead.py)
 
-    def __init__(self, *args: Any, bsize: int = BSIZE, num_candidates: int = NUM_CANDIDATES, max_demos: int = 2,
-                 tries: int = 2, **kwargs: Any):
+    def __init__(
+        self,
+        *args: Any,
+        bsize: int = BSIZE,
+        num_candidates: int = NUM_CANDIDATES,
+        max_demos: int = 2,
+        tries: int = 2,
+        **kwargs: Any,
+    ):
         super().__init__(*args, **kwargs)
-        self.settings = SimbaSettings(bsize=bsize, num_candidates=num_candidates, max_demos=max_demos)
+        self.settings = SimbaSettings(
+            bsize=bsize, num_candidates=num_candidates, max_demos=max_demos
+        )
         self.tries = tries
         self._pool: SimbaPool | None = None
 
@@ -170,8 +208,15 @@ class SimbaOptimizer(_QueueOptimizer):
         train = examples(self.trainset)
         self.settings.num_threads = self.num_threads
         # new to the pool, best first: the best one, or with --batch K the step's best K to evaluate at once
-        winners = simba_step(self.pool, best, train, build=self.program, lm=self.evaluator.lm,
-                             proposer=self.proposer, settings=self.settings)[:self.batch]
+        winners = simba_step(
+            self.pool,
+            best,
+            train,
+            build=self.program,
+            lm=self.evaluator.lm,
+            proposer=self.proposer,
+            settings=self.settings,
+        )[: self.batch]
         return winners or self.attributed_rules(best, train)
 
     def attributed_rules(self, best: Candidate, train: list[dspy.Example]) -> list[Candidate]:
@@ -210,7 +255,7 @@ class SimbaOptimizer(_QueueOptimizer):
     def _adds_advice(candidate: MemoryProgram, before: dict[str, str]) -> bool:
         """Whether some module's instructions gained advice of 3+ words besides its own name."""
         for name, predictor in candidate.named_predictors():
-            added = predictor.signature.instructions[len(before.get(name, "")):].strip()
+            added = predictor.signature.instructions[len(before.get(name, "")) :].strip()
             if len(set(added.lower().split()) - {name.lower()}) >= 3:
                 return True
         return False
@@ -222,8 +267,14 @@ class BlamedSiteSelector:
     def __init__(self, sites: Sequence[str]):
         self.sites = list(sites)
 
-    def __call__(self, state: Any, trajectories: Any, subsample_scores: Any, candidate_idx: int,
-                 candidate: dict[str, str]) -> list[str]:
+    def __call__(
+        self,
+        state: Any,
+        trajectories: Any,
+        subsample_scores: Any,
+        candidate_idx: int,
+        candidate: dict[str, str],
+    ) -> list[str]:
         chosen = [name for site in self.sites for name in candidate if site_name(name) == site]
         return chosen[:1] or list(candidate)[:1]
 
@@ -254,20 +305,36 @@ class GepaOptimizer(_QueueOptimizer):
         train = examples(self.trainset)
         log_dir = self.log_dir()
         log_dir.mkdir(parents=True, exist_ok=True)
-        ledger = log_dir / "optloop.json"  # what this run was granted so far: GEPA counts its calls since start
-        granted = json.loads(ledger.read_text()) if ledger.exists() else {"metric_calls": 0, "rounds": 0}
+        ledger = (
+            log_dir / "optloop.json"
+        )  # what this run was granted so far: GEPA counts its calls since start
+        granted = (
+            json.loads(ledger.read_text()) if ledger.exists() else {"metric_calls": 0, "rounds": 0}
+        )
         granted["metric_calls"] += self.metric_calls or self.round_metric_calls(len(train))
         granted["rounds"] += 1
         write_atomic(ledger, json.dumps(granted))
-        gepa = dspy.GEPA(metric=feedback_metric, max_metric_calls=granted["metric_calls"], reflection_lm=self.proposer,
-                         component_selector=BlamedSiteSelector(self.sites), num_threads=self.num_threads,
-                         track_stats=True, use_merge=False, seed=self.seed + granted["rounds"],
-                         reflection_minibatch_size=min(self.REFLECTION_MINIBATCH, len(train)), log_dir=str(log_dir))
+        gepa = dspy.GEPA(
+            metric=feedback_metric,
+            max_metric_calls=granted["metric_calls"],
+            reflection_lm=self.proposer,
+            component_selector=BlamedSiteSelector(self.sites),
+            num_threads=self.num_threads,
+            track_stats=True,
+            use_merge=False,
+            seed=self.seed + granted["rounds"],
+            reflection_minibatch_size=min(self.REFLECTION_MINIBATCH, len(train)),
+            log_dir=str(log_dir),
+        )
         # Every LM call of a system runs on its own prompt site (an unknown prompt raises), so the calls left
         # to charge to this block's site are GEPA's reflections: the proposer's.
         with prompt_site(PROPOSER_SITE):
             result = gepa.compile(self.program(best), trainset=train, valset=train)
-        programs = list(result.detailed_results.candidates) if getattr(result, "detailed_results", None) else [result]
+        programs = (
+            list(result.detailed_results.candidates)
+            if getattr(result, "detailed_results", None)
+            else [result]
+        )
         return [p.candidate("") for p in programs]
 
 
@@ -282,14 +349,20 @@ class ProposeInstruction(dspy.Signature):
     new_instruction: str = dspy.OutputField()
 
 
-def propose_instruction(proposer: dspy.BaseLM, site: str, instruction: str, failures: str, *,
-                        rollout: int) -> str | None:
+def propose_instruction(
+    proposer: dspy.BaseLM, site: str, instruction: str, failures: str, *, rollout: int
+) -> str | None:
     """One rewrite of ``instruction`` by the proposer LM (``None`` when it fails)."""
     try:
-        with prompt_site(PROPOSER_SITE), dspy.context(lm=proposer.copy(rollout_id=rollout, temperature=1.0),
-                                                      adapter=dspy.JSONAdapter()):
-            text = dspy.Predict(ProposeInstruction)(site=site, instruction=instruction,
-                                                    failures=failures).new_instruction.strip()
+        with (
+            prompt_site(PROPOSER_SITE),
+            dspy.context(
+                lm=proposer.copy(rollout_id=rollout, temperature=1.0), adapter=dspy.JSONAdapter()
+            ),
+        ):
+            text = dspy.Predict(ProposeInstruction)(
+                site=site, instruction=instruction, failures=failures
+            ).new_instruction.strip()
     except Exception as exc:  # noqa: BLE001 - a failed proposal is one candidate fewer
         logger.warning("proposer failed for %s: %s", site, exc)
         return None
@@ -298,7 +371,9 @@ def propose_instruction(proposer: dspy.BaseLM, site: str, instruction: str, fail
 
 def failure_summary(attributions: Sequence[Attribution], site: str) -> str:
     """The failures blamed on ``site``, one line each: what the proposer rewrites from."""
-    lines = [f"- {a.error_type.value}: {a.explanation[:300]}" for a in attributions if a.target == site]
+    lines = [
+        f"- {a.error_type.value}: {a.explanation[:300]}" for a in attributions if a.target == site
+    ]
     return "\n".join(lines)[:3000] or "(no failure attributed here yet)"
 
 
@@ -315,17 +390,28 @@ class OptunaOptimizer(Optimizer):
     max_duplicates = 20
     PROPOSALS = 3  # instructions proposed per site (the default; also what --estimate's model assumes: overhead.py)
 
-    def __init__(self, *args: Any, storage: str | None = None, study_name: str | None = None,
-                 shared: SharedStudy | None = None, budget: int = MAX_BUDGET_SLOTS, proposals: int = PROPOSALS,
-                 **kwargs: Any):
+    def __init__(
+        self,
+        *args: Any,
+        storage: str | None = None,
+        study_name: str | None = None,
+        shared: SharedStudy | None = None,
+        budget: int = MAX_BUDGET_SLOTS,
+        proposals: int = PROPOSALS,
+        **kwargs: Any,
+    ):
         super().__init__(*args, **kwargs)
         import optuna
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         if shared is None:  # a study of its own (one worker)
             if storage is None or study_name is None:
-                raise ConfigError("OptunaOptimizer needs a shared study, or a storage URL and a study name")
-            shared = SharedStudy(storage, study_name, worker=uuid.uuid4().hex[:12], budget=budget, seed=self.seed)
+                raise ConfigError(
+                    "OptunaOptimizer needs a shared study, or a storage URL and a study name"
+                )
+            shared = SharedStudy(
+                storage, study_name, worker=uuid.uuid4().hex[:12], budget=budget, seed=self.seed
+            )
             shared.join("standalone")
         self.shared = shared
         self.study = shared.study
@@ -346,14 +432,24 @@ class OptunaOptimizer(Optimizer):
     def _instructions(self, site: str, base: Candidate, best_eval: Evaluation) -> list[str]:
         key = f"instructions:{site}"
         stored = self.shared.get(key)
-        if stored is not None:  # proposals are made once per study, so every worker and a resumed study see
+        if (
+            stored is not None
+        ):  # proposals are made once per study, so every worker and a resumed study see
             return list(stored)  # the same space
-        holder = self.shared.claim(f"optloop:proposing:{site}", {"worker": self.shared.worker})["worker"]
+        holder = self.shared.claim(f"optloop:proposing:{site}", {"worker": self.shared.worker})[
+            "worker"
+        ]
         if holder != self.shared.worker:
-            stored = self.shared.wait_for(key, holder=holder, what=f"candidate instructions for {site}")
+            stored = self.shared.wait_for(
+                key, holder=holder, what=f"candidate instructions for {site}"
+            )
             if stored is not None:
                 return list(stored)
-            logger.warning("%s stopped before proposing for %s; proposing here", self.shared.describe(holder), site)
+            logger.warning(
+                "%s stopped before proposing for %s; proposing here",
+                self.shared.describe(holder),
+                site,
+            )
         seed_text = base.sites[site].instructions
         failures = failure_summary(best_eval.attributions(), site)
         texts = [seed_text]
@@ -368,8 +464,11 @@ class OptunaOptimizer(Optimizer):
 
         spaces = {f"site:{s}": self._instructions(s, best, best_eval) for s in self.sites}
         # knob values around the baseline's, not the best's: a categorical's choices may never change in a study
-        spaces |= {f"knob:{k}": self.evaluator.knob_choices(k, self._base_knobs.get(k))
-                   for k in self.knobs if k in best.knobs}
+        spaces |= {
+            f"knob:{k}": self.evaluator.knob_choices(k, self._base_knobs.get(k))
+            for k in self.knobs
+            if k in best.knobs
+        }
         spaces = {name: choices for name, choices in spaces.items() if len(choices) > 1}
         if not spaces:
             return None
@@ -383,26 +482,41 @@ class OptunaOptimizer(Optimizer):
                 index = trial.suggest_categorical(name, list(range(len(choices))))
                 kind, target = name.split(":", 1)
                 if kind == "site":
-                    sites[target] = SiteState(instructions=choices[index], demos=best.sites[target].demos)
+                    sites[target] = SiteState(
+                        instructions=choices[index], demos=best.sites[target].demos
+                    )
                 else:
                     knobs[target] = choices[index]
             candidate = Candidate(sites=sites, knobs=knobs, origin=f"optuna trial {trial.number}")
             digest = candidate.digest()
-            if digest in self.pending:  # asked again while a batch evaluates it: no value to tell yet
+            if (
+                digest in self.pending
+            ):  # asked again while a batch evaluates it: no value to tell yet
                 self.study.tell(trial, state=TrialState.FAIL)
                 self.duplicates += 1
                 continue
             if digest in self.seen:
-                previous = [t for t in self.study.trials if t.params == trial.params and t.value is not None]
-                self.study.tell(trial, previous[0].value if previous else 0.0)  # already evaluated: no budget spent
+                previous = [
+                    t
+                    for t in self.study.trials
+                    if t.params == trial.params and t.value is not None
+                ]
+                self.study.tell(
+                    trial, previous[0].value if previous else 0.0
+                )  # already evaluated: no budget spent
                 self.duplicates += 1
                 continue
             self.seen.add(digest)
             owner = self.shared.claim_candidate(digest, trial.number)
-            if owner["worker"] != self.shared.worker:  # another worker has it: its result, when known, is ours
+            if (
+                owner["worker"] != self.shared.worker
+            ):  # another worker has it: its result, when known, is ours
                 trial.set_user_attr("optloop:duplicate_of", owner["study_trial"])
-                theirs = [t for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-                          if t.number == owner["study_trial"]]
+                theirs = [
+                    t
+                    for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+                    if t.number == owner["study_trial"]
+                ]
                 if theirs:
                     self.study.tell(trial, theirs[0].value)
                 else:
@@ -412,7 +526,9 @@ class OptunaOptimizer(Optimizer):
             trial.set_user_attr("optloop:digest", digest)
             self.pending[digest] = trial
             return candidate
-        logger.warning("optuna keeps proposing evaluated candidates: the search space is exhausted")
+        logger.warning(
+            "optuna keeps proposing evaluated candidates: the search space is exhausted"
+        )
         return None
 
     def propose_batch(self, best: Candidate, best_eval: Evaluation, size: int) -> list[Candidate]:
@@ -422,8 +538,9 @@ class OptunaOptimizer(Optimizer):
         if size > 1 and not getattr(self.study.sampler, "_constant_liar", True):
             import optuna
 
-            self.study.sampler = optuna.samplers.TPESampler(seed=self.seed + 7919 * max(self.shared.rank, 0),
-                                                            constant_liar=True)
+            self.study.sampler = optuna.samplers.TPESampler(
+                seed=self.seed + 7919 * max(self.shared.rank, 0), constant_liar=True
+            )
         batch: list[Candidate] = []
         while len(batch) < size and (candidate := self.propose(best, best_eval)) is not None:
             batch.append(candidate)
@@ -449,9 +566,20 @@ class OptunaOptimizer(Optimizer):
 
 from optloop.loop.edit import EditOptimizer  # noqa: E402 - edit builds on this module's base, not on this module
 
-OPTIMIZERS: dict[str, type[Optimizer]] = {"simba": SimbaOptimizer, "gepa": GepaOptimizer, "optuna": OptunaOptimizer,
-                                          "edit": EditOptimizer}
+OPTIMIZERS: dict[str, type[Optimizer]] = {
+    "simba": SimbaOptimizer,
+    "gepa": GepaOptimizer,
+    "optuna": OptunaOptimizer,
+    "edit": EditOptimizer,
+}
 
 
-__all__ = ["OPTIMIZERS", "BlamedSiteSelector", "EditOptimizer", "GepaOptimizer", "Optimizer", "OptunaOptimizer",
-           "SimbaOptimizer"]
+__all__ = [
+    "OPTIMIZERS",
+    "BlamedSiteSelector",
+    "EditOptimizer",
+    "GepaOptimizer",
+    "Optimizer",
+    "OptunaOptimizer",
+    "SimbaOptimizer",
+]

@@ -55,7 +55,13 @@ from pydantic import BaseModel, Field
 
 from optloop.attribution import blame
 from optloop.loop.edit import EditOptimizer, ParaphrasePhrase, phrases
-from optloop.loop.optimizers import GepaOptimizer, OptunaOptimizer, ProposeInstruction, SimbaOptimizer, failure_summary
+from optloop.loop.optimizers import (
+    GepaOptimizer,
+    OptunaOptimizer,
+    ProposeInstruction,
+    SimbaOptimizer,
+    failure_summary,
+)
 from optloop.loop.policy import choose_targets
 from optloop.loop.program import attr_name
 from optloop.loop.simba import advice_signature
@@ -82,23 +88,43 @@ class RunShape(BaseModel):
     budget: int
     train_questions: int
     train_episodes: int
-    sites: list[str] = Field(description="the optimizer's target sites, most blamed first (as the baseline's blame "
-                                         "chooses them; re-attribution may move them)")
-    ingest_sites: list[str] = Field(default_factory=list, description="of ``sites``, the ingest-stage ones")
-    instructions: dict[str, str] = Field(default_factory=dict, description="target site -> its start instruction")
-    failure_chars: dict[str, int] = Field(default_factory=dict,
-                                          description="target site -> characters of the failure summary a proposer "
-                                                      "reads (the baseline's dev failures)")
-    prompt_tokens: dict[str, float] = Field(default_factory=dict,
-                                            description="site -> mean prompt tokens of one computed call, measured")
-    question_calls: float = Field(description="system-LM requests to answer one train question, ingestion aside "
-                                              "(measured)")
+    sites: list[str] = Field(
+        description="the optimizer's target sites, most blamed first (as the baseline's blame "
+        "chooses them; re-attribution may move them)"
+    )
+    ingest_sites: list[str] = Field(
+        default_factory=list, description="of ``sites``, the ingest-stage ones"
+    )
+    instructions: dict[str, str] = Field(
+        default_factory=dict, description="target site -> its start instruction"
+    )
+    failure_chars: dict[str, int] = Field(
+        default_factory=dict,
+        description="target site -> characters of the failure summary a proposer "
+        "reads (the baseline's dev failures)",
+    )
+    prompt_tokens: dict[str, float] = Field(
+        default_factory=dict,
+        description="site -> mean prompt tokens of one computed call, measured",
+    )
+    question_calls: float = Field(
+        description="system-LM requests to answer one train question, ingestion aside (measured)"
+    )
     ingest_calls: float = Field(description="requests to ingest one train episode (measured)")
-    question_tokens: float | None = Field(description="tokens of one such request (measured; None: all cached)")
-    ingest_tokens: float | None = Field(None, description="tokens of one ingest request (measured; None: all cached)")
-    threads: int = Field(1, description="programs SIMBA and GEPA run at once (optimizers.default_threads)")
-    batch: int = Field(1, description="trials evaluated at once (--batch): SIMBA evaluates up to that many of a "
-                                      "step's new programs, so a run takes fewer steps")
+    question_tokens: float | None = Field(
+        description="tokens of one such request (measured; None: all cached)"
+    )
+    ingest_tokens: float | None = Field(
+        None, description="tokens of one ingest request (measured; None: all cached)"
+    )
+    threads: int = Field(
+        1, description="programs SIMBA and GEPA run at once (optimizers.default_threads)"
+    )
+    batch: int = Field(
+        1,
+        description="trials evaluated at once (--batch): SIMBA evaluates up to that many of a "
+        "step's new programs, so a run takes fewer steps",
+    )
 
     def tokens(self, text: str) -> float:
         return len(text) / CHARS_PER_TOKEN
@@ -110,27 +136,49 @@ class RunShape(BaseModel):
         """One call's prompt at ``site`` (what a trajectory shows of it): measured, else its instruction alone."""
         return self.prompt_tokens.get(site) or self.instruction_tokens(site)
 
-    def work(self, optimizer: str, *, rounds: int, trials_per_round: float, question_runs: float,
-             episode_ingests: float, proposer_calls: float, prompt_tokens: float, completion_tokens: float,
-             threads: int | None, basis: str) -> OptimizerWork:
+    def work(
+        self,
+        optimizer: str,
+        *,
+        rounds: int,
+        trials_per_round: float,
+        question_runs: float,
+        episode_ingests: float,
+        proposer_calls: float,
+        prompt_tokens: float,
+        completion_tokens: float,
+        threads: int | None,
+        basis: str,
+    ) -> OptimizerWork:
         """The work of ``question_runs`` train questions, ``episode_ingests`` episode ingestions and
         ``proposer_calls`` (``prompt_tokens``, ``completion_tokens`` each), at this run's measured rates."""
         calls = question_runs * self.question_calls + episode_ingests * self.ingest_calls
-        parts = [(question_runs * self.question_calls, self.question_tokens),
-                 (episode_ingests * self.ingest_calls, self.ingest_tokens)]
+        parts = [
+            (question_runs * self.question_calls, self.question_tokens),
+            (episode_ingests * self.ingest_calls, self.ingest_tokens),
+        ]
         known = all(per is not None for n, per in parts if n)
         tokens = sum(n * (per or 0.0) for n, per in parts) if known else None
-        return OptimizerWork(optimizer=optimizer, rounds=rounds, trials_per_round=trials_per_round, calls=calls,
-                             tokens=tokens, proposer_calls=proposer_calls,
-                             proposer_prompt_tokens=proposer_calls * prompt_tokens,
-                             proposer_completion_tokens=proposer_calls * completion_tokens, threads=threads,
-                             basis=basis)
+        return OptimizerWork(
+            optimizer=optimizer,
+            rounds=rounds,
+            trials_per_round=trials_per_round,
+            calls=calls,
+            tokens=tokens,
+            proposer_calls=proposer_calls,
+            proposer_prompt_tokens=proposer_calls * prompt_tokens,
+            proposer_completion_tokens=proposer_calls * completion_tokens,
+            threads=threads,
+            basis=basis,
+        )
 
 
 @functools.lru_cache(maxsize=32)
 def template_tokens(signature: type[dspy.Signature]) -> float:
     """The tokens of a proposer prompt with empty inputs, as DSPy's JSON adapter sends it."""
-    messages = dspy.JSONAdapter().format(signature, demos=[], inputs={name: "" for name in signature.input_fields})
+    messages = dspy.JSONAdapter().format(
+        signature, demos=[], inputs={name: "" for name in signature.input_fields}
+    )
     return sum(len(str(m.get("content") or "")) for m in messages) / CHARS_PER_TOKEN
 
 
@@ -158,15 +206,26 @@ def edit_work(shape: RunShape) -> OptimizerWork:
     per_round = max(sum(edits.values()), 1)
     rounds = math.ceil(shape.budget / per_round)
     paraphrases = rounds * len(shape.sites) * opt.EXTRA * PARAPHRASES_PER_EXTRA
-    phrase = sum(shape.instruction_tokens(s) / max(len(phrases(shape.instructions.get(s, ""))), 1)
-                 for s in shape.sites) / max(len(shape.sites), 1)
+    phrase = sum(
+        shape.instruction_tokens(s) / max(len(phrases(shape.instructions.get(s, ""))), 1)
+        for s in shape.sites
+    ) / max(len(shape.sites), 1)
     return shape.work(
-        opt.name, rounds=rounds, trials_per_round=per_round, question_runs=rounds * (1 + per_round) * b,
-        episode_ingests=rounds * m * sum(edits[s] for s in shape.ingest_sites), proposer_calls=paraphrases,
-        prompt_tokens=template_tokens(ParaphrasePhrase) + phrase, completion_tokens=phrase + JSON_TOKENS, threads=None,
-        basis=(f"{rounds} round(s) of {per_round} edits ({', '.join(f'{s} {n}' for s, n in edits.items())}), each "
-               f"round screening the best and its edits on {b} train questions (edits of an ingest site also ingest "
-               f"{m} episodes) and about {PARAPHRASES_PER_EXTRA:g} paraphrase call a site"))
+        opt.name,
+        rounds=rounds,
+        trials_per_round=per_round,
+        question_runs=rounds * (1 + per_round) * b,
+        episode_ingests=rounds * m * sum(edits[s] for s in shape.ingest_sites),
+        proposer_calls=paraphrases,
+        prompt_tokens=template_tokens(ParaphrasePhrase) + phrase,
+        completion_tokens=phrase + JSON_TOKENS,
+        threads=None,
+        basis=(
+            f"{rounds} round(s) of {per_round} edits ({', '.join(f'{s} {n}' for s, n in edits.items())}), each "
+            f"round screening the best and its edits on {b} train questions (edits of an ingest site also ingest "
+            f"{m} episodes) and about {PARAPHRASES_PER_EXTRA:g} paraphrase call a site"
+        ),
+    )
 
 
 def simba_work(shape: RunShape) -> OptimizerWork:
@@ -175,20 +234,36 @@ def simba_work(shape: RunShape) -> OptimizerWork:
     b = min(opt.BSIZE, shape.train_questions)
     m = min(b, shape.train_episodes)
     made = opt.NUM_CANDIDATES + 1
-    per_round = max(1, min(shape.batch, made))  # one winner a step, or a batch of the step's new programs
+    per_round = max(
+        1, min(shape.batch, made)
+    )  # one winner a step, or a batch of the step's new programs
     rounds = math.ceil(shape.budget / per_round)
     rules = made * RULE_SHARE
     names = tuple(attr_name(s) for s in shape.sites)
     advice: Any = advice_signature(names)  # a class made at run time: hashable, as lru_cache needs
-    prompt = (template_tokens(advice) + sum(shape.instruction_tokens(s) for s in shape.sites)
-              + 2 * sum(shape.call_tokens(s) for s in shape.sites))  # the worse and the better trajectory
+    prompt = (
+        template_tokens(advice)
+        + sum(shape.instruction_tokens(s) for s in shape.sites)
+        + 2 * sum(shape.call_tokens(s) for s in shape.sites)
+    )  # the worse and the better trajectory
     return shape.work(
-        opt.name, rounds=rounds, trials_per_round=per_round, question_runs=rounds * (opt.NUM_CANDIDATES + made) * b,
-        episode_ingests=rounds * rules * m if shape.ingest_sites else 0.0, proposer_calls=rounds * rules,
-        prompt_tokens=prompt, completion_tokens=FIELD_TOKENS * (len(names) + 1) + JSON_TOKENS, threads=shape.threads,
-        basis=(f"{rounds} SIMBA step(s), {per_round} trial(s) a step: {opt.NUM_CANDIDATES} sampled and {made} new programs on "
-               f"{b} train questions, {rules:g} advice call(s) to the proposer a step (a rule for half the new "
-               "programs)" + (f", a rule on an ingest site ingesting {m} episodes" if shape.ingest_sites else "")))
+        opt.name,
+        rounds=rounds,
+        trials_per_round=per_round,
+        question_runs=rounds * (opt.NUM_CANDIDATES + made) * b,
+        episode_ingests=rounds * rules * m if shape.ingest_sites else 0.0,
+        proposer_calls=rounds * rules,
+        prompt_tokens=prompt,
+        completion_tokens=FIELD_TOKENS * (len(names) + 1) + JSON_TOKENS,
+        threads=shape.threads,
+        basis=(
+            f"{rounds} SIMBA step(s), {per_round} trial(s) a step: {opt.NUM_CANDIDATES} sampled "
+            f"and {made} new programs on "
+            f"{b} train questions, {rules:g} advice call(s) to the proposer a step (a rule for half the new "
+            "programs)"
+            + (f", a rule on an ingest site ingesting {m} episodes" if shape.ingest_sites else "")
+        ),
+    )
 
 
 def gepa_work(shape: RunShape) -> OptimizerWork:
@@ -201,34 +276,71 @@ def gepa_work(shape: RunShape) -> OptimizerWork:
     per_round = max(iterations * ACCEPT_SHARE, 1.0)
     rounds = math.ceil(shape.budget / per_round)
     site = shape.sites[0] if shape.sites else ""
-    ingests = iterations * (min(r, shape.train_episodes) + ACCEPT_SHARE * shape.train_episodes) \
-        if site in shape.ingest_sites else 0.0
-    prompt = gepa_template_tokens() + shape.instruction_tokens(site) + r * (shape.call_tokens(site) + FEEDBACK_TOKENS)
+    ingests = (
+        iterations * (min(r, shape.train_episodes) + ACCEPT_SHARE * shape.train_episodes)
+        if site in shape.ingest_sites
+        else 0.0
+    )
+    prompt = (
+        gepa_template_tokens()
+        + shape.instruction_tokens(site)
+        + r * (shape.call_tokens(site) + FEEDBACK_TOKENS)
+    )
     return shape.work(
-        opt.name, rounds=rounds, trials_per_round=per_round, question_runs=rounds * granted,
-        episode_ingests=rounds * ingests, proposer_calls=rounds * iterations, prompt_tokens=prompt,
-        completion_tokens=shape.instruction_tokens(site) + JSON_TOKENS, threads=shape.threads,
-        basis=(f"{rounds} GEPA round(s) of {granted} program runs on train questions and {iterations:.1f} reflection "
-               f"call(s) on {site or 'the first site'} (mini-batches of {r}, one mutation in two accepted and run on "
-               f"all {q}: {per_round:.2g} trial(s) a round)"))
+        opt.name,
+        rounds=rounds,
+        trials_per_round=per_round,
+        question_runs=rounds * granted,
+        episode_ingests=rounds * ingests,
+        proposer_calls=rounds * iterations,
+        prompt_tokens=prompt,
+        completion_tokens=shape.instruction_tokens(site) + JSON_TOKENS,
+        threads=shape.threads,
+        basis=(
+            f"{rounds} GEPA round(s) of {granted} program runs on train questions and {iterations:.1f} reflection "
+            f"call(s) on {site or 'the first site'} (mini-batches of {r}, one mutation in two accepted and run on "
+            f"all {q}: {per_round:.2g} trial(s) a round)"
+        ),
+    )
 
 
 def optuna_work(shape: RunShape) -> OptimizerWork:
     """``--optimizer optuna`` (see the module docstring)."""
     opt = OptunaOptimizer
     calls = opt.PROPOSALS * len(shape.sites)
-    prompt = sum(template_tokens(ProposeInstruction) + shape.instruction_tokens(s)
-                 + shape.failure_chars.get(s, 0) / CHARS_PER_TOKEN for s in shape.sites) / max(len(shape.sites), 1)
-    completion = sum(shape.instruction_tokens(s) for s in shape.sites) / max(len(shape.sites), 1) + JSON_TOKENS
+    prompt = sum(
+        template_tokens(ProposeInstruction)
+        + shape.instruction_tokens(s)
+        + shape.failure_chars.get(s, 0) / CHARS_PER_TOKEN
+        for s in shape.sites
+    ) / max(len(shape.sites), 1)
+    completion = (
+        sum(shape.instruction_tokens(s) for s in shape.sites) / max(len(shape.sites), 1)
+        + JSON_TOKENS
+    )
     return shape.work(
-        opt.name, rounds=0, trials_per_round=0, question_runs=0, episode_ingests=0, proposer_calls=calls,
-        prompt_tokens=prompt, completion_tokens=completion, threads=None,
-        basis=(f"{opt.PROPOSALS} proposed instructions per target site ({len(shape.sites)}), once, up front; no runs "
-               "on train"))
+        opt.name,
+        rounds=0,
+        trials_per_round=0,
+        question_runs=0,
+        episode_ingests=0,
+        proposer_calls=calls,
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        threads=None,
+        basis=(
+            f"{opt.PROPOSALS} proposed instructions per target site ({len(shape.sites)}), once, up front; no runs "
+            "on train"
+        ),
+    )
 
 
-MODELS: dict[str, Callable[[RunShape], OptimizerWork]] = {"edit": edit_work, "simba": simba_work, "gepa": gepa_work,
-                                                          "optuna": optuna_work}
+MODELS: dict[str, Callable[[RunShape], OptimizerWork]] = {
+    "edit": edit_work,
+    "simba": simba_work,
+    "gepa": gepa_work,
+    "optuna": optuna_work,
+}
 """``--optimizer`` -> its model."""
 
 
@@ -245,8 +357,15 @@ def _per_call(evaluation: Evaluation, ingest: set[str], at_ingest: bool) -> floa
     return sum(cost.tokens for cost in chosen) / computed if computed else None
 
 
-def run_shape(ckpt: Checkpoint, config: LoopConfig, train: Dataset, *, stages: Mapping[str, str],
-              start: Candidate | None, threads: int = 1) -> RunShape:
+def run_shape(
+    ckpt: Checkpoint,
+    config: LoopConfig,
+    train: Dataset,
+    *,
+    stages: Mapping[str, str],
+    start: Candidate | None,
+    threads: int = 1,
+) -> RunShape:
     """The shape of the run ``ckpt`` holds the baseline of: ``train``, the split; ``stages``, the system's prompt
     sites and their stages (``ingest``, ``retrieve``, ``answer``); ``start``, the program the run starts from.
 
@@ -270,14 +389,23 @@ def run_shape(ckpt: Checkpoint, config: LoopConfig, train: Dataset, *, stages: M
         if computed := sum(c.model_calls for c in costs):
             prompt_tokens[site] = sum(c.prompt_tokens for c in costs) / computed
     return RunShape(
-        budget=config.budget, train_questions=questions, train_episodes=episodes, sites=sites,
+        budget=config.budget,
+        train_questions=questions,
+        train_episodes=episodes,
+        sites=sites,
         ingest_sites=[s for s in sites if s in ingest],
-        instructions={s: start.sites[s].instructions for s in sites if start is not None and s in start.sites},
-        failure_chars={s: len(failure_summary(dev.attributions(), s)) for s in sites}, prompt_tokens=prompt_tokens,
+        instructions={
+            s: start.sites[s].instructions for s in sites if start is not None and s in start.sites
+        },
+        failure_chars={s: len(failure_summary(dev.attributions(), s)) for s in sites},
+        prompt_tokens=prompt_tokens,
         question_calls=(train_eval.llm_calls - train_eval.ingest_calls) / max(questions, 1),
         ingest_calls=train_eval.ingest_calls / max(episodes, 1),
         question_tokens=_per_call(train_eval, ingest, at_ingest=False),
-        ingest_tokens=_per_call(train_eval, ingest, at_ingest=True), threads=threads, batch=config.batch)
+        ingest_tokens=_per_call(train_eval, ingest, at_ingest=True),
+        threads=threads,
+        batch=config.batch,
+    )
 
 
 def modeled_work(shape: RunShape, optimizer: str) -> OptimizerWork | None:
@@ -286,5 +414,15 @@ def modeled_work(shape: RunShape, optimizer: str) -> OptimizerWork | None:
     return None if model is None else model(shape)
 
 
-__all__ = ["CHARS_PER_TOKEN", "MODELS", "RunShape", "edit_work", "gepa_work", "modeled_work", "optuna_work",
-           "run_shape", "simba_work", "template_tokens"]
+__all__ = [
+    "CHARS_PER_TOKEN",
+    "MODELS",
+    "RunShape",
+    "edit_work",
+    "gepa_work",
+    "modeled_work",
+    "optuna_work",
+    "run_shape",
+    "simba_work",
+    "template_tokens",
+]

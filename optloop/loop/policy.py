@@ -27,15 +27,22 @@ if TYPE_CHECKING:
 FEW_QUESTIONS = 20  # fewer dev or test questions than this and a 95% CI spans more than about ±0.2
 
 
-def held_out_intervals(before: Evaluation, after: Evaluation, *, seed: int) -> tuple[Interval, Interval, Interval]:
+def held_out_intervals(
+    before: Evaluation, after: Evaluation, *, seed: int
+) -> tuple[Interval, Interval, Interval]:
     """(test accuracy before, after, delta), each with its bootstrap CI over the test questions; the delta
     pairs each question's pass before with its pass after by (episode, question)."""
     passed_after = {(o.episode_id, o.question_id): float(o.passed) for o in after.outcomes}
-    pairs = [(float(o.passed), passed_after[key]) for o in before.outcomes
-             if (key := (o.episode_id, o.question_id)) in passed_after]
-    return (bootstrap_mean([float(o.passed) for o in before.outcomes], seed=seed),
-            bootstrap_mean([float(o.passed) for o in after.outcomes], seed=seed),
-            paired_bootstrap_delta([b for b, _ in pairs], [a for _, a in pairs], seed=seed))
+    pairs = [
+        (float(o.passed), passed_after[key])
+        for o in before.outcomes
+        if (key := (o.episode_id, o.question_id)) in passed_after
+    ]
+    return (
+        bootstrap_mean([float(o.passed) for o in before.outcomes], seed=seed),
+        bootstrap_mean([float(o.passed) for o in after.outcomes], seed=seed),
+        paired_bootstrap_delta([b for b, _ in pairs], [a for _, a in pairs], seed=seed),
+    )
 
 
 def promotion(rule: Literal["ci", "delta"], changed: bool, delta: Interval) -> tuple[bool, str]:
@@ -50,17 +57,23 @@ def promotion(rule: Literal["ci", "delta"], changed: bool, delta: Interval) -> t
     else:
         moved = delta.estimate > 0
         why = f"the point delta is {'above' if moved else 'not above'} 0 (its {level} {where})"
-    return moved, (f"held-out delta {delta}: {why}, champion {'moved' if moved else 'not moved'} "
-                   f"(--promote-if {rule})")
+    return moved, (
+        f"held-out delta {delta}: {why}, champion {'moved' if moved else 'not moved'} "
+        f"(--promote-if {rule})"
+    )
 
 
 def small_split_warning(n_dev: int, n_test: int) -> str | None:
     """A warning when dev or test is too small for its accuracy to mean much (``None`` when both are fine)."""
     if min(n_dev, n_test) >= FEW_QUESTIONS:
         return None
-    spread = 1.96 * 0.5 / math.sqrt(max(min(n_dev, n_test), 1))  # a 95% CI's half-width at accuracy 0.5
-    return (f"dev has {n_dev} questions, test {n_test}: a 95% CI this small spans about \u00b1{spread:.1f}; "
-            "use more episodes (?limit=) or --split")
+    spread = (
+        1.96 * 0.5 / math.sqrt(max(min(n_dev, n_test), 1))
+    )  # a 95% CI's half-width at accuracy 0.5
+    return (
+        f"dev has {n_dev} questions, test {n_test}: a 95% CI this small spans about \u00b1{spread:.1f}; "
+        "use more episodes (?limit=) or --split"
+    )
 
 
 def check_split_sizes(dataset: str, n_dev: int, n_test: int) -> None:
@@ -70,15 +83,19 @@ def check_split_sizes(dataset: str, n_dev: int, n_test: int) -> None:
     if min(n_dev, n_test) >= FEW_QUESTIONS:
         return
     spread = 1.96 * 0.5 / math.sqrt(max(min(n_dev, n_test), 1))
-    raise ConfigError(f"{dataset} splits into {n_dev} dev and {n_test} test questions, fewer than "
-                      f"{FEW_QUESTIONS} (a 95% CI of \u00b1{spread:.1f}): give a larger --dataset (more episodes) "
-                      "or a --split with larger dev and test shares, or --allow-small-splits to run anyway")
+    raise ConfigError(
+        f"{dataset} splits into {n_dev} dev and {n_test} test questions, fewer than "
+        f"{FEW_QUESTIONS} (a 95% CI of \u00b1{spread:.1f}): give a larger --dataset (more episodes) "
+        "or a --split with larger dev and test shares, or --allow-small-splits to run anyway"
+    )
 
 
 def split_dataset(dataset: Dataset, config: LoopConfig) -> tuple[Dataset, Dataset, Dataset]:
     if len(dataset.episodes) < 3:
-        raise DatasetError(f"{dataset.uri}: the loop splits train/dev/test by episode and needs at least 3 "
-                           f"episodes; this dataset has {len(dataset.episodes)}")
+        raise DatasetError(
+            f"{dataset.uri}: the loop splits train/dev/test by episode and needs at least 3 "
+            f"episodes; this dataset has {len(dataset.episodes)}"
+        )
     train, dev, test = split_episodes(dataset, config.fractions, seed=config.seed)
     for part in (train, dev, test):
         if not any(e.questions for e in part.episodes):
@@ -86,8 +103,9 @@ def split_dataset(dataset: Dataset, config: LoopConfig) -> tuple[Dataset, Datase
     return train, dev, test
 
 
-def choose_targets(entries: Sequence[BlameEntry], config: LoopConfig,
-                   all_sites: list[str]) -> tuple[list[str], list[str], str]:
+def choose_targets(
+    entries: Sequence[BlameEntry], config: LoopConfig, all_sites: list[str]
+) -> tuple[list[str], list[str], str]:
     """(sites, knobs, note): what the optimizer may change, from the blame (most blamed first).
 
     ``--sites`` wins; ``--untargeted`` gives every site; otherwise the blamed prompt sites of this
@@ -96,8 +114,10 @@ def choose_targets(entries: Sequence[BlameEntry], config: LoopConfig,
     if config.sites:
         unknown = sorted(set(config.sites) - set(all_sites))
         if unknown:
-            raise ConfigError(f"--sites {','.join(unknown)}: no such site on {config.system}; its sites are "
-                              f"{', '.join(all_sites)}")
+            raise ConfigError(
+                f"--sites {','.join(unknown)}: no such site on {config.system}; its sites are "
+                f"{', '.join(all_sites)}"
+            )
         return list(config.sites), [], "sites given by --sites"
     targets = [e.blamed for e in entries]
     knobs = [t.name for t in targets if t.kind == "knob"]
@@ -106,10 +126,16 @@ def choose_targets(entries: Sequence[BlameEntry], config: LoopConfig,
     sites = [t.name for t in targets if t.is_prompt_site and t.name in all_sites]
     if sites:
         return sites, knobs, ""
-    note = ("no prompt site is to blame" + (f" (blame: {', '.join(str(t) for t in targets)})" if targets else
-                                            " (no failure was attributed to a site)")
-            + "; the optimizer targets the answer site" + ("; --optimizer optuna also tunes the blamed knobs"
-                                                           if knobs else ""))
+    note = (
+        "no prompt site is to blame"
+        + (
+            f" (blame: {', '.join(str(t) for t in targets)})"
+            if targets
+            else " (no failure was attributed to a site)"
+        )
+        + "; the optimizer targets the answer site"
+        + ("; --optimizer optuna also tunes the blamed knobs" if knobs else "")
+    )
     return [ANSWER], knobs, note
 
 
@@ -119,8 +145,14 @@ def start_candidate(evaluator: Evaluator, config: LoopConfig) -> Candidate:
     check_start(config, list(base.sites))
     if not config.start:
         return base
-    sites = {name: state.model_copy(update={"instructions": start_text(state.instructions, config.start[name])})
-             if name in config.start else state for name, state in base.sites.items()}
+    sites = {
+        name: state.model_copy(
+            update={"instructions": start_text(state.instructions, config.start[name])}
+        )
+        if name in config.start
+        else state
+        for name, state in base.sites.items()
+    }
     return Candidate(sites=sites, knobs=base.knobs, origin="baseline (start instructions)")
 
 
@@ -131,26 +163,38 @@ def check_knobs(config: LoopConfig, system: type[MemorySystem]) -> None:
     defaults = system.default_knobs
     unknown = sorted(set(config.knobs) - set(defaults))
     if unknown:
-        raise ConfigError(f"{config.system} has no knob(s) {unknown}; its knobs are "
-                          f"{sorted(defaults)}")
+        raise ConfigError(
+            f"{config.system} has no knob(s) {unknown}; its knobs are {sorted(defaults)}"
+        )
     for name, value in config.knobs.items():
         default = defaults[name]
         kind = type(default)
-        fits = (default is None or value is None  # None: the knob off, where a system allows it
-                or (isinstance(value, kind) and isinstance(value, bool) == (kind is bool))
-                or (kind is float and isinstance(value, int) and not isinstance(value, bool)))
+        fits = (
+            default is None
+            or value is None  # None: the knob off, where a system allows it
+            or (isinstance(value, kind) and isinstance(value, bool) == (kind is bool))
+            or (kind is float and isinstance(value, int) and not isinstance(value, bool))
+        )
         if not fits:
-            what = {bool: "true or false", int: "a whole number", float: "a number",
-                    str: "a text"}.get(kind, kind.__name__)
-            raise ConfigError(f"--knob {name}={value!r}: {config.system}'s {name} takes {what}, "
-                              f"e.g. --knob {name}={json.dumps(default)}")
+            what = {
+                bool: "true or false",
+                int: "a whole number",
+                float: "a number",
+                str: "a text",
+            }.get(kind, kind.__name__)
+            raise ConfigError(
+                f"--knob {name}={value!r}: {config.system}'s {name} takes {what}, "
+                f"e.g. --knob {name}={json.dumps(default)}"
+            )
 
 
 def check_start(config: LoopConfig, sites: list[str]) -> None:
     unknown = sorted(set(config.start) - set(sites))
     if unknown:
-        raise ConfigError(f"--start {', '.join(unknown)}: no such site on {config.system}; its sites are "
-                          f"{', '.join(sites)}")
+        raise ConfigError(
+            f"--start {', '.join(unknown)}: no such site on {config.system}; its sites are "
+            f"{', '.join(sites)}"
+        )
 
 
 def start_text(own: str, start: str) -> str:

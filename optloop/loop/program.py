@@ -32,7 +32,9 @@ if TYPE_CHECKING:
     from optloop.datasets import Dataset
     from optloop.loop.evaluate import Evaluator
 
-RUNNER_SETTING = "optloop_program_runner"  # the dspy.context key the running evaluator travels under
+RUNNER_SETTING = (
+    "optloop_program_runner"  # the dspy.context key the running evaluator travels under
+)
 
 
 @contextmanager
@@ -47,7 +49,9 @@ def runner() -> Evaluator:
     """The evaluator a program runs on (see :func:`running`)."""
     evaluator = dspy.settings.get(RUNNER_SETTING)
     if evaluator is None:
-        raise RuntimeError("a MemoryProgram runs only inside optloop.loop.program.running(evaluator)")
+        raise RuntimeError(
+            "a MemoryProgram runs only inside optloop.loop.program.running(evaluator)"
+        )
     return evaluator
 
 
@@ -68,13 +72,17 @@ class MemoryProgram(dspy.Module):
     state, which ``named_predictors()`` does not see.
     """
 
-    def __init__(self, candidate: Candidate, tunable: Iterable[str], modules: Mapping[str, dspy.Predict]):
+    def __init__(
+        self, candidate: Candidate, tunable: Iterable[str], modules: Mapping[str, dspy.Predict]
+    ):
         super().__init__()
         self.knobs = dict(candidate.knobs)
         self.tunable = [s for s in tunable if s in modules]
         for site in self.tunable:
             setattr(self, attr_name(site), modules[site])
-        self.frozen: dict[str, SiteState] = {n: site_state(m) for n, m in modules.items() if n not in self.tunable}
+        self.frozen: dict[str, SiteState] = {
+            n: site_state(m) for n, m in modules.items() if n not in self.tunable
+        }
 
     def tunable_modules(self) -> dict[str, dspy.Predict]:
         return {s: getattr(self, attr_name(s)) for s in self.tunable}
@@ -91,32 +99,55 @@ class MemoryProgram(dspy.Module):
         store, _ = evaluator.store(candidate, episode, modules)
         outcome = evaluator.ask(store, candidate, modules, episode, q)
         attribution = outcome.attribution.model_dump(mode="json") if outcome.attribution else None
-        return dspy.Prediction(answer=outcome.prediction, passed=outcome.passed, score=outcome.score,
-                               attribution=attribution)
+        return dspy.Prediction(
+            answer=outcome.prediction,
+            passed=outcome.passed,
+            score=outcome.score,
+            attribution=attribution,
+        )
 
 
 def examples(dataset: Dataset) -> list[dspy.Example]:
     """One DSPy example per question (the program looks the episode up by id)."""
-    return [dspy.Example(episode_id=e.id, question_id=q.id, question=q.question, gold=q.gold).with_inputs(
-        "episode_id", "question_id", "question") for e in dataset.episodes for q in e.questions]
+    return [
+        dspy.Example(
+            episode_id=e.id, question_id=q.id, question=q.question, gold=q.gold
+        ).with_inputs("episode_id", "question_id", "question")
+        for e in dataset.episodes
+        for q in e.questions
+    ]
 
 
-def feedback_metric(gold: dspy.Example, pred: dspy.Prediction | None, trace: Any = None, pred_name: str | None = None,
-                    pred_trace: Any = None) -> dspy.Prediction:
+def feedback_metric(
+    gold: dspy.Example,
+    pred: dspy.Prediction | None,
+    trace: Any = None,
+    pred_name: str | None = None,
+    pred_trace: Any = None,
+) -> dspy.Prediction:
     """Score plus the attribution: the why that SIMBA's and GEPA's reflection steps read."""
     if pred is None:
-        return dspy.Prediction(score=0.0, feedback="The program raised before answering.", error_type=None, site=None)
+        return dspy.Prediction(
+            score=0.0, feedback="The program raised before answering.", error_type=None, site=None
+        )
     if pred.passed:
-        return dspy.Prediction(score=float(pred.score), feedback=f"Correct: {pred.answer!r} matches {gold.gold!r}.",
-                               error_type=None, site=None)
+        return dspy.Prediction(
+            score=float(pred.score),
+            feedback=f"Correct: {pred.answer!r} matches {gold.gold!r}.",
+            error_type=None,
+            site=None,
+        )
     a = pred.attribution or {}
     target, error = a.get("target"), a.get("error_type")
-    feedback = (f"Wrong: answered {pred.answer!r}, expected {gold.gold!r}. Attribution: {error} at "
-                f"{target or 'no single site'}. {a.get('explanation', '')}")
+    feedback = (
+        f"Wrong: answered {pred.answer!r}, expected {gold.gold!r}. Attribution: {error} at "
+        f"{target or 'no single site'}. {a.get('explanation', '')}"
+    )
     if pred_name is not None and target and site_name(pred_name) != target:
         feedback += f" (This failure is blamed on {target}, not on {site_name(pred_name)}.)"
-    return dspy.Prediction(score=float(pred.score), feedback=feedback, error_type=error, site=target)
-
+    return dspy.Prediction(
+        score=float(pred.score), feedback=feedback, error_type=error, site=target
+    )
 
 
 class AllSites(dspy.Module):
@@ -128,4 +159,6 @@ class AllSites(dspy.Module):
             setattr(self, attr_name(site), module)
 
     def forward(self, **kwargs: Any) -> dspy.Prediction:
-        raise NotImplementedError("AllSites only carries prompt state; run it through a MemoryProgram")
+        raise NotImplementedError(
+            "AllSites only carries prompt state; run it through a MemoryProgram"
+        )

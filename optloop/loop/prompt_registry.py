@@ -16,8 +16,9 @@ def registry_name(system: str, site: str) -> str:
     return f"optloop.{site}" if site.startswith(f"{system}.") else f"optloop.{system}.{site}"
 
 
-def register_prompts(system: str, texts: Mapping[str, str], *, run_id: str, promote: bool,
-                     message: str) -> dict[str, dict[str, Any]]:
+def register_prompts(
+    system: str, texts: Mapping[str, str], *, run_id: str, promote: bool, message: str
+) -> dict[str, dict[str, Any]]:
     """Register each changed site's prompt as a new version of :func:`registry_name` (tags: site, system).
 
     The ``champion`` alias moves to the new version only when ``promote`` (held-out gain). A version this
@@ -31,9 +32,12 @@ def register_prompts(system: str, texts: Mapping[str, str], *, run_id: str, prom
         name = registry_name(system, site)
         version = registered_by(name, run_id, text) if run_id else None
         if version is None:
-            version = mlflow.genai.register_prompt(name=name, template=text, commit_message=message,
-                                                   tags={"optloop_run_id": run_id, "site": site,
-                                                         "system": system}).version
+            version = mlflow.genai.register_prompt(
+                name=name,
+                template=text,
+                commit_message=message,
+                tags={"optloop_run_id": run_id, "site": site, "system": system},
+            ).version
         if promote:
             mlflow.genai.set_prompt_alias(name, alias="champion", version=version)
         registered[site] = {"name": name, "version": version, "champion": promote}

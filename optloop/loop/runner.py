@@ -63,19 +63,45 @@ from optloop.loop import checkpoint_guard
 from optloop.loop._base import default_threads
 from optloop.loop.candidate import Candidate, prompt_text
 from optloop.loop.controller import Controller, RunContext, Split
-from optloop.loop.cost import site_costs, site_metrics
 from optloop.loop.coordinator import LocalCoordinator, SharedCoordinator
+from optloop.loop.cost import site_costs, site_metrics
+from optloop.loop.eta import Eta, TrialLine
 from optloop.loop.evaluate import Evaluation, Evaluator
 from optloop.loop.mlflow_sink import MlflowSink
 from optloop.loop.optimizers import OPTIMIZERS, Optimizer
 from optloop.loop.overhead import modeled_work, run_shape
-from optloop.loop.eta import Eta, TrialLine
-from optloop.loop.policy import (FEW_QUESTIONS, check_knobs, check_start, choose_targets,
-                                 held_out_intervals, promotion, questions, small_split_warning,
-                                 split_dataset, start_candidate)
-from optloop.loop.spend import (STOPPED_BY, Estimate, OptimizerWork, RunStopped, SpendingLimits, estimate,
-                                measured_chains, measured_work, work_units)
-from optloop.loop.state import MAX_BUDGET, Checkpoint, LoopConfig, LoopResult, Trial, Tried, check_fractions
+from optloop.loop.policy import (
+    FEW_QUESTIONS,
+    check_knobs,
+    check_start,
+    choose_targets,
+    held_out_intervals,
+    promotion,
+    questions,
+    small_split_warning,
+    split_dataset,
+    start_candidate,
+)
+from optloop.loop.spend import (
+    STOPPED_BY,
+    Estimate,
+    OptimizerWork,
+    RunStopped,
+    SpendingLimits,
+    estimate,
+    measured_chains,
+    measured_work,
+    work_units,
+)
+from optloop.loop.state import (
+    MAX_BUDGET,
+    Checkpoint,
+    LoopConfig,
+    LoopResult,
+    Trial,
+    Tried,
+    check_fractions,
+)
 from optloop.paths import state_dir
 from optloop.sites import PROPOSER
 from systems import get_system
@@ -88,7 +114,9 @@ Coordinators = LocalCoordinator | SharedCoordinator
 class SplitEvaluator:
     """The :class:`Evaluator` over the run's named splits: the controller's ``CandidateEvaluator``."""
 
-    def __init__(self, evaluator: Evaluator, splits: dict[str, Dataset], progress: Callable[[str], None]):
+    def __init__(
+        self, evaluator: Evaluator, splits: dict[str, Dataset], progress: Callable[[str], None]
+    ):
         self.evaluator = evaluator
         self.splits = splits
         self.progress = progress
@@ -104,8 +132,10 @@ class SplitEvaluator:
 
     def evaluate_many(self, candidates: Sequence[Candidate], split: Split) -> list[Evaluation]:
         dataset = self.splits[split]
-        self.progress(f"evaluating {len(candidates)} candidates at once on {split} ({questions(dataset)} "
-                      "questions each)")
+        self.progress(
+            f"evaluating {len(candidates)} candidates at once on {split} ({questions(dataset)} "
+            "questions each)"
+        )
         return self.evaluator.evaluate_many(candidates, dataset, split=split)
 
     def prompt_texts(self, candidate: Candidate) -> dict[str, str]:
@@ -185,24 +215,44 @@ def check_start_sites(cfg: LoopConfig, lm: Any) -> None:
 class Loop:
     """One ``optloop.run``: see the module docstring."""
 
-    def __init__(self, config: LoopConfig, lm: Any, proposer: Any, *, work: Path | None = None,
-                 progress: Callable[[str], None] | None = None, auto_named: bool = False,
-                 limits: SpendingLimits | None = None,
-                 prepared: tuple[Dataset, Dataset, Dataset, Dataset] | None = None):
+    def __init__(
+        self,
+        config: LoopConfig,
+        lm: Any,
+        proposer: Any,
+        *,
+        work: Path | None = None,
+        progress: Callable[[str], None] | None = None,
+        auto_named: bool = False,
+        limits: SpendingLimits | None = None,
+        prepared: tuple[Dataset, Dataset, Dataset, Dataset] | None = None,
+    ):
         self.config = config
-        self.limits = limits or SpendingLimits()  # this process's --max-cost, --max-calls, --estimate
-        self.auto_named = auto_named  # the run name was made up: the same command (no --run-name) resumes it
+        self.limits = (
+            limits or SpendingLimits()
+        )  # this process's --max-cost, --max-calls, --estimate
+        self.auto_named = (
+            auto_named  # the run name was made up: the same command (no --run-name) resumes it
+        )
         self.lm = lm
         self.proposer = proposer
-        self.run_dir = work or state_dir(create=False) / "runs" / config.run_name  # created when claimed
-        self.state = self.run_dir  # this worker's own directory (another one under workers/ when shared)
+        self.run_dir = (
+            work or state_dir(create=False) / "runs" / config.run_name
+        )  # created when claimed
+        self.state = (
+            self.run_dir
+        )  # this worker's own directory (another one under workers/ when shared)
         self.progress = progress or (lambda msg: None)
         self.started = time.perf_counter()
         self._lock: Any = None
         # the dataset and its train, dev and test splits, once loaded and checked (see prepare)
         self._prepared = prepared
-        self.site_stages: dict[str, str] = {}  # the system's prompt sites and their stages, once the run has begun
-        self.start: Candidate | None = None  # the program the run starts from, once the run has begun
+        self.site_stages: dict[
+            str, str
+        ] = {}  # the system's prompt sites and their stages, once the run has begun
+        self.start: Candidate | None = (
+            None  # the program the run starts from, once the run has begun
+        )
         # One line to the user (optloop.run prints it; a library caller gets a warning).
         self.announce: Callable[[str], None] = lambda line: logger.warning("%s", line)
         # Once the baseline is known and trials are to come: the projection of the whole run (printed by the CLI)
@@ -247,8 +297,10 @@ class Loop:
         if self._lock is not None:
             return self.run_dir
         if self.config.optimizer != "optuna":
-            raise ConfigError(f"run {self.config.run_name!r} is in use by another optloop.run process; wait for it "
-                              "or pick another --run-name (only --optimizer optuna splits a run between workers)")
+            raise ConfigError(
+                f"run {self.config.run_name!r} is in use by another optloop.run process; wait for it "
+                "or pick another --run-name (only --optimizer optuna splits a run between workers)"
+            )
         n = 1
         while True:
             path = self.run_dir / "workers" / str(n)
@@ -268,41 +320,75 @@ class Loop:
         ckpt_path = self.state / artifacts.CHECKPOINT
         ckpt = Checkpoint.load(ckpt_path) if ckpt_path.exists() else None
         if ckpt is not None and not matches(ckpt, cfg):
-            raise ConfigError(f"run name {cfg.run_name!r} exists with other settings; resume it with the same "
-                              "command, or pick another --run-name")
+            raise ConfigError(
+                f"run name {cfg.run_name!r} exists with other settings; resume it with the same "
+                "command, or pick another --run-name"
+            )
         tracking.configure(cfg.tracking_uri)
         experiment_id = self._experiment()
-        ckpt = ckpt or Checkpoint(config_digest=cfg.digest(), resume_key=cfg.resume_key(), auto_named=self.auto_named)
-        ckpt.resume_key = ckpt.resume_key or cfg.resume_key()  # a checkpoint from before resume keys existed
+        ckpt = ckpt or Checkpoint(
+            config_digest=cfg.digest(), resume_key=cfg.resume_key(), auto_named=self.auto_named
+        )
+        ckpt.resume_key = (
+            ckpt.resume_key or cfg.resume_key()
+        )  # a checkpoint from before resume keys existed
         if ckpt.finished:
-            raise ConfigError(f"run {cfg.run_name!r} already finished (MLflow run {ckpt.parent_run_id}); pick another "
-                              "--run-name to run again")
-        ckpt.split = {"train": [e.id for e in train.episodes], "dev": [e.id for e in dev.episodes],
-                      "test": [e.id for e in test.episodes]}
-        ckpt.save(ckpt_path)  # the worker id first: a restarted worker must find its slots and roles again
+            raise ConfigError(
+                f"run {cfg.run_name!r} already finished (MLflow run {ckpt.parent_run_id}); pick another "
+                "--run-name to run again"
+            )
+        ckpt.split = {
+            "train": [e.id for e in train.episodes],
+            "dev": [e.id for e in dev.episodes],
+            "test": [e.id for e in test.episodes],
+        }
+        ckpt.save(
+            ckpt_path
+        )  # the worker id first: a restarted worker must find its slots and roles again
         coordinator: Coordinators = (
-            SharedCoordinator.join(cfg, self._storage(), ckpt.worker, self.progress) if cfg.optimizer == "optuna"
-            else LocalCoordinator(cfg.budget, storage=self._storage(), study_name=cfg.run_name))
+            SharedCoordinator.join(cfg, self._storage(), ckpt.worker, self.progress)
+            if cfg.optimizer == "optuna"
+            else LocalCoordinator(cfg.budget, storage=self._storage(), study_name=cfg.run_name)
+        )
         try:
-            return self._run_parent(dataset, train, dev, test, ckpt, ckpt_path, experiment_id, coordinator)
+            return self._run_parent(
+                dataset, train, dev, test, ckpt, ckpt_path, experiment_id, coordinator
+            )
         finally:
             coordinator.close()
 
-    def _run_parent(self, dataset: Dataset, train: Dataset, dev: Dataset, test: Dataset, ckpt: Checkpoint,
-                    ckpt_path: Path, experiment_id: str, coordinator: Coordinators) -> LoopResult:
+    def _run_parent(
+        self,
+        dataset: Dataset,
+        train: Dataset,
+        dev: Dataset,
+        test: Dataset,
+        ckpt: Checkpoint,
+        ckpt_path: Path,
+        experiment_id: str,
+        coordinator: Coordinators,
+    ) -> LoopResult:
         import mlflow
         from mlflow.tracking import MlflowClient
 
         cfg = self.config
         dspy.configure(lm=self.lm, adapter=dspy.JSONAdapter())
-        evaluator = Evaluator(cfg.system, self.lm, self.state / "work", knobs=cfg.knobs, dataset_uri=dataset.uri,
-                              query_site=cfg.query_rewrite)
+        evaluator = Evaluator(
+            cfg.system,
+            self.lm,
+            self.state / "work",
+            knobs=cfg.knobs,
+            dataset_uri=dataset.uri,
+            query_site=cfg.query_rewrite,
+        )
         evaluator.register(train, dev, test)
         self.site_stages = {name: site.stage for name, site in evaluator.sites.items()}
         mark = self.lm.accounting.mark()
         proposer_mark = self.proposer.accounting.mark() if self.proposer is not self.lm else None
         run_id = ckpt.parent_run_id or coordinator.leader_parent_run_id()
-        relog = False  # another store than the run's first: a new parent run, the trials logged again
+        relog = (
+            False  # another store than the run's first: a new parent run, the trials logged again
+        )
         if run_id and checkpoint_guard.parent_run_missing(run_id):
             uri = mlflow.get_tracking_uri()
             self.announce(checkpoint_guard.lost_parent_line(cfg, run_id, uri, ckpt))
@@ -310,11 +396,16 @@ class Loop:
         if run_id:
             parent = mlflow.start_run(run_id=run_id)
         else:
-            parent = mlflow.start_run(experiment_id=experiment_id, run_name=cfg.run_name,
-                                      tags={"optloop.system": cfg.system, "optloop.optimizer": cfg.optimizer})
+            parent = mlflow.start_run(
+                experiment_id=experiment_id,
+                run_name=cfg.run_name,
+                tags={"optloop.system": cfg.system, "optloop.optimizer": cfg.optimizer},
+            )
         ckpt.parent_run_id = parent.info.run_id
         ckpt.save(ckpt_path)
-        if parent.data.tags.get(STOPPED_BY):  # a limit stopped an earlier process; this one takes the run up again
+        if parent.data.tags.get(
+            STOPPED_BY
+        ):  # a limit stopped an earlier process; this one takes the run up again
             MlflowClient().delete_tag(parent.info.run_id, STOPPED_BY)
         status = "FAILED"
         try:
@@ -322,18 +413,33 @@ class Loop:
             if coordinator.leads and (relog or (not ckpt.trials and not ckpt.baseline_dev)):
                 self._log_params(evaluator, train, dev, test)
             self.start = start_candidate(evaluator, cfg)
-            splits = SplitEvaluator(evaluator, {"train": train, "dev": dev, "test": test},
-                                    self.progress)
+            splits = SplitEvaluator(
+                evaluator, {"train": train, "dev": dev, "test": test}, self.progress
+            )
             sink = MlflowSink(cfg.system, ckpt.parent_run_id, self.state, evaluator.modules)
             if relog:
-                checkpoint_guard.relog_trials(sink, ckpt, self.start, splits.prompt_texts,
-                                              coordinator.trial_tags())
+                checkpoint_guard.relog_trials(
+                    sink, ckpt, self.start, splits.prompt_texts, coordinator.trial_tags()
+                )
                 ckpt.save(ckpt_path)
-            context = RunContext(config=cfg, checkpoint=ckpt, path=ckpt_path, base=self.start,
-                                 progress=self.progress, cost=lambda: self._cost(mark, proposer_mark),
-                                 limits=self.limits, baseline_done=self._projection, trial_done=self.on_trial)
-            controller = Controller(context, splits, sink, coordinator,
-                                    lambda sites, knobs: self._optimizer(evaluator, train, sites, knobs, coordinator))
+            context = RunContext(
+                config=cfg,
+                checkpoint=ckpt,
+                path=ckpt_path,
+                base=self.start,
+                progress=self.progress,
+                cost=lambda: self._cost(mark, proposer_mark),
+                limits=self.limits,
+                baseline_done=self._projection,
+                trial_done=self.on_trial,
+            )
+            controller = Controller(
+                context,
+                splits,
+                sink,
+                coordinator,
+                lambda sites, knobs: self._optimizer(evaluator, train, sites, knobs, coordinator),
+            )
             result = controller.run()
             status = "FINISHED"
             return result
@@ -347,7 +453,9 @@ class Loop:
         finally:
             if status != "FINISHED" and _quiet(coordinator.finished_elsewhere):
                 status = "FINISHED"  # this worker failed after another one finished the run
-            while (active := mlflow.active_run()) is not None:  # a child run an interrupt left open, then the parent
+            while (
+                active := mlflow.active_run()
+            ) is not None:  # a child run an interrupt left open, then the parent
                 failing = status != "FINISHED"
                 try:
                     with outside.muted("mlflow.store.db.utils") if failing else nullcontext():
@@ -355,24 +463,37 @@ class Loop:
                 except Exception as exc:  # noqa: BLE001 - a full disk or a lost server: the run is
                     if not failing:  # saved, and the same command, resuming it, ends it
                         raise
-                    logger.debug("could not end MLflow run %s as %s: %s", active.info.run_id,
-                                 status, exc)
+                    logger.debug(
+                        "could not end MLflow run %s as %s: %s", active.info.run_id, status, exc
+                    )
                 if active.info.run_id == parent.info.run_id:
                     break
             evaluator.close()
 
-    def _log_params(self, evaluator: Evaluator, train: Dataset, dev: Dataset, test: Dataset) -> None:
+    def _log_params(
+        self, evaluator: Evaluator, train: Dataset, dev: Dataset, test: Dataset
+    ) -> None:
         """The run's settings as the parent run's params (secrets in URLs masked)."""
         import mlflow
 
         cfg = self.config
         params = cfg.model_dump(exclude={"knobs", "fractions", "start"})
         params["start_sites"] = ",".join(cfg.start) or "-"  # the texts are in prompts_before.json
-        params |= {"storage": redact_url(cfg.storage), "tracking_uri": redact_url(cfg.tracking_uri)}
-        mlflow.log_params({**{k: str(v) for k, v in params.items()},
-                           "knobs": json.dumps(evaluator.template.knobs()), "fractions": str(cfg.fractions),
-                           "split_train": len(train.episodes), "split_dev": len(dev.episodes),
-                           "split_test": len(test.episodes), "lm_identity": self.lm.model})
+        params |= {
+            "storage": redact_url(cfg.storage),
+            "tracking_uri": redact_url(cfg.tracking_uri),
+        }
+        mlflow.log_params(
+            {
+                **{k: str(v) for k, v in params.items()},
+                "knobs": json.dumps(evaluator.template.knobs()),
+                "fractions": str(cfg.fractions),
+                "split_train": len(train.episodes),
+                "split_dev": len(dev.episodes),
+                "split_test": len(test.episodes),
+                "lm_identity": self.lm.model,
+            }
+        )
 
     def _experiment(self) -> str:
         """The experiment id. Workers starting together race to create the experiment, and on one machine
@@ -405,12 +526,22 @@ class Loop:
             if lock is not None:
                 lock.close()
 
-    def _optimizer(self, evaluator: Evaluator, train: Dataset, sites: list[str], knobs: list[str],
-                   coordinator: Coordinators) -> Optimizer:
+    def _optimizer(
+        self,
+        evaluator: Evaluator,
+        train: Dataset,
+        sites: list[str],
+        knobs: list[str],
+        coordinator: Coordinators,
+    ) -> Optimizer:
         cfg = self.config
         cls = OPTIMIZERS[cfg.optimizer]
-        kwargs: dict[str, Any] = {"sites": sites, "knobs": knobs if cfg.optimizer == "optuna" else [], "seed": cfg.seed,
-                                  "batch": cfg.batch}
+        kwargs: dict[str, Any] = {
+            "sites": sites,
+            "knobs": knobs if cfg.optimizer == "optuna" else [],
+            "seed": cfg.seed,
+            "batch": cfg.batch,
+        }
         if cfg.optimizer == "optuna":
             kwargs |= coordinator.optimizer_kwargs()
         return cls(evaluator, self.proposer, train, **kwargs)
@@ -423,12 +554,18 @@ class Loop:
         _, _, dev, test = self._prepared
         own_proposer = self.proposer is not self.lm
         price = (self.proposer if own_proposer else self.lm).settings.price()
-        return estimate(ckpt, budget=self.config.budget, concurrency=self.lm.settings.concurrency or 1,
-                        dev_units=work_units(dev), test_units=work_units(test),
-                        chains=measured_chains(ckpt, dev, test), optimizer=self.optimizer_work(ckpt),
-                        own_proposer=own_proposer,
-                        proposer_price=None if price is None else (price.input, price.output),
-                        batch=self.config.batch)
+        return estimate(
+            ckpt,
+            budget=self.config.budget,
+            concurrency=self.lm.settings.concurrency or 1,
+            dev_units=work_units(dev),
+            test_units=work_units(test),
+            chains=measured_chains(ckpt, dev, test),
+            optimizer=self.optimizer_work(ckpt),
+            own_proposer=own_proposer,
+            proposer_price=None if price is None else (price.input, price.output),
+            batch=self.config.batch,
+        )
 
     def _projection(self, ckpt: Checkpoint) -> Eta | None:
         """After the baseline, before the trials: the projection of the whole run, announced, and the ETA it
@@ -448,8 +585,14 @@ class Loop:
         self.prepare()
         assert self._prepared is not None
         _, train, _, _ = self._prepared
-        shape = run_shape(ckpt, self.config, train, stages=self.site_stages, start=self.start,
-                          threads=default_threads(self.lm))
+        shape = run_shape(
+            ckpt,
+            self.config,
+            train,
+            stages=self.site_stages,
+            start=self.start,
+            threads=default_threads(self.lm),
+        )
         model = modeled_work(shape, self.config.optimizer)
         return measured_work(ckpt, model, self.config.budget) or model
 
@@ -458,14 +601,21 @@ class Loop:
         (``cost_usd``), and the same per prompt site (:func:`~optloop.loop.cost.site_metrics`); a proposer LM of
         its own as ``proposer_*``."""
         usage = self.lm.accounting.totals(since=mark)
-        cost: dict[str, int | float] = {"llm_calls": usage.calls, "model_calls": usage.model_calls,
-                                        "tokens": usage.tokens, "seconds": round(time.perf_counter() - self.started, 1)}
+        cost: dict[str, int | float] = {
+            "llm_calls": usage.calls,
+            "model_calls": usage.model_calls,
+            "tokens": usage.tokens,
+            "seconds": round(time.perf_counter() - self.started, 1),
+        }
         if usage.cost_usd is not None:
             cost["cost_usd"] = usage.cost_usd
         if proposer_mark is not None:
             p = self.proposer.accounting.totals(since=proposer_mark)
-            cost |= {"proposer_llm_calls": p.calls, "proposer_model_calls": p.model_calls,
-                     "proposer_tokens": p.tokens}
+            cost |= {
+                "proposer_llm_calls": p.calls,
+                "proposer_model_calls": p.model_calls,
+                "proposer_tokens": p.tokens,
+            }
             if p.cost_usd is not None:
                 cost["proposer_cost_usd"] = p.cost_usd
         cost["proposer_calls_in_system_lm"] = self.lm.accounting.totals(PROPOSER, since=mark).calls
@@ -486,6 +636,27 @@ def _quiet(fn: Callable[[], Any]) -> Any:
         return None
 
 
-__all__ = ["FEW_QUESTIONS", "MAX_BUDGET", "Checkpoint", "Loop", "LoopConfig", "LoopResult", "SplitEvaluator", "Trial",
-           "Tried", "Unfinished", "check_fractions", "check_start", "check_start_sites", "choose_targets",
-           "held_out_intervals", "in_use", "matches", "promotion", "small_split_warning", "split_dataset", "start_candidate", "unfinished_runs"]
+__all__ = [
+    "FEW_QUESTIONS",
+    "MAX_BUDGET",
+    "Checkpoint",
+    "Loop",
+    "LoopConfig",
+    "LoopResult",
+    "SplitEvaluator",
+    "Trial",
+    "Tried",
+    "Unfinished",
+    "check_fractions",
+    "check_start",
+    "check_start_sites",
+    "choose_targets",
+    "held_out_intervals",
+    "in_use",
+    "matches",
+    "promotion",
+    "small_split_warning",
+    "split_dataset",
+    "start_candidate",
+    "unfinished_runs",
+]

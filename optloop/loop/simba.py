@@ -56,7 +56,9 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 R = TypeVar("R")
 
-DEMO_INPUT_MAX_CHARS = 100_000  # an input field longer than this is cut in a demo (dspy.SIMBA's default)
+DEMO_INPUT_MAX_CHARS = (
+    100_000  # an input field longer than this is cut in a demo (dspy.SIMBA's default)
+)
 
 
 # --- running programs ------------------------------------------------------------------------
@@ -68,9 +70,13 @@ class Run:
 
     example: dspy.Example
     prediction: dspy.Prediction | None
-    steps: list[tuple[str, dict[str, Any], dict[str, Any]]]  # (predictor name, inputs, outputs), in order
+    steps: list[
+        tuple[str, dict[str, Any], dict[str, Any]]
+    ]  # (predictor name, inputs, outputs), in order
     score: float
-    info: dict[str, Any] = field(default_factory=dict)  # the metric's other fields: feedback, error_type, site
+    info: dict[str, Any] = field(
+        default_factory=dict
+    )  # the metric's other fields: feedback, error_type, site
 
 
 def run_example(program: dspy.Module, example: dspy.Example) -> Run:
@@ -85,9 +91,19 @@ def run_example(program: dspy.Module, example: dspy.Example) -> Run:
             logger.warning("program run failed on %s: %s", example.get("question_id"), exc)
             prediction = None
         trace = list(dspy.settings.trace)
-    steps = [(names[id(p)], dict(inputs), dict(outputs)) for p, inputs, outputs in trace if id(p) in names]
+    steps = [
+        (names[id(p)], dict(inputs), dict(outputs))
+        for p, inputs, outputs in trace
+        if id(p) in names
+    ]
     verdict = feedback_metric(example, prediction)
-    return Run(example, prediction, steps, float(verdict.score), {k: v for k, v in verdict.items() if k != "score"})
+    return Run(
+        example,
+        prediction,
+        steps,
+        float(verdict.score),
+        {k: v for k, v in verdict.items() if k != "score"},
+    )
 
 
 def parallel_map(fn: Callable[[T], R], items: Sequence[T], num_threads: int) -> list[R]:
@@ -110,18 +126,31 @@ ADVICE_INSTRUCTIONS = (
     "run, or avoid the worse run's mistake, the next time it gets similar inputs. Advise each module on its own "
     "step only. Make the advice concrete enough to change what the module does and general enough to help on "
     "other inputs: say which inputs it applies to and what to do with them. Leave a module's advice empty when "
-    "it did nothing wrong.")
+    "it did nothing wrong."
+)
 
 
 def advice_signature(module_names: Sequence[str]) -> type[dspy.Signature]:
     """The advice prompt with one output field per module, so the answer has exactly those keys."""
     fields: dict[str, Any] = {
-        "program_modules": (str, dspy.InputField(desc="each module of the pipeline: its inputs, outputs and "
-                                                      "instructions")),
+        "program_modules": (
+            str,
+            dspy.InputField(
+                desc="each module of the pipeline: its inputs, outputs and instructions"
+            ),
+        ),
         "program_inputs": (str, dspy.InputField(desc="the input both runs received")),
-        "expected": (str, dspy.InputField(desc="what a correct run returns (hidden from the modules)")),
-        "worse_run": (str, dspy.InputField(desc="the worse run: each module's inputs and outputs, in order; [] when "
-                                                 "there is none")),
+        "expected": (
+            str,
+            dspy.InputField(desc="what a correct run returns (hidden from the modules)"),
+        ),
+        "worse_run": (
+            str,
+            dspy.InputField(
+                desc="the worse run: each module's inputs and outputs, in order; [] when "
+                "there is none"
+            ),
+        ),
         "worse_outputs": (str, dspy.InputField(desc="what the worse run returned")),
         "worse_reward": (str, dspy.InputField(desc="the worse run's reward (1.0 is correct)")),
         "worse_reward_info": (str, dspy.InputField(desc="why the worse run earned that reward")),
@@ -132,8 +161,12 @@ def advice_signature(module_names: Sequence[str]) -> type[dspy.Signature]:
         "discussion": (str, dspy.OutputField(desc="where each module went wrong, if it did")),
     }
     for name in module_names:
-        fields[name] = (str, dspy.OutputField(desc=f"advice for module {name}: if it receives <such inputs>, "
-                                                   "it should <do this>"))
+        fields[name] = (
+            str,
+            dspy.OutputField(
+                desc=f"advice for module {name}: if it receives <such inputs>, it should <do this>"
+            ),
+        )
     return dspy.make_signature(fields, ADVICE_INSTRUCTIONS, signature_name="OfferAdvice")
 
 
@@ -144,18 +177,29 @@ def describe_modules(program: dspy.Module) -> str:
         sig = predictor.signature
         inputs = ", ".join(sig.input_fields)
         outputs = ", ".join(sig.output_fields)
-        parts.append(f"Module {name}\n  inputs: {inputs}\n  outputs: {outputs}\n  instructions: {sig.instructions}")
+        parts.append(
+            f"Module {name}\n  inputs: {inputs}\n  outputs: {outputs}\n  instructions: {sig.instructions}"
+        )
     return "\n\n".join(parts)
 
 
 def _dump(value: Any) -> str:
-    return value if isinstance(value, str) else json.dumps(jsonable(value), ensure_ascii=False, indent=1)
+    return (
+        value
+        if isinstance(value, str)
+        else json.dumps(jsonable(value), ensure_ascii=False, indent=1)
+    )
 
 
 def _trajectory(run: Run | None) -> str:
     if run is None:
         return "[]"
-    return _dump([{"module": name, "inputs": inputs, "outputs": outputs} for name, inputs, outputs in run.steps])
+    return _dump(
+        [
+            {"module": name, "inputs": inputs, "outputs": outputs}
+            for name, inputs, outputs in run.steps
+        ]
+    )
 
 
 def _side(run: Run | None) -> tuple[str, str, str, str]:
@@ -165,8 +209,9 @@ def _side(run: Run | None) -> tuple[str, str, str, str]:
     return _trajectory(run), _dump(dict(run.prediction or {})), str(run.score), _dump(run.info)
 
 
-def offer_advice(program: dspy.Module, proposer: dspy.BaseLM, *, worse: Run | None,
-                 better: Run | None) -> dict[str, str]:
+def offer_advice(
+    program: dspy.Module, proposer: dspy.BaseLM, *, worse: Run | None, better: Run | None
+) -> dict[str, str]:
     """The proposer's advice per tunable module of ``program``, from a worse and a better run of one example
     (one of them may be missing)."""
     shown = worse or better
@@ -175,12 +220,23 @@ def offer_advice(program: dspy.Module, proposer: dspy.BaseLM, *, worse: Run | No
     names = [name for name, _ in program.named_predictors()]
     worse_run, worse_outputs, worse_reward, worse_info = _side(worse)
     better_run, better_outputs, better_reward, better_info = _side(better)
-    with prompt_site(PROPOSER_SITE), dspy.context(lm=proposer, adapter=dspy.JSONAdapter(), trace=[]):
+    with (
+        prompt_site(PROPOSER_SITE),
+        dspy.context(lm=proposer, adapter=dspy.JSONAdapter(), trace=[]),
+    ):
         advice = dspy.Predict(advice_signature(names))(
-            program_modules=describe_modules(program), program_inputs=_dump(dict(shown.example.inputs())),
-            expected=_dump(dict(shown.example.labels())), worse_run=worse_run, worse_outputs=worse_outputs,
-            worse_reward=worse_reward, worse_reward_info=worse_info, better_run=better_run,
-            better_outputs=better_outputs, better_reward=better_reward, better_reward_info=better_info)
+            program_modules=describe_modules(program),
+            program_inputs=_dump(dict(shown.example.inputs())),
+            expected=_dump(dict(shown.example.labels())),
+            worse_run=worse_run,
+            worse_outputs=worse_outputs,
+            worse_reward=worse_reward,
+            worse_reward_info=worse_info,
+            better_run=better_run,
+            better_outputs=better_outputs,
+            better_reward=better_reward,
+            better_reward_info=better_info,
+        )
     return {name: str(advice.get(name) or "").strip() for name in names}
 
 
@@ -190,20 +246,30 @@ def append_advice(program: dspy.Module, advice: dict[str, str]) -> list[str]:
     for name, predictor in program.named_predictors():
         text = advice.get(name, "").strip()
         if text:
-            predictor.signature = predictor.signature.with_instructions(f"{predictor.signature.instructions}\n\n{text}")
+            predictor.signature = predictor.signature.with_instructions(
+                f"{predictor.signature.instructions}\n\n{text}"
+            )
             changed.append(name)
     return changed
 
 
-def append_demo(program: dspy.Module, run: Run, max_chars: int = DEMO_INPUT_MAX_CHARS) -> list[str]:
+def append_demo(
+    program: dspy.Module, run: Run, max_chars: int = DEMO_INPUT_MAX_CHARS
+) -> list[str]:
     """The run's last call of each tunable module, as a demo of that module in ``program``; the modules that
     got one."""
     predictors = dict(program.named_predictors())
     last: dict[str, dspy.Example] = {}
     for name, inputs, outputs in run.steps:
         if name in predictors:
-            shown = {k: (f"{str(v)[:max_chars]}\n\t\t... <TRUNCATED FOR BREVITY>" if len(str(v)) > max_chars else v)
-                     for k, v in inputs.items()}
+            shown = {
+                k: (
+                    f"{str(v)[:max_chars]}\n\t\t... <TRUNCATED FOR BREVITY>"
+                    if len(str(v)) > max_chars
+                    else v
+                )
+                for k, v in inputs.items()
+            }
             last[name] = dspy.Example(augmented=True, **shown, **outputs)
     for name, demo in last.items():
         predictors[name].demos.append(demo)
@@ -267,7 +333,9 @@ class SimbaPool:
 
     def top(self, k: int, anchor: int) -> list[int]:
         """The ``k`` best programs by mean score, ``anchor`` always among them."""
-        ranked = sorted(range(len(self.entries)), key=lambda i: self.entries[i].mean, reverse=True)[:k]
+        ranked = sorted(
+            range(len(self.entries)), key=lambda i: self.entries[i].mean, reverse=True
+        )[:k]
         if anchor not in ranked:
             ranked[-1:] = [anchor]
         return list(dict.fromkeys(ranked))
@@ -281,11 +349,14 @@ class SimbaPool:
         """The next ``bsize`` example indices of the seeded shuffle (reshuffled when it runs out)."""
         state = self.state
         if len(state.order) != n_examples:
-            state.order, state.position = list(range(n_examples)), n_examples  # a new train split: shuffle below
+            state.order, state.position = (
+                list(range(n_examples)),
+                n_examples,
+            )  # a new train split: shuffle below
         if state.position + bsize > n_examples:
             rng.shuffle(state.order)
             state.position = 0
-        out = state.order[state.position:state.position + bsize]
+        out = state.order[state.position : state.position + bsize]
         state.position += bsize
         return out
 
@@ -326,9 +397,16 @@ def _percentile(values: Sequence[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
 
 
-def simba_step(pool: SimbaPool, anchor: Candidate, train: Sequence[dspy.Example], *,
-               build: Callable[[Candidate], MemoryProgram], lm: dspy.BaseLM, proposer: dspy.BaseLM,
-               settings: SimbaSettings) -> list[Candidate]:
+def simba_step(
+    pool: SimbaPool,
+    anchor: Candidate,
+    train: Sequence[dspy.Example],
+    *,
+    build: Callable[[Candidate], MemoryProgram],
+    lm: dspy.BaseLM,
+    proposer: dspy.BaseLM,
+    settings: SimbaSettings,
+) -> list[Candidate]:
     """One SIMBA step from the pool (see the module docstring); the new programs that differ from their
     source, best mini-batch score first. ``build(candidate)`` makes a runnable program of a candidate."""
     step = pool.state.steps = pool.state.steps + 1
@@ -338,13 +416,17 @@ def simba_step(pool: SimbaPool, anchor: Candidate, train: Sequence[dspy.Example]
     anchor_idx = pool.index(anchor)
 
     # 2. trajectories: every model x every example, on programs drawn from the pool's top
-    models = [lm.copy(rollout_id=step * settings.num_candidates + i, temperature=1.0)
-              for i in range(settings.num_candidates)]
+    models = [
+        lm.copy(rollout_id=step * settings.num_candidates + i, temperature=1.0)
+        for i in range(settings.num_candidates)
+    ]
     top = pool.top(settings.num_candidates, anchor_idx)
     jobs = []
     for model in models:
         for example in batch:
-            program = build(pool.entries[pool.sample(rng, top, settings.temperature_for_sampling)].candidate)
+            program = build(
+                pool.entries[pool.sample(rng, top, settings.temperature_for_sampling)].candidate
+            )
             program.set_lm(model)
             jobs.append((program, example))
     runs = parallel_map(lambda job: run_example(*job), jobs, settings.num_threads)
@@ -354,16 +436,25 @@ def simba_step(pool: SimbaPool, anchor: Candidate, train: Sequence[dspy.Example]
     p10, p90 = _percentile(scores, 10), _percentile(scores, 90)
     buckets = []
     for i in range(len(batch)):
-        bucket = sorted(runs[i::len(batch)], key=lambda r: r.score, reverse=True)
-        best, worst, mean = bucket[0].score, bucket[-1].score, sum(r.score for r in bucket) / len(bucket)
+        bucket = sorted(runs[i :: len(batch)], key=lambda r: r.score, reverse=True)
+        best, worst, mean = (
+            bucket[0].score,
+            bucket[-1].score,
+            sum(r.score for r in bucket) / len(bucket),
+        )
         buckets.append(((best - worst, best, best - mean), bucket))
     buckets.sort(key=lambda b: b[0], reverse=True)
 
     # 4. new programs: a demo or a rule on a program drawn from the top
     made: list[tuple[MemoryProgram, Candidate]] = []
     for _, bucket in buckets:
-        source = pool.entries[pool.sample(rng, pool.top(settings.num_candidates, anchor_idx),
-                                          settings.temperature_for_candidates)].candidate
+        source = pool.entries[
+            pool.sample(
+                rng,
+                pool.top(settings.num_candidates, anchor_idx),
+                settings.temperature_for_candidates,
+            )
+        ].candidate
         program = build(source)
         _dropped_demos(rng, program, settings.max_demos)
         strategy = rng.choice(["demo", "rule"] if settings.max_demos > 0 else ["rule"])
@@ -384,32 +475,44 @@ def simba_step(pool: SimbaPool, anchor: Candidate, train: Sequence[dspy.Example]
     runs = parallel_map(lambda job: run_example(*job), jobs, settings.num_threads)
     scored: list[tuple[float, Candidate]] = []
     for k, (program, source) in enumerate(made):
-        mine = [r.score for r in runs[k * len(batch):(k + 1) * len(batch)]]
+        mine = [r.score for r in runs[k * len(batch) : (k + 1) * len(batch)]]
         candidate = program.candidate(f" (step {step})")
         known = any(e.candidate.digest() == candidate.digest() for e in pool.entries)
-        pool.entries[pool.index(candidate)].scores += mine  # a program made again: more evidence for it
+        pool.entries[
+            pool.index(candidate)
+        ].scores += mine  # a program made again: more evidence for it
         if not known and candidate.digest() != source.digest():
             scored.append((sum(mine) / len(mine), candidate))
     pool.save()
     scored.sort(key=lambda pair: pair[0], reverse=True)
-    logger.info("SIMBA step %d: %d new program(s), mini-batch scores %s", step, len(scored),
-                ", ".join(f"{s:.2f}" for s, _ in scored) or "-")
+    logger.info(
+        "SIMBA step %d: %d new program(s), mini-batch scores %s",
+        step,
+        len(scored),
+        ", ".join(f"{s:.2f}" for s, _ in scored) or "-",
+    )
     return [c for _, c in scored]
 
 
 def _demo_strategy(program: MemoryProgram, bucket: Sequence[Run], p10: float) -> None:
     good = bucket[0]
     if good.score <= p10:
-        logger.info("SIMBA: no demo, the best trajectory (%.2f) is at or below the 10th percentile", good.score)
+        logger.info(
+            "SIMBA: no demo, the best trajectory (%.2f) is at or below the 10th percentile",
+            good.score,
+        )
         return
     append_demo(program, good)
 
 
-def _rule_strategy(program: MemoryProgram, bucket: Sequence[Run], p10: float, p90: float,
-                   proposer: dspy.BaseLM) -> None:
+def _rule_strategy(
+    program: MemoryProgram, bucket: Sequence[Run], p10: float, p90: float, proposer: dspy.BaseLM
+) -> None:
     good, bad = bucket[0], bucket[-1]
     if good.score <= p10 or bad.score >= p90:
-        logger.info("SIMBA: no rule, the trajectories (%.2f, %.2f) show no contrast", good.score, bad.score)
+        logger.info(
+            "SIMBA: no rule, the trajectories (%.2f, %.2f) show no contrast", good.score, bad.score
+        )
         return
     worse: Run | None = bad
     better: Run | None = good
@@ -421,5 +524,17 @@ def _rule_strategy(program: MemoryProgram, bucket: Sequence[Run], p10: float, p9
     append_advice(program, offer_advice(program, proposer, worse=worse, better=better))
 
 
-__all__ = ["PoolEntry", "Run", "SimbaPool", "SimbaSettings", "advice_signature", "append_advice",
-           "append_demo", "describe_modules", "offer_advice", "parallel_map", "run_example", "simba_step"]
+__all__ = [
+    "PoolEntry",
+    "Run",
+    "SimbaPool",
+    "SimbaSettings",
+    "advice_signature",
+    "append_advice",
+    "append_demo",
+    "describe_modules",
+    "offer_advice",
+    "parallel_map",
+    "run_example",
+    "simba_step",
+]

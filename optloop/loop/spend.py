@@ -79,7 +79,9 @@ if TYPE_CHECKING:
 
 MAX_COST, MAX_CALLS, ESTIMATE = "max-cost", "max-calls", "estimate"
 STOPPED_BY = "optloop.stopped_by"  # the MLflow parent run's tag: which limit stopped the run
-EXIT_LIMIT = 3  # optloop.run's exit code when a spending limit stopped the run (README "Exit codes")
+EXIT_LIMIT = (
+    3  # optloop.run's exit code when a spending limit stopped the run (README "Exit codes")
+)
 
 
 class RunStopped(Exception):
@@ -108,7 +110,9 @@ class SpendingLimits(BaseModel):
 
     max_cost: float | None = Field(None, gt=0, description="USD, over the run's total")
     max_calls: int | None = Field(None, ge=1, description="model calls, over the run's total")
-    estimate: bool = Field(False, description="stop once the baseline is known (optloop.run --estimate)")
+    estimate: bool = Field(
+        False, description="stop once the baseline is known (optloop.run --estimate)"
+    )
 
     @property
     def active(self) -> bool:
@@ -121,20 +125,27 @@ class SpendingLimits(BaseModel):
         if self.estimate and baseline_done:
             raise RunStopped(ESTIMATE, "the baseline is evaluated: estimate only (--estimate)")
         if self.max_cost is not None and (spent := run_dollars(total)) >= self.max_cost:
-            raise RunStopped(MAX_COST, f"--max-cost {self.max_cost:g} reached: the run has spent ${spent:.6f}")
+            raise RunStopped(
+                MAX_COST, f"--max-cost {self.max_cost:g} reached: the run has spent ${spent:.6f}"
+            )
         if self.max_calls is not None and (calls := run_calls(total)) >= self.max_calls:
-            raise RunStopped(MAX_CALLS, f"--max-calls {self.max_calls} reached: the run has made {calls} model calls")
+            raise RunStopped(
+                MAX_CALLS,
+                f"--max-calls {self.max_calls} reached: the run has made {calls} model calls",
+            )
 
 
 # --- the estimate ---------------------------------------------------------------------------------------------
 
-MODEL = ("baseline: measured (train + dev, wall time); each trial: the baseline's dev evaluation with every request "
-         "computed (stores reused and cache hits make it cheaper); optimizer: its own runs on train and its proposer "
-         "calls, measured on finished trials or modeled from its structure (see the optimizer line); held-out test: 2 "
-         "evaluations of the test split, the dev evaluation scaled by sessions + questions; hours: requests x mean "
-         "latency / concurrency, LM time only, as if that many requests were always in flight, but an evaluation "
-         "takes at least its split's longest episode's chain of sequential requests x latency (its sessions ingested "
-         "in order, then one question), when the chains are known; the optimizer's part is not floored")
+MODEL = (
+    "baseline: measured (train + dev, wall time); each trial: the baseline's dev evaluation with every request "
+    "computed (stores reused and cache hits make it cheaper); optimizer: its own runs on train and its proposer "
+    "calls, measured on finished trials or modeled from its structure (see the optimizer line); held-out test: 2 "
+    "evaluations of the test split, the dev evaluation scaled by sessions + questions; hours: requests x mean "
+    "latency / concurrency, LM time only, as if that many requests were always in flight, but an evaluation "
+    "takes at least its split's longest episode's chain of sequential requests x latency (its sessions ingested "
+    "in order, then one question), when the chains are known; the optimizer's part is not floored"
+)
 
 
 class Chains(BaseModel):
@@ -150,8 +161,12 @@ class Floor(BaseModel):
     """The chain under a part's evaluations (:class:`Chains`), and whether it, not ``--concurrency``, set their time."""
 
     split: str
-    requests: float = Field(description="sequential requests of the split's longest episode (ingestion, a question)")
-    binds: bool = Field(description="the chain is longer than an evaluation's requests / concurrency: it set the time")
+    requests: float = Field(
+        description="sequential requests of the split's longest episode (ingestion, a question)"
+    )
+    binds: bool = Field(
+        description="the chain is longer than an evaluation's requests / concurrency: it set the time"
+    )
 
 
 class Part(BaseModel):
@@ -163,8 +178,11 @@ class Part(BaseModel):
     tokens: int | None
     cost_usd: float | None
     hours: float | None
-    floor: Floor | None = Field(None, description="the chain its evaluations cannot take less than (None: not "
-                                                  "modeled for this part, or no chains given)")
+    floor: Floor | None = Field(
+        None,
+        description="the chain its evaluations cannot take less than (None: not "
+        "modeled for this part, or no chains given)",
+    )
 
 
 class OptimizerWork(BaseModel):
@@ -173,18 +191,38 @@ class OptimizerWork(BaseModel):
     finished trials (:func:`measured_work`)."""
 
     optimizer: str
-    measured: bool = Field(False, description="measured on the run's finished trials (else modeled)")
-    rounds: int = Field(description="the optimizer's rounds over the run (0: its work is done once, up front)")
-    trials_per_round: float = Field(description="candidates one round yields for the loop to evaluate (0: up front)")
-    calls: float = Field(description="system-LM requests: the optimizer's runs on train (screening, mini-batches)")
-    tokens: float | None = Field(description="their tokens, every request computed (None: unknown)")
-    proposer_calls: float = Field(description="requests to the proposer LM (advice, reflection, paraphrases, ...)")
-    proposer_prompt_tokens: float = Field(description="their prompt tokens, all calls (a measured work: every token)")
-    proposer_completion_tokens: float = Field(0.0, description="their completion tokens, all calls")
-    cost_usd: float | None = Field(None, description="dollars, measured (a measured work only; a modeled one is "
-                                                     "priced from its tokens)")
-    threads: int | None = Field(None, description="runs at once on the system LM (None: an evaluation's, "
-                                                  "--concurrency)")
+    measured: bool = Field(
+        False, description="measured on the run's finished trials (else modeled)"
+    )
+    rounds: int = Field(
+        description="the optimizer's rounds over the run (0: its work is done once, up front)"
+    )
+    trials_per_round: float = Field(
+        description="candidates one round yields for the loop to evaluate (0: up front)"
+    )
+    calls: float = Field(
+        description="system-LM requests: the optimizer's runs on train (screening, mini-batches)"
+    )
+    tokens: float | None = Field(
+        description="their tokens, every request computed (None: unknown)"
+    )
+    proposer_calls: float = Field(
+        description="requests to the proposer LM (advice, reflection, paraphrases, ...)"
+    )
+    proposer_prompt_tokens: float = Field(
+        description="their prompt tokens, all calls (a measured work: every token)"
+    )
+    proposer_completion_tokens: float = Field(
+        0.0, description="their completion tokens, all calls"
+    )
+    cost_usd: float | None = Field(
+        None,
+        description="dollars, measured (a measured work only; a modeled one is "
+        "priced from its tokens)",
+    )
+    threads: int | None = Field(
+        None, description="runs at once on the system LM (None: an evaluation's, --concurrency)"
+    )
     basis: str = Field(description="how the figures were made (the estimate's optimizer line)")
 
     @property
@@ -202,17 +240,23 @@ class Estimate(BaseModel):
     parts: list[Part]
     total: Part
     concurrency: int
-    latency_s: float | None = Field(description="mean seconds of one computed call, measured on the baseline's dev")
+    latency_s: float | None = Field(
+        description="mean seconds of one computed call, measured on the baseline's dev"
+    )
     priced: bool = Field(description="whether the model has a price (else dollars are unknown)")
     model: str = MODEL
-    optimizer: OptimizerWork | None = Field(None, description="the optimizer's own work, its part's source (None: "
-                                                              "not estimated)")
+    optimizer: OptimizerWork | None = Field(
+        None, description="the optimizer's own work, its part's source (None: not estimated)"
+    )
     batch: int = Field(1, description="trials evaluated at once (--batch)")
 
     def floor_lines(self) -> list[str]:
         """One line for each part whose time its chain set (:func:`floor_line`)."""
-        return [line for part in self.parts
-                if (line := floor_line(part, self.concurrency, self.latency_s, self.batch))]
+        return [
+            line
+            for part in self.parts
+            if (line := floor_line(part, self.concurrency, self.latency_s, self.batch))
+        ]
 
 
 class Figures(Protocol):
@@ -248,7 +292,9 @@ def chain_requests(sessions: float, session_requests: float, question_requests: 
     return sessions * session_requests + question_requests
 
 
-def evaluation_seconds(requests: float, latency_s: float, concurrency: int, chain: float | None = None) -> float:
+def evaluation_seconds(
+    requests: float, latency_s: float, concurrency: int, chain: float | None = None
+) -> float:
     """LM seconds of one evaluation of ``requests``: ``concurrency`` always in flight, but no less than its longest
     ``chain`` of sequential requests (none: no floor)."""
     return max(requests / max(concurrency, 1), chain or 0.0) * latency_s
@@ -271,12 +317,17 @@ def measured_chains(ckpt: Checkpoint, dev: Dataset, test: Dataset) -> Chains | N
     per_question = (measured.llm_calls - measured.ingest_calls) / questions
 
     def longest(split: Dataset) -> float:
-        return max((chain_requests(len(e.sessions), per_session, per_question) for e in split.episodes), default=0.0)
+        return max(
+            (chain_requests(len(e.sessions), per_session, per_question) for e in split.episodes),
+            default=0.0,
+        )
 
     return Chains(dev=longest(dev), test=longest(test))
 
 
-def floor_line(part: Part, concurrency: int, latency_s: float | None, batch: int = 1) -> str | None:
+def floor_line(
+    part: Part, concurrency: int, latency_s: float | None, batch: int = 1
+) -> str | None:
     """What set ``part``'s time when its chain did (``None`` otherwise): "time of the 50 trials set by the longest
     dev episode's 94 sequential requests (94 s an evaluation), not by --concurrency 16: ..."."""
     floor = part.floor
@@ -284,28 +335,60 @@ def floor_line(part: Part, concurrency: int, latency_s: float | None, batch: int
         return None
     unit = f"a batch of {batch}" if batch > 1 and "at once" in part.part else "an evaluation"
     each = "" if latency_s is None else f" ({floor.requests * latency_s:,.0f} s {unit})"
-    return (f"time of the {part.part} set by the longest {floor.split} episode's {floor.requests:,.0f} sequential "
-            f"requests{each}, not by --concurrency {concurrency}: its sessions are ingested in order, then a question")
+    return (
+        f"time of the {part.part} set by the longest {floor.split} episode's {floor.requests:,.0f} sequential "
+        f"requests{each}, not by --concurrency {concurrency}: its sessions are ingested in order, then a question"
+    )
 
 
-def _scaled(dev: Figures, evaluations: float, name: str, count: int, concurrency: int,
-            chain: tuple[str, float] | None = None, batch: int = 1) -> Part:
+def _scaled(
+    dev: Figures,
+    evaluations: float,
+    name: str,
+    count: int,
+    concurrency: int,
+    chain: tuple[str, float] | None = None,
+    batch: int = 1,
+) -> Part:
     """``evaluations`` times ``dev`` with every request computed, in ``count`` evaluations each no shorter than
     ``chain`` (the split and the requests of its longest chain; see the module docstring), ``batch`` of them at
     once: a batch's requests share the ``concurrency`` slots, and its time is floored by the chain once."""
     calls = round(dev.llm_calls * evaluations)
-    tokens, dollars, latency = (_ratio(value, dev.model_calls) for value in (dev.tokens, dev.cost_usd, dev.lm_seconds))
+    tokens, dollars, latency = (
+        _ratio(value, dev.model_calls) for value in (dev.tokens, dev.cost_usd, dev.lm_seconds)
+    )
     each = calls / max(count, 1)  # requests of one evaluation
     batch = max(1, min(batch, count)) if count else 1
-    floor = None if chain is None else Floor(split=chain[0], requests=chain[1],
-                                             binds=count > 0 and chain[1] > batch * each / max(concurrency, 1))
+    floor = (
+        None
+        if chain is None
+        else Floor(
+            split=chain[0],
+            requests=chain[1],
+            binds=count > 0 and chain[1] > batch * each / max(concurrency, 1),
+        )
+    )
     full, rest = divmod(count, batch)
-    seconds = None if latency is None else sum(
-        n * evaluation_seconds(size * each, latency, concurrency, None if floor is None else floor.requests)
-        for n, size in ((full, batch), (1 if rest else 0, rest)))
-    return Part(part=name, evaluations=count, calls=calls, tokens=None if tokens is None else round(calls * tokens),
-                cost_usd=None if dollars is None else calls * dollars,
-                hours=None if seconds is None else seconds / 3600, floor=floor)
+    seconds = (
+        None
+        if latency is None
+        else sum(
+            n
+            * evaluation_seconds(
+                size * each, latency, concurrency, None if floor is None else floor.requests
+            )
+            for n, size in ((full, batch), (1 if rest else 0, rest))
+        )
+    )
+    return Part(
+        part=name,
+        evaluations=count,
+        calls=calls,
+        tokens=None if tokens is None else round(calls * tokens),
+        cost_usd=None if dollars is None else calls * dollars,
+        hours=None if seconds is None else seconds / 3600,
+        floor=floor,
+    )
 
 
 def _sum(values: list[float | None]) -> float | None:
@@ -316,36 +399,72 @@ def _ratio(value: float | None, per: float) -> float | None:
     return None if value is None or not per else value / per
 
 
-def _optimizer_part(work: OptimizerWork, dev: Figures, concurrency: int, proposer_price: tuple[float, float] | None,
-                    own_proposer: bool) -> Part:
+def _optimizer_part(
+    work: OptimizerWork,
+    dev: Figures,
+    concurrency: int,
+    proposer_price: tuple[float, float] | None,
+    own_proposer: bool,
+) -> Part:
     """``work`` priced from the baseline's dev evaluation (see the module docstring)."""
     dollars_per_token = _ratio(dev.cost_usd, dev.tokens)
     if work.measured:
         dollars = work.cost_usd
     else:
-        system = None if work.tokens is None or dollars_per_token is None else work.tokens * dollars_per_token
+        system = (
+            None
+            if work.tokens is None or dollars_per_token is None
+            else work.tokens * dollars_per_token
+        )
         if not work.proposer_calls:
             proposer: float | None = 0.0
         elif proposer_price is not None:
-            proposer = work.proposer_prompt_tokens * proposer_price[0] + work.proposer_completion_tokens * proposer_price[1]
+            proposer = (
+                work.proposer_prompt_tokens * proposer_price[0]
+                + work.proposer_completion_tokens * proposer_price[1]
+            )
         else:  # the system LM's measured dollars per token, unless the proposer is another LM (without a price)
-            proposer = None if own_proposer or dollars_per_token is None else work.proposer_tokens * dollars_per_token
+            proposer = (
+                None
+                if own_proposer or dollars_per_token is None
+                else work.proposer_tokens * dollars_per_token
+            )
         dollars = _sum([system, proposer])
-    latency, token_seconds = _ratio(dev.lm_seconds, dev.model_calls), _ratio(dev.lm_seconds, dev.tokens)
+    latency, token_seconds = (
+        _ratio(dev.lm_seconds, dev.model_calls),
+        _ratio(dev.lm_seconds, dev.tokens),
+    )
     parallel = max(min(work.threads or concurrency, concurrency), 1)
     system_hours = None if latency is None else work.calls * latency / parallel
-    proposer_hours = 0.0 if not work.proposer_calls else (
-        None if token_seconds is None else work.proposer_tokens * token_seconds)  # one call at a time
+    proposer_hours = (
+        0.0
+        if not work.proposer_calls
+        else (None if token_seconds is None else work.proposer_tokens * token_seconds)
+    )  # one call at a time
     hours = _sum([system_hours, proposer_hours])
-    return Part(part=f"optimizer ({work.optimizer}, {'measured' if work.measured else 'modeled'})", evaluations=0,
-                calls=round(work.calls + work.proposer_calls),
-                tokens=None if work.tokens is None else round(work.tokens + work.proposer_tokens),
-                cost_usd=dollars, hours=None if hours is None else hours / 3600)
+    return Part(
+        part=f"optimizer ({work.optimizer}, {'measured' if work.measured else 'modeled'})",
+        evaluations=0,
+        calls=round(work.calls + work.proposer_calls),
+        tokens=None if work.tokens is None else round(work.tokens + work.proposer_tokens),
+        cost_usd=dollars,
+        hours=None if hours is None else hours / 3600,
+    )
 
 
-def estimate(ckpt: Checkpoint, *, budget: int, concurrency: int, dev_units: int, test_units: int,
-             optimizer: OptimizerWork | None = None, proposer_price: tuple[float, float] | None = None,
-             own_proposer: bool = False, chains: Chains | None = None, batch: int = 1) -> Estimate:
+def estimate(
+    ckpt: Checkpoint,
+    *,
+    budget: int,
+    concurrency: int,
+    dev_units: int,
+    test_units: int,
+    optimizer: OptimizerWork | None = None,
+    proposer_price: tuple[float, float] | None = None,
+    own_proposer: bool = False,
+    chains: Chains | None = None,
+    batch: int = 1,
+) -> Estimate:
     """The whole run of ``budget`` trials, from ``ckpt``'s baseline (train and dev must be evaluated);
     ``dev_units``, ``test_units``: :func:`work_units` of the dev and test splits; ``chains``: their longest chains of
     sequential requests (:func:`measured_chains`), the floor of each trial's and held-out evaluation's time (none
@@ -358,34 +477,92 @@ def estimate(ckpt: Checkpoint, *, budget: int, concurrency: int, dev_units: int,
     dollars are unknown (the system LM's are measured); ``batch``: the trials evaluated at once (``--batch``)."""
     train, dev = ckpt.baseline_train, ckpt.baseline_dev
     assert train is not None and dev is not None, "the estimate needs the baseline"
-    return project(train, dev, budget=budget, concurrency=concurrency, dev_units=dev_units, test_units=test_units,
-                   optimizer=optimizer, proposer_price=proposer_price, own_proposer=own_proposer, chains=chains,
-                   batch=batch)
+    return project(
+        train,
+        dev,
+        budget=budget,
+        concurrency=concurrency,
+        dev_units=dev_units,
+        test_units=test_units,
+        optimizer=optimizer,
+        proposer_price=proposer_price,
+        own_proposer=own_proposer,
+        chains=chains,
+        batch=batch,
+    )
 
 
-def project(train: Figures, dev: Figures, *, budget: int, concurrency: int, dev_units: float, test_units: float,
-            optimizer: OptimizerWork | None = None, proposer_price: tuple[float, float] | None = None,
-            own_proposer: bool = False, chains: Chains | None = None,
-            baseline: str = "baseline (measured)", batch: int = 1) -> Estimate:
+def project(
+    train: Figures,
+    dev: Figures,
+    *,
+    budget: int,
+    concurrency: int,
+    dev_units: float,
+    test_units: float,
+    optimizer: OptimizerWork | None = None,
+    proposer_price: tuple[float, float] | None = None,
+    own_proposer: bool = False,
+    chains: Chains | None = None,
+    baseline: str = "baseline (measured)",
+    batch: int = 1,
+) -> Estimate:
     """The run model of :func:`estimate` on the baseline's train and dev evaluations as figures (measured ones, or
     a model's of them); ``baseline``: the name of their part. The other arguments are :func:`estimate`'s."""
-    first = Part(part=baseline, evaluations=2, calls=round(train.llm_calls + dev.llm_calls),
-                 tokens=round(train.tokens + dev.tokens), cost_usd=_sum([train.cost_usd, dev.cost_usd]),
-                 hours=(train.seconds + dev.seconds) / 3600)
-    parts = [first, _scaled(dev, budget, f"{budget} trials" + (f" ({batch} at once)" if batch > 1 else ""), budget,
-                            concurrency, None if chains is None else ("dev", chains.dev), batch=batch)]
+    first = Part(
+        part=baseline,
+        evaluations=2,
+        calls=round(train.llm_calls + dev.llm_calls),
+        tokens=round(train.tokens + dev.tokens),
+        cost_usd=_sum([train.cost_usd, dev.cost_usd]),
+        hours=(train.seconds + dev.seconds) / 3600,
+    )
+    parts = [
+        first,
+        _scaled(
+            dev,
+            budget,
+            f"{budget} trials" + (f" ({batch} at once)" if batch > 1 else ""),
+            budget,
+            concurrency,
+            None if chains is None else ("dev", chains.dev),
+            batch=batch,
+        ),
+    ]
     if optimizer is not None:
         parts.append(_optimizer_part(optimizer, dev, concurrency, proposer_price, own_proposer))
-    parts.append(_scaled(dev, 2 * test_units / max(dev_units, 1), "held-out test", 2, concurrency,
-                         None if chains is None else ("test", chains.test)))
-    total = Part(part="total", evaluations=sum(p.evaluations for p in parts), calls=sum(p.calls for p in parts),
-                 tokens=_sum([p.tokens for p in parts]), cost_usd=_sum([p.cost_usd for p in parts]),
-                 hours=_sum([p.hours for p in parts]))
-    return Estimate(parts=parts, total=total, concurrency=concurrency, latency_s=_ratio(dev.lm_seconds, dev.model_calls),
-                    priced=dev.cost_usd is not None, optimizer=optimizer, batch=batch)
+    parts.append(
+        _scaled(
+            dev,
+            2 * test_units / max(dev_units, 1),
+            "held-out test",
+            2,
+            concurrency,
+            None if chains is None else ("test", chains.test),
+        )
+    )
+    total = Part(
+        part="total",
+        evaluations=sum(p.evaluations for p in parts),
+        calls=sum(p.calls for p in parts),
+        tokens=_sum([p.tokens for p in parts]),
+        cost_usd=_sum([p.cost_usd for p in parts]),
+        hours=_sum([p.hours for p in parts]),
+    )
+    return Estimate(
+        parts=parts,
+        total=total,
+        concurrency=concurrency,
+        latency_s=_ratio(dev.lm_seconds, dev.model_calls),
+        priced=dev.cost_usd is not None,
+        optimizer=optimizer,
+        batch=batch,
+    )
 
 
-def measured_work(ckpt: Checkpoint, model: OptimizerWork | None, budget: int) -> OptimizerWork | None:
+def measured_work(
+    ckpt: Checkpoint, model: OptimizerWork | None, budget: int
+) -> OptimizerWork | None:
     """The optimizer's own work over the whole run, measured on the run's finished trials (``None`` when none has
     finished: then only ``model`` can say).
 
@@ -400,14 +577,28 @@ def measured_work(ckpt: Checkpoint, model: OptimizerWork | None, budget: int) ->
     done = [t.evaluation for t in ckpt.trials if t.evaluation is not None]
     if not done:
         return None
-    evaluations = [e for e in (ckpt.baseline_train, ckpt.baseline_dev, *done, ckpt.test_before) if e is not None]
-    if ckpt.test_after is not None and ckpt.test_before is not None and \
-            ckpt.test_after.candidate != ckpt.test_before.candidate:
+    evaluations = [
+        e
+        for e in (ckpt.baseline_train, ckpt.baseline_dev, *done, ckpt.test_before)
+        if e is not None
+    ]
+    if (
+        ckpt.test_after is not None
+        and ckpt.test_before is not None
+        and ckpt.test_after.candidate != ckpt.test_before.candidate
+    ):
         evaluations.append(ckpt.test_after)
     total = ckpt.total_cost()
     at_site = {key: float(total.get(f"{key}/{PROPOSER}", 0)) for key in ("llm_calls", "tokens")}
-    calls = max(float(total.get("llm_calls", 0)) - at_site["llm_calls"] - sum(e.llm_calls for e in evaluations), 0.0)
-    tokens = max(float(total.get("tokens", 0)) - at_site["tokens"] - sum(e.tokens for e in evaluations), 0.0)
+    calls = max(
+        float(total.get("llm_calls", 0))
+        - at_site["llm_calls"]
+        - sum(e.llm_calls for e in evaluations),
+        0.0,
+    )
+    tokens = max(
+        float(total.get("tokens", 0)) - at_site["tokens"] - sum(e.tokens for e in evaluations), 0.0
+    )
     proposer_calls = float(total.get("proposer_llm_calls", 0)) + at_site["llm_calls"]
     proposer_tokens = float(total.get("proposer_tokens", 0)) + at_site["tokens"]
     dollars: float | None = None
@@ -426,18 +617,52 @@ def measured_work(ckpt: Checkpoint, model: OptimizerWork | None, budget: int) ->
         rounds, per_round = model.rounds, model.trials_per_round
         begun = min(rounds, max(math.ceil(k / per_round), 1)) if per_round else rounds
     scale = rounds / begun if begun else 1.0
-    how = (f"scaled by rounds: {rounds} in the run / {begun} begun ({per_round:.3g} trial(s) a round)" if begun
-           else "nothing more to come: its work is done up front")
+    how = (
+        f"scaled by rounds: {rounds} in the run / {begun} begun ({per_round:.3g} trial(s) a round)"
+        if begun
+        else "nothing more to come: its work is done up front"
+    )
     return OptimizerWork(
-        optimizer=model.optimizer if model is not None else "optimizer", measured=True, rounds=rounds,
-        trials_per_round=per_round, calls=calls * scale, tokens=tokens * scale, proposer_calls=proposer_calls * scale,
-        proposer_prompt_tokens=proposer_tokens * scale, cost_usd=None if dollars is None else dollars * scale,
+        optimizer=model.optimizer if model is not None else "optimizer",
+        measured=True,
+        rounds=rounds,
+        trials_per_round=per_round,
+        calls=calls * scale,
+        tokens=tokens * scale,
+        proposer_calls=proposer_calls * scale,
+        proposer_prompt_tokens=proposer_tokens * scale,
+        cost_usd=None if dollars is None else dollars * scale,
         threads=None if model is None else model.threads,
-        basis=(f"the {k} finished trial(s): {calls:.0f} requests on train and {proposer_calls:.0f} to the proposer "
-               f"so far (the run's total less its evaluations), {how}"))
+        basis=(
+            f"the {k} finished trial(s): {calls:.0f} requests on train and {proposer_calls:.0f} to the proposer "
+            f"so far (the run's total less its evaluations), {how}"
+        ),
+    )
 
 
-__all__ = ["ESTIMATE", "EXIT_LIMIT", "MAX_CALLS", "MAX_COST", "MODEL", "STOPPED_BY", "Chains", "Estimate", "Figures",
-           "Floor", "OptimizerWork", "Part", "RunStopped", "SpendingLimits", "chain_requests", "estimate",
-           "evaluation_seconds", "floor_line", "measured_chains", "measured_work", "project", "run_calls",
-           "run_dollars", "work_units"]
+__all__ = [
+    "ESTIMATE",
+    "EXIT_LIMIT",
+    "MAX_CALLS",
+    "MAX_COST",
+    "MODEL",
+    "STOPPED_BY",
+    "Chains",
+    "Estimate",
+    "Figures",
+    "Floor",
+    "OptimizerWork",
+    "Part",
+    "RunStopped",
+    "SpendingLimits",
+    "chain_requests",
+    "estimate",
+    "evaluation_seconds",
+    "floor_line",
+    "measured_chains",
+    "measured_work",
+    "project",
+    "run_calls",
+    "run_dollars",
+    "work_units",
+]

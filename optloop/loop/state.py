@@ -32,7 +32,9 @@ def check_fractions(fractions: tuple[float, ...]) -> tuple[float, float, float]:
     """``fractions`` if they are three shares above 0 summing to 1 (within 1e-6), else a ValueError saying
     what to fix."""
     if len(fractions) != 3:
-        raise ValueError(f"give three fractions TRAIN,DEV,TEST (e.g. 0.5,0.25,0.25), not {len(fractions)}")
+        raise ValueError(
+            f"give three fractions TRAIN,DEV,TEST (e.g. 0.5,0.25,0.25), not {len(fractions)}"
+        )
     if any(not f > 0 for f in fractions):
         raise ValueError("every fraction must be above 0: each split needs episodes")
     if abs(sum(fractions) - 1) > 1e-6:
@@ -56,21 +58,35 @@ class LoopConfig(BaseModel):
     lm: str = "local"
     proposer_lm: str = "same"
     knobs: dict[str, Any] = Field(default_factory=dict)
-    start: dict[str, str] = Field(default_factory=dict,
-                                  description="site -> instruction the run starts from instead of the system's own ('+TEXT': appended to it) "
-                                              "(a product's current prompt, or a benchmark's sabotage)")
+    start: dict[str, str] = Field(
+        default_factory=dict,
+        description="site -> instruction the run starts from instead of the system's own ('+TEXT': appended to it) "
+        "(a product's current prompt, or a benchmark's sabotage)",
+    )
     fractions: tuple[float, float, float] = (0.5, 0.25, 0.25)
-    promote_if: Literal["ci", "delta"] = Field("ci", description="the champion alias moves when the held-out "
-                                                                 "delta's CI is above 0 (ci) or its point (delta)")
-    lm_settings: dict[str, Any] = Field(default_factory=dict,
-                                        description="the LM settings that change answers (context window, decoding "
-                                                    "bounds, temperature, ...); not the endpoint's URL, timeout or "
-                                                    "retries")
-    query_rewrite: bool = Field(False, description="give the system its retrieve.query site: an LLM rewrite of "
-                                                   "the question before the search (--query-rewrite)")
-    batch: int = Field(1, ge=1, le=MAX_BATCH,
-                       description="candidates evaluated at once, one optimizer round's (--batch): which "
-                                   "candidates a run tries depends on it")
+    promote_if: Literal["ci", "delta"] = Field(
+        "ci",
+        description="the champion alias moves when the held-out "
+        "delta's CI is above 0 (ci) or its point (delta)",
+    )
+    lm_settings: dict[str, Any] = Field(
+        default_factory=dict,
+        description="the LM settings that change answers (context window, decoding "
+        "bounds, temperature, ...); not the endpoint's URL, timeout or "
+        "retries",
+    )
+    query_rewrite: bool = Field(
+        False,
+        description="give the system its retrieve.query site: an LLM rewrite of "
+        "the question before the search (--query-rewrite)",
+    )
+    batch: int = Field(
+        1,
+        ge=1,
+        le=MAX_BATCH,
+        description="candidates evaluated at once, one optimizer round's (--batch): which "
+        "candidates a run tries depends on it",
+    )
 
     @field_validator("fractions")
     @classmethod
@@ -82,18 +98,27 @@ class LoopConfig(BaseModel):
         for a worker to join a study (reached by another URL on another machine, perhaps). ``legacy``: the
         digest of a checkpoint written before ``lm_settings`` existed."""
         exclude = {"tracking_uri", "storage"} if shared else {"tracking_uri"}
-        return _digest(self.model_dump(exclude=exclude | self._unset_later_fields()
-                                       | ({"lm_settings"} if legacy or not self.lm_settings else set())))
+        return _digest(
+            self.model_dump(
+                exclude=exclude
+                | self._unset_later_fields()
+                | ({"lm_settings"} if legacy or not self.lm_settings else set())
+            )
+        )
 
     def resume_key(self) -> str:
         """What must match for ``optloop.run`` without ``--run-name`` to resume an unfinished run: everything
         that changes results (the run name and the tracking URI do not)."""
-        return _digest(self.model_dump(exclude={"tracking_uri", "run_name"} | self._unset_later_fields()))
+        return _digest(
+            self.model_dump(exclude={"tracking_uri", "run_name"} | self._unset_later_fields())
+        )
 
     def _unset_later_fields(self) -> set[str]:
         """Fields added after checkpoints were first written, left out of digests while they hold their
         default, so that a run started before they existed still resumes."""
-        return ({"query_rewrite"} if not self.query_rewrite else set()) | ({"batch"} if self.batch == 1 else set())
+        return ({"query_rewrite"} if not self.query_rewrite else set()) | (
+            {"batch"} if self.batch == 1 else set()
+        )
 
 
 def _digest(payload: dict[str, Any]) -> str:
@@ -109,7 +134,9 @@ def add_costs(a: Mapping[str, int | float], b: Mapping[str, int | float]) -> Cos
     out: Cost = dict(a)
     for key, value in b.items():
         total = out.get(key, 0) + value
-        out[key] = round(total, 9 if "cost_usd" in key else 1) if isinstance(total, float) else total
+        out[key] = (
+            round(total, 9 if "cost_usd" in key else 1) if isinstance(total, float) else total
+        )
     return out
 
 
@@ -130,10 +157,16 @@ class Checkpoint(BaseModel):
     """
 
     config_digest: str
-    resume_key: str | None = Field(None, description="LoopConfig.resume_key(): how the same command finds the run")
-    auto_named: bool = Field(False, description="started without --run-name (so the same command resumes it)")
-    worker: str = Field(default_factory=lambda: uuid.uuid4().hex[:12],
-                        description="this worker's id in a shared study (kept across resumes)")
+    resume_key: str | None = Field(
+        None, description="LoopConfig.resume_key(): how the same command finds the run"
+    )
+    auto_named: bool = Field(
+        False, description="started without --run-name (so the same command resumes it)"
+    )
+    worker: str = Field(
+        default_factory=lambda: uuid.uuid4().hex[:12],
+        description="this worker's id in a shared study (kept across resumes)",
+    )
     parent_run_id: str | None = None
     split: dict[str, list[str]] = Field(default_factory=dict)
     baseline_train: Evaluation | None = None
@@ -145,7 +178,9 @@ class Checkpoint(BaseModel):
     test_after: Evaluation | None = None
     registered: dict[str, Any] = Field(default_factory=dict)
     finished: bool = False
-    spent: Cost = Field(default_factory=dict, description="what the earlier processes of this run spent, summed")
+    spent: Cost = Field(
+        default_factory=dict, description="what the earlier processes of this run spent, summed"
+    )
     spending: Cost = Field(default_factory=dict, description="what this process has spent so far")
     processes: int = Field(0, description="processes that worked on this run, this one included")
 
@@ -179,8 +214,10 @@ class Checkpoint(BaseModel):
         try:
             return cls.model_validate_json(path.read_text())
         except Exception as exc:  # noqa: BLE001 - a corrupt checkpoint is the user's to remove
-            raise ConfigError(f"checkpoint {path} is unreadable ({type(exc).__name__}); delete that run directory "
-                              "or pick another --run-name") from None
+            raise ConfigError(
+                f"checkpoint {path} is unreadable ({type(exc).__name__}); delete that run directory "
+                "or pick another --run-name"
+            ) from None
 
 
 class Tried(BaseModel):
@@ -193,8 +230,13 @@ class Tried(BaseModel):
 
     @classmethod
     def of(cls, trial: int, candidate: Candidate, dev: float, base: Candidate) -> Tried:
-        return cls(trial=trial, origin=candidate.origin, dev=dev,
-                   changed=candidate.changed_sites(base) + [str(Target.knob(k)) for k in candidate.changed_knobs(base)])
+        return cls(
+            trial=trial,
+            origin=candidate.origin,
+            dev=dev,
+            changed=candidate.changed_sites(base)
+            + [str(Target.knob(k)) for k in candidate.changed_knobs(base)],
+        )
 
 
 class LoopResult(BaseModel):
@@ -212,21 +254,35 @@ class LoopResult(BaseModel):
     changed_sites: list[str]
     changed_knobs: dict[str, Any]
     promoted: bool
-    promotion_reason: str = Field(description="why the champion alias moved or did not (see promotion())")
+    promotion_reason: str = Field(
+        description="why the champion alias moved or did not (see promotion())"
+    )
     registered: dict[str, Any]
     cost: dict[str, int | float]
     n_dev: int = Field(description="dev questions")
     n_test: int = Field(description="held-out test questions")
-    test_before_ci: Interval = Field(description="baseline's test accuracy, bootstrap CI over test questions")
-    test_after_ci: Interval = Field(description="best candidate's test accuracy, bootstrap CI over test questions")
-    delta_test_ci: Interval = Field(description="after - before per test question, paired bootstrap CI")
-    tried: list[Tried] = Field(default_factory=list, description="every evaluated candidate, in trial order")
-    prompt_diff: str = Field("", description="unified diff of the start prompts and the best candidate's")
+    test_before_ci: Interval = Field(
+        description="baseline's test accuracy, bootstrap CI over test questions"
+    )
+    test_after_ci: Interval = Field(
+        description="best candidate's test accuracy, bootstrap CI over test questions"
+    )
+    delta_test_ci: Interval = Field(
+        description="after - before per test question, paired bootstrap CI"
+    )
+    tried: list[Tried] = Field(
+        default_factory=list, description="every evaluated candidate, in trial order"
+    )
+    prompt_diff: str = Field(
+        "", description="unified diff of the start prompts and the best candidate's"
+    )
     note: str = ""
-    failed_calls: dict[str, int] = Field(default_factory=dict,
-                                         description="LM calls that failed after their retries, per figure "
-                                                     "(baseline_dev, best_dev, test_before, test_after); "
-                                                     "absent: none")
+    failed_calls: dict[str, int] = Field(
+        default_factory=dict,
+        description="LM calls that failed after their retries, per figure "
+        "(baseline_dev, best_dev, test_before, test_after); "
+        "absent: none",
+    )
 
     @property
     def delta_test(self) -> float:

@@ -76,12 +76,16 @@ def storage_url(url: str) -> str:
     for module in ("psycopg", "psycopg2"):
         if importlib.util.find_spec(module) is not None:
             return f"postgresql+{module}://{rest}"
-    raise ConfigError(f"--storage {redact_url(url)}: no PostgreSQL driver is installed; pip install psycopg2-binary")
+    raise ConfigError(
+        f"--storage {redact_url(url)}: no PostgreSQL driver is installed; pip install psycopg2-binary"
+    )
 
 
 def _engine_kwargs(url: str) -> dict[str, Any]:
     if url.startswith("sqlite"):
-        return {"connect_args": {"timeout": 60}}  # several local workers wait for SQLite's write lock
+        return {
+            "connect_args": {"timeout": 60}
+        }  # several local workers wait for SQLite's write lock
     return {"pool_pre_ping": True}
 
 
@@ -98,9 +102,14 @@ def _records_table() -> Any:
     if _RECORDS is None:
         from sqlalchemy import Column, Integer, MetaData, PrimaryKeyConstraint, String, Table, Text
 
-        _RECORDS = Table(RECORDS_TABLE, MetaData(), Column("study_id", Integer, nullable=False),
-                         Column("key", String(512), nullable=False), Column("value_json", Text, nullable=False),
-                         PrimaryKeyConstraint("study_id", "key", name=f"{RECORDS_TABLE}_pk"))
+        _RECORDS = Table(
+            RECORDS_TABLE,
+            MetaData(),
+            Column("study_id", Integer, nullable=False),
+            Column("key", String(512), nullable=False),
+            Column("value_json", Text, nullable=False),
+            PrimaryKeyConstraint("study_id", "key", name=f"{RECORDS_TABLE}_pk"),
+        )
     return _RECORDS
 
 
@@ -124,11 +133,15 @@ def _retrying(what: str, fn: Callable[[], Any], tries: int = OPEN_RETRIES) -> An
         try:
             return fn()
         except ImportError as exc:
-            raise ConfigError(f"{what}: the storage driver is missing ({exc}); for postgresql:// install "
-                              "psycopg2-binary") from None
+            raise ConfigError(
+                f"{what}: the storage driver is missing ({exc}); for postgresql:// install "
+                "psycopg2-binary"
+            ) from None
         except Exception as exc:  # noqa: BLE001 - the last attempt re-raises as a one-line error
             if attempt == tries - 1:
-                raise ConfigError(f"{what} failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}") from None
+                raise ConfigError(
+                    f"{what} failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+                ) from None
             logger.debug("%s: %s; retrying", what, exc)
             time.sleep(0.2 + random.random() * (attempt + 1))
     raise AssertionError("unreachable")
@@ -141,8 +154,18 @@ class SharedStudy:
     restarted worker takes its own slots and roles back).
     """
 
-    def __init__(self, storage: str, study_name: str, *, worker: str, budget: int, seed: int = 0,
-                 stale_after: float = 180.0, beat_every: float = 15.0, poll: float = 2.0):
+    def __init__(
+        self,
+        storage: str,
+        study_name: str,
+        *,
+        worker: str,
+        budget: int,
+        seed: int = 0,
+        stale_after: float = 180.0,
+        beat_every: float = 15.0,
+        poll: float = 2.0,
+    ):
         import optuna
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -156,11 +179,20 @@ class SharedStudy:
         self.poll = poll
         where = f"opening Optuna storage {redact_url(storage)}"
         self.storage = _retrying(where, lambda: _optuna_storage(storage))
-        self.study = _retrying(f"{where}, study {study_name!r}", lambda: optuna.create_study(
-            study_name=study_name, storage=self.storage, direction="maximize",
-            sampler=optuna.samplers.TPESampler(seed=seed), load_if_exists=True))
+        self.study = _retrying(
+            f"{where}, study {study_name!r}",
+            lambda: optuna.create_study(
+                study_name=study_name,
+                storage=self.storage,
+                direction="maximize",
+                sampler=optuna.samplers.TPESampler(seed=seed),
+                load_if_exists=True,
+            ),
+        )
         self.study_id = self.storage.get_study_id_from_name(study_name)
-        self.engine = _retrying(f"{where}, table {RECORDS_TABLE}", lambda: _records_engine(storage))
+        self.engine = _retrying(
+            f"{where}, table {RECORDS_TABLE}", lambda: _records_engine(storage)
+        )
         self._adopt_user_attrs()
         self.rank = -1
         self._beats = 0
@@ -177,7 +209,7 @@ class SharedStudy:
 
     @contextmanager
     def _conn(self, write: bool = False) -> Iterator[Any]:
-        with (self.engine.begin() if write else self.engine.connect()) as conn:
+        with self.engine.begin() if write else self.engine.connect() as conn:
             yield conn
 
     def _adopt_user_attrs(self) -> None:
@@ -189,7 +221,9 @@ class SharedStudy:
 
         def count() -> int:
             with self._conn() as conn:
-                return conn.execute(select(func.count()).select_from(t).where(t.c.study_id == self.study_id)).scalar()
+                return conn.execute(
+                    select(func.count()).select_from(t).where(t.c.study_id == self.study_id)
+                ).scalar()
 
         if self._with_retry(count):
             return
@@ -234,8 +268,17 @@ class SharedStudy:
 
         def upsert() -> None:
             with self._conn(write=True) as conn:
-                if conn.execute(t.update().where(where).values(value_json=json.dumps(value))).rowcount == 0:
-                    conn.execute(t.insert().values(study_id=self.study_id, key=key, value_json=json.dumps(value)))
+                if (
+                    conn.execute(
+                        t.update().where(where).values(value_json=json.dumps(value))
+                    ).rowcount
+                    == 0
+                ):
+                    conn.execute(
+                        t.insert().values(
+                            study_id=self.study_id, key=key, value_json=json.dumps(value)
+                        )
+                    )
 
         self._with_retry(upsert)
 
@@ -257,14 +300,15 @@ class SharedStudy:
         from sqlalchemy import and_, select
 
         t = self._table
-        query = select(t.c.key, t.c.value_json).where(and_(t.c.study_id == self.study_id,
-                                                           t.c.key.startswith(prefix, autoescape=True)))
+        query = select(t.c.key, t.c.value_json).where(
+            and_(t.c.study_id == self.study_id, t.c.key.startswith(prefix, autoescape=True))
+        )
 
         def read() -> list[Any]:
             with self._conn() as conn:
                 return list(conn.execute(query))
 
-        return {k[len(prefix):]: json.loads(v) for k, v in self._with_retry(read)}
+        return {k[len(prefix) :]: json.loads(v) for k, v in self._with_retry(read)}
 
     # --- workers ----------------------------------------------------------------------------
 
@@ -274,8 +318,10 @@ class SharedStudy:
 
         theirs = self.claim(f"{PREFIX}config", config_digest)
         if theirs != config_digest:
-            raise ConfigError(f"study {self.study_name!r} in {redact_url(self.url)} belongs to a run with other "
-                              "settings; start every worker with the same command, or pick another --run-name")
+            raise ConfigError(
+                f"study {self.study_name!r} in {redact_url(self.url)} belongs to a run with other "
+                "settings; start every worker with the same command, or pick another --run-name"
+            )
         ranks = {w: int(r) for r, w in self.scan(f"{PREFIX}worker:").items()}
         rank = ranks.get(self.worker)
         k = len(ranks)
@@ -284,12 +330,16 @@ class SharedStudy:
                 rank = k
             k += 1
         self.rank = rank
-        if rank:  # another seed per worker, else every worker's TPE starts with the same random points
+        if (
+            rank
+        ):  # another seed per worker, else every worker's TPE starts with the same random points
             self.study.sampler = optuna.samplers.TPESampler(seed=self.seed + 7919 * rank)
         self.put(f"{PREFIX}out:{self.worker}", False)
         self.beat()
         self._stop.clear()
-        self._thread = threading.Thread(target=self._beat_loop, name="optloop-heartbeat", daemon=True)
+        self._thread = threading.Thread(
+            target=self._beat_loop, name="optloop-heartbeat", daemon=True
+        )
         self._thread.start()
         return rank
 
@@ -302,8 +352,16 @@ class SharedStudy:
 
     def beat(self) -> None:
         self._beats += 1
-        self.put(f"{PREFIX}beat:{self.worker}", {"n": self._beats, "t": time.time(), "host": socket.gethostname(),
-                                                 "pid": os.getpid(), "rank": self.rank})
+        self.put(
+            f"{PREFIX}beat:{self.worker}",
+            {
+                "n": self._beats,
+                "t": time.time(),
+                "host": socket.gethostname(),
+                "pid": os.getpid(),
+                "rank": self.rank,
+            },
+        )
 
     def _beat_loop(self) -> None:
         while not self._stop.wait(self.beat_every):
@@ -335,7 +393,9 @@ class SharedStudy:
             return True
         return now - seen[1] < self.stale_after
 
-    def wait_for(self, key: str, *, holder: str, what: str, progress: Callable[[str], None] | None = None) -> Any:
+    def wait_for(
+        self, key: str, *, holder: str, what: str, progress: Callable[[str], None] | None = None
+    ) -> Any:
         """The value of ``key`` once ``holder`` stored it; ``None`` if ``holder`` died first."""
         while True:
             value = self.get(key)
@@ -351,7 +411,9 @@ class SharedStudy:
 
     def claim_candidate(self, digest: str, study_trial: int) -> dict[str, Any]:
         """Who evaluates the candidate ``digest``: this worker, or the one that claimed it first."""
-        return self.claim(f"{PREFIX}candidate:{digest}", {"worker": self.worker, "study_trial": study_trial})
+        return self.claim(
+            f"{PREFIX}candidate:{digest}", {"worker": self.worker, "study_trial": study_trial}
+        )
 
     def slots(self) -> dict[int, dict[str, Any]]:
         return {int(k): v for k, v in self.scan(f"{PREFIX}slot:").items()}
@@ -362,8 +424,11 @@ class SharedStudy:
     def my_open_slots(self) -> list[int]:
         """Slots this worker claimed and never finished (left by an interrupted run of it)."""
         done = self.done()
-        return sorted(k for k, v in self.slots().items()
-                      if v["worker"] == self.worker and k not in done and k not in self._taken)
+        return sorted(
+            k
+            for k, v in self.slots().items()
+            if v["worker"] == self.worker and k not in done and k not in self._taken
+        )
 
     def can_take(self) -> bool:
         return len(self.slots()) < self.budget or bool(self.my_open_slots())

@@ -40,7 +40,17 @@ _CLAUSE_END = re.compile(r";(?=\s)")
 # A sentence must not end on a word that needs more after it.
 _DANGLING = {"a", "an", "the", "and", "or", "but", "if", "unless", "because", "whether", "than"}
 # Openings of a subordinate clause: the sentence needs a main clause after a comma (or "then").
-_SUBORDINATE = {"if", "when", "whenever", "unless", "although", "because", "while", "once", "since"}
+_SUBORDINATE = {
+    "if",
+    "when",
+    "whenever",
+    "unless",
+    "although",
+    "because",
+    "while",
+    "once",
+    "since",
+}
 
 
 @dataclass(frozen=True)
@@ -71,7 +81,7 @@ class Instruction:
     @classmethod
     def parse(cls, text: str) -> Instruction:
         lead = text[: len(text) - len(text.lstrip())]
-        return cls(list(_units(text[len(lead):])), lead=lead)
+        return cls(list(_units(text[len(lead) :])), lead=lead)
 
     @property
     def text(self) -> str:
@@ -96,12 +106,24 @@ class Instruction:
         gone = units.pop(i)
         before = units[i - 1] if i > 0 else None
         after = units[i] if i < len(units) else None
-        if gone.kind == "clause" and before is not None and before.kind == "clause" and before.group == gone.group \
-                and (after is None or after.kind != "clause" or after.group != gone.group):
+        if (
+            gone.kind == "clause"
+            and before is not None
+            and before.kind == "clause"
+            and before.group == gone.group
+            and (after is None or after.kind != "clause" or after.group != gone.group)
+        ):
             # the last clause of a sentence went: the clause before it ends the sentence now
             end = re.search(r"[.!?][\"')\]”’]*\Z", gone.body)
-            units[i - 1] = replace(before, body=before.body.rstrip(";") + (end.group(0) if end else "."))
-        elif gone.kind == "clause" and after is not None and after.kind == "clause" and after.group == gone.group:
+            units[i - 1] = replace(
+                before, body=before.body.rstrip(";") + (end.group(0) if end else ".")
+            )
+        elif (
+            gone.kind == "clause"
+            and after is not None
+            and after.kind == "clause"
+            and after.group == gone.group
+        ):
             units[i] = replace(after, body=_capitalized(after.body))  # the first clause went
         if before is not None and ("\n" in gone.trail or i == len(units)):
             units[i - 1] = replace(units[i - 1], trail=gone.trail)
@@ -111,7 +133,10 @@ class Instruction:
         """Editable units ``k`` and ``m`` (of the same kind and group) change places; white space stays."""
         units = list(self.units)
         i, j = self._editable[k], self._editable[m]
-        units[i], units[j] = replace(units[i], body=units[j].body), replace(units[j], body=units[i].body)
+        units[i], units[j] = (
+            replace(units[i], body=units[j].body),
+            replace(units[j], body=units[i].body),
+        )
         return Instruction(units, lead=self.lead)
 
     def replace_body(self, k: int, body: str) -> Instruction:
@@ -122,7 +147,9 @@ class Instruction:
         if unit.kind == "item":
             marker = re.match(r"\s*(?:[-*•]|\d{1,2}[.)])[ \t]+", unit.body)
             body = (marker.group(0) if marker else "") + body.strip()
-        units[i] = replace(unit, body=_as_sentence(body.strip()) if unit.kind == "sentence" else body.strip())
+        units[i] = replace(
+            unit, body=_as_sentence(body.strip()) if unit.kind == "sentence" else body.strip()
+        )
         return Instruction(units, lead=self.lead)
 
     def insert(self, k: int, body: str, kind: Kind) -> Instruction:
@@ -160,26 +187,44 @@ def _blocks(text: str) -> Iterator[tuple[str, str, str]]:
         if _FENCE.match(line) or fence:
             fence = fence != bool(_FENCE.match(line))
             kind, j = "fixed", i + 1
-        elif _HEADING.match(line) or _LABEL.match(line) or (stripped and not (stripped[0].isalpha() or _ITEM.match(line))):
+        elif (
+            _HEADING.match(line)
+            or _LABEL.match(line)
+            or (stripped and not (stripped[0].isalpha() or _ITEM.match(line)))
+        ):
             kind, j = "fixed", i + 1
         elif m := _ITEM.match(line):
             indent = len(m.group("indent"))
             j = i + 1
-            while j < len(lines) and lines[j].strip() and not _ITEM.match(lines[j]) \
-                    and len(lines[j]) - len(lines[j].lstrip()) > indent and lines[j].lstrip()[0].isalpha():
+            while (
+                j < len(lines)
+                and lines[j].strip()
+                and not _ITEM.match(lines[j])
+                and len(lines[j]) - len(lines[j].lstrip()) > indent
+                and lines[j].lstrip()[0].isalpha()
+            ):
                 j += 1
             kind = "item"
         else:
             j = i + 1
-            while j < len(lines) and lines[j].strip() and not _ITEM.match(lines[j]) and not _HEADING.match(lines[j]) \
-                    and not _FENCE.match(lines[j]) and not _LABEL.match(lines[j]) and lines[j].strip()[0].isalpha():
+            while (
+                j < len(lines)
+                and lines[j].strip()
+                and not _ITEM.match(lines[j])
+                and not _HEADING.match(lines[j])
+                and not _FENCE.match(lines[j])
+                and not _LABEL.match(lines[j])
+                and lines[j].strip()[0].isalpha()
+            ):
                 j += 1
             kind = "prose"
-        while j < len(lines) and not lines[j].strip():  # blank lines belong to the white space after the block
+        while (
+            j < len(lines) and not lines[j].strip()
+        ):  # blank lines belong to the white space after the block
             j += 1
         block = "".join(lines[i:j])
         body = block.rstrip()
-        yield kind, body, block[len(body):]
+        yield kind, body, block[len(body) :]
         i = j
 
 
@@ -204,7 +249,12 @@ def _units(text: str) -> Iterator[Unit]:
             if len(clauses) > 1:
                 group += 1
                 for c, (clause, gap) in enumerate(clauses):
-                    yield Unit(clause, gap if c < len(clauses) - 1 else (trail if last else space), "clause", group)
+                    yield Unit(
+                        clause,
+                        gap if c < len(clauses) - 1 else (trail if last else space),
+                        "clause",
+                        group,
+                    )
                 group += 1
             else:
                 yield Unit(sentence, trail if last else space, "sentence", group)
@@ -214,15 +264,15 @@ def _split(text: str, end: re.Pattern[str]) -> Iterator[tuple[str, str]]:
     """``text`` cut after each match of ``end`` that is outside double quotes: (piece, white space after it)."""
     start = 0
     for m in end.finditer(text):
-        piece = text[start: m.end()]
+        piece = text[start : m.end()]
         if _ABBREVIATION.search(piece) or piece.count("(") > piece.count(")"):
             continue  # "e.g. a name" and "(say. this)" do not end a sentence
         if piece.count('"') % 2 or piece.count("“") != piece.count("”"):
             continue  # inside a quotation: 'Say "Hi. Bye." to them.' is one sentence
-        space_end = m.end() + len(text[m.end():]) - len(text[m.end():].lstrip())
+        space_end = m.end() + len(text[m.end() :]) - len(text[m.end() :].lstrip())
         if space_end >= len(text):
             break
-        yield piece, text[m.end(): space_end]
+        yield piece, text[m.end() : space_end]
         start = space_end
     if start < len(text):
         yield text[start:], ""
@@ -265,9 +315,15 @@ def _unit_problems(unit: Unit) -> list[str]:
     ends = (".", "!", "?", ":", ";") if unit.kind == "clause" else (".", "!", "?", ":")
     if not tail.endswith(ends):
         out.append("a sentence cut short")
-    elif (last := tail.split()[-1].strip(".!?:;,").lower()) in _DANGLING and not tail.endswith(":"):
+    elif (last := tail.split()[-1].strip(".!?:;,").lower()) in _DANGLING and not tail.endswith(
+        ":"
+    ):
         out.append(f"a sentence ending on {last!r}")
-    if unit.kind == "sentence" and words[0].lower() in _SUBORDINATE and not re.search(r",\s*\S+\s+\S+|\bthen\b", body):
+    if (
+        unit.kind == "sentence"
+        and words[0].lower() in _SUBORDINATE
+        and not re.search(r",\s*\S+\s+\S+|\bthen\b", body)
+    ):
         out.append(f"a {words[0]!r} clause with no main clause")
     return out
 

@@ -68,18 +68,43 @@ See ``docs/architecture.md`` for where this sits in the whole data flow.
 """
 
 from optloop.pipeline._episode import (
-                                       Attributor,
-                                       EpisodeResult,
-                                       QuestionOutcome,
-                                       answer,
-                                       failed_outcome,
-                                       judge,
-                                       run_episode,
-                                       run_episodes,
+    Attributor,
+    EpisodeResult,
+    QuestionOutcome,
+    answer,
+    failed_outcome,
+    judge,
+    run_episode,
+    run_episodes,
 )
-from optloop.pipeline._stores import CachedStores, EpisodeStores, FreshStores, Store, StoreCache, StorePlan, ingest
+from optloop.pipeline._stores import (
+    CachedStores,
+    EpisodeStores,
+    FreshStores,
+    Store,
+    StoreCache,
+    StorePlan,
+    ingest,
+)
 from optloop.pipeline._workers import Workers, concurrency, in_order
 
-__all__ = ["Attributor", "CachedStores", "EpisodeResult", "EpisodeStores", "FreshStores", "QuestionOutcome", "Store",
-           "StoreCache", "StorePlan", "Workers", "answer", "concurrency", "failed_outcome", "in_order", "ingest", "judge",
-           "run_episode", "run_episodes"]
+__all__ = [
+    "Attributor",
+    "CachedStores",
+    "EpisodeResult",
+    "EpisodeStores",
+    "FreshStores",
+    "QuestionOutcome",
+    "Store",
+    "StoreCache",
+    "StorePlan",
+    "Workers",
+    "answer",
+    "concurrency",
+    "failed_outcome",
+    "in_order",
+    "ingest",
+    "judge",
+    "run_episode",
+    "run_episodes",
+]

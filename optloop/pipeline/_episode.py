@@ -44,14 +44,22 @@ class QuestionOutcome(BaseModel):
     score: float
     passed: bool
     attribution: Attribution | None = None
-    error: str | None = Field(None, description="the LM fault that stopped this question (it counts as failed)")
+    error: str | None = Field(
+        None, description="the LM fault that stopped this question (it counts as failed)"
+    )
 
 
 # --- stages 2 to 5: answer, score, attribute ----------------------------------------------
 
 
-def answer(store: Store, question: Question, *, shared: bool, prepare: Callable[[MemorySystem], None] | None = None,
-           into: ExecutionGraph | None = None) -> tuple[str, ExecutionGraph | None]:
+def answer(
+    store: Store,
+    question: Question,
+    *,
+    shared: bool,
+    prepare: Callable[[MemorySystem], None] | None = None,
+    into: ExecutionGraph | None = None,
+) -> tuple[str, ExecutionGraph | None]:
     """Retrieve and answer ``question`` on ``store``: (prediction, the graph that recorded it).
 
     ``prepare(system)`` runs first (a candidate's modules and knobs). Recorded on a ``shared`` store, the
@@ -100,7 +108,9 @@ def _ask(store: Store, question: Question) -> _Asked:
     with collect_calls() as calls:
         try:
             if store.recorder is None:
-                asked.prediction = system.answer(question.question, system.retrieve(question.question))
+                asked.prediction = system.answer(
+                    question.question, system.retrieve(question.question)
+                )
             else:
                 assert store.graph is not None
                 with Recorder.resume(system, store.graph) as recorder:
@@ -131,28 +141,50 @@ class Attributor:
     def __call__(self, graph: ExecutionGraph, question: Question, prediction: str) -> Attribution:
         return attribute(graph, question, prediction, self.judges, embedder=self.embedder)
 
-    def refine(self, graph: ExecutionGraph, episode: Episode, attributions: list[Attribution]) -> list[Attribution]:
+    def refine(
+        self, graph: ExecutionGraph, episode: Episode, attributions: list[Attribution]
+    ) -> list[Attribution]:
         """``attributions`` with the ambiguous ones refined by the agent (unchanged without one)."""
         if self.agent is None:
             return attributions
         from optloop.attribution.agent import refine_ambiguous
 
-        return refine_ambiguous(self.agent, graph, {q.id: q for q in episode.questions}, attributions,
-                                embedder=self.embedder)
+        return refine_ambiguous(
+            self.agent,
+            graph,
+            {q.id: q for q in episode.questions},
+            attributions,
+            embedder=self.embedder,
+        )
 
 
 def judge(episode: Episode, question: Question, prediction: str) -> QuestionOutcome:
     """Stage 3: the prediction scored by the question's own scorer (not yet attributed)."""
-    return QuestionOutcome(episode_id=episode.id, question_id=question.id, task_type=question.task_type,
-                           question=question.question, gold=question.gold, prediction=prediction,
-                           score=score(question, prediction), passed=passed(question, prediction))
+    return QuestionOutcome(
+        episode_id=episode.id,
+        question_id=question.id,
+        task_type=question.task_type,
+        question=question.question,
+        gold=question.gold,
+        prediction=prediction,
+        score=score(question, prediction),
+        passed=passed(question, prediction),
+    )
 
 
 def failed_outcome(episode: Episode, question: Question, error: str) -> QuestionOutcome:
     """A question an LM fault stopped: failed, with the fault as its error."""
-    return QuestionOutcome(episode_id=episode.id, question_id=question.id, task_type=question.task_type,
-                           question=question.question, gold=question.gold, prediction="", score=0.0,
-                           passed=False, error=error[:500])
+    return QuestionOutcome(
+        episode_id=episode.id,
+        question_id=question.id,
+        task_type=question.task_type,
+        question=question.question,
+        gold=question.gold,
+        prediction="",
+        score=0.0,
+        passed=False,
+        error=error[:500],
+    )
 
 
 @dataclass
@@ -192,12 +224,22 @@ def _stop_if_down(exc: LMError) -> None:
         raise EndpointDownError(str(exc)) from exc
 
 
-def run_episode(episode: Episode, stores: EpisodeStores, *, lm: OptloopLM, attributor: Attributor | None = None,
-                prepare: Callable[[MemorySystem], None] | None = None, questions: Sequence[Question] | None = None,
-                on_lm_error: Literal["raise", "fail"] = "raise",
-                save_graph: Callable[[ExecutionGraph], str] | None = None, keep: Literal["all", "faulted"] = "all",
-                label: Mapping[str, Any] | None = None, where: str = "",
-                on_question: Callable[[], None] | None = None, workers: Workers | None = None) -> EpisodeResult:
+def run_episode(
+    episode: Episode,
+    stores: EpisodeStores,
+    *,
+    lm: OptloopLM,
+    attributor: Attributor | None = None,
+    prepare: Callable[[MemorySystem], None] | None = None,
+    questions: Sequence[Question] | None = None,
+    on_lm_error: Literal["raise", "fail"] = "raise",
+    save_graph: Callable[[ExecutionGraph], str] | None = None,
+    keep: Literal["all", "faulted"] = "all",
+    label: Mapping[str, Any] | None = None,
+    where: str = "",
+    on_question: Callable[[], None] | None = None,
+    workers: Workers | None = None,
+) -> EpisodeResult:
     """Run ``episode`` through every stage (see the module docstring); its questions, or ``questions``.
 
     ``on_lm_error="fail"``: an LM fault that outlasts the LM layer's retries fails the question it hit
@@ -220,7 +262,9 @@ def run_episode(episode: Episode, stores: EpisodeStores, *, lm: OptloopLM, attri
     with contextlib.ExitStack() as stack:
         if workers is None and (n := concurrency(lm)) > 1:
             workers = stack.enter_context(Workers(n))
-        calls = stack.enter_context(collect_calls())  # this episode's LM calls (did a fault hit it?)
+        calls = stack.enter_context(
+            collect_calls()
+        )  # this episode's LM calls (did a fault hit it?)
         try:
             store, reused = stores.open(episode)
         except LMError as exc:  # ingestion hit an LM fault
@@ -235,30 +279,62 @@ def run_episode(episode: Episode, stores: EpisodeStores, *, lm: OptloopLM, attri
         try:
             try:
                 if workers is None:
-                    pending = _ask_all(result, store, asked, stores.shared, attributor, prepare, on_lm_error, where,
-                                       on_question)
+                    pending = _ask_all(
+                        result,
+                        store,
+                        asked,
+                        stores.shared,
+                        attributor,
+                        prepare,
+                        on_lm_error,
+                        where,
+                        on_question,
+                    )
                 else:
-                    pending = _ask_parallel(result, store, asked, stores.shared, attributor, prepare, on_lm_error,
-                                            where, on_question, workers)
+                    pending = _ask_parallel(
+                        result,
+                        store,
+                        asked,
+                        stores.shared,
+                        attributor,
+                        prepare,
+                        on_lm_error,
+                        where,
+                        on_question,
+                        workers,
+                    )
             finally:
                 stores.release(store)
             if pending:  # attributed on the episode graph, now final
                 assert result.graph is not None
-                _attribute(result, [(outcome, question, result.graph) for outcome, question in pending], attributor,
-                           workers)
+                _attribute(
+                    result,
+                    [(outcome, question, result.graph) for outcome, question in pending],
+                    attributor,
+                    workers,
+                )
             if attributor is not None:
                 _refine(result, attributor)
             done = True
         finally:
             faulted = any(record.faults for record in calls)
-            if save_graph is not None and result.graph is not None and ((done and keep == "all") or faulted):
+            if (
+                save_graph is not None
+                and result.graph is not None
+                and ((done and keep == "all") or faulted)
+            ):
                 result.graph_path = save_graph(result.graph)
     return result
 
 
-def run_episodes(episodes: Sequence[Episode], stores: EpisodeStores, *, lm: OptloopLM,
-                 save_graph: Callable[[ExecutionGraph, Episode], str] | None = None,
-                 **options: Any) -> Iterator[EpisodeResult]:
+def run_episodes(
+    episodes: Sequence[Episode],
+    stores: EpisodeStores,
+    *,
+    lm: OptloopLM,
+    save_graph: Callable[[ExecutionGraph, Episode], str] | None = None,
+    **options: Any,
+) -> Iterator[EpisodeResult]:
     """:func:`run_episode` for each of ``episodes``: at ``N > 1`` (:func:`concurrency`) ``N`` at a time, their
     questions and attributions on shared :class:`Workers`. The results come in episode order, each as
     soon as it and those before it are done, so a caller reports and folds them as the serial run does.
@@ -278,8 +354,13 @@ def run_episodes(episodes: Sequence[Episode], stores: EpisodeStores, *, lm: Optl
         yield from workers.episodes(functools.partial(one, workers=workers), episodes)
 
 
-def _ingestion_failed(result: EpisodeResult, exc: LMError, asked: Sequence[Question],
-                      save_graph: Callable[[ExecutionGraph], str] | None, where: str) -> EpisodeResult:
+def _ingestion_failed(
+    result: EpisodeResult,
+    exc: LMError,
+    asked: Sequence[Question],
+    save_graph: Callable[[ExecutionGraph], str] | None,
+    where: str,
+) -> EpisodeResult:
     """An LM fault stopped the ingestion: its partial graph saved, then every question failed (or, when the
     endpoint is unreachable, :class:`EndpointDownError`)."""
     result.graph = getattr(exc, "partial_graph", None)
@@ -291,8 +372,9 @@ def _ingestion_failed(result: EpisodeResult, exc: LMError, asked: Sequence[Quest
     return result
 
 
-def _episode_graph(store: Store, *, shared: bool, reused: bool,
-                   label: Mapping[str, Any] | None) -> ExecutionGraph | None:
+def _episode_graph(
+    store: Store, *, shared: bool, reused: bool, label: Mapping[str, Any] | None
+) -> ExecutionGraph | None:
     """The graph the episode's questions are folded into: the store's own for a private store, a labelled
     copy of it for a shared one."""
     ingestion = store.graph
@@ -300,15 +382,25 @@ def _episode_graph(store: Store, *, shared: bool, reused: bool,
         return ingestion
     graph = ingestion.model_copy(deep=True)
     if label is not None:
-        graph.meta["evaluation"] = {**label, "store_reused": reused,
-                                    "first_op": len(ingestion.operations) if reused else 0}
+        graph.meta["evaluation"] = {
+            **label,
+            "store_reused": reused,
+            "first_op": len(ingestion.operations) if reused else 0,
+        }
     return graph
 
 
-def _ask_all(result: EpisodeResult, store: Store, asked: Sequence[Question], shared: bool,
-             attributor: Attributor | None, prepare: Callable[[MemorySystem], None] | None,
-             on_lm_error: str, where: str,
-             on_question: Callable[[], None] | None) -> list[tuple[QuestionOutcome, Question]]:
+def _ask_all(
+    result: EpisodeResult,
+    store: Store,
+    asked: Sequence[Question],
+    shared: bool,
+    attributor: Attributor | None,
+    prepare: Callable[[MemorySystem], None] | None,
+    on_lm_error: str,
+    where: str,
+    on_question: Callable[[], None] | None,
+) -> list[tuple[QuestionOutcome, Question]]:
     """Stages 2 and 3 for every question, one after another, and 5 for those recorded on a graph of their own
     (final at once); returns the failures left to attribute on the episode graph. ``answer_s`` and
     ``answer_calls`` leave the attributions out."""
@@ -317,7 +409,9 @@ def _ask_all(result: EpisodeResult, store: Store, asked: Sequence[Question], sha
     with collect_calls() as calls:
         for question in asked:
             try:
-                prediction, own = answer(store, question, shared=shared, prepare=prepare, into=result.graph)
+                prediction, own = answer(
+                    store, question, shared=shared, prepare=prepare, into=result.graph
+                )
             except LMError as exc:
                 if on_lm_error == "raise":
                     raise
@@ -336,10 +430,18 @@ def _ask_all(result: EpisodeResult, store: Store, asked: Sequence[Question], sha
     return pending
 
 
-def _ask_parallel(result: EpisodeResult, store: Store, asked: Sequence[Question], shared: bool,
-                  attributor: Attributor | None, prepare: Callable[[MemorySystem], None] | None,
-                  on_lm_error: str, where: str, on_question: Callable[[], None] | None,
-                  workers: Workers) -> list[tuple[QuestionOutcome, Question]]:
+def _ask_parallel(
+    result: EpisodeResult,
+    store: Store,
+    asked: Sequence[Question],
+    shared: bool,
+    attributor: Attributor | None,
+    prepare: Callable[[MemorySystem], None] | None,
+    on_lm_error: str,
+    where: str,
+    on_question: Callable[[], None] | None,
+    workers: Workers,
+) -> list[tuple[QuestionOutcome, Question]]:
     """:func:`_ask_all` at ``N > 1``: every question at once on ``workers``, each recorded on its own copy of
     the store's graph, then put together in question order (graph, outcomes, the first fault raised) as
     the serial run leaves them; then stage 5, at once, for those final on their own graph. The store's
@@ -363,7 +465,9 @@ def _ask_parallel(result: EpisodeResult, store: Store, asked: Sequence[Question]
     pending: list[tuple[QuestionOutcome, Question]] = []
     for done in answered:
         if done.graph is not None and result.graph is not None:
-            result.graph.absorb(done.graph, since=since)  # a private store's graph is result.graph: folded in order
+            result.graph.absorb(
+                done.graph, since=since
+            )  # a private store's graph is result.graph: folded in order
         if done.error is not None:
             if on_lm_error == "raise" or not isinstance(done.error, LMError):
                 raise done.error
@@ -386,16 +490,25 @@ def _fail_question(result: EpisodeResult, question: Question, exc: LMError, wher
     result.outcomes.append(failed_outcome(result.episode, question, str(exc)))
 
 
-def _attribute(result: EpisodeResult, scored: Sequence[tuple[QuestionOutcome, Question, ExecutionGraph]],
-               attributor: Attributor | None, workers: Workers | None = None) -> None:
+def _attribute(
+    result: EpisodeResult,
+    scored: Sequence[tuple[QuestionOutcome, Question, ExecutionGraph]],
+    attributor: Attributor | None,
+    workers: Workers | None = None,
+) -> None:
     """Stage 5 for scored questions, each on its final graph: the failures the attributor wants (asked in
     question order) attributed, timed and counted; at once on ``workers`` when given."""
     if attributor is None:
         return
-    chosen = [(outcome, question, graph) for outcome, question, graph in scored
-              if not outcome.passed and attributor.wants(question, outcome.prediction, graph)]
+    chosen = [
+        (outcome, question, graph)
+        for outcome, question, graph in scored
+        if not outcome.passed and attributor.wants(question, outcome.prediction, graph)
+    ]
 
-    def one(item: tuple[QuestionOutcome, Question, ExecutionGraph]) -> tuple[Attribution, float, int]:
+    def one(
+        item: tuple[QuestionOutcome, Question, ExecutionGraph],
+    ) -> tuple[Attribution, float, int]:
         outcome, question, graph = item
         started = time.perf_counter()
         with collect_calls() as calls:

@@ -47,8 +47,9 @@ class Store:
         self.system.close()
 
 
-def ingest(system: MemorySystem, episode: Episode, *, record: bool = True,
-           dataset_uri: str = "") -> Store:
+def ingest(
+    system: MemorySystem, episode: Episode, *, record: bool = True, dataset_uri: str = ""
+) -> Store:
     """Ingest every session of ``episode`` into ``system``.
 
     Recorded: session by session under a :class:`Recorder`. Not recorded: one ``system.ingest`` call
@@ -57,7 +58,9 @@ def ingest(system: MemorySystem, episode: Episode, *, record: bool = True,
     """
     started = time.perf_counter()
     recorder = None
-    with collect_calls() as calls:  # this episode's calls only, whatever other threads call meanwhile
+    with (
+        collect_calls() as calls
+    ):  # this episode's calls only, whatever other threads call meanwhile
         try:
             if record:
                 with Recorder(system, episode, dataset=dataset_uri) as recorder:
@@ -66,7 +69,9 @@ def ingest(system: MemorySystem, episode: Episode, *, record: bool = True,
                 system.ingest(episode.sessions)
         except BaseException as exc:
             system.close()
-            if recorder is not None:  # what ran before the fault, the failed call marked: for the fault graph
+            if (
+                recorder is not None
+            ):  # what ran before the fault, the failed call marked: for the fault graph
                 exc.partial_graph = recorder.graph  # type: ignore[attr-defined]
             raise
     return Store(system, recorder, len(calls), ingest_s=time.perf_counter() - started)
@@ -91,8 +96,14 @@ class FreshStores:
 
     shared = False
 
-    def __init__(self, make: Callable[[Episode], MemorySystem], lm: OptloopLM, *, record: bool = True,
-                 dataset_uri: str = ""):
+    def __init__(
+        self,
+        make: Callable[[Episode], MemorySystem],
+        lm: OptloopLM,
+        *,
+        record: bool = True,
+        dataset_uri: str = "",
+    ):
         self.make = make
         self.lm = lm
         self.record = record
@@ -156,11 +167,19 @@ class StoreCache:
         self.max_live = max_live
         self._live: OrderedDict[Hashable, _Live] = OrderedDict()
         self._entries: dict[int, _Live] = {}  # id(store) -> its entry, for release
-        self._retired: list[_Live] = []  # evicted while in use or being built: closed when let go, or by close()
+        self._retired: list[
+            _Live
+        ] = []  # evicted while in use or being built: closed when let go, or by close()
         self._lock = threading.Lock()
 
-    def open(self, key: Hashable, build: Callable[[], Store], *, pin: bool = False,
-             plan: StorePlan | None = None) -> tuple[Store, bool]:
+    def open(
+        self,
+        key: Hashable,
+        build: Callable[[], Store],
+        *,
+        pin: bool = False,
+        plan: StorePlan | None = None,
+    ) -> tuple[Store, bool]:
         """The store under ``key`` (``True``: reused), else ``build()``'s, kept under ``key``.
 
         ``pin``: the caller :meth:`release` s it when done. ``plan``: use the decision :meth:`plan` took
@@ -182,14 +201,18 @@ class StoreCache:
                 except BaseException:
                     self._let_go(entry)
                     raise
-            if entry.failed:  # the build this opener waited for failed: build anew, as the serial run would
+            if (
+                entry.failed
+            ):  # the build this opener waited for failed: build anew, as the serial run would
                 self._let_go(entry)
                 plan = None
                 continue
             assert entry.store is not None
             if not pin:
                 with self._lock:
-                    entry.users -= 1  # an evicted one stays in _retired: its caller is about to use it
+                    entry.users -= (
+                        1  # an evicted one stays in _retired: its caller is about to use it
+                    )
             return entry.store, reused
 
     @contextlib.contextmanager
@@ -208,7 +231,9 @@ class StoreCache:
         finally:
             for key, left in plan.decisions.items():
                 for entry, reused in left:
-                    if not reused and entry.store is None:  # never built: out, and nobody waits for it
+                    if (
+                        not reused and entry.store is None
+                    ):  # never built: out, and nobody waits for it
                         self._drop(key, entry)
                     self._let_go(entry)
 
@@ -221,7 +246,9 @@ class StoreCache:
 
     def close(self) -> None:
         with self._lock:
-            stores = [e.store for e in (*self._live.values(), *self._retired) if e.store is not None]
+            stores = [
+                e.store for e in (*self._live.values(), *self._retired) if e.store is not None
+            ]
             self._live.clear()
             self._retired.clear()
             self._entries.clear()
@@ -296,8 +323,11 @@ class CachedStores:
 
     shared = True
 
-    def __init__(self, open: Callable[[Episode], tuple[Store, bool]],  # noqa: A002 - the protocol's name
-                 release: Callable[[Store], None] | None = None):
+    def __init__(
+        self,
+        open: Callable[[Episode], tuple[Store, bool]],  # noqa: A002 - the protocol's name
+        release: Callable[[Store], None] | None = None,
+    ):
         self._open = open
         self._release = release
 

@@ -34,7 +34,9 @@ class _Pool:
 
     def __init__(self, n: int, name: str):
         self.n, self.name = n, name
-        self._queue: queue.SimpleQueue[tuple[Future[Any], Callable[[], Any]] | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[tuple[Future[Any], Callable[[], Any]] | None] = (
+            queue.SimpleQueue()
+        )
         self._threads: list[threading.Thread] = []
         self._closed = False
         self._lock = threading.Lock()
@@ -49,7 +51,9 @@ class _Pool:
                 return future
             self._queue.put((future, call))
             if len(self._threads) < self.n:  # one more thread per call, up to n
-                thread = threading.Thread(target=self._serve, name=f"{self.name}-{len(self._threads)}", daemon=True)
+                thread = threading.Thread(
+                    target=self._serve, name=f"{self.name}-{len(self._threads)}", daemon=True
+                )
                 self._threads.append(thread)
                 thread.start()
         return future
@@ -83,8 +87,9 @@ def in_order(pool: _Pool, fn: Callable[[T], R], items: Iterable[T]) -> Iterator[
     outlives the caller's use of what they share (a store, a graph). An interrupt (``KeyboardInterrupt``,
     the iteration abandoned) waits for nothing.
     """
-    futures: list[Future[R]] = [pool.submit(functools.partial(contextvars.copy_context().run, fn, item))
-                                for item in items]
+    futures: list[Future[R]] = [
+        pool.submit(functools.partial(contextvars.copy_context().run, fn, item)) for item in items
+    ]
     try:
         for future in futures:
             yield future.result()

@@ -39,7 +39,9 @@ def fill(source: str, data: dict[str, tuple[str, Any]], header: str = "") -> str
     if len(_BLOCK.findall(source)) != 1:
         raise ValueError("template has no single exported-data block")
     lines = [DATA_BEGIN]
-    lines += [f"{name}: {annotation} = {_literal(value)}" for name, (annotation, value) in data.items()]
+    lines += [
+        f"{name}: {annotation} = {_literal(value)}" for name, (annotation, value) in data.items()
+    ]
     lines.append(DATA_END)
     filled = _BLOCK.sub(lambda _: "\n".join(lines), source)
     return header + filled
@@ -53,6 +55,10 @@ def _literal(value: Any, width: int = 110) -> str:
     lines = ["{"]
     for key, item in value.items():
         head = f"    {key!r}: "
-        body = pprint.pformat(item, width=max(40, width - len(head))) if isinstance(item, str) else repr(item)
+        body = (
+            pprint.pformat(item, width=max(40, width - len(head)))
+            if isinstance(item, str)
+            else repr(item)
+        )
         lines.append(head + body.replace("\n", "\n" + " " * len(head)) + ",")
     return "\n".join(lines + ["}"])

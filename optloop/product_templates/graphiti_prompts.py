@@ -52,7 +52,11 @@ def sha256(text: str) -> str:
 def graphiti_prompts(prompts: Mapping[str, str] | None = None) -> dict[str, str]:
     """graphiti prompt name (``extract_edges.edge``) -> optimized system text, for the graphiti sites."""
     prompts = PROMPTS if prompts is None else prompts
-    return {site.removeprefix(SITE_PREFIX): text for site, text in prompts.items() if site.startswith(SITE_PREFIX)}
+    return {
+        site.removeprefix(SITE_PREFIX): text
+        for site, text in prompts.items()
+        if site.startswith(SITE_PREFIX)
+    }
 
 
 def overrides(prompts: Mapping[str, str] | None = None) -> dict[str, dict[str, Callable]]:
@@ -62,11 +66,15 @@ def overrides(prompts: Mapping[str, str] | None = None) -> dict[str, dict[str, C
     base = DefaultChatPromptLibrary()
     by_name = graphiti_prompts(prompts)
     if not by_name:
-        raise ValueError(f"no graphiti prompt to apply: got sites {sorted(prompts or PROMPTS)}; graphiti's are "
-                         f"named {SITE_PREFIX}<group>.<method>")
+        raise ValueError(
+            f"no graphiti prompt to apply: got sites {sorted(prompts or PROMPTS)}; graphiti's are "
+            f"named {SITE_PREFIX}<group>.<method>"
+        )
     out: dict[str, dict[str, Callable]] = {}
     for name, text in by_name.items():
-        builder = get_prompt_builder(base, name)  # raises ValueError on a name graphiti does not have
+        builder = get_prompt_builder(
+            base, name
+        )  # raises ValueError on a name graphiti does not have
         group, method = name.split(".", 1)
         out.setdefault(group, {})[method] = _override(name, builder, text)
     return out
@@ -84,8 +92,11 @@ def _override(name: str, builder: Callable, text: str) -> Callable:
         if not checked:
             checked = True
             if sha256(prompt.system.content) != expected:
-                logger.warning("the installed graphiti's own %s prompt differs from the one these prompts were "
-                               "optimized from; they still replace it", name)
+                logger.warning(
+                    "the installed graphiti's own %s prompt differs from the one these prompts were "
+                    "optimized from; they still replace it",
+                    name,
+                )
         return prompt.model_copy(update={"system": SystemMessage(content=text)})
 
     return override

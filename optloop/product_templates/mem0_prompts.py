@@ -82,9 +82,12 @@ def rerank_score_text(answer: Any) -> Any:
         return answer
 
 
-def apply(memory: Any, prompts: Mapping[str, str] | None = None,
-          response_formats: Mapping[str, dict[str, Any]] | None = None,
-          sampling: Mapping[str, Any] | None = None) -> list[str]:
+def apply(
+    memory: Any,
+    prompts: Mapping[str, str] | None = None,
+    response_formats: Mapping[str, dict[str, Any]] | None = None,
+    sampling: Mapping[str, Any] | None = None,
+) -> list[str]:
     """Make ``memory`` (a ``mem0.Memory`` or ``AsyncMemory``) send the optimized prompts.
 
     ``prompts`` / ``response_formats`` / ``sampling`` default to this module's ``PROMPTS`` /
@@ -96,37 +99,56 @@ def apply(memory: Any, prompts: Mapping[str, str] | None = None,
     options = dict(SAMPLING if sampling is None else sampling)
     sites = [s for s in SITES if s in prompts]
     if not sites:
-        raise ValueError(f"no mem0 prompt to apply: got sites {sorted(prompts)}, mem0's are {', '.join(SITES)}")
+        raise ValueError(
+            f"no mem0 prompt to apply: got sites {sorted(prompts)}, mem0's are {', '.join(SITES)}"
+        )
     from mem0.configs.prompts import AGENT_CONTEXT_SUFFIX
 
     own = library_prompts()
     for site in sites:
         if site in LIBRARY_SHA256 and LIBRARY_SHA256[site] != sha256(own[site]):
-            logger.warning("the installed mem0's own %s prompt differs from the one these prompts were optimized "
-                           "from; they still replace it", site)
+            logger.warning(
+                "the installed mem0's own %s prompt differs from the one these prompts were optimized "
+                "from; they still replace it",
+                site,
+            )
     applied = []
     if EXTRACT in prompts:
         text, fmt = prompts[EXTRACT], formats.get(EXTRACT)
-        _route(memory.llm, {
-            own[EXTRACT]: (text, fmt, None),
-            # agent-scoped add (agent_id, no user_id): mem0 appends the suffix to its prompt
-            own[EXTRACT] + AGENT_CONTEXT_SUFFIX: (text + AGENT_CONTEXT_SUFFIX, fmt, None),
-        }, options)
+        _route(
+            memory.llm,
+            {
+                own[EXTRACT]: (text, fmt, None),
+                # agent-scoped add (agent_id, no user_id): mem0 appends the suffix to its prompt
+                own[EXTRACT] + AGENT_CONTEXT_SUFFIX: (text + AGENT_CONTEXT_SUFFIX, fmt, None),
+            },
+            options,
+        )
         applied.append(EXTRACT)
     if RERANK in prompts:
         reranker = getattr(memory, "reranker", None)
         if reranker is None or not hasattr(reranker, "llm"):
-            logger.warning("%s not applied: this Memory has no LLM reranker (config reranker provider "
-                           "'llm_reranker')", RERANK)
+            logger.warning(
+                "%s not applied: this Memory has no LLM reranker (config reranker provider "
+                "'llm_reranker')",
+                RERANK,
+            )
         else:
             fmt = formats.get(RERANK)
-            _route(reranker.llm, {own[RERANK]: (prompts[RERANK], fmt, rerank_score_text if fmt else None)}, options)
+            _route(
+                reranker.llm,
+                {own[RERANK]: (prompts[RERANK], fmt, rerank_score_text if fmt else None)},
+                options,
+            )
             applied.append(RERANK)
     return applied
 
 
-def _route(llm: Any, routes: dict[str, tuple[str, dict[str, Any] | None, Callable[[Any], Any] | None]],
-           sampling: Mapping[str, Any] | None = None) -> None:
+def _route(
+    llm: Any,
+    routes: dict[str, tuple[str, dict[str, Any] | None, Callable[[Any], Any] | None]],
+    sampling: Mapping[str, Any] | None = None,
+) -> None:
     """Wrap ``llm.generate_response`` once; ``routes``: mem0's system text -> (new text, response_format, post);
     ``sampling``: keyword arguments the routed calls send (mem0's LLM clients add them to the request)."""
     table: dict[str, Any] | None = getattr(llm, _ROUTES_ATTR, None)
@@ -145,7 +167,9 @@ def _route(llm: Any, routes: dict[str, tuple[str, dict[str, Any] | None, Callabl
         text, fmt, post, options = route
         kwargs.update(options)
         sent = [{**first, "content": text}, *messages[1:]]
-        if fmt is not None:  # mem0 passes response_format by keyword (its LLMBase has no such parameter)
+        if (
+            fmt is not None
+        ):  # mem0 passes response_format by keyword (its LLMBase has no such parameter)
             kwargs["response_format"] = fmt
         try:
             answer = original(sent, *args, **kwargs)
@@ -153,8 +177,11 @@ def _route(llm: Any, routes: dict[str, tuple[str, dict[str, Any] | None, Callabl
             fallback = _json_object_form(fmt, exc)
             if fallback is None:
                 raise
-            logger.warning("the LLM server refused response_format json_schema; sending the same schema as "
-                           "json_object from now on (%s)", " ".join(str(exc).split())[:160])
+            logger.warning(
+                "the LLM server refused response_format json_schema; sending the same schema as "
+                "json_object from now on (%s)",
+                " ".join(str(exc).split())[:160],
+            )
             for other, (o_text, o_fmt, o_post, o_options) in list(table.items()):
                 if o_fmt == fmt:
                     table[other] = (o_text, fallback, o_post, o_options)

@@ -26,11 +26,20 @@ from optloop.testing.scripted import ScriptedOpenAIServer, answer_with
 
 Disruption = Literal["http500", "http503", "truncated", "nonjson", "hang"]
 TRUNCATED_BODY = '{"id": "cmpl-1", "object": "chat.completion", "created": 0, "choices": [{"index": 0, "message": {"ro'
-NON_JSON_BODY = "<html><head><title>502 Bad Gateway</title></head><body>upstream went away</body></html>"
+NON_JSON_BODY = (
+    "<html><head><title>502 Bad Gateway</title></head><body>upstream went away</body></html>"
+)
 
 
-DEFAULT_AT: dict[int, Disruption] = {3: "http500", 6: "truncated", 9: "http503", 12: "nonjson", 15: "hang",
-                                      18: "http503", 19: "http500"}
+DEFAULT_AT: dict[int, Disruption] = {
+    3: "http500",
+    6: "truncated",
+    9: "http503",
+    12: "nonjson",
+    15: "hang",
+    18: "http503",
+    19: "http500",
+}
 
 
 class FaultSchedule(BaseModel):
@@ -38,24 +47,33 @@ class FaultSchedule(BaseModel):
 
     period: int = Field(20, ge=1)
     at: dict[int, Disruption] = Field(default_factory=lambda: dict(DEFAULT_AT))
-    max_hangs: int = Field(1, ge=0, description="hangs cost a timeout each: at most this many, later ones answer")
+    max_hangs: int = Field(
+        1, ge=0, description="hangs cost a timeout each: at most this many, later ones answer"
+    )
 
     @classmethod
     def parse(cls, text: str) -> FaultSchedule:
         """``"20:3=http500,6=truncated,15=hang"`` (period, then position=fault pairs)."""
         try:
             period, _, pairs = text.partition(":")
-            at = {int(pos): kind for pos, _, kind in (p.partition("=") for p in pairs.split(",") if p.strip())}
+            at = {
+                int(pos): kind
+                for pos, _, kind in (p.partition("=") for p in pairs.split(",") if p.strip())
+            }
             return cls(period=int(period), at=at)
         except ValueError as exc:
-            raise ConfigError(f"--schedule {text!r}: write PERIOD:POS=FAULT,... with FAULT one of "
-                              f"http500, http503, truncated, nonjson, hang ({' '.join(str(exc).split())[:120]})") from None
+            raise ConfigError(
+                f"--schedule {text!r}: write PERIOD:POS=FAULT,... with FAULT one of "
+                f"http500, http503, truncated, nonjson, hang ({' '.join(str(exc).split())[:120]})"
+            ) from None
 
     def fault(self, n: int) -> Disruption | None:
         return self.at.get((n - 1) % self.period + 1)
 
 
-def schema_stub(schema: dict[str, Any] | None, text: str = "keep every name, date and number") -> Any:
+def schema_stub(
+    schema: dict[str, Any] | None, text: str = "keep every name, date and number"
+) -> Any:
     """The smallest document valid under a JSON schema (strings: ``text``), for an endpoint that needs no model."""
     defs = (schema or {}).get("$defs") or (schema or {}).get("definitions") or {}
 
@@ -75,8 +93,9 @@ def schema_stub(schema: dict[str, Any] | None, text: str = "keep every name, dat
         kind = kind[0] if isinstance(kind, list) else kind
         if kind == "object" or "properties" in node:
             return {name: visit(sub) for name, sub in (node.get("properties") or {}).items()}
-        return {"array": [], "integer": 0, "number": 0.0, "boolean": False,
-                "null": None}.get(str(kind), text)
+        return {"array": [], "integer": 0, "number": 0.0, "boolean": False, "null": None}.get(
+            str(kind), text
+        )
 
     return visit(schema or {})
 
@@ -106,14 +125,24 @@ class FaultyEndpoint:
     refused, as from a crashed server.
     """
 
-    def __init__(self, lm: Any, schedule: FaultSchedule | None = None, *, hang_s: float = 5.0,
-                 down_when: Callable[[], bool] | None = None, port: int = 0, client_timeout: float | None = None):
+    def __init__(
+        self,
+        lm: Any,
+        schedule: FaultSchedule | None = None,
+        *,
+        hang_s: float = 5.0,
+        down_when: Callable[[], bool] | None = None,
+        port: int = 0,
+        client_timeout: float | None = None,
+    ):
         self.schedule = schedule or FaultSchedule(at={})
         self.hang_s = hang_s
         self.client_timeout = client_timeout
         self.down_when = down_when
         self.answer = answer_with(lm, keep_max_tokens=True) if lm is not None else stub_answer
-        self.log: list[tuple[int, str]] = []  # (request number, fault or "ok" or "dropped" or "slow")
+        self.log: list[
+            tuple[int, str]
+        ] = []  # (request number, fault or "ok" or "dropped" or "slow")
         self.answer_seconds: list[float] = []  # how long each real answer took
         self.down = False
         self._lock = threading.Lock()
@@ -124,7 +153,9 @@ class FaultyEndpoint:
 
         def handle_error(request: Any, client_address: Any) -> None:
             if not isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
-                default_handle_error(request, client_address)  # a client that gave up on an answer is no news
+                default_handle_error(
+                    request, client_address
+                )  # a client that gave up on an answer is no news
 
         self.server.httpd.handle_error = handle_error  # type: ignore[method-assign]
 
@@ -165,11 +196,18 @@ class FaultyEndpoint:
             answer = self.answer(body)
             self.answer_seconds.append(time.perf_counter() - started)
             if self.client_timeout and self.answer_seconds[-1] >= self.client_timeout:
-                with self._lock:  # a real answer the client had stopped waiting for: a fault nobody injected
+                with (
+                    self._lock
+                ):  # a real answer the client had stopped waiting for: a fault nobody injected
                     self.log[n - 1] = (n, "slow")
             return answer
-        return {"http500": ("status", 500), "http503": ("status", 503), "truncated": ("raw", TRUNCATED_BODY),
-                "nonjson": ("raw", NON_JSON_BODY), "hang": ("hang", self.hang_s)}[fault]
+        return {
+            "http500": ("status", 500),
+            "http503": ("status", 503),
+            "truncated": ("raw", TRUNCATED_BODY),
+            "nonjson": ("raw", NON_JSON_BODY),
+            "hang": ("hang", self.hang_s),
+        }[fault]
 
     def _stop(self) -> None:
         self.server.httpd.shutdown()

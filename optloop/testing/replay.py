@@ -36,7 +36,9 @@ import os
 
 from optloop.offline import offline_defaults
 
-os.environ.update(offline_defaults())  # first: litellm, mem0 and Hugging Face read them when imported
+os.environ.update(
+    offline_defaults()
+)  # first: litellm, mem0 and Hugging Face read them when imported
 
 import hashlib
 import json
@@ -64,7 +66,12 @@ logger = logging.getLogger(__name__)
 
 # What a cache's schema calls may have been decoded under (``Backend.decoding``): the embedded
 # model's default bounds and graphiti's (systems.graphiti_system.local_decoding), an endpoint's modes.
-DEFAULT_DECODINGS = ("bounds:16x400", "bounds:3x80", "schema_mode:json_schema", "schema_mode:json_object")
+DEFAULT_DECODINGS = (
+    "bounds:16x400",
+    "bounds:3x80",
+    "schema_mode:json_schema",
+    "schema_mode:json_object",
+)
 
 
 def bundled_identity() -> str:
@@ -94,9 +101,15 @@ def request_of(body: dict[str, Any]) -> Request:
     """The :class:`Request` a chat-completions body carries (as optloop's engine keys it)."""
     schema, json_mode = response_format_to_schema(body.get("response_format"))
     stop = body.get("stop")
-    return Request(messages=list(body.get("messages") or []), schema=schema, json_mode=json_mode,
-                   temperature=body.get("temperature", 0.0), max_tokens=cast(int, body.get("max_tokens")),
-                   seed=cast(int, body.get("seed")), stop=[stop] if isinstance(stop, str) else (stop or None))
+    return Request(
+        messages=list(body.get("messages") or []),
+        schema=schema,
+        json_mode=json_mode,
+        temperature=body.get("temperature", 0.0),
+        max_tokens=cast(int, body.get("max_tokens")),
+        seed=cast(int, body.get("seed")),
+        stop=[stop] if isinstance(stop, str) else (stop or None),
+    )
 
 
 def request_keys(body: dict[str, Any], identity: str, decodings: Sequence[str]) -> list[str]:
@@ -104,7 +117,11 @@ def request_keys(body: dict[str, Any], identity: str, decodings: Sequence[str]) 
     request = request_of(body)
     json_mode, schema = request.json_mode, request.schema
     payload = {"model": identity, **asdict(request), "rollout_id": None}
-    keys = [LMCache.key({**payload, "decoding": d}) for d in decodings] if json_mode and schema else []
+    keys = (
+        [LMCache.key({**payload, "decoding": d}) for d in decodings]
+        if json_mode and schema
+        else []
+    )
     return [*keys, LMCache.key(payload)]
 
 
@@ -114,7 +131,13 @@ def _probe_answer(body: dict[str, Any]) -> str | None:
     from optloop.lm.probe import CONCURRENCY_PROBE
 
     text = json.dumps(body.get("messages") or [])
-    return '{"city": "Lisbon"}' if SCHEMA_PROBE in text else "ok" if CONCURRENCY_PROBE in text else None
+    return (
+        '{"city": "Lisbon"}'
+        if SCHEMA_PROBE in text
+        else "ok"
+        if CONCURRENCY_PROBE in text
+        else None
+    )
 
 
 def _unit(*parts: Any) -> float:
@@ -130,7 +153,9 @@ class ReplayConfig:
     seed: int = 0
     rate_429: float = 0.0
     retry_after: float = 1.0
-    retry_after_date: bool = False  # send Retry-After as an HTTP date (whole seconds) instead of seconds
+    retry_after_date: bool = (
+        False  # send Retry-After as an HTTP date (whole seconds) instead of seconds
+    )
 
     def __post_init__(self) -> None:
         if self.latency_ms < 0 or self.jitter_ms < 0 or self.jitter_ms > self.latency_ms:
@@ -169,9 +194,16 @@ class ReplayServer(LoopbackServer):
     backlog = 256  # a burst of N new connections is not refused
     thread_name = "replay-server"
 
-    def __init__(self, responses: dict[str, dict[str, Any]], *, identity: str,
-                 decodings: Sequence[str] = DEFAULT_DECODINGS, config: ReplayConfig | None = None, port: int = 0,
-                 fallback: Callable[[dict[str, Any]], dict[str, Any]] | None = None):
+    def __init__(
+        self,
+        responses: dict[str, dict[str, Any]],
+        *,
+        identity: str,
+        decodings: Sequence[str] = DEFAULT_DECODINGS,
+        config: ReplayConfig | None = None,
+        port: int = 0,
+        fallback: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+    ):
         """``fallback``: what answers a chat request (its body) the responses do not hold, with a chat completion
         (recording: the embedded model), its answer then kept in ``responses`` under the request's first key
         and served from there."""
@@ -196,9 +228,13 @@ class ReplayServer(LoopbackServer):
         try:
             request = json.loads(body or b"{}")
         except json.JSONDecodeError:
-            return Reply(400, {"error": {"message": "body is not JSON", "type": "invalid_request_error"}})
+            return Reply(
+                400, {"error": {"message": "body is not JSON", "type": "invalid_request_error"}}
+            )
         if not path.rstrip("/").endswith("/chat/completions"):
-            return Reply(404, {"error": {"message": f"no route {path}", "type": "invalid_request_error"}})
+            return Reply(
+                404, {"error": {"message": f"no route {path}", "type": "invalid_request_error"}}
+            )
         code, payload, extra, delay = self.answer(request)
         return Reply(code, payload, extra, delay_s=delay)
 
@@ -209,17 +245,33 @@ class ReplayServer(LoopbackServer):
         try:
             keys = request_keys(body, self.identity, self.decodings)
         except Exception as exc:  # noqa: BLE001 - a request optloop would not send
-            return 400, {"error": {"message": f"unreadable request: {exc}", "type": "invalid_request_error"}}, {}, 0.0
+            return (
+                400,
+                {
+                    "error": {
+                        "message": f"unreadable request: {exc}",
+                        "type": "invalid_request_error",
+                    }
+                },
+                {},
+                0.0,
+            )
         key = next((k for k in keys if k in self.responses), None)
         if key is None and (probe := _probe_answer(body)) is not None:
             # the start-up probes: a json_schema endpoint that serves side by side (not in requests or probes)
             with self._lock:
                 self.stats.startup_probes += 1
             usage = {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
-            return 200, chat_completion(body, probe, usage, id="replay-probe", model="replay"), {}, \
-                self.config.latency_ms / 1000
+            return (
+                200,
+                chat_completion(body, probe, usage, id="replay-probe", model="replay"),
+                {},
+                self.config.latency_ms / 1000,
+            )
         if key is None and self.fallback is not None and body.get("max_tokens") != 1:
-            with self._fallback_lock:  # one model, one call at a time; a request asked twice is computed once
+            with (
+                self._fallback_lock
+            ):  # one model, one call at a time; a request asked twice is computed once
                 if not any(k in self.responses for k in keys):
                     self.responses[keys[0]] = self.fallback(body)
             key = next(k for k in keys if k in self.responses)
@@ -231,7 +283,9 @@ class ReplayServer(LoopbackServer):
                 else:
                     self.stats.misses += 1
                     if len(self.stats.missed) < 5:
-                        self.stats.missed.append(str((body.get("messages") or [{}])[-1].get("content"))[:120])
+                        self.stats.missed.append(
+                            str((body.get("messages") or [{}])[-1].get("content"))[:120]
+                        )
             occurrence = self._asked[key or keys[-1]]
             self._asked[key or keys[-1]] += 1
             refused = key is not None and self.config.refuses(key, occurrence)
@@ -240,15 +294,43 @@ class ReplayServer(LoopbackServer):
         if key is None:
             if body.get("max_tokens") == 1:
                 usage = {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
-                return 200, chat_completion(body, "ok", usage, id="replay-probe", model="replay"), {}, 0.0
-            return 400, {"error": {"message": "no recorded response for this request (replay server)",
-                                   "type": "invalid_request_error", "code": "replay_miss"}}, {}, 0.0
+                return (
+                    200,
+                    chat_completion(body, "ok", usage, id="replay-probe", model="replay"),
+                    {},
+                    0.0,
+                )
+            return (
+                400,
+                {
+                    "error": {
+                        "message": "no recorded response for this request (replay server)",
+                        "type": "invalid_request_error",
+                        "code": "replay_miss",
+                    }
+                },
+                {},
+                0.0,
+            )
         if refused:
             cfg = self.config
-            value = formatdate(time.time() + cfg.retry_after, usegmt=True) if cfg.retry_after_date \
+            value = (
+                formatdate(time.time() + cfg.retry_after, usegmt=True)
+                if cfg.retry_after_date
                 else f"{cfg.retry_after:g}"
-            return 429, {"error": {"message": "rate limited (replay server)", "type": "rate_limit_error",
-                                   "code": "rate_limit_exceeded"}}, {"retry-after": value}, 0.0
+            )
+            return (
+                429,
+                {
+                    "error": {
+                        "message": "rate limited (replay server)",
+                        "type": "rate_limit_error",
+                        "code": "rate_limit_exceeded",
+                    }
+                },
+                {"retry-after": value},
+                0.0,
+            )
         delay = self.config.latency_s(key, occurrence)
         with self._lock:
             self.stats.hits += 1
@@ -258,26 +340,52 @@ class ReplayServer(LoopbackServer):
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = CommandParser("python -m optloop.testing.replay", __doc__)
-    parser.add_argument("--cache", type=Path, required=True, help="an optloop LM cache file (lm_cache.sqlite)")
-    parser.add_argument("--identity", help="model identity the cache was written under (default: the bundled GGUF)")
-    parser.add_argument("--decoding", action="append", help=f"backend decoding to try (repeatable; default "
-                                                            f"{', '.join(DEFAULT_DECODINGS)})")
+    parser.add_argument(
+        "--cache", type=Path, required=True, help="an optloop LM cache file (lm_cache.sqlite)"
+    )
+    parser.add_argument(
+        "--identity", help="model identity the cache was written under (default: the bundled GGUF)"
+    )
+    parser.add_argument(
+        "--decoding",
+        action="append",
+        help=f"backend decoding to try (repeatable; default {', '.join(DEFAULT_DECODINGS)})",
+    )
     parser.add_argument("--latency-ms", type=float, default=300.0)
-    parser.add_argument("--jitter-ms", type=float, default=50.0, help="latency is uniform in latency +- jitter")
+    parser.add_argument(
+        "--jitter-ms", type=float, default=50.0, help="latency is uniform in latency +- jitter"
+    )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--rate-429", type=float, default=0.0, help="fraction of requests answered HTTP 429")
-    parser.add_argument("--retry-after", type=float, default=1.0, help="seconds in the 429's Retry-After")
-    parser.add_argument("--retry-after-date", action="store_true", help="send Retry-After as an HTTP date")
+    parser.add_argument(
+        "--rate-429", type=float, default=0.0, help="fraction of requests answered HTTP 429"
+    )
+    parser.add_argument(
+        "--retry-after", type=float, default=1.0, help="seconds in the 429's Retry-After"
+    )
+    parser.add_argument(
+        "--retry-after-date", action="store_true", help="send Retry-After as an HTTP date"
+    )
     parser.add_argument("--port", type=int, default=0)
     args = parse_command(parser, argv)
-    config = ReplayConfig(latency_ms=args.latency_ms, jitter_ms=args.jitter_ms, seed=args.seed,
-                          rate_429=args.rate_429, retry_after=args.retry_after, retry_after_date=args.retry_after_date)
+    config = ReplayConfig(
+        latency_ms=args.latency_ms,
+        jitter_ms=args.jitter_ms,
+        seed=args.seed,
+        rate_429=args.rate_429,
+        retry_after=args.retry_after,
+        retry_after_date=args.retry_after_date,
+    )
     responses = load_cache(args.cache)  # a missing or unreadable cache: one line, exit 2 (run_cli)
     identity = args.identity or bundled_identity()
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    with ReplayServer(responses, identity=identity, decodings=args.decoding or DEFAULT_DECODINGS, config=config,
-                      port=args.port) as server:
+    with ReplayServer(
+        responses,
+        identity=identity,
+        decodings=args.decoding or DEFAULT_DECODINGS,
+        config=config,
+        port=args.port,
+    ) as server:
         print(server.base_url, flush=True)
         print(f"replaying {len(responses)} responses as {identity}", file=sys.stderr, flush=True)
         try:

@@ -25,17 +25,21 @@ from typing import Any
 
 from optloop.testing.loopback import LoopbackServer, Reply, chat_completion
 
-
 # optloop's start-up probes (the schema mode, --concurrency auto) are answered outside the script and
 # recorded in ``probes``, not ``requests``, as a server that takes ``schema_modes`` would answer them;
 # a llama.cpp Python server takes {"json_object", "none"} and answers json_schema with HTTP 500 and
 # pydantic's validation text (LLAMA_CPP_REJECTION, word for word).
 ALL_SCHEMA_MODES = frozenset({"json_schema", "json_object", "none"})
-LLAMA_CPP_REJECTION = {"error": {  # llama-cpp-python 0.3.36's server, word for word
-    "message": "1 validation error:\n  {'type': 'literal_error', 'loc': ('body', 'response_format', 'type'), "
-               "'msg': \"Input should be 'text' or 'json_object'\", 'input': 'json_schema', 'ctx': {'expected': "
-               "\"'text' or 'json_object'\"}}\n\n  Endpoint: POST /v1/chat/completions",
-    "type": "internal_server_error", "param": None, "code": None}}
+LLAMA_CPP_REJECTION = {
+    "error": {  # llama-cpp-python 0.3.36's server, word for word
+        "message": "1 validation error:\n  {'type': 'literal_error', 'loc': ('body', 'response_format', 'type'), "
+        "'msg': \"Input should be 'text' or 'json_object'\", 'input': 'json_schema', 'ctx': {'expected': "
+        "\"'text' or 'json_object'\"}}\n\n  Endpoint: POST /v1/chat/completions",
+        "type": "internal_server_error",
+        "param": None,
+        "code": None,
+    }
+}
 
 
 def _probe_kind(body: dict[str, Any]) -> str | None:
@@ -43,20 +47,29 @@ def _probe_kind(body: dict[str, Any]) -> str | None:
     from optloop.lm.probe import CONCURRENCY_PROBE
 
     text = json.dumps(body.get("messages") or [])
-    return "schema" if SCHEMA_PROBE in text else "concurrency" if CONCURRENCY_PROBE in text else None
+    return (
+        "schema" if SCHEMA_PROBE in text else "concurrency" if CONCURRENCY_PROBE in text else None
+    )
 
 
 def _schema_mode(body: dict[str, Any]) -> str:
     fmt = body.get("response_format") or {}
-    return "none" if not fmt else "json_schema" if fmt.get("type") == "json_schema" else "json_object"
+    return (
+        "none" if not fmt else "json_schema" if fmt.get("type") == "json_schema" else "json_object"
+    )
 
 
 _USAGE = {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}
 
 
 class ScriptedOpenAIServer(LoopbackServer):
-    def __init__(self, script: list[tuple[str, Any]], *, port: int = 0,
-                 schema_modes: frozenset[str] = ALL_SCHEMA_MODES):
+    def __init__(
+        self,
+        script: list[tuple[str, Any]],
+        *,
+        port: int = 0,
+        schema_modes: frozenset[str] = ALL_SCHEMA_MODES,
+    ):
         self.script = list(script)
         self.requests: list[dict[str, Any]] = []
         self.probes: list[dict[str, Any]] = []
@@ -77,8 +90,14 @@ class ScriptedOpenAIServer(LoopbackServer):
         if _schema_mode(request) not in self.schema_modes:
             return Reply(500, LLAMA_CPP_REJECTION)
         with self.lock:
-            self.requests.append({"path": path, "body": request, "auth": headers.get("authorization"),
-                                  "at": time.monotonic()})
+            self.requests.append(
+                {
+                    "path": path,
+                    "body": request,
+                    "auth": headers.get("authorization"),
+                    "at": time.monotonic(),
+                }
+            )
             kind, arg = self.script.pop(0) if len(self.script) > 1 else self.script[0]
         if kind == "respond":
             kind, arg = arg(request)
@@ -92,14 +111,28 @@ class ScriptedOpenAIServer(LoopbackServer):
         if kind == "raw":
             return Reply(raw=arg.encode())
         if kind == "embed":
-            data = [{"object": "embedding", "index": i, "embedding": [float(i + 1)] + [0.0] * (arg - 1)}
-                    for i, _ in enumerate(request["input"])]
-            return Reply(payload={"object": "list", "data": data, "model": request["model"],
-                                  "usage": {"prompt_tokens": 1, "total_tokens": 1}})
+            data = [
+                {
+                    "object": "embedding",
+                    "index": i,
+                    "embedding": [float(i + 1)] + [0.0] * (arg - 1),
+                }
+                for i, _ in enumerate(request["input"])
+            ]
+            return Reply(
+                payload={
+                    "object": "list",
+                    "data": data,
+                    "model": request["model"],
+                    "usage": {"prompt_tokens": 1, "total_tokens": 1},
+                }
+            )
         return Reply(payload=chat_completion(request, arg, _USAGE))
 
 
-def answer_with(lm: Any, *, keep_max_tokens: bool = False) -> Callable[[dict[str, Any]], tuple[str, Any]]:
+def answer_with(
+    lm: Any, *, keep_max_tokens: bool = False
+) -> Callable[[dict[str, Any]], tuple[str, Any]]:
     """A ``("respond", ...)`` behaviour that answers every chat request with a real LM.
 
     ``ScriptedOpenAIServer([("respond", answer_with(lm))])`` is an OpenAI-compatible
@@ -112,8 +145,11 @@ def answer_with(lm: Any, *, keep_max_tokens: bool = False) -> Callable[[dict[str
 
     def respond(body: dict[str, Any]) -> tuple[str, Any]:
         if keep_max_tokens:
-            return "ok", lm.text(body["messages"], response_format=body.get("response_format"),
-                                 max_tokens=body.get("max_tokens"))
+            return "ok", lm.text(
+                body["messages"],
+                response_format=body.get("response_format"),
+                max_tokens=body.get("max_tokens"),
+            )
         return "ok", lm.text(body["messages"], response_format=body.get("response_format"))
 
     return respond

@@ -43,7 +43,9 @@ class Variable(BaseModel):
     """One value at one version."""
 
     id: str
-    cls: str = Field(description="message | prompt | fact | memory | question | query | retrieved | answer")
+    cls: str = Field(
+        description="message | prompt | fact | memory | question | query | retrieved | answer"
+    )
     name: str
     version: int = 0
     text: str = Field("", description="the value as text (what judges read)")
@@ -51,7 +53,9 @@ class Variable(BaseModel):
     session_id: str | None = None
     question_id: str | None = None
     timestamp: str | None = None
-    provenance: list[str] = Field(default_factory=list, description="ids of the message variables it came from")
+    provenance: list[str] = Field(
+        default_factory=list, description="ids of the message variables it came from"
+    )
     status: Status = "live"
 
     @classmethod
@@ -63,11 +67,15 @@ class Operation(BaseModel):
     """One step that consumed ``inputs`` and produced ``outputs`` (variable ids)."""
 
     id: str
-    name: str = Field(description="extract | curate | update | delete | store | rewrite | retrieve | rerank | answer")
+    name: str = Field(
+        description="extract | curate | update | delete | store | rewrite | retrieve | rerank | answer"
+    )
     category: Category
     seq: int
     site: str | None = Field(None, description="the prompt site that made this LLM call")
-    knobs: dict[str, Any] = Field(default_factory=dict, description="knob values a non-LLM step ran under")
+    knobs: dict[str, Any] = Field(
+        default_factory=dict, description="knob values a non-LLM step ran under"
+    )
     session_id: str | None = None
     question_id: str | None = None
     inputs: list[str] = Field(default_factory=list)
@@ -77,10 +85,16 @@ class Operation(BaseModel):
     llm_calls: int = 0
     retries: int = 0
     seconds: float = 0.0
-    lm_attempts: int = Field(0, description="requests the model was sent (cache hits are none; a retry is one more)")
-    lm_faults: list[str] = Field(default_factory=list,
-                                 description="each failed attempt, in order: 'HTTP 503', 'timeout', 'body truncated', ...'")
-    lm_error: str | None = Field(None, description="the LM error that outlasted the retries (None: every fault cured)")
+    lm_attempts: int = Field(
+        0, description="requests the model was sent (cache hits are none; a retry is one more)"
+    )
+    lm_faults: list[str] = Field(
+        default_factory=list,
+        description="each failed attempt, in order: 'HTTP 503', 'timeout', 'body truncated', ...'",
+    )
+    lm_error: str | None = Field(
+        None, description="the LM error that outlasted the retries (None: every fault cured)"
+    )
 
 
 class ExecutionGraph(BaseModel):
@@ -105,29 +119,55 @@ class ExecutionGraph(BaseModel):
         self.variables[variable.id] = variable
         return variable
 
-    def add_operation(self, name: str, category: Category, *, inputs: Iterable[str] = (),
-                      outputs: Iterable[str] = (), **fields: Any) -> Operation:
+    def add_operation(
+        self,
+        name: str,
+        category: Category,
+        *,
+        inputs: Iterable[str] = (),
+        outputs: Iterable[str] = (),
+        **fields: Any,
+    ) -> Operation:
         seq = len(self.operations)
         inputs, outputs = list(inputs), list(outputs)
         for vid in (*inputs, *outputs):
             if vid not in self.variables:
                 raise KeyError(f"operation {name}: unknown variable {vid}")
-        op = Operation(id=f"op{seq:05d}", name=name, category=category, seq=seq, inputs=inputs, outputs=outputs,
-                       **fields)
+        op = Operation(
+            id=f"op{seq:05d}",
+            name=name,
+            category=category,
+            seq=seq,
+            inputs=inputs,
+            outputs=outputs,
+            **fields,
+        )
         self.operations.append(op)
         return op
 
-    def add_removal(self, sources: Iterable[str], removed: Iterable[Variable], tombstones: Iterable[Variable], *,
-                    session_id: str) -> Operation | None:
+    def add_removal(
+        self,
+        sources: Iterable[str],
+        removed: Iterable[Variable],
+        tombstones: Iterable[Variable],
+        *,
+        session_id: str,
+    ) -> Operation | None:
         """One ``delete`` operation for a session's removed memory units (``None`` when there are none): it
         reads the session's ``sources`` and each unit's last version, and writes its tombstone (the deleted
         version). The recorder and the MEME trace importer both end a session's store changes with it."""
         olds, tombs = [v.id for v in removed], [v.id for v in tombstones]
         if not olds:
             return None
-        return self.add_operation("delete", "ingest", inputs=[*sources, *olds], outputs=tombs,
-                                  knobs={"session": session_id}, session_id=session_id,
-                                  comment=f"{len(olds)} memory unit(s) removed")
+        return self.add_operation(
+            "delete",
+            "ingest",
+            inputs=[*sources, *olds],
+            outputs=tombs,
+            knobs={"session": session_id},
+            session_id=session_id,
+            comment=f"{len(olds)} memory unit(s) removed",
+        )
 
     def next_version(self, cls: str, name: str) -> int:
         versions = self.versions(cls, name)
@@ -156,8 +196,10 @@ class ExecutionGraph(BaseModel):
         return [op for op in self.operations if vid in op.inputs]
 
     def versions(self, cls: str, name: str) -> list[Variable]:
-        return sorted((v for v in self.variables.values() if v.cls == cls and v.name == name),
-                      key=lambda v: v.version)
+        return sorted(
+            (v for v in self.variables.values() if v.cls == cls and v.name == name),
+            key=lambda v: v.version,
+        )
 
     def latest(self, cls: str, name: str) -> Variable | None:
         versions = self.versions(cls, name)
@@ -219,7 +261,11 @@ class ExecutionGraph(BaseModel):
         added = []
         for op in other.operations[since:]:
             fields = op.model_dump(exclude={"id", "seq", "name", "category", "inputs", "outputs"})
-            added.append(self.add_operation(op.name, op.category, inputs=op.inputs, outputs=op.outputs, **fields))
+            added.append(
+                self.add_operation(
+                    op.name, op.category, inputs=op.inputs, outputs=op.outputs, **fields
+                )
+            )
         return added
 
     # --- JSON -----------------------------------------------------------------------------

@@ -79,11 +79,11 @@ def _blocks(text: str) -> list[str]:
 def _sections(text: str) -> list[tuple[str, str]]:
     headers = list(_WIKI_HEADER.finditer(text))
     out = []
-    if headers and text[:headers[0].start()].strip():
-        out.append(("(preamble)", text[:headers[0].start()].strip()))
+    if headers and text[: headers[0].start()].strip():
+        out.append(("(preamble)", text[: headers[0].start()].strip()))
     for i, match in enumerate(headers):
         end = headers[i + 1].start() if i + 1 < len(headers) else len(text)
-        out.append((match.group(0), text[match.start():end].strip()))
+        out.append((match.group(0), text[match.start() : end].strip()))
     return out
 
 
@@ -94,17 +94,25 @@ def split_units(text: str, fmt: str) -> dict[str, str]:
     if fmt == "chunks":
         return _unique((block, block) for block in _blocks(text))
     lines = (line.rstrip() for line in text.splitlines())
-    return _unique(((m.group(1) if (m := _LINE_ID.match(line)) else line), line) for line in lines if line.strip())
+    return _unique(
+        ((m.group(1) if (m := _LINE_ID.match(line)) else line), line)
+        for line in lines
+        if line.strip()
+    )
 
 
 def context_items(text: str, fmt: str) -> list[dict[str, Any]]:
     """A retrieved context as ranked items (``rank``, ``id``, ``var``, ``text``, ``score``)."""
-    pieces = _blocks(text) if fmt == "chunks" else [line.strip() for line in text.splitlines() if line.strip()]
+    pieces = (
+        _blocks(text)
+        if fmt == "chunks"
+        else [line.strip() for line in text.splitlines() if line.strip()]
+    )
     items = []
     for rank, piece in enumerate(pieces, 1):
         match = _SCORE.match(piece)
         score = float(match.group(1)) if match else None
-        body = piece[match.end():] if match else piece
+        body = piece[match.end() :] if match else piece
         items.append({"rank": rank, "id": None, "var": None, "text": body, "score": score})
     return items
 
@@ -127,27 +135,56 @@ class _Builder:
         self.names: dict[str, str] = {}  # unit identity -> variable name
 
     def session(self, session: Session, snapshot: str) -> None:
-        messages = [self.graph.add_variable(Variable.make(
-            "message", turn.id, text=f"{turn.speaker or turn.role}: {turn.content}", session_id=session.id,
-            timestamp=session.timestamp, data={"role": turn.role})).id for turn in session.turns]
+        messages = [
+            self.graph.add_variable(
+                Variable.make(
+                    "message",
+                    turn.id,
+                    text=f"{turn.speaker or turn.role}: {turn.content}",
+                    session_id=session.id,
+                    timestamp=session.timestamp,
+                    data={"role": turn.role},
+                )
+            ).id
+            for turn in session.turns
+        ]
         units = split_units(snapshot, self.fmt)
         removed = [k for k in self.live if k not in units]
         added = [k for k in units if k not in self.live]
         changed = [k for k in units if k in self.live and self.live[k].text != units[k]]
         replaced = self._pair(removed, added, units)
         knobs = {"session": session.id}
-        new = [self._unit(k, units[k], session, messages).id for k in added if k not in replaced.values()]
-        self.graph.add_operation("store", "ingest", inputs=messages, outputs=new, knobs=knobs,
-                                 session_id=session.id, comment=f"{len(new)} new memory unit(s) in the snapshot")
+        new = [
+            self._unit(k, units[k], session, messages).id
+            for k in added
+            if k not in replaced.values()
+        ]
+        self.graph.add_operation(
+            "store",
+            "ingest",
+            inputs=messages,
+            outputs=new,
+            knobs=knobs,
+            session_id=session.id,
+            comment=f"{len(new)} new memory unit(s) in the snapshot",
+        )
         for old, key in [*replaced.items(), *((k, k) for k in changed)]:
             before = self.live.pop(old) if old != key else self.live[key]
             after = self._unit(key, units[key], session, messages, name=self.names[old])
-            self.graph.add_operation("update", "ingest", inputs=[*messages, before.id], outputs=[after.id],
-                                     knobs=knobs, session_id=session.id,
-                                     comment="text changed" if old == key else "unit replaced by a similar one")
+            self.graph.add_operation(
+                "update",
+                "ingest",
+                inputs=[*messages, before.id],
+                outputs=[after.id],
+                knobs=knobs,
+                session_id=session.id,
+                comment="text changed" if old == key else "unit replaced by a similar one",
+            )
         gone = [k for k in removed if k not in replaced]
         olds = [self.live[k] for k in gone]
-        self.graph.add_removal(messages, olds, [self._tombstone(k, session) for k in gone], session_id=session.id)
+        self.graph.add_removal(
+            messages, olds, [self._tombstone(k, session) for k in gone], session_id=session.id
+        )
 
     def _pair(self, removed: list[str], added: list[str], units: dict[str, str]) -> dict[str, str]:
         """Removed unit -> the added unit that replaced it (at least REPLACED similar)."""
@@ -159,42 +196,97 @@ class _Builder:
                 pairs[old] = best
         return pairs
 
-    def _unit(self, key: str, text: str, session: Session, messages: list[str], name: str | None = None) -> Variable:
+    def _unit(
+        self, key: str, text: str, session: Session, messages: list[str], name: str | None = None
+    ) -> Variable:
         name = name or self.names.get(key) or f"u{len(self.names) + 1}"
         self.names[key] = name
-        var = self.graph.add_variable(Variable.make(
-            "memory", name, self.graph.next_version("memory", name), text=text, data={"key": key[:120]},
-            session_id=session.id, timestamp=session.timestamp, provenance=list(messages)))
+        var = self.graph.add_variable(
+            Variable.make(
+                "memory",
+                name,
+                self.graph.next_version("memory", name),
+                text=text,
+                data={"key": key[:120]},
+                session_id=session.id,
+                timestamp=session.timestamp,
+                provenance=list(messages),
+            )
+        )
         self.live[key] = var
         return var
 
     def _tombstone(self, key: str, session: Session) -> Variable:
         old = self.live.pop(key)
-        return self.graph.add_variable(Variable.make(
-            "memory", old.name, old.version + 1, text="", session_id=session.id, timestamp=session.timestamp,
-            provenance=old.provenance, status="deleted"))
+        return self.graph.add_variable(
+            Variable.make(
+                "memory",
+                old.name,
+                old.version + 1,
+                text="",
+                session_id=session.id,
+                timestamp=session.timestamp,
+                provenance=old.provenance,
+                status="deleted",
+            )
+        )
 
     def probe(self, question: Question, probe: Probe, context: str) -> None:
-        qvar = self.graph.add_variable(Variable.make(
-            "question", question.id, text=question.question, question_id=question.id,
-            data={"gold": question.gold, "evidence_ids": list(question.evidence_ids), "task_type": question.task_type}))
+        qvar = self.graph.add_variable(
+            Variable.make(
+                "question",
+                question.id,
+                text=question.question,
+                question_id=question.id,
+                data={
+                    "gold": question.gold,
+                    "evidence_ids": list(question.evidence_ids),
+                    "task_type": question.task_type,
+                },
+            )
+        )
         by_text = {_bare(v.text): v.id for v in self.live.values()}
         items = context_items(context, self.fmt)
         for item in items:
             item["var"] = by_text.get(_bare(item["text"]))
-        retrieved = self.graph.add_variable(Variable.make(
-            "retrieved", question.id, text=context, question_id=question.id,
-            data={"items": items, "query": question.question, "wide": [], "truncation": None,
-                  "file": probe.context_file}))
+        retrieved = self.graph.add_variable(
+            Variable.make(
+                "retrieved",
+                question.id,
+                text=context,
+                question_id=question.id,
+                data={
+                    "items": items,
+                    "query": question.question,
+                    "wide": [],
+                    "truncation": None,
+                    "file": probe.context_file,
+                },
+            )
+        )
         linked = [item["var"] for item in items if item["var"]]
-        self.graph.add_operation("retrieve", "retrieve", inputs=dict.fromkeys([qvar.id, *linked]),
-                                 outputs=[retrieved.id], question_id=question.id,
-                                 comment=f"{len(items)} published context item(s)")
-        answer = self.graph.add_variable(Variable.make("answer", f"{question.id}.answer", text=probe.answer,
-                                                       question_id=question.id))
+        self.graph.add_operation(
+            "retrieve",
+            "retrieve",
+            inputs=dict.fromkeys([qvar.id, *linked]),
+            outputs=[retrieved.id],
+            question_id=question.id,
+            comment=f"{len(items)} published context item(s)",
+        )
+        answer = self.graph.add_variable(
+            Variable.make(
+                "answer", f"{question.id}.answer", text=probe.answer, question_id=question.id
+            )
+        )
         verdict = "passed" if probe.passed else "failed"
-        self.graph.add_operation("answer", "answer", inputs=[qvar.id, retrieved.id], outputs=[answer.id],
-                                 question_id=question.id, comment=f"published answer ({verdict} by the authors' judge)")
+        self.graph.add_operation(
+            "answer",
+            "answer",
+            inputs=[qvar.id, retrieved.id],
+            outputs=[answer.id],
+            question_id=question.id,
+            comment=f"published answer ({verdict} by the authors' judge)",
+        )
 
 
 def _read(path: Path, what: str) -> str:
@@ -207,17 +299,38 @@ def _read(path: Path, what: str) -> str:
 
 
 def _snapshots(published: PublishedEpisode, system: str, sessions: Sequence[Session]) -> list[str]:
-    return [_read(published.snapshot_path(system, int(s.id[1:])), f"snapshot of {system} after session {s.id}")
-            for s in sessions]
+    return [
+        _read(
+            published.snapshot_path(system, int(s.id[1:])),
+            f"snapshot of {system} after session {s.id}",
+        )
+        for s in sessions
+    ]
 
 
-def build_graph(published: PublishedEpisode, system: str, episode: Episode, fmt: str, snapshots: Sequence[str],
-                dataset: str = "") -> ExecutionGraph:
+def build_graph(
+    published: PublishedEpisode,
+    system: str,
+    episode: Episode,
+    fmt: str,
+    snapshots: Sequence[str],
+    dataset: str = "",
+) -> ExecutionGraph:
     """The graph of ``system`` on ``episode``: sessions from ``snapshots``, then the episode's probes."""
     label = published.labels.get(system) or {}
-    graph = ExecutionGraph(system=system, episode_id=episode.id, dataset=dataset,
-                           meta={"source": SOURCE, "unit_format": fmt, "label": label.get("name", system),
-                                 "internal_llm": label.get("internalLLM"), "sites": {}, "knobs": {}})
+    graph = ExecutionGraph(
+        system=system,
+        episode_id=episode.id,
+        dataset=dataset,
+        meta={
+            "source": SOURCE,
+            "unit_format": fmt,
+            "label": label.get("name", system),
+            "internal_llm": label.get("internalLLM"),
+            "sites": {},
+            "knobs": {},
+        },
+    )
     builder = _Builder(graph, fmt)
     for session, snapshot in zip(episode.sessions, snapshots, strict=True):
         builder.session(session, snapshot)
@@ -225,7 +338,9 @@ def build_graph(published: PublishedEpisode, system: str, episode: Episode, fmt:
     for question in episode.questions:
         probe = probes[question.id]
         path = published.context_path(probe)
-        builder.probe(question, probe, _read(path, f"retrieved context of {probe.where}") if path else "")
+        builder.probe(
+            question, probe, _read(path, f"retrieved context of {probe.where}") if path else ""
+        )
     return graph
 
 
@@ -243,7 +358,9 @@ class TraceRun:
 
     def failures(self) -> list[tuple[Question, Probe]]:
         """The questions the authors' judge failed, with their probes."""
-        return [(q, self.probes[q.id]) for q in self.episode.questions if not self.probes[q.id].passed]
+        return [
+            (q, self.probes[q.id]) for q in self.episode.questions if not self.probes[q.id].passed
+        ]
 
 
 def import_published(published: PublishedEpisode, dataset: str = "") -> list[TraceRun]:
@@ -255,13 +372,28 @@ def import_published(published: PublishedEpisode, dataset: str = "") -> list[Tra
         fmt = unit_format(snapshots)
         by_session = dict(zip((s.id for s in longest.sessions), snapshots, strict=True))
         for episode in published.episodes.values():
-            graph = build_graph(published, system, episode, fmt, [by_session[s.id] for s in episode.sessions],
-                                dataset)
-            probes = {p.question_id: p for p in published.probes
-                      if p.system == system and p.question_id in {q.id for q in episode.questions}}
+            graph = build_graph(
+                published,
+                system,
+                episode,
+                fmt,
+                [by_session[s.id] for s in episode.sessions],
+                dataset,
+            )
+            probes = {
+                p.question_id: p
+                for p in published.probes
+                if p.system == system and p.question_id in {q.id for q in episode.questions}
+            }
             runs.append(TraceRun(system=system, episode=episode, graph=graph, probes=probes))
-            logger.debug("%s on %s: %d variables, %d operations (%s units)", system, episode.id,
-                         len(graph.variables), len(graph.operations), fmt)
+            logger.debug(
+                "%s on %s: %d variables, %d operations (%s units)",
+                system,
+                episode.id,
+                len(graph.variables),
+                len(graph.operations),
+                fmt,
+            )
     return runs
 
 
@@ -269,10 +401,23 @@ def import_traces(path: str | Path) -> list[TraceRun]:
     """Import every published episode at ``path`` (a checkout directory or ``src/data/<name>.json``)."""
     path = Path(path).expanduser()
     if not path.exists():
-        raise dataset_error(path, None, None, "not found", "give a checkout of meme-eval or its src/data/<name>.json")
+        raise dataset_error(
+            path,
+            None,
+            None,
+            "not found",
+            "give a checkout of meme-eval or its src/data/<name>.json",
+        )
     dataset = f"meme:{path}"
     return [run for published in read_all(path) for run in import_published(published, dataset)]
 
 
-__all__ = ["TraceRun", "build_graph", "context_items", "import_published", "import_traces", "split_units",
-           "unit_format"]
+__all__ = [
+    "TraceRun",
+    "build_graph",
+    "context_items",
+    "import_published",
+    "import_traces",
+    "split_units",
+    "unit_format",
+]

@@ -65,7 +65,17 @@ CATEGORIES: tuple[str, ...] = get_args(Category)
 NODE_KEYS = ("full_node_id", "class", "name", "version", "content", "meta")
 OP_KEYS = ("op_id", "op_name", "category", "comment", "meta")
 NODE_META_FIELDS = ("data", "session_id", "question_id", "timestamp", "provenance", "status")
-OP_META_FIELDS = ("seq", "site", "knobs", "session_id", "question_id", "error", "llm_calls", "retries", "seconds")
+OP_META_FIELDS = (
+    "seq",
+    "site",
+    "knobs",
+    "session_id",
+    "question_id",
+    "error",
+    "llm_calls",
+    "retries",
+    "seconds",
+)
 ANNOTATION_DEFAULTS: dict[str, Any] = {
     "query_id": None,
     "query": "",
@@ -92,12 +102,18 @@ def _error(source: str, where: str | None, field: str | None, problem: str) -> D
     return DatasetError(": ".join(parts) + f": {problem}")
 
 
-def _validation_error(source: str, where: str, exc: ValidationError, prefix: str = "") -> DatasetError:
+def _validation_error(
+    source: str, where: str, exc: ValidationError, prefix: str = ""
+) -> DatasetError:
     first = exc.errors()[0]
     field = ".".join(str(part) for part in first["loc"])
     more = f" (+{len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
-    return _error(source, where, f"{prefix}{field}" if field else prefix.rstrip(".") or None,
-                  first["msg"] + more)
+    return _error(
+        source,
+        where,
+        f"{prefix}{field}" if field else prefix.rstrip(".") or None,
+        first["msg"] + more,
+    )
 
 
 def parse_node_id(node_id: str) -> tuple[str, str, int]:
@@ -131,16 +147,18 @@ def _sessions(graph: ExecutionGraph) -> list[dict[str, Any]]:
     for var in graph.variables.values():
         if var.cls != "message" or var.session_id is None:
             continue
-        record = sessions.setdefault(var.session_id,
-                                     {"session_id": var.session_id, "timestamp": None, "message_ids": []})
+        record = sessions.setdefault(
+            var.session_id, {"session_id": var.session_id, "timestamp": None, "message_ids": []}
+        )
         if record["timestamp"] is None:
             record["timestamp"] = var.timestamp
         record["message_ids"].append(var.id)
     return list(sessions.values())
 
 
-def normalize_annotation(annotation: Mapping[str, Any], *, source: str = "memtrace",
-                         where: str = "annotation") -> dict[str, Any]:
+def normalize_annotation(
+    annotation: Mapping[str, Any], *, source: str = "memtrace", where: str = "annotation"
+) -> dict[str, Any]:
     """An annotation with every MemTraceBench key present (defaults filled), extra keys kept.
 
     ``golden_answers`` / ``source_evidence_ids`` given as one string become a
@@ -148,7 +166,10 @@ def normalize_annotation(annotation: Mapping[str, Any], *, source: str = "memtra
     """
     if not isinstance(annotation, Mapping):
         raise _error(source, where, None, f"expected an object, got {type(annotation).__name__}")
-    out = {**{k: (list(v) if isinstance(v, list) else v) for k, v in ANNOTATION_DEFAULTS.items()}, **annotation}
+    out = {
+        **{k: (list(v) if isinstance(v, list) else v) for k, v in ANNOTATION_DEFAULTS.items()},
+        **annotation,
+    }
     query_id = out["query_id"]
     if isinstance(query_id, int) and not isinstance(query_id, bool):
         out["query_id"] = query_id = str(query_id)
@@ -161,25 +182,43 @@ def normalize_annotation(annotation: Mapping[str, Any], *, source: str = "memtra
         elif isinstance(value, (str, int, float)) and not isinstance(value, bool):
             value = [value]
         if not isinstance(value, list):
-            raise _error(source, f"{where} ({query_id})", key, f"expected a list, got {type(value).__name__}")
+            raise _error(
+                source,
+                f"{where} ({query_id})",
+                key,
+                f"expected a list, got {type(value).__name__}",
+            )
         out[key] = list(value)
     for key in ("query", "prediction"):
         if out[key] is None:
             out[key] = ""
         if not isinstance(out[key], str):
-            raise _error(source, f"{where} ({query_id})", key, f"expected a string, got {type(out[key]).__name__}")
+            raise _error(
+                source,
+                f"{where} ({query_id})",
+                key,
+                f"expected a string, got {type(out[key]).__name__}",
+            )
     for key in ("final_error_type", "final_op_id"):
         if out[key] == "":
             out[key] = None
         if out[key] is not None and not isinstance(out[key], str):
-            raise _error(source, f"{where} ({query_id})", key,
-                         f"expected a string or null, got {type(out[key]).__name__}")
+            raise _error(
+                source,
+                f"{where} ({query_id})",
+                key,
+                f"expected a string or null, got {type(out[key]).__name__}",
+            )
     return out
 
 
-def to_memtrace(graph: ExecutionGraph, annotations: Iterable[Mapping[str, Any]] | None = None) -> dict[str, Any]:
+def to_memtrace(
+    graph: ExecutionGraph, annotations: Iterable[Mapping[str, Any]] | None = None
+) -> dict[str, Any]:
     """The MemTraceBench JSON form of ``graph`` (plus ``annotations``), JSON-ready."""
-    dumped = graph.to_json()  # JSON-safe values (data, knobs) without re-implementing pydantic's dump
+    dumped = (
+        graph.to_json()
+    )  # JSON-safe values (data, knobs) without re-implementing pydantic's dump
     kept: dict[str, Any] = graph.meta.get(MEMTRACE_KEY) or {}
     node_extra: dict[str, dict[str, Any]] = kept.get("node_extra") or {}
     op_extra: dict[str, dict[str, Any]] = kept.get("op_extra") or {}
@@ -187,8 +226,14 @@ def to_memtrace(graph: ExecutionGraph, annotations: Iterable[Mapping[str, Any]] 
 
     nodes = []
     for vid, var in dumped["variables"].items():
-        node = {"full_node_id": vid, "class": var["cls"], "name": var["name"], "version": var["version"],
-                "content": var["text"], "meta": {k: var[k] for k in NODE_META_FIELDS}}
+        node = {
+            "full_node_id": vid,
+            "class": var["cls"],
+            "name": var["name"],
+            "version": var["version"],
+            "content": var["text"],
+            "meta": {k: var[k] for k in NODE_META_FIELDS},
+        }
         for key, value in node_extra.get(vid, {}).items():
             node.setdefault(key, value)
         nodes.append(node)
@@ -199,28 +244,50 @@ def to_memtrace(graph: ExecutionGraph, annotations: Iterable[Mapping[str, Any]] 
         meta = {k: op[k] for k in OP_META_FIELDS}
         if category != op["category"]:
             meta["category"] = op["category"]
-        record = {"op_id": op["id"], "op_name": op["name"], "category": category, "comment": op["comment"],
-                  "meta": meta}
+        record = {
+            "op_id": op["id"],
+            "op_name": op["name"],
+            "category": category,
+            "comment": op["comment"],
+            "meta": meta,
+        }
         for key, value in op_extra.get(op["id"], {}).items():
             record.setdefault(key, value)
         operations.append(record)
 
-    edges = [{"op_id": op_id, "source_full_node_id": source, "target_full_node_id": target}
-             for op_id, source, target in graph.edges()]
+    edges = [
+        {"op_id": op_id, "source_full_node_id": source, "target_full_node_id": target}
+        for op_id, source, target in graph.edges()
+    ]
     sessions = kept.get("sessions") if kept.get("sessions") is not None else _sessions(graph)
-    notes = [normalize_annotation(a, where=f"annotations[{i}]") for i, a in enumerate(annotations or [])]
+    notes = [
+        normalize_annotation(a, where=f"annotations[{i}]") for i, a in enumerate(annotations or [])
+    ]
     graph_meta = {k: v for k, v in dumped["meta"].items() if k != MEMTRACE_KEY}
-    logger.debug("memtrace export: %d nodes, %d operations, %d edges, %d annotations",
-                 len(nodes), len(operations), len(edges), len(notes))
-    return {"data": {
-        "nodes": nodes,
-        "edges": edges,
-        "operations": operations,
-        "sessions": sessions,
-        "annotations": notes,
-        "meta": {"format": FORMAT, "schema": dumped["schema"], "system": graph.system,
-                 "episode_id": graph.episode_id, "dataset": graph.dataset, "graph_meta": graph_meta},
-    }}
+    logger.debug(
+        "memtrace export: %d nodes, %d operations, %d edges, %d annotations",
+        len(nodes),
+        len(operations),
+        len(edges),
+        len(notes),
+    )
+    return {
+        "data": {
+            "nodes": nodes,
+            "edges": edges,
+            "operations": operations,
+            "sessions": sessions,
+            "annotations": notes,
+            "meta": {
+                "format": FORMAT,
+                "schema": dumped["schema"],
+                "system": graph.system,
+                "episode_id": graph.episode_id,
+                "dataset": graph.dataset,
+                "graph_meta": graph_meta,
+            },
+        }
+    }
 
 
 # --- import -------------------------------------------------------------------------------
@@ -280,12 +347,19 @@ def _node(i: int, record: Any, source: str) -> tuple[Variable, dict[str, Any]]:
         if data is None:
             data = content
         content = json.dumps(content, ensure_ascii=False, sort_keys=True)
-    fields: dict[str, Any] = {f: meta[f] if f in meta else extra[f] for f in NODE_META_FIELDS
-                              if f in meta or f in extra}
+    fields: dict[str, Any] = {
+        f: meta[f] if f in meta else extra[f] for f in NODE_META_FIELDS if f in meta or f in extra
+    }
     fields["data"] = data
     try:
-        var = Variable(id=node_id, cls=record.get("class", cls), name=record.get("name", name),
-                       version=record.get("version", version), text=content, **fields)
+        var = Variable(
+            id=node_id,
+            cls=record.get("class", cls),
+            name=record.get("name", name),
+            version=record.get("version", version),
+            text=content,
+            **fields,
+        )
     except ValidationError as exc:
         raise _validation_error(source, where, exc) from None
     return var, extra
@@ -301,7 +375,9 @@ def _operation(i: int, record: Any, source: str) -> tuple[Operation, str | None,
         raise _error(source, where, "op_name", "missing or not a non-empty string")
     raw_category = record.get("category") or "ingest"
     if not isinstance(raw_category, str):
-        raise _error(source, where, "category", f"expected a string, got {type(raw_category).__name__}")
+        raise _error(
+            source, where, "category", f"expected a string, got {type(raw_category).__name__}"
+        )
     meta = _meta(record, source, where)
     category = meta.get("category", map_category(raw_category))
     foreign = raw_category if raw_category != category else None
@@ -310,15 +386,25 @@ def _operation(i: int, record: Any, source: str) -> tuple[Operation, str | None,
     fields.setdefault("seq", i)
     comment = record.get("comment")
     try:
-        op = Operation(id=op_id, name=name, category=category, comment="" if comment is None else comment,
-                       **fields)
+        op = Operation(
+            id=op_id,
+            name=name,
+            category=category,
+            comment="" if comment is None else comment,
+            **fields,
+        )
     except ValidationError as exc:
         raise _validation_error(source, where, exc) from None
     return op, foreign, extra
 
 
-def _link(i: int, record: Any, source: str, variables: Mapping[str, Variable],
-          ops: Mapping[str, Operation]) -> None:
+def _link(
+    i: int,
+    record: Any,
+    source: str,
+    variables: Mapping[str, Variable],
+    ops: Mapping[str, Operation],
+) -> None:
     """Append one edge to its operation's inputs or outputs."""
     record = _record(record, source, f"edges[{i}]")
     src = _ident(record.get("source_full_node_id"), source, f"edges[{i}]", "source_full_node_id")
@@ -340,11 +426,17 @@ def _link(i: int, record: Any, source: str, variables: Mapping[str, Variable],
             raise _error(source, where, "target_full_node_id", f"{dst!r} is not a node")
         op.outputs.append(dst)
     else:
-        raise _error(source, where, "source_full_node_id",
-                     f"neither end is the operation alone ({src!r} -> {dst!r})")
+        raise _error(
+            source,
+            where,
+            "source_full_node_id",
+            f"neither end is the operation alone ({src!r} -> {dst!r})",
+        )
 
 
-def _apply_sessions(sessions: list[Any], source: str, variables: dict[str, Variable]) -> list[dict[str, Any]]:
+def _apply_sessions(
+    sessions: list[Any], source: str, variables: dict[str, Variable]
+) -> list[dict[str, Any]]:
     """Validate session records; give their messages a session id / timestamp they lack."""
     out = []
     for i, record in enumerate(sessions):
@@ -353,7 +445,9 @@ def _apply_sessions(sessions: list[Any], source: str, variables: dict[str, Varia
         where = f"sessions[{i}] ({session_id})"
         message_ids = record.get("message_ids") or []
         if not isinstance(message_ids, list):
-            raise _error(source, where, "message_ids", f"expected a list, got {type(message_ids).__name__}")
+            raise _error(
+                source, where, "message_ids", f"expected a list, got {type(message_ids).__name__}"
+            )
         timestamp = record.get("timestamp")
         if timestamp is not None and not isinstance(timestamp, str):
             timestamp = str(timestamp)
@@ -369,7 +463,9 @@ def _apply_sessions(sessions: list[Any], source: str, variables: dict[str, Varia
     return out
 
 
-def from_memtrace(data: Mapping[str, Any], *, source: str = "memtrace") -> tuple[ExecutionGraph, list[dict[str, Any]]]:
+def from_memtrace(
+    data: Mapping[str, Any], *, source: str = "memtrace"
+) -> tuple[ExecutionGraph, list[dict[str, Any]]]:
     """The graph and annotations of a MemTraceBench JSON object (ours or anyone's).
 
     ``source`` names the input in error messages (a path, say). Raises
@@ -379,7 +475,12 @@ def from_memtrace(data: Mapping[str, Any], *, source: str = "memtrace") -> tuple
         raise _error(source, None, None, f"expected a JSON object, got {type(data).__name__}")
     body = data.get("data")
     if not isinstance(body, Mapping):
-        raise _error(source, None, "data", "missing or not an object (expected {\"data\": {\"nodes\": [...], ...}})")
+        raise _error(
+            source,
+            None,
+            "data",
+            'missing or not an object (expected {"data": {"nodes": [...], ...}})',
+        )
     nodes = _list(body, "nodes", source, required=True)
     edges = _list(body, "edges", source, required=False)
     operations = _list(body, "operations", source, required=True)
@@ -418,19 +519,37 @@ def from_memtrace(data: Mapping[str, Any], *, source: str = "memtrace") -> tuple
         _link(i, record, source, variables, ops)
 
     session_records = _apply_sessions(sessions, source, variables)
-    notes = [normalize_annotation(a, source=source, where=f"annotations[{i}]") for i, a in enumerate(annotations)]
+    notes = [
+        normalize_annotation(a, source=source, where=f"annotations[{i}]")
+        for i, a in enumerate(annotations)
+    ]
     for note in notes:
         if note["final_op_id"] is not None and note["final_op_id"] not in ops:
-            logger.warning("%s: annotation %s: final_op_id %r is not an operation of the graph",
-                           source, note["query_id"], note["final_op_id"])
+            logger.warning(
+                "%s: annotation %s: final_op_id %r is not an operation of the graph",
+                source,
+                note["query_id"],
+                note["final_op_id"],
+            )
 
     graph_meta = file_meta.get("graph_meta") or {}
     if not isinstance(graph_meta, Mapping):
-        raise _error(source, "data.meta", "graph_meta", f"expected an object, got {type(graph_meta).__name__}")
+        raise _error(
+            source,
+            "data.meta",
+            "graph_meta",
+            f"expected an object, got {type(graph_meta).__name__}",
+        )
     try:
-        graph = ExecutionGraph(schema=file_meta.get("schema") or SCHEMA, system=file_meta.get("system") or "",
-                               episode_id=file_meta.get("episode_id") or "", dataset=file_meta.get("dataset") or "",
-                               variables=variables, operations=list(ops.values()), meta=dict(graph_meta))
+        graph = ExecutionGraph(
+            schema=file_meta.get("schema") or SCHEMA,
+            system=file_meta.get("system") or "",
+            episode_id=file_meta.get("episode_id") or "",
+            dataset=file_meta.get("dataset") or "",
+            variables=variables,
+            operations=list(ops.values()),
+            meta=dict(graph_meta),
+        )
     except ValidationError as exc:
         raise _validation_error(source, "data.meta", exc) from None
 
@@ -446,21 +565,30 @@ def from_memtrace(data: Mapping[str, Any], *, source: str = "memtrace") -> tuple
     graph.meta.pop(MEMTRACE_KEY, None)
     if kept:
         graph.meta[MEMTRACE_KEY] = kept
-    logger.debug("memtrace import from %s: %d nodes, %d operations, %d edges, %d annotations",
-                 source, len(variables), len(ops), len(edges), len(notes))
+    logger.debug(
+        "memtrace import from %s: %d nodes, %d operations, %d edges, %d annotations",
+        source,
+        len(variables),
+        len(ops),
+        len(edges),
+        len(notes),
+    )
     return graph, notes
 
 
 # --- files --------------------------------------------------------------------------------
 
 
-def save_memtrace(path: str | Path, graph: ExecutionGraph,
-                  annotations: Iterable[Mapping[str, Any]] | None = None) -> Path:
+def save_memtrace(
+    path: str | Path, graph: ExecutionGraph, annotations: Iterable[Mapping[str, Any]] | None = None
+) -> Path:
     """Write ``graph`` (and ``annotations``) as MemTraceBench JSON to ``path``, atomically."""
     path = Path(path)
     document = to_memtrace(graph, annotations)
     write_atomic(path, json.dumps(document, ensure_ascii=False, indent=1))
-    logger.info("wrote %s (%d nodes, %d operations)", path, len(graph.variables), len(graph.operations))
+    logger.info(
+        "wrote %s (%d nodes, %d operations)", path, len(graph.variables), len(graph.operations)
+    )
     return path
 
 

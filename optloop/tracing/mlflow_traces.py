@@ -95,7 +95,9 @@ def question_variable(graph: ExecutionGraph, question_id: str) -> Variable | Non
     return None
 
 
-def evidence_variables(graph: ExecutionGraph, question_id: str, extra: Iterable[Any] = ()) -> list[str]:
+def evidence_variables(
+    graph: ExecutionGraph, question_id: str, extra: Iterable[Any] = ()
+) -> list[str]:
     """Ids of the message variables holding the question's evidence.
 
     Evidence ids come from the question variable's ``data["evidence_ids"]`` and
@@ -118,7 +120,9 @@ def evidence_variables(graph: ExecutionGraph, question_id: str, extra: Iterable[
     return found
 
 
-def question_operations(graph: ExecutionGraph, question_id: str, evidence: Iterable[str] = ()) -> list[Operation]:
+def question_operations(
+    graph: ExecutionGraph, question_id: str, evidence: Iterable[str] = ()
+) -> list[Operation]:
     """The operations relevant to ``question_id``, in ``seq`` order.
 
     Those with ``op.question_id == question_id``; the ingest operations that
@@ -218,12 +222,21 @@ def _op_attributes(op: Operation, decisive: bool) -> dict[str, Any]:
 
 
 def _prediction(graph: ExecutionGraph, ops: Sequence[Operation], question_id: str) -> str:
-    answers = [vid for op in ops if op.question_id == question_id and op.category == "answer" for vid in op.outputs]
-    answers = [vid for vid in answers if vid in graph.variables and graph.variables[vid].cls == "answer"] or answers
+    answers = [
+        vid
+        for op in ops
+        if op.question_id == question_id and op.category == "answer"
+        for vid in op.outputs
+    ]
+    answers = [
+        vid for vid in answers if vid in graph.variables and graph.variables[vid].cls == "answer"
+    ] or answers
     return graph.variables[answers[-1]].text if answers and answers[-1] in graph.variables else ""
 
 
-def _verdict(graph: ExecutionGraph, question_id: str, attribution: Mapping[str, Any]) -> dict[str, Any]:
+def _verdict(
+    graph: ExecutionGraph, question_id: str, attribution: Mapping[str, Any]
+) -> dict[str, Any]:
     """passed / error_type / blamed_op_id / site / explanation from a lenient attribution dict."""
     error_type = _first(attribution, "final_error_type", "error_type")
     passed = attribution.get("passed")
@@ -235,13 +248,26 @@ def _verdict(graph: ExecutionGraph, question_id: str, attribution: Mapping[str, 
         op = next((op for op in graph.operations if op.id == blamed), None)
         site = op.site if op is not None else None
     if blamed is not None and not any(op.id == blamed for op in graph.operations):
-        logger.warning("question %s: blamed op %r is not an operation of the graph", question_id, blamed)
-    return {"passed": None if passed is None else bool(passed), "error_type": error_type,
-            "blamed_op_id": blamed, "site": site, "explanation": _first(attribution, "explanation")}
+        logger.warning(
+            "question %s: blamed op %r is not an operation of the graph", question_id, blamed
+        )
+    return {
+        "passed": None if passed is None else bool(passed),
+        "error_type": error_type,
+        "blamed_op_id": blamed,
+        "site": site,
+        "explanation": _first(attribution, "explanation"),
+    }
 
 
-def log_question_trace(graph: ExecutionGraph, question_id: str, *, attribution: Mapping[str, Any] | None = None,
-                       experiment_id: str | None = None, flush: bool = True) -> str | None:
+def log_question_trace(
+    graph: ExecutionGraph,
+    question_id: str,
+    *,
+    attribution: Mapping[str, Any] | None = None,
+    experiment_id: str | None = None,
+    flush: bool = True,
+) -> str | None:
     """Log one MLflow trace for ``question_id``; its trace id, or None when nothing was logged.
 
     Logs to the current tracking URI (see :func:`tracking_uri` for optloop's)
@@ -254,11 +280,14 @@ def log_question_trace(graph: ExecutionGraph, question_id: str, *, attribution: 
     qvar = question_variable(graph, question_id)
     own = graph.question_ops(question_id)
     if qvar is None and not own:
-        logger.warning("question %s: no question variable and no operation in the graph; no trace logged",
-                       question_id)
+        logger.warning(
+            "question %s: no question variable and no operation in the graph; no trace logged",
+            question_id,
+        )
         return None
-    evidence = evidence_variables(graph, question_id,
-                                  _as_list(_first(attribution, "source_evidence_ids", "evidence_ids")))
+    evidence = evidence_variables(
+        graph, question_id, _as_list(_first(attribution, "source_evidence_ids", "evidence_ids"))
+    )
     ops = question_operations(graph, question_id, evidence)
     verdict = _verdict(graph, question_id, attribution)
     gold = _first(attribution, "golden_answers", "gold")
@@ -280,50 +309,84 @@ def log_question_trace(graph: ExecutionGraph, question_id: str, *, attribution: 
         tags[f"{TAG_PREFIX}passed"] = str(verdict["passed"]).lower()
     if verdict["blamed_op_id"] is not None:
         tags[f"{TAG_PREFIX}blamed_op_id"] = str(verdict["blamed_op_id"])
-    root_attributes = {k: v for k, v in {
-        "question_id": question_id, "system": graph.system or None, "episode_id": graph.episode_id or None,
-        **verdict, "evidence": evidence or None,
-    }.items() if v is not None}
+    root_attributes = {
+        k: v
+        for k, v in {
+            "question_id": question_id,
+            "system": graph.system or None,
+            "episode_id": graph.episode_id or None,
+            **verdict,
+            "evidence": evidence or None,
+        }.items()
+        if v is not None
+    }
 
     cursor = time.time_ns()
     root = mlflow.start_span_no_context(
-        f"question {question_id}", span_type=SpanType.CHAIN, inputs={"question_id": question_id,
-                                                                      "question": _cut(question)},
-        attributes=root_attributes, tags=tags, experiment_id=experiment_id, start_time_ns=cursor)
+        f"question {question_id}",
+        span_type=SpanType.CHAIN,
+        inputs={"question_id": question_id, "question": _cut(question)},
+        attributes=root_attributes,
+        tags=tags,
+        experiment_id=experiment_id,
+        start_time_ns=cursor,
+    )
     if isinstance(root, NoOpSpan) or not isinstance(root, LiveSpan):
-        logger.warning("question %s: MLflow tracing is disabled or failed to start; no trace logged", question_id)
+        logger.warning(
+            "question %s: MLflow tracing is disabled or failed to start; no trace logged",
+            question_id,
+        )
         return None
     status = "OK"
     try:
         for op in ops:
             end = cursor + max(int(op.seconds * 1e9), 1000)
             child = mlflow.start_span_no_context(
-                span_name(op), span_type=span_type(op), parent_span=root, inputs=_texts(graph, op.inputs),
-                attributes=_op_attributes(op, op.id == verdict["blamed_op_id"]), start_time_ns=cursor)
+                span_name(op),
+                span_type=span_type(op),
+                parent_span=root,
+                inputs=_texts(graph, op.inputs),
+                attributes=_op_attributes(op, op.id == verdict["blamed_op_id"]),
+                start_time_ns=cursor,
+            )
             failed = op.error is not None and not op.outputs
-            child.end(outputs=_texts(graph, op.outputs), status="ERROR" if failed else "OK", end_time_ns=end)
+            child.end(
+                outputs=_texts(graph, op.outputs),
+                status="ERROR" if failed else "OK",
+                end_time_ns=end,
+            )
             cursor = end
     except Exception:
         status = "ERROR"
         raise
     finally:
-        root.end(outputs={"prediction": _cut(str(prediction)), "gold": gold}, status=status,
-                 end_time_ns=cursor)
+        root.end(
+            outputs={"prediction": _cut(str(prediction)), "gold": gold},
+            status=status,
+            end_time_ns=cursor,
+        )
         if flush:
             mlflow.flush_trace_async_logging()
-    logger.info("question %s: trace %s with %d operation span(s)", question_id, root.trace_id, len(ops))
+    logger.info(
+        "question %s: trace %s with %d operation span(s)", question_id, root.trace_id, len(ops)
+    )
     return root.trace_id
 
 
-def log_graph_traces(graph: ExecutionGraph, question_ids: Iterable[str],
-                     attributions: Mapping[str, Mapping[str, Any]] | None = None, *,
-                     experiment_id: str | None = None) -> list[str]:
+def log_graph_traces(
+    graph: ExecutionGraph,
+    question_ids: Iterable[str],
+    attributions: Mapping[str, Mapping[str, Any]] | None = None,
+    *,
+    experiment_id: str | None = None,
+) -> list[str]:
     """One trace per question (see :func:`log_question_trace`); the ids of the traces logged."""
     attributions = attributions or {}
     trace_ids: list[str] = []
     for qid in question_ids:
-        trace_id = log_question_trace(graph, qid, attribution=attributions.get(qid), experiment_id=experiment_id,
-                                      flush=False)
+        trace_id = log_question_trace(
+            graph, qid, attribution=attributions.get(qid), experiment_id=experiment_id, flush=False
+        )
         if trace_id is not None:
             trace_ids.append(trace_id)
     mlflow.flush_trace_async_logging()

@@ -55,7 +55,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-_ACTIVE: contextvars.ContextVar[Recorder | None] = contextvars.ContextVar("optloop_recorder", default=None)
+_ACTIVE: contextvars.ContextVar[Recorder | None] = contextvars.ContextVar(
+    "optloop_recorder", default=None
+)
 _ATTACH_LOCK = threading.Lock()
 TEXT_LIMIT = 4000
 
@@ -79,9 +81,11 @@ def lm_fault_fields(records: Sequence[CallRecord]) -> dict[str, Any]:
     """``lm_attempts``, ``lm_faults``, ``lm_error`` of an operation from the LM calls made inside it."""
     faults = [fault for rec in records for fault in rec.faults]
     error = next((rec.error for rec in reversed(records) if rec.error), None)
-    return {"lm_attempts": sum(rec.attempts for rec in records if not rec.cached), "lm_faults": faults,
-            "lm_error": error[:500] if error else None}
-
+    return {
+        "lm_attempts": sum(rec.attempts for rec in records if not rec.cached),
+        "lm_faults": faults,
+        "lm_error": error[:500] if error else None,
+    }
 
 
 def active_recorder() -> Recorder | None:
@@ -101,7 +105,9 @@ class SiteCallback(BaseCallback):
         if recorder is not None and isinstance(instance, dspy.Predict):
             recorder._call_started(call_id, dict(inputs.get("kwargs") or inputs))
 
-    def on_module_end(self, call_id: str, outputs: Any | None, exception: Exception | None = None) -> None:
+    def on_module_end(
+        self, call_id: str, outputs: Any | None, exception: Exception | None = None
+    ) -> None:
         recorder = _ACTIVE.get()
         if recorder is not None:
             recorder._call_ended(call_id, outputs, exception)
@@ -121,18 +127,30 @@ class Recorder:
         rec.graph.save(path)
     """
 
-    def __init__(self, system: MemorySystem, episode: Episode | None = None, *, dataset: str = "",
-                 wide_k: int = 20):
+    def __init__(
+        self,
+        system: MemorySystem,
+        episode: Episode | None = None,
+        *,
+        dataset: str = "",
+        wide_k: int = 20,
+    ):
         self.system = system
-        self.graph = ExecutionGraph(system=system.name, episode_id=episode.id if episode else "", dataset=dataset)
+        self.graph = ExecutionGraph(
+            system=system.name, episode_id=episode.id if episode else "", dataset=dataset
+        )
         self.wide_k = wide_k
         self._scope: dict[str, Any] = {"category": "ingest", "inputs": []}
         self._scope_ops: list[str] = []
         self._memory: dict[str, Variable] = {}  # memory id -> latest version
         self._prompts: dict[tuple[str, str], str] = {}
-        self._starts: dict[str, tuple[str | None, dict[str, Any], float, list[CallRecord], contextvars.Token[Any]]] = {}
+        self._starts: dict[
+            str, tuple[str | None, dict[str, Any], float, list[CallRecord], contextvars.Token[Any]]
+        ] = {}
         self._lock = threading.Lock()
-        self._tokens = threading.local()  # per thread, the ContextVar tokens of this recorder's activations
+        self._tokens = (
+            threading.local()
+        )  # per thread, the ContextVar tokens of this recorder's activations
         self.graph.meta["sites"] = {}
         self.graph.meta["knobs"] = {}
 
@@ -141,8 +159,12 @@ class Recorder:
         """Go on recording on a copy of ``graph`` (a cached ingestion), e.g. to ask questions."""
         recorder = cls(system)
         recorder.graph = graph.model_copy(deep=True)
-        recorder._memory = {v.name: v for v in sorted(recorder.graph.by_cls("memory"), key=lambda v: v.version)}
-        recorder._prompts = {(v.name, (v.data or {}).get("sha1", "")): v.id for v in recorder.graph.by_cls("prompt")}
+        recorder._memory = {
+            v.name: v for v in sorted(recorder.graph.by_cls("memory"), key=lambda v: v.version)
+        }
+        recorder._prompts = {
+            (v.name, (v.data or {}).get("sha1", "")): v.id for v in recorder.graph.by_cls("prompt")
+        }
         return recorder
 
     # --- activation -----------------------------------------------------------------------
@@ -165,8 +187,11 @@ class Recorder:
             with _ATTACH_LOCK:  # one module may serve systems recording in several threads
                 if not any(isinstance(cb, SiteCallback) for cb in site.module.callbacks):
                     site.module.callbacks.append(SITE_CALLBACK)
-            self.graph.meta["sites"][name] = {"stage": site.stage, "op_kinds": list(site.op_kinds),
-                                              "changed": site.changed}
+            self.graph.meta["sites"][name] = {
+                "stage": site.stage,
+                "op_kinds": list(site.op_kinds),
+                "changed": site.changed,
+            }
         self.graph.meta["knobs"] = jsonable(self.system.knobs())
         self.graph.meta["search_knob"] = self.system.search_knob
         kinds = self.system.retrievable_kinds()
@@ -207,13 +232,23 @@ class Recorder:
         key = (site, digest)
         if key not in self._prompts:
             version = self.graph.next_version("prompt", site)
-            var = self.graph.add_variable(Variable.make("prompt", site, version, text=instructions[:TEXT_LIMIT],
-                                                        data={"sha1": digest}))
+            var = self.graph.add_variable(
+                Variable.make(
+                    "prompt", site, version, text=instructions[:TEXT_LIMIT], data={"sha1": digest}
+                )
+            )
             self._prompts[key] = var.id
         return self._prompts[key]
 
-    def _site_call(self, site: str | None, inputs: dict[str, Any], outputs: Any, exception: Exception | None,
-                   seconds: float, records: list[CallRecord]) -> None:
+    def _site_call(
+        self,
+        site: str | None,
+        inputs: dict[str, Any],
+        outputs: Any,
+        exception: Exception | None,
+        seconds: float,
+        records: list[CallRecord],
+    ) -> None:
         with self._lock:
             scope = self._scope
             category: Category = scope["category"]
@@ -232,31 +267,54 @@ class Recorder:
                 outputs_ids = self._output_vars(f"op{seq:05d}", name, category, outputs, scope)
             kinds = self.graph.meta["sites"].get(name, {}).get("op_kinds") or [category]
             op = self.graph.add_operation(
-                kinds[0], category, inputs=dict.fromkeys(op_inputs), outputs=outputs_ids, site=name,
-                session_id=scope.get("session_id"), question_id=scope.get("question_id"),
+                kinds[0],
+                category,
+                inputs=dict.fromkeys(op_inputs),
+                outputs=outputs_ids,
+                site=name,
+                session_id=scope.get("session_id"),
+                question_id=scope.get("question_id"),
                 comment=f"LLM call of prompt site {name}",
-                error=None if exception is None else f"{type(exception).__name__}: {exception}"[:500],
-                llm_calls=usage.calls, retries=usage.retries, seconds=round(seconds, 4),
-                **lm_fault_fields(records))
+                error=None
+                if exception is None
+                else f"{type(exception).__name__}: {exception}"[:500],
+                llm_calls=usage.calls,
+                retries=usage.retries,
+                seconds=round(seconds, 4),
+                **lm_fault_fields(records),
+            )
             if op.lm_faults and op.error is None:
-                op.error = (f"{len(op.lm_faults)} LM attempt(s) failed ({', '.join(op.lm_faults)}); "
-                            + ("cured by retry" if op.lm_error is None else op.lm_error))[:500]
+                op.error = (
+                    f"{len(op.lm_faults)} LM attempt(s) failed ({', '.join(op.lm_faults)}); "
+                    + ("cured by retry" if op.lm_error is None else op.lm_error)
+                )[:500]
             self._scope_ops.append(op.id)
 
-    def _output_vars(self, op_id: str, site: str, category: Category, outputs: Any,
-                     scope: dict[str, Any]) -> list[str]:
+    def _output_vars(
+        self, op_id: str, site: str, category: Category, outputs: Any, scope: dict[str, Any]
+    ) -> list[str]:
         fields = dict(outputs.items()) if hasattr(outputs, "items") else {"output": outputs}
         cls = {"ingest": "fact", "retrieve": "query", "answer": "answer"}.get(category, "value")
         ids: list[str] = []
         for field_name, value in fields.items():
             items = value if isinstance(value, list) and category == "ingest" else [value]
             for i, item in enumerate(items):
-                name = f"{op_id}.{field_name}" + (f".{i}" if len(items) > 1 or isinstance(value, list) else "")
+                name = f"{op_id}.{field_name}" + (
+                    f".{i}" if len(items) > 1 or isinstance(value, list) else ""
+                )
                 if category != "ingest" and scope.get("question_id"):
                     name = f"{scope['question_id']}.{field_name}"
-                var = self.graph.add_variable(Variable.make(
-                    cls, name, self.graph.next_version(cls, name), text=_text(item)[:TEXT_LIMIT], data=jsonable(item),
-                    session_id=scope.get("session_id"), question_id=scope.get("question_id")))
+                var = self.graph.add_variable(
+                    Variable.make(
+                        cls,
+                        name,
+                        self.graph.next_version(cls, name),
+                        text=_text(item)[:TEXT_LIMIT],
+                        data=jsonable(item),
+                        session_id=scope.get("session_id"),
+                        question_id=scope.get("question_id"),
+                    )
+                )
                 ids.append(var.id)
         return ids
 
@@ -269,9 +327,16 @@ class Recorder:
     def ingest_session(self, session: Session) -> None:
         messages = []
         for turn in session.turns:
-            var = self.graph.add_variable(Variable.make(
-                "message", turn.id, text=f"{turn.speaker or turn.role}: {turn.content}", session_id=session.id,
-                timestamp=session.timestamp, data={"role": turn.role, "speaker": turn.speaker}))
+            var = self.graph.add_variable(
+                Variable.make(
+                    "message",
+                    turn.id,
+                    text=f"{turn.speaker or turn.role}: {turn.content}",
+                    session_id=session.id,
+                    timestamp=session.timestamp,
+                    data={"role": turn.role, "speaker": turn.speaker},
+                )
+            )
             messages.append(var.id)
         with self._scoped("ingest", messages, session_id=session.id) as ops:
             self.system.ingest([session])
@@ -282,63 +347,128 @@ class Recorder:
         after = {item.id: item for item in self.system.all_memories()}
         added, updated = [], []
         for mid, item in after.items():
-            status = "invalidated" if item.metadata.get("invalid_at") or item.metadata.get("expired_at") else "live"
+            status = (
+                "invalidated"
+                if item.metadata.get("invalid_at") or item.metadata.get("expired_at")
+                else "live"
+            )
             old = self._memory.get(mid)
             if old is None:
                 added.append((mid, item, status))
             elif old.text != item.text or old.status != status:
                 updated.append((mid, item, status))
-        removed = [mid for mid, var in self._memory.items() if mid not in after and var.status != "deleted"]
+        removed = [
+            mid
+            for mid, var in self._memory.items()
+            if mid not in after and var.status != "deleted"
+        ]
         store_inputs = list(dict.fromkeys(sources))
         knobs = {"session": session.id}
 
-        new_vars = {mid: self._memory_var(mid, item, status, session, messages) for mid, item, status in added}
+        new_vars = {
+            mid: self._memory_var(mid, item, status, session, messages)
+            for mid, item, status in added
+        }
         # A unit replaced by a near-identical new one (text-keyed stores) is an update, not delete + add.
         rewritten: dict[str, str] = {}
         for old_id in removed:
             old_text = self._memory[old_id].text
             best = max(new_vars, key=lambda m: similar(old_text, new_vars[m].text), default=None)
-            if best is not None and best not in rewritten.values() and similar(old_text, new_vars[best].text) >= 0.5:
+            if (
+                best is not None
+                and best not in rewritten.values()
+                and similar(old_text, new_vars[best].text) >= 0.5
+            ):
                 rewritten[old_id] = best
         plain_new = [v.id for m, v in new_vars.items() if m not in rewritten.values()]
         if plain_new:
-            self.graph.add_operation("store", "ingest", inputs=store_inputs, outputs=plain_new, knobs=knobs,
-                                     session_id=session.id, comment=f"{len(plain_new)} new memory unit(s)")
+            self.graph.add_operation(
+                "store",
+                "ingest",
+                inputs=store_inputs,
+                outputs=plain_new,
+                knobs=knobs,
+                session_id=session.id,
+                comment=f"{len(plain_new)} new memory unit(s)",
+            )
         for old_id, new_id in rewritten.items():
-            self.graph.add_operation("update", "ingest", inputs=[*store_inputs, self._memory[old_id].id],
-                                     outputs=[new_vars[new_id].id], knobs=knobs, session_id=session.id,
-                                     comment=f"memory {old_id} rewritten as {new_id}")
+            self.graph.add_operation(
+                "update",
+                "ingest",
+                inputs=[*store_inputs, self._memory[old_id].id],
+                outputs=[new_vars[new_id].id],
+                knobs=knobs,
+                session_id=session.id,
+                comment=f"memory {old_id} rewritten as {new_id}",
+            )
             self._tombstone(old_id, session)
         for mid, item, status in updated:
             old = self._memory[mid]
             var = self._memory_var(mid, item, status, session, messages, previous=old)
-            self.graph.add_operation("update", "ingest", inputs=[*store_inputs, old.id], outputs=[var.id],
-                                     knobs=knobs, session_id=session.id,
-                                     comment="invalidated" if status == "invalidated" else "text changed")
+            self.graph.add_operation(
+                "update",
+                "ingest",
+                inputs=[*store_inputs, old.id],
+                outputs=[var.id],
+                knobs=knobs,
+                session_id=session.id,
+                comment="invalidated" if status == "invalidated" else "text changed",
+            )
         gone = [mid for mid in removed if mid not in rewritten]
         olds = [self._memory[mid] for mid in gone]
-        self.graph.add_removal(store_inputs, olds, [self._tombstone(mid, session) for mid in gone],
-                               session_id=session.id)
+        self.graph.add_removal(
+            store_inputs,
+            olds,
+            [self._tombstone(mid, session) for mid in gone],
+            session_id=session.id,
+        )
 
-    def _memory_var(self, mid: str, item: MemoryItem, status: str, session: Session, messages: list[str],
-                    previous: Variable | None = None) -> Variable:
+    def _memory_var(
+        self,
+        mid: str,
+        item: MemoryItem,
+        status: str,
+        session: Session,
+        messages: list[str],
+        previous: Variable | None = None,
+    ) -> Variable:
         turn_ids = item.metadata.get("turn_ids") or []
-        provenance = [f"message:{t}@0" for t in turn_ids if f"message:{t}@0" in self.graph.variables]
+        provenance = [
+            f"message:{t}@0" for t in turn_ids if f"message:{t}@0" in self.graph.variables
+        ]
         if not provenance:
             provenance = list(previous.provenance) if previous else list(messages)
-        var = self.graph.add_variable(Variable.make(
-            "memory", mid, self.graph.next_version("memory", mid), text=item.text[:TEXT_LIMIT],
-            data={"metadata": jsonable(item.metadata)}, session_id=session.id, timestamp=session.timestamp,
-            provenance=provenance, status=status))
+        var = self.graph.add_variable(
+            Variable.make(
+                "memory",
+                mid,
+                self.graph.next_version("memory", mid),
+                text=item.text[:TEXT_LIMIT],
+                data={"metadata": jsonable(item.metadata)},
+                session_id=session.id,
+                timestamp=session.timestamp,
+                provenance=provenance,
+                status=status,
+            )
+        )
         self._memory[mid] = var
         return var
 
     def _tombstone(self, mid: str, session: Session) -> Variable:
         """A deleted version of memory ``mid``: what the store holds after it is gone."""
         old = self._memory[mid]
-        var = self.graph.add_variable(Variable.make(
-            "memory", mid, old.version + 1, text="", session_id=session.id, timestamp=session.timestamp,
-            provenance=old.provenance, status="deleted"))
+        var = self.graph.add_variable(
+            Variable.make(
+                "memory",
+                mid,
+                old.version + 1,
+                text="",
+                session_id=session.id,
+                timestamp=session.timestamp,
+                provenance=old.provenance,
+                status="deleted",
+            )
+        )
         self._memory[mid] = var
         return var
 
@@ -346,32 +476,60 @@ class Recorder:
 
     def ask(self, question: Question) -> str:
         """Retrieve and answer ``question``, recording both; returns the prediction."""
-        qvar = self.graph.add_variable(Variable.make("question", question.id, text=question.question,
-                                                     question_id=question.id,
-                                                     data={"gold": question.gold,
-                                                           "evidence_ids": list(question.evidence_ids),
-                                                           "task_type": question.task_type}))
+        qvar = self.graph.add_variable(
+            Variable.make(
+                "question",
+                question.id,
+                text=question.question,
+                question_id=question.id,
+                data={
+                    "gold": question.gold,
+                    "evidence_ids": list(question.evidence_ids),
+                    "task_type": question.task_type,
+                },
+            )
+        )
         with self._scoped("retrieve", [qvar.id], question_id=question.id) as ops:
             started = time.perf_counter()
             items = self.system.retrieve(question.question)
             seconds = time.perf_counter() - started
         query_vars = [out for op_id in ops for out in self.graph.op(op_id).outputs]
         query_text = self.graph.variables[query_vars[-1]].text if query_vars else question.question
-        retrieved = self._record_retrieval(question, qvar.id, query_vars, query_text, items, seconds)
+        retrieved = self._record_retrieval(
+            question, qvar.id, query_vars, query_text, items, seconds
+        )
         with self._scoped("answer", [qvar.id, retrieved.id], question_id=question.id) as ops:
             prediction = self.system.answer(question.question, items)
         if not ops:  # an answer that made no LLM call (cached in the system, say) is still an op
-            ans = self.graph.add_variable(Variable.make("answer", f"{question.id}.answer", text=prediction,
-                                                        question_id=question.id))
-            self.graph.add_operation("answer", "answer", inputs=[qvar.id, retrieved.id], outputs=[ans.id],
-                                     question_id=question.id)
+            ans = self.graph.add_variable(
+                Variable.make(
+                    "answer", f"{question.id}.answer", text=prediction, question_id=question.id
+                )
+            )
+            self.graph.add_operation(
+                "answer",
+                "answer",
+                inputs=[qvar.id, retrieved.id],
+                outputs=[ans.id],
+                question_id=question.id,
+            )
         return prediction
 
-    def _record_retrieval(self, question: Question, qvar: str, query_vars: list[str], query_text: str,
-                          items: Sequence[MemoryItem], seconds: float) -> Variable:
+    def _record_retrieval(
+        self,
+        question: Question,
+        qvar: str,
+        query_vars: list[str],
+        query_text: str,
+        items: Sequence[MemoryItem],
+        seconds: float,
+    ) -> Variable:
         knobs = jsonable(self.system.knobs())
         wide: list[str] = []
-        if not any(s.stage == "retrieve" and n != QUERY_REWRITE for n, s in self.system.prompt_sites().items()):
+        if not any(
+            s.stage == "retrieve" and n != QUERY_REWRITE
+            for n, s in self.system.prompt_sites().items()
+        ):
             try:  # a wider search (no LLM) tells "ranked below top_k" from "not found at all"
                 k = max(self.wide_k, len(items))
                 wide = [m.id for m in self.system.search(query_text, k)]
@@ -383,22 +541,50 @@ class Recorder:
             var = self._memory.get(item.id)
             if var is not None:
                 inputs.append(var.id)
-            listed.append({"rank": rank, "id": item.id, "var": var.id if var else None, "text": item.text,
-                           "score": item.score})
+            listed.append(
+                {
+                    "rank": rank,
+                    "id": item.id,
+                    "var": var.id if var else None,
+                    "text": item.text,
+                    "score": item.score,
+                }
+            )
         truncated = self.system.truncation()
-        retrieved = self.graph.add_variable(Variable.make(
-            "retrieved", question.id, text="\n".join(f"{x['rank']}. {x['text']}" for x in listed)[:TEXT_LIMIT * 4],
-            data={"items": listed, "query": query_text, "wide": wide,
-                  "truncation": jsonable(truncated) if truncated else None},
-            question_id=question.id))
-        self.graph.add_operation("retrieve", "retrieve", inputs=dict.fromkeys(inputs), outputs=[retrieved.id],
-                                 knobs=knobs, question_id=question.id, seconds=round(seconds, 4),
-                                 comment=f"{len(listed)} memories for {query_text[:80]!r}")
+        retrieved = self.graph.add_variable(
+            Variable.make(
+                "retrieved",
+                question.id,
+                text="\n".join(f"{x['rank']}. {x['text']}" for x in listed)[: TEXT_LIMIT * 4],
+                data={
+                    "items": listed,
+                    "query": query_text,
+                    "wide": wide,
+                    "truncation": jsonable(truncated) if truncated else None,
+                },
+                question_id=question.id,
+            )
+        )
+        self.graph.add_operation(
+            "retrieve",
+            "retrieve",
+            inputs=dict.fromkeys(inputs),
+            outputs=[retrieved.id],
+            knobs=knobs,
+            question_id=question.id,
+            seconds=round(seconds, 4),
+            comment=f"{len(listed)} memories for {query_text[:80]!r}",
+        )
         return retrieved
 
 
-def record_episode(system: MemorySystem, episode: Episode, questions: Sequence[Question] | None = None, *,
-                   dataset: str = "") -> tuple[ExecutionGraph, dict[str, str]]:
+def record_episode(
+    system: MemorySystem,
+    episode: Episode,
+    questions: Sequence[Question] | None = None,
+    *,
+    dataset: str = "",
+) -> tuple[ExecutionGraph, dict[str, str]]:
     """Ingest ``episode`` into ``system`` and answer its questions, recording everything.
 
     A convenience for tests and notebooks; the product runs episodes through :func:`optloop.pipeline.run_episode`,
@@ -406,8 +592,19 @@ def record_episode(system: MemorySystem, episode: Episode, questions: Sequence[Q
     """
     with Recorder(system, episode, dataset=dataset) as recorder:
         recorder.ingest(episode.sessions)
-        predictions = {q.id: recorder.ask(q) for q in (questions if questions is not None else episode.questions)}
+        predictions = {
+            q.id: recorder.ask(q)
+            for q in (questions if questions is not None else episode.questions)
+        }
     return recorder.graph, predictions
 
 
-__all__ = ["Operation", "Recorder", "SITE_CALLBACK", "SiteCallback", "active_recorder", "record_episode", "similar"]
+__all__ = [
+    "Operation",
+    "Recorder",
+    "SITE_CALLBACK",
+    "SiteCallback",
+    "active_recorder",
+    "record_episode",
+    "similar",
+]

@@ -35,7 +35,9 @@ def no_lm(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _args(**kw) -> argparse.Namespace:
-    return argparse.Namespace(**{"config": None, "systems": None, "datasets": None, "episodes": None, **kw})
+    return argparse.Namespace(
+        **{"config": None, "systems": None, "datasets": None, "episodes": None, **kw}
+    )
 
 
 @pytest.mark.parametrize(
@@ -56,7 +58,9 @@ def test_bad_arguments_exit_2_before_the_lm(no_lm, capsys, argv: list[str], need
 
 def test_a_bad_config_file_exits_2_naming_the_field(no_lm, capsys, tmp_path: Path) -> None:
     path = tmp_path / "bad.toml"
-    path.write_text('name = "x"\nsystems = ["rag_bm25"]\ndatasets = ["builtin:tiny"]\nbudget = 0\n')
+    path.write_text(
+        'name = "x"\nsystems = ["rag_bm25"]\ndatasets = ["builtin:tiny"]\nbudget = 0\n'
+    )
     assert run_cli(baselines.main, ["--config", str(path)]) == 2
     err = capsys.readouterr().err
     assert str(path) in err and "'budget'" in err
@@ -73,10 +77,19 @@ def test_systems_bench_unknown_system_exits_2_before_the_lm(no_lm, capsys) -> No
     assert "unknown system 'nope'" in capsys.readouterr().err
 
 
-def test_default_plan_skips_slow_systems_and_absent_memfail_tasks(monkeypatch, tmp_path: Path) -> None:
+def test_default_plan_skips_slow_systems_and_absent_memfail_tasks(
+    monkeypatch, tmp_path: Path
+) -> None:
     monkeypatch.setenv("OPTLOOP_SHARED_DATA", str(tmp_path))  # no MemFail data at all
     plan = baselines.make_plan(_args())
-    assert plan.systems == ["long_context", "rag_bm25", "rag_embedding", "md_flat", "tiered", "gated"]
+    assert plan.systems == [
+        "long_context",
+        "rag_bm25",
+        "rag_embedding",
+        "md_flat",
+        "tiered",
+        "gated",
+    ]
     assert [d.uri for d in plan.datasets] == ["synthetic:meme?seed=0&episodes=3"]
     assert len(plan.datasets[0].episodes) == 3
     assert len(plan.skipped) == len(baselines.MEMFAIL_TASKS)
@@ -87,38 +100,63 @@ def test_default_plan_takes_the_memfail_tasks_present(monkeypatch, tmp_path: Pat
     (tmp_path / "memfail").mkdir()
     (tmp_path / "memfail" / "persona_dataset.csv").write_text(
         'entity,entity_facts,questions\nAda,"[""Ada paints.""]","[{""text"": ""What does Ada do?"", '
-        '""ground_truth_answer"": ""paints""}]"\n', encoding="utf-8")
+        '""ground_truth_answer"": ""paints""}]"\n',
+        encoding="utf-8",
+    )
     monkeypatch.setenv("OPTLOOP_SHARED_DATA", str(tmp_path))
     plan = baselines.make_plan(_args(episodes=2))
-    assert [d.uri for d in plan.datasets] == ["memfail:persona?limit=2", "synthetic:meme?seed=0&episodes=2"]
+    assert [d.uri for d in plan.datasets] == [
+        "memfail:persona?limit=2",
+        "synthetic:meme?seed=0&episodes=2",
+    ]
     assert len(plan.skipped) == len(baselines.MEMFAIL_TASKS) - 1
 
 
 def test_flags_override_the_config(tmp_path: Path) -> None:
     path = tmp_path / "exp.toml"
-    path.write_text('name = "x"\nsystems = ["md_flat", "rag_bm25"]\ndatasets = ["builtin:tiny", "builtin:meme"]\n'
-                    'episodes = 1\n')
+    path.write_text(
+        'name = "x"\nsystems = ["md_flat", "rag_bm25"]\ndatasets = ["builtin:tiny", "builtin:meme"]\n'
+        "episodes = 1\n"
+    )
     plan = baselines.make_plan(_args(config=path))
     assert plan.systems == ["md_flat", "rag_bm25"]
     assert [d.uri for d in plan.datasets] == ["builtin:tiny?limit=1", "builtin:meme?limit=1"]
-    plan = baselines.make_plan(_args(config=path, systems="long_context", datasets="builtin:tiny?limit=3", episodes=2))
+    plan = baselines.make_plan(
+        _args(config=path, systems="long_context", datasets="builtin:tiny?limit=3", episodes=2)
+    )
     assert plan.systems == ["long_context"]
     assert [len(d.episodes) for d in plan.datasets] == [3]
 
 
 def test_dataset_lists_keep_commas_inside_a_query() -> None:
-    assert baselines.split_uris("builtin:tiny, memfail:persona?tasks=persona,persona_misleading&limit=2,,synthetic:meme") == [
-        "builtin:tiny", "memfail:persona?tasks=persona,persona_misleading&limit=2", "synthetic:meme"]
-    plan = baselines.make_plan(_args(datasets="builtin:tiny?tasks=update,exact_recall,builtin:meme?limit=1"))
-    assert [d.uri for d in plan.datasets] == ["builtin:tiny?tasks=update,exact_recall", "builtin:meme?limit=1"]
+    assert baselines.split_uris(
+        "builtin:tiny, memfail:persona?tasks=persona,persona_misleading&limit=2,,synthetic:meme"
+    ) == [
+        "builtin:tiny",
+        "memfail:persona?tasks=persona,persona_misleading&limit=2",
+        "synthetic:meme",
+    ]
+    plan = baselines.make_plan(
+        _args(datasets="builtin:tiny?tasks=update,exact_recall,builtin:meme?limit=1")
+    )
+    assert [d.uri for d in plan.datasets] == [
+        "builtin:tiny?tasks=update,exact_recall",
+        "builtin:meme?limit=1",
+    ]
 
 
 def test_task_labels_carry_the_family_and_keep_conditional_difficulty_apart() -> None:
     def q(task: str) -> Question:
         return Question(id="q", question="?", gold="x", task_type=task, scorer="contains")
 
-    assert baselines.task_label("memfail:conditional_hard?limit=3", q("conditional")) == "memfail/conditional_hard"
-    assert baselines.task_label("memfail:persona", q("persona_misleading")) == "memfail/persona_misleading"
+    assert (
+        baselines.task_label("memfail:conditional_hard?limit=3", q("conditional"))
+        == "memfail/conditional_hard"
+    )
+    assert (
+        baselines.task_label("memfail:persona", q("persona_misleading"))
+        == "memfail/persona_misleading"
+    )
     assert baselines.task_label("memfail:persona:/x/p.csv", q("persona")) == "memfail/persona"
     assert baselines.task_label("synthetic:meme?seed=0&episodes=3", q("cascade")) == "meme/cascade"
     assert baselines.task_label("builtin:tiny", q("update")) == "tiny/update"
@@ -135,8 +173,16 @@ class EchoSystem:
     def ingest(self, sessions: Sequence[Session]) -> None:
         for session in sessions:
             self.text += " ".join(t.content for t in session.turns) + " "
-            self.lm.accounting.add(CallRecord(site="ingest", model="stub", prompt_tokens=1, completion_tokens=1,
-                                              seconds=0.0, cached=False))
+            self.lm.accounting.add(
+                CallRecord(
+                    site="ingest",
+                    model="stub",
+                    prompt_tokens=1,
+                    completion_tokens=1,
+                    seconds=0.0,
+                    cached=False,
+                )
+            )
 
     def retrieve(self, question: str) -> list[MemoryItem]:
         return [MemoryItem(id="all", text=self.text)]
@@ -159,21 +205,42 @@ def test_a_stub_run_fills_both_tables_and_the_files(monkeypatch, capsys, tmp_pat
     lm = SimpleNamespace(accounting=Accounting(), backend=SimpleNamespace(identity="stub"))
     monkeypatch.setattr(baselines, "bench_lm", lambda *_a: lm)
     out_json, out_md, out_probes = tmp_path / "bl.json", tmp_path / "bl.md", tmp_path / "probes.md"
-    argv = ["--systems", "echo", "--datasets", "builtin:tiny,synthetic:meme?seed=0&episodes=1",
-            "--json", str(out_json), "--markdown", str(out_md), "--probes", str(out_probes)]
+    argv = [
+        "--systems",
+        "echo",
+        "--datasets",
+        "builtin:tiny,synthetic:meme?seed=0&episodes=1",
+        "--json",
+        str(out_json),
+        "--markdown",
+        str(out_md),
+        "--probes",
+        str(out_probes),
+    ]
     assert run_cli(baselines.main, argv) == 0
 
     data = json.loads(out_json.read_text())
     assert data["systems"] == ["echo"] and data["lm"] == "stub"
-    assert {"tiny/update", "meme/cascade", "meme/absence", baselines.ALL_ROW} <= set(data["accuracy"])
-    assert data["accuracy"]["tiny/exact_recall"]["echo"]["accuracy"] == 1.0  # the answer holds every fact
+    assert {"tiny/update", "meme/cascade", "meme/absence", baselines.ALL_ROW} <= set(
+        data["accuracy"]
+    )
+    assert (
+        data["accuracy"]["tiny/exact_recall"]["echo"]["accuracy"] == 1.0
+    )  # the answer holds every fact
     cost = data["cost"]["echo"]
     assert cost["episodes"] == 4 + 1
     sessions = 8 + 7  # builtin:tiny has 8 sessions, the first synthetic:meme?seed=0 episode 7
-    assert cost["calls_per_episode"] == pytest.approx(sessions / 5) and cost["seconds_per_episode"] >= 0
-    assert data["accuracy"][baselines.ALL_ROW]["echo"]["n"] == sum(d["questions"] for d in data["datasets"])
+    assert (
+        cost["calls_per_episode"] == pytest.approx(sessions / 5)
+        and cost["seconds_per_episode"] >= 0
+    )
+    assert data["accuracy"][baselines.ALL_ROW]["echo"]["n"] == sum(
+        d["questions"] for d in data["datasets"]
+    )
     markdown = out_md.read_text()
-    assert "| task | echo |" in markdown and "| echo | 5 |" in markdown and "meme/cascade" in markdown
+    assert (
+        "| task | echo |" in markdown and "| echo | 5 |" in markdown and "meme/cascade" in markdown
+    )
     # The provenance, the accuracy's interval, and per probe: expected, got, pass, the context.
     assert set(data["provenance"]) == {"command", "date", "commit", "model", "machine"}
     assert data["provenance"]["model"] == "stub" and "--probes" in data["provenance"]["command"]

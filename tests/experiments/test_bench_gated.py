@@ -21,13 +21,17 @@ def scores(tmp_path_factory):
 def test_every_arm_scores_every_probe_in_the_same_order(scores):
     assert set(scores) == set(bench.ARMS)
     ids = [s.question_id for s in scores[bench.RAG]]
-    assert len(ids) == 24 and all([s.question_id for s in scores[arm]] == ids for arm in bench.ARMS)
+    assert len(ids) == 24 and all(
+        [s.question_id for s in scores[arm]] == ids for arm in bench.ARMS
+    )
 
 
 def test_the_floors_keep_stale_and_foreign_values_out_and_cost_the_failed_branch_truth(scores):
     gated = scores[bench.GATED]
     assert not any(s.contaminated or s.leaked for s in gated)
-    assert all(s.recall == 0 and s.recall_any == 1 for s in gated if s.category == "failed_branch_truth")
+    assert all(
+        s.recall == 0 and s.recall_any == 1 for s in gated if s.category == "failed_branch_truth"
+    )
     assert any(s.leaked for s in scores[bench.RAG])  # no workspace notion
     off = scores["gated floors=off"]
     assert not any(s.leaked for s in off)  # the retrieval scope alone keeps other workspaces out
@@ -41,17 +45,33 @@ def test_summary_json_and_markdown(scores, tmp_path):
     assert set(summary["arms"][bench.RAG]["by_category"]) == set(CATEGORIES)
     delta = summary["deltas_vs_rag"][bench.GATED]["all"]["leakage"]
     assert delta.estimate < 0 and delta.n == 24
-    report = {"dataset": "agentic:generate?records=24&seed=0", "top_k": 5, "embedder": "test:bow", "summary": summary}
+    report = {
+        "dataset": "agentic:generate?records=24&seed=0",
+        "top_k": 5,
+        "embedder": "test:bow",
+        "summary": summary,
+    }
     text = bench.markdown(report)
     assert "| gated |" in text and "failed_branch_truth" in text
     data = json.loads(json.dumps(bench._jsonable(report)))
-    assert set(data["summary"]["arms"][bench.GATED]["all"]["recall"]) == {"estimate", "low", "high", "n", "confidence"}
+    assert set(data["summary"]["arms"][bench.GATED]["all"]["recall"]) == {
+        "estimate",
+        "low",
+        "high",
+        "n",
+        "confidence",
+    }
 
 
 def test_main_writes_the_report(tmp_path, monkeypatch):
     monkeypatch.setattr(bench, "get_embedder", lambda spec: BowEmbedder())
     out = tmp_path / "gated.json"
-    assert bench.main(["--records", "8", "--json", str(out), "--markdown", str(tmp_path / "gated.md")]) == 0
+    assert (
+        bench.main(
+            ["--records", "8", "--json", str(out), "--markdown", str(tmp_path / "gated.md")]
+        )
+        == 0
+    )
     report = json.loads(out.read_text())
     assert report["n"] == 8 and report["llm_calls"] == 0 and "floors_only" in report["gated_mode"]
     assert (tmp_path / "gated.md").read_text().startswith("# gated vs rag_embedding")

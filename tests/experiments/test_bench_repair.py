@@ -24,7 +24,12 @@ def test_sabotages_replace_or_append_and_name_real_sites():
     assert na.instruction(CLEAN) == f"{CLEAN} {na.text}"
     assert len({s.name for s in SABOTAGES}) == len(SABOTAGES)
     kinds = {s.site.split(".")[-1] for s in SABOTAGES}
-    assert {"answer", "curate", "extract", "query"} <= kinds  # + mem0's ingest site and rag_bm25's query rewrite
+    assert {
+        "answer",
+        "curate",
+        "extract",
+        "query",
+    } <= kinds  # + mem0's ingest site and rag_bm25's query rewrite
     front = next(s for s in SABOTAGES if s.mode == "prepend")
     assert front.instruction(CLEAN) == f"{front.text} {CLEAN}" and front.start == f"{front.text}+"
     assert all(s.query_rewrite for s in SABOTAGES if s.site == "retrieve.query")
@@ -44,13 +49,19 @@ class _FakeLM(SimpleNamespace):
 def test_the_witness_counts_only_proposer_requests_that_carry_the_clean_text():
     lm = _FakeLM()
     with repair.Witness(lm, CLEAN) as witness:  # type: ignore[arg-type]
-        lm.send([{"role": "system", "content": f"  {CLEAN}\n"}])  # a system call: the program may run anything
+        lm.send(
+            [{"role": "system", "content": f"  {CLEAN}\n"}]
+        )  # a system call: the program may run anything
         with prompt_site(PROPOSER_SITE):
             lm.send([{"role": "user", "content": "rewrite: Repeat the question."}])
-            lm.send([{"role": "user", "content": "improve this:\n" + CLEAN.replace(" ", "\n ")}])  # white space folded
+            lm.send(
+                [{"role": "user", "content": "improve this:\n" + CLEAN.replace(" ", "\n ")}]
+            )  # white space folded
     assert (witness.proposer_requests, witness.leaks) == (2, 1)
     assert lm.watchers == []  # detached on exit
-    witness.check_demos([Candidate(sites={"answer": SiteState(instructions="x", demos=[{"answer": CLEAN}])})])
+    witness.check_demos(
+        [Candidate(sites={"answer": SiteState(instructions="x", demos=[{"answer": CLEAN}])})]
+    )
     assert witness.leaks == 2
 
 
@@ -63,20 +74,39 @@ def test_an_append_sabotage_has_no_text_to_witness():
 
 
 def _case(arm, recovered, calls, blame=True, optimizer="edit"):
-    return {"optimizer": optimizer, "arm": arm, "recovered": recovered, "first_blame_correct": blame,
-            "llm_calls": calls, "tokens": 10 * calls, "leaks": 0}
+    return {
+        "optimizer": optimizer,
+        "arm": arm,
+        "recovered": recovered,
+        "first_blame_correct": blame,
+        "llm_calls": calls,
+        "tokens": 10 * calls,
+        "leaks": 0,
+    }
 
 
 def test_aggregate_and_targets_say_met_or_missed():
-    cases = [_case("targeted", 1.0, 50), _case("targeted", 0.6, 60), _case("targeted", None, 70, blame=False),
-             _case("untargeted", 0.5, 90), _case("random", 0.0, 40)]
+    cases = [
+        _case("targeted", 1.0, 50),
+        _case("targeted", 0.6, 60),
+        _case("targeted", None, 70, blame=False),
+        _case("untargeted", 0.5, 90),
+        _case("random", 0.0, 40),
+    ]
     rows = {r["arm"]: r for r in repair.aggregate(cases)}
     assert rows["targeted"]["first_blame_correct"] == pytest.approx(2 / 3, abs=1e-3)
-    assert rows["targeted"]["recovered_half"] == pytest.approx(2 / 3, abs=1e-3)  # an undefined case counts as not
+    assert rows["targeted"]["recovered_half"] == pytest.approx(
+        2 / 3, abs=1e-3
+    )  # an undefined case counts as not
     assert rows["targeted"]["recovered_mean"] == pytest.approx(0.8)
     lines = repair.targets(list(rows.values()))
     assert any("first blame" in line and "MISSED" in line for line in lines)  # 67% < 90%
     assert any("70%" in line and "MISSED" in line for line in lines)
-    assert any("vs untargeted" in line and "(at least as much: met)" in line and "(fewer: met)" in line
-               for line in lines)
-    assert any("vs random" in line and "(more: met)" in line and "(fewer: MISSED)" in line for line in lines)
+    assert any(
+        "vs untargeted" in line and "(at least as much: met)" in line and "(fewer: met)" in line
+        for line in lines
+    )
+    assert any(
+        "vs random" in line and "(more: met)" in line and "(fewer: MISSED)" in line
+        for line in lines
+    )

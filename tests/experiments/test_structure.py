@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 from experiments.structure import import_cycles, long_lines, longest_classes, longest_modules
 
 REPO = Path(__file__).resolve().parents[2]

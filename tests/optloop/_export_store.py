@@ -19,10 +19,10 @@ from typing import Any
 import pytest
 
 from optloop import artifacts, tracking
-from optloop.loop.metrics import log_json
-from optloop.loop.prompt_registry import register_prompts
 from optloop.loop.candidate import SiteState, apply_state, candidate_from_modules, prompt_text
+from optloop.loop.metrics import log_json
 from optloop.loop.program import AllSites
+from optloop.loop.prompt_registry import register_prompts
 from signatures.common import AnswerFromMemories
 from signatures.graphiti import SIGNATURES as GRAPHITI_SIGNATURES
 from signatures.mem0 import Mem0Extract, Mem0Rerank
@@ -31,9 +31,17 @@ from systems.base import PromptSite
 MEM0_RULE = "Rule: store one memory per fact, in the user's own words."
 EDGE_RULE = "Rule: every fact names both entities."
 EDGE_SITE = "graphiti.extract_edges.edge"
-DEMO = {"user_content": "New Messages:\nuser: I drink green tea every morning.",
-        "memory": [{"id": "0", "text": "User drinks green tea every morning", "attributed_to": "user",
-                    "linked_memory_ids": []}]}
+DEMO = {
+    "user_content": "New Messages:\nuser: I drink green tea every morning.",
+    "memory": [
+        {
+            "id": "0",
+            "text": "User drinks green tea every morning",
+            "attributed_to": "user",
+            "linked_memory_ids": [],
+        }
+    ],
+}
 
 
 @dataclass
@@ -48,16 +56,23 @@ class Store:
 
 
 def _sites(system: str) -> dict[str, PromptSite]:
-    sites = {"answer": PromptSite.from_signature("answer", "answer", AnswerFromMemories, layout="dspy")}
+    sites = {
+        "answer": PromptSite.from_signature("answer", "answer", AnswerFromMemories, layout="dspy")
+    }
     if system == "mem0":
         sites["mem0.extract"] = PromptSite.from_signature("mem0.extract", "ingest", Mem0Extract)
         sites["mem0.rerank"] = PromptSite.from_signature("mem0.rerank", "retrieve", Mem0Rerank)
     else:
-        sites |= {name: PromptSite.from_signature(name, "ingest", sig) for name, sig in GRAPHITI_SIGNATURES.items()}
+        sites |= {
+            name: PromptSite.from_signature(name, "ingest", sig)
+            for name, sig in GRAPHITI_SIGNATURES.items()
+        }
     return sites
 
 
-def _finished_run(store: Store, system: str, changes: dict[str, SiteState], knobs: dict[str, Any]) -> str:
+def _finished_run(
+    store: Store, system: str, changes: dict[str, SiteState], knobs: dict[str, Any]
+) -> str:
     """A parent run as ``Loop._finish`` leaves it, with ``changes`` as the best candidate."""
     import mlflow
 
@@ -69,8 +84,11 @@ def _finished_run(store: Store, system: str, changes: dict[str, SiteState], knob
         apply_state(modules[name], state)
     texts = {n: prompt_text(sites[n], s) for n, s in best.sites.items()}
     experiment_id = tracking.experiment(f"optloop-{system}")
-    with mlflow.start_run(experiment_id=experiment_id, run_name=f"{system}-test",
-                          tags={"optloop.system": system, "optloop.optimizer": "simba"}) as run:
+    with mlflow.start_run(
+        experiment_id=experiment_id,
+        run_name=f"{system}-test",
+        tags={"optloop.system": system, "optloop.optimizer": "simba"},
+    ) as run:
         mlflow.log_params({"system": system, "dataset": "builtin:tiny", "budget": "1"})
         with mlflow.start_run(run_name="trial-1", nested=True) as child:
             mlflow.log_params({"trial": 1})
@@ -81,8 +99,9 @@ def _finished_run(store: Store, system: str, changes: dict[str, SiteState], knob
         AllSites(modules).save(str(program))
         mlflow.log_artifact(str(program))
     run_id = run.info.run_id
-    register_prompts(system, {n: texts[n] for n in changes}, run_id=run_id, promote=True,
-                            message="test run")
+    register_prompts(
+        system, {n: texts[n] for n in changes}, run_id=run_id, promote=True, message="test run"
+    )
     store.runs[system] = run_id
     store.runs[f"{system}-child"] = child.info.run_id
     store.texts[system] = texts
@@ -98,21 +117,39 @@ def build_store(root: Path) -> Store:
     store = Store(mlruns=root)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("OPTLOOP_MLRUNS", str(root))
-        mp.delenv("MLFLOW_TRACKING_URI", raising=False)  # mlflow.set_tracking_uri exports it: drop an earlier one
+        mp.delenv(
+            "MLFLOW_TRACKING_URI", raising=False
+        )  # mlflow.set_tracking_uri exports it: drop an earlier one
         tracking.configure()
         extract_seed = Mem0Extract.instructions
-        _finished_run(store, "mem0", {
-            "mem0.extract": SiteState(instructions=f"{extract_seed}\n\n{MEM0_RULE}", demos=[DEMO]),
-            "answer": SiteState(instructions="Answer with one word from the memories."),
-        }, {"top_k": 3, "threshold": 0.1, "rerank": True})
+        _finished_run(
+            store,
+            "mem0",
+            {
+                "mem0.extract": SiteState(
+                    instructions=f"{extract_seed}\n\n{MEM0_RULE}", demos=[DEMO]
+                ),
+                "answer": SiteState(instructions="Answer with one word from the memories."),
+            },
+            {"top_k": 3, "threshold": 0.1, "rerank": True},
+        )
         edge_seed = GRAPHITI_SIGNATURES[EDGE_SITE].instructions
-        _finished_run(store, "graphiti", {EDGE_SITE: SiteState(instructions=f"{edge_seed}\n\n{EDGE_RULE}")},
-                      {"top_k": 10, "search_recipe": "EDGE_HYBRID_SEARCH_RRF"})
-        with mlflow.start_run(experiment_id=tracking.experiment("optloop-mem0"), run_name="unfinished",
-                              tags={"optloop.system": "mem0"}) as run:
+        _finished_run(
+            store,
+            "graphiti",
+            {EDGE_SITE: SiteState(instructions=f"{edge_seed}\n\n{EDGE_RULE}")},
+            {"top_k": 10, "search_recipe": "EDGE_HYBRID_SEARCH_RRF"},
+        )
+        with mlflow.start_run(
+            experiment_id=tracking.experiment("optloop-mem0"),
+            run_name="unfinished",
+            tags={"optloop.system": "mem0"},
+        ) as run:
             mlflow.log_params({"system": "mem0"})
         store.runs["unfinished"] = run.info.run_id
-        with mlflow.start_run(experiment_id=tracking.experiment("someone-else"), run_name="foreign") as run:
+        with mlflow.start_run(
+            experiment_id=tracking.experiment("someone-else"), run_name="foreign"
+        ) as run:
             mlflow.log_params({"lr": "0.1"})
         store.runs["foreign"] = run.info.run_id
     return store
@@ -137,7 +174,9 @@ def template(tmp_path_factory) -> Store:
 
 
 @pytest.fixture
-def store(template: Store, isolated_state: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Store:
+def store(
+    template: Store, isolated_state: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Store:
     """The template store, copied into this test's own OPTLOOP_MLRUNS (the default tracking URI).
 
     ``mlflow.set_tracking_uri`` also sets ``MLFLOW_TRACKING_URI``, which ``tracking.configure``

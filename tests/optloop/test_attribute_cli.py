@@ -14,12 +14,15 @@ from optloop.datasets import load_dataset
 from optloop.testing.scripted import ScriptedOpenAIServer
 
 
-@pytest.mark.parametrize("argv, needle", [
-    (["--system", "nope"], "unknown system"),
-    (["--dataset", "memfail:nope"], "nope"),
-    (["--system", "rag_bm25,long_context"], "--faults planted"),
-    (["--faults", "planted", "--fault", "no-such-fault"], "unknown fault"),
-])
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["--system", "nope"], "unknown system"),
+        (["--dataset", "memfail:nope"], "nope"),
+        (["--system", "rag_bm25,long_context"], "--faults planted"),
+        (["--faults", "planted", "--fault", "no-such-fault"], "unknown fault"),
+    ],
+)
 def test_bad_input_is_one_line_and_writes_nothing(argv, needle, capsys, isolated_state):
     assert run_cli(main, argv) == 2
     err = capsys.readouterr().err.strip()
@@ -36,12 +39,20 @@ def test_list_faults_prints_every_fault_of_the_catalogue_across_stages(capsys, m
 
     printed = capsys.readouterr().out
     assert [f.name for f in CATALOGUE if f.name not in printed] == []
-    assert {f.error_type.value for f in CATALOGUE} == {"ExtractionError", "UpdateError", "DeletionError",
-                                                       "RetrievalError", "ResponseError", "ContaminationError"}
+    assert {f.error_type.value for f in CATALOGUE} == {
+        "ExtractionError",
+        "UpdateError",
+        "DeletionError",
+        "RetrievalError",
+        "ResponseError",
+        "ContaminationError",
+    }
     assert {"mem0", "graphiti", "rag_bm25"} <= {s for f in CATALOGUE for s in f.systems}
 
 
-def _answers(reply: Callable[[str], str]) -> tuple[str, Callable[[dict[str, Any]], tuple[str, Any]]]:
+def _answers(
+    reply: Callable[[str], str],
+) -> tuple[str, Callable[[dict[str, Any]], tuple[str, Any]]]:
     """A scripted endpoint's behaviour: every chat request answered ``{"answer": reply(user message)}``
     (rag_bm25 sends the LM nothing but its answer-site calls)."""
 
@@ -56,32 +67,50 @@ def _lm_flags(server: ScriptedOpenAIServer) -> list[str]:
     return ["--lm", "openai:scripted", "--lm-base-url", server.base_url, "--no-cache"]
 
 
-def test_attribute_run_writes_reports_and_mlflow_traces_with_operation_spans(tmp_path, isolated_state):
+def test_attribute_run_writes_reports_and_mlflow_traces_with_operation_spans(
+    tmp_path, isolated_state
+):
     """An endpoint that never knows the answer: every question fails, so every failure must be attributed,
     kept as a graph and mirrored as an MLflow trace whose spans are the operations."""
     out = tmp_path / "out"
     with ScriptedOpenAIServer([_answers(lambda user: "I don't know")]) as server:
-        code = run_cli(main, ["--system", "rag_bm25", "--dataset", "builtin:tiny?limit=2", "--out", str(out),
-                              *_lm_flags(server)])
+        code = run_cli(
+            main,
+            [
+                "--system",
+                "rag_bm25",
+                "--dataset",
+                "builtin:tiny?limit=2",
+                "--out",
+                str(out),
+                *_lm_flags(server),
+            ],
+        )
     assert code == 0
     report = json.loads((out / "report.json").read_text())
     assert report["questions"] == 5 and report["correct"] == 0 and report["failures"] == 5
     assert len(report["attributions"]) == report["failures"]
     assert (out / "report.md").read_text().startswith("# Attribution: rag_bm25")
-    assert sorted(p.name for p in (out / "graphs").iterdir()) == ["tiny-food.json", "tiny-pet.json"]
+    assert sorted(p.name for p in (out / "graphs").iterdir()) == [
+        "tiny-food.json",
+        "tiny-pet.json",
+    ]
     import mlflow
 
     from optloop import tracking
 
     tracking.configure()
-    traces = mlflow.search_traces(locations=[tracking.experiment("optloop-attribution-rag_bm25")],
-                                  return_type="list")
+    traces = mlflow.search_traces(
+        locations=[tracking.experiment("optloop-attribution-rag_bm25")], return_type="list"
+    )
     assert len(traces) == report["failures"]
     for trace in traces:
         spans = trace.data.spans
         root = [s for s in spans if s.parent_id is None]
         assert len(root) == 1 and root[0].name.startswith("question ")
-        assert any(s.name.startswith("retrieve") for s in spans) and any(s.name.startswith("answer") for s in spans)
+        assert any(s.name.startswith("retrieve") for s in spans) and any(
+            s.name.startswith("answer") for s in spans
+        )
 
 
 def test_planted_faults_report_has_accuracy_fields(tmp_path):
@@ -91,25 +120,47 @@ def test_planted_faults_report_has_accuracy_fields(tmp_path):
 
     def reply(user: str) -> str:
         memories = user.lower()
-        return next((g for g in golds if all(p.strip().lower() in memories for p in g.split(","))), "I don't know")
+        return next(
+            (g for g in golds if all(p.strip().lower() in memories for p in g.split(","))),
+            "I don't know",
+        )
 
     out = tmp_path / "planted.json"
     with ScriptedOpenAIServer([_answers(reply)]) as server:
-        code = run_cli(main, ["--system", "rag_bm25", "--dataset", "builtin:tiny?limit=1", "--faults", "planted",
-                              "--fault", "answer-unknown", "--fault", "top-k-1", "--json", str(out),
-                              *_lm_flags(server)])
+        code = run_cli(
+            main,
+            [
+                "--system",
+                "rag_bm25",
+                "--dataset",
+                "builtin:tiny?limit=1",
+                "--faults",
+                "planted",
+                "--fault",
+                "answer-unknown",
+                "--fault",
+                "top-k-1",
+                "--json",
+                str(out),
+                *_lm_flags(server),
+            ],
+        )
     assert code == 0
     report = json.loads(out.read_text())
     assert {"site_accuracy", "type_accuracy", "n"} <= set(report)
     cases = report["cases"]
     assert report["n"] == len(cases)
-    assert [c for c in cases if c["true_target"] == "answer"], cases  # the answer fault induced failures
+    assert [c for c in cases if c["true_target"] == "answer"], (
+        cases
+    )  # the answer fault induced failures
     for case in cases:
         assert case["true_target"] in ("answer", "knob:top_k")
     assert 0.0 <= report["site_accuracy"] <= 1.0 and 0.0 <= report["type_accuracy"] <= 1.0
 
 
-def test_planted_report_with_no_induced_failure_says_so_and_scores_every_caused_failure(tmp_path, monkeypatch):
+def test_planted_report_with_no_induced_failure_says_so_and_scores_every_caused_failure(
+    tmp_path, monkeypatch
+):
     """``--faults planted`` end to end with the harness and the LM faked (the mem0 example: 0 induced
     failures, 4 set aside): nothing-to-score instead of 0.000, the all-failures figure, the set-aside
     failures with their reasons, the denominators; in the text, the JSON and the markdown."""
@@ -130,19 +181,44 @@ def test_planted_report_with_no_induced_failure_says_so_and_scores_every_caused_
     monkeypatch.setattr(cli, "lm_from_args", lambda *args, **kwargs: FakeLM())
     monkeypatch.setattr(cli, "run_planted", lambda *args, **kwargs: issue_run())
     out, md = tmp_path / "planted.json", tmp_path / "planted.md"
-    assert run_cli(main, ["--system", "rag_bm25", "--faults", "planted", "--json", str(out),
-                          "--markdown", str(md)]) == 0
+    assert (
+        run_cli(
+            main,
+            [
+                "--system",
+                "rag_bm25",
+                "--faults",
+                "planted",
+                "--json",
+                str(out),
+                "--markdown",
+                str(md),
+            ],
+        )
+        == 0
+    )
     text = recorded.export_text()
     assert "site accuracy, induced failures only: nothing to score (0 induced failures)" in text
-    assert "site accuracy, every failure a fault caused: 0.250 [" in text and "0.000, type accuracy" not in text
+    assert (
+        "site accuracy, every failure a fault caused: 0.250 [" in text
+        and "0.000, type accuracy" not in text
+    )
     report = json.loads(out.read_text())
     assert (report["n"], report["site_accuracy"], report["type_accuracy"]) == (0, None, None)
     assert report["n"] == len(report["cases"]) and len(report["set_aside_cases"]) == 4
     assert report["induced"]["site"]["note"] == "nothing to score (0 induced failures)"
     assert report["all_failures"]["n"] == 4 and report["all_failures"]["site"]["k"] == 1
-    assert {c["set_aside"] for c in report["set_aside_cases"]} == {"unsound_clean_pass", "evidence_reached_answer"}
-    assert all(c["why_set_aside"] and c["attribution"]["error_type"] for c in report["set_aside_cases"])
-    assert report["denominators"][0]["passed_clean"] == 3 and report["denominators"][0]["small_sample"]
+    assert {c["set_aside"] for c in report["set_aside_cases"]} == {
+        "unsound_clean_pass",
+        "evidence_reached_answer",
+    }
+    assert all(
+        c["why_set_aside"] and c["attribution"]["error_type"] for c in report["set_aside_cases"]
+    )
+    assert (
+        report["denominators"][0]["passed_clean"] == 3
+        and report["denominators"][0]["small_sample"]
+    )
     assert report["by_fault"]["mem0/top-k-1"]["caused"] == 2
     assert "nothing to score (0 induced failures)" in md.read_text()
 

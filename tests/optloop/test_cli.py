@@ -16,12 +16,15 @@ def _args(*argv: str) -> argparse.Namespace:
     return parser.parse_args(list(argv))
 
 
-@pytest.mark.parametrize("system, argv, expected", [
-    ("graphiti", [], (3, 80)),                                   # graphiti's own bounds
-    ("graphiti", ["--lm-max-items", "5"], (5, 80)),              # a flag wins, the other default stays
-    ("mem0", [], (16, 400)),                                     # no system default: the LM's
-    ("mem0", ["--lm-max-chars", "120"], (16, 120)),
-])
+@pytest.mark.parametrize(
+    "system, argv, expected",
+    [
+        ("graphiti", [], (3, 80)),  # graphiti's own bounds
+        ("graphiti", ["--lm-max-items", "5"], (5, 80)),  # a flag wins, the other default stays
+        ("mem0", [], (16, 400)),  # no system default: the LM's
+        ("mem0", ["--lm-max-chars", "120"], (16, 120)),
+    ],
+)
 def test_system_decoding_defaults_yield_to_flags(isolated_state, system, argv, expected):
     lm = lm_from_args(_args(*argv), get_system(system).local_decoding)
     assert (lm.settings.max_array_items, lm.settings.max_string_chars) == expected

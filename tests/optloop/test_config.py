@@ -20,7 +20,9 @@ def test_the_readme_lists_exactly_the_config_files() -> None:
     """The parametrized tests below run once per file: the files must be there, and each documented."""
     import re
 
-    listed = set(re.findall(r"^\| `([\w.]+\.toml)` \|", (CONFIG_DIR / "README.md").read_text(), flags=re.M))
+    listed = set(
+        re.findall(r"^\| `([\w.]+\.toml)` \|", (CONFIG_DIR / "README.md").read_text(), flags=re.M)
+    )
     assert listed and listed == {p.name for p in CONFIG_FILES}
 
 
@@ -60,21 +62,38 @@ GOOD = 'name = "x"\nsystems = ["rag_bm25"]\ndatasets = ["builtin:tiny"]\n'
 def test_defaults(tmp_path: Path) -> None:
     config = load_config(_write(tmp_path, GOOD))
     assert (config.name, config.systems, config.datasets, config.episodes, config.notes) == (
-        "x", ["rag_bm25"], ["builtin:tiny"], None, "")
+        "x",
+        ["rag_bm25"],
+        ["builtin:tiny"],
+        None,
+        "",
+    )
 
 
 @pytest.mark.parametrize(
     ("text", "field"),
     [
-        (GOOD + "budget = 5\n", "'budget'"),  # no optimization entry point reads a file: not a field
+        (
+            GOOD + "budget = 5\n",
+            "'budget'",
+        ),  # no optimization entry point reads a file: not a field
         (GOOD + "episodes = 0\n", "'episodes'"),
         (GOOD + "budjet = 5\n", "'budjet'"),
         ('systems = ["rag_bm25"]\ndatasets = ["builtin:tiny"]\n', "'name'"),
         ('name = "x"\nsystems = []\ndatasets = ["builtin:tiny"]\n', "'systems'"),
-        ('name = "x"\nsystems = ["rag_bm25", "nope"]\ndatasets = ["builtin:tiny"]\n', "'systems[1]'"),
-        ('name = "x"\nsystems = ["rag_bm25"]\ndatasets = ["builtin:tiny", "nope:x"]\n', "'datasets[1]'"),
+        (
+            'name = "x"\nsystems = ["rag_bm25", "nope"]\ndatasets = ["builtin:tiny"]\n',
+            "'systems[1]'",
+        ),
+        (
+            'name = "x"\nsystems = ["rag_bm25"]\ndatasets = ["builtin:tiny", "nope:x"]\n',
+            "'datasets[1]'",
+        ),
         ('name = "x"\nsystems = ["rag_bm25"]\ndatasets = "builtin:tiny"\n', "'datasets'"),
-        ('name = "x"\nsystems = ["rag_bm25"]\ndatasets = ["builtin:tiny?limit=a=b&limit=2"]\n', "'datasets[0]'"),
+        (
+            'name = "x"\nsystems = ["rag_bm25"]\ndatasets = ["builtin:tiny?limit=a=b&limit=2"]\n',
+            "'datasets[0]'",
+        ),
     ],
 )
 def test_a_bad_file_names_the_file_and_the_field(tmp_path: Path, text: str, field: str) -> None:
@@ -86,9 +105,17 @@ def test_a_bad_file_names_the_file_and_the_field(tmp_path: Path, text: str, fiel
 
 
 def test_episodes_become_a_limit_where_the_uri_has_none() -> None:
-    config = ExperimentConfig(name="x", systems=["rag_bm25"], episodes=2,
-                              datasets=["builtin:tiny", "builtin:tiny?limit=1", "synthetic:meme?seed=0"])
-    assert config.dataset_uris() == ["builtin:tiny?limit=2", "builtin:tiny?limit=1", "synthetic:meme?seed=0&limit=2"]
+    config = ExperimentConfig(
+        name="x",
+        systems=["rag_bm25"],
+        episodes=2,
+        datasets=["builtin:tiny", "builtin:tiny?limit=1", "synthetic:meme?seed=0"],
+    )
+    assert config.dataset_uris() == [
+        "builtin:tiny?limit=2",
+        "builtin:tiny?limit=1",
+        "synthetic:meme?seed=0&limit=2",
+    ]
     assert with_limit("builtin:tiny", None) == "builtin:tiny"
 
 

@@ -17,7 +17,9 @@ def test_default_embedder_is_the_bundled_minilm():
 
 
 def test_local_embeddings_are_normalized_and_meaningful():
-    vectors = LocalEmbedder().embed(["I live in Lisbon.", "My home is in Lisbon.", "Quarterly revenue grew."])
+    vectors = LocalEmbedder().embed(
+        ["I live in Lisbon.", "My home is in Lisbon.", "Quarterly revenue grew."]
+    )
     assert vectors.shape == (3, 384) and vectors.dtype == np.float32
     assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
     assert vectors[0] @ vectors[1] > vectors[0] @ vectors[2] + 0.3
@@ -57,7 +59,9 @@ class _Counting(LocalEmbedder):
 
     def _embed_batch(self, texts: list[str]) -> np.ndarray:
         self.calls.append(list(texts))
-        return np.arange(len(texts) * 384, dtype=np.float32).reshape(len(texts), 384) + sum(map(len, texts))
+        return np.arange(len(texts) * 384, dtype=np.float32).reshape(len(texts), 384) + sum(
+            map(len, texts)
+        )
 
 
 def test_query_cache_embeds_a_single_text_once_and_passes_batches_through():
@@ -67,7 +71,9 @@ def test_query_cache_embeds_a_single_text_once_and_passes_batches_through():
 
     inner = _Counting()
     cache = CachedEmbedder(inner, max_texts=2, batches=False)
-    assert (cache.name, cache.dim) == (inner.name, inner.dim) and CachedEmbedder.around(cache) is cache
+    assert (cache.name, cache.dim) == (inner.name, inner.dim) and CachedEmbedder.around(
+        cache
+    ) is cache
     first = cache.embed(["where does Clara live?"])
     first[0, 0] = 99.0  # the caller's own copy: the cache is not changed through it
     with ThreadPoolExecutor(4) as pool:
@@ -76,7 +82,9 @@ def test_query_cache_embeds_a_single_text_once_and_passes_batches_through():
     expected = inner.embed(["where does Clara live?"])
     assert all(np.array_equal(a, expected) for a in again)
     assert cache.hits == 8
-    batch = cache.embed(["a", "where does Clara live?"])  # several texts: exactly the inner embedder's call
+    batch = cache.embed(
+        ["a", "where does Clara live?"]
+    )  # several texts: exactly the inner embedder's call
     assert np.array_equal(batch, inner.embed(["a", "where does Clara live?"]))
     cache.embed(["b"]), cache.embed(["c"])  # max_texts 2: the question is forgotten
     calls = len(inner.calls)

@@ -16,7 +16,6 @@ import sysconfig
 import textwrap
 from pathlib import Path
 
-
 from optloop.cli import run_cli
 from optloop.export import main
 from optloop.product import response_format
@@ -45,13 +44,22 @@ def test_json_from_a_run_is_every_sites_exact_prompt_with_demos_rendered(store, 
 
 def test_json_from_a_registry_prompt_by_alias_version_or_uri(store, tmp_path):
     expected = {"mem0.extract": store.texts["mem0"]["mem0.extract"]}
-    for i, ref in enumerate(["optloop.mem0.extract@champion", "prompts:/optloop.mem0.extract@champion",
-                             "optloop.mem0.extract/1", "prompts:/optloop.mem0.extract/1"]):
+    for i, ref in enumerate(
+        [
+            "optloop.mem0.extract@champion",
+            "prompts:/optloop.mem0.extract@champion",
+            "optloop.mem0.extract/1",
+            "prompts:/optloop.mem0.extract/1",
+        ]
+    ):
         out = tmp_path / f"p{i}.json"
         assert export("--prompt", ref, "--format", "json", "--out", str(out)) == 0, ref
         assert json.loads(out.read_text(encoding="utf-8")) == expected
     out = tmp_path / "answer.json"
-    assert export("--prompt", "optloop.mem0.answer@champion", "--format", "json", "--out", str(out)) == 0
+    assert (
+        export("--prompt", "optloop.mem0.answer@champion", "--format", "json", "--out", str(out))
+        == 0
+    )
     assert json.loads(out.read_text()) == {"answer": store.texts["mem0"]["answer"]}
 
 
@@ -78,7 +86,9 @@ def test_mem0_module_carries_prompts_schemas_knobs_and_provenance(store, tmp_pat
     namespace: dict = {}
     exec(compile(text, str(out), "exec"), namespace)
     assert namespace["PROMPTS"] == store.texts["mem0"]
-    assert namespace["RESPONSE_FORMATS"] == {s: response_format(s) for s in ("mem0.extract", "mem0.rerank")}
+    assert namespace["RESPONSE_FORMATS"] == {
+        s: response_format(s) for s in ("mem0.extract", "mem0.rerank")
+    }
     assert namespace["KNOBS"] == store.knobs["mem0"]
     assert namespace["SOURCE"]["run_id"] == store.runs["mem0"]
     from optloop.product_templates.mem0_prompts import library_prompts
@@ -88,8 +98,19 @@ def test_mem0_module_carries_prompts_schemas_knobs_and_provenance(store, tmp_pat
 
 def test_schema_mode_json_object_is_what_a_llama_cpp_endpoint_gets(store, tmp_path):
     out = tmp_path / "mem0_prompts.py"
-    assert export("--prompt", "optloop.mem0.extract@champion", "--format", "mem0", "--schema-mode", "json_object",
-                  "--out", str(out)) == 0
+    assert (
+        export(
+            "--prompt",
+            "optloop.mem0.extract@champion",
+            "--format",
+            "mem0",
+            "--schema-mode",
+            "json_object",
+            "--out",
+            str(out),
+        )
+        == 0
+    )
     namespace: dict = {}
     exec(out.read_text(), namespace)
     fmt = namespace["RESPONSE_FORMATS"]["mem0.extract"]
@@ -97,18 +118,34 @@ def test_schema_mode_json_object_is_what_a_llama_cpp_endpoint_gets(store, tmp_pa
     assert list(namespace["PROMPTS"]) == ["mem0.extract"]
 
 
-def _standalone(script: str, out_dir: Path, env_dir: Path, *args: str) -> subprocess.CompletedProcess:
+def _standalone(
+    script: str, out_dir: Path, env_dir: Path, *args: str
+) -> subprocess.CompletedProcess:
     """Run ``script`` in a fresh interpreter that sees only site-packages and ``out_dir`` (no optloop)."""
     site_packages = sorted({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]})
-    prelude = (f"import sys; sys.path[:] = {[str(out_dir), *site_packages]!r} + "
-               "[p for p in sys.path if 'site-packages' not in p]\n"
-               "import importlib.util\n"
-               "assert importlib.util.find_spec('optloop') is None, 'optloop is importable'\n"
-               "assert importlib.util.find_spec('signatures') is None and importlib.util.find_spec('systems') is None\n")
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(env_dir), "MEM0_DIR": str(env_dir / "mem0"),
-           "MEM0_TELEMETRY": "False", "GRAPHITI_TELEMETRY_ENABLED": "false", "HF_HUB_OFFLINE": "1"}
-    return subprocess.run([sys.executable, "-I", "-S", "-c", prelude + textwrap.dedent(script), *args],
-                          capture_output=True, text=True, env=env, cwd=env_dir, timeout=300)
+    prelude = (
+        f"import sys; sys.path[:] = {[str(out_dir), *site_packages]!r} + "
+        "[p for p in sys.path if 'site-packages' not in p]\n"
+        "import importlib.util\n"
+        "assert importlib.util.find_spec('optloop') is None, 'optloop is importable'\n"
+        "assert importlib.util.find_spec('signatures') is None and importlib.util.find_spec('systems') is None\n"
+    )
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(env_dir),
+        "MEM0_DIR": str(env_dir / "mem0"),
+        "MEM0_TELEMETRY": "False",
+        "GRAPHITI_TELEMETRY_ENABLED": "false",
+        "HF_HUB_OFFLINE": "1",
+    }
+    return subprocess.run(
+        [sys.executable, "-I", "-S", "-c", prelude + textwrap.dedent(script), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=env_dir,
+        timeout=300,
+    )
 
 
 VANILLA_MEM0 = """
@@ -147,15 +184,38 @@ print(json.dumps({"applied": applied, "found": [[r["memory"], r.get("rerank_scor
 """
 
 
-def test_exported_mem0_module_makes_vanilla_mem0_send_the_optimized_request_without_optloop(store, tmp_path):
+def test_exported_mem0_module_makes_vanilla_mem0_send_the_optimized_request_without_optloop(
+    store, tmp_path
+):
     out_dir = tmp_path / "product"
     out_dir.mkdir()
-    assert export("--run", store.runs["mem0"], "--format", "mem0", "--out", str(out_dir / "mem0_prompts.py")) == 0
-    extraction = json.dumps({"memory": [{"id": "0", "text": "User adopted a beagle named Max",
-                                         "attributed_to": "user"}]})
-    script = [("ok", extraction), ("ok", json.dumps({"memory": []})), ("ok", json.dumps({"score": 1e-05}))]
+    assert (
+        export(
+            "--run",
+            store.runs["mem0"],
+            "--format",
+            "mem0",
+            "--out",
+            str(out_dir / "mem0_prompts.py"),
+        )
+        == 0
+    )
+    extraction = json.dumps(
+        {
+            "memory": [
+                {"id": "0", "text": "User adopted a beagle named Max", "attributed_to": "user"}
+            ]
+        }
+    )
+    script = [
+        ("ok", extraction),
+        ("ok", json.dumps({"memory": []})),
+        ("ok", json.dumps({"score": 1e-05})),
+    ]
     with ScriptedOpenAIServer(script) as server:
-        done = _standalone(VANILLA_MEM0, out_dir, tmp_path, server.base_url, str(tmp_path / "store"))
+        done = _standalone(
+            VANILLA_MEM0, out_dir, tmp_path, server.base_url, str(tmp_path / "store")
+        )
         assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["applied"] == ["mem0.extract", "mem0.rerank"]
@@ -165,8 +225,14 @@ def test_exported_mem0_module_makes_vanilla_mem0_send_the_optimized_request_with
     user_add, agent_add, rerank = chats
     assert user_add["messages"][0] == {"role": "system", "content": texts["mem0.extract"]}
     assert agent_add["messages"][0]["content"] == texts["mem0.extract"] + AGENT_CONTEXT_SUFFIX
-    assert user_add["response_format"] == agent_add["response_format"] == response_format("mem0.extract")
-    assert "I adopted a beagle named Max." in user_add["messages"][1]["content"]  # mem0's own user message
+    assert (
+        user_add["response_format"]
+        == agent_add["response_format"]
+        == response_format("mem0.extract")
+    )
+    assert (
+        "I adopted a beagle named Max." in user_add["messages"][1]["content"]
+    )  # mem0's own user message
     assert rerank["messages"][0]["content"] == texts["mem0.rerank"]
     assert rerank["response_format"] == response_format("mem0.rerank")
     # mem0 stored what the model extracted, and read the {"score": ...} answer as optloop's run does
@@ -197,15 +263,30 @@ print(json.dumps(out))
 def test_exported_graphiti_module_builds_a_library_with_the_optimized_system_text(store, tmp_path):
     out_dir = tmp_path / "product"
     out_dir.mkdir()
-    assert export("--run", store.runs["graphiti"], "--format", "graphiti",
-                  "--out", str(out_dir / "graphiti_prompts.py")) == 0
+    assert (
+        export(
+            "--run",
+            store.runs["graphiti"],
+            "--format",
+            "graphiti",
+            "--out",
+            str(out_dir / "graphiti_prompts.py"),
+        )
+        == 0
+    )
     done = _standalone(GRAPHITI_LIBRARY, out_dir, tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     edge = result["extract_edges.edge"]
-    assert edge["system"] == store.texts["graphiti"][EDGE_SITE] and edge["system"].endswith(EDGE_RULE)
-    assert edge["user_same"] and edge["default_system"] == library_system_prompt("extract_edges.edge")
-    assert edge["sent_system"].startswith(edge["system"]) and edge["sent_system"] != edge["system"]  # + framing
+    assert edge["system"] == store.texts["graphiti"][EDGE_SITE] and edge["system"].endswith(
+        EDGE_RULE
+    )
+    assert edge["user_same"] and edge["default_system"] == library_system_prompt(
+        "extract_edges.edge"
+    )
+    assert (
+        edge["sent_system"].startswith(edge["system"]) and edge["sent_system"] != edge["system"]
+    )  # + framing
     # the run's other graphiti sites are exported unchanged: graphiti's own text
     nodes = result["extract_nodes.extract_message"]
     assert nodes["system"] == nodes["default_system"] and nodes["user_same"]
@@ -217,8 +298,11 @@ def test_every_command_the_help_shows_is_one_the_parser_takes():
 
     from optloop import export
 
-    commands = [shlex.split(line.strip())[3:] for line in (export.__doc__ or "").splitlines()
-                if line.strip().startswith("python -m optloop.export ")]
+    commands = [
+        shlex.split(line.strip())[3:]
+        for line in (export.__doc__ or "").splitlines()
+        if line.strip().startswith("python -m optloop.export ")
+    ]
     assert len(commands) >= 5
     for argv in commands:
         args = export.build_parser().parse_args(argv)
@@ -236,17 +320,38 @@ def _bad(store, tmp_path) -> list[tuple[list[str], str]]:
         (["--run", runs["mem0-child"], "--format", "json"], "child run"),
         (["--run", runs["foreign"], "--format", "json"], "not an optloop.run parent run"),
         (["--run", runs["unfinished"], "--format", "json"], "has not finished"),
-        (["--run", runs["mem0"], "--format", "graphiti"], "--format graphiti needs graphiti prompts"),
+        (
+            ["--run", runs["mem0"], "--format", "graphiti"],
+            "--format graphiti needs graphiti prompts",
+        ),
         (["--run", runs["graphiti"], "--format", "mem0"], "--format mem0 needs mem0 prompts"),
-        (["--prompt", "optloop.graphiti.extract_edges.edge@champion", "--format", "mem0"], "needs mem0 prompts"),
+        (
+            ["--prompt", "optloop.graphiti.extract_edges.edge@champion", "--format", "mem0"],
+            "needs mem0 prompts",
+        ),
         (["--prompt", "optloop.mem0.answer@champion", "--format", "mem0"], "needs mem0 prompts"),
-        (["--prompt", "optloop.mem0.extract@champion", "--format", "dspy"], "needs a run's DSPy program"),
+        (
+            ["--prompt", "optloop.mem0.extract@champion", "--format", "dspy"],
+            "needs a run's DSPy program",
+        ),
         (["--prompt", "optloop.mem0.nope@champion", "--format", "json"], "not found"),
         (["--prompt", "optloop.mem0.extract@nope", "--format", "json"], "alias nope not found"),
         (["--prompt", "optloop.mem0.extract/9", "--format", "json"], "not found"),
-        (["--prompt", "optloop.mem0.extract", "--format", "json"], "write NAME@ALIAS or NAME/VERSION"),
-        (["--run", runs["mem0"], "--format", "json", "--tracking-uri", f"sqlite:///{tmp_path / 'none' / 'x.db'}"],
-         "no MLflow store"),
+        (
+            ["--prompt", "optloop.mem0.extract", "--format", "json"],
+            "write NAME@ALIAS or NAME/VERSION",
+        ),
+        (
+            [
+                "--run",
+                runs["mem0"],
+                "--format",
+                "json",
+                "--tracking-uri",
+                f"sqlite:///{tmp_path / 'none' / 'x.db'}",
+            ],
+            "no MLflow store",
+        ),
     ]
 
 
@@ -259,7 +364,10 @@ def test_bad_inputs_exit_non_zero_with_one_line_and_write_nothing(store, tmp_pat
             code = export(*args, "--out", str(out))
             err = capsys.readouterr().err.strip()
             assert code == 2, (args, err)
-            assert err.startswith("optloop: error: ") and "\n" not in err and reason in err, (args, err)
+            assert err.startswith("optloop: error: ") and "\n" not in err and reason in err, (
+                args,
+                err,
+            )
             assert sorted(p.name for p in out_dir.iterdir()) == ["keep.py"], args
             assert (out_dir / "keep.py").read_text() == "# the product's previous export\n"
     assert not (tmp_path / "none").exists()  # a missing store is not created
@@ -268,8 +376,11 @@ def test_bad_inputs_exit_non_zero_with_one_line_and_write_nothing(store, tmp_pat
 def test_unwritable_out_paths_are_refused_before_any_work(store, tmp_path, capsys):
     a_file = tmp_path / "a_file"
     a_file.write_text("x")
-    for out, reason in [(tmp_path, "is a directory"), (tmp_path / "missing" / "m.py", "does not exist"),
-                        (a_file / "m.py", "does not exist")]:
+    for out, reason in [
+        (tmp_path, "is a directory"),
+        (tmp_path / "missing" / "m.py", "does not exist"),
+        (a_file / "m.py", "does not exist"),
+    ]:
         assert export("--run", store.runs["mem0"], "--format", "mem0", "--out", str(out)) == 2
         err = capsys.readouterr().err.strip()
         assert reason in err and "\n" not in err, err
@@ -277,9 +388,14 @@ def test_unwritable_out_paths_are_refused_before_any_work(store, tmp_path, capsy
 
 
 def test_argument_errors_exit_non_zero():
-    done = subprocess.run([sys.executable, "-m", "optloop.export", "--format", "json", "--out", "x.json"],
-                          capture_output=True, text=True)
-    assert done.returncode == 2 and "one of the arguments --run --prompt is required" in done.stderr
+    done = subprocess.run(
+        [sys.executable, "-m", "optloop.export", "--format", "json", "--out", "x.json"],
+        capture_output=True,
+        text=True,
+    )
+    assert (
+        done.returncode == 2 and "one of the arguments --run --prompt is required" in done.stderr
+    )
 
 
 # --- any reference, the user's file modes -----------------------------------------------------
@@ -291,8 +407,10 @@ def test_a_prompt_reference_ending_in_a_newline_exports_a_module_that_compiles(s
     assert export("--prompt", ref, "--format", "mem0", "--out", str(out)) == 0
     text = out.read_text()
     compile(text, str(out), "exec")
-    assert text.splitlines()[0].startswith("# Written by `python -m optloop.export --prompt "
-                                           "optloop.mem0.extract@champion --format mem0` (prompt ")
+    assert text.splitlines()[0].startswith(
+        "# Written by `python -m optloop.export --prompt "
+        "optloop.mem0.extract@champion --format mem0` (prompt "
+    )
 
 
 def test_exported_files_take_the_users_umask_or_keep_an_existing_files_mode(store, tmp_path):

@@ -16,7 +16,15 @@ import pytest
 from optloop.attribution import default_judges
 from optloop.datasets import Session, load_dataset
 from optloop.lm import Accounting, CallRecord, LMSettings, OptloopLM
-from optloop.pipeline import Attributor, CachedStores, FreshStores, Store, StoreCache, ingest, run_episode
+from optloop.pipeline import (
+    Attributor,
+    CachedStores,
+    FreshStores,
+    Store,
+    StoreCache,
+    ingest,
+    run_episode,
+)
 from optloop.testing.scripted import ScriptedOpenAIServer
 from systems import get_system
 
@@ -30,8 +38,16 @@ class EchoSystem:
         self.lm, self.text, self.run_dir, self.fail_on = lm, "", run_dir, fail_on
 
     def _call(self, site: str) -> None:
-        self.lm.accounting.add(CallRecord(site=site, model="stub", prompt_tokens=1, completion_tokens=1,
-                                          seconds=0.0, cached=False))
+        self.lm.accounting.add(
+            CallRecord(
+                site=site,
+                model="stub",
+                prompt_tokens=1,
+                completion_tokens=1,
+                seconds=0.0,
+                cached=False,
+            )
+        )
 
     def ingest(self, sessions: Sequence[Session]) -> None:
         for session in sessions:
@@ -66,20 +82,32 @@ def test_an_unrecorded_episode_is_the_system_alone_timed_and_counted_per_stage(t
     episode = load_dataset("builtin:tiny?limit=1").episodes[0]
     lm = stub_lm()
     EchoSystem.closed.clear()
-    result = run_episode(episode, FreshStores(lambda ep: EchoSystem(lm, tmp_path / ep.id), lm, record=False), lm=lm)
+    result = run_episode(
+        episode, FreshStores(lambda ep: EchoSystem(lm, tmp_path / ep.id), lm, record=False), lm=lm
+    )
     assert result.graph is None and result.store_reused is False
-    assert result.ingest_calls == len(episode.sessions) and result.answer_calls == len(episode.questions)
+    assert result.ingest_calls == len(episode.sessions) and result.answer_calls == len(
+        episode.questions
+    )
     assert [o.question_id for o in result.outcomes] == [q.id for q in episode.questions]
-    assert all(o.passed and o.attribution is None for o in result.outcomes)  # the answer holds every fact
+    assert all(
+        o.passed and o.attribution is None for o in result.outcomes
+    )  # the answer holds every fact
     assert min(result.setup_s, result.ingest_s, result.answer_s) >= 0
-    assert EchoSystem.closed == [str(tmp_path / episode.id)]  # a fresh store is closed after its episode
+    assert EchoSystem.closed == [
+        str(tmp_path / episode.id)
+    ]  # a fresh store is closed after its episode
 
 
 def test_a_fresh_store_is_closed_when_its_episode_fails(tmp_path):
     episode = load_dataset("builtin:tiny?limit=1").episodes[0]
     lm = stub_lm()
     EchoSystem.closed.clear()
-    stores = FreshStores(lambda ep: EchoSystem(lm, tmp_path, fail_on=episode.questions[0].question), lm, record=False)
+    stores = FreshStores(
+        lambda ep: EchoSystem(lm, tmp_path, fail_on=episode.questions[0].question),
+        lm,
+        record=False,
+    )
     with pytest.raises(RuntimeError, match="the system broke"):
         run_episode(episode, stores, lm=lm)
     assert EchoSystem.closed == [str(tmp_path)]
@@ -93,6 +121,7 @@ def test_the_store_cache_reuses_by_key_and_closes_the_least_recently_used(tmp_pa
         def make() -> Store:
             built.append(name)
             return Store(EchoSystem(lm, tmp_path / name), None)
+
         return make
 
     assert cache.open("a", build("a"))[1] is False and cache.open("b", build("b"))[1] is False
@@ -104,8 +133,11 @@ def test_the_store_cache_reuses_by_key_and_closes_the_least_recently_used(tmp_pa
 
 
 def scripted_lm(url: str, tmp_path: Path) -> OptloopLM:
-    return OptloopLM(LMSettings.from_spec("openai:test", base_url=url, max_retries=0,
-                                          cache_path=tmp_path / "cache.sqlite"))
+    return OptloopLM(
+        LMSettings.from_spec(
+            "openai:test", base_url=url, max_retries=0, cache_path=tmp_path / "cache.sqlite"
+        )
+    )
 
 
 def test_private_and_shared_stores_record_the_same_questions(tmp_path, embedder):
@@ -121,21 +153,40 @@ def test_private_and_shared_stores_record_the_same_questions(tmp_path, embedder)
             def save(graph) -> str:
                 saved.append(name)
                 return name
+
             return save
 
-        fresh = run_episode(episode, FreshStores(lambda ep: system(lm, tmp_path / "fresh", embedder=embedder), lm),
-                            lm=lm, attributor=attributor, save_graph=saver("fresh"))
+        fresh = run_episode(
+            episode,
+            FreshStores(lambda ep: system(lm, tmp_path / "fresh", embedder=embedder), lm),
+            lm=lm,
+            attributor=attributor,
+            save_graph=saver("fresh"),
+        )
         cache = StoreCache()
-        store, _ = cache.open("k", lambda: ingest(system(lm, tmp_path / "shared", embedder=embedder), episode))
+        store, _ = cache.open(
+            "k", lambda: ingest(system(lm, tmp_path / "shared", embedder=embedder), episode)
+        )
         ingest_ops = len(store.graph.operations)
-        shared = run_episode(episode, CachedStores(lambda ep: cache.open("k", lambda: store)), lm=lm,
-                             attributor=attributor, label={"split": "dev"}, keep="faulted",
-                             save_graph=saver("shared"))
+        shared = run_episode(
+            episode,
+            CachedStores(lambda ep: cache.open("k", lambda: store)),
+            lm=lm,
+            attributor=attributor,
+            label={"split": "dev"},
+            keep="faulted",
+            save_graph=saver("shared"),
+        )
         cache.close()
-    assert saved == ["fresh"] and fresh.graph_path == "fresh"  # "faulted" keeps no graph of an episode without a fault
+    assert (
+        saved == ["fresh"] and fresh.graph_path == "fresh"
+    )  # "faulted" keeps no graph of an episode without a fault
     assert len(store.graph.operations) == ingest_ops  # the shared store's own graph never grows
     assert shared.store_reused is True and shared.graph.meta["evaluation"] == {
-        "split": "dev", "store_reused": True, "first_op": ingest_ops}
+        "split": "dev",
+        "store_reused": True,
+        "first_op": ingest_ops,
+    }
     for result in (fresh, shared):
         answers = [op.question_id for op in result.graph.operations if op.site == "answer"]
         assert answers == [q.id for q in episode.questions]
@@ -143,8 +194,9 @@ def test_private_and_shared_stores_record_the_same_questions(tmp_path, embedder)
         failed = [o for o in result.outcomes if not o.passed]
         assert failed and all(o.attribution is not None for o in failed)
         assert set(result.attribution_s) == {o.question_id for o in failed}
-    assert [o.attribution.error_type for o in fresh.outcomes if o.attribution] == \
-        [o.attribution.error_type for o in shared.outcomes if o.attribution]
+    assert [o.attribution.error_type for o in fresh.outcomes if o.attribution] == [
+        o.attribution.error_type for o in shared.outcomes if o.attribution
+    ]
 
 
 def test_select_decides_which_failures_are_attributed(tmp_path, embedder):
@@ -154,10 +206,19 @@ def test_select_decides_which_failures_are_attributed(tmp_path, embedder):
         system = get_system("rag_bm25")
         seen: list[str] = []
         first = episode.questions[0].id
-        attributor = Attributor(default_judges(embedder), embedder,
-                                select=lambda q, prediction, graph: seen.append(q.id) or q.id == first)
-        result = run_episode(episode, FreshStores(lambda ep: system(lm, tmp_path, embedder=embedder), lm), lm=lm,
-                             attributor=attributor)
+        attributor = Attributor(
+            default_judges(embedder),
+            embedder,
+            select=lambda q, prediction, graph: seen.append(q.id) or q.id == first,
+        )
+        result = run_episode(
+            episode,
+            FreshStores(lambda ep: system(lm, tmp_path, embedder=embedder), lm),
+            lm=lm,
+            attributor=attributor,
+        )
     failed = [o.question_id for o in result.outcomes if not o.passed]
     assert seen == failed  # asked about failures only, in question order
-    assert [o.question_id for o in result.outcomes if o.attribution] == [q for q in failed if q == first]
+    assert [o.question_id for o in result.outcomes if o.attribution] == [
+        q for q in failed if q == first
+    ]

@@ -17,7 +17,15 @@ import pytest
 from optloop.attribution import default_judges
 from optloop.datasets import load_dataset
 from optloop.lm import Accounting, LMSettings, OptloopLM
-from optloop.pipeline import Attributor, FreshStores, Store, StoreCache, Workers, concurrency, run_episodes
+from optloop.pipeline import (
+    Attributor,
+    FreshStores,
+    Store,
+    StoreCache,
+    Workers,
+    concurrency,
+    run_episodes,
+)
 from systems import get_system
 from tests._oracle import KeyedEndpoint, gold_answers, without_clock
 from tests.optloop.test_pipeline import EchoSystem
@@ -33,8 +41,15 @@ def embedder():
 
 
 def test_concurrency_is_the_lms_own_setting():
-    assert concurrency(OptloopLM(LMSettings.from_spec("openai:m", base_url="http://x/v1", concurrency=5))) == 5
-    assert concurrency(SimpleNamespace(accounting=Accounting())) == 1  # a scripted LM without settings
+    assert (
+        concurrency(
+            OptloopLM(LMSettings.from_spec("openai:m", base_url="http://x/v1", concurrency=5))
+        )
+        == 5
+    )
+    assert (
+        concurrency(SimpleNamespace(accounting=Accounting())) == 1
+    )  # a scripted LM without settings
 
 
 def test_workers_return_results_in_item_order_in_the_callers_context():
@@ -68,7 +83,9 @@ def test_an_interrupted_run_does_not_wait_for_calls_in_flight():
     calls in flight are left to their daemon threads, which leave with the process."""
     release = threading.Event()
     main = threading.main_thread().ident
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # Python's own, whatever ran before
+    previous = signal.signal(
+        signal.SIGINT, signal.default_int_handler
+    )  # Python's own, whatever ran before
     try:
         threading.Timer(0.3, lambda: signal.pthread_kill(main, signal.SIGINT)).start()
         started = time.perf_counter()
@@ -86,7 +103,9 @@ def stores_of(built: list[str], lm: SimpleNamespace, root: Path):
             time.sleep(delay)
             built.append(name)
             return Store(EchoSystem(lm, root / name), None)
+
         return make
+
     return build
 
 
@@ -101,17 +120,25 @@ def test_a_plan_makes_the_serial_runs_decisions_whatever_order_the_episodes_open
         def open_(key: str) -> None:
             opened[key] = cache.open(key, build(key), pin=True, plan=plan)
 
-        threads = [threading.Thread(target=open_, args=(key,)) for key in "dcba"]  # opened in reverse
+        threads = [
+            threading.Thread(target=open_, args=(key,)) for key in "dcba"
+        ]  # opened in reverse
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join()
-        assert EchoSystem.closed == []  # a and b left the cache, but their episodes still hold them
+        assert (
+            EchoSystem.closed == []
+        )  # a and b left the cache, but their episodes still hold them
         for key in "abcd":
             assert opened[key][1] is False
             cache.release(opened[key][0])
-    assert sorted(built) == list("abcd") and sorted(EchoSystem.closed) == [str(tmp_path / k) for k in "ab"]
-    with cache.plan(["c", "a", "d"]) as plan:  # c reused; a built (evicts d); d built again (evicts c)
+    assert sorted(built) == list("abcd") and sorted(EchoSystem.closed) == [
+        str(tmp_path / k) for k in "ab"
+    ]
+    with cache.plan(
+        ["c", "a", "d"]
+    ) as plan:  # c reused; a built (evicts d); d built again (evicts c)
         reused = [cache.open(key, build(key), plan=plan)[1] for key in ("c", "a", "d")]
     assert reused == [True, False, False]
     cache.close()
@@ -150,13 +177,25 @@ def test_a_private_store_records_the_same_graph_at_n1_and_n4(tmp_path, embedder)
     runs = {}
     with KeyedEndpoint(gold_answers(dataset.episodes), latency_s=0.02) as endpoint:
         for n in (1, 4):
-            lm = OptloopLM(LMSettings.from_spec("openai:oracle", base_url=endpoint.base_url, concurrency=n,
-                                                cache_path=tmp_path / f"n{n}.sqlite"))
-            stores = FreshStores(lambda episode, n=n: system(lm, tmp_path / f"n{n}" / episode.id, embedder=embedder),
-                                 lm)
+            lm = OptloopLM(
+                LMSettings.from_spec(
+                    "openai:oracle",
+                    base_url=endpoint.base_url,
+                    concurrency=n,
+                    cache_path=tmp_path / f"n{n}.sqlite",
+                )
+            )
+            stores = FreshStores(
+                lambda episode, n=n: system(
+                    lm, tmp_path / f"n{n}" / episode.id, embedder=embedder
+                ),
+                lm,
+            )
             results = list(run_episodes(dataset.episodes, stores, lm=lm, attributor=attributor))
-            runs[n] = ([[o.model_dump() for o in r.outcomes] for r in results],
-                       [without_clock(r.graph.to_json()) for r in results],
-                       [(r.ingest_calls, r.answer_calls, r.attribution_calls) for r in results])
+            runs[n] = (
+                [[o.model_dump() for o in r.outcomes] for r in results],
+                [without_clock(r.graph.to_json()) for r in results],
+                [(r.ingest_calls, r.answer_calls, r.attribution_calls) for r in results],
+            )
     assert any(o["attribution"] for outcomes in runs[1][0] for o in outcomes)
     assert runs[4] == runs[1]

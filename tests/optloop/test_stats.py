@@ -49,7 +49,9 @@ def test_the_same_seed_gives_the_same_interval_and_another_seed_may_not():
     assert bootstrap_mean(values, seed=3) == bootstrap_mean(values, seed=3)
     assert len({(i.low, i.high) for i in (bootstrap_mean(values, seed=s) for s in range(4))}) > 1
     before, after = [0] * 20 + [1] * 20, [1] * 15 + [0] * 5 + [1] * 20
-    assert paired_bootstrap_delta(before, after, seed=5) == paired_bootstrap_delta(before, after, seed=5)
+    assert paired_bootstrap_delta(before, after, seed=5) == paired_bootstrap_delta(
+        before, after, seed=5
+    )
 
 
 def test_a_mean_interval_is_scipys_percentile_interval():
@@ -57,15 +59,18 @@ def test_a_mean_interval_is_scipys_percentile_interval():
 
     values = np.random.default_rng(1).normal(size=25)
     ours = bootstrap_mean(values, seed=11, n_resamples=999)
-    theirs = stats.bootstrap((values,), np.mean, n_resamples=999, method="percentile",
-                             rng=np.random.default_rng(11)).confidence_interval
+    theirs = stats.bootstrap(
+        (values,), np.mean, n_resamples=999, method="percentile", rng=np.random.default_rng(11)
+    ).confidence_interval
     assert (ours.low, ours.high) == pytest.approx((theirs.low, theirs.high))
 
 
 def test_accuracy_interval_and_its_format():
     acc = bootstrap_mean([1] * 11 + [0] * 13)
     assert acc.estimate == pytest.approx(11 / 24) and acc.low < acc.estimate < acc.high
-    assert acc.format(signed=False).startswith("0.458 [") and acc.format(signed=False).endswith("] (n=24)")
+    assert acc.format(signed=False).startswith("0.458 [") and acc.format(signed=False).endswith(
+        "] (n=24)"
+    )
 
 
 def test_no_question_says_n_zero():
@@ -75,7 +80,10 @@ def test_no_question_says_n_zero():
 
 
 def test_negative_numbers_print_a_minus_sign():
-    assert str(Interval(estimate=0.083, low=-0.167, high=0.333, n=12)) == "+0.083 [\u22120.167, +0.333] (n=12)"
+    assert (
+        str(Interval(estimate=0.083, low=-0.167, high=0.333, n=12))
+        == "+0.083 [\u22120.167, +0.333] (n=12)"
+    )
 
 
 def test_unpaired_lengths_are_refused():
@@ -110,12 +118,18 @@ def test_recovered_share_drops_resamples_where_the_sabotage_cost_nothing():
     share = recovered_share([1, 1, 0, 0, 1, 0], [0, 1, 0, 0, 1, 0], [1, 1, 0, 0, 1, 0])
     assert (share.estimate, share.low, share.high) == (1, 1, 1)
     share = recovered_share([1, 1, 0, 1, 1, 0], [0, 0, 0, 1, 1, 0], [1, 0, 0, 1, 1, 0])
-    assert share.estimate == pytest.approx(0.5) and math.isfinite(share.low) and math.isfinite(share.high)
+    assert (
+        share.estimate == pytest.approx(0.5)
+        and math.isfinite(share.low)
+        and math.isfinite(share.high)
+    )
 
 
 def test_recovered_share_is_undefined_when_the_sabotage_cost_nothing():
     share = recovered_share([1, 0, 1], [1, 1, 1], [0, 0, 1])
     assert math.isnan(share.estimate) and math.isnan(share.low) and "cost nothing" in share.note
     assert str(share).startswith("n/a (n=3; ")
-    again = Interval.model_validate(json.loads(share.model_dump_json()))  # NaN survives a JSON round trip
+    again = Interval.model_validate(
+        json.loads(share.model_dump_json())
+    )  # NaN survives a JSON round trip
     assert math.isnan(again.estimate)

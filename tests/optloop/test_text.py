@@ -14,7 +14,12 @@ def test_words_are_squad_normalized():
     assert words("The  Café's menu, in Zürich!") == ["cafes", "menu", "in", "zurich"]
     assert words("Don’t stop—now") == ["dont", "stop", "now"]
     assert words("") == [] and normalize("A b THE c") == "b c"
-    assert [singular(w) for w in words("bucket hats, boxes, parties")] == ["bucket", "hat", "box", "party"]
+    assert [singular(w) for w in words("bucket hats, boxes, parties")] == [
+        "bucket",
+        "hat",
+        "box",
+        "party",
+    ]
 
 
 def test_every_word_match_goes_through_the_one_tokenizer():
@@ -30,8 +35,14 @@ def test_every_word_match_goes_through_the_one_tokenizer():
     assert similar("Alice moved to Porto.", "alice moved to porto") == 1.0
     # A word list of one's own: a regex for words, or the words of lower-cased text as a set.
     # (" ".join(text.split()) only collapses whitespace and is no tokenizer: see optloop/text.py.)
-    ad_hoc = re.compile(r"re\.findall\(r\"(\\w\+|\[a-z0-9\]\+)\"|set\([^()]*\.lower\(\)\.split\(\)")
-    offenders = [str(p.relative_to(REPO)) for d in ("optloop", "systems", "signatures", "experiments")
-                 for p in (REPO / d).rglob("*.py") if ad_hoc.search(p.read_text())]
+    ad_hoc = re.compile(
+        r"re\.findall\(r\"(\\w\+|\[a-z0-9\]\+)\"|set\([^()]*\.lower\(\)\.split\(\)"
+    )
+    offenders = [
+        str(p.relative_to(REPO))
+        for d in ("optloop", "systems", "signatures", "experiments")
+        for p in (REPO / d).rglob("*.py")
+        if ad_hoc.search(p.read_text())
+    ]
     # loop/optimizers.py counts the new words of an edit; it moves to words() with the loop refactor.
     assert offenders in ([], ["optloop/loop/optimizers.py"]), offenders

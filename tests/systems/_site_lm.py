@@ -20,9 +20,13 @@ from optloop.lm import Accounting, current_site
 Reply = dict[str, Any]
 Script = list[Reply] | Callable[[dict[str, str]], Reply]
 
-DEFAULTS: dict[str, Reply] = {"tiered.extract": {"facts": []}, "tiered.summarize": {"summary": ""},
-                              "gated.admit": {"decisions": []}, "answer": {"answer": "I don't know"},
-                              "retrieve.query": {"query": ""}}
+DEFAULTS: dict[str, Reply] = {
+    "tiered.extract": {"facts": []},
+    "tiered.summarize": {"summary": ""},
+    "gated.admit": {"decisions": []},
+    "answer": {"answer": "I don't know"},
+    "retrieve.query": {"query": ""},
+}
 _FIELD = re.compile(r"\[\[ ## (\w+) ## \]\]\n(.*?)(?=\n\n\[\[ ## |\n\nRespond with|\Z)", re.DOTALL)
 
 
@@ -55,8 +59,10 @@ class SiteLM(DummyLM):
     """DummyLM whose replies are chosen by prompt site; ``calls`` lists (site, input fields) in order."""
 
     def __init__(self, scripts: dict[str, Script] | None = None):
-        self.scripts: dict[str, Script] = {name: (list(script) if isinstance(script, list) else script)
-                                           for name, script in (scripts or {}).items()}
+        self.scripts: dict[str, Script] = {
+            name: (list(script) if isinstance(script, list) else script)
+            for name, script in (scripts or {}).items()
+        }
         self.calls: list[tuple[str, dict[str, str]]] = []
         self.last_messages: list[dict[str, Any]] = []
         super().__init__(_Replies(self), adapter=dspy.JSONAdapter())  # type: ignore[arg-type]

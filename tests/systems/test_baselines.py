@@ -63,16 +63,28 @@ def lm() -> OptloopLM:
 
 
 def session(sid: str, timestamp: str | None, *contents: str) -> Session:
-    turns = [Turn(id=f"{sid}:t{j}", role="user" if j % 2 else "assistant", content=text)
-             for j, text in enumerate(contents, 1)]
+    turns = [
+        Turn(id=f"{sid}:t{j}", role="user" if j % 2 else "assistant", content=text)
+        for j, text in enumerate(contents, 1)
+    ]
     return Session(id=sid, timestamp=timestamp, turns=turns)
 
 
 SESSIONS = [
-    session("s1", "2024-03-01", "I adopted a puppy from the shelter last week.", "How lovely, what breed is it?",
-            "My sister Clara lives in Lisbon and works as an architect."),
-    session("s2", "2024-04-12", "The quarterly budget review moved to Friday afternoon.", "Noted, Friday it is.",
-            "I signed up for the Velmora pottery class on Tuesdays."),
+    session(
+        "s1",
+        "2024-03-01",
+        "I adopted a puppy from the shelter last week.",
+        "How lovely, what breed is it?",
+        "My sister Clara lives in Lisbon and works as an architect.",
+    ),
+    session(
+        "s2",
+        "2024-04-12",
+        "The quarterly budget review moved to Friday afternoon.",
+        "Noted, Friday it is.",
+        "I signed up for the Velmora pottery class on Tuesdays.",
+    ),
 ]
 
 
@@ -135,7 +147,9 @@ def test_long_context_keeps_the_most_recent_turns_that_fit_and_reports_the_rest(
     system = LongContextSystem(lm, tmp_path)
     system.ingest(SESSIONS)
     everything = system.retrieve("anything")
-    assert [m.id for m in everything] == [f"s{s}:t{t}" for s in (1, 2) for t in (1, 2, 3)]  # chronological
+    assert [m.id for m in everything] == [
+        f"s{s}:t{t}" for s in (1, 2) for t in (1, 2, 3)
+    ]  # chronological
     assert system.truncation()["dropped"] == 0
 
     # A budget that holds exactly the last two turns.
@@ -144,8 +158,12 @@ def test_long_context_keeps_the_most_recent_turns_that_fit_and_reports_the_rest(
     kept = system.retrieve("anything", k=100)  # k and the question do not matter
 
     assert [m.id for m in kept] == ["s2:t2", "s2:t3"]
-    assert system.truncation() == {"kept": 2, "dropped": 4, "tokens": system.knobs()["max_context_tokens"],
-                                  "budget_tokens": system.knobs()["max_context_tokens"]}
+    assert system.truncation() == {
+        "kept": 2,
+        "dropped": 4,
+        "tokens": system.knobs()["max_context_tokens"],
+        "budget_tokens": system.knobs()["max_context_tokens"],
+    }
     assert all(m.metadata["truncation"]["dropped"] == 4 for m in kept)
 
 
@@ -162,7 +180,9 @@ def test_raw_turn_items_carry_their_provenance(cls, lm, tmp_path, embedder):
     memories = system.all_memories()
 
     assert [m.id for m in memories] == [turn.id for s in SESSIONS for turn in s.turns]
-    for memory, (sess, turn) in zip(memories, [(s, t) for s in SESSIONS for t in s.turns], strict=True):
+    for memory, (sess, turn) in zip(
+        memories, [(s, t) for s in SESSIONS for t in s.turns], strict=True
+    ):
         assert memory.metadata["turn_ids"] == [turn.id]
         assert memory.metadata["session_id"] == sess.id
         assert memory.metadata["timestamp"] == sess.timestamp
@@ -181,11 +201,21 @@ def test_registry_names_the_four_baselines():
 # ---------------------------------------------------------------------------
 
 
-def make(cls: type[MemorySystem], lm: OptloopLM, run_dir: Path, embedder: Embedder,
-         curations: list[list[str]] | None = None) -> MemorySystem:
+def make(
+    cls: type[MemorySystem],
+    lm: OptloopLM,
+    run_dir: Path,
+    embedder: Embedder,
+    curations: list[list[str]] | None = None,
+) -> MemorySystem:
     if cls is MarkdownFlatSystem:
-        return cls(curating_lm(*(curations or [["Clara lives in Lisbon."], ["The budget review is on Friday."]])),
-                   run_dir, embedder=embedder)
+        return cls(
+            curating_lm(
+                *(curations or [["Clara lives in Lisbon."], ["The budget review is on Friday."]])
+            ),
+            run_dir,
+            embedder=embedder,
+        )
     return cls(lm, run_dir, embedder=embedder)
 
 
@@ -200,7 +230,9 @@ def test_a_new_instance_on_the_same_run_dir_sees_the_stored_memories(cls, lm, tm
     assert second.all_memories() == first.all_memories()
     assert second.all_memories()
     assert embedder.embedded == embedded_at_ingest  # stored vectors are read back, not recomputed
-    assert [m.id for m in second.retrieve("Lisbon", k=2)] == [m.id for m in first.retrieve("Lisbon", k=2)]
+    assert [m.id for m in second.retrieve("Lisbon", k=2)] == [
+        m.id for m in first.retrieve("Lisbon", k=2)
+    ]
 
 
 @pytest.mark.parametrize("cls", [*RAW_SYSTEMS, MarkdownFlatSystem])
@@ -209,7 +241,9 @@ def test_ingesting_a_session_again_stores_nothing_new(cls, lm, tmp_path, embedde
     system.ingest(SESSIONS)
     before = system.all_memories()
 
-    system.ingest(SESSIONS[1:])  # md_flat's DummyLM has no third answer: a curation call would fail
+    system.ingest(
+        SESSIONS[1:]
+    )  # md_flat's DummyLM has no third answer: a curation call would fail
 
     assert system.all_memories() == before
 
@@ -255,48 +289,78 @@ def test_embedding_rag_embeds_turns_whose_vectors_were_lost(lm, tmp_path, embedd
 
 
 def test_md_flat_writes_one_dated_line_per_curated_fact(tmp_path, embedder):
-    system = MarkdownFlatSystem(curating_lm(
-        ["- [2024-03-01] Clara lives in Lisbon.", "The user adopted a puppy.", "clara lives in lisbon", "  "],
-    ), tmp_path, embedder=embedder)
+    system = MarkdownFlatSystem(
+        curating_lm(
+            [
+                "- [2024-03-01] Clara lives in Lisbon.",
+                "The user adopted a puppy.",
+                "clara lives in lisbon",
+                "  ",
+            ],
+        ),
+        tmp_path,
+        embedder=embedder,
+    )
 
     system.ingest(SESSIONS[:1])
 
     # The copied "- [date] " prefix is stripped, the duplicate and the blank fact dropped.
-    assert system.memory_path.read_text() == ("- [2024-03-01] Clara lives in Lisbon.\n"
-                                              "- [2024-03-01] The user adopted a puppy.\n")
+    assert system.memory_path.read_text() == (
+        "- [2024-03-01] Clara lives in Lisbon.\n- [2024-03-01] The user adopted a puppy.\n"
+    )
     facts = system.all_memories()
     assert [f.metadata["session_id"] for f in facts] == ["s1", "s1"]
     assert facts[0].metadata["turn_ids"] == ["s1:t1", "s1:t2", "s1:t3"]
 
 
 def test_md_flat_keeps_a_fact_with_line_breaks_on_one_line(tmp_path, embedder):
-    system = MarkdownFlatSystem(curating_lm(["Clara lives in Lisbon\nand works at the port.", "The user\r\nhas a puppy."]),
-                                tmp_path, embedder=embedder)
+    system = MarkdownFlatSystem(
+        curating_lm(["Clara lives in Lisbon\nand works at the port.", "The user\r\nhas a puppy."]),
+        tmp_path,
+        embedder=embedder,
+    )
 
     system.ingest(SESSIONS[:1])
 
-    assert system.memory_path.read_text() == ("- [2024-03-01] Clara lives in Lisbon and works at the port.\n"
-                                              "- [2024-03-01] The user has a puppy.\n")
+    assert system.memory_path.read_text() == (
+        "- [2024-03-01] Clara lives in Lisbon and works at the port.\n"
+        "- [2024-03-01] The user has a puppy.\n"
+    )
     reloaded = MarkdownFlatSystem(curating_lm([]), tmp_path, embedder=embedder)
-    assert [f.text for f in reloaded.all_memories()] == ["Clara lives in Lisbon and works at the port.",
-                                                         "The user has a puppy."]
+    assert [f.text for f in reloaded.all_memories()] == [
+        "Clara lives in Lisbon and works at the port.",
+        "The user has a puppy.",
+    ]
 
 
 def test_md_flat_curation_updates_and_deletes_by_rewriting_the_file(tmp_path, embedder):
-    system = MarkdownFlatSystem(curating_lm(
-        ["Clara lives in Lisbon.", "The user adopted a puppy."],
-        # The second curation keeps one fact verbatim, drops the other, adds a new one.
-        ["- [2024-03-01] Clara lives in Lisbon.", "The user takes a pottery class on Tuesdays."],
-    ), tmp_path, embedder=embedder)
+    system = MarkdownFlatSystem(
+        curating_lm(
+            ["Clara lives in Lisbon.", "The user adopted a puppy."],
+            # The second curation keeps one fact verbatim, drops the other, adds a new one.
+            [
+                "- [2024-03-01] Clara lives in Lisbon.",
+                "The user takes a pottery class on Tuesdays.",
+            ],
+        ),
+        tmp_path,
+        embedder=embedder,
+    )
 
     system.ingest(SESSIONS)
 
     facts = {f.text: f.metadata for f in system.all_memories()}
     assert list(facts) == ["Clara lives in Lisbon.", "The user takes a pottery class on Tuesdays."]
-    assert facts["Clara lives in Lisbon."]["session_id"] == "s1"  # kept facts keep their provenance
+    assert (
+        facts["Clara lives in Lisbon."]["session_id"] == "s1"
+    )  # kept facts keep their provenance
     assert facts["Clara lives in Lisbon."]["timestamp"] == "2024-03-01"
     assert facts["The user takes a pottery class on Tuesdays."]["session_id"] == "s2"
-    assert facts["The user takes a pottery class on Tuesdays."]["turn_ids"] == ["s2:t1", "s2:t2", "s2:t3"]
+    assert facts["The user takes a pottery class on Tuesdays."]["turn_ids"] == [
+        "s2:t1",
+        "s2:t2",
+        "s2:t3",
+    ]
     log = [json.loads(line) for line in (tmp_path / "curations.jsonl").read_text().splitlines()]
     assert [entry["session_id"] for entry in log] == ["s1", "s2"]
     assert log[1]["removed"] == ["The user adopted a puppy."]
@@ -317,18 +381,32 @@ def test_md_flat_shows_the_curation_the_current_file_and_the_dated_session(tmp_p
 
 
 def test_md_flat_returns_the_whole_file_or_the_top_k_closest_facts(tmp_path, embedder):
-    system = MarkdownFlatSystem(curating_lm(
-        ["Clara lives in Lisbon.", "The user adopted a puppy.", "The budget review is on Friday."],
-    ), tmp_path, embedder=embedder)
+    system = MarkdownFlatSystem(
+        curating_lm(
+            [
+                "Clara lives in Lisbon.",
+                "The user adopted a puppy.",
+                "The budget review is on Friday.",
+            ],
+        ),
+        tmp_path,
+        embedder=embedder,
+    )
     system.ingest(SESSIONS[:1])
 
-    assert len(system.retrieve("What pet did they get?")) == 3  # top_k 0: the whole file, as MD-flat
+    assert (
+        len(system.retrieve("What pet did they get?")) == 3
+    )  # top_k 0: the whole file, as MD-flat
     system.set_knob("top_k", 1)
-    assert [m.text for m in system.retrieve("What pet did they get?")] == ["The user adopted a puppy."]
+    assert [m.text for m in system.retrieve("What pet did they get?")] == [
+        "The user adopted a puppy."
+    ]
 
 
 def test_md_flat_reads_a_hand_edited_file(tmp_path, embedder):
-    system = MarkdownFlatSystem(curating_lm(["Clara lives in Lisbon."]), tmp_path, embedder=embedder)
+    system = MarkdownFlatSystem(
+        curating_lm(["Clara lives in Lisbon."]), tmp_path, embedder=embedder
+    )
     system.ingest(SESSIONS[:1])
     with system.memory_path.open("a") as out:
         out.write("# Notes\n- The user prefers tea.\n")
@@ -338,7 +416,9 @@ def test_md_flat_reads_a_hand_edited_file(tmp_path, embedder):
     facts = reloaded.all_memories()
     assert [f.text for f in facts] == ["Clara lives in Lisbon.", "The user prefers tea."]
     assert facts[0].metadata["session_id"] == "s1"
-    assert facts[1].metadata["session_id"] is None  # no provenance is known for a hand-written line
+    assert (
+        facts[1].metadata["session_id"] is None
+    )  # no provenance is known for a hand-written line
 
 
 # ---------------------------------------------------------------------------
@@ -346,13 +426,29 @@ def test_md_flat_reads_a_hand_edited_file(tmp_path, embedder):
 # ---------------------------------------------------------------------------
 
 QUESTION = "Which city does Clara live in?"
-STOPWORDS = {"the", "and", "from", "with", "that", "this", "user", "they", "their", "have", "last", "what", "week"}
+STOPWORDS = {
+    "the",
+    "and",
+    "from",
+    "with",
+    "that",
+    "this",
+    "user",
+    "they",
+    "their",
+    "have",
+    "last",
+    "what",
+    "week",
+}
 
 
 @pytest.fixture(scope="module")
 def real_lm(tmp_path_factory) -> OptloopLM:
     """One embedded LM for the module; its cache lives in a temp dir so reruns really call the model."""
-    return OptloopLM(LMSettings.from_spec("local", cache_path=tmp_path_factory.mktemp("lm") / "cache.sqlite"))
+    return OptloopLM(
+        LMSettings.from_spec("local", cache_path=tmp_path_factory.mktemp("lm") / "cache.sqlite")
+    )
 
 
 def answer_prompt(lm: OptloopLM) -> str:
@@ -379,7 +475,9 @@ def test_raw_turn_system_answers_from_the_retrieved_turn(cls, real_lm, tmp_path,
     else:
         assert memories[0].id == "s1:t3"  # "My sister Clara lives in Lisbon ..."
     assert isinstance(answer, str) and answer.strip()
-    assert "Clara lives in Lisbon" in answer_prompt(real_lm)  # the evidence reached the answer prompt
+    assert "Clara lives in Lisbon" in answer_prompt(
+        real_lm
+    )  # the evidence reached the answer prompt
     calls = real_lm.accounting.by_site(since=mark)
     assert list(calls) == ["answer"] and calls["answer"].calls == 1 and calls["answer"].errors == 0
 

@@ -45,14 +45,22 @@ from systems.graphiti_system import (
 )
 
 SESSIONS = [
-    Session(id="s1", timestamp="2024-01-01T10:00:00+00:00", turns=[
-        Turn(id="s1:t1", role="user", content="I am Alice and I live in Paris."),
-        Turn(id="s1:t2", role="assistant", content="Nice to meet you, Alice!"),
-    ]),
-    Session(id="s2", timestamp="2024-02-01T10:00:00+00:00", turns=[
-        Turn(id="s2:t1", role="user", content="Alice Smith moved to Berlin with Bob."),
-        Turn(id="s2:t2", role="assistant", content="Exciting news!"),
-    ]),
+    Session(
+        id="s1",
+        timestamp="2024-01-01T10:00:00+00:00",
+        turns=[
+            Turn(id="s1:t1", role="user", content="I am Alice and I live in Paris."),
+            Turn(id="s1:t2", role="assistant", content="Nice to meet you, Alice!"),
+        ],
+    ),
+    Session(
+        id="s2",
+        timestamp="2024-02-01T10:00:00+00:00",
+        turns=[
+            Turn(id="s2:t1", role="user", content="Alice Smith moved to Berlin with Bob."),
+            Turn(id="s2:t2", role="assistant", content="Exciting news!"),
+        ],
+    ),
 ]
 
 # Which graphiti prompt a request is, told by its response schema's top-level fields
@@ -74,10 +82,21 @@ def canned_answer(prompt: str, user: str) -> dict[str, Any]:
         names = ["Alice Smith", "Berlin", "Bob"] if second else ["Alice", "Paris"]
         return {"extracted_entities": [{"name": n, "entity_type_id": 0} for n in names]}
     if prompt == "extract_edges.edge":
-        edge = (("Alice Smith", "Berlin", "Alice Smith lives in the city of Berlin now") if second
-                else ("Alice", "Paris", "Alice lives in Paris"))
-        return {"edges": [{"source_entity_name": edge[0], "target_entity_name": edge[1], "relation_type": "LIVES_IN",
-                           "fact": edge[2]}]}
+        edge = (
+            ("Alice Smith", "Berlin", "Alice Smith lives in the city of Berlin now")
+            if second
+            else ("Alice", "Paris", "Alice lives in Paris")
+        )
+        return {
+            "edges": [
+                {
+                    "source_entity_name": edge[0],
+                    "target_entity_name": edge[1],
+                    "relation_type": "LIVES_IN",
+                    "fact": edge[2],
+                }
+            ]
+        }
     return {
         "dedupe_nodes.nodes": {"entity_resolutions": []},
         "extract_edges.extract_timestamps": {"valid_at": None, "invalid_at": None},
@@ -128,22 +147,34 @@ async def _ingest_vanilla(base_url: str, db_path: Path, sessions: Sequence[Sessi
         cross_encoder=LocalCrossEncoderClient(embedder),
     )
     for session in sessions:
-        await graphiti.add_episode(name=session.id, episode_body=episode_body(session),
-                                   source_description=f"{session.kind} session {session.id}",
-                                   reference_time=parse_session_time(session.timestamp),
-                                   source=EpisodeType.message, group_id="optloop")
+        await graphiti.add_episode(
+            name=session.id,
+            episode_body=episode_body(session),
+            source_description=f"{session.kind} session {session.id}",
+            reference_time=parse_session_time(session.timestamp),
+            source=EpisodeType.message,
+            group_id="optloop",
+        )
 
 
 @pytest.fixture(scope="module")
 def vanilla_calls(tmp_path_factory) -> dict[str, list[list[dict[str, Any]]]]:
     """The messages vanilla graphiti sends while ingesting SESSIONS, by prompt."""
     with GraphitiStubServer() as server:
-        asyncio.run(_ingest_vanilla(server.base_url, tmp_path_factory.mktemp("vanilla") / "g.kuzu", SESSIONS))
+        asyncio.run(
+            _ingest_vanilla(
+                server.base_url, tmp_path_factory.mktemp("vanilla") / "g.kuzu", SESSIONS
+            )
+        )
     return server.by_prompt()
 
 
-def ingest_ours(tmp_path: Path, sessions: Sequence[Session], *, instructions: dict[str, str] | None = None,
-                ) -> tuple[dict[str, list[list[dict[str, Any]]]], GraphitiSystem]:
+def ingest_ours(
+    tmp_path: Path,
+    sessions: Sequence[Session],
+    *,
+    instructions: dict[str, str] | None = None,
+) -> tuple[dict[str, list[list[dict[str, Any]]]], GraphitiSystem]:
     with GraphitiStubServer() as server:
         system = GraphitiSystem(stub_lm(server), tmp_path / "ours")
         for site, text in (instructions or {}).items():
@@ -163,15 +194,23 @@ def test_signatures_are_seeded_from_the_installed_graphiti_prompts():
         signature = SIGNATURES[f"graphiti.{name}"]
         assert signature.instructions == library_system_prompt(name)
         assert list(signature.input_fields) == ["user_content"]
-        assert list(signature.output_fields) == list(BUILTIN_PROMPT_SPECS[name].response_model.model_fields)
+        assert list(signature.output_fields) == list(
+            BUILTIN_PROMPT_SPECS[name].response_model.model_fields
+        )
 
 
 def test_system_is_registered_and_exposes_one_ingest_site_per_graphiti_prompt(tmp_path):
     assert get_system("graphiti") is GraphitiSystem
-    system = GraphitiSystem(OptloopLM(LMSettings.from_spec("openai:test", base_url=closed_port_url())), tmp_path)
+    system = GraphitiSystem(
+        OptloopLM(LMSettings.from_spec("openai:test", base_url=closed_port_url())), tmp_path
+    )
     sites = system.prompt_sites()
-    assert {n for n, s in sites.items() if s.stage == "ingest"} == {f"graphiti.{n}" for n in PROMPT_NAMES}
-    assert sites["graphiti.extract_edges.edge"].seed_instruction.startswith("You are an expert fact extractor")
+    assert {n for n, s in sites.items() if s.stage == "ingest"} == {
+        f"graphiti.{n}" for n in PROMPT_NAMES
+    }
+    assert sites["graphiti.extract_edges.edge"].seed_instruction.startswith(
+        "You are an expert fact extractor"
+    )
     assert "answer" in sites
     system.close()
 
@@ -215,9 +254,17 @@ def test_changed_instructions_change_only_that_sites_system_message(vanilla_call
 
 def test_demos_render_between_the_instructions_and_graphitis_framing(vanilla_calls, tmp_path):
     site = "graphiti.extract_edges.edge"
-    demo = dspy.Example(user_content="Bob: I work at Acme.", edges=[{
-        "source_entity_name": "Bob", "target_entity_name": "Acme", "relation_type": "WORKS_AT",
-        "fact": "Bob works at Acme"}])
+    demo = dspy.Example(
+        user_content="Bob: I work at Acme.",
+        edges=[
+            {
+                "source_entity_name": "Bob",
+                "target_entity_name": "Acme",
+                "relation_type": "WORKS_AT",
+                "fact": "Bob works at Acme",
+            }
+        ],
+    )
     with GraphitiStubServer() as server:
         system = GraphitiSystem(stub_lm(server), tmp_path)
         system.prompt_sites()[site].module.demos = [demo]
@@ -232,7 +279,9 @@ def test_demos_render_between_the_instructions_and_graphitis_framing(vanilla_cal
 
 
 def test_unknown_prompt_name_is_a_clear_error(tmp_path):
-    system = GraphitiSystem(OptloopLM(LMSettings.from_spec("openai:test", base_url=closed_port_url())), tmp_path)
+    system = GraphitiSystem(
+        OptloopLM(LMSettings.from_spec("openai:test", base_url=closed_port_url())), tmp_path
+    )
     client = SiteLLMClient(system.lm, system.prompt_sites)
     messages = [Message(role="system", content="sys"), Message(role="user", content="user")]
     with pytest.raises(UnknownPromptError, match=r"eval\.qa_prompt.*no optloop prompt site"):
@@ -248,10 +297,15 @@ def test_a_dspy_trace_around_ingest_records_each_site_call(tmp_path):
             trace = list(dspy.settings.trace)
     sites = system.prompt_sites()
     assert [prompt for prompt, _ in server.calls] == [
-        "extract_nodes.extract_message", "extract_edges.edge", "extract_edges.extract_timestamps"]
+        "extract_nodes.extract_message",
+        "extract_edges.edge",
+        "extract_edges.extract_timestamps",
+    ]
     # Each LLM call graphiti made is one traced call of its site's module, on the user message sent.
     assert [(id(module), inputs["user_content"]) for module, inputs, _ in trace] == [
-        (id(sites[f"graphiti.{prompt}"].module), messages[1]["content"]) for prompt, messages in server.calls]
+        (id(sites[f"graphiti.{prompt}"].module), messages[1]["content"])
+        for prompt, messages in server.calls
+    ]
     system.close()
 
 
@@ -260,27 +314,38 @@ def test_a_dspy_trace_around_ingest_records_each_site_call(tmp_path):
 
 def test_knobs_accept_num_results_alias_and_reject_unknown_recipes(tmp_path):
     lm = OptloopLM(LMSettings.from_spec("openai:test", base_url=closed_port_url()))
-    system = GraphitiSystem(lm, tmp_path / "a", knobs={"num_results": 3, "search_recipe": "NODE_HYBRID_SEARCH_RRF"})
+    system = GraphitiSystem(
+        lm, tmp_path / "a", knobs={"num_results": 3, "search_recipe": "NODE_HYBRID_SEARCH_RRF"}
+    )
     assert system.knobs() == {"top_k": 3, "search_recipe": "NODE_HYBRID_SEARCH_RRF"}
     system.set_knob("num_results", 7)
     assert system.knobs()["top_k"] == 7
     with pytest.raises(ConfigError, match="EDGE_HYBRID_SEARCH_RRF"):
         system.set_knob("search_recipe", "NO_SUCH_RECIPE")
     with pytest.raises(ConfigError, match="unknown graphiti search_recipe"):
-        GraphitiSystem(lm, tmp_path / "b", knobs={"search_recipe": "EDGE_HYBRID_SEARCH_NODE_DISTANCE"})
+        GraphitiSystem(
+            lm, tmp_path / "b", knobs={"search_recipe": "EDGE_HYBRID_SEARCH_NODE_DISTANCE"}
+        )
     system.close()
 
 
 def test_graph_uri_picks_the_database_and_rejects_unknown_schemes(tmp_path):
-    assert [graph_backend(u) for u in (None, "bolt://localhost:7687", "neo4j+s://db.example", "falkor://h:6379")] == [
-        "kuzu", "neo4j", "neo4j", "falkordb"]
+    assert [
+        graph_backend(u)
+        for u in (None, "bolt://localhost:7687", "neo4j+s://db.example", "falkor://h:6379")
+    ] == ["kuzu", "neo4j", "neo4j", "falkordb"]
     with pytest.raises(ConfigError, match="unsupported graph URI 'mysql://x'"):
-        GraphitiSystem(OptloopLM(LMSettings.from_spec("openai:test", base_url=closed_port_url())), tmp_path,
-                       graph_uri="mysql://x")
+        GraphitiSystem(
+            OptloopLM(LMSettings.from_spec("openai:test", base_url=closed_port_url())),
+            tmp_path,
+            graph_uri="mysql://x",
+        )
 
 
 def test_session_times_parse_iso_and_locomo_style():
-    assert parse_session_time("2024-01-01T10:00:00+00:00").isoformat() == "2024-01-01T10:00:00+00:00"
+    assert (
+        parse_session_time("2024-01-01T10:00:00+00:00").isoformat() == "2024-01-01T10:00:00+00:00"
+    )
     assert parse_session_time("1:56 pm on 8 May, 2023").isoformat() == "2023-05-08T13:56:00+00:00"
     assert parse_session_time("not a date at all") is None
     assert parse_session_time(None) is None
@@ -299,7 +364,10 @@ def test_separate_run_dirs_do_not_share_state_and_reset_empties(tmp_path):
         facts = [m for m in stored if m.metadata["kind"] == "edge"]
         assert [m.text for m in facts] == ["Alice lives in Paris"]
         assert facts[0].metadata["session_ids"] == ["s1"]
-        assert {m.metadata["name"] for m in stored if m.metadata["kind"] == "node"} == {"Alice", "Paris"}
+        assert {m.metadata["name"] for m in stored if m.metadata["kind"] == "node"} == {
+            "Alice",
+            "Paris",
+        }
         retrieved = first.retrieve("Where does Alice live?", k=3)
         assert [m.id for m in retrieved] == [facts[0].id]
         assert retrieved[0].metadata["timestamp"].startswith("2024-01-01")
@@ -311,7 +379,9 @@ def test_separate_run_dirs_do_not_share_state_and_reset_empties(tmp_path):
         assert first.all_memories() == []
         assert first.retrieve("Where does Alice live?") == []
         first.ingest(SESSIONS[:1])  # the store is usable again after reset
-        assert [m.text for m in first.all_memories() if m.metadata["kind"] == "edge"] == ["Alice lives in Paris"]
+        assert [m.text for m in first.all_memories() if m.metadata["kind"] == "edge"] == [
+            "Alice lives in Paris"
+        ]
         assert second.all_memories() == []
         first.close()
         second.close()
@@ -331,24 +401,48 @@ def test_ingest_retrieve_answer_on_the_embedded_lm(tmp_path):
     # 2-core machine is shared; oversubscribed llama.cpp threads slow down many-fold),
     # at most 3 items per list and 80 characters per string, no retries (temperature 0
     # would repeat the same answer). About 8 LM calls, 3-4 minutes here.
-    lm = OptloopLM(LMSettings.from_spec("local", n_threads=1, max_array_items=3, max_string_chars=80,
-                                        max_tokens=1024, max_retries=0))
+    lm = OptloopLM(
+        LMSettings.from_spec(
+            "local",
+            n_threads=1,
+            max_array_items=3,
+            max_string_chars=80,
+            max_tokens=1024,
+            max_retries=0,
+        )
+    )
     system = GraphitiSystem(lm, tmp_path)
     sessions = [
-        Session(id="s1", timestamp="2024-03-01T09:00:00+00:00", turns=[
-            Turn(id="s1:t1", role="user", content="My name is Alice. I work at Google in Zurich."),
-        ]),
-        Session(id="s2", timestamp="2024-03-08T09:00:00+00:00", turns=[
-            Turn(id="s2:t1", role="user", content="Alice adopted a cat named Tom."),
-        ]),
+        Session(
+            id="s1",
+            timestamp="2024-03-01T09:00:00+00:00",
+            turns=[
+                Turn(
+                    id="s1:t1",
+                    role="user",
+                    content="My name is Alice. I work at Google in Zurich.",
+                ),
+            ],
+        ),
+        Session(
+            id="s2",
+            timestamp="2024-03-08T09:00:00+00:00",
+            turns=[
+                Turn(id="s2:t1", role="user", content="Alice adopted a cat named Tom."),
+            ],
+        ),
     ]
     mark = lm.accounting.mark()
     system.ingest(sessions)
     by_site = lm.accounting.by_site(since=mark)
-    assert by_site["graphiti.extract_nodes.extract_message"].calls == 2  # one add_episode per session
+    assert (
+        by_site["graphiti.extract_nodes.extract_message"].calls == 2
+    )  # one add_episode per session
     assert by_site["graphiti.extract_edges.edge"].calls == 2
     assert set(by_site) <= set(SIGNATURES)
-    assert all(usage.errors == 0 and usage.model_calls == usage.calls for usage in by_site.values())
+    assert all(
+        usage.errors == 0 and usage.model_calls == usage.calls for usage in by_site.values()
+    )
 
     stored = system.all_memories()
     assert [m for m in stored if m.metadata["kind"] == "node"], "graphiti stored no entity"

@@ -150,8 +150,8 @@ def test_the_registry_champion_through_optloop_product_is_what_the_mem0_app_send
 
 
 def test_the_exported_baseline_sends_the_request_optloops_mem0_measured(server, tmp_path):
-    from optloop.lm import LMSettings, OptloopLM
     from optloop.datasets import Session, Turn
+    from optloop.lm import LMSettings, OptloopLM
     from systems.mem0_system import Mem0System, session_messages
 
     turns = [Turn(id="t1", role=m["role"], content=m["content"]) for m in SESSION]

@@ -33,26 +33,48 @@ from systems.mem0_system import (
 )
 
 SESSIONS = [
-    Session(id="s1", timestamp="2023-05-08 13:56", turns=[
-        Turn(id="s1:t1", role="user", content="I adopted a beagle puppy named Max last weekend."),
-        Turn(id="s1:t2", role="assistant", content="Congratulations! How is Max settling in?"),
-        Turn(id="s1:t3", role="user", content="He loves the dog park near my flat in Denver."),
-    ]),
-    Session(id="s2", timestamp="2023-05-20 09:12", turns=[
-        Turn(id="s2:t1", role="user", content="I started pottery classes on Tuesday evenings."),
-        Turn(id="s2:t2", role="assistant", content="That sounds relaxing. What are you making?"),
-        Turn(id="s2:t3", role="user", content="A blue mug for my sister Ana."),
-    ]),
+    Session(
+        id="s1",
+        timestamp="2023-05-08 13:56",
+        turns=[
+            Turn(
+                id="s1:t1", role="user", content="I adopted a beagle puppy named Max last weekend."
+            ),
+            Turn(id="s1:t2", role="assistant", content="Congratulations! How is Max settling in?"),
+            Turn(id="s1:t3", role="user", content="He loves the dog park near my flat in Denver."),
+        ],
+    ),
+    Session(
+        id="s2",
+        timestamp="2023-05-20 09:12",
+        turns=[
+            Turn(
+                id="s2:t1", role="user", content="I started pottery classes on Tuesday evenings."
+            ),
+            Turn(
+                id="s2:t2", role="assistant", content="That sounds relaxing. What are you making?"
+            ),
+            Turn(id="s2:t3", role="user", content="A blue mug for my sister Ana."),
+        ],
+    ),
 ]
 
 
 def extraction(*texts: str) -> str:
     """A valid mem0 extraction answer storing ``texts``."""
-    return json.dumps({"memory": [{"id": str(i), "text": t, "attributed_to": "user"} for i, t in enumerate(texts)]})
+    return json.dumps(
+        {
+            "memory": [
+                {"id": str(i), "text": t, "attributed_to": "user"} for i, t in enumerate(texts)
+            ]
+        }
+    )
 
 
 S1_MEMORY = "User adopted a beagle puppy named Max who loves the dog park in Denver"
-S2_MEMORY = "User takes pottery classes on Tuesday evenings and is making a blue mug for sister Ana"
+S2_MEMORY = (
+    "User takes pottery classes on Tuesday evenings and is making a blue mug for sister Ana"
+)
 SCRIPT = [("ok", extraction(S1_MEMORY)), ("ok", extraction(S2_MEMORY))]
 
 
@@ -69,7 +91,9 @@ def _no_openrouter(monkeypatch):
 
 def scripted_lm(server: ScriptedOpenAIServer) -> OptloopLM:
     """Our LM on a loopback server, uncached so every call reaches the server."""
-    return OptloopLM(LMSettings.from_spec("openai:test", base_url=server.base_url, cache=False, max_retries=0))
+    return OptloopLM(
+        LMSettings.from_spec("openai:test", base_url=server.base_url, cache=False, max_retries=0)
+    )
 
 
 def vanilla_mem0(root: Path, base_url: str, embedder):
@@ -81,28 +105,54 @@ def vanilla_mem0(root: Path, base_url: str, embedder):
     from mem0 import Memory
     from mem0.configs.base import MemoryConfig
 
-    llm = {"provider": "openai", "config": {"model": "gpt-test", "api_key": "test-key", "openai_base_url": base_url}}
-    memory = Memory(MemoryConfig(
-        vector_store={"provider": "qdrant", "config": {"collection_name": "mem0", "embedding_model_dims": embedder.dim,
-                                                       "path": str(root / "qdrant"), "on_disk": True}},
-        llm=llm,
-        embedder={"provider": "openai", "config": {"api_key": "unused", "openai_base_url": "http://optloop.invalid/v1",
-                                                   "embedding_dims": embedder.dim}},
-        history_db_path=str(root / "history.db"),
-        reranker={"provider": "llm_reranker", "config": {"llm": llm}},
-    ))
+    llm = {
+        "provider": "openai",
+        "config": {"model": "gpt-test", "api_key": "test-key", "openai_base_url": base_url},
+    }
+    memory = Memory(
+        MemoryConfig(
+            vector_store={
+                "provider": "qdrant",
+                "config": {
+                    "collection_name": "mem0",
+                    "embedding_model_dims": embedder.dim,
+                    "path": str(root / "qdrant"),
+                    "on_disk": True,
+                },
+            },
+            llm=llm,
+            embedder={
+                "provider": "openai",
+                "config": {
+                    "api_key": "unused",
+                    "openai_base_url": "http://optloop.invalid/v1",
+                    "embedding_dims": embedder.dim,
+                },
+            },
+            history_db_path=str(root / "history.db"),
+            reranker={"provider": "llm_reranker", "config": {"llm": llm}},
+        )
+    )
     memory.embedding_model = OptloopEmbedding(embedder)
     return memory
 
 
 def vanilla_add(memory, session: Session) -> None:
-    memory.add(session_messages(session), user_id=USER_ID,
-               metadata={"session_id": session.id, "turn_ids": [t.id for t in session.turns],
-                         "timestamp": session.timestamp})
+    memory.add(
+        session_messages(session),
+        user_id=USER_ID,
+        metadata={
+            "session_id": session.id,
+            "turn_ids": [t.id for t in session.turns],
+            "timestamp": session.timestamp,
+        },
+    )
 
 
 def sent_messages(server: ScriptedOpenAIServer) -> list[list[dict]]:
-    return [r["body"]["messages"] for r in server.requests if r["path"].endswith("/chat/completions")]
+    return [
+        r["body"]["messages"] for r in server.requests if r["path"].endswith("/chat/completions")
+    ]
 
 
 # --- sites -------------------------------------------------------------------------------
@@ -130,7 +180,9 @@ def test_extract_site_seeds_from_installed_mem0_prompt_verbatim(tmp_path, embedd
     assert not site.changed
     site.module.load_state(state)
     assert site.instructions == "\n  Extract facts.\n"
-    assert Mem0Extract.instructions == prompts.ADDITIVE_EXTRACTION_PROMPT  # rewrites never touch the seed class
+    assert (
+        Mem0Extract.instructions == prompts.ADDITIVE_EXTRACTION_PROMPT
+    )  # rewrites never touch the seed class
     assert "mem0.rerank" not in system.prompt_sites()
     system.set_knob("rerank", True)
     assert system.prompt_sites()["mem0.rerank"].instructions == RERANK_SYSTEM_PROMPT
@@ -140,7 +192,10 @@ def test_extract_site_seeds_from_installed_mem0_prompt_verbatim(tmp_path, embedd
 
 
 def test_seed_extraction_messages_are_byte_identical_to_vanilla_mem0(tmp_path, embedder):
-    with ScriptedOpenAIServer(SCRIPT) as vanilla_server, ScriptedOpenAIServer(SCRIPT) as our_server:
+    with (
+        ScriptedOpenAIServer(SCRIPT) as vanilla_server,
+        ScriptedOpenAIServer(SCRIPT) as our_server,
+    ):
         vanilla = vanilla_mem0(tmp_path / "vanilla", vanilla_server.base_url, embedder)
         for session in SESSIONS:
             vanilla_add(vanilla, session)
@@ -154,11 +209,16 @@ def test_seed_extraction_messages_are_byte_identical_to_vanilla_mem0(tmp_path, e
     assert [m["role"] for m in mine[0]] == ["system", "user"]
     assert mine[0][0]["content"] == ADDITIVE_EXTRACTION_PROMPT
     # The second call carries state built by the first: the stored memory and the last messages.
-    assert S1_MEMORY in mine[1][1]["content"] and "user: He loves the dog park" in mine[1][1]["content"]
+    assert (
+        S1_MEMORY in mine[1][1]["content"]
+        and "user: He loves the dog park" in mine[1][1]["content"]
+    )
     assert vanilla_server.requests[0]["body"]["response_format"] == {"type": "json_object"}
     assert our_server.requests[0]["body"]["response_format"]["type"] == "json_schema"
     # Both stores end up holding the same memories.
-    vanilla_texts = sorted(r["memory"] for r in vanilla.get_all(filters={"user_id": USER_ID})["results"])
+    vanilla_texts = sorted(
+        r["memory"] for r in vanilla.get_all(filters={"user_id": USER_ID})["results"]
+    )
     assert [m.text for m in ours.all_memories()] == vanilla_texts == [S1_MEMORY, S2_MEMORY]
     assert lm.accounting.totals("mem0.extract").calls == 2
 
@@ -166,7 +226,9 @@ def test_seed_extraction_messages_are_byte_identical_to_vanilla_mem0(tmp_path, e
 def test_changed_instructions_change_only_the_system_message(tmp_path, embedder):
     new_instructions = "Extract the user's facts as JSON."
     with ScriptedOpenAIServer(SCRIPT) as seed_server, ScriptedOpenAIServer(SCRIPT) as tuned_server:
-        Mem0System(scripted_lm(seed_server), tmp_path / "seed", embedder=embedder).ingest(SESSIONS[:1])
+        Mem0System(scripted_lm(seed_server), tmp_path / "seed", embedder=embedder).ingest(
+            SESSIONS[:1]
+        )
         tuned = Mem0System(scripted_lm(tuned_server), tmp_path / "tuned", embedder=embedder)
         tuned.prompt_sites()["mem0.extract"].set_instructions(new_instructions)
         tuned.ingest(SESSIONS[:1])
@@ -180,20 +242,28 @@ def test_changed_instructions_change_only_the_system_message(tmp_path, embedder)
 
 def test_rerank_site_sends_the_llm_rerankers_messages(tmp_path, embedder):
     query = "What is my dog called?"
-    with ScriptedOpenAIServer([SCRIPT[0], ("ok", "0.85")]) as vanilla_server, \
-            ScriptedOpenAIServer([SCRIPT[0], ("ok", json.dumps({"score": 0.85}))]) as our_server:
+    with (
+        ScriptedOpenAIServer([SCRIPT[0], ("ok", "0.85")]) as vanilla_server,
+        ScriptedOpenAIServer([SCRIPT[0], ("ok", json.dumps({"score": 0.85}))]) as our_server,
+    ):
         vanilla = vanilla_mem0(tmp_path / "vanilla", vanilla_server.base_url, embedder)
         vanilla_add(vanilla, SESSIONS[0])
-        theirs = vanilla.search(query, top_k=5, filters={"user_id": USER_ID}, threshold=0.1, rerank=True)["results"]
-        ours = Mem0System(scripted_lm(our_server), tmp_path / "ours", embedder=embedder, knobs={"rerank": True})
+        theirs = vanilla.search(
+            query, top_k=5, filters={"user_id": USER_ID}, threshold=0.1, rerank=True
+        )["results"]
+        ours = Mem0System(
+            scripted_lm(our_server), tmp_path / "ours", embedder=embedder, knobs={"rerank": True}
+        )
         ours.ingest(SESSIONS[:1])
         retrieved = ours.retrieve(query)
 
     their_rerank, our_rerank = sent_messages(vanilla_server)[1:], sent_messages(our_server)[1:]
     assert len(our_rerank) == len(their_rerank) == 1  # one scoring call per retrieved memory
     assert our_rerank == their_rerank
-    assert our_rerank[0] == [{"role": "system", "content": RERANK_SYSTEM_PROMPT},
-                             {"role": "user", "content": f"Query: {query}\n\nDocument: {S1_MEMORY}"}]
+    assert our_rerank[0] == [
+        {"role": "system", "content": RERANK_SYSTEM_PROMPT},
+        {"role": "user", "content": f"Query: {query}\n\nDocument: {S1_MEMORY}"},
+    ]
     assert theirs[0]["rerank_score"] == retrieved[0].metadata["rerank_score"] == 0.85
     assert ours.lm.accounting.totals("mem0.rerank").calls == 1
 
@@ -202,8 +272,12 @@ def test_unrecognized_prompt_raises_naming_it(tmp_path, embedder):
     with ScriptedOpenAIServer(SCRIPT) as server:
         system = Mem0System(scripted_lm(server), tmp_path / "run", embedder=embedder)
         with pytest.raises(UnknownPromptError, match="You are a smart memory manager") as err:
-            system.memory.llm.generate_response([{"role": "system", "content": "You are a smart memory manager."},
-                                                 {"role": "user", "content": "x"}])
+            system.memory.llm.generate_response(
+                [
+                    {"role": "system", "content": "You are a smart memory manager."},
+                    {"role": "user", "content": "x"},
+                ]
+            )
         assert isinstance(err.value, OptloopError)
         with pytest.raises(UnknownPromptError, match=r"roles \['user'\]"):
             system.memory.llm.generate_response([{"role": "user", "content": "x"}])
@@ -236,14 +310,24 @@ def test_memories_keep_session_provenance(tmp_path, embedder):
 
 
 def test_named_speakers_prefix_their_turns():
-    session = Session(id="d1", turns=[Turn(id="d1:1", role="user", content="Hi!", speaker="Caroline"),
-                                      Turn(id="d1:2", role="assistant", content="Hello.")])
-    assert session_messages(session) == [{"role": "user", "content": "Caroline: Hi!"},
-                                         {"role": "assistant", "content": "Hello."}]
+    session = Session(
+        id="d1",
+        turns=[
+            Turn(id="d1:1", role="user", content="Hi!", speaker="Caroline"),
+            Turn(id="d1:2", role="assistant", content="Hello."),
+        ],
+    )
+    assert session_messages(session) == [
+        {"role": "user", "content": "Caroline: Hi!"},
+        {"role": "assistant", "content": "Hello."},
+    ]
 
 
 def test_instances_share_nothing_and_reset_empties(tmp_path, embedder):
-    with ScriptedOpenAIServer([SCRIPT[0]]) as server_a, ScriptedOpenAIServer([SCRIPT[1]]) as server_b:
+    with (
+        ScriptedOpenAIServer([SCRIPT[0]]) as server_a,
+        ScriptedOpenAIServer([SCRIPT[1]]) as server_b,
+    ):
         a = Mem0System(scripted_lm(server_a), tmp_path / "a", embedder=embedder)
         b = Mem0System(scripted_lm(server_b), tmp_path / "b", embedder=embedder)
         a.ingest(SESSIONS[:1])
@@ -277,11 +361,16 @@ def test_a_store_builds_no_openai_client_and_wires_every_client(tmp_path, embedd
     with ScriptedOpenAIServer([SCRIPT[0]]) as server:
         system = Mem0System(scripted_lm(server), tmp_path / "m", embedder=embedder)
         with monkeypatch.context() as patched:
-            patched.setattr(openai.OpenAI, "__init__",
-                            lambda self, *a, **k: (built.append(self), real_init(self, *a, **k))[1])
+            patched.setattr(
+                openai.OpenAI,
+                "__init__",
+                lambda self, *a, **k: (built.append(self), real_init(self, *a, **k))[1],
+            )
             memory = system.memory
         assert built == []
-        assert isinstance(memory.llm, SiteDispatchLLM) and isinstance(memory.reranker.llm, SiteDispatchLLM)
+        assert isinstance(memory.llm, SiteDispatchLLM) and isinstance(
+            memory.reranker.llm, SiteDispatchLLM
+        )
         assert isinstance(memory.embedding_model, OptloopEmbedding)
         system.ingest(SESSIONS[:1])
         assert [m.text for m in system.all_memories()] == [S1_MEMORY]
@@ -300,7 +389,20 @@ def test_placeholder_clients_fail_loudly_if_left_unwired():
 
 # --- the real embedded LM ----------------------------------------------------------------
 
-STOPWORDS = {"user", "users", "that", "this", "with", "from", "have", "their", "about", "into", "they", "were"}
+STOPWORDS = {
+    "user",
+    "users",
+    "that",
+    "this",
+    "with",
+    "from",
+    "have",
+    "their",
+    "about",
+    "into",
+    "they",
+    "were",
+}
 
 
 def content_words(text: str) -> set[str]:
@@ -314,7 +416,9 @@ def check_pipeline(system: Mem0System, lm: OptloopLM) -> None:
     assert stored, "the embedded LM extracted no memory from two sessions"
     session_words = content_words(" ".join(t.content for s in SESSIONS for t in s.turns))
     for memory in stored:
-        assert content_words(memory.text) & session_words, f"memory unrelated to the sessions: {memory.text!r}"
+        assert content_words(memory.text) & session_words, (
+            f"memory unrelated to the sessions: {memory.text!r}"
+        )
         assert memory.metadata["session_id"] in {"s1", "s2"}
     assert lm.accounting.totals("mem0.extract").calls == 2
 
@@ -332,10 +436,13 @@ def test_pipeline_on_the_embedded_lm_with_short_instructions(tmp_path, embedder)
     # message and schema, decoded by the real model (seconds, unlike the full seed prompt).
     # Tight bounds keep the tiny model's rambling short (11 s on an idle machine, but decoding
     # slowed to 3 s a token under load); max_tokens fits two bounded items, so no retry grows it.
-    lm = OptloopLM(LMSettings.from_spec("local", max_array_items=2, max_string_chars=64, max_tokens=320))
+    lm = OptloopLM(
+        LMSettings.from_spec("local", max_array_items=2, max_string_chars=64, max_tokens=320)
+    )
     system = Mem0System(lm, tmp_path / "run", embedder=embedder)
     system.prompt_sites()["mem0.extract"].set_instructions(
-        "Extract every fact about the user from the New Messages: one memory per fact, each a short sentence.")
+        "Extract every fact about the user from the New Messages: one memory per fact, each a short sentence."
+    )
     check_pipeline(system, lm)
 
 
@@ -345,6 +452,13 @@ def test_seed_prompt_pipeline_on_the_embedded_lm(tmp_path, embedder):
     # mem0's extraction prompt alone is ~8.5k SmolLM2 tokens (mem0's n_ctx, 12288, holds it;
     # SmolLM2's trained 8192 does not). The first call evaluates it (minutes on two shared cores); the
     # second reuses llama.cpp's cached prefix. Bounded lists and strings keep each answer inside max_tokens.
-    lm = OptloopLM(LMSettings.from_spec("local", max_array_items=2, max_string_chars=64, max_tokens=320,
-                                        n_ctx=Mem0System.local_decoding["n_ctx"]))
+    lm = OptloopLM(
+        LMSettings.from_spec(
+            "local",
+            max_array_items=2,
+            max_string_chars=64,
+            max_tokens=320,
+            n_ctx=Mem0System.local_decoding["n_ctx"],
+        )
+    )
     check_pipeline(Mem0System(lm, tmp_path / "run", embedder=embedder), lm)

@@ -24,8 +24,14 @@ def verdicts(*answers):
 @pytest.fixture
 def deleted(tmp_path, embedder):  # noqa: F811 - the fixture
     """The dog's name is stored in session 1 and deleted in session 2; the walk says DeletionError."""
-    graph, result = attribute_run(tmp_path, embedder, {"facts": ["User's dog is named Biscuit."]},
-                                  {"facts": ["User moved to Austin."]}, {"answer": "unknown"}, {"answer": "Austin"})
+    graph, result = attribute_run(
+        tmp_path,
+        embedder,
+        {"facts": ["User's dog is named Biscuit."]},
+        {"facts": ["User moved to Austin."]},
+        {"answer": "unknown"},
+        {"answer": "Austin"},
+    )
     return graph, result["q1"].model_copy(update={"ambiguous": True})
 
 
@@ -40,7 +46,11 @@ def test_agent_inspects_earliest_first_and_returns_the_first_faulty_operation(de
     seqs = [graph.op(s).seq for s in steps]
     assert seqs == sorted(seqs)  # earliest first
     assert graph.op(steps[0]).session_id == "s1"  # it starts where the evidence entered
-    assert (result.op_id, result.error_type, result.ambiguous) == (steps[1], ErrorType.DELETION, False)
+    assert (result.op_id, result.error_type, result.ambiguous) == (
+        steps[1],
+        ErrorType.DELETION,
+        False,
+    )
     assert result.target is not None and "dropped the dog" in result.explanation
     assert result.details["walk_error_type"] == walk.error_type.value
 
@@ -50,7 +60,11 @@ def test_agent_stops_at_its_step_bound_and_keeps_the_walk(deleted, embedder):  #
     agent = AttributionAgent(verdicts(*[OK] * 10), max_steps=3)
     result = agent.refine(graph, EPISODE.questions[0], walk, embedder=embedder)
     assert agent.calls == 3 and len(result.details["agent_steps"]) == 3
-    assert (result.error_type, result.op_id, result.ambiguous) == (walk.error_type, walk.op_id, True)
+    assert (result.error_type, result.op_id, result.ambiguous) == (
+        walk.error_type,
+        walk.op_id,
+        True,
+    )
     assert result.details["agent_verdict"] == "none"
 
 
@@ -58,7 +72,9 @@ def test_only_ambiguous_cases_reach_the_agent(deleted, embedder):  # noqa: F811
     graph, walk = deleted
     clear = walk.model_copy(update={"ambiguous": False})
     agent = AttributionAgent(verdicts())  # no scripted answer: any call would fail
-    out = refine_ambiguous(agent, graph, {q.id: q for q in EPISODE.questions}, [clear], embedder=embedder)
+    out = refine_ambiguous(
+        agent, graph, {q.id: q for q in EPISODE.questions}, [clear], embedder=embedder
+    )
     assert out == [clear] and agent.calls == 0
 
 
@@ -68,10 +84,15 @@ def test_agent_on_the_embedded_lm_returns_a_parsed_verdict(deleted, embedder, tm
     from optloop.lm import LMSettings, OptloopLM
 
     graph, walk = deleted
-    lm = OptloopLM(LMSettings.from_spec("local", cache_path=tmp_path / "cache.sqlite", max_string_chars=120))
+    lm = OptloopLM(
+        LMSettings.from_spec("local", cache_path=tmp_path / "cache.sqlite", max_string_chars=120)
+    )
     agent = AttributionAgent(lm, max_steps=2)
     result = agent.refine(graph, EPISODE.questions[0], walk, embedder=embedder)
     assert 1 <= agent.calls <= 2 and lm.accounting.totals().calls == agent.calls
     assert result.details["agent_steps"] and result.question_id == "q1"
     if not result.ambiguous:  # the agent named an operation: it must exist and carry a type
-        assert result.op_id in {op.id for op in graph.operations} and result.error_type is not ErrorType.UNKNOWN
+        assert (
+            result.op_id in {op.id for op in graph.operations}
+            and result.error_type is not ErrorType.UNKNOWN
+        )

@@ -23,8 +23,17 @@ EPISODE = small_episode()
 Q = {q.id: q for q in EPISODE.questions}
 
 
-def run(tmp_path, question_id: str, answer: str, *, gate_script=None, cls=GatedSystem, question=None,
-        fault=None, **knobs):
+def run(
+    tmp_path,
+    question_id: str,
+    answer: str,
+    *,
+    gate_script=None,
+    cls=GatedSystem,
+    question=None,
+    fault=None,
+    **knobs,
+):
     """Record ``question_id`` on a fresh system whose answer site replies ``answer``; attribute it."""
     scripts = {ANSWER: [{"answer": answer}]}
     if gate_script is not None:
@@ -47,19 +56,33 @@ def test_the_type_and_its_label():
     assert ErrorType.CONTAMINATION.value == "ContaminationError"
     assert MEMFAIL_LABEL[ErrorType.CONTAMINATION] == "stale_context"
     a = Attribution(question_id="q", error_type=ErrorType.CONTAMINATION, target="knob:floors")
-    assert a.to_annotation()["final_error_type"] == "ContaminationError" and a.blamed.kind == "knob"
+    assert (
+        a.to_annotation()["final_error_type"] == "ContaminationError" and a.blamed.kind == "knob"
+    )
 
 
 def test_a_dead_branch_value_the_gate_llm_admitted_blames_the_gate_site(tmp_path):
-    graph, a = run(tmp_path, "p-dead", "db-beta-44", gate_script=gate_all("admit", "looks relevant"), floors="lenient")
+    graph, a = run(
+        tmp_path,
+        "p-dead",
+        "db-beta-44",
+        gate_script=gate_all("admit", "looks relevant"),
+        floors="lenient",
+    )
 
     assert (a.error_type, a.target) == (ErrorType.CONTAMINATION, GATED_ADMIT)
     assert op_of(graph, a).name == "admit" and op_of(graph, a).site == GATED_ADMIT
-    assert a.details["contaminant"] == "f5" and a.details["kind"] == "distractor" and a.details["decided_by"] == "llm"
+    assert (
+        a.details["contaminant"] == "f5"
+        and a.details["kind"] == "distractor"
+        and a.details["decided_by"] == "llm"
+    )
     assert "db-beta-44" in a.explanation and "looks relevant" in a.explanation
 
 
-def test_a_superseded_value_that_passed_open_floors_without_an_llm_blames_the_floors_knob(tmp_path):
+def test_a_superseded_value_that_passed_open_floors_without_an_llm_blames_the_floors_knob(
+    tmp_path,
+):
     graph, a = run(tmp_path, "p-super", "21001", floors="off", gate="floors_only")
 
     assert (a.error_type, a.target) == (ErrorType.CONTAMINATION, "knob:floors")
@@ -69,13 +92,21 @@ def test_a_superseded_value_that_passed_open_floors_without_an_llm_blames_the_fl
 
 def test_another_workspaces_value_is_contamination_too(tmp_path):
     _, a = run(tmp_path, "p-super", "22002", floors="off", gate="floors_only", scope="all")
-    assert (a.error_type, a.target, a.details["kind"]) == (ErrorType.CONTAMINATION, "knob:floors", "foreign")
+    assert (a.error_type, a.target, a.details["kind"]) == (
+        ErrorType.CONTAMINATION,
+        "knob:floors",
+        "foreign",
+    )
 
 
 def test_without_markers_the_memorys_own_state_names_the_stale_value(tmp_path):
     bare = Q["p-super"].model_copy(update={"meta": {}, "forbidden": []})
     _, a = run(tmp_path, "p-super", "21001", question=bare, floors="off", gate="floors_only")
-    assert (a.error_type, a.target, a.details["kind"]) == (ErrorType.CONTAMINATION, "knob:floors", "superseded")
+    assert (a.error_type, a.target, a.details["kind"]) == (
+        ErrorType.CONTAMINATION,
+        "knob:floors",
+        "superseded",
+    )
 
 
 def test_rag_without_a_gate_blames_its_retrieval_knob(tmp_path):
@@ -91,7 +122,9 @@ def test_rag_whose_ranking_put_the_stale_value_first_blames_its_search_knob(tmp_
     graph, a = run(tmp_path, "p-super", "21001", cls=BM25RagSystem, top_k=5)
 
     assert a.error_type is ErrorType.CONTAMINATION
-    assert a.target == "knob:top_k"  # the system's search knob: no ranking put the evidence above the value
+    assert (
+        a.target == "knob:top_k"
+    )  # the system's search knob: no ranking put the evidence above the value
     assert "Tune the search (top_k)" in a.explanation
 
 
@@ -120,7 +153,9 @@ def test_a_wrong_answer_with_clean_context_is_still_a_response_error(tmp_path):
 
 
 def test_a_dead_value_shown_only_as_negative_evidence_is_not_contamination(tmp_path):
-    _, a = run(tmp_path, "p-dead", "db-beta-44", gate_script=gate_all("admit"))  # strict: f5 is negative evidence
+    _, a = run(
+        tmp_path, "p-dead", "db-beta-44", gate_script=gate_all("admit")
+    )  # strict: f5 is negative evidence
     assert a.error_type is ErrorType.RESPONSE
 
 
@@ -133,31 +168,52 @@ def gated_faults():
 
 
 def test_gated_has_planted_faults_with_known_truth(gated_faults):
-    assert {n for n in gated_faults if n.startswith("gated-")} == {"gated-gate-admits-all", "gated-floors-off",
-                                                                 "gated-top-k-1"}
-    assert (gated_faults["gated-gate-admits-all"].target, gated_faults["gated-gate-admits-all"].error_type) == \
-        (GATED_ADMIT, ErrorType.CONTAMINATION)
-    assert (gated_faults["gated-floors-off"].target, gated_faults["gated-floors-off"].error_type) == \
-        ("knob:floors", ErrorType.CONTAMINATION)
+    assert {n for n in gated_faults if n.startswith("gated-")} == {
+        "gated-gate-admits-all",
+        "gated-floors-off",
+        "gated-top-k-1",
+    }
+    assert (
+        gated_faults["gated-gate-admits-all"].target,
+        gated_faults["gated-gate-admits-all"].error_type,
+    ) == (GATED_ADMIT, ErrorType.CONTAMINATION)
+    assert (
+        gated_faults["gated-floors-off"].target,
+        gated_faults["gated-floors-off"].error_type,
+    ) == ("knob:floors", ErrorType.CONTAMINATION)
 
 
-def test_the_admit_all_fault_flips_llm_verdicts_but_not_the_workspace_floor(tmp_path, gated_faults):
-    system = GatedSystem(ScriptedLM({GATED_ADMIT: gate_all("reject")}), tmp_path / "g", embedder=BowEmbedder(),
-                         knobs={"scope": "all"})
+def test_the_admit_all_fault_flips_llm_verdicts_but_not_the_workspace_floor(
+    tmp_path, gated_faults
+):
+    system = GatedSystem(
+        ScriptedLM({GATED_ADMIT: gate_all("reject")}),
+        tmp_path / "g",
+        embedder=BowEmbedder(),
+        knobs={"scope": "all"},
+    )
     gated_faults["gated-gate-admits-all"].apply(system)
     system.ingest(EPISODE.sessions)
     question = Q["p-super"].question
-    decisions = {d.memory_id: (d.verdict, d.by) for d in system.admit(question, system.retrieve(question, k=8)).decisions}
+    decisions = {
+        d.memory_id: (d.verdict, d.by)
+        for d in system.admit(question, system.retrieve(question, k=8)).decisions
+    }
 
     assert system.knobs()["floors"] == "lenient"
     assert decisions["f1"] == ("admit", "llm") and decisions["f3"] == ("reject", "floor")
 
 
-@pytest.mark.parametrize("name, question_id, stale", [
-    ("gated-gate-admits-all", "p-dead", "db-beta-44"),
-    ("gated-floors-off", "p-super", "21001"),
-])
-def test_each_contamination_fault_is_attributed_to_its_planted_target(tmp_path, gated_faults, name, question_id, stale):
+@pytest.mark.parametrize(
+    "name, question_id, stale",
+    [
+        ("gated-gate-admits-all", "p-dead", "db-beta-44"),
+        ("gated-floors-off", "p-super", "21001"),
+    ],
+)
+def test_each_contamination_fault_is_attributed_to_its_planted_target(
+    tmp_path, gated_faults, name, question_id, stale
+):
     fault = gated_faults[name]
     _, a = run(tmp_path, question_id, stale, gate_script=gate_all("reject"), fault=fault)
     assert (a.target, a.error_type) == (fault.target, fault.error_type)

@@ -17,9 +17,13 @@ def test_twenty_probes_two_of_each_kind_over_several_sessions() -> None:
     assert all(len(e.sessions) >= 2 for e in dataset.episodes)
     for episode in dataset.episodes:
         for session in episode.sessions:
-            assert [t.role for t in session.turns] == ["user", "assistant"] * (len(session.turns) // 2)
+            assert [t.role for t in session.turns] == ["user", "assistant"] * (
+                len(session.turns) // 2
+            )
     train, dev, test = split_episodes(dataset)
-    assert train.episodes and dev.episodes and test.episodes  # enough episodes for the loop's three splits
+    assert (
+        train.episodes and dev.episodes and test.episodes
+    )  # enough episodes for the loop's three splits
 
 
 def test_every_answerable_probe_is_answered_by_its_evidence() -> None:

@@ -9,7 +9,9 @@ from optloop.errors import DatasetError
 
 
 def test_empty_name_means_tiny() -> None:
-    assert load_dataset("builtin:").model_dump(exclude={"uri"}) == load_dataset("builtin:tiny").model_dump(exclude={"uri"})
+    assert load_dataset("builtin:").model_dump(exclude={"uri"}) == load_dataset(
+        "builtin:tiny"
+    ).model_dump(exclude={"uri"})
 
 
 def test_tiny_is_small_and_mixes_tasks() -> None:
@@ -36,5 +38,8 @@ def test_other_builtins_are_seed_zero_generators(name: str, episodes: int) -> No
 
 
 def test_unknown_builtin_lists_the_choices() -> None:
-    with pytest.raises(DatasetError, match=r"unknown built-in dataset 'huge' \(one of: tiny, suite, meme, assistant\)"):
+    with pytest.raises(
+        DatasetError,
+        match=r"unknown built-in dataset 'huge' \(one of: tiny, suite, meme, assistant\)",
+    ):
         load_dataset("builtin:huge")

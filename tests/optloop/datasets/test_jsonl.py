@@ -19,7 +19,10 @@ def test_jsonl_round_trips_any_loaded_dataset(tmp_path: Path) -> None:
 def test_jsonl_skips_blank_lines(tmp_path: Path) -> None:
     episodes = load_dataset("builtin:tiny").episodes[:2]
     path = tmp_path / "user.jsonl"
-    path.write_text("\n" + episodes[0].model_dump_json() + "\n\n" + episodes[1].model_dump_json() + "\n", encoding="utf-8")
+    path.write_text(
+        "\n" + episodes[0].model_dump_json() + "\n\n" + episodes[1].model_dump_json() + "\n",
+        encoding="utf-8",
+    )
     assert [e.id for e in load_dataset(f"jsonl:{path}").episodes] == [e.id for e in episodes]
 
 
@@ -37,8 +40,9 @@ def test_an_empty_gold_is_refused_naming_the_line_and_field(tmp_path: Path) -> N
     path.write_text(json.dumps(episode) + "\n", encoding="utf-8")
     with pytest.raises(DatasetError) as info:
         load_dataset(f"jsonl:{path}")
-    assert str(info.value).startswith(f"{path}: line 1: field 'questions[0].gold': empty, so "
-                                      "every answer would be graded wrong")
+    assert str(info.value).startswith(
+        f"{path}: line 1: field 'questions[0].gold': empty, so every answer would be graded wrong"
+    )
     episode["questions"][0] |= {"gold": "", "abstain": True, "scorer": "abstain"}
     path.write_text(json.dumps(episode) + "\n", encoding="utf-8")
     assert load_dataset(f"jsonl:{path}").episodes[0].questions[0].abstain

@@ -27,7 +27,11 @@ def test_shared_locomo_maps_sessions_turns_and_evidence(locomo_file: Path) -> No
         for record, question in zip(sample["qa"], episode.questions):
             assert question.task_type == CATEGORIES[record["category"]]
             if record["category"] == 5:
-                assert question.abstain and question.scorer == "abstain" and question.evidence_ids == []
+                assert (
+                    question.abstain
+                    and question.scorer == "abstain"
+                    and question.evidence_ids == []
+                )
             else:
                 assert question.gold.startswith(str(record["answer"]).split(";")[0].strip())
                 # Each well-formed evidence id names the turn with that dia_id.
@@ -45,20 +49,52 @@ def locomo_fixture() -> list[dict]:
         {
             "sample_id": "conv-x",
             "conversation": {
-                "speaker_a": "Ann", "speaker_b": "Ben",
+                "speaker_a": "Ann",
+                "speaker_b": "Ben",
                 "session_1_date_time": "1:00 pm on 1 May, 2023",
                 "session_1": [
                     {"speaker": "Ann", "dia_id": "D1:1", "text": "I adopted a puppy called Rex."},
-                    {"speaker": "Ben", "dia_id": "D1:2", "text": "Look at my garden!", "blip_caption": "a photo of tulips"},
+                    {
+                        "speaker": "Ben",
+                        "dia_id": "D1:2",
+                        "text": "Look at my garden!",
+                        "blip_caption": "a photo of tulips",
+                    },
                 ],
                 "session_2_date_time": "2:00 pm on 9 May, 2023",
-                "session_2": [{"speaker": "Ann", "dia_id": "D2:1", "text": "Rex learned to sit, and I started pottery."}],
+                "session_2": [
+                    {
+                        "speaker": "Ann",
+                        "dia_id": "D2:1",
+                        "text": "Rex learned to sit, and I started pottery.",
+                    }
+                ],
             },
             "qa": [
-                {"question": "What is Ann's puppy called?", "answer": "Rex", "evidence": ["D1:1"], "category": 4},
-                {"question": "What did Ann start and adopt?", "answer": "pottery, puppy", "evidence": ["D1:1; D2:1"], "category": 1},
-                {"question": "What flowers does Ann grow?", "adversarial_answer": "tulips", "evidence": ["D1:2"], "category": 5},
-                {"question": "What year?", "answer": 2023, "evidence": ["D:9:9", "D"], "category": 2},
+                {
+                    "question": "What is Ann's puppy called?",
+                    "answer": "Rex",
+                    "evidence": ["D1:1"],
+                    "category": 4,
+                },
+                {
+                    "question": "What did Ann start and adopt?",
+                    "answer": "pottery, puppy",
+                    "evidence": ["D1:1; D2:1"],
+                    "category": 1,
+                },
+                {
+                    "question": "What flowers does Ann grow?",
+                    "adversarial_answer": "tulips",
+                    "evidence": ["D1:2"],
+                    "category": 5,
+                },
+                {
+                    "question": "What year?",
+                    "answer": 2023,
+                    "evidence": ["D:9:9", "D"],
+                    "category": 2,
+                },
             ],
         }
     ]
@@ -71,13 +107,26 @@ def test_fixture_maps_lenient_evidence_captions_and_categories(write_json) -> No
     (episode,) = dataset.episodes
     assert [t.id for t in episode.all_turns()] == ["s1:t1", "s1:t2", "s2:t1"]
     assert all(t.role == "user" for t in episode.all_turns())
-    assert episode.turn("s1:t2").content == "Look at my garden! [shared a photo: a photo of tulips]"
+    assert (
+        episode.turn("s1:t2").content == "Look at my garden! [shared a photo: a photo of tulips]"
+    )
     single, multi, adversarial, temporal = episode.questions
-    assert (single.task_type, single.scorer, single.evidence_ids) == ("single_hop", "f1", ["s1:t1"])
-    assert (multi.task_type, multi.scorer, multi.evidence_ids) == ("multi_hop", "f1_multi", ["s1:t1", "s2:t1"])
+    assert (single.task_type, single.scorer, single.evidence_ids) == (
+        "single_hop",
+        "f1",
+        ["s1:t1"],
+    )
+    assert (multi.task_type, multi.scorer, multi.evidence_ids) == (
+        "multi_hop",
+        "f1_multi",
+        ["s1:t1", "s2:t1"],
+    )
     assert adversarial.abstain and adversarial.meta["distractor_evidence"] == ["s1:t2"]
     assert adversarial.meta["adversarial_answer"] == "tulips"
-    assert score(adversarial, "Not mentioned in the conversation") == 1.0 and score(adversarial, "tulips") == 0.0
+    assert (
+        score(adversarial, "Not mentioned in the conversation") == 1.0
+        and score(adversarial, "tulips") == 0.0
+    )
     assert temporal.gold == "2023" and temporal.evidence_ids == []
     assert episode.meta["dropped_evidence"] == 2
     assert episode.sessions[1].timestamp == "2:00 pm on 9 May, 2023"

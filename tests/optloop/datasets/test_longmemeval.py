@@ -18,9 +18,18 @@ def instance(qid: str, **extra: object) -> dict:
         "haystack_session_ids": ["sharegpt_a", "answer_b"],
         "haystack_dates": ["2023/05/20 (Sat) 02:21", "2023/05/21 (Sun) 10:00"],
         "haystack_sessions": [
-            [{"role": "user", "content": "Help me plan a trip."}, {"role": "assistant", "content": "Sure."}],
-            [{"role": "user", "content": "I graduated with a degree in Business Administration.", "has_answer": True},
-             {"role": "assistant", "content": "Congratulations!"}],
+            [
+                {"role": "user", "content": "Help me plan a trip."},
+                {"role": "assistant", "content": "Sure."},
+            ],
+            [
+                {
+                    "role": "user",
+                    "content": "I graduated with a degree in Business Administration.",
+                    "has_answer": True,
+                },
+                {"role": "assistant", "content": "Congratulations!"},
+            ],
         ],
         "answer_session_ids": ["answer_b"],
     }
@@ -29,18 +38,28 @@ def instance(qid: str, **extra: object) -> dict:
 
 
 def test_longmemeval_evidence_is_has_answer_turns(write_json) -> None:  # type: ignore[no-untyped-def]
-    path = write_json("longmemeval_s.json", [instance("q1"), instance("q2_abs", question="What degree did my brother get?")])
+    path = write_json(
+        "longmemeval_s.json",
+        [instance("q1"), instance("q2_abs", question="What degree did my brother get?")],
+    )
     dataset = load_dataset(f"longmemeval:{path}")
     first, abstention = dataset.episodes
     (question,) = first.questions
     assert question.evidence_ids == ["s2:t1"] and question.task_type == "single-session-user"
     assert question.scorer == "llm_judge" and not question.abstain
     assert score(question, "You graduated in business administration.") == 1.0
-    assert [s.timestamp for s in first.sessions] == ["2023/05/20 (Sat) 02:21", "2023/05/21 (Sun) 10:00"]
+    assert [s.timestamp for s in first.sessions] == [
+        "2023/05/20 (Sat) 02:21",
+        "2023/05/21 (Sun) 10:00",
+    ]
     assert first.meta["session_ids"] == {"s1": "sharegpt_a", "s2": "answer_b"}
     assert [t.role for t in first.all_turns()] == ["user", "assistant", "user", "assistant"]
     (abs_question,) = abstention.questions
-    assert abs_question.abstain and abs_question.scorer == "abstain" and abs_question.evidence_ids == []
+    assert (
+        abs_question.abstain
+        and abs_question.scorer == "abstain"
+        and abs_question.evidence_ids == []
+    )
     assert abs_question.meta["distractor_evidence"] == ["s2:t1"]
 
 
@@ -54,4 +73,8 @@ def test_longmemeval_mismatched_dates_name_the_field(write_json) -> None:  # typ
     with pytest.raises(DatasetError) as err:
         load_dataset(f"longmemeval:{path}")
     message = str(err.value)
-    assert str(path) in message and "record 1 (question_id=q4)" in message and "field 'haystack_dates'" in message
+    assert (
+        str(path) in message
+        and "record 1 (question_id=q4)" in message
+        and "field 'haystack_dates'" in message
+    )

@@ -48,7 +48,9 @@ def test_coexisting_puts_each_preference_fact_in_its_own_session(memfail_dir: Pa
 
 
 @pytest.mark.parametrize("task", ["conditional_easy", "conditional_hard"])
-def test_conditional_questions_are_yes_no_with_the_gold_polarity(memfail_dir: Path, task: str) -> None:
+def test_conditional_questions_are_yes_no_with_the_gold_polarity(
+    memfail_dir: Path, task: str
+) -> None:
     path = shipped(memfail_dir, task)
     rows = csv_rows(path)
     dataset = load_dataset(f"memfail:{task}:{path}")
@@ -82,37 +84,89 @@ def test_persona_misleading_questions_abstain(memfail_dir: Path) -> None:
     assert any(q.abstain for q in questions) and not all(q.abstain for q in questions)
 
 
-def test_default_path_comes_from_the_shared_data_env(memfail_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_default_path_comes_from_the_shared_data_env(
+    memfail_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     shipped(memfail_dir, "persona")
     monkeypatch.setenv("OPTLOOP_SHARED_DATA", str(memfail_dir.parent))
     assert len(load_dataset("memfail:persona?limit=3").episodes) == 3
 
 
-def test_missing_default_data_says_to_pass_a_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_missing_default_data_says_to_pass_a_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("OPTLOOP_SHARED_DATA", str(tmp_path))
     with pytest.raises(DatasetError, match=r"memfail:coexisting: no CSV found in .*pass a path"):
         load_dataset("memfail:coexisting")
 
 
-LONG_HOP_HEADER = ["id", "hop_count", *[f"fact_{k}" for k in range(1, 5)], *[f"chain_{k}" for k in range(1, 6)],
-                   "graded_question", "ground_truth_answer", *[f"choice_{c}" for c in "abcde"], "correct_choice"]
+LONG_HOP_HEADER = [
+    "id",
+    "hop_count",
+    *[f"fact_{k}" for k in range(1, 5)],
+    *[f"chain_{k}" for k in range(1, 6)],
+    "graded_question",
+    "ground_truth_answer",
+    *[f"choice_{c}" for c in "abcde"],
+    "correct_choice",
+]
 
 
 def long_hop_rows() -> list[dict[str, str]]:
     return [
-        {"id": "lh1", "hop_count": "2", "fact_1": "Ada's mentor is Bo.", "fact_2": "Bo was born in Quito.",
-         "chain_1": "Ada", "chain_2": "Bo", "chain_3": "Quito",
-         "graded_question": "Where was Ada's mentor born?", "ground_truth_answer": "Quito",
-         "choice_a": "Lima", "choice_b": "Quito", "choice_c": "Bogota", "choice_d": "Cusco", "choice_e": "Cali", "correct_choice": "B"},
-        {"id": "lh2", "hop_count": "4", "fact_1": "Cy owns the red boat.", "fact_2": "The red boat is docked at Pier 9.",
-         "fact_3": "Pier 9 is run by Dee.", "fact_4": "Dee's sister is Eve.",
-         "chain_1": "Cy", "chain_2": "red boat", "chain_3": "Pier 9", "chain_4": "Dee", "chain_5": "Eve",
-         "graded_question": "Who is the sister of the person running the pier where Cy's boat docks?", "ground_truth_answer": "Eve",
-         "choice_a": "Ann", "choice_b": "Bea", "choice_c": "Eve", "choice_d": "Fay", "choice_e": "Gil", "correct_choice": "choice_c"},
-        {"id": "lh3", "hop_count": "3", "fact_1": "Fin plays for the Owls.", "fact_2": "The Owls train in Brno.", "fact_3": "Brno hosts the cup final.",
-         "graded_question": "Which event is hosted where Fin's team trains?", "ground_truth_answer": "the cup final",
-         "choice_a": "the cup final", "choice_b": "a marathon", "choice_c": "a fair", "choice_d": "a concert", "choice_e": "an expo",
-         "correct_choice": "the cup final"},
+        {
+            "id": "lh1",
+            "hop_count": "2",
+            "fact_1": "Ada's mentor is Bo.",
+            "fact_2": "Bo was born in Quito.",
+            "chain_1": "Ada",
+            "chain_2": "Bo",
+            "chain_3": "Quito",
+            "graded_question": "Where was Ada's mentor born?",
+            "ground_truth_answer": "Quito",
+            "choice_a": "Lima",
+            "choice_b": "Quito",
+            "choice_c": "Bogota",
+            "choice_d": "Cusco",
+            "choice_e": "Cali",
+            "correct_choice": "B",
+        },
+        {
+            "id": "lh2",
+            "hop_count": "4",
+            "fact_1": "Cy owns the red boat.",
+            "fact_2": "The red boat is docked at Pier 9.",
+            "fact_3": "Pier 9 is run by Dee.",
+            "fact_4": "Dee's sister is Eve.",
+            "chain_1": "Cy",
+            "chain_2": "red boat",
+            "chain_3": "Pier 9",
+            "chain_4": "Dee",
+            "chain_5": "Eve",
+            "graded_question": "Who is the sister of the person running the pier where Cy's boat docks?",
+            "ground_truth_answer": "Eve",
+            "choice_a": "Ann",
+            "choice_b": "Bea",
+            "choice_c": "Eve",
+            "choice_d": "Fay",
+            "choice_e": "Gil",
+            "correct_choice": "choice_c",
+        },
+        {
+            "id": "lh3",
+            "hop_count": "3",
+            "fact_1": "Fin plays for the Owls.",
+            "fact_2": "The Owls train in Brno.",
+            "fact_3": "Brno hosts the cup final.",
+            "graded_question": "Which event is hosted where Fin's team trains?",
+            "ground_truth_answer": "the cup final",
+            "choice_a": "the cup final",
+            "choice_b": "a marathon",
+            "choice_c": "a fair",
+            "choice_d": "a concert",
+            "choice_e": "an expo",
+            "correct_choice": "the cup final",
+        },
     ]
 
 
@@ -124,18 +178,32 @@ def test_long_hop_spreads_each_chain_over_sessions_with_five_options(write_csv) 
         facts = [row[f"fact_{k}"] for k in range(1, 5) if row.get(f"fact_{k}")]
         (question,) = episode.questions
         fact_sessions = [episode.session_of(e).id for e in question.evidence_ids]
-        assert len(fact_sessions) == len(facts) == len(set(fact_sessions))  # no two facts of the chain share a session
+        assert (
+            len(fact_sessions) == len(facts) == len(set(fact_sessions))
+        )  # no two facts of the chain share a session
         assert [episode.turn(e).content for e in question.evidence_ids] == facts
         assert question.scorer == "multiple_choice" and len(question.options or []) == 5
         assert question.options == [row[f"choice_{c}"] for c in "abcde"]
     assert [e.questions[0].gold for e in dataset.episodes] == ["B", "C", "A"]
-    assert dataset.episodes[1].questions[0].meta["chain"] == ["Cy", "red boat", "Pier 9", "Dee", "Eve"]
+    assert dataset.episodes[1].questions[0].meta["chain"] == [
+        "Cy",
+        "red boat",
+        "Pier 9",
+        "Dee",
+        "Eve",
+    ]
     assert dataset.episodes[1].questions[0].meta["hop_count"] == 4
     question = dataset.episodes[0].questions[0]
-    assert score(question, "Answer: (B)") == 1.0 and score(question, "Quito") == 1.0 and score(question, "A") == 0.0
+    assert (
+        score(question, "Answer: (B)") == 1.0
+        and score(question, "Quito") == 1.0
+        and score(question, "A") == 0.0
+    )
 
 
-def test_long_hop_default_lookup_finds_the_csv(write_csv, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+def test_long_hop_default_lookup_finds_the_csv(
+    write_csv, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
     (tmp_path / "memfail").mkdir()
     path = write_csv("memfail/long_hop_dataset.csv", long_hop_rows()[:1], LONG_HOP_HEADER)
     monkeypatch.setenv("OPTLOOP_SHARED_DATA", str(tmp_path))

@@ -10,10 +10,25 @@ from optloop.datasets import Episode, Question, Session, Turn
 
 def make_episode(**question_kw: object) -> Episode:
     sessions = [
-        Session(id="s1", timestamp="2024-01-01", turns=[Turn(id="s1:t1", role="user", content="I live in Oslo.")]),
-        Session(id="s2", timestamp=None, turns=[Turn(id="s2:t1", role="user", content="I moved to Bergen.", speaker="Ann")]),
+        Session(
+            id="s1",
+            timestamp="2024-01-01",
+            turns=[Turn(id="s1:t1", role="user", content="I live in Oslo.")],
+        ),
+        Session(
+            id="s2",
+            timestamp=None,
+            turns=[Turn(id="s2:t1", role="user", content="I moved to Bergen.", speaker="Ann")],
+        ),
     ]
-    fields: dict[str, object] = dict(id="q1", question="Where do I live?", gold="Bergen", evidence_ids=["s2:t1"], task_type="update", scorer="contains")
+    fields: dict[str, object] = dict(
+        id="q1",
+        question="Where do I live?",
+        gold="Bergen",
+        evidence_ids=["s2:t1"],
+        task_type="update",
+        scorer="contains",
+    )
     fields.update(question_kw)
     return Episode(id="e1", sessions=sessions, questions=[Question(**fields)])  # type: ignore[arg-type]
 
@@ -39,7 +54,9 @@ def test_duplicate_turn_ids_are_rejected() -> None:
 
 
 def test_evidence_must_name_a_turn() -> None:
-    with pytest.raises(ValidationError, match=r"questions\[0\]\.evidence_ids: unknown turn ids \['s3:t1'\]"):
+    with pytest.raises(
+        ValidationError, match=r"questions\[0\]\.evidence_ids: unknown turn ids \['s3:t1'\]"
+    ):
         make_episode(evidence_ids=["s3:t1"])
 
 
@@ -48,7 +65,12 @@ def test_multiple_choice_needs_options_and_a_letter_gold() -> None:
         make_episode(scorer="multiple_choice", gold="A")
     with pytest.raises(ValidationError, match="must be one of the option letters AB"):
         make_episode(scorer="multiple_choice", gold="C", options=["Oslo", "Bergen"])
-    assert make_episode(scorer="multiple_choice", gold="B", options=["Oslo", "Bergen"]).questions[0].gold == "B"
+    assert (
+        make_episode(scorer="multiple_choice", gold="B", options=["Oslo", "Bergen"])
+        .questions[0]
+        .gold
+        == "B"
+    )
 
 
 def test_abstain_questions_use_the_abstain_scorer() -> None:

@@ -5,7 +5,15 @@ from __future__ import annotations
 import pytest
 
 from optloop.datasets import Question, pass_threshold, passed, score
-from optloop.datasets.scorers import contains_all, is_abstention, multi_f1, normalize_answer, parse_choice, parse_yes_no, token_f1
+from optloop.datasets.scorers import (
+    contains_all,
+    is_abstention,
+    multi_f1,
+    normalize_answer,
+    parse_choice,
+    parse_yes_no,
+    token_f1,
+)
 
 OPTIONS = ["Porto", "Lisbon", "Madrid", "New York", "New York City"]
 
@@ -112,7 +120,9 @@ def test_abstention_phrases_are_recognised(text: str) -> None:
     assert is_abstention(text)
 
 
-@pytest.mark.parametrize("text", ["Paris", "You live in Austin.", "Bring a brass sextant.", "Nonetheless, Tuesday."])
+@pytest.mark.parametrize(
+    "text", ["Paris", "You live in Austin.", "Bring a brass sextant.", "Nonetheless, Tuesday."]
+)
 def test_answers_are_not_abstentions(text: str) -> None:
     assert not is_abstention(text)
 
@@ -156,11 +166,19 @@ def test_llm_judge_uses_the_callable_and_falls_back_without_it() -> None:
         calls.append((question, gold, prediction))
         return prediction.startswith("ok")
 
-    question = Question(id="q", question="What to bring?", gold="a sextant", task_type="persona", scorer="llm_judge")
+    question = Question(
+        id="q",
+        question="What to bring?",
+        gold="a sextant",
+        task_type="persona",
+        scorer="llm_judge",
+    )
     assert score(question, "ok whatever", judge=judge) == 1.0
     assert calls == [("What to bring?", "a sextant", "ok whatever")]
     assert score(question, "Bring a sextant.") == 1.0  # no judge: containment
-    assert score(question, "Bring a compass.") == pytest.approx(token_f1("Bring a compass.", "a sextant"))
+    assert score(question, "Bring a compass.") == pytest.approx(
+        token_f1("Bring a compass.", "a sextant")
+    )
 
 
 def test_judge_is_ignored_by_deterministic_scorers() -> None:

@@ -17,16 +17,24 @@ def test_split_partitions_episodes_in_proportion(dataset: Dataset) -> None:
     assert (len(train.episodes), len(dev.episodes), len(test.episodes)) == (4, 2, 2)
     ids = [e.id for part in (train, dev, test) for e in part.episodes]
     assert sorted(ids) == sorted(e.id for e in dataset.episodes)
-    assert (train.name, dev.name, test.name) == (f"{dataset.name}[train]", f"{dataset.name}[dev]", f"{dataset.name}[test]")
+    assert (train.name, dev.name, test.name) == (
+        f"{dataset.name}[train]",
+        f"{dataset.name}[dev]",
+        f"{dataset.name}[test]",
+    )
     order = [e.id for e in dataset.episodes]
-    assert [e.id for e in train.episodes] == sorted((e.id for e in train.episodes), key=order.index)
+    assert [e.id for e in train.episodes] == sorted(
+        (e.id for e in train.episodes), key=order.index
+    )
 
 
 def test_split_is_deterministic_and_independent_of_input_order(dataset: Dataset) -> None:
     first = [[e.id for e in part.episodes] for part in split_episodes(dataset, seed=3)]
     again = [[e.id for e in part.episodes] for part in split_episodes(dataset, seed=3)]
     reversed_input = dataset.model_copy(update={"episodes": dataset.episodes[::-1]})
-    shuffled = [sorted(e.id for e in part.episodes) for part in split_episodes(reversed_input, seed=3)]
+    shuffled = [
+        sorted(e.id for e in part.episodes) for part in split_episodes(reversed_input, seed=3)
+    ]
     assert first == again and [sorted(p) for p in first] == shuffled
     others = [[e.id for e in part.episodes] for part in split_episodes(dataset, seed=4)]
     assert others != first

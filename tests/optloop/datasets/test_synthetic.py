@@ -34,7 +34,9 @@ def test_every_episode_asks_all_six_tasks_in_both_domains(episodes: list[Episode
     for episode in episodes:
         assert sorted(by_task(episode)) == sorted(MEME_TASKS)
         assert sum(s.kind == "filler" for s in episode.sessions) == 3
-        evidence_sessions = {episode.session_of(t).id for q in episode.questions for t in q.evidence_ids}
+        evidence_sessions = {
+            episode.session_of(t).id for q in episode.questions for t in q.evidence_ids
+        }
         assert all(episode.sessions[int(sid[1:])].kind == "evidence" for sid in evidence_sessions)
         stamps = [s.timestamp for s in episode.sessions]
         assert stamps == sorted(stamps)
@@ -46,12 +48,20 @@ def replay_cascade(episode: Episode) -> tuple[str, str]:
     home: dict[str, str] = {}
     first: str | None = None
     for line in user_lines(episode):
-        if m := re.fullmatch(r"(.+), who lives in (.+), (?:has taken over as lead of project .+|hosts the reunion)\.", line):
+        if m := re.fullmatch(
+            r"(.+), who lives in (.+), (?:has taken over as lead of project .+|hosts the reunion)\.",
+            line,
+        ):
             name = m[1].removeprefix("From now on my cousin ")
             lead, home[name] = name, m[2]
-        elif m := re.fullmatch(r"(?:My aunt )?(.+) is (?:the lead of project|hosting the) .+\.", line):
+        elif m := re.fullmatch(
+            r"(?:My aunt )?(.+) is (?:the lead of project|hosting the) .+\.", line
+        ):
             lead = m[1]
-        elif m := re.fullmatch(r"(?:Big news: |Guess what, )?(.+?) (?:lives in|just moved to|moved to) (.+?)(?: last week)?\.", line):
+        elif m := re.fullmatch(
+            r"(?:Big news: |Guess what, )?(.+?) (?:lives in|just moved to|moved to) (.+?)(?: last week)?\.",
+            line,
+        ):
             home[m[1]] = m[2]
         if first is None and lead in home:
             first = home[lead]
@@ -74,7 +84,11 @@ def test_tracking_gold_is_the_latest_value(episodes: list[Episode]) -> None:
     for episode in episodes:
         question = by_task(episode)["tracking"]
         pattern = r"(?:.*my manager is(?: now)? |.*license plate is(?: now)? )(.+)\."
-        values = [m[1] for line in user_lines(episode) if (m := re.fullmatch(pattern, line, flags=re.IGNORECASE))]
+        values = [
+            m[1]
+            for line in user_lines(episode)
+            if (m := re.fullmatch(pattern, line, flags=re.IGNORECASE))
+        ]
         assert len(values) >= 2
         assert question.gold == values[-1] and question.meta["stale_values"] == values[:-1]
         assert episode.turn(question.evidence_ids[-1]).content.endswith(f"{values[-1]}.")
@@ -87,8 +101,13 @@ def test_deletion_yields_nothing(episodes: list[Episode]) -> None:
         (turn_id,) = question.evidence_ids
         assert "cancelled" in episode.turn(turn_id).content
         deleted = question.meta["stale_values"][0]
-        assert any(deleted in line for line in user_lines(episode))  # it was stated before it was retracted
-        assert score(question, deleted) == 0.0 and score(question, "You don't have one anymore.") == 1.0
+        assert any(
+            deleted in line for line in user_lines(episode)
+        )  # it was stated before it was retracted
+        assert (
+            score(question, deleted) == 0.0
+            and score(question, "You don't have one anymore.") == 1.0
+        )
 
 
 def test_absence_yields_abstention_about_something_never_said(episodes: list[Episode]) -> None:
@@ -141,16 +160,31 @@ def test_suite_covers_every_check_deterministically() -> None:
             assert question.task_type == episode.meta["check"]
             if not question.abstain:
                 support = " ".join(episode.turn(t).content for t in question.evidence_ids)
-                assert score(question, support) == 1.0 or question.forbidden  # the gold is in its evidence
+                assert (
+                    score(question, support) == 1.0 or question.forbidden
+                )  # the gold is in its evidence
     update = checks["update"].questions[0]
     (old_city,) = update.forbidden
-    assert score(update, update.gold) == 1.0 and score(update, f"{update.gold}, before that {old_city}") == 0.0
+    assert (
+        score(update, update.gold) == 1.0
+        and score(update, f"{update.gold}, before that {old_city}") == 0.0
+    )
     forget = checks["forget"].questions[0]
-    assert forget.abstain and score(forget, forget.forbidden[0]) == 0.0 and score(forget, "I don't know it.") == 1.0
-    assert len(checks["cross_session_recall"].sessions) == 2 and len(checks["same_session_recall"].sessions) == 1
+    assert (
+        forget.abstain
+        and score(forget, forget.forbidden[0]) == 0.0
+        and score(forget, "I don't know it.") == 1.0
+    )
+    assert (
+        len(checks["cross_session_recall"].sessions) == 2
+        and len(checks["same_session_recall"].sessions) == 1
+    )
     assert checks["multi_fact"].questions[0].scorer == "contains_all"
     selective = checks["selective_recall"].questions[0]
-    assert score(selective, selective.gold) == 1.0 and score(selective, " ".join([selective.gold, *selective.forbidden])) == 0.0
+    assert (
+        score(selective, selective.gold) == 1.0
+        and score(selective, " ".join([selective.gold, *selective.forbidden])) == 0.0
+    )
 
 
 def test_recall_is_seeded_and_every_gold_is_stated_in_its_evidence_turn():
@@ -165,15 +199,22 @@ def test_recall_is_seeded_and_every_gold_is_stated_in_its_evidence_turn():
         assert [len(s.turns) for s in episode.sessions] == [6, 2]
         for q in episode.questions:
             [evidence] = q.evidence_ids
-            assert turns[evidence].role == "user" and q.gold in turns[evidence].content and q.scorer == "contains"
+            assert (
+                turns[evidence].role == "user"
+                and q.gold in turns[evidence].content
+                and q.scorer == "contains"
+            )
             golds.append(q.gold.lower())
     assert all(a not in b for a in golds for b in golds if a != b)  # no value is part of another
 
 
-@pytest.mark.parametrize("uri, message", [
-    ("synthetic:recall?episodes=0", "expected an integer >= 1"),
-    ("synthetic:recall?fillers=2", r"unknown query parameter \(accepted: episodes, seed\)"),
-])
+@pytest.mark.parametrize(
+    "uri, message",
+    [
+        ("synthetic:recall?episodes=0", "expected an integer >= 1"),
+        ("synthetic:recall?fillers=2", r"unknown query parameter \(accepted: episodes, seed\)"),
+    ],
+)
 def test_recall_refuses_bad_parameters(uri, message):
     with pytest.raises(DatasetError, match=message):
         load_dataset(uri)

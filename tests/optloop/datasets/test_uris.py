@@ -9,7 +9,11 @@ from optloop.errors import DatasetError
 
 
 def test_parse_uri_splits_scheme_rest_and_query() -> None:
-    assert parse_uri("memfail:persona:/d/p.csv?limit=2&questions=1") == ("memfail", "persona:/d/p.csv", {"limit": "2", "questions": "1"})
+    assert parse_uri("memfail:persona:/d/p.csv?limit=2&questions=1") == (
+        "memfail",
+        "persona:/d/p.csv",
+        {"limit": "2", "questions": "1"},
+    )
     assert parse_uri("BUILTIN:tiny") == ("builtin", "tiny", {})
 
 
@@ -24,7 +28,9 @@ def test_limit_offset_and_questions_cut_the_dataset() -> None:
 def test_tasks_keeps_only_those_questions_and_drops_empty_episodes() -> None:
     dataset = load_dataset("synthetic:meme?episodes=2&tasks=cascade,absence")
     assert len(dataset.episodes) == 2
-    assert all({q.task_type for q in e.questions} == {"cascade", "absence"} for e in dataset.episodes)
+    assert all(
+        {q.task_type for q in e.questions} == {"cascade", "absence"} for e in dataset.episodes
+    )
     assert len(load_dataset("builtin:tiny?tasks=multi_session").episodes) == 2
 
 
@@ -33,18 +39,27 @@ def test_tasks_keeps_only_those_questions_and_drops_empty_episodes() -> None:
     [
         ("tiny", r"not a dataset URI"),
         ("hf:foo", r"unknown dataset scheme 'hf' \(one of: builtin, memfail"),
-        ("builtin:tiny?limit=0", r"builtin:tiny\?limit=0: field 'limit': expected an integer >= 1, got '0'"),
+        (
+            "builtin:tiny?limit=0",
+            r"builtin:tiny\?limit=0: field 'limit': expected an integer >= 1, got '0'",
+        ),
         ("builtin:tiny?limit=two", r"field 'limit': expected an integer >= 1"),
         ("builtin:tiny?seed=3", r"field 'seed': unknown query parameter"),
         ("builtin:tiny?limit", r"field 'limit': query parameter needs a value"),
         ("builtin:tiny?tasks=cascade", r"field 'tasks': no questions of task 'cascade'"),
         ("builtin:tiny?offset=99", r"no episodes left"),
-        ("memfail:recall", r"unknown task 'recall' \(choose one of: coexisting, conditional_easy, conditional_hard, "
-                            r"persona, long_hop\)"),
+        (
+            "memfail:recall",
+            r"unknown task 'recall' \(choose one of: coexisting, conditional_easy, conditional_hard, "
+            r"persona, long_hop\)",
+        ),
         ("memfail:persona:/nonexistent/p.csv", r"/nonexistent/p.csv: file not found"),
         ("locomo:", r"locomo: no file given"),
         ("synthetic:chaos", r"unknown generator 'chaos'"),
-        ("synthetic:suite?episodes=3", r"field 'episodes': unknown query parameter \(accepted: seed\)"),
+        (
+            "synthetic:suite?episodes=3",
+            r"field 'episodes': unknown query parameter \(accepted: seed\)",
+        ),
     ],
 )
 def test_bad_uris_fail_with_one_line_dataset_errors(uri: str, pattern: str) -> None:

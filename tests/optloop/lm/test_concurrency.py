@@ -15,7 +15,16 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from optloop.lm import Backend, CallRecord, LMSettings, OptloopLM, Request, collect_calls, current_site, prompt_site
+from optloop.lm import (
+    Backend,
+    CallRecord,
+    LMSettings,
+    OptloopLM,
+    Request,
+    collect_calls,
+    current_site,
+    prompt_site,
+)
 from optloop.loop.cost import site_costs, site_metrics
 from optloop.testing.scripted import InFlight, ScriptedOpenAIServer
 
@@ -35,13 +44,26 @@ class MeetingBackend(Backend):
         self.barrier.wait()  # both callers are inside a call now
         self.sites_seen.append(current_site())
         content = request.messages[-1]["content"]
-        return {"id": "x", "model": "fake", "object": "chat.completion", "created": 0,
-                "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": content}}],
-                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
+        return {
+            "id": "x",
+            "model": "fake",
+            "object": "chat.completion",
+            "created": 0,
+            "choices": [
+                {
+                    "index": 0,
+                    "finish_reason": "stop",
+                    "message": {"role": "assistant", "content": content},
+                }
+            ],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+        }
 
 
 def meeting_lm(parties: int) -> OptloopLM:
-    lm = OptloopLM(LMSettings.from_spec("openai:fake", base_url="http://127.0.0.1:9/v1", cache=False))
+    lm = OptloopLM(
+        LMSettings.from_spec("openai:fake", base_url="http://127.0.0.1:9/v1", cache=False)
+    )
     lm.optloop_engine.backend = MeetingBackend(parties)
     return lm
 
@@ -83,8 +105,13 @@ def test_two_dspy_threads_through_the_engine_keep_their_sites():
         with prompt_site(site), collect_calls() as mine:
             out[site] = (lm(f"q from {site}"), [r.site for r in mine])
 
-    with prompt_site("outer"):  # a worker started under copy_context().run inherits this, then overrides it
-        threads = [threading.Thread(target=contextvars.copy_context().run, args=(work, s)) for s in ("a", "b")]
+    with prompt_site(
+        "outer"
+    ):  # a worker started under copy_context().run inherits this, then overrides it
+        threads = [
+            threading.Thread(target=contextvars.copy_context().run, args=(work, s))
+            for s in ("a", "b")
+        ]
         for thread in threads:
             thread.start()
         for thread in threads:
@@ -107,7 +134,9 @@ def test_two_asyncio_tasks_keep_their_sites():
 
 
 def test_collectors_nest_and_do_not_see_calls_made_before_them():
-    lm = OptloopLM(LMSettings.from_spec("openai:fake", base_url="http://127.0.0.1:9/v1", cache=False))
+    lm = OptloopLM(
+        LMSettings.from_spec("openai:fake", base_url="http://127.0.0.1:9/v1", cache=False)
+    )
 
     class Echo(MeetingBackend):
         def __init__(self):
@@ -194,7 +223,11 @@ def ask(lm: OptloopLM, site: str, prompt: str, wants_json: bool) -> str:
 
 async def ask_async(lm: OptloopLM, site: str, prompt: str, wants_json: bool) -> str:
     with prompt_site(site):
-        fmt = {"type": "json_schema", "json_schema": {"name": "a", "schema": SCHEMA}} if wants_json else None
+        fmt = (
+            {"type": "json_schema", "json_schema": {"name": "a", "schema": SCHEMA}}
+            if wants_json
+            else None
+        )
         out = await lm.acall(messages=[{"role": "user", "content": prompt}], response_format=fmt)
         return out[0]
 
@@ -202,24 +235,51 @@ async def ask_async(lm: OptloopLM, site: str, prompt: str, wants_json: bool) -> 
 def snapshot(lm: OptloopLM, cache_path: Path) -> dict[str, Any]:
     """Everything that must not depend on the concurrency: cache rows, records (as a multiset), totals."""
     rows = sqlite3.connect(cache_path).execute("SELECT key, response FROM responses").fetchall()
-    records = sorted((r.site, r.key, r.cached, r.attempts, r.retries_429, r.prompt_tokens, r.completion_tokens,
-                      r.cost_usd, r.schema, r.error, tuple(r.faults)) for r in lm.accounting.records)
+    records = sorted(
+        (
+            r.site,
+            r.key,
+            r.cached,
+            r.attempts,
+            r.retries_429,
+            r.prompt_tokens,
+            r.completion_tokens,
+            r.cost_usd,
+            r.schema,
+            r.error,
+            tuple(r.faults),
+        )
+        for r in lm.accounting.records
+    )
     timing = {"seconds", "queued_s", "rate_limited_s", "throttled_s"}
 
     def counts(usage: Any) -> dict[str, Any]:
         return {k: v for k, v in usage.as_dict().items() if k not in timing}
 
-    return {"cache": dict(rows), "records": records, "totals": counts(lm.accounting.totals()),
-            "by_site": {site: counts(u) for site, u in lm.accounting.by_site().items()},
-            "cost": site_metrics(site_costs(lm.accounting.by_site()))}
+    return {
+        "cache": dict(rows),
+        "records": records,
+        "totals": counts(lm.accounting.totals()),
+        "by_site": {site: counts(u) for site, u in lm.accounting.by_site().items()},
+        "cost": site_metrics(site_costs(lm.accounting.by_site())),
+    }
 
 
 def fresh_lm(url: str, cache_path: Path, concurrency: int) -> OptloopLM:
-    return OptloopLM(LMSettings.from_spec("openai:gpt-4o-mini", base_url=url, cache_path=cache_path,
-                                          concurrency=concurrency, max_retries=0))
+    return OptloopLM(
+        LMSettings.from_spec(
+            "openai:gpt-4o-mini",
+            base_url=url,
+            cache_path=cache_path,
+            concurrency=concurrency,
+            max_retries=0,
+        )
+    )
 
 
-def run_threads(server: AnsweringEndpoint, cache_path: Path, threads: int) -> tuple[list[str], dict[str, Any], int]:
+def run_threads(
+    server: AnsweringEndpoint, cache_path: Path, threads: int
+) -> tuple[list[str], dict[str, Any], int]:
     server.reset()
     lm = fresh_lm(server.base_url, cache_path, concurrency=max(threads, 1))
     if threads == 1:
@@ -236,14 +296,23 @@ def test_sixteen_threads_leave_the_same_cache_records_and_totals_as_one(tmp_path
         parallel = run_threads(server, tmp_path / "parallel.sqlite", 16)
     assert parallel[0] == serial[0]  # the same answers, in the order asked
     assert parallel[1] == serial[1]
-    assert serial[2] == parallel[2] == 96  # 48 distinct calls, each refused once: duplicates never reach the model
+    assert (
+        serial[2] == parallel[2] == 96
+    )  # 48 distinct calls, each refused once: duplicates never reach the model
     totals = serial[1]["totals"]
-    assert (totals["calls"], totals["model_calls"], totals["cache_hits"], totals["retries_429"]) == (96, 48, 48, 48)
+    assert (
+        totals["calls"],
+        totals["model_calls"],
+        totals["cache_hits"],
+        totals["retries_429"],
+    ) == (96, 48, 48, 48)
     assert totals["cost_usd"] > 0 and set(serial[1]["by_site"]) == set(SITES)
 
 
 def test_asyncio_tasks_leave_the_same_cache_records_and_totals_as_one_task(tmp_path):
-    def run(server: AnsweringEndpoint, name: str, together: bool) -> tuple[list[str], dict[str, Any]]:
+    def run(
+        server: AnsweringEndpoint, name: str, together: bool
+    ) -> tuple[list[str], dict[str, Any]]:
         server.reset()
         lm = fresh_lm(server.base_url, tmp_path / f"{name}.sqlite", concurrency=16)
 
@@ -257,14 +326,19 @@ def test_asyncio_tasks_leave_the_same_cache_records_and_totals_as_one_task(tmp_p
     with AnsweringEndpoint() as server:
         one_by_one, gathered = run(server, "serial", False), run(server, "gathered", True)
     assert gathered == one_by_one
-    assert one_by_one[1]["totals"]["model_calls"] == 48 and one_by_one[1]["totals"]["retries_429"] == 48
+    assert (
+        one_by_one[1]["totals"]["model_calls"] == 48
+        and one_by_one[1]["totals"]["retries_429"] == 48
+    )
 
 
 def test_async_calls_are_not_capped_by_asyncios_default_thread_pool():
     """asyncio.to_thread would run 6 calls at a time on a 2-core machine; the engine's own pool runs --concurrency."""
     slow = InFlight(0.3)
     with ScriptedOpenAIServer([("respond", slow)]) as server:
-        lm = OptloopLM(LMSettings.from_spec("openai:m", base_url=server.base_url, cache=False, concurrency=12))
+        lm = OptloopLM(
+            LMSettings.from_spec("openai:m", base_url=server.base_url, cache=False, concurrency=12)
+        )
 
         async def main() -> None:
             await asyncio.gather(*(lm.acall(f"q{i}") for i in range(24)))

@@ -6,12 +6,19 @@ import asyncio
 import random
 import threading
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 
 import pytest
 
-from optloop.lm.limits import Backoff, Throttle, TokenBucket, estimate_tokens, parse_retry_after, shared_throttle
+from optloop.lm.limits import (
+    Backoff,
+    Throttle,
+    TokenBucket,
+    estimate_tokens,
+    parse_retry_after,
+    shared_throttle,
+)
 
 
 class FakeClock:
@@ -26,7 +33,11 @@ def test_a_bucket_serves_its_burst_then_one_share_of_the_rate_per_caller_in_orde
     clock = FakeClock()
     bucket = TokenBucket(rate=2.0, capacity=2.0, clock=clock)  # 120 per minute
     assert [bucket.reserve(1) for _ in range(2)] == [0.0, 0.0]  # the burst
-    assert [bucket.reserve(1) for _ in range(3)] == [0.5, 1.0, 1.5]  # then queued at the rate, in order
+    assert [bucket.reserve(1) for _ in range(3)] == [
+        0.5,
+        1.0,
+        1.5,
+    ]  # then queued at the rate, in order
     clock.now = 10.0  # idle for long: refills to capacity, no more
     assert [bucket.reserve(1) for _ in range(3)] == [0.0, 0.0, 0.5]
 
@@ -123,19 +134,25 @@ def test_token_estimates_count_prompt_characters_and_the_answer_budget():
     assert estimate_tokens(messages, {"type": "object"}, 100) > 120
 
 
-NOW = datetime(2025, 1, 1, 12, 0, 0, tzinfo=timezone.utc)
+NOW = datetime(2025, 1, 1, 12, 0, 0, tzinfo=UTC)
 
 
-@pytest.mark.parametrize(("headers", "seconds"), [
-    ({"Retry-After": "7"}, 7.0),
-    ({"retry-after": "1.5"}, 1.5),  # not in the RFC, but sent by some servers
-    ({"Retry-After": format_datetime(NOW + timedelta(seconds=30), usegmt=True)}, 30.0),
-    ({"Retry-After": format_datetime(NOW - timedelta(seconds=30), usegmt=True)}, 0.0),  # a date gone by
-    ({"retry-after-ms": "250", "retry-after": "9"}, 0.25),  # OpenAI's precise header wins
-    ({"Retry-After": "soon"}, None),
-    ({"Retry-After": "-3"}, None),
-    ({}, None),
-])
+@pytest.mark.parametrize(
+    ("headers", "seconds"),
+    [
+        ({"Retry-After": "7"}, 7.0),
+        ({"retry-after": "1.5"}, 1.5),  # not in the RFC, but sent by some servers
+        ({"Retry-After": format_datetime(NOW + timedelta(seconds=30), usegmt=True)}, 30.0),
+        (
+            {"Retry-After": format_datetime(NOW - timedelta(seconds=30), usegmt=True)},
+            0.0,
+        ),  # a date gone by
+        ({"retry-after-ms": "250", "retry-after": "9"}, 0.25),  # OpenAI's precise header wins
+        ({"Retry-After": "soon"}, None),
+        ({"Retry-After": "-3"}, None),
+        ({}, None),
+    ],
+)
 def test_retry_after_is_read_as_seconds_or_an_http_date(headers, seconds):
     assert parse_retry_after(headers, now=NOW) == seconds
 
@@ -144,9 +161,23 @@ def test_backoff_honours_retry_after_with_a_little_jitter_and_is_exponential_wit
     backoff = Backoff(random.Random(1))
     waits = [backoff.rate_limited(1, 4.0) for _ in range(50)]
     assert all(4.0 <= w <= 4.4 for w in waits) and len(set(waits)) > 1
-    assert {backoff.rate_limited(n, 0.0) for n in range(1, 6)} == {0.0}  # "now" is taken at its word, 5 times
-    assert max(backoff.rate_limited(12, 0.0) for _ in range(50)) > 8  # then the call backs off anyway
-    assert all(0 <= backoff.rate_limited(n, None) <= min(60, 2 ** (n - 1)) for n in range(1, 10) for _ in range(20))
+    assert {backoff.rate_limited(n, 0.0) for n in range(1, 6)} == {
+        0.0
+    }  # "now" is taken at its word, 5 times
+    assert (
+        max(backoff.rate_limited(12, 0.0) for _ in range(50)) > 8
+    )  # then the call backs off anyway
+    assert all(
+        0 <= backoff.rate_limited(n, None) <= min(60, 2 ** (n - 1))
+        for n in range(1, 10)
+        for _ in range(20)
+    )
     assert max(backoff.rate_limited(8, None) for _ in range(50)) > 8  # it grows
-    assert all(0 <= backoff.fault(n, None) <= min(8, 0.5 * 2 ** (n - 1)) for n in range(1, 8) for _ in range(20))
-    assert backoff.fault(1, 3.0) == 3.0 and backoff.fault(1, 600.0) == 60.0  # a 503's Retry-After, capped
+    assert all(
+        0 <= backoff.fault(n, None) <= min(8, 0.5 * 2 ** (n - 1))
+        for n in range(1, 8)
+        for _ in range(20)
+    )
+    assert (
+        backoff.fault(1, 3.0) == 3.0 and backoff.fault(1, 600.0) == 60.0
+    )  # a 503's Retry-After, capped

@@ -73,7 +73,10 @@ def test_spec_from_environment_and_base_url(monkeypatch):
 
 def test_flag_overrides_environment_base_url(monkeypatch):
     monkeypatch.setenv("OPENAI_BASE_URL", "http://env:1/v1")
-    assert LMSettings.from_spec("openai:m", base_url="http://flag:2/v1").base_url == "http://flag:2/v1"
+    assert (
+        LMSettings.from_spec("openai:m", base_url="http://flag:2/v1").base_url
+        == "http://flag:2/v1"
+    )
 
 
 @pytest.mark.parametrize(
@@ -107,8 +110,9 @@ def test_openai_without_key_or_base_url_says_what_to_set():
 def test_every_way_to_ask_for_json_normalizes_to_a_schema():
     schema = City.model_json_schema()
     assert response_format_to_schema(City) == (schema, True)
-    assert response_format_to_schema({"type": "json_schema", "json_schema": {"name": "c", "schema": schema}}) == (
-        schema, True)
+    assert response_format_to_schema(
+        {"type": "json_schema", "json_schema": {"name": "c", "schema": schema}}
+    ) == (schema, True)
     assert response_format_to_schema({"type": "json_object", "schema": schema}) == (schema, True)
     assert response_format_to_schema({"type": "json_object"}) == (None, True)
     assert response_format_to_schema(None) == (None, False)
@@ -120,11 +124,20 @@ def test_every_way_to_ask_for_json_normalizes_to_a_schema():
 
 
 def test_cache_key_depends_on_every_input_that_changes_the_answer():
-    base = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "schema": None, "temperature": 0.0}
+    base = {
+        "model": "m",
+        "messages": [{"role": "user", "content": "hi"}],
+        "schema": None,
+        "temperature": 0.0,
+    }
     key = LMCache.key(base)
     assert key == LMCache.key(dict(reversed(list(base.items()))))  # order-insensitive
-    for change in ({"model": "m2"}, {"messages": [{"role": "user", "content": "ho"}]},
-                   {"schema": {"type": "object"}}, {"temperature": 0.7}):
+    for change in (
+        {"model": "m2"},
+        {"messages": [{"role": "user", "content": "ho"}]},
+        {"schema": {"type": "object"}},
+        {"temperature": 0.7},
+    ):
         assert LMCache.key({**base, **change}) != key
 
 
@@ -150,7 +163,9 @@ def test_accounting_totals_by_site_and_since_mark():
         mark = acc.mark()
         acc.add(CallRecord("a", "m", 10, 5, 0.1, cached=True))
         acc.add(CallRecord("b", "m", 3, 2, 0.5, cached=False, attempts=3))
-    assert acc.totals().calls == 3 and acc.totals().model_calls == 2 and acc.totals().cache_hits == 1
+    assert (
+        acc.totals().calls == 3 and acc.totals().model_calls == 2 and acc.totals().cache_hits == 1
+    )
     assert acc.totals().tokens == 20  # cached calls spend no tokens
     assert acc.totals(since=mark).calls == 2 and acc.totals("b").retries == 2
     assert set(acc.by_site()) == {"a", "b"} and len(seen) == 3
@@ -184,17 +199,30 @@ def test_remote_call_sends_the_schema_and_is_accounted_to_the_site():
     assert sent["response_format"]["type"] == "json_schema"
     assert sent["response_format"]["json_schema"]["schema"]["required"] == ["name", "population"]
     record = lm.accounting.records[0]
-    assert (record.site, record.prompt_tokens, record.completion_tokens, record.cached) == ("answer", 7, 3, False)
+    assert (record.site, record.prompt_tokens, record.completion_tokens, record.cached) == (
+        "answer",
+        7,
+        3,
+        False,
+    )
 
 
 def test_json_object_schema_mode_for_llama_cpp_servers():
     with ScriptedOpenAIServer([("ok", '{"name": "x", "population": 1}')]) as server:
         _remote(server.base_url, schema_mode="json_object").json("q", City)
-    assert server.requests[0]["body"]["response_format"] == {"type": "json_object", "schema": City.model_json_schema()}
+    assert server.requests[0]["body"]["response_format"] == {
+        "type": "json_object",
+        "schema": City.model_json_schema(),
+    }
 
 
 def test_transient_5xx_and_non_json_bodies_are_retried_then_succeed():
-    script = [("status", 503), ("ok", "not json {"), ("status", 500), ("ok", '{"name": "y", "population": 2}')]
+    script = [
+        ("status", 503),
+        ("ok", "not json {"),
+        ("status", 500),
+        ("ok", '{"name": "y", "population": 2}'),
+    ]
     with ScriptedOpenAIServer(script) as server:
         lm = _remote(server.base_url, max_retries=3)
         assert lm.json("q", City)["name"] == "y"
@@ -280,13 +308,29 @@ def test_an_endpoint_that_never_answers_fails_within_the_timeout():
 def test_cli_with_unreachable_endpoint_prints_one_line_and_exits_75():
     url = closed_port_url()
     proc = subprocess.run(
-        [sys.executable, "-m", "optloop.doctor", "--lm", "openai:some-model", "--lm-base-url", url,
-         "--lm-timeout", "3", "--lm-retries", "1"],
-        capture_output=True, text=True, cwd=REPO, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "optloop.doctor",
+            "--lm",
+            "openai:some-model",
+            "--lm-base-url",
+            url,
+            "--lm-timeout",
+            "3",
+            "--lm-retries",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
     )
     assert proc.returncode == 75  # endpoint unavailable (EX_TEMPFAIL), not bad input
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert lines == [line for line in lines if line.startswith("optloop: error:")] and len(lines) == 1, proc.stderr
+    assert (
+        lines == [line for line in lines if line.startswith("optloop: error:")] and len(lines) == 1
+    ), proc.stderr
     assert url in lines[0] and "Traceback" not in proc.stderr
 
 
@@ -299,7 +343,10 @@ def test_dspy_sees_an_lm_that_supports_response_schemas():
             result = dspy.Predict("question -> answer")(question="Capital of France?")
     assert result.answer == "Paris"
     fmt = server.requests[0]["body"]["response_format"]
-    assert fmt["type"] == "json_schema" and fmt["json_schema"]["schema"]["properties"]["answer"]["type"] == "string"
+    assert (
+        fmt["type"] == "json_schema"
+        and fmt["json_schema"]["schema"]["properties"]["answer"]["type"] == "string"
+    )
     assert json.loads(json.dumps(lm.dump_state()))["settings"]["backend"] == "openai"
 
 
@@ -315,29 +362,42 @@ def test_cache_file_is_sqlite_under_the_state_dir(isolated_state):
 def test_bound_schema_only_tightens_unbounded_strings_and_arrays():
     from optloop.lm import bound_schema
 
-    schema = {"type": "object", "properties": {
-        "type": {"type": "string"},  # a property named "type" is still just a property
-        "tags": {"type": "array", "items": {"type": "string"}},
-        "kind": {"type": "string", "enum": ["a", "b"]},
-        "short": {"type": "string", "maxLength": 5},
-        "nick": {"anyOf": [{"type": "string"}, {"type": "null"}]},
-        "few": {"type": "array", "minItems": 20, "items": {"$ref": "#/$defs/X"}}},
-        "$defs": {"X": {"type": "object", "properties": {"v": {"type": "string"}}}}}
+    schema = {
+        "type": "object",
+        "properties": {
+            "type": {"type": "string"},  # a property named "type" is still just a property
+            "tags": {"type": "array", "items": {"type": "string"}},
+            "kind": {"type": "string", "enum": ["a", "b"]},
+            "short": {"type": "string", "maxLength": 5},
+            "nick": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+            "few": {"type": "array", "minItems": 20, "items": {"$ref": "#/$defs/X"}},
+        },
+        "$defs": {"X": {"type": "object", "properties": {"v": {"type": "string"}}}},
+    }
     bounded = bound_schema(schema, max_chars=50, max_items=4)
     props = bounded["properties"]
     assert props["type"]["maxLength"] == 50 and props["tags"]["maxItems"] == 4
     assert props["tags"]["items"]["maxLength"] == 50 and "maxLength" not in props["kind"]
     assert props["short"]["maxLength"] == 5 and props["nick"]["anyOf"][0]["maxLength"] == 50
-    assert props["few"]["maxItems"] == 20 and bounded["$defs"]["X"]["properties"]["v"]["maxLength"] == 50
+    assert (
+        props["few"]["maxItems"] == 20
+        and bounded["$defs"]["X"]["properties"]["v"]["maxLength"] == 50
+    )
     assert "maxLength" not in schema["properties"]["type"]  # the input is not modified
 
 
 def test_raw_control_characters_in_json_strings_are_escaped_not_failed():
     from optloop.lm import _check_json
 
-    response = {"choices": [{"message": {"content": '{"answer": "line one\nline two"}'}, "finish_reason": "stop"}]}
+    response = {
+        "choices": [
+            {"message": {"content": '{"answer": "line one\nline two"}'}, "finish_reason": "stop"}
+        ]
+    }
     _check_json(response)
-    assert json.loads(response["choices"][0]["message"]["content"]) == {"answer": "line one\nline two"}
+    assert json.loads(response["choices"][0]["message"]["content"]) == {
+        "answer": "line one\nline two"
+    }
 
 
 class _RamblingLlama:
@@ -350,13 +410,31 @@ class _RamblingLlama:
     def create_chat_completion(self, **kwargs):
         self.calls.append(kwargs)
         if "response_format" not in kwargs:  # plain text
-            return {"choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "hi"}}],
-                    "usage": {"prompt_tokens": 10, "completion_tokens": 1, "total_tokens": 11}}
+            return {
+                "choices": [
+                    {
+                        "index": 0,
+                        "finish_reason": "stop",
+                        "message": {"role": "assistant", "content": "hi"},
+                    }
+                ],
+                "usage": {"prompt_tokens": 10, "completion_tokens": 1, "total_tokens": 11},
+            }
         items = kwargs["response_format"]["schema"]["properties"]["facts"]["maxItems"]
         done = items <= self.closes_at
-        return {"choices": [{"index": 0, "finish_reason": "stop" if done else "length",
-                             "message": {"role": "assistant", "content": '{"facts": ["a"]}' if done else '{"facts": ["a'}}],
-                "usage": {"prompt_tokens": 100, "completion_tokens": 7, "total_tokens": 107}}
+        return {
+            "choices": [
+                {
+                    "index": 0,
+                    "finish_reason": "stop" if done else "length",
+                    "message": {
+                        "role": "assistant",
+                        "content": '{"facts": ["a"]}' if done else '{"facts": ["a',
+                    },
+                }
+            ],
+            "usage": {"prompt_tokens": 100, "completion_tokens": 7, "total_tokens": 107},
+        }
 
 
 def _local_with(monkeypatch, tmp_path, llama) -> OptloopLM:
@@ -373,22 +451,34 @@ def _local_with(monkeypatch, tmp_path, llama) -> OptloopLM:
 FACTS = {"type": "object", "properties": {"facts": {"type": "array", "items": {"type": "string"}}}}
 
 
-@pytest.mark.parametrize("closes_at, bounds", [(16, [(16, 400)]), (4, [(16, 400), (4, 100)]),
-                                               (1, [(16, 400), (4, 100), (1, 25)])])
+@pytest.mark.parametrize(
+    "closes_at, bounds",
+    [(16, [(16, 400)]), (4, [(16, 400), (4, 100)]), (1, [(16, 400), (4, 100), (1, 25)])],
+)
 def test_a_truncated_local_answer_is_asked_again_under_tighter_bounds_at_the_same_budget(
-        monkeypatch, tmp_path, closes_at, bounds):
+    monkeypatch, tmp_path, closes_at, bounds
+):
     llama = _RamblingLlama(closes_at)
     lm = _local_with(monkeypatch, tmp_path, llama)
     assert lm.json("list the facts", FACTS) == {"facts": ["a"]}
-    seen = [(c["response_format"]["schema"]["properties"]["facts"]["maxItems"],
-             c["response_format"]["schema"]["properties"]["facts"]["items"]["maxLength"]) for c in llama.calls]
+    seen = [
+        (
+            c["response_format"]["schema"]["properties"]["facts"]["maxItems"],
+            c["response_format"]["schema"]["properties"]["facts"]["items"]["maxLength"],
+        )
+        for c in llama.calls
+    ]
     assert seen == bounds
     assert {c["max_tokens"] for c in llama.calls} == {512}  # the budget never grows
     record = lm.accounting.records[-1]
-    assert record.attempts == 1 and record.completion_tokens == 7 * len(bounds)  # every try is paid for
+    assert record.attempts == 1 and record.completion_tokens == 7 * len(
+        bounds
+    )  # every try is paid for
 
 
-def test_a_cached_local_json_answer_is_not_served_under_other_decoding_bounds(monkeypatch, tmp_path):
+def test_a_cached_local_json_answer_is_not_served_under_other_decoding_bounds(
+    monkeypatch, tmp_path
+):
     import threading
 
     from optloop.lm import LocalLlamaBackend
@@ -399,7 +489,9 @@ def test_a_cached_local_json_answer_is_not_served_under_other_decoding_bounds(mo
     monkeypatch.setattr(LocalLlamaBackend, "_model", lambda self: (llama, threading.Lock()))
 
     def lm(**bounds) -> OptloopLM:
-        return OptloopLM(LMSettings.from_spec(f"local:{model}", cache_path=tmp_path / "cache.sqlite", **bounds))
+        return OptloopLM(
+            LMSettings.from_spec(f"local:{model}", cache_path=tmp_path / "cache.sqlite", **bounds)
+        )
 
     lm().json("list the facts", FACTS)
     lm().json("list the facts", FACTS)  # same bounds: the cache answers
@@ -412,7 +504,9 @@ def test_a_cached_local_json_answer_is_not_served_under_other_decoding_bounds(mo
     assert len(llama.calls) == 3
 
 
-def test_a_local_answer_that_never_closes_fails_after_three_tries_of_max_tokens(monkeypatch, tmp_path):
+def test_a_local_answer_that_never_closes_fails_after_three_tries_of_max_tokens(
+    monkeypatch, tmp_path
+):
     llama = _RamblingLlama(closes_at=0)
     lm = _local_with(monkeypatch, tmp_path, llama)
     with pytest.raises(LMError, match="truncated at max_tokens"):
@@ -423,8 +517,18 @@ def test_a_local_answer_that_never_closes_fails_after_three_tries_of_max_tokens(
 
 def test_a_truncated_local_answer_without_a_schema_is_not_asked_again(monkeypatch, tmp_path):
     llama = _RamblingLlama(closes_at=0)
-    llama.create_chat_completion = lambda **kw: (llama.calls.append(kw), {
-        "choices": [{"index": 0, "finish_reason": "length", "message": {"role": "assistant", "content": "a b c"}}],
-        "usage": {"prompt_tokens": 1, "completion_tokens": 512, "total_tokens": 513}})[1]
+    llama.create_chat_completion = lambda **kw: (
+        llama.calls.append(kw),
+        {
+            "choices": [
+                {
+                    "index": 0,
+                    "finish_reason": "length",
+                    "message": {"role": "assistant", "content": "a b c"},
+                }
+            ],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 512, "total_tokens": 513},
+        },
+    )[1]
     lm = _local_with(monkeypatch, tmp_path, llama)
     assert lm.text("ramble") == "a b c" and len(llama.calls) == 1

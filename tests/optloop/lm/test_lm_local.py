@@ -102,27 +102,67 @@ CASES = [
     (Sentiment, {"text": "I love this new phone, it is fantastic."}, {"label": str}),
     (Sentiment, {"text": "The delivery was late and the box was broken."}, {"label": str}),
     (Sentiment, {"text": "The meeting is at 3pm."}, {"label": str}),
-    (Keywords, {"text": "Alice adopted a golden retriever named Max in Denver."}, {"keywords": list}),
-    (Keywords, {"text": "Quarterly revenue grew 12 percent thanks to cloud sales."}, {"keywords": list}),
+    (
+        Keywords,
+        {"text": "Alice adopted a golden retriever named Max in Denver."},
+        {"keywords": list},
+    ),
+    (
+        Keywords,
+        {"text": "Quarterly revenue grew 12 percent thanks to cloud sales."},
+        {"keywords": list},
+    ),
     (ExtractPerson, {"text": "Maria is 34 years old and lives in Porto."}, {"person": Person}),
     (ExtractPerson, {"text": "Kenji, aged 51, moved to Osaka last spring."}, {"person": Person}),
-    (ExtractPerson, {"text": "My neighbour Tom turned 8 yesterday; we live in Leeds."}, {"person": Person}),
-    (ExtractFacts, {"text": "I work at Acme as a chemist. My wife Ana teaches piano."}, {"facts": list}),
-    (ExtractFacts, {"text": "My favourite color is green and I was born in 1990."}, {"facts": list}),
-    (ExtractFacts, {"text": "Bob's car is a red Volvo. Bob's dog is called Rex."}, {"facts": list}),
+    (
+        ExtractPerson,
+        {"text": "My neighbour Tom turned 8 yesterday; we live in Leeds."},
+        {"person": Person},
+    ),
+    (
+        ExtractFacts,
+        {"text": "I work at Acme as a chemist. My wife Ana teaches piano."},
+        {"facts": list},
+    ),
+    (
+        ExtractFacts,
+        {"text": "My favourite color is green and I was born in 1990."},
+        {"facts": list},
+    ),
+    (
+        ExtractFacts,
+        {"text": "Bob's car is a red Volvo. Bob's dog is called Rex."},
+        {"facts": list},
+    ),
     (YesNo, {"question": "Is Paris the capital of France?"}, {"answer": bool}),
     (YesNo, {"question": "Is the sun cold?"}, {"answer": bool}),
     (CountItems, {"text": "I bought apples, pears and plums."}, {"count": int}),
     (CountItems, {"text": "Two cats, one dog."}, {"count": int}),
-    (Triage, {"ticket": "Login page crashes on Safari since the last release."},
-     {"title": str, "tags": list, "priority": str, "confidence": float}),
-    (Triage, {"ticket": "Please change the footer color to blue."},
-     {"title": str, "tags": list, "priority": str, "confidence": float}),
-    (ExtractEvent, {"message": "Team lunch on 2024-05-02 with Sam and Priya, organized by Robert (Bobby)."},
-     {"event": Event}),
-    (ExtractEvent, {"message": "Board meeting Friday 10 March; attendees: Lee, Ortiz."}, {"event": Event}),
-    (ExtractEvent, {"message": "Birthday party for Zoe on June 3rd, everyone from class 4B invited."},
-     {"event": Event}),
+    (
+        Triage,
+        {"ticket": "Login page crashes on Safari since the last release."},
+        {"title": str, "tags": list, "priority": str, "confidence": float},
+    ),
+    (
+        Triage,
+        {"ticket": "Please change the footer color to blue."},
+        {"title": str, "tags": list, "priority": str, "confidence": float},
+    ),
+    (
+        ExtractEvent,
+        {"message": "Team lunch on 2024-05-02 with Sam and Priya, organized by Robert (Bobby)."},
+        {"event": Event},
+    ),
+    (
+        ExtractEvent,
+        {"message": "Board meeting Friday 10 March; attendees: Lee, Ortiz."},
+        {"event": Event},
+    ),
+    (
+        ExtractEvent,
+        {"message": "Birthday party for Zoe on June 3rd, everyone from class 4B invited."},
+        {"event": Event},
+    ),
     (Keywords, {"text": "The hiking trail near Lake Tahoe closes in winter."}, {"keywords": list}),
     (CountItems, {"text": "She speaks English, French, German and Italian."}, {"count": int}),
 ]
@@ -164,11 +204,24 @@ def test_varied_schema_constrained_calls_never_fail_to_parse(local_lm):
 
 
 def test_library_style_response_formats_are_constrained_too(local_lm):
-    schema = {"type": "object", "properties": {"memory": {"type": "array", "items": {
-        "type": "object", "properties": {"id": {"type": "string"}, "text": {"type": "string"}},
-        "required": ["id", "text"]}}}, "required": ["memory"]}
-    messages = [{"role": "system", "content": "Extract memories as JSON."},
-                {"role": "user", "content": "I am vegetarian and I live in Oslo."}]
+    schema = {
+        "type": "object",
+        "properties": {
+            "memory": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {"id": {"type": "string"}, "text": {"type": "string"}},
+                    "required": ["id", "text"],
+                },
+            }
+        },
+        "required": ["memory"],
+    }
+    messages = [
+        {"role": "system", "content": "Extract memories as JSON."},
+        {"role": "user", "content": "I am vegetarian and I live in Oslo."},
+    ]
     out = local_lm.json(messages, schema)
     assert isinstance(out["memory"], list) and all({"id", "text"} <= set(m) for m in out["memory"])
     plain_json = local_lm.text(messages, response_format={"type": "json_object"})
@@ -207,8 +260,14 @@ def test_cache_survives_a_process_restart(tmp_path):
     cache = str(tmp_path / "cache.sqlite")
 
     def run() -> dict:
-        proc = subprocess.run([sys.executable, "-c", script, cache], capture_output=True, text=True, cwd=REPO,
-                              timeout=300, check=True)
+        proc = subprocess.run(
+            [sys.executable, "-c", script, cache],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            timeout=300,
+            check=True,
+        )
         return json.loads(proc.stdout.strip().splitlines()[-1])
 
     first, second = run(), run()

@@ -41,10 +41,22 @@ HOLDER = textwrap.dedent("""
 """)
 
 
-def holder(tmp_path: Path, name: str, *, slots: int, hold_s: float) -> tuple[subprocess.Popen, Path]:
+def holder(
+    tmp_path: Path, name: str, *, slots: int, hold_s: float
+) -> tuple[subprocess.Popen, Path]:
     out = tmp_path / f"{name}.json"
-    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(MACHINE), str(tmp_path / "locks"), str(slots),
-                             str(hold_s), str(out)])
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            HOLDER,
+            str(MACHINE),
+            str(tmp_path / "locks"),
+            str(slots),
+            str(hold_s),
+            str(out),
+        ]
+    )
     return proc, out
 
 
@@ -82,14 +94,20 @@ def test_a_killed_holder_frees_its_slot(tmp_path):
     assert wait_for(first_out.with_suffix(".held"))
     second, second_out = holder(tmp_path, "second", slots=1, hold_s=0)
     time.sleep(0.5)
-    assert second.poll() is None and not second_out.with_suffix(".held").exists()  # waiting for the slot
+    assert (
+        second.poll() is None and not second_out.with_suffix(".held").exists()
+    )  # waiting for the slot
     first.send_signal(signal.SIGKILL)
     first.wait(30)
     assert second.wait(30) == 0 and json.loads(second_out.read_text())["waited"] > 0.1
 
 
 def test_threads_share_the_machine_out_over_the_slots(monkeypatch):
-    assert threads_per_slot(1, cpus=2) == 2 and threads_per_slot(2, cpus=2) == 1 and threads_per_slot(4, cpus=2) == 1
+    assert (
+        threads_per_slot(1, cpus=2) == 2
+        and threads_per_slot(2, cpus=2) == 1
+        and threads_per_slot(4, cpus=2) == 1
+    )
     assert threads_per_slot(2, cpus=16) == 8
     monkeypatch.setenv("OPTLOOP_LLAMA_SLOTS", "3")
     assert llama_slots() == 3
@@ -102,15 +120,25 @@ def test_threads_share_the_machine_out_over_the_slots(monkeypatch):
 def test_the_lock_directory_is_machine_wide_unless_set(monkeypatch, tmp_path):
     monkeypatch.delenv("OPTLOOP_LOCK_DIR", raising=False)
     assert str(os.getuid()) in lock_dir().name and "OPTLOOP_HOME" not in str(lock_dir())
-    assert not lock_dir().is_relative_to(Path(os.environ["OPTLOOP_HOME"]))  # separate homes still share it
+    assert not lock_dir().is_relative_to(
+        Path(os.environ["OPTLOOP_HOME"])
+    )  # separate homes still share it
     monkeypatch.setenv("OPTLOOP_LOCK_DIR", str(tmp_path / "l"))
     assert lock_dir() == tmp_path / "l"
 
 
 class _InstantLlama:
     def create_chat_completion(self, **kwargs: Any) -> dict[str, Any]:
-        return {"choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "hi"}}],
-                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
+        return {
+            "choices": [
+                {
+                    "index": 0,
+                    "finish_reason": "stop",
+                    "message": {"role": "assistant", "content": "hi"},
+                }
+            ],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+        }
 
 
 def test_a_local_model_call_waits_for_the_machine_slot_and_says_how_long(monkeypatch, tmp_path):
@@ -119,11 +147,15 @@ def test_a_local_model_call_waits_for_the_machine_slot_and_says_how_long(monkeyp
     monkeypatch.setenv("OPTLOOP_LOCK_DIR", str(tmp_path / "locks"))
     model = tmp_path / "fake.gguf"
     model.write_bytes(b"gguf")
-    monkeypatch.setattr(LocalLlamaBackend, "_model", lambda self: (_InstantLlama(), threading.Lock()))
+    monkeypatch.setattr(
+        LocalLlamaBackend, "_model", lambda self: (_InstantLlama(), threading.Lock())
+    )
     lm = OptloopLM(LMSettings.from_spec(f"local:{model}", cache=False))
     assert lm.backend.n_threads == threads_per_slot()
     done = threading.Event()
-    with MachineSlots("llama", 1, tmp_path / "locks").hold():  # another process's model call, in effect
+    with MachineSlots(
+        "llama", 1, tmp_path / "locks"
+    ).hold():  # another process's model call, in effect
         worker = threading.Thread(target=lambda: (lm.text("q"), done.set()))
         worker.start()
         assert not done.wait(0.5)  # blocked on the slot

@@ -17,7 +17,9 @@ from optloop.testing.scripted import InFlight, ScriptedOpenAIServer
 
 
 def remote(url: str, **overrides) -> OptloopLM:
-    return OptloopLM(LMSettings.from_spec("openai:test-model", base_url=url, cache=False, **overrides))
+    return OptloopLM(
+        LMSettings.from_spec("openai:test-model", base_url=url, cache=False, **overrides)
+    )
 
 
 def limited(retry_after: str | None = None) -> tuple[str, tuple]:
@@ -32,7 +34,9 @@ def test_a_429_waits_the_seconds_retry_after_asks_and_is_not_a_fault():
             assert lm.text("q") == "fine"
         elapsed = time.perf_counter() - started
     gap = server.requests[1]["at"] - server.requests[0]["at"]
-    assert 1.0 <= gap <= 1.0 + 1.1 and elapsed >= 1.0  # Retry-After plus at most 10% (<= 1 s) of jitter
+    assert (
+        1.0 <= gap <= 1.0 + 1.1 and elapsed >= 1.0
+    )  # Retry-After plus at most 10% (<= 1 s) of jitter
     (record,) = lm.accounting.records
     assert (record.attempts, record.retries_429, record.faults, record.error) == (2, 1, [], None)
     assert record.rate_limited_s >= 1.0 and record.site == "answer"
@@ -42,7 +46,10 @@ def test_a_429_waits_the_seconds_retry_after_asks_and_is_not_a_fault():
 
 def test_a_429_honours_retry_after_given_as_an_http_date():
     # An HTTP date has whole seconds: two seconds ahead is between one and two seconds away.
-    script = [("respond", lambda body: limited(formatdate(time.time() + 2, usegmt=True))), ("ok", "fine")]
+    script = [
+        ("respond", lambda body: limited(formatdate(time.time() + 2, usegmt=True))),
+        ("ok", "fine"),
+    ]
     with ScriptedOpenAIServer(script) as server:
         lm = remote(server.base_url)
         assert lm.text("q") == "fine"
@@ -74,7 +81,14 @@ def test_an_endpoint_that_always_says_retry_now_is_not_hammered():
 
 
 def test_429s_and_faults_have_separate_budgets():
-    script = [limited("0"), ("status", 503), limited("0"), limited("0"), ("status", 500), ("ok", "ok")]
+    script = [
+        limited("0"),
+        ("status", 503),
+        limited("0"),
+        limited("0"),
+        ("status", 500),
+        ("ok", "ok"),
+    ]
     with ScriptedOpenAIServer(script) as server:
         lm = remote(server.base_url, max_retries=2)
         assert lm.text("q") == "ok"
@@ -96,7 +110,11 @@ def test_a_rate_limit_that_outlasts_the_wait_budget_stops_the_run_instead_of_fai
 
 
 def test_an_exhausted_quota_is_not_waited_on():
-    quota = {"message": "You exceeded your current quota", "type": "insufficient_quota", "code": "insufficient_quota"}
+    quota = {
+        "message": "You exceeded your current quota",
+        "type": "insufficient_quota",
+        "code": "insufficient_quota",
+    }
     with ScriptedOpenAIServer([("status", (429, {"retry-after": "1"}, quota))]) as server:
         lm = remote(server.base_url)
         with pytest.raises(LMUnreachableError, match="quota is exhausted"):
@@ -148,7 +166,9 @@ def test_tpm_paces_calls_by_their_estimated_tokens_and_settles_on_the_usage():
         lm.text("b", max_tokens=20)  # 190 tokens came back after the first call: no wait
         second = time.perf_counter() - started - first
     assert first >= 0.9 and second < 0.5
-    assert lm.accounting.records[0].throttled_s >= 0.9 and lm.accounting.records[1].throttled_s < 0.3
+    assert (
+        lm.accounting.records[0].throttled_s >= 0.9 and lm.accounting.records[1].throttled_s < 0.3
+    )
 
 
 def test_concurrency_caps_requests_in_flight_at_the_endpoint():
@@ -164,22 +184,29 @@ def test_concurrency_defaults_and_the_environment(monkeypatch):
     assert LMSettings.from_spec("local").concurrency == 1
     assert LMSettings.from_spec("openai:m", base_url="http://h/v1").concurrency == 8
     monkeypatch.setenv("OPTLOOP_CONCURRENCY", "4")
-    assert LMSettings.from_spec("openai:m").concurrency == 4 and LMSettings.from_spec("local").concurrency == 4
+    assert (
+        LMSettings.from_spec("openai:m").concurrency == 4
+        and LMSettings.from_spec("local").concurrency == 4
+    )
     assert LMSettings.from_spec("openai:m", concurrency=2).concurrency == 2  # the flag wins
     monkeypatch.setenv("OPTLOOP_CONCURRENCY", "many")
     with pytest.raises(ConfigError, match="OPTLOOP_CONCURRENCY='many'"):
         LMSettings.from_spec("local")
 
 
-@pytest.mark.parametrize(("flags", "needle"), [(["--rpm", "0"], "rpm"), (["--tpm", "-5"], "tpm"),
-                                               (["--concurrency", "0"], "concurrency")])
+@pytest.mark.parametrize(
+    ("flags", "needle"),
+    [(["--rpm", "0"], "rpm"), (["--tpm", "-5"], "tpm"), (["--concurrency", "0"], "concurrency")],
+)
 def test_bad_load_flags_are_one_line_config_errors(flags, needle):
     from optloop.cli import add_lm_arguments, lm_settings_from_args
 
     parser = argparse.ArgumentParser()
     add_lm_arguments(parser)
     with pytest.raises(ConfigError, match=f"invalid LM setting {needle}"):
-        lm_settings_from_args(parser.parse_args(["--lm", "openai:m", "--lm-base-url", "http://h/v1", *flags]))
+        lm_settings_from_args(
+            parser.parse_args(["--lm", "openai:m", "--lm-base-url", "http://h/v1", *flags])
+        )
 
 
 def test_the_load_flags_reach_the_settings():
@@ -187,8 +214,20 @@ def test_the_load_flags_reach_the_settings():
 
     parser = argparse.ArgumentParser()
     add_lm_arguments(parser)
-    args = parser.parse_args(["--lm", "openai:m", "--lm-base-url", "http://h/v1", "--rpm", "500", "--tpm", "200000",
-                              "--concurrency", "16"])
+    args = parser.parse_args(
+        [
+            "--lm",
+            "openai:m",
+            "--lm-base-url",
+            "http://h/v1",
+            "--rpm",
+            "500",
+            "--tpm",
+            "200000",
+            "--concurrency",
+            "16",
+        ]
+    )
     settings = lm_settings_from_args(args)
     assert (settings.rpm, settings.tpm, settings.concurrency) == (500, 200000, 16)
     assert lm_settings_from_args(parser.parse_args(["--lm", "local"])).concurrency == 1

@@ -189,8 +189,13 @@ def test_the_timeout_counts_the_request_not_the_wait_for_a_concurrency_slot():
 
 
 def test_llama_servers_own_context_error_carries_its_sizes_in_the_error_object():
-    body = {"code": 400, "message": "the request exceeds the available context size, try increasing it",
-            "type": "exceed_context_size_error", "n_prompt_tokens": 9146, "n_ctx": 4096}
+    body = {
+        "code": 400,
+        "message": "the request exceeds the available context size, try increasing it",
+        "type": "exceed_context_size_error",
+        "n_prompt_tokens": 9146,
+        "n_ctx": 4096,
+    }
     with ScriptedOpenAIServer([("status", (400, {}, body))]) as server:
         lm = _lm(server.base_url, max_retries=3)
         with pytest.raises(LMRequestError) as info:

@@ -17,10 +17,15 @@ def test_an_unreachable_endpoint_fails_the_check_with_exit_75_and_writes_no_cach
     with pytest.raises(LMUnreachableError, match="cannot reach") as info:
         lm.check_endpoint()
     assert info.value.exit_code == 75
-    assert not (isolated_state / "lm_cache.sqlite").exists() and lm.settings.resolved_cache_path().parent.is_dir()
+    assert (
+        not (isolated_state / "lm_cache.sqlite").exists()
+        and lm.settings.resolved_cache_path().parent.is_dir()
+    )
 
 
-def test_a_reachable_endpoint_passes_and_the_cache_appears_on_the_first_cached_call(isolated_state):
+def test_a_reachable_endpoint_passes_and_the_cache_appears_on_the_first_cached_call(
+    isolated_state,
+):
     with ScriptedOpenAIServer([("ok", "pong")]) as server:
         lm = OptloopLM(LMSettings.from_spec("openai:m", base_url=server.base_url))
         lm.check_endpoint()

@@ -14,17 +14,27 @@ STAGES = {"md_flat.curate": "ingest", "answer": "answer"}
 
 
 def cand(curate="Curate facts.", answer="Answer.", top_k=5, demos=()):
-    return Candidate(sites={"md_flat.curate": SiteState(instructions=curate, demos=list(demos)),
-                            "answer": SiteState(instructions=answer)}, knobs={"top_k": top_k})
+    return Candidate(
+        sites={
+            "md_flat.curate": SiteState(instructions=curate, demos=list(demos)),
+            "answer": SiteState(instructions=answer),
+        },
+        knobs={"top_k": top_k},
+    )
 
 
 def test_answer_only_changes_keep_the_ingest_key():
     base = cand()
-    assert ingest_key("md_flat", cand(answer="Answer briefly."), STAGES) == ingest_key("md_flat", base, STAGES)
+    assert ingest_key("md_flat", cand(answer="Answer briefly."), STAGES) == ingest_key(
+        "md_flat", base, STAGES
+    )
     assert ingest_key("md_flat", cand(top_k=9), STAGES) == ingest_key("md_flat", base, STAGES)
-    assert ingest_key("md_flat", cand(curate="Keep dates."), STAGES) != ingest_key("md_flat", base, STAGES)
-    assert ingest_key("md_flat", cand(demos=[{"user_content": "x", "facts": []}]), STAGES) != \
-        ingest_key("md_flat", base, STAGES)
+    assert ingest_key("md_flat", cand(curate="Keep dates."), STAGES) != ingest_key(
+        "md_flat", base, STAGES
+    )
+    assert ingest_key(
+        "md_flat", cand(demos=[{"user_content": "x", "facts": []}]), STAGES
+    ) != ingest_key("md_flat", base, STAGES)
     assert ingest_key("mem0", base, STAGES) != ingest_key("md_flat", base, STAGES)
 
 
@@ -36,18 +46,23 @@ def test_digest_and_changes():
 
 def test_prompt_diff_names_only_changed_sites():
     diff = prompt_diff({"a": "One.\nTwo.", "b": "same"}, {"a": "One.\nThree.", "b": "same"})
-    assert "a (before)" in diff and "+Three." in diff and " One." in diff and "b (before)" not in diff
+    assert (
+        "a (before)" in diff and "+Three." in diff and " One." in diff and "b (before)" not in diff
+    )
     assert prompt_diff({"a": "x"}, {"a": "x"}) == "(no prompt changed)\n"
 
 
 def test_prompt_diff_compares_sentences_whatever_the_line_breaks():
     """A docstring's instruction (wrapped) against the one-line edit of it: only the edited sentence differs."""
-    before = "Answer the question. Give the shortest answer that is\ncorrect. If unsure, reply \"I don't know\"."
+    before = 'Answer the question. Give the shortest answer that is\ncorrect. If unsure, reply "I don\'t know".'
     after = "Answer the question. Give the shortest answer that is correct. If unsure,"
     diff = prompt_diff({"answer": before}, {"answer": after}).splitlines()
-    assert [line for line in diff if line[:1] in ("+", "-") and line[:3] not in ("---", "+++")] == \
-        ["-If unsure, reply \"I don't know\".", "+If unsure,"]
-    demos = prompt_diff({"s": 'Be brief.\n\n# Examples\n{"q": 1}'}, {"s": 'Be brief.\n\n# Examples\n{"q": 2}'})
+    assert [
+        line for line in diff if line[:1] in ("+", "-") and line[:3] not in ("---", "+++")
+    ] == ['-If unsure, reply "I don\'t know".', "+If unsure,"]
+    demos = prompt_diff(
+        {"s": 'Be brief.\n\n# Examples\n{"q": 1}'}, {"s": 'Be brief.\n\n# Examples\n{"q": 2}'}
+    )
     assert '-{"q": 1}' in demos and '+{"q": 2}' in demos and "-Be brief." not in demos
 
 
@@ -60,9 +75,18 @@ def config(**kw):
 
 
 def test_targets_are_the_blamed_prompt_sites_and_knobs():
-    entries = blame([attribution("md_flat.curate"), attribution("md_flat.curate"),
-                     attribution("knob:top_k", ErrorType.RETRIEVAL)])
-    assert choose_targets(entries, config(), ["md_flat.curate", "answer"]) == (["md_flat.curate"], ["top_k"], "")
+    entries = blame(
+        [
+            attribution("md_flat.curate"),
+            attribution("md_flat.curate"),
+            attribution("knob:top_k", ErrorType.RETRIEVAL),
+        ]
+    )
+    assert choose_targets(entries, config(), ["md_flat.curate", "answer"]) == (
+        ["md_flat.curate"],
+        ["top_k"],
+        "",
+    )
     sites, _, note = choose_targets(entries, config(untargeted=True), ["md_flat.curate", "answer"])
     assert sites == ["md_flat.curate", "answer"] and "untargeted" in note
 

@@ -29,15 +29,22 @@ from optloop.loop.state import Checkpoint, LoopConfig, LoopResult
 
 ANSWER, EXTRACT = "answer", "mem.extract"
 SITES = [ANSWER, EXTRACT]
-BASE = Candidate(sites={ANSWER: SiteState(instructions="seed answer"), EXTRACT: SiteState(instructions="seed extract")})
+BASE = Candidate(
+    sites={
+        ANSWER: SiteState(instructions="seed answer"),
+        EXTRACT: SiteState(instructions="seed extract"),
+    }
+)
 QUESTIONS = {"train": 4, "dev": 4, "test": 24}
 
 # dev: (questions passed of 4, the site their failures are blamed on), by (answer, extract) instruction
-DEV = {("seed answer", "seed extract"): (1, ANSWER),
-       ("answer:1", "seed extract"): (1, ANSWER),
-       ("answer:2", "seed extract"): (2, EXTRACT),  # better, and the blame moves: retarget
-       ("answer:2", "mem.extract:1"): (3, EXTRACT),  # better, the blame stays: no retarget
-       ("answer:2", "mem.extract:2"): (2, EXTRACT)}
+DEV = {
+    ("seed answer", "seed extract"): (1, ANSWER),
+    ("answer:1", "seed extract"): (1, ANSWER),
+    ("answer:2", "seed extract"): (2, EXTRACT),  # better, and the blame moves: retarget
+    ("answer:2", "mem.extract:1"): (3, EXTRACT),  # better, the blame stays: no retarget
+    ("answer:2", "mem.extract:2"): (2, EXTRACT),
+}
 TEST = {("seed answer", "seed extract"): 6, ("answer:2", "mem.extract:1"): 20}  # of 24
 
 
@@ -49,8 +56,14 @@ class Clock:
     """Counts the run's steps; raises :class:`Killed` at step ``kill_at``, at the first step named
     ``kill_on`` (its ``nth`` one), or at the step right after the first one named ``kill_after``."""
 
-    def __init__(self, kill_at: int | None = None, kill_on: str | None = None, *, nth: int = 1,
-                 kill_after: str | None = None):
+    def __init__(
+        self,
+        kill_at: int | None = None,
+        kill_on: str | None = None,
+        *,
+        nth: int = 1,
+        kill_after: str | None = None,
+    ):
         self.kill_at = kill_at
         self.kill_on = kill_on
         self.nth = nth
@@ -59,10 +72,17 @@ class Clock:
 
     def tick(self, what: str) -> None:
         self.steps.append(what)
-        on = self.kill_on is not None and sum(s.startswith(self.kill_on) for s in self.steps) == self.nth \
+        on = (
+            self.kill_on is not None
+            and sum(s.startswith(self.kill_on) for s in self.steps) == self.nth
             and what.startswith(self.kill_on)
-        after = self.kill_after is not None and len(self.steps) > 1 and self.steps[-2] == self.kill_after \
+        )
+        after = (
+            self.kill_after is not None
+            and len(self.steps) > 1
+            and self.steps[-2] == self.kill_after
             and self.steps.count(self.kill_after) == 1
+        )
         if len(self.steps) == self.kill_at or on or after:
             raise Killed(f"step {len(self.steps)}: {what}")
 
@@ -88,11 +108,23 @@ def evaluation(split: str, candidate: Candidate, passes: int, n: int, target: st
     outcomes = []
     for i in range(n):
         ok = i < passes
-        outcomes.append(QuestionOutcome(
-            episode_id=f"e{i // 4}", question_id=f"q{i}", task_type="t", question="?", gold="g",
-            prediction="g" if ok else "x", score=float(ok), passed=ok,
-            attribution=None if ok else Attribution(question_id=f"q{i}", error_type=ErrorType.RESPONSE,
-                                                    target=target)))
+        outcomes.append(
+            QuestionOutcome(
+                episode_id=f"e{i // 4}",
+                question_id=f"q{i}",
+                task_type="t",
+                question="?",
+                gold="g",
+                prediction="g" if ok else "x",
+                score=float(ok),
+                passed=ok,
+                attribution=None
+                if ok
+                else Attribution(
+                    question_id=f"q{i}", error_type=ErrorType.RESPONSE, target=target
+                ),
+            )
+        )
     return Evaluation(split=split, candidate=candidate.digest(), outcomes=outcomes)
 
 
@@ -101,8 +133,12 @@ class FakeEvaluator:
 
     site_names = SITES
 
-    def __init__(self, clock: Clock, test: Mapping[tuple[str, str], int] | None = None,
-                 meter: Meter | None = None):
+    def __init__(
+        self,
+        clock: Clock,
+        test: Mapping[tuple[str, str], int] | None = None,
+        meter: Meter | None = None,
+    ):
         self.clock = clock
         self.test = dict(TEST if test is None else test)
         self.calls: list[tuple[str, str]] = []
@@ -114,7 +150,9 @@ class FakeEvaluator:
         self.clock.tick(f"evaluate {split} {key(candidate)}")
         self.calls.append((split, candidate.digest()))
         if split == "test":
-            return evaluation(split, candidate, self.test.get(key(candidate), 6), QUESTIONS[split], ANSWER)
+            return evaluation(
+                split, candidate, self.test.get(key(candidate), 6), QUESTIONS[split], ANSWER
+            )
         passes, target = DEV.get(key(candidate), (1, EXTRACT))
         return evaluation(split, candidate, passes, QUESTIONS[split], target)
 
@@ -131,8 +169,16 @@ class FakeOptimizer(Optimizer):
 
     name = "fake"
 
-    def __init__(self, sites: list[str], knobs: list[str], clock: Clock, *, fail_at: int | None = None,
-                 prefix: str = "", meter: Meter | None = None):
+    def __init__(
+        self,
+        sites: list[str],
+        knobs: list[str],
+        clock: Clock,
+        *,
+        fail_at: int | None = None,
+        prefix: str = "",
+        meter: Meter | None = None,
+    ):
         super().__init__(None, None, None, sites=sites, knobs=knobs)  # type: ignore[arg-type]
         self.clock = clock
         self.meter = meter or Meter()
@@ -153,8 +199,12 @@ class FakeOptimizer(Optimizer):
         while fresh and len(self.queue) < 2 and k < 50:
             k += 1
             text = f"{self.prefix}{site}:{k}"
-            candidate = best.model_copy(update={"sites": {**best.sites, site: SiteState(instructions=text)},
-                                                "origin": f"fake {site} {k}"})
+            candidate = best.model_copy(
+                update={
+                    "sites": {**best.sites, site: SiteState(instructions=text)},
+                    "origin": f"fake {site} {k}",
+                }
+            )
             if candidate.digest() not in self.seen and candidate.digest() != best.digest():
                 self.seen.add(candidate.digest())
                 self.queue.append(candidate)
@@ -217,11 +267,22 @@ class MemorySink:
             raise
         self.children[run_id]["status"] = "FINISHED"
 
-    def log_trial(self, trial: int, candidate: Candidate, evaluation: Evaluation, *, base: Candidate,
-                  diff: str) -> None:
+    def log_trial(
+        self,
+        trial: int,
+        candidate: Candidate,
+        evaluation: Evaluation,
+        *,
+        base: Candidate,
+        diff: str,
+    ) -> None:
         self.clock.tick(f"log_trial {trial}")
         with self.lock:
-            run = next(r for r in self.children.values() if r["trial"] == trial and r["status"] == "RUNNING")
+            run = next(
+                r
+                for r in self.children.values()
+                if r["trial"] == trial and r["status"] == "RUNNING"
+            )
             run |= {"candidate": candidate.digest(), "accuracy": evaluation.accuracy, "diff": diff}
 
     def discard_trial(self, trial: int) -> None:
@@ -239,8 +300,10 @@ class MemorySink:
         self.clock.tick("register")
         if not self.registered or self.registered[-1][0] != dict(texts):
             self.registered.append((dict(texts), promote))
-        return {site: {"name": f"optloop.{site}", "version": len(self.registered), "champion": promote}
-                for site in texts}
+        return {
+            site: {"name": f"optloop.{site}", "version": len(self.registered), "champion": promote}
+            for site in texts
+        }
 
     def tag_result(self, promoted: bool, reason: str, note: str) -> None:
         self.clock.tick("tag_result")
@@ -253,24 +316,53 @@ class MemorySink:
 class Run:
     """One process's run of the controller on the checkpoint at ``path`` (loaded if it exists)."""
 
-    def __init__(self, path: Path, sink: MemorySink, clock: Clock, *, budget: int = 5, promote_if: str = "ci",
-                 optimizer: type[FakeOptimizer] = FakeOptimizer, fail_at: int | None = None,
-                 coordinator: Any = None, test: Mapping[tuple[str, str], int] | None = None, prefix: str = "",
-                 batch: int = 1):
-        self.config = LoopConfig(system="fake", run_name="r", budget=budget, optimizer="edit", promote_if=promote_if,
-                                 batch=batch)
-        ckpt = Checkpoint.load(path) if path.exists() else Checkpoint(config_digest=self.config.digest(),
-                                                                      parent_run_id="parent")
+    def __init__(
+        self,
+        path: Path,
+        sink: MemorySink,
+        clock: Clock,
+        *,
+        budget: int = 5,
+        promote_if: str = "ci",
+        optimizer: type[FakeOptimizer] = FakeOptimizer,
+        fail_at: int | None = None,
+        coordinator: Any = None,
+        test: Mapping[tuple[str, str], int] | None = None,
+        prefix: str = "",
+        batch: int = 1,
+    ):
+        self.config = LoopConfig(
+            system="fake",
+            run_name="r",
+            budget=budget,
+            optimizer="edit",
+            promote_if=promote_if,
+            batch=batch,
+        )
+        ckpt = (
+            Checkpoint.load(path)
+            if path.exists()
+            else Checkpoint(config_digest=self.config.digest(), parent_run_id="parent")
+        )
         if not path.exists():
-            ckpt.save(path)  # as Loop does, before the controller starts (the worker id, the parent run)
+            ckpt.save(
+                path
+            )  # as Loop does, before the controller starts (the worker id, the parent run)
         self.clock = clock
         self.meter = Meter()  # this process's own accounting
         self.evaluator = FakeEvaluator(clock, test, self.meter)
         self.optimizers: list[FakeOptimizer] = []
         self.messages: list[str] = []
         self.lines: list[TrialLine] = []
-        context = RunContext(config=self.config, checkpoint=ckpt, path=path, base=BASE, progress=self.messages.append,
-                             cost=self.meter.cost, trial_done=self.lines.append)
+        context = RunContext(
+            config=self.config,
+            checkpoint=ckpt,
+            path=path,
+            base=BASE,
+            progress=self.messages.append,
+            cost=self.meter.cost,
+            trial_done=self.lines.append,
+        )
         original_save = context.save
 
         def save() -> None:
@@ -281,10 +373,14 @@ class Run:
         self.context = context
 
         def make(sites: list[str], knobs: list[str]) -> FakeOptimizer:
-            self.optimizers.append(optimizer(sites, knobs, clock, fail_at=fail_at, prefix=prefix, meter=self.meter))
+            self.optimizers.append(
+                optimizer(sites, knobs, clock, fail_at=fail_at, prefix=prefix, meter=self.meter)
+            )
             return self.optimizers[-1]
 
-        self.controller = Controller(context, self.evaluator, sink, coordinator or LocalCoordinator(budget), make)
+        self.controller = Controller(
+            context, self.evaluator, sink, coordinator or LocalCoordinator(budget), make
+        )
 
     @property
     def optimizer(self) -> FakeOptimizer:
@@ -310,7 +406,11 @@ def uninterrupted(tmp_path: Path, **kwargs: Any) -> tuple[LoopResult, Run, Memor
 
 def trials_of(path: Path) -> list[tuple[int, str, float, bool]]:
     ckpt = Checkpoint.load(path)
-    return [(t.trial, t.candidate.digest(), t.evaluation.accuracy, t.improved) for t in ckpt.trials if t.evaluation]
+    return [
+        (t.trial, t.candidate.digest(), t.evaluation.accuracy, t.improved)
+        for t in ckpt.trials
+        if t.evaluation
+    ]
 
 
 # --- the budget -----------------------------------------------------------------------------------------------
@@ -321,7 +421,9 @@ def test_the_budget_is_exact(tmp_path, budget):
     result, run, sink = uninterrupted(tmp_path, budget=budget)
     dev_calls = [c for c in run.evaluator.calls if c[0] == "dev"]
     assert len(dev_calls) == budget + 1  # the baseline, then one per trial
-    assert result.evaluations == budget and [t.trial for t in result.tried] == list(range(1, budget + 1))
+    assert result.evaluations == budget and [t.trial for t in result.tried] == list(
+        range(1, budget + 1)
+    )
     assert sink.trials() == list(range(1, budget + 1))
     assert [p[0] for p in sink.dev] == list(range(budget + 1))
     assert len({d for _, d in dev_calls}) == budget + 1  # no candidate evaluated twice
@@ -337,10 +439,18 @@ def test_the_run_follows_the_script(tmp_path):
     assert result.test_before == 0.25 and result.test_after == pytest.approx(20 / 24)
     assert [p[2] for p in sink.dev] == [0.25, 0.25, 0.5, 0.75, 0.75, 0.75]  # best so far
     # 9 evaluations (train, dev, 5 trials, test before and after) and 5 proposals, in one process
-    assert result.cost == {"llm_calls": 9 * EVALUATION_CALLS + 5 * PROPOSAL_CALLS, "tokens": 9500, "processes": 1}
+    assert result.cost == {
+        "llm_calls": 9 * EVALUATION_CALLS + 5 * PROPOSAL_CALLS,
+        "tokens": 9500,
+        "processes": 1,
+    }
     assert Checkpoint.load(tmp_path / "clean.json").total_cost() == result.cost
     assert "answer:2" in result.prompt_diff and "mem.extract:1" in result.prompt_diff
-    assert sink.summary is not None and sink.summary.evaluations == 5 and sink.summary.best_curve[-1] == 0.75
+    assert (
+        sink.summary is not None
+        and sink.summary.evaluations == 5
+        and sink.summary.best_curve[-1] == 0.75
+    )
 
 
 # --- retargeting ----------------------------------------------------------------------------------------------
@@ -348,35 +458,54 @@ def test_the_run_follows_the_script(tmp_path):
 
 def test_the_optimizer_is_retargeted_when_the_blame_moves_and_only_then(tmp_path):
     result, run, _ = uninterrupted(tmp_path)
-    assert run.optimizer.retargets == [([EXTRACT], [])]  # trial 2 moved the blame; trial 3 improved, blame stayed
+    assert run.optimizer.retargets == [
+        ([EXTRACT], [])
+    ]  # trial 2 moved the blame; trial 3 improved, blame stayed
     assert "re-attribution: blame moved to mem.extract" in run.messages
     assert run.optimizer.observed == [1, 2, 3, 4, 5]
 
 
 def test_a_resumed_optimizer_is_retargeted_on_the_best_so_far(tmp_path):
     path, sink = tmp_path / "ckpt.json", MemorySink(Clock())
-    with pytest.raises(Killed):  # both trials done (trial 2 moved the blame), killed in the held-out test
+    with pytest.raises(
+        Killed
+    ):  # both trials done (trial 2 moved the blame), killed in the held-out test
         Run(path, sink, Clock(kill_on="evaluate test"), budget=2).run()
     again = Run(path, sink, Clock(), budget=2)
     again.run()
-    assert again.optimizer.retargets == [([EXTRACT], [])]  # from the checkpoint's best, before any proposal
+    assert again.optimizer.retargets == [
+        ([EXTRACT], [])
+    ]  # from the checkpoint's best, before any proposal
     assert again.optimizer.proposals == 0
 
 
 # --- promotion ------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("rule, test_after, promoted, why", [
-    ("ci", 20, True, "its 95% CI is above 0, champion moved (--promote-if ci)"),
-    ("ci", 8, False, "its 95% CI includes 0, champion not moved (--promote-if ci)"),
-    ("delta", 8, True, "the point delta is above 0 (its 95% CI includes 0), champion moved (--promote-if delta)"),
-    ("delta", 6, False, "the point delta is not above 0"),
-])
+@pytest.mark.parametrize(
+    "rule, test_after, promoted, why",
+    [
+        ("ci", 20, True, "its 95% CI is above 0, champion moved (--promote-if ci)"),
+        ("ci", 8, False, "its 95% CI includes 0, champion not moved (--promote-if ci)"),
+        (
+            "delta",
+            8,
+            True,
+            "the point delta is above 0 (its 95% CI includes 0), champion moved (--promote-if delta)",
+        ),
+        ("delta", 6, False, "the point delta is not above 0"),
+    ],
+)
 def test_promotion_follows_the_rule(tmp_path, rule, test_after, promoted, why):
-    result, _, sink = uninterrupted(tmp_path, promote_if=rule, test={("seed answer", "seed extract"): 6,
-                                                                     ("answer:2", "mem.extract:1"): test_after})
+    result, _, sink = uninterrupted(
+        tmp_path,
+        promote_if=rule,
+        test={("seed answer", "seed extract"): 6, ("answer:2", "mem.extract:1"): test_after},
+    )
     assert result.promoted is promoted and why in result.promotion_reason
-    assert sink.registered == [({ANSWER: "answer:2", EXTRACT: "mem.extract:1"}, promoted)]  # registered either way
+    assert sink.registered == [
+        ({ANSWER: "answer:2", EXTRACT: "mem.extract:1"}, promoted)
+    ]  # registered either way
     assert sink.tags["promoted"] is promoted and sink.tags["reason"] == result.promotion_reason
     assert all(r["champion"] is promoted for r in result.registered.values())
 
@@ -395,25 +524,40 @@ def test_nothing_is_registered_or_promoted_when_the_baseline_stays_best(tmp_path
 def test_an_optimizer_with_nothing_to_propose_ends_the_run_cleanly(tmp_path):
     result, run, sink = uninterrupted(tmp_path, optimizer=NothingOptimizer)
     assert result.evaluations == 0 and result.tried == [] and sink.trials() == []
-    assert "fake proposed nothing new after 0 evaluation(s)" in result.note and "by this worker" not in result.note
+    assert (
+        "fake proposed nothing new after 0 evaluation(s)" in result.note
+        and "by this worker" not in result.note
+    )
     assert result.test_before == result.test_after and not result.promoted
     assert [c[0] for c in run.evaluator.calls] == ["train", "dev", "test"]
     assert Checkpoint.load(tmp_path / "clean.json").finished
 
 
-def test_a_proposal_that_raises_stops_the_run_with_nothing_half_done_and_a_rerun_finishes_it(tmp_path):
+def test_a_proposal_that_raises_stops_the_run_with_nothing_half_done_and_a_rerun_finishes_it(
+    tmp_path,
+):
     path, sink = tmp_path / "ckpt.json", MemorySink(Clock())
     with pytest.raises(RuntimeError, match="the optimizer failed"):
         Run(path, sink, Clock(), fail_at=2).run()
     ckpt = Checkpoint.load(path)
     assert [t.trial for t in ckpt.trials] == [1] and ckpt.trials[0].evaluation is not None
-    assert not ckpt.finished and ckpt.test_before is None and sink.trials() == [1] and sink.summary is None
+    assert (
+        not ckpt.finished
+        and ckpt.test_before is None
+        and sink.trials() == [1]
+        and sink.summary is None
+    )
     spent = Checkpoint.load(path).spending
-    assert spent == {"llm_calls": 3 * EVALUATION_CALLS + PROPOSAL_CALLS, "tokens": 3100}  # kept when it stopped
+    assert spent == {
+        "llm_calls": 3 * EVALUATION_CALLS + PROPOSAL_CALLS,
+        "tokens": 3100,
+    }  # kept when it stopped
     result = Run(path, sink, Clock()).run()
     clean, _, _ = uninterrupted(tmp_path)
     assert without_cost(result) == without_cost(clean)
-    assert result.cost == clean.cost | {"processes": 2}  # nothing was redone: the same cost, over two processes
+    assert result.cost == clean.cost | {
+        "processes": 2
+    }  # nothing was redone: the same cost, over two processes
     assert sink.trials() == [1, 2, 3, 4, 5] and sink.discarded == []
 
 
@@ -446,12 +590,24 @@ def test_resume_after_a_kill_at_any_step_equals_an_uninterrupted_run(tmp_path, b
         extra = result.cost["llm_calls"] - clean.cost["llm_calls"]
         # a kill mid-batch redoes the batch's evaluations (and the proposals of the step it stopped)
         bound = batch * EVALUATION_CALLS + batch * PROPOSAL_CALLS
-        assert 0 <= extra <= bound and result.cost["processes"] == 2, (where, result.cost, clean.cost)
-        assert sorted(sink.dev_steps()) == [0, 1, 2, 3, 4, 5], where  # every acc_dev point, none lost to the kill
+        assert 0 <= extra <= bound and result.cost["processes"] == 2, (
+            where,
+            result.cost,
+            clean.cost,
+        )
+        assert sorted(sink.dev_steps()) == [0, 1, 2, 3, 4, 5], (
+            where
+        )  # every acc_dev point, none lost to the kill
         assert trials_of(path) == clean_trials, where
-        assert sink.trials() == [1, 2, 3, 4, 5], where  # one record per trial: a half-done one was discarded
-        assert all(r["status"] == "FINISHED" and "accuracy" in r for r in sink.children.values()), where
-        assert len({p[0] for p in sink.dev}) == len(sink.dev), where  # no trial's point logged twice
+        assert sink.trials() == [1, 2, 3, 4, 5], (
+            where
+        )  # one record per trial: a half-done one was discarded
+        assert all(
+            r["status"] == "FINISHED" and "accuracy" in r for r in sink.children.values()
+        ), where
+        assert len({p[0] for p in sink.dev}) == len(sink.dev), (
+            where
+        )  # no trial's point logged twice
         assert len(sink.registered) == 1, where  # registered once, even when killed just after
         dev_calls = [c for c in resumed.evaluator.calls if c[0] == "dev"]
         assert len(set(dev_calls)) == len(dev_calls), where
@@ -478,7 +634,13 @@ def test_a_batched_run_is_deterministic_for_its_seed_and_batch_size(tmp_path):
     first, _, _ = uninterrupted(tmp_path / "a", batch=2)
     again, _, _ = uninterrupted(tmp_path / "b", batch=2)
     assert first == again
-    assert [t.dev for t in first.tried] == [0.25, 0.5, 0.75, 0.5, 0.25]  # this script's order survives batches
+    assert [t.dev for t in first.tried] == [
+        0.25,
+        0.5,
+        0.75,
+        0.5,
+        0.25,
+    ]  # this script's order survives batches
 
 
 def test_every_trial_reports_a_line_with_an_eta(tmp_path):
@@ -498,7 +660,9 @@ def test_every_trial_reports_a_line_with_an_eta(tmp_path):
 def test_a_finished_checkpoint_is_not_run_again(tmp_path):
     _, _, sink = uninterrupted(tmp_path)
     rerun = Run(tmp_path / "clean.json", sink, Clock())
-    assert rerun.context.checkpoint.finished  # Loop refuses such a run before the controller starts
+    assert (
+        rerun.context.checkpoint.finished
+    )  # Loop refuses such a run before the controller starts
 
 
 # --- several workers: the shared coordinator on a SQLite study ------------------------------------------------
@@ -511,8 +675,17 @@ def test_two_workers_split_the_budget_through_a_shared_study(tmp_path):
     for c in coordinators:
         c.study.poll = 0.05
     sink = MemorySink(Clock())
-    runs = [Run(tmp_path / f"w{i}.json", sink, Clock(), budget=4, coordinator=coordinators[i], prefix=f"w{i}-")
-            for i in range(2)]
+    runs = [
+        Run(
+            tmp_path / f"w{i}.json",
+            sink,
+            Clock(),
+            budget=4,
+            coordinator=coordinators[i],
+            prefix=f"w{i}-",
+        )
+        for i in range(2)
+    ]
     results: dict[int, LoopResult] = {}
     errors: list[BaseException] = []
 
@@ -535,8 +708,13 @@ def test_two_workers_split_the_budget_through_a_shared_study(tmp_path):
     assert results[0] == results[1] and results[0].evaluations == 4
     assert sink.trials() == [1, 2, 3, 4]  # every slot once, none beyond the budget
     assert len({r["candidate"] for r in sink.children.values()}) == 4
-    assert [c[0] for c in runs[1].evaluator.calls].count("train") == 0  # the leader evaluated the baseline once
+    assert [c[0] for c in runs[1].evaluator.calls].count(
+        "train"
+    ) == 0  # the leader evaluated the baseline once
     assert len(sink.targets) == 1  # the run-level blame is recorded once, by the leader
-    assert {r["tags"]["optloop.worker"].split(":")[0] for r in sink.children.values()} <= {"0", "1"}
+    assert {r["tags"]["optloop.worker"].split(":")[0] for r in sink.children.values()} <= {
+        "0",
+        "1",
+    }
     assert all(Checkpoint.load(tmp_path / f"w{i}.json").finished for i in range(2))
     assert len(sink.registered) <= 1

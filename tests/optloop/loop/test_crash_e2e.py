@@ -21,11 +21,22 @@ def test_kill_at_every_checkpoint_boundary_and_resume_with_the_same_command(tmp_
         print("\n" + markdown(result))
     assert [r.kill_point for r in result.rows] == list(KILL_POINTS)
     for r in result.rows:
-        assert r.killed, (r.kill_point, r.problems)  # the first process died by SIGKILL at its point
-        assert r.resumed, (r.kill_point, r.problems)  # the same command found the run and finished it
-        assert r.identical, (r.kill_point, r.problems)  # candidates, accuracies, registry versions and alias
+        assert r.killed, (
+            r.kill_point,
+            r.problems,
+        )  # the first process died by SIGKILL at its point
+        assert r.resumed, (
+            r.kill_point,
+            r.problems,
+        )  # the same command found the run and finished it
+        assert r.identical, (
+            r.kill_point,
+            r.problems,
+        )  # candidates, accuracies, registry versions and alias
         assert r.no_running and r.no_duplicate, (r.kill_point, r.problems)
         assert r.within_one_step and r.processes == 2, (r.kill_point, r.extra, result.bound)
         assert not r.problems, (r.kill_point, r.problems)
-    assert result.clean["promoted"] and result.clean["registry"], result.clean  # registry promotion was at stake
+    assert result.clean["promoted"] and result.clean["registry"], (
+        result.clean
+    )  # registry promotion was at stake
     assert all(result.shared["checks"].values()), result.shared

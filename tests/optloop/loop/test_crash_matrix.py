@@ -24,8 +24,17 @@ import pytest
 
 from optloop.loop.coordinator import SharedCoordinator
 from optloop.loop.state import Checkpoint, LoopConfig, LoopResult
-from tests.optloop.loop.test_controller import (EVALUATION_CALLS, ONE_TRIAL, PROPOSAL_CALLS, Clock, Killed,
-                                                MemorySink, Run, trials_of, without_cost)
+from tests.optloop.loop.test_controller import (
+    EVALUATION_CALLS,
+    ONE_TRIAL,
+    PROPOSAL_CALLS,
+    Clock,
+    Killed,
+    MemorySink,
+    Run,
+    trials_of,
+    without_cost,
+)
 
 BUDGET = 5
 
@@ -55,7 +64,9 @@ def clean_run(tmp: Path) -> tuple[LoopResult, MemorySink, list[Any]]:
     return result, sink, trials_of(tmp / "clean.json")
 
 
-def killed_and_resumed(tmp: Path, name: str, kills: list[dict[str, Any]]) -> tuple[LoopResult, MemorySink, Path]:
+def killed_and_resumed(
+    tmp: Path, name: str, kills: list[dict[str, Any]]
+) -> tuple[LoopResult, MemorySink, Path]:
     """The run killed at each of ``kills`` in turn (one process each), then resumed to the end."""
     path = tmp / f"{name}.json"
     sink = MemorySink(Clock())
@@ -68,21 +79,39 @@ def killed_and_resumed(tmp: Path, name: str, kills: list[dict[str, Any]]) -> tup
     return Run(path, sink, sink.clock, budget=BUDGET).run(), sink, path
 
 
-def check(result: LoopResult, sink: MemorySink, path: Path, clean: LoopResult, clean_sink: MemorySink,
-          clean_trials: list[Any], where: str, processes: int) -> Row:
-    identical = without_cost(result) == without_cost(clean)  # candidates, accuracies, registry, promotion
+def check(
+    result: LoopResult,
+    sink: MemorySink,
+    path: Path,
+    clean: LoopResult,
+    clean_sink: MemorySink,
+    clean_trials: list[Any],
+    where: str,
+    processes: int,
+) -> Row:
+    identical = without_cost(result) == without_cost(
+        clean
+    )  # candidates, accuracies, registry, promotion
     assert identical, where
     assert trials_of(path) == clean_trials, where
-    assert sink.registered == clean_sink.registered, where  # the same prompt versions, the champion alias alike
+    assert sink.registered == clean_sink.registered, (
+        where
+    )  # the same prompt versions, the champion alias alike
     assert result.registered == clean.registered, where
     assert sink.trials() == list(range(1, BUDGET + 1)), where  # no trial twice, none missing
-    assert all(r["status"] == "FINISHED" for r in sink.children.values()), where  # no record left running
-    assert sorted(p[0] for p in sink.dev) == list(range(BUDGET + 1)), where  # each acc_dev point once
+    assert all(r["status"] == "FINISHED" for r in sink.children.values()), (
+        where
+    )  # no record left running
+    assert sorted(p[0] for p in sink.dev) == list(range(BUDGET + 1)), (
+        where
+    )  # each acc_dev point once
     best_so_far = [(t, round(b, 3)) for t, _, b in sorted(sink.dev)]
     assert best_so_far == [(t, round(b, 3)) for t, _, b in sorted(clean_sink.dev)], where
     extra = result.cost["llm_calls"] - clean.cost["llm_calls"]
     assert 0 <= extra <= ONE_TRIAL * (processes - 1), (where, result.cost, clean.cost)
-    assert result.cost["tokens"] == 100 * result.cost["llm_calls"], where  # every process's spending, added
+    assert result.cost["tokens"] == 100 * result.cost["llm_calls"], (
+        where
+    )  # every process's spending, added
     assert result.cost["processes"] == processes, where
     assert Checkpoint.load(path).finished, where
     return Row(where, True, identical, extra, processes)
@@ -94,17 +123,36 @@ def matrix(tmp: Path) -> list[Row]:
     for i, (label, kill) in enumerate(KILL_POINTS.items()):
         result, sink, path = killed_and_resumed(tmp, f"kill-{i}", [kill])
         rows.append(check(result, sink, path, clean, clean_sink, clean_trials, label, processes=2))
-    twice = [KILL_POINTS["during trial 1 (its child run open)"], KILL_POINTS["during the held-out test"]]
+    twice = [
+        KILL_POINTS["during trial 1 (its child run open)"],
+        KILL_POINTS["during the held-out test"],
+    ]
     result, sink, path = killed_and_resumed(tmp, "kill-twice", twice)
-    rows.append(check(result, sink, path, clean, clean_sink, clean_trials,
-                      "during trial 1, then during the held-out test", processes=3))
+    rows.append(
+        check(
+            result,
+            sink,
+            path,
+            clean,
+            clean_sink,
+            clean_trials,
+            "during trial 1, then during the held-out test",
+            processes=3,
+        )
+    )
     return rows
 
 
 def table(rows: list[Row]) -> str:
-    lines = ["| kill point | resumed | identical | extra LLM calls | processes |", "|---|---|---|---|---|"]
-    lines += [f"| {r.kill_point} | {'yes' if r.resumed else 'no'} | {'yes' if r.identical else 'no'} | "
-              f"{r.extra_calls:+d} | {r.processes} |" for r in rows]
+    lines = [
+        "| kill point | resumed | identical | extra LLM calls | processes |",
+        "|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {r.kill_point} | {'yes' if r.resumed else 'no'} | {'yes' if r.identical else 'no'} | "
+        f"{r.extra_calls:+d} | {r.processes} |"
+        for r in rows
+    ]
     return "\n".join(lines)
 
 
@@ -145,7 +193,14 @@ def test_a_killed_worker_of_a_shared_study_resumes_and_the_run_adds_up(tmp_path)
         coordinator = SharedCoordinator.join(config, storage, worker=name)
         coordinator.study.poll = 0.05
         opened.append(coordinator)
-        run = Run(tmp_path / f"{name}.json", sink, clock, budget=4, coordinator=coordinator, prefix=f"{name}-")
+        run = Run(
+            tmp_path / f"{name}.json",
+            sink,
+            clock,
+            budget=4,
+            coordinator=coordinator,
+            prefix=f"{name}-",
+        )
         runs.append(run)
         return run
 
@@ -156,9 +211,13 @@ def test_a_killed_worker_of_a_shared_study_resumes_and_the_run_adds_up(tmp_path)
             errors.append(exc)
 
     leader = worker("w0", SlowClock())
-    victim = worker("w1", Clock(kill_on="evaluate dev", nth=1))  # w1's first trial, its evaluation under way
-    threads = {"w0": threading.Thread(target=work, args=("w0", leader)),
-               "w1": threading.Thread(target=work, args=("w1", victim))}
+    victim = worker(
+        "w1", Clock(kill_on="evaluate dev", nth=1)
+    )  # w1's first trial, its evaluation under way
+    threads = {
+        "w0": threading.Thread(target=work, args=("w0", leader)),
+        "w1": threading.Thread(target=work, args=("w1", victim)),
+    }
     try:
         for t in threads.values():
             t.start()
@@ -177,8 +236,15 @@ def test_a_killed_worker_of_a_shared_study_resumes_and_the_run_adds_up(tmp_path)
         for c in opened:
             c.close()
     assert not errors, errors
-    assert results["w0"] == results["w1"] and results["w0"].evaluations == 4  # one result, the budget exact
-    assert sink.trials() == [1, 2, 3, 4]  # every slot once: the killed worker's trial redone, not duplicated
+    assert (
+        results["w0"] == results["w1"] and results["w0"].evaluations == 4
+    )  # one result, the budget exact
+    assert sink.trials() == [
+        1,
+        2,
+        3,
+        4,
+    ]  # every slot once: the killed worker's trial redone, not duplicated
     assert all(r["status"] == "FINISHED" for r in sink.children.values())
     assert len({r["candidate"] for r in sink.children.values()}) == 4
     spent = sum(run.meter.calls for run in runs)  # the leader, the killed w1, the restarted w1

@@ -81,7 +81,10 @@ def test_claim_is_first_writer_wins_across_connections(workers):
     won = in_threads(lambda i: studies[i].claim("optloop:test", {"by": i}), range(4))
     assert len({json.dumps(v) for v in won.values()}) == 1  # every worker read the same winner
     assert studies[0].get("optloop:test") == won[0]
-    assert sorted(s.rank for s in studies) == [0, 1, 2, 3] and [s.leader for s in studies].count(True) == 1
+    assert (
+        sorted(s.rank for s in studies) == [0, 1, 2, 3]
+        and [s.leader for s in studies].count(True) == 1
+    )
 
 
 def test_concurrent_workers_split_the_budget_exactly(workers):
@@ -94,7 +97,9 @@ def test_concurrent_workers_split_the_budget_exactly(workers):
             if slot is None:
                 break
             taken.append(slot)
-            studies[i].publish_done(slot, {"trial": slot + 1, "accuracy": 0.1 * slot, "candidate": {}})
+            studies[i].publish_done(
+                slot, {"trial": slot + 1, "accuracy": 0.1 * slot, "candidate": {}}
+            )
         studies[i].leave()
         return taken
 
@@ -102,7 +107,9 @@ def test_concurrent_workers_split_the_budget_exactly(workers):
     slots = sorted(s for t in taken.values() for s in t)
     assert slots == [0, 1, 2, 3, 4]  # each slot once, never beyond the budget
     assert set(studies[0].done()) == set(range(5)) and studies[1].settled() == (True, [])
-    finishers = in_threads(lambda i: studies[i].claim("optloop:finisher", studies[i].worker), range(3))
+    finishers = in_threads(
+        lambda i: studies[i].claim("optloop:finisher", studies[i].worker), range(3)
+    )
     assert len(set(finishers.values())) == 1
 
 
@@ -126,7 +133,9 @@ def test_a_restarted_worker_takes_its_unfinished_slot_back(sqlite_url, workers):
     assert other.take_slot("y", None) == 1
     again = workers("a")
     assert again.rank == 0 and again.my_open_slots() == [0]
-    assert again.take_slot("z", None) == 0  # the same slot, not a new one: the budget is counted once
+    assert (
+        again.take_slot("z", None) == 0
+    )  # the same slot, not a new one: the budget is counted once
     assert again.take_slot("w", None) == 2 and again.take_slot("v", None) is None
 
 
@@ -154,16 +163,27 @@ def test_records_live_in_optloops_own_table_not_optunas_private_models(sqlite_ur
 
     from optloop.loop import study as study_module
 
-    assert "optuna.storages._" not in inspect.getsource(study_module)  # Optuna's private storage models are not used
+    assert "optuna.storages._" not in inspect.getsource(
+        study_module
+    )  # Optuna's private storage models are not used
     a = workers("a")
-    assert a.claim("optloop:test", {"v": 1}) == {"v": 1} and a.claim("optloop:test", {"v": 2}) == {"v": 1}
+    assert a.claim("optloop:test", {"v": 1}) == {"v": 1} and a.claim("optloop:test", {"v": 2}) == {
+        "v": 1
+    }
     engine = sqlalchemy.create_engine(sqlite_url)
     with engine.connect() as conn:
-        rows = dict(conn.execute(sqlalchemy.text(
-            "SELECT key, value_json FROM optloop_study_records WHERE key = 'optloop:test'")).fetchall())
+        rows = dict(
+            conn.execute(
+                sqlalchemy.text(
+                    "SELECT key, value_json FROM optloop_study_records WHERE key = 'optloop:test'"
+                )
+            ).fetchall()
+        )
     engine.dispose()
     assert json.loads(rows["optloop:test"]) == {"v": 1}
-    assert "optloop:test" not in a.study.user_attrs  # nothing in Optuna's own (last-writer-wins) attributes
+    assert (
+        "optloop:test" not in a.study.user_attrs
+    )  # nothing in Optuna's own (last-writer-wins) attributes
 
 
 def test_records_an_older_optloop_kept_in_study_user_attrs_are_adopted(sqlite_url):
@@ -176,14 +196,17 @@ def test_records_an_older_optloop_kept_in_study_user_attrs_are_adopted(sqlite_ur
     old.set_user_attr("unrelated", 1)
     study = SharedStudy(sqlite_url, "shared", worker="a", budget=3)
     try:
-        assert study.get("optloop:config") == "settings-1" and study.get("instructions:answer") == ["seed answer",
-                                                                                                   "rewrite"]
+        assert study.get("optloop:config") == "settings-1" and study.get(
+            "instructions:answer"
+        ) == ["seed answer", "rewrite"]
         assert study.get("unrelated") is None
         assert study.join("settings-1") == 0  # the same worker keeps its rank: rank 0, the leader
         assert study.join("settings-1") == 0
     finally:
         study.close()
-    with pytest.raises(ConfigError, match="other settings"):  # the adopted config digest still guards the study
+    with pytest.raises(
+        ConfigError, match="other settings"
+    ):  # the adopted config digest still guards the study
         other = SharedStudy(sqlite_url, "shared", worker="b", budget=3)
         try:
             other.join("settings-2")
@@ -198,7 +221,9 @@ def test_passwords_are_masked():
 
 def test_a_bare_postgresql_url_gets_an_installed_driver():
     pytest.importorskip("psycopg2", reason="psycopg2 is missing: pip install psycopg2-binary")
-    assert storage_url("postgresql://u@h/db").startswith(("postgresql+psycopg://", "postgresql+psycopg2://"))
+    assert storage_url("postgresql://u@h/db").startswith(
+        ("postgresql+psycopg://", "postgresql+psycopg2://")
+    )
     assert storage_url("postgres://u@h/db").endswith("://u@h/db")
     assert storage_url("sqlite:///x.db") == "sqlite:///x.db"
 
@@ -207,11 +232,18 @@ def test_workers_on_one_machine_get_their_own_state_dir(tmp_path):
     from optloop.loop.runner import Loop, LoopConfig
 
     def loop(optimizer):
-        return Loop(LoopConfig(system="md_flat", run_name="r", optimizer=optimizer), None, None, work=tmp_path / "r")
+        return Loop(
+            LoopConfig(system="md_flat", run_name="r", optimizer=optimizer),
+            None,
+            None,
+            work=tmp_path / "r",
+        )
 
     first, second, third = loop("optuna"), loop("optuna"), loop("simba")
     assert first._claim_state_dir() == tmp_path / "r"
-    assert second._claim_state_dir() == tmp_path / "r" / "workers" / "1"  # never the first one's checkpoint
+    assert (
+        second._claim_state_dir() == tmp_path / "r" / "workers" / "1"
+    )  # never the first one's checkpoint
     with pytest.raises(ConfigError, match="only --optimizer optuna"):
         third._claim_state_dir()
     first._lock.close()  # the first worker ended: a restarted one resumes its state
@@ -223,10 +255,18 @@ def test_workers_on_one_machine_get_their_own_state_dir(tmp_path):
 
 
 def stub_evaluator():
-    base = Candidate(sites={"answer": SiteState(instructions="seed answer"),
-                            "md_flat.curate": SiteState(instructions="seed curate")}, knobs={"top_k": 5})
-    return SimpleNamespace(system_name="md_flat", baseline=lambda: base.model_copy(deep=True),
-                           knob_choices=get_system("md_flat").knob_choices), base
+    base = Candidate(
+        sites={
+            "answer": SiteState(instructions="seed answer"),
+            "md_flat.curate": SiteState(instructions="seed curate"),
+        },
+        knobs={"top_k": 5},
+    )
+    return SimpleNamespace(
+        system_name="md_flat",
+        baseline=lambda: base.model_copy(deep=True),
+        knob_choices=get_system("md_flat").knob_choices,
+    ), base
 
 
 def optimizers(workers, n: int, budget: int, instructions: list[str]):
@@ -235,14 +275,18 @@ def optimizers(workers, n: int, budget: int, instructions: list[str]):
     studies[0].claim("instructions:answer", instructions)
     opts = []
     for study in studies:
-        opt = OptunaOptimizer(evaluator, None, None, sites=["answer"], knobs=["top_k"], shared=study)
+        opt = OptunaOptimizer(
+            evaluator, None, None, sites=["answer"], knobs=["top_k"], shared=study
+        )
         opt.mark_seen(base)
         opts.append(opt)
     return opts, base
 
 
 def test_workers_never_evaluate_the_same_candidate(workers):
-    opts, base = optimizers(workers, 2, budget=6, instructions=["seed answer", "rewrite one", "rewrite two"])
+    opts, base = optimizers(
+        workers, 2, budget=6, instructions=["seed answer", "rewrite one", "rewrite two"]
+    )
     evaluated: list[tuple[int, str]] = []
     best_eval = SimpleNamespace(accuracy=0.0, attributions=lambda: [])
     lock = threading.Lock()
@@ -259,7 +303,11 @@ def test_workers_never_evaluate_the_same_candidate(workers):
                 break
             with lock:
                 evaluated.append((slot, candidate.digest()))
-            opt.observe(candidate, SimpleNamespace(accuracy=len(candidate.sites["answer"].instructions) / 100), slot + 1)
+            opt.observe(
+                candidate,
+                SimpleNamespace(accuracy=len(candidate.sites["answer"].instructions) / 100),
+                slot + 1,
+            )
             opt.shared.publish_done(slot, {"trial": slot + 1, "accuracy": 0.0, "candidate": {}})
         opt.shared.leave()
 
@@ -267,7 +315,9 @@ def test_workers_never_evaluate_the_same_candidate(workers):
     digests = [d for _, d in evaluated]
     assert len(digests) == len(set(digests))  # no candidate twice
     assert sorted(s for s, _ in evaluated) == list(range(len(evaluated)))  # slots form a prefix
-    assert len(evaluated) == 6  # 3 instructions x 5 top_k values = 15 candidates, minus the baseline: budget spent
+    assert (
+        len(evaluated) == 6
+    )  # 3 instructions x 5 top_k values = 15 candidates, minus the baseline: budget spent
     trials = opts[0].study.get_trials(deepcopy=False)
     assert len({t.number for t in trials}) == len(trials)
     told = [t for t in trials if "optloop:trial" in t.user_attrs]
@@ -307,11 +357,17 @@ def postgres_url():
     """A throwaway PostgreSQL server on 127.0.0.1 (trust auth) and an empty database in it."""
     bindir = _pg_bindir()
     if bindir is None:
-        pytest.skip("PostgreSQL server binaries (initdb, pg_ctl, postgres) not found under /usr/lib/postgresql/*/bin; "
-                    "install Debian's postgresql package (the Makefile's system-deps step)")
-    psycopg2 = pytest.importorskip("psycopg2", reason="psycopg2 is missing: pip install psycopg2-binary")
+        pytest.skip(
+            "PostgreSQL server binaries (initdb, pg_ctl, postgres) not found under /usr/lib/postgresql/*/bin; "
+            "install Debian's postgresql package (the Makefile's system-deps step)"
+        )
+    psycopg2 = pytest.importorskip(
+        "psycopg2", reason="psycopg2 is missing: pip install psycopg2-binary"
+    )
     as_user: list[str] = []
-    root = Path(tempfile.mkdtemp(prefix="optloop-pg-"))  # not under pytest's tmp: the server's user must reach it
+    root = Path(
+        tempfile.mkdtemp(prefix="optloop-pg-")
+    )  # not under pytest's tmp: the server's user must reach it
     if os.geteuid() == 0:  # PostgreSQL refuses to run as root: run it as the postgres OS user
         try:
             pw = pwd.getpwnam("postgres")
@@ -326,16 +382,42 @@ def postgres_url():
     data, port = root / "data", _free_port()
 
     def pg(*args: str) -> None:
-        subprocess.run(as_user + [str(a) for a in args], check=True, capture_output=True, timeout=120)
+        subprocess.run(
+            as_user + [str(a) for a in args], check=True, capture_output=True, timeout=120
+        )
 
     try:
-        pg(bindir / "initdb", "-D", data, "-A", "trust", "-U", "postgres", "-E", "UTF8", "--no-sync")
-        pg(bindir / "pg_ctl", "-D", data, "-l", root / "server.log", "-w", "-t", "60", "-o",
-           f"-c listen_addresses=127.0.0.1 -p {port} -k {root} -c fsync=off", "start")
+        pg(
+            bindir / "initdb",
+            "-D",
+            data,
+            "-A",
+            "trust",
+            "-U",
+            "postgres",
+            "-E",
+            "UTF8",
+            "--no-sync",
+        )
+        pg(
+            bindir / "pg_ctl",
+            "-D",
+            data,
+            "-l",
+            root / "server.log",
+            "-w",
+            "-t",
+            "60",
+            "-o",
+            f"-c listen_addresses=127.0.0.1 -p {port} -k {root} -c fsync=off",
+            "start",
+        )
     except subprocess.CalledProcessError as exc:
         log = (root / "server.log").read_text() if (root / "server.log").exists() else ""
         shutil.rmtree(root, ignore_errors=True)
-        raise AssertionError(f"PostgreSQL did not start: {exc.stderr.decode()[-500:]} {log[-500:]}") from None
+        raise AssertionError(
+            f"PostgreSQL did not start: {exc.stderr.decode()[-500:]} {log[-500:]}"
+        ) from None
     try:
         conn = psycopg2.connect(host="127.0.0.1", port=port, user="postgres", dbname="postgres")
         conn.autocommit = True
@@ -343,8 +425,11 @@ def postgres_url():
         conn.close()
         yield f"postgresql://postgres:{SECRET}@127.0.0.1:{port}/optloop"  # trust auth ignores the password
     finally:
-        subprocess.run(as_user + [str(bindir / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "stop"],
-                       capture_output=True, timeout=120)
+        subprocess.run(
+            as_user + [str(bindir / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "stop"],
+            capture_output=True,
+            timeout=120,
+        )
         shutil.rmtree(root, ignore_errors=True)
 
 
@@ -357,16 +442,49 @@ def test_two_workers_share_one_study_on_postgresql(postgres_url, tmp_path):
 
     budget = 3
     uri = f"sqlite:///{tmp_path / 'ml' / 'mlflow.db'}"
-    env = {**os.environ, "OPTLOOP_HOME": str(tmp_path / "state"), "OPTLOOP_MLRUNS": str(tmp_path / "ml")}
+    env = {
+        **os.environ,
+        "OPTLOOP_HOME": str(tmp_path / "state"),
+        "OPTLOOP_MLRUNS": str(tmp_path / "ml"),
+    }
     procs = []
-    for i in range(2):  # same command, same state dir (one machine), one LM cache, one MLflow store
+    for i in range(
+        2
+    ):  # same command, same state dir (one machine), one LM cache, one MLflow store
         out = open(tmp_path / f"worker{i}.log", "w")  # noqa: SIM115 - closed below
-        procs.append((subprocess.Popen(
-            [sys.executable, "-m", "optloop.run", "--system", "md_flat", "--dataset", "builtin:tiny",
-             "--allow-small-splits", "--optimizer", "optuna", "--budget",
-             str(budget), "--storage", postgres_url, "--run-name", "shared", "--tracking-uri", uri,
-             "--json", str(tmp_path / f"result{i}.json")], cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT),
-            out))
+        procs.append(
+            (
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "optloop.run",
+                        "--system",
+                        "md_flat",
+                        "--dataset",
+                        "builtin:tiny",
+                        "--allow-small-splits",
+                        "--optimizer",
+                        "optuna",
+                        "--budget",
+                        str(budget),
+                        "--storage",
+                        postgres_url,
+                        "--run-name",
+                        "shared",
+                        "--tracking-uri",
+                        uri,
+                        "--json",
+                        str(tmp_path / f"result{i}.json"),
+                    ],
+                    cwd=REPO,
+                    env=env,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                ),
+                out,
+            )
+        )
     try:
         for proc, _ in procs:
             proc.wait(timeout=1500)
@@ -408,10 +526,16 @@ def test_two_workers_share_one_study_on_postgresql(postgres_url, tmp_path):
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
     assert len(children) == len(runs) - 1 == budget  # every child under the one parent
     assert sorted(int(c.data.params["trial"]) for c in children) == list(range(1, budget + 1))
-    assert len({c.data.params["candidate"] for c in children}) == budget  # no candidate evaluated twice
-    assert len(client.get_metric_history(parent.info.run_id, "acc_dev")) == budget + 1  # the baseline once
+    assert (
+        len({c.data.params["candidate"] for c in children}) == budget
+    )  # no candidate evaluated twice
+    assert (
+        len(client.get_metric_history(parent.info.run_id, "acc_dev")) == budget + 1
+    )  # the baseline once
     assert parent.data.metrics["evaluations"] == budget
-    assert parent.data.params["storage"].startswith("postgresql://postgres:***@")  # the password never reaches MLflow
+    assert parent.data.params["storage"].startswith(
+        "postgresql://postgres:***@"
+    )  # the password never reaches MLflow
     assert not any(SECRET in text for text in logs + [json.dumps(r) for r in results])
     by_worker = {c.data.tags["optloop.worker"] for c in children}
     print(f"children by worker: {sorted(by_worker)}; optuna trials asked: {len(trials)}")
@@ -426,7 +550,9 @@ def test_a_batch_of_asks_is_distinct_and_the_same_for_the_same_seed(tmp_path):
         try:
             evaluator, base = stub_evaluator()
             study.claim("instructions:answer", ["seed answer", "rewrite one", "rewrite two"])
-            opt = OptunaOptimizer(evaluator, None, None, sites=["answer"], knobs=["top_k"], shared=study, batch=3)
+            opt = OptunaOptimizer(
+                evaluator, None, None, sites=["answer"], knobs=["top_k"], shared=study, batch=3
+            )
             opt.mark_seen(base)
             best_eval = SimpleNamespace(accuracy=0.0, attributions=list)
             batch = opt.propose_batch(base, best_eval, 3)

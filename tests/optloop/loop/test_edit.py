@@ -6,12 +6,12 @@ import dspy
 import pytest
 from dspy.utils import DummyLM
 
+from optloop.attribution import Attribution, ErrorType
 from optloop.datasets import Dataset, Episode, Question, Session, Turn
 from optloop.loop.candidate import Candidate, SiteState
-from optloop.attribution import Attribution, ErrorType
 from optloop.loop.edit import EditOptimizer, phrases, support
-from optloop.loop.units import Instruction, problems
 from optloop.loop.evaluate import Evaluation, QuestionOutcome
+from optloop.loop.units import Instruction, problems
 
 SABOTAGE = "Reply with exactly N/A."
 CLEAN = "Answer the question from the memories. Give the shortest answer, a name or a number."
@@ -19,7 +19,11 @@ CLEAN = "Answer the question from the memories. Give the shortest answer, a name
 
 def test_phrases_are_sentences_and_semicolon_clauses_as_written():
     text = "Answer the question.  Give the shortest answer, a name or a number; nothing else."
-    assert phrases(text) == ["Answer the question.", "Give the shortest answer, a name or a number;", "nothing else."]
+    assert phrases(text) == [
+        "Answer the question.",
+        "Give the shortest answer, a name or a number;",
+        "nothing else.",
+    ]
     assert Instruction.parse(text).text == text
 
 
@@ -30,16 +34,31 @@ class FakeEvaluator:
         self.sites = {"answer": _Site()}
         self.evaluated: list[str] = []
 
-    def evaluate(self, candidate: Candidate, dataset: Dataset, *, split: str = "dev") -> Evaluation:
+    def evaluate(
+        self, candidate: Candidate, dataset: Dataset, *, split: str = "dev"
+    ) -> Evaluation:
         text = candidate.sites["answer"].instructions
         self.evaluated.append(text)
         ok = SABOTAGE not in text
-        outcomes = [QuestionOutcome(episode_id=e.id, question_id=q.id, task_type="t", question=q.question,
-                                    gold=q.gold, prediction="", score=float(ok), passed=ok)
-                    for e in dataset.episodes for q in e.questions]
+        outcomes = [
+            QuestionOutcome(
+                episode_id=e.id,
+                question_id=q.id,
+                task_type="t",
+                question=q.question,
+                gold=q.gold,
+                prediction="",
+                score=float(ok),
+                passed=ok,
+            )
+            for e in dataset.episodes
+            for q in e.questions
+        ]
         return Evaluation(split=split, candidate=candidate.digest(), outcomes=outcomes)
 
-    def evaluate_many(self, candidates: list[Candidate], dataset: Dataset, *, split: str = "dev") -> list[Evaluation]:
+    def evaluate_many(
+        self, candidates: list[Candidate], dataset: Dataset, *, split: str = "dev"
+    ) -> list[Evaluation]:
         return [self.evaluate(c, dataset, split=split) for c in candidates]
 
 
@@ -51,8 +70,16 @@ class _Site:
 
 
 def _train(n: int = 4) -> Dataset:
-    episodes = [Episode(id=f"e{i}", sessions=[Session(id=f"s{i}", turns=[Turn(id=f"t{i}", role="user", content="hi")])],
-                        questions=[Question(id=f"q{i}", question="what?", gold="x", task_type="t", scorer="exact")]) for i in range(n)]
+    episodes = [
+        Episode(
+            id=f"e{i}",
+            sessions=[Session(id=f"s{i}", turns=[Turn(id=f"t{i}", role="user", content="hi")])],
+            questions=[
+                Question(id=f"q{i}", question="what?", gold="x", task_type="t", scorer="exact")
+            ],
+        )
+        for i in range(n)
+    ]
     return Dataset(name="toy", uri="toy", episodes=episodes)
 
 
@@ -73,7 +100,9 @@ def test_a_round_proposes_deletions_and_the_default_then_random_edits(optimizer)
     all_deletions = {instruction.delete(k).text for k in range(n)}
     assert {e.text for e in edits[:n]} == all_deletions
     default = edits[n]
-    assert default.ops[0].startswith("del all") and default.text.startswith("Given the fields")  # DSPy's default
+    assert default.ops[0].startswith("del all") and default.text.startswith(
+        "Given the fields"
+    )  # DSPy's default
     assert len(edits) == n + 1 + 3
     opt.deletions = 2  # fewer than the units: that many, drawn at random
     fewer = opt.edits(instruction.text, "answer")
@@ -88,20 +117,26 @@ def test_edits_are_screened_on_train_and_the_best_comes_first(optimizer):
     assert len(opt.minibatch.questions()) == 3  # the seeded mini-batch, not the whole train split
     # every queued candidate is new, and none repeats the start
     queued = [first, *opt.queue]
-    assert len({c.digest() for c in queued}) == len(queued) and start.digest() not in {c.digest() for c in queued}
+    assert len({c.digest() for c in queued}) == len(queued) and start.digest() not in {
+        c.digest() for c in queued
+    }
 
 
 def test_the_optimizer_never_reads_the_systems_own_instruction(optimizer):
     """It edits only what it starts from: the template's text (CLEAN here) never enters an edit on its own."""
     opt, _ = optimizer
-    start = Candidate(sites={"answer": SiteState(instructions="Repeat the question. Do not answer it.")})
+    start = Candidate(
+        sites={"answer": SiteState(instructions="Repeat the question. Do not answer it.")}
+    )
     opt.propose(start, Evaluation(split="dev", candidate=start.digest(), outcomes=[]))
     texts = [c.sites["answer"].instructions for c in opt.queue]
     assert texts and all(CLEAN not in t for t in texts)
 
 
 def _failure(answer: str, target: str = "answer") -> Attribution:
-    return Attribution(question_id="q", prediction=answer, error_type=ErrorType.RESPONSE, target=target)
+    return Attribution(
+        question_id="q", prediction=answer, error_type=ErrorType.RESPONSE, target=target
+    )
 
 
 def test_the_deletion_the_failures_point_at_goes_first_and_says_why(optimizer):
@@ -109,13 +144,28 @@ def test_the_deletion_the_failures_point_at_goes_first_and_says_why(optimizer):
     text = "Always reply exactly I don't know whatever the memories say. " + CLEAN
     start = Candidate(sites={"answer": SiteState(instructions=text)})
     failures = [_failure("I don't know")] * 14 + [_failure("Paris"), _failure("blue")]
-    outcomes = [QuestionOutcome(episode_id="e", question_id=f"q{i}", task_type="t", question="?", gold="x",
-                                prediction=a.prediction, score=0.0, passed=False, attribution=a)
-                for i, a in enumerate(failures)]
-    first = opt.propose(start, Evaluation(split="dev", candidate=start.digest(), outcomes=outcomes))
+    outcomes = [
+        QuestionOutcome(
+            episode_id="e",
+            question_id=f"q{i}",
+            task_type="t",
+            question="?",
+            gold="x",
+            prediction=a.prediction,
+            score=0.0,
+            passed=False,
+            attribution=a,
+        )
+        for i, a in enumerate(failures)
+    ]
+    first = opt.propose(
+        start, Evaluation(split="dev", candidate=start.digest(), outcomes=outcomes)
+    )
     assert first is not None
     assert first.sites["answer"].instructions == CLEAN
-    assert first.origin.endswith("""(deleted sentence 1: 14 of 16 failures answered "I don't know")""")
+    assert first.origin.endswith(
+        """(deleted sentence 1: 14 of 16 failures answered "I don't know")"""
+    )
 
 
 def test_support_needs_several_failures_and_reads_quoted_phrases():
@@ -134,14 +184,17 @@ def test_no_edit_leaves_a_sentence_cut_in_half(optimizer):
         assert "contain the answer," not in edit.text or "reply" in edit.text
 
 
-@pytest.mark.parametrize("text, problem", [
-    ("Answer. If the memories do not contain the answer,", "cut short"),
-    ('Answer. Reply "I don\'t know.', "unmatched quote"),
-    ("Answer the question. . Be brief.", "empty sentence"),
-    ("Answer the question and.", "ending on 'and'"),
-    ("If the memories do not contain the answer.", "no main clause"),
-    ("Answer (briefly.", "unmatched ()"),
-])
+@pytest.mark.parametrize(
+    "text, problem",
+    [
+        ("Answer. If the memories do not contain the answer,", "cut short"),
+        ("Answer. Reply \"I don't know.", "unmatched quote"),
+        ("Answer the question. . Be brief.", "empty sentence"),
+        ("Answer the question and.", "ending on 'and'"),
+        ("If the memories do not contain the answer.", "no main clause"),
+        ("Answer (briefly.", "unmatched ()"),
+    ],
+)
 def test_problems_name_what_a_reviewer_would_reject(text, problem):
     assert any(problem in p for p in problems(text)), problems(text)
 
@@ -151,8 +204,14 @@ def test_units_keep_layout_and_delete_whole_list_items_and_clauses():
     instruction = Instruction.parse(text)
     assert instruction.text == text
     assert [u.kind for u in instruction.editable] == ["item", "item", "clause", "clause"]
-    assert instruction.delete(0).text == "Rules:\n- Never guess;\n  say so instead.\n\nAnswer now; be polite."
-    assert instruction.delete(3).text == "Rules:\n- Be brief.\n- Never guess;\n  say so instead.\n\nAnswer now."
+    assert (
+        instruction.delete(0).text
+        == "Rules:\n- Never guess;\n  say so instead.\n\nAnswer now; be polite."
+    )
+    assert (
+        instruction.delete(3).text
+        == "Rules:\n- Be brief.\n- Never guess;\n  say so instead.\n\nAnswer now."
+    )
     assert instruction.delete(2).text.endswith("\n\nBe polite.")
     assert instruction.label(1) == "list item 2"
 
@@ -162,12 +221,17 @@ def _shipped_instructions() -> dict[str, str]:
     import inspect
 
     from signatures import graphiti
+
     out = {}
     for name in ("baselines", "common", "gated", "mem0", "tiered"):
         module = importlib.import_module(f"signatures.{name}")
         for attr, obj in vars(module).items():
-            if inspect.isclass(obj) and issubclass(obj, dspy.Signature) and obj.__module__ == module.__name__ \
-                    and not attr.startswith(("Library", "_")):
+            if (
+                inspect.isclass(obj)
+                and issubclass(obj, dspy.Signature)
+                and obj.__module__ == module.__name__
+                and not attr.startswith(("Library", "_"))
+            ):
                 out[f"{name}.{attr}"] = obj.instructions
     out |= {site: sig.instructions for site, sig in graphiti.SIGNATURES.items()}
     return out
@@ -181,4 +245,7 @@ def test_every_shipped_prompt_splits_losslessly_and_each_deletion_stays_well_for
     before = problems(text)
     if len(instruction.editable) > 1:
         for k in range(len(instruction.editable)):
-            assert [p for p in problems(instruction.delete(k).text) if p not in before] == [], (site, k)
+            assert [p for p in problems(instruction.delete(k).text) if p not in before] == [], (
+                site,
+                k,
+            )

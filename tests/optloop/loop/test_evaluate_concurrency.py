@@ -41,29 +41,63 @@ def embedder():
 def run(system: str, n: int, root: Path, endpoint: KeyedEndpoint, embedder: Any) -> dict[str, Any]:
     """The three evaluations at concurrency ``n``, and everything they leave behind."""
     dataset = load_dataset(DATASET)
-    lm = OptloopLM(LMSettings.from_spec("openai:oracle", base_url=endpoint.base_url, concurrency=n, max_retries=2,
-                                        cache_path=root / "cache.sqlite"))
+    lm = OptloopLM(
+        LMSettings.from_spec(
+            "openai:oracle",
+            base_url=endpoint.base_url,
+            concurrency=n,
+            max_retries=2,
+            cache_path=root / "cache.sqlite",
+        )
+    )
     evaluator = Evaluator(system, lm, root / "work", embedder=embedder, max_live=3)
     try:
         baseline = evaluator.baseline()
         state = baseline.sites["answer"]
-        variant = baseline.model_copy(update={"sites": {**baseline.sites, "answer": SiteState(
-            instructions=state.instructions + " Answer in as few words as you can.", demos=state.demos)},
-            "origin": "variant"})
+        variant = baseline.model_copy(
+            update={
+                "sites": {
+                    **baseline.sites,
+                    "answer": SiteState(
+                        instructions=state.instructions + " Answer in as few words as you can.",
+                        demos=state.demos,
+                    ),
+                },
+                "origin": "variant",
+            }
+        )
         tail = Dataset(name="tail", uri=DATASET, episodes=dataset.episodes[2:])
-        evaluations = [evaluator.evaluate(baseline, dataset), evaluator.evaluate(variant, dataset),
-                       evaluator.evaluate(variant, tail)]
+        evaluations = [
+            evaluator.evaluate(baseline, dataset),
+            evaluator.evaluate(variant, dataset),
+            evaluator.evaluate(variant, tail),
+        ]
     finally:
         evaluator.close()
-    graphs = {str(Path(p).relative_to(root / "work")): without_clock(json.loads(Path(p).read_text()))
-              for e in evaluations for p in e.fault_graphs}
+    graphs = {
+        str(Path(p).relative_to(root / "work")): without_clock(json.loads(Path(p).read_text()))
+        for e in evaluations
+        for p in e.fault_graphs
+    }
     with sqlite3.connect(root / "cache.sqlite") as db:
         keys = sorted(row[0] for row in db.execute("SELECT key FROM responses"))
-    records = Counter((r.site, r.key, r.cached, r.attempts, tuple(r.faults), r.error) for r in lm.accounting.records)
-    by_site = {site: (u.calls, u.model_calls, u.cache_hits, u.errors, u.retries, u.faults, u.tokens)
-               for site, u in lm.accounting.by_site().items()}
-    return {"evaluations": [e.model_dump(exclude={"seconds", "lm_seconds", "fault_graphs"}) for e in evaluations],
-            "graphs": graphs, "keys": keys, "records": records, "by_site": by_site}
+    records = Counter(
+        (r.site, r.key, r.cached, r.attempts, tuple(r.faults), r.error)
+        for r in lm.accounting.records
+    )
+    by_site = {
+        site: (u.calls, u.model_calls, u.cache_hits, u.errors, u.retries, u.faults, u.tokens)
+        for site, u in lm.accounting.by_site().items()
+    }
+    return {
+        "evaluations": [
+            e.model_dump(exclude={"seconds", "lm_seconds", "fault_graphs"}) for e in evaluations
+        ],
+        "graphs": graphs,
+        "keys": keys,
+        "records": records,
+        "by_site": by_site,
+    }
 
 
 @pytest.fixture(scope="module", params=["md_flat", "mem0", "graphiti"])
@@ -73,13 +107,23 @@ def runs(request, tmp_path_factory, embedder) -> dict[Any, Any]:
     with KeyedEndpoint(gold, latency_s=0.03, fault_every=5) as endpoint:
         for n in (1, 4):
             endpoint.forget()  # the same faults for each run
-            out[n] = run(request.param, n, tmp_path_factory.mktemp(f"{request.param}-n{n}"), endpoint, embedder)
+            out[n] = run(
+                request.param,
+                n,
+                tmp_path_factory.mktemp(f"{request.param}-n{n}"),
+                endpoint,
+                embedder,
+            )
     return out
 
 
 def test_the_evaluations_are_the_same_at_n1_and_n4(runs):
     one, four = runs[1]["evaluations"], runs[4]["evaluations"]
-    assert [(e["stores_built"], e["stores_reused"]) for e in one] == [(4, 0), (4, 0), (0, 2)]  # the plan did its job
+    assert [(e["stores_built"], e["stores_reused"]) for e in one] == [
+        (4, 0),
+        (4, 0),
+        (0, 2),
+    ]  # the plan did its job
     assert runs["system"] == "graphiti" or any(o["passed"] for e in one for o in e["outcomes"])
     assert any(o["attribution"] for e in one for o in e["outcomes"])  # failures were attributed
     assert four == one  # outcomes in order, attributions, calls, tokens, reuse, faults
@@ -104,8 +148,11 @@ def test_accounting_by_prompt_site_is_the_same_at_n1_and_n4(runs):
 
 
 def test_a_dead_endpoint_still_stops_an_evaluation_at_n4(tmp_path, embedder):
-    lm = OptloopLM(LMSettings.from_spec("openai:test", base_url=closed_port_url(), cache=False, max_retries=0,
-                                        concurrency=4))
+    lm = OptloopLM(
+        LMSettings.from_spec(
+            "openai:test", base_url=closed_port_url(), cache=False, max_retries=0, concurrency=4
+        )
+    )
     evaluator = Evaluator("md_flat", lm, tmp_path, embedder=embedder)
     try:
         with pytest.raises(EndpointDownError, match="cannot reach LM endpoint"):
@@ -122,9 +169,23 @@ def _variants(evaluator: Evaluator) -> list[Any]:
     """The baseline and two answer prompts of it (the same ingest key: shared stores would serialize them)."""
     baseline = evaluator.baseline()
     state = baseline.sites["answer"]
-    return [baseline, *(baseline.model_copy(update={"sites": {**baseline.sites, "answer": SiteState(
-        instructions=state.instructions + extra, demos=state.demos)}, "origin": f"variant {i}"})
-        for i, extra in enumerate((" Answer in as few words as you can.", " Be brief.")))]
+    return [
+        baseline,
+        *(
+            baseline.model_copy(
+                update={
+                    "sites": {
+                        **baseline.sites,
+                        "answer": SiteState(
+                            instructions=state.instructions + extra, demos=state.demos
+                        ),
+                    },
+                    "origin": f"variant {i}",
+                }
+            )
+            for i, extra in enumerate((" Answer in as few words as you can.", " Be brief."))
+        ),
+    ]
 
 
 @pytest.mark.parametrize("system", ["md_flat", "mem0"])
@@ -134,19 +195,29 @@ def test_a_batch_gives_each_candidate_the_evaluation_it_gets_alone(system, tmp_p
     outcomes = {}
     with KeyedEndpoint(gold, latency_s=0.03) as endpoint:
         for how in ("alone", "batch"):
-            lm = OptloopLM(LMSettings.from_spec("openai:oracle", base_url=endpoint.base_url, concurrency=4,
-                                                cache_path=tmp_path / how / "cache.sqlite"))
+            lm = OptloopLM(
+                LMSettings.from_spec(
+                    "openai:oracle",
+                    base_url=endpoint.base_url,
+                    concurrency=4,
+                    cache_path=tmp_path / how / "cache.sqlite",
+                )
+            )
             evaluator = Evaluator(system, lm, tmp_path / how / "work", embedder=embedder)
             try:
                 candidates = _variants(evaluator)
-                evaluations = ([evaluator.evaluate(c, dataset) for c in candidates] if how == "alone"
-                               else evaluator.evaluate_many(candidates, dataset))
+                evaluations = (
+                    [evaluator.evaluate(c, dataset) for c in candidates]
+                    if how == "alone"
+                    else evaluator.evaluate_many(candidates, dataset)
+                )
             finally:
                 evaluator.close()
             # the outcomes: which stores were built or reused (and their ingestion calls) are the batch's own
             outcomes[how] = [e.model_dump(include={"candidate", "outcomes"}) for e in evaluations]
             if how == "batch":  # each candidate of the batch built its own stores
                 assert [e.stores_built for e in evaluations] == [len(dataset.episodes)] * 3
-                assert len({p.name for p in (tmp_path / how / "work" / "stores").glob("*/*")}) == \
-                    3 * len(dataset.episodes)
+                assert len(
+                    {p.name for p in (tmp_path / how / "work" / "stores").glob("*/*")}
+                ) == 3 * len(dataset.episodes)
     assert outcomes["batch"] == outcomes["alone"]

@@ -16,10 +16,24 @@ from optloop.loop.mlflow_sink import MlflowSink
 from optloop.loop.runner import SplitEvaluator
 from optloop.run import main
 
-TINY = ["--dataset", "builtin:tiny", "--allow-small-splits"]  # a few minutes on the embedded model, not hours
+TINY = [
+    "--dataset",
+    "builtin:tiny",
+    "--allow-small-splits",
+]  # a few minutes on the embedded model, not hours
 
-PARENT_METRICS = {"acc_dev", "acc_dev_best", "acc_test_before", "acc_test_after", "delta_test", "llm_calls",
-                  "model_calls", "tokens", "seconds", "evaluations"}
+PARENT_METRICS = {
+    "acc_dev",
+    "acc_dev_best",
+    "acc_test_before",
+    "acc_test_after",
+    "delta_test",
+    "llm_calls",
+    "model_calls",
+    "tokens",
+    "seconds",
+    "evaluations",
+}
 
 
 def runs_of(uri: str, system: str):
@@ -39,8 +53,12 @@ def check_store(uri: str, system: str, budget: int, result: dict) -> None:
     assert len(children) == result["evaluations"] == budget
     assert sorted(int(c.data.params["trial"]) for c in children) == list(range(1, budget + 1))
     assert PARENT_METRICS <= set(parent.data.metrics)
-    assert parent.data.metrics["delta_test"] == pytest.approx(result["test_after"] - result["test_before"])
-    assert len(client.get_metric_history(parent.info.run_id, "acc_dev")) == budget + 1  # baseline + each trial
+    assert parent.data.metrics["delta_test"] == pytest.approx(
+        result["test_after"] - result["test_before"]
+    )
+    assert (
+        len(client.get_metric_history(parent.info.run_id, "acc_dev")) == budget + 1
+    )  # baseline + each trial
     assert PARENT_ARTIFACTS <= {a.path for a in client.list_artifacts(parent.info.run_id)}
     for child in children:
         assert CHILD_ARTIFACTS <= {a.path for a in client.list_artifacts(child.info.run_id)}
@@ -53,8 +71,19 @@ def check_store(uri: str, system: str, budget: int, result: dict) -> None:
 @pytest.mark.integration
 def test_interrupted_run_resumes_without_redoing_or_double_counting(tmp_path, monkeypatch):
     uri = f"sqlite:///{tmp_path / 'ml' / 'mlflow.db'}"
-    args = ["--system", "md_flat", *TINY, "--budget", "2", "--run-name", "it", "--tracking-uri", uri,
-            "--json", str(tmp_path / "result.json")]
+    args = [
+        "--system",
+        "md_flat",
+        *TINY,
+        "--budget",
+        "2",
+        "--run-name",
+        "it",
+        "--tracking-uri",
+        uri,
+        "--json",
+        str(tmp_path / "result.json"),
+    ]
     calls = {"n": 0}
     original = MlflowSink.log_trial
 
@@ -65,12 +94,20 @@ def test_interrupted_run_resumes_without_redoing_or_double_counting(tmp_path, mo
         return original(self, *a, **kw)
 
     monkeypatch.setattr(MlflowSink, "log_trial", interrupt_second)
-    assert main(args) == 130  # interrupted: checkpointed, MLflow runs KILLED, the resume command printed
+    assert (
+        main(args) == 130
+    )  # interrupted: checkpointed, MLflow runs KILLED, the resume command printed
     monkeypatch.setattr(MlflowSink, "log_trial", original)
     evaluated = []
     real_evaluate = SplitEvaluator.evaluate
-    monkeypatch.setattr(SplitEvaluator, "evaluate", lambda self, cand, split: (
-        evaluated.append((cand.origin, split)), real_evaluate(self, cand, split))[1])
+    monkeypatch.setattr(
+        SplitEvaluator,
+        "evaluate",
+        lambda self, cand, split: (
+            evaluated.append((cand.origin, split)),
+            real_evaluate(self, cand, split),
+        )[1],
+    )
     assert main(args) == 0
     result = json.loads((tmp_path / "result.json").read_text())
     # resumed: the baseline and trial 1 were not evaluated again; trial 2 was redone once
@@ -86,10 +123,34 @@ def test_same_seed_and_cache_give_the_same_result(tmp_path):
     outs = []
     for name in ("first", "second"):
         out = tmp_path / f"{name}.json"
-        assert main(["--system", "md_flat", *TINY, "--budget", "2", "--run-name", name, "--tracking-uri", uri,
-                     "--json", str(out)]) == 0
+        assert (
+            main(
+                [
+                    "--system",
+                    "md_flat",
+                    *TINY,
+                    "--budget",
+                    "2",
+                    "--run-name",
+                    name,
+                    "--tracking-uri",
+                    uri,
+                    "--json",
+                    str(out),
+                ]
+            )
+            == 0
+        )
         outs.append(json.loads(out.read_text()))
-    keys = ("baseline_dev", "best_dev", "best_trial", "test_before", "test_after", "changed_sites", "targets")
+    keys = (
+        "baseline_dev",
+        "best_dev",
+        "best_trial",
+        "test_before",
+        "test_after",
+        "changed_sites",
+        "targets",
+    )
     assert [{k: o[k] for k in keys} for o in outs][0] == [{k: o[k] for k in keys} for o in outs][1]
     assert outs[1]["cost"]["model_calls"] == 0  # the second run came entirely from the cache
 
@@ -99,8 +160,24 @@ def test_same_seed_and_cache_give_the_same_result(tmp_path):
 def test_budget_3_on_the_real_libraries(system, tmp_path):
     uri = f"sqlite:///{tmp_path / 'ml' / 'mlflow.db'}"
     out = tmp_path / "result.json"
-    assert main(["--system", system, *TINY, "--budget", "3", "--run-name", f"{system}-3", "--tracking-uri", uri,
-                 "--json", str(out)]) == 0
+    assert (
+        main(
+            [
+                "--system",
+                system,
+                *TINY,
+                "--budget",
+                "3",
+                "--run-name",
+                f"{system}-3",
+                "--tracking-uri",
+                uri,
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     check_store(uri, system, 3, json.loads(out.read_text()))
 
 
@@ -109,6 +186,24 @@ def test_budget_3_on_the_real_libraries(system, tmp_path):
 def test_other_optimizers_spend_the_budget(optimizer, tmp_path):
     uri = f"sqlite:///{tmp_path / 'ml' / 'mlflow.db'}"
     out = tmp_path / "result.json"
-    assert main(["--system", "md_flat", *TINY, "--budget", "2", "--optimizer", optimizer, "--run-name", optimizer,
-                 "--tracking-uri", uri, "--json", str(out)]) == 0
+    assert (
+        main(
+            [
+                "--system",
+                "md_flat",
+                *TINY,
+                "--budget",
+                "2",
+                "--optimizer",
+                optimizer,
+                "--run-name",
+                optimizer,
+                "--tracking-uri",
+                uri,
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     check_store(uri, "md_flat", 2, json.loads(out.read_text()))

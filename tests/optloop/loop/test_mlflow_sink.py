@@ -34,11 +34,15 @@ def children(client, parent_id):
     from mlflow.entities import ViewType
 
     experiment = client.get_run(parent_id).info.experiment_id
-    runs = client.search_runs([experiment], f"tags.`mlflow.parentRunId` = '{parent_id}'", run_view_type=ViewType.ALL)
+    runs = client.search_runs(
+        [experiment], f"tags.`mlflow.parentRunId` = '{parent_id}'", run_view_type=ViewType.ALL
+    )
     return {r.info.run_name: (r.info.status, r.info.lifecycle_stage) for r in runs}
 
 
-def test_an_interrupted_trial_ends_killed_a_failed_one_failed_and_discarding_ends_then_deletes(parent, tmp_path):
+def test_an_interrupted_trial_ends_killed_a_failed_one_failed_and_discarding_ends_then_deletes(
+    parent, tmp_path
+):
     import mlflow
 
     client, parent_id = parent
@@ -49,15 +53,25 @@ def test_an_interrupted_trial_ends_killed_a_failed_one_failed_and_discarding_end
         raise RuntimeError("an evaluation failed")
     with sink.open_trial(4, {"optloop.worker": "0:w"}):
         pass
-    leftover = mlflow.start_run(run_name="trial-3", nested=True).info.run_id  # a kill left it RUNNING ...
+    leftover = mlflow.start_run(
+        run_name="trial-3", nested=True
+    ).info.run_id  # a kill left it RUNNING ...
     mlflow.end_run("RUNNING")  # (the fluent stack forgets it; its status stays RUNNING)
     client.delete_run(leftover)  # ... and an older optloop deleted it as it was
-    assert children(client, parent_id) == {"trial-1": ("KILLED", "active"), "trial-2": ("FAILED", "active"),
-                                           "trial-3": ("RUNNING", "deleted"), "trial-4": ("FINISHED", "active")}
+    assert children(client, parent_id) == {
+        "trial-1": ("KILLED", "active"),
+        "trial-2": ("FAILED", "active"),
+        "trial-3": ("RUNNING", "deleted"),
+        "trial-4": ("FINISHED", "active"),
+    }
     for trial in (1, 3):
         sink.discard_trial(trial)
-    assert children(client, parent_id) == {"trial-1": ("KILLED", "deleted"), "trial-2": ("FAILED", "active"),
-                                           "trial-3": ("KILLED", "deleted"), "trial-4": ("FINISHED", "active")}
+    assert children(client, parent_id) == {
+        "trial-1": ("KILLED", "deleted"),
+        "trial-2": ("FAILED", "active"),
+        "trial-3": ("KILLED", "deleted"),
+        "trial-4": ("FINISHED", "active"),
+    }
     assert mlflow.active_run().info.run_id == parent_id  # the parent is still the active run
 
 
@@ -81,15 +95,26 @@ def test_the_run_cost_has_dollars_and_per_site_figures_when_the_lm_prices_calls(
             accounting.add(CallRecord(site, "m", 7, 3, 0.5, cached=False, cost_usd=price))
         return SimpleNamespace(accounting=accounting)
 
-    unpriced = Loop(LoopConfig(system="md_flat", run_name="r"), lm([("answer", None), (None, None)]), None)
+    unpriced = Loop(
+        LoopConfig(system="md_flat", run_name="r"), lm([("answer", None), (None, None)]), None
+    )
     unpriced.proposer = unpriced.lm
     cost = unpriced._cost(0, None)
     assert "cost_usd" not in cost and not any(k.startswith("cost_usd/") for k in cost)
-    assert cost["llm_calls/answer"] == 1 and cost["tokens/no_site"] == 10 and cost["model_calls"] == 2
-    priced = Loop(LoopConfig(system="md_flat", run_name="r"), lm([("answer", 0.25), ("answer", 0.5)]),
-                  lm([("proposer", 1.0)]))
+    assert (
+        cost["llm_calls/answer"] == 1 and cost["tokens/no_site"] == 10 and cost["model_calls"] == 2
+    )
+    priced = Loop(
+        LoopConfig(system="md_flat", run_name="r"),
+        lm([("answer", 0.25), ("answer", 0.5)]),
+        lm([("proposer", 1.0)]),
+    )
     cost = priced._cost(0, 0)
-    assert cost["cost_usd"] == 0.75 and cost["cost_usd/answer"] == 0.75 and cost["llm_calls/answer"] == 2
+    assert (
+        cost["cost_usd"] == 0.75
+        and cost["cost_usd/answer"] == 0.75
+        and cost["llm_calls/answer"] == 2
+    )
     assert cost["proposer_cost_usd"] == 1.0 and cost["proposer_model_calls"] == 1
 
 
@@ -102,15 +127,29 @@ def test_a_trial_logs_its_cost_per_prompt_site_and_dollars_only_where_priced(par
     sink = MlflowSink("md_flat", parent_id, tmp_path, modules=lambda candidate: {})
     base = Candidate(sites={"answer": SiteState(instructions="a")})
     candidate = Candidate(sites={"answer": SiteState(instructions="b")})
-    evaluation = Evaluation(split="dev", candidate=candidate.digest(), outcomes=[], llm_calls=5, model_calls=4,
-                            tokens=40, cost_usd=0.003, lm_seconds=2.0,
-                            sites={"answer": LMCost(calls=3, model_calls=2, tokens=20, cost_usd=0.003),
-                                   "no_site": LMCost(calls=2, model_calls=2, tokens=20)})  # unpriced: no dollars
+    evaluation = Evaluation(
+        split="dev",
+        candidate=candidate.digest(),
+        outcomes=[],
+        llm_calls=5,
+        model_calls=4,
+        tokens=40,
+        cost_usd=0.003,
+        lm_seconds=2.0,
+        sites={
+            "answer": LMCost(calls=3, model_calls=2, tokens=20, cost_usd=0.003),
+            "no_site": LMCost(calls=2, model_calls=2, tokens=20),
+        },
+    )  # unpriced: no dollars
     with sink.open_trial(1, None) as run_id:
         sink.log_trial(1, candidate, evaluation, base=base, diff="")
     metrics = client.get_run(run_id).data.metrics
     assert metrics["cost_usd"] == 0.003 and metrics["llm_calls"] == 5 and metrics["tokens"] == 40
-    assert metrics["llm_calls/answer"] == 3 and metrics["tokens/answer"] == 20 and metrics["cost_usd/answer"] == 0.003
+    assert (
+        metrics["llm_calls/answer"] == 3
+        and metrics["tokens/answer"] == 20
+        and metrics["cost_usd/answer"] == 0.003
+    )
     assert metrics["llm_calls/no_site"] == 2 and "cost_usd/no_site" not in metrics
     unpriced = evaluation.model_copy(update={"cost_usd": None, "sites": {}})
     with sink.open_trial(2, None) as run_id:

@@ -58,10 +58,15 @@ def proposer_lm() -> ScriptLM:
     def reply(messages: list[dict[str, Any]]) -> dict[str, Any]:
         n, system = next(calls), messages[0]["content"]
         if "examples_with_feedback" in system:  # GEPA's reflection
-            return {"new_instruction": f"{START} {REFLECTED} #{n}: the capital asked about is Paris."}
+            return {
+                "new_instruction": f"{START} {REFLECTED} #{n}: the capital asked about is Paris."
+            }
         if "new_instruction" in system:  # optloop's own rewrite, when a round made nothing
             return {"new_instruction": f"{START} Rewrite #{n}."}
-        return {"discussion": "the answer module guessed", "answer": f"{ADVICE} (advice #{n}): answer Paris."}
+        return {
+            "discussion": "the answer module guessed",
+            "answer": f"{ADVICE} (advice #{n}): answer Paris.",
+        }
 
     return ScriptLM(reply)
 
@@ -86,22 +91,48 @@ class ToyEvaluator:
     def store(self, candidate: Candidate, episode: Episode, modules: Any) -> tuple[None, bool]:
         return None, True
 
-    def ask(self, store: None, candidate: Candidate, modules: dict[str, dspy.Predict], episode: Episode,
-            question: Question) -> QuestionOutcome:
+    def ask(
+        self,
+        store: None,
+        candidate: Candidate,
+        modules: dict[str, dspy.Predict],
+        episode: Episode,
+        question: Question,
+    ) -> QuestionOutcome:
         module = modules["answer"]
         self.ran.append(module.signature.instructions)
         with dspy.context(lm=self.lm, adapter=dspy.JSONAdapter()):
             answer = module(question=question.question).answer
         ok = answer == question.gold
-        return QuestionOutcome(episode_id=episode.id, question_id=question.id, task_type="t",
-                               question=question.question, gold=question.gold, prediction=answer, score=float(ok),
-                               passed=ok)
+        return QuestionOutcome(
+            episode_id=episode.id,
+            question_id=question.id,
+            task_type="t",
+            question=question.question,
+            gold=question.gold,
+            prediction=answer,
+            score=float(ok),
+            passed=ok,
+        )
 
 
 def _dataset(n: int = 4) -> Dataset:
-    episodes = [Episode(id=f"e{i}", sessions=[Session(id=f"s{i}", turns=[Turn(id=f"t{i}", role="user", content="hi")])],
-                        questions=[Question(id=f"q{i}", question=f"Capital of France? ({i})", gold="Paris",
-                                            task_type="t", scorer="exact")]) for i in range(n)]
+    episodes = [
+        Episode(
+            id=f"e{i}",
+            sessions=[Session(id=f"s{i}", turns=[Turn(id=f"t{i}", role="user", content="hi")])],
+            questions=[
+                Question(
+                    id=f"q{i}",
+                    question=f"Capital of France? ({i})",
+                    gold="Paris",
+                    task_type="t",
+                    scorer="exact",
+                )
+            ],
+        )
+        for i in range(n)
+    ]
     return Dataset(name="toy", uri="toy", episodes=episodes)
 
 
@@ -120,8 +151,9 @@ def test_a_program_is_data_and_runs_on_the_evaluator_it_is_lent(toy):
     program = MemoryProgram(START_CANDIDATE, ["answer"], evaluator.modules(START_CANDIDATE))
     copy = program.deepcopy()  # no live object inside: an ordinary deep copy
     assert copy.candidate("x") == program.candidate("x") and copy.answer is not program.answer
-    example = dspy.Example(episode_id="e0", question_id="q0", question="?").with_inputs("episode_id", "question_id",
-                                                                                         "question")
+    example = dspy.Example(episode_id="e0", question_id="q0", question="?").with_inputs(
+        "episode_id", "question_id", "question"
+    )
     with pytest.raises(RuntimeError, match="running"):
         program(**example.inputs())
     with running(evaluator):
@@ -148,29 +180,49 @@ def test_simba_second_round_samples_the_pool_the_first_round_left(toy):
     second.mark_seen(START_CANDIDATE)
     second.mark_seen(proposed)
     again = second.propose(START_CANDIDATE, NO_EVAL)
-    assert second.pool.state.steps == 2 and again is not None and again.digest() != proposed.digest()
+    assert (
+        second.pool.state.steps == 2 and again is not None and again.digest() != proposed.digest()
+    )
     kept = len(first.pool.entries)
-    assert [e.candidate for e in second.pool.entries[:kept]] == [e.candidate for e in first.pool.entries]
-    assert winner in evaluator.ran  # round 2 ran round 1's winner: drawn from the pool, not from the start alone
+    assert [e.candidate for e in second.pool.entries[:kept]] == [
+        e.candidate for e in first.pool.entries
+    ]
+    assert (
+        winner in evaluator.ran
+    )  # round 2 ran round 1's winner: drawn from the pool, not from the start alone
     made = [e.candidate.sites["answer"].instructions for e in second.pool.entries[kept:]]
-    assert any(t.startswith(winner) and t.count(ADVICE) == 2 for t in made), made  # built on round 1's winner
+    assert any(t.startswith(winner) and t.count(ADVICE) == 2 for t in made), (
+        made
+    )  # built on round 1's winner
 
 
 def test_simba_rounds_of_one_optimizer_share_one_pool(toy):
     evaluator, dataset = toy
-    optimizer = SimbaOptimizer(evaluator, proposer_lm(), dataset, sites=["answer"], seed=0, bsize=2,
-                               num_candidates=2, max_demos=0)
+    optimizer = SimbaOptimizer(
+        evaluator,
+        proposer_lm(),
+        dataset,
+        sites=["answer"],
+        seed=0,
+        bsize=2,
+        num_candidates=2,
+        max_demos=0,
+    )
     optimizer.propose(START_CANDIDATE, NO_EVAL)
     optimizer.queue.clear()
     after_one = [e.candidate.digest() for e in optimizer.pool.entries]
     optimizer.propose(START_CANDIDATE, NO_EVAL)
-    assert optimizer.pool.state.steps == 2 and optimizer.pool.state.position == 4  # the shuffle walked on
-    assert [e.candidate.digest() for e in optimizer.pool.entries][:len(after_one)] == after_one
+    assert (
+        optimizer.pool.state.steps == 2 and optimizer.pool.state.position == 4
+    )  # the shuffle walked on
+    assert [e.candidate.digest() for e in optimizer.pool.entries][: len(after_one)] == after_one
 
 
 def test_gepa_second_round_resumes_the_first_rounds_run(toy):
     evaluator, dataset = toy
-    proposer = proposer_lm()  # one numbering: a GEPA run started again would write instruction #2, not reuse #1
+    proposer = (
+        proposer_lm()
+    )  # one numbering: a GEPA run started again would write instruction #2, not reuse #1
     kwargs = {"sites": ["answer"], "seed": 0, "metric_calls": 12}
     first = GepaOptimizer(evaluator, proposer, dataset, **kwargs)
     proposed = first.propose(START_CANDIDATE, NO_EVAL)
@@ -185,12 +237,16 @@ def test_gepa_second_round_resumes_the_first_rounds_run(toy):
     second = GepaOptimizer(evaluator, proposer, dataset, **kwargs)
     with running(evaluator):
         carried = second.round(START_CANDIDATE)
-    assert proposed.digest() in {c.digest() for c in carried}  # round 1's candidate is on round 2's front
+    assert proposed.digest() in {
+        c.digest() for c in carried
+    }  # round 1's candidate is on round 2's front
     assert json.loads((log_dir / "optloop.json").read_text()) == {"metric_calls": 24, "rounds": 2}
     candidates_two = json.loads((log_dir / "candidates.json").read_text())
-    assert candidates_two[:len(candidates_one)] == candidates_one
+    assert candidates_two[: len(candidates_one)] == candidates_one
     iterations_two = [entry["i"] for entry in json.loads((log_dir / "run_log.json").read_text())]
-    assert iterations_two[:len(iterations_one)] == iterations_one and max(iterations_two) > max(iterations_one)
+    assert iterations_two[: len(iterations_one)] == iterations_one and max(iterations_two) > max(
+        iterations_one
+    )
 
     # When the resumed run has nothing this optimizer has not proposed, the proposer rewrites the instruction.
     for c in [START_CANDIDATE, *carried]:
@@ -206,9 +262,15 @@ def test_gepa_starts_another_run_when_the_targets_move(toy):
     before = optimizer.log_dir()
     optimizer.retarget(["answer", "retrieve.query"])
     assert optimizer.log_dir() != before and optimizer.log_dir().parent == before.parent
-    optimizer.retarget(["retrieve.query", "answer"])  # the same targets in another order: the same run
-    assert optimizer.log_dir() == GepaOptimizer(evaluator, proposer_lm(), dataset,
-                                                sites=["answer", "retrieve.query"]).log_dir()
+    optimizer.retarget(
+        ["retrieve.query", "answer"]
+    )  # the same targets in another order: the same run
+    assert (
+        optimizer.log_dir()
+        == GepaOptimizer(
+            evaluator, proposer_lm(), dataset, sites=["answer", "retrieve.query"]
+        ).log_dir()
+    )
 
 
 def test_a_simba_round_runs_programs_in_threads_on_the_real_evaluator(tmp_path):
@@ -238,7 +300,10 @@ def test_a_simba_round_runs_programs_in_threads_on_the_real_evaluator(tmp_path):
         system = body["messages"][0]["content"]
         user = body["messages"][-1]["content"]
         if "discussion" in system:
-            reply = {"discussion": "it guessed", "answer": f"{ADVICE} (advice #{n}): answer from the memories."}
+            reply = {
+                "discussion": "it guessed",
+                "answer": f"{ADVICE} (advice #{n}): answer from the memories.",
+            }
         else:
             gold = next((g for q, g in golds.items() if q in user), "?")
             right = n % 3 != 0 if ADVICE in system else n % 3 == 0
@@ -248,16 +313,27 @@ def test_a_simba_round_runs_programs_in_threads_on_the_real_evaluator(tmp_path):
         return "ok", json.dumps(reply)
 
     with ScriptedOpenAIServer([("respond", respond)]) as server:
-        lm = OptloopLM(LMSettings.from_spec("openai:scripted", base_url=server.base_url, cache=False))
+        lm = OptloopLM(
+            LMSettings.from_spec("openai:scripted", base_url=server.base_url, cache=False)
+        )
         evaluator = Evaluator("rag_bm25", lm, tmp_path / "work", embedder=get_embedder("local"))
         evaluator.register(dataset)
         try:
-            optimizer = SimbaOptimizer(evaluator, lm, dataset, sites=["answer"], seed=0, bsize=4, max_demos=0)
-            assert optimizer.num_threads == 8  # an endpoint's --concurrency (8 by default), at least 4
+            optimizer = SimbaOptimizer(
+                evaluator, lm, dataset, sites=["answer"], seed=0, bsize=4, max_demos=0
+            )
+            assert (
+                optimizer.num_threads == 8
+            )  # an endpoint's --concurrency (8 by default), at least 4
             proposed = optimizer.propose(evaluator.baseline(), NO_EVAL)
         finally:
             evaluator.close()
     assert most[0] > 1  # programs ran at once
     assert proposed is not None and ADVICE in proposed.sites["answer"].instructions
-    stores = sorted(p.relative_to(tmp_path / "work" / "stores") for p in (tmp_path / "work" / "stores").glob("*/*"))
-    assert [s.name for s in stores] == sorted(e.id for e in dataset.episodes)  # one ingest key: one store an episode
+    stores = sorted(
+        p.relative_to(tmp_path / "work" / "stores")
+        for p in (tmp_path / "work" / "stores").glob("*/*")
+    )
+    assert [s.name for s in stores] == sorted(
+        e.id for e in dataset.episodes
+    )  # one ingest key: one store an episode

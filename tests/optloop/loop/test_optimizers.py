@@ -41,13 +41,22 @@ def test_site_names_round_trip():
 
 def test_metric_returns_the_attribution_as_feedback():
     gold = dspy.Example(gold="Biscuit")
-    pred = dspy.Prediction(answer="Rex", passed=False, score=0.0,
-                           attribution={"target": "md_flat.curate", "error_type": "ExtractionError",
-                                        "explanation": "the dog's name was never stored"})
+    pred = dspy.Prediction(
+        answer="Rex",
+        passed=False,
+        score=0.0,
+        attribution={
+            "target": "md_flat.curate",
+            "error_type": "ExtractionError",
+            "explanation": "the dog's name was never stored",
+        },
+    )
     out = feedback_metric(gold, pred)
     assert out.score == 0.0 and out.site == "md_flat.curate" and "never stored" in out.feedback
     assert "blamed on md_flat.curate" in feedback_metric(gold, pred, pred_name="answer").feedback
-    ok = feedback_metric(gold, dspy.Prediction(answer="Biscuit", passed=True, score=1.0, attribution=None))
+    ok = feedback_metric(
+        gold, dspy.Prediction(answer="Biscuit", passed=True, score=1.0, attribution=None)
+    )
     assert ok.score == 1.0 and ok.feedback.startswith("Correct")
 
 
@@ -62,16 +71,35 @@ def test_the_advice_prompt_asks_for_exactly_the_modules_keys():
 
     signature = advice_signature(["answer", "md_flat__curate"])
     assert list(signature.output_fields) == ["discussion", "answer", "md_flat__curate"]
-    assert "program_modules" in signature.input_fields and "worse_reward_info" in signature.input_fields
+    assert (
+        "program_modules" in signature.input_fields
+        and "worse_reward_info" in signature.input_fields
+    )
 
 
 def test_knob_choices_come_from_the_system_and_keep_the_current_value(evaluator):
     assert get_system("rag_bm25").knob_choices("top_k", 7) == [7, 1, 3, 5, 10, 20]
-    assert get_system("rag_bm25").knob_choices("top_k") == [5, 1, 3, 10, 20]  # the default value first
+    assert get_system("rag_bm25").knob_choices("top_k") == [
+        5,
+        1,
+        3,
+        10,
+        20,
+    ]  # the default value first
     assert get_system("mem0").knob_choices("rerank") == [False, True]
-    assert get_system("long_context").knob_choices("max_context_tokens", 3000) == [3000, 2000, 4000, 6000, 8000]
+    assert get_system("long_context").knob_choices("max_context_tokens", 3000) == [
+        3000,
+        2000,
+        4000,
+        6000,
+        8000,
+    ]
     recipes = get_system("graphiti").knob_choices("search_recipe")
-    assert recipes[0] == "EDGE_HYBRID_SEARCH_RRF" and all(r.startswith("EDGE_") for r in recipes) and len(recipes) > 1
+    assert (
+        recipes[0] == "EDGE_HYBRID_SEARCH_RRF"
+        and all(r.startswith("EDGE_") for r in recipes)
+        and len(recipes) > 1
+    )
     assert evaluator.knob_choices("top_k", 2)[0] == 2  # md_flat's, through the evaluator
     with pytest.raises(KeyError):
         get_system("rag_bm25").knob_choices("threshold")
@@ -92,7 +120,9 @@ def test_dspy_progress_bars_are_hidden_inside_a_round_unless_verbose(capsys):
             with dspy_bars_hidden():
                 import sys
 
-                for _ in tqdm.tqdm(range(3), file=sys.stdout, desc="bar-under-test"):  # what DSPy's executor does
+                for _ in tqdm.tqdm(
+                    range(3), file=sys.stdout, desc="bar-under-test"
+                ):  # what DSPy's executor does
                     pass
             assert ("bar-under-test" in capsys.readouterr().out) is shown
     finally:
@@ -103,11 +133,23 @@ def test_a_run_starts_from_the_given_instructions_replaced_appended_or_prepended
     from optloop.loop.runner import LoopConfig, start_candidate
 
     own = evaluator.baseline().sites["answer"].instructions
-    replaced = start_candidate(evaluator, LoopConfig(system="md_flat", run_name="x", start={"answer": "Echo it."}))
-    assert replaced.sites["answer"].instructions == "Echo it." and own not in replaced.sites["answer"].instructions
+    replaced = start_candidate(
+        evaluator, LoopConfig(system="md_flat", run_name="x", start={"answer": "Echo it."})
+    )
+    assert (
+        replaced.sites["answer"].instructions == "Echo it."
+        and own not in replaced.sites["answer"].instructions
+    )
     assert replaced.sites["md_flat.curate"] == evaluator.baseline().sites["md_flat.curate"]
-    appended = start_candidate(evaluator, LoopConfig(system="md_flat", run_name="x", start={"answer": "+Be brief."}))
+    appended = start_candidate(
+        evaluator, LoopConfig(system="md_flat", run_name="x", start={"answer": "+Be brief."})
+    )
     assert appended.sites["answer"].instructions == f"{own.rstrip()} Be brief."
-    prepended = start_candidate(evaluator, LoopConfig(system="md_flat", run_name="x", start={"answer": "Be brief.+"}))
+    prepended = start_candidate(
+        evaluator, LoopConfig(system="md_flat", run_name="x", start={"answer": "Be brief.+"})
+    )
     assert prepended.sites["answer"].instructions == f"Be brief. {own.lstrip()}"
-    assert start_candidate(evaluator, LoopConfig(system="md_flat", run_name="x")) == evaluator.baseline()
+    assert (
+        start_candidate(evaluator, LoopConfig(system="md_flat", run_name="x"))
+        == evaluator.baseline()
+    )

@@ -10,7 +10,13 @@ from pydantic import ValidationError
 from rich.console import Console
 
 from optloop.loop.evaluate import Evaluation, QuestionOutcome
-from optloop.loop.runner import (LoopConfig, LoopResult, held_out_intervals, promotion, small_split_warning)
+from optloop.loop.runner import (
+    LoopConfig,
+    LoopResult,
+    held_out_intervals,
+    promotion,
+    small_split_warning,
+)
 from optloop.run_tables import summary_table
 from optloop.stats import Interval
 
@@ -21,11 +27,15 @@ def interval(estimate: float, low: float, high: float, n: int = 12) -> Interval:
 
 def test_ci_rule_moves_the_champion_only_when_the_ci_is_above_zero():
     moved, reason = promotion("ci", True, interval(0.25, 0.083, 0.417, 24))
-    assert moved and reason == ("held-out delta +0.250 [+0.083, +0.417] (n=24): its 95% CI is above 0, "
-                                "champion moved (--promote-if ci)")
+    assert moved and reason == (
+        "held-out delta +0.250 [+0.083, +0.417] (n=24): its 95% CI is above 0, "
+        "champion moved (--promote-if ci)"
+    )
     moved, reason = promotion("ci", True, interval(0.083, -0.167, 0.333))
-    assert not moved and reason == ("held-out delta +0.083 [\u22120.167, +0.333] (n=12): its 95% CI includes 0, "
-                                    "champion not moved (--promote-if ci)")
+    assert not moved and reason == (
+        "held-out delta +0.083 [\u22120.167, +0.333] (n=12): its 95% CI includes 0, "
+        "champion not moved (--promote-if ci)"
+    )
 
 
 def test_ci_lower_bound_exactly_zero_does_not_promote():
@@ -35,8 +45,10 @@ def test_ci_lower_bound_exactly_zero_does_not_promote():
 
 def test_delta_rule_follows_the_point_delta_and_says_what_the_ci_says():
     moved, reason = promotion("delta", True, interval(0.083, -0.167, 0.333))
-    assert moved and reason == ("held-out delta +0.083 [\u22120.167, +0.333] (n=12): the point delta is above 0 "
-                                "(its 95% CI includes 0), champion moved (--promote-if delta)")
+    assert moved and reason == (
+        "held-out delta +0.083 [\u22120.167, +0.333] (n=12): the point delta is above 0 "
+        "(its 95% CI includes 0), champion moved (--promote-if delta)"
+    )
     moved, reason = promotion("delta", True, interval(0.0, -0.25, 0.25))
     assert not moved and "not above 0" in reason
     moved, reason = promotion("delta", True, interval(-0.5, -0.75, -0.25))
@@ -50,16 +62,32 @@ def test_an_unchanged_candidate_never_promotes(rule):
 
 
 def evaluation(passes: dict[tuple[str, str], bool]) -> Evaluation:
-    return Evaluation(split="test", candidate="c", outcomes=[
-        QuestionOutcome(episode_id=ep, question_id=q, task_type="t", question="?", gold="g", prediction="p",
-                        score=float(ok), passed=ok) for (ep, q), ok in passes.items()])
+    return Evaluation(
+        split="test",
+        candidate="c",
+        outcomes=[
+            QuestionOutcome(
+                episode_id=ep,
+                question_id=q,
+                task_type="t",
+                question="?",
+                gold="g",
+                prediction="p",
+                score=float(ok),
+                passed=ok,
+            )
+            for (ep, q), ok in passes.items()
+        ],
+    )
 
 
 def test_held_out_intervals_pair_questions_by_episode_and_id():
     keys = [(f"e{i // 4}", f"q{i % 4}") for i in range(24)]
     before = evaluation({k: i < 6 for i, k in enumerate(keys)})  # 6 of 24 pass
     after_passes = {k: i < 6 or i >= 18 for i, k in enumerate(keys)}  # the same 6, and 6 more
-    after = evaluation(dict(reversed(list(after_passes.items()))))  # another order: pairing is by key
+    after = evaluation(
+        dict(reversed(list(after_passes.items())))
+    )  # another order: pairing is by key
     acc_before, acc_after, delta = held_out_intervals(before, after, seed=0)
     assert acc_before.estimate == pytest.approx(0.25) and acc_before.n == 24
     assert acc_after.estimate == pytest.approx(0.5) and acc_after.low < 0.5 < acc_after.high
@@ -72,20 +100,44 @@ def test_held_out_intervals_pair_questions_by_episode_and_id():
 def result(before: Evaluation, after: Evaluation, **config) -> LoopResult:
     acc_before, acc_after, delta = held_out_intervals(before, after, seed=0)
     promoted, reason = promotion("ci", True, delta)
-    return LoopResult(config=LoopConfig(system="rag_bm25", run_name="r", **config), parent_run_id="p",
-                      targets=["answer"], tunable_sites=["answer"], tunable_knobs=[], baseline_dev=0.25,
-                      best_dev=0.5, best_trial=1, test_before=before.accuracy, test_after=after.accuracy,
-                      evaluations=3, changed_sites=["answer"], changed_knobs={}, promoted=promoted,
-                      promotion_reason=reason, registered={}, n_dev=8, n_test=before.n,
-                      cost={"llm_calls": 112, "model_calls": 31, "tokens": 21481, "seconds": 55.0},
-                      test_before_ci=acc_before, test_after_ci=acc_after, delta_test_ci=delta)
+    return LoopResult(
+        config=LoopConfig(system="rag_bm25", run_name="r", **config),
+        parent_run_id="p",
+        targets=["answer"],
+        tunable_sites=["answer"],
+        tunable_knobs=[],
+        baseline_dev=0.25,
+        best_dev=0.5,
+        best_trial=1,
+        test_before=before.accuracy,
+        test_after=after.accuracy,
+        evaluations=3,
+        changed_sites=["answer"],
+        changed_knobs={},
+        promoted=promoted,
+        promotion_reason=reason,
+        registered={},
+        n_dev=8,
+        n_test=before.n,
+        cost={"llm_calls": 112, "model_calls": 31, "tokens": 21481, "seconds": 55.0},
+        test_before_ci=acc_before,
+        test_after_ci=acc_after,
+        delta_test_ci=delta,
+    )
 
 
 def test_loop_result_carries_the_intervals_through_json_and_the_summary_shows_them():
     keys = [("e", f"q{i}") for i in range(12)]
-    res = result(evaluation({k: i < 3 for i, k in enumerate(keys)}), evaluation({k: i < 4 for i, k in enumerate(keys)}))
+    res = result(
+        evaluation({k: i < 3 for i, k in enumerate(keys)}),
+        evaluation({k: i < 4 for i, k in enumerate(keys)}),
+    )
     again = LoopResult.model_validate(json.loads(res.model_dump_json()))
-    assert again == res and again.delta_test_ci.estimate == pytest.approx(1 / 12) and not again.promoted
+    assert (
+        again == res
+        and again.delta_test_ci.estimate == pytest.approx(1 / 12)
+        and not again.promoted
+    )
     assert isinstance(again.cost["llm_calls"], int)
     out = io.StringIO()
     Console(file=out, width=250).print(summary_table(res))
@@ -96,8 +148,10 @@ def test_loop_result_carries_the_intervals_through_json_and_the_summary_shows_th
 
 
 def test_small_split_warning():
-    assert small_split_warning(6, 6) == ("dev has 6 questions, test 6: a 95% CI this small spans about \u00b10.4; "
-                                         "use more episodes (?limit=) or --split")
+    assert small_split_warning(6, 6) == (
+        "dev has 6 questions, test 6: a 95% CI this small spans about \u00b10.4; "
+        "use more episodes (?limit=) or --split"
+    )
     assert small_split_warning(40, 12) is not None
     assert small_split_warning(20, 20) is None
 

@@ -36,15 +36,24 @@ def test_memtrace_layout(graph: ExecutionGraph) -> None:
     assert node["content"] == "user: I moved to Lyon in May."
     assert node["meta"]["session_id"] == "s1"
     op = data["operations"][0]
-    assert {k: op[k] for k in ("op_id", "op_name", "category")} == {"op_id": "op00000", "op_name": "extract",
-                                                                   "category": "ingest"}
+    assert {k: op[k] for k in ("op_id", "op_name", "category")} == {
+        "op_id": "op00000",
+        "op_name": "extract",
+        "category": "ingest",
+    }
     assert op["meta"]["site"] == "extract" and op["meta"]["seq"] == 0
-    edges = [(e["op_id"], e["source_full_node_id"], e["target_full_node_id"]) for e in data["edges"]]
+    edges = [
+        (e["op_id"], e["source_full_node_id"], e["target_full_node_id"]) for e in data["edges"]
+    ]
     assert edges == list(graph.edges())
     assert ("op00000", "message:s1:t1@0", "op00000") in edges  # input: var -> op
     assert ("op00000", "op00000", "fact:op00000.facts.0@0") in edges  # output: op -> var
     assert data["sessions"] == [
-        {"session_id": "s1", "timestamp": "2024-05-02", "message_ids": ["message:s1:t1@0", "message:s1:t2@0"]},
+        {
+            "session_id": "s1",
+            "timestamp": "2024-05-02",
+            "message_ids": ["message:s1:t1@0", "message:s1:t2@0"],
+        },
         {"session_id": "s2", "timestamp": "2024-06-10", "message_ids": ["message:s2:t1@0"]},
     ]
     assert data["annotations"] == [ANNOTATION]
@@ -64,38 +73,82 @@ def test_memtrace_round_trip_is_lossless(graph: ExecutionGraph, tmp_path) -> Non
 def test_annotations_get_defaults_and_keep_extra_keys(graph: ExecutionGraph) -> None:
     doc = to_memtrace(graph, [{"query_id": "q2", "golden_answers": "Tom", "site": "answer"}])
     (note,) = from_memtrace(doc)[1]
-    assert note == {"query_id": "q2", "query": "", "golden_answers": ["Tom"], "prediction": "",
-                    "source_evidence_ids": [], "final_error_type": None, "final_op_id": None, "site": "answer"}
+    assert note == {
+        "query_id": "q2",
+        "query": "",
+        "golden_answers": ["Tom"],
+        "prediction": "",
+        "source_evidence_ids": [],
+        "final_error_type": None,
+        "final_op_id": None,
+        "site": "answer",
+    }
 
 
 def foreign_file() -> dict:
     """A file written by another tool: no meta keys, foreign categories, extra keys."""
-    return {"data": {
-        "nodes": [
-            {"full_node_id": "message:D1:1@0", "content": "I adopted a dog named Rex."},
-            {"full_node_id": "memory:m1@0", "content": "User has a dog named Rex.", "score": 0.9},
-            {"full_node_id": "memory:m1@1", "class": "memory", "name": "m1", "version": 1,
-             "content": {"text": "User has a dog, Rex."}},
-            {"full_node_id": "answer:q1@0", "content": "Rex"},
-        ],
-        "operations": [
-            {"op_id": "a", "op_name": "add_memory", "category": "memory_write", "comment": "added"},
-            {"op_id": "b", "op_name": "update", "category": "ingest"},
-            {"op_id": "c", "op_name": "search", "category": "Retrieval"},
-            {"op_id": "d", "op_name": "respond", "category": "response_generation", "latency_ms": 12},
-        ],
-        "edges": [
-            {"op_id": "a", "source_full_node_id": "message:D1:1@0", "target_full_node_id": "a"},
-            {"op_id": "a", "source_full_node_id": "a", "target_full_node_id": "memory:m1@0"},
-            {"op_id": "b", "source_full_node_id": "memory:m1@0", "target_full_node_id": "b"},
-            {"op_id": "b", "source_full_node_id": "b", "target_full_node_id": "memory:m1@1"},
-            {"op_id": "c", "source_full_node_id": "memory:m1@1", "target_full_node_id": "c"},
-            {"op_id": "d", "source_full_node_id": "d", "target_full_node_id": "answer:q1@0"},
-        ],
-        "sessions": [{"session_id": "D1", "timestamp": "1 May 2023", "message_ids": ["message:D1:1@0"]}],
-        "annotations": [{"query_id": "q1", "query": "Dog's name?", "golden_answers": ["Rex"], "prediction": "Rex",
-                         "source_evidence_ids": ["D1:1"], "final_error_type": None, "final_op_id": None}],
-    }}
+    return {
+        "data": {
+            "nodes": [
+                {"full_node_id": "message:D1:1@0", "content": "I adopted a dog named Rex."},
+                {
+                    "full_node_id": "memory:m1@0",
+                    "content": "User has a dog named Rex.",
+                    "score": 0.9,
+                },
+                {
+                    "full_node_id": "memory:m1@1",
+                    "class": "memory",
+                    "name": "m1",
+                    "version": 1,
+                    "content": {"text": "User has a dog, Rex."},
+                },
+                {"full_node_id": "answer:q1@0", "content": "Rex"},
+            ],
+            "operations": [
+                {
+                    "op_id": "a",
+                    "op_name": "add_memory",
+                    "category": "memory_write",
+                    "comment": "added",
+                },
+                {"op_id": "b", "op_name": "update", "category": "ingest"},
+                {"op_id": "c", "op_name": "search", "category": "Retrieval"},
+                {
+                    "op_id": "d",
+                    "op_name": "respond",
+                    "category": "response_generation",
+                    "latency_ms": 12,
+                },
+            ],
+            "edges": [
+                {
+                    "op_id": "a",
+                    "source_full_node_id": "message:D1:1@0",
+                    "target_full_node_id": "a",
+                },
+                {"op_id": "a", "source_full_node_id": "a", "target_full_node_id": "memory:m1@0"},
+                {"op_id": "b", "source_full_node_id": "memory:m1@0", "target_full_node_id": "b"},
+                {"op_id": "b", "source_full_node_id": "b", "target_full_node_id": "memory:m1@1"},
+                {"op_id": "c", "source_full_node_id": "memory:m1@1", "target_full_node_id": "c"},
+                {"op_id": "d", "source_full_node_id": "d", "target_full_node_id": "answer:q1@0"},
+            ],
+            "sessions": [
+                {"session_id": "D1", "timestamp": "1 May 2023", "message_ids": ["message:D1:1@0"]}
+            ],
+            "annotations": [
+                {
+                    "query_id": "q1",
+                    "query": "Dog's name?",
+                    "golden_answers": ["Rex"],
+                    "prediction": "Rex",
+                    "source_evidence_ids": ["D1:1"],
+                    "final_error_type": None,
+                    "final_op_id": None,
+                }
+            ],
+        }
+    }
 
 
 def test_foreign_file_loads() -> None:
@@ -106,15 +159,28 @@ def test_foreign_file_loads() -> None:
     assert m.data == {"text": "User has a dog, Rex."} and json.loads(m.text) == m.data
     msg = graph.variables["message:D1:1@0"]
     assert (msg.cls, msg.name, msg.version, msg.session_id, msg.timestamp) == (
-        "message", "D1:1", 0, "D1", "1 May 2023")
+        "message",
+        "D1:1",
+        0,
+        "D1",
+        "1 May 2023",
+    )
     assert [(op.id, op.category, op.seq) for op in graph.operations] == [
-        ("a", "ingest", 0), ("b", "ingest", 1), ("c", "retrieve", 2), ("d", "answer", 3)]
+        ("a", "ingest", 0),
+        ("b", "ingest", 1),
+        ("c", "retrieve", 2),
+        ("d", "answer", 3),
+    ]
     assert graph.op("a").inputs == ["message:D1:1@0"] and graph.op("a").outputs == ["memory:m1@0"]
     assert graph.op("b").inputs == ["memory:m1@0"] and graph.op("b").outputs == ["memory:m1@1"]
     assert graph.ancestors("memory:m1@1") == {"memory:m1@0", "message:D1:1@0"}
     assert notes[0]["golden_answers"] == ["Rex"]
     kept = graph.meta[MEMTRACE_KEY]
-    assert kept["categories"] == {"a": "memory_write", "c": "Retrieval", "d": "response_generation"}
+    assert kept["categories"] == {
+        "a": "memory_write",
+        "c": "Retrieval",
+        "d": "response_generation",
+    }
     assert kept["node_extra"] == {"memory:m1@0": {"score": 0.9}}
     assert kept["op_extra"] == {"d": {"latency_ms": 12}}
 
@@ -182,7 +248,9 @@ def test_malformed_files_raise_one_line_errors() -> None:
         d["nodes"][2]["full_node_id"] = "message-s2-t1"
 
     msg = error_for(mutated(bad_node_id))
-    assert "nodes[2] (message-s2-t1)" in msg and "full_node_id" in msg and "class:name@version" in msg
+    assert (
+        "nodes[2] (message-s2-t1)" in msg and "full_node_id" in msg and "class:name@version" in msg
+    )
 
     def duplicate_node(d: dict) -> None:
         d["nodes"].append(copy.deepcopy(d["nodes"][0]))
@@ -218,7 +286,10 @@ def test_load_errors_name_the_file(tmp_path) -> None:
         load_memtrace(path)
     with pytest.raises(DatasetError, match="missing.json: cannot read"):
         load_memtrace(tmp_path / "missing.json")
-    path.write_text(json.dumps({"data": {"nodes": [{"full_node_id": "x"}], "operations": []}}), encoding="utf-8")
+    path.write_text(
+        json.dumps({"data": {"nodes": [{"full_node_id": "x"}], "operations": []}}),
+        encoding="utf-8",
+    )
     with pytest.raises(DatasetError) as err:
         load_memtrace(path)
     assert str(err.value).startswith(f"{path}: nodes[0] (x): field 'full_node_id'")

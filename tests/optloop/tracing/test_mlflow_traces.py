@@ -68,8 +68,10 @@ def test_question_trace_span_tree(graph: ExecutionGraph, experiment_id: str) -> 
     assert answer.attributes["site"] == "answer"
     assert answer.attributes["llm_calls"] == 2 and answer.attributes["retries"] == 1
     assert answer.attributes["error"].startswith("1 LM call")
-    assert answer.inputs == {"question:q1@0": "Where does the user live?",
-                             "retrieved:q1@0": "1. User lives in Lyon since May."}
+    assert answer.inputs == {
+        "question:q1@0": "Where does the user live?",
+        "retrieved:q1@0": "1. User lives in Lyon since May.",
+    }
     assert answer.outputs == {"answer:q1.answer@0": "Paris"}
     assert answer.end_time_ns - answer.start_time_ns == 1_250_000_000
     assert sum(1 for s in children if s.attributes.get("decisive")) == 1
@@ -89,10 +91,13 @@ def test_question_trace_span_tree(graph: ExecutionGraph, experiment_id: str) -> 
 
 def test_traces_are_searchable(graph: ExecutionGraph, experiment_id: str) -> None:
     q2 = {"query_id": "q2", "final_error_type": None, "prediction": "Tom"}
-    ids = log_graph_traces(graph, ["q1", "q2", "nope"], {"q1": ANNOTATION, "q2": q2}, experiment_id=experiment_id)
+    ids = log_graph_traces(
+        graph, ["q1", "q2", "nope"], {"q1": ANNOTATION, "q2": q2}, experiment_id=experiment_id
+    )
     assert len(ids) == 2
-    found = MlflowClient().search_traces(locations=[experiment_id],
-                                         filter_string="tags.`optloop.question_id` = 'q2'")
+    found = MlflowClient().search_traces(
+        locations=[experiment_id], filter_string="tags.`optloop.question_id` = 'q2'"
+    )
     assert [t.info.trace_id for t in found] == [ids[1]]
     trace = mlflow.get_trace(ids[1])
     names = {s.name for s in trace.data.spans}
@@ -117,20 +122,39 @@ def test_long_texts_are_cut(graph: ExecutionGraph, experiment_id: str) -> None:
 
 
 def test_relevant_operations(graph: ExecutionGraph) -> None:
-    assert [op.id for op in question_operations(graph, "q1")] == ["op00000", "op00001", "op00003", "op00004"]
+    assert [op.id for op in question_operations(graph, "q1")] == [
+        "op00000",
+        "op00001",
+        "op00003",
+        "op00004",
+    ]
     assert [op.id for op in question_operations(graph, "q2")] == ["op00002", "op00005"]
     # the evidence pulls in the ingest ops that processed it, even when nothing retrieved their output
     evidence = ["message:s1:t1@0"]
-    assert [op.id for op in question_operations(graph, "q2", evidence)] == ["op00000", "op00001", "op00002",
-                                                                           "op00005"]
+    assert [op.id for op in question_operations(graph, "q2", evidence)] == [
+        "op00000",
+        "op00001",
+        "op00002",
+        "op00005",
+    ]
 
 
 def test_evidence_from_the_question_variable(graph: ExecutionGraph, experiment_id: str) -> None:
-    graph.add_variable(Variable.make("question", "q3", text="Where did the user move?", question_id="q3",
-                                     data={"evidence_ids": ["s1:t1"]}))
+    graph.add_variable(
+        Variable.make(
+            "question",
+            "q3",
+            text="Where did the user move?",
+            question_id="q3",
+            data={"evidence_ids": ["s1:t1"]},
+        )
+    )
     trace = mlflow.get_trace(log_question_trace(graph, "q3", experiment_id=experiment_id))
-    assert {s.name for s in trace.data.spans} == {"question q3", "extract [extract] op00000",
-                                                  "store [no LLM] op00001"}
+    assert {s.name for s in trace.data.spans} == {
+        "question q3",
+        "extract [extract] op00000",
+        "store [no LLM] op00001",
+    }
 
 
 def test_tracking_uri_follows_optloop_mlruns(tmp_path) -> None:

@@ -15,15 +15,37 @@ from systems.baselines import MarkdownFlatSystem
 EPISODE = Episode(
     id="ep",
     sessions=[
-        Session(id="s1", timestamp="2024-03-01", turns=[Turn(id="s1:t1", role="user", content="My dog is Biscuit."),
-                                                        Turn(id="s1:t2", role="user", content="I live in Denver.")]),
-        Session(id="s2", timestamp="2024-04-01", turns=[Turn(id="s2:t1", role="user", content="I moved to Austin.")]),
+        Session(
+            id="s1",
+            timestamp="2024-03-01",
+            turns=[
+                Turn(id="s1:t1", role="user", content="My dog is Biscuit."),
+                Turn(id="s1:t2", role="user", content="I live in Denver."),
+            ],
+        ),
+        Session(
+            id="s2",
+            timestamp="2024-04-01",
+            turns=[Turn(id="s2:t1", role="user", content="I moved to Austin.")],
+        ),
     ],
     questions=[
-        Question(id="q1", question="What is my dog's name?", gold="Biscuit", evidence_ids=["s1:t1"],
-                 task_type="exact_recall", scorer="contains"),
-        Question(id="q2", question="Which city do I live in now?", gold="Austin", evidence_ids=["s2:t1"],
-                 task_type="update", scorer="contains"),
+        Question(
+            id="q1",
+            question="What is my dog's name?",
+            gold="Biscuit",
+            evidence_ids=["s1:t1"],
+            task_type="exact_recall",
+            scorer="contains",
+        ),
+        Question(
+            id="q2",
+            question="Which city do I live in now?",
+            gold="Austin",
+            evidence_ids=["s2:t1"],
+            task_type="update",
+            scorer="contains",
+        ),
     ],
 )
 
@@ -37,7 +59,9 @@ def scripted_lm(*answers: dict) -> DummyLM:
 @pytest.fixture
 def run(tmp_path, local_embedder):
     def _run(*answers: dict) -> tuple[ExecutionGraph, dict[str, str]]:
-        system = MarkdownFlatSystem(scripted_lm(*answers), tmp_path / "md", embedder=local_embedder)
+        system = MarkdownFlatSystem(
+            scripted_lm(*answers), tmp_path / "md", embedder=local_embedder
+        )
         return record_episode(system, EPISODE, dataset="test")
 
     return _run
@@ -54,20 +78,30 @@ def test_graph_records_site_calls_store_diff_retrieval_and_answers(run):
     graph, predictions = run(
         {"facts": ["User's dog is named Biscuit.", "User lives in Denver."]},
         {"facts": ["User's dog is named Biscuit.", "User lives in Austin."]},
-        {"answer": "Biscuit"}, {"answer": "Denver"})
+        {"answer": "Biscuit"},
+        {"answer": "Denver"},
+    )
 
     assert predictions == {"q1": "Biscuit", "q2": "Denver"}
     names = [(op.name, op.site, op.session_id or op.question_id) for op in graph.operations]
     assert names == [
-        ("extract", "md_flat.curate", "s1"), ("store", None, "s1"),
-        ("extract", "md_flat.curate", "s2"), ("update", None, "s2"),
-        ("retrieve", None, "q1"), ("answer", "answer", "q1"),
-        ("retrieve", None, "q2"), ("answer", "answer", "q2"),
+        ("extract", "md_flat.curate", "s1"),
+        ("store", None, "s1"),
+        ("extract", "md_flat.curate", "s2"),
+        ("update", None, "s2"),
+        ("retrieve", None, "q1"),
+        ("answer", "answer", "q1"),
+        ("retrieve", None, "q2"),
+        ("answer", "answer", "q2"),
     ]
     curate = graph.operations[0]
-    assert "message:s1:t1@0" in curate.inputs and any(i.startswith("prompt:md_flat.curate@") for i in curate.inputs)
-    assert [graph.variables[o].text for o in curate.outputs] == ["User's dog is named Biscuit.",
-                                                                  "User lives in Denver."]
+    assert "message:s1:t1@0" in curate.inputs and any(
+        i.startswith("prompt:md_flat.curate@") for i in curate.inputs
+    )
+    assert [graph.variables[o].text for o in curate.outputs] == [
+        "User's dog is named Biscuit.",
+        "User lives in Denver.",
+    ]
     # Denver -> Austin is one update: the old unit in, the rewritten one out.
     update = graph.operations[3]
     old = [graph.variables[i] for i in update.inputs if i.startswith("memory:")]
@@ -77,41 +111,74 @@ def test_graph_records_site_calls_store_diff_retrieval_and_answers(run):
     retrieve = graph.operations[4]
     assert retrieve.knobs == {"top_k": 0}
     items = graph.variables[retrieve.outputs[0]].data["items"]
-    assert [it["text"] for it in items] == ["User's dog is named Biscuit.", "User lives in Austin."]
+    assert [it["text"] for it in items] == [
+        "User's dog is named Biscuit.",
+        "User lives in Austin.",
+    ]
     assert graph.variables[graph.operations[5].outputs[0]].text == "Biscuit"
-    assert graph.meta["sites"]["md_flat.curate"]["op_kinds"] == ["extract", "update", "delete", "store"]
+    assert graph.meta["sites"]["md_flat.curate"]["op_kinds"] == [
+        "extract",
+        "update",
+        "delete",
+        "store",
+    ]
 
 
 def test_graph_json_round_trip_is_equal(run, tmp_path):
-    graph, _ = run({"facts": ["User's dog is named Biscuit."]}, {"facts": ["User's dog is named Biscuit."]},
-                   {"answer": "Biscuit"}, {"answer": "Denver"})
+    graph, _ = run(
+        {"facts": ["User's dog is named Biscuit."]},
+        {"facts": ["User's dog is named Biscuit."]},
+        {"answer": "Biscuit"},
+        {"answer": "Denver"},
+    )
     path = graph.save(tmp_path / "g.json")
     assert ExecutionGraph.load(path) == graph
     assert ExecutionGraph.from_json(graph.to_json()) == graph
 
 
 def test_descendants_and_ancestors_follow_data_flow(run):
-    graph, _ = run({"facts": ["User's dog is named Biscuit."]}, {"facts": ["User's dog is named Biscuit."]},
-                   {"answer": "Biscuit"}, {"answer": "Denver"})
+    graph, _ = run(
+        {"facts": ["User's dog is named Biscuit."]},
+        {"facts": ["User's dog is named Biscuit."]},
+        {"answer": "Biscuit"},
+        {"answer": "Denver"},
+    )
     down = graph.descendants("message:s1:t1@0")
     assert any(v.startswith("memory:") for v in down) and "answer:q1.answer@0" in down
     assert "message:s1:t1@0" in graph.ancestors("answer:q1.answer@0")
 
 
 def test_the_graph_names_the_systems_knobs_and_search_knob(run):
-    graph, _ = run({"facts": ["User's dog is named Biscuit."]}, {"facts": []}, {"answer": "Biscuit"},
-                   {"answer": "Denver"})
+    graph, _ = run(
+        {"facts": ["User's dog is named Biscuit."]},
+        {"facts": []},
+        {"answer": "Biscuit"},
+        {"answer": "Denver"},
+    )
     assert graph.meta["knobs"] == {"top_k": 0} and graph.meta["search_knob"] == "top_k"
 
 
 def _episode(tag: str) -> Episode:
     """EPISODE with every id and text prefixed by ``tag``, so two recordings cannot be mistaken."""
-    sessions = [Session(id=f"{tag}-{s.id}", timestamp=s.timestamp,
-                        turns=[Turn(id=f"{tag}-{t.id}", role=t.role, content=f"{tag}: {t.content}") for t in s.turns])
-                for s in EPISODE.sessions]
-    return Episode(id=tag, sessions=sessions,
-                   questions=[q.model_copy(update={"id": f"{tag}-{q.id}", "evidence_ids": []})
-                              for q in EPISODE.questions])
+    sessions = [
+        Session(
+            id=f"{tag}-{s.id}",
+            timestamp=s.timestamp,
+            turns=[
+                Turn(id=f"{tag}-{t.id}", role=t.role, content=f"{tag}: {t.content}")
+                for t in s.turns
+            ],
+        )
+        for s in EPISODE.sessions
+    ]
+    return Episode(
+        id=tag,
+        sessions=sessions,
+        questions=[
+            q.model_copy(update={"id": f"{tag}-{q.id}", "evidence_ids": []})
+            for q in EPISODE.questions
+        ],
+    )
 
 
 class CountingLM(DummyLM):
@@ -126,8 +193,16 @@ class CountingLM(DummyLM):
 
         from optloop.lm import CallRecord, current_site
 
-        self.accounting.add(CallRecord(site=current_site(), model="dummy", prompt_tokens=1, completion_tokens=1,
-                                       seconds=0.0, cached=False))
+        self.accounting.add(
+            CallRecord(
+                site=current_site(),
+                model="dummy",
+                prompt_tokens=1,
+                completion_tokens=1,
+                seconds=0.0,
+                cached=False,
+            )
+        )
         time.sleep(0.05)  # the other thread's call lands meanwhile
         return super().forward(*args, **kwargs)
 
@@ -149,8 +224,14 @@ def test_two_threads_record_into_their_own_recorders_at_once(tmp_path, local_emb
     def record(tag: str) -> None:
         try:
             episode = _episode(tag)
-            lm = CountingLM([*({"facts": [f"{tag} fact {i}"]} for i in range(2)), {"answer": tag}, {"answer": tag}],
-                            accounting)
+            lm = CountingLM(
+                [
+                    *({"facts": [f"{tag} fact {i}"]} for i in range(2)),
+                    {"answer": tag},
+                    {"answer": tag},
+                ],
+                accounting,
+            )
             system = MarkdownFlatSystem(lm, tmp_path / tag, embedder=local_embedder)
             with Recorder(system, episode) as recorder:
                 both_active.wait()  # each thread's recorder is active while the other's is
@@ -175,7 +256,12 @@ def test_two_threads_record_into_their_own_recorders_at_once(tmp_path, local_emb
     for tag, other in (("red", "blue"), ("blue", "red")):
         graph = graphs[tag]
         calls = [op for op in graph.operations if op.site]
-        assert [op.site for op in calls] == ["md_flat.curate", "md_flat.curate", "answer", "answer"]
+        assert [op.site for op in calls] == [
+            "md_flat.curate",
+            "md_flat.curate",
+            "answer",
+            "answer",
+        ]
         texts = [graph.variables[v].text for op in calls for v in op.outputs]
         assert texts and all(tag in t and other not in t for t in texts), texts
         assert {op.session_id for op in calls if op.session_id} == {f"{tag}-s1", f"{tag}-s2"}
@@ -186,10 +272,16 @@ def test_two_threads_record_into_their_own_recorders_at_once(tmp_path, local_emb
 def test_a_second_recorder_in_the_same_context_is_refused(tmp_path, local_embedder):
     from optloop.tracing.recorder import Recorder, active_recorder
 
-    first = Recorder(MarkdownFlatSystem(scripted_lm(), tmp_path / "a", embedder=local_embedder), EPISODE)
-    second = Recorder(MarkdownFlatSystem(scripted_lm(), tmp_path / "b", embedder=local_embedder), EPISODE)
+    first = Recorder(
+        MarkdownFlatSystem(scripted_lm(), tmp_path / "a", embedder=local_embedder), EPISODE
+    )
+    second = Recorder(
+        MarkdownFlatSystem(scripted_lm(), tmp_path / "b", embedder=local_embedder), EPISODE
+    )
     with first:
-        with first:  # re-entering the active recorder is fine (a private store records its questions so)
+        with (
+            first
+        ):  # re-entering the active recorder is fine (a private store records its questions so)
             assert active_recorder() is first
         assert active_recorder() is first
         with pytest.raises(RuntimeError, match="another Recorder"):
