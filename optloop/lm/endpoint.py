@@ -109,7 +109,7 @@ class OpenAICompatibleBackend(Backend):
     def schema_mode(self) -> SchemaMode:
         """The mode requests are sent in: the setting, or for ``auto`` the one :meth:`choose_schema_mode` found."""
         if self.schema_setting != "auto":
-            return self.schema_setting  # type: ignore[return-value]
+            return self.schema_setting
         return self.choose_schema_mode().mode
 
     def choose_schema_mode(self) -> SchemaChoice:
@@ -360,7 +360,8 @@ def _body(exc: BaseException) -> tuple[str, dict[str, Any]]:
     body = getattr(exc, "body", None)
     error: dict[str, Any] = {}
     if isinstance(body, dict):
-        error = body.get("error") if isinstance(body.get("error"), dict) else body
+        inner = body.get("error")
+        error = inner if isinstance(inner, dict) else body
     text = str(error.get("message") or "") if error else ""
     if not text and isinstance(body, dict) and "detail" in body:
         text = json.dumps(body["detail"])

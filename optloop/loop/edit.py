@@ -147,9 +147,8 @@ class EditOptimizer(Optimizer):
         self.extra = extra
         self.bsize = bsize
         self.queue: list[Candidate] = []
-        self.pool: dict[
-            str, list[tuple[str, Kind]]
-        ] = {}  # per site, every unit its instructions held ("add")
+        # per site, every unit its instructions held (the "add" edit draws from it)
+        self.pool: dict[str, list[tuple[str, Kind]]] = {}
         self.rejected = 0  # edits dropped as malformed text
         self.rng = random.Random(self.seed)
         self.minibatch = self._minibatch(self.trainset)
@@ -190,7 +189,7 @@ class EditOptimizer(Optimizer):
                     fresh.append((edit.support, candidate))
         if not fresh:
             return []
-        self._screen_all([best, *fresh])
+        self._screen_all([best, *(c for _, c in fresh)])
         base_score = self._screen(best)
         scored = [(sup, self._screen(c), i, c) for i, (sup, c) in enumerate(fresh)]
         scored.sort(key=lambda t: (-t[0], -t[1], t[2]))
