@@ -113,6 +113,14 @@ class ParaphrasePhrase(dspy.Signature):
     paraphrase: str = dspy.OutputField()
 
 
+def same_length(phrase: str, paraphrase: str) -> bool:
+    """Whether ``paraphrase`` is about as long as ``phrase`` (half to twice its words): what the
+    paraphrase edit asks for. A small proposer often answers with a fragment of the phrase ("I don't
+    know." for a whole conditional rule), which is another instruction, not the same one reworded."""
+    n, m = len(phrase.split()), len(paraphrase.split())
+    return n <= 2 * m and m <= 2 * n
+
+
 @dataclass
 class Edit:
     """One edited instruction, the operations that made it (``"del 2"``, ``"swap 0,3"``, ...), how many
@@ -305,7 +313,8 @@ class EditOptimizer(Optimizer):
         return text
 
     def paraphrase(self, phrase: str, *, rollout: int) -> str | None:
-        """The proposer LM's paraphrase of one phrase (``None`` when it fails or echoes it)."""
+        """The proposer LM's paraphrase of one phrase (``None`` when it fails, echoes it, or is not
+        about as long: :func:`same_length`)."""
         try:
             with (
                 prompt_site(PROPOSER_SITE),
@@ -318,7 +327,9 @@ class EditOptimizer(Optimizer):
         except Exception as exc:  # noqa: BLE001 - a failed paraphrase is one edit fewer
             logger.warning("paraphrase failed: %s", exc)
             return None
-        return text if text and text != phrase else None
+        if not text or text == phrase or not same_length(phrase, text):
+            return None
+        return text
 
     def default_instruction(self, site: str) -> str:
         """What DSPy instructs for this site's signature with no instruction: built from its fields."""
@@ -360,4 +371,4 @@ class EditOptimizer(Optimizer):
         return self.screened[digest]
 
 
-__all__ = ["EditOptimizer", "phrases", "support"]
+__all__ = ["EditOptimizer", "phrases", "same_length", "support"]

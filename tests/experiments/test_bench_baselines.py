@@ -203,7 +203,7 @@ class EchoSystem:
 def test_a_stub_run_fills_both_tables_and_the_files(monkeypatch, capsys, tmp_path: Path) -> None:
     monkeypatch.setitem(SYSTEMS, "echo", f"{__name__}:EchoSystem")
     lm = SimpleNamespace(accounting=Accounting(), backend=SimpleNamespace(identity="stub"))
-    monkeypatch.setattr(baselines, "bench_lm", lambda *_a: lm)
+    monkeypatch.setattr(baselines, "bench_lm", lambda *_a, **_k: lm)
     out_json, out_md, out_probes = tmp_path / "bl.json", tmp_path / "bl.md", tmp_path / "probes.md"
     argv = [
         "--systems",

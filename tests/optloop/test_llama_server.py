@@ -55,6 +55,8 @@ def cli(
         "-m",
         module,
         *args,
+        # small datasets keep these runs to minutes; their figures are not the point here
+        *(["--allow-small-splits"] if module == "optloop.run" else []),
         "--lm",
         f"openai:{MODEL_ALIAS}",
         "--lm-base-url",

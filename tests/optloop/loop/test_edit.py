@@ -9,7 +9,7 @@ from dspy.utils import DummyLM
 from optloop.attribution import Attribution, ErrorType
 from optloop.datasets import Dataset, Episode, Question, Session, Turn
 from optloop.loop.candidate import Candidate, SiteState
-from optloop.loop.edit import EditOptimizer, phrases, support
+from optloop.loop.edit import EditOptimizer, phrases, same_length, support
 from optloop.loop.evaluate import Evaluation, QuestionOutcome
 from optloop.loop.units import Instruction, problems
 
@@ -249,3 +249,9 @@ def test_every_shipped_prompt_splits_losslessly_and_each_deletion_stays_well_for
                 site,
                 k,
             )
+
+
+def test_a_paraphrase_must_be_about_as_long_as_its_phrase():
+    rule = 'If the memories do not contain the answer, reply "I don\'t know".'
+    assert not same_length(rule, "I don't know.")  # a fragment of the rule, not the rule reworded
+    assert same_length(rule, 'When the answer is not in the memories, say "I don\'t know".')
