@@ -576,6 +576,38 @@ def structure() -> list[str]:
     ]
 
 
+def linked() -> list[str]:
+    """Benchmarks whose tables are read in their own files (each with its provenance header)."""
+    files = [
+        (
+            "Trials in batches against an endpoint",
+            "Does evaluating a round's candidates at once (`--batch K`) cut the wall time at `--concurrency 16` "
+            "and 1 s a call, with the same results? `python -m experiments.bench.batch` (replay server)",
+            ["batch.md", "batch.json", "batch_answer_site.md", "batch_answer_site.json"],
+        ),
+        (
+            "The default datasets",
+            "Where does each system's embedded baseline land on the dataset `optloop run` uses without "
+            "`--dataset`? `python -m experiments.bench.defaults`",
+            ["defaults.md", "defaults.json"],
+        ),
+        (
+            "llama.cpp's own server",
+            "Does optloop run against llama.cpp's OpenAI-compatible server by flags alone (schema mode, "
+            "concurrency, request errors, failed calls, the Mem0 app)? The integration tests "
+            "`tests/optloop/test_llama_server.py` and `tests/systems/test_library_apps.py`",
+            ["servers.md"],
+        ),
+    ]
+    out: list[str] = []
+    for title, question, names in files:
+        present = [n for n in names if (RESULTS / n).exists()]
+        if present:
+            links = ", ".join(f"[`{n}`](../experiments/results/{n})" for n in present)
+            out += [f"## {title}", f"{question}: {links}."]
+    return out
+
+
 def checked_by_tests() -> list[str]:
     return [
         "## Benchmarks whose figures are checked by tests",
@@ -585,8 +617,8 @@ def checked_by_tests() -> list[str]:
                 "`tests/optloop/loop/test_crash_e2e.py`): the real command killed with SIGKILL at each checkpoint "
                 "boundary, resumed by the same command, must end exactly as an uninterrupted run (candidates, "
                 "accuracies, CIs, the registered prompt and its alias), with no RUNNING run and no trial run twice.",
-                "- **Faults** (`python -m experiments.bench.faults`): the loop against an endpoint that misbehaves on "
-                "a fixed schedule; faults injected, cured by a retry, surfaced.",
+                "- **Endpoint chaos** (`python -m experiments.bench.chaos`): the loop against an endpoint that "
+                "misbehaves on a fixed schedule; faults injected, cured by a retry, surfaced.",
                 "- **Estimate** (`python -m experiments.bench.estimate`; `tests/experiments/test_bench_estimate.py`): "
                 "what `--system graphiti --budget 50` on LoCoMo costs with gpt-4o-mini, projected by `--estimate`'s "
                 "model from a recording.",
@@ -612,6 +644,7 @@ SECTIONS: tuple[Callable[[], list[str]], ...] = (
     throughput,
     two_runs,
     structure,
+    linked,
     checked_by_tests,
 )
 

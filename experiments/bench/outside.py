@@ -206,10 +206,15 @@ def last_line(text: str) -> str:
     return lines[-1] if lines else ""
 
 
+# The lines every run prints before it starts: which run, its dataset, what the endpoint check chose.
+_OWN_LINES = ("optloop.run ", "dataset ", "LM endpoint ", "LM proposer endpoint ")
+
+
 def other_lines(text: str) -> list[str]:
-    """What was printed besides the run's own lines (``optloop.run ...``) and the last line."""
+    """What was printed besides the run's own lines (which run, its dataset, the endpoint check's
+    choices) and the last line."""
     lines = [line for line in text.splitlines() if line.strip()]
-    return [line for line in lines[:-1] if not line.startswith("optloop.run ")]
+    return [line for line in lines[:-1] if not line.startswith(_OWN_LINES)]
 
 
 def described(done: subprocess.CompletedProcess[str]) -> dict[str, Any]:

@@ -65,9 +65,8 @@ class PublishedEpisode:
     systems: list[str]
     labels: dict[str, dict[str, Any]] = field(default_factory=dict)
     probes: list[Probe] = field(default_factory=list)
-    probe_sessions: dict[str, int] = field(
-        default_factory=dict
-    )  # phase -> idx of the last session before it
+    # phase -> index of the conversation's last session before that phase's probes
+    probe_sessions: dict[str, int] = field(default_factory=dict)
 
     def snapshot_path(self, system: str, idx: int) -> Path:
         return self.public / "snap" / system / f"{idx}.txt"

@@ -770,7 +770,9 @@ def test_estimate_then_max_calls_stops_with_exit_3_and_a_higher_limit_resumes_fr
         and "ETA " in done.stderr.split("projected: ")[1].splitlines()[0]
     )
     assert re.search(
-        r"^trial 2/2 dev \d\.\d{3} \(best \d\.\d{3}\) \d+ s, ETA ", done.stderr, re.MULTILINE
+        r"^(\[[^\]]+\] )?trial 2/2 dev \d\.\d{3} \(best \d\.\d{3}\) \d+ s, ETA ",
+        done.stderr,
+        re.MULTILINE,
     ), done.stderr
     ckpt = the_checkpoint(tmp_path)
     assert (
