@@ -22,6 +22,8 @@ from tests._llama_server import MODEL_ALIAS, LlamaServer, llama_server, server_a
 
 pytestmark = [
     pytest.mark.integration,
+    # minutes of a real llama.cpp server on 2 cores, and timing-sensitive under load: make test-all
+    pytest.mark.slow,
     pytest.mark.skipif(server_available() is not None, reason=str(server_available())),
 ]
 

@@ -22,6 +22,8 @@ from tests.optloop._export_store import MEM0_RULE, store, template  # noqa: F401
 
 pytestmark = [
     pytest.mark.integration,
+    # minutes of a real llama.cpp server on 2 cores, and timing-sensitive under load: make test-all
+    pytest.mark.slow,
     pytest.mark.skipif(server_available() is not None, reason=str(server_available())),
 ]
 
