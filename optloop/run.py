@@ -146,7 +146,10 @@ def prepare(args: argparse.Namespace, argv: Sequence[str]) -> PreparedRun:
     if args.max_cost is not None:
         check_priced(settings, proposer_settings)
     limits = SpendingLimits(
-        max_cost=args.max_cost, max_calls=args.max_calls, estimate=args.estimate
+        max_cost=args.max_cost,
+        max_calls=args.max_calls,
+        estimate=args.estimate,
+        max_failed_share=args.max_failed_share,
     )
     # Everything the loop would refuse is refused now, before the LM (and its cache file) exists.
     train, dev, test = split_dataset(dataset, config)

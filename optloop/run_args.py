@@ -50,9 +50,10 @@ with code 130.
 LM faults: transient faults of an OpenAI-compatible endpoint (HTTP 5xx, dropped
 connections, truncated or non-JSON bodies, timeouts) are retried (--lm-retries,
 --lm-timeout); one that outlasts the retries fails the question it hit and the run
-goes on, unless failed calls pass 5 % of an evaluation's (exit code 4: a failed call is never
-scored as a wrong answer). A request the endpoint refuses (a field it does not take, a prompt longer
-than its context) is not retried: the line says which field and what to change. An endpoint that
+goes on, unless failed calls pass 5 % of an evaluation's (--max-failed-share; exit code 4: a
+failed call is never scored as a wrong answer, and the same command resumes). A request the
+endpoint refuses (a field it does not take, a prompt longer than its context) is not retried: the
+line says which field and what to change. An endpoint that
 is unavailable at startup, or stays unreachable during the
 run (refused, timing out twice in a call, or answering only HTTP 5xx to 3 calls in a
 row), stops it with exit code 75, the state saved: rerun the same command to resume.
@@ -99,6 +100,7 @@ import json
 from optloop.cli import CommandParser, dataset_help
 from optloop.datasets.defaults import default_dataset, defaults_help
 from optloop.errors import ConfigError
+from optloop.failures import ALLOWED_SHARE
 from optloop.lm import LMSettings
 from optloop.loop.policy import FEW_QUESTIONS
 from optloop.loop.runner import MAX_BUDGET, LoopConfig, check_fractions
@@ -139,6 +141,16 @@ def _budget(text: str) -> int:
 
 def _max_calls(text: str) -> int:
     return _whole_number(text, 1, float("inf"), "give at least 1 model call")
+
+
+def _share(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a share, e.g. 0.05 or 0.2") from None
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a share from 0 to 1, e.g. 0.05")
+    return value
 
 
 def _max_cost(text: str) -> float:
@@ -319,6 +331,14 @@ def build_parser() -> argparse.ArgumentParser:
         type=_max_calls,
         metavar="N",
         help="stop once the models have computed this many calls (LM cache hits are free)",
+    )
+    spend.add_argument(
+        "--max-failed-share",
+        type=_share,
+        default=ALLOWED_SHARE,
+        metavar="SHARE",
+        help="the share of an evaluation's LM calls that may fail after their retries, counted and shown "
+        "beside its figures; past it the run stops with exit code 4, resumable (default %(default)s)",
     )
     spend.add_argument(
         "--estimate",

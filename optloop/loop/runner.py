@@ -380,6 +380,7 @@ class Loop:
             knobs=cfg.knobs,
             dataset_uri=dataset.uri,
             query_site=cfg.query_rewrite,
+            allowed_failed_share=self.limits.max_failed_share,
         )
         evaluator.register(train, dev, test)
         self.site_stages = {name: site.stage for name, site in evaluator.sites.items()}

@@ -71,6 +71,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from pydantic import BaseModel, Field
 
+from optloop.failures import ALLOWED_SHARE
 from optloop.sites import PROPOSER
 
 if TYPE_CHECKING:
@@ -104,7 +105,8 @@ def run_calls(cost: Mapping[str, float]) -> int:
 
 
 class SpendingLimits(BaseModel):
-    """``--max-cost``, ``--max-calls`` and ``--estimate`` of one process (see the module docstring)."""
+    """``--max-cost``, ``--max-calls``, ``--estimate`` and ``--max-failed-share`` of one process (see the module
+    docstring)."""
 
     model_config = {"frozen": True}
 
@@ -112,6 +114,13 @@ class SpendingLimits(BaseModel):
     max_calls: int | None = Field(None, ge=1, description="model calls, over the run's total")
     estimate: bool = Field(
         False, description="stop once the baseline is known (optloop.run --estimate)"
+    )
+    max_failed_share: float = Field(
+        ALLOWED_SHARE,
+        ge=0,
+        le=1,
+        description="the share of an evaluation's LM calls that may fail after their retries before "
+        "its figures are withheld (exit code 4; optloop.failures)",
     )
 
     @property

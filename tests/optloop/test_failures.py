@@ -52,3 +52,14 @@ def test_a_figure_with_failures_carries_their_count():
     assert mark("0.650 [0.450, 0.850] n=20", 0) == "0.650 [0.450, 0.850] n=20"
     assert mark("0.650 [0.450, 0.850] n=20", 1) == "0.650 [0.450, 0.850] n=20 (1 failed call)"
     assert mark("0.600", 3) == "0.600 (3 failed calls)"
+
+
+def test_max_failed_share_is_parsed_into_the_limits_default_five_percent():
+    """``--max-failed-share`` is this process's allowance (like --max-calls): parsed into the limits, default 5 %."""
+    from optloop.loop.spend import SpendingLimits
+    from optloop.run_args import build_parser
+
+    assert build_parser().parse_args([]).max_failed_share == ALLOWED_SHARE
+    args = build_parser().parse_args(["--max-failed-share", "0.25"])
+    assert SpendingLimits(max_failed_share=args.max_failed_share).max_failed_share == 0.25
+    assert SpendingLimits().max_failed_share == ALLOWED_SHARE

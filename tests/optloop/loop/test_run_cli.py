@@ -55,6 +55,8 @@ def nothing_written(tmp_path: Path) -> bool:
         (["--budget", "0"], "0 is out of range"),
         (["--budget", "many"], "not a whole number"),
         (["--split", "0.5,0.3,0.3"], "must sum to 1"),
+        (["--max-failed-share", "2"], "give a share from 0 to 1"),
+        (["--max-failed-share", "some"], "is not a share"),
     ],
 )
 def test_bad_arguments_exit_with_one_line(args, message, tmp_path):
