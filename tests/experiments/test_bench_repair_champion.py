@@ -277,3 +277,20 @@ def test_champion_refuses_cases_of_two_datasets(bench, tmp_path):
         repair.main(
             ["--champion", "--cases", f"{UNKNOWN.name},answer-echo", "--work", str(tmp_path)]
         )
+
+
+def test_the_benchmarks_page_shows_the_champion_and_the_removed_column(
+    bench, tmp_path, monkeypatch
+):
+    from experiments import report
+
+    _run(tmp_path)
+    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    section = "\n\n".join(report.repair())
+    assert "Champion: the champion changes answer" in section
+    assert (
+        f"| answer | {CHAMPION} |" in section and "| retrieve.query | (the clean one) |" in section
+    )
+    assert "sabotage removed" in section and "No results file yet" not in section
+    monkeypatch.setattr(report, "RESULTS", tmp_path / "nothing")
+    assert report.REPAIR_CHAMPION_COMMAND in "\n\n".join(report.repair())
