@@ -40,10 +40,10 @@ no edit beats the program on dev; the best trial's instructions per site are the
 clean program itself when no edit beat it, and the report says so). It is kept in ``--work``
 (keyed by system, dataset, model and those settings), so a rerun reuses it. Every step above
 then runs with the champion as the clean program: each sabotage is planted on the champion's
-instruction of its site, the bite check and ``recovered`` measure against the champion, and
-each run reports ``sabotage_removed``: whether the sabotage's text is gone from the site's
-prompt in the run's best candidate (the one it promotes). A case whose text the champion's
-instruction already holds is dropped. The champion was chosen on seed 0's dev split, so for
+instruction of its site, and the bite check and ``recovered`` measure against the champion. A
+case whose text the champion's instruction already holds is dropped. Every run, with or
+without ``--champion``, reports ``sabotage_removed``: whether the sabotage's text is gone from
+the site's instruction in the run's best candidate (the prompt the run registers). The champion was chosen on seed 0's dev split, so for
 seeds 1 and 2 it may have seen some of their test questions: the champion and its sabotaged
 copy are measured on the same questions, so the recovered share compares like with like.
 
@@ -503,7 +503,7 @@ def _removed_share(group: list[dict[str, Any]]) -> dict[str, float]:
 
 
 def targets(rows: list[dict[str, Any]]) -> list[str]:
-    """The issue's targets, each as a met/missed line."""
+    """The benchmark's targets, each as a met/missed line."""
     out = []
     for optimizer in sorted({r["optimizer"] for r in rows}):
         by_arm = {r["arm"]: r for r in rows if r["optimizer"] == optimizer}
