@@ -43,9 +43,10 @@ then runs with the champion as the clean program: each sabotage is planted on th
 instruction of its site, and the bite check and ``recovered`` measure against the champion. A
 case whose text the champion's instruction already holds is dropped. Every run, with or
 without ``--champion``, reports ``sabotage_removed``: whether the sabotage's text is gone from
-the site's instruction in the run's best candidate (the prompt the run registers). The champion was chosen on seed 0's dev split, so for
-seeds 1 and 2 it may have seen some of their test questions: the champion and its sabotaged
-copy are measured on the same questions, so the recovered share compares like with like.
+the site's instruction in the run's best candidate (the prompt the run registers). The
+champion was chosen on seed 0's dev split, so for seeds 1 and 2 it may have seen some of their
+test questions: the champion and its sabotaged copy are measured on the same questions, so the
+recovered share compares like with like.
 
 All arms share one LM cache (``--cache``; a temporary one by default), so an
 evaluation repeated across arms costs nothing the second time; ``llm_calls``
@@ -214,7 +215,10 @@ class Bench:
             "budget": self.args.champion_budget,
             "rounds": self.args.champion_rounds,
             "model": self.lm(sabotage.system).model,
-            **{k: getattr(self.args, k, None) for k in ("lm", "lm_max_items", "lm_max_chars")},
+            **{
+                k: getattr(self.args, k, None)
+                for k in ("lm", "lm_n_ctx", "lm_max_items", "lm_max_chars")
+            },
         }
         digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
         if digest in self.champions:
