@@ -139,6 +139,7 @@ def _repair_bites(data: Json) -> str:
 
 
 def _repair_arms(data: Json) -> str:
+    removed = any("sabotage_removed" in c for c in data["cases"])
     return table(
         [
             "case",
@@ -152,6 +153,7 @@ def _repair_arms(data: Json) -> str:
             "gain [95% CI]",
             "first blame",
             "changed",
+            *(["sabotage removed"] if removed else []),
             "LLM calls",
         ],
         [
@@ -167,11 +169,41 @@ def _repair_arms(data: Json) -> str:
                 f"{c['gain']:+.2f} {ci(*c['gain_ci'])}" if c.get("gain_ci") else "n/a",
                 c["first_blame"] + ("" if c["first_blame_correct"] else " (wrong)"),
                 ", ".join(c["changed"]) or "-",
+                *([_yes_no(c.get("sabotage_removed"))] if removed else []),
                 c["llm_calls"],
             ]
             for c in data["cases"]
         ],
     )
+
+
+def _yes_no(value: bool | None) -> str:
+    return "-" if value is None else "yes" if value else "no"
+
+
+REPAIR_CHAMPION_COMMAND = (
+    "python -m experiments.bench.repair --champion --seeds 0,1,2 --optimizers edit,simba "
+    "--budget 3 --json experiments/results/repair_champion.json "
+    "--markdown experiments/results/repair_champion.md"
+)
+
+
+def _repair_champion(data: Json) -> list[str]:
+    """The champion the cases of ``repair_champion.json`` were planted on, and its instructions."""
+    champion = data["champion"]
+    rows = [
+        [
+            site,
+            " ".join(text.split()).replace("|", "\\|")
+            if site in champion["changed"]
+            else "(the clean one)",
+        ]
+        for site, text in champion["instructions"].items()
+    ]
+    return [
+        f"Champion: {champion['note']}.",
+        table(["site", "champion instruction"], rows),
+    ]
 
 
 def _repair_aggregate(data: Json) -> str:
@@ -229,6 +261,28 @@ def repair() -> list[str]:
         out += [
             f"### {title}",
             provenance(data, name),
+            _repair_bites(data),
+            _repair_arms(data),
+            _repair_aggregate(data),
+        ]
+        if data.get("targets"):
+            out.append("\n".join(f"- {t}" for t in data["targets"]))
+    out += [
+        "### rag_bm25 on `synthetic:recall`, planted on a champion (edit and SIMBA)",
+        "The clean program's own answer rule (reply \"I don't know\") costs more than most "
+        "sabotages, so an edit that deletes it wins whatever was planted. Here the loop first "
+        "runs on the clean program until no edit beats it on dev; the best trial's instructions are "
+        "the champion, each sabotage is planted on the champion's instruction of its site, and "
+        "`recovered` is measured against the champion. `sabotage removed`: the sabotage's text is "
+        "gone from the site's prompt in the run's best candidate.",
+    ]
+    data = load("repair_champion.json")
+    if data is None:
+        out.append(f"No results file yet: run `{REPAIR_CHAMPION_COMMAND}`.")
+    else:
+        out += [
+            provenance(data, "repair_champion.json"),
+            *(_repair_champion(data) if data.get("champion") else []),
             _repair_bites(data),
             _repair_arms(data),
             _repair_aggregate(data),

@@ -3,6 +3,7 @@
     python -m experiments.bench.repair                                   # md_flat cases, every arm, seeds 0,1,2
     python -m experiments.bench.repair --cases answer-echo --seeds 0 --arms targeted --optimizers edit
     python -m experiments.bench.repair --bite-only                       # only measure which sabotages bite
+    python -m experiments.bench.repair --champion                        # planted on a champion
 
 The closed loop's promise under control. A **sabotage** is a written instruction
 (the optimizer rewrites instructions, so the fault must live in one): the site's
@@ -29,6 +30,24 @@ instruction replaced, or a sentence appended to it. The cases are in
    appends or prepends, the start instruction itself carries the clean text, so
    that check cannot apply (``leaks`` is null).
 
+**On a champion** (``--champion``): the clean program is not the best one the loop can
+reach (rag_bm25's clean answer instruction tells the model to reply "I don't know", which it
+does too often), so an edit that deletes the clean instruction's own rule wins whatever was
+planted, and repair cannot be told from improvement. With ``--champion`` the bench first runs
+the loop on the clean program (edit optimizer, seed 0, ``--champion-budget`` dev evaluations a
+round, at most ``--champion-rounds`` rounds, each round starting from the last one's best) until
+no edit beats the program on dev; the best trial's instructions per site are the champion (the
+clean program itself when no edit beat it, and the report says so). It is kept in ``--work``
+(keyed by system, dataset, model and those settings), so a rerun reuses it. Every step above
+then runs with the champion as the clean program: each sabotage is planted on the champion's
+instruction of its site, and the bite check and ``recovered`` measure against the champion. A
+case whose text the champion's instruction already holds is dropped. Every run, with or
+without ``--champion``, reports ``sabotage_removed``: whether the sabotage's text is gone from
+the site's instruction in the run's best candidate (the prompt the run registers). The
+champion was chosen on seed 0's dev split, so for seeds 1 and 2 it may have seen some of their
+test questions: the champion and its sabotaged copy are measured on the same questions, so the
+recovered share compares like with like.
+
 All arms share one LM cache (``--cache``; a temporary one by default), so an
 evaluation repeated across arms costs nothing the second time; ``llm_calls``
 counts every call, cached or not, and ``model_calls`` the computed ones. MLflow
@@ -46,6 +65,7 @@ os.environ.update(
 )  # first: litellm, mem0 and Hugging Face read them when imported
 
 import argparse
+import hashlib
 import json
 import logging
 import random
@@ -53,7 +73,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -65,13 +85,19 @@ from optloop.artifacts import CHECKPOINT
 from optloop.cli import CommandParser, lm_settings_from_args, parse_command, run_cli
 from optloop.datasets import load_dataset
 from optloop.faults.model import InstructionFault
-from optloop.faults.sabotages import DEFAULT_CASES, RECALL, RECALL_CASES, SABOTAGES
+from optloop.faults.sabotages import (
+    CHAMPION_CASES,
+    DEFAULT_CASES,
+    RECALL,
+    RECALL_CASES,
+    SABOTAGES,
+)
 from optloop.lm import OptloopLM
 from optloop.loop.candidate import Candidate
 from optloop.loop.evaluate import Evaluation, Evaluator
 from optloop.loop.optimizers import PROPOSER_SITE
-from optloop.loop.runner import Checkpoint, Loop, LoopConfig, start_candidate
-from optloop.paths import write_atomic
+from optloop.loop.runner import Checkpoint, Loop, LoopConfig, LoopResult, start_candidate
+from optloop.paths import state_dir, write_atomic
 from optloop.stats import Interval, bootstrap_mean, paired_bootstrap_delta, recovered_share
 from systems import get_system
 
@@ -125,11 +151,29 @@ def ci(interval: Interval) -> list[float]:
     return [round(interval.low, 3), round(interval.high, 3)]
 
 
+def _folded(text: str) -> str:
+    return " ".join(text.split())
+
+
+def holds(prompt: str, text: str) -> bool:
+    """Whether ``prompt`` holds ``text``, white space folded."""
+    return _folded(text) in _folded(prompt)
+
+
+def planted(
+    sabotage: InstructionFault, program: Mapping[str, str], champion: Mapping[str, str]
+) -> dict[str, str]:
+    """A run's start instructions: the champion's (``{}``: the clean program) with the sabotage
+    planted on its site's instruction in ``program`` (site -> instruction, the champion's on)."""
+    return {**champion, sabotage.site: sabotage.instruction(program[sabotage.site])}
+
+
 class Bench:
     def __init__(self, args: argparse.Namespace, tmp: Path):
         self.args = args
         self.tmp = tmp
         self.lms: dict[str, OptloopLM] = {}
+        self.champions: dict[str, dict[str, Any]] = {}
 
     def lm(self, system: str) -> OptloopLM:
         """One LM per system (its local decoding bounds), all on the bench's one cache."""
@@ -140,9 +184,128 @@ class Bench:
             )
         return self.lms[system]
 
+    def run_loop(self, config: LoopConfig) -> tuple[LoopResult, Checkpoint, Candidate]:
+        """One loop run in the bench's work dir: its result, checkpoint and start program."""
+        lm = self.lm(config.system)
+        work = self.tmp / "runs" / config.run_name
+        name = config.run_name
+        with console.status(name) as status:
+            loop = Loop(
+                config,
+                lm,
+                lm,
+                work=work,
+                progress=lambda msg, s=status: s.update(f"{name}: {msg}"),
+            )
+            result = loop.run()
+        assert loop.start is not None
+        return result, Checkpoint.load(work / CHECKPOINT), loop.start
+
+    # --- 0. the champion ------------------------------------------------------------------
+
+    def champion(self, sabotage: InstructionFault) -> dict[str, Any]:
+        """The program the loop reaches from the clean one on the sabotage's system and dataset
+        (see the module docstring), read from ``--work`` when an earlier run of the bench made it."""
+        key = {
+            "system": sabotage.system,
+            "dataset": sabotage.dataset,
+            "query_rewrite": sabotage.query_rewrite,
+            "optimizer": "edit",
+            "seed": 0,
+            "budget": self.args.champion_budget,
+            "rounds": self.args.champion_rounds,
+            "model": self.lm(sabotage.system).model,
+            **{
+                k: getattr(self.args, k, None)
+                for k in ("lm", "lm_n_ctx", "lm_max_items", "lm_max_chars")
+            },
+        }
+        digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+        if digest in self.champions:
+            return self.champions[digest]
+        path = Path(self.args.work) / f"champion-{sabotage.system}-{digest}.json"
+        if path.exists() and (kept := json.loads(path.read_text())).get("key") == key:
+            console.print(f"champion: reused {path}")
+            self.champions[digest] = {**kept, "reused": True, "path": str(path)}
+            return self.champions[digest]
+        start: dict[str, str] = {}
+        clean: dict[str, str] = {}
+        rounds: list[dict[str, Any]] = []
+        for n in range(1, self.args.champion_rounds + 1):
+            config = LoopConfig(
+                system=sabotage.system,
+                dataset=sabotage.dataset,
+                budget=self.args.champion_budget,
+                optimizer="edit",
+                seed=0,
+                run_name=f"champion-{sabotage.system}-{digest}-r{n}",
+                tracking_uri=self.args.tracking_uri,
+                start=start,
+                lm=self.args.lm or "local",
+                query_rewrite=sabotage.query_rewrite,
+            )
+            result, ckpt, base = self.run_loop(config)
+            clean = clean or {s: st.instructions for s, st in base.sites.items()}
+            best = next((t.candidate for t in ckpt.trials if t.trial == result.best_trial), None)
+            rounds.append(
+                {
+                    "round": n,
+                    "run_name": config.run_name,
+                    "best_trial": result.best_trial,
+                    "baseline_dev": round(result.baseline_dev, 3),
+                    "best_dev": round(result.best_dev, 3),
+                    "test_before": round(result.test_before, 3),
+                    "test_after": round(result.test_after, 3),
+                    "delta_test_ci": ci(result.delta_test_ci),
+                    "n_dev": result.n_dev,
+                    "n_test": result.n_test,
+                    "changed": result.changed_sites,
+                    "promoted": result.promoted,
+                    "llm_calls": int(result.cost.get("llm_calls", 0)),
+                }
+            )
+            if result.best_trial == 0 or best is None:  # no edit beat the program on dev
+                break
+            start = {
+                s: st.instructions for s, st in best.sites.items() if st.instructions != clean[s]
+            }
+            for site, text in start.items():
+                if text.startswith("+") or text.endswith("+"):  # a start would read it as +TEXT
+                    raise SystemExit(
+                        f"repair: the champion's {site} instruction begins or ends with +"
+                    )
+        last = rounds[-1]
+        stopped = (
+            f"no edit beat it on dev in round {last['round']}"
+            if last["best_trial"] == 0
+            else f"its {len(rounds)} rounds of budget {self.args.champion_budget} ended"
+        )
+        champion = {
+            "key": key,
+            "instructions": {**clean, **start},
+            "changed": sorted(start),
+            "clean": clean,
+            "from_clean": not start,
+            "note": (
+                "no edit beat the clean program on dev: the champion is the clean program"
+                if not start
+                else f"the champion changes {', '.join(sorted(start))}; {stopped}"
+            ),
+            "rounds": rounds,
+        }
+        write_atomic(path, json.dumps(champion, indent=1))
+        console.print(f"champion: {champion['note']} (kept in {path})")
+        self.champions[digest] = {**champion, "reused": False, "path": str(path)}
+        return self.champions[digest]
+
     # --- 1. does it bite ------------------------------------------------------------------
 
-    def bite(self, sabotage: InstructionFault) -> dict[str, Any]:
+    def evaluate(
+        self, sabotage: InstructionFault, champion: Mapping[str, str]
+    ) -> tuple[dict[str, str], list[str], Evaluation, Evaluation]:
+        """The program (the clean one with ``champion``'s instructions) and the sabotage planted on
+        it, each over the whole dataset: the program's instruction per site, the sites, and both
+        evaluations."""
         lm = self.lm(sabotage.system)
         dataset = load_dataset(sabotage.dataset)
         evaluator = Evaluator(
@@ -152,26 +315,42 @@ class Bench:
             dataset_uri=dataset.uri,
             query_site=sabotage.query_rewrite,
         )
-        try:
-            clean = evaluator.baseline()
+
+        def program(start: Mapping[str, str]) -> Candidate:
             config = LoopConfig(
                 system=sabotage.system,
                 run_name="bite",
                 query_rewrite=sabotage.query_rewrite,
-                start={
-                    sabotage.site: sabotage.instruction(clean.sites[sabotage.site].instructions)
-                },
+                start=dict(start),
             )
-            sabotaged = start_candidate(evaluator, config)
+            return start_candidate(evaluator, config)
+
+        try:
+            clean = program(champion)
+            instructions = {s: st.instructions for s, st in clean.sites.items()}
+            sabotaged = program(planted(sabotage, instructions, champion))
             with console.status(f"{sabotage.name}: clean over {dataset.uri}"):
                 clean_eval = evaluator.evaluate(clean, dataset, split="all")
             with console.status(f"{sabotage.name}: sabotaged over {dataset.uri}"):
                 sab_eval = evaluator.evaluate(sabotaged, dataset, split="all")
         finally:
             evaluator.close()
+        return instructions, list(evaluator.sites), clean_eval, sab_eval
+
+    def bite(
+        self, sabotage: InstructionFault, champion: Mapping[str, str] | None = None
+    ) -> dict[str, Any]:
+        """The clean program vs the sabotaged one over the whole dataset. With ``champion`` (the
+        champion's changed sites' instructions; ``{}``: it is the clean program) the champion is
+        the clean program, and a case whose text its instruction already holds is dropped."""
+        on_champion = champion is not None  # the champion may be the clean program ({})
+        champion = dict(champion or {})
+        instructions, sites, clean_eval, sab_eval = self.evaluate(sabotage, champion)
         keys = [(o.episode_id, o.question_id) for o in clean_eval.outcomes]
         margin = paired_bootstrap_delta(scores(sab_eval, keys), scores(clean_eval, keys), seed=0)
         blamed = sab_eval.blame()
+        clean_text = instructions[sabotage.site]
+        already = on_champion and holds(clean_text, sabotage.text)
         return {
             "name": sabotage.name,
             "system": sabotage.system,
@@ -183,11 +362,14 @@ class Bench:
             "sabotaged": round(sab_eval.accuracy, 3),
             "margin": round(margin.estimate, 3),
             "margin_ci": ci(margin),
-            "bites": margin.low > 0,
+            "bites": margin.low > 0 and not already,
             "first_blame_all": blamed[0].target if blamed else None,
-            "clean_instruction": clean.sites[sabotage.site].instructions,
-            "_sites": list(evaluator.sites),
+            "clean_instruction": clean_text,
+            **({"on_champion": True, "already_there": already} if on_champion else {}),
+            "_sites": sites,
             "_clean_eval": clean_eval,
+            "_instructions": instructions,
+            "_champion": champion,
         }
 
     # --- 2. the arms ----------------------------------------------------------------------
@@ -197,7 +379,7 @@ class Bench:
     ) -> dict[str, Any]:
         lm = self.lm(sabotage.system)
         clean_text = bite["clean_instruction"]
-        start = {sabotage.site: sabotage.instruction(clean_text)}
+        start = planted(sabotage, bite["_instructions"], bite["_champion"])
         sites = None
         if arm == "random":
             sites = [random.Random(f"{sabotage.name}/{seed}").choice(bite["_sites"])]
@@ -216,20 +398,9 @@ class Bench:
             lm=self.args.lm or "local",
             query_rewrite=sabotage.query_rewrite,
         )
-        work = self.tmp / "runs" / name
         started = time.perf_counter()
-        with (
-            Witness(lm, clean_text if sabotage.mode == "replace" else None) as witness,
-            console.status(name) as status,
-        ):
-            result = Loop(
-                config,
-                lm,
-                lm,
-                work=work,
-                progress=lambda msg, s=status: s.update(f"{name}: {msg}"),
-            ).run()
-        ckpt = Checkpoint.load(work / CHECKPOINT)
+        with Witness(lm, clean_text if sabotage.mode == "replace" else None) as witness:
+            result, ckpt, _ = self.run_loop(config)
         witness.check_demos([t.candidate for t in ckpt.trials])
         assert ckpt.test_before is not None and ckpt.test_after is not None
         keys = [(o.episode_id, o.question_id) for o in ckpt.test_before.outcomes]
@@ -239,6 +410,7 @@ class Bench:
         gain = paired_bootstrap_delta(
             sab_v, after_v, seed=seed
         )  # stable where clean - sabotaged is small on test
+        after_instruction = _best_instruction(ckpt, result.best_trial, sabotage.site, start)
         return {
             "case": sabotage.name,
             "site": sabotage.site,
@@ -269,7 +441,8 @@ class Bench:
             "seconds": round(time.perf_counter() - started, 1),
             "proposer_requests": witness.proposer_requests,
             "leaks": witness.leaks if sabotage.mode == "replace" else None,
-            "after_instruction": _best_instruction(ckpt, result.best_trial, sabotage.site, start),
+            "sabotage_removed": not holds(after_instruction, sabotage.text),
+            "after_instruction": after_instruction,
             "trials": [
                 {
                     "trial": t.trial,
@@ -321,13 +494,20 @@ def aggregate(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     "llm_calls_mean": round(statistics.fmean(c["llm_calls"] for c in group), 1),
                     "tokens_mean": round(statistics.fmean(c["tokens"] for c in group)),
                     "leaks": sum(c["leaks"] or 0 for c in group),
+                    **_removed_share(group),
                 }
             )
     return rows
 
 
+def _removed_share(group: list[dict[str, Any]]) -> dict[str, float]:
+    """The share of runs whose promoted prompt no longer holds the sabotage's text."""
+    known = [c["sabotage_removed"] for c in group if c.get("sabotage_removed") is not None]
+    return {"sabotage_removed": round(sum(known) / len(known), 3)} if known else {}
+
+
 def targets(rows: list[dict[str, Any]]) -> list[str]:
-    """The issue's targets, each as a met/missed line."""
+    """The benchmark's targets, each as a met/missed line."""
     out = []
     for optimizer in sorted({r["optimizer"] for r in rows}):
         by_arm = {r["arm"]: r for r in rows if r["optimizer"] == optimizer}
@@ -342,6 +522,12 @@ def targets(rows: list[dict[str, Any]]) -> list[str]:
             f"{optimizer}: targeted recovers >= 50% of the loss in {t['recovered_half']:.0%} of cases "
             f"(target >= 70%): {'met' if t['recovered_half'] >= 0.7 else 'MISSED'}"
         )
+        if "sabotage_removed" in t:
+            out.append(
+                f"{optimizer}: targeted takes the sabotage's text out of the promoted prompt in "
+                f"{t['sabotage_removed']:.0%} of runs (target >= 70%): "
+                f"{'met' if t['sabotage_removed'] >= 0.7 else 'MISSED'}"
+            )
         for other, strict in (("untargeted", False), ("random", True)):
             o = by_arm.get(other)
             if o is None:
@@ -379,6 +565,11 @@ def render(report: dict[str, Any]) -> None:
             "yes" if b["bites"] else "dropped",
         )
     console.print(bites)
+    if champion := report.get("champion"):
+        console.print(f"champion: {champion['note']}")
+        for site, text in champion["instructions"].items():
+            mark = "changed" if site in champion["changed"] else "clean"
+            console.print(f"  {site} ({mark}): {_folded(text)}", markup=False, highlight=False)
     if not report["cases"]:
         return
     table = Table(title=f"repair on held-out test, budget {report['budget']} ({report['model']})")
@@ -394,6 +585,7 @@ def render(report: dict[str, Any]) -> None:
         "gain [95% CI]",
         "recovered [95% CI]",
         "1st blame ok",
+        "removed",
         "LLM calls",
         "tokens",
         "s",
@@ -423,6 +615,7 @@ def render(report: dict[str, Any]) -> None:
             gain,
             rec,
             "yes" if c["first_blame_correct"] else "no",
+            _yes_no(c.get("sabotage_removed")),
             str(c["llm_calls"]),
             str(c["tokens"]),
             f"{c['seconds']:.0f}",
@@ -465,9 +658,20 @@ def to_markdown(report: dict[str, Any]) -> str:
     def ci_text(v: Any, lo_hi: list[float]) -> str:
         return "n/a" if v is None else f"{v:+.2f} [{lo_hi[0]:+.2f}, {lo_hi[1]:+.2f}]"
 
-    lines = [
+    lines = []
+    if p := report.get("provenance"):
+        lines += [
+            f"Command: `{p['command']}`  ",
+            f"Date: {p['date']}; commit: {p['commit']}; model: {p['model']}; machine: {p['machine']}.",
+            "",
+        ]
+    lines += [
         f"Model: {report.get('model', '?')}; budget {report['budget']}; seeds {report['seeds']}.",
         "",
+    ]
+    if champion := report.get("champion"):
+        lines += _champion_markdown(champion)
+    lines += [
         "| case | site | mode | n | clean | sabotaged | margin [95% CI] | kept |",
         "|---|---|---|---|---|---|---|---|",
     ]
@@ -480,8 +684,8 @@ def to_markdown(report: dict[str, Any]) -> str:
         lines += [
             "",
             "| case | optimizer | arm | seed | n test | clean | sabotaged | after | after - sabotaged [95% CI] | "
-            "recovered [95% CI] | first blame | changed | LLM calls | tokens | s |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+            "recovered [95% CI] | first blame | changed | sabotage removed | LLM calls | tokens | s |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         lines += [
             f"| {c['case']} | {c['optimizer']} | {c['arm']} | {c['seed']} | {c['n_test']} | {c['clean']:.2f} | "
@@ -489,24 +693,60 @@ def to_markdown(report: dict[str, Any]) -> str:
             f"{ci_text(c['gain'], c['gain_ci']) if 'gain' in c else 'n/a'} | "
             f"{ci_text(c['recovered'], c['recovered_ci'])} | "
             f"{c['first_blame']}{'' if c['first_blame_correct'] else ' (wrong)'} | {', '.join(c['changed']) or '-'} | "
-            f"{c['llm_calls']} | {c['tokens']} | {c['seconds']:.0f} |"
+            f"{_yes_no(c.get('sabotage_removed'))} | {c['llm_calls']} | {c['tokens']} | {c['seconds']:.0f} |"
             for c in report["cases"]
         ]
     if report.get("aggregate"):
         lines += [
             "",
             "| optimizer | arm | cases | first blame right | recovered >= 50% | recovered, mean [95% CI] | "
-            "LLM calls (mean) |",
-            "|---|---|---|---|---|---|---|",
+            "sabotage removed | LLM calls (mean) |",
+            "|---|---|---|---|---|---|---|---|",
         ]
         lines += [
             f"| {r['optimizer']} | {r['arm']} | {r['cases']} | {r['first_blame_correct']:.0%} | "
             f"{r['recovered_half']:.0%} | {ci_text(r['recovered_mean'], r['recovered_mean_ci'])} | "
+            f"{format(r['sabotage_removed'], '.0%') if 'sabotage_removed' in r else 'n/a'} | "
             f"{r['llm_calls_mean']:.0f} |"
             for r in report["aggregate"]
         ]
         lines += ["", *[f"- {t}" for t in report.get("targets", [])]]
     return "\n".join(lines) + "\n"
+
+
+def _yes_no(value: bool | None) -> str:
+    return "-" if value is None else "yes" if value else "no"
+
+
+def _cell(text: str) -> str:
+    return _folded(text).replace("|", "\\|")
+
+
+def _champion_markdown(champion: dict[str, Any]) -> list[str]:
+    """The champion the cases were planted on: how it was reached, and its instruction per site."""
+    reused = " (reused from an earlier run of the bench)" if champion.get("reused") else ""
+    lines = [
+        f"Champion: {champion['note']}{reused}.",
+        "",
+        "| round | best trial | dev before | dev best | test before | test after | "
+        "held-out delta [95% CI] | n test | changed | LLM calls |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {r['round']} | {r['best_trial']} | {r['baseline_dev']:.3f} | {r['best_dev']:.3f} | "
+        f"{r['test_before']:.3f} | {r['test_after']:.3f} | "
+        f"{r['test_after'] - r['test_before']:+.2f} [{r['delta_test_ci'][0]:+.2f}, "
+        f"{r['delta_test_ci'][1]:+.2f}] | {r['n_test']} | {', '.join(r['changed']) or '-'} | "
+        f"{r['llm_calls']} |"
+        for r in champion["rounds"]
+    ]
+    lines += ["", "| site | clean instruction | champion instruction |", "|---|---|---|"]
+    lines += [
+        f"| {site} | {_cell(champion['clean'][site])} | "
+        f"{_cell(text) if site in champion['changed'] else '(the clean one)'} |"
+        for site, text in champion["instructions"].items()
+    ]
+    return [*lines, ""]
 
 
 def _csv(text: str) -> list[str]:
@@ -517,9 +757,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = CommandParser("python -m experiments.bench.repair", __doc__, lm=True)
     parser.add_argument(
         "--cases",
-        default=",".join(DEFAULT_CASES),
-        help=f"sabotages to run (default the md_flat ones; 'recall': the rag_bm25 ones on "
-        f"{RECALL}); all: {', '.join(s.name for s in SABOTAGES)}",
+        help=f"sabotages to run (default the md_flat ones, with --champion the champion ones; "
+        f"'recall': the rag_bm25 ones on {RECALL}; 'champion': those and the ones written for a "
+        f"champion); all: {', '.join(s.name for s in SABOTAGES)}",
     )
     parser.add_argument(
         "--seeds", default="0,1,2", help="split and optimizer seeds (default 0,1,2)"
@@ -534,6 +774,30 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--budget", type=int, default=4, help="dev evaluations per arm (default 4)"
+    )
+    parser.add_argument(
+        "--champion",
+        action="store_true",
+        help="plant the sabotages on a champion: the best program the loop reaches from the clean "
+        "one (edit, seed 0), kept in --work and reused",
+    )
+    parser.add_argument(
+        "--champion-budget",
+        type=int,
+        default=3,
+        help="dev evaluations per round of the champion's run (default 3)",
+    )
+    parser.add_argument(
+        "--champion-rounds",
+        type=int,
+        default=3,
+        help="rounds of the champion's run at most, each from the last one's best; it stops "
+        "at the first round where no edit beats the program on dev (default 3)",
+    )
+    parser.add_argument(
+        "--work",
+        type=Path,
+        help="where the champion is kept between runs (default <state dir>/bench-repair)",
     )
     parser.add_argument(
         "--bite-only",
@@ -561,8 +825,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.verbose:
         logging.getLogger("dspy").setLevel(logging.ERROR)
     known = {s.name: s for s in SABOTAGES}
-    if args.cases == "recall":
-        args.cases = ",".join(RECALL_CASES)
+    if args.cases is None:
+        args.cases = "champion" if args.champion else ",".join(DEFAULT_CASES)
+    args.cases = {"recall": ",".join(RECALL_CASES), "champion": ",".join(CHAMPION_CASES)}.get(
+        args.cases, args.cases
+    )
     unknown = [c for c in _csv(args.cases) if c not in known]
     if unknown:
         raise SystemExit(
@@ -573,6 +840,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     arms = _csv(args.arms)
     if set(arms) - set(ARMS):
         raise SystemExit(f"repair: --arms takes {', '.join(ARMS)}")
+    if args.champion and len({(s.system, s.dataset, s.query_rewrite) for s in chosen}) > 1:
+        raise SystemExit(
+            "repair: --champion takes cases of one system and dataset (one champion); "
+            "run the others in a command of their own"
+        )
+    args.work = args.work or state_dir() / "bench-repair"
     with tempfile.TemporaryDirectory(prefix="optloop-bench-repair-") as tmp_name:
         tmp = Path(tmp_name)
         args.tracking_uri = args.tracking_uri or f"sqlite:///{tmp / 'mlflow.db'}"
@@ -588,14 +861,27 @@ def main(argv: Sequence[str] | None = None) -> int:
             "cases": [],
             "dropped": [],
         }
+        if args.champion:
+            report["bench"] = "repair-champion"
+            report["champion_budget"] = args.champion_budget
+            report["champion_rounds"] = args.champion_rounds
         for sabotage in chosen:
-            bite = bench.bite(sabotage)
+            champion = bench.champion(sabotage) if args.champion else None
+            if champion is not None:
+                report["champion"] = champion
+            bite = bench.bite(
+                sabotage,
+                None
+                if champion is None
+                else {s: champion["instructions"][s] for s in champion["changed"]},
+            )
             report["model"] = bench.lm(sabotage.system).model
             report["bites"].append({k: v for k, v in bite.items() if not k.startswith("_")})
             console.print(
                 f"{sabotage.name}: clean {bite['clean']:.3f}, sabotaged {bite['sabotaged']:.3f}, margin "
                 f"{bite['margin']:+.3f} {bite['margin_ci']} (n={bite['n']}): "
                 f"{'bites' if bite['bites'] else 'does not bite, dropped'}"
+                f"{' (the champion already says it)' if bite.get('already_there') else ''}"
             )
             if not bite["bites"]:
                 report["dropped"].append(
@@ -612,6 +898,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                             "margin_ci",
                         )
                     }
+                    | ({"already_there": True} if bite.get("already_there") else {})
                 )
             if args.json:  # partial results survive a long run's interruption
                 write_atomic(
@@ -641,7 +928,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json:
         write_atomic(args.json, json.dumps(stamped(report, model_of(args)), indent=1, default=str))
     if args.markdown:
-        write_atomic(args.markdown, to_markdown(report))
+        write_atomic(args.markdown, to_markdown(stamped(report, model_of(args))))
     leaks = sum(c["leaks"] or 0 for c in report["cases"])
     if leaks:
         console.print(

@@ -4,7 +4,7 @@ loop must find and mend, with the dataset it is run on. ``make demo-repair`` pla
 (:mod:`optloop.demo_repair`); the repair benchmark (``experiments/bench/repair.py``) plants them
 all.
 
-The catalogue grew in five parts, each written down before any of its faults was run; the comments
+The catalogue grew in six parts, each written down before any of its faults was run; the comments
 above each say what the runs before it showed and why its cases are what they are.
 """
 
@@ -247,5 +247,39 @@ SABOTAGES += [
         description="behaviour, appended",
     ),
 ]
+# Sixth, for the repair proof on a champion (``experiments.bench.repair --champion``), written before
+# any of these ran. The clean answer instruction ends with its own rule, 'If the memories do not
+# contain the answer, reply "I don't know"', which SmolLM2 follows on questions the memories do
+# answer: on synthetic:recall that rule costs more accuracy than most sabotages above, and an edit
+# that deletes it reads as a repair. The champion is the program the loop reaches from the clean one
+# (the rule deleted, where the loop deletes it); these cases put that rule back on the champion, in
+# front and at the end, so the fault to mend is the one the clean program carried. Where the
+# champion still says it, the bench drops the case (the text is already there).
+_ABSTAIN = 'If the memories do not contain the answer, reply "I don\'t know".'
+SABOTAGES += [
+    InstructionFault(
+        name="recall-answer-abstain-prepend",
+        systems=("rag_bm25",),
+        target=ANSWER,
+        mode="prepend",
+        text=_ABSTAIN,
+        dataset=RECALL,
+        query_rewrite=True,
+        description="the clean instruction's own abstention rule, in front of the champion's",
+    ),
+    InstructionFault(
+        name="recall-answer-abstain-append",
+        systems=("rag_bm25",),
+        target=ANSWER,
+        mode="append",
+        text=_ABSTAIN,
+        dataset=RECALL,
+        query_rewrite=True,
+        description="the clean instruction's own abstention rule, at the end as the clean one has it",
+    ),
+]
 DEFAULT_CASES = [s.name for s in SABOTAGES if s.system == "md_flat"]
-RECALL_CASES = [s.name for s in SABOTAGES if s.dataset == RECALL]
+_CHAMPION_ONLY = {"recall-answer-abstain-prepend", "recall-answer-abstain-append"}
+RECALL_CASES = [s.name for s in SABOTAGES if s.dataset == RECALL and s.name not in _CHAMPION_ONLY]
+# The champion's cases: every recall case, planted on the champion's instructions, and the two above.
+CHAMPION_CASES = [s.name for s in SABOTAGES if s.dataset == RECALL]
