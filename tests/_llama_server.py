@@ -58,6 +58,17 @@ def server_available() -> str | None:
     return None
 
 
+def _die_with_parent() -> None:
+    """In the server's process, before it runs: the kernel kills it when the process that started it
+    dies, however it dies (a pytest killed by ``timeout`` runs no fixture teardown, and a server left
+    behind keeps the cores busy with the requests it had queued)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
 @contextlib.contextmanager
 def llama_server(
     log_dir: Path, *, n_ctx: int = 12288, n_threads: int | None = None
@@ -87,7 +98,9 @@ def llama_server(
         str(n_threads or os.cpu_count() or 1),
     ]
     with log.open("wb") as out:
-        process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+            cmd, stdout=out, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent
+        )
     server = LlamaServer(base_url=f"http://127.0.0.1:{port}/v1", log=log, process=process)
     try:
         deadline = time.monotonic() + 120

@@ -4,7 +4,9 @@ The test starts ``python -m llama_cpp.server`` on the bundled SmolLM2 GGUF on a 
 port, as a user would (``tests/_llama_server.py``), and runs the CLIs with ``--lm openai:smollm2
 --lm-base-url URL`` and nothing else: the schema mode (llama.cpp's server refuses ``json_schema``)
 and the concurrency (it answers one request at a time) are found at start-up. Small datasets keep
-it to a few minutes; run it under the machine's LM lock (``flock /tmp/optloop-lm.lock``).
+it to a few minutes, in ``make test``; mem0's budget-1 run is ``slow`` (``make test-all``): mem0's
+~8,600-token extraction prompt takes minutes a call on a 2-core CPU server. Run it under the
+machine's LM lock (``flock /tmp/optloop-lm.lock``).
 """
 
 from __future__ import annotations
@@ -22,8 +24,6 @@ from tests._llama_server import MODEL_ALIAS, LlamaServer, llama_server, server_a
 
 pytestmark = [
     pytest.mark.integration,
-    # minutes of a real llama.cpp server on 2 cores, and timing-sensitive under load: make test-all
-    pytest.mark.slow,
     pytest.mark.skipif(server_available() is not None, reason=str(server_available())),
 ]
 
@@ -127,6 +127,7 @@ def test_rag_bm25_budget_1_runs_and_attribute_reports(server, tmp_path):
     assert report["questions"] == 16 and report["failed_calls"] == 0
 
 
+@pytest.mark.slow  # mem0's ~8,600-token extraction prompt: minutes a call on a 2-core CPU server
 def test_mem0_budget_1_runs_at_the_default_concurrency(server, tmp_path):
     # mem0's ~8,600-token prompt on a 2-core CPU server can take most of a minute: --lm-timeout (docs/servers.md)
     run = cli(
