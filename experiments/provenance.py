@@ -1,7 +1,9 @@
-"""The provenance header every results file carries: the command, the date, the commit, the model, the machine.
+"""The provenance header every results file carries: the command, the date, the commit, the model,
+the machine.
 
-A benchmark writes its JSON through :func:`stamped`, so the figures in it say once, at the top, how they
-were made; ``python -m experiments.report`` shows that header above them in docs/benchmarks.md.
+A benchmark writes its JSON through :func:`stamped`, so the figures in it say once, at the top, how
+they were made; ``python -m experiments.report`` shows that header above them in
+docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def commit() -> str:
-    """The checkout's commit (``+`` when it has uncommitted changes), or ``unknown`` outside a git checkout."""
+    """The checkout's commit (``+`` when it has uncommitted changes), or ``unknown`` outside a git
+    checkout."""
     try:
         head = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"],
@@ -50,8 +53,8 @@ def machine() -> str:
 
 
 def provenance(model: str, command: str | None = None) -> dict[str, str]:
-    """The header: ``command`` (default: this process's own, as ``python -m module args``), today's date (UTC),
-    the commit, ``model`` and the machine."""
+    """The header: ``command`` (default: this process's own, as ``python -m module args``), today's
+    date (UTC), the commit, ``model`` and the machine."""
     if command is None:
         module = sys.modules["__main__"].__spec__
         head = ["python", "-m", module.name] if module is not None else ["python", sys.argv[0]]

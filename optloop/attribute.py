@@ -87,8 +87,10 @@ def attribute_dataset(
     llm_judge: bool = False,
     agent: bool = False,
 ) -> dict[str, Any]:
-    """Run, trace and attribute every episode through the one pipeline (:func:`optloop.pipeline.run_episodes`:
-    ``--concurrency`` at a time, reported in episode order); returns the report (graphs saved under ``work/graphs``).
+    """Run, trace and attribute every episode through the one pipeline
+    (:func:`optloop.pipeline.run_episodes`:
+    ``--concurrency`` at a time, reported in episode order); returns the report (graphs saved under
+    ``work/graphs``).
 
     With ``agent`` the LLM agent (:mod:`optloop.attribution.agent`) re-examines the cases the
     deterministic walk marks ambiguous.
@@ -186,7 +188,8 @@ def _save(graph: Any, work: Path, episode_id: str) -> str:
 
 
 def traces_report(uri: str, out: Path, lexical_only: bool = False) -> dict[str, Any]:
-    """Import published traces (``meme:<dir>``), attribute every failed probe offline, save the graphs."""
+    """Import published traces (``meme:<dir>``), attribute every failed probe offline, save the
+    graphs."""
     from optloop.attribution.traces import attribute_traces, llm_calls, warm_embedder
     from optloop.tracing.meme_traces import import_traces
 
@@ -297,7 +300,8 @@ def render_table(report: dict[str, Any]) -> Table:
 
 
 def _rate(entry: dict[str, Any]) -> str:
-    """A blame entry's failure rate given a correct input, ``"12/20 (60%)"`` (``"-"`` when not computed)."""
+    """A blame entry's failure rate given a correct input, ``"12/20 (60%)"`` (``"-"`` when not
+    computed)."""
     if entry.get("rate") is None:
         return "-"
     return f"{entry['failures']}/{entry['reached']} ({entry['rate']:.0%})"
@@ -377,8 +381,9 @@ def _planted_scope(report: dict[str, Any]) -> str:
 
 
 def _planted_lines(report: dict[str, Any]) -> list[str]:
-    """The headline figures as sentences: each accuracy induced-only and over every caused failure, what was
-    set aside, the attribution's speed; an empty sample says so, a small one is flagged."""
+    """The headline figures as sentences: each accuracy induced-only and over every caused failure,
+    what was set aside, the attribution's speed; an empty sample says so, a small one is
+    flagged."""
     ind, every, aside = report["induced"], report["all_failures"], report["set_aside"]
     lines = []
     for label, key in (("site accuracy", "site"), ("type accuracy", "type")):
@@ -411,7 +416,8 @@ def _planted_lines(report: dict[str, Any]) -> list[str]:
 
 
 def _fault_rows(report: dict[str, Any]) -> list[tuple[str, ...]]:
-    """system/fault, clean passes, caused, induced, set aside (unsound / evidence reached), four rate cells."""
+    """system/fault, clean passes, caused, induced, set aside (unsound / evidence reached), four
+    rate cells."""
     rows: list[tuple[str, ...]] = []
     groups = [
         (f"{name}" + (" (new)" if row.get("added") == PREREGISTERED else ""), row)
@@ -513,7 +519,8 @@ def _aside_rows(report: dict[str, Any]) -> list[tuple[str, ...]]:
 
 def render_planted(report: dict[str, Any]) -> Group:
     """The planted report for the terminal: the denominators, each fault's caused failures with the
-    induced-only and all-failures accuracies side by side, the headline sentences, the set-aside failures."""
+    induced-only and all-failures accuracies side by side, the headline sentences, the set-aside
+    failures."""
     scope = _planted_scope(report)
     parts: list[Any] = []
     for title, columns, rows in (
@@ -735,7 +742,8 @@ def main_traces(args: argparse.Namespace) -> int:
 
 
 class AttributionReport(BaseModel):
-    """What :func:`attribute` found: the same report ``optloop attribute`` writes to ``report.json``."""
+    """What :func:`attribute` found: the same report ``optloop attribute`` writes to
+    ``report.json``."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -794,8 +802,8 @@ def attribute(
         dataset:
             A dataset URI (see ``docs/systems.md``).
         lm:
-            The LM spec (``local``, ``local:/path/model.gguf``, ``openai:<model>``); :obj:`None` reads
-            ``OPTLOOP_LM``, else ``local``.
+            The LM spec (``local``, ``local:/path/model.gguf``, ``openai:<model>``); :obj:`None`
+            reads ``OPTLOOP_LM``, else ``local``.
         lm_base_url:
             Base URL of an OpenAI-compatible endpoint (else ``OPENAI_BASE_URL``).
         concurrency:
@@ -810,8 +818,8 @@ def attribute(
             Let an LLM agent re-examine the cases the deterministic walk leaves ambiguous.
 
     Returns:
-        The :class:`AttributionReport`: accuracy, blame per target, failures per error type and target,
-        and every attribution.
+        The :class:`AttributionReport`: accuracy, blame per target, failures per error type and
+        target, and every attribution.
 
     Raises:
         optloop.errors.OptloopError:

@@ -24,7 +24,8 @@ def _formatter(parser: argparse.ArgumentParser) -> argparse.HelpFormatter:
 
 
 def _cell(text: str) -> str:
-    """One table cell: one line, its pipes escaped, its <placeholders> shown rather than read as HTML."""
+    """One table cell: one line, its pipes escaped, its <placeholders> shown rather than read as
+    HTML."""
     return " ".join(text.split()).replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
 
 

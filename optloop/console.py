@@ -24,7 +24,8 @@ from optloop import __version__
 
 @dataclass(frozen=True)
 class Command:
-    """One subcommand: the module whose ``build_parser`` and ``main`` it runs, and its one-line summary."""
+    """One subcommand: the module whose ``build_parser`` and ``main`` it runs, and its one-line
+    summary."""
 
     name: str
     module: str
@@ -61,7 +62,8 @@ BY_NAME = {c.name: c for c in COMMANDS}
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The top-level parser: ``optloop --help`` and ``--version`` (each subcommand parses its own flags)."""
+    """The top-level parser: ``optloop --help`` and ``--version`` (each subcommand parses its own
+    flags)."""
     parser = argparse.ArgumentParser(
         prog="optloop",
         formatter_class=argparse.RawDescriptionHelpFormatter,

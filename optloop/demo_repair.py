@@ -39,7 +39,8 @@ console = Console()
 
 
 def _logged_prompts(run_id: str, artifact: str) -> dict[str, str]:
-    """A prompts artifact of a finished run (``prompts_before.json``: the program the run started from)."""
+    """A prompts artifact of a finished run (``prompts_before.json``: the program the run started
+    from)."""
     import mlflow
 
     return json.loads(mlflow.artifacts.load_text(f"runs:/{run_id}/{artifact}"))

@@ -181,7 +181,8 @@ def from_prompt(ref: str) -> Bundle:
 def render(
     bundle: Bundle, fmt: str, *, schema_mode: SchemaMode = "json_schema", command: str = ""
 ) -> str:
-    """The file ``fmt`` makes of ``bundle``; a :class:`ConfigError` when the format does not fit the source."""
+    """The file ``fmt`` makes of ``bundle``; a :class:`ConfigError` when the format does not fit
+    the source."""
     if fmt == "json":
         return json.dumps(bundle.prompts, indent=1, ensure_ascii=False) + "\n"
     if fmt == "dspy":
@@ -199,8 +200,8 @@ def render(
 
 
 def prompt_pack(bundle: Bundle) -> dict[str, Any]:
-    """The ``pack`` format: prompts, knobs (and their value spaces) and provenance, plus each optloop-defined
-    site's fields."""
+    """The ``pack`` format: prompts, knobs (and their value spaces) and provenance, plus each
+    optloop-defined site's fields."""
     knob_values: dict[str, Any] = {}
     if bundle.system:
         from systems import SYSTEMS, get_system
@@ -219,8 +220,9 @@ def prompt_pack(bundle: Bundle) -> dict[str, Any]:
 
 
 def _site_fields(site: str) -> dict[str, Any] | None:
-    """A site's input fields (name -> description) and output fields (type, description, JSON schema), when
-    optloop defines its signature; ``None`` for a library's own site (mem0, graphiti: see their formats)."""
+    """A site's input fields (name -> description) and output fields (type, description, JSON
+    schema), when optloop defines its signature; ``None`` for a library's own site (mem0, graphiti:
+    see their formats)."""
     import pydantic
 
     from optloop.sites import ANSWER, MD_FLAT_CURATE, QUERY_REWRITE

@@ -125,7 +125,8 @@ ANSWER_SETTINGS = (
 
 
 def _whole_number(text: str, low: int, high: float, what: str) -> int:
-    """``text`` as a whole number from ``low`` to ``high``, else argparse's one-line error (``what``: the range)."""
+    """``text`` as a whole number from ``low`` to ``high``, else argparse's one-line error
+    (``what``: the range)."""
     try:
         value = int(text)
     except ValueError:
@@ -183,7 +184,8 @@ def _split(text: str) -> tuple[float, float, float]:
 
 
 class _OneLineParser(CommandParser):
-    """argparse, but a usage error is one ``optloop: error:`` line (exit 2), like every other bad input."""
+    """argparse, but a usage error is one ``optloop: error:`` line (exit 2), like every other bad
+    input."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
         self.exit(2, f"optloop: error: {' '.join(message.split())}; see {self.prog} --help\n")
@@ -399,8 +401,9 @@ def run_config(args: argparse.Namespace, settings: LMSettings) -> LoopConfig:
 
 
 def answer_settings(settings: LMSettings) -> dict[str, object]:
-    """:data:`ANSWER_SETTINGS` of ``settings``. The embedded model decodes every schema in-process, whatever
-    the schema mode: its runs keep the mode they were started under (json_schema), so they still resume."""
+    """:data:`ANSWER_SETTINGS` of ``settings``. The embedded model decodes every schema in-process,
+    whatever the schema mode: its runs keep the mode they were started under (json_schema), so they
+    still resume."""
     out = settings.model_dump(mode="json", include=set(ANSWER_SETTINGS))
     if settings.backend == "local":
         out["schema_mode"] = "json_schema"
@@ -408,8 +411,9 @@ def answer_settings(settings: LMSettings) -> dict[str, object]:
 
 
 def check_priced(settings: LMSettings, proposer: LMSettings | None) -> None:
-    """``--max-cost`` needs every LM of the run to have a price: without one its calls cost "nothing" and the limit
-    would never stop the run. A :class:`ConfigError` (exit 2) naming the model, before anything is written."""
+    """``--max-cost`` needs every LM of the run to have a price: without one its calls cost
+    "nothing" and the limit would never stop the run. A :class:`ConfigError` (exit 2) naming the
+    model, before anything is written."""
     for which, lm in (("", settings), ("the proposer LM ", proposer)):
         if lm is not None and lm.price() is None:
             raise ConfigError(

@@ -1,5 +1,5 @@
-"""Which run ``python -m optloop.run`` works on: a new one, the one ``--run-name`` names, or the latest
-unfinished run of the same settings, and the command that resumes it."""
+"""Which run ``python -m optloop.run`` works on: a new one, the one ``--run-name`` names, or the
+latest unfinished run of the same settings, and the command that resumes it."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from optloop.loop.runner import Checkpoint, LoopConfig, matches, unfinished_runs
 
 @dataclass(frozen=True)
 class Choice:
-    """Which run this command works on: a new one, or the one it resumes (its checkpoint), and the line
-    that says so."""
+    """Which run this command works on: a new one, or the one it resumes (its checkpoint), and the
+    line that says so."""
 
     name: str
     checkpoint: Checkpoint | None
@@ -26,9 +26,10 @@ class Choice:
 
 
 def choose_run(args: argparse.Namespace, config: LoopConfig, runs: Path) -> Choice:
-    """``--run-name`` (refused when finished or started with other settings); else, unless ``--new``, the
-    latest unfinished run started without ``--run-name`` from the same settings (one a live process holds is
-    left to it, unless its optimizer shares the run between workers); else a new name. Reads only."""
+    """``--run-name`` (refused when finished or started with other settings); else, unless
+    ``--new``, the latest unfinished run started without ``--run-name`` from the same settings (one
+    a live process holds is left to it, unless its optimizer shares the run between workers); else
+    a new name. Reads only."""
     what = f"{config.system} on {config.dataset}, {config.optimizer}, budget {config.budget}"
     if args.run_name:
         name = args.run_name

@@ -1,5 +1,5 @@
-"""What ``python -m optloop.run`` prints: the result's tables, the ``--estimate``, and the lines for a run
-that stopped (money, durations and accuracies with their CIs, formatted once here)."""
+"""What ``python -m optloop.run`` prints: the result's tables, the ``--estimate``, and the lines
+for a run that stopped (money, durations and accuracies with their CIs, formatted once here)."""
 
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ def _accuracy(interval: Interval) -> str:
 
 
 def _dev_accuracy(accuracy: float, n: int, seed: int) -> str:
-    """A dev accuracy with its CI, from its count alone (a bootstrap of 0/1 scores depends only on how
-    many passed)."""
+    """A dev accuracy with its CI, from its count alone (a bootstrap of 0/1 scores depends only on
+    how many passed)."""
     passes = round(accuracy * n)
     return _accuracy(bootstrap_mean([1.0] * passes + [0.0] * (n - passes), seed=seed))
 
@@ -79,7 +79,8 @@ def summary_table(result: LoopResult) -> Table:
 
 
 def cost_line(cost: dict[str, int | float]) -> str:
-    """The run's cost in one line: every process that worked on it, added up (and how many there were)."""
+    """The run's cost in one line: every process that worked on it, added up (and how many there
+    were)."""
     processes = int(cost.get("processes", 1))
     dollars = (
         f", {money(run_dollars(cost))}"
@@ -94,14 +95,16 @@ def cost_line(cost: dict[str, int | float]) -> str:
 
 
 def money(dollars: float) -> str:
-    """``$12.35``, ``$0.0123``, or a tiny amount with its digits (``$2.9e-06``) rather than ``$0.0000``."""
+    """``$12.35``, ``$0.0123``, or a tiny amount with its digits (``$2.9e-06``) rather than
+    ``$0.0000``."""
     if dollars == 0 or dollars >= 1:
         return f"${dollars:.2f}"
     return f"${dollars:.4f}" if dollars >= 0.0001 else f"${dollars:.2g}"
 
 
 def tried_table(result: LoopResult) -> Table:
-    """What the optimizer tried: every evaluated candidate with its dev accuracy (a 0 -> 0 run says what failed)."""
+    """What the optimizer tried: every evaluated candidate with its dev accuracy (a 0 -> 0 run says
+    what failed)."""
     table = Table(
         title=f"candidates tried on dev (baseline {result.baseline_dev:.3f}, n={result.n_dev})"
     )
@@ -131,14 +134,16 @@ def fault_line(usage: Usage) -> str | None:
 
 
 def model_name(settings: LMSettings) -> str:
-    """The model as the user named it: ``openai:gpt-4o-mini``, a GGUF path, or the embedded model."""
+    """The model as the user named it: ``openai:gpt-4o-mini``, a GGUF path, or the embedded
+    model."""
     if settings.backend == "openai":
         return f"openai:{settings.model}"
     return settings.model or "the embedded model"
 
 
 def stopped_line(stop: RunStopped, ckpt: Checkpoint, config: LoopConfig, again: str) -> str:
-    """What a run stopped by a spending limit says: the limit, what the run spent, where it stands, how to go on."""
+    """What a run stopped by a spending limit says: the limit, what the run spent, where it stands,
+    how to go on."""
     flag = "--max-cost" if stop.reason == MAX_COST else "--max-calls"
     return (
         f"optloop: stopped: {stop} ({cost_line(ckpt.total_cost())}); run {config.run_name} is saved "
@@ -152,7 +157,8 @@ def _cell(value: float | None, fmt: str) -> str:
 
 
 def estimate_table(figures: Estimate, config: LoopConfig, settings: LMSettings) -> Table:
-    """The ``--estimate`` of a run, one row per part (see :mod:`optloop.loop.spend` for the model)."""
+    """The ``--estimate`` of a run, one row per part (see :mod:`optloop.loop.spend` for the
+    model)."""
     table = Table(
         title=f"estimate for {config.run_name}: {config.system} on {config.dataset}, {config.optimizer}, "
         f"budget {config.budget}, {model_name(settings)}, --concurrency {figures.concurrency}"
@@ -213,8 +219,9 @@ def estimate_lines(
 def print_projection(
     console: Console, figures: Estimate, ckpt: Checkpoint, config: LoopConfig, settings: LMSettings
 ) -> None:
-    """Before the first trial: what the whole run is expected to take (``--estimate``'s table, from the
-    measured baseline) and its ETA, so a run that would take hours can be stopped now and resumed later."""
+    """Before the first trial: what the whole run is expected to take (``--estimate``'s table, from
+    the measured baseline) and its ETA, so a run that would take hours can be stopped now and
+    resumed later."""
     console.print(estimate_table(figures, config, settings))
     left = Eta.of(figures, config.budget).seconds_left(
         sum(t.evaluation is not None for t in ckpt.trials)

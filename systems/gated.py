@@ -183,7 +183,8 @@ class MemoryRow(BaseModel):
 
 
 class GateDecision(BaseModel):
-    """The gate's decision on one retrieved candidate: what the recorded ``admit`` operation outputs."""
+    """The gate's decision on one retrieved candidate: what the recorded ``admit`` operation
+    outputs."""
 
     rank: int
     memory_id: str
@@ -204,7 +205,8 @@ class Admission(BaseModel):
     negative: list[MemoryItem] = Field(default_factory=list)
 
     def render(self) -> str:
-        """The answer's ``memories`` input: positive memories, then negative evidence, one line each."""
+        """The answer's ``memories`` input: positive memories, then negative evidence, one line
+        each."""
         if not self.positive and not self.negative:
             return render_memories([])
         lines = [render_memories(self.positive)] if self.positive else []
@@ -215,8 +217,8 @@ class Admission(BaseModel):
 def floor_decision(
     item: MemoryItem, rank: int, workspace: str, floors: str, negative_evidence: bool
 ) -> GateDecision:
-    """The deterministic floors on one candidate: a final decision (``by="floor"``), or a provisional admit
-    (reason ``"open"``) the LLM may change."""
+    """The deterministic floors on one candidate: a final decision (``by="floor"``), or a
+    provisional admit (reason ``"open"``) the LLM may change."""
     meta = item.metadata
     info = {
         "rank": rank,
@@ -258,7 +260,8 @@ def floor_decision(
 
 
 def render_candidates(pending: Sequence[tuple[GateDecision, MemoryItem]]) -> str:
-    """The candidates the LLM decides, one line each: ``[rank] (workspace, path, status, run outcome) text``."""
+    """The candidates the LLM decides, one line each:
+    ``[rank] (workspace, path, status, run outcome) text``."""
     lines = []
     for decision, item in pending:
         meta = item.metadata
@@ -273,11 +276,12 @@ def render_candidates(pending: Sequence[tuple[GateDecision, MemoryItem]]) -> str
 class AdmissionGate(dspy.Predict):
     """The ``gated.admit`` site's module: one call per question returns every candidate's decision.
 
-    Called by the system with the signature's inputs plus ``decided`` (the floors' final decisions),
-    ``pending`` (the open candidates, provisionally admitted) and ``ask_llm``/``allow_negative``; it asks
-    the LM about the pending candidates only (unless ``ask_llm`` is false) and returns
-    ``decisions``: the floors' and the LLM's, by rank. Called with the signature's inputs alone (an
-    optimizer replaying a demo), it is a plain ``dspy.Predict``.
+    Called by the system with the signature's inputs plus ``decided`` (the floors' final
+    decisions), ``pending`` (the open candidates, provisionally admitted) and
+    ``ask_llm``/``allow_negative``; it asks the LM about the pending candidates only (unless
+    ``ask_llm`` is false) and returns ``decisions``: the floors' and the LLM's, by rank. Called
+    with the signature's inputs alone (an optimizer replaying a demo), it is a plain
+    ``dspy.Predict``.
     """
 
     def forward(self, **kwargs: Any) -> dspy.Prediction:
@@ -321,7 +325,8 @@ class AdmissionGate(dspy.Predict):
 
     @classmethod
     def from_predict(cls, module: dspy.Predict) -> AdmissionGate:
-        """An AdmissionGate with ``module``'s signature, demos, LM and callbacks (a candidate's plain Predict)."""
+        """An AdmissionGate with ``module``'s signature, demos, LM and callbacks (a candidate's
+        plain Predict)."""
         gate = cls(module.signature, callbacks=list(module.callbacks))
         gate.demos = list(module.demos)
         gate.lm = module.lm
@@ -329,7 +334,8 @@ class AdmissionGate(dspy.Predict):
 
 
 class GatedSystem(MemorySystem):
-    """Workspace-, status- and branch-aware memories in SQLite; an admission gate before the answer."""
+    """Workspace-, status- and branch-aware memories in SQLite; an admission gate before the
+    answer."""
 
     name: ClassVar[str] = "gated"
     default_knobs: ClassVar[dict[str, Any]] = {
@@ -386,7 +392,8 @@ class GatedSystem(MemorySystem):
         super().use_modules(modules)
 
     def apply_pack(self, pack: dict[str, Any]) -> None:
-        """Use an exported prompt pack (``python -m optloop.export --format pack``): its prompts and knobs."""
+        """Use an exported prompt pack (``python -m optloop.export --format pack``): its prompts
+        and knobs."""
         if pack.get("system") not in (None, self.name):
             raise ConfigError(f"the pack holds {pack.get('system')} prompts, not {self.name}'s")
         for site, text in (pack.get("prompts") or {}).items():
@@ -596,7 +603,8 @@ class GatedSystem(MemorySystem):
     # --- retrieval ---------------------------------------------------------------------------
 
     def scope_of(self, text: str) -> tuple[str, str, str]:
-        """``(workspace, path, question)`` a question is asked in: its header, else the latest run's workspace."""
+        """``(workspace, path, question)`` a question is asked in: its header, else the latest
+        run's workspace."""
         workspace, path, rest = parse_scope(text)
         if workspace is None:
             return self._workspace, "", rest
@@ -635,7 +643,8 @@ class GatedSystem(MemorySystem):
     # --- admission and answer ----------------------------------------------------------------
 
     def admit(self, question: str, memories: Sequence[MemoryItem]) -> Admission:
-        """The gate on ``memories`` (retrieved for ``question``): floors, then the ``gated.admit`` site."""
+        """The gate on ``memories`` (retrieved for ``question``): floors, then the ``gated.admit``
+        site."""
         if not memories:
             return Admission()
         workspace, path, text = self.scope_of(question)
@@ -699,7 +708,8 @@ class GatedSystem(MemorySystem):
 
 
 class _Asked(threading.local):
-    """The scope of the question this thread is retrieving for (``None`` before its first retrieve)."""
+    """The scope of the question this thread is retrieving for (``None`` before its first
+    retrieve)."""
 
     scope: tuple[str, str] | None = None
 

@@ -336,7 +336,8 @@ def _iso(value: datetime | None) -> str | None:
 
 
 def parse_session_time(timestamp: str | None) -> datetime | None:
-    """The session's own timestamp as an aware datetime (UTC when it names no zone), or ``None``."""
+    """The session's own timestamp as an aware datetime (UTC when it names no zone), or
+    ``None``."""
     if not timestamp:
         return None
     try:
@@ -502,7 +503,8 @@ class GraphitiSystem(MemorySystem):
         )
 
     def _group_driver(self) -> Any:
-        """The driver for this system's group (FalkorDB keeps one graph per group; others share one)."""
+        """The driver for this system's group (FalkorDB keeps one graph per group; others share
+        one)."""
         return self.graphiti.driver.clone(database=self.group_id)
 
     async def _open(self) -> None:
@@ -534,7 +536,8 @@ class GraphitiSystem(MemorySystem):
 
     @property
     def graphiti(self) -> Graphiti:
-        """The live ``graphiti_core.Graphiti`` (for inspection; use the system's methods to change it)."""
+        """The live ``graphiti_core.Graphiti`` (for inspection; use the system's methods to change
+        it)."""
         if self._graphiti is None:
             raise RuntimeError("this GraphitiSystem is closed")
         return self._graphiti
@@ -653,7 +656,8 @@ class GraphitiSystem(MemorySystem):
         )
 
     def _session_ids(self, episode_uuids: Iterable[str]) -> dict[str, str]:
-        """Episode uuid -> session id, read back from the store for episodes this object did not add."""
+        """Episode uuid -> session id, read back from the store for episodes this object did not
+        add."""
         if any(uuid not in self._sessions_by_episode for uuid in episode_uuids):
             episodes = self._loop.run(
                 EpisodicNode.get_by_group_ids(self._group_driver(), [self.group_id])

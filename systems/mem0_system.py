@@ -1,4 +1,5 @@
-"""mem0 (``mem0ai`` 2.2.1) as an optloop memory system: the real library, its LLM calls routed to prompt sites.
+"""mem0 (``mem0ai`` 2.2.1) as an optloop memory system: the real library, its LLM calls routed to
+prompt sites.
 
 What is mem0's own and what is ours:
 
@@ -75,7 +76,8 @@ class UnknownPromptError(OptloopError):
 
 
 class UnwiredLLM(LLMBase):
-    """What mem0 builds for its LLM and reranker LLM; replaced by :class:`SiteDispatchLLM` before any call."""
+    """What mem0 builds for its LLM and reranker LLM; replaced by :class:`SiteDispatchLLM` before
+    any call."""
 
     def generate_response(self, messages: list[dict[str, str]], **kwargs: Any) -> str:
         raise OptloopError(
@@ -364,7 +366,8 @@ class Mem0System(MemorySystem):
 
 
 def _memory_item(result: dict[str, Any]) -> MemoryItem:
-    """One mem0 result dict as a :class:`MemoryItem`; our metadata and mem0's bookkeeping flattened."""
+    """One mem0 result dict as a :class:`MemoryItem`; our metadata and mem0's bookkeeping
+    flattened."""
     metadata = dict(result.get("metadata") or {})
     for key in (
         "created_at",

@@ -1,5 +1,5 @@
-"""llama.cpp's own OpenAI-compatible server (``python -m llama_cpp.server``, the ``[server]`` extra of
-llama-cpp-python) on the bundled SmolLM2 GGUF, on a free loopback port, and a recording proxy in
+"""llama.cpp's own OpenAI-compatible server (``python -m llama_cpp.server``, the ``[server]`` extra
+of llama-cpp-python) on the bundled SmolLM2 GGUF, on a free loopback port, and a recording proxy in
 front of it that keeps every request body (what a library really sent).
 
 Both are real: the server is the one a user starts with ``pip install 'llama-cpp-python[server]'``;
@@ -62,7 +62,8 @@ def server_available() -> str | None:
 def llama_server(
     log_dir: Path, *, n_ctx: int = 12288, n_threads: int | None = None
 ) -> Iterator[LlamaServer]:
-    """``python -m llama_cpp.server`` on the bundled GGUF and a free loopback port, as a user starts it."""
+    """``python -m llama_cpp.server`` on the bundled GGUF and a free loopback port, as a user
+    starts it."""
     import os
 
     from optloop.lm import bundled_model_path
@@ -119,7 +120,8 @@ def llama_server(
 
 @dataclass
 class RecordingProxy:
-    """A loopback HTTP proxy to ``upstream`` (a base URL ending in /v1) that records every POST body."""
+    """A loopback HTTP proxy to ``upstream`` (a base URL ending in /v1) that records every POST
+    body."""
 
     upstream: str
     requests: list[dict[str, Any]] = field(default_factory=list)

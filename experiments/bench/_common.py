@@ -43,9 +43,9 @@ def bench_lm(
     args: argparse.Namespace, tmp: Path, cache: Path | None = None, *, systems: Sequence[str] = ()
 ) -> OptloopLM:
     """The LM from the ``add_lm_arguments`` flags, on a fresh cache so every call is real; with
-    ``cache``, on that file instead (an earlier run's answers are reused, the new ones added). A local
-    model's context window is the largest any of ``systems`` asks for (``local_decoding``) unless the
-    flags set it."""
+    ``cache``, on that file instead (an earlier run's answers are reused, the new ones added). A
+    local model's context window is the largest any of ``systems`` asks for (``local_decoding``)
+    unless the flags set it."""
     n_ctx = args.lm_n_ctx or max(
         (get_system(s).local_decoding.get("n_ctx", 0) for s in systems), default=0
     )
@@ -177,7 +177,8 @@ def run_episode(
     embedder: Embedder | None = None,
     inspect: Callable[[MemorySystem], dict[str, Any]] | None = None,
 ) -> EpisodeRun:
-    """Fresh ``system_cls`` under ``run_dir``: ingest every session, answer and score every question.
+    """Fresh ``system_cls`` under ``run_dir``: ingest every session, answer and score every
+    question.
 
     The one episode pipeline (:func:`optloop.pipeline.run_episode`) with nothing recorded or
     attributed, so the figures are the system's own. ``inspect(system)``, when given, runs once

@@ -60,8 +60,8 @@ LIBRARY_SYSTEMS = {
 
 
 def select_faults(spec: str | None) -> list[str] | None:
-    """``--faults``: ``None`` (every fault), the names given, or every fault a catalogue batch added
-    (``preregistered``); an unknown name fails before any work."""
+    """``--faults``: ``None`` (every fault), the names given, or every fault a catalogue batch
+    added (``preregistered``); an unknown name fails before any work."""
     if not spec:
         return None
     batches = {f.added for f in CATALOGUE}

@@ -114,7 +114,8 @@ def family(uri: str) -> str:
 
 
 def task_label(uri: str, question: Question) -> str:
-    """``<family>/<task type>``; a dataset task that refines the type (conditional_easy) replaces it."""
+    """``<family>/<task type>``; a dataset task that refines the type (conditional_easy) replaces
+    it."""
     scheme, rest, _ = parse_uri(uri)
     sub = rest.partition(":")[0].strip().lower().replace("-", "_")
     task = sub if sub.startswith(question.task_type + "_") else question.task_type

@@ -97,9 +97,10 @@ class Row(BaseModel):
 
 
 def _oracle(dataset: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
-    """The scripted answers of :class:`optloop.testing.oracle.OracleEndpoint` (no model; md_flat): the gold
-    answer when the memories hold it, unless the answer instruction carries the planted sentence; md_flat's
-    curation keeps the file's facts and adds the session's user lines (the full list its prompt asks for)."""
+    """The scripted answers of :class:`optloop.testing.oracle.OracleEndpoint` (no model; md_flat):
+    the gold answer when the memories hold it, unless the answer instruction carries the planted
+    sentence; md_flat's curation keeps the file's facts and adds the session's user lines (the full
+    list its prompt asks for)."""
     from optloop.testing.loopback import chat_completion
     from optloop.testing.oracle import OracleEndpoint, prompt_section
 
@@ -131,7 +132,8 @@ def _oracle(dataset: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
 
 
 def _embedded(system: str, cache: Path) -> Callable[[dict[str, Any]], dict[str, Any]]:
-    """The embedded model behind the recording server (the system's decoding bounds, its own LM cache file)."""
+    """The embedded model behind the recording server (the system's decoding bounds, its own LM
+    cache file)."""
     from optloop.testing.replay import request_of
 
     engine = _embedded_engine(system, cache)
@@ -139,7 +141,8 @@ def _embedded(system: str, cache: Path) -> Callable[[dict[str, Any]], dict[str, 
 
 
 def _embedded_engine(system: str, cache: Path) -> Any:
-    """The embedded model behind the recording server: the system's decoding bounds, its own LM cache file."""
+    """The embedded model behind the recording server: the system's decoding bounds, its own LM
+    cache file."""
     from optloop.cli import lm_settings_from_args
     from optloop.lm import OptloopLM
     from optloop.run import build_parser
@@ -154,7 +157,8 @@ def _embedded_engine(system: str, cache: Path) -> Any:
 def _run(
     args: argparse.Namespace, base_url: str, home: Path, batch: int, n: int, out: Path
 ) -> float:
-    """``python -m optloop.run`` against ``base_url``, its state under ``home``; its wall seconds."""
+    """``python -m optloop.run`` against ``base_url``, its state under ``home``; its wall
+    seconds."""
     cmd = [
         sys.executable,
         "-m",
@@ -233,7 +237,8 @@ def record_batch(
     fallback: Callable[[dict[str, Any]], dict[str, Any]],
     console: Console,
 ) -> None:
-    """The run with ``--batch batch`` on the embedded model through the recording server (answers kept)."""
+    """The run with ``--batch batch`` on the embedded model through the recording server (answers
+    kept)."""
     home = _fresh(args.work / f"batch-{batch}" / "record")
     console.print(f"batch {batch}: recording ({args.answers} answers, --concurrency 1)")
     config = ReplayConfig(latency_ms=0.0, jitter_ms=0.0, seed=args.seed)
@@ -329,7 +334,8 @@ def to_markdown(rows: Sequence[Row], results: dict[str, Any]) -> str:
 
 
 def estimate_markdown(paths: Sequence[Path], n: int) -> str:
-    """The projections ``experiments.bench.estimate --json`` wrote (one per --batch), at concurrency ``n``."""
+    """The projections ``experiments.bench.estimate --json`` wrote (one per --batch), at
+    concurrency ``n``."""
     estimates = [json.loads(p.read_text()) for p in paths]
     if not estimates:
         return ""

@@ -70,7 +70,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def evaluations(checkpoint: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every distinct evaluation a checkpoint holds (test_after is test_before when the baseline stayed best)."""
+    """Every distinct evaluation a checkpoint holds (test_after is test_before when the baseline
+    stayed best)."""
     found = [checkpoint.get("baseline_train"), checkpoint.get("baseline_dev")]
     found += [t.get("evaluation") for t in checkpoint.get("trials", [])]
     found += [checkpoint.get("test_before")]
@@ -222,9 +223,9 @@ def run_loop(
 ) -> subprocess.CompletedProcess[str]:
     """``python -m optloop.run`` against ``base_url``, its state and MLflow store under ``work``.
 
-    ``concurrency`` 1 by default (an endpoint's default is 8): the schedule counts requests in the order they
-    arrive, and its burst of two faults in a row fails a call only when the call's retry is the very next
-    request, which requests of other calls in flight would take instead."""
+    ``concurrency`` 1 by default (an endpoint's default is 8): the schedule counts requests in the
+    order they arrive, and its burst of two faults in a row fails a call only when the call's retry
+    is the very next request, which requests of other calls in flight would take instead."""
     cmd = [
         sys.executable,
         "-m",

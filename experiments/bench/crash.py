@@ -89,8 +89,8 @@ def reached(point: str, ckpt: Any) -> bool:
 
 
 def install(point: str | None, record: Path | None) -> None:
-    """The hooks of a killed (or recorded) process: SIGKILL at ``point``; every checkpoint write's state and
-    spending appended to ``record``."""
+    """The hooks of a killed (or recorded) process: SIGKILL at ``point``; every checkpoint write's
+    state and spending appended to ``record``."""
     import mlflow
 
     from optloop.loop import mlflow_sink, state
@@ -310,8 +310,8 @@ def comparable(result: dict[str, Any]) -> dict[str, Any]:
 
 
 def step_costs(record: Path, budget: int) -> dict[str, dict[str, float]]:
-    """The uninterrupted run's cost of each step between two of its checkpoints: each trial, the held-out
-    test (both evaluations), from its recorded checkpoint writes."""
+    """The uninterrupted run's cost of each step between two of its checkpoints: each trial, the
+    held-out test (both evaluations), from its recorded checkpoint writes."""
     snaps = [json.loads(line) for line in record.read_text().splitlines()]
 
     def at(pred: Callable[[dict[str, Any]], bool], last: bool) -> dict[str, float]:
@@ -515,8 +515,9 @@ def matrix(
 def shared(
     root: Path, budget: int = 3, *, progress: Callable[[str], None] = lambda msg: None
 ) -> dict[str, Any]:
-    """Two ``--optimizer optuna`` workers started with the same command on one study; the first (the leader)
-    is SIGKILLed inside its first trial while the second works on, then restarted with the same command."""
+    """Two ``--optimizer optuna`` workers started with the same command on one study; the first
+    (the leader) is SIGKILLed inside its first trial while the second works on, then restarted with
+    the same command."""
     work = root / "shared"
     work.mkdir(parents=True, exist_ok=True)
     with OracleEndpoint(delay=0.15) as endpoint:

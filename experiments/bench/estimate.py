@@ -136,17 +136,19 @@ class Shape(BaseModel):
         )
 
     def units(self, conversations: int) -> float:
-        """:func:`~optloop.loop.spend.work_units` of ``conversations`` of them: sessions plus questions."""
+        """:func:`~optloop.loop.spend.work_units` of ``conversations`` of them: sessions plus
+        questions."""
         return conversations * (self.sessions + self.questions)
 
     def chain(self, unit: PerUnit) -> float:
-        """Sequential requests of the longest conversation at ``unit``'s rates: its sessions, then a question."""
+        """Sequential requests of the longest conversation at ``unit``'s rates: its sessions, then
+        a question."""
         return chain_requests(self.longest, unit.session_calls, unit.question_calls)
 
 
 class ModeledEvaluation(BaseModel):
-    """One evaluation modeled from a recording, as :func:`~optloop.loop.spend.project` reads a measured one
-    (:class:`~optloop.loop.spend.Figures`)."""
+    """One evaluation modeled from a recording, as :func:`~optloop.loop.spend.project` reads a
+    measured one (:class:`~optloop.loop.spend.Figures`)."""
 
     llm_calls: float
     model_calls: float
@@ -175,8 +177,8 @@ def per_unit(recording: Recording, system: str, questions: int) -> PerUnit:
     asked = [c for s, c in done.sites.items() if s in ANSWER_SIDE]
 
     def total(costs: list[LMCost], field: str) -> float:
-        """Summed over sites; tokens, which only computed requests report, scaled up to every request (a
-        recording resumed from its cache served some of them)."""
+        """Summed over sites; tokens, which only computed requests report, scaled up to every
+        request (a recording resumed from its cache served some of them)."""
         if field == "calls":
             return float(sum(c.calls for c in costs))
         return float(
@@ -203,8 +205,9 @@ def evaluation(
     latency_s: float,
     concurrency: int,
 ) -> ModeledEvaluation:
-    """An evaluation of ``conversations`` of ``shape``'s, every request computed in ``latency_s``, ``concurrency``
-    at a time but no sooner than its longest conversation's chain (its wall time: the run model's hours)."""
+    """An evaluation of ``conversations`` of ``shape``'s, every request computed in ``latency_s``,
+    ``concurrency`` at a time but no sooner than its longest conversation's chain (its wall time:
+    the run model's hours)."""
     sessions, questions = conversations * shape.sessions, conversations * shape.questions
     calls = sessions * unit.session_calls + questions * unit.question_calls
     prompt = sessions * unit.session_prompt + questions * unit.question_prompt
@@ -231,9 +234,10 @@ def run_shape(
     threads: int = ENDPOINT_THREADS,
     batch: int = 1,
 ) -> RunShape:
-    """What the optimizer's model reads (see the module docstring): ``train`` conversations of ``shape``'s,
-    ``targets`` as the target sites (by default the system's recorded ingest sites plus ``answer``), the
-    optimizer's ``threads`` on an endpoint (``optloop.run``'s: its --concurrency, at least 4), ``batch`` its
+    """What the optimizer's model reads (see the module docstring): ``train`` conversations of
+    ``shape``'s, ``targets`` as the target sites (by default the system's recorded ingest sites
+    plus ``answer``), the optimizer's ``threads`` on an endpoint (``optloop.run``'s: its
+    --concurrency, at least 4), ``batch`` its
     --batch."""
     sites = recorded(recording, system).sites
     ingest = sorted(s for s in sites if s not in ANSWER_SIDE)
@@ -277,8 +281,9 @@ def run_estimate(
     concurrency: int,
     batch: int = 1,
 ) -> Estimate:
-    """``optloop.run --estimate``'s projection (:func:`~optloop.loop.spend.project`) of a run on ``splits`` (train,
-    dev, test conversations of ``shape``'s), its baseline modeled from ``unit``; the proposer priced as the LM."""
+    """``optloop.run --estimate``'s projection (:func:`~optloop.loop.spend.project`) of a run on
+    ``splits`` (train, dev, test conversations of ``shape``'s), its baseline modeled from ``unit``;
+    the proposer priced as the LM."""
     train, dev, test = splits
 
     def modeled(conversations: int) -> ModeledEvaluation:

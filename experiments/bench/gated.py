@@ -136,8 +136,9 @@ def run(
 def _prewarmed(
     embedder: Embedder, episodes: Sequence[Episode], progress: Callable[[str], None] | None
 ) -> Embedder:
-    """``embedder`` behind a cache filled, in large batches, with every text either system will embed: a
-    small embedding call costs far more than its share of a batch, and the vectors are the same."""
+    """``embedder`` behind a cache filled, in large batches, with every text either system will
+    embed: a small embedding call costs far more than its share of a batch, and the vectors are the
+    same."""
     texts: dict[str, None] = {}
     for episode in episodes:
         for turn in episode.all_turns():
@@ -167,7 +168,8 @@ def _gated_score(
 
 
 def summarize(scores: dict[str, list[ContextScore]], seed: int) -> dict[str, Any]:
-    """Intervals per arm (overall and per category) and the paired deltas of each arm against rag_embedding."""
+    """Intervals per arm (overall and per category) and the paired deltas of each arm against
+    rag_embedding."""
 
     def block(rows: Sequence[ContextScore]) -> dict[str, Interval]:
         return {

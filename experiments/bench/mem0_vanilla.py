@@ -75,7 +75,8 @@ def app_config(root: Path, base_url: str, model: str) -> dict[str, Any]:
 
 
 def exported_module(root: Path) -> Any:
-    """``optloop.export``'s mem0 module of the baseline prompts (mem0's own text, the site's schema)."""
+    """``optloop.export``'s mem0 module of the baseline prompts (mem0's own text, the site's
+    schema)."""
     from optloop.export import Bundle, render
     from signatures.mem0 import Mem0Extract
 

@@ -282,7 +282,8 @@ class Bench:
 
 
 def _blame_counts(ckpt: Checkpoint) -> dict[str, int]:
-    """Failures of the sabotaged baseline (train + dev) per blamed target: what the first blame was chosen from."""
+    """Failures of the sabotaged baseline (train + dev) per blamed target: what the first blame was
+    chosen from."""
     counts: dict[str, int] = {}
     for ev in (ckpt.baseline_train, ckpt.baseline_dev):
         for a in ev.attributions() if ev is not None else []:
@@ -298,7 +299,8 @@ def _best_instruction(ckpt: Checkpoint, best_trial: int, site: str, start: dict[
 
 
 def aggregate(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per (optimizer, arm): first-blame rate, share recovering >= 50%, mean recovered with a CI over cases, cost."""
+    """Per (optimizer, arm): first-blame rate, share recovering >= 50%, mean recovered with a CI
+    over cases, cost."""
     rows = []
     for optimizer in sorted({c["optimizer"] for c in cases}):
         for arm in ARMS:

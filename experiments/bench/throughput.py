@@ -110,7 +110,8 @@ class Recorded(BaseModel):
 
 
 class Recording(BaseModel):
-    """``recording.json``, beside the cache: what ``replay`` needs to ask exactly what was recorded."""
+    """``recording.json``, beside the cache: what ``replay`` needs to ask exactly what was
+    recorded."""
 
     dataset: str
     identity: str = Field(description="the model identity the cache entries were written under")
@@ -176,13 +177,13 @@ RETRY_AFTER_JITTER = (
 
 
 def floor_429(rate: float, retry_after_s: float, latency_s: float) -> float:
-    """The expected time with 429s over the time without, for calls made strictly one at a time by a client
-    that honours ``Retry-After``.
+    """The expected time with 429s over the time without, for calls made strictly one at a time by
+    a client that honours ``Retry-After``.
 
-    Each attempt gets a 429 with probability ``rate``, so a call meets ``rate / (1 - rate)`` 429s on average,
-    each answered at once and followed by a wait of ``Retry-After`` (plus optloop's jitter) in which no other
-    call runs. Against ``latency_s`` a call, the run takes this many times as long (LM time alone); only
-    other calls going on during a wait bring it lower.
+    Each attempt gets a 429 with probability ``rate``, so a call meets ``rate / (1 - rate)`` 429s
+    on average, each answered at once and followed by a wait of ``Retry-After`` (plus optloop's
+    jitter) in which no other call runs. Against ``latency_s`` a call, the run takes this many
+    times as long (LM time alone); only other calls going on during a wait bring it lower.
     """
     waits = rate / (1 - rate) * retry_after_s * (1 + RETRY_AFTER_JITTER)
     return 1 + waits / latency_s if latency_s else float("inf")
@@ -241,7 +242,8 @@ def today() -> str:
 
 
 def chain(result: EpisodeResult) -> int:
-    """An episode's calls that must go one after another: its ingestion's, then its costliest question's."""
+    """An episode's calls that must go one after another: its ingestion's, then its costliest
+    question's."""
     graph = result.graph
     questions = (
         [sum(op.llm_calls for op in graph.question_ops(q.id)) for q in result.episode.questions]
@@ -254,7 +256,8 @@ def chain(result: EpisodeResult) -> int:
 def evaluate(
     system: str, lm: OptloopLM, dataset: Dataset, work: Path, embedder: Embedder
 ) -> tuple[Evaluation, list[EpisodeResult], float]:
-    """One evaluation of ``system``'s baseline over ``dataset``: (evaluation, episode results, wall seconds)."""
+    """One evaluation of ``system``'s baseline over ``dataset``: (evaluation, episode results, wall
+    seconds)."""
     evaluator = Evaluator(system, lm, work, embedder=embedder, dataset_uri=dataset.uri)
     episodes: list[EpisodeResult] = []
     try:
@@ -398,7 +401,8 @@ def replay_one(
 
 
 def median_run(runs: Sequence[Row]) -> Row:
-    """The run of median seconds (the lower middle one of an even count), carrying every run's seconds."""
+    """The run of median seconds (the lower middle one of an even count), carrying every run's
+    seconds."""
     if len(runs) == 1:
         return runs[0]
     ordered = sorted(runs, key=lambda row: row.seconds)
@@ -502,8 +506,9 @@ def replay(args: argparse.Namespace, console: Console) -> int:
 def kept_results(
     path: Path, systems: Sequence[str], settings: dict[str, Any]
 ) -> dict[str, Any] | None:
-    """``--update``: the rows (and their summaries) of the systems not replayed now, from the ``--json`` file
-    there; None if there is none. Its replay settings must be these, or the rows would not compare."""
+    """``--update``: the rows (and their summaries) of the systems not replayed now, from the
+    ``--json`` file there; None if there is none. Its replay settings must be these, or the rows
+    would not compare."""
     if not path.is_file():
         return None
     old = json.loads(path.read_text())
@@ -596,7 +601,8 @@ def _verdict(ok: bool) -> str:
 
 
 def summary_lines(summaries: Sequence[Summary]) -> list[str]:
-    """Each system against the targets: >= 0.8 of the ideal speed-up at N = 8; 429s at most 1.3x the time."""
+    """Each system against the targets: >= 0.8 of the ideal speed-up at N = 8; 429s at most 1.3x
+    the time."""
     lines: list[str] = []
     for s in summaries:
         if s.share_of_ideal is not None:

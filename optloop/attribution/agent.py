@@ -99,7 +99,8 @@ class AttributionAgent:
         *,
         embedder: Embedder | None = None,
     ) -> Attribution:
-        """The agent's attribution of ``question``, or ``walk`` unchanged if it finds no faulty operation."""
+        """The agent's attribution of ``question``, or ``walk`` unchanged if it finds no faulty
+        operation."""
         evidence = find_evidence(graph, question, embedder)
         start = {op.id: op for vid in evidence.message_ids for op in graph.consumers(vid)}
         if not start:

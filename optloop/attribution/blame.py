@@ -60,8 +60,9 @@ class BlameEntry(BaseModel):
 def blame(attributions: Iterable[Attribution], *, passed: int | None = None) -> list[BlameEntry]:
     """Targets ranked for the optimizer, unattributed failures left out (see the module docstring).
 
-    ``passed``: how many questions passed in the evaluations the attributions come from. Given, each
-    entry carries ``reached`` and ``rate`` and the ranking is by rate, then by count; ``None``: by count.
+    ``passed``: how many questions passed in the evaluations the attributions come from. Given,
+    each entry carries ``reached`` and ``rate`` and the ranking is by rate, then by count;
+    ``None``: by count.
     """
     counts: Counter[str] = Counter()
     types: dict[str, Counter[str]] = {}

@@ -70,10 +70,12 @@ def _retrieval(graph: ExecutionGraph, question_id: str) -> tuple[Operation | Non
 
 
 def admission(graph: ExecutionGraph, question_id: str) -> tuple[Operation | None, dict[str, dict]]:
-    """The question's (last) admission-gate operation and its decisions by memory id (``None``, ``{}``: no gate).
+    """The question's (last) admission-gate operation and its decisions by memory id (``None``,
+    ``{}``: no gate).
 
     A gate is a site whose op kinds include ``admit``; its output is the list of decisions
-    (``memory_id``, ``verdict`` admit | negative | reject, ``by`` floor | llm | default, ``reason``).
+    (``memory_id``, ``verdict`` admit | negative | reject, ``by`` floor | llm | default,
+    ``reason``).
     """
     sites = graph.meta.get("sites", {})
     gate = next(
@@ -94,8 +96,9 @@ def admission(graph: ExecutionGraph, question_id: str) -> tuple[Operation | None
 
 
 def answer_context(graph: ExecutionGraph, question_id: str) -> tuple[list[dict], list[dict]]:
-    """The retrieved items the answer was told to use (positive context) and those it was shown as negative
-    evidence ("this did not work"). Without a gate every retrieved item is positive context."""
+    """The retrieved items the answer was told to use (positive context) and those it was shown as
+    negative evidence ("this did not work"). Without a gate every retrieved item is positive
+    context."""
     _, items = _retrieval(graph, question_id)
     gate, decisions = admission(graph, question_id)
     if gate is None:
@@ -397,7 +400,8 @@ class _Walk:
     # --- contamination and admission ---------------------------------------------------------
 
     def contaminant(self, positive: Sequence[dict]) -> tuple[dict, str, str] | None:
-        """``(item, kind, value)``: a positive-context item carrying a stale value the answer states.
+        """``(item, kind, value)``: a positive-context item carrying a stale value the answer
+        states.
 
         ``kind`` is ``distractor`` or ``foreign`` (the question's markers), ``superseded`` or
         ``dead_branch`` (the memory's own state).
@@ -565,7 +569,8 @@ class _Walk:
 
 
 def deciding_site(graph: ExecutionGraph, op: Operation, kind: str | None = None) -> str:
-    """The last prompt site of ``op``'s session, before it, that produces ``kind`` operations (any, if None).
+    """The last prompt site of ``op``'s session, before it, that produces ``kind`` operations (any,
+    if None).
 
     That site decided what a non-LLM store step of the session wrote; without one, the
     library's own step is to blame.
@@ -584,8 +589,9 @@ def deciding_site(graph: ExecutionGraph, op: Operation, kind: str | None = None)
 
 
 def search_knob(graph: ExecutionGraph, retrieve: Operation) -> str | None:
-    """The knob that decides what a retrieve operation's search returns: the system's ``search_knob``,
-    recorded in ``graph.meta`` (``None`` when the graph does not name one, or the operation lacks it)."""
+    """The knob that decides what a retrieve operation's search returns: the system's
+    ``search_knob``, recorded in ``graph.meta`` (``None`` when the graph does not name one, or the
+    operation lacks it)."""
     knob = graph.meta.get("search_knob")
     return knob if knob in retrieve.knobs else None
 
@@ -598,8 +604,8 @@ def attribute(
     *,
     embedder: Embedder | None = None,
 ) -> Attribution:
-    """The decisive error of one failed question, judged on a session of ``judges`` (``judge_calls``: this
-    attribution's own, see :meth:`JudgeChain.session`)."""
+    """The decisive error of one failed question, judged on a session of ``judges``
+    (``judge_calls``: this attribution's own, see :meth:`JudgeChain.session`)."""
     evidence = find_evidence(graph, question, embedder)
     return _Walk(graph, question, prediction, judges.session(), evidence).run()
 
@@ -611,8 +617,8 @@ def evidence_reaches_answer(
     *,
     embedder: Embedder | None = None,
 ) -> bool:
-    """Whether the memories retrieved for ``question`` and admitted to its answer's positive context (all
-    of them, without an admission gate) carry its evidence."""
+    """Whether the memories retrieved for ``question`` and admitted to its answer's positive
+    context (all of them, without an admission gate) carry its evidence."""
     evidence = find_evidence(graph, question, embedder)
     positive, _ = answer_context(graph, question.id)
     return bool(evidence.message_ids) and judges.any([it["text"] for it in positive], evidence)

@@ -161,8 +161,9 @@ class JudgeChain:
 
     ``calls`` counts, per judge, the texts it was asked about. One attribution judges on a
     :meth:`session` of the evaluator's chain: its own verdict cache and counts (its
-    ``Attribution.judge_calls``), added to the chain's own. So an attribution's figures never depend on
-    what other attributions judged before it or beside it (they run at once at ``--concurrency`` > 1):
+    ``Attribution.judge_calls``), added to the chain's own. So an attribution's figures never
+    depend on what other attributions judged before it or beside it (they run at once at
+    ``--concurrency`` > 1):
     the verdict cache is keyed by the question's evidence, which another question seldom shares.
     """
 
@@ -174,7 +175,8 @@ class JudgeChain:
         self._lock = threading.Lock()
 
     def session(self) -> JudgeChain:
-        """A chain over the same judges with a cache and counts of its own, also counted in this one's."""
+        """A chain over the same judges with a cache and counts of its own, also counted in this
+        one's."""
         return JudgeChain(self.judges, parent=self)
 
     def _count(self, name: str, n: int) -> None:

@@ -76,7 +76,8 @@ def question_parts(question: Question) -> list[Part]:
 
 
 class RetractionJudge:
-    """A text carries a retraction when one of its lines names the value or entity and says it was deleted."""
+    """A text carries a retraction when one of its lines names the value or entity and says it was
+    deleted."""
 
     name = "retraction"
 

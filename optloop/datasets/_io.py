@@ -93,10 +93,10 @@ def json_error(
     first_line: int = 1,
     unit: str = "file",
 ) -> DatasetError:
-    """Bad JSON in ``text`` (the ``unit``, "file" or "line", starting on line ``first_line`` of ``source``), at
-    the line and column where it went wrong. JSON that stops before its value ends (a file or a line cut
-    off) is reported at the end of its last line, where the rest is missing, not at "column 1" of the
-    empty line after it."""
+    """Bad JSON in ``text`` (the ``unit``, "file" or "line", starting on line ``first_line`` of
+    ``source``), at the line and column where it went wrong. JSON that stops before its value ends
+    (a file or a line cut off) is reported at the end of its last line, where the rest is missing,
+    not at "column 1" of the empty line after it."""
     content = text.rstrip()
     if exc.pos >= len(content) or exc.msg.startswith("Unterminated string"):
         lineno = first_line + content.count("\n")
@@ -167,8 +167,9 @@ def read_json_records(path: Path, container_key: str | None = None) -> list[tupl
 def load_json_episodes(
     rest: str, scheme: str, build: Callable[[str, Any, Path], T], what: str
 ) -> tuple[str, list[T]]:
-    """A JSON/JSONL dataset of one episode per record (LoCoMo, LongMemEval): ``build(where, record, path)``
-    makes each, with any error pointing at its record; returns ``"<scheme>:<file stem>"`` and the episodes.
+    """A JSON/JSONL dataset of one episode per record (LoCoMo, LongMemEval):
+    ``build(where, record, path)`` makes each, with any error pointing at its record; returns
+    ``"<scheme>:<file stem>"`` and the episodes.
     An empty file is an error naming ``what`` it lacks (``"samples"``)."""
     path = existing_file(rest, scheme)
     episodes = []
@@ -298,7 +299,8 @@ def int_param(
 def int_param(
     uri: str, params: dict[str, str], name: str, minimum: int, default: int | None = None
 ) -> int | None:
-    """The integer query parameter ``name`` of a dataset URI (``default`` when absent), at least ``minimum``."""
+    """The integer query parameter ``name`` of a dataset URI (``default`` when absent), at least
+    ``minimum``."""
     raw = params.get(name)
     if raw is None:
         return default

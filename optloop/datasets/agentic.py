@@ -1,4 +1,5 @@
-"""Agent memory under state: ``agentic:<path>`` (a jsonl layout) and ``agentic:generate?...`` (seeded).
+"""Agent memory under state: ``agentic:<path>`` (a jsonl layout) and ``agentic:generate?...``
+(seeded).
 
 A coding or ops agent writes memories while it works: "the API listens on port 24817",
 "the schema is at migration m0417_kelvor". Each memory belongs to a **workspace** (and a
@@ -99,7 +100,8 @@ def tag_line(kind: str, data: dict[str, Any]) -> str:
 
 
 def parse_tag(content: str) -> tuple[str, str | None, dict[str, Any]]:
-    """``(text, kind, data)`` of a turn: the human-readable text, and its tag (``None``, ``{}`` when untagged)."""
+    """``(text, kind, data)`` of a turn: the human-readable text, and its tag (``None``, ``{}``
+    when untagged)."""
     head, _, last = content.rstrip().rpartition("\n")
     match = _TAG.match(last.strip())
     if match is None:
@@ -117,7 +119,8 @@ def scope_header(workspace: str, path: str = "") -> str:
 
 
 def parse_scope(question: str) -> tuple[str | None, str, str]:
-    """``(workspace, path, question without the header)``; ``(None, "", question)`` when there is no header."""
+    """``(workspace, path, question without the header)``; ``(None, "", question)`` when there is
+    no header."""
     match = _SCOPE.match(question)
     if match is None:
         return None, "", question.strip()
@@ -125,8 +128,8 @@ def parse_scope(question: str) -> tuple[str | None, str, str]:
 
 
 def path_matches(memory_path: str, query_path: str) -> bool:
-    """Whether a memory written under ``memory_path`` applies at ``query_path``: one is a prefix of the
-    other, segment by segment (an empty path is the whole workspace)."""
+    """Whether a memory written under ``memory_path`` applies at ``query_path``: one is a prefix of
+    the other, segment by segment (an empty path is the whole workspace)."""
     mem = [p for p in memory_path.strip("/").split("/") if p]
     query = [p for p in query_path.strip("/").split("/") if p]
     return mem[: len(query)] == query or query[: len(mem)] == mem
@@ -232,7 +235,8 @@ class AgenticEpisode(BaseModel):
 
 
 def _superseding(facts: Sequence[AgenticFact], i: int) -> AgenticFact | None:
-    """The later fact that supersedes ``facts[i]``: same workspace and key, a completed run, itself active."""
+    """The later fact that supersedes ``facts[i]``: same workspace and key, a completed run, itself
+    active."""
     fact = facts[i]
     if fact.key is None:
         return None
@@ -259,7 +263,8 @@ _OUTCOME = {
 
 
 def to_episode(record: AgenticEpisode) -> Episode:
-    """The episode a memory system sees: one ``agent_run`` session per run, tagged turns, scoped questions."""
+    """The episode a memory system sees: one ``agent_run`` session per run, tagged turns, scoped
+    questions."""
     sessions: list[Session] = []
     runs: list[list[AgenticFact]] = []
     for fact in record.facts:
@@ -365,14 +370,15 @@ def _stamp(index: int) -> str:
 
 
 def mentions(text: str, marker: str) -> bool:
-    """Whether ``text`` names ``marker``: whole words, after SQuAD normalization (case, punctuation)."""
+    """Whether ``text`` names ``marker``: whole words, after SQuAD normalization (case,
+    punctuation)."""
     needle = normalize_answer(marker)
     return bool(needle) and f" {needle} " in f" {normalize_answer(text)} "
 
 
 class ContextScore(BaseModel):
-    """What one probe's context held (``positive``: what the answer is told to use; ``negative``: shown as
-    something that did not work)."""
+    """What one probe's context held (``positive``: what the answer is told to use; ``negative``:
+    shown as something that did not work)."""
 
     question_id: str
     category: str
@@ -595,7 +601,8 @@ _REGIONS = ("eu", "us", "ap", "sa", "me", "af")
 
 
 class _Values:
-    """Made-up values, unique within an episode and none a word of another (a marker names one fact)."""
+    """Made-up values, unique within an episode and none a word of another (a marker names one
+    fact)."""
 
     def __init__(self, rng: random.Random):
         self.rng = rng
@@ -739,7 +746,8 @@ def _episode_record(
 def generate_records(
     records: int = 2000, seed: int = 0, probes: int = 8, workspaces: int = 3
 ) -> list[AgenticEpisode]:
-    """``records`` probes over episodes of ``probes`` each; categories rotate, so each has a quarter."""
+    """``records`` probes over episodes of ``probes`` each; categories rotate, so each has a
+    quarter."""
     if not 2 <= workspaces <= len(_WORKSPACES):
         raise ValueError(f"workspaces must be 2..{len(_WORKSPACES)}")
     rng = random.Random(seed)

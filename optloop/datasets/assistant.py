@@ -1,4 +1,5 @@
-"""``builtin:assistant``: an end-to-end personal-assistant suite, 20 hand-written probes over 6 users.
+"""``builtin:assistant``: an end-to-end personal-assistant suite, 20 hand-written probes over 6
+users.
 
 Each episode is one user talking to their assistant over two or three conversations
 (sessions, days apart); the questions come after the last one, as if asked in it. Every

@@ -49,7 +49,8 @@ DEFAULTS: dict[str, DefaultDataset] = {
 
 
 def defaults_help() -> str:
-    """What ``optloop.run --help`` says of the defaults: the datasets, and each measured baseline."""
+    """What ``optloop.run --help`` says of the defaults: the datasets, and each measured
+    baseline."""
     uris = sorted({d.uri for d in DEFAULTS.values()})
     measured = [f"{s} {d.baseline}" for s, d in DEFAULTS.items() if d.baseline]
     unmeasured = [s for s, d in DEFAULTS.items() if not d.baseline]

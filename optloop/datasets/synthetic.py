@@ -1,5 +1,5 @@
-"""Seeded generators: ``synthetic:meme?seed=K&episodes=N&fillers=F&domain=D``, ``synthetic:suite?seed=K``
-and ``synthetic:recall?seed=K&episodes=N``.
+"""Seeded generators: ``synthetic:meme?seed=K&episodes=N&fillers=F&domain=D``,
+``synthetic:suite?seed=K`` and ``synthetic:recall?seed=K&episodes=N``.
 
 ``synthetic:meme`` builds MEME-style episodes (the records :mod:`optloop.datasets.meme`
 reads) from a small dependency DAG over fictitious values, in two domains

@@ -1,6 +1,8 @@
-"""The catalogue of operation faults the attribution harness plants (:mod:`optloop.attribution.planted`):
-each with the site (or knob) and error type a correct attribution must name, grouped by when it joined
-(``added``: the original ones, then the preregistered ones, written down before any run evaluated them)."""
+"""The catalogue of operation faults the attribution harness plants
+(:mod:`optloop.attribution.planted`):
+each with the site (or knob) and error type a correct attribution must name, grouped by when it
+joined (``added``: the original ones, then the preregistered ones, written down before any run
+evaluated them)."""
 
 from __future__ import annotations
 

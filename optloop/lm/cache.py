@@ -1,4 +1,5 @@
-"""The persistent LM call cache: responses in SQLite, keyed by everything that shapes the answer."""
+"""The persistent LM call cache: responses in SQLite, keyed by everything that shapes the
+answer."""
 
 from __future__ import annotations
 

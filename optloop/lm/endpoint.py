@@ -1,12 +1,14 @@
-"""The endpoint backend: any OpenAI-compatible chat-completions endpoint (OpenAI, vLLM, Ollama, a llama.cpp server).
+"""The endpoint backend: any OpenAI-compatible chat-completions endpoint (OpenAI, vLLM, Ollama, a
+llama.cpp server).
 
 Two things differ between such servers and are settled per endpoint, once per process:
 
-* the **schema mode** (``--lm-schema-mode``, :data:`~optloop.lm.requests.SCHEMA_MODES`): how a response
-  schema is sent. ``auto`` (the default) asks the endpoint one small schema-constrained question
-  (:data:`SCHEMA_PROBE`) in ``json_schema``, then ``json_object`` + schema, then ``none``, and keeps
-  the first mode the endpoint accepts and honours (its answer follows the probe's schema). The mode
-  chosen is part of every cache key (:meth:`OpenAICompatibleBackend.decoding`), as an explicit one is;
+* the **schema mode** (``--lm-schema-mode``, :data:`~optloop.lm.requests.SCHEMA_MODES`): how a
+  response schema is sent. ``auto`` (the default) asks the endpoint one small schema-constrained
+  question (:data:`SCHEMA_PROBE`) in ``json_schema``, then ``json_object`` + schema, then ``none``,
+  and keeps the first mode the endpoint accepts and honours (its answer follows the probe's
+  schema). The mode chosen is part of every cache key (:meth:`OpenAICompatibleBackend.decoding`),
+  as an explicit one is;
 * a **request error** (:func:`request_error`): a body the server refuses for a field of the request
   (a validation error, an unsupported parameter, a prompt longer than the server's context) fails
   the call at once, with the field and what to change, instead of being retried as a server fault.
@@ -58,7 +60,8 @@ _PROBE_MESSAGES = [
 
 
 class LMRequestError(LMError):
-    """The endpoint refused a call for the request itself (a field, the prompt's size): retrying cannot help.
+    """The endpoint refused a call for the request itself (a field, the prompt's size): retrying
+    cannot help.
 
     Exit code 2: something in the command (or the server's start-up flags) must change.
     """
@@ -107,13 +110,15 @@ class OpenAICompatibleBackend(Backend):
 
     @property
     def schema_mode(self) -> SchemaMode:
-        """The mode requests are sent in: the setting, or for ``auto`` the one :meth:`choose_schema_mode` found."""
+        """The mode requests are sent in: the setting, or for ``auto`` the
+        one :meth:`choose_schema_mode` found."""
         if self.schema_setting != "auto":
             return self.schema_setting
         return self.choose_schema_mode().mode
 
     def choose_schema_mode(self) -> SchemaChoice:
-        """The endpoint's schema mode for this process, probed once (``auto``) and remembered per endpoint.
+        """The endpoint's schema mode for this process, probed once (``auto``) and remembered per
+        endpoint.
 
         An explicit mode is checked with the same probe, so a start-up check fails on a mode the
         endpoint refuses (with what to set instead) rather than on the run's first question.
@@ -236,7 +241,8 @@ class OpenAICompatibleBackend(Backend):
 
     @staticmethod
     def _quota_exhausted(exc: BaseException) -> bool:
-        """OpenAI answers 429 ``insufficient_quota`` when the account is out of credit: no wait cures that."""
+        """OpenAI answers 429 ``insufficient_quota`` when the account is out of credit: no wait
+        cures that."""
         import openai
 
         return (
@@ -355,8 +361,8 @@ _PARAM = re.compile(r"[Uu]nsupported (?:parameter|value)[^'\"]*['\"]([\w.\[\]]+)
 
 
 def _body(exc: BaseException) -> tuple[str, dict[str, Any]]:
-    """The error's text and, where the body is OpenAI's ``{"error": {...}}`` or FastAPI's ``{"detail": ...}``,
-    that object."""
+    """The error's text and, where the body is OpenAI's ``{"error": {...}}`` or FastAPI's
+    ``{"detail": ...}``, that object."""
     body = getattr(exc, "body", None)
     error: dict[str, Any] = {}
     if isinstance(body, dict):
@@ -369,13 +375,13 @@ def _body(exc: BaseException) -> tuple[str, dict[str, Any]]:
 
 
 def request_error(exc: BaseException, *, schema_setting: str = "auto") -> str | None:
-    """What to change when ``exc`` is an endpoint's refusal of the request itself, in one line; None when it
-    is not one (a server fault, a connection, a rate limit, a key, a model name).
+    """What to change when ``exc`` is an endpoint's refusal of the request itself, in one line;
+    None when it is not one (a server fault, a connection, a rate limit, a key, a model name).
 
-    Recognized: a prompt longer than the server's context (OpenAI ``context_length_exceeded``, llama.cpp,
-    vLLM, Ollama wording) with the server's window and the prompt's size; a validation error naming a
-    field (FastAPI 422, or llama.cpp's Python server, which answers HTTP 500 with pydantic's error text);
-    an unsupported parameter (OpenAI's ``param``).
+    Recognized: a prompt longer than the server's context (OpenAI ``context_length_exceeded``,
+    llama.cpp, vLLM, Ollama wording) with the server's window and the prompt's size; a validation
+    error naming a field (FastAPI 422, or llama.cpp's Python server, which answers HTTP 500 with
+    pydantic's error text); an unsupported parameter (OpenAI's ``param``).
     """
     import openai
 
@@ -462,8 +468,8 @@ def _short(exc: BaseException) -> str:
 
 
 def _unwrap_json(response: dict[str, Any]) -> None:
-    """Schema mode ``none``: an answer that wraps its JSON object in prose or a code fence is cut to the
-    object (from the first ``{`` to the last ``}``) when the object parses."""
+    """Schema mode ``none``: an answer that wraps its JSON object in prose or a code fence is cut
+    to the object (from the first ``{`` to the last ``}``) when the object parses."""
     message = (response.get("choices") or [{}])[0].get("message") or {}
     content = message.get("content") or ""
     start, end = content.find("{"), content.rfind("}")

@@ -1,4 +1,5 @@
-"""The embedded backend: llama.cpp in-process, one model object per file, calls serialized machine-wide."""
+"""The embedded backend: llama.cpp in-process, one model object per file, calls serialized
+machine-wide."""
 
 from __future__ import annotations
 

@@ -64,7 +64,8 @@ def _timed(backend: Backend, i: int) -> float:
 
 
 def detect_concurrency(backend: Backend, default: int) -> Detected:
-    """The concurrency that fits ``backend``'s endpoint (see the module docstring); raises what a call raises."""
+    """The concurrency that fits ``backend``'s endpoint (see the module docstring); raises what a
+    call raises."""
     where = backend.where()
     _timed(backend, 0)  # warm-up: a first request may load the model
     # The faster of two: a request slowed by something else on the machine must not pass for the

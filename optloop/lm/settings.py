@@ -1,4 +1,5 @@
-"""Which model answers and how a call is made: :class:`LMSettings`, the bundled model, URL redaction."""
+"""Which model answers and how a call is made: :class:`LMSettings`, the bundled model, URL
+redaction."""
 
 from __future__ import annotations
 
@@ -116,8 +117,8 @@ class LMSettings(BaseModel):
     @pydantic.model_validator(mode="before")
     @classmethod
     def _auto_words(cls, data: Any) -> Any:
-        """``concurrency="auto"`` (the flag's or the variable's word) is ``concurrency_auto``; an unset
-        schema mode is ``$OPTLOOP_LM_SCHEMA_MODE``'s."""
+        """``concurrency="auto"`` (the flag's or the variable's word) is ``concurrency_auto``; an
+        unset schema mode is ``$OPTLOOP_LM_SCHEMA_MODE``'s."""
         if isinstance(data, dict):
             data = dict(data)
             if str(data.get("concurrency", "")).strip().lower() == "auto":
@@ -130,9 +131,9 @@ class LMSettings(BaseModel):
 
     @pydantic.model_validator(mode="after")
     def _default_concurrency(self) -> LMSettings:
-        """Unset: ``$OPTLOOP_CONCURRENCY`` (a number or auto), else 1 on the embedded model and auto on an
-        endpoint. Auto starts from the backend's default and is settled by the start-up probe; the
-        embedded model has nothing to probe."""
+        """Unset: ``$OPTLOOP_CONCURRENCY`` (a number or auto), else 1 on the embedded model and
+        auto on an endpoint. Auto starts from the backend's default and is settled by the start-up
+        probe; the embedded model has nothing to probe."""
         if self.concurrency is None:
             raw = "" if self.concurrency_auto else os.environ.get(CONCURRENCY_ENV, "").strip()
             if raw and raw.lower() != "auto":
@@ -192,13 +193,15 @@ class LMSettings(BaseModel):
         return self.cache_path or state_dir() / "lm_cache.sqlite"
 
     def price(self) -> ModelPrice | None:
-        """The model's price per token (:func:`~optloop.lm.pricing.model_price`): an endpoint's model name looked up
-        in litellm's table; None for the embedded model or a name the table lacks (vLLM, Ollama)."""
+        """The model's price per token (:func:`~optloop.lm.pricing.model_price`): an endpoint's
+        model name looked up in litellm's table; None for the embedded model or a name the table
+        lacks (vLLM, Ollama)."""
         return model_price(self.model) if self.backend == "openai" else None
 
 
 def redact_url(url: str | None) -> str | None:
-    """``url`` fit to show or log: a password or token in its user info and its query values masked.
+    """``url`` fit to show or log: a password or token in its user info and its query values
+    masked.
 
     ``https://user:sk-abc@host/v1?api-key=sk-abc`` -> ``https://user:***@host/v1?api-key=***``.
     """

@@ -1,4 +1,5 @@
-"""Who does what when one worker, or several, run the same loop: the controller's :class:`Coordinator`.
+"""Who does what when one worker, or several, run the same loop: the
+controller's :class:`Coordinator`.
 
 :class:`LocalCoordinator` is one worker: it evaluates the baseline, numbers trials from its
 checkpoint and finishes the run itself. :class:`SharedCoordinator` is one worker of several
@@ -37,8 +38,8 @@ FINISHER_KEY = "optloop:finisher"
 class LocalCoordinator:
     """One worker: the whole budget, numbered by its own checkpoint.
 
-    ``storage`` and ``study_name`` are the Optuna optimizer's own study (only ``--optimizer optuna``
-    uses them).
+    ``storage`` and ``study_name`` are the Optuna optimizer's own study (only
+    ``--optimizer optuna`` uses them).
     """
 
     leads = True
@@ -141,7 +142,8 @@ class SharedCoordinator:
         worker: str,
         progress: Callable[[str], None] | None = None,
     ) -> SharedCoordinator:
-        """Open the study named after the run, refuse a finished run or other settings, and take a rank."""
+        """Open the study named after the run, refuse a finished run or other settings, and take a
+        rank."""
         study = SharedStudy(
             storage, config.run_name, worker=worker, budget=config.budget, seed=config.seed
         )
@@ -226,8 +228,9 @@ class SharedCoordinator:
         return self.study.best_accuracy(baseline)
 
     def settle(self, finish: Callable[[], LoopResult], cost: Callable[[], Cost]) -> LoopResult:
-        """Leave the trial loop, then finish the run if every evaluation is done and no other worker does it,
-        else wait for the worker that finishes it; every worker returns the same result."""
+        """Leave the trial loop, then finish the run if every evaluation is done and no other
+        worker does it, else wait for the worker that finishes it; every worker returns the same
+        result."""
         study = self.study
         if voided := study.void_my_open_slots():
             logger.warning(
@@ -281,7 +284,8 @@ class SharedCoordinator:
         return None if self.leads else self.wait_for_leader(PARENT_KEY, "the MLflow parent run")
 
     def adopt_parent_run(self, run_id: str) -> None:
-        """The leader records ``run_id`` as the one parent run; a study with another one is refused."""
+        """The leader records ``run_id`` as the one parent run; a study with another one is
+        refused."""
         if self.leads and self.study.claim(PARENT_KEY, run_id) != run_id:
             raise ConfigError(
                 f"study {self.config.run_name!r} already has another MLflow parent run; pick another "
@@ -310,7 +314,8 @@ def done_record(trial: Trial) -> dict[str, Any]:
 
 
 def shareable(result: LoopResult) -> dict[str, Any]:
-    """``result`` as JSON for the other workers, with no password from a storage or tracking URL."""
+    """``result`` as JSON for the other workers, with no password from a storage or tracking
+    URL."""
     config = result.config.model_copy(
         update={
             "storage": redact_url(result.config.storage),

@@ -61,8 +61,8 @@ class Eta:
 
     @classmethod
     def of(cls, figures: Estimate, budget: int) -> Eta:
-        """From an estimate of the whole run: its trials' and optimizer's parts over ``budget``, and its
-        held-out part (a part of unknown time leaves its share unknown)."""
+        """From an estimate of the whole run: its trials' and optimizer's parts over ``budget``,
+        and its held-out part (a part of unknown time leaves its share unknown)."""
         per_trial: float | None = 0.0
         test_s: float | None = None
         for part in figures.parts:

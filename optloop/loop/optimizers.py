@@ -85,9 +85,9 @@ MAX_BUDGET_SLOTS = 500
 
 @contextlib.contextmanager
 def dspy_bars_hidden() -> Iterator[None]:
-    """Hide the tqdm bars DSPy's parallel executor prints to stdout inside an optimizer round (SIMBA and GEPA
-    offer no switch for them), unless DSPy's logger is verbose (``--verbose``): the run's own status line says
-    what runs."""
+    """Hide the tqdm bars DSPy's parallel executor prints to stdout inside an optimizer round
+    (SIMBA and GEPA offer no switch for them), unless DSPy's logger is verbose (``--verbose``): the
+    run's own status line says what runs."""
     if logging.getLogger("dspy").getEffectiveLevel() <= logging.INFO:
         yield
         return
@@ -140,7 +140,8 @@ class _QueueOptimizer(Optimizer):
 
     @abstractmethod
     def round(self, best: Candidate) -> list[Candidate]:
-        """One round of the DSPy optimizer from ``best``; its candidates (``origin``: a note, or empty)."""
+        """One round of the DSPy optimizer from ``best``; its candidates (``origin``: a note, or
+        empty)."""
 
     def rewrites(self, best: Candidate, train: list[dspy.Example]) -> list[Candidate]:
         """Last resort when a round yields no new program (a proposer too small to write usable
@@ -280,7 +281,8 @@ class BlamedSiteSelector:
 
 
 class GepaOptimizer(_QueueOptimizer):
-    """One GEPA run per target set, resumed each round from its ``log_dir`` with a larger budget."""
+    """One GEPA run per target set, resumed each round from its ``log_dir`` with a larger
+    budget."""
 
     name = "gepa"
     REFLECTION_MINIBATCH = 3  # train examples a reflection sees (at most)
@@ -291,13 +293,14 @@ class GepaOptimizer(_QueueOptimizer):
 
     @staticmethod
     def round_metric_calls(train: int) -> int:
-        """The metric calls (program runs on one train example) a round grants GEPA by default: two passes over
-        train and 12 more (also what --estimate's model of a round assumes: overhead.py)."""
+        """The metric calls (program runs on one train example) a round grants GEPA by default: two
+        passes over train and 12 more (also what --estimate's model of a round assumes:
+        overhead.py)."""
         return 2 * train + 12
 
     def log_dir(self) -> Path:
-        """The GEPA run of the current target sites (a retarget starts another: its candidates' components
-        are those sites)."""
+        """The GEPA run of the current target sites (a retarget starts another: its candidates'
+        components are those sites)."""
         key = hashlib.sha1(",".join(sorted(self.sites)).encode()).hexdigest()[:12]
         return self.work / f"run-{key}"
 
@@ -532,9 +535,10 @@ class OptunaOptimizer(Optimizer):
         return None
 
     def propose_batch(self, best: Candidate, best_eval: Evaluation, size: int) -> list[Candidate]:
-        """``size`` asks before any tell (as Optuna's own ``n_jobs`` keeps several trials running), in this
-        thread, so the batch depends on the seed and its size alone; with more than one, TPE's
-        ``constant_liar`` counts the running ones as bad, which keeps a batch's asks apart."""
+        """``size`` asks before any tell (as Optuna's own ``n_jobs`` keeps several trials running),
+        in this thread, so the batch depends on the seed and its size alone; with more than one,
+        TPE's ``constant_liar`` counts the running ones as bad, which keeps a batch's asks
+        apart."""
         if size > 1 and not getattr(self.study.sampler, "_constant_liar", True):
             import optuna
 

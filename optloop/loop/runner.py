@@ -112,7 +112,8 @@ Coordinators = LocalCoordinator | SharedCoordinator
 
 
 class SplitEvaluator:
-    """The :class:`Evaluator` over the run's named splits: the controller's ``CandidateEvaluator``."""
+    """The :class:`Evaluator` over the run's named splits: the controller's
+    ``CandidateEvaluator``."""
 
     def __init__(
         self, evaluator: Evaluator, splits: dict[str, Dataset], progress: Callable[[str], None]
@@ -144,8 +145,8 @@ class SplitEvaluator:
 
 
 def _lock_dir(path: Path) -> Any | None:
-    """An exclusive lock on ``path`` for this process's lifetime (the open file holds it); ``None`` when
-    another process holds it."""
+    """An exclusive lock on ``path`` for this process's lifetime (the open file holds it); ``None``
+    when another process holds it."""
     path.mkdir(parents=True, exist_ok=True)
     handle = open(path / ".lock", "a+")  # noqa: SIM115 - held open until the run ends
     try:
@@ -157,7 +158,8 @@ def _lock_dir(path: Path) -> Any | None:
 
 
 def in_use(path: Path) -> bool:
-    """Whether a live process holds run directory ``path`` (its lock; nothing is created or changed)."""
+    """Whether a live process holds run directory ``path`` (its lock; nothing is created or
+    changed)."""
     lock = path / ".lock"
     if not lock.exists():
         return False
@@ -180,8 +182,9 @@ class Unfinished:
 
 
 def unfinished_runs(runs: Path, config: LoopConfig) -> list[Unfinished]:
-    """Every unfinished run under ``runs`` that was started without ``--run-name`` from ``config``'s settings
-    (:meth:`LoopConfig.resume_key`), the latest first. Reads only; an unreadable checkpoint is skipped."""
+    """Every unfinished run under ``runs`` that was started without ``--run-name`` from
+    ``config``'s settings (:meth:`LoopConfig.resume_key`), the latest first. Reads only; an
+    unreadable checkpoint is skipped."""
     key, found = config.resume_key(), []
     for path in runs.glob("*/checkpoint.json") if runs.is_dir() else []:
         try:
@@ -196,10 +199,10 @@ def unfinished_runs(runs: Path, config: LoopConfig) -> list[Unfinished]:
 
 
 def check_start_sites(cfg: LoopConfig, lm: Any) -> None:
-    """Refuse (:class:`ConfigError`) a ``--start`` or ``--sites`` naming no site of the system, a ``--knob``
-    the system lacks or of the wrong type, or ``--query-rewrite`` on a system that never searches, before any
-    state of the run is written: the system is built with ``lm`` (its LM calls none) in a throwaway
-    directory."""
+    """Refuse (:class:`ConfigError`) a ``--start`` or ``--sites`` naming no site of the system, a
+    ``--knob`` the system lacks or of the wrong type, or ``--query-rewrite`` on a system that never
+    searches, before any state of the run is written: the system is built with ``lm`` (its LM calls
+    none) in a throwaway directory."""
     check_knobs(cfg, get_system(cfg.system))
     if not (cfg.start or cfg.query_rewrite or cfg.sites):
         return
@@ -292,7 +295,8 @@ class Loop:
                     self.state.rmdir()
 
     def _claim_state_dir(self) -> Path:
-        """The run directory, or for another worker of a shared run the first free ``workers/<n>``."""
+        """The run directory, or for another worker of a shared run the first free
+        ``workers/<n>``."""
         self._lock = _lock_dir(self.run_dir)
         if self._lock is not None:
             return self.run_dir
@@ -497,9 +501,9 @@ class Loop:
         )
 
     def _experiment(self) -> str:
-        """The experiment id. Workers starting together race to create the experiment, and on one machine
-        to create the SQLite store's tables (MLflow's migrations are not safe to run twice at once): the
-        latter is serialized by a lock file beside the store, the former retried."""
+        """The experiment id. Workers starting together race to create the experiment, and on one
+        machine to create the SQLite store's tables (MLflow's migrations are not safe to run twice
+        at once): the latter is serialized by a lock file beside the store, the former retried."""
         import mlflow
 
         from optloop import tracking, tracking_store
@@ -548,8 +552,10 @@ class Loop:
         return cls(evaluator, self.proposer, train, **kwargs)
 
     def estimate(self, ckpt: Checkpoint) -> Estimate:
-        """``--estimate``'s projection of the whole run from ``ckpt``'s baseline (:func:`~optloop.loop.spend.estimate`):
-        this run's splits, ``--concurrency``, ``--batch``, the optimizer's work and the proposer's price."""
+        """``--estimate``'s projection of the whole run from ``ckpt``'s baseline
+        (:func:`~optloop.loop.spend.estimate`):
+        this run's splits, ``--concurrency``, ``--batch``, the optimizer's work and the proposer's
+        price."""
         self.prepare()
         assert self._prepared is not None
         _, _, dev, test = self._prepared
@@ -569,8 +575,8 @@ class Loop:
         )
 
     def _projection(self, ckpt: Checkpoint) -> Eta | None:
-        """After the baseline, before the trials: the projection of the whole run, announced, and the ETA it
-        starts (``None`` when it cannot be made: the run goes on without one)."""
+        """After the baseline, before the trials: the projection of the whole run, announced, and
+        the ETA it starts (``None`` when it cannot be made: the run goes on without one)."""
         try:
             figures = self.estimate(ckpt)
         except Exception as exc:  # noqa: BLE001 - a projection is advice: the run goes on without it
@@ -580,9 +586,11 @@ class Loop:
         return Eta.of(figures, self.config.budget)
 
     def optimizer_work(self, ckpt: Checkpoint) -> OptimizerWork | None:
-        """The optimizer's own work over the whole run (for ``--estimate``), once ``ckpt`` holds the baseline:
-        measured on its finished trials when it has some (:func:`~optloop.loop.spend.measured_work`), else the
-        optimizer's model (:mod:`optloop.loop.overhead`) on this run's shape; ``None`` when neither can say."""
+        """The optimizer's own work over the whole run (for ``--estimate``), once ``ckpt`` holds
+        the baseline:
+        measured on its finished trials when it has some
+        (:func:`~optloop.loop.spend.measured_work`), else the optimizer's model
+        (:mod:`optloop.loop.overhead`) on this run's shape; ``None`` when neither can say."""
         self.prepare()
         assert self._prepared is not None
         _, train, _, _ = self._prepared
@@ -598,9 +606,9 @@ class Loop:
         return measured_work(ckpt, model, self.config.budget) or model
 
     def _cost(self, mark: int, proposer_mark: int | None) -> dict[str, int | float]:
-        """What this process spent since ``mark``: LLM calls, tokens, seconds, dollars where the model has a price
-        (``cost_usd``), and the same per prompt site (:func:`~optloop.loop.cost.site_metrics`); a proposer LM of
-        its own as ``proposer_*``."""
+        """What this process spent since ``mark``: LLM calls, tokens, seconds, dollars where the
+        model has a price (``cost_usd``), and the same per prompt site
+        (:func:`~optloop.loop.cost.site_metrics`); a proposer LM of its own as ``proposer_*``."""
         usage = self.lm.accounting.totals(since=mark)
         cost: dict[str, int | float] = {
             "llm_calls": usage.calls,
@@ -624,8 +632,8 @@ class Loop:
 
 
 def matches(ckpt: Checkpoint, config: LoopConfig) -> bool:
-    """Whether ``ckpt`` was written by a run of ``config`` (a checkpoint from before ``lm_settings`` counted
-    included)."""
+    """Whether ``ckpt`` was written by a run of ``config`` (a checkpoint from before
+    ``lm_settings`` counted included)."""
     return ckpt.config_digest in (config.digest(), config.digest(legacy=True))
 
 

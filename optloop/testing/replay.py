@@ -75,7 +75,8 @@ DEFAULT_DECODINGS = (
 
 
 def bundled_identity() -> str:
-    """The identity the embedded LM writes its cache entries under (``LocalLlamaBackend.identity``)."""
+    """The identity the embedded LM writes its cache entries under
+    (``LocalLlamaBackend.identity``)."""
     from optloop.lm.settings import bundled_model_path
 
     path = bundled_model_path()
@@ -126,7 +127,8 @@ def request_keys(body: dict[str, Any], identity: str, decodings: Sequence[str]) 
 
 
 def _probe_answer(body: dict[str, Any]) -> str | None:
-    """The answer to one of optloop's start-up probes (schema mode, concurrency), None for any other request."""
+    """The answer to one of optloop's start-up probes (schema mode, concurrency), None for any
+    other request."""
     from optloop.lm.endpoint import SCHEMA_PROBE
     from optloop.lm.probe import CONCURRENCY_PROBE
 
@@ -204,9 +206,9 @@ class ReplayServer(LoopbackServer):
         port: int = 0,
         fallback: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
     ):
-        """``fallback``: what answers a chat request (its body) the responses do not hold, with a chat completion
-        (recording: the embedded model), its answer then kept in ``responses`` under the request's first key
-        and served from there."""
+        """``fallback``: what answers a chat request (its body) the responses do not hold, with a
+        chat completion (recording: the embedded model), its answer then kept in ``responses``
+        under the request's first key and served from there."""
         self.responses = responses
         self.fallback = fallback
         self._fallback_lock = threading.Lock()

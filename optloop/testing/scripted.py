@@ -1,4 +1,5 @@
-"""A loopback OpenAI-compatible endpoint whose behaviour follows a script (:class:`ScriptedOpenAIServer`).
+"""A loopback OpenAI-compatible endpoint whose behaviour follows a script
+(:class:`ScriptedOpenAIServer`).
 
 Each request consumes the next scripted behaviour (the last one repeats):
 
@@ -156,7 +157,8 @@ def answer_with(
 
 
 class InFlight:
-    """A responder that takes ``seconds`` per request and records the most requests it held at once (``peak``)."""
+    """A responder that takes ``seconds`` per request and records the most requests it held at once
+    (``peak``)."""
 
     def __init__(self, seconds: float):
         self.seconds = seconds

@@ -316,7 +316,8 @@ def build_graph(
     snapshots: Sequence[str],
     dataset: str = "",
 ) -> ExecutionGraph:
-    """The graph of ``system`` on ``episode``: sessions from ``snapshots``, then the episode's probes."""
+    """The graph of ``system`` on ``episode``: sessions from ``snapshots``, then the episode's
+    probes."""
     label = published.labels.get(system) or {}
     graph = ExecutionGraph(
         system=system,
@@ -398,7 +399,8 @@ def import_published(published: PublishedEpisode, dataset: str = "") -> list[Tra
 
 
 def import_traces(path: str | Path) -> list[TraceRun]:
-    """Import every published episode at ``path`` (a checkout directory or ``src/data/<name>.json``)."""
+    """Import every published episode at ``path`` (a checkout directory or
+    ``src/data/<name>.json``)."""
     path = Path(path).expanduser()
     if not path.exists():
         raise dataset_error(

@@ -7,12 +7,13 @@ Two sources feed the graph:
   and outputs (list outputs become one ``fact`` variable per item), its LLM
   calls and retries, and, from the LM layer's call records of the calls made
   inside it, ``lm_attempts``, ``lm_faults`` (each failed attempt: ``HTTP 503``,
-  ``timeout`` ...) and ``lm_error`` (a fault no retry cured); the LM calls made inside a site call are
-  collected in that call's context (an accounting listener), so calls of other threads never count.
+  ``timeout`` ...) and ``lm_error`` (a fault no retry cured); the LM calls made inside a site call
+  are collected in that call's context (an accounting listener), so calls of other threads never
+  count.
   The callback finds the active recorder in a
   :class:`contextvars.ContextVar`: each thread (an optimizer's worker, say) records into its own
-  recorder, and calls made on graphiti's own event-loop thread, which runs in a copy of the caller's
-  context, are seen by the caller's recorder.
+  recorder, and calls made on graphiti's own event-loop thread, which runs in a copy of the
+  caller's context, are seen by the caller's recorder.
 * **The store**, observed from outside: after each session the recorder diffs
   ``all_memories()`` against the state before it. New units become ``store``
   operations, changed or invalidated ones ``update``, vanished ones ``delete``.
@@ -78,7 +79,8 @@ def similar(a: str, b: str) -> float:
 
 
 def lm_fault_fields(records: Sequence[CallRecord]) -> dict[str, Any]:
-    """``lm_attempts``, ``lm_faults``, ``lm_error`` of an operation from the LM calls made inside it."""
+    """``lm_attempts``, ``lm_faults``, ``lm_error`` of an operation from the LM calls made inside
+    it."""
     faults = [fault for rec in records for fault in rec.faults]
     error = next((rec.error for rec in reversed(records) if rec.error), None)
     return {
@@ -94,10 +96,11 @@ def active_recorder() -> Recorder | None:
 
 
 class SiteCallback(BaseCallback):
-    """Forwards every prompt-site call to the :class:`Recorder` active in the calling context (if any).
+    """Forwards every prompt-site call to the :class:`Recorder` active in the calling context (if
+    any).
 
-    It holds no state (a call's start is kept by the recorder), so a deep-copied module (an optimizer's
-    candidate) may carry a copy of it.
+    It holds no state (a call's start is kept by the recorder), so a deep-copied module (an
+    optimizer's candidate) may carry a copy of it.
     """
 
     def on_module_start(self, call_id: str, instance: Any, inputs: dict[str, Any]) -> None:
@@ -199,7 +202,8 @@ class Recorder:
 
     @contextmanager
     def _scoped(self, category: Category, inputs: list[str], **ids: Any) -> Iterator[list[str]]:
-        """Site calls inside this block consume ``inputs`` (and earlier calls' outputs in the block)."""
+        """Site calls inside this block consume ``inputs`` (and earlier calls' outputs in the
+        block)."""
         self._attach()
         self._scope = {"category": category, "inputs": list(inputs), **ids}
         self._scope_ops = []
@@ -587,8 +591,8 @@ def record_episode(
 ) -> tuple[ExecutionGraph, dict[str, str]]:
     """Ingest ``episode`` into ``system`` and answer its questions, recording everything.
 
-    A convenience for tests and notebooks; the product runs episodes through :func:`optloop.pipeline.run_episode`,
-    whose private-store mode records the same graph.
+    A convenience for tests and notebooks; the product runs episodes
+    through :func:`optloop.pipeline.run_episode`, whose private-store mode records the same graph.
     """
     with Recorder(system, episode, dataset=dataset) as recorder:
         recorder.ingest(episode.sessions)

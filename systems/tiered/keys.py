@@ -24,7 +24,8 @@ now then there here from user users s""".split()
 
 
 def words(text: str) -> set[str]:
-    """Content words (the one tokenizer, optloop.text.words, singular, stop words out); ``_`` splits words."""
+    """Content words (the one tokenizer, optloop.text.words, singular, stop words out); ``_``
+    splits words."""
     return {singular(t) for t in text_words(text.replace("_", " ")) if t not in _STOPWORDS}
 
 
@@ -33,7 +34,8 @@ def normalize_value(value: str) -> str:
 
 
 def slug(key: str) -> str:
-    """A key as stored: lower case, words joined by ``_``, without a leading ``my_`` / ``user_``."""
+    """A key as stored: lower case, words joined by ``_``, without a leading ``my_`` /
+    ``user_``."""
     text = re.sub(r"[^a-z0-9]+", "_", key.lower()).strip("_")
     for prefix in ("user_s_", "users_", "user_", "my_", "the_"):
         if text.startswith(prefix) and len(text) > len(prefix):
@@ -95,13 +97,15 @@ GENERAL = "general"
 
 
 def category_of(text: str) -> str:
-    """The first category (in :data:`CATEGORIES` order) one of whose words ``text`` uses, else ``general``."""
+    """The first category (in :data:`CATEGORIES` order) one of whose words ``text`` uses, else
+    ``general``."""
     tokens = words(text)
     return next((name for name, vocabulary in CATEGORIES.items() if tokens & vocabulary), GENERAL)
 
 
 def file_under(key: str, written: str | None) -> str:
-    """A fact's category: its key's (:func:`category_of`), else the model's when it is a category."""
+    """A fact's category: its key's (:func:`category_of`), else the model's when it is a
+    category."""
     from_key = category_of(key)
     if from_key != GENERAL or written not in CATEGORIES:
         return from_key
@@ -109,7 +113,8 @@ def file_under(key: str, written: str | None) -> str:
 
 
 def grounded(value: str, source: str) -> bool:
-    """Whether at least half of the value's content words occur in ``source`` (the message and its context)."""
+    """Whether at least half of the value's content words occur in ``source`` (the message and its
+    context)."""
     value_words = words(value)
     if not value_words:
         return normalize_value(value) in normalize_value(source)

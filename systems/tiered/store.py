@@ -351,7 +351,8 @@ class TieredStore:
         ]
 
     def history(self, key: str) -> list[dict[str, Any]]:
-        """Every row a key has had, oldest first: ``value``, ``status``, ``superseded_by``, ``session_id``."""
+        """Every row a key has had, oldest first: ``value``, ``status``, ``superseded_by``,
+        ``session_id``."""
         with self.lock:
             rows = self.db.execute(
                 "SELECT id, value, status, superseded_by, session_id, turn_id, timestamp FROM ltm "
@@ -520,7 +521,8 @@ class TieredStore:
         timestamp: str | None = None,
         is_grounded: bool = True,
     ) -> Action:
-        """Write one fact: a new key is stored, a new value for a held key supersedes the old row."""
+        """Write one fact: a new key is stored, a new value for a held key supersedes the old
+        row."""
         with self.lock:
             live = self.db.execute(
                 "SELECT id, value FROM ltm WHERE key = ? AND status = 'live'", (fact.key,)
@@ -558,7 +560,8 @@ class TieredStore:
         return "superseded" if live is not None else "stored"
 
     def delete_keys(self, keys: list[str]) -> list[sqlite3.Row]:
-        """Remove every row (live and history) of ``keys``; returns the rows removed (``id``, ``value``).
+        """Remove every row (live and history) of ``keys``; returns the rows removed (``id``,
+        ``value``).
         Call inside :meth:`transaction`."""
         if not keys:
             return []

@@ -1,4 +1,5 @@
-"""The ``tiered`` system: the ingestion flow (STM, extraction, MTM) and the protocol over the store."""
+"""The ``tiered`` system: the ingestion flow (STM, extraction, MTM) and the protocol over the
+store."""
 
 from __future__ import annotations
 
@@ -143,7 +144,8 @@ class TieredSystem(MemorySystem):
         self._end_conversation(session, stored_categories)
 
     def _after_user_message(self, session: Session, turn: Turn) -> set[str]:
-        """The extraction stage for one user message (or the forget rule); the categories it stored."""
+        """The extraction stage for one user message (or the forget rule); the categories it
+        stored."""
         what = forget_request(turn.content)
         if what is not None:
             keys = forget(
@@ -219,7 +221,8 @@ class TieredSystem(MemorySystem):
         return {fact.category for fact in parsed.facts}
 
     def _end_conversation(self, session: Session, stored_categories: set[str]) -> None:
-        """The summarize site writes the conversation's MTM summary; the session is then marked ingested."""
+        """The summarize site writes the conversation's MTM summary; the session is then marked
+        ingested."""
         turns = [t for t in self.store.stm_turns() if t.session_id == session.id]
         header = f"Conversation {session.id}" + (
             f" ({session.timestamp})" if session.timestamp else ""
@@ -309,7 +312,8 @@ class TieredSystem(MemorySystem):
                 )
 
     def apply_pack(self, pack: dict[str, Any]) -> None:
-        """Use a prompt pack (``python -m optloop.export --format pack``): its instructions and knobs."""
+        """Use a prompt pack (``python -m optloop.export --format pack``): its instructions and
+        knobs."""
         if pack.get("system") not in (None, self.name):
             raise ConfigError(f"the prompt pack is for {pack.get('system')}, not {self.name}")
         for site, text in (pack.get("prompts") or {}).items():

@@ -164,7 +164,8 @@ def test_task_labels_carry_the_family_and_keep_conditional_difficulty_apart() ->
 
 
 class EchoSystem:
-    """Stands in for a memory system: answers with everything ingested, one fake LM call per session."""
+    """Stands in for a memory system: answers with everything ingested, one fake LM call per
+    session."""
 
     def __init__(self, lm, run_dir: Path, *, embedder=None) -> None:
         self.lm, self.text = lm, ""

@@ -1,5 +1,5 @@
-"""The worked endpoint estimate: per-session and per-question figures from a recording, projected by
-``optloop.run --estimate``'s run model, the optimizer's own calls included."""
+"""The worked endpoint estimate: per-session and per-question figures from a recording, projected
+by ``optloop.run --estimate``'s run model, the optimizer's own calls included."""
 
 from __future__ import annotations
 

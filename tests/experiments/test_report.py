@@ -1,4 +1,5 @@
-"""docs/benchmarks.md is generated from the results files, and every results file carries its provenance."""
+"""docs/benchmarks.md is generated from the results files, and every results file carries its
+provenance."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""docs/cli.md is what the parsers say: a flag added, removed or reworded in code fails here until the
-reference is written again (``python -m optloop.clidoc > docs/cli.md``)."""
+"""docs/cli.md is what the parsers say: a flag added, removed or reworded in code fails here until
+the reference is written again (``python -m optloop.clidoc > docs/cli.md``)."""
 
 from __future__ import annotations
 

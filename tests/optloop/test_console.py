@@ -1,4 +1,5 @@
-"""The ``optloop`` command: a subcommand per job over each module's own parser, and a cheap import."""
+"""The ``optloop`` command: a subcommand per job over each module's own parser, and a cheap
+import."""
 
 from __future__ import annotations
 

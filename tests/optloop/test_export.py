@@ -121,7 +121,8 @@ def test_schema_mode_json_object_is_what_a_llama_cpp_endpoint_gets(store, tmp_pa
 def _standalone(
     script: str, out_dir: Path, env_dir: Path, *args: str
 ) -> subprocess.CompletedProcess:
-    """Run ``script`` in a fresh interpreter that sees only site-packages and ``out_dir`` (no optloop)."""
+    """Run ``script`` in a fresh interpreter that sees only site-packages and ``out_dir`` (no
+    optloop)."""
     site_packages = sorted({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]})
     prelude = (
         f"import sys; sys.path[:] = {[str(out_dir), *site_packages]!r} + "
@@ -293,7 +294,8 @@ def test_exported_graphiti_module_builds_a_library_with_the_optimized_system_tex
 
 
 def test_every_command_the_help_shows_is_one_the_parser_takes():
-    """The usage lines at the top of ``--help`` are commands that parse (their source and format as shown)."""
+    """The usage lines at the top of ``--help`` are commands that parse (their source and format as
+    shown)."""
     import shlex
 
     from optloop import export

@@ -77,7 +77,8 @@ def chat_requests(server: ScriptedOpenAIServer) -> list[dict[str, Any]]:
 
 
 def register_and_export(system: str, site: str, text: str, fmt: str, out: Path) -> ModuleType:
-    """Register ``text`` as the champion of ``site`` and export it through the CLI; import the module."""
+    """Register ``text`` as the champion of ``site`` and export it through the CLI; import the
+    module."""
     from optloop import tracking
 
     tracking.configure()
@@ -95,7 +96,8 @@ def register_and_export(system: str, site: str, text: str, fmt: str, out: Path) 
 
 @dataclass
 class Outcome:
-    """What one side did: the requests the server received, what it stored, retrieved and answered."""
+    """What one side did: the requests the server received, what it stored, retrieved and
+    answered."""
 
     requests: list[dict[str, Any]]
     memories: list[str]
@@ -106,7 +108,8 @@ class Outcome:
 def answer_all(
     lm: OptloopLM, ep: Episode, retrieve: Callable[[str], list[MemoryItem]]
 ) -> tuple[dict[str, list[str]], dict[str, str]]:
-    """The retrieve + answer step both sides share: optloop's answer site over what the memory retrieved."""
+    """The retrieve + answer step both sides share: optloop's answer site over what the memory
+    retrieved."""
     site = PromptSite.from_signature("answer", "answer", AnswerFromMemories, layout="dspy")
     retrieved, answers = {}, {}
     for q in ep.questions:
@@ -119,7 +122,8 @@ def answer_all(
 def run_optimized(
     system: Any, site_name: str, ep: Episode, server: ScriptedOpenAIServer
 ) -> tuple[str, Outcome]:
-    """optloop's system with one site rewritten as a SIMBA rule step does (seed + a rule sentence)."""
+    """optloop's system with one site rewritten as a SIMBA rule step does (seed + a rule
+    sentence)."""
     site = system.prompt_sites()[site_name]
     site.set_instructions(f"{site.seed_instruction}\n\n{RULE}")
     text = prompt_text(site, site_state(site.module))  # what the run logs and registers

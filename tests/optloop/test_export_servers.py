@@ -1,6 +1,7 @@
 """The exported mem0 module on a server that takes only llama.cpp's ``json_object`` form: the first
-refusal of ``json_schema`` switches every route to the same schema as ``json_object``, and the routed
-calls carry the run's sampling. (The real server: ``tests/systems/test_library_apps.py``.)"""
+refusal of ``json_schema`` switches every route to the same schema as ``json_object``, and the
+routed calls carry the run's sampling. (The real server:
+``tests/systems/test_library_apps.py``.)"""
 
 from __future__ import annotations
 

@@ -357,7 +357,8 @@ def test_bad_input_exits_with_one_line_and_writes_nothing(case, tmp_path):
 
 @pytest.mark.integration
 def test_real_loop_survives_scheduled_faults_and_reports_consistent_figures(tmp_path):
-    """Every kind of fault on a schedule: the run completes; injected == cured + surfaced; graphs marked."""
+    """Every kind of fault on a schedule: the run completes; injected == cured + surfaced; graphs
+    marked."""
     # --lm-timeout 150: a real answer on a loaded 2-core machine took up to 147 s; the hang costs one timeout
     fig, proc = bench(tmp_path, budget=1, timeout=150.0, retries=1, lm=upstream_lm(tmp_path))
     print(fig.model_dump_json(indent=1))
@@ -377,9 +378,9 @@ def test_real_loop_survives_scheduled_faults_and_reports_consistent_figures(tmp_
 
 @pytest.mark.integration
 def test_dead_endpoint_stops_the_run_resumably_and_the_same_command_finishes_it(tmp_path):
-    """The endpoint dies during trial 2's evaluation: exit 75 with one line; a restarted endpoint on the
-    same port and the same command finish the run: trial 1 kept, trial 2 redone, exactly budget child
-    runs under one parent."""
+    """The endpoint dies during trial 2's evaluation: exit 75 with one line; a restarted endpoint
+    on the same port and the same command finish the run: trial 1 kept, trial 2 redone, exactly
+    budget child runs under one parent."""
     budget = 2
     lm = None  # the stub: see the module docstring
     ckpt = tmp_path / "state" / "runs" / "dead" / CHECKPOINT
@@ -458,8 +459,8 @@ def test_dead_endpoint_stops_the_run_resumably_and_the_same_command_finishes_it(
 
 @pytest.mark.integration
 def test_an_api_key_reaches_the_endpoint_and_nothing_else(tmp_path):
-    """OPENAI_API_KEY is sent as the bearer token, and is in no MLflow param, tag, artifact, trace, db
-    byte, state file or log line after a verbose run."""
+    """OPENAI_API_KEY is sent as the bearer token, and is in no MLflow param, tag, artifact, trace,
+    db byte, state file or log line after a verbose run."""
     key = f"sk-optloop-test-{secrets.token_hex(12)}"
     with FaultyEndpoint(None) as endpoint:  # the stub: see the module docstring
         proc = run_loop(

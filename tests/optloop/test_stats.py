@@ -92,7 +92,8 @@ def test_unpaired_lengths_are_refused():
 
 
 def _programs(recovered: int) -> tuple[list[int], list[int], list[int]]:
-    """40 questions: clean passes 30, the sabotage loses 20 of them, ``after`` wins back ``recovered``."""
+    """40 questions: clean passes 30, the sabotage loses 20 of them, ``after`` wins back
+    ``recovered``."""
     clean = [1] * 30 + [0] * 10
     sabotaged = [0] * 20 + [1] * 10 + [0] * 10
     after = [1] * recovered + [0] * (20 - recovered) + [1] * 10 + [0] * 10

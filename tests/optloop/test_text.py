@@ -23,7 +23,8 @@ def test_words_are_squad_normalized():
 
 
 def test_every_word_match_goes_through_the_one_tokenizer():
-    """Scorers, judges, BM25 (system and evidence), the recorder's similarity and the fault harness."""
+    """Scorers, judges, BM25 (system and evidence), the recorder's similarity and the fault
+    harness."""
     from optloop.attribution.evidence import hybrid_search  # noqa: F401 - imports resolve
     from optloop.attribution.judges import content_tokens
     from optloop.datasets.scorers import normalize_answer, token_f1

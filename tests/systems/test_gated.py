@@ -1,7 +1,9 @@
-"""The gated system: SQLite state, scoped retrieval, the admission gate and its floors, the graph it leaves.
+"""The gated system: SQLite state, scoped retrieval, the admission gate and its floors, the graph
+it leaves.
 
-Unit tests never load a model: the LM is scripted per prompt site (``_gated_fakes.ScriptedLM``) and the
-embedder is a hashed bag of words. The integration test at the end runs the embedded SmolLM2-135M.
+Unit tests never load a model: the LM is scripted per prompt site (``_gated_fakes.ScriptedLM``) and
+the embedder is a hashed bag of words. The integration test at the end runs the embedded
+SmolLM2-135M.
 """
 
 from __future__ import annotations

@@ -76,7 +76,8 @@ PROMPT_BY_FIELDS = {
 
 
 def canned_answer(prompt: str, user: str) -> dict[str, Any]:
-    """A valid answer of graphiti's response model; the second session is recognised by 'Berlin'."""
+    """A valid answer of graphiti's response model; the second session is recognised by
+    'Berlin'."""
     second = "Berlin" in user
     if prompt == "extract_nodes.extract_message":
         names = ["Alice Smith", "Berlin", "Bob"] if second else ["Alice", "Paris"]

@@ -352,8 +352,9 @@ def test_instances_share_nothing_and_reset_empties(tmp_path, embedder):
 
 
 def test_a_store_builds_no_openai_client_and_wires_every_client(tmp_path, embedder, monkeypatch):
-    """mem0 builds its LLM, embedder and reranker LLM from the config; optloop replaces all three, so
-    building them as OpenAI clients (an SSL context each, most of a store's CPU) would be waste."""
+    """mem0 builds its LLM, embedder and reranker LLM from the config; optloop replaces all three,
+    so building them as OpenAI clients (an SSL context each, most of a store's CPU) would be
+    waste."""
     import openai
 
     built: list[object] = []

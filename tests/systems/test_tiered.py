@@ -2,8 +2,8 @@
 
 Unit tests never load a model: the prompt sites run on :class:`SiteLM`, which answers each
 call by its site (the extraction stage's ``{key, value, category}`` objects, the summary,
-the answer), so the bookkeeping is pinned exactly. The embedder is the bundled MiniLM, as in the baseline
-tests. The one integration test at the end runs the embedded SmolLM2-135M over
+the answer), so the bookkeeping is pinned exactly. The embedder is the bundled MiniLM, as in the
+baseline tests. The one integration test at the end runs the embedded SmolLM2-135M over
 ``builtin:assistant`` (minutes); ``-m "not integration"`` skips it.
 """
 
@@ -1020,7 +1020,8 @@ def test_tiered_runs_builtin_assistant_on_the_embedded_lm(tmp_path, embedder):
 
 
 def test_forgetting_an_attribute_redacts_the_sentence_that_gives_its_value():
-    """ "Forget my cousin's name": a summary stores the value ("my cousin, Leocadia"), not the word "name"."""
+    """ "Forget my cousin's name": a summary stores the value ("my cousin, Leocadia"), not the word
+    "name"."""
     what = subject_words(forget_request("Please forget my cousin's name."))
     assert what == {"cousin"} and subject_words("my name") == {
         "name"

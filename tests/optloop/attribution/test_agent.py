@@ -1,4 +1,5 @@
-"""The LLM agent's control flow: earliest operation first, bounded, the walk kept when nothing is found.
+"""The LLM agent's control flow: earliest operation first, bounded, the walk kept when nothing is
+found.
 
 The agent's LM is DSPy's ``DummyLM`` (scripted verdicts), so these tests check
 how the graph is explored, not what a real model decides.
@@ -23,7 +24,8 @@ def verdicts(*answers):
 
 @pytest.fixture
 def deleted(tmp_path, embedder):  # noqa: F811 - the fixture
-    """The dog's name is stored in session 1 and deleted in session 2; the walk says DeletionError."""
+    """The dog's name is stored in session 1 and deleted in session 2; the walk says
+    DeletionError."""
     graph, result = attribute_run(
         tmp_path,
         embedder,
@@ -80,7 +82,8 @@ def test_only_ambiguous_cases_reach_the_agent(deleted, embedder):  # noqa: F811
 
 @pytest.mark.integration
 def test_agent_on_the_embedded_lm_returns_a_parsed_verdict(deleted, embedder, tmp_path):  # noqa: F811
-    """The real SmolLM2 answers the agent's schema; whatever it decides, the result is well formed."""
+    """The real SmolLM2 answers the agent's schema; whatever it decides, the result is well
+    formed."""
     from optloop.lm import LMSettings, OptloopLM
 
     graph, walk = deleted

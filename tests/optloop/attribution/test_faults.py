@@ -1,7 +1,8 @@
 """The planted-fault catalogue: the preregistered faults load, carry their ground truth, and apply.
 
-No LLM and no embedding model: site faults are applied to a fake module (or to MD-flat on a scripted
-``DummyLM``), store faults to a real BM25 store, knob faults checked against each system's knobs.
+No LLM and no embedding model: site faults are applied to a fake module (or to MD-flat on a
+scripted ``DummyLM``), store faults to a real BM25 store, knob faults checked against each system's
+knobs.
 """
 
 from __future__ import annotations
@@ -61,7 +62,8 @@ def scripted_lm(*answers: dict) -> DummyLM:
 
 
 class FakeSystem:
-    """Just what ``OperationFault.apply`` touches: sites whose module has a ``forward``, and knobs."""
+    """Just what ``OperationFault.apply`` touches: sites whose module has a ``forward``, and
+    knobs."""
 
     def __init__(self, sites: dict[str, Any], knobs: dict[str, Any] | None = None):
         self._sites = {
@@ -81,7 +83,8 @@ class FakeSystem:
 def call_site(
     fault: OperationFault, returns: dict[str, Any], **inputs: Any
 ) -> tuple[dspy.Prediction, dict[str, Any]]:
-    """Apply ``fault`` to a fake site that records its inputs and returns ``returns``; call it with ``inputs``."""
+    """Apply ``fault`` to a fake site that records its inputs and returns ``returns``; call it with
+    ``inputs``."""
     seen: dict[str, Any] = {}
 
     def forward(**kwargs: Any) -> dspy.Prediction:

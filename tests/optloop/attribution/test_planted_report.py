@@ -1,9 +1,9 @@
 """The planted harness reported whole: every failure a fault caused is attributed and
-reported next to the induced-only figure, set-aside failures say why, empty samples say there is nothing
-to score, denominators and small samples are reported, rates carry seeded 95% intervals.
+reported next to the induced-only figure, set-aside failures say why, empty samples say there is
+nothing to score, denominators and small samples are reported, rates carry seeded 95% intervals.
 
-Fixture runs (hand-built :class:`PlantedRun`) pin the figures and their rendering; one run of the real
-harness on MD-flat with a scripted LM (no model loaded) pins how failures are classified.
+Fixture runs (hand-built :class:`PlantedRun`) pin the figures and their rendering; one run of the
+real harness on MD-flat with a scripted LM (no model loaded) pins how failures are classified.
 """
 
 from __future__ import annotations
@@ -441,7 +441,8 @@ def test_a_report_over_several_datasets_names_them_all():
 
 
 class FunctionLM(DummyLM):
-    """A ``DummyLM`` whose reply is ``respond(last message)``: the answer can depend on the memories shown."""
+    """A ``DummyLM`` whose reply is ``respond(last message)``: the answer can depend on the
+    memories shown."""
 
     def __init__(self, respond: Any):
         super().__init__({}, adapter=dspy.JSONAdapter())
@@ -580,8 +581,9 @@ def test_the_new_faults_figures_stand_apart_from_the_original_ones():
 
 
 def test_planted_faults_at_concurrency_4_give_the_serial_harness_results(tmp_path: Path):
-    """Episodes in parallel (each its clean run, then its fault runs) against an endpoint whose answers are
-    fixed by the request: the same baselines, tallies and cases, in the same order, as one at a time."""
+    """Episodes in parallel (each its clean run, then its fault runs) against an endpoint whose
+    answers are fixed by the request: the same baselines, tallies and cases, in the same order, as
+    one at a time."""
     from optloop.datasets import load_dataset
     from optloop.lm import LMSettings, OptloopLM
     from tests._oracle import KeyedEndpoint, gold_answers

@@ -1,4 +1,5 @@
-"""Scorers: each question is graded by its own scorer, deterministically unless a judge is given."""
+"""Scorers: each question is graded by its own scorer, deterministically unless a judge is
+given."""
 
 from __future__ import annotations
 

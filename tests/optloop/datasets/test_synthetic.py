@@ -43,7 +43,8 @@ def test_every_episode_asks_all_six_tasks_in_both_domains(episodes: list[Episode
 
 
 def replay_cascade(episode: Episode) -> tuple[str, str]:
-    """Re-derive the cascade answer by reading the statements in order; returns (answer, first value)."""
+    """Re-derive the cascade answer by reading the statements in order; returns (answer, first
+    value)."""
     lead: str | None = None
     home: dict[str, str] = {}
     first: str | None = None

@@ -1,4 +1,5 @@
-"""Dollar cost per call from litellm's bundled price table, read offline; tokens only for a model without a price."""
+"""Dollar cost per call from litellm's bundled price table, read offline; tokens only for a model
+without a price."""
 
 from __future__ import annotations
 

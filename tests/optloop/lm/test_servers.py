@@ -1,7 +1,7 @@
-"""What differs between OpenAI-compatible servers, settled by flags alone: the schema mode (chosen by
-probing, remembered per endpoint, in the cache key), request errors (never retried, saying what to
-change), and ``--concurrency auto``. The loopback server plays llama.cpp's Python server where it
-must (its HTTP 500 with pydantic's validation text for ``json_schema``); the real server is in
+"""What differs between OpenAI-compatible servers, settled by flags alone: the schema mode (chosen
+by probing, remembered per endpoint, in the cache key), request errors (never retried, saying what
+to change), and ``--concurrency auto``. The loopback server plays llama.cpp's Python server where
+it must (its HTTP 500 with pydantic's validation text for ``json_schema``); the real server is in
 ``tests/integration/test_llama_server.py``."""
 
 from __future__ import annotations
@@ -143,7 +143,8 @@ def test_a_plain_server_error_is_still_retried():
 
 
 class _Serial:
-    """A backend stand-in that answers one request at a time, ``seconds`` each (a llama.cpp server)."""
+    """A backend stand-in that answers one request at a time, ``seconds`` each (a llama.cpp
+    server)."""
 
     def __init__(self, seconds: float, slots: int = 1):
         self.seconds = seconds

@@ -54,7 +54,8 @@ class Killed(Exception):
 
 class Clock:
     """Counts the run's steps; raises :class:`Killed` at step ``kill_at``, at the first step named
-    ``kill_on`` (its ``nth`` one), or at the step right after the first one named ``kill_after``."""
+    ``kill_on`` (its ``nth`` one), or at the step right after the first one named
+    ``kill_after``."""
 
     def __init__(
         self,
@@ -129,7 +130,8 @@ def evaluation(split: str, candidate: Candidate, passes: int, n: int, target: st
 
 
 class FakeEvaluator:
-    """Scripted evaluations: ``DEV`` on train and dev (default 1 pass), ``TEST`` on test (default 6)."""
+    """Scripted evaluations: ``DEV`` on train and dev (default 1 pass), ``TEST`` on test (default
+    6)."""
 
     site_names = SITES
 
@@ -165,7 +167,8 @@ class FakeEvaluator:
 
 
 class FakeOptimizer(Optimizer):
-    """Proposes ``<site>:1``, ``<site>:2``, ... for its first site, two per round, on the best so far."""
+    """Proposes ``<site>:1``, ``<site>:2``, ... for its first site, two per round, on the best so
+    far."""
 
     name = "fake"
 
@@ -226,7 +229,8 @@ class NothingOptimizer(FakeOptimizer):
 
 
 class MemorySink:
-    """MLflow in memory: child runs by id (discarded ones removed), dev points, summary, registry, tags."""
+    """MLflow in memory: child runs by id (discarded ones removed), dev points, summary, registry,
+    tags."""
 
     def __init__(self, clock: Clock):
         self.clock = clock
@@ -296,7 +300,8 @@ class MemorySink:
         self.summary = summary
 
     def register(self, texts: Mapping[str, str], *, promote: bool, message: str) -> dict[str, Any]:
-        """As ``prompt_registry.register_prompts``: a version this run registered with the same text is reused."""
+        """As ``prompt_registry.register_prompts``: a version this run registered with the same
+        text is reused."""
         self.clock.tick("register")
         if not self.registered or self.registered[-1][0] != dict(texts):
             self.registered.append((dict(texts), promote))
@@ -619,8 +624,8 @@ def test_resume_after_a_kill_at_any_step_equals_an_uninterrupted_run(tmp_path, b
 
 @pytest.mark.parametrize("batch, sizes", [(2, [2, 2, 1]), (3, [2, 2, 1]), (5, [2, 2, 1])])
 def test_a_batch_is_one_round_evaluated_at_once_and_the_budget_stays_exact(tmp_path, batch, sizes):
-    """The fake optimizer's rounds make two candidates: a batch never asks for a second round before the first's
-    results are observed, and never takes more trials than the budget leaves."""
+    """The fake optimizer's rounds make two candidates: a batch never asks for a second round
+    before the first's results are observed, and never takes more trials than the budget leaves."""
     result, run, sink = uninterrupted(tmp_path, batch=batch)
     assert [t.trial for t in result.tried] == [1, 2, 3, 4, 5] and sink.trials() == [1, 2, 3, 4, 5]
     assert run.evaluator.batches == [s for s in sizes if s > 1]

@@ -1,4 +1,5 @@
-"""Spending limits and ``--estimate`` in the controller, driven by the fakes of ``test_controller``.
+"""Spending limits and ``--estimate`` in the controller, driven by the fakes of
+``test_controller``.
 
 The fake meter charges 10 model calls per evaluation and 1 per proposal, at $0.01 a call, so
 every limit below falls at a known step. A run stopped by a limit must leave nothing half done
@@ -44,7 +45,8 @@ TRIAL = EVALUATION_CALLS + PROPOSAL_CALLS
 
 
 def priced(run: Run) -> Run:
-    """``run`` whose meter also reports model calls and dollars, as ``Loop._cost`` does for a priced model."""
+    """``run`` whose meter also reports model calls and dollars, as ``Loop._cost`` does for a
+    priced model."""
     meter = run.meter
     run.context.cost = lambda: {
         "llm_calls": meter.calls,
@@ -417,7 +419,8 @@ def test_the_chains_are_measured_on_the_baseline_dev_evaluation_and_the_splits_l
 
 
 def baseline_checkpoint(**update) -> Checkpoint:
-    """The baseline of ``test_the_estimate_extrapolates_the_baseline_dev_evaluation``: on dev, per computed call,
+    """The baseline of ``test_the_estimate_extrapolates_the_baseline_dev_evaluation``: on dev, per
+    computed call,
     100 tokens, $0.01 and 2 s (per token: $0.0001, 0.02 s)."""
     return Checkpoint(
         config_digest="x",

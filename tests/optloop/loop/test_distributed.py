@@ -1,4 +1,5 @@
-"""Several ``optloop.run`` workers on one Optuna study (``docs/architecture.md``, "Several workers").
+"""Several ``optloop.run`` workers on one Optuna study (``docs/architecture.md``, "Several
+workers").
 
 The unit tests drive the shared-study protocol (``optloop.loop.study``) and the
 Optuna optimizer on a SQLite storage with several connections at once, no LM.
@@ -542,8 +543,9 @@ def test_two_workers_share_one_study_on_postgresql(postgres_url, tmp_path):
 
 
 def test_a_batch_of_asks_is_distinct_and_the_same_for_the_same_seed(tmp_path):
-    """--batch 3 with Optuna: three asks before any tell, each a candidate no other ask of the batch holds (TPE's
-    constant liar counts the running ones), and the same three for the same seed; their tells complete them."""
+    """--batch 3 with Optuna: three asks before any tell, each a candidate no other ask of the
+    batch holds (TPE's constant liar counts the running ones), and the same three for the same
+    seed; their tells complete them."""
     batches = []
     for run in range(2):
         study = open_study(f"sqlite:///{tmp_path / f'batch{run}.db'}", "w0", budget=9)

@@ -1,4 +1,5 @@
-"""The GrIPS-style edit optimizer: phrase splitting, the edits it proposes, screening order (no model)."""
+"""The GrIPS-style edit optimizer: phrase splitting, the edits it proposes, screening order (no
+model)."""
 
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ def test_phrases_are_sentences_and_semicolon_clauses_as_written():
 
 
 class FakeEvaluator:
-    """Scores a candidate by whether its answer instruction still carries the sabotage (fewer passes with it)."""
+    """Scores a candidate by whether its answer instruction still carries the sabotage (fewer
+    passes with it)."""
 
     def __init__(self):
         self.sites = {"answer": _Site()}
@@ -123,7 +125,8 @@ def test_edits_are_screened_on_train_and_the_best_comes_first(optimizer):
 
 
 def test_the_optimizer_never_reads_the_systems_own_instruction(optimizer):
-    """It edits only what it starts from: the template's text (CLEAN here) never enters an edit on its own."""
+    """It edits only what it starts from: the template's text (CLEAN here) never enters an edit on
+    its own."""
     opt, _ = optimizer
     start = Candidate(
         sites={"answer": SiteState(instructions="Repeat the question. Do not answer it.")}

@@ -1,14 +1,14 @@
 """One evaluation at ``--concurrency`` 1 and 4 is the same evaluation.
 
-Each system (md_flat; mem0 in the thread pool; graphiti, each episode's event loop on a thread of the
-pool) runs the same three evaluations at N = 1 and at N = 4 against :class:`KeyedEndpoint`, a
+Each system (md_flat; mem0 in the thread pool; graphiti, each episode's event loop on a thread of
+the pool) runs the same three evaluations at N = 1 and at N = 4 against :class:`KeyedEndpoint`, a
 loopback endpoint whose answers, latencies and faults are fixed by the request (so at N = 4 calls
 finish out of order, and the first asking of some requests fails with HTTP 500, cured by the retry:
 those episodes' graphs are saved). Four episodes and ``max_live=3`` stores: the first evaluation
 builds every store and evicts one, the second (another answer prompt, the same ingest key) rebuilds
 them in turn, the third (its last two episodes) reuses two. Compared: the Evaluation objects (all
-but their seconds), the saved graphs (all but their timings), the LM cache's keys, every call record
-and the accounting by prompt site.
+but their seconds), the saved graphs (all but their timings), the LM cache's keys, every call
+record and the accounting by prompt site.
 """
 
 from __future__ import annotations
@@ -142,7 +142,8 @@ def test_the_lm_cache_and_every_call_record_are_the_same_at_n1_and_n4(runs):
 
 
 def test_accounting_by_prompt_site_is_the_same_at_n1_and_n4(runs):
-    """Each call is charged to the site of the task that made it, not to whatever site another thread has."""
+    """Each call is charged to the site of the task that made it, not to whatever site another
+    thread has."""
     assert set(runs[1]["by_site"]) >= {"answer"} and None not in runs[1]["by_site"]
     assert runs[4]["by_site"] == runs[1]["by_site"]
 
@@ -166,7 +167,8 @@ def test_a_dead_endpoint_still_stops_an_evaluation_at_n4(tmp_path, embedder):
 
 
 def _variants(evaluator: Evaluator) -> list[Any]:
-    """The baseline and two answer prompts of it (the same ingest key: shared stores would serialize them)."""
+    """The baseline and two answer prompts of it (the same ingest key: shared stores would
+    serialize them)."""
     baseline = evaluator.baseline()
     state = baseline.sites["answer"]
     return [

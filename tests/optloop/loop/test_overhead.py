@@ -1,8 +1,11 @@
-"""The models of each optimizer's own LM calls (``optloop.loop.overhead``): what ``--estimate`` adds to the trials.
+"""The models of each optimizer's own LM calls (``optloop.loop.overhead``): what ``--estimate``
+adds to the trials.
 
-Each model is checked against the structure it states (rounds, runs on train, proposer calls) on a hand-made
-:class:`RunShape`; :func:`run_shape` against a baseline whose blame, calls and tokens are known. How close the
-models come to a real run is checked end to end in ``test_run_cli.py`` (the ``--estimate`` test).
+Each model is checked against the structure it states (rounds, runs on train, proposer calls) on a
+hand-made
+:class:`RunShape`; :func:`run_shape` against a baseline whose blame, calls and tokens are known.
+How close the models come to a real run is checked end to end in ``test_run_cli.py`` (the
+``--estimate`` test).
 """
 
 from __future__ import annotations
@@ -35,7 +38,8 @@ FIVE_PHRASES = (
 
 
 def shape(**update) -> RunShape:
-    """10 train questions in 5 episodes; 2 requests a question, 3 an episode's ingestion, 100 tokens each."""
+    """10 train questions in 5 episodes; 2 requests a question, 3 an episode's ingestion, 100
+    tokens each."""
     fields = dict(
         budget=10,
         train_questions=10,

@@ -1,6 +1,6 @@
-"""`python -m optloop.run`: bad input (one line naming what to fix, exit 2, nothing written), the other exit
-codes (75: endpoint unavailable, 130: interrupted, 0: done; README "Exit codes"), and how the same
-command finds the run it resumes."""
+"""`python -m optloop.run`: bad input (one line naming what to fix, exit 2, nothing written), the
+other exit codes (75: endpoint unavailable, 130: interrupted, 0: done; README "Exit codes"), and
+how the same command finds the run it resumes."""
 
 from __future__ import annotations
 
@@ -155,7 +155,8 @@ def test_query_rewrite_on_a_system_that_never_searches_is_one_line_before_any_st
 
 
 def test_query_rewrite_reaches_the_config_and_leaves_older_runs_resumable():
-    """A run started before --query-rewrite existed has the same digests as one without the flag now."""
+    """A run started before --query-rewrite existed has the same digests as one without the flag
+    now."""
     from optloop.cli import lm_settings_from_args
 
     settings = lm_settings_from_args(build_parser().parse_args(["--system", "rag_bm25"]))
@@ -438,8 +439,9 @@ def test_sigterm_becomes_one_interrupt_and_the_handlers_come_back():
 def test_sigterm_exits_130_marks_the_runs_killed_and_the_same_command_resumes_and_exits_0(
     tmp_path,
 ):
-    """Exit 130 and exit 0, on the real CLI against a scripted endpoint (no model): SIGTERM while trial 1 is
-    evaluated; then the same command (no --run-name) finds the run, ends the half-done trial's child run
+    """Exit 130 and exit 0, on the real CLI against a scripted endpoint (no model): SIGTERM while
+    trial 1 is evaluated; then the same command (no --run-name) finds the run, ends the half-done
+    trial's child run
     KILLED and deletes it, redoes it, and finishes with the costs of both processes."""
     from experiments.bench.crash import env_for, read_store, run_args
     from optloop.testing.oracle import OracleEndpoint
@@ -521,9 +523,10 @@ def test_sigterm_exits_130_marks_the_runs_killed_and_the_same_command_resumes_an
 
 
 def test_sigterm_mid_batch_resumes_the_batch_and_ends_as_the_uninterrupted_batched_run(tmp_path):
-    """--batch 2 on the real CLI against the scripted endpoint: SIGTERM while the batch's two trials are evaluated
-    (both in the checkpoint, neither evaluated, no child run open yet); the same command redoes them as a batch
-    and the run ends with the candidates, accuracies and held-out figures of an uninterrupted --batch 2 run."""
+    """--batch 2 on the real CLI against the scripted endpoint: SIGTERM while the batch's two
+    trials are evaluated (both in the checkpoint, neither evaluated, no child run open yet); the
+    same command redoes them as a batch and the run ends with the candidates, accuracies and
+    held-out figures of an uninterrupted --batch 2 run."""
     from experiments.bench.crash import OracleEndpoint, env_for, read_store, run_args
 
     def outcome(path: Path) -> tuple:
@@ -670,17 +673,22 @@ def with_flag(args: list[str], flag: str, value: str) -> list[str]:
 def test_estimate_then_max_calls_stops_with_exit_3_and_a_higher_limit_resumes_from_the_same_baseline(
     tmp_path,
 ):
-    """--estimate evaluates the baseline only (exit 0, "no price" for an unpriced model); --max-calls stops the
-    same run after its first trial (exit 3, one line naming the limit and the command); a higher --max-calls
-    resumes it (the limit is not a setting of the run) and finishes it on the baseline the estimate left.
+    """--estimate evaluates the baseline only (exit 0, "no price" for an unpriced model);
+    --max-calls stops the same run after its first trial (exit 3, one line naming the limit and the
+    command); a higher --max-calls resumes it (the limit is not a setting of the run) and finishes
+    it on the baseline the estimate left.
 
-    The estimate counts the optimizer's own calls: on this run (the edit optimizer, md_flat on builtin:tiny, budget
-    2) its one round screens the best and 10 edits (5 of answer, 5 of md_flat.curate, both blamed) on the 4 train
-    questions, about 64 requests, over three times what the trials and the held-out test make; without them the
-    estimate said 31 calls for a run of about 100. With them it must come within 25% of the run's requests: the
-    loopback endpoint answers deterministically and the edits are seeded, so what is left between them is the
-    stores each resumed process rebuilds (its cache hits are requests) and the paraphrase the model expects. An
-    --estimate after the first trial measures the optimizer's calls on it instead, within the same bound."""
+    The estimate counts the optimizer's own calls: on this run (the edit optimizer, md_flat on
+    builtin:tiny, budget
+    2) its one round screens the best and 10 edits (5 of answer, 5 of md_flat.curate, both blamed)
+       on the 4 train
+    questions, about 64 requests, over three times what the trials and the held-out test make;
+    without them the estimate said 31 calls for a run of about 100. With them it must come within
+    25% of the run's requests: the loopback endpoint answers deterministically and the edits are
+    seeded, so what is left between them is the stores each resumed process rebuilds (its cache
+    hits are requests) and the paraphrase the model expects. An
+    --estimate after the first trial measures the optimizer's calls on it instead, within the same
+    bound."""
     from experiments.bench.crash import env_for, run_args
     from optloop.testing.oracle import OracleEndpoint
 
@@ -802,9 +810,10 @@ def test_estimate_then_max_calls_stops_with_exit_3_and_a_higher_limit_resumes_fr
 def test_max_cost_on_a_priced_model_stops_with_exit_3_and_logs_dollars_per_trial_and_site(
     tmp_path,
 ):
-    """gpt-4o-mini's price (litellm's table) on the scripted endpoint's usage (7 + 3 tokens a call): --max-cost
-    stops the run after its first trial; a higher one resumes and finishes it; dollars, calls and tokens are
-    logged per trial and per site on the trial's child run, and the run's totals on the parent."""
+    """gpt-4o-mini's price (litellm's table) on the scripted endpoint's usage (7 + 3 tokens a
+    call): --max-cost stops the run after its first trial; a higher one resumes and finishes it;
+    dollars, calls and tokens are logged per trial and per site on the trial's child run, and the
+    run's totals on the parent."""
     from experiments.bench.crash import env_for, run_args
     from optloop.lm import model_price
     from optloop.testing.oracle import OracleEndpoint
@@ -901,7 +910,8 @@ def test_bad_limits_are_one_line_exit_2(args, message, capsys):
 
 
 def test_the_limits_are_not_settings_of_the_run():
-    """The same command with another limit (or --estimate) resumes the run: none of them reaches the config."""
+    """The same command with another limit (or --estimate) resumes the run: none of them reaches
+    the config."""
     from optloop.cli import lm_settings_from_args
     from optloop.run_args import run_config
 

@@ -1,4 +1,5 @@
-"""Question traces in MLflow: span tree, inputs/outputs, the decisive op, tags; fetched back from sqlite."""
+"""Question traces in MLflow: span tree, inputs/outputs, the decisive op, tags; fetched back from
+sqlite."""
 
 from __future__ import annotations
 
