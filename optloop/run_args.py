@@ -108,9 +108,10 @@ from optloop.loop.state import MAX_BATCH
 from optloop.run_tables import model_name
 from systems import SYSTEMS
 
-# The LM settings that change what the model answers: part of a run's settings (LoopConfig.lm_settings), so
-# the same command with another context window or decoding bound is another run. The endpoint's URL,
-# timeout and retries are not (a server that moved still serves the same run).
+# The LM settings that change what the model answers: part of a run's settings
+# (LoopConfig.lm_settings), so the same command with another context window or decoding bound is
+# another run. The endpoint's URL, timeout and retries are not (a server that moved still serves
+# the same run).
 ANSWER_SETTINGS = (
     "backend",
     "model",

@@ -270,8 +270,8 @@ class LongContextSystem(_RawTurnSystem):
                 "long_context puts every turn in context and never searches, so a query-rewrite "
                 "site would change nothing; run it without query_site"
             )
-        # The last search's report, per thread: an episode's questions may run at once (optloop.pipeline),
-        # each reading truncation() on the thread that retrieved.
+        # The last search's report, per thread: an episode's questions may run at once
+        # (optloop.pipeline), each reading truncation() on the thread that retrieved.
         self._last = threading.local()
         super().__init__(lm, run_dir, embedder=embedder, knobs=knobs)
 

@@ -362,8 +362,9 @@ class GatedSystem(MemorySystem):
         for name, value in self._knobs.items():
             _check_knob(name, value)
         self._lock = threading.RLock()
-        # (workspace, path) of the question being retrieved for, per thread: an episode's questions may
-        # run at once (optloop.pipeline), each retrieve followed by its searches on the same thread.
+        # (workspace, path) of the question being retrieved for, per thread: an episode's questions
+        # may run at once (optloop.pipeline), each retrieve followed by its searches on the same
+        # thread.
         self._asked = _Asked()
         self.last_admission: Admission | None = None
         self._load()

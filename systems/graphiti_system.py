@@ -215,7 +215,8 @@ class SiteLLMClient(LLMClient):
                 f"graphiti prompt {prompt_name} sent roles {[m.role for m in messages]}; "
                 "a library-layout site takes exactly one system and one user message"
             )
-        # OpenAIGenericClient.generate_response, json_schema mode: preamble, then the language note.
+        # OpenAIGenericClient.generate_response, json_schema mode: preamble, then the language
+        # note.
         self._apply_attribute_extraction_preamble(messages, attribute_extraction)
         messages[0].content += graphiti_llm_client.get_extraction_language_instruction(group_id)
         system = messages[0].content

@@ -64,7 +64,8 @@ ALL_MEMORIES_LIMIT = 100_000
 # serialized on the GIL when episodes run at once. So the config names PLACEHOLDER_PROVIDER, whose
 # clients are inert stand-ins (:class:`UnwiredLLM`, :class:`UnwiredEmbedding`) that fail loudly if
 # a replacement is ever missed. mem0 validates provider names against a fixed list, so the config
-# is written with "openai" and the name swapped after validation (see ``Mem0System._build_memory``).
+# is written with "openai" and the name swapped after validation (see
+# ``Mem0System._build_memory``).
 PLACEHOLDER_PROVIDER = "optloop-unwired"
 
 
@@ -99,7 +100,8 @@ def _register_placeholders() -> None:
     from mem0.utils.factory import EmbedderFactory, LlmFactory
 
     LlmFactory.register_provider(PLACEHOLDER_PROVIDER, f"{__name__}.UnwiredLLM", BaseLlmConfig)
-    # EmbedderFactory has no register_provider; its table is the same kind of name -> class path map.
+    # EmbedderFactory has no register_provider; its table is the same kind of name -> class path
+    # map.
     EmbedderFactory.provider_to_class[PLACEHOLDER_PROVIDER] = f"{__name__}.UnwiredEmbedding"
 
 
@@ -187,7 +189,8 @@ class Mem0System(MemorySystem):
         "rerank": (False, True),
     }
     search_knob: ClassVar[str | None] = "threshold"
-    # Its extraction prompt alone is ~8.5k SmolLM2 tokens: more than the 8192 SmolLM2 was trained on.
+    # Its extraction prompt alone is ~8.5k SmolLM2 tokens: more than the 8192 SmolLM2 was trained
+    # on.
     local_decoding: ClassVar[dict[str, int]] = {"n_ctx": 12288}
 
     def __init__(

@@ -185,7 +185,8 @@ def test_mlflow_ui_compares_two_optloop_runs_in_chromium(tmp_path):
             f"the compare page lacks {missing}; chromium said:\n{dom.stderr[-2000:]}"
         )
 
-        # The screenshot is an artifact for people, not a check: the DOM above is what the test asserts.
+        # The screenshot is an artifact for people, not a check: the DOM above is what the test
+        # asserts.
         png = tmp_path / "mlflow_compare.png"
         shot = _chromium(
             f"--screenshot={png}",

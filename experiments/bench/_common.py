@@ -197,7 +197,8 @@ def run_episode(
     )
     with collect_calls() as calls:
         result = pipeline.run_episode(episode, stores, lm=lm)
-    # A library may swallow a failed LLM call (mem0 stores nothing): such an episode is not a measurement.
+    # A library may swallow a failed LLM call (mem0 stores nothing): such an episode is not a
+    # measurement.
     failures.check(
         sum(c.error is not None for c in calls),
         len(calls),

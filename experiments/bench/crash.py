@@ -64,7 +64,7 @@ SYSTEM = "md_flat"
 COSTS = ("llm_calls", "model_calls", "tokens")
 
 
-# --- the killed process: hooks, then optloop.run ------------------------------------------------------------
+# --- the killed process: hooks, then optloop.run -------------------------------------------------
 
 
 def _die() -> None:
@@ -150,7 +150,7 @@ def kill_main(argv: Sequence[str]) -> int:
     return run_cli(main, [a for a in ns.args if a != "--"])
 
 
-# --- one scenario -------------------------------------------------------------------------------------------
+# --- one scenario --------------------------------------------------------------------------------
 
 
 def run_args(
@@ -509,7 +509,7 @@ def matrix(
     )
 
 
-# --- the shared study: one of two workers killed ------------------------------------------------------------
+# --- the shared study: one of two workers killed -------------------------------------------------
 
 
 def shared(
@@ -605,7 +605,7 @@ def shared(
     }
 
 
-# --- the table ----------------------------------------------------------------------------------------------
+# --- the table -----------------------------------------------------------------------------------
 
 
 def markdown(m: Matrix) -> str:

@@ -206,7 +206,8 @@ def last_line(text: str) -> str:
     return lines[-1] if lines else ""
 
 
-# The lines every run prints before it starts: which run, its dataset, what the endpoint check chose.
+# The lines every run prints before it starts: which run, its dataset, what the endpoint check
+# chose.
 _OWN_LINES = ("optloop.run ", "dataset ", "LM endpoint ", "LM proposer endpoint ")
 
 

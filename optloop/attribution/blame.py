@@ -24,7 +24,8 @@ from pydantic import BaseModel, Field
 
 from optloop.attribution.taxonomy import Attribution, ErrorType, Target, is_knob, is_prompt_site
 
-# Data-flow order of the error types: a failure decided at a later stage got through every earlier one.
+# Data-flow order of the error types: a failure decided at a later stage got through every earlier
+# one.
 STAGE: dict[str, int] = {
     ErrorType.EXTRACTION.value: 0,
     ErrorType.UPDATE.value: 1,

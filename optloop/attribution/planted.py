@@ -231,7 +231,8 @@ class _Caused:
             and self.fault.error_type is not ErrorType.CONTAMINATION
             and evidence_reaches_answer(graph, q, self.judges, embedder=self.embedder)
         ):
-            # (a contamination fault leaves the evidence in reach by definition: a stale value joins it)
+            # (a contamination fault leaves the evidence in reach by definition: a stale value
+            # joins it)
             # The fault did not keep the evidence from the answer; the answer changed only because
             # its context did.
             self.reasons[q.id] = EVIDENCE_REACHED

@@ -418,7 +418,8 @@ def score_context(
 
 # --------------------------------------------------------------------------- generator
 
-# key -> (path, question, templates for a value that holds, template for a value a run wrote, value kind)
+# key -> (path, question, templates for a value that holds, template for a value a run wrote, value
+# kind)
 _KEYS: dict[str, tuple[str, str, tuple[str, ...], str]] = {
     "api.port": (
         "services/api",
@@ -653,7 +654,8 @@ def _episode_record(
     pairs = [(ws, key) for ws in workspaces for key in keys]
     probed = rng.sample(pairs, len(categories))
     plan = dict(zip(probed, categories, strict=True))
-    # phase -> list of (workspace, key, value, branch, template index): 0 = oldest state, 1 = base, 2 = later runs
+    # phase -> list of (workspace, key, value, branch, template index): 0 = oldest state, 1 = base,
+    # 2 = later runs
     phases: dict[int, list[tuple[str, str, str, str, int]]] = {0: [], 1: [], 2: []}
     probes: list[
         tuple[str, str, str, str, list[str]]

@@ -171,7 +171,8 @@ def parse_choice(text: str, options: list[str]) -> str | None:
         if _folded(option) and _contains(folded, _folded(option))
     ]
     if len(hits) > 1:
-        # One option's text may contain another's ("New York" vs "New York City"): keep the longest.
+        # One option's text may contain another's ("New York" vs "New York City"): keep the
+        # longest.
         longest = max(hits, key=lambda letter: len(_folded(options[letters.index(letter)])))
         others = [h for h in hits if h != longest]
         if all(

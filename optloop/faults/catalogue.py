@@ -188,13 +188,15 @@ CATALOGUE: tuple[OperationFault, ...] = (
         site=ANSWER,
         inputs={"memories": "(no memories)"},
     ),
-    # --- preregistered ---------------------------------------------------------------------------------------
-    # Ten faults of kinds the catalogue did not have, over store, update, extraction, retrieval and answer.
-    # Written down and committed BEFORE any run evaluated them (no figure was seen while writing them), so
-    # they are not tuned to the walk. Each one's true target and type say what happened by the taxonomy's
-    # definitions (taxonomy.ErrorType), not what the walk is expected to answer. Their first-run figures
-    # are reported as they come, next to any later ones.
-    # store: writes acknowledged but lost (the evidence never becomes a memory, by the store's fault)
+    # --- preregistered ---------------------------------------------------------------------------
+    # Ten faults of kinds the catalogue did not have, over store, update, extraction, retrieval and
+    # answer.
+    # Written down and committed BEFORE any run evaluated them (no figure was seen while writing
+    # them), so they are not tuned to the walk. Each one's true target and type say what happened
+    # by the taxonomy's definitions (taxonomy.ErrorType), not what the walk is expected to answer.
+    # Their first-run figures are reported as they come, next to any later ones.
+    # store: writes acknowledged but lost (the evidence never becomes a memory, by the store's
+    # fault)
     OperationFault(
         "store-loses-alternate-writes",
         _BASELINES_AND_MEM0,
@@ -247,8 +249,8 @@ CATALOGUE: tuple[OperationFault, ...] = (
         lists=truncate_new,
         added=PREREGISTERED,
     ),
-    # retrieval: a score cut-off that filters (not a rank cut-off), a query that lost its key terms (not an
-    # unrelated one), a search over the wrong layer of the graph
+    # retrieval: a score cut-off that filters (not a rank cut-off), a query that lost its key terms
+    # (not an unrelated one), a search over the wrong layer of the graph
     OperationFault(
         "threshold-strict",
         ("mem0", "rag_embedding"),
@@ -278,7 +280,8 @@ CATALOGUE: tuple[OperationFault, ...] = (
         knobs={"search_recipe": "NODE_HYBRID_SEARCH_RRF"},
         added=PREREGISTERED,
     ),
-    # answer: a degenerate output (not a fixed one), and a context cut short at the answer (not emptied)
+    # answer: a degenerate output (not a fixed one), and a context cut short at the answer (not
+    # emptied)
     OperationFault(
         "answer-echoes-question",
         _ALL_SYSTEMS,
@@ -299,9 +302,10 @@ CATALOGUE: tuple[OperationFault, ...] = (
         edit_inputs=first_memory_only,
         added=PREREGISTERED,
     ),
-    # --- gated: written down before any run evaluated them. Truth is the taxonomy's definition: who
-    # let the stale memory into the answer's positive context. Lenient floors leave status and branch to the
-    # gate's LLM, so there the gate site decides; with the floors off and no LLM asked, the floors knob does.
+    # --- gated: written down before any run evaluated them. Truth is the taxonomy's definition:
+    # who let the stale memory into the answer's positive context. Lenient floors leave status and
+    # branch to the gate's LLM, so there the gate site decides; with the floors off and no LLM
+    # asked, the floors knob does.
     OperationFault(
         "gated-gate-admits-all",
         ("gated",),

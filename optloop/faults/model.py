@@ -78,7 +78,8 @@ class OperationFault(PlantedFault):
     query_site: bool = False
     # A store fault: run after each session is ingested, with the ids stored before it.
     after_session: Callable[[MemorySystem, set[str]], None] | None = None
-    # The site's inputs rewritten before its call, and its prediction edited (in place) after it, from the inputs.
+    # The site's inputs rewritten before its call, and its prediction edited (in place) after it,
+    # from the inputs.
     edit_inputs: Callable[[dict[str, Any]], dict[str, Any]] | None = None
     edit_outputs: Callable[[dspy.Prediction, dict[str, Any]], None] | None = None
     added: str = ORIGINAL

@@ -21,7 +21,8 @@ from optloop.lm.factory import make_backend
 from optloop.lm.requests import openai_response_format, response_format_to_schema
 from optloop.lm.settings import LMSettings, redact_url
 
-# --concurrency auto: what the start-up probe found, per endpoint, for the process (optloop.lm.probe).
+# --concurrency auto: what the start-up probe found, per endpoint, for the process
+# (optloop.lm.probe).
 _DETECTED: dict[str, Any] = {}
 
 

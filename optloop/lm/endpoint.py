@@ -96,8 +96,10 @@ class OpenAICompatibleBackend(Backend):
                     "at a local OpenAI-compatible server"
                 )
             key = "not-needed"  # vLLM, Ollama and llama.cpp servers accept any key
-        # Retries are ours (bounded, logged, accounted), not the SDK's. The timeout is one HTTP request's:
-        # it starts when the request is sent, after the wait for a --concurrency slot (optloop.lm.limits).
+        # Retries are ours (bounded, logged, accounted), not the SDK's. The timeout is one HTTP
+        # request's:
+        # it starts when the request is sent, after the wait for a --concurrency slot
+        # (optloop.lm.limits).
         self.client = openai.OpenAI(
             base_url=settings.base_url, api_key=key, timeout=settings.timeout_s, max_retries=0
         )
@@ -172,7 +174,8 @@ class OpenAICompatibleBackend(Backend):
                 f"LM endpoint {where} does not take --lm-schema-mode {self.schema_setting} "
                 f"({refused[0].split(': ', 1)[1]}); use --lm-schema-mode auto"
             )
-        # Mode none always sends a valid request; its answers are checked against each call's schema.
+        # Mode none always sends a valid request; its answers are checked against each call's
+        # schema.
         return SchemaChoice(
             "none",
             f"LM endpoint {where}: schema mode none, the schema written into the "

@@ -120,7 +120,8 @@ class OptloopEngine:
         self.cache = cache
         self.health = EndpointHealth()
         self._health_lock = threading.Lock()
-        # Load: one throttle per endpoint and limits, process-wide; the price of the model, if it has one.
+        # Load: one throttle per endpoint and limits, process-wide; the price of the model, if it
+        # has one.
         self.throttle = shared_throttle(
             backend.identity,
             rpm=settings.rpm,
@@ -129,8 +130,8 @@ class OptloopEngine:
         )
         self.price: ModelPrice | None = settings.price()
         self.backoff = Backoff(random.Random())
-        # Single flight: concurrent calls with one cache key wait for the first one and get its answer
-        # from the cache, so N threads record exactly what one thread calling in turn would.
+        # Single flight: concurrent calls with one cache key wait for the first one and get its
+        # answer from the cache, so N threads record exactly what one thread calling in turn would.
         self._inflight: dict[str, list[Any]] = {}
         self._inflight_lock = threading.Lock()
         # Called with (site, messages) before every request, cached or not. A benchmark's

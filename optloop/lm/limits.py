@@ -40,7 +40,8 @@ from typing import Any, cast
 
 from tenacity import RetryCallState, wait_exponential
 
-# A Retry-After honoured on a fault other than 429 (a 503 from an overloaded server) is capped here.
+# A Retry-After honoured on a fault other than 429 (a 503 from an overloaded server) is capped
+# here.
 MAX_FAULT_RETRY_AFTER_S = 60.0
 
 

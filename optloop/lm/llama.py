@@ -106,7 +106,8 @@ class LocalLlamaBackend(Backend):
         self._waits.seconds = 0.0
         max_chars, max_items = self.max_chars, self.max_items
         for tightening in range(self.MAX_TIGHTENINGS + 1):
-            # llama.cpp takes a schema as json_object + schema (see optloop.lm.requests.SCHEMA_MODES).
+            # llama.cpp takes a schema as json_object + schema (see
+            # optloop.lm.requests.SCHEMA_MODES).
             schema = (
                 bound_schema(request.schema, max_chars=max_chars, max_items=max_items)
                 if request.schema

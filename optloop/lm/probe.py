@@ -46,7 +46,8 @@ class Detected:
 
 
 def _request(i: int) -> Request:
-    # A distinct message per request: a server with a prompt cache must not answer the burst from it.
+    # A distinct message per request: a server with a prompt cache must not answer the burst from
+    # it.
     return Request(
         messages=[{"role": "user", "content": f"{CONCURRENCY_PROBE} ({i})"}],
         schema=None,

@@ -19,8 +19,8 @@ from optloop.paths import state_dir
 BUNDLED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CONCURRENCY_ENV = "OPTLOOP_CONCURRENCY"
 SCHEMA_MODE_ENV = "OPTLOOP_LM_SCHEMA_MODE"
-# The embedded model runs one call at a time anyway (llama.cpp, one machine slot); an endpoint serves many
-# (its default is auto: probed at start-up, see optloop.lm.probe).
+# The embedded model runs one call at a time anyway (llama.cpp, one machine slot); an endpoint
+# serves many (its default is auto: probed at start-up, see optloop.lm.probe).
 DEFAULT_CONCURRENCY = {"local": 1, "openai": 8}
 
 
@@ -88,7 +88,8 @@ class LMSettings(BaseModel):
     # every constrained output closes; the result still satisfies the original.
     max_string_chars: int = Field(400, gt=0, description="local decoding: longest JSON string")
     max_array_items: int = Field(16, gt=0, description="local decoding: longest JSON array")
-    # Load (optloop.lm.limits): one throttle per endpoint, shared by the process's threads and tasks.
+    # Load (optloop.lm.limits): one throttle per endpoint, shared by the process's threads and
+    # tasks.
     rpm: float | None = Field(
         None, gt=0, description="requests per minute to the model (None: no limit)"
     )

@@ -173,7 +173,8 @@ class Evaluator:
         self.cls = get_system(system_name)
         self.lm = lm
         self.work = Path(work)
-        # One cache of single texts (queries) for every evaluation of the run: trials ask the same questions again.
+        # One cache of single texts (queries) for every evaluation of the run: trials ask the same
+        # questions again.
         self.embedder = CachedEmbedder.around(
             embedder or get_embedder(), batches=False, max_texts=20_000
         )
@@ -279,7 +280,8 @@ class Evaluator:
             query_site=self.query_site,
         )
         ingest_modules = {n: m for n, m in modules.items() if self.stages.get(n) == "ingest"}
-        # (An evaluation's modules carry no LM, so episodes building at once put back the None they found;
+        # (An evaluation's modules carry no LM, so episodes building at once put back the None they
+        # found;
         # a DSPy program's may carry one, see the module docstring.)
         saved_lms = {n: m.lm for n, m in ingest_modules.items()}
         try:
@@ -357,7 +359,8 @@ class Evaluator:
             return [self.evaluate(c, dataset, split=split) for c in candidates]
         self._stores.max_live = max(self._stores.max_live, self.max_live * len(candidates))
         slots = list(enumerate(candidates))
-        # The threads are the pipeline's daemon workers: an interrupt does not wait for calls in flight.
+        # The threads are the pipeline's daemon workers: an interrupt does not wait for calls in
+        # flight.
         with Workers(len(candidates)) as workers:
             return list(
                 workers.episodes(
@@ -434,7 +437,8 @@ class Evaluator:
                     built += 1
                     ingest_calls += result.ingest_calls
         usage = Usage.of(calls)
-        # A failed call is not a measured answer: past the threshold the evaluation is not recorded at all.
+        # A failed call is not a measured answer: past the threshold the evaluation is not recorded
+        # at all.
         failures.check(
             usage.errors,
             usage.calls,

@@ -208,7 +208,8 @@ class SimbaOptimizer(_QueueOptimizer):
     def round(self, best: Candidate) -> list[Candidate]:
         train = examples(self.trainset)
         self.settings.num_threads = self.num_threads
-        # new to the pool, best first: the best one, or with --batch K the step's best K to evaluate at once
+        # new to the pool, best first: the best one, or with --batch K the step's best K to
+        # evaluate at once
         winners = simba_step(
             self.pool,
             best,
@@ -329,8 +330,8 @@ class GepaOptimizer(_QueueOptimizer):
             reflection_minibatch_size=min(self.REFLECTION_MINIBATCH, len(train)),
             log_dir=str(log_dir),
         )
-        # Every LM call of a system runs on its own prompt site (an unknown prompt raises), so the calls left
-        # to charge to this block's site are GEPA's reflections: the proposer's.
+        # Every LM call of a system runs on its own prompt site (an unknown prompt raises), so the
+        # calls left to charge to this block's site are GEPA's reflections: the proposer's.
         with prompt_site(PROPOSER_SITE):
             result = gepa.compile(self.program(best), trainset=train, valset=train)
         programs = (
@@ -466,7 +467,8 @@ class OptunaOptimizer(Optimizer):
         from optuna.trial import TrialState
 
         spaces = {f"site:{s}": self._instructions(s, best, best_eval) for s in self.sites}
-        # knob values around the baseline's, not the best's: a categorical's choices may never change in a study
+        # knob values around the baseline's, not the best's: a categorical's choices may never
+        # change in a study
         spaces |= {
             f"knob:{k}": self.evaluator.knob_choices(k, self._base_knobs.get(k))
             for k in self.knobs

@@ -196,7 +196,7 @@ def gepa_template_tokens() -> float:
     return len(InstructionProposalSignature.default_prompt_template) / CHARS_PER_TOKEN
 
 
-# --- the models ---------------------------------------------------------------------------------------------------
+# --- the models ----------------------------------------------------------------------------------
 
 
 def edit_work(shape: RunShape) -> OptimizerWork:
@@ -349,7 +349,7 @@ MODELS: dict[str, Callable[[RunShape], OptimizerWork]] = {
 """``--optimizer`` -> its model."""
 
 
-# --- the run's shape ----------------------------------------------------------------------------------------------
+# --- the run's shape -----------------------------------------------------------------------------
 
 
 def _per_call(evaluation: Evaluation, ingest: set[str], at_ingest: bool) -> float | None:

@@ -258,7 +258,8 @@ class Loop:
         )
         # One line to the user (optloop.run prints it; a library caller gets a warning).
         self.announce: Callable[[str], None] = lambda line: logger.warning("%s", line)
-        # Once the baseline is known and trials are to come: the projection of the whole run (printed by the CLI)
+        # Once the baseline is known and trials are to come: the projection of the whole run
+        # (printed by the CLI)
         self.project: Callable[[Estimate, Checkpoint], None] = lambda figures, ckpt: None
         self.on_trial: Callable[[TrialLine], None] = lambda line: None  # one per evaluated trial
 

@@ -150,7 +150,7 @@ class SpendingLimits(BaseModel):
             )
 
 
-# --- the estimate ---------------------------------------------------------------------------------------------
+# --- the estimate --------------------------------------------------------------------------------
 
 MODEL = (
     "baseline: measured (train + dev, wall time); each trial: the baseline's dev evaluation with every request "

@@ -32,7 +32,8 @@ Kind = Literal["sentence", "clause", "item", "fixed"]
 _ITEM = re.compile(r"^(?P<indent>[ \t]*)(?:[-*•]|\d{1,2}[.)])[ \t]+\S")
 _FENCE = re.compile(r"^[ \t]*(```|~~~)")
 _HEADING = re.compile(r"^[ \t]*#")
-# A labelled example line ("Output: {...}", "Observation Date: 2025-08-19"): data, not an instruction.
+# A labelled example line ("Output: {...}", "Observation Date: 2025-08-19"): data, not an
+# instruction.
 _LABEL = re.compile(r"^[ \t]*[A-Z][A-Za-z]*(?: [A-Z][A-Za-z]*){0,2}:(?:[ \t]|\r?\n|\Z)")
 _SENTENCE_END = re.compile(r"[.!?][\"')\]”’]*(?=\s)")
 _ABBREVIATION = re.compile(r"(?:\b(?:e\.g|i\.e|etc|vs|cf|Mr|Mrs|Ms|Dr|No|approx)|\b[A-Z])\.\Z")

@@ -65,7 +65,8 @@ from optloop.testing.loopback import LoopbackServer, Reply, chat_completion
 logger = logging.getLogger(__name__)
 
 # What a cache's schema calls may have been decoded under (``Backend.decoding``): the embedded
-# model's default bounds and graphiti's (systems.graphiti_system.local_decoding), an endpoint's modes.
+# model's default bounds and graphiti's (systems.graphiti_system.local_decoding), an endpoint's
+# modes.
 DEFAULT_DECODINGS = (
     "bounds:16x400",
     "bounds:3x80",
@@ -260,7 +261,8 @@ class ReplayServer(LoopbackServer):
             )
         key = next((k for k in keys if k in self.responses), None)
         if key is None and (probe := _probe_answer(body)) is not None:
-            # the start-up probes: a json_schema endpoint that serves side by side (not in requests or probes)
+            # the start-up probes: a json_schema endpoint that serves side by side (not in requests
+            # or probes)
             with self._lock:
                 self.stats.startup_probes += 1
             usage = {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}

@@ -215,7 +215,8 @@ class Recorder:
     # --- site calls (from the callback) ---------------------------------------------------
 
     def _call_started(self, call_id: str, inputs: dict[str, Any]) -> None:
-        # The LM calls made inside this site call, in this context only (a nested site call's are ours too).
+        # The LM calls made inside this site call, in this context only (a nested site call's are
+        # ours too).
         records, token = start_collecting()
         with self._lock:
             self._starts[call_id] = (current_site(), inputs, time.perf_counter(), records, token)
@@ -373,7 +374,8 @@ class Recorder:
             mid: self._memory_var(mid, item, status, session, messages)
             for mid, item, status in added
         }
-        # A unit replaced by a near-identical new one (text-keyed stores) is an update, not delete + add.
+        # A unit replaced by a near-identical new one (text-keyed stores) is an update, not
+        # delete + add.
         rewritten: dict[str, str] = {}
         for old_id in removed:
             old_text = self._memory[old_id].text

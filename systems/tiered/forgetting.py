@@ -38,10 +38,10 @@ _WHAT_FILLER = re.compile(
     re.IGNORECASE,
 )
 
-# Words that name which attribute of a thing is meant ("my cousin's *name*", "the *code* for my unit"): a
-# sentence that stores the attribute gives its value ("my cousin, Leocadia"), not the word, so a sentence to
-# forget needs only the other words of the request. (Found by the embedded-LM test: a summary held "my
-# cousin, Leocadia" and survived "forget my cousin's name".)
+# Words that name which attribute of a thing is meant ("my cousin's *name*", "the *code* for my
+# unit"): a sentence that stores the attribute gives its value ("my cousin, Leocadia"), not the
+# word, so a sentence to forget needs only the other words of the request. (Found by the
+# embedded-LM test: a summary held "my cousin, Leocadia" and survived "forget my cousin's name".)
 _ATTRIBUTE_WORDS = frozenset(
     {"name", "code", "number", "value", "detail", "info", "information", "address"}
 )

@@ -50,7 +50,8 @@ class TieredSystem(MemorySystem):
         "stm_turns": (0, 2, 6, 12),
         "search_recipe": ("similarity", "category"),
     }
-    # The knob that decides what a search returns: a fact outside the recipe's categories is never found.
+    # The knob that decides what a search returns: a fact outside the recipe's categories is never
+    # found.
     search_knob: ClassVar[str | None] = "search_recipe"
     # At most four short facts a message and a few-sentence summary: bounds that keep a local
     # model's answers closed (a 135M model repeats one object until the array's bound).

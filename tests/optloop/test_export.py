@@ -236,7 +236,8 @@ def test_exported_mem0_module_makes_vanilla_mem0_send_the_optimized_request_with
     )  # mem0's own user message
     assert rerank["messages"][0]["content"] == texts["mem0.rerank"]
     assert rerank["response_format"] == response_format("mem0.rerank")
-    # mem0 stored what the model extracted, and read the {"score": ...} answer as optloop's run does
+    # mem0 stored what the model extracted, and read the {"score": ...} answer as optloop's run
+    # does
     assert result["found"] == [["User adopted a beagle named Max", 0.0]]
 
 

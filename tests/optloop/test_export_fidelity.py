@@ -176,8 +176,8 @@ def test_vanilla_mem0_with_the_exported_prompt_sends_and_stores_what_the_optimiz
     started = time.perf_counter()
     ep = episode()
     embedder = get_embedder()
-    # mem0's extraction prompt is ~8.5k tokens: one llama.cpp thread (shared 2-core machine), short bounded
-    # answers; the second session reuses llama.cpp's cached prompt prefix.
+    # mem0's extraction prompt is ~8.5k tokens: one llama.cpp thread (shared 2-core machine), short
+    # bounded answers; the second session reuses llama.cpp's cached prompt prefix.
     server_lm = OptloopLM(
         LMSettings.from_spec(
             "local",
@@ -356,8 +356,8 @@ def test_vanilla_graphiti_with_the_exported_prompt_sends_and_stores_what_the_opt
     started = time.perf_counter()
     ep = episode()
     embedder = get_embedder()
-    # graphiti on SmolLM2: one thread, at most 3 items per list and 80 characters per string (as the
-    # graphiti system's own integration test).
+    # graphiti on SmolLM2: one thread, at most 3 items per list and 80 characters per string (as
+    # the graphiti system's own integration test).
     server_lm = OptloopLM(
         LMSettings.from_spec(
             "local",
@@ -401,7 +401,8 @@ def test_vanilla_graphiti_with_the_exported_prompt_sends_and_stores_what_the_opt
 
     edge_calls = [r for r in optimized.requests if r["messages"][0]["content"].startswith(text)]
     assert len(edge_calls) == len(ep.sessions) and text.endswith(RULE)
-    # graphiti sends its own response schema (optloop's site the same fields); the messages are compared
+    # graphiti sends its own response schema (optloop's site the same fields); the messages are
+    # compared
     assert_same(ep, optimized, vanilla_outcome, with_response_format=False)
     print(
         f"\ngraphiti fidelity: {len(optimized.requests)} requests identical, {len(optimized.memories)} memories, "

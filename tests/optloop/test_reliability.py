@@ -163,10 +163,12 @@ def test_faults_are_marked_on_their_operations_and_the_episode_graph_is_saved(tm
     assert n >= 2
     # rag_bm25: no ingest LLM, one answer call per question. Question 1: 500 then ok (cured);
     # question 2: 503, 503 (surfaced with one retry: the question fails, the evaluation goes on).
-    # The faults follow the order requests arrive in, so the questions go one at a time (concurrency 1).
+    # The faults follow the order requests arrive in, so the questions go one at a time
+    # (concurrency 1).
     faults = {1: ("status", 500), 3: ("status", 503), 4: ("status", 503)}
     with ScriptedOpenAIServer([("respond", on_schedule(faults))]) as server:
-        # 1 failed call of n: past the 5 % that stops a run (optloop.failures); allowed here to see the path.
+        # 1 failed call of n: past the 5 % that stops a run (optloop.failures); allowed here to see
+        # the path.
         evaluator = Evaluator(
             "rag_bm25",
             remote(server.base_url, max_retries=1, concurrency=1),
@@ -201,7 +203,8 @@ def test_a_dead_endpoint_stops_the_evaluation_instead_of_failing_every_question(
     system, tmp_path, embedder
 ):
     dataset = load_dataset("builtin:tiny?limit=1")
-    # one call at a time, so "the first" is well defined (at N > 1 see tests/optloop/test_concurrency.py)
+    # one call at a time, so "the first" is well defined (at N > 1 see
+    # tests/optloop/test_concurrency.py)
     evaluator = Evaluator(
         system,
         remote(closed_port_url(), max_retries=0, concurrency=1),
@@ -359,7 +362,8 @@ def test_bad_input_exits_with_one_line_and_writes_nothing(case, tmp_path):
 def test_real_loop_survives_scheduled_faults_and_reports_consistent_figures(tmp_path):
     """Every kind of fault on a schedule: the run completes; injected == cured + surfaced; graphs
     marked."""
-    # --lm-timeout 150: a real answer on a loaded 2-core machine took up to 147 s; the hang costs one timeout
+    # --lm-timeout 150: a real answer on a loaded 2-core machine took up to 147 s; the hang costs
+    # one timeout
     fig, proc = bench(tmp_path, budget=1, timeout=150.0, retries=1, lm=upstream_lm(tmp_path))
     print(fig.model_dump_json(indent=1))
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -115,7 +115,8 @@ def test_recovered_share_half():
 
 
 def test_recovered_share_drops_resamples_where_the_sabotage_cost_nothing():
-    # 6 questions, one lost: about a third of the resamples miss it (0/0) and must not make the interval nan
+    # 6 questions, one lost: about a third of the resamples miss it (0/0) and must not make the
+    # interval nan
     share = recovered_share([1, 1, 0, 0, 1, 0], [0, 1, 0, 0, 1, 0], [1, 1, 0, 0, 1, 0])
     assert (share.estimate, share.low, share.high) == (1, 1, 1)
     share = recovered_share([1, 1, 0, 1, 1, 0], [0, 0, 0, 1, 1, 0], [1, 0, 0, 1, 1, 0])

@@ -179,7 +179,8 @@ def test_the_exported_baseline_sends_the_request_optloops_mem0_measured(server, 
     keys = ("model", "messages", "response_format", "temperature", "max_tokens", "seed")
     assert len(measured) == len(shipped) == 1
     assert {k: measured[0].get(k) for k in keys} == {k: shipped[0].get(k) for k in keys}
-    # mem0 adds its own top_p (0.1), which optloop does not send: at temperature 0 decoding is greedy either way.
+    # mem0 adds its own top_p (0.1), which optloop does not send: at temperature 0 decoding is
+    # greedy either way.
     assert set(shipped[0]) - set(measured[0]) <= {"top_p"}
 
 

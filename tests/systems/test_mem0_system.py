@@ -451,8 +451,9 @@ def test_pipeline_on_the_embedded_lm_with_short_instructions(tmp_path, embedder)
 @pytest.mark.slow
 def test_seed_prompt_pipeline_on_the_embedded_lm(tmp_path, embedder):
     # mem0's extraction prompt alone is ~8.5k SmolLM2 tokens (mem0's n_ctx, 12288, holds it;
-    # SmolLM2's trained 8192 does not). The first call evaluates it (minutes on two shared cores); the
-    # second reuses llama.cpp's cached prefix. Bounded lists and strings keep each answer inside max_tokens.
+    # SmolLM2's trained 8192 does not). The first call evaluates it (minutes on two shared cores);
+    # the second reuses llama.cpp's cached prefix. Bounded lists and strings keep each answer
+    # inside max_tokens.
     lm = OptloopLM(
         LMSettings.from_spec(
             "local",

@@ -448,7 +448,8 @@ def test_forget_removes_the_key_its_history_and_every_copy_of_the_value(tmp_path
     assert summary.summary == f"The user lives in Valdemoro. {FORGOTTEN}"
     turn = next(t for t in system.store.stm_turns() if t.turn_id == "s2:t3")
     assert turn.extraction == "skipped: forget request (storage_unit_code)"
-    # Nothing in the file names the value any more: not a table, not the extraction log, not a free page.
+    # Nothing in the file names the value any more: not a table, not the extraction log, not a free
+    # page.
     system.close()
     assert b"5829" not in system.db_path.read_bytes()
 
@@ -698,7 +699,8 @@ def test_the_graph_records_every_extraction_store_update_and_delete(tmp_path, em
         ("summarize", "tiered.summarize", "s1"),
     ]
     assert ("store", None, "s1") in ops
-    # s2: one extraction (the forget request is not extracted), the summary, then the store's changes.
+    # s2: one extraction (the forget request is not extracted), the summary, then the store's
+    # changes.
     assert [o for o in ops if o[2] == "s2" and o[1]] == [
         ("extract", "tiered.extract", "s2"),
         ("summarize", "tiered.summarize", "s2"),
@@ -991,15 +993,17 @@ def test_tiered_runs_builtin_assistant_on_the_embedded_lm(tmp_path, embedder):
         )
         extract_ops = [op for op in graph.operations if op.site == "tiered.extract"]
         summarize_ops = [op for op in graph.operations if op.site == "tiered.summarize"]
-        # The mechanism, whatever the 135M model writes: one extraction per user message that is not a
-        # forget request, one summary per conversation, every call answered without an LM error.
+        # The mechanism, whatever the 135M model writes: one extraction per user message that is
+        # not a forget request, one summary per conversation, every call answered without an LM
+        # error.
         assert len(extract_ops) == user_turns - forget_turns
         assert len(summarize_ops) == len(episode.sessions)
         assert all(op.lm_error is None for op in extract_ops + summarize_ops)
         assert any(op.name == "store" for op in graph.operations)
         outcomes += result.outcomes
         assert all(o.attribution is not None for o in result.outcomes if not o.passed)
-        # The forgotten value is gone from the store (the file reopened after the episode), whatever the answer.
+        # The forgotten value is gone from the store (the file reopened after the episode),
+        # whatever the answer.
         reopened = TieredSystem(lm, tmp_path / "runs" / episode.id, embedder=embedder)
         stored = " ".join(m.text for m in reopened.all_memories())
         log = reopened.store.extractions()

@@ -161,7 +161,7 @@ def test_a_dead_value_shown_only_as_negative_evidence_is_not_contamination(tmp_p
     assert a.error_type is ErrorType.RESPONSE
 
 
-# --- planted faults -------------------------------------------------------------------------------
+# --- planted faults ------------------------------------------------------------------------------
 
 
 @pytest.fixture

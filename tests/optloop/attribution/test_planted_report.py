@@ -215,7 +215,7 @@ def text(report: dict[str, Any]) -> str:
     return console.export_text()
 
 
-# --- rates ------------------------------------------------------------------------------------------
+# --- rates ---------------------------------------------------------------------------------------
 
 
 def test_an_empty_sample_has_nothing_to_score_and_no_number():
@@ -245,7 +245,7 @@ def test_a_rate_has_a_seeded_bootstrap_interval_and_flags_a_small_sample():
     assert format_rate(big).startswith("0.700 [") and format_rate(big).endswith("(n=10)")
 
 
-# --- the summary ------------------------------------------------------------------------------------
+# --- the summary ---------------------------------------------------------------------------------
 
 
 def test_no_induced_failure_scores_nothing_but_every_caused_failure_is_scored():
@@ -355,7 +355,7 @@ def test_denominators_per_system_and_dataset_and_failures_caused_per_fault():
     assert len(s["tallies"]) == 5 and s["systems_covered"] == ["mem0", "rag_bm25"]
 
 
-# --- the rendering ----------------------------------------------------------------------------------
+# --- the rendering -------------------------------------------------------------------------------
 
 
 def report_of(run: PlantedRun) -> dict[str, Any]:
@@ -437,7 +437,7 @@ def test_a_report_over_several_datasets_names_them_all():
     )
 
 
-# --- the harness itself, on MD-flat with a scripted LM --------------------------------------------
+# --- the harness itself, on MD-flat with a scripted LM -------------------------------------------
 
 
 class FunctionLM(DummyLM):
@@ -472,7 +472,8 @@ def respond(content: str) -> dict[str, Any]:
     return {"answer": "red"}  # the car: a lucky guess, nothing in memory says so
 
 
-# The recorder tests' two-session episode, plus a question nothing in memory answers (a lucky guess).
+# The recorder tests' two-session episode, plus a question nothing in memory answers (a lucky
+# guess).
 EPISODE = RECORDER_EPISODE.model_copy(
     update={
         "questions": [
@@ -516,10 +517,12 @@ def test_the_harness_attributes_every_caused_failure_and_says_why_it_set_some_as
     assert got == {
         ("answer-unknown", "q1"): (None, ErrorType.RESPONSE, "answer"),
         ("answer-unknown", "q2"): (None, ErrorType.RESPONSE, "answer"),
-        # set aside (the clean pass was a guess) and attributed anyway: the walk finds no memory of a car
+        # set aside (the clean pass was a guess) and attributed anyway: the walk finds no memory of
+        # a car
         ("answer-unknown", "q3"): (UNSOUND_CLEAN, ErrorType.EXTRACTION, "md_flat.curate"),
         ("mdflat-curate-forgets", "q1"): (None, ErrorType.DELETION, "md_flat.curate"),
-        # the fault took the dog, the city still reached the answer, which failed: set aside, attributed anyway
+        # the fault took the dog, the city still reached the answer, which failed: set aside,
+        # attributed anyway
         ("mdflat-curate-forgets", "q2"): (EVIDENCE_REACHED, ErrorType.RESPONSE, "answer"),
     }
     assert all(c.dataset == "test:planted" and c.llm_calls == 0 for c in run.cases)

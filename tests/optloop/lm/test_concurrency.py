@@ -177,7 +177,8 @@ def test_a_callback_pair_collects_the_calls_between_its_two_halves_in_its_own_th
     assert seen == {"a": ["a"], "b": ["b"]}
 
 
-# --- many threads and tasks against one endpoint: the same cache, records and totals as one caller ------------
+# --- many threads and tasks against one endpoint: the same cache, records and totals as one caller
+# ---
 
 SITES = ("mem0.extract", "mem0.update", "answer", "judge")
 SCHEMA = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}

@@ -162,7 +162,8 @@ def test_a_local_model_call_waits_for_the_machine_slot_and_says_how_long(monkeyp
     worker.join(10)
     assert done.is_set()
     record = lm.accounting.records[-1]
-    # it waited (how long depends on when the thread got to the slot on a loaded machine: no timing threshold)
+    # it waited (how long depends on when the thread got to the slot on a loaded machine: no timing
+    # threshold)
     assert record.queued_s > 0 and record.seconds >= record.queued_s
     assert lm.accounting.totals().queued_s == record.queued_s
 

@@ -176,7 +176,8 @@ def test_concurrency_auto_is_the_endpoint_default_and_an_explicit_number_wins(mo
 
 
 def test_the_timeout_counts_the_request_not_the_wait_for_a_concurrency_slot():
-    # 6 calls at once, one slot: the last waits ~1.5 s in optloop's queue, yet each request takes 0.3 s < 0.5 s.
+    # 6 calls at once, one slot: the last waits ~1.5 s in optloop's queue, yet each request takes
+    # 0.3 s < 0.5 s.
     with ScriptedOpenAIServer([("respond", InFlight(0.3))]) as server:
         lm = _lm(server.base_url, concurrency=1, timeout_s=0.5, max_retries=0)
         threads = [threading.Thread(target=lm.text, args=(f"q{i}",)) for i in range(6)]

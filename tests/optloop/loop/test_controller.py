@@ -37,7 +37,8 @@ BASE = Candidate(
 )
 QUESTIONS = {"train": 4, "dev": 4, "test": 24}
 
-# dev: (questions passed of 4, the site their failures are blamed on), by (answer, extract) instruction
+# dev: (questions passed of 4, the site their failures are blamed on), by (answer, extract)
+# instruction
 DEV = {
     ("seed answer", "seed extract"): (1, ANSWER),
     ("answer:1", "seed extract"): (1, ANSWER),
@@ -418,7 +419,7 @@ def trials_of(path: Path) -> list[tuple[int, str, float, bool]]:
     ]
 
 
-# --- the budget -----------------------------------------------------------------------------------------------
+# --- the budget ----------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("budget", [1, 2, 5])
@@ -458,7 +459,7 @@ def test_the_run_follows_the_script(tmp_path):
     )
 
 
-# --- retargeting ----------------------------------------------------------------------------------------------
+# --- retargeting ---------------------------------------------------------------------------------
 
 
 def test_the_optimizer_is_retargeted_when_the_blame_moves_and_only_then(tmp_path):
@@ -484,7 +485,7 @@ def test_a_resumed_optimizer_is_retargeted_on_the_best_so_far(tmp_path):
     assert again.optimizer.proposals == 0
 
 
-# --- promotion ------------------------------------------------------------------------------------------------
+# --- promotion -----------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -523,7 +524,7 @@ def test_nothing_is_registered_or_promoted_when_the_baseline_stays_best(tmp_path
     assert result.test_after == result.test_before
 
 
-# --- proposals that fail --------------------------------------------------------------------------------------
+# --- proposals that fail -------------------------------------------------------------------------
 
 
 def test_an_optimizer_with_nothing_to_propose_ends_the_run_cleanly(tmp_path):
@@ -566,7 +567,7 @@ def test_a_proposal_that_raises_stops_the_run_with_nothing_half_done_and_a_rerun
     assert sink.trials() == [1, 2, 3, 4, 5] and sink.discarded == []
 
 
-# --- resume after a kill at every step ------------------------------------------------------------------------
+# --- resume after a kill at every step -----------------------------------------------------------
 
 
 def steps_of_a_clean_run(tmp_path: Path, batch: int = 1) -> list[str]:
@@ -593,7 +594,8 @@ def test_resume_after_a_kill_at_any_step_equals_an_uninterrupted_run(tmp_path, b
         where = f"killed at step {k} ({steps[k - 1]})"
         assert without_cost(result) == without_cost(clean), where
         extra = result.cost["llm_calls"] - clean.cost["llm_calls"]
-        # a kill mid-batch redoes the batch's evaluations (and the proposals of the step it stopped)
+        # a kill mid-batch redoes the batch's evaluations (and the proposals of the step it
+        # stopped)
         bound = batch * EVALUATION_CALLS + batch * PROPOSAL_CALLS
         assert 0 <= extra <= bound and result.cost["processes"] == 2, (
             where,
@@ -619,7 +621,7 @@ def test_resume_after_a_kill_at_any_step_equals_an_uninterrupted_run(tmp_path, b
         assert Checkpoint.load(path).finished, where
 
 
-# --- batches ----------------------------------------------------------------------------------------------------
+# --- batches -------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("batch, sizes", [(2, [2, 2, 1]), (3, [2, 2, 1]), (5, [2, 2, 1])])
@@ -670,7 +672,7 @@ def test_a_finished_checkpoint_is_not_run_again(tmp_path):
     )  # Loop refuses such a run before the controller starts
 
 
-# --- several workers: the shared coordinator on a SQLite study ------------------------------------------------
+# --- several workers: the shared coordinator on a SQLite study -----------------------------------
 
 
 def test_two_workers_split_the_budget_through_a_shared_study(tmp_path):

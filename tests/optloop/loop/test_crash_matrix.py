@@ -168,7 +168,7 @@ def test_the_crash_matrix_on_the_controller(tmp_path, capsys):
         print("\n" + table(rows))
 
 
-# --- the shared Optuna study: one of two workers killed ------------------------------------------------------
+# --- the shared Optuna study: one of two workers killed ------------------------------------------
 
 
 class SlowClock(Clock):

@@ -252,7 +252,7 @@ def test_workers_on_one_machine_get_their_own_state_dir(tmp_path):
     second._lock.close()
 
 
-# --- the Optuna optimizer on a shared study, with instructions already proposed (no LM) ----------------------
+# --- the Optuna optimizer on a shared study, with instructions already proposed (no LM) ----------
 
 
 def stub_evaluator():
@@ -337,7 +337,7 @@ def test_a_small_space_is_exhausted_without_duplicates(workers):
     assert opts[1].propose(base, best_eval) is None  # the only new candidate belongs to worker 0
 
 
-# --- two real workers on PostgreSQL -------------------------------------------------------------------------
+# --- two real workers on PostgreSQL --------------------------------------------------------------
 
 
 def _pg_bindir() -> Path | None:

@@ -163,7 +163,7 @@ def test_a_dead_endpoint_still_stops_an_evaluation_at_n4(tmp_path, embedder):
     assert len(lm.accounting.records) <= 4  # the episodes under way when it went down, no more
 
 
-# --- a batch: several candidates at once, each on its own stores --------------------------------------------
+# --- a batch: several candidates at once, each on its own stores ---------------------------------
 
 
 def _variants(evaluator: Evaluator) -> list[Any]:
@@ -215,7 +215,8 @@ def test_a_batch_gives_each_candidate_the_evaluation_it_gets_alone(system, tmp_p
                 )
             finally:
                 evaluator.close()
-            # the outcomes: which stores were built or reused (and their ingestion calls) are the batch's own
+            # the outcomes: which stores were built or reused (and their ingestion calls) are the
+            # batch's own
             outcomes[how] = [e.model_dump(include={"candidate", "outcomes"}) for e in evaluations]
             if how == "batch":  # each candidate of the batch built its own stores
                 assert [e.stores_built for e in evaluations] == [len(dataset.episodes)] * 3

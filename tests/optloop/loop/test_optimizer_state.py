@@ -250,7 +250,8 @@ def test_gepa_second_round_resumes_the_first_rounds_run(toy):
         iterations_one
     )
 
-    # When the resumed run has nothing this optimizer has not proposed, the proposer rewrites the instruction.
+    # When the resumed run has nothing this optimizer has not proposed, the proposer rewrites the
+    # instruction.
     for c in [START_CANDIDATE, *carried]:
         second.mark_seen(c)
     rewrite = second.propose(START_CANDIDATE, NO_EVAL)

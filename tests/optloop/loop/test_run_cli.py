@@ -174,7 +174,7 @@ def test_query_rewrite_reaches_the_config_and_leaves_older_runs_resumable():
     assert rewrite.resume_key() != plain.resume_key() and rewrite.digest() != plain.digest()
 
 
-# --- exit codes (README: "Exit codes") --------------------------------------------------------------------------
+# --- exit codes (README: "Exit codes") -----------------------------------------------------------
 
 
 def snapshot(root: Path) -> dict[str, int]:
@@ -280,7 +280,7 @@ def test_new_and_run_name_together_are_refused(tmp_path):
     assert result.returncode == 2 and "--new and --run-name exclude each other" in result.stderr
 
 
-# --- choosing the run: the same command resumes ------------------------------------------------------------------
+# --- choosing the run: the same command resumes --------------------------------------------------
 
 
 def args_of(*argv: str):
@@ -633,7 +633,7 @@ def test_the_summary_says_what_every_process_spent_and_how_many_there_were():
     ).endswith("1.0 s, $2.5e-06; the run took 1 process")
 
 
-# --- spending limits and --estimate (exit code 3) ----------------------------------------------------------------
+# --- spending limits and --estimate (exit code 3) ------------------------------------------------
 
 
 def parent_run(tmp_path: Path):
@@ -774,7 +774,8 @@ def test_estimate_then_max_calls_stops_with_exit_3_and_a_higher_limit_resumes_fr
             env,
         )
     assert done.returncode == 0, done.stderr[-3000:]
-    # before the trials left, the projection of the rest and its ETA; then a line for the trial, with its ETA
+    # before the trials left, the projection of the rest and its ETA; then a line for the trial,
+    # with its ETA
     assert (
         "projected: " in done.stderr
         and "ETA " in done.stderr.split("projected: ")[1].splitlines()[0]
@@ -957,7 +958,7 @@ def test_bad_sites_and_knobs_are_one_line_exit_2_before_any_state(args, message,
     assert nothing_written(tmp_path)
 
 
-# --- defaults that make the command mean something -----------------------------------------------------------
+# --- defaults that make the command mean something -----------------------------------------------
 
 
 def test_a_split_under_20_dev_or_test_questions_is_refused_in_one_line_and_nothing_is_written(
