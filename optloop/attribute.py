@@ -247,7 +247,8 @@ def render_traces(report: dict[str, Any]) -> Table:
     counts = {(r["system"], r["type"]): r["n"] for r in report["by_system_and_type"]}
     ms = report["ms_per_failure"]
     table = Table(
-        title=f"{report['source']}: {report['failures']} failed probes of {report['probes']}, attributed "
+        title=f"{report['source']}: {report['failures']} failed probes of {report['probes']}, "
+        "attributed "
         f"offline ({report['llm_calls']} LLM calls, {ms or 0:.1f} ms per failure)"
     )
     table.add_column("system")
@@ -262,7 +263,8 @@ def render_traces_markdown(report: dict[str, Any]) -> str:
     lines = [
         f"# Attribution of published traces: {report['source']}",
         "",
-        f"{report['failures']} failed probes of {report['probes']}; {report['llm_calls']} LLM calls; "
+        f"{report['failures']} failed probes of {report['probes']}; {report['llm_calls']} "
+        "LLM calls; "
         f"{report['ms_per_failure'] or 0:.1f} ms per failure.",
         "",
     ]
@@ -272,8 +274,8 @@ def render_traces_markdown(report: dict[str, Any]) -> str:
             f"### {f['system']} / {f['question_id']}: {a['question']}",
             "",
             f"- gold: `{a['gold'][:200]}`; answer: `{a['prediction'][:200]}`",
-            f"- **{a['error_type']}** at `{a['op_id']}` (stage {f['stage']}; published label {f['label']})"
-            + (" (ambiguous)" if a["ambiguous"] else ""),
+            f"- **{a['error_type']}** at `{a['op_id']}` (stage {f['stage']}; published "
+            f"label {f['label']})" + (" (ambiguous)" if a["ambiguous"] else ""),
             "",
             a["explanation"],
             "",
@@ -406,10 +408,12 @@ def _planted_lines(report: dict[str, Any]) -> list[str]:
     else:
         lines.append(
             f"attribution: median {report['median_attribution_ms']:.2f} ms, p95 "
-            f"{report['p95_attribution_ms']:.2f} ms per failure, {report['attribution_llm_calls']} LLM calls"
+            f"{report['p95_attribution_ms']:.2f} ms per failure, "
+            f"{report['attribution_llm_calls']} LLM calls"
         )
     lines.append(
-        f"k/n estimate [95% CI]: seeded bootstrap (optloop.stats.bootstrap_mean, seed {report['seed']}); "
+        "k/n estimate [95% CI]: seeded bootstrap (optloop.stats.bootstrap_mean, seed "
+        f"{report['seed']}); "
         f"* marks n < {report['min_sample']}, too small to support a figure"
     )
     return lines
@@ -694,7 +698,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             console.print(render_table(report))
             for b in report["blame"]:
                 console.print(
-                    f"  blame {b['target']}: {b['failures']} ({b['share']:.0%}), failure rate {_rate(b)}"
+                    f"  blame {b['target']}: {b['failures']} ({b['share']:.0%}), failure "
+                    f"rate {_rate(b)}"
                 )
             markdown = render_markdown(report)
             if (work / "graphs").exists():

@@ -179,7 +179,8 @@ def add_lm_arguments(parser: argparse.ArgumentParser) -> None:
         "--concurrency",
         metavar="N|auto",
         type=_concurrency,
-        help="LM requests in flight at once (default $OPTLOOP_CONCURRENCY, else 1 local, auto on an "
+        help="LM requests in flight at once (default $OPTLOOP_CONCURRENCY, else 1 local, auto on "
+        "an "
         "endpoint: measured at start-up, 1 for a server that answers one request at a time)",
     )
     group.add_argument(

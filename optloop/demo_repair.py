@@ -113,20 +113,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     console.rule(f"[bold]4. the mended prompt[/] {sabotage.site}")
     first = result["targets"][0] if result["targets"] else "nothing"
     console.print(
-        f"first blame: {first} ({'the sabotaged site' if first == sabotage.site else 'NOT the sabotaged site'})"
+        f"first blame: {first} "
+        f"({'the sabotaged site' if first == sabotage.site else 'NOT the sabotaged site'})"
         f"; changed: {', '.join(result['changed_sites']) or 'nothing'}"
     )
     ci = result["delta_test_ci"]
     console.print(
         f"held-out test ({result['n_test']} questions): {result['test_before']:.3f} sabotaged -> "
-        f"{result['test_after']:.3f} after, {ci['estimate']:+.3f} [{ci['low']:+.3f}, {ci['high']:+.3f}]"
+        f"{result['test_after']:.3f} after, {ci['estimate']:+.3f} [{ci['low']:+.3f}, "
+        f"{ci['high']:+.3f}]"
         f"{'' if ci['low'] > 0 else ': no measurable change'}"
     )
     gone = " ".join(sabotage.text.split()) not in " ".join(after.split())
     console.print(
         "the sabotage's text is gone from the exported prompt"
         if gone
-        else "the sabotage's text is still in the exported prompt: whatever changed, the loop did not take it out"
+        else "the sabotage's text is still in the exported prompt: whatever changed, the loop "
+        "did not take it out"
     )
     diff = prompt_diff(
         {sabotage.site: before}, {sabotage.site: after}

@@ -101,7 +101,8 @@ def from_run(run_id: str) -> Bundle:
         run = client.get_run(run_id)
     except MlflowException:
         raise ConfigError(
-            f"no MLflow run {run_id!r} in this store; pass the run id python -m optloop.run printed "
+            f"no MLflow run {run_id!r} in this store; pass the run id python -m optloop.run "
+            "printed "
             "(or see `make ui`), and --tracking-uri if the run is in another store"
         ) from None
     tags, params = run.data.tags, run.data.params
@@ -118,7 +119,8 @@ def from_run(run_id: str) -> Bundle:
     logged = {a.path for a in client.list_artifacts(run_id)}
     if artifacts.PROMPTS_AFTER not in logged:
         raise ConfigError(
-            f"run {run_id} has no {artifacts.PROMPTS_AFTER}: it has not finished; resume it with the "
+            f"run {run_id} has no {artifacts.PROMPTS_AFTER}: it has not finished; resume it "
+            "with the "
             "same python -m optloop.run command and --run-name"
         )
     prompts = json.loads(_artifact_text(run_id, artifacts.PROMPTS_AFTER))
@@ -188,7 +190,8 @@ def render(
     if fmt == "dspy":
         if bundle.program is None:
             raise ConfigError(
-                f"--format dspy needs a run's DSPy program; {bundle.label} has none (export a run with "
+                f"--format dspy needs a run's DSPy program; {bundle.label} has none (export "
+                "a run with "
                 "--run, or use --format json)"
             )
         return bundle.program
@@ -298,7 +301,8 @@ def _module(bundle: Bundle, library: str, *, schema_mode: SchemaMode, command: s
     written_by = " ".join((command or "python -m optloop.export").split())  # a comment: one line
     header = (
         f"# Written by `{written_by}` ({' '.join(bundle.label.split())}).\n"
-        "# Standalone: needs only the memory library. Export again rather than edit PROMPTS by hand.\n"
+        "# Standalone: needs only the memory library. Export again rather than edit PROMPTS "
+        "by hand.\n"
     )
     text = fill(template_source(f"{library}_prompts"), data, header)
     compile(

@@ -46,7 +46,8 @@ def check(
     cause = f"; the first: {first}" if first else ""
     raise CallsFailedError(
         f"{failed} of {calls} LM calls failed after their retries in {what}, more than "
-        f"{allowed:.0%}: its figures would score failed calls as wrong answers, so none is reported"
+        f"{allowed:.0%}: its figures would score failed calls as wrong answers, so none is "
+        "reported"
         f"{cause}"
     )
 

@@ -76,7 +76,8 @@ def registry_uri(ref: str) -> tuple[str, str | None]:
     match = _REF.match(ref.strip())
     if match is None:
         raise ConfigError(
-            f"prompt reference {ref!r}: write NAME@ALIAS or NAME/VERSION (optionally with prompts:/ "
+            f"prompt reference {ref!r}: write NAME@ALIAS or NAME/VERSION (optionally with "
+            "prompts:/ "
             "in front), e.g. optloop.mem0.extract@champion"
         )
     name, alias, version = match["name"], match["alias"], match["version"]

@@ -105,7 +105,8 @@ class PreparedRun:
             console.print(line, soft_wrap=True, markup=False, highlight=False)
         fractions = ",".join(f"{f:g}" for f in self.config.fractions)
         console.print(
-            f"dataset {self.config.dataset}: {questions(self.dev)} dev and {questions(self.test)} test "
+            f"dataset {self.config.dataset}: {questions(self.dev)} dev and "
+            f"{questions(self.test)} test "
             f"questions (split {fractions} by episode)",
             soft_wrap=True,
             markup=False,
@@ -281,13 +282,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             if where.exists():
                 print(
                     f"optloop: interrupted ({why}): run {config.run_name} is saved "
-                    f"({Checkpoint.load(where).progress(config.budget)}), its MLflow runs marked KILLED; resume it "
+                    f"({Checkpoint.load(where).progress(config.budget)}), its MLflow runs "
+                    "marked KILLED; resume it "
                     f"with the same command: {again}",
                     file=sys.stderr,
                 )
             else:
                 print(
-                    f"optloop: interrupted ({why}) before run {config.run_name} started; nothing was saved",
+                    f"optloop: interrupted ({why}) before run {config.run_name} started; "
+                    "nothing was saved",
                     file=sys.stderr,
                 )
             return 130
@@ -302,7 +305,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if faults := fault_line(lm.accounting.totals()):
         console.print(faults, soft_wrap=True, markup=False)
     console.print(
-        f"MLflow parent run {result.parent_run_id} (experiment optloop-{args.system}); `make ui` to compare"
+        f"MLflow parent run {result.parent_run_id} (experiment optloop-{args.system}); "
+        "`make ui` to compare"
     )
     if args.json:
         out = result.model_dump(mode="json")

@@ -44,7 +44,8 @@ def choose_run(args: argparse.Namespace, config: LoopConfig, runs: Path) -> Choi
             )
         if not matches(ckpt, config.model_copy(update={"run_name": name})):
             raise ConfigError(
-                f"run name {name!r} exists with other settings; resume it with the same command, or "
+                f"run name {name!r} exists with other settings; resume it with the same "
+                "command, or "
                 "pick another --run-name"
             )
         return Choice(
@@ -62,7 +63,8 @@ def choose_run(args: argparse.Namespace, config: LoopConfig, runs: Path) -> Choi
             return Choice(
                 run.name,
                 run.checkpoint,
-                f"[bold]optloop.run[/] {how} {run.name}, the latest unfinished run of these settings "
+                f"[bold]optloop.run[/] {how} {run.name}, the latest unfinished run of these "
+                "settings "
                 f"({_so_far(run.checkpoint, config)}); --new starts afresh",
             )
     name = f"{config.system}-{config.optimizer}-{time.strftime('%Y%m%d-%H%M%S')}"

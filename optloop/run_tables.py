@@ -127,8 +127,10 @@ def fault_line(usage: Usage) -> str | None:
         return None
     surfaced = usage.faults - usage.cured
     return (
-        f"LM faults: {usage.faults} failed attempt(s); {usage.cured} cured by a retry, {surfaced} in "
-        f"{usage.errors} call(s) that failed after their retries (see lm_faults in MLflow, fault graphs in the "
+        f"LM faults: {usage.faults} failed attempt(s); {usage.cured} cured by a retry, "
+        f"{surfaced} in "
+        f"{usage.errors} call(s) that failed after their retries (see lm_faults in MLflow, "
+        "fault graphs in the "
         "run directory)"
     )
 
@@ -146,8 +148,10 @@ def stopped_line(stop: RunStopped, ckpt: Checkpoint, config: LoopConfig, again: 
     how to go on."""
     flag = "--max-cost" if stop.reason == MAX_COST else "--max-calls"
     return (
-        f"optloop: stopped: {stop} ({cost_line(ckpt.total_cost())}); run {config.run_name} is saved "
-        f"({ckpt.progress(config.budget)}), its MLflow parent run marked KILLED ({STOPPED_BY}={stop.reason}); "
+        f"optloop: stopped: {stop} ({cost_line(ckpt.total_cost())}); run {config.run_name} "
+        "is saved "
+        f"({ckpt.progress(config.budget)}), its MLflow parent run marked KILLED "
+        f"({STOPPED_BY}={stop.reason}); "
         f"re-run the same command with a higher {flag} to go on: {again}"
     )
 
@@ -160,7 +164,8 @@ def estimate_table(figures: Estimate, config: LoopConfig, settings: LMSettings) 
     """The ``--estimate`` of a run, one row per part (see :mod:`optloop.loop.spend` for the
     model)."""
     table = Table(
-        title=f"estimate for {config.run_name}: {config.system} on {config.dataset}, {config.optimizer}, "
+        title=f"estimate for {config.run_name}: {config.system} on {config.dataset}, "
+        f"{config.optimizer}, "
         f"budget {config.budget}, {model_name(settings)}, --concurrency {figures.concurrency}"
     )
     for column in ("part", "evaluations", "calls", "tokens", "dollars", "time"):
@@ -191,7 +196,8 @@ def optimizer_line(figures: Estimate, config: LoopConfig) -> str:
         return f"optimizer: {config.optimizer}'s own calls are not estimated (no model of them)"
     source = "" if work.measured else f"the {work.optimizer} model (optloop/loop/overhead.py): "
     return (
-        f"optimizer: {work.per_trial(config.budget):.1f} calls a trial ({work.calls:.0f} on train with the system "
+        f"optimizer: {work.per_trial(config.budget):.1f} calls a trial ({work.calls:.0f} on "
+        "train with the system "
         f"LM, {work.proposer_calls:.0f} to the proposer, over the run), from {source}{work.basis}"
     )
 
@@ -211,7 +217,8 @@ def estimate_lines(
         f"mean latency of one computed call: {latency}",
         *figures.floor_lines(),
         f"spent so far: {cost_line(ckpt.total_cost())}",
-        f"nothing else ran: the baseline is saved in run {config.run_name}; the same command without --estimate "
+        f"nothing else ran: the baseline is saved in run {config.run_name}; the same "
+        "command without --estimate "
         f"goes on from it: {go_on}",
     ]
 
@@ -230,7 +237,8 @@ def print_projection(
     tokens = "unknown" if figures.total.tokens is None else str(figures.total.tokens)
     dollars = "" if figures.total.cost_usd is None else f", {money(figures.total.cost_usd)}"
     console.print(
-        f"projected: {figures.total.calls} calls, {tokens} tokens{dollars}; ETA {hours} for the rest of "
+        f"projected: {figures.total.calls} calls, {tokens} tokens{dollars}; ETA {hours} for "
+        "the rest of "
         "the run (Ctrl-C stops it; the same command resumes it)",
         soft_wrap=True,
         markup=False,

@@ -124,7 +124,8 @@ def recovered_share(
         note = (
             "no question"
             if c.size == 0
-            else f"the sabotage cost nothing (clean {c.mean():.3f}, sabotaged {s.mean():.3f}): nothing to recover"
+            else f"the sabotage cost nothing (clean {c.mean():.3f}, sabotaged {s.mean():.3f}): "
+            "nothing to recover"
         )
         return Interval(
             estimate=nan, low=nan, high=nan, n=c.size, confidence=confidence, note=note

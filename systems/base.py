@@ -155,7 +155,8 @@ class MemorySystem(ABC):
             from optloop.errors import ConfigError
 
             raise ConfigError(
-                f"{self.name} has no knob(s) {sorted(unknown)}; its knobs are {sorted(self.default_knobs)}"
+                f"{self.name} has no knob(s) {sorted(unknown)}; its knobs are "
+                f"{sorted(self.default_knobs)}"
             )
         self._knobs = {**self.default_knobs, **(knobs or {})}
         self._sites: dict[str, PromptSite] = {}

@@ -304,7 +304,8 @@ class AdmissionGate(dspy.Predict):
                         candidate.model_copy(
                             update={
                                 "by": "default",
-                                "reason": "the gate gave no verdict for this candidate; admitted by default",
+                                "reason": "the gate gave no verdict for this candidate; admitted by "
+                                "default",
                             }
                         )
                     )
@@ -535,7 +536,8 @@ class GatedSystem(MemorySystem):
         with closing(self._connect()) as db, db:
             self._run_seq += 1
             db.execute(
-                "INSERT INTO runs (session_id, run, seq, workspace, path, branch_status, timestamp) "
+                "INSERT INTO runs (session_id, run, seq, workspace, path, branch_status, "
+                "timestamp) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (
                     session.id,
@@ -559,7 +561,8 @@ class GatedSystem(MemorySystem):
                 )
                 if row.key and row.status == "active" and row.branch_status == "completed":
                     superseded = db.execute(
-                        "UPDATE memories SET status = 'superseded', superseded_by = ?, superseded_at = ? "
+                        "UPDATE memories SET status = 'superseded', superseded_by = ?, "
+                        "superseded_at = ? "
                         "WHERE workspace = ? AND key = ? AND status = 'active' AND seq < ?",
                         (row.id, session.timestamp or session.id, row.workspace, row.key, row.seq),
                     ).rowcount

@@ -185,7 +185,8 @@ class SiteLLMClient(LLMClient):
                 name.removeprefix(SITE_PREFIX) for name in sites if name.startswith(SITE_PREFIX)
             )
             raise UnknownPromptError(
-                f"graphiti sent prompt {prompt_name!r}, which has no optloop prompt site (known: {', '.join(known)}); "
+                f"graphiti sent prompt {prompt_name!r}, which has no optloop prompt site "
+                f"(known: {', '.join(known)}); "
                 "add a signature for it in signatures/graphiti.py"
             )
         return site
@@ -206,7 +207,8 @@ class SiteLLMClient(LLMClient):
         fields = list(site.module.signature.output_fields)
         if response_model is None or list(response_model.model_fields) != fields:
             raise UnknownPromptError(
-                f"graphiti asked {prompt_name} for {getattr(response_model, '__name__', None)}, but its site "
+                f"graphiti asked {prompt_name} for "
+                f"{getattr(response_model, '__name__', None)}, but its site "
                 f"answers with fields {fields}; the installed graphiti-core differs from the one "
                 "signatures/graphiti.py read"
             )
@@ -222,8 +224,10 @@ class SiteLLMClient(LLMClient):
         system = messages[0].content
         if not system.startswith(site.seed_instruction):
             raise UnknownPromptError(
-                f"graphiti's system message for {prompt_name} does not start with the seeded prompt text; "
-                "the installed graphiti-core or its prompt library differs from the one signatures/graphiti.py read"
+                f"graphiti's system message for {prompt_name} does not start with the "
+                "seeded prompt text; "
+                "the installed graphiti-core or its prompt library differs from the one "
+                "signatures/graphiti.py read"
             )
         framing = _Framing(
             system_suffix=system[len(site.seed_instruction) :], clean=self._clean_input
@@ -466,7 +470,8 @@ class GraphitiSystem(MemorySystem):
             canonical = cls.knob_aliases.get(name, name)
             if canonical in out and out[canonical] != value:
                 raise ConfigError(
-                    f"graphiti knobs {name!r} and {canonical!r} are the same knob; give one of them"
+                    f"graphiti knobs {name!r} and {canonical!r} are the same knob; give one "
+                    "of them"
                 )
             out[canonical] = value
         return out

@@ -138,7 +138,8 @@ class SiteDispatchLLM(LLMBase):
         # its own response schema, the exact shape mem0 parses.
         if tools:
             raise UnknownPromptError(
-                f"mem0 asked for tool calls ({[t.get('function', {}).get('name') for t in tools]}); "
+                "mem0 asked for tool calls "
+                f"({[t.get('function', {}).get('name') for t in tools]}); "
                 "mem0ai 2.2.1 never does, so this mem0ai differs from the one optloop models"
             )
         roles = [m.get("role") for m in messages]

@@ -95,7 +95,8 @@ def llama_server(
         while True:
             if process.poll() is not None:
                 raise RuntimeError(
-                    f"llama.cpp's server exited with {process.returncode}: {server.log_text()[-2000:]}"
+                    f"llama.cpp's server exited with {process.returncode}: "
+                    f"{server.log_text()[-2000:]}"
                 )
             try:
                 with urllib.request.urlopen(f"{server.base_url}/models", timeout=2) as response:

@@ -390,7 +390,8 @@ def to_markdown(
     for s in plan.systems:
         t = results.totals.get(s, SystemTotals()).as_dict()
         lines.append(
-            f"| {s} | {t['episodes']} | {_fmt(t['seconds_per_episode'])} | {_fmt(t['calls_per_episode'])} |"
+            f"| {s} | {t['episodes']} | {_fmt(t['seconds_per_episode'])} | "
+            f"{_fmt(t['calls_per_episode'])} |"
         )
     lines += ["", "Accuracy over every question, seeded 95% bootstrap interval:", ""]
     lines += [

@@ -288,7 +288,8 @@ def one_batch(
         best_dev=replayed["best_dev"],
         test_before=replayed["test_before"],
         test_after=replayed["test_after"],
-        delta_test=f"{delta['estimate']:+.3f} [{delta['low']:+.3f}, {delta['high']:+.3f}] n={delta['n']}",
+        delta_test=f"{delta['estimate']:+.3f} [{delta['low']:+.3f}, {delta['high']:+.3f}] "
+        f"n={delta['n']}",
         identical=_outcome(recorded) == _outcome(replayed),
         requests=stats.requests,
         misses=stats.misses,
@@ -305,18 +306,23 @@ def _save(path: Path, responses: dict[str, Any]) -> None:
 
 def to_markdown(rows: Sequence[Row], results: dict[str, Any]) -> str:
     head = (
-        f"# Trials in batches: `optloop.run --budget {results['budget']}` at --concurrency {results['n']}, "
+        f"# Trials in batches: `optloop.run --budget {results['budget']}` at --concurrency "
+        f"{results['n']}, "
         f"replayed at {results['latency_ms']:g} ms +- {results['jitter_ms']:g} a call\n\n"
-        f"- command: `{results['command']}`\n- model: {results['model']} (answers recorded once, then "
-        f"replayed)\n- run: {results['system']}{' --query-rewrite' if results['query_rewrite'] else ''}"
+        f"- command: `{results['command']}`\n- model: {results['model']} (answers recorded "
+        "once, then "
+        "replayed)\n- run: "
+        f"{results['system']}{' --query-rewrite' if results['query_rewrite'] else ''}"
         f"{' --sites ' + results['sites'] if results.get('sites') else ''} on "
         f"`{results['dataset']}`, --optimizer {results['optimizer']}, --seed {results['seed']}\n"
-        f"- date: {results['date']}; commit {results['commit']}; machine: {os.cpu_count()} cores\n\n"
+        f"- date: {results['date']}; commit {results['commit']}; machine: {os.cpu_count()} "
+        "cores\n\n"
     )
     lines = [
         (
             "| --batch | wall s (replay) | speed-up | of which trials, s | speed-up | trials "
-            "| dev baseline -> best | held-out before -> after | delta [95% CI] n | same as recording (N=1) "
+            "| dev baseline -> best | held-out before -> after | delta [95% CI] n | same as "
+            "recording (N=1) "
             "| misses |"
         ),
         "|---|---|---|---|---|---|---|---|---|---|---|",
@@ -327,7 +333,8 @@ def to_markdown(rows: Sequence[Row], results: dict[str, Any]) -> str:
         lines.append(
             f"| {r.batch} | {r.seconds:.1f} | {first / r.seconds:.2f}x | {r.trials_seconds:.0f} | "
             f"{first_trials / r.trials_seconds if r.trials_seconds else 0:.2f}x | {r.trials} | "
-            f"{r.baseline_dev:.3f} -> {r.best_dev:.3f} | {r.test_before:.3f} -> {r.test_after:.3f} | "
+            f"{r.baseline_dev:.3f} -> {r.best_dev:.3f} | {r.test_before:.3f} -> "
+            f"{r.test_after:.3f} | "
             f"{r.delta_test} | {'yes' if r.identical else 'NO'} | {r.misses} |"
         )
     return head + "\n".join(lines) + "\n"
@@ -341,11 +348,15 @@ def estimate_markdown(paths: Sequence[Path], n: int) -> str:
         return ""
     first = estimates[0]
     head = (
-        f"\n## The projection: `--system {first['system']} --budget {first['budget']}` on LoCoMo with "
-        f"{first['model']} at --concurrency {n}\n\n- command: `python -m experiments.bench.estimate --n {n} "
-        f"--batch K --json OUT` (the run model of `optloop.run --estimate`, optloop/loop/spend.py, on a "
+        f"\n## The projection: `--system {first['system']} --budget {first['budget']}` on "
+        "LoCoMo with "
+        f"{first['model']} at --concurrency {n}\n\n- command: `python -m "
+        f"experiments.bench.estimate --n {n} "
+        "--batch K --json OUT` (the run model of `optloop.run --estimate`, "
+        "optloop/loop/spend.py, on a "
         f"baseline modeled from a recording of {first['recording']} made {first['recorded_on']}; "
-        f"{first['conversations']} conversations of `{first['dataset']}`; {first['latency_ms']:g} ms a call "
+        f"{first['conversations']} conversations of `{first['dataset']}`; "
+        f"{first['latency_ms']:g} ms a call "
         f"assumed; optimizer {first['optimizer']})\n\n"
     )
     parts = [p["part"].split(" (")[0] for p in first["levels"][str(n)]["parts"]]

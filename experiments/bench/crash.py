@@ -610,14 +610,16 @@ def shared(
 
 def markdown(m: Matrix) -> str:
     lines = [
-        "| kill point | resumed | identical | no RUNNING, no duplicate | extra cost (LLM calls / model calls / "
+        "| kill point | resumed | identical | no RUNNING, no duplicate | extra cost (LLM "
+        "calls / model calls / "
         "tokens / s) | processes |",
         "|---|---|---|---|---|---|",
     ]
     for r in m.rows:
         e = r.extra
         cost = (
-            f"{e.get('llm_calls', 0):+.0f} / {e.get('model_calls', 0):+.0f} / {e.get('tokens', 0):+.0f} / "
+            f"{e.get('llm_calls', 0):+.0f} / {e.get('model_calls', 0):+.0f} / "
+            f"{e.get('tokens', 0):+.0f} / "
             f"{e.get('seconds', 0):+.1f}"
             if e
             else "-"
@@ -630,7 +632,8 @@ def markdown(m: Matrix) -> str:
     lines.append(
         f"\nOne step (the costliest trial or held-out test of the uninterrupted run): "
         f"{b['llm_calls']:.0f} LLM "
-        f"calls, {b['model_calls']:.0f} model calls, {b['tokens']:.0f} tokens, {b['seconds']:.1f} s. "
+        f"calls, {b['model_calls']:.0f} model calls, {b['tokens']:.0f} tokens, "
+        f"{b['seconds']:.1f} s. "
         f"Uninterrupted: {m.clean['cost']}."
     )
     if m.shared is not None:
@@ -647,7 +650,8 @@ def _yes(flag: bool) -> str:
 
 def table(m: Matrix) -> Table:
     t = Table(
-        title=f"crash matrix: optloop.run {SYSTEM} on {DATASET}, edit, budget {m.budget}, SIGKILL then the "
+        title=f"crash matrix: optloop.run {SYSTEM} on {DATASET}, edit, budget {m.budget}, SIGKILL "
+        "then the "
         "same command"
     )
     for col in (

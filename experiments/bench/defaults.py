@@ -127,14 +127,19 @@ def measure(system: str, args: argparse.Namespace) -> Row:
 
 def to_markdown(rows: Sequence[Row], results: dict[str, Any]) -> str:
     head = (
-        f"# Default datasets on the embedded model\n\n- command: `{results['command']}` (each system: "
-        f"`python -m optloop.run --system S --budget {results['budget']} --estimate --json OUT`, no --dataset)\n"
-        f"- model: {results['model']}\n- date: {results['date']}; commit {results['commit']}; machine: "
-        f"{os.cpu_count()} cores, shared\n- headroom: baseline dev accuracy in [{HEADROOM[0]}, {HEADROOM[1]}]\n\n"
+        f"# Default datasets on the embedded model\n\n- command: `{results['command']}` "
+        "(each system: "
+        f"`python -m optloop.run --system S --budget {results['budget']} --estimate --json "
+        "OUT`, no --dataset)\n"
+        f"- model: {results['model']}\n- date: {results['date']}; commit "
+        f"{results['commit']}; machine: "
+        f"{os.cpu_count()} cores, shared\n- headroom: baseline dev accuracy in "
+        f"[{HEADROOM[0]}, {HEADROOM[1]}]\n\n"
     )
     lines = [
         (
-            "| system | dataset | dev / test questions | baseline dev [95% CI] n | train | headroom | baseline s "
+            "| system | dataset | dev / test questions | baseline dev [95% CI] n | train | "
+            "headroom | baseline s "
             f"| projected hours, --budget {results['budget']} |"
         ),
         "|---|---|---|---|---|---|---|---|",
@@ -144,7 +149,8 @@ def to_markdown(rows: Sequence[Row], results: dict[str, Any]) -> str:
             lines.append(f"| {r.system} | {r.note} | | | | | | |")
             continue
         lines.append(
-            f"| {r.system} | `{r.dataset}` | {r.n_dev} / {r.n_test} | {r.dev} | {r.train_accuracy:.3f} | "
+            f"| {r.system} | `{r.dataset}` | {r.n_dev} / {r.n_test} | {r.dev} | "
+            f"{r.train_accuracy:.3f} | "
             f"{'yes' if r.headroom else 'NO'} | {r.baseline_seconds:.0f} | "
             f"{'unknown' if r.hours is None else f'{r.hours:.1f}'} |"
         )

@@ -440,7 +440,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     console = Console()
     table = Table(
-        title=f"{args.system}, --budget {args.budget}, --batch {args.batch}, --optimizer {args.optimizer}, LoCoMo "
+        title=f"{args.system}, --budget {args.budget}, --batch {args.batch}, --optimizer "
+        f"{args.optimizer}, LoCoMo "
         f"({args.conversations} conversations: {'/'.join(map(str, splits))} train/dev/test), "
         f"{args.model}"
     )
@@ -468,27 +469,38 @@ def main(argv: Sequence[str] | None = None) -> int:
     console.print(table)
     chain = shape.chain(unit)
     lines = [
-        f"measured on {recording.identity} ({recording.dataset}, {recording.recorded_on}): {unit.session_calls:.1f} "
+        f"measured on {recording.identity} ({recording.dataset}, {recording.recorded_on}): "
+        f"{unit.session_calls:.1f} "
         f"calls, {unit.session_prompt:,.0f} + {unit.session_completion:,.0f} tokens per session; "
-        f"{unit.question_calls:.1f} calls, {unit.question_prompt:,.0f} + {unit.question_completion:,.0f} tokens per "
-        f"question. LoCoMo shape from {shape.conversations} conversations of {args.dataset}: {shape.sessions:.1f} "
-        f"sessions, {shape.questions:.0f} questions each, the longest {shape.longest} sessions. Price: "
-        f"${price.input * 1e6:.3f} / ${price.output * 1e6:.3f} per million prompt / completion tokens.",
-        "how: optloop.run --estimate's run model (optloop/loop/spend.py), its baseline's train and dev modeled from "
+        f"{unit.question_calls:.1f} calls, {unit.question_prompt:,.0f} + "
+        f"{unit.question_completion:,.0f} tokens per "
+        f"question. LoCoMo shape from {shape.conversations} conversations of "
+        f"{args.dataset}: {shape.sessions:.1f} "
+        f"sessions, {shape.questions:.0f} questions each, the longest {shape.longest} "
+        "sessions. Price: "
+        f"${price.input * 1e6:.3f} / ${price.output * 1e6:.3f} per million prompt / "
+        "completion tokens.",
+        "how: optloop.run --estimate's run model (optloop/loop/spend.py), its baseline's "
+        "train and dev modeled from "
         f"the recording, every request computed in an assumed {args.latency_ms:.0f} ms.",
         optimizer_line(first, config)
         + "; target sites: "
         + (
             ", ".join(targets) + " (--sites)"
             if targets
-            else f"the recorded ingest sites plus {ANSWER} (the run picks them from the baseline's blame, which a "
+            else f"the recorded ingest sites plus {ANSWER} (the run picks them from the "
+            "baseline's blame, which a "
             "recording lacks; --sites names others)"
         )
         + "; the proposer is the same model.",
-        f"time: an evaluation takes max(requests x latency / N, chain x latency): N in flight, but an episode's "
-        f"sessions go in order, then a question; the longest conversation's chain, {shape.longest} sessions x "
-        f"{unit.session_calls:.1f} + {unit.question_calls:.1f} requests = {chain:,.0f}, takes {chain * latency:,.0f} s "
-        "at any N, taken to be in every split (the baseline's evaluations too). The optimizer's part is not floored: "
+        "time: an evaluation takes max(requests x latency / N, chain x latency): N in "
+        "flight, but an episode's "
+        "sessions go in order, then a question; the longest conversation's chain, "
+        f"{shape.longest} sessions x "
+        f"{unit.session_calls:.1f} + {unit.question_calls:.1f} requests = {chain:,.0f}, "
+        f"takes {chain * latency:,.0f} s "
+        "at any N, taken to be in every split (the baseline's evaluations too). The "
+        "optimizer's part is not floored: "
         "its time is its requests / its threads.",
         *(line for n in levels for line in figures[n].floor_lines()),
     ]

@@ -225,7 +225,8 @@ def markdown(report: dict[str, Any]) -> str:
     lines = [
         f"# gated vs rag_embedding: retrieval-only context metrics ({report['dataset']})",
         "",
-        f"top_k={report['top_k']}, embedder {report['embedder']}, gated with gate=floors_only (no LLM). "
+        f"top_k={report['top_k']}, embedder {report['embedder']}, gated with "
+        "gate=floors_only (no LLM). "
         "Mean over probes [95% bootstrap interval] (n).",
         "",
         "| arm | " + " | ".join(shown) + " |",

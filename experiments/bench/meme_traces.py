@@ -159,7 +159,8 @@ def render_systems(report: dict[str, Any]) -> Table:
 def render_disagreements(report: dict[str, Any]) -> Table:
     n = len(report["disagreements"])
     table = Table(
-        title=f"{n} disagreement{'' if n == 1 else 's'} (mark each: optloop wrong / label arguable / "
+        title=f"{n} disagreement{'' if n == 1 else 's'} (mark each: optloop wrong / label "
+        "arguable / "
         "mapping loses information)",
         show_lines=True,
     )
@@ -186,7 +187,8 @@ def summary_line(report: dict[str, Any]) -> str:
         return "met" if ok else "missed"
 
     marks = [
-        f"agreement {agreement:.3f} (target >= {TARGET_AGREEMENT}: {met(agreement >= TARGET_AGREEMENT)})",
+        f"agreement {agreement:.3f} (target >= {TARGET_AGREEMENT}: "
+        f"{met(agreement >= TARGET_AGREEMENT)})",
         f"{ms:.2f} ms per failure (target < {TARGET_MS:.0f}: {met(ms < TARGET_MS)})",
         f"{report['llm_calls']} LLM calls",
     ]

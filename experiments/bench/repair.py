@@ -337,11 +337,13 @@ def targets(rows: list[dict[str, Any]]) -> list[str]:
         if t is None:
             continue
         out.append(
-            f"{optimizer}: first blame names the sabotaged site in {t['first_blame_correct']:.0%} of cases "
+            f"{optimizer}: first blame names the sabotaged site in "
+            f"{t['first_blame_correct']:.0%} of cases "
             f"(target >= 90%): {'met' if t['first_blame_correct'] >= 0.9 else 'MISSED'}"
         )
         out.append(
-            f"{optimizer}: targeted recovers >= 50% of the loss in {t['recovered_half']:.0%} of cases "
+            f"{optimizer}: targeted recovers >= 50% of the loss in "
+            f"{t['recovered_half']:.0%} of cases "
             f"(target >= 70%): {'met' if t['recovered_half'] >= 0.7 else 'MISSED'}"
         )
         for other, strict in (("untargeted", False), ("random", True)):
@@ -355,7 +357,8 @@ def targets(rows: list[dict[str, Any]]) -> list[str]:
             )
             cheaper = t["llm_calls_mean"] < o["llm_calls_mean"]
             out.append(
-                f"{optimizer}: targeted recovers {t['recovered_mean']:+.2f} vs {other} {o['recovered_mean']:+.2f}"
+                f"{optimizer}: targeted recovers {t['recovered_mean']:+.2f} vs {other} "
+                f"{o['recovered_mean']:+.2f}"
                 f" ({'more' if strict else 'at least as much'}: {'met' if better else 'MISSED'}), "
                 f"{t['llm_calls_mean']:.0f} vs {o['llm_calls_mean']:.0f} LLM calls "
                 f"(fewer: {'met' if cheaper else 'MISSED'})"
@@ -365,7 +368,8 @@ def targets(rows: list[dict[str, Any]]) -> list[str]:
 
 def render(report: dict[str, Any]) -> None:
     bites = Table(
-        title=f"bite check ({report['model']}): clean vs sabotaged over the whole dataset, paired bootstrap"
+        title=f"bite check ({report['model']}): clean vs sabotaged over the whole dataset, paired "
+        "bootstrap"
     )
     for col in ("case", "site", "mode", "n", "clean", "sabotaged", "margin [95% CI]", "kept"):
         bites.add_column(col)
@@ -406,7 +410,8 @@ def render(report: dict[str, Any]) -> None:
         rec = (
             "n/a"
             if c["recovered"] is None
-            else f"{c['recovered']:+.2f} [{c['recovered_ci'][0]:+.2f}, {c['recovered_ci'][1]:+.2f}]"
+            else f"{c['recovered']:+.2f} [{c['recovered_ci'][0]:+.2f}, "
+            f"{c['recovered_ci'][1]:+.2f}]"
         )
         gain = (
             f"{c['gain']:+.2f} [{c['gain_ci'][0]:+.2f}, {c['gain_ci'][1]:+.2f}]"
@@ -432,7 +437,8 @@ def render(report: dict[str, Any]) -> None:
         )
     console.print(table)
     agg = Table(
-        title="aggregate per optimizer and arm (recovered: mean over cases, bootstrap CI over cases)"
+        title="aggregate per optimizer and arm (recovered: mean over cases, bootstrap CI over "
+        "cases)"
     )
     for col in (
         "optimizer",
@@ -452,7 +458,8 @@ def render(report: dict[str, Any]) -> None:
             str(r["cases"]),
             f"{r['first_blame_correct']:.0%}",
             f"{r['recovered_half']:.0%}",
-            f"{r['recovered_mean']:+.2f} [{r['recovered_mean_ci'][0]:+.2f}, {r['recovered_mean_ci'][1]:+.2f}]",
+            f"{r['recovered_mean']:+.2f} [{r['recovered_mean_ci'][0]:+.2f}, "
+            f"{r['recovered_mean_ci'][1]:+.2f}]",
             f"{r['llm_calls_mean']:.0f}",
             f"{r['tokens_mean']}",
         )
@@ -474,36 +481,42 @@ def to_markdown(report: dict[str, Any]) -> str:
         "|---|---|---|---|---|---|---|---|",
     ]
     lines += [
-        f"| {b['name']} | {b['site']} | {b['mode']} | {b['n']} | {b['clean']:.3f} | {b['sabotaged']:.3f} | "
+        f"| {b['name']} | {b['site']} | {b['mode']} | {b['n']} | {b['clean']:.3f} | "
+        f"{b['sabotaged']:.3f} | "
         f"{ci_text(b['margin'], b['margin_ci'])} | {'yes' if b['bites'] else 'dropped'} |"
         for b in report["bites"]
     ]
     if report["cases"]:
         lines += [
             "",
-            "| case | optimizer | arm | seed | n test | clean | sabotaged | after | after - sabotaged [95% CI] | "
+            "| case | optimizer | arm | seed | n test | clean | sabotaged | after | after - "
+            "sabotaged [95% CI] | "
             "recovered [95% CI] | first blame | changed | LLM calls | tokens | s |",
             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         lines += [
-            f"| {c['case']} | {c['optimizer']} | {c['arm']} | {c['seed']} | {c['n_test']} | {c['clean']:.2f} | "
+            f"| {c['case']} | {c['optimizer']} | {c['arm']} | {c['seed']} | {c['n_test']} | "
+            f"{c['clean']:.2f} | "
             f"{c['sabotaged']:.2f} | {c['after']:.2f} | "
             f"{ci_text(c['gain'], c['gain_ci']) if 'gain' in c else 'n/a'} | "
             f"{ci_text(c['recovered'], c['recovered_ci'])} | "
-            f"{c['first_blame']}{'' if c['first_blame_correct'] else ' (wrong)'} | {', '.join(c['changed']) or '-'} | "
+            f"{c['first_blame']}{'' if c['first_blame_correct'] else ' (wrong)'} | "
+            f"{', '.join(c['changed']) or '-'} | "
             f"{c['llm_calls']} | {c['tokens']} | {c['seconds']:.0f} |"
             for c in report["cases"]
         ]
     if report.get("aggregate"):
         lines += [
             "",
-            "| optimizer | arm | cases | first blame right | recovered >= 50% | recovered, mean [95% CI] | "
+            "| optimizer | arm | cases | first blame right | recovered >= 50% | recovered, "
+            "mean [95% CI] | "
             "LLM calls (mean) |",
             "|---|---|---|---|---|---|---|",
         ]
         lines += [
             f"| {r['optimizer']} | {r['arm']} | {r['cases']} | {r['first_blame_correct']:.0%} | "
-            f"{r['recovered_half']:.0%} | {ci_text(r['recovered_mean'], r['recovered_mean_ci'])} | "
+            f"{r['recovered_half']:.0%} | "
+            f"{ci_text(r['recovered_mean'], r['recovered_mean_ci'])} | "
             f"{r['llm_calls_mean']:.0f} |"
             for r in report["aggregate"]
         ]
@@ -595,7 +608,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             report["model"] = bench.lm(sabotage.system).model
             report["bites"].append({k: v for k, v in bite.items() if not k.startswith("_")})
             console.print(
-                f"{sabotage.name}: clean {bite['clean']:.3f}, sabotaged {bite['sabotaged']:.3f}, margin "
+                f"{sabotage.name}: clean {bite['clean']:.3f}, sabotaged "
+                f"{bite['sabotaged']:.3f}, margin "
                 f"{bite['margin']:+.3f} {bite['margin_ci']} (n={bite['n']}): "
                 f"{'bites' if bite['bites'] else 'does not bite, dropped'}"
             )
@@ -627,8 +641,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                         case = bench.arm(sabotage, bite, arm, optimizer, seed)
                         report["cases"].append(case)
                         console.print(
-                            f"{case['case']} {optimizer} {arm} s{seed}: test {case['sabotaged']:.2f} -> "
-                            f"{case['after']:.2f} (clean {case['clean']:.2f}, n={case['n_test']}), "
+                            f"{case['case']} {optimizer} {arm} s{seed}: test "
+                            f"{case['sabotaged']:.2f} -> "
+                            f"{case['after']:.2f} (clean {case['clean']:.2f}, "
+                            f"n={case['n_test']}), "
                             f"recovered {case['recovered']} {case['recovered_ci']}, "
                             f"{case['llm_calls']} LLM calls"
                         )

@@ -276,7 +276,8 @@ def record(args: argparse.Namespace, console: Console) -> int:
     dataset = load_dataset(args.dataset)
     if len(dataset.episodes) < MIN_EPISODES:
         console.print(
-            f"[yellow]{args.dataset} has {len(dataset.episodes)} episodes; the benchmark wants at least "
+            f"[yellow]{args.dataset} has {len(dataset.episodes)} episodes; the benchmark "
+            "wants at least "
             f"{MIN_EPISODES} so that N = 8 has an episode per thread[/yellow]"
         )
     cache: Path = args.cache
@@ -335,7 +336,8 @@ def read_recording(cache: Path, systems: Sequence[str]) -> Recording:
         raise ConfigError(f"{path} holds no recording of {', '.join(missing)}; record them first")
     if "mem0" in systems and recording.recorded_on != today():
         raise ConfigError(
-            f"mem0's extraction prompt carries the date (UTC): its recording of {recording.recorded_on} "
+            "mem0's extraction prompt carries the date (UTC): its recording of "
+            f"{recording.recorded_on} "
             f"cannot be replayed on {today()}; record again (or leave mem0 out with --systems)"
         )
     return recording
@@ -494,7 +496,8 @@ def replay(args: argparse.Namespace, console: Console) -> int:
         console.print(line)
     if any(row.misses for row in rows):
         console.print(
-            "[yellow]some requests were not in the recording (misses): those questions failed at every N; "
+            "[yellow]some requests were not in the recording (misses): those questions "
+            "failed at every N; "
             "was the recording made with these systems and this dataset?[/yellow]"
         )
     if different:
@@ -574,7 +577,8 @@ def _cells(row: Row) -> list[str]:
 def _settings(results: dict[str, Any]) -> str:
     return (
         f"{results['dataset']}, answers recorded from {results['identity']}, replayed at "
-        f"{results['latency_ms']:g} ms +- {results['jitter_ms']:g} (Retry-After {results['retry_after_s']:g} s)"
+        f"{results['latency_ms']:g} ms +- {results['jitter_ms']:g} (Retry-After "
+        f"{results['retry_after_s']:g} s)"
         + (
             f", the median of {results['repeat']} runs a row"
             if results.get("repeat", 1) > 1
@@ -607,18 +611,21 @@ def summary_lines(summaries: Sequence[Summary]) -> list[str]:
     for s in summaries:
         if s.share_of_ideal is not None:
             lines.append(
-                f"{s.system}: speed-up at N={s.n} {s.speedup:.2f}x of an ideal {s.ideal_speedup:.2f}x, "
+                f"{s.system}: speed-up at N={s.n} {s.speedup:.2f}x of an ideal "
+                f"{s.ideal_speedup:.2f}x, "
                 f"{s.share_of_ideal:.2f} of it (target >= {TARGET_SHARE}: "
                 f"{_verdict(s.share_of_ideal >= TARGET_SHARE)})"
             )
         if s.cost_429:
             costs = ", ".join(
-                f"N={n} {c:.2f}x ({_verdict(c <= TARGET_COST_429)}; {s.serial_429[n]:.2f}x if nothing "
+                f"N={n} {c:.2f}x ({_verdict(c <= TARGET_COST_429)}; {s.serial_429[n]:.2f}x "
+                "if nothing "
                 f"overlapped the waits)"
                 for n, c in s.cost_429.items()
             )
             floor = (
-                f"; calls made strictly one at a time expect {s.floor_429_n1:.2f}x at N=1, Retry-After waits "
+                f"; calls made strictly one at a time expect {s.floor_429_n1:.2f}x at N=1, "
+                "Retry-After waits "
                 "that nothing overlaps"
                 if s.floor_429_n1 is not None
                 else ""
@@ -695,7 +702,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     rep.add_argument(
         "--update",
         action="store_true",
-        help="keep the --json file's rows of other systems (replayed with the same settings, perhaps "
+        help="keep the --json file's rows of other systems (replayed with the same settings, "
+        "perhaps "
         "from another recording) and replace only these systems'",
     )
     args = parse_command(parser, argv)

@@ -183,8 +183,10 @@ class _Walk:
                 ErrorType.RESPONSE,
                 answer,
                 ANSWER,
-                f"Nothing in the conversation answers {self.q.question!r}; the right answer was to "
-                f"decline, but the answer site replied {self.prediction!r}. Fix the answer prompt so "
+                f"Nothing in the conversation answers {self.q.question!r}; the right answer "
+                "was to "
+                f"decline, but the answer site replied {self.prediction!r}. Fix the answer "
+                "prompt so "
                 "it abstains when the memories do not support an answer.",
             )
         gate, decisions = admission(self.graph, self.q.id)
@@ -237,7 +239,8 @@ class _Walk:
             answer,
             ANSWER,
             f"The retrieval handed {self.evidence_quote()} to the answer site (in "
-            f"{len(items)} memories), but it answered {self.prediction!r}. The memories were right; "
+            f"{len(items)} memories), but it answered {self.prediction!r}. The memories "
+            "were right; "
             "the answer prompt did not use them. Fix the answer site.",
         )
 
@@ -258,8 +261,10 @@ class _Walk:
                     ErrorType.EXTRACTION,
                     op,
                     op.site,
-                    f"{self.evidence_quote()} was in session {op.session_id}, but the {op.site} call "
-                    f"({op.id}) returned {len(outputs)} item(s), none carrying it, and no memory unit "
+                    f"{self.evidence_quote()} was in session {op.session_id}, but the "
+                    f"{op.site} call "
+                    f"({op.id}) returned {len(outputs)} item(s), none carrying it, and no "
+                    "memory unit "
                     "ever held it. Fix the extraction prompt so this kind of fact is kept.",
                     outputs=len(outputs),
                 )
@@ -277,14 +282,16 @@ class _Walk:
                     op,
                     op.site,
                     f"The extraction ({last.id}) kept {self.evidence_quote()}, but after "
-                    f"{op.site} ({op.id}) no stored memory carried it: the dedupe/update step merged "
+                    f"{op.site} ({op.id}) no stored memory carried it: the dedupe/update "
+                    "step merged "
                     "it away. Fix that prompt.",
                 )
             return self.result(
                 ErrorType.EXTRACTION,
                 last,
                 last.site,
-                f"The extraction ({last.id}) output carried {self.evidence_quote()}, yet no memory "
+                f"The extraction ({last.id}) output carried {self.evidence_quote()}, yet no "
+                "memory "
                 "unit did: the library dropped it when storing.",
                 ambiguous=True,
             )
@@ -300,7 +307,8 @@ class _Walk:
             ErrorType.EXTRACTION,
             store,
             None,
-            f"No memory unit carries {self.evidence_quote()} and no prompt site extracted from its "
+            f"No memory unit carries {self.evidence_quote()} and no prompt site extracted "
+            "from its "
             "session; the judges may have missed it.",
             ambiguous=True,
         )
@@ -363,7 +371,8 @@ class _Walk:
                     rewrite,
                     QUERY_REWRITE,
                     f"{where}, but retrieval searched for {query!r}, a rewrite of "
-                    f"{self.q.question!r} that kept {kept:.0%} of its words, and missed it. Fix the "
+                    f"{self.q.question!r} that kept {kept:.0%} of its words, and missed it. "
+                    "Fix the "
                     "query-rewrite prompt.",
                     query_overlap=kept,
                 )
@@ -451,8 +460,10 @@ class _Walk:
             "dead_branch": "a value written by a failed or rolled-back run",
         }[kind]
         seen = (
-            f"The answer {self.prediction!r} states {value!r}, {what}, which memory {item.get('id')} "
-            f"({str(item.get('text', ''))[:160]!r}, rank {item.get('rank')}) put in its positive context"
+            f"The answer {self.prediction!r} states {value!r}, {what}, which memory "
+            f"{item.get('id')} "
+            f"({str(item.get('text', ''))[:160]!r}, rank {item.get('rank')}) put in its "
+            "positive context"
         )
         details: dict[str, Any] = {
             "contaminant": item.get("id"),
@@ -471,8 +482,10 @@ class _Walk:
                 ErrorType.CONTAMINATION,
                 gate,
                 gate.site,
-                f"{seen}: the admission gate {gate.site} ({gate.id}) {how} ({decision.get('reason')!r}). "
-                "Fix the gate prompt so it rejects stale, dead-branch and other-workspace memories.",
+                f"{seen}: the admission gate {gate.site} ({gate.id}) {how} "
+                f"({decision.get('reason')!r}). "
+                "Fix the gate prompt so it rejects stale, dead-branch and other-workspace "
+                "memories.",
                 decided_by=decision.get("by"),
                 **details,
             )
@@ -483,7 +496,8 @@ class _Walk:
                 gate,
                 knob_target(FLOORS_KNOB),
                 f"{seen}: it passed the gate's floors (floors={floors!r}) without an LLM verdict. "
-                "Strict floors reject superseded and other-workspace memories and keep dead-branch "
+                "Strict floors reject superseded and other-workspace memories and keep "
+                "dead-branch "
                 "ones to negative evidence.",
                 decided_by="floor",
                 **details,
@@ -506,8 +520,10 @@ class _Walk:
                 ErrorType.CONTAMINATION,
                 retrieve,
                 knob_target("top_k"),
-                f"{seen}. The retrieval ranked the evidence higher (rank {min(carried)}) and has no "
-                f"notion of status or workspace; top_k={retrieve.knobs['top_k']} let the stale memory in "
+                f"{seen}. The retrieval ranked the evidence higher (rank {min(carried)}) "
+                "and has no "
+                f"notion of status or workspace; top_k={retrieve.knobs['top_k']} let the "
+                "stale memory in "
                 "below it. Lower top_k, or gate what retrieval returns.",
                 **details,
             )
@@ -516,7 +532,8 @@ class _Walk:
             ErrorType.CONTAMINATION,
             retrieve,
             knob_target(knob) if knob else None,
-            f"{seen}. The retrieval returned it and has no notion of status or workspace. Tune the search "
+            f"{seen}. The retrieval returned it and has no notion of status or workspace. "
+            "Tune the search "
             f"({knob or 'its parameters'}), or gate what retrieval returns.",
             **details,
         )
@@ -545,7 +562,8 @@ class _Walk:
             else "rejected it"
         )
         where = (
-            f"Retrieval found {self.evidence_quote()} (memory {best.get('id')}, rank {best.get('rank')}), but the "
+            f"Retrieval found {self.evidence_quote()} (memory {best.get('id')}, rank "
+            f"{best.get('rank')}), but the "
             f"admission gate ({gate.id}) {shown}: {decision.get('reason')!r}"
         )
         if decision.get("by") == "floor" and FLOORS_KNOB in retrieve.knobs:
@@ -553,8 +571,10 @@ class _Walk:
                 ErrorType.RETRIEVAL,
                 gate,
                 knob_target(FLOORS_KNOB),
-                f"{where}. A floor decided (floors={retrieve.knobs.get(FLOORS_KNOB)!r}); this is the "
-                "recall a strict gate costs. Lenient floors would leave the decision to the gate's LLM.",
+                f"{where}. A floor decided (floors={retrieve.knobs.get(FLOORS_KNOB)!r}); "
+                "this is the "
+                "recall a strict gate costs. Lenient floors would leave the decision to the "
+                "gate's LLM.",
                 decided_by="floor",
                 memory=best.get("id"),
             )

@@ -206,13 +206,15 @@ class AgenticEpisode(BaseModel):
         for run in runs:
             if {f"{run}:start", f"{run}:end"} & ids:
                 raise ValueError(
-                    f"facts: a fact id collides with the turn ids of run {run!r} ({run}:start/{run}:end)"
+                    f"facts: a fact id collides with the turn ids of run {run!r} "
+                    f"({run}:start/{run}:end)"
                 )
         for i, fact in enumerate(self.facts):
             later = _superseding(self.facts, i)
             if later is not None and fact.status == "active":
                 raise ValueError(
-                    f"facts[{i}].status: {fact.id} is marked active, but {later.id} (a later completed run, "
+                    f"facts[{i}].status: {fact.id} is marked active, but {later.id} (a "
+                    "later completed run, "
                     f"same workspace and key) supersedes it; mark it superseded"
                 )
         probe_ids: set[str] = set()

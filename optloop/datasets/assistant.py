@@ -111,7 +111,8 @@ _EPISODES: list[_Raw] = [
             (
                 "2024-10-01",
                 [
-                    "Quick facts about me: I was born in Tarragona, I work as a hydrologist, and my cat is "
+                    "Quick facts about me: I was born in Tarragona, I work as a "
+                    "hydrologist, and my cat is "
                     "called Pimento.",
                     "Lovely, noted all three.",
                 ],
@@ -119,7 +120,8 @@ _EPISODES: list[_Raw] = [
             (
                 "2024-10-03",
                 [
-                    "Ugh, I have to take Juniper to the vet again, she keeps chasing the neighbours' ducks "
+                    "Ugh, I have to take Juniper to the vet again, she keeps chasing the "
+                    "neighbours' ducks "
                     "and barking all night.",
                     "Oh no, I hope the vet can calm her down!",
                     "I parked on level 4 of the Carvell garage today.",
@@ -287,7 +289,8 @@ _EPISODES: list[_Raw] = [
             (
                 "2025-02-03",
                 [
-                    "Birthdays to remember: Nayeli on 4 March, Cosmin on 19 July and Ottilie on 2 December.",
+                    "Birthdays to remember: Nayeli on 4 March, Cosmin on 19 July and "
+                    "Ottilie on 2 December.",
                     "All three are saved.",
                 ],
             ),

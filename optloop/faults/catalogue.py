@@ -133,7 +133,8 @@ CATALOGUE: tuple[OperationFault, ...] = (
         ("tiered",),
         knob_target("search_recipe"),
         ErrorType.RETRIEVAL,
-        "retrieval searches only a category no fact or summary is filed under (search_recipe=category:archived)",
+        "retrieval searches only a category no fact or summary is filed under "
+        "(search_recipe=category:archived)",
         knobs={"search_recipe": "category:archived"},
     ),
     OperationFault(
@@ -213,7 +214,8 @@ CATALOGUE: tuple[OperationFault, ...] = (
         _BASELINES_AND_MEM0,
         library_target("{system}.store"),
         ErrorType.UPDATE,
-        "the store rewrites every memory of earlier sessions with each number one higher (3 -> 4, 2023 -> 2024)",
+        "the store rewrites every memory of earlier sessions with each number one higher (3 "
+        "-> 4, 2023 -> 2024)",
         after_session=shift_old_numbers,
         added=PREREGISTERED,
     ),
@@ -223,7 +225,8 @@ CATALOGUE: tuple[OperationFault, ...] = (
         ("md_flat",),
         MD_FLAT_CURATE,
         ErrorType.UPDATE,
-        "curation collapses every fact already in the file into one summary line of its first twelve words",
+        "curation collapses every fact already in the file into one summary line of its "
+        "first twelve words",
         site=MD_FLAT_CURATE,
         lists=compress_old,
         added=PREREGISTERED,
@@ -276,7 +279,8 @@ CATALOGUE: tuple[OperationFault, ...] = (
         ("graphiti",),
         knob_target("search_recipe"),
         ErrorType.RETRIEVAL,
-        "search_recipe set to NODE_HYBRID_SEARCH_RRF: the search returns entity nodes, never the facts (edges)",
+        "search_recipe set to NODE_HYBRID_SEARCH_RRF: the search returns entity nodes, "
+        "never the facts (edges)",
         knobs={"search_recipe": "NODE_HYBRID_SEARCH_RRF"},
         added=PREREGISTERED,
     ),
@@ -311,7 +315,8 @@ CATALOGUE: tuple[OperationFault, ...] = (
         ("gated",),
         GATED_ADMIT,
         ErrorType.CONTAMINATION,
-        "floors lenient (status and branch left to the gate) and the gate admits every candidate it decides",
+        "floors lenient (status and branch left to the gate) and the gate admits every "
+        "candidate it decides",
         site=GATED_ADMIT,
         knobs={"floors": "lenient"},
         lists=lambda items, _: [
@@ -326,7 +331,8 @@ CATALOGUE: tuple[OperationFault, ...] = (
         ("gated",),
         knob_target("floors"),
         ErrorType.CONTAMINATION,
-        "floors off and no LLM verdict (gate=floors_only): every retrieved candidate enters the answer",
+        "floors off and no LLM verdict (gate=floors_only): every retrieved candidate enters "
+        "the answer",
         knobs={"floors": "off", "gate": "floors_only"},
     ),
     OperationFault(

@@ -398,8 +398,10 @@ class OptloopEngine:
     ) -> LMUnreachableError:
         asked = f"; it asked for {retry_after:.0f}s more" if retry_after is not None else ""
         return LMUnreachableError(
-            f"LM endpoint {self.backend.where()} kept answering HTTP 429 (rate limited): {rate_limited} times "
-            f"over {limit_wait:.0f}s of waiting in one call{asked}, past the {self.settings.rate_limit_wait_s:.0f}s "
+            f"LM endpoint {self.backend.where()} kept answering HTTP 429 (rate limited): "
+            f"{rate_limited} times "
+            f"over {limit_wait:.0f}s of waiting in one call{asked}, past the "
+            f"{self.settings.rate_limit_wait_s:.0f}s "
             "a call may wait; lower --rpm / --tpm / --concurrency or wait for the limit to reset"
         )
 
@@ -417,7 +419,8 @@ class OptloopEngine:
         if count < SERVER_ERRORS_DOWN:
             return None
         return LMUnreachableError(
-            f"LM endpoint {self.backend.where()} answered only server errors ({self.backend.fault_label(exc)}) "
+            f"LM endpoint {self.backend.where()} answered only server errors "
+            f"({self.backend.fault_label(exc)}) "
             f"to {count} calls in a row, the last after {attempts} attempts; "
             "check the server and its logs"
         )

@@ -49,7 +49,8 @@ class LocalLlamaBackend(Backend):
     ):
         if not path.is_file():
             raise ConfigError(
-                f"GGUF model file not found: {path}; pass an existing file with --lm local:/path.gguf"
+                f"GGUF model file not found: {path}; pass an existing file with --lm "
+                "local:/path.gguf"
             )
         self.path = path
         self.n_ctx = n_ctx or 0  # 0: llama.cpp takes the training context from the GGUF's metadata
@@ -139,7 +140,8 @@ class LocalLlamaBackend(Backend):
                 max(1, max_items // self.TIGHTEN),
             )
             logger.debug(
-                "JSON answer truncated at %d tokens; asking again with at most %d items of %d chars",
+                "JSON answer truncated at %d tokens; asking again with at most %d items of "
+                "%d chars",
                 request.max_tokens,
                 max_items,
                 max_chars,

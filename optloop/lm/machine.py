@@ -121,7 +121,8 @@ class MachineSlots:
                 os.close(fd)
             if not self._warned:
                 logger.warning(
-                    "cannot use %s for machine-wide %s slots (%s); model calls are not coordinated "
+                    "cannot use %s for machine-wide %s slots (%s); model calls are not "
+                    "coordinated "
                     "with other processes; set %s to a writable directory",
                     self.directory,
                     self.name,

@@ -84,7 +84,8 @@ def price_table() -> dict[str, Any]:
             path = price_file()
             if path is None:
                 logger.warning(
-                    "litellm's model cost map is not installed: LM calls report tokens only, no dollars"
+                    "litellm's model cost map is not installed: LM calls report tokens "
+                    "only, no dollars"
                 )
                 _TABLE = {}
             else:

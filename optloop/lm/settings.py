@@ -102,7 +102,8 @@ class LMSettings(BaseModel):
         None,
         ge=1,
         le=1024,
-        description=f"requests in flight at once; default ${CONCURRENCY_ENV}, else 1 local, auto on an endpoint",
+        description=f"requests in flight at once; default ${CONCURRENCY_ENV}, else 1 local, auto on an "
+        "endpoint",
     )
     concurrency_auto: bool = Field(
         False,
@@ -174,7 +175,8 @@ class LMSettings(BaseModel):
             fields["base_url"] = os.environ.get("OPENAI_BASE_URL") or None
         else:
             raise ConfigError(
-                f"unknown LM spec {spec!r}; use 'local', 'local:/path/model.gguf' or 'openai:<model>' "
+                f"unknown LM spec {spec!r}; use 'local', 'local:/path/model.gguf' or "
+                "'openai:<model>' "
                 "(with --lm-base-url for vLLM, Ollama or a llama.cpp server)"
             )
         fields.update({k: v for k, v in overrides.items() if v is not None})

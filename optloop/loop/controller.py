@@ -738,7 +738,10 @@ class Controller:
         )
         changed = best.changed_sites(base)
         if changed and not ckpt.registered:
-            message = f"optloop run {cfg.run_name}: test {before.accuracy:.3f} -> {after.accuracy:.3f}; {reason}"
+            message = (
+                f"optloop run {cfg.run_name}: test {before.accuracy:.3f} -> "
+                f"{after.accuracy:.3f}; {reason}"
+            )
             ckpt.registered = self.sink.register(
                 {s: texts_after[s] for s in changed}, promote=promoted, message=message
             )

@@ -150,7 +150,8 @@ class SharedCoordinator:
         try:
             if study.get(RESULT_KEY) is not None:
                 raise ConfigError(
-                    f"run {config.run_name!r} already finished (MLflow run {study.get(PARENT_KEY)}); "
+                    f"run {config.run_name!r} already finished (MLflow run "
+                    f"{study.get(PARENT_KEY)}); "
                     "pick another --run-name to run again"
                 )
             rank = study.join(config.digest(shared=True))
@@ -173,8 +174,10 @@ class SharedCoordinator:
         value = self.study.wait_for(key, holder=leader, what=what, progress=self.progress)
         if value is None:
             raise OptloopError(
-                f"{self.study.describe(leader)}, the first worker of run {self.config.run_name!r}, "
-                f"stopped before publishing {what}; rerun the same command on that host to resume it"
+                f"{self.study.describe(leader)}, the first worker of run "
+                f"{self.config.run_name!r}, "
+                f"stopped before publishing {what}; rerun the same command on that host to "
+                "resume it"
             )
         return value
 
@@ -234,7 +237,8 @@ class SharedCoordinator:
         study = self.study
         if voided := study.void_my_open_slots():
             logger.warning(
-                "trial(s) %s of an interrupted run of this worker were not redone: nothing new to propose",
+                "trial(s) %s of an interrupted run of this worker were not redone: nothing "
+                "new to propose",
                 ", ".join(str(k + 1) for k in voided),
             )
         study.put_cost(cost())
@@ -252,12 +256,15 @@ class SharedCoordinator:
             dead = [w for w in waiting_on if not study.alive(w)]
             if dead:
                 raise OptloopError(
-                    f"{study.describe(dead[0])} of run {self.config.run_name!r} stopped before its part "
-                    "was done; rerun the same command on that host to resume it (this worker's trials "
+                    f"{study.describe(dead[0])} of run {self.config.run_name!r} stopped "
+                    "before its part "
+                    "was done; rerun the same command on that host to resume it (this "
+                    "worker's trials "
                     "are saved)"
                 )
             self.progress(
-                f"budget spent or taken; waiting for {', '.join(study.describe(w) for w in waiting_on)} "
+                "budget spent or taken; waiting for "
+                f"{', '.join(study.describe(w) for w in waiting_on)} "
                 "to finish the run"
             )
             time.sleep(study.poll)
@@ -288,7 +295,8 @@ class SharedCoordinator:
         refused."""
         if self.leads and self.study.claim(PARENT_KEY, run_id) != run_id:
             raise ConfigError(
-                f"study {self.config.run_name!r} already has another MLflow parent run; pick another "
+                f"study {self.config.run_name!r} already has another MLflow parent run; "
+                "pick another "
                 "--run-name"
             )
 

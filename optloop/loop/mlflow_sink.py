@@ -135,7 +135,10 @@ class MlflowSink:
 
         client = MlflowClient()
         experiment_id = client.get_run(self.parent_run_id).info.experiment_id
-        query = f"tags.`mlflow.parentRunId` = '{self.parent_run_id}' and attributes.run_name = 'trial-{trial}'"
+        query = (
+            f"tags.`mlflow.parentRunId` = '{self.parent_run_id}' and attributes.run_name = "
+            f"'trial-{trial}'"
+        )
         for run in client.search_runs(
             [experiment_id], filter_string=query, run_view_type=ViewType.ALL
         ):

@@ -226,8 +226,10 @@ def edit_work(shape: RunShape) -> OptimizerWork:
         completion_tokens=phrase + JSON_TOKENS,
         threads=None,
         basis=(
-            f"{rounds} round(s) of {per_round} edits ({', '.join(f'{s} {n}' for s, n in edits.items())}), each "
-            f"round screening the best and its edits on {b} train questions (edits of an ingest site also ingest "
+            f"{rounds} round(s) of {per_round} edits "
+            f"({', '.join(f'{s} {n}' for s, n in edits.items())}), each "
+            f"round screening the best and its edits on {b} train questions (edits of an "
+            "ingest site also ingest "
             f"{m} episodes) and about {PARAPHRASES_PER_EXTRA:g} paraphrase call a site"
         ),
     )
@@ -264,7 +266,8 @@ def simba_work(shape: RunShape) -> OptimizerWork:
         basis=(
             f"{rounds} SIMBA step(s), {per_round} trial(s) a step: {opt.NUM_CANDIDATES} sampled "
             f"and {made} new programs on "
-            f"{b} train questions, {rules:g} advice call(s) to the proposer a step (a rule for half the new "
+            f"{b} train questions, {rules:g} advice call(s) to the proposer a step (a rule "
+            "for half the new "
             "programs)"
             + (f", a rule on an ingest site ingesting {m} episodes" if shape.ingest_sites else "")
         ),
@@ -302,8 +305,10 @@ def gepa_work(shape: RunShape) -> OptimizerWork:
         completion_tokens=shape.instruction_tokens(site) + JSON_TOKENS,
         threads=shape.threads,
         basis=(
-            f"{rounds} GEPA round(s) of {granted} program runs on train questions and {iterations:.1f} reflection "
-            f"call(s) on {site or 'the first site'} (mini-batches of {r}, one mutation in two accepted and run on "
+            f"{rounds} GEPA round(s) of {granted} program runs on train questions and "
+            f"{iterations:.1f} reflection "
+            f"call(s) on {site or 'the first site'} (mini-batches of {r}, one mutation in "
+            "two accepted and run on "
             f"all {q}: {per_round:.2g} trial(s) a round)"
         ),
     )
@@ -334,7 +339,8 @@ def optuna_work(shape: RunShape) -> OptimizerWork:
         completion_tokens=completion,
         threads=None,
         basis=(
-            f"{opt.PROPOSALS} proposed instructions per target site ({len(shape.sites)}), once, up front; no runs "
+            f"{opt.PROPOSALS} proposed instructions per target site ({len(shape.sites)}), "
+            "once, up front; no runs "
             "on train"
         ),
     )

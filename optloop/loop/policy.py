@@ -74,7 +74,8 @@ def small_split_warning(n_dev: int, n_test: int) -> str | None:
         1.96 * 0.5 / math.sqrt(max(min(n_dev, n_test), 1))
     )  # a 95% CI's half-width at accuracy 0.5
     return (
-        f"dev has {n_dev} questions, test {n_test}: a 95% CI this small spans about \u00b1{spread:.1f}; "
+        f"dev has {n_dev} questions, test {n_test}: a 95% CI this small spans about "
+        f"\u00b1{spread:.1f}; "
         "use more episodes (?limit=) or --split"
     )
 
@@ -89,7 +90,8 @@ def check_split_sizes(dataset: str, n_dev: int, n_test: int) -> None:
     spread = 1.96 * 0.5 / math.sqrt(max(min(n_dev, n_test), 1))
     raise ConfigError(
         f"{dataset} splits into {n_dev} dev and {n_test} test questions, fewer than "
-        f"{FEW_QUESTIONS} (a 95% CI of \u00b1{spread:.1f}): give a larger --dataset (more episodes) "
+        f"{FEW_QUESTIONS} (a 95% CI of \u00b1{spread:.1f}): give a larger --dataset (more "
+        "episodes) "
         "or a --split with larger dev and test shares, or --allow-small-splits to run anyway"
     )
 

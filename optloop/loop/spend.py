@@ -153,12 +153,18 @@ class SpendingLimits(BaseModel):
 # --- the estimate --------------------------------------------------------------------------------
 
 MODEL = (
-    "baseline: measured (train + dev, wall time); each trial: the baseline's dev evaluation with every request "
-    "computed (stores reused and cache hits make it cheaper); optimizer: its own runs on train and its proposer "
-    "calls, measured on finished trials or modeled from its structure (see the optimizer line); held-out test: 2 "
-    "evaluations of the test split, the dev evaluation scaled by sessions + questions; hours: requests x mean "
-    "latency / concurrency, LM time only, as if that many requests were always in flight, but an evaluation "
-    "takes at least its split's longest episode's chain of sequential requests x latency (its sessions ingested "
+    "baseline: measured (train + dev, wall time); each trial: the baseline's dev evaluation "
+    "with every request "
+    "computed (stores reused and cache hits make it cheaper); optimizer: its own runs on "
+    "train and its proposer "
+    "calls, measured on finished trials or modeled from its structure (see the optimizer "
+    "line); held-out test: 2 "
+    "evaluations of the test split, the dev evaluation scaled by sessions + questions; "
+    "hours: requests x mean "
+    "latency / concurrency, LM time only, as if that many requests were always in flight, "
+    "but an evaluation "
+    "takes at least its split's longest episode's chain of sequential requests x latency "
+    "(its sessions ingested "
     "in order, then one question), when the chains are known; the optimizer's part is not floored"
 )
 
@@ -359,8 +365,10 @@ def floor_line(
     unit = f"a batch of {batch}" if batch > 1 and "at once" in part.part else "an evaluation"
     each = "" if latency_s is None else f" ({floor.requests * latency_s:,.0f} s {unit})"
     return (
-        f"time of the {part.part} set by the longest {floor.split} episode's {floor.requests:,.0f} sequential "
-        f"requests{each}, not by --concurrency {concurrency}: its sessions are ingested in order, then a question"
+        f"time of the {part.part} set by the longest {floor.split} episode's "
+        f"{floor.requests:,.0f} sequential "
+        f"requests{each}, not by --concurrency {concurrency}: its sessions are ingested in "
+        "order, then a question"
     )
 
 
@@ -661,7 +669,8 @@ def measured_work(
         cost_usd=None if dollars is None else dollars * scale,
         threads=None if model is None else model.threads,
         basis=(
-            f"the {k} finished trial(s): {calls:.0f} requests on train and {proposer_calls:.0f} to the proposer "
+            f"the {k} finished trial(s): {calls:.0f} requests on train and "
+            f"{proposer_calls:.0f} to the proposer "
             f"so far (the run's total less its evaluations), {how}"
         ),
     )

@@ -79,7 +79,8 @@ def storage_url(url: str) -> str:
         if importlib.util.find_spec(module) is not None:
             return f"postgresql+{module}://{rest}"
     raise ConfigError(
-        f"--storage {redact_url(url)}: no PostgreSQL driver is installed; pip install psycopg2-binary"
+        f"--storage {redact_url(url)}: no PostgreSQL driver is installed; pip install "
+        "psycopg2-binary"
     )
 
 
@@ -386,7 +387,10 @@ class SharedStudy:
 
     def describe(self, worker: str) -> str:
         beat = self.get(f"{PREFIX}beat:{worker}") or {}
-        return f"worker {beat.get('rank', '?')} (host {beat.get('host', '?')}, pid {beat.get('pid', '?')})"
+        return (
+            f"worker {beat.get('rank', '?')} (host {beat.get('host', '?')}, pid "
+            f"{beat.get('pid', '?')})"
+        )
 
     def alive(self, worker: str) -> bool:
         """Whether ``worker``'s heartbeat moved within ``stale_after`` seconds of this worker's own

@@ -108,7 +108,8 @@ def apply(
     for site in sites:
         if site in LIBRARY_SHA256 and LIBRARY_SHA256[site] != sha256(own[site]):
             logger.warning(
-                "the installed mem0's own %s prompt differs from the one these prompts were optimized "
+                "the installed mem0's own %s prompt differs from the one these prompts were "
+                "optimized "
                 "from; they still replace it",
                 site,
             )

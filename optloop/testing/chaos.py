@@ -25,7 +25,10 @@ from optloop.errors import ConfigError
 from optloop.testing.scripted import ScriptedOpenAIServer, answer_with
 
 Disruption = Literal["http500", "http503", "truncated", "nonjson", "hang"]
-TRUNCATED_BODY = '{"id": "cmpl-1", "object": "chat.completion", "created": 0, "choices": [{"index": 0, "message": {"ro'
+TRUNCATED_BODY = (
+    '{"id": "cmpl-1", "object": "chat.completion", "created": 0, "choices": [{"index": 0, '
+    '"message": {"ro'
+)
 NON_JSON_BODY = (
     "<html><head><title>502 Bad Gateway</title></head><body>upstream went away</body></html>"
 )

@@ -154,7 +154,8 @@ def forget(
                     (*cleaned, row["id"]),
                 )
         db.execute(
-            "INSERT INTO forgotten(request, what, keys, session_id, turn_id, timestamp, rows_removed, "
+            "INSERT INTO forgotten(request, what, keys, session_id, turn_id, timestamp, "
+            "rows_removed, "
             "texts_redacted) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 request or f"forget {what}",

@@ -299,7 +299,8 @@ class TieredSystem(MemorySystem):
                 isinstance(value, bool) or not isinstance(value, int | float)
             ):
                 raise ConfigError(
-                    f"tiered knob threshold must be a number (or None for no threshold), got {value!r}"
+                    "tiered knob threshold must be a number (or None for no threshold), "
+                    f"got {value!r}"
                 )
         elif name == "search_recipe":
             ok = isinstance(value, str) and (
@@ -320,7 +321,8 @@ class TieredSystem(MemorySystem):
         for site, text in (pack.get("prompts") or {}).items():
             if site not in self._sites:
                 raise ConfigError(
-                    f"the prompt pack names site {site!r}; {self.name} has {', '.join(self._sites)}"
+                    f"the prompt pack names site {site!r}; {self.name} has "
+                    f"{', '.join(self._sites)}"
                 )
             self._check_pack_schema(site, (pack.get("sites") or {}).get(site))
             self._sites[site].set_instructions(text)

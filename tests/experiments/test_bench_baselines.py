@@ -99,7 +99,8 @@ def test_default_plan_skips_slow_systems_and_absent_memfail_tasks(
 def test_default_plan_takes_the_memfail_tasks_present(monkeypatch, tmp_path: Path) -> None:
     (tmp_path / "memfail").mkdir()
     (tmp_path / "memfail" / "persona_dataset.csv").write_text(
-        'entity,entity_facts,questions\nAda,"[""Ada paints.""]","[{""text"": ""What does Ada do?"", '
+        'entity,entity_facts,questions\nAda,"[""Ada paints.""]","[{""text"": ""What does '
+        'Ada do?"", '
         '""ground_truth_answer"": ""paints""}]"\n',
         encoding="utf-8",
     )
@@ -115,7 +116,8 @@ def test_default_plan_takes_the_memfail_tasks_present(monkeypatch, tmp_path: Pat
 def test_flags_override_the_config(tmp_path: Path) -> None:
     path = tmp_path / "exp.toml"
     path.write_text(
-        'name = "x"\nsystems = ["md_flat", "rag_bm25"]\ndatasets = ["builtin:tiny", "builtin:meme"]\n'
+        'name = "x"\nsystems = ["md_flat", "rag_bm25"]\ndatasets = ["builtin:tiny", '
+        '"builtin:meme"]\n'
         "episodes = 1\n"
     )
     plan = baselines.make_plan(_args(config=path))

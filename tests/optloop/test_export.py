@@ -129,7 +129,8 @@ def _standalone(
         "[p for p in sys.path if 'site-packages' not in p]\n"
         "import importlib.util\n"
         "assert importlib.util.find_spec('optloop') is None, 'optloop is importable'\n"
-        "assert importlib.util.find_spec('signatures') is None and importlib.util.find_spec('systems') is None\n"
+        "assert importlib.util.find_spec('signatures') is None and "
+        "importlib.util.find_spec('systems') is None\n"
     )
     env = {
         "PATH": "/usr/bin:/bin",

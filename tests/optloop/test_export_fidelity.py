@@ -266,8 +266,10 @@ def test_vanilla_mem0_with_the_exported_prompt_sends_and_stores_what_the_optimiz
     assert len(extract_calls) == len(ep.sessions) and text.endswith(RULE)
     assert_same(ep, optimized, vanilla_outcome, with_response_format=True)
     print(
-        f"\nmem0 fidelity: {len(optimized.requests)} requests identical, memories {optimized.memories}, accuracy "
-        f"{accuracy(ep, optimized.answers):.2f}; optimized run {optimized_seconds:.0f} s, total {total:.0f} s",
+        f"\nmem0 fidelity: {len(optimized.requests)} requests identical, memories "
+        f"{optimized.memories}, accuracy "
+        f"{accuracy(ep, optimized.answers):.2f}; optimized run {optimized_seconds:.0f} s, "
+        f"total {total:.0f} s",
         file=sys.stderr,
     )
 
@@ -405,7 +407,9 @@ def test_vanilla_graphiti_with_the_exported_prompt_sends_and_stores_what_the_opt
     # compared
     assert_same(ep, optimized, vanilla_outcome, with_response_format=False)
     print(
-        f"\ngraphiti fidelity: {len(optimized.requests)} requests identical, {len(optimized.memories)} memories, "
-        f"accuracy {accuracy(ep, optimized.answers):.2f}; optimized run {optimized_seconds:.0f} s, total {total:.0f} s",
+        f"\ngraphiti fidelity: {len(optimized.requests)} requests identical, "
+        f"{len(optimized.memories)} memories, "
+        f"accuracy {accuracy(ep, optimized.answers):.2f}; optimized run "
+        f"{optimized_seconds:.0f} s, total {total:.0f} s",
         file=sys.stderr,
     )

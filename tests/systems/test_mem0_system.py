@@ -442,7 +442,8 @@ def test_pipeline_on_the_embedded_lm_with_short_instructions(tmp_path, embedder)
     )
     system = Mem0System(lm, tmp_path / "run", embedder=embedder)
     system.prompt_sites()["mem0.extract"].set_instructions(
-        "Extract every fact about the user from the New Messages: one memory per fact, each a short sentence."
+        "Extract every fact about the user from the New Messages: one memory per fact, each "
+        "a short sentence."
     )
     check_pipeline(system, lm)
 

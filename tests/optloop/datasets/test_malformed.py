@@ -37,7 +37,8 @@ def coexisting_row(facts: str = '["I like tea.", "I like coffee."]') -> dict[str
 def test_missing_csv_column_names_header_line_and_column(write_csv) -> None:  # type: ignore[no-untyped-def]
     path = write_csv("persona.csv", [{"entity": "Yuki", "entity_facts": '["Yuki maps wrecks."]'}])
     assert error_for(f"memfail:persona:{path}") == (
-        f"{path}: line 1 (header): field 'questions': missing column (found columns: entity, entity_facts)"
+        f"{path}: line 1 (header): field 'questions': missing column (found columns: "
+        "entity, entity_facts)"
     )
 
 

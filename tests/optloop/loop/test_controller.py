@@ -497,7 +497,8 @@ def test_a_resumed_optimizer_is_retargeted_on_the_best_so_far(tmp_path):
             "delta",
             8,
             True,
-            "the point delta is above 0 (its 95% CI includes 0), champion moved (--promote-if delta)",
+            "the point delta is above 0 (its 95% CI includes 0), champion moved "
+            "(--promote-if delta)",
         ),
         ("delta", 6, False, "the point delta is not above 0"),
     ],

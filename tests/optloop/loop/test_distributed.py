@@ -359,7 +359,8 @@ def postgres_url():
     bindir = _pg_bindir()
     if bindir is None:
         pytest.skip(
-            "PostgreSQL server binaries (initdb, pg_ctl, postgres) not found under /usr/lib/postgresql/*/bin; "
+            "PostgreSQL server binaries (initdb, pg_ctl, postgres) not found under "
+            "/usr/lib/postgresql/*/bin; "
             "install Debian's postgresql package (the Makefile's system-deps step)"
         )
     psycopg2 = pytest.importorskip(

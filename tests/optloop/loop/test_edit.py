@@ -181,7 +181,10 @@ def test_support_needs_several_failures_and_reads_quoted_phrases():
 def test_no_edit_leaves_a_sentence_cut_in_half(optimizer):
     opt, _ = optimizer
     opt.deletions, opt.extra = 10, 30
-    text = 'Answer from the memories. If the memories do not contain the answer, reply "I don\'t know".'
+    text = (
+        "Answer from the memories. If the memories do not contain the answer, reply \"I don't "
+        'know".'
+    )
     for edit in opt.edits(text, "answer"):
         assert not problems(edit.text), edit
         assert "contain the answer," not in edit.text or "reply" in edit.text

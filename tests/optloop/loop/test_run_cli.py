@@ -483,8 +483,10 @@ def test_sigterm_exits_130_marks_the_runs_killed_and_the_same_command_resumes_an
         last = err.strip().splitlines()[-1]
         assert proc.returncode == 130, err[-3000:]
         assert last == (
-            f"optloop: interrupted (SIGTERM): run {name} is saved (0 of 1 trials done), its MLflow runs "
-            f"marked KILLED; resume it with the same command: python -m optloop.run {shlex.join(args)}"
+            f"optloop: interrupted (SIGTERM): run {name} is saved (0 of 1 trials done), its "
+            "MLflow runs "
+            "marked KILLED; resume it with the same command: python -m optloop.run "
+            f"{shlex.join(args)}"
         )
         store = read_store(tmp_path)
         assert (
@@ -505,7 +507,8 @@ def test_sigterm_exits_130_marks_the_runs_killed_and_the_same_command_resumes_an
         )
     assert again.returncode == 0, again.stderr[-3000:]
     assert again.stderr.splitlines()[0].startswith(
-        f"optloop.run resuming {name}, the latest unfinished run of these settings (0 of 1 trials done, 1 process(es) "
+        f"optloop.run resuming {name}, the latest unfinished run of these settings (0 of 1 "
+        "trials done, 1 process(es) "
         "so far); --new starts afresh"
     ), again.stderr[:500]
     store = read_store(tmp_path)
