@@ -1,7 +1,9 @@
-"""docs/benchmarks.md from experiments/results/*.json: each benchmark's question, command and latest tables.
+"""docs/benchmarks.md from experiments/results/*.json: each benchmark's question, command and
+latest tables.
 
     python -m experiments.report            # rewrite docs/benchmarks.md
-    python -m experiments.report --check    # exit 1 when docs/benchmarks.md differs from what the results say
+    python -m experiments.report --check    # exit 1 when docs/benchmarks.md differs from what the
+                                            # results say
 
 Every table is read from a results file; the page's text names what each benchmark asks and how to
 run it. Each results file carries its provenance (``command``, ``date``, ``commit``, ``model``,

@@ -1,7 +1,8 @@
 """Attribute every wrong answer of a memory system to the operation that caused it.
 
     python -m optloop.attribute --system mem0 --dataset builtin:tiny
-    python -m optloop.attribute --system rag_bm25 --dataset synthetic:suite --faults planted --json report.json
+    python -m optloop.attribute --system rag_bm25 --dataset synthetic:suite --faults planted \\
+        --json report.json
 
 Runs the system over the dataset with the tracer on (one execution graph per
 episode), attributes each failed question to its decisive operation, error

@@ -1,14 +1,17 @@
-"""One repair case end to end (``make demo-repair``): plant a sabotage, let the loop find and mend it, export.
+"""One repair case end to end (``make demo-repair``): plant a sabotage, let the loop find and mend
+it, export.
 
-    python -m optloop.demo_repair    # recall-answer-unknown-prepend: rag_bm25 on synthetic:recall, edit
-    python -m optloop.demo_repair --case answer-echo --dataset "memfail:persona?limit=12" --lm-max-items 8
+    python -m optloop.demo_repair    # recall-answer-unknown-prepend: rag_bm25 on synthetic:recall,
+                                     # edit
+    python -m optloop.demo_repair --case answer-echo --dataset "memfail:persona?limit=12" \\
+        --lm-max-items 8
 
 1. the sabotage (a case of :mod:`optloop.faults.sabotages`) is planted as the run's start
    instruction: ``optloop.run --start SITE=TEXT``; the loop is not told which site it is in;
 2. ``optloop.run`` attributes the failures, blames a site and rewrites only that one;
 3. the run's prompts are exported (``optloop.export --format json``) as a product would take them;
-4. the before/after diff of the mended prompt is printed, with where the first blame went, the held-out
-   delta with its CI, and whether the sabotage's text is still in the exported prompt.
+4. the before/after diff of the mended prompt is printed, with where the first blame went, the
+   held-out delta with its CI, and whether the sabotage's text is still in the exported prompt.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Export optimized prompts from MLflow into a product that uses vanilla mem0 or graphiti.
 
     python -m optloop.export --run RUN_ID --format mem0 --out mem0_prompts.py
-    python -m optloop.export --prompt optloop.mem0.extract@champion --format mem0 --out mem0_prompts.py
+    python -m optloop.export --prompt optloop.mem0.extract@champion --format mem0 \\
+        --out mem0_prompts.py
     python -m optloop.export --run RUN_ID --format graphiti --out graphiti_prompts.py
     python -m optloop.export --run RUN_ID --format json --out prompts.json
     python -m optloop.export --run RUN_ID --format dspy --out program.json
@@ -9,12 +10,13 @@
 
 Sources (one of):
   --run RUN_ID       a finished `python -m optloop.run` (its parent run; the id it printed, also in
-                     `make ui`): every site's prompt as the best candidate sends it (prompts_after.json),
-                     the knobs of that candidate, the DSPy program
-  --prompt REF       one prompt of the MLflow Prompt Registry: NAME@ALIAS or NAME/VERSION, optionally
-                     as prompts:/NAME@ALIAS. optloop registers the changed sites of each run as
-                     optloop.<site> (optloop.mem0.extract, optloop.graphiti.extract_edges.edge) or
-                     optloop.<system>.<site> (optloop.mem0.answer); alias `champion` = held-out winner
+                     `make ui`): every site's prompt as the best candidate sends it
+                     (prompts_after.json), the knobs of that candidate, the DSPy program
+  --prompt REF       one prompt of the MLflow Prompt Registry: NAME@ALIAS or NAME/VERSION,
+                     optionally as prompts:/NAME@ALIAS. optloop registers the changed sites of each
+                     run as optloop.<site> (optloop.mem0.extract,
+                     optloop.graphiti.extract_edges.edge) or optloop.<system>.<site>
+                     (optloop.mem0.answer); alias `champion` = held-out winner
 
 Formats:
   json      {site: exact prompt text}: instructions with any demos rendered, what the site sends as
@@ -28,11 +30,11 @@ Formats:
                 Graphiti(..., prompt_library=graphiti_prompts.prompt_library())
             or graphiti_prompts.apply(graphiti) on a live instance
   dspy      the run's DSPy program JSON (every site's instructions and demos; dspy's load())
-  pack      a JSON prompt pack: {format, system, prompts, knobs, knob_values, sites, source}; sites gives
-            each optloop-defined site's input fields and output fields (type, description, JSON schema),
-            knob_values the system's knob value spaces: what optloop's own systems (tiered, gated:
-            SystemClass(...).apply_pack(json.load(open(path)))) need to run with the optimized
-            prompts and knobs
+  pack      a JSON prompt pack: {format, system, prompts, knobs, knob_values, sites, source};
+            sites gives each optloop-defined site's input fields and output fields (type,
+            description, JSON schema), knob_values the system's knob value spaces: what optloop's
+            own systems (tiered, gated: SystemClass(...).apply_pack(json.load(open(path)))) need
+            to run with the optimized prompts and knobs
 
 Without the export step, optloop.product.apply(memory, "prompts:/optloop.mem0.extract@champion")
 applies registry prompts to a live mem0 or graphiti from Python (optloop installed).

@@ -1,8 +1,10 @@
 """The closed loop: find which prompt makes a memory system fail, rewrite only that one, measure.
 
     python -m optloop.run --system mem0 --budget 3
-    python -m optloop.run --system graphiti --dataset memfail:coexisting?limit=12 --budget 20 --optimizer gepa
-    python -m optloop.run --system rag_bm25 --budget 10 --optimizer optuna --untargeted   # the ablation
+    python -m optloop.run --system graphiti --dataset memfail:coexisting?limit=12 --budget 20 \\
+        --optimizer gepa
+    python -m optloop.run --system rag_bm25 --budget 10 --optimizer optuna --untargeted \\
+        # the ablation
 
 With no --dataset, a system runs on a dataset optloop generates (see --dataset and
 optloop/datasets/defaults.py): synthetic:recall?seed=0&episodes=40, 20 dev and 20 test

@@ -1,7 +1,10 @@
-"""Benchmark attribution on planted faults: accuracy, speed, and LLM calls of the deterministic pass.
+"""Benchmark attribution on planted faults: accuracy, speed, and LLM calls of the deterministic
+pass.
 
-    python -m experiments.bench.attribution [--systems rag_bm25,...] [--datasets "builtin:tiny;synthetic:suite"]
-                                            [--faults preregistered|NAME,...] [--json out.json] [--markdown out.md]
+    python -m experiments.bench.attribution [--systems rag_bm25,...]
+                                            [--datasets "builtin:tiny;synthetic:suite"]
+                                            [--faults preregistered|NAME,...]
+                                            [--json out.json] [--markdown out.md]
 
 Runs the planted-fault harness (``optloop.attribution.planted``) for each system
 over each dataset with the embedded LM: every system clean and under each of

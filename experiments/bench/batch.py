@@ -1,8 +1,9 @@
-"""Trials in batches against an endpoint: ``optloop.run --budget 8`` at ``--concurrency 16``, one candidate at a
-time against ``--batch K``, through the replay server at 1 s a call.
+"""Trials in batches against an endpoint: ``optloop.run --budget 8`` at ``--concurrency 16``, one
+candidate at a time against ``--batch K``, through the replay server at 1 s a call.
 
-    flock /tmp/optloop-lm.lock python -m experiments.bench.batch --phase record [--system rag_bm25] [--query-rewrite]
-        [--dataset synthetic:recall?seed=0&episodes=40] [--optimizer edit] [--budget 8] [--batches 1,4]
+    flock /tmp/optloop-lm.lock python -m experiments.bench.batch --phase record
+        [--system rag_bm25] [--query-rewrite] [--dataset synthetic:recall?seed=0&episodes=40]
+        [--optimizer edit] [--budget 8] [--batches 1,4]
         [--n 16] [--latency-ms 1000] [--jitter-ms 150] [--work DIR]
         [--json experiments/results/batch.json] [--markdown experiments/results/batch.md]
     python -m experiments.bench.batch --phase replay [the same flags]
@@ -11,20 +12,20 @@ Each batch size K is one whole run of the real CLI (``python -m optloop.run``: b
 trials, held-out test, MLflow), twice:
 
 1. **record**: against :class:`~optloop.testing.replay.ReplayServer` with no latency, whose
-   every answer is computed by the embedded model (SmolLM2 through llama.cpp, the system's own decoding
-   bounds) the first time it is asked and kept (``<work>/responses.json``, shared by every K and every
-   rerun): the run as the embedded model makes it, at ``--concurrency 1``, over HTTP, so every request
-   of the replay is one the recording holds (a request made for a DSPy rollout is keyed by its body, as
-   the server sees it, not by the rollout id);
-2. **replay**: the same command at ``--concurrency N`` against the server replaying those answers at
-   ``--latency-ms`` +- ``--jitter-ms`` (fixed by the request and the seed), timed (wall time of the
-   process, startup included).
+   every answer is computed by the embedded model (SmolLM2 through llama.cpp, the system's own
+   decoding bounds) the first time it is asked and kept (``<work>/responses.json``, shared by every
+   K and every rerun): the run as the embedded model makes it, at ``--concurrency 1``, over HTTP,
+   so every request of the replay is one the recording holds (a request made for a DSPy rollout is
+   keyed by its body, as the server sees it, not by the rollout id);
+2. **replay**: the same command at ``--concurrency N`` against the server replaying those answers
+   at ``--latency-ms`` +- ``--jitter-ms`` (fixed by the request and the seed), timed (wall time of
+   the process, startup included).
 
-A row says the replay's wall time, its trials, dev and held-out accuracies, and whether its candidates and
-accuracies are identical to the recording's (the same ``--seed`` and ``--batch`` at another concurrency:
-deterministic), and how many requests the recording did not hold (must be 0). Runs with other K try other
-candidates (a SIMBA step's best K, an edit round's K best edits at once), so their accuracies may differ;
-what the table compares is the time the same budget takes.
+A row says the replay's wall time, its trials, dev and held-out accuracies, and whether its
+candidates and accuracies are identical to the recording's (the same ``--seed`` and ``--batch`` at
+another concurrency: deterministic), and how many requests the recording did not hold (must be 0).
+Runs with other K try other candidates (a SIMBA step's best K, an edit round's K best edits at
+once), so their accuracies may differ; what the table compares is the time the same budget takes.
 """
 
 from __future__ import annotations

@@ -16,9 +16,10 @@ or a real answer:
 The default schedule (a cycle of 20 requests) puts isolated faults of every kind,
 which one retry cures, and one burst of two faults in a row, which outlasts
 ``--lm-retries 1`` and fails a call (the question it belonged to fails, the run
-goes on: the bench passes ``--max-failed-share 1``). ``python -m optloop.run --system md_flat --lm openai:smollm2
---lm-base-url <server> --lm-retries 1 --lm-timeout T`` runs against it in a
-subprocess, with its own state dir and MLflow store under ``--work``.
+goes on: the bench passes ``--max-failed-share 1``).
+``python -m optloop.run --system md_flat --lm openai:smollm2 --lm-base-url <server>
+--lm-retries 1 --lm-timeout T`` runs against it in a subprocess, with its own state dir and
+MLflow store under ``--work``.
 
 Figures (printed, and written with ``--json``):
 

@@ -1,15 +1,17 @@
-"""Crash consistency of ``python -m optloop.run``, measured: SIGKILL at each checkpoint boundary in turn,
-resume with the same command, compare with an uninterrupted run.
+"""Crash consistency of ``python -m optloop.run``, measured: SIGKILL at each checkpoint boundary in
+turn, resume with the same command, compare with an uninterrupted run.
 
-    python -m experiments.bench.crash                 # the matrix (md_flat on builtin:tiny, edit, budget 3)
-    python -m experiments.bench.crash --shared        # also: two Optuna workers, one killed and restarted
+    python -m experiments.bench.crash                 # the matrix (md_flat on builtin:tiny, edit,
+                                                      # budget 3)
+    python -m experiments.bench.crash --shared        # also: two Optuna workers, one killed and
+                                                      # restarted
     python -m experiments.bench.crash --json OUT.json
 
-Every process is the real CLI against :class:`~optloop.testing.oracle.OracleEndpoint`, a loopback OpenAI-compatible
-server that needs no model: md_flat's curate call keeps the session's user lines as facts, the
-answer call gives the gold answer when the memories hold it, unless the answer instruction
-carries the run's planted sentence (``--start answer=+...``), and everything else gets a
-schema-valid stub. So the edit optimizer's deletion of the planted sentence is a real
+Every process is the real CLI against :class:`~optloop.testing.oracle.OracleEndpoint`, a loopback
+OpenAI-compatible server that needs no model: md_flat's curate call keeps the session's user lines
+as facts, the answer call gives the gold answer when the memories hold it, unless the answer
+instruction carries the run's planted sentence (``--start answer=+...``), and everything else gets
+a schema-valid stub. So the edit optimizer's deletion of the planted sentence is a real
 improvement: the run registers a prompt and moves the ``champion`` alias, and every kill point
 has something to lose.
 
@@ -137,7 +139,8 @@ def install(point: str | None, record: Path | None) -> None:
 
 
 def kill_main(argv: Sequence[str]) -> int:
-    """``python -m experiments.bench.crash kill [--at POINT] [--record FILE] -- <optloop.run arguments>``"""
+    """``python -m experiments.bench.crash kill [--at POINT] [--record FILE] --
+    <optloop.run arguments>``"""
     parser = argparse.ArgumentParser(prog="python -m experiments.bench.crash kill")
     parser.add_argument("--at")
     parser.add_argument("--record", type=Path)

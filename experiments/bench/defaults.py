@@ -1,18 +1,21 @@
-"""Each system's default dataset, measured: the embedded model's baseline there and the projected run.
+"""Each system's default dataset, measured: the embedded model's baseline there and the projected
+run.
 
-    flock /tmp/optloop-lm.lock python -m experiments.bench.defaults [--systems rag_bm25,mem0,...] [--budget 50]
+    flock /tmp/optloop-lm.lock python -m experiments.bench.defaults [--systems rag_bm25,mem0,...]
+        [--budget 50]
         [--home DIR] [--timeout 1500] [--json experiments/results/defaults.json]
         [--markdown experiments/results/defaults.md]
 
-For every system, ``python -m optloop.run --system S --budget B --estimate --json <home>/S/estimate.json``
-with ``OPTLOOP_HOME=<home>/S``: no ``--dataset``, so the system's default
-(:mod:`optloop.datasets.defaults`); the run evaluates the baseline on train and dev, prints the projection
-of the whole run and stops. A system whose directory already holds that baseline is not run again. The
-table gives, per system, the dataset, the split's dev and test questions, the baseline's dev accuracy with
-its 95% CI (bootstrap over the dev questions, seeded) and whether it lies between 0.2 and 0.8 (headroom
-both ways), the baseline's wall time, and the projected hours of ``--budget B`` (``--estimate``'s model:
-LM time at the measured latency, the optimizer's own calls included). A system that did not finish within
-``--timeout`` is listed as not measured.
+For every system,
+``python -m optloop.run --system S --budget B --estimate --json <home>/S/estimate.json`` with
+``OPTLOOP_HOME=<home>/S``: no ``--dataset``, so the system's default
+(:mod:`optloop.datasets.defaults`); the run evaluates the baseline on train and dev, prints the
+projection of the whole run and stops. A system whose directory already holds that baseline is not
+run again. The table gives, per system, the dataset, the split's dev and test questions, the
+baseline's dev accuracy with its 95% CI (bootstrap over the dev questions, seeded) and whether it
+lies between 0.2 and 0.8 (headroom both ways), the baseline's wall time, and the projected hours of
+``--budget B`` (``--estimate``'s model: LM time at the measured latency, the optimizer's own calls
+included). A system that did not finish within ``--timeout`` is listed as not measured.
 """
 
 from __future__ import annotations

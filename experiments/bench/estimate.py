@@ -1,6 +1,8 @@
-"""A worked cost estimate of a whole loop run on an endpoint, from measured calls and tokens per session.
+"""A worked cost estimate of a whole loop run on an endpoint, from measured calls and tokens per
+session.
 
-    python -m experiments.bench.estimate [--system graphiti] [--budget 50] [--optimizer simba] [--sites S,S]
+    python -m experiments.bench.estimate [--system graphiti] [--budget 50] [--optimizer simba]
+                                         [--sites S,S]
                                          [--model openai:gpt-4o-mini]
                                          [--dataset locomo:../shared/data/locomo/locomo_dev5.json]
                                          [--conversations 10] [--latency-ms 1000] [--n 1,16]
@@ -42,9 +44,9 @@ differs is only where the baseline's figures come from. Here they are modeled:
   recorded ingest sites plus ``answer`` unless ``--sites`` names them: ``optloop.run`` chooses
   them from the baseline's blame, which a recording does not hold (it has no failures), so the
   default is every site a run could target but query rewriting, the dearest case for an optimizer
-  that re-ingests for an ingest site. The sites' start instructions are not read (that takes building
-  the system, an LM with it): the proposer's prompts count the recorded prompts of those sites,
-  which carry them, but not the instructions once more on their own.
+  that re-ingests for an ingest site. The sites' start instructions are not read (that takes
+  building the system, an LM with it): the proposer's prompts count the recorded prompts of those
+  sites, which carry them, but not the instructions once more on their own.
 
 The embedded model's extraction bounds (at most 3 items a list, 80 characters a string for
 graphiti) make it extract fewer entities and facts than gpt-4o-mini would, so graphiti's calls per

@@ -1,4 +1,5 @@
-"""Retrieval-only context metrics of ``gated`` against ``rag_embedding`` on generated agentic probes.
+"""Retrieval-only context metrics of ``gated`` against ``rag_embedding`` on generated agentic
+probes.
 
     python -m experiments.bench.gated [--records 2000] [--seed 0] [--top-k 5]
                                       [--json experiments/results/gated.json] [--markdown OUT]

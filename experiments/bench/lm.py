@@ -5,7 +5,8 @@
 Runs a fixed workload of schema-constrained memory-style calls (fact
 extraction, yes/no, multiple choice, short answers) and a few free-text calls
 against a fresh cache (every call reaches the model), then the same workload
-again (every call is a cache hit). Also times the bundled embedder. Figures go to the terminal and optionally JSON.
+again (every call is a cache hit). Also times the bundled embedder. Figures go to the terminal and
+optionally JSON.
 """
 
 from __future__ import annotations

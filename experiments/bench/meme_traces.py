@@ -7,8 +7,8 @@ failed probe, a hand-judged ``failure_stage`` (encoding, maintenance, retrieval,
 answering). This imports the traces (``optloop.tracing.meme_traces``), attributes
 every failed probe offline (``optloop.attribution.traces``: no system run, no LLM;
 optloop's deterministic judges, lexical then the bundled embedding model, loaded before
-the clock starts; ``--lexical-only`` drops the embedding judge) and compares optloop's decisive stage with the label:
-ExtractionError <-> encoding, UpdateError/DeletionError <-> maintenance,
+the clock starts; ``--lexical-only`` drops the embedding judge) and compares optloop's decisive
+stage with the label: ExtractionError <-> encoding, UpdateError/DeletionError <-> maintenance,
 RetrievalError <-> retrieval, ResponseError <-> answering (``docs/meme-traces.md``).
 
 Prints the agreement, the confusion matrix, the agreement per system and every

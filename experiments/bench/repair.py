@@ -1,8 +1,9 @@
 """The repair benchmark: a prompt made worse at one site must be found and mended by the loop.
 
-    python -m experiments.bench.repair                                   # md_flat cases, every arm, seeds 0,1,2
-    python -m experiments.bench.repair --cases answer-echo --seeds 0 --arms targeted --optimizers edit
-    python -m experiments.bench.repair --bite-only                       # only measure which sabotages bite
+    python -m experiments.bench.repair                # md_flat cases, every arm, seeds 0,1,2
+    python -m experiments.bench.repair --cases answer-echo --seeds 0 --arms targeted \\
+        --optimizers edit
+    python -m experiments.bench.repair --bite-only    # only measure which sabotages bite
 
 The closed loop's promise under control. A **sabotage** is a written instruction
 (the optimizer rewrites instructions, so the fault must live in one): the site's

@@ -1,48 +1,58 @@
 """Throughput against an endpoint: one evaluation at ``--concurrency`` N = 1, 2, 4, 8, 16.
 
-    python -m experiments.bench.throughput record [--systems md_flat,mem0,graphiti] [--dataset URI] [--cache FILE]
-    python -m experiments.bench.throughput replay [--systems ...] [--n 1,2,4,8,16] [--latency-ms 300] [--jitter-ms 50]
+    python -m experiments.bench.throughput record [--systems md_flat,mem0,graphiti] [--dataset URI]
+                                                  [--cache FILE]
+    python -m experiments.bench.throughput replay [--systems ...] [--n 1,2,4,8,16]
+                                                  [--latency-ms 300] [--jitter-ms 50]
                                                   [--rate-429 0,0.1] [--retry-after 1] [--seed 0]
-                                                  [--json experiments/results/throughput.json] [--markdown OUT]
+                                                  [--json experiments/results/throughput.json]
+                                                  [--markdown OUT]
 
-``record`` runs one evaluation of each system (the baseline candidate, as ``optloop.run`` evaluates it) on
-the dataset with the embedded LM (``--lm``, default ``local``; each system with its own decoding bounds),
-writing every answer to a dedicated LM cache file (default ``$OPTLOOP_HOME/throughput/lm_cache.sqlite``)
-and, beside it, ``recording.json``: the dataset, the model identity, the date and each system's figures.
-The default dataset, ``synthetic:suite?seed=0``, has 9 short episodes (1 or 2 sessions, 1 or 2 questions),
-so graphiti on the embedded LM records in minutes.
+``record`` runs one evaluation of each system (the baseline candidate, as ``optloop.run`` evaluates
+it) on the dataset with the embedded LM (``--lm``, default ``local``; each system with its own
+decoding bounds), writing every answer to a dedicated LM cache file (default
+``$OPTLOOP_HOME/throughput/lm_cache.sqlite``) and, beside it, ``recording.json``: the dataset, the
+model identity, the date and each system's figures. The default dataset,
+``synthetic:suite?seed=0``, has 9 short episodes (1 or 2 sessions, 1 or 2 questions), so graphiti
+on the embedded LM records in minutes.
 
 ``replay`` serves that cache from :mod:`optloop.testing.replay` on loopback (answers after
-``--latency-ms`` +- ``--jitter-ms``, and HTTP 429 with ``Retry-After`` on a ``--rate-429`` fraction of
-requests, all fixed by ``--seed`` and the request) and runs the same evaluation through it, uncached,
-at every N (and every 429 rate), each on a fresh server, store directory and LM. Per row:
+``--latency-ms`` +- ``--jitter-ms``, and HTTP 429 with ``Retry-After`` on a ``--rate-429`` fraction
+of requests, all fixed by ``--seed`` and the request) and runs the same evaluation through it,
+uncached, at every N (and every 429 rate), each on a fresh server, store directory and LM. Per row:
 
-``seconds``        wall time of the evaluation (``Evaluator.evaluate``; the systems' construction left out)
+``seconds``        wall time of the evaluation (``Evaluator.evaluate``; the systems' construction
+                   left out)
 ``calls``          LM requests it made (429 retries not counted)
-``ideal_seconds``  ``max(calls x mean latency / N, longest chain x mean latency)``: the time N requests
-                   always in flight would take, bounded below by the longest episode's chain of calls that
-                   must go one after another, its ingestion calls (sessions go in order) plus the calls of
-                   its costliest question (a question's calls go in order; its questions run at once).
-                   The mean latency is the replay server's injected mean for the run. graphiti makes some of
-                   a session's calls at once, so for graphiti the chain overstates the true one, and an
-                   efficiency above 1 says by how much.
+``ideal_seconds``  ``max(calls x mean latency / N, longest chain x mean latency)``: the time N
+                   requests always in flight would take, bounded below by the longest episode's
+                   chain of calls that must go one after another, its ingestion calls (sessions go
+                   in order) plus the calls of its costliest question (a question's calls go in
+                   order; its questions run at once). The mean latency is the replay server's
+                   injected mean for the run. graphiti makes some of a session's calls at once, so
+                   for graphiti the chain overstates the true one, and an efficiency above 1 says
+                   by how much.
 ``efficiency``     ``ideal_seconds / seconds``
-``accuracy``       of the evaluation; it must be the same at every N and 429 rate (the run fails otherwise)
+``accuracy``       of the evaluation; it must be the same at every N and 429 rate (the run fails
+                   otherwise)
 ``retries_429``    attempts the endpoint refused with 429 and optloop asked again
-``misses``         requests the recording does not hold (answered HTTP 400: that question fails at every N)
+``misses``         requests the recording does not hold (answered HTTP 400: that question fails at
+                   every N)
 
-With ``--repeat K`` each row is the run of median seconds of K (its ``seconds_runs`` lists all K): the
-injected latencies and 429s are the same in every run, so what varies is this machine's own work.
+With ``--repeat K`` each row is the run of median seconds of K (its ``seconds_runs`` lists all K):
+the injected latencies and 429s are the same in every run, so what varies is this machine's own
+work.
 
-Results go to ``--json`` (``{"rows": [...], "summary": [...], <settings>}``) and, with ``--markdown``, a
-table. The summary reads each system against the throughput targets (:func:`summarize`): the speed-up at
-N = 8 as a share of the ideal speed-up (target >= 0.8), and the time with 429s over the time without
-at each N (target <= 1.3x), beside the least that ratio can be at N = 1 for any client that honours
-``Retry-After`` (:func:`floor_429`: with 300 ms calls and a 1 s Retry-After on 10 % of attempts it is
-1.39x, so for calls made strictly one after another, as md_flat's and mem0's are at N = 1, that target
-is out of reach by arithmetic; only waits overlapped by other calls bring it lower, and graphiti
-overlaps some calls of a session even at N = 1, since a call waiting out a Retry-After holds no slot).
-mem0's extraction prompt carries the day's date (UTC), so its recording replays on the day it was made.
+Results go to ``--json`` (``{"rows": [...], "summary": [...], <settings>}``) and, with
+``--markdown``, a table. The summary reads each system against the throughput targets
+(:func:`summarize`): the speed-up at N = 8 as a share of the ideal speed-up (target >= 0.8), and
+the time with 429s over the time without at each N (target <= 1.3x), beside the least that ratio
+can be at N = 1 for any client that honours ``Retry-After`` (:func:`floor_429`: with 300 ms calls
+and a 1 s Retry-After on 10 % of attempts it is 1.39x, so for calls made strictly one after
+another, as md_flat's and mem0's are at N = 1, that target is out of reach by arithmetic; only
+waits overlapped by other calls bring it lower, and graphiti overlaps some calls of a session even
+at N = 1, since a call waiting out a Retry-After holds no slot). mem0's extraction prompt carries
+the day's date (UTC), so its recording replays on the day it was made.
 """
 
 from __future__ import annotations

@@ -10,22 +10,17 @@ talks to sits behind small interfaces, so tests drive it with fakes
 (``tests/optloop/loop/test_controller.py``) and :class:`optloop.loop.runner.Loop` wires the
 real ones:
 
-=========================== ========================================= ==============================
-interface                   does                                      real implementation
-=========================== ========================================= ==============================
-:class:`CandidateEvaluator` one candidate over a named split ->       ``runner.SplitEvaluator``
-                            Evaluation                                (the Evaluator)
-:class:`TrackingSink`       records the run (parent metrics, child    ``mlflow_sink.MlflowSink``
-                            runs, artifacts, the prompt registry)
-:class:`Coordinator`        who evaluates the baseline, who may take
-``coordinator.LocalCoordinator``,
-                            the next trial, who finishes
-                            ``coordinator.SharedCoordinator``
-``make_optimizer``          an :class:`~optloop.loop._base.Optimizer` ``Loop._optimizer``
-                            for (sites, knobs)                        (``OPTIMIZERS``)
-:class:`RunContext`         config, checkpoint, start program,        built by ``Loop``
-                            progress, cost
-=========================== ========================================= ==============================
+Each interface, what it does, and its real implementation:
+
+- :class:`CandidateEvaluator`: one candidate over a named split -> Evaluation;
+  ``runner.SplitEvaluator`` (the Evaluator)
+- :class:`TrackingSink`: records the run (parent metrics, child runs, artifacts, the prompt
+  registry); ``mlflow_sink.MlflowSink``
+- :class:`Coordinator`: who evaluates the baseline, who may take the next trial, who finishes;
+  ``coordinator.LocalCoordinator``, ``coordinator.SharedCoordinator``
+- ``make_optimizer``: an :class:`~optloop.loop._base.Optimizer` for (sites, knobs);
+  ``Loop._optimizer`` (``OPTIMIZERS``)
+- :class:`RunContext`: config, checkpoint, start program, progress, cost; built by ``Loop``
 
 **Checkpoint discipline** (why a resumed run equals an uninterrupted one). Every
 evaluation is written to the checkpoint as soon as it returns. A trial is appended to the

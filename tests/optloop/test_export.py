@@ -304,7 +304,7 @@ def test_every_command_the_help_shows_is_one_the_parser_takes():
 
     commands = [
         shlex.split(line.strip())[3:]
-        for line in (export.__doc__ or "").splitlines()
+        for line in (export.__doc__ or "").replace("\\\n", " ").splitlines()
         if line.strip().startswith("python -m optloop.export ")
     ]
     assert len(commands) >= 5
