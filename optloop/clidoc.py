@@ -16,7 +16,8 @@ import sys
 from optloop.console import COMMANDS, build_parser
 
 WIDTH = 100
-"""Usage lines are wrapped at this width whatever the terminal (argparse reads $COLUMNS otherwise)."""
+"""Usage lines are wrapped at this width whatever the terminal (argparse reads $COLUMNS
+otherwise)."""
 
 
 def _formatter(parser: argparse.ArgumentParser) -> argparse.HelpFormatter:

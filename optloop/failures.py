@@ -22,7 +22,8 @@ from typing import Any
 from optloop.errors import CallsFailedError
 
 ALLOWED_SHARE = 0.05
-"""The share of an evaluation's LM calls that may fail (after retries) before its figures are withheld."""
+"""The share of an evaluation's LM calls that may fail (after retries) before its figures are
+withheld."""
 
 
 def too_many(failed: int, calls: int, allowed: float = ALLOWED_SHARE) -> bool:

@@ -55,7 +55,8 @@ logger = logging.getLogger(__name__)
 SchemaMode = Literal["json_schema", "json_object"]
 LIBRARY_SYSTEMS = ("mem0", "graphiti")
 SHARED_SITES = sites.SHARED_SITES
-"""Sites every system has (``systems.base.MemorySystem``): optloop's steps, not a library's prompts."""
+"""Sites every system has (``systems.base.MemorySystem``): optloop's steps, not a library's
+prompts."""
 
 _REF = re.compile(r"^(?:prompts:/)?(?P<name>[^@/\s]+)(?:@(?P<alias>[^@/\s]+)|/(?P<version>\d+))$")
 
@@ -171,8 +172,8 @@ def response_format(site: str, schema_mode: SchemaMode = "json_schema") -> dict[
 
 
 SAMPLED = ("temperature", "max_tokens", "seed")
-"""The sampling settings of optloop's requests that a product's LLM config would otherwise set differently
-(mem0's own defaults: temperature 0.1, max_tokens 2000, no seed)."""
+"""The sampling settings of optloop's requests that a product's LLM config would otherwise set
+differently (mem0's own defaults: temperature 0.1, max_tokens 2000, no seed)."""
 
 
 def loop_sampling(lm_settings: Mapping[str, Any] | None = None) -> dict[str, Any]:

@@ -141,4 +141,5 @@ OP_KINDS: dict[str, tuple[str, ...]] = {
     site_name("dedupe_edges.resolve_edge"): ("update", "delete"),
     site_name("extract_nodes.extract_summaries_batch"): ("update",),
 }
-"""The memory operations each site's output decides (the operation names of docs/graph-schema.md)."""
+"""The memory operations each site's output decides (the operation names of
+docs/graph-schema.md)."""

@@ -35,7 +35,8 @@ Category = Literal[
     "schedule",
     "general",
 ]
-"""The categories a fact can be filed under (``systems.tiered.keys.CATEGORIES`` and ``general``)."""
+"""The categories a fact can be filed under (``systems.tiered.keys.CATEGORIES`` and
+``general``)."""
 
 MAX_KEY_CHARS = 32
 MAX_VALUE_CHARS = 48

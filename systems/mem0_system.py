@@ -53,7 +53,8 @@ if TYPE_CHECKING:
     from optloop.lm import OptloopLM
 
 USER_ID = "optloop-user"
-"""The one mem0 user every memory of a system instance belongs to (instances never share a store)."""
+"""The one mem0 user every memory of a system instance belongs to (instances never share a
+store)."""
 
 COLLECTION = "mem0"
 # get_all() returns at most top_k memories; "all memories" asks for more than any run stores.

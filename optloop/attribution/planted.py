@@ -59,7 +59,8 @@ SET_ASIDE_REASONS: dict[str, str] = {
     EVIDENCE_REACHED: "the evidence still reached the answer under the fault: the answer changed only because "
     "its context did",
 }
-"""Why a failure a fault caused is set aside from the induced-only figure (it is attributed all the same)."""
+"""Why a failure a fault caused is set aside from the induced-only figure (it is attributed all the
+same)."""
 
 
 @dataclass

@@ -14,7 +14,8 @@ from optloop.attribution.planted import SET_ASIDE_REASONS, Case, PlantedRun
 from optloop.stats import bootstrap_mean
 
 MIN_SAMPLE = 10
-"""A rate over fewer cases (or a system with fewer clean passes) is flagged as too small to support a figure."""
+"""A rate over fewer cases (or a system with fewer clean passes) is flagged as too small to support
+a figure."""
 
 
 def rate(

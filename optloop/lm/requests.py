@@ -70,12 +70,13 @@ def response_format_to_schema(response_format: Any) -> tuple[dict[str, Any] | No
 
 SchemaMode = Literal["json_schema", "json_object", "none"]
 SCHEMA_MODES: tuple[SchemaMode, ...] = ("json_schema", "json_object", "none")
-"""How a response schema reaches an endpoint, most constrained first (``auto`` tries them in this order).
+"""How a response schema reaches an endpoint, most constrained first (``auto`` tries them in this
+order).
 
-``json_schema``: OpenAI's ``{"type": "json_schema", "json_schema": {"name", "schema"}}`` (OpenAI, vLLM,
-Ollama); ``json_object``: ``{"type": "json_object", "schema": ...}`` (llama.cpp's servers); ``none``: no
-``response_format``, the schema written into the instructions (:func:`schema_instruction`) and the
-answer checked against it (:func:`check_schema`)."""
+``json_schema``: OpenAI's ``{"type": "json_schema", "json_schema": {"name", "schema"}}`` (OpenAI,
+vLLM, Ollama); ``json_object``: ``{"type": "json_object", "schema": ...}`` (llama.cpp's servers);
+``none``: no ``response_format``, the schema written into the instructions
+(:func:`schema_instruction`) and the answer checked against it (:func:`check_schema`)."""
 
 
 def openai_response_format(
