@@ -169,7 +169,8 @@ class LocalEmbedder(Embedder):
                 from sentence_transformers import SentenceTransformer
                 from transformers.utils import logging as hf_logging
 
-                hf_logging.disable_progress_bar()  # "Loading weights" bars on every start say nothing
+                # "Loading weights" bars on every start say nothing
+                hf_logging.disable_progress_bar()
                 _MODELS[self.name] = SentenceTransformer(self.model_path(), device="cpu")
             return _MODELS[self.name]
 

@@ -32,5 +32,6 @@ def isolated_state(tmp_path, monkeypatch):
         monkeypatch.delenv(name, raising=False)
     from optloop.lm import forget_endpoints
 
-    forget_endpoints()  # loopback ports are reused between tests: an endpoint's modes are the test's own
+    # loopback ports are reused between tests: an endpoint's modes are the test's own
+    forget_endpoints()
     return tmp_path / "state"

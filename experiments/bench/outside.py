@@ -845,7 +845,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 rows += CASES[name](Path(tmp))
             except Unsupported as exc:
                 print(f"{name}: skipped: {exc}", file=sys.stderr)
-            except Exception as exc:  # noqa: BLE001 - the other cases still run; the exit code says so
+            # the other cases still run; the exit code says so
+            except Exception as exc:  # noqa: BLE001
                 print(f"{name}: failed: {type(exc).__name__}: {str(exc)[:300]}", file=sys.stderr)
                 failed.append(name)
     print(table(rows))

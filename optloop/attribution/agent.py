@@ -164,7 +164,8 @@ class AttributionAgent:
                     inputs=_show(graph, op.inputs),
                     outputs=_show(graph, op.outputs),
                 )
-        except Exception as exc:  # noqa: BLE001 - an unusable verdict leaves the walk's answer standing
+        # an unusable verdict leaves the walk's answer standing
+        except Exception as exc:  # noqa: BLE001
             logger.warning("attribution agent: %s on %s: %s", type(exc).__name__, op.id, exc)
             return None
 

@@ -605,7 +605,11 @@ def deciding_site(graph: ExecutionGraph, op: Operation, kind: str | None = None)
         and o.seq < op.seq
         and (kind is None or kind in (sites.get(o.site, {}).get("op_kinds") or []))
     ]
-    return deciding[-1].site if deciding else library_target(f"{graph.system}.store")  # type: ignore[return-value]
+    return (
+        deciding[-1].site  # type: ignore[return-value]
+        if deciding
+        else library_target(f"{graph.system}.store")
+    )
 
 
 def search_knob(graph: ExecutionGraph, retrieve: Operation) -> str | None:

@@ -284,7 +284,8 @@ def _optloop_errors() -> Iterator[None]:
     except DSPyLMError as exc:
         cause = exc.__cause__
         if isinstance(cause, LMError):
-            raise cause from cause.__cause__  # the chain as the engine raised it, without DSPy's wrapper
+            # the chain as the engine raised it, without DSPy's wrapper
+            raise cause from cause.__cause__
         raise
 
 

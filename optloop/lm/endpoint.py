@@ -155,7 +155,8 @@ class OpenAICompatibleBackend(Backend):
             except MalformedResponse as exc:
                 refused.append(f"{mode}: accepted but not honoured ({exc})")
                 continue
-            except Exception as exc:  # noqa: BLE001 - a refusal of the mode, or a failure to report as such
+            # a refusal of the mode, or a failure to report as such
+            except Exception as exc:  # noqa: BLE001
                 why = self.request_error(exc)
                 if why is None:
                     raise self.describe_failure(exc) from exc

@@ -509,7 +509,9 @@ class Controller:
                 ]
             )
         if isinstance(getattr(optimizer, "queue", None), list):
-            optimizer.queue = [c for c in ckpt.queue if c.digest() not in optimizer.seen]  # type: ignore[attr-defined]
+            optimizer.queue = [  # type: ignore[attr-defined]
+                c for c in ckpt.queue if c.digest() not in optimizer.seen
+            ]
             optimizer.seen |= {c.digest() for c in optimizer.queue}  # type: ignore[attr-defined]
         return optimizer, best
 

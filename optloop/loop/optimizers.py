@@ -392,7 +392,8 @@ class OptunaOptimizer(Optimizer):
 
     name = "optuna"
     max_duplicates = 20
-    PROPOSALS = 3  # instructions proposed per site (the default; also what --estimate's model assumes: overhead.py)
+    # instructions proposed per site (the default; also what --estimate's model assumes: overhead.py)
+    PROPOSALS = 3
 
     def __init__(
         self,
@@ -570,7 +571,8 @@ class OptunaOptimizer(Optimizer):
         return None if optuna_trial is None else optuna_trial.number
 
 
-from optloop.loop.edit import EditOptimizer  # noqa: E402 - edit builds on this module's base, not on this module
+# edit builds on this module's base, not on this module
+from optloop.loop.edit import EditOptimizer  # noqa: E402
 
 OPTIMIZERS: dict[str, type[Optimizer]] = {
     "simba": SimbaOptimizer,

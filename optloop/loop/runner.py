@@ -190,7 +190,8 @@ def unfinished_runs(runs: Path, config: LoopConfig) -> list[Unfinished]:
         try:
             ckpt = Checkpoint.model_validate_json(path.read_text())
             mtime = path.stat().st_mtime
-        except Exception as exc:  # noqa: BLE001 - another run's broken state is no reason to refuse this one
+        # another run's broken state is no reason to refuse this one
+        except Exception as exc:  # noqa: BLE001
             logger.debug("skipping %s: %s", path, exc)
             continue
         if ckpt.auto_named and ckpt.resume_key == key and not ckpt.finished:
@@ -525,7 +526,8 @@ class Loop:
             for attempt in range(3):
                 try:
                     return tracking.experiment(f"optloop-{self.config.system}")
-                except Exception:  # noqa: BLE001 - the loser of a creation race finds it on the next try
+                # the loser of a creation race finds it on the next try
+                except Exception:  # noqa: BLE001
                     if attempt == 2:
                         raise
                     time.sleep(0.5 + attempt)
@@ -582,7 +584,8 @@ class Loop:
         the ETA it starts (``None`` when it cannot be made: the run goes on without one)."""
         try:
             figures = self.estimate(ckpt)
-        except Exception as exc:  # noqa: BLE001 - a projection is advice: the run goes on without it
+        # a projection is advice: the run goes on without it
+        except Exception as exc:  # noqa: BLE001
             logger.warning("no projection of the run's cost and time: %s", exc)
             return None
         self.project(figures, ckpt)

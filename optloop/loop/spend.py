@@ -455,7 +455,8 @@ def _optimizer_part(
                 work.proposer_prompt_tokens * proposer_price[0]
                 + work.proposer_completion_tokens * proposer_price[1]
             )
-        else:  # the system LM's measured dollars per token, unless the proposer is another LM (without a price)
+        # the system LM's measured dollars per token, unless the proposer is another LM (without a price)
+        else:
             proposer = (
                 None
                 if own_proposer or dollars_per_token is None

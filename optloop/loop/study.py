@@ -376,7 +376,8 @@ class SharedStudy:
         while not self._stop.wait(self.beat_every):
             try:
                 self.beat()
-            except Exception as exc:  # noqa: BLE001 - a missed beat is retried; others only wait longer
+            # a missed beat is retried; others only wait longer
+            except Exception as exc:  # noqa: BLE001
                 logger.debug("heartbeat failed: %s", exc)
 
     def close(self) -> None:

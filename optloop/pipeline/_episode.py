@@ -535,6 +535,10 @@ def _refine(result: EpisodeResult, attributor: Attributor) -> None:
     attributed = [o for o in result.outcomes if o.attribution is not None]
     if attributor.agent is None or not attributed or result.graph is None:
         return
-    refined = attributor.refine(result.graph, result.episode, [o.attribution for o in attributed])  # type: ignore[misc]
+    refined = attributor.refine(
+        result.graph,
+        result.episode,
+        [o.attribution for o in attributed],  # type: ignore[misc]
+    )
     for outcome, attribution in zip(attributed, refined):
         outcome.attribution = attribution

@@ -23,7 +23,9 @@ from optloop.product_templates.mem0_prompts import sha256
 from optloop.testing.scripted import ScriptedOpenAIServer
 from signatures.graphiti import library_system_prompt
 from signatures.mem0 import AGENT_CONTEXT_SUFFIX
-from tests.optloop._export_store import EDGE_RULE, EDGE_SITE, MEM0_RULE, store, template  # noqa: F401 (fixtures)
+
+# fixtures
+from tests.optloop._export_store import EDGE_RULE, EDGE_SITE, MEM0_RULE, store, template  # noqa: F401
 
 
 def export(*args: str) -> int:

@@ -182,7 +182,8 @@ def test_vanilla_mem0_with_the_exported_prompt_sends_and_stores_what_the_optimiz
         LMSettings.from_spec(
             "local",
             n_threads=1,
-            n_ctx=12288,  # above SmolLM2's trained 8,192: the prompt needs it (Mem0System.local_decoding)
+            # above SmolLM2's trained 8,192: the prompt needs it (Mem0System.local_decoding)
+            n_ctx=12288,
             max_array_items=2,
             max_string_chars=64,
             max_tokens=320,

@@ -13,7 +13,9 @@ from dspy.utils import DummyLM
 
 from optloop.attribution import ErrorType
 from optloop.attribution.agent import AttributionAgent, refine_ambiguous
-from tests.optloop.attribution.test_decisive import EPISODE, attribute_run, embedder  # noqa: F401 - fixture
+
+# fixture
+from tests.optloop.attribution.test_decisive import EPISODE, attribute_run, embedder  # noqa: F401
 
 OK = {"faulty": False, "error_type": "response", "explanation": "kept the evidence"}
 
@@ -37,7 +39,7 @@ def deleted(tmp_path, embedder):  # noqa: F811 - the fixture
     return graph, result["q1"].model_copy(update={"ambiguous": True})
 
 
-def test_agent_inspects_earliest_first_and_returns_the_first_faulty_operation(deleted, embedder):  # noqa: F811
+def test_agent_inspects_earliest_first_and_returns_the_first_faulty_operation(deleted, embedder):
     graph, walk = deleted
     lm = verdicts(OK, {"faulty": True, "error_type": "deletion", "explanation": "dropped the dog"})
     agent = AttributionAgent(lm)
@@ -81,7 +83,7 @@ def test_only_ambiguous_cases_reach_the_agent(deleted, embedder):  # noqa: F811
 
 
 @pytest.mark.integration
-def test_agent_on_the_embedded_lm_returns_a_parsed_verdict(deleted, embedder, tmp_path):  # noqa: F811
+def test_agent_on_the_embedded_lm_returns_a_parsed_verdict(deleted, embedder, tmp_path):
     """The real SmolLM2 answers the agent's schema; whatever it decides, the result is well
     formed."""
     from optloop.lm import LMSettings, OptloopLM

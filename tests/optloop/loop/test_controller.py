@@ -149,7 +149,8 @@ class FakeEvaluator:
         self.meter = meter or Meter()
 
     def evaluate(self, candidate: Candidate, split: Split) -> Evaluation:
-        self.meter.calls += EVALUATION_CALLS  # spent as it starts: a kill at this step loses the work, not its cost
+        # spent as it starts: a kill at this step loses the work, not its cost
+        self.meter.calls += EVALUATION_CALLS
         self.clock.tick(f"evaluate {split} {key(candidate)}")
         self.calls.append((split, candidate.digest()))
         if split == "test":

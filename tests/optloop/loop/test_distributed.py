@@ -425,7 +425,8 @@ def postgres_url():
         conn.autocommit = True
         conn.cursor().execute("CREATE DATABASE optloop")
         conn.close()
-        yield f"postgresql://postgres:{SECRET}@127.0.0.1:{port}/optloop"  # trust auth ignores the password
+        # trust auth ignores the password
+        yield f"postgresql://postgres:{SECRET}@127.0.0.1:{port}/optloop"
     finally:
         subprocess.run(
             as_user + [str(bindir / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "stop"],
