@@ -249,8 +249,7 @@ def render_traces(report: dict[str, Any]) -> Table:
     ms = report["ms_per_failure"]
     table = Table(
         title=f"{report['source']}: {report['failures']} failed probes of {report['probes']}, "
-        "attributed "
-        f"offline ({report['llm_calls']} LLM calls, {ms or 0:.1f} ms per failure)"
+        f"attributed offline ({report['llm_calls']} LLM calls, {ms or 0:.1f} ms per failure)"
     )
     table.add_column("system")
     for t in types:
@@ -264,9 +263,8 @@ def render_traces_markdown(report: dict[str, Any]) -> str:
     lines = [
         f"# Attribution of published traces: {report['source']}",
         "",
-        f"{report['failures']} failed probes of {report['probes']}; {report['llm_calls']} "
-        "LLM calls; "
-        f"{report['ms_per_failure'] or 0:.1f} ms per failure.",
+        f"{report['failures']} failed probes of {report['probes']}; {report['llm_calls']} LLM "
+        f"calls; {report['ms_per_failure'] or 0:.1f} ms per failure.",
         "",
     ]
     for f in report["attributions"]:
@@ -414,8 +412,7 @@ def _planted_lines(report: dict[str, Any]) -> list[str]:
         )
     lines.append(
         "k/n estimate [95% CI]: seeded bootstrap (optloop.stats.bootstrap_mean, seed "
-        f"{report['seed']}); "
-        f"* marks n < {report['min_sample']}, too small to support a figure"
+        f"{report['seed']}); * marks n < {report['min_sample']}, too small to support a figure"
     )
     return lines
 

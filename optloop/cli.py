@@ -179,9 +179,9 @@ def add_lm_arguments(parser: argparse.ArgumentParser) -> None:
         "--concurrency",
         metavar="N|auto",
         type=_concurrency,
-        help="LM requests in flight at once (default $OPTLOOP_CONCURRENCY, else 1 local, auto on "
-        "an "
-        "endpoint: measured at start-up, 1 for a server that answers one request at a time)",
+        help="LM requests in flight at once (default $OPTLOOP_CONCURRENCY, else 1 local, auto "
+        "on an endpoint: measured at start-up, 1 for a server that answers one request at a "
+        "time)",
     )
     group.add_argument(
         "--no-cache", action="store_true", help="bypass the persistent LM call cache"

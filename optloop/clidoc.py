@@ -102,12 +102,10 @@ def render() -> str:
     out = [
         "# Command-line reference",
         "",
-        "Generated from the parsers by `python -m optloop.clidoc > docs/cli.md`; a test "
-        "fails when it "
-        "drifts from them. Each `optloop COMMAND` is also `python -m optloop.COMMAND` with "
-        "the same flags. "
-        "How the commands fit together: [loop.md](loop.md), [attribution.md](attribution.md), "
-        "[endpoints.md](endpoints.md).",
+        "Generated from the parsers by `python -m optloop.clidoc > docs/cli.md`; a test fails "
+        "when it drifts from them. Each `optloop COMMAND` is also `python -m optloop.COMMAND` "
+        "with the same flags. How the commands fit together: [loop.md](loop.md), "
+        "[attribution.md](attribution.md), [endpoints.md](endpoints.md).",
         "",
         "## optloop",
         "",

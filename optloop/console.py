@@ -67,10 +67,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="optloop",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="optloop: trace every memory operation, blame the faulty prompt, optimize only that "
-        "prompt.",
-        epilog="Every subcommand has its own --help (optloop run --help). The same commands run as "
-        "python -m optloop.<command>. Guides: docs/ in the repository; every flag: docs/cli.md.",
+        description="optloop: trace every memory operation, blame the faulty prompt, optimize "
+        "only that prompt.",
+        epilog="Every subcommand has its own --help (optloop run --help). The same commands run "
+        "as python -m optloop.<command>. Guides: docs/ in the repository; every flag: "
+        "docs/cli.md.",
     )
     parser.add_argument("--version", action="version", version=f"optloop {__version__}")
     sub = parser.add_subparsers(title="commands", metavar="COMMAND", dest="command")

@@ -117,15 +117,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     first = result["targets"][0] if result["targets"] else "nothing"
     console.print(
         f"first blame: {first} "
-        f"({'the sabotaged site' if first == sabotage.site else 'NOT the sabotaged site'})"
-        f"; changed: {', '.join(result['changed_sites']) or 'nothing'}"
+        f"({'the sabotaged site' if first == sabotage.site else 'NOT the sabotaged site'}); "
+        f"changed: {', '.join(result['changed_sites']) or 'nothing'}"
     )
     ci = result["delta_test_ci"]
     console.print(
-        f"held-out test ({result['n_test']} questions): {result['test_before']:.3f} sabotaged -> "
-        f"{result['test_after']:.3f} after, {ci['estimate']:+.3f} [{ci['low']:+.3f}, "
-        f"{ci['high']:+.3f}]"
-        f"{'' if ci['low'] > 0 else ': no measurable change'}"
+        f"held-out test ({result['n_test']} questions): {result['test_before']:.3f} sabotaged "
+        f"-> {result['test_after']:.3f} after, {ci['estimate']:+.3f} [{ci['low']:+.3f}, "
+        f"{ci['high']:+.3f}]{'' if ci['low'] > 0 else ': no measurable change'}"
     )
     gone = " ".join(sabotage.text.split()) not in " ".join(after.split())
     console.print(

@@ -104,8 +104,7 @@ def from_run(run_id: str) -> Bundle:
     except MlflowException:
         raise ConfigError(
             f"no MLflow run {run_id!r} in this store; pass the run id python -m optloop.run "
-            "printed "
-            "(or see `make ui`), and --tracking-uri if the run is in another store"
+            "printed (or see `make ui`), and --tracking-uri if the run is in another store"
         ) from None
     tags, params = run.data.tags, run.data.params
     if parent := tags.get("mlflow.parentRunId"):
@@ -122,8 +121,7 @@ def from_run(run_id: str) -> Bundle:
     if artifacts.PROMPTS_AFTER not in logged:
         raise ConfigError(
             f"run {run_id} has no {artifacts.PROMPTS_AFTER}: it has not finished; resume it "
-            "with the "
-            "same python -m optloop.run command and --run-name"
+            "with the same python -m optloop.run command and --run-name"
         )
     prompts = json.loads(_artifact_text(run_id, artifacts.PROMPTS_AFTER))
     knobs = (
@@ -192,9 +190,8 @@ def render(
     if fmt == "dspy":
         if bundle.program is None:
             raise ConfigError(
-                f"--format dspy needs a run's DSPy program; {bundle.label} has none (export "
-                "a run with "
-                "--run, or use --format json)"
+                f"--format dspy needs a run's DSPy program; {bundle.label} has none (export a "
+                "run with --run, or use --format json)"
             )
         return bundle.program
     if fmt in ("mem0", "graphiti"):

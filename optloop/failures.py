@@ -48,8 +48,7 @@ def check(
     raise CallsFailedError(
         f"{failed} of {calls} LM calls failed after their retries in {what}, more than "
         f"{allowed:.0%}: its figures would score failed calls as wrong answers, so none is "
-        "reported"
-        f"{cause}"
+        f"reported{cause}"
     )
 
 

@@ -78,8 +78,7 @@ def registry_uri(ref: str) -> tuple[str, str | None]:
     if match is None:
         raise ConfigError(
             f"prompt reference {ref!r}: write NAME@ALIAS or NAME/VERSION (optionally with "
-            "prompts:/ "
-            "in front), e.g. optloop.mem0.extract@champion"
+            "prompts:/ in front), e.g. optloop.mem0.extract@champion"
         )
     name, alias, version = match["name"], match["alias"], match["version"]
     return (f"prompts:/{name}@{alias}" if alias else f"prompts:/{name}/{version}"), alias

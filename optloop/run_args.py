@@ -236,8 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=LoopConfig.model_fields["fractions"].default,
         metavar="TRAIN,DEV,TEST",
         help="shares of the episodes for train, dev and test (default 0.5,0.25,0.25; each above "
-        "0, "
-        "summing to 1). A 95%% CI on n questions spans about ±1/sqrt(n): 24 test questions, "
+        "0, summing to 1). A 95%% CI on n questions spans about ±1/sqrt(n): 24 test questions, "
         "±0.2; give dev and test more (0.4,0.3,0.3) or use more episodes",
     )
     parser.add_argument(
@@ -322,17 +321,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     spend = parser.add_argument_group(
         "spending",
-        "checked at step boundaries against the run's total over every process; not part of "
-        "the run's "
-        "settings, so the same command with a higher limit resumes a stopped run (exit code 3)",
+        "checked at step boundaries against the run's total over every process; not part of the "
+        "run's settings, so the same command with a higher limit resumes a stopped run (exit "
+        "code 3)",
     )
     spend.add_argument(
         "--max-cost",
         type=_max_cost,
         metavar="USD",
         help="stop once the run has spent this many dollars (a model with a price only; the run "
-        "may "
-        "pass it by one step)",
+        "may pass it by one step)",
     )
     spend.add_argument(
         "--max-calls",
@@ -346,17 +344,15 @@ def build_parser() -> argparse.ArgumentParser:
         default=ALLOWED_SHARE,
         metavar="SHARE",
         help="the share of an evaluation's LM calls that may fail after their retries, counted "
-        "and shown "
-        "beside its figures; past it the run stops with exit code 4, resumable (default "
-        "%(default)s)",
+        "and shown beside its figures; past it the run stops with exit code 4, resumable "
+        "(default %(default)s)",
     )
     spend.add_argument(
         "--estimate",
         action="store_true",
         help="evaluate the baseline, print the expected calls, tokens, dollars and hours of the "
-        "whole "
-        "run, the optimizer's own calls included, and stop (the same command without --estimate "
-        "goes on from that baseline)",
+        "whole run, the optimizer's own calls included, and stop (the same command without "
+        "--estimate goes on from that baseline)",
     )
     return parser
 
@@ -426,7 +422,6 @@ def check_priced(settings: LMSettings, proposer: LMSettings | None) -> None:
     for which, lm in (("", settings), ("the proposer LM ", proposer)):
         if lm is not None and lm.price() is None:
             raise ConfigError(
-                f"--max-cost: {which}{model_name(lm)} has no price in litellm's model cost "
-                "map, so its "
-                "dollars are unknown; limit the run with --max-calls N instead"
+                f"--max-cost: {which}{model_name(lm)} has no price in litellm's model cost map, "
+                "so its dollars are unknown; limit the run with --max-calls N instead"
             )

@@ -45,8 +45,7 @@ def choose_run(args: argparse.Namespace, config: LoopConfig, runs: Path) -> Choi
         if not matches(ckpt, config.model_copy(update={"run_name": name})):
             raise ConfigError(
                 f"run name {name!r} exists with other settings; resume it with the same "
-                "command, or "
-                "pick another --run-name"
+                "command, or pick another --run-name"
             )
         return Choice(
             name, ckpt, f"[bold]optloop.run[/] resuming {name}: {what} ({_so_far(ckpt, config)})"
@@ -64,8 +63,7 @@ def choose_run(args: argparse.Namespace, config: LoopConfig, runs: Path) -> Choi
                 run.name,
                 run.checkpoint,
                 f"[bold]optloop.run[/] {how} {run.name}, the latest unfinished run of these "
-                "settings "
-                f"({_so_far(run.checkpoint, config)}); --new starts afresh",
+                f"settings ({_so_far(run.checkpoint, config)}); --new starts afresh",
             )
     name = f"{config.system}-{config.optimizer}-{time.strftime('%Y%m%d-%H%M%S')}"
     n = 1

@@ -128,10 +128,8 @@ def fault_line(usage: Usage) -> str | None:
     surfaced = usage.faults - usage.cured
     return (
         f"LM faults: {usage.faults} failed attempt(s); {usage.cured} cured by a retry, "
-        f"{surfaced} in "
-        f"{usage.errors} call(s) that failed after their retries (see lm_faults in MLflow, "
-        "fault graphs in the "
-        "run directory)"
+        f"{surfaced} in {usage.errors} call(s) that failed after their retries (see lm_faults "
+        "in MLflow, fault graphs in the run directory)"
     )
 
 
@@ -148,11 +146,10 @@ def stopped_line(stop: RunStopped, ckpt: Checkpoint, config: LoopConfig, again: 
     how to go on."""
     flag = "--max-cost" if stop.reason == MAX_COST else "--max-calls"
     return (
-        f"optloop: stopped: {stop} ({cost_line(ckpt.total_cost())}); run {config.run_name} "
-        "is saved "
-        f"({ckpt.progress(config.budget)}), its MLflow parent run marked KILLED "
-        f"({STOPPED_BY}={stop.reason}); "
-        f"re-run the same command with a higher {flag} to go on: {again}"
+        f"optloop: stopped: {stop} ({cost_line(ckpt.total_cost())}); run {config.run_name} is "
+        f"saved ({ckpt.progress(config.budget)}), its MLflow parent run marked KILLED "
+        f"({STOPPED_BY}={stop.reason}); re-run the same command with a higher {flag} to go on: "
+        f"{again}"
     )
 
 
@@ -165,8 +162,8 @@ def estimate_table(figures: Estimate, config: LoopConfig, settings: LMSettings) 
     model)."""
     table = Table(
         title=f"estimate for {config.run_name}: {config.system} on {config.dataset}, "
-        f"{config.optimizer}, "
-        f"budget {config.budget}, {model_name(settings)}, --concurrency {figures.concurrency}"
+        f"{config.optimizer}, budget {config.budget}, {model_name(settings)}, --concurrency "
+        f"{figures.concurrency}"
     )
     for column in ("part", "evaluations", "calls", "tokens", "dollars", "time"):
         table.add_column(column, justify="left" if column == "part" else "right")
@@ -197,8 +194,8 @@ def optimizer_line(figures: Estimate, config: LoopConfig) -> str:
     source = "" if work.measured else f"the {work.optimizer} model (optloop/loop/overhead.py): "
     return (
         f"optimizer: {work.per_trial(config.budget):.1f} calls a trial ({work.calls:.0f} on "
-        "train with the system "
-        f"LM, {work.proposer_calls:.0f} to the proposer, over the run), from {source}{work.basis}"
+        f"train with the system LM, {work.proposer_calls:.0f} to the proposer, over the run), "
+        f"from {source}{work.basis}"
     )
 
 
@@ -237,9 +234,8 @@ def print_projection(
     tokens = "unknown" if figures.total.tokens is None else str(figures.total.tokens)
     dollars = "" if figures.total.cost_usd is None else f", {money(figures.total.cost_usd)}"
     console.print(
-        f"projected: {figures.total.calls} calls, {tokens} tokens{dollars}; ETA {hours} for "
-        "the rest of "
-        "the run (Ctrl-C stops it; the same command resumes it)",
+        f"projected: {figures.total.calls} calls, {tokens} tokens{dollars}; ETA {hours} for the "
+        "rest of the run (Ctrl-C stops it; the same command resumes it)",
         soft_wrap=True,
         markup=False,
         highlight=False,

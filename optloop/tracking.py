@@ -76,8 +76,8 @@ def open_existing(tracking_uri: str | None = None) -> str:
     uri = resolve_uri(tracking_uri)
     if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
         raise ConfigError(
-            f"no MLflow store at {uri.removeprefix('sqlite:///')}; run python -m "
-            "optloop.run first, "
-            "or point --tracking-uri (MLFLOW_TRACKING_URI) at the store that holds the run"
+            f"no MLflow store at {uri.removeprefix('sqlite:///')}; run python -m optloop.run "
+            "first, or point --tracking-uri (MLFLOW_TRACKING_URI) at the store that holds the "
+            "run"
         )
     return configure(uri)

@@ -304,8 +304,8 @@ class AdmissionGate(dspy.Predict):
                         candidate.model_copy(
                             update={
                                 "by": "default",
-                                "reason": "the gate gave no verdict for this candidate; admitted by "
-                                "default",
+                                "reason": "the gate gave no verdict for this candidate; "
+                                "admitted by default",
                             }
                         )
                     )
@@ -537,8 +537,7 @@ class GatedSystem(MemorySystem):
             self._run_seq += 1
             db.execute(
                 "INSERT INTO runs (session_id, run, seq, workspace, path, branch_status, "
-                "timestamp) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                "timestamp) VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (
                     session.id,
                     run["run"],
@@ -562,8 +561,8 @@ class GatedSystem(MemorySystem):
                 if row.key and row.status == "active" and row.branch_status == "completed":
                     superseded = db.execute(
                         "UPDATE memories SET status = 'superseded', superseded_by = ?, "
-                        "superseded_at = ? "
-                        "WHERE workspace = ? AND key = ? AND status = 'active' AND seq < ?",
+                        "superseded_at = ? WHERE workspace = ? AND key = ? AND status = "
+                        "'active' AND seq < ?",
                         (row.id, session.timestamp or session.id, row.workspace, row.key, row.seq),
                     ).rowcount
                     if superseded:

@@ -224,10 +224,9 @@ class SiteLLMClient(LLMClient):
         system = messages[0].content
         if not system.startswith(site.seed_instruction):
             raise UnknownPromptError(
-                f"graphiti's system message for {prompt_name} does not start with the "
-                "seeded prompt text; "
-                "the installed graphiti-core or its prompt library differs from the one "
-                "signatures/graphiti.py read"
+                f"graphiti's system message for {prompt_name} does not start with the seeded "
+                "prompt text; the installed graphiti-core or its prompt library differs from "
+                "the one signatures/graphiti.py read"
             )
         framing = _Framing(
             system_suffix=system[len(site.seed_instruction) :], clean=self._clean_input

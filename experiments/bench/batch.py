@@ -308,12 +308,11 @@ def _save(path: Path, responses: dict[str, Any]) -> None:
 def to_markdown(rows: Sequence[Row], results: dict[str, Any]) -> str:
     head = (
         f"# Trials in batches: `optloop.run --budget {results['budget']}` at --concurrency "
-        f"{results['n']}, "
-        f"replayed at {results['latency_ms']:g} ms +- {results['jitter_ms']:g} a call\n\n"
+        f"{results['n']}, replayed at {results['latency_ms']:g} ms +- {results['jitter_ms']:g} "
+        "a call\n\n"
         f"- command: `{results['command']}`\n- model: {results['model']} (answers recorded "
-        "once, then "
-        "replayed)\n- run: "
-        f"{results['system']}{' --query-rewrite' if results['query_rewrite'] else ''}"
+        f"once, then replayed)\n- run: {results['system']}"
+        f"{' --query-rewrite' if results['query_rewrite'] else ''}"
         f"{' --sites ' + results['sites'] if results.get('sites') else ''} on "
         f"`{results['dataset']}`, --optimizer {results['optimizer']}, --seed {results['seed']}\n"
         f"- date: {results['date']}; commit {results['commit']}; machine: {os.cpu_count()} "
@@ -321,10 +320,9 @@ def to_markdown(rows: Sequence[Row], results: dict[str, Any]) -> str:
     )
     lines = [
         (
-            "| --batch | wall s (replay) | speed-up | of which trials, s | speed-up | trials "
-            "| dev baseline -> best | held-out before -> after | delta [95% CI] n | same as "
-            "recording (N=1) "
-            "| misses |"
+            "| --batch | wall s (replay) | speed-up | of which trials, s | speed-up | trials | "
+            "dev baseline -> best | held-out before -> after | delta [95% CI] n | same as "
+            "recording (N=1) | misses |"
         ),
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -332,11 +330,11 @@ def to_markdown(rows: Sequence[Row], results: dict[str, Any]) -> str:
     first_trials = rows[0].trials_seconds if rows else 0.0
     for r in rows:
         lines.append(
-            f"| {r.batch} | {r.seconds:.1f} | {first / r.seconds:.2f}x | {r.trials_seconds:.0f} | "
-            f"{first_trials / r.trials_seconds if r.trials_seconds else 0:.2f}x | {r.trials} | "
-            f"{r.baseline_dev:.3f} -> {r.best_dev:.3f} | {r.test_before:.3f} -> "
-            f"{r.test_after:.3f} | "
-            f"{r.delta_test} | {'yes' if r.identical else 'NO'} | {r.misses} |"
+            f"| {r.batch} | {r.seconds:.1f} | {first / r.seconds:.2f}x | {r.trials_seconds:.0f} "
+            f"| {first_trials / r.trials_seconds if r.trials_seconds else 0:.2f}x | {r.trials} "
+            f"| {r.baseline_dev:.3f} -> {r.best_dev:.3f} | {r.test_before:.3f} -> "
+            f"{r.test_after:.3f} | {r.delta_test} | {'yes' if r.identical else 'NO'} | "
+            f"{r.misses} |"
         )
     return head + "\n".join(lines) + "\n"
 
@@ -350,15 +348,12 @@ def estimate_markdown(paths: Sequence[Path], n: int) -> str:
     first = estimates[0]
     head = (
         f"\n## The projection: `--system {first['system']} --budget {first['budget']}` on "
-        "LoCoMo with "
-        f"{first['model']} at --concurrency {n}\n\n- command: `python -m "
-        f"experiments.bench.estimate --n {n} "
-        "--batch K --json OUT` (the run model of `optloop.run --estimate`, "
-        "optloop/loop/spend.py, on a "
-        f"baseline modeled from a recording of {first['recording']} made {first['recorded_on']}; "
+        f"LoCoMo with {first['model']} at --concurrency {n}\n\n- command: `python -m "
+        f"experiments.bench.estimate --n {n} --batch K --json OUT` (the run model of "
+        "`optloop.run --estimate`, optloop/loop/spend.py, on a baseline modeled from a "
+        f"recording of {first['recording']} made {first['recorded_on']}; "
         f"{first['conversations']} conversations of `{first['dataset']}`; "
-        f"{first['latency_ms']:g} ms a call "
-        f"assumed; optimizer {first['optimizer']})\n\n"
+        f"{first['latency_ms']:g} ms a call assumed; optimizer {first['optimizer']})\n\n"
     )
     parts = [p["part"].split(" (")[0] for p in first["levels"][str(n)]["parts"]]
     lines = [

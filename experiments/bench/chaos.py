@@ -318,9 +318,9 @@ def bench(
     ckpt_path = work / "state" / "runs" / "faults" / CHECKPOINT
     checkpoint = json.loads(ckpt_path.read_text()) if ckpt_path.exists() else {}
     command = (
-        f"python -m optloop.run --system {system} --dataset {dataset} --budget {budget} "
-        "--lm openai:smollm2 "
-        f"--lm-base-url <faulty endpoint> --lm-timeout {timeout} --lm-retries {retries}"
+        f"python -m optloop.run --system {system} --dataset {dataset} --budget {budget} --lm "
+        f"openai:smollm2 --lm-base-url <faulty endpoint> --lm-timeout {timeout} --lm-retries "
+        f"{retries}"
     )
     return figures(
         endpoint,

@@ -613,9 +613,8 @@ def shared(
 
 def markdown(m: Matrix) -> str:
     lines = [
-        "| kill point | resumed | identical | no RUNNING, no duplicate | extra cost (LLM "
-        "calls / model calls / "
-        "tokens / s) | processes |",
+        "| kill point | resumed | identical | no RUNNING, no duplicate | extra cost (LLM calls "
+        "/ model calls / tokens / s) | processes |",
         "|---|---|---|---|---|---|",
     ]
     for r in m.rows:
@@ -633,11 +632,9 @@ def markdown(m: Matrix) -> str:
         )
     b = m.bound
     lines.append(
-        f"\nOne step (the costliest trial or held-out test of the uninterrupted run): "
-        f"{b['llm_calls']:.0f} LLM "
-        f"calls, {b['model_calls']:.0f} model calls, {b['tokens']:.0f} tokens, "
-        f"{b['seconds']:.1f} s. "
-        f"Uninterrupted: {m.clean['cost']}."
+        "\nOne step (the costliest trial or held-out test of the uninterrupted run): "
+        f"{b['llm_calls']:.0f} LLM calls, {b['model_calls']:.0f} model calls, {b['tokens']:.0f} "
+        f"tokens, {b['seconds']:.1f} s. Uninterrupted: {m.clean['cost']}."
     )
     if m.shared is not None:
         lines.append(
@@ -653,9 +650,8 @@ def _yes(flag: bool) -> str:
 
 def table(m: Matrix) -> Table:
     t = Table(
-        title=f"crash matrix: optloop.run {SYSTEM} on {DATASET}, edit, budget {m.budget}, SIGKILL "
-        "then the "
-        "same command"
+        title=f"crash matrix: optloop.run {SYSTEM} on {DATASET}, edit, budget {m.budget}, "
+        "SIGKILL then the same command"
     )
     for col in (
         "kill point",

@@ -130,10 +130,9 @@ def measure(system: str, args: argparse.Namespace) -> Row:
 
 def to_markdown(rows: Sequence[Row], results: dict[str, Any]) -> str:
     head = (
-        f"# Default datasets on the embedded model\n\n- command: `{results['command']}` "
-        "(each system: "
-        f"`python -m optloop.run --system S --budget {results['budget']} --estimate --json "
-        "OUT`, no --dataset)\n"
+        f"# Default datasets on the embedded model\n\n- command: `{results['command']}` (each "
+        f"system: `python -m optloop.run --system S --budget {results['budget']} --estimate "
+        "--json OUT`, no --dataset)\n"
         f"- model: {results['model']}\n- date: {results['date']}; commit "
         f"{results['commit']}; machine: "
         f"{os.cpu_count()} cores, shared\n- headroom: baseline dev accuracy in "
@@ -142,8 +141,7 @@ def to_markdown(rows: Sequence[Row], results: dict[str, Any]) -> str:
     lines = [
         (
             "| system | dataset | dev / test questions | baseline dev [95% CI] n | train | "
-            "headroom | baseline s "
-            f"| projected hours, --budget {results['budget']} |"
+            f"headroom | baseline s | projected hours, --budget {results['budget']} |"
         ),
         "|---|---|---|---|---|---|---|---|",
     ]

@@ -472,16 +472,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     chain = shape.chain(unit)
     lines = [
         f"measured on {recording.identity} ({recording.dataset}, {recording.recorded_on}): "
-        f"{unit.session_calls:.1f} "
-        f"calls, {unit.session_prompt:,.0f} + {unit.session_completion:,.0f} tokens per session; "
-        f"{unit.question_calls:.1f} calls, {unit.question_prompt:,.0f} + "
-        f"{unit.question_completion:,.0f} tokens per "
-        f"question. LoCoMo shape from {shape.conversations} conversations of "
-        f"{args.dataset}: {shape.sessions:.1f} "
-        f"sessions, {shape.questions:.0f} questions each, the longest {shape.longest} "
-        "sessions. Price: "
-        f"${price.input * 1e6:.3f} / ${price.output * 1e6:.3f} per million prompt / "
-        "completion tokens.",
+        f"{unit.session_calls:.1f} calls, {unit.session_prompt:,.0f} + "
+        f"{unit.session_completion:,.0f} tokens per session; {unit.question_calls:.1f} calls, "
+        f"{unit.question_prompt:,.0f} + {unit.question_completion:,.0f} tokens per question. "
+        f"LoCoMo shape from {shape.conversations} conversations of {args.dataset}: "
+        f"{shape.sessions:.1f} sessions, {shape.questions:.0f} questions each, the longest "
+        f"{shape.longest} sessions. Price: ${price.input * 1e6:.3f} / ${price.output * 1e6:.3f} "
+        "per million prompt / completion tokens.",
         "how: optloop.run --estimate's run model (optloop/loop/spend.py), its baseline's "
         "train and dev modeled from "
         f"the recording, every request computed in an assumed {args.latency_ms:.0f} ms.",

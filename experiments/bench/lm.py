@@ -233,8 +233,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     console.print(table)
     console.print(
         f"cache speed-up: [bold]{figures['cache_speedup']:.0f}x[/bold]   model load: "
-        f"{load_s:.2f}s   "
-        f"embeddings ({embedder.name}): {figures['embed']['texts_per_s']:.0f} texts/s"
+        f"{load_s:.2f}s   embeddings ({embedder.name}): {figures['embed']['texts_per_s']:.0f} "
+        "texts/s"
     )
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2))

@@ -160,8 +160,7 @@ def render_disagreements(report: dict[str, Any]) -> Table:
     n = len(report["disagreements"])
     table = Table(
         title=f"{n} disagreement{'' if n == 1 else 's'} (mark each: optloop wrong / label "
-        "arguable / "
-        "mapping loses information)",
+        "arguable / mapping loses information)",
         show_lines=True,
     )
     for col in ("#", "probe", "system", "label", "optloop", "explanation"):

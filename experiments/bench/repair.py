@@ -483,35 +483,33 @@ def to_markdown(report: dict[str, Any]) -> str:
     ]
     lines += [
         f"| {b['name']} | {b['site']} | {b['mode']} | {b['n']} | {b['clean']:.3f} | "
-        f"{b['sabotaged']:.3f} | "
-        f"{ci_text(b['margin'], b['margin_ci'])} | {'yes' if b['bites'] else 'dropped'} |"
+        f"{b['sabotaged']:.3f} | {ci_text(b['margin'], b['margin_ci'])} | "
+        f"{'yes' if b['bites'] else 'dropped'} |"
         for b in report["bites"]
     ]
     if report["cases"]:
         lines += [
             "",
             "| case | optimizer | arm | seed | n test | clean | sabotaged | after | after - "
-            "sabotaged [95% CI] | "
-            "recovered [95% CI] | first blame | changed | LLM calls | tokens | s |",
+            "sabotaged [95% CI] | recovered [95% CI] | first blame | changed | LLM calls | "
+            "tokens | s |",
             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         lines += [
             f"| {c['case']} | {c['optimizer']} | {c['arm']} | {c['seed']} | {c['n_test']} | "
-            f"{c['clean']:.2f} | "
-            f"{c['sabotaged']:.2f} | {c['after']:.2f} | "
+            f"{c['clean']:.2f} | {c['sabotaged']:.2f} | {c['after']:.2f} | "
             f"{ci_text(c['gain'], c['gain_ci']) if 'gain' in c else 'n/a'} | "
             f"{ci_text(c['recovered'], c['recovered_ci'])} | "
             f"{c['first_blame']}{'' if c['first_blame_correct'] else ' (wrong)'} | "
-            f"{', '.join(c['changed']) or '-'} | "
-            f"{c['llm_calls']} | {c['tokens']} | {c['seconds']:.0f} |"
+            f"{', '.join(c['changed']) or '-'} | {c['llm_calls']} | {c['tokens']} | "
+            f"{c['seconds']:.0f} |"
             for c in report["cases"]
         ]
     if report.get("aggregate"):
         lines += [
             "",
-            "| optimizer | arm | cases | first blame right | recovered >= 50% | recovered, "
-            "mean [95% CI] | "
-            "LLM calls (mean) |",
+            "| optimizer | arm | cases | first blame right | recovered >= 50% | recovered, mean "
+            "[95% CI] | LLM calls (mean) |",
             "|---|---|---|---|---|---|---|",
         ]
         lines += [
@@ -643,11 +641,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                         report["cases"].append(case)
                         console.print(
                             f"{case['case']} {optimizer} {arm} s{seed}: test "
-                            f"{case['sabotaged']:.2f} -> "
-                            f"{case['after']:.2f} (clean {case['clean']:.2f}, "
-                            f"n={case['n_test']}), "
-                            f"recovered {case['recovered']} {case['recovered_ci']}, "
-                            f"{case['llm_calls']} LLM calls"
+                            f"{case['sabotaged']:.2f} -> {case['after']:.2f} (clean "
+                            f"{case['clean']:.2f}, n={case['n_test']}), recovered "
+                            f"{case['recovered']} {case['recovered_ci']}, {case['llm_calls']} "
+                            "LLM calls"
                         )
                         if args.json:  # partial results survive a long run's interruption
                             write_atomic(

@@ -286,9 +286,8 @@ def record(args: argparse.Namespace, console: Console) -> int:
     dataset = load_dataset(args.dataset)
     if len(dataset.episodes) < MIN_EPISODES:
         console.print(
-            f"[yellow]{args.dataset} has {len(dataset.episodes)} episodes; the benchmark "
-            "wants at least "
-            f"{MIN_EPISODES} so that N = 8 has an episode per thread[/yellow]"
+            f"[yellow]{args.dataset} has {len(dataset.episodes)} episodes; the benchmark wants "
+            f"at least {MIN_EPISODES} so that N = 8 has an episode per thread[/yellow]"
         )
     cache: Path = args.cache
     cache.parent.mkdir(parents=True, exist_ok=True)
@@ -347,8 +346,8 @@ def read_recording(cache: Path, systems: Sequence[str]) -> Recording:
     if "mem0" in systems and recording.recorded_on != today():
         raise ConfigError(
             "mem0's extraction prompt carries the date (UTC): its recording of "
-            f"{recording.recorded_on} "
-            f"cannot be replayed on {today()}; record again (or leave mem0 out with --systems)"
+            f"{recording.recorded_on} cannot be replayed on {today()}; record again (or leave "
+            "mem0 out with --systems)"
         )
     return recording
 
@@ -506,9 +505,8 @@ def replay(args: argparse.Namespace, console: Console) -> int:
         console.print(line)
     if any(row.misses for row in rows):
         console.print(
-            "[yellow]some requests were not in the recording (misses): those questions "
-            "failed at every N; "
-            "was the recording made with these systems and this dataset?[/yellow]"
+            "[yellow]some requests were not in the recording (misses): those questions failed "
+            "at every N; was the recording made with these systems and this dataset?[/yellow]"
         )
     if different:
         console.print(f"[red]the evaluation differs across N: {'; '.join(different)}[/red]")
@@ -594,8 +592,7 @@ def _settings(results: dict[str, Any]) -> str:
             if results.get("repeat", 1) > 1
             else ""
         )
-        + "; "
-        f"accuracy identical across N: {'yes' if results['identical'] else 'NO'}"
+        + f"; accuracy identical across N: {'yes' if results['identical'] else 'NO'}"
     )
 
 
@@ -622,21 +619,18 @@ def summary_lines(summaries: Sequence[Summary]) -> list[str]:
         if s.share_of_ideal is not None:
             lines.append(
                 f"{s.system}: speed-up at N={s.n} {s.speedup:.2f}x of an ideal "
-                f"{s.ideal_speedup:.2f}x, "
-                f"{s.share_of_ideal:.2f} of it (target >= {TARGET_SHARE}: "
-                f"{_verdict(s.share_of_ideal >= TARGET_SHARE)})"
+                f"{s.ideal_speedup:.2f}x, {s.share_of_ideal:.2f} of it (target >= "
+                f"{TARGET_SHARE}: {_verdict(s.share_of_ideal >= TARGET_SHARE)})"
             )
         if s.cost_429:
             costs = ", ".join(
-                f"N={n} {c:.2f}x ({_verdict(c <= TARGET_COST_429)}; {s.serial_429[n]:.2f}x "
-                "if nothing "
-                f"overlapped the waits)"
+                f"N={n} {c:.2f}x ({_verdict(c <= TARGET_COST_429)}; {s.serial_429[n]:.2f}x if "
+                "nothing overlapped the waits)"
                 for n, c in s.cost_429.items()
             )
             floor = (
                 f"; calls made strictly one at a time expect {s.floor_429_n1:.2f}x at N=1, "
-                "Retry-After waits "
-                "that nothing overlaps"
+                "Retry-After waits that nothing overlaps"
                 if s.floor_429_n1 is not None
                 else ""
             )
@@ -713,8 +707,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--update",
         action="store_true",
         help="keep the --json file's rows of other systems (replayed with the same settings, "
-        "perhaps "
-        "from another recording) and replace only these systems'",
+        "perhaps from another recording) and replace only these systems'",
     )
     args = parse_command(parser, argv)
     args.cache = args.cache or state_dir() / "throughput" / "lm_cache.sqlite"

@@ -125,7 +125,8 @@ class AttributionAgent:
                         "error_type": error,
                         "op_id": op.id,
                         "target": self._target(graph, op),
-                        "explanation": f"{verdict.explanation} (LLM agent, after inspecting {len(visited)} "
+                        "explanation": f"{verdict.explanation} (LLM agent, after inspecting "
+                        f"{len(visited)} "
                         f"operation(s): {', '.join(visited)})",
                         "ambiguous": False,
                         "details": {

@@ -183,11 +183,9 @@ class _Walk:
                 ErrorType.RESPONSE,
                 answer,
                 ANSWER,
-                f"Nothing in the conversation answers {self.q.question!r}; the right answer "
-                "was to "
-                f"decline, but the answer site replied {self.prediction!r}. Fix the answer "
-                "prompt so "
-                "it abstains when the memories do not support an answer.",
+                f"Nothing in the conversation answers {self.q.question!r}; the right answer was "
+                f"to decline, but the answer site replied {self.prediction!r}. Fix the answer "
+                "prompt so it abstains when the memories do not support an answer.",
             )
         gate, decisions = admission(self.graph, self.q.id)
         positive, negative = answer_context(self.graph, self.q.id)
@@ -238,10 +236,9 @@ class _Walk:
             ErrorType.RESPONSE,
             answer,
             ANSWER,
-            f"The retrieval handed {self.evidence_quote()} to the answer site (in "
-            f"{len(items)} memories), but it answered {self.prediction!r}. The memories "
-            "were right; "
-            "the answer prompt did not use them. Fix the answer site.",
+            f"The retrieval handed {self.evidence_quote()} to the answer site (in {len(items)} "
+            f"memories), but it answered {self.prediction!r}. The memories were right; the "
+            "answer prompt did not use them. Fix the answer site.",
         )
 
     def not_stored(self) -> Attribution:
@@ -261,11 +258,10 @@ class _Walk:
                     ErrorType.EXTRACTION,
                     op,
                     op.site,
-                    f"{self.evidence_quote()} was in session {op.session_id}, but the "
-                    f"{op.site} call "
-                    f"({op.id}) returned {len(outputs)} item(s), none carrying it, and no "
-                    "memory unit "
-                    "ever held it. Fix the extraction prompt so this kind of fact is kept.",
+                    f"{self.evidence_quote()} was in session {op.session_id}, but the {op.site} "
+                    f"call ({op.id}) returned {len(outputs)} item(s), none carrying it, and no "
+                    "memory unit ever held it. Fix the extraction prompt so this kind of fact "
+                    "is kept.",
                     outputs=len(outputs),
                 )
         if extract_ops:
@@ -282,17 +278,15 @@ class _Walk:
                     op,
                     op.site,
                     f"The extraction ({last.id}) kept {self.evidence_quote()}, but after "
-                    f"{op.site} ({op.id}) no stored memory carried it: the dedupe/update "
-                    "step merged "
-                    "it away. Fix that prompt.",
+                    f"{op.site} ({op.id}) no stored memory carried it: the dedupe/update step "
+                    "merged it away. Fix that prompt.",
                 )
             return self.result(
                 ErrorType.EXTRACTION,
                 last,
                 last.site,
                 f"The extraction ({last.id}) output carried {self.evidence_quote()}, yet no "
-                "memory "
-                "unit did: the library dropped it when storing.",
+                "memory unit did: the library dropped it when storing.",
                 ambiguous=True,
             )
         store = next(
@@ -307,9 +301,8 @@ class _Walk:
             ErrorType.EXTRACTION,
             store,
             None,
-            f"No memory unit carries {self.evidence_quote()} and no prompt site extracted "
-            "from its "
-            "session; the judges may have missed it.",
+            f"No memory unit carries {self.evidence_quote()} and no prompt site extracted from "
+            "its session; the judges may have missed it.",
             ambiguous=True,
         )
 
@@ -371,9 +364,8 @@ class _Walk:
                     rewrite,
                     QUERY_REWRITE,
                     f"{where}, but retrieval searched for {query!r}, a rewrite of "
-                    f"{self.q.question!r} that kept {kept:.0%} of its words, and missed it. "
-                    "Fix the "
-                    "query-rewrite prompt.",
+                    f"{self.q.question!r} that kept {kept:.0%} of its words, and missed it. Fix "
+                    "the query-rewrite prompt.",
                     query_overlap=kept,
                 )
         if data.get("truncation"):
@@ -461,9 +453,8 @@ class _Walk:
         }[kind]
         seen = (
             f"The answer {self.prediction!r} states {value!r}, {what}, which memory "
-            f"{item.get('id')} "
-            f"({str(item.get('text', ''))[:160]!r}, rank {item.get('rank')}) put in its "
-            "positive context"
+            f"{item.get('id')} ({str(item.get('text', ''))[:160]!r}, rank {item.get('rank')}) "
+            "put in its positive context"
         )
         details: dict[str, Any] = {
             "contaminant": item.get("id"),
@@ -495,10 +486,9 @@ class _Walk:
                 ErrorType.CONTAMINATION,
                 gate,
                 knob_target(FLOORS_KNOB),
-                f"{seen}: it passed the gate's floors (floors={floors!r}) without an LLM verdict. "
-                "Strict floors reject superseded and other-workspace memories and keep "
-                "dead-branch "
-                "ones to negative evidence.",
+                f"{seen}: it passed the gate's floors (floors={floors!r}) without an LLM "
+                "verdict. Strict floors reject superseded and other-workspace memories and "
+                "keep dead-branch ones to negative evidence.",
                 decided_by="floor",
                 **details,
             )
@@ -520,11 +510,9 @@ class _Walk:
                 ErrorType.CONTAMINATION,
                 retrieve,
                 knob_target("top_k"),
-                f"{seen}. The retrieval ranked the evidence higher (rank {min(carried)}) "
-                "and has no "
-                f"notion of status or workspace; top_k={retrieve.knobs['top_k']} let the "
-                "stale memory in "
-                "below it. Lower top_k, or gate what retrieval returns.",
+                f"{seen}. The retrieval ranked the evidence higher (rank {min(carried)}) and "
+                f"has no notion of status or workspace; top_k={retrieve.knobs['top_k']} let the "
+                "stale memory in below it. Lower top_k, or gate what retrieval returns.",
                 **details,
             )
         knob = search_knob(self.graph, retrieve)
@@ -532,9 +520,8 @@ class _Walk:
             ErrorType.CONTAMINATION,
             retrieve,
             knob_target(knob) if knob else None,
-            f"{seen}. The retrieval returned it and has no notion of status or workspace. "
-            "Tune the search "
-            f"({knob or 'its parameters'}), or gate what retrieval returns.",
+            f"{seen}. The retrieval returned it and has no notion of status or workspace. Tune "
+            f"the search ({knob or 'its parameters'}), or gate what retrieval returns.",
             **details,
         )
 
@@ -571,10 +558,9 @@ class _Walk:
                 ErrorType.RETRIEVAL,
                 gate,
                 knob_target(FLOORS_KNOB),
-                f"{where}. A floor decided (floors={retrieve.knobs.get(FLOORS_KNOB)!r}); "
-                "this is the "
-                "recall a strict gate costs. Lenient floors would leave the decision to the "
-                "gate's LLM.",
+                f"{where}. A floor decided (floors={retrieve.knobs.get(FLOORS_KNOB)!r}); this "
+                "is the recall a strict gate costs. Lenient floors would leave the decision to "
+                "the gate's LLM.",
                 decided_by="floor",
                 memory=best.get("id"),
             )

@@ -55,8 +55,10 @@ logger = logging.getLogger(__name__)
 UNSOUND_CLEAN = "unsound_clean_pass"
 EVIDENCE_REACHED = "evidence_reached_answer"
 SET_ASIDE_REASONS: dict[str, str] = {
-    UNSOUND_CLEAN: "the clean pass was unsound: the evidence did not reach the clean answer (a lucky guess)",
-    EVIDENCE_REACHED: "the evidence still reached the answer under the fault: the answer changed only because "
+    UNSOUND_CLEAN: "the clean pass was unsound: the evidence did not reach the clean answer (a "
+    "lucky guess)",
+    EVIDENCE_REACHED: "the evidence still reached the answer under the fault: the answer "
+    "changed only because "
     "its context did",
 }
 """Why a failure a fault caused is set aside from the induced-only figure (it is attributed all the

@@ -213,9 +213,8 @@ class AgenticEpisode(BaseModel):
             later = _superseding(self.facts, i)
             if later is not None and fact.status == "active":
                 raise ValueError(
-                    f"facts[{i}].status: {fact.id} is marked active, but {later.id} (a "
-                    "later completed run, "
-                    f"same workspace and key) supersedes it; mark it superseded"
+                    f"facts[{i}].status: {fact.id} is marked active, but {later.id} (a later "
+                    "completed run, same workspace and key) supersedes it; mark it superseded"
                 )
         probe_ids: set[str] = set()
         workspaces = {f.workspace for f in self.facts}

@@ -121,8 +121,7 @@ _EPISODES: list[_Raw] = [
                 "2024-10-03",
                 [
                     "Ugh, I have to take Juniper to the vet again, she keeps chasing the "
-                    "neighbours' ducks "
-                    "and barking all night.",
+                    "neighbours' ducks and barking all night.",
                     "Oh no, I hope the vet can calm her down!",
                     "I parked on level 4 of the Carvell garage today.",
                     "Okay: level 4, Carvell garage.",

@@ -92,9 +92,8 @@ class OpenAICompatibleBackend(Backend):
         if not key:
             if not settings.base_url:
                 raise ConfigError(
-                    f"{settings.api_key_env} is not set; export it, or point --lm-base-url "
-                    "/ OPENAI_BASE_URL "
-                    "at a local OpenAI-compatible server"
+                    f"{settings.api_key_env} is not set; export it, or point --lm-base-url / "
+                    "OPENAI_BASE_URL at a local OpenAI-compatible server"
                 )
             key = "not-needed"  # vLLM, Ollama and llama.cpp servers accept any key
         # Retries are ours (bounded, logged, accounted), not the SDK's. The timeout is one HTTP
@@ -312,9 +311,8 @@ class OpenAICompatibleBackend(Backend):
         if isinstance(exc, openai.APITimeoutError):
             return LMUnreachableError(
                 f"LM endpoint {where} did not answer in time; check the server, raise "
-                "--lm-timeout, or lower "
-                "--concurrency if the server answers one request at a time (--concurrency "
-                "auto detects it)"
+                "--lm-timeout, or lower --concurrency if the server answers one request at a "
+                "time (--concurrency auto detects it)"
             )
         if isinstance(exc, openai.APIConnectionError):
             cause = exc.__cause__ or exc
@@ -462,11 +460,10 @@ def _context_fix(text: str, error: dict[str, Any]) -> str:
     total = asked or prompt
     need = f" to at least {2 ** math.ceil(math.log2(total))}" if total else ""
     return (
-        f"the prompt does not fit the server's context window{told}; restart the server "
-        "with a larger "
-        f"context{need} (llama.cpp's Python server: --n_ctx; llama-server: -c per "
-        "--parallel slot; "
-        "vLLM: --max-model-len; Ollama: OLLAMA_CONTEXT_LENGTH) or shorten the prompt"
+        f"the prompt does not fit the server's context window{told}; restart the server with a "
+        f"larger context{need} (llama.cpp's Python server: --n_ctx; llama-server: -c per "
+        "--parallel slot; vLLM: --max-model-len; Ollama: OLLAMA_CONTEXT_LENGTH) or shorten the "
+        "prompt"
     )
 
 

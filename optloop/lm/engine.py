@@ -399,10 +399,9 @@ class OptloopEngine:
         asked = f"; it asked for {retry_after:.0f}s more" if retry_after is not None else ""
         return LMUnreachableError(
             f"LM endpoint {self.backend.where()} kept answering HTTP 429 (rate limited): "
-            f"{rate_limited} times "
-            f"over {limit_wait:.0f}s of waiting in one call{asked}, past the "
-            f"{self.settings.rate_limit_wait_s:.0f}s "
-            "a call may wait; lower --rpm / --tpm / --concurrency or wait for the limit to reset"
+            f"{rate_limited} times over {limit_wait:.0f}s of waiting in one call{asked}, past "
+            f"the {self.settings.rate_limit_wait_s:.0f}s a call may wait; lower --rpm / --tpm / "
+            "--concurrency or wait for the limit to reset"
         )
 
     def _persistent_server_error(

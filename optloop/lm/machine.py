@@ -122,8 +122,7 @@ class MachineSlots:
             if not self._warned:
                 logger.warning(
                     "cannot use %s for machine-wide %s slots (%s); model calls are not "
-                    "coordinated "
-                    "with other processes; set %s to a writable directory",
+                    "coordinated with other processes; set %s to a writable directory",
                     self.directory,
                     self.name,
                     exc,

@@ -59,8 +59,8 @@ class LMSettings(BaseModel):
     api_key_env: str = "OPENAI_API_KEY"
     schema_mode: Literal["auto", "json_schema", "json_object", "none"] = Field(
         "auto",
-        description=f"how a schema is sent to an endpoint (default ${SCHEMA_MODE_ENV}, else auto: the "
-        "first of json_schema, json_object + schema, none that the endpoint takes)",
+        description=f"how a schema is sent to an endpoint (default ${SCHEMA_MODE_ENV}, else "
+        "auto: the first of json_schema, json_object + schema, none that the endpoint takes)",
     )
     temperature: float = 0.0
     max_tokens: int = Field(512, gt=0)
@@ -102,13 +102,13 @@ class LMSettings(BaseModel):
         None,
         ge=1,
         le=1024,
-        description=f"requests in flight at once; default ${CONCURRENCY_ENV}, else 1 local, auto on an "
-        "endpoint",
+        description=f"requests in flight at once; default ${CONCURRENCY_ENV}, else 1 local, "
+        "auto on an endpoint",
     )
     concurrency_auto: bool = Field(
         False,
-        description="probe the endpoint at start-up (OptloopLM.check_endpoint): 1 when it answers one "
-        "request at a time, else concurrency (8 unless set)",
+        description="probe the endpoint at start-up (OptloopLM.check_endpoint): 1 when it "
+        "answers one request at a time, else concurrency (8 unless set)",
     )
     rate_limit_wait_s: float = Field(
         3600.0,
@@ -176,8 +176,7 @@ class LMSettings(BaseModel):
         else:
             raise ConfigError(
                 f"unknown LM spec {spec!r}; use 'local', 'local:/path/model.gguf' or "
-                "'openai:<model>' "
-                "(with --lm-base-url for vLLM, Ollama or a llama.cpp server)"
+                "'openai:<model>' (with --lm-base-url for vLLM, Ollama or a llama.cpp server)"
             )
         fields.update({k: v for k, v in overrides.items() if v is not None})
         try:

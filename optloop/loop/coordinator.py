@@ -256,11 +256,9 @@ class SharedCoordinator:
             dead = [w for w in waiting_on if not study.alive(w)]
             if dead:
                 raise OptloopError(
-                    f"{study.describe(dead[0])} of run {self.config.run_name!r} stopped "
-                    "before its part "
-                    "was done; rerun the same command on that host to resume it (this "
-                    "worker's trials "
-                    "are saved)"
+                    f"{study.describe(dead[0])} of run {self.config.run_name!r} stopped before "
+                    "its part was done; rerun the same command on that host to resume it (this "
+                    "worker's trials are saved)"
                 )
             self.progress(
                 "budget spent or taken; waiting for "
@@ -295,9 +293,8 @@ class SharedCoordinator:
         refused."""
         if self.leads and self.study.claim(PARENT_KEY, run_id) != run_id:
             raise ConfigError(
-                f"study {self.config.run_name!r} already has another MLflow parent run; "
-                "pick another "
-                "--run-name"
+                f"study {self.config.run_name!r} already has another MLflow parent run; pick "
+                "another --run-name"
             )
 
     def finished_elsewhere(self) -> bool:

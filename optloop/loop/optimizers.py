@@ -392,7 +392,8 @@ class OptunaOptimizer(Optimizer):
 
     name = "optuna"
     max_duplicates = 20
-    # instructions proposed per site (the default; also what --estimate's model assumes: overhead.py)
+    # instructions proposed per site (the default; also what --estimate's model assumes:
+    # overhead.py)
     PROPOSALS = 3
 
     def __init__(

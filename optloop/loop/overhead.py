@@ -227,9 +227,8 @@ def edit_work(shape: RunShape) -> OptimizerWork:
         threads=None,
         basis=(
             f"{rounds} round(s) of {per_round} edits "
-            f"({', '.join(f'{s} {n}' for s, n in edits.items())}), each "
-            f"round screening the best and its edits on {b} train questions (edits of an "
-            "ingest site also ingest "
+            f"({', '.join(f'{s} {n}' for s, n in edits.items())}), each round screening the "
+            f"best and its edits on {b} train questions (edits of an ingest site also ingest "
             f"{m} episodes) and about {PARAPHRASES_PER_EXTRA:g} paraphrase call a site"
         ),
     )
@@ -265,10 +264,8 @@ def simba_work(shape: RunShape) -> OptimizerWork:
         threads=shape.threads,
         basis=(
             f"{rounds} SIMBA step(s), {per_round} trial(s) a step: {opt.NUM_CANDIDATES} sampled "
-            f"and {made} new programs on "
-            f"{b} train questions, {rules:g} advice call(s) to the proposer a step (a rule "
-            "for half the new "
-            "programs)"
+            f"and {made} new programs on {b} train questions, {rules:g} advice call(s) to the "
+            "proposer a step (a rule for half the new programs)"
             + (f", a rule on an ingest site ingesting {m} episodes" if shape.ingest_sites else "")
         ),
     )
@@ -306,10 +303,9 @@ def gepa_work(shape: RunShape) -> OptimizerWork:
         threads=shape.threads,
         basis=(
             f"{rounds} GEPA round(s) of {granted} program runs on train questions and "
-            f"{iterations:.1f} reflection "
-            f"call(s) on {site or 'the first site'} (mini-batches of {r}, one mutation in "
-            "two accepted and run on "
-            f"all {q}: {per_round:.2g} trial(s) a round)"
+            f"{iterations:.1f} reflection call(s) on {site or 'the first site'} (mini-batches "
+            f"of {r}, one mutation in two accepted and run on all {q}: {per_round:.2g} trial(s) "
+            "a round)"
         ),
     )
 
@@ -339,9 +335,8 @@ def optuna_work(shape: RunShape) -> OptimizerWork:
         completion_tokens=completion,
         threads=None,
         basis=(
-            f"{opt.PROPOSALS} proposed instructions per target site ({len(shape.sites)}), "
-            "once, up front; no runs "
-            "on train"
+            f"{opt.PROPOSALS} proposed instructions per target site ({len(shape.sites)}), once, "
+            "up front; no runs on train"
         ),
     )
 

@@ -75,8 +75,7 @@ def small_split_warning(n_dev: int, n_test: int) -> str | None:
     )  # a 95% CI's half-width at accuracy 0.5
     return (
         f"dev has {n_dev} questions, test {n_test}: a 95% CI this small spans about "
-        f"\u00b1{spread:.1f}; "
-        "use more episodes (?limit=) or --split"
+        f"\u00b1{spread:.1f}; use more episodes (?limit=) or --split"
     )
 
 
@@ -91,8 +90,8 @@ def check_split_sizes(dataset: str, n_dev: int, n_test: int) -> None:
     raise ConfigError(
         f"{dataset} splits into {n_dev} dev and {n_test} test questions, fewer than "
         f"{FEW_QUESTIONS} (a 95% CI of \u00b1{spread:.1f}): give a larger --dataset (more "
-        "episodes) "
-        "or a --split with larger dev and test shares, or --allow-small-splits to run anyway"
+        "episodes) or a --split with larger dev and test shares, or --allow-small-splits to "
+        "run anyway"
     )
 
 

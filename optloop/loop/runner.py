@@ -304,9 +304,9 @@ class Loop:
             return self.run_dir
         if self.config.optimizer != "optuna":
             raise ConfigError(
-                f"run {self.config.run_name!r} is in use by another optloop.run process; "
-                "wait for it "
-                "or pick another --run-name (only --optimizer optuna splits a run between workers)"
+                f"run {self.config.run_name!r} is in use by another optloop.run process; wait "
+                "for it or pick another --run-name (only --optimizer optuna splits a run "
+                "between workers)"
             )
         n = 1
         while True:
@@ -341,9 +341,8 @@ class Loop:
         )  # a checkpoint from before resume keys existed
         if ckpt.finished:
             raise ConfigError(
-                f"run {cfg.run_name!r} already finished (MLflow run {ckpt.parent_run_id}); "
-                "pick another "
-                "--run-name to run again"
+                f"run {cfg.run_name!r} already finished (MLflow run {ckpt.parent_run_id}); pick "
+                "another --run-name to run again"
             )
         ckpt.split = {
             "train": [e.id for e in train.episodes],

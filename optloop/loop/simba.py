@@ -121,21 +121,15 @@ def parallel_map(fn: Callable[[T], R], items: Sequence[T], num_threads: int) -> 
 # --- the advice prompt -----------------------------------------------------------------------
 
 ADVICE_INSTRUCTIONS = (
-    "You coach the modules of an AI assistant's memory pipeline. You see how the pipeline "
-    "ran on one input: a "
-    "worse run and, when there is one, a better run. Each shows what every module received "
-    "and produced, the "
-    "reward the run earned, and why it earned it (for a wrong answer: which module the "
-    "failure was traced to, "
-    "and how). For each module named in the output, write advice that would make that "
-    "module act like the better "
-    "run, or avoid the worse run's mistake, the next time it gets similar inputs. Advise "
-    "each module on its own "
+    "You coach the modules of an AI assistant's memory pipeline. You see how the pipeline ran "
+    "on one input: a worse run and, when there is one, a better run. Each shows what every "
+    "module received and produced, the reward the run earned, and why it earned it (for a wrong "
+    "answer: which module the failure was traced to, and how). For each module named in the "
+    "output, write advice that would make that module act like the better run, or avoid the "
+    "worse run's mistake, the next time it gets similar inputs. Advise each module on its own "
     "step only. Make the advice concrete enough to change what the module does and general "
-    "enough to help on "
-    "other inputs: say which inputs it applies to and what to do with them. Leave a "
-    "module's advice empty when "
-    "it did nothing wrong."
+    "enough to help on other inputs: say which inputs it applies to and what to do with them. "
+    "Leave a module's advice empty when it did nothing wrong."
 )
 
 

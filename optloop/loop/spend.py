@@ -123,8 +123,8 @@ class SpendingLimits(BaseModel):
         ALLOWED_SHARE,
         ge=0,
         le=1,
-        description="the share of an evaluation's LM calls that may fail after their retries before "
-        "its figures are withheld (exit code 4; optloop.failures)",
+        description="the share of an evaluation's LM calls that may fail after their retries "
+        "before its figures are withheld (exit code 4; optloop.failures)",
     )
 
     @property
@@ -154,18 +154,14 @@ class SpendingLimits(BaseModel):
 
 MODEL = (
     "baseline: measured (train + dev, wall time); each trial: the baseline's dev evaluation "
-    "with every request "
-    "computed (stores reused and cache hits make it cheaper); optimizer: its own runs on "
-    "train and its proposer "
-    "calls, measured on finished trials or modeled from its structure (see the optimizer "
-    "line); held-out test: 2 "
-    "evaluations of the test split, the dev evaluation scaled by sessions + questions; "
-    "hours: requests x mean "
-    "latency / concurrency, LM time only, as if that many requests were always in flight, "
-    "but an evaluation "
-    "takes at least its split's longest episode's chain of sequential requests x latency "
-    "(its sessions ingested "
-    "in order, then one question), when the chains are known; the optimizer's part is not floored"
+    "with every request computed (stores reused and cache hits make it cheaper); optimizer: its "
+    "own runs on train and its proposer calls, measured on finished trials or modeled from its "
+    "structure (see the optimizer line); held-out test: 2 evaluations of the test split, the "
+    "dev evaluation scaled by sessions + questions; hours: requests x mean latency / "
+    "concurrency, LM time only, as if that many requests were always in flight, but an "
+    "evaluation takes at least its split's longest episode's chain of sequential requests x "
+    "latency (its sessions ingested in order, then one question), when the chains are known; "
+    "the optimizer's part is not floored"
 )
 
 
@@ -189,7 +185,8 @@ class Floor(BaseModel):
         description="sequential requests of the split's longest episode (ingestion, a question)"
     )
     binds: bool = Field(
-        description="the chain is longer than an evaluation's requests / concurrency: it set the time"
+        description="the chain is longer than an evaluation's requests / concurrency: it set "
+        "the time"
     )
 
 
@@ -455,7 +452,8 @@ def _optimizer_part(
                 work.proposer_prompt_tokens * proposer_price[0]
                 + work.proposer_completion_tokens * proposer_price[1]
             )
-        # the system LM's measured dollars per token, unless the proposer is another LM (without a price)
+        # the system LM's measured dollars per token, unless the proposer is another LM (without a
+        # price)
         else:
             proposer = (
                 None

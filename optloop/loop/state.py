@@ -60,9 +60,8 @@ class LoopConfig(BaseModel):
     knobs: dict[str, Any] = Field(default_factory=dict)
     start: dict[str, str] = Field(
         default_factory=dict,
-        description="site -> instruction the run starts from instead of the system's own ('+TEXT': "
-        "appended to it) "
-        "(a product's current prompt, or a benchmark's sabotage)",
+        description="site -> instruction the run starts from instead of the system's own "
+        "('+TEXT': appended to it) (a product's current prompt, or a benchmark's sabotage)",
     )
     fractions: tuple[float, float, float] = (0.5, 0.25, 0.25)
     promote_if: Literal["ci", "delta"] = Field(
@@ -218,8 +217,7 @@ class Checkpoint(BaseModel):
         except Exception as exc:  # noqa: BLE001 - a corrupt checkpoint is the user's to remove
             raise ConfigError(
                 f"checkpoint {path} is unreadable ({type(exc).__name__}); delete that run "
-                "directory "
-                "or pick another --run-name"
+                "directory or pick another --run-name"
             ) from None
 
 

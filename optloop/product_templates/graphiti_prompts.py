@@ -97,9 +97,8 @@ def _override(name: str, builder: Callable, text: str) -> Callable:
             checked = True
             if sha256(prompt.system.content) != expected:
                 logger.warning(
-                    "the installed graphiti's own %s prompt differs from the one these "
-                    "prompts were "
-                    "optimized from; they still replace it",
+                    "the installed graphiti's own %s prompt differs from the one these prompts "
+                    "were optimized from; they still replace it",
                     name,
                 )
         return prompt.model_copy(update={"system": SystemMessage(content=text)})

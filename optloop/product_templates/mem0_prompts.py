@@ -109,8 +109,7 @@ def apply(
         if site in LIBRARY_SHA256 and LIBRARY_SHA256[site] != sha256(own[site]):
             logger.warning(
                 "the installed mem0's own %s prompt differs from the one these prompts were "
-                "optimized "
-                "from; they still replace it",
+                "optimized from; they still replace it",
                 site,
             )
     applied = []

@@ -35,10 +35,9 @@ ALL_SCHEMA_MODES = frozenset({"json_schema", "json_object", "none"})
 LLAMA_CPP_REJECTION = {
     "error": {  # llama-cpp-python 0.3.36's server, word for word
         "message": "1 validation error:\n  {'type': 'literal_error', 'loc': ('body', "
-        "'response_format', 'type'), "
-        "'msg': \"Input should be 'text' or 'json_object'\", 'input': 'json_schema', 'ctx': "
-        "{'expected': "
-        "\"'text' or 'json_object'\"}}\n\n  Endpoint: POST /v1/chat/completions",
+        "'response_format', 'type'), 'msg': \"Input should be 'text' or 'json_object'\", "
+        "'input': 'json_schema', 'ctx': {'expected': \"'text' or 'json_object'\"}}\n\n  "
+        "Endpoint: POST /v1/chat/completions",
         "type": "internal_server_error",
         "param": None,
         "code": None,

@@ -68,7 +68,8 @@ class Operation(BaseModel):
 
     id: str
     name: str = Field(
-        description="extract | curate | update | delete | store | rewrite | retrieve | rerank | answer"
+        description="extract | curate | update | delete | store | rewrite | retrieve | rerank | "
+        "answer"
     )
     category: Category
     seq: int

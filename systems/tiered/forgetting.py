@@ -155,8 +155,7 @@ def forget(
                 )
         db.execute(
             "INSERT INTO forgotten(request, what, keys, session_id, turn_id, timestamp, "
-            "rows_removed, "
-            "texts_redacted) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            "rows_removed, texts_redacted) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 request or f"forget {what}",
                 what,

@@ -444,9 +444,8 @@ class TieredStore:
     ) -> None:
         with self.transaction() as db:
             db.execute(
-                "INSERT OR REPLACE INTO stm(turn_id, session_id, seq, role, speaker, "
-                "content, timestamp, "
-                "extraction) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                "INSERT OR REPLACE INTO stm(turn_id, session_id, seq, role, speaker, content, "
+                "timestamp, extraction) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (turn_id, session_id, seq, role, speaker, content, timestamp, extraction),
             )
 
@@ -491,9 +490,8 @@ class TieredStore:
             seq = db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM sessions").fetchone()[0]
             if summary:
                 db.execute(
-                    "INSERT OR REPLACE INTO mtm(session_id, seq, summary, categories, "
-                    "turn_ids, created_at, "
-                    "expires_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    "INSERT OR REPLACE INTO mtm(session_id, seq, summary, categories, turn_ids, "
+                    "created_at, expires_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
                     (
                         session_id,
                         seq,

@@ -99,9 +99,8 @@ def test_default_plan_skips_slow_systems_and_absent_memfail_tasks(
 def test_default_plan_takes_the_memfail_tasks_present(monkeypatch, tmp_path: Path) -> None:
     (tmp_path / "memfail").mkdir()
     (tmp_path / "memfail" / "persona_dataset.csv").write_text(
-        'entity,entity_facts,questions\nAda,"[""Ada paints.""]","[{""text"": ""What does '
-        'Ada do?"", '
-        '""ground_truth_answer"": ""paints""}]"\n',
+        'entity,entity_facts,questions\nAda,"[""Ada paints.""]","[{""text"": ""What does Ada '
+        'do?"", ""ground_truth_answer"": ""paints""}]"\n',
         encoding="utf-8",
     )
     monkeypatch.setenv("OPTLOOP_SHARED_DATA", str(tmp_path))

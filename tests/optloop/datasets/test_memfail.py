@@ -143,7 +143,8 @@ def long_hop_rows() -> list[dict[str, str]]:
             "chain_3": "Pier 9",
             "chain_4": "Dee",
             "chain_5": "Eve",
-            "graded_question": "Who is the sister of the person running the pier where Cy's boat docks?",
+            "graded_question": "Who is the sister of the person running the pier where Cy's "
+            "boat docks?",
             "ground_truth_answer": "Eve",
             "choice_a": "Ann",
             "choice_b": "Bea",

@@ -123,7 +123,8 @@ def test_a_prompt_longer_than_the_context_fails_at_once_with_the_sizes_and_the_s
 
 def test_a_validation_error_naming_a_field_is_a_request_error_even_as_http_500():
     body = {
-        "message": "1 validation error:\n  {'type': 'less_than_equal', 'loc': ('body', 'temperature'), "
+        "message": "1 validation error:\n  {'type': 'less_than_equal', 'loc': ('body', "
+        "'temperature'), "
         "'msg': 'Input should be less than or equal to 2', 'input': 3}",
         "type": "internal_server_error",
     }

@@ -377,9 +377,9 @@ def test_an_evaluation_takes_at_least_its_longest_chain_of_sequential_requests()
     )
     assert figures.total.hours == pytest.approx(sum(p.hours for p in figures.parts))
     assert figures.floor_lines() == [
-        "time of the 3 trials set by the longest dev episode's 6 sequential requests (12 s "
-        "an evaluation), not by "
-        "--concurrency 4: its sessions are ingested in order, then a question"
+        "time of the 3 trials set by the longest dev episode's 6 sequential requests (12 s an "
+        "evaluation), not by --concurrency 4: its sessions are ingested in order, then a "
+        "question"
     ]
     # one request at a time, the chain never binds: the same hours as without chains
     serial = estimate(

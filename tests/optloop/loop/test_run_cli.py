@@ -484,8 +484,7 @@ def test_sigterm_exits_130_marks_the_runs_killed_and_the_same_command_resumes_an
         assert proc.returncode == 130, err[-3000:]
         assert last == (
             f"optloop: interrupted (SIGTERM): run {name} is saved (0 of 1 trials done), its "
-            "MLflow runs "
-            "marked KILLED; resume it with the same command: python -m optloop.run "
+            "MLflow runs marked KILLED; resume it with the same command: python -m optloop.run "
             f"{shlex.join(args)}"
         )
         store = read_store(tmp_path)
@@ -1014,8 +1013,8 @@ def test_exit_4_when_the_calls_of_an_evaluation_fail_and_no_accuracy_is_reported
         400,
         {},
         {
-            "message": "This model's maximum context length is 2048 tokens. However, you requested "
-            "9658 tokens (9146 in the messages, 512 in the completion).",
+            "message": "This model's maximum context length is 2048 tokens. However, you "
+            "requested 9658 tokens (9146 in the messages, 512 in the completion).",
             "type": "invalid_request_error",
             "param": "messages",
             "code": "context_length_exceeded",
