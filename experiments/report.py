@@ -409,7 +409,8 @@ def planted() -> list[str]:
             table(["failures scored", "site accuracy [95% CI]", "type accuracy [95% CI]"], rows),
             dens,
             "Every table (per fault, per type, the failures set aside): "
-            f"[`{name.replace('.json', '.md')}`](../experiments/results/{name.replace('.json', '.md')}).",
+            f"[`{name.replace('.json', '.md')}`]"
+            f"(../experiments/results/{name.replace('.json', '.md')}).",
         ]
     return out
 

@@ -24,9 +24,10 @@ if TYPE_CHECKING:
 
 STOPWORDS = frozenset(
     """a an the i me my we our you your he she it its they them their is am are was were be been
-being do does did have has had of to in on at for with from by about as and or but not no so that this these those
-what which who whom when where why how user assistant s t just also very really now then there here into out up
-over after before again any all some can could will would should may might must shall""".split()
+being do does did have has had of to in on at for with from by about as and or but not no so that
+this these those what which who whom when where why how user assistant s t just also very really
+now then there here into out up over after before again any all some can could will would should
+may might must shall""".split()
 )
 
 

@@ -87,7 +87,8 @@ GENERATE_PARAMS = ("records", "seed", "probes", "workspaces")
 TAGS = ("run", "fact", "end")
 _TAG = re.compile(r"^@(?P<kind>run|fact|end) (?P<json>\{.*\})\s*$")
 _SCOPE = re.compile(
-    r"^\s*\[workspace\s+(?P<workspace>[^\s,\]]+)(?:\s*,\s*path\s+(?P<path>[^\]]*?))?\s*\]\s*(?P<rest>.*)$",
+    r"^\s*\[workspace\s+(?P<workspace>[^\s,\]]+)"
+    r"(?:\s*,\s*path\s+(?P<path>[^\]]*?))?\s*\]\s*(?P<rest>.*)$",
     re.S,
 )
 
@@ -816,7 +817,10 @@ def load_agentic(rest: str, params: dict[str, str]) -> tuple[str, list[Episode]]
         if workspaces > len(_WORKSPACES):
             raise dataset_error(uri, None, "workspaces", f"at most {len(_WORKSPACES)}")
         generated = generate_records(records, seed, probes, workspaces)
-        name = f"agentic:generate?records={records}&seed={seed}&probes={probes}&workspaces={workspaces}"
+        name = (
+            f"agentic:generate?records={records}&seed={seed}&probes={probes}"
+            f"&workspaces={workspaces}"
+        )
         return name, [to_episode(r) for r in generated]
     if params:
         raise dataset_error(

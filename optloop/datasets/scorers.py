@@ -191,7 +191,8 @@ _ABSTAIN_PATTERNS = [
     r"\bno "
     r"(information|info|record|records|mention|memory|memories|data|details|evidence|knowledge)\b",
     r"\bnot "
-    r"(mentioned|specified|provided|stated|available|known|recorded|sure|certain|given|discussed)\b",
+    r"(mentioned|specified|provided|stated|available|known|recorded|sure|certain|given|"
+    r"discussed)\b",
     r"\bnever (mentioned|said|told|stated|discussed)\b",
     r"\b(not|isnt|is not) (enough|sufficient) information\b",
     r"\binsufficient information\b",

@@ -345,7 +345,7 @@ class GepaOptimizer(_QueueOptimizer):
 class ProposeInstruction(dspy.Signature):
     """You improve one prompt of an AI assistant's memory pipeline. Below is the prompt's current
     instruction and the failures attributed to it. Write a complete replacement instruction that keeps
-    the task and the output format, and fixes these failures."""
+    the task and the output format, and fixes these failures."""  # noqa: E501
 
     site: str = dspy.InputField(desc="which step of the pipeline this prompt drives")
     instruction: str = dspy.InputField(desc="the current instruction")

@@ -17,9 +17,9 @@ from optloop.text import words as text_words
 
 _STOPWORDS = frozenset(
     """a an the i me my mine we our you your he she it its they them their is am are was were be
-been being do does did have has had of to in on at for with from by about as and or but not no so that this these
-those what which who whom when where why how please can could would will just also all any some anything everything
-now then there here from user users s""".split()
+been being do does did have has had of to in on at for with from by about as and or but not no so
+that this these those what which who whom when where why how please can could would will just
+also all any some anything everything now then there here from user users s""".split()
 )
 
 
@@ -64,28 +64,28 @@ CATEGORIES: dict[str, frozenset[str]] = {
         "pet dog cat puppy kitten hamster parrot rabbit horse fish vet groomer".split()
     ),
     "family": frozenset(
-        """family sister brother sibling mother mom mum father dad parent niece nephew cousin aunt uncle
-        grandmother grandma grandfather grandpa grandparent son daughter child kid baby wife husband partner spouse
-        fiance fiancee""".split()
+        """family sister brother sibling mother mom mum father dad parent niece nephew cousin
+        aunt uncle grandmother grandma grandfather grandpa grandparent son daughter child kid baby
+        wife husband partner spouse fiance fiancee""".split()
     ),
     "people": frozenset(
         "friend neighbour neighbor roommate flatmate birthday anniversary".split()
     ),
     "work": frozenset(
-        """work job career manager boss colleague coworker office employer company team project salary
-        occupation profession role client""".split()
+        """work job career manager boss colleague coworker office employer company team project
+        salary occupation profession role client""".split()
     ),
     "health": frozenset(
         """health allergy allergic doctor dentist medication medicine gluten vegan vegetarian diet
         blood condition therapist""".split()
     ),
     "travel": frozenset(
-        """travel trip flight seat gate train platform airport hotel passport ticket vacation holiday
-        departure depart""".split()
+        """travel trip flight seat gate train platform airport hotel passport ticket vacation
+        holiday departure depart""".split()
     ),
     "home": frozenset(
-        """home address city town live flat apartment house street neighbourhood neighborhood storage
-        garage parking car moved""".split()
+        """home address city town live flat apartment house street neighbourhood neighborhood
+        storage garage parking car moved""".split()
     ),
     "food": frozenset(
         "food tea coffee drink dish meal cuisine restaurant fruit snack dessert wine beer".split()

@@ -80,7 +80,8 @@ CREATE TABLE IF NOT EXISTS ltm (             -- long term: key/value facts, hist
     session_id    TEXT,
     turn_id       TEXT,
     timestamp     TEXT,
-    grounded      INTEGER NOT NULL,          -- the value's words occur in the message or its context
+    grounded      INTEGER NOT NULL,          -- the value's words occur in the message or its \
+context
     written_keys  TEXT NOT NULL DEFAULT '[]', -- JSON: the keys as the extraction stage wrote them
     embedding     BLOB NOT NULL              -- float32, the embedder named in meta
 );

@@ -23,9 +23,13 @@ from optloop.product_templates.mem0_prompts import sha256
 from optloop.testing.scripted import ScriptedOpenAIServer
 from signatures.graphiti import library_system_prompt
 from signatures.mem0 import AGENT_CONTEXT_SUFFIX
-
-# fixtures
-from tests.optloop._export_store import EDGE_RULE, EDGE_SITE, MEM0_RULE, store, template  # noqa: F401
+from tests.optloop._export_store import (
+    EDGE_RULE,
+    EDGE_SITE,
+    MEM0_RULE,
+    store,  # noqa: F401 (a fixture)
+    template,  # noqa: F401 (a fixture)
+)
 
 
 def export(*args: str) -> int:
@@ -170,11 +174,16 @@ class HashEmbedding(EmbeddingBase):  # the product's own embedder; any will do h
         return [self.embed(t) for t in texts]
 
 base_url, root = sys.argv[-2], sys.argv[-1]
-llm = {"provider": "openai", "config": {"model": "gpt-test", "api_key": "k", "openai_base_url": base_url}}
+llm = {
+    "provider": "openai",
+    "config": {"model": "gpt-test", "api_key": "k", "openai_base_url": base_url},
+}
 memory = Memory(MemoryConfig(
-    vector_store={"provider": "qdrant", "config": {"collection_name": "m", "embedding_model_dims": 8,
+    vector_store={"provider": "qdrant", "config": {"collection_name": "m",
+                                                   "embedding_model_dims": 8,
                                                    "path": root + "/qdrant", "on_disk": True}},
-    llm=llm, embedder={"provider": "openai", "config": {"api_key": "k", "openai_base_url": base_url,
+    llm=llm, embedder={"provider": "openai", "config": {"api_key": "k",
+                                                        "openai_base_url": base_url,
                                                         "embedding_dims": 8}},
     history_db_path=root + "/history.db",
     reranker={"provider": "llm_reranker", "config": {"llm": llm}}))
@@ -184,7 +193,8 @@ memory.add([{"role": "user", "content": "I adopted a beagle named Max."}], user_
 memory.add([{"role": "user", "content": "Max loves the park."}], agent_id="a")
 found = memory.search("beagle", top_k=5, filters={"user_id": "u"}, rerank=True)["results"]
 memory.close()
-print(json.dumps({"applied": applied, "found": [[r["memory"], r.get("rerank_score")] for r in found]}))
+print(json.dumps({"applied": applied,
+                  "found": [[r["memory"], r.get("rerank_score")] for r in found]}))
 """
 
 
@@ -258,9 +268,11 @@ out = {}
 for name in ("extract_edges.edge", "extract_nodes.extract_message"):
     ours = get_prompt_builder(library, name)(Probe())
     theirs = get_prompt_builder(DefaultChatPromptLibrary(), name)(Probe())
-    out[name] = {"system": ours.system.content, "user_same": ours.user.content == theirs.user.content,
+    out[name] = {"system": ours.system.content,
+                 "user_same": ours.user.content == theirs.user.content,
                  "default_system": theirs.system.content,
-                 "sent_system": get_prompt_builder(library, name)(Probe()).as_messages()[0].content}
+                 "sent_system": get_prompt_builder(library, name)(Probe())
+                 .as_messages()[0].content}
 print(json.dumps(out))
 """
 

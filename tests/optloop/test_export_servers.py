@@ -30,7 +30,7 @@ def exported(tmp_path, prompt: str):
     return module
 
 
-def test_a_refused_json_schema_falls_back_to_json_object_with_the_same_schema_and_the_runs_sampling(
+def test_a_refused_json_schema_falls_back_to_json_object_with_the_same_schema_and_sampling(
     tmp_path, monkeypatch
 ):
     monkeypatch.delenv("OPENROUTER_API_KEY", raising=False)

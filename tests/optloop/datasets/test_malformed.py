@@ -60,7 +60,8 @@ def test_bad_json_cell_names_the_rows_first_line(  # type: ignore[no-untyped-def
 def test_short_csv_row_names_the_missing_cell(tmp_path: Path) -> None:
     path = tmp_path / "coexisting.csv"
     path.write_text(
-        'preference_category,preferences,preference_facts,question,ground_truth_answer\ndrinks,"[]"\n',
+        "preference_category,preferences,preference_facts,question,ground_truth_answer\n"
+        'drinks,"[]"\n',
         encoding="utf-8",
     )
     assert (

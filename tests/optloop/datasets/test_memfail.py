@@ -171,9 +171,9 @@ def long_hop_rows() -> list[dict[str, str]]:
     ]
 
 
-def test_long_hop_spreads_each_chain_over_sessions_with_five_options(  # type: ignore[no-untyped-def]
+def test_long_hop_spreads_each_chain_over_sessions_with_five_options(
     write_csv,
-) -> None:
+) -> None:  # type: ignore[no-untyped-def]
     path = write_csv("long_hop_dataset.csv", long_hop_rows(), LONG_HOP_HEADER)
     dataset = load_dataset(f"memfail:long_hop:{path}")
     assert [e.id for e in dataset.episodes] == ["long_hop-lh1", "long_hop-lh2", "long_hop-lh3"]

@@ -55,7 +55,8 @@ def test_importing_the_lm_layer_installs_no_warning_filters():
         before = list(warnings.filters)
         import optloop.lm
         import optloop.lm.accounting, optloop.lm.cache, optloop.lm.dspy_lm, optloop.lm.endpoint
-        import optloop.lm.engine, optloop.lm.llama, optloop.lm.machine, optloop.lm.requests, optloop.lm.settings
+        import optloop.lm.engine, optloop.lm.llama, optloop.lm.machine, optloop.lm.requests, \\
+            optloop.lm.settings
         print(warnings.filters == before)
     """)
     proc = subprocess.run(

@@ -31,7 +31,9 @@ HOLDER = textwrap.dedent("""
     spec = importlib.util.spec_from_file_location("machine", sys.argv[1])
     machine = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(machine)
-    directory, slots, hold_s, out = Path(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), Path(sys.argv[5])
+    directory, slots, hold_s, out = (
+        Path(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), Path(sys.argv[5])
+    )
     with machine.MachineSlots("llama", slots, directory).hold() as waited:
         start = time.time()
         out.with_suffix(".held").write_text("held")

@@ -672,7 +672,7 @@ def with_flag(args: list[str], flag: str, value: str) -> list[str]:
     return [*args, flag, value]
 
 
-def test_estimate_then_max_calls_stops_with_exit_3_and_a_higher_limit_resumes_from_the_same_baseline(
+def test_estimate_then_max_calls_stops_with_exit_3_and_a_higher_limit_resumes_the_baseline(
     tmp_path,
 ):
     """--estimate evaluates the baseline only (exit 0, "no price" for an unpriced model);
