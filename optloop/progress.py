@@ -22,11 +22,14 @@ from rich.console import Console
 LOG_NAME = "run.log"
 
 
-def duration(seconds: float) -> str:
-    """``41 s``, ``18 min``, ``2.5 h``: a span in the unit that reads best."""
-    if seconds < 90:
+def duration(seconds: float, *, minutes_from: float = 90, hours_from: float = 5400) -> str:
+    """``41 s``, ``18 min``, ``2.5 h``: a span in the unit that reads best, seconds below
+    ``minutes_from`` seconds, hours from ``hours_from`` seconds, minutes between. A progress line
+    keeps the defaults (``75 s``, ``80 min``); a projection (:func:`optloop.loop.eta.projected`)
+    moves to the next unit at a whole minute and a whole hour."""
+    if seconds < minutes_from:
         return f"{seconds:.0f} s"
-    return f"{seconds / 60:.0f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
+    return f"{seconds / 60:.0f} min" if seconds < hours_from else f"{seconds / 3600:.1f} h"
 
 
 def trial_line(

@@ -9,7 +9,7 @@ from rich.table import Table
 from optloop.attribution.taxonomy import Target
 from optloop.failures import mark
 from optloop.lm import LMSettings, Usage
-from optloop.loop.eta import Eta, duration
+from optloop.loop.eta import Eta, projected
 from optloop.loop.runner import Checkpoint, LoopConfig, LoopResult
 from optloop.loop.spend import MAX_COST, STOPPED_BY, Estimate, RunStopped, run_dollars
 from optloop.stats import Interval, bootstrap_mean
@@ -181,7 +181,7 @@ def estimate_table(figures: Estimate, config: LoopConfig, settings: LMSettings) 
             str(part.calls),
             _cell(part.tokens, "d"),
             dollars,
-            "unknown" if part.hours is None else duration(part.hours),
+            "unknown" if part.hours is None else projected(part.hours * 3600),
         )
     return table
 
@@ -230,7 +230,7 @@ def print_projection(
     left = Eta.of(figures, config.budget).seconds_left(
         sum(t.evaluation is not None for t in ckpt.trials)
     )
-    hours = "unknown" if left is None else duration(left / 3600)
+    hours = "unknown" if left is None else projected(left)
     tokens = "unknown" if figures.total.tokens is None else str(figures.total.tokens)
     dollars = "" if figures.total.cost_usd is None else f", {money(figures.total.cost_usd)}"
     console.print(

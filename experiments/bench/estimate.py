@@ -91,7 +91,7 @@ from optloop.loop.spend import (
 )
 from optloop.loop.state import LoopConfig
 from optloop.paths import state_dir, write_atomic
-from optloop.run_tables import duration, optimizer_line
+from optloop.run_tables import optimizer_line, projected
 from optloop.sites import ANSWER, QUERY_REWRITE
 
 ANSWER_SIDE = {ANSWER, QUERY_REWRITE}  # prompt sites of the question path; the rest is ingestion
@@ -316,7 +316,7 @@ def cell(value: float | None, fmt: str) -> str:
 
 
 def duration_cell(hours: float | None) -> str:
-    return "unknown" if hours is None else duration(hours)
+    return "unknown" if hours is None else projected(hours * 3600)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
