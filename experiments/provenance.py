@@ -14,6 +14,7 @@ import shlex
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,12 @@ def machine() -> str:
     except (ValueError, OSError, AttributeError):
         memory = ""
     return f"{os.cpu_count()} CPUs ({platform.machine()}){memory}, {platform.system()}"
+
+
+def command_of(module: str, argv: Sequence[str] | None = None) -> str:
+    """``python -m module args``, quoted for a shell: the command a benchmark ran as (``argv``, by
+    default this process's arguments)."""
+    return shlex.join(["python", "-m", module, *(sys.argv[1:] if argv is None else argv)])
 
 
 def provenance(model: str, command: str | None = None) -> dict[str, str]:

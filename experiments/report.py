@@ -17,9 +17,11 @@ import argparse
 import importlib.util
 import json
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+
+from experiments.markdown import table
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "experiments" / "results"
@@ -49,12 +51,6 @@ def provenance(data: Json, name: str) -> str:
     if module and importlib.util.find_spec(module) is None:
         line += f" `{module}` is no longer in the tree: the command runs at commit {p['commit']}."
     return line
-
-
-def table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines)
 
 
 def ci(low: float, high: float, fmt: str = "+.2f") -> str:

@@ -10,12 +10,6 @@ the one episode pipeline (``optloop.pipeline``) without recording or attribution
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import os
-import platform
-import shlex
-import subprocess
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,56 +54,6 @@ def bench_lm(
             max_string_chars=getattr(args, "lm_max_chars", None),
             cache_path=cache or tmp / "cache.sqlite",
         )
-    )
-
-
-def provenance(model: str, argv: Sequence[str] | None = None) -> dict[str, str]:
-    """Where a results file came from: the command, the date (UTC), the commit, the model and
-    the machine."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    module = Path(sys.argv[0]).with_suffix("").as_posix().replace("/", ".")
-    module = module[module.index("experiments.") :] if "experiments." in module else module
-    return {
-        "command": shlex.join(["python", "-m", module, *args]),
-        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "commit": _commit(),
-        "model": model,
-        "machine": _machine(),
-    }
-
-
-def _commit() -> str:
-    """The checkout's commit, ``+changes`` when tracked files differ from it."""
-
-    def git(*args: str) -> str:
-        return subprocess.run(
-            ["git", *args], capture_output=True, text=True, check=True
-        ).stdout.strip()
-
-    try:
-        dirty = git("status", "--porcelain", "--untracked-files=no")
-        return git("rev-parse", "--short", "HEAD") + ("+changes" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown (not a git checkout)"
-
-
-def _machine() -> str:
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return (
-        f"{platform.machine()}, {platform.system()}, {cores} cores, {memory:.0f} GiB, "
-        f"Python {platform.python_version()}"
-    )
-
-
-def provenance_markdown(record: dict[str, str]) -> str:
-    """The provenance as the header lines of a markdown results file."""
-    return (
-        "\n".join(
-            f"- {name}: `{value}`" if name == "command" else f"- {name}: {value}"
-            for name, value in record.items()
-        )
-        + "\n\n"
     )
 
 

@@ -43,8 +43,8 @@ from tempfile import TemporaryDirectory
 
 from rich.console import Console
 
-from experiments.bench._common import provenance, provenance_markdown
-from experiments.provenance import model_of, stamped
+from experiments.markdown import provenance_lines
+from experiments.provenance import command_of, model_of, stamped
 from optloop.attribute import render_planted, render_planted_markdown
 from optloop.attribution.planted import PlantedRun, run_planted
 from optloop.attribution.planted_report import summarize
@@ -138,7 +138,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     summary["seconds"] = round(time.perf_counter() - started, 1)
     summary["datasets"] = [d.uri for d in datasets]
     summary["lm"] = lm.backend.identity
-    summary["provenance"] = provenance(lm.backend.identity, argv)
     summary["cases"] = [c.to_json() for c in planted.induced]
     summary["set_aside_cases"] = [c.to_json() for c in planted.set_aside]
     console.print(
@@ -146,13 +145,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{summary['seconds']} s in all"
     )
     console.print(render_planted(summary))
+    summary = stamped(summary, model_of(args), command_of("experiments.bench.attribution", argv))
     if args.json:
-        args.json.write_text(
-            json.dumps(stamped(summary, model_of(args)), indent=1, ensure_ascii=False)
-        )
+        args.json.write_text(json.dumps(summary, indent=1, ensure_ascii=False))
     if args.markdown:
         args.markdown.write_text(
-            provenance_markdown(summary["provenance"]) + render_planted_markdown(summary)
+            provenance_lines(summary["provenance"]) + render_planted_markdown(summary)
         )
     return 0
 

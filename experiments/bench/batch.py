@@ -46,7 +46,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +53,8 @@ from pydantic import BaseModel, Field
 from rich.console import Console
 from rich.table import Table
 
+from experiments.markdown import provenance_lines, table
+from experiments.provenance import command_of, stamped
 from optloop.cli import CommandParser, parse_command, run_cli
 from optloop.errors import ConfigError
 from optloop.paths import write_atomic
@@ -310,33 +311,45 @@ def to_markdown(rows: Sequence[Row], results: dict[str, Any]) -> str:
         f"# Trials in batches: `optloop.run --budget {results['budget']}` at --concurrency "
         f"{results['n']}, replayed at {results['latency_ms']:g} ms +- {results['jitter_ms']:g} "
         "a call\n\n"
-        f"- command: `{results['command']}`\n- model: {results['model']} (answers recorded "
-        f"once, then replayed)\n- run: {results['system']}"
+        + provenance_lines(results["provenance"]).rstrip("\n")
+        + f"\n- run: {results['system']}"
         f"{' --query-rewrite' if results['query_rewrite'] else ''}"
         f"{' --sites ' + results['sites'] if results.get('sites') else ''} on "
-        f"`{results['dataset']}`, --optimizer {results['optimizer']}, --seed {results['seed']}\n"
-        f"- date: {results['date']}; commit {results['commit']}; machine: {os.cpu_count()} "
-        "cores\n\n"
+        f"`{results['dataset']}`, --optimizer {results['optimizer']}, --seed {results['seed']}"
+        "\n\n"
     )
-    lines = [
-        (
-            "| --batch | wall s (replay) | speed-up | of which trials, s | speed-up | trials | "
-            "dev baseline -> best | held-out before -> after | delta [95% CI] n | same as "
-            "recording (N=1) | misses |"
-        ),
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+    header = [
+        "--batch",
+        "wall s (replay)",
+        "speed-up",
+        "of which trials, s",
+        "speed-up",
+        "trials",
+        "dev baseline -> best",
+        "held-out before -> after",
+        "delta [95% CI] n",
+        "same as recording (N=1)",
+        "misses",
     ]
     first = rows[0].seconds if rows else 0.0
     first_trials = rows[0].trials_seconds if rows else 0.0
-    for r in rows:
-        lines.append(
-            f"| {r.batch} | {r.seconds:.1f} | {first / r.seconds:.2f}x | {r.trials_seconds:.0f} "
-            f"| {first_trials / r.trials_seconds if r.trials_seconds else 0:.2f}x | {r.trials} "
-            f"| {r.baseline_dev:.3f} -> {r.best_dev:.3f} | {r.test_before:.3f} -> "
-            f"{r.test_after:.3f} | {r.delta_test} | {'yes' if r.identical else 'NO'} | "
-            f"{r.misses} |"
-        )
-    return head + "\n".join(lines) + "\n"
+    cells = [
+        [
+            r.batch,
+            f"{r.seconds:.1f}",
+            f"{first / r.seconds:.2f}x",
+            f"{r.trials_seconds:.0f}",
+            f"{first_trials / r.trials_seconds if r.trials_seconds else 0:.2f}x",
+            r.trials,
+            f"{r.baseline_dev:.3f} -> {r.best_dev:.3f}",
+            f"{r.test_before:.3f} -> {r.test_after:.3f}",
+            r.delta_test,
+            "yes" if r.identical else "NO",
+            r.misses,
+        ]
+        for r in rows
+    ]
+    return head + table(header, cells) + "\n"
 
 
 def estimate_markdown(paths: Sequence[Path], n: int) -> str:
@@ -373,19 +386,6 @@ def estimate_markdown(paths: Sequence[Path], n: int) -> str:
             f"{total['calls']:,} | {dollars} |"
         )
     return head + "\n".join(lines) + "\n"
-
-
-def _commit() -> str:
-    try:
-        return subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -462,10 +462,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.answers == "embedded"
         else "the scripted oracle (optloop.testing.oracle.OracleEndpoint)"
     )
-    command = " ".join(argv if argv is not None else sys.argv[1:])
     results = {
-        "command": f"python -m experiments.bench.batch {command}",
-        "model": model,
         "answers": args.answers,
         "system": args.system,
         "sites": args.sites,
@@ -477,12 +474,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         "latency_ms": args.latency_ms,
         "jitter_ms": args.jitter_ms,
         "seed": args.seed,
-        "date": datetime.now(UTC).strftime("%Y-%m-%d"),
-        "commit": _commit(),
         "rows": [r.model_dump() for r in rows],
     }
     estimates = [Path(p) for p in args.estimates.split(",") if p]
     results["estimates"] = [json.loads(p.read_text()) for p in estimates]
+    results = stamped(
+        results,
+        f"{model}, answers recorded once, then replayed",
+        command_of("experiments.bench.batch", argv),
+    )
     write_atomic(args.json, json.dumps(results, indent=1))
     write_atomic(args.markdown, to_markdown(rows, results) + estimate_markdown(estimates, args.n))
     table = Table(
