@@ -22,8 +22,10 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
+from optloop.lm import LMSettings, OptloopLM
 from optloop.testing.chaos import schema_stub
 from optloop.testing.oracle import prompt_section, response_schema
 from optloop.testing.scripted import ScriptedOpenAIServer
@@ -133,6 +135,19 @@ class KeyedEndpoint(ScriptedOpenAIServer):
         self.gold, self.latency_s, self.fault_every = gold, latency_s, fault_every
         self.served: Counter[bytes] = Counter()
         self._count_lock = threading.Lock()
+
+    def lm(self, concurrency: int, cache_path: Path, **settings: Any) -> OptloopLM:
+        """An LM on this endpoint (model ``oracle``) at ``concurrency``, its cache at
+        ``cache_path``."""
+        return OptloopLM(
+            LMSettings.from_spec(
+                "openai:oracle",
+                base_url=self.base_url,
+                concurrency=concurrency,
+                cache_path=cache_path,
+                **settings,
+            )
+        )
 
     def forget(self) -> None:
         """Ask again as never asked: the next run on this endpoint (same URL, so the same cache

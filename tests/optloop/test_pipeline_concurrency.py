@@ -179,14 +179,7 @@ def test_a_private_store_records_the_same_graph_at_n1_and_n4(tmp_path, embedder)
     runs = {}
     with KeyedEndpoint(gold_answers(dataset.episodes), latency_s=0.02) as endpoint:
         for n in (1, 4):
-            lm = OptloopLM(
-                LMSettings.from_spec(
-                    "openai:oracle",
-                    base_url=endpoint.base_url,
-                    concurrency=n,
-                    cache_path=tmp_path / f"n{n}.sqlite",
-                )
-            )
+            lm = endpoint.lm(n, tmp_path / f"n{n}.sqlite")
             stores = FreshStores(
                 lambda episode, n=n: system(
                     lm, tmp_path / f"n{n}" / episode.id, embedder=embedder

@@ -738,54 +738,6 @@ def test_the_graph_records_every_extraction_store_update_and_delete(tmp_path, em
     )
 
 
-def test_attribution_blames_the_extraction_stage_for_a_fact_it_dropped(tmp_path, embedder):
-    episode = Episode(
-        id="ep",
-        sessions=[
-            session(
-                "s1",
-                "2024-10-01",
-                "Quick facts about me: I was born in Tarragona, I work as a hydrologist, and my "
-                "cat is called Pimento.",
-                "Noted all three.",
-            ),
-            session("s2", "2024-10-03", "Any tips for lunch?", "A sandwich in the park."),
-        ],
-        questions=[
-            Question(
-                id="q1",
-                question="What is my cat called?",
-                gold="Pimento",
-                evidence_ids=["s1:t1"],
-                task_type="multi_fact",
-                scorer="contains",
-            )
-        ],
-    )
-    # The extraction stage keeps one fact of three; no summary carries the others.
-    system, _ = make(
-        tmp_path,
-        embedder,
-        {
-            "tiered.extract": extractor({"Tarragona": ["birthplace|Tarragona"]}),
-            "answer": echo_memories,
-        },
-    )
-
-    graph, predictions = record_episode(system, episode)
-    a = attribute(
-        graph, episode.questions[0], predictions["q1"], default_judges(embedder), embedder=embedder
-    )
-
-    assert "Pimento" not in predictions["q1"]
-    assert (a.error_type, a.target) == (ErrorType.EXTRACTION, "tiered.extract")
-    assert graph.op(a.op_id).site == "tiered.extract" and graph.op(a.op_id).session_id == "s1"
-
-
-# ---------------------------------------------------------------------------
-# Planted faults on a scripted run (no model)
-# ---------------------------------------------------------------------------
-
 FACTS_EPISODE = Episode(
     id="facts",
     sessions=[
@@ -817,6 +769,35 @@ FACTS_EPISODE = Episode(
         ),
     ],
 )
+
+
+def test_attribution_blames_the_extraction_stage_for_a_fact_it_dropped(tmp_path, embedder):
+    episode = FACTS_EPISODE.model_copy(
+        update={"id": "ep", "questions": FACTS_EPISODE.questions[:1]}
+    )
+    # The extraction stage keeps one fact of three; no summary carries the others.
+    system, _ = make(
+        tmp_path,
+        embedder,
+        {
+            "tiered.extract": extractor({"Tarragona": ["birthplace|Tarragona"]}),
+            "answer": echo_memories,
+        },
+    )
+
+    graph, predictions = record_episode(system, episode)
+    a = attribute(
+        graph, episode.questions[0], predictions["q1"], default_judges(embedder), embedder=embedder
+    )
+
+    assert "Pimento" not in predictions["q1"]
+    assert (a.error_type, a.target) == (ErrorType.EXTRACTION, "tiered.extract")
+    assert graph.op(a.op_id).site == "tiered.extract" and graph.op(a.op_id).session_id == "s1"
+
+
+# ---------------------------------------------------------------------------
+# Planted faults on a scripted run (no model)
+# ---------------------------------------------------------------------------
 
 
 def test_the_catalogue_plants_tiered_faults_and_attribution_names_them(tmp_path, embedder):

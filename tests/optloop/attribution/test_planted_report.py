@@ -93,36 +93,55 @@ def tally(
     )
 
 
+def answer_named(qid: str) -> Case:
+    """An ``answer-unknown`` failure the walk blames on the answer site, as planted."""
+    return case(
+        "answer-unknown",
+        qid,
+        blamed="answer",
+        blamed_type=ErrorType.RESPONSE,
+        target="answer",
+        true_type=ErrorType.RESPONSE,
+    )
+
+
+def unsound_clean(qid: str) -> Case:
+    """An ``answer-unknown`` failure blamed on extraction and set aside: an unsound clean pass."""
+    return case(
+        "answer-unknown",
+        qid,
+        blamed="mem0.extract",
+        blamed_type=ErrorType.EXTRACTION,
+        target="answer",
+        true_type=ErrorType.RESPONSE,
+        set_aside=UNSOUND_CLEAN,
+    )
+
+
+def top_k_reached(qid: str, *, named: bool) -> Case:
+    """A ``top-k-1`` failure set aside (the evidence reached the answer), blamed on the top_k knob
+    (``named``) or on the answer site."""
+    return case(
+        "top-k-1",
+        qid,
+        blamed="knob:top_k" if named else "answer",
+        blamed_type=ErrorType.RETRIEVAL if named else ErrorType.RESPONSE,
+        target="knob:top_k",
+        true_type=ErrorType.RETRIEVAL,
+        set_aside=EVIDENCE_REACHED,
+    )
+
+
+def top_k_tally() -> FaultTally:
+    return tally("top-k-1", 2, target="knob:top_k", true_type="RetrievalError")
+
+
 def issue_run() -> PlantedRun:
-    """The issue's example: mem0 on builtin:tiny, no induced failure, four set aside."""
+    """mem0 on builtin:tiny with no induced failure and four set aside."""
     cases = [
-        case(
-            "answer-unknown",
-            "q1",
-            blamed="mem0.extract",
-            blamed_type=ErrorType.EXTRACTION,
-            target="answer",
-            true_type=ErrorType.RESPONSE,
-            set_aside=UNSOUND_CLEAN,
-        ),
-        case(
-            "top-k-1",
-            "q2",
-            blamed="answer",
-            blamed_type=ErrorType.RESPONSE,
-            target="knob:top_k",
-            true_type=ErrorType.RETRIEVAL,
-            set_aside=EVIDENCE_REACHED,
-        ),
-        case(
-            "top-k-1",
-            "q3",
-            blamed="knob:top_k",
-            blamed_type=ErrorType.RETRIEVAL,
-            target="knob:top_k",
-            true_type=ErrorType.RETRIEVAL,
-            set_aside=EVIDENCE_REACHED,
-        ),
+        unsound_clean("q1"),
+        top_k_reached("q2", named=False),
+        top_k_reached("q3", named=True),
         case(
             "store-deletes-old",
             "q2",
@@ -139,7 +158,7 @@ def issue_run() -> PlantedRun:
     ]
     tallies = [
         tally("answer-unknown", 1),
-        tally("top-k-1", 2, target="knob:top_k", true_type="RetrievalError"),
+        top_k_tally(),
         tally("store-deletes-old", 1, target="library:mem0.store", true_type="DeletionError"),
         tally(
             "threshold-strict",
@@ -155,57 +174,16 @@ def issue_run() -> PlantedRun:
 def mixed_run() -> PlantedRun:
     """Two induced failures (both named right), three set aside (one named right)."""
     cases = [
-        case(
-            "answer-unknown",
-            "q1",
-            blamed="answer",
-            blamed_type=ErrorType.RESPONSE,
-            target="answer",
-            true_type=ErrorType.RESPONSE,
-        ),
-        case(
-            "answer-unknown",
-            "q2",
-            blamed="answer",
-            blamed_type=ErrorType.RESPONSE,
-            target="answer",
-            true_type=ErrorType.RESPONSE,
-        ),
-        case(
-            "answer-unknown",
-            "q3",
-            blamed="mem0.extract",
-            blamed_type=ErrorType.EXTRACTION,
-            target="answer",
-            true_type=ErrorType.RESPONSE,
-            set_aside=UNSOUND_CLEAN,
-        ),
-        case(
-            "top-k-1",
-            "q1",
-            blamed="knob:top_k",
-            blamed_type=ErrorType.RETRIEVAL,
-            target="knob:top_k",
-            true_type=ErrorType.RETRIEVAL,
-            set_aside=EVIDENCE_REACHED,
-        ),
-        case(
-            "top-k-1",
-            "q2",
-            blamed="answer",
-            blamed_type=ErrorType.RESPONSE,
-            target="knob:top_k",
-            true_type=ErrorType.RETRIEVAL,
-            set_aside=EVIDENCE_REACHED,
-        ),
+        answer_named("q1"),
+        answer_named("q2"),
+        unsound_clean("q3"),
+        top_k_reached("q1", named=True),
+        top_k_reached("q2", named=False),
     ]
     return PlantedRun(
         cases,
         [CleanBaseline("mem0", TINY, "tiny-pet", 5, 3, 2)],
-        [
-            tally("answer-unknown", 3),
-            tally("top-k-1", 2, target="knob:top_k", true_type="RetrievalError"),
-        ],
+        [tally("answer-unknown", 3), top_k_tally()],
     )
 
 
@@ -588,21 +566,13 @@ def test_planted_faults_at_concurrency_4_give_the_serial_harness_results(tmp_pat
     answers are fixed by the request: the same baselines, tallies and cases, in the same order, as
     one at a time."""
     from optloop.datasets import load_dataset
-    from optloop.lm import LMSettings, OptloopLM
     from tests._oracle import KeyedEndpoint, gold_answers
 
     dataset = load_dataset("builtin:tiny")
     runs, lines = {}, {}
     with KeyedEndpoint(gold_answers(dataset.episodes), latency_s=0.01) as endpoint:
         for n in (1, 4):
-            lm = OptloopLM(
-                LMSettings.from_spec(
-                    "openai:oracle",
-                    base_url=endpoint.base_url,
-                    concurrency=n,
-                    cache_path=tmp_path / f"n{n}.sqlite",
-                )
-            )
+            lm = endpoint.lm(n, tmp_path / f"n{n}.sqlite")
             lines[n] = []
             run = run_planted(
                 ["md_flat"],

@@ -41,15 +41,7 @@ def embedder():
 def run(system: str, n: int, root: Path, endpoint: KeyedEndpoint, embedder: Any) -> dict[str, Any]:
     """The three evaluations at concurrency ``n``, and everything they leave behind."""
     dataset = load_dataset(DATASET)
-    lm = OptloopLM(
-        LMSettings.from_spec(
-            "openai:oracle",
-            base_url=endpoint.base_url,
-            concurrency=n,
-            max_retries=2,
-            cache_path=root / "cache.sqlite",
-        )
-    )
+    lm = endpoint.lm(n, root / "cache.sqlite", max_retries=2)
     evaluator = Evaluator(system, lm, root / "work", embedder=embedder, max_live=3)
     try:
         baseline = evaluator.baseline()
@@ -197,14 +189,7 @@ def test_a_batch_gives_each_candidate_the_evaluation_it_gets_alone(system, tmp_p
     outcomes = {}
     with KeyedEndpoint(gold, latency_s=0.03) as endpoint:
         for how in ("alone", "batch"):
-            lm = OptloopLM(
-                LMSettings.from_spec(
-                    "openai:oracle",
-                    base_url=endpoint.base_url,
-                    concurrency=4,
-                    cache_path=tmp_path / how / "cache.sqlite",
-                )
-            )
+            lm = endpoint.lm(4, tmp_path / how / "cache.sqlite")
             evaluator = Evaluator(system, lm, tmp_path / how / "work", embedder=embedder)
             try:
                 candidates = _variants(evaluator)
