@@ -16,11 +16,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar, overload
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from optloop.errors import DatasetError
 
 T = TypeVar("T")
+M = TypeVar("M", bound=BaseModel)
 
 SHARED_DATA_ENV = "OPTLOOP_SHARED_DATA"
 
@@ -142,6 +143,28 @@ def read_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
                 yield lineno, json.loads(line)
             except json.JSONDecodeError as exc:
                 raise json_error(path, exc, line, first_line=lineno, unit="line") from None
+
+
+def read_jsonl_models(path: Path, model: type[M], what: str) -> list[M]:
+    """One ``model`` per non-blank line of a JSONL file (``what``: one line's content, for the
+    error); an error names the line, and an empty file is one."""
+    records: list[M] = []
+    for lineno, value in read_jsonl(path):
+        where = f"line {lineno}"
+        if not isinstance(value, dict):
+            raise dataset_error(
+                path,
+                where,
+                None,
+                f"expected a JSON object ({what}), got {type(value).__name__}",
+            )
+        try:
+            records.append(model.model_validate(value))
+        except ValidationError as exc:
+            raise validation_error(path, where, exc) from None
+    if not records:
+        raise dataset_error(path, None, None, "no episodes (the file is empty)")
+    return records
 
 
 def read_json_records(path: Path, container_key: str | None = None) -> list[tuple[str, Any]]:

@@ -68,7 +68,7 @@ from optloop.datasets._io import (
     dataset_error,
     existing_file,
     int_param,
-    read_jsonl,
+    read_jsonl_models,
     validation_error,
 )
 from optloop.datasets._model import Episode, Question, Session, Turn
@@ -779,23 +779,7 @@ def write_agentic_jsonl(records: Iterable[AgenticEpisode], path: str | Path) -> 
 
 
 def read_agentic_jsonl(path: Path) -> list[AgenticEpisode]:
-    records = []
-    for lineno, value in read_jsonl(path):
-        where = f"line {lineno}"
-        if not isinstance(value, dict):
-            raise dataset_error(
-                path,
-                where,
-                None,
-                f"expected a JSON object (one agentic episode), got {type(value).__name__}",
-            )
-        try:
-            records.append(AgenticEpisode.model_validate(value))
-        except ValidationError as exc:
-            raise validation_error(path, where, exc) from None
-    if not records:
-        raise dataset_error(path, None, None, "no episodes (the file is empty)")
-    return records
+    return read_jsonl_models(path, AgenticEpisode, "one agentic episode")
 
 
 def load_agentic(rest: str, params: dict[str, str]) -> tuple[str, list[Episode]]:

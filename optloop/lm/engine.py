@@ -322,21 +322,25 @@ class OptloopEngine:
             before_sleep=before_sleep,
             reraise=True,
         )
-        try:
-            response = retrying(attempt)
-        except LMError as exc:
+
+        def record_failure(error: str) -> None:
             self._record(
                 request,
                 None,
                 started,
                 cached=False,
                 attempts=attempts,
-                error=str(exc),
+                error=error,
                 key=key,
                 faults=faults,
                 queued=queued,
                 load=self._load(rate_limited, limit_wait, throttled),
             )
+
+        try:
+            response = retrying(attempt)
+        except LMError as exc:
+            record_failure(str(exc))
             raise
         except (RetryError, Exception) as exc:  # noqa: BLE001 - turned into one actionable line
             if backend.is_rate_limited(exc):
@@ -347,18 +351,7 @@ class OptloopEngine:
                 error = self._persistent_server_error(exc, attempts) or backend.describe_failure(
                     exc
                 )
-            self._record(
-                request,
-                None,
-                started,
-                cached=False,
-                attempts=attempts,
-                error=str(error),
-                key=key,
-                faults=faults,
-                queued=queued,
-                load=self._load(rate_limited, limit_wait, throttled),
-            )
+            record_failure(str(error))
             if isinstance(error, LMUnreachableError):
                 with self._health_lock:
                     self.health.down = str(error)

@@ -283,31 +283,18 @@ def run_episode(
         done = False
         try:
             try:
-                if workers is None:
-                    pending = _ask_all(
-                        result,
-                        store,
-                        asked,
-                        stores.shared,
-                        attributor,
-                        prepare,
-                        on_lm_error,
-                        where,
-                        on_question,
-                    )
-                else:
-                    pending = _ask_parallel(
-                        result,
-                        store,
-                        asked,
-                        stores.shared,
-                        attributor,
-                        prepare,
-                        on_lm_error,
-                        where,
-                        on_question,
-                        workers,
-                    )
+                how = (
+                    result,
+                    store,
+                    asked,
+                    stores.shared,
+                    attributor,
+                    prepare,
+                    on_lm_error,
+                    where,
+                    on_question,
+                )
+                pending = _ask_all(*how) if workers is None else _ask_parallel(*how, workers)
             finally:
                 stores.release(store)
             if pending:  # attributed on the episode graph, now final

@@ -72,6 +72,21 @@ def _text(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, sort_keys=True)
 
 
+def question_variable(question: Question) -> Variable:
+    """The ``question`` variable of an asked question: its text, gold, evidence and task type."""
+    return Variable.make(
+        "question",
+        question.id,
+        text=question.question,
+        question_id=question.id,
+        data={
+            "gold": question.gold,
+            "evidence_ids": list(question.evidence_ids),
+            "task_type": question.task_type,
+        },
+    )
+
+
 def similar(a: str, b: str) -> float:
     """Token Jaccard similarity: the cheap test of "the same fact, reworded"."""
     ta, tb = set(words(a)), set(words(b))
@@ -482,19 +497,7 @@ class Recorder:
 
     def ask(self, question: Question) -> str:
         """Retrieve and answer ``question``, recording both; returns the prediction."""
-        qvar = self.graph.add_variable(
-            Variable.make(
-                "question",
-                question.id,
-                text=question.question,
-                question_id=question.id,
-                data={
-                    "gold": question.gold,
-                    "evidence_ids": list(question.evidence_ids),
-                    "task_type": question.task_type,
-                },
-            )
-        )
+        qvar = self.graph.add_variable(question_variable(question))
         with self._scoped("retrieve", [qvar.id], question_id=question.id) as ops:
             started = time.perf_counter()
             items = self.system.retrieve(question.question)
