@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -436,6 +437,30 @@ def test_sigterm_becomes_one_interrupt_and_the_handlers_come_back():
     assert signal.getsignal(signal.SIGTERM) is previous
 
 
+def terminated_when_held(
+    args: list[str], env: dict[str, str], endpoint: Any, never: str
+) -> tuple[int, str]:
+    """``optloop.run args`` sent SIGTERM once ``endpoint`` holds a request (``never``: the failure
+    when it does not), then the endpoint let go: the exit code and stderr."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "optloop.run", *args],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert endpoint.holding.wait(180), never
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    endpoint.release()
+    return proc.returncode, err
+
+
 def test_sigterm_exits_130_marks_the_runs_killed_and_the_same_command_resumes_and_exits_0(
     tmp_path,
 ):
@@ -463,25 +488,10 @@ def test_sigterm_exits_130_marks_the_runs_killed_and_the_same_command_resumes_an
             tmp_path, 1, endpoint.base_url, extra=["--json", str(tmp_path / "result.json")]
         )
         env = env_for(tmp_path, endpoint.base_url)
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "optloop.run", *args],
-            cwd=REPO,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        try:
-            assert endpoint.holding.wait(180), "trial 1 never started"
-            proc.send_signal(signal.SIGTERM)
-            _, err = proc.communicate(timeout=120)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-        endpoint.release()
+        code, err = terminated_when_held(args, env, endpoint, "trial 1 never started")
         [name] = [p.name for p in runs.iterdir()]
         last = err.strip().splitlines()[-1]
-        assert proc.returncode == 130, err[-3000:]
+        assert code == 130, err[-3000:]
         assert last == (
             f"optloop: interrupted (SIGTERM): run {name} is saved (0 of 1 trials done), its "
             "MLflow runs marked KILLED; resume it with the same command: python -m optloop.run "
@@ -570,23 +580,8 @@ def test_sigterm_mid_batch_resumes_the_batch_and_ends_as_the_uninterrupted_batch
             extra=["--batch", "2", "--json", str(killed_dir / "result.json")],
         )
         env = env_for(killed_dir, endpoint.base_url)
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "optloop.run", *args],
-            cwd=REPO,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        try:
-            assert endpoint.holding.wait(180), "the batch never started"
-            proc.send_signal(signal.SIGTERM)
-            _, err = proc.communicate(timeout=120)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-        endpoint.release()
-        assert proc.returncode == 130, err[-3000:]
+        code, err = terminated_when_held(args, env, endpoint, "the batch never started")
+        assert code == 130, err[-3000:]
         assert "(0 of 2 trials done)" in err.strip().splitlines()[-1]
         again = cli(args, env)
     assert again.returncode == 0, again.stderr[-3000:]
