@@ -200,30 +200,19 @@ def table_rows(out: str) -> dict[str, list[str]]:
     return {row[0]: row[1:] for row in rows}
 
 
-def test_the_run_adds_baseline_trials_optimizer_and_test(tmp_path, capsys, monkeypatch):
+def estimated(tmp_path, capsys, monkeypatch, *extra: str) -> str:
+    """The printed estimate of 3 trials on 4 conversations shaped as builtin:tiny (2 sessions and
+    2.25 questions per conversation; split 2/1/1), at concurrency 1."""
     monkeypatch.setenv("COLUMNS", "200")  # one line a row
     path = tmp_path / "recording.json"
     path.write_text(recording().model_dump_json())
-    # builtin:tiny as the shape: 2 sessions and 2.25 questions per conversation; 4 conversations ->
-    # 2/1/1
-    assert (
-        estimate.main(
-            [
-                "--recording",
-                str(path),
-                "--dataset",
-                "builtin:tiny",
-                "--conversations",
-                "4",
-                "--budget",
-                "3",
-                "--n",
-                "1",
-            ]
-        )
-        == 0
-    )
-    out = capsys.readouterr().out
+    argv = ["--recording", str(path), "--dataset", "builtin:tiny", "--conversations", "4"]
+    assert estimate.main([*argv, "--budget", "3", "--n", "1", *extra]) == 0
+    return capsys.readouterr().out
+
+
+def test_the_run_adds_baseline_trials_optimizer_and_test(tmp_path, capsys, monkeypatch):
+    out = estimated(tmp_path, capsys, monkeypatch)
     rows = table_rows(out)
     assert list(rows) == [
         "baseline (train + dev)",
@@ -240,29 +229,8 @@ def test_the_run_adds_baseline_trials_optimizer_and_test(tmp_path, capsys, monke
 
 
 def test_the_optimizer_is_chosen_by_option(tmp_path, capsys, monkeypatch):
-    monkeypatch.setenv("COLUMNS", "200")
-    path = tmp_path / "recording.json"
-    path.write_text(recording().model_dump_json())
-    assert (
-        estimate.main(
-            [
-                "--recording",
-                str(path),
-                "--dataset",
-                "builtin:tiny",
-                "--conversations",
-                "4",
-                "--budget",
-                "3",
-                "--n",
-                "1",
-                "--optimizer",
-                "optuna",
-            ]
-        )
-        == 0
-    )
-    assert "optimizer (optuna, modeled)" in table_rows(capsys.readouterr().out)
+    out = estimated(tmp_path, capsys, monkeypatch, "--optimizer", "optuna")
+    assert "optimizer (optuna, modeled)" in table_rows(out)
 
 
 def test_a_system_not_recorded_is_a_clear_error(tmp_path):
