@@ -100,6 +100,17 @@ def call_site(
 # --- the catalogue -------------------------------------------------------------------------------
 
 
+EVERY_SYSTEM = {
+    "mem0",
+    "graphiti",
+    "long_context",
+    "rag_bm25",
+    "rag_embedding",
+    "md_flat",
+    "tiered",
+    "gated",
+}
+
 EXPECTED = {  # name: (stage, systems, target, type)
     "store-loses-alternate-writes": (
         "store",
@@ -141,31 +152,13 @@ EXPECTED = {  # name: (stage, systems, target, type)
     ),
     "answer-echoes-question": (
         "answer",
-        {
-            "mem0",
-            "graphiti",
-            "long_context",
-            "rag_bm25",
-            "rag_embedding",
-            "md_flat",
-            "tiered",
-            "gated",
-        },
+        EVERY_SYSTEM,
         "answer",
         ErrorType.RESPONSE,
     ),
     "answer-sees-first-memory": (
         "answer",
-        {
-            "mem0",
-            "graphiti",
-            "long_context",
-            "rag_bm25",
-            "rag_embedding",
-            "md_flat",
-            "tiered",
-            "gated",
-        },
+        EVERY_SYSTEM,
         "answer",
         ErrorType.RESPONSE,
     ),
