@@ -14,8 +14,13 @@ from dspy.utils import DummyLM
 from optloop.attribution import ErrorType
 from optloop.attribution.agent import AttributionAgent, refine_ambiguous
 
-# fixture
-from tests.optloop.attribution.test_decisive import EPISODE, attribute_run, embedder  # noqa: F401
+# embedder is a fixture, used as a test parameter
+from tests.optloop.attribution.test_decisive import (  # noqa: F401
+    EPISODE,
+    attribute_run,
+    dropped_in_session_2,
+    embedder,
+)
 
 OK = {"faulty": False, "error_type": "response", "explanation": "kept the evidence"}
 
@@ -28,14 +33,7 @@ def verdicts(*answers):
 def deleted(tmp_path, embedder):  # noqa: F811 - the fixture
     """The dog's name is stored in session 1 and deleted in session 2; the walk says
     DeletionError."""
-    graph, result = attribute_run(
-        tmp_path,
-        embedder,
-        {"facts": ["User's dog is named Biscuit."]},
-        {"facts": ["User moved to Austin."]},
-        {"answer": "unknown"},
-        {"answer": "Austin"},
-    )
+    graph, result = dropped_in_session_2(tmp_path, embedder)
     return graph, result["q1"].model_copy(update={"ambiguous": True})
 
 
