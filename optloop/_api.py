@@ -128,8 +128,7 @@ def optimize(
         The run's :class:`~optloop.loop.state.LoopResult`: dev and held-out accuracies with their
         95% CIs (``test_before_ci``, ``test_after_ci``, ``delta_test_ci``), the blamed and changed
         sites, whether the ``champion`` alias moved and why, every candidate tried, the prompt
-        diff, the cost and the
-        MLflow parent run id.
+        diff, the cost and the MLflow parent run id.
 
     Raises:
         optloop.errors.OptloopError:

@@ -64,9 +64,9 @@ console = Console(stderr=True, width=None if sys.stderr.isatty() else 120)
 def probe_lm(settings: LMSettings, lines: list[str] | None = None) -> OptloopLM:
     """The LM of ``settings`` without its cache, checked (:meth:`OptloopLM.check_endpoint`): an
     :class:`EndpointDownError` (exit 75) when an endpoint cannot be reached or answers only server
-    errors; an
-    LM error of another kind (a wrong key, an unknown model) is bad input (exit 2). Nothing is
-    written (no cache file), so it can serve the input's checks before the run's state exists."""
+    errors; an LM error of another kind (a wrong key, an unknown model) is bad input (exit 2).
+    Nothing is written (no cache file), so it can serve the input's checks before the run's state
+    exists."""
     probe = OptloopLM(settings.model_copy(update={"cache": False}))
     try:
         found = probe.check_endpoint()  # the schema mode and concurrency chosen, and why

@@ -196,8 +196,7 @@ class MemorySystem(ABC):
 
     def truncation(self) -> dict[str, int] | None:
         """The last ``retrieve``'s report on fitting a context budget (``kept``, ``dropped``,
-        ``tokens``,
-        ...); ``None`` for a system that never cuts what it retrieves."""
+        ``tokens``, ...); ``None`` for a system that never cuts what it retrieves."""
         return None
 
     def retrievable_kinds(self) -> set[str] | None:

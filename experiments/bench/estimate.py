@@ -239,8 +239,7 @@ def run_shape(
     """What the optimizer's model reads (see the module docstring): ``train`` conversations of
     ``shape``'s, ``targets`` as the target sites (by default the system's recorded ingest sites
     plus ``answer``), the optimizer's ``threads`` on an endpoint (``optloop.run``'s: its
-    --concurrency, at least 4), ``batch`` its
-    --batch."""
+    --concurrency, at least 4), ``batch`` its --batch."""
     sites = recorded(recording, system).sites
     ingest = sorted(s for s in sites if s not in ANSWER_SIDE)
     if unknown := sorted(set(targets) - set(sites)):

@@ -3,17 +3,15 @@
 Each fault of the catalogue (:mod:`optloop.faults.catalogue`) breaks one operation of a system in a
 known way and knows the site (or knob) and error type a correct attribution must name. Faults on
 prompt sites are injected at the operation, as fault-injection studies do: the site's DSPy module
-still makes its real
-LLM call, then its output (or input) is corrupted the way the fault's description says. This makes
-the fault bite even on a 135M model that would not follow a written instruction to misbehave, so
-every induced failure has one known cause. Knob faults set the knob.
+still makes its real LLM call, then its output (or input) is corrupted the way the fault's
+description says. This makes the fault bite even on a 135M model that would not follow a written
+instruction to misbehave, so every induced failure has one known cause. Knob faults set the knob.
 
 The harness runs each system clean and with each of its faults over the same episodes. A question
 that passes clean and fails under the fault is a failure the fault *caused*; every one is
 attributed and scored: site accuracy (the blamed target is the planted one) and type accuracy (the
-error type is).
-Among them, the *induced* failures are the ones with a sound baseline and a fault that kept the
-evidence from the answer; the others are *set aside*, each with its reason
+error type is). Among them, the *induced* failures are the ones with a sound baseline and a fault
+that kept the evidence from the answer; the others are *set aside*, each with its reason
 (:data:`SET_ASIDE_REASONS`), but attributed and reported all the same
 (:mod:`optloop.attribution.planted_report`), so the accuracy over every caused failure stands next
 to the induced-only figure and the reader sees what the filter hides.
@@ -235,9 +233,8 @@ class _Caused:
             and evidence_reaches_answer(graph, q, self.judges, embedder=self.embedder)
         ):
             # (a contamination fault leaves the evidence in reach by definition: a stale value
-            # joins it)
-            # The fault did not keep the evidence from the answer; the answer changed only because
-            # its context did.
+            # joins it) The fault did not keep the evidence from the answer; the answer changed
+            # only because its context did.
             self.reasons[q.id] = EVIDENCE_REACHED
         else:
             self.reasons[q.id] = None

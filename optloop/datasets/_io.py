@@ -192,8 +192,8 @@ def load_json_episodes(
 ) -> tuple[str, list[T]]:
     """A JSON/JSONL dataset of one episode per record (LoCoMo, LongMemEval):
     ``build(where, record, path)`` makes each, with any error pointing at its record; returns
-    ``"<scheme>:<file stem>"`` and the episodes.
-    An empty file is an error naming ``what`` it lacks (``"samples"``)."""
+    ``"<scheme>:<file stem>"`` and the episodes. An empty file is an error naming ``what`` it lacks
+    (``"samples"``)."""
     path = existing_file(rest, scheme)
     episodes = []
     for where, record in read_json_records(path):

@@ -191,11 +191,10 @@ CATALOGUE: tuple[OperationFault, ...] = (
     ),
     # --- preregistered ---------------------------------------------------------------------------
     # Ten faults of kinds the catalogue did not have, over store, update, extraction, retrieval and
-    # answer.
-    # Written down and committed BEFORE any run evaluated them (no figure was seen while writing
-    # them), so they are not tuned to the walk. Each one's true target and type say what happened
-    # by the taxonomy's definitions (taxonomy.ErrorType), not what the walk is expected to answer.
-    # Their first-run figures are reported as they come, next to any later ones.
+    # answer. Written down and committed BEFORE any run evaluated them (no figure was seen while
+    # writing them), so they are not tuned to the walk. Each one's true target and type say what
+    # happened by the taxonomy's definitions (taxonomy.ErrorType), not what the walk is expected to
+    # answer. Their first-run figures are reported as they come, next to any later ones.
     # store: writes acknowledged but lost (the evidence never becomes a memory, by the store's
     # fault)
     OperationFault(

@@ -112,8 +112,8 @@ class CallRecord:
 
 @dataclass
 class Usage:
-    """Totals over call records
-    (:meth:`Accounting.totals`, :meth:`Accounting.by_site`, :meth:`Usage.of`).
+    """Totals over call records (:meth:`Accounting.totals`, :meth:`Accounting.by_site`,
+    :meth:`Usage.of`).
 
     ``cost_usd`` is the dollars of the priced records (None when none was priced: a model
     without a price reports tokens only); ``unpriced_calls`` counts the model calls it

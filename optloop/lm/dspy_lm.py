@@ -197,9 +197,9 @@ class OptloopLM(dspy.LM):
         One uncached 1-token call; then one schema-constrained call, which settles the schema mode
         (``--lm-schema-mode``: ``auto`` picks the first mode the endpoint takes, an explicit mode
         is checked); then, under ``--concurrency auto``, the concurrency probe
-        (:mod:`optloop.lm.probe`).
-        Both are remembered per endpoint for the process (an LM built later on the same endpoint
-        starts from them). Returns the lines that say what was chosen and why.
+        (:mod:`optloop.lm.probe`). Both are remembered per endpoint for the process (an LM built
+        later on the same endpoint starts from them). Returns the lines that say what was chosen
+        and why.
 
         Raises :class:`~optloop.errors.LMUnreachableError` (exit code 75) when the endpoint
         is unreachable or answers only server errors (HTTP 5xx), :class:`~optloop.errors.LMError`

@@ -37,8 +37,7 @@ def default_threads(lm: Any) -> int:
     """How many programs an optimizer runs at once on ``lm``: one on the embedded model (one
     llama.cpp context answers every call in turn, so threads would only wait on it); on an endpoint
     (``LMSettings.backend == "openai"``) its ``--concurrency``, at least :data:`ENDPOINT_THREADS`:
-    the
-    LM's throttle bounds the requests in flight either way, and fewer threads would leave slots
+    the LM's throttle bounds the requests in flight either way, and fewer threads would leave slots
     idle."""
     backend = getattr(getattr(lm, "settings", None), "backend", None)
     if backend != "openai":

@@ -281,8 +281,7 @@ class Evaluator:
         )
         ingest_modules = {n: m for n, m in modules.items() if self.stages.get(n) == "ingest"}
         # (An evaluation's modules carry no LM, so episodes building at once put back the None they
-        # found;
-        # a DSPy program's may carry one, see the module docstring.)
+        # found; a DSPy program's may carry one, see the module docstring.)
         saved_lms = {n: m.lm for n, m in ingest_modules.items()}
         try:
             for module in ingest_modules.values():
@@ -351,10 +350,10 @@ class Evaluator:
         serves one candidate at a time, so candidates sharing stores would take turns on them),
         under the LM's one ``--concurrency`` throttle. A candidate's outcomes are the
         ones :meth:`evaluate` gives it alone (a slot's store of a key is ingested with the same LM
-        answers as any other's, the later ones from the
-        LM cache). What differs is which stores were built or reused (and so the ingestion requests
-        an evaluation counts) and which evaluation computed a request another one then read from
-        the cache (``model_calls``, tokens, dollars)."""
+        answers as any other's, the later ones from the LM cache). What differs is which stores
+        were built or reused (and so the ingestion requests an evaluation counts) and which
+        evaluation computed a request another one then read from the cache (``model_calls``,
+        tokens, dollars)."""
         if len(candidates) <= 1:
             return [self.evaluate(c, dataset, split=split) for c in candidates]
         self._stores.max_live = max(self._stores.max_live, self.max_live * len(candidates))

@@ -168,9 +168,8 @@ MODEL = (
 class Chains(BaseModel):
     """The longest chain of sequential requests in one evaluation of the dev and of the test split:
     its longest episode's ingestion (sessions x requests a session, one session after another) and
-    then one question's requests.
-    However high ``--concurrency``, an evaluation takes at least that chain x latency (see the
-    module docstring)."""
+    then one question's requests. However high ``--concurrency``, an evaluation takes at least that
+    chain x latency (see the module docstring)."""
 
     dev: float = Field(ge=0, description="requests of the dev split's longest chain")
     test: float = Field(ge=0, description="requests of the test split's longest chain")

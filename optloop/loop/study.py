@@ -220,8 +220,8 @@ class SharedStudy:
 
     def _adopt_user_attrs(self) -> None:
         """Copy the records an older optloop kept in the study's user attributes (read with
-        Optuna's public
-        API) into the records table, once: when the table holds none for this study."""
+        Optuna's public API) into the records table, once: when the table holds none for this
+        study."""
         from sqlalchemy import func, select
 
         t = self._table

@@ -49,13 +49,11 @@ context, so the prompt site, the active recorder and the LM call collectors foll
   which is the graph the serial run records (on a private store the serial run records on the
   ingestion's recorder itself; ``tests/optloop/test_pipeline_concurrency.py`` compares the two).
   The store's lock is held for all of an episode's questions, and ``prepare`` runs once for them:
-  they ask one candidate.
-  The LM calls of an episode, a question or an attribution are counted by the LM layer's collectors
-  (:func:`~optloop.lm.collect_calls`, context variables), not by marks in the log every thread
-  writes.
-  A shared :class:`StoreCache` decides reuse in episode order (:meth:`StoreCache.plan`). Systems
-  whose memory ids are uuid4s (mem0, graphiti) name memories differently in any two runs, at one
-  ``N`` or two.
+  they ask one candidate. The LM calls of an episode, a question or an attribution are counted by
+  the LM layer's collectors (:func:`~optloop.lm.collect_calls`, context variables), not by marks in
+  the log every thread writes. A shared :class:`StoreCache` decides reuse in episode order
+  (:meth:`StoreCache.plan`). Systems whose memory ids are uuid4s (mem0, graphiti) name memories
+  differently in any two runs, at one ``N`` or two.
 
 graphiti goes through the same pools (chosen over its native async API end to end): each
 ``GraphitiSystem`` drives its own event loop on its own thread, as at ``N = 1``, and the calls

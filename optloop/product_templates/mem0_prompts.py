@@ -195,9 +195,8 @@ def _route(
 
 
 def _json_object_form(fmt: dict[str, Any] | None, exc: BaseException) -> dict[str, Any] | None:
-    """``fmt`` (OpenAI's json_schema form) as llama.cpp's
-    ``{"type": "json_object", "schema": ...}`` when ``exc`` is a server's refusal of it; None
-    otherwise."""
+    """``fmt`` (OpenAI's json_schema form) as llama.cpp's ``{"type": "json_object", "schema":
+    ...}`` when ``exc`` is a server's refusal of it; None otherwise."""
     if not fmt or fmt.get("type") != "json_schema" or "response_format" not in str(exc):
         return None
     if getattr(exc, "status_code", None) not in (400, 422, 500):

@@ -28,9 +28,8 @@ from optloop.testing.loopback import LoopbackServer, Reply, chat_completion
 
 # optloop's start-up probes (the schema mode, --concurrency auto) are answered outside the script
 # and recorded in ``probes``, not ``requests``, as a server that takes ``schema_modes`` would
-# answer them;
-# a llama.cpp Python server takes {"json_object", "none"} and answers json_schema with HTTP 500 and
-# pydantic's validation text (LLAMA_CPP_REJECTION, word for word).
+# answer them; a llama.cpp Python server takes {"json_object", "none"} and answers json_schema with
+# HTTP 500 and pydantic's validation text (LLAMA_CPP_REJECTION, word for word).
 ALL_SCHEMA_MODES = frozenset({"json_schema", "json_object", "none"})
 LLAMA_CPP_REJECTION = {
     "error": {  # llama-cpp-python 0.3.36's server, word for word

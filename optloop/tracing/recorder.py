@@ -9,8 +9,7 @@ Two sources feed the graph:
   inside it, ``lm_attempts``, ``lm_faults`` (each failed attempt: ``HTTP 503``,
   ``timeout`` ...) and ``lm_error`` (a fault no retry cured); the LM calls made inside a site call
   are collected in that call's context (an accounting listener), so calls of other threads never
-  count.
-  The callback finds the active recorder in a
+  count. The callback finds the active recorder in a
   :class:`contextvars.ContextVar`: each thread (an optimizer's worker, say) records into its own
   recorder, and calls made on graphiti's own event-loop thread, which runs in a copy of the
   caller's context, are seen by the caller's recorder.

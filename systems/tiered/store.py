@@ -562,8 +562,7 @@ class TieredStore:
 
     def delete_keys(self, keys: list[str]) -> list[sqlite3.Row]:
         """Remove every row (live and history) of ``keys``; returns the rows removed (``id``,
-        ``value``).
-        Call inside :meth:`transaction`."""
+        ``value``). Call inside :meth:`transaction`."""
         if not keys:
             return []
         marks = ",".join("?" * len(keys))

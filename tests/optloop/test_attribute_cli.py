@@ -54,9 +54,8 @@ def test_list_faults_prints_every_fault_of_the_catalogue_across_stages(capsys, m
 def _answers(
     reply: Callable[[str], str],
 ) -> tuple[str, Callable[[dict[str, Any]], tuple[str, Any]]]:
-    """A scripted endpoint's behaviour: every chat request answered
-    ``{"answer": reply(user message)}`` (rag_bm25 sends the LM nothing but its answer-site
-    calls)."""
+    """A scripted endpoint's behaviour: every chat request answered ``{"answer": reply(user
+    message)}`` (rag_bm25 sends the LM nothing but its answer-site calls)."""
 
     def respond(body: dict[str, Any]) -> tuple[str, Any]:
         user = next((m["content"] for m in reversed(body["messages"]) if m["role"] == "user"), "")

@@ -187,9 +187,8 @@ def test_the_exported_baseline_sends_the_request_optloops_mem0_measured(server, 
 def test_an_exported_graphiti_prompt_is_what_a_graphiti_app_sends(server, tmp_path):
     """graphiti 0.31.1's own ``OpenAIGenericClient`` at the server (``json_object``: this server
     refuses ``json_schema``), the exported prompt library applied: the request carries the exported
-    text.
-    Whether SmolLM2's free JSON then fits graphiti's model is the model's matter, printed, not
-    asserted."""
+    text. Whether SmolLM2's free JSON then fits graphiti's model is the model's matter, printed,
+    not asserted."""
     import asyncio
 
     from graphiti_core import Graphiti

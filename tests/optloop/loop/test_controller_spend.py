@@ -425,8 +425,7 @@ def test_the_chains_are_measured_on_the_baseline_dev_evaluation_and_the_splits_l
 
 def baseline_checkpoint(**update) -> Checkpoint:
     """The baseline of ``test_the_estimate_extrapolates_the_baseline_dev_evaluation``: on dev, per
-    computed call,
-    100 tokens, $0.01 and 2 s (per token: $0.0001, 0.02 s)."""
+    computed call, 100 tokens, $0.01 and 2 s (per token: $0.0001, 0.02 s)."""
     return Checkpoint(
         config_digest="x",
         baseline_train=measured(

@@ -4,8 +4,7 @@ Optuna workers killed.
 
 Every process talks to ``experiments.bench.crash.OracleEndpoint``, a loopback endpoint that needs
 no model, so this runs in a few minutes on a busy machine (19 + 3 processes).
-``python -m experiments.bench.crash
---shared`` prints the same table.
+``python -m experiments.bench.crash --shared`` prints the same table.
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
 """The MLflow sink's part in crash consistency: a trial's child run ends KILLED when an interrupt
 stops it, a discarded trial's runs are ended KILLED before they are deleted (an older leftover,
-deleted while
-RUNNING, included), and a resumed run can ask which ``acc_dev`` points exist."""
+deleted while RUNNING, included), and a resumed run can ask which ``acc_dev`` points exist."""
 
 from __future__ import annotations
 

@@ -466,8 +466,8 @@ def test_sigterm_exits_130_marks_the_runs_killed_and_the_same_command_resumes_an
 ):
     """Exit 130 and exit 0, on the real CLI against a scripted endpoint (no model): SIGTERM while
     trial 1 is evaluated; then the same command (no --run-name) finds the run, ends the half-done
-    trial's child run
-    KILLED and deletes it, redoes it, and finishes with the costs of both processes."""
+    trial's child run KILLED and deletes it, redoes it, and finishes with the costs of both
+    processes."""
     from experiments.bench.crash import env_for, read_store, run_args
     from optloop.testing.oracle import OracleEndpoint
 
@@ -683,9 +683,8 @@ def test_estimate_then_max_calls_stops_with_exit_3_and_a_higher_limit_resumes_th
     without them the estimate said 31 calls for a run of about 100. With them it must come within
     25% of the run's requests: the loopback endpoint answers deterministically and the edits are
     seeded, so what is left between them is the stores each resumed process rebuilds (its cache
-    hits are requests) and the paraphrase the model expects. An
-    --estimate after the first trial measures the optimizer's calls on it instead, within the same
-    bound."""
+    hits are requests) and the paraphrase the model expects. An --estimate after the first trial
+    measures the optimizer's calls on it instead, within the same bound."""
     from experiments.bench.crash import env_for, run_args
     from optloop.testing.oracle import OracleEndpoint
 
