@@ -26,6 +26,8 @@ from optloop.run_resume import choose_run, resume_command
 from optloop.testing.loopback import closed_port_url
 
 REPO = Path(__file__).resolve().parents[3]
+# rag_bm25 on the model ``test`` of an endpoint whose URL comes next
+RAG_ON_TEST_ENDPOINT = ["--system", "rag_bm25", "--lm", "openai:test", "--lm-base-url"]
 
 
 def run(args, tmp_path):
@@ -190,11 +192,7 @@ def test_exit_75_when_the_endpoint_is_unreachable_at_startup_and_nothing_is_writ
     before = snapshot(tmp_path)
     result = run(
         [
-            "--system",
-            "rag_bm25",
-            "--lm",
-            "openai:test",
-            "--lm-base-url",
+            *RAG_ON_TEST_ENDPOINT,
             closed_port_url(),
             "--lm-retries",
             "0",
@@ -218,11 +216,7 @@ def test_exit_75_when_the_endpoint_answers_only_server_errors_at_startup(tmp_pat
     with ScriptedOpenAIServer([("status", 503)]) as server:
         result = run(
             [
-                "--system",
-                "rag_bm25",
-                "--lm",
-                "openai:test",
-                "--lm-base-url",
+                *RAG_ON_TEST_ENDPOINT,
                 server.base_url,
                 "--lm-retries",
                 "0",
@@ -939,11 +933,7 @@ def test_bad_sites_and_knobs_are_one_line_exit_2_before_any_state(args, message,
     with ScriptedOpenAIServer([("ok", "{}")]) as server:
         result = run(
             [
-                "--system",
-                "rag_bm25",
-                "--lm",
-                "openai:test",
-                "--lm-base-url",
+                *RAG_ON_TEST_ENDPOINT,
                 server.base_url,
                 *args,
             ],
@@ -1017,11 +1007,7 @@ def test_exit_4_when_the_calls_of_an_evaluation_fail_and_no_accuracy_is_reported
     with ScriptedOpenAIServer([("ok", "pong"), ("status", too_long)]) as server:
         result = run(
             [
-                "--system",
-                "rag_bm25",
-                "--lm",
-                "openai:test",
-                "--lm-base-url",
+                *RAG_ON_TEST_ENDPOINT,
                 server.base_url,
                 "--optimizer",
                 "edit",
