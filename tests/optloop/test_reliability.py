@@ -12,11 +12,8 @@ does not matter and a real model would only make the test minutes longer.
 from __future__ import annotations
 
 import json
-import os
 import secrets
 import sqlite3
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -32,6 +29,7 @@ from optloop.testing.chaos import FaultyEndpoint
 from optloop.testing.loopback import closed_port_url
 from optloop.testing.scripted import ScriptedOpenAIServer
 from optloop.tracing.graph import ExecutionGraph
+from tests._cli import run_cli
 
 REPO = Path(__file__).resolve().parents[2]
 ANSWER = json.dumps({"answer": "I don't know"})
@@ -254,31 +252,6 @@ def snapshot(root: Path) -> dict[str, int]:
         {str(p.relative_to(root)): p.stat().st_size for p in sorted(root.rglob("*"))}
         if root.exists()
         else {}
-    )
-
-
-def run_cli(
-    args: list[str], tmp_path: Path, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "optloop.run",
-            *args,
-            "--tracking-uri",
-            f"sqlite:///{tmp_path / 'ml' / 'mlflow.db'}",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=REPO,
-        env={
-            **os.environ,
-            "OPTLOOP_HOME": str(tmp_path / "state"),
-            "OPTLOOP_MLRUNS": str(tmp_path / "ml"),
-            **(env or {}),
-        },
     )
 
 

@@ -24,27 +24,11 @@ from optloop.run import main
 from optloop.run_args import build_parser, run_config
 from optloop.run_resume import choose_run, resume_command
 from optloop.testing.loopback import closed_port_url
+from tests._cli import run_cli
 
 REPO = Path(__file__).resolve().parents[3]
 # rag_bm25 on the model ``test`` of an endpoint whose URL comes next
 RAG_ON_TEST_ENDPOINT = ["--system", "rag_bm25", "--lm", "openai:test", "--lm-base-url"]
-
-
-def run(args, tmp_path):
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "optloop.run",
-            *args,
-            "--tracking-uri",
-            f"sqlite:///{tmp_path / 'ml' / 'mlflow.db'}",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**__import__("os").environ, "OPTLOOP_HOME": str(tmp_path / "state")},
-    )
 
 
 def nothing_written(tmp_path: Path) -> bool:
@@ -63,7 +47,7 @@ def nothing_written(tmp_path: Path) -> bool:
     ],
 )
 def test_bad_arguments_exit_with_one_line(args, message, tmp_path):
-    result = run(args, tmp_path)
+    result = run_cli(args, tmp_path)
     assert result.returncode == 2 and message in result.stderr
     assert nothing_written(tmp_path)
 
@@ -71,7 +55,7 @@ def test_bad_arguments_exit_with_one_line(args, message, tmp_path):
 def test_malformed_dataset_fails_before_any_state(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"id": "e1", "sessions": []}\nnot json\n')
-    result = run(["--system", "rag_bm25", "--dataset", f"jsonl:{bad}"], tmp_path)
+    result = run_cli(["--system", "rag_bm25", "--dataset", f"jsonl:{bad}"], tmp_path)
     assert (
         result.returncode == 2
         and "optloop: error:" in result.stderr
@@ -146,13 +130,13 @@ def test_bad_promote_if_is_refused(capsys):
     ],
 )
 def test_bad_start_instruction_exits_with_one_line_before_any_state(start, message, tmp_path):
-    result = run(["--system", "md_flat", "--start", start], tmp_path)
+    result = run_cli(["--system", "md_flat", "--start", start], tmp_path)
     assert result.returncode == 2 and message in result.stderr
     assert nothing_written(tmp_path)
 
 
 def test_query_rewrite_on_a_system_that_never_searches_is_one_line_before_any_state(tmp_path):
-    result = run(["--system", "long_context", "--query-rewrite"], tmp_path)
+    result = run_cli(["--system", "long_context", "--query-rewrite"], tmp_path)
     assert result.returncode == 2 and "long_context puts every turn in context" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and nothing_written(tmp_path)
 
@@ -190,7 +174,7 @@ def snapshot(root: Path) -> dict[str, int]:
 
 def test_exit_75_when_the_endpoint_is_unreachable_at_startup_and_nothing_is_written(tmp_path):
     before = snapshot(tmp_path)
-    result = run(
+    result = run_cli(
         [
             *RAG_ON_TEST_ENDPOINT,
             closed_port_url(),
@@ -214,7 +198,7 @@ def test_exit_75_when_the_endpoint_answers_only_server_errors_at_startup(tmp_pat
     from optloop.testing.scripted import ScriptedOpenAIServer
 
     with ScriptedOpenAIServer([("status", 503)]) as server:
-        result = run(
+        result = run_cli(
             [
                 *RAG_ON_TEST_ENDPOINT,
                 server.base_url,
@@ -233,7 +217,7 @@ def test_exit_2_when_the_endpoint_refuses_the_model_at_startup(tmp_path):
     with ScriptedOpenAIServer(
         [("status", 404)]
     ) as server:  # the input (the model name) is wrong, not the server
-        result = run(
+        result = run_cli(
             [
                 "--system",
                 "rag_bm25",
@@ -261,7 +245,7 @@ def finished_checkpoint(tmp_path: Path, name: str) -> Path:
 def test_a_finished_run_name_is_refused_before_anything_is_printed_or_written(tmp_path):
     finished_checkpoint(tmp_path, "done")
     before = snapshot(tmp_path)
-    result = run(["--system", "md_flat", "--run-name", "done"], tmp_path)
+    result = run_cli(["--system", "md_flat", "--run-name", "done"], tmp_path)
     assert result.returncode == 2
     assert result.stderr.strip() == (
         "optloop: error: run 'done' already finished (MLflow run p1); pick another "
@@ -271,7 +255,7 @@ def test_a_finished_run_name_is_refused_before_anything_is_printed_or_written(tm
 
 
 def test_new_and_run_name_together_are_refused(tmp_path):
-    result = run(["--system", "md_flat", "--new", "--run-name", "x"], tmp_path)
+    result = run_cli(["--system", "md_flat", "--new", "--run-name", "x"], tmp_path)
     assert result.returncode == 2 and "--new and --run-name exclude each other" in result.stderr
 
 
@@ -873,7 +857,7 @@ def test_max_cost_on_a_priced_model_stops_with_exit_3_and_logs_dollars_per_trial
 def test_max_cost_on_a_model_without_a_price_is_one_line_exit_2_before_anything_is_written(
     tmp_path, lm, named
 ):
-    result = run(
+    result = run_cli(
         ["--system", "md_flat", "--lm", lm, "--lm-base-url", closed_port_url(), "--max-cost", "5"],
         tmp_path,
     )
@@ -931,7 +915,7 @@ def test_bad_sites_and_knobs_are_one_line_exit_2_before_any_state(args, message,
     from optloop.testing.scripted import ScriptedOpenAIServer
 
     with ScriptedOpenAIServer([("ok", "{}")]) as server:
-        result = run(
+        result = run_cli(
             [
                 *RAG_ON_TEST_ENDPOINT,
                 server.base_url,
@@ -950,7 +934,7 @@ def test_bad_sites_and_knobs_are_one_line_exit_2_before_any_state(args, message,
 def test_a_split_under_20_dev_or_test_questions_is_refused_in_one_line_and_nothing_is_written(
     tmp_path,
 ):
-    result = run(["--system", "md_flat", "--dataset", "builtin:tiny"], tmp_path)
+    result = run_cli(["--system", "md_flat", "--dataset", "builtin:tiny"], tmp_path)
     assert result.returncode == 2, result.stderr
     [line] = result.stderr.strip().splitlines()
     assert line.startswith(
@@ -1005,7 +989,7 @@ def test_exit_4_when_the_calls_of_an_evaluation_fail_and_no_accuracy_is_reported
         },
     )
     with ScriptedOpenAIServer([("ok", "pong"), ("status", too_long)]) as server:
-        result = run(
+        result = run_cli(
             [
                 *RAG_ON_TEST_ENDPOINT,
                 server.base_url,
