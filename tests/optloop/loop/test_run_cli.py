@@ -415,6 +415,17 @@ def test_sigterm_becomes_one_interrupt_and_the_handlers_come_back():
     assert signal.getsignal(signal.SIGTERM) is previous
 
 
+def checkpoint_trials(runs: Path) -> list[Any] | None:
+    """The trials of the first run's checkpoint under ``runs`` (``None``: no checkpoint yet, or
+    one being written)."""
+    for path in runs.glob("*/checkpoint.json"):
+        try:
+            return Checkpoint.model_validate_json(path.read_text()).trials
+        except Exception:  # noqa: BLE001 - being written
+            return None
+    return None
+
+
 def terminated_when_held(
     args: list[str], env: dict[str, str], endpoint: Any, never: str
 ) -> tuple[int, str]:
@@ -452,13 +463,8 @@ def test_sigterm_exits_130_marks_the_runs_killed_and_the_same_command_resumes_an
     runs = tmp_path / "state" / "runs"
 
     def trial_1_under_way() -> bool:
-        for path in runs.glob("*/checkpoint.json"):
-            try:
-                trials = Checkpoint.model_validate_json(path.read_text()).trials
-            except Exception:  # noqa: BLE001 - being written
-                return False
-            return len(trials) == 1 and trials[0].evaluation is None
-        return False
+        trials = checkpoint_trials(runs)
+        return trials is not None and len(trials) == 1 and trials[0].evaluation is None
 
     with OracleEndpoint() as endpoint:
         endpoint.hold_when = trial_1_under_way
@@ -533,13 +539,10 @@ def test_sigterm_mid_batch_resumes_the_batch_and_ends_as_the_uninterrupted_batch
     runs = killed_dir / "state" / "runs"
 
     def batch_under_way() -> bool:
-        for path in runs.glob("*/checkpoint.json"):
-            try:
-                trials = Checkpoint.model_validate_json(path.read_text()).trials
-            except Exception:  # noqa: BLE001 - being written
-                return False
-            return len(trials) == 2 and all(t.evaluation is None for t in trials)
-        return False
+        trials = checkpoint_trials(runs)
+        return (
+            trials is not None and len(trials) == 2 and all(t.evaluation is None for t in trials)
+        )
 
     with OracleEndpoint() as endpoint:
         clean_args = run_args(
