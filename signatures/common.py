@@ -14,8 +14,8 @@ import dspy
 
 
 class Memory(Protocol):
-    """What :func:`render_memories` reads of a memory (``systems.base.MemoryItem`` is one; signatures/ does
-    not import systems/)."""  # noqa: E501
+    """What :func:`render_memories` reads of a memory (``systems.base.MemoryItem`` is one;
+    signatures/ does not import systems/)."""
 
     @property
     def text(self) -> str: ...
