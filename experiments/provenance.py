@@ -1,7 +1,9 @@
-"""The provenance header every results file carries: the command, the date, the commit, the model, the machine.
+"""The provenance header every results file carries: the command, the date, the commit, the model,
+the machine.
 
-A benchmark writes its JSON through :func:`stamped`, so the figures in it say once, at the top, how they
-were made; ``python -m experiments.report`` shows that header above them in docs/benchmarks.md.
+A benchmark writes its JSON through :func:`stamped`, so the figures in it say once, at the top, how
+they were made; ``python -m experiments.report`` shows that header above them in
+docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import shlex
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,22 +22,17 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def commit() -> str:
-    """The checkout's commit (``+`` when it has uncommitted changes), or ``unknown`` outside a git checkout."""
+    """The checkout's commit (``+`` when it has uncommitted changes), or ``unknown`` outside a git
+    checkout."""
+
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", *args], cwd=REPO, capture_output=True, text=True, check=True
+        ).stdout.strip()
+
     try:
-        head = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
+        head = git("rev-parse", "--short", "HEAD")
+        dirty = git("status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return head + ("+" if dirty else "")
@@ -49,9 +47,15 @@ def machine() -> str:
     return f"{os.cpu_count()} CPUs ({platform.machine()}){memory}, {platform.system()}"
 
 
+def command_of(module: str, argv: Sequence[str] | None = None) -> str:
+    """``python -m module args``, quoted for a shell: the command a benchmark ran as (``argv``, by
+    default this process's arguments)."""
+    return shlex.join(["python", "-m", module, *(sys.argv[1:] if argv is None else argv)])
+
+
 def provenance(model: str, command: str | None = None) -> dict[str, str]:
-    """The header: ``command`` (default: this process's own, as ``python -m module args``), today's date (UTC),
-    the commit, ``model`` and the machine."""
+    """The header: ``command`` (default: this process's own, as ``python -m module args``), today's
+    date (UTC), the commit, ``model`` and the machine."""
     if command is None:
         module = sys.modules["__main__"].__spec__
         head = ["python", "-m", module.name] if module is not None else ["python", sys.argv[0]]

@@ -1,7 +1,9 @@
-"""docs/benchmarks.md from experiments/results/*.json: each benchmark's question, command and latest tables.
+"""docs/benchmarks.md from experiments/results/*.json: each benchmark's question, command and
+latest tables.
 
     python -m experiments.report            # rewrite docs/benchmarks.md
-    python -m experiments.report --check    # exit 1 when docs/benchmarks.md differs from what the results say
+    python -m experiments.report --check    # exit 1 when docs/benchmarks.md differs from what the
+                                            # results say
 
 Every table is read from a results file; the page's text names what each benchmark asks and how to
 run it. Each results file carries its provenance (``command``, ``date``, ``commit``, ``model``,
@@ -15,9 +17,11 @@ import argparse
 import importlib.util
 import json
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+
+from experiments.markdown import table
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "experiments" / "results"
@@ -39,17 +43,14 @@ def provenance(data: Json, name: str) -> str:
             f"experiments/results/{name} has no provenance header (command, date, commit, model, "
             "machine); add one"
         )
-    line = f"`{name}`: `{p['command']}`  \n{p['date']}, commit {p['commit']}, {p['model']}; {p['machine']}."
+    line = (
+        f"`{name}`: `{p['command']}`  \n{p['date']}, commit {p['commit']}, {p['model']}; "
+        f"{p['machine']}."
+    )
     module = p["command"].split()[2] if p["command"].startswith("python -m ") else None
     if module and importlib.util.find_spec(module) is None:
         line += f" `{module}` is no longer in the tree: the command runs at commit {p['commit']}."
     return line
-
-
-def table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines)
 
 
 def ci(low: float, high: float, fmt: str = "+.2f") -> str:
@@ -74,14 +75,15 @@ def pct(x: float) -> str:
 def demo() -> list[str]:
     out = [
         "## The closed loop on the embedded model (`make demo`)",
-        "Does the loop raise held-out accuracy on a task whose score depends on memory, with the "
-        "135M model and no proposer that writes? `make demo`'s run: rag_bm25 with `--query-rewrite` on "
-        "`synthetic:recall`, the edit optimizer, budget 3.",
+        "Does the loop raise held-out accuracy on a task whose score depends on memory, with "
+        "the 135M model and no proposer that writes? `make demo`'s run: rag_bm25 with "
+        "`--query-rewrite` on `synthetic:recall`, the edit optimizer, budget 3.",
     ]
     data = load("demo.json")
     if data is None:
         return out + [
-            "No results file yet: run `make demo`'s command with `--json experiments/results/demo.json`."
+            "No results file yet: run `make demo`'s command with `--json "
+            "experiments/results/demo.json`."
         ]
     cost = data.get("cost", {})
     delta = data["delta_test_ci"]
@@ -235,12 +237,13 @@ def _repair_aggregate(data: Json) -> str:
 def repair() -> list[str]:
     out = [
         "## The repair benchmark: does the loop mend a prompt that was made worse?",
-        "A sabotage (a written instruction) is planted at one prompt site; the loop starts from the sabotaged "
-        "program without being told where it is, and never sees the clean instruction. The bite check keeps "
-        "a sabotage only when the 95% CI of its accuracy loss lies above 0. Each kept case runs three arms at "
-        "equal budget (`targeted`: the blamed sites; `untargeted`: every site; `random`: one site) and "
-        "reports the held-out gain (after - sabotaged, paired bootstrap CI), whether the first blame named "
-        "the sabotaged site, and the cost. `recovered` = gain / (clean - sabotaged). "
+        "A sabotage (a written instruction) is planted at one prompt site; the loop starts from "
+        "the sabotaged program without being told where it is, and never sees the clean "
+        "instruction. The bite check keeps a sabotage only when the 95% CI of its accuracy loss "
+        "lies above 0. Each kept case runs three arms at equal budget (`targeted`: the blamed "
+        "sites; `untargeted`: every site; `random`: one site) and reports the held-out gain "
+        "(after - sabotaged, paired bootstrap CI), whether the first blame named the sabotaged "
+        "site, and the cost. `recovered` = gain / (clean - sabotaged). "
         "`experiments/bench/repair.py` documents every step and every catalogue.",
     ]
     for name, title in (
@@ -271,10 +274,10 @@ def repair() -> list[str]:
         "### rag_bm25 on `synthetic:recall`, planted on a champion (edit and SIMBA)",
         "The clean program's own answer rule (reply \"I don't know\") costs more than most "
         "sabotages, so an edit that deletes it wins whatever was planted. Here the loop first "
-        "runs on the clean program until no edit beats it on dev; the best trial's instructions are "
-        "the champion, each sabotage is planted on the champion's instruction of its site, and "
-        "`recovered` is measured against the champion. `sabotage removed`: the sabotage's text is "
-        "gone from the site's prompt in the run's best candidate.",
+        "runs on the clean program until no edit beats it on dev; the best trial's instructions "
+        "are the champion, each sabotage is planted on the champion's instruction of its site, "
+        "and `recovered` is measured against the champion. `sabotage removed`: the sabotage's "
+        "text is gone from the site's prompt in the run's best candidate.",
     ]
     data = load("repair_champion.json")
     if data is None:
@@ -294,14 +297,15 @@ def repair() -> list[str]:
         out += [
             "### Blame ranked by failure rate: `cond-answer-echo` after the change",
             "Blame is ranked by each target's failure rate given a correct input "
-            "([attribution.md](attribution.md#blame)). Before the change: the `cond-answer-echo` rows of "
+            "([attribution.md](attribution.md#blame)). Before the change: the "
+            "`cond-answer-echo` rows of "
             "`repair.json` above (blame by count). After the change, one results file per seed:",
         ]
         for k, data in enumerate(rate):
             out += [provenance(data, f"repair_rate_s{k}.json"), _repair_arms(data)]
     out.append(
-        "Before the change to the edit optimizer's rounds (two starts stopped by hand, no figure): "
-        "[`repair_first_run.md`](../experiments/results/repair_first_run.md)."
+        "Before the change to the edit optimizer's rounds (two starts stopped by hand, no "
+        "figure): [`repair_first_run.md`](../experiments/results/repair_first_run.md)."
     )
     return out
 
@@ -309,10 +313,11 @@ def repair() -> list[str]:
 def targeted() -> list[str]:
     out = [
         "## Targeted vs untargeted optimization",
-        "Does optimizing only the blamed sites cost less than optimizing every site, for the same gain? Same "
-        "split, seed 0, equal budget, each arm on its own fresh LM cache. LLM calls count every call (cached "
-        "ones too); model calls are the ones the model computed. Each test split holds 3 to 6 questions, so "
-        "the accuracies are no measurable change either way; the costs are the figure.",
+        "Does optimizing only the blamed sites cost less than optimizing every site, for the "
+        "same gain? Same split, seed 0, equal budget, each arm on its own fresh LM cache. LLM "
+        "calls count every call (cached ones too); model calls are the ones the model computed. "
+        "Each test split holds 3 to 6 questions, so the accuracies are no measurable change "
+        "either way; the costs are the figure.",
     ]
     rows = []
     for name in (
@@ -368,11 +373,13 @@ def reuse() -> list[str]:
     ]
     return [
         "## Ingestion reuse",
-        "What does a candidate that changes only the answer site cost, against a full re-ingest? Stores are "
-        "kept by the ingest sites' prompts, so such a candidate reuses them.",
+        "What does a candidate that changes only the answer site cost, against a full "
+        "re-ingest? Stores are kept by the ingest sites' prompts, so such a candidate reuses "
+        "them.",
         provenance(data, "reuse_md_flat.json"),
         table(["candidate", "LLM calls", "ingest calls", "stores reused", "s"], rows),
-        f"Answer-only / full re-ingest LLM calls: **{data['ratio']:.1%}** ({data['sessions']} sessions, "
+        f"Answer-only / full re-ingest LLM calls: **{data['ratio']:.1%}** "
+        f"({data['sessions']} sessions, "
         f"{data['questions']} questions).",
     ]
 
@@ -380,10 +387,11 @@ def reuse() -> list[str]:
 def planted() -> list[str]:
     out = [
         "## Attribution on planted faults",
-        "How often does attribution name the planted site and error type? Each fault of the catalogue "
-        "(`optloop attribute --list-faults`) is planted in turn; a question that passes clean and fails under "
-        "the fault is a failure the fault caused. Rates over fewer than 10 cases are marked `*` (too small to "
-        "support a figure). Method: [attribution.md](attribution.md#planted-faults-is-attribution-right).",
+        "How often does attribution name the planted site and error type? Each fault of the "
+        "catalogue (`optloop attribute --list-faults`) is planted in turn; a question that "
+        "passes clean and fails under the fault is a failure the fault caused. Rates over fewer "
+        "than 10 cases are marked `*` (too small to support a figure). Method: "
+        "[attribution.md](attribution.md#planted-faults-is-attribution-right).",
     ]
     for name in (
         "planted.json",
@@ -450,8 +458,9 @@ def planted() -> list[str]:
             provenance(data, name),
             table(["failures scored", "site accuracy [95% CI]", "type accuracy [95% CI]"], rows),
             dens,
-            f"Every table (per fault, per type, the failures set aside): "
-            f"[`{name.replace('.json', '.md')}`](../experiments/results/{name.replace('.json', '.md')}).",
+            "Every table (per fault, per type, the failures set aside): "
+            f"[`{name.replace('.json', '.md')}`]"
+            f"(../experiments/results/{name.replace('.json', '.md')}).",
         ]
     return out
 
@@ -459,9 +468,9 @@ def planted() -> list[str]:
 def baselines() -> list[str]:
     out = [
         "## Baselines per task type",
-        "How does each system score on each task type on the embedded model (in the spirit of MEME's Table 2)? "
-        "Cells: accuracy (questions). Seconds per episode were taken while other jobs shared the cores: upper "
-        "bounds.",
+        "How does each system score on each task type on the embedded model (in the spirit of "
+        "MEME's Table 2)? Cells: accuracy (questions). Seconds per episode were taken while "
+        "other jobs shared the cores: upper bounds.",
     ]
     for name in ("baselines.json", "baselines_tiered_gated.json", "tiered_suite.json"):
         data = load(name)
@@ -513,9 +522,10 @@ def gated() -> list[str]:
     ]
     return [
         "## `gated` vs `rag_embedding`: what reaches the answer prompt",
-        "Does the admission gate keep stale, dead-branch and other-workspace memories out of the context, and "
-        "what recall does it cost? Same embedder and `top_k`, the gate's deterministic floors only (no LLM). "
-        "The generator's state is exact, so this checks the mechanism, not a product.",
+        "Does the admission gate keep stale, dead-branch and other-workspace memories out of "
+        "the context, and what recall does it cost? Same embedder and `top_k`, the gate's "
+        "deterministic floors only (no LLM). The generator's state is exact, so this checks the "
+        "mechanism, not a product.",
         provenance(data, "gated.json"),
         table(["arm", *metrics], rows),
         "Per category: [`gated.md`](../experiments/results/gated.md).",
@@ -525,10 +535,11 @@ def gated() -> list[str]:
 def throughput() -> list[str]:
     out = [
         "## Throughput against an endpoint",
-        "What does `--concurrency N` buy, and what do HTTP 429s cost? Answers recorded once on the embedded "
-        "model are replayed by a loopback endpoint with a fixed latency (and 10% HTTP 429 with Retry-After "
-        "1 s), at N = 1 to 16. Targets: speed-up at N=8 at least 0.8 of the ideal; 429s cost at most 1.3x. "
-        "Accuracy and every outcome must be identical at every N.",
+        "What does `--concurrency N` buy, and what do HTTP 429s cost? Answers recorded once on "
+        "the embedded model are replayed by a loopback endpoint with a fixed latency (and 10% "
+        "HTTP 429 with Retry-After 1 s), at N = 1 to 16. Targets: speed-up at N=8 at least 0.8 "
+        "of the ideal; 429s cost at most 1.3x. Accuracy and every outcome must be identical at "
+        "every N.",
     ]
 
     def summary(data: Json) -> str:
@@ -575,15 +586,15 @@ def throughput() -> list[str]:
             if r["n"] in (1, 8)
         ]
         out += [
-            "### Before the change (the 9-episode suite, before mem0's stores stopped building OpenAI clients "
-            "and before the embedding cache)",
+            "### Before the change (the 9-episode suite, before mem0's stores stopped building "
+            "OpenAI clients and before the embedding cache)",
             provenance(first, "throughput_first_run.json"),
             table(["system", "N", "429 rate", "s", "share of ideal", "calls"], rows),
         ]
     out.append(
-        "Every row: [`throughput.md`](../experiments/results/throughput.md). The 429 ratio at 300 ms has a "
-        "floor by arithmetic (`experiments.bench.throughput.floor_429`): 1 + 0.111 x 1.05 / 0.3 = 1.39x for "
-        "calls that must go one after another."
+        "Every row: [`throughput.md`](../experiments/results/throughput.md). The 429 ratio at "
+        "300 ms has a floor by arithmetic (`experiments.bench.throughput.floor_429`): 1 + 0.111 "
+        "x 1.05 / 0.3 = 1.39x for calls that must go one after another."
     )
     return out
 
@@ -611,8 +622,9 @@ def two_runs() -> list[str]:
         )
     return [
         "## Two runs on one machine",
-        "Do two runs on one machine take turns at the embedded model instead of contending for its cores? "
-        "`optloop run --system md_flat --budget 2` alone, then two at once, 2 s apart.",
+        "Do two runs on one machine take turns at the embedded model instead of contending for "
+        "its cores? `optloop run --system md_flat --budget 2` alone, then two at once, 2 s "
+        "apart.",
         provenance(data, "two_runs.json"),
         table(["", "alone", "two at once, worst", "x alone", "target"], rows),
     ]
@@ -623,10 +635,10 @@ def structure() -> list[str]:
         return []
     return [
         "## The code's structure",
-        "How long are the longest modules and classes, which imports form cycles, how many lines pass 99 "
-        "columns? `python -m experiments.structure` reads a checkout's syntax trees; the figures before and "
-        "after the split of the largest modules, with their command and commits: "
-        "[`structure.md`](../experiments/results/structure.md).",
+        "How long are the longest modules and classes, which imports form cycles, how many "
+        "lines pass 99 columns? `python -m experiments.structure` reads a checkout's syntax "
+        "trees; the figures before and after the split of the largest modules, with their "
+        "command and commits: [`structure.md`](../experiments/results/structure.md).",
     ]
 
 
@@ -635,21 +647,23 @@ def linked() -> list[str]:
     files = [
         (
             "Trials in batches against an endpoint",
-            "Does evaluating a round's candidates at once (`--batch K`) cut the wall time at `--concurrency 16` "
-            "and 1 s a call, with the same results? `python -m experiments.bench.batch` (replay server)",
+            "Does evaluating a round's candidates at once (`--batch K`) cut the wall time at "
+            "`--concurrency 16` and 1 s a call, with the same results? `python -m "
+            "experiments.bench.batch` (replay server)",
             ["batch.md", "batch.json", "batch_answer_site.md", "batch_answer_site.json"],
         ),
         (
             "The default datasets",
-            "Where does each system's embedded baseline land on the dataset `optloop run` uses without "
-            "`--dataset`? `python -m experiments.bench.defaults`",
+            "Where does each system's embedded baseline land on the dataset `optloop run` uses "
+            "without `--dataset`? `python -m experiments.bench.defaults`",
             ["defaults.md", "defaults.json"],
         ),
         (
             "llama.cpp's own server",
-            "Does optloop run against llama.cpp's OpenAI-compatible server by flags alone (schema mode, "
-            "concurrency, request errors, failed calls, the Mem0 app)? The integration tests "
-            "`tests/optloop/test_llama_server.py` and `tests/systems/test_library_apps.py`",
+            "Does optloop run against llama.cpp's OpenAI-compatible server by flags alone "
+            "(schema mode, concurrency, request errors, failed calls, the Mem0 app)? The "
+            "integration tests `tests/optloop/test_llama_server.py` and "
+            "`tests/systems/test_library_apps.py`",
             ["servers.md"],
         ),
     ]
@@ -668,19 +682,27 @@ def checked_by_tests() -> list[str]:
         "\n".join(
             [
                 "- **Crash consistency** (`python -m experiments.bench.crash`; slow test "
-                "`tests/optloop/loop/test_crash_e2e.py`): the real command killed with SIGKILL at each checkpoint "
-                "boundary, resumed by the same command, must end exactly as an uninterrupted run (candidates, "
-                "accuracies, CIs, the registered prompt and its alias), with no RUNNING run and no trial run twice.",
-                "- **Endpoint chaos** (`python -m experiments.bench.chaos`): the loop against an endpoint that "
+                "`tests/optloop/loop/test_crash_e2e.py`): the real command killed with "
+                "SIGKILL at each checkpoint "
+                "boundary, resumed by the same command, must end exactly as an "
+                "uninterrupted run (candidates, "
+                "accuracies, CIs, the registered prompt and its alias), with no RUNNING run "
+                "and no trial run twice.",
+                "- **Endpoint chaos** (`python -m experiments.bench.chaos`): the loop "
+                "against an endpoint that "
                 "misbehaves on a fixed schedule; faults injected, cured by a retry, surfaced.",
-                "- **Estimate** (`python -m experiments.bench.estimate`; `tests/experiments/test_bench_estimate.py`): "
-                "what `--system graphiti --budget 50` on LoCoMo costs with gpt-4o-mini, projected by `--estimate`'s "
+                "- **Estimate** (`python -m experiments.bench.estimate`; "
+                "`tests/experiments/test_bench_estimate.py`): "
+                "what `--system graphiti --budget 50` on LoCoMo costs with gpt-4o-mini, "
+                "projected by `--estimate`'s "
                 "model from a recording.",
                 "- **MEME's published traces** "
                 "(`python -m experiments.bench.meme_traces --path <meme-eval checkout>`): "
-                "agreement of optloop's verdict with the authors' hand-judged failure stage; design and figures in "
+                "agreement of optloop's verdict with the authors' hand-judged failure "
+                "stage; design and figures in "
                 "[meme-traces.md](meme-traces.md).",
-                "- **The LM** (`make bench`): calls/s, tokens/s, the cache speed-up and embedding throughput on this "
+                "- **The LM** (`make bench`): calls/s, tokens/s, the cache speed-up and "
+                "embedding throughput on this "
                 "machine.",
             ]
         ),
@@ -706,11 +728,12 @@ SECTIONS: tuple[Callable[[], list[str]], ...] = (
 def render() -> str:
     parts = [
         "# Benchmarks",
-        "Each benchmark: the question it answers, its command, and its latest figures, read from "
-        "`experiments/results/*.json` (each file's header names its command, date, commit, model and machine). "
-        "This page is generated: `python -m experiments.report` rewrites it after a benchmark is re-run. "
-        "Every accuracy comes with its n and a 95% bootstrap CI; a delta whose CI crosses 0 is no measurable "
-        "change. Figures of SmolLM2-135M say what a 135M model does, not what a strong model would.",
+        "Each benchmark: the question it answers, its command, and its latest figures, read "
+        "from `experiments/results/*.json` (each file's header names its command, date, commit, "
+        "model and machine). This page is generated: `python -m experiments.report` rewrites it "
+        "after a benchmark is re-run. Every accuracy comes with its n and a 95% bootstrap CI; a "
+        "delta whose CI crosses 0 is no measurable change. Figures of SmolLM2-135M say what a "
+        "135M model does, not what a strong model would.",
     ]
     for section in SECTIONS:
         parts += section()

@@ -4,12 +4,12 @@ In Python::
 
     import optloop
 
-    result = optloop.optimize(system="rag_bm25", dataset="builtin:tiny", budget=3, optimizer="edit")
-    report = optloop.attribute(system="rag_bm25", dataset="builtin:tiny")
+    result = optloop.optimize(system="rag_bm25", dataset="builtin:tiny", budget=3,
+    optimizer="edit") report = optloop.attribute(system="rag_bm25", dataset="builtin:tiny")
 
 :func:`optimize` returns the run's :class:`~optloop.loop.state.LoopResult`, :func:`attribute` an
-:class:`AttributionReport`. Importing optloop loads nothing else: each name below is imported on first
-use, and the heavy libraries (DSPy, MLflow, the memory systems) only when a function runs.
+:class:`AttributionReport`. Importing optloop loads nothing else: each name below is imported on
+first use, and the heavy libraries (DSPy, MLflow, the memory systems) only when a function runs.
 Importing optloop changes nothing in the environment; its commands and functions apply the
 offline defaults (:mod:`optloop.offline`) when they start.
 """

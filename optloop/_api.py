@@ -46,13 +46,14 @@ def optimize(
     storage: str | None = None,
     verbose: bool = False,
 ) -> LoopResult:
-    """Find which prompt makes a memory system fail, rewrite only that prompt, and measure the change.
+    """Find which prompt makes a memory system fail, rewrite only that prompt, and measure the
+    change.
 
     The same run as ``optloop run`` with the matching flags: the dataset is split by episode, the
     baseline's failures are attributed and blamed, the optimizer rewrites the blamed sites within
-    ``budget`` evaluations on dev, and the baseline and the best candidate are compared on the held-out
-    test split. Every trial is an MLflow run; the same call resumes an unfinished run of the same
-    settings (``new=True`` starts afresh).
+    ``budget`` evaluations on dev, and the baseline and the best candidate are compared on the
+    held-out test split. Every trial is an MLflow run; the same call resumes an unfinished run of
+    the same settings (``new=True`` starts afresh).
 
     Example:
 
@@ -68,9 +69,10 @@ def optimize(
             A memory system of ``systems.SYSTEMS``: ``mem0``, ``graphiti``, ``tiered``, ``gated``,
             ``long_context``, ``rag_bm25``, ``rag_embedding`` or ``md_flat``.
         dataset:
-            A dataset URI, e.g. ``synthetic:recall?seed=0&episodes=40``, ``memfail:persona?limit=40``,
-            ``locomo:<path>`` (see ``docs/systems.md``); :obj:`None` is the dataset optloop generates
-            for the system (``optloop.datasets.defaults``: 20 dev and 20 test questions).
+            A dataset URI, e.g. ``synthetic:recall?seed=0&episodes=40``,
+            ``memfail:persona?limit=40``, ``locomo:<path>`` (see ``docs/systems.md``); :obj:`None`
+            is the dataset optloop generates for the system (``optloop.datasets.defaults``: 20 dev
+            and 20 test questions).
         budget:
             Candidate evaluations on the dev split.
         optimizer:
@@ -94,8 +96,8 @@ def optimize(
         split:
             Train, dev and test shares of the episodes; :obj:`None` is ``(0.5, 0.25, 0.25)``.
         promote_if:
-            ``ci`` moves the registry's ``champion`` alias only when the held-out gain's 95% CI lies
-            above 0; ``delta`` on any positive gain.
+            ``ci`` moves the registry's ``champion`` alias only when the held-out gain's 95% CI
+            lies above 0; ``delta`` on any positive gain.
         proposer_lm:
             The LM spec that writes new instructions; :obj:`None` is the system's LM.
         lm_base_url:
@@ -123,18 +125,18 @@ def optimize(
             Show library log lines.
 
     Returns:
-        The run's :class:`~optloop.loop.state.LoopResult`: dev and held-out accuracies with their 95% CIs
-        (``test_before_ci``, ``test_after_ci``, ``delta_test_ci``), the blamed and changed sites, whether
-        the ``champion`` alias moved and why, every candidate tried, the prompt diff, the cost and the
-        MLflow parent run id.
+        The run's :class:`~optloop.loop.state.LoopResult`: dev and held-out accuracies with their
+        95% CIs (``test_before_ci``, ``test_after_ci``, ``delta_test_ci``), the blamed and changed
+        sites, whether the ``champion`` alias moved and why, every candidate tried, the prompt
+        diff, the cost and the MLflow parent run id.
 
     Raises:
         optloop.errors.OptloopError:
-            Bad input (exit code 2 on the command line), an unavailable endpoint (75), or a state that
-            cannot be written (74); nothing is written for bad input.
+            Bad input (exit code 2 on the command line), an unavailable endpoint (75), or a state
+            that cannot be written (74); nothing is written for bad input.
         optloop.loop.spend.RunStopped:
-            ``max_cost`` or ``max_calls`` was reached; the run is saved and the same call with a higher
-            limit resumes it.
+            ``max_cost`` or ``max_calls`` was reached; the run is saved and the same call with a
+            higher limit resumes it.
     """
     argv = [
         "--system",

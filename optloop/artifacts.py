@@ -11,11 +11,13 @@ from __future__ import annotations
 PROMPTS_BEFORE = "prompts_before.json"
 """Every site's prompt text in the start program: ``{site: text}``."""
 PROMPTS_AFTER = "prompts_after.json"
-"""Every site's prompt text in the best program: ``{site: text}`` (what ``optloop.export`` reads)."""
+"""Every site's prompt text in the best program: ``{site: text}`` (what ``optloop.export``
+reads)."""
 PROMPTS_DIFF = "prompts.diff"
 """A unified diff of the prompts that changed (also on each trial's child run)."""
 BEST_CANDIDATE = "best_candidate.json"
-"""The best :class:`~optloop.loop.candidate.Candidate`: every site's instructions and demos, the knobs."""
+"""The best :class:`~optloop.loop.candidate.Candidate`: every site's instructions and demos, the
+knobs."""
 ATTRIBUTION_REPORT = "attribution_report.json"
 """The baseline's attributions on train and dev and the blame that chose the targets."""
 QUESTIONS_TEST = "questions_test.csv"

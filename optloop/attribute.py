@@ -1,7 +1,8 @@
 """Attribute every wrong answer of a memory system to the operation that caused it.
 
     python -m optloop.attribute --system mem0 --dataset builtin:tiny
-    python -m optloop.attribute --system rag_bm25 --dataset synthetic:suite --faults planted --json report.json
+    python -m optloop.attribute --system rag_bm25 --dataset synthetic:suite --faults planted \\
+        --json report.json
 
 Runs the system over the dataset with the tracer on (one execution graph per
 episode), attributes each failed question to its decisive operation, error
@@ -87,8 +88,10 @@ def attribute_dataset(
     llm_judge: bool = False,
     agent: bool = False,
 ) -> dict[str, Any]:
-    """Run, trace and attribute every episode through the one pipeline (:func:`optloop.pipeline.run_episodes`:
-    ``--concurrency`` at a time, reported in episode order); returns the report (graphs saved under ``work/graphs``).
+    """Run, trace and attribute every episode through the one pipeline
+    (:func:`optloop.pipeline.run_episodes`:
+    ``--concurrency`` at a time, reported in episode order); returns the report (graphs saved under
+    ``work/graphs``).
 
     With ``agent`` the LLM agent (:mod:`optloop.attribution.agent`) re-examines the cases the
     deterministic walk marks ambiguous.
@@ -186,7 +189,8 @@ def _save(graph: Any, work: Path, episode_id: str) -> str:
 
 
 def traces_report(uri: str, out: Path, lexical_only: bool = False) -> dict[str, Any]:
-    """Import published traces (``meme:<dir>``), attribute every failed probe offline, save the graphs."""
+    """Import published traces (``meme:<dir>``), attribute every failed probe offline, save the
+    graphs."""
     from optloop.attribution.traces import attribute_traces, llm_calls, warm_embedder
     from optloop.tracing.meme_traces import import_traces
 
@@ -244,8 +248,8 @@ def render_traces(report: dict[str, Any]) -> Table:
     counts = {(r["system"], r["type"]): r["n"] for r in report["by_system_and_type"]}
     ms = report["ms_per_failure"]
     table = Table(
-        title=f"{report['source']}: {report['failures']} failed probes of {report['probes']}, attributed "
-        f"offline ({report['llm_calls']} LLM calls, {ms or 0:.1f} ms per failure)"
+        title=f"{report['source']}: {report['failures']} failed probes of {report['probes']}, "
+        f"attributed offline ({report['llm_calls']} LLM calls, {ms or 0:.1f} ms per failure)"
     )
     table.add_column("system")
     for t in types:
@@ -259,8 +263,8 @@ def render_traces_markdown(report: dict[str, Any]) -> str:
     lines = [
         f"# Attribution of published traces: {report['source']}",
         "",
-        f"{report['failures']} failed probes of {report['probes']}; {report['llm_calls']} LLM calls; "
-        f"{report['ms_per_failure'] or 0:.1f} ms per failure.",
+        f"{report['failures']} failed probes of {report['probes']}; {report['llm_calls']} LLM "
+        f"calls; {report['ms_per_failure'] or 0:.1f} ms per failure.",
         "",
     ]
     for f in report["attributions"]:
@@ -269,8 +273,8 @@ def render_traces_markdown(report: dict[str, Any]) -> str:
             f"### {f['system']} / {f['question_id']}: {a['question']}",
             "",
             f"- gold: `{a['gold'][:200]}`; answer: `{a['prediction'][:200]}`",
-            f"- **{a['error_type']}** at `{a['op_id']}` (stage {f['stage']}; published label {f['label']})"
-            + (" (ambiguous)" if a["ambiguous"] else ""),
+            f"- **{a['error_type']}** at `{a['op_id']}` (stage {f['stage']}; published "
+            f"label {f['label']})" + (" (ambiguous)" if a["ambiguous"] else ""),
             "",
             a["explanation"],
             "",
@@ -297,7 +301,8 @@ def render_table(report: dict[str, Any]) -> Table:
 
 
 def _rate(entry: dict[str, Any]) -> str:
-    """A blame entry's failure rate given a correct input, ``"12/20 (60%)"`` (``"-"`` when not computed)."""
+    """A blame entry's failure rate given a correct input, ``"12/20 (60%)"`` (``"-"`` when not
+    computed)."""
     if entry.get("rate") is None:
         return "-"
     return f"{entry['failures']}/{entry['reached']} ({entry['rate']:.0%})"
@@ -377,8 +382,9 @@ def _planted_scope(report: dict[str, Any]) -> str:
 
 
 def _planted_lines(report: dict[str, Any]) -> list[str]:
-    """The headline figures as sentences: each accuracy induced-only and over every caused failure, what was
-    set aside, the attribution's speed; an empty sample says so, a small one is flagged."""
+    """The headline figures as sentences: each accuracy induced-only and over every caused failure,
+    what was set aside, the attribution's speed; an empty sample says so, a small one is
+    flagged."""
     ind, every, aside = report["induced"], report["all_failures"], report["set_aside"]
     lines = []
     for label, key in (("site accuracy", "site"), ("type accuracy", "type")):
@@ -401,17 +407,19 @@ def _planted_lines(report: dict[str, Any]) -> list[str]:
     else:
         lines.append(
             f"attribution: median {report['median_attribution_ms']:.2f} ms, p95 "
-            f"{report['p95_attribution_ms']:.2f} ms per failure, {report['attribution_llm_calls']} LLM calls"
+            f"{report['p95_attribution_ms']:.2f} ms per failure, "
+            f"{report['attribution_llm_calls']} LLM calls"
         )
     lines.append(
-        f"k/n estimate [95% CI]: seeded bootstrap (optloop.stats.bootstrap_mean, seed {report['seed']}); "
-        f"* marks n < {report['min_sample']}, too small to support a figure"
+        "k/n estimate [95% CI]: seeded bootstrap (optloop.stats.bootstrap_mean, seed "
+        f"{report['seed']}); * marks n < {report['min_sample']}, too small to support a figure"
     )
     return lines
 
 
 def _fault_rows(report: dict[str, Any]) -> list[tuple[str, ...]]:
-    """system/fault, clean passes, caused, induced, set aside (unsound / evidence reached), four rate cells."""
+    """system/fault, clean passes, caused, induced, set aside (unsound / evidence reached), four
+    rate cells."""
     rows: list[tuple[str, ...]] = []
     groups = [
         (f"{name}" + (" (new)" if row.get("added") == PREREGISTERED else ""), row)
@@ -513,7 +521,8 @@ def _aside_rows(report: dict[str, Any]) -> list[tuple[str, ...]]:
 
 def render_planted(report: dict[str, Any]) -> Group:
     """The planted report for the terminal: the denominators, each fault's caused failures with the
-    induced-only and all-failures accuracies side by side, the headline sentences, the set-aside failures."""
+    induced-only and all-failures accuracies side by side, the headline sentences, the set-aside
+    failures."""
     scope = _planted_scope(report)
     parts: list[Any] = []
     for title, columns, rows in (
@@ -687,7 +696,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             console.print(render_table(report))
             for b in report["blame"]:
                 console.print(
-                    f"  blame {b['target']}: {b['failures']} ({b['share']:.0%}), failure rate {_rate(b)}"
+                    f"  blame {b['target']}: {b['failures']} ({b['share']:.0%}), failure "
+                    f"rate {_rate(b)}"
                 )
             markdown = render_markdown(report)
             if (work / "graphs").exists():
@@ -735,7 +745,8 @@ def main_traces(args: argparse.Namespace) -> int:
 
 
 class AttributionReport(BaseModel):
-    """What :func:`attribute` found: the same report ``optloop attribute`` writes to ``report.json``."""
+    """What :func:`attribute` found: the same report ``optloop attribute`` writes to
+    ``report.json``."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -794,8 +805,8 @@ def attribute(
         dataset:
             A dataset URI (see ``docs/systems.md``).
         lm:
-            The LM spec (``local``, ``local:/path/model.gguf``, ``openai:<model>``); :obj:`None` reads
-            ``OPTLOOP_LM``, else ``local``.
+            The LM spec (``local``, ``local:/path/model.gguf``, ``openai:<model>``); :obj:`None`
+            reads ``OPTLOOP_LM``, else ``local``.
         lm_base_url:
             Base URL of an OpenAI-compatible endpoint (else ``OPENAI_BASE_URL``).
         concurrency:
@@ -810,8 +821,8 @@ def attribute(
             Let an LLM agent re-examine the cases the deterministic walk leaves ambiguous.
 
     Returns:
-        The :class:`AttributionReport`: accuracy, blame per target, failures per error type and target,
-        and every attribution.
+        The :class:`AttributionReport`: accuracy, blame per target, failures per error type and
+        target, and every attribution.
 
     Raises:
         optloop.errors.OptloopError:

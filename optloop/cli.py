@@ -1,6 +1,6 @@
-"""The start every optloop command shares: its parser (:class:`CommandParser`: the module docstring as
-``--help``, ``--verbose``, the LM flags), parsing with logging set up (:func:`parse_command`), the LM the
-flags ask for, and the wrapper that runs it (:func:`run_cli`).
+"""The start every optloop command shares: its parser (:class:`CommandParser`: the module docstring
+as ``--help``, ``--verbose``, the LM flags), parsing with logging set up (:func:`parse_command`),
+the LM the flags ask for, and the wrapper that runs it (:func:`run_cli`).
 
 Every entry point is wrapped by :func:`run_cli`: an :class:`OptloopError`
 becomes one ``optloop: error: ...`` line on stderr and a non-zero exit, never
@@ -39,8 +39,8 @@ _COMMAND: ContextVar[str | None] = ContextVar("optloop_command", default=None)
 
 @contextmanager
 def command_name(name: str) -> Iterator[None]:
-    """Within this block, parsers name themselves ``name`` (``optloop run``): set by the ``optloop``
-    command (:mod:`optloop.console`)."""
+    """Within this block, parsers name themselves ``name`` (``optloop run``): set by the
+    ``optloop`` command (:mod:`optloop.console`)."""
     token = _COMMAND.set(name)
     try:
         yield
@@ -60,8 +60,8 @@ _DATASET_FORMS = {
 
 
 def dataset_help(default: str = "builtin:tiny") -> str:
-    """``--dataset``'s help, naming every dataset kind the registries hold (``optloop.datasets.LOADERS``,
-    the built-in datasets, the synthetic generators)."""
+    """``--dataset``'s help, naming every dataset kind the registries hold
+    (``optloop.datasets.LOADERS``, the built-in datasets, the synthetic generators)."""
     from optloop.datasets import LOADERS
     from optloop.datasets.builtin import BUILTINS
     from optloop.datasets.synthetic import GENERATORS
@@ -79,9 +79,9 @@ def dataset_help(default: str = "builtin:tiny") -> str:
 
 
 class CommandParser(argparse.ArgumentParser):
-    """The parser of an optloop command: ``description`` (the module docstring) shown as written, and after
-    the command's own flags ``--verbose`` and, with ``lm``, the LM flags (:func:`add_lm_arguments`), added
-    when the parser is first used."""
+    """The parser of an optloop command: ``description`` (the module docstring) shown as written,
+    and after the command's own flags ``--verbose`` and, with ``lm``, the LM flags
+    (:func:`add_lm_arguments`), added when the parser is first used."""
 
     def __init__(
         self,
@@ -119,7 +119,8 @@ class CommandParser(argparse.ArgumentParser):
 def parse_command(
     parser: argparse.ArgumentParser, argv: Sequence[str] | None
 ) -> argparse.Namespace:
-    """``argv`` parsed by a command's parser, and logging set up (``--verbose``: debug, tracebacks)."""
+    """``argv`` parsed by a command's parser, and logging set up (``--verbose``: debug,
+    tracebacks)."""
     args = parser.parse_args(argv)
     setup_logging(args.verbose)
     return args
@@ -178,8 +179,9 @@ def add_lm_arguments(parser: argparse.ArgumentParser) -> None:
         "--concurrency",
         metavar="N|auto",
         type=_concurrency,
-        help="LM requests in flight at once (default $OPTLOOP_CONCURRENCY, else 1 local, auto on an "
-        "endpoint: measured at start-up, 1 for a server that answers one request at a time)",
+        help="LM requests in flight at once (default $OPTLOOP_CONCURRENCY, else 1 local, auto "
+        "on an endpoint: measured at start-up, 1 for a server that answers one request at a "
+        "time)",
     )
     group.add_argument(
         "--no-cache", action="store_true", help="bypass the persistent LM call cache"
@@ -187,7 +189,8 @@ def add_lm_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def lm_from_args(args: argparse.Namespace, defaults: Mapping[str, Any] | None = None) -> OptloopLM:
-    """The LM the flags ask for; ``defaults`` (a system's ``local_decoding``) fill settings the flags leave unset."""
+    """The LM the flags ask for; ``defaults`` (a system's ``local_decoding``) fill settings the
+    flags leave unset."""
     return OptloopLM(lm_settings_from_args(args, defaults))
 
 
@@ -216,7 +219,8 @@ def lm_settings_from_args(
 
 
 def _concurrency(text: str) -> int | str:
-    """``--concurrency``: ``auto`` or a whole number (its range is :class:`LMSettings`' to check)."""
+    """``--concurrency``: ``auto`` or a whole number (its range is :class:`LMSettings`' to
+    check)."""
     if text.strip().lower() == "auto":
         return "auto"
     try:

@@ -16,7 +16,8 @@ import sys
 from optloop.console import COMMANDS, build_parser
 
 WIDTH = 100
-"""Usage lines are wrapped at this width whatever the terminal (argparse reads $COLUMNS otherwise)."""
+"""Usage lines are wrapped at this width whatever the terminal (argparse reads $COLUMNS
+otherwise)."""
 
 
 def _formatter(parser: argparse.ArgumentParser) -> argparse.HelpFormatter:
@@ -24,7 +25,8 @@ def _formatter(parser: argparse.ArgumentParser) -> argparse.HelpFormatter:
 
 
 def _cell(text: str) -> str:
-    """One table cell: one line, its pipes escaped, its <placeholders> shown rather than read as HTML."""
+    """One table cell: one line, its pipes escaped, its <placeholders> shown rather than read as
+    HTML."""
     return " ".join(text.split()).replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
 
 
@@ -100,10 +102,10 @@ def render() -> str:
     out = [
         "# Command-line reference",
         "",
-        "Generated from the parsers by `python -m optloop.clidoc > docs/cli.md`; a test fails when it "
-        "drifts from them. Each `optloop COMMAND` is also `python -m optloop.COMMAND` with the same flags. "
-        "How the commands fit together: [loop.md](loop.md), [attribution.md](attribution.md), "
-        "[endpoints.md](endpoints.md).",
+        "Generated from the parsers by `python -m optloop.clidoc > docs/cli.md`; a test fails "
+        "when it drifts from them. Each `optloop COMMAND` is also `python -m optloop.COMMAND` "
+        "with the same flags. How the commands fit together: [loop.md](loop.md), "
+        "[attribution.md](attribution.md), [endpoints.md](endpoints.md).",
         "",
         "## optloop",
         "",

@@ -65,7 +65,8 @@ class ExperimentConfig(BaseModel):
 
 
 def with_limit(uri: str, episodes: int | None) -> str:
-    """``uri`` with ``limit=episodes`` added unless it already has a limit (or ``episodes`` is None)."""
+    """``uri`` with ``limit=episodes`` added unless it already has a limit (or ``episodes`` is
+    None)."""
     from optloop.datasets import parse_uri
 
     if episodes is None or "limit" in parse_uri(uri)[2]:

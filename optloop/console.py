@@ -24,7 +24,8 @@ from optloop import __version__
 
 @dataclass(frozen=True)
 class Command:
-    """One subcommand: the module whose ``build_parser`` and ``main`` it runs, and its one-line summary."""
+    """One subcommand: the module whose ``build_parser`` and ``main`` it runs, and its one-line
+    summary."""
 
     name: str
     module: str
@@ -61,13 +62,16 @@ BY_NAME = {c.name: c for c in COMMANDS}
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The top-level parser: ``optloop --help`` and ``--version`` (each subcommand parses its own flags)."""
+    """The top-level parser: ``optloop --help`` and ``--version`` (each subcommand parses its own
+    flags)."""
     parser = argparse.ArgumentParser(
         prog="optloop",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="optloop: trace every memory operation, blame the faulty prompt, optimize only that prompt.",
-        epilog="Every subcommand has its own --help (optloop run --help). The same commands run as "
-        "python -m optloop.<command>. Guides: docs/ in the repository; every flag: docs/cli.md.",
+        description="optloop: trace every memory operation, blame the faulty prompt, optimize "
+        "only that prompt.",
+        epilog="Every subcommand has its own --help (optloop run --help). The same commands run "
+        "as python -m optloop.<command>. Guides: docs/ in the repository; every flag: "
+        "docs/cli.md.",
     )
     parser.add_argument("--version", action="version", version=f"optloop {__version__}")
     sub = parser.add_subparsers(title="commands", metavar="COMMAND", dest="command")

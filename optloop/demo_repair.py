@@ -1,14 +1,17 @@
-"""One repair case end to end (``make demo-repair``): plant a sabotage, let the loop find and mend it, export.
+"""One repair case end to end (``make demo-repair``): plant a sabotage, let the loop find and mend
+it, export.
 
-    python -m optloop.demo_repair    # recall-answer-unknown-prepend: rag_bm25 on synthetic:recall, edit
-    python -m optloop.demo_repair --case answer-echo --dataset "memfail:persona?limit=12" --lm-max-items 8
+    python -m optloop.demo_repair    # recall-answer-unknown-prepend: rag_bm25 on synthetic:recall,
+                                     # edit
+    python -m optloop.demo_repair --case answer-echo --dataset "memfail:persona?limit=12" \\
+        --lm-max-items 8
 
 1. the sabotage (a case of :mod:`optloop.faults.sabotages`) is planted as the run's start
    instruction: ``optloop.run --start SITE=TEXT``; the loop is not told which site it is in;
 2. ``optloop.run`` attributes the failures, blames a site and rewrites only that one;
 3. the run's prompts are exported (``optloop.export --format json``) as a product would take them;
-4. the before/after diff of the mended prompt is printed, with where the first blame went, the held-out
-   delta with its CI, and whether the sabotage's text is still in the exported prompt.
+4. the before/after diff of the mended prompt is printed, with where the first blame went, the
+   held-out delta with its CI, and whether the sabotage's text is still in the exported prompt.
 """
 
 from __future__ import annotations
@@ -39,7 +42,8 @@ console = Console()
 
 
 def _logged_prompts(run_id: str, artifact: str) -> dict[str, str]:
-    """A prompts artifact of a finished run (``prompts_before.json``: the program the run started from)."""
+    """A prompts artifact of a finished run (``prompts_before.json``: the program the run started
+    from)."""
     import mlflow
 
     return json.loads(mlflow.artifacts.load_text(f"runs:/{run_id}/{artifact}"))
@@ -112,20 +116,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     console.rule(f"[bold]4. the mended prompt[/] {sabotage.site}")
     first = result["targets"][0] if result["targets"] else "nothing"
     console.print(
-        f"first blame: {first} ({'the sabotaged site' if first == sabotage.site else 'NOT the sabotaged site'})"
-        f"; changed: {', '.join(result['changed_sites']) or 'nothing'}"
+        f"first blame: {first} "
+        f"({'the sabotaged site' if first == sabotage.site else 'NOT the sabotaged site'}); "
+        f"changed: {', '.join(result['changed_sites']) or 'nothing'}"
     )
     ci = result["delta_test_ci"]
     console.print(
-        f"held-out test ({result['n_test']} questions): {result['test_before']:.3f} sabotaged -> "
-        f"{result['test_after']:.3f} after, {ci['estimate']:+.3f} [{ci['low']:+.3f}, {ci['high']:+.3f}]"
-        f"{'' if ci['low'] > 0 else ': no measurable change'}"
+        f"held-out test ({result['n_test']} questions): {result['test_before']:.3f} sabotaged "
+        f"-> {result['test_after']:.3f} after, {ci['estimate']:+.3f} [{ci['low']:+.3f}, "
+        f"{ci['high']:+.3f}]{'' if ci['low'] > 0 else ': no measurable change'}"
     )
     gone = " ".join(sabotage.text.split()) not in " ".join(after.split())
     console.print(
         "the sabotage's text is gone from the exported prompt"
         if gone
-        else "the sabotage's text is still in the exported prompt: whatever changed, the loop did not take it out"
+        else "the sabotage's text is still in the exported prompt: whatever changed, the loop "
+        "did not take it out"
     )
     diff = prompt_diff(
         {sabotage.site: before}, {sabotage.site: after}

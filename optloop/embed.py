@@ -64,8 +64,8 @@ class Embedder(ABC):
 
 
 class WrappedEmbedder(Embedder):
-    """Another embedder under the same identity (name, dimension, batch size), for wrappers that cache or
-    count its calls: a subclass overrides :meth:`_embed_batch`."""
+    """Another embedder under the same identity (name, dimension, batch size), for wrappers that
+    cache or count its calls: a subclass overrides :meth:`_embed_batch`."""
 
     def __init__(self, inner: Embedder):
         self.inner = inner
@@ -84,17 +84,17 @@ class WrappedEmbedder(Embedder):
 
 
 class CachedEmbedder(WrappedEmbedder):
-    """Another embedder, each distinct text embedded once and then served from memory (the most recent
-    ``max_texts`` kept; ``None``: all). Safe from many threads.
+    """Another embedder, each distinct text embedded once and then served from memory (the most
+    recent ``max_texts`` kept; ``None``: all). Safe from many threads.
 
-    ``batches=False`` remembers only one-text calls (a search query, a memory added alone) and passes
-    calls with several texts through uncached, so every vector is exactly what the inner embedder
-    returns for that call (a text's vector can differ in its last bits with the batch it is embedded
-    in) and results do not depend on the order threads fill the cache: the evaluator's setting
-    (:class:`~optloop.loop.evaluate.Evaluator`), where mem0 embeds each question once per search and
-    every trial asks the same questions again. With ``batches=True`` (the default) every text is
-    remembered, whatever call it came in: for offline passes that judge the same texts again and again
-    (:mod:`optloop.attribution.traces`, ``experiments/bench/gated.py``).
+    ``batches=False`` remembers only one-text calls (a search query, a memory added alone) and
+    passes calls with several texts through uncached, so every vector is exactly what the inner
+    embedder returns for that call (a text's vector can differ in its last bits with the batch it
+    is embedded in) and results do not depend on the order threads fill the cache: the evaluator's
+    setting (:class:`~optloop.loop.evaluate.Evaluator`), where mem0 embeds each question once per
+    search and every trial asks the same questions again. With ``batches=True`` (the default) every
+    text is remembered, whatever call it came in: for offline passes that judge the same texts
+    again and again (:mod:`optloop.attribution.traces`, ``experiments/bench/gated.py``).
     """
 
     def __init__(self, inner: Embedder, *, max_texts: int | None = None, batches: bool = True):
@@ -107,7 +107,8 @@ class CachedEmbedder(WrappedEmbedder):
 
     @classmethod
     def around(cls, embedder: Embedder, **kwargs: Any) -> CachedEmbedder:
-        """``embedder`` if it is already cached, else a cache (``kwargs``: :meth:`__init__`'s) around it."""
+        """``embedder`` if it is already cached, else a cache (``kwargs``: :meth:`__init__`'s)
+        around it."""
         return embedder if isinstance(embedder, CachedEmbedder) else cls(embedder, **kwargs)
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
@@ -168,7 +169,8 @@ class LocalEmbedder(Embedder):
                 from sentence_transformers import SentenceTransformer
                 from transformers.utils import logging as hf_logging
 
-                hf_logging.disable_progress_bar()  # "Loading weights" bars on every start say nothing
+                # "Loading weights" bars on every start say nothing
+                hf_logging.disable_progress_bar()
                 _MODELS[self.name] = SentenceTransformer(self.model_path(), device="cpu")
             return _MODELS[self.name]
 

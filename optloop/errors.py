@@ -40,7 +40,8 @@ class LMUnreachableError(LMError):
 
 
 class EndpointDownError(OptloopError):
-    """The LM endpoint stayed unreachable through a call's retries: the run stops, saved and resumable.
+    """The LM endpoint stayed unreachable through a call's retries: the run stops, saved and
+    resumable.
 
     Exit code 75 (``EX_TEMPFAIL``): nothing is wrong with the input; rerun later.
     """
@@ -49,13 +50,15 @@ class EndpointDownError(OptloopError):
 
 
 class CallsFailedError(OptloopError):
-    """Too many LM calls of one evaluation failed after their retries for its figures to be a measurement.
+    """Too many LM calls of one evaluation failed after their retries for its figures to be a
+    measurement.
 
-    Exit code 4: the run stops before the evaluation is recorded, its state saved; the message names the
-    first failure and what to change (a request the server refuses, its context, its timeout). Once that
-    is fixed, the same command resumes the run. A failed call is never scored as a wrong answer in a
-    reported figure: under the threshold (:data:`optloop.failures.ALLOWED_SHARE`) the figure
-    carries the count of failed calls beside it.
+    Exit code 4: the run stops before the evaluation is recorded, its state saved; the message
+    names the first failure and what to change (a request the server refuses, its context, its
+    timeout). Once that is fixed, the same command resumes the run. A failed call is never scored
+    as a wrong answer in a reported figure: under the threshold
+    (:data:`optloop.failures.ALLOWED_SHARE`) the figure carries the count of failed calls beside
+    it.
     """
 
     exit_code = 4

@@ -1,7 +1,8 @@
 """Export optimized prompts from MLflow into a product that uses vanilla mem0 or graphiti.
 
     python -m optloop.export --run RUN_ID --format mem0 --out mem0_prompts.py
-    python -m optloop.export --prompt optloop.mem0.extract@champion --format mem0 --out mem0_prompts.py
+    python -m optloop.export --prompt optloop.mem0.extract@champion --format mem0 \\
+        --out mem0_prompts.py
     python -m optloop.export --run RUN_ID --format graphiti --out graphiti_prompts.py
     python -m optloop.export --run RUN_ID --format json --out prompts.json
     python -m optloop.export --run RUN_ID --format dspy --out program.json
@@ -9,12 +10,13 @@
 
 Sources (one of):
   --run RUN_ID       a finished `python -m optloop.run` (its parent run; the id it printed, also in
-                     `make ui`): every site's prompt as the best candidate sends it (prompts_after.json),
-                     the knobs of that candidate, the DSPy program
-  --prompt REF       one prompt of the MLflow Prompt Registry: NAME@ALIAS or NAME/VERSION, optionally
-                     as prompts:/NAME@ALIAS. optloop registers the changed sites of each run as
-                     optloop.<site> (optloop.mem0.extract, optloop.graphiti.extract_edges.edge) or
-                     optloop.<system>.<site> (optloop.mem0.answer); alias `champion` = held-out winner
+                     `make ui`): every site's prompt as the best candidate sends it
+                     (prompts_after.json), the knobs of that candidate, the DSPy program
+  --prompt REF       one prompt of the MLflow Prompt Registry: NAME@ALIAS or NAME/VERSION,
+                     optionally as prompts:/NAME@ALIAS. optloop registers the changed sites of each
+                     run as optloop.<site> (optloop.mem0.extract,
+                     optloop.graphiti.extract_edges.edge) or optloop.<system>.<site>
+                     (optloop.mem0.answer); alias `champion` = held-out winner
 
 Formats:
   json      {site: exact prompt text}: instructions with any demos rendered, what the site sends as
@@ -28,11 +30,11 @@ Formats:
                 Graphiti(..., prompt_library=graphiti_prompts.prompt_library())
             or graphiti_prompts.apply(graphiti) on a live instance
   dspy      the run's DSPy program JSON (every site's instructions and demos; dspy's load())
-  pack      a JSON prompt pack: {format, system, prompts, knobs, knob_values, sites, source}; sites gives
-            each optloop-defined site's input fields and output fields (type, description, JSON schema),
-            knob_values the system's knob value spaces: what optloop's own systems (tiered, gated:
-            SystemClass(...).apply_pack(json.load(open(path)))) need to run with the optimized
-            prompts and knobs
+  pack      a JSON prompt pack: {format, system, prompts, knobs, knob_values, sites, source};
+            sites gives each optloop-defined site's input fields and output fields (type,
+            description, JSON schema), knob_values the system's knob value spaces: what optloop's
+            own systems (tiered, gated: SystemClass(...).apply_pack(json.load(open(path)))) need
+            to run with the optimized prompts and knobs
 
 Without the export step, optloop.product.apply(memory, "prompts:/optloop.mem0.extract@champion")
 applies registry prompts to a live mem0 or graphiti from Python (optloop installed).
@@ -101,8 +103,8 @@ def from_run(run_id: str) -> Bundle:
         run = client.get_run(run_id)
     except MlflowException:
         raise ConfigError(
-            f"no MLflow run {run_id!r} in this store; pass the run id python -m optloop.run printed "
-            "(or see `make ui`), and --tracking-uri if the run is in another store"
+            f"no MLflow run {run_id!r} in this store; pass the run id python -m optloop.run "
+            "printed (or see `make ui`), and --tracking-uri if the run is in another store"
         ) from None
     tags, params = run.data.tags, run.data.params
     if parent := tags.get("mlflow.parentRunId"):
@@ -118,8 +120,8 @@ def from_run(run_id: str) -> Bundle:
     logged = {a.path for a in client.list_artifacts(run_id)}
     if artifacts.PROMPTS_AFTER not in logged:
         raise ConfigError(
-            f"run {run_id} has no {artifacts.PROMPTS_AFTER}: it has not finished; resume it with the "
-            "same python -m optloop.run command and --run-name"
+            f"run {run_id} has no {artifacts.PROMPTS_AFTER}: it has not finished; resume it "
+            "with the same python -m optloop.run command and --run-name"
         )
     prompts = json.loads(_artifact_text(run_id, artifacts.PROMPTS_AFTER))
     knobs = (
@@ -181,14 +183,15 @@ def from_prompt(ref: str) -> Bundle:
 def render(
     bundle: Bundle, fmt: str, *, schema_mode: SchemaMode = "json_schema", command: str = ""
 ) -> str:
-    """The file ``fmt`` makes of ``bundle``; a :class:`ConfigError` when the format does not fit the source."""
+    """The file ``fmt`` makes of ``bundle``; a :class:`ConfigError` when the format does not fit
+    the source."""
     if fmt == "json":
         return json.dumps(bundle.prompts, indent=1, ensure_ascii=False) + "\n"
     if fmt == "dspy":
         if bundle.program is None:
             raise ConfigError(
-                f"--format dspy needs a run's DSPy program; {bundle.label} has none (export a run with "
-                "--run, or use --format json)"
+                f"--format dspy needs a run's DSPy program; {bundle.label} has none (export a "
+                "run with --run, or use --format json)"
             )
         return bundle.program
     if fmt in ("mem0", "graphiti"):
@@ -199,8 +202,8 @@ def render(
 
 
 def prompt_pack(bundle: Bundle) -> dict[str, Any]:
-    """The ``pack`` format: prompts, knobs (and their value spaces) and provenance, plus each optloop-defined
-    site's fields."""
+    """The ``pack`` format: prompts, knobs (and their value spaces) and provenance, plus each
+    optloop-defined site's fields."""
     knob_values: dict[str, Any] = {}
     if bundle.system:
         from systems import SYSTEMS, get_system
@@ -219,8 +222,9 @@ def prompt_pack(bundle: Bundle) -> dict[str, Any]:
 
 
 def _site_fields(site: str) -> dict[str, Any] | None:
-    """A site's input fields (name -> description) and output fields (type, description, JSON schema), when
-    optloop defines its signature; ``None`` for a library's own site (mem0, graphiti: see their formats)."""
+    """A site's input fields (name -> description) and output fields (type, description, JSON
+    schema), when optloop defines its signature; ``None`` for a library's own site (mem0, graphiti:
+    see their formats)."""
     import pydantic
 
     from optloop.sites import ANSWER, MD_FLAT_CURATE, QUERY_REWRITE
@@ -296,7 +300,8 @@ def _module(bundle: Bundle, library: str, *, schema_mode: SchemaMode, command: s
     written_by = " ".join((command or "python -m optloop.export").split())  # a comment: one line
     header = (
         f"# Written by `{written_by}` ({' '.join(bundle.label.split())}).\n"
-        "# Standalone: needs only the memory library. Export again rather than edit PROMPTS by hand.\n"
+        "# Standalone: needs only the memory library. Export again rather than edit PROMPTS "
+        "by hand.\n"
     )
     text = fill(template_source(f"{library}_prompts"), data, header)
     compile(

@@ -1,4 +1,5 @@
-"""SIGTERM and SIGINT turned into one ``KeyboardInterrupt``, so a long command saves its state and stops."""
+"""SIGTERM and SIGINT turned into one ``KeyboardInterrupt``, so a long command saves its state and
+stops."""
 
 from __future__ import annotations
 
@@ -12,9 +13,9 @@ from typing import Any
 
 @contextmanager
 def interruptible() -> Iterator[list[str]]:
-    """SIGTERM and SIGINT (Ctrl-C) raise ``KeyboardInterrupt`` in the main thread, once: the run checkpoints,
-    ends its MLflow runs as KILLED and stops. A repeated signal is ignored while it does (SIGKILL still
-    stops it at once). Yields the names of the signals received."""
+    """SIGTERM and SIGINT (Ctrl-C) raise ``KeyboardInterrupt`` in the main thread, once: the run
+    checkpoints, ends its MLflow runs as KILLED and stops. A repeated signal is ignored while it
+    does (SIGKILL still stops it at once). Yields the names of the signals received."""
     got: list[str] = []
     if threading.current_thread() is not threading.main_thread():
         yield got

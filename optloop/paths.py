@@ -13,8 +13,8 @@ from pathlib import Path
 
 
 def state_dir(*, create: bool = True) -> Path:
-    """The state directory, created on first use (``create=False``: only its path, for reading before a
-    command has validated its input)."""
+    """The state directory, created on first use (``create=False``: only its path, for reading
+    before a command has validated its input)."""
     path = Path(os.environ.get("OPTLOOP_HOME", ".optloop")).expanduser().resolve()
     if create:
         path.mkdir(parents=True, exist_ok=True)

@@ -6,13 +6,16 @@
     from optloop.product import apply
 
     memory = Memory(config)
-    apply(memory, "prompts:/optloop.mem0.extract@champion")          # from the MLflow Prompt Registry
+    apply(memory, "prompts:/optloop.mem0.extract@champion")          # from the MLflow Prompt
+    Registry
 
     graphiti = Graphiti(...)
     apply(graphiti, "prompts:/optloop.graphiti.extract_edges.edge@champion",
-          "optloop.graphiti.dedupe_nodes.nodes/3")                    # several prompts, alias or version
+          "optloop.graphiti.dedupe_nodes.nodes/3")                    # several prompts, alias or
+          version
     apply(memory, {"mem0.extract": text})                             # site -> text
-    apply(memory, "exported.json")                                    # python -m optloop.export --format json
+    apply(memory, "exported.json")                                    # python -m optloop.export
+    --format json
 
 A source is a registry reference (``prompts:/NAME@ALIAS``, ``prompts:/NAME/VERSION``,
 ``NAME@ALIAS``, ``NAME/VERSION``), a mapping or JSON file of site -> prompt text,
@@ -52,7 +55,8 @@ logger = logging.getLogger(__name__)
 SchemaMode = Literal["json_schema", "json_object"]
 LIBRARY_SYSTEMS = ("mem0", "graphiti")
 SHARED_SITES = sites.SHARED_SITES
-"""Sites every system has (``systems.base.MemorySystem``): optloop's steps, not a library's prompts."""
+"""Sites every system has (``systems.base.MemorySystem``): optloop's steps, not a library's
+prompts."""
 
 _REF = re.compile(r"^(?:prompts:/)?(?P<name>[^@/\s]+)(?:@(?P<alias>[^@/\s]+)|/(?P<version>\d+))$")
 
@@ -73,15 +77,16 @@ def registry_uri(ref: str) -> tuple[str, str | None]:
     match = _REF.match(ref.strip())
     if match is None:
         raise ConfigError(
-            f"prompt reference {ref!r}: write NAME@ALIAS or NAME/VERSION (optionally with prompts:/ "
-            "in front), e.g. optloop.mem0.extract@champion"
+            f"prompt reference {ref!r}: write NAME@ALIAS or NAME/VERSION (optionally with "
+            "prompts:/ in front), e.g. optloop.mem0.extract@champion"
         )
     name, alias, version = match["name"], match["alias"], match["version"]
     return (f"prompts:/{name}@{alias}" if alias else f"prompts:/{name}/{version}"), alias
 
 
 def site_of(name: str, tags: Mapping[str, str]) -> tuple[str | None, str]:
-    """(system, site) of a registered prompt: its ``system``/``site`` tags, else read from the name.
+    """(system, site) of a registered prompt: its ``system``/``site`` tags, else read from the
+    name.
 
     ``optloop.mem0.extract`` -> (mem0, mem0.extract); ``optloop.mem0.answer`` -> (mem0, answer).
     """
@@ -124,7 +129,8 @@ def load_registry_prompt(ref: str) -> RegistryPrompt:
 
 
 def library_of(site: str) -> str | None:
-    """The library a site's prompt belongs to (``mem0``, ``graphiti``), or None for optloop's own steps."""
+    """The library a site's prompt belongs to (``mem0``, ``graphiti``), or None for optloop's own
+    steps."""
     head = site.partition(".")[0]
     return head if head in LIBRARY_SYSTEMS else None
 
@@ -165,13 +171,13 @@ def response_format(site: str, schema_mode: SchemaMode = "json_schema") -> dict[
 
 
 SAMPLED = ("temperature", "max_tokens", "seed")
-"""The sampling settings of optloop's requests that a product's LLM config would otherwise set differently
-(mem0's own defaults: temperature 0.1, max_tokens 2000, no seed)."""
+"""The sampling settings of optloop's requests that a product's LLM config would otherwise set
+differently (mem0's own defaults: temperature 0.1, max_tokens 2000, no seed)."""
 
 
 def loop_sampling(lm_settings: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The sampling settings a run's requests carried: ``lm_settings`` (a run's ``LoopConfig.lm_settings``)
-    where it has them, else optloop's defaults (``LMSettings``)."""
+    """The sampling settings a run's requests carried: ``lm_settings`` (a run's
+    ``LoopConfig.lm_settings``) where it has them, else optloop's defaults (``LMSettings``)."""
     from optloop.lm import LMSettings
 
     defaults = LMSettings.model_fields
@@ -185,7 +191,8 @@ def is_registry_ref(source: str) -> bool:
 
 
 def load_prompts(*sources: Any) -> dict[str, str]:
-    """site -> prompt text from registry references, mappings and JSON exports (later sources win)."""
+    """site -> prompt text from registry references, mappings and JSON exports (later sources
+    win)."""
     prompts: dict[str, str] = {}
     for source in sources:
         if isinstance(source, Mapping):

@@ -1,12 +1,12 @@
 """What a run says while it runs: a live status line on a terminal, plain lines anywhere else.
 
 On a terminal the current stage is one status line that updates in place. Without one (output to a
-file, a pipe, a CI log) every stage and every trial is one plain line on stderr, so a log shows where
-a run is instead of nothing for the whole baseline. Either way each line is appended, with the time,
-to the run's ``run.log`` (:data:`LOG_NAME`, in the run's directory).
+file, a pipe, a CI log) every stage and every trial is one plain line on stderr, so a log shows
+where a run is instead of nothing for the whole baseline. Either way each line is appended, with
+the time, to the run's ``run.log`` (:data:`LOG_NAME`, in the run's directory).
 
-The lines themselves (:func:`trial_line`) are built here, so the loop and anything that projects the
-run's end (an ETA) say them the same way.
+The lines themselves (:func:`trial_line`) are built here, so the loop and anything that projects
+the run's end (an ETA) say them the same way.
 """
 
 from __future__ import annotations
@@ -22,18 +22,22 @@ from rich.console import Console
 LOG_NAME = "run.log"
 
 
-def duration(seconds: float) -> str:
-    """``41 s``, ``18 min``, ``2.5 h``: a span in the unit that reads best."""
-    if seconds < 90:
+def duration(seconds: float, *, minutes_from: float = 90, hours_from: float = 5400) -> str:
+    """``41 s``, ``18 min``, ``2.5 h``: a span in the unit that reads best, seconds below
+    ``minutes_from`` seconds, hours from ``hours_from`` seconds, minutes between. A progress line
+    keeps the defaults (``75 s``, ``80 min``); a projection (:func:`optloop.loop.eta.projected`)
+    moves to the next unit at a whole minute and a whole hour."""
+    if seconds < minutes_from:
         return f"{seconds:.0f} s"
-    return f"{seconds / 60:.0f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
+    return f"{seconds / 60:.0f} min" if seconds < hours_from else f"{seconds / 3600:.1f} h"
 
 
 def trial_line(
     trial: int, budget: int, dev: float, best: float, seconds: float, eta_s: float | None = None
 ) -> str:
-    """``trial 3/50 dev 0.550 (best 0.650) 41 s, ETA 18 min``: one finished trial, its dev accuracy, the best
-    so far, how long it took and, when known, how long the rest of the run should take."""
+    """``trial 3/50 dev 0.550 (best 0.650) 41 s, ETA 18 min``: one finished trial, its dev
+    accuracy, the best so far, how long it took and, when known, how long the rest of the run
+    should take."""
     line = f"trial {trial}/{budget} dev {dev:.3f} (best {best:.3f}) {duration(seconds)}"
     return line if eta_s is None else f"{line}, ETA {duration(eta_s)}"
 

@@ -1,6 +1,7 @@
-"""``python -m optloop.run``: the closed loop (find which prompt makes a memory system fail, rewrite only
-that one, measure), wired from its flags (:mod:`optloop.run_args`, whose docstring is the ``--help``
-manual), the run it resumes (:mod:`optloop.run_resume`) and what it prints (:mod:`optloop.run_tables`)."""
+"""``python -m optloop.run``: the closed loop (find which prompt makes a memory system fail,
+rewrite only that one, measure), wired from its flags (:mod:`optloop.run_args`, whose docstring is
+the ``--help`` manual), the run it resumes (:mod:`optloop.run_resume`) and what it prints
+(:mod:`optloop.run_tables`)."""
 
 from __future__ import annotations
 
@@ -62,9 +63,10 @@ console = Console(stderr=True, width=None if sys.stderr.isatty() else 120)
 
 def probe_lm(settings: LMSettings, lines: list[str] | None = None) -> OptloopLM:
     """The LM of ``settings`` without its cache, checked (:meth:`OptloopLM.check_endpoint`): an
-    :class:`EndpointDownError` (exit 75) when an endpoint cannot be reached or answers only server errors; an
-    LM error of another kind (a wrong key, an unknown model) is bad input (exit 2). Nothing is written (no cache
-    file), so it can serve the input's checks before the run's state exists."""
+    :class:`EndpointDownError` (exit 75) when an endpoint cannot be reached or answers only server
+    errors; an LM error of another kind (a wrong key, an unknown model) is bad input (exit 2).
+    Nothing is written (no cache file), so it can serve the input's checks before the run's state
+    exists."""
     probe = OptloopLM(settings.model_copy(update={"cache": False}))
     try:
         found = probe.check_endpoint()  # the schema mode and concurrency chosen, and why
@@ -96,14 +98,15 @@ class PreparedRun:
     )  # the schema mode and concurrency chosen
 
     def start(self) -> RunProgress:
-        """Say which run this is, and where the run will say what it does: the console (a status line
-        on a terminal, plain lines elsewhere) and its ``run.log``."""
+        """Say which run this is, and where the run will say what it does: the console (a status
+        line on a terminal, plain lines elsewhere) and its ``run.log``."""
         console.print(self.line, soft_wrap=True)
         for line in self.endpoint:
             console.print(line, soft_wrap=True, markup=False, highlight=False)
         fractions = ",".join(f"{f:g}" for f in self.config.fractions)
         console.print(
-            f"dataset {self.config.dataset}: {questions(self.dev)} dev and {questions(self.test)} test "
+            f"dataset {self.config.dataset}: {questions(self.dev)} dev and "
+            f"{questions(self.test)} test "
             f"questions (split {fractions} by episode)",
             soft_wrap=True,
             markup=False,
@@ -118,8 +121,9 @@ class PreparedRun:
 
 
 def prepare(args: argparse.Namespace, argv: Sequence[str]) -> PreparedRun:
-    """Everything ``optloop run`` checks before it starts, in order, and the run it starts: bad input
-    fails here (:class:`ConfigError`, exit 2) with nothing written, an unavailable endpoint with
+    """Everything ``optloop run`` checks before it starts, in order, and the run it starts: bad
+    input fails here (:class:`ConfigError`, exit 2) with nothing written, an unavailable endpoint
+    with
     :class:`EndpointDownError` (exit 75)."""
     if args.new and args.run_name:
         raise ConfigError(
@@ -209,11 +213,12 @@ def prepare(args: argparse.Namespace, argv: Sequence[str]) -> PreparedRun:
 
 
 def execute(argv: Sequence[str]) -> LoopResult:
-    """What ``optloop run ARGV`` runs, its result returned instead of printed (``optloop.optimize``).
+    """What ``optloop run ARGV`` runs, its result returned instead of printed
+    (``optloop.optimize``).
 
-    Raises what the command turns into exit codes: :class:`~optloop.errors.OptloopError` (bad input,
-    an unavailable endpoint, an unwritable state), :class:`~optloop.loop.spend.RunStopped` (a spending
-    limit or ``--estimate``: the run is saved), :class:`KeyboardInterrupt`."""
+    Raises what the command turns into exit codes: :class:`~optloop.errors.OptloopError` (bad
+    input, an unavailable endpoint, an unwritable state), :class:`~optloop.loop.spend.RunStopped`
+    (a spending limit or ``--estimate``: the run is saved), :class:`KeyboardInterrupt`."""
     argv = list(argv)
     run = prepare(build_parser().parse_args(argv), argv)
     with run.start().shown() as progress:
@@ -277,13 +282,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             if where.exists():
                 print(
                     f"optloop: interrupted ({why}): run {config.run_name} is saved "
-                    f"({Checkpoint.load(where).progress(config.budget)}), its MLflow runs marked KILLED; resume it "
+                    f"({Checkpoint.load(where).progress(config.budget)}), its MLflow runs "
+                    "marked KILLED; resume it "
                     f"with the same command: {again}",
                     file=sys.stderr,
                 )
             else:
                 print(
-                    f"optloop: interrupted ({why}) before run {config.run_name} started; nothing was saved",
+                    f"optloop: interrupted ({why}) before run {config.run_name} started; "
+                    "nothing was saved",
                     file=sys.stderr,
                 )
             return 130
@@ -298,7 +305,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if faults := fault_line(lm.accounting.totals()):
         console.print(faults, soft_wrap=True, markup=False)
     console.print(
-        f"MLflow parent run {result.parent_run_id} (experiment optloop-{args.system}); `make ui` to compare"
+        f"MLflow parent run {result.parent_run_id} (experiment optloop-{args.system}); "
+        "`make ui` to compare"
     )
     if args.json:
         out = result.model_dump(mode="json")

@@ -1,8 +1,10 @@
 """The closed loop: find which prompt makes a memory system fail, rewrite only that one, measure.
 
     python -m optloop.run --system mem0 --budget 3
-    python -m optloop.run --system graphiti --dataset memfail:coexisting?limit=12 --budget 20 --optimizer gepa
-    python -m optloop.run --system rag_bm25 --budget 10 --optimizer optuna --untargeted   # the ablation
+    python -m optloop.run --system graphiti --dataset memfail:coexisting?limit=12 --budget 20 \\
+        --optimizer gepa
+    python -m optloop.run --system rag_bm25 --budget 10 --optimizer optuna --untargeted \\
+        # the ablation
 
 With no --dataset, a system runs on a dataset optloop generates (see --dataset and
 optloop/datasets/defaults.py): synthetic:recall?seed=0&episodes=40, 20 dev and 20 test
@@ -108,9 +110,10 @@ from optloop.loop.state import MAX_BATCH
 from optloop.run_tables import model_name
 from systems import SYSTEMS
 
-# The LM settings that change what the model answers: part of a run's settings (LoopConfig.lm_settings), so
-# the same command with another context window or decoding bound is another run. The endpoint's URL,
-# timeout and retries are not (a server that moved still serves the same run).
+# The LM settings that change what the model answers: part of a run's settings
+# (LoopConfig.lm_settings), so the same command with another context window or decoding bound is
+# another run. The endpoint's URL, timeout and retries are not (a server that moved still serves
+# the same run).
 ANSWER_SETTINGS = (
     "backend",
     "model",
@@ -125,7 +128,8 @@ ANSWER_SETTINGS = (
 
 
 def _whole_number(text: str, low: int, high: float, what: str) -> int:
-    """``text`` as a whole number from ``low`` to ``high``, else argparse's one-line error (``what``: the range)."""
+    """``text`` as a whole number from ``low`` to ``high``, else argparse's one-line error
+    (``what``: the range)."""
     try:
         value = int(text)
     except ValueError:
@@ -183,7 +187,8 @@ def _split(text: str) -> tuple[float, float, float]:
 
 
 class _OneLineParser(CommandParser):
-    """argparse, but a usage error is one ``optloop: error:`` line (exit 2), like every other bad input."""
+    """argparse, but a usage error is one ``optloop: error:`` line (exit 2), like every other bad
+    input."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
         self.exit(2, f"optloop: error: {' '.join(message.split())}; see {self.prog} --help\n")
@@ -230,8 +235,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=_split,
         default=LoopConfig.model_fields["fractions"].default,
         metavar="TRAIN,DEV,TEST",
-        help="shares of the episodes for train, dev and test (default 0.5,0.25,0.25; each above 0, "
-        "summing to 1). A 95%% CI on n questions spans about ±1/sqrt(n): 24 test questions, "
+        help="shares of the episodes for train, dev and test (default 0.5,0.25,0.25; each above "
+        "0, summing to 1). A 95%% CI on n questions spans about ±1/sqrt(n): 24 test questions, "
         "±0.2; give dev and test more (0.4,0.3,0.3) or use more episodes",
     )
     parser.add_argument(
@@ -316,15 +321,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     spend = parser.add_argument_group(
         "spending",
-        "checked at step boundaries against the run's total over every process; not part of the run's "
-        "settings, so the same command with a higher limit resumes a stopped run (exit code 3)",
+        "checked at step boundaries against the run's total over every process; not part of the "
+        "run's settings, so the same command with a higher limit resumes a stopped run (exit "
+        "code 3)",
     )
     spend.add_argument(
         "--max-cost",
         type=_max_cost,
         metavar="USD",
-        help="stop once the run has spent this many dollars (a model with a price only; the run may "
-        "pass it by one step)",
+        help="stop once the run has spent this many dollars (a model with a price only; the run "
+        "may pass it by one step)",
     )
     spend.add_argument(
         "--max-calls",
@@ -337,15 +343,16 @@ def build_parser() -> argparse.ArgumentParser:
         type=_share,
         default=ALLOWED_SHARE,
         metavar="SHARE",
-        help="the share of an evaluation's LM calls that may fail after their retries, counted and shown "
-        "beside its figures; past it the run stops with exit code 4, resumable (default %(default)s)",
+        help="the share of an evaluation's LM calls that may fail after their retries, counted "
+        "and shown beside its figures; past it the run stops with exit code 4, resumable "
+        "(default %(default)s)",
     )
     spend.add_argument(
         "--estimate",
         action="store_true",
-        help="evaluate the baseline, print the expected calls, tokens, dollars and hours of the whole "
-        "run, the optimizer's own calls included, and stop (the same command without --estimate "
-        "goes on from that baseline)",
+        help="evaluate the baseline, print the expected calls, tokens, dollars and hours of the "
+        "whole run, the optimizer's own calls included, and stop (the same command without "
+        "--estimate goes on from that baseline)",
     )
     return parser
 
@@ -399,8 +406,9 @@ def run_config(args: argparse.Namespace, settings: LMSettings) -> LoopConfig:
 
 
 def answer_settings(settings: LMSettings) -> dict[str, object]:
-    """:data:`ANSWER_SETTINGS` of ``settings``. The embedded model decodes every schema in-process, whatever
-    the schema mode: its runs keep the mode they were started under (json_schema), so they still resume."""
+    """:data:`ANSWER_SETTINGS` of ``settings``. The embedded model decodes every schema in-process,
+    whatever the schema mode: its runs keep the mode they were started under (json_schema), so they
+    still resume."""
     out = settings.model_dump(mode="json", include=set(ANSWER_SETTINGS))
     if settings.backend == "local":
         out["schema_mode"] = "json_schema"
@@ -408,11 +416,12 @@ def answer_settings(settings: LMSettings) -> dict[str, object]:
 
 
 def check_priced(settings: LMSettings, proposer: LMSettings | None) -> None:
-    """``--max-cost`` needs every LM of the run to have a price: without one its calls cost "nothing" and the limit
-    would never stop the run. A :class:`ConfigError` (exit 2) naming the model, before anything is written."""
+    """``--max-cost`` needs every LM of the run to have a price: without one its calls cost
+    "nothing" and the limit would never stop the run. A :class:`ConfigError` (exit 2) naming the
+    model, before anything is written."""
     for which, lm in (("", settings), ("the proposer LM ", proposer)):
         if lm is not None and lm.price() is None:
             raise ConfigError(
-                f"--max-cost: {which}{model_name(lm)} has no price in litellm's model cost map, so its "
-                "dollars are unknown; limit the run with --max-calls N instead"
+                f"--max-cost: {which}{model_name(lm)} has no price in litellm's model cost map, "
+                "so its dollars are unknown; limit the run with --max-calls N instead"
             )

@@ -1,5 +1,5 @@
-"""Which run ``python -m optloop.run`` works on: a new one, the one ``--run-name`` names, or the latest
-unfinished run of the same settings, and the command that resumes it."""
+"""Which run ``python -m optloop.run`` works on: a new one, the one ``--run-name`` names, or the
+latest unfinished run of the same settings, and the command that resumes it."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from optloop.loop.runner import Checkpoint, LoopConfig, matches, unfinished_runs
 
 @dataclass(frozen=True)
 class Choice:
-    """Which run this command works on: a new one, or the one it resumes (its checkpoint), and the line
-    that says so."""
+    """Which run this command works on: a new one, or the one it resumes (its checkpoint), and the
+    line that says so."""
 
     name: str
     checkpoint: Checkpoint | None
@@ -26,9 +26,10 @@ class Choice:
 
 
 def choose_run(args: argparse.Namespace, config: LoopConfig, runs: Path) -> Choice:
-    """``--run-name`` (refused when finished or started with other settings); else, unless ``--new``, the
-    latest unfinished run started without ``--run-name`` from the same settings (one a live process holds is
-    left to it, unless its optimizer shares the run between workers); else a new name. Reads only."""
+    """``--run-name`` (refused when finished or started with other settings); else, unless
+    ``--new``, the latest unfinished run started without ``--run-name`` from the same settings (one
+    a live process holds is left to it, unless its optimizer shares the run between workers); else
+    a new name. Reads only."""
     what = f"{config.system} on {config.dataset}, {config.optimizer}, budget {config.budget}"
     if args.run_name:
         name = args.run_name
@@ -43,8 +44,8 @@ def choose_run(args: argparse.Namespace, config: LoopConfig, runs: Path) -> Choi
             )
         if not matches(ckpt, config.model_copy(update={"run_name": name})):
             raise ConfigError(
-                f"run name {name!r} exists with other settings; resume it with the same command, or "
-                "pick another --run-name"
+                f"run name {name!r} exists with other settings; resume it with the same "
+                "command, or pick another --run-name"
             )
         return Choice(
             name, ckpt, f"[bold]optloop.run[/] resuming {name}: {what} ({_so_far(ckpt, config)})"
@@ -61,8 +62,8 @@ def choose_run(args: argparse.Namespace, config: LoopConfig, runs: Path) -> Choi
             return Choice(
                 run.name,
                 run.checkpoint,
-                f"[bold]optloop.run[/] {how} {run.name}, the latest unfinished run of these settings "
-                f"({_so_far(run.checkpoint, config)}); --new starts afresh",
+                f"[bold]optloop.run[/] {how} {run.name}, the latest unfinished run of these "
+                f"settings ({_so_far(run.checkpoint, config)}); --new starts afresh",
             )
     name = f"{config.system}-{config.optimizer}-{time.strftime('%Y%m%d-%H%M%S')}"
     n = 1

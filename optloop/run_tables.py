@@ -1,5 +1,5 @@
-"""What ``python -m optloop.run`` prints: the result's tables, the ``--estimate``, and the lines for a run
-that stopped (money, durations and accuracies with their CIs, formatted once here)."""
+"""What ``python -m optloop.run`` prints: the result's tables, the ``--estimate``, and the lines
+for a run that stopped (money, durations and accuracies with their CIs, formatted once here)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from rich.table import Table
 from optloop.attribution.taxonomy import Target
 from optloop.failures import mark
 from optloop.lm import LMSettings, Usage
-from optloop.loop.eta import Eta, duration
+from optloop.loop.eta import Eta, projected
 from optloop.loop.runner import Checkpoint, LoopConfig, LoopResult
 from optloop.loop.spend import MAX_COST, STOPPED_BY, Estimate, RunStopped, run_dollars
 from optloop.stats import Interval, bootstrap_mean
@@ -21,8 +21,8 @@ def _accuracy(interval: Interval) -> str:
 
 
 def _dev_accuracy(accuracy: float, n: int, seed: int) -> str:
-    """A dev accuracy with its CI, from its count alone (a bootstrap of 0/1 scores depends only on how
-    many passed)."""
+    """A dev accuracy with its CI, from its count alone (a bootstrap of 0/1 scores depends only on
+    how many passed)."""
     passes = round(accuracy * n)
     return _accuracy(bootstrap_mean([1.0] * passes + [0.0] * (n - passes), seed=seed))
 
@@ -79,7 +79,8 @@ def summary_table(result: LoopResult) -> Table:
 
 
 def cost_line(cost: dict[str, int | float]) -> str:
-    """The run's cost in one line: every process that worked on it, added up (and how many there were)."""
+    """The run's cost in one line: every process that worked on it, added up (and how many there
+    were)."""
     processes = int(cost.get("processes", 1))
     dollars = (
         f", {money(run_dollars(cost))}"
@@ -94,14 +95,16 @@ def cost_line(cost: dict[str, int | float]) -> str:
 
 
 def money(dollars: float) -> str:
-    """``$12.35``, ``$0.0123``, or a tiny amount with its digits (``$2.9e-06``) rather than ``$0.0000``."""
+    """``$12.35``, ``$0.0123``, or a tiny amount with its digits (``$2.9e-06``) rather than
+    ``$0.0000``."""
     if dollars == 0 or dollars >= 1:
         return f"${dollars:.2f}"
     return f"${dollars:.4f}" if dollars >= 0.0001 else f"${dollars:.2g}"
 
 
 def tried_table(result: LoopResult) -> Table:
-    """What the optimizer tried: every evaluated candidate with its dev accuracy (a 0 -> 0 run says what failed)."""
+    """What the optimizer tried: every evaluated candidate with its dev accuracy (a 0 -> 0 run says
+    what failed)."""
     table = Table(
         title=f"candidates tried on dev (baseline {result.baseline_dev:.3f}, n={result.n_dev})"
     )
@@ -124,26 +127,29 @@ def fault_line(usage: Usage) -> str | None:
         return None
     surfaced = usage.faults - usage.cured
     return (
-        f"LM faults: {usage.faults} failed attempt(s); {usage.cured} cured by a retry, {surfaced} in "
-        f"{usage.errors} call(s) that failed after their retries (see lm_faults in MLflow, fault graphs in the "
-        "run directory)"
+        f"LM faults: {usage.faults} failed attempt(s); {usage.cured} cured by a retry, "
+        f"{surfaced} in {usage.errors} call(s) that failed after their retries (see lm_faults "
+        "in MLflow, fault graphs in the run directory)"
     )
 
 
 def model_name(settings: LMSettings) -> str:
-    """The model as the user named it: ``openai:gpt-4o-mini``, a GGUF path, or the embedded model."""
+    """The model as the user named it: ``openai:gpt-4o-mini``, a GGUF path, or the embedded
+    model."""
     if settings.backend == "openai":
         return f"openai:{settings.model}"
     return settings.model or "the embedded model"
 
 
 def stopped_line(stop: RunStopped, ckpt: Checkpoint, config: LoopConfig, again: str) -> str:
-    """What a run stopped by a spending limit says: the limit, what the run spent, where it stands, how to go on."""
+    """What a run stopped by a spending limit says: the limit, what the run spent, where it stands,
+    how to go on."""
     flag = "--max-cost" if stop.reason == MAX_COST else "--max-calls"
     return (
-        f"optloop: stopped: {stop} ({cost_line(ckpt.total_cost())}); run {config.run_name} is saved "
-        f"({ckpt.progress(config.budget)}), its MLflow parent run marked KILLED ({STOPPED_BY}={stop.reason}); "
-        f"re-run the same command with a higher {flag} to go on: {again}"
+        f"optloop: stopped: {stop} ({cost_line(ckpt.total_cost())}); run {config.run_name} is "
+        f"saved ({ckpt.progress(config.budget)}), its MLflow parent run marked KILLED "
+        f"({STOPPED_BY}={stop.reason}); re-run the same command with a higher {flag} to go on: "
+        f"{again}"
     )
 
 
@@ -152,10 +158,12 @@ def _cell(value: float | None, fmt: str) -> str:
 
 
 def estimate_table(figures: Estimate, config: LoopConfig, settings: LMSettings) -> Table:
-    """The ``--estimate`` of a run, one row per part (see :mod:`optloop.loop.spend` for the model)."""
+    """The ``--estimate`` of a run, one row per part (see :mod:`optloop.loop.spend` for the
+    model)."""
     table = Table(
-        title=f"estimate for {config.run_name}: {config.system} on {config.dataset}, {config.optimizer}, "
-        f"budget {config.budget}, {model_name(settings)}, --concurrency {figures.concurrency}"
+        title=f"estimate for {config.run_name}: {config.system} on {config.dataset}, "
+        f"{config.optimizer}, budget {config.budget}, {model_name(settings)}, --concurrency "
+        f"{figures.concurrency}"
     )
     for column in ("part", "evaluations", "calls", "tokens", "dollars", "time"):
         table.add_column(column, justify="left" if column == "part" else "right")
@@ -173,7 +181,7 @@ def estimate_table(figures: Estimate, config: LoopConfig, settings: LMSettings) 
             str(part.calls),
             _cell(part.tokens, "d"),
             dollars,
-            "unknown" if part.hours is None else duration(part.hours),
+            "unknown" if part.hours is None else projected(part.hours * 3600),
         )
     return table
 
@@ -185,8 +193,9 @@ def optimizer_line(figures: Estimate, config: LoopConfig) -> str:
         return f"optimizer: {config.optimizer}'s own calls are not estimated (no model of them)"
     source = "" if work.measured else f"the {work.optimizer} model (optloop/loop/overhead.py): "
     return (
-        f"optimizer: {work.per_trial(config.budget):.1f} calls a trial ({work.calls:.0f} on train with the system "
-        f"LM, {work.proposer_calls:.0f} to the proposer, over the run), from {source}{work.basis}"
+        f"optimizer: {work.per_trial(config.budget):.1f} calls a trial ({work.calls:.0f} on "
+        f"train with the system LM, {work.proposer_calls:.0f} to the proposer, over the run), "
+        f"from {source}{work.basis}"
     )
 
 
@@ -205,7 +214,8 @@ def estimate_lines(
         f"mean latency of one computed call: {latency}",
         *figures.floor_lines(),
         f"spent so far: {cost_line(ckpt.total_cost())}",
-        f"nothing else ran: the baseline is saved in run {config.run_name}; the same command without --estimate "
+        f"nothing else ran: the baseline is saved in run {config.run_name}; the same "
+        "command without --estimate "
         f"goes on from it: {go_on}",
     ]
 
@@ -213,18 +223,19 @@ def estimate_lines(
 def print_projection(
     console: Console, figures: Estimate, ckpt: Checkpoint, config: LoopConfig, settings: LMSettings
 ) -> None:
-    """Before the first trial: what the whole run is expected to take (``--estimate``'s table, from the
-    measured baseline) and its ETA, so a run that would take hours can be stopped now and resumed later."""
+    """Before the first trial: what the whole run is expected to take (``--estimate``'s table, from
+    the measured baseline) and its ETA, so a run that would take hours can be stopped now and
+    resumed later."""
     console.print(estimate_table(figures, config, settings))
     left = Eta.of(figures, config.budget).seconds_left(
         sum(t.evaluation is not None for t in ckpt.trials)
     )
-    hours = "unknown" if left is None else duration(left / 3600)
+    hours = "unknown" if left is None else projected(left)
     tokens = "unknown" if figures.total.tokens is None else str(figures.total.tokens)
     dollars = "" if figures.total.cost_usd is None else f", {money(figures.total.cost_usd)}"
     console.print(
-        f"projected: {figures.total.calls} calls, {tokens} tokens{dollars}; ETA {hours} for the rest of "
-        "the run (Ctrl-C stops it; the same command resumes it)",
+        f"projected: {figures.total.calls} calls, {tokens} tokens{dollars}; ETA {hours} for the "
+        "rest of the run (Ctrl-C stops it; the same command resumes it)",
         soft_wrap=True,
         markup=False,
         highlight=False,

@@ -26,11 +26,13 @@ MEM0_RERANK = "mem0.rerank"
 MD_FLAT_CURATE = "md_flat.curate"
 GRAPHITI_EXTRACT_EDGES = "graphiti.extract_edges.edge"
 TIERED_EXTRACT = "tiered.extract"
-"""tiered's extraction stage: one call after every user message, ``Key|Value`` lines into long-term memory."""
+"""tiered's extraction stage: one call after every user message, ``Key|Value`` lines into long-term
+memory."""
 TIERED_SUMMARIZE = "tiered.summarize"
 """tiered's end-of-session summary: one call per conversation, written to mid-term memory."""
 GATED_ADMIT = "gated.admit"
-"""The gated system's admission gate: which retrieved memories enter the answer prompt (``systems/gated.py``)."""
+"""The gated system's admission gate: which retrieved memories enter the answer prompt
+(``systems/gated.py``)."""
 
 PROPOSER = "optimizer.proposer"
 """Not a system's site: the LLM calls optimizers make to write or edit prompts are charged here."""

@@ -4,8 +4,8 @@ Every number here is over *questions* (0/1 scores, or per-question differences),
 replacement by :func:`scipy.stats.bootstrap` (method ``percentile``: BCa fails on the degenerate
 samples that small 0/1 vectors often are). The same ``seed`` gives the same interval.
 
-    paired_bootstrap_delta(before, after)   mean of after - before per question, e.g. "+0.167 [−0.083, +0.417] (n=24)"
-    bootstrap_mean(values)                  an accuracy with its interval
+    paired_bootstrap_delta(before, after)   mean of after - before per question, e.g. "+0.167
+    [−0.083, +0.417] (n=24)" bootstrap_mean(values)                  an accuracy with its interval
     recovered_share(clean, sabotaged, after)  how much of a sabotage's damage an optimizer undid
 """
 
@@ -42,7 +42,8 @@ class Interval(BaseModel):
         return self.low > 0
 
     def format(self, *, signed: bool = True) -> str:
-        """``+0.167 [−0.083, +0.417] (n=24)``; unsigned for an accuracy: ``0.458 [0.250, 0.667] (n=24)``."""
+        """``+0.167 [−0.083, +0.417] (n=24)``; unsigned for an accuracy:
+        ``0.458 [0.250, 0.667] (n=24)``."""
         if math.isnan(self.estimate):
             return f"n/a (n={self.n}" + (f"; {self.note})" if self.note else ")")
         est, low, high = (_number(x, signed) for x in (self.estimate, self.low, self.high))
@@ -105,8 +106,9 @@ def recovered_share(
     confidence: float = 0.95,
     n_resamples: int = 9999,
 ) -> Interval:
-    """``(mean(after) - mean(sabotaged)) / (mean(clean) - mean(sabotaged))``: the share of the accuracy a
-    sabotage cost that the optimized program won back (1 = all of it, 0 = none, below 0 = worse still).
+    """``(mean(after) - mean(sabotaged)) / (mean(clean) - mean(sabotaged))``: the share of the
+    accuracy a sabotage cost that the optimized program won back (1 = all of it, 0 = none, below
+    0 = worse still).
 
     The three vectors score the same questions, in the same order, under three programs; the
     interval resamples questions jointly. Undefined (estimate nan, with a note) when the sabotage
@@ -122,7 +124,8 @@ def recovered_share(
         note = (
             "no question"
             if c.size == 0
-            else f"the sabotage cost nothing (clean {c.mean():.3f}, sabotaged {s.mean():.3f}): nothing to recover"
+            else f"the sabotage cost nothing (clean {c.mean():.3f}, sabotaged {s.mean():.3f}): "
+            "nothing to recover"
         )
         return Interval(
             estimate=nan, low=nan, high=nan, n=c.size, confidence=confidence, note=note
@@ -142,7 +145,8 @@ def recovered_share(
 def _share(
     clean: np.ndarray, sabotaged: np.ndarray, after: np.ndarray, axis: int = -1
 ) -> np.ndarray:
-    """The recovered share, vectorized over resamples; nan (or inf) where a resample's sabotage cost nothing."""
+    """The recovered share, vectorized over resamples; nan (or inf) where a resample's sabotage
+    cost nothing."""
     lost = clean.mean(axis=axis) - sabotaged.mean(axis=axis)
     with np.errstate(divide="ignore", invalid="ignore"):
         return (after.mean(axis=axis) - sabotaged.mean(axis=axis)) / lost

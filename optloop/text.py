@@ -30,7 +30,8 @@ _PUNCT = str.maketrans({c: " " for c in string.punctuation + "‘’“”–—
 
 
 def normalize(text: str) -> str:
-    """SQuAD-style normalization: lower case, strip accents, punctuation and articles; single spaces."""
+    """SQuAD-style normalization: lower case, strip accents, punctuation and articles; single
+    spaces."""
     text = unicodedata.normalize("NFKD", str(text))
     text = "".join(c for c in text if not unicodedata.combining(c)).lower()
     text = text.replace("'", "").replace("’", "")
@@ -48,8 +49,9 @@ _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 
 
 def sentences(text: str) -> list[str]:
-    """``text`` cut after each ``.``, ``!`` or ``?`` that white space follows, as written (nothing normalized;
-    ``[""]`` for an empty text): the sentences an instruction is edited, diffed or redacted by."""
+    """``text`` cut after each ``.``, ``!`` or ``?`` that white space follows, as written (nothing
+    normalized; ``[""]`` for an empty text): the sentences an instruction is edited, diffed or
+    redacted by."""
     return _SENTENCE_END.split(text)
 
 

@@ -50,7 +50,8 @@ def configure(tracking_uri: str | None = None) -> str:
 
 
 def experiment(name: str) -> str:
-    """The id of experiment ``name``, created (artifacts under ``mlruns/artifacts``) when missing."""
+    """The id of experiment ``name``, created (artifacts under ``mlruns/artifacts``) when
+    missing."""
     import mlflow
 
     found = mlflow.get_experiment_by_name(name)
@@ -66,7 +67,8 @@ def experiment(name: str) -> str:
 
 
 def open_existing(tracking_uri: str | None = None) -> str:
-    """:func:`configure` for readers: a SQLite store that does not exist is an error, not a new empty store."""
+    """:func:`configure` for readers: a SQLite store that does not exist is an error, not a new
+    empty store."""
     from pathlib import Path
 
     from optloop.errors import ConfigError
@@ -74,7 +76,8 @@ def open_existing(tracking_uri: str | None = None) -> str:
     uri = resolve_uri(tracking_uri)
     if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
         raise ConfigError(
-            f"no MLflow store at {uri.removeprefix('sqlite:///')}; run python -m optloop.run first, "
-            "or point --tracking-uri (MLFLOW_TRACKING_URI) at the store that holds the run"
+            f"no MLflow store at {uri.removeprefix('sqlite:///')}; run python -m optloop.run "
+            "first, or point --tracking-uri (MLFLOW_TRACKING_URI) at the store that holds the "
+            "run"
         )
     return configure(uri)

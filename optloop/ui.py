@@ -1,6 +1,7 @@
 """``optloop ui``: the MLflow UI on optloop's store, bound to loopback, safe offline.
 
-    optloop ui                      # http://127.0.0.1:5000, the store under mlruns/ (OPTLOOP_MLRUNS)
+    optloop ui                      # http://127.0.0.1:5000, the store under mlruns/
+                                    # (OPTLOOP_MLRUNS)
     optloop ui --port 5001
 
 Open the experiment ``optloop-<system>``: one parent run per ``optloop run``, its children the

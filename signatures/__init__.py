@@ -1,1 +1,2 @@
-"""DSPy signatures, one per prompt site, seeded from the installed libraries (see docs/architecture.md)."""
+"""DSPy signatures, one per prompt site, seeded from the installed libraries (see
+docs/architecture.md)."""

@@ -32,7 +32,9 @@ USER_FIELD = "user_content"
 def output_model(signature: type[dspy.Signature]) -> type[pydantic.BaseModel]:
     """The signature's output fields as one pydantic model (the response schema)."""
     fields = {name: (field.annotation, ...) for name, field in signature.output_fields.items()}
-    return pydantic.create_model(f"{signature.__name__}Output", **fields)  # type: ignore[call-overload]
+    return pydantic.create_model(  # type: ignore[call-overload]
+        f"{signature.__name__}Output", **fields
+    )
 
 
 def render_system(signature: type[dspy.Signature], demos: list[dict[str, Any]]) -> str:

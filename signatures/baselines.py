@@ -22,7 +22,7 @@ class CurateMarkdownMemory(dspy.Signature):
     relations), and when the session changes a fact, replace the old fact with the new value instead of
     keeping both. Remove a fact when the user says it was cancelled, deleted or is no longer true. Write
     each fact as one short self-contained sentence that names its subject. Do not invent facts and do
-    not record small talk."""
+    not record small talk."""  # noqa: E501
 
     memory_file: str = dspy.InputField(
         desc="the current memory file, one '- fact' line each ('(empty)' at first)"

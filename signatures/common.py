@@ -14,8 +14,8 @@ import dspy
 
 
 class Memory(Protocol):
-    """What :func:`render_memories` reads of a memory (``systems.base.MemoryItem`` is one; signatures/ does
-    not import systems/)."""
+    """What :func:`render_memories` reads of a memory (``systems.base.MemoryItem`` is one;
+    signatures/ does not import systems/)."""
 
     @property
     def text(self) -> str: ...
@@ -27,7 +27,7 @@ class Memory(Protocol):
 class AnswerFromMemories(dspy.Signature):
     """Answer the user's question using only the memories below. Give the shortest answer that is
     correct: a name, a number, a date, yes or no, or an option letter when options are given. If the
-    memories do not contain the answer, reply "I don't know"."""
+    memories do not contain the answer, reply "I don't know"."""  # noqa: E501
 
     memories: str = dspy.InputField(desc="what the memory system retrieved, one memory per line")
     question: str = dspy.InputField()

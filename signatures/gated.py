@@ -34,7 +34,7 @@ class AdmitMemories(dspy.Signature):
     every candidate give one verdict: "admit" if it is current, belongs to the agent's workspace and helps
     answer the question; "negative" if it records an attempt that did not work, which the agent should know
     to avoid but must not take as the answer; "reject" if it is stale, from another workspace or irrelevant.
-    Give a short reason for each verdict."""
+    Give a short reason for each verdict."""  # noqa: E501
 
     question: str = dspy.InputField()
     scope: str = dspy.InputField(desc="the workspace and path the agent is working in")

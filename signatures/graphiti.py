@@ -110,7 +110,8 @@ def library_signature(prompt_name: str) -> type[dspy.Signature]:
     signature = make_signature(fields, instructions, signature_name=_class_name(prompt_name))
     if signature.instructions != instructions:  # DSPy normalizes docstrings (inspect.cleandoc)
         raise ValueError(
-            f"graphiti's system prompt for {prompt_name} does not survive as DSPy instructions unchanged"
+            f"graphiti's system prompt for {prompt_name} does not survive as DSPy "
+            "instructions unchanged"
         )
     return signature
 
@@ -140,4 +141,5 @@ OP_KINDS: dict[str, tuple[str, ...]] = {
     site_name("dedupe_edges.resolve_edge"): ("update", "delete"),
     site_name("extract_nodes.extract_summaries_batch"): ("update",),
 }
-"""The memory operations each site's output decides (the operation names of docs/graph-schema.md)."""
+"""The memory operations each site's output decides (the operation names of
+docs/graph-schema.md)."""

@@ -35,7 +35,8 @@ Category = Literal[
     "schedule",
     "general",
 ]
-"""The categories a fact can be filed under (``systems.tiered.keys.CATEGORIES`` and ``general``)."""
+"""The categories a fact can be filed under (``systems.tiered.keys.CATEGORIES`` and
+``general``)."""
 
 MAX_KEY_CHARS = 32
 MAX_VALUE_CHARS = 48
@@ -65,7 +66,7 @@ class ExtractKeyValueFacts(dspy.Signature):
     exactly as the user wrote it. Write one object per fact: a message that gives three facts needs three
     objects. When the message changes something already known, reuse that known key so the new value
     replaces the old one. Write an empty list for greetings, questions, requests and small talk, and never
-    write a value the message does not give."""
+    write a value the message does not give."""  # noqa: E501
 
     known_keys: str = dspy.InputField(
         desc="keys already in memory, comma-separated ('(none)' when empty)"
@@ -84,7 +85,7 @@ class SummarizeConversation(dspy.Signature):
     just ended, in two to four sentences written about the user in the third person ("The user ...").
     Keep what the user said about themselves, the people in their life, their plans, requests and
     decisions, and copy every name, number and date exactly. Leave out greetings and small talk, and
-    add nothing that was not said."""
+    add nothing that was not said."""  # noqa: E501
 
     conversation: str = dspy.InputField(
         desc="the conversation: its date, then one 'speaker: text' line per turn"

@@ -155,7 +155,8 @@ class MemorySystem(ABC):
             from optloop.errors import ConfigError
 
             raise ConfigError(
-                f"{self.name} has no knob(s) {sorted(unknown)}; its knobs are {sorted(self.default_knobs)}"
+                f"{self.name} has no knob(s) {sorted(unknown)}; its knobs are "
+                f"{sorted(self.default_knobs)}"
             )
         self._knobs = {**self.default_knobs, **(knobs or {})}
         self._sites: dict[str, PromptSite] = {}
@@ -190,15 +191,17 @@ class MemorySystem(ABC):
         """Everything currently stored."""
 
     def close(self) -> None:
-        """Release what the system holds open (an event loop, a database); it is not used afterwards."""
+        """Release what the system holds open (an event loop, a database); it is not used
+        afterwards."""
 
     def truncation(self) -> dict[str, int] | None:
-        """The last ``retrieve``'s report on fitting a context budget (``kept``, ``dropped``, ``tokens``,
-        ...); ``None`` for a system that never cuts what it retrieves."""
+        """The last ``retrieve``'s report on fitting a context budget (``kept``, ``dropped``,
+        ``tokens``, ...); ``None`` for a system that never cuts what it retrieves."""
         return None
 
     def retrievable_kinds(self) -> set[str] | None:
-        """The ``metadata["kind"]`` values retrieval can return (None: every unit is searchable)."""
+        """The ``metadata["kind"]`` values retrieval can return (None: every unit is
+        searchable)."""
         return None
 
     def delete_memory(self, memory_id: str) -> None:
@@ -226,7 +229,8 @@ class MemorySystem(ABC):
         return dict(self._sites)
 
     def use_modules(self, modules: dict[str, dspy.Predict]) -> None:
-        """Run these DSPy modules at the named sites from now on (an optimizer's candidate program)."""
+        """Run these DSPy modules at the named sites from now on (an optimizer's candidate
+        program)."""
         for name, module in modules.items():
             if name in self._sites:
                 self._sites[name].module = module
@@ -237,7 +241,8 @@ class MemorySystem(ABC):
     @classmethod
     def knob_choices(cls, name: str, current: Any = None) -> list[Any]:
         """The values an optimizer may try for knob ``name``: ``current`` (the default value when
-        ``None``) first, then ``knob_values``. A knob with no value space has only its current value."""
+        ``None``) first, then ``knob_values``. A knob with no value space has only its current
+        value."""
         if name not in cls.default_knobs:
             raise KeyError(f"{cls.name} has no knob {name!r}")
         current = cls.default_knobs[name] if current is None else current

@@ -163,7 +163,8 @@ class _TurnLog:
 
 
 class _FileBackedSystem(MemorySystem):
-    """A system whose state is files under ``run_dir``: loaded at construction, emptied by ``reset``."""
+    """A system whose state is files under ``run_dir``: loaded at construction, emptied by
+    ``reset``."""
 
     def __init__(
         self,
@@ -269,8 +270,8 @@ class LongContextSystem(_RawTurnSystem):
                 "long_context puts every turn in context and never searches, so a query-rewrite "
                 "site would change nothing; run it without query_site"
             )
-        # The last search's report, per thread: an episode's questions may run at once (optloop.pipeline),
-        # each reading truncation() on the thread that retrieved.
+        # The last search's report, per thread: an episode's questions may run at once
+        # (optloop.pipeline), each reading truncation() on the thread that retrieved.
         self._last = threading.local()
         super().__init__(lm, run_dir, embedder=embedder, knobs=knobs)
 
@@ -315,7 +316,8 @@ class LongContextSystem(_RawTurnSystem):
 
 
 class _LuceneIdfBM25(BM25Okapi):
-    """BM25Okapi with Lucene's idf, ``log(1 + (N - n + 0.5) / (n + 0.5))``, which is never negative.
+    """BM25Okapi with Lucene's idf, ``log(1 + (N - n + 0.5) / (n + 0.5))``, which is never
+    negative.
 
     rank-bm25's Okapi idf is negative for a term in more than half the documents
     and zero in exactly half; on a small store (one short episode) it then
@@ -489,7 +491,8 @@ def _normalize(text: str) -> str:
 
 
 def render_session(session: Session) -> str:
-    """A session as the curation prompt reads it: a dated header, then ``speaker: message`` lines."""
+    """A session as the curation prompt reads it: a dated header, then ``speaker: message``
+    lines."""
     header = f"Session {session.id}" + (f" ({session.timestamp})" if session.timestamp else "")
     return "\n".join(
         [header, *(f"{turn.speaker or turn.role}: {turn.content}" for turn in session.turns)]

@@ -183,7 +183,8 @@ class MemoryRow(BaseModel):
 
 
 class GateDecision(BaseModel):
-    """The gate's decision on one retrieved candidate: what the recorded ``admit`` operation outputs."""
+    """The gate's decision on one retrieved candidate: what the recorded ``admit`` operation
+    outputs."""
 
     rank: int
     memory_id: str
@@ -204,7 +205,8 @@ class Admission(BaseModel):
     negative: list[MemoryItem] = Field(default_factory=list)
 
     def render(self) -> str:
-        """The answer's ``memories`` input: positive memories, then negative evidence, one line each."""
+        """The answer's ``memories`` input: positive memories, then negative evidence, one line
+        each."""
         if not self.positive and not self.negative:
             return render_memories([])
         lines = [render_memories(self.positive)] if self.positive else []
@@ -215,8 +217,8 @@ class Admission(BaseModel):
 def floor_decision(
     item: MemoryItem, rank: int, workspace: str, floors: str, negative_evidence: bool
 ) -> GateDecision:
-    """The deterministic floors on one candidate: a final decision (``by="floor"``), or a provisional admit
-    (reason ``"open"``) the LLM may change."""
+    """The deterministic floors on one candidate: a final decision (``by="floor"``), or a
+    provisional admit (reason ``"open"``) the LLM may change."""
     meta = item.metadata
     info = {
         "rank": rank,
@@ -258,7 +260,8 @@ def floor_decision(
 
 
 def render_candidates(pending: Sequence[tuple[GateDecision, MemoryItem]]) -> str:
-    """The candidates the LLM decides, one line each: ``[rank] (workspace, path, status, run outcome) text``."""
+    """The candidates the LLM decides, one line each:
+    ``[rank] (workspace, path, status, run outcome) text``."""
     lines = []
     for decision, item in pending:
         meta = item.metadata
@@ -273,11 +276,12 @@ def render_candidates(pending: Sequence[tuple[GateDecision, MemoryItem]]) -> str
 class AdmissionGate(dspy.Predict):
     """The ``gated.admit`` site's module: one call per question returns every candidate's decision.
 
-    Called by the system with the signature's inputs plus ``decided`` (the floors' final decisions),
-    ``pending`` (the open candidates, provisionally admitted) and ``ask_llm``/``allow_negative``; it asks
-    the LM about the pending candidates only (unless ``ask_llm`` is false) and returns
-    ``decisions``: the floors' and the LLM's, by rank. Called with the signature's inputs alone (an
-    optimizer replaying a demo), it is a plain ``dspy.Predict``.
+    Called by the system with the signature's inputs plus ``decided`` (the floors' final
+    decisions), ``pending`` (the open candidates, provisionally admitted) and
+    ``ask_llm``/``allow_negative``; it asks the LM about the pending candidates only (unless
+    ``ask_llm`` is false) and returns ``decisions``: the floors' and the LLM's, by rank. Called
+    with the signature's inputs alone (an optimizer replaying a demo), it is a plain
+    ``dspy.Predict``.
     """
 
     def forward(self, **kwargs: Any) -> dspy.Prediction:
@@ -300,7 +304,8 @@ class AdmissionGate(dspy.Predict):
                         candidate.model_copy(
                             update={
                                 "by": "default",
-                                "reason": "the gate gave no verdict for this candidate; admitted by default",
+                                "reason": "the gate gave no verdict for this candidate; "
+                                "admitted by default",
                             }
                         )
                     )
@@ -321,7 +326,8 @@ class AdmissionGate(dspy.Predict):
 
     @classmethod
     def from_predict(cls, module: dspy.Predict) -> AdmissionGate:
-        """An AdmissionGate with ``module``'s signature, demos, LM and callbacks (a candidate's plain Predict)."""
+        """An AdmissionGate with ``module``'s signature, demos, LM and callbacks (a candidate's
+        plain Predict)."""
         gate = cls(module.signature, callbacks=list(module.callbacks))
         gate.demos = list(module.demos)
         gate.lm = module.lm
@@ -329,7 +335,8 @@ class AdmissionGate(dspy.Predict):
 
 
 class GatedSystem(MemorySystem):
-    """Workspace-, status- and branch-aware memories in SQLite; an admission gate before the answer."""
+    """Workspace-, status- and branch-aware memories in SQLite; an admission gate before the
+    answer."""
 
     name: ClassVar[str] = "gated"
     default_knobs: ClassVar[dict[str, Any]] = {
@@ -356,8 +363,9 @@ class GatedSystem(MemorySystem):
         for name, value in self._knobs.items():
             _check_knob(name, value)
         self._lock = threading.RLock()
-        # (workspace, path) of the question being retrieved for, per thread: an episode's questions may
-        # run at once (optloop.pipeline), each retrieve followed by its searches on the same thread.
+        # (workspace, path) of the question being retrieved for, per thread: an episode's questions
+        # may run at once (optloop.pipeline), each retrieve followed by its searches on the same
+        # thread.
         self._asked = _Asked()
         self.last_admission: Admission | None = None
         self._load()
@@ -386,7 +394,8 @@ class GatedSystem(MemorySystem):
         super().use_modules(modules)
 
     def apply_pack(self, pack: dict[str, Any]) -> None:
-        """Use an exported prompt pack (``python -m optloop.export --format pack``): its prompts and knobs."""
+        """Use an exported prompt pack (``python -m optloop.export --format pack``): its prompts
+        and knobs."""
         if pack.get("system") not in (None, self.name):
             raise ConfigError(f"the pack holds {pack.get('system')} prompts, not {self.name}'s")
         for site, text in (pack.get("prompts") or {}).items():
@@ -527,8 +536,8 @@ class GatedSystem(MemorySystem):
         with closing(self._connect()) as db, db:
             self._run_seq += 1
             db.execute(
-                "INSERT INTO runs (session_id, run, seq, workspace, path, branch_status, timestamp) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO runs (session_id, run, seq, workspace, path, branch_status, "
+                "timestamp) VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (
                     session.id,
                     run["run"],
@@ -551,8 +560,9 @@ class GatedSystem(MemorySystem):
                 )
                 if row.key and row.status == "active" and row.branch_status == "completed":
                     superseded = db.execute(
-                        "UPDATE memories SET status = 'superseded', superseded_by = ?, superseded_at = ? "
-                        "WHERE workspace = ? AND key = ? AND status = 'active' AND seq < ?",
+                        "UPDATE memories SET status = 'superseded', superseded_by = ?, "
+                        "superseded_at = ? WHERE workspace = ? AND key = ? AND status = "
+                        "'active' AND seq < ?",
                         (row.id, session.timestamp or session.id, row.workspace, row.key, row.seq),
                     ).rowcount
                     if superseded:
@@ -596,7 +606,8 @@ class GatedSystem(MemorySystem):
     # --- retrieval ---------------------------------------------------------------------------
 
     def scope_of(self, text: str) -> tuple[str, str, str]:
-        """``(workspace, path, question)`` a question is asked in: its header, else the latest run's workspace."""
+        """``(workspace, path, question)`` a question is asked in: its header, else the latest
+        run's workspace."""
         workspace, path, rest = parse_scope(text)
         if workspace is None:
             return self._workspace, "", rest
@@ -635,7 +646,8 @@ class GatedSystem(MemorySystem):
     # --- admission and answer ----------------------------------------------------------------
 
     def admit(self, question: str, memories: Sequence[MemoryItem]) -> Admission:
-        """The gate on ``memories`` (retrieved for ``question``): floors, then the ``gated.admit`` site."""
+        """The gate on ``memories`` (retrieved for ``question``): floors, then the ``gated.admit``
+        site."""
         if not memories:
             return Admission()
         workspace, path, text = self.scope_of(question)
@@ -699,7 +711,8 @@ class GatedSystem(MemorySystem):
 
 
 class _Asked(threading.local):
-    """The scope of the question this thread is retrieving for (``None`` before its first retrieve)."""
+    """The scope of the question this thread is retrieving for (``None`` before its first
+    retrieve)."""
 
     scope: tuple[str, str] | None = None
 

@@ -185,7 +185,8 @@ class SiteLLMClient(LLMClient):
                 name.removeprefix(SITE_PREFIX) for name in sites if name.startswith(SITE_PREFIX)
             )
             raise UnknownPromptError(
-                f"graphiti sent prompt {prompt_name!r}, which has no optloop prompt site (known: {', '.join(known)}); "
+                f"graphiti sent prompt {prompt_name!r}, which has no optloop prompt site "
+                f"(known: {', '.join(known)}); "
                 "add a signature for it in signatures/graphiti.py"
             )
         return site
@@ -206,7 +207,8 @@ class SiteLLMClient(LLMClient):
         fields = list(site.module.signature.output_fields)
         if response_model is None or list(response_model.model_fields) != fields:
             raise UnknownPromptError(
-                f"graphiti asked {prompt_name} for {getattr(response_model, '__name__', None)}, but its site "
+                f"graphiti asked {prompt_name} for "
+                f"{getattr(response_model, '__name__', None)}, but its site "
                 f"answers with fields {fields}; the installed graphiti-core differs from the one "
                 "signatures/graphiti.py read"
             )
@@ -215,14 +217,16 @@ class SiteLLMClient(LLMClient):
                 f"graphiti prompt {prompt_name} sent roles {[m.role for m in messages]}; "
                 "a library-layout site takes exactly one system and one user message"
             )
-        # OpenAIGenericClient.generate_response, json_schema mode: preamble, then the language note.
+        # OpenAIGenericClient.generate_response, json_schema mode: preamble, then the language
+        # note.
         self._apply_attribute_extraction_preamble(messages, attribute_extraction)
         messages[0].content += graphiti_llm_client.get_extraction_language_instruction(group_id)
         system = messages[0].content
         if not system.startswith(site.seed_instruction):
             raise UnknownPromptError(
-                f"graphiti's system message for {prompt_name} does not start with the seeded prompt text; "
-                "the installed graphiti-core or its prompt library differs from the one signatures/graphiti.py read"
+                f"graphiti's system message for {prompt_name} does not start with the seeded "
+                "prompt text; the installed graphiti-core or its prompt library differs from "
+                "the one signatures/graphiti.py read"
             )
         framing = _Framing(
             system_suffix=system[len(site.seed_instruction) :], clean=self._clean_input
@@ -336,7 +340,8 @@ def _iso(value: datetime | None) -> str | None:
 
 
 def parse_session_time(timestamp: str | None) -> datetime | None:
-    """The session's own timestamp as an aware datetime (UTC when it names no zone), or ``None``."""
+    """The session's own timestamp as an aware datetime (UTC when it names no zone), or
+    ``None``."""
     if not timestamp:
         return None
     try:
@@ -464,7 +469,8 @@ class GraphitiSystem(MemorySystem):
             canonical = cls.knob_aliases.get(name, name)
             if canonical in out and out[canonical] != value:
                 raise ConfigError(
-                    f"graphiti knobs {name!r} and {canonical!r} are the same knob; give one of them"
+                    f"graphiti knobs {name!r} and {canonical!r} are the same knob; give one "
+                    "of them"
                 )
             out[canonical] = value
         return out
@@ -502,7 +508,8 @@ class GraphitiSystem(MemorySystem):
         )
 
     def _group_driver(self) -> Any:
-        """The driver for this system's group (FalkorDB keeps one graph per group; others share one)."""
+        """The driver for this system's group (FalkorDB keeps one graph per group; others share
+        one)."""
         return self.graphiti.driver.clone(database=self.group_id)
 
     async def _open(self) -> None:
@@ -534,7 +541,8 @@ class GraphitiSystem(MemorySystem):
 
     @property
     def graphiti(self) -> Graphiti:
-        """The live ``graphiti_core.Graphiti`` (for inspection; use the system's methods to change it)."""
+        """The live ``graphiti_core.Graphiti`` (for inspection; use the system's methods to change
+        it)."""
         if self._graphiti is None:
             raise RuntimeError("this GraphitiSystem is closed")
         return self._graphiti
@@ -653,7 +661,8 @@ class GraphitiSystem(MemorySystem):
         )
 
     def _session_ids(self, episode_uuids: Iterable[str]) -> dict[str, str]:
-        """Episode uuid -> session id, read back from the store for episodes this object did not add."""
+        """Episode uuid -> session id, read back from the store for episodes this object did not
+        add."""
         if any(uuid not in self._sessions_by_episode for uuid in episode_uuids):
             episodes = self._loop.run(
                 EpisodicNode.get_by_group_ids(self._group_driver(), [self.group_id])

@@ -1,4 +1,5 @@
-"""mem0 (``mem0ai`` 2.2.1) as an optloop memory system: the real library, its LLM calls routed to prompt sites.
+"""mem0 (``mem0ai`` 2.2.1) as an optloop memory system: the real library, its LLM calls routed to
+prompt sites.
 
 What is mem0's own and what is ours:
 
@@ -52,7 +53,8 @@ if TYPE_CHECKING:
     from optloop.lm import OptloopLM
 
 USER_ID = "optloop-user"
-"""The one mem0 user every memory of a system instance belongs to (instances never share a store)."""
+"""The one mem0 user every memory of a system instance belongs to (instances never share a
+store)."""
 
 COLLECTION = "mem0"
 # get_all() returns at most top_k memories; "all memories" asks for more than any run stores.
@@ -63,7 +65,8 @@ ALL_MEMORIES_LIMIT = 100_000
 # serialized on the GIL when episodes run at once. So the config names PLACEHOLDER_PROVIDER, whose
 # clients are inert stand-ins (:class:`UnwiredLLM`, :class:`UnwiredEmbedding`) that fail loudly if
 # a replacement is ever missed. mem0 validates provider names against a fixed list, so the config
-# is written with "openai" and the name swapped after validation (see ``Mem0System._build_memory``).
+# is written with "openai" and the name swapped after validation (see
+# ``Mem0System._build_memory``).
 PLACEHOLDER_PROVIDER = "optloop-unwired"
 
 
@@ -75,7 +78,8 @@ class UnknownPromptError(OptloopError):
 
 
 class UnwiredLLM(LLMBase):
-    """What mem0 builds for its LLM and reranker LLM; replaced by :class:`SiteDispatchLLM` before any call."""
+    """What mem0 builds for its LLM and reranker LLM; replaced by :class:`SiteDispatchLLM` before
+    any call."""
 
     def generate_response(self, messages: list[dict[str, str]], **kwargs: Any) -> str:
         raise OptloopError(
@@ -97,7 +101,8 @@ def _register_placeholders() -> None:
     from mem0.utils.factory import EmbedderFactory, LlmFactory
 
     LlmFactory.register_provider(PLACEHOLDER_PROVIDER, f"{__name__}.UnwiredLLM", BaseLlmConfig)
-    # EmbedderFactory has no register_provider; its table is the same kind of name -> class path map.
+    # EmbedderFactory has no register_provider; its table is the same kind of name -> class path
+    # map.
     EmbedderFactory.provider_to_class[PLACEHOLDER_PROVIDER] = f"{__name__}.UnwiredEmbedding"
 
 
@@ -134,7 +139,8 @@ class SiteDispatchLLM(LLMBase):
         # its own response schema, the exact shape mem0 parses.
         if tools:
             raise UnknownPromptError(
-                f"mem0 asked for tool calls ({[t.get('function', {}).get('name') for t in tools]}); "
+                "mem0 asked for tool calls "
+                f"({[t.get('function', {}).get('name') for t in tools]}); "
                 "mem0ai 2.2.1 never does, so this mem0ai differs from the one optloop models"
             )
         roles = [m.get("role") for m in messages]
@@ -185,7 +191,8 @@ class Mem0System(MemorySystem):
         "rerank": (False, True),
     }
     search_knob: ClassVar[str | None] = "threshold"
-    # Its extraction prompt alone is ~8.5k SmolLM2 tokens: more than the 8192 SmolLM2 was trained on.
+    # Its extraction prompt alone is ~8.5k SmolLM2 tokens: more than the 8192 SmolLM2 was trained
+    # on.
     local_decoding: ClassVar[dict[str, int]] = {"n_ctx": 12288}
 
     def __init__(
@@ -364,7 +371,8 @@ class Mem0System(MemorySystem):
 
 
 def _memory_item(result: dict[str, Any]) -> MemoryItem:
-    """One mem0 result dict as a :class:`MemoryItem`; our metadata and mem0's bookkeeping flattened."""
+    """One mem0 result dict as a :class:`MemoryItem`; our metadata and mem0's bookkeeping
+    flattened."""
     metadata = dict(result.get("metadata") or {})
     for key in (
         "created_at",

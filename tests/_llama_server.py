@@ -1,5 +1,5 @@
-"""llama.cpp's own OpenAI-compatible server (``python -m llama_cpp.server``, the ``[server]`` extra of
-llama-cpp-python) on the bundled SmolLM2 GGUF, on a free loopback port, and a recording proxy in
+"""llama.cpp's own OpenAI-compatible server (``python -m llama_cpp.server``, the ``[server]`` extra
+of llama-cpp-python) on the bundled SmolLM2 GGUF, on a free loopback port, and a recording proxy in
 front of it that keeps every request body (what a library really sent).
 
 Both are real: the server is the one a user starts with ``pip install 'llama-cpp-python[server]'``;
@@ -59,9 +59,9 @@ def server_available() -> str | None:
 
 
 def _die_with_parent() -> None:
-    """In the server's process, before it runs: the kernel kills it when the process that started it
-    dies, however it dies (a pytest killed by ``timeout`` runs no fixture teardown, and a server left
-    behind keeps the cores busy with the requests it had queued)."""
+    """In the server's process, before it runs: the kernel kills it when the process that started
+    it dies, however it dies (a pytest killed by ``timeout`` runs no fixture teardown, and a server
+    left behind keeps the cores busy with the requests it had queued)."""
     if sys.platform.startswith("linux"):
         import ctypes
         import signal
@@ -73,7 +73,8 @@ def _die_with_parent() -> None:
 def llama_server(
     log_dir: Path, *, n_ctx: int = 12288, n_threads: int | None = None
 ) -> Iterator[LlamaServer]:
-    """``python -m llama_cpp.server`` on the bundled GGUF and a free loopback port, as a user starts it."""
+    """``python -m llama_cpp.server`` on the bundled GGUF and a free loopback port, as a user
+    starts it."""
     import os
 
     from optloop.lm import bundled_model_path
@@ -107,7 +108,8 @@ def llama_server(
         while True:
             if process.poll() is not None:
                 raise RuntimeError(
-                    f"llama.cpp's server exited with {process.returncode}: {server.log_text()[-2000:]}"
+                    f"llama.cpp's server exited with {process.returncode}: "
+                    f"{server.log_text()[-2000:]}"
                 )
             try:
                 with urllib.request.urlopen(f"{server.base_url}/models", timeout=2) as response:
@@ -132,7 +134,8 @@ def llama_server(
 
 @dataclass
 class RecordingProxy:
-    """A loopback HTTP proxy to ``upstream`` (a base URL ending in /v1) that records every POST body."""
+    """A loopback HTTP proxy to ``upstream`` (a base URL ending in /v1) that records every POST
+    body."""
 
     upstream: str
     requests: list[dict[str, Any]] = field(default_factory=list)

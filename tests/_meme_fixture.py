@@ -1,4 +1,5 @@
-"""The hand-written published-MEME fixture (``tests/fixtures/meme_published``) and a way to break a copy of it.
+"""The hand-written published-MEME fixture (``tests/fixtures/meme_published``) and a way to break a
+copy of it.
 
 One episode, ``fx_001``: five sessions (a fact session, a change-and-delete session, a
 probe before and after) and two systems, ``flat`` (one memory line per fact, rewrites
@@ -19,7 +20,8 @@ EPISODE = "src/data/fx001.json"
 
 
 def copy_fixture(tmp_path: Path, change: Callable[[dict[str, Any]], None] | None = None) -> Path:
-    """A copy of the fixture under ``tmp_path``, its episode JSON passed through ``change`` first."""
+    """A copy of the fixture under ``tmp_path``, its episode JSON passed through ``change``
+    first."""
     root = tmp_path / "meme-eval"
     shutil.copytree(FIXTURE, root)
     if change is not None:

@@ -4,12 +4,13 @@
 extraction (the new messages' user lines become memories; one line in three, chosen by its text, is
 lost) and the answer site (the gold answer when
 the memories hold it, else "I don't know"), and graphiti's entity and edge extraction (the user and
-the capitalised words of its kept lines, one edge each); any other schema gets a valid stub. Because nothing
-depends on the order requests arrive in, a run at any concurrency gets the same answers:
+the capitalised words of its kept lines, one edge each); any other schema gets a valid stub.
+Because nothing depends on the order requests arrive in, a run at any concurrency gets the same
+answers:
 :class:`KeyedEndpoint` serves it over HTTP with a latency fixed by the request (so parallel calls
 finish out of order) and, for some requests, an HTTP 500 the first time they are asked (cured by
-the retry, so the episode's graph is saved as faulted); :class:`OracleLlama` stands in for llama.cpp
-(``LocalLlamaBackend._model``) to record an LM cache as if from the embedded model.
+the retry, so the episode's graph is saved as faulted); :class:`OracleLlama` stands in for
+llama.cpp (``LocalLlamaBackend._model``) to record an LM cache as if from the embedded model.
 """
 
 from __future__ import annotations
@@ -21,8 +22,10 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
+from optloop.lm import LMSettings, OptloopLM
 from optloop.testing.chaos import schema_stub
 from optloop.testing.oracle import prompt_section, response_schema
 from optloop.testing.scripted import ScriptedOpenAIServer
@@ -35,8 +38,8 @@ def _digest(messages: Any) -> bytes:
 
 
 def _user_lines(text: str) -> list[str]:
-    """The user's lines of a transcript, less one in three (chosen by its text): a memory that loses facts,
-    so some answers fail and are attributed."""
+    """The user's lines of a transcript, less one in three (chosen by its text): a memory that
+    loses facts, so some answers fail and are attributed."""
     lines = [
         line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("user:")
     ]
@@ -50,7 +53,8 @@ def _current_message(text: str) -> str:
 
 
 def _graphiti_names(text: str) -> list[str]:
-    """Capitalised words, not a line's first, of the user lines kept from graphiti's current message."""
+    """Capitalised words, not a line's first, of the user lines kept from graphiti's current
+    message."""
     words = [
         word
         for line in _user_lines(_current_message(text))
@@ -122,8 +126,9 @@ def gold_answers(episodes: Iterable[Any]) -> dict[str, str]:
 
 
 class KeyedEndpoint(ScriptedOpenAIServer):
-    """:func:`oracle_reply` over HTTP after ``latency_s`` x (0.5 to 1.5) fixed by the request; the first
-    asking of one request in ``fault_every`` gets HTTP 500 (0: never). ``served`` counts requests by key."""
+    """:func:`oracle_reply` over HTTP after ``latency_s`` x (0.5 to 1.5) fixed by the request; the
+    first asking of one request in ``fault_every`` gets HTTP 500 (0: never). ``served`` counts
+    requests by key."""
 
     def __init__(self, gold: dict[str, str], *, latency_s: float = 0.02, fault_every: int = 0):
         super().__init__([("respond", self._respond)])
@@ -131,9 +136,22 @@ class KeyedEndpoint(ScriptedOpenAIServer):
         self.served: Counter[bytes] = Counter()
         self._count_lock = threading.Lock()
 
+    def lm(self, concurrency: int, cache_path: Path, **settings: Any) -> OptloopLM:
+        """An LM on this endpoint (model ``oracle``) at ``concurrency``, its cache at
+        ``cache_path``."""
+        return OptloopLM(
+            LMSettings.from_spec(
+                "openai:oracle",
+                base_url=self.base_url,
+                concurrency=concurrency,
+                cache_path=cache_path,
+                **settings,
+            )
+        )
+
     def forget(self) -> None:
-        """Ask again as never asked: the next run on this endpoint (same URL, so the same cache keys) gets the
-        same faults."""
+        """Ask again as never asked: the next run on this endpoint (same URL, so the same cache
+        keys) gets the same faults."""
         with self._count_lock:
             self.served.clear()
 
@@ -151,7 +169,8 @@ class KeyedEndpoint(ScriptedOpenAIServer):
 
 
 class OracleLlama:
-    """What ``llama_cpp.Llama.create_chat_completion`` returns, answered by :func:`oracle_reply`."""
+    """What ``llama_cpp.Llama.create_chat_completion`` returns, answered
+    by :func:`oracle_reply`."""
 
     def __init__(self, gold: dict[str, str]):
         self.gold = gold
@@ -181,9 +200,9 @@ CLOCK = {"seconds", "created_at", "updated_at"}
 
 
 def without_clock(graph: dict[str, Any]) -> Any:
-    """A graph's JSON less what the clock and chance decide, so two runs can be compared: timings and the
-    stores' own creation times dropped, and the uuid4s mem0 and graphiti name memories with numbered in
-    order of appearance (two runs at the same concurrency differ in these too)."""
+    """A graph's JSON less what the clock and chance decide, so two runs can be compared: timings
+    and the stores' own creation times dropped, and the uuid4s mem0 and graphiti name memories with
+    numbered in order of appearance (two runs at the same concurrency differ in these too)."""
 
     def strip(value: Any) -> Any:
         if isinstance(value, dict):

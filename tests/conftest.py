@@ -1,4 +1,5 @@
-"""Shared fixtures: every test gets its own optloop state dir; loopback servers live in ``optloop.testing``."""
+"""Shared fixtures: every test gets its own optloop state dir; loopback servers live in
+``optloop.testing``."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ import pytest
 
 @pytest.fixture(autouse=True)
 def isolated_state(tmp_path, monkeypatch):
-    """Point OPTLOOP_HOME and OPTLOOP_MLRUNS at a temp dir so tests never share caches or stores."""
+    """Point OPTLOOP_HOME and OPTLOOP_MLRUNS at a temp dir so tests never share caches or
+    stores."""
     monkeypatch.setenv("OPTLOOP_HOME", str(tmp_path / "state"))
     monkeypatch.setenv("OPTLOOP_MLRUNS", str(tmp_path / "mlruns"))
     for name in (
@@ -30,5 +32,6 @@ def isolated_state(tmp_path, monkeypatch):
         monkeypatch.delenv(name, raising=False)
     from optloop.lm import forget_endpoints
 
-    forget_endpoints()  # loopback ports are reused between tests: an endpoint's modes are the test's own
+    # loopback ports are reused between tests: an endpoint's modes are the test's own
+    forget_endpoints()
     return tmp_path / "state"

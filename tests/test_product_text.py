@@ -142,7 +142,8 @@ def test_a_reference_to_the_work_is_found(line):
     [
         f"`meme:<checkout>` loads the episode as two (`sw_033-before`, asked after {S} 13, and",
         f"before {S} 14 nor `#aurora-pager`/the runbook URL in any snapshot).",
-        f'"""The dog\'s name is stored in {S} 1 and deleted in {S} 2; the walk says DeletionError."""',
+        f'"""The dog\'s name is stored in {S} 1 and deleted in {S} 2; the walk says '
+        'DeletionError."""',
         f"The store removes every unit that existed before this {S}.",
         f"DAILY (2024-01-02):\\n---\\n## {S.title()} 1\\nTeam lead is Ana.",
         "Kim is the lead of project Apollo.",

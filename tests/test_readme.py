@@ -24,9 +24,10 @@ def python_snippet() -> str:
 
 
 def test_the_readme_python_snippet_runs(tmp_path, monkeypatch, capsys):
-    """The snippet as written, on a loopback endpoint that answers from the dataset's gold answers instead of the
-    embedded model (its ``lm="local"`` becomes ``lm="openai:oracle"``): optimize returns a LoopResult with a held-out
-    CI, attribute an AttributionReport whose blame entries have the keys the snippet reads."""
+    """The snippet as written, on a loopback endpoint that answers from the dataset's gold answers
+    instead of the embedded model (its ``lm="local"`` becomes ``lm="openai:oracle"``): optimize
+    returns a LoopResult with a held-out CI, attribute an AttributionReport whose blame entries
+    have the keys the snippet reads."""
     from optloop.testing.oracle import OracleEndpoint
 
     code = python_snippet()

@@ -169,7 +169,10 @@ def test_mlflow_ui_compares_two_optloop_runs_in_chromium(tmp_path):
         _wait_until_up(server, f"{base}/health", log)
         # MLflow 3.17's own link from the runs table ("Compare"): getCompareRunPageRoute.
         run_ids = [ids[name] for name in RUNS]
-        url = f"{base}/#/compare-runs?runs={json.dumps(run_ids)}&experiments={json.dumps([experiment_id])}"
+        url = (
+            f"{base}/#/compare-runs?runs={json.dumps(run_ids)}"
+            f"&experiments={json.dumps([experiment_id])}"
+        )
         url = url.replace(" ", "")
 
         wanted = ["Comparing 2 Runs", *RUNS, *run_ids, "acc_test_after"]
@@ -185,7 +188,8 @@ def test_mlflow_ui_compares_two_optloop_runs_in_chromium(tmp_path):
             f"the compare page lacks {missing}; chromium said:\n{dom.stderr[-2000:]}"
         )
 
-        # The screenshot is an artifact for people, not a check: the DOM above is what the test asserts.
+        # The screenshot is an artifact for people, not a check: the DOM above is what the test
+        # asserts.
         png = tmp_path / "mlflow_compare.png"
         shot = _chromium(
             f"--screenshot={png}",

@@ -10,12 +10,6 @@ the one episode pipeline (``optloop.pipeline``) without recording or attribution
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import os
-import platform
-import shlex
-import subprocess
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,9 +37,9 @@ def bench_lm(
     args: argparse.Namespace, tmp: Path, cache: Path | None = None, *, systems: Sequence[str] = ()
 ) -> OptloopLM:
     """The LM from the ``add_lm_arguments`` flags, on a fresh cache so every call is real; with
-    ``cache``, on that file instead (an earlier run's answers are reused, the new ones added). A local
-    model's context window is the largest any of ``systems`` asks for (``local_decoding``) unless the
-    flags set it."""
+    ``cache``, on that file instead (an earlier run's answers are reused, the new ones added). A
+    local model's context window is the largest any of ``systems`` asks for (``local_decoding``)
+    unless the flags set it."""
     n_ctx = args.lm_n_ctx or max(
         (get_system(s).local_decoding.get("n_ctx", 0) for s in systems), default=0
     )
@@ -60,56 +54,6 @@ def bench_lm(
             max_string_chars=getattr(args, "lm_max_chars", None),
             cache_path=cache or tmp / "cache.sqlite",
         )
-    )
-
-
-def provenance(model: str, argv: Sequence[str] | None = None) -> dict[str, str]:
-    """Where a results file came from: the command, the date (UTC), the commit, the model and
-    the machine."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    module = Path(sys.argv[0]).with_suffix("").as_posix().replace("/", ".")
-    module = module[module.index("experiments.") :] if "experiments." in module else module
-    return {
-        "command": shlex.join(["python", "-m", module, *args]),
-        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "commit": _commit(),
-        "model": model,
-        "machine": _machine(),
-    }
-
-
-def _commit() -> str:
-    """The checkout's commit, ``+changes`` when tracked files differ from it."""
-
-    def git(*args: str) -> str:
-        return subprocess.run(
-            ["git", *args], capture_output=True, text=True, check=True
-        ).stdout.strip()
-
-    try:
-        dirty = git("status", "--porcelain", "--untracked-files=no")
-        return git("rev-parse", "--short", "HEAD") + ("+changes" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown (not a git checkout)"
-
-
-def _machine() -> str:
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return (
-        f"{platform.machine()}, {platform.system()}, {cores} cores, {memory:.0f} GiB, "
-        f"Python {platform.python_version()}"
-    )
-
-
-def provenance_markdown(record: dict[str, str]) -> str:
-    """The provenance as the header lines of a markdown results file."""
-    return (
-        "\n".join(
-            f"- {name}: `{value}`" if name == "command" else f"- {name}: {value}"
-            for name, value in record.items()
-        )
-        + "\n\n"
     )
 
 
@@ -177,7 +121,8 @@ def run_episode(
     embedder: Embedder | None = None,
     inspect: Callable[[MemorySystem], dict[str, Any]] | None = None,
 ) -> EpisodeRun:
-    """Fresh ``system_cls`` under ``run_dir``: ingest every session, answer and score every question.
+    """Fresh ``system_cls`` under ``run_dir``: ingest every session, answer and score every
+    question.
 
     The one episode pipeline (:func:`optloop.pipeline.run_episode`) with nothing recorded or
     attributed, so the figures are the system's own. ``inspect(system)``, when given, runs once
@@ -196,7 +141,8 @@ def run_episode(
     )
     with collect_calls() as calls:
         result = pipeline.run_episode(episode, stores, lm=lm)
-    # A library may swallow a failed LLM call (mem0 stores nothing): such an episode is not a measurement.
+    # A library may swallow a failed LLM call (mem0 stores nothing): such an episode is not a
+    # measurement.
     failures.check(
         sum(c.error is not None for c in calls),
         len(calls),

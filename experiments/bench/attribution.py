@@ -1,7 +1,10 @@
-"""Benchmark attribution on planted faults: accuracy, speed, and LLM calls of the deterministic pass.
+"""Benchmark attribution on planted faults: accuracy, speed, and LLM calls of the deterministic
+pass.
 
-    python -m experiments.bench.attribution [--systems rag_bm25,...] [--datasets "builtin:tiny;synthetic:suite"]
-                                            [--faults preregistered|NAME,...] [--json out.json] [--markdown out.md]
+    python -m experiments.bench.attribution [--systems rag_bm25,...]
+                                            [--datasets "builtin:tiny;synthetic:suite"]
+                                            [--faults preregistered|NAME,...]
+                                            [--json out.json] [--markdown out.md]
 
 Runs the planted-fault harness (``optloop.attribution.planted``) for each system
 over each dataset with the embedded LM: every system clean and under each of
@@ -40,8 +43,8 @@ from tempfile import TemporaryDirectory
 
 from rich.console import Console
 
-from experiments.bench._common import provenance, provenance_markdown
-from experiments.provenance import model_of, stamped
+from experiments.markdown import provenance_lines
+from experiments.provenance import command_of, model_of, stamped
 from optloop.attribute import render_planted, render_planted_markdown
 from optloop.attribution.planted import PlantedRun, run_planted
 from optloop.attribution.planted_report import summarize
@@ -60,8 +63,8 @@ LIBRARY_SYSTEMS = {
 
 
 def select_faults(spec: str | None) -> list[str] | None:
-    """``--faults``: ``None`` (every fault), the names given, or every fault a catalogue batch added
-    (``preregistered``); an unknown name fails before any work."""
+    """``--faults``: ``None`` (every fault), the names given, or every fault a catalogue batch
+    added (``preregistered``); an unknown name fails before any work."""
     if not spec:
         return None
     batches = {f.added for f in CATALOGUE}
@@ -135,7 +138,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     summary["seconds"] = round(time.perf_counter() - started, 1)
     summary["datasets"] = [d.uri for d in datasets]
     summary["lm"] = lm.backend.identity
-    summary["provenance"] = provenance(lm.backend.identity, argv)
     summary["cases"] = [c.to_json() for c in planted.induced]
     summary["set_aside_cases"] = [c.to_json() for c in planted.set_aside]
     console.print(
@@ -143,13 +145,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{summary['seconds']} s in all"
     )
     console.print(render_planted(summary))
+    summary = stamped(summary, model_of(args), command_of("experiments.bench.attribution", argv))
     if args.json:
-        args.json.write_text(
-            json.dumps(stamped(summary, model_of(args)), indent=1, ensure_ascii=False)
-        )
+        args.json.write_text(json.dumps(summary, indent=1, ensure_ascii=False))
     if args.markdown:
         args.markdown.write_text(
-            provenance_markdown(summary["provenance"]) + render_planted_markdown(summary)
+            provenance_lines(summary["provenance"]) + render_planted_markdown(summary)
         )
     return 0
 

@@ -53,14 +53,9 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from experiments.bench._common import (
-    EpisodeRun,
-    bench_lm,
-    parse_systems,
-    provenance,
-    provenance_markdown,
-    run_episode,
-)
+from experiments.bench._common import EpisodeRun, bench_lm, parse_systems, run_episode
+from experiments.markdown import provenance_lines
+from experiments.provenance import command_of, provenance
 from optloop.cli import CommandParser, parse_command, run_cli
 from optloop.config import load_config, with_limit
 from optloop.datasets import LOADERS, Dataset, Episode, Question, load_dataset, parse_uri
@@ -114,7 +109,8 @@ def family(uri: str) -> str:
 
 
 def task_label(uri: str, question: Question) -> str:
-    """``<family>/<task type>``; a dataset task that refines the type (conditional_easy) replaces it."""
+    """``<family>/<task type>``; a dataset task that refines the type (conditional_easy) replaces
+    it."""
     scheme, rest, _ = parse_uri(uri)
     sub = rest.partition(":")[0].strip().lower().replace("-", "_")
     task = sub if sub.startswith(question.task_type + "_") else question.task_type
@@ -389,7 +385,8 @@ def to_markdown(
     for s in plan.systems:
         t = results.totals.get(s, SystemTotals()).as_dict()
         lines.append(
-            f"| {s} | {t['episodes']} | {_fmt(t['seconds_per_episode'])} | {_fmt(t['calls_per_episode'])} |"
+            f"| {s} | {t['episodes']} | {_fmt(t['seconds_per_episode'])} | "
+            f"{_fmt(t['calls_per_episode'])} |"
         )
     lines += ["", "Accuracy over every question, seeded 95% bootstrap interval:", ""]
     lines += [
@@ -408,7 +405,7 @@ def to_markdown(
             )
     lines += ["", "Datasets: " + ", ".join(f"`{d.uri}`" for d in plan.datasets) + "."]
     lines += [f"{note}." for note in plan.skipped]
-    return (provenance_markdown(origin) if origin else "") + "\n".join(lines) + "\n"
+    return (provenance_lines(origin) if origin else "") + "\n".join(lines) + "\n"
 
 
 def _cell_text(text: Any, limit: int = 160) -> str:
@@ -459,7 +456,7 @@ def probes_markdown(
                 ]
                 lines.append("| " + " | ".join(cells) + " |")
             lines.append("")
-    return (provenance_markdown(origin) if origin else "") + "\n".join(lines)
+    return (provenance_lines(origin) if origin else "") + "\n".join(lines)
 
 
 def print_tables(plan: Plan, results: Results, lm_identity: str, console: Console) -> None:
@@ -528,16 +525,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_command(parser, argv)
     if args.episodes is not None and args.episodes < 1:
         parser.error("--episodes must be at least 1")
-    plan = make_plan(
-        args
-    )  # unknown systems, bad URIs and bad config files fail here, before the LM
+    # unknown systems, bad URIs and bad config files fail here, before the LM
+    plan = make_plan(args)
 
     with tempfile.TemporaryDirectory() as tmp:
         lm = bench_lm(args, Path(tmp), args.lm_cache, systems=plan.systems)
         with Progress() as progress:
             results = run_bench(plan, lm, Path(tmp), progress)
     identity = lm.backend.identity
-    origin = provenance(identity, argv)
+    origin = provenance(identity, command_of("experiments.bench.baselines", argv))
 
     print_tables(plan, results, identity, Console())
     if args.json:

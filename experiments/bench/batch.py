@@ -1,8 +1,9 @@
-"""Trials in batches against an endpoint: ``optloop.run --budget 8`` at ``--concurrency 16``, one candidate at a
-time against ``--batch K``, through the replay server at 1 s a call.
+"""Trials in batches against an endpoint: ``optloop.run --budget 8`` at ``--concurrency 16``, one
+candidate at a time against ``--batch K``, through the replay server at 1 s a call.
 
-    flock /tmp/optloop-lm.lock python -m experiments.bench.batch --phase record [--system rag_bm25] [--query-rewrite]
-        [--dataset synthetic:recall?seed=0&episodes=40] [--optimizer edit] [--budget 8] [--batches 1,4]
+    flock /tmp/optloop-lm.lock python -m experiments.bench.batch --phase record
+        [--system rag_bm25] [--query-rewrite] [--dataset synthetic:recall?seed=0&episodes=40]
+        [--optimizer edit] [--budget 8] [--batches 1,4]
         [--n 16] [--latency-ms 1000] [--jitter-ms 150] [--work DIR]
         [--json experiments/results/batch.json] [--markdown experiments/results/batch.md]
     python -m experiments.bench.batch --phase replay [the same flags]
@@ -11,20 +12,20 @@ Each batch size K is one whole run of the real CLI (``python -m optloop.run``: b
 trials, held-out test, MLflow), twice:
 
 1. **record**: against :class:`~optloop.testing.replay.ReplayServer` with no latency, whose
-   every answer is computed by the embedded model (SmolLM2 through llama.cpp, the system's own decoding
-   bounds) the first time it is asked and kept (``<work>/responses.json``, shared by every K and every
-   rerun): the run as the embedded model makes it, at ``--concurrency 1``, over HTTP, so every request
-   of the replay is one the recording holds (a request made for a DSPy rollout is keyed by its body, as
-   the server sees it, not by the rollout id);
-2. **replay**: the same command at ``--concurrency N`` against the server replaying those answers at
-   ``--latency-ms`` +- ``--jitter-ms`` (fixed by the request and the seed), timed (wall time of the
-   process, startup included).
+   every answer is computed by the embedded model (SmolLM2 through llama.cpp, the system's own
+   decoding bounds) the first time it is asked and kept (``<work>/responses.json``, shared by every
+   K and every rerun): the run as the embedded model makes it, at ``--concurrency 1``, over HTTP,
+   so every request of the replay is one the recording holds (a request made for a DSPy rollout is
+   keyed by its body, as the server sees it, not by the rollout id);
+2. **replay**: the same command at ``--concurrency N`` against the server replaying those answers
+   at ``--latency-ms`` +- ``--jitter-ms`` (fixed by the request and the seed), timed (wall time of
+   the process, startup included).
 
-A row says the replay's wall time, its trials, dev and held-out accuracies, and whether its candidates and
-accuracies are identical to the recording's (the same ``--seed`` and ``--batch`` at another concurrency:
-deterministic), and how many requests the recording did not hold (must be 0). Runs with other K try other
-candidates (a SIMBA step's best K, an edit round's K best edits at once), so their accuracies may differ;
-what the table compares is the time the same budget takes.
+A row says the replay's wall time, its trials, dev and held-out accuracies, and whether its
+candidates and accuracies are identical to the recording's (the same ``--seed`` and ``--batch`` at
+another concurrency: deterministic), and how many requests the recording did not hold (must be 0).
+Runs with other K try other candidates (a SIMBA step's best K, an edit round's K best edits at
+once), so their accuracies may differ; what the table compares is the time the same budget takes.
 """
 
 from __future__ import annotations
@@ -45,7 +46,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +53,8 @@ from pydantic import BaseModel, Field
 from rich.console import Console
 from rich.table import Table
 
+from experiments.markdown import provenance_lines, table
+from experiments.provenance import command_of, stamped
 from optloop.cli import CommandParser, parse_command, run_cli
 from optloop.errors import ConfigError
 from optloop.paths import write_atomic
@@ -97,9 +99,10 @@ class Row(BaseModel):
 
 
 def _oracle(dataset: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
-    """The scripted answers of :class:`optloop.testing.oracle.OracleEndpoint` (no model; md_flat): the gold
-    answer when the memories hold it, unless the answer instruction carries the planted sentence; md_flat's
-    curation keeps the file's facts and adds the session's user lines (the full list its prompt asks for)."""
+    """The scripted answers of :class:`optloop.testing.oracle.OracleEndpoint` (no model; md_flat):
+    the gold answer when the memories hold it, unless the answer instruction carries the planted
+    sentence; md_flat's curation keeps the file's facts and adds the session's user lines (the full
+    list its prompt asks for)."""
     from optloop.testing.loopback import chat_completion
     from optloop.testing.oracle import OracleEndpoint, prompt_section
 
@@ -131,7 +134,8 @@ def _oracle(dataset: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
 
 
 def _embedded(system: str, cache: Path) -> Callable[[dict[str, Any]], dict[str, Any]]:
-    """The embedded model behind the recording server (the system's decoding bounds, its own LM cache file)."""
+    """The embedded model behind the recording server (the system's decoding bounds, its own LM
+    cache file)."""
     from optloop.testing.replay import request_of
 
     engine = _embedded_engine(system, cache)
@@ -139,7 +143,8 @@ def _embedded(system: str, cache: Path) -> Callable[[dict[str, Any]], dict[str, 
 
 
 def _embedded_engine(system: str, cache: Path) -> Any:
-    """The embedded model behind the recording server: the system's decoding bounds, its own LM cache file."""
+    """The embedded model behind the recording server: the system's decoding bounds, its own LM
+    cache file."""
     from optloop.cli import lm_settings_from_args
     from optloop.lm import OptloopLM
     from optloop.run import build_parser
@@ -154,7 +159,8 @@ def _embedded_engine(system: str, cache: Path) -> Any:
 def _run(
     args: argparse.Namespace, base_url: str, home: Path, batch: int, n: int, out: Path
 ) -> float:
-    """``python -m optloop.run`` against ``base_url``, its state under ``home``; its wall seconds."""
+    """``python -m optloop.run`` against ``base_url``, its state under ``home``; its wall
+    seconds."""
     cmd = [
         sys.executable,
         "-m",
@@ -233,7 +239,8 @@ def record_batch(
     fallback: Callable[[dict[str, Any]], dict[str, Any]],
     console: Console,
 ) -> None:
-    """The run with ``--batch batch`` on the embedded model through the recording server (answers kept)."""
+    """The run with ``--batch batch`` on the embedded model through the recording server (answers
+    kept)."""
     home = _fresh(args.work / f"batch-{batch}" / "record")
     console.print(f"batch {batch}: recording ({args.answers} answers, --concurrency 1)")
     config = ReplayConfig(latency_ms=0.0, jitter_ms=0.0, seed=args.seed)
@@ -283,7 +290,8 @@ def one_batch(
         best_dev=replayed["best_dev"],
         test_before=replayed["test_before"],
         test_after=replayed["test_after"],
-        delta_test=f"{delta['estimate']:+.3f} [{delta['low']:+.3f}, {delta['high']:+.3f}] n={delta['n']}",
+        delta_test=f"{delta['estimate']:+.3f} [{delta['low']:+.3f}, {delta['high']:+.3f}] "
+        f"n={delta['n']}",
         identical=_outcome(recorded) == _outcome(replayed),
         requests=stats.requests,
         misses=stats.misses,
@@ -300,47 +308,65 @@ def _save(path: Path, responses: dict[str, Any]) -> None:
 
 def to_markdown(rows: Sequence[Row], results: dict[str, Any]) -> str:
     head = (
-        f"# Trials in batches: `optloop.run --budget {results['budget']}` at --concurrency {results['n']}, "
-        f"replayed at {results['latency_ms']:g} ms +- {results['jitter_ms']:g} a call\n\n"
-        f"- command: `{results['command']}`\n- model: {results['model']} (answers recorded once, then "
-        f"replayed)\n- run: {results['system']}{' --query-rewrite' if results['query_rewrite'] else ''}"
+        f"# Trials in batches: `optloop.run --budget {results['budget']}` at --concurrency "
+        f"{results['n']}, replayed at {results['latency_ms']:g} ms +- {results['jitter_ms']:g} "
+        "a call\n\n"
+        + provenance_lines(results["provenance"]).rstrip("\n")
+        + f"\n- run: {results['system']}"
+        f"{' --query-rewrite' if results['query_rewrite'] else ''}"
         f"{' --sites ' + results['sites'] if results.get('sites') else ''} on "
-        f"`{results['dataset']}`, --optimizer {results['optimizer']}, --seed {results['seed']}\n"
-        f"- date: {results['date']}; commit {results['commit']}; machine: {os.cpu_count()} cores\n\n"
+        f"`{results['dataset']}`, --optimizer {results['optimizer']}, --seed {results['seed']}"
+        "\n\n"
     )
-    lines = [
-        (
-            "| --batch | wall s (replay) | speed-up | of which trials, s | speed-up | trials "
-            "| dev baseline -> best | held-out before -> after | delta [95% CI] n | same as recording (N=1) "
-            "| misses |"
-        ),
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+    header = [
+        "--batch",
+        "wall s (replay)",
+        "speed-up",
+        "of which trials, s",
+        "speed-up",
+        "trials",
+        "dev baseline -> best",
+        "held-out before -> after",
+        "delta [95% CI] n",
+        "same as recording (N=1)",
+        "misses",
     ]
     first = rows[0].seconds if rows else 0.0
     first_trials = rows[0].trials_seconds if rows else 0.0
-    for r in rows:
-        lines.append(
-            f"| {r.batch} | {r.seconds:.1f} | {first / r.seconds:.2f}x | {r.trials_seconds:.0f} | "
-            f"{first_trials / r.trials_seconds if r.trials_seconds else 0:.2f}x | {r.trials} | "
-            f"{r.baseline_dev:.3f} -> {r.best_dev:.3f} | {r.test_before:.3f} -> {r.test_after:.3f} | "
-            f"{r.delta_test} | {'yes' if r.identical else 'NO'} | {r.misses} |"
-        )
-    return head + "\n".join(lines) + "\n"
+    cells = [
+        [
+            r.batch,
+            f"{r.seconds:.1f}",
+            f"{first / r.seconds:.2f}x",
+            f"{r.trials_seconds:.0f}",
+            f"{first_trials / r.trials_seconds if r.trials_seconds else 0:.2f}x",
+            r.trials,
+            f"{r.baseline_dev:.3f} -> {r.best_dev:.3f}",
+            f"{r.test_before:.3f} -> {r.test_after:.3f}",
+            r.delta_test,
+            "yes" if r.identical else "NO",
+            r.misses,
+        ]
+        for r in rows
+    ]
+    return head + table(header, cells) + "\n"
 
 
 def estimate_markdown(paths: Sequence[Path], n: int) -> str:
-    """The projections ``experiments.bench.estimate --json`` wrote (one per --batch), at concurrency ``n``."""
+    """The projections ``experiments.bench.estimate --json`` wrote (one per --batch), at
+    concurrency ``n``."""
     estimates = [json.loads(p.read_text()) for p in paths]
     if not estimates:
         return ""
     first = estimates[0]
     head = (
-        f"\n## The projection: `--system {first['system']} --budget {first['budget']}` on LoCoMo with "
-        f"{first['model']} at --concurrency {n}\n\n- command: `python -m experiments.bench.estimate --n {n} "
-        f"--batch K --json OUT` (the run model of `optloop.run --estimate`, optloop/loop/spend.py, on a "
-        f"baseline modeled from a recording of {first['recording']} made {first['recorded_on']}; "
-        f"{first['conversations']} conversations of `{first['dataset']}`; {first['latency_ms']:g} ms a call "
-        f"assumed; optimizer {first['optimizer']})\n\n"
+        f"\n## The projection: `--system {first['system']} --budget {first['budget']}` on "
+        f"LoCoMo with {first['model']} at --concurrency {n}\n\n- command: `python -m "
+        f"experiments.bench.estimate --n {n} --batch K --json OUT` (the run model of "
+        "`optloop.run --estimate`, optloop/loop/spend.py, on a baseline modeled from a "
+        f"recording of {first['recording']} made {first['recorded_on']}; "
+        f"{first['conversations']} conversations of `{first['dataset']}`; "
+        f"{first['latency_ms']:g} ms a call assumed; optimizer {first['optimizer']})\n\n"
     )
     parts = [p["part"].split(" (")[0] for p in first["levels"][str(n)]["parts"]]
     lines = [
@@ -360,19 +386,6 @@ def estimate_markdown(paths: Sequence[Path], n: int) -> str:
             f"{total['calls']:,} | {dollars} |"
         )
     return head + "\n".join(lines) + "\n"
-
-
-def _commit() -> str:
-    try:
-        return subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -449,10 +462,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.answers == "embedded"
         else "the scripted oracle (optloop.testing.oracle.OracleEndpoint)"
     )
-    command = " ".join(argv if argv is not None else sys.argv[1:])
     results = {
-        "command": f"python -m experiments.bench.batch {command}",
-        "model": model,
         "answers": args.answers,
         "system": args.system,
         "sites": args.sites,
@@ -464,12 +474,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         "latency_ms": args.latency_ms,
         "jitter_ms": args.jitter_ms,
         "seed": args.seed,
-        "date": datetime.now(UTC).strftime("%Y-%m-%d"),
-        "commit": _commit(),
         "rows": [r.model_dump() for r in rows],
     }
     estimates = [Path(p) for p in args.estimates.split(",") if p]
     results["estimates"] = [json.loads(p.read_text()) for p in estimates]
+    results = stamped(
+        results,
+        f"{model}, answers recorded once, then replayed",
+        command_of("experiments.bench.batch", argv),
+    )
     write_atomic(args.json, json.dumps(results, indent=1))
     write_atomic(args.markdown, to_markdown(rows, results) + estimate_markdown(estimates, args.n))
     table = Table(

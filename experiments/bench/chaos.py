@@ -16,9 +16,10 @@ or a real answer:
 The default schedule (a cycle of 20 requests) puts isolated faults of every kind,
 which one retry cures, and one burst of two faults in a row, which outlasts
 ``--lm-retries 1`` and fails a call (the question it belonged to fails, the run
-goes on: the bench passes ``--max-failed-share 1``). ``python -m optloop.run --system md_flat --lm openai:smollm2
---lm-base-url <server> --lm-retries 1 --lm-timeout T`` runs against it in a
-subprocess, with its own state dir and MLflow store under ``--work``.
+goes on: the bench passes ``--max-failed-share 1``).
+``python -m optloop.run --system md_flat --lm openai:smollm2 --lm-base-url <server>
+--lm-retries 1 --lm-timeout T`` runs against it in a subprocess, with its own state dir and
+MLflow store under ``--work``.
 
 Figures (printed, and written with ``--json``):
 
@@ -70,7 +71,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def evaluations(checkpoint: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every distinct evaluation a checkpoint holds (test_after is test_before when the baseline stayed best)."""
+    """Every distinct evaluation a checkpoint holds (test_after is test_before when the baseline
+    stayed best)."""
     found = [checkpoint.get("baseline_train"), checkpoint.get("baseline_dev")]
     found += [t.get("evaluation") for t in checkpoint.get("trials", [])]
     found += [checkpoint.get("test_before")]
@@ -222,9 +224,9 @@ def run_loop(
 ) -> subprocess.CompletedProcess[str]:
     """``python -m optloop.run`` against ``base_url``, its state and MLflow store under ``work``.
 
-    ``concurrency`` 1 by default (an endpoint's default is 8): the schedule counts requests in the order they
-    arrive, and its burst of two faults in a row fails a call only when the call's retry is the very next
-    request, which requests of other calls in flight would take instead."""
+    ``concurrency`` 1 by default (an endpoint's default is 8): the schedule counts requests in the
+    order they arrive, and its burst of two faults in a row fails a call only when the call's retry
+    is the very next request, which requests of other calls in flight would take instead."""
     cmd = [
         sys.executable,
         "-m",
@@ -316,8 +318,9 @@ def bench(
     ckpt_path = work / "state" / "runs" / "faults" / CHECKPOINT
     checkpoint = json.loads(ckpt_path.read_text()) if ckpt_path.exists() else {}
     command = (
-        f"python -m optloop.run --system {system} --dataset {dataset} --budget {budget} --lm openai:smollm2 "
-        f"--lm-base-url <faulty endpoint> --lm-timeout {timeout} --lm-retries {retries}"
+        f"python -m optloop.run --system {system} --dataset {dataset} --budget {budget} --lm "
+        f"openai:smollm2 --lm-base-url <faulty endpoint> --lm-timeout {timeout} --lm-retries "
+        f"{retries}"
     )
     return figures(
         endpoint,

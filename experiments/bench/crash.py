@@ -1,15 +1,17 @@
-"""Crash consistency of ``python -m optloop.run``, measured: SIGKILL at each checkpoint boundary in turn,
-resume with the same command, compare with an uninterrupted run.
+"""Crash consistency of ``python -m optloop.run``, measured: SIGKILL at each checkpoint boundary in
+turn, resume with the same command, compare with an uninterrupted run.
 
-    python -m experiments.bench.crash                 # the matrix (md_flat on builtin:tiny, edit, budget 3)
-    python -m experiments.bench.crash --shared        # also: two Optuna workers, one killed and restarted
+    python -m experiments.bench.crash                 # the matrix (md_flat on builtin:tiny, edit,
+                                                      # budget 3)
+    python -m experiments.bench.crash --shared        # also: two Optuna workers, one killed and
+                                                      # restarted
     python -m experiments.bench.crash --json OUT.json
 
-Every process is the real CLI against :class:`~optloop.testing.oracle.OracleEndpoint`, a loopback OpenAI-compatible
-server that needs no model: md_flat's curate call keeps the session's user lines as facts, the
-answer call gives the gold answer when the memories hold it, unless the answer instruction
-carries the run's planted sentence (``--start answer=+...``), and everything else gets a
-schema-valid stub. So the edit optimizer's deletion of the planted sentence is a real
+Every process is the real CLI against :class:`~optloop.testing.oracle.OracleEndpoint`, a loopback
+OpenAI-compatible server that needs no model: md_flat's curate call keeps the session's user lines
+as facts, the answer call gives the gold answer when the memories hold it, unless the answer
+instruction carries the run's planted sentence (``--start answer=+...``), and everything else gets
+a schema-valid stub. So the edit optimizer's deletion of the planted sentence is a real
 improvement: the run registers a prompt and moves the ``champion`` alias, and every kill point
 has something to lose.
 
@@ -64,7 +66,7 @@ SYSTEM = "md_flat"
 COSTS = ("llm_calls", "model_calls", "tokens")
 
 
-# --- the killed process: hooks, then optloop.run ------------------------------------------------------------
+# --- the killed process: hooks, then optloop.run -------------------------------------------------
 
 
 def _die() -> None:
@@ -89,8 +91,8 @@ def reached(point: str, ckpt: Any) -> bool:
 
 
 def install(point: str | None, record: Path | None) -> None:
-    """The hooks of a killed (or recorded) process: SIGKILL at ``point``; every checkpoint write's state and
-    spending appended to ``record``."""
+    """The hooks of a killed (or recorded) process: SIGKILL at ``point``; every checkpoint write's
+    state and spending appended to ``record``."""
     import mlflow
 
     from optloop.loop import mlflow_sink, state
@@ -137,7 +139,8 @@ def install(point: str | None, record: Path | None) -> None:
 
 
 def kill_main(argv: Sequence[str]) -> int:
-    """``python -m experiments.bench.crash kill [--at POINT] [--record FILE] -- <optloop.run arguments>``"""
+    """``python -m experiments.bench.crash kill [--at POINT] [--record FILE] --
+    <optloop.run arguments>``"""
     parser = argparse.ArgumentParser(prog="python -m experiments.bench.crash kill")
     parser.add_argument("--at")
     parser.add_argument("--record", type=Path)
@@ -150,7 +153,7 @@ def kill_main(argv: Sequence[str]) -> int:
     return run_cli(main, [a for a in ns.args if a != "--"])
 
 
-# --- one scenario -------------------------------------------------------------------------------------------
+# --- one scenario --------------------------------------------------------------------------------
 
 
 def run_args(
@@ -310,8 +313,8 @@ def comparable(result: dict[str, Any]) -> dict[str, Any]:
 
 
 def step_costs(record: Path, budget: int) -> dict[str, dict[str, float]]:
-    """The uninterrupted run's cost of each step between two of its checkpoints: each trial, the held-out
-    test (both evaluations), from its recorded checkpoint writes."""
+    """The uninterrupted run's cost of each step between two of its checkpoints: each trial, the
+    held-out test (both evaluations), from its recorded checkpoint writes."""
     snaps = [json.loads(line) for line in record.read_text().splitlines()]
 
     def at(pred: Callable[[dict[str, Any]], bool], last: bool) -> dict[str, float]:
@@ -509,14 +512,15 @@ def matrix(
     )
 
 
-# --- the shared study: one of two workers killed ------------------------------------------------------------
+# --- the shared study: one of two workers killed -------------------------------------------------
 
 
 def shared(
     root: Path, budget: int = 3, *, progress: Callable[[str], None] = lambda msg: None
 ) -> dict[str, Any]:
-    """Two ``--optimizer optuna`` workers started with the same command on one study; the first (the leader)
-    is SIGKILLed inside its first trial while the second works on, then restarted with the same command."""
+    """Two ``--optimizer optuna`` workers started with the same command on one study; the first
+    (the leader) is SIGKILLed inside its first trial while the second works on, then restarted with
+    the same command."""
     work = root / "shared"
     work.mkdir(parents=True, exist_ok=True)
     with OracleEndpoint(delay=0.15) as endpoint:
@@ -604,19 +608,20 @@ def shared(
     }
 
 
-# --- the table ----------------------------------------------------------------------------------------------
+# --- the table -----------------------------------------------------------------------------------
 
 
 def markdown(m: Matrix) -> str:
     lines = [
-        "| kill point | resumed | identical | no RUNNING, no duplicate | extra cost (LLM calls / model calls / "
-        "tokens / s) | processes |",
+        "| kill point | resumed | identical | no RUNNING, no duplicate | extra cost (LLM calls "
+        "/ model calls / tokens / s) | processes |",
         "|---|---|---|---|---|---|",
     ]
     for r in m.rows:
         e = r.extra
         cost = (
-            f"{e.get('llm_calls', 0):+.0f} / {e.get('model_calls', 0):+.0f} / {e.get('tokens', 0):+.0f} / "
+            f"{e.get('llm_calls', 0):+.0f} / {e.get('model_calls', 0):+.0f} / "
+            f"{e.get('tokens', 0):+.0f} / "
             f"{e.get('seconds', 0):+.1f}"
             if e
             else "-"
@@ -627,10 +632,9 @@ def markdown(m: Matrix) -> str:
         )
     b = m.bound
     lines.append(
-        f"\nOne step (the costliest trial or held-out test of the uninterrupted run): "
-        f"{b['llm_calls']:.0f} LLM "
-        f"calls, {b['model_calls']:.0f} model calls, {b['tokens']:.0f} tokens, {b['seconds']:.1f} s. "
-        f"Uninterrupted: {m.clean['cost']}."
+        "\nOne step (the costliest trial or held-out test of the uninterrupted run): "
+        f"{b['llm_calls']:.0f} LLM calls, {b['model_calls']:.0f} model calls, {b['tokens']:.0f} "
+        f"tokens, {b['seconds']:.1f} s. Uninterrupted: {m.clean['cost']}."
     )
     if m.shared is not None:
         lines.append(
@@ -646,8 +650,8 @@ def _yes(flag: bool) -> str:
 
 def table(m: Matrix) -> Table:
     t = Table(
-        title=f"crash matrix: optloop.run {SYSTEM} on {DATASET}, edit, budget {m.budget}, SIGKILL then the "
-        "same command"
+        title=f"crash matrix: optloop.run {SYSTEM} on {DATASET}, edit, budget {m.budget}, "
+        "SIGKILL then the same command"
     )
     for col in (
         "kill point",

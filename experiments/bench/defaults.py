@@ -1,18 +1,21 @@
-"""Each system's default dataset, measured: the embedded model's baseline there and the projected run.
+"""Each system's default dataset, measured: the embedded model's baseline there and the projected
+run.
 
-    flock /tmp/optloop-lm.lock python -m experiments.bench.defaults [--systems rag_bm25,mem0,...] [--budget 50]
+    flock /tmp/optloop-lm.lock python -m experiments.bench.defaults [--systems rag_bm25,mem0,...]
+        [--budget 50]
         [--home DIR] [--timeout 1500] [--json experiments/results/defaults.json]
         [--markdown experiments/results/defaults.md]
 
-For every system, ``python -m optloop.run --system S --budget B --estimate --json <home>/S/estimate.json``
-with ``OPTLOOP_HOME=<home>/S``: no ``--dataset``, so the system's default
-(:mod:`optloop.datasets.defaults`); the run evaluates the baseline on train and dev, prints the projection
-of the whole run and stops. A system whose directory already holds that baseline is not run again. The
-table gives, per system, the dataset, the split's dev and test questions, the baseline's dev accuracy with
-its 95% CI (bootstrap over the dev questions, seeded) and whether it lies between 0.2 and 0.8 (headroom
-both ways), the baseline's wall time, and the projected hours of ``--budget B`` (``--estimate``'s model:
-LM time at the measured latency, the optimizer's own calls included). A system that did not finish within
-``--timeout`` is listed as not measured.
+For every system,
+``python -m optloop.run --system S --budget B --estimate --json <home>/S/estimate.json`` with
+``OPTLOOP_HOME=<home>/S``: no ``--dataset``, so the system's default
+(:mod:`optloop.datasets.defaults`); the run evaluates the baseline on train and dev, prints the
+projection of the whole run and stops. A system whose directory already holds that baseline is not
+run again. The table gives, per system, the dataset, the split's dev and test questions, the
+baseline's dev accuracy with its 95% CI (bootstrap over the dev questions, seeded) and whether it
+lies between 0.2 and 0.8 (headroom both ways), the baseline's wall time, and the projected hours of
+``--budget B`` (``--estimate``'s model: LM time at the measured latency, the optimizer's own calls
+included). A system that did not finish within ``--timeout`` is listed as not measured.
 """
 
 from __future__ import annotations
@@ -30,12 +33,13 @@ import json
 import subprocess
 import sys
 from collections.abc import Sequence
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
 
+from experiments.markdown import provenance_lines, table
+from experiments.provenance import command_of, stamped
 from optloop.cli import CommandParser, parse_command, run_cli
 from optloop.loop.state import Checkpoint
 from optloop.paths import write_atomic
@@ -127,41 +131,38 @@ def measure(system: str, args: argparse.Namespace) -> Row:
 
 def to_markdown(rows: Sequence[Row], results: dict[str, Any]) -> str:
     head = (
-        f"# Default datasets on the embedded model\n\n- command: `{results['command']}` (each system: "
-        f"`python -m optloop.run --system S --budget {results['budget']} --estimate --json OUT`, no --dataset)\n"
-        f"- model: {results['model']}\n- date: {results['date']}; commit {results['commit']}; machine: "
-        f"{os.cpu_count()} cores, shared\n- headroom: baseline dev accuracy in [{HEADROOM[0]}, {HEADROOM[1]}]\n\n"
+        "# Default datasets on the embedded model\n\n"
+        + provenance_lines(results["provenance"]).rstrip("\n")
+        + f"\n- each system: `python -m optloop.run --system S --budget {results['budget']} "
+        "--estimate --json OUT`, no --dataset\n"
+        f"- headroom: baseline dev accuracy in [{HEADROOM[0]}, {HEADROOM[1]}]\n\n"
     )
-    lines = [
-        (
-            "| system | dataset | dev / test questions | baseline dev [95% CI] n | train | headroom | baseline s "
-            f"| projected hours, --budget {results['budget']} |"
-        ),
-        "|---|---|---|---|---|---|---|---|",
+    header = [
+        "system",
+        "dataset",
+        "dev / test questions",
+        "baseline dev [95% CI] n",
+        "train",
+        "headroom",
+        "baseline s",
+        f"projected hours, --budget {results['budget']}",
     ]
-    for r in rows:
-        if r.dev is None:
-            lines.append(f"| {r.system} | {r.note} | | | | | | |")
-            continue
-        lines.append(
-            f"| {r.system} | `{r.dataset}` | {r.n_dev} / {r.n_test} | {r.dev} | {r.train_accuracy:.3f} | "
-            f"{'yes' if r.headroom else 'NO'} | {r.baseline_seconds:.0f} | "
-            f"{'unknown' if r.hours is None else f'{r.hours:.1f}'} |"
-        )
-    return head + "\n".join(lines) + "\n"
-
-
-def _commit() -> str:
-    try:
-        return subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+    cells = [
+        [r.system, r.note, *[""] * 6]
+        if r.dev is None
+        else [
+            r.system,
+            f"`{r.dataset}`",
+            f"{r.n_dev} / {r.n_test}",
+            r.dev,
+            f"{r.train_accuracy:.3f}",
+            "yes" if r.headroom else "NO",
+            f"{r.baseline_seconds:.0f}",
+            "unknown" if r.hours is None else f"{r.hours:.1f}",
+        ]
+        for r in rows
+    ]
+    return head + table(header, cells) + "\n"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -185,15 +186,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     from optloop.testing.replay import bundled_identity
 
     rows = [measure(s, args) for s in args.systems.split(",") if s]
-    command = " ".join(argv if argv is not None else sys.argv[1:])
-    results = {
-        "command": f"python -m experiments.bench.defaults {command}",
-        "model": bundled_identity(),
-        "budget": args.budget,
-        "date": datetime.now(UTC).strftime("%Y-%m-%d"),
-        "commit": _commit(),
-        "rows": [r.model_dump() for r in rows],
-    }
+    results = stamped(
+        {"budget": args.budget, "rows": [r.model_dump() for r in rows]},
+        bundled_identity(),
+        command_of("experiments.bench.defaults", argv),
+    )
     write_atomic(args.json, json.dumps(results, indent=1))
     write_atomic(args.markdown, to_markdown(rows, results))
     print(to_markdown(rows, results))

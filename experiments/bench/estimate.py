@@ -1,6 +1,8 @@
-"""A worked cost estimate of a whole loop run on an endpoint, from measured calls and tokens per session.
+"""A worked cost estimate of a whole loop run on an endpoint, from measured calls and tokens per
+session.
 
-    python -m experiments.bench.estimate [--system graphiti] [--budget 50] [--optimizer simba] [--sites S,S]
+    python -m experiments.bench.estimate [--system graphiti] [--budget 50] [--optimizer simba]
+                                         [--sites S,S]
                                          [--model openai:gpt-4o-mini]
                                          [--dataset locomo:../shared/data/locomo/locomo_dev5.json]
                                          [--conversations 10] [--latency-ms 1000] [--n 1,16]
@@ -42,9 +44,9 @@ differs is only where the baseline's figures come from. Here they are modeled:
   recorded ingest sites plus ``answer`` unless ``--sites`` names them: ``optloop.run`` chooses
   them from the baseline's blame, which a recording does not hold (it has no failures), so the
   default is every site a run could target but query rewriting, the dearest case for an optimizer
-  that re-ingests for an ingest site. The sites' start instructions are not read (that takes building
-  the system, an LM with it): the proposer's prompts count the recorded prompts of those sites,
-  which carry them, but not the instructions once more on their own.
+  that re-ingests for an ingest site. The sites' start instructions are not read (that takes
+  building the system, an LM with it): the proposer's prompts count the recorded prompts of those
+  sites, which carry them, but not the instructions once more on their own.
 
 The embedded model's extraction bounds (at most 3 items a list, 80 characters a string for
 graphiti) make it extract fewer entities and facts than gpt-4o-mini would, so graphiti's calls per
@@ -89,7 +91,7 @@ from optloop.loop.spend import (
 )
 from optloop.loop.state import LoopConfig
 from optloop.paths import state_dir, write_atomic
-from optloop.run_tables import duration, optimizer_line
+from optloop.run_tables import optimizer_line, projected
 from optloop.sites import ANSWER, QUERY_REWRITE
 
 ANSWER_SIDE = {ANSWER, QUERY_REWRITE}  # prompt sites of the question path; the rest is ingestion
@@ -136,17 +138,19 @@ class Shape(BaseModel):
         )
 
     def units(self, conversations: int) -> float:
-        """:func:`~optloop.loop.spend.work_units` of ``conversations`` of them: sessions plus questions."""
+        """:func:`~optloop.loop.spend.work_units` of ``conversations`` of them: sessions plus
+        questions."""
         return conversations * (self.sessions + self.questions)
 
     def chain(self, unit: PerUnit) -> float:
-        """Sequential requests of the longest conversation at ``unit``'s rates: its sessions, then a question."""
+        """Sequential requests of the longest conversation at ``unit``'s rates: its sessions, then
+        a question."""
         return chain_requests(self.longest, unit.session_calls, unit.question_calls)
 
 
 class ModeledEvaluation(BaseModel):
-    """One evaluation modeled from a recording, as :func:`~optloop.loop.spend.project` reads a measured one
-    (:class:`~optloop.loop.spend.Figures`)."""
+    """One evaluation modeled from a recording, as :func:`~optloop.loop.spend.project` reads a
+    measured one (:class:`~optloop.loop.spend.Figures`)."""
 
     llm_calls: float
     model_calls: float
@@ -175,8 +179,8 @@ def per_unit(recording: Recording, system: str, questions: int) -> PerUnit:
     asked = [c for s, c in done.sites.items() if s in ANSWER_SIDE]
 
     def total(costs: list[LMCost], field: str) -> float:
-        """Summed over sites; tokens, which only computed requests report, scaled up to every request (a
-        recording resumed from its cache served some of them)."""
+        """Summed over sites; tokens, which only computed requests report, scaled up to every
+        request (a recording resumed from its cache served some of them)."""
         if field == "calls":
             return float(sum(c.calls for c in costs))
         return float(
@@ -203,8 +207,9 @@ def evaluation(
     latency_s: float,
     concurrency: int,
 ) -> ModeledEvaluation:
-    """An evaluation of ``conversations`` of ``shape``'s, every request computed in ``latency_s``, ``concurrency``
-    at a time but no sooner than its longest conversation's chain (its wall time: the run model's hours)."""
+    """An evaluation of ``conversations`` of ``shape``'s, every request computed in ``latency_s``,
+    ``concurrency`` at a time but no sooner than its longest conversation's chain (its wall time:
+    the run model's hours)."""
     sessions, questions = conversations * shape.sessions, conversations * shape.questions
     calls = sessions * unit.session_calls + questions * unit.question_calls
     prompt = sessions * unit.session_prompt + questions * unit.question_prompt
@@ -231,10 +236,10 @@ def run_shape(
     threads: int = ENDPOINT_THREADS,
     batch: int = 1,
 ) -> RunShape:
-    """What the optimizer's model reads (see the module docstring): ``train`` conversations of ``shape``'s,
-    ``targets`` as the target sites (by default the system's recorded ingest sites plus ``answer``), the
-    optimizer's ``threads`` on an endpoint (``optloop.run``'s: its --concurrency, at least 4), ``batch`` its
-    --batch."""
+    """What the optimizer's model reads (see the module docstring): ``train`` conversations of
+    ``shape``'s, ``targets`` as the target sites (by default the system's recorded ingest sites
+    plus ``answer``), the optimizer's ``threads`` on an endpoint (``optloop.run``'s: its
+    --concurrency, at least 4), ``batch`` its --batch."""
     sites = recorded(recording, system).sites
     ingest = sorted(s for s in sites if s not in ANSWER_SIDE)
     if unknown := sorted(set(targets) - set(sites)):
@@ -277,8 +282,9 @@ def run_estimate(
     concurrency: int,
     batch: int = 1,
 ) -> Estimate:
-    """``optloop.run --estimate``'s projection (:func:`~optloop.loop.spend.project`) of a run on ``splits`` (train,
-    dev, test conversations of ``shape``'s), its baseline modeled from ``unit``; the proposer priced as the LM."""
+    """``optloop.run --estimate``'s projection (:func:`~optloop.loop.spend.project`) of a run on
+    ``splits`` (train, dev, test conversations of ``shape``'s), its baseline modeled from ``unit``;
+    the proposer priced as the LM."""
     train, dev, test = splits
 
     def modeled(conversations: int) -> ModeledEvaluation:
@@ -309,7 +315,7 @@ def cell(value: float | None, fmt: str) -> str:
 
 
 def duration_cell(hours: float | None) -> str:
-    return "unknown" if hours is None else duration(hours)
+    return "unknown" if hours is None else projected(hours * 3600)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -435,7 +441,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     console = Console()
     table = Table(
-        title=f"{args.system}, --budget {args.budget}, --batch {args.batch}, --optimizer {args.optimizer}, LoCoMo "
+        title=f"{args.system}, --budget {args.budget}, --batch {args.batch}, --optimizer "
+        f"{args.optimizer}, LoCoMo "
         f"({args.conversations} conversations: {'/'.join(map(str, splits))} train/dev/test), "
         f"{args.model}"
     )
@@ -463,27 +470,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     console.print(table)
     chain = shape.chain(unit)
     lines = [
-        f"measured on {recording.identity} ({recording.dataset}, {recording.recorded_on}): {unit.session_calls:.1f} "
-        f"calls, {unit.session_prompt:,.0f} + {unit.session_completion:,.0f} tokens per session; "
-        f"{unit.question_calls:.1f} calls, {unit.question_prompt:,.0f} + {unit.question_completion:,.0f} tokens per "
-        f"question. LoCoMo shape from {shape.conversations} conversations of {args.dataset}: {shape.sessions:.1f} "
-        f"sessions, {shape.questions:.0f} questions each, the longest {shape.longest} sessions. Price: "
-        f"${price.input * 1e6:.3f} / ${price.output * 1e6:.3f} per million prompt / completion tokens.",
-        "how: optloop.run --estimate's run model (optloop/loop/spend.py), its baseline's train and dev modeled from "
+        f"measured on {recording.identity} ({recording.dataset}, {recording.recorded_on}): "
+        f"{unit.session_calls:.1f} calls, {unit.session_prompt:,.0f} + "
+        f"{unit.session_completion:,.0f} tokens per session; {unit.question_calls:.1f} calls, "
+        f"{unit.question_prompt:,.0f} + {unit.question_completion:,.0f} tokens per question. "
+        f"LoCoMo shape from {shape.conversations} conversations of {args.dataset}: "
+        f"{shape.sessions:.1f} sessions, {shape.questions:.0f} questions each, the longest "
+        f"{shape.longest} sessions. Price: ${price.input * 1e6:.3f} / ${price.output * 1e6:.3f} "
+        "per million prompt / completion tokens.",
+        "how: optloop.run --estimate's run model (optloop/loop/spend.py), its baseline's "
+        "train and dev modeled from "
         f"the recording, every request computed in an assumed {args.latency_ms:.0f} ms.",
         optimizer_line(first, config)
         + "; target sites: "
         + (
             ", ".join(targets) + " (--sites)"
             if targets
-            else f"the recorded ingest sites plus {ANSWER} (the run picks them from the baseline's blame, which a "
+            else f"the recorded ingest sites plus {ANSWER} (the run picks them from the "
+            "baseline's blame, which a "
             "recording lacks; --sites names others)"
         )
         + "; the proposer is the same model.",
-        f"time: an evaluation takes max(requests x latency / N, chain x latency): N in flight, but an episode's "
-        f"sessions go in order, then a question; the longest conversation's chain, {shape.longest} sessions x "
-        f"{unit.session_calls:.1f} + {unit.question_calls:.1f} requests = {chain:,.0f}, takes {chain * latency:,.0f} s "
-        "at any N, taken to be in every split (the baseline's evaluations too). The optimizer's part is not floored: "
+        "time: an evaluation takes max(requests x latency / N, chain x latency): N in "
+        "flight, but an episode's "
+        "sessions go in order, then a question; the longest conversation's chain, "
+        f"{shape.longest} sessions x "
+        f"{unit.session_calls:.1f} + {unit.question_calls:.1f} requests = {chain:,.0f}, "
+        f"takes {chain * latency:,.0f} s "
+        "at any N, taken to be in every split (the baseline's evaluations too). The "
+        "optimizer's part is not floored: "
         "its time is its requests / its threads.",
         *(line for n in levels for line in figures[n].floor_lines()),
     ]

@@ -1,4 +1,5 @@
-"""Retrieval-only context metrics of ``gated`` against ``rag_embedding`` on generated agentic probes.
+"""Retrieval-only context metrics of ``gated`` against ``rag_embedding`` on generated agentic
+probes.
 
     python -m experiments.bench.gated [--records 2000] [--seed 0] [--top-k 5]
                                       [--json experiments/results/gated.json] [--markdown OUT]
@@ -136,8 +137,9 @@ def run(
 def _prewarmed(
     embedder: Embedder, episodes: Sequence[Episode], progress: Callable[[str], None] | None
 ) -> Embedder:
-    """``embedder`` behind a cache filled, in large batches, with every text either system will embed: a
-    small embedding call costs far more than its share of a batch, and the vectors are the same."""
+    """``embedder`` behind a cache filled, in large batches, with every text either system will
+    embed: a small embedding call costs far more than its share of a batch, and the vectors are the
+    same."""
     texts: dict[str, None] = {}
     for episode in episodes:
         for turn in episode.all_turns():
@@ -167,7 +169,8 @@ def _gated_score(
 
 
 def summarize(scores: dict[str, list[ContextScore]], seed: int) -> dict[str, Any]:
-    """Intervals per arm (overall and per category) and the paired deltas of each arm against rag_embedding."""
+    """Intervals per arm (overall and per category) and the paired deltas of each arm against
+    rag_embedding."""
 
     def block(rows: Sequence[ContextScore]) -> dict[str, Interval]:
         return {
@@ -223,7 +226,8 @@ def markdown(report: dict[str, Any]) -> str:
     lines = [
         f"# gated vs rag_embedding: retrieval-only context metrics ({report['dataset']})",
         "",
-        f"top_k={report['top_k']}, embedder {report['embedder']}, gated with gate=floors_only (no LLM). "
+        f"top_k={report['top_k']}, embedder {report['embedder']}, gated with "
+        "gate=floors_only (no LLM). "
         "Mean over probes [95% bootstrap interval] (n).",
         "",
         "| arm | " + " | ".join(shown) + " |",

@@ -5,7 +5,8 @@
 Runs a fixed workload of schema-constrained memory-style calls (fact
 extraction, yes/no, multiple choice, short answers) and a few free-text calls
 against a fresh cache (every call reaches the model), then the same workload
-again (every call is a cache hit). Also times the bundled embedder. Figures go to the terminal and optionally JSON.
+again (every call is a cache hit). Also times the bundled embedder. Figures go to the terminal and
+optionally JSON.
 """
 
 from __future__ import annotations
@@ -231,8 +232,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     console.print(table)
     console.print(
-        f"cache speed-up: [bold]{figures['cache_speedup']:.0f}x[/bold]   model load: {load_s:.2f}s   "
-        f"embeddings ({embedder.name}): {figures['embed']['texts_per_s']:.0f} texts/s"
+        f"cache speed-up: [bold]{figures['cache_speedup']:.0f}x[/bold]   model load: "
+        f"{load_s:.2f}s   embeddings ({embedder.name}): {figures['embed']['texts_per_s']:.0f} "
+        "texts/s"
     )
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2))

@@ -1,19 +1,20 @@
 """Vanilla mem0 against mem0 through optloop, same model, same server: what optloop's calls change.
 
-    python -m experiments.bench.mem0_vanilla --lm-base-url http://127.0.0.1:8011/v1 --model smollm2 \
-        --dataset "synthetic:recall?seed=0&episodes=10" --json experiments/results/mem0_vanilla.json
+    python -m experiments.bench.mem0_vanilla --lm-base-url http://127.0.0.1:8011/v1 \\
+        --model smollm2 --dataset "synthetic:recall?seed=0&episodes=10" \\
+        --json experiments/results/mem0_vanilla.json
 
 Three arms ingest every episode's sessions and search every question (top 5), all with
 ``mem0.Memory`` 2.2.1, qdrant on disk and the local MiniLM embedder, against one OpenAI-compatible
 server:
 
-* ``vanilla``: ``Memory.from_config`` with provider ``openai`` at the server, as a product builds it;
-  mem0's own request (``response_format={"type": "json_object"}`` without a schema, mem0's sampling:
-  temperature 0.1, top_p 0.1, max_tokens 2000);
-* ``optloop``: optloop's ``Mem0System`` (the baseline prompts, optloop's LM at the server: the site's
-  schema in the endpoint's schema mode, temperature 0, max_tokens 512, seed 0);
-* ``exported``: the vanilla app with ``optloop.export``'s mem0 module of the baseline prompts applied
-  (``mem0_prompts.apply``): the requests the ``optloop`` arm sent, from a product.
+* ``vanilla``: ``Memory.from_config`` with provider ``openai`` at the server, as a product builds
+  it; mem0's own request (``response_format={"type": "json_object"}`` without a schema, mem0's
+  sampling: temperature 0.1, top_p 0.1, max_tokens 2000);
+* ``optloop``: optloop's ``Mem0System`` (the baseline prompts, optloop's LM at the server: the
+  site's schema in the endpoint's schema mode, temperature 0, max_tokens 512, seed 0);
+* ``exported``: the vanilla app with ``optloop.export``'s mem0 module of the baseline prompts
+  applied (``mem0_prompts.apply``): the requests the ``optloop`` arm sent, from a product.
 
 Per question: whether a retrieved memory holds every word of the gold answer (recall@5), with its
 95 % bootstrap CI, and the paired difference between arms. Per arm: memories stored, extraction
@@ -75,7 +76,8 @@ def app_config(root: Path, base_url: str, model: str) -> dict[str, Any]:
 
 
 def exported_module(root: Path) -> Any:
-    """``optloop.export``'s mem0 module of the baseline prompts (mem0's own text, the site's schema)."""
+    """``optloop.export``'s mem0 module of the baseline prompts (mem0's own text, the site's
+    schema)."""
     from optloop.export import Bundle, render
     from signatures.mem0 import Mem0Extract
 

@@ -7,8 +7,8 @@ failed probe, a hand-judged ``failure_stage`` (encoding, maintenance, retrieval,
 answering). This imports the traces (``optloop.tracing.meme_traces``), attributes
 every failed probe offline (``optloop.attribution.traces``: no system run, no LLM;
 optloop's deterministic judges, lexical then the bundled embedding model, loaded before
-the clock starts; ``--lexical-only`` drops the embedding judge) and compares optloop's decisive stage with the label:
-ExtractionError <-> encoding, UpdateError/DeletionError <-> maintenance,
+the clock starts; ``--lexical-only`` drops the embedding judge) and compares optloop's decisive
+stage with the label: ExtractionError <-> encoding, UpdateError/DeletionError <-> maintenance,
 RetrievalError <-> retrieval, ResponseError <-> answering (``docs/meme-traces.md``).
 
 Prints the agreement, the confusion matrix, the agreement per system and every
@@ -159,8 +159,8 @@ def render_systems(report: dict[str, Any]) -> Table:
 def render_disagreements(report: dict[str, Any]) -> Table:
     n = len(report["disagreements"])
     table = Table(
-        title=f"{n} disagreement{'' if n == 1 else 's'} (mark each: optloop wrong / label arguable / "
-        "mapping loses information)",
+        title=f"{n} disagreement{'' if n == 1 else 's'} (mark each: optloop wrong / label "
+        "arguable / mapping loses information)",
         show_lines=True,
     )
     for col in ("#", "probe", "system", "label", "optloop", "explanation"):
@@ -186,7 +186,8 @@ def summary_line(report: dict[str, Any]) -> str:
         return "met" if ok else "missed"
 
     marks = [
-        f"agreement {agreement:.3f} (target >= {TARGET_AGREEMENT}: {met(agreement >= TARGET_AGREEMENT)})",
+        f"agreement {agreement:.3f} (target >= {TARGET_AGREEMENT}: "
+        f"{met(agreement >= TARGET_AGREEMENT)})",
         f"{ms:.2f} ms per failure (target < {TARGET_MS:.0f}: {met(ms < TARGET_MS)})",
         f"{report['llm_calls']} LLM calls",
     ]

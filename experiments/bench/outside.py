@@ -206,7 +206,8 @@ def last_line(text: str) -> str:
     return lines[-1] if lines else ""
 
 
-# The lines every run prints before it starts: which run, its dataset, what the endpoint check chose.
+# The lines every run prints before it starts: which run, its dataset, what the endpoint check
+# chose.
 _OWN_LINES = ("optloop.run ", "dataset ", "LM endpoint ", "LM proposer endpoint ")
 
 
@@ -844,7 +845,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 rows += CASES[name](Path(tmp))
             except Unsupported as exc:
                 print(f"{name}: skipped: {exc}", file=sys.stderr)
-            except Exception as exc:  # noqa: BLE001 - the other cases still run; the exit code says so
+            # the other cases still run; the exit code says so
+            except Exception as exc:  # noqa: BLE001
                 print(f"{name}: failed: {type(exc).__name__}: {str(exc)[:300]}", file=sys.stderr)
                 failed.append(name)
     print(table(rows))

@@ -1,9 +1,10 @@
 """The repair benchmark: a prompt made worse at one site must be found and mended by the loop.
 
-    python -m experiments.bench.repair                                   # md_flat cases, every arm, seeds 0,1,2
-    python -m experiments.bench.repair --cases answer-echo --seeds 0 --arms targeted --optimizers edit
-    python -m experiments.bench.repair --bite-only                       # only measure which sabotages bite
-    python -m experiments.bench.repair --champion                        # planted on a champion
+    python -m experiments.bench.repair                # md_flat cases, every arm, seeds 0,1,2
+    python -m experiments.bench.repair --cases answer-echo --seeds 0 --arms targeted \\
+        --optimizers edit
+    python -m experiments.bench.repair --bite-only    # only measure which sabotages bite
+    python -m experiments.bench.repair --champion     # planted on a champion
 
 The closed loop's promise under control. A **sabotage** is a written instruction
 (the optimizer rewrites instructions, so the fault must live in one): the site's
@@ -205,7 +206,8 @@ class Bench:
 
     def champion(self, sabotage: InstructionFault) -> dict[str, Any]:
         """The program the loop reaches from the clean one on the sabotage's system and dataset
-        (see the module docstring), read from ``--work`` when an earlier run of the bench made it."""
+        (see the module docstring), read from ``--work`` when an earlier run of the bench made
+        it."""
         key = {
             "system": sabotage.system,
             "dataset": sabotage.dataset,
@@ -455,7 +457,8 @@ class Bench:
 
 
 def _blame_counts(ckpt: Checkpoint) -> dict[str, int]:
-    """Failures of the sabotaged baseline (train + dev) per blamed target: what the first blame was chosen from."""
+    """Failures of the sabotaged baseline (train + dev) per blamed target: what the first blame was
+    chosen from."""
     counts: dict[str, int] = {}
     for ev in (ckpt.baseline_train, ckpt.baseline_dev):
         for a in ev.attributions() if ev is not None else []:
@@ -471,7 +474,8 @@ def _best_instruction(ckpt: Checkpoint, best_trial: int, site: str, start: dict[
 
 
 def aggregate(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per (optimizer, arm): first-blame rate, share recovering >= 50%, mean recovered with a CI over cases, cost."""
+    """Per (optimizer, arm): first-blame rate, share recovering >= 50%, mean recovered with a CI
+    over cases, cost."""
     rows = []
     for optimizer in sorted({c["optimizer"] for c in cases}):
         for arm in ARMS:
@@ -515,11 +519,13 @@ def targets(rows: list[dict[str, Any]]) -> list[str]:
         if t is None:
             continue
         out.append(
-            f"{optimizer}: first blame names the sabotaged site in {t['first_blame_correct']:.0%} of cases "
+            f"{optimizer}: first blame names the sabotaged site in "
+            f"{t['first_blame_correct']:.0%} of cases "
             f"(target >= 90%): {'met' if t['first_blame_correct'] >= 0.9 else 'MISSED'}"
         )
         out.append(
-            f"{optimizer}: targeted recovers >= 50% of the loss in {t['recovered_half']:.0%} of cases "
+            f"{optimizer}: targeted recovers >= 50% of the loss in "
+            f"{t['recovered_half']:.0%} of cases "
             f"(target >= 70%): {'met' if t['recovered_half'] >= 0.7 else 'MISSED'}"
         )
         if "sabotage_removed" in t:
@@ -539,7 +545,8 @@ def targets(rows: list[dict[str, Any]]) -> list[str]:
             )
             cheaper = t["llm_calls_mean"] < o["llm_calls_mean"]
             out.append(
-                f"{optimizer}: targeted recovers {t['recovered_mean']:+.2f} vs {other} {o['recovered_mean']:+.2f}"
+                f"{optimizer}: targeted recovers {t['recovered_mean']:+.2f} vs {other} "
+                f"{o['recovered_mean']:+.2f}"
                 f" ({'more' if strict else 'at least as much'}: {'met' if better else 'MISSED'}), "
                 f"{t['llm_calls_mean']:.0f} vs {o['llm_calls_mean']:.0f} LLM calls "
                 f"(fewer: {'met' if cheaper else 'MISSED'})"
@@ -549,7 +556,8 @@ def targets(rows: list[dict[str, Any]]) -> list[str]:
 
 def render(report: dict[str, Any]) -> None:
     bites = Table(
-        title=f"bite check ({report['model']}): clean vs sabotaged over the whole dataset, paired bootstrap"
+        title=f"bite check ({report['model']}): clean vs sabotaged over the whole dataset, paired "
+        "bootstrap"
     )
     for col in ("case", "site", "mode", "n", "clean", "sabotaged", "margin [95% CI]", "kept"):
         bites.add_column(col)
@@ -596,7 +604,8 @@ def render(report: dict[str, Any]) -> None:
         rec = (
             "n/a"
             if c["recovered"] is None
-            else f"{c['recovered']:+.2f} [{c['recovered_ci'][0]:+.2f}, {c['recovered_ci'][1]:+.2f}]"
+            else f"{c['recovered']:+.2f} [{c['recovered_ci'][0]:+.2f}, "
+            f"{c['recovered_ci'][1]:+.2f}]"
         )
         gain = (
             f"{c['gain']:+.2f} [{c['gain_ci'][0]:+.2f}, {c['gain_ci'][1]:+.2f}]"
@@ -623,7 +632,8 @@ def render(report: dict[str, Any]) -> None:
         )
     console.print(table)
     agg = Table(
-        title="aggregate per optimizer and arm (recovered: mean over cases, bootstrap CI over cases)"
+        title="aggregate per optimizer and arm (recovered: mean over cases, bootstrap CI over "
+        "cases)"
     )
     for col in (
         "optimizer",
@@ -643,7 +653,8 @@ def render(report: dict[str, Any]) -> None:
             str(r["cases"]),
             f"{r['first_blame_correct']:.0%}",
             f"{r['recovered_half']:.0%}",
-            f"{r['recovered_mean']:+.2f} [{r['recovered_mean_ci'][0]:+.2f}, {r['recovered_mean_ci'][1]:+.2f}]",
+            f"{r['recovered_mean']:+.2f} [{r['recovered_mean_ci'][0]:+.2f}, "
+            f"{r['recovered_mean_ci'][1]:+.2f}]",
             f"{r['llm_calls_mean']:.0f}",
             f"{r['tokens_mean']}",
         )
@@ -662,7 +673,8 @@ def to_markdown(report: dict[str, Any]) -> str:
     if p := report.get("provenance"):
         lines += [
             f"Command: `{p['command']}`  ",
-            f"Date: {p['date']}; commit: {p['commit']}; model: {p['model']}; machine: {p['machine']}.",
+            f"Date: {p['date']}; commit: {p['commit']}; model: {p['model']}; "
+            f"machine: {p['machine']}.",
             "",
         ]
     lines += [
@@ -676,36 +688,40 @@ def to_markdown(report: dict[str, Any]) -> str:
         "|---|---|---|---|---|---|---|---|",
     ]
     lines += [
-        f"| {b['name']} | {b['site']} | {b['mode']} | {b['n']} | {b['clean']:.3f} | {b['sabotaged']:.3f} | "
-        f"{ci_text(b['margin'], b['margin_ci'])} | {'yes' if b['bites'] else 'dropped'} |"
+        f"| {b['name']} | {b['site']} | {b['mode']} | {b['n']} | {b['clean']:.3f} | "
+        f"{b['sabotaged']:.3f} | {ci_text(b['margin'], b['margin_ci'])} | "
+        f"{'yes' if b['bites'] else 'dropped'} |"
         for b in report["bites"]
     ]
     if report["cases"]:
         lines += [
             "",
-            "| case | optimizer | arm | seed | n test | clean | sabotaged | after | after - sabotaged [95% CI] | "
-            "recovered [95% CI] | first blame | changed | sabotage removed | LLM calls | tokens | s |",
+            "| case | optimizer | arm | seed | n test | clean | sabotaged | after | after - "
+            "sabotaged [95% CI] | recovered [95% CI] | first blame | changed | "
+            "sabotage removed | LLM calls | tokens | s |",
             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         lines += [
-            f"| {c['case']} | {c['optimizer']} | {c['arm']} | {c['seed']} | {c['n_test']} | {c['clean']:.2f} | "
-            f"{c['sabotaged']:.2f} | {c['after']:.2f} | "
+            f"| {c['case']} | {c['optimizer']} | {c['arm']} | {c['seed']} | {c['n_test']} | "
+            f"{c['clean']:.2f} | {c['sabotaged']:.2f} | {c['after']:.2f} | "
             f"{ci_text(c['gain'], c['gain_ci']) if 'gain' in c else 'n/a'} | "
             f"{ci_text(c['recovered'], c['recovered_ci'])} | "
-            f"{c['first_blame']}{'' if c['first_blame_correct'] else ' (wrong)'} | {', '.join(c['changed']) or '-'} | "
-            f"{_yes_no(c.get('sabotage_removed'))} | {c['llm_calls']} | {c['tokens']} | {c['seconds']:.0f} |"
+            f"{c['first_blame']}{'' if c['first_blame_correct'] else ' (wrong)'} | "
+            f"{', '.join(c['changed']) or '-'} | {_yes_no(c.get('sabotage_removed'))} | "
+            f"{c['llm_calls']} | {c['tokens']} | {c['seconds']:.0f} |"
             for c in report["cases"]
         ]
     if report.get("aggregate"):
         lines += [
             "",
-            "| optimizer | arm | cases | first blame right | recovered >= 50% | recovered, mean [95% CI] | "
-            "sabotage removed | LLM calls (mean) |",
+            "| optimizer | arm | cases | first blame right | recovered >= 50% | recovered, mean "
+            "[95% CI] | sabotage removed | LLM calls (mean) |",
             "|---|---|---|---|---|---|---|---|",
         ]
         lines += [
             f"| {r['optimizer']} | {r['arm']} | {r['cases']} | {r['first_blame_correct']:.0%} | "
-            f"{r['recovered_half']:.0%} | {ci_text(r['recovered_mean'], r['recovered_mean_ci'])} | "
+            f"{r['recovered_half']:.0%} | "
+            f"{ci_text(r['recovered_mean'], r['recovered_mean_ci'])} | "
             f"{format(r['sabotage_removed'], '.0%') if 'sabotage_removed' in r else 'n/a'} | "
             f"{r['llm_calls_mean']:.0f} |"
             for r in report["aggregate"]
@@ -878,7 +894,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             report["model"] = bench.lm(sabotage.system).model
             report["bites"].append({k: v for k, v in bite.items() if not k.startswith("_")})
             console.print(
-                f"{sabotage.name}: clean {bite['clean']:.3f}, sabotaged {bite['sabotaged']:.3f}, margin "
+                f"{sabotage.name}: clean {bite['clean']:.3f}, sabotaged "
+                f"{bite['sabotaged']:.3f}, margin "
                 f"{bite['margin']:+.3f} {bite['margin_ci']} (n={bite['n']}): "
                 f"{'bites' if bite['bites'] else 'does not bite, dropped'}"
                 f"{' (the champion already says it)' if bite.get('already_there') else ''}"
@@ -912,10 +929,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                         case = bench.arm(sabotage, bite, arm, optimizer, seed)
                         report["cases"].append(case)
                         console.print(
-                            f"{case['case']} {optimizer} {arm} s{seed}: test {case['sabotaged']:.2f} -> "
-                            f"{case['after']:.2f} (clean {case['clean']:.2f}, n={case['n_test']}), "
-                            f"recovered {case['recovered']} {case['recovered_ci']}, "
-                            f"{case['llm_calls']} LLM calls"
+                            f"{case['case']} {optimizer} {arm} s{seed}: test "
+                            f"{case['sabotaged']:.2f} -> {case['after']:.2f} (clean "
+                            f"{case['clean']:.2f}, n={case['n_test']}), recovered "
+                            f"{case['recovered']} {case['recovered_ci']}, {case['llm_calls']} "
+                            "LLM calls"
                         )
                         if args.json:  # partial results survive a long run's interruption
                             write_atomic(

@@ -1,6 +1,7 @@
 """Benchmark the memory systems: cost per ingested session and answer accuracy.
 
-    python -m experiments.bench.systems [--systems mem0,graphiti,...] [--dataset builtin:tiny] [--json out.json]
+    python -m experiments.bench.systems [--systems mem0,graphiti,...] [--dataset builtin:tiny]
+                                        [--json out.json]
 
 For each system and each episode of the dataset: a fresh store, ingest the
 episode's sessions, then retrieve and answer every question, scored by the

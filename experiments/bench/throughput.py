@@ -1,48 +1,58 @@
 """Throughput against an endpoint: one evaluation at ``--concurrency`` N = 1, 2, 4, 8, 16.
 
-    python -m experiments.bench.throughput record [--systems md_flat,mem0,graphiti] [--dataset URI] [--cache FILE]
-    python -m experiments.bench.throughput replay [--systems ...] [--n 1,2,4,8,16] [--latency-ms 300] [--jitter-ms 50]
+    python -m experiments.bench.throughput record [--systems md_flat,mem0,graphiti] [--dataset URI]
+                                                  [--cache FILE]
+    python -m experiments.bench.throughput replay [--systems ...] [--n 1,2,4,8,16]
+                                                  [--latency-ms 300] [--jitter-ms 50]
                                                   [--rate-429 0,0.1] [--retry-after 1] [--seed 0]
-                                                  [--json experiments/results/throughput.json] [--markdown OUT]
+                                                  [--json experiments/results/throughput.json]
+                                                  [--markdown OUT]
 
-``record`` runs one evaluation of each system (the baseline candidate, as ``optloop.run`` evaluates it) on
-the dataset with the embedded LM (``--lm``, default ``local``; each system with its own decoding bounds),
-writing every answer to a dedicated LM cache file (default ``$OPTLOOP_HOME/throughput/lm_cache.sqlite``)
-and, beside it, ``recording.json``: the dataset, the model identity, the date and each system's figures.
-The default dataset, ``synthetic:suite?seed=0``, has 9 short episodes (1 or 2 sessions, 1 or 2 questions),
-so graphiti on the embedded LM records in minutes.
+``record`` runs one evaluation of each system (the baseline candidate, as ``optloop.run`` evaluates
+it) on the dataset with the embedded LM (``--lm``, default ``local``; each system with its own
+decoding bounds), writing every answer to a dedicated LM cache file (default
+``$OPTLOOP_HOME/throughput/lm_cache.sqlite``) and, beside it, ``recording.json``: the dataset, the
+model identity, the date and each system's figures. The default dataset,
+``synthetic:suite?seed=0``, has 9 short episodes (1 or 2 sessions, 1 or 2 questions), so graphiti
+on the embedded LM records in minutes.
 
 ``replay`` serves that cache from :mod:`optloop.testing.replay` on loopback (answers after
-``--latency-ms`` +- ``--jitter-ms``, and HTTP 429 with ``Retry-After`` on a ``--rate-429`` fraction of
-requests, all fixed by ``--seed`` and the request) and runs the same evaluation through it, uncached,
-at every N (and every 429 rate), each on a fresh server, store directory and LM. Per row:
+``--latency-ms`` +- ``--jitter-ms``, and HTTP 429 with ``Retry-After`` on a ``--rate-429`` fraction
+of requests, all fixed by ``--seed`` and the request) and runs the same evaluation through it,
+uncached, at every N (and every 429 rate), each on a fresh server, store directory and LM. Per row:
 
-``seconds``        wall time of the evaluation (``Evaluator.evaluate``; the systems' construction left out)
+``seconds``        wall time of the evaluation (``Evaluator.evaluate``; the systems' construction
+                   left out)
 ``calls``          LM requests it made (429 retries not counted)
-``ideal_seconds``  ``max(calls x mean latency / N, longest chain x mean latency)``: the time N requests
-                   always in flight would take, bounded below by the longest episode's chain of calls that
-                   must go one after another, its ingestion calls (sessions go in order) plus the calls of
-                   its costliest question (a question's calls go in order; its questions run at once).
-                   The mean latency is the replay server's injected mean for the run. graphiti makes some of
-                   a session's calls at once, so for graphiti the chain overstates the true one, and an
-                   efficiency above 1 says by how much.
+``ideal_seconds``  ``max(calls x mean latency / N, longest chain x mean latency)``: the time N
+                   requests always in flight would take, bounded below by the longest episode's
+                   chain of calls that must go one after another, its ingestion calls (sessions go
+                   in order) plus the calls of its costliest question (a question's calls go in
+                   order; its questions run at once). The mean latency is the replay server's
+                   injected mean for the run. graphiti makes some of a session's calls at once, so
+                   for graphiti the chain overstates the true one, and an efficiency above 1 says
+                   by how much.
 ``efficiency``     ``ideal_seconds / seconds``
-``accuracy``       of the evaluation; it must be the same at every N and 429 rate (the run fails otherwise)
+``accuracy``       of the evaluation; it must be the same at every N and 429 rate (the run fails
+                   otherwise)
 ``retries_429``    attempts the endpoint refused with 429 and optloop asked again
-``misses``         requests the recording does not hold (answered HTTP 400: that question fails at every N)
+``misses``         requests the recording does not hold (answered HTTP 400: that question fails at
+                   every N)
 
-With ``--repeat K`` each row is the run of median seconds of K (its ``seconds_runs`` lists all K): the
-injected latencies and 429s are the same in every run, so what varies is this machine's own work.
+With ``--repeat K`` each row is the run of median seconds of K (its ``seconds_runs`` lists all K):
+the injected latencies and 429s are the same in every run, so what varies is this machine's own
+work.
 
-Results go to ``--json`` (``{"rows": [...], "summary": [...], <settings>}``) and, with ``--markdown``, a
-table. The summary reads each system against the throughput targets (:func:`summarize`): the speed-up at
-N = 8 as a share of the ideal speed-up (target >= 0.8), and the time with 429s over the time without
-at each N (target <= 1.3x), beside the least that ratio can be at N = 1 for any client that honours
-``Retry-After`` (:func:`floor_429`: with 300 ms calls and a 1 s Retry-After on 10 % of attempts it is
-1.39x, so for calls made strictly one after another, as md_flat's and mem0's are at N = 1, that target
-is out of reach by arithmetic; only waits overlapped by other calls bring it lower, and graphiti
-overlaps some calls of a session even at N = 1, since a call waiting out a Retry-After holds no slot).
-mem0's extraction prompt carries the day's date (UTC), so its recording replays on the day it was made.
+Results go to ``--json`` (``{"rows": [...], "summary": [...], <settings>}``) and, with
+``--markdown``, a table. The summary reads each system against the throughput targets
+(:func:`summarize`): the speed-up at N = 8 as a share of the ideal speed-up (target >= 0.8), and
+the time with 429s over the time without at each N (target <= 1.3x), beside the least that ratio
+can be at N = 1 for any client that honours ``Retry-After`` (:func:`floor_429`: with 300 ms calls
+and a 1 s Retry-After on 10 % of attempts it is 1.39x, so for calls made strictly one after
+another, as md_flat's and mem0's are at N = 1, that target is out of reach by arithmetic; only
+waits overlapped by other calls bring it lower, and graphiti overlaps some calls of a session even
+at N = 1, since a call waiting out a Retry-After holds no slot). mem0's extraction prompt carries
+the day's date (UTC), so its recording replays on the day it was made.
 """
 
 from __future__ import annotations
@@ -110,7 +120,8 @@ class Recorded(BaseModel):
 
 
 class Recording(BaseModel):
-    """``recording.json``, beside the cache: what ``replay`` needs to ask exactly what was recorded."""
+    """``recording.json``, beside the cache: what ``replay`` needs to ask exactly what was
+    recorded."""
 
     dataset: str
     identity: str = Field(description="the model identity the cache entries were written under")
@@ -176,13 +187,13 @@ RETRY_AFTER_JITTER = (
 
 
 def floor_429(rate: float, retry_after_s: float, latency_s: float) -> float:
-    """The expected time with 429s over the time without, for calls made strictly one at a time by a client
-    that honours ``Retry-After``.
+    """The expected time with 429s over the time without, for calls made strictly one at a time by
+    a client that honours ``Retry-After``.
 
-    Each attempt gets a 429 with probability ``rate``, so a call meets ``rate / (1 - rate)`` 429s on average,
-    each answered at once and followed by a wait of ``Retry-After`` (plus optloop's jitter) in which no other
-    call runs. Against ``latency_s`` a call, the run takes this many times as long (LM time alone); only
-    other calls going on during a wait bring it lower.
+    Each attempt gets a 429 with probability ``rate``, so a call meets ``rate / (1 - rate)`` 429s
+    on average, each answered at once and followed by a wait of ``Retry-After`` (plus optloop's
+    jitter) in which no other call runs. Against ``latency_s`` a call, the run takes this many
+    times as long (LM time alone); only other calls going on during a wait bring it lower.
     """
     waits = rate / (1 - rate) * retry_after_s * (1 + RETRY_AFTER_JITTER)
     return 1 + waits / latency_s if latency_s else float("inf")
@@ -241,7 +252,8 @@ def today() -> str:
 
 
 def chain(result: EpisodeResult) -> int:
-    """An episode's calls that must go one after another: its ingestion's, then its costliest question's."""
+    """An episode's calls that must go one after another: its ingestion's, then its costliest
+    question's."""
     graph = result.graph
     questions = (
         [sum(op.llm_calls for op in graph.question_ops(q.id)) for q in result.episode.questions]
@@ -254,7 +266,8 @@ def chain(result: EpisodeResult) -> int:
 def evaluate(
     system: str, lm: OptloopLM, dataset: Dataset, work: Path, embedder: Embedder
 ) -> tuple[Evaluation, list[EpisodeResult], float]:
-    """One evaluation of ``system``'s baseline over ``dataset``: (evaluation, episode results, wall seconds)."""
+    """One evaluation of ``system``'s baseline over ``dataset``: (evaluation, episode results, wall
+    seconds)."""
     evaluator = Evaluator(system, lm, work, embedder=embedder, dataset_uri=dataset.uri)
     episodes: list[EpisodeResult] = []
     try:
@@ -273,8 +286,8 @@ def record(args: argparse.Namespace, console: Console) -> int:
     dataset = load_dataset(args.dataset)
     if len(dataset.episodes) < MIN_EPISODES:
         console.print(
-            f"[yellow]{args.dataset} has {len(dataset.episodes)} episodes; the benchmark wants at least "
-            f"{MIN_EPISODES} so that N = 8 has an episode per thread[/yellow]"
+            f"[yellow]{args.dataset} has {len(dataset.episodes)} episodes; the benchmark wants "
+            f"at least {MIN_EPISODES} so that N = 8 has an episode per thread[/yellow]"
         )
     cache: Path = args.cache
     cache.parent.mkdir(parents=True, exist_ok=True)
@@ -332,8 +345,9 @@ def read_recording(cache: Path, systems: Sequence[str]) -> Recording:
         raise ConfigError(f"{path} holds no recording of {', '.join(missing)}; record them first")
     if "mem0" in systems and recording.recorded_on != today():
         raise ConfigError(
-            f"mem0's extraction prompt carries the date (UTC): its recording of {recording.recorded_on} "
-            f"cannot be replayed on {today()}; record again (or leave mem0 out with --systems)"
+            "mem0's extraction prompt carries the date (UTC): its recording of "
+            f"{recording.recorded_on} cannot be replayed on {today()}; record again (or leave "
+            "mem0 out with --systems)"
         )
     return recording
 
@@ -398,7 +412,8 @@ def replay_one(
 
 
 def median_run(runs: Sequence[Row]) -> Row:
-    """The run of median seconds (the lower middle one of an even count), carrying every run's seconds."""
+    """The run of median seconds (the lower middle one of an even count), carrying every run's
+    seconds."""
     if len(runs) == 1:
         return runs[0]
     ordered = sorted(runs, key=lambda row: row.seconds)
@@ -490,8 +505,8 @@ def replay(args: argparse.Namespace, console: Console) -> int:
         console.print(line)
     if any(row.misses for row in rows):
         console.print(
-            "[yellow]some requests were not in the recording (misses): those questions failed at every N; "
-            "was the recording made with these systems and this dataset?[/yellow]"
+            "[yellow]some requests were not in the recording (misses): those questions failed "
+            "at every N; was the recording made with these systems and this dataset?[/yellow]"
         )
     if different:
         console.print(f"[red]the evaluation differs across N: {'; '.join(different)}[/red]")
@@ -502,8 +517,9 @@ def replay(args: argparse.Namespace, console: Console) -> int:
 def kept_results(
     path: Path, systems: Sequence[str], settings: dict[str, Any]
 ) -> dict[str, Any] | None:
-    """``--update``: the rows (and their summaries) of the systems not replayed now, from the ``--json`` file
-    there; None if there is none. Its replay settings must be these, or the rows would not compare."""
+    """``--update``: the rows (and their summaries) of the systems not replayed now, from the
+    ``--json`` file there; None if there is none. Its replay settings must be these, or the rows
+    would not compare."""
     if not path.is_file():
         return None
     old = json.loads(path.read_text())
@@ -569,14 +585,14 @@ def _cells(row: Row) -> list[str]:
 def _settings(results: dict[str, Any]) -> str:
     return (
         f"{results['dataset']}, answers recorded from {results['identity']}, replayed at "
-        f"{results['latency_ms']:g} ms +- {results['jitter_ms']:g} (Retry-After {results['retry_after_s']:g} s)"
+        f"{results['latency_ms']:g} ms +- {results['jitter_ms']:g} (Retry-After "
+        f"{results['retry_after_s']:g} s)"
         + (
             f", the median of {results['repeat']} runs a row"
             if results.get("repeat", 1) > 1
             else ""
         )
-        + "; "
-        f"accuracy identical across N: {'yes' if results['identical'] else 'NO'}"
+        + f"; accuracy identical across N: {'yes' if results['identical'] else 'NO'}"
     )
 
 
@@ -596,24 +612,25 @@ def _verdict(ok: bool) -> str:
 
 
 def summary_lines(summaries: Sequence[Summary]) -> list[str]:
-    """Each system against the targets: >= 0.8 of the ideal speed-up at N = 8; 429s at most 1.3x the time."""
+    """Each system against the targets: >= 0.8 of the ideal speed-up at N = 8; 429s at most 1.3x
+    the time."""
     lines: list[str] = []
     for s in summaries:
         if s.share_of_ideal is not None:
             lines.append(
-                f"{s.system}: speed-up at N={s.n} {s.speedup:.2f}x of an ideal {s.ideal_speedup:.2f}x, "
-                f"{s.share_of_ideal:.2f} of it (target >= {TARGET_SHARE}: "
-                f"{_verdict(s.share_of_ideal >= TARGET_SHARE)})"
+                f"{s.system}: speed-up at N={s.n} {s.speedup:.2f}x of an ideal "
+                f"{s.ideal_speedup:.2f}x, {s.share_of_ideal:.2f} of it (target >= "
+                f"{TARGET_SHARE}: {_verdict(s.share_of_ideal >= TARGET_SHARE)})"
             )
         if s.cost_429:
             costs = ", ".join(
-                f"N={n} {c:.2f}x ({_verdict(c <= TARGET_COST_429)}; {s.serial_429[n]:.2f}x if nothing "
-                f"overlapped the waits)"
+                f"N={n} {c:.2f}x ({_verdict(c <= TARGET_COST_429)}; {s.serial_429[n]:.2f}x if "
+                "nothing overlapped the waits)"
                 for n, c in s.cost_429.items()
             )
             floor = (
-                f"; calls made strictly one at a time expect {s.floor_429_n1:.2f}x at N=1, Retry-After waits "
-                "that nothing overlaps"
+                f"; calls made strictly one at a time expect {s.floor_429_n1:.2f}x at N=1, "
+                "Retry-After waits that nothing overlaps"
                 if s.floor_429_n1 is not None
                 else ""
             )
@@ -689,8 +706,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     rep.add_argument(
         "--update",
         action="store_true",
-        help="keep the --json file's rows of other systems (replayed with the same settings, perhaps "
-        "from another recording) and replace only these systems'",
+        help="keep the --json file's rows of other systems (replayed with the same settings, "
+        "perhaps from another recording) and replace only these systems'",
     )
     args = parse_command(parser, argv)
     args.cache = args.cache or state_dir() / "throughput" / "lm_cache.sqlite"

@@ -99,7 +99,8 @@ class AttributionAgent:
         *,
         embedder: Embedder | None = None,
     ) -> Attribution:
-        """The agent's attribution of ``question``, or ``walk`` unchanged if it finds no faulty operation."""
+        """The agent's attribution of ``question``, or ``walk`` unchanged if it finds no faulty
+        operation."""
         evidence = find_evidence(graph, question, embedder)
         start = {op.id: op for vid in evidence.message_ids for op in graph.consumers(vid)}
         if not start:
@@ -124,7 +125,8 @@ class AttributionAgent:
                         "error_type": error,
                         "op_id": op.id,
                         "target": self._target(graph, op),
-                        "explanation": f"{verdict.explanation} (LLM agent, after inspecting {len(visited)} "
+                        "explanation": f"{verdict.explanation} (LLM agent, after inspecting "
+                        f"{len(visited)} "
                         f"operation(s): {', '.join(visited)})",
                         "ambiguous": False,
                         "details": {
@@ -163,7 +165,8 @@ class AttributionAgent:
                     inputs=_show(graph, op.inputs),
                     outputs=_show(graph, op.outputs),
                 )
-        except Exception as exc:  # noqa: BLE001 - an unusable verdict leaves the walk's answer standing
+        # an unusable verdict leaves the walk's answer standing
+        except Exception as exc:  # noqa: BLE001
             logger.warning("attribution agent: %s on %s: %s", type(exc).__name__, op.id, exc)
             return None
 

@@ -24,7 +24,8 @@ from pydantic import BaseModel, Field
 
 from optloop.attribution.taxonomy import Attribution, ErrorType, Target, is_knob, is_prompt_site
 
-# Data-flow order of the error types: a failure decided at a later stage got through every earlier one.
+# Data-flow order of the error types: a failure decided at a later stage got through every earlier
+# one.
 STAGE: dict[str, int] = {
     ErrorType.EXTRACTION.value: 0,
     ErrorType.UPDATE.value: 1,
@@ -60,8 +61,9 @@ class BlameEntry(BaseModel):
 def blame(attributions: Iterable[Attribution], *, passed: int | None = None) -> list[BlameEntry]:
     """Targets ranked for the optimizer, unattributed failures left out (see the module docstring).
 
-    ``passed``: how many questions passed in the evaluations the attributions come from. Given, each
-    entry carries ``reached`` and ``rate`` and the ranking is by rate, then by count; ``None``: by count.
+    ``passed``: how many questions passed in the evaluations the attributions come from. Given,
+    each entry carries ``reached`` and ``rate`` and the ranking is by rate, then by count;
+    ``None``: by count.
     """
     counts: Counter[str] = Counter()
     types: dict[str, Counter[str]] = {}

@@ -70,10 +70,12 @@ def _retrieval(graph: ExecutionGraph, question_id: str) -> tuple[Operation | Non
 
 
 def admission(graph: ExecutionGraph, question_id: str) -> tuple[Operation | None, dict[str, dict]]:
-    """The question's (last) admission-gate operation and its decisions by memory id (``None``, ``{}``: no gate).
+    """The question's (last) admission-gate operation and its decisions by memory id (``None``,
+    ``{}``: no gate).
 
     A gate is a site whose op kinds include ``admit``; its output is the list of decisions
-    (``memory_id``, ``verdict`` admit | negative | reject, ``by`` floor | llm | default, ``reason``).
+    (``memory_id``, ``verdict`` admit | negative | reject, ``by`` floor | llm | default,
+    ``reason``).
     """
     sites = graph.meta.get("sites", {})
     gate = next(
@@ -94,8 +96,9 @@ def admission(graph: ExecutionGraph, question_id: str) -> tuple[Operation | None
 
 
 def answer_context(graph: ExecutionGraph, question_id: str) -> tuple[list[dict], list[dict]]:
-    """The retrieved items the answer was told to use (positive context) and those it was shown as negative
-    evidence ("this did not work"). Without a gate every retrieved item is positive context."""
+    """The retrieved items the answer was told to use (positive context) and those it was shown as
+    negative evidence ("this did not work"). Without a gate every retrieved item is positive
+    context."""
     _, items = _retrieval(graph, question_id)
     gate, decisions = admission(graph, question_id)
     if gate is None:
@@ -180,9 +183,9 @@ class _Walk:
                 ErrorType.RESPONSE,
                 answer,
                 ANSWER,
-                f"Nothing in the conversation answers {self.q.question!r}; the right answer was to "
-                f"decline, but the answer site replied {self.prediction!r}. Fix the answer prompt so "
-                "it abstains when the memories do not support an answer.",
+                f"Nothing in the conversation answers {self.q.question!r}; the right answer was "
+                f"to decline, but the answer site replied {self.prediction!r}. Fix the answer "
+                "prompt so it abstains when the memories do not support an answer.",
             )
         gate, decisions = admission(self.graph, self.q.id)
         positive, negative = answer_context(self.graph, self.q.id)
@@ -233,9 +236,9 @@ class _Walk:
             ErrorType.RESPONSE,
             answer,
             ANSWER,
-            f"The retrieval handed {self.evidence_quote()} to the answer site (in "
-            f"{len(items)} memories), but it answered {self.prediction!r}. The memories were right; "
-            "the answer prompt did not use them. Fix the answer site.",
+            f"The retrieval handed {self.evidence_quote()} to the answer site (in {len(items)} "
+            f"memories), but it answered {self.prediction!r}. The memories were right; the "
+            "answer prompt did not use them. Fix the answer site.",
         )
 
     def not_stored(self) -> Attribution:
@@ -255,9 +258,10 @@ class _Walk:
                     ErrorType.EXTRACTION,
                     op,
                     op.site,
-                    f"{self.evidence_quote()} was in session {op.session_id}, but the {op.site} call "
-                    f"({op.id}) returned {len(outputs)} item(s), none carrying it, and no memory unit "
-                    "ever held it. Fix the extraction prompt so this kind of fact is kept.",
+                    f"{self.evidence_quote()} was in session {op.session_id}, but the {op.site} "
+                    f"call ({op.id}) returned {len(outputs)} item(s), none carrying it, and no "
+                    "memory unit ever held it. Fix the extraction prompt so this kind of fact "
+                    "is kept.",
                     outputs=len(outputs),
                 )
         if extract_ops:
@@ -274,15 +278,15 @@ class _Walk:
                     op,
                     op.site,
                     f"The extraction ({last.id}) kept {self.evidence_quote()}, but after "
-                    f"{op.site} ({op.id}) no stored memory carried it: the dedupe/update step merged "
-                    "it away. Fix that prompt.",
+                    f"{op.site} ({op.id}) no stored memory carried it: the dedupe/update step "
+                    "merged it away. Fix that prompt.",
                 )
             return self.result(
                 ErrorType.EXTRACTION,
                 last,
                 last.site,
-                f"The extraction ({last.id}) output carried {self.evidence_quote()}, yet no memory "
-                "unit did: the library dropped it when storing.",
+                f"The extraction ({last.id}) output carried {self.evidence_quote()}, yet no "
+                "memory unit did: the library dropped it when storing.",
                 ambiguous=True,
             )
         store = next(
@@ -297,8 +301,8 @@ class _Walk:
             ErrorType.EXTRACTION,
             store,
             None,
-            f"No memory unit carries {self.evidence_quote()} and no prompt site extracted from its "
-            "session; the judges may have missed it.",
+            f"No memory unit carries {self.evidence_quote()} and no prompt site extracted from "
+            "its session; the judges may have missed it.",
             ambiguous=True,
         )
 
@@ -360,8 +364,8 @@ class _Walk:
                     rewrite,
                     QUERY_REWRITE,
                     f"{where}, but retrieval searched for {query!r}, a rewrite of "
-                    f"{self.q.question!r} that kept {kept:.0%} of its words, and missed it. Fix the "
-                    "query-rewrite prompt.",
+                    f"{self.q.question!r} that kept {kept:.0%} of its words, and missed it. Fix "
+                    "the query-rewrite prompt.",
                     query_overlap=kept,
                 )
         if data.get("truncation"):
@@ -397,7 +401,8 @@ class _Walk:
     # --- contamination and admission ---------------------------------------------------------
 
     def contaminant(self, positive: Sequence[dict]) -> tuple[dict, str, str] | None:
-        """``(item, kind, value)``: a positive-context item carrying a stale value the answer states.
+        """``(item, kind, value)``: a positive-context item carrying a stale value the answer
+        states.
 
         ``kind`` is ``distractor`` or ``foreign`` (the question's markers), ``superseded`` or
         ``dead_branch`` (the memory's own state).
@@ -447,8 +452,9 @@ class _Walk:
             "dead_branch": "a value written by a failed or rolled-back run",
         }[kind]
         seen = (
-            f"The answer {self.prediction!r} states {value!r}, {what}, which memory {item.get('id')} "
-            f"({str(item.get('text', ''))[:160]!r}, rank {item.get('rank')}) put in its positive context"
+            f"The answer {self.prediction!r} states {value!r}, {what}, which memory "
+            f"{item.get('id')} ({str(item.get('text', ''))[:160]!r}, rank {item.get('rank')}) "
+            "put in its positive context"
         )
         details: dict[str, Any] = {
             "contaminant": item.get("id"),
@@ -467,8 +473,10 @@ class _Walk:
                 ErrorType.CONTAMINATION,
                 gate,
                 gate.site,
-                f"{seen}: the admission gate {gate.site} ({gate.id}) {how} ({decision.get('reason')!r}). "
-                "Fix the gate prompt so it rejects stale, dead-branch and other-workspace memories.",
+                f"{seen}: the admission gate {gate.site} ({gate.id}) {how} "
+                f"({decision.get('reason')!r}). "
+                "Fix the gate prompt so it rejects stale, dead-branch and other-workspace "
+                "memories.",
                 decided_by=decision.get("by"),
                 **details,
             )
@@ -478,9 +486,9 @@ class _Walk:
                 ErrorType.CONTAMINATION,
                 gate,
                 knob_target(FLOORS_KNOB),
-                f"{seen}: it passed the gate's floors (floors={floors!r}) without an LLM verdict. "
-                "Strict floors reject superseded and other-workspace memories and keep dead-branch "
-                "ones to negative evidence.",
+                f"{seen}: it passed the gate's floors (floors={floors!r}) without an LLM "
+                "verdict. Strict floors reject superseded and other-workspace memories and "
+                "keep dead-branch ones to negative evidence.",
                 decided_by="floor",
                 **details,
             )
@@ -502,9 +510,9 @@ class _Walk:
                 ErrorType.CONTAMINATION,
                 retrieve,
                 knob_target("top_k"),
-                f"{seen}. The retrieval ranked the evidence higher (rank {min(carried)}) and has no "
-                f"notion of status or workspace; top_k={retrieve.knobs['top_k']} let the stale memory in "
-                "below it. Lower top_k, or gate what retrieval returns.",
+                f"{seen}. The retrieval ranked the evidence higher (rank {min(carried)}) and "
+                f"has no notion of status or workspace; top_k={retrieve.knobs['top_k']} let the "
+                "stale memory in below it. Lower top_k, or gate what retrieval returns.",
                 **details,
             )
         knob = search_knob(self.graph, retrieve)
@@ -512,8 +520,8 @@ class _Walk:
             ErrorType.CONTAMINATION,
             retrieve,
             knob_target(knob) if knob else None,
-            f"{seen}. The retrieval returned it and has no notion of status or workspace. Tune the search "
-            f"({knob or 'its parameters'}), or gate what retrieval returns.",
+            f"{seen}. The retrieval returned it and has no notion of status or workspace. Tune "
+            f"the search ({knob or 'its parameters'}), or gate what retrieval returns.",
             **details,
         )
 
@@ -541,7 +549,8 @@ class _Walk:
             else "rejected it"
         )
         where = (
-            f"Retrieval found {self.evidence_quote()} (memory {best.get('id')}, rank {best.get('rank')}), but the "
+            f"Retrieval found {self.evidence_quote()} (memory {best.get('id')}, rank "
+            f"{best.get('rank')}), but the "
             f"admission gate ({gate.id}) {shown}: {decision.get('reason')!r}"
         )
         if decision.get("by") == "floor" and FLOORS_KNOB in retrieve.knobs:
@@ -549,8 +558,9 @@ class _Walk:
                 ErrorType.RETRIEVAL,
                 gate,
                 knob_target(FLOORS_KNOB),
-                f"{where}. A floor decided (floors={retrieve.knobs.get(FLOORS_KNOB)!r}); this is the "
-                "recall a strict gate costs. Lenient floors would leave the decision to the gate's LLM.",
+                f"{where}. A floor decided (floors={retrieve.knobs.get(FLOORS_KNOB)!r}); this "
+                "is the recall a strict gate costs. Lenient floors would leave the decision to "
+                "the gate's LLM.",
                 decided_by="floor",
                 memory=best.get("id"),
             )
@@ -565,7 +575,8 @@ class _Walk:
 
 
 def deciding_site(graph: ExecutionGraph, op: Operation, kind: str | None = None) -> str:
-    """The last prompt site of ``op``'s session, before it, that produces ``kind`` operations (any, if None).
+    """The last prompt site of ``op``'s session, before it, that produces ``kind`` operations (any,
+    if None).
 
     That site decided what a non-LLM store step of the session wrote; without one, the
     library's own step is to blame.
@@ -580,12 +591,17 @@ def deciding_site(graph: ExecutionGraph, op: Operation, kind: str | None = None)
         and o.seq < op.seq
         and (kind is None or kind in (sites.get(o.site, {}).get("op_kinds") or []))
     ]
-    return deciding[-1].site if deciding else library_target(f"{graph.system}.store")  # type: ignore[return-value]
+    return (
+        deciding[-1].site  # type: ignore[return-value]
+        if deciding
+        else library_target(f"{graph.system}.store")
+    )
 
 
 def search_knob(graph: ExecutionGraph, retrieve: Operation) -> str | None:
-    """The knob that decides what a retrieve operation's search returns: the system's ``search_knob``,
-    recorded in ``graph.meta`` (``None`` when the graph does not name one, or the operation lacks it)."""
+    """The knob that decides what a retrieve operation's search returns: the system's
+    ``search_knob``, recorded in ``graph.meta`` (``None`` when the graph does not name one, or the
+    operation lacks it)."""
     knob = graph.meta.get("search_knob")
     return knob if knob in retrieve.knobs else None
 
@@ -598,8 +614,8 @@ def attribute(
     *,
     embedder: Embedder | None = None,
 ) -> Attribution:
-    """The decisive error of one failed question, judged on a session of ``judges`` (``judge_calls``: this
-    attribution's own, see :meth:`JudgeChain.session`)."""
+    """The decisive error of one failed question, judged on a session of ``judges``
+    (``judge_calls``: this attribution's own, see :meth:`JudgeChain.session`)."""
     evidence = find_evidence(graph, question, embedder)
     return _Walk(graph, question, prediction, judges.session(), evidence).run()
 
@@ -611,8 +627,8 @@ def evidence_reaches_answer(
     *,
     embedder: Embedder | None = None,
 ) -> bool:
-    """Whether the memories retrieved for ``question`` and admitted to its answer's positive context (all
-    of them, without an admission gate) carry its evidence."""
+    """Whether the memories retrieved for ``question`` and admitted to its answer's positive
+    context (all of them, without an admission gate) carry its evidence."""
     evidence = find_evidence(graph, question, embedder)
     positive, _ = answer_context(graph, question.id)
     return bool(evidence.message_ids) and judges.any([it["text"] for it in positive], evidence)

@@ -24,9 +24,10 @@ if TYPE_CHECKING:
 
 STOPWORDS = frozenset(
     """a an the i me my we our you your he she it its they them their is am are was were be been
-being do does did have has had of to in on at for with from by about as and or but not no so that this these those
-what which who whom when where why how user assistant s t just also very really now then there here into out up
-over after before again any all some can could will would should may might must shall""".split()
+being do does did have has had of to in on at for with from by about as and or but not no so that
+this these those what which who whom when where why how user assistant s t just also very really
+now then there here into out up over after before again any all some can could will would should
+may might must shall""".split()
 )
 
 
@@ -161,8 +162,9 @@ class JudgeChain:
 
     ``calls`` counts, per judge, the texts it was asked about. One attribution judges on a
     :meth:`session` of the evaluator's chain: its own verdict cache and counts (its
-    ``Attribution.judge_calls``), added to the chain's own. So an attribution's figures never depend on
-    what other attributions judged before it or beside it (they run at once at ``--concurrency`` > 1):
+    ``Attribution.judge_calls``), added to the chain's own. So an attribution's figures never
+    depend on what other attributions judged before it or beside it (they run at once at
+    ``--concurrency`` > 1):
     the verdict cache is keyed by the question's evidence, which another question seldom shares.
     """
 
@@ -174,7 +176,8 @@ class JudgeChain:
         self._lock = threading.Lock()
 
     def session(self) -> JudgeChain:
-        """A chain over the same judges with a cache and counts of its own, also counted in this one's."""
+        """A chain over the same judges with a cache and counts of its own, also counted in this
+        one's."""
         return JudgeChain(self.judges, parent=self)
 
     def _count(self, name: str, n: int) -> None:

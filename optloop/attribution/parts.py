@@ -51,7 +51,8 @@ STAGE_RANK: dict[ErrorType, int] = {
     ErrorType.RESPONSE: 3,
     ErrorType.UNKNOWN: 4,
 }
-STATED = 0.6  # share of a value's content words the answer must hold to state it (the lexical judge's bar)
+# share of a value's content words the answer must hold to state it (the lexical judge's bar)
+STATED = 0.6
 _RETRACTED = re.compile(
     r"\b(delete|deleted|deletes|deleting|deletion|remove|removed|removes|removing|removal|"
     r"forget|forgot|forgotten|erase|erased|discard|discarded|retract|retracted|no longer)\b"
@@ -76,7 +77,8 @@ def question_parts(question: Question) -> list[Part]:
 
 
 class RetractionJudge:
-    """A text carries a retraction when one of its lines names the value or entity and says it was deleted."""
+    """A text carries a retraction when one of its lines names the value or entity and says it was
+    deleted."""
 
     name = "retraction"
 

@@ -1,19 +1,20 @@
 """The planted-fault harness: faults with known ground truth, to measure attribution.
 
-Each fault of the catalogue (:mod:`optloop.faults.catalogue`) breaks one operation of a system in a known
-way and knows the site (or knob) and error type a correct attribution must name. Faults on prompt sites
-are injected at the operation, as fault-injection studies do: the site's DSPy module still makes its real
-LLM call, then its output (or input) is corrupted the way the fault's description says. This makes the
-fault bite even on a 135M model that would not follow a written instruction to misbehave, so every
-induced failure has one known cause. Knob faults set the knob.
+Each fault of the catalogue (:mod:`optloop.faults.catalogue`) breaks one operation of a system in a
+known way and knows the site (or knob) and error type a correct attribution must name. Faults on
+prompt sites are injected at the operation, as fault-injection studies do: the site's DSPy module
+still makes its real LLM call, then its output (or input) is corrupted the way the fault's
+description says. This makes the fault bite even on a 135M model that would not follow a written
+instruction to misbehave, so every induced failure has one known cause. Knob faults set the knob.
 
-The harness runs each system clean and with each of its faults over the same episodes. A question that
-passes clean and fails under the fault is a failure the fault *caused*; every one is attributed and
-scored: site accuracy (the blamed target is the planted one) and type accuracy (the error type is).
-Among them, the *induced* failures are the ones with a sound baseline and a fault that kept the evidence
-from the answer; the others are *set aside*, each with its reason (:data:`SET_ASIDE_REASONS`), but
-attributed and reported all the same (:mod:`optloop.attribution.planted_report`), so the accuracy over
-every caused failure stands next to the induced-only figure and the reader sees what the filter hides.
+The harness runs each system clean and with each of its faults over the same episodes. A question
+that passes clean and fails under the fault is a failure the fault *caused*; every one is
+attributed and scored: site accuracy (the blamed target is the planted one) and type accuracy (the
+error type is). Among them, the *induced* failures are the ones with a sound baseline and a fault
+that kept the evidence from the answer; the others are *set aside*, each with its reason
+(:data:`SET_ASIDE_REASONS`), but attributed and reported all the same
+(:mod:`optloop.attribution.planted_report`), so the accuracy over every caused failure stands next
+to the induced-only figure and the reader sees what the filter hides.
 """
 
 from __future__ import annotations
@@ -52,19 +53,22 @@ logger = logging.getLogger(__name__)
 UNSOUND_CLEAN = "unsound_clean_pass"
 EVIDENCE_REACHED = "evidence_reached_answer"
 SET_ASIDE_REASONS: dict[str, str] = {
-    UNSOUND_CLEAN: "the clean pass was unsound: the evidence did not reach the clean answer (a lucky guess)",
-    EVIDENCE_REACHED: "the evidence still reached the answer under the fault: the answer changed only because "
+    UNSOUND_CLEAN: "the clean pass was unsound: the evidence did not reach the clean answer (a "
+    "lucky guess)",
+    EVIDENCE_REACHED: "the evidence still reached the answer under the fault: the answer "
+    "changed only because "
     "its context did",
 }
-"""Why a failure a fault caused is set aside from the induced-only figure (it is attributed all the same)."""
+"""Why a failure a fault caused is set aside from the induced-only figure (it is attributed all the
+same)."""
 
 
 @dataclass
 class Case:
     """One failure a fault caused (the question passed clean) and how its attribution scored.
 
-    ``set_aside`` is ``None`` for an induced failure, else the key of :data:`SET_ASIDE_REASONS` that kept
-    it out of the induced-only figure."""
+    ``set_aside`` is ``None`` for an induced failure, else the key of :data:`SET_ASIDE_REASONS`
+    that kept it out of the induced-only figure."""
 
     system: str
     fault: str
@@ -122,8 +126,10 @@ class CleanBaseline:
 
 @dataclass
 class FaultTally:
-    """One fault on one episode: how many clean passes it turned into failures (``caused``; each is a
-    :class:`Case`), and how many questions failed clean and under the fault alike (not its doing)."""
+    """One fault on one episode: how many clean passes it turned into failures (``caused``; each is
+    a
+    :class:`Case`), and how many questions failed clean and under the fault alike (not its
+    doing)."""
 
     system: str
     dataset: str
@@ -141,8 +147,8 @@ class FaultTally:
 
 @dataclass
 class PlantedRun:
-    """Every failure the faults caused (``cases``: induced and set aside), the clean runs' denominators
-    (``baselines``) and each fault's tally per episode (``tallies``)."""
+    """Every failure the faults caused (``cases``: induced and set aside), the clean runs'
+    denominators (``baselines``) and each fault's tally per episode (``tallies``)."""
 
     cases: list[Case]
     baselines: list[CleanBaseline] = field(default_factory=list)
@@ -158,7 +164,8 @@ class PlantedRun:
 
     @property
     def collateral(self) -> list[tuple[str, str, str]]:
-        """The set-aside failures as (system, fault, question id), as this report first called them."""
+        """The set-aside failures as (system, fault, question id), as this report first called
+        them."""
         return [(c.system, c.fault, c.question_id) for c in self.set_aside]
 
     def __iadd__(self, other: PlantedRun) -> PlantedRun:
@@ -178,7 +185,8 @@ def _run(
     attributor: Attributor | None = None,
     workers: Workers | None = None,
 ) -> EpisodeResult:
-    """``episode`` through the one pipeline on a fresh system in ``run_dir``, with ``fault`` planted."""
+    """``episode`` through the one pipeline on a fresh system in ``run_dir``, with ``fault``
+    planted."""
 
     def make(_episode: Any) -> MemorySystem:
         shutil.rmtree(run_dir, ignore_errors=True)
@@ -201,9 +209,9 @@ def _run(
 
 
 class _Caused:
-    """``Attributor.select`` of a fault run: every failure of a question that passed clean is attributed
-    (the fault caused it); ``reasons`` records, per question id, why one is set aside from the induced-only
-    figure (``None``: induced)."""
+    """``Attributor.select`` of a fault run: every failure of a question that passed clean is
+    attributed (the fault caused it); ``reasons`` records, per question id, why one is set aside
+    from the induced-only figure (``None``: induced)."""
 
     def __init__(
         self, fault: OperationFault, passing: set[str], sound: set[str], judges: Any, embedder: Any
@@ -224,9 +232,9 @@ class _Caused:
             and self.fault.error_type is not ErrorType.CONTAMINATION
             and evidence_reaches_answer(graph, q, self.judges, embedder=self.embedder)
         ):
-            # (a contamination fault leaves the evidence in reach by definition: a stale value joins it)
-            # The fault did not keep the evidence from the answer; the answer changed only because
-            # its context did.
+            # (a contamination fault leaves the evidence in reach by definition: a stale value
+            # joins it) The fault did not keep the evidence from the answer; the answer changed
+            # only because its context did.
             self.reasons[q.id] = EVIDENCE_REACHED
         else:
             self.reasons[q.id] = None
@@ -245,11 +253,11 @@ def run_planted(
 ) -> PlantedRun:
     """Run every system clean and under each of its faults; attribute every failure a fault caused.
 
-    Every run goes through the one episode pipeline (:func:`optloop.pipeline.run_episode`): the clean
-    run unattributed, each fault run attributing the failures of the questions that passed clean (each
-    marked induced or set aside, with the reason). At ``--concurrency`` N > 1 the episodes of a system
-    go N at a time (each its clean run, then its fault runs), their results and ``progress`` lines
-    taken in episode order.
+    Every run goes through the one episode pipeline (:func:`optloop.pipeline.run_episode`): the
+    clean run unattributed, each fault run attributing the failures of the questions that passed
+    clean (each marked induced or set aside, with the reason). At ``--concurrency`` N > 1 the
+    episodes of a system go N at a time (each its clean run, then its fault runs), their results
+    and ``progress`` lines taken in episode order.
     """
     from systems import get_system
 

@@ -1,7 +1,8 @@
-"""The planted figures (:func:`summarize`): site and type accuracy over the induced failures and over every
-failure a fault caused, per fault, per planted type and per catalogue group, with the denominators. Rates
-come with a seeded 95% bootstrap interval (:func:`optloop.stats.bootstrap_mean`), an empty sample says so
-instead of scoring 0, and a sample under :data:`MIN_SAMPLE` is flagged as too small to support a figure."""
+"""The planted figures (:func:`summarize`): site and type accuracy over the induced failures and
+over every failure a fault caused, per fault, per planted type and per catalogue group, with the
+denominators. Rates come with a seeded 95% bootstrap interval
+(:func:`optloop.stats.bootstrap_mean`), an empty sample says so instead of scoring 0, and a sample
+under :data:`MIN_SAMPLE` is flagged as too small to support a figure."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from optloop.attribution.planted import SET_ASIDE_REASONS, Case, PlantedRun
 from optloop.stats import bootstrap_mean
 
 MIN_SAMPLE = 10
-"""A rate over fewer cases (or a system with fewer clean passes) is flagged as too small to support a figure."""
+"""A rate over fewer cases (or a system with fewer clean passes) is flagged as too small to support
+a figure."""
 
 
 def rate(
@@ -21,8 +23,9 @@ def rate(
 ) -> dict[str, Any]:
     """The share of ``values`` that are true, with its seeded 95% bootstrap interval.
 
-    An empty sample gives ``estimate`` ``None`` and the note "nothing to score (0 <what>)"; a sample
-    under ``min_n`` is flagged ``small_sample`` with a note saying it is too small to support a figure."""
+    An empty sample gives ``estimate`` ``None`` and the note "nothing to score (0 <what>)"; a
+    sample under ``min_n`` is flagged ``small_sample`` with a note saying it is too small to
+    support a figure."""
     n = len(values)
     if n == 0:
         return {
@@ -50,9 +53,11 @@ def rate(
 
 
 def format_rate(r: dict[str, Any], *, compact: bool = False) -> str:
-    """``0.750 [0.250, 1.000] (n=4)``, with the small-sample warning; the empty sample's note instead of a number.
+    """``0.750 [0.250, 1.000] (n=4)``, with the small-sample warning; the empty sample's note
+    instead of a number.
 
-    ``compact`` (a table cell): ``3/4 0.75 [0.25, 1.00]*``, ``*`` marking a sample too small to support a figure."""
+    ``compact`` (a table cell): ``3/4 0.75 [0.25, 1.00]*``, ``*`` marking a sample too small to
+    support a figure."""
     if not r["n"]:
         return "nothing to score" if compact else r["note"]
     if compact:
@@ -64,7 +69,8 @@ def format_rate(r: dict[str, Any], *, compact: bool = False) -> str:
 
 
 def _block(group: Sequence[Case], what: str, seed: int) -> dict[str, Any]:
-    """``n``, point ``site_accuracy`` / ``type_accuracy`` (``None`` when empty) and both rates with intervals."""
+    """``n``, point ``site_accuracy`` / ``type_accuracy`` (``None`` when empty) and both rates with
+    intervals."""
     site = rate([c.site_ok for c in group], what=what, seed=seed)
     kind = rate([c.type_ok for c in group], what=what, seed=seed)
     return {
@@ -84,10 +90,11 @@ def _ms(cases: Sequence[Case]) -> tuple[float | None, float | None]:
 
 
 def summarize(run: PlantedRun, *, seed: int = 0, min_n: int = MIN_SAMPLE) -> dict[str, Any]:
-    """The planted figures: the induced-only accuracy (top-level ``n``, ``site_accuracy``, ``type_accuracy``
-    and ``induced``) next to the accuracy over every failure a fault caused (``all_failures``), what was
-    set aside and why (``set_aside``), per fault and per planted type, and the denominators (clean passes
-    per system and dataset, failures caused per fault). Every rate has a seeded 95% interval."""
+    """The planted figures: the induced-only accuracy (top-level ``n``, ``site_accuracy``,
+    ``type_accuracy`` and ``induced``) next to the accuracy over every failure a fault caused
+    (``all_failures``), what was set aside and why (``set_aside``), per fault and per planted type,
+    and the denominators (clean passes per system and dataset, failures caused per fault). Every
+    rate has a seeded 95% interval."""
     cases, induced, aside = run.cases, run.induced, run.set_aside
 
     fault_keys = list(dict.fromkeys(f"{t.system}/{t.fault}" for t in run.tallies))

@@ -3,8 +3,8 @@
 :func:`attribute_traces` takes the runs of :func:`optloop.tracing.meme_traces.import_traces`
 and attributes every probe the authors' judge failed with
 :func:`optloop.attribution.parts.attribute_parts`, timing each. The judges are
-optloop's deterministic chain, lexical then embedding; :class:`~optloop.embed.CachedEmbedder` embeds
-each distinct text once across all failures (the same memories are judged again and
+optloop's deterministic chain, lexical then embedding; :class:`~optloop.embed.CachedEmbedder`
+embeds each distinct text once across all failures (the same memories are judged again and
 again), and :func:`warm_embedder` loads the model before the clock starts. Without an
 embedder only the lexical judge runs. :data:`MEME_STAGE` maps optloop's error types to
 MEME's ``failure_stage``.
@@ -82,7 +82,8 @@ def warm_embedder(spec: str | None = None) -> tuple[CachedEmbedder, float]:
 def attribute_traces(
     runs: Iterable[TraceRun], embedder: Embedder | None = None
 ) -> list[TracedFailure]:
-    """Attribute every failed probe of ``runs``, in order (lexical judge only without ``embedder``)."""
+    """Attribute every failed probe of ``runs``, in order (lexical judge only without
+    ``embedder``)."""
     out = []
     for run in runs:
         for question, probe in run.failures():

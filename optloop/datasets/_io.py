@@ -16,11 +16,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar, overload
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from optloop.errors import DatasetError
 
 T = TypeVar("T")
+M = TypeVar("M", bound=BaseModel)
 
 SHARED_DATA_ENV = "OPTLOOP_SHARED_DATA"
 
@@ -93,10 +94,10 @@ def json_error(
     first_line: int = 1,
     unit: str = "file",
 ) -> DatasetError:
-    """Bad JSON in ``text`` (the ``unit``, "file" or "line", starting on line ``first_line`` of ``source``), at
-    the line and column where it went wrong. JSON that stops before its value ends (a file or a line cut
-    off) is reported at the end of its last line, where the rest is missing, not at "column 1" of the
-    empty line after it."""
+    """Bad JSON in ``text`` (the ``unit``, "file" or "line", starting on line ``first_line`` of
+    ``source``), at the line and column where it went wrong. JSON that stops before its value ends
+    (a file or a line cut off) is reported at the end of its last line, where the rest is missing,
+    not at "column 1" of the empty line after it."""
     content = text.rstrip()
     if exc.pos >= len(content) or exc.msg.startswith("Unterminated string"):
         lineno = first_line + content.count("\n")
@@ -144,6 +145,28 @@ def read_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
                 raise json_error(path, exc, line, first_line=lineno, unit="line") from None
 
 
+def read_jsonl_models(path: Path, model: type[M], what: str) -> list[M]:
+    """One ``model`` per non-blank line of a JSONL file (``what``: one line's content, for the
+    error); an error names the line, and an empty file is one."""
+    records: list[M] = []
+    for lineno, value in read_jsonl(path):
+        where = f"line {lineno}"
+        if not isinstance(value, dict):
+            raise dataset_error(
+                path,
+                where,
+                None,
+                f"expected a JSON object ({what}), got {type(value).__name__}",
+            )
+        try:
+            records.append(model.model_validate(value))
+        except ValidationError as exc:
+            raise validation_error(path, where, exc) from None
+    if not records:
+        raise dataset_error(path, None, None, "no episodes (the file is empty)")
+    return records
+
+
 def read_json_records(path: Path, container_key: str | None = None) -> list[tuple[str, Any]]:
     """Records of a JSON list (``"record N"``) or JSONL file (``"line N"``).
 
@@ -167,9 +190,10 @@ def read_json_records(path: Path, container_key: str | None = None) -> list[tupl
 def load_json_episodes(
     rest: str, scheme: str, build: Callable[[str, Any, Path], T], what: str
 ) -> tuple[str, list[T]]:
-    """A JSON/JSONL dataset of one episode per record (LoCoMo, LongMemEval): ``build(where, record, path)``
-    makes each, with any error pointing at its record; returns ``"<scheme>:<file stem>"`` and the episodes.
-    An empty file is an error naming ``what`` it lacks (``"samples"``)."""
+    """A JSON/JSONL dataset of one episode per record (LoCoMo, LongMemEval):
+    ``build(where, record, path)`` makes each, with any error pointing at its record; returns
+    ``"<scheme>:<file stem>"`` and the episodes. An empty file is an error naming ``what`` it lacks
+    (``"samples"``)."""
     path = existing_file(rest, scheme)
     episodes = []
     for where, record in read_json_records(path):
@@ -298,7 +322,8 @@ def int_param(
 def int_param(
     uri: str, params: dict[str, str], name: str, minimum: int, default: int | None = None
 ) -> int | None:
-    """The integer query parameter ``name`` of a dataset URI (``default`` when absent), at least ``minimum``."""
+    """The integer query parameter ``name`` of a dataset URI (``default`` when absent), at least
+    ``minimum``."""
     raw = params.get(name)
     if raw is None:
         return default

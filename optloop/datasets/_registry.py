@@ -11,9 +11,10 @@
 ``jsonl:<path>``                       one Episode per line (the model's JSON)
 ``synthetic:meme?seed=&episodes=&fillers=&domain=``   generated MEME-style episodes
 ``synthetic:suite?seed=``              generated end-to-end memory check-list
-``synthetic:recall?seed=&episodes=``   generated plain fact recall (three facts, two asked, per episode)
-``agentic:<path>``                     agent memories with workspace, status, branch status
-``agentic:generate?records=&seed=``    generated agentic probes (``probes=``, ``workspaces=``)
+``synthetic:recall?seed=&episodes=``   generated plain fact recall (three facts, two asked, per
+episode) ``agentic:<path>``                     agent memories with workspace, status, branch
+status ``agentic:generate?records=&seed=``    generated agentic probes (``probes=``,
+``workspaces=``)
 =====================================  ==============================================
 
 Query parameters every scheme accepts, applied in this order after loading:

@@ -1,4 +1,5 @@
-"""Agent memory under state: ``agentic:<path>`` (a jsonl layout) and ``agentic:generate?...`` (seeded).
+"""Agent memory under state: ``agentic:<path>`` (a jsonl layout) and ``agentic:generate?...``
+(seeded).
 
 A coding or ops agent writes memories while it works: "the API listens on port 24817",
 "the schema is at migration m0417_kelvor". Each memory belongs to a **workspace** (and a
@@ -67,7 +68,7 @@ from optloop.datasets._io import (
     dataset_error,
     existing_file,
     int_param,
-    read_jsonl,
+    read_jsonl_models,
     validation_error,
 )
 from optloop.datasets._model import Episode, Question, Session, Turn
@@ -86,7 +87,8 @@ GENERATE_PARAMS = ("records", "seed", "probes", "workspaces")
 TAGS = ("run", "fact", "end")
 _TAG = re.compile(r"^@(?P<kind>run|fact|end) (?P<json>\{.*\})\s*$")
 _SCOPE = re.compile(
-    r"^\s*\[workspace\s+(?P<workspace>[^\s,\]]+)(?:\s*,\s*path\s+(?P<path>[^\]]*?))?\s*\]\s*(?P<rest>.*)$",
+    r"^\s*\[workspace\s+(?P<workspace>[^\s,\]]+)"
+    r"(?:\s*,\s*path\s+(?P<path>[^\]]*?))?\s*\]\s*(?P<rest>.*)$",
     re.S,
 )
 
@@ -99,7 +101,8 @@ def tag_line(kind: str, data: dict[str, Any]) -> str:
 
 
 def parse_tag(content: str) -> tuple[str, str | None, dict[str, Any]]:
-    """``(text, kind, data)`` of a turn: the human-readable text, and its tag (``None``, ``{}`` when untagged)."""
+    """``(text, kind, data)`` of a turn: the human-readable text, and its tag (``None``, ``{}``
+    when untagged)."""
     head, _, last = content.rstrip().rpartition("\n")
     match = _TAG.match(last.strip())
     if match is None:
@@ -117,7 +120,8 @@ def scope_header(workspace: str, path: str = "") -> str:
 
 
 def parse_scope(question: str) -> tuple[str | None, str, str]:
-    """``(workspace, path, question without the header)``; ``(None, "", question)`` when there is no header."""
+    """``(workspace, path, question without the header)``; ``(None, "", question)`` when there is
+    no header."""
     match = _SCOPE.match(question)
     if match is None:
         return None, "", question.strip()
@@ -125,8 +129,8 @@ def parse_scope(question: str) -> tuple[str | None, str, str]:
 
 
 def path_matches(memory_path: str, query_path: str) -> bool:
-    """Whether a memory written under ``memory_path`` applies at ``query_path``: one is a prefix of the
-    other, segment by segment (an empty path is the whole workspace)."""
+    """Whether a memory written under ``memory_path`` applies at ``query_path``: one is a prefix of
+    the other, segment by segment (an empty path is the whole workspace)."""
     mem = [p for p in memory_path.strip("/").split("/") if p]
     query = [p for p in query_path.strip("/").split("/") if p]
     return mem[: len(query)] == query or query[: len(mem)] == mem
@@ -203,14 +207,15 @@ class AgenticEpisode(BaseModel):
         for run in runs:
             if {f"{run}:start", f"{run}:end"} & ids:
                 raise ValueError(
-                    f"facts: a fact id collides with the turn ids of run {run!r} ({run}:start/{run}:end)"
+                    f"facts: a fact id collides with the turn ids of run {run!r} "
+                    f"({run}:start/{run}:end)"
                 )
         for i, fact in enumerate(self.facts):
             later = _superseding(self.facts, i)
             if later is not None and fact.status == "active":
                 raise ValueError(
-                    f"facts[{i}].status: {fact.id} is marked active, but {later.id} (a later completed run, "
-                    f"same workspace and key) supersedes it; mark it superseded"
+                    f"facts[{i}].status: {fact.id} is marked active, but {later.id} (a later "
+                    "completed run, same workspace and key) supersedes it; mark it superseded"
                 )
         probe_ids: set[str] = set()
         workspaces = {f.workspace for f in self.facts}
@@ -232,7 +237,8 @@ class AgenticEpisode(BaseModel):
 
 
 def _superseding(facts: Sequence[AgenticFact], i: int) -> AgenticFact | None:
-    """The later fact that supersedes ``facts[i]``: same workspace and key, a completed run, itself active."""
+    """The later fact that supersedes ``facts[i]``: same workspace and key, a completed run, itself
+    active."""
     fact = facts[i]
     if fact.key is None:
         return None
@@ -259,7 +265,8 @@ _OUTCOME = {
 
 
 def to_episode(record: AgenticEpisode) -> Episode:
-    """The episode a memory system sees: one ``agent_run`` session per run, tagged turns, scoped questions."""
+    """The episode a memory system sees: one ``agent_run`` session per run, tagged turns, scoped
+    questions."""
     sessions: list[Session] = []
     runs: list[list[AgenticFact]] = []
     for fact in record.facts:
@@ -365,14 +372,15 @@ def _stamp(index: int) -> str:
 
 
 def mentions(text: str, marker: str) -> bool:
-    """Whether ``text`` names ``marker``: whole words, after SQuAD normalization (case, punctuation)."""
+    """Whether ``text`` names ``marker``: whole words, after SQuAD normalization (case,
+    punctuation)."""
     needle = normalize_answer(marker)
     return bool(needle) and f" {needle} " in f" {normalize_answer(text)} "
 
 
 class ContextScore(BaseModel):
-    """What one probe's context held (``positive``: what the answer is told to use; ``negative``: shown as
-    something that did not work)."""
+    """What one probe's context held (``positive``: what the answer is told to use; ``negative``:
+    shown as something that did not work)."""
 
     question_id: str
     category: str
@@ -412,7 +420,8 @@ def score_context(
 
 # --------------------------------------------------------------------------- generator
 
-# key -> (path, question, templates for a value that holds, template for a value a run wrote, value kind)
+# key -> (path, question, templates for a value that holds, template for a value a run wrote, value
+# kind)
 _KEYS: dict[str, tuple[str, str, tuple[str, ...], str]] = {
     "api.port": (
         "services/api",
@@ -595,7 +604,8 @@ _REGIONS = ("eu", "us", "ap", "sa", "me", "af")
 
 
 class _Values:
-    """Made-up values, unique within an episode and none a word of another (a marker names one fact)."""
+    """Made-up values, unique within an episode and none a word of another (a marker names one
+    fact)."""
 
     def __init__(self, rng: random.Random):
         self.rng = rng
@@ -646,7 +656,8 @@ def _episode_record(
     pairs = [(ws, key) for ws in workspaces for key in keys]
     probed = rng.sample(pairs, len(categories))
     plan = dict(zip(probed, categories, strict=True))
-    # phase -> list of (workspace, key, value, branch, template index): 0 = oldest state, 1 = base, 2 = later runs
+    # phase -> list of (workspace, key, value, branch, template index): 0 = oldest state, 1 = base,
+    # 2 = later runs
     phases: dict[int, list[tuple[str, str, str, str, int]]] = {0: [], 1: [], 2: []}
     probes: list[
         tuple[str, str, str, str, list[str]]
@@ -739,7 +750,8 @@ def _episode_record(
 def generate_records(
     records: int = 2000, seed: int = 0, probes: int = 8, workspaces: int = 3
 ) -> list[AgenticEpisode]:
-    """``records`` probes over episodes of ``probes`` each; categories rotate, so each has a quarter."""
+    """``records`` probes over episodes of ``probes`` each; categories rotate, so each has a
+    quarter."""
     if not 2 <= workspaces <= len(_WORKSPACES):
         raise ValueError(f"workspaces must be 2..{len(_WORKSPACES)}")
     rng = random.Random(seed)
@@ -767,23 +779,7 @@ def write_agentic_jsonl(records: Iterable[AgenticEpisode], path: str | Path) -> 
 
 
 def read_agentic_jsonl(path: Path) -> list[AgenticEpisode]:
-    records = []
-    for lineno, value in read_jsonl(path):
-        where = f"line {lineno}"
-        if not isinstance(value, dict):
-            raise dataset_error(
-                path,
-                where,
-                None,
-                f"expected a JSON object (one agentic episode), got {type(value).__name__}",
-            )
-        try:
-            records.append(AgenticEpisode.model_validate(value))
-        except ValidationError as exc:
-            raise validation_error(path, where, exc) from None
-    if not records:
-        raise dataset_error(path, None, None, "no episodes (the file is empty)")
-    return records
+    return read_jsonl_models(path, AgenticEpisode, "one agentic episode")
 
 
 def load_agentic(rest: str, params: dict[str, str]) -> tuple[str, list[Episode]]:
@@ -805,7 +801,10 @@ def load_agentic(rest: str, params: dict[str, str]) -> tuple[str, list[Episode]]
         if workspaces > len(_WORKSPACES):
             raise dataset_error(uri, None, "workspaces", f"at most {len(_WORKSPACES)}")
         generated = generate_records(records, seed, probes, workspaces)
-        name = f"agentic:generate?records={records}&seed={seed}&probes={probes}&workspaces={workspaces}"
+        name = (
+            f"agentic:generate?records={records}&seed={seed}&probes={probes}"
+            f"&workspaces={workspaces}"
+        )
         return name, [to_episode(r) for r in generated]
     if params:
         raise dataset_error(

@@ -1,4 +1,5 @@
-"""``builtin:assistant``: an end-to-end personal-assistant suite, 20 hand-written probes over 6 users.
+"""``builtin:assistant``: an end-to-end personal-assistant suite, 20 hand-written probes over 6
+users.
 
 Each episode is one user talking to their assistant over two or three conversations
 (sessions, days apart); the questions come after the last one, as if asked in it. Every
@@ -110,7 +111,8 @@ _EPISODES: list[_Raw] = [
             (
                 "2024-10-01",
                 [
-                    "Quick facts about me: I was born in Tarragona, I work as a hydrologist, and my cat is "
+                    "Quick facts about me: I was born in Tarragona, I work as a "
+                    "hydrologist, and my cat is "
                     "called Pimento.",
                     "Lovely, noted all three.",
                 ],
@@ -118,8 +120,8 @@ _EPISODES: list[_Raw] = [
             (
                 "2024-10-03",
                 [
-                    "Ugh, I have to take Juniper to the vet again, she keeps chasing the neighbours' ducks "
-                    "and barking all night.",
+                    "Ugh, I have to take Juniper to the vet again, she keeps chasing the "
+                    "neighbours' ducks and barking all night.",
                     "Oh no, I hope the vet can calm her down!",
                     "I parked on level 4 of the Carvell garage today.",
                     "Okay: level 4, Carvell garage.",
@@ -286,7 +288,8 @@ _EPISODES: list[_Raw] = [
             (
                 "2025-02-03",
                 [
-                    "Birthdays to remember: Nayeli on 4 March, Cosmin on 19 July and Ottilie on 2 December.",
+                    "Birthdays to remember: Nayeli on 4 March, Cosmin on 19 July and "
+                    "Ottilie on 2 December.",
                     "All three are saved.",
                 ],
             ),

@@ -22,7 +22,8 @@ from collections.abc import Callable
 from optloop.datasets._model import Episode, Question, Session, Turn
 from optloop.errors import DatasetError
 
-# (episode id, [(timestamp, [user, assistant, user, ...])], [(question, gold, evidence ids, task type)])
+# (episode id, [(timestamp, [user, assistant, user, ...])], [(question, gold, evidence ids, task
+# type)])
 _Sessions = list[tuple[str, list[str]]]
 _Questions = list[tuple[str, str, list[str], str]]
 _TINY: list[tuple[str, _Sessions, _Questions]] = [

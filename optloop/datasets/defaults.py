@@ -49,14 +49,16 @@ DEFAULTS: dict[str, DefaultDataset] = {
 
 
 def defaults_help() -> str:
-    """What ``optloop.run --help`` says of the defaults: the datasets, and each measured baseline."""
+    """What ``optloop.run --help`` says of the defaults: the datasets, and each measured
+    baseline."""
     uris = sorted({d.uri for d in DEFAULTS.values()})
     measured = [f"{s} {d.baseline}" for s, d in DEFAULTS.items() if d.baseline]
     unmeasured = [s for s, d in DEFAULTS.items() if not d.baseline]
     return (
-        f"{' / '.join(uris)} for every system: 40 episodes of three made-up facts, two asked after an "
-        "unrelated session; 20 dev and 20 test questions, so one question moves accuracy by 0.05; the embedded "
-        "model's baseline is meant to have room to rise and to fall there (dev accuracy "
+        f"{' / '.join(uris)} for every system: 40 episodes of three made-up facts, two asked "
+        "after an unrelated session; 20 dev and 20 test questions, so one question moves "
+        "accuracy by 0.05; the embedded model's baseline is meant to have room to rise and to "
+        "fall there (dev accuracy "
         + "; ".join(measured)
         + (f"; not measured yet for {', '.join(unmeasured)}" if unmeasured else "")
         + "; see optloop/datasets/defaults.py)"

@@ -20,32 +20,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-from pydantic import ValidationError
-
-from optloop.datasets._io import dataset_error, existing_file, read_jsonl, validation_error
+from optloop.datasets._io import existing_file, read_jsonl_models
 from optloop.datasets._model import Episode
 
 
 def load_jsonl(rest: str, params: dict[str, str]) -> tuple[str, list[Episode]]:
     """Load one episode per line; returns the dataset name and its episodes."""
     path = existing_file(rest, "jsonl")
-    episodes = []
-    for lineno, value in read_jsonl(path):
-        where = f"line {lineno}"
-        if not isinstance(value, dict):
-            raise dataset_error(
-                path,
-                where,
-                None,
-                f"expected a JSON object (one Episode), got {type(value).__name__}",
-            )
-        try:
-            episodes.append(Episode.model_validate(value))
-        except ValidationError as exc:
-            raise validation_error(path, where, exc) from None
-    if not episodes:
-        raise dataset_error(path, None, None, "no episodes (the file is empty)")
-    return f"jsonl:{path.stem}", episodes
+    return f"jsonl:{path.stem}", read_jsonl_models(path, Episode, "one Episode")
 
 
 def write_jsonl(episodes: Iterable[Episode], path: str | Path) -> Path:

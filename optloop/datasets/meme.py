@@ -19,7 +19,8 @@ records): a JSON list of records, a JSON object ``{"episodes": [records]}``, or 
                                      "conveyed_in_turn": 0}]}],   # 0-based index into conversation
       "questions": [{"task_type": "cascade", "question": "...", "gold_answer": "...",
                      "id": "...",                                   # optional
-                     "evidence_turns": [[3, 0], [5, 2]],            # optional: [session idx, turn index]
+                     "evidence_turns": [[3, 0], [5, 2]],            # optional: [session idx, turn
+                     index]
                      "evidence_session_indices": [3, 5],            # optional
                      "entity": "...",                               # optional: narrows gold_facts
                      "scorer": "contains", "forbidden": ["..."], "meta": {...}}]   # optional

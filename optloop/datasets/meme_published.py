@@ -462,7 +462,8 @@ def evidence_parts(
 
 
 def load_published(path: Path, data: Any | None = None) -> tuple[str, list[Episode]]:
-    """``meme:`` on a checkout directory or one published file: the dataset name and its episodes."""
+    """``meme:`` on a checkout directory or one published file: the dataset name and its
+    episodes."""
     sources = published_files(path) if path.is_dir() else [path]
     episodes = []
     for source in sources:

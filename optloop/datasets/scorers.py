@@ -171,7 +171,8 @@ def parse_choice(text: str, options: list[str]) -> str | None:
         if _folded(option) and _contains(folded, _folded(option))
     ]
     if len(hits) > 1:
-        # One option's text may contain another's ("New York" vs "New York City"): keep the longest.
+        # One option's text may contain another's ("New York" vs "New York City"): keep the
+        # longest.
         longest = max(hits, key=lambda letter: len(_folded(options[letters.index(letter)])))
         others = [h for h in hits if h != longest]
         if all(
@@ -184,10 +185,14 @@ def parse_choice(text: str, options: list[str]) -> str | None:
 
 
 _ABSTAIN_PATTERNS = [
-    r"\b(i|we) (dont|do not|cannot|cant|could not|couldnt) (know|tell|recall|remember|find|say|answer|determine)\b",
+    r"\b(i|we) (dont|do not|cannot|cant|could not|couldnt) "
+    r"(know|tell|recall|remember|find|say|answer|determine)\b",
     r"\b(dont|do not|doesnt|does not) (have|contain|include|mention|say|specify)\b",
-    r"\bno (information|info|record|records|mention|memory|memories|data|details|evidence|knowledge)\b",
-    r"\bnot (mentioned|specified|provided|stated|available|known|recorded|sure|certain|given|discussed)\b",
+    r"\bno "
+    r"(information|info|record|records|mention|memory|memories|data|details|evidence|knowledge)\b",
+    r"\bnot "
+    r"(mentioned|specified|provided|stated|available|known|recorded|sure|certain|given|"
+    r"discussed)\b",
     r"\bnever (mentioned|said|told|stated|discussed)\b",
     r"\b(not|isnt|is not) (enough|sufficient) information\b",
     r"\binsufficient information\b",

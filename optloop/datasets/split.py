@@ -41,7 +41,8 @@ def split_episodes(
     """
     if len(fractions) != 3 or any(f < 0 for f in fractions) or sum(fractions) <= 0:
         raise ValueError(
-            f"fractions must be three non-negative numbers with a positive sum, got {tuple(fractions)}"
+            "fractions must be three non-negative numbers with a positive sum, got "
+            f"{tuple(fractions)}"
         )
     ids = sorted(e.id for e in dataset.episodes)
     random.Random(seed).shuffle(ids)

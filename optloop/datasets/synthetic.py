@@ -1,5 +1,5 @@
-"""Seeded generators: ``synthetic:meme?seed=K&episodes=N&fillers=F&domain=D``, ``synthetic:suite?seed=K``
-and ``synthetic:recall?seed=K&episodes=N``.
+"""Seeded generators: ``synthetic:meme?seed=K&episodes=N&fillers=F&domain=D``,
+``synthetic:suite?seed=K`` and ``synthetic:recall?seed=K&episodes=N``.
 
 ``synthetic:meme`` builds MEME-style episodes (the records :mod:`optloop.datasets.meme`
 reads) from a small dependency DAG over fictitious values, in two domains
@@ -333,7 +333,8 @@ def _workplace(names: _Names, rng: random.Random) -> tuple[str, list[_Task]]:
                     meeting,
                 ),
                 _retracts(
-                    f"The standing meeting with {colleague} has been cancelled for good, please forget it.",
+                    f"The standing meeting with {colleague} has been cancelled for good, "
+                    "please forget it.",
                     meeting,
                     meeting,
                 ),
@@ -754,7 +755,8 @@ def _suite(seed: int) -> list[Episode]:
             _session(
                 "s1",
                 d1,
-                f"Ugh, I have to take {dog} to the vet again, he chewed up another one of my socks.",
+                f"Ugh, I have to take {dog} to the vet again, he chewed up another one of "
+                "my socks.",
                 "Oh no, I hope he's okay!",
             )
         ],

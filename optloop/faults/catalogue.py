@@ -1,6 +1,8 @@
-"""The catalogue of operation faults the attribution harness plants (:mod:`optloop.attribution.planted`):
-each with the site (or knob) and error type a correct attribution must name, grouped by when it joined
-(``added``: the original ones, then the preregistered ones, written down before any run evaluated them)."""
+"""The catalogue of operation faults the attribution harness plants
+(:mod:`optloop.attribution.planted`):
+each with the site (or knob) and error type a correct attribution must name, grouped by when it
+joined (``added``: the original ones, then the preregistered ones, written down before any run
+evaluated them)."""
 
 from __future__ import annotations
 
@@ -131,7 +133,8 @@ CATALOGUE: tuple[OperationFault, ...] = (
         ("tiered",),
         knob_target("search_recipe"),
         ErrorType.RETRIEVAL,
-        "retrieval searches only a category no fact or summary is filed under (search_recipe=category:archived)",
+        "retrieval searches only a category no fact or summary is filed under "
+        "(search_recipe=category:archived)",
         knobs={"search_recipe": "category:archived"},
     ),
     OperationFault(
@@ -186,13 +189,14 @@ CATALOGUE: tuple[OperationFault, ...] = (
         site=ANSWER,
         inputs={"memories": "(no memories)"},
     ),
-    # --- preregistered ---------------------------------------------------------------------------------------
-    # Ten faults of kinds the catalogue did not have, over store, update, extraction, retrieval and answer.
-    # Written down and committed BEFORE any run evaluated them (no figure was seen while writing them), so
-    # they are not tuned to the walk. Each one's true target and type say what happened by the taxonomy's
-    # definitions (taxonomy.ErrorType), not what the walk is expected to answer. Their first-run figures
-    # are reported as they come, next to any later ones.
-    # store: writes acknowledged but lost (the evidence never becomes a memory, by the store's fault)
+    # --- preregistered ---------------------------------------------------------------------------
+    # Ten faults of kinds the catalogue did not have, over store, update, extraction, retrieval and
+    # answer. Written down and committed BEFORE any run evaluated them (no figure was seen while
+    # writing them), so they are not tuned to the walk. Each one's true target and type say what
+    # happened by the taxonomy's definitions (taxonomy.ErrorType), not what the walk is expected to
+    # answer. Their first-run figures are reported as they come, next to any later ones.
+    # store: writes acknowledged but lost (the evidence never becomes a memory, by the store's
+    # fault)
     OperationFault(
         "store-loses-alternate-writes",
         _BASELINES_AND_MEM0,
@@ -209,7 +213,8 @@ CATALOGUE: tuple[OperationFault, ...] = (
         _BASELINES_AND_MEM0,
         library_target("{system}.store"),
         ErrorType.UPDATE,
-        "the store rewrites every memory of earlier sessions with each number one higher (3 -> 4, 2023 -> 2024)",
+        "the store rewrites every memory of earlier sessions with each number one higher (3 "
+        "-> 4, 2023 -> 2024)",
         after_session=shift_old_numbers,
         added=PREREGISTERED,
     ),
@@ -219,7 +224,8 @@ CATALOGUE: tuple[OperationFault, ...] = (
         ("md_flat",),
         MD_FLAT_CURATE,
         ErrorType.UPDATE,
-        "curation collapses every fact already in the file into one summary line of its first twelve words",
+        "curation collapses every fact already in the file into one summary line of its "
+        "first twelve words",
         site=MD_FLAT_CURATE,
         lists=compress_old,
         added=PREREGISTERED,
@@ -245,8 +251,8 @@ CATALOGUE: tuple[OperationFault, ...] = (
         lists=truncate_new,
         added=PREREGISTERED,
     ),
-    # retrieval: a score cut-off that filters (not a rank cut-off), a query that lost its key terms (not an
-    # unrelated one), a search over the wrong layer of the graph
+    # retrieval: a score cut-off that filters (not a rank cut-off), a query that lost its key terms
+    # (not an unrelated one), a search over the wrong layer of the graph
     OperationFault(
         "threshold-strict",
         ("mem0", "rag_embedding"),
@@ -272,11 +278,13 @@ CATALOGUE: tuple[OperationFault, ...] = (
         ("graphiti",),
         knob_target("search_recipe"),
         ErrorType.RETRIEVAL,
-        "search_recipe set to NODE_HYBRID_SEARCH_RRF: the search returns entity nodes, never the facts (edges)",
+        "search_recipe set to NODE_HYBRID_SEARCH_RRF: the search returns entity nodes, "
+        "never the facts (edges)",
         knobs={"search_recipe": "NODE_HYBRID_SEARCH_RRF"},
         added=PREREGISTERED,
     ),
-    # answer: a degenerate output (not a fixed one), and a context cut short at the answer (not emptied)
+    # answer: a degenerate output (not a fixed one), and a context cut short at the answer (not
+    # emptied)
     OperationFault(
         "answer-echoes-question",
         _ALL_SYSTEMS,
@@ -297,15 +305,17 @@ CATALOGUE: tuple[OperationFault, ...] = (
         edit_inputs=first_memory_only,
         added=PREREGISTERED,
     ),
-    # --- gated: written down before any run evaluated them. Truth is the taxonomy's definition: who
-    # let the stale memory into the answer's positive context. Lenient floors leave status and branch to the
-    # gate's LLM, so there the gate site decides; with the floors off and no LLM asked, the floors knob does.
+    # --- gated: written down before any run evaluated them. Truth is the taxonomy's definition:
+    # who let the stale memory into the answer's positive context. Lenient floors leave status and
+    # branch to the gate's LLM, so there the gate site decides; with the floors off and no LLM
+    # asked, the floors knob does.
     OperationFault(
         "gated-gate-admits-all",
         ("gated",),
         GATED_ADMIT,
         ErrorType.CONTAMINATION,
-        "floors lenient (status and branch left to the gate) and the gate admits every candidate it decides",
+        "floors lenient (status and branch left to the gate) and the gate admits every "
+        "candidate it decides",
         site=GATED_ADMIT,
         knobs={"floors": "lenient"},
         lists=lambda items, _: [
@@ -320,7 +330,8 @@ CATALOGUE: tuple[OperationFault, ...] = (
         ("gated",),
         knob_target("floors"),
         ErrorType.CONTAMINATION,
-        "floors off and no LLM verdict (gate=floors_only): every retrieved candidate enters the answer",
+        "floors off and no LLM verdict (gate=floors_only): every retrieved candidate enters "
+        "the answer",
         knobs={"floors": "off", "gate": "floors_only"},
     ),
     OperationFault(

@@ -1,7 +1,7 @@
-"""The corruptions an :class:`~optloop.faults.model.OperationFault` plants: what a site's output (or input)
-becomes under the fault ("extraction keeps only the first fact", "the answer ignores the memories"), and
-what a store does to its memories after each session. Each is a plain function, so a test can check it
-on its own."""
+"""The corruptions an :class:`~optloop.faults.model.OperationFault` plants: what a site's output
+(or input) becomes under the fault ("extraction keeps only the first fact", "the answer ignores the
+memories"), and what a store does to its memories after each session. Each is a plain function, so
+a test can check it on its own."""
 
 from __future__ import annotations
 
@@ -120,7 +120,8 @@ def truncate_facts(items: list[Any], _: dict[str, Any]) -> list[Any]:
 
 
 def truncate_new(items: list[Any], inputs: dict[str, Any]) -> list[Any]:
-    """The facts already in the file kept as they are; every new fact cut to its first four words."""
+    """The facts already in the file kept as they are; every new fact cut to its first four
+    words."""
     return [
         i if _already_in_file(i, inputs) else _with_text(i, first_words(_own_text(i), 4))
         for i in items
@@ -128,7 +129,8 @@ def truncate_new(items: list[Any], inputs: dict[str, Any]) -> list[Any]:
 
 
 def compress_old(items: list[Any], inputs: dict[str, Any]) -> list[Any]:
-    """The facts already in the file collapsed into one summary line (their first twelve words); new facts kept."""
+    """The facts already in the file collapsed into one summary line (their first twelve words);
+    new facts kept."""
     old = [i for i in items if _already_in_file(i, inputs)]
     new = [i for i in items if not _already_in_file(i, inputs)]
     if not old:
@@ -137,12 +139,14 @@ def compress_old(items: list[Any], inputs: dict[str, Any]) -> list[Any]:
 
 
 def shift_numbers(text: str) -> str:
-    """Every number one higher: ``3`` becomes ``4``, ``2023`` becomes ``2024``, ``10:30`` becomes ``11:31``."""
+    """Every number one higher: ``3`` becomes ``4``, ``2023`` becomes ``2024``, ``10:30`` becomes
+    ``11:31``."""
     return re.sub(r"\d+", lambda m: str(int(m.group()) + 1), text)
 
 
 def strip_specifics(text: str) -> str:
-    """``text`` without its names, numbers and dates (capitalized words after the first, digits, months, days)."""
+    """``text`` without its names, numbers and dates (capitalized words after the first, digits,
+    months, days)."""
     words = text.split()
     kept = [
         w
@@ -179,20 +183,23 @@ def overwrite_old(system: MemorySystem, before: set[str]) -> None:
 
 
 def _content(item: Any) -> str:
-    """What ``update_memory`` takes for ``item``: a raw turn's content (its ``speaker: `` shown in front dropped)."""
+    """What ``update_memory`` takes for ``item``: a raw turn's content (its ``speaker: `` shown in
+    front dropped)."""
     text = str(item.text)
     return text.split(": ", 1)[-1] if (item.metadata or {}).get("kind") == "turn" else text
 
 
 def lose_alternate_writes(system: MemorySystem, before: set[str]) -> None:
-    """The store acknowledges every write of this session but persists only every other one (2nd, 4th, ... lost)."""
+    """The store acknowledges every write of this session but persists only every other one (2nd,
+    4th, ... lost)."""
     new = [m.id for m in system.all_memories() if m.id not in before]
     for memory_id in new[1::2]:
         system.delete_memory(memory_id)
 
 
 def shift_old_numbers(system: MemorySystem, before: set[str]) -> None:
-    """The store rewrites every unit that existed before this session with each of its numbers one higher."""
+    """The store rewrites every unit that existed before this session with each of its numbers one
+    higher."""
     for item in system.all_memories():
         if item.id in before:
             shifted = shift_numbers(_content(item))

@@ -1,12 +1,12 @@
-"""A planted fault: a system broken on purpose in one known place, with the answer a correct blame must
-give (the site, or ``knob:<name>``, and for an operation fault the error type).
+"""A planted fault: a system broken on purpose in one known place, with the answer a correct blame
+must give (the site, or ``knob:<name>``, and for an operation fault the error type).
 
-Two kinds, one model (:class:`PlantedFault`): an :class:`OperationFault` corrupts an operation as it runs
-(a site's output or input, a store's memories after each session, a knob), which bites even on a model too
-small to follow a written instruction to misbehave; it measures attribution. An :class:`InstructionFault`
-is a written instruction at a site (replacing, appended to or put in front of the site's own), the kind of
-fault an optimizer rewrites instructions to mend; it measures repair (``optloop.run --start``). Both apply
-to a built system with :meth:`PlantedFault.apply`.
+Two kinds, one model (:class:`PlantedFault`): an :class:`OperationFault` corrupts an operation as
+it runs (a site's output or input, a store's memories after each session, a knob), which bites even
+on a model too small to follow a written instruction to misbehave; it measures attribution.
+An :class:`InstructionFault` is a written instruction at a site (replacing, appended to or put in
+front of the site's own), the kind of fault an optimizer rewrites instructions to mend; it measures
+repair (``optloop.run --start``). Both apply to a built system with :meth:`PlantedFault.apply`.
 """
 
 from __future__ import annotations
@@ -30,9 +30,10 @@ PERSONA = "memfail:persona?limit=24"  # an instruction fault's default dataset
 
 
 class PlantedFault(ABC):
-    """One planted fault: its name, the systems it applies to, the site (or ``knob:<name>``; ``{system}``
-    filled per system) a correct attribution blames, what it does, and the catalogue group it joined with
-    (``added``: :data:`ORIGINAL`, or :data:`PREREGISTERED`, written down before any run)."""
+    """One planted fault: its name, the systems it applies to, the site (or ``knob:<name>``;
+    ``{system}`` filled per system) a correct attribution blames, what it does, and the catalogue
+    group it joined with (``added``: :data:`ORIGINAL`, or :data:`PREREGISTERED`, written down
+    before any run)."""
 
     name: str
     systems: tuple[str, ...]
@@ -61,8 +62,8 @@ def _map_lists(
 
 @dataclass
 class OperationFault(PlantedFault):
-    """A fault in an operation: a site's output or input corrupted as it runs, a store's memories after
-    each session, or knobs set; ``error_type`` is what a correct attribution calls it."""
+    """A fault in an operation: a site's output or input corrupted as it runs, a store's memories
+    after each session, or knobs set; ``error_type`` is what a correct attribution calls it."""
 
     name: str
     systems: tuple[str, ...]
@@ -77,7 +78,8 @@ class OperationFault(PlantedFault):
     query_site: bool = False
     # A store fault: run after each session is ingested, with the ids stored before it.
     after_session: Callable[[MemorySystem, set[str]], None] | None = None
-    # The site's inputs rewritten before its call, and its prediction edited (in place) after it, from the inputs.
+    # The site's inputs rewritten before its call, and its prediction edited (in place) after it,
+    # from the inputs.
     edit_inputs: Callable[[dict[str, Any]], dict[str, Any]] | None = None
     edit_outputs: Callable[[dspy.Prediction, dict[str, Any]], None] | None = None
     added: str = ORIGINAL
@@ -126,9 +128,10 @@ class OperationFault(PlantedFault):
 
 @dataclass
 class InstructionFault(PlantedFault):
-    """A written instruction at one site of one system: the site's own instruction replaced by ``text``, or
-    ``text`` appended to it or put in front of it. Its ``target`` is the site; ``dataset`` is where it is
-    run, with the site ``retrieve.query`` added when ``query_rewrite``."""
+    """A written instruction at one site of one system: the site's own instruction replaced by
+    ``text``, or ``text`` appended to it or put in front of it. Its ``target`` is the site;
+    ``dataset`` is where it is run, with the site ``retrieve.query`` added when
+    ``query_rewrite``."""
 
     name: str
     systems: tuple[str, ...]
@@ -150,7 +153,8 @@ class InstructionFault(PlantedFault):
 
     @property
     def start(self) -> str:
-        """The fault as ``optloop.run --start SITE=...`` takes it: TEXT, +TEXT (appended) or TEXT+ (in front)."""
+        """The fault as ``optloop.run --start SITE=...`` takes it: TEXT, +TEXT (appended) or TEXT+
+        (in front)."""
         return {"replace": self.text, "append": f"+{self.text}", "prepend": f"{self.text}+"}[
             self.mode
         ]

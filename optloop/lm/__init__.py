@@ -8,22 +8,26 @@ retries, timeouts and accounting. See ``docs/architecture.md`` (the LM layer).
 Modules:
 
 =====================  ==================================================================
-``settings``           :class:`LMSettings` (spec strings, flags), the bundled model, :func:`redact_url`
-``accounting``         :func:`prompt_site`, :func:`collect_calls` (per thread/task), :class:`CallRecord`,
+``settings``           :class:`LMSettings` (spec strings, flags), the bundled
+model, :func:`redact_url` ``accounting``         :func:`prompt_site`, :func:`collect_calls` (per
+thread/task), :class:`CallRecord`,
                        :class:`Usage`, :class:`Accounting`
 ``cache``              :class:`LMCache`, the persistent SQLite call cache
 ``requests``           optloop's :class:`Request`, response formats, schema bounds, JSON checks
 ``backends``           the :class:`Backend` contract (one attempt)
 ``factory``            :func:`make_backend`: the backend a setting names
 ``llama``              :class:`LocalLlamaBackend`, llama.cpp in-process
-``endpoint``           :class:`OpenAICompatibleBackend`, any OpenAI-compatible endpoint: schema modes,
+``endpoint``           :class:`OpenAICompatibleBackend`, any OpenAI-compatible endpoint: schema
+modes,
                        request errors (:class:`LMRequestError`)
 ``probe``              ``--concurrency auto``: how many requests an endpoint serves at once
 ``machine``            :class:`MachineSlots`, the machine-wide budget of llama.cpp threads
-``limits``             :class:`Throttle` (``--rpm``/``--tpm`` token buckets, ``--concurrency``), ``Retry-After``,
+``limits``             :class:`Throttle` (``--rpm``/``--tpm`` token buckets, ``--concurrency``),
+``Retry-After``,
                        jittered backoff
-``pricing``            :func:`model_price`: dollars per token from litellm's bundled cost map, offline
-``engine``             :class:`OptloopEngine` / :class:`AsyncOptloopEngine`: cache, retries, health,
+``pricing``            :func:`model_price`: dollars per token from litellm's bundled cost map,
+offline ``engine``             :class:`OptloopEngine` / :class:`AsyncOptloopEngine`: cache,
+retries, health,
                        accounting; ``complete(lm15.Request) -> lm15.Response``
 ``dspy_lm``            :class:`OptloopLM` (the ``dspy.LM``), :func:`configure_dspy`
 =====================  ==================================================================
@@ -85,7 +89,8 @@ Records count ``retries_429``, ``rate_limited_s`` and ``throttled_s``. OpenAI's
 
 Cost: a call to a model that litellm's bundled price table knows (``gpt-4o-mini``) carries
 ``cost_usd``; :attr:`Usage.cost_usd` totals it (None for a model without a price), and
-:meth:`Accounting.by_site` splits it by prompt site (``optloop.loop.cost`` makes MLflow metrics of that).
+:meth:`Accounting.by_site` splits it by prompt site (``optloop.loop.cost`` makes MLflow metrics of
+that).
 
 Concurrency: the cache (one SQLite connection behind a lock), the accounting (a locked
 log), the prompt site and the collectors (context variables) are safe from many threads

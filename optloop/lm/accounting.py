@@ -30,7 +30,8 @@ _COLLECTORS: contextvars.ContextVar[tuple[list[CallRecord], ...]] = contextvars.
 
 @contextlib.contextmanager
 def prompt_site(name: str | None) -> Iterator[None]:
-    """Charge every LM call made inside this block (in this thread or task) to prompt site ``name``."""
+    """Charge every LM call made inside this block (in this thread or task) to prompt site
+    ``name``."""
     token = _CURRENT_SITE.set(name)
     try:
         yield
@@ -111,7 +112,8 @@ class CallRecord:
 
 @dataclass
 class Usage:
-    """Totals over call records (:meth:`Accounting.totals`, :meth:`Accounting.by_site`, :meth:`Usage.of`).
+    """Totals over call records (:meth:`Accounting.totals`, :meth:`Accounting.by_site`,
+    :meth:`Usage.of`).
 
     ``cost_usd`` is the dollars of the priced records (None when none was priced: a model
     without a price reports tokens only); ``unpriced_calls`` counts the model calls it
@@ -217,7 +219,8 @@ class Accounting:
         return usage_by_site(records)
 
     def mark(self) -> int:
-        """An index to pass as ``since`` to measure one stretch of work (of every thread: see :func:`collect_calls`)."""
+        """An index to pass as ``since`` to measure one stretch of work (of every thread:
+        see :func:`collect_calls`)."""
         with self._lock:
             return len(self.records)
 

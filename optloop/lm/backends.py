@@ -35,7 +35,8 @@ class Backend(ABC):
         return None
 
     def queued_s(self) -> float:
-        """Seconds this thread's last :meth:`complete` waited for a machine-wide slot (local models)."""
+        """Seconds this thread's last :meth:`complete` waited for a machine-wide slot (local
+        models)."""
         return 0.0
 
     def is_transient(self, exc: BaseException) -> bool:
@@ -55,11 +56,13 @@ class Backend(ABC):
         return LMError(f"LM call to {self.identity} failed: {type(exc).__name__}: {exc}")
 
     def is_rate_limited(self, exc: BaseException) -> bool:
-        """Whether the endpoint refused this attempt for load (HTTP 429): retried apart from ``max_retries``."""
+        """Whether the endpoint refused this attempt for load (HTTP 429): retried apart from
+        ``max_retries``."""
         return False
 
     def retry_after(self, exc: BaseException) -> float | None:
-        """Seconds the endpoint asked us to wait before the next attempt (``Retry-After``), if it said."""
+        """Seconds the endpoint asked us to wait before the next attempt (``Retry-After``), if it
+        said."""
         return None
 
     def is_server_error(self, exc: BaseException) -> bool:

@@ -1,4 +1,5 @@
-"""The persistent LM call cache: responses in SQLite, keyed by everything that shapes the answer."""
+"""The persistent LM call cache: responses in SQLite, keyed by everything that shapes the
+answer."""
 
 from __future__ import annotations
 
@@ -46,7 +47,8 @@ class LMCache:
                 raise sqlite3.DatabaseError(str(check[0]))
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute(
-                "CREATE TABLE IF NOT EXISTS responses (key TEXT PRIMARY KEY, response TEXT NOT NULL, created REAL)"
+                "CREATE TABLE IF NOT EXISTS responses (key TEXT PRIMARY KEY, response TEXT "
+                "NOT NULL, created REAL)"
             )
             conn.commit()
         except sqlite3.DatabaseError as exc:
@@ -61,7 +63,8 @@ class LMCache:
 
     def _corrupt(self, exc: Exception) -> ConfigError:
         return ConfigError(
-            f"the LM cache {self.path} is corrupt ({exc}); delete it (or pass --no-cache) and rerun"
+            f"the LM cache {self.path} is corrupt ({exc}); delete it (or pass --no-cache) "
+            "and rerun"
         )
 
     @staticmethod

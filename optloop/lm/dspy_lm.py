@@ -1,4 +1,5 @@
-"""The DSPy LM: :class:`OptloopLM`, a ``dspy.LM`` over optloop's engine, and :func:`configure_dspy`."""
+"""The DSPy LM: :class:`OptloopLM`, a ``dspy.LM`` over optloop's engine,
+and :func:`configure_dspy`."""
 
 from __future__ import annotations
 
@@ -20,12 +21,14 @@ from optloop.lm.factory import make_backend
 from optloop.lm.requests import openai_response_format, response_format_to_schema
 from optloop.lm.settings import LMSettings, redact_url
 
-# --concurrency auto: what the start-up probe found, per endpoint, for the process (optloop.lm.probe).
+# --concurrency auto: what the start-up probe found, per endpoint, for the process
+# (optloop.lm.probe).
 _DETECTED: dict[str, Any] = {}
 
 
 class OptloopLM(dspy.LM):
-    """A DSPy LM whose engine is :class:`~optloop.lm.engine.OptloopEngine`: cache, retries, accounting.
+    """A DSPy LM whose engine is :class:`~optloop.lm.engine.OptloopEngine`: cache, retries,
+    accounting.
 
     Use it as any DSPy LM (``dspy.configure(lm=OptloopLM())``, see :func:`configure_dspy`)
     or call :meth:`complete` directly with OpenAI-style messages and an optional
@@ -82,7 +85,8 @@ class OptloopLM(dspy.LM):
 
     @property
     def endpoint_down(self) -> str | None:
-        """Why the endpoint is taken as unreachable: the last call failed so and none succeeded since."""
+        """Why the endpoint is taken as unreachable: the last call failed so and none succeeded
+        since."""
         return self.optloop_engine.health.down
 
     # --- DSPy's calls: the shim for what DSPy 3.4.1 does not pass to engines -----------------
@@ -96,7 +100,8 @@ class OptloopLM(dspy.LM):
             return await super().acall(prompt, messages=messages, **kwargs)
 
     def provider_response(self, prompt: Any = None, messages: Any = None, **kwargs: Any) -> Any:
-        """What ``dspy.LM.forward`` returns (an OpenAI-shaped response), through the shim of :meth:`__call__`.
+        """What ``dspy.LM.forward`` returns (an OpenAI-shaped response), through the shim
+        of :meth:`__call__`.
 
         For LM wrappers that still speak DSPy's legacy ``forward()`` interface and delegate
         to this LM (``optloop.loop.optimizers._Charged``): ``dspy.LM.forward`` itself would
@@ -107,7 +112,8 @@ class OptloopLM(dspy.LM):
 
     @contextlib.contextmanager
     def _call_options(self, prompt: Any, kwargs: dict[str, Any]) -> Iterator[None]:
-        """Carry ``rollout_id`` and ``cache`` to the engine; hand DSPy a schema it will not rewrite.
+        """Carry ``rollout_id`` and ``cache`` to the engine; hand DSPy a schema it will not
+        rewrite.
 
         ``kwargs`` is changed in place: a ``response_format`` becomes the OpenAI dict of the
         same schema (DSPy rewrites a pydantic class into its strict form, see
@@ -127,7 +133,8 @@ class OptloopLM(dspy.LM):
             CALL_OPTIONS.reset(token)
 
     async def to_thread(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
-        """``asyncio.to_thread`` on this LM's own pool: for an async library's blocking work that calls the LM.
+        """``asyncio.to_thread`` on this LM's own pool: for an async library's blocking work that
+        calls the LM.
 
         asyncio's default pool has ``min(32, cpu_count + 4)`` threads (6 on 2 cores), fewer than
         ``--concurrency`` may ask for; this one has ``max(32, 4 x concurrency)`` (shared with
@@ -188,10 +195,11 @@ class OptloopLM(dspy.LM):
         """Fail now if the endpoint cannot serve the run; nothing cached, nothing written.
 
         One uncached 1-token call; then one schema-constrained call, which settles the schema mode
-        (``--lm-schema-mode``: ``auto`` picks the first mode the endpoint takes, an explicit mode is
-        checked); then, under ``--concurrency auto``, the concurrency probe (:mod:`optloop.lm.probe`).
-        Both are remembered per endpoint for the process (an LM built later on the same endpoint
-        starts from them). Returns the lines that say what was chosen and why.
+        (``--lm-schema-mode``: ``auto`` picks the first mode the endpoint takes, an explicit mode
+        is checked); then, under ``--concurrency auto``, the concurrency probe
+        (:mod:`optloop.lm.probe`). Both are remembered per endpoint for the process (an LM built
+        later on the same endpoint starts from them). Returns the lines that say what was chosen
+        and why.
 
         Raises :class:`~optloop.errors.LMUnreachableError` (exit code 75) when the endpoint
         is unreachable or answers only server errors (HTTP 5xx), :class:`~optloop.errors.LMError`
@@ -215,7 +223,8 @@ class OptloopLM(dspy.LM):
         return lines
 
     def _settle_concurrency(self) -> str:
-        """``--concurrency auto``: the endpoint's measured concurrency, now this LM's (and its throttle's)."""
+        """``--concurrency auto``: the endpoint's measured concurrency, now this LM's (and its
+        throttle's)."""
         from optloop.lm.limits import shared_throttle
         from optloop.lm.probe import detect_concurrency
 
@@ -237,13 +246,15 @@ class OptloopLM(dspy.LM):
     # --- state and copies ---------------------------------------------------------------------
 
     def dump_state(self) -> dict[str, Any]:
-        """What DSPy saves with a program: the settings (they name the key's variable, never the key)."""
+        """What DSPy saves with a program: the settings (they name the key's variable, never the
+        key)."""
         settings = self.settings.model_dump(mode="json")
         settings["base_url"] = redact_url(settings["base_url"])
         return {"settings": settings}
 
     def copy(self, **kwargs: Any) -> OptloopLM:
-        """A sibling with other call defaults (``temperature``, ``rollout_id``): same engine, cache, accounting.
+        """A sibling with other call defaults (``temperature``, ``rollout_id``): same engine,
+        cache, accounting.
 
         DSPy's optimizers copy LMs to sample (SIMBA: ``lm.copy(rollout_id=r, temperature=1.0)``);
         a deep copy would duplicate the loaded model.
@@ -255,7 +266,8 @@ class OptloopLM(dspy.LM):
 
 
 def forget_endpoints() -> None:
-    """Forget every endpoint's schema mode and detected concurrency (a server restarted with other flags)."""
+    """Forget every endpoint's schema mode and detected concurrency (a server restarted with other
+    flags)."""
     from optloop.lm import endpoint
 
     with endpoint._CHOSEN_LOCK:
@@ -265,18 +277,21 @@ def forget_endpoints() -> None:
 
 @contextlib.contextmanager
 def _optloop_errors() -> Iterator[None]:
-    """Re-raise optloop's own LM error where DSPy wrapped it (``LMUnexpectedError`` from our engine)."""
+    """Re-raise optloop's own LM error where DSPy wrapped it (``LMUnexpectedError`` from our
+    engine)."""
     try:
         yield
     except DSPyLMError as exc:
         cause = exc.__cause__
         if isinstance(cause, LMError):
-            raise cause from cause.__cause__  # the chain as the engine raised it, without DSPy's wrapper
+            # the chain as the engine raised it, without DSPy's wrapper
+            raise cause from cause.__cause__
         raise
 
 
 def configure_dspy(lm: OptloopLM | None = None, **settings_overrides: Any) -> OptloopLM:
-    """Make ``lm`` DSPy's default LM with the JSONAdapter, so every DSPy call is schema-constrained."""
+    """Make ``lm`` DSPy's default LM with the JSONAdapter, so every DSPy call is
+    schema-constrained."""
     lm = lm or OptloopLM(LMSettings.from_spec(None, **settings_overrides))
     dspy.configure(lm=lm, adapter=dspy.JSONAdapter())
     return lm

@@ -1,12 +1,14 @@
-"""The endpoint backend: any OpenAI-compatible chat-completions endpoint (OpenAI, vLLM, Ollama, a llama.cpp server).
+"""The endpoint backend: any OpenAI-compatible chat-completions endpoint (OpenAI, vLLM, Ollama, a
+llama.cpp server).
 
 Two things differ between such servers and are settled per endpoint, once per process:
 
-* the **schema mode** (``--lm-schema-mode``, :data:`~optloop.lm.requests.SCHEMA_MODES`): how a response
-  schema is sent. ``auto`` (the default) asks the endpoint one small schema-constrained question
-  (:data:`SCHEMA_PROBE`) in ``json_schema``, then ``json_object`` + schema, then ``none``, and keeps
-  the first mode the endpoint accepts and honours (its answer follows the probe's schema). The mode
-  chosen is part of every cache key (:meth:`OpenAICompatibleBackend.decoding`), as an explicit one is;
+* the **schema mode** (``--lm-schema-mode``, :data:`~optloop.lm.requests.SCHEMA_MODES`): how a
+  response schema is sent. ``auto`` (the default) asks the endpoint one small schema-constrained
+  question (:data:`SCHEMA_PROBE`) in ``json_schema``, then ``json_object`` + schema, then ``none``,
+  and keeps the first mode the endpoint accepts and honours (its answer follows the probe's
+  schema). The mode chosen is part of every cache key (:meth:`OpenAICompatibleBackend.decoding`),
+  as an explicit one is;
 * a **request error** (:func:`request_error`): a body the server refuses for a field of the request
   (a validation error, an unsupported parameter, a prompt longer than the server's context) fails
   the call at once, with the field and what to change, instead of being retried as a server fault.
@@ -58,7 +60,8 @@ _PROBE_MESSAGES = [
 
 
 class LMRequestError(LMError):
-    """The endpoint refused a call for the request itself (a field, the prompt's size): retrying cannot help.
+    """The endpoint refused a call for the request itself (a field, the prompt's size): retrying
+    cannot help.
 
     Exit code 2: something in the command (or the server's start-up flags) must change.
     """
@@ -89,12 +92,14 @@ class OpenAICompatibleBackend(Backend):
         if not key:
             if not settings.base_url:
                 raise ConfigError(
-                    f"{settings.api_key_env} is not set; export it, or point --lm-base-url / OPENAI_BASE_URL "
-                    "at a local OpenAI-compatible server"
+                    f"{settings.api_key_env} is not set; export it, or point --lm-base-url / "
+                    "OPENAI_BASE_URL at a local OpenAI-compatible server"
                 )
             key = "not-needed"  # vLLM, Ollama and llama.cpp servers accept any key
-        # Retries are ours (bounded, logged, accounted), not the SDK's. The timeout is one HTTP request's:
-        # it starts when the request is sent, after the wait for a --concurrency slot (optloop.lm.limits).
+        # Retries are ours (bounded, logged, accounted), not the SDK's. The timeout is one HTTP
+        # request's:
+        # it starts when the request is sent, after the wait for a --concurrency slot
+        # (optloop.lm.limits).
         self.client = openai.OpenAI(
             base_url=settings.base_url, api_key=key, timeout=settings.timeout_s, max_retries=0
         )
@@ -107,13 +112,15 @@ class OpenAICompatibleBackend(Backend):
 
     @property
     def schema_mode(self) -> SchemaMode:
-        """The mode requests are sent in: the setting, or for ``auto`` the one :meth:`choose_schema_mode` found."""
+        """The mode requests are sent in: the setting, or for ``auto`` the
+        one :meth:`choose_schema_mode` found."""
         if self.schema_setting != "auto":
             return self.schema_setting
         return self.choose_schema_mode().mode
 
     def choose_schema_mode(self) -> SchemaChoice:
-        """The endpoint's schema mode for this process, probed once (``auto``) and remembered per endpoint.
+        """The endpoint's schema mode for this process, probed once (``auto``) and remembered per
+        endpoint.
 
         An explicit mode is checked with the same probe, so a start-up check fails on a mode the
         endpoint refuses (with what to set instead) rather than on the run's first question.
@@ -147,7 +154,8 @@ class OpenAICompatibleBackend(Backend):
             except MalformedResponse as exc:
                 refused.append(f"{mode}: accepted but not honoured ({exc})")
                 continue
-            except Exception as exc:  # noqa: BLE001 - a refusal of the mode, or a failure to report as such
+            # a refusal of the mode, or a failure to report as such
+            except Exception as exc:  # noqa: BLE001
                 why = self.request_error(exc)
                 if why is None:
                     raise self.describe_failure(exc) from exc
@@ -167,7 +175,8 @@ class OpenAICompatibleBackend(Backend):
                 f"LM endpoint {where} does not take --lm-schema-mode {self.schema_setting} "
                 f"({refused[0].split(': ', 1)[1]}); use --lm-schema-mode auto"
             )
-        # Mode none always sends a valid request; its answers are checked against each call's schema.
+        # Mode none always sends a valid request; its answers are checked against each call's
+        # schema.
         return SchemaChoice(
             "none",
             f"LM endpoint {where}: schema mode none, the schema written into the "
@@ -236,7 +245,8 @@ class OpenAICompatibleBackend(Backend):
 
     @staticmethod
     def _quota_exhausted(exc: BaseException) -> bool:
-        """OpenAI answers 429 ``insufficient_quota`` when the account is out of credit: no wait cures that."""
+        """OpenAI answers 429 ``insufficient_quota`` when the account is out of credit: no wait
+        cures that."""
         import openai
 
         return (
@@ -300,8 +310,9 @@ class OpenAICompatibleBackend(Backend):
             )
         if isinstance(exc, openai.APITimeoutError):
             return LMUnreachableError(
-                f"LM endpoint {where} did not answer in time; check the server, raise --lm-timeout, or lower "
-                "--concurrency if the server answers one request at a time (--concurrency auto detects it)"
+                f"LM endpoint {where} did not answer in time; check the server, raise "
+                "--lm-timeout, or lower --concurrency if the server answers one request at a "
+                "time (--concurrency auto detects it)"
             )
         if isinstance(exc, openai.APIConnectionError):
             cause = exc.__cause__ or exc
@@ -355,8 +366,8 @@ _PARAM = re.compile(r"[Uu]nsupported (?:parameter|value)[^'\"]*['\"]([\w.\[\]]+)
 
 
 def _body(exc: BaseException) -> tuple[str, dict[str, Any]]:
-    """The error's text and, where the body is OpenAI's ``{"error": {...}}`` or FastAPI's ``{"detail": ...}``,
-    that object."""
+    """The error's text and, where the body is OpenAI's ``{"error": {...}}`` or FastAPI's
+    ``{"detail": ...}``, that object."""
     body = getattr(exc, "body", None)
     error: dict[str, Any] = {}
     if isinstance(body, dict):
@@ -369,13 +380,13 @@ def _body(exc: BaseException) -> tuple[str, dict[str, Any]]:
 
 
 def request_error(exc: BaseException, *, schema_setting: str = "auto") -> str | None:
-    """What to change when ``exc`` is an endpoint's refusal of the request itself, in one line; None when it
-    is not one (a server fault, a connection, a rate limit, a key, a model name).
+    """What to change when ``exc`` is an endpoint's refusal of the request itself, in one line;
+    None when it is not one (a server fault, a connection, a rate limit, a key, a model name).
 
-    Recognized: a prompt longer than the server's context (OpenAI ``context_length_exceeded``, llama.cpp,
-    vLLM, Ollama wording) with the server's window and the prompt's size; a validation error naming a
-    field (FastAPI 422, or llama.cpp's Python server, which answers HTTP 500 with pydantic's error text);
-    an unsupported parameter (OpenAI's ``param``).
+    Recognized: a prompt longer than the server's context (OpenAI ``context_length_exceeded``,
+    llama.cpp, vLLM, Ollama wording) with the server's window and the prompt's size; a validation
+    error naming a field (FastAPI 422, or llama.cpp's Python server, which answers HTTP 500 with
+    pydantic's error text); an unsupported parameter (OpenAI's ``param``).
     """
     import openai
 
@@ -404,7 +415,10 @@ def request_error(exc: BaseException, *, schema_setting: str = "auto") -> str | 
         )
         return f"the server does not take this response_format ({field}: {reason}); {fix}"
     if field:
-        return f"the server refuses the request's {field} ({reason}); check the flag that sets it or the server"
+        return (
+            f"the server refuses the request's {field} ({reason}); check the flag that sets it "
+            "or the server"
+        )
     return f"the server refuses the request ({reason[:200]})"
 
 
@@ -446,9 +460,10 @@ def _context_fix(text: str, error: dict[str, Any]) -> str:
     total = asked or prompt
     need = f" to at least {2 ** math.ceil(math.log2(total))}" if total else ""
     return (
-        f"the prompt does not fit the server's context window{told}; restart the server with a larger "
-        f"context{need} (llama.cpp's Python server: --n_ctx; llama-server: -c per --parallel slot; "
-        "vLLM: --max-model-len; Ollama: OLLAMA_CONTEXT_LENGTH) or shorten the prompt"
+        f"the prompt does not fit the server's context window{told}; restart the server with a "
+        f"larger context{need} (llama.cpp's Python server: --n_ctx; llama-server: -c per "
+        "--parallel slot; vLLM: --max-model-len; Ollama: OLLAMA_CONTEXT_LENGTH) or shorten the "
+        "prompt"
     )
 
 
@@ -462,8 +477,8 @@ def _short(exc: BaseException) -> str:
 
 
 def _unwrap_json(response: dict[str, Any]) -> None:
-    """Schema mode ``none``: an answer that wraps its JSON object in prose or a code fence is cut to the
-    object (from the first ``{`` to the last ``}``) when the object parses."""
+    """Schema mode ``none``: an answer that wraps its JSON object in prose or a code fence is cut
+    to the object (from the first ``{`` to the last ``}``) when the object parses."""
     message = (response.get("choices") or [{}])[0].get("message") or {}
     content = message.get("content") or ""
     start, end = content.find("{"), content.rfind("}")

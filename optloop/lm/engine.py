@@ -88,7 +88,8 @@ CALL_OPTIONS: contextvars.ContextVar[CallOptions] = contextvars.ContextVar(
 
 @dataclass
 class EndpointHealth:
-    """What an LM's calls have shown of its endpoint; one object, shared by the LM and its copies."""
+    """What an LM's calls have shown of its endpoint; one object, shared by the LM and its
+    copies."""
 
     down: str | None = None  # why the endpoint is taken as unreachable, until a call succeeds
     server_errors: int = 0  # calls in a row that ended on HTTP 5xx after their retries
@@ -119,7 +120,8 @@ class OptloopEngine:
         self.cache = cache
         self.health = EndpointHealth()
         self._health_lock = threading.Lock()
-        # Load: one throttle per endpoint and limits, process-wide; the price of the model, if it has one.
+        # Load: one throttle per endpoint and limits, process-wide; the price of the model, if it
+        # has one.
         self.throttle = shared_throttle(
             backend.identity,
             rpm=settings.rpm,
@@ -128,8 +130,8 @@ class OptloopEngine:
         )
         self.price: ModelPrice | None = settings.price()
         self.backoff = Backoff(random.Random())
-        # Single flight: concurrent calls with one cache key wait for the first one and get its answer
-        # from the cache, so N threads record exactly what one thread calling in turn would.
+        # Single flight: concurrent calls with one cache key wait for the first one and get its
+        # answer from the cache, so N threads record exactly what one thread calling in turn would.
         self._inflight: dict[str, list[Any]] = {}
         self._inflight_lock = threading.Lock()
         # Called with (site, messages) before every request, cached or not. A benchmark's
@@ -151,7 +153,8 @@ class OptloopEngine:
     ) -> Request:
         """optloop's :class:`Request` for these arguments; unset ones take the settings' values.
 
-        ``rollout_id`` (DSPy's way to ask for a distinct sample of the same prompt) changes the seed.
+        ``rollout_id`` (DSPy's way to ask for a distinct sample of the same prompt) changes the
+        seed.
         """
         schema, json_mode = response_format_to_schema(response_format)
         base_seed = self.settings.seed if seed is None else seed
@@ -168,9 +171,11 @@ class OptloopEngine:
     def call(
         self, request: Request, *, rollout_id: Any = None, cache: bool = True
     ) -> dict[str, Any]:
-        """One chat completion through the cache and the retries; returns the OpenAI chat-completion dict.
+        """One chat completion through the cache and the retries; returns the OpenAI
+        chat-completion dict.
 
-        Safe to call from many threads (and, through :class:`AsyncOptloopEngine`, many tasks) at once:
+        Safe to call from many threads (and, through :class:`AsyncOptloopEngine`, many tasks) at
+        once:
         concurrent calls with one cache key make one model call between them (the others wait
         for it and are served from the cache, as they would be one after another).
         """
@@ -221,7 +226,8 @@ class OptloopEngine:
     def _call_model(
         self, request: Request, key: str, started: float, *, store: bool
     ) -> dict[str, Any]:
-        """The model call with its retries (see the module docstring of :mod:`optloop.lm.limits` for the waits).
+        """The model call with its retries (see the module docstring of :mod:`optloop.lm.limits`
+        for the waits).
 
         Two budgets, kept apart: transient faults (5xx, dropped connections, bad bodies,
         timeouts) get ``max_retries`` retries, and a second timed-out attempt ends the call;
@@ -272,7 +278,8 @@ class OptloopEngine:
             return response
 
         def failure(rs: RetryCallState) -> BaseException:
-            """The exception of the attempt that failed (tenacity waits and stops only after one)."""
+            """The exception of the attempt that failed (tenacity waits and stops only after
+            one)."""
             return cast(BaseException, rs.outcome.exception())  # type: ignore[union-attr]
 
         def wait(rs: RetryCallState) -> float:
@@ -315,21 +322,25 @@ class OptloopEngine:
             before_sleep=before_sleep,
             reraise=True,
         )
-        try:
-            response = retrying(attempt)
-        except LMError as exc:
+
+        def record_failure(error: str) -> None:
             self._record(
                 request,
                 None,
                 started,
                 cached=False,
                 attempts=attempts,
-                error=str(exc),
+                error=error,
                 key=key,
                 faults=faults,
                 queued=queued,
                 load=self._load(rate_limited, limit_wait, throttled),
             )
+
+        try:
+            response = retrying(attempt)
+        except LMError as exc:
+            record_failure(str(exc))
             raise
         except (RetryError, Exception) as exc:  # noqa: BLE001 - turned into one actionable line
             if backend.is_rate_limited(exc):
@@ -340,18 +351,7 @@ class OptloopEngine:
                 error = self._persistent_server_error(exc, attempts) or backend.describe_failure(
                     exc
                 )
-            self._record(
-                request,
-                None,
-                started,
-                cached=False,
-                attempts=attempts,
-                error=str(error),
-                key=key,
-                faults=faults,
-                queued=queued,
-                load=self._load(rate_limited, limit_wait, throttled),
-            )
+            record_failure(str(error))
             if isinstance(error, LMUnreachableError):
                 with self._health_lock:
                     self.health.down = str(error)
@@ -391,15 +391,17 @@ class OptloopEngine:
     ) -> LMUnreachableError:
         asked = f"; it asked for {retry_after:.0f}s more" if retry_after is not None else ""
         return LMUnreachableError(
-            f"LM endpoint {self.backend.where()} kept answering HTTP 429 (rate limited): {rate_limited} times "
-            f"over {limit_wait:.0f}s of waiting in one call{asked}, past the {self.settings.rate_limit_wait_s:.0f}s "
-            "a call may wait; lower --rpm / --tpm / --concurrency or wait for the limit to reset"
+            f"LM endpoint {self.backend.where()} kept answering HTTP 429 (rate limited): "
+            f"{rate_limited} times over {limit_wait:.0f}s of waiting in one call{asked}, past "
+            f"the {self.settings.rate_limit_wait_s:.0f}s a call may wait; lower --rpm / --tpm / "
+            "--concurrency or wait for the limit to reset"
         )
 
     def _persistent_server_error(
         self, exc: BaseException, attempts: int
     ) -> LMUnreachableError | None:
-        """Counts calls that ended on a server error; at ``SERVER_ERRORS_DOWN`` in a row, the endpoint is down."""
+        """Counts calls that ended on a server error; at ``SERVER_ERRORS_DOWN`` in a row, the
+        endpoint is down."""
         with self._health_lock:
             health = self.health
             health.server_errors = (
@@ -409,7 +411,8 @@ class OptloopEngine:
         if count < SERVER_ERRORS_DOWN:
             return None
         return LMUnreachableError(
-            f"LM endpoint {self.backend.where()} answered only server errors ({self.backend.fault_label(exc)}) "
+            f"LM endpoint {self.backend.where()} answered only server errors "
+            f"({self.backend.fault_label(exc)}) "
             f"to {count} calls in a row, the last after {attempts} attempts; "
             "check the server and its logs"
         )
@@ -474,16 +477,19 @@ class OptloopEngine:
         return response_from_openai_chat(data, model=self.backend.identity)
 
     def stream(self, request: Any) -> Iterator[Any]:
-        """No token streaming: the whole answer as one stream (llama.cpp runs it to the end anyway)."""
+        """No token streaming: the whole answer as one stream (llama.cpp runs it to the end
+        anyway)."""
         from dspy.lm15 import response_to_events
 
         return response_to_events(self.complete(request))
 
     def close(self) -> None:
-        """Nothing to release: the backend lives as long as the LM (DSPy borrows custom engines)."""
+        """Nothing to release: the backend lives as long as the LM (DSPy borrows custom
+        engines)."""
 
     def from_lm15(self, request: Any, *, rollout_id: Any = None) -> Request:
-        """An ``lm15.Request`` as optloop's :class:`Request`; what optloop cannot send is refused, never dropped."""
+        """An ``lm15.Request`` as optloop's :class:`Request`; what optloop cannot send is refused,
+        never dropped."""
         from dspy.lm15 import TextPart, UnsupportedFeatureError
 
         def text(parts: Any, where: str) -> str:
@@ -572,7 +578,8 @@ class AsyncOptloopEngine:
             return self._pool
 
     async def run(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        """``fn(*args, **kwargs)`` on the engine's pool, in a copy of the calling task's context."""
+        """``fn(*args, **kwargs)`` on the engine's pool, in a copy of the calling task's
+        context."""
         context = contextvars.copy_context()
         call = functools.partial(context.run, fn, *args, **kwargs)
         return await asyncio.get_running_loop().run_in_executor(self._executor(), call)
@@ -587,4 +594,5 @@ class AsyncOptloopEngine:
             yield event
 
     async def aclose(self) -> None:
-        """Nothing to release (see :meth:`OptloopEngine.close`); the pool's idle threads outlive an event loop."""
+        """Nothing to release (see :meth:`OptloopEngine.close`); the pool's idle threads outlive an
+        event loop."""

@@ -15,7 +15,8 @@ from optloop.lm.settings import LMSettings, bundled_model_path
 
 
 def make_backend(settings: LMSettings) -> Backend:
-    """The backend of ``settings``: llama.cpp in-process (``local``) or an OpenAI-compatible endpoint."""
+    """The backend of ``settings``: llama.cpp in-process (``local``) or an OpenAI-compatible
+    endpoint."""
     if settings.backend == "local":
         path = Path(settings.model).expanduser() if settings.model else bundled_model_path()
         return LocalLlamaBackend(

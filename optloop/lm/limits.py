@@ -1,4 +1,5 @@
-"""Load limits: ``--rpm`` / ``--tpm`` token buckets, the ``--concurrency`` cap, ``Retry-After``, backoff.
+"""Load limits: ``--rpm`` / ``--tpm`` token buckets, the ``--concurrency`` cap, ``Retry-After``,
+backoff.
 
 One :class:`Throttle` per endpoint and limits, shared process-wide (:func:`shared_throttle`):
 every thread and asyncio task of the process, and every LM built on the same endpoint with
@@ -39,12 +40,14 @@ from typing import Any, cast
 
 from tenacity import RetryCallState, wait_exponential
 
-# A Retry-After honoured on a fault other than 429 (a 503 from an overloaded server) is capped here.
+# A Retry-After honoured on a fault other than 429 (a 503 from an overloaded server) is capped
+# here.
 MAX_FAULT_RETRY_AFTER_S = 60.0
 
 
 class TokenBucket:
-    """A thread-safe token bucket that refills at ``rate`` per second up to ``capacity``; debt allowed."""
+    """A thread-safe token bucket that refills at ``rate`` per second up to ``capacity``; debt
+    allowed."""
 
     def __init__(self, rate: float, capacity: float, *, clock: Any = time.monotonic):
         if rate <= 0 or capacity <= 0:
@@ -62,7 +65,8 @@ class TokenBucket:
         self._stamp = now
 
     def reserve(self, amount: float) -> float:
-        """Take ``amount`` now; returns the seconds to wait before using it (0 when the bucket had it)."""
+        """Take ``amount`` now; returns the seconds to wait before using it (0 when the bucket had
+        it)."""
         with self._lock:
             self._refill()
             self._level -= amount
@@ -82,7 +86,8 @@ class TokenBucket:
         return wait
 
     async def acquire_async(self, amount: float = 1.0) -> float:
-        """Reserve and sleep in this task (the event loop keeps running); returns the seconds waited."""
+        """Reserve and sleep in this task (the event loop keeps running); returns the seconds
+        waited."""
         wait = self.reserve(amount)
         if wait > 0:
             await asyncio.sleep(wait)
@@ -106,7 +111,8 @@ def estimate_tokens(
 
 
 class Throttle:
-    """The ``--rpm`` and ``--tpm`` buckets and the ``--concurrency`` cap of one endpoint, for the whole process."""
+    """The ``--rpm`` and ``--tpm`` buckets and the ``--concurrency`` cap of one endpoint, for the
+    whole process."""
 
     def __init__(self, *, rpm: float | None, tpm: int | None, concurrency: int):
         self.requests = TokenBucket(rpm / 60, max(1.0, rpm / 60)) if rpm else None
@@ -116,9 +122,11 @@ class Throttle:
 
     @contextlib.contextmanager
     def attempt(self, estimated_tokens: int) -> Iterator[list[float]]:
-        """One attempt: wait for its request and tokens, then for a free slot, hold the slot while it runs.
+        """One attempt: wait for its request and tokens, then for a free slot, hold the slot while
+        it runs.
 
-        Yields a one-item list holding the seconds waited (for :class:`~optloop.lm.accounting.CallRecord`).
+        Yields a one-item list holding the seconds waited
+        (for :class:`~optloop.lm.accounting.CallRecord`).
         """
         started = time.perf_counter()
         waits = [0.0]
@@ -131,7 +139,8 @@ class Throttle:
             yield waits
 
     def settle(self, estimated_tokens: int, used_tokens: int | None) -> None:
-        """Reconcile the ``--tpm`` estimate with what the endpoint says the call used (None: keep the estimate)."""
+        """Reconcile the ``--tpm`` estimate with what the endpoint says the call used (None: keep
+        the estimate)."""
         if self.tokens is not None and used_tokens is not None:
             self.tokens.adjust(estimated_tokens - used_tokens)
 
@@ -143,7 +152,8 @@ _THROTTLES_LOCK = threading.Lock()
 def shared_throttle(
     endpoint: str, *, rpm: float | None, tpm: int | None, concurrency: int
 ) -> Throttle:
-    """The process's one :class:`Throttle` for ``endpoint`` (a backend identity) under these limits."""
+    """The process's one :class:`Throttle` for ``endpoint`` (a backend identity) under these
+    limits."""
     key = (endpoint, rpm, tpm, concurrency)
     with _THROTTLES_LOCK:
         if key not in _THROTTLES:
@@ -195,7 +205,8 @@ def _attempt(n: int) -> RetryCallState:
 
 @dataclass
 class Backoff:
-    """How long to sleep before the next attempt: jittered exponential backoff, or what the server asked.
+    """How long to sleep before the next attempt: jittered exponential backoff, or what the server
+    asked.
 
     * an HTTP 429 with ``Retry-After``: that long, plus up to 10 % (at most 1 s) of jitter so the
       threads a storm hit together do not come back together; from a call's
@@ -204,8 +215,9 @@ class Backoff:
       reach its wait budget;
     * an HTTP 429 without it: full-jitter exponential on the call's count of 429s,
       ``uniform(0, min(60, 2 ** (n - 1)))`` seconds;
-    * any other transient fault: full-jitter exponential on its count, ``uniform(0, min(8, 0.5 * 2 ** (n - 1)))``,
-      or the server's ``Retry-After`` when that is longer (capped at :data:`MAX_FAULT_RETRY_AFTER_S`).
+    * any other transient fault: full-jitter exponential on its count,
+      ``uniform(0, min(8, 0.5 * 2 ** (n - 1)))``, or the server's ``Retry-After`` when that is
+      longer (capped at :data:`MAX_FAULT_RETRY_AFTER_S`).
 
     The exponential ceilings are tenacity's ``wait_exponential``; the jitter is drawn from ``rng``
     (tenacity's ``wait_random_exponential`` would draw from the global ``random``).

@@ -1,4 +1,5 @@
-"""The embedded backend: llama.cpp in-process, one model object per file, calls serialized machine-wide."""
+"""The embedded backend: llama.cpp in-process, one model object per file, calls serialized
+machine-wide."""
 
 from __future__ import annotations
 
@@ -48,7 +49,8 @@ class LocalLlamaBackend(Backend):
     ):
         if not path.is_file():
             raise ConfigError(
-                f"GGUF model file not found: {path}; pass an existing file with --lm local:/path.gguf"
+                f"GGUF model file not found: {path}; pass an existing file with --lm "
+                "local:/path.gguf"
             )
         self.path = path
         self.n_ctx = n_ctx or 0  # 0: llama.cpp takes the training context from the GGUF's metadata
@@ -105,7 +107,8 @@ class LocalLlamaBackend(Backend):
         self._waits.seconds = 0.0
         max_chars, max_items = self.max_chars, self.max_items
         for tightening in range(self.MAX_TIGHTENINGS + 1):
-            # llama.cpp takes a schema as json_object + schema (see optloop.lm.requests.SCHEMA_MODES).
+            # llama.cpp takes a schema as json_object + schema (see
+            # optloop.lm.requests.SCHEMA_MODES).
             schema = (
                 bound_schema(request.schema, max_chars=max_chars, max_items=max_items)
                 if request.schema
@@ -137,7 +140,8 @@ class LocalLlamaBackend(Backend):
                 max(1, max_items // self.TIGHTEN),
             )
             logger.debug(
-                "JSON answer truncated at %d tokens; asking again with at most %d items of %d chars",
+                "JSON answer truncated at %d tokens; asking again with at most %d items of "
+                "%d chars",
                 request.max_tokens,
                 max_items,
                 max_chars,

@@ -47,7 +47,8 @@ SLOTS_ENV = "OPTLOOP_LLAMA_SLOTS"
 
 
 def lock_dir() -> Path:
-    """Where machine-wide lock files live: ``$OPTLOOP_LOCK_DIR``, else ``<tmp>/optloop-<uid>-locks``."""
+    """Where machine-wide lock files live: ``$OPTLOOP_LOCK_DIR``, else
+    ``<tmp>/optloop-<uid>-locks``."""
     configured = os.environ.get(LOCK_DIR_ENV)
     if configured:
         return Path(configured).expanduser()
@@ -55,7 +56,8 @@ def lock_dir() -> Path:
 
 
 def llama_slots() -> int:
-    """How many processes may run llama.cpp at once on this machine (``OPTLOOP_LLAMA_SLOTS``, default 1)."""
+    """How many processes may run llama.cpp at once on this machine (``OPTLOOP_LLAMA_SLOTS``,
+    default 1)."""
     raw = os.environ.get(SLOTS_ENV, "1").strip()
     try:
         slots = int(raw)
@@ -119,8 +121,8 @@ class MachineSlots:
                 os.close(fd)
             if not self._warned:
                 logger.warning(
-                    "cannot use %s for machine-wide %s slots (%s); model calls are not coordinated "
-                    "with other processes; set %s to a writable directory",
+                    "cannot use %s for machine-wide %s slots (%s); model calls are not "
+                    "coordinated with other processes; set %s to a writable directory",
                     self.directory,
                     self.name,
                     exc,

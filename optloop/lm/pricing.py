@@ -36,7 +36,8 @@ _TABLE_LOCK = threading.Lock()
 
 @dataclass(frozen=True)
 class ModelPrice:
-    """USD per token: prompt (``input``), completion (``output``), prompt tokens the provider served from its cache."""
+    """USD per token: prompt (``input``), completion (``output``), prompt tokens the provider
+    served from its cache."""
 
     model: str  # the table's key that priced it
     input: float
@@ -46,7 +47,8 @@ class ModelPrice:
     def cost(
         self, prompt_tokens: int, completion_tokens: int, cached_prompt_tokens: int = 0
     ) -> float:
-        """Dollars for one call's usage; ``cached_prompt_tokens`` (of ``prompt_tokens``) at the cache-read price."""
+        """Dollars for one call's usage; ``cached_prompt_tokens`` (of ``prompt_tokens``) at the
+        cache-read price."""
         cached = (
             min(max(cached_prompt_tokens, 0), prompt_tokens)
             if self.cached_input is not None
@@ -60,7 +62,8 @@ class ModelPrice:
 
 
 def price_file() -> Path | None:
-    """The bundled price table of the installed litellm, without importing litellm; None if litellm is absent."""
+    """The bundled price table of the installed litellm, without importing litellm; None if litellm
+    is absent."""
     try:
         spec = importlib.util.find_spec("litellm")
     except (ImportError, ValueError):
@@ -73,14 +76,16 @@ def price_file() -> Path | None:
 
 
 def price_table() -> dict[str, Any]:
-    """The parsed table (model name -> entry), loaded once per process; empty when litellm is not installed."""
+    """The parsed table (model name -> entry), loaded once per process; empty when litellm is not
+    installed."""
     global _TABLE
     with _TABLE_LOCK:
         if _TABLE is None:
             path = price_file()
             if path is None:
                 logger.warning(
-                    "litellm's model cost map is not installed: LM calls report tokens only, no dollars"
+                    "litellm's model cost map is not installed: LM calls report tokens "
+                    "only, no dollars"
                 )
                 _TABLE = {}
             else:
@@ -124,7 +129,8 @@ def _entry_price(key: str, entry: Any) -> ModelPrice | None:
 
 
 def model_price(model: str | None) -> ModelPrice | None:
-    """The price of ``model`` (the name an endpoint is asked for), or None when the table has none."""
+    """The price of ``model`` (the name an endpoint is asked for), or None when the table has
+    none."""
     if not model:
         return None
     table = price_table()

@@ -46,7 +46,8 @@ class Detected:
 
 
 def _request(i: int) -> Request:
-    # A distinct message per request: a server with a prompt cache must not answer the burst from it.
+    # A distinct message per request: a server with a prompt cache must not answer the burst from
+    # it.
     return Request(
         messages=[{"role": "user", "content": f"{CONCURRENCY_PROBE} ({i})"}],
         schema=None,
@@ -64,7 +65,8 @@ def _timed(backend: Backend, i: int) -> float:
 
 
 def detect_concurrency(backend: Backend, default: int) -> Detected:
-    """The concurrency that fits ``backend``'s endpoint (see the module docstring); raises what a call raises."""
+    """The concurrency that fits ``backend``'s endpoint (see the module docstring); raises what a
+    call raises."""
     where = backend.where()
     _timed(backend, 0)  # warm-up: a first request may load the model
     # The faster of two: a request slowed by something else on the machine must not pass for the

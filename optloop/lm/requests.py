@@ -70,12 +70,13 @@ def response_format_to_schema(response_format: Any) -> tuple[dict[str, Any] | No
 
 SchemaMode = Literal["json_schema", "json_object", "none"]
 SCHEMA_MODES: tuple[SchemaMode, ...] = ("json_schema", "json_object", "none")
-"""How a response schema reaches an endpoint, most constrained first (``auto`` tries them in this order).
+"""How a response schema reaches an endpoint, most constrained first (``auto`` tries them in this
+order).
 
-``json_schema``: OpenAI's ``{"type": "json_schema", "json_schema": {"name", "schema"}}`` (OpenAI, vLLM,
-Ollama); ``json_object``: ``{"type": "json_object", "schema": ...}`` (llama.cpp's servers); ``none``: no
-``response_format``, the schema written into the instructions (:func:`schema_instruction`) and the
-answer checked against it (:func:`check_schema`)."""
+``json_schema``: OpenAI's ``{"type": "json_schema", "json_schema": {"name", "schema"}}`` (OpenAI,
+vLLM, Ollama); ``json_object``: ``{"type": "json_object", "schema": ...}`` (llama.cpp's servers);
+``none``: no ``response_format``, the schema written into the instructions
+(:func:`schema_instruction`) and the answer checked against it (:func:`check_schema`)."""
 
 
 def openai_response_format(
@@ -94,7 +95,8 @@ def openai_response_format(
 
 
 def schema_instruction(schema: dict[str, Any] | None) -> str:
-    """What schema mode ``none`` appends to the system message in place of a ``response_format``."""
+    """What schema mode ``none`` appends to the system message in place of a
+    ``response_format``."""
     if schema is None:
         return "Answer with one JSON object and nothing else."
     return (
@@ -106,7 +108,8 @@ def schema_instruction(schema: dict[str, Any] | None) -> str:
 def with_schema_instruction(
     messages: list[dict[str, Any]], schema: dict[str, Any] | None
 ) -> list[dict[str, Any]]:
-    """``messages`` with :func:`schema_instruction` at the end of the system message (one added if none)."""
+    """``messages`` with :func:`schema_instruction` at the end of the system message (one added if
+    none)."""
     note = schema_instruction(schema)
     out = [dict(m) for m in messages]
     if out and out[0].get("role") == "system" and isinstance(out[0].get("content"), str):
@@ -122,7 +125,8 @@ def chat_kwargs(
     messages: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The one mapping of a :class:`Request` to chat-completion keyword arguments, for llama.cpp's
-    ``create_chat_completion`` and an OpenAI-compatible client alike (the model name is the caller's)."""
+    ``create_chat_completion`` and an OpenAI-compatible client alike (the model name is the
+    caller's)."""
     kwargs: dict[str, Any] = dict(
         messages=request.messages if messages is None else messages,
         temperature=request.temperature,
@@ -186,7 +190,8 @@ def plain_message(message: Any) -> dict[str, Any]:
 
 
 def mix_seed(seed: int, rollout_id: Any) -> int:
-    """The sampling seed of rollout ``rollout_id`` (DSPy's way to ask for another sample of one prompt)."""
+    """The sampling seed of rollout ``rollout_id`` (DSPy's way to ask for another sample of one
+    prompt)."""
     digest = hashlib.sha256(f"{seed}:{rollout_id}".encode()).digest()
     return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
 

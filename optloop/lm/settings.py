@@ -1,4 +1,5 @@
-"""Which model answers and how a call is made: :class:`LMSettings`, the bundled model, URL redaction."""
+"""Which model answers and how a call is made: :class:`LMSettings`, the bundled model, URL
+redaction."""
 
 from __future__ import annotations
 
@@ -18,8 +19,8 @@ from optloop.paths import state_dir
 BUNDLED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CONCURRENCY_ENV = "OPTLOOP_CONCURRENCY"
 SCHEMA_MODE_ENV = "OPTLOOP_LM_SCHEMA_MODE"
-# The embedded model runs one call at a time anyway (llama.cpp, one machine slot); an endpoint serves many
-# (its default is auto: probed at start-up, see optloop.lm.probe).
+# The embedded model runs one call at a time anyway (llama.cpp, one machine slot); an endpoint
+# serves many (its default is auto: probed at start-up, see optloop.lm.probe).
 DEFAULT_CONCURRENCY = {"local": 1, "openai": 8}
 
 
@@ -58,8 +59,8 @@ class LMSettings(BaseModel):
     api_key_env: str = "OPENAI_API_KEY"
     schema_mode: Literal["auto", "json_schema", "json_object", "none"] = Field(
         "auto",
-        description=f"how a schema is sent to an endpoint (default ${SCHEMA_MODE_ENV}, else auto: the "
-        "first of json_schema, json_object + schema, none that the endpoint takes)",
+        description=f"how a schema is sent to an endpoint (default ${SCHEMA_MODE_ENV}, else "
+        "auto: the first of json_schema, json_object + schema, none that the endpoint takes)",
     )
     temperature: float = 0.0
     max_tokens: int = Field(512, gt=0)
@@ -87,7 +88,8 @@ class LMSettings(BaseModel):
     # every constrained output closes; the result still satisfies the original.
     max_string_chars: int = Field(400, gt=0, description="local decoding: longest JSON string")
     max_array_items: int = Field(16, gt=0, description="local decoding: longest JSON array")
-    # Load (optloop.lm.limits): one throttle per endpoint, shared by the process's threads and tasks.
+    # Load (optloop.lm.limits): one throttle per endpoint, shared by the process's threads and
+    # tasks.
     rpm: float | None = Field(
         None, gt=0, description="requests per minute to the model (None: no limit)"
     )
@@ -100,12 +102,13 @@ class LMSettings(BaseModel):
         None,
         ge=1,
         le=1024,
-        description=f"requests in flight at once; default ${CONCURRENCY_ENV}, else 1 local, auto on an endpoint",
+        description=f"requests in flight at once; default ${CONCURRENCY_ENV}, else 1 local, "
+        "auto on an endpoint",
     )
     concurrency_auto: bool = Field(
         False,
-        description="probe the endpoint at start-up (OptloopLM.check_endpoint): 1 when it answers one "
-        "request at a time, else concurrency (8 unless set)",
+        description="probe the endpoint at start-up (OptloopLM.check_endpoint): 1 when it "
+        "answers one request at a time, else concurrency (8 unless set)",
     )
     rate_limit_wait_s: float = Field(
         3600.0,
@@ -116,8 +119,8 @@ class LMSettings(BaseModel):
     @pydantic.model_validator(mode="before")
     @classmethod
     def _auto_words(cls, data: Any) -> Any:
-        """``concurrency="auto"`` (the flag's or the variable's word) is ``concurrency_auto``; an unset
-        schema mode is ``$OPTLOOP_LM_SCHEMA_MODE``'s."""
+        """``concurrency="auto"`` (the flag's or the variable's word) is ``concurrency_auto``; an
+        unset schema mode is ``$OPTLOOP_LM_SCHEMA_MODE``'s."""
         if isinstance(data, dict):
             data = dict(data)
             if str(data.get("concurrency", "")).strip().lower() == "auto":
@@ -130,9 +133,9 @@ class LMSettings(BaseModel):
 
     @pydantic.model_validator(mode="after")
     def _default_concurrency(self) -> LMSettings:
-        """Unset: ``$OPTLOOP_CONCURRENCY`` (a number or auto), else 1 on the embedded model and auto on an
-        endpoint. Auto starts from the backend's default and is settled by the start-up probe; the
-        embedded model has nothing to probe."""
+        """Unset: ``$OPTLOOP_CONCURRENCY`` (a number or auto), else 1 on the embedded model and
+        auto on an endpoint. Auto starts from the backend's default and is settled by the start-up
+        probe; the embedded model has nothing to probe."""
         if self.concurrency is None:
             raw = "" if self.concurrency_auto else os.environ.get(CONCURRENCY_ENV, "").strip()
             if raw and raw.lower() != "auto":
@@ -172,8 +175,8 @@ class LMSettings(BaseModel):
             fields["base_url"] = os.environ.get("OPENAI_BASE_URL") or None
         else:
             raise ConfigError(
-                f"unknown LM spec {spec!r}; use 'local', 'local:/path/model.gguf' or 'openai:<model>' "
-                "(with --lm-base-url for vLLM, Ollama or a llama.cpp server)"
+                f"unknown LM spec {spec!r}; use 'local', 'local:/path/model.gguf' or "
+                "'openai:<model>' (with --lm-base-url for vLLM, Ollama or a llama.cpp server)"
             )
         fields.update({k: v for k, v in overrides.items() if v is not None})
         try:
@@ -192,13 +195,15 @@ class LMSettings(BaseModel):
         return self.cache_path or state_dir() / "lm_cache.sqlite"
 
     def price(self) -> ModelPrice | None:
-        """The model's price per token (:func:`~optloop.lm.pricing.model_price`): an endpoint's model name looked up
-        in litellm's table; None for the embedded model or a name the table lacks (vLLM, Ollama)."""
+        """The model's price per token (:func:`~optloop.lm.pricing.model_price`): an endpoint's
+        model name looked up in litellm's table; None for the embedded model or a name the table
+        lacks (vLLM, Ollama)."""
         return model_price(self.model) if self.backend == "openai" else None
 
 
 def redact_url(url: str | None) -> str | None:
-    """``url`` fit to show or log: a password or token in its user info and its query values masked.
+    """``url`` fit to show or log: a password or token in its user info and its query values
+    masked.
 
     ``https://user:sk-abc@host/v1?api-key=sk-abc`` -> ``https://user:***@host/v1?api-key=***``.
     """

@@ -1,4 +1,5 @@
-"""The optimizer contract: propose the next candidate, observe its dev result (one small ABC, as Optuna's samplers).
+"""The optimizer contract: propose the next candidate, observe its dev result (one small ABC, as
+Optuna's samplers).
 
 The loop owns the budget: it asks :meth:`Optimizer.propose` for a candidate,
 evaluates it on the dev split (one evaluation of ``--budget``), and reports the
@@ -33,10 +34,11 @@ ENDPOINT_THREADS = 4  # an optimizer's threads on an LM endpoint (the embedded m
 
 
 def default_threads(lm: Any) -> int:
-    """How many programs an optimizer runs at once on ``lm``: one on the embedded model (one llama.cpp
-    context answers every call in turn, so threads would only wait on it); on an endpoint
-    (``LMSettings.backend == "openai"``) its ``--concurrency``, at least :data:`ENDPOINT_THREADS`: the
-    LM's throttle bounds the requests in flight either way, and fewer threads would leave slots idle."""
+    """How many programs an optimizer runs at once on ``lm``: one on the embedded model (one
+    llama.cpp context answers every call in turn, so threads would only wait on it); on an endpoint
+    (``LMSettings.backend == "openai"``) its ``--concurrency``, at least :data:`ENDPOINT_THREADS`:
+    the LM's throttle bounds the requests in flight either way, and fewer threads would leave slots
+    idle."""
     backend = getattr(getattr(lm, "settings", None), "backend", None)
     if backend != "openai":
         return 1
@@ -59,10 +61,11 @@ class Optimizer(ABC):
         work: Path | None = None,
         batch: int = 1,
     ):
-        """``num_threads``: programs run at once inside a round (default :func:`default_threads` of the
-        evaluator's LM); ``work``: where the optimizer keeps state across rounds and resumes (default
-        ``<evaluator work>/optimizers/<name>``, inside the run's state directory); ``batch``: the
-        candidates the loop evaluates at once (``--batch``), which a round may fill."""
+        """``num_threads``: programs run at once inside a round (default :func:`default_threads` of
+        the evaluator's LM); ``work``: where the optimizer keeps state across rounds and resumes
+        (default ``<evaluator work>/optimizers/<name>``, inside the run's state directory);
+        ``batch``: the candidates the loop evaluates at once (``--batch``), which a round may
+        fill."""
         self.evaluator = evaluator
         self.proposer = proposer
         self.trainset = trainset
@@ -91,9 +94,10 @@ class Optimizer(ABC):
         """The next candidate to evaluate, or ``None`` when the optimizer has nothing new."""
 
     def propose_batch(self, best: Candidate, best_eval: Evaluation, size: int) -> list[Candidate]:
-        """Up to ``size`` candidates to evaluate at once, from one round: :meth:`propose` (which may run a
-        round), then what that round left queued (:meth:`next_queued`), never a second round before the
-        loop has observed the first's. Empty when the optimizer has nothing new."""
+        """Up to ``size`` candidates to evaluate at once, from one round: :meth:`propose` (which
+        may run a round), then what that round left queued (:meth:`next_queued`), never a second
+        round before the loop has observed the first's. Empty when the optimizer has nothing
+        new."""
         first = self.propose(best, best_eval)
         if first is None:
             return []
@@ -103,7 +107,8 @@ class Optimizer(ABC):
         return batch
 
     def next_queued(self) -> Candidate | None:
-        """The next candidate a round already made (``None``: none left; an optimizer without a queue)."""
+        """The next candidate a round already made (``None``: none left; an optimizer without a
+        queue)."""
         queue = getattr(self, "queue", None)
         return queue.pop(0) if isinstance(queue, list) and queue else None
 

@@ -57,7 +57,8 @@ class Candidate(BaseModel):
 
 
 def ingest_key(system: str, candidate: Candidate, stages: Mapping[str, str]) -> str:
-    """What ingestion depends on: the system and its ingest-stage sites (``stages``: site -> stage)."""
+    """What ingestion depends on: the system and its ingest-stage sites (``stages``: site ->
+    stage)."""
     ingest_sites = {n for n, stage in stages.items() if stage == "ingest"}
     return f"{system}-{candidate.digest(ingest_sites, with_knobs=False)}"
 
@@ -103,9 +104,10 @@ def prompt_text(site: PromptSite, state: SiteState) -> str:
 
 
 def _diff_lines(text: str) -> list[str]:
-    """``text`` as the lines a prompt diff compares: prose one sentence a line (its white space folded, so a
-    docstring's line breaks and an edited instruction's single line compare sentence by sentence); the
-    examples block (``# Examples`` and the JSON demos after it) line by line as written."""
+    """``text`` as the lines a prompt diff compares: prose one sentence a line (its white space
+    folded, so a docstring's line breaks and an edited instruction's single line compare sentence
+    by sentence); the examples block (``# Examples`` and the JSON demos after it) line by line as
+    written."""
     prose, sep, examples = text.partition("\n\n# Examples\n")
     lines = [
         s for paragraph in prose.split("\n\n") for s in sentences(" ".join(paragraph.split())) if s
@@ -116,7 +118,8 @@ def _diff_lines(text: str) -> list[str]:
 
 
 def prompt_diff(before: Mapping[str, str], after: Mapping[str, str]) -> str:
-    """A unified diff of every site whose prompt text changed (sentence by sentence: :func:`_diff_lines`)."""
+    """A unified diff of every site whose prompt text changed (sentence by
+    sentence: :func:`_diff_lines`)."""
     chunks: list[str] = []
     for name in sorted(set(before) | set(after)):
         a, b = before.get(name, ""), after.get(name, "")

@@ -10,20 +10,17 @@ talks to sits behind small interfaces, so tests drive it with fakes
 (``tests/optloop/loop/test_controller.py``) and :class:`optloop.loop.runner.Loop` wires the
 real ones:
 
-=========================== ========================================= ==============================
-interface                   does                                      real implementation
-=========================== ========================================= ==============================
-:class:`CandidateEvaluator` one candidate over a named split ->       ``runner.SplitEvaluator``
-                            Evaluation                                (the Evaluator)
-:class:`TrackingSink`       records the run (parent metrics, child    ``mlflow_sink.MlflowSink``
-                            runs, artifacts, the prompt registry)
-:class:`Coordinator`        who evaluates the baseline, who may take  ``coordinator.LocalCoordinator``,
-                            the next trial, who finishes              ``coordinator.SharedCoordinator``
-``make_optimizer``          an :class:`~optloop.loop._base.Optimizer` ``Loop._optimizer``
-                            for (sites, knobs)                        (``OPTIMIZERS``)
-:class:`RunContext`         config, checkpoint, start program,        built by ``Loop``
-                            progress, cost
-=========================== ========================================= ==============================
+Each interface, what it does, and its real implementation:
+
+- :class:`CandidateEvaluator`: one candidate over a named split -> Evaluation;
+  ``runner.SplitEvaluator`` (the Evaluator)
+- :class:`TrackingSink`: records the run (parent metrics, child runs, artifacts, the prompt
+  registry); ``mlflow_sink.MlflowSink``
+- :class:`Coordinator`: who evaluates the baseline, who may take the next trial, who finishes;
+  ``coordinator.LocalCoordinator``, ``coordinator.SharedCoordinator``
+- ``make_optimizer``: an :class:`~optloop.loop._base.Optimizer` for (sites, knobs);
+  ``Loop._optimizer`` (``OPTIMIZERS``)
+- :class:`RunContext`: config, checkpoint, start program, progress, cost; built by ``Loop``
 
 **Checkpoint discipline** (why a resumed run equals an uninterrupted one). Every
 evaluation is written to the checkpoint as soon as it returns. A trial is appended to the
@@ -77,19 +74,21 @@ Split = Literal["train", "dev", "test"]
 
 
 class CandidateEvaluator(Protocol):
-    """Runs one candidate over one of the run's splits (one *evaluation*: what ``--budget`` counts on dev)."""
+    """Runs one candidate over one of the run's splits (one *evaluation*: what ``--budget`` counts
+    on dev)."""
 
     @property
     def site_names(self) -> list[str]:
         """Every prompt site of the system, in the system's order."""
 
     def evaluate(self, candidate: Candidate, split: Split) -> Evaluation:
-        """``candidate`` over every episode of ``split``, each failure attributed. May raise (the run stops;
-        the checkpoint holds everything evaluated before)."""
+        """``candidate`` over every episode of ``split``, each failure attributed. May raise (the
+        run stops; the checkpoint holds everything evaluated before)."""
 
     def evaluate_many(self, candidates: Sequence[Candidate], split: Split) -> list[Evaluation]:
-        """Each of ``candidates`` over ``split`` as :meth:`evaluate` does, possibly at once (``--batch``): the
-        evaluations in the candidates' order, each the one :meth:`evaluate` would give. May raise."""
+        """Each of ``candidates`` over ``split`` as :meth:`evaluate` does, possibly at once
+        (``--batch``): the evaluations in the candidates' order, each the one :meth:`evaluate`
+        would give. May raise."""
 
     def prompt_texts(self, candidate: Candidate) -> dict[str, str]:
         """site -> the exact prompt text ``candidate`` sends there."""
@@ -109,7 +108,8 @@ class Targeting:
 
 @dataclass(frozen=True)
 class Summary:
-    """Everything the run's record holds at the end (the sink turns it into metrics and artifacts)."""
+    """Everything the run's record holds at the end (the sink turns it into metrics and
+    artifacts)."""
 
     config: LoopConfig
     base: Candidate
@@ -132,25 +132,28 @@ class Summary:
 
 
 class TrackingSink(Protocol):
-    """Where a run is recorded. The controller calls it only after the state it reports is checkpointed,
-    so a resumed run never records a trial twice (a kill after the checkpoint write and before the call
-    would lose that one record: the ``acc_dev`` point a resumed run finds missing from
+    """Where a run is recorded. The controller calls it only after the state it reports is
+    checkpointed, so a resumed run never records a trial twice (a kill after the checkpoint write
+    and before the call would lose that one record: the ``acc_dev`` point a resumed run finds
+    missing from
     :meth:`dev_steps` it logs again)."""
 
     def log_dev(self, trial: int, accuracy: float, best: float) -> None:
         """The dev accuracy of trial ``trial`` (0: the baseline) and the best so far."""
 
     def dev_steps(self) -> set[int]:
-        """The trials whose dev accuracy :meth:`log_dev` has recorded (asked by a resumed run only)."""
+        """The trials whose dev accuracy :meth:`log_dev` has recorded (asked by a resumed run
+        only)."""
 
     def log_targets(self, targeting: Targeting) -> None:
-        """The baseline's blame and the targets chosen from it (recorded once, by the leading worker)."""
+        """The baseline's blame and the targets chosen from it (recorded once, by the leading
+        worker)."""
 
     def open_trial(
         self, trial: int, tags: Mapping[str, str] | None
     ) -> AbstractContextManager[str]:
-        """A record for one trial (a child run), open while the trial is evaluated; yields its id. The
-        record must be findable by the trial number alone (see :meth:`discard_trial`)."""
+        """A record for one trial (a child run), open while the trial is evaluated; yields its id.
+        The record must be findable by the trial number alone (see :meth:`discard_trial`)."""
 
     def log_trial(
         self,
@@ -161,18 +164,20 @@ class TrackingSink(Protocol):
         base: Candidate,
         diff: str,
     ) -> None:
-        """The trial's candidate, evaluation and prompt diff against ``base``, into its open record."""
+        """The trial's candidate, evaluation and prompt diff against ``base``, into its open
+        record."""
 
     def discard_trial(self, trial: int) -> None:
-        """Delete every record of trial ``trial``, which a kill left half done (it is redone under the same
-        number). Only this worker ever holds a trial number, so every such record is its own."""
+        """Delete every record of trial ``trial``, which a kill left half done (it is redone under
+        the same number). Only this worker ever holds a trial number, so every such record is its
+        own."""
 
     def log_summary(self, summary: Summary) -> None:
         """The run's final metrics and artifacts."""
 
     def register(self, texts: Mapping[str, str], *, promote: bool, message: str) -> dict[str, Any]:
-        """New registry versions of the changed prompts (moving ``champion`` when ``promote``); what was
-        registered, per site."""
+        """New registry versions of the changed prompts (moving ``champion`` when ``promote``);
+        what was registered, per site."""
 
     def tag_result(self, promoted: bool, reason: str, note: str) -> None:
         """Why the champion moved or not, and the run's note."""
@@ -212,7 +217,8 @@ class Coordinator(Protocol):
         """Report evaluated trials a kill kept from being reported."""
 
     def budget_left(self, trials: Sequence[Trial]) -> bool:
-        """Whether this worker may try to take another trial (``trials``: this worker's checkpoint)."""
+        """Whether this worker may try to take another trial (``trials``: this worker's
+        checkpoint)."""
 
     def upcoming(self, trials: Sequence[Trial]) -> int:
         """The number the next trial will probably get (for progress messages)."""
@@ -223,27 +229,30 @@ class Coordinator(Protocol):
     def take(
         self, trials: Sequence[Trial], candidate: Candidate, study_trial: int | None
     ) -> int | None:
-        """The trial number ``candidate`` is evaluated as; ``None`` when the budget went to other workers."""
+        """The trial number ``candidate`` is evaluated as; ``None`` when the budget went to other
+        workers."""
 
     def trial_tags(self) -> dict[str, str] | None:
         """Tags for a trial's record (which worker ran it)."""
 
     def report(self, trial: Trial, cost: Callable[[], Cost]) -> None:
-        """An evaluated trial, checkpointed: tell the other workers (``cost``: what this worker's processes
-        have spent on the run so far)."""
+        """An evaluated trial, checkpointed: tell the other workers (``cost``: what this worker's
+        processes have spent on the run so far)."""
 
     def best_accuracy(self, mine: float, baseline: float) -> float:
         """The run's best dev accuracy so far, given this worker's best."""
 
     def settle(self, finish: Callable[[], LoopResult], cost: Callable[[], Cost]) -> LoopResult:
-        """After this worker's last trial: ``finish()`` when this worker finishes the run, else the result of
-        the worker that did."""
+        """After this worker's last trial: ``finish()`` when this worker finishes the run, else the
+        result of the worker that did."""
 
     def records(self, trials: Sequence[Trial]) -> list[TrialRecord]:
-        """Every evaluated trial of the run, by trial number (``trials``: this worker's checkpoint)."""
+        """Every evaluated trial of the run, by trial number (``trials``: this worker's
+        checkpoint)."""
 
     def others_cost(self) -> dict[str, float]:
-        """What the other workers spent, every process of theirs (added to this one's cost in the result)."""
+        """What the other workers spent, every process of theirs (added to this one's cost in the
+        result)."""
 
     def publish(self, result: LoopResult) -> LoopResult:
         """Hand the final result to the other workers; the result as every worker returns it."""
@@ -273,13 +282,14 @@ class RunContext:
     """What one run of the controller works on.
 
     ``checkpoint`` is saved to ``path``; ``base`` is the start program (the system's prompts with
-    ``--start`` applied); ``progress`` receives one-line status messages; ``cost`` returns what this
-    process has spent so far (LLM calls, tokens, seconds), saved with every checkpoint (the run's
-    total adds up every process's: :meth:`Checkpoint.total_cost`); ``limits`` are this process's
-    ``--max-cost``, ``--max-calls`` and ``--estimate``, checked at step boundaries against that total
-    (:mod:`optloop.loop.spend`); ``baseline_done`` is called once the baseline is known and trials are
-    to come (``Loop`` prints the projection of the whole run there) and returns the :class:`Eta` its
-    projection starts; ``trial_done`` receives one :class:`TrialLine` per evaluated trial.
+    ``--start`` applied); ``progress`` receives one-line status messages; ``cost`` returns what
+    this process has spent so far (LLM calls, tokens, seconds), saved with every checkpoint (the
+    run's total adds up every process's: :meth:`Checkpoint.total_cost`); ``limits`` are this
+    process's ``--max-cost``, ``--max-calls`` and ``--estimate``, checked at step boundaries
+    against that total (:mod:`optloop.loop.spend`); ``baseline_done`` is called once the baseline
+    is known and trials are to come (``Loop`` prints the projection of the whole run there) and
+    returns the :class:`Eta` its projection starts; ``trial_done`` receives one :class:`TrialLine`
+    per evaluated trial.
     """
 
     config: LoopConfig
@@ -298,9 +308,10 @@ class RunContext:
         self.checkpoint.save(self.path)
 
     def keep_spending(self) -> None:
-        """Write the run's cost (the earlier processes', this one's, their count) into the checkpoint *on disk*
-        and nothing else: called when the run stops midway (an interrupt, an error), when the rest of the
-        checkpoint in memory may be ahead of the last step it completed."""
+        """Write the run's cost (the earlier processes', this one's, their count) into the
+        checkpoint *on disk* and nothing else: called when the run stops midway (an interrupt, an
+        error), when the rest of the checkpoint in memory may be ahead of the last step it
+        completed."""
         if not self.path.exists():
             return
         saved = Checkpoint.load(self.path)
@@ -350,12 +361,13 @@ class Controller:
         return self.ctx.checkpoint
 
     def run(self) -> LoopResult:
-        """The whole loop; the result every worker of the run returns. The checkpoint says finished after.
+        """The whole loop; the result every worker of the run returns. The checkpoint says finished
+        after.
 
-        One call is one process's share of the run (:meth:`Checkpoint.begin_process`). When it stops midway
-        (a kill signal turned into ``KeyboardInterrupt``, an error, a spending limit's
-        :class:`~optloop.loop.spend.RunStopped` at a step boundary), what it spent is written into the
-        checkpoint on disk before the exception goes on.
+        One call is one process's share of the run (:meth:`Checkpoint.begin_process`). When it
+        stops midway (a kill signal turned into ``KeyboardInterrupt``, an error, a spending limit's
+        :class:`~optloop.loop.spend.RunStopped` at a step boundary), what it spent is written into
+        the checkpoint on disk before the exception goes on.
         """
         self.ckpt.begin_process()
         try:
@@ -382,13 +394,14 @@ class Controller:
         return self.ckpt.total_cost(self.ctx.cost())
 
     def total_cost(self) -> Cost:
-        """What the whole run has spent so far: this worker's processes plus, shared, the other workers'
-        (their seconds are worker-seconds)."""
+        """What the whole run has spent so far: this worker's processes plus, shared, the other
+        workers' (their seconds are worker-seconds)."""
         return add_costs(self.run_cost(), self.coordinator.others_cost())
 
     def _boundary(self) -> None:
-        """A step boundary: everything before it is checkpointed and no trial is open, so the run may stop here
-        when it has reached a spending limit (:meth:`SpendingLimits.check` raises ``RunStopped``)."""
+        """A step boundary: everything before it is checkpointed and no trial is open, so the run
+        may stop here when it has reached a spending limit (:meth:`SpendingLimits.check` raises
+        ``RunStopped``)."""
         limits = self.ctx.limits
         if limits.active:
             limits.check(self.total_cost(), baseline_done=self.ckpt.baseline_dev is not None)
@@ -445,8 +458,8 @@ class Controller:
         return targeting
 
     def _repair(self) -> None:
-        """Undo a trial a kill left half done (its record discarded, its candidate queued first), then report
-        evaluated trials a kill kept from being reported."""
+        """Undo a trial a kill left half done (its record discarded, its candidate queued first),
+        then report evaluated trials a kill kept from being reported."""
         ckpt = self.ckpt
         half_done = [t for t in ckpt.trials if t.evaluation is None]
         for trial in half_done:
@@ -460,9 +473,10 @@ class Controller:
             self._relog_dev()
 
     def _relog_dev(self) -> None:
-        """The ``acc_dev`` points a kill kept from being logged (it came between a checkpoint write and the
-        sink's call), with the best so far as it was then: the baseline's (by the leading worker) and this
-        worker's trials' (when shared, the best among the baseline and this worker's trials up to it)."""
+        """The ``acc_dev`` points a kill kept from being logged (it came between a checkpoint write
+        and the sink's call), with the best so far as it was then: the baseline's (by the leading
+        worker) and this worker's trials' (when shared, the best among the baseline and this
+        worker's trials up to it)."""
         ckpt = self.ckpt
         assert ckpt.baseline_dev is not None
         best = ckpt.baseline_dev.accuracy
@@ -477,7 +491,8 @@ class Controller:
                 self.sink.log_dev(trial, accuracy, best_so_far)
 
     def _resume_optimizer(self, targeting: Targeting) -> tuple[Optimizer, _Best]:
-        """A fresh optimizer told everything already tried, retargeted on the best so far, its queue restored."""
+        """A fresh optimizer told everything already tried, retargeted on the best so far, its
+        queue restored."""
         ckpt, base = self.ckpt, self.ctx.base
         assert ckpt.baseline_dev is not None
         optimizer = self.make_optimizer(targeting.sites, targeting.knobs)
@@ -494,21 +509,24 @@ class Controller:
                 ]
             )
         if isinstance(getattr(optimizer, "queue", None), list):
-            optimizer.queue = [c for c in ckpt.queue if c.digest() not in optimizer.seen]  # type: ignore[attr-defined]
+            optimizer.queue = [  # type: ignore[attr-defined]
+                c for c in ckpt.queue if c.digest() not in optimizer.seen
+            ]
             optimizer.seen |= {c.digest() for c in optimizer.queue}  # type: ignore[attr-defined]
         return optimizer, best
 
     # --- the trials -----------------------------------------------------------------------
 
     def _trials(self, optimizer: Optimizer, best: _Best, note: str) -> str:
-        """Propose, evaluate and observe while the coordinator grants trials, ``--batch`` candidates at a
-        time; the note, extended when the optimizer ran dry.
+        """Propose, evaluate and observe while the coordinator grants trials, ``--batch``
+        candidates at a time; the note, extended when the optimizer ran dry.
 
-        A batch is one round's candidates (:meth:`Optimizer.propose_batch`), taken as trials in order and
-        checkpointed before any is evaluated; they are evaluated at once (``evaluate_many``), then recorded,
-        observed and checkpointed one by one in trial order, each improving one moving the best (and the
-        blame) before the next is observed. Trials a kill left half done are redone first as a batch of
-        their own, so the run goes on as the uninterrupted one did."""
+        A batch is one round's candidates (:meth:`Optimizer.propose_batch`), taken as trials in
+        order and checkpointed before any is evaluated; they are evaluated at once
+        (``evaluate_many``), then recorded, observed and checkpointed one by one in trial order,
+        each improving one moving the best (and the blame) before the next is observed. Trials a
+        kill left half done are redone first as a batch of their own, so the run goes on as the
+        uninterrupted one did."""
         ckpt, cfg, coordinator = self.ckpt, self.config, self.coordinator
         assert ckpt.baseline_dev is not None
         eta = self.ctx.baseline_done(ckpt) if coordinator.budget_left(ckpt.trials) else None
@@ -583,8 +601,9 @@ class Controller:
         return sum(t.evaluation is not None for t in self.ckpt.trials)
 
     def _take(self, optimizer: Optimizer, candidates: Sequence[Candidate]) -> list[Trial]:
-        """``candidates`` as trials, numbered by the coordinator in order and in the checkpoint (saved) before
-        any is evaluated; the ones the budget no longer allows go back to the optimizer."""
+        """``candidates`` as trials, numbered by the coordinator in order and in the checkpoint
+        (saved) before any is evaluated; the ones the budget no longer allows go back to the
+        optimizer."""
         taken: list[Trial] = []
         for i, candidate in enumerate(candidates):
             study_trial = getattr(optimizer, "study_trial", lambda c: None)(candidate)
@@ -601,17 +620,17 @@ class Controller:
         return taken
 
     def _evaluate_many(self, trials: Sequence[Trial]) -> list[Evaluation | None]:
-        """Several trials' candidates on dev at once; a trial alone is evaluated inside its record instead
-        (``None``: :meth:`_record_trial` evaluates it)."""
+        """Several trials' candidates on dev at once; a trial alone is evaluated inside its record
+        instead (``None``: :meth:`_record_trial` evaluates it)."""
         if len(trials) == 1:
             return [None]
         return list(self.evaluator.evaluate_many([t.candidate for t in trials], "dev"))
 
     def _record_trial(self, trial: Trial, evaluation: Evaluation | None) -> None:
-        """``trial``'s record (a child run): its evaluation (made here when ``None``: the record's time is
-        then the evaluation's), logged into it, then set on the trial. The trial is in the checkpoint before
-        its record opens, so whatever a kill leaves of it is found and discarded on resume (see the module
-        docstring)."""
+        """``trial``'s record (a child run): its evaluation (made here when ``None``: the record's
+        time is then the evaluation's), logged into it, then set on the trial. The trial is in the
+        checkpoint before its record opens, so whatever a kill leaves of it is found and discarded
+        on resume (see the module docstring)."""
         base = self.ctx.base
         with self.sink.open_trial(trial.trial, self.coordinator.trial_tags()) as run_id:
             trial.child_run_id = run_id
@@ -624,7 +643,8 @@ class Controller:
         trial.evaluation = evaluation
 
     def _retarget(self, optimizer: Optimizer, evaluation: Evaluation) -> None:
-        """A new best: re-attribute from its failures and retarget the optimizer when the blame moved."""
+        """A new best: re-attribute from its failures and retarget the optimizer when the blame
+        moved."""
         sites, knobs, _ = choose_targets(
             evaluation.blame(), self.config, self.evaluator.site_names
         )
@@ -637,8 +657,8 @@ class Controller:
     def _failed_calls(
         self, best_trial: int, before: Evaluation, after: Evaluation
     ) -> dict[str, int]:
-        """The failed LM calls behind each figure of the result (only those that had any): under the
-        threshold of :mod:`optloop.failures` they are reported beside the figure."""
+        """The failed LM calls behind each figure of the result (only those that had any): under
+        the threshold of :mod:`optloop.failures` they are reported beside the figure."""
         ckpt = self.ckpt
         assert ckpt.baseline_dev is not None
         best = (
@@ -662,8 +682,8 @@ class Controller:
         return {name: n for name, n in counts.items() if n}
 
     def _finish(self, targeting: Targeting, note: str) -> LoopResult:
-        """The held-out test of the start program and the run's best, the summary, the registry, the result
-        (run by the one worker that finishes the run)."""
+        """The held-out test of the start program and the run's best, the summary, the registry,
+        the result (run by the one worker that finishes the run)."""
         ckpt, cfg, base = self.ckpt, self.config, self.ctx.base
         assert ckpt.baseline_train is not None and ckpt.baseline_dev is not None
         records = self.coordinator.records(ckpt.trials)
@@ -715,7 +735,10 @@ class Controller:
         )
         changed = best.changed_sites(base)
         if changed and not ckpt.registered:
-            message = f"optloop run {cfg.run_name}: test {before.accuracy:.3f} -> {after.accuracy:.3f}; {reason}"
+            message = (
+                f"optloop run {cfg.run_name}: test {before.accuracy:.3f} -> "
+                f"{after.accuracy:.3f}; {reason}"
+            )
             ckpt.registered = self.sink.register(
                 {s: texts_after[s] for s in changed}, promote=promoted, message=message
             )

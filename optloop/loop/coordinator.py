@@ -1,4 +1,5 @@
-"""Who does what when one worker, or several, run the same loop: the controller's :class:`Coordinator`.
+"""Who does what when one worker, or several, run the same loop: the
+controller's :class:`Coordinator`.
 
 :class:`LocalCoordinator` is one worker: it evaluates the baseline, numbers trials from its
 checkpoint and finishes the run itself. :class:`SharedCoordinator` is one worker of several
@@ -37,8 +38,8 @@ FINISHER_KEY = "optloop:finisher"
 class LocalCoordinator:
     """One worker: the whole budget, numbered by its own checkpoint.
 
-    ``storage`` and ``study_name`` are the Optuna optimizer's own study (only ``--optimizer optuna``
-    uses them).
+    ``storage`` and ``study_name`` are the Optuna optimizer's own study (only
+    ``--optimizer optuna`` uses them).
     """
 
     leads = True
@@ -141,14 +142,16 @@ class SharedCoordinator:
         worker: str,
         progress: Callable[[str], None] | None = None,
     ) -> SharedCoordinator:
-        """Open the study named after the run, refuse a finished run or other settings, and take a rank."""
+        """Open the study named after the run, refuse a finished run or other settings, and take a
+        rank."""
         study = SharedStudy(
             storage, config.run_name, worker=worker, budget=config.budget, seed=config.seed
         )
         try:
             if study.get(RESULT_KEY) is not None:
                 raise ConfigError(
-                    f"run {config.run_name!r} already finished (MLflow run {study.get(PARENT_KEY)}); "
+                    f"run {config.run_name!r} already finished (MLflow run "
+                    f"{study.get(PARENT_KEY)}); "
                     "pick another --run-name to run again"
                 )
             rank = study.join(config.digest(shared=True))
@@ -171,8 +174,10 @@ class SharedCoordinator:
         value = self.study.wait_for(key, holder=leader, what=what, progress=self.progress)
         if value is None:
             raise OptloopError(
-                f"{self.study.describe(leader)}, the first worker of run {self.config.run_name!r}, "
-                f"stopped before publishing {what}; rerun the same command on that host to resume it"
+                f"{self.study.describe(leader)}, the first worker of run "
+                f"{self.config.run_name!r}, "
+                f"stopped before publishing {what}; rerun the same command on that host to "
+                "resume it"
             )
         return value
 
@@ -226,12 +231,14 @@ class SharedCoordinator:
         return self.study.best_accuracy(baseline)
 
     def settle(self, finish: Callable[[], LoopResult], cost: Callable[[], Cost]) -> LoopResult:
-        """Leave the trial loop, then finish the run if every evaluation is done and no other worker does it,
-        else wait for the worker that finishes it; every worker returns the same result."""
+        """Leave the trial loop, then finish the run if every evaluation is done and no other
+        worker does it, else wait for the worker that finishes it; every worker returns the same
+        result."""
         study = self.study
         if voided := study.void_my_open_slots():
             logger.warning(
-                "trial(s) %s of an interrupted run of this worker were not redone: nothing new to propose",
+                "trial(s) %s of an interrupted run of this worker were not redone: nothing "
+                "new to propose",
                 ", ".join(str(k + 1) for k in voided),
             )
         study.put_cost(cost())
@@ -249,12 +256,13 @@ class SharedCoordinator:
             dead = [w for w in waiting_on if not study.alive(w)]
             if dead:
                 raise OptloopError(
-                    f"{study.describe(dead[0])} of run {self.config.run_name!r} stopped before its part "
-                    "was done; rerun the same command on that host to resume it (this worker's trials "
-                    "are saved)"
+                    f"{study.describe(dead[0])} of run {self.config.run_name!r} stopped before "
+                    "its part was done; rerun the same command on that host to resume it (this "
+                    "worker's trials are saved)"
                 )
             self.progress(
-                f"budget spent or taken; waiting for {', '.join(study.describe(w) for w in waiting_on)} "
+                "budget spent or taken; waiting for "
+                f"{', '.join(study.describe(w) for w in waiting_on)} "
                 "to finish the run"
             )
             time.sleep(study.poll)
@@ -281,11 +289,12 @@ class SharedCoordinator:
         return None if self.leads else self.wait_for_leader(PARENT_KEY, "the MLflow parent run")
 
     def adopt_parent_run(self, run_id: str) -> None:
-        """The leader records ``run_id`` as the one parent run; a study with another one is refused."""
+        """The leader records ``run_id`` as the one parent run; a study with another one is
+        refused."""
         if self.leads and self.study.claim(PARENT_KEY, run_id) != run_id:
             raise ConfigError(
-                f"study {self.config.run_name!r} already has another MLflow parent run; pick another "
-                "--run-name"
+                f"study {self.config.run_name!r} already has another MLflow parent run; pick "
+                "another --run-name"
             )
 
     def finished_elsewhere(self) -> bool:
@@ -310,7 +319,8 @@ def done_record(trial: Trial) -> dict[str, Any]:
 
 
 def shareable(result: LoopResult) -> dict[str, Any]:
-    """``result`` as JSON for the other workers, with no password from a storage or tracking URL."""
+    """``result`` as JSON for the other workers, with no password from a storage or tracking
+    URL."""
     config = result.config.model_copy(
         update={
             "storage": redact_url(result.config.storage),

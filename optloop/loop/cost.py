@@ -49,7 +49,8 @@ class LMCost(BaseModel):
 
 
 def site_costs(by_site: Mapping[str | None, Usage]) -> dict[str, LMCost]:
-    """``Accounting.by_site(...)`` as :class:`LMCost` per site name, sorted (``None`` -> ``no_site``)."""
+    """``Accounting.by_site(...)`` as :class:`LMCost` per site name, sorted (``None`` ->
+    ``no_site``)."""
     named = {
         NO_SITE if site is None else site: LMCost.of(usage) for site, usage in by_site.items()
     }
@@ -57,15 +58,16 @@ def site_costs(by_site: Mapping[str | None, Usage]) -> dict[str, LMCost]:
 
 
 def lm_seconds(usage: Usage) -> float:
-    """The seconds the model (or endpoint) itself spent on ``usage``'s calls: their durations summed, less the
-    waits this process imposed (another process's llama.cpp slot, ``--rpm``/``--tpm``/``--concurrency``), so
-    it divided by the computed calls is the mean latency of one call whatever the concurrency was."""
+    """The seconds the model (or endpoint) itself spent on ``usage``'s calls: their durations
+    summed, less the waits this process imposed (another process's llama.cpp slot,
+    ``--rpm``/``--tpm``/``--concurrency``), so it divided by the computed calls is the mean latency
+    of one call whatever the concurrency was."""
     return round(max(usage.seconds - usage.queued_s - usage.throttled_s, 0.0), 3)
 
 
 def evaluation_cost(usage: Usage, by_site: Mapping[str | None, Usage]) -> dict[str, Any]:
-    """The cost fields of an :class:`~optloop.loop.evaluate.Evaluation` over the calls it made (``usage``, and
-    the same calls per site)."""
+    """The cost fields of an :class:`~optloop.loop.evaluate.Evaluation` over the calls it made
+    (``usage``, and the same calls per site)."""
     return {
         "cost_usd": usage.cost_usd,
         "lm_seconds": lm_seconds(usage),
@@ -74,7 +76,8 @@ def evaluation_cost(usage: Usage, by_site: Mapping[str | None, Usage]) -> dict[s
 
 
 def site_metrics(sites: Mapping[str, LMCost]) -> dict[str, float]:
-    """``llm_calls/<site>``, ``tokens/<site>`` and, where priced, ``cost_usd/<site>`` (see the module docstring)."""
+    """``llm_calls/<site>``, ``tokens/<site>`` and, where priced, ``cost_usd/<site>`` (see the
+    module docstring)."""
     out: dict[str, float] = {}
     for site, cost in sites.items():
         key = metric_key(site)

@@ -27,8 +27,8 @@ blamed ones, most blamed first):
    screening and the paraphrase calls, by :func:`optloop.loop.overhead.edit_work`);
 4. the edits are queued with the best-supported deletions first, then best train
    score first, and the loop evaluates them on dev, one per budget unit. When the queue
-   is spent, the next round edits the best candidate so far (GrIPS's greedy search); the loop retargets the sites
-   when re-attribution moves the blame.
+   is spent, the next round edits the best candidate so far (GrIPS's greedy search); the loop
+   retargets the sites when re-attribution moves the blame.
 
 **Evidence.** The attributions of the best candidate's dev failures blamed on a site
 hold what the decisive operation said (for ``answer``, the model's answer). A unit
@@ -74,7 +74,8 @@ _QUOTED = re.compile(r'"([^"]+)"|\u201c([^\u201d]+)\u201d')
 
 
 def phrases(instruction: str) -> list[str]:
-    """The editable units of ``instruction`` (sentences, semicolon clauses, list items), as written."""
+    """The editable units of ``instruction`` (sentences, semicolon clauses, list items), as
+    written."""
     return [u.body for u in Instruction.parse(instruction).editable]
 
 
@@ -83,9 +84,9 @@ def support(
 ) -> dict[int, tuple[int, str]]:
     """Editable units the failures point at: unit -> (how many failures, the reason in words).
 
-    A failure points at a unit when what the decisive operation said (``details["output"]``, else the
-    prediction) is in the unit's text, or a quoted phrase of the unit is in what it said: the unit
-    tells the model to say what the failing answers said. Units pointed at by fewer than
+    A failure points at a unit when what the decisive operation said (``details["output"]``, else
+    the prediction) is in the unit's text, or a quoted phrase of the unit is in what it said: the
+    unit tells the model to say what the failing answers said. Units pointed at by fewer than
     :data:`MIN_SUPPORT` failures, or fewer than a quarter of them, are left out.
     """
     said = [str(a.details.get("output") or a.prediction or "").strip() for a in failures]
@@ -115,16 +116,17 @@ class ParaphrasePhrase(dspy.Signature):
 
 def same_length(phrase: str, paraphrase: str) -> bool:
     """Whether ``paraphrase`` is about as long as ``phrase`` (half to twice its words): what the
-    paraphrase edit asks for. A small proposer often answers with a fragment of the phrase ("I don't
-    know." for a whole conditional rule), which is another instruction, not the same one reworded."""
+    paraphrase edit asks for. A small proposer often answers with a fragment of the phrase ("I
+    don't know." for a whole conditional rule), which is another instruction, not the same one
+    reworded."""
     n, m = len(phrase.split()), len(paraphrase.split())
     return n <= 2 * m and m <= 2 * n
 
 
 @dataclass
 class Edit:
-    """One edited instruction, the operations that made it (``"del 2"``, ``"swap 0,3"``, ...), how many
-    failures support it (:func:`support`) and why, in words."""
+    """One edited instruction, the operations that made it (``"del 2"``, ``"swap 0,3"``, ...), how
+    many failures support it (:func:`support`) and why, in words."""
 
     text: str
     ops: list[str]
@@ -133,7 +135,8 @@ class Edit:
 
 
 class EditOptimizer(Optimizer):
-    """GrIPS-style phrase edits of the blamed instructions, screened on train, queued for the loop (see module doc)."""
+    """GrIPS-style phrase edits of the blamed instructions, screened on train, queued for the loop
+    (see module doc)."""
 
     name = "edit"
     DELETIONS, EXTRA, BSIZE = (
@@ -176,9 +179,10 @@ class EditOptimizer(Optimizer):
     # --- one round -----------------------------------------------------------------------
 
     def round(self, best: Candidate, best_eval: Evaluation | None = None) -> list[Candidate]:
-        """Edits of every target site's instruction in ``best``, screened together on the train mini-batch:
-        the deletions ``best_eval``'s failures support first (most supported first), then best train score
-        first (ties: the more blamed site, then the proposal order)."""
+        """Edits of every target site's instruction in ``best``, screened together on the train
+        mini-batch:
+        the deletions ``best_eval``'s failures support first (most supported first), then best
+        train score first (ties: the more blamed site, then the proposal order)."""
         failures = best_eval.attributions() if best_eval is not None else []
         fresh: list[tuple[int, Candidate]] = []
         for site in self.sites:
@@ -215,9 +219,9 @@ class EditOptimizer(Optimizer):
         self, instruction: str, site: str, failures: Sequence[Attribution] = ()
     ) -> list[Edit]:
         """The deletions ``failures`` support (:func:`support`), more single-unit deletions up to
-        ``deletions`` (drawn at random when the instruction has more units), the deletion of all units,
-        then ``extra`` random composed edits; any edit whose text has a problem the instruction did not
-        have (:func:`~optloop.loop.units.problems`) is dropped."""
+        ``deletions`` (drawn at random when the instruction has more units), the deletion of all
+        units, then ``extra`` random composed edits; any edit whose text has a problem the
+        instruction did not have (:func:`~optloop.loop.units.problems`) is dropped."""
         start = Instruction.parse(instruction)
         units = start.editable
         pool = self.pool.setdefault(site, [])
@@ -332,7 +336,8 @@ class EditOptimizer(Optimizer):
         return text
 
     def default_instruction(self, site: str) -> str:
-        """What DSPy instructs for this site's signature with no instruction: built from its fields."""
+        """What DSPy instructs for this site's signature with no instruction: built from its
+        fields."""
         fields = self.evaluator.sites[site].module.signature.fields
         return dspy.make_signature(dict(fields)).instructions
 
@@ -349,8 +354,9 @@ class EditOptimizer(Optimizer):
         return trainset.model_copy(update={"episodes": [e for e in episodes if e.questions]})
 
     def _screen_all(self, candidates: list[Candidate]) -> None:
-        """Screen the candidates not screened yet, ``num_threads`` at once (on an endpoint; one at a time on the
-        embedded model): each evaluation is the one it gets alone (:meth:`Evaluator.evaluate_many`)."""
+        """Screen the candidates not screened yet, ``num_threads`` at once (on an endpoint; one at
+        a time on the embedded model): each evaluation is the one it gets alone
+        (:meth:`Evaluator.evaluate_many`)."""
         todo = list(
             {c.digest(): c for c in candidates if c.digest() not in self.screened}.values()
         )

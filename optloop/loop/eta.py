@@ -17,17 +17,16 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, Field
 
-from optloop.progress import trial_line
+from optloop.progress import duration, trial_line
 
 if TYPE_CHECKING:
     from optloop.loop.spend import Estimate
 
 
-def duration(hours: float) -> str:
-    """``37.5 h``, ``25 min``, ``12 s``: a time in the unit that reads best."""
-    if hours >= 1:
-        return f"{hours:.1f} h"
-    return f"{hours * 60:.0f} min" if hours >= 1 / 60 else f"{hours * 3600:.0f} s"
+def projected(seconds: float) -> str:
+    """``37.5 h``, ``25 min``, ``12 s``: a projected time (an ETA, a part of an estimate), in hours
+    from one hour and in minutes from one minute."""
+    return duration(seconds, minutes_from=60, hours_from=3600)
 
 
 class TrialLine(BaseModel):
@@ -61,8 +60,8 @@ class Eta:
 
     @classmethod
     def of(cls, figures: Estimate, budget: int) -> Eta:
-        """From an estimate of the whole run: its trials' and optimizer's parts over ``budget``, and its
-        held-out part (a part of unknown time leaves its share unknown)."""
+        """From an estimate of the whole run: its trials' and optimizer's parts over ``budget``,
+        and its held-out part (a part of unknown time leaves its share unknown)."""
         per_trial: float | None = 0.0
         test_s: float | None = None
         for part in figures.parts:
@@ -90,7 +89,7 @@ class Eta:
     def text(self, done: int) -> str:
         """``18 min``, or ``unknown``."""
         left = self.seconds_left(done)
-        return "unknown" if left is None else duration(left / 3600)
+        return "unknown" if left is None else projected(left)
 
 
-__all__ = ["Eta", "TrialLine", "duration"]
+__all__ = ["Eta", "TrialLine", "projected"]

@@ -146,7 +146,8 @@ class Evaluation(BaseModel):
         return dict(Counter(a.error_type.value for a in self.attributions()))
 
     def blame(self) -> list[Any]:
-        """Its failures' targets, ranked by failure rate given a correct input (:func:`~optloop.attribution.blame`)."""
+        """Its failures' targets, ranked by failure rate given a correct input
+        (:func:`~optloop.attribution.blame`)."""
         return blame(self.attributions(), passed=sum(o.passed for o in self.outcomes))
 
 
@@ -172,7 +173,8 @@ class Evaluator:
         self.cls = get_system(system_name)
         self.lm = lm
         self.work = Path(work)
-        # One cache of single texts (queries) for every evaluation of the run: trials ask the same questions again.
+        # One cache of single texts (queries) for every evaluation of the run: trials ask the same
+        # questions again.
         self.embedder = CachedEmbedder.around(
             embedder or get_embedder(), batches=False, max_texts=20_000
         )
@@ -198,7 +200,8 @@ class Evaluator:
         self._episodes: dict[str, tuple[Episode, dict[str, Question]]] = {}
 
     def register(self, *datasets: Dataset) -> None:
-        """Make these datasets' episodes known to :meth:`lookup` (what a program's examples name)."""
+        """Make these datasets' episodes known to :meth:`lookup` (what a program's examples
+        name)."""
         for dataset in datasets:
             for episode in dataset.episodes:
                 self._episodes[episode.id] = (episode, {q.id: q for q in episode.questions})
@@ -215,7 +218,8 @@ class Evaluator:
         )
 
     def knob_choices(self, name: str, current: Any = None) -> list[Any]:
-        """The values an optimizer may try for knob ``name``, ``current`` first (the system's value space)."""
+        """The values an optimizer may try for knob ``name``, ``current`` first (the system's value
+        space)."""
         return self.cls.knob_choices(name, current)
 
     def modules(self, candidate: Candidate) -> dict[str, dspy.Predict]:
@@ -243,9 +247,9 @@ class Evaluator:
     ) -> tuple[Store, bool]:
         """The episode ingested with ``candidate``'s ingest sites; ``True`` when it was reused.
 
-        ``pin`` and ``plan``: see :meth:`StoreCache.open` (an evaluation pins its stores until each episode
-        is done and, at ``--concurrency`` > 1, plans their reuse in episode order). ``slot``: whose stores
-        (:meth:`evaluate_many` gives each candidate of a batch its own)."""
+        ``pin`` and ``plan``: see :meth:`StoreCache.open` (an evaluation pins its stores until each
+        episode is done and, at ``--concurrency`` > 1, plans their reuse in episode order).
+        ``slot``: whose stores (:meth:`evaluate_many` gives each candidate of a batch its own)."""
         key = ingest_key(self.system_name, candidate, self.stages)
         return self._stores.open(
             _store_key(key, episode, slot),
@@ -262,7 +266,8 @@ class Evaluator:
         modules: Mapping[str, dspy.Predict],
         slot: int = 0,
     ) -> Store:
-        """A fresh system for ``episode`` under ``key``, ingested by the pipeline on the system's own LM."""
+        """A fresh system for ``episode`` under ``key``, ingested by the pipeline on the system's
+        own LM."""
         run_dir = (
             self.work / "stores" / key / (episode.id if not slot else f"{episode.id}.slot{slot}")
         )
@@ -275,8 +280,8 @@ class Evaluator:
             query_site=self.query_site,
         )
         ingest_modules = {n: m for n, m in modules.items() if self.stages.get(n) == "ingest"}
-        # (An evaluation's modules carry no LM, so episodes building at once put back the None they found;
-        # a DSPy program's may carry one, see the module docstring.)
+        # (An evaluation's modules carry no LM, so episodes building at once put back the None they
+        # found; a DSPy program's may carry one, see the module docstring.)
         saved_lms = {n: m.lm for n, m in ingest_modules.items()}
         try:
             for module in ingest_modules.values():
@@ -299,7 +304,8 @@ class Evaluator:
     def _prepare(
         candidate: Candidate, modules: Mapping[str, dspy.Predict]
     ) -> Callable[[MemorySystem], None]:
-        """What runs on a store's system before each of ``candidate``'s questions: its modules and knobs."""
+        """What runs on a store's system before each of ``candidate``'s questions: its modules and
+        knobs."""
 
         def prepare(system: MemorySystem) -> None:
             system.use_modules(dict(modules))
@@ -319,8 +325,9 @@ class Evaluator:
         attribute_failures: bool = True,
         graph: ExecutionGraph | None = None,
     ) -> QuestionOutcome:
-        """Retrieve, answer, score and attribute one question against ``store`` (the pipeline's stages 2, 3
-        and 5 for one question, as :class:`~optloop.loop.program.MemoryProgram` needs them).
+        """Retrieve, answer, score and attribute one question against ``store`` (the pipeline's
+        stages 2, 3 and 5 for one question, as :class:`~optloop.loop.program.MemoryProgram` needs
+        them).
 
         ``graph`` (a copy of ``store.graph``) collects this question's operations, the
         failed one included when an LM fault stops it: one graph for an episode's questions.
@@ -336,21 +343,23 @@ class Evaluator:
     def evaluate_many(
         self, candidates: Sequence[Candidate], dataset: Dataset, *, split: str = "dev"
     ) -> list[Evaluation]:
-        """Each of ``candidates`` over ``dataset`` at once (``optloop.run --batch``), the evaluations in
-        the candidates' order.
+        """Each of ``candidates`` over ``dataset`` at once (``optloop.run --batch``), the
+        evaluations in the candidates' order.
 
-        Each candidate runs on its own thread and its own stores (slot ``i`` of the batch: a store serves
-        one candidate at a time, so candidates sharing stores would take turns on them), under the LM's one
-        ``--concurrency`` throttle. A candidate's outcomes are the ones :meth:`evaluate` gives it alone (a
-        slot's store of a key is ingested with the same LM answers as any other's, the later ones from the
-        LM cache). What differs is which stores were built or reused (and so the ingestion requests an
-        evaluation counts) and which evaluation computed a request another one then read from the cache
-        (``model_calls``, tokens, dollars)."""
+        Each candidate runs on its own thread and its own stores (slot ``i`` of the batch: a store
+        serves one candidate at a time, so candidates sharing stores would take turns on them),
+        under the LM's one ``--concurrency`` throttle. A candidate's outcomes are the
+        ones :meth:`evaluate` gives it alone (a slot's store of a key is ingested with the same LM
+        answers as any other's, the later ones from the LM cache). What differs is which stores
+        were built or reused (and so the ingestion requests an evaluation counts) and which
+        evaluation computed a request another one then read from the cache (``model_calls``,
+        tokens, dollars)."""
         if len(candidates) <= 1:
             return [self.evaluate(c, dataset, split=split) for c in candidates]
         self._stores.max_live = max(self._stores.max_live, self.max_live * len(candidates))
         slots = list(enumerate(candidates))
-        # The threads are the pipeline's daemon workers: an interrupt does not wait for calls in flight.
+        # The threads are the pipeline's daemon workers: an interrupt does not wait for calls in
+        # flight.
         with Workers(len(candidates)) as workers:
             return list(
                 workers.episodes(
@@ -368,16 +377,17 @@ class Evaluator:
         on_episode: Callable[[EpisodeResult], None] | None = None,
         slot: int = 0,
     ) -> Evaluation:
-        """Run ``candidate`` over every episode of ``dataset``; ``progress(n)`` after each question,
-        ``on_episode(result)`` with each episode's pipeline result, in episode order (a benchmark's look
-        at what each episode did).
+        """Run ``candidate`` over every episode of ``dataset``; ``progress(n)`` after each
+        question, ``on_episode(result)`` with each episode's pipeline result, in episode order (a
+        benchmark's look at what each episode did).
 
-        At ``--concurrency`` N > 1 the episodes, their questions and their attributions run N at a time
-        (:func:`~optloop.pipeline.run_episodes`), the stores' reuse decided up front in episode order
-        (:meth:`StoreCache.plan`): the evaluation is the one N = 1 gives (outcomes in episode and question
-        order, the same calls, stores reused and graphs), only sooner.
+        At ``--concurrency`` N > 1 the episodes, their questions and their attributions run N at a
+        time (:func:`~optloop.pipeline.run_episodes`), the stores' reuse decided up front in
+        episode order (:meth:`StoreCache.plan`): the evaluation is the one N = 1 gives (outcomes in
+        episode and question order, the same calls, stores reused and graphs), only sooner.
 
-        Raises :class:`EndpointDownError` when the LM endpoint is unreachable (see the module docstring).
+        Raises :class:`EndpointDownError` when the LM endpoint is unreachable (see the module
+        docstring).
         """
         self.check_endpoint()
         modules = self.modules(candidate)
@@ -426,7 +436,8 @@ class Evaluator:
                     built += 1
                     ingest_calls += result.ingest_calls
         usage = Usage.of(calls)
-        # A failed call is not a measured answer: past the threshold the evaluation is not recorded at all.
+        # A failed call is not a measured answer: past the threshold the evaluation is not recorded
+        # at all.
         failures.check(
             usage.errors,
             usage.calls,
@@ -455,7 +466,8 @@ class Evaluator:
     # --- LM faults ------------------------------------------------------------------------
 
     def check_endpoint(self) -> None:
-        """Before new work: if the last LM call found the endpoint unreachable, ask it once more."""
+        """Before new work: if the last LM call found the endpoint unreachable, ask it once
+        more."""
         if self.lm.endpoint_down is None:
             return
         try:
@@ -478,6 +490,6 @@ class Evaluator:
 
 
 def _store_key(key: str, episode: Episode, slot: int) -> tuple[str, ...]:
-    """The store cache's key of ``episode`` ingested under ``key`` for batch slot ``slot`` (0: the one every
-    evaluation alone uses)."""
+    """The store cache's key of ``episode`` ingested under ``key`` for batch slot ``slot`` (0: the
+    one every evaluation alone uses)."""
     return (key, episode.id) if not slot else (key, episode.id, f"slot{slot}")

@@ -1,6 +1,6 @@
-"""What a loop run logs to MLflow besides its prompts: the metrics of an evaluation, a CI, a trial's cost
-and the blame (named as :mod:`optloop.loop.metric_names` lists), the per-question CSV, the attribution
-report, the plots, and text or JSON artifacts."""
+"""What a loop run logs to MLflow besides its prompts: the metrics of an evaluation, a CI, a
+trial's cost and the blame (named as :mod:`optloop.loop.metric_names` lists), the per-question CSV,
+the attribution report, the plots, and text or JSON artifacts."""
 
 from __future__ import annotations
 
@@ -31,7 +31,8 @@ def interval_metrics(name: str, interval: Interval) -> dict[str, float]:
 
 
 def cost_metrics(evaluation: Evaluation) -> dict[str, float]:
-    """A trial's cost: totals, ``cost_usd`` when its model is priced, and the same per prompt site."""
+    """A trial's cost: totals, ``cost_usd`` when its model is priced, and the same per prompt
+    site."""
     priced = {"cost_usd": evaluation.cost_usd} if evaluation.cost_usd is not None else {}
     return {
         "llm_calls": evaluation.llm_calls,

@@ -3,7 +3,8 @@
 It writes into the active parent run (``Loop`` starts and ends it): ``acc_dev`` with step =
 trial, the blame and targets, one nested child run per trial, and at the end the parent
 metrics, artifacts, tags and the prompt registry. Metric names are listed in
-:mod:`optloop.loop.metric_names`, built by :mod:`optloop.loop.metrics`. See ``docs/architecture.md``.
+:mod:`optloop.loop.metric_names`, built by :mod:`optloop.loop.metrics`. See
+``docs/architecture.md``.
 """
 
 from __future__ import annotations
@@ -28,9 +29,9 @@ if TYPE_CHECKING:
 
 
 class MlflowSink:
-    """Records one run in MLflow. ``system`` names the registry prompts; ``parent_run_id`` tags them;
-    ``state`` is where plots and ``program.json`` are written before they are logged; ``modules`` gives a
-    candidate's DSPy modules (for ``program.json``)."""
+    """Records one run in MLflow. ``system`` names the registry prompts; ``parent_run_id`` tags
+    them; ``state`` is where plots and ``program.json`` are written before they are logged;
+    ``modules`` gives a candidate's DSPy modules (for ``program.json``)."""
 
     def __init__(
         self,
@@ -69,8 +70,9 @@ class MlflowSink:
 
     @contextmanager
     def open_trial(self, trial: int, tags: Mapping[str, str] | None) -> Iterator[str]:
-        """The trial's child run, ended FINISHED, or KILLED when an interrupt (a kill signal, Ctrl-C) stops
-        it, or FAILED on an error (MLflow's own context manager says FAILED for both)."""
+        """The trial's child run, ended FINISHED, or KILLED when an interrupt (a kill signal,
+        Ctrl-C) stops it, or FAILED on an error (MLflow's own context manager says FAILED for
+        both)."""
         import mlflow
 
         child = mlflow.start_run(
@@ -124,15 +126,19 @@ class MlflowSink:
         metrics.log_text(metrics.questions_csv(evaluation), artifacts.QUESTIONS_DEV)
 
     def discard_trial(self, trial: int) -> None:
-        """End as KILLED, then delete, every child run named ``trial-<trial>`` under the parent run (one a kill
-        left behind before the checkpoint learnt its id included), so no deleted run stays RUNNING. A run an
-        older version deleted while RUNNING is restored, ended KILLED and deleted again."""
+        """End as KILLED, then delete, every child run named ``trial-<trial>`` under the parent run
+        (one a kill left behind before the checkpoint learnt its id included), so no deleted run
+        stays RUNNING. A run an older version deleted while RUNNING is restored, ended KILLED and
+        deleted again."""
         from mlflow.entities import RunStatus, ViewType
         from mlflow.tracking import MlflowClient
 
         client = MlflowClient()
         experiment_id = client.get_run(self.parent_run_id).info.experiment_id
-        query = f"tags.`mlflow.parentRunId` = '{self.parent_run_id}' and attributes.run_name = 'trial-{trial}'"
+        query = (
+            f"tags.`mlflow.parentRunId` = '{self.parent_run_id}' and attributes.run_name = "
+            f"'trial-{trial}'"
+        )
         for run in client.search_runs(
             [experiment_id], filter_string=query, run_view_type=ViewType.ALL
         ):

@@ -85,9 +85,9 @@ MAX_BUDGET_SLOTS = 500
 
 @contextlib.contextmanager
 def dspy_bars_hidden() -> Iterator[None]:
-    """Hide the tqdm bars DSPy's parallel executor prints to stdout inside an optimizer round (SIMBA and GEPA
-    offer no switch for them), unless DSPy's logger is verbose (``--verbose``): the run's own status line says
-    what runs."""
+    """Hide the tqdm bars DSPy's parallel executor prints to stdout inside an optimizer round
+    (SIMBA and GEPA offer no switch for them), unless DSPy's logger is verbose (``--verbose``): the
+    run's own status line says what runs."""
     if logging.getLogger("dspy").getEffectiveLevel() <= logging.INFO:
         yield
         return
@@ -140,7 +140,8 @@ class _QueueOptimizer(Optimizer):
 
     @abstractmethod
     def round(self, best: Candidate) -> list[Candidate]:
-        """One round of the DSPy optimizer from ``best``; its candidates (``origin``: a note, or empty)."""
+        """One round of the DSPy optimizer from ``best``; its candidates (``origin``: a note, or
+        empty)."""
 
     def rewrites(self, best: Candidate, train: list[dspy.Example]) -> list[Candidate]:
         """Last resort when a round yields no new program (a proposer too small to write usable
@@ -207,7 +208,8 @@ class SimbaOptimizer(_QueueOptimizer):
     def round(self, best: Candidate) -> list[Candidate]:
         train = examples(self.trainset)
         self.settings.num_threads = self.num_threads
-        # new to the pool, best first: the best one, or with --batch K the step's best K to evaluate at once
+        # new to the pool, best first: the best one, or with --batch K the step's best K to
+        # evaluate at once
         winners = simba_step(
             self.pool,
             best,
@@ -280,7 +282,8 @@ class BlamedSiteSelector:
 
 
 class GepaOptimizer(_QueueOptimizer):
-    """One GEPA run per target set, resumed each round from its ``log_dir`` with a larger budget."""
+    """One GEPA run per target set, resumed each round from its ``log_dir`` with a larger
+    budget."""
 
     name = "gepa"
     REFLECTION_MINIBATCH = 3  # train examples a reflection sees (at most)
@@ -291,13 +294,14 @@ class GepaOptimizer(_QueueOptimizer):
 
     @staticmethod
     def round_metric_calls(train: int) -> int:
-        """The metric calls (program runs on one train example) a round grants GEPA by default: two passes over
-        train and 12 more (also what --estimate's model of a round assumes: overhead.py)."""
+        """The metric calls (program runs on one train example) a round grants GEPA by default: two
+        passes over train and 12 more (also what --estimate's model of a round assumes:
+        overhead.py)."""
         return 2 * train + 12
 
     def log_dir(self) -> Path:
-        """The GEPA run of the current target sites (a retarget starts another: its candidates' components
-        are those sites)."""
+        """The GEPA run of the current target sites (a retarget starts another: its candidates'
+        components are those sites)."""
         key = hashlib.sha1(",".join(sorted(self.sites)).encode()).hexdigest()[:12]
         return self.work / f"run-{key}"
 
@@ -326,8 +330,8 @@ class GepaOptimizer(_QueueOptimizer):
             reflection_minibatch_size=min(self.REFLECTION_MINIBATCH, len(train)),
             log_dir=str(log_dir),
         )
-        # Every LM call of a system runs on its own prompt site (an unknown prompt raises), so the calls left
-        # to charge to this block's site are GEPA's reflections: the proposer's.
+        # Every LM call of a system runs on its own prompt site (an unknown prompt raises), so the
+        # calls left to charge to this block's site are GEPA's reflections: the proposer's.
         with prompt_site(PROPOSER_SITE):
             result = gepa.compile(self.program(best), trainset=train, valset=train)
         programs = (
@@ -341,7 +345,7 @@ class GepaOptimizer(_QueueOptimizer):
 class ProposeInstruction(dspy.Signature):
     """You improve one prompt of an AI assistant's memory pipeline. Below is the prompt's current
     instruction and the failures attributed to it. Write a complete replacement instruction that keeps
-    the task and the output format, and fixes these failures."""
+    the task and the output format, and fixes these failures."""  # noqa: E501
 
     site: str = dspy.InputField(desc="which step of the pipeline this prompt drives")
     instruction: str = dspy.InputField(desc="the current instruction")
@@ -388,7 +392,9 @@ class OptunaOptimizer(Optimizer):
 
     name = "optuna"
     max_duplicates = 20
-    PROPOSALS = 3  # instructions proposed per site (the default; also what --estimate's model assumes: overhead.py)
+    # instructions proposed per site (the default; also what --estimate's model assumes:
+    # overhead.py)
+    PROPOSALS = 3
 
     def __init__(
         self,
@@ -463,7 +469,8 @@ class OptunaOptimizer(Optimizer):
         from optuna.trial import TrialState
 
         spaces = {f"site:{s}": self._instructions(s, best, best_eval) for s in self.sites}
-        # knob values around the baseline's, not the best's: a categorical's choices may never change in a study
+        # knob values around the baseline's, not the best's: a categorical's choices may never
+        # change in a study
         spaces |= {
             f"knob:{k}": self.evaluator.knob_choices(k, self._base_knobs.get(k))
             for k in self.knobs
@@ -532,9 +539,10 @@ class OptunaOptimizer(Optimizer):
         return None
 
     def propose_batch(self, best: Candidate, best_eval: Evaluation, size: int) -> list[Candidate]:
-        """``size`` asks before any tell (as Optuna's own ``n_jobs`` keeps several trials running), in this
-        thread, so the batch depends on the seed and its size alone; with more than one, TPE's
-        ``constant_liar`` counts the running ones as bad, which keeps a batch's asks apart."""
+        """``size`` asks before any tell (as Optuna's own ``n_jobs`` keeps several trials running),
+        in this thread, so the batch depends on the seed and its size alone; with more than one,
+        TPE's ``constant_liar`` counts the running ones as bad, which keeps a batch's asks
+        apart."""
         if size > 1 and not getattr(self.study.sampler, "_constant_liar", True):
             import optuna
 
@@ -564,7 +572,8 @@ class OptunaOptimizer(Optimizer):
         return None if optuna_trial is None else optuna_trial.number
 
 
-from optloop.loop.edit import EditOptimizer  # noqa: E402 - edit builds on this module's base, not on this module
+# edit builds on this module's base, not on this module
+from optloop.loop.edit import EditOptimizer  # noqa: E402
 
 OPTIMIZERS: dict[str, type[Optimizer]] = {
     "simba": SimbaOptimizer,

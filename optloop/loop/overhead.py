@@ -1,4 +1,5 @@
-"""The optimizer's own LM calls over a run, modeled per optimizer: what ``--estimate`` adds to the trials.
+"""The optimizer's own LM calls over a run, modeled per optimizer: what ``--estimate`` adds to the
+trials.
 
 A trial's dev evaluation is only part of what a trial costs: before it, the optimizer runs
 candidates on train and asks the proposer LM for text. How much depends on the optimizer,
@@ -83,7 +84,8 @@ ACCEPT_SHARE = 0.5  # of GEPA's mutations, how many beat their parent on the min
 
 
 class RunShape(BaseModel):
-    """What a model of the optimizer's work reads: the run's shape and the baseline's measurements."""
+    """What a model of the optimizer's work reads: the run's shape and the baseline's
+    measurements."""
 
     budget: int
     train_questions: int
@@ -133,7 +135,8 @@ class RunShape(BaseModel):
         return self.tokens(self.instructions.get(site, ""))
 
     def call_tokens(self, site: str) -> float:
-        """One call's prompt at ``site`` (what a trajectory shows of it): measured, else its instruction alone."""
+        """One call's prompt at ``site`` (what a trajectory shows of it): measured, else its
+        instruction alone."""
         return self.prompt_tokens.get(site) or self.instruction_tokens(site)
 
     def work(
@@ -150,8 +153,9 @@ class RunShape(BaseModel):
         threads: int | None,
         basis: str,
     ) -> OptimizerWork:
-        """The work of ``question_runs`` train questions, ``episode_ingests`` episode ingestions and
-        ``proposer_calls`` (``prompt_tokens``, ``completion_tokens`` each), at this run's measured rates."""
+        """The work of ``question_runs`` train questions, ``episode_ingests`` episode ingestions
+        and ``proposer_calls`` (``prompt_tokens``, ``completion_tokens`` each), at this run's
+        measured rates."""
         calls = question_runs * self.question_calls + episode_ingests * self.ingest_calls
         parts = [
             (question_runs * self.question_calls, self.question_tokens),
@@ -183,7 +187,8 @@ def template_tokens(signature: type[dspy.Signature]) -> float:
 
 
 def gepa_template_tokens() -> float:
-    """The tokens of GEPA's reflection prompt with empty inputs (its default instruction-proposal template)."""
+    """The tokens of GEPA's reflection prompt with empty inputs (its default instruction-proposal
+    template)."""
     try:
         from gepa.strategies.instruction_proposal import InstructionProposalSignature
     except ImportError:  # another GEPA layout: its template was 942 characters in gepa 0.1
@@ -191,7 +196,7 @@ def gepa_template_tokens() -> float:
     return len(InstructionProposalSignature.default_prompt_template) / CHARS_PER_TOKEN
 
 
-# --- the models ---------------------------------------------------------------------------------------------------
+# --- the models ----------------------------------------------------------------------------------
 
 
 def edit_work(shape: RunShape) -> OptimizerWork:
@@ -221,8 +226,9 @@ def edit_work(shape: RunShape) -> OptimizerWork:
         completion_tokens=phrase + JSON_TOKENS,
         threads=None,
         basis=(
-            f"{rounds} round(s) of {per_round} edits ({', '.join(f'{s} {n}' for s, n in edits.items())}), each "
-            f"round screening the best and its edits on {b} train questions (edits of an ingest site also ingest "
+            f"{rounds} round(s) of {per_round} edits "
+            f"({', '.join(f'{s} {n}' for s, n in edits.items())}), each round screening the "
+            f"best and its edits on {b} train questions (edits of an ingest site also ingest "
             f"{m} episodes) and about {PARAPHRASES_PER_EXTRA:g} paraphrase call a site"
         ),
     )
@@ -258,9 +264,8 @@ def simba_work(shape: RunShape) -> OptimizerWork:
         threads=shape.threads,
         basis=(
             f"{rounds} SIMBA step(s), {per_round} trial(s) a step: {opt.NUM_CANDIDATES} sampled "
-            f"and {made} new programs on "
-            f"{b} train questions, {rules:g} advice call(s) to the proposer a step (a rule for half the new "
-            "programs)"
+            f"and {made} new programs on {b} train questions, {rules:g} advice call(s) to the "
+            "proposer a step (a rule for half the new programs)"
             + (f", a rule on an ingest site ingesting {m} episodes" if shape.ingest_sites else "")
         ),
     )
@@ -297,9 +302,10 @@ def gepa_work(shape: RunShape) -> OptimizerWork:
         completion_tokens=shape.instruction_tokens(site) + JSON_TOKENS,
         threads=shape.threads,
         basis=(
-            f"{rounds} GEPA round(s) of {granted} program runs on train questions and {iterations:.1f} reflection "
-            f"call(s) on {site or 'the first site'} (mini-batches of {r}, one mutation in two accepted and run on "
-            f"all {q}: {per_round:.2g} trial(s) a round)"
+            f"{rounds} GEPA round(s) of {granted} program runs on train questions and "
+            f"{iterations:.1f} reflection call(s) on {site or 'the first site'} (mini-batches "
+            f"of {r}, one mutation in two accepted and run on all {q}: {per_round:.2g} trial(s) "
+            "a round)"
         ),
     )
 
@@ -329,8 +335,8 @@ def optuna_work(shape: RunShape) -> OptimizerWork:
         completion_tokens=completion,
         threads=None,
         basis=(
-            f"{opt.PROPOSALS} proposed instructions per target site ({len(shape.sites)}), once, up front; no runs "
-            "on train"
+            f"{opt.PROPOSALS} proposed instructions per target site ({len(shape.sites)}), once, "
+            "up front; no runs on train"
         ),
     )
 
@@ -344,12 +350,13 @@ MODELS: dict[str, Callable[[RunShape], OptimizerWork]] = {
 """``--optimizer`` -> its model."""
 
 
-# --- the run's shape ----------------------------------------------------------------------------------------------
+# --- the run's shape -----------------------------------------------------------------------------
 
 
 def _per_call(evaluation: Evaluation, ingest: set[str], at_ingest: bool) -> float | None:
-    """Tokens of one computed call of ``evaluation`` at its ingest-stage sites (``at_ingest``) or at the others;
-    of any call when it has no per-site figures. ``None`` when no such call was computed."""
+    """Tokens of one computed call of ``evaluation`` at its ingest-stage sites (``at_ingest``) or
+    at the others; of any call when it has no per-site figures. ``None`` when no such call was
+    computed."""
     if not evaluation.sites:
         return evaluation.tokens / evaluation.model_calls if evaluation.model_calls else None
     chosen = [cost for site, cost in evaluation.sites.items() if (site in ingest) == at_ingest]
@@ -366,11 +373,13 @@ def run_shape(
     start: Candidate | None,
     threads: int = 1,
 ) -> RunShape:
-    """The shape of the run ``ckpt`` holds the baseline of: ``train``, the split; ``stages``, the system's prompt
-    sites and their stages (``ingest``, ``retrieve``, ``answer``); ``start``, the program the run starts from.
+    """The shape of the run ``ckpt`` holds the baseline of: ``train``, the split; ``stages``, the
+    system's prompt sites and their stages (``ingest``, ``retrieve``, ``answer``); ``start``, the
+    program the run starts from.
 
-    The target sites are chosen from the baseline's blame as the loop chooses them; the per-request rates are the
-    baseline's train evaluation's (ingestion apart from the questions, tokens per computed call per stage)."""
+    The target sites are chosen from the baseline's blame as the loop chooses them; the per-request
+    rates are the baseline's train evaluation's (ingestion apart from the questions, tokens per
+    computed call per stage)."""
     train_eval, dev = ckpt.baseline_train, ckpt.baseline_dev
     assert train_eval is not None and dev is not None, "the shape needs the baseline"
     both = [train_eval, dev]

@@ -1,4 +1,5 @@
-"""The loop's rules, as pure functions: split, targets, start program, promotion, held-out statistics.
+"""The loop's rules, as pure functions: split, targets, start program, promotion, held-out
+statistics.
 
 Each takes data and returns a decision; none logs, evaluates or writes state, so the
 controller (:mod:`optloop.loop.controller`) and the tests call them alike. See
@@ -30,8 +31,8 @@ FEW_QUESTIONS = 20  # fewer dev or test questions than this and a 95% CI spans m
 def held_out_intervals(
     before: Evaluation, after: Evaluation, *, seed: int
 ) -> tuple[Interval, Interval, Interval]:
-    """(test accuracy before, after, delta), each with its bootstrap CI over the test questions; the delta
-    pairs each question's pass before with its pass after by (episode, question)."""
+    """(test accuracy before, after, delta), each with its bootstrap CI over the test questions;
+    the delta pairs each question's pass before with its pass after by (episode, question)."""
     passed_after = {(o.episode_id, o.question_id): float(o.passed) for o in after.outcomes}
     pairs = [
         (float(o.passed), passed_after[key])
@@ -46,8 +47,9 @@ def held_out_intervals(
 
 
 def promotion(rule: Literal["ci", "delta"], changed: bool, delta: Interval) -> tuple[bool, str]:
-    """(move the ``champion`` alias?, why): with ``ci`` only when the held-out delta's CI lies above 0,
-    with ``delta`` when its point value is above 0; a candidate that changed nothing never moves it."""
+    """(move the ``champion`` alias?, why): with ``ci`` only when the held-out delta's CI lies
+    above 0, with ``delta`` when its point value is above 0; a candidate that changed nothing never
+    moves it."""
     if not changed:
         return False, "the baseline stayed best on dev: no new prompt to promote"
     level = f"{delta.confidence:.0%} CI"
@@ -64,29 +66,32 @@ def promotion(rule: Literal["ci", "delta"], changed: bool, delta: Interval) -> t
 
 
 def small_split_warning(n_dev: int, n_test: int) -> str | None:
-    """A warning when dev or test is too small for its accuracy to mean much (``None`` when both are fine)."""
+    """A warning when dev or test is too small for its accuracy to mean much (``None`` when both
+    are fine)."""
     if min(n_dev, n_test) >= FEW_QUESTIONS:
         return None
     spread = (
         1.96 * 0.5 / math.sqrt(max(min(n_dev, n_test), 1))
     )  # a 95% CI's half-width at accuracy 0.5
     return (
-        f"dev has {n_dev} questions, test {n_test}: a 95% CI this small spans about \u00b1{spread:.1f}; "
-        "use more episodes (?limit=) or --split"
+        f"dev has {n_dev} questions, test {n_test}: a 95% CI this small spans about "
+        f"\u00b1{spread:.1f}; use more episodes (?limit=) or --split"
     )
 
 
 def check_split_sizes(dataset: str, n_dev: int, n_test: int) -> None:
-    """Refuse a run whose dev or test split has fewer than :data:`FEW_QUESTIONS` questions: on so few, the
-    candidates are chosen and the held-out delta measured on noise (``optloop.run --allow-small-splits``
-    runs it anyway). A :class:`ConfigError` (exit 2) naming ``--dataset`` and ``--split``."""
+    """Refuse a run whose dev or test split has fewer than :data:`FEW_QUESTIONS` questions: on so
+    few, the candidates are chosen and the held-out delta measured on noise
+    (``optloop.run --allow-small-splits`` runs it anyway). A :class:`ConfigError` (exit 2) naming
+    ``--dataset`` and ``--split``."""
     if min(n_dev, n_test) >= FEW_QUESTIONS:
         return
     spread = 1.96 * 0.5 / math.sqrt(max(min(n_dev, n_test), 1))
     raise ConfigError(
         f"{dataset} splits into {n_dev} dev and {n_test} test questions, fewer than "
-        f"{FEW_QUESTIONS} (a 95% CI of \u00b1{spread:.1f}): give a larger --dataset (more episodes) "
-        "or a --split with larger dev and test shares, or --allow-small-splits to run anyway"
+        f"{FEW_QUESTIONS} (a 95% CI of \u00b1{spread:.1f}): give a larger --dataset (more "
+        "episodes) or a --split with larger dev and test shares, or --allow-small-splits to "
+        "run anyway"
     )
 
 
@@ -140,7 +145,8 @@ def choose_targets(
 
 
 def start_candidate(evaluator: Evaluator, config: LoopConfig) -> Candidate:
-    """The program the run starts from: the system's own prompts, with ``config.start``'s instructions."""
+    """The program the run starts from: the system's own prompts, with ``config.start``'s
+    instructions."""
     base = evaluator.baseline()
     check_start(config, list(base.sites))
     if not config.start:
@@ -198,8 +204,9 @@ def check_start(config: LoopConfig, sites: list[str]) -> None:
 
 
 def start_text(own: str, start: str) -> str:
-    """A start instruction: ``start`` itself; with a leading ``+`` the site's own instruction with it appended;
-    with a trailing ``+`` the site's own instruction with it put in front (the ``+`` stands where ``own`` goes)."""
+    """A start instruction: ``start`` itself; with a leading ``+`` the site's own instruction with
+    it appended; with a trailing ``+`` the site's own instruction with it put in front (the ``+``
+    stands where ``own`` goes)."""
     if start.startswith("+"):
         return f"{own.rstrip()} {start[1:].strip()}"
     if start.endswith("+"):

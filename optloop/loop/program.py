@@ -39,8 +39,8 @@ RUNNER_SETTING = (
 
 @contextmanager
 def running(evaluator: Evaluator) -> Iterator[None]:
-    """Let :class:`MemoryProgram` s run on ``evaluator`` inside this block (and in the threads DSPy starts
-    from it)."""
+    """Let :class:`MemoryProgram` s run on ``evaluator`` inside this block (and in the threads DSPy
+    starts from it)."""
     with dspy.context(**{RUNNER_SETTING: evaluator}):
         yield
 
@@ -151,7 +151,8 @@ def feedback_metric(
 
 
 class AllSites(dspy.Module):
-    """Every site's module under its attribute name: what ``program.json`` (DSPy's ``save``) holds."""
+    """Every site's module under its attribute name: what ``program.json`` (DSPy's ``save``)
+    holds."""
 
     def __init__(self, modules: dict[str, dspy.Predict]):
         super().__init__()

@@ -19,11 +19,12 @@ def registry_name(system: str, site: str) -> str:
 def register_prompts(
     system: str, texts: Mapping[str, str], *, run_id: str, promote: bool, message: str
 ) -> dict[str, dict[str, Any]]:
-    """Register each changed site's prompt as a new version of :func:`registry_name` (tags: site, system).
+    """Register each changed site's prompt as a new version of :func:`registry_name` (tags: site,
+    system).
 
-    The ``champion`` alias moves to the new version only when ``promote`` (held-out gain). A version this
-    run already registered with the same text (a resumed run killed before its checkpoint said so) is
-    reused, not registered again.
+    The ``champion`` alias moves to the new version only when ``promote`` (held-out gain). A
+    version this run already registered with the same text (a resumed run killed before its
+    checkpoint said so) is reused, not registered again.
     """
     import mlflow
 
@@ -45,7 +46,8 @@ def register_prompts(
 
 
 def registered_by(name: str, run_id: str, text: str) -> int | None:
-    """The version of prompt ``name`` that run ``run_id`` registered with ``text``, if there is one."""
+    """The version of prompt ``name`` that run ``run_id`` registered with ``text``, if there is
+    one."""
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 

@@ -112,7 +112,8 @@ Coordinators = LocalCoordinator | SharedCoordinator
 
 
 class SplitEvaluator:
-    """The :class:`Evaluator` over the run's named splits: the controller's ``CandidateEvaluator``."""
+    """The :class:`Evaluator` over the run's named splits: the controller's
+    ``CandidateEvaluator``."""
 
     def __init__(
         self, evaluator: Evaluator, splits: dict[str, Dataset], progress: Callable[[str], None]
@@ -144,8 +145,8 @@ class SplitEvaluator:
 
 
 def _lock_dir(path: Path) -> Any | None:
-    """An exclusive lock on ``path`` for this process's lifetime (the open file holds it); ``None`` when
-    another process holds it."""
+    """An exclusive lock on ``path`` for this process's lifetime (the open file holds it); ``None``
+    when another process holds it."""
     path.mkdir(parents=True, exist_ok=True)
     handle = open(path / ".lock", "a+")  # noqa: SIM115 - held open until the run ends
     try:
@@ -157,7 +158,8 @@ def _lock_dir(path: Path) -> Any | None:
 
 
 def in_use(path: Path) -> bool:
-    """Whether a live process holds run directory ``path`` (its lock; nothing is created or changed)."""
+    """Whether a live process holds run directory ``path`` (its lock; nothing is created or
+    changed)."""
     lock = path / ".lock"
     if not lock.exists():
         return False
@@ -180,14 +182,16 @@ class Unfinished:
 
 
 def unfinished_runs(runs: Path, config: LoopConfig) -> list[Unfinished]:
-    """Every unfinished run under ``runs`` that was started without ``--run-name`` from ``config``'s settings
-    (:meth:`LoopConfig.resume_key`), the latest first. Reads only; an unreadable checkpoint is skipped."""
+    """Every unfinished run under ``runs`` that was started without ``--run-name`` from
+    ``config``'s settings (:meth:`LoopConfig.resume_key`), the latest first. Reads only; an
+    unreadable checkpoint is skipped."""
     key, found = config.resume_key(), []
     for path in runs.glob("*/checkpoint.json") if runs.is_dir() else []:
         try:
             ckpt = Checkpoint.model_validate_json(path.read_text())
             mtime = path.stat().st_mtime
-        except Exception as exc:  # noqa: BLE001 - another run's broken state is no reason to refuse this one
+        # another run's broken state is no reason to refuse this one
+        except Exception as exc:  # noqa: BLE001
             logger.debug("skipping %s: %s", path, exc)
             continue
         if ckpt.auto_named and ckpt.resume_key == key and not ckpt.finished:
@@ -196,10 +200,10 @@ def unfinished_runs(runs: Path, config: LoopConfig) -> list[Unfinished]:
 
 
 def check_start_sites(cfg: LoopConfig, lm: Any) -> None:
-    """Refuse (:class:`ConfigError`) a ``--start`` or ``--sites`` naming no site of the system, a ``--knob``
-    the system lacks or of the wrong type, or ``--query-rewrite`` on a system that never searches, before any
-    state of the run is written: the system is built with ``lm`` (its LM calls none) in a throwaway
-    directory."""
+    """Refuse (:class:`ConfigError`) a ``--start`` or ``--sites`` naming no site of the system, a
+    ``--knob`` the system lacks or of the wrong type, or ``--query-rewrite`` on a system that never
+    searches, before any state of the run is written: the system is built with ``lm`` (its LM calls
+    none) in a throwaway directory."""
     check_knobs(cfg, get_system(cfg.system))
     if not (cfg.start or cfg.query_rewrite or cfg.sites):
         return
@@ -255,7 +259,8 @@ class Loop:
         )
         # One line to the user (optloop.run prints it; a library caller gets a warning).
         self.announce: Callable[[str], None] = lambda line: logger.warning("%s", line)
-        # Once the baseline is known and trials are to come: the projection of the whole run (printed by the CLI)
+        # Once the baseline is known and trials are to come: the projection of the whole run
+        # (printed by the CLI)
         self.project: Callable[[Estimate, Checkpoint], None] = lambda figures, ckpt: None
         self.on_trial: Callable[[TrialLine], None] = lambda line: None  # one per evaluated trial
 
@@ -292,14 +297,16 @@ class Loop:
                     self.state.rmdir()
 
     def _claim_state_dir(self) -> Path:
-        """The run directory, or for another worker of a shared run the first free ``workers/<n>``."""
+        """The run directory, or for another worker of a shared run the first free
+        ``workers/<n>``."""
         self._lock = _lock_dir(self.run_dir)
         if self._lock is not None:
             return self.run_dir
         if self.config.optimizer != "optuna":
             raise ConfigError(
-                f"run {self.config.run_name!r} is in use by another optloop.run process; wait for it "
-                "or pick another --run-name (only --optimizer optuna splits a run between workers)"
+                f"run {self.config.run_name!r} is in use by another optloop.run process; wait "
+                "for it or pick another --run-name (only --optimizer optuna splits a run "
+                "between workers)"
             )
         n = 1
         while True:
@@ -334,8 +341,8 @@ class Loop:
         )  # a checkpoint from before resume keys existed
         if ckpt.finished:
             raise ConfigError(
-                f"run {cfg.run_name!r} already finished (MLflow run {ckpt.parent_run_id}); pick another "
-                "--run-name to run again"
+                f"run {cfg.run_name!r} already finished (MLflow run {ckpt.parent_run_id}); pick "
+                "another --run-name to run again"
             )
         ckpt.split = {
             "train": [e.id for e in train.episodes],
@@ -497,9 +504,9 @@ class Loop:
         )
 
     def _experiment(self) -> str:
-        """The experiment id. Workers starting together race to create the experiment, and on one machine
-        to create the SQLite store's tables (MLflow's migrations are not safe to run twice at once): the
-        latter is serialized by a lock file beside the store, the former retried."""
+        """The experiment id. Workers starting together race to create the experiment, and on one
+        machine to create the SQLite store's tables (MLflow's migrations are not safe to run twice
+        at once): the latter is serialized by a lock file beside the store, the former retried."""
         import mlflow
 
         from optloop import tracking, tracking_store
@@ -518,7 +525,8 @@ class Loop:
             for attempt in range(3):
                 try:
                     return tracking.experiment(f"optloop-{self.config.system}")
-                except Exception:  # noqa: BLE001 - the loser of a creation race finds it on the next try
+                # the loser of a creation race finds it on the next try
+                except Exception:  # noqa: BLE001
                     if attempt == 2:
                         raise
                     time.sleep(0.5 + attempt)
@@ -548,8 +556,10 @@ class Loop:
         return cls(evaluator, self.proposer, train, **kwargs)
 
     def estimate(self, ckpt: Checkpoint) -> Estimate:
-        """``--estimate``'s projection of the whole run from ``ckpt``'s baseline (:func:`~optloop.loop.spend.estimate`):
-        this run's splits, ``--concurrency``, ``--batch``, the optimizer's work and the proposer's price."""
+        """``--estimate``'s projection of the whole run from ``ckpt``'s baseline
+        (:func:`~optloop.loop.spend.estimate`):
+        this run's splits, ``--concurrency``, ``--batch``, the optimizer's work and the proposer's
+        price."""
         self.prepare()
         assert self._prepared is not None
         _, _, dev, test = self._prepared
@@ -569,20 +579,23 @@ class Loop:
         )
 
     def _projection(self, ckpt: Checkpoint) -> Eta | None:
-        """After the baseline, before the trials: the projection of the whole run, announced, and the ETA it
-        starts (``None`` when it cannot be made: the run goes on without one)."""
+        """After the baseline, before the trials: the projection of the whole run, announced, and
+        the ETA it starts (``None`` when it cannot be made: the run goes on without one)."""
         try:
             figures = self.estimate(ckpt)
-        except Exception as exc:  # noqa: BLE001 - a projection is advice: the run goes on without it
+        # a projection is advice: the run goes on without it
+        except Exception as exc:  # noqa: BLE001
             logger.warning("no projection of the run's cost and time: %s", exc)
             return None
         self.project(figures, ckpt)
         return Eta.of(figures, self.config.budget)
 
     def optimizer_work(self, ckpt: Checkpoint) -> OptimizerWork | None:
-        """The optimizer's own work over the whole run (for ``--estimate``), once ``ckpt`` holds the baseline:
-        measured on its finished trials when it has some (:func:`~optloop.loop.spend.measured_work`), else the
-        optimizer's model (:mod:`optloop.loop.overhead`) on this run's shape; ``None`` when neither can say."""
+        """The optimizer's own work over the whole run (for ``--estimate``), once ``ckpt`` holds
+        the baseline:
+        measured on its finished trials when it has some
+        (:func:`~optloop.loop.spend.measured_work`), else the optimizer's model
+        (:mod:`optloop.loop.overhead`) on this run's shape; ``None`` when neither can say."""
         self.prepare()
         assert self._prepared is not None
         _, train, _, _ = self._prepared
@@ -598,9 +611,9 @@ class Loop:
         return measured_work(ckpt, model, self.config.budget) or model
 
     def _cost(self, mark: int, proposer_mark: int | None) -> dict[str, int | float]:
-        """What this process spent since ``mark``: LLM calls, tokens, seconds, dollars where the model has a price
-        (``cost_usd``), and the same per prompt site (:func:`~optloop.loop.cost.site_metrics`); a proposer LM of
-        its own as ``proposer_*``."""
+        """What this process spent since ``mark``: LLM calls, tokens, seconds, dollars where the
+        model has a price (``cost_usd``), and the same per prompt site
+        (:func:`~optloop.loop.cost.site_metrics`); a proposer LM of its own as ``proposer_*``."""
         usage = self.lm.accounting.totals(since=mark)
         cost: dict[str, int | float] = {
             "llm_calls": usage.calls,
@@ -624,8 +637,8 @@ class Loop:
 
 
 def matches(ckpt: Checkpoint, config: LoopConfig) -> bool:
-    """Whether ``ckpt`` was written by a run of ``config`` (a checkpoint from before ``lm_settings`` counted
-    included)."""
+    """Whether ``ckpt`` was written by a run of ``config`` (a checkpoint from before
+    ``lm_settings`` counted included)."""
     return ckpt.config_digest in (config.digest(), config.digest(legacy=True))
 
 

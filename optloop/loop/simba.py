@@ -66,7 +66,8 @@ DEMO_INPUT_MAX_CHARS = (
 
 @dataclass
 class Run:
-    """One program on one example: its prediction, the tunable predictors' calls, the metric's verdict."""
+    """One program on one example: its prediction, the tunable predictors' calls, the metric's
+    verdict."""
 
     example: dspy.Example
     prediction: dspy.Prediction | None
@@ -80,7 +81,8 @@ class Run:
 
 
 def run_example(program: dspy.Module, example: dspy.Example) -> Run:
-    """Run ``program`` on ``example`` with a trace of its own, and score it with :func:`feedback_metric`.
+    """Run ``program`` on ``example`` with a trace of its own, and score it
+    with :func:`feedback_metric`.
 
     A program that raises scores 0 (the metric says so); the error is logged."""
     names = {id(p): n for n, p in program.named_predictors()}
@@ -107,8 +109,8 @@ def run_example(program: dspy.Module, example: dspy.Example) -> Run:
 
 
 def parallel_map(fn: Callable[[T], R], items: Sequence[T], num_threads: int) -> list[R]:
-    """``[fn(x) for x in items]``, on ``num_threads`` threads, each call in a copy of the caller's context
-    (DSPy's settings, the running evaluator, optloop's prompt site travel with it)."""
+    """``[fn(x) for x in items]``, on ``num_threads`` threads, each call in a copy of the caller's
+    context (DSPy's settings, the running evaluator, optloop's prompt site travel with it)."""
     if num_threads <= 1 or len(items) <= 1:
         return [fn(x) for x in items]
     contexts = [contextvars.copy_context() for _ in items]
@@ -119,14 +121,15 @@ def parallel_map(fn: Callable[[T], R], items: Sequence[T], num_threads: int) -> 
 # --- the advice prompt -----------------------------------------------------------------------
 
 ADVICE_INSTRUCTIONS = (
-    "You coach the modules of an AI assistant's memory pipeline. You see how the pipeline ran on one input: a "
-    "worse run and, when there is one, a better run. Each shows what every module received and produced, the "
-    "reward the run earned, and why it earned it (for a wrong answer: which module the failure was traced to, "
-    "and how). For each module named in the output, write advice that would make that module act like the better "
-    "run, or avoid the worse run's mistake, the next time it gets similar inputs. Advise each module on its own "
-    "step only. Make the advice concrete enough to change what the module does and general enough to help on "
-    "other inputs: say which inputs it applies to and what to do with them. Leave a module's advice empty when "
-    "it did nothing wrong."
+    "You coach the modules of an AI assistant's memory pipeline. You see how the pipeline ran "
+    "on one input: a worse run and, when there is one, a better run. Each shows what every "
+    "module received and produced, the reward the run earned, and why it earned it (for a wrong "
+    "answer: which module the failure was traced to, and how). For each module named in the "
+    "output, write advice that would make that module act like the better run, or avoid the "
+    "worse run's mistake, the next time it gets similar inputs. Advise each module on its own "
+    "step only. Make the advice concrete enough to change what the module does and general "
+    "enough to help on other inputs: say which inputs it applies to and what to do with them. "
+    "Leave a module's advice empty when it did nothing wrong."
 )
 
 
@@ -178,7 +181,8 @@ def describe_modules(program: dspy.Module) -> str:
         inputs = ", ".join(sig.input_fields)
         outputs = ", ".join(sig.output_fields)
         parts.append(
-            f"Module {name}\n  inputs: {inputs}\n  outputs: {outputs}\n  instructions: {sig.instructions}"
+            f"Module {name}\n  inputs: {inputs}\n  outputs: {outputs}\n  instructions: "
+            f"{sig.instructions}"
         )
     return "\n\n".join(parts)
 
@@ -203,7 +207,8 @@ def _trajectory(run: Run | None) -> str:
 
 
 def _side(run: Run | None) -> tuple[str, str, str, str]:
-    """A run as the advice prompt shows it: trajectory, outputs, reward, reward info (N/A when absent)."""
+    """A run as the advice prompt shows it: trajectory, outputs, reward, reward info (N/A when
+    absent)."""
     if run is None:
         return "[]", "{}", "N/A", "{}"
     return _trajectory(run), _dump(dict(run.prediction or {})), str(run.score), _dump(run.info)
@@ -212,8 +217,8 @@ def _side(run: Run | None) -> tuple[str, str, str, str]:
 def offer_advice(
     program: dspy.Module, proposer: dspy.BaseLM, *, worse: Run | None, better: Run | None
 ) -> dict[str, str]:
-    """The proposer's advice per tunable module of ``program``, from a worse and a better run of one example
-    (one of them may be missing)."""
+    """The proposer's advice per tunable module of ``program``, from a worse and a better run of
+    one example (one of them may be missing)."""
     shown = worse or better
     if shown is None:
         raise ValueError("advice needs a run to learn from")
@@ -256,8 +261,8 @@ def append_advice(program: dspy.Module, advice: dict[str, str]) -> list[str]:
 def append_demo(
     program: dspy.Module, run: Run, max_chars: int = DEMO_INPUT_MAX_CHARS
 ) -> list[str]:
-    """The run's last call of each tunable module, as a demo of that module in ``program``; the modules that
-    got one."""
+    """The run's last call of each tunable module, as a demo of that module in ``program``; the
+    modules that got one."""
     predictors = dict(program.named_predictors())
     last: dict[str, dspy.Example] = {}
     for name, inputs, outputs in run.steps:
@@ -308,7 +313,8 @@ class SimbaSettings:
 
 
 class SimbaPool:
-    """SIMBA's program pool, kept across rounds; ``path`` (a JSON file) keeps it across processes."""
+    """SIMBA's program pool, kept across rounds; ``path`` (a JSON file) keeps it across
+    processes."""
 
     def __init__(self, path: Path | None, seed: int):
         self.path = path
@@ -346,7 +352,8 @@ class SimbaPool:
         return rng.choices(list(indices), weights=weights, k=1)[0]
 
     def batch(self, n_examples: int, bsize: int, rng: random.Random) -> list[int]:
-        """The next ``bsize`` example indices of the seeded shuffle (reshuffled when it runs out)."""
+        """The next ``bsize`` example indices of the seeded shuffle (reshuffled when it runs
+        out)."""
         state = self.state
         if len(state.order) != n_examples:
             state.order, state.position = (
@@ -367,7 +374,8 @@ class SimbaPool:
 
 
 def _dropped_demos(rng: random.Random, program: dspy.Module, max_demos: int) -> None:
-    """SIMBA's demo drop: about ``demos / max_demos`` (Poisson), at least one when a module is full."""
+    """SIMBA's demo drop: about ``demos / max_demos`` (Poisson), at least one when a module is
+    full."""
     counts = [len(p.demos) for _, p in program.named_predictors()]
     most = max(counts, default=0)
     if not most:
@@ -407,8 +415,9 @@ def simba_step(
     proposer: dspy.BaseLM,
     settings: SimbaSettings,
 ) -> list[Candidate]:
-    """One SIMBA step from the pool (see the module docstring); the new programs that differ from their
-    source, best mini-batch score first. ``build(candidate)`` makes a runnable program of a candidate."""
+    """One SIMBA step from the pool (see the module docstring); the new programs that differ from
+    their source, best mini-batch score first. ``build(candidate)`` makes a runnable program of a
+    candidate."""
     step = pool.state.steps = pool.state.steps + 1
     rng = random.Random(pool.seed * 1000 + step)
     bsize = min(settings.bsize, len(train))

@@ -9,8 +9,8 @@ over every process that worked on it (:meth:`~optloop.loop.state.Checkpoint.tota
 the other workers' of a shared run): ``--max-calls`` counts the requests the models computed
 (``model_calls``, the proposer's included; LM cache hits are free), ``--max-cost`` their
 dollars. The check is "has the total reached the limit", so a run may pass its limit by the
-cost of one step (one trial or one ``--batch`` of them, or one held-out evaluation): the limit says when to stop, it
-does not cut a step short. The limits are not settings of the run (not in
+cost of one step (one trial or one ``--batch`` of them, or one held-out evaluation): the limit says
+when to stop, it does not cut a step short. The limits are not settings of the run (not in
 :class:`~optloop.loop.state.LoopConfig`, its digest or resume key): the same command with a
 higher limit resumes it.
 
@@ -21,8 +21,9 @@ prints which limit stopped it and exits with :data:`EXIT_LIMIT`.
 
 **Estimate** (``--estimate``): the same machinery stops the run right after its baseline
 (reason ``estimate``), and :func:`estimate` projects the whole configured run from it.
-The model, stated in the output too (:data:`MODEL`), is :func:`project`'s, on the baseline's train and dev
-figures (:class:`Figures`); ``experiments/bench/estimate.py`` runs it on figures modeled from a recording:
+The model, stated in the output too (:data:`MODEL`), is :func:`project`'s, on the baseline's train
+and dev figures (:class:`Figures`); ``experiments/bench/estimate.py`` runs it on figures modeled
+from a recording:
 
 - the baseline (train and dev): measured, as it ran;
 - each of ``--budget`` trials: one evaluation of the dev split, costed as the baseline's dev
@@ -53,9 +54,9 @@ figures (:class:`Figures`); ``experiments/bench/estimate.py`` runs it on figures
   shortens: a split with few long episodes at a large N takes that chain's time, not
   requests / N. With ``--batch K`` the trials run K at once, each on its own stores: a
   batch takes ``max(K x requests x latency / --concurrency, chain x latency)``, so the
-  chain floors a batch, not each trial. ``optloop.run`` measures the requests per session and per question on the
-  baseline's dev evaluation and takes the longest episode of the dev and the test split
-  (:func:`measured_chains`); a part whose time the chain set says so (:attr:`Part.floor`,
+  chain floors a batch, not each trial. ``optloop.run`` measures the requests per session and per
+  question on the baseline's dev evaluation and takes the longest episode of the dev and the test
+  split (:func:`measured_chains`); a part whose time the chain set says so (:attr:`Part.floor`,
   :func:`floor_line`). The optimizer's part is not floored: its runs on train are spread over
   steps of its own (mini-batches, screening) at its own threads, an order the model does not
   follow, so its time stays requests x latency / its threads (the proposer's, one call at a
@@ -86,8 +87,9 @@ EXIT_LIMIT = (
 
 
 class RunStopped(Exception):
-    """The run stopped on purpose at a step boundary, its checkpoint complete: ``reason`` is ``max-cost``,
-    ``max-calls`` or ``estimate``. Not an error (nothing failed); the same command resumes the run."""
+    """The run stopped on purpose at a step boundary, its checkpoint complete: ``reason`` is
+    ``max-cost``, ``max-calls`` or ``estimate``. Not an error (nothing failed); the same command
+    resumes the run."""
 
     def __init__(self, reason: str, message: str):
         super().__init__(message)
@@ -95,18 +97,20 @@ class RunStopped(Exception):
 
 
 def run_dollars(cost: Mapping[str, float]) -> float:
-    """Dollars of a run's cost dict: the system LM's and a proposer LM's own (0 when nothing priced was spent)."""
+    """Dollars of a run's cost dict: the system LM's and a proposer LM's own (0 when nothing priced
+    was spent)."""
     return float(cost.get("cost_usd", 0.0)) + float(cost.get("proposer_cost_usd", 0.0))
 
 
 def run_calls(cost: Mapping[str, float]) -> int:
-    """Requests the models computed, of a run's cost dict: the system LM's and a proposer LM's own."""
+    """Requests the models computed, of a run's cost dict: the system LM's and a proposer LM's
+    own."""
     return int(cost.get("model_calls", 0)) + int(cost.get("proposer_model_calls", 0))
 
 
 class SpendingLimits(BaseModel):
-    """``--max-cost``, ``--max-calls``, ``--estimate`` and ``--max-failed-share`` of one process (see the module
-    docstring)."""
+    """``--max-cost``, ``--max-calls``, ``--estimate`` and ``--max-failed-share`` of one process
+    (see the module docstring)."""
 
     model_config = {"frozen": True}
 
@@ -119,18 +123,20 @@ class SpendingLimits(BaseModel):
         ALLOWED_SHARE,
         ge=0,
         le=1,
-        description="the share of an evaluation's LM calls that may fail after their retries before "
-        "its figures are withheld (exit code 4; optloop.failures)",
+        description="the share of an evaluation's LM calls that may fail after their retries "
+        "before its figures are withheld (exit code 4; optloop.failures)",
     )
 
     @property
     def active(self) -> bool:
-        """Whether any limit is set (without one, the controller need not add up the run's cost at each step)."""
+        """Whether any limit is set (without one, the controller need not add up the run's cost at
+        each step)."""
         return self.max_cost is not None or self.max_calls is not None or self.estimate
 
     def check(self, total: Mapping[str, float], *, baseline_done: bool) -> None:
-        """At a step boundary: raise :class:`RunStopped` when ``total`` (the run's cost so far, every process)
-        has reached a limit, or when only an estimate was asked for and the baseline is known."""
+        """At a step boundary: raise :class:`RunStopped` when ``total`` (the run's cost so far,
+        every process) has reached a limit, or when only an estimate was asked for and the baseline
+        is known."""
         if self.estimate and baseline_done:
             raise RunStopped(ESTIMATE, "the baseline is evaluated: estimate only (--estimate)")
         if self.max_cost is not None and (spent := run_dollars(total)) >= self.max_cost:
@@ -144,42 +150,48 @@ class SpendingLimits(BaseModel):
             )
 
 
-# --- the estimate ---------------------------------------------------------------------------------------------
+# --- the estimate --------------------------------------------------------------------------------
 
 MODEL = (
-    "baseline: measured (train + dev, wall time); each trial: the baseline's dev evaluation with every request "
-    "computed (stores reused and cache hits make it cheaper); optimizer: its own runs on train and its proposer "
-    "calls, measured on finished trials or modeled from its structure (see the optimizer line); held-out test: 2 "
-    "evaluations of the test split, the dev evaluation scaled by sessions + questions; hours: requests x mean "
-    "latency / concurrency, LM time only, as if that many requests were always in flight, but an evaluation "
-    "takes at least its split's longest episode's chain of sequential requests x latency (its sessions ingested "
-    "in order, then one question), when the chains are known; the optimizer's part is not floored"
+    "baseline: measured (train + dev, wall time); each trial: the baseline's dev evaluation "
+    "with every request computed (stores reused and cache hits make it cheaper); optimizer: its "
+    "own runs on train and its proposer calls, measured on finished trials or modeled from its "
+    "structure (see the optimizer line); held-out test: 2 evaluations of the test split, the "
+    "dev evaluation scaled by sessions + questions; hours: requests x mean latency / "
+    "concurrency, LM time only, as if that many requests were always in flight, but an "
+    "evaluation takes at least its split's longest episode's chain of sequential requests x "
+    "latency (its sessions ingested in order, then one question), when the chains are known; "
+    "the optimizer's part is not floored"
 )
 
 
 class Chains(BaseModel):
-    """The longest chain of sequential requests in one evaluation of the dev and of the test split: its longest
-    episode's ingestion (sessions x requests a session, one session after another) and then one question's requests.
-    However high ``--concurrency``, an evaluation takes at least that chain x latency (see the module docstring)."""
+    """The longest chain of sequential requests in one evaluation of the dev and of the test split:
+    its longest episode's ingestion (sessions x requests a session, one session after another) and
+    then one question's requests. However high ``--concurrency``, an evaluation takes at least that
+    chain x latency (see the module docstring)."""
 
     dev: float = Field(ge=0, description="requests of the dev split's longest chain")
     test: float = Field(ge=0, description="requests of the test split's longest chain")
 
 
 class Floor(BaseModel):
-    """The chain under a part's evaluations (:class:`Chains`), and whether it, not ``--concurrency``, set their time."""
+    """The chain under a part's evaluations (:class:`Chains`), and whether it, not
+    ``--concurrency``, set their time."""
 
     split: str
     requests: float = Field(
         description="sequential requests of the split's longest episode (ingestion, a question)"
     )
     binds: bool = Field(
-        description="the chain is longer than an evaluation's requests / concurrency: it set the time"
+        description="the chain is longer than an evaluation's requests / concurrency: it set "
+        "the time"
     )
 
 
 class Part(BaseModel):
-    """One row of the estimate: a part of the run and what it is expected to cost (None: unknown)."""
+    """One row of the estimate: a part of the run and what it is expected to cost (None:
+    unknown)."""
 
     part: str
     evaluations: int
@@ -195,9 +207,10 @@ class Part(BaseModel):
 
 
 class OptimizerWork(BaseModel):
-    """The optimizer's own LM work over the whole run, beside the evaluations: what :func:`estimate` prices as the
-    optimizer's part. Modeled from the optimizer's structure (:mod:`optloop.loop.overhead`) or measured on the run's
-    finished trials (:func:`measured_work`)."""
+    """The optimizer's own LM work over the whole run, beside the evaluations:
+    what :func:`estimate` prices as the optimizer's part. Modeled from the optimizer's structure
+    (:mod:`optloop.loop.overhead`) or measured on the run's finished trials
+    (:func:`measured_work`)."""
 
     optimizer: str
     measured: bool = Field(
@@ -269,8 +282,9 @@ class Estimate(BaseModel):
 
 
 class Figures(Protocol):
-    """What the estimate reads of one evaluation: a measured :class:`~optloop.loop.evaluate.Evaluation`, or a
-    model of one (``experiments/bench/estimate.py``, from a recording's calls and tokens per session)."""
+    """What the estimate reads of one evaluation: a
+    measured :class:`~optloop.loop.evaluate.Evaluation`, or a model of one
+    (``experiments/bench/estimate.py``, from a recording's calls and tokens per session)."""
 
     @property
     def llm_calls(self) -> float: ...  # requests made, cache hits included
@@ -297,24 +311,25 @@ def work_units(dataset: Dataset) -> int:
 
 
 def chain_requests(sessions: float, session_requests: float, question_requests: float) -> float:
-    """Sequential requests of an episode of ``sessions``: ingested one session after another, then a question."""
+    """Sequential requests of an episode of ``sessions``: ingested one session after another, then
+    a question."""
     return sessions * session_requests + question_requests
 
 
 def evaluation_seconds(
     requests: float, latency_s: float, concurrency: int, chain: float | None = None
 ) -> float:
-    """LM seconds of one evaluation of ``requests``: ``concurrency`` always in flight, but no less than its longest
-    ``chain`` of sequential requests (none: no floor)."""
+    """LM seconds of one evaluation of ``requests``: ``concurrency`` always in flight, but no less
+    than its longest ``chain`` of sequential requests (none: no floor)."""
     return max(requests / max(concurrency, 1), chain or 0.0) * latency_s
 
 
 def measured_chains(ckpt: Checkpoint, dev: Dataset, test: Dataset) -> Chains | None:
-    """The dev and test splits' longest chains, at the requests per session and per question that ``ckpt``'s
-    baseline dev evaluation (of ``dev``) measured: its ingestion requests over the sessions of the stores it built
-    (a reused store ingested nothing: those taken as the built share of the split's sessions), its other requests
-    over the split's questions. ``None`` when it built no store (nothing measured the ingestion) or ``dev`` has no
-    question."""
+    """The dev and test splits' longest chains, at the requests per session and per question that
+    ``ckpt``'s baseline dev evaluation (of ``dev``) measured: its ingestion requests over the
+    sessions of the stores it built (a reused store ingested nothing: those taken as the built
+    share of the split's sessions), its other requests over the split's questions. ``None`` when it
+    built no store (nothing measured the ingestion) or ``dev`` has no question."""
     measured = ckpt.baseline_dev
     assert measured is not None, "the chains need the baseline"
     sessions = sum(len(e.sessions) for e in dev.episodes)
@@ -337,16 +352,19 @@ def measured_chains(ckpt: Checkpoint, dev: Dataset, test: Dataset) -> Chains | N
 def floor_line(
     part: Part, concurrency: int, latency_s: float | None, batch: int = 1
 ) -> str | None:
-    """What set ``part``'s time when its chain did (``None`` otherwise): "time of the 50 trials set by the longest
-    dev episode's 94 sequential requests (94 s an evaluation), not by --concurrency 16: ..."."""
+    """What set ``part``'s time when its chain did (``None`` otherwise): "time of the 50 trials set
+    by the longest dev episode's 94 sequential requests (94 s an evaluation), not by --concurrency
+    16: ..."."""
     floor = part.floor
     if floor is None or not floor.binds:
         return None
     unit = f"a batch of {batch}" if batch > 1 and "at once" in part.part else "an evaluation"
     each = "" if latency_s is None else f" ({floor.requests * latency_s:,.0f} s {unit})"
     return (
-        f"time of the {part.part} set by the longest {floor.split} episode's {floor.requests:,.0f} sequential "
-        f"requests{each}, not by --concurrency {concurrency}: its sessions are ingested in order, then a question"
+        f"time of the {part.part} set by the longest {floor.split} episode's "
+        f"{floor.requests:,.0f} sequential "
+        f"requests{each}, not by --concurrency {concurrency}: its sessions are ingested in "
+        "order, then a question"
     )
 
 
@@ -359,9 +377,10 @@ def _scaled(
     chain: tuple[str, float] | None = None,
     batch: int = 1,
 ) -> Part:
-    """``evaluations`` times ``dev`` with every request computed, in ``count`` evaluations each no shorter than
-    ``chain`` (the split and the requests of its longest chain; see the module docstring), ``batch`` of them at
-    once: a batch's requests share the ``concurrency`` slots, and its time is floored by the chain once."""
+    """``evaluations`` times ``dev`` with every request computed, in ``count`` evaluations each no
+    shorter than ``chain`` (the split and the requests of its longest chain; see the module
+    docstring), ``batch`` of them at once: a batch's requests share the ``concurrency`` slots, and
+    its time is floored by the chain once."""
     calls = round(dev.llm_calls * evaluations)
     tokens, dollars, latency = (
         _ratio(value, dev.model_calls) for value in (dev.tokens, dev.cost_usd, dev.lm_seconds)
@@ -432,7 +451,9 @@ def _optimizer_part(
                 work.proposer_prompt_tokens * proposer_price[0]
                 + work.proposer_completion_tokens * proposer_price[1]
             )
-        else:  # the system LM's measured dollars per token, unless the proposer is another LM (without a price)
+        # the system LM's measured dollars per token, unless the proposer is another LM (without a
+        # price)
+        else:
             proposer = (
                 None
                 if own_proposer or dollars_per_token is None
@@ -474,16 +495,17 @@ def estimate(
     chains: Chains | None = None,
     batch: int = 1,
 ) -> Estimate:
-    """The whole run of ``budget`` trials, from ``ckpt``'s baseline (train and dev must be evaluated);
-    ``dev_units``, ``test_units``: :func:`work_units` of the dev and test splits; ``chains``: their longest chains of
-    sequential requests (:func:`measured_chains`), the floor of each trial's and held-out evaluation's time (none
-    when ``None``).
+    """The whole run of ``budget`` trials, from ``ckpt``'s baseline (train and dev must be
+    evaluated); ``dev_units``, ``test_units``: :func:`work_units` of the dev and test splits;
+    ``chains``: their longest chains of sequential requests (:func:`measured_chains`), the floor of
+    each trial's and held-out evaluation's time (none when ``None``).
 
     ``optimizer``: the optimizer's own work (:func:`measured_work`, or the model of
     :mod:`optloop.loop.overhead`), a part of its own after the trials (none when ``None``);
-    ``proposer_price``: the proposer LM's dollars per prompt and per completion token, when it has a price;
-    ``own_proposer``: the proposer is another LM than the system's (``--proposer-lm``), so without a price its
-    dollars are unknown (the system LM's are measured); ``batch``: the trials evaluated at once (``--batch``)."""
+    ``proposer_price``: the proposer LM's dollars per prompt and per completion token, when it has
+    a price; ``own_proposer``: the proposer is another LM than the system's (``--proposer-lm``), so
+    without a price its dollars are unknown (the system LM's are measured); ``batch``: the trials
+    evaluated at once (``--batch``)."""
     train, dev = ckpt.baseline_train, ckpt.baseline_dev
     assert train is not None and dev is not None, "the estimate needs the baseline"
     return project(
@@ -516,8 +538,9 @@ def project(
     baseline: str = "baseline (measured)",
     batch: int = 1,
 ) -> Estimate:
-    """The run model of :func:`estimate` on the baseline's train and dev evaluations as figures (measured ones, or
-    a model's of them); ``baseline``: the name of their part. The other arguments are :func:`estimate`'s."""
+    """The run model of :func:`estimate` on the baseline's train and dev evaluations as figures
+    (measured ones, or a model's of them); ``baseline``: the name of their part. The other
+    arguments are :func:`estimate`'s."""
     first = Part(
         part=baseline,
         evaluations=2,
@@ -572,16 +595,17 @@ def project(
 def measured_work(
     ckpt: Checkpoint, model: OptimizerWork | None, budget: int
 ) -> OptimizerWork | None:
-    """The optimizer's own work over the whole run, measured on the run's finished trials (``None`` when none has
-    finished: then only ``model`` can say).
+    """The optimizer's own work over the whole run, measured on the run's finished trials (``None``
+    when none has finished: then only ``model`` can say).
 
-    What the optimizer has spent so far is the run's total over every process (:meth:`Checkpoint.total_cost`) less
-    its evaluations (the baseline's, the finished trials', a held-out one); its proposer calls are those of a
-    ``--proposer-lm`` (``proposer_*``) and the system LM's at the proposer site. That is scaled to the whole run by
-    rounds, since an optimizer spends a round's work before the round's first trial: ``model``'s rounds over the
-    rounds begun (``k`` trials at ``model``'s trials a round); ``budget / k`` without a model; nothing more for an
-    optimizer whose work is done up front (Optuna's proposals, ``model.rounds == 0``). Half-done trials and
-    redone steps count as the optimizer's (they are neither evaluations nor free).
+    What the optimizer has spent so far is the run's total over every process
+    (:meth:`Checkpoint.total_cost`) less its evaluations (the baseline's, the finished trials', a
+    held-out one); its proposer calls are those of a ``--proposer-lm`` (``proposer_*``) and the
+    system LM's at the proposer site. That is scaled to the whole run by rounds, since an optimizer
+    spends a round's work before the round's first trial: ``model``'s rounds over the rounds begun
+    (``k`` trials at ``model``'s trials a round); ``budget / k`` without a model; nothing more for
+    an optimizer whose work is done up front (Optuna's proposals, ``model.rounds == 0``). Half-done
+    trials and redone steps count as the optimizer's (they are neither evaluations nor free).
     """
     done = [t.evaluation for t in ckpt.trials if t.evaluation is not None]
     if not done:
@@ -643,7 +667,8 @@ def measured_work(
         cost_usd=None if dollars is None else dollars * scale,
         threads=None if model is None else model.threads,
         basis=(
-            f"the {k} finished trial(s): {calls:.0f} requests on train and {proposer_calls:.0f} to the proposer "
+            f"the {k} finished trial(s): {calls:.0f} requests on train and "
+            f"{proposer_calls:.0f} to the proposer "
             f"so far (the run's total less its evaluations), {how}"
         ),
     )

@@ -29,8 +29,8 @@ MAX_BATCH = 64
 
 
 def check_fractions(fractions: tuple[float, ...]) -> tuple[float, float, float]:
-    """``fractions`` if they are three shares above 0 summing to 1 (within 1e-6), else a ValueError saying
-    what to fix."""
+    """``fractions`` if they are three shares above 0 summing to 1 (within 1e-6), else a ValueError
+    saying what to fix."""
     if len(fractions) != 3:
         raise ValueError(
             f"give three fractions TRAIN,DEV,TEST (e.g. 0.5,0.25,0.25), not {len(fractions)}"
@@ -60,8 +60,8 @@ class LoopConfig(BaseModel):
     knobs: dict[str, Any] = Field(default_factory=dict)
     start: dict[str, str] = Field(
         default_factory=dict,
-        description="site -> instruction the run starts from instead of the system's own ('+TEXT': appended to it) "
-        "(a product's current prompt, or a benchmark's sabotage)",
+        description="site -> instruction the run starts from instead of the system's own "
+        "('+TEXT': appended to it) (a product's current prompt, or a benchmark's sabotage)",
     )
     fractions: tuple[float, float, float] = (0.5, 0.25, 0.25)
     promote_if: Literal["ci", "delta"] = Field(
@@ -94,9 +94,9 @@ class LoopConfig(BaseModel):
         return check_fractions(value)
 
     def digest(self, *, shared: bool = False, legacy: bool = False) -> str:
-        """What must match for a run name to be resumed (the tracking URI may move), or, with ``shared``,
-        for a worker to join a study (reached by another URL on another machine, perhaps). ``legacy``: the
-        digest of a checkpoint written before ``lm_settings`` existed."""
+        """What must match for a run name to be resumed (the tracking URI may move), or, with
+        ``shared``, for a worker to join a study (reached by another URL on another machine,
+        perhaps). ``legacy``: the digest of a checkpoint written before ``lm_settings`` existed."""
         exclude = {"tracking_uri", "storage"} if shared else {"tracking_uri"}
         return _digest(
             self.model_dump(
@@ -107,15 +107,15 @@ class LoopConfig(BaseModel):
         )
 
     def resume_key(self) -> str:
-        """What must match for ``optloop.run`` without ``--run-name`` to resume an unfinished run: everything
-        that changes results (the run name and the tracking URI do not)."""
+        """What must match for ``optloop.run`` without ``--run-name`` to resume an unfinished run:
+        everything that changes results (the run name and the tracking URI do not)."""
         return _digest(
             self.model_dump(exclude={"tracking_uri", "run_name"} | self._unset_later_fields())
         )
 
     def _unset_later_fields(self) -> set[str]:
-        """Fields added after checkpoints were first written, left out of digests while they hold their
-        default, so that a run started before they existed still resumes."""
+        """Fields added after checkpoints were first written, left out of digests while they hold
+        their default, so that a run started before they existed still resumes."""
         return ({"query_rewrite"} if not self.query_rewrite else set()) | (
             {"batch"} if self.batch == 1 else set()
         )
@@ -130,7 +130,8 @@ PROCESSES = "processes"  # the cost key that counts the processes that worked on
 
 
 def add_costs(a: Mapping[str, int | float], b: Mapping[str, int | float]) -> Cost:
-    """``a + b`` key by key (seconds rounded to 0.1, dollars to 1e-9; counts stay whole numbers)."""
+    """``a + b`` key by key (seconds rounded to 0.1, dollars to 1e-9; counts stay whole
+    numbers)."""
     out: Cost = dict(a)
     for key, value in b.items():
         total = out.get(key, 0) + value
@@ -151,9 +152,9 @@ class Trial(BaseModel):
 class Checkpoint(BaseModel):
     """A run's state between processes: everything evaluated, and what every process spent.
 
-    Cost (see :meth:`total_cost`): ``spent`` sums the processes before this one, ``spending`` is this
-    process's own so far (rewritten with every save, so a kill loses only what it spent since the
-    last one), ``processes`` counts them all, this one included.
+    Cost (see :meth:`total_cost`): ``spent`` sums the processes before this one, ``spending`` is
+    this process's own so far (rewritten with every save, so a kill loses only what it spent since
+    the last one), ``processes`` counts them all, this one included.
     """
 
     config_digest: str
@@ -191,8 +192,8 @@ class Checkpoint(BaseModel):
         self.processes += 1
 
     def total_cost(self, spending: Cost | None = None) -> Cost:
-        """What every process of the run spent (``spending``: this process's, if newer than the saved
-        one), with ``processes``."""
+        """What every process of the run spent (``spending``: this process's, if newer than the
+        saved one), with ``processes``."""
         total = add_costs(self.spent, self.spending if spending is None else spending)
         total[PROCESSES] = max(self.processes, 1)
         return total
@@ -215,13 +216,14 @@ class Checkpoint(BaseModel):
             return cls.model_validate_json(path.read_text())
         except Exception as exc:  # noqa: BLE001 - a corrupt checkpoint is the user's to remove
             raise ConfigError(
-                f"checkpoint {path} is unreadable ({type(exc).__name__}); delete that run directory "
-                "or pick another --run-name"
+                f"checkpoint {path} is unreadable ({type(exc).__name__}); delete that run "
+                "directory or pick another --run-name"
             ) from None
 
 
 class Tried(BaseModel):
-    """One evaluated candidate, for the summary: what the optimizer tried and how it scored on dev."""
+    """One evaluated candidate, for the summary: what the optimizer tried and how it scored on
+    dev."""
 
     trial: int
     origin: str

@@ -1,4 +1,5 @@
-"""One Optuna study shared by several ``optloop.run`` workers (``docs/architecture.md``, "Several workers").
+"""One Optuna study shared by several ``optloop.run`` workers (``docs/architecture.md``, "Several
+workers").
 
 Workers started with the same command (same ``--run-name``, hence the same
 study name, and the same ``--storage``) coordinate through the study's RDB
@@ -68,7 +69,8 @@ def storage_url(url: str) -> str:
     """``url`` naming a PostgreSQL driver that is installed.
 
     To SQLAlchemy 2.1 a bare ``postgresql://`` means psycopg 3; with only psycopg2-binary
-    installed the URL is pointed at it (``postgres://`` is accepted too). Other URLs pass as they are.
+    installed the URL is pointed at it (``postgres://`` is accepted too). Other URLs pass as they
+    are.
     """
     scheme, sep, rest = url.partition("://")
     if not sep or scheme not in ("postgresql", "postgres"):
@@ -77,7 +79,8 @@ def storage_url(url: str) -> str:
         if importlib.util.find_spec(module) is not None:
             return f"postgresql+{module}://{rest}"
     raise ConfigError(
-        f"--storage {redact_url(url)}: no PostgreSQL driver is installed; pip install psycopg2-binary"
+        f"--storage {redact_url(url)}: no PostgreSQL driver is installed; pip install "
+        "psycopg2-binary"
     )
 
 
@@ -97,7 +100,8 @@ def _optuna_storage(url: str) -> Any:
 
 
 def _records_table() -> Any:
-    """optloop's table of first-writer-wins records (see the module docstring), in the study's database."""
+    """optloop's table of first-writer-wins records (see the module docstring), in the study's
+    database."""
     global _RECORDS
     if _RECORDS is None:
         from sqlalchemy import Column, Integer, MetaData, PrimaryKeyConstraint, String, Table, Text
@@ -118,7 +122,8 @@ _RECORDS: Any = None
 
 
 def _records_engine(url: str) -> Any:
-    """An engine on the study's database with optloop's records table in it (created by the first worker)."""
+    """An engine on the study's database with optloop's records table in it (created by the first
+    worker)."""
     from sqlalchemy import create_engine
 
     url = storage_url(url)
@@ -128,7 +133,8 @@ def _records_engine(url: str) -> Any:
 
 
 def _retrying(what: str, fn: Callable[[], Any], tries: int = OPEN_RETRIES) -> Any:
-    """``fn()``, retried a few times: workers starting together race to create tables and the study."""
+    """``fn()``, retried a few times: workers starting together race to create tables and the
+    study."""
     for attempt in range(tries):
         try:
             return fn()
@@ -213,8 +219,9 @@ class SharedStudy:
             yield conn
 
     def _adopt_user_attrs(self) -> None:
-        """Copy the records an older optloop kept in the study's user attributes (read with Optuna's public
-        API) into the records table, once: when the table holds none for this study."""
+        """Copy the records an older optloop kept in the study's user attributes (read with
+        Optuna's public API) into the records table, once: when the table holds none for this
+        study."""
         from sqlalchemy import func, select
 
         t = self._table
@@ -260,7 +267,8 @@ class SharedStudy:
         return self.get(key)
 
     def put(self, key: str, value: Any) -> None:
-        """Overwrite ``key`` (only for keys this worker alone writes: its heartbeat, cost, flags)."""
+        """Overwrite ``key`` (only for keys this worker alone writes: its heartbeat, cost,
+        flags)."""
         from sqlalchemy import and_
 
         t = self._table
@@ -313,7 +321,8 @@ class SharedStudy:
     # --- workers ----------------------------------------------------------------------------
 
     def join(self, config_digest: str) -> int:
-        """Check the settings, take a rank (0 = leader), start the heartbeat; this worker's rank."""
+        """Check the settings, take a rank (0 = leader), start the heartbeat; this worker's
+        rank."""
         import optuna
 
         theirs = self.claim(f"{PREFIX}config", config_digest)
@@ -367,7 +376,8 @@ class SharedStudy:
         while not self._stop.wait(self.beat_every):
             try:
                 self.beat()
-            except Exception as exc:  # noqa: BLE001 - a missed beat is retried; others only wait longer
+            # a missed beat is retried; others only wait longer
+            except Exception as exc:  # noqa: BLE001
                 logger.debug("heartbeat failed: %s", exc)
 
     def close(self) -> None:
@@ -378,10 +388,14 @@ class SharedStudy:
 
     def describe(self, worker: str) -> str:
         beat = self.get(f"{PREFIX}beat:{worker}") or {}
-        return f"worker {beat.get('rank', '?')} (host {beat.get('host', '?')}, pid {beat.get('pid', '?')})"
+        return (
+            f"worker {beat.get('rank', '?')} (host {beat.get('host', '?')}, pid "
+            f"{beat.get('pid', '?')})"
+        )
 
     def alive(self, worker: str) -> bool:
-        """Whether ``worker``'s heartbeat moved within ``stale_after`` seconds of this worker's own clock."""
+        """Whether ``worker``'s heartbeat moved within ``stale_after`` seconds of this worker's own
+        clock."""
         if worker == self.worker:
             return True
         beat = self.get(f"{PREFIX}beat:{worker}")
@@ -410,7 +424,8 @@ class SharedStudy:
     # --- candidates and budget slots --------------------------------------------------------
 
     def claim_candidate(self, digest: str, study_trial: int) -> dict[str, Any]:
-        """Who evaluates the candidate ``digest``: this worker, or the one that claimed it first."""
+        """Who evaluates the candidate ``digest``: this worker, or the one that claimed it
+        first."""
         return self.claim(
             f"{PREFIX}candidate:{digest}", {"worker": self.worker, "study_trial": study_trial}
         )
@@ -434,8 +449,8 @@ class SharedStudy:
         return len(self.slots()) < self.budget or bool(self.my_open_slots())
 
     def take_slot(self, digest: str, study_trial: int | None) -> int | None:
-        """The budget slot this worker evaluates ``digest`` in (its own unfinished one first); ``None``
-        when every slot of the budget is taken."""
+        """The budget slot this worker evaluates ``digest`` in (its own unfinished one first);
+        ``None`` when every slot of the budget is taken."""
         mine = self.my_open_slots()
         if mine:
             self._taken.add(mine[0])
@@ -458,8 +473,9 @@ class SharedStudy:
         return {k: v for k, v in self.done().items() if not v.get("void")}
 
     def void_my_open_slots(self) -> list[int]:
-        """Close the slots this worker claimed but will not fill (its optimizer ran out of candidates after a
-        restart): they count as spent budget without an evaluation, so the run can settle."""
+        """Close the slots this worker claimed but will not fill (its optimizer ran out of
+        candidates after a restart): they count as spent budget without an evaluation, so the run
+        can settle."""
         slots = self.my_open_slots()
         for k in slots:
             self.publish_done(k, {"trial": k + 1, "void": True})

@@ -32,7 +32,8 @@ Kind = Literal["sentence", "clause", "item", "fixed"]
 _ITEM = re.compile(r"^(?P<indent>[ \t]*)(?:[-*•]|\d{1,2}[.)])[ \t]+\S")
 _FENCE = re.compile(r"^[ \t]*(```|~~~)")
 _HEADING = re.compile(r"^[ \t]*#")
-# A labelled example line ("Output: {...}", "Observation Date: 2025-08-19"): data, not an instruction.
+# A labelled example line ("Output: {...}", "Observation Date: 2025-08-19"): data, not an
+# instruction.
 _LABEL = re.compile(r"^[ \t]*[A-Z][A-Za-z]*(?: [A-Z][A-Za-z]*){0,2}:(?:[ \t]|\r?\n|\Z)")
 _SENTENCE_END = re.compile(r"[.!?][\"')\]”’]*(?=\s)")
 _ABBREVIATION = re.compile(r"(?:\b(?:e\.g|i\.e|etc|vs|cf|Mr|Mrs|Ms|Dr|No|approx)|\b[A-Z])\.\Z")
@@ -69,7 +70,8 @@ class Unit:
 
 @dataclass
 class Instruction:
-    """An instruction as a sequence of units (see the module docstring); ``lead`` is its leading white space."""
+    """An instruction as a sequence of units (see the module docstring); ``lead`` is its leading
+    white space."""
 
     units: list[Unit]
     lead: str = ""
@@ -93,14 +95,16 @@ class Instruction:
         return [self.units[i] for i in self._editable]
 
     def label(self, k: int) -> str:
-        """How a person would name editable unit ``k`` (``"sentence 2"``, ``"list item 1"``), counted from 1."""
+        """How a person would name editable unit ``k`` (``"sentence 2"``, ``"list item 1"``),
+        counted from 1."""
         unit = self.editable[k]
         same = [u for u in self.editable[: k + 1] if u.kind == unit.kind]
         return f"{'list item' if unit.kind == 'item' else unit.kind} {len(same)}"
 
     def delete(self, k: int) -> Instruction:
-        """Without editable unit ``k``: its white space goes with it, and a paragraph's or a sentence's end
-        stays where it was (the unit before it takes over the trailing line break or full stop)."""
+        """Without editable unit ``k``: its white space goes with it, and a paragraph's or a
+        sentence's end stays where it was (the unit before it takes over the trailing line break or
+        full stop)."""
         units = list(self.units)
         i = self._editable[k]
         gone = units.pop(i)
@@ -130,7 +134,8 @@ class Instruction:
         return Instruction(units, lead=self.lead)
 
     def swap(self, k: int, m: int) -> Instruction:
-        """Editable units ``k`` and ``m`` (of the same kind and group) change places; white space stays."""
+        """Editable units ``k`` and ``m`` (of the same kind and group) change places; white space
+        stays."""
         units = list(self.units)
         i, j = self._editable[k], self._editable[m]
         units[i], units[j] = (
@@ -153,7 +158,8 @@ class Instruction:
         return Instruction(units, lead=self.lead)
 
     def insert(self, k: int, body: str, kind: Kind) -> Instruction:
-        """``body`` (a unit deleted earlier) put back before editable unit ``k`` (after the last at ``k == n``)."""
+        """``body`` (a unit deleted earlier) put back before editable unit ``k`` (after the last at
+        ``k == n``)."""
         units = list(self.units)
         if not self._editable:
             return Instruction([*units, Unit(body, "", kind)], lead=self.lead)
@@ -178,7 +184,8 @@ def _as_sentence(text: str) -> str:
 
 
 def _blocks(text: str) -> Iterator[tuple[str, str, str]]:
-    """``text`` as (kind, block, trailing white space): "prose", "item" or "fixed" blocks of whole lines."""
+    """``text`` as (kind, block, trailing white space): "prose", "item" or "fixed" blocks of whole
+    lines."""
     lines = text.splitlines(keepends=True)
     i, fence = 0, False
     while i < len(lines):
@@ -261,7 +268,8 @@ def _units(text: str) -> Iterator[Unit]:
 
 
 def _split(text: str, end: re.Pattern[str]) -> Iterator[tuple[str, str]]:
-    """``text`` cut after each match of ``end`` that is outside double quotes: (piece, white space after it)."""
+    """``text`` cut after each match of ``end`` that is outside double quotes: (piece, white space
+    after it)."""
     start = 0
     for m in end.finditer(text):
         piece = text[start : m.end()]
@@ -279,9 +287,9 @@ def _split(text: str, end: re.Pattern[str]) -> Iterator[tuple[str, str]]:
 
 
 def problems(text: str) -> list[str]:
-    """Why ``text`` is not a well-formed instruction (empty list: it is): an empty text, an empty sentence,
-    a sentence cut after a comma or on a word that needs more, a subordinate clause with no main clause,
-    an unmatched double quote or bracket in a unit."""
+    """Why ``text`` is not a well-formed instruction (empty list: it is): an empty text, an empty
+    sentence, a sentence cut after a comma or on a word that needs more, a subordinate clause with
+    no main clause, an unmatched double quote or bracket in a unit."""
     if not text.strip():
         return ["the instruction is empty"]
     out: list[str] = []

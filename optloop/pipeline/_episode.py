@@ -62,10 +62,11 @@ def answer(
 ) -> tuple[str, ExecutionGraph | None]:
     """Retrieve and answer ``question`` on ``store``: (prediction, the graph that recorded it).
 
-    ``prepare(system)`` runs first (a candidate's modules and knobs). Recorded on a ``shared`` store, the
-    question records on its own copy of the store's graph, which is returned and, when ``into`` is given,
-    folded into it (the failed call too, when an LM fault stops the question). On a private store it
-    records on the store's recorder (the returned graph is the episode's, still growing). Not recorded:
+    ``prepare(system)`` runs first (a candidate's modules and knobs). Recorded on a ``shared``
+    store, the question records on its own copy of the store's graph, which is returned and, when
+    ``into`` is given, folded into it (the failed call too, when an LM fault stops the question).
+    On a private store it records on the store's recorder (the returned graph is the episode's,
+    still growing). Not recorded:
     ``system.answer(question, system.retrieve(question))`` and no graph.
     """
     with store.lock:
@@ -83,8 +84,9 @@ def answer(
 
 @dataclass
 class _Asked:
-    """One question retrieved and answered (:func:`_ask`): its prediction or the exception that stopped it,
-    the copy of the store's graph it recorded on (``None``: not recorded), and the LM calls it made."""
+    """One question retrieved and answered (:func:`_ask`): its prediction or the exception that
+    stopped it, the copy of the store's graph it recorded on (``None``: not recorded), and the LM
+    calls it made."""
 
     question: Question
     prediction: str = ""
@@ -99,10 +101,10 @@ class _Asked:
 
 
 def _ask(store: Store, question: Question) -> _Asked:
-    """``question`` on ``store``, recorded on a copy of the store's graph (when recorded), which comes back
-    with the failed call when a fault stops the question; the caller holds the store's lock. It never
-    raises: the exception comes back in :class:`_Asked`, so a caller of several questions at once can
-    fold them (and raise) in question order."""
+    """``question`` on ``store``, recorded on a copy of the store's graph (when recorded), which
+    comes back with the failed call when a fault stops the question; the caller holds the store's
+    lock. It never raises: the exception comes back in :class:`_Asked`, so a caller of several
+    questions at once can fold them (and raise) in question order."""
     asked = _Asked(question)
     system = store.system
     with collect_calls() as calls:
@@ -144,7 +146,8 @@ class Attributor:
     def refine(
         self, graph: ExecutionGraph, episode: Episode, attributions: list[Attribution]
     ) -> list[Attribution]:
-        """``attributions`` with the ambiguous ones refined by the agent (unchanged without one)."""
+        """``attributions`` with the ambiguous ones refined by the agent (unchanged without
+        one)."""
         if self.agent is None:
             return attributions
         from optloop.attribution.agent import refine_ambiguous
@@ -192,10 +195,10 @@ class EpisodeResult:
     """One episode through the pipeline.
 
     ``graph``: the episode graph (ingestion, then every question; the partial ingestion graph when
-    ingestion failed; ``None`` when not recorded). ``store_reused``: ``None`` when ingestion failed.
-    ``ingest_calls``: LLM calls of the ingestion (0 for a reused store). ``attribution_s`` and
-    ``attribution_calls``: per attributed question id, the seconds and LLM calls its attribution took
-    (the agent's refinement not included).
+    ingestion failed; ``None`` when not recorded). ``store_reused``: ``None`` when ingestion
+    failed. ``ingest_calls``: LLM calls of the ingestion (0 for a reused store). ``attribution_s``
+    and ``attribution_calls``: per attributed question id, the seconds and LLM calls its
+    attribution took (the agent's refinement not included).
     """
 
     episode: Episode
@@ -240,22 +243,24 @@ def run_episode(
     on_question: Callable[[], None] | None = None,
     workers: Workers | None = None,
 ) -> EpisodeResult:
-    """Run ``episode`` through every stage (see the module docstring); its questions, or ``questions``.
+    """Run ``episode`` through every stage (see the module docstring); its questions, or
+    ``questions``.
 
-    ``on_lm_error="fail"``: an LM fault that outlasts the LM layer's retries fails the question it hit
-    (during ingestion: every question of the episode) and the episode goes on; an unreachable endpoint
-    raises :class:`~optloop.errors.EndpointDownError` instead. ``"raise"``: any fault propagates.
+    ``on_lm_error="fail"``: an LM fault that outlasts the LM layer's retries fails the question it
+    hit (during ingestion: every question of the episode) and the episode goes on; an unreachable
+    endpoint raises :class:`~optloop.errors.EndpointDownError` instead. ``"raise"``: any fault
+    propagates.
 
-    ``save_graph(graph) -> path`` saves the episode graph: with ``keep="all"`` once the episode is done,
-    with ``keep="faulted"`` only when an LM attempt failed during it (saved even when the fault then
-    stops the episode; the partial graph when ingestion failed). ``label`` is written to the graph's
-    ``meta["evaluation"]`` (with ``store_reused`` and ``first_op``) on a shared store. ``where`` ends
-    the warnings about failed questions; ``on_question()`` runs after each question asked (on a worker
-    thread at ``N > 1``).
+    ``save_graph(graph) -> path`` saves the episode graph: with ``keep="all"`` once the episode is
+    done, with ``keep="faulted"`` only when an LM attempt failed during it (saved even when the
+    fault then stops the episode; the partial graph when ingestion failed). ``label`` is written to
+    the graph's ``meta["evaluation"]`` (with ``store_reused`` and ``first_op``) on a shared store.
+    ``where`` ends the warnings about failed questions; ``on_question()`` runs after each question
+    asked (on a worker thread at ``N > 1``).
 
-    At ``N > 1`` (:func:`concurrency`) the questions, then the attributions, run at once on ``workers``
-    (:func:`run_episodes` lends its own; without, the episode makes its own); at ``N = 1`` one after
-    another on this thread.
+    At ``N > 1`` (:func:`concurrency`) the questions, then the attributions, run at once on
+    ``workers`` (:func:`run_episodes` lends its own; without, the episode makes its own); at
+    ``N = 1`` one after another on this thread.
     """
     result = EpisodeResult(episode)
     asked = list(episode.questions if questions is None else questions)
@@ -278,31 +283,18 @@ def run_episode(
         done = False
         try:
             try:
-                if workers is None:
-                    pending = _ask_all(
-                        result,
-                        store,
-                        asked,
-                        stores.shared,
-                        attributor,
-                        prepare,
-                        on_lm_error,
-                        where,
-                        on_question,
-                    )
-                else:
-                    pending = _ask_parallel(
-                        result,
-                        store,
-                        asked,
-                        stores.shared,
-                        attributor,
-                        prepare,
-                        on_lm_error,
-                        where,
-                        on_question,
-                        workers,
-                    )
+                how = (
+                    result,
+                    store,
+                    asked,
+                    stores.shared,
+                    attributor,
+                    prepare,
+                    on_lm_error,
+                    where,
+                    on_question,
+                )
+                pending = _ask_all(*how) if workers is None else _ask_parallel(*how, workers)
             finally:
                 stores.release(store)
             if pending:  # attributed on the episode graph, now final
@@ -335,10 +327,11 @@ def run_episodes(
     save_graph: Callable[[ExecutionGraph, Episode], str] | None = None,
     **options: Any,
 ) -> Iterator[EpisodeResult]:
-    """:func:`run_episode` for each of ``episodes``: at ``N > 1`` (:func:`concurrency`) ``N`` at a time, their
-    questions and attributions on shared :class:`Workers`. The results come in episode order, each as
-    soon as it and those before it are done, so a caller reports and folds them as the serial run does.
-    ``save_graph(graph, episode) -> path``; ``options`` are :func:`run_episode`'s.
+    """:func:`run_episode` for each of ``episodes``: at ``N > 1`` (:func:`concurrency`) ``N`` at a
+    time, their questions and attributions on shared :class:`Workers`. The results come in episode
+    order, each as soon as it and those before it are done, so a caller reports and folds them as
+    the serial run does. ``save_graph(graph, episode) -> path``; ``options``
+    are :func:`run_episode`'s.
     """
 
     def one(episode: Episode, workers: Workers | None = None) -> EpisodeResult:
@@ -361,8 +354,8 @@ def _ingestion_failed(
     save_graph: Callable[[ExecutionGraph], str] | None,
     where: str,
 ) -> EpisodeResult:
-    """An LM fault stopped the ingestion: its partial graph saved, then every question failed (or, when the
-    endpoint is unreachable, :class:`EndpointDownError`)."""
+    """An LM fault stopped the ingestion: its partial graph saved, then every question failed (or,
+    when the endpoint is unreachable, :class:`EndpointDownError`)."""
     result.graph = getattr(exc, "partial_graph", None)
     if result.graph is not None and save_graph is not None:
         result.graph_path = save_graph(result.graph)
@@ -375,8 +368,8 @@ def _ingestion_failed(
 def _episode_graph(
     store: Store, *, shared: bool, reused: bool, label: Mapping[str, Any] | None
 ) -> ExecutionGraph | None:
-    """The graph the episode's questions are folded into: the store's own for a private store, a labelled
-    copy of it for a shared one."""
+    """The graph the episode's questions are folded into: the store's own for a private store, a
+    labelled copy of it for a shared one."""
     ingestion = store.graph
     if ingestion is None or not shared:
         return ingestion
@@ -401,9 +394,9 @@ def _ask_all(
     where: str,
     on_question: Callable[[], None] | None,
 ) -> list[tuple[QuestionOutcome, Question]]:
-    """Stages 2 and 3 for every question, one after another, and 5 for those recorded on a graph of their own
-    (final at once); returns the failures left to attribute on the episode graph. ``answer_s`` and
-    ``answer_calls`` leave the attributions out."""
+    """Stages 2 and 3 for every question, one after another, and 5 for those recorded on a graph of
+    their own (final at once); returns the failures left to attribute on the episode graph.
+    ``answer_s`` and ``answer_calls`` leave the attributions out."""
     started = time.perf_counter()
     pending: list[tuple[QuestionOutcome, Question]] = []
     with collect_calls() as calls:
@@ -442,10 +435,11 @@ def _ask_parallel(
     on_question: Callable[[], None] | None,
     workers: Workers,
 ) -> list[tuple[QuestionOutcome, Question]]:
-    """:func:`_ask_all` at ``N > 1``: every question at once on ``workers``, each recorded on its own copy of
-    the store's graph, then put together in question order (graph, outcomes, the first fault raised) as
-    the serial run leaves them; then stage 5, at once, for those final on their own graph. The store's
-    lock is held throughout and ``prepare`` runs once: every question asks the same candidate."""
+    """:func:`_ask_all` at ``N > 1``: every question at once on ``workers``, each recorded on its
+    own copy of the store's graph, then put together in question order (graph, outcomes, the first
+    fault raised) as the serial run leaves them; then stage 5, at once, for those final on their
+    own graph. The store's lock is held throughout and ``prepare`` runs once: every question asks
+    the same candidate."""
     started = time.perf_counter()
     since = len(store.graph.operations) if store.graph is not None else 0
 
@@ -484,7 +478,8 @@ def _ask_parallel(
 
 
 def _fail_question(result: EpisodeResult, question: Question, exc: LMError, where: str) -> None:
-    """An LM fault stopped ``question``: failed (or, when the endpoint is unreachable, :class:`EndpointDownError`)."""
+    """An LM fault stopped ``question``: failed (or, when the endpoint is
+    unreachable, :class:`EndpointDownError`)."""
     _stop_if_down(exc)
     logger.warning("question %s failed%s: %s", question.id, where, exc)
     result.outcomes.append(failed_outcome(result.episode, question, str(exc)))
@@ -496,8 +491,8 @@ def _attribute(
     attributor: Attributor | None,
     workers: Workers | None = None,
 ) -> None:
-    """Stage 5 for scored questions, each on its final graph: the failures the attributor wants (asked in
-    question order) attributed, timed and counted; at once on ``workers`` when given."""
+    """Stage 5 for scored questions, each on its final graph: the failures the attributor wants
+    (asked in question order) attributed, timed and counted; at once on ``workers`` when given."""
     if attributor is None:
         return
     chosen = [
@@ -527,6 +522,10 @@ def _refine(result: EpisodeResult, attributor: Attributor) -> None:
     attributed = [o for o in result.outcomes if o.attribution is not None]
     if attributor.agent is None or not attributed or result.graph is None:
         return
-    refined = attributor.refine(result.graph, result.episode, [o.attribution for o in attributed])  # type: ignore[misc]
+    refined = attributor.refine(
+        result.graph,
+        result.episode,
+        [o.attribution for o in attributed],  # type: ignore[misc]
+    )
     for outcome, attribution in zip(attributed, refined):
         outcome.attribution = attribution

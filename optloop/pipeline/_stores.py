@@ -1,6 +1,6 @@
-"""Stage 1 of the pipeline, ingest: an episode's :class:`Store` (the system with every session ingested and
-the recorder that watched it), built fresh (:class:`FreshStores`) or reused by ingest key
-(:class:`CachedStores` over a :class:`StoreCache`)."""
+"""Stage 1 of the pipeline, ingest: an episode's :class:`Store` (the system with every session
+ingested and the recorder that watched it), built fresh (:class:`FreshStores`) or reused by ingest
+key (:class:`CachedStores` over a :class:`StoreCache`)."""
 
 from __future__ import annotations
 
@@ -27,8 +27,8 @@ class Store:
     """An episode ingested into a live system; ``recorder`` watched it (``None``: not recorded).
 
     ``lock`` is held while a question runs on the system (its modules and knobs are set for that
-    question), or while an episode's questions run at once (all of one candidate), so threads may share
-    a store.
+    question), or while an episode's questions run at once (all of one candidate), so threads may
+    share a store.
     """
 
     system: MemorySystem
@@ -52,9 +52,9 @@ def ingest(
 ) -> Store:
     """Ingest every session of ``episode`` into ``system``.
 
-    Recorded: session by session under a :class:`Recorder`. Not recorded: one ``system.ingest`` call
-    with every session. On any failure the system is closed and the exception re-raised, carrying the
-    graph recorded so far as ``partial_graph`` (when recorded).
+    Recorded: session by session under a :class:`Recorder`. Not recorded: one ``system.ingest``
+    call with every session. On any failure the system is closed and the exception re-raised,
+    carrying the graph recorded so far as ``partial_graph`` (when recorded).
     """
     started = time.perf_counter()
     recorder = None
@@ -82,17 +82,20 @@ class EpisodeStores(Protocol):
 
     @property
     def shared(self) -> bool:
-        """Whether stores outlive the episode (then questions record on copies of the store's graph)."""
+        """Whether stores outlive the episode (then questions record on copies of the store's
+        graph)."""
 
     def open(self, episode: Episode) -> tuple[Store, bool]:
-        """The episode's store, and whether it was reused. An ingestion failure raises (see :func:`ingest`)."""
+        """The episode's store, and whether it was reused. An ingestion failure raises
+        (see :func:`ingest`)."""
 
     def release(self, store: Store) -> None:
         """The episode is done with ``store``."""
 
 
 class FreshStores:
-    """A new system per episode (``make(episode)``), ingested, closed after the episode's questions."""
+    """A new system per episode (``make(episode)``), ingested, closed after the episode's
+    questions."""
 
     shared = False
 
@@ -123,7 +126,8 @@ class FreshStores:
 
 @dataclass(eq=False)
 class _Live:
-    """One key's place in a :class:`StoreCache`: its store once built (``ready``), and who holds it.
+    """One key's place in a :class:`StoreCache`: its store once built (``ready``), and who holds
+    it.
 
     ``users``: episodes that opened it pinned and have not released it, plus an opener building or
     waiting for it. ``evicted``: it left the cache; it is closed once ``users`` is 0.
@@ -152,15 +156,17 @@ class StoreCache:
 
     Episodes that run at once (see the module docstring) share it: a store is built outside the
     cache's lock, so several keys build at once, and a second opener of a key being built waits for
-    that build. A store opened with ``pin=True`` is in use until :meth:`release`: when it leaves the cache
-    meanwhile it is closed on release, never under the episode using it. A store opened without a pin
-    (a DSPy program's question) is closed on eviction once no question runs on it (its ``lock``).
+    that build. A store opened with ``pin=True`` is in use until :meth:`release`: when it leaves
+    the cache meanwhile it is closed on release, never under the episode using it. A store opened
+    without a pin (a DSPy program's question) is closed on eviction once no question runs on it
+    (its ``lock``).
 
     Which keys are reused, and which stores leave, follows from the order of the *decisions* alone.
-    Parallel episodes open in any order, so :meth:`plan` takes a run's decisions up front, in episode
-    order, exactly as one :meth:`open` after another would: reuse, eviction and ingestion counts are
-    then the serial run's for any number of threads. (Only an ingestion that fails is different: in
-    the serial run it never entered the cache, in a plan its place was already taken.)
+    Parallel episodes open in any order, so :meth:`plan` takes a run's decisions up front, in
+    episode order, exactly as one :meth:`open` after another would: reuse, eviction and ingestion
+    counts are then the serial run's for any number of threads. (Only an ingestion that fails is
+    different: in the serial run it never entered the cache, in a plan its place was already
+    taken.)
     """
 
     def __init__(self, max_live: int = 8):
@@ -182,8 +188,8 @@ class StoreCache:
     ) -> tuple[Store, bool]:
         """The store under ``key`` (``True``: reused), else ``build()``'s, kept under ``key``.
 
-        ``pin``: the caller :meth:`release` s it when done. ``plan``: use the decision :meth:`plan` took
-        for ``key`` (a key the plan does not hold is decided now)."""
+        ``pin``: the caller :meth:`release` s it when done. ``plan``: use the decision :meth:`plan`
+        took for ``key`` (a key the plan does not hold is decided now)."""
         while True:
             closing: list[Store] = []
             with self._lock:
@@ -217,10 +223,10 @@ class StoreCache:
 
     @contextlib.contextmanager
     def plan(self, keys: Sequence[Hashable]) -> Iterator[StorePlan]:
-        """Decide now, in this order, which of ``keys`` will be reused and which built (and what they
-        evict), as opening them one after another would; pass the plan to :meth:`open`. Each decision
-        pins its store until the episode that takes it releases it; the ones no episode took (the run
-        stopped) are dropped on leaving the block."""
+        """Decide now, in this order, which of ``keys`` will be reused and which built (and what
+        they evict), as opening them one after another would; pass the plan to :meth:`open`. Each
+        decision pins its store until the episode that takes it releases it; the ones no episode
+        took (the run stopped) are dropped on leaving the block."""
         plan, closing = StorePlan(), list[Store]()
         with self._lock:
             for key in keys:
@@ -258,8 +264,9 @@ class StoreCache:
     # --- under the hood -------------------------------------------------------------------
 
     def _decide(self, key: Hashable, closing: list[Store]) -> tuple[_Live, bool]:
-        """(``key``'s entry, reused), claimed for one user; a new key's entry goes in, the least recently
-        used beyond ``max_live`` out (to ``closing`` when nobody holds them). Under the lock."""
+        """(``key``'s entry, reused), claimed for one user; a new key's entry goes in, the least
+        recently used beyond ``max_live`` out (to ``closing`` when nobody holds them). Under the
+        lock."""
         entry = self._live.get(key)
         reused = entry is not None
         if entry is None:
@@ -289,7 +296,8 @@ class StoreCache:
         entry.ready.set()
 
     def _drop(self, key: Hashable, entry: _Live) -> None:
-        """``key``'s entry has no store and will get none: out of the cache, its waiters told to build anew."""
+        """``key``'s entry has no store and will get none: out of the cache, its waiters told to
+        build anew."""
         with self._lock:
             if self._live.get(key) is entry:
                 del self._live[key]
@@ -317,9 +325,10 @@ class StoreCache:
 
 
 class CachedStores:
-    """Stores kept for reuse: ``open(episode)`` returns ``(store, reused)`` (e.g. ``Evaluator.store`` for one
-    candidate), ``release(store)`` says the episode is done with it (e.g. :meth:`StoreCache.release`). They
-    are shared, so questions never record on the store's own graph."""
+    """Stores kept for reuse: ``open(episode)`` returns ``(store, reused)`` (e.g.
+    ``Evaluator.store`` for one candidate), ``release(store)`` says the episode is done with it
+    (e.g. :meth:`StoreCache.release`). They are shared, so questions never record on the store's
+    own graph."""
 
     shared = True
 

@@ -42,8 +42,8 @@ class _Pool:
         self._lock = threading.Lock()
 
     def submit(self, call: Callable[[], R]) -> Future[R]:
-        """``call()`` on a thread of the pool; once the pool is closed (an interrupted run's episodes still
-        asking for questions) the future comes back cancelled."""
+        """``call()`` on a thread of the pool; once the pool is closed (an interrupted run's
+        episodes still asking for questions) the future comes back cancelled."""
         future: Future[R] = Future()
         with self._lock:
             if self._closed:
@@ -79,13 +79,14 @@ class _Pool:
 
 
 def in_order(pool: _Pool, fn: Callable[[T], R], items: Iterable[T]) -> Iterator[R]:
-    """``fn(item)`` for every item on ``pool``, each in a copy of the caller's context; the results in
-    the items' order (not the order they finish), each as soon as it and those before it are done.
+    """``fn(item)`` for every item on ``pool``, each in a copy of the caller's context; the results
+    in the items' order (not the order they finish), each as soon as it and those before it are
+    done.
 
-    The first exception (in the items' order) is raised once the calls before it are done; the calls
-    not yet started are cancelled and, for an ordinary exception, the running ones waited for, so none
-    outlives the caller's use of what they share (a store, a graph). An interrupt (``KeyboardInterrupt``,
-    the iteration abandoned) waits for nothing.
+    The first exception (in the items' order) is raised once the calls before it are done; the
+    calls not yet started are cancelled and, for an ordinary exception, the running ones waited
+    for, so none outlives the caller's use of what they share (a store, a graph). An interrupt
+    (``KeyboardInterrupt``, the iteration abandoned) waits for nothing.
     """
     futures: list[Future[R]] = [
         pool.submit(functools.partial(contextvars.copy_context().run, fn, item)) for item in items
@@ -102,12 +103,14 @@ def in_order(pool: _Pool, fn: Callable[[T], R], items: Iterable[T]) -> Iterator[
 
 
 class Workers:
-    """The threads one run's episodes, questions and attributions go on at ``N > 1``: a context manager.
+    """The threads one run's episodes, questions and attributions go on at ``N > 1``: a context
+    manager.
 
     Two pools of up to ``n`` threads: one runs whole episodes, the other their questions and
     attributions. An episode waits for its questions; questions wait for nothing but the LM. On one
-    pool, ``n`` episodes waiting for questions queued behind them would hold every thread; on two, a
-    question always finds one. The LM's throttle, not the thread count, bounds the requests in flight.
+    pool, ``n`` episodes waiting for questions queued behind them would hold every thread; on two,
+    a question always finds one. The LM's throttle, not the thread count, bounds the requests in
+    flight.
     """
 
     def __init__(self, n: int):
@@ -121,7 +124,8 @@ class Workers:
         return in_order(self._episodes, fn, items)
 
     def tasks(self, fn: Callable[[T], R], items: Iterable[T]) -> list[R]:
-        """``fn`` over questions or attributions (calls that start nothing on these pools), in order."""
+        """``fn`` over questions or attributions (calls that start nothing on these pools), in
+        order."""
         return list(in_order(self._tasks, fn, items))
 
     def close(self) -> None:

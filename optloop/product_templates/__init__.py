@@ -48,8 +48,8 @@ def fill(source: str, data: dict[str, tuple[str, Any]], header: str = "") -> str
 
 
 def _literal(value: Any, width: int = 110) -> str:
-    """A Python literal of ``value``: a non-empty dict one entry per line, long text wrapped, data (a JSON
-    schema) on one line."""
+    """A Python literal of ``value``: a non-empty dict one entry per line, long text wrapped, data
+    (a JSON schema) on one line."""
     if not isinstance(value, dict) or not value:
         return repr(value)
     lines = ["{"]

@@ -1,11 +1,13 @@
-"""Optimized prompts for a vanilla ``graphiti_core.Graphiti`` (graphiti-core 0.31.x), with no optloop installed.
+"""Optimized prompts for a vanilla ``graphiti_core.Graphiti`` (graphiti-core 0.31.x), with no
+optloop installed.
 
 Use::
 
     from graphiti_core import Graphiti
     import graphiti_prompts                  # this file, as python -m optloop.export wrote it
 
-    graphiti = Graphiti(graph_driver=driver, llm_client=llm, embedder=embedder, cross_encoder=reranker,
+    graphiti = Graphiti(graph_driver=driver, llm_client=llm, embedder=embedder,
+    cross_encoder=reranker,
                         prompt_library=graphiti_prompts.prompt_library())
 
 or, on a Graphiti that already exists, ``graphiti_prompts.apply(graphiti)``.
@@ -50,7 +52,8 @@ def sha256(text: str) -> str:
 
 
 def graphiti_prompts(prompts: Mapping[str, str] | None = None) -> dict[str, str]:
-    """graphiti prompt name (``extract_edges.edge``) -> optimized system text, for the graphiti sites."""
+    """graphiti prompt name (``extract_edges.edge``) -> optimized system text, for the graphiti
+    sites."""
     prompts = PROMPTS if prompts is None else prompts
     return {
         site.removeprefix(SITE_PREFIX): text
@@ -60,7 +63,8 @@ def graphiti_prompts(prompts: Mapping[str, str] | None = None) -> dict[str, str]
 
 
 def overrides(prompts: Mapping[str, str] | None = None) -> dict[str, dict[str, Callable]]:
-    """``create_prompt_library`` overrides: each builder is graphiti's default one with new system text."""
+    """``create_prompt_library`` overrides: each builder is graphiti's default one with new system
+    text."""
     from graphiti_core.prompts.lib import DefaultChatPromptLibrary, get_prompt_builder
 
     base = DefaultChatPromptLibrary()
@@ -93,8 +97,8 @@ def _override(name: str, builder: Callable, text: str) -> Callable:
             checked = True
             if sha256(prompt.system.content) != expected:
                 logger.warning(
-                    "the installed graphiti's own %s prompt differs from the one these prompts were "
-                    "optimized from; they still replace it",
+                    "the installed graphiti's own %s prompt differs from the one these prompts "
+                    "were optimized from; they still replace it",
                     name,
                 )
         return prompt.model_copy(update={"system": SystemMessage(content=text)})
@@ -103,7 +107,8 @@ def _override(name: str, builder: Callable, text: str) -> Callable:
 
 
 def prompt_library(prompts: Mapping[str, str] | None = None) -> Any:
-    """A prompt library for ``Graphiti(prompt_library=...)``: graphiti's defaults plus the optimized prompts."""
+    """A prompt library for ``Graphiti(prompt_library=...)``: graphiti's defaults plus the
+    optimized prompts."""
     from graphiti_core.prompts.lib import create_prompt_library
 
     return create_prompt_library(overrides(prompts))

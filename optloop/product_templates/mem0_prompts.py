@@ -108,8 +108,8 @@ def apply(
     for site in sites:
         if site in LIBRARY_SHA256 and LIBRARY_SHA256[site] != sha256(own[site]):
             logger.warning(
-                "the installed mem0's own %s prompt differs from the one these prompts were optimized "
-                "from; they still replace it",
+                "the installed mem0's own %s prompt differs from the one these prompts were "
+                "optimized from; they still replace it",
                 site,
             )
     applied = []
@@ -149,8 +149,9 @@ def _route(
     routes: dict[str, tuple[str, dict[str, Any] | None, Callable[[Any], Any] | None]],
     sampling: Mapping[str, Any] | None = None,
 ) -> None:
-    """Wrap ``llm.generate_response`` once; ``routes``: mem0's system text -> (new text, response_format, post);
-    ``sampling``: keyword arguments the routed calls send (mem0's LLM clients add them to the request)."""
+    """Wrap ``llm.generate_response`` once; ``routes``: mem0's system text -> (new text,
+    response_format, post); ``sampling``: keyword arguments the routed calls send (mem0's LLM
+    clients add them to the request)."""
     table: dict[str, Any] | None = getattr(llm, _ROUTES_ATTR, None)
     entries = {system: (*route, dict(sampling or {})) for system, route in routes.items()}
     if table is not None:  # already wrapped (applied before, or the reranker shares this client)
@@ -194,8 +195,8 @@ def _route(
 
 
 def _json_object_form(fmt: dict[str, Any] | None, exc: BaseException) -> dict[str, Any] | None:
-    """``fmt`` (OpenAI's json_schema form) as llama.cpp's ``{"type": "json_object", "schema": ...}`` when
-    ``exc`` is a server's refusal of it; None otherwise."""
+    """``fmt`` (OpenAI's json_schema form) as llama.cpp's ``{"type": "json_object", "schema":
+    ...}`` when ``exc`` is a server's refusal of it; None otherwise."""
     if not fmt or fmt.get("type") != "json_schema" or "response_format" not in str(exc):
         return None
     if getattr(exc, "status_code", None) not in (400, 422, 500):

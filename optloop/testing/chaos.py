@@ -1,7 +1,7 @@
-"""An OpenAI-compatible loopback endpoint that misbehaves on a schedule (:class:`FaultyEndpoint`), for the
-reliability tests and the endpoint-chaos bench (``experiments/bench/chaos.py``). Request number ``n``
-(1-based, counted by the server) gets the disruption the :class:`FaultSchedule` names for it, or a real
-answer (from an LM, or a schema-valid stub: :func:`stub_answer`):
+"""An OpenAI-compatible loopback endpoint that misbehaves on a schedule (:class:`FaultyEndpoint`),
+for the reliability tests and the endpoint-chaos bench (``experiments/bench/chaos.py``). Request
+number ``n`` (1-based, counted by the server) gets the disruption the :class:`FaultSchedule` names
+for it, or a real answer (from an LM, or a schema-valid stub: :func:`stub_answer`):
 
 ``http500`` / ``http503``  an HTTP error status
 ``truncated``              HTTP 200 and a JSON body cut off mid-way
@@ -25,7 +25,10 @@ from optloop.errors import ConfigError
 from optloop.testing.scripted import ScriptedOpenAIServer, answer_with
 
 Disruption = Literal["http500", "http503", "truncated", "nonjson", "hang"]
-TRUNCATED_BODY = '{"id": "cmpl-1", "object": "chat.completion", "created": 0, "choices": [{"index": 0, "message": {"ro'
+TRUNCATED_BODY = (
+    '{"id": "cmpl-1", "object": "chat.completion", "created": 0, "choices": [{"index": 0, '
+    '"message": {"ro'
+)
 NON_JSON_BODY = (
     "<html><head><title>502 Bad Gateway</title></head><body>upstream went away</body></html>"
 )
@@ -74,7 +77,8 @@ class FaultSchedule(BaseModel):
 def schema_stub(
     schema: dict[str, Any] | None, text: str = "keep every name, date and number"
 ) -> Any:
-    """The smallest document valid under a JSON schema (strings: ``text``), for an endpoint that needs no model."""
+    """The smallest document valid under a JSON schema (strings: ``text``), for an endpoint that
+    needs no model."""
     defs = (schema or {}).get("$defs") or (schema or {}).get("definitions") or {}
 
     def visit(node: Any) -> Any:
@@ -101,7 +105,8 @@ def schema_stub(
 
 
 def stub_answer(body: dict[str, Any]) -> tuple[str, Any]:
-    """A ``respond`` behaviour: a schema-valid stub (no model), for tests of everything but the answers.
+    """A ``respond`` behaviour: a schema-valid stub (no model), for tests of everything but the
+    answers.
 
     Its strings vary with the request's seed, as a sampled answer would (an optimizer's
     rollouts then propose distinct candidates).
@@ -218,5 +223,6 @@ class FaultyEndpoint:
 
     @property
     def slow(self) -> int:
-        """Real answers that took longer than the client waited (timeouts the schedule did not inject)."""
+        """Real answers that took longer than the client waited (timeouts the schedule did not
+        inject)."""
         return sum(kind == "slow" for _, kind in self.log)

@@ -65,7 +65,8 @@ from optloop.testing.loopback import LoopbackServer, Reply, chat_completion
 logger = logging.getLogger(__name__)
 
 # What a cache's schema calls may have been decoded under (``Backend.decoding``): the embedded
-# model's default bounds and graphiti's (systems.graphiti_system.local_decoding), an endpoint's modes.
+# model's default bounds and graphiti's (systems.graphiti_system.local_decoding), an endpoint's
+# modes.
 DEFAULT_DECODINGS = (
     "bounds:16x400",
     "bounds:3x80",
@@ -75,7 +76,8 @@ DEFAULT_DECODINGS = (
 
 
 def bundled_identity() -> str:
-    """The identity the embedded LM writes its cache entries under (``LocalLlamaBackend.identity``)."""
+    """The identity the embedded LM writes its cache entries under
+    (``LocalLlamaBackend.identity``)."""
     from optloop.lm.settings import bundled_model_path
 
     path = bundled_model_path()
@@ -126,7 +128,8 @@ def request_keys(body: dict[str, Any], identity: str, decodings: Sequence[str]) 
 
 
 def _probe_answer(body: dict[str, Any]) -> str | None:
-    """The answer to one of optloop's start-up probes (schema mode, concurrency), None for any other request."""
+    """The answer to one of optloop's start-up probes (schema mode, concurrency), None for any
+    other request."""
     from optloop.lm.endpoint import SCHEMA_PROBE
     from optloop.lm.probe import CONCURRENCY_PROBE
 
@@ -204,9 +207,9 @@ class ReplayServer(LoopbackServer):
         port: int = 0,
         fallback: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
     ):
-        """``fallback``: what answers a chat request (its body) the responses do not hold, with a chat completion
-        (recording: the embedded model), its answer then kept in ``responses`` under the request's first key
-        and served from there."""
+        """``fallback``: what answers a chat request (its body) the responses do not hold, with a
+        chat completion (recording: the embedded model), its answer then kept in ``responses``
+        under the request's first key and served from there."""
         self.responses = responses
         self.fallback = fallback
         self._fallback_lock = threading.Lock()
@@ -258,7 +261,8 @@ class ReplayServer(LoopbackServer):
             )
         key = next((k for k in keys if k in self.responses), None)
         if key is None and (probe := _probe_answer(body)) is not None:
-            # the start-up probes: a json_schema endpoint that serves side by side (not in requests or probes)
+            # the start-up probes: a json_schema endpoint that serves side by side (not in requests
+            # or probes)
             with self._lock:
                 self.stats.startup_probes += 1
             usage = {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}

@@ -1,4 +1,5 @@
-"""A loopback OpenAI-compatible endpoint whose behaviour follows a script (:class:`ScriptedOpenAIServer`).
+"""A loopback OpenAI-compatible endpoint whose behaviour follows a script
+(:class:`ScriptedOpenAIServer`).
 
 Each request consumes the next scripted behaviour (the last one repeats):
 
@@ -25,16 +26,17 @@ from typing import Any
 
 from optloop.testing.loopback import LoopbackServer, Reply, chat_completion
 
-# optloop's start-up probes (the schema mode, --concurrency auto) are answered outside the script and
-# recorded in ``probes``, not ``requests``, as a server that takes ``schema_modes`` would answer them;
-# a llama.cpp Python server takes {"json_object", "none"} and answers json_schema with HTTP 500 and
-# pydantic's validation text (LLAMA_CPP_REJECTION, word for word).
+# optloop's start-up probes (the schema mode, --concurrency auto) are answered outside the script
+# and recorded in ``probes``, not ``requests``, as a server that takes ``schema_modes`` would
+# answer them; a llama.cpp Python server takes {"json_object", "none"} and answers json_schema with
+# HTTP 500 and pydantic's validation text (LLAMA_CPP_REJECTION, word for word).
 ALL_SCHEMA_MODES = frozenset({"json_schema", "json_object", "none"})
 LLAMA_CPP_REJECTION = {
     "error": {  # llama-cpp-python 0.3.36's server, word for word
-        "message": "1 validation error:\n  {'type': 'literal_error', 'loc': ('body', 'response_format', 'type'), "
-        "'msg': \"Input should be 'text' or 'json_object'\", 'input': 'json_schema', 'ctx': {'expected': "
-        "\"'text' or 'json_object'\"}}\n\n  Endpoint: POST /v1/chat/completions",
+        "message": "1 validation error:\n  {'type': 'literal_error', 'loc': ('body', "
+        "'response_format', 'type'), 'msg': \"Input should be 'text' or 'json_object'\", "
+        "'input': 'json_schema', 'ctx': {'expected': \"'text' or 'json_object'\"}}\n\n  "
+        "Endpoint: POST /v1/chat/completions",
         "type": "internal_server_error",
         "param": None,
         "code": None,
@@ -156,7 +158,8 @@ def answer_with(
 
 
 class InFlight:
-    """A responder that takes ``seconds`` per request and records the most requests it held at once (``peak``)."""
+    """A responder that takes ``seconds`` per request and records the most requests it held at once
+    (``peak``)."""
 
     def __init__(self, seconds: float):
         self.seconds = seconds

@@ -68,7 +68,8 @@ class Operation(BaseModel):
 
     id: str
     name: str = Field(
-        description="extract | curate | update | delete | store | rewrite | retrieve | rerank | answer"
+        description="extract | curate | update | delete | store | rewrite | retrieve | rerank | "
+        "answer"
     )
     category: Category
     seq: int
@@ -153,9 +154,10 @@ class ExecutionGraph(BaseModel):
         *,
         session_id: str,
     ) -> Operation | None:
-        """One ``delete`` operation for a session's removed memory units (``None`` when there are none): it
-        reads the session's ``sources`` and each unit's last version, and writes its tombstone (the deleted
-        version). The recorder and the MEME trace importer both end a session's store changes with it."""
+        """One ``delete`` operation for a session's removed memory units (``None`` when there are
+        none): it reads the session's ``sources`` and each unit's last version, and writes its
+        tombstone (the deleted version). The recorder and the MEME trace importer both end a
+        session's store changes with it."""
         olds, tombs = [v.id for v in removed], [v.id for v in tombstones]
         if not olds:
             return None
@@ -185,7 +187,8 @@ class ExecutionGraph(BaseModel):
         return {op.id: op for op in self.operations}
 
     def edges(self) -> Iterator[tuple[str, str, str]]:
-        """``(op_id, source, target)`` for every data-flow edge: input var -> op, op -> output var."""
+        """``(op_id, source, target)`` for every data-flow edge: input var -> op, op -> output
+        var."""
         for op in self.operations:
             for vid in op.inputs:
                 yield op.id, vid, op.id
@@ -249,7 +252,8 @@ class ExecutionGraph(BaseModel):
     # --- combining ------------------------------------------------------------------------
 
     def absorb(self, other: ExecutionGraph, since: int) -> list[Operation]:
-        """Append ``other``'s operations from ``since`` on (and the variables they touch) to this graph.
+        """Append ``other``'s operations from ``since`` on (and the variables they touch) to this
+        graph.
 
         ``other`` is this graph's state at ``since`` operations plus more recording (a
         :meth:`Recorder.resume` copy that asked one question): the new operations get the

@@ -35,7 +35,7 @@ from optloop.datasets._io import dataset_error
 from optloop.datasets._model import Episode, Question, Session
 from optloop.datasets.meme_published import Probe, PublishedEpisode, read_all
 from optloop.tracing.graph import ExecutionGraph, Variable
-from optloop.tracing.recorder import similar
+from optloop.tracing.recorder import question_variable, similar
 
 logger = logging.getLogger(__name__)
 
@@ -232,19 +232,7 @@ class _Builder:
         )
 
     def probe(self, question: Question, probe: Probe, context: str) -> None:
-        qvar = self.graph.add_variable(
-            Variable.make(
-                "question",
-                question.id,
-                text=question.question,
-                question_id=question.id,
-                data={
-                    "gold": question.gold,
-                    "evidence_ids": list(question.evidence_ids),
-                    "task_type": question.task_type,
-                },
-            )
-        )
+        qvar = self.graph.add_variable(question_variable(question))
         by_text = {_bare(v.text): v.id for v in self.live.values()}
         items = context_items(context, self.fmt)
         for item in items:
@@ -316,7 +304,8 @@ def build_graph(
     snapshots: Sequence[str],
     dataset: str = "",
 ) -> ExecutionGraph:
-    """The graph of ``system`` on ``episode``: sessions from ``snapshots``, then the episode's probes."""
+    """The graph of ``system`` on ``episode``: sessions from ``snapshots``, then the episode's
+    probes."""
     label = published.labels.get(system) or {}
     graph = ExecutionGraph(
         system=system,
@@ -398,7 +387,8 @@ def import_published(published: PublishedEpisode, dataset: str = "") -> list[Tra
 
 
 def import_traces(path: str | Path) -> list[TraceRun]:
-    """Import every published episode at ``path`` (a checkout directory or ``src/data/<name>.json``)."""
+    """Import every published episode at ``path`` (a checkout directory or
+    ``src/data/<name>.json``)."""
     path = Path(path).expanduser()
     if not path.exists():
         raise dataset_error(

@@ -7,12 +7,12 @@ Two sources feed the graph:
   and outputs (list outputs become one ``fact`` variable per item), its LLM
   calls and retries, and, from the LM layer's call records of the calls made
   inside it, ``lm_attempts``, ``lm_faults`` (each failed attempt: ``HTTP 503``,
-  ``timeout`` ...) and ``lm_error`` (a fault no retry cured); the LM calls made inside a site call are
-  collected in that call's context (an accounting listener), so calls of other threads never count.
-  The callback finds the active recorder in a
+  ``timeout`` ...) and ``lm_error`` (a fault no retry cured); the LM calls made inside a site call
+  are collected in that call's context (an accounting listener), so calls of other threads never
+  count. The callback finds the active recorder in a
   :class:`contextvars.ContextVar`: each thread (an optimizer's worker, say) records into its own
-  recorder, and calls made on graphiti's own event-loop thread, which runs in a copy of the caller's
-  context, are seen by the caller's recorder.
+  recorder, and calls made on graphiti's own event-loop thread, which runs in a copy of the
+  caller's context, are seen by the caller's recorder.
 * **The store**, observed from outside: after each session the recorder diffs
   ``all_memories()`` against the state before it. New units become ``store``
   operations, changed or invalidated ones ``update``, vanished ones ``delete``.
@@ -71,6 +71,21 @@ def _text(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, sort_keys=True)
 
 
+def question_variable(question: Question) -> Variable:
+    """The ``question`` variable of an asked question: its text, gold, evidence and task type."""
+    return Variable.make(
+        "question",
+        question.id,
+        text=question.question,
+        question_id=question.id,
+        data={
+            "gold": question.gold,
+            "evidence_ids": list(question.evidence_ids),
+            "task_type": question.task_type,
+        },
+    )
+
+
 def similar(a: str, b: str) -> float:
     """Token Jaccard similarity: the cheap test of "the same fact, reworded"."""
     ta, tb = set(words(a)), set(words(b))
@@ -78,7 +93,8 @@ def similar(a: str, b: str) -> float:
 
 
 def lm_fault_fields(records: Sequence[CallRecord]) -> dict[str, Any]:
-    """``lm_attempts``, ``lm_faults``, ``lm_error`` of an operation from the LM calls made inside it."""
+    """``lm_attempts``, ``lm_faults``, ``lm_error`` of an operation from the LM calls made inside
+    it."""
     faults = [fault for rec in records for fault in rec.faults]
     error = next((rec.error for rec in reversed(records) if rec.error), None)
     return {
@@ -94,10 +110,11 @@ def active_recorder() -> Recorder | None:
 
 
 class SiteCallback(BaseCallback):
-    """Forwards every prompt-site call to the :class:`Recorder` active in the calling context (if any).
+    """Forwards every prompt-site call to the :class:`Recorder` active in the calling context (if
+    any).
 
-    It holds no state (a call's start is kept by the recorder), so a deep-copied module (an optimizer's
-    candidate) may carry a copy of it.
+    It holds no state (a call's start is kept by the recorder), so a deep-copied module (an
+    optimizer's candidate) may carry a copy of it.
     """
 
     def on_module_start(self, call_id: str, instance: Any, inputs: dict[str, Any]) -> None:
@@ -199,7 +216,8 @@ class Recorder:
 
     @contextmanager
     def _scoped(self, category: Category, inputs: list[str], **ids: Any) -> Iterator[list[str]]:
-        """Site calls inside this block consume ``inputs`` (and earlier calls' outputs in the block)."""
+        """Site calls inside this block consume ``inputs`` (and earlier calls' outputs in the
+        block)."""
         self._attach()
         self._scope = {"category": category, "inputs": list(inputs), **ids}
         self._scope_ops = []
@@ -211,7 +229,8 @@ class Recorder:
     # --- site calls (from the callback) ---------------------------------------------------
 
     def _call_started(self, call_id: str, inputs: dict[str, Any]) -> None:
-        # The LM calls made inside this site call, in this context only (a nested site call's are ours too).
+        # The LM calls made inside this site call, in this context only (a nested site call's are
+        # ours too).
         records, token = start_collecting()
         with self._lock:
             self._starts[call_id] = (current_site(), inputs, time.perf_counter(), records, token)
@@ -369,7 +388,8 @@ class Recorder:
             mid: self._memory_var(mid, item, status, session, messages)
             for mid, item, status in added
         }
-        # A unit replaced by a near-identical new one (text-keyed stores) is an update, not delete + add.
+        # A unit replaced by a near-identical new one (text-keyed stores) is an update, not
+        # delete + add.
         rewritten: dict[str, str] = {}
         for old_id in removed:
             old_text = self._memory[old_id].text
@@ -476,19 +496,7 @@ class Recorder:
 
     def ask(self, question: Question) -> str:
         """Retrieve and answer ``question``, recording both; returns the prediction."""
-        qvar = self.graph.add_variable(
-            Variable.make(
-                "question",
-                question.id,
-                text=question.question,
-                question_id=question.id,
-                data={
-                    "gold": question.gold,
-                    "evidence_ids": list(question.evidence_ids),
-                    "task_type": question.task_type,
-                },
-            )
-        )
+        qvar = self.graph.add_variable(question_variable(question))
         with self._scoped("retrieve", [qvar.id], question_id=question.id) as ops:
             started = time.perf_counter()
             items = self.system.retrieve(question.question)
@@ -587,8 +595,8 @@ def record_episode(
 ) -> tuple[ExecutionGraph, dict[str, str]]:
     """Ingest ``episode`` into ``system`` and answer its questions, recording everything.
 
-    A convenience for tests and notebooks; the product runs episodes through :func:`optloop.pipeline.run_episode`,
-    whose private-store mode records the same graph.
+    A convenience for tests and notebooks; the product runs episodes
+    through :func:`optloop.pipeline.run_episode`, whose private-store mode records the same graph.
     """
     with Recorder(system, episode, dataset=dataset) as recorder:
         recorder.ingest(episode.sessions)

@@ -50,7 +50,8 @@ MAX_KEY_WORDS = 6
 
 
 class Fact(BaseModel):
-    """One fact to store: its key as stored, its value (several values of a key merged), its category."""
+    """One fact to store: its key as stored, its value (several values of a key merged), its
+    category."""
 
     key: str
     label: str

@@ -1,4 +1,5 @@
-"""Forgetting by rule, not by the LM: which messages are forget requests, what they remove, what they redact.
+"""Forgetting by rule, not by the LM: which messages are forget requests, what they remove, what
+they redact.
 
 A user message that *starts* as a request to forget, delete or erase something
 (:func:`forget_request`) removes every LTM key that best matches what it names
@@ -37,17 +38,18 @@ _WHAT_FILLER = re.compile(
     re.IGNORECASE,
 )
 
-# Words that name which attribute of a thing is meant ("my cousin's *name*", "the *code* for my unit"): a
-# sentence that stores the attribute gives its value ("my cousin, Leocadia"), not the word, so a sentence to
-# forget needs only the other words of the request. (Found by the embedded-LM test: a summary held "my
-# cousin, Leocadia" and survived "forget my cousin's name".)
+# Words that name which attribute of a thing is meant ("my cousin's *name*", "the *code* for my
+# unit"): a sentence that stores the attribute gives its value ("my cousin, Leocadia"), not the
+# word, so a sentence to forget needs only the other words of the request. (Found by the
+# embedded-LM test: a summary held "my cousin, Leocadia" and survived "forget my cousin's name".)
 _ATTRIBUTE_WORDS = frozenset(
     {"name", "code", "number", "value", "detail", "info", "information", "address"}
 )
 
 
 def forget_request(message: str) -> str | None:
-    """What a "forget ..." request names (``"code for my storage unit"``), or ``None`` if the message is not one.
+    """What a "forget ..." request names (``"code for my storage unit"``), or ``None`` if the
+    message is not one.
 
     Only a message that *starts* as a request counts ("Please forget my locker code",
     "Could you delete my old address?"); "I always forget my keys" does not.
@@ -60,8 +62,8 @@ def forget_request(message: str) -> str | None:
 
 
 def subject_words(what: str) -> set[str]:
-    """The words a sentence must all use to be about what a forget request names: its content words less the
-    attribute words, unless that leaves none."""
+    """The words a sentence must all use to be about what a forget request names: its content words
+    less the attribute words, unless that leaves none."""
     content = words(what)
     return (content - _ATTRIBUTE_WORDS) or content
 
@@ -69,8 +71,8 @@ def subject_words(what: str) -> set[str]:
 def redact(
     text: str, values: Sequence[str], what_words: set[str] | frozenset[str] = frozenset()
 ) -> str:
-    """``text`` with each value (as whole words) and each sentence using all of ``what_words`` replaced by
-    ``[forgotten]``."""
+    """``text`` with each value (as whole words) and each sentence using all of ``what_words``
+    replaced by ``[forgotten]``."""
     for value in values:
         if value.strip():
             text = re.sub(
@@ -117,9 +119,10 @@ def forget(
     turn_id: str | None = None,
     timestamp: str | None = None,
 ) -> list[str]:
-    """Forget what ``what`` names: the best-matching LTM keys go (live row and history), and their values,
-    and every sentence using all of ``what``'s words, become ``[forgotten]`` in STM and MTM (the request's
-    own turn excepted). Returns the keys removed; the ``forgotten`` table records the request."""
+    """Forget what ``what`` names: the best-matching LTM keys go (live row and history), and their
+    values, and every sentence using all of ``what``'s words, become ``[forgotten]`` in STM and MTM
+    (the request's own turn excepted). Returns the keys removed; the ``forgotten`` table records
+    the request."""
     keys = match_keys(store, what)
     what_words = subject_words(what)
     with store.transaction() as db:
@@ -151,8 +154,8 @@ def forget(
                     (*cleaned, row["id"]),
                 )
         db.execute(
-            "INSERT INTO forgotten(request, what, keys, session_id, turn_id, timestamp, rows_removed, "
-            "texts_redacted) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO forgotten(request, what, keys, session_id, turn_id, timestamp, "
+            "rows_removed, texts_redacted) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 request or f"forget {what}",
                 what,

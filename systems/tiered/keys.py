@@ -17,14 +17,15 @@ from optloop.text import words as text_words
 
 _STOPWORDS = frozenset(
     """a an the i me my mine we our you your he she it its they them their is am are was were be
-been being do does did have has had of to in on at for with from by about as and or but not no so that this these
-those what which who whom when where why how please can could would will just also all any some anything everything
-now then there here from user users s""".split()
+been being do does did have has had of to in on at for with from by about as and or but not no so
+that this these those what which who whom when where why how please can could would will just
+also all any some anything everything now then there here from user users s""".split()
 )
 
 
 def words(text: str) -> set[str]:
-    """Content words (the one tokenizer, optloop.text.words, singular, stop words out); ``_`` splits words."""
+    """Content words (the one tokenizer, optloop.text.words, singular, stop words out); ``_``
+    splits words."""
     return {singular(t) for t in text_words(text.replace("_", " ")) if t not in _STOPWORDS}
 
 
@@ -33,7 +34,8 @@ def normalize_value(value: str) -> str:
 
 
 def slug(key: str) -> str:
-    """A key as stored: lower case, words joined by ``_``, without a leading ``my_`` / ``user_``."""
+    """A key as stored: lower case, words joined by ``_``, without a leading ``my_`` /
+    ``user_``."""
     text = re.sub(r"[^a-z0-9]+", "_", key.lower()).strip("_")
     for prefix in ("user_s_", "users_", "user_", "my_", "the_"):
         if text.startswith(prefix) and len(text) > len(prefix):
@@ -62,28 +64,28 @@ CATEGORIES: dict[str, frozenset[str]] = {
         "pet dog cat puppy kitten hamster parrot rabbit horse fish vet groomer".split()
     ),
     "family": frozenset(
-        """family sister brother sibling mother mom mum father dad parent niece nephew cousin aunt uncle
-        grandmother grandma grandfather grandpa grandparent son daughter child kid baby wife husband partner spouse
-        fiance fiancee""".split()
+        """family sister brother sibling mother mom mum father dad parent niece nephew cousin
+        aunt uncle grandmother grandma grandfather grandpa grandparent son daughter child kid baby
+        wife husband partner spouse fiance fiancee""".split()
     ),
     "people": frozenset(
         "friend neighbour neighbor roommate flatmate birthday anniversary".split()
     ),
     "work": frozenset(
-        """work job career manager boss colleague coworker office employer company team project salary
-        occupation profession role client""".split()
+        """work job career manager boss colleague coworker office employer company team project
+        salary occupation profession role client""".split()
     ),
     "health": frozenset(
         """health allergy allergic doctor dentist medication medicine gluten vegan vegetarian diet
         blood condition therapist""".split()
     ),
     "travel": frozenset(
-        """travel trip flight seat gate train platform airport hotel passport ticket vacation holiday
-        departure depart""".split()
+        """travel trip flight seat gate train platform airport hotel passport ticket vacation
+        holiday departure depart""".split()
     ),
     "home": frozenset(
-        """home address city town live flat apartment house street neighbourhood neighborhood storage
-        garage parking car moved""".split()
+        """home address city town live flat apartment house street neighbourhood neighborhood
+        storage garage parking car moved""".split()
     ),
     "food": frozenset(
         "food tea coffee drink dish meal cuisine restaurant fruit snack dessert wine beer".split()
@@ -95,13 +97,15 @@ GENERAL = "general"
 
 
 def category_of(text: str) -> str:
-    """The first category (in :data:`CATEGORIES` order) one of whose words ``text`` uses, else ``general``."""
+    """The first category (in :data:`CATEGORIES` order) one of whose words ``text`` uses, else
+    ``general``."""
     tokens = words(text)
     return next((name for name, vocabulary in CATEGORIES.items() if tokens & vocabulary), GENERAL)
 
 
 def file_under(key: str, written: str | None) -> str:
-    """A fact's category: its key's (:func:`category_of`), else the model's when it is a category."""
+    """A fact's category: its key's (:func:`category_of`), else the model's when it is a
+    category."""
     from_key = category_of(key)
     if from_key != GENERAL or written not in CATEGORIES:
         return from_key
@@ -109,7 +113,8 @@ def file_under(key: str, written: str | None) -> str:
 
 
 def grounded(value: str, source: str) -> bool:
-    """Whether at least half of the value's content words occur in ``source`` (the message and its context)."""
+    """Whether at least half of the value's content words occur in ``source`` (the message and its
+    context)."""
     value_words = words(value)
     if not value_words:
         return normalize_value(value) in normalize_value(source)

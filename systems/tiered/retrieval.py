@@ -1,4 +1,5 @@
-"""What ``tiered`` puts in context: LTM facts by similarity, recent MTM summaries, the conversation.
+"""What ``tiered`` puts in context: LTM facts by similarity, recent MTM summaries, the
+conversation.
 
 The ``search_recipe`` knob decides which facts and summaries may be searched at all:
 ``similarity`` (every one), ``category`` (only the category the question is routed to,
@@ -28,7 +29,8 @@ def allowed_categories(recipe: str, query: str) -> set[str] | None:
 
 
 def search(store: TieredStore, knobs: Mapping[str, Any], query: str, k: int) -> list[MemoryItem]:
-    """The ``k`` live LTM facts most similar to ``query`` within the recipe's categories, at least ``threshold``."""
+    """The ``k`` live LTM facts most similar to ``query`` within the recipe's categories, at least
+    ``threshold``."""
     allowed = allowed_categories(str(knobs["search_recipe"]), query)
     facts = [
         f

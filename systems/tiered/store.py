@@ -80,7 +80,8 @@ CREATE TABLE IF NOT EXISTS ltm (             -- long term: key/value facts, hist
     session_id    TEXT,
     turn_id       TEXT,
     timestamp     TEXT,
-    grounded      INTEGER NOT NULL,          -- the value's words occur in the message or its context
+    grounded      INTEGER NOT NULL,          -- the value's words occur in the message or its \
+context
     written_keys  TEXT NOT NULL DEFAULT '[]', -- JSON: the keys as the extraction stage wrote them
     embedding     BLOB NOT NULL              -- float32, the embedder named in meta
 );
@@ -351,7 +352,8 @@ class TieredStore:
         ]
 
     def history(self, key: str) -> list[dict[str, Any]]:
-        """Every row a key has had, oldest first: ``value``, ``status``, ``superseded_by``, ``session_id``."""
+        """Every row a key has had, oldest first: ``value``, ``status``, ``superseded_by``,
+        ``session_id``."""
         with self.lock:
             rows = self.db.execute(
                 "SELECT id, value, status, superseded_by, session_id, turn_id, timestamp FROM ltm "
@@ -443,8 +445,8 @@ class TieredStore:
     ) -> None:
         with self.transaction() as db:
             db.execute(
-                "INSERT OR REPLACE INTO stm(turn_id, session_id, seq, role, speaker, content, timestamp, "
-                "extraction) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                "INSERT OR REPLACE INTO stm(turn_id, session_id, seq, role, speaker, content, "
+                "timestamp, extraction) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (turn_id, session_id, seq, role, speaker, content, timestamp, extraction),
             )
 
@@ -489,8 +491,8 @@ class TieredStore:
             seq = db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM sessions").fetchone()[0]
             if summary:
                 db.execute(
-                    "INSERT OR REPLACE INTO mtm(session_id, seq, summary, categories, turn_ids, created_at, "
-                    "expires_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    "INSERT OR REPLACE INTO mtm(session_id, seq, summary, categories, turn_ids, "
+                    "created_at, expires_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
                     (
                         session_id,
                         seq,
@@ -520,7 +522,8 @@ class TieredStore:
         timestamp: str | None = None,
         is_grounded: bool = True,
     ) -> Action:
-        """Write one fact: a new key is stored, a new value for a held key supersedes the old row."""
+        """Write one fact: a new key is stored, a new value for a held key supersedes the old
+        row."""
         with self.lock:
             live = self.db.execute(
                 "SELECT id, value FROM ltm WHERE key = ? AND status = 'live'", (fact.key,)
@@ -558,8 +561,8 @@ class TieredStore:
         return "superseded" if live is not None else "stored"
 
     def delete_keys(self, keys: list[str]) -> list[sqlite3.Row]:
-        """Remove every row (live and history) of ``keys``; returns the rows removed (``id``, ``value``).
-        Call inside :meth:`transaction`."""
+        """Remove every row (live and history) of ``keys``; returns the rows removed (``id``,
+        ``value``). Call inside :meth:`transaction`."""
         if not keys:
             return []
         marks = ",".join("?" * len(keys))

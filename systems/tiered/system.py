@@ -1,4 +1,5 @@
-"""The ``tiered`` system: the ingestion flow (STM, extraction, MTM) and the protocol over the store."""
+"""The ``tiered`` system: the ingestion flow (STM, extraction, MTM) and the protocol over the
+store."""
 
 from __future__ import annotations
 
@@ -49,7 +50,8 @@ class TieredSystem(MemorySystem):
         "stm_turns": (0, 2, 6, 12),
         "search_recipe": ("similarity", "category"),
     }
-    # The knob that decides what a search returns: a fact outside the recipe's categories is never found.
+    # The knob that decides what a search returns: a fact outside the recipe's categories is never
+    # found.
     search_knob: ClassVar[str | None] = "search_recipe"
     # At most four short facts a message and a few-sentence summary: bounds that keep a local
     # model's answers closed (a 135M model repeats one object until the array's bound).
@@ -143,7 +145,8 @@ class TieredSystem(MemorySystem):
         self._end_conversation(session, stored_categories)
 
     def _after_user_message(self, session: Session, turn: Turn) -> set[str]:
-        """The extraction stage for one user message (or the forget rule); the categories it stored."""
+        """The extraction stage for one user message (or the forget rule); the categories it
+        stored."""
         what = forget_request(turn.content)
         if what is not None:
             keys = forget(
@@ -219,7 +222,8 @@ class TieredSystem(MemorySystem):
         return {fact.category for fact in parsed.facts}
 
     def _end_conversation(self, session: Session, stored_categories: set[str]) -> None:
-        """The summarize site writes the conversation's MTM summary; the session is then marked ingested."""
+        """The summarize site writes the conversation's MTM summary; the session is then marked
+        ingested."""
         turns = [t for t in self.store.stm_turns() if t.session_id == session.id]
         header = f"Conversation {session.id}" + (
             f" ({session.timestamp})" if session.timestamp else ""
@@ -295,7 +299,8 @@ class TieredSystem(MemorySystem):
                 isinstance(value, bool) or not isinstance(value, int | float)
             ):
                 raise ConfigError(
-                    f"tiered knob threshold must be a number (or None for no threshold), got {value!r}"
+                    "tiered knob threshold must be a number (or None for no threshold), "
+                    f"got {value!r}"
                 )
         elif name == "search_recipe":
             ok = isinstance(value, str) and (
@@ -309,13 +314,15 @@ class TieredSystem(MemorySystem):
                 )
 
     def apply_pack(self, pack: dict[str, Any]) -> None:
-        """Use a prompt pack (``python -m optloop.export --format pack``): its instructions and knobs."""
+        """Use a prompt pack (``python -m optloop.export --format pack``): its instructions and
+        knobs."""
         if pack.get("system") not in (None, self.name):
             raise ConfigError(f"the prompt pack is for {pack.get('system')}, not {self.name}")
         for site, text in (pack.get("prompts") or {}).items():
             if site not in self._sites:
                 raise ConfigError(
-                    f"the prompt pack names site {site!r}; {self.name} has {', '.join(self._sites)}"
+                    f"the prompt pack names site {site!r}; {self.name} has "
+                    f"{', '.join(self._sites)}"
                 )
             self._check_pack_schema(site, (pack.get("sites") or {}).get(site))
             self._sites[site].set_instructions(text)

@@ -1,4 +1,5 @@
-"""``python -m experiments.bench.attribution``: fault selection fails fast; no LM is loaded here."""
+"""``python -m experiments.bench.attribution``: fault selection fails fast; no LM is loaded
+here."""
 
 from __future__ import annotations
 

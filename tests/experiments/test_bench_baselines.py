@@ -99,8 +99,8 @@ def test_default_plan_skips_slow_systems_and_absent_memfail_tasks(
 def test_default_plan_takes_the_memfail_tasks_present(monkeypatch, tmp_path: Path) -> None:
     (tmp_path / "memfail").mkdir()
     (tmp_path / "memfail" / "persona_dataset.csv").write_text(
-        'entity,entity_facts,questions\nAda,"[""Ada paints.""]","[{""text"": ""What does Ada do?"", '
-        '""ground_truth_answer"": ""paints""}]"\n',
+        'entity,entity_facts,questions\nAda,"[""Ada paints.""]","[{""text"": ""What does Ada '
+        'do?"", ""ground_truth_answer"": ""paints""}]"\n',
         encoding="utf-8",
     )
     monkeypatch.setenv("OPTLOOP_SHARED_DATA", str(tmp_path))
@@ -115,7 +115,8 @@ def test_default_plan_takes_the_memfail_tasks_present(monkeypatch, tmp_path: Pat
 def test_flags_override_the_config(tmp_path: Path) -> None:
     path = tmp_path / "exp.toml"
     path.write_text(
-        'name = "x"\nsystems = ["md_flat", "rag_bm25"]\ndatasets = ["builtin:tiny", "builtin:meme"]\n'
+        'name = "x"\nsystems = ["md_flat", "rag_bm25"]\ndatasets = ["builtin:tiny", '
+        '"builtin:meme"]\n'
         "episodes = 1\n"
     )
     plan = baselines.make_plan(_args(config=path))
@@ -164,7 +165,8 @@ def test_task_labels_carry_the_family_and_keep_conditional_difficulty_apart() ->
 
 
 class EchoSystem:
-    """Stands in for a memory system: answers with everything ingested, one fake LM call per session."""
+    """Stands in for a memory system: answers with everything ingested, one fake LM call per
+    session."""
 
     def __init__(self, lm, run_dir: Path, *, embedder=None) -> None:
         self.lm, self.text = lm, ""

@@ -1,5 +1,5 @@
-"""The worked endpoint estimate: per-session and per-question figures from a recording, projected by
-``optloop.run --estimate``'s run model, the optimizer's own calls included."""
+"""The worked endpoint estimate: per-session and per-question figures from a recording, projected
+by ``optloop.run --estimate``'s run model, the optimizer's own calls included."""
 
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ from optloop.loop.state import Checkpoint
 
 def recording() -> Recording:
     # builtin:tiny: 4 episodes, 8 sessions, 9 questions
-    # the extraction site: 8 of its 16 requests computed (the rest served by the cache), so tokens count double
+    # the extraction site: 8 of its 16 requests computed (the rest served by the cache), so tokens
+    # count double
     sites = {
         "graphiti.extract_nodes": LMCost(calls=16, model_calls=8, tokens=800, prompt_tokens=600),
         "answer": LMCost(calls=9, model_calls=9, tokens=900, prompt_tokens=810),
@@ -166,7 +167,8 @@ def test_the_bench_and_the_products_estimate_agree_on_the_same_baseline():
 
 
 def test_at_a_high_concurrency_the_longest_conversations_chain_sets_the_time():
-    # 4 dev conversations of 2 sessions: 25 requests an evaluation; the longest chains 2 x 2 + 1 = 5, at 0.5 s each
+    # 4 dev conversations of 2 sessions: 25 requests an evaluation; the longest chains 2 x 2 + 1 =
+    # 5, at 0.5 s each
     figures, unit, shape = modeled(concurrency=16)
     trials, test = figures.parts[1], figures.parts[3]
     for part in (trials, test):
@@ -198,29 +200,19 @@ def table_rows(out: str) -> dict[str, list[str]]:
     return {row[0]: row[1:] for row in rows}
 
 
-def test_the_run_adds_baseline_trials_optimizer_and_test(tmp_path, capsys, monkeypatch):
+def estimated(tmp_path, capsys, monkeypatch, *extra: str) -> str:
+    """The printed estimate of 3 trials on 4 conversations shaped as builtin:tiny (2 sessions and
+    2.25 questions per conversation; split 2/1/1), at concurrency 1."""
     monkeypatch.setenv("COLUMNS", "200")  # one line a row
     path = tmp_path / "recording.json"
     path.write_text(recording().model_dump_json())
-    # builtin:tiny as the shape: 2 sessions and 2.25 questions per conversation; 4 conversations -> 2/1/1
-    assert (
-        estimate.main(
-            [
-                "--recording",
-                str(path),
-                "--dataset",
-                "builtin:tiny",
-                "--conversations",
-                "4",
-                "--budget",
-                "3",
-                "--n",
-                "1",
-            ]
-        )
-        == 0
-    )
-    out = capsys.readouterr().out
+    argv = ["--recording", str(path), "--dataset", "builtin:tiny", "--conversations", "4"]
+    assert estimate.main([*argv, "--budget", "3", "--n", "1", *extra]) == 0
+    return capsys.readouterr().out
+
+
+def test_the_run_adds_baseline_trials_optimizer_and_test(tmp_path, capsys, monkeypatch):
+    out = estimated(tmp_path, capsys, monkeypatch)
     rows = table_rows(out)
     assert list(rows) == [
         "baseline (train + dev)",
@@ -237,29 +229,8 @@ def test_the_run_adds_baseline_trials_optimizer_and_test(tmp_path, capsys, monke
 
 
 def test_the_optimizer_is_chosen_by_option(tmp_path, capsys, monkeypatch):
-    monkeypatch.setenv("COLUMNS", "200")
-    path = tmp_path / "recording.json"
-    path.write_text(recording().model_dump_json())
-    assert (
-        estimate.main(
-            [
-                "--recording",
-                str(path),
-                "--dataset",
-                "builtin:tiny",
-                "--conversations",
-                "4",
-                "--budget",
-                "3",
-                "--n",
-                "1",
-                "--optimizer",
-                "optuna",
-            ]
-        )
-        == 0
-    )
-    assert "optimizer (optuna, modeled)" in table_rows(capsys.readouterr().out)
+    out = estimated(tmp_path, capsys, monkeypatch, "--optimizer", "optuna")
+    assert "optimizer (optuna, modeled)" in table_rows(out)
 
 
 def test_a_system_not_recorded_is_a_clear_error(tmp_path):

@@ -1,4 +1,5 @@
-"""The MEME published-traces benchmark on the hand-written fixture: its figures, JSON keys and tables."""
+"""The MEME published-traces benchmark on the hand-written fixture: its figures, JSON keys and
+tables."""
 
 from __future__ import annotations
 

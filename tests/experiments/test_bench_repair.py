@@ -1,4 +1,5 @@
-"""The repair benchmark's bookkeeping, without a model: sabotages, the clean-text witness, aggregates, targets."""
+"""The repair benchmark's bookkeeping, without a model: sabotages, the clean-text witness,
+aggregates, targets."""
 
 from __future__ import annotations
 

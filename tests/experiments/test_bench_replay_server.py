@@ -1,4 +1,5 @@
-"""The replay endpoint of the throughput benchmark: answers from an optloop LM cache, with latency and 429s."""
+"""The replay endpoint of the throughput benchmark: answers from an optloop LM cache, with latency
+and 429s."""
 
 from __future__ import annotations
 
@@ -49,7 +50,8 @@ def echo(body: dict) -> tuple[str, str]:
 
 @pytest.fixture
 def recorded(tmp_path) -> tuple[Path, str, list[str]]:
-    """A tiny LM cache written by a real OptloopLM against the scripted endpoint: (file, identity, answers)."""
+    """A tiny LM cache written by a real OptloopLM against the scripted endpoint: (file, identity,
+    answers)."""
     path = tmp_path / "recorded.sqlite"
     with ScriptedOpenAIServer([("respond", echo)]) as server:
         lm = OptloopLM(
@@ -160,8 +162,9 @@ def test_a_retry_after_sent_as_an_http_date_is_honoured(recorded):
 def test_answers_recorded_from_the_embedded_model_are_found_under_its_identity_and_bounds(
     monkeypatch, tmp_path
 ):
-    """The benchmark records once on the embedded LM (identity ``local:<gguf>:<size>``, schema calls decoded under
-    ``bounds:16x400``), then replays to an endpoint LM: the endpoint's requests must find those entries."""
+    """The benchmark records once on the embedded LM (identity ``local:<gguf>:<size>``, schema
+    calls decoded under ``bounds:16x400``), then replays to an endpoint LM: the endpoint's requests
+    must find those entries."""
     from optloop.lm import LocalLlamaBackend
 
     class Recorded:
@@ -260,9 +263,9 @@ def test_the_command_line_serves_until_terminated_and_reports_its_stats(recorded
 
 
 def test_a_request_the_recording_lacks_is_answered_by_the_fallback_once_and_kept(tmp_path):
-    """Recording through the server (``experiments.bench.batch``): a miss is computed by the fallback (there, the
-    embedded model), kept under the request's key and served from the responses the next time, as a replay
-    would serve it."""
+    """Recording through the server (``experiments.bench.batch``): a miss is computed by the
+    fallback (there, the embedded model), kept under the request's key and served from the
+    responses the next time, as a replay would serve it."""
     asked: list[Any] = []
 
     def fallback(body: dict[str, Any]) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""The throughput benchmark end to end: record on a stand-in for the embedded LM, replay at N = 1 and 2."""
+"""The throughput benchmark end to end: record on a stand-in for the embedded LM, replay at N = 1
+and 2."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ DATASET = "builtin:tiny?limit=2"
 
 @pytest.fixture
 def recorded(tmp_path, monkeypatch):
-    """``record`` of md_flat and mem0 with llama.cpp replaced by :class:`OracleLlama` (no model is loaded)."""
+    """``record`` of md_flat and mem0 with llama.cpp replaced by :class:`OracleLlama` (no model is
+    loaded)."""
     model = tmp_path / "oracle.gguf"
     model.write_bytes(b"gguf")
     llama = OracleLlama(gold_answers(load_dataset(DATASET).episodes))

@@ -1,4 +1,5 @@
-"""docs/benchmarks.md is generated from the results files, and every results file carries its provenance."""
+"""docs/benchmarks.md is generated from the results files, and every results file carries its
+provenance."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from experiments import report
 
 def test_benchmarks_page_is_up_to_date_with_the_results_files():
     assert report.PAGE.read_text(encoding="utf-8") == report.render(), (
-        "docs/benchmarks.md differs from experiments/results/*.json: run python -m experiments.report"
+        "docs/benchmarks.md differs from experiments/results/*.json: run python -m "
+        "experiments.report"
     )
 
 

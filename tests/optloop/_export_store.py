@@ -1,4 +1,5 @@
-"""A real MLflow store holding what ``optloop.run`` leaves behind, for the export and product tests.
+"""A real MLflow store holding what ``optloop.run`` leaves behind, for the export and product
+tests.
 
 The runs are made with real MLflow calls and optloop's own record/candidate code,
 laid out as ``Loop._finish`` lays out a parent run: ``prompts_after.json`` (site ->
@@ -111,7 +112,8 @@ def _finished_run(
 
 
 def build_store(root: Path) -> Store:
-    """A store with a finished mem0 run, a finished graphiti run, an unfinished run and a foreign run."""
+    """A store with a finished mem0 run, a finished graphiti run, an unfinished run and a foreign
+    run."""
     import mlflow
 
     store = Store(mlruns=root)
@@ -156,7 +158,8 @@ def build_store(root: Path) -> Store:
 
 
 def use_store(store: Store, mlruns: Path) -> str:
-    """Copy the template store's database into ``mlruns`` (the test's OPTLOOP_MLRUNS); returns its URI.
+    """Copy the template store's database into ``mlruns`` (the test's OPTLOOP_MLRUNS); returns its
+    URI.
 
     Artifacts stay in the template's directory (runs point at them by absolute path).
     """

@@ -1,4 +1,5 @@
-"""``python -m optloop.attribute``: bad input fails before any work; a real run leaves reports and traces."""
+"""``python -m optloop.attribute``: bad input fails before any work; a real run leaves reports and
+traces."""
 
 from __future__ import annotations
 
@@ -53,8 +54,8 @@ def test_list_faults_prints_every_fault_of_the_catalogue_across_stages(capsys, m
 def _answers(
     reply: Callable[[str], str],
 ) -> tuple[str, Callable[[dict[str, Any]], tuple[str, Any]]]:
-    """A scripted endpoint's behaviour: every chat request answered ``{"answer": reply(user message)}``
-    (rag_bm25 sends the LM nothing but its answer-site calls)."""
+    """A scripted endpoint's behaviour: every chat request answered ``{"answer": reply(user
+    message)}`` (rag_bm25 sends the LM nothing but its answer-site calls)."""
 
     def respond(body: dict[str, Any]) -> tuple[str, Any]:
         user = next((m["content"] for m in reversed(body["messages"]) if m["role"] == "user"), "")
@@ -70,8 +71,8 @@ def _lm_flags(server: ScriptedOpenAIServer) -> list[str]:
 def test_attribute_run_writes_reports_and_mlflow_traces_with_operation_spans(
     tmp_path, isolated_state
 ):
-    """An endpoint that never knows the answer: every question fails, so every failure must be attributed,
-    kept as a graph and mirrored as an MLflow trace whose spans are the operations."""
+    """An endpoint that never knows the answer: every question fails, so every failure must be
+    attributed, kept as a graph and mirrored as an MLflow trace whose spans are the operations."""
     out = tmp_path / "out"
     with ScriptedOpenAIServer([_answers(lambda user: "I don't know")]) as server:
         code = run_cli(
@@ -114,8 +115,9 @@ def test_attribute_run_writes_reports_and_mlflow_traces_with_operation_spans(
 
 
 def test_planted_faults_report_has_accuracy_fields(tmp_path):
-    """An endpoint that answers right whenever the retrieved memories hold the gold answer: the clean run
-    passes, so the planted ``answer-unknown`` fault induces failures, and each must be scored."""
+    """An endpoint that answers right whenever the retrieved memories hold the gold answer: the
+    clean run passes, so the planted ``answer-unknown`` fault induces failures, and each must be
+    scored."""
     golds = [q.gold for e in load_dataset("builtin:tiny?limit=1").episodes for q in e.questions]
 
     def reply(user: str) -> str:
@@ -161,9 +163,10 @@ def test_planted_faults_report_has_accuracy_fields(tmp_path):
 def test_planted_report_with_no_induced_failure_says_so_and_scores_every_caused_failure(
     tmp_path, monkeypatch
 ):
-    """``--faults planted`` end to end with the harness and the LM faked (the mem0 example: 0 induced
-    failures, 4 set aside): nothing-to-score instead of 0.000, the all-failures figure, the set-aside
-    failures with their reasons, the denominators; in the text, the JSON and the markdown."""
+    """``--faults planted`` end to end with the harness and the LM faked (the mem0 example: 0
+    induced failures, 4 set aside): nothing-to-score instead of 0.000, the all-failures figure, the
+    set-aside failures with their reasons, the denominators; in the text, the JSON and the
+    markdown."""
     from rich.console import Console
 
     import optloop.attribute as cli

@@ -1,4 +1,5 @@
-"""``python -m optloop.attribute --from-traces meme:<dir>``: offline, no LM made, reports and graphs written."""
+"""``python -m optloop.attribute --from-traces meme:<dir>``: offline, no LM made, reports and
+graphs written."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""docs/cli.md is what the parsers say: a flag added, removed or reworded in code fails here until the
-reference is written again (``python -m optloop.clidoc > docs/cli.md``)."""
+"""docs/cli.md is what the parsers say: a flag added, removed or reworded in code fails here until
+the reference is written again (``python -m optloop.clidoc > docs/cli.md``)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
 
 def test_docs_cli_md_is_generated_from_the_parsers():
     assert DOC.read_text(encoding="utf-8") == clidoc.render(), (
-        "docs/cli.md drifted from the command-line parsers; write it again: python -m optloop.clidoc > docs/cli.md"
+        "docs/cli.md drifted from the command-line parsers; write it again: python -m "
+        "optloop.clidoc > docs/cli.md"
     )
 
 

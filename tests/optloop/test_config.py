@@ -17,7 +17,8 @@ NEEDS_NO_FILES = {"builtin", "synthetic"}
 
 
 def test_the_readme_lists_exactly_the_config_files() -> None:
-    """The parametrized tests below run once per file: the files must be there, and each documented."""
+    """The parametrized tests below run once per file: the files must be there, and each
+    documented."""
     import re
 
     listed = set(

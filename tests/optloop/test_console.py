@@ -1,4 +1,5 @@
-"""The ``optloop`` command: a subcommand per job over each module's own parser, and a cheap import."""
+"""The ``optloop`` command: a subcommand per job over each module's own parser, and a cheap
+import."""
 
 from __future__ import annotations
 
@@ -47,8 +48,8 @@ def test_a_usage_error_in_a_subcommand_is_its_own_one_line(capsys):
 
 def test_importing_optloop_loads_no_library_and_sets_no_environment():
     code = (
-        "import os, sys; before = dict(os.environ); import optloop; "
-        "heavy = [m for m in ('dspy', 'mlflow', 'mem0', 'torch', 'llama_cpp', 'pydantic') if m in sys.modules]; "
+        "import os, sys; before = dict(os.environ); import optloop; heavy = [m for m in "
+        "('dspy', 'mlflow', 'mem0', 'torch', 'llama_cpp', 'pydantic') if m in sys.modules]; "
         "print(heavy, sorted(set(os.environ) - set(before)))"
     )
     env = {

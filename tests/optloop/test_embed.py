@@ -1,4 +1,5 @@
-"""Embeddings: the bundled MiniLM (real model, offline) and an OpenAI-compatible endpoint over loopback."""
+"""Embeddings: the bundled MiniLM (real model, offline) and an OpenAI-compatible endpoint over
+loopback."""
 
 from __future__ import annotations
 

@@ -23,7 +23,13 @@ from optloop.product_templates.mem0_prompts import sha256
 from optloop.testing.scripted import ScriptedOpenAIServer
 from signatures.graphiti import library_system_prompt
 from signatures.mem0 import AGENT_CONTEXT_SUFFIX
-from tests.optloop._export_store import EDGE_RULE, EDGE_SITE, MEM0_RULE, store, template  # noqa: F401 (fixtures)
+from tests.optloop._export_store import (
+    EDGE_RULE,
+    EDGE_SITE,
+    MEM0_RULE,
+    store,  # noqa: F401 (a fixture)
+    template,  # noqa: F401 (a fixture)
+)
 
 
 def export(*args: str) -> int:
@@ -121,14 +127,16 @@ def test_schema_mode_json_object_is_what_a_llama_cpp_endpoint_gets(store, tmp_pa
 def _standalone(
     script: str, out_dir: Path, env_dir: Path, *args: str
 ) -> subprocess.CompletedProcess:
-    """Run ``script`` in a fresh interpreter that sees only site-packages and ``out_dir`` (no optloop)."""
+    """Run ``script`` in a fresh interpreter that sees only site-packages and ``out_dir`` (no
+    optloop)."""
     site_packages = sorted({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]})
     prelude = (
         f"import sys; sys.path[:] = {[str(out_dir), *site_packages]!r} + "
         "[p for p in sys.path if 'site-packages' not in p]\n"
         "import importlib.util\n"
         "assert importlib.util.find_spec('optloop') is None, 'optloop is importable'\n"
-        "assert importlib.util.find_spec('signatures') is None and importlib.util.find_spec('systems') is None\n"
+        "assert importlib.util.find_spec('signatures') is None and "
+        "importlib.util.find_spec('systems') is None\n"
     )
     env = {
         "PATH": "/usr/bin:/bin",
@@ -166,11 +174,16 @@ class HashEmbedding(EmbeddingBase):  # the product's own embedder; any will do h
         return [self.embed(t) for t in texts]
 
 base_url, root = sys.argv[-2], sys.argv[-1]
-llm = {"provider": "openai", "config": {"model": "gpt-test", "api_key": "k", "openai_base_url": base_url}}
+llm = {
+    "provider": "openai",
+    "config": {"model": "gpt-test", "api_key": "k", "openai_base_url": base_url},
+}
 memory = Memory(MemoryConfig(
-    vector_store={"provider": "qdrant", "config": {"collection_name": "m", "embedding_model_dims": 8,
+    vector_store={"provider": "qdrant", "config": {"collection_name": "m",
+                                                   "embedding_model_dims": 8,
                                                    "path": root + "/qdrant", "on_disk": True}},
-    llm=llm, embedder={"provider": "openai", "config": {"api_key": "k", "openai_base_url": base_url,
+    llm=llm, embedder={"provider": "openai", "config": {"api_key": "k",
+                                                        "openai_base_url": base_url,
                                                         "embedding_dims": 8}},
     history_db_path=root + "/history.db",
     reranker={"provider": "llm_reranker", "config": {"llm": llm}}))
@@ -180,7 +193,8 @@ memory.add([{"role": "user", "content": "I adopted a beagle named Max."}], user_
 memory.add([{"role": "user", "content": "Max loves the park."}], agent_id="a")
 found = memory.search("beagle", top_k=5, filters={"user_id": "u"}, rerank=True)["results"]
 memory.close()
-print(json.dumps({"applied": applied, "found": [[r["memory"], r.get("rerank_score")] for r in found]}))
+print(json.dumps({"applied": applied,
+                  "found": [[r["memory"], r.get("rerank_score")] for r in found]}))
 """
 
 
@@ -235,7 +249,8 @@ def test_exported_mem0_module_makes_vanilla_mem0_send_the_optimized_request_with
     )  # mem0's own user message
     assert rerank["messages"][0]["content"] == texts["mem0.rerank"]
     assert rerank["response_format"] == response_format("mem0.rerank")
-    # mem0 stored what the model extracted, and read the {"score": ...} answer as optloop's run does
+    # mem0 stored what the model extracted, and read the {"score": ...} answer as optloop's run
+    # does
     assert result["found"] == [["User adopted a beagle named Max", 0.0]]
 
 
@@ -253,9 +268,11 @@ out = {}
 for name in ("extract_edges.edge", "extract_nodes.extract_message"):
     ours = get_prompt_builder(library, name)(Probe())
     theirs = get_prompt_builder(DefaultChatPromptLibrary(), name)(Probe())
-    out[name] = {"system": ours.system.content, "user_same": ours.user.content == theirs.user.content,
+    out[name] = {"system": ours.system.content,
+                 "user_same": ours.user.content == theirs.user.content,
                  "default_system": theirs.system.content,
-                 "sent_system": get_prompt_builder(library, name)(Probe()).as_messages()[0].content}
+                 "sent_system": get_prompt_builder(library, name)(Probe())
+                 .as_messages()[0].content}
 print(json.dumps(out))
 """
 
@@ -293,14 +310,15 @@ def test_exported_graphiti_module_builds_a_library_with_the_optimized_system_tex
 
 
 def test_every_command_the_help_shows_is_one_the_parser_takes():
-    """The usage lines at the top of ``--help`` are commands that parse (their source and format as shown)."""
+    """The usage lines at the top of ``--help`` are commands that parse (their source and format as
+    shown)."""
     import shlex
 
     from optloop import export
 
     commands = [
         shlex.split(line.strip())[3:]
-        for line in (export.__doc__ or "").splitlines()
+        for line in (export.__doc__ or "").replace("\\\n", " ").splitlines()
         if line.strip().startswith("python -m optloop.export ")
     ]
     assert len(commands) >= 5

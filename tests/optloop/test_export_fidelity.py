@@ -77,7 +77,8 @@ def chat_requests(server: ScriptedOpenAIServer) -> list[dict[str, Any]]:
 
 
 def register_and_export(system: str, site: str, text: str, fmt: str, out: Path) -> ModuleType:
-    """Register ``text`` as the champion of ``site`` and export it through the CLI; import the module."""
+    """Register ``text`` as the champion of ``site`` and export it through the CLI; import the
+    module."""
     from optloop import tracking
 
     tracking.configure()
@@ -95,7 +96,8 @@ def register_and_export(system: str, site: str, text: str, fmt: str, out: Path) 
 
 @dataclass
 class Outcome:
-    """What one side did: the requests the server received, what it stored, retrieved and answered."""
+    """What one side did: the requests the server received, what it stored, retrieved and
+    answered."""
 
     requests: list[dict[str, Any]]
     memories: list[str]
@@ -106,7 +108,8 @@ class Outcome:
 def answer_all(
     lm: OptloopLM, ep: Episode, retrieve: Callable[[str], list[MemoryItem]]
 ) -> tuple[dict[str, list[str]], dict[str, str]]:
-    """The retrieve + answer step both sides share: optloop's answer site over what the memory retrieved."""
+    """The retrieve + answer step both sides share: optloop's answer site over what the memory
+    retrieved."""
     site = PromptSite.from_signature("answer", "answer", AnswerFromMemories, layout="dspy")
     retrieved, answers = {}, {}
     for q in ep.questions:
@@ -119,7 +122,8 @@ def answer_all(
 def run_optimized(
     system: Any, site_name: str, ep: Episode, server: ScriptedOpenAIServer
 ) -> tuple[str, Outcome]:
-    """optloop's system with one site rewritten as a SIMBA rule step does (seed + a rule sentence)."""
+    """optloop's system with one site rewritten as a SIMBA rule step does (seed + a rule
+    sentence)."""
     site = system.prompt_sites()[site_name]
     site.set_instructions(f"{site.seed_instruction}\n\n{RULE}")
     text = prompt_text(site, site_state(site.module))  # what the run logs and registers
@@ -172,13 +176,14 @@ def test_vanilla_mem0_with_the_exported_prompt_sends_and_stores_what_the_optimiz
     started = time.perf_counter()
     ep = episode()
     embedder = get_embedder()
-    # mem0's extraction prompt is ~8.5k tokens: one llama.cpp thread (shared 2-core machine), short bounded
-    # answers; the second session reuses llama.cpp's cached prompt prefix.
+    # mem0's extraction prompt is ~8.5k tokens: one llama.cpp thread (shared 2-core machine), short
+    # bounded answers; the second session reuses llama.cpp's cached prompt prefix.
     server_lm = OptloopLM(
         LMSettings.from_spec(
             "local",
             n_threads=1,
-            n_ctx=12288,  # above SmolLM2's trained 8,192: the prompt needs it (Mem0System.local_decoding)
+            # above SmolLM2's trained 8,192: the prompt needs it (Mem0System.local_decoding)
+            n_ctx=12288,
             max_array_items=2,
             max_string_chars=64,
             max_tokens=320,
@@ -262,8 +267,10 @@ def test_vanilla_mem0_with_the_exported_prompt_sends_and_stores_what_the_optimiz
     assert len(extract_calls) == len(ep.sessions) and text.endswith(RULE)
     assert_same(ep, optimized, vanilla_outcome, with_response_format=True)
     print(
-        f"\nmem0 fidelity: {len(optimized.requests)} requests identical, memories {optimized.memories}, accuracy "
-        f"{accuracy(ep, optimized.answers):.2f}; optimized run {optimized_seconds:.0f} s, total {total:.0f} s",
+        f"\nmem0 fidelity: {len(optimized.requests)} requests identical, memories "
+        f"{optimized.memories}, accuracy "
+        f"{accuracy(ep, optimized.answers):.2f}; optimized run {optimized_seconds:.0f} s, "
+        f"total {total:.0f} s",
         file=sys.stderr,
     )
 
@@ -352,8 +359,8 @@ def test_vanilla_graphiti_with_the_exported_prompt_sends_and_stores_what_the_opt
     started = time.perf_counter()
     ep = episode()
     embedder = get_embedder()
-    # graphiti on SmolLM2: one thread, at most 3 items per list and 80 characters per string (as the
-    # graphiti system's own integration test).
+    # graphiti on SmolLM2: one thread, at most 3 items per list and 80 characters per string (as
+    # the graphiti system's own integration test).
     server_lm = OptloopLM(
         LMSettings.from_spec(
             "local",
@@ -397,10 +404,13 @@ def test_vanilla_graphiti_with_the_exported_prompt_sends_and_stores_what_the_opt
 
     edge_calls = [r for r in optimized.requests if r["messages"][0]["content"].startswith(text)]
     assert len(edge_calls) == len(ep.sessions) and text.endswith(RULE)
-    # graphiti sends its own response schema (optloop's site the same fields); the messages are compared
+    # graphiti sends its own response schema (optloop's site the same fields); the messages are
+    # compared
     assert_same(ep, optimized, vanilla_outcome, with_response_format=False)
     print(
-        f"\ngraphiti fidelity: {len(optimized.requests)} requests identical, {len(optimized.memories)} memories, "
-        f"accuracy {accuracy(ep, optimized.answers):.2f}; optimized run {optimized_seconds:.0f} s, total {total:.0f} s",
+        f"\ngraphiti fidelity: {len(optimized.requests)} requests identical, "
+        f"{len(optimized.memories)} memories, "
+        f"accuracy {accuracy(ep, optimized.answers):.2f}; optimized run "
+        f"{optimized_seconds:.0f} s, total {total:.0f} s",
         file=sys.stderr,
     )

@@ -1,6 +1,7 @@
 """The exported mem0 module on a server that takes only llama.cpp's ``json_object`` form: the first
-refusal of ``json_schema`` switches every route to the same schema as ``json_object``, and the routed
-calls carry the run's sampling. (The real server: ``tests/systems/test_library_apps.py``.)"""
+refusal of ``json_schema`` switches every route to the same schema as ``json_object``, and the
+routed calls carry the run's sampling. (The real server:
+``tests/systems/test_library_apps.py``.)"""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ def exported(tmp_path, prompt: str):
     return module
 
 
-def test_a_refused_json_schema_falls_back_to_json_object_with_the_same_schema_and_the_runs_sampling(
+def test_a_refused_json_schema_falls_back_to_json_object_with_the_same_schema_and_sampling(
     tmp_path, monkeypatch
 ):
     monkeypatch.delenv("OPENROUTER_API_KEY", raising=False)

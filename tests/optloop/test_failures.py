@@ -1,4 +1,5 @@
-"""A failed LM call is never a measured answer: the threshold that withholds figures, the count beside the rest."""
+"""A failed LM call is never a measured answer: the threshold that withholds figures, the count
+beside the rest."""
 
 from __future__ import annotations
 
@@ -55,7 +56,8 @@ def test_a_figure_with_failures_carries_their_count():
 
 
 def test_max_failed_share_is_parsed_into_the_limits_default_five_percent():
-    """``--max-failed-share`` is this process's allowance (like --max-calls): parsed into the limits, default 5 %."""
+    """``--max-failed-share`` is this process's allowance (like --max-calls): parsed into the
+    limits, default 5 %."""
     from optloop.loop.spend import SpendingLimits
     from optloop.run_args import build_parser
 

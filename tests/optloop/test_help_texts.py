@@ -1,4 +1,5 @@
-"""Help texts name what the code has: every memory system and every dataset kind the registries hold."""
+"""Help texts name what the code has: every memory system and every dataset kind the registries
+hold."""
 
 from __future__ import annotations
 

@@ -129,7 +129,8 @@ def test_rag_bm25_budget_1_runs_and_attribute_reports(server, tmp_path):
 
 @pytest.mark.slow  # mem0's ~8,600-token extraction prompt: minutes a call on a 2-core CPU server
 def test_mem0_budget_1_runs_at_the_default_concurrency(server, tmp_path):
-    # mem0's ~8,600-token prompt on a 2-core CPU server can take most of a minute: --lm-timeout (docs/servers.md)
+    # mem0's ~8,600-token prompt on a 2-core CPU server can take most of a minute: --lm-timeout
+    # (docs/servers.md)
     run = cli(
         "optloop.run",
         [
@@ -172,7 +173,8 @@ def test_an_over_long_prompt_is_a_request_error_naming_the_context(server):
 
 
 def test_a_run_whose_calls_fail_stops_with_exit_4_instead_of_reporting(tmp_path):
-    # mem0's extraction prompt (~8,600 tokens) does not fit llama.cpp's default 2,048-token context.
+    # mem0's extraction prompt (~8,600 tokens) does not fit llama.cpp's default 2,048-token
+    # context.
     with llama_server(tmp_path, n_ctx=2048) as small:
         run = cli(
             "optloop.run",

@@ -97,7 +97,9 @@ def test_a_lost_tracking_server_is_exit_75_only_for_a_server_uri(tmp_path):
                 "Max retries exceeded ... Connection refused"
             )
         except requests.exceptions.ConnectionError as e:  # how mlflow.utils.rest_utils wraps it
-            raise MlflowException(f"API request to http://h/api failed with exception {e}")  # noqa: B904
+            raise MlflowException(  # noqa: B904
+                f"API request to http://h/api failed with exception {e}"
+            )
 
     exc = raised(make)
     assert tracking_lost(exc, SQLITE) is None

@@ -1,4 +1,5 @@
-"""The one episode pipeline (``optloop.pipeline``): stores, the answer modes, attribution, graphs (no model).
+"""The one episode pipeline (``optloop.pipeline``): stores, the answer modes, attribution, graphs
+(no model).
 
 A stub system stands in where nothing is recorded; ``rag_bm25`` (no ingest LLM call) on a
 scripted endpoint where the graph is.
@@ -141,7 +142,8 @@ def scripted_lm(url: str, tmp_path: Path) -> OptloopLM:
 
 
 def test_private_and_shared_stores_record_the_same_questions(tmp_path, embedder):
-    """A private store records every question on its own graph; a shared one on copies, its graph unchanged."""
+    """A private store records every question on its own graph; a shared one on copies, its graph
+    unchanged."""
     episode = load_dataset("builtin:tiny?limit=1").episodes[0]
     with ScriptedOpenAIServer([("ok", json.dumps({"answer": "unknown"}))]) as server:
         lm = scripted_lm(server.base_url, tmp_path)

@@ -1,6 +1,8 @@
-"""Concurrency in the one episode pipeline (``optloop.pipeline``): workers, the store cache, private stores.
+"""Concurrency in the one episode pipeline (``optloop.pipeline``): workers, the store cache,
+private stores.
 
-The evaluator's N = 1 vs N = 4 identity test is ``tests/optloop/loop/test_evaluate_concurrency.py``.
+The evaluator's N = 1 vs N = 4 identity test is
+``tests/optloop/loop/test_evaluate_concurrency.py``.
 """
 
 from __future__ import annotations
@@ -79,8 +81,8 @@ def test_the_first_failure_in_item_order_is_raised_and_what_had_not_started_neve
 
 
 def test_an_interrupted_run_does_not_wait_for_calls_in_flight():
-    """SIGINT (or SIGTERM, which optloop.run turns into the same) while the caller waits for results: the
-    calls in flight are left to their daemon threads, which leave with the process."""
+    """SIGINT (or SIGTERM, which optloop.run turns into the same) while the caller waits for
+    results: the calls in flight are left to their daemon threads, which leave with the process."""
     release = threading.Event()
     main = threading.main_thread().ident
     previous = signal.signal(
@@ -169,22 +171,15 @@ def test_two_openers_of_one_key_build_it_once_and_a_failed_build_is_built_again(
 
 
 def test_a_private_store_records_the_same_graph_at_n1_and_n4(tmp_path, embedder):
-    """At N = 1 a private store's questions record on the ingestion's recorder; at N = 4 on copies folded in
-    question order. The graphs, outcomes and attributions are the same."""
+    """At N = 1 a private store's questions record on the ingestion's recorder; at N = 4 on copies
+    folded in question order. The graphs, outcomes and attributions are the same."""
     dataset = load_dataset("builtin:tiny")
     system = get_system("md_flat")
     attributor = Attributor(default_judges(embedder), embedder)
     runs = {}
     with KeyedEndpoint(gold_answers(dataset.episodes), latency_s=0.02) as endpoint:
         for n in (1, 4):
-            lm = OptloopLM(
-                LMSettings.from_spec(
-                    "openai:oracle",
-                    base_url=endpoint.base_url,
-                    concurrency=n,
-                    cache_path=tmp_path / f"n{n}.sqlite",
-                )
-            )
+            lm = endpoint.lm(n, tmp_path / f"n{n}.sqlite")
             stores = FreshStores(
                 lambda episode, n=n: system(
                     lm, tmp_path / f"n{n}" / episode.id, embedder=embedder

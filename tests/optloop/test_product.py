@@ -1,4 +1,5 @@
-"""optloop.product.apply: registry prompts (real MLflow store) into a live vanilla mem0 Memory or Graphiti.
+"""optloop.product.apply: registry prompts (real MLflow store) into a live vanilla mem0 Memory or
+Graphiti.
 
 What is checked is what the library then sends, at a loopback OpenAI-compatible server.
 """

@@ -12,11 +12,8 @@ does not matter and a real model would only make the test minutes longer.
 from __future__ import annotations
 
 import json
-import os
 import secrets
 import sqlite3
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -32,6 +29,7 @@ from optloop.testing.chaos import FaultyEndpoint
 from optloop.testing.loopback import closed_port_url
 from optloop.testing.scripted import ScriptedOpenAIServer
 from optloop.tracing.graph import ExecutionGraph
+from tests._cli import run_cli
 
 REPO = Path(__file__).resolve().parents[2]
 ANSWER = json.dumps({"answer": "I don't know"})
@@ -163,10 +161,12 @@ def test_faults_are_marked_on_their_operations_and_the_episode_graph_is_saved(tm
     assert n >= 2
     # rag_bm25: no ingest LLM, one answer call per question. Question 1: 500 then ok (cured);
     # question 2: 503, 503 (surfaced with one retry: the question fails, the evaluation goes on).
-    # The faults follow the order requests arrive in, so the questions go one at a time (concurrency 1).
+    # The faults follow the order requests arrive in, so the questions go one at a time
+    # (concurrency 1).
     faults = {1: ("status", 500), 3: ("status", 503), 4: ("status", 503)}
     with ScriptedOpenAIServer([("respond", on_schedule(faults))]) as server:
-        # 1 failed call of n: past the 5 % that stops a run (optloop.failures); allowed here to see the path.
+        # 1 failed call of n: past the 5 % that stops a run (optloop.failures); allowed here to see
+        # the path.
         evaluator = Evaluator(
             "rag_bm25",
             remote(server.base_url, max_retries=1, concurrency=1),
@@ -201,7 +201,8 @@ def test_a_dead_endpoint_stops_the_evaluation_instead_of_failing_every_question(
     system, tmp_path, embedder
 ):
     dataset = load_dataset("builtin:tiny?limit=1")
-    # one call at a time, so "the first" is well defined (at N > 1 see tests/optloop/test_concurrency.py)
+    # one call at a time, so "the first" is well defined (at N > 1 see
+    # tests/optloop/test_concurrency.py)
     evaluator = Evaluator(
         system,
         remote(closed_port_url(), max_retries=0, concurrency=1),
@@ -251,31 +252,6 @@ def snapshot(root: Path) -> dict[str, int]:
         {str(p.relative_to(root)): p.stat().st_size for p in sorted(root.rglob("*"))}
         if root.exists()
         else {}
-    )
-
-
-def run_cli(
-    args: list[str], tmp_path: Path, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "optloop.run",
-            *args,
-            "--tracking-uri",
-            f"sqlite:///{tmp_path / 'ml' / 'mlflow.db'}",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=REPO,
-        env={
-            **os.environ,
-            "OPTLOOP_HOME": str(tmp_path / "state"),
-            "OPTLOOP_MLRUNS": str(tmp_path / "ml"),
-            **(env or {}),
-        },
     )
 
 
@@ -357,8 +333,10 @@ def test_bad_input_exits_with_one_line_and_writes_nothing(case, tmp_path):
 
 @pytest.mark.integration
 def test_real_loop_survives_scheduled_faults_and_reports_consistent_figures(tmp_path):
-    """Every kind of fault on a schedule: the run completes; injected == cured + surfaced; graphs marked."""
-    # --lm-timeout 150: a real answer on a loaded 2-core machine took up to 147 s; the hang costs one timeout
+    """Every kind of fault on a schedule: the run completes; injected == cured + surfaced; graphs
+    marked."""
+    # --lm-timeout 150: a real answer on a loaded 2-core machine took up to 147 s; the hang costs
+    # one timeout
     fig, proc = bench(tmp_path, budget=1, timeout=150.0, retries=1, lm=upstream_lm(tmp_path))
     print(fig.model_dump_json(indent=1))
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -377,9 +355,9 @@ def test_real_loop_survives_scheduled_faults_and_reports_consistent_figures(tmp_
 
 @pytest.mark.integration
 def test_dead_endpoint_stops_the_run_resumably_and_the_same_command_finishes_it(tmp_path):
-    """The endpoint dies during trial 2's evaluation: exit 75 with one line; a restarted endpoint on the
-    same port and the same command finish the run: trial 1 kept, trial 2 redone, exactly budget child
-    runs under one parent."""
+    """The endpoint dies during trial 2's evaluation: exit 75 with one line; a restarted endpoint
+    on the same port and the same command finish the run: trial 1 kept, trial 2 redone, exactly
+    budget child runs under one parent."""
     budget = 2
     lm = None  # the stub: see the module docstring
     ckpt = tmp_path / "state" / "runs" / "dead" / CHECKPOINT
@@ -458,8 +436,8 @@ def test_dead_endpoint_stops_the_run_resumably_and_the_same_command_finishes_it(
 
 @pytest.mark.integration
 def test_an_api_key_reaches_the_endpoint_and_nothing_else(tmp_path):
-    """OPENAI_API_KEY is sent as the bearer token, and is in no MLflow param, tag, artifact, trace, db
-    byte, state file or log line after a verbose run."""
+    """OPENAI_API_KEY is sent as the bearer token, and is in no MLflow param, tag, artifact, trace,
+    db byte, state file or log line after a verbose run."""
     key = f"sk-optloop-test-{secrets.token_hex(12)}"
     with FaultyEndpoint(None) as endpoint:  # the stub: see the module docstring
         proc = run_loop(

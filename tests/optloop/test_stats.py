@@ -92,7 +92,8 @@ def test_unpaired_lengths_are_refused():
 
 
 def _programs(recovered: int) -> tuple[list[int], list[int], list[int]]:
-    """40 questions: clean passes 30, the sabotage loses 20 of them, ``after`` wins back ``recovered``."""
+    """40 questions: clean passes 30, the sabotage loses 20 of them, ``after`` wins back
+    ``recovered``."""
     clean = [1] * 30 + [0] * 10
     sabotaged = [0] * 20 + [1] * 10 + [0] * 10
     after = [1] * recovered + [0] * (20 - recovered) + [1] * 10 + [0] * 10
@@ -114,7 +115,8 @@ def test_recovered_share_half():
 
 
 def test_recovered_share_drops_resamples_where_the_sabotage_cost_nothing():
-    # 6 questions, one lost: about a third of the resamples miss it (0/0) and must not make the interval nan
+    # 6 questions, one lost: about a third of the resamples miss it (0/0) and must not make the
+    # interval nan
     share = recovered_share([1, 1, 0, 0, 1, 0], [0, 1, 0, 0, 1, 0], [1, 1, 0, 0, 1, 0])
     assert (share.estimate, share.low, share.high) == (1, 1, 1)
     share = recovered_share([1, 1, 0, 1, 1, 0], [0, 0, 0, 1, 1, 0], [1, 0, 0, 1, 1, 0])

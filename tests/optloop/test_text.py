@@ -23,7 +23,8 @@ def test_words_are_squad_normalized():
 
 
 def test_every_word_match_goes_through_the_one_tokenizer():
-    """Scorers, judges, BM25 (system and evidence), the recorder's similarity and the fault harness."""
+    """Scorers, judges, BM25 (system and evidence), the recorder's similarity and the fault
+    harness."""
     from optloop.attribution.evidence import hybrid_search  # noqa: F401 - imports resolve
     from optloop.attribution.judges import content_tokens
     from optloop.datasets.scorers import normalize_answer, token_f1
@@ -44,5 +45,6 @@ def test_every_word_match_goes_through_the_one_tokenizer():
         for p in (REPO / d).rglob("*.py")
         if ad_hoc.search(p.read_text())
     ]
-    # loop/optimizers.py counts the new words of an edit; it moves to words() with the loop refactor.
+    # loop/optimizers.py counts the new words of an edit; it moves to words() with the loop
+    # refactor.
     assert offenders in ([], ["optloop/loop/optimizers.py"]), offenders

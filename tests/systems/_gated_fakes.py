@@ -1,9 +1,10 @@
-"""Fakes for the gated tests: an LM scripted per prompt site, a bag-of-words embedder, a small agentic episode.
+"""Fakes for the gated tests: an LM scripted per prompt site, a bag-of-words embedder, a small
+agentic episode.
 
-No model is loaded. ``ScriptedLM({"gated.admit": fn_or_list, "answer": ...})`` answers each call by the
-active prompt site (:func:`optloop.lm.current_site`): the next item of the site's list, or ``fn(fields)``
-where ``fields`` are the call's input fields as the JSONAdapter rendered them. ``calls`` lists
-``(site, fields)`` in order.
+No model is loaded. ``ScriptedLM({"gated.admit": fn_or_list, "answer": ...})`` answers each call by
+the active prompt site (:func:`optloop.lm.current_site`): the next item of the site's list, or
+``fn(fields)`` where ``fields`` are the call's input fields as the JSONAdapter rendered them.
+``calls`` lists ``(site, fields)`` in order.
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ def gate_all(verdict: str, reason: str = "scripted") -> Callable[[dict[str, str]
 
 
 def answer_with(pattern: str, fallback: str = "I don't know") -> Callable[[dict[str, str]], Reply]:
-    """An answer that copies the first match of ``pattern`` from its memories (a model that reads its context)."""
+    """An answer that copies the first match of ``pattern`` from its memories (a model that reads
+    its context)."""
 
     def reply(fields: dict[str, str]) -> Reply:
         found = re.search(pattern, fields.get("memories", ""))
@@ -90,7 +92,8 @@ def fact(
 
 
 def small_record() -> AgenticEpisode:
-    """Two workspaces; the API port superseded, a failed run's host, a rolled-back TTL, a failed run's true bucket."""
+    """Two workspaces; the API port superseded, a failed run's host, a rolled-back TTL, a failed
+    run's true bucket."""
     facts = [
         fact(
             "f1",

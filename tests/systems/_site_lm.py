@@ -3,7 +3,8 @@
 ``SiteLM({"tiered.extract": fn_or_list, "answer": ...})``: for each call the reply for the
 active site (:func:`optloop.lm.current_site`) is the next item of its list, or ``fn(fields)``
 where ``fields`` are the call's input fields as DSPy rendered them (``fields["message"]``).
-A site without a script gets a neutral reply: no facts, no summary, no gate decision, "I don't know".
+A site without a script gets a neutral reply: no facts, no summary, no gate decision, "I don't
+know".
 """
 
 from __future__ import annotations
@@ -56,7 +57,8 @@ class _Replies:
 
 
 class SiteLM(DummyLM):
-    """DummyLM whose replies are chosen by prompt site; ``calls`` lists (site, input fields) in order."""
+    """DummyLM whose replies are chosen by prompt site; ``calls`` lists (site, input fields) in
+    order."""
 
     def __init__(self, scripts: dict[str, Script] | None = None):
         self.scripts: dict[str, Script] = {
@@ -77,5 +79,6 @@ class SiteLM(DummyLM):
 
 
 def echo_memories(fields: dict[str, str]) -> Reply:
-    """An answer that repeats the memories it was given: right exactly when retrieval brought the answer."""
+    """An answer that repeats the memories it was given: right exactly when retrieval brought the
+    answer."""
     return {"answer": fields.get("memories", "")}

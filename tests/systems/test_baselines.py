@@ -445,7 +445,8 @@ STOPWORDS = {
 
 @pytest.fixture(scope="module")
 def real_lm(tmp_path_factory) -> OptloopLM:
-    """One embedded LM for the module; its cache lives in a temp dir so reruns really call the model."""
+    """One embedded LM for the module; its cache lives in a temp dir so reruns really call the
+    model."""
     return OptloopLM(
         LMSettings.from_spec("local", cache_path=tmp_path_factory.mktemp("lm") / "cache.sqlite")
     )

@@ -1,7 +1,9 @@
-"""The gated system: SQLite state, scoped retrieval, the admission gate and its floors, the graph it leaves.
+"""The gated system: SQLite state, scoped retrieval, the admission gate and its floors, the graph
+it leaves.
 
-Unit tests never load a model: the LM is scripted per prompt site (``_gated_fakes.ScriptedLM``) and the
-embedder is a hashed bag of words. The integration test at the end runs the embedded SmolLM2-135M.
+Unit tests never load a model: the LM is scripted per prompt site (``_gated_fakes.ScriptedLM``) and
+the embedder is a hashed bag of words. The integration test at the end runs the embedded
+SmolLM2-135M.
 """
 
 from __future__ import annotations
@@ -116,7 +118,7 @@ def test_a_later_completed_value_supersedes_and_a_failed_or_rolled_back_one_does
     assert meta["f7"]["status"] == "active"  # f8 was rolled back
 
 
-def test_an_explicit_superseded_tag_is_kept_and_plain_conversations_are_notes_of_the_current_workspace(
+def test_an_explicit_superseded_tag_is_kept_and_plain_conversations_are_current_workspace_notes(
     tmp_path,
 ):
     record = AgenticEpisode(

@@ -76,7 +76,8 @@ PROMPT_BY_FIELDS = {
 
 
 def canned_answer(prompt: str, user: str) -> dict[str, Any]:
-    """A valid answer of graphiti's response model; the second session is recognised by 'Berlin'."""
+    """A valid answer of graphiti's response model; the second session is recognised by
+    'Berlin'."""
     second = "Berlin" in user
     if prompt == "extract_nodes.extract_message":
         names = ["Alice Smith", "Berlin", "Bob"] if second else ["Alice", "Paris"]
@@ -301,7 +302,8 @@ def test_a_dspy_trace_around_ingest_records_each_site_call(tmp_path):
         "extract_edges.edge",
         "extract_edges.extract_timestamps",
     ]
-    # Each LLM call graphiti made is one traced call of its site's module, on the user message sent.
+    # Each LLM call graphiti made is one traced call of its site's module, on the user message
+    # sent.
     assert [(id(module), inputs["user_content"]) for module, inputs, _ in trace] == [
         (id(sites[f"graphiti.{prompt}"].module), messages[1]["content"])
         for prompt, messages in server.calls

@@ -1,9 +1,9 @@
-"""Exported prompts in a real Mem0 app: ``mem0.Memory.from_config`` as a product builds it (provider
-``openai`` at llama.cpp's own server, the local MiniLM embedder, qdrant on disk), an exported prompt
-applied, ``add()`` and ``search()`` called, and the server's requests (a recording proxy in front of
-it) showing what mem0 sent. Also: the exported baseline module sends exactly the request optloop's
-mem0 measured; and graphiti's exported prompt library in a graphiti app's call. Run it under the
-machine's LM lock (``flock /tmp/optloop-lm.lock``)."""
+"""Exported prompts in a real Mem0 app: ``mem0.Memory.from_config`` as a product builds it
+(provider ``openai`` at llama.cpp's own server, the local MiniLM embedder, qdrant on disk), an
+exported prompt applied, ``add()`` and ``search()`` called, and the server's requests (a recording
+proxy in front of it) showing what mem0 sent. Also: the exported baseline module sends exactly the
+request optloop's mem0 measured; and graphiti's exported prompt library in a graphiti app's call.
+Run it under the machine's LM lock (``flock /tmp/optloop-lm.lock``)."""
 
 from __future__ import annotations
 
@@ -79,7 +79,8 @@ def app_memory(root: Path, base_url: str) -> Any:
 
 
 def exported(root: Path, prompt: str, **options: Any) -> Any:
-    """``python -m optloop.export --format mem0``'s module for ``prompt``, imported as a product imports it."""
+    """``python -m optloop.export --format mem0``'s module for ``prompt``, imported as a product
+    imports it."""
     bundle = Bundle(
         system="mem0",
         prompts={"mem0.extract": prompt},
@@ -96,7 +97,8 @@ def exported(root: Path, prompt: str, **options: Any) -> Any:
 
 
 def extraction(body: dict[str, Any]) -> bool:
-    """mem0's extraction request (its system prompt runs to thousands of characters; the probes are short)."""
+    """mem0's extraction request (its system prompt runs to thousands of characters; the probes are
+    short)."""
     first = body["messages"][0]
     return first["role"] == "system" and len(first["content"]) > 1000
 
@@ -177,14 +179,16 @@ def test_the_exported_baseline_sends_the_request_optloops_mem0_measured(server, 
     keys = ("model", "messages", "response_format", "temperature", "max_tokens", "seed")
     assert len(measured) == len(shipped) == 1
     assert {k: measured[0].get(k) for k in keys} == {k: shipped[0].get(k) for k in keys}
-    # mem0 adds its own top_p (0.1), which optloop does not send: at temperature 0 decoding is greedy either way.
+    # mem0 adds its own top_p (0.1), which optloop does not send: at temperature 0 decoding is
+    # greedy either way.
     assert set(shipped[0]) - set(measured[0]) <= {"top_p"}
 
 
 def test_an_exported_graphiti_prompt_is_what_a_graphiti_app_sends(server, tmp_path):
-    """graphiti 0.31.1's own ``OpenAIGenericClient`` at the server (``json_object``: this server refuses
-    ``json_schema``), the exported prompt library applied: the request carries the exported text.
-    Whether SmolLM2's free JSON then fits graphiti's model is the model's matter, printed, not asserted."""
+    """graphiti 0.31.1's own ``OpenAIGenericClient`` at the server (``json_object``: this server
+    refuses ``json_schema``), the exported prompt library applied: the request carries the exported
+    text. Whether SmolLM2's free JSON then fits graphiti's model is the model's matter, printed,
+    not asserted."""
     import asyncio
 
     from graphiti_core import Graphiti

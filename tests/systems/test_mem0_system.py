@@ -352,8 +352,9 @@ def test_instances_share_nothing_and_reset_empties(tmp_path, embedder):
 
 
 def test_a_store_builds_no_openai_client_and_wires_every_client(tmp_path, embedder, monkeypatch):
-    """mem0 builds its LLM, embedder and reranker LLM from the config; optloop replaces all three, so
-    building them as OpenAI clients (an SSL context each, most of a store's CPU) would be waste."""
+    """mem0 builds its LLM, embedder and reranker LLM from the config; optloop replaces all three,
+    so building them as OpenAI clients (an SSL context each, most of a store's CPU) would be
+    waste."""
     import openai
 
     built: list[object] = []
@@ -441,7 +442,8 @@ def test_pipeline_on_the_embedded_lm_with_short_instructions(tmp_path, embedder)
     )
     system = Mem0System(lm, tmp_path / "run", embedder=embedder)
     system.prompt_sites()["mem0.extract"].set_instructions(
-        "Extract every fact about the user from the New Messages: one memory per fact, each a short sentence."
+        "Extract every fact about the user from the New Messages: one memory per fact, each "
+        "a short sentence."
     )
     check_pipeline(system, lm)
 
@@ -450,8 +452,9 @@ def test_pipeline_on_the_embedded_lm_with_short_instructions(tmp_path, embedder)
 @pytest.mark.slow
 def test_seed_prompt_pipeline_on_the_embedded_lm(tmp_path, embedder):
     # mem0's extraction prompt alone is ~8.5k SmolLM2 tokens (mem0's n_ctx, 12288, holds it;
-    # SmolLM2's trained 8192 does not). The first call evaluates it (minutes on two shared cores); the
-    # second reuses llama.cpp's cached prefix. Bounded lists and strings keep each answer inside max_tokens.
+    # SmolLM2's trained 8192 does not). The first call evaluates it (minutes on two shared cores);
+    # the second reuses llama.cpp's cached prefix. Bounded lists and strings keep each answer
+    # inside max_tokens.
     lm = OptloopLM(
         LMSettings.from_spec(
             "local",

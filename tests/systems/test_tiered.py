@@ -2,8 +2,8 @@
 
 Unit tests never load a model: the prompt sites run on :class:`SiteLM`, which answers each
 call by its site (the extraction stage's ``{key, value, category}`` objects, the summary,
-the answer), so the bookkeeping is pinned exactly. The embedder is the bundled MiniLM, as in the baseline
-tests. The one integration test at the end runs the embedded SmolLM2-135M over
+the answer), so the bookkeeping is pinned exactly. The embedder is the bundled MiniLM, as in the
+baseline tests. The one integration test at the end runs the embedded SmolLM2-135M over
 ``builtin:assistant`` (minutes); ``-m "not integration"`` skips it.
 """
 
@@ -448,7 +448,8 @@ def test_forget_removes_the_key_its_history_and_every_copy_of_the_value(tmp_path
     assert summary.summary == f"The user lives in Valdemoro. {FORGOTTEN}"
     turn = next(t for t in system.store.stm_turns() if t.turn_id == "s2:t3")
     assert turn.extraction == "skipped: forget request (storage_unit_code)"
-    # Nothing in the file names the value any more: not a table, not the extraction log, not a free page.
+    # Nothing in the file names the value any more: not a table, not the extraction log, not a free
+    # page.
     system.close()
     assert b"5829" not in system.db_path.read_bytes()
 
@@ -698,7 +699,8 @@ def test_the_graph_records_every_extraction_store_update_and_delete(tmp_path, em
         ("summarize", "tiered.summarize", "s1"),
     ]
     assert ("store", None, "s1") in ops
-    # s2: one extraction (the forget request is not extracted), the summary, then the store's changes.
+    # s2: one extraction (the forget request is not extracted), the summary, then the store's
+    # changes.
     assert [o for o in ops if o[2] == "s2" and o[1]] == [
         ("extract", "tiered.extract", "s2"),
         ("summarize", "tiered.summarize", "s2"),
@@ -736,54 +738,6 @@ def test_the_graph_records_every_extraction_store_update_and_delete(tmp_path, em
     )
 
 
-def test_attribution_blames_the_extraction_stage_for_a_fact_it_dropped(tmp_path, embedder):
-    episode = Episode(
-        id="ep",
-        sessions=[
-            session(
-                "s1",
-                "2024-10-01",
-                "Quick facts about me: I was born in Tarragona, I work as a hydrologist, and my "
-                "cat is called Pimento.",
-                "Noted all three.",
-            ),
-            session("s2", "2024-10-03", "Any tips for lunch?", "A sandwich in the park."),
-        ],
-        questions=[
-            Question(
-                id="q1",
-                question="What is my cat called?",
-                gold="Pimento",
-                evidence_ids=["s1:t1"],
-                task_type="multi_fact",
-                scorer="contains",
-            )
-        ],
-    )
-    # The extraction stage keeps one fact of three; no summary carries the others.
-    system, _ = make(
-        tmp_path,
-        embedder,
-        {
-            "tiered.extract": extractor({"Tarragona": ["birthplace|Tarragona"]}),
-            "answer": echo_memories,
-        },
-    )
-
-    graph, predictions = record_episode(system, episode)
-    a = attribute(
-        graph, episode.questions[0], predictions["q1"], default_judges(embedder), embedder=embedder
-    )
-
-    assert "Pimento" not in predictions["q1"]
-    assert (a.error_type, a.target) == (ErrorType.EXTRACTION, "tiered.extract")
-    assert graph.op(a.op_id).site == "tiered.extract" and graph.op(a.op_id).session_id == "s1"
-
-
-# ---------------------------------------------------------------------------
-# Planted faults on a scripted run (no model)
-# ---------------------------------------------------------------------------
-
 FACTS_EPISODE = Episode(
     id="facts",
     sessions=[
@@ -815,6 +769,35 @@ FACTS_EPISODE = Episode(
         ),
     ],
 )
+
+
+def test_attribution_blames_the_extraction_stage_for_a_fact_it_dropped(tmp_path, embedder):
+    episode = FACTS_EPISODE.model_copy(
+        update={"id": "ep", "questions": FACTS_EPISODE.questions[:1]}
+    )
+    # The extraction stage keeps one fact of three; no summary carries the others.
+    system, _ = make(
+        tmp_path,
+        embedder,
+        {
+            "tiered.extract": extractor({"Tarragona": ["birthplace|Tarragona"]}),
+            "answer": echo_memories,
+        },
+    )
+
+    graph, predictions = record_episode(system, episode)
+    a = attribute(
+        graph, episode.questions[0], predictions["q1"], default_judges(embedder), embedder=embedder
+    )
+
+    assert "Pimento" not in predictions["q1"]
+    assert (a.error_type, a.target) == (ErrorType.EXTRACTION, "tiered.extract")
+    assert graph.op(a.op_id).site == "tiered.extract" and graph.op(a.op_id).session_id == "s1"
+
+
+# ---------------------------------------------------------------------------
+# Planted faults on a scripted run (no model)
+# ---------------------------------------------------------------------------
 
 
 def test_the_catalogue_plants_tiered_faults_and_attribution_names_them(tmp_path, embedder):
@@ -991,15 +974,17 @@ def test_tiered_runs_builtin_assistant_on_the_embedded_lm(tmp_path, embedder):
         )
         extract_ops = [op for op in graph.operations if op.site == "tiered.extract"]
         summarize_ops = [op for op in graph.operations if op.site == "tiered.summarize"]
-        # The mechanism, whatever the 135M model writes: one extraction per user message that is not a
-        # forget request, one summary per conversation, every call answered without an LM error.
+        # The mechanism, whatever the 135M model writes: one extraction per user message that is
+        # not a forget request, one summary per conversation, every call answered without an LM
+        # error.
         assert len(extract_ops) == user_turns - forget_turns
         assert len(summarize_ops) == len(episode.sessions)
         assert all(op.lm_error is None for op in extract_ops + summarize_ops)
         assert any(op.name == "store" for op in graph.operations)
         outcomes += result.outcomes
         assert all(o.attribution is not None for o in result.outcomes if not o.passed)
-        # The forgotten value is gone from the store (the file reopened after the episode), whatever the answer.
+        # The forgotten value is gone from the store (the file reopened after the episode),
+        # whatever the answer.
         reopened = TieredSystem(lm, tmp_path / "runs" / episode.id, embedder=embedder)
         stored = " ".join(m.text for m in reopened.all_memories())
         log = reopened.store.extractions()
@@ -1020,7 +1005,8 @@ def test_tiered_runs_builtin_assistant_on_the_embedded_lm(tmp_path, embedder):
 
 
 def test_forgetting_an_attribute_redacts_the_sentence_that_gives_its_value():
-    """ "Forget my cousin's name": a summary stores the value ("my cousin, Leocadia"), not the word "name"."""
+    """ "Forget my cousin's name": a summary stores the value ("my cousin, Leocadia"), not the word
+    "name"."""
     what = subject_words(forget_request("Please forget my cousin's name."))
     assert what == {"cousin"} and subject_words("my name") == {
         "name"

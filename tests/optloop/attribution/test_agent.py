@@ -1,4 +1,5 @@
-"""The LLM agent's control flow: earliest operation first, bounded, the walk kept when nothing is found.
+"""The LLM agent's control flow: earliest operation first, bounded, the walk kept when nothing is
+found.
 
 The agent's LM is DSPy's ``DummyLM`` (scripted verdicts), so these tests check
 how the graph is explored, not what a real model decides.
@@ -12,7 +13,14 @@ from dspy.utils import DummyLM
 
 from optloop.attribution import ErrorType
 from optloop.attribution.agent import AttributionAgent, refine_ambiguous
-from tests.optloop.attribution.test_decisive import EPISODE, attribute_run, embedder  # noqa: F401 - fixture
+
+# embedder is a fixture, used as a test parameter
+from tests.optloop.attribution.test_decisive import (  # noqa: F401
+    EPISODE,
+    attribute_run,
+    dropped_in_session_2,
+    embedder,
+)
 
 OK = {"faulty": False, "error_type": "response", "explanation": "kept the evidence"}
 
@@ -23,19 +31,13 @@ def verdicts(*answers):
 
 @pytest.fixture
 def deleted(tmp_path, embedder):  # noqa: F811 - the fixture
-    """The dog's name is stored in session 1 and deleted in session 2; the walk says DeletionError."""
-    graph, result = attribute_run(
-        tmp_path,
-        embedder,
-        {"facts": ["User's dog is named Biscuit."]},
-        {"facts": ["User moved to Austin."]},
-        {"answer": "unknown"},
-        {"answer": "Austin"},
-    )
+    """The dog's name is stored in session 1 and deleted in session 2; the walk says
+    DeletionError."""
+    graph, result = dropped_in_session_2(tmp_path, embedder)
     return graph, result["q1"].model_copy(update={"ambiguous": True})
 
 
-def test_agent_inspects_earliest_first_and_returns_the_first_faulty_operation(deleted, embedder):  # noqa: F811
+def test_agent_inspects_earliest_first_and_returns_the_first_faulty_operation(deleted, embedder):
     graph, walk = deleted
     lm = verdicts(OK, {"faulty": True, "error_type": "deletion", "explanation": "dropped the dog"})
     agent = AttributionAgent(lm)
@@ -79,8 +81,9 @@ def test_only_ambiguous_cases_reach_the_agent(deleted, embedder):  # noqa: F811
 
 
 @pytest.mark.integration
-def test_agent_on_the_embedded_lm_returns_a_parsed_verdict(deleted, embedder, tmp_path):  # noqa: F811
-    """The real SmolLM2 answers the agent's schema; whatever it decides, the result is well formed."""
+def test_agent_on_the_embedded_lm_returns_a_parsed_verdict(deleted, embedder, tmp_path):
+    """The real SmolLM2 answers the agent's schema; whatever it decides, the result is well
+    formed."""
     from optloop.lm import LMSettings, OptloopLM
 
     graph, walk = deleted

@@ -1,5 +1,5 @@
-"""Blame ranks targets by their failure rate given a correct input, so upstream failures do not mask a
-broken downstream site (see ``optloop/attribution/blame.py``)."""
+"""Blame ranks targets by their failure rate given a correct input, so upstream failures do not
+mask a broken downstream site (see ``optloop/attribution/blame.py``)."""
 
 from __future__ import annotations
 

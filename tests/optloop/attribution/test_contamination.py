@@ -1,8 +1,9 @@
-"""ContaminationError and the admission step of the decisive walk, on recorded gated and rag_embedding runs.
+"""ContaminationError and the admission step of the decisive walk, on recorded gated and
+rag_embedding runs.
 
-The runs are real (``GatedSystem`` / ``EmbeddingRagSystem`` recorded by the Recorder); only the LM is
-scripted, so each answer is known: one that states a stale value, one that abstains, one that is wrong
-without any stale value.
+The runs are real (``GatedSystem`` / ``EmbeddingRagSystem`` recorded by the Recorder); only the LM
+is scripted, so each answer is known: one that states a stale value, one that abstains, one that is
+wrong without any stale value.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ def run(
     fault=None,
     **knobs,
 ):
-    """Record ``question_id`` on a fresh system whose answer site replies ``answer``; attribute it."""
+    """Record ``question_id`` on a fresh system whose answer site replies ``answer``; attribute
+    it."""
     scripts = {ANSWER: [{"answer": answer}]}
     if gate_script is not None:
         scripts[GATED_ADMIT] = gate_script
@@ -159,7 +161,7 @@ def test_a_dead_value_shown_only_as_negative_evidence_is_not_contamination(tmp_p
     assert a.error_type is ErrorType.RESPONSE
 
 
-# --- planted faults -------------------------------------------------------------------------------
+# --- planted faults ------------------------------------------------------------------------------
 
 
 @pytest.fixture

@@ -64,8 +64,10 @@ def test_extraction_error_when_the_session_yields_nothing(tmp_path, embedder):
     assert a.op_id == "op00000"
 
 
-def test_deletion_error_when_a_later_session_drops_the_fact(tmp_path, embedder):
-    _, result = attribute_run(
+def dropped_in_session_2(tmp_path, embedder):
+    """The dog's name is stored in session 1 and dropped from the memory in session 2; the answers
+    miss it."""
+    return attribute_run(
         tmp_path,
         embedder,
         {"facts": ["User's dog is named Biscuit."]},
@@ -73,6 +75,10 @@ def test_deletion_error_when_a_later_session_drops_the_fact(tmp_path, embedder):
         {"answer": "unknown"},
         {"answer": "Austin"},
     )
+
+
+def test_deletion_error_when_a_later_session_drops_the_fact(tmp_path, embedder):
+    _, result = dropped_in_session_2(tmp_path, embedder)
     a = result["q1"]
     assert (a.error_type, a.target) == (ErrorType.DELETION, "md_flat.curate")
 

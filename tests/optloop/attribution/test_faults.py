@@ -1,7 +1,8 @@
 """The planted-fault catalogue: the preregistered faults load, carry their ground truth, and apply.
 
-No LLM and no embedding model: site faults are applied to a fake module (or to MD-flat on a scripted
-``DummyLM``), store faults to a real BM25 store, knob faults checked against each system's knobs.
+No LLM and no embedding model: site faults are applied to a fake module (or to MD-flat on a
+scripted ``DummyLM``), store faults to a real BM25 store, knob faults checked against each system's
+knobs.
 """
 
 from __future__ import annotations
@@ -61,7 +62,8 @@ def scripted_lm(*answers: dict) -> DummyLM:
 
 
 class FakeSystem:
-    """Just what ``OperationFault.apply`` touches: sites whose module has a ``forward``, and knobs."""
+    """Just what ``OperationFault.apply`` touches: sites whose module has a ``forward``, and
+    knobs."""
 
     def __init__(self, sites: dict[str, Any], knobs: dict[str, Any] | None = None):
         self._sites = {
@@ -81,7 +83,8 @@ class FakeSystem:
 def call_site(
     fault: OperationFault, returns: dict[str, Any], **inputs: Any
 ) -> tuple[dspy.Prediction, dict[str, Any]]:
-    """Apply ``fault`` to a fake site that records its inputs and returns ``returns``; call it with ``inputs``."""
+    """Apply ``fault`` to a fake site that records its inputs and returns ``returns``; call it with
+    ``inputs``."""
     seen: dict[str, Any] = {}
 
     def forward(**kwargs: Any) -> dspy.Prediction:
@@ -94,8 +97,19 @@ def call_site(
     return system.prompt_sites()[fault.site].module.forward(**inputs), seen
 
 
-# --- the catalogue ----------------------------------------------------------------------------------
+# --- the catalogue -------------------------------------------------------------------------------
 
+
+EVERY_SYSTEM = {
+    "mem0",
+    "graphiti",
+    "long_context",
+    "rag_bm25",
+    "rag_embedding",
+    "md_flat",
+    "tiered",
+    "gated",
+}
 
 EXPECTED = {  # name: (stage, systems, target, type)
     "store-loses-alternate-writes": (
@@ -138,31 +152,13 @@ EXPECTED = {  # name: (stage, systems, target, type)
     ),
     "answer-echoes-question": (
         "answer",
-        {
-            "mem0",
-            "graphiti",
-            "long_context",
-            "rag_bm25",
-            "rag_embedding",
-            "md_flat",
-            "tiered",
-            "gated",
-        },
+        EVERY_SYSTEM,
         "answer",
         ErrorType.RESPONSE,
     ),
     "answer-sees-first-memory": (
         "answer",
-        {
-            "mem0",
-            "graphiti",
-            "long_context",
-            "rag_bm25",
-            "rag_embedding",
-            "md_flat",
-            "tiered",
-            "gated",
-        },
+        EVERY_SYSTEM,
         "answer",
         ErrorType.RESPONSE,
     ),
@@ -188,7 +184,8 @@ def test_the_new_faults_carry_their_ground_truth_and_cover_every_stage():
     names = [f.name for f in CATALOGUE]
     assert len(names) == len(set(names)) and len(CATALOGUE) >= 12 + len(NEW)
     assert all(f.added == "original" for f in CATALOGUE[:12])
-    # The target of a store fault names the system it runs on; a fault is listed for each of its systems.
+    # The target of a store fault names the system it runs on; a fault is listed for each of its
+    # systems.
     assert NEW["store-loses-alternate-writes"].target.format(system="mem0") == "library:mem0.store"
     assert "answer-echoes-question" in [f.name for f in faults_for("graphiti")]
     assert [
@@ -210,14 +207,15 @@ def test_knob_faults_set_knobs_their_systems_have_to_values_they_accept():
     assert system._knobs == {"top_k": 5, "threshold": 0.99}
 
 
-# --- the transformations ----------------------------------------------------------------------------
+# --- the transformations -------------------------------------------------------------------------
 
 
 def test_pure_transforms():
     assert shift_numbers("3 cats since 2023, at 10:30") == "4 cats since 2024, at 11:31"
     assert shift_numbers("no numbers") == "no numbers"
     assert strip_specifics("When did Alice move to Paris in 2021?") == "When did move to in"
-    # every capitalized word after the first goes, the pronoun "I" with the names (as written, before any run)
+    # every capitalized word after the first goes, the pronoun "I" with the names (as written,
+    # before any run)
     assert strip_specifics("What did I do on Monday in March?") == "What did do on in"
     assert first_memory_only({"memories": "- a\n- b", "question": "q"}) == {
         "memories": "- a",
@@ -333,7 +331,7 @@ def test_md_flat_curation_fault_applies_to_the_real_system(tmp_path):
     ]
 
 
-# --- store faults on a real store -------------------------------------------------------------------
+# --- store faults on a real store ----------------------------------------------------------------
 
 
 def _bm25(tmp_path: Path):

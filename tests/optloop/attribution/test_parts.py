@@ -1,4 +1,5 @@
-"""Part-by-part attribution of the published fixture: each MEME stage, the retraction judge, the skip rule."""
+"""Part-by-part attribution of the published fixture: each MEME stage, the retraction judge, the
+skip rule."""
 
 from __future__ import annotations
 

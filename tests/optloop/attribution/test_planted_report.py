@@ -1,9 +1,9 @@
 """The planted harness reported whole: every failure a fault caused is attributed and
-reported next to the induced-only figure, set-aside failures say why, empty samples say there is nothing
-to score, denominators and small samples are reported, rates carry seeded 95% intervals.
+reported next to the induced-only figure, set-aside failures say why, empty samples say there is
+nothing to score, denominators and small samples are reported, rates carry seeded 95% intervals.
 
-Fixture runs (hand-built :class:`PlantedRun`) pin the figures and their rendering; one run of the real
-harness on MD-flat with a scripted LM (no model loaded) pins how failures are classified.
+Fixture runs (hand-built :class:`PlantedRun`) pin the figures and their rendering; one run of the
+real harness on MD-flat with a scripted LM (no model loaded) pins how failures are classified.
 """
 
 from __future__ import annotations
@@ -93,36 +93,55 @@ def tally(
     )
 
 
+def answer_named(qid: str) -> Case:
+    """An ``answer-unknown`` failure the walk blames on the answer site, as planted."""
+    return case(
+        "answer-unknown",
+        qid,
+        blamed="answer",
+        blamed_type=ErrorType.RESPONSE,
+        target="answer",
+        true_type=ErrorType.RESPONSE,
+    )
+
+
+def unsound_clean(qid: str) -> Case:
+    """An ``answer-unknown`` failure blamed on extraction and set aside: an unsound clean pass."""
+    return case(
+        "answer-unknown",
+        qid,
+        blamed="mem0.extract",
+        blamed_type=ErrorType.EXTRACTION,
+        target="answer",
+        true_type=ErrorType.RESPONSE,
+        set_aside=UNSOUND_CLEAN,
+    )
+
+
+def top_k_reached(qid: str, *, named: bool) -> Case:
+    """A ``top-k-1`` failure set aside (the evidence reached the answer), blamed on the top_k knob
+    (``named``) or on the answer site."""
+    return case(
+        "top-k-1",
+        qid,
+        blamed="knob:top_k" if named else "answer",
+        blamed_type=ErrorType.RETRIEVAL if named else ErrorType.RESPONSE,
+        target="knob:top_k",
+        true_type=ErrorType.RETRIEVAL,
+        set_aside=EVIDENCE_REACHED,
+    )
+
+
+def top_k_tally() -> FaultTally:
+    return tally("top-k-1", 2, target="knob:top_k", true_type="RetrievalError")
+
+
 def issue_run() -> PlantedRun:
-    """The issue's example: mem0 on builtin:tiny, no induced failure, four set aside."""
+    """mem0 on builtin:tiny with no induced failure and four set aside."""
     cases = [
-        case(
-            "answer-unknown",
-            "q1",
-            blamed="mem0.extract",
-            blamed_type=ErrorType.EXTRACTION,
-            target="answer",
-            true_type=ErrorType.RESPONSE,
-            set_aside=UNSOUND_CLEAN,
-        ),
-        case(
-            "top-k-1",
-            "q2",
-            blamed="answer",
-            blamed_type=ErrorType.RESPONSE,
-            target="knob:top_k",
-            true_type=ErrorType.RETRIEVAL,
-            set_aside=EVIDENCE_REACHED,
-        ),
-        case(
-            "top-k-1",
-            "q3",
-            blamed="knob:top_k",
-            blamed_type=ErrorType.RETRIEVAL,
-            target="knob:top_k",
-            true_type=ErrorType.RETRIEVAL,
-            set_aside=EVIDENCE_REACHED,
-        ),
+        unsound_clean("q1"),
+        top_k_reached("q2", named=False),
+        top_k_reached("q3", named=True),
         case(
             "store-deletes-old",
             "q2",
@@ -139,7 +158,7 @@ def issue_run() -> PlantedRun:
     ]
     tallies = [
         tally("answer-unknown", 1),
-        tally("top-k-1", 2, target="knob:top_k", true_type="RetrievalError"),
+        top_k_tally(),
         tally("store-deletes-old", 1, target="library:mem0.store", true_type="DeletionError"),
         tally(
             "threshold-strict",
@@ -155,57 +174,16 @@ def issue_run() -> PlantedRun:
 def mixed_run() -> PlantedRun:
     """Two induced failures (both named right), three set aside (one named right)."""
     cases = [
-        case(
-            "answer-unknown",
-            "q1",
-            blamed="answer",
-            blamed_type=ErrorType.RESPONSE,
-            target="answer",
-            true_type=ErrorType.RESPONSE,
-        ),
-        case(
-            "answer-unknown",
-            "q2",
-            blamed="answer",
-            blamed_type=ErrorType.RESPONSE,
-            target="answer",
-            true_type=ErrorType.RESPONSE,
-        ),
-        case(
-            "answer-unknown",
-            "q3",
-            blamed="mem0.extract",
-            blamed_type=ErrorType.EXTRACTION,
-            target="answer",
-            true_type=ErrorType.RESPONSE,
-            set_aside=UNSOUND_CLEAN,
-        ),
-        case(
-            "top-k-1",
-            "q1",
-            blamed="knob:top_k",
-            blamed_type=ErrorType.RETRIEVAL,
-            target="knob:top_k",
-            true_type=ErrorType.RETRIEVAL,
-            set_aside=EVIDENCE_REACHED,
-        ),
-        case(
-            "top-k-1",
-            "q2",
-            blamed="answer",
-            blamed_type=ErrorType.RESPONSE,
-            target="knob:top_k",
-            true_type=ErrorType.RETRIEVAL,
-            set_aside=EVIDENCE_REACHED,
-        ),
+        answer_named("q1"),
+        answer_named("q2"),
+        unsound_clean("q3"),
+        top_k_reached("q1", named=True),
+        top_k_reached("q2", named=False),
     ]
     return PlantedRun(
         cases,
         [CleanBaseline("mem0", TINY, "tiny-pet", 5, 3, 2)],
-        [
-            tally("answer-unknown", 3),
-            tally("top-k-1", 2, target="knob:top_k", true_type="RetrievalError"),
-        ],
+        [tally("answer-unknown", 3), top_k_tally()],
     )
 
 
@@ -215,7 +193,7 @@ def text(report: dict[str, Any]) -> str:
     return console.export_text()
 
 
-# --- rates ------------------------------------------------------------------------------------------
+# --- rates ---------------------------------------------------------------------------------------
 
 
 def test_an_empty_sample_has_nothing_to_score_and_no_number():
@@ -245,7 +223,7 @@ def test_a_rate_has_a_seeded_bootstrap_interval_and_flags_a_small_sample():
     assert format_rate(big).startswith("0.700 [") and format_rate(big).endswith("(n=10)")
 
 
-# --- the summary ------------------------------------------------------------------------------------
+# --- the summary ---------------------------------------------------------------------------------
 
 
 def test_no_induced_failure_scores_nothing_but_every_caused_failure_is_scored():
@@ -355,7 +333,7 @@ def test_denominators_per_system_and_dataset_and_failures_caused_per_fault():
     assert len(s["tallies"]) == 5 and s["systems_covered"] == ["mem0", "rag_bm25"]
 
 
-# --- the rendering ----------------------------------------------------------------------------------
+# --- the rendering -------------------------------------------------------------------------------
 
 
 def report_of(run: PlantedRun) -> dict[str, Any]:
@@ -437,11 +415,12 @@ def test_a_report_over_several_datasets_names_them_all():
     )
 
 
-# --- the harness itself, on MD-flat with a scripted LM --------------------------------------------
+# --- the harness itself, on MD-flat with a scripted LM -------------------------------------------
 
 
 class FunctionLM(DummyLM):
-    """A ``DummyLM`` whose reply is ``respond(last message)``: the answer can depend on the memories shown."""
+    """A ``DummyLM`` whose reply is ``respond(last message)``: the answer can depend on the
+    memories shown."""
 
     def __init__(self, respond: Any):
         super().__init__({}, adapter=dspy.JSONAdapter())
@@ -471,7 +450,8 @@ def respond(content: str) -> dict[str, Any]:
     return {"answer": "red"}  # the car: a lucky guess, nothing in memory says so
 
 
-# The recorder tests' two-session episode, plus a question nothing in memory answers (a lucky guess).
+# The recorder tests' two-session episode, plus a question nothing in memory answers (a lucky
+# guess).
 EPISODE = RECORDER_EPISODE.model_copy(
     update={
         "questions": [
@@ -515,10 +495,12 @@ def test_the_harness_attributes_every_caused_failure_and_says_why_it_set_some_as
     assert got == {
         ("answer-unknown", "q1"): (None, ErrorType.RESPONSE, "answer"),
         ("answer-unknown", "q2"): (None, ErrorType.RESPONSE, "answer"),
-        # set aside (the clean pass was a guess) and attributed anyway: the walk finds no memory of a car
+        # set aside (the clean pass was a guess) and attributed anyway: the walk finds no memory of
+        # a car
         ("answer-unknown", "q3"): (UNSOUND_CLEAN, ErrorType.EXTRACTION, "md_flat.curate"),
         ("mdflat-curate-forgets", "q1"): (None, ErrorType.DELETION, "md_flat.curate"),
-        # the fault took the dog, the city still reached the answer, which failed: set aside, attributed anyway
+        # the fault took the dog, the city still reached the answer, which failed: set aside,
+        # attributed anyway
         ("mdflat-curate-forgets", "q2"): (EVIDENCE_REACHED, ErrorType.RESPONSE, "answer"),
     }
     assert all(c.dataset == "test:planted" and c.llm_calls == 0 for c in run.cases)
@@ -580,24 +562,17 @@ def test_the_new_faults_figures_stand_apart_from_the_original_ones():
 
 
 def test_planted_faults_at_concurrency_4_give_the_serial_harness_results(tmp_path: Path):
-    """Episodes in parallel (each its clean run, then its fault runs) against an endpoint whose answers are
-    fixed by the request: the same baselines, tallies and cases, in the same order, as one at a time."""
+    """Episodes in parallel (each its clean run, then its fault runs) against an endpoint whose
+    answers are fixed by the request: the same baselines, tallies and cases, in the same order, as
+    one at a time."""
     from optloop.datasets import load_dataset
-    from optloop.lm import LMSettings, OptloopLM
     from tests._oracle import KeyedEndpoint, gold_answers
 
     dataset = load_dataset("builtin:tiny")
     runs, lines = {}, {}
     with KeyedEndpoint(gold_answers(dataset.episodes), latency_s=0.01) as endpoint:
         for n in (1, 4):
-            lm = OptloopLM(
-                LMSettings.from_spec(
-                    "openai:oracle",
-                    base_url=endpoint.base_url,
-                    concurrency=n,
-                    cache_path=tmp_path / f"n{n}.sqlite",
-                )
-            )
+            lm = endpoint.lm(n, tmp_path / f"n{n}.sqlite")
             lines[n] = []
             run = run_planted(
                 ["md_flat"],

@@ -1,4 +1,5 @@
-"""Blame targets as typed values: ``Target(kind, name)`` and its string form, which every report keeps."""
+"""Blame targets as typed values: ``Target(kind, name)`` and its string form, which every report
+keeps."""
 
 from __future__ import annotations
 

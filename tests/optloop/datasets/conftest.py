@@ -1,4 +1,5 @@
-"""Fixtures for the dataset tests: the shared benchmark data (skipped when absent) and file writers."""
+"""Fixtures for the dataset tests: the shared benchmark data (skipped when absent) and file
+writers."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The agentic dataset: the generator's categories re-derived from its facts, the jsonl layout, the log
-format, validation errors, and the context metrics."""
+"""The agentic dataset: the generator's categories re-derived from its facts, the jsonl layout, the
+log format, validation errors, and the context metrics."""
 
 from __future__ import annotations
 

@@ -31,7 +31,8 @@ def test_every_answerable_probe_is_answered_by_its_evidence() -> None:
         if question.abstain:
             continue
         support = " ".join(episode.turn(t).content for t in question.evidence_ids)
-        # A selective-recall message names the forbidden neighbours too; the gold is what must be there.
+        # A selective-recall message names the forbidden neighbours too; the gold is what must be
+        # there.
         assert score(question.model_copy(update={"forbidden": []}), support) == 1.0, question.id
         if question.task_type == "selective_recall":
             assert score(question, question.gold) == 1.0 and score(question, support) == 0.0
@@ -59,7 +60,8 @@ def test_update_and_forget_probes_forbid_the_old_value_which_was_really_said() -
             assert question.forbidden and all(v in said for v in question.forbidden)
             request = episode.turn(question.evidence_ids[0]).content
             assert re.match(r"please forget", request, re.IGNORECASE)
-            # Abstaining passes; naming the forgotten value fails even when it sounds like an abstention.
+            # Abstaining passes; naming the forgotten value fails even when it sounds like an
+            # abstention.
             assert score(question, "I don't know.") == 1.0
             assert score(question, f"I don't know, maybe {question.forbidden[0]}?") == 0.0
 

@@ -100,7 +100,9 @@ def locomo_fixture() -> list[dict]:
     ]
 
 
-def test_fixture_maps_lenient_evidence_captions_and_categories(write_json) -> None:  # type: ignore[no-untyped-def]
+def test_fixture_maps_lenient_evidence_captions_and_categories(  # type: ignore[no-untyped-def]
+    write_json,
+) -> None:
     path = write_json("locomo10.json", locomo_fixture())
     dataset = load_dataset(f"locomo:{path}")
     assert dataset.name == "locomo:locomo10"

@@ -37,7 +37,9 @@ def instance(qid: str, **extra: object) -> dict:
     return record
 
 
-def test_longmemeval_evidence_is_has_answer_turns(write_json) -> None:  # type: ignore[no-untyped-def]
+def test_longmemeval_evidence_is_has_answer_turns(  # type: ignore[no-untyped-def]
+    write_json,
+) -> None:
     path = write_json(
         "longmemeval_s.json",
         [instance("q1"), instance("q2_abs", question="What degree did my brother get?")],
@@ -63,12 +65,16 @@ def test_longmemeval_evidence_is_has_answer_turns(write_json) -> None:  # type: 
     assert abs_question.meta["distractor_evidence"] == ["s2:t1"]
 
 
-def test_longmemeval_integer_answer_becomes_text(write_json) -> None:  # type: ignore[no-untyped-def]
+def test_longmemeval_integer_answer_becomes_text(  # type: ignore[no-untyped-def]
+    write_json,
+) -> None:
     path = write_json("lme.json", [instance("q3", answer=3)])
     assert load_dataset(f"longmemeval:{path}").episodes[0].questions[0].gold == "3"
 
 
-def test_longmemeval_mismatched_dates_name_the_field(write_json) -> None:  # type: ignore[no-untyped-def]
+def test_longmemeval_mismatched_dates_name_the_field(  # type: ignore[no-untyped-def]
+    write_json,
+) -> None:
     path = write_json("lme.json", [instance("q1"), instance("q4", haystack_dates=["2023/05/20"])])
     with pytest.raises(DatasetError) as err:
         load_dataset(f"longmemeval:{path}")

@@ -34,14 +34,19 @@ def coexisting_row(facts: str = '["I like tea.", "I like coffee."]') -> dict[str
     }
 
 
-def test_missing_csv_column_names_header_line_and_column(write_csv) -> None:  # type: ignore[no-untyped-def]
+def test_missing_csv_column_names_header_line_and_column(  # type: ignore[no-untyped-def]
+    write_csv,
+) -> None:
     path = write_csv("persona.csv", [{"entity": "Yuki", "entity_facts": '["Yuki maps wrecks."]'}])
     assert error_for(f"memfail:persona:{path}") == (
-        f"{path}: line 1 (header): field 'questions': missing column (found columns: entity, entity_facts)"
+        f"{path}: line 1 (header): field 'questions': missing column (found columns: "
+        "entity, entity_facts)"
     )
 
 
-def test_bad_json_cell_names_the_rows_first_line(write_csv) -> None:  # type: ignore[no-untyped-def]
+def test_bad_json_cell_names_the_rows_first_line(  # type: ignore[no-untyped-def]
+    write_csv,
+) -> None:
     multiline = coexisting_row()
     multiline["question"] = (
         "What do I\ndrink?"  # a quoted cell spanning two lines shifts the next row
@@ -55,7 +60,8 @@ def test_bad_json_cell_names_the_rows_first_line(write_csv) -> None:  # type: ig
 def test_short_csv_row_names_the_missing_cell(tmp_path: Path) -> None:
     path = tmp_path / "coexisting.csv"
     path.write_text(
-        'preference_category,preferences,preference_facts,question,ground_truth_answer\ndrinks,"[]"\n',
+        "preference_category,preferences,preference_facts,question,ground_truth_answer\n"
+        'drinks,"[]"\n',
         encoding="utf-8",
     )
     assert (
@@ -64,7 +70,9 @@ def test_short_csv_row_names_the_missing_cell(tmp_path: Path) -> None:
     )
 
 
-def test_conditional_gold_without_polarity_is_rejected(write_csv) -> None:  # type: ignore[no-untyped-def]
+def test_conditional_gold_without_polarity_is_rejected(  # type: ignore[no-untyped-def]
+    write_csv,
+) -> None:
     row = {
         "entity": "Pip",
         "entity_facts": '["Pip eats at dawn."]',
@@ -99,7 +107,9 @@ def test_persona_question_record_missing_text(write_csv) -> None:  # type: ignor
     )
 
 
-def test_long_hop_bad_choice_and_missing_choice_column(write_csv) -> None:  # type: ignore[no-untyped-def]
+def test_long_hop_bad_choice_and_missing_choice_column(  # type: ignore[no-untyped-def]
+    write_csv,
+) -> None:
     rows = long_hop_rows()
     rows[1]["correct_choice"] = "F"
     path = write_csv("long_hop.csv", rows, LONG_HOP_HEADER)

@@ -106,7 +106,9 @@ def record() -> dict:
     }
 
 
-def test_meme_maps_sessions_kinds_and_gold_fact_evidence(write_json) -> None:  # type: ignore[no-untyped-def]
+def test_meme_maps_sessions_kinds_and_gold_fact_evidence(  # type: ignore[no-untyped-def]
+    write_json,
+) -> None:
     path = write_json("meme.json", [record()])
     (episode,) = load_dataset(f"meme:{path}").episodes
     assert (
@@ -137,7 +139,9 @@ def test_meme_maps_sessions_kinds_and_gold_fact_evidence(write_json) -> None:  #
     assert cascade.meta["domain"] == "workplace"
 
 
-def test_meme_accepts_an_episodes_object_and_jsonl(write_json) -> None:  # type: ignore[no-untyped-def]
+def test_meme_accepts_an_episodes_object_and_jsonl(  # type: ignore[no-untyped-def]
+    write_json,
+) -> None:
     second = record()
     second["episode"].pop("id")
     as_object = write_json("meme_obj.json", {"episodes": [record(), second]})
@@ -147,7 +151,9 @@ def test_meme_accepts_an_episodes_object_and_jsonl(write_json) -> None:  # type:
     assert ids_object == ids_lines == ["m1", "meme-0001"]
 
 
-def test_meme_out_of_range_fact_turn_names_the_field(write_json) -> None:  # type: ignore[no-untyped-def]
+def test_meme_out_of_range_fact_turn_names_the_field(  # type: ignore[no-untyped-def]
+    write_json,
+) -> None:
     bad = record()
     bad["sessions"][1]["gold_facts"][1]["conveyed_in_turn"] = 7
     path = write_json("meme.jsonl", [record(), bad])

@@ -1,4 +1,5 @@
-"""``meme:`` on MEME's published layout: two episodes, task mapping, evidence parts, one-line errors."""
+"""``meme:`` on MEME's published layout: two episodes, task mapping, evidence parts, one-line
+errors."""
 
 from __future__ import annotations
 

@@ -143,7 +143,8 @@ def long_hop_rows() -> list[dict[str, str]]:
             "chain_3": "Pier 9",
             "chain_4": "Dee",
             "chain_5": "Eve",
-            "graded_question": "Who is the sister of the person running the pier where Cy's boat docks?",
+            "graded_question": "Who is the sister of the person running the pier where Cy's "
+            "boat docks?",
             "ground_truth_answer": "Eve",
             "choice_a": "Ann",
             "choice_b": "Bea",
@@ -170,7 +171,9 @@ def long_hop_rows() -> list[dict[str, str]]:
     ]
 
 
-def test_long_hop_spreads_each_chain_over_sessions_with_five_options(write_csv) -> None:  # type: ignore[no-untyped-def]
+def test_long_hop_spreads_each_chain_over_sessions_with_five_options(
+    write_csv,
+) -> None:  # type: ignore[no-untyped-def]
     path = write_csv("long_hop_dataset.csv", long_hop_rows(), LONG_HOP_HEADER)
     dataset = load_dataset(f"memfail:long_hop:{path}")
     assert [e.id for e in dataset.episodes] == ["long_hop-lh1", "long_hop-lh2", "long_hop-lh3"]

@@ -30,7 +30,9 @@ def make_episode(**question_kw: object) -> Episode:
         scorer="contains",
     )
     fields.update(question_kw)
-    return Episode(id="e1", sessions=sessions, questions=[Question(**fields)])  # type: ignore[arg-type]
+    return Episode(  # type: ignore[arg-type]
+        id="e1", sessions=sessions, questions=[Question(**fields)]
+    )
 
 
 def test_helpers_find_turns_and_sessions() -> None:

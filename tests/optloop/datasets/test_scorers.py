@@ -1,4 +1,5 @@
-"""Scorers: each question is graded by its own scorer, deterministically unless a judge is given."""
+"""Scorers: each question is graded by its own scorer, deterministically unless a judge is
+given."""
 
 from __future__ import annotations
 
@@ -19,7 +20,9 @@ OPTIONS = ["Porto", "Lisbon", "Madrid", "New York", "New York City"]
 
 
 def q(scorer: str, gold: str, **kw: object) -> Question:
-    return Question(id="q", question="?", gold=gold, task_type="t", scorer=scorer, **kw)  # type: ignore[arg-type]
+    return Question(  # type: ignore[arg-type]
+        id="q", question="?", gold=gold, task_type="t", scorer=scorer, **kw
+    )
 
 
 def test_normalize_answer_drops_case_punctuation_articles_and_accents() -> None:

@@ -43,13 +43,15 @@ def test_every_episode_asks_all_six_tasks_in_both_domains(episodes: list[Episode
 
 
 def replay_cascade(episode: Episode) -> tuple[str, str]:
-    """Re-derive the cascade answer by reading the statements in order; returns (answer, first value)."""
+    """Re-derive the cascade answer by reading the statements in order; returns (answer, first
+    value)."""
     lead: str | None = None
     home: dict[str, str] = {}
     first: str | None = None
     for line in user_lines(episode):
         if m := re.fullmatch(
-            r"(.+), who lives in (.+), (?:has taken over as lead of project .+|hosts the reunion)\.",
+            r"(.+), who lives in (.+), (?:has taken over as lead of project .+|hosts the "
+            r"reunion)\.",
             line,
         ):
             name = m[1].removeprefix("From now on my cousin ")
@@ -59,7 +61,8 @@ def replay_cascade(episode: Episode) -> tuple[str, str]:
         ):
             lead = m[1]
         elif m := re.fullmatch(
-            r"(?:Big news: |Guess what, )?(.+?) (?:lives in|just moved to|moved to) (.+?)(?: last week)?\.",
+            r"(?:Big news: |Guess what, )?(.+?) (?:lives in|just moved to|moved to) "
+            r"(.+?)(?: last week)?\.",
             line,
         ):
             home[m[1]] = m[2]

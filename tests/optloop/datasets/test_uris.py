@@ -50,7 +50,8 @@ def test_tasks_keeps_only_those_questions_and_drops_empty_episodes() -> None:
         ("builtin:tiny?offset=99", r"no episodes left"),
         (
             "memfail:recall",
-            r"unknown task 'recall' \(choose one of: coexisting, conditional_easy, conditional_hard, "
+            r"unknown task 'recall' \(choose one of: coexisting, conditional_easy, "
+            r"conditional_hard, "
             r"persona, long_hop\)",
         ),
         ("memfail:persona:/nonexistent/p.csv", r"/nonexistent/p.csv: file not found"),

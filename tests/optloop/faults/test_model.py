@@ -14,7 +14,9 @@ from tests.systems._gated_fakes import BowEmbedder
 
 
 def rag(tmp_path, **kwargs) -> BM25RagSystem:
-    return BM25RagSystem(None, tmp_path, embedder=BowEmbedder(), query_site=True, **kwargs)  # type: ignore[arg-type]
+    return BM25RagSystem(  # type: ignore[arg-type]
+        None, tmp_path, embedder=BowEmbedder(), query_site=True, **kwargs
+    )
 
 
 def test_every_planted_fault_is_one_model_with_unique_names():

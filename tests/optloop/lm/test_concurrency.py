@@ -1,4 +1,5 @@
-"""The LM layer under concurrency: sites and collectors per thread and task; cache, records and totals as serial.
+"""The LM layer under concurrency: sites and collectors per thread and task; cache, records and
+totals as serial.
 
 A fake backend holds every call until both threads (or tasks) are inside one, so the
 calls overlap for certain; each caller must still see only its own site and records.
@@ -30,7 +31,8 @@ from optloop.testing.scripted import InFlight, ScriptedOpenAIServer
 
 
 class MeetingBackend(Backend):
-    """Answers each request with its last message, once ``parties`` calls are in flight together."""
+    """Answers each request with its last message, once ``parties`` calls are in flight
+    together."""
 
     def __init__(self, parties: int):
         self.barrier = threading.Barrier(parties, timeout=20)
@@ -97,7 +99,8 @@ def test_two_threads_each_charge_their_own_site_and_collect_their_own_calls():
 
 
 def test_two_dspy_threads_through_the_engine_keep_their_sites():
-    """The same, through DSPy (``lm(...)`` -> engine), each thread in a copy of the caller's context."""
+    """The same, through DSPy (``lm(...)`` -> engine), each thread in a copy of the caller's
+    context."""
     lm = meeting_lm(2)
     out: dict[str, Any] = {}
 
@@ -174,22 +177,26 @@ def test_a_callback_pair_collects_the_calls_between_its_two_halves_in_its_own_th
     assert seen == {"a": ["a"], "b": ["b"]}
 
 
-# --- many threads and tasks against one endpoint: the same cache, records and totals as one caller ------------
+# --- many threads and tasks against one endpoint: the same cache, records and totals as one caller
+# ---
 
 SITES = ("mem0.extract", "mem0.update", "answer", "judge")
 SCHEMA = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}
 
 
 def workload() -> list[tuple[str, str, bool]]:
-    """(site, prompt, wants JSON): 48 distinct calls, each asked twice, the second time out of order."""
+    """(site, prompt, wants JSON): 48 distinct calls, each asked twice, the second time out of
+    order."""
     distinct = [(SITES[i % 4], f"question {i}", i % 3 == 0) for i in range(48)]
     return distinct + distinct[::-1]
 
 
 class AnsweringEndpoint(ScriptedOpenAIServer):
-    """Answers each prompt from its text alone; refuses the first request of every prompt with a 429.
+    """Answers each prompt from its text alone; refuses the first request of every prompt with a
+    429.
 
-    One endpoint serves the runs compared (the cache key holds its URL); :meth:`reset` between them.
+    One endpoint serves the runs compared (the cache key holds its URL); :meth:`reset` between
+    them.
     """
 
     def __init__(self) -> None:
@@ -233,7 +240,8 @@ async def ask_async(lm: OptloopLM, site: str, prompt: str, wants_json: bool) -> 
 
 
 def snapshot(lm: OptloopLM, cache_path: Path) -> dict[str, Any]:
-    """Everything that must not depend on the concurrency: cache rows, records (as a multiset), totals."""
+    """Everything that must not depend on the concurrency: cache rows, records (as a multiset),
+    totals."""
     rows = sqlite3.connect(cache_path).execute("SELECT key, response FROM responses").fetchall()
     records = sorted(
         (
@@ -333,7 +341,8 @@ def test_asyncio_tasks_leave_the_same_cache_records_and_totals_as_one_task(tmp_p
 
 
 def test_async_calls_are_not_capped_by_asyncios_default_thread_pool():
-    """asyncio.to_thread would run 6 calls at a time on a 2-core machine; the engine's own pool runs --concurrency."""
+    """asyncio.to_thread would run 6 calls at a time on a 2-core machine; the engine's own pool
+    runs --concurrency."""
     slow = InFlight(0.3)
     with ScriptedOpenAIServer([("respond", slow)]) as server:
         lm = OptloopLM(
@@ -363,7 +372,8 @@ def test_the_cache_takes_writes_and_reads_from_many_threads(tmp_path):
 
 
 def test_blocking_work_of_an_async_library_runs_on_the_lms_pool_with_the_tasks_site():
-    """graphiti's sites run DSPy programs in threads: ``lm.to_thread`` gives them the LM's pool and the task's site."""
+    """graphiti's sites run DSPy programs in threads: ``lm.to_thread`` gives them the LM's pool and
+    the task's site."""
     lm = meeting_lm(3)  # all three calls must be in flight together
 
     def site_program(prompt: str) -> tuple[str, str | None]:

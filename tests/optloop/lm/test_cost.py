@@ -1,4 +1,5 @@
-"""Dollar cost per call from litellm's bundled price table, read offline; tokens only for a model without a price."""
+"""Dollar cost per call from litellm's bundled price table, read offline; tokens only for a model
+without a price."""
 
 from __future__ import annotations
 
@@ -62,7 +63,11 @@ def test_reading_prices_never_imports_litellm_or_touches_the_network():
         socket.getaddrinfo = no_network
         from optloop.lm import model_price
         price = model_price("gpt-4o-mini")
-        print(price is not None, "litellm" in sys.modules, os.environ.get("LITELLM_LOCAL_MODEL_COST_MAP"))
+        print(
+            price is not None,
+            "litellm" in sys.modules,
+            os.environ.get("LITELLM_LOCAL_MODEL_COST_MAP"),
+        )
     """)
     proc = subprocess.run(
         [sys.executable, "-c", script],

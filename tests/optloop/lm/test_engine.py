@@ -1,5 +1,5 @@
-"""OptloopLM as a DSPy 3.4 engine LM: DSPy calls reach optloop's engine, warn about nothing, and keep
-optloop's schemas, cache keys, rollouts and errors. Remote calls go to a loopback server
+"""OptloopLM as a DSPy 3.4 engine LM: DSPy calls reach optloop's engine, warn about nothing, and
+keep optloop's schemas, cache keys, rollouts and errors. Remote calls go to a loopback server
 (``optloop/testing/scripted.py``).
 """
 
@@ -55,7 +55,8 @@ def test_importing_the_lm_layer_installs_no_warning_filters():
         before = list(warnings.filters)
         import optloop.lm
         import optloop.lm.accounting, optloop.lm.cache, optloop.lm.dspy_lm, optloop.lm.endpoint
-        import optloop.lm.engine, optloop.lm.llama, optloop.lm.machine, optloop.lm.requests, optloop.lm.settings
+        import optloop.lm.engine, optloop.lm.llama, optloop.lm.machine, optloop.lm.requests, \\
+            optloop.lm.settings
         print(warnings.filters == before)
     """)
     proc = subprocess.run(
@@ -200,8 +201,9 @@ def test_copies_share_the_engine_and_a_deep_copy_does_not_duplicate_it():
 
 
 def test_proposer_rollouts_keep_their_seeds_and_their_site():
-    """The SIMBA step (loop.simba) asks the proposer through ``lm.copy(rollout_id=...)`` under the proposer
-    site: each rollout samples with its own seed and is charged to the proposer site, not served from cache."""
+    """The SIMBA step (loop.simba) asks the proposer through ``lm.copy(rollout_id=...)`` under the
+    proposer site: each rollout samples with its own seed and is charged to the proposer site, not
+    served from cache."""
     from optloop.lm import prompt_site
     from optloop.sites import PROPOSER
 

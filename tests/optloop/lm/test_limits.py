@@ -1,4 +1,5 @@
-"""The load limits' parts on their own: token buckets, Retry-After, backoff, the shared throttle."""
+"""The load limits' parts on their own: token buckets, Retry-After, backoff, the shared
+throttle."""
 
 from __future__ import annotations
 

@@ -401,7 +401,8 @@ def test_raw_control_characters_in_json_strings_are_escaped_not_failed():
 
 
 class _RamblingLlama:
-    """Stands in for llama_cpp.Llama: runs out of tokens until the schema allows at most ``closes_at`` items."""
+    """Stands in for llama_cpp.Llama: runs out of tokens until the schema allows at most
+    ``closes_at`` items."""
 
     def __init__(self, closes_at: int):
         self.closes_at = closes_at

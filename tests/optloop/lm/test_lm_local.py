@@ -254,7 +254,8 @@ def test_cache_survives_a_process_restart(tmp_path):
         lm = OptloopLM(LMSettings.from_spec("local", cache_path=sys.argv[1]))
         text = lm.text("Name a planet.", max_tokens=12)
         print(json.dumps({"text": text, "cached": lm.accounting.records[-1].cached,
-                          "model_loaded": lm.backend.loaded, "model_calls": lm.accounting.totals().model_calls}))
+                          "model_loaded": lm.backend.loaded,
+                          "model_calls": lm.accounting.totals().model_calls}))
         """
     )
     cache = str(tmp_path / "cache.sqlite")

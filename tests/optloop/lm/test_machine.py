@@ -31,7 +31,9 @@ HOLDER = textwrap.dedent("""
     spec = importlib.util.spec_from_file_location("machine", sys.argv[1])
     machine = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(machine)
-    directory, slots, hold_s, out = Path(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), Path(sys.argv[5])
+    directory, slots, hold_s, out = (
+        Path(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), Path(sys.argv[5])
+    )
     with machine.MachineSlots("llama", slots, directory).hold() as waited:
         start = time.time()
         out.with_suffix(".held").write_text("held")
@@ -162,7 +164,8 @@ def test_a_local_model_call_waits_for_the_machine_slot_and_says_how_long(monkeyp
     worker.join(10)
     assert done.is_set()
     record = lm.accounting.records[-1]
-    # it waited (how long depends on when the thread got to the slot on a loaded machine: no timing threshold)
+    # it waited (how long depends on when the thread got to the slot on a loaded machine: no timing
+    # threshold)
     assert record.queued_s > 0 and record.seconds >= record.queued_s
     assert lm.accounting.totals().queued_s == record.queued_s
 

@@ -59,7 +59,8 @@ def test_a_429_honours_retry_after_given_as_an_http_date():
 
 
 def test_a_storm_of_429s_slows_a_call_but_does_not_fail_it():
-    # The first two 429s say nothing (jittered backoff: up to 1 s, then 2 s), the next ask for no wait.
+    # The first two 429s say nothing (jittered backoff: up to 1 s, then 2 s), the next ask for no
+    # wait.
     script = [limited()] * 2 + [limited("0")] * 3 + [("ok", "made it")]
     with ScriptedOpenAIServer(script) as server:
         lm = remote(server.base_url, max_retries=1)
@@ -76,7 +77,8 @@ def test_an_endpoint_that_always_says_retry_now_is_not_hammered():
         with pytest.raises(LMUnreachableError, match="HTTP 429"):
             lm.text("q")
         elapsed = time.perf_counter() - started
-    # five requests at once, then backoff: the sleeps reach the 3 s budget within a few more attempts
+    # five requests at once, then backoff: the sleeps reach the 3 s budget within a few more
+    # attempts
     assert 5 < len(server.requests) < 20 and elapsed <= 3 + 1.5
 
 

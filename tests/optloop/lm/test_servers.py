@@ -1,7 +1,7 @@
-"""What differs between OpenAI-compatible servers, settled by flags alone: the schema mode (chosen by
-probing, remembered per endpoint, in the cache key), request errors (never retried, saying what to
-change), and ``--concurrency auto``. The loopback server plays llama.cpp's Python server where it
-must (its HTTP 500 with pydantic's validation text for ``json_schema``); the real server is in
+"""What differs between OpenAI-compatible servers, settled by flags alone: the schema mode (chosen
+by probing, remembered per endpoint, in the cache key), request errors (never retried, saying what
+to change), and ``--concurrency auto``. The loopback server plays llama.cpp's Python server where
+it must (its HTTP 500 with pydantic's validation text for ``json_schema``); the real server is in
 ``tests/integration/test_llama_server.py``."""
 
 from __future__ import annotations
@@ -123,7 +123,8 @@ def test_a_prompt_longer_than_the_context_fails_at_once_with_the_sizes_and_the_s
 
 def test_a_validation_error_naming_a_field_is_a_request_error_even_as_http_500():
     body = {
-        "message": "1 validation error:\n  {'type': 'less_than_equal', 'loc': ('body', 'temperature'), "
+        "message": "1 validation error:\n  {'type': 'less_than_equal', 'loc': ('body', "
+        "'temperature'), "
         "'msg': 'Input should be less than or equal to 2', 'input': 3}",
         "type": "internal_server_error",
     }
@@ -143,7 +144,8 @@ def test_a_plain_server_error_is_still_retried():
 
 
 class _Serial:
-    """A backend stand-in that answers one request at a time, ``seconds`` each (a llama.cpp server)."""
+    """A backend stand-in that answers one request at a time, ``seconds`` each (a llama.cpp
+    server)."""
 
     def __init__(self, seconds: float, slots: int = 1):
         self.seconds = seconds
@@ -175,7 +177,8 @@ def test_concurrency_auto_is_the_endpoint_default_and_an_explicit_number_wins(mo
 
 
 def test_the_timeout_counts_the_request_not_the_wait_for_a_concurrency_slot():
-    # 6 calls at once, one slot: the last waits ~1.5 s in optloop's queue, yet each request takes 0.3 s < 0.5 s.
+    # 6 calls at once, one slot: the last waits ~1.5 s in optloop's queue, yet each request takes
+    # 0.3 s < 0.5 s.
     with ScriptedOpenAIServer([("respond", InFlight(0.3))]) as server:
         lm = _lm(server.base_url, concurrency=1, timeout_s=0.5, max_retries=0)
         threads = [threading.Thread(target=lm.text, args=(f"q{i}",)) for i in range(6)]

@@ -53,8 +53,12 @@ def test_prompt_diff_names_only_changed_sites():
 
 
 def test_prompt_diff_compares_sentences_whatever_the_line_breaks():
-    """A docstring's instruction (wrapped) against the one-line edit of it: only the edited sentence differs."""
-    before = 'Answer the question. Give the shortest answer that is\ncorrect. If unsure, reply "I don\'t know".'
+    """A docstring's instruction (wrapped) against the one-line edit of it: only the edited
+    sentence differs."""
+    before = (
+        'Answer the question. Give the shortest answer that is\ncorrect. If unsure, reply "I '
+        "don't know\"."
+    )
     after = "Answer the question. Give the shortest answer that is correct. If unsure,"
     diff = prompt_diff({"answer": before}, {"answer": after}).splitlines()
     assert [

@@ -37,7 +37,8 @@ BASE = Candidate(
 )
 QUESTIONS = {"train": 4, "dev": 4, "test": 24}
 
-# dev: (questions passed of 4, the site their failures are blamed on), by (answer, extract) instruction
+# dev: (questions passed of 4, the site their failures are blamed on), by (answer, extract)
+# instruction
 DEV = {
     ("seed answer", "seed extract"): (1, ANSWER),
     ("answer:1", "seed extract"): (1, ANSWER),
@@ -54,7 +55,8 @@ class Killed(Exception):
 
 class Clock:
     """Counts the run's steps; raises :class:`Killed` at step ``kill_at``, at the first step named
-    ``kill_on`` (its ``nth`` one), or at the step right after the first one named ``kill_after``."""
+    ``kill_on`` (its ``nth`` one), or at the step right after the first one named
+    ``kill_after``."""
 
     def __init__(
         self,
@@ -129,7 +131,8 @@ def evaluation(split: str, candidate: Candidate, passes: int, n: int, target: st
 
 
 class FakeEvaluator:
-    """Scripted evaluations: ``DEV`` on train and dev (default 1 pass), ``TEST`` on test (default 6)."""
+    """Scripted evaluations: ``DEV`` on train and dev (default 1 pass), ``TEST`` on test (default
+    6)."""
 
     site_names = SITES
 
@@ -146,7 +149,8 @@ class FakeEvaluator:
         self.meter = meter or Meter()
 
     def evaluate(self, candidate: Candidate, split: Split) -> Evaluation:
-        self.meter.calls += EVALUATION_CALLS  # spent as it starts: a kill at this step loses the work, not its cost
+        # spent as it starts: a kill at this step loses the work, not its cost
+        self.meter.calls += EVALUATION_CALLS
         self.clock.tick(f"evaluate {split} {key(candidate)}")
         self.calls.append((split, candidate.digest()))
         if split == "test":
@@ -165,7 +169,8 @@ class FakeEvaluator:
 
 
 class FakeOptimizer(Optimizer):
-    """Proposes ``<site>:1``, ``<site>:2``, ... for its first site, two per round, on the best so far."""
+    """Proposes ``<site>:1``, ``<site>:2``, ... for its first site, two per round, on the best so
+    far."""
 
     name = "fake"
 
@@ -226,7 +231,8 @@ class NothingOptimizer(FakeOptimizer):
 
 
 class MemorySink:
-    """MLflow in memory: child runs by id (discarded ones removed), dev points, summary, registry, tags."""
+    """MLflow in memory: child runs by id (discarded ones removed), dev points, summary, registry,
+    tags."""
 
     def __init__(self, clock: Clock):
         self.clock = clock
@@ -296,7 +302,8 @@ class MemorySink:
         self.summary = summary
 
     def register(self, texts: Mapping[str, str], *, promote: bool, message: str) -> dict[str, Any]:
-        """As ``prompt_registry.register_prompts``: a version this run registered with the same text is reused."""
+        """As ``prompt_registry.register_prompts``: a version this run registered with the same
+        text is reused."""
         self.clock.tick("register")
         if not self.registered or self.registered[-1][0] != dict(texts):
             self.registered.append((dict(texts), promote))
@@ -413,7 +420,7 @@ def trials_of(path: Path) -> list[tuple[int, str, float, bool]]:
     ]
 
 
-# --- the budget -----------------------------------------------------------------------------------------------
+# --- the budget ----------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("budget", [1, 2, 5])
@@ -453,7 +460,7 @@ def test_the_run_follows_the_script(tmp_path):
     )
 
 
-# --- retargeting ----------------------------------------------------------------------------------------------
+# --- retargeting ---------------------------------------------------------------------------------
 
 
 def test_the_optimizer_is_retargeted_when_the_blame_moves_and_only_then(tmp_path):
@@ -479,7 +486,7 @@ def test_a_resumed_optimizer_is_retargeted_on_the_best_so_far(tmp_path):
     assert again.optimizer.proposals == 0
 
 
-# --- promotion ------------------------------------------------------------------------------------------------
+# --- promotion -----------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -491,7 +498,8 @@ def test_a_resumed_optimizer_is_retargeted_on_the_best_so_far(tmp_path):
             "delta",
             8,
             True,
-            "the point delta is above 0 (its 95% CI includes 0), champion moved (--promote-if delta)",
+            "the point delta is above 0 (its 95% CI includes 0), champion moved "
+            "(--promote-if delta)",
         ),
         ("delta", 6, False, "the point delta is not above 0"),
     ],
@@ -518,7 +526,7 @@ def test_nothing_is_registered_or_promoted_when_the_baseline_stays_best(tmp_path
     assert result.test_after == result.test_before
 
 
-# --- proposals that fail --------------------------------------------------------------------------------------
+# --- proposals that fail -------------------------------------------------------------------------
 
 
 def test_an_optimizer_with_nothing_to_propose_ends_the_run_cleanly(tmp_path):
@@ -561,7 +569,7 @@ def test_a_proposal_that_raises_stops_the_run_with_nothing_half_done_and_a_rerun
     assert sink.trials() == [1, 2, 3, 4, 5] and sink.discarded == []
 
 
-# --- resume after a kill at every step ------------------------------------------------------------------------
+# --- resume after a kill at every step -----------------------------------------------------------
 
 
 def steps_of_a_clean_run(tmp_path: Path, batch: int = 1) -> list[str]:
@@ -588,7 +596,8 @@ def test_resume_after_a_kill_at_any_step_equals_an_uninterrupted_run(tmp_path, b
         where = f"killed at step {k} ({steps[k - 1]})"
         assert without_cost(result) == without_cost(clean), where
         extra = result.cost["llm_calls"] - clean.cost["llm_calls"]
-        # a kill mid-batch redoes the batch's evaluations (and the proposals of the step it stopped)
+        # a kill mid-batch redoes the batch's evaluations (and the proposals of the step it
+        # stopped)
         bound = batch * EVALUATION_CALLS + batch * PROPOSAL_CALLS
         assert 0 <= extra <= bound and result.cost["processes"] == 2, (
             where,
@@ -614,13 +623,13 @@ def test_resume_after_a_kill_at_any_step_equals_an_uninterrupted_run(tmp_path, b
         assert Checkpoint.load(path).finished, where
 
 
-# --- batches ----------------------------------------------------------------------------------------------------
+# --- batches -------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("batch, sizes", [(2, [2, 2, 1]), (3, [2, 2, 1]), (5, [2, 2, 1])])
 def test_a_batch_is_one_round_evaluated_at_once_and_the_budget_stays_exact(tmp_path, batch, sizes):
-    """The fake optimizer's rounds make two candidates: a batch never asks for a second round before the first's
-    results are observed, and never takes more trials than the budget leaves."""
+    """The fake optimizer's rounds make two candidates: a batch never asks for a second round
+    before the first's results are observed, and never takes more trials than the budget leaves."""
     result, run, sink = uninterrupted(tmp_path, batch=batch)
     assert [t.trial for t in result.tried] == [1, 2, 3, 4, 5] and sink.trials() == [1, 2, 3, 4, 5]
     assert run.evaluator.batches == [s for s in sizes if s > 1]
@@ -665,7 +674,7 @@ def test_a_finished_checkpoint_is_not_run_again(tmp_path):
     )  # Loop refuses such a run before the controller starts
 
 
-# --- several workers: the shared coordinator on a SQLite study ------------------------------------------------
+# --- several workers: the shared coordinator on a SQLite study -----------------------------------
 
 
 def test_two_workers_split_the_budget_through_a_shared_study(tmp_path):

@@ -1,4 +1,5 @@
-"""Spending limits and ``--estimate`` in the controller, driven by the fakes of ``test_controller``.
+"""Spending limits and ``--estimate`` in the controller, driven by the fakes of
+``test_controller``.
 
 The fake meter charges 10 model calls per evaluation and 1 per proposal, at $0.01 a call, so
 every limit below falls at a known step. A run stopped by a limit must leave nothing half done
@@ -44,7 +45,8 @@ TRIAL = EVALUATION_CALLS + PROPOSAL_CALLS
 
 
 def priced(run: Run) -> Run:
-    """``run`` whose meter also reports model calls and dollars, as ``Loop._cost`` does for a priced model."""
+    """``run`` whose meter also reports model calls and dollars, as ``Loop._cost`` does for a
+    priced model."""
     meter = run.meter
     run.context.cost = lambda: {
         "llm_calls": meter.calls,
@@ -215,7 +217,7 @@ def test_a_limit_counts_what_the_other_workers_spent(tmp_path):
     assert ckpt.baseline_train is not None and ckpt.baseline_dev is None and ckpt.trials == []
 
 
-# --- the limits and the estimate alone ----------------------------------------------------------------------
+# --- the limits and the estimate alone -----------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -345,17 +347,19 @@ def test_an_unpriced_or_fully_cached_baseline_says_what_it_cannot_know():
     assert figures.latency_s is None and figures.total.tokens is None
 
 
-# --- the floor: an episode's chain of sequential requests ---------------------------------------------------------
+# --- the floor: an episode's chain of sequential requests ----------------------------------------
 
 
 def test_an_evaluation_takes_at_least_its_longest_chain_of_sequential_requests():
-    # the baseline: on dev, 10 requests, 2 s per computed call; the test split 1.5 times dev's work: 15 requests
+    # the baseline: on dev, 10 requests, 2 s per computed call; the test split 1.5 times dev's
+    # work: 15 requests
     ckpt = baseline_checkpoint()
     figures = estimate(
         ckpt, budget=3, concurrency=4, dev_units=10, test_units=15, chains=Chains(dev=6, test=3)
     )
     _, trials, test = figures.parts
-    # a trial: 10 requests / 4 in flight = 2.5 requests' time, but its longest episode chains 6: 6 x 2 s each
+    # a trial: 10 requests / 4 in flight = 2.5 requests' time, but its longest episode chains 6: 6
+    # x 2 s each
     assert (
         trials.floor is not None
         and trials.floor.binds
@@ -364,7 +368,8 @@ def test_an_evaluation_takes_at_least_its_longest_chain_of_sequential_requests()
     assert (
         trials.hours == pytest.approx(3 * 6 * 2 / 3600) and trials.calls == 30
     )  # the floor costs no call
-    # a held-out evaluation: 15 requests / 4 = 3.75 requests' time, more than its chain of 3: N decides
+    # a held-out evaluation: 15 requests / 4 = 3.75 requests' time, more than its chain of 3: N
+    # decides
     assert (
         test.floor is not None
         and not test.floor.binds
@@ -372,8 +377,9 @@ def test_an_evaluation_takes_at_least_its_longest_chain_of_sequential_requests()
     )
     assert figures.total.hours == pytest.approx(sum(p.hours for p in figures.parts))
     assert figures.floor_lines() == [
-        "time of the 3 trials set by the longest dev episode's 6 sequential requests (12 s an evaluation), not by "
-        "--concurrency 4: its sessions are ingested in order, then a question"
+        "time of the 3 trials set by the longest dev episode's 6 sequential requests (12 s an "
+        "evaluation), not by --concurrency 4: its sessions are ingested in order, then a "
+        "question"
     ]
     # one request at a time, the chain never binds: the same hours as without chains
     serial = estimate(
@@ -393,7 +399,8 @@ def test_the_chains_are_measured_on_the_baseline_dev_evaluation_and_the_splits_l
         update={"sessions": tiny.episodes[2].sessions * 3}
     )  # 6 sessions
     test = tiny.model_copy(update={"episodes": [longer, tiny.episodes[3]]})
-    # one of dev's two stores built (2 sessions, 6 requests: 3 a session), 10 requests for its 5 questions: 2 each
+    # one of dev's two stores built (2 sessions, 6 requests: 3 a session), 10 requests for its 5
+    # questions: 2 each
     evaluation = Evaluation(
         split="dev",
         candidate="c",
@@ -413,12 +420,12 @@ def test_the_chains_are_measured_on_the_baseline_dev_evaluation_and_the_splits_l
     )
 
 
-# --- the optimizer's own calls ------------------------------------------------------------------------------------
+# --- the optimizer's own calls -------------------------------------------------------------------
 
 
 def baseline_checkpoint(**update) -> Checkpoint:
-    """The baseline of ``test_the_estimate_extrapolates_the_baseline_dev_evaluation``: on dev, per computed call,
-    100 tokens, $0.01 and 2 s (per token: $0.0001, 0.02 s)."""
+    """The baseline of ``test_the_estimate_extrapolates_the_baseline_dev_evaluation``: on dev, per
+    computed call, 100 tokens, $0.01 and 2 s (per token: $0.0001, 0.02 s)."""
     return Checkpoint(
         config_digest="x",
         baseline_train=measured(
@@ -546,8 +553,9 @@ def trial(n: int, calls: int) -> Trial:
 
 
 def test_the_optimizers_calls_are_measured_on_finished_trials_and_scaled_by_rounds():
-    # the baseline (40 requests) and 2 finished trials (10 each), a third left half done; the run spent 100: the
-    # optimizer 40, of them 4 at the proposer site (the system LM's own), 600 tokens (400 the proposer's) and $0.04
+    # the baseline (40 requests) and 2 finished trials (10 each), a third left half done; the run
+    # spent 100: the optimizer 40, of them 4 at the proposer site (the system LM's own), 600 tokens
+    # (400 the proposer's) and $0.04
     spent = {
         "llm_calls": 100,
         "model_calls": 100,
@@ -628,7 +636,8 @@ def test_a_batch_shares_the_concurrency_and_its_chain_floors_the_batch_not_each_
     )
     trials, in_batches = one.parts[1], batched.parts[1]
     assert trials.hours == pytest.approx(8 * 6 * 2 / 3600)  # each trial floored by the chain
-    # two batches of 4: 40 requests / 16 = 2.5 requests' time, under the chain of 6: the chain floors each batch
+    # two batches of 4: 40 requests / 16 = 2.5 requests' time, under the chain of 6: the chain
+    # floors each batch
     assert in_batches.hours == pytest.approx(2 * 6 * 2 / 3600) and in_batches.calls == trials.calls
     assert in_batches.part == "8 trials (4 at once)" and batched.batch == 4
     # a batch whose requests outrun the chain takes requests / N: 3 batches (4, 4, 1) at N = 2

@@ -1,9 +1,10 @@
-"""The crash-consistency matrix on the real ``python -m optloop.run``: SIGKILL at each checkpoint boundary in
-turn, the same command resumes, compared with an uninterrupted run; and one of two Optuna workers killed.
+"""The crash-consistency matrix on the real ``python -m optloop.run``: SIGKILL at each checkpoint
+boundary in turn, the same command resumes, compared with an uninterrupted run; and one of two
+Optuna workers killed.
 
-Every process talks to ``experiments.bench.crash.OracleEndpoint``, a loopback endpoint that needs no model,
-so this runs in a few minutes on a busy machine (19 + 3 processes). ``python -m experiments.bench.crash
---shared`` prints the same table.
+Every process talks to ``experiments.bench.crash.OracleEndpoint``, a loopback endpoint that needs
+no model, so this runs in a few minutes on a busy machine (19 + 3 processes).
+``python -m experiments.bench.crash --shared`` prints the same table.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""The crash-consistency matrix on the controller's fakes (``test_controller``): kill the run at each
-checkpoint boundary in turn, resume it, compare with an uninterrupted run.
+"""The crash-consistency matrix on the controller's fakes (``test_controller``): kill the run at
+each checkpoint boundary in turn, resume it, compare with an uninterrupted run.
 
 A kill is an exception at a named step (the fakes' :class:`Clock`); the sink keeps what was
 recorded before it, as MLflow does. Each resumed run must equal the uninterrupted one in its
@@ -168,11 +168,12 @@ def test_the_crash_matrix_on_the_controller(tmp_path, capsys):
         print("\n" + table(rows))
 
 
-# --- the shared Optuna study: one of two workers killed ------------------------------------------------------
+# --- the shared Optuna study: one of two workers killed ------------------------------------------
 
 
 class SlowClock(Clock):
-    """A clock whose dev evaluations take a while, so the other worker gets slots of the budget too."""
+    """A clock whose dev evaluations take a while, so the other worker gets slots of the budget
+    too."""
 
     def tick(self, what: str) -> None:
         super().tick(what)

@@ -1,4 +1,5 @@
-"""Several ``optloop.run`` workers on one Optuna study (``docs/architecture.md``, "Several workers").
+"""Several ``optloop.run`` workers on one Optuna study (``docs/architecture.md``, "Several
+workers").
 
 The unit tests drive the shared-study protocol (``optloop.loop.study``) and the
 Optuna optimizer on a SQLite storage with several connections at once, no LM.
@@ -251,7 +252,7 @@ def test_workers_on_one_machine_get_their_own_state_dir(tmp_path):
     second._lock.close()
 
 
-# --- the Optuna optimizer on a shared study, with instructions already proposed (no LM) ----------------------
+# --- the Optuna optimizer on a shared study, with instructions already proposed (no LM) ----------
 
 
 def stub_evaluator():
@@ -336,7 +337,7 @@ def test_a_small_space_is_exhausted_without_duplicates(workers):
     assert opts[1].propose(base, best_eval) is None  # the only new candidate belongs to worker 0
 
 
-# --- two real workers on PostgreSQL -------------------------------------------------------------------------
+# --- two real workers on PostgreSQL --------------------------------------------------------------
 
 
 def _pg_bindir() -> Path | None:
@@ -358,7 +359,8 @@ def postgres_url():
     bindir = _pg_bindir()
     if bindir is None:
         pytest.skip(
-            "PostgreSQL server binaries (initdb, pg_ctl, postgres) not found under /usr/lib/postgresql/*/bin; "
+            "PostgreSQL server binaries (initdb, pg_ctl, postgres) not found under "
+            "/usr/lib/postgresql/*/bin; "
             "install Debian's postgresql package (the Makefile's system-deps step)"
         )
     psycopg2 = pytest.importorskip(
@@ -423,7 +425,8 @@ def postgres_url():
         conn.autocommit = True
         conn.cursor().execute("CREATE DATABASE optloop")
         conn.close()
-        yield f"postgresql://postgres:{SECRET}@127.0.0.1:{port}/optloop"  # trust auth ignores the password
+        # trust auth ignores the password
+        yield f"postgresql://postgres:{SECRET}@127.0.0.1:{port}/optloop"
     finally:
         subprocess.run(
             as_user + [str(bindir / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "stop"],
@@ -542,8 +545,9 @@ def test_two_workers_share_one_study_on_postgresql(postgres_url, tmp_path):
 
 
 def test_a_batch_of_asks_is_distinct_and_the_same_for_the_same_seed(tmp_path):
-    """--batch 3 with Optuna: three asks before any tell, each a candidate no other ask of the batch holds (TPE's
-    constant liar counts the running ones), and the same three for the same seed; their tells complete them."""
+    """--batch 3 with Optuna: three asks before any tell, each a candidate no other ask of the
+    batch holds (TPE's constant liar counts the running ones), and the same three for the same
+    seed; their tells complete them."""
     batches = []
     for run in range(2):
         study = open_study(f"sqlite:///{tmp_path / f'batch{run}.db'}", "w0", budget=9)

@@ -1,4 +1,5 @@
-"""The GrIPS-style edit optimizer: phrase splitting, the edits it proposes, screening order (no model)."""
+"""The GrIPS-style edit optimizer: phrase splitting, the edits it proposes, screening order (no
+model)."""
 
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ def test_phrases_are_sentences_and_semicolon_clauses_as_written():
 
 
 class FakeEvaluator:
-    """Scores a candidate by whether its answer instruction still carries the sabotage (fewer passes with it)."""
+    """Scores a candidate by whether its answer instruction still carries the sabotage (fewer
+    passes with it)."""
 
     def __init__(self):
         self.sites = {"answer": _Site()}
@@ -123,7 +125,8 @@ def test_edits_are_screened_on_train_and_the_best_comes_first(optimizer):
 
 
 def test_the_optimizer_never_reads_the_systems_own_instruction(optimizer):
-    """It edits only what it starts from: the template's text (CLEAN here) never enters an edit on its own."""
+    """It edits only what it starts from: the template's text (CLEAN here) never enters an edit on
+    its own."""
     opt, _ = optimizer
     start = Candidate(
         sites={"answer": SiteState(instructions="Repeat the question. Do not answer it.")}
@@ -178,7 +181,10 @@ def test_support_needs_several_failures_and_reads_quoted_phrases():
 def test_no_edit_leaves_a_sentence_cut_in_half(optimizer):
     opt, _ = optimizer
     opt.deletions, opt.extra = 10, 30
-    text = 'Answer from the memories. If the memories do not contain the answer, reply "I don\'t know".'
+    text = (
+        "Answer from the memories. If the memories do not contain the answer, reply \"I don't "
+        'know".'
+    )
     for edit in opt.edits(text, "answer"):
         assert not problems(edit.text), edit
         assert "contain the answer," not in edit.text or "reply" in edit.text

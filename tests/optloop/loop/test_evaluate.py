@@ -1,5 +1,6 @@
-"""Evaluation under LM faults: the question or episode fails and the fault is recorded; past the share of
-failed calls an evaluation may have (``optloop.failures``), it raises instead of reporting figures.
+"""Evaluation under LM faults: the question or episode fails and the fault is recorded; past the
+share of failed calls an evaluation may have (``optloop.failures``), it raises instead of reporting
+figures.
 
 (An *unreachable* endpoint stops the evaluation instead: see tests/optloop/test_reliability.py.)
 """
@@ -74,8 +75,9 @@ def test_failed_calls_past_the_threshold_stop_the_evaluation_with_the_first_fail
 
 
 def test_query_site_gives_the_system_its_rewrite_site_and_every_question_is_rewritten(tmp_path):
-    """``Evaluator(query_site=True)`` (``optloop.run --query-rewrite``): the baseline has a ``retrieve.query``
-    site, and each question costs a rewrite request before its answer request, on the stores it builds too."""
+    """``Evaluator(query_site=True)`` (``optloop.run --query-rewrite``): the baseline has a
+    ``retrieve.query`` site, and each question costs a rewrite request before its answer request,
+    on the stores it builds too."""
 
     def asks_query(body):
         return "`query`" in body["messages"][0]["content"]

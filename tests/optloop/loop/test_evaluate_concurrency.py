@@ -1,14 +1,14 @@
 """One evaluation at ``--concurrency`` 1 and 4 is the same evaluation.
 
-Each system (md_flat; mem0 in the thread pool; graphiti, each episode's event loop on a thread of the
-pool) runs the same three evaluations at N = 1 and at N = 4 against :class:`KeyedEndpoint`, a
+Each system (md_flat; mem0 in the thread pool; graphiti, each episode's event loop on a thread of
+the pool) runs the same three evaluations at N = 1 and at N = 4 against :class:`KeyedEndpoint`, a
 loopback endpoint whose answers, latencies and faults are fixed by the request (so at N = 4 calls
 finish out of order, and the first asking of some requests fails with HTTP 500, cured by the retry:
 those episodes' graphs are saved). Four episodes and ``max_live=3`` stores: the first evaluation
 builds every store and evicts one, the second (another answer prompt, the same ingest key) rebuilds
 them in turn, the third (its last two episodes) reuses two. Compared: the Evaluation objects (all
-but their seconds), the saved graphs (all but their timings), the LM cache's keys, every call record
-and the accounting by prompt site.
+but their seconds), the saved graphs (all but their timings), the LM cache's keys, every call
+record and the accounting by prompt site.
 """
 
 from __future__ import annotations
@@ -41,15 +41,7 @@ def embedder():
 def run(system: str, n: int, root: Path, endpoint: KeyedEndpoint, embedder: Any) -> dict[str, Any]:
     """The three evaluations at concurrency ``n``, and everything they leave behind."""
     dataset = load_dataset(DATASET)
-    lm = OptloopLM(
-        LMSettings.from_spec(
-            "openai:oracle",
-            base_url=endpoint.base_url,
-            concurrency=n,
-            max_retries=2,
-            cache_path=root / "cache.sqlite",
-        )
-    )
+    lm = endpoint.lm(n, root / "cache.sqlite", max_retries=2)
     evaluator = Evaluator(system, lm, root / "work", embedder=embedder, max_live=3)
     try:
         baseline = evaluator.baseline()
@@ -142,7 +134,8 @@ def test_the_lm_cache_and_every_call_record_are_the_same_at_n1_and_n4(runs):
 
 
 def test_accounting_by_prompt_site_is_the_same_at_n1_and_n4(runs):
-    """Each call is charged to the site of the task that made it, not to whatever site another thread has."""
+    """Each call is charged to the site of the task that made it, not to whatever site another
+    thread has."""
     assert set(runs[1]["by_site"]) >= {"answer"} and None not in runs[1]["by_site"]
     assert runs[4]["by_site"] == runs[1]["by_site"]
 
@@ -162,11 +155,12 @@ def test_a_dead_endpoint_still_stops_an_evaluation_at_n4(tmp_path, embedder):
     assert len(lm.accounting.records) <= 4  # the episodes under way when it went down, no more
 
 
-# --- a batch: several candidates at once, each on its own stores --------------------------------------------
+# --- a batch: several candidates at once, each on its own stores ---------------------------------
 
 
 def _variants(evaluator: Evaluator) -> list[Any]:
-    """The baseline and two answer prompts of it (the same ingest key: shared stores would serialize them)."""
+    """The baseline and two answer prompts of it (the same ingest key: shared stores would
+    serialize them)."""
     baseline = evaluator.baseline()
     state = baseline.sites["answer"]
     return [
@@ -195,14 +189,7 @@ def test_a_batch_gives_each_candidate_the_evaluation_it_gets_alone(system, tmp_p
     outcomes = {}
     with KeyedEndpoint(gold, latency_s=0.03) as endpoint:
         for how in ("alone", "batch"):
-            lm = OptloopLM(
-                LMSettings.from_spec(
-                    "openai:oracle",
-                    base_url=endpoint.base_url,
-                    concurrency=4,
-                    cache_path=tmp_path / how / "cache.sqlite",
-                )
-            )
+            lm = endpoint.lm(4, tmp_path / how / "cache.sqlite")
             evaluator = Evaluator(system, lm, tmp_path / how / "work", embedder=embedder)
             try:
                 candidates = _variants(evaluator)
@@ -213,7 +200,8 @@ def test_a_batch_gives_each_candidate_the_evaluation_it_gets_alone(system, tmp_p
                 )
             finally:
                 evaluator.close()
-            # the outcomes: which stores were built or reused (and their ingestion calls) are the batch's own
+            # the outcomes: which stores were built or reused (and their ingestion calls) are the
+            # batch's own
             outcomes[how] = [e.model_dump(include={"candidate", "outcomes"}) for e in evaluations]
             if how == "batch":  # each candidate of the batch built its own stores
                 assert [e.stores_built for e in evaluations] == [len(dataset.episodes)] * 3

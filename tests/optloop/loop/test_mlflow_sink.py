@@ -1,6 +1,6 @@
-"""The MLflow sink's part in crash consistency: a trial's child run ends KILLED when an interrupt stops it,
-a discarded trial's runs are ended KILLED before they are deleted (an older leftover, deleted while
-RUNNING, included), and a resumed run can ask which ``acc_dev`` points exist."""
+"""The MLflow sink's part in crash consistency: a trial's child run ends KILLED when an interrupt
+stops it, a discarded trial's runs are ended KILLED before they are deleted (an older leftover,
+deleted while RUNNING, included), and a resumed run can ask which ``acc_dev`` points exist."""
 
 from __future__ import annotations
 
@@ -85,8 +85,9 @@ def test_the_dev_points_logged_so_far(parent, tmp_path):
 
 
 def test_the_run_cost_has_dollars_and_per_site_figures_when_the_lm_prices_calls():
-    """``Loop._cost`` (what a process spent, saved in the checkpoint, logged on the parent run): dollars as
-    ``cost_usd`` when the model has a price, none (not 0) when it has not, and the same per prompt site."""
+    """``Loop._cost`` (what a process spent, saved in the checkpoint, logged on the parent run):
+    dollars as ``cost_usd`` when the model has a price, none (not 0) when it has not, and the same
+    per prompt site."""
     from optloop.lm.accounting import Accounting, CallRecord
 
     def lm(prices):

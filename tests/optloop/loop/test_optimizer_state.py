@@ -1,9 +1,10 @@
-"""SIMBA and GEPA keep their state across the loop's rounds, and across a resume (no model: scripted LMs).
+"""SIMBA and GEPA keep their state across the loop's rounds, and across a resume (no model:
+scripted LMs).
 
-The toy system has one prompt site, ``answer``. Its scripted LM answers right one time in three, two
-times in three once the instruction carries SIMBA's advice (``SAY-PARIS``), and always under an
-instruction GEPA's reflection wrote. Every piece of advice and every instruction the proposer writes
-is numbered, so a program can be traced to the round that made it.
+The toy system has one prompt site, ``answer``. Its scripted LM answers right one time in three,
+two times in three once the instruction carries SIMBA's advice (``SAY-PARIS``), and always under an
+instruction GEPA's reflection wrote. Every piece of advice and every instruction the proposer
+writes is numbered, so a program can be traced to the round that made it.
 """
 
 from __future__ import annotations
@@ -72,7 +73,8 @@ def proposer_lm() -> ScriptLM:
 
 
 class ToyEvaluator:
-    """What a :class:`MemoryProgram` and the optimizers ask of an evaluator, for a one-site system."""
+    """What a :class:`MemoryProgram` and the optimizers ask of an evaluator, for a one-site
+    system."""
 
     def __init__(self, work: Path, dataset: Dataset):
         self.lm = system_lm()
@@ -248,7 +250,8 @@ def test_gepa_second_round_resumes_the_first_rounds_run(toy):
         iterations_one
     )
 
-    # When the resumed run has nothing this optimizer has not proposed, the proposer rewrites the instruction.
+    # When the resumed run has nothing this optimizer has not proposed, the proposer rewrites the
+    # instruction.
     for c in [START_CANDIDATE, *carried]:
         second.mark_seen(c)
     rewrite = second.propose(START_CANDIDATE, NO_EVAL)
@@ -274,9 +277,9 @@ def test_gepa_starts_another_run_when_the_targets_move(toy):
 
 
 def test_a_simba_round_runs_programs_in_threads_on_the_real_evaluator(tmp_path):
-    """rag_bm25 behind a scripted endpoint: the round runs its programs on the endpoint's --concurrency threads
-    (8 by default), each recording into its own recorder over the shared stores, and its winner carries the
-    advice."""
+    """rag_bm25 behind a scripted endpoint: the round runs its programs on the endpoint's
+    --concurrency threads (8 by default), each recording into its own recorder over the shared
+    stores, and its winner carries the advice."""
     import threading
     import time
 

@@ -1,4 +1,5 @@
-"""Optimizer plumbing that needs no model: frozen sites, the metric's feedback, GEPA's selector, knob spaces."""
+"""Optimizer plumbing that needs no model: frozen sites, the metric's feedback, GEPA's selector,
+knob spaces."""
 
 from __future__ import annotations
 

@@ -1,8 +1,11 @@
-"""The models of each optimizer's own LM calls (``optloop.loop.overhead``): what ``--estimate`` adds to the trials.
+"""The models of each optimizer's own LM calls (``optloop.loop.overhead``): what ``--estimate``
+adds to the trials.
 
-Each model is checked against the structure it states (rounds, runs on train, proposer calls) on a hand-made
-:class:`RunShape`; :func:`run_shape` against a baseline whose blame, calls and tokens are known. How close the
-models come to a real run is checked end to end in ``test_run_cli.py`` (the ``--estimate`` test).
+Each model is checked against the structure it states (rounds, runs on train, proposer calls) on a
+hand-made
+:class:`RunShape`; :func:`run_shape` against a baseline whose blame, calls and tokens are known.
+How close the models come to a real run is checked end to end in ``test_run_cli.py`` (the
+``--estimate`` test).
 """
 
 from __future__ import annotations
@@ -35,7 +38,8 @@ FIVE_PHRASES = (
 
 
 def shape(**update) -> RunShape:
-    """10 train questions in 5 episodes; 2 requests a question, 3 an episode's ingestion, 100 tokens each."""
+    """10 train questions in 5 episodes; 2 requests a question, 3 an episode's ingestion, 100
+    tokens each."""
     fields = dict(
         budget=10,
         train_questions=10,
@@ -60,7 +64,8 @@ def test_every_optimizer_has_a_model():
 
 def test_edit_screens_the_best_and_every_edit_of_a_round_on_a_mini_batch():
     work = edit_work(shape())
-    # answer: 3 single-phrase deletions + delete all + 1 composed edit; curate (one phrase): delete all + 1 composed
+    # answer: 3 single-phrase deletions + delete all + 1 composed edit; curate (one phrase): delete
+    # all + 1 composed
     assert work.trials_per_round == 7 and work.rounds == 2  # 10 trials, 7 edits a round
     assert (
         work.calls == 2 * 8 * 6 * 2.0 + 2 * 5 * 2 * 3.0
@@ -96,7 +101,8 @@ def test_gepa_spends_the_metric_calls_a_round_is_granted_and_reflects_on_the_fir
     work = gepa_work(
         shape(train_questions=4, train_episodes=2, budget=2, sites=[ANSWER], ingest_sites=[])
     )
-    # 2 x 4 + 12 = 20 metric calls a round; an iteration: 2 x 3 on mini-batches + half the time 4 on all train
+    # 2 x 4 + 12 = 20 metric calls a round; an iteration: 2 x 3 on mini-batches + half the time 4
+    # on all train
     assert work.proposer_calls / work.rounds == pytest.approx(20 / 8)
     assert work.trials_per_round == pytest.approx(1.25) and work.rounds == 2
     assert work.calls == 2 * 20 * 2.0 and work.threads == 4
@@ -108,7 +114,8 @@ def test_gepa_spends_the_metric_calls_a_round_is_granted_and_reflects_on_the_fir
 def test_optuna_proposes_up_front_and_runs_nothing_on_train():
     work = optuna_work(shape(failure_chars={ANSWER: 800, CURATE: 0}))
     assert (work.rounds, work.trials_per_round, work.calls, work.proposer_calls) == (0, 0, 0, 6)
-    # a prompt: the template, the site's instruction and its failure summary (the mean over the 2 sites)
+    # a prompt: the template, the site's instruction and its failure summary (the mean over the 2
+    # sites)
     assert work.proposer_prompt_tokens / 6 == pytest.approx(
         template_tokens(ProposeInstruction)
         + (len(FIVE_PHRASES) + len("Keep the user's facts.") + 800) / 4 / 2

@@ -1,4 +1,5 @@
-"""The promotion rule, the held-out intervals a LoopResult carries, and the small-split warning (no LM)."""
+"""The promotion rule, the held-out intervals a LoopResult carries, and the small-split warning (no
+LM)."""
 
 from __future__ import annotations
 

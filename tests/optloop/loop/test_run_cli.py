@@ -1,6 +1,6 @@
-"""`python -m optloop.run`: bad input (one line naming what to fix, exit 2, nothing written), the other exit
-codes (75: endpoint unavailable, 130: interrupted, 0: done; README "Exit codes"), and how the same
-command finds the run it resumes."""
+"""`python -m optloop.run`: bad input (one line naming what to fix, exit 2, nothing written), the
+other exit codes (75: endpoint unavailable, 130: interrupted, 0: done; README "Exit codes"), and
+how the same command finds the run it resumes."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -23,25 +24,11 @@ from optloop.run import main
 from optloop.run_args import build_parser, run_config
 from optloop.run_resume import choose_run, resume_command
 from optloop.testing.loopback import closed_port_url
+from tests._cli import run_cli
 
 REPO = Path(__file__).resolve().parents[3]
-
-
-def run(args, tmp_path):
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "optloop.run",
-            *args,
-            "--tracking-uri",
-            f"sqlite:///{tmp_path / 'ml' / 'mlflow.db'}",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**__import__("os").environ, "OPTLOOP_HOME": str(tmp_path / "state")},
-    )
+# rag_bm25 on the model ``test`` of an endpoint whose URL comes next
+RAG_ON_TEST_ENDPOINT = ["--system", "rag_bm25", "--lm", "openai:test", "--lm-base-url"]
 
 
 def nothing_written(tmp_path: Path) -> bool:
@@ -60,7 +47,7 @@ def nothing_written(tmp_path: Path) -> bool:
     ],
 )
 def test_bad_arguments_exit_with_one_line(args, message, tmp_path):
-    result = run(args, tmp_path)
+    result = run_cli(args, tmp_path)
     assert result.returncode == 2 and message in result.stderr
     assert nothing_written(tmp_path)
 
@@ -68,7 +55,7 @@ def test_bad_arguments_exit_with_one_line(args, message, tmp_path):
 def test_malformed_dataset_fails_before_any_state(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"id": "e1", "sessions": []}\nnot json\n')
-    result = run(["--system", "rag_bm25", "--dataset", f"jsonl:{bad}"], tmp_path)
+    result = run_cli(["--system", "rag_bm25", "--dataset", f"jsonl:{bad}"], tmp_path)
     assert (
         result.returncode == 2
         and "optloop: error:" in result.stderr
@@ -143,19 +130,20 @@ def test_bad_promote_if_is_refused(capsys):
     ],
 )
 def test_bad_start_instruction_exits_with_one_line_before_any_state(start, message, tmp_path):
-    result = run(["--system", "md_flat", "--start", start], tmp_path)
+    result = run_cli(["--system", "md_flat", "--start", start], tmp_path)
     assert result.returncode == 2 and message in result.stderr
     assert nothing_written(tmp_path)
 
 
 def test_query_rewrite_on_a_system_that_never_searches_is_one_line_before_any_state(tmp_path):
-    result = run(["--system", "long_context", "--query-rewrite"], tmp_path)
+    result = run_cli(["--system", "long_context", "--query-rewrite"], tmp_path)
     assert result.returncode == 2 and "long_context puts every turn in context" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and nothing_written(tmp_path)
 
 
 def test_query_rewrite_reaches_the_config_and_leaves_older_runs_resumable():
-    """A run started before --query-rewrite existed has the same digests as one without the flag now."""
+    """A run started before --query-rewrite existed has the same digests as one without the flag
+    now."""
     from optloop.cli import lm_settings_from_args
 
     settings = lm_settings_from_args(build_parser().parse_args(["--system", "rag_bm25"]))
@@ -173,7 +161,7 @@ def test_query_rewrite_reaches_the_config_and_leaves_older_runs_resumable():
     assert rewrite.resume_key() != plain.resume_key() and rewrite.digest() != plain.digest()
 
 
-# --- exit codes (README: "Exit codes") --------------------------------------------------------------------------
+# --- exit codes (README: "Exit codes") -----------------------------------------------------------
 
 
 def snapshot(root: Path) -> dict[str, int]:
@@ -186,13 +174,9 @@ def snapshot(root: Path) -> dict[str, int]:
 
 def test_exit_75_when_the_endpoint_is_unreachable_at_startup_and_nothing_is_written(tmp_path):
     before = snapshot(tmp_path)
-    result = run(
+    result = run_cli(
         [
-            "--system",
-            "rag_bm25",
-            "--lm",
-            "openai:test",
-            "--lm-base-url",
+            *RAG_ON_TEST_ENDPOINT,
             closed_port_url(),
             "--lm-retries",
             "0",
@@ -214,13 +198,9 @@ def test_exit_75_when_the_endpoint_answers_only_server_errors_at_startup(tmp_pat
     from optloop.testing.scripted import ScriptedOpenAIServer
 
     with ScriptedOpenAIServer([("status", 503)]) as server:
-        result = run(
+        result = run_cli(
             [
-                "--system",
-                "rag_bm25",
-                "--lm",
-                "openai:test",
-                "--lm-base-url",
+                *RAG_ON_TEST_ENDPOINT,
                 server.base_url,
                 "--lm-retries",
                 "0",
@@ -237,7 +217,7 @@ def test_exit_2_when_the_endpoint_refuses_the_model_at_startup(tmp_path):
     with ScriptedOpenAIServer(
         [("status", 404)]
     ) as server:  # the input (the model name) is wrong, not the server
-        result = run(
+        result = run_cli(
             [
                 "--system",
                 "rag_bm25",
@@ -265,7 +245,7 @@ def finished_checkpoint(tmp_path: Path, name: str) -> Path:
 def test_a_finished_run_name_is_refused_before_anything_is_printed_or_written(tmp_path):
     finished_checkpoint(tmp_path, "done")
     before = snapshot(tmp_path)
-    result = run(["--system", "md_flat", "--run-name", "done"], tmp_path)
+    result = run_cli(["--system", "md_flat", "--run-name", "done"], tmp_path)
     assert result.returncode == 2
     assert result.stderr.strip() == (
         "optloop: error: run 'done' already finished (MLflow run p1); pick another "
@@ -275,11 +255,11 @@ def test_a_finished_run_name_is_refused_before_anything_is_printed_or_written(tm
 
 
 def test_new_and_run_name_together_are_refused(tmp_path):
-    result = run(["--system", "md_flat", "--new", "--run-name", "x"], tmp_path)
+    result = run_cli(["--system", "md_flat", "--new", "--run-name", "x"], tmp_path)
     assert result.returncode == 2 and "--new and --run-name exclude each other" in result.stderr
 
 
-# --- choosing the run: the same command resumes ------------------------------------------------------------------
+# --- choosing the run: the same command resumes --------------------------------------------------
 
 
 def args_of(*argv: str):
@@ -435,25 +415,56 @@ def test_sigterm_becomes_one_interrupt_and_the_handlers_come_back():
     assert signal.getsignal(signal.SIGTERM) is previous
 
 
+def checkpoint_trials(runs: Path) -> list[Any] | None:
+    """The trials of the first run's checkpoint under ``runs`` (``None``: no checkpoint yet, or
+    one being written)."""
+    for path in runs.glob("*/checkpoint.json"):
+        try:
+            return Checkpoint.model_validate_json(path.read_text()).trials
+        except Exception:  # noqa: BLE001 - being written
+            return None
+    return None
+
+
+def terminated_when_held(
+    args: list[str], env: dict[str, str], endpoint: Any, never: str
+) -> tuple[int, str]:
+    """``optloop.run args`` sent SIGTERM once ``endpoint`` holds a request (``never``: the failure
+    when it does not), then the endpoint let go: the exit code and stderr."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "optloop.run", *args],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert endpoint.holding.wait(180), never
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    endpoint.release()
+    return proc.returncode, err
+
+
 def test_sigterm_exits_130_marks_the_runs_killed_and_the_same_command_resumes_and_exits_0(
     tmp_path,
 ):
-    """Exit 130 and exit 0, on the real CLI against a scripted endpoint (no model): SIGTERM while trial 1 is
-    evaluated; then the same command (no --run-name) finds the run, ends the half-done trial's child run
-    KILLED and deletes it, redoes it, and finishes with the costs of both processes."""
+    """Exit 130 and exit 0, on the real CLI against a scripted endpoint (no model): SIGTERM while
+    trial 1 is evaluated; then the same command (no --run-name) finds the run, ends the half-done
+    trial's child run KILLED and deletes it, redoes it, and finishes with the costs of both
+    processes."""
     from experiments.bench.crash import env_for, read_store, run_args
     from optloop.testing.oracle import OracleEndpoint
 
     runs = tmp_path / "state" / "runs"
 
     def trial_1_under_way() -> bool:
-        for path in runs.glob("*/checkpoint.json"):
-            try:
-                trials = Checkpoint.model_validate_json(path.read_text()).trials
-            except Exception:  # noqa: BLE001 - being written
-                return False
-            return len(trials) == 1 and trials[0].evaluation is None
-        return False
+        trials = checkpoint_trials(runs)
+        return trials is not None and len(trials) == 1 and trials[0].evaluation is None
 
     with OracleEndpoint() as endpoint:
         endpoint.hold_when = trial_1_under_way
@@ -461,28 +472,14 @@ def test_sigterm_exits_130_marks_the_runs_killed_and_the_same_command_resumes_an
             tmp_path, 1, endpoint.base_url, extra=["--json", str(tmp_path / "result.json")]
         )
         env = env_for(tmp_path, endpoint.base_url)
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "optloop.run", *args],
-            cwd=REPO,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        try:
-            assert endpoint.holding.wait(180), "trial 1 never started"
-            proc.send_signal(signal.SIGTERM)
-            _, err = proc.communicate(timeout=120)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-        endpoint.release()
+        code, err = terminated_when_held(args, env, endpoint, "trial 1 never started")
         [name] = [p.name for p in runs.iterdir()]
         last = err.strip().splitlines()[-1]
-        assert proc.returncode == 130, err[-3000:]
+        assert code == 130, err[-3000:]
         assert last == (
-            f"optloop: interrupted (SIGTERM): run {name} is saved (0 of 1 trials done), its MLflow runs "
-            f"marked KILLED; resume it with the same command: python -m optloop.run {shlex.join(args)}"
+            f"optloop: interrupted (SIGTERM): run {name} is saved (0 of 1 trials done), its "
+            "MLflow runs marked KILLED; resume it with the same command: python -m optloop.run "
+            f"{shlex.join(args)}"
         )
         store = read_store(tmp_path)
         assert (
@@ -503,7 +500,8 @@ def test_sigterm_exits_130_marks_the_runs_killed_and_the_same_command_resumes_an
         )
     assert again.returncode == 0, again.stderr[-3000:]
     assert again.stderr.splitlines()[0].startswith(
-        f"optloop.run resuming {name}, the latest unfinished run of these settings (0 of 1 trials done, 1 process(es) "
+        f"optloop.run resuming {name}, the latest unfinished run of these settings (0 of 1 "
+        "trials done, 1 process(es) "
         "so far); --new starts afresh"
     ), again.stderr[:500]
     store = read_store(tmp_path)
@@ -521,9 +519,10 @@ def test_sigterm_exits_130_marks_the_runs_killed_and_the_same_command_resumes_an
 
 
 def test_sigterm_mid_batch_resumes_the_batch_and_ends_as_the_uninterrupted_batched_run(tmp_path):
-    """--batch 2 on the real CLI against the scripted endpoint: SIGTERM while the batch's two trials are evaluated
-    (both in the checkpoint, neither evaluated, no child run open yet); the same command redoes them as a batch
-    and the run ends with the candidates, accuracies and held-out figures of an uninterrupted --batch 2 run."""
+    """--batch 2 on the real CLI against the scripted endpoint: SIGTERM while the batch's two
+    trials are evaluated (both in the checkpoint, neither evaluated, no child run open yet); the
+    same command redoes them as a batch and the run ends with the candidates, accuracies and
+    held-out figures of an uninterrupted --batch 2 run."""
     from experiments.bench.crash import OracleEndpoint, env_for, read_store, run_args
 
     def outcome(path: Path) -> tuple:
@@ -540,13 +539,10 @@ def test_sigterm_mid_batch_resumes_the_batch_and_ends_as_the_uninterrupted_batch
     runs = killed_dir / "state" / "runs"
 
     def batch_under_way() -> bool:
-        for path in runs.glob("*/checkpoint.json"):
-            try:
-                trials = Checkpoint.model_validate_json(path.read_text()).trials
-            except Exception:  # noqa: BLE001 - being written
-                return False
-            return len(trials) == 2 and all(t.evaluation is None for t in trials)
-        return False
+        trials = checkpoint_trials(runs)
+        return (
+            trials is not None and len(trials) == 2 and all(t.evaluation is None for t in trials)
+        )
 
     with OracleEndpoint() as endpoint:
         clean_args = run_args(
@@ -565,23 +561,8 @@ def test_sigterm_mid_batch_resumes_the_batch_and_ends_as_the_uninterrupted_batch
             extra=["--batch", "2", "--json", str(killed_dir / "result.json")],
         )
         env = env_for(killed_dir, endpoint.base_url)
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "optloop.run", *args],
-            cwd=REPO,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        try:
-            assert endpoint.holding.wait(180), "the batch never started"
-            proc.send_signal(signal.SIGTERM)
-            _, err = proc.communicate(timeout=120)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-        endpoint.release()
-        assert proc.returncode == 130, err[-3000:]
+        code, err = terminated_when_held(args, env, endpoint, "the batch never started")
+        assert code == 130, err[-3000:]
         assert "(0 of 2 trials done)" in err.strip().splitlines()[-1]
         again = cli(args, env)
     assert again.returncode == 0, again.stderr[-3000:]
@@ -630,7 +611,7 @@ def test_the_summary_says_what_every_process_spent_and_how_many_there_were():
     ).endswith("1.0 s, $2.5e-06; the run took 1 process")
 
 
-# --- spending limits and --estimate (exit code 3) ----------------------------------------------------------------
+# --- spending limits and --estimate (exit code 3) ------------------------------------------------
 
 
 def parent_run(tmp_path: Path):
@@ -667,20 +648,24 @@ def with_flag(args: list[str], flag: str, value: str) -> list[str]:
     return [*args, flag, value]
 
 
-def test_estimate_then_max_calls_stops_with_exit_3_and_a_higher_limit_resumes_from_the_same_baseline(
+def test_estimate_then_max_calls_stops_with_exit_3_and_a_higher_limit_resumes_the_baseline(
     tmp_path,
 ):
-    """--estimate evaluates the baseline only (exit 0, "no price" for an unpriced model); --max-calls stops the
-    same run after its first trial (exit 3, one line naming the limit and the command); a higher --max-calls
-    resumes it (the limit is not a setting of the run) and finishes it on the baseline the estimate left.
+    """--estimate evaluates the baseline only (exit 0, "no price" for an unpriced model);
+    --max-calls stops the same run after its first trial (exit 3, one line naming the limit and the
+    command); a higher --max-calls resumes it (the limit is not a setting of the run) and finishes
+    it on the baseline the estimate left.
 
-    The estimate counts the optimizer's own calls: on this run (the edit optimizer, md_flat on builtin:tiny, budget
-    2) its one round screens the best and 10 edits (5 of answer, 5 of md_flat.curate, both blamed) on the 4 train
-    questions, about 64 requests, over three times what the trials and the held-out test make; without them the
-    estimate said 31 calls for a run of about 100. With them it must come within 25% of the run's requests: the
-    loopback endpoint answers deterministically and the edits are seeded, so what is left between them is the
-    stores each resumed process rebuilds (its cache hits are requests) and the paraphrase the model expects. An
-    --estimate after the first trial measures the optimizer's calls on it instead, within the same bound."""
+    The estimate counts the optimizer's own calls: on this run (the edit optimizer, md_flat on
+    builtin:tiny, budget
+    2) its one round screens the best and 10 edits (5 of answer, 5 of md_flat.curate, both blamed)
+       on the 4 train
+    questions, about 64 requests, over three times what the trials and the held-out test make;
+    without them the estimate said 31 calls for a run of about 100. With them it must come within
+    25% of the run's requests: the loopback endpoint answers deterministically and the edits are
+    seeded, so what is left between them is the stores each resumed process rebuilds (its cache
+    hits are requests) and the paraphrase the model expects. An --estimate after the first trial
+    measures the optimizer's calls on it instead, within the same bound."""
     from experiments.bench.crash import env_for, run_args
     from optloop.testing.oracle import OracleEndpoint
 
@@ -766,7 +751,8 @@ def test_estimate_then_max_calls_stops_with_exit_3_and_a_higher_limit_resumes_fr
             env,
         )
     assert done.returncode == 0, done.stderr[-3000:]
-    # before the trials left, the projection of the rest and its ETA; then a line for the trial, with its ETA
+    # before the trials left, the projection of the rest and its ETA; then a line for the trial,
+    # with its ETA
     assert (
         "projected: " in done.stderr
         and "ETA " in done.stderr.split("projected: ")[1].splitlines()[0]
@@ -802,9 +788,10 @@ def test_estimate_then_max_calls_stops_with_exit_3_and_a_higher_limit_resumes_fr
 def test_max_cost_on_a_priced_model_stops_with_exit_3_and_logs_dollars_per_trial_and_site(
     tmp_path,
 ):
-    """gpt-4o-mini's price (litellm's table) on the scripted endpoint's usage (7 + 3 tokens a call): --max-cost
-    stops the run after its first trial; a higher one resumes and finishes it; dollars, calls and tokens are
-    logged per trial and per site on the trial's child run, and the run's totals on the parent."""
+    """gpt-4o-mini's price (litellm's table) on the scripted endpoint's usage (7 + 3 tokens a
+    call): --max-cost stops the run after its first trial; a higher one resumes and finishes it;
+    dollars, calls and tokens are logged per trial and per site on the trial's child run, and the
+    run's totals on the parent."""
     from experiments.bench.crash import env_for, run_args
     from optloop.lm import model_price
     from optloop.testing.oracle import OracleEndpoint
@@ -873,7 +860,7 @@ def test_max_cost_on_a_priced_model_stops_with_exit_3_and_logs_dollars_per_trial
 def test_max_cost_on_a_model_without_a_price_is_one_line_exit_2_before_anything_is_written(
     tmp_path, lm, named
 ):
-    result = run(
+    result = run_cli(
         ["--system", "md_flat", "--lm", lm, "--lm-base-url", closed_port_url(), "--max-cost", "5"],
         tmp_path,
     )
@@ -901,7 +888,8 @@ def test_bad_limits_are_one_line_exit_2(args, message, capsys):
 
 
 def test_the_limits_are_not_settings_of_the_run():
-    """The same command with another limit (or --estimate) resumes the run: none of them reaches the config."""
+    """The same command with another limit (or --estimate) resumes the run: none of them reaches
+    the config."""
     from optloop.cli import lm_settings_from_args
     from optloop.run_args import run_config
 
@@ -930,13 +918,9 @@ def test_bad_sites_and_knobs_are_one_line_exit_2_before_any_state(args, message,
     from optloop.testing.scripted import ScriptedOpenAIServer
 
     with ScriptedOpenAIServer([("ok", "{}")]) as server:
-        result = run(
+        result = run_cli(
             [
-                "--system",
-                "rag_bm25",
-                "--lm",
-                "openai:test",
-                "--lm-base-url",
+                *RAG_ON_TEST_ENDPOINT,
                 server.base_url,
                 *args,
             ],
@@ -947,13 +931,13 @@ def test_bad_sites_and_knobs_are_one_line_exit_2_before_any_state(args, message,
     assert nothing_written(tmp_path)
 
 
-# --- defaults that make the command mean something -----------------------------------------------------------
+# --- defaults that make the command mean something -----------------------------------------------
 
 
 def test_a_split_under_20_dev_or_test_questions_is_refused_in_one_line_and_nothing_is_written(
     tmp_path,
 ):
-    result = run(["--system", "md_flat", "--dataset", "builtin:tiny"], tmp_path)
+    result = run_cli(["--system", "md_flat", "--dataset", "builtin:tiny"], tmp_path)
     assert result.returncode == 2, result.stderr
     [line] = result.stderr.strip().splitlines()
     assert line.startswith(
@@ -1000,21 +984,17 @@ def test_exit_4_when_the_calls_of_an_evaluation_fail_and_no_accuracy_is_reported
         400,
         {},
         {
-            "message": "This model's maximum context length is 2048 tokens. However, you requested "
-            "9658 tokens (9146 in the messages, 512 in the completion).",
+            "message": "This model's maximum context length is 2048 tokens. However, you "
+            "requested 9658 tokens (9146 in the messages, 512 in the completion).",
             "type": "invalid_request_error",
             "param": "messages",
             "code": "context_length_exceeded",
         },
     )
     with ScriptedOpenAIServer([("ok", "pong"), ("status", too_long)]) as server:
-        result = run(
+        result = run_cli(
             [
-                "--system",
-                "rag_bm25",
-                "--lm",
-                "openai:test",
-                "--lm-base-url",
+                *RAG_ON_TEST_ENDPOINT,
                 server.base_url,
                 "--optimizer",
                 "edit",

@@ -1,4 +1,5 @@
-"""Importing MEME's published traces: units per store format, snapshot diffs as operations, probes."""
+"""Importing MEME's published traces: units per store format, snapshot diffs as operations,
+probes."""
 
 from __future__ import annotations
 

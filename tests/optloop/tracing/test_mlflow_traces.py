@@ -1,4 +1,5 @@
-"""Question traces in MLflow: span tree, inputs/outputs, the decisive op, tags; fetched back from sqlite."""
+"""Question traces in MLflow: span tree, inputs/outputs, the decisive op, tags; fetched back from
+sqlite."""
 
 from __future__ import annotations
 
@@ -129,7 +130,8 @@ def test_relevant_operations(graph: ExecutionGraph) -> None:
         "op00004",
     ]
     assert [op.id for op in question_operations(graph, "q2")] == ["op00002", "op00005"]
-    # the evidence pulls in the ingest ops that processed it, even when nothing retrieved their output
+    # the evidence pulls in the ingest ops that processed it, even when nothing retrieved their
+    # output
     evidence = ["message:s1:t1@0"]
     assert [op.id for op in question_operations(graph, "q2", evidence)] == [
         "op00000",

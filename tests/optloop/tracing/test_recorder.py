@@ -182,7 +182,8 @@ def _episode(tag: str) -> Episode:
 
 
 class CountingLM(DummyLM):
-    """A scripted LM that logs each call in ``accounting`` (shared, as one OptloopLM's is) and takes a while."""
+    """A scripted LM that logs each call in ``accounting`` (shared, as one OptloopLM's is) and
+    takes a while."""
 
     def __init__(self, answers: list[dict], accounting: Accounting):
         super().__init__(answers, adapter=dspy.JSONAdapter())
@@ -208,9 +209,10 @@ class CountingLM(DummyLM):
 
 
 def test_two_threads_record_into_their_own_recorders_at_once(tmp_path, local_embedder):
-    """The active recorder is per context: two threads, both recording at the same moment, each see only
-    their own system's calls (a process-wide recorder would refuse the second, or mix the two graphs), and
-    each operation counts only its own LM call, though both threads' calls go to one accounting."""
+    """The active recorder is per context: two threads, both recording at the same moment, each see
+    only their own system's calls (a process-wide recorder would refuse the second, or mix the two
+    graphs), and each operation counts only its own LM call, though both threads' calls go to one
+    accounting."""
     import threading
 
     from optloop.tracing.recorder import Recorder, active_recorder
