@@ -18,7 +18,9 @@ server:
 
 Per question: whether a retrieved memory holds every word of the gold answer (recall@5), with its
 95 % bootstrap CI, and the paired difference between arms. Per arm: memories stored, extraction
-requests and how many returned no memory. Run it under the machine's LM lock.
+requests and how many returned no memory. An episode in which an arm raises (mem0 itself can fail
+on a small model's answer) is listed with the error and scores no arm, so the arms stay paired.
+Run it under the machine's LM lock.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from experiments.provenance import command_of, stamped
 from optloop.cli import run_cli
 from optloop.datasets import Episode, load_dataset
 from optloop.stats import bootstrap_mean, paired_bootstrap_delta
@@ -139,6 +142,10 @@ def run_optloop(episode: Episode, root: Path, lm: Any) -> dict:
     return {"memories": [m.text for m in stored], "hits": hits}
 
 
+def _stored_or_raised(arm: str, results: dict[str, dict], raised: dict[str, str]) -> str:
+    return f"raised {raised[arm]}" if arm in raised else str(len(results[arm]["memories"]))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m experiments.bench.mem0_vanilla",
@@ -165,30 +172,42 @@ def main(argv: Sequence[str] | None = None) -> int:
     stored: dict[str, list[int]] = {arm: [] for arm in ARMS}
     seconds = dict.fromkeys(ARMS, 0.0)
     same_memories = 0
+    errors: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="mem0-vanilla-") as tmp:
         module = exported_module(Path(tmp))
         for i, episode in enumerate(dataset.episodes):
-            results = {}
+            results: dict[str, dict] = {}
+            raised: dict[str, str] = {}
             for arm in ARMS:
                 started = time.perf_counter()
                 root = Path(tmp) / arm / episode.id
-                if arm == "optloop":
-                    with collect_calls():
-                        results[arm] = run_optloop(episode, root, lm)
-                else:
-                    prepare = module.apply if arm == "exported" else (lambda memory: None)
-                    results[arm] = run_app(episode, root, args.lm_base_url, args.model, prepare)
+                try:
+                    if arm == "optloop":
+                        with collect_calls():
+                            results[arm] = run_optloop(episode, root, lm)
+                    else:
+                        prepare = module.apply if arm == "exported" else (lambda memory: None)
+                        results[arm] = run_app(
+                            episode, root, args.lm_base_url, args.model, prepare
+                        )
+                except Exception as exc:  # noqa: BLE001 - the library's own failure, reported
+                    raised[arm] = f"{type(exc).__name__}: {str(exc)[:200]}"
                 seconds[arm] += time.perf_counter() - started
-                stored[arm].append(len(results[arm]["memories"]))
-                scores[arm] += [
-                    holds_gold(h, q.gold) for h, q in zip(results[arm]["hits"], episode.questions)
-                ]
-            same_memories += sorted(results["optloop"]["memories"]) == sorted(
-                results["exported"]["memories"]
-            )
+            if raised:  # an arm raised: the episode scores no arm, so the arms stay paired
+                errors.append({"episode": episode.id, "raised": raised})
+            else:
+                for arm in ARMS:
+                    stored[arm].append(len(results[arm]["memories"]))
+                    scores[arm] += [
+                        holds_gold(h, q.gold)
+                        for h, q in zip(results[arm]["hits"], episode.questions)
+                    ]
+                same_memories += sorted(results["optloop"]["memories"]) == sorted(
+                    results["exported"]["memories"]
+                )
             print(
                 f"episode {i + 1}/{len(dataset.episodes)}: memories "
-                + ", ".join(f"{arm} {stored[arm][-1]}" for arm in ARMS),
+                + ", ".join(f"{arm} {_stored_or_raised(arm, results, raised)}" for arm in ARMS),
                 file=sys.stderr,
             )
     seed = 0
@@ -198,6 +217,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "server": args.lm_base_url,
         "endpoint": lines,
         "episodes": len(dataset.episodes),
+        "episodes_scored": len(dataset.episodes) - len(errors),
+        "episodes_where_an_arm_raised": errors,
         "questions": len(scores["vanilla"]),
         "recall_at_5": {arm: bootstrap_mean(scores[arm], seed=seed).model_dump() for arm in ARMS},
         "delta_optloop_minus_vanilla": paired_bootstrap_delta(
@@ -211,6 +232,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "episodes_where_exported_stored_what_optloop_stored": same_memories,
         "seconds": {arm: round(s, 1) for arm, s in seconds.items()},
     }
+    figures = stamped(
+        figures,
+        f"openai:{args.model} at {args.lm_base_url}",
+        command_of("experiments.bench.mem0_vanilla", argv),
+    )
     text = json.dumps(figures, indent=1)
     print(text)
     if args.json:
