@@ -15,11 +15,14 @@ import pytest
 
 
 @pytest.fixture(autouse=True)
-def isolated_state(tmp_path, monkeypatch):
+def isolated_state(tmp_path, monkeypatch, request):
     """Point OPTLOOP_HOME and OPTLOOP_MLRUNS at a temp dir so tests never share caches or
-    stores."""
+    stores. A unit test (no ``integration`` mark) also gets its own llama.cpp slot files: its
+    local model is a fake, and it must not wait for a real model another process is running."""
     monkeypatch.setenv("OPTLOOP_HOME", str(tmp_path / "state"))
     monkeypatch.setenv("OPTLOOP_MLRUNS", str(tmp_path / "mlruns"))
+    if request.node.get_closest_marker("integration") is None:
+        monkeypatch.setenv("OPTLOOP_LOCK_DIR", str(tmp_path / "llama-slots"))
     for name in (
         "OPTLOOP_LM",
         "OPENAI_BASE_URL",
