@@ -664,7 +664,7 @@ def linked() -> list[str]:
             "(schema mode, concurrency, request errors, failed calls, the Mem0 app)? The "
             "integration tests `tests/optloop/test_llama_server.py` and "
             "`tests/systems/test_library_apps.py`",
-            ["servers.md"],
+            ["servers.md", "demo_llama_server.json", "mem0_vanilla.json"],
         ),
     ]
     out: list[str] = []
