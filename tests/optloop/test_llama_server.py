@@ -149,6 +149,7 @@ def test_mem0_budget_1_runs_at_the_default_concurrency(server, tmp_path):
         ],
         server.base_url,
         tmp_path,
+        timeout=2400,
     )
     out = run.stdout + run.stderr
     print(out)
