@@ -97,10 +97,6 @@ def llama_server(
         str(n_ctx),
         "--n_threads",
         str(n_threads or os.cpu_count() or 1),
-        # keep evaluated prompts (RAM): mem0's ~8,600-token extraction prompt shares its long
-        # prefix across calls, and the server otherwise evaluates it again after any other call
-        "--cache",
-        "true",
     ]
     with log.open("wb") as out:
         process = subprocess.Popen(
