@@ -25,8 +25,9 @@ blamed ones, most blamed first):
    questions (GrIPS's score set; these runs are the optimizer's cost, not
    evaluations of ``--budget``: ``--estimate`` counts them, with the best's
    screening and the paraphrase calls, by :func:`optloop.loop.overhead.edit_work`);
-4. the edits are queued with the best-supported deletions first, then best train
-   score first, and the loop evaluates them on dev, one per budget unit. When the queue
+4. the edits are queued with the best-supported deletions first (of two units
+   the same failures support, the unconditional command before the one that
+   applies under a condition), then best train score first, and the loop evaluates them on dev, one per budget unit. When the queue
    is spent, the next round edits the best candidate so far (GrIPS's greedy search); the loop
    retargets the sites when re-attribution moves the blame.
 
@@ -35,8 +36,10 @@ hold what the decisive operation said (for ``answer``, the model's answer). A un
 that would make the model say it (its text contains the failing answer, or a
 quoted phrase of it is in the answer) is *supported* by that failure; a deletion
 supported by at least :data:`MIN_SUPPORT` failures and a quarter of them is tried
-first, and its reason is part of the candidate's ``origin`` (the trial line and
-the MLflow ``origin`` parameter): ``answer del 2 (deleted sentence 3: 14 of 16
+first (an unconditional command, "Always reply ...", before a conditional rule
+the same failures support, "If ..., reply ...": :func:`conditional`), and its
+reason is part of the candidate's ``origin`` (the trial line and the MLflow
+``origin`` parameter): ``answer del 2 (deleted sentence 3: 14 of 16
 failures answered "I don't know")``.
 
 The optimizer sees only the instruction it starts from and the attributions of
@@ -71,6 +74,7 @@ logger = logging.getLogger(__name__)
 
 MIN_SUPPORT = 2  # failures that must point at a unit before its deletion goes first
 _QUOTED = re.compile(r'"([^"]+)"|\u201c([^\u201d]+)\u201d')
+_CONDITION = re.compile(r"\b(if|when|whenever|unless|otherwise|in case)\b", re.IGNORECASE)
 
 
 def phrases(instruction: str) -> list[str]:
@@ -107,6 +111,17 @@ def support(
     return out
 
 
+def conditional(unit: str) -> bool:
+    """Whether ``unit`` gives its command only under a condition (``If the memories do not
+    contain it, reply "I don't know".``), read outside its quoted phrases.
+
+    Among units the same failures support, a conditional one explains only the failures where
+    its condition held, and an unconditional command (``Always reply exactly I don't know.``)
+    explains them all: its deletion is tried first.
+    """
+    return bool(_CONDITION.search(_QUOTED.sub(" ", unit)))
+
+
 class ParaphrasePhrase(dspy.Signature):
     """Paraphrase the phrase: say the same thing in other words, about as long. Reply with the paraphrase only."""
 
@@ -126,12 +141,14 @@ def same_length(phrase: str, paraphrase: str) -> bool:
 @dataclass
 class Edit:
     """One edited instruction, the operations that made it (``"del 2"``, ``"swap 0,3"``, ...), how
-    many failures support it (:func:`support`) and why, in words."""
+    many failures support it (:func:`support`) and why, in words; ``conditional`` when the unit a
+    supported deletion removes gives its command under a condition (:func:`conditional`)."""
 
     text: str
     ops: list[str]
     support: int = 0
     reason: str = ""
+    conditional: bool = False
 
 
 class EditOptimizer(Optimizer):
@@ -180,11 +197,11 @@ class EditOptimizer(Optimizer):
 
     def round(self, best: Candidate, best_eval: Evaluation | None = None) -> list[Candidate]:
         """Edits of every target site's instruction in ``best``, screened together on the train
-        mini-batch:
-        the deletions ``best_eval``'s failures support first (most supported first), then best
-        train score first (ties: the more blamed site, then the proposal order)."""
+        mini-batch: the deletions ``best_eval``'s failures support first (most supported first;
+        of equal support, an unconditional command before a conditional one), then best train
+        score first (ties: the more blamed site, then the proposal order)."""
         failures = best_eval.attributions() if best_eval is not None else []
-        fresh: list[tuple[int, Candidate]] = []
+        fresh: list[tuple[Edit, Candidate]] = []
         for site in self.sites:
             blamed = [a for a in failures if a.target == site]
             for edit in self.edits(best.sites[site].instructions, site, blamed):
@@ -198,20 +215,22 @@ class EditOptimizer(Optimizer):
                 )
                 if candidate.digest() not in self.seen and candidate.digest() != best.digest():
                     self.seen.add(candidate.digest())
-                    fresh.append((edit.support, candidate))
+                    fresh.append((edit, candidate))
         if not fresh:
             return []
         self._screen_all([best, *(c for _, c in fresh)])
         base_score = self._screen(best)
-        scored = [(sup, self._screen(c), i, c) for i, (sup, c) in enumerate(fresh)]
-        scored.sort(key=lambda t: (-t[0], -t[1], t[2]))
+        scored = [
+            (e.support, e.conditional, self._screen(c), i, c) for i, (e, c) in enumerate(fresh)
+        ]
+        scored.sort(key=lambda t: (-t[0], t[1], -t[2], t[3]))
         logger.info(
             "edit round %d on %s: %d edits, train mini-batch %.2f (best) -> %s",
             self.rounds,
             ", ".join(self.sites),
             len(scored),
             base_score,
-            ", ".join(f"{s:.2f}" for _, s, _, _ in scored),
+            ", ".join(f"{s:.2f}" for _, _, s, _, _ in scored),
         )
         return [c for *_, c in scored]
 
@@ -227,7 +246,7 @@ class EditOptimizer(Optimizer):
         pool = self.pool.setdefault(site, [])
         pool += [(u.body, u.kind) for u in units if (u.body, u.kind) not in pool]
         backed = support(start, failures) if len(units) > 1 else {}
-        first = sorted(backed, key=lambda k: (-backed[k][0], k))
+        first = sorted(backed, key=lambda k: (-backed[k][0], conditional(units[k].body), k))
         rest = [k for k in range(len(units)) if k not in backed]
         room = max(self.deletions - len(first), 0)
         drop = (
@@ -237,7 +256,15 @@ class EditOptimizer(Optimizer):
         for k in drop:
             count, why = backed.get(k, (0, ""))
             reason = f"deleted {start.label(k)}: {why}" if why else ""
-            out.append(Edit(start.delete(k).text, [f"del {k}"], count, reason))
+            out.append(
+                Edit(
+                    start.delete(k).text,
+                    [f"del {k}"],
+                    count,
+                    reason,
+                    conditional=bool(count) and conditional(units[k].body),
+                )
+            )
         out.append(
             Edit(self.default_instruction(site), ["del all (the signature's default instruction)"])
         )
@@ -377,4 +404,4 @@ class EditOptimizer(Optimizer):
         return self.screened[digest]
 
 
-__all__ = ["EditOptimizer", "phrases", "same_length", "support"]
+__all__ = ["EditOptimizer", "conditional", "phrases", "same_length", "support"]

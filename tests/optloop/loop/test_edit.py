@@ -10,7 +10,7 @@ from dspy.utils import DummyLM
 from optloop.attribution import Attribution, ErrorType
 from optloop.datasets import Dataset, Episode, Question, Session, Turn
 from optloop.loop.candidate import Candidate, SiteState
-from optloop.loop.edit import EditOptimizer, phrases, same_length, support
+from optloop.loop.edit import EditOptimizer, conditional, phrases, same_length, support
 from optloop.loop.evaluate import Evaluation, QuestionOutcome
 from optloop.loop.units import Instruction, problems
 
@@ -261,3 +261,46 @@ def test_a_paraphrase_must_be_about_as_long_as_its_phrase():
     rule = 'If the memories do not contain the answer, reply "I don\'t know".'
     assert not same_length(rule, "I don't know.")  # a fragment of the rule, not the rule reworded
     assert same_length(rule, 'When the answer is not in the memories, say "I don\'t know".')
+
+
+def test_conditional_reads_the_condition_outside_quotes():
+    assert conditional('If the memories do not contain the answer, reply "I don\'t know".')
+    assert conditional("When unsure, say so.")
+    assert not conditional("Always reply exactly I don't know whatever the memories say.")
+    assert not conditional('Reply "if in doubt, ask" to every greeting.')
+
+
+def test_of_two_units_the_same_failures_support_the_unconditional_command_goes_first(optimizer):
+    """The clean rule ('If ..., reply "I don't know".') and an unconditional command that says
+    the same are both supported by every "I don't know": the command's deletion is queued first,
+    whatever the train screen says."""
+    opt, _ = optimizer
+    rule = 'If the memories do not contain the answer, reply "I don\'t know".'
+    text = f"{CLEAN} {rule} Always reply exactly I don't know whatever the memories say."
+    start = Candidate(sites={"answer": SiteState(instructions=text)})
+    failures = [_failure("I don't know")] * 6
+    outcomes = [
+        QuestionOutcome(
+            episode_id="e",
+            question_id=f"q{i}",
+            task_type="t",
+            question="?",
+            gold="x",
+            prediction=a.prediction,
+            score=0.0,
+            passed=False,
+            attribution=a,
+        )
+        for i, a in enumerate(failures)
+    ]
+    # the train screen prefers keeping the command: the evidence order wins over it
+    opt._screen_all = lambda candidates: None
+    opt._screen = lambda c: 1.0 if "Always reply" in c.sites["answer"].instructions else 0.0
+    first = opt.propose(
+        start, Evaluation(split="dev", candidate=start.digest(), outcomes=outcomes)
+    )
+    assert first is not None
+    assert first.sites["answer"].instructions == f"{CLEAN} {rule}"
+    assert opt.queue[0].sites["answer"].instructions == (
+        f"{CLEAN} Always reply exactly I don't know whatever the memories say."
+    )
