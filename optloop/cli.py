@@ -259,6 +259,11 @@ def setup_logging(verbose: bool) -> None:
         os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
         logging.getLogger("mlflow").setLevel(os.environ["MLFLOW_LOGGING_LEVEL"].upper())
         logging.getLogger("alembic").setLevel(logging.WARNING)
+        # Libraries' warnings (deprecations inside MLflow's migrations, say) go to logging, where
+        # they show with --verbose: a filter here would not hold, as an import that runs later
+        # may put its own "default" filter in front of it.
+        logging.captureWarnings(True)
+        logging.getLogger("py.warnings").setLevel(logging.ERROR)
 
 
 def run_cli(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | None = None) -> int:

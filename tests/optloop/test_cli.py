@@ -28,3 +28,24 @@ def _args(*argv: str) -> argparse.Namespace:
 def test_system_decoding_defaults_yield_to_flags(isolated_state, system, argv, expected):
     lm = lm_from_args(_args(*argv), get_system(system).local_decoding)
     assert (lm.settings.max_array_items, lm.settings.max_string_chars) == expected
+
+
+_WARN = (
+    "import warnings; from optloop.cli import setup_logging; setup_logging({verbose}); "
+    "warnings.simplefilter('default'); "  # what an import may do after setup_logging
+    "warnings.warn('old API', DeprecationWarning)"
+)
+
+
+@pytest.mark.parametrize("verbose, shown", [(False, False), (True, True)])
+def test_library_warnings_show_only_with_verbose(verbose, shown):
+    import subprocess
+    import sys
+
+    run = subprocess.run(
+        [sys.executable, "-c", _WARN.format(verbose=verbose)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert ("old API" in run.stderr + run.stdout) is shown, run.stderr
