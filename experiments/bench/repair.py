@@ -5,6 +5,7 @@
         --optimizers edit
     python -m experiments.bench.repair --bite-only    # only measure which sabotages bite
     python -m experiments.bench.repair --champion     # planted on a champion
+    python -m experiments.bench.repair --champion --edit-order screen --json OUT --resume
 
 The closed loop's promise under control. A **sabotage** is a written instruction
 (the optimizer rewrites instructions, so the fault must live in one): the site's
@@ -49,10 +50,19 @@ champion was chosen on seed 0's dev split, so for seeds 1 and 2 it may have seen
 test questions: the champion and its sabotaged copy are measured on the same questions, so the
 recovered share compares like with like.
 
+**The edit optimizer's order** (``--edit-order``): ``evidence``, the order ``optloop.run`` uses
+(the deletions the failures support first, :mod:`optloop.loop.edit`), or ``screen``, the train
+screen's order alone, the order before the evidence was read. Each run reports
+``tried_before_best``, the candidates evaluated on dev before the one promoted; the aggregate
+names the screen order's rows ``edit (screen order)``, so two reports, one per order, compare
+case by case.
+
 All arms share one LM cache (``--cache``; a temporary one by default), so an
 evaluation repeated across arms costs nothing the second time; ``llm_calls``
 counts every call, cached or not, and ``model_calls`` the computed ones. MLflow
-runs go to a temporary store unless ``--tracking-uri`` is given.
+runs go to a temporary store unless ``--tracking-uri`` is given. ``--resume`` keeps the runs the
+``--json`` report already holds and runs only the others, so a long table is built over several
+commands (with the same ``--cache``, the bite checks are replays).
 """
 
 from __future__ import annotations
@@ -95,6 +105,7 @@ from optloop.faults.sabotages import (
 )
 from optloop.lm import OptloopLM
 from optloop.loop.candidate import Candidate
+from optloop.loop.edit import EditOptimizer
 from optloop.loop.evaluate import Evaluation, Evaluator
 from optloop.loop.optimizers import PROPOSER_SITE
 from optloop.loop.runner import Checkpoint, Loop, LoopConfig, LoopResult, start_candidate
@@ -401,8 +412,12 @@ class Bench:
             query_rewrite=sabotage.query_rewrite,
         )
         started = time.perf_counter()
-        with Witness(lm, clean_text if sabotage.mode == "replace" else None) as witness:
-            result, ckpt, _ = self.run_loop(config)
+        EditOptimizer.evidence = self.args.edit_order == "evidence"
+        try:
+            with Witness(lm, clean_text if sabotage.mode == "replace" else None) as witness:
+                result, ckpt, _ = self.run_loop(config)
+        finally:
+            EditOptimizer.evidence = True  # the champion's run and optloop.run's order
         witness.check_demos([t.candidate for t in ckpt.trials])
         assert ckpt.test_before is not None and ckpt.test_after is not None
         keys = [(o.episode_id, o.question_id) for o in ckpt.test_before.outcomes]
@@ -445,6 +460,8 @@ class Bench:
             "leaks": witness.leaks if sabotage.mode == "replace" else None,
             "sabotage_removed": not holds(after_instruction, sabotage.text),
             "after_instruction": after_instruction,
+            "edit_order": self.args.edit_order if optimizer == "edit" else None,
+            "tried_before_best": _tried_before_best(ckpt, result.best_trial),
             "trials": [
                 {
                     "trial": t.trial,
@@ -454,6 +471,25 @@ class Bench:
                 for t in ckpt.trials
             ],
         }
+
+
+def _tried_before_best(ckpt: Checkpoint, best_trial: int) -> int | None:
+    """Candidates evaluated on dev before the best one (``None``: none beat the start)."""
+    if not best_trial:
+        return None
+    return sum(1 for t in ckpt.trials if t.trial < best_trial and t.evaluation is not None)
+
+
+def label(case: Mapping[str, Any]) -> str:
+    """The optimizer as the tables name it: ``edit (screen order)`` for the edit optimizer with
+    the evidence order off."""
+    order = case.get("edit_order")
+    return f"{case['optimizer']} (screen order)" if order == "screen" else case["optimizer"]
+
+
+def run_key(case: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What makes a row of ``cases`` one run: ``--resume`` skips the runs a report holds."""
+    return (case["case"], label(case), case["arm"], case["seed"])
 
 
 def _blame_counts(ckpt: Checkpoint) -> dict[str, int]:
@@ -477,9 +513,9 @@ def aggregate(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per (optimizer, arm): first-blame rate, share recovering >= 50%, mean recovered with a CI
     over cases, cost."""
     rows = []
-    for optimizer in sorted({c["optimizer"] for c in cases}):
+    for optimizer in sorted({label(c) for c in cases}):
         for arm in ARMS:
-            group = [c for c in cases if c["optimizer"] == optimizer and c["arm"] == arm]
+            group = [c for c in cases if label(c) == optimizer and c["arm"] == arm]
             if not group:
                 continue
             rec = [c["recovered"] for c in group if c["recovered"] is not None]
@@ -499,6 +535,7 @@ def aggregate(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     "tokens_mean": round(statistics.fmean(c["tokens"] for c in group)),
                     "leaks": sum(c["leaks"] or 0 for c in group),
                     **_removed_share(group),
+                    **_tried_mean(group),
                 }
             )
     return rows
@@ -508,6 +545,17 @@ def _removed_share(group: list[dict[str, Any]]) -> dict[str, float]:
     """The share of runs whose promoted prompt no longer holds the sabotage's text."""
     known = [c["sabotage_removed"] for c in group if c.get("sabotage_removed") is not None]
     return {"sabotage_removed": round(sum(known) / len(known), 3)} if known else {}
+
+
+def _tried_mean(group: list[dict[str, Any]]) -> dict[str, Any]:
+    """Candidates tried before the best one, mean over the runs where one beat the start."""
+    tried = [c["tried_before_best"] for c in group if c.get("tried_before_best") is not None]
+    if "tried_before_best" not in group[0]:
+        return {}
+    return {
+        "tried_before_best_mean": round(statistics.fmean(tried), 2) if tried else None,
+        "improved_runs": len(tried),
+    }
 
 
 def targets(rows: list[dict[str, Any]]) -> list[str]:
@@ -702,7 +750,7 @@ def to_markdown(report: dict[str, Any]) -> str:
             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         lines += [
-            f"| {c['case']} | {c['optimizer']} | {c['arm']} | {c['seed']} | {c['n_test']} | "
+            f"| {c['case']} | {label(c)} | {c['arm']} | {c['seed']} | {c['n_test']} | "
             f"{c['clean']:.2f} | {c['sabotaged']:.2f} | {c['after']:.2f} | "
             f"{ci_text(c['gain'], c['gain_ci']) if 'gain' in c else 'n/a'} | "
             f"{ci_text(c['recovered'], c['recovered_ci'])} | "
@@ -715,19 +763,26 @@ def to_markdown(report: dict[str, Any]) -> str:
         lines += [
             "",
             "| optimizer | arm | cases | first blame right | recovered >= 50% | recovered, mean "
-            "[95% CI] | sabotage removed | LLM calls (mean) |",
-            "|---|---|---|---|---|---|---|---|",
+            "[95% CI] | sabotage removed | tried before the best (mean, runs) | "
+            "LLM calls (mean) |",
+            "|---|---|---|---|---|---|---|---|---|",
         ]
         lines += [
             f"| {r['optimizer']} | {r['arm']} | {r['cases']} | {r['first_blame_correct']:.0%} | "
             f"{r['recovered_half']:.0%} | "
             f"{ci_text(r['recovered_mean'], r['recovered_mean_ci'])} | "
             f"{format(r['sabotage_removed'], '.0%') if 'sabotage_removed' in r else 'n/a'} | "
-            f"{r['llm_calls_mean']:.0f} |"
+            f"{_tried_text(r)} | {r['llm_calls_mean']:.0f} |"
             for r in report["aggregate"]
         ]
         lines += ["", *[f"- {t}" for t in report.get("targets", [])]]
     return "\n".join(lines) + "\n"
+
+
+def _tried_text(row: Mapping[str, Any]) -> str:
+    if row.get("tried_before_best_mean") is None:
+        return "n/a"
+    return f"{row['tried_before_best_mean']:.2f} ({row['improved_runs']})"
 
 
 def _yes_no(value: bool | None) -> str:
@@ -821,6 +876,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="only the bite check: which sabotages lower accuracy",
     )
     parser.add_argument(
+        "--edit-order",
+        choices=("evidence", "screen"),
+        default="evidence",
+        help="the edit optimizer's order: evidence (the deletions the failures support first, as "
+        "optloop.run does) or screen (the train screen's order alone, the order before the "
+        "evidence was read); default evidence",
+    )
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the runs the --json report holds and run only the others (the same LM "
+        "--cache makes the bite checks a replay)",
+    )
+    parser.add_argument(
         "--cache", type=Path, help="the LM cache all arms share (default: a fresh temporary one)"
     )
     parser.add_argument("--tracking-uri", help="MLflow store (default: a temporary one)")
@@ -861,6 +930,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             "repair: --champion takes cases of one system and dataset (one champion); "
             "run the others in a command of their own"
         )
+    if args.resume and not args.json:
+        raise SystemExit("repair: --resume reads the report named by --json; give --json OUT")
+    kept: list[dict[str, Any]] = []
+    if args.resume and args.json.exists():
+        kept = json.loads(args.json.read_text()).get("cases", [])
+    done = {run_key(c) for c in kept}
     args.work = args.work or state_dir() / "bench-repair"
     with tempfile.TemporaryDirectory(prefix="optloop-bench-repair-") as tmp_name:
         tmp = Path(tmp_name)
@@ -874,7 +949,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "arms": arms,
             "optimizers": _csv(args.optimizers),
             "bites": [],
-            "cases": [],
+            "cases": kept,
             "dropped": [],
         }
         if args.champion:
@@ -926,6 +1001,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             for seed in seeds:
                 for optimizer in _csv(args.optimizers):
                     for arm in arms:
+                        order = args.edit_order if optimizer == "edit" else None
+                        key = (
+                            sabotage.name,
+                            label({"optimizer": optimizer, "edit_order": order}),
+                            arm,
+                            seed,
+                        )
+                        if key in done:
+                            continue
                         case = bench.arm(sabotage, bite, arm, optimizer, seed)
                         report["cases"].append(case)
                         console.print(

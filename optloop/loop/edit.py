@@ -161,6 +161,9 @@ class EditOptimizer(Optimizer):
         1,
         6,
     )  # the defaults (also what --estimate's model of a round assumes: overhead.py)
+    # Whether the deletions the failures support go first (module doc, "Evidence"); False leaves
+    # the train screen's order alone, as a baseline (``experiments.bench.repair --edit-order``).
+    evidence = True
 
     def __init__(
         self,
@@ -245,7 +248,7 @@ class EditOptimizer(Optimizer):
         units = start.editable
         pool = self.pool.setdefault(site, [])
         pool += [(u.body, u.kind) for u in units if (u.body, u.kind) not in pool]
-        backed = support(start, failures) if len(units) > 1 else {}
+        backed = support(start, failures) if self.evidence and len(units) > 1 else {}
         first = sorted(backed, key=lambda k: (-backed[k][0], conditional(units[k].body), k))
         rest = [k for k in range(len(units)) if k not in backed]
         room = max(self.deletions - len(first), 0)

@@ -294,3 +294,44 @@ def test_the_benchmarks_page_shows_the_champion_and_the_removed_column(
     assert "sabotage removed" in section and "No results file yet" not in section
     monkeypatch.setattr(report, "RESULTS", tmp_path / "nothing")
     assert report.REPAIR_CHAMPION_COMMAND in "\n\n".join(report.repair())
+
+
+def test_screen_order_is_its_own_optimizer_row_and_the_evidence_order_is_restored(
+    bench, tmp_path, monkeypatch
+):
+    from optloop.loop.edit import EditOptimizer
+
+    seen: list[bool] = []
+    run_loop = ScriptedBench.run_loop
+
+    def watching(self, config):
+        if config.run_name.startswith("repair-"):
+            seen.append(EditOptimizer.evidence)
+        return run_loop(self, config)
+
+    monkeypatch.setattr(ScriptedBench, "run_loop", watching)
+    report = _run(tmp_path, "--edit-order", "screen")
+    assert seen and not any(seen)  # every arm ran with the screen's order alone
+    assert EditOptimizer.evidence is True  # and optloop.run's order is back afterwards
+    assert {c["edit_order"] for c in report["cases"]} == {"screen"}
+    assert {r["optimizer"] for r in report["aggregate"]} == {"edit (screen order)"}
+    targeted = next(c for c in report["cases"] if c["arm"] == "targeted")
+    untargeted = next(c for c in report["cases"] if c["arm"] == "untargeted")
+    random_arm = next(c for c in report["cases"] if c["arm"] == "random")
+    assert (targeted["tried_before_best"], untargeted["tried_before_best"]) == (0, 0)
+    assert random_arm["tried_before_best"] is None  # nothing beat the start
+    md = (tmp_path / "repair_champion.md").read_text()
+    assert "| edit (screen order) | targeted |" in md and "tried before the best" in md
+
+
+def test_resume_runs_only_what_the_report_lacks(bench, tmp_path):
+    first = _run(tmp_path, "--arms", "targeted")
+    assert len(first["cases"]) == 2
+    bench.runs = []
+    second = _run(tmp_path, "--arms", "targeted,random", "--resume")
+    arms_run = [c.run_name for c in bench.runs if c.run_name.startswith("repair-")]
+    assert arms_run and all("-random-" in name for name in arms_run)
+    assert len(second["cases"]) == 4
+    assert second["cases"][:2] == first["cases"]
+    with pytest.raises(SystemExit, match="--json"):
+        repair.main(["--resume", "--cases", UNKNOWN.name])
