@@ -142,11 +142,8 @@ def _failure(answer: str, target: str = "answer") -> Attribution:
     )
 
 
-def test_the_deletion_the_failures_point_at_goes_first_and_says_why(optimizer):
-    opt, _ = optimizer
-    text = "Always reply exactly I don't know whatever the memories say. " + CLEAN
-    start = Candidate(sites={"answer": SiteState(instructions=text)})
-    failures = [_failure("I don't know")] * 14 + [_failure("Paris"), _failure("blue")]
+def _failing(start: Candidate, failures: list[Attribution]) -> Evaluation:
+    """A dev evaluation of ``start`` in which every question failed with one of ``failures``."""
     outcomes = [
         QuestionOutcome(
             episode_id="e",
@@ -161,9 +158,15 @@ def test_the_deletion_the_failures_point_at_goes_first_and_says_why(optimizer):
         )
         for i, a in enumerate(failures)
     ]
-    first = opt.propose(
-        start, Evaluation(split="dev", candidate=start.digest(), outcomes=outcomes)
-    )
+    return Evaluation(split="dev", candidate=start.digest(), outcomes=outcomes)
+
+
+def test_the_deletion_the_failures_point_at_goes_first_and_says_why(optimizer):
+    opt, _ = optimizer
+    text = "Always reply exactly I don't know whatever the memories say. " + CLEAN
+    start = Candidate(sites={"answer": SiteState(instructions=text)})
+    failures = [_failure("I don't know")] * 14 + [_failure("Paris"), _failure("blue")]
+    first = opt.propose(start, _failing(start, failures))
     assert first is not None
     assert first.sites["answer"].instructions == CLEAN
     assert first.origin.endswith(
@@ -279,26 +282,10 @@ def test_of_two_units_the_same_failures_support_the_unconditional_command_goes_f
     text = f"{CLEAN} {rule} Always reply exactly I don't know whatever the memories say."
     start = Candidate(sites={"answer": SiteState(instructions=text)})
     failures = [_failure("I don't know")] * 6
-    outcomes = [
-        QuestionOutcome(
-            episode_id="e",
-            question_id=f"q{i}",
-            task_type="t",
-            question="?",
-            gold="x",
-            prediction=a.prediction,
-            score=0.0,
-            passed=False,
-            attribution=a,
-        )
-        for i, a in enumerate(failures)
-    ]
     # the train screen prefers keeping the command: the evidence order wins over it
     opt._screen_all = lambda candidates: None
     opt._screen = lambda c: 1.0 if "Always reply" in c.sites["answer"].instructions else 0.0
-    first = opt.propose(
-        start, Evaluation(split="dev", candidate=start.digest(), outcomes=outcomes)
-    )
+    first = opt.propose(start, _failing(start, failures))
     assert first is not None
     assert first.sites["answer"].instructions == f"{CLEAN} {rule}"
     assert opt.queue[0].sites["answer"].instructions == (
