@@ -12,6 +12,11 @@ Two things differ between such servers and are settled per endpoint, once per pr
 * a **request error** (:func:`request_error`): a body the server refuses for a field of the request
   (a validation error, an unsupported parameter, a prompt longer than the server's context) fails
   the call at once, with the field and what to change, instead of being retried as a server fault.
+
+In ``json_object`` mode (llama.cpp's servers, which decode under a grammar built from the schema,
+as the embedded model does) a JSON answer cut at ``max_tokens`` is asked for again under tighter
+string and array bounds (:data:`~optloop.lm.requests.TIGHTEN`), as the embedded model's is: the
+same request again would decode the same cut answer.
 """
 
 from __future__ import annotations
@@ -23,21 +28,26 @@ import math
 import os
 import re
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from optloop.errors import ConfigError, LMError, LMUnreachableError
 from optloop.lm.backends import Backend
 from optloop.lm.limits import parse_retry_after
 from optloop.lm.requests import (
+    MAX_TIGHTENINGS,
     SCHEMA_MODES,
     MalformedResponse,
     Request,
     SchemaMode,
+    add_usage,
+    bound_schema,
     chat_kwargs,
     check_json,
     check_schema,
     openai_response_format,
+    tighter,
+    truncated,
     with_schema_instruction,
 )
 from optloop.lm.settings import LMSettings, redact_url
@@ -88,6 +98,7 @@ class OpenAICompatibleBackend(Backend):
         self.model = settings.model
         self.base_url = settings.base_url
         self.schema_setting = settings.schema_mode
+        self.max_chars, self.max_items = settings.max_string_chars, settings.max_array_items
         key = os.environ.get(settings.api_key_env)
         if not key:
             if not settings.base_url:
@@ -196,11 +207,43 @@ class OpenAICompatibleBackend(Backend):
     def complete(self, request: Request) -> dict[str, Any]:
         mode = self.schema_mode if request.json_mode and request.schema else "json_schema"
         response = self._send(request, mode)
+        if mode == "json_object" and request.json_mode and request.schema:
+            response = self._tightened(request, response)
         if mode == "none" and request.json_mode:
             _unwrap_json(response)
             check_json(response)
             if request.schema:
                 check_schema(response, request.schema)
+        return response
+
+    def _tightened(self, request: Request, response: dict[str, Any]) -> dict[str, Any]:
+        """``response``, or where it was cut at ``max_tokens``, the answer to the same request
+        under tighter bounds (first ``max_string_chars`` / :data:`~optloop.lm.requests.TIGHTEN`,
+        then tighter again; at most :data:`~optloop.lm.requests.MAX_TIGHTENINGS` more tries),
+        with the tokens of every try."""
+        assert request.schema is not None
+        spent: dict[str, int] = {}
+        add_usage(spent, response)
+        max_chars, max_items = self.max_chars, self.max_items
+        for _ in range(MAX_TIGHTENINGS):
+            if not truncated(response):
+                break
+            max_chars, max_items = tighter(max_chars, max_items)
+            logger.info(
+                "LM endpoint %s: a JSON answer was cut at %d tokens; asking again with at most "
+                "%d items of %d chars",
+                self.where(),
+                request.max_tokens,
+                max_items,
+                max_chars,
+            )
+            bounded = replace(
+                request,
+                schema=bound_schema(request.schema, max_chars=max_chars, max_items=max_items),
+            )
+            response = self._send(bounded, "json_object")
+            add_usage(spent, response)
+        response["usage"] = spent
         return response
 
     def _send(self, request: Request, mode: SchemaMode) -> dict[str, Any]:

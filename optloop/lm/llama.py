@@ -12,7 +12,16 @@ from typing import Any
 from optloop.errors import ConfigError, LMError
 from optloop.lm.backends import Backend
 from optloop.lm.machine import MachineSlots, threads_per_slot
-from optloop.lm.requests import Request, bound_schema, chat_kwargs, openai_response_format
+from optloop.lm.requests import (
+    MAX_TIGHTENINGS,
+    Request,
+    add_usage,
+    bound_schema,
+    chat_kwargs,
+    openai_response_format,
+    tighter,
+    truncated,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -29,13 +38,8 @@ class LocalLlamaBackend(Backend):
     turns on the CPU instead of oversubscribing it.
     """
 
-    # A truncated JSON answer is asked for again at the same token budget, under a schema whose
-    # string and array bounds are TIGHTEN times tighter, twice at most (16 items x 400 chars, then
-    # 4 x 100, then 1 x 25). The answer it ends with is shorter and still satisfies the schema, and
-    # a failing call generates at most 3 x max_tokens. (Growing the budget instead cost minutes per
-    # call on a rambling model: decoding slows with the context, and each try ran out again.)
-    TIGHTEN = 4
-    MAX_TIGHTENINGS = 2
+    # A truncated JSON answer is asked again under tighter bounds (optloop.lm.requests.TIGHTEN).
+    MAX_TIGHTENINGS = MAX_TIGHTENINGS
 
     def __init__(
         self,
@@ -103,7 +107,7 @@ class LocalLlamaBackend(Backend):
 
     def complete(self, request: Request) -> dict[str, Any]:
         llama, lock = self._model()
-        spent = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+        spent: dict[str, int] = {}
         self._waits.seconds = 0.0
         max_chars, max_items = self.max_chars, self.max_items
         for tightening in range(self.MAX_TIGHTENINGS + 1):
@@ -127,18 +131,13 @@ class LocalLlamaBackend(Backend):
                     raise LMError(
                         f"local model {self.path.name}: {exc}; shorten the prompt or raise n_ctx"
                     ) from None
-            for name in spent:
-                spent[name] += response["usage"][name]
-            truncated = response["choices"][0]["finish_reason"] == "length"
+            add_usage(spent, response)
             if (
-                not (request.json_mode and request.schema and truncated)
+                not (request.json_mode and request.schema and truncated(response))
                 or tightening == self.MAX_TIGHTENINGS
             ):
                 break
-            max_chars, max_items = (
-                max(1, max_chars // self.TIGHTEN),
-                max(1, max_items // self.TIGHTEN),
-            )
+            max_chars, max_items = tighter(max_chars, max_items)
             logger.debug(
                 "JSON answer truncated at %d tokens; asking again with at most %d items of "
                 "%d chars",

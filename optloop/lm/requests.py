@@ -156,6 +156,32 @@ def check_schema(response: dict[str, Any], schema: dict[str, Any]) -> None:
         ) from None
 
 
+# A JSON answer cut at max_tokens under a grammar (the embedded model, a llama.cpp server in
+# json_object mode) is asked for again at the same token budget, under a schema whose string and
+# array bounds are TIGHTEN times tighter, twice at most (16 items x 400 chars, then 4 x 100, then
+# 1 x 25). The answer it ends with is shorter and still satisfies the schema, and a failing call
+# generates at most 3 x max_tokens. (Growing the budget instead cost minutes per call on a rambling
+# model: decoding slows with the context, and each try ran out again.)
+TIGHTEN = 4
+MAX_TIGHTENINGS = 2
+
+
+def tighter(max_chars: int, max_items: int) -> tuple[int, int]:
+    """The next bounds after ``max_chars`` x ``max_items`` (:data:`TIGHTEN` times tighter)."""
+    return max(1, max_chars // TIGHTEN), max(1, max_items // TIGHTEN)
+
+
+def truncated(response: dict[str, Any]) -> bool:
+    """Whether the answer stopped at ``max_tokens``."""
+    return bool((response.get("choices") or [{}])[0].get("finish_reason") == "length")
+
+
+def add_usage(spent: dict[str, int], response: dict[str, Any]) -> None:
+    """Add ``response``'s token counts to ``spent`` (each try of one call is paid for)."""
+    for name in ("prompt_tokens", "completion_tokens", "total_tokens"):
+        spent[name] = spent.get(name, 0) + int((response.get("usage") or {}).get(name) or 0)
+
+
 def bound_schema(schema: dict[str, Any], *, max_chars: int, max_items: int) -> dict[str, Any]:
     """A copy of ``schema`` whose strings and arrays have a maximum length.
 

@@ -6,6 +6,7 @@ it must (its HTTP 500 with pydantic's validation text for ``json_schema``); the 
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -15,6 +16,7 @@ from pydantic import BaseModel
 from optloop.errors import LMError
 from optloop.lm import LMRequestError, LMSettings, OptloopLM, Request
 from optloop.lm.probe import detect_concurrency
+from optloop.testing.loopback import chat_completion
 from optloop.testing.scripted import InFlight, ScriptedOpenAIServer
 
 LLAMA_CPP = frozenset({"json_object", "none"})
@@ -206,3 +208,58 @@ def test_llama_servers_own_context_error_carries_its_sizes_in_the_error_object()
     message = str(info.value)
     assert "a 9146-token prompt" in message and "the server's context is 4096" in message
     assert "at least 16384" in message and len(server.requests) == 1
+
+
+def _rambling(closes_at: int):
+    """A llama.cpp-like server whose JSON answer runs to max_tokens until the schema bounds the
+    array to ``closes_at`` items or fewer."""
+
+    def respond(body):
+        form = body["response_format"]
+        facts = (form.get("schema") or form["json_schema"]["schema"])["properties"]["facts"]
+        bounded = facts.get("maxItems", 10**6) <= closes_at
+        answer = chat_completion(
+            body, '{"facts": ["a"]}' if bounded else '{"facts": ["a", "a', USAGE
+        )
+        answer["choices"][0]["finish_reason"] = "stop" if bounded else "length"
+        return "raw", json.dumps(answer)
+
+    return respond
+
+
+USAGE = {"prompt_tokens": 10, "completion_tokens": 7, "total_tokens": 17}
+FACTS = {"type": "object", "properties": {"facts": {"type": "array", "items": {"type": "string"}}}}
+
+
+@pytest.mark.parametrize(
+    "closes_at, bounds", [(4, [None, (4, 100)]), (1, [None, (4, 100), (1, 25)])]
+)
+def test_a_json_answer_cut_at_max_tokens_is_asked_again_under_tighter_bounds_in_json_object_mode(
+    closes_at, bounds
+):
+    with ScriptedOpenAIServer(
+        [("respond", _rambling(closes_at))], schema_modes=LLAMA_CPP
+    ) as server:
+        lm = _lm(server.base_url, schema_mode="json_object")
+        assert lm.json("list the facts", FACTS) == {"facts": ["a"]}
+    sent = [r["body"]["response_format"]["schema"]["properties"]["facts"] for r in server.requests]
+    assert [
+        (f["maxItems"], f["items"]["maxLength"]) if "maxItems" in f else None for f in sent
+    ] == bounds
+    assert {r["body"]["max_tokens"] for r in server.requests} == {512}  # the budget never grows
+    record = lm.accounting.records[-1]
+    assert record.attempts == 1 and record.completion_tokens == 7 * len(bounds)
+
+
+def test_in_json_schema_mode_a_cut_answer_is_retried_as_sent():
+    """An endpoint that takes json_schema (OpenAI, vLLM) gets the request as the caller made it:
+    its schema is not rewritten."""
+    with ScriptedOpenAIServer([("respond", _rambling(4))]) as server:
+        lm = _lm(server.base_url, schema_mode="json_schema", max_retries=1)
+        with pytest.raises(LMError, match="truncated at max_tokens"):
+            lm.json("list the facts", FACTS)
+    assert all(
+        "maxItems"
+        not in r["body"]["response_format"]["json_schema"]["schema"]["properties"]["facts"]
+        for r in server.requests
+    )
