@@ -151,13 +151,15 @@ def add_lm_arguments(parser: argparse.ArgumentParser) -> None:
         "--lm-max-items",
         metavar="N",
         type=int,
-        help="local decoding: longest JSON array (default 16; 3 for graphiti)",
+        help="longest JSON array under a grammar: the embedded model's; on a json_object "
+        "endpoint, the bound a cut answer is tightened from (default 16; 3 for graphiti)",
     )
     group.add_argument(
         "--lm-max-chars",
         metavar="N",
         type=int,
-        help="local decoding: longest JSON string (default 400; 80 for graphiti)",
+        help="longest JSON string under a grammar, as --lm-max-items (default 400; 80 for "
+        "graphiti)",
     )
     group.add_argument(
         "--rpm",
