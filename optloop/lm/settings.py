@@ -86,8 +86,12 @@ class LMSettings(BaseModel):
     # A tiny model can ramble inside a JSON string until max_tokens cuts it off.
     # Locally decoded schemas get these bounds (where the schema sets none), so
     # every constrained output closes; the result still satisfies the original.
-    max_string_chars: int = Field(400, gt=0, description="local decoding: longest JSON string")
-    max_array_items: int = Field(16, gt=0, description="local decoding: longest JSON array")
+    max_string_chars: int = Field(
+        400, gt=0, description="longest JSON string under a grammar (--lm-max-chars)"
+    )
+    max_array_items: int = Field(
+        16, gt=0, description="longest JSON array under a grammar (--lm-max-items)"
+    )
     # Load (optloop.lm.limits): one throttle per endpoint, shared by the process's threads and
     # tasks.
     rpm: float | None = Field(
