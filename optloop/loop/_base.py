@@ -16,7 +16,7 @@ and reports each back in trial order. An optimizer changes only its
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -77,6 +77,8 @@ class Optimizer(ABC):
         self._num_threads = num_threads
         self._work = work
         self.batch = max(1, batch)
+        # What the optimizer says of its own work (a stage line; the loop sets the run's).
+        self.progress: Callable[[str], None] = lambda message: None
 
     @property
     def num_threads(self) -> int:

@@ -393,6 +393,11 @@ class EditOptimizer(Optimizer):
         step = max(1, self.num_threads)
         for i in range(0, len(todo), step):
             chunk = todo[i : i + step]
+            self.progress(
+                f"edit round {self.rounds}: screening {i + 1}"
+                f"{f'-{i + len(chunk)}' if len(chunk) > 1 else ''} of {len(todo)} programs on a "
+                f"train mini-batch ({len(self.minibatch.questions())} questions)"
+            )
             for candidate, evaluation in zip(
                 chunk, self.evaluator.evaluate_many(chunk, self.minibatch, split="train")
             ):

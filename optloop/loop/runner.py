@@ -553,7 +553,9 @@ class Loop:
         }
         if cfg.optimizer == "optuna":
             kwargs |= coordinator.optimizer_kwargs()
-        return cls(evaluator, self.proposer, train, **kwargs)
+        optimizer = cls(evaluator, self.proposer, train, **kwargs)
+        optimizer.progress = lambda message: self.progress(message)
+        return optimizer
 
     def estimate(self, ckpt: Checkpoint) -> Estimate:
         """``--estimate``'s projection of the whole run from ``ckpt``'s baseline

@@ -291,3 +291,18 @@ def test_of_two_units_the_same_failures_support_the_unconditional_command_goes_f
     assert opt.queue[0].sites["answer"].instructions == (
         f"{CLEAN} Always reply exactly I don't know whatever the memories say."
     )
+
+
+def test_the_screening_says_where_it_is(optimizer):
+    """A round's screening can take most of an hour on a slow endpoint: each program screened is a
+    progress line (the run's log shows it without a terminal)."""
+    opt, start = optimizer
+    said: list[str] = []
+    opt.progress = said.append
+    opt.propose(start, Evaluation(split="dev", candidate=start.digest(), outcomes=[]))
+    assert said and all(
+        line.startswith("edit round 1: screening ") and "train mini-batch (3 questions)" in line
+        for line in said
+    )
+    assert said[0].startswith("edit round 1: screening 1")
+    assert said[-1].split(" of ")[1].split()[0] == said[0].split(" of ")[1].split()[0]
