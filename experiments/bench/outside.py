@@ -37,6 +37,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -211,11 +212,23 @@ def last_line(text: str) -> str:
 _OWN_LINES = ("optloop.run ", "dataset ", "LM endpoint ", "LM proposer endpoint ")
 
 
+# A run's progress: a stage or trial line (``[41 s] trial 1/2 ...``, optloop.progress without a
+# terminal), and the projection it prints after the baseline, from its title to its last line.
+_PROGRESS = re.compile(r"^\[\d+(\.\d)? (s|min|h)\] ")
+_ESTIMATE_FIRST, _ESTIMATE_LAST = "estimate for ", "projected: "
+
+
 def other_lines(text: str) -> list[str]:
     """What was printed besides the run's own lines (which run, its dataset, the endpoint check's
-    choices) and the last line."""
+    choices, its progress and projection) and the last line."""
     lines = [line for line in text.splitlines() if line.strip()]
-    return [line for line in lines[:-1] if not line.startswith(_OWN_LINES)]
+    out, projection = [], False
+    for line in lines[:-1]:
+        projection = projection or _ESTIMATE_FIRST in line
+        if not (projection or line.startswith(_OWN_LINES) or _PROGRESS.match(line)):
+            out.append(line)
+        projection = projection and not line.startswith(_ESTIMATE_LAST)
+    return out
 
 
 def described(done: subprocess.CompletedProcess[str]) -> dict[str, Any]:

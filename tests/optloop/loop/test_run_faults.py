@@ -113,3 +113,19 @@ def test_refusals_write_nothing_and_an_unreachable_storage_is_exit_75(tmp_path):
     one_line(start, "--start nosuch: no such site on mem0")
     assert storage.exit_code == 75 and storage.left == "nothing", storage
     one_line(storage, "cannot reach the database at postgresql://optloop:***@127.0.0.1:")
+
+
+def test_the_runs_own_progress_and_projection_are_not_other_lines():
+    printed = "\n".join(
+        [
+            "optloop.run md_flat-edit-1: md_flat on builtin:tiny, edit, budget 2 (a new run)",
+            "[2 s] evaluating baseline on train (4 questions)",
+            "  estimate for md_flat-edit-1: md_flat on builtin:tiny, edit,   ",
+            "│ total                     │           6 │    96 │   1159 │ no price │  1 s │",
+            "projected: 96 calls, 1159 tokens; ETA 0 s for the rest of the run",
+            "[1.5 h] edit round 1: screening 1-8 of 11 programs on a train mini-batch",
+            "WARNING  a library's line",
+            "optloop: error: lost the MLflow tracking server",
+        ]
+    )
+    assert outside.other_lines(printed) == ["WARNING  a library's line"]
