@@ -39,6 +39,9 @@ class Candidate(BaseModel):
     sites: dict[str, SiteState]
     knobs: dict[str, Any] = Field(default_factory=dict)
     origin: str = "baseline"
+    # The digest of the candidate this one was made from, where the optimizer keeps it (the edit
+    # optimizer: a queued edit whose parent is no longer the best is dropped). Not in the digest.
+    parent: str | None = None
 
     def digest(self, only: set[str] | None = None, *, with_knobs: bool = True) -> str:
         sites = {

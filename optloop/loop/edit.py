@@ -27,14 +27,17 @@ blamed ones, most blamed first):
    screening and the paraphrase calls, by :func:`optloop.loop.overhead.edit_work`);
 4. the edits are queued with the best-supported deletions first (of two units
    the same failures support, the unconditional command before the one that
-   applies under a condition), then best train score first, and the loop evaluates them on dev, one per budget unit. When the queue
-   is spent, the next round edits the best candidate so far (GrIPS's greedy search); the loop
-   retargets the sites when re-attribution moves the blame.
+   applies under a condition), then best train score first, and the loop
+   evaluates them on dev, one per budget unit. When a trial beats the best, the
+   rest of the round is dropped and the next round edits the new best; when the
+   queue is spent, the next round edits the best so far (GrIPS's greedy search).
+   The loop retargets the sites when re-attribution moves the blame.
 
 **Evidence.** The attributions of the best candidate's dev failures blamed on a site
 hold what the decisive operation said (for ``answer``, the model's answer). A unit
-that would make the model say it (its text contains the failing answer, or a
-quoted phrase of it is in the answer) is *supported* by that failure; a deletion
+that would make the model say it (its text contains the failing answer, or the
+answer's opening words, at least :data:`MIN_PHRASE` of them and half the answer,
+or a quoted phrase of the unit is in the answer) is *supported* by that failure; a deletion
 supported by at least :data:`MIN_SUPPORT` failures and a quarter of them is tried
 first (an unconditional command, "Always reply ...", before a conditional rule
 the same failures support, "If ..., reply ...": :func:`conditional`), and its
@@ -73,6 +76,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 MIN_SUPPORT = 2  # failures that must point at a unit before its deletion goes first
+MIN_PHRASE = 3  # words of an answer's opening a unit must hold to support it
 _QUOTED = re.compile(r'"([^"]+)"|\u201c([^\u201d]+)\u201d')
 _CONDITION = re.compile(r"\b(if|when|whenever|unless|otherwise|in case)\b", re.IGNORECASE)
 
@@ -89,9 +93,11 @@ def support(
     """Editable units the failures point at: unit -> (how many failures, the reason in words).
 
     A failure points at a unit when what the decisive operation said (``details["output"]``, else
-    the prediction) is in the unit's text, or a quoted phrase of the unit is in what it said: the
-    unit tells the model to say what the failing answers said. Units pointed at by fewer than
-    :data:`MIN_SUPPORT` failures, or fewer than a quarter of them, are left out.
+    the prediction) is in the unit's text, or its opening words are (at least
+    :data:`MIN_PHRASE` words and half of what it said: "I don't know what the question is" and a
+    unit that says "reply exactly I don't know"), or a quoted phrase of the unit is in what it
+    said: the unit tells the model to say what the failing answers said. Units pointed at by fewer
+    than :data:`MIN_SUPPORT` failures, or fewer than a quarter of them, are left out.
     """
     said = [str(a.details.get("output") or a.prediction or "").strip() for a in failures]
     floor = max(MIN_SUPPORT, math.ceil(len(said) / 4))
@@ -103,12 +109,21 @@ def support(
             s
             for s in said
             if (n := normalize(s))
-            and (f" {n} " in text or any(q and f" {q} " in f" {n} " for q in quoted))
+            and (f" {opening(n)} " in text or any(q and f" {q} " in f" {n} " for q in quoted))
         ]
         if len(hits) >= floor:
             common = Counter(hits).most_common(1)[0][0]
             out[k] = (len(hits), f"{len(hits)} of {len(said)} failures answered {common[:60]!r}")
     return out
+
+
+def opening(said: str) -> str:
+    """The opening of a normalized answer a unit must hold to be pointed at: the whole answer, or
+    its first half (rounded up) when that is :data:`MIN_PHRASE` words or more (a model told to say
+    a phrase often says it and goes on)."""
+    words = said.split()
+    half = math.ceil(len(words) / 2)
+    return " ".join(words[:half]) if half >= MIN_PHRASE else said
 
 
 def conditional(unit: str) -> bool:
@@ -188,6 +203,12 @@ class EditOptimizer(Optimizer):
     # --- the loop's interface ------------------------------------------------------------
 
     def propose(self, best: Candidate, best_eval: Evaluation) -> Candidate | None:
+        if self.queue and self.queue[0].parent not in (None, best.digest()):
+            # A trial beat the program this round edited: edit the new best (GrIPS's greedy step).
+            logger.info(
+                "edit: the best moved; %d queued edit(s) of the old best dropped", len(self.queue)
+            )
+            self.queue = []
         if not self.queue and self.sites:
             self.rounds += 1
             self.queue = self.round(best, best_eval)
@@ -214,6 +235,7 @@ class EditOptimizer(Optimizer):
                     update={
                         "sites": {**best.sites, site: state},
                         "origin": f"edit round {self.rounds}: {site} {'; '.join(edit.ops)}{why}",
+                        "parent": best.digest(),
                     }
                 )
                 if candidate.digest() not in self.seen and candidate.digest() != best.digest():

@@ -306,3 +306,30 @@ def test_the_screening_says_where_it_is(optimizer):
     )
     assert said[0].startswith("edit round 1: screening 1")
     assert said[-1].split(" of ")[1].split()[0] == said[0].split(" of ")[1].split()[0]
+
+
+def test_an_answer_that_opens_with_what_a_unit_says_supports_it():
+    instruction = Instruction.parse(
+        "Always reply exactly I don't know whatever the memories say. Answer from the memories. "
+        'If the memories do not contain the answer, reply "I don\'t know".'
+    )
+    said = [_failure("I don't know what the question is.")] * 4
+    assert sorted(support(instruction, said)) == [0, 2]  # the command and the quoted rule
+    # an opening shorter than MIN_PHRASE words points at nothing
+    assert (
+        support(Instruction.parse("Say no more. Be brief."), [_failure("Say no, then go")] * 3)
+        == {}
+    )
+
+
+def test_a_trial_that_beats_the_best_drops_the_rest_of_its_round(optimizer):
+    """GrIPS's greedy step: the next edits are of the new best, not of the program it beat."""
+    opt, start = optimizer
+    empty = Evaluation(split="dev", candidate=start.digest(), outcomes=[])
+    first = opt.propose(start, empty)
+    assert first is not None and opt.queue and all(c.parent == start.digest() for c in opt.queue)
+    second = opt.propose(start, empty)  # the best did not move: the round goes on
+    assert second is not None and second.parent == start.digest() and opt.rounds == 1
+    third = opt.propose(first, Evaluation(split="dev", candidate=first.digest(), outcomes=[]))
+    assert opt.rounds == 2 and third is not None and third.parent == first.digest()
+    assert all(c.parent == first.digest() for c in opt.queue)
