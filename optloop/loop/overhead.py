@@ -209,7 +209,10 @@ def edit_work(shape: RunShape) -> OptimizerWork:
         n = len(phrases(shape.instructions.get(site, "")))
         edits[site] = (min(opt.DELETIONS, n) if n > 1 else 0) + 1 + opt.EXTRA
     per_round = max(sum(edits.values()), 1)
-    rounds = math.ceil(shape.budget / per_round)
+    # A trial that beats the best starts a round of its own (edit.py's greedy step): the model
+    # takes about log2(budget + 1) of them, on top of the rounds the budget spends.
+    improving = min(shape.budget - 1, math.ceil(math.log2(shape.budget + 1)))
+    rounds = math.ceil(shape.budget / per_round) + improving
     paraphrases = rounds * len(shape.sites) * opt.EXTRA * PARAPHRASES_PER_EXTRA
     phrase = sum(
         shape.instruction_tokens(s) / max(len(phrases(shape.instructions.get(s, ""))), 1)
@@ -226,7 +229,8 @@ def edit_work(shape: RunShape) -> OptimizerWork:
         completion_tokens=phrase + JSON_TOKENS,
         threads=None,
         basis=(
-            f"{rounds} round(s) of {per_round} edits "
+            f"{rounds} round(s) of {per_round} edits ({improving} of them after a trial that "
+            "beats the best) "
             f"({', '.join(f'{s} {n}' for s, n in edits.items())}), each round screening the "
             f"best and its edits on {b} train questions (edits of an ingest site also ingest "
             f"{m} episodes) and about {PARAPHRASES_PER_EXTRA:g} paraphrase call a site"

@@ -66,22 +66,27 @@ def test_edit_screens_the_best_and_every_edit_of_a_round_on_a_mini_batch():
     work = edit_work(shape())
     # answer: 3 single-phrase deletions + delete all + 1 composed edit; curate (one phrase): delete
     # all + 1 composed
-    assert work.trials_per_round == 7 and work.rounds == 2  # 10 trials, 7 edits a round
+    # 10 trials, 7 edits a round: 2 rounds, and 4 (log2 11, rounded up) after a trial that beats
+    # the best
+    assert work.trials_per_round == 7 and work.rounds == 2 + 4
     assert (
-        work.calls == 2 * 8 * 6 * 2.0 + 2 * 5 * 2 * 3.0
+        work.calls == 6 * 8 * 6 * 2.0 + 6 * 5 * 2 * 3.0
     )  # 8 screenings of 6 questions; curate edits ingest 5 episodes
     assert work.tokens == pytest.approx(work.calls * 100)
     assert (
-        work.proposer_calls == 2 * 2 * 0.5 and work.threads is None
+        work.proposer_calls == 6 * 2 * 0.5 and work.threads is None
     )  # screening is an evaluation: --concurrency
     assert work.proposer_prompt_tokens / work.proposer_calls > template_tokens(
         ParaphrasePhrase
     )  # and a phrase
-    assert "2 round(s) of 7 edits (answer 5, md_flat.curate 2)" in work.basis
+    assert "6 round(s) of 7 edits (4 of them after a trial that beats the best) (answer 5" in (
+        work.basis
+    )
     no_ingest = edit_work(shape(sites=[ANSWER], ingest_sites=[], budget=3))
     assert (
-        no_ingest.rounds == 1 and no_ingest.calls == 6 * 6 * 2.0
+        no_ingest.rounds == 1 + 2 and no_ingest.calls == 3 * 6 * 6 * 2.0
     )  # the best and 5 edits, no store rebuilt
+    assert edit_work(shape(sites=[ANSWER], ingest_sites=[], budget=1)).rounds == 1
 
 
 def test_simba_runs_one_step_a_trial_and_asks_for_advice_for_half_its_new_programs():

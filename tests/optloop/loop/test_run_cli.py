@@ -657,9 +657,8 @@ def test_estimate_then_max_calls_stops_with_exit_3_and_a_higher_limit_resumes_th
     it on the baseline the estimate left.
 
     The estimate counts the optimizer's own calls: on this run (the edit optimizer, md_flat on
-    builtin:tiny, budget
-    2) its one round screens the best and 10 edits (5 of answer, 5 of md_flat.curate, both blamed)
-       on the 4 train
+    builtin:tiny, budget 2) each of its two rounds (the second after trial 1 beats the baseline)
+    screens the best and 10 edits (5 of answer, 5 of md_flat.curate, both blamed) on the 4 train
     questions, about 64 requests, over three times what the trials and the held-out test make;
     without them the estimate said 31 calls for a run of about 100. With them it must come within
     25% of the run's requests: the loopback endpoint answers deterministically and the edits are
@@ -775,13 +774,16 @@ def test_estimate_then_max_calls_stops_with_exit_3_and_a_higher_limit_resumes_th
         "llm_calls"
     ]  # every request of the four processes (one LM: the proposer's are in it)
     [optimizer] = [p for p in figures["parts"] if p["part"].startswith("optimizer")]
-    assert figures["optimizer"]["rounds"] == 1 and figures["optimizer"]["trials_per_round"] == 10
+    # one round, and one more after trial 1 beats the baseline (the oracle's edits do)
+    assert figures["optimizer"]["rounds"] == 2 and figures["optimizer"]["trials_per_round"] == 10
     assert abs(figures["total"]["calls"] - made) <= 0.25 * made, (figures["total"], made)
     assert (
         figures["total"]["calls"] - optimizer["calls"] < 0.5 * made
     )  # what the estimate said without it
+    # measured on trial 1's round, which holds the store rebuilds of the processes that resumed,
+    # and scaled by the model's two rounds: within 30%
     assert (
-        measured["optimizer"]["measured"] and abs(measured["total"]["calls"] - made) <= 0.25 * made
+        measured["optimizer"]["measured"] and abs(measured["total"]["calls"] - made) <= 0.3 * made
     )
 
 
