@@ -36,8 +36,8 @@ blamed ones, most blamed first):
 **Evidence.** The attributions of the best candidate's dev failures blamed on a site
 hold what the decisive operation said (for ``answer``, the model's answer). A unit
 that would make the model say it (its text contains the failing answer, or the
-answer's opening words, at least :data:`MIN_PHRASE` of them and half the answer,
-or a quoted phrase of the unit is in the answer) is *supported* by that failure; a deletion
+answer's opening words, at least :data:`MIN_PHRASE` of them, or a quoted phrase
+of the unit is in the answer) is *supported* by that failure; a deletion
 supported by at least :data:`MIN_SUPPORT` failures and a quarter of them is tried
 first (an unconditional command, "Always reply ...", before a conditional rule
 the same failures support, "If ..., reply ...": :func:`conditional`), and its
@@ -94,8 +94,8 @@ def support(
 
     A failure points at a unit when what the decisive operation said (``details["output"]``, else
     the prediction) is in the unit's text, or its opening words are (at least
-    :data:`MIN_PHRASE` words and half of what it said: "I don't know what the question is" and a
-    unit that says "reply exactly I don't know"), or a quoted phrase of the unit is in what it
+    :data:`MIN_PHRASE` of them: "I don't know what the question is" and a unit that says "reply
+    exactly I don't know"; :func:`opens_with`), or a quoted phrase of the unit is in what it
     said: the unit tells the model to say what the failing answers said. Units pointed at by fewer
     than :data:`MIN_SUPPORT` failures, or fewer than a quarter of them, are left out.
     """
@@ -109,7 +109,7 @@ def support(
             s
             for s in said
             if (n := normalize(s))
-            and (f" {opening(n)} " in text or any(q and f" {q} " in f" {n} " for q in quoted))
+            and (opens_with(text, n) or any(q and f" {q} " in f" {n} " for q in quoted))
         ]
         if len(hits) >= floor:
             common = Counter(hits).most_common(1)[0][0]
@@ -117,13 +117,15 @@ def support(
     return out
 
 
-def opening(said: str) -> str:
-    """The opening of a normalized answer a unit must hold to be pointed at: the whole answer, or
-    its first half (rounded up) when that is :data:`MIN_PHRASE` words or more (a model told to say
-    a phrase often says it and goes on)."""
+def opens_with(text: str, said: str) -> bool:
+    """Whether ``text`` (a normalized unit, spaces around) holds what ``said`` (a normalized answer)
+    says, or its opening words, :data:`MIN_PHRASE` of them or more: a model told to say a phrase
+    often says it and goes on ("I don't know what the question is" for "reply exactly I don't
+    know")."""
     words = said.split()
-    half = math.ceil(len(words) / 2)
-    return " ".join(words[:half]) if half >= MIN_PHRASE else said
+    return f" {said} " in text or any(
+        f" {' '.join(words[:k])} " in text for k in range(MIN_PHRASE, len(words))
+    )
 
 
 def conditional(unit: str) -> bool:

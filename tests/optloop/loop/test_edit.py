@@ -313,8 +313,11 @@ def test_an_answer_that_opens_with_what_a_unit_says_supports_it():
         "Always reply exactly I don't know whatever the memories say. Answer from the memories. "
         'If the memories do not contain the answer, reply "I don\'t know".'
     )
-    said = [_failure("I don't know what the question is.")] * 4
-    assert sorted(support(instruction, said)) == [0, 2]  # the command and the quoted rule
+    said = [_failure("I don't know what the question is.")] * 2 + [
+        _failure("I don't know the answer to that question.")
+    ] * 2
+    backed = support(instruction, said)
+    assert sorted(backed) == [0, 2] and backed[0][0] == backed[2][0] == 4  # command, quoted rule
     # an opening shorter than MIN_PHRASE words points at nothing
     assert (
         support(Instruction.parse("Say no more. Be brief."), [_failure("Say no, then go")] * 3)
