@@ -549,9 +549,9 @@ def _removed_share(group: list[dict[str, Any]]) -> dict[str, float]:
 
 def _tried_mean(group: list[dict[str, Any]]) -> dict[str, Any]:
     """Candidates tried before the best one, mean over the runs where one beat the start."""
-    tried = [c["tried_before_best"] for c in group if c.get("tried_before_best") is not None]
     if "tried_before_best" not in group[0]:
         return {}
+    tried = [c["tried_before_best"] for c in group if c.get("tried_before_best") is not None]
     return {
         "tried_before_best_mean": round(statistics.fmean(tried), 2) if tried else None,
         "improved_runs": len(tried),
@@ -1001,14 +1001,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             for seed in seeds:
                 for optimizer in _csv(args.optimizers):
                     for arm in arms:
-                        order = args.edit_order if optimizer == "edit" else None
-                        key = (
-                            sabotage.name,
-                            label({"optimizer": optimizer, "edit_order": order}),
-                            arm,
-                            seed,
-                        )
-                        if key in done:
+                        planned = {
+                            "case": sabotage.name,
+                            "optimizer": optimizer,
+                            "edit_order": args.edit_order if optimizer == "edit" else None,
+                            "arm": arm,
+                            "seed": seed,
+                        }
+                        if run_key(planned) in done:
                             continue
                         case = bench.arm(sabotage, bite, arm, optimizer, seed)
                         report["cases"].append(case)

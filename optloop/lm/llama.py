@@ -38,9 +38,6 @@ class LocalLlamaBackend(Backend):
     turns on the CPU instead of oversubscribing it.
     """
 
-    # A truncated JSON answer is asked again under tighter bounds (optloop.lm.requests.TIGHTEN).
-    MAX_TIGHTENINGS = MAX_TIGHTENINGS
-
     def __init__(
         self,
         path: Path,
@@ -110,7 +107,8 @@ class LocalLlamaBackend(Backend):
         spent: dict[str, int] = {}
         self._waits.seconds = 0.0
         max_chars, max_items = self.max_chars, self.max_items
-        for tightening in range(self.MAX_TIGHTENINGS + 1):
+        # A truncated JSON answer is asked again under tighter bounds (requests.TIGHTEN).
+        for tightening in range(MAX_TIGHTENINGS + 1):
             # llama.cpp takes a schema as json_object + schema (see
             # optloop.lm.requests.SCHEMA_MODES).
             schema = (
@@ -134,7 +132,7 @@ class LocalLlamaBackend(Backend):
             add_usage(spent, response)
             if (
                 not (request.json_mode and request.schema and truncated(response))
-                or tightening == self.MAX_TIGHTENINGS
+                or tightening == MAX_TIGHTENINGS
             ):
                 break
             max_chars, max_items = tighter(max_chars, max_items)

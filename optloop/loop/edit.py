@@ -273,7 +273,8 @@ class EditOptimizer(Optimizer):
         pool = self.pool.setdefault(site, [])
         pool += [(u.body, u.kind) for u in units if (u.body, u.kind) not in pool]
         backed = support(start, failures) if self.evidence and len(units) > 1 else {}
-        first = sorted(backed, key=lambda k: (-backed[k][0], conditional(units[k].body), k))
+        ruled = {k: conditional(units[k].body) for k in backed}
+        first = sorted(backed, key=lambda k: (-backed[k][0], ruled[k], k))
         rest = [k for k in range(len(units)) if k not in backed]
         room = max(self.deletions - len(first), 0)
         drop = (
@@ -289,7 +290,7 @@ class EditOptimizer(Optimizer):
                     [f"del {k}"],
                     count,
                     reason,
-                    conditional=bool(count) and conditional(units[k].body),
+                    conditional=ruled.get(k, False),
                 )
             )
         out.append(
