@@ -653,6 +653,21 @@ def linked() -> list[str]:
             ["batch.md", "batch.json", "batch_answer_site.md", "batch_answer_site.json"],
         ),
         (
+            "The embedded model's time, by part",
+            "Where does one graphiti evaluation's time go on the embedded model (prompt "
+            "evaluation, generation, sampling under the grammar, embeddings, Kuzu), and what do "
+            "a llama.cpp context per prompt site and grammar-first sampling save, with the same "
+            "answers? `python -m experiments.bench.profile`",
+            ["profile_graphiti.md", "profile_graphiti.json"],
+        ),
+        (
+            "The mission command's cost on an endpoint",
+            "What does `--system graphiti --budget 50` on LoCoMo with gpt-4o-mini take at "
+            "`--concurrency 16`, one trial at a time and in batches? `python -m "
+            "experiments.bench.estimate`",
+            ["estimate_locomo.md", "estimate_locomo_batch1.json", "estimate_locomo_batch8.json"],
+        ),
+        (
             "The default datasets",
             "Where does each system's embedded baseline land on the dataset `optloop run` uses "
             "without `--dataset`? `python -m experiments.bench.defaults`",

@@ -1,11 +1,14 @@
-"""The embedded backend: llama.cpp in-process, one model object per file, calls serialized
-machine-wide."""
+"""The embedded backend: llama.cpp in-process, a few contexts per model file (one per prompt
+site), calls serialized machine-wide."""
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,12 +28,89 @@ from optloop.lm.requests import (
 
 logger = logging.getLogger(__name__)
 
-_LOADED: dict[tuple[str, int, int], tuple[Any, threading.Lock]] = {}
+CONTEXTS_ENV = "OPTLOOP_LLAMA_CONTEXTS"
+DEFAULT_CONTEXTS = 8
+
+
+def llama_contexts() -> int:
+    """How many llama.cpp contexts a process keeps per model file (``OPTLOOP_LLAMA_CONTEXTS``,
+    default :data:`DEFAULT_CONTEXTS`); 1 gives every prompt site one context."""
+    raw = os.environ.get(CONTEXTS_ENV, str(DEFAULT_CONTEXTS)).strip()
+    try:
+        contexts = int(raw)
+    except ValueError:
+        contexts = 0
+    if contexts < 1:
+        raise ConfigError(f"{CONTEXTS_ENV}={raw!r} must be a whole number of at least 1")
+    return contexts
+
+
+class Context:
+    """One llama.cpp context (a ``Llama`` object) and the prompt prefix it last evaluated."""
+
+    def __init__(self, llama: Any):
+        self.llama = llama
+        self.lock = threading.Lock()
+        self.prefix = ""  # digest of the system message of its last call
+        self.used = 0
+
+
+class ContextPool:
+    """Up to ``size`` llama.cpp contexts on one model file, one per prompt site.
+
+    llama.cpp skips evaluating the part of a prompt its context already holds (the longest
+    shared token prefix with the previous call), and evaluating the prompt is most of a call's
+    time on a CPU. A memory system's calls alternate between prompt sites (graphiti: extract
+    nodes, dedupe, extract edges, ... for every episode), so one context would hold the
+    previous site's prompt and re-evaluate each call whole. The pool routes each call to the
+    context that last served the same system message (the site's instruction, which leads its
+    prompt), so a call re-evaluates only what differs from that site's previous call. A system
+    message no context holds takes a new context while there are fewer than ``size``, else the
+    one used longest ago. The weights are memory-mapped once by the OS; each context adds its
+    own key/value cache (``n_ctx`` tokens).
+
+    Routing changes which tokens are evaluated, not what is computed from them: greedy
+    decoding gives the same answer (llama.cpp's numerics aside, which ``bench.profile``
+    compares).
+    """
+
+    def __init__(self, load: Callable[[], Any], size: int):
+        self.load = load
+        self.size = size
+        self.contexts: list[Context] = []
+        self._lock = threading.Lock()
+        self._tick = 0
+
+    def take(self, prefix: str) -> Context:
+        """The context for a call whose system message has digest ``prefix``."""
+        with self._lock:
+            self._tick += 1
+            chosen = next((c for c in self.contexts if c.prefix == prefix), None)
+            if chosen is None:
+                if len(self.contexts) < self.size:
+                    chosen = Context(self.load())
+                    self.contexts.append(chosen)
+                else:
+                    chosen = min(self.contexts, key=lambda c: c.used)
+                chosen.prefix = prefix
+            chosen.used = self._tick
+            return chosen
+
+
+def prefix_of(messages: list[dict[str, Any]]) -> str:
+    """The routing key of a call: a digest of its system message ("" without one)."""
+    first = messages[0] if messages else {}
+    text = str(first.get("content") or "") if first.get("role") == "system" else ""
+    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+
+
+_LOADED: dict[tuple[str, int, int], ContextPool] = {}
 _LOADED_LOCK = threading.Lock()
 
 
 class LocalLlamaBackend(Backend):
-    """llama.cpp in-process. One model object per file, shared, calls serialized.
+    """llama.cpp in-process. A pool of contexts per file (:class:`ContextPool`), shared, calls
+    serialized.
 
     The model loads on the first call that misses the cache, so a fully
     cached run never loads it. Each model call holds one of the machine's
@@ -78,32 +158,35 @@ class LocalLlamaBackend(Backend):
     def loaded(self) -> bool:
         return (str(self.path), self.n_ctx, self.n_threads) in _LOADED
 
-    def _model(self) -> tuple[Any, threading.Lock]:
+    def _model(self) -> ContextPool:
         key = (str(self.path), self.n_ctx, self.n_threads)
         with _LOADED_LOCK:
             if key not in _LOADED:
-                from llama_cpp import Llama
-
-                started = time.perf_counter()
-                llama = Llama(
-                    model_path=str(self.path),
-                    n_ctx=self.n_ctx,
-                    n_threads=self.n_threads,
-                    verbose=False,
-                    seed=0,
-                )
-                logger.info(
-                    "loaded %s in %.2fs (%d threads, context %d tokens)",
-                    self.path.name,
-                    time.perf_counter() - started,
-                    self.n_threads,
-                    llama.n_ctx(),
-                )
-                _LOADED[key] = (llama, threading.Lock())
+                _LOADED[key] = ContextPool(self._load, llama_contexts())
             return _LOADED[key]
 
+    def _load(self) -> Any:
+        from optloop.lm.sampling import GrammarFirstLlama
+
+        started = time.perf_counter()
+        llama = GrammarFirstLlama(
+            model_path=str(self.path),
+            n_ctx=self.n_ctx,
+            n_threads=self.n_threads,
+            verbose=False,
+            seed=0,
+        )
+        logger.info(
+            "loaded %s in %.2fs (%d threads, context %d tokens)",
+            self.path.name,
+            time.perf_counter() - started,
+            self.n_threads,
+            llama.n_ctx(),
+        )
+        return llama
+
     def complete(self, request: Request) -> dict[str, Any]:
-        llama, lock = self._model()
+        context = self._model().take(prefix_of(request.messages))
         spent: dict[str, int] = {}
         self._waits.seconds = 0.0
         max_chars, max_items = self.max_chars, self.max_items
@@ -119,10 +202,10 @@ class LocalLlamaBackend(Backend):
             kwargs = chat_kwargs(
                 request, openai_response_format(schema, request.json_mode, "json_object")
             )
-            with lock, self.slots.hold() as waited:
+            with context.lock, self.slots.hold() as waited:
                 self._waits.seconds += waited
                 try:
-                    response = llama.create_chat_completion(**kwargs)
+                    response = context.llama.create_chat_completion(**kwargs)
                 except (
                     ValueError
                 ) as exc:  # e.g. "Requested tokens (9000) exceed context window of 8192"

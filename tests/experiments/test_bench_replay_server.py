@@ -7,7 +7,6 @@ import json
 import signal
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -166,6 +165,7 @@ def test_answers_recorded_from_the_embedded_model_are_found_under_its_identity_a
     calls decoded under ``bounds:16x400``), then replays to an endpoint LM: the endpoint's requests
     must find those entries."""
     from optloop.lm import LocalLlamaBackend
+    from optloop.lm.llama import ContextPool
 
     class Recorded:
         def create_chat_completion(self, **kwargs):
@@ -187,7 +187,7 @@ def test_answers_recorded_from_the_embedded_model_are_found_under_its_identity_a
 
     model = tmp_path / "fake.gguf"
     model.write_bytes(b"gguf")
-    monkeypatch.setattr(LocalLlamaBackend, "_model", lambda self: (Recorded(), threading.Lock()))
+    monkeypatch.setattr(LocalLlamaBackend, "_model", lambda self: ContextPool(Recorded, 1))
     local = OptloopLM(LMSettings.from_spec(f"local:{model}", cache_path=tmp_path / "local.sqlite"))
     assert local.text("Capital of France?") == "Paris" and local.json("2 + 2?", SCHEMA) == {
         "answer": "4"

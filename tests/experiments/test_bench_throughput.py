@@ -4,7 +4,6 @@ and 2."""
 from __future__ import annotations
 
 import json
-import threading
 
 import pytest
 
@@ -12,6 +11,7 @@ from experiments.bench import throughput
 from optloop.datasets import load_dataset
 from optloop.errors import ConfigError
 from optloop.lm import LocalLlamaBackend
+from optloop.lm.llama import ContextPool
 from tests._oracle import OracleLlama, gold_answers
 
 DATASET = "builtin:tiny?limit=2"
@@ -24,7 +24,7 @@ def recorded(tmp_path, monkeypatch):
     model = tmp_path / "oracle.gguf"
     model.write_bytes(b"gguf")
     llama = OracleLlama(gold_answers(load_dataset(DATASET).episodes))
-    monkeypatch.setattr(LocalLlamaBackend, "_model", lambda self: (llama, threading.Lock()))
+    monkeypatch.setattr(LocalLlamaBackend, "_model", lambda self: ContextPool(lambda: llama, 1))
     cache = tmp_path / "rec" / "lm_cache.sqlite"
     assert (
         throughput.main(

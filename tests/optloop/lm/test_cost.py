@@ -161,9 +161,9 @@ def test_prompt_tokens_the_provider_cached_are_priced_at_the_cache_read_price():
 
 
 def test_the_embedded_model_has_no_price(monkeypatch, tmp_path):
-    import threading
 
     from optloop.lm import LocalLlamaBackend
+    from optloop.lm.llama import ContextPool
 
     class Instant:
         def create_chat_completion(self, **kwargs):
@@ -180,7 +180,7 @@ def test_the_embedded_model_has_no_price(monkeypatch, tmp_path):
 
     model = tmp_path / "gpt-4o-mini.gguf"  # a file name is not a price
     model.write_bytes(b"gguf")
-    monkeypatch.setattr(LocalLlamaBackend, "_model", lambda self: (Instant(), threading.Lock()))
+    monkeypatch.setattr(LocalLlamaBackend, "_model", lambda self: ContextPool(Instant, 1))
     lm = OptloopLM(LMSettings.from_spec(f"local:{model}", cache=False))
     lm.text("q")
     assert lm.accounting.records[0].cost_usd is None and lm.accounting.totals().tokens == 6

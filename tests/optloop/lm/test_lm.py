@@ -439,13 +439,13 @@ class _RamblingLlama:
 
 
 def _local_with(monkeypatch, tmp_path, llama) -> OptloopLM:
-    import threading
 
     from optloop.lm import LocalLlamaBackend
+    from optloop.lm.llama import ContextPool
 
     model = tmp_path / "fake.gguf"
     model.write_bytes(b"gguf")
-    monkeypatch.setattr(LocalLlamaBackend, "_model", lambda self: (llama, threading.Lock()))
+    monkeypatch.setattr(LocalLlamaBackend, "_model", lambda self: ContextPool(lambda: llama, 1))
     return OptloopLM(LMSettings.from_spec(f"local:{model}", cache_path=tmp_path / "cache.sqlite"))
 
 
@@ -480,14 +480,14 @@ def test_a_truncated_local_answer_is_asked_again_under_tighter_bounds_at_the_sam
 def test_a_cached_local_json_answer_is_not_served_under_other_decoding_bounds(
     monkeypatch, tmp_path
 ):
-    import threading
 
     from optloop.lm import LocalLlamaBackend
+    from optloop.lm.llama import ContextPool
 
     llama = _RamblingLlama(closes_at=16)
     model = tmp_path / "fake.gguf"
     model.write_bytes(b"gguf")
-    monkeypatch.setattr(LocalLlamaBackend, "_model", lambda self: (llama, threading.Lock()))
+    monkeypatch.setattr(LocalLlamaBackend, "_model", lambda self: ContextPool(lambda: llama, 1))
 
     def lm(**bounds) -> OptloopLM:
         return OptloopLM(

@@ -145,12 +145,13 @@ class _InstantLlama:
 
 def test_a_local_model_call_waits_for_the_machine_slot_and_says_how_long(monkeypatch, tmp_path):
     from optloop.lm import LocalLlamaBackend
+    from optloop.lm.llama import ContextPool
 
     monkeypatch.setenv("OPTLOOP_LOCK_DIR", str(tmp_path / "locks"))
     model = tmp_path / "fake.gguf"
     model.write_bytes(b"gguf")
     monkeypatch.setattr(
-        LocalLlamaBackend, "_model", lambda self: (_InstantLlama(), threading.Lock())
+        LocalLlamaBackend, "_model", lambda self: ContextPool(lambda: _InstantLlama(), 1)
     )
     lm = OptloopLM(LMSettings.from_spec(f"local:{model}", cache=False))
     assert lm.backend.n_threads == threads_per_slot()
