@@ -665,7 +665,12 @@ def linked() -> list[str]:
             "What does `--system graphiti --budget 50` on LoCoMo with gpt-4o-mini take at "
             "`--concurrency 16`, one trial at a time and in batches? `python -m "
             "experiments.bench.estimate`",
-            ["estimate_locomo.md", "estimate_locomo_batch1.json", "estimate_locomo_batch8.json"],
+            [
+                "estimate_locomo_batch1.md",
+                "estimate_locomo_batch1.json",
+                "estimate_locomo_batch8.md",
+                "estimate_locomo_batch8.json",
+            ],
         ),
         (
             "The default datasets",

@@ -73,6 +73,9 @@ from rich.console import Console
 from rich.table import Table
 
 from experiments.bench.throughput import Recorded, Recording, manifest_path
+from experiments.markdown import provenance_lines
+from experiments.markdown import table as markdown_table
+from experiments.provenance import provenance, stamped
 from optloop.cli import CommandParser, parse_command, run_cli
 from optloop.datasets import Dataset, load_dataset
 from optloop.datasets.split import split_counts
@@ -356,6 +359,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--batch", type=int, default=1, help="optloop.run --batch: trials evaluated at once"
     )
     parser.add_argument("--json", type=Path, help="also write each level's estimate here")
+    parser.add_argument("--markdown", type=Path, help="and the table with its notes here")
     parser.add_argument(
         "--recording",
         type=Path,
@@ -422,19 +426,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         write_atomic(
             args.json,
             json.dumps(
-                {
-                    "system": args.system,
-                    "budget": args.budget,
-                    "batch": args.batch,
-                    "optimizer": args.optimizer,
-                    "model": args.model,
-                    "dataset": args.dataset,
-                    "conversations": args.conversations,
-                    "latency_ms": args.latency_ms,
-                    "recording": recording.identity,
-                    "recorded_on": recording.recorded_on,
-                    "levels": {str(n): f.model_dump(mode="json") for n, f in figures.items()},
-                },
+                stamped(
+                    {
+                        "system": args.system,
+                        "budget": args.budget,
+                        "batch": args.batch,
+                        "optimizer": args.optimizer,
+                        "model": args.model,
+                        "dataset": args.dataset,
+                        "conversations": args.conversations,
+                        "latency_ms": args.latency_ms,
+                        "recording": recording.identity,
+                        "recorded_on": recording.recorded_on,
+                        "levels": {str(n): f.model_dump(mode="json") for n, f in figures.items()},
+                    },
+                    model=f"{args.model}, modeled from a recording on {recording.identity}",
+                ),
                 indent=1,
             ),
         )
@@ -504,6 +511,36 @@ def main(argv: Sequence[str] | None = None) -> int:
     ]
     for line in lines:
         console.print(line, soft_wrap=True, markup=False, highlight=False)
+    if args.markdown:
+        header = [
+            "part",
+            "evaluations",
+            "calls",
+            "tokens",
+            "dollars",
+            *(f"time at N={n}" for n in levels),
+        ]
+        body = [
+            [
+                part.part,
+                part.evaluations,
+                f"{part.calls:,}",
+                cell(part.tokens, "{:,}"),
+                cell(part.cost_usd, "${:,.2f}"),
+                *(duration_cell(rows[n][i].hours) for n in levels),
+            ]
+            for i, part in enumerate(rows[levels[0]])
+        ]
+        record = provenance(f"{args.model}, modeled from a recording on {recording.identity}")
+        write_atomic(
+            args.markdown,
+            f"# {table.title}\n\n"
+            + provenance_lines(record)
+            + markdown_table(header, body)
+            + "\n\n"
+            + "\n".join(f"- {line}" for line in lines)
+            + "\n",
+        )
     return 0
 
 

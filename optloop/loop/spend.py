@@ -541,6 +541,7 @@ def project(
     """The run model of :func:`estimate` on the baseline's train and dev evaluations as figures
     (measured ones, or a model's of them); ``baseline``: the name of their part. The other
     arguments are :func:`estimate`'s."""
+    batch = trials_at_once(batch, optimizer)
     first = Part(
         part=baseline,
         evaluations=2,
@@ -590,6 +591,15 @@ def project(
         optimizer=optimizer,
         batch=batch,
     )
+
+
+def trials_at_once(batch: int, optimizer: OptimizerWork | None) -> int:
+    """The trials a ``--batch`` evaluates at once: no more than one of the optimizer's rounds
+    yields (SIMBA: the new programs of a step; GEPA: its accepted mutations). An optimizer whose
+    work is done up front (Optuna's proposals, ``trials_per_round`` 0) fills every batch."""
+    if optimizer is None or optimizer.trials_per_round == 0:
+        return batch
+    return max(1, min(batch, int(optimizer.trials_per_round)))
 
 
 def measured_work(

@@ -29,6 +29,7 @@ from optloop.loop.overhead import (
     simba_work,
     template_tokens,
 )
+from optloop.loop.spend import trials_at_once
 from optloop.loop.state import Checkpoint, LoopConfig
 
 ANSWER, CURATE = "answer", "md_flat.curate"
@@ -238,3 +239,11 @@ def test_simba_with_a_batch_evaluates_several_programs_of_a_step_so_a_run_takes_
     assert batched.calls == pytest.approx(
         one.calls / 3
     ) and batched.proposer_calls == pytest.approx(one.proposer_calls / 3)
+
+
+def test_a_batch_holds_no_more_trials_than_one_round_of_the_optimizer_yields():
+    simba = simba_work(shape(budget=50, batch=8))
+    assert trials_at_once(8, simba) == 3  # a SIMBA step makes 3 new programs
+    assert trials_at_once(2, simba) == 2
+    assert trials_at_once(8, None) == 8
+    assert trials_at_once(8, optuna_work(shape(budget=50, batch=8))) == 8  # proposals up front
