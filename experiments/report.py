@@ -658,7 +658,12 @@ def linked() -> list[str]:
             "evaluation, generation, sampling under the grammar, embeddings, Kuzu), and what do "
             "a llama.cpp context per prompt site and grammar-first sampling save, with the same "
             "answers? `python -m experiments.bench.profile`",
-            ["profile_graphiti.md", "profile_graphiti.json"],
+            [
+                "profile_graphiti.md",
+                "profile_graphiti.json",
+                "profile_graphiti_prefixes.md",
+                "profile_graphiti_prefixes.json",
+            ],
         ),
         (
             "The mission command's cost on an endpoint",

@@ -28,6 +28,13 @@ calls both made with the same answer, those whose answers differ (each listed), 
 made (what follows a different answer). Per K: wall seconds, seconds per session, accuracy with
 its 95% CI and the delta against the first K (paired bootstrap over questions).
 
+``--prefixes CACHE`` measures instead how much of the prompts prefix reuse can skip at all: it
+replays the evaluation from an LM cache that holds its answers (``python -m
+experiments.bench.throughput record`` writes one; nothing is computed, so it takes a minute) and,
+for the prompts in the order they were sent, counts the characters llama.cpp would evaluate with
+one context, with the pool's routing (:class:`~optloop.lm.llama.ContextPool` itself) at several
+sizes, and at the bound: each prompt after its longest shared prefix with any earlier prompt.
+
 Run it alone on the machine: another process's work on the cores slows llama.cpp's threads, and
 its model calls wait for the slot.
 """
@@ -336,6 +343,55 @@ def to_markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def prefix_shares(
+    system: str, dataset_uri: str, cache: Path, embedder: Any, sizes: Sequence[int]
+) -> dict[str, Any]:
+    """The share of prompt characters left to evaluate with each routing (``--prefixes``)."""
+    from optloop.lm.engine import OptloopEngine
+
+    prompts: list[tuple[str, str]] = []  # (routing key, the prompt as text)
+    original = OptloopEngine.call
+
+    def call(self: Any, request: Request, **kwargs: Any) -> dict[str, Any]:
+        text = "".join(f"<{m['role']}>{m.get('content') or ''}" for m in request.messages)
+        prompts.append((local.prefix_of(request.messages), text))
+        return original(self, request, **kwargs)
+
+    OptloopEngine.call = call  # type: ignore[method-assign]
+    try:
+        with tempfile.TemporaryDirectory(prefix="optloop-profile-") as tmp:
+            lm = OptloopLM(
+                LMSettings.from_spec(
+                    "local", cache_path=cache, **get_system(system).local_decoding
+                )
+            )
+            evaluation, _, _ = evaluate(system, lm, load_dataset(dataset_uri), Path(tmp), embedder)
+    finally:
+        OptloopEngine.call = original  # type: ignore[method-assign]
+    total = sum(len(text) for _, text in prompts)
+
+    def left(size: int) -> int:
+        pool = local.ContextPool(dict, size)
+        spent = 0
+        for key, text in prompts:
+            held = pool.take(key).llama
+            spent += len(text) - len(os.path.commonprefix([held.get("last", ""), text]))
+            held["last"] = text
+        return spent
+
+    bound = sum(
+        len(text) - max((len(os.path.commonprefix([t, text])) for _, t in prompts[:i]), default=0)
+        for i, (_, text) in enumerate(prompts)
+    )
+    return {
+        "calls": len(prompts),
+        "computed": evaluation.model_calls,
+        "characters": total,
+        "left": {f"{k} context(s)": round(left(k) / total, 3) for k in sizes},
+        "bound": round(bound / total, 3),
+    }
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = CommandParser("python -m experiments.bench.profile", __doc__)
     parser.add_argument("--system", default=DEFAULT_SYSTEM)
@@ -346,12 +402,45 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="K:SAMPLER, comma-separated: K llama.cpp contexts per model file, SAMPLER "
         "grammar-first or llama.cpp (default: before and after)",
     )
+    parser.add_argument(
+        "--prefixes",
+        type=Path,
+        metavar="CACHE",
+        help="replay from this LM cache and report the prompt share prefix reuse leaves",
+    )
     parser.add_argument("--json", type=Path, help="write the report here")
     parser.add_argument("--markdown", type=Path, help="and its tables here")
     args: argparse.Namespace = parse_command(parser, argv)
     console = Console()
     embedder = get_embedder()
     embedder.embed(["load the model before the clock starts"])
+    if args.prefixes:
+        shares = prefix_shares(args.system, args.dataset, args.prefixes, embedder, (1, 2, 4, 8))
+        console.print(shares)
+        report = stamped(
+            {"system": args.system, "dataset": args.dataset, **shares},
+            model=f"{bundled_model_path().name} (embedded, llama.cpp), recorded answers",
+        )
+        if args.json:
+            write_atomic(args.json, json.dumps(report, indent=1))
+        if args.markdown:
+            rows = [[name, f"{share:.3f}"] for name, share in shares["left"].items()]
+            rows.append(
+                [
+                    "bound: after the longest prefix shared with any earlier prompt",
+                    f"{shares['bound']:.3f}",
+                ]
+            )
+            write_atomic(
+                args.markdown,
+                f"# How much of {args.system}'s prompts prefix reuse can skip\n\n"
+                + provenance_lines(report["provenance"])
+                + f"- dataset: `{args.dataset}`; {shares['calls']} calls in the order sent, "
+                f"{shares['characters']:,} prompt characters\n\n"
+                + table(["routing", "share of prompt characters evaluated"], rows)
+                + "\n",
+            )
+        return 0
     runs: list[dict[str, Any]] = []
     answers: list[dict[str, dict[str, str]]] = []
     scores: list[dict[str, float]] = []
