@@ -5,7 +5,11 @@ Before any trial of this process is timed, the ETA is the projection of the rest
 trials' and the optimizer's time per trial, times the trials left, plus the held-out test. Once
 trials have been timed here, their measured mean (wall time from the proposal to the last record,
 the optimizer's own work and a batch's shared time included) replaces the projected time per
-trial; the held-out test stays projected, since it has not run yet.
+trial; the held-out test stays projected, since it has not run yet. When the baseline's time is
+unknown (its calls came from the LM cache, so nothing was timed), the held-out test is taken to
+take two timed trials (it evaluates the test split twice, before and after, and a trial's time
+holds one evaluation of dev, about as large, plus the optimizer's work): the ETA is unknown only
+until the first trial is timed.
 
 :class:`TrialLine` is what the controller reports after each trial; its :meth:`TrialLine.text` is
 one plain line (no terminal needed): ``trial 3/50 dev 0.550 (best 0.650) 41 s, ETA 18 min``.
@@ -82,9 +86,12 @@ class Eta:
     def seconds_left(self, done: int) -> float | None:
         """Seconds to the end of the run once ``done`` trials are evaluated (``None``: unknown)."""
         per_trial = sum(self.timed) / len(self.timed) if self.timed else self.trial_s
-        if per_trial is None or self.test_s is None:
+        test_s = self.test_s
+        if test_s is None and self.timed:
+            test_s = 2 * sum(self.timed) / len(self.timed)
+        if per_trial is None or test_s is None:
             return None
-        return max(self.budget - done, 0) * per_trial + self.test_s
+        return max(self.budget - done, 0) * per_trial + test_s
 
     def text(self, done: int) -> str:
         """``18 min``, or ``unknown``."""

@@ -668,5 +668,11 @@ def test_the_eta_starts_from_the_projection_and_follows_the_trials_timed():
         2 * 75.0 + test_s
     )  # measured, the held-out test still projected
     assert Eta(3, trial_s=None, test_s=10.0).seconds_left(0) is None
+    cached = Eta(
+        3, trial_s=None, test_s=None
+    )  # the baseline came from the LM cache: nothing timed
+    assert cached.seconds_left(0) is None
+    cached.trial_took(40.0)
+    assert cached.seconds_left(1) == pytest.approx(2 * 40.0 + 2 * 40.0)  # test: two trials' time
     line = TrialLine(trial=3, budget=50, accuracy=0.55, best=0.65, seconds=41.2, eta_s=18 * 60)
     assert line.text() == "trial 3/50 dev 0.550 (best 0.650) 41 s, ETA 18 min"
