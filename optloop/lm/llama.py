@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -14,7 +13,7 @@ from typing import Any
 
 from optloop.errors import ConfigError, LMError
 from optloop.lm.backends import Backend
-from optloop.lm.machine import MachineSlots, threads_per_slot
+from optloop.lm.machine import MachineSlots, count_from_env, threads_per_slot
 from optloop.lm.requests import (
     MAX_TIGHTENINGS,
     Request,
@@ -35,14 +34,7 @@ DEFAULT_CONTEXTS = 8
 def llama_contexts() -> int:
     """How many llama.cpp contexts a process keeps per model file (``OPTLOOP_LLAMA_CONTEXTS``,
     default :data:`DEFAULT_CONTEXTS`); 1 gives every prompt site one context."""
-    raw = os.environ.get(CONTEXTS_ENV, str(DEFAULT_CONTEXTS)).strip()
-    try:
-        contexts = int(raw)
-    except ValueError:
-        contexts = 0
-    if contexts < 1:
-        raise ConfigError(f"{CONTEXTS_ENV}={raw!r} must be a whole number of at least 1")
-    return contexts
+    return count_from_env(CONTEXTS_ENV, DEFAULT_CONTEXTS)
 
 
 class Context:

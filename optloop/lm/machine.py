@@ -55,19 +55,25 @@ def lock_dir() -> Path:
     return Path(tempfile.gettempdir()) / f"optloop-{os.getuid()}-locks"
 
 
+def count_from_env(name: str, default: int) -> int:
+    """A whole number of at least 1 from the environment variable ``name`` (``default`` when
+    unset); anything else is a ``ConfigError`` naming the variable."""
+    raw = os.environ.get(name, str(default)).strip()
+    try:
+        count = int(raw)
+    except ValueError:
+        count = 0
+    if count < 1:
+        from optloop.errors import ConfigError
+
+        raise ConfigError(f"{name}={raw!r} must be a whole number of at least 1")
+    return count
+
+
 def llama_slots() -> int:
     """How many processes may run llama.cpp at once on this machine (``OPTLOOP_LLAMA_SLOTS``,
     default 1)."""
-    raw = os.environ.get(SLOTS_ENV, "1").strip()
-    try:
-        slots = int(raw)
-    except ValueError:
-        slots = 0
-    if slots < 1:
-        from optloop.errors import ConfigError
-
-        raise ConfigError(f"{SLOTS_ENV}={raw!r} must be a whole number of at least 1")
-    return slots
+    return count_from_env(SLOTS_ENV, 1)
 
 
 def threads_per_slot(slots: int | None = None, cpus: int | None = None) -> int:

@@ -34,6 +34,7 @@ HOLDER = textwrap.dedent("""
     directory, slots, hold_s, out = (
         Path(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), Path(sys.argv[5])
     )
+    out.with_suffix(".waiting").write_text("waiting")
     with machine.MachineSlots("llama", slots, directory).hold() as waited:
         start = time.time()
         out.with_suffix(".held").write_text("held")
@@ -95,6 +96,7 @@ def test_a_killed_holder_frees_its_slot(tmp_path):
     first, first_out = holder(tmp_path, "first", slots=1, hold_s=600)
     assert wait_for(first_out.with_suffix(".held"))
     second, second_out = holder(tmp_path, "second", slots=1, hold_s=0)
+    assert wait_for(second_out.with_suffix(".waiting"))  # started, however slowly, and asking
     time.sleep(0.5)
     assert (
         second.poll() is None and not second_out.with_suffix(".held").exists()
