@@ -678,6 +678,13 @@ def linked() -> list[str]:
             ],
         ),
         (
+            "The loop on tiered",
+            "Does the loop improve tiered on the embedded model, with the edit optimizer and "
+            "with SIMBA (held-out delta and its CI)? `python -m optloop.run --system tiered`, "
+            "commands in docs/tiered.md",
+            ["tiered_loop.md", "tiered_loop.json"],
+        ),
+        (
             "The default datasets",
             "Where does each system's embedded baseline land on the dataset `optloop run` uses "
             "without `--dataset`? `python -m experiments.bench.defaults`",
