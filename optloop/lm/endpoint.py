@@ -35,19 +35,16 @@ from optloop.errors import ConfigError, LMError, LMUnreachableError
 from optloop.lm.backends import Backend
 from optloop.lm.limits import parse_retry_after
 from optloop.lm.requests import (
-    MAX_TIGHTENINGS,
     SCHEMA_MODES,
     MalformedResponse,
     Request,
     SchemaMode,
-    add_usage,
+    asked_until_whole,
     bound_schema,
     chat_kwargs,
     check_json,
     check_schema,
     openai_response_format,
-    tighter,
-    truncated,
     with_schema_instruction,
 )
 from optloop.lm.settings import LMSettings, redact_url
@@ -218,17 +215,16 @@ class OpenAICompatibleBackend(Backend):
 
     def _tightened(self, request: Request, response: dict[str, Any]) -> dict[str, Any]:
         """``response``, or where it was cut at ``max_tokens``, the answer to the same request
-        under tighter bounds (first ``max_string_chars`` / :data:`~optloop.lm.requests.TIGHTEN`,
-        then tighter again; at most :data:`~optloop.lm.requests.MAX_TIGHTENINGS` more tries),
-        with the tokens of every try."""
-        assert request.schema is not None
-        spent: dict[str, int] = {}
-        add_usage(spent, response)
-        max_chars, max_items = self.max_chars, self.max_items
-        for _ in range(MAX_TIGHTENINGS):
-            if not truncated(response):
-                break
-            max_chars, max_items = tighter(max_chars, max_items)
+        under tighter bounds (:func:`~optloop.lm.requests.asked_until_whole`), with the tokens of
+        every try."""
+        schema = request.schema
+        assert schema is not None
+
+        def send(max_chars: int, max_items: int) -> dict[str, Any]:
+            bounded = bound_schema(schema, max_chars=max_chars, max_items=max_items)
+            return self._send(replace(request, schema=bounded), "json_object")
+
+        def tightening(max_chars: int, max_items: int) -> None:
             logger.info(
                 "LM endpoint %s: a JSON answer was cut at %d tokens; asking again with at most "
                 "%d items of %d chars",
@@ -237,14 +233,10 @@ class OpenAICompatibleBackend(Backend):
                 max_items,
                 max_chars,
             )
-            bounded = replace(
-                request,
-                schema=bound_schema(request.schema, max_chars=max_chars, max_items=max_items),
-            )
-            response = self._send(bounded, "json_object")
-            add_usage(spent, response)
-        response["usage"] = spent
-        return response
+
+        return asked_until_whole(
+            send, self.max_chars, self.max_items, first=response, tightening=tightening
+        )
 
     def _send(self, request: Request, mode: SchemaMode) -> dict[str, Any]:
         messages = (

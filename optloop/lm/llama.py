@@ -15,14 +15,12 @@ from optloop.errors import ConfigError, LMError
 from optloop.lm.backends import Backend
 from optloop.lm.machine import MachineSlots, count_from_env, threads_per_slot
 from optloop.lm.requests import (
-    MAX_TIGHTENINGS,
     Request,
     add_usage,
+    asked_until_whole,
     bound_schema,
     chat_kwargs,
     openai_response_format,
-    tighter,
-    truncated,
 )
 
 logger = logging.getLogger(__name__)
@@ -179,13 +177,10 @@ class LocalLlamaBackend(Backend):
 
     def complete(self, request: Request) -> dict[str, Any]:
         context = self._model().take(prefix_of(request.messages))
-        spent: dict[str, int] = {}
         self._waits.seconds = 0.0
-        max_chars, max_items = self.max_chars, self.max_items
-        # A truncated JSON answer is asked again under tighter bounds (requests.TIGHTEN).
-        for tightening in range(MAX_TIGHTENINGS + 1):
-            # llama.cpp takes a schema as json_object + schema (see
-            # optloop.lm.requests.SCHEMA_MODES).
+
+        def send(max_chars: int, max_items: int) -> dict[str, Any]:
+            # llama.cpp takes a schema as json_object + schema (optloop.lm.requests.SCHEMA_MODES)
             schema = (
                 bound_schema(request.schema, max_chars=max_chars, max_items=max_items)
                 if request.schema
@@ -197,20 +192,15 @@ class LocalLlamaBackend(Backend):
             with context.lock, self.slots.hold() as waited:
                 self._waits.seconds += waited
                 try:
-                    response = context.llama.create_chat_completion(**kwargs)
-                except (
-                    ValueError
-                ) as exc:  # e.g. "Requested tokens (9000) exceed context window of 8192"
+                    response: dict[str, Any] = context.llama.create_chat_completion(**kwargs)
+                # e.g. "Requested tokens (9000) exceed context window of 8192"
+                except ValueError as exc:
                     raise LMError(
                         f"local model {self.path.name}: {exc}; shorten the prompt or raise n_ctx"
                     ) from None
-            add_usage(spent, response)
-            if (
-                not (request.json_mode and request.schema and truncated(response))
-                or tightening == MAX_TIGHTENINGS
-            ):
-                break
-            max_chars, max_items = tighter(max_chars, max_items)
+            return response
+
+        def tightening(max_chars: int, max_items: int) -> None:
             logger.debug(
                 "JSON answer truncated at %d tokens; asking again with at most %d items of "
                 "%d chars",
@@ -218,6 +208,13 @@ class LocalLlamaBackend(Backend):
                 max_items,
                 max_chars,
             )
+
+        if request.json_mode and request.schema:
+            # A truncated JSON answer is asked again under tighter bounds (requests.TIGHTEN).
+            return asked_until_whole(send, self.max_chars, self.max_items, tightening=tightening)
+        response = send(self.max_chars, self.max_items)
+        spent: dict[str, int] = {}
+        add_usage(spent, response)
         response["usage"] = spent
         return response
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -180,6 +181,33 @@ def add_usage(spent: dict[str, int], response: dict[str, Any]) -> None:
     """Add ``response``'s token counts to ``spent`` (each try of one call is paid for)."""
     for name in ("prompt_tokens", "completion_tokens", "total_tokens"):
         spent[name] = spent.get(name, 0) + int((response.get("usage") or {}).get(name) or 0)
+
+
+def asked_until_whole(
+    send: Callable[[int, int], dict[str, Any]],
+    max_chars: int,
+    max_items: int,
+    *,
+    first: dict[str, Any] | None = None,
+    tightening: Callable[[int, int], None] | None = None,
+) -> dict[str, Any]:
+    """The answer of ``send(max_chars, max_items)``, asked again under :func:`tighter` bounds while
+    it is cut at ``max_tokens`` (at most :data:`MAX_TIGHTENINGS` more tries), with the tokens of
+    every try in its ``usage``. ``first``: the first try's answer, already sent (an endpoint sends
+    it without bounds); ``tightening(max_chars, max_items)`` hears of each new try."""
+    spent: dict[str, int] = {}
+    response = send(max_chars, max_items) if first is None else first
+    add_usage(spent, response)
+    for _ in range(MAX_TIGHTENINGS):
+        if not truncated(response):
+            break
+        max_chars, max_items = tighter(max_chars, max_items)
+        if tightening is not None:
+            tightening(max_chars, max_items)
+        response = send(max_chars, max_items)
+        add_usage(spent, response)
+    response["usage"] = spent
+    return response
 
 
 def bound_schema(schema: dict[str, Any], *, max_chars: int, max_items: int) -> dict[str, Any]:
