@@ -31,10 +31,12 @@ HOLDER = textwrap.dedent("""
     spec = importlib.util.spec_from_file_location("machine", sys.argv[1])
     machine = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(machine)
-    directory, slots, hold_s, out = (
-        Path(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), Path(sys.argv[5])
+    directory, slots, hold_s, out, go = (
+        Path(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), Path(sys.argv[5]), sys.argv[6]
     )
     out.with_suffix(".waiting").write_text("waiting")
+    while go and not Path(go).exists():  # start together, however slowly each process started
+        time.sleep(0.01)
     with machine.MachineSlots("llama", slots, directory).hold() as waited:
         start = time.time()
         out.with_suffix(".held").write_text("held")
@@ -45,7 +47,7 @@ HOLDER = textwrap.dedent("""
 
 
 def holder(
-    tmp_path: Path, name: str, *, slots: int, hold_s: float
+    tmp_path: Path, name: str, *, slots: int, hold_s: float, go: Path | None = None
 ) -> tuple[subprocess.Popen, Path]:
     out = tmp_path / f"{name}.json"
     proc = subprocess.Popen(
@@ -58,6 +60,7 @@ def holder(
             str(slots),
             str(hold_s),
             str(out),
+            str(go or ""),
         ]
     )
     return proc, out
@@ -83,7 +86,10 @@ def most_at_once(intervals: list[dict[str, float]]) -> int:
 
 @pytest.mark.parametrize("slots", [1, 2])
 def test_processes_never_hold_more_slots_than_there_are(tmp_path, slots):
-    procs = [holder(tmp_path, f"p{i}", slots=slots, hold_s=0.3) for i in range(4)]
+    go = tmp_path / "go"
+    procs = [holder(tmp_path, f"p{i}", slots=slots, hold_s=0.3, go=go) for i in range(4)]
+    assert all(wait_for(out.with_suffix(".waiting")) for _, out in procs)
+    go.write_text("go")
     for proc, _ in procs:
         assert proc.wait(60) == 0
     intervals = [json.loads(out.read_text()) for _, out in procs]
