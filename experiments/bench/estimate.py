@@ -463,17 +463,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     ]:
         table.add_column(col, justify="left" if col == "part" else "right")
     rows = {n: [*estimated.parts, estimated.total] for n, estimated in figures.items()}
-    for i, part in enumerate(rows[levels[0]]):
-        if part is first.total:
-            table.add_section()
-        table.add_row(
+    body = [
+        [
             part.part,
             str(part.evaluations),
             f"{part.calls:,}",
             cell(part.tokens, "{:,}"),
             cell(part.cost_usd, "${:,.2f}"),
             *(duration_cell(rows[n][i].hours) for n in levels),
-        )
+        ]
+        for i, part in enumerate(rows[levels[0]])
+    ]
+    for part, row in zip(rows[levels[0]], body, strict=True):
+        if part is first.total:
+            table.add_section()
+        table.add_row(*row)
     console.print(table)
     chain = shape.chain(unit)
     lines = [
@@ -512,31 +516,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     for line in lines:
         console.print(line, soft_wrap=True, markup=False, highlight=False)
     if args.markdown:
-        header = [
-            "part",
-            "evaluations",
-            "calls",
-            "tokens",
-            "dollars",
-            *(f"time at N={n}" for n in levels),
-        ]
-        body = [
-            [
-                part.part,
-                part.evaluations,
-                f"{part.calls:,}",
-                cell(part.tokens, "{:,}"),
-                cell(part.cost_usd, "${:,.2f}"),
-                *(duration_cell(rows[n][i].hours) for n in levels),
-            ]
-            for i, part in enumerate(rows[levels[0]])
-        ]
         record = provenance(f"{args.model}, modeled from a recording on {recording.identity}")
         write_atomic(
             args.markdown,
             f"# {table.title}\n\n"
             + provenance_lines(record)
-            + markdown_table(header, body)
+            + markdown_table([str(column.header) for column in table.columns], body)
             + "\n\n"
             + "\n".join(f"- {line}" for line in lines)
             + "\n",

@@ -201,9 +201,12 @@ def sampler(name: str) -> Iterator[None]:
         return
     if name != "llama.cpp":
         raise ConfigError(f"unknown sampler {name!r}; use grammar-first or llama.cpp")
-    with timing(GrammarFirstLlama, "_init_sampler", lambda _a, _s: None):
-        GrammarFirstLlama._init_sampler = Llama._init_sampler  # type: ignore[method-assign]
+    own = GrammarFirstLlama._init_sampler
+    GrammarFirstLlama._init_sampler = Llama._init_sampler  # type: ignore[method-assign]
+    try:
         yield
+    finally:
+        GrammarFirstLlama._init_sampler = own  # type: ignore[method-assign]
 
 
 def profile_once(
@@ -347,27 +350,18 @@ def prefix_shares(
     system: str, dataset_uri: str, cache: Path, embedder: Any, sizes: Sequence[int]
 ) -> dict[str, Any]:
     """The share of prompt characters left to evaluate with each routing (``--prefixes``)."""
-    from optloop.lm.engine import OptloopEngine
+    prompts: list[tuple[str, str]] = []  # (routing key, the prompt as text), in the order sent
 
-    prompts: list[tuple[str, str]] = []  # (routing key, the prompt as text)
-    original = OptloopEngine.call
+    def witness(_site: str | None, messages: list[dict[str, Any]]) -> None:
+        text = "".join(f"<{m['role']}>{m.get('content') or ''}" for m in messages)
+        prompts.append((local.prefix_of(messages), text))
 
-    def call(self: Any, request: Request, **kwargs: Any) -> dict[str, Any]:
-        text = "".join(f"<{m['role']}>{m.get('content') or ''}" for m in request.messages)
-        prompts.append((local.prefix_of(request.messages), text))
-        return original(self, request, **kwargs)
-
-    OptloopEngine.call = call  # type: ignore[method-assign]
-    try:
-        with tempfile.TemporaryDirectory(prefix="optloop-profile-") as tmp:
-            lm = OptloopLM(
-                LMSettings.from_spec(
-                    "local", cache_path=cache, **get_system(system).local_decoding
-                )
-            )
-            evaluation, _, _ = evaluate(system, lm, load_dataset(dataset_uri), Path(tmp), embedder)
-    finally:
-        OptloopEngine.call = original  # type: ignore[method-assign]
+    with tempfile.TemporaryDirectory(prefix="optloop-profile-") as tmp:
+        lm = OptloopLM(
+            LMSettings.from_spec("local", cache_path=cache, **get_system(system).local_decoding)
+        )
+        lm.watchers.append(witness)
+        evaluation, _, _ = evaluate(system, lm, load_dataset(dataset_uri), Path(tmp), embedder)
     total = sum(len(text) for _, text in prompts)
 
     def left(size: int) -> int:
