@@ -43,7 +43,7 @@ from optloop.loop.state import LoopConfig, LoopResult
 from optloop.outside import RunPlace, describe_run, saved_line
 from optloop.paths import state_dir, write_atomic
 from optloop.progress import LOG_NAME, RunProgress
-from optloop.run_args import build_parser, check_priced, run_config
+from optloop.run_args import build_parser, check_priced, default_optimizer, run_config
 from optloop.run_resume import choose_run, resume_command
 from optloop.run_tables import (
     estimate_lines,
@@ -146,6 +146,8 @@ def prepare(args: argparse.Namespace, argv: Sequence[str]) -> PreparedRun:
         if args.proposer_lm
         else None
     )
+    if args.optimizer is None:
+        args.optimizer = default_optimizer(proposer_settings or settings)
     config = run_config(args, settings)
     if args.max_cost is not None:
         check_priced(settings, proposer_settings)

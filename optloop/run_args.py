@@ -216,10 +216,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--optimizer",
         choices=["simba", "gepa", "optuna", "edit"],
-        default="simba",
-        help="simba (default), gepa, optuna (TPE over proposed instructions and knobs), or edit "
+        default=None,
+        help="simba, gepa, optuna (TPE over proposed instructions and knobs), or edit "
         "(GrIPS-style phrase edits of the blamed instruction: delete, swap, paraphrase, add "
-        "back; needs no strong proposer)",
+        "back; needs no strong proposer). Default: edit when the instructions would be written "
+        "by the embedded model (a 135M model writes rules no one would ship), simba when "
+        "--proposer-lm or --lm is an endpoint",
     )
     parser.add_argument(
         "--proposer-lm",
@@ -380,13 +382,25 @@ def _knobs(pairs: list[str]) -> dict[str, object]:
     return knobs
 
 
+def default_optimizer(proposer: LMSettings) -> str:
+    """The optimizer a run gets without ``--optimizer``: ``edit`` when ``proposer`` (the LM that
+    would write new instructions) is the embedded model, ``simba`` when it is an endpoint.
+
+    SIMBA, GEPA and Optuna ask the proposer for new instruction text; the embedded 135M model
+    writes text such as "I don't know" as an answer instruction. The edit optimizer only cuts,
+    swaps and restores units of the library's own instructions, so its candidates read as
+    prompts a person could ship whatever the proposer.
+    """
+    return "edit" if proposer.backend == "local" else "simba"
+
+
 def run_config(args: argparse.Namespace, settings: LMSettings) -> LoopConfig:
     """The run's settings from the flags (the run name is chosen later: see :func:`choose_run`)."""
     return LoopConfig(
         system=args.system,
         dataset=args.dataset or default_dataset(args.system).uri,
         budget=args.budget,
-        optimizer=args.optimizer,
+        optimizer=args.optimizer or default_optimizer(settings),
         seed=args.seed,
         untargeted=args.untargeted,
         sites=[s.strip() for s in args.sites.split(",") if s.strip()] if args.sites else None,

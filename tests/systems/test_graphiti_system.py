@@ -370,9 +370,19 @@ def test_separate_run_dirs_do_not_share_state_and_reset_empties(tmp_path):
             "Alice",
             "Paris",
         }
+        # The session itself is stored too: graphiti's episode, which the default recipe searches.
+        episodes = [m for m in stored if m.metadata["kind"] == "episode"]
+        assert [m.metadata["session_ids"] for m in episodes] == [["s1"]]
+        assert "Alice" in episodes[0].text
         retrieved = first.retrieve("Where does Alice live?", k=3)
-        assert [m.id for m in retrieved] == [facts[0].id]
+        assert retrieved[0].id == facts[0].id  # facts first, then entities and episodes
+        assert {m.metadata["kind"] for m in retrieved[1:]} <= {"node", "episode"}
         assert retrieved[0].metadata["timestamp"].startswith("2024-01-01")
+        edges_only = GraphitiSystem(
+            stub_lm(server), tmp_path / "edges", knobs={"search_recipe": "EDGE_HYBRID_SEARCH_RRF"}
+        )
+        assert edges_only.retrievable_kinds() == {"edge"}
+        edges_only.close()
 
         assert second.all_memories() == []
         assert second.retrieve("Where does Alice live?") == []

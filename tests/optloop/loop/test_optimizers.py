@@ -97,9 +97,9 @@ def test_knob_choices_come_from_the_system_and_keep_the_current_value(evaluator)
     ]
     recipes = get_system("graphiti").knob_choices("search_recipe")
     assert (
-        recipes[0] == "EDGE_HYBRID_SEARCH_RRF"
-        and all(r.startswith("EDGE_") for r in recipes)
-        and len(recipes) > 1
+        recipes[0] == "COMBINED_HYBRID_SEARCH_RRF"
+        and all(r.startswith(("EDGE_", "COMBINED_")) for r in recipes)
+        and "EDGE_HYBRID_SEARCH_RRF" in recipes
     )
     assert evaluator.knob_choices("top_k", 2)[0] == 2  # md_flat's, through the evaluator
     with pytest.raises(KeyError):

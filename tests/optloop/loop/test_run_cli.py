@@ -19,9 +19,10 @@ import pytest
 
 from optloop.errors import ConfigError
 from optloop.interrupt import interruptible
+from optloop.lm.settings import LMSettings
 from optloop.loop.state import Checkpoint, LoopConfig, _digest
 from optloop.run import main
-from optloop.run_args import build_parser, run_config
+from optloop.run_args import build_parser, default_optimizer, run_config
 from optloop.run_resume import choose_run, resume_command
 from optloop.testing.loopback import closed_port_url
 from tests._cli import run_cli
@@ -271,7 +272,7 @@ def config_of(args) -> LoopConfig:
         system=args.system,
         dataset=args.dataset or "builtin:tiny",
         budget=args.budget,
-        optimizer=args.optimizer,
+        optimizer=args.optimizer or default_optimizer(LMSettings.from_spec("local")),
         seed=args.seed,
         run_name=args.run_name or "-",
     )
@@ -326,7 +327,7 @@ def test_the_same_command_resumes_the_latest_unfinished_run_of_its_settings(tmp_
     fresh = choose_run(args_of("--budget", "3", "--new"), config, runs)
     assert (
         fresh.checkpoint is None
-        and fresh.name.startswith("md_flat-simba-")
+        and fresh.name.startswith("md_flat-edit-")
         and "a new run" in fresh.line
     )
     assert snapshot(tmp_path) == before  # choosing reads only
@@ -1017,3 +1018,10 @@ def test_exit_4_when_the_calls_of_an_evaluation_fail_and_no_accuracy_is_reported
     )
     assert "accuracy" not in result.stdout + result.stderr
     assert len([r for r in server.requests if r["body"]["messages"][-1]["content"] != "ping"]) > 0
+
+
+def test_the_default_optimizer_follows_who_writes_the_instructions():
+    assert default_optimizer(LMSettings.from_spec("local")) == "edit"
+    assert default_optimizer(LMSettings.from_spec("openai:gpt-4o-mini")) == "simba"
+    assert config_of(args_of()).optimizer == "edit"  # the embedded model, no --optimizer
+    assert config_of(args_of("--optimizer", "gepa")).optimizer == "gepa"
