@@ -203,10 +203,16 @@ def estimate_lines(
     figures: Estimate, ckpt: Checkpoint, config: LoopConfig, go_on: str
 ) -> list[str]:
     """The estimate's model and what to do next, in plain lines."""
+    dev = ckpt.baseline_dev
     latency = (
-        "unknown (no call was computed: the LM cache served them all)"
+        "unknown (no call was computed: the LM cache served them all, and kept no time for them)"
         if figures.latency_s is None
         else f"{figures.latency_s:.3f} s, measured on the baseline's dev evaluation"
+        + (
+            ""
+            if dev is None or dev.model_calls
+            else " (as the LM cache recorded it: every call there was a cache hit)"
+        )
     )
     return [
         f"how: {figures.model}",

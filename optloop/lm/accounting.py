@@ -90,6 +90,10 @@ class CallRecord:
 
     ``cost_usd``: dollars at the model's price (:mod:`optloop.lm.pricing`); 0.0 for a
     cache hit of a priced model (nothing was spent), None when the model has no price.
+
+    ``replayed_s``: for a cache hit, the seconds the model took when it computed the response
+    (None: not a hit, or a response stored without them), so a run replayed from the cache can
+    still project the time of the calls it will compute.
     """
 
     site: str | None
@@ -108,6 +112,7 @@ class CallRecord:
     rate_limited_s: float = 0.0
     throttled_s: float = 0.0
     cost_usd: float | None = None
+    replayed_s: float | None = None
 
 
 @dataclass
@@ -136,6 +141,10 @@ class Usage:
     rate_limited_s: float = 0.0  # of ``seconds``: sleeping on HTTP 429 (Retry-After or backoff)
     throttled_s: float = 0.0  # of ``seconds``: held back by --rpm / --tpm / --concurrency
     unpriced_calls: int = 0  # model calls without a price (not in ``cost_usd``)
+    # cache hits whose response kept the seconds it took to compute, those seconds, their tokens
+    replayed_calls: int = 0
+    replayed_seconds: float = 0.0
+    replayed_tokens: int = 0
     _cost: Fraction | None = field(default=None, repr=False, compare=False)
 
     @classmethod
@@ -162,6 +171,10 @@ class Usage:
         self.retries_429 += rec.retries_429
         self.rate_limited_s += rec.rate_limited_s
         self.throttled_s += rec.throttled_s
+        if rec.cached and rec.replayed_s is not None:
+            self.replayed_calls += 1
+            self.replayed_seconds += rec.replayed_s
+            self.replayed_tokens += rec.prompt_tokens + rec.completion_tokens
         if rec.cost_usd is not None:
             self._cost = (self._cost or Fraction(0)) + Fraction(rec.cost_usd)
         elif not rec.cached:

@@ -48,8 +48,11 @@ class LMCache:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute(
                 "CREATE TABLE IF NOT EXISTS responses (key TEXT PRIMARY KEY, response TEXT "
-                "NOT NULL, created REAL)"
+                "NOT NULL, created REAL, seconds REAL)"
             )
+            columns = {row[1] for row in conn.execute("PRAGMA table_info(responses)")}
+            if "seconds" not in columns:  # a cache written before responses kept their time
+                conn.execute("ALTER TABLE responses ADD COLUMN seconds REAL")
             conn.commit()
         except sqlite3.DatabaseError as exc:
             conn.close()
@@ -75,24 +78,33 @@ class LMCache:
         return hashlib.sha256(blob.encode()).hexdigest()
 
     def get(self, key: str) -> dict[str, Any] | None:
+        hit = self.get_timed(key)
+        return None if hit is None else hit[0]
+
+    def get_timed(self, key: str) -> tuple[dict[str, Any], float | None] | None:
+        """The response stored under ``key`` and the seconds the model took to compute it
+        (``None`` for a response stored without them)."""
         try:
             with self._lock:
                 row = (
                     self._connect()
-                    .execute("SELECT response FROM responses WHERE key = ?", (key,))
+                    .execute("SELECT response, seconds FROM responses WHERE key = ?", (key,))
                     .fetchone()
                 )
-            return json.loads(row[0]) if row else None
+            return (json.loads(row[0]), row[1]) if row else None
         except (sqlite3.DatabaseError, json.JSONDecodeError) as exc:
             raise self._corrupt(exc) from None
 
-    def put(self, key: str, response: dict[str, Any]) -> None:
+    def put(self, key: str, response: dict[str, Any], seconds: float | None = None) -> None:
+        """Store ``response`` under ``key`` with the ``seconds`` the model took to compute it
+        (what a replay of it reports: :attr:`~optloop.lm.accounting.CallRecord.replayed_s`)."""
         try:
             with self._lock:
                 conn = self._connect()
                 conn.execute(
-                    "INSERT OR REPLACE INTO responses VALUES (?, ?, ?)",
-                    (key, json.dumps(response), time.time()),
+                    "INSERT OR REPLACE INTO responses (key, response, created, seconds) "
+                    "VALUES (?, ?, ?, ?)",
+                    (key, json.dumps(response), time.time(), seconds),
                 )
                 conn.commit()
         except sqlite3.DatabaseError as exc:

@@ -198,15 +198,15 @@ class OptloopEngine:
         key = LMCache.key(payload)
         if self.cache is None or not cache:
             return self._call_model(request, key, started, store=False)
-        if (hit := self.cache.get(key)) is not None:
-            self._record(request, hit, started, cached=True, key=key)
-            return hit
+        if (timed := self.cache.get_timed(key)) is not None:
+            self._record(request, timed[0], started, cached=True, key=key, replayed=timed[1])
+            return timed[0]
         with self._single_flight(key):
             if (
-                hit := self.cache.get(key)
+                timed := self.cache.get_timed(key)
             ) is not None:  # another thread's call for this key just finished
-                self._record(request, hit, started, cached=True, key=key)
-                return hit
+                self._record(request, timed[0], started, cached=True, key=key, replayed=timed[1])
+                return timed[0]
             return self._call_model(request, key, started, store=True)
 
     @contextlib.contextmanager
@@ -358,8 +358,9 @@ class OptloopEngine:
             raise error from exc
         with self._health_lock:
             self.health.down, self.health.server_errors = None, 0
-        if store:
-            self.cache.put(key, response)  # type: ignore[union-attr]
+        if store:  # with the model's own seconds: a wait for a slot or a limit left out
+            spent = max(time.perf_counter() - started - queued - throttled - limit_wait, 0.0)
+            self.cache.put(key, response, round(spent, 3))  # type: ignore[union-attr]
         self._record(
             request,
             response,
@@ -430,6 +431,7 @@ class OptloopEngine:
         faults: list[str] | None = None,
         queued: float = 0.0,
         load: dict[str, Any] | None = None,
+        replayed: float | None = None,
     ) -> None:
         usage = (response or {}).get("usage") or {}
         prompt_tokens = int(usage.get("prompt_tokens") or 0)
@@ -459,6 +461,7 @@ class OptloopEngine:
                 faults=list(faults or []),
                 queued_s=queued,
                 cost_usd=cost,
+                replayed_s=replayed,
                 **(load or {}),
             )
         )

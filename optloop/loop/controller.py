@@ -546,10 +546,12 @@ class Controller:
             candidates = optimizer.propose_batch(best.candidate, best.evaluation, size)
             ckpt.queue = list(getattr(optimizer, "queue", []))
             if not candidates:
-                note = (
-                    (note + "; " if note else "") + f"{optimizer.name} proposed nothing new after "
-                    f"{len(ckpt.trials)} evaluation(s)" + coordinator.scope
+                why = (
+                    f"{optimizer.name} proposed nothing new after {len(ckpt.trials)} "
+                    f"evaluation(s){coordinator.scope}"
                 )
+                self.ctx.progress(f"{why}: the rest of the budget is left unspent")
+                note = (note + "; " if note else "") + why
                 break
             trials = self._take(optimizer, candidates)
             if not trials:  # other workers took the rest of the budget meanwhile

@@ -5,8 +5,9 @@ Before any trial of this process is timed, the ETA is the projection of the rest
 trials' and the optimizer's time per trial, times the trials left, plus the held-out test. Once
 trials have been timed here, their measured mean (wall time from the proposal to the last record,
 the optimizer's own work and a batch's shared time included) replaces the projected time per
-trial; the held-out test stays projected, since it has not run yet. When the baseline's time is
-unknown (its calls came from the LM cache, so nothing was timed), the held-out test is taken to
+trial; the held-out test stays projected, since it has not run yet. A baseline served from the LM
+cache is timed by the seconds the cache kept for each response (what computing it took). When
+even those are unknown (a cache written without them), the held-out test is taken to
 take two timed trials (it evaluates the test split twice, before and after, and a trial's time
 holds one evaluation of dev, about as large, plus the optimizer's work): the ETA is unknown only
 until the first trial is timed.

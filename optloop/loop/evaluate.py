@@ -120,6 +120,11 @@ class Evaluation(BaseModel):
         "limit left out (optloop.loop.cost.lm_seconds)",
     )
     sites: dict[str, LMCost] = Field(default_factory=dict, description="LM cost per prompt site")
+    replayed_calls: int = Field(
+        0, description="cache hits whose response kept the seconds the model took to compute it"
+    )
+    replayed_seconds: float = Field(0.0, description="those seconds, summed")
+    replayed_tokens: int = Field(0, description="those responses' tokens")
 
     @property
     def errors(self) -> int:
@@ -460,6 +465,9 @@ class Evaluator:
             lm_cured=usage.cured,
             lm_failed_calls=usage.errors,
             fault_graphs=graphs,
+            replayed_calls=usage.replayed_calls,
+            replayed_seconds=round(usage.replayed_seconds, 3),
+            replayed_tokens=usage.replayed_tokens,
             **evaluation_cost(usage, usage_by_site(calls)),
         )
 

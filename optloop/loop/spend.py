@@ -305,6 +305,25 @@ class Figures(Protocol):
     def seconds(self) -> float: ...  # wall time
 
 
+def per_call(fig: Figures) -> tuple[float | None, float | None, float | None]:
+    """Tokens, dollars and model seconds of one computed request of ``fig``: the means over its
+    computed requests; when it computed none (every request a cache hit), the means over the hits
+    whose responses kept what computing them took (tokens and seconds; dollars unknown). ``None``
+    where neither says."""
+    if fig.model_calls:
+        return (
+            _ratio(fig.tokens, fig.model_calls),
+            _ratio(fig.cost_usd, fig.model_calls),
+            _ratio(fig.lm_seconds, fig.model_calls),
+        )
+    replayed = getattr(fig, "replayed_calls", 0)
+    return (
+        _ratio(getattr(fig, "replayed_tokens", 0), replayed),
+        None,
+        _ratio(getattr(fig, "replayed_seconds", 0.0), replayed),
+    )
+
+
 def work_units(dataset: Dataset) -> int:
     """What an evaluation of ``dataset`` has to do: sessions to ingest plus questions to answer."""
     return sum(len(e.sessions) + len(e.questions) for e in dataset.episodes)
@@ -382,9 +401,7 @@ def _scaled(
     docstring), ``batch`` of them at once: a batch's requests share the ``concurrency`` slots, and
     its time is floored by the chain once."""
     calls = round(dev.llm_calls * evaluations)
-    tokens, dollars, latency = (
-        _ratio(value, dev.model_calls) for value in (dev.tokens, dev.cost_usd, dev.lm_seconds)
-    )
+    tokens, dollars, latency = per_call(dev)
     each = calls / max(count, 1)  # requests of one evaluation
     batch = max(1, min(batch, count)) if count else 1
     floor = (
@@ -460,10 +477,8 @@ def _optimizer_part(
                 else work.proposer_tokens * dollars_per_token
             )
         dollars = _sum([system, proposer])
-    latency, token_seconds = (
-        _ratio(dev.lm_seconds, dev.model_calls),
-        _ratio(dev.lm_seconds, dev.tokens),
-    )
+    tokens, _, latency = per_call(dev)
+    token_seconds = None if latency is None or not tokens else latency / tokens
     parallel = max(min(work.threads or concurrency, concurrency), 1)
     system_hours = None if latency is None else work.calls * latency / parallel
     proposer_hours = (
@@ -586,7 +601,7 @@ def project(
         parts=parts,
         total=total,
         concurrency=concurrency,
-        latency_s=_ratio(dev.lm_seconds, dev.model_calls),
+        latency_s=per_call(dev)[2],
         priced=dev.cost_usd is not None,
         optimizer=optimizer,
         batch=batch,

@@ -259,7 +259,7 @@ def snapshot(lm: OptloopLM, cache_path: Path) -> dict[str, Any]:
         )
         for r in lm.accounting.records
     )
-    timing = {"seconds", "queued_s", "rate_limited_s", "throttled_s"}
+    timing = {"seconds", "queued_s", "rate_limited_s", "throttled_s", "replayed_seconds"}
 
     def counts(usage: Any) -> dict[str, Any]:
         return {k: v for k, v in usage.as_dict().items() if k not in timing}

@@ -149,6 +149,42 @@ def test_cache_survives_reopening_the_file(tmp_path):
     assert reopened.get("missing") is None
 
 
+def test_a_cache_hit_reports_the_seconds_its_response_took_to_compute(tmp_path):
+    path = tmp_path / "cache.sqlite"
+    LMCache(path).put("k", {"choices": []}, 2.5)
+    LMCache(path).put("old", {"choices": []})
+    assert LMCache(path).get_timed("k") == ({"choices": []}, 2.5)
+    assert LMCache(path).get_timed("old") == ({"choices": []}, None)
+    with ScriptedOpenAIServer([("ok", "hello")]) as server:
+        lm = _remote(server.base_url)
+        lm.text("q")
+        lm.text("q")
+    computed, hit = lm.accounting.records
+    assert not computed.cached and computed.replayed_s is None
+    assert hit.cached and hit.replayed_s is not None and 0 <= hit.replayed_s <= computed.seconds
+    totals = lm.accounting.totals()
+    assert totals.replayed_calls == 1 and totals.replayed_tokens == hit.prompt_tokens + (
+        hit.completion_tokens
+    )
+
+
+def test_a_cache_written_before_responses_kept_their_time_opens_and_gains_the_column(tmp_path):
+    import sqlite3
+
+    path = tmp_path / "cache.sqlite"
+    conn = sqlite3.connect(path)
+    conn.execute(
+        "CREATE TABLE responses (key TEXT PRIMARY KEY, response TEXT NOT NULL, created REAL)"
+    )
+    conn.execute("INSERT INTO responses VALUES ('k', '{\"choices\": []}', 0)")
+    conn.commit()
+    conn.close()
+    cache = LMCache(path)
+    assert cache.get_timed("k") == ({"choices": []}, None) and cache.get("k") == {"choices": []}
+    cache.put("new", {"choices": []}, 1.0)
+    assert cache.get_timed("new") == ({"choices": []}, 1.0) and len(cache) == 2
+
+
 def test_corrupt_cache_file_gives_a_clear_error(tmp_path):
     path = tmp_path / "c.sqlite"
     path.write_bytes(b"this is not a database" * 100)

@@ -536,6 +536,10 @@ def test_an_optimizer_with_nothing_to_propose_ends_the_run_cleanly(tmp_path):
         "fake proposed nothing new after 0 evaluation(s)" in result.note
         and "by this worker" not in result.note
     )
+    assert (
+        "fake proposed nothing new after 0 evaluation(s): the rest of the budget is left unspent"
+        in run.messages
+    )  # said when it happens, in the progress (and so in run.log)
     assert result.test_before == result.test_after and not result.promoted
     assert [c[0] for c in run.evaluator.calls] == ["train", "dev", "test"]
     assert Checkpoint.load(tmp_path / "clean.json").finished

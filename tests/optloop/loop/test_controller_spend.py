@@ -345,6 +345,22 @@ def test_an_unpriced_or_fully_cached_baseline_says_what_it_cannot_know():
         and figures.parts[1].hours is None
     )
     assert figures.latency_s is None and figures.total.tokens is None
+    # A cache that kept each response's computing time: the replay still projects the run.
+    from optloop.loop.eta import Eta
+
+    replayed = cached.model_copy(
+        update={
+            "baseline_dev": cached.baseline_dev.model_copy(
+                update={"replayed_calls": 2, "replayed_seconds": 3.0, "replayed_tokens": 40}
+            )
+        }
+    )
+    figures = estimate(replayed, budget=2, concurrency=1, dev_units=4, test_units=4)
+    trials = figures.parts[1]
+    assert figures.latency_s == pytest.approx(1.5)  # 3 s over the 2 hits
+    assert trials.tokens == 4 * 20 and trials.hours == pytest.approx(4 * 1.5 / 3600)
+    assert trials.cost_usd is None  # the hits' dollars are not recorded
+    assert Eta.of(figures, 2).seconds_left(0) is not None
 
 
 # --- the floor: an episode's chain of sequential requests ----------------------------------------
