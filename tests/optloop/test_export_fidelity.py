@@ -294,7 +294,7 @@ async def _vanilla_graphiti(
     from graphiti_core.edges import EntityEdge
     from graphiti_core.llm_client.config import LLMConfig
     from graphiti_core.llm_client.openai_generic_client import OpenAIGenericClient
-    from graphiti_core.nodes import EntityNode, EpisodeType
+    from graphiti_core.nodes import EntityNode, EpisodeType, EpisodicNode
 
     from systems.graphiti_system import (
         GraphitiSystem,
@@ -326,9 +326,11 @@ async def _vanilla_graphiti(
         )
     edges = await EntityEdge.get_by_group_ids(driver, ["optloop"])
     nodes = await EntityNode.get_by_group_ids(driver, ["optloop"])
+    episodes = await EpisodicNode.get_by_group_ids(driver, ["optloop"])
     stored = sorted(
         [e.fact for e in edges]
         + [f"{n.name}: {n.summary}" if n.summary else n.name for n in nodes]
+        + [e.content for e in episodes]
     )
     found = {}
     for q in ep.questions:
@@ -342,6 +344,10 @@ async def _vanilla_graphiti(
         found[q.question] += [
             GraphitiSystem._node_item(n, s)
             for n, s in zip(results.nodes, results.node_reranker_scores, strict=False)
+        ]
+        found[q.question] += [
+            GraphitiSystem._episode_item(e, s)
+            for e, s in zip(results.episodes, results.episode_reranker_scores, strict=False)
         ]
     await graphiti.close()
     driver.client.close()

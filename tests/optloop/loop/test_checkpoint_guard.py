@@ -42,10 +42,10 @@ def test_a_checkpoint_cut_before_its_settings_counts_by_the_name_of_its_folder(
 ):
     runs = tmp_path / "runs"
     config = config_of(args_of())
-    for name in ("md_flat-simba-20260101-000000", "graphiti-simba-20260101-000000"):
+    for name in ("md_flat-edit-20260101-000000", "graphiti-simba-20260101-000000"):
         (runs / name).mkdir(parents=True)
         (runs / name / "checkpoint.json").write_text('{"config_dig')
-    assert [b.name for b in broken_runs(runs, config)] == ["md_flat-simba-20260101-000000"]
+    assert [b.name for b in broken_runs(runs, config)] == ["md_flat-edit-20260101-000000"]
 
 
 def test_the_same_command_refuses_a_broken_run_in_one_line_and_writes_nothing(tmp_path):

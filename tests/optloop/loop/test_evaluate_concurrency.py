@@ -83,7 +83,8 @@ def run(system: str, n: int, root: Path, endpoint: KeyedEndpoint, embedder: Any)
     }
     return {
         "evaluations": [
-            e.model_dump(exclude={"seconds", "lm_seconds", "fault_graphs"}) for e in evaluations
+            e.model_dump(exclude={"seconds", "lm_seconds", "replayed_seconds", "fault_graphs"})
+            for e in evaluations
         ],
         "graphs": graphs,
         "keys": keys,

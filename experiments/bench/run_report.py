@@ -1,0 +1,173 @@
+"""A finished ``optloop run``, as a results file: what it ran on, what it printed, what it found.
+
+    python -m experiments.bench.run_report --run-dir .optloop/runs/<name> \\
+        --command "python -m optloop.run --system graphiti --budget 50" \\
+        --console run.out --json OUT --markdown OUT
+
+Reads the run's ``checkpoint.json`` and ``run.log`` (and, with ``--console``, what the run printed
+to its terminal) and writes: the dataset and split sizes, the ETA lines the run printed (the
+projection before the first trial and the one on every trial line), its wall time by stage (from
+``run.log``'s timestamps), every trial's dev accuracy, and the held-out test before and after with
+the paired 95% bootstrap CI of the delta (seed 0, as the run computes it). The provenance header
+names the run's own command (``--command``) and the commit the run ran at (``--commit``, default:
+this checkout's).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from experiments.markdown import provenance_lines, table
+from experiments.provenance import model_of, stamped
+from optloop.cli import CommandParser, parse_command, run_cli
+from optloop.loop.evaluate import Evaluation
+from optloop.loop.state import Checkpoint
+from optloop.paths import write_atomic
+from optloop.stats import bootstrap_mean, paired_bootstrap_delta
+
+_STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) (.*)$")
+
+
+def log_lines(run_log: Path) -> list[tuple[datetime, str]]:
+    """``run.log``'s lines with their times."""
+    out = []
+    for line in run_log.read_text().splitlines():
+        if m := _STAMP.match(line):
+            out.append((datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S"), m.group(2)))
+    return out
+
+
+def accuracy(evaluation: Evaluation | None) -> str:
+    if evaluation is None:
+        return "-"
+    ci = bootstrap_mean([o.score for o in evaluation.outcomes], seed=0)
+    return f"{ci.estimate:.3f} [{ci.low:.3f}, {ci.high:.3f}] n={ci.n}"
+
+
+def report(run_dir: Path, console: Path | None) -> dict[str, Any]:
+    """The figures of the finished run in ``run_dir`` (see the module docstring)."""
+    ckpt = Checkpoint.load(run_dir / "checkpoint.json")
+    if not ckpt.finished or ckpt.test_before is None or ckpt.test_after is None:
+        raise SystemExit(f"{run_dir}: the run has not finished (no held-out test yet)")
+    lines = log_lines(run_dir / "run.log")
+    started, ended = lines[0][0], lines[-1][0]
+    stages = [
+        {"at_s": int((t - started).total_seconds()), "line": text}
+        for t, text in lines
+        if text.startswith("evaluating baseline") or "on test" in text
+    ]
+    printed = console.read_text().splitlines() if console is not None else []
+    etas = [line.strip() for line in printed if "ETA" in line and "projected" in line]
+    before = [o.score for o in ckpt.test_before.outcomes]
+    after = [o.score for o in ckpt.test_after.outcomes]
+    delta = paired_bootstrap_delta(before, after, seed=0)
+    return {
+        "run": run_dir.name,
+        "split": {name: len(ids) for name, ids in ckpt.split.items()},
+        "questions": {
+            "dev": len(ckpt.baseline_dev.outcomes) if ckpt.baseline_dev else 0,
+            "test": len(ckpt.test_before.outcomes),
+        },
+        "targets": ckpt.targets,
+        "baseline_dev": accuracy(ckpt.baseline_dev),
+        "trials": [
+            {
+                "trial": t.trial,
+                "origin": t.candidate.origin,
+                "dev": None if t.evaluation is None else t.evaluation.accuracy,
+            }
+            for t in ckpt.trials
+        ],
+        "test_before": accuracy(ckpt.test_before),
+        "test_after": accuracy(ckpt.test_after),
+        "delta": {"estimate": delta.estimate, "low": delta.low, "high": delta.high, "n": delta.n},
+        "projection_printed": etas,
+        "trial_lines": [line.strip() for line in printed if re.search(r"trial \d+/\d+ dev", line)],
+        "stages": stages,
+        "wall_s": int((ended - started).total_seconds()),
+        "cost": ckpt.total_cost(),
+    }
+
+
+def to_markdown(data: dict[str, Any]) -> str:
+    d = data["delta"]
+    changed = "no measurable change" if d["low"] <= 0 <= d["high"] else "measurable"
+    lines = [
+        f"# `{data['provenance']['command']}`",
+        "",
+        provenance_lines(data["provenance"]).rstrip("\n"),
+        "",
+        table(
+            ["figure", "value"],
+            [
+                ["run", data["run"]],
+                ["split (episodes)", ", ".join(f"{k} {v}" for k, v in data["split"].items())],
+                [
+                    "dev / test questions",
+                    f"{data['questions']['dev']} / {data['questions']['test']}",
+                ],
+                ["blamed", ", ".join(data["targets"])],
+                ["baseline dev", data["baseline_dev"]],
+                ["trials evaluated", str(sum(t["dev"] is not None for t in data["trials"]))],
+                ["held-out test, before", data["test_before"]],
+                ["held-out test, after", data["test_after"]],
+                [
+                    "held-out delta [95% CI]",
+                    f"{d['estimate']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}] n={d['n']} "
+                    f"({changed})",
+                ],
+                ["wall time", f"{data['wall_s'] / 60:.0f} min"],
+                [
+                    "LLM calls",
+                    f"{data['cost'].get('llm_calls', 0):.0f} "
+                    f"({data['cost'].get('model_calls', 0):.0f} computed)",
+                ],
+            ],
+        ),
+        "",
+        "Printed before the first trial: "
+        + ("; ".join(f"`{e}`" for e in data["projection_printed"]) or "(no console given)"),
+        "",
+        table(
+            ["trial", "dev", "how"],
+            [
+                [t["trial"], "-" if t["dev"] is None else f"{t['dev']:.3f}", t["origin"]]
+                for t in data["trials"]
+            ],
+        ),
+        "",
+        "Stages (seconds from the start, from run.log):",
+        "",
+        table(["at s", "line"], [[s["at_s"], s["line"]] for s in data["stages"]]),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = CommandParser("python -m experiments.bench.run_report", __doc__)
+    parser.add_argument("--run-dir", type=Path, required=True, help="the run's directory")
+    parser.add_argument("--command", required=True, help="the command the run was started with")
+    parser.add_argument("--commit", help="the commit the run ran at (default: this checkout's)")
+    parser.add_argument("--console", type=Path, help="what the run printed to its terminal")
+    parser.add_argument("--lm", default=None, help="the run's --lm (default: the embedded model)")
+    parser.add_argument("--json", type=Path, required=True, metavar="OUT")
+    parser.add_argument("--markdown", type=Path, metavar="OUT")
+    args = parse_command(parser, argv)
+    data = stamped(report(args.run_dir, args.console), model_of(args), args.command)
+    if args.commit:
+        data["provenance"]["commit"] = args.commit
+    write_atomic(args.json, json.dumps(data, indent=1) + "\n")
+    if args.markdown:
+        write_atomic(args.markdown, to_markdown(data))
+    print(to_markdown(data))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(run_cli(main))

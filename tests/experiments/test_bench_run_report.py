@@ -1,0 +1,91 @@
+"""``experiments.bench.run_report``: a finished run's directory as a results file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from experiments.bench.run_report import main, report
+from optloop.loop.candidate import Candidate, SiteState
+from optloop.loop.evaluate import Evaluation
+from optloop.loop.state import Checkpoint, Trial
+from optloop.pipeline._episode import QuestionOutcome
+
+
+def evaluation(split: str, scores: list[float]) -> Evaluation:
+    outcomes = [
+        QuestionOutcome(
+            episode_id=f"e{i}",
+            question_id=f"e{i}:q",
+            task_type="exact_recall",
+            question="q?",
+            gold="g",
+            prediction="g" if s else "x",
+            score=s,
+            passed=bool(s),
+        )
+        for i, s in enumerate(scores)
+    ]
+    return Evaluation(split=split, candidate="c", outcomes=outcomes)
+
+
+def finished_run(tmp_path: Path, *, finished: bool = True) -> Path:
+    run = tmp_path / "graphiti-edit-1"
+    run.mkdir()
+    best = Candidate(sites={"answer": SiteState(instructions="A.")}, origin="edit round 1: del 0")
+    Checkpoint(
+        config_digest="x",
+        split={"train": ["a", "b"], "dev": ["c"], "test": ["d"]},
+        targets=["answer"],
+        baseline_train=evaluation("train", [1, 0]),
+        baseline_dev=evaluation("dev", [1, 0, 0, 0]),
+        trials=[Trial(trial=1, candidate=best, evaluation=evaluation("dev", [1, 1, 0, 0]))],
+        test_before=evaluation("test", [0, 0, 1, 0]) if finished else None,
+        test_after=evaluation("test", [1, 0, 1, 1]) if finished else None,
+        finished=finished,
+    ).save(run / "checkpoint.json")
+    (run / "run.log").write_text(
+        "2026-11-26 10:00:00 evaluating baseline on train (2 questions)\n"
+        "2026-11-26 10:01:00 evaluating baseline on dev (4 questions)\n"
+        "2026-11-26 10:02:00 trial 1/50 dev 0.500 (best 0.500) 30 s, ETA 5 min\n"
+        "2026-11-26 10:03:00 evaluating baseline on test (4 questions)\n"
+        "2026-11-26 10:05:00 done\n"
+    )
+    return run
+
+
+def test_the_report_holds_the_split_the_trials_and_the_paired_delta(tmp_path):
+    run = finished_run(tmp_path)
+    console = tmp_path / "out.txt"
+    console.write_text(
+        "projected: 90 calls, 900 tokens; ETA 4 min for the rest of the run (Ctrl-C stops it)\n"
+        "[2 min] trial 1/50 dev 0.500 (best 0.500) 30 s, ETA 5 min\n"
+    )
+    data = report(run, console)
+    assert data["split"] == {"train": 2, "dev": 1, "test": 1}
+    assert data["questions"] == {"dev": 4, "test": 4}
+    assert data["baseline_dev"] == "0.250 [0.000, 0.750] n=4"
+    assert data["trials"] == [{"trial": 1, "origin": "edit round 1: del 0", "dev": 0.5}]
+    assert data["delta"]["estimate"] == pytest.approx(0.5) and data["delta"]["n"] == 4
+    assert data["projection_printed"] == [
+        "projected: 90 calls, 900 tokens; ETA 4 min for the rest of the run (Ctrl-C stops it)"
+    ]
+    assert data["trial_lines"] == ["[2 min] trial 1/50 dev 0.500 (best 0.500) 30 s, ETA 5 min"]
+    assert data["wall_s"] == 300
+    assert [s["at_s"] for s in data["stages"]] == [0, 60, 180]
+
+
+def test_the_files_carry_their_provenance_and_an_unfinished_run_is_refused(tmp_path):
+    out, md = tmp_path / "r.json", tmp_path / "r.md"
+    argv = ["--run-dir", str(finished_run(tmp_path)), "--command", "python -m optloop.run"]
+    assert main([*argv, "--commit", "abc1234", "--json", str(out), "--markdown", str(md)]) == 0
+    data = json.loads(out.read_text())
+    assert data["provenance"]["command"] == "python -m optloop.run"
+    assert data["provenance"]["commit"] == "abc1234" and data["provenance"]["model"]
+    assert "held-out delta [95% CI] | +0.500" in md.read_text()
+    other = tmp_path / "other"
+    other.mkdir()
+    with pytest.raises(SystemExit, match="has not finished"):
+        report(finished_run(other, finished=False), None)
