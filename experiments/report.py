@@ -666,6 +666,14 @@ def linked() -> list[str]:
             ],
         ),
         (
+            "The mission command on the embedded model",
+            "What does `python -m optloop.run --system graphiti --budget 50` do as typed on a "
+            "checkout with an empty state directory: the dataset, the split, the ETA it prints, "
+            "how long it takes and the held-out delta? `python -m experiments.bench.run_report` "
+            "on the finished run",
+            ["mission_graphiti.md", "mission_graphiti.json"],
+        ),
+        (
             "The mission command's cost on an endpoint",
             "What does `--system graphiti --budget 50` on LoCoMo with gpt-4o-mini take at "
             "`--concurrency 16`, one trial at a time and in batches? `python -m "

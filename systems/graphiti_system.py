@@ -36,6 +36,7 @@ import asyncio
 import contextvars
 import hashlib
 import logging
+import re
 import threading
 import weakref
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
@@ -49,9 +50,11 @@ import dspy
 import pydantic
 from graphiti_core import Graphiti
 from graphiti_core.cross_encoder.client import CrossEncoderClient
+from graphiti_core.driver.driver import GraphProvider
 from graphiti_core.edges import EntityEdge
 from graphiti_core.embedder.client import EmbedderClient
 from graphiti_core.errors import GroupsEdgesNotFoundError, GroupsNodesNotFoundError
+from graphiti_core.graph_queries import get_fulltext_indices
 from graphiti_core.llm_client import client as graphiti_llm_client
 from graphiti_core.llm_client.client import LLMClient
 from graphiti_core.llm_client.config import LLMConfig, ModelSize
@@ -375,6 +378,25 @@ def graph_backend(graph_uri: str | None) -> str:
     )
 
 
+_FTS_INDEX = re.compile(r"CREATE_FTS_INDEX\('(\w+)',\s*'(\w+)'")
+
+
+async def _build_kuzu_indexes(driver: Any) -> None:
+    """graphiti's full-text indexes on a Kuzu store, those it lacks.
+
+    ``KuzuDriver.build_indices_and_constraints`` is a no-op, and without these indexes search
+    fails (ENVIRONMENT.md), so they are built here from graphiti's own list. A store opened again
+    (a resumed run's, an ``--estimate``'s baseline stores) already has them, and Kuzu refuses to
+    create an index twice.
+    """
+    rows, _, _ = await driver.execute_query("CALL SHOW_INDEXES() RETURN *")
+    have = {(row["table_name"], row["index_name"]) for row in rows}
+    for query in get_fulltext_indices(GraphProvider.KUZU):
+        match = _FTS_INDEX.search(query)
+        if match is None or (match.group(1), match.group(2)) not in have:
+            await driver.execute_query(query)
+
+
 def episode_body(session: Session) -> str:
     """The session as graphiti's message episode: one ``speaker: content`` line per turn.
 
@@ -522,9 +544,7 @@ class GraphitiSystem(MemorySystem):
     async def _open(self) -> None:
         driver = self._make_driver()
         if self.backend == "kuzu":
-            # KuzuDriver.build_indices_and_constraints is a no-op; without the full-text
-            # indexes graph_ops builds, search fails (ENVIRONMENT.md).
-            await driver.graph_ops.build_indices_and_constraints(driver)
+            await _build_kuzu_indexes(driver)
         self._graphiti = Graphiti(
             graph_driver=driver,
             llm_client=SiteLLMClient(self.lm, lambda: self._sites),

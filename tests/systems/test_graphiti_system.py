@@ -399,6 +399,20 @@ def test_separate_run_dirs_do_not_share_state_and_reset_empties(tmp_path):
         second.close()
 
 
+def test_a_store_opened_again_keeps_its_memories_and_search(tmp_path):
+    # What a resumed run does: the same directory opened by a new system object, whose full-text
+    # indexes already exist (creating them again made Kuzu refuse, and the run stop).
+    with GraphitiStubServer() as server:
+        first = GraphitiSystem(stub_lm(server), tmp_path / "store")
+        first.ingest(SESSIONS[:1])
+        stored = sorted(m.text for m in first.all_memories())
+        first.close()
+        again = GraphitiSystem(stub_lm(server), tmp_path / "store")
+        assert sorted(m.text for m in again.all_memories()) == stored
+        assert "Alice lives in Paris" in [m.text for m in again.retrieve("Where does Alice live?")]
+        again.close()
+
+
 # --- the real embedded LM -------------------------------------------------------------------
 
 
