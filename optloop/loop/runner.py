@@ -69,7 +69,7 @@ from optloop.loop.eta import Eta, TrialLine
 from optloop.loop.evaluate import Evaluation, Evaluator
 from optloop.loop.mlflow_sink import MlflowSink
 from optloop.loop.optimizers import OPTIMIZERS, Optimizer
-from optloop.loop.overhead import modeled_work, run_shape
+from optloop.loop.overhead import RunShape, modeled_work, run_shape
 from optloop.loop.policy import (
     FEW_QUESTIONS,
     check_knobs,
@@ -88,6 +88,7 @@ from optloop.loop.spend import (
     OptimizerWork,
     RunStopped,
     SpendingLimits,
+    answer_path,
     estimate,
     measured_chains,
     measured_work,
@@ -567,6 +568,13 @@ class Loop:
         _, _, dev, test = self._prepared
         own_proposer = self.proposer is not self.lm
         price = (self.proposer if own_proposer else self.lm).settings.price()
+        work, shape = self.optimizer_work(ckpt), self.run_shape(ckpt)
+        ingest = {name for name, stage in self.site_stages.items() if stage == "ingest"}
+        trial = (
+            None
+            if shape.ingest_sites or ckpt.baseline_dev is None
+            else answer_path(ckpt.baseline_dev, ingest)
+        )
         return estimate(
             ckpt,
             budget=self.config.budget,
@@ -574,10 +582,11 @@ class Loop:
             dev_units=work_units(dev),
             test_units=work_units(test),
             chains=measured_chains(ckpt, dev, test),
-            optimizer=self.optimizer_work(ckpt),
+            optimizer=work,
             own_proposer=own_proposer,
             proposer_price=None if price is None else (price.input, price.output),
             batch=self.config.batch,
+            trial=trial,
         )
 
     def _projection(self, ckpt: Checkpoint) -> Eta | None:
@@ -598,10 +607,17 @@ class Loop:
         measured on its finished trials when it has some
         (:func:`~optloop.loop.spend.measured_work`), else the optimizer's model
         (:mod:`optloop.loop.overhead`) on this run's shape; ``None`` when neither can say."""
+        model = modeled_work(self.run_shape(ckpt), self.config.optimizer)
+        return measured_work(ckpt, model, self.config.budget) or model
+
+    def run_shape(self, ckpt: Checkpoint) -> RunShape:
+        """This run's shape once ``ckpt`` holds the baseline: its target sites, those at the
+        ingest stage among them, its per-request rates (:func:`~optloop.loop.overhead.run_shape`).
+        """
         self.prepare()
         assert self._prepared is not None
         _, train, _, _ = self._prepared
-        shape = run_shape(
+        return run_shape(
             ckpt,
             self.config,
             train,
@@ -609,8 +625,6 @@ class Loop:
             start=self.start,
             threads=default_threads(self.lm),
         )
-        model = modeled_work(shape, self.config.optimizer)
-        return measured_work(ckpt, model, self.config.budget) or model
 
     def _cost(self, mark: int, proposer_mark: int | None) -> dict[str, int | float]:
         """What this process spent since ``mark``: LLM calls, tokens, seconds, dollars where the

@@ -77,6 +77,7 @@ from optloop.sites import PROPOSER
 
 if TYPE_CHECKING:
     from optloop.datasets import Dataset
+    from optloop.loop.evaluate import Evaluation
     from optloop.loop.state import Checkpoint
 
 MAX_COST, MAX_CALLS, ESTIMATE = "max-cost", "max-calls", "estimate"
@@ -324,6 +325,44 @@ def per_call(fig: Figures) -> tuple[float | None, float | None, float | None]:
     )
 
 
+class TrialFigures(BaseModel):
+    """A trial's dev evaluation as a model of the baseline's (:class:`Figures`), when no target
+    is an ingest site: every store is reused, so a trial makes only the dev evaluation's calls
+    off the ingest stage, each computed, at the baseline's seconds and dollars per token."""
+
+    llm_calls: float
+    model_calls: float
+    tokens: float
+    cost_usd: float | None
+    lm_seconds: float | None
+    seconds: float
+
+
+def answer_path(dev: Evaluation, ingest: set[str]) -> TrialFigures | None:
+    """:class:`TrialFigures` of ``dev`` (the baseline's dev evaluation) without its ``ingest``
+    sites' calls; ``None`` when it computed none of its other calls (nothing to take the tokens a
+    call from) or kept no per-site figures."""
+    rest = [cost for site, cost in dev.sites.items() if site not in ingest]
+    computed = sum(c.model_calls for c in rest)
+    tokens_per_call, _, latency = per_call(dev)
+    if not computed or not tokens_per_call:
+        return None
+    calls = max(dev.llm_calls - dev.ingest_calls, 0)
+    tokens = calls * sum(c.tokens for c in rest) / computed
+    seconds = None if latency is None else tokens * latency / tokens_per_call
+    dollars = (
+        None if dev.cost_usd is None or not dev.tokens else tokens * dev.cost_usd / dev.tokens
+    )
+    return TrialFigures(
+        llm_calls=calls,
+        model_calls=calls,
+        tokens=tokens,
+        cost_usd=dollars,
+        lm_seconds=seconds,
+        seconds=seconds or 0.0,
+    )
+
+
 def work_units(dataset: Dataset) -> int:
     """What an evaluation of ``dataset`` has to do: sessions to ingest plus questions to answer."""
     return sum(len(e.sessions) + len(e.questions) for e in dataset.episodes)
@@ -509,9 +548,13 @@ def estimate(
     own_proposer: bool = False,
     chains: Chains | None = None,
     batch: int = 1,
+    trial: Figures | None = None,
 ) -> Estimate:
     """The whole run of ``budget`` trials, from ``ckpt``'s baseline (train and dev must be
-    evaluated); ``dev_units``, ``test_units``: :func:`work_units` of the dev and test splits;
+    evaluated); ``trial``: one trial's evaluation when it is not the baseline's dev evaluation
+    (:func:`answer_path`: no target is an ingest site, so every store is reused; its time is not
+    floored by a chain); ``dev_units``, ``test_units``: :func:`work_units` of the dev and test
+    splits;
     ``chains``: their longest chains of sequential requests (:func:`measured_chains`), the floor of
     each trial's and held-out evaluation's time (none when ``None``).
 
@@ -535,6 +578,7 @@ def estimate(
         own_proposer=own_proposer,
         chains=chains,
         batch=batch,
+        trial=trial,
     )
 
 
@@ -552,6 +596,7 @@ def project(
     chains: Chains | None = None,
     baseline: str = "baseline (measured)",
     batch: int = 1,
+    trial: Figures | None = None,
 ) -> Estimate:
     """The run model of :func:`estimate` on the baseline's train and dev evaluations as figures
     (measured ones, or a model's of them); ``baseline``: the name of their part. The other
@@ -568,12 +613,14 @@ def project(
     parts = [
         first,
         _scaled(
-            dev,
+            dev if trial is None else trial,
             budget,
-            f"{budget} trials" + (f" ({batch} at once)" if batch > 1 else ""),
+            f"{budget} trials"
+            + (f" ({batch} at once)" if batch > 1 else "")
+            + ("" if trial is None else ", stores reused"),
             budget,
             concurrency,
-            None if chains is None else ("dev", chains.dev),
+            None if chains is None or trial is not None else ("dev", chains.dev),
             batch=batch,
         ),
     ]

@@ -692,3 +692,40 @@ def test_the_eta_starts_from_the_projection_and_follows_the_trials_timed():
     assert cached.seconds_left(1) == pytest.approx(2 * 40.0 + 2 * 40.0)  # test: two trials' time
     line = TrialLine(trial=3, budget=50, accuracy=0.55, best=0.65, seconds=41.2, eta_s=18 * 60)
     assert line.text() == "trial 3/50 dev 0.550 (best 0.650) 41 s, ETA 18 min"
+
+
+def test_trials_that_reuse_every_store_are_projected_by_the_answer_path_alone():
+    from optloop.loop.cost import LMCost
+    from optloop.loop.spend import answer_path
+
+    dev = Evaluation(
+        split="dev",
+        candidate="c",
+        outcomes=[],
+        llm_calls=100,
+        model_calls=100,
+        ingest_calls=80,
+        tokens=84_000,
+        lm_seconds=840.0,  # 0.01 s a token
+        seconds=900.0,
+        sites={
+            "graphiti.extract_edges.edge": LMCost(calls=80, model_calls=80, tokens=80_000),
+            "answer": LMCost(calls=20, model_calls=20, tokens=4_000),
+        },
+    )
+    trial = answer_path(dev, {"graphiti.extract_edges.edge"})
+    assert trial is not None
+    assert (trial.llm_calls, trial.tokens) == (20, 4_000)
+    assert trial.lm_seconds == pytest.approx(40.0)  # 4,000 tokens at 0.01 s
+    ckpt = Checkpoint(config_digest="x", baseline_train=dev, baseline_dev=dev)
+    reused = estimate(ckpt, budget=10, concurrency=1, dev_units=10, test_units=10, trial=trial)
+    rebuilt = estimate(ckpt, budget=10, concurrency=1, dev_units=10, test_units=10)
+    assert reused.parts[1].part == "10 trials, stores reused" and reused.parts[1].calls == 200
+    assert reused.parts[1].hours == pytest.approx(10 * 40 / 3600)
+    assert rebuilt.parts[1].hours == pytest.approx(10 * 840 / 3600)
+    assert reused.parts[-1].hours == rebuilt.parts[-1].hours  # the held-out test ingests anew
+    # Nothing computed off the ingest stage: nothing to model a trial from.
+    cached = dev.model_copy(
+        update={"sites": {"answer": LMCost(calls=20, model_calls=0, tokens=0)}}
+    )
+    assert answer_path(cached, {"graphiti.extract_edges.edge"}) is None
