@@ -36,6 +36,10 @@ class LMCost(BaseModel):
         0, description="of ``tokens``, the prompts' (priced apart from completions)"
     )
     cost_usd: float | None = Field(None, description="dollars (None: the model has no price)")
+    replayed_calls: int = Field(
+        0, description="cache hits whose response kept the seconds it took to compute"
+    )
+    replayed_tokens: int = Field(0, description="those responses' tokens")
 
     @classmethod
     def of(cls, usage: Usage) -> LMCost:
@@ -45,6 +49,8 @@ class LMCost(BaseModel):
             tokens=usage.tokens,
             prompt_tokens=usage.prompt_tokens,
             cost_usd=usage.cost_usd,
+            replayed_calls=usage.replayed_calls,
+            replayed_tokens=usage.replayed_tokens,
         )
 
 

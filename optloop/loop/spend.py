@@ -340,15 +340,22 @@ class TrialFigures(BaseModel):
 
 def answer_path(dev: Evaluation, ingest: set[str]) -> TrialFigures | None:
     """:class:`TrialFigures` of ``dev`` (the baseline's dev evaluation) without its ``ingest``
-    sites' calls; ``None`` when it computed none of its other calls (nothing to take the tokens a
-    call from) or kept no per-site figures."""
+    sites' calls; ``None`` when none of its other calls was computed or replayed with its time
+    (nothing to take the tokens of a call from) or it kept no per-site figures."""
     rest = [cost for site, cost in dev.sites.items() if site not in ingest]
     computed = sum(c.model_calls for c in rest)
+    if not computed:  # a replayed baseline: the tokens the cache's responses took
+        computed, rest_tokens = (
+            sum(c.replayed_calls for c in rest),
+            sum(c.replayed_tokens for c in rest),
+        )
+    else:
+        rest_tokens = sum(c.tokens for c in rest)
     tokens_per_call, _, latency = per_call(dev)
     if not computed or not tokens_per_call:
         return None
     calls = max(dev.llm_calls - dev.ingest_calls, 0)
-    tokens = calls * sum(c.tokens for c in rest) / computed
+    tokens = calls * rest_tokens / computed
     seconds = None if latency is None else tokens * latency / tokens_per_call
     dollars = (
         None if dev.cost_usd is None or not dev.tokens else tokens * dev.cost_usd / dev.tokens

@@ -724,8 +724,18 @@ def test_trials_that_reuse_every_store_are_projected_by_the_answer_path_alone():
     assert reused.parts[1].hours == pytest.approx(10 * 40 / 3600)
     assert rebuilt.parts[1].hours == pytest.approx(10 * 840 / 3600)
     assert reused.parts[-1].hours == rebuilt.parts[-1].hours  # the held-out test ingests anew
-    # Nothing computed off the ingest stage: nothing to model a trial from.
+    # Nothing computed off the ingest stage: nothing to model a trial from, unless the cache kept
+    # what computing its responses took.
     cached = dev.model_copy(
         update={"sites": {"answer": LMCost(calls=20, model_calls=0, tokens=0)}}
     )
     assert answer_path(cached, {"graphiti.extract_edges.edge"}) is None
+    replayed = dev.model_copy(
+        update={
+            "sites": {
+                "answer": LMCost(calls=20, model_calls=0, replayed_calls=20, replayed_tokens=4_000)
+            }
+        }
+    )
+    again = answer_path(replayed, {"graphiti.extract_edges.edge"})
+    assert again is not None and again.tokens == 4_000
