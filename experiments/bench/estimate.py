@@ -87,6 +87,7 @@ from optloop.loop.overhead import MODELS, RunShape
 from optloop.loop.spend import (
     Chains,
     Estimate,
+    ModeledFigures,
     OptimizerWork,
     chain_requests,
     evaluation_seconds,
@@ -151,16 +152,9 @@ class Shape(BaseModel):
         return chain_requests(self.longest, unit.session_calls, unit.question_calls)
 
 
-class ModeledEvaluation(BaseModel):
-    """One evaluation modeled from a recording, as :func:`~optloop.loop.spend.project` reads a
-    measured one (:class:`~optloop.loop.spend.Figures`)."""
-
-    llm_calls: float
-    model_calls: float
-    tokens: float
-    cost_usd: float | None
-    lm_seconds: float | None
-    seconds: float
+ModeledEvaluation = ModeledFigures
+"""One evaluation modeled from a recording, as :func:`~optloop.loop.spend.project` reads a
+measured one."""
 
 
 def recorded(recording: Recording, system: str) -> Recorded:

@@ -325,10 +325,10 @@ def per_call(fig: Figures) -> tuple[float | None, float | None, float | None]:
     )
 
 
-class TrialFigures(BaseModel):
-    """A trial's dev evaluation as a model of the baseline's (:class:`Figures`), when no target
-    is an ingest site: every store is reused, so a trial makes only the dev evaluation's calls
-    off the ingest stage, each computed, at the baseline's seconds and dollars per token."""
+class ModeledFigures(BaseModel):
+    """One evaluation as a model says it (:class:`Figures`): a trial that reuses every store
+    (:func:`answer_path`), or an evaluation modeled from a recording
+    (``experiments/bench/estimate.py``)."""
 
     llm_calls: float
     model_calls: float
@@ -338,8 +338,8 @@ class TrialFigures(BaseModel):
     seconds: float
 
 
-def answer_path(dev: Evaluation, ingest: set[str]) -> TrialFigures | None:
-    """:class:`TrialFigures` of ``dev`` (the baseline's dev evaluation) without its ``ingest``
+def answer_path(dev: Evaluation, ingest: set[str]) -> ModeledFigures | None:
+    """:class:`ModeledFigures` of ``dev`` (the baseline's dev evaluation) without its ``ingest``
     sites' calls; ``None`` when none of its other calls was computed or replayed with its time
     (nothing to take the tokens of a call from) or it kept no per-site figures."""
     rest = [cost for site, cost in dev.sites.items() if site not in ingest]
@@ -360,7 +360,7 @@ def answer_path(dev: Evaluation, ingest: set[str]) -> TrialFigures | None:
     dollars = (
         None if dev.cost_usd is None or not dev.tokens else tokens * dev.cost_usd / dev.tokens
     )
-    return TrialFigures(
+    return ModeledFigures(
         llm_calls=calls,
         model_calls=calls,
         tokens=tokens,
