@@ -666,6 +666,15 @@ def linked() -> list[str]:
             ],
         ),
         (
+            "The edit optimizer's order: evidence first against the train screen alone",
+            "On the champion's repair cases (targeted arm, seeds 0-2), does trying the edits "
+            "the failures point at first remove the sabotage more often, or find the best "
+            "edit sooner, than the train screen's order? `python -m experiments.bench.repair "
+            "--champion --optimizers edit --arms targeted --edit-order screen`, against the "
+            "targeted rows of `repair_champion.md`",
+            ["repair_champion_screen_order.md", "repair_champion_screen_order.json"],
+        ),
+        (
             "The mission command on the embedded model",
             "What does `python -m optloop.run --system graphiti --budget 50` do as typed on a "
             "checkout with an empty state directory: the dataset, the split, the ETA it prints, "
