@@ -152,11 +152,6 @@ class Shape(BaseModel):
         return chain_requests(self.longest, unit.session_calls, unit.question_calls)
 
 
-ModeledEvaluation = ModeledFigures
-"""One evaluation modeled from a recording, as :func:`~optloop.loop.spend.project` reads a
-measured one."""
-
-
 def recorded(recording: Recording, system: str) -> Recorded:
     done = recording.systems.get(system)
     if done is None:
@@ -203,7 +198,7 @@ def evaluation(
     price: ModelPrice,
     latency_s: float,
     concurrency: int,
-) -> ModeledEvaluation:
+) -> ModeledFigures:
     """An evaluation of ``conversations`` of ``shape``'s, every request computed in ``latency_s``,
     ``concurrency`` at a time but no sooner than its longest conversation's chain (its wall time:
     the run model's hours)."""
@@ -211,7 +206,7 @@ def evaluation(
     calls = sessions * unit.session_calls + questions * unit.question_calls
     prompt = sessions * unit.session_prompt + questions * unit.question_prompt
     completion = sessions * unit.session_completion + questions * unit.question_completion
-    return ModeledEvaluation(
+    return ModeledFigures(
         llm_calls=calls,
         model_calls=calls,
         tokens=prompt + completion,
@@ -284,7 +279,7 @@ def run_estimate(
     the proposer priced as the LM."""
     train, dev, test = splits
 
-    def modeled(conversations: int) -> ModeledEvaluation:
+    def modeled(conversations: int) -> ModeledFigures:
         return evaluation(
             unit, shape, conversations, price=price, latency_s=latency_s, concurrency=concurrency
         )

@@ -568,7 +568,8 @@ class Loop:
         _, _, dev, test = self._prepared
         own_proposer = self.proposer is not self.lm
         price = (self.proposer if own_proposer else self.lm).settings.price()
-        work, shape = self.optimizer_work(ckpt), self.run_shape(ckpt)
+        shape = self.run_shape(ckpt)
+        work = self.optimizer_work(ckpt, shape)
         ingest = {name for name, stage in self.site_stages.items() if stage == "ingest"}
         trial = (
             None
@@ -601,13 +602,14 @@ class Loop:
         self.project(figures, ckpt)
         return Eta.of(figures, self.config.budget)
 
-    def optimizer_work(self, ckpt: Checkpoint) -> OptimizerWork | None:
+    def optimizer_work(self, ckpt: Checkpoint, shape: RunShape) -> OptimizerWork | None:
         """The optimizer's own work over the whole run (for ``--estimate``), once ``ckpt`` holds
         the baseline:
         measured on its finished trials when it has some
         (:func:`~optloop.loop.spend.measured_work`), else the optimizer's model
-        (:mod:`optloop.loop.overhead`) on this run's shape; ``None`` when neither can say."""
-        model = modeled_work(self.run_shape(ckpt), self.config.optimizer)
+        (:mod:`optloop.loop.overhead`) on this run's ``shape`` (:meth:`run_shape`); ``None`` when
+        neither can say."""
+        model = modeled_work(shape, self.config.optimizer)
         return measured_work(ckpt, model, self.config.budget) or model
 
     def run_shape(self, ckpt: Checkpoint) -> RunShape:
