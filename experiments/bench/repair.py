@@ -6,6 +6,7 @@
     python -m experiments.bench.repair --bite-only    # only measure which sabotages bite
     python -m experiments.bench.repair --champion     # planted on a champion
     python -m experiments.bench.repair --champion --edit-order screen --json OUT --resume
+    python -m experiments.bench.repair --report-only --json OUT --markdown MD   # runs nothing
 
 The closed loop's promise under control. A **sabotage** is a written instruction
 (the optimizer rewrites instructions, so the fault must live in one): the site's
@@ -23,7 +24,9 @@ instruction replaced, or a sentence appended to it. The cases are in
    share of the loss, (after - sabotaged) / (clean - sabotaged), with a paired
    bootstrap CI over the test questions; whether the first blame named the
    sabotaged site; LLM calls (cached ones included, so arms compare), tokens and
-   seconds.
+   seconds. The aggregate is given per optimizer and arm, and again split by how the
+   sabotage was planted: ``added`` in front of or after the instruction (one deletion
+   takes it out) or ``replaced`` (only new writing mends it).
 4. **The clean instruction never reaches the optimizer**: the run starts from the
    sabotaged instruction (``LoopConfig.start``), and a witness on the LM checks
    every proposer request and every candidate's demos. Where the sabotage
@@ -62,7 +65,9 @@ evaluation repeated across arms costs nothing the second time; ``llm_calls``
 counts every call, cached or not, and ``model_calls`` the computed ones. MLflow
 runs go to a temporary store unless ``--tracking-uri`` is given. ``--resume`` keeps the runs the
 ``--json`` report already holds and runs only the others, so a long table is built over several
-commands (with the same ``--cache``, the bite checks are replays).
+commands (with the same ``--cache``, the bite checks are replays). A report names the optimizers
+that have not yet run every case x arm x seed (``unfinished``); ``--report-only`` writes the
+tables again from the ``--json`` report without running anything.
 """
 
 from __future__ import annotations
@@ -516,29 +521,82 @@ def aggregate(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for optimizer in sorted({label(c) for c in cases}):
         for arm in ARMS:
             group = [c for c in cases if label(c) == optimizer and c["arm"] == arm]
-            if not group:
-                continue
-            rec = [c["recovered"] for c in group if c["recovered"] is not None]
-            mean = bootstrap_mean(rec, seed=0)
-            rows.append(
-                {
-                    "optimizer": optimizer,
-                    "arm": arm,
-                    "cases": len(group),
-                    "first_blame_correct": round(
-                        sum(c["first_blame_correct"] for c in group) / len(group), 3
-                    ),
-                    "recovered_half": round(sum(r >= 0.5 for r in rec) / len(group), 3),
-                    "recovered_mean": round(mean.estimate, 3),
-                    "recovered_mean_ci": ci(mean),
-                    "llm_calls_mean": round(statistics.fmean(c["llm_calls"] for c in group), 1),
-                    "tokens_mean": round(statistics.fmean(c["tokens"] for c in group)),
-                    "leaks": sum(c["leaks"] or 0 for c in group),
-                    **_removed_share(group),
-                    **_tried_mean(group),
-                }
-            )
+            if group:
+                rows.append({"optimizer": optimizer, "arm": arm, **_summary(group)})
     return rows
+
+
+def planted_as(case: Mapping[str, Any]) -> str:
+    """How a case's sabotage sits in the site's instruction: ``added`` (in front of or after the
+    instruction, so one deletion takes it out) or ``replaced`` (the instruction is gone, so only
+    new writing mends it)."""
+    return "replaced" if case["mode"] == "replace" else "added"
+
+
+def by_planting(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """:func:`aggregate` split by :func:`planted_as`: which kind of fault each optimizer mends."""
+    rows = []
+    for optimizer in sorted({label(c) for c in cases}):
+        for arm in ARMS:
+            for planted in ("added", "replaced"):
+                group = [
+                    c
+                    for c in cases
+                    if label(c) == optimizer and c["arm"] == arm and planted_as(c) == planted
+                ]
+                if group:
+                    rows.append(
+                        {"optimizer": optimizer, "arm": arm, "planted": planted, **_summary(group)}
+                    )
+    return rows
+
+
+def _summary(group: list[dict[str, Any]]) -> dict[str, Any]:
+    rec = [c["recovered"] for c in group if c["recovered"] is not None]
+    mean = bootstrap_mean(rec, seed=0)
+    return {
+        "cases": len(group),
+        "first_blame_correct": round(sum(c["first_blame_correct"] for c in group) / len(group), 3),
+        "recovered_half": round(sum(r >= 0.5 for r in rec) / len(group), 3),
+        "recovered_mean": round(mean.estimate, 3),
+        "recovered_mean_ci": ci(mean),
+        "llm_calls_mean": round(statistics.fmean(c["llm_calls"] for c in group), 1),
+        "tokens_mean": round(statistics.fmean(c["tokens"] for c in group)),
+        "leaks": sum(c["leaks"] or 0 for c in group),
+        **_removed_share(group),
+        **_tried_mean(group),
+    }
+
+
+def unfinished(report: Mapping[str, Any]) -> list[str]:
+    """A line per optimizer whose runs do not yet cover every case that bites x arm x seed (a
+    table built over several commands, or one whose run was stopped)."""
+    kept = [b["name"] for b in report["bites"] if b["bites"]]
+    planned = len(kept) * len(report["arms"]) * len(report["seeds"])
+    out = []
+    for optimizer in sorted({label(c) for c in report["cases"]}):
+        done = sum(
+            1
+            for c in report["cases"]
+            if label(c) == optimizer and c["case"] in kept and c["arm"] in report["arms"]
+        )
+        if done < planned:
+            out.append(
+                f"{optimizer}: {done} of {planned} runs ({len(kept)} cases x "
+                f"{len(report['arms'])} arms x {len(report['seeds'])} seeds); its rows cover "
+                "those runs only"
+            )
+    return out
+
+
+def summarize(report: dict[str, Any]) -> dict[str, Any]:
+    """``report`` with its aggregate, per-planting rows, targets and unfinished lines computed
+    from its cases."""
+    report["aggregate"] = aggregate(report["cases"])
+    report["by_planting"] = by_planting(report["cases"])
+    report["targets"] = targets(report["aggregate"])
+    report["unfinished"] = unfinished(report)
+    return report
 
 
 def _removed_share(group: list[dict[str, Any]]) -> dict[str, float]:
@@ -707,7 +765,7 @@ def render(report: dict[str, Any]) -> None:
             f"{r['tokens_mean']}",
         )
     console.print(agg)
-    for line in report["targets"]:
+    for line in [*report.get("unfinished", []), *report["targets"]]:
         console.print(line)
 
 
@@ -760,6 +818,8 @@ def to_markdown(report: dict[str, Any]) -> str:
             for c in report["cases"]
         ]
     if report.get("aggregate"):
+        if report.get("unfinished"):
+            lines += ["", *[f"**Unfinished.** {u}." for u in report["unfinished"]]]
         lines += [
             "",
             "| optimizer | arm | cases | first blame right | recovered >= 50% | recovered, mean "
@@ -776,6 +836,24 @@ def to_markdown(report: dict[str, Any]) -> str:
             for r in report["aggregate"]
         ]
         lines += ["", *[f"- {t}" for t in report.get("targets", [])]]
+    if report.get("by_planting"):
+        lines += [
+            "",
+            "By how the sabotage was planted: added (in front of or after the site's instruction, "
+            "so one deletion takes it out) or replaced (the instruction gone, so only new writing "
+            "mends it).",
+            "",
+            "| optimizer | arm | planted | runs | first blame right | recovered >= 50% | "
+            "recovered, mean [95% CI] | sabotage removed |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {r['optimizer']} | {r['arm']} | {r['planted']} | {r['cases']} | "
+            f"{r['first_blame_correct']:.0%} | {r['recovered_half']:.0%} | "
+            f"{ci_text(r['recovered_mean'], r['recovered_mean_ci'])} | "
+            f"{format(r['sabotage_removed'], '.0%') if 'sabotage_removed' in r else 'n/a'} |"
+            for r in report["by_planting"]
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -890,6 +968,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--cache makes the bite checks a replay)",
     )
     parser.add_argument(
+        "--report-only",
+        action="store_true",
+        help="run nothing: write the tables (console, --json, --markdown) again from the --json "
+        "report, e.g. one whose run was stopped; its unfinished optimizers are named",
+    )
+    parser.add_argument(
         "--cache", type=Path, help="the LM cache all arms share (default: a fresh temporary one)"
     )
     parser.add_argument("--tracking-uri", help="MLflow store (default: a temporary one)")
@@ -905,10 +989,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def report_again(args: argparse.Namespace) -> int:
+    """``--report-only``: the tables written again from the ``--json`` report, nothing run; the
+    report keeps the provenance of the command that ran its cases."""
+    if not args.json or not args.json.exists():
+        raise SystemExit(
+            "repair: --report-only writes the tables again from an earlier report; give that "
+            "report as --json OUT"
+        )
+    report = summarize(json.loads(args.json.read_text()))
+    render(report)
+    write_atomic(args.json, json.dumps(report, indent=1, default=str))
+    if args.markdown:
+        write_atomic(args.markdown, to_markdown(report))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_command(build_parser(), argv)
     if not args.verbose:
         logging.getLogger("dspy").setLevel(logging.ERROR)
+    if args.report_only:
+        return report_again(args)
     known = {s.name: s for s in SABOTAGES}
     if args.cases is None:
         args.cases = "champion" if args.champion else ",".join(DEFAULT_CASES)
@@ -1024,8 +1126,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                 args.json,
                                 json.dumps(stamped(report, model_of(args)), indent=1, default=str),
                             )
-        report["aggregate"] = aggregate(report["cases"])
-        report["targets"] = targets(report["aggregate"])
+        summarize(report)
     render(report)
     if args.json:
         write_atomic(args.json, json.dumps(stamped(report, model_of(args)), indent=1, default=str))

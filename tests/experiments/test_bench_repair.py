@@ -111,3 +111,128 @@ def test_aggregate_and_targets_say_met_or_missed():
         "vs random" in line and "(more: met)" in line and "(fewer: MISSED)" in line
         for line in lines
     )
+
+
+def _planted_case(mode, arm, recovered, optimizer="edit", name="c", seed=0):
+    return _case(arm, recovered, 10, optimizer=optimizer) | {
+        "case": name,
+        "mode": mode,
+        "seed": seed,
+        "sabotage_removed": recovered is not None and recovered >= 0.5,
+    }
+
+
+def test_the_rows_split_by_how_the_sabotage_was_planted():
+    cases = [
+        _planted_case("prepend", "targeted", 1.0),
+        _planted_case("append", "targeted", 1.0),
+        _planted_case("replace", "targeted", 0.0),
+        _planted_case("replace", "random", 0.0),
+    ]
+    rows = {(r["arm"], r["planted"]): r for r in repair.by_planting(cases)}
+    assert set(rows) == {("targeted", "added"), ("targeted", "replaced"), ("random", "replaced")}
+    assert rows["targeted", "added"]["cases"] == 2
+    assert rows["targeted", "added"]["recovered_half"] == 1.0
+    assert rows["targeted", "added"]["sabotage_removed"] == 1.0
+    assert rows["targeted", "replaced"]["recovered_mean"] == 0.0
+
+
+def _report(cases):
+    return {
+        "bench": "repair-champion",
+        "budget": 3,
+        "seeds": [0, 1],
+        "arms": ["targeted", "random"],
+        "optimizers": ["simba"],
+        "model": "m",
+        "bites": [
+            {
+                "name": "a",
+                "site": "answer",
+                "mode": "prepend",
+                "n": 8,
+                "clean": 0.8,
+                "sabotaged": 0.4,
+                "margin": 0.4,
+                "margin_ci": [0.2, 0.6],
+                "bites": True,
+            },
+            {
+                "name": "b",
+                "site": "answer",
+                "mode": "replace",
+                "n": 8,
+                "clean": 0.8,
+                "sabotaged": 0.8,
+                "margin": 0.0,
+                "margin_ci": [0.0, 0.0],
+                "bites": False,
+            },
+        ],
+        "cases": cases,
+    }
+
+
+def test_an_unfinished_optimizer_is_named_with_its_count():
+    edit = [
+        _planted_case("prepend", arm, 1.0, name="a", seed=s)
+        for arm in ("targeted", "random")
+        for s in (0, 1)
+    ]
+    simba = [_planted_case("prepend", "targeted", 0.0, optimizer="simba", name="a")]
+    lines = repair.unfinished(_report(edit + simba))
+    assert lines == [
+        "simba: 1 of 4 runs (1 cases x 2 arms x 2 seeds); its rows cover those runs only"
+    ]
+
+
+def test_report_only_writes_the_tables_again_and_keeps_the_provenance(tmp_path):
+    import json
+
+    cases = [
+        _planted_case("prepend", "targeted", 1.0, name="a")
+        | {
+            "site": "answer",
+            "clean": 0.8,
+            "sabotaged": 0.4,
+            "after": 0.8,
+            "n_test": 8,
+            "recovered_ci": [1.0, 1.0],
+            "gain": 0.4,
+            "gain_ci": [0.2, 0.6],
+            "first_blame": "answer",
+            "changed": ["answer"],
+            "seconds": 3.0,
+        }
+    ]
+    path, md = tmp_path / "r.json", tmp_path / "r.md"
+    path.write_text(
+        json.dumps(
+            {
+                "provenance": {
+                    "command": "python -m experiments.bench.repair",
+                    "date": "d",
+                    "commit": "c",
+                    "model": "m",
+                    "machine": "x",
+                }
+            }
+            | _report(cases)
+        )
+    )
+    assert repair.main(["--report-only", "--json", str(path), "--markdown", str(md)]) == 0
+    again = json.loads(path.read_text())
+    assert again["provenance"]["command"] == "python -m experiments.bench.repair"
+    assert again["unfinished"] == [
+        "edit: 1 of 4 runs (1 cases x 2 arms x 2 seeds); its rows cover those runs only"
+    ]
+    assert [r["planted"] for r in again["by_planting"]] == ["added"]
+    text = md.read_text()
+    assert (
+        "**Unfinished.** edit: 1 of 4 runs" in text and "| edit | targeted | added | 1 |" in text
+    )
+
+
+def test_report_only_needs_an_earlier_report(tmp_path):
+    with pytest.raises(SystemExit, match="give that report as --json"):
+        repair.main(["--report-only", "--json", str(tmp_path / "none.json")])
