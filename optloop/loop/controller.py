@@ -60,7 +60,13 @@ from optloop.loop._base import Optimizer
 from optloop.loop.candidate import Candidate, prompt_diff
 from optloop.loop.eta import Eta, TrialLine
 from optloop.loop.evaluate import Evaluation
-from optloop.loop.policy import choose_targets, held_out_intervals, promotion, small_split_warning
+from optloop.loop.policy import (
+    choose_targets,
+    floor_warning,
+    held_out_intervals,
+    promotion,
+    small_split_warning,
+)
 from optloop.loop.spend import SpendingLimits
 from optloop.loop.state import Checkpoint, Cost, LoopConfig, LoopResult, Trial, Tried, add_costs
 from optloop.stats import Interval
@@ -443,6 +449,17 @@ class Controller:
         errors = dict(sum((Counter(ev.error_counts()) for ev in evaluations), Counter()))
         ckpt.targets = [e.target for e in entries]
         sites, knobs, note = choose_targets(entries, self.config, self.evaluator.site_names)
+        if note:
+            logger.warning("%s", note)
+        train, dev = ckpt.baseline_train, ckpt.baseline_dev
+        if floor := floor_warning(
+            sum(o.passed for o in train.outcomes),
+            train.n,
+            sum(o.passed for o in dev.outcomes),
+            dev.n,
+        ):
+            self.ctx.progress(floor)  # the console and run.log, before any budget is spent
+            note = floor + ("; " + note if note else "")
         targeting = Targeting(
             entries=entries,
             errors=errors,
@@ -453,8 +470,6 @@ class Controller:
         )
         if self.coordinator.leads:
             self.sink.log_targets(targeting)
-        if note:
-            logger.warning("%s", note)
         return targeting
 
     def _repair(self) -> None:

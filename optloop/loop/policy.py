@@ -79,6 +79,22 @@ def small_split_warning(n_dev: int, n_test: int) -> str | None:
     )
 
 
+def floor_warning(train_passed: int, n_train: int, dev_passed: int, n_dev: int) -> str | None:
+    """A warning when the baseline answered no dev question (``None`` when it answered some).
+
+    A candidate wins only by beating the baseline on dev, so from 0 it must make a question pass
+    that no prompt of the baseline's made pass; on a model or dataset the system cannot answer
+    at all, the budget buys nothing, and the user is told before it is spent.
+    """
+    if dev_passed or not n_dev:
+        return None
+    return (
+        f"the baseline answered none of the {n_dev} dev questions ({train_passed} of {n_train} "
+        "train): a candidate wins only by making some pass, so the budget may buy nothing; "
+        "check the model (optloop doctor, --lm) and that --dataset suits --system"
+    )
+
+
 def check_split_sizes(dataset: str, n_dev: int, n_test: int) -> None:
     """Refuse a run whose dev or test split has fewer than :data:`FEW_QUESTIONS` questions: on so
     few, the candidates are chosen and the held-out delta measured on noise

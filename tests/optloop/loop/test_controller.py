@@ -731,3 +731,24 @@ def test_two_workers_split_the_budget_through_a_shared_study(tmp_path):
     }
     assert all(Checkpoint.load(tmp_path / f"w{i}.json").finished for i in range(2))
     assert len(sink.registered) <= 1
+
+
+def test_a_baseline_that_answers_no_dev_question_is_said_before_the_budget_is_spent(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setitem(DEV, ("seed answer", "seed extract"), (0, ANSWER))
+    result, run, _ = uninterrupted(tmp_path)
+    floor = (
+        "the baseline answered none of the 4 dev questions (0 of 4 train): a candidate wins only "
+        "by making some pass, so the budget may buy nothing; check the model (optloop doctor, "
+        "--lm) and that --dataset suits --system"
+    )
+    assert run.messages.index(floor) < next(
+        i for i, m in enumerate(run.messages) if "trial" in m
+    )  # in the progress (and so run.log) before the first trial
+    assert floor in result.note  # and in the final note, with the MLflow run
+
+
+def test_a_baseline_that_answers_some_dev_question_says_nothing_of_it(tmp_path):
+    result, run, _ = uninterrupted(tmp_path)
+    assert not any("answered none" in m for m in run.messages + [result.note])
