@@ -217,6 +217,7 @@ def _repair_aggregate(data: Json) -> str:
             "first blame right",
             "recovered >= 50%",
             "recovered, mean [95% CI]",
+            "sabotage removed",
             "LLM calls (mean)",
         ],
         [
@@ -227,11 +228,48 @@ def _repair_aggregate(data: Json) -> str:
                 pct(a["first_blame_correct"]),
                 pct(a["recovered_half"]),
                 f"{a['recovered_mean']:+.2f} {ci(*a['recovered_mean_ci'])}",
+                pct(a["sabotage_removed"]) if "sabotage_removed" in a else "n/a",
                 f"{a['llm_calls_mean']:.0f}",
             ]
             for a in data["aggregate"]
         ],
     )
+
+
+def _repair_by_planting(data: Json) -> list[str]:
+    """The aggregate split by how the sabotage was planted, where the report has it."""
+    if not data.get("by_planting"):
+        return []
+    return [
+        "By how the sabotage was planted: `added` in front of or after the site's instruction "
+        "(one deletion takes it out), `replaced` (the instruction gone, so only new writing "
+        "mends it).",
+        table(
+            [
+                "optimizer",
+                "arm",
+                "planted",
+                "runs",
+                "first blame right",
+                "recovered >= 50%",
+                "recovered, mean [95% CI]",
+                "sabotage removed",
+            ],
+            [
+                [
+                    r["optimizer"],
+                    r["arm"],
+                    r["planted"],
+                    r["cases"],
+                    pct(r["first_blame_correct"]),
+                    pct(r["recovered_half"]),
+                    f"{r['recovered_mean']:+.2f} {ci(*r['recovered_mean_ci'])}",
+                    pct(r["sabotage_removed"]) if "sabotage_removed" in r else "n/a",
+                ]
+                for r in data["by_planting"]
+            ],
+        ),
+    ]
 
 
 def repair() -> list[str]:
@@ -288,10 +326,12 @@ def repair() -> list[str]:
             *(_repair_champion(data) if data.get("champion") else []),
             _repair_bites(data),
             _repair_arms(data),
+            *[f"**Unfinished.** {u}." for u in data.get("unfinished", [])],
             _repair_aggregate(data),
         ]
         if data.get("targets"):
             out.append("\n".join(f"- {t}" for t in data["targets"]))
+        out += _repair_by_planting(data)
     rate = [d for d in (load(f"repair_rate_s{k}.json") for k in range(3)) if d is not None]
     if rate:
         out += [
