@@ -208,27 +208,33 @@ def _repair_champion(data: Json) -> list[str]:
     ]
 
 
+_OUTCOME_COLUMNS = [
+    "first blame right",
+    "recovered >= 50%",
+    "recovered, mean [95% CI]",
+    "sabotage removed",
+]
+
+
+def _outcome_cells(row: Json) -> list[str]:
+    """A repair aggregate row's outcome cells, in :data:`_OUTCOME_COLUMNS`' order."""
+    return [
+        pct(row["first_blame_correct"]),
+        pct(row["recovered_half"]),
+        f"{row['recovered_mean']:+.2f} {ci(*row['recovered_mean_ci'])}",
+        pct(row["sabotage_removed"]) if "sabotage_removed" in row else "n/a",
+    ]
+
+
 def _repair_aggregate(data: Json) -> str:
     return table(
-        [
-            "optimizer",
-            "arm",
-            "cases",
-            "first blame right",
-            "recovered >= 50%",
-            "recovered, mean [95% CI]",
-            "sabotage removed",
-            "LLM calls (mean)",
-        ],
+        ["optimizer", "arm", "cases", *_OUTCOME_COLUMNS, "LLM calls (mean)"],
         [
             [
                 a["optimizer"],
                 a["arm"],
                 a["cases"],
-                pct(a["first_blame_correct"]),
-                pct(a["recovered_half"]),
-                f"{a['recovered_mean']:+.2f} {ci(*a['recovered_mean_ci'])}",
-                pct(a["sabotage_removed"]) if "sabotage_removed" in a else "n/a",
+                *_outcome_cells(a),
                 f"{a['llm_calls_mean']:.0f}",
             ]
             for a in data["aggregate"]
@@ -245,27 +251,9 @@ def _repair_by_planting(data: Json) -> list[str]:
         "(one deletion takes it out), `replaced` (the instruction gone, so only new writing "
         "mends it).",
         table(
+            ["optimizer", "arm", "planted", "runs", *_OUTCOME_COLUMNS],
             [
-                "optimizer",
-                "arm",
-                "planted",
-                "runs",
-                "first blame right",
-                "recovered >= 50%",
-                "recovered, mean [95% CI]",
-                "sabotage removed",
-            ],
-            [
-                [
-                    r["optimizer"],
-                    r["arm"],
-                    r["planted"],
-                    r["cases"],
-                    pct(r["first_blame_correct"]),
-                    pct(r["recovered_half"]),
-                    f"{r['recovered_mean']:+.2f} {ci(*r['recovered_mean_ci'])}",
-                    pct(r["sabotage_removed"]) if "sabotage_removed" in r else "n/a",
-                ]
+                [r["optimizer"], r["arm"], r["planted"], r["cases"], *_outcome_cells(r)]
                 for r in data["by_planting"]
             ],
         ),
