@@ -535,20 +535,12 @@ def planted_as(case: Mapping[str, Any]) -> str:
 
 def by_planting(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """:func:`aggregate` split by :func:`planted_as`: which kind of fault each optimizer mends."""
-    rows = []
-    for optimizer in sorted({label(c) for c in cases}):
-        for arm in ARMS:
-            for planted in ("added", "replaced"):
-                group = [
-                    c
-                    for c in cases
-                    if label(c) == optimizer and c["arm"] == arm and planted_as(c) == planted
-                ]
-                if group:
-                    rows.append(
-                        {"optimizer": optimizer, "arm": arm, "planted": planted, **_summary(group)}
-                    )
-    return rows
+    rows = [
+        {"optimizer": r["optimizer"], "arm": r["arm"], "planted": planted, **r}
+        for planted in ("added", "replaced")
+        for r in aggregate([c for c in cases if planted_as(c) == planted])
+    ]
+    return sorted(rows, key=lambda r: (r["optimizer"], ARMS.index(r["arm"]), r["planted"]))
 
 
 def _summary(group: list[dict[str, Any]]) -> dict[str, Any]:

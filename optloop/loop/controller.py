@@ -444,7 +444,7 @@ class Controller:
         evaluations = [ckpt.baseline_train, ckpt.baseline_dev]
         entries = blame(
             [a for ev in evaluations for a in ev.attributions()],
-            passed=sum(o.passed for ev in evaluations for o in ev.outcomes),
+            passed=sum(ev.passed for ev in evaluations),
         )
         errors = dict(sum((Counter(ev.error_counts()) for ev in evaluations), Counter()))
         ckpt.targets = [e.target for e in entries]
@@ -452,12 +452,7 @@ class Controller:
         if note:
             logger.warning("%s", note)
         train, dev = ckpt.baseline_train, ckpt.baseline_dev
-        if floor := floor_warning(
-            sum(o.passed for o in train.outcomes),
-            train.n,
-            sum(o.passed for o in dev.outcomes),
-            dev.n,
-        ):
+        if floor := floor_warning(train.passed, train.n, dev.passed, dev.n):
             self.ctx.progress(floor)  # the console and run.log, before any budget is spent
             note = floor + ("; " + note if note else "")
         targeting = Targeting(

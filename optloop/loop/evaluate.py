@@ -135,8 +135,13 @@ class Evaluation(BaseModel):
         return len(self.outcomes)
 
     @property
+    def passed(self) -> int:
+        """How many questions passed."""
+        return sum(o.passed for o in self.outcomes)
+
+    @property
     def accuracy(self) -> float:
-        return sum(o.passed for o in self.outcomes) / self.n if self.n else 0.0
+        return self.passed / self.n if self.n else 0.0
 
     def per_task(self) -> dict[str, float]:
         tasks: dict[str, list[bool]] = {}
@@ -153,7 +158,7 @@ class Evaluation(BaseModel):
     def blame(self) -> list[Any]:
         """Its failures' targets, ranked by failure rate given a correct input
         (:func:`~optloop.attribution.blame`)."""
-        return blame(self.attributions(), passed=sum(o.passed for o in self.outcomes))
+        return blame(self.attributions(), passed=self.passed)
 
 
 class Evaluator:
