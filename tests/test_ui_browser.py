@@ -3,10 +3,10 @@
 Headless Debian Chromium (``/usr/bin/chromium``, installed by ``make system-deps``; no
 browser is downloaded) opens MLflow's compare page for two real ``optloop.run`` parent
 runs on a store of their own, served by ``mlflow ui`` on a free loopback port. The
-rendered DOM must name both runs and a loop metric: those assertions are the test. A
-screenshot of the page is taken as an artifact only (nothing is asserted of its pixels);
-with ``OPTLOOP_UPDATE_SCREENSHOT=1`` a copy replaces the committed one,
-``experiments/results/mlflow_compare.png`` (a plain test run leaves the tree clean).
+rendered DOM must name both runs and a loop metric: those assertions are the test. With
+``OPTLOOP_UPDATE_SCREENSHOT=1`` a screenshot of the page (an artifact, nothing is asserted of
+its pixels) replaces the committed one, ``experiments/results/mlflow_compare.png``; a plain
+test run takes none and leaves the tree clean.
 """
 
 from __future__ import annotations
@@ -189,7 +189,9 @@ def test_mlflow_ui_compares_two_optloop_runs_in_chromium(tmp_path):
         )
 
         # The screenshot is an artifact for people, not a check: the DOM above is what the test
-        # asserts.
+        # asserts. It is taken only to refresh the committed copy.
+        if not os.environ.get("OPTLOOP_UPDATE_SCREENSHOT"):
+            return
         png = tmp_path / "mlflow_compare.png"
         shot = _chromium(
             f"--screenshot={png}",
@@ -200,9 +202,7 @@ def test_mlflow_ui_compares_two_optloop_runs_in_chromium(tmp_path):
         )  # the budget the DOM needed
         if not png.exists():
             warnings.warn(f"chromium took no screenshot: {shot.stderr[-500:]}", stacklevel=1)
-        elif os.environ.get(
-            "OPTLOOP_UPDATE_SCREENSHOT"
-        ):  # refresh the committed copy on purpose only
+        else:
             SCREENSHOT_COPY.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(png, SCREENSHOT_COPY)
     finally:

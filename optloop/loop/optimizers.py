@@ -73,6 +73,7 @@ from optloop.loop.simba import (
     simba_step,
 )
 from optloop.loop.study import SharedStudy
+from optloop.loop.units import problems
 from optloop.paths import write_atomic
 
 if TYPE_CHECKING:
@@ -357,7 +358,8 @@ class ProposeInstruction(dspy.Signature):
 def propose_instruction(
     proposer: dspy.BaseLM, site: str, instruction: str, failures: str, *, rollout: int
 ) -> str | None:
-    """One rewrite of ``instruction`` by the proposer LM (``None`` when it fails)."""
+    """One rewrite of ``instruction`` by the proposer LM (``None`` when it fails, or when what it
+    wrote is not a well-formed instruction: :func:`~optloop.loop.units.problems`)."""
     try:
         with (
             prompt_site(PROPOSER_SITE),
@@ -370,6 +372,13 @@ def propose_instruction(
             ).new_instruction.strip()
     except Exception as exc:  # noqa: BLE001 - a failed proposal is one candidate fewer
         logger.warning("proposer failed for %s: %s", site, exc)
+        return None
+    if text and (faults := problems(text)):
+        logger.info(
+            "proposer's rewrite of %s left out, not a well-formed instruction (%s)",
+            site,
+            "; ".join(faults),
+        )
         return None
     return text or None
 

@@ -14,8 +14,8 @@ on disk (``pool.json``), so a resumed run goes on with it. One step, as SIMBA's:
    score, max-to-mean gap);
 4. for each in turn, a program drawn from the top programs loses some demos and gains either
    a demo (the best trajectory's calls, :func:`append_demo`) or a rule (the proposer's advice
-   from the better and the worse trajectory, :func:`offer_advice`), until
-   ``num_candidates + 1`` programs are made;
+   from the better and the worse trajectory, :func:`offer_advice`; advice that is not a
+   well-formed instruction makes no program), until ``num_candidates + 1`` programs are made;
 5. the new programs run the same mini-batch and join the pool with their scores.
 
 The step's winner (the new program best on the mini-batch) is what the loop evaluates on dev.
@@ -48,6 +48,7 @@ from optloop.lm import prompt_site
 from optloop.loop._base import PROPOSER_SITE
 from optloop.loop.candidate import Candidate
 from optloop.loop.program import MemoryProgram, feedback_metric
+from optloop.loop.units import problems
 from optloop.paths import write_atomic
 from signatures._layout import jsonable
 
@@ -246,15 +247,27 @@ def offer_advice(
 
 
 def append_advice(program: dspy.Module, advice: dict[str, str]) -> list[str]:
-    """Each module's advice appended to its instructions; the modules that got some."""
+    """Each module's advice appended to its instructions; the modules that got some.
+
+    Advice that is not a well-formed instruction (:func:`~optloop.loop.units.problems`: a
+    sentence cut short, an unmatched quote, an empty sentence) is left out and logged, as the
+    edit optimizer leaves such candidates out: a prompt a person would not ship is not tried."""
     changed = []
     for name, predictor in program.named_predictors():
         text = advice.get(name, "").strip()
-        if text:
-            predictor.signature = predictor.signature.with_instructions(
-                f"{predictor.signature.instructions}\n\n{text}"
+        if not text:
+            continue
+        if faults := problems(text):
+            logger.info(
+                "SIMBA: advice for %s left out, not a well-formed instruction (%s)",
+                name,
+                "; ".join(faults),
             )
-            changed.append(name)
+            continue
+        predictor.signature = predictor.signature.with_instructions(
+            f"{predictor.signature.instructions}\n\n{text}"
+        )
+        changed.append(name)
     return changed
 
 
@@ -530,7 +543,8 @@ def _rule_strategy(
             worse = None  # a success to learn from
         else:
             better = None
-    append_advice(program, offer_advice(program, proposer, worse=worse, better=better))
+    if not append_advice(program, offer_advice(program, proposer, worse=worse, better=better)):
+        raise ValueError("the proposer gave no well-formed advice: no program made")
 
 
 __all__ = [

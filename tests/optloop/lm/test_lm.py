@@ -161,7 +161,7 @@ def test_a_cache_hit_reports_the_seconds_its_response_took_to_compute(tmp_path):
         lm.text("q")
     computed, hit = lm.accounting.records
     assert not computed.cached and computed.replayed_s is None
-    # the cache keeps the model's seconds to the millisecond, so a replay may read up to 0.5 ms more
+    # the cache keeps the model's seconds to the millisecond: a replay may read 0.5 ms more
     assert hit.cached and hit.replayed_s is not None
     assert 0 <= hit.replayed_s <= computed.seconds + 0.0005
     totals = lm.accounting.totals()

@@ -154,3 +154,59 @@ def test_a_run_starts_from_the_given_instructions_replaced_appended_or_prepended
         start_candidate(evaluator, LoopConfig(system="md_flat", run_name="x"))
         == evaluator.baseline()
     )
+
+
+class _OneSite(dspy.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.answer = dspy.Predict(dspy.Signature("question -> answer", "Answer the question."))
+
+
+def test_simba_appends_only_advice_that_is_a_well_formed_instruction():
+    from optloop.loop.simba import append_advice
+
+    program = _OneSite()
+    for fragment in ("Your answer is", 'Say "the name.', "True"):
+        assert append_advice(program, {"answer": fragment}) == []
+    assert program.answer.signature.instructions == "Answer the question."
+    assert append_advice(program, {"answer": "Give the name only."}) == ["answer"]
+    assert program.answer.signature.instructions == "Answer the question.\n\nGive the name only."
+
+
+@pytest.mark.parametrize(
+    ("advice", "made"),
+    [("My dog is named Susstun. Your answer is", False), ("Name the dog.", True)],
+)
+def test_a_simba_rule_step_whose_advice_is_cut_short_makes_no_program(advice, made):
+    from dspy.utils import DummyLM
+
+    from optloop.loop.simba import Run, _rule_strategy
+
+    example = dspy.Example(question="What is the dog's name?", gold="Biscuit").with_inputs(
+        "question"
+    )
+    good = Run(example, dspy.Prediction(answer="Biscuit"), [], 1.0)
+    bad = Run(example, dspy.Prediction(answer="Rex"), [], 0.0)
+    proposer = DummyLM([{"discussion": "d", "answer": advice}], adapter=dspy.JSONAdapter())
+    program = _OneSite()
+    if made:
+        _rule_strategy(program, [good, bad], 0.0, 1.0, proposer)
+        assert program.answer.signature.instructions.endswith(advice)
+    else:
+        with pytest.raises(ValueError, match="no well-formed advice"):
+            _rule_strategy(program, [good, bad], 0.0, 1.0, proposer)
+        assert program.answer.signature.instructions == "Answer the question."
+
+
+@pytest.mark.parametrize(
+    ("written", "kept"),
+    [("I am a function with a name of", None), ("Answer with the name only.", "same")],
+)
+def test_a_proposer_rewrite_that_is_not_a_well_formed_instruction_is_left_out(written, kept):
+    from dspy.utils import DummyLM
+
+    from optloop.loop.optimizers import propose_instruction
+
+    proposer = DummyLM([{"new_instruction": written}], adapter=dspy.JSONAdapter())
+    text = propose_instruction(proposer, "answer", "Answer the question.", "- none", rollout=0)
+    assert text == (written if kept else None)
