@@ -10,6 +10,7 @@ from optloop.attribution.taxonomy import Target
 from optloop.failures import mark
 from optloop.lm import LMSettings, Usage
 from optloop.loop.eta import Eta, projected
+from optloop.loop.policy import floor_warning
 from optloop.loop.runner import Checkpoint, LoopConfig, LoopResult
 from optloop.loop.spend import MAX_COST, STOPPED_BY, Estimate, RunStopped, run_dollars
 from optloop.stats import Interval, bootstrap_mean
@@ -202,8 +203,14 @@ def optimizer_line(figures: Estimate, config: LoopConfig) -> str:
 def estimate_lines(
     figures: Estimate, ckpt: Checkpoint, config: LoopConfig, go_on: str
 ) -> list[str]:
-    """The estimate's model and what to do next, in plain lines."""
-    dev = ckpt.baseline_dev
+    """The estimate's model and what to do next, in plain lines; first, a warning when the
+    baseline answered no dev question (:func:`~optloop.loop.policy.floor_warning`)."""
+    dev, train = ckpt.baseline_dev, ckpt.baseline_train
+    floor = (
+        None
+        if dev is None or train is None
+        else floor_warning(train.passed, train.n, dev.passed, dev.n)
+    )
     latency = (
         "unknown (no call was computed: the LM cache served them all, and kept no time for them)"
         if figures.latency_s is None
@@ -215,6 +222,7 @@ def estimate_lines(
         )
     )
     return [
+        *([f"warning: {floor}"] if floor else []),
         f"how: {figures.model}",
         optimizer_line(figures, config),
         f"mean latency of one computed call: {latency}",

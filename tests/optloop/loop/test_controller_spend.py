@@ -284,6 +284,42 @@ def measured(
     )
 
 
+@pytest.mark.parametrize("dev_passes", [0, 1])
+def test_the_estimate_warns_first_when_the_baseline_answers_no_dev_question(dev_passes):
+    from optloop.loop.evaluate import QuestionOutcome
+    from optloop.loop.runner import LoopConfig
+    from optloop.run_tables import estimate_lines
+
+    def answered(split: str, passes: list[bool]) -> Evaluation:
+        outcomes = [
+            QuestionOutcome(
+                episode_id="e",
+                question_id=f"q{i}",
+                task_type="t",
+                question="?",
+                gold="g",
+                prediction="p",
+                score=float(ok),
+                passed=ok,
+            )
+            for i, ok in enumerate(passes)
+        ]
+        return measured(
+            split, calls=4, computed=4, tokens=400, dollars=None, lm_seconds=4, seconds=5
+        ).model_copy(update={"outcomes": outcomes})
+
+    ckpt = Checkpoint(
+        config_digest="x",
+        baseline_train=answered("train", [True, False, False, False]),
+        baseline_dev=answered("dev", [i < dev_passes for i in range(4)]),
+    )
+    figures = estimate(ckpt, budget=3, concurrency=1, dev_units=4, test_units=4)
+    config = LoopConfig(system="md_flat", run_name="r")
+    lines = estimate_lines(figures, ckpt, config, "python -m optloop.run --system md_flat")
+    floor = "warning: the baseline answered none of the 4 dev questions (1 of 4 train)"
+    assert lines[0].startswith(floor) if not dev_passes else not lines[0].startswith("warning")
+
+
 def test_the_estimate_extrapolates_the_baseline_dev_evaluation():
     ckpt = Checkpoint(
         config_digest="x",
