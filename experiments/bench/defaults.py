@@ -33,6 +33,7 @@ import json
 import subprocess
 import sys
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +62,7 @@ class Row(BaseModel):
     headroom: bool | None = None
     baseline_seconds: float | None = None
     hours: float | None = None
+    measured: str | None = None  # the UTC day the baseline's estimate was written
     note: str = ""
 
 
@@ -126,6 +128,7 @@ def measure(system: str, args: argparse.Namespace) -> Row:
         headroom=HEADROOM[0] <= dev.accuracy <= HEADROOM[1],
         baseline_seconds=round(train.seconds + dev.seconds, 1),
         hours=figures.get("hours"),
+        measured=datetime.fromtimestamp(estimate.stat().st_mtime, tz=UTC).date().isoformat(),
     )
 
 
@@ -135,7 +138,9 @@ def to_markdown(rows: Sequence[Row], results: dict[str, Any]) -> str:
         + provenance_lines(results["provenance"]).rstrip("\n")
         + f"\n- each system: `python -m optloop.run --system S --budget {results['budget']} "
         "--estimate --json OUT`, no --dataset\n"
-        f"- headroom: baseline dev accuracy in [{HEADROOM[0]}, {HEADROOM[1]}]\n\n"
+        f"- headroom: baseline dev accuracy in [{HEADROOM[0]}, {HEADROOM[1]}]\n"
+        "- measured: the day each system's baseline was run (a row is kept until its directory "
+        "under --home is removed; the commit above is the report's)\n\n"
     )
     header = [
         "system",
@@ -146,9 +151,10 @@ def to_markdown(rows: Sequence[Row], results: dict[str, Any]) -> str:
         "headroom",
         "baseline s",
         f"projected hours, --budget {results['budget']}",
+        "measured",
     ]
     cells = [
-        [r.system, r.note, *[""] * 6]
+        [r.system, r.note, *[""] * 7]
         if r.dev is None
         else [
             r.system,
@@ -159,6 +165,7 @@ def to_markdown(rows: Sequence[Row], results: dict[str, Any]) -> str:
             "yes" if r.headroom else "NO",
             f"{r.baseline_seconds:.0f}",
             "unknown" if r.hours is None else f"{r.hours:.1f}",
+            r.measured or "",
         ]
         for r in rows
     ]
