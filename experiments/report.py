@@ -723,11 +723,12 @@ def linked() -> list[str]:
             ],
         ),
         (
-            "The loop on tiered",
-            "Does the loop improve tiered on the embedded model, with the edit optimizer and "
-            "with SIMBA (held-out delta and its CI)? `python -m optloop.run --system tiered`, "
-            "commands in docs/tiered.md",
-            ["tiered_loop.md", "tiered_loop.json"],
+            "The loop on tiered and gated",
+            "Does the loop improve tiered (the edit optimizer and SIMBA) and gated (the edit "
+            "optimizer, on its agentic dataset) on the embedded model (held-out delta and its "
+            "CI)? `python -m experiments.bench.loops`, one `optloop.run` per optimizer; the "
+            "commands are in each file",
+            ["tiered_loop.md", "tiered_loop.json", "gated_loop.md", "gated_loop.json"],
         ),
         (
             "The default datasets",
