@@ -286,27 +286,16 @@ def measured(
 
 @pytest.mark.parametrize("dev_passes", [0, 1])
 def test_the_estimate_warns_first_when_the_baseline_answers_no_dev_question(dev_passes):
-    from optloop.loop.evaluate import QuestionOutcome
     from optloop.loop.runner import LoopConfig
     from optloop.run_tables import estimate_lines
+    from tests.optloop.loop.test_promotion import evaluation
 
     def answered(split: str, passes: list[bool]) -> Evaluation:
-        outcomes = [
-            QuestionOutcome(
-                episode_id="e",
-                question_id=f"q{i}",
-                task_type="t",
-                question="?",
-                gold="g",
-                prediction="p",
-                score=float(ok),
-                passed=ok,
-            )
-            for i, ok in enumerate(passes)
-        ]
-        return measured(
+        costs = measured(
             split, calls=4, computed=4, tokens=400, dollars=None, lm_seconds=4, seconds=5
-        ).model_copy(update={"outcomes": outcomes})
+        )
+        outcomes = evaluation({("e", f"q{i}"): ok for i, ok in enumerate(passes)}).outcomes
+        return costs.model_copy(update={"outcomes": outcomes})
 
     ckpt = Checkpoint(
         config_digest="x",
