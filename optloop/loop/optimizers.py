@@ -45,11 +45,12 @@ import logging
 import random
 import uuid
 from abc import abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import dspy
+from dspy.teleprompt.gepa import InstructionProposer
 
 from optloop.attribution import Attribution
 from optloop.errors import ConfigError
@@ -324,6 +325,7 @@ class GepaOptimizer(_QueueOptimizer):
             metric=feedback_metric,
             max_metric_calls=granted["metric_calls"],
             reflection_lm=self.proposer,
+            instruction_proposer=WellFormedProposer(),
             component_selector=BlamedSiteSelector(self.sites),
             num_threads=self.num_threads,
             track_stats=True,
@@ -342,6 +344,32 @@ class GepaOptimizer(_QueueOptimizer):
             else [result]
         )
         return [p.candidate("") for p in programs]
+
+
+class WellFormedProposer(InstructionProposer):
+    """GEPA's own instruction proposer, less its proposals that are not well-formed instructions
+    (:func:`~optloop.loop.units.problems`: a sentence cut short, an unmatched quote), each left
+    out with a log line. A reflection left with no proposal makes no candidate: GEPA skips it
+    without evaluating anything."""
+
+    def __call__(
+        self,
+        candidate: dict[str, str],
+        reflective_dataset: Mapping[str, Sequence[Mapping[str, Any]]],
+        components_to_update: list[str],
+    ) -> dict[str, str]:
+        proposed = super().__call__(candidate, reflective_dataset, components_to_update)
+        kept = {}
+        for name, text in proposed.items():
+            if faults := problems(text):
+                logger.info(
+                    "GEPA's proposal for %s left out, not a well-formed instruction (%s)",
+                    name,
+                    "; ".join(faults),
+                )
+            else:
+                kept[name] = text
+        return kept
 
 
 class ProposeInstruction(dspy.Signature):

@@ -210,3 +210,19 @@ def test_a_proposer_rewrite_that_is_not_a_well_formed_instruction_is_left_out(wr
     proposer = DummyLM([{"new_instruction": written}], adapter=dspy.JSONAdapter())
     text = propose_instruction(proposer, "answer", "Answer the question.", "- none", rollout=0)
     assert text == (written if kept else None)
+
+
+@pytest.mark.parametrize(
+    ("written", "kept"),
+    [('Answer with "the name.', False), ("Answer with the name only.", True)],
+)
+def test_gepa_proposals_that_are_not_well_formed_instructions_make_no_candidate(written, kept):
+    from dspy.utils import DummyLM
+
+    from optloop.loop.optimizers import WellFormedProposer
+
+    reflection = DummyLM([{"new_instruction": written}], adapter=dspy.JSONAdapter())
+    examples = [{"Inputs": {"question": "?"}, "Generated Outputs": "Rex", "Feedback": "Biscuit"}]
+    with dspy.context(lm=reflection):
+        proposed = WellFormedProposer()({"answer": "Answer."}, {"answer": examples}, ["answer"])
+    assert proposed == ({"answer": written} if kept else {})
