@@ -68,3 +68,14 @@ def test_every_relative_link_resolves(page):
         if str(resolved.relative_to(REPO)) in LATER:
             continue
         assert resolved.exists(), f"{page} links to {target}, which does not exist"
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_code_block_is_closed(page):
+    """An unclosed fence turns the rest of the page into code."""
+    fences = [
+        n
+        for n, line in enumerate((REPO / page).read_text(encoding="utf-8").splitlines(), 1)
+        if line.lstrip().startswith("```")
+    ]
+    assert len(fences) % 2 == 0, f"{page}: a code block opened at line {fences[-1]} is not closed"
