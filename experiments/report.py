@@ -260,6 +260,85 @@ def _repair_by_planting(data: Json) -> list[str]:
     ]
 
 
+WELLFORMED = "repair_champion_simba_wellformed.json"
+
+
+def _simba_wellformed(before: Json) -> list[str]:
+    """SIMBA's targeted runs of ``repair_champion.json`` against the same runs (case, seed) when
+    its advice and the proposer's rewrites must be well-formed: paired differences with their
+    bootstrap CI."""
+    after = load(WELLFORMED)
+    if after is None:
+        return []
+    from optloop.stats import bootstrap_mean
+
+    def runs(data: Json) -> dict[tuple[str, int], Json]:
+        return {
+            (c["case"], c["seed"]): c
+            for c in data["cases"]
+            if c["optimizer"] == "simba" and c["arm"] == "targeted"
+        }
+
+    old, new = runs(before), runs(after)
+    keys = sorted(old.keys() & new.keys())
+    if not keys:
+        return []
+
+    def share(rows: Json, test: Callable[[Json], bool]) -> str:
+        return f"{sum(test(r) for r in rows) / len(rows):.0%}"
+
+    rows = []
+    for label, field in (("recovered", "recovered"), ("after - sabotaged", "gain")):
+        ci = bootstrap_mean([new[k][field] - old[k][field] for k in keys], seed=0)
+        rows.append(
+            [
+                label,
+                f"{sum(old[k][field] for k in keys) / len(keys):+.2f}",
+                f"{sum(new[k][field] for k in keys) / len(keys):+.2f}",
+                f"{ci.estimate:+.2f} [{ci.low:+.2f}, {ci.high:+.2f}] n={ci.n}",
+            ]
+        )
+    o, n = [old[k] for k in keys], [new[k] for k in keys]
+    rows += [
+        [
+            "recovered >= 50%",
+            share(o, lambda r: r["recovered"] >= 0.5),
+            share(n, lambda r: r["recovered"] >= 0.5),
+            "",
+        ],
+        [
+            "sabotage removed",
+            share(o, lambda r: r["sabotage_removed"]),
+            share(n, lambda r: r["sabotage_removed"]),
+            "",
+        ],
+        [
+            "LLM calls (mean)",
+            f"{sum(r['llm_calls'] for r in o) / len(o):.0f}",
+            f"{sum(r['llm_calls'] for r in n) / len(n):.0f}",
+            "",
+        ],
+    ]
+    return [
+        "### SIMBA when its advice must be well-formed",
+        "The SIMBA targeted runs above against the same case and seed on the same LM cache, "
+        "with SIMBA's advice and the proposer's rewrites that are not well-formed instructions "
+        "left out ([loop.md](loop.md)); the paired difference's CI is a bootstrap over the runs. "
+        "Every run: [`repair_champion_simba_wellformed.md`]"
+        "(../experiments/results/repair_champion_simba_wellformed.md).",
+        provenance(after, WELLFORMED),
+        table(
+            [
+                "figure",
+                "advice as written",
+                "well-formed advice only",
+                "paired difference [95% CI]",
+            ],
+            rows,
+        ),
+    ]
+
+
 def repair() -> list[str]:
     out = [
         "## The repair benchmark: does the loop mend a prompt that was made worse?",
@@ -320,6 +399,7 @@ def repair() -> list[str]:
         if data.get("targets"):
             out.append("\n".join(f"- {t}" for t in data["targets"]))
         out += _repair_by_planting(data)
+        out += _simba_wellformed(data)
     rate = [d for d in (load(f"repair_rate_s{k}.json") for k in range(3)) if d is not None]
     if rate:
         out += [
