@@ -109,10 +109,11 @@ def stub_answer(body: dict[str, Any]) -> tuple[str, Any]:
     answers.
 
     Its strings vary with the request's seed, as a sampled answer would (an optimizer's
-    rollouts then propose distinct candidates).
+    rollouts then propose distinct candidates), and each is a well-formed instruction, so an
+    optimizer that leaves out the others (:func:`optloop.loop.units.problems`) keeps it.
     """
     fmt = body.get("response_format") or {}
-    text = f"keep every name, date and number of the question (variant {body.get('seed', 0)})"
+    text = f"Keep every name, date and number of the question (variant {body.get('seed', 0)})."
     if fmt.get("type") == "json_schema":
         return "ok", json.dumps(schema_stub((fmt.get("json_schema") or {}).get("schema"), text))
     if fmt.get("type") == "json_object":
