@@ -289,13 +289,13 @@ def _simba_wellformed(before: Json) -> list[str]:
 
     rows = []
     for label, field in (("recovered", "recovered"), ("after - sabotaged", "gain")):
-        ci = bootstrap_mean([new[k][field] - old[k][field] for k in keys], seed=0)
+        diff = bootstrap_mean([new[k][field] - old[k][field] for k in keys], seed=0)
         rows.append(
             [
                 label,
                 f"{sum(old[k][field] for k in keys) / len(keys):+.2f}",
                 f"{sum(new[k][field] for k in keys) / len(keys):+.2f}",
-                f"{ci.estimate:+.2f} [{ci.low:+.2f}, {ci.high:+.2f}] n={ci.n}",
+                f"{diff.estimate:+.2f} {ci(diff.low, diff.high)} n={diff.n}",
             ]
         )
     o, n = [old[k] for k in keys], [new[k] for k in keys]

@@ -74,7 +74,7 @@ from optloop.loop.simba import (
     simba_step,
 )
 from optloop.loop.study import SharedStudy
-from optloop.loop.units import problems
+from optloop.loop.units import left_out
 from optloop.paths import write_atomic
 
 if TYPE_CHECKING:
@@ -359,17 +359,11 @@ class WellFormedProposer(InstructionProposer):
         components_to_update: list[str],
     ) -> dict[str, str]:
         proposed = super().__call__(candidate, reflective_dataset, components_to_update)
-        kept = {}
-        for name, text in proposed.items():
-            if faults := problems(text):
-                logger.info(
-                    "GEPA's proposal for %s left out, not a well-formed instruction (%s)",
-                    name,
-                    "; ".join(faults),
-                )
-            else:
-                kept[name] = text
-        return kept
+        return {
+            name: text
+            for name, text in proposed.items()
+            if not left_out(text, f"GEPA's proposal for {name}")
+        }
 
 
 class ProposeInstruction(dspy.Signature):
@@ -401,12 +395,7 @@ def propose_instruction(
     except Exception as exc:  # noqa: BLE001 - a failed proposal is one candidate fewer
         logger.warning("proposer failed for %s: %s", site, exc)
         return None
-    if text and (faults := problems(text)):
-        logger.info(
-            "proposer's rewrite of %s left out, not a well-formed instruction (%s)",
-            site,
-            "; ".join(faults),
-        )
+    if text and left_out(text, f"the proposer's rewrite of {site}"):
         return None
     return text or None
 

@@ -48,7 +48,7 @@ from optloop.lm import prompt_site
 from optloop.loop._base import PROPOSER_SITE
 from optloop.loop.candidate import Candidate
 from optloop.loop.program import MemoryProgram, feedback_metric
-from optloop.loop.units import problems
+from optloop.loop.units import left_out
 from optloop.paths import write_atomic
 from signatures._layout import jsonable
 
@@ -257,12 +257,7 @@ def append_advice(program: dspy.Module, advice: dict[str, str]) -> list[str]:
         text = advice.get(name, "").strip()
         if not text:
             continue
-        if faults := problems(text):
-            logger.info(
-                "SIMBA: advice for %s left out, not a well-formed instruction (%s)",
-                name,
-                "; ".join(faults),
-            )
+        if left_out(text, f"SIMBA's advice for {name}"):
             continue
         predictor.signature = predictor.signature.with_instructions(
             f"{predictor.signature.instructions}\n\n{text}"
