@@ -94,6 +94,9 @@ class CallRecord:
     ``replayed_s``: for a cache hit, the seconds the model took when it computed the response
     (None: not a hit, or a response stored without them), so a run replayed from the cache can
     still project the time of the calls it will compute.
+
+    ``truncated``: the answer stopped at ``max_tokens`` (``finish_reason`` ``length``): text cut
+    where the limit fell (the proposal gate refuses such a proposal, :mod:`optloop.loop.gate`).
     """
 
     site: str | None
@@ -113,6 +116,7 @@ class CallRecord:
     throttled_s: float = 0.0
     cost_usd: float | None = None
     replayed_s: float | None = None
+    truncated: bool = False
 
 
 @dataclass

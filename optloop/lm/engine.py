@@ -64,6 +64,7 @@ from optloop.lm.requests import (
     mix_seed,
     plain_message,
     response_format_to_schema,
+    truncated,
 )
 from optloop.lm.settings import LMSettings
 
@@ -462,6 +463,7 @@ class OptloopEngine:
                 queued_s=queued,
                 cost_usd=cost,
                 replayed_s=replayed,
+                truncated=response is not None and truncated(response),
                 **(load or {}),
             )
         )

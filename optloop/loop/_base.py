@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 import dspy
 
+from optloop.loop.gate import LOG_NAME, ProposalGate
+from optloop.loop.writer import Writer
 from optloop.sites import PROPOSER
 
 if TYPE_CHECKING:
@@ -79,6 +81,8 @@ class Optimizer(ABC):
         self.batch = max(1, batch)
         # What the optimizer says of its own work (a stage line; the loop sets the run's).
         self.progress: Callable[[str], None] = lambda message: None
+        self._gate: ProposalGate | None = None
+        self._writer: Writer | None = None
 
     @property
     def num_threads(self) -> int:
@@ -87,6 +91,23 @@ class Optimizer(ABC):
     @property
     def work(self) -> Path:
         return self._work or Path(self.evaluator.work) / "optimizers" / self.name
+
+    @property
+    def gate(self) -> ProposalGate:
+        """The proposal gate every proposal of this optimizer passes (:mod:`optloop.loop.gate`),
+        its verdicts logged in the work directory (so a resumed run keeps counting); with an
+        evaluator that has no work directory (a test's fake) and none given, kept in memory."""
+        if self._gate is None:
+            where = self._work or getattr(self.evaluator, "work", None)
+            self._gate = ProposalGate(self.work / LOG_NAME if where is not None else None)
+        return self._gate
+
+    @property
+    def writer(self) -> Writer:
+        """Small writing tasks for the proposer, judged by :attr:`gate` (:mod:`optloop.loop.writer`)."""
+        if self._writer is None:
+            self._writer = Writer(self.proposer, self.gate)
+        return self._writer
 
     def retarget(self, sites: Sequence[str], knobs: Sequence[str] = ()) -> None:
         self.sites, self.knobs = list(sites), list(knobs)

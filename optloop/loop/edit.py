@@ -65,7 +65,9 @@ import dspy
 from optloop.lm import prompt_site
 from optloop.loop._base import PROPOSER_SITE, Optimizer
 from optloop.loop.candidate import Candidate, SiteState
+from optloop.loop.gate import active
 from optloop.loop.units import Instruction, Kind, problems
+from optloop.loop.writer import failure_cases, long_instruction
 from optloop.text import normalize
 
 if TYPE_CHECKING:
@@ -178,6 +180,9 @@ class EditOptimizer(Optimizer):
         1,
         6,
     )  # the defaults (also what --estimate's model of a round assumes: overhead.py)
+    # Written edits a round asks the proposer for, per site: a short instruction, a sentence added,
+    # a sentence rewritten (:meth:`written`; also in overhead.py's model of a round).
+    WRITES = 3
     # Whether the deletions the failures support go first (module doc, "Evidence"); False leaves
     # the train screen's order alone, as a baseline (``experiments.bench.repair --edit-order``).
     evidence = True
@@ -188,12 +193,14 @@ class EditOptimizer(Optimizer):
         deletions: int = DELETIONS,
         extra: int = EXTRA,
         bsize: int = BSIZE,
+        write: bool = True,
         **kwargs: Any,
     ):
         super().__init__(*args, **kwargs)
         self.deletions = deletions
         self.extra = extra
         self.bsize = bsize
+        self.write = write
         self.queue: list[Candidate] = []
         # per site, every unit its instructions held (the "add" edit draws from it)
         self.pool: dict[str, list[tuple[str, Kind]]] = {}
@@ -213,7 +220,8 @@ class EditOptimizer(Optimizer):
             self.queue = []
         if not self.queue and self.sites:
             self.rounds += 1
-            self.queue = self.round(best, best_eval)
+            with active(self.gate):
+                self.queue = self.round(best, best_eval)
         return self.queue.pop(0) if self.queue else None
 
     def release(self, candidate: Candidate) -> None:
@@ -296,6 +304,8 @@ class EditOptimizer(Optimizer):
         out.append(
             Edit(self.default_instruction(site), ["del all (the signature's default instruction)"])
         )
+        if self.write:
+            out += self.written(start, site, failures, first)
         for k in range(self.extra):
             text, ops = start, list[str]()
             for _ in range(self.rng.choice((1, 2))):  # GrIPS's num_compose
@@ -306,7 +316,7 @@ class EditOptimizer(Optimizer):
                 op = self.rng.choice(
                     [o for o in ("swap", "par", "add", "del") if self._can(o, text, gone)]
                 )
-                text = self._apply(op, text, ops, gone, rollout=self.rounds * 100 + k)
+                text = self._apply(op, text, ops, gone, rollout=self.rounds * 100 + k, site=site)
             out.append(Edit(text.text, ops))
         before = problems(instruction)
         kept = []
@@ -324,6 +334,43 @@ class EditOptimizer(Optimizer):
             else:
                 kept.append(edit)
         return kept
+
+    def written(
+        self,
+        start: Instruction,
+        site: str,
+        failures: Sequence[Attribution],
+        supported: Sequence[int] = (),
+    ) -> list[Edit]:
+        """The round's written edits of ``site`` (:class:`~optloop.loop.writer.Writer`, each answer
+        through the proposal gate): a short instruction for the site's job in place of the whole
+        (``write``), one sentence added at the end (``add written``), and one sentence written anew
+        (``write k``: the unit the failures point at most, else one drawn at random). Each task
+        shows the proposer the failures blamed on the site, never the instruction whole when it
+        is long."""
+        cases = failure_cases(failures, site, seed=self.seed * 1000 + self.rounds)
+        rollout = self.rounds * 100 + 50
+        signature = self._signature(site)
+        out: list[Edit] = []
+        shown = f" from {len(failures)} failure(s)" if failures else ""
+        if text := self.writer.instruction(site, cases, rollout=rollout, signature=signature):
+            out.append(Edit(text, [f"write (a short instruction{shown})"]))
+        if sentence := self.writer.sentence(site, cases, rollout=rollout + 1, signature=signature):
+            n = len(start.editable)
+            out.append(Edit(start.insert(n, sentence, "sentence").text, ["add written"]))
+        units = start.editable
+        if units and not long_instruction(units[0].body):
+            k = supported[0] if supported else self.rng.randrange(len(units))
+            new = self.writer.rewrite(
+                site, units[k].body, cases, rollout=rollout + 2, signature=signature
+            )
+            if new:
+                out.append(Edit(start.replace_body(k, new).text, [f"write {k}"]))
+        return out
+
+    def _signature(self, site: str) -> Any:
+        module = getattr(self.evaluator, "sites", {}).get(site)
+        return getattr(getattr(module, "module", None), "signature", None)
 
     @staticmethod
     def _swappable(text: Instruction) -> list[tuple[int, int]]:
@@ -349,6 +396,7 @@ class EditOptimizer(Optimizer):
         gone: list[tuple[str, Kind]],
         *,
         rollout: int,
+        site: str = "",
     ) -> Instruction:
         n = len(text.editable)
         if op == "del":
@@ -365,13 +413,13 @@ class EditOptimizer(Optimizer):
             ops.append(f"add at {i}")
             return text.insert(i, body, kind)
         i = self.rng.randrange(n)
-        new = self.paraphrase(text.editable[i].body, rollout=rollout)
+        new = self.paraphrase(text.editable[i].body, rollout=rollout, site=site)
         if new:
             ops.append(f"par {i}")
             return text.replace_body(i, new)
         return text
 
-    def paraphrase(self, phrase: str, *, rollout: int) -> str | None:
+    def paraphrase(self, phrase: str, *, rollout: int, site: str = "") -> str | None:
         """The proposer LM's paraphrase of one phrase (``None`` when it fails, echoes it, or is not
         about as long: :func:`same_length`)."""
         try:
@@ -387,6 +435,8 @@ class EditOptimizer(Optimizer):
             logger.warning("paraphrase failed: %s", exc)
             return None
         if not text or text == phrase or not same_length(phrase, text):
+            return None
+        if self.gate.refuses(site, text, who="a paraphrase", whole=False):
             return None
         return text
 

@@ -54,7 +54,7 @@ from dspy.teleprompt.gepa import InstructionProposer
 
 from optloop.attribution import Attribution
 from optloop.errors import ConfigError
-from optloop.lm import prompt_site
+from optloop.lm import collect_calls, prompt_site
 from optloop.loop._base import PROPOSER_SITE, Optimizer
 from optloop.loop.candidate import Candidate, SiteState
 from optloop.loop.program import (
@@ -74,7 +74,8 @@ from optloop.loop.simba import (
     simba_step,
 )
 from optloop.loop.study import SharedStudy
-from optloop.loop.units import left_out
+from optloop.loop.gate import ProposalGate, active, current_gate
+from optloop.loop.writer import Writer, long_instruction
 from optloop.paths import write_atomic
 
 if TYPE_CHECKING:
@@ -117,7 +118,7 @@ class _QueueOptimizer(Optimizer):
             if not self.sites:
                 return None
             self.rounds += 1
-            with dspy_bars_hidden(), running(self.evaluator):
+            with dspy_bars_hidden(), running(self.evaluator), active(self.gate):
                 fresh = self._unseen(self.round(best), best)
                 if not fresh:  # nothing this optimizer has not proposed already
                     fresh = self._unseen(self.rewrites(best, examples(self.trainset)), best)
@@ -325,7 +326,7 @@ class GepaOptimizer(_QueueOptimizer):
             metric=feedback_metric,
             max_metric_calls=granted["metric_calls"],
             reflection_lm=self.proposer,
-            instruction_proposer=WellFormedProposer(),
+            instruction_proposer=GatedProposer(),
             component_selector=BlamedSiteSelector(self.sites),
             num_threads=self.num_threads,
             track_stats=True,
@@ -346,11 +347,12 @@ class GepaOptimizer(_QueueOptimizer):
         return [p.candidate("") for p in programs]
 
 
-class WellFormedProposer(InstructionProposer):
-    """GEPA's own instruction proposer, less its proposals that are not well-formed instructions
-    (:func:`~optloop.loop.units.problems`: a sentence cut short, an unmatched quote), each left
-    out with a log line. A reflection left with no proposal makes no candidate: GEPA skips it
-    without evaluating anything."""
+class GatedProposer(InstructionProposer):
+    """GEPA's own instruction proposer, less the proposals the proposal gate refuses
+    (:mod:`optloop.loop.gate`: cut off by the token limit, not well-formed, an echo of GEPA's
+    reflection template, not an instruction for the site's job), each counted with a log line. A
+    reflection left with no proposal makes no candidate: GEPA skips it without evaluating
+    anything."""
 
     def __call__(
         self,
@@ -358,12 +360,18 @@ class WellFormedProposer(InstructionProposer):
         reflective_dataset: Mapping[str, Sequence[Mapping[str, Any]]],
         components_to_update: list[str],
     ) -> dict[str, str]:
-        proposed = super().__call__(candidate, reflective_dataset, components_to_update)
-        return {
-            name: text
-            for name, text in proposed.items()
-            if not left_out(text, f"GEPA's proposal for {name}")
-        }
+        gate = current_gate()
+        kept = {}
+        for name in components_to_update:
+            with collect_calls() as calls:
+                proposed = super().__call__(candidate, reflective_dataset, [name])
+            cut_off = any(c.truncated for c in calls)
+            for component, text in proposed.items():
+                if not gate.refuses(
+                    site_name(component), text, who="GEPA's reflection", cut_off=cut_off
+                ):
+                    kept[component] = text
+        return kept
 
 
 class ProposeInstruction(dspy.Signature):
@@ -378,13 +386,25 @@ class ProposeInstruction(dspy.Signature):
 
 
 def propose_instruction(
-    proposer: dspy.BaseLM, site: str, instruction: str, failures: str, *, rollout: int
+    proposer: dspy.BaseLM,
+    site: str,
+    instruction: str,
+    failures: str,
+    *,
+    rollout: int,
+    gate: ProposalGate | None = None,
 ) -> str | None:
-    """One rewrite of ``instruction`` by the proposer LM (``None`` when it fails, or when what it
-    wrote is not a well-formed instruction: :func:`~optloop.loop.units.problems`)."""
+    """One rewrite of ``instruction`` by the proposer LM (``None`` when it fails, or when the
+    proposal gate refuses what it wrote: :mod:`optloop.loop.gate`). A long instruction (a library
+    prompt of thousands of tokens) is never handed over to be re-typed: the writer asks for a short
+    instruction for the site's job instead (:meth:`optloop.loop.writer.Writer.instruction`)."""
+    gate = gate or current_gate()
+    if long_instruction(instruction):
+        return Writer(proposer, gate).instruction(site, failures, rollout=rollout)
     try:
         with (
             prompt_site(PROPOSER_SITE),
+            collect_calls() as calls,
             dspy.context(
                 lm=proposer.copy(rollout_id=rollout, temperature=1.0), adapter=dspy.JSONAdapter()
             ),
@@ -395,7 +415,10 @@ def propose_instruction(
     except Exception as exc:  # noqa: BLE001 - a failed proposal is one candidate fewer
         logger.warning("proposer failed for %s: %s", site, exc)
         return None
-    if text and left_out(text, f"the proposer's rewrite of {site}"):
+    cut_off = any(c.truncated for c in calls)
+    if text and gate.refuses(
+        site, text, who="the proposer's rewrite", cut_off=cut_off, shown=failures
+    ):
         return None
     return text or None
 
@@ -487,7 +510,9 @@ class OptunaOptimizer(Optimizer):
         failures = failure_summary(best_eval.attributions(), site)
         texts = [seed_text]
         for i in range(self.proposals):
-            text = propose_instruction(self.proposer, site, seed_text, failures, rollout=i)
+            text = propose_instruction(
+                self.proposer, site, seed_text, failures, rollout=i, gate=self.gate
+            )
             if text and text not in texts:
                 texts.append(text)
         return list(self.shared.claim(key, texts))

@@ -56,6 +56,7 @@ from pydantic import BaseModel, Field
 
 from optloop.attribution import blame
 from optloop.loop.edit import EditOptimizer, ParaphrasePhrase, phrases
+from optloop.loop.writer import CASE_CHARS, MAX_CASES, WriteInstruction
 from optloop.loop.optimizers import (
     GepaOptimizer,
     OptunaOptimizer,
@@ -79,6 +80,10 @@ JSON_TOKENS = 10  # the JSON wrapping of a completion ({"field": "..."})
 FIELD_TOKENS = 60  # one advice field of SIMBA's (a sentence or two), or the discussion
 FEEDBACK_TOKENS = 80  # GEPA's feedback on one example: the attribution's explanation
 PARAPHRASES_PER_EXTRA = 0.5  # a composed edit has 1.5 operations on average, one in 3 a paraphrase
+# A writing task shows up to MAX_CASES failures of about CASE_CHARS characters (~4 a token), and
+# its answer is a sentence or a short instruction.
+WRITE_CASE_TOKENS = MAX_CASES * CASE_CHARS // 4
+WRITE_TOKENS = 60
 RULE_SHARE = 0.5  # SIMBA gives a new program a rule or a demo with equal odds
 ACCEPT_SHARE = 0.5  # of GEPA's mutations, how many beat their parent on the mini-batch
 
@@ -207,13 +212,14 @@ def edit_work(shape: RunShape) -> OptimizerWork:
     edits = {}
     for site in shape.sites:
         n = len(phrases(shape.instructions.get(site, "")))
-        edits[site] = (min(opt.DELETIONS, n) if n > 1 else 0) + 1 + opt.EXTRA
+        edits[site] = (min(opt.DELETIONS, n) if n > 1 else 0) + 1 + opt.EXTRA + opt.WRITES
     per_round = max(sum(edits.values()), 1)
     # A trial that beats the best starts a round of its own (edit.py's greedy step): the model
     # takes about log2(budget + 1) of them, on top of the rounds the budget spends.
     improving = min(shape.budget - 1, math.ceil(math.log2(shape.budget + 1)))
     rounds = math.ceil(shape.budget / per_round) + improving
     paraphrases = rounds * len(shape.sites) * opt.EXTRA * PARAPHRASES_PER_EXTRA
+    writes = rounds * len(shape.sites) * opt.WRITES
     phrase = sum(
         shape.instruction_tokens(s) / max(len(phrases(shape.instructions.get(s, ""))), 1)
         for s in shape.sites
@@ -224,16 +230,23 @@ def edit_work(shape: RunShape) -> OptimizerWork:
         trials_per_round=per_round,
         question_runs=rounds * (1 + per_round) * b,
         episode_ingests=rounds * m * sum(edits[s] for s in shape.ingest_sites),
-        proposer_calls=paraphrases,
-        prompt_tokens=template_tokens(ParaphrasePhrase) + phrase,
-        completion_tokens=phrase + JSON_TOKENS,
+        proposer_calls=paraphrases + writes,
+        prompt_tokens=(
+            paraphrases * (template_tokens(ParaphrasePhrase) + phrase)
+            + writes * (template_tokens(WriteInstruction) + WRITE_CASE_TOKENS)
+        )
+        / max(paraphrases + writes, 1),
+        completion_tokens=(paraphrases * phrase + writes * WRITE_TOKENS)
+        / max(paraphrases + writes, 1)
+        + JSON_TOKENS,
         threads=None,
         basis=(
             f"{rounds} round(s) of {per_round} edits ({improving} of them after a trial that "
             "beats the best) "
             f"({', '.join(f'{s} {n}' for s, n in edits.items())}), each round screening the "
             f"best and its edits on {b} train questions (edits of an ingest site also ingest "
-            f"{m} episodes) and about {PARAPHRASES_PER_EXTRA:g} paraphrase call a site"
+            f"{m} episodes), about {PARAPHRASES_PER_EXTRA:g} paraphrase call and "
+            f"{opt.WRITES} writing calls a site"
         ),
     )
 

@@ -47,8 +47,8 @@ from pydantic import BaseModel, Field
 from optloop.lm import prompt_site
 from optloop.loop._base import PROPOSER_SITE
 from optloop.loop.candidate import Candidate
-from optloop.loop.program import MemoryProgram, feedback_metric
-from optloop.loop.units import left_out
+from optloop.loop.gate import current_gate
+from optloop.loop.program import MemoryProgram, feedback_metric, site_name
 from optloop.paths import write_atomic
 from signatures._layout import jsonable
 
@@ -257,7 +257,7 @@ def append_advice(program: dspy.Module, advice: dict[str, str]) -> list[str]:
         text = advice.get(name, "").strip()
         if not text:
             continue
-        if left_out(text, f"SIMBA's advice for {name}"):
+        if current_gate().refuses(site_name(name), text, who="SIMBA's advice", whole=False):
             continue
         predictor.signature = predictor.signature.with_instructions(
             f"{predictor.signature.instructions}\n\n{text}"

@@ -89,7 +89,9 @@ def _train(n: int = 4) -> Dataset:
 def optimizer():
     lm = DummyLM([{"paraphrase": "Say only N/A."}] * 50)
     start = Candidate(sites={"answer": SiteState(instructions=f"{CLEAN} {SABOTAGE}")})
-    opt = EditOptimizer(FakeEvaluator(), lm, _train(), sites=["answer"], seed=0, extra=3, bsize=3)
+    opt = EditOptimizer(
+        FakeEvaluator(), lm, _train(), sites=["answer"], seed=0, extra=3, bsize=3, write=False
+    )
     return opt, start
 
 
@@ -336,3 +338,46 @@ def test_a_trial_that_beats_the_best_drops_the_rest_of_its_round(optimizer):
     third = opt.propose(first, Evaluation(split="dev", candidate=first.digest(), outcomes=[]))
     assert opt.rounds == 2 and third is not None and third.parent == first.digest()
     assert all(c.parent == first.digest() for c in opt.queue)
+
+
+def test_a_round_with_a_writer_adds_a_short_instruction_an_added_and_a_rewritten_sentence():
+    written = "Answer the question with the name or number the memories give."
+    lm = DummyLM(
+        [
+            {"instruction": written},
+            {"sentence": "Never reply N/A when a memory holds the answer."},
+            {"new_sentence": "Answer only from the memories."},
+        ]
+        * 5,
+        adapter=dspy.JSONAdapter(),
+    )
+    start = f"{CLEAN} {SABOTAGE}"
+    opt = EditOptimizer(
+        FakeEvaluator(), lm, _train(), sites=["answer"], seed=0, deletions=0, extra=0, bsize=3
+    )
+    edits = opt.edits(start, "answer")
+    ops = [e.ops[0] for e in edits]
+    assert ops[0].startswith("del all")
+    assert ops[1] == "write (a short instruction)" and edits[1].text == written
+    assert ops[2] == "add written" and edits[2].text == (
+        f"{start} Never reply N/A when a memory holds the answer."
+    )
+    assert ops[3].startswith("write ") and "Answer only from the memories." in edits[3].text
+    assert opt.gate.counts["passed"] == 3
+
+
+def test_written_edits_the_gate_refuses_are_not_proposed():
+    lm = DummyLM(
+        [
+            {"instruction": "Please provide the task details and examples of task inputs."},
+            {"sentence": "Never reply N/A when a"},
+            {"new_sentence": "Answer only from the memories."},
+        ],
+        adapter=dspy.JSONAdapter(),
+    )
+    opt = EditOptimizer(
+        FakeEvaluator(), lm, _train(), sites=["answer"], seed=0, deletions=0, extra=0, bsize=3
+    )
+    ops = [e.ops[0] for e in opt.edits(f"{CLEAN} {SABOTAGE}", "answer")]
+    assert "write (a short instruction)" not in ops and "add written" not in ops
+    assert opt.gate.counts == {"off_task": 1, "malformed": 1, "passed": 1}

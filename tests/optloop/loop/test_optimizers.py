@@ -219,10 +219,10 @@ def test_a_proposer_rewrite_that_is_not_a_well_formed_instruction_is_left_out(wr
 def test_gepa_proposals_that_are_not_well_formed_instructions_make_no_candidate(written, kept):
     from dspy.utils import DummyLM
 
-    from optloop.loop.optimizers import WellFormedProposer
+    from optloop.loop.optimizers import GatedProposer
 
     reflection = DummyLM([{"new_instruction": written}], adapter=dspy.JSONAdapter())
     examples = [{"Inputs": {"question": "?"}, "Generated Outputs": "Rex", "Feedback": "Biscuit"}]
     with dspy.context(lm=reflection):
-        proposed = WellFormedProposer()({"answer": "Answer."}, {"answer": examples}, ["answer"])
+        proposed = GatedProposer()({"answer": "Answer."}, {"answer": examples}, ["answer"])
     assert proposed == ({"answer": written} if kept else {})

@@ -65,28 +65,28 @@ def test_every_optimizer_has_a_model():
 
 def test_edit_screens_the_best_and_every_edit_of_a_round_on_a_mini_batch():
     work = edit_work(shape())
-    # answer: 3 single-phrase deletions + delete all + 1 composed edit; curate (one phrase): delete
-    # all + 1 composed
-    # 10 trials, 7 edits a round: 2 rounds, and 4 (log2 11, rounded up) after a trial that beats
+    # answer: 3 single-phrase deletions + delete all + 1 composed edit + 3 written; curate (one
+    # phrase): delete all + 1 composed + 3 written
+    # 10 trials, 13 edits a round: 1 round, and 4 (log2 11, rounded up) after a trial that beats
     # the best
-    assert work.trials_per_round == 7 and work.rounds == 2 + 4
+    assert work.trials_per_round == 13 and work.rounds == 1 + 4
     assert (
-        work.calls == 6 * 8 * 6 * 2.0 + 6 * 5 * 2 * 3.0
-    )  # 8 screenings of 6 questions; curate edits ingest 5 episodes
+        work.calls == 5 * 14 * 6 * 2.0 + 5 * 5 * 5 * 3.0
+    )  # 14 screenings of 6 questions; curate edits ingest 5 episodes
     assert work.tokens == pytest.approx(work.calls * 100)
     assert (
-        work.proposer_calls == 6 * 2 * 0.5 and work.threads is None
-    )  # screening is an evaluation: --concurrency
+        work.proposer_calls == 5 * 2 * 0.5 + 5 * 2 * 3 and work.threads is None
+    )  # paraphrases and writing tasks; screening is an evaluation: --concurrency
     assert work.proposer_prompt_tokens / work.proposer_calls > template_tokens(
         ParaphrasePhrase
     )  # and a phrase
-    assert "6 round(s) of 7 edits (4 of them after a trial that beats the best) (answer 5" in (
+    assert "5 round(s) of 13 edits (4 of them after a trial that beats the best) (answer 8" in (
         work.basis
     )
     no_ingest = edit_work(shape(sites=[ANSWER], ingest_sites=[], budget=3))
     assert (
-        no_ingest.rounds == 1 + 2 and no_ingest.calls == 3 * 6 * 6 * 2.0
-    )  # the best and 5 edits, no store rebuilt
+        no_ingest.rounds == 1 + 2 and no_ingest.calls == 3 * 9 * 6 * 2.0
+    )  # the best and 8 edits, no store rebuilt
     assert edit_work(shape(sites=[ANSWER], ingest_sites=[], budget=1)).rounds == 1
 
 

@@ -1,0 +1,228 @@
+"""System x model x dataset: dev accuracy under the system's own prompts and under a trivial
+instruction, the table that picks the defaults.
+
+    flock /tmp/optloop-lm.lock python -m experiments.bench.headroom --systems mem0 \
+        --lms local:qwen2.5-coder-0.5b --datasets "synthetic:recall?seed=0&episodes=40" \
+        [--variants own,trivial] [--sites mem0.extract] [--home DIR] \
+        [--json experiments/results/headroom.json] [--markdown experiments/results/headroom.md]
+
+For every combination, the dev split ``optloop.run`` would use (0.5/0.25/0.25 by episode, seed 0)
+is evaluated through the library's evaluator (the same pipeline a run's baseline goes through):
+
+- ``own``: the system's own prompts (what ``optloop.run`` starts from);
+- ``trivial``: the control every loop report carries: each of ``--sites`` (default: the system's
+  ingest prompt sites, where its memories are written) given DSPy's default instruction for its
+  signature ("Given the fields ..., produce the fields ...").
+
+A row gives the accuracy with its 95% CI (bootstrap over the dev questions, seeded), n, whether it
+lies in the headroom band (0.2-0.8: a better prompt can show, a worse one too), the seconds the
+evaluation took, the share of LM calls that failed, and the sites the failures were blamed on. A
+row already in ``--json`` is not run again (the file is rewritten after every row), so a killed
+run resumes. Each combination gets its own LM cache under ``--home``.
+"""
+
+from __future__ import annotations
+
+import os
+
+from optloop.offline import offline_defaults
+
+os.environ.update(offline_defaults())  # first: litellm, mem0 and Hugging Face read them
+
+import argparse
+import json
+import time
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import dspy
+from pydantic import BaseModel
+
+from experiments.markdown import provenance_lines, table
+from experiments.provenance import stamped
+from optloop.cli import CommandParser, parse_command, run_cli
+from optloop.datasets import load_dataset
+from optloop.datasets.split import split_episodes
+from optloop.embed import get_embedder
+from optloop.lm import LMSettings, OptloopLM
+from optloop.loop.candidate import SiteState
+from optloop.loop.evaluate import Evaluator
+from optloop.paths import write_atomic
+from optloop.stats import bootstrap_mean
+from systems import get_system
+
+REPO = Path(__file__).resolve().parents[2]
+RESULTS = REPO / "experiments" / "results"
+HEADROOM = (0.2, 0.8)
+
+
+class Row(BaseModel):
+    system: str
+    model: str
+    dataset: str
+    variant: str
+    sites: list[str]
+    n: int
+    accuracy: float
+    low: float
+    high: float
+    headroom: bool
+    seconds: float
+    calls: int
+    failed_calls: int
+    blamed: dict[str, int]
+
+    def key(self) -> tuple[str, str, str, str]:
+        return (self.system, self.model, self.dataset, self.variant)
+
+
+def model_name(spec: str) -> str:
+    settings = LMSettings.from_spec(spec)
+    return Path(settings.model).stem if settings.model else "smollm2-135m (bundled)"
+
+
+def trivial_instruction(signature: type[dspy.Signature]) -> str:
+    """DSPy's default instruction for ``signature``: built from its fields alone."""
+    return dspy.make_signature(dict(signature.fields)).instructions
+
+
+def measure(
+    system: str, spec: str, uri: str, variant: str, sites: Sequence[str], home: Path
+) -> Row:
+    cls = get_system(system)
+    work = home / f"{system}-{model_name(spec)}"
+    lm = OptloopLM(
+        LMSettings.from_spec(spec, cache_path=work / "lm_cache.sqlite", **dict(cls.local_decoding))
+    )
+    evaluator = Evaluator(
+        system, lm, work / variant, embedder=get_embedder("local"), dataset_uri=uri
+    )
+    try:
+        _, dev, _ = split_episodes(load_dataset(uri), (0.5, 0.25, 0.25), seed=0)
+        evaluator.register(dev)
+        candidate = evaluator.baseline()
+        chosen = list(sites) or [n for n, s in evaluator.sites.items() if s.stage == "ingest"]
+        if variant == "trivial":
+            states = dict(candidate.sites)
+            for site in chosen:
+                signature = evaluator.sites[site].module.signature
+                states[site] = SiteState(
+                    instructions=trivial_instruction(signature), demos=states[site].demos
+                )
+            candidate = candidate.model_copy(update={"sites": states})
+        mark = lm.accounting.mark()
+        started = time.perf_counter()
+        evaluation = evaluator.evaluate(candidate, dev, split="dev")
+        seconds = time.perf_counter() - started
+        calls = lm.accounting.since(mark)
+    finally:
+        evaluator.close()
+    interval = bootstrap_mean([float(o.passed) for o in evaluation.outcomes], seed=0)
+    blamed = Counter(str(a.target) for a in evaluation.attributions())
+    return Row(
+        system=system,
+        model=model_name(spec),
+        dataset=uri,
+        variant=variant,
+        sites=chosen,
+        n=interval.n,
+        accuracy=interval.estimate,
+        low=interval.low,
+        high=interval.high,
+        headroom=HEADROOM[0] <= interval.estimate <= HEADROOM[1],
+        seconds=round(seconds, 1),
+        calls=len(calls),
+        failed_calls=sum(1 for c in calls if c.error),
+        blamed=dict(blamed.most_common()),
+    )
+
+
+def to_markdown(rows: Sequence[Row], results: dict[str, Any]) -> str:
+    body = table(
+        (
+            "system",
+            "model",
+            "dataset",
+            "prompt",
+            "dev accuracy [95% CI]",
+            "n",
+            "0.2-0.8",
+            "s / evaluation",
+            "LM calls (failed)",
+            "failures blamed on",
+        ),
+        [
+            (
+                r.system,
+                r.model,
+                f"`{r.dataset}`",
+                "own" if r.variant == "own" else f"trivial ({', '.join(r.sites)})",
+                f"{r.accuracy:.3f} [{r.low:.3f}, {r.high:.3f}]",
+                r.n,
+                "yes" if r.headroom else "no",
+                f"{r.seconds:.0f}",
+                f"{r.calls} ({r.failed_calls})",
+                ", ".join(f"{k} {v}" for k, v in r.blamed.items()) or "-",
+            )
+            for r in rows
+        ],
+    )
+    return (
+        "# Headroom: system x model x dataset, own prompts against a trivial instruction\n\n"
+        + provenance_lines(results["provenance"])
+        + "Dev split of `optloop.run` (0.5/0.25/0.25 by episode, seed 0); accuracy with a 95% "
+        "bootstrap CI over the dev questions (seeded). *trivial*: the named sites given DSPy's "
+        "default instruction for their signature, the control every loop report carries. "
+        "Headroom: 0.2 <= accuracy <= 0.8.\n\n" + body + "\n"
+    )
+
+
+def build_parser() -> CommandParser:
+    parser = CommandParser(
+        "python -m experiments.bench.headroom",
+        "Dev accuracy per system, model and dataset, under the system's own prompts and a "
+        "trivial instruction.",
+    )
+    parser.add_argument("--systems", required=True, help="comma-separated system names")
+    parser.add_argument("--lms", required=True, help="comma-separated LM specs")
+    parser.add_argument("--datasets", required=True, help="dataset URIs, separated by ' ; '")
+    parser.add_argument("--variants", default="own,trivial")
+    parser.add_argument("--sites", default="", help="sites the trivial variant changes")
+    parser.add_argument("--home", type=Path, default=Path("/tmp/optloop-headroom"))
+    parser.add_argument("--json", type=Path, default=RESULTS / "headroom.json")
+    parser.add_argument("--markdown", type=Path, default=RESULTS / "headroom.md")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_command(build_parser(), argv)
+    old = json.loads(args.json.read_text()) if args.json.exists() else {}
+    rows = [Row.model_validate(r) for r in old.get("rows", [])]
+    done = {r.key() for r in rows}
+    sites = [s for s in args.sites.split(",") if s]
+    specs = [s for s in args.lms.split(",") if s]
+    models = ", ".join(sorted({model_name(s) for s in specs} | {r.model for r in rows}))
+    for system in args.systems.split(","):
+        for spec in specs:
+            for uri in [u.strip() for u in args.datasets.split(" ; ") if u.strip()]:
+                for variant in args.variants.split(","):
+                    if (system, model_name(spec), uri, variant) in done:
+                        continue
+                    print(f"{system} {model_name(spec)} {uri} {variant} ...", flush=True)
+                    row = measure(system, spec, uri, variant, sites, args.home)
+                    print(
+                        f"  {row.accuracy:.3f} [{row.low:.3f}, {row.high:.3f}] n={row.n} "
+                        f"{row.seconds:.0f}s blamed {row.blamed}",
+                        flush=True,
+                    )
+                    rows = [r for r in rows if r.key() != row.key()] + [row]
+                    results = stamped({"rows": [r.model_dump() for r in rows]}, models)
+                    write_atomic(args.json, json.dumps(results, indent=1) + "\n")
+                    write_atomic(args.markdown, to_markdown(rows, results))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(run_cli(main))

@@ -1,0 +1,266 @@
+"""The proposal gate: a proposed instruction is evaluated only if it is one a person would ship
+for its site.
+
+Every optimizer's proposals pass through one :class:`ProposalGate` before anything runs them: the
+edit optimizer's written edits and paraphrases, SIMBA's advice, GEPA's reflections, the proposer's
+rewrites and Optuna's instruction choices. A proposal is refused, and the refusal counted by
+reason, when it is
+
+``cut_off``
+    the proposer stopped at its token limit (the call's ``finish_reason`` was ``length``): the text
+    ends where the limit fell, not where the writer meant it to;
+``malformed``
+    not well-formed text (:func:`optloop.loop.units.problems`: a sentence cut short, an unmatched
+    quote, an empty sentence);
+``echo``
+    a re-typing of the proposer's own prompt: at least :data:`ECHO_SHARE` of its word 5-grams are
+    in the template the proposer was given (GEPA's reflection template, optloop's own proposer
+    signatures) or in the task text it was shown ("I provided an assistant with instructions to
+    perform a task for me ...");
+``off_task``
+    not an instruction for the site's job: it names none of the job's words
+    (:mod:`optloop.loop.jobs`: an extraction instruction says extract, memory, fact, store,
+    remember ...), or it asks the reader for input ("Please provide the task details") instead of
+    telling the model what to do.
+
+The judgement of "asks for the site's job" is by words, on purpose: it is cheap, the same on every
+run, and a reader can check each refusal. It tells an instruction for the site from a text about
+something else; whether the instruction is a *good* one is for the evaluation on dev to say.
+
+Each verdict (refused or passed) is appended to the gate's log, one JSON object a line
+(``proposals.jsonl`` in the optimizer's work directory), so the counts survive a resumed run and a
+reader can audit every refusal: :func:`refusals` counts them by reason.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+import json
+import logging
+import re
+import threading
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from enum import StrEnum
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from optloop.loop.jobs import asks_for, site_job
+from optloop.loop.units import problems
+
+logger = logging.getLogger(__name__)
+
+ECHO_SHARE = 0.3  # of a proposal's word 5-grams found in the proposer's template: an echo
+ECHO_MIN = 3  # and at least this many of them (a short instruction may share one phrase)
+NGRAM = 5
+LOG_NAME = "proposals.jsonl"
+
+# Asking the reader for input is not an instruction to a model that has its input already.
+_REQUEST = re.compile(
+    r"\bplease\s+(?:provide|share|send|paste|specify|give|tell)\b"
+    r"|\b(?:provide|share|send|give|tell)\s+(?:me|us)\b"
+    r"|\b(?:could|can|would)\s+you\s+(?:please\s+)?(?:provide|share|send|give|tell)\b",
+    re.IGNORECASE,
+)
+
+
+class Reason(StrEnum):
+    """Why a proposal was refused (the order is the order they are checked in)."""
+
+    CUT_OFF = "cut_off"
+    MALFORMED = "malformed"
+    ECHO = "echo"
+    OFF_TASK = "off_task"
+
+
+class Verdict(BaseModel):
+    """One proposal and what the gate said of it (one line of the gate's log)."""
+
+    site: str
+    who: str
+    text: str
+    reason: Reason | None = None
+    detail: str = ""
+
+
+def _ngrams(text: str) -> set[tuple[str, ...]]:
+    words = re.findall(r"[a-z0-9']+", text.lower())
+    return {tuple(words[i : i + NGRAM]) for i in range(len(words) - NGRAM + 1)}
+
+
+@functools.cache
+def proposer_templates() -> tuple[str, ...]:
+    """The prompts optloop's proposers are given, less what varies per call: GEPA's reflection
+    template (read from the installed ``gepa``), DSPy's SIMBA advice signature, and optloop's own
+    proposer signatures (the writer's, the paraphrase's, the rewrite's)."""
+    texts: list[str] = []
+    try:
+        from gepa.strategies.instruction_proposal import InstructionProposalSignature
+
+        texts.append(str(InstructionProposalSignature.default_prompt_template))
+    except (ImportError, AttributeError):  # another gepa: its template is not where we look
+        logger.debug("GEPA's reflection template not found; echoes of it are not detected")
+    try:
+        from dspy.teleprompt.simba_utils import OfferFeedback
+
+        texts.append(_signature_text(OfferFeedback))
+    except (ImportError, AttributeError):
+        logger.debug("DSPy's SIMBA advice signature not found")
+    from optloop.loop import edit, optimizers, writer
+
+    for signature in (
+        edit.ParaphrasePhrase,
+        optimizers.ProposeInstruction,
+        writer.WriteInstruction,
+        writer.WriteSentence,
+        writer.RewriteSentence,
+    ):
+        texts.append(_signature_text(signature))
+    return tuple(texts)
+
+
+def _signature_text(signature: type) -> str:
+    """A DSPy signature's instruction and field descriptions: what a proposer reads of it."""
+    fields = getattr(signature, "fields", {})
+    parts = [str(getattr(signature, "instructions", "") or "")]
+    for field in fields.values():
+        extra = getattr(field, "json_schema_extra", None) or {}
+        parts.append(str(extra.get("desc") or ""))
+    return "\n".join(p for p in parts if p)
+
+
+class ProposalGate:
+    """Judges proposed instructions (see the module doc); ``log``: where verdicts are appended
+    (``None``: kept in memory only)."""
+
+    def __init__(self, log: Path | None = None, *, templates: Iterable[str] | None = None):
+        self.log = log
+        self._templates = tuple(templates) if templates is not None else None
+        self._template_grams: set[tuple[str, ...]] | None = None
+        self.counts: Counter[str] = Counter()
+        self._lock = threading.Lock()
+
+    def template_grams(self) -> set[tuple[str, ...]]:
+        if self._template_grams is None:
+            texts = self._templates if self._templates is not None else proposer_templates()
+            self._template_grams = set().union(*(_ngrams(t) for t in texts)) if texts else set()
+        return self._template_grams
+
+    def judge(
+        self, site: str, text: str, *, cut_off: bool = False, shown: str = "", whole: bool = True
+    ) -> tuple[Reason | None, str]:
+        """The reason ``text`` is refused as an instruction for ``site`` (``None``: it passes) and
+        what was found. ``cut_off``: the proposer's call stopped at its token limit; ``shown``: the
+        task text the proposer was given beside its template (an echo of it is refused too);
+        ``whole``: ``text`` is a whole instruction, which must name the site's job (a sentence
+        added to one, or written in place of one of its sentences, need not)."""
+        if cut_off:
+            return Reason.CUT_OFF, "the proposer stopped at its token limit"
+        if faults := problems(text):
+            return Reason.MALFORMED, "; ".join(faults)
+        grams = _ngrams(text)
+        if grams:
+            seen = grams & (self.template_grams() | (_ngrams(shown) if shown else set()))
+            if len(seen) >= ECHO_MIN and len(seen) / len(grams) >= ECHO_SHARE:
+                return (
+                    Reason.ECHO,
+                    f"{len(seen)} of its {len(grams)} word 5-grams are in the proposer's prompt",
+                )
+        if m := _REQUEST.search(text):
+            return Reason.OFF_TASK, f"it asks for input ({m.group(0)!r}) instead of instructing"
+        job = site_job(site) if whole else None
+        if job is not None and not asks_for(job, text):
+            return Reason.OFF_TASK, f"it names no word of the site's job ({job.task[:60]}...)"
+        return None, ""
+
+    def refuses(
+        self,
+        site: str,
+        text: str,
+        *,
+        who: str,
+        cut_off: bool = False,
+        shown: str = "",
+        whole: bool = True,
+    ) -> bool:
+        """Whether to refuse ``text`` (see :meth:`judge`), recorded in the log either way, and said
+        in a log line when refused; ``who`` names the proposal ("GEPA's reflection")."""
+        reason, detail = self.judge(site, text, cut_off=cut_off, shown=shown, whole=whole)
+        verdict = Verdict(site=site, who=who, text=text, reason=reason, detail=detail)
+        with self._lock:
+            self.counts[reason.value if reason else "passed"] += 1
+            if self.log is not None:
+                self.log.parent.mkdir(parents=True, exist_ok=True)
+                with self.log.open("a", encoding="utf-8") as f:
+                    f.write(verdict.model_dump_json() + "\n")
+        if reason is not None:
+            logger.info(
+                "%s for %s refused (%s: %s): %r", who, site, reason.value, detail, text[:120]
+            )
+        return reason is not None
+
+
+_ACTIVE: contextvars.ContextVar[ProposalGate | None] = contextvars.ContextVar(
+    "optloop_proposal_gate", default=None
+)
+_UNLOGGED = ProposalGate()
+
+
+def current_gate() -> ProposalGate:
+    """The gate of the optimizer whose round is running (:func:`active`), so code deep inside a
+    DSPy optimizer's step (SIMBA's advice, GEPA's proposer) judges with it; outside any round, a
+    gate that logs nowhere."""
+    return _ACTIVE.get() or _UNLOGGED
+
+
+@contextlib.contextmanager
+def active(gate: ProposalGate) -> Iterator[ProposalGate]:
+    """``gate`` is :func:`current_gate` inside the block."""
+    token = _ACTIVE.set(gate)
+    try:
+        yield gate
+    finally:
+        _ACTIVE.reset(token)
+
+
+def verdicts(paths: Iterable[Path]) -> list[Verdict]:
+    """Every verdict in the gate logs at ``paths`` (missing files skipped; a line cut by a kill is
+    skipped)."""
+    out: list[Verdict] = []
+    for path in paths:
+        if not path.exists():
+            continue
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                out.append(Verdict.model_validate(json.loads(line)))
+            except (json.JSONDecodeError, ValueError):
+                continue
+    return out
+
+
+def refusals(paths: Iterable[Path]) -> dict[str, int]:
+    """Proposals refused by reason (and ``passed``), over the gate logs at ``paths``."""
+    counts = Counter(v.reason.value if v.reason else "passed" for v in verdicts(paths))
+    return dict(sorted(counts.items()))
+
+
+def logs_under(root: Path) -> list[Path]:
+    """The gate logs of every optimizer under a run's directory."""
+    return sorted(root.rglob(LOG_NAME)) if root.exists() else []
+
+
+__all__ = [
+    "LOG_NAME",
+    "ProposalGate",
+    "active",
+    "current_gate",
+    "Reason",
+    "Verdict",
+    "logs_under",
+    "proposer_templates",
+    "refusals",
+    "verdicts",
+]

@@ -1,0 +1,120 @@
+"""The proposal gate: which proposed instructions are evaluated, and the reasons it counts."""
+
+from __future__ import annotations
+
+import pytest
+
+from optloop.loop.gate import ProposalGate, Reason, active, current_gate, refusals, verdicts
+from optloop.loop.jobs import asks_for, site_job
+from optloop.sites import ANSWER, MEM0_EXTRACT
+
+# What a 1.5B reflection model wrote as mem0's extraction instruction when handed GEPA's reflection
+# template over mem0's own prompt: its own template echoed back, and a request for input.
+GEPA_ECHO = (
+    "I provided an assistant with instructions to perform a task for me. You are given those "
+    "instructions, along with examples of different task inputs provided to the assistant along "
+    "with the assistant's response for each of them. Please provide the task details and the "
+    "examples of task inputs."
+)
+REQUEST = (
+    "I wish to help you with a specific task. Please provide the task details and examples of "
+    "task inputs."
+)
+SHIPPABLE = (
+    "Extract every fact the user states about themselves, such as names, numbers, places and "
+    "dates, as short self-contained memories. Keep each value exactly as the user wrote it."
+)
+
+
+@pytest.fixture
+def gate(tmp_path):
+    return ProposalGate(tmp_path / "proposals.jsonl")
+
+
+def test_an_echo_of_gepas_reflection_template_is_refused(gate):
+    reason, detail = gate.judge(MEM0_EXTRACT, GEPA_ECHO)
+    assert reason is Reason.ECHO, detail
+
+
+def test_a_request_for_input_is_refused_as_off_task(gate):
+    assert gate.judge(MEM0_EXTRACT, REQUEST)[0] is Reason.OFF_TASK
+
+
+def test_an_instruction_that_names_no_word_of_the_sites_job_is_off_task(gate):
+    reason, detail = gate.judge(MEM0_EXTRACT, "You are a helpful assistant. Be polite and brief.")
+    assert reason is Reason.OFF_TASK and "job" in detail
+
+
+def test_a_shippable_extraction_instruction_passes(gate):
+    assert gate.judge(MEM0_EXTRACT, SHIPPABLE) == (None, "")
+
+
+def test_text_cut_by_the_token_limit_is_refused_first(gate):
+    assert gate.judge(MEM0_EXTRACT, SHIPPABLE, cut_off=True)[0] is Reason.CUT_OFF
+
+
+def test_malformed_text_is_refused(gate):
+    assert gate.judge(ANSWER, "Answer the question with the")[0] is Reason.MALFORMED
+
+
+def test_a_re_typing_of_the_task_text_shown_is_an_echo(gate):
+    shown = (
+        "- Later asked 'What is my locker number?' (right answer '6744'). The evidence was in "
+        "session 1, but the extraction returned 0 items, none carrying it."
+    )
+    echo = (
+        "The evidence was in session 1, but the extraction returned 0 items, none carrying it. "
+        "Extract it."
+    )
+    assert gate.judge(MEM0_EXTRACT, echo, shown=shown)[0] is Reason.ECHO
+    assert gate.judge(MEM0_EXTRACT, SHIPPABLE, shown=shown)[0] is None
+
+
+def test_a_sentence_for_an_instruction_need_not_name_the_job(gate):
+    sentence = "Include the dates the user mentions."
+    assert gate.judge(MEM0_EXTRACT, sentence)[0] is Reason.OFF_TASK
+    assert gate.judge(MEM0_EXTRACT, sentence, whole=False)[0] is None
+
+
+def test_an_answer_instruction_that_tells_the_model_to_give_an_answer_passes(gate):
+    text = "Give the shortest answer the memories support, or reply that you do not know."
+    assert gate.judge(ANSWER, text) == (None, "")
+
+
+def test_a_site_whose_job_is_unknown_is_not_judged_off_task(gate):
+    assert site_job("some.library.prompt") is None
+    assert gate.judge("some.library.prompt", "Be brief and polite.")[0] is None
+
+
+def test_graphiti_sites_get_their_prompt_familys_job():
+    job = site_job("graphiti.extract_edges.edge")
+    assert job is not None and asks_for(job, "Extract the facts that relate two entities.")
+
+
+def test_every_verdict_is_logged_and_refusals_are_counted_by_reason(gate, tmp_path):
+    for text in (GEPA_ECHO, REQUEST, SHIPPABLE, "Store the"):
+        gate.refuses(MEM0_EXTRACT, text, who="a test proposal")
+    assert refusals([tmp_path / "proposals.jsonl"]) == {
+        "echo": 1,
+        "malformed": 1,
+        "off_task": 1,
+        "passed": 1,
+    }
+    logged = verdicts([tmp_path / "proposals.jsonl", tmp_path / "missing.jsonl"])
+    assert [v.text for v in logged] == [GEPA_ECHO, REQUEST, SHIPPABLE, "Store the"]
+    assert gate.counts["passed"] == 1
+
+
+def test_a_line_cut_by_a_kill_is_skipped(tmp_path):
+    log = tmp_path / "proposals.jsonl"
+    ProposalGate(log).refuses(ANSWER, "Answer briefly.", who="t")
+    with log.open("a") as f:
+        f.write('{"site": "answer", "who"')
+    assert refusals([log]) == {"passed": 1}
+
+
+def test_the_active_gate_is_the_one_code_inside_a_round_judges_with(gate):
+    outside = current_gate()
+    with active(gate):
+        assert current_gate() is gate
+    assert current_gate() is outside and outside is not gate
