@@ -29,7 +29,6 @@ from optloop.offline import offline_defaults
 
 os.environ.update(offline_defaults())  # first: litellm, mem0 and Hugging Face read them
 
-import argparse
 import json
 import time
 from collections import Counter
@@ -73,6 +72,7 @@ class Row(BaseModel):
     calls: int
     failed_calls: int
     blamed: dict[str, int]
+    given: str = ""
 
     def key(self) -> tuple[str, str, str, str]:
         return (self.system, self.model, self.dataset, self.variant)
@@ -89,7 +89,13 @@ def trivial_instruction(signature: type[dspy.Signature]) -> str:
 
 
 def measure(
-    system: str, spec: str, uri: str, variant: str, sites: Sequence[str], home: Path
+    system: str,
+    spec: str,
+    uri: str,
+    variant: str,
+    sites: Sequence[str],
+    home: Path,
+    given: str = "",
 ) -> Row:
     cls = get_system(system)
     work = home / f"{system}-{model_name(spec)}"
@@ -104,13 +110,12 @@ def measure(
         evaluator.register(dev)
         candidate = evaluator.baseline()
         chosen = list(sites) or [n for n, s in evaluator.sites.items() if s.stage == "ingest"]
-        if variant == "trivial":
+        if variant != "own":
             states = dict(candidate.sites)
             for site in chosen:
                 signature = evaluator.sites[site].module.signature
-                states[site] = SiteState(
-                    instructions=trivial_instruction(signature), demos=states[site].demos
-                )
+                text = given if variant == "given" else trivial_instruction(signature)
+                states[site] = SiteState(instructions=text, demos=states[site].demos)
             candidate = candidate.model_copy(update={"sites": states})
         mark = lm.accounting.mark()
         started = time.perf_counter()
@@ -136,6 +141,7 @@ def measure(
         calls=len(calls),
         failed_calls=sum(1 for c in calls if c.error),
         blamed=dict(blamed.most_common()),
+        given=given if variant == "given" else "",
     )
 
 
@@ -158,7 +164,7 @@ def to_markdown(rows: Sequence[Row], results: dict[str, Any]) -> str:
                 r.system,
                 r.model,
                 f"`{r.dataset}`",
-                "own" if r.variant == "own" else f"trivial ({', '.join(r.sites)})",
+                "own" if r.variant == "own" else f"{r.variant} ({', '.join(r.sites)})",
                 f"{r.accuracy:.3f} [{r.low:.3f}, {r.high:.3f}]",
                 r.n,
                 "yes" if r.headroom else "no",
@@ -174,7 +180,8 @@ def to_markdown(rows: Sequence[Row], results: dict[str, Any]) -> str:
         + provenance_lines(results["provenance"])
         + "Dev split of `optloop.run` (0.5/0.25/0.25 by episode, seed 0); accuracy with a 95% "
         "bootstrap CI over the dev questions (seeded). *trivial*: the named sites given DSPy's "
-        "default instruction for their signature, the control every loop report carries. "
+        "default instruction for their signature, the control every loop report carries; *given*: "
+        "a hand-written instruction (the row's JSON has it). "
         "Headroom: 0.2 <= accuracy <= 0.8.\n\n" + body + "\n"
     )
 
@@ -190,6 +197,9 @@ def build_parser() -> CommandParser:
     parser.add_argument("--datasets", required=True, help="dataset URIs, separated by ' ; '")
     parser.add_argument("--variants", default="own,trivial")
     parser.add_argument("--sites", default="", help="sites the trivial variant changes")
+    parser.add_argument(
+        "--given", default="", help="the instruction of the 'given' variant (a hand-written one)"
+    )
     parser.add_argument("--home", type=Path, default=Path("/tmp/optloop-headroom"))
     parser.add_argument("--json", type=Path, default=RESULTS / "headroom.json")
     parser.add_argument("--markdown", type=Path, default=RESULTS / "headroom.md")
@@ -211,7 +221,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     if (system, model_name(spec), uri, variant) in done:
                         continue
                     print(f"{system} {model_name(spec)} {uri} {variant} ...", flush=True)
-                    row = measure(system, spec, uri, variant, sites, args.home)
+                    row = measure(system, spec, uri, variant, sites, args.home, args.given)
                     print(
                         f"  {row.accuracy:.3f} [{row.low:.3f}, {row.high:.3f}] n={row.n} "
                         f"{row.seconds:.0f}s blamed {row.blamed}",

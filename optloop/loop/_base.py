@@ -104,7 +104,7 @@ class Optimizer(ABC):
 
     @property
     def writer(self) -> Writer:
-        """Small writing tasks for the proposer, judged by :attr:`gate` (:mod:`optloop.loop.writer`)."""
+        """Small writing tasks for the proposer, judged by :attr:`gate` (:mod:`~.writer`)."""
         if self._writer is None:
             self._writer = Writer(self.proposer, self.gate)
         return self._writer

@@ -57,6 +57,7 @@ from optloop.errors import ConfigError
 from optloop.lm import collect_calls, prompt_site
 from optloop.loop._base import PROPOSER_SITE, Optimizer
 from optloop.loop.candidate import Candidate, SiteState
+from optloop.loop.gate import ProposalGate, active, current_gate
 from optloop.loop.program import (
     MemoryProgram,
     attr_name,
@@ -74,7 +75,6 @@ from optloop.loop.simba import (
     simba_step,
 )
 from optloop.loop.study import SharedStudy
-from optloop.loop.gate import ProposalGate, active, current_gate
 from optloop.loop.writer import Writer, long_instruction
 from optloop.paths import write_atomic
 

@@ -56,7 +56,6 @@ from pydantic import BaseModel, Field
 
 from optloop.attribution import blame
 from optloop.loop.edit import EditOptimizer, ParaphrasePhrase, phrases
-from optloop.loop.writer import CASE_CHARS, MAX_CASES, WriteInstruction
 from optloop.loop.optimizers import (
     GepaOptimizer,
     OptunaOptimizer,
@@ -68,6 +67,7 @@ from optloop.loop.policy import choose_targets
 from optloop.loop.program import attr_name
 from optloop.loop.simba import advice_signature
 from optloop.loop.spend import OptimizerWork
+from optloop.loop.writer import CASE_CHARS, MAX_CASES, WriteInstruction
 
 if TYPE_CHECKING:
     from optloop.datasets import Dataset
