@@ -25,7 +25,10 @@ from optloop import sites
 class SiteJob(BaseModel):
     """One prompt site's job."""
 
-    task: str = Field(description="what the site's call does, one sentence, for a writer")
+    task: str = Field(
+        description="what the site's call does, a short phrase: the writer restates it, and the "
+        "substance of what it writes comes from the failures, not from a description to copy"
+    )
     words: tuple[str, ...] = Field(
         description="word stems an instruction for the site names at least one of"
     )
@@ -59,11 +62,7 @@ JOBS: dict[str, SiteJob] = {
         words=("query", "search", "rewrite", "question", "keyword"),
     ),
     sites.MEM0_EXTRACT: SiteJob(
-        task=(
-            "read the new messages of a conversation and extract the memories to store: each "
-            "fact the user (or another speaker) states about themselves, their life, plans and "
-            "preferences, as a short self-contained sentence"
-        ),
+        task="extract the memories to store from the new messages of a conversation",
         words=_EXTRACT_WORDS,
         output=(
             "The output is a JSON list of memories, each with a text field; the format is "

@@ -20,6 +20,7 @@ answer, and what the decisive operation did with the evidence (:func:`failure_ca
 
 from __future__ import annotations
 
+import ast
 import logging
 import random
 import re
@@ -28,27 +29,30 @@ from typing import TYPE_CHECKING, Any
 
 import dspy
 
+from optloop.attribution.taxonomy import ErrorType
 from optloop.lm import collect_calls, prompt_site
 from optloop.loop.jobs import site_job
 from optloop.sites import PROPOSER
 
 if TYPE_CHECKING:
-    from optloop.attribution import Attribution
+    from optloop.attribution.taxonomy import Attribution
     from optloop.loop.gate import ProposalGate
 
 logger = logging.getLogger(__name__)
 
 MAX_CASES = 4  # failures shown per writing task: enough to generalize from, short to read
 CASE_CHARS = 320
-WRITE_TEMPERATURE = 0.7
+WRITE_TEMPERATURE = 0.5
 SHORT_WORDS = 120  # an instruction longer than this is rewritten whole, never re-typed
 
 
 class WriteInstruction(dspy.Signature):
-    """Write a short instruction, two to four sentences, for one step of an AI assistant's memory.
-    Tell the model what to do in this step and what it must not miss; the failures show what it
-    missed. Write plain commands to the model. Do not copy names or values from the failures, and
-    do not describe the output format."""
+    """Write a short instruction, two to four sentences, for a language model that does one step
+    of an AI assistant's memory. Tell it what to do in this step and what it must not miss; the
+    failures are examples of what it missed. Make the instruction general: it must cover every
+    kind of fact like these, not only the examples' topics, and name no value from them. Write
+    plain commands to the model, not code: do not mention functions, sessions or fields, and do
+    not describe the output format."""
 
     step: str = dspy.InputField(desc="what this step does")
     output_format: str = dspy.InputField(desc="what the model's output looks like")
@@ -57,9 +61,10 @@ class WriteInstruction(dspy.Signature):
 
 
 class WriteSentence(dspy.Signature):
-    """Write one sentence to add to the instruction of one step of an AI assistant's memory, so
-    that the step no longer fails as in the cases below. Write a general command to the model; do
-    not copy names or values from the cases."""
+    """Write one sentence to add to the instruction of a language model that does one step of an
+    AI assistant's memory, so that the step no longer fails as in the cases below. Write a general,
+    plain command to the model that covers every case like these, not only their topics; not code:
+    do not mention functions, sessions or fields, and name no value from the cases."""
 
     step: str = dspy.InputField(desc="what this step does")
     failures: str = dspy.InputField(desc="cases where this step lost what was needed later")
@@ -67,9 +72,10 @@ class WriteSentence(dspy.Signature):
 
 
 class RewriteSentence(dspy.Signature):
-    """Rewrite one sentence of the instruction of one step of an AI assistant's memory, so that the
-    step no longer fails as in the cases below. Write one sentence, a general command to the model;
-    do not copy names or values from the cases."""
+    """Rewrite one sentence of the instruction of a language model that does one step of an AI
+    assistant's memory, so that the step no longer fails as in the cases below. Write one
+    sentence, a general, plain command to the model, not code; do not copy names or values from
+    the cases."""
 
     step: str = dspy.InputField(desc="what this step does")
     sentence: str = dspy.InputField(desc="the sentence of the instruction to rewrite")
@@ -77,23 +83,43 @@ class RewriteSentence(dspy.Signature):
     new_sentence: str = dspy.OutputField(desc="the rewritten sentence")
 
 
+# The evidence quote the decisive walk writes into an explanation: "the evidence ('...', gold
+# answer '...')" (optloop.attribution.decisive).
+_EVIDENCE = re.compile(r"the evidence \((?P<quote>'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"),")
 _OP_ID = re.compile(r"\s*\((?:op|call)[^)]*\)")
 _FIX = re.compile(r"\s*Fix (?:the|that) [^.]*\.\s*$")
+_WHAT = {
+    ErrorType.EXTRACTION: "This step stored nothing that says it.",
+    ErrorType.UPDATE: "This step stored it, but a later update lost it.",
+    ErrorType.DELETION: "This step stored it, but it was deleted later.",
+    ErrorType.RETRIEVAL: "It was stored, but the search did not find it.",
+}
 
 
 def failure_cases(
     attributions: Sequence[Attribution], site: str, *, seed: int = 0, limit: int = MAX_CASES
 ) -> str:
-    """Up to ``limit`` failures blamed on ``site``, one line each: the question asked later, its
-    right answer, and what happened to the evidence (the attribution's explanation, less operation
-    ids and its closing advice). Drawn with ``seed`` when there are more."""
+    """Up to ``limit`` failures blamed on ``site``, one line each, in plain words: what the user
+    said (the evidence), the question asked later and its right answer, and what went wrong at this
+    step. Drawn with ``seed`` when there are more."""
     blamed = [a for a in attributions if a.target == site]
     if len(blamed) > limit:
         blamed = random.Random(seed).sample(blamed, limit)
     lines = []
     for a in blamed:
-        what = _FIX.sub("", _OP_ID.sub("", a.explanation)).strip()
-        line = f"- Later asked {a.question!r} (right answer {a.gold!r}). {what}"
+        said = ""
+        if m := _EVIDENCE.search(a.explanation):
+            try:
+                said = f"The conversation said: {ast.literal_eval(m.group('quote'))!r}. "
+            except (ValueError, SyntaxError):
+                said = ""
+        if a.error_type in _WHAT:
+            what = _WHAT[a.error_type]
+        elif a.error_type is ErrorType.RESPONSE and said:
+            what = f"The memories held it, but the reply was {a.prediction!r}."
+        else:
+            what = _FIX.sub("", _OP_ID.sub("", a.explanation)).strip()
+        line = f"- {said}Later asked {a.question!r} (answer: {a.gold!r}). {what}"
         lines.append(line[:CASE_CHARS])
     return "\n".join(lines) or "(no failure attributed to this step yet)"
 
@@ -205,7 +231,7 @@ class Writer:
                 collect_calls() as calls,
                 dspy.context(
                     lm=self.proposer.copy(rollout_id=rollout, temperature=WRITE_TEMPERATURE),
-                    adapter=dspy.JSONAdapter(),
+                    adapter=dspy.ChatAdapter(),
                 ),
             ):
                 text = str(getattr(dspy.Predict(signature)(**inputs), output) or "").strip()

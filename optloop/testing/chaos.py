@@ -12,6 +12,7 @@ for it, or a real answer (from an LM, or a schema-valid stub: :func:`stub_answer
 from __future__ import annotations
 
 import json
+import re
 import sys
 import threading
 import time
@@ -118,7 +119,19 @@ def stub_answer(body: dict[str, Any]) -> tuple[str, Any]:
         return "ok", json.dumps(schema_stub((fmt.get("json_schema") or {}).get("schema"), text))
     if fmt.get("type") == "json_object":
         return "ok", json.dumps(schema_stub(fmt.get("schema"), text) if fmt.get("schema") else {})
+    last = ((body.get("messages") or [{}])[-1].get("content") or "") if body else ""
+    if fields := _chat_fields(str(last)):  # DSPy's chat format: each output field, then completed
+        return "ok", "".join(f"[[ ## {f} ## ]]\n{text}\n\n" for f in fields) + (
+            "[[ ## completed ## ]]"
+        )
     return "ok", "ok"
+
+
+def _chat_fields(prompt: str) -> list[str]:
+    """The output fields a DSPy chat-format prompt asks for ("Respond with the corresponding
+    output fields, starting with the field `[[ ## a ## ]]`, then `[[ ## b ## ]]`, ...")."""
+    asked = prompt.rpartition("Respond with the corresponding output fields")[2]
+    return [f for f in re.findall(r"\[\[ ## (\w+) ## \]\]", asked) if f != "completed"]
 
 
 class FaultyEndpoint:

@@ -348,8 +348,7 @@ def test_a_round_with_a_writer_adds_a_short_instruction_an_added_and_a_rewritten
             {"sentence": "Never reply N/A when a memory holds the answer."},
             {"new_sentence": "Answer only from the memories."},
         ]
-        * 5,
-        adapter=dspy.JSONAdapter(),
+        * 5
     )
     start = f"{CLEAN} {SABOTAGE}"
     opt = EditOptimizer(
@@ -372,8 +371,7 @@ def test_written_edits_the_gate_refuses_are_not_proposed():
             {"instruction": "Please provide the task details and examples of task inputs."},
             {"sentence": "Never reply N/A when a"},
             {"new_sentence": "Answer only from the memories."},
-        ],
-        adapter=dspy.JSONAdapter(),
+        ]
     )
     opt = EditOptimizer(
         FakeEvaluator(), lm, _train(), sites=["answer"], seed=0, deletions=0, extra=0, bsize=3
