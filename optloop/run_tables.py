@@ -73,10 +73,22 @@ def summary_table(result: LoopResult) -> Table:
         "",
     )
     table.add_row("promoted", result.promotion_reason, "", "")
+    if result.proposals:
+        table.add_row("proposals (gate)", proposals_line(result.proposals), "", "")
     table.add_section()
     table.add_row("evaluations / budget", f"{result.evaluations} / {cfg.budget}", "", "")
     table.add_row("cost", cost_line(cost), "", "")
     return table
+
+
+def proposals_line(proposals: dict[str, int]) -> str:
+    """``9 passed, 4 refused (2 echo, 1 off_task, 1 cut_off)``: what the proposal gate
+    said of the optimizer's proposals (:mod:`optloop.loop.gate`)."""
+    refused = {k: v for k, v in proposals.items() if k != "passed"}
+    why = ", ".join(f"{n} {reason}" for reason, n in sorted(refused.items(), key=lambda x: -x[1]))
+    return f"{proposals.get('passed', 0)} passed, {sum(refused.values())} refused" + (
+        f" ({why})" if why else ""
+    )
 
 
 def cost_line(cost: dict[str, int | float]) -> str:

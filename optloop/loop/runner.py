@@ -67,6 +67,7 @@ from optloop.loop.coordinator import LocalCoordinator, SharedCoordinator
 from optloop.loop.cost import site_costs, site_metrics
 from optloop.loop.eta import Eta, TrialLine
 from optloop.loop.evaluate import Evaluation, Evaluator
+from optloop.loop.gate import logs_under, refusals
 from optloop.loop.mlflow_sink import MlflowSink
 from optloop.loop.optimizers import OPTIMIZERS, Optimizer
 from optloop.loop.overhead import RunShape, modeled_work, run_shape
@@ -450,6 +451,15 @@ class Loop:
                 lambda sites, knobs: self._optimizer(evaluator, train, sites, knobs, coordinator),
             )
             result = controller.run()
+            # What the proposal gate said of the optimizer's proposals, by reason (every process
+            # of the run appended to the same logs: optloop.loop.gate).
+            proposals = refusals(logs_under(self.state / "work" / "optimizers"))
+            if proposals:
+                result = result.model_copy(update={"proposals": proposals})
+                mlflow.log_metrics(
+                    {f"proposals/{reason}": float(n) for reason, n in proposals.items()},
+                    run_id=parent.info.run_id,
+                )
             status = "FINISHED"
             return result
         except KeyboardInterrupt:

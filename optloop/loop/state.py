@@ -279,6 +279,11 @@ class LoopResult(BaseModel):
         "", description="unified diff of the start prompts and the best candidate's"
     )
     note: str = ""
+    proposals: dict[str, int] = Field(
+        default_factory=dict,
+        description="the optimizer's proposals by the proposal gate's verdict: 'passed' or the "
+        "reason each was refused (optloop.loop.gate)",
+    )
     failed_calls: dict[str, int] = Field(
         default_factory=dict,
         description="LM calls that failed after their retries, per figure "
