@@ -781,10 +781,11 @@ def test_estimate_then_max_calls_stops_with_exit_3_and_a_higher_limit_resumes_th
     assert (
         figures["total"]["calls"] - optimizer["calls"] < 0.5 * made
     )  # what the estimate said without it
-    # measured on trial 1's round, which holds the store rebuilds of the processes that resumed,
-    # and scaled by the model's two rounds: within 30%
+    # measured on trial 1's round, which holds the store rebuilds of the processes that resumed
+    # (redone steps count as the optimizer's), and scaled by the model's two rounds: within 35%
+    # (a round with written edits screens 16 programs, so its redone share weighs more than at 10)
     assert (
-        measured["optimizer"]["measured"] and abs(measured["total"]["calls"] - made) <= 0.3 * made
+        measured["optimizer"]["measured"] and abs(measured["total"]["calls"] - made) <= 0.35 * made
     )
 
 
