@@ -41,6 +41,7 @@ from tests.optloop.loop.test_controller import (
 
 DOLLARS_PER_CALL = 0.01
 BASELINE = 2 * EVALUATION_CALLS  # train + dev
+CONTROL = EVALUATION_CALLS  # the trivial-instruction control on dev, before the first trial
 TRIAL = EVALUATION_CALLS + PROPOSAL_CALLS
 
 
@@ -90,20 +91,20 @@ def test_max_calls_stops_after_a_trial_and_a_higher_limit_resumes_to_the_unlimit
 ):
     path, sink = tmp_path / "ckpt.json", MemorySink(Clock())
     stopped, _ = stop(
-        path, sink, SpendingLimits(max_calls=BASELINE + TRIAL + 1)
+        path, sink, SpendingLimits(max_calls=BASELINE + CONTROL + TRIAL + 1)
     )  # reached during trial 2
     assert (
         stopped.reason == MAX_CALLS
-        and str(stopped) == "--max-calls 32 reached: the run has made 42 model calls"
+        and str(stopped) == "--max-calls 42 reached: the run has made 52 model calls"
     )
     ckpt = Checkpoint.load(path)
     assert (
-        len(ckpt.trials) == 2 and ckpt.spending["model_calls"] == BASELINE + 2 * TRIAL
+        len(ckpt.trials) == 2 and ckpt.spending["model_calls"] == BASELINE + CONTROL + 2 * TRIAL
     )  # trial 2 was finished
     nothing_half_done(path, sink)
 
     again, run = stop(
-        path, sink, SpendingLimits(max_calls=BASELINE + 2 * TRIAL)
+        path, sink, SpendingLimits(max_calls=BASELINE + CONTROL + 2 * TRIAL)
     )  # the same total: no new step
     assert again.reason == MAX_CALLS and run.evaluator.calls == [] and run.optimizers == []
     assert Checkpoint.load(path).spending == {
@@ -114,7 +115,7 @@ def test_max_calls_stops_after_a_trial_and_a_higher_limit_resumes_to_the_unlimit
     }
 
     _, run = stop(
-        path, sink, SpendingLimits(max_calls=BASELINE + 4 * TRIAL)
+        path, sink, SpendingLimits(max_calls=BASELINE + CONTROL + 4 * TRIAL)
     )  # a higher limit: two more trials
     assert [c[0] for c in run.evaluator.calls] == ["dev", "dev"] and len(
         Checkpoint.load(path).trials
@@ -141,12 +142,12 @@ def test_max_cost_stops_before_each_held_out_evaluation_and_the_run_finishes_as_
 ):
     path, sink = tmp_path / "ckpt.json", MemorySink(Clock())
     after_trials = (
-        BASELINE + 5 * TRIAL
-    ) * DOLLARS_PER_CALL  # $0.75: every trial done, the test not begun
+        BASELINE + CONTROL + 5 * TRIAL
+    ) * DOLLARS_PER_CALL  # $0.85: every trial done, the test not begun
     stopped, _ = stop(path, sink, SpendingLimits(max_cost=after_trials - 0.05))
     assert (
         stopped.reason == MAX_COST
-        and str(stopped) == "--max-cost 0.7 reached: the run has spent $0.750000"
+        and str(stopped) == "--max-cost 0.8 reached: the run has spent $0.850000"
     )
     ckpt = Checkpoint.load(path)
     assert len(ckpt.trials) == 5 and ckpt.test_before is None and sink.summary is None
@@ -165,7 +166,7 @@ def test_max_cost_stops_before_each_held_out_evaluation_and_the_run_finishes_as_
         "processes": 3
     }
     assert result.cost["cost_usd"] == pytest.approx(
-        (9 * EVALUATION_CALLS + 5 * PROPOSAL_CALLS) * DOLLARS_PER_CALL
+        (11 * EVALUATION_CALLS + 5 * PROPOSAL_CALLS) * DOLLARS_PER_CALL
     )
     assert len(sink.registered) == 1 and Checkpoint.load(path).finished
 
@@ -183,7 +184,8 @@ def test_estimate_stops_after_the_baseline_and_the_next_run_reuses_it(tmp_path):
     assert "train" not in [
         c[0] for c in resumed.evaluator.calls
     ]  # the baseline came from the checkpoint
-    assert [c[0] for c in resumed.evaluator.calls].count("dev") == 5  # the five trials only
+    # the control (targeted once the baseline is known) and the five trials
+    assert [c[0] for c in resumed.evaluator.calls].count("dev") == 6
     clean = clean_run(tmp_path)
     assert without_cost(result) == without_cost(clean) and result.cost == clean.cost | {
         "processes": 2
