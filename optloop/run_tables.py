@@ -60,7 +60,7 @@ def summary_table(result: LoopResult) -> Table:
     for diff in comparison.differences:
         chosen = f" (best of {result.evaluations + 1} on dev)" if diff.against == "own" else ""
         table.add_row(
-            f"{diff.label} (paired)", f"{diff.dev:+.3f}{chosen}", f"{diff.test}: {diff.verdict}"
+            diff.label, f"{diff.dev:+.3f}{chosen}", f"{diff.test} paired: {diff.verdict}"
         )
     table.add_section()
     table.add_row("blamed", ", ".join(result.targets) or "(no failure attributed to a site)", "")
