@@ -117,8 +117,10 @@ def money(dollars: float) -> str:
 def tried_table(result: LoopResult) -> Table:
     """What the optimizer tried: every evaluated candidate with its dev accuracy (a 0 -> 0 run says
     what failed)."""
+    control = "" if result.control_dev is None else f", control {result.control_dev:.3f}"
     table = Table(
-        title=f"candidates tried on dev (baseline {result.baseline_dev:.3f}, n={result.n_dev})"
+        title=f"candidates tried on dev (baseline {result.baseline_dev:.3f}{control}, "
+        f"n={result.n_dev})"
     )
     for col, justify in (
         ("trial", "right"),

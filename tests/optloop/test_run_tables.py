@@ -12,7 +12,7 @@ from rich.console import Console
 from optloop.loop.control import NO_MEASURABLE_CHANGE, comparison_of
 from optloop.loop.policy import NO_CONTROL, held_out_intervals
 from optloop.loop.state import LoopConfig, LoopResult
-from optloop.run_tables import summary_table
+from optloop.run_tables import summary_table, tried_table
 from tests.optloop.loop.test_promotion import evaluation
 
 KEYS = [(f"e{i // 4}", f"q{i}") for i in range(20)]
@@ -105,6 +105,14 @@ def test_three_rows_on_dev_and_test_and_both_paired_differences():
         "measurably better",
         NO_MEASURABLE_CHANGE,
     ]
+
+
+def test_the_candidates_table_names_the_controls_dev_accuracy_beside_the_baselines():
+    table = tried_table(result(own=0, best=19, control=18))
+    assert table.title == "candidates tried on dev (baseline 0.000, control 0.900, n=20)"
+    assert tried_table(result(own=0, best=19, control=None)).title == (
+        "candidates tried on dev (baseline 0.000, n=20)"
+    )
 
 
 def test_a_loop_that_beats_the_control_says_so():
