@@ -37,6 +37,7 @@ def optimize(
     lm_base_url: str | None = None,
     concurrency: int | str | None = None,
     batch: int = 1,
+    control: bool = True,
     allow_small_splits: bool = False,
     max_cost: float | None = None,
     max_calls: int | None = None,
@@ -106,6 +107,11 @@ def optimize(
             LM requests in flight at once, or ``"auto"`` (probe the endpoint).
         batch:
             Candidates of one optimizer round evaluated at once (an endpoint's slots fill up).
+        control:
+            Evaluate the trivial-instruction control (the start program with each blamed site
+            given DSPy's default instruction for its signature) on dev and test, so the result
+            says whether the loop's prompt beats it (``beats_control``, ``delta_control_ci``);
+            ``False`` skips it, and the result cannot say what the loop's writing earned.
         allow_small_splits:
             Run even when the dev or test split has fewer than 20 questions (its CIs are too wide
             to show a change).
@@ -126,7 +132,8 @@ def optimize(
 
     Returns:
         The run's :class:`~optloop.loop.state.LoopResult`: dev and held-out accuracies with their
-        95% CIs (``test_before_ci``, ``test_after_ci``, ``delta_test_ci``), the blamed and changed
+        95% CIs (``test_before_ci``, ``test_after_ci``, ``delta_test_ci``; the control's
+        ``control_dev``, ``test_control_ci``, ``delta_control_ci``), the blamed and changed
         sites, whether the ``champion`` alias moved and why, every candidate tried, the prompt
         diff, the cost and the MLflow parent run id.
 
@@ -179,6 +186,7 @@ def optimize(
             ("--allow-small-splits", allow_small_splits),
             ("--query-rewrite", query_rewrite),
             ("--new", new),
+            ("--no-control", not control),
             ("--verbose", verbose),
         )
         if on

@@ -22,6 +22,10 @@ ATTRIBUTION_REPORT = "attribution_report.json"
 """The baseline's attributions on train and dev and the blame that chose the targets."""
 QUESTIONS_TEST = "questions_test.csv"
 """Every test question, before and after."""
+SUMMARY = "summary.json"
+"""The report's comparison: the start program, the trivial-instruction control and the best on dev
+and test, each accuracy with its n and 95% CI, the paired differences on test, whether the best
+beat the control, and the control's prompts (:mod:`optloop.loop.control`)."""
 ACCURACY_PLOT = "accuracy_by_trial.png"
 BLAME_PLOT = "blame_by_site.png"
 PROGRAM = "program.json"
@@ -35,6 +39,7 @@ PARENT_ARTIFACTS = frozenset(
         BEST_CANDIDATE,
         ATTRIBUTION_REPORT,
         QUESTIONS_TEST,
+        SUMMARY,
         ACCURACY_PLOT,
         BLAME_PLOT,
         PROGRAM,
@@ -71,4 +76,5 @@ __all__ = [
     "PROMPTS_DIFF",
     "QUESTIONS_DEV",
     "QUESTIONS_TEST",
+    "SUMMARY",
 ]

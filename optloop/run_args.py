@@ -23,6 +23,18 @@ What happens:
      optloop.<system>.answer), and the `champion` alias moves only when the held-out gain is
      more than noise: the 95% CI of the per-question delta lies above 0 (--promote-if).
 
+The control: a gain counts only if the loop's prompt also beats a trivial instruction (on
+mem0 with a 0.5B model, mem0's own extraction prompt stores nothing, dev 0.00, while any short
+instruction gets 0.95). So the run also evaluates the start program with each blamed site given
+DSPy's default instruction for its signature ("Given the fields ..., produce the fields ..."),
+on dev before the trials and on test at the end, and the summary shows three rows (the
+system's own prompt, the trivial instruction, the loop's best) and the paired differences
+loop - own prompt and loop - control on test; a difference whose CI includes 0 is "no
+measurable change", and the note says when the loop's prompt does not beat the control. The
+champion alias still moves on the gain over the start program. When the blame names no prompt
+site (only knobs) there is no control, and the summary says so. --no-control skips it (two
+evaluations fewer; the report then cannot say what the loop's writing earned).
+
 Every accuracy is reported with its n and a 95% bootstrap CI over the questions: on a test
 split of 12 questions one question is 0.083 of accuracy, and a 95% CI spans about ±0.3.
 
@@ -269,6 +281,15 @@ def build_parser() -> argparse.ArgumentParser:
         "noise)",
     )
     parser.add_argument(
+        "--no-control",
+        dest="control",
+        action="store_false",
+        help="do not evaluate the trivial-instruction control (the start program with each blamed "
+        "site given DSPy's default instruction for its signature) on dev and test: two "
+        "evaluations fewer, but the report then cannot say what the loop's writing earned beyond "
+        "a trivial instruction",
+    )
+    parser.add_argument(
         "--untargeted",
         action="store_true",
         help="ablation: let the optimizer rewrite every site, not only the blamed ones",
@@ -415,6 +436,7 @@ def run_config(args: argparse.Namespace, settings: LMSettings) -> LoopConfig:
         promote_if=args.promote_if,
         query_rewrite=args.query_rewrite,
         batch=args.batch,
+        control=args.control,
         lm_settings=answer_settings(settings),
     )
 

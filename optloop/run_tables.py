@@ -9,11 +9,12 @@ from rich.table import Table
 from optloop.attribution.taxonomy import Target
 from optloop.failures import mark
 from optloop.lm import LMSettings, Usage
+from optloop.loop.control import comparison_of
 from optloop.loop.eta import Eta, projected
 from optloop.loop.policy import floor_warning
 from optloop.loop.runner import Checkpoint, LoopConfig, LoopResult
 from optloop.loop.spend import MAX_COST, STOPPED_BY, Estimate, RunStopped, run_dollars
-from optloop.stats import Interval, bootstrap_mean
+from optloop.stats import Interval
 
 
 def _accuracy(interval: Interval) -> str:
@@ -21,48 +22,51 @@ def _accuracy(interval: Interval) -> str:
     return f"{interval.estimate:.3f} [{interval.low:.3f}, {interval.high:.3f}] n={interval.n}"
 
 
-def _dev_accuracy(accuracy: float, n: int, seed: int) -> str:
-    """A dev accuracy with its CI, from its count alone (a bootstrap of 0/1 scores depends only on
-    how many passed)."""
-    passes = round(accuracy * n)
-    return _accuracy(bootstrap_mean([1.0] * passes + [0.0] * (n - passes), seed=seed))
+# The failed-call counts (LoopResult.failed_calls) of each row's dev and test figure.
+_FAILED = {
+    "own": ("baseline_dev", "test_before"),
+    "control": ("control_dev", "control_test"),
+    "best": ("best_dev", "test_after"),
+}
 
 
 def summary_table(result: LoopResult) -> Table:
+    """The run's result: three rows on dev and test (the system's own prompt, the
+    trivial-instruction control, the loop's best; :mod:`optloop.loop.control`), each accuracy with
+    its 95% CI and n; the paired differences loop - own prompt and loop - control on test, each
+    with its verdict; then the targets, the promotion and the cost."""
     cfg = result.config
     cost = result.cost
+    comparison = comparison_of(result)
     table = Table(
         title=f"optloop.run {cfg.run_name}: {cfg.system} on {cfg.dataset}, {cfg.optimizer}, "
         f"budget {cfg.budget}" + (" (untargeted)" if cfg.untargeted else "")
     )
     table.add_column("")
-    table.add_column("baseline", justify="right")
-    table.add_column("best", justify="right")
-    table.add_column("delta", justify="right")
+    table.add_column("dev", justify="right")
+    table.add_column("test (held out)", justify="right")
     failed = result.failed_calls  # figures with failed LM calls carry the count (optloop.failures)
-    table.add_row(
-        "dev accuracy",
-        mark(
-            _dev_accuracy(result.baseline_dev, result.n_dev, cfg.seed),
-            failed.get("baseline_dev", 0),
-        ),
-        mark(_dev_accuracy(result.best_dev, result.n_dev, cfg.seed), failed.get("best_dev", 0)),
-        f"{result.best_dev - result.baseline_dev:+.3f} (best of {result.evaluations + 1} on dev)",
-    )
-    table.add_row(
-        "test accuracy (held out)",
-        mark(_accuracy(result.test_before_ci), failed.get("test_before", 0)),
-        mark(_accuracy(result.test_after_ci), failed.get("test_after", 0)),
-        str(result.delta_test_ci),
-    )
+    for row in comparison.rows:
+        dev_key, test_key = _FAILED[row.program]
+        if row.dev is None or row.test is None:  # the run has no control: say why
+            table.add_row(row.label, result.control_note or "not evaluated", "")
+            continue
+        table.add_row(
+            row.label,
+            mark(_accuracy(row.dev), failed.get(dev_key, 0)),
+            mark(_accuracy(row.test), failed.get(test_key, 0)),
+        )
     table.add_section()
-    table.add_row(
-        "blamed", ", ".join(result.targets) or "(no failure attributed to a site)", "", ""
-    )
+    for diff in comparison.differences:
+        chosen = f" (best of {result.evaluations + 1} on dev)" if diff.against == "own" else ""
+        table.add_row(
+            diff.label, f"{diff.dev:+.3f}{chosen}", f"{diff.test} paired: {diff.verdict}"
+        )
+    table.add_section()
+    table.add_row("blamed", ", ".join(result.targets) or "(no failure attributed to a site)", "")
     table.add_row(
         "optimized",
         ", ".join(result.tunable_sites + [str(Target.knob(k)) for k in result.tunable_knobs]),
-        "",
         "",
     )
     changed = result.changed_sites + [f"{k}={v}" for k, v in result.changed_knobs.items()]
@@ -70,14 +74,21 @@ def summary_table(result: LoopResult) -> Table:
         "changed (best)",
         ", ".join(changed) or "nothing (baseline stays best)",
         f"trial {result.best_trial}",
-        "",
     )
-    table.add_row("promoted", result.promotion_reason, "", "")
+    table.add_row("promoted", result.promotion_reason, "")
+    if result.beats_control is not None:
+        table.add_row(
+            "beats the control",
+            "yes: its gain is more than a trivial instruction gets"
+            if result.beats_control
+            else "no: its prompt does not measurably beat a trivial instruction",
+            "",
+        )
     if result.proposals:
-        table.add_row("proposals (gate)", proposals_line(result.proposals), "", "")
+        table.add_row("proposals (gate)", proposals_line(result.proposals), "")
     table.add_section()
-    table.add_row("evaluations / budget", f"{result.evaluations} / {cfg.budget}", "", "")
-    table.add_row("cost", cost_line(cost), "", "")
+    table.add_row("evaluations / budget", f"{result.evaluations} / {cfg.budget}", "")
+    table.add_row("cost", cost_line(cost), "")
     return table
 
 
@@ -118,8 +129,10 @@ def money(dollars: float) -> str:
 def tried_table(result: LoopResult) -> Table:
     """What the optimizer tried: every evaluated candidate with its dev accuracy (a 0 -> 0 run says
     what failed)."""
+    control = "" if result.control_dev is None else f", control {result.control_dev:.3f}"
     table = Table(
-        title=f"candidates tried on dev (baseline {result.baseline_dev:.3f}, n={result.n_dev})"
+        title=f"candidates tried on dev (baseline {result.baseline_dev:.3f}{control}, "
+        f"n={result.n_dev})"
     )
     for col, justify in (
         ("trial", "right"),

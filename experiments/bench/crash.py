@@ -17,10 +17,11 @@ has something to lose.
 
 A killed process is started by this module's ``kill`` command, which installs one hook and then
 runs ``optloop.run`` exactly as the CLI does; the hook sends the process SIGKILL at its point (just
-after the checkpoint write that ends the baseline, a trial, or the baseline's held-out test; inside
-a trial once its child run holds its results; after the registry's new version and before its
-alias). The resuming process is the plain ``python -m optloop.run`` with the same arguments (no
-``--run-name``): it must find the killed run by itself.
+after the checkpoint write that ends the baseline, the trivial-instruction control's dev
+evaluation, a trial, or the baseline's held-out test; inside a trial once its child run holds its
+results; after the registry's new version and before its alias). The resuming process is the
+plain ``python -m optloop.run`` with the same arguments (no ``--run-name``): it must find the
+killed run by itself.
 
 Compared with the uninterrupted run: the candidates tried and their dev accuracies, the held-out
 accuracies, the registered prompt versions and the ``champion`` alias (in the MLflow registry),
@@ -82,6 +83,8 @@ def reached(point: str, ckpt: Any) -> bool:
     """Whether the checkpoint just written is the kill point ``point`` (a checkpoint boundary)."""
     if point == "baseline":
         return ckpt.baseline_dev is not None and not ckpt.trials
+    if point == "control":
+        return ckpt.control_dev is not None and not ckpt.trials
     if point.startswith("trial:"):
         k = int(point.split(":")[1])
         return len(ckpt.trials) == k and _evaluated(ckpt) == k and ckpt.test_before is None
@@ -308,6 +311,11 @@ def comparable(result: dict[str, Any]) -> dict[str, Any]:
         "delta_test_ci",
         "tried",
         "prompt_diff",
+        "control_sites",
+        "control_dev",
+        "test_control_ci",
+        "delta_control_ci",
+        "beats_control",
     )
     return {k: result[k] for k in keys}
 
@@ -360,6 +368,7 @@ class Row(BaseModel):
 
 KILL_POINTS = {
     "after the baseline": "baseline",
+    "after the control on dev": "control",
     "during trial 1": "in-trial:1",
     "after trial 1": "trial:1",
     "during trial 2": "in-trial:2",

@@ -4,7 +4,8 @@
 the one episode pipeline :mod:`optloop.pipeline`, with ingestion reuse), ``program`` (a
 system as a DSPy program with unblamed sites frozen, and the attribution-carrying metric),
 ``optimizers`` and ``edit`` (SIMBA, GEPA, Optuna, GrIPS-style edits behind one interface),
-``state`` (config, checkpoint, result), ``policy`` (the pure rules), ``controller`` (the
+``state`` (config, checkpoint, result), ``policy`` (the pure rules), ``control`` (the
+trivial-instruction control every report compares the best with), ``controller`` (the
 loop itself, behind small interfaces), ``coordinator`` (one worker or several),
 ``mlflow_sink`` and ``record`` (MLflow names, artifacts, registry), ``runner`` (``Loop``:
 the wiring). The command is ``python -m optloop.run``; the map is ``docs/architecture.md``.

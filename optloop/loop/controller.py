@@ -1,9 +1,18 @@
 """The loop controller: propose, evaluate, observe, re-attribute and retarget, finish.
 
-    baseline on train and dev ─► blame ─► targets ─► repair what a kill left half done
+    baseline on train and dev ─► blame ─► targets ─► the control on dev
+        ─► repair what a kill left half done
         ─► while the coordinator grants a trial: the optimizer proposes ─► evaluate on dev
            (a child run of the sink) ─► the optimizer observes ─► if better: re-attribute, retarget
-        ─► settle (the coordinator) ─► baseline and best on test ─► summary, registry ─► result
+        ─► settle (the coordinator) ─► baseline, best and control on test ─► summary, registry
+        ─► result
+
+The **control** (:mod:`optloop.loop.control`) is the start program with each site of the first
+targeting given its signature's trivial instruction: what the loop's best must beat besides the
+start program for its gain to be the loop's writing. The leading worker evaluates it on dev once
+the targets are chosen and hands it to the others as it hands over the baseline; the worker that
+finishes the run evaluates it on test. ``--no-control`` skips it; a blame that names no prompt
+site leaves none.
 
 The controller owns the algorithm and the checkpoint discipline and nothing else. What it
 talks to sits behind small interfaces, so tests drive it with fakes
@@ -50,7 +59,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import accumulate
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -58,10 +67,12 @@ from typing import Any, Literal, Protocol
 from optloop.attribution import BlameEntry, blame
 from optloop.loop._base import Optimizer
 from optloop.loop.candidate import Candidate, prompt_diff
+from optloop.loop.control import Comparison, compare, control_candidate, control_line
 from optloop.loop.eta import Eta, TrialLine
 from optloop.loop.evaluate import Evaluation
 from optloop.loop.policy import (
     choose_targets,
+    control_sites,
     floor_warning,
     held_out_intervals,
     promotion,
@@ -99,6 +110,10 @@ class CandidateEvaluator(Protocol):
     def prompt_texts(self, candidate: Candidate) -> dict[str, str]:
         """site -> the exact prompt text ``candidate`` sends there."""
 
+    def trivial_instruction(self, site: str) -> str:
+        """DSPy's default instruction for ``site``'s signature (the control's text there:
+        :func:`optloop.loop.candidate.trivial_instruction`)."""
+
 
 @dataclass(frozen=True)
 class Targeting:
@@ -110,6 +125,8 @@ class Targeting:
     sites: list[str]
     knobs: list[str]
     note: str
+    control_sites: list[str] = field(default_factory=list)
+    control_note: str = ""
 
 
 @dataclass(frozen=True)
@@ -135,6 +152,11 @@ class Summary:
     texts_before: dict[str, str]
     texts_after: dict[str, str]
     diff: str
+    comparison: Comparison
+    control: Candidate | None = None
+    control_dev: Evaluation | None = None
+    control_test: Evaluation | None = None
+    texts_control: dict[str, str] = field(default_factory=dict)
 
 
 class TrackingSink(Protocol):
@@ -218,6 +240,13 @@ class Coordinator(Protocol):
 
     def publish_baseline(self, train: Evaluation, dev: Evaluation) -> None:
         """Hand the baseline to the other workers (the leader only)."""
+
+    def wait_for_control(self) -> Evaluation | None:
+        """The leader's evaluation of the control on dev; ``None`` when this worker evaluates
+        it."""
+
+    def publish_control(self, dev: Evaluation) -> None:
+        """Hand the control's dev evaluation to the other workers (the leader only)."""
 
     def republish(self, trials: Sequence[Trial]) -> None:
         """Report evaluated trials a kill kept from being reported."""
@@ -380,10 +409,13 @@ class Controller:
             self._baseline()
             self._boundary()  # after the baseline: where --estimate stops
             targeting = self._target()
+            control = self._control(targeting)
             self._repair()
             optimizer, best = self._resume_optimizer(targeting)
             note = self._trials(optimizer, best, targeting.note)
-            result = self.coordinator.settle(lambda: self._finish(targeting, note), self.run_cost)
+            result = self.coordinator.settle(
+                lambda: self._finish(targeting, control, note), self.run_cost
+            )
             if not self.ckpt.finished:
                 self.ckpt.finished = True
                 self.ctx.save()
@@ -449,6 +481,7 @@ class Controller:
         errors = dict(sum((Counter(ev.error_counts()) for ev in evaluations), Counter()))
         ckpt.targets = [e.target for e in entries]
         sites, knobs, note = choose_targets(entries, self.config, self.evaluator.site_names)
+        compared, why_none = control_sites(entries, self.config, self.evaluator.site_names)
         if note:
             logger.warning("%s", note)
         train, dev = ckpt.baseline_train, ckpt.baseline_dev
@@ -462,10 +495,43 @@ class Controller:
             sites=sites,
             knobs=knobs,
             note=note,
+            control_sites=compared,
+            control_note=why_none,
         )
         if self.coordinator.leads:
             self.sink.log_targets(targeting)
         return targeting
+
+    def _control(self, targeting: Targeting) -> Candidate | None:
+        """The control candidate (``None``: the run has none), evaluated on dev by the leading
+        worker and checkpointed as soon as it returns, then handed to the other workers. A
+        control that is the start program (its sites already carry the trivial instruction)
+        takes the baseline's evaluation."""
+        if not targeting.control_sites:
+            if targeting.control_note and self.coordinator.leads:
+                self.ctx.progress(f"control: {targeting.control_note}")
+            return None
+        ckpt, base = self.ckpt, self.ctx.base
+        assert ckpt.baseline_dev is not None
+        control = control_candidate(
+            base, {s: self.evaluator.trivial_instruction(s) for s in targeting.control_sites}
+        )
+        if not self.coordinator.leads:
+            return control  # the leader's evaluation is fetched when this worker finishes
+        if ckpt.control_dev is None:
+            if control.digest() == base.digest():
+                ckpt.control_dev = ckpt.baseline_dev
+            else:
+                self._boundary()
+                ckpt.control_dev = self._evaluate(control, "dev")
+            self.ctx.save()
+            self.ctx.progress(
+                f"control (the trivial instruction at {', '.join(targeting.control_sites)}): "
+                f"dev {ckpt.control_dev.accuracy:.3f}, the start program "
+                f"{ckpt.baseline_dev.accuracy:.3f}"
+            )
+        self.coordinator.publish_control(ckpt.control_dev)
+        return control
 
     def _repair(self) -> None:
         """Undo a trial a kill left half done (its record discarded, its candidate queued first),
@@ -666,8 +732,33 @@ class Controller:
 
     # --- the end --------------------------------------------------------------------------
 
+    def _control_test(self, control: Candidate, best: Candidate) -> Evaluation:
+        """The control on test, checkpointed as soon as it returns (the held-out evaluation of the
+        start program or of the best when the control is that program), and its dev evaluation
+        from the leading worker when another worker evaluated it."""
+        ckpt = self.ckpt
+        if ckpt.control_dev is None:  # another worker leads, and evaluated it
+            ckpt.control_dev = self.coordinator.wait_for_control()
+            assert ckpt.control_dev is not None, "the leading worker evaluates the control on dev"
+            self.ctx.save()
+        if ckpt.control_test is None:
+            assert ckpt.test_before is not None and ckpt.test_after is not None
+            if control.digest() == self.ctx.base.digest():
+                ckpt.control_test = ckpt.test_before
+            elif control.digest() == best.digest():
+                ckpt.control_test = ckpt.test_after
+            else:
+                self._boundary()
+                ckpt.control_test = self._evaluate(control, "test")
+            self.ctx.save()
+        return ckpt.control_test
+
     def _failed_calls(
-        self, best_trial: int, before: Evaluation, after: Evaluation
+        self,
+        best_trial: int,
+        before: Evaluation,
+        after: Evaluation,
+        control_test: Evaluation | None,
     ) -> dict[str, int]:
         """The failed LM calls behind each figure of the result (only those that had any): under
         the threshold of :mod:`optloop.failures` they are reported beside the figure."""
@@ -690,12 +781,14 @@ class Controller:
             "best_dev": best.lm_failed_calls if best is not None else 0,
             "test_before": before.lm_failed_calls,
             "test_after": after.lm_failed_calls,
+            "control_dev": ckpt.control_dev.lm_failed_calls if ckpt.control_dev else 0,
+            "control_test": control_test.lm_failed_calls if control_test else 0,
         }
         return {name: n for name, n in counts.items() if n}
 
-    def _finish(self, targeting: Targeting, note: str) -> LoopResult:
-        """The held-out test of the start program and the run's best, the summary, the registry,
-        the result (run by the one worker that finishes the run)."""
+    def _finish(self, targeting: Targeting, control: Candidate | None, note: str) -> LoopResult:
+        """The held-out test of the start program, the run's best and the control, the summary, the
+        registry, the result (run by the one worker that finishes the run)."""
         ckpt, cfg, base = self.ckpt, self.config, self.ctx.base
         assert ckpt.baseline_train is not None and ckpt.baseline_dev is not None
         records = self.coordinator.records(ckpt.trials)
@@ -713,10 +806,35 @@ class Controller:
             ckpt.test_after = ckpt.test_before if best is base else self._evaluate(best, "test")
             self.ctx.save()
         before, after = ckpt.test_before, ckpt.test_after
+        control_test = self._control_test(control, best) if control is not None else None
         points = [(0, ckpt.baseline_dev.accuracy)] + [(r.trial, r.accuracy) for r in records]
         best_curve = list(accumulate((a for _, a in points), max))
         before_ci, after_ci, delta_ci = held_out_intervals(before, after, seed=cfg.seed)
+        control_ci: Interval | None = None
+        control_delta_ci: Interval | None = None  # best - control, paired by question
+        if control_test is not None:
+            control_ci, _, control_delta_ci = held_out_intervals(
+                control_test, after, seed=cfg.seed
+            )
         promoted, reason = promotion(cfg.promote_if, best is not base, delta_ci)
+        n_dev, n_test = ckpt.baseline_dev.n, before.n
+        control_dev = ckpt.control_dev if control_test is not None else None
+        comparison = compare(
+            seed=cfg.seed,
+            n_dev=n_dev,
+            own_dev=ckpt.baseline_dev.accuracy,
+            best_dev=max(best_curve),
+            control_dev=None if control_dev is None else control_dev.accuracy,
+            own_test=before_ci,
+            best_test=after_ci,
+            control_test=control_ci,
+            best_minus_own=delta_ci,
+            best_minus_control=control_delta_ci,
+            best_trial=best_trial,
+            control_sites=targeting.control_sites,
+            control_note=targeting.control_note,
+            started=bool(cfg.start),
+        )
         cost = self.total_cost()
         texts_before, texts_after = (
             self.evaluator.prompt_texts(base),
@@ -743,6 +861,11 @@ class Controller:
                 texts_before=texts_before,
                 texts_after=texts_after,
                 diff=diff,
+                comparison=comparison,
+                control=control,
+                control_dev=control_dev,
+                control_test=control_test,
+                texts_control={} if control is None else self.evaluator.prompt_texts(control),
             )
         )
         changed = best.changed_sites(base)
@@ -755,7 +878,10 @@ class Controller:
                 {s: texts_after[s] for s in changed}, promote=promoted, message=message
             )
             self.ctx.save()  # registered once: a kill after this point does not register again
-        n_dev, n_test = ckpt.baseline_dev.n, before.n
+        if line := control_line(comparison):
+            note = (note + "; " if note else "") + line
+        elif not targeting.control_sites and cfg.control:
+            note = (note + "; " if note else "") + f"control: {targeting.control_note}"
         if warning := small_split_warning(n_dev, n_test):
             note = warning + ("; " + note if note else "")
         self.sink.tag_result(promoted, reason, note)
@@ -785,7 +911,13 @@ class Controller:
             tried=[Tried.of(r.trial, r.candidate, r.accuracy, base) for r in records],
             prompt_diff=diff,
             note=note,
-            failed_calls=self._failed_calls(best_trial, before, after),
+            failed_calls=self._failed_calls(best_trial, before, after, control_test),
+            control_sites=comparison.control_sites,
+            control_note=comparison.control_note,
+            control_dev=None if control_dev is None else control_dev.accuracy,
+            test_control_ci=control_ci,
+            delta_control_ci=control_delta_ci,
+            beats_control=comparison.beats_control,
         )
         result = self.coordinator.publish(result)
         ckpt.finished = True

@@ -4,9 +4,11 @@ controller's :class:`Coordinator`.
 :class:`LocalCoordinator` is one worker: it evaluates the baseline, numbers trials from its
 checkpoint and finishes the run itself. :class:`SharedCoordinator` is one worker of several
 sharing one Optuna study (:class:`~optloop.loop.study.SharedStudy`, ``--optimizer optuna``):
-the first worker (the leader) creates the MLflow parent run and evaluates the baseline,
-every worker takes budget slots from the study, and the worker that sees the last evaluation
-done finishes the run while the others wait for its result. The controller
+the first worker (the leader) creates the MLflow parent run and evaluates the baseline and
+the trivial-instruction control on dev (:mod:`optloop.loop.control`), handing both over
+through the study, every worker takes budget slots from the study, and the worker that sees
+the last evaluation done finishes the run (the control's test evaluation included) while the
+others wait for its result. The controller
 (:mod:`optloop.loop.controller`) calls both the same way; ``Loop``
 (:mod:`optloop.loop.runner`) also asks them about the parent run and the Optuna optimizer's
 study. See ``docs/architecture.md``.
@@ -33,6 +35,7 @@ logger = logging.getLogger(__name__)
 RESULT_KEY = "optloop:result"
 PARENT_KEY = "optloop:parent_run_id"
 FINISHER_KEY = "optloop:finisher"
+CONTROL_KEY = "optloop:control_dev"
 
 
 class LocalCoordinator:
@@ -56,6 +59,12 @@ class LocalCoordinator:
         return None
 
     def publish_baseline(self, train: Evaluation, dev: Evaluation) -> None:
+        pass
+
+    def wait_for_control(self) -> Evaluation | None:
+        return None
+
+    def publish_control(self, dev: Evaluation) -> None:
         pass
 
     def republish(self, trials: Sequence[Trial]) -> None:
@@ -198,6 +207,19 @@ class SharedCoordinator:
         if self.leads:
             for split, evaluation in (("train", train), ("dev", dev)):
                 self.study.claim(f"optloop:baseline_{split}", evaluation.model_dump(mode="json"))
+
+    def wait_for_control(self) -> Evaluation | None:
+        """The leader's evaluation of the control on dev (asked by the worker that finishes the
+        run, once the leader has evaluated it before its trials)."""
+        if self.leads:
+            return None
+        return Evaluation.model_validate(
+            self.wait_for_leader(CONTROL_KEY, "the control's evaluation on dev")
+        )
+
+    def publish_control(self, dev: Evaluation) -> None:
+        if self.leads:
+            self.study.claim(CONTROL_KEY, dev.model_dump(mode="json"))
 
     def republish(self, trials: Sequence[Trial]) -> None:
         done = self.study.done()

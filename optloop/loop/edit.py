@@ -16,7 +16,8 @@ blamed ones, most blamed first):
 2. the edits proposed are single-unit deletions (an ablation of the
    instruction): every deletion the failures point at (below), then random
    ones up to ``deletions``; the deletion of every unit (the signature's own
-   default instruction, built by DSPy from its fields); and ``extra`` random
+   default instruction, built by DSPy from its fields:
+   :func:`~optloop.loop.candidate.trivial_instruction`, the run's control); and ``extra`` random
    edits (swap, paraphrase, add; one or two composed, as GrIPS's
    ``num_compose``). An edit that leaves malformed text (a sentence cut short,
    an unmatched quote, an empty sentence: :func:`optloop.loop.units.problems`)
@@ -64,7 +65,7 @@ import dspy
 
 from optloop.lm import prompt_site
 from optloop.loop._base import PROPOSER_SITE, Optimizer
-from optloop.loop.candidate import Candidate, SiteState
+from optloop.loop.candidate import Candidate, SiteState, trivial_instruction
 from optloop.loop.gate import active
 from optloop.loop.units import Instruction, Kind, problems
 from optloop.loop.writer import failure_cases, long_instruction
@@ -302,7 +303,10 @@ class EditOptimizer(Optimizer):
                 )
             )
         out.append(
-            Edit(self.default_instruction(site), ["del all (the signature's default instruction)"])
+            Edit(
+                trivial_instruction(self.evaluator.sites[site].module.signature),
+                ["del all (the signature's default instruction)"],
+            )
         )
         if self.write:
             out += self.written(start, site, failures, first)
@@ -439,12 +443,6 @@ class EditOptimizer(Optimizer):
         if self.gate.refuses(site, text, who="a paraphrase", whole=False):
             return None
         return text
-
-    def default_instruction(self, site: str) -> str:
-        """What DSPy instructs for this site's signature with no instruction: built from its
-        fields."""
-        fields = self.evaluator.sites[site].module.signature.fields
-        return dspy.make_signature(dict(fields)).instructions
 
     # --- screening on train --------------------------------------------------------------
 

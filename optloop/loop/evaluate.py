@@ -57,7 +57,13 @@ from optloop.attribution import Attribution, blame, default_judges
 from optloop.datasets import Dataset, Episode, Question
 from optloop.errors import EndpointDownError, LMError, LMUnreachableError
 from optloop.lm.accounting import Usage, collect_calls, usage_by_site
-from optloop.loop.candidate import Candidate, apply_state, candidate_from_modules, ingest_key
+from optloop.loop.candidate import (
+    Candidate,
+    apply_state,
+    candidate_from_modules,
+    ingest_key,
+    trivial_instruction,
+)
 from optloop.loop.cost import LMCost, evaluation_cost
 from optloop.pipeline import (
     Attributor,
@@ -226,6 +232,11 @@ class Evaluator:
         return candidate_from_modules(
             {n: s.module for n, s in self.sites.items()}, self.template.knobs(), "baseline"
         )
+
+    def trivial_instruction(self, site: str) -> str:
+        """DSPy's default instruction for ``site``'s signature (the run's control gives it to each
+        blamed site: :mod:`optloop.loop.control`)."""
+        return trivial_instruction(self.sites[site].module.signature)
 
     def knob_choices(self, name: str, current: Any = None) -> list[Any]:
         """The values an optimizer may try for knob ``name``, ``current`` first (the system's value

@@ -15,6 +15,12 @@ questions ``delta_test_ci_{low,high}`` parent  95% paired bootstrap CI of ``delt
 question, after - before);
                                     ``--promote-if ci`` moves ``champion`` only when
                                     ``delta_test_ci_low > 0``
+``acc_dev_control``         parent  dev accuracy of the trivial-instruction control
+                                    (``optloop.loop.control``; absent: no control)
+``acc_test_control``        parent  its held-out test accuracy, with ``_ci_{low,high}``
+``delta_test_control``      parent  ``acc_test_after - acc_test_control`` per question, with its
+                                    paired ``_ci_{low,high}``; the tag ``optloop.beats_control``
+                                    says whether its CI lies above 0 (``no control``: none)
 ``n_dev`` ``n_test``        parent  questions in the dev and test splits (the n of those CIs)
 ``acc_test_{before,after}/<task>`` parent  per task type
 ``errors/<type>``           both    attributed failures per error type (child: dev; parent:
@@ -44,6 +50,8 @@ evaluation; parent:
 from __future__ import annotations
 
 import re
+
+BEATS_CONTROL = "optloop.beats_control"  # the parent run's tag: True, False or "no control"
 
 
 def metric_key(name: str) -> str:

@@ -15,6 +15,7 @@ from optloop.loop.cost import site_metrics
 from optloop.loop.metric_names import metric_key
 
 if TYPE_CHECKING:
+    from optloop.loop.controller import Summary
     from optloop.loop.evaluate import Evaluation
     from optloop.stats import Interval
 
@@ -45,6 +46,39 @@ def cost_metrics(evaluation: Evaluation) -> dict[str, float]:
         "lm_failed_calls": evaluation.lm_failed_calls,
         **priced,
         **site_metrics(evaluation.sites),
+    }
+
+
+def control_metrics(summary: Summary) -> dict[str, float]:
+    """The trivial-instruction control's figures (:mod:`optloop.loop.control`; none when the run
+    has no control): ``acc_dev_control``, ``acc_test_control`` and its CI, ``delta_test_control``
+    (best - control per test question) and its paired CI, their failed LM calls."""
+    row, diffs = summary.comparison.row("control"), summary.comparison.differences
+    against = next((d for d in diffs if d.against == "control"), None)
+    if row.dev is None or row.test is None or against is None:
+        return {}
+    out = {
+        "acc_dev_control": row.dev.estimate,
+        "acc_test_control": row.test.estimate,
+        "delta_test_control": against.test.estimate,
+        **interval_metrics("acc_test_control", row.test),
+        **interval_metrics("delta_test_control", against.test),
+    }
+    if summary.control_dev is not None:
+        out["lm_failed_calls_dev_control"] = summary.control_dev.lm_failed_calls
+    if summary.control_test is not None:
+        out["lm_failed_calls_test_control"] = summary.control_test.lm_failed_calls
+    return out
+
+
+def summary_report(summary: Summary) -> dict[str, Any]:
+    """``summary.json``: the report's comparison (the start program, the control and the best on
+    dev and test, the paired differences on test), whether the best beat the control, and the
+    control's prompt text at each site it rewrote."""
+    comparison = summary.comparison
+    return {
+        **comparison.model_dump(mode="json"),
+        "control_prompts": {s: summary.texts_control.get(s, "") for s in comparison.control_sites},
     }
 
 

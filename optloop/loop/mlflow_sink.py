@@ -2,7 +2,9 @@
 
 It writes into the active parent run (``Loop`` starts and ends it): ``acc_dev`` with step =
 trial, the blame and targets, one nested child run per trial, and at the end the parent
-metrics, artifacts, tags and the prompt registry. Metric names are listed in
+metrics (the trivial-instruction control's among them), artifacts (``summary.json``: the
+report's comparison of the start program, the control and the best), tags (whether the best
+beat the control: ``optloop.beats_control``) and the prompt registry. Metric names are listed in
 :mod:`optloop.loop.metric_names`, built by :mod:`optloop.loop.metrics`. See
 ``docs/architecture.md``.
 """
@@ -18,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from optloop import artifacts
 from optloop.loop import metrics
 from optloop.loop.candidate import Candidate
-from optloop.loop.metric_names import metric_key
+from optloop.loop.metric_names import BEATS_CONTROL, metric_key
 from optloop.loop.prompt_registry import register_prompts
 
 if TYPE_CHECKING:
@@ -189,6 +191,10 @@ class MlflowSink:
                 },
             }
         )
+        mlflow.log_metrics(metrics.control_metrics(summary))
+        beats = summary.comparison.beats_control
+        mlflow.set_tags({BEATS_CONTROL: "no control" if beats is None else str(beats)})
+        metrics.log_json(metrics.summary_report(summary), artifacts.SUMMARY)
         metrics.log_json(summary.texts_before, artifacts.PROMPTS_BEFORE)
         metrics.log_json(summary.texts_after, artifacts.PROMPTS_AFTER)
         metrics.log_text(summary.diff, artifacts.PROMPTS_DIFF)

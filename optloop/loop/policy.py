@@ -160,6 +160,38 @@ def choose_targets(
     return [ANSWER], knobs, note
 
 
+NO_CONTROL = (
+    "not evaluated (--no-control): the report cannot say what the loop's writing earned beyond "
+    "a trivial instruction"
+)
+
+
+def control_sites(
+    entries: Sequence[BlameEntry], config: LoopConfig, all_sites: list[str]
+) -> tuple[list[str], str]:
+    """(sites, note): the prompt sites the trivial-instruction control rewrites
+    (:mod:`optloop.loop.control`), and why there are none.
+
+    They are the sites of the first targeting (:func:`choose_targets`): the blamed prompt sites,
+    or ``--sites``, or every site with ``--untargeted``. When no prompt site is blamed (only knobs,
+    or no failure at all) the optimizer falls back to the answer site, but nothing blamed is there
+    to compare with: no control. ``--no-control``: none either."""
+    if not config.control:
+        return [], NO_CONTROL
+    sites, _, _ = choose_targets(entries, config, all_sites)
+    if config.sites or config.untargeted:
+        return sites, ""
+    blamed = {e.blamed.name for e in entries if e.blamed.is_prompt_site}
+    if chosen := [s for s in sites if s in blamed]:
+        return chosen, ""
+    why = (
+        f"the blame names no prompt site (only {', '.join(e.target for e in entries)})"
+        if entries
+        else "no failure was blamed on a prompt site"
+    )
+    return [], f"none: {why}, so there is no prompt to replace with the trivial instruction"
+
+
 def start_candidate(evaluator: Evaluator, config: LoopConfig) -> Candidate:
     """The program the run starts from: the system's own prompts, with ``config.start``'s
     instructions."""

@@ -56,6 +56,7 @@ from typing import Any
 import dspy
 
 from optloop import artifacts, outside
+from optloop.attribution import blame
 from optloop.datasets import Dataset, load_dataset
 from optloop.errors import ConfigError
 from optloop.lm import redact_url
@@ -76,6 +77,7 @@ from optloop.loop.policy import (
     check_knobs,
     check_start,
     choose_targets,
+    control_sites,
     held_out_intervals,
     promotion,
     questions,
@@ -140,6 +142,9 @@ class SplitEvaluator:
             "questions each)"
         )
         return self.evaluator.evaluate_many(candidates, dataset, split=split)
+
+    def trivial_instruction(self, site: str) -> str:
+        return self.evaluator.trivial_instruction(site)
 
     def prompt_texts(self, candidate: Candidate) -> dict[str, str]:
         sites = self.evaluator.sites
@@ -598,7 +603,22 @@ class Loop:
             proposer_price=None if price is None else (price.input, price.output),
             batch=self.config.batch,
             trial=trial,
+            control=self.has_control(ckpt),
         )
+
+    def has_control(self, ckpt: Checkpoint) -> bool:
+        """Whether the run of ``ckpt``'s baseline evaluates the trivial-instruction control: not
+        with ``--no-control``, nor when the baseline's blame names no prompt site (the sites as
+        the controller chooses them: :func:`~optloop.loop.policy.control_sites`)."""
+        if not self.config.control:
+            return False
+        train, dev = ckpt.baseline_train, ckpt.baseline_dev
+        if ckpt.control_dev is not None or train is None or dev is None:
+            return ckpt.control_dev is not None
+        entries = blame(
+            [a for ev in (train, dev) for a in ev.attributions()], passed=train.passed + dev.passed
+        )
+        return bool(control_sites(entries, self.config, list(self.site_stages))[0])
 
     def _projection(self, ckpt: Checkpoint) -> Eta | None:
         """After the baseline, before the trials: the projection of the whole run, announced, and

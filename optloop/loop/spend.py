@@ -41,9 +41,13 @@ from a recording:
   latency per call measured on the baseline's dev); the proposer's tokens at the proposer LM's
   price (a separate ``--proposer-lm`` without a price: unknown dollars), its time at the
   baseline's latency per token, one call at a time;
+- the trivial-instruction control (:mod:`optloop.loop.control`; none with ``--no-control`` or
+  when the baseline's blame names no prompt site): one evaluation of the dev split before the
+  trials, costed as the baseline's dev evaluation (measured, once the run has made it), and one
+  of the test split in the held-out part;
 - the held-out test: two evaluations of the test split (baseline and best; one when the
-  baseline stays best), the dev evaluation scaled by the splits' work (sessions to ingest plus
-  questions to answer);
+  baseline stays best), three with the control, the dev evaluation scaled by the splits' work
+  (sessions to ingest plus questions to answer);
 - hours: LM time only (local work, embedding and scoring, is left out), at the measured mean
   latency of one computed call. An evaluation (a trial's, a held-out one) takes
   ``max(requests x latency / --concurrency, chain x latency)``: N requests always in flight,
@@ -157,13 +161,18 @@ MODEL = (
     "baseline: measured (train + dev, wall time); each trial: the baseline's dev evaluation "
     "with every request computed (stores reused and cache hits make it cheaper); optimizer: its "
     "own runs on train and its proposer calls, measured on finished trials or modeled from its "
-    "structure (see the optimizer line); held-out test: 2 evaluations of the test split, the "
-    "dev evaluation scaled by sessions + questions; hours: requests x mean latency / "
-    "concurrency, LM time only, as if that many requests were always in flight, but an "
-    "evaluation takes at least its split's longest episode's chain of sequential requests x "
-    "latency (its sessions ingested in order, then one question), when the chains are known; "
-    "the optimizer's part is not floored"
+    "structure (see the optimizer line); control: the trivial instruction at the blamed sites, "
+    "one evaluation of dev before the trials and one of test; held-out test: 2 evaluations of "
+    "the test split (3 with the control), the dev evaluation scaled by sessions + questions; "
+    "hours: requests x mean latency / concurrency, LM time only, as if that many requests were "
+    "always in flight, but an evaluation takes at least its split's longest episode's chain of "
+    "sequential requests x latency (its sessions ingested in order, then one question), when "
+    "the chains are known; the optimizer's part is not floored"
 )
+
+
+CONTROL_PART = "control on dev"  # the estimate's part for the control's dev evaluation
+HELD_OUT_PART = "held-out test"
 
 
 class Chains(BaseModel):
@@ -482,6 +491,18 @@ def _scaled(
     )
 
 
+def _measured(evaluation: Figures, name: str) -> Part:
+    """An evaluation the run has made, as it ran."""
+    return Part(
+        part=name,
+        evaluations=1,
+        calls=round(evaluation.llm_calls),
+        tokens=round(evaluation.tokens),
+        cost_usd=evaluation.cost_usd,
+        hours=evaluation.seconds / 3600,
+    )
+
+
 def _sum(values: list[float | None]) -> float | None:
     return None if any(v is None for v in values) else sum(v for v in values if v is not None)
 
@@ -556,6 +577,7 @@ def estimate(
     chains: Chains | None = None,
     batch: int = 1,
     trial: Figures | None = None,
+    control: bool = False,
 ) -> Estimate:
     """The whole run of ``budget`` trials, from ``ckpt``'s baseline (train and dev must be
     evaluated); ``trial``: one trial's evaluation when it is not the baseline's dev evaluation
@@ -570,7 +592,8 @@ def estimate(
     ``proposer_price``: the proposer LM's dollars per prompt and per completion token, when it has
     a price; ``own_proposer``: the proposer is another LM than the system's (``--proposer-lm``), so
     without a price its dollars are unknown (the system LM's are measured); ``batch``: the trials
-    evaluated at once (``--batch``)."""
+    evaluated at once (``--batch``); ``control``: the run evaluates the trivial-instruction control
+    (on dev as ``ckpt`` measured it, once it has)."""
     train, dev = ckpt.baseline_train, ckpt.baseline_dev
     assert train is not None and dev is not None, "the estimate needs the baseline"
     return project(
@@ -586,6 +609,8 @@ def estimate(
         chains=chains,
         batch=batch,
         trial=trial,
+        control=control,
+        control_dev=ckpt.control_dev,
     )
 
 
@@ -604,9 +629,12 @@ def project(
     baseline: str = "baseline (measured)",
     batch: int = 1,
     trial: Figures | None = None,
+    control: bool = False,
+    control_dev: Figures | None = None,
 ) -> Estimate:
     """The run model of :func:`estimate` on the baseline's train and dev evaluations as figures
-    (measured ones, or a model's of them); ``baseline``: the name of their part. The other
+    (measured ones, or a model's of them); ``baseline``: the name of their part; ``control_dev``:
+    the control's dev evaluation once the run has made it (its part is then measured). The other
     arguments are :func:`estimate`'s."""
     batch = trials_at_once(batch, optimizer)
     first = Part(
@@ -617,8 +645,21 @@ def project(
         cost_usd=_sum([train.cost_usd, dev.cost_usd]),
         hours=(train.seconds + dev.seconds) / 3600,
     )
-    parts = [
-        first,
+    parts = [first]
+    if control:
+        parts.append(
+            _measured(control_dev, CONTROL_PART + " (measured)")
+            if control_dev is not None
+            else _scaled(
+                dev,
+                1,
+                CONTROL_PART,
+                1,
+                concurrency,
+                None if chains is None else ("dev", chains.dev),
+            )
+        )
+    parts += [
         _scaled(
             dev if trial is None else trial,
             budget,
@@ -633,12 +674,13 @@ def project(
     ]
     if optimizer is not None:
         parts.append(_optimizer_part(optimizer, dev, concurrency, proposer_price, own_proposer))
+    held_out = 3 if control else 2  # the start program, the best, the control
     parts.append(
         _scaled(
             dev,
-            2 * test_units / max(dev_units, 1),
-            "held-out test",
-            2,
+            held_out * test_units / max(dev_units, 1),
+            HELD_OUT_PART,
+            held_out,
             concurrency,
             None if chains is None else ("test", chains.test),
         )
@@ -700,6 +742,15 @@ def measured_work(
         and ckpt.test_after.candidate != ckpt.test_before.candidate
     ):
         evaluations.append(ckpt.test_after)
+    # the control's, unless it took the baseline's or a held-out evaluation (the same program)
+    made = {
+        (e.split, e.candidate)
+        for e in (ckpt.baseline_dev, ckpt.test_before, ckpt.test_after)
+        if e is not None
+    }
+    for control in (ckpt.control_dev, ckpt.control_test):
+        if control is not None and (control.split, control.candidate) not in made:
+            evaluations.append(control)
     total = ckpt.total_cost()
     at_site = {key: float(total.get(f"{key}/{PROPOSER}", 0)) for key in ("llm_calls", "tokens")}
     calls = max(
@@ -760,6 +811,8 @@ __all__ = [
     "MAX_COST",
     "MODEL",
     "STOPPED_BY",
+    "CONTROL_PART",
+    "HELD_OUT_PART",
     "Chains",
     "Estimate",
     "Figures",

@@ -87,6 +87,12 @@ class LoopConfig(BaseModel):
         description="candidates evaluated at once, one optimizer round's (--batch): which "
         "candidates a run tries depends on it",
     )
+    control: bool = Field(
+        True,
+        description="evaluate the trivial-instruction control on dev and test beside the start "
+        "program and the best (--no-control skips it: the report then cannot say what the "
+        "loop's writing earned beyond a trivial instruction)",
+    )
 
     @field_validator("fractions")
     @classmethod
@@ -116,8 +122,10 @@ class LoopConfig(BaseModel):
     def _unset_later_fields(self) -> set[str]:
         """Fields added after checkpoints were first written, left out of digests while they hold
         their default, so that a run started before they existed still resumes."""
-        return ({"query_rewrite"} if not self.query_rewrite else set()) | (
-            {"batch"} if self.batch == 1 else set()
+        return (
+            ({"query_rewrite"} if not self.query_rewrite else set())
+            | ({"batch"} if self.batch == 1 else set())
+            | ({"control"} if self.control else set())
         )
 
 
@@ -177,6 +185,12 @@ class Checkpoint(BaseModel):
     queue: list[Candidate] = Field(default_factory=list)
     test_before: Evaluation | None = None
     test_after: Evaluation | None = None
+    control_dev: Evaluation | None = Field(
+        None, description="the trivial-instruction control on dev (optloop.loop.control)"
+    )
+    control_test: Evaluation | None = Field(
+        None, description="the trivial-instruction control on test"
+    )
     registered: dict[str, Any] = Field(default_factory=dict)
     finished: bool = False
     spent: Cost = Field(
@@ -287,10 +301,33 @@ class LoopResult(BaseModel):
     failed_calls: dict[str, int] = Field(
         default_factory=dict,
         description="LM calls that failed after their retries, per figure "
-        "(baseline_dev, best_dev, test_before, test_after); "
+        "(baseline_dev, best_dev, test_before, test_after, control_dev, control_test); "
         "absent: none",
+    )
+    control_sites: list[str] = Field(
+        default_factory=list,
+        description="the sites the trivial-instruction control gave DSPy's default instruction "
+        "(optloop.loop.control); empty: no control, control_note says why",
+    )
+    control_note: str = Field("", description="why the run has no control ('': it has one)")
+    control_dev: float | None = Field(None, description="the control's dev accuracy")
+    test_control_ci: Interval | None = Field(
+        None, description="the control's test accuracy, bootstrap CI over test questions"
+    )
+    delta_control_ci: Interval | None = Field(
+        None, description="best - control per test question, paired bootstrap CI"
+    )
+    beats_control: bool | None = Field(
+        None,
+        description="whether the best measurably beats the control on test (delta_control_ci "
+        "above 0); None: no control",
     )
 
     @property
     def delta_test(self) -> float:
         return self.test_after - self.test_before
+
+    @property
+    def test_control(self) -> float | None:
+        """The control's test accuracy (``None``: no control)."""
+        return None if self.test_control_ci is None else self.test_control_ci.estimate

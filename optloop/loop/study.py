@@ -24,6 +24,7 @@ record key                      meaning
 ``optloop:beat:<worker>``       heartbeat (a counter; unchanged for ``stale_after`` s = dead)
 ``optloop:parent_run_id``       the one MLflow parent run (the leader creates it)
 ``optloop:baseline_{train,dev}``  the baseline evaluations (the leader runs them once)
+``optloop:control_dev``         the control's dev evaluation (the leader runs it once)
 ``instructions:<site>``         the candidate instructions of a site (first proposer wins)
 ``optloop:proposing:<site>``    who writes them (the others wait instead of proposing too)
 ``optloop:candidate:<digest>``  who evaluates a candidate: no candidate is evaluated twice

@@ -167,6 +167,9 @@ class FakeEvaluator:
     def prompt_texts(self, candidate: Candidate) -> dict[str, str]:
         return {name: state.instructions for name, state in candidate.sites.items()}
 
+    def trivial_instruction(self, site: str) -> str:
+        return f"trivial {site}"
+
 
 class FakeOptimizer(Optimizer):
     """Proposes ``<site>:1``, ``<site>:2``, ... for its first site, two per round, on the best so
@@ -337,6 +340,7 @@ class Run:
         test: Mapping[tuple[str, str], int] | None = None,
         prefix: str = "",
         batch: int = 1,
+        control: bool = True,
     ):
         self.config = LoopConfig(
             system="fake",
@@ -345,6 +349,7 @@ class Run:
             optimizer="edit",
             promote_if=promote_if,
             batch=batch,
+            control=control,
         )
         ckpt = (
             Checkpoint.load(path)
@@ -427,13 +432,13 @@ def trials_of(path: Path) -> list[tuple[int, str, float, bool]]:
 def test_the_budget_is_exact(tmp_path, budget):
     result, run, sink = uninterrupted(tmp_path, budget=budget)
     dev_calls = [c for c in run.evaluator.calls if c[0] == "dev"]
-    assert len(dev_calls) == budget + 1  # the baseline, then one per trial
+    assert len(dev_calls) == budget + 2  # the baseline, the control, then one per trial
     assert result.evaluations == budget and [t.trial for t in result.tried] == list(
         range(1, budget + 1)
     )
     assert sink.trials() == list(range(1, budget + 1))
     assert [p[0] for p in sink.dev] == list(range(budget + 1))
-    assert len({d for _, d in dev_calls}) == budget + 1  # no candidate evaluated twice
+    assert len({d for _, d in dev_calls}) == budget + 2  # no candidate evaluated twice
     assert Checkpoint.load(tmp_path / "clean.json").finished
 
 
@@ -445,10 +450,11 @@ def test_the_run_follows_the_script(tmp_path):
     assert result.changed_sites == [ANSWER, EXTRACT]
     assert result.test_before == 0.25 and result.test_after == pytest.approx(20 / 24)
     assert [p[2] for p in sink.dev] == [0.25, 0.25, 0.5, 0.75, 0.75, 0.75]  # best so far
-    # 9 evaluations (train, dev, 5 trials, test before and after) and 5 proposals, in one process
+    # 11 evaluations (train, dev, the control on dev, 5 trials, test before, after and the
+    # control) and 5 proposals, in one process
     assert result.cost == {
-        "llm_calls": 9 * EVALUATION_CALLS + 5 * PROPOSAL_CALLS,
-        "tokens": 9500,
+        "llm_calls": 11 * EVALUATION_CALLS + 5 * PROPOSAL_CALLS,
+        "tokens": 11500,
         "processes": 1,
     }
     assert Checkpoint.load(tmp_path / "clean.json").total_cost() == result.cost
@@ -541,7 +547,8 @@ def test_an_optimizer_with_nothing_to_propose_ends_the_run_cleanly(tmp_path):
         in run.messages
     )  # said when it happens, in the progress (and so in run.log)
     assert result.test_before == result.test_after and not result.promoted
-    assert [c[0] for c in run.evaluator.calls] == ["train", "dev", "test"]
+    # the baseline, the control on dev, the start program and the control on test
+    assert [c[0] for c in run.evaluator.calls] == ["train", "dev", "dev", "test", "test"]
     assert Checkpoint.load(tmp_path / "clean.json").finished
 
 
@@ -561,9 +568,9 @@ def test_a_proposal_that_raises_stops_the_run_with_nothing_half_done_and_a_rerun
     )
     spent = Checkpoint.load(path).spending
     assert spent == {
-        "llm_calls": 3 * EVALUATION_CALLS + PROPOSAL_CALLS,
-        "tokens": 3100,
-    }  # kept when it stopped
+        "llm_calls": 4 * EVALUATION_CALLS + PROPOSAL_CALLS,
+        "tokens": 4100,
+    }  # kept when it stopped: the baseline, the control on dev, trial 1
     result = Run(path, sink, Clock()).run()
     clean, _, _ = uninterrupted(tmp_path)
     assert without_cost(result) == without_cost(clean)
@@ -639,8 +646,8 @@ def test_a_batch_is_one_round_evaluated_at_once_and_the_budget_stays_exact(tmp_p
     assert run.evaluator.batches == [s for s in sizes if s > 1]
     assert run.optimizer.observed == [1, 2, 3, 4, 5]
     assert [p[0] for p in sink.dev] == [0, 1, 2, 3, 4, 5]
-    dev_calls = [c for c in run.evaluator.calls if c[0] == "dev"]
-    assert len(dev_calls) == 6 and len(set(dev_calls)) == 6
+    dev_calls = [c for c in run.evaluator.calls if c[0] == "dev"]  # the control's included
+    assert len(dev_calls) == 7 and len(set(dev_calls)) == 7
 
 
 def test_a_batched_run_is_deterministic_for_its_seed_and_batch_size(tmp_path):
@@ -731,6 +738,12 @@ def test_two_workers_split_the_budget_through_a_shared_study(tmp_path):
     }
     assert all(Checkpoint.load(tmp_path / f"w{i}.json").finished for i in range(2))
     assert len(sink.registered) <= 1
+    # the control: on dev by the leader (w0) once, handed over; on test once, by the finisher
+    assert ("dev", control_digest()) in runs[0].evaluator.calls
+    assert ("dev", control_digest()) not in runs[1].evaluator.calls
+    on_test = [c for run in runs for c in run.evaluator.calls if c == ("test", control_digest())]
+    assert len(on_test) == 1 and results[0].control_dev == 0.25
+    assert results[0].beats_control is False  # the workers' candidates score as the control does
 
 
 def test_a_baseline_that_answers_no_dev_question_is_said_before_the_budget_is_spent(
@@ -752,3 +765,134 @@ def test_a_baseline_that_answers_no_dev_question_is_said_before_the_budget_is_sp
 def test_a_baseline_that_answers_some_dev_question_says_nothing_of_it(tmp_path):
     result, run, _ = uninterrupted(tmp_path)
     assert not any("answered none" in m for m in run.messages + [result.note])
+
+
+# --- the trivial-instruction control -------------------------------------------------------------
+
+CONTROL_KEY = ("trivial answer", "seed extract")  # the start program, answer's trivial instruction
+
+
+def control_calls(run: Run) -> list[str]:
+    """The splits the control was evaluated on, in order."""
+    control = next(
+        (d for s, d in run.evaluator.calls if s == "dev" and d == control_digest()), None
+    )
+    return [s for s, d in run.evaluator.calls if d == control] if control else []
+
+
+def control_digest() -> str:
+    sites = {**BASE.sites, ANSWER: SiteState(instructions="trivial answer")}
+    return BASE.model_copy(update={"sites": sites}).digest()
+
+
+def test_the_control_is_evaluated_once_on_dev_before_the_trials_and_once_on_test(tmp_path):
+    result, run, sink = uninterrupted(tmp_path)
+    assert control_calls(run) == ["dev", "test"]
+    first_trial = run.clock.steps.index("propose")
+    assert run.clock.steps.index(f"evaluate dev {CONTROL_KEY}") < first_trial
+    assert run.clock.steps.index(f"evaluate test {CONTROL_KEY}") > first_trial
+    assert result.control_sites == [ANSWER] and result.control_note == ""
+    assert result.control_dev == 0.25 and result.test_control == 0.25  # the script's defaults
+    assert result.delta_control_ci is not None and result.delta_control_ci.estimate == (
+        pytest.approx(20 / 24 - 6 / 24)
+    )
+    assert result.beats_control is True and "trivial instruction" not in result.note
+    ckpt = Checkpoint.load(tmp_path / "clean.json")
+    assert ckpt.control_dev is not None and ckpt.control_dev.candidate == control_digest()
+    assert ckpt.control_test is not None and ckpt.control_test.split == "test"
+    assert sink.summary is not None
+    rows = {r.program: r for r in sink.summary.comparison.rows}
+    assert [r.program for r in sink.summary.comparison.rows] == ["own", "control", "best"]
+    assert rows["control"].test is not None and rows["control"].test.n == 24
+    assert [d.against for d in sink.summary.comparison.differences] == ["own", "control"]
+    assert sink.summary.texts_control[ANSWER] == "trivial answer"
+    assert (
+        "control (the trivial instruction at answer): dev 0.250, the start program 0.250"
+        in run.messages
+    )  # said before the trials (the console and run.log)
+    assert result.promoted  # the promotion rule is against the start program, as before
+
+
+def test_the_note_says_plainly_when_the_loop_does_not_beat_the_control(tmp_path):
+    test = {**TEST, CONTROL_KEY: 20}  # the trivial instruction does as well as the loop's best
+    result, _, sink = uninterrupted(tmp_path, test=test)
+    assert result.beats_control is False and result.test_control == pytest.approx(20 / 24)
+    assert result.delta_control_ci is not None and result.delta_control_ci.estimate == 0
+    assert (
+        "the loop's prompt does not measurably beat the trivial instruction: loop \u2212 control "
+        "on test +0.000 [+0.000, +0.000] (n=24) (no measurable change)" in result.note
+    )
+    assert sink.tags["note"] == result.note
+    # the champion still moves on the gain over the start program
+    assert result.promoted and "its 95% CI is above 0" in result.promotion_reason
+
+
+def test_no_control_skips_it_and_the_report_says_what_it_cannot_tell(tmp_path):
+    from optloop.loop.policy import NO_CONTROL
+
+    result, run, sink = uninterrupted(tmp_path, control=False)
+    assert control_calls(run) == [] and not any("trivial" in d for _, d in run.evaluator.calls)
+    assert [c[0] for c in run.evaluator.calls].count("dev") == 6  # the baseline and 5 trials
+    assert result.cost["llm_calls"] == 9 * EVALUATION_CALLS + 5 * PROPOSAL_CALLS
+    assert result.control_sites == [] and result.control_note == NO_CONTROL
+    assert result.control_dev is None and result.test_control_ci is None
+    assert result.beats_control is None and "trivial instruction" not in result.note
+    assert sink.summary is not None and sink.summary.comparison.beats_control is None
+    ckpt = Checkpoint.load(tmp_path / "clean.json")
+    assert ckpt.control_dev is None and ckpt.control_test is None
+
+
+def test_there_is_no_control_when_only_knobs_are_blamed(tmp_path, monkeypatch):
+    monkeypatch.setitem(DEV, ("seed answer", "seed extract"), (1, "knob:top_k"))
+    result, run, _ = uninterrupted(tmp_path)
+    assert result.tunable_sites == [ANSWER] and result.targets == ["knob:top_k"]
+    assert control_calls(run) == [] and result.control_sites == []
+    assert result.control_note == (
+        "none: the blame names no prompt site (only knob:top_k), so there is no prompt to "
+        "replace with the trivial instruction"
+    )
+    assert f"control: {result.control_note}" in result.note  # said in the final note
+    assert f"control: {result.control_note}" in run.messages  # and before the trials
+    assert result.beats_control is None
+
+
+def test_a_control_that_is_the_start_program_takes_its_evaluations(tmp_path, monkeypatch):
+    """Start instructions that already are the trivial ones: nothing is evaluated twice."""
+    monkeypatch.setattr(FakeEvaluator, "trivial_instruction", lambda self, site: "seed answer")
+    result, run, _ = uninterrupted(tmp_path)
+    assert [c[0] for c in run.evaluator.calls].count("dev") == 6  # the baseline and 5 trials
+    assert [c[0] for c in run.evaluator.calls].count("test") == 2  # before and after
+    assert result.control_dev == result.baseline_dev and result.test_control == result.test_before
+    assert result.delta_control_ci == result.delta_test_ci
+
+
+@pytest.mark.parametrize(
+    "kill",
+    [
+        {"kill_on": f"evaluate dev {CONTROL_KEY}"},  # during the control on dev
+        {"kill_after": f"evaluate dev {CONTROL_KEY}"},  # evaluated, not yet checkpointed
+        {"kill_on": "open_trial 1"},  # the control on dev checkpointed
+        {"kill_on": f"evaluate test {CONTROL_KEY}"},  # during the control on test
+        {"kill_after": f"evaluate test {CONTROL_KEY}"},  # evaluated, not yet checkpointed
+        {"kill_on": "log_summary"},  # the control on test checkpointed
+    ],
+    ids=lambda kill: next(iter(kill.values())) + f" ({next(iter(kill))})",
+)
+def test_a_kill_around_the_control_resumes_without_evaluating_it_again(tmp_path, kill):
+    clean, _, _ = uninterrupted(tmp_path)
+    path, sink = tmp_path / "killed.json", MemorySink(Clock(**kill))
+    with pytest.raises(Killed):
+        Run(path, sink, sink.clock).run()
+    done = Checkpoint.load(path)
+    sink.clock = Clock()
+    resumed = Run(path, sink, sink.clock)
+    result = resumed.run()
+    assert without_cost(result) == without_cost(clean)
+    again = [s for s, d in resumed.evaluator.calls if d == control_digest()]
+    # what the checkpoint held is read back; only an evaluation the kill cut short is redone
+    assert again == [
+        split
+        for split, saved in (("dev", done.control_dev), ("test", done.control_test))
+        if saved is None
+    ]
+    assert result.cost["llm_calls"] - clean.cost["llm_calls"] <= EVALUATION_CALLS

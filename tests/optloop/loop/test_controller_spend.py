@@ -41,6 +41,7 @@ from tests.optloop.loop.test_controller import (
 
 DOLLARS_PER_CALL = 0.01
 BASELINE = 2 * EVALUATION_CALLS  # train + dev
+CONTROL = EVALUATION_CALLS  # the trivial-instruction control on dev, before the first trial
 TRIAL = EVALUATION_CALLS + PROPOSAL_CALLS
 
 
@@ -90,20 +91,20 @@ def test_max_calls_stops_after_a_trial_and_a_higher_limit_resumes_to_the_unlimit
 ):
     path, sink = tmp_path / "ckpt.json", MemorySink(Clock())
     stopped, _ = stop(
-        path, sink, SpendingLimits(max_calls=BASELINE + TRIAL + 1)
+        path, sink, SpendingLimits(max_calls=BASELINE + CONTROL + TRIAL + 1)
     )  # reached during trial 2
     assert (
         stopped.reason == MAX_CALLS
-        and str(stopped) == "--max-calls 32 reached: the run has made 42 model calls"
+        and str(stopped) == "--max-calls 42 reached: the run has made 52 model calls"
     )
     ckpt = Checkpoint.load(path)
     assert (
-        len(ckpt.trials) == 2 and ckpt.spending["model_calls"] == BASELINE + 2 * TRIAL
+        len(ckpt.trials) == 2 and ckpt.spending["model_calls"] == BASELINE + CONTROL + 2 * TRIAL
     )  # trial 2 was finished
     nothing_half_done(path, sink)
 
     again, run = stop(
-        path, sink, SpendingLimits(max_calls=BASELINE + 2 * TRIAL)
+        path, sink, SpendingLimits(max_calls=BASELINE + CONTROL + 2 * TRIAL)
     )  # the same total: no new step
     assert again.reason == MAX_CALLS and run.evaluator.calls == [] and run.optimizers == []
     assert Checkpoint.load(path).spending == {
@@ -114,7 +115,7 @@ def test_max_calls_stops_after_a_trial_and_a_higher_limit_resumes_to_the_unlimit
     }
 
     _, run = stop(
-        path, sink, SpendingLimits(max_calls=BASELINE + 4 * TRIAL)
+        path, sink, SpendingLimits(max_calls=BASELINE + CONTROL + 4 * TRIAL)
     )  # a higher limit: two more trials
     assert [c[0] for c in run.evaluator.calls] == ["dev", "dev"] and len(
         Checkpoint.load(path).trials
@@ -141,12 +142,12 @@ def test_max_cost_stops_before_each_held_out_evaluation_and_the_run_finishes_as_
 ):
     path, sink = tmp_path / "ckpt.json", MemorySink(Clock())
     after_trials = (
-        BASELINE + 5 * TRIAL
-    ) * DOLLARS_PER_CALL  # $0.75: every trial done, the test not begun
+        BASELINE + CONTROL + 5 * TRIAL
+    ) * DOLLARS_PER_CALL  # $0.85: every trial done, the test not begun
     stopped, _ = stop(path, sink, SpendingLimits(max_cost=after_trials - 0.05))
     assert (
         stopped.reason == MAX_COST
-        and str(stopped) == "--max-cost 0.7 reached: the run has spent $0.750000"
+        and str(stopped) == "--max-cost 0.8 reached: the run has spent $0.850000"
     )
     ckpt = Checkpoint.load(path)
     assert len(ckpt.trials) == 5 and ckpt.test_before is None and sink.summary is None
@@ -165,7 +166,7 @@ def test_max_cost_stops_before_each_held_out_evaluation_and_the_run_finishes_as_
         "processes": 3
     }
     assert result.cost["cost_usd"] == pytest.approx(
-        (9 * EVALUATION_CALLS + 5 * PROPOSAL_CALLS) * DOLLARS_PER_CALL
+        (11 * EVALUATION_CALLS + 5 * PROPOSAL_CALLS) * DOLLARS_PER_CALL
     )
     assert len(sink.registered) == 1 and Checkpoint.load(path).finished
 
@@ -183,7 +184,8 @@ def test_estimate_stops_after_the_baseline_and_the_next_run_reuses_it(tmp_path):
     assert "train" not in [
         c[0] for c in resumed.evaluator.calls
     ]  # the baseline came from the checkpoint
-    assert [c[0] for c in resumed.evaluator.calls].count("dev") == 5  # the five trials only
+    # the control (targeted once the baseline is known) and the five trials
+    assert [c[0] for c in resumed.evaluator.calls].count("dev") == 6
     clean = clean_run(tmp_path)
     assert without_cost(result) == without_cost(clean) and result.cost == clean.cost | {
         "processes": 2
@@ -764,3 +766,68 @@ def test_trials_that_reuse_every_store_are_projected_by_the_answer_path_alone():
     )
     again = answer_path(replayed, {"graphiti.extract_edges.edge"})
     assert again is not None and again.tokens == 4_000
+
+
+# --- the trivial-instruction control in the estimate ---------------------------------------------
+
+
+def test_the_estimate_counts_the_controls_two_evaluations_and_the_eta_its_test_one():
+    from optloop.loop.eta import Eta
+    from optloop.loop.spend import CONTROL_PART, HELD_OUT_PART
+
+    plain = estimate(baseline_checkpoint(), budget=3, concurrency=4, dev_units=10, test_units=15)
+    figures = estimate(
+        baseline_checkpoint(), budget=3, concurrency=4, dev_units=10, test_units=15, control=True
+    )
+    parts = {p.part: p for p in figures.parts}
+    # before the trials, one dev evaluation (the baseline's dev, every request computed)
+    assert [p.part for p in figures.parts][:2] == ["baseline (measured)", CONTROL_PART]
+    assert (parts[CONTROL_PART].evaluations, parts[CONTROL_PART].calls) == (1, 10)
+    # the held-out test: the start program, the best and the control, each 1.5 dev's work
+    assert (parts[HELD_OUT_PART].evaluations, parts[HELD_OUT_PART].calls) == (3, 45)
+    assert figures.total.evaluations == plain.total.evaluations + 2
+    assert figures.total.calls == plain.total.calls + 10 + 15
+    # done before the trials: the ETA leaves the control's dev evaluation out, not its test one
+    eta, before = Eta.of(figures, 3), Eta.of(plain, 3)
+    assert eta.held_out == 3 and eta.trial_s == pytest.approx(before.trial_s)
+    assert eta.seconds_left(3) == pytest.approx(parts[HELD_OUT_PART].hours * 3600)
+    assert eta.seconds_left(3) > before.seconds_left(3)
+    untimed = Eta(3, trial_s=None, test_s=None, held_out=eta.held_out)
+    untimed.trial_took(40.0)
+    assert untimed.seconds_left(3) == pytest.approx(3 * 40.0)  # test: three trials' time
+
+
+def test_a_control_the_run_has_evaluated_is_measured_in_the_estimate():
+    from optloop.loop.spend import CONTROL_PART
+
+    control_dev = measured(
+        "dev", calls=7, computed=7, tokens=70, dollars=0.07, lm_seconds=7, seconds=36
+    )
+    figures = estimate(
+        baseline_checkpoint(control_dev=control_dev),
+        budget=3,
+        concurrency=4,
+        dev_units=10,
+        test_units=15,
+        control=True,
+    )
+    [part] = [p for p in figures.parts if p.part.startswith(CONTROL_PART)]
+    assert part.part == f"{CONTROL_PART} (measured)"
+    assert (part.calls, part.tokens, part.cost_usd) == (7, 70, 0.07)
+    assert part.hours == pytest.approx(36 / 3600)
+
+
+def test_the_optimizers_measured_calls_leave_the_controls_evaluations_out():
+    spent = {"llm_calls": 100, "model_calls": 100, "tokens": 4300, "cost_usd": 0.14}
+    ckpt = baseline_checkpoint(trials=[trial(1, 10), trial(2, 10)], spent=spent, processes=1)
+    without = measured_work(ckpt, None, 2)
+    control_dev = measured(
+        "dev", calls=10, computed=10, tokens=100, dollars=0.01, lm_seconds=10, seconds=10
+    ).model_copy(update={"candidate": "control"})
+    with_control = measured_work(ckpt.model_copy(update={"control_dev": control_dev}), None, 2)
+    assert without is not None and with_control is not None
+    assert with_control.calls == without.calls - 10  # the control's evaluation is not optimizer's
+    # a control that is the start program took the baseline's evaluation: nothing to leave out
+    same = ckpt.model_copy(update={"control_dev": ckpt.baseline_dev})
+    reused = measured_work(same, None, 2)
+    assert reused is not None and reused.calls == without.calls

@@ -3,7 +3,7 @@ boundary in turn, the same command resumes, compared with an uninterrupted run; 
 Optuna workers killed.
 
 Every process talks to ``experiments.bench.crash.OracleEndpoint``, a loopback endpoint that needs
-no model, so this runs in a few minutes on a busy machine (19 + 3 processes).
+no model, so this runs in a few minutes on a busy machine (21 + 3 processes).
 ``python -m experiments.bench.crash --shared`` prints the same table.
 """
 
@@ -14,7 +14,7 @@ import pytest
 from experiments.bench.crash import KILL_POINTS, markdown, matrix, shared
 
 
-@pytest.mark.slow  # 22 optloop.run processes: about 4 minutes on 2 busy cores
+@pytest.mark.slow  # 24 optloop.run processes: about 4 minutes on 2 busy cores
 def test_kill_at_every_checkpoint_boundary_and_resume_with_the_same_command(tmp_path, capsys):
     result = matrix(tmp_path, budget=3)
     result.shared = shared(tmp_path, budget=3)

@@ -39,12 +39,18 @@ from tests.optloop.loop.test_controller import (
 BUDGET = 5
 
 # kill point -> where the fakes' clock kills the first process
+CONTROL = "('trivial answer', 'seed extract')"  # the control's key in the fakes' step names
+
 KILL_POINTS: dict[str, dict[str, Any]] = {
     "after the baseline": {"kill_after": "log_dev 0"},
+    "during the control on dev": {"kill_on": f"evaluate dev {CONTROL}"},
+    "after the control on dev (not yet checkpointed)": {"kill_after": f"evaluate dev {CONTROL}"},
     "during trial 1 (its child run open)": {"kill_on": "log_trial 1"},
     **{f"after trial {k}": {"kill_after": f"log_dev {k}"} for k in range(1, BUDGET + 1)},
     "during trial 3 (its checkpoint written)": {"kill_on": "open_trial 3"},
     "during the held-out test": {"kill_on": "evaluate test", "nth": 2},
+    "during the control on test": {"kill_on": f"evaluate test {CONTROL}"},
+    "after the control on test (checkpointed)": {"kill_on": "log_summary"},
     "during registry promotion": {"kill_after": "register"},
 }
 
@@ -164,6 +170,9 @@ def test_the_crash_matrix_on_the_controller(tmp_path, capsys):
     assert by_point["after trial 2"] == 0 and by_point["during registry promotion"] == 0
     assert by_point["during trial 1 (its child run open)"] == EVALUATION_CALLS + PROPOSAL_CALLS
     assert by_point["during the held-out test"] == EVALUATION_CALLS
+    assert by_point["during the control on dev"] == EVALUATION_CALLS
+    assert by_point["during the control on test"] == EVALUATION_CALLS
+    assert by_point["after the control on test (checkpointed)"] == 0
     with capsys.disabled():
         print("\n" + table(rows))
 

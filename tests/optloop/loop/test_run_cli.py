@@ -154,8 +154,10 @@ def test_query_rewrite_reaches_the_config_and_leaves_older_runs_resumable():
     )
     assert not plain.query_rewrite and rewrite.query_rewrite
     older = {
-        k: v for k, v in plain.model_dump().items() if k not in ("query_rewrite", "batch")
-    }  # both came later
+        k: v
+        for k, v in plain.model_dump().items()
+        if k not in ("query_rewrite", "batch", "control")
+    }  # all three came later
     assert plain.resume_key() == _digest(
         {k: v for k, v in older.items() if k not in ("tracking_uri", "run_name")}
     )
@@ -711,8 +713,12 @@ def test_estimate_then_max_calls_stops_with_exit_3_and_a_higher_limit_resumes_th
             parent.info.status == "KILLED" and parent.data.tags["optloop.stopped_by"] == "estimate"
         )
 
+        # the control on dev comes before the first trial: its part of the estimate, the
+        # baseline's dev requests (the same split, every one computed: its new prompts)
+        [control] = [p for p in figures["parts"] if p["part"] == "control on dev"]
+        assert control["evaluations"] == 1 and control["calls"] == baseline.llm_calls
         limit = (
-            baseline.model_calls + ckpt.baseline_train.model_calls + 1
+            baseline.model_calls + ckpt.baseline_train.model_calls + control["calls"] + 1
         )  # reached by the first trial
         stopped = cli(with_flag(args, "--max-calls", str(limit)), env)
         assert stopped.returncode == 3, stopped.stderr[-3000:]
@@ -981,6 +987,18 @@ def test_batch_reaches_the_config_and_only_a_batch_above_1_changes_the_run_key()
     assert "batch" not in one.model_dump(exclude=one._unset_later_fields())
 
 
+def test_no_control_reaches_the_config_and_changes_the_run_key_and_the_default_does_not():
+    from optloop.cli import lm_settings_from_args
+
+    settings = lm_settings_from_args(args_of())
+    on, off = run_config(args_of(), settings), run_config(args_of("--no-control"), settings)
+    assert on.control and not off.control
+    assert on.resume_key() != off.resume_key() and on.digest() != off.digest()
+    # a run started before the control existed has the digests of one with it on
+    assert "control" not in on.model_dump(exclude=on._unset_later_fields())
+    assert on.resume_key() == on.model_copy(update={"control": True}).resume_key()
+
+
 def test_exit_4_when_the_calls_of_an_evaluation_fail_and_no_accuracy_is_reported(tmp_path):
     from optloop.testing.scripted import ScriptedOpenAIServer
 
@@ -1026,3 +1044,79 @@ def test_the_default_optimizer_follows_who_writes_the_instructions():
     assert default_optimizer(LMSettings.from_spec("openai:gpt-4o-mini")) == "simba"
     assert config_of(args_of()).optimizer == "edit"  # the embedded model, no --optimizer
     assert config_of(args_of("--optimizer", "gepa")).optimizer == "gepa"
+
+
+# --- the trivial-instruction control -------------------------------------------------------------
+
+
+def test_the_summary_reports_the_trivial_instruction_control_and_no_control_skips_it(tmp_path):
+    """The real CLI against the scripted endpoint: the summary shows the start prompt, the trivial
+    instruction and the loop's best on dev and test, and the paired differences loop - start and
+    loop - control; the result, MLflow's metrics, tag and summary.json carry the control. With
+    --no-control none of it is evaluated and the summary says what the report cannot tell."""
+    from mlflow.tracking import MlflowClient
+
+    from experiments.bench.crash import env_for, run_args
+    from optloop.artifacts import SUMMARY
+    from optloop.loop.metric_names import BEATS_CONTROL
+    from optloop.loop.policy import NO_CONTROL
+    from optloop.testing.oracle import OracleEndpoint
+
+    done: dict[str, subprocess.CompletedProcess[str]] = {}
+    with OracleEndpoint() as endpoint:
+        for name, extra in (("control", []), ("none", ["--no-control"])):
+            work = tmp_path / name
+            args = run_args(
+                work, 1, endpoint.base_url, extra=[*extra, "--json", str(work / "result.json")]
+            )
+            done[name] = cli(args, env_for(work, endpoint.base_url))
+            assert done[name].returncode == 0, done[name].stderr[-3000:]
+
+    text = done["control"].stderr
+    result = json.loads((tmp_path / "control" / "result.json").read_text())
+    sites = result["control_sites"]
+    assert sites and set(sites) <= set(result["targets"])  # the blamed prompt sites
+    assert (
+        f"control (the trivial instruction at {', '.join(sites)}): dev " in text
+    )  # before trials
+    assert text.index("control (the trivial instruction at") < text.index("trial 1/1")
+    for row in ("start prompt (--start)", "trivial instruction (control: ", "loop's best"):
+        assert row in text, row
+    assert "loop \u2212 start prompt" in text and "loop \u2212 control" in text
+    assert "paired: " in text and "beats the control" in text
+    assert result["test_control_ci"]["n"] == result["n_test"] and result["control_dev"] is not None
+    assert result["delta_control_ci"] is not None and result["beats_control"] is not None
+    ckpt = the_checkpoint(tmp_path / "control")
+    assert ckpt.control_dev is not None and ckpt.control_test is not None
+    parent, _ = parent_run(tmp_path / "control")
+    assert {
+        "acc_dev_control",
+        "acc_test_control",
+        "acc_test_control_ci_low",
+        "delta_test_control",
+        "delta_test_control_ci_low",
+        "delta_test_control_ci_high",
+    } <= set(parent.data.metrics)
+    assert parent.data.metrics["acc_dev_control"] == pytest.approx(result["control_dev"])
+    assert parent.data.tags[BEATS_CONTROL] == str(result["beats_control"])
+    client = MlflowClient(f"sqlite:///{tmp_path / 'control' / 'mlruns' / 'mlflow.db'}")
+    path = client.download_artifacts(parent.info.run_id, SUMMARY, str(tmp_path))
+    summary = json.loads(Path(path).read_text())
+    assert [r["program"] for r in summary["rows"]] == ["own", "control", "best"]
+    assert [d["against"] for d in summary["differences"]] == ["own", "control"]
+    assert summary["beats_control"] == result["beats_control"]
+    assert set(summary["control_prompts"]) == set(sites) and all(
+        prompt.startswith("Given the fields") for prompt in summary["control_prompts"].values()
+    )
+
+    none = done["none"].stderr
+    result = json.loads((tmp_path / "none" / "result.json").read_text())
+    assert result["control_note"] == NO_CONTROL and result["control_sites"] == []
+    assert result["control_dev"] is None and result["beats_control"] is None
+    assert "trivial instruction (control)" in none and "not evaluated" in none
+    assert "loop \u2212 control" not in none and "control (the trivial instruction" not in none
+    assert the_checkpoint(tmp_path / "none").control_dev is None
+    parent, _ = parent_run(tmp_path / "none")
+    assert "acc_dev_control" not in parent.data.metrics
+    assert parent.data.tags[BEATS_CONTROL] == "no control"
+    assert parent.data.params["control"] == "False"

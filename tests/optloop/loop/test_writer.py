@@ -3,7 +3,6 @@ gate."""
 
 from __future__ import annotations
 
-import dspy
 import pytest
 from dspy.utils import DummyLM
 

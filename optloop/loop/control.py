@@ -1,0 +1,233 @@
+"""The trivial-instruction control: the figure a loop's prompt must beat besides the system's own.
+
+A gain counts only when the prompt that carries it beats a trivial instruction as well as the
+system's own prompt. On mem0 with a 0.5B model, mem0's own 8,000-token extraction prompt stores
+nothing (dev 0.00) while any short system text ("You are a helpful assistant.") gets 0.95: a loop
+that reports +0.75 over mem0's prompt has earned nothing a trivial instruction does not. So every
+run evaluates a **control** beside the start program and the best (``--no-control`` skips it,
+and the report then cannot say what the loop's writing earned):
+
+- the control candidate (:func:`control_candidate`) is the run's start program with each prompt
+  site of the first targeting (the sites the baseline's blame chose; ``--sites``; every site with
+  ``--untargeted``: :func:`optloop.loop.policy.control_sites`) given the trivial instruction for
+  its signature, :func:`optloop.loop.candidate.trivial_instruction` (DSPy's default instruction
+  built from the signature's fields, the edit optimizer's deletion of every unit); knobs and demos
+  stay as they are. When the blame names no prompt site (only knobs) there is no control, and the
+  report says so;
+- the controller evaluates it on dev once the targets are chosen (before the trials) and on test
+  beside the start program and the best, each evaluation checkpointed as soon as it returns
+  (:mod:`optloop.loop.controller`);
+- :class:`Comparison` (:func:`compare`) is what the report shows and MLflow keeps: three rows,
+  the start program, the control and the loop's best, each with its dev and test accuracy, n and
+  95% bootstrap CI; and the paired differences loop − own prompt and loop − control on test with
+  their paired bootstrap CIs (:mod:`optloop.stats`, seeded with ``--seed``). A difference whose CI
+  includes 0 is "no measurable change".
+
+The promotion rule does not look at the control (the champion moves on the delta against the
+start program, :func:`optloop.loop.policy.promotion`); whether the best beat the control is
+recorded beside it (``LoopResult.beats_control``, the MLflow tag ``optloop.beats_control``).
+Pure functions and data: nothing here evaluates, logs or writes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from pydantic import BaseModel, Field
+
+from optloop.loop.candidate import Candidate
+from optloop.stats import Interval, bootstrap_mean
+
+if TYPE_CHECKING:
+    from optloop.loop.state import LoopResult
+
+NO_MEASURABLE_CHANGE = "no measurable change"
+
+
+def control_candidate(start: Candidate, instructions: Mapping[str, str]) -> Candidate:
+    """``start`` with each site of ``instructions`` given that instruction (its demos and the knobs
+    as they are): the control, when ``instructions`` are the sites' trivial instructions."""
+    sites = {
+        name: state.model_copy(update={"instructions": instructions[name]})
+        if name in instructions
+        else state
+        for name, state in start.sites.items()
+    }
+    return start.model_copy(
+        update={
+            "sites": sites,
+            "origin": f"control: the trivial instruction at {', '.join(instructions)}",
+            "parent": None,
+        }
+    )
+
+
+def verdict(delta: Interval) -> str:
+    """What a paired difference says: "measurably better" (its CI above 0), "measurably worse"
+    (below 0), or "no measurable change" (its CI includes 0)."""
+    if delta.low > 0:
+        return "measurably better"
+    if delta.high < 0:
+        return "measurably worse"
+    return NO_MEASURABLE_CHANGE
+
+
+def dev_interval(accuracy: float, n: int, seed: int) -> Interval:
+    """A dev accuracy with its bootstrap CI, from its count alone (the finisher of a shared run
+    knows the other workers' trials by their accuracy): ``round(accuracy * n)`` passes of ``n``."""
+    passes = round(accuracy * n)
+    return bootstrap_mean([1.0] * passes + [0.0] * (n - passes), seed=seed)
+
+
+class Row(BaseModel):
+    """One program of the comparison: its dev and test accuracy (``None``: not evaluated)."""
+
+    program: str = Field(description="own, control or best")
+    label: str = Field(description="what the report calls it")
+    dev: Interval | None = None
+    test: Interval | None = None
+
+
+class Difference(BaseModel):
+    """The loop's best less another program: the point difference on dev (where the best was
+    chosen, so biased upwards) and the paired bootstrap CI on test."""
+
+    against: str = Field(description="own or control")
+    label: str
+    dev: float
+    test: Interval
+    verdict: str = Field(description="verdict(test)")
+
+
+class Comparison(BaseModel):
+    """The report's three rows and two differences (see the module docstring)."""
+
+    rows: list[Row]
+    differences: list[Difference]
+    control_sites: list[str] = Field(
+        default_factory=list, description="the sites the control rewrote (empty: no control)"
+    )
+    control_note: str = Field("", description="why there is no control ('': there is one)")
+    beats_control: bool | None = Field(
+        None, description="the best measurably beats the control on test (None: no control)"
+    )
+
+    def row(self, program: str) -> Row:
+        return next(r for r in self.rows if r.program == program)
+
+
+def compare(
+    *,
+    seed: int,
+    n_dev: int,
+    own_dev: float,
+    best_dev: float,
+    control_dev: float | None,
+    own_test: Interval,
+    best_test: Interval,
+    control_test: Interval | None,
+    best_minus_own: Interval,
+    best_minus_control: Interval | None,
+    best_trial: int,
+    control_sites: list[str],
+    control_note: str,
+    started: bool = False,
+) -> Comparison:
+    """The comparison of a finished run's figures: dev accuracies (CIs from their counts, seeded
+    with ``seed``), test intervals and paired differences as the controller measured them;
+    ``started``: the run started from ``--start`` instructions, not the system's own."""
+    own = "start prompt (--start)" if started else "system's own prompt"
+    best = (
+        f"loop's best (trial {best_trial})"
+        if best_trial
+        else f"loop's best (the {'start' if started else 'own'} prompt: no trial beat it)"
+    )
+    has_control = control_dev is not None and control_test is not None
+    rows = [
+        Row(program="own", label=own, dev=dev_interval(own_dev, n_dev, seed), test=own_test),
+        Row(
+            program="control",
+            label=(
+                f"trivial instruction (control: {', '.join(control_sites)})"
+                if has_control
+                else "trivial instruction (control)"
+            ),
+            dev=None if control_dev is None else dev_interval(control_dev, n_dev, seed),
+            test=control_test,
+        ),
+        Row(program="best", label=best, dev=dev_interval(best_dev, n_dev, seed), test=best_test),
+    ]
+    differences = [
+        Difference(
+            against="own",
+            label=f"loop \u2212 {'start' if started else 'own'} prompt",
+            dev=best_dev - own_dev,
+            test=best_minus_own,
+            verdict=verdict(best_minus_own),
+        )
+    ]
+    if has_control and control_dev is not None and best_minus_control is not None:
+        differences.append(
+            Difference(
+                against="control",
+                label="loop \u2212 control",
+                dev=best_dev - control_dev,
+                test=best_minus_control,
+                verdict=verdict(best_minus_control),
+            )
+        )
+    return Comparison(
+        rows=rows,
+        differences=differences,
+        control_sites=list(control_sites) if has_control else [],
+        control_note=control_note,
+        beats_control=None if best_minus_control is None else best_minus_control.low > 0,
+    )
+
+
+def comparison_of(result: LoopResult) -> Comparison:
+    """The comparison of a run's result (:func:`compare` on its figures)."""
+    return compare(
+        seed=result.config.seed,
+        n_dev=result.n_dev,
+        own_dev=result.baseline_dev,
+        best_dev=result.best_dev,
+        control_dev=result.control_dev,
+        own_test=result.test_before_ci,
+        best_test=result.test_after_ci,
+        control_test=result.test_control_ci,
+        best_minus_own=result.delta_test_ci,
+        best_minus_control=result.delta_control_ci,
+        best_trial=result.best_trial,
+        control_sites=result.control_sites,
+        control_note=result.control_note,
+        started=bool(result.config.start),
+    )
+
+
+def control_line(comparison: Comparison) -> str | None:
+    """The note's sentence when the loop's prompt does not measurably beat the control (``None``
+    when it does, or when there is no control)."""
+    if comparison.beats_control is not False:
+        return None
+    diff = next(d for d in comparison.differences if d.against == "control")
+    return (
+        f"the loop's prompt does not measurably beat the trivial instruction: loop \u2212 control "
+        f"on test {diff.test} ({diff.verdict}), so this run shows no gain from the loop's writing "
+        "beyond what a trivial instruction gets"
+    )
+
+
+__all__ = [
+    "Comparison",
+    "Difference",
+    "NO_MEASURABLE_CHANGE",
+    "Row",
+    "compare",
+    "comparison_of",
+    "control_candidate",
+    "control_line",
+    "dev_interval",
+    "verdict",
+]
