@@ -29,6 +29,7 @@ os.environ.update(offline_defaults())  # first, as every optloop command
 
 import contextlib
 import fcntl
+import shutil
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -144,9 +145,20 @@ def _installing(directory: Path, console: Console) -> Iterator[None]:
         except BlockingIOError:
             console.print(f"waiting for another installer of {directory} to finish")
             fcntl.flock(fd, fcntl.LOCK_EX)
+        _remove_leftovers(directory)
         yield
     finally:
         os.close(fd)  # closing the descriptor releases the lock
+
+
+def _remove_leftovers(directory: Path) -> None:
+    """What an installer killed outright (SIGKILL, a power cut) left: its ``.partial`` file and
+    temporary wheel folder. Only called under the lock, when no other installer is at work."""
+    for leftover in [*directory.glob("*.partial"), *directory.glob(".wheels-*")]:
+        if leftover.is_dir():
+            shutil.rmtree(leftover, ignore_errors=True)
+        else:
+            leftover.unlink(missing_ok=True)
 
 
 if __name__ == "__main__":

@@ -221,6 +221,11 @@ def check_spec_model(model: str) -> str:
     saying what to run."""
     found = model_named(model)
     if found is not None:
+        if not found.installed() and found.parts is None:
+            raise ConfigError(
+                f"model {found.name} ships in the {found.bundled_in} package, which is not "
+                "installed; run `make setup`"
+            )
         if not found.installed():
             raise ConfigError(
                 f"model {found.name} ({found.title}) is not installed in {models_dir()}; "

