@@ -114,35 +114,41 @@ def model_speed(path: Path, slots: MachineSlots | None = None) -> Speed:
 def models_table(measure: bool) -> Table:
     """Every model of the registry: installed or not, its path, and (``measure``) its speed."""
     table = Table(title="models (--lm local:<name>)", show_header=True)
-    for col in ("name", "installed", "path", "load s", "prompt tok/s", "gen tok/s"):
-        table.add_column(col, overflow="fold")
+    table.add_column("name", no_wrap=True)
+    table.add_column("installed", no_wrap=True)
+    speeds = ("load s", "prompt tok/s", "gen tok/s") if measure else ()
+    for col in speeds:
+        table.add_column(col, no_wrap=True, justify="right")
+    table.add_column("path", overflow="fold")
+    missing: list[str] = []
     for model in MODELS.values():
         try:
-            path = model.path()
+            path = str(model.path())
         except ConfigError as exc:  # the bundled package is missing
-            table.add_row(model.name, "no", str(exc), "", "", "")
-            continue
+            path = str(exc)
         if not model.installed():
-            table.add_row(model.name, f"no: {model.install_command()}", str(path), "", "", "")
-            continue
-        if not measure:
-            table.add_row(model.name, "yes", str(path), "", "", "")
-            continue
-        speed = model_speed(path)
-        table.add_row(
-            model.name,
-            "yes",
-            str(path),
-            f"{speed.load_s:.1f}",
-            f"{speed.prompt_tps:.0f}",
-            f"{speed.generate_tps:.1f}",
-        )
-    threads = threads_per_slot()
-    table.caption = (
-        f"{PROMPT_TOKENS}-token prompt, {GENERATED_TOKENS} tokens generated, {threads} threads"
+            missing.append(model.install_command())
+            table.add_row(model.name, "no", *("" for _ in speeds), path)
+        elif not measure:
+            table.add_row(model.name, "yes", path)
+        else:
+            speed = model_speed(Path(path))
+            table.add_row(
+                model.name,
+                "yes",
+                f"{speed.load_s:.1f}",
+                f"{speed.prompt_tps:.0f}",
+                f"{speed.generate_tps:.1f}",
+                path,
+            )
+    lines = [
+        f"{PROMPT_TOKENS}-token prompt, {GENERATED_TOKENS} tokens generated, "
+        f"{threads_per_slot()} threads"
         if measure
         else "--no-models: not measured"
-    )
+    ]
+    lines += [f"install: {command}" for command in dict.fromkeys(missing)]
+    table.caption = "\n".join(lines)
     return table
 
 
