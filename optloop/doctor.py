@@ -6,6 +6,11 @@ free-text answer through :mod:`optloop.lm`, an embedding through
 Against an endpoint it first runs the start-up check every CLI runs
 (:meth:`optloop.lm.OptloopLM.check_endpoint`) and prints the schema mode and the
 concurrency the endpoint gets, and why (``docs/servers.md``).
+It lists every model of the registry (:mod:`optloop.lm.models`: installed or not, and where)
+and measures each installed one here: prompt evaluation of a 256-token prompt and generation of
+32 tokens, in tokens/s, with llama.cpp on the threads of one machine-wide slot
+(:mod:`optloop.lm.machine`), holding that slot so no other optloop job runs llama.cpp meanwhile
+(``--no-models``: the list without the measurement).
 Exit status 0 means every check passed; 75 the endpoint cannot be reached; 2 it
 refuses the key, the model or the schema mode.
 """
@@ -24,6 +29,7 @@ import importlib.metadata
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 from pydantic import BaseModel
 from rich.console import Console
@@ -31,7 +37,8 @@ from rich.table import Table
 
 from optloop.cli import LM_HELP, CommandParser, lm_from_args, parse_command, run_cli
 from optloop.embed import get_embedder
-from optloop.lm import prompt_site
+from optloop.errors import ConfigError
+from optloop.lm import MODELS, MachineSlots, prompt_site, threads_per_slot
 
 PACKAGES = (
     "dspy",
@@ -49,6 +56,102 @@ PACKAGES = (
 )
 
 
+PROMPT_TOKENS = 256
+GENERATED_TOKENS = 32
+SPEED_TEXT = (
+    "The user moved to Lisbon in 2021, works as a nurse at the central hospital, and keeps a "
+    "small garden with tomatoes and basil on the balcony. Her sister Ana visits every summer. "
+)
+
+
+class Speed(BaseModel):
+    """A model's speed here: seconds to load, prompt and generation tokens per second."""
+
+    load_s: float
+    prompt_tps: float
+    generate_tps: float
+    threads: int
+
+
+def model_speed(path: Path, slots: MachineSlots | None = None) -> Speed:
+    """``path``'s speed on this machine: a :data:`PROMPT_TOKENS` prompt evaluated, then
+    :data:`GENERATED_TOKENS` tokens generated greedily, on one slot's threads while holding the
+    slot (a machine-wide lock: another optloop job's model calls wait, and this waits for them)."""
+    from llama_cpp import Llama
+
+    slots = slots or MachineSlots()
+    threads = threads_per_slot(slots.slots)
+    started = time.perf_counter()
+    llama = Llama(
+        model_path=str(path),
+        n_ctx=PROMPT_TOKENS + GENERATED_TOKENS + 32,
+        n_threads=threads,
+        n_threads_batch=threads,
+        verbose=False,
+        seed=0,
+    )
+    load_s = time.perf_counter() - started
+    try:
+        tokens = llama.tokenize((SPEED_TEXT * 16).encode())[:PROMPT_TOKENS]
+        with slots.hold():
+            started = time.perf_counter()
+            llama.eval(tokens)
+            prompt_s = time.perf_counter() - started
+            started = time.perf_counter()
+            for _ in range(GENERATED_TOKENS):  # an end-of-text token is evaluated like any other
+                llama.eval([llama.sample(temp=0.0)])
+            generate_s = time.perf_counter() - started
+    finally:
+        llama.close()
+    return Speed(
+        load_s=load_s,
+        prompt_tps=len(tokens) / prompt_s,
+        generate_tps=GENERATED_TOKENS / generate_s,
+        threads=threads,
+    )
+
+
+def models_table(measure: bool) -> Table:
+    """Every model of the registry: installed or not, its path, and (``measure``) its speed."""
+    table = Table(title="models (--lm local:<name>)", show_header=True)
+    table.add_column("name", no_wrap=True)
+    table.add_column("installed", no_wrap=True)
+    speeds = ("load s", "prompt tok/s", "gen tok/s") if measure else ()
+    for col in speeds:
+        table.add_column(col, no_wrap=True, justify="right")
+    table.add_column("path", overflow="fold")
+    missing: list[str] = []
+    for model in MODELS.values():
+        try:
+            path = str(model.path())
+        except ConfigError as exc:  # the bundled package is missing
+            path = str(exc)
+        if not model.installed():
+            missing.append(model.install_command())
+            table.add_row(model.name, "no", *("" for _ in speeds), path)
+        elif not measure:
+            table.add_row(model.name, "yes", path)
+        else:
+            speed = model_speed(Path(path))
+            table.add_row(
+                model.name,
+                "yes",
+                f"{speed.load_s:.1f}",
+                f"{speed.prompt_tps:.0f}",
+                f"{speed.generate_tps:.1f}",
+                path,
+            )
+    lines = [
+        f"{PROMPT_TOKENS}-token prompt, {GENERATED_TOKENS} tokens generated, "
+        f"{threads_per_slot()} threads"
+        if measure
+        else "--no-models: not measured"
+    ]
+    lines += [f"install: {command}" for command in dict.fromkeys(missing)]
+    table.caption = "\n".join(lines)
+    return table
+
+
 class Fact(BaseModel):
     subject: str
     attribute: str
@@ -63,12 +166,17 @@ def build_parser() -> CommandParser:
     parser = CommandParser(
         "python -m optloop.doctor",
         "Check the optloop stack end to end with real calls: LM (schema-constrained and free "
-        "text), embeddings, and the installed versions.",
+        "text), embeddings, the installed versions, and each installed model's tokens/s.",
         lm=True,
         epilog=LM_HELP,
     )
     parser.add_argument(
         "--embed", metavar="SPEC", help="embedder: local (default) | openai:<model>"
+    )
+    parser.add_argument(
+        "--no-models",
+        action="store_true",
+        help="list the models without measuring their speed (a few seconds each)",
     )
     return parser
 
@@ -86,6 +194,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except importlib.metadata.PackageNotFoundError:
             versions.add_row(name, "[red]missing[/red]")
     console.print(versions)
+    console.print(models_table(measure=not args.no_models))
 
     lm = lm_from_args(args)
     console.print(

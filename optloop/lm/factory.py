@@ -6,21 +6,19 @@ and each implementation imports only the contract.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from optloop.lm.backends import Backend
 from optloop.lm.endpoint import OpenAICompatibleBackend
 from optloop.lm.llama import LocalLlamaBackend
-from optloop.lm.settings import LMSettings, bundled_model_path
+from optloop.lm.models import local_model_path
+from optloop.lm.settings import LMSettings
 
 
 def make_backend(settings: LMSettings) -> Backend:
-    """The backend of ``settings``: llama.cpp in-process (``local``) or an OpenAI-compatible
-    endpoint."""
+    """The backend of ``settings``: llama.cpp in-process (``local``: the bundled model, a model of
+    :data:`~optloop.lm.models.MODELS` by name, or a GGUF path) or an OpenAI-compatible endpoint."""
     if settings.backend == "local":
-        path = Path(settings.model).expanduser() if settings.model else bundled_model_path()
         return LocalLlamaBackend(
-            path,
+            local_model_path(settings.model),
             n_ctx=settings.n_ctx,
             n_threads=settings.n_threads,
             max_chars=settings.max_string_chars,

