@@ -28,12 +28,11 @@ import time
 from collections.abc import Sequence
 
 from pydantic import BaseModel
-from rich.console import Console
-from rich.table import Table
 
 from optloop.cli import LM_HELP, CommandParser, lm_from_args, parse_command, run_cli
 from optloop.embed import get_embedder
 from optloop.lm import prompt_site
+from optloop.output import Table, make_console
 
 PACKAGES = (
     "dspy",
@@ -77,7 +76,7 @@ def build_parser() -> CommandParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_command(build_parser(), argv)
-    console = Console()
+    console = make_console()
 
     versions = Table(title="installed stack", show_header=True)
     versions.add_column("package")
