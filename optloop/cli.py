@@ -100,7 +100,9 @@ class CommandParser(argparse.ArgumentParser):
         if not self._finished:
             self._finished = True
             self.add_argument(
-                "--verbose", action="store_true", help="debug logging and tracebacks"
+                "--verbose",
+                action="store_true",
+                help="debug logging, tracebacks and third-party progress bars (tqdm)",
             )
             if self._lm:
                 add_lm_arguments(self)
