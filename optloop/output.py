@@ -41,7 +41,8 @@ def plain_width(environ: Mapping[str, str] = os.environ) -> int:
     return int(columns) if columns.isdigit() and int(columns) > 0 else PLAIN_WIDTH
 
 
-def _is_terminal(stream: IO[str]) -> bool:
+def is_terminal(stream: IO[str]) -> bool:
+    """Whether ``stream`` is a terminal (a stream that cannot say is not)."""
     try:
         return stream.isatty()
     except (AttributeError, ValueError):  # a stream without isatty, or one already closed
@@ -52,7 +53,7 @@ def make_console(*, stderr: bool = False) -> Console:
     """A command's console on stdout (``stderr``: on stderr): the terminal's width on a terminal,
     :func:`plain_width` anywhere else."""
     stream = sys.stderr if stderr else sys.stdout
-    return Console(stderr=stderr, width=None if _is_terminal(stream) else plain_width())
+    return Console(stderr=stderr, width=None if is_terminal(stream) else plain_width())
 
 
 def plain_text(renderable: RenderableType, width: int | None = None) -> str:
