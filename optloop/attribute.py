@@ -10,6 +10,14 @@ type and prompt site (or knob), and prints a table of error type by site.
 Writes a JSON and a markdown report, the graphs, and (unless --no-traces) an
 MLflow trace per failed question, whose spans are the operations.
 
+While it runs it says where it is: on a terminal a status line, elsewhere (a
+file, a pipe, a CI log) one plain line per episode with the time so far,
+``[41 s] episode 3/40 recall-2: 4/6 correct so far, 2 failures attributed, ETA
+2 min``. Those lines and the tables it prints are also appended, with the time,
+to ``run.log`` beside the reports. Without a terminal tables are plain text
+$COLUMNS wide (else 120), each title a line of its own. Third-party progress
+bars (tqdm) are hidden unless --verbose.
+
 With ``--from-traces meme:<dir>`` it runs nothing: it imports the traces MEME's
 authors published (a checkout of ``SeokwonJung-Jay/meme-eval``, see
 ``docs/meme-traces.md``) as one graph per system and episode and attributes every
@@ -30,11 +38,13 @@ from __future__ import annotations
 
 import os
 
-from optloop.offline import offline_defaults
+from optloop.offline import offline_defaults, quiet_defaults
 
 os.environ.update(
     offline_defaults()
 )  # first: litellm, mem0 and Hugging Face read them when imported
+if __name__ == "__main__":  # run as a command (not imported): tqdm's bars off unless --verbose
+    os.environ.update(quiet_defaults())
 
 import argparse
 import inspect
@@ -46,14 +56,12 @@ import tempfile
 import time
 import types
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
-from rich.console import Console, Group
-from rich.progress import Progress
-from rich.table import Table
+from rich.console import Group
 
 from optloop import failures
 from optloop.attribution import blame, default_judges
@@ -69,12 +77,46 @@ from optloop.datasets import load_dataset
 from optloop.errors import ConfigError
 from optloop.faults.catalogue import CATALOGUE
 from optloop.faults.model import PREREGISTERED
+from optloop.output import Table, make_console
 from optloop.paths import state_dir, write_atomic
 from optloop.pipeline import Attributor, FreshStores, run_episodes
+from optloop.progress import LOG_NAME, RunProgress, episode_line
 from systems import SYSTEMS, get_system
 
 logger = logging.getLogger(__name__)
-console = Console()
+# The command's own (main, main_traces); the functions it calls report through a callback.
+console = make_console()
+
+
+class EpisodeDone(BaseModel):
+    """One episode run, traced and attributed, as :func:`attribute_dataset` reports it to its
+    ``progress`` callback: this episode, and the counts of every episode done so far."""
+
+    episode: str = Field(description="the episode's id")
+    done: int = Field(description="episodes done, this one included")
+    total: int = Field(description="episodes in the dataset")
+    questions: int = Field(description="questions asked so far")
+    correct: int = Field(description="questions answered right so far")
+    failures: int = Field(description="wrong answers attributed so far")
+    seconds: float = Field(description="wall time since the first episode started")
+
+    @property
+    def eta_s(self) -> float | None:
+        """Seconds the episodes left should take at the pace so far (``None`` once done)."""
+        left = self.total - self.done
+        return self.seconds / self.done * left if left and self.done else None
+
+    def text(self) -> str:
+        """``episode 3/40 recall-2: 4/6 correct so far, 2 failures attributed, ETA 2 min``"""
+        return episode_line(
+            self.done,
+            self.total,
+            self.episode,
+            self.questions,
+            self.correct,
+            self.failures,
+            self.eta_s,
+        )
 
 
 def attribute_dataset(
@@ -87,6 +129,7 @@ def attribute_dataset(
     traces: bool = False,
     llm_judge: bool = False,
     agent: bool = False,
+    progress: Callable[[EpisodeDone], None] | None = None,
 ) -> dict[str, Any]:
     """Run, trace and attribute every episode through the one pipeline
     (:func:`optloop.pipeline.run_episodes`:
@@ -94,7 +137,8 @@ def attribute_dataset(
     ``work/graphs``).
 
     With ``agent`` the LLM agent (:mod:`optloop.attribution.agent`) re-examines the cases the
-    deterministic walk marks ambiguous.
+    deterministic walk marks ambiguous. ``progress`` is called once per episode, in episode order,
+    as soon as it is attributed (:class:`EpisodeDone`); nothing is printed here.
     """
     from optloop.attribution.agent import AttributionAgent
     from optloop.embed import get_embedder
@@ -113,39 +157,51 @@ def attribute_dataset(
     attributions, questions, correct, timings = [], 0, 0, []
     mark = lm.accounting.mark()
     started = time.perf_counter()
-    with Progress(console=console, transient=True) as progress:
-        task = progress.add_task(f"{system_name} on {dataset.name}", total=len(dataset.episodes))
-        for result in run_episodes(
+    for done, result in enumerate(
+        run_episodes(
             dataset.episodes,
             stores,
             lm=lm,
             attributor=attributor,
             keep="all",
             save_graph=lambda graph, episode: _save(graph, work, episode.id),
-        ):
-            questions += len(result.outcomes)
-            correct += sum(o.passed for o in result.outcomes)
-            timings += [
-                result.attribution_s[o.question_id]
-                for o in result.outcomes
-                if o.attribution is not None
-            ]
-            failed = result.attributions()
-            attributions += failed
-            if traces and failed:
-                from optloop import tracking
-                from optloop.tracing.mlflow_traces import log_graph_traces
+        ),
+        start=1,
+    ):
+        questions += len(result.outcomes)
+        correct += sum(o.passed for o in result.outcomes)
+        timings += [
+            result.attribution_s[o.question_id]
+            for o in result.outcomes
+            if o.attribution is not None
+        ]
+        failed = result.attributions()
+        attributions += failed
+        if traces and failed:
+            from optloop import tracking
+            from optloop.tracing.mlflow_traces import log_graph_traces
 
-                tracking.configure()
-                tracking.experiment(f"optloop-attribution-{system_name}")
+            tracking.configure()
+            tracking.experiment(f"optloop-attribution-{system_name}")
 
-                assert result.graph is not None
-                log_graph_traces(
-                    result.graph,
-                    [a.question_id for a in failed],
-                    {a.question_id: a.to_annotation() for a in failed},
+            assert result.graph is not None
+            log_graph_traces(
+                result.graph,
+                [a.question_id for a in failed],
+                {a.question_id: a.to_annotation() for a in failed},
+            )
+        if progress is not None:
+            progress(
+                EpisodeDone(
+                    episode=result.episode.id,
+                    done=done,
+                    total=len(dataset.episodes),
+                    questions=questions,
+                    correct=correct,
+                    failures=len(attributions),
+                    seconds=time.perf_counter() - started,
                 )
-            progress.advance(task)
+            )
     usage = lm.accounting.totals(since=mark)
     failures.check(
         usage.errors,
@@ -347,20 +403,26 @@ def render_markdown(report: dict[str, Any]) -> str:
 
 
 def planted_report(
-    systems: list[str], dataset_uri: str, lm: Any, work: Path, fault_names: list[str] | None
+    systems: list[str],
+    dataset_uri: str,
+    lm: Any,
+    work: Path,
+    fault_names: list[str] | None,
+    progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
+    """The planted-fault harness (:func:`~optloop.attribution.planted.run_planted`) over
+    ``systems`` and its report; ``progress(message)`` hears each step of the harness."""
     dataset = load_dataset(dataset_uri)
     mark = lm.accounting.mark()
     started = time.perf_counter()
-    with console.status("planted faults") as status:
-        planted = run_planted(
-            systems,
-            dataset,
-            lm,
-            work,
-            fault_names=fault_names,
-            progress=lambda msg: status.update(f"planted faults: {msg}"),
-        )
+    planted = run_planted(
+        systems,
+        dataset,
+        lm,
+        work,
+        fault_names=fault_names,
+        progress=(lambda msg: progress(f"planted faults: {msg}")) if progress else None,
+    )
     usage = lm.accounting.totals(since=mark)
     return {
         **summarize(planted),
@@ -669,33 +731,45 @@ def main(argv: Sequence[str] | None = None) -> int:
     unknown = sorted(set(args.fault_names or ()) - known)
     if unknown:
         raise ConfigError(f"unknown fault(s) {unknown}; see --list-faults")
-    load_dataset(args.dataset)  # a malformed dataset fails here, before any LLM call
+    dataset = load_dataset(args.dataset)  # a malformed dataset fails here, before any LLM call
     lm = lm_from_args(args, get_system(systems[0]).local_decoding if len(systems) == 1 else None)
-    for line in (
-        lm.check_endpoint()
-    ):  # an endpoint that cannot serve fails now; the modes it gets, and why
-        console.print(line, soft_wrap=True, markup=False, highlight=False)
+    endpoint = lm.check_endpoint()  # an endpoint that cannot serve fails now; its modes, and why
     slug = f"{'+'.join(systems)}-{args.dataset.replace(':', '_').replace('/', '_')}"
     out = args.out or state_dir() / "attribution" / slug
+    # Where it is, as optloop run says it: a status line on a terminal, else a line per episode;
+    # every line and table also in run.log beside the reports.
+    progress = RunProgress(console, out / LOG_NAME)
+    progress.show(
+        f"optloop attribute: {'+'.join(systems)} on {dataset.uri}: {len(dataset.episodes)} "
+        f"episodes, {sum(len(e.questions) for e in dataset.episodes)} questions"
+        + (" (planted faults)" if args.faults else "")
+    )
+    for line in endpoint:
+        progress.show(line)
     with tempfile.TemporaryDirectory(prefix="optloop-attr-") as tmp:
         work = Path(tmp)
         if args.faults:
-            report = planted_report(systems, args.dataset, lm, work, args.fault_names)
-            console.print(render_planted(report))
+            with progress.shown("planted faults") as say:
+                report = planted_report(
+                    systems, args.dataset, lm, work, args.fault_names, progress=say
+                )
+            progress.show(render_planted(report))
             markdown = render_planted_markdown(report)
         else:
-            report = attribute_dataset(
-                systems[0],
-                args.dataset,
-                lm,
-                work,
-                traces=not args.no_traces,
-                llm_judge=args.llm_judge,
-                agent=args.agent,
-            )
-            console.print(render_table(report))
+            with progress.shown(f"{systems[0]} on {dataset.uri}") as say:
+                report = attribute_dataset(
+                    systems[0],
+                    args.dataset,
+                    lm,
+                    work,
+                    traces=not args.no_traces,
+                    llm_judge=args.llm_judge,
+                    agent=args.agent,
+                    progress=lambda done: say(done.text()),
+                )
+            progress.show(render_table(report))
             for b in report["blame"]:
-                console.print(
+                progress.show(
                     f"  blame {b['target']}: {b['failures']} ({b['share']:.0%}), failure "
                     f"rate {_rate(b)}"
                 )
@@ -707,9 +781,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     write_atomic(args.json or out / "report.json", text)
     if markdown is not None:
         write_atomic(args.markdown or out / "report.md", markdown)
-    console.print(
+    progress.show(
         f"reports in {args.json or out / 'report.json'}"
         + ("" if markdown is None else f" and {args.markdown or out / 'report.md'}")
+        + f"; log: {out / LOG_NAME}"
     )
     return 0
 
@@ -782,6 +857,7 @@ def attribute(
     traces: bool = False,
     llm_judge: bool = False,
     agent: bool = False,
+    progress: Callable[[EpisodeDone], None] | None = None,
 ) -> AttributionReport:
     """Run a memory system over a dataset and attribute every wrong answer to its cause.
 
@@ -819,6 +895,10 @@ def attribute(
             Let an LLM judge settle the cases the lexical and embedding judges cannot.
         agent:
             Let an LLM agent re-examine the cases the deterministic walk leaves ambiguous.
+        progress:
+            Called once per episode as soon as it is attributed, in episode order, with an
+            :class:`EpisodeDone` (``print(done.text())`` prints the line ``optloop attribute``
+            prints); :obj:`None` says nothing.
 
     Returns:
         The :class:`AttributionReport`: accuracy, blame per target, failures per error type and
@@ -840,7 +920,14 @@ def attribute(
     model = OptloopLM(settings)
     with tempfile.TemporaryDirectory(prefix="optloop-attr-") as tmp:
         report = attribute_dataset(
-            system, dataset, model, Path(tmp), traces=traces, llm_judge=llm_judge, agent=agent
+            system,
+            dataset,
+            model,
+            Path(tmp),
+            traces=traces,
+            llm_judge=llm_judge,
+            agent=agent,
+            progress=progress,
         )
         graphs = None
         if out is not None and (Path(tmp) / "graphs").exists():

@@ -22,6 +22,7 @@ from rich.logging import RichHandler
 
 from optloop.errors import OptloopError
 from optloop.lm import LMSettings, OptloopLM
+from optloop.output import is_terminal
 
 LM_HELP = """\
 LM backends (--lm, or the OPTLOOP_LM environment variable):
@@ -102,7 +103,9 @@ class CommandParser(argparse.ArgumentParser):
         if not self._finished:
             self._finished = True
             self.add_argument(
-                "--verbose", action="store_true", help="debug logging and tracebacks"
+                "--verbose",
+                action="store_true",
+                help="debug logging, tracebacks and third-party progress bars (tqdm)",
             )
             if self._lm:
                 add_lm_arguments(self)
@@ -241,11 +244,33 @@ def _first_set(*values: Any) -> Any:
     return next((v for v in values if v is not None), None)
 
 
+class _StdoutHandler(logging.StreamHandler):
+    """A stream handler on whatever ``sys.stdout`` is when a record comes (as rich's console is),
+    not the stream it was when logging was set up (a redirect since, a test's capture)."""
+
+    @property
+    def stream(self) -> Any:
+        return sys.stdout
+
+    @stream.setter
+    def stream(self, value: Any) -> None:
+        pass  # StreamHandler sets it; sys.stdout is read at each record
+
+
 def setup_logging(verbose: bool) -> None:
+    """Log records on stdout, WARNING and up (``verbose``: DEBUG, with tracebacks): rich's
+    columns on a terminal; elsewhere one plain line each, ``WARNING optloop.loop.runner: ...``,
+    as a log file reads best (rich's columns there wrap every message at 80 columns and pad it)."""
+    handler: logging.Handler
+    if is_terminal(sys.stdout):
+        handler = RichHandler(show_path=False, rich_tracebacks=verbose)
+    else:
+        handler = _StdoutHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.WARNING,
         format="%(message)s",
-        handlers=[RichHandler(show_path=False, rich_tracebacks=verbose)],
+        handlers=[handler],
         force=True,
     )
     if not verbose:  # third-party chatter that says nothing actionable

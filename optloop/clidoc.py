@@ -20,6 +20,21 @@ WIDTH = 100
 otherwise)."""
 
 
+OUTPUT = (
+    "**Output.** On a terminal a command shows a live status line and draws its tables at the "
+    "terminal's width. In a file, a pipe or a CI log it prints plain lines instead: `optloop run` "
+    "one per stage and per trial, `optloop attribute` one per episode "
+    "(`[41 s] episode 3/40 recall-2: 4/6 correct so far, 2 failures attributed, ETA 2 min`), each "
+    "after the time so far, tables `$COLUMNS` wide (else 120), each title a line of its own, and "
+    "each warning one line (`WARNING optloop.loop.runner: ...`). "
+    "Either way `optloop run` appends its lines and tables, each line after the time of day, to "
+    "`run.log` in the run's directory, and `optloop attribute` to `run.log` beside its reports. "
+    "Third-party progress bars (tqdm's: GEPA's, MLflow's, Hugging Face's) and library INFO logs "
+    "show only with `--verbose`."
+)
+"""The paragraph on what the commands print, where, and at what width."""
+
+
 def _formatter(parser: argparse.ArgumentParser) -> argparse.HelpFormatter:
     return argparse.HelpFormatter(parser.prog, width=WIDTH, max_help_position=40)
 
@@ -106,6 +121,8 @@ def render() -> str:
         "when it drifts from them. Each `optloop COMMAND` is also `python -m optloop.COMMAND` "
         "with the same flags. How the commands fit together: [loop.md](loop.md), "
         "[attribution.md](attribution.md), [endpoints.md](endpoints.md).",
+        "",
+        OUTPUT,
         "",
         "## optloop",
         "",

@@ -96,6 +96,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.parse_args(args)  # --help, --version, or a usage error
         parser.print_help()
         return 2
+    import os
+
+    from optloop.offline import command_defaults
+
+    # Before optloop.cli, which imports DSPy and tqdm: tqdm reads TQDM_DISABLE when imported.
+    os.environ.update(command_defaults(args))
     from optloop.cli import command_name, run_cli
 
     command = BY_NAME[args[0]]

@@ -18,27 +18,28 @@ from __future__ import annotations
 
 import os
 
-from optloop.offline import offline_defaults
+from optloop.offline import offline_defaults, quiet_defaults
 
 os.environ.update(
     offline_defaults()
 )  # first: litellm, mem0 and Hugging Face read them when imported
+if __name__ == "__main__":  # run as a command (not imported): tqdm's bars off unless --verbose
+    os.environ.update(quiet_defaults())
 
 import json
 import sys
 import time
 from collections.abc import Sequence
 
-from rich.console import Console
-
 from optloop import artifacts, export
 from optloop import run as optloop_run
 from optloop.cli import CommandParser, parse_command, run_cli
 from optloop.faults.sabotages import SABOTAGES
 from optloop.loop.candidate import prompt_diff
+from optloop.output import make_console
 from optloop.paths import state_dir
 
-console = Console()
+console = make_console()
 
 
 def _logged_prompts(run_id: str, artifact: str) -> dict[str, str]:

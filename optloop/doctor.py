@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import os
 
-from optloop.offline import offline_defaults
+from optloop.offline import offline_defaults, quiet_defaults
 
 os.environ.update(
     offline_defaults()
 )  # first: litellm, mem0 and Hugging Face read them when imported
+if __name__ == "__main__":  # run as a command (not imported): tqdm's bars off unless --verbose
+    os.environ.update(quiet_defaults())
 
 import importlib.metadata
 import sys
@@ -32,13 +34,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pydantic import BaseModel
-from rich.console import Console
-from rich.table import Table
 
 from optloop.cli import LM_HELP, CommandParser, lm_from_args, parse_command, run_cli
 from optloop.embed import get_embedder
 from optloop.errors import ConfigError
 from optloop.lm import MODELS, MachineSlots, prompt_site, threads_per_slot
+from optloop.output import Table, make_console
 
 PACKAGES = (
     "dspy",
@@ -183,7 +184,7 @@ def build_parser() -> CommandParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_command(build_parser(), argv)
-    console = Console()
+    console = make_console()
 
     versions = Table(title="installed stack", show_header=True)
     versions.add_column("package")

@@ -46,11 +46,13 @@ from __future__ import annotations
 
 import os
 
-from optloop.offline import offline_defaults
+from optloop.offline import offline_defaults, quiet_defaults
 
 os.environ.update(
     offline_defaults()
 )  # first: litellm, mem0 and Hugging Face read them when imported
+if __name__ == "__main__":  # run as a command (not imported): tqdm's bars off unless --verbose
+    os.environ.update(quiet_defaults())
 
 import argparse
 import ast

@@ -3,21 +3,29 @@
 On a terminal the current stage is one status line that updates in place. Without one (output to a
 file, a pipe, a CI log) every stage and every trial is one plain line on stderr, so a log shows
 where a run is instead of nothing for the whole baseline. Either way each line is appended, with
-the time, to the run's ``run.log`` (:data:`LOG_NAME`, in the run's directory).
+the time, to the run's ``run.log`` (:data:`LOG_NAME`, in the run's directory); so is what the
+command prints to stay (:meth:`RunProgress.show`: which run, the projection, the result's tables),
+as :func:`optloop.output.plain_text` renders it, so the log alone tells the run's story.
+``optloop attribute`` reports the same way, one line per episode (:func:`episode_line`), into the
+``run.log`` beside its reports.
 
-The lines themselves (:func:`trial_line`) are built here, so the loop and anything that projects
-the run's end (an ETA) say them the same way.
+The lines themselves (:func:`trial_line`, :func:`episode_line`) are built here, so the loop,
+attribution and anything that projects the run's end (an ETA) say them the same way.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
+from rich.console import Console, RenderableType
+from rich.text import Text
+
+from optloop.output import plain_text
 
 LOG_NAME = "run.log"
 
@@ -42,6 +50,25 @@ def trial_line(
     return line if eta_s is None else f"{line}, ETA {duration(eta_s)}"
 
 
+def episode_line(
+    done: int,
+    total: int,
+    episode: str,
+    questions: int,
+    correct: int,
+    failures: int,
+    eta_s: float | None = None,
+) -> str:
+    """``episode 3/40 recall-2: 4/6 correct so far, 2 failures attributed, ETA 2 min``: one
+    attributed episode, what the episodes done so far add up to and, when known, how long the rest
+    should take."""
+    line = (
+        f"episode {done}/{total} {episode}: {correct}/{questions} correct so far, "
+        f"{failures} failure{'' if failures == 1 else 's'} attributed"
+    )
+    return line if eta_s is None else f"{line}, ETA {duration(eta_s)}"
+
+
 class RunProgress:
     """The ``progress`` callback of a run: ``progress(message)`` shows a stage or a trial line.
 
@@ -55,6 +82,8 @@ class RunProgress:
         self.live = console.is_terminal if live is None else live
         self._status: Any = None
         self._started = time.monotonic()
+        self._held: list[str] = []  # log lines waiting for the log's folder (see _write_log)
+        self._writing = threading.Lock()  # an optimizer's threads report too
 
     @contextmanager
     def shown(self, first: str = "starting") -> Iterator[RunProgress]:
@@ -86,9 +115,27 @@ class RunProgress:
         prefix = "" if self.live else f"[{duration(time.monotonic() - self._started)}] "
         self.console.print(f"{prefix}{message}", markup=False, highlight=False, soft_wrap=True)
 
-    def _write_log(self, message: str) -> None:
+    def show(self, renderable: RenderableType) -> None:
+        """What the command prints to stay (a table, a line of the result): on the console as it
+        is, and in the log as plain text (:func:`~optloop.output.plain_text`), every line stamped
+        with the time. A string is one plain line (no markup read)."""
+        line = isinstance(renderable, str | Text)
+        self.console.print(renderable, markup=False, highlight=False, soft_wrap=line)
+        self._write_log(plain_text(renderable).rstrip("\n"), create=False)
+
+    def _write_log(self, message: str, *, create: bool = True) -> None:
+        """Append ``message`` to the log, a stamp on each of its lines. Without ``create`` it waits
+        (held, in order) for the log's folder to exist: what a command says before its run has
+        begun (which run, its dataset) must not leave a run folder behind a run refused at its
+        start; it is written with the first progress line."""
         if self.log is None:
             return
-        self.log.parent.mkdir(parents=True, exist_ok=True)
-        with self.log.open("a", encoding="utf-8") as out:
-            out.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {message}\n")
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        with self._writing:
+            self._held += [f"{stamp} {line}\n" for line in message.split("\n")]
+            if not create and not self.log.parent.is_dir():
+                return
+            self.log.parent.mkdir(parents=True, exist_ok=True)
+            with self.log.open("a", encoding="utf-8") as out:
+                out.writelines(self._held)
+            self._held.clear()

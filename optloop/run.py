@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import os
 
-from optloop.offline import offline_defaults
+from optloop.offline import offline_defaults, quiet_defaults
 
 os.environ.update(
     offline_defaults()
 )  # first: litellm, mem0 and Hugging Face read them when imported
+if __name__ == "__main__":  # run as a command (not imported): tqdm's bars off unless --verbose
+    os.environ.update(quiet_defaults())
 
 import argparse
 import json
@@ -21,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rich.console import Console
+from rich.text import Text
 
 from optloop import artifacts, preflight
 from optloop.cli import lm_settings_from_args, parse_command, run_cli
@@ -40,6 +42,7 @@ from optloop.loop.spend import (
     SpendingLimits,
 )
 from optloop.loop.state import LoopConfig, LoopResult
+from optloop.output import make_console
 from optloop.outside import RunPlace, describe_run, saved_line
 from optloop.paths import state_dir, write_atomic
 from optloop.progress import LOG_NAME, RunProgress
@@ -57,8 +60,8 @@ from optloop.run_tables import (
 from optloop.tracking import resolve_uri
 from systems import get_system
 
-# In a log file (no terminal) the tables get room to be read instead of rich's 80 columns.
-console = Console(stderr=True, width=None if sys.stderr.isatty() else 120)
+# In a log file (no terminal) the tables get room to be read ($COLUMNS, else 120 columns).
+console = make_console(stderr=True)
 
 
 def probe_lm(settings: LMSettings, lines: list[str] | None = None) -> OptloopLM:
@@ -99,23 +102,22 @@ class PreparedRun:
 
     def start(self) -> RunProgress:
         """Say which run this is, and where the run will say what it does: the console (a status
-        line on a terminal, plain lines elsewhere) and its ``run.log``."""
-        console.print(self.line, soft_wrap=True)
+        line on a terminal, plain lines elsewhere) and its ``run.log``, which also gets these first
+        lines, the projection and, at the end, the result (:meth:`RunProgress.show`)."""
+        progress = RunProgress(console, self.loop.run_dir / LOG_NAME)
+        progress.show(Text.from_markup(self.line))
         for line in self.endpoint:
-            console.print(line, soft_wrap=True, markup=False, highlight=False)
+            progress.show(line)
         fractions = ",".join(f"{f:g}" for f in self.config.fractions)
-        console.print(
+        progress.show(
             f"dataset {self.config.dataset}: {questions(self.dev)} dev and "
             f"{questions(self.test)} test "
-            f"questions (split {fractions} by episode)",
-            soft_wrap=True,
-            markup=False,
-            highlight=False,
+            f"questions (split {fractions} by episode)"
         )
-        self.loop.announce = lambda line: console.print(
-            line, soft_wrap=True, markup=False, highlight=False
+        self.loop.announce = progress.show
+        self.loop.project = lambda figures, ckpt: print_projection(
+            progress.show, figures, ckpt, self.config, self.settings
         )
-        progress = RunProgress(console, self.loop.run_dir / LOG_NAME)
         self.loop.on_trial = lambda line: progress.line(line.text())
         return progress
 
@@ -198,7 +200,6 @@ def prepare(args: argparse.Namespace, argv: Sequence[str]) -> PreparedRun:
         limits=limits,
         prepared=(dataset, train, dev, test),
     )
-    loop.project = lambda figures, ckpt: print_projection(console, figures, ckpt, config, settings)
     return PreparedRun(
         config,
         settings,
@@ -263,11 +264,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(stopped_line(stop, ckpt, config, again), file=sys.stderr)
                 return EXIT_LIMIT
             figures = loop.estimate(ckpt)
-            console.print(estimate_table(figures, config, settings))
+            progress.show(estimate_table(figures, config, settings))
             for line in estimate_lines(
                 figures, ckpt, config, resume_command([a for a in argv if a != "--estimate"])
             ):
-                console.print(line, soft_wrap=True, markup=False, highlight=False)
+                progress.show(line)
             if args.json:
                 out = figures.model_dump(mode="json")
                 out |= {
@@ -296,17 +297,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                     file=sys.stderr,
                 )
             return 130
-    console.print(summary_table(result))
+    # The result, on the console and in run.log.
+    progress.show(summary_table(result))
     if result.tried:
-        console.print(tried_table(result))
+        progress.show(tried_table(result))
     if result.prompt_diff:
-        console.print("prompts, start -> best (also prompts.diff in MLflow):", style="bold")
-        console.print(result.prompt_diff, markup=False, highlight=False, soft_wrap=True)
+        progress.show(Text("prompts, start -> best (also prompts.diff in MLflow):", style="bold"))
+        progress.show(result.prompt_diff)
     if result.note:
-        console.print(f"note: {result.note}")
+        progress.show(f"note: {result.note}")
     if faults := fault_line(lm.accounting.totals()):
-        console.print(faults, soft_wrap=True, markup=False)
-    console.print(
+        progress.show(faults)
+    progress.show(
         f"MLflow parent run {result.parent_run_id} (experiment optloop-{args.system}); "
         "`make ui` to compare"
     )

@@ -3,8 +3,9 @@ for a run that stopped (money, durations and accuracies with their CIs, formatte
 
 from __future__ import annotations
 
-from rich.console import Console
-from rich.table import Table
+from collections.abc import Callable
+
+from rich.console import RenderableType
 
 from optloop.attribution.taxonomy import Target
 from optloop.failures import mark
@@ -14,7 +15,8 @@ from optloop.loop.eta import Eta, projected
 from optloop.loop.policy import floor_warning
 from optloop.loop.runner import Checkpoint, LoopConfig, LoopResult
 from optloop.loop.spend import MAX_COST, STOPPED_BY, Estimate, RunStopped, run_dollars
-from optloop.stats import Interval
+from optloop.output import Table
+from optloop.stats import Interval, bootstrap_mean
 
 
 def _accuracy(interval: Interval) -> str:
@@ -260,22 +262,24 @@ def estimate_lines(
 
 
 def print_projection(
-    console: Console, figures: Estimate, ckpt: Checkpoint, config: LoopConfig, settings: LMSettings
+    show: Callable[[RenderableType], None],
+    figures: Estimate,
+    ckpt: Checkpoint,
+    config: LoopConfig,
+    settings: LMSettings,
 ) -> None:
     """Before the first trial: what the whole run is expected to take (``--estimate``'s table, from
     the measured baseline) and its ETA, so a run that would take hours can be stopped now and
-    resumed later."""
-    console.print(estimate_table(figures, config, settings))
+    resumed later; each through ``show`` (the console and the run's log:
+    :meth:`optloop.progress.RunProgress.show`)."""
+    show(estimate_table(figures, config, settings))
     left = Eta.of(figures, config.budget).seconds_left(
         sum(t.evaluation is not None for t in ckpt.trials)
     )
     hours = "unknown" if left is None else projected(left)
     tokens = "unknown" if figures.total.tokens is None else str(figures.total.tokens)
     dollars = "" if figures.total.cost_usd is None else f", {money(figures.total.cost_usd)}"
-    console.print(
+    show(
         f"projected: {figures.total.calls} calls, {tokens} tokens{dollars}; ETA {hours} for the "
-        "rest of the run (Ctrl-C stops it; the same command resumes it)",
-        soft_wrap=True,
-        markup=False,
-        highlight=False,
+        "rest of the run (Ctrl-C stops it; the same command resumes it)"
     )

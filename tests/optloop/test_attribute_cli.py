@@ -4,6 +4,7 @@ traces."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -69,10 +70,12 @@ def _lm_flags(server: ScriptedOpenAIServer) -> list[str]:
 
 
 def test_attribute_run_writes_reports_and_mlflow_traces_with_operation_spans(
-    tmp_path, isolated_state
+    tmp_path, isolated_state, capsys
 ):
     """An endpoint that never knows the answer: every question fails, so every failure must be
-    attributed, kept as a graph and mirrored as an MLflow trace whose spans are the operations."""
+    attributed, kept as a graph and mirrored as an MLflow trace whose spans are the operations.
+    Without a terminal it says so as it goes, one line per episode, and keeps a log beside the
+    reports."""
     out = tmp_path / "out"
     with ScriptedOpenAIServer([_answers(lambda user: "I don't know")]) as server:
         code = run_cli(
@@ -90,6 +93,21 @@ def test_attribute_run_writes_reports_and_mlflow_traces_with_operation_spans(
     assert code == 0
     report = json.loads((out / "report.json").read_text())
     assert report["questions"] == 5 and report["correct"] == 0 and report["failures"] == 5
+    printed = capsys.readouterr().out.splitlines()
+    episodes = [line for line in printed if re.match(r"^\[\d+ s\] episode \d/2 ", line)]
+    assert len(episodes) == 2 and "episode 1/2 tiny-" in episodes[0]
+    assert episodes[1].endswith(": 0/5 correct so far, 5 failures attributed")  # done: no ETA
+    title = (
+        "rag_bm25 on builtin:tiny?limit=2: 5 failures of 5 questions, attributed (error type by "
+        "site)"
+    )
+    assert title in printed  # the table's title whole, on a line of its own
+    logged = [line.split(" ", 2)[2] for line in (out / "run.log").read_text().splitlines()]
+    assert logged[0].startswith("optloop attribute: rag_bm25 on builtin:tiny?limit=2: 2 episodes")
+    assert [line.split("] ", 1)[1] for line in episodes] == [
+        line for line in logged if line.startswith("episode ")
+    ]
+    assert title in logged and logged[-1].startswith("reports in ")
     assert len(report["attributions"]) == report["failures"]
     assert (out / "report.md").read_text().startswith("# Attribution: rag_bm25")
     assert sorted(p.name for p in (out / "graphs").iterdir()) == [
@@ -112,6 +130,30 @@ def test_attribute_run_writes_reports_and_mlflow_traces_with_operation_spans(
         assert any(s.name.startswith("retrieve") for s in spans) and any(
             s.name.startswith("answer") for s in spans
         )
+
+
+def test_the_python_api_reports_each_episode_to_its_progress_callback(isolated_state):
+    import optloop
+    from optloop.attribute import EpisodeDone
+
+    seen: list[EpisodeDone] = []
+    with ScriptedOpenAIServer([_answers(lambda user: "I don't know")]) as server:
+        report = optloop.attribute(
+            "rag_bm25",
+            "builtin:tiny?limit=2",
+            "openai:scripted",
+            lm_base_url=server.base_url,
+            progress=seen.append,
+        )
+    assert [(d.done, d.total) for d in seen] == [(1, 2), (2, 2)]
+    assert sorted(d.episode for d in seen) == ["tiny-food", "tiny-pet"]
+    assert (seen[-1].questions, seen[-1].correct, seen[-1].failures) == (
+        report.questions,
+        report.correct,
+        report.failures,
+    )
+    assert seen[0].eta_s is not None and seen[-1].eta_s is None
+    assert seen[0].seconds <= seen[1].seconds
 
 
 def test_planted_faults_report_has_accuracy_fields(tmp_path):

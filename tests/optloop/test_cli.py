@@ -49,3 +49,14 @@ def test_library_warnings_show_only_with_verbose(verbose, shown):
         check=True,
     )
     assert ("old API" in run.stderr + run.stdout) is shown, run.stderr
+
+
+def test_without_a_terminal_a_log_record_is_one_plain_line(capsys):
+    import logging
+
+    from optloop.cli import setup_logging
+
+    setup_logging(False)
+    message = "dev has 4 questions, test 4: a 95% CI this small spans about ±0.5; " * 3
+    logging.getLogger("optloop.loop.runner").warning("%s", message.strip())
+    assert capsys.readouterr().out == f"WARNING optloop.loop.runner: {message.strip()}\n"

@@ -122,8 +122,8 @@ def test_dspy_progress_bars_are_hidden_inside_a_round_unless_verbose(capsys):
                 import sys
 
                 for _ in tqdm.tqdm(
-                    range(3), file=sys.stdout, desc="bar-under-test"
-                ):  # what DSPy's executor does
+                    range(3), file=sys.stdout, desc="bar-under-test", disable=False
+                ):  # what DSPy's executor does (its disable= overrides TQDM_DISABLE)
                     pass
             assert ("bar-under-test" in capsys.readouterr().out) is shown
     finally:
