@@ -16,7 +16,7 @@ from optloop.loop.policy import floor_warning
 from optloop.loop.runner import Checkpoint, LoopConfig, LoopResult
 from optloop.loop.spend import MAX_COST, STOPPED_BY, Estimate, RunStopped, run_dollars
 from optloop.output import Table
-from optloop.stats import Interval, bootstrap_mean
+from optloop.stats import Interval
 
 
 def _accuracy(interval: Interval) -> str:
