@@ -16,6 +16,11 @@ server:
 * ``exported``: the vanilla app with ``optloop.export``'s mem0 module of the baseline prompts
   applied (``mem0_prompts.apply``): the requests the ``optloop`` arm sent, from a product.
 
+With ``--extract-prompt FILE`` (an instruction for ``mem0.extract``, such as the one a loop
+promoted) the arms are ``vanilla`` and ``exported``, the latter with that instruction exported
+into the vanilla app: whether the exported prompt stores the facts mem0's own prompt loses, on the
+same sessions.
+
 Per question: whether a retrieved memory holds every word of the gold answer (recall@5), with its
 95 % bootstrap CI, and the paired difference between arms. Per arm: memories stored, extraction
 requests and how many returned no memory. An episode in which an arm raises (mem0 itself can fail
@@ -78,17 +83,17 @@ def app_config(root: Path, base_url: str, model: str) -> dict[str, Any]:
     }
 
 
-def exported_module(root: Path) -> Any:
+def exported_module(root: Path, extract: str | None = None) -> Any:
     """``optloop.export``'s mem0 module of the baseline prompts (mem0's own text, the site's
-    schema)."""
+    schema), or of ``extract`` as the extraction instruction."""
     from optloop.export import Bundle, render
     from signatures.mem0 import Mem0Extract
 
     bundle = Bundle(
         system="mem0",
-        prompts={"mem0.extract": Mem0Extract.instructions},
-        source={"baseline": True},
-        label="the baseline prompts",
+        prompts={"mem0.extract": extract if extract is not None else Mem0Extract.instructions},
+        source={"baseline": extract is None},
+        label="the baseline prompts" if extract is None else "the given extraction prompt",
     )
     path = root / "mem0_prompts.py"
     path.write_text(render(bundle, "mem0", command="experiments.bench.mem0_vanilla"))
@@ -156,7 +161,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--model", default="smollm2", help="the model name the server answers to")
     parser.add_argument("--dataset", default="synthetic:recall?seed=0&episodes=10")
     parser.add_argument("--json", metavar="OUT", help="write the figures here")
+    parser.add_argument(
+        "--extract-prompt",
+        metavar="FILE",
+        type=Path,
+        help="export this mem0.extract instruction instead of the baseline's (arms: vanilla, "
+        "exported)",
+    )
     args = parser.parse_args(argv)
+    extract = args.extract_prompt.read_text() if args.extract_prompt else None
+    arms = ("vanilla", "exported") if extract is not None else ARMS
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("MEM0_TELEMETRY", "False")
     from optloop.lm import LMSettings, OptloopLM, collect_calls
@@ -168,17 +182,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     )  # mem0's long prompt on a CPU server
     lines = lm.check_endpoint()
-    scores: dict[str, list[float]] = {arm: [] for arm in ARMS}
-    stored: dict[str, list[int]] = {arm: [] for arm in ARMS}
-    seconds = dict.fromkeys(ARMS, 0.0)
+    scores: dict[str, list[float]] = {arm: [] for arm in arms}
+    stored: dict[str, list[int]] = {arm: [] for arm in arms}
+    seconds = dict.fromkeys(arms, 0.0)
     same_memories = 0
     errors: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="mem0-vanilla-") as tmp:
-        module = exported_module(Path(tmp))
+        module = exported_module(Path(tmp), extract)
         for i, episode in enumerate(dataset.episodes):
             results: dict[str, dict] = {}
             raised: dict[str, str] = {}
-            for arm in ARMS:
+            for arm in arms:
                 started = time.perf_counter()
                 root = Path(tmp) / arm / episode.id
                 try:
@@ -196,18 +210,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             if raised:  # an arm raised: the episode scores no arm, so the arms stay paired
                 errors.append({"episode": episode.id, "raised": raised})
             else:
-                for arm in ARMS:
+                for arm in arms:
                     stored[arm].append(len(results[arm]["memories"]))
                     scores[arm] += [
                         holds_gold(h, q.gold)
                         for h, q in zip(results[arm]["hits"], episode.questions)
                     ]
-                same_memories += sorted(results["optloop"]["memories"]) == sorted(
-                    results["exported"]["memories"]
-                )
+                if "optloop" in results:
+                    same_memories += sorted(results["optloop"]["memories"]) == sorted(
+                        results["exported"]["memories"]
+                    )
             print(
                 f"episode {i + 1}/{len(dataset.episodes)}: memories "
-                + ", ".join(f"{arm} {_stored_or_raised(arm, results, raised)}" for arm in ARMS),
+                + ", ".join(f"{arm} {_stored_or_raised(arm, results, raised)}" for arm in arms),
                 file=sys.stderr,
             )
     seed = 0
@@ -220,15 +235,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         "episodes_scored": len(dataset.episodes) - len(errors),
         "episodes_where_an_arm_raised": errors,
         "questions": len(scores["vanilla"]),
-        "recall_at_5": {arm: bootstrap_mean(scores[arm], seed=seed).model_dump() for arm in ARMS},
-        "delta_optloop_minus_vanilla": paired_bootstrap_delta(
-            scores["vanilla"], scores["optloop"], seed=seed
-        ).model_dump(),
-        "delta_exported_minus_optloop": paired_bootstrap_delta(
-            scores["optloop"], scores["exported"], seed=seed
-        ).model_dump(),
-        "memories_stored": {arm: sum(stored[arm]) for arm in ARMS},
-        "episodes_with_no_memory": {arm: sum(n == 0 for n in stored[arm]) for arm in ARMS},
+        "extract_prompt": extract,
+        "recall_at_5": {arm: bootstrap_mean(scores[arm], seed=seed).model_dump() for arm in arms},
+        **(
+            {
+                "delta_optloop_minus_vanilla": paired_bootstrap_delta(
+                    scores["vanilla"], scores["optloop"], seed=seed
+                ).model_dump(),
+                "delta_exported_minus_optloop": paired_bootstrap_delta(
+                    scores["optloop"], scores["exported"], seed=seed
+                ).model_dump(),
+            }
+            if "optloop" in arms
+            else {
+                "delta_exported_minus_vanilla": paired_bootstrap_delta(
+                    scores["vanilla"], scores["exported"], seed=seed
+                ).model_dump()
+            }
+        ),
+        "memories_stored": {arm: sum(stored[arm]) for arm in arms},
+        "episodes_with_no_memory": {arm: sum(n == 0 for n in stored[arm]) for arm in arms},
         "episodes_where_exported_stored_what_optloop_stored": same_memories,
         "seconds": {arm: round(s, 1) for arm, s in seconds.items()},
     }
