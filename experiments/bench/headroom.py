@@ -40,7 +40,7 @@ import dspy
 from pydantic import BaseModel
 
 from experiments.markdown import provenance_lines, table
-from experiments.provenance import stamped
+from experiments.provenance import commit, stamped
 from optloop.cli import CommandParser, parse_command, run_cli
 from optloop.datasets import load_dataset
 from optloop.datasets.split import split_episodes
@@ -73,6 +73,7 @@ class Row(BaseModel):
     failed_calls: int
     blamed: dict[str, int]
     given: str = ""
+    commit: str = ""  # the code the row was measured with (the process's commit at its start)
 
     def key(self) -> tuple[str, str, str, str]:
         return (self.system, self.model, self.dataset, self.variant)
@@ -146,6 +147,7 @@ def measure(
 
 
 def to_markdown(rows: Sequence[Row], results: dict[str, Any]) -> str:
+    """The table of ``rows`` under ``results``' provenance header."""
     body = table(
         (
             "system",
@@ -158,6 +160,7 @@ def to_markdown(rows: Sequence[Row], results: dict[str, Any]) -> str:
             "s / evaluation",
             "LM calls (failed)",
             "failures blamed on",
+            "commit",
         ),
         [
             (
@@ -171,6 +174,7 @@ def to_markdown(rows: Sequence[Row], results: dict[str, Any]) -> str:
                 f"{r.seconds:.0f}",
                 f"{r.calls} ({r.failed_calls})",
                 ", ".join(f"{k} {v}" for k, v in r.blamed.items()) or "-",
+                r.commit or "-",
             )
             for r in rows
         ],
@@ -182,7 +186,8 @@ def to_markdown(rows: Sequence[Row], results: dict[str, Any]) -> str:
         "bootstrap CI over the dev questions (seeded). *trivial*: the named sites given DSPy's "
         "default instruction for their signature, the control every loop report carries; *given*: "
         "a hand-written instruction (the row's JSON has it). "
-        "Headroom: 0.2 <= accuracy <= 0.8.\n\n" + body + "\n"
+        "Headroom: 0.2 <= accuracy <= 0.8. Each row's commit is the code it was measured with; "
+        "the header's command is the last one that added a row.\n\n" + body + "\n"
     )
 
 
@@ -203,13 +208,20 @@ def build_parser() -> CommandParser:
     parser.add_argument("--home", type=Path, default=Path("/tmp/optloop-headroom"))
     parser.add_argument("--json", type=Path, default=RESULTS / "headroom.json")
     parser.add_argument("--markdown", type=Path, default=RESULTS / "headroom.md")
+    parser.add_argument(
+        "--report-only", action="store_true", help="write the markdown again from --json"
+    )
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_command(build_parser(), argv)
+    code = commit()
     old = json.loads(args.json.read_text()) if args.json.exists() else {}
     rows = [Row.model_validate(r) for r in old.get("rows", [])]
+    if args.report_only:
+        write_atomic(args.markdown, to_markdown(rows, old))
+        return 0
     done = {r.key() for r in rows}
     sites = [s for s in args.sites.split(",") if s]
     specs = [s for s in args.lms.split(",") if s]
@@ -222,6 +234,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         continue
                     print(f"{system} {model_name(spec)} {uri} {variant} ...", flush=True)
                     row = measure(system, spec, uri, variant, sites, args.home, args.given)
+                    row.commit = code
                     print(
                         f"  {row.accuracy:.3f} [{row.low:.3f}, {row.high:.3f}] n={row.n} "
                         f"{row.seconds:.0f}s blamed {row.blamed}",
