@@ -8,7 +8,10 @@ Reads the run's ``checkpoint.json`` and ``run.log`` (and, with ``--console``, wh
 to its terminal) and writes: the dataset and split sizes, the ETA lines the run printed (the
 projection before the first trial and the one on every trial line), its wall time by stage (from
 ``run.log``'s timestamps), every trial's dev accuracy, and the held-out test before and after with
-the paired 95% bootstrap CI of the delta (seed 0, as the run computes it). The provenance header
+the paired 95% bootstrap CI of the delta (seed 0, as the run computes it); the trivial-instruction
+control on dev and test with the paired deltas best - control; the best candidate's changed prompts
+whole; and what the proposal gate said of every proposal (``proposals.jsonl``: counts by reason,
+and each refused text). The provenance header
 names the run's own command (``--command``) and the commit the run ran at (``--commit``, default:
 this checkout's).
 """
@@ -26,6 +29,7 @@ from experiments.markdown import provenance_lines, table
 from experiments.provenance import model_of, stamped
 from optloop.cli import CommandParser, parse_command, run_cli
 from optloop.loop.evaluate import Evaluation
+from optloop.loop.gate import logs_under, refusals, verdicts
 from optloop.loop.state import Checkpoint
 from optloop.paths import write_atomic
 from optloop.stats import bootstrap_mean, paired_bootstrap_delta
@@ -66,6 +70,33 @@ def report(run_dir: Path, console: Path | None) -> dict[str, Any]:
     before = [o.score for o in ckpt.test_before.outcomes]
     after = [o.score for o in ckpt.test_after.outcomes]
     delta = paired_bootstrap_delta(before, after, seed=0)
+    control: dict[str, Any] = {}
+    if ckpt.control_test is not None:
+        beside = [o.score for o in ckpt.control_test.outcomes]
+        vs = paired_bootstrap_delta(beside, after, seed=0)
+        control = {
+            "dev": accuracy(ckpt.control_dev),
+            "test": accuracy(ckpt.control_test),
+            "delta_best_minus_control": {
+                "estimate": vs.estimate,
+                "low": vs.low,
+                "high": vs.high,
+                "n": vs.n,
+            },
+        }
+    best = max(
+        (t for t in ckpt.trials if t.evaluation is not None),
+        key=lambda t: (t.evaluation.accuracy if t.evaluation else 0.0, -t.trial),
+        default=None,
+    )
+    prompts = {}  # the blamed sites' instructions of the candidate tested after (the best trial)
+    if best is not None and ckpt.test_after.candidate == best.candidate.digest():
+        prompts = {
+            site: state.instructions
+            for site, state in best.candidate.sites.items()
+            if site in ckpt.targets
+        }
+    verdicts_ = verdicts(logs_under(run_dir / "work" / "optimizers"))
     return {
         "run": run_dir.name,
         "split": {name: len(ids) for name, ids in ckpt.split.items()},
@@ -91,6 +122,11 @@ def report(run_dir: Path, console: Path | None) -> dict[str, Any]:
         "stages": stages,
         "wall_s": int((ended - started).total_seconds()),
         "cost": ckpt.total_cost(),
+        "control": control,
+        "best_trial": best.trial if best is not None else None,
+        "best_prompts": prompts,
+        "proposals": refusals(logs_under(run_dir / "work" / "optimizers")),
+        "refused": [v.model_dump(mode="json") for v in verdicts_ if v.reason is not None],
     }
 
 
@@ -141,12 +177,78 @@ def to_markdown(data: dict[str, Any]) -> str:
             ],
         ),
         "",
+        *_control_lines(data),
+        *_prompt_lines(data),
+        *_gate_lines(data),
         "Stages (seconds from the start, from run.log):",
         "",
         table(["at s", "line"], [[s["at_s"], s["line"]] for s in data["stages"]]),
         "",
     ]
     return "\n".join(lines)
+
+
+def _control_lines(data: dict[str, Any]) -> list[str]:
+    control = data.get("control") or {}
+    if not control:
+        return ["No trivial-instruction control in this run.", ""]
+    d = control["delta_best_minus_control"]
+    verdict = "no measurable change" if d["low"] <= 0 <= d["high"] else "measurable"
+    return [
+        table(
+            ["the trivial-instruction control", "value"],
+            [
+                ["dev", control["dev"]],
+                ["held-out test", control["test"]],
+                [
+                    "held-out best - control [95% CI]",
+                    f"{d['estimate']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}] n={d['n']} "
+                    f"({verdict})",
+                ],
+            ],
+        ),
+        "",
+    ]
+
+
+def _prompt_lines(data: dict[str, Any]) -> list[str]:
+    prompts = data.get("best_prompts") or {}
+    if not prompts:
+        return ["The baseline stayed best: no prompt changed.", ""]
+    out = [
+        f"The best candidate (trial {data['best_trial']}), its blamed sites' instructions whole:"
+    ]
+    for site, text in prompts.items():
+        out += ["", f"`{site}`:", "", "```", text, "```"]
+    return [*out, ""]
+
+
+def _gate_lines(data: dict[str, Any]) -> list[str]:
+    counts = data.get("proposals") or {}
+    if not counts:
+        return []
+    out = [
+        "The proposal gate: "
+        + ", ".join(f"{n} {reason}" for reason, n in sorted(counts.items()))
+        + ". Each refused proposal:",
+        "",
+    ]
+    out.append(
+        table(
+            ["site", "by", "reason", "what it found", "text"],
+            [
+                [
+                    v["site"],
+                    v["who"],
+                    v["reason"],
+                    v["detail"][:90],
+                    " ".join(v["text"].split())[:200].replace("|", "/"),
+                ]
+                for v in data.get("refused", [])
+            ],
+        )
+    )
+    return [*out, ""]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
