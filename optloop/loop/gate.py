@@ -15,8 +15,9 @@ reason, when it is
 ``echo``
     a re-typing of the proposer's own prompt: at least :data:`ECHO_SHARE` of its word 5-grams are
     in the template the proposer was given (GEPA's reflection template, optloop's own proposer
-    signatures) or in the task text it was shown ("I provided an assistant with instructions to
-    perform a task for me ...");
+    signatures) or in the failures it was shown ("I provided an assistant with instructions to
+    perform a task for me ..."); or it names an answer of those failures ("... the user was born
+    in Pamholm"): fitted to the cases shown, not written for the site;
 ``off_task``
     not an instruction for the site's job: it names none of the job's words
     (:mod:`optloop.loop.jobs`: an extraction instruction says extract, memory, fact, store,
@@ -42,7 +43,7 @@ import logging
 import re
 import threading
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from enum import StrEnum
 from pathlib import Path
 
@@ -150,17 +151,29 @@ class ProposalGate:
         return self._template_grams
 
     def judge(
-        self, site: str, text: str, *, cut_off: bool = False, shown: str = "", whole: bool = True
+        self,
+        site: str,
+        text: str,
+        *,
+        cut_off: bool = False,
+        shown: str = "",
+        values: Sequence[str] = (),
+        whole: bool = True,
     ) -> tuple[Reason | None, str]:
         """The reason ``text`` is refused as an instruction for ``site`` (``None``: it passes) and
         what was found. ``cut_off``: the proposer's call stopped at its token limit; ``shown``: the
         task text the proposer was given beside its template (an echo of it is refused too);
-        ``whole``: ``text`` is a whole instruction, which must name the site's job (a sentence
-        added to one, or written in place of one of its sentences, need not)."""
+        ``values``: the answers of the failures it was shown (an instruction that names one is
+        fitted to those cases, not written for the site: refused as an echo); ``whole``: ``text``
+        is a whole instruction, which must name the site's job (a sentence added to one, or
+        written in place of one of its sentences, need not)."""
         if cut_off:
             return Reason.CUT_OFF, "the proposer stopped at its token limit"
         if faults := problems(text):
             return Reason.MALFORMED, "; ".join(faults)
+        for value in values:
+            if len(value) >= 3 and re.search(rf"\b{re.escape(value)}\b", text, re.IGNORECASE):
+                return Reason.ECHO, f"it names {value!r}, an answer of the failures it was shown"
         grams = _ngrams(text)
         if grams:
             seen = grams & (self.template_grams() | (_ngrams(shown) if shown else set()))
@@ -184,11 +197,14 @@ class ProposalGate:
         who: str,
         cut_off: bool = False,
         shown: str = "",
+        values: Sequence[str] = (),
         whole: bool = True,
     ) -> bool:
         """Whether to refuse ``text`` (see :meth:`judge`), recorded in the log either way, and said
         in a log line when refused; ``who`` names the proposal ("GEPA's reflection")."""
-        reason, detail = self.judge(site, text, cut_off=cut_off, shown=shown, whole=whole)
+        reason, detail = self.judge(
+            site, text, cut_off=cut_off, shown=shown, values=values, whole=whole
+        )
         verdict = Verdict(site=site, who=who, text=text, reason=reason, detail=detail)
         with self._lock:
             self.counts[reason.value if reason else "passed"] += 1

@@ -86,6 +86,7 @@ class RewriteSentence(dspy.Signature):
 # The evidence quote the decisive walk writes into an explanation: "the evidence ('...', gold
 # answer '...')" (optloop.attribution.decisive).
 _EVIDENCE = re.compile(r"the evidence \((?P<quote>'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"),")
+_GOLD = re.compile(r"\(answer: '((?:[^'\\]|\\.)+)'\)")  # the right answers a case line shows
 _OP_ID = re.compile(r"\s*\((?:op|call)[^)]*\)")
 _FIX = re.compile(r"\s*Fix (?:the|that) [^.]*\.\s*$")
 _WHAT = {
@@ -242,14 +243,26 @@ class Writer:
         if not text:
             return None
         cut_off = any(getattr(c, "truncated", False) for c in calls)
-        shown = "\n".join(str(v) for v in inputs.values() if v)
-        if self.gate.refuses(site, text, who=who, cut_off=cut_off, shown=shown, whole=whole):
+        # An echo is a re-typing of the template or of the failures shown; restating the site's
+        # job, or keeping words of the sentence being rewritten, is what a person would do too.
+        failures = str(inputs.get("failures") or "")
+        if self.gate.refuses(
+            site,
+            text,
+            who=who,
+            cut_off=cut_off,
+            shown=failures,
+            values=_GOLD.findall(failures),
+            whole=whole,
+        ):
             return None
         return text
 
 
 def _unquoted(text: str) -> str:
-    """A written text without the quotes or the label a model may wrap it in."""
+    """A written text without the quotes or the label a model may wrap it in, or the chat
+    format's end marker it may leave on the same line."""
+    text = re.sub(r"\s*\[\[ ## completed ## \]\]\s*$", "", text).strip()
     for _ in range(2):  # '"Sentence: ..."' and 'Sentence: "..."'
         if len(text) > 1 and text[0] == text[-1] and text[0] in "\"'`":
             text = text[1:-1].strip()

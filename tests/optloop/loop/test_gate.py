@@ -127,3 +127,10 @@ def test_the_run_summary_counts_the_proposals_by_the_gates_verdict():
         "9 passed, 4 refused (2 echo, 1 off_task, 1 cut_off)"
     )
     assert proposals_line({"passed": 3}) == "3 passed, 0 refused"
+
+
+def test_an_instruction_that_names_an_answer_of_the_failures_shown_is_an_echo(gate):
+    text = "Extract every fact, such as the town where the user was born, like Pamholm."
+    reason, detail = gate.judge(MEM0_EXTRACT, text, values=["Pamholm", "Wustar"])
+    assert reason is Reason.ECHO and "Pamholm" in detail
+    assert gate.judge(MEM0_EXTRACT, SHIPPABLE, values=["Pamholm"])[0] is None

@@ -106,3 +106,27 @@ def test_quotes_and_labels_around_a_written_text_are_removed(tmp_path):
     assert (
         writer.sentence(MEM0_EXTRACT, "- none", rollout=0) == "Keep every number the user gives."
     )
+
+
+def test_the_chat_formats_end_marker_left_on_the_line_is_removed(tmp_path):
+    writer = _writer(
+        tmp_path, {"sentence": "Keep every number the user gives. [[ ## completed ## ]]"}
+    )
+    assert (
+        writer.sentence(MEM0_EXTRACT, "- none", rollout=0) == "Keep every number the user gives."
+    )
+
+
+def test_restating_the_job_or_the_sentence_rewritten_is_no_echo_but_naming_an_answer_is(tmp_path):
+    cases = failure_cases([_failure(1)], MEM0_EXTRACT)
+    restated = "Extract the memories to store from the new messages of a conversation, every fact."
+    assert _writer(tmp_path, {"instruction": restated}).instruction(MEM0_EXTRACT, cases, rollout=0)
+    rewritten = "Keep the personal facts the user states, and keep every number they give."
+    assert _writer(tmp_path, {"new_sentence": rewritten}).rewrite(
+        MEM0_EXTRACT, "Keep the personal facts the user states.", cases, rollout=0
+    )
+    fitted = "Extract every fact the user states, such as the locker number 671."
+    assert (
+        _writer(tmp_path, {"instruction": fitted}).instruction(MEM0_EXTRACT, cases, rollout=0)
+        is None
+    )
