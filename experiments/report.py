@@ -817,6 +817,36 @@ def linked() -> list[str]:
             ["defaults.md", "defaults.json"],
         ),
         (
+            "Headroom with the Qwen models: own prompts against a trivial instruction",
+            "Per system, model and dataset: the dev accuracy under the system's own prompts, "
+            "under the trivial-instruction control (DSPy's default instruction for the blamed "
+            "site) and under a hand-written one, with the seconds an evaluation takes. "
+            "`python -m experiments.bench.headroom`",
+            ["headroom.md", "headroom.json"],
+        ),
+        (
+            "The loop writing mem0's extraction prompt (Qwen2.5-Coder 0.5B answers, 1.5B writes)",
+            "On the default dataset, does the loop's written prompt beat mem0's own prompt and "
+            "the trivial-instruction control on held-out questions, and what did the proposal "
+            "gate refuse? `python -m experiments.bench.run_report` on the finished runs (edit "
+            "optimizer with written edits; GEPA)",
+            [
+                "mem0_qwen_edit.md",
+                "mem0_qwen_edit.json",
+                "mem0_qwen_gepa.md",
+                "mem0_qwen_gepa.json",
+            ],
+        ),
+        (
+            "A vanilla mem0 app with the exported prompt",
+            "Does the extraction prompt the loop promoted, exported into a plain mem0 app on "
+            "the same model behind llama.cpp's server, store the facts mem0's own prompt lost "
+            "(memories stored, recall@5, same sessions)? "
+            "`python -m experiments.bench.mem0_vanilla "
+            "--extract-prompt`",
+            ["mem0_qwen_exported.json"],
+        ),
+        (
             "llama.cpp's own server",
             "Does optloop run against llama.cpp's OpenAI-compatible server by flags alone "
             "(schema mode, concurrency, request errors, failed calls, the Mem0 app)? The "
