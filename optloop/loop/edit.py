@@ -66,7 +66,7 @@ import dspy
 from optloop.lm import prompt_site
 from optloop.loop._base import PROPOSER_SITE, Optimizer
 from optloop.loop.candidate import Candidate, SiteState, trivial_instruction
-from optloop.loop.gate import active
+from optloop.loop.gate import active, register_template
 from optloop.loop.units import Instruction, Kind, problems
 from optloop.loop.writer import failure_cases, long_instruction
 from optloop.text import normalize
@@ -142,6 +142,7 @@ def conditional(unit: str) -> bool:
     return bool(_CONDITION.search(_QUOTED.sub(" ", unit)))
 
 
+@register_template
 class ParaphrasePhrase(dspy.Signature):
     """Paraphrase the phrase: say the same thing in other words, about as long. Reply with the paraphrase only."""
 

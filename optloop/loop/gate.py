@@ -92,11 +92,27 @@ def _ngrams(text: str) -> set[tuple[str, ...]]:
     return {tuple(words[i : i + NGRAM]) for i in range(len(words) - NGRAM + 1)}
 
 
-@functools.cache
+_TEMPLATES: list[type] = []
+
+
+def register_template(signature: type) -> type:
+    """Count ``signature`` (a DSPy signature a proposer is given) as a proposer template: a
+    proposal that re-types it is an echo. Used as a decorator where the signature is defined, so
+    this module imports none of them."""
+    _TEMPLATES.append(signature)
+    return signature
+
+
 def proposer_templates() -> tuple[str, ...]:
     """The prompts optloop's proposers are given, less what varies per call: GEPA's reflection
     template (read from the installed ``gepa``), DSPy's SIMBA advice signature, and optloop's own
-    proposer signatures (the writer's, the paraphrase's, the rewrite's)."""
+    proposer signatures (:func:`register_template`: the writer's, the paraphrase's, the
+    rewrite's)."""
+    return _library_templates() + tuple(_signature_text(s) for s in _TEMPLATES)
+
+
+@functools.cache
+def _library_templates() -> tuple[str, ...]:
     texts: list[str] = []
     try:
         from gepa.strategies.instruction_proposal import InstructionProposalSignature
@@ -110,16 +126,6 @@ def proposer_templates() -> tuple[str, ...]:
         texts.append(_signature_text(OfferFeedback))
     except (ImportError, AttributeError):
         logger.debug("DSPy's SIMBA advice signature not found")
-    from optloop.loop import edit, optimizers, writer
-
-    for signature in (
-        edit.ParaphrasePhrase,
-        optimizers.ProposeInstruction,
-        writer.WriteInstruction,
-        writer.WriteSentence,
-        writer.RewriteSentence,
-    ):
-        texts.append(_signature_text(signature))
     return tuple(texts)
 
 
@@ -278,5 +284,6 @@ __all__ = [
     "logs_under",
     "proposer_templates",
     "refusals",
+    "register_template",
     "verdicts",
 ]

@@ -57,7 +57,7 @@ from optloop.errors import ConfigError
 from optloop.lm import collect_calls, prompt_site
 from optloop.loop._base import PROPOSER_SITE, Optimizer
 from optloop.loop.candidate import Candidate, SiteState
-from optloop.loop.gate import ProposalGate, active, current_gate
+from optloop.loop.gate import ProposalGate, active, current_gate, register_template
 from optloop.loop.program import (
     MemoryProgram,
     attr_name,
@@ -374,6 +374,7 @@ class GatedProposer(InstructionProposer):
         return kept
 
 
+@register_template
 class ProposeInstruction(dspy.Signature):
     """You improve one prompt of an AI assistant's memory pipeline. Below is the prompt's current
     instruction and the failures attributed to it. Write a complete replacement instruction that keeps

@@ -31,6 +31,7 @@ import dspy
 
 from optloop.attribution.taxonomy import ErrorType
 from optloop.lm import collect_calls, prompt_site
+from optloop.loop.gate import register_template
 from optloop.loop.jobs import site_job
 from optloop.sites import PROPOSER
 
@@ -46,6 +47,7 @@ WRITE_TEMPERATURE = 0.5
 SHORT_WORDS = 120  # an instruction longer than this is rewritten whole, never re-typed
 
 
+@register_template
 class WriteInstruction(dspy.Signature):
     """Write a short instruction, two to four sentences, for a language model that does one step
     of an AI assistant's memory. Tell it what to do in this step and what it must not miss; the
@@ -60,6 +62,7 @@ class WriteInstruction(dspy.Signature):
     instruction: str = dspy.OutputField(desc="the new instruction, two to four sentences")
 
 
+@register_template
 class WriteSentence(dspy.Signature):
     """Write one sentence to add to the instruction of a language model that does one step of an
     AI assistant's memory, so that the step no longer fails as in the cases below. Write a general,
@@ -71,6 +74,7 @@ class WriteSentence(dspy.Signature):
     sentence: str = dspy.OutputField(desc="one sentence, a command to the model")
 
 
+@register_template
 class RewriteSentence(dspy.Signature):
     """Rewrite one sentence of the instruction of a language model that does one step of an AI
     assistant's memory, so that the step no longer fails as in the cases below. Write one
