@@ -346,13 +346,14 @@ def long_modules(root: Path, limit: int = MAX_LINES) -> list[dict[str, Any]]:
     """The product's modules (``optloop/``, ``systems/``, ``signatures/``) over ``limit``
     lines, longest first."""
     sizes = [
-        {"module": str(p.relative_to(root)), "lines": len(p.read_text().splitlines())}
+        (len(p.read_text().splitlines()), str(p.relative_to(root)))
         for p in python_files(root, PACKAGES)
     ]
-    return sorted(
-        (row for row in sizes if row["lines"] > limit),
-        key=lambda row: (-row["lines"], row["module"]),
-    )
+    return [
+        {"module": module, "lines": lines}
+        for lines, module in sorted(sizes, key=lambda size: (-size[0], size[1]))
+        if lines > limit
+    ]
 
 
 def optimizer_names(root: Path) -> list[dict[str, Any]]:
