@@ -2,14 +2,14 @@
 attributes a system's failures, lives with its command in :mod:`optloop.attribute`).
 
 It runs what ``optloop run`` runs and returns the result object instead of printing it. Its keyword
-arguments become the same typed objects the command's flags become (:mod:`optloop.loop.config`:
+arguments become the same typed objects the command's flags become (:mod:`optloop.loop.request`:
 ``LoopConfig``, ``RunOptions``, the LMs' ``LMSettings``), and :func:`optloop.run.execute` runs
 them: no command line is built or parsed. The defaults in its signature are those models' field
 defaults, read from them, so the function and the command cannot disagree.
 
 Heavy modules (DSPy, MLflow, the memory libraries) are imported inside the functions, so
 ``import optloop`` stays cheap and changes nothing in the process's environment
-(:mod:`optloop.loop.config` needs pydantic only).
+(:mod:`optloop.loop.config` and :mod:`optloop.loop.request` need pydantic only).
 """
 
 from __future__ import annotations
@@ -18,15 +18,8 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
-from optloop.loop.config import (
-    LoopConfig,
-    OptimizerName,
-    RunOptions,
-    RunRequest,
-    checked,
-    loop_config,
-    run_lms,
-)
+from optloop.loop.config import LoopConfig, OptimizerName
+from optloop.loop.request import RunOptions, RunRequest, checked, loop_config, run_lms
 from optloop.loop.spend import SpendingLimits
 from optloop.offline import offline_defaults
 
@@ -97,7 +90,7 @@ def optimize(
             Candidate evaluations on the dev split.
         optimizer:
             ``simba``, ``gepa``, ``optuna`` or ``edit``; :obj:`None` is the command's rule
-            (:func:`optloop.loop.config.default_optimizer`): ``edit`` when the instructions
+            (:func:`optloop.loop.request.default_optimizer`): ``edit`` when the instructions
             would be written by the embedded model (``proposer_lm``, else ``lm``, is ``local``),
             ``simba`` when by an endpoint. Until this version the function's default was
             ``simba`` whatever the LM: a call that relied on it on the embedded model now runs

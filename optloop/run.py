@@ -4,7 +4,7 @@ the ``--help`` manual), the run it resumes (:mod:`optloop.run_resume`) and what 
 (:mod:`optloop.run_tables`).
 
 The work after the flags is a function of typed objects, shared with ``optloop.optimize``:
-:func:`prepare` checks a :class:`~optloop.loop.config.RunRequest` (what the flags, or the API's
+:func:`prepare` checks a :class:`~optloop.loop.request.RunRequest` (what the flags, or the API's
 arguments, ask for) against the world and builds its :class:`Loop`; :func:`execute` runs it and
 returns the result. Only :func:`main` parses flags and prints."""
 
@@ -36,8 +36,9 @@ from optloop.errors import CallsFailedError, ConfigError, EndpointDownError, LMU
 from optloop.interrupt import interruptible
 from optloop.lm import LMSettings, OptloopLM
 from optloop.loop import checkpoint_guard
-from optloop.loop.config import LoopConfig, RunRequest
+from optloop.loop.config import LoopConfig
 from optloop.loop.policy import check_split_sizes, questions
+from optloop.loop.request import RunRequest
 from optloop.loop.runner import Checkpoint, Loop, check_start_sites, split_dataset
 from optloop.loop.spend import ESTIMATE, EXIT_LIMIT, RunStopped
 from optloop.loop.state import LoopResult

@@ -116,30 +116,20 @@ from optloop.cli import CommandParser, dataset_help, lm_overrides
 from optloop.datasets.defaults import defaults_help
 from optloop.errors import ConfigError
 from optloop.failures import ALLOWED_SHARE
-from optloop.loop.config import ANSWER_SETTINGS as ANSWER_SETTINGS
-from optloop.loop.config import (
-    MAX_BATCH,
-    MAX_BUDGET,
-    OPTIMIZER_NAMES,
-    LoopConfig,
-    RunOptions,
-    RunRequest,
-    check_fractions,
-    checked,
-    loop_config,
-    run_lms,
-)
-from optloop.loop.config import answer_settings as answer_settings
-from optloop.loop.config import default_optimizer as default_optimizer
+from optloop.loop.config import MAX_BATCH, MAX_BUDGET, OPTIMIZER_NAMES, LoopConfig, check_fractions
 from optloop.loop.policy import FEW_QUESTIONS
+from optloop.loop.request import ANSWER_SETTINGS as ANSWER_SETTINGS
+from optloop.loop.request import RunOptions, RunRequest, checked, loop_config, run_lms
+from optloop.loop.request import answer_settings as answer_settings
+from optloop.loop.request import default_optimizer as default_optimizer
 from optloop.loop.spend import SpendingLimits
 from systems import SYSTEMS
 
 if TYPE_CHECKING:
     from optloop.lm import LMSettings
 
-# The flags' defaults are the config models' (optloop.loop.config): written there once, read by
-# this parser and by optloop.optimize alike.
+# The flags' defaults are the config models' (optloop.loop.config, optloop.loop.request): written
+# there once, read by this parser and by optloop.optimize alike.
 _LOOP = LoopConfig.model_fields
 # --promote-if's choices, each with when it moves the champion alias.
 _PROMOTE_IF = {
@@ -442,7 +432,7 @@ def run_config(
     args: argparse.Namespace, settings: LMSettings, proposer: LMSettings | None = None
 ) -> LoopConfig:
     """The run's settings from the flags, on the LM ``settings`` (``proposer``: --proposer-lm's);
-    what a flag leaves unset follows :func:`optloop.loop.config.loop_config`'s rules (the run name
+    what a flag leaves unset follows :func:`optloop.loop.request.loop_config`'s rules (the run name
     is chosen later: see :func:`choose_run`)."""
     return loop_config(
         settings,

@@ -17,7 +17,7 @@ from optloop.loop.runner import Checkpoint, LoopConfig, matches, unfinished_runs
 
 class Asked(Protocol):
     """Which run was asked for: by name (``run_name``), or a new one (``new``); else the latest
-    unfinished run of the same settings. :class:`~optloop.loop.config.RunOptions` is one, and so
+    unfinished run of the same settings. :class:`~optloop.loop.request.RunOptions` is one, and so
     is ``optloop run``'s parsed flags."""
 
     @property

@@ -1,19 +1,20 @@
 """The closed loop: evaluate candidates, attribute, blame, optimize only the blamed sites.
 
-``config`` (what a run is asked for, its defaults and the rules that fill what is unset),
-``candidate`` (what may change, as data), ``evaluate`` (a candidate over a split, through
-the one episode pipeline :mod:`optloop.pipeline`, with ingestion reuse), ``program`` (a
-system as a DSPy program with unblamed sites frozen, and the attribution-carrying metric),
-``optimizers`` and ``edit`` (SIMBA, GEPA, Optuna, GrIPS-style edits behind one interface),
-``state`` (checkpoint, result), ``policy`` (the pure rules), ``control`` (the
-trivial-instruction control every report compares the best with), ``controller`` (the
-loop itself, behind small interfaces), ``coordinator`` (one worker or several),
-``mlflow_sink`` and ``record`` (MLflow names, artifacts, registry), ``runner`` (``Loop``:
-the wiring). The command is ``python -m optloop.run``; the map is ``docs/architecture.md``.
+``config`` (``LoopConfig``: what a run is, its defaults), ``request`` (what a run is asked
+for and the rules that fill what is unset), ``candidate`` (what may change, as data),
+``evaluate`` (a candidate over a split, through the one episode pipeline
+:mod:`optloop.pipeline`, with ingestion reuse), ``program`` (a system as a DSPy program with
+unblamed sites frozen, and the attribution-carrying metric), ``optimizers`` and ``edit``
+(SIMBA, GEPA, Optuna, GrIPS-style edits behind one interface), ``state`` (checkpoint,
+result), ``policy`` (the pure rules), ``control`` (the trivial-instruction control every
+report compares the best with), ``controller`` (the loop itself, behind small interfaces),
+``coordinator`` (one worker or several), ``mlflow_sink`` and ``record`` (MLflow names,
+artifacts, registry), ``runner`` (``Loop``: the wiring). The command is
+``python -m optloop.run``; the map is ``docs/architecture.md``.
 
-The names below are imported on first use, as :mod:`optloop`'s are: importing a light module of
-the package (``optloop.loop.config``, which the Python API reads its defaults from) loads no
-DSPy, MLflow or memory library.
+The names below are imported on first use, as :mod:`optloop`'s are: importing a light module
+of the package (``optloop.loop.config`` and ``optloop.loop.request``, where the Python API
+builds its run) loads no DSPy, MLflow or memory library.
 """
 
 from __future__ import annotations

@@ -16,7 +16,8 @@ import pytest
 import optloop
 import optloop.run
 from optloop import run_args
-from optloop.loop.config import LoopConfig, RunOptions, RunRequest
+from optloop.loop.config import LoopConfig
+from optloop.loop.request import RunOptions, RunRequest
 from optloop.run_args import build_parser, run_request
 
 
@@ -134,12 +135,12 @@ def test_the_default_optimizer_is_the_commands_rule(requests):
 def test_a_setting_added_to_the_config_model_reaches_both_entry_points(oracle, monkeypatch):
     """A field added to LoopConfig with its default, in that one place: the loop ``optimize``
     starts and the config ``optloop run``'s flags map to both carry it."""
-    import optloop.loop.config
+    import optloop.loop.request
 
     class WithPatience(LoopConfig):
         patience: int = 4
 
-    monkeypatch.setattr(optloop.loop.config, "LoopConfig", WithPatience)
+    monkeypatch.setattr(optloop.loop.request, "LoopConfig", WithPatience)
     endpoint = ["--lm", "openai:oracle", "--lm-base-url", oracle.base_url]
     api = optloop.optimize(system="md_flat", lm="openai:oracle", lm_base_url=oracle.base_url)
     cli = cli_request("--system", "md_flat", *endpoint).config
