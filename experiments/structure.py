@@ -1,4 +1,5 @@
-"""The shape of the code: the longest modules and classes, the import cycles, the long lines.
+"""The shape of the code: its layers, the longest modules and classes, the import cycles, the long
+lines, and where an optimizer's name is spelled.
 
     python -m experiments.structure                          # this checkout, a table on stdout
     python -m experiments.structure --root DIR --json out.json
@@ -12,7 +13,23 @@ Read from the source as text and syntax trees (nothing is imported or run):
   ``systems`` and ``signatures``, counting every import, those inside a function or under
   ``TYPE_CHECKING`` included (they keep a cycle alive just the same). ``from a import b`` is an
   edge to the module ``a.b`` when there is one, else to ``a``;
-* **long lines**: lines over 99 columns in every ``.py`` file of the checkout (tests included).
+* **long lines**: lines over 99 columns in every ``.py`` file of the checkout (tests included);
+* **top level**: the modules and folders directly under ``optloop/``, each with its layer
+  (:data:`LAYERS`) and its lines;
+* **imports up a layer**: :data:`LAYERS` orders the parts of the product from the foundations
+  (errors, paths, sites, ...) to the commands (``run``, ``attribute``, the Python API, ...); a
+  module may import from its own layer and the layers below it. An import *up a layer* is one
+  from a module of a lower layer of a module of a higher one (``optloop.loop.runner`` importing
+  ``optloop.run`` would be one: the loop would then depend on its command). Every import counts,
+  each shown with where it stands: ``top`` (run on import), ``function`` (inside a function) or
+  ``typing`` (under ``TYPE_CHECKING``, never run);
+* **package cycles**: the import cycles between the parts of :data:`LAYERS` (each package and
+  top-level module under ``optloop/``, and the packages ``systems`` and ``signatures``), with the
+  imports that close each one;
+* **modules over 600 lines** of ``optloop/``, ``systems/`` and ``signatures/``;
+* **optimizer names**: every string literal that is exactly an optimizer's name (``simba``,
+  ``gepa``, ``optuna``, ``edit``) in the code of ``optloop/``, ``systems/`` and ``signatures/``
+  (tests and studies aside): each is a place a new optimizer or a renamed one has to be found.
 
 Repeated logic is the ``duplicates`` command's (run beside this one; see ``duplicates --help``).
 """
@@ -31,6 +48,58 @@ PACKAGES = ("optloop", "systems", "signatures")
 CODE = (*PACKAGES, "experiments")
 SKIP = {".venv", ".git", "node_modules", "__pycache__"}
 MAX_COLUMNS = 99
+MAX_LINES = 600
+OPTIMIZER_NAMES = ("simba", "gepa", "optuna", "edit")
+
+# The product's layers, lowest first: a part is a package or module under optloop/ (by its name
+# there) or a top-level package of the checkout. A part named nowhere falls in "unplaced", shown
+# as such, so that a new module is placed on purpose.
+LAYERS: dict[str, tuple[str, ...]] = {
+    "foundations": (
+        "errors",
+        "paths",
+        "sites",
+        "text",
+        "stats",
+        "offline",
+        "output",
+        "interrupt",
+        "artifacts",
+        "failures",
+    ),
+    "lm": ("lm", "embed"),
+    "datasets": ("datasets",),
+    "systems": ("signatures", "systems"),
+    "tracing": ("tracing",),
+    "pipeline": ("pipeline",),
+    "attribution": ("attribution",),
+    "faults": ("faults",),
+    "services": ("tracking", "tracking_store", "preflight", "outside", "progress"),
+    "loop": ("loop",),
+    "commands": (
+        "run",
+        "run_args",
+        "run_resume",
+        "run_tables",
+        "attribute",
+        "export",
+        "product",
+        "product_templates",
+        "doctor",
+        "ui",
+        "console",
+        "cli",
+        "clidoc",
+        "demo_repair",
+        "models",
+        "config",
+        "testing",
+        "_api",
+        "__init__",
+        "__main__",
+    ),
+}
+UNPLACED = "unplaced"
 
 
 def python_files(root: Path, tops: Sequence[str] | None = None) -> Iterator[Path]:
@@ -87,17 +156,41 @@ def _imported(node: ast.Import | ast.ImportFrom, module: str, is_package: bool) 
     yield from (f"{base}.{alias.name}" for alias in node.names)
 
 
-def import_graph(root: Path) -> dict[str, set[str]]:
-    """Module -> the modules of :data:`PACKAGES` it imports, anywhere in the file."""
+def _import_nodes(tree: ast.Module) -> Iterator[tuple[ast.Import | ast.ImportFrom, str]]:
+    """Every import statement of ``tree`` with where it stands: ``top`` (run when the module is
+    imported), ``function`` (inside a function) or ``typing`` (under ``if TYPE_CHECKING:``)."""
+
+    def visit(node: ast.AST, where: str) -> Iterator[tuple[ast.Import | ast.ImportFrom, str]]:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.Import, ast.ImportFrom)):
+                yield child, where
+            elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                yield from visit(child, "typing" if where == "typing" else "function")
+            elif isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                yield from (item for stmt in child.body for item in visit_one(stmt, "typing"))
+                yield from (item for stmt in child.orelse for item in visit_one(stmt, where))
+            else:
+                yield from visit(child, where)
+
+    def visit_one(node: ast.AST, where: str) -> Iterator[tuple[ast.Import | ast.ImportFrom, str]]:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node, where
+        else:
+            yield from visit(node, where)
+
+    yield from visit(tree, "top")
+
+
+def import_edges(root: Path) -> list[tuple[str, str, str]]:
+    """Every import between modules of :data:`PACKAGES`: ``(importer, imported, where)``, where
+    ``where`` is as :func:`_import_nodes` says; one row per pair and place, sorted."""
     paths = {module_name(root, p): p for p in python_files(root, PACKAGES)}
-    graph: dict[str, set[str]] = {}
+    rows: set[tuple[str, str, str]] = set()
     for module, path in paths.items():
         is_package = path.name == "__init__.py"
-        edges: set[str] = set()
-        for node in ast.walk(ast.parse(path.read_text())):
-            if not isinstance(node, (ast.Import, ast.ImportFrom)):
-                continue
+        for node, where in _import_nodes(ast.parse(path.read_text())):
             names = list(_imported(node, module, is_package))
+            edges: set[str] = set()
             if isinstance(node, ast.ImportFrom):
                 base, members = names[0], names[1:]
                 found = [m for m in members if m in paths]
@@ -106,14 +199,22 @@ def import_graph(root: Path) -> dict[str, set[str]]:
                     edges.add(base)  # some names are the package's own, not submodules
             else:
                 edges.update(name for name in names if name in paths)
-        edges.discard(module)
-        graph[module] = edges
+            rows.update((module, edge, where) for edge in edges if edge != module)
+    return sorted(rows)
+
+
+def import_graph(root: Path) -> dict[str, set[str]]:
+    """Module -> the modules of :data:`PACKAGES` it imports, anywhere in the file."""
+    graph: dict[str, set[str]] = {
+        module_name(root, p): set() for p in python_files(root, PACKAGES)
+    }
+    for importer, imported, _ in import_edges(root):
+        graph[importer].add(imported)
     return graph
 
 
-def import_cycles(root: Path) -> list[list[str]]:
-    """The strongly connected groups of more than one module (Tarjan), each sorted, all sorted."""
-    graph = import_graph(root)
+def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected groups of more than one node (Tarjan), each sorted, all sorted."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -148,6 +249,130 @@ def import_cycles(root: Path) -> list[list[str]]:
     return sorted(groups)
 
 
+def import_cycles(root: Path) -> list[list[str]]:
+    """The strongly connected groups of more than one module, each sorted, all sorted."""
+    return strongly_connected(import_graph(root))
+
+
+def part_of(module: str) -> str:
+    """The part of :data:`LAYERS` a module belongs to: ``optloop.loop.runner`` -> ``loop``,
+    ``optloop.run`` -> ``run``, ``optloop`` -> ``__init__``, ``systems.mem0_system`` ->
+    ``systems``."""
+    names = module.split(".")
+    if names[0] != "optloop":
+        return names[0]
+    return names[1] if len(names) > 1 else "__init__"
+
+
+def layer_of(part: str) -> str:
+    return next((layer for layer, parts in LAYERS.items() if part in parts), UNPLACED)
+
+
+def _rank(layer: str) -> int:
+    order = list(LAYERS)
+    return order.index(layer) if layer in order else len(order)
+
+
+def top_level(root: Path) -> list[dict[str, Any]]:
+    """The modules and folders directly under ``optloop/``: name, kind, layer, ``.py`` lines
+    (a folder's summed) and, for a folder, its ``.py`` files."""
+    rows = []
+    for path in sorted((root / "optloop").iterdir()):
+        if path.name in SKIP or path.name.startswith("."):
+            continue
+        if path.is_dir():
+            files = list(python_files(root, [str(path.relative_to(root))]))
+            lines = sum(len(f.read_text().splitlines()) for f in files)
+            rows.append(
+                {
+                    "name": f"{path.name}/",
+                    "layer": layer_of(path.name),
+                    "lines": lines,
+                    "modules": len(files),
+                }
+            )
+        elif path.suffix == ".py":
+            rows.append(
+                {
+                    "name": path.name,
+                    "layer": layer_of(path.stem),
+                    "lines": len(path.read_text().splitlines()),
+                    "modules": 1,
+                }
+            )
+    return sorted(rows, key=lambda row: (_rank(row["layer"]), row["name"]))
+
+
+def imports_up(root: Path) -> list[dict[str, str]]:
+    """Every import of a module of a higher layer by one of a lower layer (see the module
+    docstring), sorted by the importing layer."""
+    rows = []
+    for importer, imported, where in import_edges(root):
+        low, high = layer_of(part_of(importer)), layer_of(part_of(imported))
+        if _rank(high) > _rank(low) and UNPLACED not in (low, high):
+            rows.append(
+                {
+                    "importer": importer,
+                    "layer": low,
+                    "imported": imported,
+                    "imported_layer": high,
+                    "where": where,
+                }
+            )
+    return sorted(rows, key=lambda r: (_rank(r["layer"]), r["importer"], r["imported"]))
+
+
+def package_cycles(root: Path) -> list[dict[str, Any]]:
+    """The import cycles between parts (:func:`part_of`): each cycle's parts, and the imports
+    between them that close it (``importer -> imported (where)``)."""
+    edges = [(part_of(a), part_of(b), a, b, w) for a, b, w in import_edges(root)]
+    graph: dict[str, set[str]] = {}
+    for pa, pb, *_ in edges:
+        graph.setdefault(pa, set())
+        graph.setdefault(pb, set())
+        if pa != pb:
+            graph[pa].add(pb)
+    cycles = []
+    for group in strongly_connected(graph):
+        inside = set(group)
+        imports = sorted(
+            f"{a} -> {b} ({w})" for pa, pb, a, b, w in edges if pa != pb and {pa, pb} <= inside
+        )
+        cycles.append({"parts": group, "imports": imports})
+    return cycles
+
+
+def long_modules(root: Path, limit: int = MAX_LINES) -> list[dict[str, Any]]:
+    """The product's modules (``optloop/``, ``systems/``, ``signatures/``) over ``limit``
+    lines, longest first."""
+    sizes = [
+        (len(p.read_text().splitlines()), str(p.relative_to(root)))
+        for p in python_files(root, PACKAGES)
+    ]
+    return [
+        {"module": module, "lines": lines}
+        for lines, module in sorted(sizes, key=lambda size: (-size[0], size[1]))
+        if lines > limit
+    ]
+
+
+def optimizer_names(root: Path) -> list[dict[str, Any]]:
+    """Every string literal that is exactly one of :data:`OPTIMIZER_NAMES` in the product's
+    code: file, line, name."""
+    rows = []
+    for path in python_files(root, PACKAGES):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Constant)
+                and isinstance(node.value, str)
+                and node.value in OPTIMIZER_NAMES
+            ):
+                rows.append(
+                    {"file": str(path.relative_to(root)), "line": node.lineno, "name": node.value}
+                )
+    return sorted(rows, key=lambda row: (row["file"], row["line"], row["name"]))
+
+
 def long_lines(root: Path, limit: int = MAX_COLUMNS) -> dict[str, Any]:
     """How many lines of every ``.py`` file are longer than ``limit`` columns; where most are."""
     per_file = {}
@@ -171,7 +396,45 @@ def measure(root: Path) -> dict[str, Any]:
         "classes": longest_classes(root),
         "import_cycles": import_cycles(root),
         "long_lines": long_lines(root),
+        "top_level": top_level(root),
+        "imports_up": imports_up(root),
+        "package_cycles": package_cycles(root),
+        "long_modules": long_modules(root),
+        "optimizer_names": optimizer_names(root),
     }
+
+
+def report_lines(figures: dict[str, Any]) -> list[str]:
+    """The layers' part of the report: the top level, the imports up a layer, the package
+    cycles, the modules over :data:`MAX_LINES` lines and the optimizer names."""
+    out = ["top level of optloop/ (layer, lines):"]
+    out += [
+        f"  {r['layer']:12s} {r['name']:22s} {r['lines']:6d}"
+        + (f"  ({r['modules']} modules)" if r["name"].endswith("/") else "")
+        for r in figures["top_level"]
+    ]
+    up = figures["imports_up"]
+    out.append(f"imports up a layer: {len(up)}")
+    out += [
+        f"  {r['layer']} -> {r['imported_layer']}: {r['importer']} -> {r['imported']} "
+        f"({r['where']})"
+        for r in up
+    ]
+    cycles = figures["package_cycles"]
+    out.append(f"package cycles: {len(cycles)}")
+    for cycle in cycles:
+        out.append(f"  {' <-> '.join(cycle['parts'])}")
+        out += [f"    {line}" for line in cycle["imports"]]
+    long = figures["long_modules"]
+    out.append(f"modules over {MAX_LINES} lines: {len(long)}")
+    out += [f"  {r['lines']:5d}  {r['module']}" for r in long]
+    names = figures["optimizer_names"]
+    files: dict[str, list[str]] = {}
+    for r in names:
+        files.setdefault(r["file"], []).append(f"{r['name']}:{r['line']}")
+    out.append(f"optimizer names spelled as literals: {len(names)} in {len(files)} files")
+    out += [f"  {file}: {', '.join(places)}" for file, places in files.items()]
+    return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -210,6 +473,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     lines = figures["long_lines"]
     print(f"lines over {lines['limit']} columns: {lines['lines']} in {lines['files']} files")
+    print(*report_lines(figures), sep="\n")
     if args.json:
         args.json.write_text(json.dumps(figures, indent=1) + "\n")
     return 0

@@ -1,48 +1,60 @@
 """optloop in Python: :func:`optimize` runs the closed loop (``optloop.attribute(...)``, which
 attributes a system's failures, lives with its command in :mod:`optloop.attribute`).
 
-It runs exactly what ``optloop run`` runs and returns the result object instead of printing
-it. Heavy modules (DSPy, MLflow, the memory libraries) are imported inside the functions, so
-``import optloop`` stays cheap and changes nothing in the process's environment.
+It runs what ``optloop run`` runs and returns the result object instead of printing it. Its keyword
+arguments become the same typed objects the command's flags become (:mod:`optloop.loop.request`:
+``LoopConfig``, ``RunOptions``, the LMs' ``LMSettings``), and :func:`optloop.run.execute` runs
+them: no command line is built or parsed. The defaults in its signature are those models' field
+defaults, read from them, so the function and the command cannot disagree.
+
+Heavy modules (DSPy, MLflow, the memory libraries) are imported inside the functions, so
+``import optloop`` stays cheap and changes nothing in the process's environment
+(:mod:`optloop.loop.config` and :mod:`optloop.loop.request` need pydantic only).
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
+from optloop.loop.config import LoopConfig, OptimizerName
+from optloop.loop.request import RunOptions, RunRequest, checked, loop_config, run_lms
+from optloop.loop.spend import SpendingLimits
 from optloop.offline import offline_defaults
 
 if TYPE_CHECKING:
     from optloop.loop.state import LoopResult
 
+_LOOP = LoopConfig.model_fields
+_RUN = RunOptions.model_fields
+
 
 def optimize(
-    system: str = "mem0",
+    system: str = _LOOP["system"].default,
     dataset: str | None = None,
-    budget: int = 3,
-    optimizer: str = "simba",
+    budget: int = _LOOP["budget"].default,
+    optimizer: OptimizerName | None = None,
     lm: str | None = None,
     *,
-    seed: int = 0,
+    seed: int = _LOOP["seed"].default,
     sites: Sequence[str] | None = None,
-    untargeted: bool = False,
-    query_rewrite: bool = False,
+    untargeted: bool = _LOOP["untargeted"].default,
+    query_rewrite: bool = _LOOP["query_rewrite"].default,
     start: Mapping[str, str] | None = None,
     knobs: Mapping[str, Any] | None = None,
-    split: tuple[float, float, float] | None = None,
-    promote_if: str = "ci",
+    split: tuple[float, float, float] | None = _LOOP["fractions"].default,
+    promote_if: Literal["ci", "delta"] = _LOOP["promote_if"].default,
     proposer_lm: str | None = None,
     lm_base_url: str | None = None,
     concurrency: int | str | None = None,
-    batch: int = 1,
-    control: bool = True,
-    allow_small_splits: bool = False,
+    batch: int = _LOOP["batch"].default,
+    control: bool = _LOOP["control"].default,
+    allow_small_splits: bool = _RUN["allow_small_splits"].default,
     max_cost: float | None = None,
     max_calls: int | None = None,
     run_name: str | None = None,
-    new: bool = False,
+    new: bool = _RUN["new"].default,
     tracking_uri: str | None = None,
     storage: str | None = None,
     verbose: bool = False,
@@ -50,11 +62,11 @@ def optimize(
     """Find which prompt makes a memory system fail, rewrite only that prompt, and measure the
     change.
 
-    The same run as ``optloop run`` with the matching flags: the dataset is split by episode, the
-    baseline's failures are attributed and blamed, the optimizer rewrites the blamed sites within
-    ``budget`` evaluations on dev, and the baseline and the best candidate are compared on the
-    held-out test split. Every trial is an MLflow run; the same call resumes an unfinished run of
-    the same settings (``new=True`` starts afresh).
+    The same run as ``optloop run`` with the matching flags, and the same defaults: the dataset is
+    split by episode, the baseline's failures are attributed and blamed, the optimizer rewrites the
+    blamed sites within ``budget`` evaluations on dev, and the baseline and the best candidate are
+    compared on the held-out test split. Every trial is an MLflow run; the same call resumes an
+    unfinished run of the same settings (``new=True`` starts afresh).
 
     Example:
 
@@ -77,7 +89,12 @@ def optimize(
         budget:
             Candidate evaluations on the dev split.
         optimizer:
-            ``simba``, ``gepa``, ``optuna`` or ``edit``.
+            ``simba``, ``gepa``, ``optuna`` or ``edit``; :obj:`None` is the command's rule
+            (:func:`optloop.loop.request.default_optimizer`): ``edit`` when the instructions
+            would be written by the embedded model (``proposer_lm``, else ``lm``, is ``local``),
+            ``simba`` when by an endpoint. Until this version the function's default was
+            ``simba`` whatever the LM: a call that relied on it on the embedded model now runs
+            ``edit``, as ``optloop run`` always did (pass ``optimizer="simba"`` for the old run).
         lm:
             The LM spec: ``local`` (the embedded model), ``local:<name>`` (a model of
             ``python -m optloop.models list``, e.g. ``local:qwen2.5-coder-1.5b``),
@@ -97,7 +114,7 @@ def optimize(
         knobs:
             ``{knob: value}`` to start from, e.g. ``{"top_k": 3}``.
         split:
-            Train, dev and test shares of the episodes; :obj:`None` is ``(0.5, 0.25, 0.25)``.
+            Train, dev and test shares of the episodes; :obj:`None` is the default.
         promote_if:
             ``ci`` moves the registry's ``champion`` alias only when the held-out gain's 95% CI
             lies above 0; ``delta`` on any positive gain.
@@ -130,7 +147,8 @@ def optimize(
         storage:
             The Optuna storage URL (``optimizer="optuna"``).
         verbose:
-            Show library log lines.
+            Accepted for the command's ``--verbose``; a library call leaves logging to its
+            program.
 
     Returns:
         The run's :class:`~optloop.loop.state.LoopResult`: dev and held-out accuracies with their
@@ -147,55 +165,42 @@ def optimize(
             ``max_cost`` or ``max_calls`` was reached; the run is saved and the same call with a
             higher limit resumes it.
     """
-    argv = [
-        "--system",
-        system,
-        "--budget",
-        str(budget),
-        "--optimizer",
-        optimizer,
-        "--seed",
-        str(seed),
-        "--promote-if",
-        promote_if,
-    ]
-    flags: dict[str, Any] = {
-        "--dataset": dataset,
-        "--batch": batch if batch != 1 else None,
-        "--lm": lm,
-        "--proposer-lm": proposer_lm,
-        "--lm-base-url": lm_base_url,
-        "--concurrency": concurrency,
-        "--max-cost": max_cost,
-        "--max-calls": max_calls,
-        "--run-name": run_name,
-        "--tracking-uri": tracking_uri,
-        "--storage": storage,
-        "--sites": ",".join(sites) if sites else None,
-        "--split": ",".join(map(str, split)) if split else None,
-    }
-    for flag, value in flags.items():
-        if value is not None:
-            argv += [flag, str(value)]
-    for site, text in (start or {}).items():
-        argv += ["--start", f"{site}={text}"]
-    for name, value in (knobs or {}).items():
-        argv += ["--knob", f"{name}={value}"]
-    argv += [
-        flag
-        for flag, on in (
-            ("--untargeted", untargeted),
-            ("--allow-small-splits", allow_small_splits),
-            ("--query-rewrite", query_rewrite),
-            ("--new", new),
-            ("--no-control", not control),
-            ("--verbose", verbose),
-        )
-        if on
-    ]
     os.environ.update(
         offline_defaults()
     )  # before DSPy, litellm and the memory libraries are imported
     from optloop.run import execute
 
-    return execute(argv)
+    options = checked(
+        RunOptions,
+        run_name=run_name,
+        new=new,
+        allow_small_splits=allow_small_splits,
+        limits=checked(SpendingLimits, max_cost=max_cost, max_calls=max_calls),
+    )
+    settings, proposer = run_lms(
+        system, lm, proposer_lm, base_url=lm_base_url, concurrency=concurrency
+    )
+    config = loop_config(
+        settings,
+        proposer,
+        system=system,
+        dataset=dataset,
+        budget=budget,
+        optimizer=optimizer,
+        seed=seed,
+        untargeted=untargeted,
+        sites=[name.strip() for name in sites or () if name.strip()] or None,
+        run_name=run_name,
+        tracking_uri=tracking_uri,
+        storage=storage,
+        lm=lm,
+        proposer_lm=proposer_lm,
+        knobs=dict(knobs or {}),
+        start=dict(start or {}),
+        fractions=split,
+        promote_if=promote_if,
+        query_rewrite=query_rewrite,
+        batch=batch,
+        control=control,
+    )
+    return execute(RunRequest(config, settings, proposer, options))

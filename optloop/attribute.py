@@ -87,6 +87,10 @@ logger = logging.getLogger(__name__)
 # The command's own (main, main_traces); the functions it calls report through a callback.
 console = make_console()
 
+# What the command and attribute() attribute when not told: written here once, read by both.
+DEFAULT_SYSTEM = "rag_bm25"
+DEFAULT_DATASET = "builtin:tiny"
+
 
 class EpisodeDone(BaseModel):
     """One episode run, traced and attributed, as :func:`attribute_dataset` reports it to its
@@ -655,10 +659,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = CommandParser("python -m optloop.attribute", __doc__, lm=True)
     parser.add_argument(
         "--system",
-        default="rag_bm25",
+        default=DEFAULT_SYSTEM,
         help=f"memory system, or a comma-separated list with --faults ({', '.join(SYSTEMS)})",
     )
-    parser.add_argument("--dataset", default="builtin:tiny", help=dataset_help())
+    parser.add_argument("--dataset", default=DEFAULT_DATASET, help=dataset_help(DEFAULT_DATASET))
     parser.add_argument(
         "--faults", choices=["planted"], help="run the planted-fault harness instead"
     )
@@ -847,8 +851,8 @@ class AttributionReport(BaseModel):
 
 
 def attribute(
-    system: str = "rag_bm25",
-    dataset: str = "builtin:tiny",
+    system: str = DEFAULT_SYSTEM,
+    dataset: str = DEFAULT_DATASET,
     lm: str | None = None,
     *,
     lm_base_url: str | None = None,
@@ -915,7 +919,7 @@ def attribute(
     cls = get_system(system)
     load_dataset(dataset)  # a malformed dataset fails here, before any LLM call
     settings = LMSettings.from_spec(
-        lm, base_url=lm_base_url, concurrency=concurrency, **cls.local_decoding
+        lm, defaults=cls.local_decoding, base_url=lm_base_url, concurrency=concurrency
     )
     model = OptloopLM(settings)
     with tempfile.TemporaryDirectory(prefix="optloop-attr-") as tmp:

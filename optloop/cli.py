@@ -62,7 +62,7 @@ _DATASET_FORMS = {
 }
 
 
-def dataset_help(default: str = "builtin:tiny") -> str:
+def dataset_help(default: str) -> str:
     """``--dataset``'s help, naming every dataset kind the registries hold
     (``optloop.datasets.LOADERS``, the built-in datasets, the synthetic generators)."""
     from optloop.datasets import LOADERS
@@ -207,24 +207,25 @@ def lm_settings_from_args(
     args: argparse.Namespace, defaults: Mapping[str, Any] | None = None
 ) -> LMSettings:
     """The settings :func:`lm_from_args` builds its LM from (no LM, no cache file yet)."""
-    return LMSettings.from_spec(
-        args.lm,
-        base_url=args.lm_base_url,
-        timeout_s=args.lm_timeout,
-        max_retries=args.lm_retries,
-        n_ctx=_first_set(getattr(args, "lm_n_ctx", None), (defaults or {}).get("n_ctx")),
-        max_array_items=_first_set(
-            getattr(args, "lm_max_items", None), (defaults or {}).get("max_array_items")
-        ),
-        max_string_chars=_first_set(
-            getattr(args, "lm_max_chars", None), (defaults or {}).get("max_string_chars")
-        ),
-        cache=False if args.no_cache else None,
-        rpm=getattr(args, "rpm", None),
-        tpm=getattr(args, "tpm", None),
-        concurrency=getattr(args, "concurrency", None),
-        schema_mode=getattr(args, "lm_schema_mode", None),
-    )
+    return LMSettings.from_spec(args.lm, defaults=defaults, **lm_overrides(args))
+
+
+def lm_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The LM flags (:func:`add_lm_arguments`) as :class:`LMSettings` fields, None where a flag
+    is not given (or the parser has no such flag)."""
+    return {
+        "base_url": args.lm_base_url,
+        "timeout_s": args.lm_timeout,
+        "max_retries": args.lm_retries,
+        "n_ctx": getattr(args, "lm_n_ctx", None),
+        "max_array_items": getattr(args, "lm_max_items", None),
+        "max_string_chars": getattr(args, "lm_max_chars", None),
+        "cache": False if args.no_cache else None,
+        "rpm": getattr(args, "rpm", None),
+        "tpm": getattr(args, "tpm", None),
+        "concurrency": getattr(args, "concurrency", None),
+        "schema_mode": getattr(args, "lm_schema_mode", None),
+    }
 
 
 def _concurrency(text: str) -> int | str:
@@ -238,10 +239,6 @@ def _concurrency(text: str) -> int | str:
         raise argparse.ArgumentTypeError(
             f"{text!r}: give auto or a whole number from 1 to 1024"
         ) from None
-
-
-def _first_set(*values: Any) -> Any:
-    return next((v for v in values if v is not None), None)
 
 
 class _StdoutHandler(logging.StreamHandler):

@@ -1,7 +1,12 @@
 """``python -m optloop.run``: the closed loop (find which prompt makes a memory system fail,
 rewrite only that one, measure), wired from its flags (:mod:`optloop.run_args`, whose docstring is
 the ``--help`` manual), the run it resumes (:mod:`optloop.run_resume`) and what it prints
-(:mod:`optloop.run_tables`)."""
+(:mod:`optloop.run_tables`).
+
+The work after the flags is a function of typed objects, shared with ``optloop.optimize``:
+:func:`prepare` checks a :class:`~optloop.loop.request.RunRequest` (what the flags, or the API's
+arguments, ask for) against the world and builds its :class:`Loop`; :func:`execute` runs it and
+returns the result. Only :func:`main` parses flags and prints."""
 
 from __future__ import annotations
 
@@ -15,7 +20,6 @@ os.environ.update(
 if __name__ == "__main__":  # run as a command (not imported): tqdm's bars off unless --verbose
     os.environ.update(quiet_defaults())
 
-import argparse
 import json
 import logging
 import sys
@@ -26,39 +30,39 @@ from pathlib import Path
 from rich.text import Text
 
 from optloop import artifacts, preflight
-from optloop.cli import lm_settings_from_args, parse_command, run_cli
+from optloop.cli import parse_command, run_cli
 from optloop.datasets import Dataset
-from optloop.datasets.defaults import default_dataset
 from optloop.errors import CallsFailedError, ConfigError, EndpointDownError, LMUnreachableError
 from optloop.interrupt import interruptible
 from optloop.lm import LMSettings, OptloopLM
 from optloop.loop import checkpoint_guard
+from optloop.loop.config import LoopConfig
 from optloop.loop.policy import check_split_sizes, questions
+from optloop.loop.request import RunRequest
 from optloop.loop.runner import Checkpoint, Loop, check_start_sites, split_dataset
-from optloop.loop.spend import (
-    ESTIMATE,
-    EXIT_LIMIT,
-    RunStopped,
-    SpendingLimits,
-)
-from optloop.loop.state import LoopConfig, LoopResult
+from optloop.loop.spend import ESTIMATE, EXIT_LIMIT, RunStopped
+from optloop.loop.state import LoopResult
 from optloop.output import make_console
 from optloop.outside import RunPlace, describe_run, saved_line
 from optloop.paths import state_dir, write_atomic
 from optloop.progress import LOG_NAME, RunProgress
-from optloop.run_args import build_parser, check_priced, default_optimizer, run_config
+from optloop.run_args import build_parser, run_request
 from optloop.run_resume import choose_run, resume_command
 from optloop.run_tables import (
     estimate_lines,
     estimate_table,
     fault_line,
+    model_name,
     print_projection,
     stopped_line,
     summary_table,
     tried_table,
 )
 from optloop.tracking import resolve_uri
-from systems import get_system
+
+# What a run started from Python (optloop.optimize) says resumes it, where the command names
+# itself.
+API_AGAIN = "the same optloop.optimize(...) call"
 
 # In a log file (no terminal) the tables get room to be read ($COLUMNS, else 120 columns).
 console = make_console(stderr=True)
@@ -122,48 +126,41 @@ class PreparedRun:
         return progress
 
 
-def prepare(args: argparse.Namespace, argv: Sequence[str]) -> PreparedRun:
-    """Everything ``optloop run`` checks before it starts, in order, and the run it starts: bad
-    input fails here (:class:`ConfigError`, exit 2) with nothing written, an unavailable endpoint
-    with
-    :class:`EndpointDownError` (exit 75)."""
-    if args.new and args.run_name:
-        raise ConfigError(
-            "--new and --run-name exclude each other: --run-name names the run to start or resume"
-        )
-    get_system(args.system)
+def check_priced(settings: LMSettings, proposer: LMSettings | None) -> None:
+    """``--max-cost`` needs every LM of the run to have a price: without one its calls cost
+    "nothing" and the limit would never stop the run. A :class:`ConfigError` (exit 2) naming the
+    model, before anything is written."""
+    for which, lm in (("", settings), ("the proposer LM ", proposer)):
+        if lm is not None and lm.price() is None:
+            raise ConfigError(
+                f"--max-cost: {which}{model_name(lm)} has no price in litellm's model cost map, "
+                "so its dollars are unknown; limit the run with --max-calls N instead"
+            )
+
+
+def prepare(request: RunRequest, again: str) -> PreparedRun:
+    """Everything a run checks before it starts, in order, and the run it starts: bad input fails
+    here (:class:`ConfigError`, exit 2) with nothing written, an unavailable endpoint with
+    :class:`EndpointDownError` (exit 75). ``again`` says how to resume the run (the command, for
+    ``optloop run``), in the line a fault from outside ends with."""
+    config, settings, proposer_settings, options = (
+        request.config,
+        request.lm,
+        request.proposer,
+        request.options,
+    )
     from optloop.datasets import load_dataset
 
-    if args.dataset is None:
-        args.dataset = default_dataset(args.system).uri
     dataset = load_dataset(
-        args.dataset
+        config.dataset
     )  # a malformed dataset fails here, before any LLM call or any state
-    decoding = get_system(args.system).local_decoding
-    settings = lm_settings_from_args(args, decoding)
-    proposer_settings = (
-        lm_settings_from_args(
-            argparse.Namespace(**{**vars(args), "lm": args.proposer_lm}), decoding
-        )
-        if args.proposer_lm
-        else None
-    )
-    if args.optimizer is None:
-        args.optimizer = default_optimizer(proposer_settings or settings)
-    config = run_config(args, settings)
-    if args.max_cost is not None:
+    if options.limits.max_cost is not None:
         check_priced(settings, proposer_settings)
-    limits = SpendingLimits(
-        max_cost=args.max_cost,
-        max_calls=args.max_calls,
-        estimate=args.estimate,
-        max_failed_share=args.max_failed_share,
-    )
     # Everything the loop would refuse is refused now, before the LM (and its cache file) exists.
     train, dev, test = split_dataset(dataset, config)
-    if not args.allow_small_splits:
+    if not options.allow_small_splits:
         check_split_sizes(config.dataset, questions(dev), questions(test))
-    choice = choose_run(args, config, state_dir(create=False) / "runs")
+    choice = choose_run(options, config, state_dir(create=False) / "runs")
     config = config.model_copy(update={"run_name": choice.name})
     endpoint_lines: list[str] = []
     probe = probe_lm(
@@ -176,7 +173,6 @@ def prepare(args: argparse.Namespace, argv: Sequence[str]) -> PreparedRun:
     tracking_uri = resolve_uri(config.tracking_uri, create=False)
     # The tracking server and the storage answer, the stores are writable: before any write.
     preflight.check_run(tracking_uri, config.storage, state_dir(create=False), runs / choice.name)
-    again = resume_command(argv)
     checkpoint = runs / choice.name / artifacts.CHECKPOINT
     describe_run(
         RunPlace(
@@ -185,7 +181,7 @@ def prepare(args: argparse.Namespace, argv: Sequence[str]) -> PreparedRun:
             lambda: saved_line(checkpoint, choice.name, config.budget, again),
         )
     )
-    broken = checkpoint_guard.broken_runs(runs, config) if args.new else []
+    broken = checkpoint_guard.broken_runs(runs, config) if options.new else []
     for line in checkpoint_guard.retire(broken, tracking_uri):  # --new past a broken checkpoint
         console.print(line, soft_wrap=True, markup=False, highlight=False)
     lm = OptloopLM(
@@ -196,8 +192,8 @@ def prepare(args: argparse.Namespace, argv: Sequence[str]) -> PreparedRun:
         config,
         lm,
         proposer,
-        auto_named=not args.run_name,
-        limits=limits,
+        auto_named=not options.run_name,
+        limits=options.limits,
         prepared=(dataset, train, dev, test),
     )
     return PreparedRun(
@@ -215,18 +211,20 @@ def prepare(args: argparse.Namespace, argv: Sequence[str]) -> PreparedRun:
     )
 
 
-def execute(argv: Sequence[str]) -> LoopResult:
-    """What ``optloop run ARGV`` runs, its result returned instead of printed
-    (``optloop.optimize``).
+def execute(request: RunRequest, again: str = API_AGAIN) -> LoopResult:
+    """The run ``request`` asks for, its result returned instead of printed (``optloop.optimize``;
+    ``optloop run`` prints it).
 
     Raises what the command turns into exit codes: :class:`~optloop.errors.OptloopError` (bad
     input, an unavailable endpoint, an unwritable state), :class:`~optloop.loop.spend.RunStopped`
     (a spending limit or ``--estimate``: the run is saved), :class:`KeyboardInterrupt`."""
-    argv = list(argv)
-    run = prepare(build_parser().parse_args(argv), argv)
-    with run.start().shown() as progress:
-        run.loop.progress = progress
-        return run.loop.run()
+    try:
+        run = prepare(request, again)
+        with run.start().shown() as progress:
+            run.loop.progress = progress
+            return run.loop.run()
+    finally:
+        describe_run(None)  # what the call said of its run ends with it
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -234,7 +232,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_command(build_parser(), argv)
     if not args.verbose:  # DSPy's optimizers log every step; our status line says what runs
         logging.getLogger("dspy").setLevel(logging.ERROR)
-    run = prepare(args, argv)
+    run = prepare(run_request(args), resume_command(argv))
     config, settings, lm, proposer, loop = (
         run.config,
         run.settings,
@@ -309,7 +307,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if faults := fault_line(lm.accounting.totals()):
         progress.show(faults)
     progress.show(
-        f"MLflow parent run {result.parent_run_id} (experiment optloop-{args.system}); "
+        f"MLflow parent run {result.parent_run_id} (experiment optloop-{config.system}); "
         "`make ui` to compare"
     )
     if args.json:

@@ -110,33 +110,33 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import TYPE_CHECKING
 
-from optloop.cli import CommandParser, dataset_help
-from optloop.datasets.defaults import default_dataset, defaults_help
+from optloop.cli import CommandParser, dataset_help, lm_overrides
+from optloop.datasets.defaults import defaults_help
 from optloop.errors import ConfigError
 from optloop.failures import ALLOWED_SHARE
-from optloop.lm import LMSettings
+from optloop.loop.config import MAX_BATCH, MAX_BUDGET, OPTIMIZER_NAMES, LoopConfig, check_fractions
 from optloop.loop.policy import FEW_QUESTIONS
-from optloop.loop.runner import MAX_BUDGET, LoopConfig, check_fractions
-from optloop.loop.state import MAX_BATCH
-from optloop.run_tables import model_name
+from optloop.loop.request import ANSWER_SETTINGS as ANSWER_SETTINGS
+from optloop.loop.request import RunOptions, RunRequest, checked, loop_config, run_lms
+from optloop.loop.request import answer_settings as answer_settings
+from optloop.loop.request import default_optimizer as default_optimizer
+from optloop.loop.spend import SpendingLimits
 from systems import SYSTEMS
 
-# The LM settings that change what the model answers: part of a run's settings
-# (LoopConfig.lm_settings), so the same command with another context window or decoding bound is
-# another run. The endpoint's URL, timeout and retries are not (a server that moved still serves
-# the same run).
-ANSWER_SETTINGS = (
-    "backend",
-    "model",
-    "schema_mode",
-    "temperature",
-    "max_tokens",
-    "seed",
-    "n_ctx",
-    "max_string_chars",
-    "max_array_items",
-)
+if TYPE_CHECKING:
+    from optloop.lm import LMSettings
+
+# The flags' defaults are the config models' (optloop.loop.config, optloop.loop.request): written
+# there once, read by this parser and by optloop.optimize alike.
+_LOOP = LoopConfig.model_fields
+# --promote-if's choices, each with when it moves the champion alias.
+_PROMOTE_IF = {
+    "ci": "when the 95%% CI of its held-out gain lies above 0, i.e. the gain is unlikely to be "
+    "noise",
+    "delta": "when the point gain is above 0 (on a small test split that also promotes noise)",
+}
 
 
 def _whole_number(text: str, low: int, high: float, what: str) -> int:
@@ -210,10 +210,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _OneLineParser("python -m optloop.run", __doc__, lm=True)
     parser.add_argument(
         "--system",
-        default="mem0",
+        default=_LOOP["system"].default,
         choices=list(SYSTEMS),
         metavar="SYSTEM",
-        help=f"memory system: {', '.join(SYSTEMS)} (default mem0)",
+        help=f"memory system: {', '.join(SYSTEMS)} (default %(default)s)",
     )
     parser.add_argument(
         "--dataset",
@@ -223,11 +223,14 @@ def build_parser() -> argparse.ArgumentParser:
         + defaults_help(),
     )
     parser.add_argument(
-        "--budget", type=_budget, default=3, help="candidate evaluations on dev (default 3)"
+        "--budget",
+        type=_budget,
+        default=_LOOP["budget"].default,
+        help="candidate evaluations on dev (default %(default)s)",
     )
     parser.add_argument(
         "--optimizer",
-        choices=["simba", "gepa", "optuna", "edit"],
+        choices=list(OPTIMIZER_NAMES),
         default=None,
         help="simba, gepa, optuna (TPE over proposed instructions and knobs), or edit "
         "(GrIPS-style phrase edits of the blamed instruction: delete, swap, paraphrase, add "
@@ -242,16 +245,20 @@ def build_parser() -> argparse.ArgumentParser:
         "same spec syntax as --lm; default: the system's LM",
     )
     parser.add_argument(
-        "--seed", type=int, default=0, help="split, optimizer and bootstrap seed (default 0)"
+        "--seed",
+        type=int,
+        default=_LOOP["seed"].default,
+        help="split, optimizer and bootstrap seed (default %(default)s)",
     )
     parser.add_argument(
         "--split",
         type=_split,
-        default=LoopConfig.model_fields["fractions"].default,
+        default=_LOOP["fractions"].default,
         metavar="TRAIN,DEV,TEST",
-        help="shares of the episodes for train, dev and test (default 0.5,0.25,0.25; each above "
-        "0, summing to 1). A 95%% CI on n questions spans about ±1/sqrt(n): 24 test questions, "
-        "±0.2; give dev and test more (0.4,0.3,0.3) or use more episodes",
+        help="shares of the episodes for train, dev and test (default "
+        + ",".join(f"{share:g}" for share in _LOOP["fractions"].default)
+        + "; each above 0, summing to 1). A 95%% CI on n questions spans about ±1/sqrt(n): 24 "
+        "test questions, ±0.2; give dev and test more (0.4,0.3,0.3) or use more episodes",
     )
     parser.add_argument(
         "--allow-small-splits",
@@ -262,23 +269,24 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--batch",
         type=_batch,
-        default=1,
+        default=_LOOP["batch"].default,
         metavar="K",
         help="candidates evaluated at once, one optimizer round's (an edit round, SIMBA's best K "
         "new programs of a step, K Optuna asks), each on its own stores, under the one "
-        "--concurrency limit (default 1). On an endpoint, where one evaluation is floored by "
-        "its longest episode's sequential calls, K candidates share that floor (see "
+        "--concurrency limit (default %(default)s). On an endpoint, where one evaluation is "
+        "floored by its longest episode's sequential calls, K candidates share that floor (see "
         "experiments/results/batch.md); on the embedded model, one call at a time, it gains "
         "nothing. Which candidates a run tries depends on K (same --seed and K: same run)",
     )
     parser.add_argument(
         "--promote-if",
-        choices=["ci", "delta"],
-        default="ci",
-        help="when the prompt registry's champion alias moves to the best candidate: ci (default) "
-        "when the 95%% CI of its held-out gain lies above 0, i.e. the gain is unlikely to be "
-        "noise; delta when the point gain is above 0 (on a small test split that also promotes "
-        "noise)",
+        choices=list(_PROMOTE_IF),
+        default=_LOOP["promote_if"].default,
+        help="when the prompt registry's champion alias moves to the best candidate: "
+        + "; ".join(
+            f"{name}{' (default)' if name == _LOOP['promote_if'].default else ''} {when}"
+            for name, when in _PROMOTE_IF.items()
+        ),
     )
     parser.add_argument(
         "--no-control",
@@ -403,33 +411,44 @@ def _knobs(pairs: list[str]) -> dict[str, object]:
     return knobs
 
 
-def default_optimizer(proposer: LMSettings) -> str:
-    """The optimizer a run gets without ``--optimizer``: ``edit`` when ``proposer`` (the LM that
-    would write new instructions) is the embedded model, ``simba`` when it is an endpoint.
+def run_options(args: argparse.Namespace) -> RunOptions:
+    """How this process takes part in the run, from the flags: --run-name, --new (not both),
+    --allow-small-splits and the spending limits."""
+    return checked(
+        RunOptions,
+        run_name=args.run_name,
+        new=args.new,
+        allow_small_splits=args.allow_small_splits,
+        limits=SpendingLimits(
+            max_cost=args.max_cost,
+            max_calls=args.max_calls,
+            estimate=args.estimate,
+            max_failed_share=args.max_failed_share,
+        ),
+    )
 
-    SIMBA, GEPA and Optuna ask the proposer for new instruction text; the embedded 135M model
-    writes text such as "I don't know" as an answer instruction. The edit optimizer only cuts,
-    swaps and restores units of the library's own instructions, so its candidates read as
-    prompts a person could ship whatever the proposer.
-    """
-    return "edit" if proposer.backend == "local" else "simba"
 
-
-def run_config(args: argparse.Namespace, settings: LMSettings) -> LoopConfig:
-    """The run's settings from the flags (the run name is chosen later: see :func:`choose_run`)."""
-    return LoopConfig(
+def run_config(
+    args: argparse.Namespace, settings: LMSettings, proposer: LMSettings | None = None
+) -> LoopConfig:
+    """The run's settings from the flags, on the LM ``settings`` (``proposer``: --proposer-lm's);
+    what a flag leaves unset follows :func:`optloop.loop.request.loop_config`'s rules (the run name
+    is chosen later: see :func:`choose_run`)."""
+    return loop_config(
+        settings,
+        proposer,
         system=args.system,
-        dataset=args.dataset or default_dataset(args.system).uri,
+        dataset=args.dataset,
         budget=args.budget,
-        optimizer=args.optimizer or default_optimizer(settings),
+        optimizer=args.optimizer,
         seed=args.seed,
         untargeted=args.untargeted,
         sites=[s.strip() for s in args.sites.split(",") if s.strip()] if args.sites else None,
-        run_name=args.run_name or "-",
+        run_name=args.run_name,
         tracking_uri=args.tracking_uri,
         storage=args.storage,
-        lm=args.lm or "local",
-        proposer_lm=args.proposer_lm or "same",
+        lm=args.lm,
+        proposer_lm=args.proposer_lm,
         knobs=_knobs(args.knob),
         start=_pairs(args.start, "--start", "SITE=TEXT, e.g. --start 'answer=+Be brief.'"),
         fractions=args.split,
@@ -437,27 +456,12 @@ def run_config(args: argparse.Namespace, settings: LMSettings) -> LoopConfig:
         query_rewrite=args.query_rewrite,
         batch=args.batch,
         control=args.control,
-        lm_settings=answer_settings(settings),
     )
 
 
-def answer_settings(settings: LMSettings) -> dict[str, object]:
-    """:data:`ANSWER_SETTINGS` of ``settings``. The embedded model decodes every schema in-process,
-    whatever the schema mode: its runs keep the mode they were started under (json_schema), so they
-    still resume."""
-    out = settings.model_dump(mode="json", include=set(ANSWER_SETTINGS))
-    if settings.backend == "local":
-        out["schema_mode"] = "json_schema"
-    return out
-
-
-def check_priced(settings: LMSettings, proposer: LMSettings | None) -> None:
-    """``--max-cost`` needs every LM of the run to have a price: without one its calls cost
-    "nothing" and the limit would never stop the run. A :class:`ConfigError` (exit 2) naming the
-    model, before anything is written."""
-    for which, lm in (("", settings), ("the proposer LM ", proposer)):
-        if lm is not None and lm.price() is None:
-            raise ConfigError(
-                f"--max-cost: {which}{model_name(lm)} has no price in litellm's model cost map, "
-                "so its dollars are unknown; limit the run with --max-calls N instead"
-            )
+def run_request(args: argparse.Namespace) -> RunRequest:
+    """The run the flags ask for, as :func:`optloop.run.prepare` takes it: the same objects
+    ``optloop.optimize`` builds from its arguments."""
+    options = run_options(args)  # --new with --run-name is refused before anything else
+    settings, proposer = run_lms(args.system, args.lm, args.proposer_lm, **lm_overrides(args))
+    return RunRequest(run_config(args, settings, proposer), settings, proposer, options)

@@ -3,16 +3,28 @@ latest unfinished run of the same settings, and the command that resumes it."""
 
 from __future__ import annotations
 
-import argparse
 import shlex
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from optloop.errors import ConfigError
 from optloop.loop import checkpoint_guard
 from optloop.loop.runner import Checkpoint, LoopConfig, matches, unfinished_runs
+
+
+class Asked(Protocol):
+    """Which run was asked for: by name (``run_name``), or a new one (``new``); else the latest
+    unfinished run of the same settings. :class:`~optloop.loop.request.RunOptions` is one, and so
+    is ``optloop run``'s parsed flags."""
+
+    @property
+    def run_name(self) -> str | None: ...
+
+    @property
+    def new(self) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -25,7 +37,7 @@ class Choice:
     line: str
 
 
-def choose_run(args: argparse.Namespace, config: LoopConfig, runs: Path) -> Choice:
+def choose_run(args: Asked, config: LoopConfig, runs: Path) -> Choice:
     """``--run-name`` (refused when finished or started with other settings); else, unless
     ``--new``, the latest unfinished run started without ``--run-name`` from the same settings (one
     a live process holds is left to it, unless its optimizer shares the run between workers); else

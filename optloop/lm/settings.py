@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import urllib.parse
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -143,11 +144,18 @@ class LMSettings(BaseModel):
         return self
 
     @classmethod
-    def from_spec(cls, spec: str | None = None, **overrides: Any) -> LMSettings:
+    def from_spec(
+        cls,
+        spec: str | None = None,
+        *,
+        defaults: Mapping[str, Any] | None = None,
+        **overrides: Any,
+    ) -> LMSettings:
         """Parse a spec string (see :mod:`optloop.lm`); ``None`` reads ``OPTLOOP_LM``.
 
         ``overrides`` set any other field; ``None`` values are ignored so CLI
-        flags left unset fall through to the environment and defaults.
+        flags left unset fall through to ``defaults`` (a system's ``local_decoding``: the fields
+        it sets where the caller sets none), the environment and the fields' defaults.
         """
         spec = (spec or os.environ.get("OPTLOOP_LM") or "local").strip()
         fields: dict[str, Any] = {}
@@ -169,6 +177,7 @@ class LMSettings(BaseModel):
                 "list), 'local:/path/model.gguf' or 'openai:<model>' (with --lm-base-url for "
                 "vLLM, Ollama or a llama.cpp server)"
             )
+        fields.update({k: v for k, v in (defaults or {}).items() if v is not None})
         fields.update({k: v for k, v in overrides.items() if v is not None})
         try:
             settings = cls(**fields)

@@ -8,8 +8,8 @@ result back with :meth:`Optimizer.observe`. Each optimizer changes only its
 moves the blame.
 
 - **SIMBA** (the default when an endpoint writes the instructions; ``edit`` on the embedded
-  model, :func:`optloop.run_args.default_optimizer`): one SIMBA step per round on the train split
-  (:mod:`optloop.loop.simba`), on :class:`MemoryProgram` s whose only predictors
+  model, :func:`optloop.loop.request.default_optimizer`): one SIMBA step per round on the
+  train split (:mod:`optloop.loop.simba`), on :class:`MemoryProgram` s whose only predictors
   are the blamed sites and whose metric returns the attribution beside the score.
   The program pool and its scores are kept across rounds (and across a resume,
   in ``<work>/pool.json``); each round's best new program is queued (with

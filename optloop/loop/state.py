@@ -1,4 +1,5 @@
-"""What a loop run is configured by, persists and returns: config, checkpoint, trials, result.
+"""What a loop run persists and returns: checkpoint, trials, result; and, from
+:mod:`optloop.loop.config` where it is defined, what it is configured by (:class:`LoopConfig`).
 
 These are plain data (pydantic models): the controller (:mod:`optloop.loop.controller`)
 reads and writes them, the checkpoint file holds them between runs, and every
@@ -8,130 +9,26 @@ worker of a shared run exchanges them. Nothing here does I/O except
 
 from __future__ import annotations
 
-import hashlib
-import json
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field
 
 from optloop.attribution.taxonomy import Target
 from optloop.errors import ConfigError
 from optloop.loop.candidate import Candidate
+
+# Defined in optloop.loop.config (imported without the loop's libraries), read here as before.
+from optloop.loop.config import MAX_BATCH as MAX_BATCH
+from optloop.loop.config import MAX_BUDGET as MAX_BUDGET
+from optloop.loop.config import LoopConfig as LoopConfig
+from optloop.loop.config import _digest as _digest
+from optloop.loop.config import check_fractions as check_fractions
 from optloop.loop.evaluate import Evaluation
 from optloop.paths import write_atomic
 from optloop.stats import Interval
-
-MAX_BUDGET = 500
-MAX_BATCH = 64
-
-
-def check_fractions(fractions: tuple[float, ...]) -> tuple[float, float, float]:
-    """``fractions`` if they are three shares above 0 summing to 1 (within 1e-6), else a ValueError
-    saying what to fix."""
-    if len(fractions) != 3:
-        raise ValueError(
-            f"give three fractions TRAIN,DEV,TEST (e.g. 0.5,0.25,0.25), not {len(fractions)}"
-        )
-    if any(not f > 0 for f in fractions):
-        raise ValueError("every fraction must be above 0: each split needs episodes")
-    if abs(sum(fractions) - 1) > 1e-6:
-        raise ValueError(f"the fractions sum to {sum(fractions):g}; they must sum to 1")
-    return fractions[0], fractions[1], fractions[2]
-
-
-class LoopConfig(BaseModel):
-    """Everything a run depends on (logged as the parent run's params)."""
-
-    system: str
-    dataset: str = "builtin:tiny"
-    budget: int = Field(3, ge=1, le=MAX_BUDGET)
-    optimizer: Literal["simba", "gepa", "optuna", "edit"] = "simba"
-    seed: int = 0
-    untargeted: bool = False
-    sites: list[str] | None = None
-    run_name: str
-    tracking_uri: str | None = None
-    storage: str | None = None
-    lm: str = "local"
-    proposer_lm: str = "same"
-    knobs: dict[str, Any] = Field(default_factory=dict)
-    start: dict[str, str] = Field(
-        default_factory=dict,
-        description="site -> instruction the run starts from instead of the system's own "
-        "('+TEXT': appended to it) (a product's current prompt, or a benchmark's sabotage)",
-    )
-    fractions: tuple[float, float, float] = (0.5, 0.25, 0.25)
-    promote_if: Literal["ci", "delta"] = Field(
-        "ci",
-        description="the champion alias moves when the held-out "
-        "delta's CI is above 0 (ci) or its point (delta)",
-    )
-    lm_settings: dict[str, Any] = Field(
-        default_factory=dict,
-        description="the LM settings that change answers (context window, decoding "
-        "bounds, temperature, ...); not the endpoint's URL, timeout or "
-        "retries",
-    )
-    query_rewrite: bool = Field(
-        False,
-        description="give the system its retrieve.query site: an LLM rewrite of "
-        "the question before the search (--query-rewrite)",
-    )
-    batch: int = Field(
-        1,
-        ge=1,
-        le=MAX_BATCH,
-        description="candidates evaluated at once, one optimizer round's (--batch): which "
-        "candidates a run tries depends on it",
-    )
-    control: bool = Field(
-        True,
-        description="evaluate the trivial-instruction control on dev and test beside the start "
-        "program and the best (--no-control skips it: the report then cannot say what the "
-        "loop's writing earned beyond a trivial instruction)",
-    )
-
-    @field_validator("fractions")
-    @classmethod
-    def _fractions(cls, value: tuple[float, float, float]) -> tuple[float, float, float]:
-        return check_fractions(value)
-
-    def digest(self, *, shared: bool = False, legacy: bool = False) -> str:
-        """What must match for a run name to be resumed (the tracking URI may move), or, with
-        ``shared``, for a worker to join a study (reached by another URL on another machine,
-        perhaps). ``legacy``: the digest of a checkpoint written before ``lm_settings`` existed."""
-        exclude = {"tracking_uri", "storage"} if shared else {"tracking_uri"}
-        return _digest(
-            self.model_dump(
-                exclude=exclude
-                | self._unset_later_fields()
-                | ({"lm_settings"} if legacy or not self.lm_settings else set())
-            )
-        )
-
-    def resume_key(self) -> str:
-        """What must match for ``optloop.run`` without ``--run-name`` to resume an unfinished run:
-        everything that changes results (the run name and the tracking URI do not)."""
-        return _digest(
-            self.model_dump(exclude={"tracking_uri", "run_name"} | self._unset_later_fields())
-        )
-
-    def _unset_later_fields(self) -> set[str]:
-        """Fields added after checkpoints were first written, left out of digests while they hold
-        their default, so that a run started before they existed still resumes."""
-        return (
-            ({"query_rewrite"} if not self.query_rewrite else set())
-            | ({"batch"} if self.batch == 1 else set())
-            | ({"control"} if self.control else set())
-        )
-
-
-def _digest(payload: dict[str, Any]) -> str:
-    return hashlib.sha1(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:12]
-
 
 Cost = dict[str, int | float]
 PROCESSES = "processes"  # the cost key that counts the processes that worked on a run

@@ -4,7 +4,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from experiments.structure import import_cycles, long_lines, longest_classes, longest_modules
+from experiments.structure import (
+    import_cycles,
+    imports_up,
+    long_lines,
+    long_modules,
+    longest_classes,
+    longest_modules,
+    optimizer_names,
+    package_cycles,
+    top_level,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -54,3 +64,53 @@ def test_a_tree_without_cycles_has_none_and_its_sizes_are_counted(tmp_path):
 
 def test_optloop_systems_and_signatures_import_no_cycle():
     assert import_cycles(REPO) == []
+
+
+def test_an_import_from_a_higher_layer_is_reported_with_where_it_stands(tmp_path):
+    root = write(
+        tmp_path,
+        {
+            "optloop/__init__.py": "",
+            "optloop/errors.py": "def f():\n    from optloop.loop import runner\n",
+            "optloop/loop/__init__.py": "",
+            "optloop/loop/runner.py": (
+                "from typing import TYPE_CHECKING\nfrom optloop import errors\n"
+                "if TYPE_CHECKING:\n    from optloop import run\n"
+            ),
+            "optloop/run.py": "from optloop.loop import runner\n",
+        },
+    )
+    up = [(r["importer"], r["imported"], r["where"]) for r in imports_up(root)]
+    assert up == [
+        ("optloop.errors", "optloop.loop.runner", "function"),
+        ("optloop.loop.runner", "optloop.run", "typing"),
+    ]
+    [cycle] = package_cycles(root)
+    assert cycle["parts"] == ["errors", "loop", "run"]
+    assert "optloop.run -> optloop.loop.runner (top)" in cycle["imports"]
+    assert [row["name"] for row in top_level(root)] == [
+        "errors.py",
+        "loop/",
+        "__init__.py",
+        "run.py",
+    ]
+
+
+def test_modules_over_600_lines_and_optimizer_names_spelled_in_code_are_listed(tmp_path):
+    root = write(
+        tmp_path,
+        {
+            "optloop/__init__.py": "",
+            "optloop/long.py": "x = 1\n" * 601,
+            "optloop/names.py": (
+                '"""The edit optimizer."""\nDEFAULT = "edit"\nNAMES = ("simba", "gepa")\n'
+                'TEXT = "simba rules"\n'
+            ),
+        },
+    )
+    assert long_modules(root) == [{"module": "optloop/long.py", "lines": 601}]
+    assert [(r["line"], r["name"]) for r in optimizer_names(root)] == [
+        (2, "edit"),
+        (3, "gepa"),
+        (3, "simba"),
+    ]
