@@ -49,7 +49,7 @@ from optloop.lm import LMSettings, OptloopLM
 from optloop.loop.candidate import SiteState
 from optloop.loop.evaluate import Evaluator
 from optloop.paths import write_atomic
-from optloop.stats import bootstrap_mean
+from optloop.stats import bootstrap_mean, paired_bootstrap_delta
 from systems import get_system
 
 REPO = Path(__file__).resolve().parents[2]
@@ -74,9 +74,11 @@ class Row(BaseModel):
     blamed: dict[str, int]
     given: str = ""
     commit: str = ""  # the code the row was measured with (the process's commit at its start)
+    split: str = "dev"
+    scores: list[float] = []  # per question, in the split's order (paired across variants)
 
     def key(self) -> tuple[str, str, str, str]:
-        return (self.system, self.model, self.dataset, self.variant)
+        return (self.system, self.model, f"{self.dataset} [{self.split}]", self.variant)
 
 
 def model_name(spec: str) -> str:
@@ -97,6 +99,7 @@ def measure(
     sites: Sequence[str],
     home: Path,
     given: str = "",
+    split: str = "dev",
 ) -> Row:
     cls = get_system(system)
     work = home / f"{system}-{model_name(spec)}"
@@ -107,7 +110,8 @@ def measure(
         system, lm, work / variant, embedder=get_embedder("local"), dataset_uri=uri
     )
     try:
-        _, dev, _ = split_episodes(load_dataset(uri), (0.5, 0.25, 0.25), seed=0)
+        dataset = load_dataset(uri)
+        dev = split_episodes(dataset, (0.5, 0.25, 0.25), seed=0)[1] if split == "dev" else dataset
         evaluator.register(dev)
         candidate = evaluator.baseline()
         chosen = list(sites) or [n for n, s in evaluator.sites.items() if s.stage == "ingest"]
@@ -143,6 +147,8 @@ def measure(
         failed_calls=sum(1 for c in calls if c.error),
         blamed=dict(blamed.most_common()),
         given=given if variant == "given" else "",
+        split=split,
+        scores=[float(o.passed) for o in evaluation.outcomes],
     )
 
 
@@ -166,7 +172,7 @@ def to_markdown(rows: Sequence[Row], results: dict[str, Any]) -> str:
             (
                 r.system,
                 r.model,
-                f"`{r.dataset}`",
+                f"`{r.dataset}`" + (" (all)" if r.split == "all" else ""),
                 "own" if r.variant == "own" else f"{r.variant} ({', '.join(r.sites)})",
                 f"{r.accuracy:.3f} [{r.low:.3f}, {r.high:.3f}]",
                 r.n,
@@ -179,6 +185,27 @@ def to_markdown(rows: Sequence[Row], results: dict[str, Any]) -> str:
             for r in rows
         ],
     )
+    pairs = []
+    for a in rows:
+        for b in rows:
+            same = a.key()[:3] == b.key()[:3] and len(a.scores) == len(b.scores) > 0
+            order = ("own", "trivial", "given")
+            if same and order.index(a.variant) > order.index(b.variant):
+                d = paired_bootstrap_delta(b.scores, a.scores, seed=0)
+                verdict = "no measurable change" if d.low <= 0 <= d.high else "measurable"
+                pairs.append(
+                    (
+                        a.system,
+                        a.model,
+                        f"`{a.dataset}`" + (" (all)" if a.split == "all" else ""),
+                        f"{a.variant} - {b.variant}",
+                        f"{d.estimate:+.3f} [{d.low:+.3f}, {d.high:+.3f}] n={d.n} ({verdict})",
+                    )
+                )
+    if pairs:
+        body += "\n\nPaired differences on the same questions (bootstrap, seed 0):\n\n" + table(
+            ("system", "model", "dataset", "difference", "[95% CI]"), pairs
+        )
     return (
         "# Headroom: system x model x dataset, own prompts against a trivial instruction\n\n"
         + provenance_lines(results["provenance"])
@@ -211,6 +238,13 @@ def build_parser() -> CommandParser:
     parser.add_argument(
         "--report-only", action="store_true", help="write the markdown again from --json"
     )
+    parser.add_argument(
+        "--split",
+        choices=("dev", "all"),
+        default="dev",
+        help="dev: the dev split optloop.run would use; all: every question of the dataset (a "
+        "held-out set for prompts a loop wrote on another seed)",
+    )
     return parser
 
 
@@ -230,10 +264,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         for spec in specs:
             for uri in [u.strip() for u in args.datasets.split(" ; ") if u.strip()]:
                 for variant in args.variants.split(","):
-                    if (system, model_name(spec), uri, variant) in done:
+                    if (system, model_name(spec), f"{uri} [{args.split}]", variant) in done:
                         continue
                     print(f"{system} {model_name(spec)} {uri} {variant} ...", flush=True)
-                    row = measure(system, spec, uri, variant, sites, args.home, args.given)
+                    row = measure(
+                        system, spec, uri, variant, sites, args.home, args.given, args.split
+                    )
                     row.commit = code
                     print(
                         f"  {row.accuracy:.3f} [{row.low:.3f}, {row.high:.3f}] n={row.n} "
