@@ -21,8 +21,10 @@ reason, when it is
 ``off_task``
     not an instruction for the site's job: it names none of the job's words
     (:mod:`optloop.loop.jobs`: an extraction instruction says extract, memory, fact, store,
-    remember ...), or it asks the reader for input ("Please provide the task details") instead of
-    telling the model what to do.
+    remember ...), or it asks the reader for input ("Please provide the task details", "Ask the
+    user for their question") instead of telling the model what to do, or it talks about the
+    prompt and its failures instead of to the model ("The model should be programmed to ...",
+    "so that the step no longer fails as in the cases where ...").
 
 The judgement of "asks for the site's job" is by words, on purpose: it is cheap, the same on every
 run, and a reader can check each refusal. It tells an instruction for the site from a text about
@@ -63,7 +65,15 @@ LOG_NAME = "proposals.jsonl"
 _REQUEST = re.compile(
     r"\bplease\s+(?:provide|share|send|paste|specify|give|tell)\b"
     r"|\b(?:provide|share|send|give|tell)\s+(?:me|us)\b"
-    r"|\b(?:could|can|would)\s+you\s+(?:please\s+)?(?:provide|share|send|give|tell)\b",
+    r"|\b(?:could|can|would)\s+you\s+(?:please\s+)?(?:provide|share|send|give|tell)\b"
+    r"|\bask the user for\b",
+    re.IGNORECASE,
+)
+# Text about the prompt or the optimization rather than an instruction to the model: "The model
+# should be programmed to ...", "This will ensure that the step no longer fails as in the cases".
+_META = re.compile(
+    r"\bbe programmed\b|\bthe step\b|\bthis step\b|\bthe failures?\b"
+    r"|\bthe cases? (?:above|below|where)\b|\bno longer fails?\b",
     re.IGNORECASE,
 )
 
@@ -190,6 +200,8 @@ class ProposalGate:
                 )
         if m := _REQUEST.search(text):
             return Reason.OFF_TASK, f"it asks for input ({m.group(0)!r}) instead of instructing"
+        if m := _META.search(text):
+            return Reason.OFF_TASK, f"it talks about the prompt ({m.group(0)!r}), not to the model"
         job = site_job(site) if whole else None
         if job is not None and not asks_for(job, text):
             return Reason.OFF_TASK, f"it names no word of the site's job ({job.task[:60]}...)"

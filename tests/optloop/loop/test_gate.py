@@ -134,3 +134,15 @@ def test_an_instruction_that_names_an_answer_of_the_failures_shown_is_an_echo(ga
     reason, detail = gate.judge(MEM0_EXTRACT, text, values=["Pamholm", "Wustar"])
     assert reason is Reason.ECHO and "Pamholm" in detail
     assert gate.judge(MEM0_EXTRACT, SHIPPABLE, values=["Pamholm"])[0] is None
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Ask the user for their question from the memories retrieved for it.",
+        "The model should be programmed to answer questions from the memories retrieved for it.",
+        "Store every fact, so that the step no longer fails as in the cases where it did.",
+    ],
+)
+def test_text_about_the_prompt_or_asking_the_user_is_off_task_even_as_a_sentence(gate, text):
+    assert gate.judge(ANSWER, text, whole=False)[0] is Reason.OFF_TASK
