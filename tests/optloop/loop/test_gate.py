@@ -141,7 +141,7 @@ def test_an_instruction_that_names_an_answer_of_the_failures_shown_is_an_echo(ga
     [
         "Ask the user for their question from the memories retrieved for it.",
         "The model should be programmed to answer questions from the memories retrieved for it.",
-        "Store every fact, so that the step no longer fails as in the cases where it did.",
+        "Keep every fact, because the step lost some before.",
     ],
 )
 def test_text_about_the_prompt_or_asking_the_user_is_off_task_even_as_a_sentence(gate, text):
