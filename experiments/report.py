@@ -835,6 +835,7 @@ def linked() -> list[str]:
                 "mem0_qwen_edit.json",
                 "mem0_qwen_gepa.md",
                 "mem0_qwen_gepa.json",
+                "gate_judgement.md",
             ],
         ),
         (
