@@ -60,11 +60,11 @@ def test_malformed_text_is_refused(gate):
 def test_a_re_typing_of_the_task_text_shown_is_an_echo(gate):
     shown = (
         "- Later asked 'What is my locker number?' (right answer '6744'). The evidence was in "
-        "session 1, but the extraction returned 0 items, none carrying it."
+        "the first conversation, but the extraction returned 0 items, none carrying it."
     )
     echo = (
-        "The evidence was in session 1, but the extraction returned 0 items, none carrying it. "
-        "Extract it."
+        "The evidence was in the first conversation, but the extraction returned 0 items, none "
+        "carrying it. Extract it."
     )
     assert gate.judge(MEM0_EXTRACT, echo, shown=shown)[0] is Reason.ECHO
     assert gate.judge(MEM0_EXTRACT, SHIPPABLE, shown=shown)[0] is None
