@@ -36,7 +36,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import dspy
 from pydantic import BaseModel
 
 from experiments.markdown import provenance_lines, table
@@ -46,7 +45,7 @@ from optloop.datasets import load_dataset
 from optloop.datasets.split import split_episodes
 from optloop.embed import get_embedder
 from optloop.lm import LMSettings, OptloopLM
-from optloop.loop.candidate import SiteState
+from optloop.loop.candidate import SiteState, trivial_instruction
 from optloop.loop.evaluate import Evaluator
 from optloop.paths import write_atomic
 from optloop.stats import bootstrap_mean, paired_bootstrap_delta
@@ -84,11 +83,6 @@ class Row(BaseModel):
 def model_name(spec: str) -> str:
     settings = LMSettings.from_spec(spec)
     return Path(settings.model).stem if settings.model else "smollm2-135m (bundled)"
-
-
-def trivial_instruction(signature: type[dspy.Signature]) -> str:
-    """DSPy's default instruction for ``signature``: built from its fields alone."""
-    return dspy.make_signature(dict(signature.fields)).instructions
 
 
 def measure(

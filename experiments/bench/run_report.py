@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
@@ -29,7 +30,7 @@ from experiments.markdown import provenance_lines, table
 from experiments.provenance import model_of, stamped
 from optloop.cli import CommandParser, parse_command, run_cli
 from optloop.loop.evaluate import Evaluation
-from optloop.loop.gate import logs_under, refusals, verdicts
+from optloop.loop.gate import logs_under, verdicts
 from optloop.loop.state import Checkpoint
 from optloop.paths import write_atomic
 from optloop.stats import bootstrap_mean, paired_bootstrap_delta
@@ -125,7 +126,9 @@ def report(run_dir: Path, console: Path | None) -> dict[str, Any]:
         "control": control,
         "best_trial": best.trial if best is not None else None,
         "best_prompts": prompts,
-        "proposals": refusals(logs_under(run_dir / "work" / "optimizers")),
+        "proposals": dict(
+            sorted(Counter(v.reason.value if v.reason else "passed" for v in verdicts_).items())
+        ),
         "refused": [v.model_dump(mode="json") for v in verdicts_ if v.reason is not None],
     }
 

@@ -22,13 +22,10 @@ evaluates such a candidate.
 
 from __future__ import annotations
 
-import logging
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Literal
-
-logger = logging.getLogger(__name__)
 
 Kind = Literal["sentence", "clause", "item", "fixed"]
 
@@ -305,15 +302,6 @@ def well_formed(text: str) -> bool:
     return not problems(text)
 
 
-def left_out(text: str, what: str) -> bool:
-    """Whether an optimizer's proposed ``text`` is to be left out, not being a well-formed
-    instruction (:func:`problems`); when it is, a log line says so and names ``what`` it was
-    (``"SIMBA's advice for answer"``)."""
-    if faults := problems(text):
-        logger.info("%s left out, not a well-formed instruction (%s)", what, "; ".join(faults))
-    return bool(faults)
-
-
 def _unit_problems(unit: Unit) -> list[str]:
     body = unit.body.strip()
     if unit.kind == "item":
@@ -348,4 +336,4 @@ def _unit_problems(unit: Unit) -> list[str]:
     return out
 
 
-__all__ = ["Instruction", "Unit", "left_out", "problems", "well_formed"]
+__all__ = ["Instruction", "Unit", "problems", "well_formed"]
