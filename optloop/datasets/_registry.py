@@ -20,8 +20,10 @@ status ``agentic:generate?records=&seed=``    generated agentic probes (``probes
 Query parameters every scheme accepts, applied in this order after loading:
 ``tasks=a,b`` keeps questions of those task types (episodes left without questions
 are dropped), ``offset=N`` skips episodes, ``limit=N`` keeps at most N episodes,
-``questions=N`` keeps at most N questions per episode. Anything else is passed to the
-loader, which rejects what it does not know. All of this happens before any LM call.
+``questions=N`` keeps at most N questions per episode (``locomo:`` samples them instead,
+stratified by category and seeded, and cuts conversations with ``sessions=N``; see
+:mod:`optloop.datasets.locomo`). Anything else is passed to the loader, which rejects what it
+does not know. All of this happens before any LM call.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from optloop.datasets._model import Dataset, Episode
 from optloop.datasets.agentic import load_agentic
 from optloop.datasets.builtin import load_builtin
 from optloop.datasets.jsonl import load_jsonl
+from optloop.datasets.locomo import PARAMS as LOCOMO_PARAMS
 from optloop.datasets.locomo import load_locomo
 from optloop.datasets.longmemeval import load_longmemeval
 from optloop.datasets.meme import load_meme
@@ -57,7 +60,10 @@ LOADERS: dict[str, Loader] = {
     "agentic": load_agentic,
 }
 COMMON_PARAMS = ("tasks", "offset", "limit", "questions")
-_TAKES_PARAMS = {"synthetic", "agentic"}
+_TAKES_PARAMS = {"synthetic", "agentic", "locomo"}
+# Common parameters a scheme reads itself, with its own meaning (locomo samples its questions
+# stratified by category instead of keeping the first N).
+_OWN_PARAMS: dict[str, tuple[str, ...]] = {"locomo": LOCOMO_PARAMS}
 
 
 def parse_uri(uri: str) -> tuple[str, str, dict[str, str]]:
@@ -95,7 +101,8 @@ def load_dataset(uri: str) -> Dataset:
     parameter for a bad URI.
     """
     scheme, rest, params = parse_uri(uri)
-    common = {k: params.pop(k) for k in COMMON_PARAMS if k in params}
+    own = _OWN_PARAMS.get(scheme, ())
+    common = {k: params.pop(k) for k in COMMON_PARAMS if k in params and k not in own}
     if params and scheme not in _TAKES_PARAMS:
         name = sorted(params)[0]
         raise dataset_error(

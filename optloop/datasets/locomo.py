@@ -23,16 +23,31 @@ official data (``"D8:6; D9:17"``, ``"D:11:26"``) are parsed leniently and ones t
 name no turn are dropped with a warning (counted in ``meta["dropped_evidence"]``).
 For adversarial questions the cited turns support the trap, not an answer, so they go
 to ``meta["distractor_evidence"]`` and ``evidence_ids`` stays empty.
+
+A LoCoMo conversation is long (19-32 sessions, 105-260 questions in ``locomo10.json``'s
+samples), so the URI takes three parameters that size a run, applied per conversation:
+
+``sessions=N``   keep the first N sessions, and only the questions whose cited turns all lie in
+                 them (an adversarial question by its trap's turns; a question citing no turn
+                 is dropped, since nothing says it can be answered from those sessions);
+``questions=N``  a seeded sample of N questions, stratified by category: each category keeps
+                 its share (largest remainder, every category present keeps at least one when N
+                 allows), in the file's order;
+``seed=K``       the sample's seed (default 0).
+
+``locomo:locomo10.json?sessions=8&questions=20`` is a conversation's first 8 sessions and 20
+of the questions they answer.
 """
 
 from __future__ import annotations
 
 import logging
+import random
 import re
 from pathlib import Path
 from typing import Any
 
-from optloop.datasets._io import dataset_error, load_json_episodes, require
+from optloop.datasets._io import dataset_error, int_param, load_json_episodes, require
 from optloop.datasets._model import Episode, Question, Session, Turn
 
 logger = logging.getLogger(__name__)
@@ -176,6 +191,72 @@ def _sample(where: str, sample: Any, source: Path) -> Episode:
     return Episode(id=str(sample_id), sessions=sessions, questions=questions, meta=meta)
 
 
+PARAMS = ("sessions", "questions", "seed")
+"""The query parameters the ``locomo:`` scheme reads itself (see the module docstring)."""
+
+
+def _category(question: Question) -> int:
+    return int(question.meta["category"])
+
+
+def _cited(question: Question) -> list[str]:
+    return question.evidence_ids or list(question.meta.get("distractor_evidence") or [])
+
+
+def first_sessions(episode: Episode, n: int) -> Episode:
+    """The episode cut to its first ``n`` sessions and the questions they answer."""
+    sessions = episode.sessions[:n]
+    kept = {t.id for s in sessions for t in s.turns}
+    questions = [q for q in episode.questions if (c := _cited(q)) and set(c) <= kept]
+    return episode.model_copy(update={"sessions": sessions, "questions": questions})
+
+
+def stratified_sample(questions: list[Question], n: int, seed: int) -> list[Question]:
+    """``n`` of ``questions`` drawn with ``seed``, each category keeping its share; file order."""
+    if n >= len(questions):
+        return list(questions)
+    from optloop.datasets.split import split_counts
+
+    by_category: dict[int, list[Question]] = {}
+    for q in questions:
+        by_category.setdefault(_category(q), []).append(q)
+    categories = sorted(by_category)
+    counts = split_counts(n, [len(by_category[c]) for c in categories])
+    rng = random.Random(seed)
+    chosen: set[str] = set()
+    for category, count in zip(categories, counts, strict=True):
+        pool = by_category[category]
+        chosen.update(q.id for q in rng.sample(pool, min(count, len(pool))))
+    return [q for q in questions if q.id in chosen]
+
+
 def load_locomo(rest: str, params: dict[str, str]) -> tuple[str, list[Episode]]:
-    """Load a LoCoMo JSON file; returns the dataset name and its episodes."""
-    return load_json_episodes(rest, "locomo", _sample, "samples")
+    """Load a LoCoMo JSON file; returns the dataset name and its episodes.
+
+    ``params`` may hold ``sessions``, ``questions`` and ``seed`` (the module docstring says
+    what each does); anything else is an error naming the parameters accepted.
+    """
+    uri = f"locomo:{rest}"
+    unknown = sorted(set(params) - set(PARAMS))
+    if unknown:
+        raise dataset_error(
+            uri, None, unknown[0], f"unknown query parameter (accepted: {', '.join(PARAMS)})"
+        )
+    sessions = int_param(uri, params, "sessions", 1)
+    questions = int_param(uri, params, "questions", 1)
+    seed = int_param(uri, params, "seed", 0, 0)
+    name, episodes = load_json_episodes(rest, "locomo", _sample, "samples")
+    if sessions is not None:
+        episodes = [first_sessions(e, sessions) for e in episodes]
+        name += f"[sessions={sessions}]"
+    if questions is not None:
+        episodes = [
+            e.model_copy(update={"questions": stratified_sample(e.questions, questions, seed)})
+            for e in episodes
+        ]
+    episodes = [e for e in episodes if e.questions]
+    if not episodes:
+        raise dataset_error(
+            uri, None, "sessions", "no question is answered within the sessions kept"
+        )
+    return name, episodes

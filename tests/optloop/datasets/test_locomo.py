@@ -6,8 +6,11 @@ import json
 import re
 from pathlib import Path
 
+import pytest
+
 from optloop.datasets import load_dataset, score
 from optloop.datasets.locomo import CATEGORIES
+from optloop.errors import DatasetError
 
 
 def test_shared_locomo_maps_sessions_turns_and_evidence(locomo_file: Path) -> None:
@@ -132,3 +135,59 @@ def test_fixture_maps_lenient_evidence_captions_and_categories(  # type: ignore[
     assert temporal.gold == "2023" and temporal.evidence_ids == []
     assert episode.meta["dropped_evidence"] == 2
     assert episode.sessions[1].timestamp == "2:00 pm on 9 May, 2023"
+
+
+def test_sessions_keeps_the_first_sessions_and_the_questions_they_answer(  # type: ignore[no-untyped-def]
+    write_json,
+) -> None:
+    path = write_json("locomo10.json", locomo_fixture())
+    dataset = load_dataset(f"locomo:{path}?sessions=1")
+    assert dataset.name == "locomo:locomo10[sessions=1]"
+    (episode,) = dataset.episodes
+    assert [s.id for s in episode.sessions] == ["s1"]
+    # the multi-hop question cites session 2; the temporal one cites no turn
+    assert [q.task_type for q in episode.questions] == ["single_hop", "adversarial"]
+
+
+def test_questions_is_a_seeded_sample_stratified_by_category(  # type: ignore[no-untyped-def]
+    write_json,
+) -> None:
+    sample = locomo_fixture()[0]
+    sample["qa"] = [
+        {
+            "question": f"q{i}?",
+            "answer": f"a{i}",
+            "evidence": ["D1:1"],
+            "category": 4 if i < 30 else 2,
+        }
+        for i in range(40)
+    ]
+    path = write_json("locomo10.json", [sample])
+    uri = f"locomo:{path}?questions=8"
+    picked = load_dataset(uri).episodes[0].questions
+    assert [q.task_type for q in picked].count("single_hop") == 6
+    assert [q.task_type for q in picked].count("temporal") == 2
+    assert [q.id for q in picked] == sorted(
+        (q.id for q in picked), key=lambda i: int(i.split("q")[-1])
+    )
+    assert [q.id for q in load_dataset(uri).episodes[0].questions] == [q.id for q in picked]
+    other = load_dataset(f"{uri}&seed=1").episodes[0].questions
+    assert [q.id for q in other] != [q.id for q in picked]
+
+
+@pytest.mark.parametrize(
+    ("query", "message"),
+    [
+        ("sessions=0", "field 'sessions': expected an integer >= 1"),
+        (
+            "turns=3",
+            "field 'turns': unknown query parameter (accepted: sessions, questions, seed)",
+        ),
+    ],
+)
+def test_bad_locomo_parameters_name_the_parameter(  # type: ignore[no-untyped-def]
+    write_json, query: str, message: str
+) -> None:
+    path = write_json("locomo10.json", locomo_fixture())
+    with pytest.raises(DatasetError, match=re.escape(message)):
+        load_dataset(f"locomo:{path}?{query}")
