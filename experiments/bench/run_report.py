@@ -11,7 +11,10 @@ projection before the first trial and the one on every trial line), its wall tim
 the paired 95% bootstrap CI of the delta (seed 0, as the run computes it); the trivial-instruction
 control on dev and test with the paired deltas best - control; the best candidate's changed prompts
 whole; and what the proposal gate said of every proposal (``proposals.jsonl``: counts by reason,
-and each refused text). The provenance header
+and each refused text); per question category (LoCoMo's multi_hop, temporal, ...) the held-out
+accuracy and mean score (token F1 under LoCoMo's scorers, its official metric) before, under the
+control and after, the overall mean score's paired delta; and the baseline's failures on train and
+dev by blamed site and error type. The provenance header
 names the run's own command (``--command``) and the commit the run ran at (``--commit``, default:
 this checkout's).
 """
@@ -98,6 +101,7 @@ def report(run_dir: Path, console: Path | None) -> dict[str, Any]:
             if site in ckpt.targets
         }
     verdicts_ = verdicts(logs_under(run_dir / "work" / "optimizers"))
+    arms = {"before": ckpt.test_before, "control": ckpt.control_test, "after": ckpt.test_after}
     return {
         "run": run_dir.name,
         "split": {name: len(ids) for name, ids in ckpt.split.items()},
@@ -130,7 +134,56 @@ def report(run_dir: Path, console: Path | None) -> dict[str, Any]:
             sorted(Counter(v.reason.value if v.reason else "passed" for v in verdicts_).items())
         ),
         "refused": [v.model_dump(mode="json") for v in verdicts_ if v.reason is not None],
+        "by_category": by_category({k: v for k, v in arms.items() if v is not None}),
+        "blame": blame_table([e for e in (ckpt.baseline_train, ckpt.baseline_dev) if e]),
     }
+
+
+def by_category(arms: dict[str, Evaluation]) -> dict[str, Any]:
+    """Per question category, each arm's accuracy and mean score with n; overall, each arm's mean
+    score with its 95% CI and the paired mean-score deltas after - before and after - control."""
+    rows: dict[str, dict[str, Any]] = {}
+    for arm, evaluation in arms.items():
+        for o in evaluation.outcomes:
+            cell = rows.setdefault(o.task_type, {}).setdefault(arm, {"passed": 0, "score": 0.0})
+            cell["passed"] += o.passed
+            cell["score"] += o.score
+            cell["n"] = cell.get("n", 0) + 1
+    for cells in rows.values():
+        for cell in cells.values():
+            cell["accuracy"] = cell.pop("passed") / cell["n"]
+            cell["mean_score"] = cell.pop("score") / cell["n"]
+    overall: dict[str, Any] = {}
+    for arm, evaluation in arms.items():
+        ci = bootstrap_mean([o.score for o in evaluation.outcomes], seed=0)
+        overall[arm] = {"estimate": ci.estimate, "low": ci.low, "high": ci.high, "n": ci.n}
+    deltas: dict[str, Any] = {}
+    scores = {arm: [o.score for o in e.outcomes] for arm, e in arms.items()}
+    for name, (a, b) in {
+        "after - before": ("before", "after"),
+        "after - control": ("control", "after"),
+    }.items():
+        if a in scores and b in scores:
+            d = paired_bootstrap_delta(scores[a], scores[b], seed=0)
+            deltas[name] = {"estimate": d.estimate, "low": d.low, "high": d.high, "n": d.n}
+    return {"categories": dict(sorted(rows.items())), "mean_score": overall, "deltas": deltas}
+
+
+def blame_table(evaluations: list[Evaluation]) -> list[dict[str, Any]]:
+    """The failures of ``evaluations`` counted by blamed site (or knob) and error type."""
+    counts: Counter[tuple[str, str]] = Counter()
+    for evaluation in evaluations:
+        for o in evaluation.outcomes:
+            if o.passed:
+                continue
+            if o.attribution is None:
+                counts[("(not attributed)", o.error or "-")] += 1
+            else:
+                counts[(o.attribution.target or "(no site)", str(o.attribution.error_type))] += 1
+    return [
+        {"target": target, "error_type": error_type, "failures": n}
+        for (target, error_type), n in counts.most_common()
+    ]
 
 
 def to_markdown(data: dict[str, Any]) -> str:
@@ -183,6 +236,8 @@ def to_markdown(data: dict[str, Any]) -> str:
         *_control_lines(data),
         *_prompt_lines(data),
         *_gate_lines(data),
+        *_category_lines(data),
+        *_blame_lines(data),
         "Stages (seconds from the start, from run.log):",
         "",
         table(["at s", "line"], [[s["at_s"], s["line"]] for s in data["stages"]]),
@@ -252,6 +307,53 @@ def _gate_lines(data: dict[str, Any]) -> list[str]:
         )
     )
     return [*out, ""]
+
+
+def _ci(c: dict[str, Any], signed: bool = False) -> str:
+    f = "+.3f" if signed else ".3f"
+    return f"{c['estimate']:{f}} [{c['low']:{f}}, {c['high']:{f}}] n={c['n']}"
+
+
+def _category_lines(data: dict[str, Any]) -> list[str]:
+    cats = data.get("by_category") or {}
+    if not cats or len(cats.get("categories", {})) < 2:
+        return []
+    arms = list(cats["mean_score"])
+    rows = []
+    for name, cells in cats["categories"].items():
+        row = [name, max(c["n"] for c in cells.values())]
+        for arm in arms:
+            c = cells.get(arm)
+            row.append("-" if c is None else f"{c['accuracy']:.3f} / {c['mean_score']:.3f}")
+        rows.append(row)
+    rows.append(["all (mean score, 95% CI)", "", *(_ci(cats["mean_score"][a]) for a in arms)])
+    out = [
+        "Held-out test by question category: accuracy / mean score (token F1 for LoCoMo's "
+        "scorers) per arm (before: the system's own prompts; control: the trivial instruction; "
+        "after: the loop's best):",
+        "",
+        table(["category", "n", *arms], rows),
+        "",
+    ]
+    for name, d in cats.get("deltas", {}).items():
+        verdict = "no measurable change" if d["low"] <= 0 <= d["high"] else "measurable"
+        out.append(f"- mean score, {name}: {_ci(d, signed=True)} ({verdict})")
+    return [*out, ""]
+
+
+def _blame_lines(data: dict[str, Any]) -> list[str]:
+    blame = data.get("blame") or []
+    if not blame:
+        return []
+    return [
+        "The baseline's failures (train and dev) by blamed site and error type:",
+        "",
+        table(
+            ["blamed", "error type", "failures"],
+            [[b["target"], b["error_type"], b["failures"]] for b in blame],
+        ),
+        "",
+    ]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

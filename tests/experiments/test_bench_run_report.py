@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.bench.run_report import main, report
+from experiments.bench.run_report import blame_table, by_category, main, report
 from optloop.loop.candidate import Candidate, SiteState
 from optloop.loop.evaluate import Evaluation
 from optloop.loop.state import Checkpoint, Trial
@@ -89,3 +89,30 @@ def test_the_files_carry_their_provenance_and_an_unfinished_run_is_refused(tmp_p
     other.mkdir()
     with pytest.raises(SystemExit, match="has not finished"):
         report(finished_run(other, finished=False), None)
+
+
+def test_by_category_counts_each_arm_and_the_blame_counts_failures_by_site_and_type():
+    from optloop.attribution.taxonomy import Attribution, ErrorType
+
+    before = evaluation("test", [0, 0.5, 1, 0])
+    after = evaluation("test", [1, 0.5, 1, 1])
+    for i, o in enumerate([*before.outcomes, *after.outcomes]):
+        o.task_type = "temporal" if i % 2 else "single_hop"
+    cats = by_category({"before": before, "after": after})
+    assert cats["categories"]["single_hop"]["before"] == {
+        "n": 2,
+        "accuracy": 0.5,
+        "mean_score": 0.5,
+    }
+    assert cats["categories"]["temporal"]["after"] == {"n": 2, "accuracy": 1.0, "mean_score": 0.75}
+    assert cats["mean_score"]["before"]["estimate"] == pytest.approx(0.375)
+    assert cats["deltas"]["after - before"]["estimate"] == pytest.approx(0.5)
+    assert "after - control" not in cats["deltas"]
+    error = next(iter(ErrorType))
+    before.outcomes[0].attribution = Attribution(
+        question_id="e0:q", error_type=error, target="mem0.extract"
+    )
+    assert blame_table([before]) == [
+        {"target": "mem0.extract", "error_type": str(error), "failures": 1},
+        {"target": "(not attributed)", "error_type": "-", "failures": 1},
+    ]
