@@ -54,7 +54,7 @@ def command_name(name: str) -> Iterator[None]:
 # How each dataset scheme is written; a scheme missing here is still listed (as SCHEME:...).
 _DATASET_FORMS = {
     "memfail": "memfail:<task>[:path]",
-    "locomo": "locomo:<path>",
+    "locomo": "locomo:<path>?sessions=N&questions=N",
     "longmemeval": "longmemeval:<path>",
     "meme": "meme:<path>",
     "jsonl": "jsonl:<path>",
