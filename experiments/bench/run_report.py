@@ -136,7 +136,35 @@ def report(run_dir: Path, console: Path | None) -> dict[str, Any]:
         "refused": [v.model_dump(mode="json") for v in verdicts_ if v.reason is not None],
         "by_category": by_category({k: v for k, v in arms.items() if v is not None}),
         "blame": blame_table([e for e in (ckpt.baseline_train, ckpt.baseline_dev) if e]),
+        "evaluations": evaluation_costs(ckpt),
     }
+
+
+def evaluation_costs(ckpt: Checkpoint) -> list[dict[str, Any]]:
+    """What each evaluation of the run cost: questions, seconds, LLM calls (and of those the ones
+    the model computed, and the ingest calls)."""
+    named: list[tuple[str, Evaluation | None]] = [
+        ("baseline train", ckpt.baseline_train),
+        ("baseline dev", ckpt.baseline_dev),
+        ("control dev", ckpt.control_dev),
+        *((f"trial {t.trial} dev", t.evaluation) for t in ckpt.trials),
+        ("test before", ckpt.test_before),
+        ("control test", ckpt.control_test),
+        ("test after", ckpt.test_after),
+    ]
+    return [
+        {
+            "evaluation": name,
+            "questions": len(e.outcomes),
+            "seconds": round(e.seconds, 1),
+            "llm_calls": e.llm_calls,
+            "model_calls": e.model_calls,
+            "ingest_calls": e.ingest_calls,
+            "stores_reused": e.stores_reused,
+        }
+        for name, e in named
+        if e is not None
+    ]
 
 
 def by_category(arms: dict[str, Evaluation]) -> dict[str, Any]:
@@ -238,6 +266,7 @@ def to_markdown(data: dict[str, Any]) -> str:
         *_gate_lines(data),
         *_category_lines(data),
         *_blame_lines(data),
+        *_cost_lines(data),
         "Stages (seconds from the start, from run.log):",
         "",
         table(["at s", "line"], [[s["at_s"], s["line"]] for s in data["stages"]]),
@@ -351,6 +380,40 @@ def _blame_lines(data: dict[str, Any]) -> list[str]:
         table(
             ["blamed", "error type", "failures"],
             [[b["target"], b["error_type"], b["failures"]] for b in blame],
+        ),
+        "",
+    ]
+
+
+def _cost_lines(data: dict[str, Any]) -> list[str]:
+    rows = data.get("evaluations") or []
+    if not rows:
+        return []
+    return [
+        "What each evaluation cost (seconds of wall time; LLM calls, cache hits included):",
+        "",
+        table(
+            [
+                "evaluation",
+                "questions",
+                "s",
+                "LLM calls",
+                "computed",
+                "ingest calls",
+                "stores reused",
+            ],
+            [
+                [
+                    r["evaluation"],
+                    r["questions"],
+                    f"{r['seconds']:.0f}",
+                    r["llm_calls"],
+                    r["model_calls"],
+                    r["ingest_calls"],
+                    r["stores_reused"],
+                ]
+                for r in rows
+            ],
         ),
         "",
     ]

@@ -116,3 +116,15 @@ def test_by_category_counts_each_arm_and_the_blame_counts_failures_by_site_and_t
         {"target": "mem0.extract", "error_type": str(error), "failures": 1},
         {"target": "(not attributed)", "error_type": "-", "failures": 1},
     ]
+
+
+def test_each_evaluation_s_cost_is_listed_in_run_order(tmp_path):
+    data = report(finished_run(tmp_path), None)
+    assert [r["evaluation"] for r in data["evaluations"]] == [
+        "baseline train",
+        "baseline dev",
+        "trial 1 dev",
+        "test before",
+        "test after",
+    ]
+    assert data["evaluations"][0]["questions"] == 2
