@@ -62,6 +62,7 @@ class QuestionResult:
     question: Question
     prediction: str
     passed: bool
+    score: float = 0.0
 
 
 @dataclass
@@ -150,7 +151,7 @@ def run_episode(
         first=failures.first_error(calls),
     )
     results = [
-        QuestionResult(q, o.prediction, o.passed)
+        QuestionResult(q, o.prediction, o.passed, o.score)
         for q, o in zip(episode.questions, result.outcomes)
     ]
     return EpisodeRun(

@@ -6,8 +6,11 @@
 For each system and each episode of the dataset: a fresh store, ingest the
 episode's sessions, then retrieve and answer every question, scored by the
 question's own scorer. Reports, per system, LLM calls and seconds per ingested
-session (ingest stage only), calls per question, and accuracy. The LM cache is
-a fresh temporary file, so every figure is a real model call.
+session (ingest stage only), seconds to ingest one episode (a LoCoMo conversation: its mean
+and its longest), calls per question, accuracy and the mean score (token F1 under LoCoMo's
+scorers), and the LLM calls one evaluation of the dataset takes. The LM cache is a fresh temporary
+file, so every figure is a real model call. ``--json`` and ``--markdown`` carry the provenance
+header (command, date, commit, model, machine).
 """
 
 from __future__ import annotations
@@ -32,9 +35,12 @@ from rich.progress import Progress
 from rich.table import Table
 
 from experiments.bench._common import bench_lm, parse_systems, run_episode
+from experiments.markdown import provenance_lines, table
+from experiments.provenance import model_of, stamped
 from optloop.cli import CommandParser, parse_command, run_cli
 from optloop.datasets import load_dataset
 from optloop.lm import OptloopLM
+from optloop.paths import write_atomic
 from systems import SYSTEMS, get_system
 
 
@@ -44,8 +50,9 @@ def bench_system(
     dataset = load_dataset(dataset_uri)
     system_cls = get_system(name)
     sessions = questions = correct = 0
-    ingest_s = answer_s = 0.0
+    ingest_s = answer_s = score = 0.0
     ingest_calls = answer_calls = 0
+    per_episode: list[dict[str, Any]] = []
     task = progress.add_task(f"{name}", total=len(dataset.episodes))
     for episode in dataset.episodes:
         run = run_episode(system_cls, episode, lm, work / name / episode.id)
@@ -56,6 +63,16 @@ def bench_system(
         answer_s += run.answer_s
         ingest_calls += run.ingest_calls
         answer_calls += run.answer_calls
+        score += sum(r.score for r in run.results)
+        per_episode.append(
+            {
+                "episode": episode.id,
+                "sessions": run.sessions,
+                "turns": sum(len(s.turns) for s in episode.sessions),
+                "ingest_s": round(run.ingest_s, 1),
+                "ingest_calls": run.ingest_calls,
+            }
+        )
         progress.advance(task)
     return {
         "system": name,
@@ -67,6 +84,11 @@ def bench_system(
         "calls_per_question": answer_calls / questions,
         "seconds_per_question": answer_s / questions,
         "accuracy": correct / questions,
+        "mean_score": score / questions,
+        "ingest_seconds_per_episode": ingest_s / len(dataset.episodes),
+        "calls_per_evaluation": ingest_calls + answer_calls,
+        "seconds_per_evaluation": ingest_s + answer_s,
+        "per_episode": per_episode,
     }
 
 
@@ -81,6 +103,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--dataset", default="builtin:tiny", help="dataset URI (default builtin:tiny)"
     )
     parser.add_argument("--json", type=Path, help="also write the figures to this JSON file")
+    parser.add_argument("--markdown", type=Path, help="and as a markdown table to this file")
     args = parse_command(parser, argv)
     names = parse_systems(args.systems)  # unknown names fail here, before any work
 
@@ -113,9 +136,53 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{r['accuracy']:.2f} ({r['questions']} q)",
         )
     Console().print(table)
+    data = stamped({"dataset": args.dataset, "systems": rows}, model_of(args))
     if args.json:
-        args.json.write_text(json.dumps(rows, indent=2))
+        write_atomic(args.json, json.dumps(data, indent=2) + "\n")
+    if args.markdown:
+        write_atomic(args.markdown, to_markdown(data))
     return 0
+
+
+def to_markdown(data: dict[str, Any]) -> str:
+    """The figures as a results page: provenance, then one row per system."""
+    rows = [
+        [
+            r["system"],
+            f"{r['episodes']} / {r['sessions']} / {r['questions']}",
+            f"{r['ingest_seconds_per_episode']:.0f}",
+            f"{r['seconds_per_session']:.1f}",
+            f"{r['calls_per_session']:.1f}",
+            f"{r['seconds_per_question']:.1f}",
+            f"{r['calls_per_question']:.1f}",
+            f"{r['calls_per_evaluation']}",
+            f"{r['accuracy']:.2f} / {r.get('mean_score', 0.0):.2f}",
+        ]
+        for r in data["systems"]
+    ]
+    return "\n".join(
+        [
+            f"# Memory systems on `{data['dataset']}`: what one evaluation costs",
+            "",
+            provenance_lines(data["provenance"]).rstrip("\n"),
+            "",
+            table(
+                [
+                    "system",
+                    "episodes / sessions / questions",
+                    "s to ingest an episode",
+                    "s / session",
+                    "LLM calls / session",
+                    "s / question",
+                    "LLM calls / question",
+                    "LLM calls, whole evaluation",
+                    "accuracy / mean score",
+                ],
+                rows,
+            ),
+            "",
+        ]
+    )
 
 
 if __name__ == "__main__":

@@ -263,3 +263,33 @@ def test_a_stub_run_fills_both_tables_and_the_files(monkeypatch, capsys, tmp_pat
     assert "- MEMORY (1):" in table
     printed = capsys.readouterr().out
     assert "accuracy per task type" in printed and "cost per episode" in printed
+
+
+def test_systems_bench_writes_its_figures_with_provenance(monkeypatch, tmp_path: Path) -> None:
+    row = {
+        "system": "rag_bm25",
+        "episodes": 1,
+        "sessions": 2,
+        "questions": 4,
+        "calls_per_session": 0.0,
+        "seconds_per_session": 0.5,
+        "calls_per_question": 1.0,
+        "seconds_per_question": 2.0,
+        "accuracy": 0.25,
+        "mean_score": 0.4,
+        "ingest_seconds_per_episode": 1.0,
+        "calls_per_evaluation": 4,
+        "seconds_per_evaluation": 9.0,
+        "per_episode": [],
+    }
+    fake_lm = SimpleNamespace(backend=SimpleNamespace(identity="fake"))
+    monkeypatch.setattr(bench_systems, "bench_lm", lambda *a, **k: fake_lm)
+    monkeypatch.setattr(bench_systems, "bench_system", lambda *a, **k: dict(row))
+    out, md = tmp_path / "s.json", tmp_path / "s.md"
+    argv = ["--systems", "rag_bm25", "--json", str(out), "--markdown", str(md)]
+    assert bench_systems.main(argv) == 0
+    data = json.loads(out.read_text())
+    assert data["provenance"]["command"] and data["systems"] == [row]
+    assert (
+        "| rag_bm25 | 1 / 2 / 4 | 1 | 0.5 | 0.0 | 2.0 | 1.0 | 4 | 0.25 / 0.40 |" in md.read_text()
+    )
