@@ -10,7 +10,14 @@ from dspy.utils import DummyLM
 from optloop.attribution import Attribution, ErrorType
 from optloop.datasets import Dataset, Episode, Question, Session, Turn
 from optloop.loop.candidate import Candidate, SiteState
-from optloop.loop.edit import EditOptimizer, conditional, phrases, same_length, support
+from optloop.loop.edit import (
+    LONG_WORDS,
+    EditOptimizer,
+    conditional,
+    phrases,
+    same_length,
+    support,
+)
 from optloop.loop.evaluate import Evaluation, QuestionOutcome
 from optloop.loop.units import Instruction, problems
 
@@ -379,3 +386,17 @@ def test_written_edits_the_gate_refuses_are_not_proposed():
     ops = [e.ops[0] for e in opt.edits(f"{CLEAN} {SABOTAGE}", "answer")]
     assert "write (a short instruction)" not in ops and "add written" not in ops
     assert opt.gate.counts == {"off_task": 1, "malformed": 1, "passed": 1}
+
+
+def test_a_long_instruction_gets_no_random_deletions_or_composed_edits(optimizer):
+    opt, _ = optimizer
+    opt.deletions = 3
+    long = " ".join(f"Rule {i}: keep every fact about item {i} in the list." for i in range(120))
+    assert len(long.split()) > LONG_WORDS
+    ops = [e.ops[0] for e in opt.edits(long, "answer")]
+    assert ops == ["del all (the signature's default instruction)"]
+    short = " ".join(f"Rule {i}: keep every fact about item {i} in the list." for i in range(5))
+    ops = [e.ops for e in opt.edits(short, "answer")]
+    # three random single-unit deletions, the default, then the random composed edits
+    assert all(len(o) == 1 and o[0].startswith("del ") and "all" not in o[0] for o in ops[:3])
+    assert ops[3][0].startswith("del all") and len(ops) > 4
