@@ -17,12 +17,13 @@ Read from the source as text and syntax trees (nothing is imported or run):
 * **top level**: the modules and folders directly under ``optloop/``, each with its layer
   (:data:`LAYERS`) and its lines;
 * **imports up a layer**: :data:`LAYERS` orders the parts of the product from the foundations
-  (errors, paths, sites, ...) to the commands (``run``, ``attribute``, the Python API, ...); a
-  module may import from its own layer and the layers below it. An import *up a layer* is one
+  (errors, paths, sites, ...) to the commands (``cli/``) and the entry points (the Python API and
+  the documented module paths, ``python -m optloop.run`` and the like); a module may import from
+  its own layer and the layers below it. An import *up a layer* is one
   from a module of a lower layer of a module of a higher one (``optloop.loop.runner`` importing
-  ``optloop.run`` would be one: the loop would then depend on its command). Every import counts,
-  each shown with where it stands: ``top`` (run on import), ``function`` (inside a function) or
-  ``typing`` (under ``TYPE_CHECKING``, never run);
+  ``optloop.cli.run`` would be one: the loop would then depend on its command). Every import
+  counts, each shown with where it stands: ``top`` (run on import), ``function`` (inside a
+  function) or ``typing`` (under ``TYPE_CHECKING``, never run);
 * **package cycles**: the import cycles between the parts of :data:`LAYERS` (each package and
   top-level module under ``optloop/``, and the packages ``systems`` and ``signatures``), with the
   imports that close each one;
@@ -53,7 +54,8 @@ OPTIMIZER_NAMES = ("simba", "gepa", "optuna", "edit")
 
 # The product's layers, lowest first: a part is a package or module under optloop/ (by its name
 # there) or a top-level package of the checkout. A part named nowhere falls in "unplaced", shown
-# as such, so that a new module is placed on purpose.
+# as such, so that a new module is placed on purpose. The top layer, "entry points", is the Python
+# API and the documented module paths (``python -m optloop.run``, ...), each a shim over cli/.
 LAYERS: dict[str, tuple[str, ...]] = {
     "foundations": (
         "errors",
@@ -66,37 +68,33 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "interrupt",
         "artifacts",
         "failures",
+        "progress",
+        "_version",
     ),
     "lm": ("lm", "embed"),
+    "services": ("services",),
     "datasets": ("datasets",),
     "systems": ("signatures", "systems"),
     "tracing": ("tracing",),
-    "pipeline": ("pipeline",),
     "attribution": ("attribution",),
+    "pipeline": ("pipeline",),
     "faults": ("faults",),
-    "services": ("tracking", "tracking_store", "preflight", "outside", "progress"),
+    "analysis": ("analysis", "config"),
     "loop": ("loop",),
-    "commands": (
-        "run",
-        "run_args",
-        "run_resume",
-        "run_tables",
-        "attribute",
-        "export",
-        "product",
-        "product_templates",
-        "doctor",
-        "ui",
-        "console",
-        "cli",
-        "clidoc",
-        "demo_repair",
-        "models",
-        "config",
-        "testing",
+    "product": ("product",),
+    "commands": ("cli", "testing"),
+    "entry points": (
         "_api",
         "__init__",
         "__main__",
+        "run",
+        "attribute",
+        "export",
+        "doctor",
+        "models",
+        "clidoc",
+        "demo_repair",
+        "console",
     ),
 }
 UNPLACED = "unplaced"

@@ -2,6 +2,6 @@
 
 import sys
 
-from optloop.console import main
+from optloop.cli.console import main
 
 sys.exit(main())

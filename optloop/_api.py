@@ -3,7 +3,7 @@ attributes a system's failures, lives with its command in :mod:`optloop.attribut
 
 It runs what ``optloop run`` runs and returns the result object instead of printing it. Its keyword
 arguments become the same typed objects the command's flags become (:mod:`optloop.loop.request`:
-``LoopConfig``, ``RunOptions``, the LMs' ``LMSettings``), and :func:`optloop.run.execute` runs
+``LoopConfig``, ``RunOptions``, the LMs' ``LMSettings``), and :func:`optloop.cli.run.execute` runs
 them: no command line is built or parsed. The defaults in its signature are those models' field
 defaults, read from them, so the function and the command cannot disagree.
 
@@ -18,9 +18,9 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
+from optloop.loop.budget.limits import SpendingLimits
 from optloop.loop.config import LoopConfig, OptimizerName
 from optloop.loop.request import RunOptions, RunRequest, checked, loop_config, run_lms
-from optloop.loop.spend import SpendingLimits
 from optloop.offline import offline_defaults
 
 if TYPE_CHECKING:
@@ -161,14 +161,14 @@ def optimize(
         optloop.errors.OptloopError:
             Bad input (exit code 2 on the command line), an unavailable endpoint (75), or a state
             that cannot be written (74); nothing is written for bad input.
-        optloop.loop.spend.RunStopped:
+        optloop.loop.budget.limits.RunStopped:
             ``max_cost`` or ``max_calls`` was reached; the run is saved and the same call with a
             higher limit resumes it.
     """
     os.environ.update(
         offline_defaults()
     )  # before DSPy, litellm and the memory libraries are imported
-    from optloop.run import execute
+    from optloop.cli.run import execute
 
     options = checked(
         RunOptions,

@@ -2,7 +2,7 @@
 
 Every ``OptloopError`` carries a one-line message that names what is wrong and
 what to fix. Command-line entry points print that line and exit non-zero
-(see :func:`optloop.cli.run_cli`) instead of showing a traceback.
+(see :func:`optloop.cli.command.run_cli`) instead of showing a traceback.
 """
 
 from __future__ import annotations

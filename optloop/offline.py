@@ -19,8 +19,9 @@ reads ``TQDM_*`` variables once, when it is imported, as the defaults of every b
 Optimization" bar, MLflow's and Hugging Face's download bars would otherwise draw on stderr, into
 the console and into any file a run's output is redirected to, where the command's own progress
 lines already say what runs. A bar whose caller passes ``disable=`` itself (DSPy's parallel
-executor) is not reached by it: see ``optloop.loop.optimizers.dspy_bars_hidden``. The ``optloop``
-command sets both (:func:`command_defaults`) before it imports anything that imports tqdm.
+executor) is not reached by it: see ``optloop.loop.optimizers.rounds.dspy_bars_hidden``. The
+``optloop`` command sets both (:func:`command_defaults`) before it imports anything that imports
+tqdm.
 
 ``import optloop`` itself changes nothing: a program that uses optloop as a library keeps the
 environment it has. Each value is a default only: a variable already set is never overridden.

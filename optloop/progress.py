@@ -1,13 +1,7 @@
-"""What a run says while it runs: a live status line on a terminal, plain lines anywhere else.
-
-On a terminal the current stage is one status line that updates in place. Without one (output to a
-file, a pipe, a CI log) every stage and every trial is one plain line on stderr, so a log shows
-where a run is instead of nothing for the whole baseline. Either way each line is appended, with
-the time, to the run's ``run.log`` (:data:`LOG_NAME`, in the run's directory); so is what the
-command prints to stay (:meth:`RunProgress.show`: which run, the projection, the result's tables),
-as :func:`optloop.output.plain_text` renders it, so the log alone tells the run's story.
-``optloop attribute`` reports the same way, one line per episode (:func:`episode_line`), into the
-``run.log`` beside its reports.
+"""What a run says while it runs, as words: the line of a finished trial (:func:`trial_line`), of
+an attributed episode (:func:`episode_line`), a span of time (:func:`duration`) and the name of
+the log a command keeps them in (:data:`LOG_NAME`). How a command shows them (a status line on a
+terminal, plain lines elsewhere, the ``run.log``) is :mod:`optloop.cli.status`'s.
 
 The lines themselves (:func:`trial_line`, :func:`episode_line`) are built here, so the loop,
 attribution and anything that projects the run's end (an ETA) say them the same way.
@@ -15,25 +9,14 @@ attribution and anything that projects the run's end (an ETA) say them the same 
 
 from __future__ import annotations
 
-import threading
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from pathlib import Path
-from typing import Any
-
-from rich.console import Console, RenderableType
-from rich.text import Text
-
-from optloop.output import plain_text
-
 LOG_NAME = "run.log"
 
 
 def duration(seconds: float, *, minutes_from: float = 90, hours_from: float = 5400) -> str:
     """``41 s``, ``18 min``, ``2.5 h``: a span in the unit that reads best, seconds below
     ``minutes_from`` seconds, hours from ``hours_from`` seconds, minutes between. A progress line
-    keeps the defaults (``75 s``, ``80 min``); a projection (:func:`optloop.loop.eta.projected`)
+    keeps the defaults (``75 s``, ``80 min``); a projection
+    (:func:`optloop.loop.budget.eta.projected`)
     moves to the next unit at a whole minute and a whole hour."""
     if seconds < minutes_from:
         return f"{seconds:.0f} s"
@@ -67,75 +50,3 @@ def episode_line(
         f"{failures} failure{'' if failures == 1 else 's'} attributed"
     )
     return line if eta_s is None else f"{line}, ETA {duration(eta_s)}"
-
-
-class RunProgress:
-    """The ``progress`` callback of a run: ``progress(message)`` shows a stage or a trial line.
-
-    Use it inside :meth:`shown`; ``log`` (the run's ``run.log``) gets every line whether or not a
-    terminal shows it.
-    """
-
-    def __init__(self, console: Console, log: Path | None = None, *, live: bool | None = None):
-        self.console = console
-        self.log = log
-        self.live = console.is_terminal if live is None else live
-        self._status: Any = None
-        self._started = time.monotonic()
-        self._held: list[str] = []  # log lines waiting for the log's folder (see _write_log)
-        self._writing = threading.Lock()  # an optimizer's threads report too
-
-    @contextmanager
-    def shown(self, first: str = "starting") -> Iterator[RunProgress]:
-        """Show the progress for the duration of the block (a status line on a terminal)."""
-        if not self.live:
-            yield self
-            return
-        with self.console.status(first) as status:
-            self._status = status
-            try:
-                yield self
-            finally:
-                self._status = None
-
-    def __call__(self, message: str) -> None:
-        self._write_log(message)
-        if self._status is not None:
-            self._status.update(message)
-        elif not self.live:
-            elapsed = duration(time.monotonic() - self._started)
-            self.console.print(
-                f"[{elapsed}] {message}", markup=False, highlight=False, soft_wrap=True
-            )
-
-    def line(self, message: str) -> None:
-        """A line that stays (a finished trial): printed above the status line on a terminal, as a
-        plain line elsewhere, and written to the log either way."""
-        self._write_log(message)
-        prefix = "" if self.live else f"[{duration(time.monotonic() - self._started)}] "
-        self.console.print(f"{prefix}{message}", markup=False, highlight=False, soft_wrap=True)
-
-    def show(self, renderable: RenderableType) -> None:
-        """What the command prints to stay (a table, a line of the result): on the console as it
-        is, and in the log as plain text (:func:`~optloop.output.plain_text`), every line stamped
-        with the time. A string is one plain line (no markup read)."""
-        line = isinstance(renderable, str | Text)
-        self.console.print(renderable, markup=False, highlight=False, soft_wrap=line)
-        self._write_log(plain_text(renderable).rstrip("\n"), create=False)
-
-    def _write_log(self, message: str, *, create: bool = True) -> None:
-        """Append ``message`` to the log, a stamp on each of its lines. Without ``create`` it waits
-        (held, in order) for the log's folder to exist: what a command says before its run has
-        begun (which run, its dataset) must not leave a run folder behind a run refused at its
-        start; it is written with the first progress line."""
-        if self.log is None:
-            return
-        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-        with self._writing:
-            self._held += [f"{stamp} {line}\n" for line in message.split("\n")]
-            if not create and not self.log.parent.is_dir():
-                return
-            self.log.parent.mkdir(parents=True, exist_ok=True)
-            with self.log.open("a", encoding="utf-8") as out:
-                out.writelines(self._held)
-            self._held.clear()

@@ -17,6 +17,10 @@ Kept apart on purpose, because they answer other questions:
   it cuts nothing into words.
 * ``faults.corruptions._blur`` rewrites a sentence word by word and must keep each
   word's case and spelling.
+
+:func:`start_text` is the one rule for a start instruction (``--start SITE=TEXT``, a planted
+instruction fault): the text itself, or the site's own instruction with it appended or put in
+front.
 """
 
 from __future__ import annotations
@@ -64,3 +68,14 @@ def singular(token: str) -> str:
     if len(token) > 2 and token.endswith("s") and not token.endswith("ss"):
         return token[:-1]
     return token
+
+
+def start_text(own: str, start: str) -> str:
+    """A start instruction: ``start`` itself; with a leading ``+`` the site's own instruction with
+    it appended; with a trailing ``+`` the site's own instruction with it put in front (the ``+``
+    stands where ``own`` goes)."""
+    if start.startswith("+"):
+        return f"{own.rstrip()} {start[1:].strip()}"
+    if start.endswith("+"):
+        return f"{start[:-1].strip()} {own.lstrip()}"
+    return start

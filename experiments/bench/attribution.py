@@ -6,7 +6,7 @@ pass.
                                             [--faults preregistered|NAME,...]
                                             [--json out.json] [--markdown out.md]
 
-Runs the planted-fault harness (``optloop.attribution.planted``) for each system
+Runs the planted-fault harness (``optloop.faults.planted``) for each system
 over each dataset with the embedded LM: every system clean and under each of
 its faults. Each question that passes clean and fails under a fault is a
 failure the fault caused, with a known site and type; the deterministic
@@ -45,13 +45,13 @@ from rich.console import Console
 
 from experiments.markdown import provenance_lines
 from experiments.provenance import command_of, model_of, stamped
-from optloop.attribute import render_planted, render_planted_markdown
-from optloop.attribution.planted import PlantedRun, run_planted
-from optloop.attribution.planted_report import summarize
-from optloop.cli import CommandParser, lm_from_args, parse_command, run_cli
+from optloop.cli.attribute import render_planted, render_planted_markdown
+from optloop.cli.command import CommandParser, lm_from_args, parse_command, run_cli
 from optloop.datasets import load_dataset
 from optloop.errors import ConfigError
 from optloop.faults.catalogue import CATALOGUE
+from optloop.faults.planted import PlantedRun, run_planted
+from optloop.faults.planted_report import summarize
 from systems import get_system
 
 DEFAULT_SYSTEMS = "rag_bm25,rag_embedding,long_context,md_flat,mem0,graphiti"

@@ -55,7 +55,7 @@ from rich.table import Table
 
 from experiments.markdown import provenance_lines, table
 from experiments.provenance import command_of, stamped
-from optloop.cli import CommandParser, parse_command, run_cli
+from optloop.cli.command import CommandParser, parse_command, run_cli
 from optloop.errors import ConfigError
 from optloop.paths import write_atomic
 from optloop.testing.oracle import PLANTED
@@ -145,9 +145,9 @@ def _embedded(system: str, cache: Path) -> Callable[[dict[str, Any]], dict[str, 
 def _embedded_engine(system: str, cache: Path) -> Any:
     """The embedded model behind the recording server: the system's decoding bounds, its own LM
     cache file."""
-    from optloop.cli import lm_settings_from_args
+    from optloop.cli.command import lm_settings_from_args
+    from optloop.cli.run import build_parser
     from optloop.lm import OptloopLM
-    from optloop.run import build_parser
     from systems import get_system
 
     args = build_parser().parse_args(["--system", system])
@@ -363,7 +363,7 @@ def estimate_markdown(paths: Sequence[Path], n: int) -> str:
         f"\n## The projection: `--system {first['system']} --budget {first['budget']}` on "
         f"LoCoMo with {first['model']} at --concurrency {n}\n\n- command: `python -m "
         f"experiments.bench.estimate --n {n} --batch K --json OUT` (the run model of "
-        "`optloop.run --estimate`, optloop/loop/spend.py, on a baseline modeled from a "
+        "`optloop.run --estimate`, optloop/loop/budget/spend.py, on a baseline modeled from a "
         f"recording of {first['recording']} made {first['recorded_on']}; "
         f"{first['conversations']} conversations of `{first['dataset']}`; "
         f"{first['latency_ms']:g} ms a call assumed; optimizer {first['optimizer']})\n\n"

@@ -61,7 +61,7 @@ from rich.console import Console
 from rich.table import Table
 
 from optloop.artifacts import CHECKPOINT
-from optloop.cli import CommandParser, parse_command, run_cli
+from optloop.cli.command import CommandParser, parse_command, run_cli
 from optloop.testing.chaos import FaultSchedule, FaultyEndpoint
 from optloop.tracing.graph import ExecutionGraph
 

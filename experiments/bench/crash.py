@@ -58,7 +58,7 @@ from pydantic import BaseModel, Field
 from rich.console import Console
 from rich.table import Table
 
-from optloop.cli import CommandParser, parse_command
+from optloop.cli.command import CommandParser, parse_command
 from optloop.testing.oracle import DATASET, PLANTED, OracleEndpoint
 
 REPO = Path(__file__).resolve().parents[2]
@@ -150,8 +150,8 @@ def kill_main(argv: Sequence[str]) -> int:
     parser.add_argument("args", nargs=argparse.REMAINDER)
     ns = parser.parse_args(argv)
     install(ns.at, ns.record)
-    from optloop.cli import run_cli
-    from optloop.run import main
+    from optloop.cli.command import run_cli
+    from optloop.cli.run import main
 
     return run_cli(main, [a for a in ns.args if a != "--"])
 

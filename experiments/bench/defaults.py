@@ -41,7 +41,7 @@ from pydantic import BaseModel
 
 from experiments.markdown import provenance_lines, table
 from experiments.provenance import command_of, stamped
-from optloop.cli import CommandParser, parse_command, run_cli
+from optloop.cli.command import CommandParser, parse_command, run_cli
 from optloop.loop.state import Checkpoint
 from optloop.paths import write_atomic
 from optloop.stats import bootstrap_mean

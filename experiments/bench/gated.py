@@ -51,7 +51,7 @@ from rich.console import Console
 from rich.table import Table
 
 from experiments.provenance import stamped
-from optloop.cli import CommandParser, parse_command, run_cli
+from optloop.cli.command import CommandParser, parse_command, run_cli
 from optloop.datasets import Episode, Question, load_dataset
 from optloop.datasets.agentic import (
     CATEGORIES,

@@ -40,7 +40,7 @@ from pydantic import BaseModel
 
 from experiments.markdown import provenance_lines, table
 from experiments.provenance import commit, stamped
-from optloop.cli import CommandParser, parse_command, run_cli
+from optloop.cli.command import CommandParser, parse_command, run_cli
 from optloop.datasets import load_dataset
 from optloop.datasets.split import split_episodes
 from optloop.embed import get_embedder

@@ -32,7 +32,7 @@ from rich.console import Console
 from rich.progress import track
 from rich.table import Table
 
-from optloop.cli import CommandParser, parse_command, run_cli
+from optloop.cli.command import CommandParser, parse_command, run_cli
 from optloop.embed import get_embedder
 from optloop.lm import LMSettings, OptloopLM
 

@@ -38,7 +38,7 @@ from typing import Any
 
 from experiments.markdown import provenance_lines, table
 from experiments.provenance import command_of, stamped
-from optloop.cli import CommandParser, parse_command, run_cli
+from optloop.cli.command import CommandParser, parse_command, run_cli
 from optloop.paths import write_atomic
 
 REPO = Path(__file__).resolve().parents[2]

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.provenance import command_of, stamped
-from optloop.cli import run_cli
+from optloop.cli.command import run_cli
 from optloop.datasets import Episode, load_dataset
 from optloop.stats import bootstrap_mean, paired_bootstrap_delta
 from optloop.text import words
@@ -86,7 +86,7 @@ def app_config(root: Path, base_url: str, model: str) -> dict[str, Any]:
 def exported_module(root: Path, extract: str | None = None) -> Any:
     """``optloop.export``'s mem0 module of the baseline prompts (mem0's own text, the site's
     schema), or of ``extract`` as the extraction instruction."""
-    from optloop.export import Bundle, render
+    from optloop.product.export import Bundle, render
     from signatures.mem0 import Mem0Extract
 
     bundle = Bundle(

@@ -47,7 +47,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from optloop.attribution.traces import TracedFailure, attribute_traces, llm_calls, warm_embedder
-from optloop.cli import CommandParser, parse_command, run_cli
+from optloop.cli.command import CommandParser, parse_command, run_cli
 from optloop.datasets.meme_published import STAGES
 from optloop.paths import write_atomic
 from optloop.tracing.meme_traces import import_traces

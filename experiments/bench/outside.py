@@ -489,7 +489,7 @@ def case_half_made_store(work: Path) -> list[Row]:
         kept = work / "half-made.db"
         shutil.copy(db, kept)
     shutil.copy(kept, db)
-    from optloop.tracking_store import schema_state
+    from optloop.services.tracking_store import schema_state
 
     state = schema_state(db)
     with OracleEndpoint() as endpoint:
@@ -612,7 +612,7 @@ def _trial_names(db: Path) -> str:
 
 def case_unwritable_store(work: Path) -> list[Row]:
     """The empty mlruns folder, then an existing mlflow.db, refusing writes."""
-    from optloop.tracking_store import ensure_sqlite_store
+    from optloop.services.tracking_store import ensure_sqlite_store
 
     rows = []
     mlruns = work / "mlruns"
@@ -710,8 +710,8 @@ def case_export_and_gold(work: Path) -> list[Row]:
     mode under umask 022; a dataset question with an empty gold answer."""
     import stat
 
-    from optloop.product_templates.mem0_prompts import library_prompts
-    from optloop.tracking_store import ensure_sqlite_store
+    from optloop.product.templates.mem0_prompts import library_prompts
+    from optloop.services.tracking_store import ensure_sqlite_store
 
     db = work / "mlruns" / "mlflow.db"
     ensure_sqlite_store(db)

@@ -68,7 +68,7 @@ from rich.console import Console
 from experiments.bench.throughput import evaluate
 from experiments.markdown import provenance_lines, table
 from experiments.provenance import stamped
-from optloop.cli import CommandParser, parse_command, run_cli
+from optloop.cli.command import CommandParser, parse_command, run_cli
 from optloop.datasets import load_dataset
 from optloop.embed import LocalEmbedder, get_embedder
 from optloop.errors import ConfigError

@@ -54,8 +54,8 @@ test questions: the champion and its sabotaged copy are measured on the same que
 recovered share compares like with like.
 
 **The edit optimizer's order** (``--edit-order``): ``evidence``, the order ``optloop.run`` uses
-(the deletions the failures support first, :mod:`optloop.loop.edit`), or ``screen``, the train
-screen's order alone, the order before the evidence was read. Each run reports
+(the deletions the failures support first, :mod:`optloop.loop.optimizers.edit`), or ``screen``, the
+train screen's order alone, the order before the evidence was read. Each run reports
 ``tried_before_best``, the candidates evaluated on dev before the one promoted; the aggregate
 names the screen order's rows ``edit (screen order)``, so two reports, one per order, compare
 case by case.
@@ -98,7 +98,7 @@ from rich.table import Table
 
 from experiments.provenance import model_of, stamped
 from optloop.artifacts import CHECKPOINT
-from optloop.cli import CommandParser, lm_settings_from_args, parse_command, run_cli
+from optloop.cli.command import CommandParser, lm_settings_from_args, parse_command, run_cli
 from optloop.datasets import load_dataset
 from optloop.faults.model import InstructionFault
 from optloop.faults.sabotages import (
@@ -110,9 +110,9 @@ from optloop.faults.sabotages import (
 )
 from optloop.lm import OptloopLM
 from optloop.loop.candidate import Candidate
-from optloop.loop.edit import EditOptimizer
 from optloop.loop.evaluate import Evaluation, Evaluator
-from optloop.loop.optimizers import PROPOSER_SITE
+from optloop.loop.optimizers.base import PROPOSER_SITE
+from optloop.loop.optimizers.edit import EditOptimizer
 from optloop.loop.runner import Checkpoint, Loop, LoopConfig, LoopResult, start_candidate
 from optloop.paths import state_dir, write_atomic
 from optloop.stats import Interval, bootstrap_mean, paired_bootstrap_delta, recovered_share

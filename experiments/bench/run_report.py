@@ -31,7 +31,7 @@ from typing import Any
 
 from experiments.markdown import provenance_lines, table
 from experiments.provenance import model_of, stamped
-from optloop.cli import CommandParser, parse_command, run_cli
+from optloop.cli.command import CommandParser, parse_command, run_cli
 from optloop.loop.evaluate import Evaluation
 from optloop.loop.gate import logs_under, verdicts
 from optloop.loop.state import Checkpoint

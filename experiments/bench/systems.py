@@ -37,7 +37,7 @@ from rich.table import Table
 from experiments.bench._common import bench_lm, parse_systems, run_episode
 from experiments.markdown import provenance_lines, table
 from experiments.provenance import model_of, stamped
-from optloop.cli import CommandParser, parse_command, run_cli
+from optloop.cli.command import CommandParser, parse_command, run_cli
 from optloop.datasets import load_dataset
 from optloop.lm import OptloopLM
 from optloop.paths import write_atomic

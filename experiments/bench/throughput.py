@@ -83,14 +83,14 @@ from rich.table import Table
 
 from experiments.bench._common import parse_systems
 from experiments.provenance import stamped
-from optloop.cli import CommandParser, parse_command, run_cli
+from optloop.cli.command import CommandParser, parse_command, run_cli
 from optloop.datasets import Dataset, load_dataset
 from optloop.embed import Embedder, get_embedder
 from optloop.errors import ConfigError
 from optloop.lm import LMSettings, OptloopLM, Usage
+from optloop.loop.budget.estimate import evaluation_seconds
 from optloop.loop.cost import LMCost
 from optloop.loop.evaluate import Evaluation, Evaluator
-from optloop.loop.spend import evaluation_seconds
 from optloop.paths import state_dir, write_atomic
 from optloop.pipeline import EpisodeResult
 from optloop.testing.replay import ReplayConfig, ReplayServer, load_cache

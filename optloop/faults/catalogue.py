@@ -1,5 +1,5 @@
 """The catalogue of operation faults the attribution harness plants
-(:mod:`optloop.attribution.planted`):
+(:mod:`optloop.faults.planted`):
 each with the site (or knob) and error type a correct attribution must name, grouped by when it
 joined (``added``: the original ones, then the preregistered ones, written down before any run
 evaluated them)."""

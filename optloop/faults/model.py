@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import dspy
 
 from optloop.attribution.taxonomy import ErrorType
-from optloop.loop.policy import start_text
+from optloop.text import start_text
 
 if TYPE_CHECKING:
     from systems.base import MemorySystem

@@ -104,7 +104,7 @@ class OptloopLM(dspy.LM):
         of :meth:`__call__`.
 
         For LM wrappers that still speak DSPy's legacy ``forward()`` interface and delegate
-        to this LM (``optloop.loop.optimizers._Charged``): ``dspy.LM.forward`` itself would
+        to this LM (an optimizer's wrapper): ``dspy.LM.forward`` itself would
         skip the shim, losing the rollout (every SIMBA proposal sampled with one seed).
         """
         with self._call_options(prompt, kwargs), _optloop_errors():

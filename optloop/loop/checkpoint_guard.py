@@ -140,7 +140,7 @@ def retire(broken: list[Broken], tracking_uri: str) -> list[str]:
 
 def _end_killed(run_id: str | None, tracking_uri: str) -> bool:
     """End MLflow run ``run_id`` KILLED if the store holds it unfinished; whether it did."""
-    from optloop.preflight import sqlite_path
+    from optloop.services.preflight import sqlite_path
 
     db = sqlite_path(tracking_uri)
     if run_id is None or (db is not None and not db.is_file()):

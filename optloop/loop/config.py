@@ -4,22 +4,24 @@ parent run's params, digested for resuming), each with its default written once,
 ``optloop run``'s parser and ``optloop.optimize``'s signature read their defaults from these
 fields; what a default depends on (the dataset, the optimizer) is decided by the rules of
 :mod:`optloop.loop.request`, where both entry points build a run. The module imports only pydantic,
-so the Python API reads it without loading DSPy, MLflow or a memory library.
+so the Python API reads it without loading DSPy, MLflow or a memory library (the optimizers'
+names come from :mod:`optloop.loop.optimizers.registry`, which imports nothing of optloop).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Literal, get_args
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator
+
+from optloop.loop.optimizers.registry import DEFAULT, NAMES, OptimizerName
 
 MAX_BUDGET = 500
 MAX_BATCH = 64
 
-OptimizerName = Literal["simba", "gepa", "optuna", "edit"]
-OPTIMIZER_NAMES: tuple[str, ...] = get_args(OptimizerName)
+OPTIMIZER_NAMES: tuple[str, ...] = NAMES
 
 
 def check_fractions(fractions: tuple[float, ...]) -> tuple[float, float, float]:
@@ -45,7 +47,7 @@ class LoopConfig(BaseModel):
     # (optloop.loop.request.loop_config).
     dataset: str = "builtin:tiny"
     budget: int = Field(3, ge=1, le=MAX_BUDGET)
-    optimizer: OptimizerName = "simba"
+    optimizer: OptimizerName = DEFAULT
     seed: int = 0
     untargeted: bool = False
     sites: list[str] | None = None

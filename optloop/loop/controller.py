@@ -27,8 +27,8 @@ Each interface, what it does, and its real implementation:
   registry); ``mlflow_sink.MlflowSink``
 - :class:`Coordinator`: who evaluates the baseline, who may take the next trial, who finishes;
   ``coordinator.LocalCoordinator``, ``coordinator.SharedCoordinator``
-- ``make_optimizer``: an :class:`~optloop.loop._base.Optimizer` for (sites, knobs);
-  ``Loop._optimizer`` (``OPTIMIZERS``)
+- ``make_optimizer``: an :class:`~optloop.loop.optimizers.base.Optimizer` for (sites, knobs);
+  ``Loop._optimizer`` (:mod:`~optloop.loop.optimizers.registry`)
 - :class:`RunContext`: config, checkpoint, start program, progress, cost; built by ``Loop``
 
 **Checkpoint discipline** (why a resumed run equals an uninterrupted one). Every
@@ -44,7 +44,7 @@ has spent, and every process adds itself to the checkpoint's count, so the run's
 every process that worked on it (a kill loses only what was spent since the last save, which is
 the work that is redone).
 
-**Spending limits** (``--max-cost``, ``--max-calls``, ``--estimate``: :mod:`optloop.loop.spend`)
+**Spending limits** (``--max-cost``, ``--max-calls``, ``--estimate``: :mod:`optloop.loop.budget`)
 are checked at step boundaries only (:meth:`Controller._boundary`): before each evaluation
 outside a trial, after the baseline, and before each trial's proposal, where everything done
 is checkpointed and no trial is open. A limit reached there raises ``RunStopped``; the run
@@ -65,11 +65,12 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from optloop.attribution import BlameEntry, blame
-from optloop.loop._base import Optimizer
+from optloop.loop.budget.eta import Eta, TrialLine
+from optloop.loop.budget.limits import SpendingLimits
 from optloop.loop.candidate import Candidate, prompt_diff
 from optloop.loop.control import Comparison, compare, control_candidate, control_line
-from optloop.loop.eta import Eta, TrialLine
 from optloop.loop.evaluate import Evaluation
+from optloop.loop.optimizers.base import Optimizer
 from optloop.loop.policy import (
     choose_targets,
     control_sites,
@@ -78,7 +79,6 @@ from optloop.loop.policy import (
     promotion,
     small_split_warning,
 )
-from optloop.loop.spend import SpendingLimits
 from optloop.loop.state import Checkpoint, Cost, LoopConfig, LoopResult, Trial, Tried, add_costs
 from optloop.stats import Interval
 
@@ -321,7 +321,7 @@ class RunContext:
     this process has spent so far (LLM calls, tokens, seconds), saved with every checkpoint (the
     run's total adds up every process's: :meth:`Checkpoint.total_cost`); ``limits`` are this
     process's ``--max-cost``, ``--max-calls`` and ``--estimate``, checked at step boundaries
-    against that total (:mod:`optloop.loop.spend`); ``baseline_done`` is called once the baseline
+    against that total (:mod:`optloop.loop.budget`); ``baseline_done`` is called once the baseline
     is known and trials are to come (``Loop`` prints the projection of the whole run there) and
     returns the :class:`Eta` its projection starts; ``trial_done`` receives one :class:`TrialLine`
     per evaluated trial.
@@ -401,8 +401,8 @@ class Controller:
 
         One call is one process's share of the run (:meth:`Checkpoint.begin_process`). When it
         stops midway (a kill signal turned into ``KeyboardInterrupt``, an error, a spending limit's
-        :class:`~optloop.loop.spend.RunStopped` at a step boundary), what it spent is written into
-        the checkpoint on disk before the exception goes on.
+        :class:`~optloop.loop.budget.limits.RunStopped` at a step boundary), what it spent is
+        written into the checkpoint on disk before the exception goes on.
         """
         self.ckpt.begin_process()
         try:
@@ -584,11 +584,7 @@ class Controller:
                     :2
                 ]
             )
-        if isinstance(getattr(optimizer, "queue", None), list):
-            optimizer.queue = [  # type: ignore[attr-defined]
-                c for c in ckpt.queue if c.digest() not in optimizer.seen
-            ]
-            optimizer.seen |= {c.digest() for c in optimizer.queue}  # type: ignore[attr-defined]
+        optimizer.restore_queue(ckpt.queue)
         return optimizer, best
 
     # --- the trials -----------------------------------------------------------------------
@@ -620,7 +616,7 @@ class Controller:
             )
             started = time.perf_counter()
             candidates = optimizer.propose_batch(best.candidate, best.evaluation, size)
-            ckpt.queue = list(getattr(optimizer, "queue", []))
+            ckpt.queue = optimizer.queued()
             if not candidates:
                 why = (
                     f"{optimizer.name} proposed nothing new after {len(ckpt.trials)} "
@@ -684,7 +680,7 @@ class Controller:
         optimizer."""
         taken: list[Trial] = []
         for i, candidate in enumerate(candidates):
-            study_trial = getattr(optimizer, "study_trial", lambda c: None)(candidate)
+            study_trial = optimizer.study_trial(candidate)
             trial_no = self.coordinator.take(self.ckpt.trials, candidate, study_trial)
             if trial_no is None:
                 for rest in reversed(candidates[i:]):

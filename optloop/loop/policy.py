@@ -19,6 +19,7 @@ from optloop.loop.candidate import Candidate
 from optloop.loop.state import LoopConfig
 from optloop.sites import ANSWER
 from optloop.stats import Interval, bootstrap_mean, paired_bootstrap_delta
+from optloop.text import start_text
 
 if TYPE_CHECKING:
     from optloop.attribution import BlameEntry
@@ -249,17 +250,6 @@ def check_start(config: LoopConfig, sites: list[str]) -> None:
             f"--start {', '.join(unknown)}: no such site on {config.system}; its sites are "
             f"{', '.join(sites)}"
         )
-
-
-def start_text(own: str, start: str) -> str:
-    """A start instruction: ``start`` itself; with a leading ``+`` the site's own instruction with
-    it appended; with a trailing ``+`` the site's own instruction with it put in front (the ``+``
-    stands where ``own`` goes)."""
-    if start.startswith("+"):
-        return f"{own.rstrip()} {start[1:].strip()}"
-    if start.endswith("+"):
-        return f"{start[:-1].strip()} {own.lstrip()}"
-    return start
 
 
 def questions(dataset: Dataset) -> int:

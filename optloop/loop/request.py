@@ -3,10 +3,10 @@
 options), and the rules that fill what the caller left unset.
 
 Both entry points build their run here: ``optloop run`` maps its flags onto these objects
-(:mod:`optloop.run_args`), ``optloop.optimize`` its keyword arguments (:mod:`optloop._api`), and
-:func:`optloop.run.prepare` starts from the :class:`RunRequest`. A setting's default is a field
-default of :class:`~optloop.loop.config.LoopConfig` or :class:`RunOptions` (the parser's and the
-API's are read from it); what depends on other settings is decided by one function:
+(:mod:`optloop.cli.run_args`), ``optloop.optimize`` its keyword arguments (:mod:`optloop._api`),
+and :func:`optloop.cli.run.prepare` starts from the :class:`RunRequest`. A setting's default is a
+field default of :class:`~optloop.loop.config.LoopConfig` or :class:`RunOptions` (the parser's and
+the API's are read from it); what depends on other settings is decided by one function:
 
 - the dataset: the one optloop generates for the system
   (:func:`~optloop.datasets.defaults.default_dataset`);
@@ -26,8 +26,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from optloop.errors import ConfigError
+from optloop.loop.budget.limits import SpendingLimits
 from optloop.loop.config import LoopConfig, OptimizerName
-from optloop.loop.spend import SpendingLimits
+from optloop.loop.optimizers import registry
 
 if TYPE_CHECKING:
     from optloop.lm import LMSettings
@@ -91,7 +92,7 @@ class RunRequest:
     (``config``), the LM that runs it (``lm``) and the one that writes new instructions
     (``proposer``; None: that same LM), and how this process takes part (``options``). Nothing is
     checked against the world yet (the dataset, the endpoint, the stores): that is
-    :func:`optloop.run.prepare`'s."""
+    :func:`optloop.cli.run.prepare`'s."""
 
     config: LoopConfig
     lm: LMSettings
@@ -124,7 +125,7 @@ def default_optimizer(proposer: LMSettings) -> OptimizerName:
     swaps and restores units of the library's own instructions, so its candidates read as
     prompts a person could ship whatever the proposer.
     """
-    return "edit" if proposer.backend == "local" else "simba"
+    return registry.WITHOUT_WRITER if proposer.backend == "local" else registry.DEFAULT
 
 
 def answer_settings(settings: LMSettings) -> dict[str, object]:
@@ -173,7 +174,7 @@ def loop_config(
       (:func:`~optloop.datasets.defaults.default_dataset`);
     - ``optimizer``: :func:`default_optimizer` of the proposer, else of ``settings``;
     - ``lm_settings``: :func:`answer_settings` of ``settings``;
-    - ``run_name``: ``-`` until the run is chosen (:func:`optloop.run_resume.choose_run`).
+    - ``run_name``: ``-`` until the run is chosen (:func:`optloop.cli.run_resume.choose_run`).
 
     A value LoopConfig refuses is a :class:`ConfigError` naming the field.
     """

@@ -19,7 +19,7 @@ owns what is not the loop's logic:
   :class:`~optloop.loop.mlflow_sink.MlflowSink`, and a
   :class:`~optloop.loop.coordinator.LocalCoordinator` or, for ``--optimizer optuna``,
   a :class:`~optloop.loop.coordinator.SharedCoordinator`;
-- the optimizer factory (``OPTIMIZERS``) and the cost accounting.
+- the optimizer factory (:mod:`~optloop.loop.optimizers.registry`) and the cost accounting.
 
 State lives in ``<state dir>/runs/<run name>/checkpoint.json``, rewritten
 atomically after every step, so the same command resumes an interrupted run
@@ -29,7 +29,7 @@ ended KILLED and deleted from MLflow and redone, nothing is counted twice, and w
 every process spent adds up (the controller's docstring says how). An interrupt
 (``KeyboardInterrupt``: Ctrl-C, or SIGTERM as ``optloop.run`` maps it) ends the
 MLflow runs it leaves as KILLED. A spending limit (``limits``: ``--max-cost``,
-``--max-calls``, ``--estimate``; :mod:`optloop.loop.spend`) stops the controller at a step
+``--max-calls``, ``--estimate``; :mod:`optloop.loop.budget`) stops the controller at a step
 boundary: the parent run ends KILLED with the tag ``optloop.stopped_by``, which the next
 process to open the run removes.
 
@@ -55,23 +55,33 @@ from typing import Any
 
 import dspy
 
-from optloop import artifacts, outside
+from optloop import artifacts
 from optloop.attribution import blame
 from optloop.datasets import Dataset, load_dataset
 from optloop.errors import ConfigError
 from optloop.lm import redact_url
 from optloop.loop import checkpoint_guard
-from optloop.loop._base import default_threads
+from optloop.loop.budget.estimate import (
+    Estimate,
+    OptimizerWork,
+    answer_path,
+    estimate,
+    measured_chains,
+    measured_work,
+    work_units,
+)
+from optloop.loop.budget.eta import Eta, TrialLine
+from optloop.loop.budget.limits import STOPPED_BY, RunStopped, SpendingLimits
+from optloop.loop.budget.shape import RunShape, modeled_work, run_shape
 from optloop.loop.candidate import Candidate, prompt_text
 from optloop.loop.controller import Controller, RunContext, Split
 from optloop.loop.coordinator import LocalCoordinator, SharedCoordinator
 from optloop.loop.cost import site_costs, site_metrics
-from optloop.loop.eta import Eta, TrialLine
 from optloop.loop.evaluate import Evaluation, Evaluator
 from optloop.loop.gate import logs_under, refusals
 from optloop.loop.mlflow_sink import MlflowSink
-from optloop.loop.optimizers import OPTIMIZERS, Optimizer
-from optloop.loop.overhead import RunShape, modeled_work, run_shape
+from optloop.loop.optimizers import registry
+from optloop.loop.optimizers.base import Optimizer, default_threads
 from optloop.loop.policy import (
     FEW_QUESTIONS,
     check_knobs,
@@ -85,18 +95,6 @@ from optloop.loop.policy import (
     split_dataset,
     start_candidate,
 )
-from optloop.loop.spend import (
-    STOPPED_BY,
-    Estimate,
-    OptimizerWork,
-    RunStopped,
-    SpendingLimits,
-    answer_path,
-    estimate,
-    measured_chains,
-    measured_work,
-    work_units,
-)
 from optloop.loop.state import (
     MAX_BUDGET,
     Checkpoint,
@@ -107,6 +105,7 @@ from optloop.loop.state import (
     check_fractions,
 )
 from optloop.paths import state_dir
+from optloop.services import outside
 from optloop.sites import PROPOSER
 from systems import get_system
 
@@ -309,10 +308,11 @@ class Loop:
         self._lock = _lock_dir(self.run_dir)
         if self._lock is not None:
             return self.run_dir
-        if self.config.optimizer != "optuna":
+        if not registry.shared_study(self.config.optimizer):
+            sharing = " or ".join(f"--optimizer {name}" for name in registry.sharing())
             raise ConfigError(
                 f"run {self.config.run_name!r} is in use by another optloop.run process; wait "
-                "for it or pick another --run-name (only --optimizer optuna splits a run "
+                f"for it or pick another --run-name (only {sharing} splits a run "
                 "between workers)"
             )
         n = 1
@@ -328,7 +328,7 @@ class Loop:
         return self.config.storage or f"sqlite:///{(self.run_dir / 'optuna.db').resolve()}"
 
     def _run(self, dataset: Dataset, train: Dataset, dev: Dataset, test: Dataset) -> LoopResult:
-        from optloop import tracking
+        from optloop.services import tracking
 
         cfg = self.config
         ckpt_path = self.state / artifacts.CHECKPOINT
@@ -361,7 +361,7 @@ class Loop:
         )  # the worker id first: a restarted worker must find its slots and roles again
         coordinator: Coordinators = (
             SharedCoordinator.join(cfg, self._storage(), ckpt.worker, self.progress)
-            if cfg.optimizer == "optuna"
+            if registry.shared_study(cfg.optimizer)
             else LocalCoordinator(cfg.budget, storage=self._storage(), study_name=cfg.run_name)
         )
         try:
@@ -525,7 +525,7 @@ class Loop:
         at once): the latter is serialized by a lock file beside the store, the former retried."""
         import mlflow
 
-        from optloop import tracking, tracking_store
+        from optloop.services import tracking, tracking_store
 
         uri = mlflow.get_tracking_uri()
         lock = None
@@ -560,14 +560,14 @@ class Loop:
         coordinator: Coordinators,
     ) -> Optimizer:
         cfg = self.config
-        cls = OPTIMIZERS[cfg.optimizer]
+        cls = registry.optimizer_class(cfg.optimizer)
         kwargs: dict[str, Any] = {
             "sites": sites,
-            "knobs": knobs if cfg.optimizer == "optuna" else [],
+            "knobs": knobs if registry.tunes_knobs(cfg.optimizer) else [],
             "seed": cfg.seed,
             "batch": cfg.batch,
         }
-        if cfg.optimizer == "optuna":
+        if registry.shared_study(cfg.optimizer):
             kwargs |= coordinator.optimizer_kwargs()
         optimizer = cls(evaluator, self.proposer, train, **kwargs)
         optimizer.progress = lambda message: self.progress(message)
@@ -575,7 +575,7 @@ class Loop:
 
     def estimate(self, ckpt: Checkpoint) -> Estimate:
         """``--estimate``'s projection of the whole run from ``ckpt``'s baseline
-        (:func:`~optloop.loop.spend.estimate`):
+        (:func:`~optloop.loop.budget.estimate.estimate`):
         this run's splits, ``--concurrency``, ``--batch``, the optimizer's work and the proposer's
         price."""
         self.prepare()
@@ -636,15 +636,17 @@ class Loop:
         """The optimizer's own work over the whole run (for ``--estimate``), once ``ckpt`` holds
         the baseline:
         measured on its finished trials when it has some
-        (:func:`~optloop.loop.spend.measured_work`), else the optimizer's model
-        (:mod:`optloop.loop.overhead`) on this run's ``shape`` (:meth:`run_shape`); ``None`` when
+        (:func:`~optloop.loop.budget.estimate.measured_work`), else the optimizer's model
+        (:mod:`optloop.loop.budget.shape`) on this run's ``shape`` (:meth:`run_shape`); ``None``
+        when
         neither can say."""
         model = modeled_work(shape, self.config.optimizer)
         return measured_work(ckpt, model, self.config.budget) or model
 
     def run_shape(self, ckpt: Checkpoint) -> RunShape:
         """This run's shape once ``ckpt`` holds the baseline: its target sites, those at the
-        ingest stage among them, its per-request rates (:func:`~optloop.loop.overhead.run_shape`).
+        ingest stage among them, its per-request rates
+        (:func:`~optloop.loop.budget.shape.run_shape`).
         """
         self.prepare()
         assert self._prepared is not None

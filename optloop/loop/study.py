@@ -45,7 +45,6 @@ for its result.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
 import os
@@ -59,30 +58,12 @@ from typing import Any
 
 from optloop.errors import ConfigError
 from optloop.lm import redact_url
+from optloop.services.preflight import storage_url
 
 logger = logging.getLogger(__name__)
 
 PREFIX = "optloop:"
 OPEN_RETRIES = 6
-
-
-def storage_url(url: str) -> str:
-    """``url`` naming a PostgreSQL driver that is installed.
-
-    To SQLAlchemy 2.1 a bare ``postgresql://`` means psycopg 3; with only psycopg2-binary
-    installed the URL is pointed at it (``postgres://`` is accepted too). Other URLs pass as they
-    are.
-    """
-    scheme, sep, rest = url.partition("://")
-    if not sep or scheme not in ("postgresql", "postgres"):
-        return url
-    for module in ("psycopg", "psycopg2"):
-        if importlib.util.find_spec(module) is not None:
-            return f"postgresql+{module}://{rest}"
-    raise ConfigError(
-        f"--storage {redact_url(url)}: no PostgreSQL driver is installed; pip install "
-        "psycopg2-binary"
-    )
 
 
 def _engine_kwargs(url: str) -> dict[str, Any]:

@@ -1,8 +1,8 @@
 """An instruction as editable units, and the check that an edited instruction is well-formed text.
 
-The edit optimizer (:mod:`optloop.loop.edit`) deletes, swaps, paraphrases and restores *units*
-of a prompt site's instruction. A unit is something a person could strike out and still leave
-complete sentences behind:
+The edit optimizer (:mod:`optloop.loop.optimizers.edit`) deletes, swaps, paraphrases and restores
+*units* of a prompt site's instruction. A unit is something a person could strike out and still
+leave complete sentences behind:
 
 * a **sentence** of a prose paragraph (a paragraph may wrap over several lines);
 * a **clause** of a sentence that a semicolon joins to the rest ("Be brief; never explain."):

@@ -11,7 +11,7 @@ caller                                 how it runs the pipeline
 modules
                                        and knobs applied before each question, LM faults fail the
                                        question, graphs saved only when a fault hit the episode
-``optloop.attribute.attribute_dataset`` fresh stores, recorded, every failure attributed (the LLM
+``optloop.analysis.attribute_dataset`` fresh stores, recorded, every failure attributed (the LLM
                                        agent refines the ambiguous ones), every graph saved
 ``attribution.planted.run_planted``    fresh stores with a planted fault, recorded, the failures of
                                        clean passes attributed (``Attributor.select``)

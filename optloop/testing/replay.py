@@ -56,7 +56,7 @@ from email.utils import formatdate
 from pathlib import Path
 from typing import Any, cast
 
-from optloop.cli import CommandParser, parse_command, run_cli
+from optloop.cli.command import CommandParser, parse_command, run_cli
 from optloop.errors import ConfigError
 from optloop.lm.cache import LMCache
 from optloop.lm.requests import Request, response_format_to_schema

@@ -16,7 +16,7 @@ import pytest
 
 from experiments.bench import baselines
 from experiments.bench import systems as bench_systems
-from optloop.cli import run_cli
+from optloop.cli.command import run_cli
 from optloop.datasets import Question, Session
 from optloop.lm import Accounting, CallRecord
 from systems import SYSTEMS

@@ -10,11 +10,11 @@ from experiments.bench.throughput import Recorded, Recording
 from optloop.datasets import load_dataset
 from optloop.errors import ConfigError
 from optloop.lm.pricing import model_price
+from optloop.loop.budget.estimate import Estimate, measured_chains, work_units
+from optloop.loop.budget.estimate import estimate as product_estimate
 from optloop.loop.cost import LMCost
 from optloop.loop.evaluate import Evaluation
-from optloop.loop.overhead import MODELS
-from optloop.loop.spend import Estimate, measured_chains, work_units
-from optloop.loop.spend import estimate as product_estimate
+from optloop.loop.optimizers.registry import cost_model
 from optloop.loop.state import Checkpoint
 
 
@@ -71,7 +71,7 @@ def modeled(
     unit, shape = estimate.per_unit(recording(), "graphiti", questions=9), tiny()
     price = model_price("gpt-4o-mini")
     assert price is not None
-    work = MODELS["simba"](
+    work = cost_model("simba")(
         estimate.run_shape(recording(), "graphiti", unit, shape, budget=budget, train=8)
     )
     figures = estimate.run_estimate(

@@ -11,7 +11,7 @@ from experiments.bench import repair
 from optloop.faults.sabotages import SABOTAGES
 from optloop.lm import prompt_site
 from optloop.loop.candidate import Candidate, SiteState
-from optloop.loop.optimizers import PROPOSER_SITE
+from optloop.loop.optimizers.base import PROPOSER_SITE
 
 CLEAN = "Answer the user's question using only the memories below."
 

@@ -299,7 +299,7 @@ def test_the_benchmarks_page_shows_the_champion_and_the_removed_column(
 def test_screen_order_is_its_own_optimizer_row_and_the_evidence_order_is_restored(
     bench, tmp_path, monkeypatch
 ):
-    from optloop.loop.edit import EditOptimizer
+    from optloop.loop.optimizers.edit import EditOptimizer
 
     seen: list[bool] = []
     run_loop = ScriptedBench.run_loop

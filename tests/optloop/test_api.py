@@ -2,7 +2,7 @@
 become (no command line is built or parsed), with the same defaults, read from the config models.
 
 Where a run would start, the ``Loop`` is stubbed (its ``run`` returns what it was configured with)
-or ``optloop.run.execute`` is (it returns the request it was given): nothing is evaluated.
+or ``optloop.cli.run.execute`` is (it returns the request it was given): nothing is evaluated.
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 
 import optloop
-import optloop.run
-from optloop import run_args
+import optloop.cli.run
+from optloop.cli import run_args
+from optloop.cli.run_args import build_parser, run_request
 from optloop.loop.config import LoopConfig
 from optloop.loop.request import RunOptions, RunRequest
-from optloop.run_args import build_parser, run_request
 
 
 def cli_request(*flags: str) -> RunRequest:
@@ -28,9 +28,10 @@ def cli_request(*flags: str) -> RunRequest:
 
 @pytest.fixture
 def requests(monkeypatch) -> list[RunRequest]:
-    """The requests ``optloop.optimize`` hands the library (``optloop.run.execute`` stubbed)."""
+    """The requests ``optloop.optimize`` hands the library (``optloop.cli.run.execute``
+    stubbed)."""
     seen: list[RunRequest] = []
-    monkeypatch.setattr(optloop.run, "execute", lambda request: seen.append(request) or "done")
+    monkeypatch.setattr(optloop.cli.run, "execute", lambda request: seen.append(request) or "done")
     return seen
 
 
@@ -61,7 +62,7 @@ def refuse_any_command_line(monkeypatch) -> None:
     monkeypatch.setattr(argparse.ArgumentParser, "parse_args", refuse)
     monkeypatch.setattr(argparse.ArgumentParser, "parse_known_args", refuse)
     monkeypatch.setattr(run_args, "build_parser", refuse)
-    monkeypatch.setattr(optloop.run, "build_parser", refuse)
+    monkeypatch.setattr(optloop.cli.run, "build_parser", refuse)
 
 
 @pytest.mark.parametrize("control, flags", [(True, []), (False, ["--no-control"])])

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from optloop.attribute import main
-from optloop.cli import run_cli
+from optloop.cli.attribute import main
+from optloop.cli.command import run_cli
 from optloop.datasets import load_dataset
 from optloop.testing.scripted import ScriptedOpenAIServer
 
@@ -33,9 +33,9 @@ def test_bad_input_is_one_line_and_writes_nothing(argv, needle, capsys, isolated
 
 
 def test_list_faults_prints_every_fault_of_the_catalogue_across_stages(capsys, monkeypatch):
-    from optloop import attribute
+    import optloop.cli.attribute as cli
 
-    monkeypatch.setattr(attribute.console, "width", 300)  # no fault name wrapped inside its cell
+    monkeypatch.setattr(cli.console, "width", 300)  # no fault name wrapped inside its cell
     assert run_cli(main, ["--list-faults"]) == 0
     from optloop.faults.catalogue import CATALOGUE
 
@@ -116,7 +116,7 @@ def test_attribute_run_writes_reports_and_mlflow_traces_with_operation_spans(
     ]
     import mlflow
 
-    from optloop import tracking
+    from optloop.services import tracking
 
     tracking.configure()
     traces = mlflow.search_traces(
@@ -134,7 +134,7 @@ def test_attribute_run_writes_reports_and_mlflow_traces_with_operation_spans(
 
 def test_the_python_api_reports_each_episode_to_its_progress_callback(isolated_state):
     import optloop
-    from optloop.attribute import EpisodeDone
+    from optloop.analysis import EpisodeDone
 
     seen: list[EpisodeDone] = []
     with ScriptedOpenAIServer([_answers(lambda user: "I don't know")]) as server:
@@ -211,7 +211,8 @@ def test_planted_report_with_no_induced_failure_says_so_and_scores_every_caused_
     markdown."""
     from rich.console import Console
 
-    import optloop.attribute as cli
+    import optloop.analysis.planted as planted
+    import optloop.cli.attribute as cli
     from optloop.lm import Accounting
     from tests.optloop.attribution.test_planted_report import issue_run
 
@@ -224,7 +225,7 @@ def test_planted_report_with_no_induced_failure_says_so_and_scores_every_caused_
     recorded = Console(record=True, width=250)
     monkeypatch.setattr(cli, "console", recorded)
     monkeypatch.setattr(cli, "lm_from_args", lambda *args, **kwargs: FakeLM())
-    monkeypatch.setattr(cli, "run_planted", lambda *args, **kwargs: issue_run())
+    monkeypatch.setattr(planted, "run_planted", lambda *args, **kwargs: issue_run())
     out, md = tmp_path / "planted.json", tmp_path / "planted.md"
     assert (
         run_cli(
@@ -271,7 +272,7 @@ def test_planted_report_with_no_induced_failure_says_so_and_scores_every_caused_
 def test_list_faults_shows_which_faults_were_preregistered(capsys, monkeypatch):
     from rich.console import Console
 
-    import optloop.attribute as cli
+    import optloop.cli.attribute as cli
 
     recorded = Console(record=True, width=300)
     monkeypatch.setattr(cli, "console", recorded)

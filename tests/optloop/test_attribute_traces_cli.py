@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from optloop.attribute import main
-from optloop.cli import run_cli
+from optloop.cli.attribute import main
+from optloop.cli.command import run_cli
 from optloop.tracing.graph import ExecutionGraph
 from tests._meme_fixture import FIXTURE
 

@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from optloop.cli import add_lm_arguments, lm_from_args
+from optloop.cli.command import add_lm_arguments, lm_from_args
 from systems import get_system
 
 
@@ -31,7 +31,7 @@ def test_system_decoding_defaults_yield_to_flags(isolated_state, system, argv, e
 
 
 _WARN = (
-    "import warnings; from optloop.cli import setup_logging; setup_logging({verbose}); "
+    "import warnings; from optloop.cli.command import setup_logging; setup_logging({verbose}); "
     "warnings.simplefilter('default'); "  # what an import may do after setup_logging
     "warnings.warn('old API', DeprecationWarning)"
 )
@@ -54,7 +54,7 @@ def test_library_warnings_show_only_with_verbose(verbose, shown):
 def test_without_a_terminal_a_log_record_is_one_plain_line(capsys):
     import logging
 
-    from optloop.cli import setup_logging
+    from optloop.cli.command import setup_logging
 
     setup_logging(False)
     message = "dev has 4 questions, test 4: a 95% CI this small spans about ±0.5; " * 3

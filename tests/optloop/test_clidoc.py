@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from optloop import clidoc
-from optloop.console import COMMANDS
+from optloop.cli import clidoc
+from optloop.cli.console import COMMANDS
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
 
@@ -39,7 +39,7 @@ def test_every_flag_of_every_command_is_in_the_reference(command):
 
 def test_a_flag_added_to_a_parser_makes_the_reference_drift(monkeypatch):
     """The drift check catches a planted change: one more flag on ``optloop export``'s parser."""
-    import optloop.export as export
+    import optloop.cli.export as export
 
     original = export.build_parser
 

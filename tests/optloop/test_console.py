@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from optloop.console import COMMANDS, main
+from optloop.cli.console import COMMANDS, main
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from rich.console import Console
 
-from optloop import doctor
+from optloop.cli import doctor
 from optloop.lm import MODELS, bundled_model_path
 
 

@@ -16,10 +16,10 @@ import sysconfig
 import textwrap
 from pathlib import Path
 
-from optloop.cli import run_cli
-from optloop.export import main
+from optloop.cli.command import run_cli
+from optloop.cli.export import main
 from optloop.product import response_format
-from optloop.product_templates.mem0_prompts import sha256
+from optloop.product.templates.mem0_prompts import sha256
 from optloop.testing.scripted import ScriptedOpenAIServer
 from signatures.graphiti import library_system_prompt
 from signatures.mem0 import AGENT_CONTEXT_SUFFIX
@@ -97,7 +97,7 @@ def test_mem0_module_carries_prompts_schemas_knobs_and_provenance(store, tmp_pat
     }
     assert namespace["KNOBS"] == store.knobs["mem0"]
     assert namespace["SOURCE"]["run_id"] == store.runs["mem0"]
-    from optloop.product_templates.mem0_prompts import library_prompts
+    from optloop.product.templates.mem0_prompts import library_prompts
 
     assert namespace["LIBRARY_SHA256"] == {s: sha256(t) for s, t in library_prompts().items()}
 
@@ -314,7 +314,7 @@ def test_every_command_the_help_shows_is_one_the_parser_takes():
     shown)."""
     import shlex
 
-    from optloop import export
+    from optloop.cli import export
 
     commands = [
         shlex.split(line.strip())[3:]

@@ -31,10 +31,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from optloop.cli import run_cli
+from optloop.cli.command import run_cli
+from optloop.cli.export import main as export_main
 from optloop.datasets import Episode, load_dataset, passed, score
 from optloop.embed import get_embedder
-from optloop.export import main as export_main
 from optloop.lm import LMSettings, OptloopLM
 from optloop.loop.candidate import prompt_text, site_state
 from optloop.loop.prompt_registry import register_prompts
@@ -79,7 +79,7 @@ def chat_requests(server: ScriptedOpenAIServer) -> list[dict[str, Any]]:
 def register_and_export(system: str, site: str, text: str, fmt: str, out: Path) -> ModuleType:
     """Register ``text`` as the champion of ``site`` and export it through the CLI; import the
     module."""
-    from optloop import tracking
+    from optloop.services import tracking
 
     tracking.configure()
     registered = register_prompts(

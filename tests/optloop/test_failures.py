@@ -58,8 +58,8 @@ def test_a_figure_with_failures_carries_their_count():
 def test_max_failed_share_is_parsed_into_the_limits_default_five_percent():
     """``--max-failed-share`` is this process's allowance (like --max-calls): parsed into the
     limits, default 5 %."""
-    from optloop.loop.spend import SpendingLimits
-    from optloop.run_args import build_parser
+    from optloop.cli.run_args import build_parser
+    from optloop.loop.budget.limits import SpendingLimits
 
     assert build_parser().parse_args([]).max_failed_share == ALLOWED_SHARE
     args = build_parser().parse_args(["--max-failed-share", "0.25"])

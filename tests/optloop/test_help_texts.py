@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from optloop.console import BY_NAME
+from optloop.cli.console import BY_NAME
 from optloop.datasets import LOADERS
 from optloop.datasets.builtin import BUILTINS
 from optloop.datasets.synthetic import GENERATORS

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from optloop.errors import ServiceUnavailableError, StoreWriteError
-from optloop.outside import classify, disk_fault, tracking_lost
+from optloop.services.outside import classify, disk_fault, tracking_lost
 from optloop.testing.loopback import closed_port_url
 
 SQLITE = "sqlite:////tmp/nowhere/mlflow.db"
@@ -120,7 +120,7 @@ def test_mlflow_against_a_dead_server_fails_within_seconds_and_is_classified(
     unbounded)."""
     from mlflow.tracking import MlflowClient
 
-    from optloop.preflight import MLFLOW_HTTP_BOUNDS, bound_mlflow_http
+    from optloop.services.preflight import MLFLOW_HTTP_BOUNDS, bound_mlflow_http
 
     for name in MLFLOW_HTTP_BOUNDS:
         monkeypatch.delenv(name, raising=False)
@@ -137,7 +137,7 @@ def test_mlflow_against_a_dead_server_fails_within_seconds_and_is_classified(
 def test_run_cli_prints_one_line_and_the_exit_code_of_an_outside_fault(tmp_path):
     script = (
         "import errno, sys\n"
-        "from optloop.cli import run_cli\n"
+        "from optloop.cli.command import run_cli\n"
         "def main(argv):\n"
         f"    raise OSError(errno.ENOSPC, 'No space left on device', {str(tmp_path / 'f')!r})\n"
         "sys.exit(run_cli(main, []))\n"
@@ -157,8 +157,8 @@ def test_run_cli_prints_one_line_and_the_exit_code_of_an_outside_fault(tmp_path)
 
 
 def test_the_line_ends_with_where_the_run_stands_and_the_command_that_goes_on(tmp_path):
+    from optloop.cli.run_resume import saved_line
     from optloop.loop.state import Checkpoint
-    from optloop.outside import saved_line
 
     path = tmp_path / "checkpoint.json"
     assert saved_line(path, "r", 3, "CMD") == (

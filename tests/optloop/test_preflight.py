@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from optloop.errors import ConfigError, ServiceUnavailableError, StoreWriteError
-from optloop.preflight import (
+from optloop.services.preflight import (
     MLFLOW_HTTP_BOUNDS,
     bound_mlflow_http,
     check_tracking,

@@ -6,7 +6,8 @@ import io
 
 from rich.console import Console
 
-from optloop.progress import RunProgress, duration, episode_line, trial_line
+from optloop.cli.status import RunProgress
+from optloop.progress import duration, episode_line, trial_line
 
 
 def test_a_trial_line_says_the_trial_its_dev_accuracy_the_best_its_time_and_an_eta_when_known():

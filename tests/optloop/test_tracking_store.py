@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from optloop.errors import StoreWriteError
-from optloop.tracking_store import ensure_sqlite_store, schema_state
+from optloop.services.tracking_store import ensure_sqlite_store, schema_state
 
 REPO = Path(__file__).resolve().parents[2]
 LIMIT = 300 * 1024  # bytes a file may grow to: MLflow's complete store is larger
@@ -112,7 +112,7 @@ def test_a_half_made_store_that_holds_records_is_refused_with_how_to_mend_it(tmp
 def test_creating_a_store_on_a_full_disk_leaves_no_store_and_no_temporary_file(tmp_path):
     db = tmp_path / "mlruns" / "mlflow.db"
     done = limited(
-        "import sys; from pathlib import Path; from optloop.tracking_store import "
+        "import sys; from pathlib import Path; from optloop.services.tracking_store import "
         "ensure_sqlite_store; "
         "ensure_sqlite_store(Path(sys.argv[1]))",
         str(db),

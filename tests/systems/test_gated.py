@@ -17,8 +17,8 @@ import pytest
 from optloop.datasets import Session, Turn
 from optloop.datasets.agentic import AgenticEpisode, AgenticProbe, to_episode
 from optloop.errors import ConfigError
-from optloop.export import Bundle, prompt_pack, render
 from optloop.lm import LMSettings, OptloopLM
+from optloop.product.export import Bundle, prompt_pack, render
 from optloop.sites import ANSWER, GATED_ADMIT
 from optloop.tracing.recorder import record_episode
 from signatures.gated import AdmitMemories

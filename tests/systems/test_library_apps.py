@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from optloop.embed import LocalEmbedder
-from optloop.export import Bundle, render
 from optloop.product import apply, loop_sampling, response_format
+from optloop.product.export import Bundle, render
 from signatures.mem0 import Mem0Extract  # first: it points MEM0_DIR into optloop's state
 from tests._llama_server import MODEL_ALIAS, RecordingProxy, llama_server, server_available
 from tests.optloop._export_store import MEM0_RULE, store, template  # noqa: F401 (fixtures)

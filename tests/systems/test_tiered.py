@@ -16,13 +16,13 @@ from pathlib import Path
 import pytest
 
 from optloop.attribution import ErrorType, attribute, default_judges
-from optloop.attribution.planted import run_planted
-from optloop.attribution.planted_report import summarize
 from optloop.datasets import Dataset, Episode, Question, Session, Turn, load_dataset
 from optloop.embed import Embedder, get_embedder
 from optloop.errors import ConfigError
-from optloop.export import Bundle, render
 from optloop.faults.catalogue import faults_for
+from optloop.faults.planted import run_planted
+from optloop.faults.planted_report import summarize
+from optloop.product.export import Bundle, render
 from optloop.tracing.recorder import record_episode
 from signatures.tiered import Category, ExtractedFact
 from systems import get_system

@@ -17,8 +17,10 @@ from dspy.clients.engines.dummy_engine import AsyncDummyEngine, DummyEngine
 from dspy.utils import DummyLM
 from rich.console import Console
 
-from optloop.attribute import render_planted, render_planted_markdown
-from optloop.attribution.planted import (
+from optloop.attribution.taxonomy import Attribution, ErrorType
+from optloop.cli.attribute import render_planted, render_planted_markdown
+from optloop.datasets import Dataset, Question
+from optloop.faults.planted import (
     EVIDENCE_REACHED,
     SET_ASIDE_REASONS,
     UNSOUND_CLEAN,
@@ -28,9 +30,7 @@ from optloop.attribution.planted import (
     PlantedRun,
     run_planted,
 )
-from optloop.attribution.planted_report import MIN_SAMPLE, format_rate, rate, summarize
-from optloop.attribution.taxonomy import Attribution, ErrorType
-from optloop.datasets import Dataset, Question
+from optloop.faults.planted_report import MIN_SAMPLE, format_rate, rate, summarize
 from optloop.lm import Accounting
 from optloop.stats import bootstrap_mean
 from tests.optloop.attribution.test_faults import HashEmbedder

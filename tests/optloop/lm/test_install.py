@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from optloop import models as models_cli
-from optloop.cli import run_cli
+from optloop.cli import models as models_cli
+from optloop.cli.command import run_cli
 from optloop.lm import install as install_module
 from optloop.lm import models
 from optloop.lm.models import ChunkPackages, LocalModel, is_verified, stamp_path

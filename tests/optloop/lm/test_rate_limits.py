@@ -201,7 +201,7 @@ def test_concurrency_defaults_and_the_environment(monkeypatch):
     [(["--rpm", "0"], "rpm"), (["--tpm", "-5"], "tpm"), (["--concurrency", "0"], "concurrency")],
 )
 def test_bad_load_flags_are_one_line_config_errors(flags, needle):
-    from optloop.cli import add_lm_arguments, lm_settings_from_args
+    from optloop.cli.command import add_lm_arguments, lm_settings_from_args
 
     parser = argparse.ArgumentParser()
     add_lm_arguments(parser)
@@ -212,7 +212,7 @@ def test_bad_load_flags_are_one_line_config_errors(flags, needle):
 
 
 def test_the_load_flags_reach_the_settings():
-    from optloop.cli import add_lm_arguments, lm_settings_from_args
+    from optloop.cli.command import add_lm_arguments, lm_settings_from_args
 
     parser = argparse.ArgumentParser()
     add_lm_arguments(parser)

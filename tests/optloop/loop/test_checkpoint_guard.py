@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
+from optloop.cli.run import build_parser, choose_run
 from optloop.errors import ConfigError
 from optloop.loop.checkpoint_guard import broken_runs, parent_run_missing, retire
 from optloop.loop.state import Checkpoint
-from optloop.run import build_parser, choose_run
 from tests.optloop.loop.test_run_cli import args_of, config_of, snapshot, unfinished
 
 
@@ -75,7 +75,7 @@ def test_the_same_command_refuses_a_broken_run_in_one_line_and_writes_nothing(tm
 def test_new_sets_the_broken_checkpoint_aside_and_ends_its_running_mlflow_run_killed(tmp_path):
     from mlflow.tracking import MlflowClient
 
-    from optloop.tracking_store import ensure_sqlite_store
+    from optloop.services.tracking_store import ensure_sqlite_store
 
     db = tmp_path / "mlruns" / "mlflow.db"
     ensure_sqlite_store(db)
@@ -105,7 +105,7 @@ def test_a_parent_run_the_store_lacks_is_missing_and_one_it_holds_is_not(tmp_pat
     import mlflow
     from mlflow.tracking import MlflowClient
 
-    from optloop.tracking_store import ensure_sqlite_store
+    from optloop.services.tracking_store import ensure_sqlite_store
 
     db = tmp_path / "mlflow.db"
     ensure_sqlite_store(db)

@@ -28,7 +28,7 @@ def test_the_trivial_instruction_is_dspys_default_for_the_fields_whatever_the_si
 def test_the_edit_optimizers_deletion_of_every_unit_is_the_same_text():
     from dspy.utils import DummyLM
 
-    from optloop.loop.edit import EditOptimizer
+    from optloop.loop.optimizers.edit import EditOptimizer
 
     evaluator = FakeEvaluator()
     opt = EditOptimizer(evaluator, DummyLM([]), _train(), sites=["answer"], seed=0, extra=0)

@@ -19,12 +19,12 @@ from typing import Any
 import pytest
 
 from optloop.attribution import Attribution, ErrorType
-from optloop.loop._base import Optimizer
+from optloop.loop.budget.eta import TrialLine
 from optloop.loop.candidate import Candidate, SiteState
 from optloop.loop.controller import Controller, RunContext, Split, Summary, Targeting
 from optloop.loop.coordinator import LocalCoordinator, SharedCoordinator
-from optloop.loop.eta import TrialLine
 from optloop.loop.evaluate import Evaluation, QuestionOutcome
+from optloop.loop.optimizers.base import QueuedOptimizer
 from optloop.loop.state import Checkpoint, LoopConfig, LoopResult
 
 ANSWER, EXTRACT = "answer", "mem.extract"
@@ -171,9 +171,9 @@ class FakeEvaluator:
         return f"trivial {site}"
 
 
-class FakeOptimizer(Optimizer):
+class FakeOptimizer(QueuedOptimizer):
     """Proposes ``<site>:1``, ``<site>:2``, ... for its first site, two per round, on the best so
-    far."""
+    far; a candidate the budget leaves is dropped, not queued again."""
 
     name = "fake"
 
@@ -190,7 +190,6 @@ class FakeOptimizer(Optimizer):
         super().__init__(None, None, None, sites=sites, knobs=knobs)  # type: ignore[arg-type]
         self.clock = clock
         self.meter = meter or Meter()
-        self.queue: list[Candidate] = []
         self.retargets: list[tuple[list[str], list[str]]] = []
         self.observed: list[int] = []
         self.proposals = 0
@@ -221,6 +220,9 @@ class FakeOptimizer(Optimizer):
     def observe(self, candidate: Candidate, evaluation: Evaluation, trial: int) -> None:
         self.clock.tick("observe")
         self.observed.append(trial)
+
+    def release(self, candidate: Candidate) -> None:
+        pass
 
     def retarget(self, sites, knobs=()) -> None:
         self.retargets.append((list(sites), list(knobs)))
@@ -664,7 +666,7 @@ def test_a_batched_run_is_deterministic_for_its_seed_and_batch_size(tmp_path):
 
 
 def test_every_trial_reports_a_line_with_an_eta(tmp_path):
-    from optloop.loop.eta import Eta
+    from optloop.loop.budget.eta import Eta
 
     clock, sink = Clock(), MemorySink(Clock())
     run = Run(tmp_path / "eta.json", sink, clock, batch=2)

@@ -14,20 +14,16 @@ from pathlib import Path
 import pytest
 
 from optloop.datasets import load_dataset
-from optloop.loop.coordinator import LocalCoordinator
-from optloop.loop.evaluate import Evaluation
-from optloop.loop.spend import (
-    ESTIMATE,
-    MAX_CALLS,
-    MAX_COST,
+from optloop.loop.budget.estimate import (
     Chains,
     OptimizerWork,
-    RunStopped,
-    SpendingLimits,
     estimate,
     measured_chains,
     measured_work,
 )
+from optloop.loop.budget.limits import ESTIMATE, MAX_CALLS, MAX_COST, RunStopped, SpendingLimits
+from optloop.loop.coordinator import LocalCoordinator
+from optloop.loop.evaluate import Evaluation
 from optloop.loop.state import Checkpoint, Trial
 from tests.optloop.loop.test_controller import (
     BASE,
@@ -288,8 +284,8 @@ def measured(
 
 @pytest.mark.parametrize("dev_passes", [0, 1])
 def test_the_estimate_warns_first_when_the_baseline_answers_no_dev_question(dev_passes):
+    from optloop.cli.run_tables import estimate_lines
     from optloop.loop.runner import LoopConfig
-    from optloop.run_tables import estimate_lines
     from tests.optloop.loop.test_promotion import evaluation
 
     def answered(split: str, passes: list[bool]) -> Evaluation:
@@ -373,7 +369,7 @@ def test_an_unpriced_or_fully_cached_baseline_says_what_it_cannot_know():
     )
     assert figures.latency_s is None and figures.total.tokens is None
     # A cache that kept each response's computing time: the replay still projects the run.
-    from optloop.loop.eta import Eta
+    from optloop.loop.budget.eta import Eta
 
     replayed = cached.model_copy(
         update={
@@ -697,7 +693,7 @@ def test_a_batch_shares_the_concurrency_and_its_chain_floors_the_batch_not_each_
 
 
 def test_the_eta_starts_from_the_projection_and_follows_the_trials_timed():
-    from optloop.loop.eta import Eta, TrialLine
+    from optloop.loop.budget.eta import Eta, TrialLine
 
     figures = estimate(baseline_checkpoint(), budget=4, concurrency=1, dev_units=10, test_units=15)
     eta = Eta.of(figures, 4)
@@ -722,8 +718,8 @@ def test_the_eta_starts_from_the_projection_and_follows_the_trials_timed():
 
 
 def test_trials_that_reuse_every_store_are_projected_by_the_answer_path_alone():
+    from optloop.loop.budget.estimate import answer_path
     from optloop.loop.cost import LMCost
-    from optloop.loop.spend import answer_path
 
     dev = Evaluation(
         split="dev",
@@ -772,8 +768,8 @@ def test_trials_that_reuse_every_store_are_projected_by_the_answer_path_alone():
 
 
 def test_the_estimate_counts_the_controls_two_evaluations_and_the_eta_its_test_one():
-    from optloop.loop.eta import Eta
-    from optloop.loop.spend import CONTROL_PART, HELD_OUT_PART
+    from optloop.loop.budget.estimate import CONTROL_PART, HELD_OUT_PART
+    from optloop.loop.budget.eta import Eta
 
     plain = estimate(baseline_checkpoint(), budget=3, concurrency=4, dev_units=10, test_units=15)
     figures = estimate(
@@ -798,7 +794,7 @@ def test_the_estimate_counts_the_controls_two_evaluations_and_the_eta_its_test_o
 
 
 def test_a_control_the_run_has_evaluated_is_measured_in_the_estimate():
-    from optloop.loop.spend import CONTROL_PART
+    from optloop.loop.budget.estimate import CONTROL_PART
 
     control_dev = measured(
         "dev", calls=7, computed=7, tokens=70, dollars=0.07, lm_seconds=7, seconds=36

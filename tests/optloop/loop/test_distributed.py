@@ -26,7 +26,7 @@ import pytest
 
 from optloop.errors import ConfigError
 from optloop.loop.candidate import Candidate, SiteState
-from optloop.loop.optimizers import OptunaOptimizer
+from optloop.loop.optimizers.optuna import OptunaOptimizer
 from optloop.loop.study import SharedStudy, redact_url, storage_url
 from systems import get_system
 

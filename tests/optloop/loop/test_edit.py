@@ -10,7 +10,8 @@ from dspy.utils import DummyLM
 from optloop.attribution import Attribution, ErrorType
 from optloop.datasets import Dataset, Episode, Question, Session, Turn
 from optloop.loop.candidate import Candidate, SiteState
-from optloop.loop.edit import (
+from optloop.loop.evaluate import Evaluation, QuestionOutcome
+from optloop.loop.optimizers.edit import (
     LONG_WORDS,
     EditOptimizer,
     conditional,
@@ -18,7 +19,6 @@ from optloop.loop.edit import (
     same_length,
     support,
 )
-from optloop.loop.evaluate import Evaluation, QuestionOutcome
 from optloop.loop.units import Instruction, problems
 
 SABOTAGE = "Reply with exactly N/A."

@@ -121,7 +121,7 @@ def test_the_active_gate_is_the_one_code_inside_a_round_judges_with(gate):
 
 
 def test_the_run_summary_counts_the_proposals_by_the_gates_verdict():
-    from optloop.run_tables import proposals_line
+    from optloop.cli.run_tables import proposals_line
 
     assert proposals_line({"passed": 9, "echo": 2, "off_task": 1, "cut_off": 1}) == (
         "9 passed, 4 refused (2 echo, 1 off_task, 1 cut_off)"

@@ -12,9 +12,9 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from optloop.artifacts import CHILD_ARTIFACTS, PARENT_ARTIFACTS
+from optloop.cli.run import main
 from optloop.loop.mlflow_sink import MlflowSink
 from optloop.loop.runner import SplitEvaluator
-from optloop.run import main
 
 TINY = [
     "--dataset",

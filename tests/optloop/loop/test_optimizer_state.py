@@ -22,7 +22,8 @@ from dspy.utils import DummyLM
 from optloop.datasets import Dataset, Episode, Question, Session, Turn
 from optloop.loop.candidate import Candidate, SiteState, apply_state
 from optloop.loop.evaluate import Evaluation
-from optloop.loop.optimizers import GepaOptimizer, SimbaOptimizer
+from optloop.loop.optimizers.gepa import GepaOptimizer
+from optloop.loop.optimizers.simba import SimbaOptimizer
 from optloop.loop.program import MemoryProgram, running
 from optloop.pipeline import QuestionOutcome
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dspy
 import pytest
 
-from optloop.loop.optimizers import BlamedSiteSelector
+from optloop.loop.optimizers.gepa import BlamedSiteSelector
 from optloop.loop.program import MemoryProgram, attr_name, feedback_metric, site_name
 from systems import get_system
 
@@ -68,7 +68,7 @@ def test_gepa_selector_returns_blamed_components_first():
 
 
 def test_the_advice_prompt_asks_for_exactly_the_modules_keys():
-    from optloop.loop.simba import advice_signature
+    from optloop.loop.optimizers.simba_step import advice_signature
 
     signature = advice_signature(["answer", "md_flat__curate"])
     assert list(signature.output_fields) == ["discussion", "answer", "md_flat__curate"]
@@ -111,7 +111,7 @@ def test_dspy_progress_bars_are_hidden_inside_a_round_unless_verbose(capsys):
 
     import tqdm
 
-    from optloop.loop.optimizers import dspy_bars_hidden
+    from optloop.loop.optimizers.rounds import dspy_bars_hidden
 
     dspy_logger = logging.getLogger("dspy")
     old = dspy_logger.level
@@ -163,7 +163,7 @@ class _OneSite(dspy.Module):
 
 
 def test_simba_appends_only_advice_that_is_a_well_formed_instruction():
-    from optloop.loop.simba import append_advice
+    from optloop.loop.optimizers.simba_step import append_advice
 
     program = _OneSite()
     for fragment in ("Your answer is", 'Say "the name.', "True"):
@@ -180,7 +180,7 @@ def test_simba_appends_only_advice_that_is_a_well_formed_instruction():
 def test_a_simba_rule_step_whose_advice_is_cut_short_makes_no_program(advice, made):
     from dspy.utils import DummyLM
 
-    from optloop.loop.simba import Run, _rule_strategy
+    from optloop.loop.optimizers.simba_step import Run, _rule_strategy
 
     example = dspy.Example(question="What is the dog's name?", gold="Biscuit").with_inputs(
         "question"
@@ -205,7 +205,7 @@ def test_a_simba_rule_step_whose_advice_is_cut_short_makes_no_program(advice, ma
 def test_a_proposer_rewrite_that_is_not_a_well_formed_instruction_is_left_out(written, kept):
     from dspy.utils import DummyLM
 
-    from optloop.loop.optimizers import propose_instruction
+    from optloop.loop.optimizers.propose import propose_instruction
 
     proposer = DummyLM([{"new_instruction": written}], adapter=dspy.JSONAdapter())
     text = propose_instruction(proposer, "answer", "Answer the question.", "- none", rollout=0)
@@ -219,7 +219,7 @@ def test_a_proposer_rewrite_that_is_not_a_well_formed_instruction_is_left_out(wr
 def test_gepa_proposals_that_are_not_well_formed_instructions_make_no_candidate(written, kept):
     from dspy.utils import DummyLM
 
-    from optloop.loop.optimizers import GatedProposer
+    from optloop.loop.optimizers.gepa import GatedProposer
 
     reflection = DummyLM([{"new_instruction": written}], adapter=dspy.JSONAdapter())
     examples = [{"Inputs": {"question": "?"}, "Generated Outputs": "Rex", "Feedback": "Biscuit"}]

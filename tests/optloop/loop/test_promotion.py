@@ -10,6 +10,7 @@ import pytest
 from pydantic import ValidationError
 from rich.console import Console
 
+from optloop.cli.run_tables import summary_table
 from optloop.loop.evaluate import Evaluation, QuestionOutcome
 from optloop.loop.runner import (
     LoopConfig,
@@ -18,7 +19,6 @@ from optloop.loop.runner import (
     promotion,
     small_split_warning,
 )
-from optloop.run_tables import summary_table
 from optloop.stats import Interval
 
 

@@ -26,7 +26,7 @@ def test_the_mlflow_sink_discards_every_record_of_a_trial_and_registers_a_prompt
     mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
     experiment = mlflow.set_experiment(
         "optloop-sink"
-    ).experiment_id  # as optloop.tracking.experiment does
+    ).experiment_id  # as optloop.services.tracking.experiment does
     with mlflow.start_run(run_name="parent") as parent:
         sink = MlflowSink("mem0", parent.info.run_id, tmp_path, modules=lambda candidate: {})
         for trial in (

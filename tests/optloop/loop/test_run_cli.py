@@ -17,13 +17,13 @@ from typing import Any
 
 import pytest
 
+from optloop.cli.run import main
+from optloop.cli.run_args import build_parser, default_optimizer, run_config
+from optloop.cli.run_resume import choose_run, resume_command
 from optloop.errors import ConfigError
 from optloop.interrupt import interruptible
 from optloop.lm.settings import LMSettings
 from optloop.loop.state import Checkpoint, LoopConfig, _digest
-from optloop.run import main
-from optloop.run_args import build_parser, default_optimizer, run_config
-from optloop.run_resume import choose_run, resume_command
 from optloop.testing.loopback import closed_port_url
 from tests._cli import run_cli
 
@@ -145,7 +145,7 @@ def test_query_rewrite_on_a_system_that_never_searches_is_one_line_before_any_st
 def test_query_rewrite_reaches_the_config_and_leaves_older_runs_resumable():
     """A run started before --query-rewrite existed has the same digests as one without the flag
     now."""
-    from optloop.cli import lm_settings_from_args
+    from optloop.cli.command import lm_settings_from_args
 
     settings = lm_settings_from_args(build_parser().parse_args(["--system", "rag_bm25"]))
     plain = run_config(build_parser().parse_args(["--system", "rag_bm25"]), settings)
@@ -577,7 +577,7 @@ def test_sigterm_mid_batch_resumes_the_batch_and_ends_as_the_uninterrupted_batch
 
 
 def test_the_summary_says_what_every_process_spent_and_how_many_there_were():
-    from optloop.run_tables import cost_line
+    from optloop.cli.run_tables import cost_line
 
     assert (
         cost_line(
@@ -687,7 +687,7 @@ def test_estimate_then_max_calls_stops_with_exit_3_and_a_higher_limit_resumes_th
         )
         assert (
             "calls a trial" in estimated.stderr
-            and "the edit model (optloop/loop/overhead.py)" in estimated.stderr
+            and "the edit model (optloop/loop/optimizers/edit.py)" in estimated.stderr
         )
         figures = json.loads((tmp_path / "estimate.json").read_text())
         assert (figures["dataset"], figures["n_dev_questions"], figures["n_test_questions"]) == (
@@ -900,8 +900,8 @@ def test_bad_limits_are_one_line_exit_2(args, message, capsys):
 def test_the_limits_are_not_settings_of_the_run():
     """The same command with another limit (or --estimate) resumes the run: none of them reaches
     the config."""
-    from optloop.cli import lm_settings_from_args
-    from optloop.run_args import run_config
+    from optloop.cli.command import lm_settings_from_args
+    from optloop.cli.run_args import run_config
 
     plain = build_parser().parse_args(["--system", "md_flat"])
     limited = build_parser().parse_args(
@@ -958,7 +958,7 @@ def test_a_split_under_20_dev_or_test_questions_is_refused_in_one_line_and_nothi
 
 
 def test_without_a_dataset_each_system_runs_on_a_generated_one_with_20_dev_and_20_test_questions():
-    from optloop.cli import lm_settings_from_args
+    from optloop.cli.command import lm_settings_from_args
     from optloop.datasets import load_dataset
     from optloop.datasets.defaults import DEFAULTS
     from optloop.loop.policy import questions, split_dataset
@@ -976,7 +976,7 @@ def test_without_a_dataset_each_system_runs_on_a_generated_one_with_20_dev_and_2
 
 
 def test_batch_reaches_the_config_and_only_a_batch_above_1_changes_the_run_key():
-    from optloop.cli import lm_settings_from_args
+    from optloop.cli.command import lm_settings_from_args
 
     settings = lm_settings_from_args(args_of())
     one, four = run_config(args_of(), settings), run_config(args_of("--batch", "4"), settings)
@@ -988,7 +988,7 @@ def test_batch_reaches_the_config_and_only_a_batch_above_1_changes_the_run_key()
 
 
 def test_no_control_reaches_the_config_and_changes_the_run_key_and_the_default_does_not():
-    from optloop.cli import lm_settings_from_args
+    from optloop.cli.command import lm_settings_from_args
 
     settings = lm_settings_from_args(args_of())
     on, off = run_config(args_of(), settings), run_config(args_of("--no-control"), settings)

@@ -1,0 +1,100 @@
+"""What a command says while it runs: a live status line on a terminal, plain lines anywhere else.
+
+On a terminal the current stage is one status line that updates in place. Without one (output to a
+file, a pipe, a CI log) every stage and every trial is one plain line on stderr, so a log shows
+where a run is instead of nothing for the whole baseline. Either way each line is appended, with
+the time, to the run's ``run.log`` (:data:`~optloop.progress.LOG_NAME`, in the run's directory);
+so is what the command prints to stay (:meth:`RunProgress.show`: which run, the projection, the
+result's tables), as :func:`optloop.output.plain_text` renders it, so the log alone tells the run's
+story. ``optloop attribute`` reports the same way, one line per episode
+(:func:`~optloop.progress.episode_line`), into the ``run.log`` beside its reports. The library
+below only calls the ``progress`` callback it is handed; this is the callback the commands hand
+it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console, RenderableType
+from rich.text import Text
+
+from optloop.output import plain_text
+from optloop.progress import duration
+
+
+class RunProgress:
+    """The ``progress`` callback of a run: ``progress(message)`` shows a stage or a trial line.
+
+    Use it inside :meth:`shown`; ``log`` (the run's ``run.log``) gets every line whether or not a
+    terminal shows it.
+    """
+
+    def __init__(self, console: Console, log: Path | None = None, *, live: bool | None = None):
+        self.console = console
+        self.log = log
+        self.live = console.is_terminal if live is None else live
+        self._status: Any = None
+        self._started = time.monotonic()
+        self._held: list[str] = []  # log lines waiting for the log's folder (see _write_log)
+        self._writing = threading.Lock()  # an optimizer's threads report too
+
+    @contextmanager
+    def shown(self, first: str = "starting") -> Iterator[RunProgress]:
+        """Show the progress for the duration of the block (a status line on a terminal)."""
+        if not self.live:
+            yield self
+            return
+        with self.console.status(first) as status:
+            self._status = status
+            try:
+                yield self
+            finally:
+                self._status = None
+
+    def __call__(self, message: str) -> None:
+        self._write_log(message)
+        if self._status is not None:
+            self._status.update(message)
+        elif not self.live:
+            elapsed = duration(time.monotonic() - self._started)
+            self.console.print(
+                f"[{elapsed}] {message}", markup=False, highlight=False, soft_wrap=True
+            )
+
+    def line(self, message: str) -> None:
+        """A line that stays (a finished trial): printed above the status line on a terminal, as a
+        plain line elsewhere, and written to the log either way."""
+        self._write_log(message)
+        prefix = "" if self.live else f"[{duration(time.monotonic() - self._started)}] "
+        self.console.print(f"{prefix}{message}", markup=False, highlight=False, soft_wrap=True)
+
+    def show(self, renderable: RenderableType) -> None:
+        """What the command prints to stay (a table, a line of the result): on the console as it
+        is, and in the log as plain text (:func:`~optloop.output.plain_text`), every line stamped
+        with the time. A string is one plain line (no markup read)."""
+        line = isinstance(renderable, str | Text)
+        self.console.print(renderable, markup=False, highlight=False, soft_wrap=line)
+        self._write_log(plain_text(renderable).rstrip("\n"), create=False)
+
+    def _write_log(self, message: str, *, create: bool = True) -> None:
+        """Append ``message`` to the log, a stamp on each of its lines. Without ``create`` it waits
+        (held, in order) for the log's folder to exist: what a command says before its run has
+        begun (which run, its dataset) must not leave a run folder behind a run refused at its
+        start; it is written with the first progress line."""
+        if self.log is None:
+            return
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        with self._writing:
+            self._held += [f"{stamp} {line}\n" for line in message.split("\n")]
+            if not create and not self.log.parent.is_dir():
+                return
+            self.log.parent.mkdir(parents=True, exist_ok=True)
+            with self.log.open("a", encoding="utf-8") as out:
+                out.writelines(self._held)
+            self._held.clear()

@@ -1,0 +1,4 @@
+"""What a run may spend and how long it should take: the spending limits (:mod:`~.limits`:
+``--max-cost``, ``--max-calls``, :class:`~.limits.RunStopped`), the ``--estimate`` of the whole
+run from its baseline (:mod:`~.estimate`), the shape of a run each optimizer's cost model reads
+(:mod:`~.shape`) and the time a run has left (:mod:`~.eta`)."""

@@ -1,0 +1,734 @@
+"""The ``--estimate`` of a run's cost, from its baseline.
+
+**Estimate** (``--estimate``): the spending limits' machinery (:mod:`optloop.loop.budget.limits`)
+stops the run right after its baseline (reason ``estimate``), and :func:`estimate` projects the
+whole configured run from it. The model, stated in the output too (:data:`MODEL`), is
+:func:`project`'s, on the baseline's train and dev figures (:class:`Figures`);
+``experiments/bench/estimate.py`` runs it on figures modeled from a recording:
+
+- the baseline (train and dev): measured, as it ran;
+- each of ``--budget`` trials: one evaluation of the dev split, costed as the baseline's dev
+  evaluation with every request computed (tokens and dollars per computed call times all
+  requests): an upper bound for the evaluation, since a trial reuses the stores of episodes
+  whose ingest prompts it leaves unchanged and the LM cache serves repeated calls;
+- the optimizer's own calls (:class:`OptimizerWork`): its runs on train (the edit optimizer's
+  screening, SIMBA's and GEPA's mini-batches) on the system LM and its calls to the proposer
+  (SIMBA's advice, GEPA's reflection, the edit optimizer's paraphrases, Optuna's proposals).
+  Measured on the run's finished trials when the checkpoint has some (:func:`measured_work`: the
+  run's total less its evaluations, per round of the optimizer, times the rounds the run takes);
+  otherwise modeled from the optimizer's structure and the baseline's measurements
+  (:mod:`optloop.loop.budget.shape`, one model per optimizer, its assumptions in its ``basis``).
+  Its system-LM requests are priced as the trials' are (tokens as modeled, dollars per token and
+  latency per call measured on the baseline's dev); the proposer's tokens at the proposer LM's
+  price (a separate ``--proposer-lm`` without a price: unknown dollars), its time at the
+  baseline's latency per token, one call at a time;
+- the trivial-instruction control (:mod:`optloop.loop.control`; none with ``--no-control`` or
+  when the baseline's blame names no prompt site): one evaluation of the dev split before the
+  trials, costed as the baseline's dev evaluation (measured, once the run has made it), and one
+  of the test split in the held-out part;
+- the held-out test: two evaluations of the test split (baseline and best; one when the
+  baseline stays best), three with the control, the dev evaluation scaled by the splits' work
+  (sessions to ingest plus questions to answer);
+- hours: LM time only (local work, embedding and scoring, is left out), at the measured mean
+  latency of one computed call. An evaluation (a trial's, a held-out one) takes
+  ``max(requests x latency / --concurrency, chain x latency)``: N requests always in flight,
+  but never less than its split's longest **chain** of sequential requests (:class:`Chains`).
+  The sessions of one episode are ingested in order (memory is stateful) and a question's
+  requests follow its episode's ingestion, so the longest episode's ingestion (its sessions x
+  the requests one session takes) plus one question's requests is a chain no concurrency
+  shortens: a split with few long episodes at a large N takes that chain's time, not
+  requests / N. With ``--batch K`` the trials run K at once, each on its own stores: a
+  batch takes ``max(K x requests x latency / --concurrency, chain x latency)``, so the
+  chain floors a batch, not each trial. ``optloop.run`` measures the requests per session and per
+  question on the baseline's dev evaluation and takes the longest episode of the dev and the test
+  split (:func:`measured_chains`); a part whose time the chain set says so (:attr:`Part.floor`,
+  :func:`floor_line`). The optimizer's part is not floored: its runs on train are spread over
+  steps of its own (mini-batches, screening) at its own threads, an order the model does not
+  follow, so its time stays requests x latency / its threads (the proposer's, one call at a
+  time). Without chains (a caller that passes none) there is no floor. The baseline's own
+  hours are its measured wall time.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Protocol
+
+from pydantic import BaseModel, Field
+
+from optloop.sites import PROPOSER
+
+if TYPE_CHECKING:
+    from optloop.datasets import Dataset
+    from optloop.loop.evaluate import Evaluation
+    from optloop.loop.state import Checkpoint
+
+
+# --- the estimate --------------------------------------------------------------------------------
+
+MODEL = (
+    "baseline: measured (train + dev, wall time); each trial: the baseline's dev evaluation "
+    "with every request computed (stores reused and cache hits make it cheaper); optimizer: its "
+    "own runs on train and its proposer calls, measured on finished trials or modeled from its "
+    "structure (see the optimizer line); control: the trivial instruction at the blamed sites, "
+    "one evaluation of dev before the trials and one of test; held-out test: 2 evaluations of "
+    "the test split (3 with the control), the dev evaluation scaled by sessions + questions; "
+    "hours: requests x mean latency / concurrency, LM time only, as if that many requests were "
+    "always in flight, but an evaluation takes at least its split's longest episode's chain of "
+    "sequential requests x latency (its sessions ingested in order, then one question), when "
+    "the chains are known; the optimizer's part is not floored"
+)
+
+
+CONTROL_PART = "control on dev"  # the estimate's part for the control's dev evaluation
+HELD_OUT_PART = "held-out test"
+
+
+class Chains(BaseModel):
+    """The longest chain of sequential requests in one evaluation of the dev and of the test split:
+    its longest episode's ingestion (sessions x requests a session, one session after another) and
+    then one question's requests. However high ``--concurrency``, an evaluation takes at least that
+    chain x latency (see the module docstring)."""
+
+    dev: float = Field(ge=0, description="requests of the dev split's longest chain")
+    test: float = Field(ge=0, description="requests of the test split's longest chain")
+
+
+class Floor(BaseModel):
+    """The chain under a part's evaluations (:class:`Chains`), and whether it, not
+    ``--concurrency``, set their time."""
+
+    split: str
+    requests: float = Field(
+        description="sequential requests of the split's longest episode (ingestion, a question)"
+    )
+    binds: bool = Field(
+        description="the chain is longer than an evaluation's requests / concurrency: it set "
+        "the time"
+    )
+
+
+class Part(BaseModel):
+    """One row of the estimate: a part of the run and what it is expected to cost (None:
+    unknown)."""
+
+    part: str
+    evaluations: int
+    calls: int
+    tokens: int | None
+    cost_usd: float | None
+    hours: float | None
+    floor: Floor | None = Field(
+        None,
+        description="the chain its evaluations cannot take less than (None: not "
+        "modeled for this part, or no chains given)",
+    )
+
+
+class OptimizerWork(BaseModel):
+    """The optimizer's own LM work over the whole run, beside the evaluations:
+    what :func:`estimate` prices as the optimizer's part. Modeled from the optimizer's structure
+    (:mod:`optloop.loop.budget.shape`) or measured on the run's finished trials
+    (:func:`measured_work`)."""
+
+    optimizer: str
+    measured: bool = Field(
+        False, description="measured on the run's finished trials (else modeled)"
+    )
+    rounds: int = Field(
+        description="the optimizer's rounds over the run (0: its work is done once, up front)"
+    )
+    trials_per_round: float = Field(
+        description="candidates one round yields for the loop to evaluate (0: up front)"
+    )
+    calls: float = Field(
+        description="system-LM requests: the optimizer's runs on train (screening, mini-batches)"
+    )
+    tokens: float | None = Field(
+        description="their tokens, every request computed (None: unknown)"
+    )
+    proposer_calls: float = Field(
+        description="requests to the proposer LM (advice, reflection, paraphrases, ...)"
+    )
+    proposer_prompt_tokens: float = Field(
+        description="their prompt tokens, all calls (a measured work: every token)"
+    )
+    proposer_completion_tokens: float = Field(
+        0.0, description="their completion tokens, all calls"
+    )
+    cost_usd: float | None = Field(
+        None,
+        description="dollars, measured (a measured work only; a modeled one is "
+        "priced from its tokens)",
+    )
+    threads: int | None = Field(
+        None, description="runs at once on the system LM (None: an evaluation's, --concurrency)"
+    )
+    basis: str = Field(description="how the figures were made (the estimate's optimizer line)")
+
+    @property
+    def proposer_tokens(self) -> float:
+        return self.proposer_prompt_tokens + self.proposer_completion_tokens
+
+    def per_trial(self, budget: int) -> float:
+        """Requests (both LMs) per trial of a run of ``budget`` trials."""
+        return (self.calls + self.proposer_calls) / max(budget, 1)
+
+
+class Estimate(BaseModel):
+    """The expected cost of the whole configured run (see the module docstring for the model)."""
+
+    parts: list[Part]
+    total: Part
+    concurrency: int
+    latency_s: float | None = Field(
+        description="mean seconds of one computed call, measured on the baseline's dev"
+    )
+    priced: bool = Field(description="whether the model has a price (else dollars are unknown)")
+    model: str = MODEL
+    optimizer: OptimizerWork | None = Field(
+        None, description="the optimizer's own work, its part's source (None: not estimated)"
+    )
+    batch: int = Field(1, description="trials evaluated at once (--batch)")
+
+    def floor_lines(self) -> list[str]:
+        """One line for each part whose time its chain set (:func:`floor_line`)."""
+        return [
+            line
+            for part in self.parts
+            if (line := floor_line(part, self.concurrency, self.latency_s, self.batch))
+        ]
+
+
+class Figures(Protocol):
+    """What the estimate reads of one evaluation: a
+    measured :class:`~optloop.loop.evaluate.Evaluation`, or a model of one
+    (``experiments/bench/estimate.py``, from a recording's calls and tokens per session)."""
+
+    @property
+    def llm_calls(self) -> float: ...  # requests made, cache hits included
+
+    @property
+    def model_calls(self) -> float: ...  # requests the model computed
+
+    @property
+    def tokens(self) -> float: ...  # of the computed requests
+
+    @property
+    def cost_usd(self) -> float | None: ...  # dollars (None: no price)
+
+    @property
+    def lm_seconds(self) -> float | None: ...  # the model's seconds on its calls
+
+    @property
+    def seconds(self) -> float: ...  # wall time
+
+
+def per_call(fig: Figures) -> tuple[float | None, float | None, float | None]:
+    """Tokens, dollars and model seconds of one computed request of ``fig``: the means over its
+    computed requests; when it computed none (every request a cache hit), the means over the hits
+    whose responses kept what computing them took (tokens and seconds; dollars unknown). ``None``
+    where neither says."""
+    if fig.model_calls:
+        return (
+            _ratio(fig.tokens, fig.model_calls),
+            _ratio(fig.cost_usd, fig.model_calls),
+            _ratio(fig.lm_seconds, fig.model_calls),
+        )
+    replayed = getattr(fig, "replayed_calls", 0)
+    return (
+        _ratio(getattr(fig, "replayed_tokens", 0), replayed),
+        None,
+        _ratio(getattr(fig, "replayed_seconds", 0.0), replayed),
+    )
+
+
+class ModeledFigures(BaseModel):
+    """One evaluation as a model says it (:class:`Figures`): a trial that reuses every store
+    (:func:`answer_path`), or an evaluation modeled from a recording
+    (``experiments/bench/estimate.py``)."""
+
+    llm_calls: float
+    model_calls: float
+    tokens: float
+    cost_usd: float | None
+    lm_seconds: float | None
+    seconds: float
+
+
+def answer_path(dev: Evaluation, ingest: set[str]) -> ModeledFigures | None:
+    """:class:`ModeledFigures` of ``dev`` (the baseline's dev evaluation) without its ``ingest``
+    sites' calls; ``None`` when none of its other calls was computed or replayed with its time
+    (nothing to take the tokens of a call from) or it kept no per-site figures."""
+    rest = [cost for site, cost in dev.sites.items() if site not in ingest]
+    computed = sum(c.model_calls for c in rest)
+    if not computed:  # a replayed baseline: the tokens the cache's responses took
+        computed, rest_tokens = (
+            sum(c.replayed_calls for c in rest),
+            sum(c.replayed_tokens for c in rest),
+        )
+    else:
+        rest_tokens = sum(c.tokens for c in rest)
+    tokens_per_call, _, latency = per_call(dev)
+    if not computed or not tokens_per_call:
+        return None
+    calls = max(dev.llm_calls - dev.ingest_calls, 0)
+    tokens = calls * rest_tokens / computed
+    seconds = None if latency is None else tokens * latency / tokens_per_call
+    dollars = (
+        None if dev.cost_usd is None or not dev.tokens else tokens * dev.cost_usd / dev.tokens
+    )
+    return ModeledFigures(
+        llm_calls=calls,
+        model_calls=calls,
+        tokens=tokens,
+        cost_usd=dollars,
+        lm_seconds=seconds,
+        seconds=seconds or 0.0,
+    )
+
+
+def work_units(dataset: Dataset) -> int:
+    """What an evaluation of ``dataset`` has to do: sessions to ingest plus questions to answer."""
+    return sum(len(e.sessions) + len(e.questions) for e in dataset.episodes)
+
+
+def chain_requests(sessions: float, session_requests: float, question_requests: float) -> float:
+    """Sequential requests of an episode of ``sessions``: ingested one session after another, then
+    a question."""
+    return sessions * session_requests + question_requests
+
+
+def evaluation_seconds(
+    requests: float, latency_s: float, concurrency: int, chain: float | None = None
+) -> float:
+    """LM seconds of one evaluation of ``requests``: ``concurrency`` always in flight, but no less
+    than its longest ``chain`` of sequential requests (none: no floor)."""
+    return max(requests / max(concurrency, 1), chain or 0.0) * latency_s
+
+
+def measured_chains(ckpt: Checkpoint, dev: Dataset, test: Dataset) -> Chains | None:
+    """The dev and test splits' longest chains, at the requests per session and per question that
+    ``ckpt``'s baseline dev evaluation (of ``dev``) measured: its ingestion requests over the
+    sessions of the stores it built (a reused store ingested nothing: those taken as the built
+    share of the split's sessions), its other requests over the split's questions. ``None`` when it
+    built no store (nothing measured the ingestion) or ``dev`` has no question."""
+    measured = ckpt.baseline_dev
+    assert measured is not None, "the chains need the baseline"
+    sessions = sum(len(e.sessions) for e in dev.episodes)
+    questions = sum(len(e.questions) for e in dev.episodes)
+    if not measured.stores_built or not sessions or not questions:
+        return None
+    stores = measured.stores_built + measured.stores_reused
+    per_session = measured.ingest_calls / (sessions * measured.stores_built / stores)
+    per_question = (measured.llm_calls - measured.ingest_calls) / questions
+
+    def longest(split: Dataset) -> float:
+        return max(
+            (chain_requests(len(e.sessions), per_session, per_question) for e in split.episodes),
+            default=0.0,
+        )
+
+    return Chains(dev=longest(dev), test=longest(test))
+
+
+def floor_line(
+    part: Part, concurrency: int, latency_s: float | None, batch: int = 1
+) -> str | None:
+    """What set ``part``'s time when its chain did (``None`` otherwise): "time of the 50 trials set
+    by the longest dev episode's 94 sequential requests (94 s an evaluation), not by --concurrency
+    16: ..."."""
+    floor = part.floor
+    if floor is None or not floor.binds:
+        return None
+    unit = f"a batch of {batch}" if batch > 1 and "at once" in part.part else "an evaluation"
+    each = "" if latency_s is None else f" ({floor.requests * latency_s:,.0f} s {unit})"
+    return (
+        f"time of the {part.part} set by the longest {floor.split} episode's "
+        f"{floor.requests:,.0f} sequential "
+        f"requests{each}, not by --concurrency {concurrency}: its sessions are ingested in "
+        "order, then a question"
+    )
+
+
+def _scaled(
+    dev: Figures,
+    evaluations: float,
+    name: str,
+    count: int,
+    concurrency: int,
+    chain: tuple[str, float] | None = None,
+    batch: int = 1,
+) -> Part:
+    """``evaluations`` times ``dev`` with every request computed, in ``count`` evaluations each no
+    shorter than ``chain`` (the split and the requests of its longest chain; see the module
+    docstring), ``batch`` of them at once: a batch's requests share the ``concurrency`` slots, and
+    its time is floored by the chain once."""
+    calls = round(dev.llm_calls * evaluations)
+    tokens, dollars, latency = per_call(dev)
+    each = calls / max(count, 1)  # requests of one evaluation
+    batch = max(1, min(batch, count)) if count else 1
+    floor = (
+        None
+        if chain is None
+        else Floor(
+            split=chain[0],
+            requests=chain[1],
+            binds=count > 0 and chain[1] > batch * each / max(concurrency, 1),
+        )
+    )
+    full, rest = divmod(count, batch)
+    seconds = (
+        None
+        if latency is None
+        else sum(
+            n
+            * evaluation_seconds(
+                size * each, latency, concurrency, None if floor is None else floor.requests
+            )
+            for n, size in ((full, batch), (1 if rest else 0, rest))
+        )
+    )
+    return Part(
+        part=name,
+        evaluations=count,
+        calls=calls,
+        tokens=None if tokens is None else round(calls * tokens),
+        cost_usd=None if dollars is None else calls * dollars,
+        hours=None if seconds is None else seconds / 3600,
+        floor=floor,
+    )
+
+
+def _measured(evaluation: Figures, name: str) -> Part:
+    """An evaluation the run has made, as it ran."""
+    return Part(
+        part=name,
+        evaluations=1,
+        calls=round(evaluation.llm_calls),
+        tokens=round(evaluation.tokens),
+        cost_usd=evaluation.cost_usd,
+        hours=evaluation.seconds / 3600,
+    )
+
+
+def _sum(values: list[float | None]) -> float | None:
+    return None if any(v is None for v in values) else sum(v for v in values if v is not None)
+
+
+def _ratio(value: float | None, per: float) -> float | None:
+    return None if value is None or not per else value / per
+
+
+def _optimizer_part(
+    work: OptimizerWork,
+    dev: Figures,
+    concurrency: int,
+    proposer_price: tuple[float, float] | None,
+    own_proposer: bool,
+) -> Part:
+    """``work`` priced from the baseline's dev evaluation (see the module docstring)."""
+    dollars_per_token = _ratio(dev.cost_usd, dev.tokens)
+    if work.measured:
+        dollars = work.cost_usd
+    else:
+        system = (
+            None
+            if work.tokens is None or dollars_per_token is None
+            else work.tokens * dollars_per_token
+        )
+        if not work.proposer_calls:
+            proposer: float | None = 0.0
+        elif proposer_price is not None:
+            proposer = (
+                work.proposer_prompt_tokens * proposer_price[0]
+                + work.proposer_completion_tokens * proposer_price[1]
+            )
+        # the system LM's measured dollars per token, unless the proposer is another LM (without a
+        # price)
+        else:
+            proposer = (
+                None
+                if own_proposer or dollars_per_token is None
+                else work.proposer_tokens * dollars_per_token
+            )
+        dollars = _sum([system, proposer])
+    tokens, _, latency = per_call(dev)
+    token_seconds = None if latency is None or not tokens else latency / tokens
+    parallel = max(min(work.threads or concurrency, concurrency), 1)
+    system_hours = None if latency is None else work.calls * latency / parallel
+    proposer_hours = (
+        0.0
+        if not work.proposer_calls
+        else (None if token_seconds is None else work.proposer_tokens * token_seconds)
+    )  # one call at a time
+    hours = _sum([system_hours, proposer_hours])
+    return Part(
+        part=f"optimizer ({work.optimizer}, {'measured' if work.measured else 'modeled'})",
+        evaluations=0,
+        calls=round(work.calls + work.proposer_calls),
+        tokens=None if work.tokens is None else round(work.tokens + work.proposer_tokens),
+        cost_usd=dollars,
+        hours=None if hours is None else hours / 3600,
+    )
+
+
+def estimate(
+    ckpt: Checkpoint,
+    *,
+    budget: int,
+    concurrency: int,
+    dev_units: int,
+    test_units: int,
+    optimizer: OptimizerWork | None = None,
+    proposer_price: tuple[float, float] | None = None,
+    own_proposer: bool = False,
+    chains: Chains | None = None,
+    batch: int = 1,
+    trial: Figures | None = None,
+    control: bool = False,
+) -> Estimate:
+    """The whole run of ``budget`` trials, from ``ckpt``'s baseline (train and dev must be
+    evaluated); ``trial``: one trial's evaluation when it is not the baseline's dev evaluation
+    (:func:`answer_path`: no target is an ingest site, so every store is reused; its time is not
+    floored by a chain); ``dev_units``, ``test_units``: :func:`work_units` of the dev and test
+    splits;
+    ``chains``: their longest chains of sequential requests (:func:`measured_chains`), the floor of
+    each trial's and held-out evaluation's time (none when ``None``).
+
+    ``optimizer``: the optimizer's own work (:func:`measured_work`, or the model of
+    :mod:`optloop.loop.budget.shape`), a part of its own after the trials (none when ``None``);
+    ``proposer_price``: the proposer LM's dollars per prompt and per completion token, when it has
+    a price; ``own_proposer``: the proposer is another LM than the system's (``--proposer-lm``), so
+    without a price its dollars are unknown (the system LM's are measured); ``batch``: the trials
+    evaluated at once (``--batch``); ``control``: the run evaluates the trivial-instruction control
+    (on dev as ``ckpt`` measured it, once it has)."""
+    train, dev = ckpt.baseline_train, ckpt.baseline_dev
+    assert train is not None and dev is not None, "the estimate needs the baseline"
+    return project(
+        train,
+        dev,
+        budget=budget,
+        concurrency=concurrency,
+        dev_units=dev_units,
+        test_units=test_units,
+        optimizer=optimizer,
+        proposer_price=proposer_price,
+        own_proposer=own_proposer,
+        chains=chains,
+        batch=batch,
+        trial=trial,
+        control=control,
+        control_dev=ckpt.control_dev,
+    )
+
+
+def project(
+    train: Figures,
+    dev: Figures,
+    *,
+    budget: int,
+    concurrency: int,
+    dev_units: float,
+    test_units: float,
+    optimizer: OptimizerWork | None = None,
+    proposer_price: tuple[float, float] | None = None,
+    own_proposer: bool = False,
+    chains: Chains | None = None,
+    baseline: str = "baseline (measured)",
+    batch: int = 1,
+    trial: Figures | None = None,
+    control: bool = False,
+    control_dev: Figures | None = None,
+) -> Estimate:
+    """The run model of :func:`estimate` on the baseline's train and dev evaluations as figures
+    (measured ones, or a model's of them); ``baseline``: the name of their part; ``control_dev``:
+    the control's dev evaluation once the run has made it (its part is then measured). The other
+    arguments are :func:`estimate`'s."""
+    batch = trials_at_once(batch, optimizer)
+    first = Part(
+        part=baseline,
+        evaluations=2,
+        calls=round(train.llm_calls + dev.llm_calls),
+        tokens=round(train.tokens + dev.tokens),
+        cost_usd=_sum([train.cost_usd, dev.cost_usd]),
+        hours=(train.seconds + dev.seconds) / 3600,
+    )
+    parts = [first]
+    if control:
+        parts.append(
+            _measured(control_dev, CONTROL_PART + " (measured)")
+            if control_dev is not None
+            else _scaled(
+                dev,
+                1,
+                CONTROL_PART,
+                1,
+                concurrency,
+                None if chains is None else ("dev", chains.dev),
+            )
+        )
+    parts += [
+        _scaled(
+            dev if trial is None else trial,
+            budget,
+            f"{budget} trials"
+            + (f" ({batch} at once)" if batch > 1 else "")
+            + ("" if trial is None else ", stores reused"),
+            budget,
+            concurrency,
+            None if chains is None or trial is not None else ("dev", chains.dev),
+            batch=batch,
+        ),
+    ]
+    if optimizer is not None:
+        parts.append(_optimizer_part(optimizer, dev, concurrency, proposer_price, own_proposer))
+    held_out = 3 if control else 2  # the start program, the best, the control
+    parts.append(
+        _scaled(
+            dev,
+            held_out * test_units / max(dev_units, 1),
+            HELD_OUT_PART,
+            held_out,
+            concurrency,
+            None if chains is None else ("test", chains.test),
+        )
+    )
+    total = Part(
+        part="total",
+        evaluations=sum(p.evaluations for p in parts),
+        calls=sum(p.calls for p in parts),
+        tokens=_sum([p.tokens for p in parts]),
+        cost_usd=_sum([p.cost_usd for p in parts]),
+        hours=_sum([p.hours for p in parts]),
+    )
+    return Estimate(
+        parts=parts,
+        total=total,
+        concurrency=concurrency,
+        latency_s=per_call(dev)[2],
+        priced=dev.cost_usd is not None,
+        optimizer=optimizer,
+        batch=batch,
+    )
+
+
+def trials_at_once(batch: int, optimizer: OptimizerWork | None) -> int:
+    """The trials a ``--batch`` evaluates at once: no more than one of the optimizer's rounds
+    yields (SIMBA: the new programs of a step; GEPA: its accepted mutations). An optimizer whose
+    work is done up front (Optuna's proposals, ``trials_per_round`` 0) fills every batch."""
+    if optimizer is None or optimizer.trials_per_round == 0:
+        return batch
+    return max(1, min(batch, int(optimizer.trials_per_round)))
+
+
+def measured_work(
+    ckpt: Checkpoint, model: OptimizerWork | None, budget: int
+) -> OptimizerWork | None:
+    """The optimizer's own work over the whole run, measured on the run's finished trials (``None``
+    when none has finished: then only ``model`` can say).
+
+    What the optimizer has spent so far is the run's total over every process
+    (:meth:`Checkpoint.total_cost`) less its evaluations (the baseline's, the finished trials', a
+    held-out one); its proposer calls are those of a ``--proposer-lm`` (``proposer_*``) and the
+    system LM's at the proposer site. That is scaled to the whole run by rounds, since an optimizer
+    spends a round's work before the round's first trial: ``model``'s rounds over the rounds begun
+    (``k`` trials at ``model``'s trials a round); ``budget / k`` without a model; nothing more for
+    an optimizer whose work is done up front (Optuna's proposals, ``model.rounds == 0``). Half-done
+    trials and redone steps count as the optimizer's (they are neither evaluations nor free).
+    """
+    done = [t.evaluation for t in ckpt.trials if t.evaluation is not None]
+    if not done:
+        return None
+    evaluations = [
+        e
+        for e in (ckpt.baseline_train, ckpt.baseline_dev, *done, ckpt.test_before)
+        if e is not None
+    ]
+    if (
+        ckpt.test_after is not None
+        and ckpt.test_before is not None
+        and ckpt.test_after.candidate != ckpt.test_before.candidate
+    ):
+        evaluations.append(ckpt.test_after)
+    # the control's, unless it took the baseline's or a held-out evaluation (the same program)
+    made = {
+        (e.split, e.candidate)
+        for e in (ckpt.baseline_dev, ckpt.test_before, ckpt.test_after)
+        if e is not None
+    }
+    for control in (ckpt.control_dev, ckpt.control_test):
+        if control is not None and (control.split, control.candidate) not in made:
+            evaluations.append(control)
+    total = ckpt.total_cost()
+    at_site = {key: float(total.get(f"{key}/{PROPOSER}", 0)) for key in ("llm_calls", "tokens")}
+    calls = max(
+        float(total.get("llm_calls", 0))
+        - at_site["llm_calls"]
+        - sum(e.llm_calls for e in evaluations),
+        0.0,
+    )
+    tokens = max(
+        float(total.get("tokens", 0)) - at_site["tokens"] - sum(e.tokens for e in evaluations), 0.0
+    )
+    proposer_calls = float(total.get("proposer_llm_calls", 0)) + at_site["llm_calls"]
+    proposer_tokens = float(total.get("proposer_tokens", 0)) + at_site["tokens"]
+    dollars: float | None = None
+    if "cost_usd" in total and all(e.cost_usd is not None for e in evaluations):
+        dollars = max(float(total["cost_usd"]) - sum(e.cost_usd or 0.0 for e in evaluations), 0.0)
+        if "proposer_cost_usd" in total:
+            dollars += float(total["proposer_cost_usd"])
+        elif total.get("proposer_model_calls"):  # a --proposer-lm without a price
+            dollars = None
+    k = len(done)
+    if model is None:
+        rounds, per_round, begun = budget, 1.0, k
+    elif model.rounds == 0:
+        rounds, per_round, begun = 0, 0.0, 0
+    else:
+        rounds, per_round = model.rounds, model.trials_per_round
+        begun = min(rounds, max(math.ceil(k / per_round), 1)) if per_round else rounds
+    scale = rounds / begun if begun else 1.0
+    how = (
+        f"scaled by rounds: {rounds} in the run / {begun} begun ({per_round:.3g} trial(s) a round)"
+        if begun
+        else "nothing more to come: its work is done up front"
+    )
+    return OptimizerWork(
+        optimizer=model.optimizer if model is not None else "optimizer",
+        measured=True,
+        rounds=rounds,
+        trials_per_round=per_round,
+        calls=calls * scale,
+        tokens=tokens * scale,
+        proposer_calls=proposer_calls * scale,
+        proposer_prompt_tokens=proposer_tokens * scale,
+        cost_usd=None if dollars is None else dollars * scale,
+        threads=None if model is None else model.threads,
+        basis=(
+            f"the {k} finished trial(s): {calls:.0f} requests on train and "
+            f"{proposer_calls:.0f} to the proposer "
+            f"so far (the run's total less its evaluations), {how}"
+        ),
+    )
+
+
+__all__ = [
+    "MODEL",
+    "CONTROL_PART",
+    "HELD_OUT_PART",
+    "Chains",
+    "Estimate",
+    "Figures",
+    "Floor",
+    "OptimizerWork",
+    "Part",
+    "chain_requests",
+    "estimate",
+    "evaluation_seconds",
+    "floor_line",
+    "measured_chains",
+    "measured_work",
+    "project",
+    "work_units",
+]
