@@ -91,10 +91,10 @@ from optloop.loop.budget.estimate import (
     evaluation_seconds,
     project,
 )
-from optloop.loop.budget.shape import RunShape
+from optloop.loop.budget.shape import RunShape, cost_model
 from optloop.loop.cost import LMCost
 from optloop.loop.optimizers.base import ENDPOINT_THREADS
-from optloop.loop.optimizers.registry import NAMES, cost_model
+from optloop.loop.optimizers.registry import NAMES
 from optloop.loop.state import LoopConfig
 from optloop.paths import state_dir, write_atomic
 from optloop.sites import ANSWER, QUERY_REWRITE

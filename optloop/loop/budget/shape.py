@@ -49,7 +49,8 @@ measures the optimizer's calls on them instead
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+import importlib
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 import dspy
@@ -251,15 +252,25 @@ def run_shape(
     )
 
 
+def cost_model(optimizer: str) -> Callable[[RunShape], OptimizerWork]:
+    """``optimizer``'s model of its own LM calls over a run: the function ``work`` beside its class
+    (the module :mod:`~optloop.loop.optimizers.registry` names)."""
+    model: Callable[[RunShape], OptimizerWork] = importlib.import_module(
+        registry.entry(optimizer).module
+    ).work
+    return model
+
+
 def modeled_work(shape: RunShape, optimizer: str) -> OptimizerWork | None:
     """The model of ``optimizer`` on ``shape`` (``None``: no model for it)."""
-    model = registry.cost_model(optimizer) if optimizer in registry.NAMES else None
+    model = cost_model(optimizer) if optimizer in registry.NAMES else None
     return None if model is None else model(shape)
 
 
 __all__ = [
     "CHARS_PER_TOKEN",
     "RunShape",
+    "cost_model",
     "modeled_work",
     "run_shape",
     "template_tokens",

@@ -11,13 +11,10 @@ loading DSPy; the classes and cost models are imported when asked for.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, get_args
 
 if TYPE_CHECKING:
-    from optloop.loop.budget.estimate import OptimizerWork
-    from optloop.loop.budget.shape import RunShape
     from optloop.loop.optimizers.base import Optimizer
 
 OptimizerName = Literal["simba", "gepa", "optuna", "edit"]
@@ -68,12 +65,6 @@ def optimizer_class(name: str) -> type[Optimizer]:
     found = entry(name)
     cls: type[Optimizer] = getattr(importlib.import_module(found.module), found.cls)
     return cls
-
-
-def cost_model(name: str) -> Callable[[RunShape], OptimizerWork]:
-    """``name``'s model of its own LM calls over a run (``--estimate``)."""
-    model: Callable[[RunShape], OptimizerWork] = importlib.import_module(entry(name).module).work
-    return model
 
 
 def module_path(name: str) -> str:

@@ -14,7 +14,13 @@ import pytest
 
 from optloop.attribution import Attribution, ErrorType
 from optloop.loop.budget.estimate import trials_at_once
-from optloop.loop.budget.shape import RunShape, modeled_work, run_shape, template_tokens
+from optloop.loop.budget.shape import (
+    RunShape,
+    cost_model,
+    modeled_work,
+    run_shape,
+    template_tokens,
+)
 from optloop.loop.candidate import Candidate, SiteState
 from optloop.loop.cost import LMCost
 from optloop.loop.evaluate import Evaluation, QuestionOutcome
@@ -23,7 +29,7 @@ from optloop.loop.optimizers.edit import work as edit_work
 from optloop.loop.optimizers.gepa import work as gepa_work
 from optloop.loop.optimizers.optuna import work as optuna_work
 from optloop.loop.optimizers.propose import ProposeInstruction
-from optloop.loop.optimizers.registry import NAMES, cost_model
+from optloop.loop.optimizers.registry import NAMES
 from optloop.loop.optimizers.simba import work as simba_work
 from optloop.loop.state import Checkpoint, LoopConfig
 
