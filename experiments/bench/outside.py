@@ -25,7 +25,8 @@ it recovers. The faults:
   PostgreSQL ``--storage``.
 
 (An export of a prompt reference ending in a newline, exported files' modes and an empty gold
-answer need no run: ``tests/optloop/test_export.py``, ``tests/optloop/datasets/test_jsonl.py``.)
+answer need no run: ``tests/optloop/cli/test_export.py``,
+``tests/optloop/datasets/test_jsonl.py``.)
 
 A case that needs what this machine cannot do (mount a tmpfs, make a file immutable) raises
 :class:`Unsupported`; the tests skip it.

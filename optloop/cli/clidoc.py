@@ -4,7 +4,7 @@
 
 Every subcommand of ``optloop`` (:data:`optloop.cli.console.COMMANDS`) is rendered from the parser
 its module builds: usage, summary, and one table per group of flags with each flag's value,
-default, choices and help. ``tests/optloop/test_clidoc.py`` fails when docs/cli.md differs from
+default, choices and help. ``tests/optloop/cli/test_clidoc.py`` fails when docs/cli.md differs from
 what this prints, so a flag added, removed or reworded in code cannot leave the reference behind.
 """
 

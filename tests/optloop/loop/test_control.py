@@ -13,7 +13,7 @@ from optloop.loop.control import NO_MEASURABLE_CHANGE, control_candidate, verdic
 from optloop.loop.policy import NO_CONTROL, control_sites
 from optloop.loop.state import LoopConfig
 from optloop.stats import Interval
-from tests.optloop.loop.test_edit import FakeEvaluator, _train
+from tests.optloop.loop.optimizers.test_edit import FakeEvaluator, _train
 
 SITES = ["md_flat.curate", "answer"]
 

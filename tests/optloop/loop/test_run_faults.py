@@ -7,7 +7,7 @@ the real CLI against the loopback :class:`~optloop.testing.oracle.OracleEndpoint
 fault this machine cannot inject (a tmpfs mount, an immutable file) skips its test. The cases of
 several runs each (a real ``mlflow server`` killed and restarted, a SIGKILL then a resume) are
 ``slow``; the fast suite covers the same faults through the units they meet
-(``tests/optloop/test_outside.py``, ``test_preflight.py``, ``test_tracking_store.py``,
+(``tests/optloop/services/test_outside.py``, ``test_preflight.py``, ``test_tracking_store.py``,
 ``tests/optloop/loop/test_checkpoint_guard.py``).
 """
 

@@ -147,7 +147,7 @@ def test_run_cli_prints_one_line_and_the_exit_code_of_an_outside_fault(tmp_path)
         capture_output=True,
         text=True,
         timeout=120,
-        cwd=Path(__file__).resolve().parents[2],
+        cwd=Path(__file__).resolve().parents[3],
     )
     assert done.returncode == 74, done.stderr
     lines = done.stderr.strip().splitlines()

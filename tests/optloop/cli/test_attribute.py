@@ -214,7 +214,7 @@ def test_planted_report_with_no_induced_failure_says_so_and_scores_every_caused_
     import optloop.analysis.planted as planted
     import optloop.cli.attribute as cli
     from optloop.lm import Accounting
-    from tests.optloop.attribution.test_planted_report import issue_run
+    from tests.optloop.faults.test_planted_report import issue_run
 
     class FakeLM:
         accounting = Accounting()

@@ -26,7 +26,7 @@ from optloop.services.preflight import (
 )
 from optloop.testing.loopback import closed_port_url
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def test_mlflow_http_retries_are_bounded_unless_the_user_set_them(monkeypatch):

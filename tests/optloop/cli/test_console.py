@@ -12,7 +12,7 @@ import pytest
 
 from optloop.cli.console import COMMANDS, main
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def test_help_lists_every_subcommand(capsys):

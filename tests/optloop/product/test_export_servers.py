@@ -12,7 +12,7 @@ from optloop.product import loop_sampling, response_format
 from optloop.product.export import Bundle, render
 from optloop.testing.scripted import ScriptedOpenAIServer
 from signatures.mem0 import Mem0Extract  # first: it points MEM0_DIR into optloop's state
-from tests.optloop.test_product import EXTRACTION, chats, vanilla_memory
+from tests.optloop.product.test_product import EXTRACTION, chats, vanilla_memory
 
 
 def exported(tmp_path, prompt: str):

@@ -18,7 +18,7 @@ import pytest
 from optloop.errors import StoreWriteError
 from optloop.services.tracking_store import ensure_sqlite_store, schema_state
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 LIMIT = 300 * 1024  # bytes a file may grow to: MLflow's complete store is larger
 
 

@@ -11,7 +11,7 @@ import pytest
 from optloop.cli import clidoc
 from optloop.cli.console import COMMANDS
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
+DOC = Path(__file__).resolve().parents[3] / "docs" / "cli.md"
 
 
 def test_docs_cli_md_is_generated_from_the_parsers():

@@ -33,7 +33,7 @@ from optloop.faults.planted import (
 from optloop.faults.planted_report import MIN_SAMPLE, format_rate, rate, summarize
 from optloop.lm import Accounting
 from optloop.stats import bootstrap_mean
-from tests.optloop.attribution.test_faults import HashEmbedder
+from tests.optloop.faults.test_faults import HashEmbedder
 from tests.optloop.tracing.test_recorder import EPISODE as RECORDER_EPISODE
 
 TINY = "builtin:tiny"
