@@ -481,8 +481,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{shape.sessions:.1f} sessions, {shape.questions:.0f} questions each, the longest "
         f"{shape.longest} sessions. Price: ${price.input * 1e6:.3f} / ${price.output * 1e6:.3f} "
         "per million prompt / completion tokens.",
-        "how: optloop.run --estimate's run model (optloop/loop/budget/limits.py), its baseline's "
-        "train and dev modeled from "
+        "how: optloop.run --estimate's run model (optloop/loop/budget/estimate.py), its "
+        "baseline's train and dev modeled from "
         f"the recording, every request computed in an assumed {args.latency_ms:.0f} ms.",
         optimizer_line(first, config)
         + "; target sites: "
