@@ -64,19 +64,6 @@ from typing import TYPE_CHECKING, Any
 import dspy
 
 from optloop.lm import prompt_site
-from optloop.loop.candidate import Candidate, SiteState, trivial_instruction
-from optloop.loop.gate import active, register_template
-from optloop.loop.optimizers.base import PROPOSER_SITE, QueuedOptimizer
-from optloop.loop.optimizers.registry import EDIT
-from optloop.loop.units import Instruction, Kind, problems
-from optloop.loop.writer import failure_cases, long_instruction
-from optloop.text import normalize
-
-if TYPE_CHECKING:
-    from optloop.attribution import Attribution
-    from optloop.datasets import Dataset
-    from optloop.loop.evaluate import Evaluation
-
 from optloop.loop.budget.estimate import OptimizerWork
 from optloop.loop.budget.shape import (
     JSON_TOKENS,
@@ -86,7 +73,19 @@ from optloop.loop.budget.shape import (
     RunShape,
     template_tokens,
 )
-from optloop.loop.writer import WriteInstruction
+from optloop.loop.candidate import Candidate, SiteState, trivial_instruction
+from optloop.loop.gate import active, register_template
+from optloop.loop.optimizers.base import PROPOSER_SITE, QueuedOptimizer
+from optloop.loop.optimizers.registry import EDIT
+from optloop.loop.units import Instruction, Kind, problems
+from optloop.loop.writer import WriteInstruction, failure_cases, long_instruction
+from optloop.text import normalize
+
+if TYPE_CHECKING:
+    from optloop.attribution import Attribution
+    from optloop.datasets import Dataset
+    from optloop.loop.evaluate import Evaluation
+
 
 logger = logging.getLogger(__name__)
 

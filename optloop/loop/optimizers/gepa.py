@@ -12,31 +12,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import dspy
 from dspy.teleprompt.gepa import InstructionProposer
 
 from optloop.lm import collect_calls, prompt_site
-from optloop.loop.candidate import Candidate
-from optloop.loop.gate import current_gate
-from optloop.loop.optimizers.base import PROPOSER_SITE
-from optloop.loop.optimizers.registry import GEPA
-from optloop.loop.program import (
-    examples,
-    feedback_metric,
-    site_name,
-)
-from optloop.paths import write_atomic
-
-if TYPE_CHECKING:
-    pass
-
-import math
-
 from optloop.loop.budget.estimate import OptimizerWork
 from optloop.loop.budget.shape import (
     ACCEPT_SHARE,
@@ -45,9 +29,13 @@ from optloop.loop.budget.shape import (
     JSON_TOKENS,
     RunShape,
 )
+from optloop.loop.candidate import Candidate
+from optloop.loop.gate import current_gate
+from optloop.loop.optimizers.base import PROPOSER_SITE
+from optloop.loop.optimizers.registry import GEPA
 from optloop.loop.optimizers.rounds import RoundsOptimizer
-
-logger = logging.getLogger(__name__)
+from optloop.loop.program import examples, feedback_metric, site_name
+from optloop.paths import write_atomic
 
 
 class BlamedSiteSelector:

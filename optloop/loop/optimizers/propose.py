@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import dspy
 
@@ -14,10 +13,6 @@ from optloop.lm import collect_calls, prompt_site
 from optloop.loop.gate import ProposalGate, current_gate, register_template
 from optloop.loop.optimizers.base import PROPOSER_SITE
 from optloop.loop.writer import Writer, long_instruction
-
-if TYPE_CHECKING:
-    pass
-
 
 logger = logging.getLogger(__name__)
 

@@ -17,17 +17,12 @@ from optloop.attribution import Attribution
 from optloop.loop.candidate import Candidate
 from optloop.loop.gate import active
 from optloop.loop.optimizers.base import QueuedOptimizer
-from optloop.loop.program import (
-    MemoryProgram,
-    attr_name,
-    examples,
-    running,
-)
+from optloop.loop.optimizers.propose import failure_summary, propose_instruction
+from optloop.loop.program import MemoryProgram, attr_name, examples, running
 
 if TYPE_CHECKING:
     from optloop.loop.evaluate import Evaluation
 
-from optloop.loop.optimizers.propose import failure_summary, propose_instruction
 
 logger = logging.getLogger(__name__)
 

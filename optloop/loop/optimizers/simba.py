@@ -12,31 +12,11 @@ Its mini-batch runs are the optimizer's own cost: counted and reported, not eval
 from __future__ import annotations
 
 import logging
+import math
 import random
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import dspy
-
-from optloop.loop.candidate import Candidate
-from optloop.loop.optimizers.registry import SIMBA
-from optloop.loop.optimizers.simba_step import (
-    SimbaPool,
-    SimbaSettings,
-    append_advice,
-    offer_advice,
-    run_example,
-    simba_step,
-)
-from optloop.loop.program import (
-    MemoryProgram,
-    attr_name,
-    examples,
-)
-
-if TYPE_CHECKING:
-    pass
-
-import math
 
 from optloop.loop.budget.estimate import OptimizerWork
 from optloop.loop.budget.shape import (
@@ -46,8 +26,19 @@ from optloop.loop.budget.shape import (
     RunShape,
     template_tokens,
 )
+from optloop.loop.candidate import Candidate
+from optloop.loop.optimizers.registry import SIMBA
 from optloop.loop.optimizers.rounds import RoundsOptimizer
-from optloop.loop.optimizers.simba_step import advice_signature
+from optloop.loop.optimizers.simba_step import (
+    SimbaPool,
+    SimbaSettings,
+    advice_signature,
+    append_advice,
+    offer_advice,
+    run_example,
+    simba_step,
+)
+from optloop.loop.program import MemoryProgram, attr_name, examples
 
 logger = logging.getLogger(__name__)
 
