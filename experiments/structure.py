@@ -95,6 +95,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "clidoc",
         "demo_repair",
         "console",
+        "ui",
     ),
 }
 UNPLACED = "unplaced"

@@ -1,6 +1,5 @@
 """``python -m optloop.demo_repair``: the command lives in :mod:`optloop.cli.demo_repair`; this
-module keeps the
-documented path working."""
+module keeps the documented path working."""
 
 import os
 import sys

@@ -1,6 +1,5 @@
-"""``python -m optloop.doctor``: the command lives in :mod:`optloop.cli.doctor`; this module keeps
-the
-documented path working."""
+"""``python -m optloop.doctor``: the command lives in :mod:`optloop.cli.doctor`; this module
+keeps the documented path working."""
 
 import os
 import sys

@@ -1,6 +1,5 @@
-"""``python -m optloop.export``: the command lives in :mod:`optloop.cli.export`; this module keeps
-the
-documented path working."""
+"""``python -m optloop.export``: the command lives in :mod:`optloop.cli.export`; this module
+keeps the documented path working."""
 
 import os
 import sys

@@ -1,6 +1,5 @@
-"""``python -m optloop.models``: the command lives in :mod:`optloop.cli.models`; this module keeps
-the
-documented path working."""
+"""``python -m optloop.models``: the command lives in :mod:`optloop.cli.models`; this module
+keeps the documented path working."""
 
 import os
 import sys

@@ -1,5 +1,5 @@
-"""``python -m optloop.run``: the command lives in :mod:`optloop.cli.run`; this module keeps the
-documented path working."""
+"""``python -m optloop.run``: the command lives in :mod:`optloop.cli.run`; this module
+keeps the documented path working."""
 
 import os
 import sys

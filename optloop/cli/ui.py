@@ -23,7 +23,7 @@ from optloop.errors import ConfigError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = CommandParser("python -m optloop.cli.ui", __doc__)
+    parser = CommandParser("python -m optloop.ui", __doc__)
     parser.add_argument("--port", type=int, default=5000, help="port to serve on (default 5000)")
     parser.add_argument(
         "--host",
