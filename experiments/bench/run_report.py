@@ -21,8 +21,10 @@ this checkout's).
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
+import shlex
 from collections import Counter
 from collections.abc import Sequence
 from datetime import datetime
@@ -51,14 +53,42 @@ def log_lines(run_log: Path) -> list[tuple[datetime, str]]:
 
 
 def accuracy(evaluation: Evaluation | None) -> str:
+    """The share of questions passed (as the loop counts them), with its 95% CI and n."""
     if evaluation is None:
         return "-"
-    ci = bootstrap_mean([o.score for o in evaluation.outcomes], seed=0)
+    ci = bootstrap_mean([float(o.passed) for o in evaluation.outcomes], seed=0)
     return f"{ci.estimate:.3f} [{ci.low:.3f}, {ci.high:.3f}] n={ci.n}"
 
 
-def report(run_dir: Path, console: Path | None) -> dict[str, Any]:
-    """The figures of the finished run in ``run_dir`` (see the module docstring)."""
+def start_instructions(system: str) -> dict[str, str]:
+    """The instructions each prompt site of ``system`` starts from (the library's own prompts),
+    read from a system built without an LM."""
+    import tempfile
+
+    from systems import get_system
+
+    with tempfile.TemporaryDirectory() as tmp:
+        built = get_system(system)(None, Path(tmp))  # type: ignore[arg-type]
+        return {name: site.instructions for name, site in built.prompt_sites().items()}
+
+
+def system_of(command: str) -> str | None:
+    """The ``--system`` a run's command names, if any."""
+    words = shlex.split(command)
+    for i, word in enumerate(words):
+        if word == "--system" and i + 1 < len(words):
+            return words[i + 1]
+        if word.startswith("--system="):
+            return word.split("=", 1)[1]
+    return None
+
+
+def report(
+    run_dir: Path, console: Path | None, start: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """The figures of the finished run in ``run_dir`` (see the module docstring). ``start``: the
+    sites' starting instructions (:func:`start_instructions`); a site whose best instructions
+    equal them is left out of the changed prompts (a library's prompt is never copied out)."""
     ckpt = Checkpoint.load(run_dir / "checkpoint.json")
     if not ckpt.finished or ckpt.test_before is None or ckpt.test_after is None:
         raise SystemExit(f"{run_dir}: the run has not finished (no held-out test yet)")
@@ -71,12 +101,12 @@ def report(run_dir: Path, console: Path | None) -> dict[str, Any]:
     ]
     printed = console.read_text().splitlines() if console is not None else []
     etas = [line.strip() for line in printed if "ETA" in line and "projected" in line]
-    before = [o.score for o in ckpt.test_before.outcomes]
-    after = [o.score for o in ckpt.test_after.outcomes]
+    before = [float(o.passed) for o in ckpt.test_before.outcomes]
+    after = [float(o.passed) for o in ckpt.test_after.outcomes]
     delta = paired_bootstrap_delta(before, after, seed=0)
     control: dict[str, Any] = {}
     if ckpt.control_test is not None:
-        beside = [o.score for o in ckpt.control_test.outcomes]
+        beside = [float(o.passed) for o in ckpt.control_test.outcomes]
         vs = paired_bootstrap_delta(beside, after, seed=0)
         control = {
             "dev": accuracy(ckpt.control_dev),
@@ -93,13 +123,23 @@ def report(run_dir: Path, console: Path | None) -> dict[str, Any]:
         key=lambda t: (t.evaluation.accuracy if t.evaluation else 0.0, -t.trial),
         default=None,
     )
-    prompts = {}  # the blamed sites' instructions of the candidate tested after (the best trial)
+    prompts = {}  # the changed sites' instructions of the candidate tested after (the best trial)
+    diffs = {}
     if best is not None and ckpt.test_after.candidate == best.candidate.digest():
-        prompts = {
-            site: state.instructions
-            for site, state in best.candidate.sites.items()
-            if site in ckpt.targets
-        }
+        for site, state in best.candidate.sites.items():
+            start_text = (start or {}).get(site)
+            if site not in ckpt.targets or state.instructions == start_text:
+                continue
+            prompts[site] = state.instructions
+            if start_text is not None:
+                diffs[site] = "".join(
+                    difflib.unified_diff(
+                        _lines(start_text),
+                        _lines(state.instructions),
+                        f"{site} (start)",
+                        f"{site} (best)",
+                    )
+                )
     verdicts_ = verdicts(logs_under(run_dir / "work" / "optimizers"))
     arms = {"before": ckpt.test_before, "control": ckpt.control_test, "after": ckpt.test_after}
     return {
@@ -130,6 +170,7 @@ def report(run_dir: Path, console: Path | None) -> dict[str, Any]:
         "control": control,
         "best_trial": best.trial if best is not None else None,
         "best_prompts": prompts,
+        "best_diffs": diffs,
         "proposals": dict(
             sorted(Counter(v.reason.value if v.reason else "passed" for v in verdicts_).items())
         ),
@@ -165,6 +206,10 @@ def evaluation_costs(ckpt: Checkpoint) -> list[dict[str, Any]]:
         for name, e in named
         if e is not None
     ]
+
+
+def _lines(text: str) -> list[str]:
+    return [line + "\n" for line in text.splitlines()]
 
 
 def by_category(arms: dict[str, Evaluation]) -> dict[str, Any]:
@@ -303,10 +348,13 @@ def _prompt_lines(data: dict[str, Any]) -> list[str]:
     if not prompts:
         return ["The baseline stayed best: no prompt changed.", ""]
     out = [
-        f"The best candidate (trial {data['best_trial']}), its blamed sites' instructions whole:"
+        f"The best candidate (trial {data['best_trial']}), the instructions it changed, whole, "
+        "and their diff from the start:"
     ]
     for site, text in prompts.items():
         out += ["", f"`{site}`:", "", "```", text, "```"]
+        if diff := (data.get("best_diffs") or {}).get(site):
+            out += ["", "```diff", diff.rstrip("\n"), "```"]
     return [*out, ""]
 
 
@@ -429,7 +477,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, required=True, metavar="OUT")
     parser.add_argument("--markdown", type=Path, metavar="OUT")
     args = parse_command(parser, argv)
-    data = stamped(report(args.run_dir, args.console), model_of(args), args.command)
+    system = system_of(args.command)
+    start = start_instructions(system) if system else None
+    data = stamped(report(args.run_dir, args.console, start), model_of(args), args.command)
     if args.commit:
         data["provenance"]["commit"] = args.commit
     write_atomic(args.json, json.dumps(data, indent=1) + "\n")

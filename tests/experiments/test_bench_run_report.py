@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.bench.run_report import blame_table, by_category, main, report
+from experiments.bench.run_report import blame_table, by_category, main, report, system_of
 from optloop.loop.candidate import Candidate, SiteState
 from optloop.loop.evaluate import Evaluation
 from optloop.loop.state import Checkpoint, Trial
@@ -128,3 +128,18 @@ def test_each_evaluation_s_cost_is_listed_in_run_order(tmp_path):
         "test after",
     ]
     assert data["evaluations"][0]["questions"] == 2
+
+
+def test_only_the_prompts_the_best_changed_are_shown_with_their_diff(tmp_path):
+    run = finished_run(tmp_path)
+    ckpt = Checkpoint.load(run / "checkpoint.json")
+    assert ckpt.test_after is not None
+    ckpt.test_after.candidate = ckpt.trials[0].candidate.digest()  # the best was tested after
+    ckpt.save(run / "checkpoint.json")
+    unchanged = report(run, None, start={"answer": "A."})
+    assert unchanged["best_prompts"] == {} and unchanged["best_diffs"] == {}
+    changed = report(run, None, start={"answer": "Answer briefly."})
+    assert changed["best_prompts"] == {"answer": "A."}
+    assert "-Answer briefly.\n+A.\n" in changed["best_diffs"]["answer"]
+    assert system_of("python -m optloop.run --system 'mem0' --budget 4") == "mem0"
+    assert system_of("python -m optloop.run --budget 4") is None
