@@ -848,6 +848,29 @@ def linked() -> list[str]:
             ["mem0_qwen_exported.json"],
         ),
         (
+            "LoCoMo at this machine's size: what one evaluation costs",
+            "Seconds to ingest one LoCoMo conversation into mem0 and into graphiti with the "
+            "Qwen2.5-Coder 0.5B model, seconds and calls per question, calls per evaluation. "
+            "`python -m experiments.bench.systems --systems mem0,graphiti --dataset "
+            "'locomo:<path>?sessions=N&questions=N'`",
+            ["locomo_cost.md", "locomo_cost.json"],
+        ),
+        (
+            "The loop on LoCoMo, beside MemTrace's +7.62%",
+            "The loop on LoCoMo conversations with local models (mem0; graphiti at --budget 50): "
+            "held-out before and after, the trivial-instruction control, per category, the "
+            "prompts changed, the baseline's failures by site and error type; and MemTrace's "
+            "setup and figure beside ours, with what differs. `python -m "
+            "experiments.bench.run_report` on the runs",
+            [
+                "locomo.md",
+                "locomo_mem0.md",
+                "locomo_mem0.json",
+                "locomo_graphiti.md",
+                "locomo_graphiti.json",
+            ],
+        ),
+        (
             "llama.cpp's own server",
             "Does optloop run against llama.cpp's OpenAI-compatible server by flags alone "
             "(schema mode, concurrency, request errors, failed calls, the Mem0 app)? The "
