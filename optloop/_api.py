@@ -1,11 +1,12 @@
 """optloop in Python: :func:`optimize` runs the closed loop (``optloop.attribute(...)``, which
 attributes a system's failures, lives with its command in :mod:`optloop.attribute`).
 
-It runs what ``optloop run`` runs and returns the result object instead of printing it. Its keyword
+It runs what ``optloop run`` runs and returns the result object; it prints nothing (what the run
+says reaches an ``on_event`` callback, when one is given, and the run's ``run.log``). Its keyword
 arguments become the same typed objects the command's flags become (:mod:`optloop.loop.request`:
-``LoopConfig``, ``RunOptions``, the LMs' ``LMSettings``), and :func:`optloop.cli.run.execute` runs
-them: no command line is built or parsed. The defaults in its signature are those models' field
-defaults, read from them, so the function and the command cannot disagree.
+``LoopConfig``, ``RunOptions``, the LMs' ``LMSettings``), and :func:`optloop.loop.session.run`
+runs them: no command line is built or parsed. The defaults in its signature are those models'
+field defaults, read from them, so the function and the command cannot disagree.
 
 Heavy modules (DSPy, MLflow, the memory libraries) are imported inside the functions, so
 ``import optloop`` stays cheap and changes nothing in the process's environment
@@ -24,6 +25,7 @@ from optloop.loop.request import RunOptions, RunRequest, checked, loop_config, r
 from optloop.offline import offline_defaults
 
 if TYPE_CHECKING:
+    from optloop.loop.session import OnEvent
     from optloop.loop.state import LoopResult
 
 _LOOP = LoopConfig.model_fields
@@ -58,6 +60,7 @@ def optimize(
     tracking_uri: str | None = None,
     storage: str | None = None,
     verbose: bool = False,
+    on_event: OnEvent | None = None,
 ) -> LoopResult:
     """Find which prompt makes a memory system fail, rewrite only that prompt, and measure the
     change.
@@ -149,6 +152,10 @@ def optimize(
         verbose:
             Accepted for the command's ``--verbose``; a library call leaves logging to its
             program.
+        on_event:
+            Called with each thing the run says as it runs (:data:`optloop.loop.session.RunEvent`:
+            which run, each stage, each trial, the projection, the result); :obj:`None` says
+            nothing. Either way the run's ``run.log`` gets the lines ``optloop run`` shows.
 
     Returns:
         The run's :class:`~optloop.loop.state.LoopResult`: dev and held-out accuracies with their
@@ -168,7 +175,7 @@ def optimize(
     os.environ.update(
         offline_defaults()
     )  # before DSPy, litellm and the memory libraries are imported
-    from optloop.cli.run import execute
+    from optloop.loop import session
 
     options = checked(
         RunOptions,
@@ -203,4 +210,4 @@ def optimize(
         batch=batch,
         control=control,
     )
-    return execute(RunRequest(config, settings, proposer, options))
+    return session.run(RunRequest(config, settings, proposer, options), on_event=on_event)

@@ -1,7 +1,7 @@
 """What a run says while it runs, as words: the line of a finished trial (:func:`trial_line`), of
-an attributed episode (:func:`episode_line`), a span of time (:func:`duration`) and the name of
-the log a command keeps them in (:data:`LOG_NAME`). How a command shows them (a status line on a
-terminal, plain lines elsewhere, the ``run.log``) is :mod:`optloop.cli.status`'s.
+an attributed episode (:func:`episode_line`), a span of time (:func:`duration`), and the log they
+are kept in (:class:`RunLog`, the file :data:`LOG_NAME`). How a command shows them on a console (a
+status line on a terminal, plain lines elsewhere) is :mod:`optloop.cli.status`'s.
 
 The lines themselves (:func:`trial_line`, :func:`episode_line`) are built here, so the loop,
 attribution and anything that projects the run's end (an ETA) say them the same way.
@@ -9,7 +9,47 @@ attribution and anything that projects the run's end (an ETA) say them the same 
 
 from __future__ import annotations
 
+import threading
+import time
+from pathlib import Path
+
+from rich.console import RenderableType
+
+from optloop.output import plain_text
+
 LOG_NAME = "run.log"
+
+
+class RunLog:
+    """A run's ``run.log``: every line appended with the time it was written. The loop's session
+    (:mod:`optloop.loop.session`) keeps one for every run, whoever started it; ``optloop
+    attribute`` keeps one beside its reports. Safe to call from several threads (an optimizer's
+    threads report too)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._held: list[str] = []  # lines waiting for the log's folder (see write)
+        self._writing = threading.Lock()
+
+    def write(self, message: str, *, create: bool = True) -> None:
+        """Append ``message``, a stamp on each of its lines. Without ``create`` it waits (held, in
+        order) for the log's folder to exist: what a run says before it has begun (which run, its
+        dataset) must not leave a run folder behind a run refused at its start; it is written
+        with the first line written with ``create``."""
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        with self._writing:
+            self._held += [f"{stamp} {line}\n" for line in message.split("\n")]
+            if not create and not self.path.parent.is_dir():
+                return
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with self.path.open("a", encoding="utf-8") as out:
+                out.writelines(self._held)
+            self._held.clear()
+
+    def show(self, renderable: RenderableType) -> None:
+        """What stays on a console (a table, a line of the result), as plain text
+        (:func:`~optloop.output.plain_text`), written once the log's folder exists."""
+        self.write(plain_text(renderable).rstrip("\n"), create=False)
 
 
 def duration(seconds: float, *, minutes_from: float = 90, hours_from: float = 5400) -> str:

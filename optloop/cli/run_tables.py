@@ -1,18 +1,19 @@
-"""What ``python -m optloop.run`` prints: the result's tables, the ``--estimate``, and the lines
-for a run that stopped (money, durations and accuracies with their CIs, formatted once here)."""
+"""What ``python -m optloop.run`` prints: the result's tables, the ``--estimate``'s lines, and the
+lines for a run that stopped (durations and accuracies with their CIs, formatted once here). The
+estimate's table, the projection's line and money are the library's words
+(:mod:`optloop.loop.budget.report`), so a run's ``run.log`` says them as the console does."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-from rich.console import RenderableType
-
 from optloop.attribution.taxonomy import Target
 from optloop.failures import mark
-from optloop.lm import LMSettings, Usage
+from optloop.lm import Usage
 from optloop.loop.budget.estimate import Estimate
-from optloop.loop.budget.eta import Eta, projected
+from optloop.loop.budget.eta import projected as projected
 from optloop.loop.budget.limits import MAX_COST, STOPPED_BY, RunStopped, run_dollars
+from optloop.loop.budget.report import estimate_table as estimate_table
+from optloop.loop.budget.report import model_name as model_name
+from optloop.loop.budget.report import money
 from optloop.loop.control import comparison_of
 from optloop.loop.optimizers import registry
 from optloop.loop.policy import floor_warning
@@ -122,14 +123,6 @@ def cost_line(cost: dict[str, int | float]) -> str:
     )
 
 
-def money(dollars: float) -> str:
-    """``$12.35``, ``$0.0123``, or a tiny amount with its digits (``$2.9e-06``) rather than
-    ``$0.0000``."""
-    if dollars == 0 or dollars >= 1:
-        return f"${dollars:.2f}"
-    return f"${dollars:.4f}" if dollars >= 0.0001 else f"${dollars:.2g}"
-
-
 def tried_table(result: LoopResult) -> Table:
     """What the optimizer tried: every evaluated candidate with its dev accuracy (a 0 -> 0 run says
     what failed)."""
@@ -163,14 +156,6 @@ def fault_line(usage: Usage) -> str | None:
     )
 
 
-def model_name(settings: LMSettings) -> str:
-    """The model as the user named it: ``openai:gpt-4o-mini``, a GGUF path, or the embedded
-    model."""
-    if settings.backend == "openai":
-        return f"openai:{settings.model}"
-    return settings.model or "the embedded model"
-
-
 def stopped_line(stop: RunStopped, ckpt: Checkpoint, config: LoopConfig, again: str) -> str:
     """What a run stopped by a spending limit says: the limit, what the run spent, where it stands,
     how to go on."""
@@ -181,40 +166,6 @@ def stopped_line(stop: RunStopped, ckpt: Checkpoint, config: LoopConfig, again: 
         f"({STOPPED_BY}={stop.reason}); re-run the same command with a higher {flag} to go on: "
         f"{again}"
     )
-
-
-def _cell(value: float | None, fmt: str) -> str:
-    return "unknown" if value is None else format(value, fmt)
-
-
-def estimate_table(figures: Estimate, config: LoopConfig, settings: LMSettings) -> Table:
-    """The ``--estimate`` of a run, one row per part (see :mod:`optloop.loop.budget.estimate` for
-    the
-    model)."""
-    table = Table(
-        title=f"estimate for {config.run_name}: {config.system} on {config.dataset}, "
-        f"{config.optimizer}, budget {config.budget}, {model_name(settings)}, --concurrency "
-        f"{figures.concurrency}"
-    )
-    for column in ("part", "evaluations", "calls", "tokens", "dollars", "time"):
-        table.add_column(column, justify="left" if column == "part" else "right")
-    for part in [*figures.parts, figures.total]:
-        if part is figures.total:
-            table.add_section()
-        dollars = (
-            ("unknown" if figures.priced else "no price")
-            if part.cost_usd is None
-            else money(part.cost_usd)
-        )
-        table.add_row(
-            part.part,
-            str(part.evaluations),
-            str(part.calls),
-            _cell(part.tokens, "d"),
-            dollars,
-            "unknown" if part.hours is None else projected(part.hours * 3600),
-        )
-    return table
 
 
 def optimizer_line(figures: Estimate, config: LoopConfig) -> str:
@@ -266,27 +217,3 @@ def estimate_lines(
         "command without --estimate "
         f"goes on from it: {go_on}",
     ]
-
-
-def print_projection(
-    show: Callable[[RenderableType], None],
-    figures: Estimate,
-    ckpt: Checkpoint,
-    config: LoopConfig,
-    settings: LMSettings,
-) -> None:
-    """Before the first trial: what the whole run is expected to take (``--estimate``'s table, from
-    the measured baseline) and its ETA, so a run that would take hours can be stopped now and
-    resumed later; each through ``show`` (the console and the run's log:
-    :meth:`optloop.progress.RunProgress.show`)."""
-    show(estimate_table(figures, config, settings))
-    left = Eta.of(figures, config.budget).seconds_left(
-        sum(t.evaluation is not None for t in ckpt.trials)
-    )
-    hours = "unknown" if left is None else projected(left)
-    tokens = "unknown" if figures.total.tokens is None else str(figures.total.tokens)
-    dollars = "" if figures.total.cost_usd is None else f", {money(figures.total.cost_usd)}"
-    show(
-        f"projected: {figures.total.calls} calls, {tokens} tokens{dollars}; ETA {hours} for the "
-        "rest of the run (Ctrl-C stops it; the same command resumes it)"
-    )

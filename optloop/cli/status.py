@@ -14,7 +14,6 @@ it.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -24,8 +23,7 @@ from typing import Any
 from rich.console import Console, RenderableType
 from rich.text import Text
 
-from optloop.output import plain_text
-from optloop.progress import duration
+from optloop.progress import RunLog, duration
 
 
 class RunProgress:
@@ -35,14 +33,14 @@ class RunProgress:
     terminal shows it.
     """
 
-    def __init__(self, console: Console, log: Path | None = None, *, live: bool | None = None):
+    def __init__(
+        self, console: Console, log: Path | RunLog | None = None, *, live: bool | None = None
+    ):
         self.console = console
-        self.log = log
+        self.log = RunLog(log) if isinstance(log, Path) else log
         self.live = console.is_terminal if live is None else live
         self._status: Any = None
         self._started = time.monotonic()
-        self._held: list[str] = []  # log lines waiting for the log's folder (see _write_log)
-        self._writing = threading.Lock()  # an optimizer's threads report too
 
     @contextmanager
     def shown(self, first: str = "starting") -> Iterator[RunProgress]:
@@ -80,21 +78,10 @@ class RunProgress:
         with the time. A string is one plain line (no markup read)."""
         line = isinstance(renderable, str | Text)
         self.console.print(renderable, markup=False, highlight=False, soft_wrap=line)
-        self._write_log(plain_text(renderable).rstrip("\n"), create=False)
+        if self.log is not None:
+            self.log.show(renderable)
 
     def _write_log(self, message: str, *, create: bool = True) -> None:
-        """Append ``message`` to the log, a stamp on each of its lines. Without ``create`` it waits
-        (held, in order) for the log's folder to exist: what a command says before its run has
-        begun (which run, its dataset) must not leave a run folder behind a run refused at its
-        start; it is written with the first progress line."""
-        if self.log is None:
-            return
-        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-        with self._writing:
-            self._held += [f"{stamp} {line}\n" for line in message.split("\n")]
-            if not create and not self.log.parent.is_dir():
-                return
-            self.log.parent.mkdir(parents=True, exist_ok=True)
-            with self.log.open("a", encoding="utf-8") as out:
-                out.writelines(self._held)
-            self._held.clear()
+        """Append ``message`` to the log, if there is one (:meth:`RunLog.write`)."""
+        if self.log is not None:
+            self.log.write(message, create=create)

@@ -2,7 +2,7 @@
 become (no command line is built or parsed), with the same defaults, read from the config models.
 
 Where a run would start, the ``Loop`` is stubbed (its ``run`` returns what it was configured with)
-or ``optloop.cli.run.execute`` is (it returns the request it was given): nothing is evaluated.
+or ``optloop.loop.session.run`` is (it returns the request it was given): nothing is evaluated.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import pytest
 
 import optloop
 import optloop.cli.run
+import optloop.loop.session
 from optloop.cli import run_args
 from optloop.cli.run_args import build_parser, run_request
 from optloop.loop.config import LoopConfig
@@ -28,10 +29,12 @@ def cli_request(*flags: str) -> RunRequest:
 
 @pytest.fixture
 def requests(monkeypatch) -> list[RunRequest]:
-    """The requests ``optloop.optimize`` hands the library (``optloop.cli.run.execute``
+    """The requests ``optloop.optimize`` hands the library (``optloop.loop.session.run``
     stubbed)."""
     seen: list[RunRequest] = []
-    monkeypatch.setattr(optloop.cli.run, "execute", lambda request: seen.append(request) or "done")
+    monkeypatch.setattr(
+        optloop.loop.session, "run", lambda request, **kwargs: seen.append(request) or "done"
+    )
     return seen
 
 
