@@ -460,8 +460,8 @@ def run_config(
 
 
 def run_request(args: argparse.Namespace) -> RunRequest:
-    """The run the flags ask for, as :func:`optloop.cli.run.prepare` takes it: the same objects
-    ``optloop.optimize`` builds from its arguments."""
+    """The run the flags ask for, as :func:`optloop.loop.session.prepare` takes it: the same
+    objects ``optloop.optimize`` builds from its arguments."""
     options = run_options(args)  # --new with --run-name is refused before anything else
     settings, proposer = run_lms(args.system, args.lm, args.proposer_lm, **lm_overrides(args))
     return RunRequest(run_config(args, settings, proposer), settings, proposer, options)

@@ -2,14 +2,14 @@
 
 On a terminal the current stage is one status line that updates in place. Without one (output to a
 file, a pipe, a CI log) every stage and every trial is one plain line on stderr, so a log shows
-where a run is instead of nothing for the whole baseline. Either way each line is appended, with
-the time, to the run's ``run.log`` (:data:`~optloop.progress.LOG_NAME`, in the run's directory);
-so is what the command prints to stay (:meth:`RunProgress.show`: which run, the projection, the
-result's tables), as :func:`optloop.output.plain_text` renders it, so the log alone tells the run's
-story. ``optloop attribute`` reports the same way, one line per episode
-(:func:`~optloop.progress.episode_line`), into the ``run.log`` beside its reports. The library
-below only calls the ``progress`` callback it is handed; this is the callback the commands hand
-it.
+where a run is instead of nothing for the whole baseline. Given a log
+(:class:`~optloop.progress.RunLog`, or its path) each line is also appended to it with the time,
+and so is what the command prints to stay (:meth:`RunProgress.show`), as
+:func:`optloop.output.plain_text` renders it: ``optloop attribute`` keeps its ``run.log`` beside
+its reports this way, one line per episode (:func:`~optloop.progress.episode_line`).
+``optloop run`` hands none: its run's session keeps the run's ``run.log``
+(:mod:`optloop.loop.session`), and this shows the session's events. The library below only calls
+the callback it is handed; this is what the commands hand it.
 """
 
 from __future__ import annotations
