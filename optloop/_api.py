@@ -155,7 +155,8 @@ def optimize(
         on_event:
             Called with each thing the run says as it runs (:data:`optloop.loop.session.RunEvent`:
             which run, each stage, each trial, the projection, the result); :obj:`None` says
-            nothing. Either way the run's ``run.log`` gets the lines ``optloop run`` shows.
+            nothing. Either way the run's ``run.log`` gets what ``optloop run`` shows while the
+            run runs.
 
     Returns:
         The run's :class:`~optloop.loop.state.LoopResult`: dev and held-out accuracies with their

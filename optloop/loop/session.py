@@ -15,6 +15,14 @@ says its words (``text()``, ``renderable()``); the run's ``run.log``
 
 from __future__ import annotations
 
+import os
+
+from optloop.offline import offline_defaults
+
+os.environ.update(
+    offline_defaults()
+)  # first: litellm, mem0 and Hugging Face read them when imported
+
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -183,6 +191,7 @@ class Session:
         default_factory=list, repr=False
     )  # the schema mode and concurrency chosen
     on_event: OnEvent = field(default=_ignore, repr=False)
+    log: RunLog = field(init=False, repr=False)  # the run's run.log, in its directory
 
     def __post_init__(self) -> None:
         self.log = RunLog(self.loop.run_dir / LOG_NAME)
