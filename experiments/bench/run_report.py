@@ -34,11 +34,13 @@ from typing import Any
 from experiments.markdown import provenance_lines, table
 from experiments.provenance import model_of, stamped
 from optloop.cli.command import CommandParser, parse_command, run_cli
+from optloop.loop.control import verdict
 from optloop.loop.evaluate import Evaluation
 from optloop.loop.gate import logs_under, verdicts
 from optloop.loop.state import Checkpoint
 from optloop.paths import write_atomic
-from optloop.stats import bootstrap_mean, paired_bootstrap_delta
+from optloop.pipeline import QuestionOutcome
+from optloop.stats import Interval, bootstrap_mean, paired_bootstrap_delta
 
 _STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) (.*)$")
 
@@ -111,12 +113,7 @@ def report(
         control = {
             "dev": accuracy(ckpt.control_dev),
             "test": accuracy(ckpt.control_test),
-            "delta_best_minus_control": {
-                "estimate": vs.estimate,
-                "low": vs.low,
-                "high": vs.high,
-                "n": vs.n,
-            },
+            "delta_best_minus_control": _interval(vs),
         }
     best = max(
         (t for t in ckpt.trials if t.evaluation is not None),
@@ -161,7 +158,7 @@ def report(
         ],
         "test_before": accuracy(ckpt.test_before),
         "test_after": accuracy(ckpt.test_after),
-        "delta": {"estimate": delta.estimate, "low": delta.low, "high": delta.high, "n": delta.n},
+        "delta": _interval(delta),
         "projection_printed": etas,
         "trial_lines": [line.strip() for line in printed if re.search(r"trial \d+/\d+ dev", line)],
         "stages": stages,
@@ -208,6 +205,16 @@ def evaluation_costs(ckpt: Checkpoint) -> list[dict[str, Any]]:
     ]
 
 
+def _interval(ci: Interval) -> dict[str, Any]:
+    """An interval as the results files hold it: estimate, low, high, n."""
+    return ci.model_dump(include={"estimate", "low", "high", "n"})
+
+
+def _verdict(d: dict[str, Any]) -> str:
+    """What a paired difference held as :func:`_interval` says (the loop's own verdict)."""
+    return verdict(Interval(**d))
+
+
 def _lines(text: str) -> list[str]:
     return [line + "\n" for line in text.splitlines()]
 
@@ -215,31 +222,32 @@ def _lines(text: str) -> list[str]:
 def by_category(arms: dict[str, Evaluation]) -> dict[str, Any]:
     """Per question category, each arm's accuracy and mean score with n; overall, each arm's mean
     score with its 95% CI and the paired mean-score deltas after - before and after - control."""
-    rows: dict[str, dict[str, Any]] = {}
+    groups: dict[str, dict[str, list[QuestionOutcome]]] = {}
     for arm, evaluation in arms.items():
         for o in evaluation.outcomes:
-            cell = rows.setdefault(o.task_type, {}).setdefault(arm, {"passed": 0, "score": 0.0})
-            cell["passed"] += o.passed
-            cell["score"] += o.score
-            cell["n"] = cell.get("n", 0) + 1
-    for cells in rows.values():
-        for cell in cells.values():
-            cell["accuracy"] = cell.pop("passed") / cell["n"]
-            cell["mean_score"] = cell.pop("score") / cell["n"]
-    overall: dict[str, Any] = {}
-    for arm, evaluation in arms.items():
-        ci = bootstrap_mean([o.score for o in evaluation.outcomes], seed=0)
-        overall[arm] = {"estimate": ci.estimate, "low": ci.low, "high": ci.high, "n": ci.n}
-    deltas: dict[str, Any] = {}
+            groups.setdefault(o.task_type, {}).setdefault(arm, []).append(o)
+    rows = {
+        task: {
+            arm: {
+                "n": len(outcomes),
+                "accuracy": sum(o.passed for o in outcomes) / len(outcomes),
+                "mean_score": sum(o.score for o in outcomes) / len(outcomes),
+            }
+            for arm, outcomes in cells.items()
+        }
+        for task, cells in sorted(groups.items())
+    }
     scores = {arm: [o.score for o in e.outcomes] for arm, e in arms.items()}
-    for name, (a, b) in {
-        "after - before": ("before", "after"),
-        "after - control": ("control", "after"),
-    }.items():
-        if a in scores and b in scores:
-            d = paired_bootstrap_delta(scores[a], scores[b], seed=0)
-            deltas[name] = {"estimate": d.estimate, "low": d.low, "high": d.high, "n": d.n}
-    return {"categories": dict(sorted(rows.items())), "mean_score": overall, "deltas": deltas}
+    overall = {arm: _interval(bootstrap_mean(xs, seed=0)) for arm, xs in scores.items()}
+    deltas = {
+        name: _interval(paired_bootstrap_delta(scores[a], scores[b], seed=0))
+        for name, (a, b) in {
+            "after - before": ("before", "after"),
+            "after - control": ("control", "after"),
+        }.items()
+        if a in scores and b in scores
+    }
+    return {"categories": rows, "mean_score": overall, "deltas": deltas}
 
 
 def blame_table(evaluations: list[Evaluation]) -> list[dict[str, Any]]:
@@ -252,7 +260,7 @@ def blame_table(evaluations: list[Evaluation]) -> list[dict[str, Any]]:
             if o.attribution is None:
                 counts[("(not attributed)", o.error or "-")] += 1
             else:
-                counts[(o.attribution.target or "(no site)", str(o.attribution.error_type))] += 1
+                counts[(o.attribution.target or "(no site)", o.attribution.error_type.value)] += 1
     return [
         {"target": target, "error_type": error_type, "failures": n}
         for (target, error_type), n in counts.most_common()
@@ -261,7 +269,7 @@ def blame_table(evaluations: list[Evaluation]) -> list[dict[str, Any]]:
 
 def to_markdown(data: dict[str, Any]) -> str:
     d = data["delta"]
-    changed = "no measurable change" if d["low"] <= 0 <= d["high"] else "measurable"
+    changed = _verdict(d)
     lines = [
         f"# `{data['provenance']['command']}`",
         "",
@@ -283,8 +291,7 @@ def to_markdown(data: dict[str, Any]) -> str:
                 ["held-out test, after", data["test_after"]],
                 [
                     "held-out delta [95% CI]",
-                    f"{d['estimate']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}] n={d['n']} "
-                    f"({changed})",
+                    f"{_ci(d, signed=True)} ({changed})",
                 ],
                 ["wall time", f"{data['wall_s'] / 60:.0f} min"],
                 [
@@ -325,7 +332,6 @@ def _control_lines(data: dict[str, Any]) -> list[str]:
     if not control:
         return ["No trivial-instruction control in this run.", ""]
     d = control["delta_best_minus_control"]
-    verdict = "no measurable change" if d["low"] <= 0 <= d["high"] else "measurable"
     return [
         table(
             ["the trivial-instruction control", "value"],
@@ -334,8 +340,7 @@ def _control_lines(data: dict[str, Any]) -> list[str]:
                 ["held-out test", control["test"]],
                 [
                     "held-out best - control [95% CI]",
-                    f"{d['estimate']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}] n={d['n']} "
-                    f"({verdict})",
+                    f"{_ci(d, signed=True)} ({_verdict(d)})",
                 ],
             ],
         ),
@@ -413,8 +418,7 @@ def _category_lines(data: dict[str, Any]) -> list[str]:
         "",
     ]
     for name, d in cats.get("deltas", {}).items():
-        verdict = "no measurable change" if d["low"] <= 0 <= d["high"] else "measurable"
-        out.append(f"- mean score, {name}: {_ci(d, signed=True)} ({verdict})")
+        out.append(f"- mean score, {name}: {_ci(d, signed=True)} ({_verdict(d)})")
     return [*out, ""]
 
 

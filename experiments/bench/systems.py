@@ -6,11 +6,11 @@
 For each system and each episode of the dataset: a fresh store, ingest the
 episode's sessions, then retrieve and answer every question, scored by the
 question's own scorer. Reports, per system, LLM calls and seconds per ingested
-session (ingest stage only), seconds to ingest one episode (a LoCoMo conversation: its mean
-and its longest), calls per question, accuracy and the mean score (token F1 under LoCoMo's
-scorers), and the LLM calls one evaluation of the dataset takes. The LM cache is a fresh temporary
-file, so every figure is a real model call. ``--json`` and ``--markdown`` carry the provenance
-header (command, date, commit, model, machine).
+session (ingest stage only), seconds to ingest one episode (a LoCoMo conversation; the mean,
+and each episode's in ``per_episode``), calls per question, accuracy and the mean score (token F1
+under LoCoMo's scorers), and the LLM calls one evaluation of the dataset takes. The LM cache is a
+fresh temporary file, so every figure is a real model call. ``--json`` and ``--markdown`` carry
+the provenance header (command, date, commit, model, machine).
 """
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             for name in names:
                 rows.append(bench_system(name, args.dataset, lm, Path(tmp), progress))
 
-    table = Table(title=f"memory systems on {args.dataset} ({lm.backend.identity})")
+    shown = Table(title=f"memory systems on {args.dataset} ({lm.backend.identity})")
     for col in (
         "system",
         "sessions",
@@ -124,9 +124,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "s/question",
         "accuracy",
     ):
-        table.add_column(col)
+        shown.add_column(col)
     for r in rows:
-        table.add_row(
+        shown.add_row(
             r["system"],
             str(r["sessions"]),
             f"{r['calls_per_session']:.1f}",
@@ -135,7 +135,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{r['seconds_per_question']:.1f}",
             f"{r['accuracy']:.2f} ({r['questions']} q)",
         )
-    Console().print(table)
+    Console().print(shown)
     data = stamped({"dataset": args.dataset, "systems": rows}, model_of(args))
     if args.json:
         write_atomic(args.json, json.dumps(data, indent=2) + "\n")
@@ -156,7 +156,7 @@ def to_markdown(data: dict[str, Any]) -> str:
             f"{r['seconds_per_question']:.1f}",
             f"{r['calls_per_question']:.1f}",
             f"{r['calls_per_evaluation']}",
-            f"{r['accuracy']:.2f} / {r.get('mean_score', 0.0):.2f}",
+            f"{r['accuracy']:.2f} / {r['mean_score']:.2f}",
         ]
         for r in data["systems"]
     ]

@@ -49,6 +49,7 @@ from typing import Any
 
 from optloop.datasets._io import dataset_error, int_param, load_json_episodes, require
 from optloop.datasets._model import Episode, Question, Session, Turn
+from optloop.datasets.split import split_counts
 
 logger = logging.getLogger(__name__)
 
@@ -215,8 +216,6 @@ def stratified_sample(questions: list[Question], n: int, seed: int) -> list[Ques
     """``n`` of ``questions`` drawn with ``seed``, each category keeping its share; file order."""
     if n >= len(questions):
         return list(questions)
-    from optloop.datasets.split import split_counts
-
     by_category: dict[int, list[Question]] = {}
     for q in questions:
         by_category.setdefault(_category(q), []).append(q)

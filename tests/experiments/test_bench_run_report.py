@@ -113,7 +113,7 @@ def test_by_category_counts_each_arm_and_the_blame_counts_failures_by_site_and_t
         question_id="e0:q", error_type=error, target="mem0.extract"
     )
     assert blame_table([before]) == [
-        {"target": "mem0.extract", "error_type": str(error), "failures": 1},
+        {"target": "mem0.extract", "error_type": error.value, "failures": 1},
         {"target": "(not attributed)", "error_type": "-", "failures": 1},
     ]
 
