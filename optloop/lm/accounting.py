@@ -95,8 +95,10 @@ class CallRecord:
     (None: not a hit, or a response stored without them), so a run replayed from the cache can
     still project the time of the calls it will compute.
 
-    ``truncated``: the answer stopped at ``max_tokens`` (``finish_reason`` ``length``): text cut
-    where the limit fell (the proposal gate refuses such a proposal, :mod:`optloop.loop.gate`).
+    ``truncated``: the answer stopped at ``max_tokens`` (``finish_reason`` ``length``), or a
+    decoding bound closed its JSON (a string of ``--lm-max-chars`` characters, an answer asked
+    again under tighter bounds: :func:`optloop.lm.requests.asked_until_whole`): text cut where
+    the limit fell (the proposal gate refuses such a proposal, :mod:`optloop.loop.gate`).
     """
 
     site: str | None

@@ -172,9 +172,40 @@ def tighter(max_chars: int, max_items: int) -> tuple[int, int]:
     return max(1, max_chars // TIGHTEN), max(1, max_items // TIGHTEN)
 
 
-def truncated(response: dict[str, Any]) -> bool:
-    """Whether the answer stopped at ``max_tokens``."""
+CUT_BY_BOUND = "optloop_cut_by_bound"
+"""The key :func:`asked_until_whole` sets on an answer whose JSON a decoding bound cut short."""
+
+
+def ran_out(response: dict[str, Any]) -> bool:
+    """Whether the answer stopped at ``max_tokens`` (``finish_reason`` ``length``)."""
     return bool((response.get("choices") or [{}])[0].get("finish_reason") == "length")
+
+
+def truncated(response: dict[str, Any]) -> bool:
+    """Whether the answer's text ends where a limit fell rather than where the model meant it to:
+    it stopped at ``max_tokens``, or a decoding bound closed its JSON (:data:`CUT_BY_BOUND`)."""
+    return ran_out(response) or bool(response.get(CUT_BY_BOUND))
+
+
+def at_bound(response: dict[str, Any], max_chars: int, max_items: int) -> bool:
+    """Whether the answer's JSON holds a string of ``max_chars`` characters or an array of
+    ``max_items`` items: the grammar closed it there, so it was cut where the bound fell."""
+    content = ((response.get("choices") or [{}])[0].get("message") or {}).get("content") or ""
+    try:
+        document = json.loads(content, strict=False)
+    except (json.JSONDecodeError, TypeError):
+        return False
+
+    def full(node: Any) -> bool:
+        if isinstance(node, str):
+            return len(node) >= max_chars
+        if isinstance(node, list):
+            return len(node) >= max_items or any(full(item) for item in node)
+        if isinstance(node, dict):
+            return any(full(item) for item in node.values())
+        return False
+
+    return full(document)
 
 
 def add_usage(spent: dict[str, int], response: dict[str, Any]) -> None:
@@ -194,18 +225,28 @@ def asked_until_whole(
     """The answer of ``send(max_chars, max_items)``, asked again under :func:`tighter` bounds while
     it is cut at ``max_tokens`` (at most :data:`MAX_TIGHTENINGS` more tries), with the tokens of
     every try in its ``usage``. ``first``: the first try's answer, already sent (an endpoint sends
-    it without bounds); ``tightening(max_chars, max_items)`` hears of each new try."""
+    it without bounds); ``tightening(max_chars, max_items)`` hears of each new try.
+
+    An answer given under tighter bounds than the first try's, or one whose JSON fills a bound
+    (:func:`at_bound`), is whole JSON but not the whole text the model was writing: it is marked
+    :data:`CUT_BY_BOUND`, so its call record says ``truncated`` (a proposal cut there is refused
+    as cut off, :mod:`optloop.loop.gate`, not judged as the model's own text)."""
     spent: dict[str, int] = {}
+    bounded = first is None
     response = send(max_chars, max_items) if first is None else first
     add_usage(spent, response)
+    tightened = False
     for _ in range(MAX_TIGHTENINGS):
-        if not truncated(response):
+        if not ran_out(response):
             break
         max_chars, max_items = tighter(max_chars, max_items)
         if tightening is not None:
             tightening(max_chars, max_items)
         response = send(max_chars, max_items)
+        bounded = tightened = True
         add_usage(spent, response)
+    if tightened or (bounded and at_bound(response, max_chars, max_items)):
+        response[CUT_BY_BOUND] = True
     response["usage"] = spent
     return response
 

@@ -7,8 +7,10 @@ rewrites and Optuna's instruction choices. A proposal is refused, and the refusa
 reason, when it is
 
 ``cut_off``
-    the proposer stopped at its token limit (the call's ``finish_reason`` was ``length``): the text
-    ends where the limit fell, not where the writer meant it to;
+    the proposer stopped at its token limit (the call's ``finish_reason`` was ``length``), or a
+    decoding bound closed its JSON answer (a string at ``--lm-max-chars``, an answer asked again
+    under tighter bounds: ``CallRecord.truncated``): the text ends where the limit fell, not
+    where the writer meant it to;
 ``malformed``
     not well-formed text (:func:`optloop.loop.units.problems`: a sentence cut short, an unmatched
     quote, an empty sentence);
@@ -177,14 +179,14 @@ class ProposalGate:
         whole: bool = True,
     ) -> tuple[Reason | None, str]:
         """The reason ``text`` is refused as an instruction for ``site`` (``None``: it passes) and
-        what was found. ``cut_off``: the proposer's call stopped at its token limit; ``shown``: the
+        what was found. ``cut_off``: the proposer's call was cut at a limit; ``shown``: the
         task text the proposer was given beside its template (an echo of it is refused too);
         ``values``: the answers of the failures it was shown (an instruction that names one is
         fitted to those cases, not written for the site: refused as an echo); ``whole``: ``text``
         is a whole instruction, which must name the site's job (a sentence added to one, or
         written in place of one of its sentences, need not)."""
         if cut_off:
-            return Reason.CUT_OFF, "the proposer stopped at its token limit"
+            return Reason.CUT_OFF, "the proposer's text was cut at its token limit or bound"
         if faults := problems(text):
             return Reason.MALFORMED, "; ".join(faults)
         for value in values:

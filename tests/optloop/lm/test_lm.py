@@ -513,6 +513,8 @@ def test_a_truncated_local_answer_is_asked_again_under_tighter_bounds_at_the_sam
     assert record.attempts == 1 and record.completion_tokens == 7 * len(
         bounds
     )  # every try is paid for
+    # An answer asked again under tighter bounds is whole JSON but cut where the bound fell.
+    assert record.truncated is (len(bounds) > 1)
 
 
 def test_a_cached_local_json_answer_is_not_served_under_other_decoding_bounds(
