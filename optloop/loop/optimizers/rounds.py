@@ -1,6 +1,8 @@
 """Optimizers that run rounds of a DSPy optimizer (SIMBA, GEPA) and hand out each round's new
-candidates one at a time; when a round yields nothing new, the proposer rewrites each blamed
-site's instruction from its attributed failures."""
+candidates one at a time; when a round yields nothing new, or gives up on its proposals (GEPA's
+round after refused reflections in a row), the proposer rewrites each blamed site's instruction
+from its attributed failures in the same round. After :data:`MAX_EMPTY_ROUNDS` rounds in a row
+with nothing new even so, the optimizer has nothing more to propose."""
 
 from __future__ import annotations
 
@@ -46,6 +48,9 @@ class RoundsOptimizer(QueuedOptimizer):
     """Runs rounds of a DSPy optimizer and hands out their new candidates one at a time."""
 
     fallback_rewrites = 2
+    # Set by a round that stopped because its proposals kept being refused: the proposer's
+    # rewrites are added to what it made (see the module doc).
+    gave_up = False
 
     def program(self, candidate: Candidate) -> MemoryProgram:
         """``candidate`` as a program whose predictors are the target sites."""
@@ -57,10 +62,12 @@ class RoundsOptimizer(QueuedOptimizer):
             if not self.sites:
                 return None
             self.rounds += 1
+            self.gave_up = False
             with dspy_bars_hidden(), running(self.evaluator), active(self.gate):
                 fresh = self._unseen(self.round(best), best)
-                if not fresh:  # nothing this optimizer has not proposed already
-                    fresh = self._unseen(self.rewrites(best, examples(self.trainset)), best)
+                # Nothing this optimizer has not proposed already, or a round that gave up.
+                if not fresh or self.gave_up:
+                    fresh += self._unseen(self.rewrites(best, examples(self.trainset)), best)
             self.queue += fresh
             empty = 0 if fresh else empty + 1
         return self.queue.pop(0) if self.queue else None
@@ -85,8 +92,10 @@ class RoundsOptimizer(QueuedOptimizer):
 
     def rewrites(self, best: Candidate, train: list[dspy.Example]) -> list[Candidate]:
         """Last resort when a round yields no new program (a proposer too small to write usable
-        rules, or every reflection rejected): the proposer rewrites each blamed site's
-        instruction from its attributed failures."""
+        rules, or every reflection rejected) or gives up (:attr:`gave_up`): the proposer rewrites
+        each blamed site's instruction from its attributed failures (a long instruction: the
+        writer's short instruction for the site's job), each rewrite judged by the round's
+        proposal gate."""
         program = self.program(best)
         runs = [program(**ex.inputs()) for ex in train]
         attributions = [Attribution.model_validate(r.attribution) for r in runs if r.attribution]
@@ -106,8 +115,9 @@ class RoundsOptimizer(QueuedOptimizer):
                     predictor.signature = predictor.signature.with_instructions(text)
             out.append(candidate.candidate(" (proposer rewrite)"))
         logger.info(
-            "%s produced no new program this round; %d attribution-guided rewrite(s) instead",
+            "%s %s this round; %d attribution-guided rewrite(s) instead",
             self.name,
+            "gave up on its proposals" if self.gave_up else "produced no new program",
             len(out),
         )
         return out
