@@ -77,43 +77,49 @@ def demo() -> list[str]:
         "## The closed loop on the embedded model (`make demo`)",
         "Does the loop raise held-out accuracy on a task whose score depends on memory, with "
         "the 135M model and no proposer that writes? `make demo`'s run: rag_bm25 with "
-        "`--query-rewrite` on `synthetic:recall`, the edit optimizer, budget 3.",
+        "`--query-rewrite` on `synthetic:recall`, the edit optimizer, budget 3; "
+        "`python -m experiments.bench.run_report` on the finished run "
+        "([`demo.md`](../experiments/results/demo.md)).",
     ]
     data = load("demo.json")
     if data is None:
         return out + [
-            "No results file yet: run `make demo`'s command with `--json "
-            "experiments/results/demo.json`."
+            "No results file yet: run `make demo`, then `python -m experiments.bench.run_report "
+            "--run-dir <its run> --json experiments/results/demo.json`."
         ]
-    cost = data.get("cost", {})
-    delta = data["delta_test_ci"]
+    delta = data["delta"]
+    control = data.get("control") or {}
+    best_minus_control = control.get("delta_best_minus_control")
     out += [
         provenance(data, "demo.json"),
         table(
             [
                 "dev baseline",
-                "dev best",
                 "test before",
+                "control test",
                 "test after",
                 "held-out delta [95% CI]",
+                "best - control [95% CI]",
                 "n test",
                 "blamed",
                 "changed",
-                "promoted",
                 "LLM calls",
             ],
             [
                 [
-                    f"{data['baseline_dev']:.3f}",
-                    f"{data['best_dev']:.3f}",
-                    f"{data['test_before']:.3f}",
-                    f"{data['test_after']:.3f}",
+                    data["baseline_dev"],
+                    data["test_before"],
+                    control.get("test", "-"),
+                    data["test_after"],
                     f"{delta['estimate']:+.3f} {ci(delta['low'], delta['high'], '+.3f')}",
-                    data["n_test"],
+                    f"{best_minus_control['estimate']:+.3f} "
+                    f"{ci(best_minus_control['low'], best_minus_control['high'], '+.3f')}"
+                    if best_minus_control
+                    else "-",
+                    delta["n"],
                     ", ".join(data["targets"]),
-                    ", ".join(data["changed_sites"]) or "-",
-                    "yes" if data.get("promoted") else "no",
-                    f"{cost.get('llm_calls', 0):.0f}",
+                    ", ".join(data["best_prompts"]) or "-",
+                    f"{data['cost'].get('llm_calls', 0):.0f}",
                 ]
             ],
         ),

@@ -34,7 +34,7 @@ from typing import Any
 from experiments.markdown import provenance_lines, table
 from experiments.provenance import model_of, stamped
 from optloop.cli.command import CommandParser, parse_command, run_cli
-from optloop.loop.control import verdict
+from optloop.loop.control import dev_interval, verdict
 from optloop.loop.evaluate import Evaluation
 from optloop.loop.gate import logs_under, verdicts
 from optloop.loop.state import Checkpoint
@@ -54,11 +54,17 @@ def log_lines(run_log: Path) -> list[tuple[datetime, str]]:
     return out
 
 
-def accuracy(evaluation: Evaluation | None) -> str:
-    """The share of questions passed (as the loop counts them), with its 95% CI and n."""
+def accuracy(evaluation: Evaluation | None, *, dev: bool = False) -> str:
+    """The share of questions passed (as the loop counts them), with its 95% CI and n: a dev
+    figure's CI as the run printed it (:func:`~optloop.loop.control.dev_interval`, from the count
+    of passes), a test figure's over the questions in order."""
     if evaluation is None:
         return "-"
-    ci = bootstrap_mean([float(o.passed) for o in evaluation.outcomes], seed=0)
+    ci = (
+        dev_interval(evaluation.accuracy, len(evaluation.outcomes), seed=0)
+        if dev
+        else bootstrap_mean([float(o.passed) for o in evaluation.outcomes], seed=0)
+    )
     return f"{ci.estimate:.3f} [{ci.low:.3f}, {ci.high:.3f}] n={ci.n}"
 
 
@@ -111,7 +117,7 @@ def report(
         beside = [float(o.passed) for o in ckpt.control_test.outcomes]
         vs = paired_bootstrap_delta(beside, after, seed=0)
         control = {
-            "dev": accuracy(ckpt.control_dev),
+            "dev": accuracy(ckpt.control_dev, dev=True),
             "test": accuracy(ckpt.control_test),
             "delta_best_minus_control": _interval(vs),
         }
@@ -147,7 +153,7 @@ def report(
             "test": len(ckpt.test_before.outcomes),
         },
         "targets": ckpt.targets,
-        "baseline_dev": accuracy(ckpt.baseline_dev),
+        "baseline_dev": accuracy(ckpt.baseline_dev, dev=True),
         "trials": [
             {
                 "trial": t.trial,
