@@ -7,9 +7,11 @@ for and the rules that fill what is unset), ``candidate`` (what may change, as d
 unblamed sites frozen, and the attribution-carrying metric), ``optimizers`` and ``edit``
 (SIMBA, GEPA, Optuna, GrIPS-style edits behind one interface), ``state`` (checkpoint,
 result), ``policy`` (the pure rules), ``control`` (the trivial-instruction control every
-report compares the best with), ``controller`` (the loop itself, behind small interfaces),
+report compares the best with), ``controller`` (the loop itself, behind the small
+``interfaces``, on its ``run_context``; ``outcome``: the figures a finished run reports),
 ``coordinator`` (one worker or several), ``mlflow_sink`` and ``record`` (MLflow names,
-artifacts, registry), ``runner`` (``Loop``: the wiring). The command is
+artifacts, registry), ``runner`` (``Loop``: the wiring, with ``split_evaluator``, ``run_dirs``
+and ``mlflow_run``). The command is
 ``python -m optloop.run``; the map is ``docs/architecture.md``.
 
 The names below are imported on first use, as :mod:`optloop`'s are: importing a light module
@@ -25,8 +27,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from optloop.loop.candidate import Candidate, SiteState
     from optloop.loop.config import LoopConfig
-    from optloop.loop.controller import Controller, RunContext
+    from optloop.loop.controller import Controller
     from optloop.loop.evaluate import Evaluation, Evaluator
+    from optloop.loop.run_context import RunContext
     from optloop.loop.runner import Loop
     from optloop.loop.state import LoopResult
 
@@ -34,7 +37,7 @@ _HOMES = {
     "Candidate": "optloop.loop.candidate",
     "SiteState": "optloop.loop.candidate",
     "Controller": "optloop.loop.controller",
-    "RunContext": "optloop.loop.controller",
+    "RunContext": "optloop.loop.run_context",
     "Evaluation": "optloop.loop.evaluate",
     "Evaluator": "optloop.loop.evaluate",
     "Loop": "optloop.loop.runner",

@@ -34,7 +34,7 @@ from optloop.loop.candidate import Candidate, prompt_diff
 from optloop.loop.state import Checkpoint, LoopConfig
 
 if TYPE_CHECKING:
-    from optloop.loop.controller import TrackingSink
+    from optloop.loop.interfaces import TrackingSink
 
 logger = logging.getLogger(__name__)
 

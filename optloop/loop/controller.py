@@ -15,21 +15,11 @@ finishes the run evaluates it on test. ``--no-control`` skips it; a blame that n
 site leaves none.
 
 The controller owns the algorithm and the checkpoint discipline and nothing else. What it
-talks to sits behind small interfaces, so tests drive it with fakes
+talks to sits behind small interfaces (:mod:`optloop.loop.interfaces`: the evaluator, the
+tracking sink, the coordinator, and the optimizer factory), so tests drive it with fakes
 (``tests/optloop/loop/test_controller.py``) and :class:`optloop.loop.runner.Loop` wires the
-real ones:
-
-Each interface, what it does, and its real implementation:
-
-- :class:`CandidateEvaluator`: one candidate over a named split -> Evaluation;
-  ``runner.SplitEvaluator`` (the Evaluator)
-- :class:`TrackingSink`: records the run (parent metrics, child runs, artifacts, the prompt
-  registry); ``mlflow_sink.MlflowSink``
-- :class:`Coordinator`: who evaluates the baseline, who may take the next trial, who finishes;
-  ``coordinator.LocalCoordinator``, ``coordinator.SharedCoordinator``
-- ``make_optimizer``: an :class:`~optloop.loop.optimizers.base.Optimizer` for (sites, knobs);
-  ``Loop._optimizer`` (:mod:`~optloop.loop.optimizers.registry`)
-- :class:`RunContext`: config, checkpoint, start program, progress, cost; built by ``Loop``
+real ones; what one run works on is its :class:`~optloop.loop.run_context.RunContext`, and the
+figures a finished run reports are made by :mod:`optloop.loop.outcome`.
 
 **Checkpoint discipline** (why a resumed run equals an uninterrupted one). Every
 evaluation is written to the checkpoint as soon as it returns. A trial is appended to the
@@ -57,304 +47,30 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
-from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
-from itertools import accumulate
-from pathlib import Path
-from typing import Any, Literal, Protocol
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
-from optloop.attribution import BlameEntry, blame
-from optloop.loop.budget.eta import Eta, TrialLine
-from optloop.loop.budget.limits import SpendingLimits
+from optloop.attribution import blame
+from optloop.loop.budget.eta import TrialLine
 from optloop.loop.candidate import Candidate, prompt_diff
-from optloop.loop.control import Comparison, compare, control_candidate, control_line
+from optloop.loop.control import control_candidate
 from optloop.loop.evaluate import Evaluation
-from optloop.loop.optimizers.base import Optimizer
-from optloop.loop.policy import (
-    choose_targets,
-    control_sites,
-    floor_warning,
-    held_out_intervals,
-    promotion,
-    small_split_warning,
+from optloop.loop.interfaces import (
+    CandidateEvaluator,
+    Coordinator,
+    Split,
+    Summary,
+    Targeting,
+    TrackingSink,
+    TrialRecord,
 )
-from optloop.loop.state import Checkpoint, Cost, LoopConfig, LoopResult, Trial, Tried, add_costs
-from optloop.stats import Interval
+from optloop.loop.optimizers.base import Optimizer
+from optloop.loop.outcome import Outcome, best_of
+from optloop.loop.policy import choose_targets, control_sites, floor_warning
+from optloop.loop.run_context import RunContext
+from optloop.loop.state import Checkpoint, Cost, LoopConfig, LoopResult, Trial, add_costs
 
 logger = logging.getLogger(__name__)
-
-Split = Literal["train", "dev", "test"]
-
-
-# --- the interfaces -----------------------------------------------------------------------
-
-
-class CandidateEvaluator(Protocol):
-    """Runs one candidate over one of the run's splits (one *evaluation*: what ``--budget`` counts
-    on dev)."""
-
-    @property
-    def site_names(self) -> list[str]:
-        """Every prompt site of the system, in the system's order."""
-
-    def evaluate(self, candidate: Candidate, split: Split) -> Evaluation:
-        """``candidate`` over every episode of ``split``, each failure attributed. May raise (the
-        run stops; the checkpoint holds everything evaluated before)."""
-
-    def evaluate_many(self, candidates: Sequence[Candidate], split: Split) -> list[Evaluation]:
-        """Each of ``candidates`` over ``split`` as :meth:`evaluate` does, possibly at once
-        (``--batch``): the evaluations in the candidates' order, each the one :meth:`evaluate`
-        would give. May raise."""
-
-    def prompt_texts(self, candidate: Candidate) -> dict[str, str]:
-        """site -> the exact prompt text ``candidate`` sends there."""
-
-    def trivial_instruction(self, site: str) -> str:
-        """DSPy's default instruction for ``site``'s signature (the control's text there:
-        :func:`optloop.loop.candidate.trivial_instruction`)."""
-
-
-@dataclass(frozen=True)
-class Targeting:
-    """What the baseline's attribution decided: the blame, and what the optimizer may change."""
-
-    entries: list[BlameEntry]
-    errors: dict[str, int]
-    targets: list[str]
-    sites: list[str]
-    knobs: list[str]
-    note: str
-    control_sites: list[str] = field(default_factory=list)
-    control_note: str = ""
-
-
-@dataclass(frozen=True)
-class Summary:
-    """Everything the run's record holds at the end (the sink turns it into metrics and
-    artifacts)."""
-
-    config: LoopConfig
-    base: Candidate
-    best: Candidate
-    baseline_train: Evaluation
-    baseline_dev: Evaluation
-    test_before: Evaluation
-    test_after: Evaluation
-    entries: list[BlameEntry]
-    points: list[tuple[int, float]]
-    best_curve: list[float]
-    test_before_ci: Interval
-    test_after_ci: Interval
-    delta_test_ci: Interval
-    evaluations: int
-    cost: Cost
-    texts_before: dict[str, str]
-    texts_after: dict[str, str]
-    diff: str
-    comparison: Comparison
-    control: Candidate | None = None
-    control_dev: Evaluation | None = None
-    control_test: Evaluation | None = None
-    texts_control: dict[str, str] = field(default_factory=dict)
-
-
-class TrackingSink(Protocol):
-    """Where a run is recorded. The controller calls it only after the state it reports is
-    checkpointed, so a resumed run never records a trial twice (a kill after the checkpoint write
-    and before the call would lose that one record: the ``acc_dev`` point a resumed run finds
-    missing from
-    :meth:`dev_steps` it logs again)."""
-
-    def log_dev(self, trial: int, accuracy: float, best: float) -> None:
-        """The dev accuracy of trial ``trial`` (0: the baseline) and the best so far."""
-
-    def dev_steps(self) -> set[int]:
-        """The trials whose dev accuracy :meth:`log_dev` has recorded (asked by a resumed run
-        only)."""
-
-    def log_targets(self, targeting: Targeting) -> None:
-        """The baseline's blame and the targets chosen from it (recorded once, by the leading
-        worker)."""
-
-    def open_trial(
-        self, trial: int, tags: Mapping[str, str] | None
-    ) -> AbstractContextManager[str]:
-        """A record for one trial (a child run), open while the trial is evaluated; yields its id.
-        The record must be findable by the trial number alone (see :meth:`discard_trial`)."""
-
-    def log_trial(
-        self,
-        trial: int,
-        candidate: Candidate,
-        evaluation: Evaluation,
-        *,
-        base: Candidate,
-        diff: str,
-    ) -> None:
-        """The trial's candidate, evaluation and prompt diff against ``base``, into its open
-        record."""
-
-    def discard_trial(self, trial: int) -> None:
-        """Delete every record of trial ``trial``, which a kill left half done (it is redone under
-        the same number). Only this worker ever holds a trial number, so every such record is its
-        own."""
-
-    def log_summary(self, summary: Summary) -> None:
-        """The run's final metrics and artifacts."""
-
-    def register(self, texts: Mapping[str, str], *, promote: bool, message: str) -> dict[str, Any]:
-        """New registry versions of the changed prompts (moving ``champion`` when ``promote``);
-        what was registered, per site."""
-
-    def tag_result(self, promoted: bool, reason: str, note: str) -> None:
-        """Why the champion moved or not, and the run's note."""
-
-
-@dataclass(frozen=True)
-class TrialRecord:
-    """One evaluated trial as the finisher sees it (this worker's or, shared, any worker's)."""
-
-    trial: int
-    accuracy: float
-    candidate: Candidate
-
-
-class Coordinator(Protocol):
-    """Who does what when one or several workers run the same loop.
-
-    :class:`~optloop.loop.coordinator.LocalCoordinator` is one worker; the shared one splits
-    the budget between the workers of one Optuna study (:mod:`optloop.loop.study`).
-    """
-
-    @property
-    def leads(self) -> bool:
-        """Whether this worker evaluates the baseline and records run-level metrics."""
-
-    @property
-    def scope(self) -> str:
-        """Appended to notes about this worker's own trials (``" by this worker"`` when shared)."""
-
-    def wait_for_baseline(self) -> tuple[Evaluation, Evaluation] | None:
-        """The leader's (train, dev) baseline; ``None`` when this worker evaluates it."""
-
-    def publish_baseline(self, train: Evaluation, dev: Evaluation) -> None:
-        """Hand the baseline to the other workers (the leader only)."""
-
-    def wait_for_control(self) -> Evaluation | None:
-        """The leader's evaluation of the control on dev; ``None`` when this worker evaluates
-        it."""
-
-    def publish_control(self, dev: Evaluation) -> None:
-        """Hand the control's dev evaluation to the other workers (the leader only)."""
-
-    def republish(self, trials: Sequence[Trial]) -> None:
-        """Report evaluated trials a kill kept from being reported."""
-
-    def budget_left(self, trials: Sequence[Trial]) -> bool:
-        """Whether this worker may try to take another trial (``trials``: this worker's
-        checkpoint)."""
-
-    def upcoming(self, trials: Sequence[Trial]) -> int:
-        """The number the next trial will probably get (for progress messages)."""
-
-    def room(self, trials: Sequence[Trial]) -> int:
-        """How many trials are left to take, at most (a batch is no larger)."""
-
-    def take(
-        self, trials: Sequence[Trial], candidate: Candidate, study_trial: int | None
-    ) -> int | None:
-        """The trial number ``candidate`` is evaluated as; ``None`` when the budget went to other
-        workers."""
-
-    def trial_tags(self) -> dict[str, str] | None:
-        """Tags for a trial's record (which worker ran it)."""
-
-    def report(self, trial: Trial, cost: Callable[[], Cost]) -> None:
-        """An evaluated trial, checkpointed: tell the other workers (``cost``: what this worker's
-        processes have spent on the run so far)."""
-
-    def best_accuracy(self, mine: float, baseline: float) -> float:
-        """The run's best dev accuracy so far, given this worker's best."""
-
-    def settle(self, finish: Callable[[], LoopResult], cost: Callable[[], Cost]) -> LoopResult:
-        """After this worker's last trial: ``finish()`` when this worker finishes the run, else the
-        result of the worker that did."""
-
-    def records(self, trials: Sequence[Trial]) -> list[TrialRecord]:
-        """Every evaluated trial of the run, by trial number (``trials``: this worker's
-        checkpoint)."""
-
-    def others_cost(self) -> dict[str, float]:
-        """What the other workers spent, every process of theirs (added to this one's cost in the
-        result)."""
-
-    def publish(self, result: LoopResult) -> LoopResult:
-        """Hand the final result to the other workers; the result as every worker returns it."""
-
-
-# --- the run's context --------------------------------------------------------------------
-
-
-def _no_progress(message: str) -> None:
-    """The default progress callback: says nothing."""
-
-
-def _no_cost() -> Cost:
-    return {}
-
-
-def _no_projection(checkpoint: Checkpoint) -> Eta | None:
-    return None
-
-
-def _no_line(line: TrialLine) -> None:
-    """The default trial callback: says nothing."""
-
-
-@dataclass
-class RunContext:
-    """What one run of the controller works on.
-
-    ``checkpoint`` is saved to ``path``; ``base`` is the start program (the system's prompts with
-    ``--start`` applied); ``progress`` receives one-line status messages; ``cost`` returns what
-    this process has spent so far (LLM calls, tokens, seconds), saved with every checkpoint (the
-    run's total adds up every process's: :meth:`Checkpoint.total_cost`); ``limits`` are this
-    process's ``--max-cost``, ``--max-calls`` and ``--estimate``, checked at step boundaries
-    against that total (:mod:`optloop.loop.budget`); ``baseline_done`` is called once the baseline
-    is known and trials are to come (``Loop`` prints the projection of the whole run there) and
-    returns the :class:`Eta` its projection starts; ``trial_done`` receives one :class:`TrialLine`
-    per evaluated trial.
-    """
-
-    config: LoopConfig
-    checkpoint: Checkpoint
-    path: Path
-    base: Candidate
-    progress: Callable[[str], None] = _no_progress
-    cost: Callable[[], Cost] = _no_cost
-    limits: SpendingLimits = SpendingLimits()
-    baseline_done: Callable[[Checkpoint], Eta | None] = _no_projection
-    trial_done: Callable[[TrialLine], None] = _no_line
-
-    def save(self) -> None:
-        """Write the checkpoint atomically, with what this process has spent so far."""
-        self.checkpoint.spending = self.cost()
-        self.checkpoint.save(self.path)
-
-    def keep_spending(self) -> None:
-        """Write the run's cost (the earlier processes', this one's, their count) into the
-        checkpoint *on disk* and nothing else: called when the run stops midway (an interrupt, an
-        error), when the rest of the checkpoint in memory may be ahead of the last step it
-        completed."""
-        if not self.path.exists():
-            return
-        saved = Checkpoint.load(self.path)
-        ckpt = (
-            self.checkpoint
-        )  # its cost fields are consistent in memory (begin_process moved the last spending)
-        saved.spent, saved.processes, saved.spending = ckpt.spent, ckpt.processes, self.cost()
-        saved.save(self.path)
 
 
 @dataclass
@@ -749,49 +465,13 @@ class Controller:
             self.ctx.save()
         return ckpt.control_test
 
-    def _failed_calls(
-        self,
-        best_trial: int,
-        before: Evaluation,
-        after: Evaluation,
-        control_test: Evaluation | None,
-    ) -> dict[str, int]:
-        """The failed LM calls behind each figure of the result (only those that had any): under
-        the threshold of :mod:`optloop.failures` they are reported beside the figure."""
-        ckpt = self.ckpt
-        assert ckpt.baseline_dev is not None
-        best = (
-            ckpt.baseline_dev
-            if best_trial == 0
-            else next(
-                (
-                    t.evaluation
-                    for t in ckpt.trials
-                    if t.trial == best_trial and t.evaluation is not None
-                ),
-                None,
-            )
-        )
-        counts = {
-            "baseline_dev": ckpt.baseline_dev.lm_failed_calls,
-            "best_dev": best.lm_failed_calls if best is not None else 0,
-            "test_before": before.lm_failed_calls,
-            "test_after": after.lm_failed_calls,
-            "control_dev": ckpt.control_dev.lm_failed_calls if ckpt.control_dev else 0,
-            "control_test": control_test.lm_failed_calls if control_test else 0,
-        }
-        return {name: n for name, n in counts.items() if n}
-
     def _finish(self, targeting: Targeting, control: Candidate | None, note: str) -> LoopResult:
         """The held-out test of the start program, the run's best and the control, the summary, the
         registry, the result (run by the one worker that finishes the run)."""
         ckpt, cfg, base = self.ckpt, self.config, self.ctx.base
         assert ckpt.baseline_train is not None and ckpt.baseline_dev is not None
         records = self.coordinator.records(ckpt.trials)
-        best, best_trial, best_accuracy = base, 0, ckpt.baseline_dev.accuracy
-        for r in records:
-            if r.accuracy > best_accuracy:
-                best, best_trial, best_accuracy = r.candidate, r.trial, r.accuracy
+        best, best_trial = best_of(base, ckpt.baseline_dev.accuracy, records)
         if ckpt.test_before is None:
             self._boundary()
             ckpt.test_before = self._evaluate(base, "test")
@@ -801,35 +481,9 @@ class Controller:
                 self._boundary()
             ckpt.test_after = ckpt.test_before if best is base else self._evaluate(best, "test")
             self.ctx.save()
-        before, after = ckpt.test_before, ckpt.test_after
         control_test = self._control_test(control, best) if control is not None else None
-        points = [(0, ckpt.baseline_dev.accuracy)] + [(r.trial, r.accuracy) for r in records]
-        best_curve = list(accumulate((a for _, a in points), max))
-        before_ci, after_ci, delta_ci = held_out_intervals(before, after, seed=cfg.seed)
-        control_ci: Interval | None = None
-        control_delta_ci: Interval | None = None  # best - control, paired by question
-        if control_test is not None:
-            control_ci, _, control_delta_ci = held_out_intervals(
-                control_test, after, seed=cfg.seed
-            )
-        promoted, reason = promotion(cfg.promote_if, best is not base, delta_ci)
-        n_dev, n_test = ckpt.baseline_dev.n, before.n
-        control_dev = ckpt.control_dev if control_test is not None else None
-        comparison = compare(
-            seed=cfg.seed,
-            n_dev=n_dev,
-            own_dev=ckpt.baseline_dev.accuracy,
-            best_dev=max(best_curve),
-            control_dev=None if control_dev is None else control_dev.accuracy,
-            own_test=before_ci,
-            best_test=after_ci,
-            control_test=control_ci,
-            best_minus_own=delta_ci,
-            best_minus_control=control_delta_ci,
-            best_trial=best_trial,
-            control_sites=targeting.control_sites,
-            control_note=targeting.control_note,
-            started=bool(cfg.start),
+        outcome = Outcome.of(
+            cfg, ckpt, targeting, base, best, best_trial, records, control, control_test
         )
         cost = self.total_cost()
         texts_before, texts_after = (
@@ -838,84 +492,27 @@ class Controller:
         )
         diff = prompt_diff(texts_before, texts_after)
         self.sink.log_summary(
-            Summary(
-                config=cfg,
-                base=base,
-                best=best,
-                baseline_train=ckpt.baseline_train,
-                baseline_dev=ckpt.baseline_dev,
-                test_before=before,
-                test_after=after,
-                entries=targeting.entries,
-                points=points,
-                best_curve=best_curve,
-                test_before_ci=before_ci,
-                test_after_ci=after_ci,
-                delta_test_ci=delta_ci,
-                evaluations=len(records),
-                cost=cost,
-                texts_before=texts_before,
-                texts_after=texts_after,
-                diff=diff,
-                comparison=comparison,
-                control=control,
-                control_dev=control_dev,
-                control_test=control_test,
-                texts_control={} if control is None else self.evaluator.prompt_texts(control),
+            outcome.summary(
+                cost,
+                texts_before,
+                texts_after,
+                diff,
+                {} if control is None else self.evaluator.prompt_texts(control),
             )
         )
-        changed = best.changed_sites(base)
+        changed = outcome.changed
         if changed and not ckpt.registered:
             message = (
-                f"optloop run {cfg.run_name}: test {before.accuracy:.3f} -> "
-                f"{after.accuracy:.3f}; {reason}"
+                f"optloop run {cfg.run_name}: test {outcome.before.accuracy:.3f} -> "
+                f"{outcome.after.accuracy:.3f}; {outcome.reason}"
             )
             ckpt.registered = self.sink.register(
-                {s: texts_after[s] for s in changed}, promote=promoted, message=message
+                {s: texts_after[s] for s in changed}, promote=outcome.promoted, message=message
             )
             self.ctx.save()  # registered once: a kill after this point does not register again
-        if line := control_line(comparison):
-            note = (note + "; " if note else "") + line
-        elif not targeting.control_sites and cfg.control:
-            note = (note + "; " if note else "") + f"control: {targeting.control_note}"
-        if warning := small_split_warning(n_dev, n_test):
-            note = warning + ("; " + note if note else "")
-        self.sink.tag_result(promoted, reason, note)
-        result = LoopResult(
-            config=cfg,
-            parent_run_id=ckpt.parent_run_id or "",
-            targets=ckpt.targets,
-            tunable_sites=targeting.sites,
-            tunable_knobs=targeting.knobs,
-            baseline_dev=ckpt.baseline_dev.accuracy,
-            best_dev=max(best_curve),
-            best_trial=best_trial,
-            test_before=before.accuracy,
-            test_after=after.accuracy,
-            evaluations=len(records),
-            changed_sites=changed,
-            changed_knobs={k: best.knobs[k] for k in best.changed_knobs(base)},
-            promoted=promoted,
-            promotion_reason=reason,
-            registered=ckpt.registered,
-            cost=cost,
-            n_dev=n_dev,
-            n_test=n_test,
-            test_before_ci=before_ci,
-            test_after_ci=after_ci,
-            delta_test_ci=delta_ci,
-            tried=[Tried.of(r.trial, r.candidate, r.accuracy, base) for r in records],
-            prompt_diff=diff,
-            note=note,
-            failed_calls=self._failed_calls(best_trial, before, after, control_test),
-            control_sites=comparison.control_sites,
-            control_note=comparison.control_note,
-            control_dev=None if control_dev is None else control_dev.accuracy,
-            test_control_ci=control_ci,
-            delta_control_ci=control_delta_ci,
-            beats_control=comparison.beats_control,
-        )
-        result = self.coordinator.publish(result)
+        note = outcome.note(note)
+        self.sink.tag_result(outcome.promoted, outcome.reason, note)
+        result = self.coordinator.publish(outcome.result(cost, diff, note))
         ckpt.finished = True
         self.ctx.save()
         return result
@@ -926,6 +523,7 @@ __all__ = [
     "Controller",
     "Coordinator",
     "RunContext",
+    "Split",
     "Summary",
     "Targeting",
     "TrackingSink",

@@ -1,5 +1,5 @@
 """Who does what when one worker, or several, run the same loop: the
-controller's :class:`Coordinator`.
+controller's :class:`~optloop.loop.interfaces.Coordinator`.
 
 :class:`LocalCoordinator` is one worker: it evaluates the baseline, numbers trials from its
 checkpoint and finishes the run itself. :class:`SharedCoordinator` is one worker of several
@@ -25,9 +25,9 @@ from typing import Any
 from optloop.errors import ConfigError, OptloopError
 from optloop.lm import redact_url
 from optloop.loop.candidate import Candidate
-from optloop.loop.controller import Cost, TrialRecord
 from optloop.loop.evaluate import Evaluation
-from optloop.loop.state import LoopConfig, LoopResult, Trial
+from optloop.loop.interfaces import TrialRecord
+from optloop.loop.state import Cost, LoopConfig, LoopResult, Trial
 from optloop.loop.study import SharedStudy
 
 logger = logging.getLogger(__name__)

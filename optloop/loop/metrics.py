@@ -15,8 +15,8 @@ from optloop.loop.cost import site_metrics
 from optloop.loop.metric_names import metric_key
 
 if TYPE_CHECKING:
-    from optloop.loop.controller import Summary
     from optloop.loop.evaluate import Evaluation
+    from optloop.loop.interfaces import Summary
     from optloop.stats import Interval
 
 

@@ -1,4 +1,4 @@
-"""The controller's :class:`~optloop.loop.controller.TrackingSink` on MLflow.
+"""The controller's :class:`~optloop.loop.interfaces.TrackingSink` on MLflow.
 
 It writes into the active parent run (``Loop`` starts and ends it): ``acc_dev`` with step =
 trial, the blame and targets, one nested child run per trial, and at the end the parent
@@ -26,8 +26,8 @@ from optloop.loop.prompt_registry import register_prompts
 if TYPE_CHECKING:
     import dspy
 
-    from optloop.loop.controller import Summary, Targeting
     from optloop.loop.evaluate import Evaluation
+    from optloop.loop.interfaces import Summary, Targeting
 
 
 class MlflowSink:

@@ -10,11 +10,13 @@ MLflow, Optuna or files beyond its checkpoint. :class:`Loop` builds what it runs
 owns what is not the loop's logic:
 
 - the state directory and its lock (one process per directory; another worker of a
-  shared run takes ``workers/<n>/``), and the checkpoint's settings check;
+  shared run takes ``workers/<n>/``), and the checkpoint's settings check
+  (:mod:`optloop.loop.run_dirs`);
 - the MLflow experiment (created under a lock: workers starting together race for it)
   and the parent run (created by the leading worker, resumed by id, ended with the
-  run's status);
-- the real implementations of the controller's interfaces: :class:`SplitEvaluator`
+  run's status; :mod:`optloop.loop.mlflow_run`);
+- the real implementations of the controller's interfaces
+  (:mod:`optloop.loop.interfaces`): :class:`~optloop.loop.split_evaluator.SplitEvaluator`
   (the :class:`~optloop.loop.evaluate.Evaluator` over the run's splits),
   :class:`~optloop.loop.mlflow_sink.MlflowSink`, and a
   :class:`~optloop.loop.coordinator.LocalCoordinator` or, for ``--optimizer optuna``,
@@ -42,14 +44,11 @@ The data flow and where each stage lives: ``docs/architecture.md``.
 
 from __future__ import annotations
 
-import fcntl
-import json
 import logging
 import tempfile
 import time
-from collections.abc import Callable, Sequence
-from contextlib import nullcontext, suppress
-from dataclasses import dataclass
+from collections.abc import Callable
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
@@ -59,8 +58,7 @@ from optloop import artifacts
 from optloop.attribution import blame
 from optloop.datasets import Dataset, load_dataset
 from optloop.errors import ConfigError
-from optloop.lm import redact_url
-from optloop.loop import checkpoint_guard
+from optloop.loop import checkpoint_guard, mlflow_run
 from optloop.loop.budget.estimate import (
     Estimate,
     OptimizerWork,
@@ -73,11 +71,11 @@ from optloop.loop.budget.estimate import (
 from optloop.loop.budget.eta import Eta, TrialLine
 from optloop.loop.budget.limits import STOPPED_BY, RunStopped, SpendingLimits
 from optloop.loop.budget.shape import RunShape, modeled_work, run_shape
-from optloop.loop.candidate import Candidate, prompt_text
-from optloop.loop.controller import Controller, RunContext, Split
+from optloop.loop.candidate import Candidate
+from optloop.loop.controller import Controller
 from optloop.loop.coordinator import LocalCoordinator, SharedCoordinator
 from optloop.loop.cost import site_costs, site_metrics
-from optloop.loop.evaluate import Evaluation, Evaluator
+from optloop.loop.evaluate import Evaluator
 from optloop.loop.gate import logs_under, refusals
 from optloop.loop.mlflow_sink import MlflowSink
 from optloop.loop.optimizers import registry
@@ -95,6 +93,10 @@ from optloop.loop.policy import (
     split_dataset,
     start_candidate,
 )
+from optloop.loop.run_context import RunContext
+from optloop.loop.run_dirs import Unfinished, in_use, matches, unfinished_runs
+from optloop.loop.run_dirs import lock_dir as _lock_dir
+from optloop.loop.split_evaluator import SplitEvaluator
 from optloop.loop.state import (
     MAX_BUDGET,
     Checkpoint,
@@ -105,104 +107,12 @@ from optloop.loop.state import (
     check_fractions,
 )
 from optloop.paths import state_dir
-from optloop.services import outside
 from optloop.sites import PROPOSER
 from systems import get_system
 
 logger = logging.getLogger(__name__)
 
 Coordinators = LocalCoordinator | SharedCoordinator
-
-
-class SplitEvaluator:
-    """The :class:`Evaluator` over the run's named splits: the controller's
-    ``CandidateEvaluator``."""
-
-    def __init__(
-        self, evaluator: Evaluator, splits: dict[str, Dataset], progress: Callable[[str], None]
-    ):
-        self.evaluator = evaluator
-        self.splits = splits
-        self.progress = progress
-
-    @property
-    def site_names(self) -> list[str]:
-        return list(self.evaluator.sites)
-
-    def evaluate(self, candidate: Candidate, split: Split) -> Evaluation:
-        dataset = self.splits[split]
-        self.progress(f"evaluating {candidate.origin} on {split} ({questions(dataset)} questions)")
-        return self.evaluator.evaluate(candidate, dataset, split=split)
-
-    def evaluate_many(self, candidates: Sequence[Candidate], split: Split) -> list[Evaluation]:
-        dataset = self.splits[split]
-        self.progress(
-            f"evaluating {len(candidates)} candidates at once on {split} ({questions(dataset)} "
-            "questions each)"
-        )
-        return self.evaluator.evaluate_many(candidates, dataset, split=split)
-
-    def trivial_instruction(self, site: str) -> str:
-        return self.evaluator.trivial_instruction(site)
-
-    def prompt_texts(self, candidate: Candidate) -> dict[str, str]:
-        sites = self.evaluator.sites
-        return {n: prompt_text(sites[n], s) for n, s in candidate.sites.items() if n in sites}
-
-
-def _lock_dir(path: Path) -> Any | None:
-    """An exclusive lock on ``path`` for this process's lifetime (the open file holds it); ``None``
-    when another process holds it."""
-    path.mkdir(parents=True, exist_ok=True)
-    handle = open(path / ".lock", "a+")  # noqa: SIM115 - held open until the run ends
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        handle.close()
-        return None
-    return handle
-
-
-def in_use(path: Path) -> bool:
-    """Whether a live process holds run directory ``path`` (its lock; nothing is created or
-    changed)."""
-    lock = path / ".lock"
-    if not lock.exists():
-        return False
-    with open(lock) as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except OSError:
-            return True
-        fcntl.flock(handle, fcntl.LOCK_UN)
-    return False
-
-
-@dataclass(frozen=True)
-class Unfinished:
-    """A run that can be resumed: its name, its checkpoint, whether a live process holds it now."""
-
-    name: str
-    checkpoint: Checkpoint
-    in_use: bool
-
-
-def unfinished_runs(runs: Path, config: LoopConfig) -> list[Unfinished]:
-    """Every unfinished run under ``runs`` that was started without ``--run-name`` from
-    ``config``'s settings (:meth:`LoopConfig.resume_key`), the latest first. Reads only; an
-    unreadable checkpoint is skipped."""
-    key, found = config.resume_key(), []
-    for path in runs.glob("*/checkpoint.json") if runs.is_dir() else []:
-        try:
-            ckpt = Checkpoint.model_validate_json(path.read_text())
-            mtime = path.stat().st_mtime
-        # another run's broken state is no reason to refuse this one
-        except Exception as exc:  # noqa: BLE001
-            logger.debug("skipping %s: %s", path, exc)
-            continue
-        if ckpt.auto_named and ckpt.resume_key == key and not ckpt.finished:
-            found.append((mtime, Unfinished(path.parent.name, ckpt, in_use(path.parent))))
-    return [u for _, u in sorted(found, key=lambda pair: pair[0], reverse=True)]
 
 
 def check_start_sites(cfg: LoopConfig, lm: Any) -> None:
@@ -339,7 +249,7 @@ class Loop:
                 "command, or pick another --run-name"
             )
         tracking.configure(cfg.tracking_uri)
-        experiment_id = self._experiment()
+        experiment_id = mlflow_run.experiment(cfg.system, self.announce)
         ckpt = ckpt or Checkpoint(
             config_digest=cfg.digest(), resume_key=cfg.resume_key(), auto_named=self.auto_named
         )
@@ -426,7 +336,7 @@ class Loop:
         try:
             coordinator.adopt_parent_run(ckpt.parent_run_id)
             if coordinator.leads and (relog or (not ckpt.trials and not ckpt.baseline_dev)):
-                self._log_params(evaluator, train, dev, test)
+                mlflow_run.log_params(cfg, evaluator, train, dev, test, self.lm.model)
             self.start = start_candidate(evaluator, cfg)
             splits = SplitEvaluator(
                 evaluator, {"train": train, "dev": dev, "test": test}, self.progress
@@ -477,79 +387,8 @@ class Loop:
         finally:
             if status != "FINISHED" and _quiet(coordinator.finished_elsewhere):
                 status = "FINISHED"  # this worker failed after another one finished the run
-            while (
-                active := mlflow.active_run()
-            ) is not None:  # a child run an interrupt left open, then the parent
-                failing = status != "FINISHED"
-                try:
-                    with outside.muted("mlflow.store.db.utils") if failing else nullcontext():
-                        mlflow.end_run(status)
-                except Exception as exc:  # noqa: BLE001 - a full disk or a lost server: the run is
-                    if not failing:  # saved, and the same command, resuming it, ends it
-                        raise
-                    logger.debug(
-                        "could not end MLflow run %s as %s: %s", active.info.run_id, status, exc
-                    )
-                if active.info.run_id == parent.info.run_id:
-                    break
+            mlflow_run.end_runs(parent.info.run_id, status)
             evaluator.close()
-
-    def _log_params(
-        self, evaluator: Evaluator, train: Dataset, dev: Dataset, test: Dataset
-    ) -> None:
-        """The run's settings as the parent run's params (secrets in URLs masked)."""
-        import mlflow
-
-        cfg = self.config
-        params = cfg.model_dump(exclude={"knobs", "fractions", "start"})
-        params["start_sites"] = ",".join(cfg.start) or "-"  # the texts are in prompts_before.json
-        params |= {
-            "storage": redact_url(cfg.storage),
-            "tracking_uri": redact_url(cfg.tracking_uri),
-        }
-        mlflow.log_params(
-            {
-                **{k: str(v) for k, v in params.items()},
-                "knobs": json.dumps(evaluator.template.knobs()),
-                "fractions": str(cfg.fractions),
-                "split_train": len(train.episodes),
-                "split_dev": len(dev.episodes),
-                "split_test": len(test.episodes),
-                "lm_identity": self.lm.model,
-            }
-        )
-
-    def _experiment(self) -> str:
-        """The experiment id. Workers starting together race to create the experiment, and on one
-        machine to create the SQLite store's tables (MLflow's migrations are not safe to run twice
-        at once): the latter is serialized by a lock file beside the store, the former retried."""
-        import mlflow
-
-        from optloop.services import tracking, tracking_store
-
-        uri = mlflow.get_tracking_uri()
-        lock = None
-        if uri.startswith("sqlite:///"):
-            db = Path(uri.removeprefix("sqlite:///"))
-            db.parent.mkdir(parents=True, exist_ok=True)
-            lock = open(db.with_name(f".{db.name}.lock"), "a+")  # noqa: SIM115 - closed below
-            fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            # The store made whole or not at all; one a full disk left half-made, mended.
-            if lock is not None and (mended := tracking_store.ensure_sqlite_store(db)):
-                self.announce(mended)
-            for attempt in range(3):
-                try:
-                    return tracking.experiment(f"optloop-{self.config.system}")
-                # the loser of a creation race finds it on the next try
-                except Exception:  # noqa: BLE001
-                    if attempt == 2:
-                        raise
-                    time.sleep(0.5 + attempt)
-            raise AssertionError("unreachable")
-        finally:
-            if lock is not None:
-                lock.close()
 
     def _optimizer(
         self,
@@ -684,12 +523,6 @@ class Loop:
                 cost["proposer_cost_usd"] = p.cost_usd
         cost["proposer_calls_in_system_lm"] = self.lm.accounting.totals(PROPOSER, since=mark).calls
         return cost | site_metrics(site_costs(self.lm.accounting.by_site(since=mark)))
-
-
-def matches(ckpt: Checkpoint, config: LoopConfig) -> bool:
-    """Whether ``ckpt`` was written by a run of ``config`` (a checkpoint from before
-    ``lm_settings`` counted included)."""
-    return ckpt.config_digest in (config.digest(), config.digest(legacy=True))
 
 
 def _quiet(fn: Callable[[], Any]) -> Any:

@@ -11,9 +11,10 @@ whole configured run from it. The model, stated in the output too (:data:`MODEL`
   evaluation with every request computed (tokens and dollars per computed call times all
   requests): an upper bound for the evaluation, since a trial reuses the stores of episodes
   whose ingest prompts it leaves unchanged and the LM cache serves repeated calls;
-- the optimizer's own calls (:class:`OptimizerWork`): its runs on train (the edit optimizer's
-  screening, SIMBA's and GEPA's mini-batches) on the system LM and its calls to the proposer
-  (SIMBA's advice, GEPA's reflection, the edit optimizer's paraphrases, Optuna's proposals).
+- the optimizer's own calls (:class:`OptimizerWork`, :mod:`optloop.loop.budget.optimizer_work`):
+  its runs on train (the edit optimizer's screening, SIMBA's and GEPA's mini-batches) on the
+  system LM and its calls to the proposer (SIMBA's advice, GEPA's reflection, the edit
+  optimizer's paraphrases, Optuna's proposals).
   Measured on the run's finished trials when the checkpoint has some (:func:`measured_work`: the
   run's total less its evaluations, per round of the optimizer, times the rounds the run takes);
   otherwise modeled from the optimizer's structure and the baseline's measurements
@@ -32,7 +33,8 @@ whole configured run from it. The model, stated in the output too (:data:`MODEL`
 - hours: LM time only (local work, embedding and scoring, is left out), at the measured mean
   latency of one computed call. An evaluation (a trial's, a held-out one) takes
   ``max(requests x latency / --concurrency, chain x latency)``: N requests always in flight,
-  but never less than its split's longest **chain** of sequential requests (:class:`Chains`).
+  but never less than its split's longest **chain** of sequential requests (:class:`Chains`,
+  :mod:`optloop.loop.budget.chains`).
   The sessions of one episode are ingested in order (memory is stateful) and a question's
   requests follow its episode's ingestion, so the longest episode's ingestion (its sessions x
   the requests one session takes) plus one question's requests is a chain no concurrency
@@ -51,12 +53,17 @@ whole configured run from it. The model, stated in the output too (:data:`MODEL`
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, Protocol
 
 from pydantic import BaseModel, Field
 
-from optloop.sites import PROPOSER
+from optloop.loop.budget.chains import (
+    Chains,
+    chain_requests,
+    evaluation_seconds,
+    measured_chains,
+)
+from optloop.loop.budget.optimizer_work import OptimizerWork, measured_work
 
 if TYPE_CHECKING:
     from optloop.datasets import Dataset
@@ -82,16 +89,6 @@ MODEL = (
 
 CONTROL_PART = "control on dev"  # the estimate's part for the control's dev evaluation
 HELD_OUT_PART = "held-out test"
-
-
-class Chains(BaseModel):
-    """The longest chain of sequential requests in one evaluation of the dev and of the test split:
-    its longest episode's ingestion (sessions x requests a session, one session after another) and
-    then one question's requests. However high ``--concurrency``, an evaluation takes at least that
-    chain x latency (see the module docstring)."""
-
-    dev: float = Field(ge=0, description="requests of the dev split's longest chain")
-    test: float = Field(ge=0, description="requests of the test split's longest chain")
 
 
 class Floor(BaseModel):
@@ -123,56 +120,6 @@ class Part(BaseModel):
         description="the chain its evaluations cannot take less than (None: not "
         "modeled for this part, or no chains given)",
     )
-
-
-class OptimizerWork(BaseModel):
-    """The optimizer's own LM work over the whole run, beside the evaluations:
-    what :func:`estimate` prices as the optimizer's part. Modeled from the optimizer's structure
-    (:mod:`optloop.loop.budget.shape`) or measured on the run's finished trials
-    (:func:`measured_work`)."""
-
-    optimizer: str
-    measured: bool = Field(
-        False, description="measured on the run's finished trials (else modeled)"
-    )
-    rounds: int = Field(
-        description="the optimizer's rounds over the run (0: its work is done once, up front)"
-    )
-    trials_per_round: float = Field(
-        description="candidates one round yields for the loop to evaluate (0: up front)"
-    )
-    calls: float = Field(
-        description="system-LM requests: the optimizer's runs on train (screening, mini-batches)"
-    )
-    tokens: float | None = Field(
-        description="their tokens, every request computed (None: unknown)"
-    )
-    proposer_calls: float = Field(
-        description="requests to the proposer LM (advice, reflection, paraphrases, ...)"
-    )
-    proposer_prompt_tokens: float = Field(
-        description="their prompt tokens, all calls (a measured work: every token)"
-    )
-    proposer_completion_tokens: float = Field(
-        0.0, description="their completion tokens, all calls"
-    )
-    cost_usd: float | None = Field(
-        None,
-        description="dollars, measured (a measured work only; a modeled one is "
-        "priced from its tokens)",
-    )
-    threads: int | None = Field(
-        None, description="runs at once on the system LM (None: an evaluation's, --concurrency)"
-    )
-    basis: str = Field(description="how the figures were made (the estimate's optimizer line)")
-
-    @property
-    def proposer_tokens(self) -> float:
-        return self.proposer_prompt_tokens + self.proposer_completion_tokens
-
-    def per_trial(self, budget: int) -> float:
-        """Requests (both LMs) per trial of a run of ``budget`` trials."""
-        return (self.calls + self.proposer_calls) / max(budget, 1)
 
 
 class Estimate(BaseModel):
@@ -291,45 +238,6 @@ def answer_path(dev: Evaluation, ingest: set[str]) -> ModeledFigures | None:
 def work_units(dataset: Dataset) -> int:
     """What an evaluation of ``dataset`` has to do: sessions to ingest plus questions to answer."""
     return sum(len(e.sessions) + len(e.questions) for e in dataset.episodes)
-
-
-def chain_requests(sessions: float, session_requests: float, question_requests: float) -> float:
-    """Sequential requests of an episode of ``sessions``: ingested one session after another, then
-    a question."""
-    return sessions * session_requests + question_requests
-
-
-def evaluation_seconds(
-    requests: float, latency_s: float, concurrency: int, chain: float | None = None
-) -> float:
-    """LM seconds of one evaluation of ``requests``: ``concurrency`` always in flight, but no less
-    than its longest ``chain`` of sequential requests (none: no floor)."""
-    return max(requests / max(concurrency, 1), chain or 0.0) * latency_s
-
-
-def measured_chains(ckpt: Checkpoint, dev: Dataset, test: Dataset) -> Chains | None:
-    """The dev and test splits' longest chains, at the requests per session and per question that
-    ``ckpt``'s baseline dev evaluation (of ``dev``) measured: its ingestion requests over the
-    sessions of the stores it built (a reused store ingested nothing: those taken as the built
-    share of the split's sessions), its other requests over the split's questions. ``None`` when it
-    built no store (nothing measured the ingestion) or ``dev`` has no question."""
-    measured = ckpt.baseline_dev
-    assert measured is not None, "the chains need the baseline"
-    sessions = sum(len(e.sessions) for e in dev.episodes)
-    questions = sum(len(e.questions) for e in dev.episodes)
-    if not measured.stores_built or not sessions or not questions:
-        return None
-    stores = measured.stores_built + measured.stores_reused
-    per_session = measured.ingest_calls / (sessions * measured.stores_built / stores)
-    per_question = (measured.llm_calls - measured.ingest_calls) / questions
-
-    def longest(split: Dataset) -> float:
-        return max(
-            (chain_requests(len(e.sessions), per_session, per_question) for e in split.episodes),
-            default=0.0,
-        )
-
-    return Chains(dev=longest(dev), test=longest(test))
 
 
 def floor_line(
@@ -620,97 +528,6 @@ def trials_at_once(batch: int, optimizer: OptimizerWork | None) -> int:
     if optimizer is None or optimizer.trials_per_round == 0:
         return batch
     return max(1, min(batch, int(optimizer.trials_per_round)))
-
-
-def measured_work(
-    ckpt: Checkpoint, model: OptimizerWork | None, budget: int
-) -> OptimizerWork | None:
-    """The optimizer's own work over the whole run, measured on the run's finished trials (``None``
-    when none has finished: then only ``model`` can say).
-
-    What the optimizer has spent so far is the run's total over every process
-    (:meth:`Checkpoint.total_cost`) less its evaluations (the baseline's, the finished trials', a
-    held-out one); its proposer calls are those of a ``--proposer-lm`` (``proposer_*``) and the
-    system LM's at the proposer site. That is scaled to the whole run by rounds, since an optimizer
-    spends a round's work before the round's first trial: ``model``'s rounds over the rounds begun
-    (``k`` trials at ``model``'s trials a round); ``budget / k`` without a model; nothing more for
-    an optimizer whose work is done up front (Optuna's proposals, ``model.rounds == 0``). Half-done
-    trials and redone steps count as the optimizer's (they are neither evaluations nor free).
-    """
-    done = [t.evaluation for t in ckpt.trials if t.evaluation is not None]
-    if not done:
-        return None
-    evaluations = [
-        e
-        for e in (ckpt.baseline_train, ckpt.baseline_dev, *done, ckpt.test_before)
-        if e is not None
-    ]
-    if (
-        ckpt.test_after is not None
-        and ckpt.test_before is not None
-        and ckpt.test_after.candidate != ckpt.test_before.candidate
-    ):
-        evaluations.append(ckpt.test_after)
-    # the control's, unless it took the baseline's or a held-out evaluation (the same program)
-    made = {
-        (e.split, e.candidate)
-        for e in (ckpt.baseline_dev, ckpt.test_before, ckpt.test_after)
-        if e is not None
-    }
-    for control in (ckpt.control_dev, ckpt.control_test):
-        if control is not None and (control.split, control.candidate) not in made:
-            evaluations.append(control)
-    total = ckpt.total_cost()
-    at_site = {key: float(total.get(f"{key}/{PROPOSER}", 0)) for key in ("llm_calls", "tokens")}
-    calls = max(
-        float(total.get("llm_calls", 0))
-        - at_site["llm_calls"]
-        - sum(e.llm_calls for e in evaluations),
-        0.0,
-    )
-    tokens = max(
-        float(total.get("tokens", 0)) - at_site["tokens"] - sum(e.tokens for e in evaluations), 0.0
-    )
-    proposer_calls = float(total.get("proposer_llm_calls", 0)) + at_site["llm_calls"]
-    proposer_tokens = float(total.get("proposer_tokens", 0)) + at_site["tokens"]
-    dollars: float | None = None
-    if "cost_usd" in total and all(e.cost_usd is not None for e in evaluations):
-        dollars = max(float(total["cost_usd"]) - sum(e.cost_usd or 0.0 for e in evaluations), 0.0)
-        if "proposer_cost_usd" in total:
-            dollars += float(total["proposer_cost_usd"])
-        elif total.get("proposer_model_calls"):  # a --proposer-lm without a price
-            dollars = None
-    k = len(done)
-    if model is None:
-        rounds, per_round, begun = budget, 1.0, k
-    elif model.rounds == 0:
-        rounds, per_round, begun = 0, 0.0, 0
-    else:
-        rounds, per_round = model.rounds, model.trials_per_round
-        begun = min(rounds, max(math.ceil(k / per_round), 1)) if per_round else rounds
-    scale = rounds / begun if begun else 1.0
-    how = (
-        f"scaled by rounds: {rounds} in the run / {begun} begun ({per_round:.3g} trial(s) a round)"
-        if begun
-        else "nothing more to come: its work is done up front"
-    )
-    return OptimizerWork(
-        optimizer=model.optimizer if model is not None else "optimizer",
-        measured=True,
-        rounds=rounds,
-        trials_per_round=per_round,
-        calls=calls * scale,
-        tokens=tokens * scale,
-        proposer_calls=proposer_calls * scale,
-        proposer_prompt_tokens=proposer_tokens * scale,
-        cost_usd=None if dollars is None else dollars * scale,
-        threads=None if model is None else model.threads,
-        basis=(
-            f"the {k} finished trial(s): {calls:.0f} requests on train and "
-            f"{proposer_calls:.0f} to the proposer "
-            f"so far (the run's total less its evaluations), {how}"
-        ),
-    )
 
 
 __all__ = [
