@@ -45,6 +45,7 @@ from optloop.datasets import load_dataset
 from optloop.datasets.split import split_episodes
 from optloop.embed import get_embedder
 from optloop.lm import LMSettings, OptloopLM
+from optloop.lm.models import model_named
 from optloop.loop.candidate import SiteState, trivial_instruction
 from optloop.loop.evaluate import Evaluator
 from optloop.paths import write_atomic
@@ -81,8 +82,13 @@ class Row(BaseModel):
 
 
 def model_name(spec: str) -> str:
+    """The model's file name without ``.gguf``, whether ``spec`` names it by path or by its short
+    name (``local:qwen2.5-coder-0.5b``)."""
     settings = LMSettings.from_spec(spec)
-    return Path(settings.model).stem if settings.model else "smollm2-135m (bundled)"
+    if not settings.model:
+        return "smollm2-135m (bundled)"
+    found = model_named(settings.model)
+    return Path(found.file if found else settings.model).stem
 
 
 def measure(
