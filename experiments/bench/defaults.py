@@ -140,7 +140,11 @@ def to_markdown(rows: Sequence[Row], results: dict[str, Any]) -> str:
         "--estimate --json OUT`, no --dataset\n"
         f"- headroom: baseline dev accuracy in [{HEADROOM[0]}, {HEADROOM[1]}]\n"
         "- measured: the day each system's baseline was run (a row is kept until its directory "
-        "under --home is removed; the commit above is the report's)\n\n"
+        "under --home is removed; the commit above is the report's)\n"
+        "- the task model: the default `--lm` (SmolLM2-135M), the one with headroom here; the "
+        "Qwen 2.5-Coder 0.5B answers 0.95-1.00 on this dataset for rag_bm25, long_context and "
+        "rag_embedding, and mem0's documented pair is the 0.5B answering and the 1.5B writing "
+        "(`headroom.md`; docs/models.md, 'Defaults, as measured')\n\n"
     )
     header = [
         "system",

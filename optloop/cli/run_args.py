@@ -242,7 +242,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--proposer-lm",
         metavar="SPEC",
         help="LM that writes new instructions (SIMBA rules, GEPA reflection, Optuna proposals); "
-        "same spec syntax as --lm; default: the system's LM",
+        "same spec syntax as --lm; default: the system's LM. To have the loop write "
+        "instructions, give local:qwen2.5-coder-1.5b (mem0: --lm local:qwen2.5-coder-0.5b "
+        "--proposer-lm local:qwen2.5-coder-1.5b; docs/models.md)",
     )
     parser.add_argument(
         "--seed",
