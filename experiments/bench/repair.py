@@ -60,8 +60,10 @@ train screen's order alone, the order before the evidence was read. Each run rep
 names the screen order's rows ``edit (screen order)``, so two reports, one per order, compare
 case by case.
 
-All arms share one LM cache (``--cache``; a temporary one by default), so an
-evaluation repeated across arms costs nothing the second time; ``llm_calls``
+Every loop runs the way ``optloop.optimize`` runs it (:func:`optloop.loop.session.opened`, its
+runs in a temporary folder), and the bite check evaluates through the run's own evaluator
+(:func:`optloop.loop.session.evaluator`). All arms share one LM cache (``--cache``; a temporary one
+by default), so an evaluation repeated across arms costs nothing the second time; ``llm_calls``
 counts every call, cached or not, and ``model_calls`` the computed ones. MLflow
 runs go to a temporary store unless ``--tracking-uri`` is given. ``--resume`` keeps the runs the
 ``--json`` report already holds and runs only the others, so a long table is built over several
@@ -89,7 +91,8 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -97,7 +100,6 @@ from rich.console import Console
 from rich.table import Table
 
 from experiments.provenance import model_of, stamped
-from optloop.artifacts import CHECKPOINT
 from optloop.cli.command import CommandParser, lm_settings_from_args, parse_command, run_cli
 from optloop.datasets import load_dataset
 from optloop.faults.model import InstructionFault
@@ -108,12 +110,16 @@ from optloop.faults.sabotages import (
     RECALL_CASES,
     SABOTAGES,
 )
-from optloop.lm import OptloopLM
+from optloop.lm import LMSettings, OptloopLM
+from optloop.loop import session
 from optloop.loop.candidate import Candidate
-from optloop.loop.evaluate import Evaluation, Evaluator
+from optloop.loop.config import LoopConfig
+from optloop.loop.evaluate import Evaluation
 from optloop.loop.optimizers.base import PROPOSER_SITE
 from optloop.loop.optimizers.edit import EditOptimizer
-from optloop.loop.runner import Checkpoint, Loop, LoopConfig, LoopResult, start_candidate
+from optloop.loop.policy import start_candidate
+from optloop.loop.request import RunOptions, RunRequest, loop_config
+from optloop.loop.state import Checkpoint, LoopResult
 from optloop.paths import state_dir, write_atomic
 from optloop.stats import Interval, bootstrap_mean, paired_bootstrap_delta, recovered_share
 from systems import get_system
@@ -122,16 +128,17 @@ logger = logging.getLogger(__name__)
 console = Console(width=None if sys.stdout.isatty() else 200)
 
 ARMS = ("targeted", "untargeted", "random")
+# What a loop run stopped by a fault from outside says goes on with it.
+AGAIN = "python -m experiments.bench.repair with the same flags and --resume"
 
 
 class Witness:
     """Watches an LM's requests for a text that must never reach the proposer."""
 
-    def __init__(self, lm: OptloopLM, text: str | None):
+    def __init__(self, text: str | None):
         self.text = " ".join(text.split()) if text else None
         self.proposer_requests = 0
         self.leaks = 0
-        self.lm = lm
 
     def __call__(self, site: str | None, messages: list[dict[str, Any]]) -> None:
         if site != PROPOSER_SITE:
@@ -142,12 +149,14 @@ class Witness:
         ):
             self.leaks += 1
 
-    def __enter__(self) -> Witness:
-        self.lm.watchers.append(self)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.lm.watchers.remove(self)
+    @contextmanager
+    def watching(self, lm: OptloopLM) -> Iterator[Witness]:
+        """This witness on ``lm``'s requests while the block runs."""
+        lm.watchers.append(self)
+        try:
+            yield self
+        finally:
+            lm.watchers.remove(self)
 
     def check_demos(self, candidates: Sequence[Candidate]) -> None:
         for candidate in candidates:
@@ -192,31 +201,50 @@ class Bench:
         self.lms: dict[str, OptloopLM] = {}
         self.champions: dict[str, dict[str, Any]] = {}
 
+    def settings(self, system: str) -> LMSettings:
+        """The LM settings of a system's evaluations and runs (the flags over its local decoding
+        bounds), all on the bench's one cache."""
+        settings = lm_settings_from_args(self.args, get_system(system).local_decoding)
+        return settings.model_copy(update={"cache_path": self.args.cache})
+
     def lm(self, system: str) -> OptloopLM:
-        """One LM per system (its local decoding bounds), all on the bench's one cache."""
+        """One LM per system for the bite check (a loop run builds its own, on the same cache)."""
         if system not in self.lms:
-            settings = lm_settings_from_args(self.args, get_system(system).local_decoding)
-            self.lms[system] = OptloopLM(
-                settings.model_copy(update={"cache_path": self.args.cache})
-            )
+            self.lms[system] = OptloopLM(self.settings(system))
         return self.lms[system]
 
-    def run_loop(self, config: LoopConfig) -> tuple[LoopResult, Checkpoint, Candidate]:
-        """One loop run in the bench's work dir: its result, checkpoint and start program."""
-        lm = self.lm(config.system)
-        work = self.tmp / "runs" / config.run_name
+    def config(self, system: str, **fields: Any) -> LoopConfig:
+        """A run's config as ``optloop.optimize`` builds it (:func:`loop_config`), on the system's
+        LM settings, the bench's MLflow store and ``--lm``."""
+        return loop_config(
+            self.settings(system),
+            system=system,
+            tracking_uri=self.args.tracking_uri,
+            lm=self.args.lm,
+            **fields,
+        )
+
+    def run_loop(
+        self, config: LoopConfig, witness: Witness | None = None
+    ) -> tuple[LoopResult, Checkpoint, Candidate]:
+        """One loop run, the way ``optloop.optimize`` runs it (:mod:`optloop.loop.session`), in
+        the bench's runs folder: its result, checkpoint and start program. ``witness`` watches the
+        run's LM."""
         name = config.run_name
+        options = RunOptions(run_name=name, allow_small_splits=True, runs_dir=self.tmp / "runs")
+        request = RunRequest(config, self.settings(config.system), None, options)
         with console.status(name) as status:
-            loop = Loop(
-                config,
-                lm,
-                lm,
-                work=work,
-                progress=lambda msg, s=status: s.update(f"{name}: {msg}"),
-            )
-            result = loop.run()
-        assert loop.start is not None
-        return result, Checkpoint.load(work / CHECKPOINT), loop.start
+
+            def said(event: session.RunEvent) -> None:
+                if isinstance(event, session.Stage):
+                    status.update(f"{name}: {event.text}")
+
+            with session.opened(request, AGAIN, said) as run:
+                with witness.watching(run.lm) if witness else nullcontext():
+                    run.start()
+                    result = run.run()
+        assert run.loop.start is not None
+        return result, run.checkpoint(), run.loop.start
 
     # --- 0. the champion ------------------------------------------------------------------
 
@@ -250,16 +278,14 @@ class Bench:
         clean: dict[str, str] = {}
         rounds: list[dict[str, Any]] = []
         for n in range(1, self.args.champion_rounds + 1):
-            config = LoopConfig(
-                system=sabotage.system,
+            config = self.config(
+                sabotage.system,
                 dataset=sabotage.dataset,
                 budget=self.args.champion_budget,
                 optimizer="edit",
                 seed=0,
                 run_name=f"champion-{sabotage.system}-{digest}-r{n}",
-                tracking_uri=self.args.tracking_uri,
                 start=start,
-                lm=self.args.lm or "local",
                 query_rewrite=sabotage.query_rewrite,
             )
             result, ckpt, base = self.run_loop(config)
@@ -324,36 +350,26 @@ class Bench:
         """The program (the clean one with ``champion``'s instructions) and the sabotage planted on
         it, each over the whole dataset: the program's instruction per site, the sites, and both
         evaluations."""
-        lm = self.lm(sabotage.system)
         dataset = load_dataset(sabotage.dataset)
-        evaluator = Evaluator(
+        config = self.config(
             sabotage.system,
-            lm,
-            self.tmp / "bite" / sabotage.name,
-            dataset_uri=dataset.uri,
-            query_site=sabotage.query_rewrite,
+            dataset=sabotage.dataset,
+            run_name="bite",
+            query_rewrite=sabotage.query_rewrite,
+            start=dict(champion),
         )
-
-        def program(start: Mapping[str, str]) -> Candidate:
-            config = LoopConfig(
-                system=sabotage.system,
-                run_name="bite",
-                query_rewrite=sabotage.query_rewrite,
-                start=dict(start),
-            )
-            return start_candidate(evaluator, config)
-
-        try:
-            clean = program(champion)
+        work = self.tmp / "bite" / sabotage.name
+        with session.evaluator(config, self.lm(sabotage.system), work, dataset) as evaluator:
+            clean = start_candidate(evaluator, config)
             instructions = {s: st.instructions for s, st in clean.sites.items()}
-            sabotaged = program(planted(sabotage, instructions, champion))
+            start = planted(sabotage, instructions, champion)
+            sabotaged = start_candidate(evaluator, config.model_copy(update={"start": start}))
             with console.status(f"{sabotage.name}: clean over {dataset.uri}"):
                 clean_eval = evaluator.evaluate(clean, dataset, split="all")
             with console.status(f"{sabotage.name}: sabotaged over {dataset.uri}"):
                 sab_eval = evaluator.evaluate(sabotaged, dataset, split="all")
-        finally:
-            evaluator.close()
-        return instructions, list(evaluator.sites), clean_eval, sab_eval
+            sites = list(evaluator.sites)
+        return instructions, sites, clean_eval, sab_eval
 
     def bite(
         self, sabotage: InstructionFault, champion: Mapping[str, str] | None = None
@@ -395,15 +411,14 @@ class Bench:
     def arm(
         self, sabotage: InstructionFault, bite: dict[str, Any], arm: str, optimizer: str, seed: int
     ) -> dict[str, Any]:
-        lm = self.lm(sabotage.system)
         clean_text = bite["clean_instruction"]
         start = planted(sabotage, bite["_instructions"], bite["_champion"])
         sites = None
         if arm == "random":
             sites = [random.Random(f"{sabotage.name}/{seed}").choice(bite["_sites"])]
         name = f"repair-{sabotage.name}-{arm}-{optimizer}-s{seed}"
-        config = LoopConfig(
-            system=sabotage.system,
+        config = self.config(
+            sabotage.system,
             dataset=sabotage.dataset,
             budget=self.args.budget,
             optimizer=optimizer,
@@ -411,16 +426,14 @@ class Bench:
             untargeted=arm == "untargeted",
             sites=sites,
             run_name=name,
-            tracking_uri=self.args.tracking_uri,
             start=start,
-            lm=self.args.lm or "local",
             query_rewrite=sabotage.query_rewrite,
         )
         started = time.perf_counter()
         EditOptimizer.evidence = self.args.edit_order == "evidence"
+        witness = Witness(clean_text if sabotage.mode == "replace" else None)
         try:
-            with Witness(lm, clean_text if sabotage.mode == "replace" else None) as witness:
-                result, ckpt, _ = self.run_loop(config)
+            result, ckpt, _ = self.run_loop(config, witness)
         finally:
             EditOptimizer.evidence = True  # the champion's run and optloop.run's order
         witness.check_demos([t.candidate for t in ckpt.trials])

@@ -22,6 +22,7 @@ systems are imported when a function needs them.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -53,8 +54,8 @@ ANSWER_SETTINGS = (
 
 class RunOptions(BaseModel):
     """How this process takes part in a run, beside what the run is (:class:`LoopConfig`): which
-    run it works on, its spending limits, whether small splits are allowed. None of it is part of
-    the run's digests, so the same run resumes under other options."""
+    run it works on, where runs are kept, its spending limits, whether small splits are allowed.
+    None of it is part of the run's digests, so the same run resumes under other options."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -75,6 +76,11 @@ class RunOptions(BaseModel):
     limits: SpendingLimits = Field(
         default_factory=SpendingLimits,
         description="--max-cost, --max-calls, --estimate, --max-failed-share",
+    )
+    runs_dir: Path | None = Field(
+        None,
+        description="the folder that holds each run's directory (its checkpoint, run.log, work); "
+        "None: <state dir>/runs. A benchmark keeps its runs in a folder of its own",
     )
 
     @model_validator(mode="after")

@@ -54,7 +54,7 @@ from typing import Any
 
 import dspy
 
-from optloop import artifacts
+from optloop import artifacts, failures
 from optloop.attribution import blame
 from optloop.datasets import Dataset, load_dataset
 from optloop.errors import ConfigError
@@ -130,6 +130,29 @@ def check_start_sites(cfg: LoopConfig, lm: Any) -> None:
         if cfg.sites:
             choose_targets([], cfg, sites)  # refuses an unknown --sites name
         getattr(probe, "close", lambda: None)()
+
+
+def run_evaluator(
+    config: LoopConfig,
+    lm: Any,
+    work: Path,
+    *,
+    dataset_uri: str,
+    allowed_failed_share: float = failures.ALLOWED_SHARE,
+) -> Evaluator:
+    """The :class:`Evaluator` a run of ``config`` evaluates its candidates with, in ``work``: the
+    system with the run's knobs and query-rewrite site, on ``lm``, for the dataset
+    ``dataset_uri`` (``allowed_failed_share``: ``--max-failed-share``). :func:`start_candidate`
+    of it is the program the run starts from."""
+    return Evaluator(
+        config.system,
+        lm,
+        work,
+        knobs=config.knobs,
+        dataset_uri=dataset_uri,
+        query_site=config.query_rewrite,
+        allowed_failed_share=allowed_failed_share,
+    )
 
 
 class Loop:
@@ -297,13 +320,11 @@ class Loop:
 
         cfg = self.config
         dspy.configure(lm=self.lm, adapter=dspy.JSONAdapter())
-        evaluator = Evaluator(
-            cfg.system,
+        evaluator = run_evaluator(
+            cfg,
             self.lm,
             self.state / "work",
-            knobs=cfg.knobs,
             dataset_uri=dataset.uri,
-            query_site=cfg.query_rewrite,
             allowed_failed_share=self.limits.max_failed_share,
         )
         evaluator.register(train, dev, test)
@@ -552,6 +573,7 @@ __all__ = [
     "in_use",
     "matches",
     "promotion",
+    "run_evaluator",
     "small_split_warning",
     "split_dataset",
     "start_candidate",

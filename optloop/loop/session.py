@@ -2,7 +2,9 @@
 :class:`~optloop.loop.request.RunRequest` against the world and builds its :class:`Loop` (a
 :class:`Session`, not started); :func:`run` runs it and returns the result. ``optloop.optimize``
 calls :func:`run`; ``optloop run`` (:mod:`optloop.cli.run`) calls :func:`prepare` and
-:meth:`Session.run`, then prints the result.
+:meth:`Session.run`, then prints the result. A benchmark that needs more of a run than its result
+(its LM, its start program, its checkpoint) runs it through :func:`opened`, and evaluates programs
+outside a run with the run's own evaluator (:func:`evaluator`).
 
 Nothing here writes to a console. What a run says while it runs reaches the caller as events
 (:data:`RunEvent`), through the ``on_event`` callback it hands in: which run this is and the
@@ -23,8 +25,10 @@ os.environ.update(
     offline_defaults()
 )  # first: litellm, mem0 and Hugging Face read them when imported
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from rich.console import RenderableType
@@ -39,10 +43,11 @@ from optloop.loop.budget.estimate import Estimate
 from optloop.loop.budget.eta import TrialLine
 from optloop.loop.budget.report import estimate_table, model_name, projection_line
 from optloop.loop.config import LoopConfig
+from optloop.loop.evaluate import Evaluator
 from optloop.loop.policy import check_split_sizes, questions
 from optloop.loop.request import RunRequest
 from optloop.loop.resume import choose_run, saved_line
-from optloop.loop.runner import Loop, check_start_sites, split_dataset
+from optloop.loop.runner import Loop, check_start_sites, run_evaluator, split_dataset
 from optloop.loop.state import Checkpoint, LoopResult
 from optloop.paths import state_dir
 from optloop.progress import LOG_NAME, RunLog
@@ -278,7 +283,8 @@ def prepare(
     train, dev, test = split_dataset(dataset, config)
     if not options.allow_small_splits:
         check_split_sizes(config.dataset, questions(dev), questions(test))
-    choice = choose_run(options, config, state_dir(create=False) / "runs")
+    runs = options.runs_dir or state_dir(create=False) / "runs"
+    choice = choose_run(options, config, runs)
     config = config.model_copy(update={"run_name": choice.name})
     endpoint_lines: list[str] = []
     probe = probe_lm(
@@ -287,7 +293,6 @@ def prepare(
     if proposer_settings is not None:
         probe_lm(proposer_settings, endpoint_lines)
     check_start_sites(config, probe)  # --start names a site of the system (no LM cache file yet)
-    runs = state_dir(create=False) / "runs"
     tracking_uri = resolve_uri(config.tracking_uri, create=False)
     # The tracking server and the storage answer, the stores are writable: before any write.
     preflight.check_run(tracking_uri, config.storage, state_dir(create=False), runs / choice.name)
@@ -310,6 +315,7 @@ def prepare(
         config,
         lm,
         proposer,
+        work=runs / choice.name,
         auto_named=not options.run_name,
         limits=options.limits,
         prepared=(dataset, train, dev, test),
@@ -330,6 +336,21 @@ def prepare(
     )
 
 
+@contextmanager
+def opened(
+    request: RunRequest, again: str = API_AGAIN, on_event: OnEvent | None = None
+) -> Iterator[Session]:
+    """:func:`prepare` of ``request``: the :class:`Session`, not started, for a caller that needs
+    more of the run than its result (a benchmark: its LM, to watch the requests; its start program
+    and checkpoint). What the run said of itself for faults from outside
+    (:func:`~optloop.services.outside.describe_run`) ends on leaving, so a process that runs many
+    loops names none of them after it ended. :func:`run` is ``opened``, ``start``, ``run``."""
+    try:
+        yield prepare(request, again, on_event)
+    finally:
+        describe_run(None)
+
+
 def run(
     request: RunRequest, again: str = API_AGAIN, on_event: OnEvent | None = None
 ) -> LoopResult:
@@ -340,9 +361,23 @@ def run(
     input, an unavailable endpoint, an unwritable state),
     :class:`~optloop.loop.budget.limits.RunStopped`
     (a spending limit or ``--estimate``: the run is saved), :class:`KeyboardInterrupt`."""
-    try:
-        session = prepare(request, again, on_event)
+    with opened(request, again, on_event) as session:
         session.start()
         return session.run()
+
+
+@contextmanager
+def evaluator(
+    config: LoopConfig, lm: OptloopLM, work: Path, dataset: Dataset
+) -> Iterator[Evaluator]:
+    """Programs of a run of ``config`` evaluated outside a run (a benchmark's plain evaluations,
+    e.g. a whole dataset): the :class:`Evaluator` the run would build
+    (:func:`~optloop.loop.runner.run_evaluator`, its system, knobs and query-rewrite site) on
+    ``lm``, in ``work``, for ``dataset``; closed on leaving.
+    :func:`~optloop.loop.policy.start_candidate` of it and ``config`` is the run's start program,
+    :meth:`Evaluator.evaluate` evaluates a program."""
+    evaluating = run_evaluator(config, lm, work, dataset_uri=dataset.uri)
+    try:
+        yield evaluating
     finally:
-        describe_run(None)  # what the call said of its run ends with it
+        evaluating.close()

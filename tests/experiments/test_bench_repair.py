@@ -49,7 +49,7 @@ class _FakeLM(SimpleNamespace):
 
 def test_the_witness_counts_only_proposer_requests_that_carry_the_clean_text():
     lm = _FakeLM()
-    with repair.Witness(lm, CLEAN) as witness:  # type: ignore[arg-type]
+    with repair.Witness(CLEAN).watching(lm) as witness:  # type: ignore[arg-type]
         lm.send(
             [{"role": "system", "content": f"  {CLEAN}\n"}]
         )  # a system call: the program may run anything
@@ -68,7 +68,7 @@ def test_the_witness_counts_only_proposer_requests_that_carry_the_clean_text():
 
 def test_an_append_sabotage_has_no_text_to_witness():
     lm = _FakeLM()
-    with repair.Witness(lm, None) as witness:  # type: ignore[arg-type]
+    with repair.Witness(None).watching(lm) as witness:  # type: ignore[arg-type]
         with prompt_site(PROPOSER_SITE):
             lm.send([{"role": "user", "content": CLEAN}])
     assert (witness.proposer_requests, witness.leaks) == (1, 0)
@@ -236,3 +236,80 @@ def test_report_only_writes_the_tables_again_and_keeps_the_provenance(tmp_path):
 def test_report_only_needs_an_earlier_report(tmp_path):
     with pytest.raises(SystemExit, match="give that report as --json"):
         repair.main(["--report-only", "--json", str(tmp_path / "none.json")])
+
+
+def test_a_loop_run_goes_through_the_session_with_the_witness_on_the_runs_lm(
+    tmp_path, monkeypatch
+):
+    """``Bench.run_loop`` runs a loop the way ``optloop.optimize`` does (``optloop.loop.session``,
+    scripted here): the request carries the config, the bench's LM settings and cache, its runs
+    folder; the witness watches the LM the run builds, and only while it runs."""
+    from contextlib import contextmanager
+
+    from optloop.lm import current_site
+    from optloop.loop import session
+    from optloop.loop.request import answer_settings
+
+    args = repair.build_parser().parse_args(
+        ["--cache", str(tmp_path / "cache.sqlite"), "--tracking-uri", "sqlite:///x.db"]
+    )
+    bench = repair.Bench(args, tmp_path)
+    config = bench.config("md_flat", run_name="repair-x", budget=2, optimizer="edit")
+    program = Candidate(sites={"answer": SiteState(instructions="x")})
+    lm = _FakeLM()
+    seen: list[tuple[object, str]] = []
+    stages: list[str] = []
+
+    class Run:
+        loop = SimpleNamespace(start=program)
+
+        def __init__(self, on_event):
+            self.lm, self.on_event = lm, on_event
+
+        def start(self):
+            self.on_event(session.Stage("evaluating baseline on train"))
+
+        def run(self):
+            assert len(lm.watchers) == 1
+            with prompt_site(PROPOSER_SITE):
+                for watch in lm.watchers:
+                    watch(current_site(), [{"role": "user", "content": CLEAN}])
+            return "result"
+
+        def checkpoint(self):
+            return "checkpoint"
+
+    @contextmanager
+    def opened(request, again, on_event):
+        seen.append((request, again))
+        yield Run(on_event)
+
+    monkeypatch.setattr(session, "opened", opened)
+    monkeypatch.setattr(
+        repair.console, "status", lambda name: _Status(stages)
+    )  # what the status line shows
+    witness = repair.Witness(CLEAN)
+    assert bench.run_loop(config, witness) == ("result", "checkpoint", program)
+    [(request, again)] = seen
+    assert request.config is config and request.proposer is None
+    assert request.lm.cache_path == tmp_path / "cache.sqlite"
+    assert request.options.run_name == "repair-x" and request.options.allow_small_splits
+    assert request.options.runs_dir == tmp_path / "runs"
+    assert again == repair.AGAIN
+    assert (witness.proposer_requests, witness.leaks) == (1, 1) and lm.watchers == []
+    assert stages == ["repair-x: evaluating baseline on train"]
+    assert config.lm_settings == answer_settings(bench.settings("md_flat"))  # as optimize's
+
+
+class _Status(SimpleNamespace):
+    def __init__(self, stages):
+        super().__init__(stages=stages)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return None
+
+    def update(self, text):
+        self.stages.append(text)

@@ -94,7 +94,7 @@ class ScriptedBench(repair.Bench):
         program = {**CLEAN, **champion}
         return program, list(CLEAN), _evaluation([1] * 8 + [0] * 2), _evaluation([1] * 3 + [0] * 7)
 
-    def run_loop(self, config):
+    def run_loop(self, config, witness=None):
         type(self).runs.append(config)
         base = _candidate(**config.start)
         if config.run_name.startswith("champion-"):
@@ -304,10 +304,10 @@ def test_screen_order_is_its_own_optimizer_row_and_the_evidence_order_is_restore
     seen: list[bool] = []
     run_loop = ScriptedBench.run_loop
 
-    def watching(self, config):
+    def watching(self, config, witness=None):
         if config.run_name.startswith("repair-"):
             seen.append(EditOptimizer.evidence)
-        return run_loop(self, config)
+        return run_loop(self, config, witness)
 
     monkeypatch.setattr(ScriptedBench, "run_loop", watching)
     report = _run(tmp_path, "--edit-order", "screen")
