@@ -39,23 +39,13 @@ def requests(monkeypatch) -> list[RunRequest]:
 
 
 @pytest.fixture
-def oracle(tmp_path, monkeypatch):
+def oracle(oracle_state, monkeypatch):
     """A loopback endpoint that needs no model, the state and MLflow store under ``tmp_path``, and
     ``Loop.run`` stubbed: it returns the config the run was built with."""
     from optloop.loop.runner import Loop
-    from optloop.testing.oracle import OracleEndpoint
 
-    for name, value in {
-        "OPTLOOP_HOME": tmp_path / "state",
-        "OPTLOOP_MLRUNS": tmp_path / "ml",
-        "OPTLOOP_EMBED": "openai:oracle",
-        "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'ml' / 'mlflow.db'}",
-    }.items():
-        monkeypatch.setenv(name, str(value))
     monkeypatch.setattr(Loop, "run", lambda self: self.config)
-    with OracleEndpoint() as endpoint:
-        monkeypatch.setenv("OPENAI_BASE_URL", endpoint.base_url)  # the embedder's
-        yield endpoint
+    return oracle_state
 
 
 def refuse_any_command_line(monkeypatch) -> None:

@@ -17,20 +17,9 @@ from optloop.loop.request import RunOptions, RunRequest, loop_config, run_lms
 
 
 @pytest.fixture
-def endpoint(tmp_path, monkeypatch):
+def endpoint(oracle_state):
     """A loopback endpoint that needs no model, the state and MLflow store under ``tmp_path``."""
-    from optloop.testing.oracle import OracleEndpoint
-
-    for name, value in {
-        "OPTLOOP_HOME": tmp_path / "state",
-        "OPTLOOP_MLRUNS": tmp_path / "ml",
-        "OPTLOOP_EMBED": "openai:oracle",
-        "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'ml' / 'mlflow.db'}",
-    }.items():
-        monkeypatch.setenv(name, str(value))
-    with OracleEndpoint() as oracle:
-        monkeypatch.setenv("OPENAI_BASE_URL", oracle.base_url)  # the embedder's
-        yield oracle
+    return oracle_state
 
 
 def test_the_default_runs_folder_is_the_state_dirs():
