@@ -835,15 +835,12 @@ def linked() -> list[str]:
             "On the default dataset, does the loop's written prompt beat mem0's own prompt and "
             "the trivial-instruction control on held-out questions, and what did the proposal "
             "gate refuse? `python -m experiments.bench.run_report` on the finished runs (edit "
-            "optimizer with written edits; GEPA; GEPA again once a round ends after refused "
-            "reflections and falls back to the writer)",
+            "optimizer with written edits; GEPA)",
             [
                 "mem0_qwen_edit.md",
                 "mem0_qwen_edit.json",
                 "mem0_qwen_gepa.md",
                 "mem0_qwen_gepa.json",
-                "mem0_qwen_gepa_fallback.md",
-                "mem0_qwen_gepa_fallback.json",
                 "gate_judgement.md",
             ],
         ),
