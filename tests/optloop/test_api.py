@@ -176,7 +176,7 @@ def test_bad_input_is_one_config_error_not_a_parser_exit(requests):
 
 
 def test_optimize_prints_nothing_while_the_command_shows_every_line_and_both_keep_run_log(
-    tmp_path, monkeypatch, capsys
+    oracle_state, tmp_path, monkeypatch, capsys
 ):
     """The same run (the loop stubbed: it says a stage, a line and a trial, then finishes) from
     the function and from the command: the function writes nothing to stdout or stderr and hands
@@ -186,7 +186,6 @@ def test_optimize_prints_nothing_while_the_command_shows_every_line_and_both_kee
     from optloop.loop.budget.eta import TrialLine
     from optloop.loop.runner import Loop
     from optloop.loop.session import Finished, Said, Stage, TrialDone
-    from optloop.testing.oracle import OracleEndpoint
     from tests.optloop.cli.test_run_tables import result
 
     def fake_run(self: Loop) -> Any:
@@ -195,49 +194,41 @@ def test_optimize_prints_nothing_while_the_command_shows_every_line_and_both_kee
         self.on_trial(TrialLine(trial=1, budget=1, accuracy=0.5, best=0.5, seconds=3))
         return result(4, 6, 5).model_copy(update={"config": self.config})
 
-    for name, value in {
-        "OPTLOOP_HOME": tmp_path / "state",
-        "OPTLOOP_MLRUNS": tmp_path / "ml",
-        "OPTLOOP_EMBED": "openai:oracle",
-        "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'ml' / 'mlflow.db'}",
-    }.items():
-        monkeypatch.setenv(name, str(value))
     monkeypatch.setattr(Loop, "run", fake_run)
     said = [
         "evaluating baseline on train (4 questions)",
         "the store was mended",
         "trial 1/1 dev 0.500 (best 0.500) 3 s",
     ]
-    with OracleEndpoint() as endpoint:
-        monkeypatch.setenv("OPENAI_BASE_URL", endpoint.base_url)
-        lm = {"lm": "openai:oracle", "lm_base_url": endpoint.base_url}
-        run = {"system": "rag_bm25", "budget": 1, "allow_small_splits": True, **lm}
-        capsys.readouterr()
-        optloop.optimize(run_name="quiet", **run)
-        assert capsys.readouterr() == ("", "")
-        events: list[Any] = []
-        optloop.optimize(run_name="heard", on_event=events.append, **run)
-        assert capsys.readouterr() == ("", "")
-        kinds = [type(e) for e in events]
-        assert kinds[0] is Said and kinds[-1] is Finished
-        assert {Stage, TrialDone} <= set(kinds)
-        assert [e.text for e in events if isinstance(e, Stage)] == [said[0]]
-        code = main(
-            [
-                "--system",
-                "rag_bm25",
-                "--budget",
-                "1",
-                "--allow-small-splits",
-                "--run-name",
-                "loud",
-                "--lm",
-                "openai:oracle",
-                "--lm-base-url",
-                endpoint.base_url,
-            ]
-        )
-        assert code == 0
+    endpoint = oracle_state
+    lm = {"lm": "openai:oracle", "lm_base_url": endpoint.base_url}
+    run = {"system": "rag_bm25", "budget": 1, "allow_small_splits": True, **lm}
+    capsys.readouterr()
+    optloop.optimize(run_name="quiet", **run)
+    assert capsys.readouterr() == ("", "")
+    events: list[Any] = []
+    optloop.optimize(run_name="heard", on_event=events.append, **run)
+    assert capsys.readouterr() == ("", "")
+    kinds = [type(e) for e in events]
+    assert kinds[0] is Said and kinds[-1] is Finished
+    assert {Stage, TrialDone} <= set(kinds)
+    assert [e.text for e in events if isinstance(e, Stage)] == [said[0]]
+    code = main(
+        [
+            "--system",
+            "rag_bm25",
+            "--budget",
+            "1",
+            "--allow-small-splits",
+            "--run-name",
+            "loud",
+            "--lm",
+            "openai:oracle",
+            "--lm-base-url",
+            endpoint.base_url,
+        ]
+    )
+    assert code == 0
     out, err = capsys.readouterr()
     assert out == ""
     for line in ["optloop.run loud: rag_bm25 on ", "dataset ", *said, "MLflow parent run p "]:
