@@ -8,6 +8,7 @@ docs/benchmarks.md.
 
 from __future__ import annotations
 
+import argparse
 import os
 import platform
 import shlex
@@ -84,9 +85,13 @@ def model_of(args: Any) -> str:
 
     settings = LMSettings.from_spec(getattr(args, "lm", None))
     if settings.backend == "openai":
-        return f"openai:{settings.model}"
-    return (
-        Path(settings.model).name
-        if settings.model
-        else f"{bundled_model_path().name} (embedded, llama.cpp)"
-    )
+        name = f"openai:{settings.model}"
+    else:
+        name = (
+            Path(settings.model).name
+            if settings.model
+            else f"{bundled_model_path().name} (embedded, llama.cpp)"
+        )
+    if proposer := getattr(args, "proposer_lm", None):
+        name += f"; {model_of(argparse.Namespace(lm=proposer))} writes"
+    return name

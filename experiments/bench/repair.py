@@ -207,20 +207,38 @@ class Bench:
         settings = lm_settings_from_args(self.args, get_system(system).local_decoding)
         return settings.model_copy(update={"cache_path": self.args.cache})
 
+    def proposer(self, system: str) -> LMSettings | None:
+        """The settings of ``--proposer-lm`` (the LM that writes the arms' new instructions) on the
+        system's decoding bounds and the bench's cache; None: the task model writes."""
+        if not self.args.proposer_lm:
+            return None
+        settings = LMSettings.from_spec(
+            self.args.proposer_lm, defaults=get_system(system).local_decoding
+        )
+        return settings.model_copy(update={"cache_path": self.args.cache})
+
+    def writer(self) -> str | None:
+        """The proposer's model as the tables name it, None without ``--proposer-lm``."""
+        spec = self.args.proposer_lm
+        return Path(spec.split(":", 1)[-1]).stem if spec else None
+
     def lm(self, system: str) -> OptloopLM:
         """One LM per system for the bite check (a loop run builds its own, on the same cache)."""
         if system not in self.lms:
             self.lms[system] = OptloopLM(self.settings(system))
         return self.lms[system]
 
-    def config(self, system: str, **fields: Any) -> LoopConfig:
+    def config(self, system: str, writer: bool = True, **fields: Any) -> LoopConfig:
         """A run's config as ``optloop.optimize`` builds it (:func:`loop_config`), on the system's
-        LM settings, the bench's MLflow store and ``--lm``."""
+        LM settings, the bench's MLflow store, ``--lm`` and (``writer``) ``--proposer-lm``."""
+        proposer = self.proposer(system) if writer else None
         return loop_config(
             self.settings(system),
+            proposer,
             system=system,
             tracking_uri=self.args.tracking_uri,
             lm=self.args.lm,
+            proposer_lm=self.args.proposer_lm if proposer else None,
             **fields,
         )
 
@@ -232,7 +250,8 @@ class Bench:
         run's LM."""
         name = config.run_name
         options = RunOptions(run_name=name, allow_small_splits=True, runs_dir=self.tmp / "runs")
-        request = RunRequest(config, self.settings(config.system), None, options)
+        proposer = self.proposer(config.system) if config.proposer_lm != "same" else None
+        request = RunRequest(config, self.settings(config.system), proposer, options)
         with console.status(name) as status:
 
             def said(event: session.RunEvent) -> None:
@@ -240,7 +259,12 @@ class Bench:
                     status.update(f"{name}: {event.text}")
 
             with session.opened(request, AGAIN, said) as run:
-                with witness.watching(run.lm) if witness else nullcontext():
+                with (
+                    witness.watching(run.lm) if witness else nullcontext(),
+                    witness.watching(run.proposer)
+                    if witness and run.proposer is not run.lm
+                    else nullcontext(),
+                ):
                     run.start()
                     result = run.run()
         assert run.loop.start is not None
@@ -282,6 +306,7 @@ class Bench:
                 sabotage.system,
                 dataset=sabotage.dataset,
                 budget=self.args.champion_budget,
+                writer=False,  # every arm, with a writer or without, mends the same champion
                 optimizer="edit",
                 seed=0,
                 run_name=f"champion-{sabotage.system}-{digest}-r{n}",
@@ -416,7 +441,8 @@ class Bench:
         sites = None
         if arm == "random":
             sites = [random.Random(f"{sabotage.name}/{seed}").choice(bite["_sites"])]
-        name = f"repair-{sabotage.name}-{arm}-{optimizer}-s{seed}"
+        writer = self.writer()
+        name = f"repair-{sabotage.name}-{arm}-{optimizer}{'-' + writer if writer else ''}-s{seed}"
         config = self.config(
             sabotage.system,
             dataset=sabotage.dataset,
@@ -451,6 +477,7 @@ class Bench:
             "site": sabotage.site,
             "mode": sabotage.mode,
             "optimizer": optimizer,
+            **({"writer": writer} if writer else {}),
             "arm": arm,
             "seed": seed,
             "optimized": result.tunable_sites,
@@ -500,9 +527,10 @@ def _tried_before_best(ckpt: Checkpoint, best_trial: int) -> int | None:
 
 def label(case: Mapping[str, Any]) -> str:
     """The optimizer as the tables name it: ``edit (screen order)`` for the edit optimizer with
-    the evidence order off."""
+    the evidence order off; ``edit, <model> writes`` when ``--proposer-lm`` wrote the new text."""
     order = case.get("edit_order")
-    return f"{case['optimizer']} (screen order)" if order == "screen" else case["optimizer"]
+    name = f"{case['optimizer']} (screen order)" if order == "screen" else case["optimizer"]
+    return f"{name}, {case['writer']} writes" if case.get("writer") else name
 
 
 def run_key(case: Mapping[str, Any]) -> tuple[Any, ...]:
@@ -967,6 +995,13 @@ def build_parser() -> argparse.ArgumentParser:
         "evidence was read); default evidence",
     )
     parser.add_argument(
+        "--proposer-lm",
+        metavar="SPEC",
+        help="the LM that writes the arms' new instructions (as optloop.run's --proposer-lm, e.g. "
+        "local:qwen2.5-coder-1.5b); its rows are labelled '<optimizer>, <model> writes' and the "
+        "champion stays the one found without it; default: the task model writes",
+    )
+    parser.add_argument(
         "--resume",
         action="store_true",
         help="keep the runs the --json report holds and run only the others (the same LM "
@@ -1112,6 +1147,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                             "case": sabotage.name,
                             "optimizer": optimizer,
                             "edit_order": args.edit_order if optimizer == "edit" else None,
+                            "writer": bench.writer(),
                             "arm": arm,
                             "seed": seed,
                         }

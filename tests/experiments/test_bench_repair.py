@@ -265,6 +265,7 @@ def test_a_loop_run_goes_through_the_session_with_the_witness_on_the_runs_lm(
 
         def __init__(self, on_event):
             self.lm, self.on_event = lm, on_event
+            self.proposer = lm  # no LM of its own: the run's LM writes
 
         def start(self):
             self.on_event(session.Stage("evaluating baseline on train"))

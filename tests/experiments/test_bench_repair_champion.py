@@ -335,3 +335,36 @@ def test_resume_runs_only_what_the_report_lacks(bench, tmp_path):
     assert second["cases"][:2] == first["cases"]
     with pytest.raises(SystemExit, match="--json"):
         repair.main(["--resume", "--cases", UNKNOWN.name])
+
+
+def test_a_writer_makes_rows_of_its_own_and_the_champion_is_found_without_it(bench, tmp_path):
+    """``--proposer-lm``: every arm's run writes with that LM, the champion's runs do not (so
+    rows with and without a writer mend the same program), and the rows are labelled with the
+    writer, so ``--resume`` without it does not take them for its own."""
+    writer = "local:/models/writer-1.5b.gguf"
+    report = _run(tmp_path, "--arms", "targeted", "--proposer-lm", writer)
+    champion = [c for c in bench.runs if c.run_name.startswith("champion-")]
+    arms = [c for c in bench.runs if c.run_name.startswith("repair-")]
+    assert champion and all(c.proposer_lm == "same" for c in champion)
+    assert arms and all(c.proposer_lm == writer for c in arms)
+    assert all("-edit-writer-1.5b-" in c.run_name for c in arms)
+    assert {c["writer"] for c in report["cases"]} == {"writer-1.5b"}
+    assert {r["optimizer"] for r in report["aggregate"]} == {"edit, writer-1.5b writes"}
+    assert report["provenance"]["model"].endswith("; writer-1.5b.gguf writes")
+    md = (tmp_path / "repair_champion.md").read_text()
+    assert "| edit, writer-1.5b writes | targeted |" in md
+    bench.runs = []
+    again = _run(tmp_path, "--arms", "targeted", "--resume")
+    assert [c.run_name for c in bench.runs if c.run_name.startswith("repair-")]  # ran again
+    assert len(again["cases"]) == 2 * len(report["cases"])
+
+
+def test_the_writer_settings_keep_the_bench_cache(tmp_path):
+    args = repair.build_parser().parse_args(
+        ["--cache", str(tmp_path / "c.sqlite"), "--proposer-lm", "local:/m/w.gguf"]
+    )
+    bench = repair.Bench(args, tmp_path)
+    proposer = bench.proposer("rag_bm25")
+    assert proposer is not None and proposer.cache_path == tmp_path / "c.sqlite"
+    assert bench.writer() == "w"
+    assert repair.Bench(repair.build_parser().parse_args([]), tmp_path).proposer("md_flat") is None
