@@ -26,7 +26,8 @@ reason, when it is
     remember ...), or it asks the reader for input ("Please provide the task details", "Ask the
     user for their question") instead of telling the model what to do, or it talks about the
     prompt and its failures instead of to the model ("The model should be programmed to ...",
-    "so that the step no longer fails as in the cases where ...").
+    "so that the step no longer fails as in the cases where ...", "If the extraction process
+    fails, you need to fix the extraction prompt").
 
 The judgement of "asks for the site's job" is by words, on purpose: it is cheap, the same on every
 run, and a reader can check each refusal. It tells an instruction for the site from a text about
@@ -75,7 +76,9 @@ _REQUEST = re.compile(
 # should be programmed to ...", "This will ensure that the step no longer fails as in the cases".
 _META = re.compile(
     r"\bbe programmed\b|\bthe step\b|\bthis step\b|\bthe failures?\b"
-    r"|\bthe cases? (?:above|below|where)\b|\bno longer fails?\b",
+    r"|\bthe cases? (?:above|below|where)\b|\bno longer fails?\b"
+    r"|\b(?:fix|change|edit|rewrite|improve|update|adjust|modify)\s+(?:the|this|your)\s+"
+    r"(?:\w+\s+)?(?:prompt|instructions?)\b",
     re.IGNORECASE,
 )
 

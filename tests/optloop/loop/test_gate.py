@@ -142,7 +142,26 @@ def test_an_instruction_that_names_an_answer_of_the_failures_shown_is_an_echo(ga
         "Ask the user for their question from the memories retrieved for it.",
         "The model should be programmed to answer questions from the memories retrieved for it.",
         "Keep every fact, because the step lost some before.",
+        "If the extraction process fails, you need to fix the extraction prompt to ensure that "
+        "the fact is kept.",
+        "Then rewrite this prompt so that it keeps more facts.",
     ],
 )
 def test_text_about_the_prompt_or_asking_the_user_is_off_task_even_as_a_sentence(gate, text):
     assert gate.judge(ANSWER, text, whole=False)[0] is Reason.OFF_TASK
+
+
+def test_a_whole_instruction_that_tells_the_reader_to_fix_the_prompt_is_off_task(gate):
+    """A proposal of a GEPA run on mem0 that passed before the rule: an extraction instruction
+    whose last sentence is addressed to whoever maintains the prompt, not to the model."""
+    text = (
+        "To extract memories from the new messages of a conversation, you need to specify the "
+        "session in which the memories were stored and the fact to extract. The memory should be "
+        "stored in a specific memory unit, and the extraction process should return the "
+        "extracted fact. If the extraction process fails, you need to fix the extraction prompt "
+        "to ensure that the fact is kept."
+    )
+    reason, detail = gate.judge(MEM0_EXTRACT, text)
+    assert reason is Reason.OFF_TASK and "fix the extraction prompt" in detail
+    fine = "Extract the facts about the user from the messages; follow the format instructions."
+    assert gate.judge(MEM0_EXTRACT, fine)[0] is None
