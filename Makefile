@@ -19,10 +19,10 @@ MLRUNS ?= $(if $(OPTLOOP_MLRUNS),$(OPTLOOP_MLRUNS),mlruns)
 SYSTEM_PKGS_PG := postgresql
 SYSTEM_PKGS_BROWSER := chromium fonts-dejavu-core
 
-.PHONY: setup system-deps models demo demo-repair test test-unit test-all lint format bench ui clean-state help
+.PHONY: setup system-deps models demo demo-mem0 demo-repair test test-unit test-all lint format bench ui clean-state help
 
 help:  ## list the targets
-	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/'
+	@grep -E '^[a-z0-9-]+:.*##' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/'
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -64,6 +64,11 @@ DEMO_RUN := --system rag_bm25 --query-rewrite --dataset "synthetic:recall?seed=0
 demo: setup  ## set up, then run the main job (the closed loop) on the embedded default
 	$(PY) -m optloop.doctor
 	$(PY) -m optloop.run $(DEMO_RUN) --optimizer edit --budget 3
+
+# The loop writing a real memory system's prompt: mem0 on the same data, Qwen2.5-Coder-0.5B answering and the 1.5B
+# writing new instructions (the edit optimizer's written edits). About 35 minutes on 2 cores (docs/models.md).
+demo-mem0: setup  ## the loop rewriting mem0's blamed extraction prompt (Qwen 0.5B answers, 1.5B writes; ~35 min)
+	$(PY) -m optloop.run --system mem0 --lm local:qwen2.5-coder-0.5b --proposer-lm local:qwen2.5-coder-1.5b --budget 10
 
 demo-repair: setup  ## one repair case end to end: sabotage planted, blamed, mended, exported, diff printed
 	$(PY) -m optloop.demo_repair --case recall-answer-unknown-prepend
