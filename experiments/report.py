@@ -147,6 +147,8 @@ def _repair_bites(data: Json) -> str:
 
 
 def _repair_arms(data: Json) -> str:
+    from experiments.bench.repair import label
+
     removed = any("sabotage_removed" in c for c in data["cases"])
     return table(
         [
@@ -167,7 +169,7 @@ def _repair_arms(data: Json) -> str:
         [
             [
                 c["case"],
-                c["optimizer"],
+                label(c),
                 c["arm"],
                 c["seed"],
                 c["n_test"],
@@ -345,6 +347,39 @@ def _simba_wellformed(before: Json) -> list[str]:
     ]
 
 
+WRITER = "repair_champion_writer.json"
+
+
+def _repair_writer(before: Json) -> list[str]:
+    """The champion's cases mended with a writer (``--proposer-lm``), and the aggregate of those
+    cases beside the rows of ``repair_champion.json`` (edit and SIMBA, no writer) on the same
+    cases."""
+    writer = load(WRITER)
+    if writer is None:
+        return []
+    from experiments.bench.repair import summarize
+
+    cases = {c["case"] for c in writer["cases"]}
+    merged = summarize(
+        {**writer, "cases": [c for c in before["cases"] if c["case"] in cases] + writer["cases"]}
+    )
+    return [
+        "### The same cases with a model that writes",
+        "The champion's biting cases, with SmolLM2 answering as above and Qwen2.5-Coder-1.5B "
+        "writing the edit optimizer's new text (`--proposer-lm`: a short instruction for a "
+        "blamed site, a sentence added or rewritten), on the same champion, seeds and budget; "
+        "first run. The aggregate puts these rows beside the rows above without a writer, on "
+        "the same cases. Every run: [`repair_champion_writer.md`]"
+        "(../experiments/results/repair_champion_writer.md).",
+        provenance(writer, WRITER),
+        _repair_bites(writer),
+        _repair_arms(writer),
+        *[f"**Unfinished.** {u}." for u in writer.get("unfinished", [])],
+        _repair_aggregate(merged),
+        *_repair_by_planting(merged),
+    ]
+
+
 def repair() -> list[str]:
     out = [
         "## The repair benchmark: does the loop mend a prompt that was made worse?",
@@ -406,6 +441,7 @@ def repair() -> list[str]:
             out.append("\n".join(f"- {t}" for t in data["targets"]))
         out += _repair_by_planting(data)
         out += _simba_wellformed(data)
+        out += _repair_writer(data)
     rate = [d for d in (load(f"repair_rate_s{k}.json") for k in range(3)) if d is not None]
     if rate:
         out += [

@@ -54,6 +54,19 @@ def log_lines(run_log: Path) -> list[tuple[datetime, str]]:
     return out
 
 
+def process_spans(lines: list[tuple[datetime, str]]) -> list[tuple[datetime, datetime]]:
+    """The first and last time of each process that worked on the run: a resumed run's log has
+    a ``optloop.run resuming ...`` line where each later process starts, and the time the run
+    stood stopped between two processes is in none of the spans."""
+    spans: list[list[datetime]] = []
+    for t, text in lines:
+        if not spans or text.startswith("optloop.run resuming"):
+            spans.append([t, t])
+        else:
+            spans[-1][1] = t
+    return [(a, b) for a, b in spans]
+
+
 def accuracy(evaluation: Evaluation | None, *, dev: bool = False) -> str:
     """The share of questions passed (as the loop counts them), with its 95% CI and n: a dev
     figure's CI as the run printed it (:func:`~optloop.loop.control.dev_interval`, from the count
@@ -102,6 +115,7 @@ def report(
         raise SystemExit(f"{run_dir}: the run has not finished (no held-out test yet)")
     lines = log_lines(run_dir / "run.log")
     started, ended = lines[0][0], lines[-1][0]
+    spans = process_spans(lines)
     stages = [
         {"at_s": int((t - started).total_seconds()), "line": text}
         for t, text in lines
@@ -168,7 +182,11 @@ def report(
         "projection_printed": etas,
         "trial_lines": [line.strip() for line in printed if re.search(r"trial \d+/\d+ dev", line)],
         "stages": stages,
-        "wall_s": int((ended - started).total_seconds()),
+        "wall_s": int(sum((b - a).total_seconds() for a, b in spans)),
+        "processes": len(spans),
+        "stopped_s": int(
+            (ended - started).total_seconds() - sum((b - a).total_seconds() for a, b in spans)
+        ),
         "cost": ckpt.total_cost(),
         "control": control,
         "best_trial": best.trial if best is not None else None,
@@ -273,6 +291,18 @@ def blame_table(evaluations: list[Evaluation]) -> list[dict[str, Any]]:
     ]
 
 
+def _wall(data: dict[str, Any]) -> str:
+    """The run's wall time, and over how many processes when it was stopped and resumed (the time
+    it stood stopped left out)."""
+    wall = f"{data['wall_s'] / 60:.0f} min"
+    if data.get("processes", 1) > 1:
+        wall += (
+            f" over {data['processes']} processes (not counting the "
+            f"{data['stopped_s'] / 60:.0f} min it stood stopped between them)"
+        )
+    return wall
+
+
 def to_markdown(data: dict[str, Any]) -> str:
     d = data["delta"]
     changed = _verdict(d)
@@ -299,7 +329,7 @@ def to_markdown(data: dict[str, Any]) -> str:
                     "held-out delta [95% CI]",
                     f"{_ci(d, signed=True)} ({changed})",
                 ],
-                ["wall time", f"{data['wall_s'] / 60:.0f} min"],
+                ["wall time", _wall(data)],
                 [
                     "LLM calls",
                     f"{data['cost'].get('llm_calls', 0):.0f} "

@@ -143,3 +143,20 @@ def test_only_the_prompts_the_best_changed_are_shown_with_their_diff(tmp_path):
     assert "-Answer briefly.\n+A.\n" in changed["best_diffs"]["answer"]
     assert system_of("python -m optloop.run --system 'mem0' --budget 4") == "mem0"
     assert system_of("python -m optloop.run --budget 4") is None
+
+
+def test_the_wall_time_of_a_resumed_run_leaves_out_the_time_it_stood_stopped(tmp_path):
+    run = finished_run(tmp_path)
+    (run / "run.log").write_text(
+        "2026-11-26 10:00:00 optloop.run x: mem0 on d, gepa, budget 3 (a new run: ...)\n"
+        "2026-11-26 10:10:00 trial 1/3 dev 0.500 (best 0.500) 30 s, ETA 5 min\n"
+        "2026-11-26 12:00:00 optloop.run resuming x, the latest unfinished run of these settings\n"
+        "2026-11-26 12:05:00 evaluating baseline on test (4 questions)\n"
+        "2026-11-26 12:06:00 optloop.run x: mem0 on d, gepa, budget 3\n"
+    )
+    data = report(run, None)
+    assert (data["wall_s"], data["processes"], data["stopped_s"]) == (960, 2, 6600)
+    assert [s["at_s"] for s in data["stages"]] == [7500]  # stages count from the run's start
+    from experiments.bench.run_report import _wall
+
+    assert _wall(data).startswith("16 min over 2 processes (not counting the 110 min it stood")
