@@ -877,6 +877,8 @@ def linked() -> list[str]:
                 "mem0_qwen_edit.json",
                 "mem0_qwen_gepa.md",
                 "mem0_qwen_gepa.json",
+                "mem0_qwen_gepa_fallback.md",
+                "mem0_qwen_gepa_fallback.json",
                 "gate_judgement.md",
             ],
         ),
