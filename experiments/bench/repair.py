@@ -220,7 +220,10 @@ class Bench:
     def writer(self) -> str | None:
         """The proposer's model as the tables name it, None without ``--proposer-lm``."""
         spec = self.args.proposer_lm
-        return Path(spec.split(":", 1)[-1]).stem if spec else None
+        if not spec:
+            return None
+        name = Path(spec.split(":", 1)[-1]).name  # a short spec's name holds dots: 1.5b
+        return name.removesuffix(".gguf")
 
     def lm(self, system: str) -> OptloopLM:
         """One LM per system for the bite check (a loop run builds its own, on the same cache)."""

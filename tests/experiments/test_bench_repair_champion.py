@@ -367,4 +367,6 @@ def test_the_writer_settings_keep_the_bench_cache(tmp_path):
     proposer = bench.proposer("rag_bm25")
     assert proposer is not None and proposer.cache_path == tmp_path / "c.sqlite"
     assert bench.writer() == "w"
+    args.proposer_lm = "local:qwen2.5-coder-1.5b"  # a short spec, dots and all
+    assert bench.writer() == "qwen2.5-coder-1.5b"
     assert repair.Bench(repair.build_parser().parse_args([]), tmp_path).proposer("md_flat") is None
