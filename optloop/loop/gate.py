@@ -27,7 +27,8 @@ reason, when it is
     user for their question") instead of telling the model what to do, or it talks about the
     prompt and its failures instead of to the model ("The model should be programmed to ...",
     "so that the step no longer fails as in the cases where ...", "If the extraction process
-    fails, you need to fix the extraction prompt").
+    fails, you need to fix the extraction prompt", "The instruction should be general and not
+    focus on specific facts").
 
 The judgement of "asks for the site's job" is by words, on purpose: it is cheap, the same on every
 run, and a reader can check each refusal. It tells an instruction for the site from a text about
@@ -78,7 +79,11 @@ _META = re.compile(
     r"\bbe programmed\b|\bthe step\b|\bthis step\b|\bthe failures?\b"
     r"|\bthe cases? (?:above|below|where)\b|\bno longer fails?\b"
     r"|\b(?:fix|change|edit|rewrite|improve|update|adjust|modify)\s+(?:the|this|your)\s+"
-    r"(?:\w+\s+)?(?:prompt|instructions?)\b",
+    r"(?:\w+\s+)?(?:prompt|instructions?)\b"
+    # the writer's own rules restated: "The instruction should be general ... should not
+    # mention functions, sessions, fields, or code."
+    r"|\bthe (?:new )?instructions? (?:should|must|needs? to|will)\b"
+    r"|\bmention(?:s|ing)? functions\b|\bdescribes? the output format\b",
     re.IGNORECASE,
 )
 

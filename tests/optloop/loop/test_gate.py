@@ -165,3 +165,19 @@ def test_a_whole_instruction_that_tells_the_reader_to_fix_the_prompt_is_off_task
     assert reason is Reason.OFF_TASK and "fix the extraction prompt" in detail
     fine = "Extract the facts about the user from the messages; follow the format instructions."
     assert gate.judge(MEM0_EXTRACT, fine)[0] is None
+
+
+def test_an_instruction_that_restates_the_writers_rules_is_off_task(gate):
+    """A written instruction that won a repair run before the rule: one sentence for the model,
+    then the writer's own rules about the instruction, paraphrased (so few 5-grams match)."""
+    text = (
+        "The model should answer the user's question from the memories retrieved for it. The "
+        "instruction should be general and not focus on specific facts, values, or topics. The "
+        "instruction should not mention functions, sessions, fields, or code. The instruction "
+        "should not describe the output format."
+    )
+    reason, detail = gate.judge(ANSWER, text)
+    assert reason is Reason.OFF_TASK and "the instruction should" in detail.lower()
+    assert (
+        gate.judge(ANSWER, "Answer from the memories. Follow the instructions below.")[0] is None
+    )
