@@ -377,6 +377,53 @@ def _repair_writer(before: Json) -> list[str]:
         *[f"**Unfinished.** {u}." for u in writer.get("unfinished", [])],
         _repair_aggregate(merged),
         *_repair_by_planting(merged),
+        *_repair_writer_first_start(),
+    ]
+
+
+FIRST_START = "repair_champion_writer_first_start.json"
+
+
+def _repair_writer_first_start() -> list[str]:
+    """The targeted runs of the first start of the writer's table, stopped when one of its
+    winning texts turned out to restate the writer's own rules, each winner judged again by the
+    gate as it is now."""
+    first = load(FIRST_START)
+    if first is None:
+        return []
+    from optloop.loop.gate import ProposalGate
+
+    gate = ProposalGate()
+
+    def now(case: Json) -> str:
+        if not case["changed"]:
+            return "- (nothing changed)"
+        reason, detail = gate.judge(case["site"], case["after_instruction"])
+        return "passed" if reason is None else f"{reason.value}: {detail}"
+
+    return [
+        "The first start of this table (its first five targeted runs, then stopped): the "
+        "winner of `recall-answer-echo` seed 1 was the writer's instruction followed by the "
+        "writer's own rules about the instruction, reworded (\"The instruction should be general "
+        '... should not mention functions, sessions, fields, or code."), which the gate of the '
+        "time passed. The gate now refuses such text, and the table above was run again from "
+        "the start on that gate. Those five runs, with what the gate now says of each winner:",
+        provenance(first, FIRST_START),
+        table(
+            ["case", "seed", "sabotaged", "after", "sabotage removed", "winner", "gate now"],
+            [
+                [
+                    c["case"],
+                    c["seed"],
+                    f"{c['sabotaged']:.2f}",
+                    f"{c['after']:.2f}",
+                    _yes_no(c.get("sabotage_removed")),
+                    c["after_instruction"][:160],
+                    now(c),
+                ]
+                for c in first["cases"]
+            ],
+        ),
     ]
 
 

@@ -19,7 +19,8 @@ reason, when it is
     in the template the proposer was given (GEPA's reflection template, optloop's own proposer
     signatures) or in the failures it was shown ("I provided an assistant with instructions to
     perform a task for me ..."); or it names an answer of those failures ("... the user was born
-    in Pamholm"): fitted to the cases shown, not written for the site;
+    in Pamholm"), or quotes a phrase of them ('Search for "locker number"'): fitted to the cases
+    shown, not written for the site;
 ``off_task``
     not an instruction for the site's job: it names none of the job's words
     (:mod:`optloop.loop.jobs`: an extraction instruction says extract, memory, fact, store,
@@ -86,6 +87,23 @@ _META = re.compile(
     r"|\bmention(?:s|ing)? functions\b|\bdescribes? the output format\b",
     re.IGNORECASE,
 )
+
+
+# A phrase in quotes: an instruction that quotes the failures it was shown ('Search for "locker
+# number"') is fitted to those cases, not written for the site.
+_QUOTED = re.compile(r"[\"\u201c]([^\"\u201d]{3,80})[\"\u201d]")
+
+
+def _quoted_from(text: str, shown: str) -> str | None:
+    """A phrase of two words or more that ``text`` quotes from ``shown``, else None."""
+    if not shown:
+        return None
+    folded = " ".join(shown.lower().split())
+    for m in _QUOTED.finditer(text):
+        phrase = " ".join(m.group(1).lower().split())
+        if len(phrase.split()) >= 2 and phrase in folded:
+            return m.group(1)
+    return None
 
 
 class Reason(StrEnum):
@@ -200,6 +218,8 @@ class ProposalGate:
         for value in values:
             if len(value) >= 3 and re.search(rf"\b{re.escape(value)}\b", text, re.IGNORECASE):
                 return Reason.ECHO, f"it names {value!r}, an answer of the failures it was shown"
+        if quoted := _quoted_from(text, shown):
+            return Reason.ECHO, f"it quotes {quoted!r} from the failures it was shown"
         grams = _ngrams(text)
         if grams:
             seen = grams & (self.template_grams() | (_ngrams(shown) if shown else set()))

@@ -6,7 +6,7 @@ import pytest
 
 from optloop.loop.gate import ProposalGate, Reason, active, current_gate, refusals, verdicts
 from optloop.loop.jobs import asks_for, site_job
-from optloop.sites import ANSWER, MEM0_EXTRACT
+from optloop.sites import ANSWER, MEM0_EXTRACT, QUERY_REWRITE
 
 # What a 1.5B reflection model wrote as mem0's extraction instruction when handed GEPA's reflection
 # template over mem0's own prompt: its own template echoed back, and a request for input.
@@ -181,3 +181,13 @@ def test_an_instruction_that_restates_the_writers_rules_is_off_task(gate):
     assert (
         gate.judge(ANSWER, "Answer from the memories. Follow the instructions below.")[0] is None
     )
+
+
+def test_an_instruction_that_quotes_the_failures_shown_is_an_echo(gate):
+    shown = "- RetrievalError: the question asked for the user's locker number; nothing found"
+    text = 'Reply with the single word nothing. Search for "locker number" in the memory store.'
+    reason, detail = gate.judge(QUERY_REWRITE, text, shown=shown, whole=False)
+    assert reason is Reason.ECHO and "locker number" in detail
+    # one quoted word, or a phrase the failures do not hold, is not fitted to them
+    for fine in ('Keep the "name" of the thing asked about.', 'Never reply "I do not know" here.'):
+        assert gate.judge(QUERY_REWRITE, fine, shown=shown, whole=False)[0] is None
