@@ -377,6 +377,11 @@ def _repair_writer(before: Json) -> list[str]:
         *[f"**Unfinished.** {u}." for u in writer.get("unfinished", [])],
         _repair_aggregate(merged),
         *_repair_by_planting(merged),
+        "Each run's text at the sabotaged site after the loop (cut at 160 characters), and what "
+        "the proposal gate says of it now (`gate now`; a later rule may refuse a text the gate "
+        "of the run passed; judged without the failures the writer was shown, so a quote of "
+        "them is not caught here):",
+        _winners(writer["cases"]),
         *_repair_writer_first_start(),
     ]
 
@@ -391,16 +396,6 @@ def _repair_writer_first_start() -> list[str]:
     first = load(FIRST_START)
     if first is None:
         return []
-    from optloop.loop.gate import ProposalGate
-
-    gate = ProposalGate()
-
-    def now(case: Json) -> str:
-        if not case["changed"]:
-            return "- (nothing changed)"
-        reason, detail = gate.judge(case["site"], case["after_instruction"])
-        return "passed" if reason is None else f"{reason.value}: {detail}"
-
     return [
         "The first start of this table (its first five targeted runs, then stopped): the "
         "winner of `recall-answer-echo` seed 1 was the writer's instruction followed by the "
@@ -409,22 +404,52 @@ def _repair_writer_first_start() -> list[str]:
         "time passed. The gate now refuses such text, and the table above was run again from "
         "the start on that gate. Those five runs, with what the gate now says of each winner:",
         provenance(first, FIRST_START),
-        table(
-            ["case", "seed", "sabotaged", "after", "sabotage removed", "winner", "gate now"],
-            [
-                [
-                    c["case"],
-                    c["seed"],
-                    f"{c['sabotaged']:.2f}",
-                    f"{c['after']:.2f}",
-                    _yes_no(c.get("sabotage_removed")),
-                    c["after_instruction"][:160],
-                    now(c),
-                ]
-                for c in first["cases"]
-            ],
-        ),
+        _winners(first["cases"]),
     ]
+
+
+def _winners(cases: list[Json]) -> str:
+    """Each run's winning text at the sabotaged site and what the proposal gate, as it is now,
+    says of it: a run whose winner the gate would now refuse gained with a text nobody would
+    ship."""
+    from experiments.bench.repair import label
+    from optloop.loop.gate import ProposalGate
+
+    gate = ProposalGate()
+
+    def now(case: Json) -> str:
+        if case["site"] not in case["changed"]:
+            return "- (unchanged)"
+        reason, detail = gate.judge(case["site"], case["after_instruction"])
+        return "passed" if reason is None else f"{reason.value}: {detail}"
+
+    return table(
+        [
+            "case",
+            "optimizer",
+            "arm",
+            "seed",
+            "sabotaged",
+            "after",
+            "removed",
+            "winner",
+            "gate now",
+        ],
+        [
+            [
+                c["case"],
+                label(c),
+                c["arm"],
+                c["seed"],
+                f"{c['sabotaged']:.2f}",
+                f"{c['after']:.2f}",
+                _yes_no(c.get("sabotage_removed")),
+                c["after_instruction"][:160],
+                now(c),
+            ]
+            for c in cases
+        ],
+    )
 
 
 def repair() -> list[str]:
