@@ -71,7 +71,9 @@ _REQUEST = re.compile(
     r"\bplease\s+(?:provide|share|send|paste|specify|give|tell)\b"
     r"|\b(?:provide|share|send|give|tell)\s+(?:me|us)\b"
     r"|\b(?:could|can|would)\s+you\s+(?:please\s+)?(?:provide|share|send|give|tell)\b"
-    r"|\bask the user for\b",
+    r"|\bask the user for\b"
+    # a chat closer offered to the reader: "If you have any questions, feel free to ask."
+    r"|\bfeel free to (?:ask|reach out|contact)\b",
     re.IGNORECASE,
 )
 # Text about the prompt or the optimization rather than an instruction to the model: "The model

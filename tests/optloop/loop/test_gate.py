@@ -145,6 +145,7 @@ def test_an_instruction_that_names_an_answer_of_the_failures_shown_is_an_echo(ga
         "If the extraction process fails, you need to fix the extraction prompt to ensure that "
         "the fact is kept.",
         "Then rewrite this prompt so that it keeps more facts.",
+        "If you have any questions, feel free to ask.",
     ],
 )
 def test_text_about_the_prompt_or_asking_the_user_is_off_task_even_as_a_sentence(gate, text):
