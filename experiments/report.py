@@ -951,6 +951,8 @@ def linked() -> list[str]:
                 "mem0_qwen_gepa.json",
                 "mem0_qwen_gepa_fallback.md",
                 "mem0_qwen_gepa_fallback.json",
+                "mem0_qwen_gepa_gate.md",
+                "mem0_qwen_gepa_gate.json",
                 "gate_judgement.md",
             ],
         ),
