@@ -382,7 +382,29 @@ def _repair_writer(before: Json) -> list[str]:
         "of the run passed; judged without the failures the writer was shown, so a quote of "
         "them is not caught here):",
         _winners(writer["cases"]),
+        *_repair_writer_budget(),
         *_repair_writer_first_start(),
+    ]
+
+
+WRITER_BUDGET = "repair_champion_writer_budget6.json"
+
+
+def _repair_writer_budget() -> list[str]:
+    """The two replaced-instruction cases again, targeted, at a budget that reaches the written
+    edits: at budget 3 the edit optimizer spends its trials on the deletions the failures support
+    first."""
+    data = load(WRITER_BUDGET)
+    if data is None:
+        return []
+    return [
+        "At budget 3 the edit optimizer's three trials go to the deletions the failures support "
+        "(and the deletion of all), which cannot mend a replaced instruction; the writer's texts "
+        "come after them. The two replaced-instruction cases again, targeted, at budget "
+        f"{data['budget']}:",
+        provenance(data, WRITER_BUDGET),
+        _repair_arms(data),
+        _winners(data["cases"]),
     ]
 
 
