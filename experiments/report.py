@@ -466,7 +466,7 @@ def _winners(cases: list[Json]) -> str:
                 f"{c['sabotaged']:.2f}",
                 f"{c['after']:.2f}",
                 _yes_no(c.get("sabotage_removed")),
-                c["after_instruction"][:160],
+                " ".join(c["after_instruction"].split())[:160],
                 now(c),
             ]
             for c in cases
