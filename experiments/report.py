@@ -985,7 +985,7 @@ def linked() -> list[str]:
             "(memories stored, recall@5, same sessions)? "
             "`python -m experiments.bench.mem0_vanilla "
             "--extract-prompt`",
-            ["mem0_qwen_exported.md", "mem0_qwen_exported.json"],
+            ["mem0_qwen_exported.md", "mem0_qwen_exported.json", "mem0_qwen_vanilla.json"],
         ),
         (
             "LoCoMo at this machine's size: what one evaluation costs",
