@@ -100,7 +100,7 @@ from rich.console import Console
 from rich.table import Table
 
 from experiments.provenance import model_of, stamped
-from optloop.cli.command import CommandParser, lm_settings_from_args, parse_command, run_cli
+from optloop.cli.command import CommandParser, lm_overrides, parse_command, run_cli
 from optloop.datasets import load_dataset
 from optloop.faults.model import InstructionFault
 from optloop.faults.sabotages import (
@@ -118,11 +118,10 @@ from optloop.loop.evaluate import Evaluation
 from optloop.loop.optimizers.base import PROPOSER_SITE
 from optloop.loop.optimizers.edit import EditOptimizer
 from optloop.loop.policy import start_candidate
-from optloop.loop.request import RunOptions, RunRequest, loop_config
+from optloop.loop.request import RunOptions, RunRequest, loop_config, run_lms
 from optloop.loop.state import Checkpoint, LoopResult
 from optloop.paths import state_dir, write_atomic
 from optloop.stats import Interval, bootstrap_mean, paired_bootstrap_delta, recovered_share
-from systems import get_system
 
 logger = logging.getLogger(__name__)
 console = Console(width=None if sys.stdout.isatty() else 200)
@@ -201,21 +200,24 @@ class Bench:
         self.lms: dict[str, OptloopLM] = {}
         self.champions: dict[str, dict[str, Any]] = {}
 
+    def lm_settings(self, system: str) -> tuple[LMSettings, LMSettings | None]:
+        """The settings of the LM a system's evaluations and runs answer with and of
+        ``--proposer-lm`` (None: the task model writes), as ``optloop run`` builds them
+        (:func:`run_lms`: the flags over the system's local decoding bounds), both on the bench's
+        one cache."""
+        settings, proposer = run_lms(
+            system, self.args.lm, self.args.proposer_lm, **lm_overrides(self.args)
+        )
+        cached = {"cache_path": self.args.cache}
+        return settings.model_copy(update=cached), (
+            proposer.model_copy(update=cached) if proposer else None
+        )
+
     def settings(self, system: str) -> LMSettings:
-        """The LM settings of a system's evaluations and runs (the flags over its local decoding
-        bounds), all on the bench's one cache."""
-        settings = lm_settings_from_args(self.args, get_system(system).local_decoding)
-        return settings.model_copy(update={"cache_path": self.args.cache})
+        return self.lm_settings(system)[0]
 
     def proposer(self, system: str) -> LMSettings | None:
-        """The settings of ``--proposer-lm`` (the LM that writes the arms' new instructions) on the
-        system's decoding bounds and the bench's cache; None: the task model writes."""
-        if not self.args.proposer_lm:
-            return None
-        settings = LMSettings.from_spec(
-            self.args.proposer_lm, defaults=get_system(system).local_decoding
-        )
-        return settings.model_copy(update={"cache_path": self.args.cache})
+        return self.lm_settings(system)[1]
 
     def writer(self) -> str | None:
         """The proposer's model as the tables name it, None without ``--proposer-lm``."""

@@ -116,6 +116,7 @@ def report(
     lines = log_lines(run_dir / "run.log")
     started, ended = lines[0][0], lines[-1][0]
     spans = process_spans(lines)
+    worked = sum((b - a).total_seconds() for a, b in spans)
     stages = [
         {"at_s": int((t - started).total_seconds()), "line": text}
         for t, text in lines
@@ -182,11 +183,9 @@ def report(
         "projection_printed": etas,
         "trial_lines": [line.strip() for line in printed if re.search(r"trial \d+/\d+ dev", line)],
         "stages": stages,
-        "wall_s": int(sum((b - a).total_seconds() for a, b in spans)),
+        "wall_s": int(worked),
         "processes": len(spans),
-        "stopped_s": int(
-            (ended - started).total_seconds() - sum((b - a).total_seconds() for a, b in spans)
-        ),
+        "stopped_s": int((ended - started).total_seconds() - worked),
         "cost": ckpt.total_cost(),
         "control": control,
         "best_trial": best.trial if best is not None else None,
