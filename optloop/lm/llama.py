@@ -13,6 +13,7 @@ from typing import Any
 
 from optloop.errors import ConfigError, LMError
 from optloop.lm.backends import Backend
+from optloop.lm.grammar import SPACE_KEY
 from optloop.lm.machine import MachineSlots, count_from_env, threads_per_slot
 from optloop.lm.requests import (
     Request,
@@ -138,7 +139,7 @@ class LocalLlamaBackend(Backend):
 
     def decoding(self, request: Request) -> str | None:
         if request.json_mode and request.schema:
-            return f"bounds:{self.max_items}x{self.max_chars}"
+            return f"bounds:{self.max_items}x{self.max_chars};{SPACE_KEY}"
         return None
 
     def queued_s(self) -> float:
@@ -180,7 +181,8 @@ class LocalLlamaBackend(Backend):
         self._waits.seconds = 0.0
 
         def send(max_chars: int, max_items: int) -> dict[str, Any]:
-            # llama.cpp takes a schema as json_object + schema (optloop.lm.requests.SCHEMA_MODES)
+            # llama.cpp takes a schema as json_object + schema (optloop.lm.requests.SCHEMA_MODES);
+            # GrammarFirstLlama decodes it under optloop's grammar (optloop.lm.grammar)
             schema = (
                 bound_schema(request.schema, max_chars=max_chars, max_items=max_items)
                 if request.schema

@@ -8,6 +8,9 @@ the whole vocabulary only when that token is refused (llama.cpp's ``common_sampl
 same). The token chosen is the same either way: if the unconstrained best token is allowed, it is
 the constrained best (ties go to the lowest token id in both). Only the work differs.
 
+:class:`GrammarFirstLlama` also decodes a JSON schema under optloop's grammar, whose whitespace
+may hold a newline (:mod:`optloop.lm.grammar`).
+
 Imported by :mod:`optloop.lm.llama` when it loads the model: it imports llama.cpp.
 """
 
@@ -20,6 +23,8 @@ import llama_cpp
 import numpy as np
 from llama_cpp import Llama
 from llama_cpp import _internals as internals
+
+from optloop.lm.grammar import with_schema_grammar
 
 TOKEN = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)], align=True)
 
@@ -90,3 +95,8 @@ class GrammarFirstLlama(Llama):
         if plain_greedy:
             return GreedyGrammar(self, kwargs["grammar"])
         return super()._init_sampler(*args, **kwargs)
+
+    def create_chat_completion(self, **kwargs: Any) -> Any:  # type: ignore[override]
+        """llama-cpp-python's, with a JSON schema decoded under optloop's grammar
+        (:func:`optloop.lm.grammar.with_schema_grammar`)."""
+        return super().create_chat_completion(**with_schema_grammar(kwargs))

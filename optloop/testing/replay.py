@@ -59,16 +59,19 @@ from typing import Any, cast
 from optloop.cli.command import CommandParser, parse_command, run_cli
 from optloop.errors import ConfigError
 from optloop.lm.cache import LMCache
+from optloop.lm.grammar import SPACE_KEY
 from optloop.lm.requests import Request, response_format_to_schema
 from optloop.testing.loopback import LoopbackServer, Reply, chat_completion
 
 logger = logging.getLogger(__name__)
 
 # What a cache's schema calls may have been decoded under (``Backend.decoding``): the embedded
-# model's default bounds and graphiti's (systems.graphiti_system.local_decoding), an endpoint's
-# modes.
+# model's default bounds and graphiti's (systems.graphiti_system.local_decoding), with and without
+# the grammar's whitespace key, and an endpoint's modes.
 DEFAULT_DECODINGS = (
-    "bounds:16x400",
+    f"bounds:16x400;{SPACE_KEY}",
+    f"bounds:3x80;{SPACE_KEY}",
+    "bounds:16x400",  # caches written before the grammar's whitespace joined the key
     "bounds:3x80",
     "schema_mode:json_schema",
     "schema_mode:json_object",

@@ -50,6 +50,7 @@ TEXTS = [
 def test_grammar_first_greedy_answers_are_llama_cpps_own():
     from llama_cpp import Llama
 
+    from optloop.lm.grammar import with_schema_grammar
     from optloop.lm.sampling import GrammarFirstLlama
 
     path = str(bundled_model_path())
@@ -72,7 +73,10 @@ def test_grammar_first_greedy_answers_are_llama_cpps_own():
                 },
             }
             with MachineSlots().hold():
-                want = plain.create_chat_completion(**kwargs)["choices"][0]["message"]
+                # the same grammar (optloop's), sampled by llama-cpp-python's own chain
+                want = plain.create_chat_completion(**with_schema_grammar(kwargs))["choices"][0][
+                    "message"
+                ]
                 got = fast.create_chat_completion(**kwargs)["choices"][0]["message"]
             assert got["content"] == want["content"], (schema, text)
             checked += 1
