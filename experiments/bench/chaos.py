@@ -298,8 +298,16 @@ def bench(
     retries: int = 1,
     schedule: FaultSchedule | None = None,
     lm: Any = None,
+    optimizer: str | None = None,
 ) -> tuple[Figures, subprocess.CompletedProcess[str]]:
+    """The loop against a :class:`FaultyEndpoint` in front of ``lm``, and its figures.
+
+    ``optimizer`` None runs the loop's default (SIMBA); ``edit`` makes trial 1 a deletion the
+    failures point at, which needs no text from the model, so the budget is spent whatever the
+    model writes.
+    """
     schedule = schedule or FaultSchedule()
+    extra = ("--optimizer", optimizer) if optimizer else ()
     lm = lm or upstream_lm(work)
     started = time.perf_counter()
     with FaultyEndpoint(lm, schedule, hang_s=timeout + 2, client_timeout=timeout) as endpoint:
@@ -311,6 +319,7 @@ def bench(
             budget=budget,
             timeout=timeout,
             retries=retries,
+            extra=extra,
         )
     seconds = time.perf_counter() - started
     result_path = work / "faults.json"
@@ -320,7 +329,7 @@ def bench(
     command = (
         f"python -m optloop.run --system {system} --dataset {dataset} --budget {budget} --lm "
         f"openai:smollm2 --lm-base-url <faulty endpoint> --lm-timeout {timeout} --lm-retries "
-        f"{retries}"
+        f"{retries}" + "".join(f" {arg}" for arg in extra)
     )
     return figures(
         endpoint,
