@@ -214,7 +214,10 @@ def to_markdown(rows: Sequence[Row], results: dict[str, Any]) -> str:
         "default instruction for their signature, the control every loop report carries; *given*: "
         "a hand-written instruction (the row's JSON has it). "
         "Headroom: 0.2 <= accuracy <= 0.8. Each row's commit is the code it was measured with; "
-        "the header's command is the last one that added a row.\n\n" + body + "\n"
+        "the header's command is the last one that added a row. Rows of commits before f7c97b4 "
+        "decoded every JSON answer under llama-cpp-python's schema grammar, which allows no "
+        "newline between JSON tokens (`optloop/lm/grammar.py`): there mem0's own extraction "
+        "prompt stored nothing on the 0.5B.\n\n" + body + "\n"
     )
 
 
