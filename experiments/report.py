@@ -1006,6 +1006,8 @@ def linked() -> list[str]:
                 "locomo.md",
                 "locomo_mem0.md",
                 "locomo_mem0.json",
+                "locomo_mem0_grammar.md",
+                "locomo_mem0_grammar.json",
                 "locomo_graphiti.md",
                 "locomo_graphiti.json",
             ],
