@@ -302,6 +302,17 @@ class LocalCrossEncoderClient(CrossEncoderClient):
 # ---------------------------------------------------------------------------
 
 
+CLOSE_TIMEOUT_S = 10.0
+
+
+async def _cancel_pending() -> None:
+    """Cancel every other task of the running loop and wait until each has ended."""
+    tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
 class _LoopThread:
     """One asyncio loop on a daemon thread; ``run`` blocks the caller until a coroutine is done.
 
@@ -322,13 +333,29 @@ class _LoopThread:
         if threading.current_thread() is self.thread:
             coro.close()
             raise RuntimeError("GraphitiSystem was called from inside its own event loop")
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return future.result()
+        except BaseException:
+            # Interrupted while waiting (Ctrl-C, SIGTERM): cancel the coroutine rather than
+            # leave it pending in the loop.
+            future.cancel()
+            raise
 
     def close(self) -> None:
+        """Cancel what is still pending (an interrupted ingest), then stop and close the loop, so
+        no task is destroyed pending at exit."""
         if self.loop.is_closed():
             return
+        if self.thread.is_alive():
+            try:
+                asyncio.run_coroutine_threadsafe(_cancel_pending(), self.loop).result(
+                    timeout=CLOSE_TIMEOUT_S
+                )
+            except Exception:  # noqa: BLE001 - a task that ignores cancellation: stop anyway
+                logger.debug("graphiti: pending tasks not cancelled in time", exc_info=True)
         self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(timeout=10)
+        self.thread.join(timeout=CLOSE_TIMEOUT_S)
         if not self.thread.is_alive():
             self.loop.close()
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import signal
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -487,3 +489,57 @@ def test_ingest_retrieve_answer_on_the_embedded_lm(tmp_path):
     answer = system.answer("Where does Alice work?", retrieved)
     assert isinstance(answer, str) and answer.strip()
     system.close()
+
+
+def test_closing_the_loop_cancels_an_interrupted_ingest_instead_of_leaving_it_pending():
+    from systems.graphiti_system import _LoopThread
+
+    loop_thread = _LoopThread(name="graphiti-test")
+    started, cancelled = asyncio.Event(), []
+
+    async def slow_ingest() -> None:
+        started.set()
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            cancelled.append(True)
+            raise
+
+    future = asyncio.run_coroutine_threadsafe(slow_ingest(), loop_thread.loop)
+    asyncio.run_coroutine_threadsafe(started.wait(), loop_thread.loop).result(timeout=10)
+    loop_thread.close()
+
+    assert cancelled == [True]
+    assert future.cancelled()
+    assert loop_thread.loop.is_closed()
+
+
+def test_an_interrupt_while_run_waits_cancels_the_coroutine():
+    from systems.graphiti_system import _LoopThread
+
+    class Interrupted(Exception):
+        pass
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise Interrupted
+
+    loop_thread = _LoopThread(name="graphiti-test")
+    cancelled = threading.Event()
+
+    async def slow_ingest() -> None:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.2)
+        with pytest.raises(Interrupted):
+            loop_thread.run(slow_ingest())
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert cancelled.wait(10)
+    loop_thread.close()
