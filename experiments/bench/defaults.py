@@ -15,7 +15,8 @@ run again. The table gives, per system, the dataset, the split's dev and test qu
 baseline's dev accuracy with its 95% CI (bootstrap over the dev questions, seeded) and whether it
 lies between 0.2 and 0.8 (headroom both ways), the baseline's wall time, and the projected hours of
 ``--budget B`` (``--estimate``'s model: LM time at the measured latency, the optimizer's own calls
-included). A system that did not finish within ``--timeout`` is listed as not measured.
+included). A system that did not finish within ``--timeout`` is listed as not measured. A system
+left out of ``--systems`` keeps its row from the earlier ``--json``.
 """
 
 from __future__ import annotations
@@ -132,6 +133,22 @@ def measure(system: str, args: argparse.Namespace) -> Row:
     )
 
 
+def _previous_rows(path: Path) -> list[Row]:
+    """The rows of an earlier report at ``path`` (none when it is missing or unreadable)."""
+    try:
+        return [Row.model_validate(r) for r in json.loads(path.read_text())["rows"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+
+
+def _merged(previous: Sequence[Row], measured: Sequence[Row]) -> list[Row]:
+    """``previous`` with each system in ``measured`` replaced (new systems appended): a system left
+    out of ``--systems`` keeps its row, so one system can be measured again on its own."""
+    fresh = {r.system: r for r in measured}
+    rows = [fresh.pop(r.system, r) for r in previous]
+    return rows + [r for r in measured if r.system in fresh]
+
+
 def to_markdown(rows: Sequence[Row], results: dict[str, Any]) -> str:
     head = (
         "# Default datasets on the embedded model\n\n"
@@ -140,7 +157,10 @@ def to_markdown(rows: Sequence[Row], results: dict[str, Any]) -> str:
         "--estimate --json OUT`, no --dataset\n"
         f"- headroom: baseline dev accuracy in [{HEADROOM[0]}, {HEADROOM[1]}]\n"
         "- measured: the day each system's baseline was run (a row is kept until its directory "
-        "under --home is removed; the commit above is the report's)\n"
+        "under --home is removed, or, for a system left out of --systems, from the earlier "
+        "--json; the commit above is the report's). Rows measured before 2026-11-28 decoded "
+        "JSON answers under llama-cpp-python's schema grammar, which allows no newline between "
+        "JSON tokens (fixed in f7c97b4, `optloop/lm/grammar.py`)\n"
         "- the task model: the default `--lm` (SmolLM2-135M), the one with headroom here; the "
         "Qwen 2.5-Coder 0.5B answers 0.95-1.00 on this dataset for rag_bm25, long_context and "
         "rag_embedding, and mem0's documented pair is the 0.5B answering and the 1.5B writing "
@@ -196,7 +216,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_command(parser, argv)
     from optloop.testing.replay import bundled_identity
 
-    rows = [measure(s, args) for s in args.systems.split(",") if s]
+    measured = [measure(s, args) for s in args.systems.split(",") if s]
+    rows = _merged(_previous_rows(args.json), measured)
     results = stamped(
         {"budget": args.budget, "rows": [r.model_dump() for r in rows]},
         bundled_identity(),

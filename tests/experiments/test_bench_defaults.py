@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from experiments.bench.defaults import Row, to_markdown
+import json
+
+from experiments.bench.defaults import Row, _merged, _previous_rows, to_markdown
 
 PROVENANCE = {
     "command": "python -m experiments.bench.defaults --report-only",
@@ -36,3 +38,14 @@ def test_a_measured_row_shows_its_headroom_and_day_and_an_unmeasured_one_says_so
     assert md_flat.split(" | ")[5:] == ["NO", "148", "1.4", "2026-11-27 |"]
     assert "| mem0 | not measured |" in text
     assert "| projected hours, --budget 50 | measured |" in text
+
+
+def test_systems_left_out_keep_their_rows_from_the_earlier_report(tmp_path):
+    earlier = [Row(system="rag_bm25", note="a"), Row(system="mem0", note="old")]
+    path = tmp_path / "defaults.json"
+    path.write_text(json.dumps({"rows": [r.model_dump() for r in earlier]}))
+
+    rows = _merged(_previous_rows(path), [Row(system="mem0", note="new"), Row(system="x")])
+
+    assert [(r.system, r.note) for r in rows] == [("rag_bm25", "a"), ("mem0", "new"), ("x", "")]
+    assert _previous_rows(tmp_path / "missing.json") == []
