@@ -962,11 +962,14 @@ def linked() -> list[str]:
         ),
         (
             "The loop writing mem0's extraction prompt (Qwen2.5-Coder 0.5B answers, 1.5B writes)",
-            "On the default dataset, does the loop's written prompt beat mem0's own prompt and "
-            "the trivial-instruction control on held-out questions, and what did the proposal "
+            "On the default dataset and on `synthetic:meme` (where mem0's own prompts and the "
+            "control both leave headroom), does the loop's written prompt beat mem0's own prompt "
+            "and the trivial-instruction control on held-out questions, and what did the proposal "
             "gate refuse? `python -m experiments.bench.run_report` on the finished runs (edit "
             "optimizer with written edits; GEPA)",
             [
+                "mem0_meme.md",
+                "mem0_meme.json",
                 "mem0_qwen_edit.md",
                 "mem0_qwen_edit.json",
                 "mem0_qwen_gepa.md",
