@@ -25,11 +25,11 @@ reason, when it is
     not an instruction for the site's job: it names none of the job's words
     (:mod:`optloop.loop.jobs`: an extraction instruction says extract, memory, fact, store,
     remember ...), or it asks the reader for input ("Please provide the task details", "Ask the
-    user for their question") instead of telling the model what to do, or it talks about the
-    prompt and its failures instead of to the model ("The model should be programmed to ...",
-    "so that the step no longer fails as in the cases where ...", "If the extraction process
-    fails, you need to fix the extraction prompt", "The instruction should be general and not
-    focus on specific facts").
+    user for their question", "Ask the user to provide a question") instead of telling the model
+    what to do, or it talks about the prompt and its failures instead of to the model ("The model
+    should be programmed to ...", "so that the step no longer fails as in the cases where ...",
+    "If the extraction process fails, you need to fix the extraction prompt", "The instruction
+    should be general and not focus on specific facts").
 
 The judgement of "asks for the site's job" is by words, on purpose: it is cheap, the same on every
 run, and a reader can check each refusal. It tells an instruction for the site from a text about
@@ -71,7 +71,7 @@ _REQUEST = re.compile(
     r"\bplease\s+(?:provide|share|send|paste|specify|give|tell)\b"
     r"|\b(?:provide|share|send|give|tell)\s+(?:me|us)\b"
     r"|\b(?:could|can|would)\s+you\s+(?:please\s+)?(?:provide|share|send|give|tell)\b"
-    r"|\bask the user for\b"
+    r"|\bask the user (?:for|to)\b"
     # a chat closer offered to the reader: "If you have any questions, feel free to ask."
     r"|\bfeel free to (?:ask|reach out|contact)\b",
     re.IGNORECASE,

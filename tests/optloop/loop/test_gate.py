@@ -140,6 +140,9 @@ def test_an_instruction_that_names_an_answer_of_the_failures_shown_is_an_echo(ga
     "text",
     [
         "Ask the user for their question from the memories retrieved for it.",
+        # a sentence a run's writer put into the answer instruction, which the gate passed
+        "Ask the user to provide a question they can answer based on the information they have "
+        "stored in their memory.",
         "The model should be programmed to answer questions from the memories retrieved for it.",
         "Keep every fact, because the step lost some before.",
         "If the extraction process fails, you need to fix the extraction prompt to ensure that "
