@@ -134,11 +134,9 @@ def measure(system: str, args: argparse.Namespace) -> Row:
 
 
 def _previous_rows(path: Path) -> list[Row]:
-    """The rows of an earlier report at ``path`` (none when it is missing or unreadable)."""
-    try:
-        return [Row.model_validate(r) for r in json.loads(path.read_text())["rows"]]
-    except (OSError, ValueError, KeyError, TypeError):
-        return []
+    """The rows of an earlier report at ``path`` (none when there is none)."""
+    old = json.loads(path.read_text()) if path.exists() else {}
+    return [Row.model_validate(r) for r in old.get("rows", [])]
 
 
 def _merged(previous: Sequence[Row], measured: Sequence[Row]) -> list[Row]:
