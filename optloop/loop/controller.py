@@ -301,6 +301,9 @@ class Controller:
                 ]
             )
         optimizer.restore_queue(ckpt.queue)
+        # Its rounds counted on: a round's draws are seeded by its number, and a round numbered
+        # again from 1 would make the first round's candidates, all seen, so nothing new.
+        optimizer.rounds = ckpt.optimizer_rounds()
         return optimizer, best
 
     # --- the trials -----------------------------------------------------------------------
@@ -332,7 +335,7 @@ class Controller:
             )
             started = time.perf_counter()
             candidates = optimizer.propose_batch(best.candidate, best.evaluation, size)
-            ckpt.queue = optimizer.queued()
+            ckpt.queue, ckpt.rounds = optimizer.queued(), optimizer.rounds
             if not candidates:
                 why = (
                     f"{optimizer.name} proposed nothing new after {len(ckpt.trials)} "

@@ -9,6 +9,7 @@ worker of a shared run exchanges them. Nothing here does I/O except
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
@@ -54,6 +55,9 @@ class Trial(BaseModel):
     improved: bool = False
 
 
+_ROUND = re.compile(r"\bround (\d+)\b")  # in a candidate's origin: "edit round 2: ..."
+
+
 class Checkpoint(BaseModel):
     """A run's state between processes: everything evaluated, and what every process spent.
 
@@ -80,6 +84,11 @@ class Checkpoint(BaseModel):
     targets: list[str] = Field(default_factory=list)
     trials: list[Trial] = Field(default_factory=list)
     queue: list[Candidate] = Field(default_factory=list)
+    rounds: int | None = Field(
+        None,
+        description="rounds the optimizer had run at the last save (None: a checkpoint saved "
+        "before optloop kept the count; resume reads it from the trials' origins)",
+    )
     test_before: Evaluation | None = None
     test_after: Evaluation | None = None
     control_dev: Evaluation | None = Field(
@@ -117,6 +126,15 @@ class Checkpoint(BaseModel):
         if self.test_before is not None or done >= budget:
             return f"{done} of {budget} trials done, the held-out test under way"
         return f"{done} of {budget} trials done"
+
+    def optimizer_rounds(self) -> int:
+        """The rounds the optimizer had run: the saved count, or, in a checkpoint saved before the
+        count was kept, the highest "round N" its trials and queue are named after (an edit,
+        SIMBA or GEPA round names its candidates so)."""
+        if self.rounds is not None:
+            return self.rounds
+        named = [*(t.candidate for t in self.trials), *self.queue]
+        return max((int(m[1]) for c in named if (m := _ROUND.search(c.origin))), default=0)
 
     def save(self, path: Path) -> None:
         write_atomic(path, self.model_dump_json(indent=1))

@@ -10,6 +10,7 @@ accounting: 10 LLM calls per evaluation, 1 per proposal.
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -173,7 +174,9 @@ class FakeEvaluator:
 
 class FakeOptimizer(QueuedOptimizer):
     """Proposes ``<site>:1``, ``<site>:2``, ... for its first site, two per round, on the best so
-    far; a candidate the budget leaves is dropped, not queued again."""
+    far, each named after its round (so a resumed run that counted its rounds again from 0 would
+    differ from the uninterrupted one); a candidate the budget leaves is dropped, not queued
+    again."""
 
     name = "fake"
 
@@ -203,13 +206,14 @@ class FakeOptimizer(QueuedOptimizer):
             raise RuntimeError("the optimizer failed")
         self.meter.calls += PROPOSAL_CALLS
         site, k, fresh = self.sites[0], 0, not self.queue
+        self.rounds += fresh
         while fresh and len(self.queue) < 2 and k < 50:
             k += 1
             text = f"{self.prefix}{site}:{k}"
             candidate = best.model_copy(
                 update={
                     "sites": {**best.sites, site: SiteState(instructions=text)},
-                    "origin": f"fake {site} {k}",
+                    "origin": f"fake round {self.rounds}: {site} {k}",
                 }
             )
             if candidate.digest() not in self.seen and candidate.digest() != best.digest():
@@ -634,6 +638,24 @@ def test_resume_after_a_kill_at_any_step_equals_an_uninterrupted_run(tmp_path, b
         dev_calls = [c for c in resumed.evaluator.calls if c[0] == "dev"]
         assert len(set(dev_calls)) == len(dev_calls), where
         assert Checkpoint.load(path).finished, where
+
+
+def test_a_checkpoint_saved_without_the_round_count_resumes_at_the_round_its_trials_name(
+    tmp_path,
+):
+    """A checkpoint from before optloop kept ``rounds`` reads the count from its trials' origins,
+    so the resumed optimizer goes on to the next round instead of making the first one again."""
+    clean, _, _ = uninterrupted(tmp_path)
+    path, clock = tmp_path / "old.json", Clock(kill_on="log_dev 2")
+    with pytest.raises(Killed):
+        Run(path, MemorySink(clock), clock).run()
+    saved = json.loads(path.read_text())
+    assert saved.pop("rounds") == 1  # trials 1 and 2 were round 1's
+    path.write_text(json.dumps(saved))
+    old = Checkpoint.load(path)
+    assert old.rounds is None and old.optimizer_rounds() == 1
+    sink = MemorySink(Clock())
+    assert without_cost(Run(path, sink, sink.clock).run()) == without_cost(clean)
 
 
 # --- batches -------------------------------------------------------------------------------------
