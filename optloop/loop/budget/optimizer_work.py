@@ -80,10 +80,13 @@ def measured_work(
     (:meth:`Checkpoint.total_cost`) less its evaluations (the baseline's, the finished trials', a
     held-out one); its proposer calls are those of a ``--proposer-lm`` (``proposer_*``) and the
     system LM's at the proposer site. That is scaled to the whole run by rounds, since an optimizer
-    spends a round's work before the round's first trial: ``model``'s rounds over the rounds begun
-    (``k`` trials at ``model``'s trials a round); ``budget / k`` without a model; nothing more for
-    an optimizer whose work is done up front (Optuna's proposals, ``model.rounds == 0``). Half-done
-    trials and redone steps count as the optimizer's (they are neither evaluations nor free).
+    spends a round's work before the round's first trial: when the checkpoint counts the rounds
+    begun (:meth:`Checkpoint.optimizer_rounds`), those rounds and as many more as the rest of the
+    budget takes at the candidates a round has made so far; else ``model``'s rounds over the
+    rounds begun (``k`` trials at ``model``'s trials a round); ``budget / k`` without a model;
+    nothing more for an optimizer whose work is done up front (Optuna's proposals,
+    ``model.rounds == 0``). Half-done trials and redone steps count as the optimizer's (they are
+    neither evaluations nor free).
     """
     done = [t.evaluation for t in ckpt.trials if t.evaluation is not None]
     if not done:
@@ -128,17 +131,24 @@ def measured_work(
             dollars += float(total["proposer_cost_usd"])
         elif total.get("proposer_model_calls"):  # a --proposer-lm without a price
             dollars = None
-    k = len(done)
+    k, seen, observed = len(done), ckpt.optimizer_rounds(), ""
     if model is None:
         rounds, per_round, begun = budget, 1.0, k
     elif model.rounds == 0:
         rounds, per_round, begun = 0, 0.0, 0
+    elif seen:
+        # The rounds the optimizer has run, and the candidates they made (taken, or queued for
+        # the trials to come): the rest of the budget at that many a round.
+        begun, made = seen, len(ckpt.trials) + len(ckpt.queue)
+        per_round, observed = made / begun, ", as the rounds so far made them"
+        rounds = begun + math.ceil(max(budget - made, 0) / per_round)
     else:
         rounds, per_round = model.rounds, model.trials_per_round
         begun = min(rounds, max(math.ceil(k / per_round), 1)) if per_round else rounds
     scale = rounds / begun if begun else 1.0
     how = (
-        f"scaled by rounds: {rounds} in the run / {begun} begun ({per_round:.3g} trial(s) a round)"
+        f"scaled by rounds: {rounds} in the run / {begun} begun ({per_round:.3g} trial(s) a "
+        f"round{observed})"
         if begun
         else "nothing more to come: its work is done up front"
     )

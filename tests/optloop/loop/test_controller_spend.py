@@ -632,6 +632,32 @@ def test_the_optimizers_calls_are_measured_on_finished_trials_and_scaled_by_roun
     assert no_model is not None and no_model.calls == 36 * 10 / 2
 
 
+def test_the_rounds_a_run_counted_scale_the_optimizers_work_by_the_candidates_they_made():
+    """An edit round made 15 candidates where its model said 8: the rest of a budget of 50 takes
+    3 more such rounds, not the model's; a checkpoint from before the count was kept reads it from
+    its trials' origins."""
+    spent = {"llm_calls": 100, "model_calls": 100, "tokens": 4300}
+    ckpt = baseline_checkpoint(
+        trials=[trial(1, 10), trial(2, 10), trial(3, -1)],
+        queue=[BASE],
+        rounds=1,
+        spent=spent,
+    )  # round 1 made 4 candidates: 3 taken (one half done), 1 queued; 40 requests on train
+    one = measured_work(ckpt, work(rounds=13, trials_per_round=8), 10)
+    assert one is not None and one.rounds == 1 + 2 and one.trials_per_round == 4
+    assert one.calls == 40 * 3 and "as the rounds so far made them" in one.basis
+    two = measured_work(ckpt.model_copy(update={"rounds": 2}), work(rounds=13), 10)
+    assert two is not None and (two.rounds, two.calls) == (2 + 3, 40 * 5 / 2)
+    named = [
+        t.model_copy(update={"candidate": BASE.model_copy(update={"origin": "edit round 1: x"})})
+        for t in ckpt.trials
+    ]
+    old = ckpt.model_copy(update={"rounds": None, "trials": named})
+    assert measured_work(old, work(rounds=13), 10) == one
+    up_front = measured_work(ckpt, work(rounds=0, trials_per_round=0), 10)
+    assert up_front is not None and up_front.calls == 40  # Optuna's rounds: none to scale by
+
+
 def test_a_proposer_lm_of_its_own_is_measured_apart_and_unpriced_it_leaves_dollars_unknown():
     spent = {
         "llm_calls": 80,
