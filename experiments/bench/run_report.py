@@ -81,16 +81,22 @@ def accuracy(evaluation: Evaluation | None, *, dev: bool = False) -> str:
     return f"{ci.estimate:.3f} [{ci.low:.3f}, {ci.high:.3f}] n={ci.n}"
 
 
-def start_instructions(system: str) -> dict[str, str]:
+def start_instructions(system: str, lm: str | None = None) -> dict[str, str]:
     """The instructions each prompt site of ``system`` starts from (the library's own prompts),
-    read from a system built without an LM."""
+    read from a system built on the run's ``--lm`` (``lm``), which nothing calls: a local model
+    is loaded at its first call, and graphiti opens its client with the model's name."""
     import tempfile
 
+    from optloop.lm import LMSettings, OptloopLM
     from systems import get_system
 
     with tempfile.TemporaryDirectory() as tmp:
-        built = get_system(system)(None, Path(tmp))  # type: ignore[arg-type]
-        return {name: site.instructions for name, site in built.prompt_sites().items()}
+        unused = OptloopLM(LMSettings.from_spec(lm, cache_path=Path(tmp) / "cache.sqlite"))
+        built = get_system(system)(unused, Path(tmp))
+        try:
+            return {name: site.instructions for name, site in built.prompt_sites().items()}
+        finally:
+            built.close()
 
 
 def system_of(command: str) -> str | None:
@@ -517,7 +523,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--markdown", type=Path, metavar="OUT")
     args = parse_command(parser, argv)
     system = system_of(args.command)
-    start = start_instructions(system) if system else None
+    start = start_instructions(system, args.lm) if system else None
     data = stamped(report(args.run_dir, args.console, start), model_of(args), args.command)
     if args.commit:
         data["provenance"]["commit"] = args.commit

@@ -64,6 +64,10 @@ logger = logging.getLogger(__name__)
 ECHO_SHARE = 0.3  # of a proposal's word 5-grams found in the proposer's template: an echo
 ECHO_MIN = 3  # and at least this many of them (a short instruction may share one phrase)
 NGRAM = 5
+# A run of this many words of the failures shown, quoted or not: the proposal restates a case
+# ("To address the user's question about what aspects of the Harry Potter universe will be
+# discussed ...") instead of instructing for the site.
+RESTATED_WORDS = 7
 LOG_NAME = "proposals.jsonl"
 
 # Asking the reader for input is not an instruction to a model that has its input already.
@@ -108,6 +112,28 @@ def _quoted_from(text: str, shown: str) -> str | None:
     return None
 
 
+def _restated_from(text: str, shown: str) -> str | None:
+    """The longest run of :data:`RESTATED_WORDS` words or more that ``text`` has from ``shown``
+    (case and punctuation aside), else None."""
+    if not shown:
+        return None
+    words, said = _words(text), _words(shown)
+    grams = {tuple(said[i : i + RESTATED_WORDS]) for i in range(len(said) - RESTATED_WORDS + 1)}
+    best: tuple[int, int] | None = None
+    i = 0
+    while i + RESTATED_WORDS <= len(words):
+        if tuple(words[i : i + RESTATED_WORDS]) not in grams:
+            i += 1
+            continue
+        j = i + RESTATED_WORDS
+        while j < len(words) and tuple(words[j - RESTATED_WORDS + 1 : j + 1]) in grams:
+            j += 1
+        if best is None or j - i > best[1] - best[0]:
+            best = (i, j)
+        i = j
+    return " ".join(words[best[0] : best[1]]) if best else None
+
+
 class Reason(StrEnum):
     """Why a proposal was refused (the order is the order they are checked in)."""
 
@@ -127,8 +153,13 @@ class Verdict(BaseModel):
     detail: str = ""
 
 
+def _words(text: str) -> list[str]:
+    """Its words, lower case, an apostrophe kept inside one ("john's"), not around it."""
+    return re.findall(r"[a-z0-9]+(?:'[a-z0-9]+)*", text.lower())
+
+
 def _ngrams(text: str) -> set[tuple[str, ...]]:
-    words = re.findall(r"[a-z0-9']+", text.lower())
+    words = _words(text)
     return {tuple(words[i : i + NGRAM]) for i in range(len(words) - NGRAM + 1)}
 
 
@@ -222,6 +253,8 @@ class ProposalGate:
                 return Reason.ECHO, f"it names {value!r}, an answer of the failures it was shown"
         if quoted := _quoted_from(text, shown):
             return Reason.ECHO, f"it quotes {quoted!r} from the failures it was shown"
+        if restated := _restated_from(text, shown):
+            return Reason.ECHO, f"it restates {restated!r} from the failures it was shown"
         grams = _ngrams(text)
         if grams:
             seen = grams & (self.template_grams() | (_ngrams(shown) if shown else set()))

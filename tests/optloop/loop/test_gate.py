@@ -187,6 +187,39 @@ def test_an_instruction_that_restates_the_writers_rules_is_off_task(gate):
     )
 
 
+def test_a_sentence_that_restates_a_case_shown_without_quotes_is_an_echo(gate):
+    """The sentence a 1.5B writer added to graphiti's answer prompt on LoCoMo: it restates a dev
+    question in 14 words and passed the 5-gram share (11 of its 39 are the case's)."""
+    shown = (
+        "- Later asked 'What aspects of the Harry Potter universe will be discussed in John's "
+        "fan project collaborations?' (answer: 'characters, spells, magical creatures'). The "
+        "memories held it, but the reply was 'I don't know'."
+    )
+    text = (
+        "To address the user's question about what aspects of the Harry Potter universe will be "
+        "discussed in John's fan project collaborations, the conversation should be revised to "
+        "include the information that the Harry Potter universe will be discussed, which would "
+        "be 'characters, spells, and magical creatures'."
+    )
+    reason, detail = gate.judge(ANSWER, text, shown=shown, whole=False)
+    assert reason is Reason.ECHO
+    assert "what aspects of the harry potter universe will be discussed in john's fan" in detail
+    # six words of a case in a row are not yet a restatement; a general sentence passes
+    assert (
+        gate.judge(ANSWER, "Say what the memories held, but keep it short.", shown=shown)[0]
+        is None
+    )
+    assert (
+        gate.judge(
+            ANSWER,
+            "When the memories hold the answer, give it in a few words.",
+            shown=shown,
+            whole=False,
+        )[0]
+        is None
+    )
+
+
 def test_an_instruction_that_quotes_the_failures_shown_is_an_echo(gate):
     shown = "- RetrievalError: the question asked for the user's locker number; nothing found"
     text = 'Reply with the single word nothing. Search for "locker number" in the memory store.'
