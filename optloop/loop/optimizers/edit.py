@@ -44,7 +44,10 @@ first (an unconditional command, "Always reply ...", before a conditional rule
 the same failures support, "If ..., reply ...": :func:`conditional`), and its
 reason is part of the candidate's ``origin`` (the trial line and the MLflow
 ``origin`` parameter): ``answer del 2 (deleted sentence 3: 14 of 16
-failures answered "I don't know")``.
+failures answered "I don't know")``. The written edits (a short instruction, a sentence added, a
+sentence rewritten: :meth:`EditOptimizer.written`) are shown the best's failures on the train
+mini-batch instead (its screen, run first): a writer shown dev's questions and answers writes
+sentences that name them, which the dev evaluation of those same questions would then choose.
 
 The optimizer sees only the instruction it starts from and the attributions of
 its failures: nothing else of the system's original prompt.
@@ -223,6 +226,8 @@ class EditOptimizer(QueuedOptimizer):
         self.rng = random.Random(self.seed)
         self.minibatch = self._minibatch(self.trainset)
         self.screened: dict[str, float] = {}  # candidate digest -> train mini-batch accuracy
+        # candidate digest -> its failures on the train mini-batch (what the writer is shown)
+        self.screen_failures: dict[str, list[Attribution]] = {}
 
     # --- the loop's interface ------------------------------------------------------------
 
@@ -247,10 +252,15 @@ class EditOptimizer(QueuedOptimizer):
         of equal support, an unconditional command before a conditional one), then best train
         score first (ties: the more blamed site, then the proposal order)."""
         failures = best_eval.attributions() if best_eval is not None else []
+        # The writer is shown the best's failures on the train mini-batch, never dev's: a sentence
+        # fitted to a dev case would be chosen by the dev evaluation of that same case.
+        self._screen_all([best], what="the best (its failures there are what the writer sees)")
+        on_train = self.screen_failures.get(best.digest(), [])
         fresh: list[tuple[Edit, Candidate]] = []
         for site in self.sites:
             blamed = [a for a in failures if a.target == site]
-            for edit in self.edits(best.sites[site].instructions, site, blamed):
+            shown = [a for a in on_train if a.target == site]
+            for edit in self.edits(best.sites[site].instructions, site, blamed, shown):
                 state = SiteState(instructions=edit.text, demos=best.sites[site].demos)
                 why = f" ({edit.reason})" if edit.reason else ""
                 candidate = best.model_copy(
@@ -282,12 +292,17 @@ class EditOptimizer(QueuedOptimizer):
         return [c for *_, c in scored]
 
     def edits(
-        self, instruction: str, site: str, failures: Sequence[Attribution] = ()
+        self,
+        instruction: str,
+        site: str,
+        failures: Sequence[Attribution] = (),
+        shown: Sequence[Attribution] | None = None,
     ) -> list[Edit]:
         """The deletions ``failures`` support (:func:`support`), more single-unit deletions up to
         ``deletions`` (drawn at random when the instruction has more units), the deletion of all
-        units, then ``extra`` random composed edits; any edit whose text has a problem the
-        instruction did not have (:func:`~optloop.loop.units.problems`) is dropped.
+        units, the written edits (:meth:`written`, shown ``shown``, default ``failures``), then
+        ``extra`` random composed edits; any edit whose text has a problem the instruction did
+        not have (:func:`~optloop.loop.units.problems`) is dropped.
 
         An instruction over :data:`LONG_WORDS` words gets neither the random deletions nor the
         random composed edits: one unit of mem0's 190 is half a percent of the prompt, so a
@@ -328,7 +343,7 @@ class EditOptimizer(QueuedOptimizer):
             )
         )
         if self.write:
-            out += self.written(start, site, failures, first)
+            out += self.written(start, site, failures if shown is None else shown, first)
         for k in range(0 if long else self.extra):
             text, ops = start, list[str]()
             for _ in range(self.rng.choice((1, 2))):  # GrIPS's num_compose
@@ -475,10 +490,11 @@ class EditOptimizer(QueuedOptimizer):
         ]
         return trainset.model_copy(update={"episodes": [e for e in episodes if e.questions]})
 
-    def _screen_all(self, candidates: list[Candidate]) -> None:
+    def _screen_all(self, candidates: list[Candidate], what: str | None = None) -> None:
         """Screen the candidates not screened yet, ``num_threads`` at once (on an endpoint; one at
         a time on the embedded model): each evaluation is the one it gets alone
-        (:meth:`Evaluator.evaluate_many`)."""
+        (:meth:`Evaluator.evaluate_many`). ``what``: the progress line's name for them (default:
+        "k of n programs")."""
         todo = list(
             {c.digest(): c for c in candidates if c.digest() not in self.screened}.values()
         )
@@ -486,14 +502,19 @@ class EditOptimizer(QueuedOptimizer):
         for i in range(0, len(todo), step):
             chunk = todo[i : i + step]
             self.progress(
-                f"edit round {self.rounds}: screening {i + 1}"
-                f"{f'-{i + len(chunk)}' if len(chunk) > 1 else ''} of {len(todo)} programs on a "
-                f"train mini-batch ({len(self.minibatch.questions())} questions)"
+                f"edit round {self.rounds}: screening "
+                + (
+                    what
+                    or f"{i + 1}{f'-{i + len(chunk)}' if len(chunk) > 1 else ''} of {len(todo)} "
+                    "programs"
+                )
+                + f" on a train mini-batch ({len(self.minibatch.questions())} questions)"
             )
             for candidate, evaluation in zip(
                 chunk, self.evaluator.evaluate_many(chunk, self.minibatch, split="train")
             ):
                 self.screened[candidate.digest()] = evaluation.accuracy
+                self.screen_failures[candidate.digest()] = evaluation.attributions()
 
     def _screen(self, candidate: Candidate) -> float:
         digest = candidate.digest()

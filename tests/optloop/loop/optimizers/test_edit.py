@@ -292,7 +292,7 @@ def test_of_two_units_the_same_failures_support_the_unconditional_command_goes_f
     start = Candidate(sites={"answer": SiteState(instructions=text)})
     failures = [_failure("I don't know")] * 6
     # the train screen prefers keeping the command: the evidence order wins over it
-    opt._screen_all = lambda candidates: None
+    opt._screen_all = lambda candidates, what=None: None
     opt._screen = lambda c: 1.0 if "Always reply" in c.sites["answer"].instructions else 0.0
     first = opt.propose(start, _failing(start, failures))
     assert first is not None
@@ -313,6 +313,7 @@ def test_the_screening_says_where_it_is(optimizer):
         line.startswith("edit round 1: screening ") and "train mini-batch (3 questions)" in line
         for line in said
     )
+    assert said.pop(0).startswith("edit round 1: screening the best (its failures there")
     assert said[0].startswith("edit round 1: screening 1")
     assert said[-1].split(" of ")[1].split()[0] == said[0].split(" of ")[1].split()[0]
 
@@ -370,6 +371,36 @@ def test_a_round_with_a_writer_adds_a_short_instruction_an_added_and_a_rewritten
     )
     assert ops[3].startswith("write ") and "Answer only from the memories." in edits[3].text
     assert opt.gate.counts["passed"] == 3
+
+
+def test_the_writer_is_shown_the_bests_failures_on_train_and_the_deletions_dev_s(optimizer):
+    """A sentence fitted to a dev case would be chosen by the dev evaluation of that case: the
+    written edits see the train mini-batch's failures; the deletions they support, dev's."""
+    opt, start = optimizer
+    on_train = _failure("train says N/A")
+    seen: dict[str, list[str]] = {}
+
+    class TrainFails(FakeEvaluator):
+        def evaluate(self, candidate, dataset, *, split="dev"):
+            ev = super().evaluate(candidate, dataset, split=split)
+            outcomes = [o.model_copy(update={"attribution": on_train}) for o in ev.outcomes]
+            return ev.model_copy(update={"outcomes": outcomes})
+
+    opt.evaluator = TrainFails()
+    opt.write = True
+    opt.written = lambda start_, site, failures, supported=(): (  # type: ignore[method-assign]
+        seen.setdefault("written", [a.prediction for a in failures]) and []
+    )
+    real_edits = opt.edits
+
+    def edits(instruction, site, failures=(), shown=None):
+        seen["supported"] = [a.prediction for a in failures]
+        return real_edits(instruction, site, failures, shown)
+
+    opt.edits = edits  # type: ignore[method-assign]
+    opt.propose(start, _failing(start, [_failure("dev says N/A")] * 2))
+    assert seen["supported"] == ["dev says N/A"] * 2
+    assert set(seen["written"]) == {"train says N/A"}
 
 
 def test_written_edits_the_gate_refuses_are_not_proposed():
