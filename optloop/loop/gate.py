@@ -134,6 +134,13 @@ def _restated_from(text: str, shown: str) -> str | None:
     return " ".join(words[best[0] : best[1]]) if best else None
 
 
+def _only_questions(text: str) -> bool:
+    """Whether every sentence of ``text`` is a question ("What is a name, number, date, yes or
+    no, or an option letter?": a paraphrase turned into one)."""
+    sentences = [p for p in re.split(r"(?<=[.?!])\s+", text.strip()) if p]
+    return bool(sentences) and all(p.endswith("?") for p in sentences)
+
+
 class Reason(StrEnum):
     """Why a proposal was refused (the order is the order they are checked in)."""
 
@@ -263,6 +270,8 @@ class ProposalGate:
                     Reason.ECHO,
                     f"{len(seen)} of its {len(grams)} word 5-grams are in the proposer's prompt",
                 )
+        if _only_questions(text):
+            return Reason.OFF_TASK, "it asks a question instead of instructing"
         if m := _REQUEST.search(text):
             return Reason.OFF_TASK, f"it asks for input ({m.group(0)!r}) instead of instructing"
         if m := _META.search(text):

@@ -187,6 +187,16 @@ def test_an_instruction_that_restates_the_writers_rules_is_off_task(gate):
     )
 
 
+def test_a_question_in_place_of_an_instruction_is_off_task(gate):
+    """A paraphrase of the answer prompt's second sentence a run's proposer turned into a
+    question; an instruction that asks itself a question and then instructs passes."""
+    question = "What is a name, number, date, yes or no, or an option letter?"
+    reason, detail = gate.judge(ANSWER, question, whole=False)
+    assert reason is Reason.OFF_TASK and "asks a question" in detail
+    fine = "Does a memory hold the answer? If none does, reply I don't know."
+    assert gate.judge(ANSWER, fine, whole=False)[0] is None
+
+
 def test_a_sentence_that_restates_a_case_shown_without_quotes_is_an_echo(gate):
     """The sentence a 1.5B writer added to graphiti's answer prompt on LoCoMo: it restates a dev
     question in 14 words and passed the 5-gram share (11 of its 39 are the case's)."""
