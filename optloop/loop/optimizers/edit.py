@@ -254,7 +254,10 @@ class EditOptimizer(QueuedOptimizer):
         failures = best_eval.attributions() if best_eval is not None else []
         # The writer is shown the best's failures on the train mini-batch, never dev's: a sentence
         # fitted to a dev case would be chosen by the dev evaluation of that same case.
-        self._screen_all([best], what="the best (its failures there are what the writer sees)")
+        self._screen_all(
+            [best],
+            what="the best" + (" (its failures there are what the writer sees)" * self.write),
+        )
         on_train = self.screen_failures.get(best.digest(), [])
         fresh: list[tuple[Edit, Candidate]] = []
         for site in self.sites:

@@ -313,7 +313,7 @@ def test_the_screening_says_where_it_is(optimizer):
         line.startswith("edit round 1: screening ") and "train mini-batch (3 questions)" in line
         for line in said
     )
-    assert said.pop(0).startswith("edit round 1: screening the best (its failures there")
+    assert said.pop(0).startswith("edit round 1: screening the best on a train mini-batch")
     assert said[0].startswith("edit round 1: screening 1")
     assert said[-1].split(" of ")[1].split()[0] == said[0].split(" of ")[1].split()[0]
 
