@@ -139,9 +139,9 @@ def measured_work(
     elif seen:
         # The rounds the optimizer has run, and the candidates they made (taken, or queued for
         # the trials to come): the rest of the budget at that many a round.
-        begun, made = seen, len(ckpt.trials) + len(ckpt.queue)
-        per_round, observed = made / begun, ", as the rounds so far made them"
-        rounds = begun + math.ceil(max(budget - made, 0) / per_round)
+        begun, proposed = seen, len(ckpt.trials) + len(ckpt.queue)
+        per_round, observed = proposed / begun, ", as the rounds so far made them"
+        rounds = begun + math.ceil(max(budget - proposed, 0) / per_round)
     else:
         rounds, per_round = model.rounds, model.trials_per_round
         begun = min(rounds, max(math.ceil(k / per_round), 1)) if per_round else rounds
