@@ -51,6 +51,7 @@ import re
 import threading
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
+from difflib import SequenceMatcher
 from enum import StrEnum
 from pathlib import Path
 
@@ -113,25 +114,13 @@ def _quoted_from(text: str, shown: str) -> str | None:
 
 
 def _restated_from(text: str, shown: str) -> str | None:
-    """The longest run of :data:`RESTATED_WORDS` words or more that ``text`` has from ``shown``
-    (case and punctuation aside), else None."""
+    """The longest run of words ``text`` has from ``shown`` (case and punctuation aside), when it
+    is :data:`RESTATED_WORDS` words or more, else None."""
     if not shown:
         return None
     words, said = _words(text), _words(shown)
-    grams = {tuple(said[i : i + RESTATED_WORDS]) for i in range(len(said) - RESTATED_WORDS + 1)}
-    best: tuple[int, int] | None = None
-    i = 0
-    while i + RESTATED_WORDS <= len(words):
-        if tuple(words[i : i + RESTATED_WORDS]) not in grams:
-            i += 1
-            continue
-        j = i + RESTATED_WORDS
-        while j < len(words) and tuple(words[j - RESTATED_WORDS + 1 : j + 1]) in grams:
-            j += 1
-        if best is None or j - i > best[1] - best[0]:
-            best = (i, j)
-        i = j
-    return " ".join(words[best[0] : best[1]]) if best else None
+    run = SequenceMatcher(None, words, said, autojunk=False).find_longest_match()
+    return " ".join(words[run.a : run.a + run.size]) if run.size >= RESTATED_WORDS else None
 
 
 def _only_questions(text: str) -> bool:

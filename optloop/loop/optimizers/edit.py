@@ -225,9 +225,9 @@ class EditOptimizer(QueuedOptimizer):
         self.rejected = 0  # edits dropped as malformed text
         self.rng = random.Random(self.seed)
         self.minibatch = self._minibatch(self.trainset)
-        self.screened: dict[str, float] = {}  # candidate digest -> train mini-batch accuracy
-        # candidate digest -> its failures on the train mini-batch (what the writer is shown)
-        self.screen_failures: dict[str, list[Attribution]] = {}
+        # candidate digest -> its evaluation on the train mini-batch (its accuracy orders the
+        # round; the best's failures there are what the writer is shown)
+        self.screened: dict[str, Evaluation] = {}
 
     # --- the loop's interface ------------------------------------------------------------
 
@@ -258,7 +258,7 @@ class EditOptimizer(QueuedOptimizer):
             [best],
             what="the best" + (" (its failures there are what the writer sees)" * self.write),
         )
-        on_train = self.screen_failures.get(best.digest(), [])
+        on_train = self.screened[best.digest()].attributions()
         fresh: list[tuple[Edit, Candidate]] = []
         for site in self.sites:
             blamed = [a for a in failures if a.target == site]
@@ -516,16 +516,15 @@ class EditOptimizer(QueuedOptimizer):
             for candidate, evaluation in zip(
                 chunk, self.evaluator.evaluate_many(chunk, self.minibatch, split="train")
             ):
-                self.screened[candidate.digest()] = evaluation.accuracy
-                self.screen_failures[candidate.digest()] = evaluation.attributions()
+                self.screened[candidate.digest()] = evaluation
 
     def _screen(self, candidate: Candidate) -> float:
         digest = candidate.digest()
         if digest not in self.screened:
             self.screened[digest] = self.evaluator.evaluate(
                 candidate, self.minibatch, split="train"
-            ).accuracy
-        return self.screened[digest]
+            )
+        return self.screened[digest].accuracy
 
 
 __all__ = ["EditOptimizer", "conditional", "phrases", "same_length", "support"]

@@ -292,7 +292,12 @@ def test_of_two_units_the_same_failures_support_the_unconditional_command_goes_f
     start = Candidate(sites={"answer": SiteState(instructions=text)})
     failures = [_failure("I don't know")] * 6
     # the train screen prefers keeping the command: the evidence order wins over it
-    opt._screen_all = lambda candidates, what=None: None
+    opt._screen_all = lambda candidates, what=None: opt.screened.update(
+        {
+            c.digest(): Evaluation(split="train", candidate=c.digest(), outcomes=[])
+            for c in candidates
+        }
+    )
     opt._screen = lambda c: 1.0 if "Always reply" in c.sites["answer"].instructions else 0.0
     first = opt.propose(start, _failing(start, failures))
     assert first is not None
