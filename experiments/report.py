@@ -996,7 +996,12 @@ def linked() -> list[str]:
             "Qwen2.5-Coder 0.5B model, seconds and calls per question, calls per evaluation. "
             "`python -m experiments.bench.systems --systems mem0,graphiti --dataset "
             "'locomo:<path>?sessions=N&questions=N'`",
-            ["locomo_cost.md", "locomo_cost.json"],
+            [
+                "locomo_cost.md",
+                "locomo_cost.json",
+                "locomo_cost_graphiti.md",
+                "locomo_cost_graphiti.json",
+            ],
         ),
         (
             "The loop on LoCoMo, beside MemTrace's +7.62%",
