@@ -14,6 +14,7 @@ took from there, so a re-run of a benchmark (which rewrites its results file) up
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib.util
 import json
 import sys
@@ -383,6 +384,7 @@ def _repair_writer(before: Json) -> list[str]:
         "them is not caught here):",
         _winners(writer["cases"]),
         *_repair_writer_budget(),
+        *_repair_writer_by_text(),
         *_repair_writer_first_start(),
     ]
 
@@ -406,6 +408,70 @@ def _repair_writer_budget() -> list[str]:
         _repair_arms(data),
         _winners(data["cases"]),
     ]
+
+
+WRITER_QWEN = "repair_writer_qwen_bite.json"
+
+
+def _repair_writer_by_text() -> list[str]:
+    """The budget-6 runs of the replaced-instruction cases by what each kind of text scored (the
+    signature's default and the writer's best on dev; sabotaged, after and champion on test), and
+    the same two cases' bite check with the Qwen 0.5B answering."""
+    data = load(WRITER_BUDGET)
+    out: list[str] = []
+    if data is not None:
+        rows = []
+        for c in data["cases"]:
+            trials = c["trials"]
+            if isinstance(trials, str):
+                trials = ast.literal_eval(trials)
+            default = [t["dev"] for t in trials if "default instruction" in t["origin"]]
+            written = [t["dev"] for t in trials if "writ" in t["origin"] or " par " in t["origin"]]
+            rows.append(
+                [
+                    c["case"],
+                    c["seed"],
+                    f"{default[0]:.2f}" if default else "-",
+                    f"{max(written):.2f}" if written else "-",
+                    f"{c['sabotaged']:.2f}",
+                    f"{c['after']:.2f}",
+                    f"{c['clean']:.2f}",
+                ]
+            )
+        out += [
+            "Each of those runs by what scored what: on dev, the signature's default "
+            "instruction (the deletion of all) and the writer's best text; on test, the "
+            "sabotaged program, the loop's result and the champion. With SmolLM2 answering, a "
+            "written text mends a replaced instruction only where its dev gain carries to test.",
+            table(
+                [
+                    "case",
+                    "seed",
+                    "dev, the signature's default",
+                    "dev, the writer's best",
+                    "test, sabotaged",
+                    "test, after",
+                    "test, champion",
+                ],
+                rows,
+            ),
+        ]
+    qwen = load(WRITER_QWEN)
+    if qwen is not None:
+        bites = [b for b in qwen["bites"] if b["bites"]]
+        out += [
+            "The same two cases with the Qwen2.5-Coder 0.5B answering (no champion: "
+            "rag_bm25's own prompts are the clean program), first run: "
+            + (
+                "neither bites, so there is nothing for the writer to mend on that model; "
+                if not bites
+                else f"{len(bites)} of {len(qwen['bites'])} bite; "
+            )
+            + "a negative margin is a sabotaged program that answers better than the clean one.",
+            provenance(qwen, WRITER_QWEN),
+            _repair_bites(qwen),
+        ]
+    return out
 
 
 FIRST_START = "repair_champion_writer_first_start.json"
