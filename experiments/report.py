@@ -411,12 +411,13 @@ def _repair_writer_budget() -> list[str]:
 
 
 WRITER_QWEN = "repair_writer_qwen_bite.json"
+WRITER_QWEN_MD_FLAT = "repair_writer_qwen_bite_md_flat.json"
 
 
 def _repair_writer_by_text() -> list[str]:
     """The budget-6 runs of the replaced-instruction cases by what each kind of text scored (the
     signature's default and the writer's best on dev; sabotaged, after and champion on test), and
-    the same two cases' bite check with the Qwen 0.5B answering."""
+    the replaced-instruction cases' bite checks with the Qwen 0.5B answering."""
     data = load(WRITER_BUDGET)
     out: list[str] = []
     if data is not None:
@@ -470,6 +471,18 @@ def _repair_writer_by_text() -> list[str]:
             + "a negative margin is a sabotaged program that answers better than the clean one.",
             provenance(qwen, WRITER_QWEN),
             _repair_bites(qwen),
+        ]
+    md_flat = load(WRITER_QWEN_MD_FLAT)
+    if md_flat is not None:
+        cleans = sorted({b["clean"] for b in md_flat["bites"]})
+        out += [
+            "The other replaced-instruction cases (md_flat on `memfail:persona`), the same "
+            "model, bite check only, first run: the clean program answers "
+            + ", ".join(f"{c:.3f}" for c in cleans)
+            + " there, so a sabotage has little to take away and its mending could not be "
+            "measured on a test split of this size.",
+            provenance(md_flat, WRITER_QWEN_MD_FLAT),
+            _repair_bites(md_flat),
         ]
     return out
 
