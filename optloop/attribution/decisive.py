@@ -12,7 +12,8 @@ For a failed question the walk asks, in the order the data flowed:
    that decides updates or deletes.
 3. **retrieved?** Did the retrieval hand it to the answer? If not,
    ``RetrievalError``: blamed on the ``retrieve.query`` site when its rewrite
-   drifted from the question, on ``knob:max_context_tokens`` when a long
+   drifted from the question or the same search for the question as asked (recorded
+   beside the rewrite's) returns it, on ``knob:max_context_tokens`` when a long
    context was truncated, on ``knob:top_k`` when a wider search ranks it just
    below the cut, else on the system's search knob.
 4. **admitted?** (systems with an admission gate: an operation of kind ``admit``, whose
@@ -368,6 +369,19 @@ class _Walk:
                     "the query-rewrite prompt.",
                     query_overlap=kept,
                 )
+            asked = data.get("asked") or []
+            found = sorted(asked.index(v.name) + 1 for v in survivors if v.name in asked)
+            if found:
+                return self.result(
+                    ErrorType.RETRIEVAL,
+                    rewrite,
+                    QUERY_REWRITE,
+                    f"{where}, but retrieval searched for {query!r}, a rewrite of "
+                    f"{self.q.question!r}, and missed it; the same search for the question as "
+                    f"asked ranks it {found[0]} of {len(asked)}. Fix the query-rewrite prompt.",
+                    query_overlap=kept,
+                    asked_rank=found[0],
+                )
         if data.get("truncation"):
             return self.result(
                 ErrorType.RETRIEVAL,
@@ -390,12 +404,13 @@ class _Walk:
             )
         knob = search_knob(self.graph, retrieve)
         wider = f" (not in the top {len(wide)} either)" if wide else ""
+        also = "the query-rewrite prompt" if rewrite is not None else "add a query-rewrite site"
         return self.result(
             ErrorType.RETRIEVAL,
             retrieve,
             knob_target(knob) if knob else None,
             f"{where}, but the search for {query!r} did not return it{wider}. Tune the search "
-            f"({knob or 'its parameters'}) or add a query-rewrite site.",
+            f"({knob or 'its parameters'}) or {also}.",
         )
 
     # --- contamination and admission ---------------------------------------------------------

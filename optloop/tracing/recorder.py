@@ -534,13 +534,16 @@ class Recorder:
     ) -> Variable:
         knobs = jsonable(self.system.knobs())
         wide: list[str] = []
-        if not any(
-            s.stage == "retrieve" and n != QUERY_REWRITE
-            for n, s in self.system.prompt_sites().items()
-        ):
+        asked: list[str] = []
+        sites = self.system.prompt_sites()
+        if not any(s.stage == "retrieve" and n != QUERY_REWRITE for n, s in sites.items()):
             try:  # a wider search (no LLM) tells "ranked below top_k" from "not found at all"
                 k = max(self.wide_k, len(items))
                 wide = [m.id for m in self.system.search(query_text, k)]
+                if QUERY_REWRITE in sites and query_text != question.question:
+                    # the same search for the question as asked: did the rewrite lose it?
+                    top = int(knobs.get("top_k") or len(items) or 1)
+                    asked = [m.id for m in self.system.search(question.question, top)]
             except Exception as exc:  # noqa: BLE001 - diagnostic only
                 logger.debug("wide search failed: %s", exc)
         inputs = [*query_vars] if query_vars else [qvar]
@@ -568,6 +571,7 @@ class Recorder:
                     "items": listed,
                     "query": query_text,
                     "wide": wide,
+                    "asked": asked,
                     "truncation": jsonable(truncated) if truncated else None,
                 },
                 question_id=question.id,

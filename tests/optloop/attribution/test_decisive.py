@@ -105,7 +105,10 @@ def test_retrieval_error_blames_top_k_when_a_wider_search_finds_it(embedder):
 
 
 def _query_graph(
-    query: str, wide: list[str] | None = None, rewrite: bool = True
+    query: str,
+    wide: list[str] | None = None,
+    rewrite: bool = True,
+    asked: list[str] | None = None,
 ) -> ExecutionGraph:
     g = ExecutionGraph(
         system="toy",
@@ -139,6 +142,7 @@ def _query_graph(
                 "items": [{"rank": 1, "id": "x", "text": "user: I like tea."}],
                 "query": query,
                 "wide": wide or [],
+                "asked": asked or [],
             },
         )
     )
@@ -162,6 +166,23 @@ def test_retrieval_error_blames_a_drifted_query_rewrite(embedder):
     assert (
         b.error_type is ErrorType.RETRIEVAL and b.target == "knob:top_k"
     )  # the system's search knob
+
+
+def test_retrieval_error_blames_a_rewrite_that_lost_what_the_question_finds(embedder):
+    # "dog name" keeps the question's words, but the search for the question as asked
+    # returned the evidence and the rewrite's did not: the rewrite is decisive
+    a = attribute(
+        _query_graph("dog name", asked=["x", "m1"]), Q1, "unknown", default_judges(embedder)
+    )
+    assert (a.error_type, a.target, a.details["asked_rank"]) == (
+        ErrorType.RETRIEVAL,
+        "retrieve.query",
+        2,
+    )
+    assert "question as asked ranks it 2 of 2" in a.explanation
+    # neither search found it: the search knob, and the advice names the rewrite prompt
+    b = attribute(_query_graph("dog name", asked=["x"]), Q1, "unknown", default_judges(embedder))
+    assert b.target == "knob:top_k" and "the query-rewrite prompt" in b.explanation
 
 
 def test_a_search_that_missed_blames_the_search_knob_the_system_names(embedder):

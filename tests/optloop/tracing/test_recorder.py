@@ -289,3 +289,25 @@ def test_a_second_recorder_in_the_same_context_is_refused(tmp_path, local_embedd
         with pytest.raises(RuntimeError, match="another Recorder"):
             second.__enter__()
     assert active_recorder() is None
+
+
+def test_a_rewritten_query_is_recorded_beside_the_search_for_the_question_as_asked(
+    tmp_path, local_embedder
+):
+    """With a ``retrieve.query`` site, the retrieval records what the same search returns for
+    the question as asked (``asked``), so attribution can tell a rewrite that lost the evidence
+    from a search that never had it; and it attributes the miss to the rewrite."""
+    from optloop.attribution import attribute, default_judges
+    from systems.baselines import BM25RagSystem
+
+    lm = scripted_lm(
+        {"query": "name pet"}, {"answer": "unknown"}, {"query": "Which city"}, {"answer": "Austin"}
+    )
+    system = BM25RagSystem(lm, tmp_path / "rag", embedder=local_embedder, query_site=True)
+    graph, predictions = record_episode(system, EPISODE, dataset="test")
+    retrieved = {v.question_id: v.data for v in graph.variables.values() if v.cls == "retrieved"}
+    assert retrieved["q1"]["query"] == "name pet"
+    assert any("s1:t1" in m for m in retrieved["q1"]["asked"])  # the question as asked finds it
+    assert not any("s1:t1" in i["id"] for i in retrieved["q1"]["items"])  # "name pet" did not
+    a = attribute(graph, EPISODE.questions[0], predictions["q1"], default_judges(local_embedder))
+    assert a.target == "retrieve.query" and "question as asked ranks it" in a.explanation
