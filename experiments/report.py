@@ -1061,6 +1061,25 @@ def linked() -> list[str]:
             ],
         ),
         (
+            "rag_bm25's query rewrite on the Qwen 0.5B, before and after the rewrite's blame",
+            "rag_bm25 with its query-rewrite site, the Qwen2.5-Coder 0.5B answering and the 1.5B "
+            "writing, edit optimizer, budget 6, the same command at two commits. At 23f396f the "
+            "attribution blamed the rewrite only when it kept under a third of the question's "
+            'words, so a rewrite such as "boat\'s name" that lost the evidence was blamed on '
+            "top_k; the loop edited `answer` and gained nothing. At 548f111 a miss is the "
+            "rewrite's when the same search for the question as asked returns the evidence: "
+            "`retrieve.query` is blamed and the loop's best (the signature's default "
+            "instruction there) gains on held-out questions, as much as the trivial-instruction "
+            "control. The second run reused the first's LM cache (its wall time is not a cost). "
+            "`python -m experiments.bench.run_report` on each run",
+            [
+                "rag_bm25_query_qwen_before.md",
+                "rag_bm25_query_qwen_before.json",
+                "rag_bm25_query_qwen.md",
+                "rag_bm25_query_qwen.json",
+            ],
+        ),
+        (
             "A vanilla mem0 app with the exported prompt",
             "Does the extraction prompt the loop promoted, exported into a plain mem0 app on "
             "the same model behind llama.cpp's server, store the facts mem0's own prompt lost "
