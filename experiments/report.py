@@ -14,7 +14,6 @@ took from there, so a re-run of a benchmark (which rewrites its results file) up
 from __future__ import annotations
 
 import argparse
-import ast
 import importlib.util
 import json
 import sys
@@ -424,8 +423,6 @@ def _repair_writer_by_text() -> list[str]:
         rows = []
         for c in data["cases"]:
             trials = c["trials"]
-            if isinstance(trials, str):
-                trials = ast.literal_eval(trials)
             default = [t["dev"] for t in trials if "default instruction" in t["origin"]]
             written = [t["dev"] for t in trials if "writ" in t["origin"] or " par " in t["origin"]]
             rows.append(
