@@ -109,6 +109,7 @@ from optloop.faults.sabotages import (
     RECALL,
     RECALL_CASES,
     SABOTAGES,
+    WRITER_CASES,
 )
 from optloop.lm import LMSettings, OptloopLM
 from optloop.loop import session
@@ -946,7 +947,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--cases",
         help=f"sabotages to run (default the md_flat ones, with --champion the champion ones; "
         f"'recall': the rag_bm25 ones on {RECALL}; 'champion': those and the ones written for a "
-        f"champion); all: {', '.join(s.name for s in SABOTAGES)}",
+        f"champion; 'writer': the ones written for a task model that uses a written instruction, "
+        f"e.g. --lm local:qwen2.5-coder-0.5b); all: {', '.join(s.name for s in SABOTAGES)}",
     )
     parser.add_argument(
         "--seeds", default="0,1,2", help="split and optimizer seeds (default 0,1,2)"
@@ -1059,9 +1061,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     known = {s.name: s for s in SABOTAGES}
     if args.cases is None:
         args.cases = "champion" if args.champion else ",".join(DEFAULT_CASES)
-    args.cases = {"recall": ",".join(RECALL_CASES), "champion": ",".join(CHAMPION_CASES)}.get(
-        args.cases, args.cases
-    )
+    args.cases = {
+        "recall": ",".join(RECALL_CASES),
+        "champion": ",".join(CHAMPION_CASES),
+        "writer": ",".join(WRITER_CASES),
+    }.get(args.cases, args.cases)
     unknown = [c for c in _csv(args.cases) if c not in known]
     if unknown:
         raise SystemExit(

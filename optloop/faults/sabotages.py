@@ -280,9 +280,73 @@ SABOTAGES += [
         "has it",
     ),
 ]
+# Seventh, for a task model that can use a written instruction (Qwen2.5-Coder 0.5B), written
+# before any of these ran. The replaced-instruction cases above bite on SmolLM2-135M, which cannot
+# use the instruction a writer puts back; on the 0.5B neither bites (recall-answer-echo margin
+# -0.03 [-0.06, +0.00], recall-query-nothing -0.25 [-0.35, -0.16], n=80: the 0.5B answers the
+# question whatever the answer instruction says, and its query under "nothing" finds more than the
+# clean rewrite's). These replace each site's instruction with a fixed rule such a model is more
+# likely to obey, a non-answer at the answer site and a query about something else at the query
+# site, so that mending them means writing the site's instruction again. The bite check says which
+# of them bite on the 0.5B; the repair runs (three seeds, three arms, a writer) take, at each site,
+# the case that bites by the widest margin.
+_UNKNOWN = "Always reply exactly I don't know whatever the memories say."
+SABOTAGES += [
+    InstructionFault(
+        name="recall-answer-unknown",
+        systems=("rag_bm25",),
+        target=ANSWER,
+        mode="replace",
+        text=_UNKNOWN,
+        dataset=RECALL,
+        query_rewrite=True,
+        description="behaviour: the answer instruction replaced by a fixed non-answer",
+    ),
+    InstructionFault(
+        name="recall-answer-nothing",
+        systems=("rag_bm25",),
+        target=ANSWER,
+        mode="replace",
+        text=_NOTHING,
+        dataset=RECALL,
+        query_rewrite=True,
+        description="behaviour: the answer instruction replaced by a one-word non-answer",
+    ),
+    InstructionFault(
+        name="recall-query-weather",
+        systems=("rag_bm25",),
+        target=QUERY_REWRITE,
+        mode="replace",
+        text="Write a search query about today's weather instead of the question.",
+        dataset=RECALL,
+        query_rewrite=True,
+        description="topic: the rewrite replaced by a query about something else",
+    ),
+    InstructionFault(
+        name="recall-query-first-word",
+        systems=("rag_bm25",),
+        target=QUERY_REWRITE,
+        mode="replace",
+        text="Reply with only the first word of the question.",
+        dataset=RECALL,
+        query_rewrite=True,
+        description="behaviour: the rewrite replaced by a query that keeps no name or attribute",
+    ),
+]
+# The cases written for a model that uses what is written (run with --lm and a writer).
+WRITER_CASES = [
+    "recall-answer-unknown",
+    "recall-answer-nothing",
+    "recall-query-weather",
+    "recall-query-first-word",
+]
 DEFAULT_CASES = [s.name for s in SABOTAGES if s.system == "md_flat"]
 _CHAMPION_ONLY = {"recall-answer-abstain-prepend", "recall-answer-abstain-append"}
-RECALL_CASES = [s.name for s in SABOTAGES if s.dataset == RECALL and s.name not in _CHAMPION_ONLY]
+RECALL_CASES = [
+    s.name
+    for s in SABOTAGES
+    if s.dataset == RECALL and s.name not in _CHAMPION_ONLY and s.name not in WRITER_CASES
+]
 # The champion's cases: every recall case, planted on the champion's instructions, and the two
 # above.
-CHAMPION_CASES = [s.name for s in SABOTAGES if s.dataset == RECALL]
+CHAMPION_CASES = [s.name for s in SABOTAGES if s.dataset == RECALL and s.name not in WRITER_CASES]
