@@ -333,14 +333,57 @@ SABOTAGES += [
         description="behaviour: the rewrite replaced by a query that keeps no name or attribute",
     ),
 ]
+# Eighth, written after the seventh's bite check on the 0.5B and before any of these ran. None of
+# the four bit: under each, the 0.5B answered as well as under rag_bm25's own prompts or better
+# (answer margins -0.013 and -0.025, query margins -0.350, n=80). rag_bm25's sites return one
+# JSON field each, and the 0.5B fills it from the question and the memories whatever the
+# instruction above says: its rewrite under "weather" or "first word" is the question as asked,
+# which finds more than its rewrite under the clean instruction. These move to a site whose
+# output is built from what the instruction asks for: md_flat's curate step, which writes down
+# the facts of each session (nothing written down, nothing to answer from), on the same task;
+# and the fixed non-answer at md_flat's answer site. The repair runs take, at each site, the
+# case that bites by the widest margin, as above.
+SABOTAGES += [
+    InstructionFault(
+        name="recall-curate-empty",
+        systems=("md_flat",),
+        target=MD_FLAT_CURATE,
+        mode="replace",
+        text="Return an empty list. Do not write down any fact.",
+        dataset=RECALL,
+        description="behaviour: the curate instruction replaced by one that stores nothing",
+    ),
+    InstructionFault(
+        name="recall-curate-food",
+        systems=("md_flat",),
+        target=MD_FLAT_CURATE,
+        mode="replace",
+        text="Write down only facts about food and drinks; ignore everything else.",
+        dataset=RECALL,
+        description="topic filter: the curate instruction replaced by one that stores the "
+        "wrong facts",
+    ),
+    InstructionFault(
+        name="recall-md-answer-unknown",
+        systems=("md_flat",),
+        target=ANSWER,
+        mode="replace",
+        text=_UNKNOWN,
+        dataset=RECALL,
+        description="behaviour: md_flat's answer instruction replaced by a fixed non-answer",
+    ),
+]
 # The cases written for a model that uses what is written (run with --lm and a writer).
 WRITER_CASES = [
     "recall-answer-unknown",
     "recall-answer-nothing",
     "recall-query-weather",
     "recall-query-first-word",
+    "recall-curate-empty",
+    "recall-curate-food",
+    "recall-md-answer-unknown",
 ]
-DEFAULT_CASES = [s.name for s in SABOTAGES if s.system == "md_flat"]
+DEFAULT_CASES = [s.name for s in SABOTAGES if s.system == "md_flat" and s.name not in WRITER_CASES]
 _CHAMPION_ONLY = {"recall-answer-abstain-prepend", "recall-answer-abstain-append"}
 RECALL_CASES = [
     s.name
