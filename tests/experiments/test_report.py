@@ -52,3 +52,66 @@ def test_a_benchmark_stamps_its_results_with_their_provenance():
         and p["commit"] != ""
     )
     assert len(p["date"]) == 10 and "CPUs" in p["machine"]
+
+
+def _run(command: str, *, origin: str, delta: tuple, over_control: tuple) -> dict:
+    def d(v: tuple) -> dict:
+        return {"estimate": v[0], "low": v[1], "high": v[2], "n": 20}
+
+    return {
+        "provenance": {
+            "command": command,
+            "date": "2026-11-28",
+            "commit": "abc1234",
+            "model": "qwen2.5-coder-0.5b",
+            "machine": "2 CPUs",
+        },
+        "trials": [{"trial": 1, "origin": origin, "dev": 1.0}],
+        "best_trial": 1,
+        "test_before": "0.000 [0.000, 0.000] n=20",
+        "test_after": "0.850 [0.700, 1.000] n=20",
+        "delta": d(delta),
+        "control": {
+            "dev": "0.500 [0.300, 0.700] n=20",
+            "test": "0.550 [0.350, 0.750] n=20",
+            "delta_best_minus_control": d(over_control),
+        },
+    }
+
+
+def test_written_against_control_counts_only_written_texts_above_both(tmp_path, monkeypatch):
+    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    (tmp_path / "a.json").write_text(
+        json.dumps(
+            _run(
+                "python -m optloop.run --system mem0 --proposer-lm local:qwen2.5-coder-1.5b "
+                "--optimizer gepa --budget 3",
+                origin="gepa round 2 #1 (proposer rewrite)",
+                delta=(0.85, 0.7, 1.0),
+                over_control=(0.3, 0.05, 0.55),
+            )
+        )
+    )
+    (tmp_path / "b.json").write_text(
+        json.dumps(
+            _run(
+                "python -m optloop.run --system rag_bm25 --query-rewrite --budget 6",
+                origin="edit round 1: retrieve.query del all (the signature's default)",
+                delta=(0.2, 0.05, 0.4),
+                over_control=(0.0, 0.0, 0.0),
+            )
+        )
+    )
+    (tmp_path / "other.json").write_text(json.dumps({"provenance": {}, "rows": []}))
+    text = "\n".join(report.written_against_control())
+    assert "1 of 2 runs end with a written text" in text and "`a.json` (2026-11-28, abc1234)" in text
+    assert "| mem0 | `the default` |" in text
+    assert "rag_bm25 (query rewrite)" in text and "edit, budget 6" in text
+    assert "+0.300 [+0.050, +0.550], measurable" in text
+    assert "+0.000 [+0.000, +0.000], no measurable change" in text
+    assert "other.json" not in text
+
+
+def test_written_against_control_is_absent_without_runs(tmp_path, monkeypatch):
+    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    assert report.written_against_control() == []
