@@ -373,6 +373,18 @@ SABOTAGES += [
         description="behaviour: md_flat's answer instruction replaced by a fixed non-answer",
     ),
 ]
+# Written after the eighth's first repair runs on the 0.5B (seed 0, three arms: nothing recovered;
+# under every instruction tried there, the writer's included, the 0.5B's curate step drops the
+# first session's facts when it writes the list after the second) and before this ran: the
+# replaced-instruction cases at rag_bm25's sites, the champion table's two and the seventh's, are
+# bite-checked with Qwen2.5-Coder 1.5B answering, a model that follows more of what is written;
+# the repair runs take, at each site, the case that bites by the widest margin.
+REPLACED_AT_RAG = [
+    "recall-answer-echo",
+    "recall-query-nothing",
+    "recall-answer-unknown",
+    "recall-query-weather",
+]
 # The cases written for a model that uses what is written (run with --lm and a writer).
 WRITER_CASES = [
     "recall-answer-unknown",
