@@ -386,6 +386,7 @@ def _repair_writer(before: Json) -> list[str]:
         *_repair_writer_budget(),
         *_repair_writer_by_text(),
         *_repair_writer_first_start(),
+        *_repair_writer_qwen(),
     ]
 
 
@@ -414,46 +415,54 @@ WRITER_QWEN = "repair_writer_qwen_bite.json"
 WRITER_QWEN_MD_FLAT = "repair_writer_qwen_bite_md_flat.json"
 
 
+def _by_text(cases: list[Json], clean: str) -> str:
+    """The runs of replaced-instruction cases by what each kind of text scored: on dev, the
+    signature's default instruction (the deletion of all) and the writer's best text; on test,
+    the sabotaged program, the loop's result and the ``clean`` program."""
+    rows = []
+    for c in cases:
+        trials = c["trials"]
+        default = [t["dev"] for t in trials if "default instruction" in t["origin"]]
+        written = [t["dev"] for t in trials if "writ" in t["origin"] or " par " in t["origin"]]
+        rows.append(
+            [
+                c["case"],
+                c.get("arm", "targeted"),
+                c["seed"],
+                f"{default[0]:.2f}" if default else "-",
+                f"{max(written):.2f}" if written else "-",
+                f"{c['sabotaged']:.2f}",
+                f"{c['after']:.2f}",
+                f"{c['clean']:.2f}",
+            ]
+        )
+    return table(
+        [
+            "case",
+            "arm",
+            "seed",
+            "dev, the signature's default",
+            "dev, the writer's best",
+            "test, sabotaged",
+            "test, after",
+            f"test, {clean}",
+        ],
+        rows,
+    )
+
+
 def _repair_writer_by_text() -> list[str]:
-    """The budget-6 runs of the replaced-instruction cases by what each kind of text scored (the
-    signature's default and the writer's best on dev; sabotaged, after and champion on test), and
+    """The budget-6 runs of the replaced-instruction cases by what each kind of text scored, and
     the replaced-instruction cases' bite checks with the Qwen 0.5B answering."""
     data = load(WRITER_BUDGET)
     out: list[str] = []
     if data is not None:
-        rows = []
-        for c in data["cases"]:
-            trials = c["trials"]
-            default = [t["dev"] for t in trials if "default instruction" in t["origin"]]
-            written = [t["dev"] for t in trials if "writ" in t["origin"] or " par " in t["origin"]]
-            rows.append(
-                [
-                    c["case"],
-                    c["seed"],
-                    f"{default[0]:.2f}" if default else "-",
-                    f"{max(written):.2f}" if written else "-",
-                    f"{c['sabotaged']:.2f}",
-                    f"{c['after']:.2f}",
-                    f"{c['clean']:.2f}",
-                ]
-            )
         out += [
             "Each of those runs by what scored what: on dev, the signature's default "
             "instruction (the deletion of all) and the writer's best text; on test, the "
             "sabotaged program, the loop's result and the champion. With SmolLM2 answering, a "
             "written text mends a replaced instruction only where its dev gain carries to test.",
-            table(
-                [
-                    "case",
-                    "seed",
-                    "dev, the signature's default",
-                    "dev, the writer's best",
-                    "test, sabotaged",
-                    "test, after",
-                    "test, champion",
-                ],
-                rows,
-            ),
+            _by_text(data["cases"], "champion"),
         ]
     qwen = load(WRITER_QWEN)
     if qwen is not None:
@@ -483,6 +492,107 @@ def _repair_writer_by_text() -> list[str]:
             _repair_bites(md_flat),
         ]
     return out
+
+
+def _bite_count(data: Json) -> str:
+    bites = [b["name"] for b in data["bites"] if b["bites"]]
+    if not bites:
+        return f"none of the {len(data['bites'])} bites"
+    return f"{len(bites)} of {len(data['bites'])} bite ({', '.join(f'`{b}`' for b in bites)})"
+
+
+def _repair_runs(name: str, intro: str) -> list[str]:
+    """A repair report's runs with a writer: provenance, every run, the aggregate, each run's
+    winning text with what the gate now says of it, and each run by what scored what."""
+    runs = load(name)
+    if runs is None:
+        return []
+    from experiments.bench.repair import summarize
+
+    return [
+        intro,
+        provenance(runs, name),
+        _repair_arms(runs),
+        *[f"**Unfinished.** {u}." for u in runs.get("unfinished", [])],
+        _repair_aggregate(summarize(runs)),
+        "Each run's text at the sabotaged site after the loop (cut at 160 characters), and what "
+        "the proposal gate says of it now:",
+        _winners(runs["cases"]),
+        "Each run by what scored what (on dev, the signature's default instruction and the "
+        "writer's best text; on test, sabotaged, after, and the system's own prompts):",
+        _by_text(runs["cases"], "own prompts"),
+    ]
+
+
+def _repair_writer_qwen() -> list[str]:
+    """The replaced-instruction cases on the Qwen models (``--cases writer`` and the rag_bm25
+    ones with the 1.5B answering): their bite checks, and the repair runs with the 1.5B writing
+    on the cases that bite. Each part was written into the catalogue before it ran."""
+    out: list[str] = []
+    parts = [
+        (
+            "repair_writer_qwen05_bite_replaced.json",
+            "rag_bm25's two sites, the 0.5B answering",
+            "rag_bm25's sites each return one JSON field, and the 0.5B fills it from the "
+            "question and the memories whatever rule is written above: its query under a rule "
+            "about the weather, or the first word, is the question as asked, which finds more "
+            "than its rewrite under rag_bm25's own instruction.",
+        ),
+        (
+            "repair_writer_qwen05_bite_curate.json",
+            "md_flat's curate step (it writes down each session's facts; nothing written down, "
+            "nothing to answer from) and its answer site, the 0.5B answering",
+            "",
+        ),
+    ]
+    for name, where, after in parts:
+        data = load(name)
+        if data is not None:
+            out += [
+                f"At {where}, first run: {_bite_count(data)}. {after}".rstrip(),
+                provenance(data, name),
+                _repair_bites(data),
+            ]
+    out += _repair_runs(
+        "repair_writer_qwen05_curate.json",
+        "The repair runs on the case that bites by the widest margin (the two curate cases tie; "
+        "the first in the catalogue), the edit optimizer with the 1.5B writing, first run, "
+        "stopped after seed 0's three arms: nothing was recovered. In the stores of seed 0's "
+        "targeted run, under each of the seven curate instructions it evaluated (the 1.5B's "
+        "among them), at most one episode's memory file ends with more than one line: the 0.5B "
+        "returns the second session's line as the whole list and drops the first session's "
+        "facts, which the questions ask for.",
+    )
+    qwen15 = load("repair_writer_qwen15_bite.json")
+    if qwen15 is not None:
+        out += [
+            "With the 1.5B answering, rag_bm25's replaced-instruction cases (the champion "
+            "table's two and the two above), first run: "
+            f"{_bite_count(qwen15)}. The fixed non-answer bites on the 1.5B where it did not on "
+            "the 0.5B; the echo and the two query rules still do not.",
+            provenance(qwen15, "repair_writer_qwen15_bite.json"),
+            _repair_bites(qwen15),
+        ]
+    out += _repair_runs(
+        "repair_writer_qwen15.json",
+        "The repair runs on the case that bites (the 1.5B answering and writing), three seeds, "
+        "three arms, first run: the targeted arm ran first, by the command below with `--arms "
+        "targeted`, then the other two by the command below, into the same report "
+        "(`--resume`). Wherever a run changed `answer`, the winner there is the signature's "
+        "default instruction (`del all`): the 1.5B's written instructions come after it in the "
+        "edit optimizer's order and tie it on dev. One random run changed only "
+        "`retrieve.query` and left the sabotage in place:",
+    )
+    if not out:
+        return []
+    return [
+        "#### Replaced instructions on the Qwen models, mended by the 1.5B",
+        "Cases written for a task model that uses what is written, before they ran "
+        "(`--cases writer`; the catalogue's comments in `optloop/faults/sabotages.py` say why "
+        "each is what it is): each replaces a site's instruction with a fixed rule, so that "
+        "only new text mends it.",
+        *out,
+    ]
 
 
 FIRST_START = "repair_champion_writer_first_start.json"
