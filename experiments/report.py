@@ -583,6 +583,22 @@ def _repair_writer_qwen() -> list[str]:
         "edit optimizer's order and tie it on dev. One random run changed only "
         "`retrieve.query` and left the sabotage in place:",
     )
+    curate15 = load("repair_writer_qwen15_curate.json")
+    if curate15 is not None:
+        out += [
+            "md_flat's curate step with the 1.5B answering, where the 0.5B kept no memory file "
+            f"under any instruction tried, first run: {_bite_count(curate15)}. md_flat's own "
+            "prompts, which lost the first session's facts on the 0.5B, keep them on the 1.5B "
+            "(the clean column).",
+            provenance(curate15, "repair_writer_qwen15_curate.json"),
+            _repair_bites(curate15),
+        ]
+        if curate15["cases"]:
+            out += _repair_runs(
+                "repair_writer_qwen15_curate.json", "Its repair runs, targeted, first run:"
+            )
+        else:
+            out.append("Its repair runs (the command above) have not finished one run yet.")
     if not out:
         return []
     return [
