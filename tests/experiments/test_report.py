@@ -104,7 +104,8 @@ def test_written_against_control_counts_only_written_texts_above_both(tmp_path, 
     )
     (tmp_path / "other.json").write_text(json.dumps({"provenance": {}, "rows": []}))
     text = "\n".join(report.written_against_control())
-    assert "1 of 2 runs end with a written text" in text and "`a.json` (2026-11-28, abc1234)" in text
+    assert "1 of 2 runs end with a written text" in text
+    assert "`a.json` (2026-11-28, abc1234)" in text
     assert "| mem0 | `the default` |" in text
     assert "rag_bm25 (query rewrite)" in text and "edit, budget 6" in text
     assert "+0.300 [+0.050, +0.550], measurable" in text
