@@ -423,7 +423,7 @@ def _by_text(cases: list[Json], clean: str) -> str:
     for c in cases:
         trials = c["trials"]
         default = [t["dev"] for t in trials if "default instruction" in t["origin"]]
-        written = [t["dev"] for t in trials if "writ" in t["origin"] or " par " in t["origin"]]
+        written = [t["dev"] for t in trials if _is_written(t["origin"])]
         rows.append(
             [
                 c["case"],
@@ -558,10 +558,9 @@ def _repair_writer_qwen() -> list[str]:
         "The repair runs on the case that bites by the widest margin (the two curate cases tie; "
         "the first in the catalogue), the edit optimizer with the 1.5B writing, first run, "
         "stopped after seed 0's three arms: nothing was recovered. In the stores of seed 0's "
-        "targeted run, under each of the seven curate instructions it evaluated (the 1.5B's "
-        "among them), at most one episode's memory file ends with more than one line: the 0.5B "
-        "returns the second session's line as the whole list and drops the first session's "
-        "facts, which the questions ask for.",
+        "targeted run, under each curate instruction it evaluated (the 1.5B's among them), the "
+        "0.5B returns the second session's line as the whole list and drops the first "
+        "session's facts, which the questions ask for.",
     )
     qwen15 = load("repair_writer_qwen15_bite.json")
     if qwen15 is not None:
@@ -1092,14 +1091,23 @@ def structure() -> list[str]:
 _WRITTEN = ("write", "written", "proposer rewrite", " par ")
 
 
+def _is_written(origin: str) -> bool:
+    """Whether a trial's origin names text a writer produced (a written instruction or sentence,
+    a paraphrase, a proposer's rewrite) rather than a deletion, a swap or a default."""
+    return any(w in origin for w in _WRITTEN)
+
+
 def _flag(command: list[str], name: str) -> str | None:
     """The value after ``name`` in a command's words (``None`` when the flag is absent)."""
     return command[command.index(name) + 1] if name in command[:-1] else None
 
 
 def _delta_cell(delta: Json) -> str:
-    verdict = "measurable" if delta["low"] > 0 or delta["high"] < 0 else "no measurable change"
-    return f"{delta['estimate']:+.3f} {ci(delta['low'], delta['high'], '+.3f')}, {verdict}"
+    from optloop.loop.control import verdict
+    from optloop.stats import Interval
+
+    said = verdict(Interval.model_validate(delta))
+    return f"{delta['estimate']:+.3f} {ci(delta['low'], delta['high'], '+.3f')}, {said}"
 
 
 def written_against_control() -> list[str]:
@@ -1121,7 +1129,7 @@ def written_against_control() -> list[str]:
         command = shlex.split(data["provenance"]["command"])
         best = next((t for t in data["trials"] if t["trial"] == data.get("best_trial")), None)
         origin = best["origin"] if best else "the system's own prompts (nothing beat them)"
-        written = best is not None and any(w in origin for w in _WRITTEN)
+        written = best is not None and _is_written(origin)
         over_control = data["control"]["delta_best_minus_control"]
         if written and over_control["low"] > 0 and data["delta"]["low"] > 0:
             wins.append(name)

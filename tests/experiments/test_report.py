@@ -108,7 +108,7 @@ def test_written_against_control_counts_only_written_texts_above_both(tmp_path, 
     assert "`a.json` (2026-11-28, abc1234)" in text
     assert "| mem0 | `the default` |" in text
     assert "rag_bm25 (query rewrite)" in text and "edit, budget 6" in text
-    assert "+0.300 [+0.050, +0.550], measurable" in text
+    assert "+0.300 [+0.050, +0.550], measurably better" in text
     assert "+0.000 [+0.000, +0.000], no measurable change" in text
     assert "other.json" not in text
 
