@@ -378,13 +378,8 @@ SABOTAGES += [
 # first session's facts when it writes the list after the second) and before this ran: the
 # replaced-instruction cases at rag_bm25's sites, the champion table's two and the seventh's, are
 # bite-checked with Qwen2.5-Coder 1.5B answering, a model that follows more of what is written;
-# the repair runs take, at each site, the case that bites by the widest margin.
-REPLACED_AT_RAG = [
-    "recall-answer-echo",
-    "recall-query-nothing",
-    "recall-answer-unknown",
-    "recall-query-weather",
-]
+# the repair runs take, at each site, the case that bites by the widest margin. The cases:
+# recall-answer-echo, recall-query-nothing, recall-answer-unknown, recall-query-weather.
 # Written after the 1.5B's repair runs on recall-answer-unknown (nine of nine recovered, each by
 # the signature's default instruction, which the writer's texts tied on dev) and before this ran:
 # recall-curate-empty with the 1.5B answering, where the default instruction may not carry the
