@@ -613,6 +613,97 @@ def _repair_writer_qwen() -> list[str]:
 FIRST_START = "repair_champion_writer_first_start.json"
 
 
+def _model_name(model: str) -> str:
+    """``qwen2.5-coder-1.5b-instruct-q4_k_m`` from ``local:<file>.gguf:<bytes>``."""
+    return model.removeprefix("local:").split(".gguf")[0]
+
+
+def _winner_kind(case: Json) -> str:
+    """How the text a run left at the sabotaged site was made: written (by the writer, or
+    derived from its text), the signature's default, another edit, or the sabotage untouched."""
+    if case["site"] not in case.get("changed", []):
+        return "unchanged"
+    if "trials" not in case:
+        return "not recorded"
+    origin = next((t["origin"] for t in case["trials"] if t["trial"] == case["best_trial"]), "")
+    if _is_written(origin):
+        return "written"
+    return "default" if "default instruction" in origin else "other edit"
+
+
+def replaced_runs() -> list[str]:
+    """Every repair run on a replaced instruction in ``experiments/results``, grouped by case,
+    task model, optimizer (with its writer), budget and arm: how many recovered at least half
+    the loss, how many took the sabotage's text out, and how the winning text was made."""
+    from experiments.bench.repair import label
+
+    groups: dict[tuple[str, ...], list[Json]] = {}
+    for path in sorted(RESULTS.glob("repair*.json")):
+        data = json.loads(path.read_text(encoding="utf-8"))
+        for c in data.get("cases", []):
+            if c.get("mode") != "replace":
+                continue
+            group = (
+                c["case"],
+                c["site"],
+                _model_name(data.get("model", "?")),
+                label(c),
+                str(data["budget"]),
+                c["arm"],
+                path.name,
+            )
+            groups.setdefault(group, []).append(c)
+    if not groups:
+        return []
+    rows = []
+    for key, cases in groups.items():
+        n = len(cases)
+        kinds: dict[str, int] = {}
+        for c in cases:
+            kinds[_winner_kind(c)] = kinds.get(_winner_kind(c), 0) + 1
+        rows.append(
+            [
+                *key[:6],
+                n,
+                f"{sum(c['recovered'] >= 0.5 for c in cases)}/{n}",
+                f"{sum(bool(c.get('sabotage_removed')) for c in cases)}/{n}",
+                ", ".join(f"{k} {v}" for k, v in sorted(kinds.items())),
+                f"{sum(c['sabotaged'] for c in cases) / n:.2f} -> "
+                f"{sum(c['after'] for c in cases) / n:.2f}",
+                f"[`{key[6]}`](../experiments/results/{key[6].removesuffix('.json')}.md)",
+            ]
+        )
+    return [
+        "### Every run on a replaced instruction, by task model and optimizer",
+        "A replaced instruction is mended only by new text. Every repair run on one, gathered "
+        "from the results files of the sections above, one row per case, task model, optimizer, "
+        "budget, arm and file. `winner`: how the text a run left at the sabotaged site was made "
+        "(`written`: by the writer, or an edit of its text; `default`: the signature's default "
+        "instruction; `other edit`: a deletion, a swap or a SIMBA rule; `unchanged`: the site "
+        "kept the sabotage; `not recorded`: a file from before trials were kept). Test accuracy "
+        "is the mean over the row's runs. Which case bites depends on the task model: the "
+        "champion's two bite on SmolLM2-135M, which cannot use what a writer writes, and on "
+        "neither Qwen model; the Qwen rows are the cases written for those models.",
+        table(
+            [
+                "case",
+                "site",
+                "task model",
+                "optimizer",
+                "budget",
+                "arm",
+                "runs",
+                "recovered >= half",
+                "sabotage gone",
+                "winner",
+                "test, sabotaged -> after",
+                "file",
+            ],
+            rows,
+        ),
+    ]
+
+
 def _repair_writer_first_start() -> list[str]:
     """The targeted runs of the first start of the writer's table, stopped when one of its
     winning texts turned out to restate the writer's own rules, each winner judged again by the
@@ -738,6 +829,7 @@ def repair() -> list[str]:
         out += _repair_by_planting(data)
         out += _simba_wellformed(data)
         out += _repair_writer(data)
+    out += replaced_runs()
     rate = [d for d in (load(f"repair_rate_s{k}.json") for k in range(3)) if d is not None]
     if rate:
         out += [

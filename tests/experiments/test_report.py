@@ -116,3 +116,70 @@ def test_written_against_control_counts_only_written_texts_above_both(tmp_path, 
 def test_written_against_control_is_absent_without_runs(tmp_path, monkeypatch):
     monkeypatch.setattr(report, "RESULTS", tmp_path)
     assert report.written_against_control() == []
+
+
+def _repair_case(case: str, mode: str, origin: str, **extra: object) -> dict[str, object]:
+    return {
+        "case": case,
+        "site": "md_flat.curate",
+        "mode": mode,
+        "optimizer": "edit",
+        "writer": "qwen2.5-coder-1.5b",
+        "arm": "targeted",
+        "seed": 0,
+        "sabotaged": 0.0,
+        "after": 0.9,
+        "recovered": 0.95,
+        "sabotage_removed": True,
+        "changed": ["md_flat.curate"],
+        "best_trial": 2,
+        "trials": [
+            {
+                "trial": 1,
+                "origin": "edit round 1: md_flat.curate del all (the signature's "
+                "default instruction)",
+                "dev": 0.0,
+            },
+            {"trial": 2, "origin": origin, "dev": 0.8},
+        ],
+        **extra,
+    }
+
+
+def test_replaced_runs_gathers_replaced_cases_and_says_how_each_winner_was_made(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    written = _repair_case("curate-empty", "replace", "edit round 2: md_flat.curate write 2")
+    default = _repair_case(
+        "curate-empty",
+        "replace",
+        "edit round 1: md_flat.curate del all (the signature's default instruction)",
+        seed=1,
+        after=0.5,
+        recovered=0.4,
+    )
+    kept = _repair_case("curate-empty", "replace", "x", seed=2, changed=[], sabotage_removed=False)
+    added = _repair_case("curate-add", "add", "edit round 1: md_flat.curate del 0")
+    (tmp_path / "repair_x.json").write_text(
+        json.dumps(
+            {
+                "budget": 6,
+                "model": "local:qwen2.5-coder-1.5b-instruct-q4_k_m.gguf:1117320768",
+                "cases": [written, default, kept, added],
+            }
+        )
+    )
+    (tmp_path / "other.json").write_text(json.dumps({"cases": [written]}))
+    text = "\n".join(report.replaced_runs())
+    assert (
+        "| curate-empty | md_flat.curate | qwen2.5-coder-1.5b-instruct-q4_k_m | edit, "
+        "qwen2.5-coder-1.5b writes | 6 | targeted | 3 | 2/3 | 2/3 | default 1, unchanged 1, "
+        "written 1 | 0.00 -> 0.77 |" in text
+    )
+    assert "curate-add" not in text and "other.json" not in text
+
+
+def test_replaced_runs_is_absent_without_replaced_cases(tmp_path, monkeypatch):
+    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    assert report.replaced_runs() == []
