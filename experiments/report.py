@@ -501,10 +501,11 @@ def _bite_count(data: Json) -> str:
     return f"{len(bites)} of {len(data['bites'])} bite ({', '.join(f'`{b}`' for b in bites)})"
 
 
-def _repair_runs(name: str, intro: str) -> list[str]:
+def _repair_runs(name: str, intro: str, runs: Json | None = None) -> list[str]:
     """A repair report's runs with a writer: provenance, every run, the aggregate, each run's
-    winning text with what the gate now says of it, and each run by what scored what."""
-    runs = load(name)
+    winning text with what the gate now says of it, and each run by what scored what. ``runs``
+    is the report when the caller has read it already."""
+    runs = runs if runs is not None else load(name)
     if runs is None:
         return []
     from experiments.bench.repair import summarize
@@ -593,8 +594,12 @@ def _repair_writer_qwen() -> list[str]:
             _repair_bites(curate15),
         ]
         if curate15["cases"]:
+            arms = list(dict.fromkeys(c["arm"] for c in curate15["cases"]))
             out += _repair_runs(
-                "repair_writer_qwen15_curate.json", "Its repair runs, targeted, first run:"
+                "repair_writer_qwen15_curate.json",
+                f"Its repair runs ({', '.join(arms)}), first run, each arm by the command below "
+                "with its `--arms` and seeds, into the same report (`--resume`):",
+                curate15,
             )
         else:
             out.append("Its repair runs (the command above) have not finished one run yet.")
