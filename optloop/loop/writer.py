@@ -194,6 +194,17 @@ class Writer:
             whole=False,
         )
 
+    def as_instruction(self, site: str, sentence: str, failures: str) -> bool:
+        """Whether the gate passes ``sentence``, written to be added to ``site``'s instruction, as
+        a whole instruction for the site's job (the verdict is logged and counted like any)."""
+        return not self.gate.refuses(
+            site,
+            sentence,
+            who="the writer's added sentence as the instruction",
+            shown=failures,
+            values=_GOLD.findall(failures),
+        )
+
     def rewrite(
         self,
         site: str,

@@ -388,17 +388,25 @@ class EditOptimizer(QueuedOptimizer):
         (``write``), one sentence added at the end (``add written``), and one sentence written anew
         (``write k``: the unit the failures point at most, else one drawn at random). Each task
         shows the proposer the failures blamed on the site, never the instruction whole when it
-        is long."""
+        is long.
+
+        When the gate refuses the short instruction, the added sentence takes its place if the
+        gate passes it as a whole instruction for the site's job (``write (the added sentence
+        alone)``): the only written edit that drops every unit of the instruction, and so the
+        only one that can mend an instruction replaced outright, is not lost to one refusal."""
         cases = failure_cases(failures, site, seed=self.seed * 1000 + self.rounds)
         rollout = self.rounds * 100 + 50
         signature = self._signature(site)
         out: list[Edit] = []
         shown = f" from {len(failures)} failure(s)" if failures else ""
-        if text := self.writer.instruction(site, cases, rollout=rollout, signature=signature):
+        text = self.writer.instruction(site, cases, rollout=rollout, signature=signature)
+        if text:
             out.append(Edit(text, [f"write (a short instruction{shown})"]))
         if sentence := self.writer.sentence(site, cases, rollout=rollout + 1, signature=signature):
             n = len(start.editable)
             out.append(Edit(start.insert(n, sentence, "sentence").text, ["add written"]))
+            if not text and self.writer.as_instruction(site, sentence, cases):
+                out.append(Edit(sentence, [f"write (the added sentence alone{shown})"]))
         units = start.editable
         if units and not long_instruction(units[0].body):
             k = supported[0] if supported else self.rng.randrange(len(units))

@@ -424,6 +424,34 @@ def test_written_edits_the_gate_refuses_are_not_proposed():
     assert opt.gate.counts == {"off_task": 1, "malformed": 1, "passed": 1}
 
 
+@pytest.mark.parametrize(
+    ("sentence", "alone"),
+    [
+        ("Answer the question with the name or number the memories give.", True),
+        ("Be brief.", False),
+    ],
+)
+def test_a_refused_short_instruction_gives_way_to_the_added_sentence_alone(sentence, alone):
+    """Only a written edit that drops every unit mends an instruction replaced outright: when the
+    short instruction is refused, the added sentence stands in for it if it names the job."""
+    lm = DummyLM(
+        [
+            {"instruction": "The goal of this step is to answer from the memories."},
+            {"sentence": sentence},
+            {"new_sentence": "Answer only from the memories."},
+        ]
+    )
+    opt = EditOptimizer(
+        FakeEvaluator(), lm, _train(), sites=["answer"], seed=0, deletions=0, extra=0, bsize=3
+    )
+    edits = opt.edits(f"{CLEAN} {SABOTAGE}", "answer")
+    by_op = {e.ops[0]: e.text for e in edits}
+    assert "write (a short instruction)" not in by_op and "add written" in by_op
+    assert (by_op.get("write (the added sentence alone)") == sentence) is alone
+    assert opt.gate.counts["off_task"] == (1 if alone else 2)
+    assert opt.gate.counts["passed"] == (3 if alone else 2)
+
+
 def test_a_long_instruction_gets_no_random_deletions_or_composed_edits(optimizer):
     opt, _ = optimizer
     opt.deletions = 3
