@@ -525,6 +525,9 @@ def _repair_runs(name: str, intro: str, runs: Json | None = None) -> list[str]:
     ]
 
 
+CURATE15_ALONE = "repair_writer_qwen15_curate_sentence_alone.json"
+
+
 def _repair_writer_qwen() -> list[str]:
     """The replaced-instruction cases on the Qwen models (``--cases writer`` and the rag_bm25
     ones with the 1.5B answering): their bite checks, and the repair runs with the 1.5B writing
@@ -603,6 +606,15 @@ def _repair_writer_qwen() -> list[str]:
             )
         else:
             out.append("Its repair runs (the command above) have not finished one run yet.")
+    out += _repair_runs(
+        CURATE15_ALONE,
+        "The same case, targeted, after the edit optimizer's change that lets the sentence "
+        "written to be added stand in for a short instruction the gate refused (`write (the "
+        "added sentence alone)`, [loop.md](loop.md#proposals-a-person-would-ship)). In the first run's seed 1 "
+        "the gate refused both of the 1.5B's short instructions (they spoke of the prompt: "
+        "\"The goal of this step is ...\"), and no written edit dropped the sabotage's two "
+        "sentences. Seeds 0 and 2 repeat from the LM cache wherever the rounds are the same:",
+    )
     if not out:
         return []
     return [
