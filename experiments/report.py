@@ -416,12 +416,14 @@ WRITER_QWEN_MD_FLAT = "repair_writer_qwen_bite_md_flat.json"
 
 
 def _by_text(cases: list[Json], clean: str) -> str:
-    """The runs of replaced-instruction cases by what each kind of text scored: on dev, the
-    signature's default instruction (the deletion of all) and the writer's best text; on test,
+    """The runs of replaced-instruction cases by what each kind of text at the sabotaged site
+    scored: on dev, the signature's default instruction (the deletion of all) and the writer's
+    best text; on test,
     the sabotaged program, the loop's result and the ``clean`` program."""
     rows = []
     for c in cases:
-        trials = c["trials"]
+        # only the trials that edited the sabotaged site (a later round may edit another)
+        trials = [t for t in c["trials"] if f": {c['site']} " in t["origin"]]
         default = [t["dev"] for t in trials if "default instruction" in t["origin"]]
         written = [t["dev"] for t in trials if _is_written(t["origin"])]
         rows.append(
@@ -612,7 +614,7 @@ def _repair_writer_qwen() -> list[str]:
         "written to be added stand in for a short instruction the gate refused (`write (the "
         "added sentence alone)`, [loop.md](loop.md#proposals-a-person-would-ship)). In the first run's seed 1 "
         "the gate refused both of the 1.5B's short instructions (they spoke of the prompt: "
-        "\"The goal of this step is ...\"), and no written edit dropped the sabotage's two "
+        '"The goal of this step is ..."), and no written edit dropped the sabotage\'s two '
         "sentences. Seeds 0 and 2 repeat from the LM cache wherever the rounds are the same:",
     )
     if not out:
@@ -642,7 +644,15 @@ def _winner_kind(case: Json) -> str:
         return "unchanged"
     if "trials" not in case:
         return "not recorded"
-    origin = next((t["origin"] for t in case["trials"] if t["trial"] == case["best_trial"]), "")
+    # The edit optimizer edits the best so far: the site's text in the run's best candidate came
+    # from the last trial that edited the site and beat every trial before it.
+    origin, top = "", float("-inf")
+    for t in sorted(case["trials"], key=lambda t: t["trial"]):
+        if t["trial"] > case["best_trial"]:
+            break
+        if t["dev"] > top:
+            top = t["dev"]
+            origin = t["origin"] if f": {case['site']} " in t["origin"] else origin
     if _is_written(origin):
         return "written"
     return "default" if "default instruction" in origin else "other edit"

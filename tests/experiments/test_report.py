@@ -183,3 +183,26 @@ def test_replaced_runs_gathers_replaced_cases_and_says_how_each_winner_was_made(
 def test_replaced_runs_is_absent_without_replaced_cases(tmp_path, monkeypatch):
     monkeypatch.setattr(report, "RESULTS", tmp_path)
     assert report.replaced_runs() == []
+
+
+def test_by_text_reads_only_the_trials_that_edited_the_sabotaged_site():
+    case = _repair_case("curate-empty", "replace", "edit round 1: md_flat.curate write 2")
+    case["clean"] = 0.95
+    case["trials"].append(
+        {
+            "trial": 3,
+            "origin": "edit round 2: answer del all (the signature's default)",
+            "dev": 1.0,
+        }
+    )
+    case["trials"].append({"trial": 4, "origin": "edit round 2: answer write 0", "dev": 1.0})
+    assert "| curate-empty | targeted | 0 | 0.00 | 0.80 | 0.00 | 0.90 | 0.95 |" in report._by_text(
+        [case], "own prompts"
+    )
+
+
+def test_a_winner_is_the_last_better_trial_at_the_sabotaged_site():
+    case = _repair_case("curate-empty", "replace", "edit round 1: md_flat.curate write 2")
+    case["trials"].append({"trial": 3, "origin": "edit round 2: answer del 0", "dev": 0.9})
+    case["best_trial"] = 3
+    assert report._winner_kind(case) == "written"
