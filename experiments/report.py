@@ -658,6 +658,12 @@ def _winner_kind(case: Json) -> str:
     return "default" if "default instruction" in origin else "other edit"
 
 
+def _results_link(name: str) -> str:
+    """A link to a results file's tables (its ``.md``), or to the file itself when it has none."""
+    md = name.removesuffix(".json") + ".md"
+    return f"[`{name}`](../experiments/results/{md if (RESULTS / md).exists() else name})"
+
+
 def replaced_runs() -> list[str]:
     """Every repair run on a replaced instruction in ``experiments/results``, grouped by case,
     task model, optimizer (with its writer), budget and arm: how many recovered at least half
@@ -697,7 +703,7 @@ def replaced_runs() -> list[str]:
                 ", ".join(f"{k} {v}" for k, v in sorted(kinds.items())),
                 f"{sum(c['sabotaged'] for c in cases) / n:.2f} -> "
                 f"{sum(c['after'] for c in cases) / n:.2f}",
-                f"[`{key[6]}`](../experiments/results/{key[6].removesuffix('.json')}.md)",
+                _results_link(key[6]),
             ]
         )
     return [
