@@ -612,7 +612,8 @@ def _repair_writer_qwen() -> list[str]:
         CURATE15_ALONE,
         "The same case, targeted, after the edit optimizer's change that lets the sentence "
         "written to be added stand in for a short instruction the gate refused (`write (the "
-        "added sentence alone)`, [loop.md](loop.md#proposals-a-person-would-ship)). In the first run's seed 1 "
+        "added sentence alone)`, [loop.md](loop.md#proposals-a-person-would-ship)). In the "
+        "first run's seed 1 "
         "the gate refused both of the 1.5B's short instructions (they spoke of the prompt: "
         '"The goal of this step is ..."), and no written edit dropped the sabotage\'s two '
         "sentences. Seeds 0 and 2 repeat from the LM cache wherever the rounds are the same:",
