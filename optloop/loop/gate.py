@@ -89,8 +89,9 @@ _META = re.compile(
     r"|\b(?:fix|change|edit|rewrite|improve|update|adjust|modify)\s+(?:the|this|your)\s+"
     r"(?:\w+\s+)?(?:prompt|instructions?)\b"
     # the writer's own rules restated: "The instruction should be general ... should not
-    # mention functions, sessions, fields, or code."
-    r"|\bthe (?:new )?instructions? (?:should|must|needs? to|will)\b"
+    # mention functions, sessions, fields, or code."; or the task restated: "The instruction is
+    # to rewrite the markdown memory file ..."
+    r"|\bthe (?:new )?instructions? (?:should|must|needs? to|will|is to|are to)\b"
     r"|\bmention(?:s|ing)? functions\b|\bdescribes? the output format\b",
     re.IGNORECASE,
 )

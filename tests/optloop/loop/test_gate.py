@@ -187,6 +187,18 @@ def test_an_instruction_that_restates_the_writers_rules_is_off_task(gate):
     )
 
 
+def test_an_instruction_that_states_what_the_instruction_is_is_off_task(gate):
+    """A repair run's winning curate text on the 1.5B opened by restating its writing task."""
+    text = (
+        "The instruction is to rewrite the markdown memory file so it keeps every lasting fact "
+        "of the conversation."
+    )
+    reason, detail = gate.judge("md_flat.curate", text)
+    assert reason is Reason.OFF_TASK and "the instruction is to" in detail.lower()
+    fine = "Rewrite the markdown memory file so it keeps every lasting fact of the conversation."
+    assert gate.judge("md_flat.curate", fine)[0] is None
+
+
 def test_a_question_in_place_of_an_instruction_is_off_task(gate):
     """A paraphrase of the answer prompt's second sentence a run's proposer turned into a
     question; an instruction that asks itself a question and then instructs passes."""
