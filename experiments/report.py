@@ -610,13 +610,15 @@ def _repair_writer_qwen() -> list[str]:
             out.append("Its repair runs (the command above) have not finished one run yet.")
     out += _repair_runs(
         CURATE15_ALONE,
-        "The same case, targeted, after the edit optimizer's change that lets the sentence "
-        "written to be added stand in for a short instruction the gate refused (`write (the "
-        "added sentence alone)`, [loop.md](loop.md#proposals-a-person-would-ship)). In the "
-        "first run's seed 1 "
-        "the gate refused both of the 1.5B's short instructions (they spoke of the prompt: "
-        '"The goal of this step is ..."), and no written edit dropped the sabotage\'s two '
-        "sentences. Seeds 0 and 2 repeat from the LM cache wherever the rounds are the same:",
+        "The same case after two changes: the sentence written to be added stands in for a "
+        "short instruction the gate refused (`write (the added sentence alone)`, "
+        "[loop.md](loop.md#proposals-a-person-would-ship); in the first run's seed 1 the gate "
+        "refused both of the 1.5B's short instructions, which spoke of the prompt: \"The goal "
+        "of this step is ...\", and no written edit dropped the sabotage's two sentences), and "
+        "the gate refuses a text that says what the instruction is (the first run's seed-0 "
+        'winner opens "The instruction is to ..."). Each arm and seed by the command below '
+        "with its `--arms` and `--seeds`, into the same report (`--resume`); the LM cache "
+        "answers every call the first run made again:",
     )
     if not out:
         return []
