@@ -83,6 +83,13 @@ _REQUEST = re.compile(
 )
 # Text about the prompt or the optimization rather than an instruction to the model: "The model
 # should be programmed to ...", "This will ensure that the step no longer fails as in the cases".
+# A coder model's reflex: asked for an instruction, it specifies a program ("Write a function
+# `rewrite_memory` that takes a string ..."); the site's model is not asked to write code.
+_CODE = re.compile(
+    r"\b(?:write|implement|define|create)\s+(?:a|an|the)\s+(?:python\s+)?"
+    r"(?:function|method|class|script|program)\b",
+    re.IGNORECASE,
+)
 _META = re.compile(
     r"\bbe programmed\b|\bthe step\b|\bthis step\b|\bthe failures?\b"
     r"|\bthe cases? (?:above|below|where)\b|\bno longer fails?\b"
@@ -266,6 +273,8 @@ class ProposalGate:
             return Reason.OFF_TASK, f"it asks for input ({m.group(0)!r}) instead of instructing"
         if m := _META.search(text):
             return Reason.OFF_TASK, f"it talks about the prompt ({m.group(0)!r}), not to the model"
+        if m := _CODE.search(text):
+            return Reason.OFF_TASK, f"it asks for a program ({m.group(0)!r}), not the site's job"
         job = site_job(site) if whole else None
         if job is not None and not asks_for(job, text):
             return Reason.OFF_TASK, f"it names no word of the site's job ({job.task[:60]}...)"

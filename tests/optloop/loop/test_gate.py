@@ -250,3 +250,15 @@ def test_an_instruction_that_quotes_the_failures_shown_is_an_echo(gate):
     # one quoted word, or a phrase the failures do not hold, is not fitted to them
     for fine in ('Keep the "name" of the thing asked about.', 'Never reply "I do not know" here.'):
         assert gate.judge(QUERY_REWRITE, fine, shown=shown, whole=False)[0] is None
+
+
+def test_an_instruction_that_specifies_a_program_is_off_task(gate):
+    """A curate instruction the 1.5B wrote in a repair run: a coder model's function spec."""
+    text = (
+        "Write a function `rewrite_memory` that takes a string `memory` as input and returns a "
+        "new string with every lasting fact of the conversation stored separately."
+    )
+    reason, detail = gate.judge("md_flat.curate", text)
+    assert reason is Reason.OFF_TASK and "write a function" in detail.lower()
+    fine = "Write every lasting fact of the conversation into the memory file, one per line."
+    assert gate.judge("md_flat.curate", fine)[0] is None
