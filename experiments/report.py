@@ -435,6 +435,7 @@ def _by_text(cases: list[Json], clean: str) -> str:
                 f"{max(written):.2f}" if written else "-",
                 f"{c['sabotaged']:.2f}",
                 f"{c['after']:.2f}",
+                f"{c['control_test']:.2f}" if "control_test" in c else "-",
                 f"{c['clean']:.2f}",
             ]
         )
@@ -447,6 +448,7 @@ def _by_text(cases: list[Json], clean: str) -> str:
             "dev, the writer's best",
             "test, sabotaged",
             "test, after",
+            "test, trivial instruction",
             f"test, {clean}",
         ],
         rows,

@@ -490,6 +490,13 @@ class Bench:
             "clean": round(statistics.fmean(clean_v), 3) if clean_v else 0.0,
             "sabotaged": round(result.test_before, 3),
             "after": round(result.test_after, 3),
+            # the trivial instruction (the signature's default) at the blamed sites, the loop's
+            # control: what the site scores with no written text at all
+            **{
+                f"control_{split}": round(ev.accuracy, 3)
+                for split, ev in (("dev", ckpt.control_dev), ("test", ckpt.control_test))
+                if ev is not None
+            },
             "n_test": len(keys),
             "recovered": None
             if recovered.estimate != recovered.estimate

@@ -126,6 +126,8 @@ class ScriptedBench(repair.Bench):
             test_after=_evaluation([1, 1, 1, 1, 0] if best else [0, 0, 1, 0, 0]),
             baseline_train=None,
             baseline_dev=_evaluation([0, 1]),
+            control_dev=None,
+            control_test=_evaluation([0, 1, 1, 0, 0]),
         )
         return _result(best, targets=[site], changed=[site] if best else []), ckpt, base
 
@@ -210,6 +212,8 @@ def test_the_report_has_every_field_and_its_markdown_beside_it(bench, tmp_path):
         assert isinstance(case["sabotage_removed"], bool)
         assert len(case["recovered_ci"]) == 2
     targeted = next(c for c in report["cases"] if c["arm"] == "targeted")
+    # the loop's control is kept where the run evaluated it (test here, not dev)
+    assert targeted["control_test"] == 0.4 and "control_dev" not in targeted
     # champion 0.8 on the test keys (e0..e4: all passed), sabotaged 0.2, after 0.8: all won back
     assert targeted["clean"] == 1.0 and targeted["recovered"] == pytest.approx(0.75)
     assert {r["arm"] for r in report["aggregate"]} == set(repair.ARMS)

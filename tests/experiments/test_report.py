@@ -196,9 +196,12 @@ def test_by_text_reads_only_the_trials_that_edited_the_sabotaged_site():
         }
     )
     case["trials"].append({"trial": 4, "origin": "edit round 2: answer write 0", "dev": 1.0})
-    assert "| curate-empty | targeted | 0 | 0.00 | 0.80 | 0.00 | 0.90 | 0.95 |" in report._by_text(
-        [case], "own prompts"
+    assert (
+        "| curate-empty | targeted | 0 | 0.00 | 0.80 | 0.00 | 0.90 | - | 0.95 |"
+        in report._by_text([case], "own prompts")
     )
+    case["control_test"] = 0.1
+    assert "| 0.00 | 0.90 | 0.10 | 0.95 |" in report._by_text([case], "own prompts")
 
 
 def test_a_winner_is_the_last_better_trial_at_the_sabotaged_site():
