@@ -524,7 +524,9 @@ def _repair_runs(name: str, intro: str, runs: Json | None = None) -> list[str]:
         "the proposal gate says of it now:",
         _winners(runs["cases"]),
         "Each run by what scored what (on dev, the signature's default instruction and the "
-        "writer's best text; on test, sabotaged, after, and the system's own prompts):",
+        "writer's best text at the sabotaged site; on test, sabotaged, after, the loop's "
+        "control with the trivial instruction at the blamed sites (`-`: a run from before the "
+        "bench kept it) and the system's own prompts):",
         _by_text(runs["cases"], "own prompts"),
     ]
 
@@ -620,7 +622,8 @@ def _repair_writer_qwen() -> list[str]:
         "the gate refuses a text that says what the instruction is (the first run's seed-0 "
         'winner opens "The instruction is to ..."). Each arm and seed by the command below '
         "with its `--arms` and `--seeds`, into the same report (`--resume`); the LM cache "
-        "answers every call the first run made again:",
+        "answers every call the first run made again. The random arm edits one site drawn per "
+        "run (`answer` in seed 0):",
     )
     if not out:
         return []
