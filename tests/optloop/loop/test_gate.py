@@ -187,18 +187,6 @@ def test_an_instruction_that_restates_the_writers_rules_is_off_task(gate):
     )
 
 
-def test_an_instruction_that_states_what_the_instruction_is_is_off_task(gate):
-    """A repair run's winning curate text on the 1.5B opened by restating its writing task."""
-    text = (
-        "The instruction is to rewrite the markdown memory file so it keeps every lasting fact "
-        "of the conversation."
-    )
-    reason, detail = gate.judge("md_flat.curate", text)
-    assert reason is Reason.OFF_TASK and "the instruction is to" in detail.lower()
-    fine = "Rewrite the markdown memory file so it keeps every lasting fact of the conversation."
-    assert gate.judge("md_flat.curate", fine)[0] is None
-
-
 def test_a_question_in_place_of_an_instruction_is_off_task(gate):
     """A paraphrase of the answer prompt's second sentence a run's proposer turned into a
     question; an instruction that asks itself a question and then instructs passes."""
@@ -252,13 +240,28 @@ def test_an_instruction_that_quotes_the_failures_shown_is_an_echo(gate):
         assert gate.judge(QUERY_REWRITE, fine, shown=shown, whole=False)[0] is None
 
 
-def test_an_instruction_that_specifies_a_program_is_off_task(gate):
-    """A curate instruction the 1.5B wrote in a repair run: a coder model's function spec."""
-    text = (
-        "Write a function `rewrite_memory` that takes a string `memory` as input and returns a "
-        "new string with every lasting fact of the conversation stored separately."
-    )
+@pytest.mark.parametrize(
+    ("text", "found", "fine"),
+    [
+        # a winning curate text on the 1.5B that opened by restating its writing task
+        (
+            "The instruction is to rewrite the markdown memory file so it keeps every lasting "
+            "fact of the conversation.",
+            "the instruction is to",
+            "Rewrite the markdown memory file so it keeps every lasting fact of the conversation.",
+        ),
+        # a curate instruction the 1.5B wrote: a coder model's function spec
+        (
+            "Write a function `rewrite_memory` that takes a string `memory` as input and returns "
+            "a new string with every lasting fact of the conversation stored separately.",
+            "write a function",
+            "Write every lasting fact of the conversation into the memory file, one per line.",
+        ),
+    ],
+)
+def test_a_curate_text_that_restates_the_task_or_asks_for_a_program_is_off_task(
+    gate, text, found, fine
+):
     reason, detail = gate.judge("md_flat.curate", text)
-    assert reason is Reason.OFF_TASK and "write a function" in detail.lower()
-    fine = "Write every lasting fact of the conversation into the memory file, one per line."
+    assert reason is Reason.OFF_TASK and found in detail.lower()
     assert gate.judge("md_flat.curate", fine)[0] is None
