@@ -18,6 +18,7 @@ import importlib.util
 import json
 import shlex
 import sys
+from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -418,12 +419,13 @@ WRITER_QWEN_MD_FLAT = "repair_writer_qwen_bite_md_flat.json"
 def _by_text(cases: list[Json], clean: str) -> str:
     """The runs of replaced-instruction cases by what each kind of text at the sabotaged site
     scored: on dev, the signature's default instruction (the deletion of all) and the writer's
-    best text; on test,
-    the sabotaged program, the loop's result and the ``clean`` program."""
+    best text; on test, the sabotaged program, the loop's result, the loop's control (the trivial
+    instruction at the blamed sites; ``-`` for a run from before the bench kept it) and the
+    ``clean`` program."""
     rows = []
     for c in cases:
         # only the trials that edited the sabotaged site (a later round may edit another)
-        trials = [t for t in c["trials"] if f": {c['site']} " in t["origin"]]
+        trials = [t for t in c["trials"] if _at_site(t["origin"], c["site"])]
         default = [t["dev"] for t in trials if "default instruction" in t["origin"]]
         written = [t["dev"] for t in trials if _is_written(t["origin"])]
         rows.append(
@@ -660,7 +662,7 @@ def _winner_kind(case: Json) -> str:
             break
         if t["dev"] > top:
             top = t["dev"]
-            origin = t["origin"] if f": {case['site']} " in t["origin"] else origin
+            origin = t["origin"] if _at_site(t["origin"], case["site"]) else origin
     if _is_written(origin):
         return "written"
     return "default" if "default instruction" in origin else "other edit"
@@ -699,9 +701,7 @@ def replaced_runs() -> list[str]:
     rows = []
     for key, cases in groups.items():
         n = len(cases)
-        kinds: dict[str, int] = {}
-        for c in cases:
-            kinds[_winner_kind(c)] = kinds.get(_winner_kind(c), 0) + 1
+        kinds = Counter(_winner_kind(c) for c in cases)
         rows.append(
             [
                 *key[:6],
@@ -1222,6 +1222,11 @@ def structure() -> list[str]:
 
 
 _WRITTEN = ("write", "written", "proposer rewrite", " par ")
+
+
+def _at_site(origin: str, site: str) -> bool:
+    """Whether a trial's origin (``edit round 2: md_flat.curate write 0``) edited ``site``."""
+    return f": {site} " in origin
 
 
 def _is_written(origin: str) -> bool:

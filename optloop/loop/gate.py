@@ -83,13 +83,6 @@ _REQUEST = re.compile(
 )
 # Text about the prompt or the optimization rather than an instruction to the model: "The model
 # should be programmed to ...", "This will ensure that the step no longer fails as in the cases".
-# A coder model's reflex: asked for an instruction, it specifies a program ("Write a function
-# `rewrite_memory` that takes a string ..."); the site's model is not asked to write code.
-_CODE = re.compile(
-    r"\b(?:write|implement|define|create)\s+(?:a|an|the)\s+(?:python\s+)?"
-    r"(?:function|method|class|script|program)\b",
-    re.IGNORECASE,
-)
 _META = re.compile(
     r"\bbe programmed\b|\bthe step\b|\bthis step\b|\bthe failures?\b"
     r"|\bthe cases? (?:above|below|where)\b|\bno longer fails?\b"
@@ -100,6 +93,13 @@ _META = re.compile(
     # to rewrite the markdown memory file ..."
     r"|\bthe (?:new )?instructions? (?:should|must|needs? to|will|is to|are to)\b"
     r"|\bmention(?:s|ing)? functions\b|\bdescribes? the output format\b",
+    re.IGNORECASE,
+)
+# A coder model's reflex: asked for an instruction, it specifies a program ("Write a function
+# `rewrite_memory` that takes a string ..."); the site's model is not asked to write code.
+_CODE = re.compile(
+    r"\b(?:write|implement|define|create)\s+(?:a|an|the)\s+(?:python\s+)?"
+    r"(?:function|method|class|script|program)\b",
     re.IGNORECASE,
 )
 
