@@ -52,6 +52,8 @@ def optimize(
     concurrency: int | str | None = None,
     batch: int = _LOOP["batch"].default,
     control: bool = _LOOP["control"].default,
+    race: bool = _LOOP["race"].default,
+    min_gain: float = _LOOP["min_gain"].default,
     allow_small_splits: bool = _RUN["allow_small_splits"].default,
     max_cost: float | None = None,
     max_calls: int | None = None,
@@ -134,6 +136,13 @@ def optimize(
             given DSPy's default instruction for its signature) on dev and test, so the result
             says whether the loop's prompt beats it (``beats_control``, ``delta_control_ci``);
             ``False`` skips it, and the result cannot say what the loop's writing earned.
+        race:
+            Race each candidate on dev against the best so far and stop its evaluation once it is
+            significantly worse (:mod:`optloop.loop.racing`); ``False`` answers every dev
+            question with every candidate.
+        min_gain:
+            The smallest held-out gain the run is meant to show: the result's ``power`` line says
+            whether the dev and test splits can show it.
         allow_small_splits:
             Run even when the dev or test split has fewer than 20 questions (its CIs are too wide
             to show a change).
@@ -210,5 +219,7 @@ def optimize(
         query_rewrite=query_rewrite,
         batch=batch,
         control=control,
+        race=race,
+        min_gain=min_gain,
     )
     return session.run(RunRequest(config, settings, proposer, options), on_event=on_event)

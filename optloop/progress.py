@@ -64,12 +64,22 @@ def duration(seconds: float, *, minutes_from: float = 90, hours_from: float = 54
 
 
 def trial_line(
-    trial: int, budget: int, dev: float, best: float, seconds: float, eta_s: float | None = None
+    trial: int,
+    budget: int,
+    dev: float,
+    best: float,
+    seconds: float,
+    eta_s: float | None = None,
+    *,
+    stopped: str | None = None,
 ) -> str:
     """``trial 3/50 dev 0.550 (best 0.650) 41 s, ETA 18 min``: one finished trial, its dev
     accuracy, the best so far, how long it took and, when known, how long the rest of the run
-    should take."""
+    should take. ``stopped``: why a race stopped its evaluation (``trial 4/50 dev 0.250 (best
+    0.650) 12 s, stopped after 8/20 questions: ...``)."""
     line = f"trial {trial}/{budget} dev {dev:.3f} (best {best:.3f}) {duration(seconds)}"
+    if stopped is not None:
+        line = f"{line}, {stopped}"
     return line if eta_s is None else f"{line}, ETA {duration(eta_s)}"
 
 

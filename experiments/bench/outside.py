@@ -208,9 +208,9 @@ def last_line(text: str) -> str:
     return lines[-1] if lines else ""
 
 
-# The lines every run prints before it starts: which run, its dataset, what the endpoint check
-# chose.
-_OWN_LINES = ("optloop.run ", "dataset ", "LM endpoint ", "LM proposer endpoint ")
+# The lines every run prints before it starts: which run, its dataset, what its splits can show,
+# what the endpoint check chose.
+_OWN_LINES = ("optloop.run ", "dataset ", "power: ", "LM endpoint ", "LM proposer endpoint ")
 
 
 # A run's progress: a stage or trial line (``[41 s] trial 1/2 ...``, optloop.progress without a

@@ -194,6 +194,10 @@ def show_result(view: RunView, finished: Finished) -> None:
         view.keep(result.prompt_diff)
     if result.note:
         view.keep(f"note: {result.note}")
+    if result.racing is not None and result.racing.candidates:
+        view.keep(result.racing.line())
+    if result.power:
+        view.keep(result.power)
     if faults := fault_line(finished.usage):
         view.keep(faults)
     view.keep(

@@ -50,6 +50,17 @@ dev episode (reusing the stored result when the candidate's ingest prompts are u
 answer every dev question, attribute every failure. SIMBA's and GEPA's own mini-batch runs
 on train are the optimizer's cost: their LLM calls are reported, they are not evaluations.
 
+Racing: each candidate answers dev episode by episode in a seeded order, its answers paired
+with the best's on the same questions, and stops once Optuna's WilcoxonPruner finds it worse
+(p < 0.1, after at least 5 questions): the trial line, run.log and MLflow (tag
+optloop.stopped) say after how many questions and against which best. A stopped candidate
+never becomes the best; --budget still counts it, and the summary says what racing saved
+(questions and LLM calls against full evaluations). --no-race answers every dev question.
+
+Power: before the baseline and in the summary, a line says the smallest held-out gain the
+splits can show (the 95% CI half-width of an accuracy at the baseline's, on n questions); when
+that is wider than --min-gain (default 0.05) it says how many test questions would show it.
+
 Results: `make ui` (MLflow UI on mlruns/, offline-safe; see the README), experiment
 optloop-<system>.
 
@@ -291,6 +302,23 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     parser.add_argument(
+        "--min-gain",
+        type=float,
+        metavar="G",
+        default=_LOOP["min_gain"].default,
+        help="the smallest held-out gain the run is meant to show (default %(default)s): the "
+        "power line before the baseline and in the summary says when the dev and test splits are "
+        "too small to show it, and what to change",
+    )
+    parser.add_argument(
+        "--no-race",
+        dest="race",
+        action="store_false",
+        help="evaluate every candidate on every dev question (by default each candidate is raced "
+        "against the best so far and stopped once a Wilcoxon test finds it worse at p < 0.1: "
+        "a losing candidate costs a few episodes, not the whole dev split)",
+    )
+    parser.add_argument(
         "--no-control",
         dest="control",
         action="store_false",
@@ -458,6 +486,8 @@ def run_config(
         query_rewrite=args.query_rewrite,
         batch=args.batch,
         control=args.control,
+        race=args.race,
+        min_gain=args.min_gain,
     )
 
 

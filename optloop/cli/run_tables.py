@@ -139,7 +139,7 @@ def tried_table(result: LoopResult) -> Table:
     ):
         table.add_column(col, justify=justify)  # type: ignore[arg-type]
     for t in result.tried:
-        mark = " best" if t.trial == result.best_trial else ""
+        mark = " best" if t.trial == result.best_trial else " stopped" if t.stopped else ""
         table.add_row(str(t.trial), f"{t.dev:.3f}{mark}", ", ".join(t.changed) or "-", t.origin)
     return table
 

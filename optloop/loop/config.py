@@ -20,6 +20,8 @@ from optloop.loop.optimizers.registry import DEFAULT, NAMES, OptimizerName
 
 MAX_BUDGET = 500
 MAX_BATCH = 64
+# The smallest held-out gain a run is meant to show unless --min-gain says otherwise.
+MIN_GAIN = 0.05
 
 OPTIMIZER_NAMES: tuple[str, ...] = NAMES
 
@@ -93,6 +95,21 @@ class LoopConfig(BaseModel):
         "loop's writing earned beyond a trivial instruction)",
     )
 
+    race: bool = Field(
+        True,
+        description="race each candidate on dev against the best so far and stop it once it is "
+        "significantly worse (optloop.loop.racing; --no-race evaluates every candidate on every "
+        "dev question)",
+    )
+
+    min_gain: float = Field(
+        MIN_GAIN,
+        gt=0,
+        lt=1,
+        description="the smallest held-out gain the run is meant to show (--min-gain): the power "
+        "line says when the splits are too small for it",
+    )
+
     @field_validator("fractions")
     @classmethod
     def _fractions(cls, value: tuple[float, float, float]) -> tuple[float, float, float]:
@@ -125,6 +142,8 @@ class LoopConfig(BaseModel):
             ({"query_rewrite"} if not self.query_rewrite else set())
             | ({"batch"} if self.batch == 1 else set())
             | ({"control"} if self.control else set())
+            | ({"race"} if self.race else set())
+            | ({"min_gain"} if self.min_gain == MIN_GAIN else set())
         )
 
 

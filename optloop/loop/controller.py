@@ -67,6 +67,7 @@ from optloop.loop.interfaces import (
 from optloop.loop.optimizers.base import Optimizer
 from optloop.loop.outcome import Outcome, best_of
 from optloop.loop.policy import choose_targets, control_sites, floor_warning
+from optloop.loop.racing import Against
 from optloop.loop.run_context import RunContext
 from optloop.loop.state import Checkpoint, Cost, LoopConfig, LoopResult, Trial, add_costs
 
@@ -78,6 +79,10 @@ class _Best:
     candidate: Candidate
     evaluation: Evaluation
     trial: int = 0
+
+    @property
+    def label(self) -> str:
+        return f"trial {self.trial}" if self.trial else "the start program"
 
 
 # --- the controller -----------------------------------------------------------------------
@@ -292,7 +297,11 @@ class Controller:
         best = _Best(base, ckpt.baseline_dev)
         for t in ckpt.trials:
             optimizer.mark_seen(t.candidate)
-            if t.evaluation is not None and t.evaluation.accuracy > best.evaluation.accuracy:
+            if (
+                t.evaluation is not None
+                and t.evaluation.complete
+                and t.evaluation.accuracy > best.evaluation.accuracy
+            ):
                 best = _Best(t.candidate, t.evaluation, t.trial)
         if best.trial:
             optimizer.retarget(
@@ -352,18 +361,19 @@ class Controller:
                     f"trials {trials[0].trial}-{trials[-1].trial}/{cfg.budget}: evaluating "
                     f"{len(trials)} candidates at once{left}"
                 )
-            evaluations = self._evaluate_many(trials)
+            against = self._against(best)
+            evaluations = self._evaluate_many(trials, against)
             seconds: float | None = (
                 None  # each trial's share of the batch's time, proposals included
             )
             for trial, evaluation in zip(trials, evaluations):
-                self._record_trial(trial, evaluation)
+                self._record_trial(trial, evaluation, against)
                 if seconds is None:  # a trial alone was evaluated inside its record
                     seconds = (time.perf_counter() - started) / len(trials)
                 assert trial.evaluation is not None
                 evaluation = trial.evaluation
                 optimizer.observe(trial.candidate, evaluation, trial.trial)
-                if evaluation.accuracy > best.evaluation.accuracy:
+                if evaluation.complete and evaluation.accuracy > best.evaluation.accuracy:
                     trial.improved = True
                     best = _Best(trial.candidate, evaluation, trial.trial)
                     self._retarget(optimizer, evaluation)
@@ -383,6 +393,11 @@ class Controller:
                         best=best_so_far,
                         seconds=seconds,
                         eta_s=None if eta is None else eta.seconds_left(self._done()),
+                        stopped=(
+                            None
+                            if evaluation.stopped is None
+                            else evaluation.stopped.line(evaluation.accuracy)
+                        ),
                     )
                 )
             if len(trials) < len(candidates):  # the budget went to other workers
@@ -412,14 +427,27 @@ class Controller:
             self.ctx.save()
         return taken
 
-    def _evaluate_many(self, trials: Sequence[Trial]) -> list[Evaluation | None]:
+    def _against(self, best: _Best) -> Against | None:
+        """What the next trials race against on dev: the best's outcomes (``None``: ``--no-race``,
+        every candidate answers every dev question)."""
+        if not self.config.race:
+            return None
+        return Against(best.evaluation.outcomes, best.label, seed=self.config.seed)
+
+    def _evaluate_many(
+        self, trials: Sequence[Trial], against: Against | None
+    ) -> list[Evaluation | None]:
         """Several trials' candidates on dev at once; a trial alone is evaluated inside its record
         instead (``None``: :meth:`_record_trial` evaluates it)."""
         if len(trials) == 1:
             return [None]
-        return list(self.evaluator.evaluate_many([t.candidate for t in trials], "dev"))
+        return list(
+            self.evaluator.evaluate_many([t.candidate for t in trials], "dev", against=against)
+        )
 
-    def _record_trial(self, trial: Trial, evaluation: Evaluation | None) -> None:
+    def _record_trial(
+        self, trial: Trial, evaluation: Evaluation | None, against: Against | None = None
+    ) -> None:
         """``trial``'s record (a child run): its evaluation (made here when ``None``: the record's
         time is then the evaluation's), logged into it, then set on the trial. The trial is in the
         checkpoint before its record opens, so whatever a kill leaves of it is found and discarded
@@ -428,7 +456,7 @@ class Controller:
         with self.sink.open_trial(trial.trial, self.coordinator.trial_tags()) as run_id:
             trial.child_run_id = run_id
             if evaluation is None:
-                evaluation = self._evaluate(trial.candidate, "dev")
+                evaluation = self.evaluator.evaluate(trial.candidate, "dev", against=against)
             diff = prompt_diff(
                 self.evaluator.prompt_texts(base), self.evaluator.prompt_texts(trial.candidate)
             )

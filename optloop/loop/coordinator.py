@@ -98,7 +98,9 @@ class LocalCoordinator:
 
     def records(self, trials: Sequence[Trial]) -> list[TrialRecord]:
         return [
-            TrialRecord(t.trial, t.evaluation.accuracy, t.candidate)
+            TrialRecord(
+                t.trial, t.evaluation.accuracy, t.candidate, stopped=not t.evaluation.complete
+            )
             for t in trials
             if t.evaluation is not None
         ]
@@ -292,7 +294,12 @@ class SharedCoordinator:
     def records(self, trials: Sequence[Trial]) -> list[TrialRecord]:
         done = sorted(self.study.results().values(), key=lambda d: d["trial"])
         return [
-            TrialRecord(d["trial"], d["accuracy"], Candidate.model_validate(d["candidate"]))
+            TrialRecord(
+                d["trial"],
+                d["accuracy"],
+                Candidate.model_validate(d["candidate"]),
+                stopped=bool(d.get("stopped")),
+            )
             for d in done
         ]
 
@@ -335,6 +342,7 @@ def done_record(trial: Trial) -> dict[str, Any]:
     return {
         "trial": trial.trial,
         "accuracy": trial.evaluation.accuracy,
+        "stopped": not trial.evaluation.complete,
         "child_run_id": trial.child_run_id,
         "candidate": trial.candidate.model_dump(mode="json"),
     }

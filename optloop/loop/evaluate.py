@@ -15,6 +15,13 @@ Ingestion always runs on the system's own LM (an optimizer's temperature
 variants apply to retrieve and answer sites), so a store is a pure function of
 its key; the persistent LM cache makes rebuilding an evicted store cheap.
 
+Racing: a dev evaluation given ``against`` (the current best's outcomes,
+:class:`~optloop.loop.racing.Against`) answers its episodes in the run's seeded order and stops
+after the episode where it is significantly worse than the best on the same questions
+(:mod:`optloop.loop.racing`); its :attr:`Evaluation.stopped` says after how many questions. At
+``--concurrency`` N > 1 it decides after each wave of N episodes. Outcomes always come back in
+the split's order.
+
 Concurrency: at ``--concurrency`` N > 1 an evaluation runs its episodes, their questions and
 their attributions N at a time through :func:`optloop.pipeline.run_episodes`, and gives the
 evaluation N = 1 gives: outcomes in episode and question order, the same LM calls and cache
@@ -65,6 +72,7 @@ from optloop.loop.candidate import (
     trivial_instruction,
 )
 from optloop.loop.cost import LMCost, evaluation_cost
+from optloop.loop.racing import Against, RaceStop, race_order
 from optloop.pipeline import (
     Attributor,
     CachedStores,
@@ -131,6 +139,22 @@ class Evaluation(BaseModel):
     )
     replayed_seconds: float = Field(0.0, description="those seconds, summed")
     replayed_tokens: int = Field(0, description="those responses' tokens")
+    stopped: RaceStop | None = Field(
+        None, description="raced and stopped before the end of the split (None: every question)"
+    )
+
+    @property
+    def complete(self) -> bool:
+        """Whether every question of the split was answered (not stopped by a race)."""
+        return self.stopped is None
+
+    @property
+    def full_calls(self) -> int:
+        """The LLM calls a full evaluation would have made: the calls made, scaled up by the
+        questions left when a race stopped it (an estimate)."""
+        if self.stopped is None or not self.stopped.questions:
+            return self.llm_calls
+        return round(self.llm_calls * self.stopped.of / self.stopped.questions)
 
     @property
     def errors(self) -> int:
@@ -362,7 +386,12 @@ class Evaluator:
         return outcome
 
     def evaluate_many(
-        self, candidates: Sequence[Candidate], dataset: Dataset, *, split: str = "dev"
+        self,
+        candidates: Sequence[Candidate],
+        dataset: Dataset,
+        *,
+        split: str = "dev",
+        against: Against | None = None,
     ) -> list[Evaluation]:
         """Each of ``candidates`` over ``dataset`` at once (``optloop.run --batch``), the
         evaluations in the candidates' order.
@@ -374,9 +403,9 @@ class Evaluator:
         answers as any other's, the later ones from the LM cache). What differs is which stores
         were built or reused (and so the ingestion requests an evaluation counts) and which
         evaluation computed a request another one then read from the cache (``model_calls``,
-        tokens, dollars)."""
+        tokens, dollars). ``against``: each candidate raced against the same best."""
         if len(candidates) <= 1:
-            return [self.evaluate(c, dataset, split=split) for c in candidates]
+            return [self.evaluate(c, dataset, split=split, against=against) for c in candidates]
         self._stores.max_live = max(self._stores.max_live, self.max_live * len(candidates))
         slots = list(enumerate(candidates))
         # The threads are the pipeline's daemon workers: an interrupt does not wait for calls in
@@ -384,7 +413,10 @@ class Evaluator:
         with Workers(len(candidates)) as workers:
             return list(
                 workers.episodes(
-                    lambda item: self.evaluate(item[1], dataset, split=split, slot=item[0]), slots
+                    lambda item: self.evaluate(
+                        item[1], dataset, split=split, slot=item[0], against=against
+                    ),
+                    slots,
                 )
             )
 
@@ -397,6 +429,7 @@ class Evaluator:
         progress: Callable[[int], None] | None = None,
         on_episode: Callable[[EpisodeResult], None] | None = None,
         slot: int = 0,
+        against: Against | None = None,
     ) -> Evaluation:
         """Run ``candidate`` over every episode of ``dataset``; ``progress(n)`` after each
         question, ``on_episode(result)`` with each episode's pipeline result, in episode order (a
@@ -407,17 +440,31 @@ class Evaluator:
         episode order (:meth:`StoreCache.plan`): the evaluation is the one N = 1 gives (outcomes in
         episode and question order, the same calls, stores reused and graphs), only sooner.
 
+        ``against``: race the candidate against the best's outcomes (the module docstring); a
+        stopped evaluation holds the questions answered, in the split's order.
+
         Raises :class:`EndpointDownError` when the LM endpoint is unreachable (see the module
         docstring).
         """
         self.check_endpoint()
         modules = self.modules(candidate)
         started = time.perf_counter()
-        outcomes, ingest_calls, reused, built, graphs = [], 0, 0, 0, []
+        outcomes: list[QuestionOutcome] = []
+        ingest_calls, reused, built, graphs = 0, 0, 0, []
+        stopped: RaceStop | None = None
         key = ingest_key(self.system_name, candidate, self.stages)
+        episodes = list(dataset.episodes)
+        race = None
+        if against is not None:
+            race = against.race()
+            episodes = race_order(episodes, against.seed, split)
+        n = concurrency(self.lm)
+        # Raced, the episodes go in waves of N (one at a time on the embedded model), the race
+        # consulted after each episode and the next wave started only while it runs on.
+        waves = [episodes[i : i + n] for i in range(0, len(episodes), n)] if race else [episodes]
         planning = (
-            self._stores.plan([_store_key(key, e, slot) for e in dataset.episodes])
-            if concurrency(self.lm) > 1
+            self._stores.plan([_store_key(key, e, slot) for e in episodes])
+            if n > 1
             else contextlib.nullcontext()
         )
         with collect_calls() as calls, planning as plan:
@@ -427,35 +474,44 @@ class Evaluator:
                 ),
                 self._stores.release,
             )
-            for result in run_episodes(
-                dataset.episodes,
-                stores,
-                lm=self.lm,
-                attributor=self.attributor,
-                prepare=self._prepare(candidate, modules),
-                on_lm_error="fail",
-                keep="faulted",
-                save_graph=lambda graph, episode: self._save_graph(
-                    graph, split, candidate, episode
-                ),
-                label={
-                    "split": split,
-                    "candidate": candidate.digest(),
-                    "origin": candidate.origin,
-                },
-                where=f" under candidate {candidate.origin}",
-                on_question=(lambda: progress(1)) if progress else None,
-            ):
-                outcomes += result.outcomes
-                if on_episode is not None:
-                    on_episode(result)
-                if result.graph_path is not None:
-                    graphs.append(result.graph_path)
-                if result.store_reused is True:
-                    reused += 1
-                elif result.store_reused is False:
-                    built += 1
-                    ingest_calls += result.ingest_calls
+            for wave in waves:
+                for result in run_episodes(
+                    wave,
+                    stores,
+                    lm=self.lm,
+                    attributor=self.attributor,
+                    prepare=self._prepare(candidate, modules),
+                    on_lm_error="fail",
+                    keep="faulted",
+                    save_graph=lambda graph, episode: self._save_graph(
+                        graph, split, candidate, episode
+                    ),
+                    label={
+                        "split": split,
+                        "candidate": candidate.digest(),
+                        "origin": candidate.origin,
+                    },
+                    where=f" under candidate {candidate.origin}",
+                    on_question=(lambda: progress(1)) if progress else None,
+                ):
+                    outcomes += result.outcomes
+                    if on_episode is not None:
+                        on_episode(result)
+                    if result.graph_path is not None:
+                        graphs.append(result.graph_path)
+                    if result.store_reused is True:
+                        reused += 1
+                    elif result.store_reused is False:
+                        built += 1
+                        ingest_calls += result.ingest_calls
+                    if race is not None and stopped is None:
+                        stopped = race.observe(result.outcomes)
+                if stopped is not None:
+                    break
+        if race is not None:
+            outcomes = _in_split_order(outcomes, dataset)
+            if stopped is not None:
+                stopped = stopped.model_copy(update={"questions": len(outcomes)})
         usage = Usage.of(calls)
         # A failed call is not a measured answer: past the threshold the evaluation is not recorded
         # at all.
@@ -484,6 +540,7 @@ class Evaluator:
             replayed_calls=usage.replayed_calls,
             replayed_seconds=round(usage.replayed_seconds, 3),
             replayed_tokens=usage.replayed_tokens,
+            stopped=stopped,
             **evaluation_cost(usage, usage_by_site(calls)),
         )
 
@@ -511,6 +568,19 @@ class Evaluator:
     def close(self) -> None:
         self._stores.close()
         self.template.close()
+
+
+def _in_split_order(
+    outcomes: Sequence[QuestionOutcome], dataset: Dataset
+) -> list[QuestionOutcome]:
+    """``outcomes`` (answered in a race's order) in ``dataset``'s episode and question order."""
+    position = {
+        (e.id, q.id): i
+        for i, (e, q) in enumerate((e, q) for e in dataset.episodes for q in e.questions)
+    }
+    return sorted(
+        outcomes, key=lambda o: position.get((o.episode_id, o.question_id), len(position))
+    )
 
 
 def _store_key(key: str, episode: Episode, slot: int) -> tuple[str, ...]:

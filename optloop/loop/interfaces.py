@@ -29,6 +29,7 @@ from optloop.attribution import BlameEntry
 from optloop.loop.candidate import Candidate
 from optloop.loop.control import Comparison
 from optloop.loop.evaluate import Evaluation
+from optloop.loop.racing import Against
 from optloop.loop.state import Cost, LoopConfig, LoopResult, Trial
 from optloop.stats import Interval
 
@@ -43,11 +44,17 @@ class CandidateEvaluator(Protocol):
     def site_names(self) -> list[str]:
         """Every prompt site of the system, in the system's order."""
 
-    def evaluate(self, candidate: Candidate, split: Split) -> Evaluation:
-        """``candidate`` over every episode of ``split``, each failure attributed. May raise (the
-        run stops; the checkpoint holds everything evaluated before)."""
+    def evaluate(
+        self, candidate: Candidate, split: Split, *, against: Against | None = None
+    ) -> Evaluation:
+        """``candidate`` over every episode of ``split``, each failure attributed; with
+        ``against``, raced against the best's outcomes and stopped once significantly worse
+        (:mod:`optloop.loop.racing`). May raise (the run stops; the checkpoint holds everything
+        evaluated before)."""
 
-    def evaluate_many(self, candidates: Sequence[Candidate], split: Split) -> list[Evaluation]:
+    def evaluate_many(
+        self, candidates: Sequence[Candidate], split: Split, *, against: Against | None = None
+    ) -> list[Evaluation]:
         """Each of ``candidates`` over ``split`` as :meth:`evaluate` does, possibly at once
         (``--batch``): the evaluations in the candidates' order, each the one :meth:`evaluate`
         would give. May raise."""
@@ -163,6 +170,9 @@ class TrialRecord:
     trial: int
     accuracy: float
     candidate: Candidate
+    # A race stopped its dev evaluation: its accuracy is on the questions it answered, and it
+    # never becomes the run's best.
+    stopped: bool = False
 
 
 class Coordinator(Protocol):

@@ -49,6 +49,21 @@ def cost_metrics(evaluation: Evaluation) -> dict[str, float]:
     }
 
 
+def race_metrics(evaluation: Evaluation) -> dict[str, float]:
+    """A trial's dev questions answered and, when a race stopped it (:mod:`optloop.loop.racing`),
+    the ``stopped`` flag, the split's size and the p-value it stopped at."""
+    stop = evaluation.stopped
+    if stop is None:
+        return {"dev_questions": evaluation.n, "stopped": 0}
+    return {
+        "dev_questions": evaluation.n,
+        "stopped": 1,
+        "dev_questions_full": stop.of,
+        "stopped_p": stop.p_value,
+        "stopped_best_acc": stop.best_accuracy,
+    }
+
+
 def control_metrics(summary: Summary) -> dict[str, float]:
     """The trivial-instruction control's figures (:mod:`optloop.loop.control`; none when the run
     has no control): ``acc_dev_control``, ``acc_test_control`` and its CI, ``delta_test_control``

@@ -118,8 +118,11 @@ class MlflowSink:
                 **metrics.evaluation_metrics(evaluation),
                 **metrics.cost_metrics(evaluation),
                 **metrics.blame_metrics(evaluation.blame(), evaluation.error_counts()),
+                **metrics.race_metrics(evaluation),
             }
         )
+        if evaluation.stopped is not None:
+            mlflow.set_tag("optloop.stopped", evaluation.stopped.line(evaluation.accuracy))
         metrics.log_json(candidate.model_dump(mode="json"), artifacts.CANDIDATE)
         metrics.log_text(diff, artifacts.PROMPTS_DIFF)
         metrics.log_json(

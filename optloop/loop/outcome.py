@@ -19,7 +19,8 @@ from optloop.loop.candidate import Candidate
 from optloop.loop.control import Comparison, compare, control_line
 from optloop.loop.evaluate import Evaluation
 from optloop.loop.interfaces import Summary, Targeting, TrialRecord
-from optloop.loop.policy import held_out_intervals, promotion, small_split_warning
+from optloop.loop.policy import held_out_intervals, power_line, promotion, small_split_warning
+from optloop.loop.racing import RaceSpend
 from optloop.loop.state import Checkpoint, Cost, LoopConfig, LoopResult, Tried
 from optloop.stats import Interval
 
@@ -27,12 +28,12 @@ from optloop.stats import Interval
 def best_of(
     base: Candidate, baseline_accuracy: float, records: Sequence[TrialRecord]
 ) -> tuple[Candidate, int]:
-    """The run's best candidate and its trial number: the highest dev accuracy of ``records``, the
-    earliest of a tie, when it beats the baseline's; else the start program ``base`` itself, trial
-    0."""
+    """The run's best candidate and its trial number: the highest dev accuracy of ``records``
+    evaluated on the whole split (a race stopped none of them), the earliest of a tie, when it
+    beats the baseline's; else the start program ``base`` itself, trial 0."""
     best, best_trial, best_accuracy = base, 0, baseline_accuracy
     for r in records:
-        if r.accuracy > best_accuracy:
+        if not r.stopped and r.accuracy > best_accuracy:
             best, best_trial, best_accuracy = r.candidate, r.trial, r.accuracy
     return best, best_trial
 
@@ -82,7 +83,11 @@ class Outcome:
         assert ckpt.test_before is not None and ckpt.test_after is not None
         before, after = ckpt.test_before, ckpt.test_after
         points = [(0, ckpt.baseline_dev.accuracy)] + [(r.trial, r.accuracy) for r in records]
-        best_curve = list(accumulate((a for _, a in points), max))
+        # A trial a race stopped never raises the best: its figure is on part of dev.
+        ranked = [ckpt.baseline_dev.accuracy] + [
+            -1.0 if r.stopped else r.accuracy for r in records
+        ]
+        best_curve = list(accumulate(ranked, max))
         before_ci, after_ci, delta_ci = held_out_intervals(before, after, seed=config.seed)
         control_ci: Interval | None = None
         control_delta_ci: Interval | None = None
@@ -260,7 +265,9 @@ class Outcome:
             test_before_ci=self.test_before_ci,
             test_after_ci=self.test_after_ci,
             delta_test_ci=self.delta_test_ci,
-            tried=[Tried.of(r.trial, r.candidate, r.accuracy, base) for r in self.records],
+            tried=[
+                Tried.of(r.trial, r.candidate, r.accuracy, base, r.stopped) for r in self.records
+            ],
             prompt_diff=diff,
             note=note,
             failed_calls=self.failed_calls(),
@@ -270,6 +277,18 @@ class Outcome:
             test_control_ci=self.test_control_ci,
             delta_control_ci=self.delta_control_ci,
             beats_control=comparison.beats_control,
+            racing=(
+                RaceSpend.of([t.evaluation for t in ckpt.trials if t.evaluation is not None])
+                if self.config.race
+                else None
+            ),
+            power=self.power(),
+        )
+
+    def power(self) -> str:
+        """The power line at the start program's dev accuracy (:func:`power_line`)."""
+        return power_line(
+            self.baseline_dev.n, self.before.n, self.baseline_dev.accuracy, self.config.min_gain
         )
 
 

@@ -80,6 +80,46 @@ def small_split_warning(n_dev: int, n_test: int) -> str | None:
     )
 
 
+def detectable_gain(n: int, accuracy: float) -> float:
+    """The smallest held-out gain ``n`` questions can show at ``accuracy``: the 95% CI half-width
+    of an accuracy measured on ``n`` questions, its accuracy shrunk toward 0.5 by two passes and
+    two failures (Agresti-Coull), so a baseline at 0 or 1 still has a width. A paired difference
+    between two programs that agree on most questions is narrower; this is the width a change of
+    unknown size must clear."""
+    if n <= 0:
+        return 1.0
+    p = (accuracy * n + 2) / (n + 4)
+    return 1.96 * math.sqrt(p * (1 - p) / n)
+
+
+def questions_for(gain: float, accuracy: float) -> int:
+    """The questions a split needs for :func:`detectable_gain` to reach ``gain`` at
+    ``accuracy``."""
+    p = min(max(accuracy, 0.05), 0.95)
+    return math.ceil(1.96**2 * p * (1 - p) / gain**2)
+
+
+def power_line(n_dev: int, n_test: int, accuracy: float | None, min_gain: float) -> str:
+    """What the run's splits can show: ``power: dev 20 and test 20 questions at the baseline's 0.30
+    show gains of ±0.21 and ±0.21 (95% CI half-widths)``, then whether the held-out one is within
+    ``min_gain`` and, when it is not, what to change. ``accuracy`` ``None``: before the baseline,
+    at 0.5 (the widest)."""
+    at = 0.5 if accuracy is None else accuracy
+    dev, test = detectable_gain(n_dev, at), detectable_gain(n_test, at)
+    where = "at 0.50 (before the baseline)" if accuracy is None else f"at the baseline's {at:.2f}"
+    line = (
+        f"power: dev {n_dev} and test {n_test} questions {where} show gains of "
+        f"\u00b1{dev:.2f} and \u00b1{test:.2f} (95% CI half-widths)"
+    )
+    if test <= min_gain:
+        return f"{line}, within --min-gain {min_gain:g}"
+    return (
+        f"{line}; a held-out gain under {test:.2f} reads 'no measurable change', wider than "
+        f"--min-gain {min_gain:g}: about {questions_for(min_gain, at)} test questions would show "
+        f"{min_gain:g} (a --dataset with more questions, or a larger test share with --split)"
+    )
+
+
 def floor_warning(train_passed: int, n_train: int, dev_passed: int, n_dev: int) -> str | None:
     """A warning when the baseline answered no dev question (``None`` when it answered some).
 

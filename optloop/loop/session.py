@@ -44,7 +44,7 @@ from optloop.loop.budget.eta import TrialLine
 from optloop.loop.budget.report import estimate_table, model_name, projection_line
 from optloop.loop.config import LoopConfig
 from optloop.loop.evaluate import Evaluator
-from optloop.loop.policy import check_split_sizes, questions
+from optloop.loop.policy import check_split_sizes, power_line, questions
 from optloop.loop.request import RunRequest
 from optloop.loop.resume import choose_run, saved_line
 from optloop.loop.runner import Loop, check_start_sites, run_evaluator, split_dataset
@@ -228,6 +228,9 @@ class Session:
                 f"{questions(self.test)} test "
                 f"questions (split {fractions} by episode)"
             )
+        )
+        self.emit(
+            Said(power_line(questions(self.dev), questions(self.test), None, self.config.min_gain))
         )
         self.loop.announce = lambda line: self.emit(Said(line))
         self.loop.project = lambda figures, ckpt: self.emit(

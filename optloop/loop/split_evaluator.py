@@ -11,6 +11,7 @@ from optloop.loop.candidate import Candidate, prompt_text
 from optloop.loop.evaluate import Evaluation, Evaluator
 from optloop.loop.interfaces import Split
 from optloop.loop.policy import questions
+from optloop.loop.racing import Against
 
 
 class SplitEvaluator:
@@ -28,18 +29,26 @@ class SplitEvaluator:
     def site_names(self) -> list[str]:
         return list(self.evaluator.sites)
 
-    def evaluate(self, candidate: Candidate, split: Split) -> Evaluation:
+    def evaluate(
+        self, candidate: Candidate, split: Split, *, against: Against | None = None
+    ) -> Evaluation:
         dataset = self.splits[split]
-        self.progress(f"evaluating {candidate.origin} on {split} ({questions(dataset)} questions)")
-        return self.evaluator.evaluate(candidate, dataset, split=split)
+        raced = f", raced against {against.label}" if against is not None else ""
+        self.progress(
+            f"evaluating {candidate.origin} on {split} ({questions(dataset)} questions{raced})"
+        )
+        return self.evaluator.evaluate(candidate, dataset, split=split, against=against)
 
-    def evaluate_many(self, candidates: Sequence[Candidate], split: Split) -> list[Evaluation]:
+    def evaluate_many(
+        self, candidates: Sequence[Candidate], split: Split, *, against: Against | None = None
+    ) -> list[Evaluation]:
         dataset = self.splits[split]
+        raced = f", raced against {against.label}" if against is not None else ""
         self.progress(
             f"evaluating {len(candidates)} candidates at once on {split} ({questions(dataset)} "
-            "questions each)"
+            f"questions each{raced})"
         )
-        return self.evaluator.evaluate_many(candidates, dataset, split=split)
+        return self.evaluator.evaluate_many(candidates, dataset, split=split, against=against)
 
     def trivial_instruction(self, site: str) -> str:
         return self.evaluator.trivial_instruction(site)

@@ -28,6 +28,7 @@ from optloop.loop.config import LoopConfig as LoopConfig
 from optloop.loop.config import _digest as _digest
 from optloop.loop.config import check_fractions as check_fractions
 from optloop.loop.evaluate import Evaluation
+from optloop.loop.racing import RaceSpend
 from optloop.paths import write_atomic
 from optloop.stats import Interval
 
@@ -158,13 +159,20 @@ class Tried(BaseModel):
     origin: str
     changed: list[str]
     dev: float
+    stopped: bool = Field(
+        False,
+        description="a race stopped it on dev: its dev figure is on the questions it answered",
+    )
 
     @classmethod
-    def of(cls, trial: int, candidate: Candidate, dev: float, base: Candidate) -> Tried:
+    def of(
+        cls, trial: int, candidate: Candidate, dev: float, base: Candidate, stopped: bool = False
+    ) -> Tried:
         return cls(
             trial=trial,
             origin=candidate.origin,
             dev=dev,
+            stopped=stopped,
             changed=candidate.changed_sites(base)
             + [str(Target.knob(k)) for k in candidate.changed_knobs(base)],
         )
@@ -236,6 +244,16 @@ class LoopResult(BaseModel):
         None,
         description="whether the best measurably beats the control on test (delta_control_ci "
         "above 0); None: no control",
+    )
+    racing: RaceSpend | None = Field(
+        None,
+        description="what racing on dev spent and saved over this worker's trials (None: "
+        "--no-race)",
+    )
+    power: str = Field(
+        "",
+        description="what the splits can show: the smallest held-out gain at the baseline's "
+        "accuracy, against --min-gain (optloop.loop.policy.power_line)",
     )
 
     @property

@@ -464,7 +464,12 @@ class SharedStudy:
         return slots
 
     def best_accuracy(self, baseline: float) -> float:
-        return max([baseline, *(d["accuracy"] for d in self.results().values())])
+        return max(
+            [
+                baseline,
+                *(d["accuracy"] for d in self.results().values() if not d.get("stopped")),
+            ]
+        )
 
     def put_cost(self, cost: dict[str, float]) -> None:
         self.put(f"{PREFIX}cost:{self.worker}", cost)

@@ -47,10 +47,19 @@ class TrialLine(BaseModel):
     eta_s: float | None = Field(
         None, description="seconds the run has left, held-out test included (None: unknown)"
     )
+    stopped: str | None = Field(
+        None, description="why a race stopped its dev evaluation early (None: it answered all)"
+    )
 
     def text(self) -> str:
         return trial_line(
-            self.trial, self.budget, self.accuracy, self.best, self.seconds, self.eta_s
+            self.trial,
+            self.budget,
+            self.accuracy,
+            self.best,
+            self.seconds,
+            self.eta_s,
+            stopped=self.stopped,
         )
 
 

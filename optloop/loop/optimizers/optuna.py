@@ -212,9 +212,18 @@ class OptunaOptimizer(Optimizer):
         return batch
 
     def observe(self, candidate: Candidate, evaluation: Evaluation, trial: int) -> None:
+        from optuna.trial import TrialState
+
         optuna_trial = self.pending.pop(candidate.digest(), None)
-        if optuna_trial is not None:
-            optuna_trial.set_user_attr("optloop:trial", trial)
+        if optuna_trial is None:
+            return
+        optuna_trial.set_user_attr("optloop:trial", trial)
+        if evaluation.stopped is not None:
+            # A race stopped it on dev: a pruned trial, its accuracy on the questions it answered
+            # as its last intermediate value (what TPE ranks pruned trials by).
+            optuna_trial.report(evaluation.accuracy, evaluation.n)
+            self.study.tell(optuna_trial, state=TrialState.PRUNED)
+        else:
             self.study.tell(optuna_trial, evaluation.accuracy)
 
     def release(self, candidate: Candidate) -> None:

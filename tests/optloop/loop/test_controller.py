@@ -26,6 +26,7 @@ from optloop.loop.controller import Controller, RunContext, Split, Summary, Targ
 from optloop.loop.coordinator import LocalCoordinator, SharedCoordinator
 from optloop.loop.evaluate import Evaluation, QuestionOutcome
 from optloop.loop.optimizers.base import QueuedOptimizer
+from optloop.loop.racing import Against, race_order
 from optloop.loop.state import Checkpoint, LoopConfig, LoopResult
 
 ANSWER, EXTRACT = "answer", "mem.extract"
@@ -131,6 +132,28 @@ def evaluation(split: str, candidate: Candidate, passes: int, n: int, target: st
     return Evaluation(split=split, candidate=candidate.digest(), outcomes=outcomes)
 
 
+def raced(full: Evaluation, against: Against | None) -> Evaluation:
+    """``full`` as a race against ``against`` leaves it, episode by episode in the run's order, as
+    the real evaluator answers them: cut after the episode where the race stops it."""
+    if against is None:
+        return full
+    race = against.race()
+    episodes = race_order(sorted({o.episode_id for o in full.outcomes}), against.seed, full.split)
+    answered: list[QuestionOutcome] = []
+    for episode in episodes:
+        outcomes = [o for o in full.outcomes if o.episode_id == episode]
+        answered += outcomes
+        if (stop := race.observe(outcomes)) is not None:
+            kept = [o for o in full.outcomes if o in answered]
+            return full.model_copy(
+                update={
+                    "outcomes": kept,
+                    "stopped": stop.model_copy(update={"questions": len(kept)}),
+                }
+            )
+    return full
+
+
 class FakeEvaluator:
     """Scripted evaluations: ``DEV`` on train and dev (default 1 pass), ``TEST`` on test (default
     6)."""
@@ -149,7 +172,9 @@ class FakeEvaluator:
         self.batches: list[int] = []  # the size of each evaluate_many
         self.meter = meter or Meter()
 
-    def evaluate(self, candidate: Candidate, split: Split) -> Evaluation:
+    def evaluate(
+        self, candidate: Candidate, split: Split, *, against: Against | None = None
+    ) -> Evaluation:
         # spent as it starts: a kill at this step loses the work, not its cost
         self.meter.calls += EVALUATION_CALLS
         self.clock.tick(f"evaluate {split} {key(candidate)}")
@@ -159,11 +184,13 @@ class FakeEvaluator:
                 split, candidate, self.test.get(key(candidate), 6), QUESTIONS[split], ANSWER
             )
         passes, target = DEV.get(key(candidate), (1, EXTRACT))
-        return evaluation(split, candidate, passes, QUESTIONS[split], target)
+        return raced(evaluation(split, candidate, passes, QUESTIONS[split], target), against)
 
-    def evaluate_many(self, candidates: list[Candidate], split: Split) -> list[Evaluation]:
+    def evaluate_many(
+        self, candidates: list[Candidate], split: Split, *, against: Against | None = None
+    ) -> list[Evaluation]:
         self.batches.append(len(candidates))
-        return [self.evaluate(c, split) for c in candidates]
+        return [self.evaluate(c, split, against=against) for c in candidates]
 
     def prompt_texts(self, candidate: Candidate) -> dict[str, str]:
         return {name: state.instructions for name, state in candidate.sites.items()}
@@ -347,6 +374,7 @@ class Run:
         prefix: str = "",
         batch: int = 1,
         control: bool = True,
+        race: bool = True,
     ):
         self.config = LoopConfig(
             system="fake",
@@ -356,6 +384,7 @@ class Run:
             promote_if=promote_if,
             batch=batch,
             control=control,
+            race=race,
         )
         ckpt = (
             Checkpoint.load(path)

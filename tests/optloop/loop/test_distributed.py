@@ -306,7 +306,9 @@ def test_workers_never_evaluate_the_same_candidate(workers):
                 evaluated.append((slot, candidate.digest()))
             opt.observe(
                 candidate,
-                SimpleNamespace(accuracy=len(candidate.sites["answer"].instructions) / 100),
+                SimpleNamespace(
+                    accuracy=len(candidate.sites["answer"].instructions) / 100, stopped=None
+                ),
                 slot + 1,
             )
             opt.shared.publish_done(slot, {"trial": slot + 1, "accuracy": 0.0, "candidate": {}})
@@ -562,7 +564,7 @@ def test_a_batch_of_asks_is_distinct_and_the_same_for_the_same_seed(tmp_path):
             batch = opt.propose_batch(base, best_eval, 3)
             assert len(batch) == 3 and len({c.digest() for c in batch}) == 3
             for i, candidate in enumerate(batch, 1):
-                opt.observe(candidate, SimpleNamespace(accuracy=i / 10), i)
+                opt.observe(candidate, SimpleNamespace(accuracy=i / 10, stopped=None), i)
             assert not opt.pending
             batches.append([c.digest() for c in batch])
         finally:

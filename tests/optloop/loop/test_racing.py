@@ -1,0 +1,179 @@
+"""Racing on dev (optloop.loop.racing): a candidate stops once it is significantly worse than the
+best on the same questions; the controller counts it, never makes it the best, and says so."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from optloop.loop.evaluate import Evaluation, QuestionOutcome
+from optloop.loop.policy import detectable_gain, power_line, questions_for
+from optloop.loop.racing import MIN_QUESTIONS, Against, Race, RaceSpend, RaceStop, race_order
+from tests.optloop.loop import test_controller as fakes
+
+
+def outcomes(passed: list[bool], per_episode: int = 4) -> list[QuestionOutcome]:
+    return [
+        QuestionOutcome(
+            episode_id=f"e{i // per_episode}",
+            question_id=f"q{i}",
+            task_type="t",
+            question="?",
+            gold="g",
+            prediction="g" if ok else "x",
+            score=float(ok),
+            passed=ok,
+        )
+        for i, ok in enumerate(passed)
+    ]
+
+
+def by_episode(answers: list[QuestionOutcome]) -> list[list[QuestionOutcome]]:
+    episodes: dict[str, list[QuestionOutcome]] = {}
+    for o in answers:
+        episodes.setdefault(o.episode_id, []).append(o)
+    return list(episodes.values())
+
+
+def race_through(best: list[bool], mine: list[bool]) -> RaceStop | None:
+    """Race ``mine`` against ``best`` episode by episode; the stop, or None when it ran to the
+    end."""
+    race = Race(outcomes(best), "trial 1")
+    for episode in by_episode(outcomes(mine)):
+        if (stop := race.observe(episode)) is not None:
+            return stop
+    return None
+
+
+def test_a_candidate_worse_on_every_question_is_stopped_early() -> None:
+    stop = race_through([True] * 40, [False] * 40)
+    assert stop is not None
+    assert MIN_QUESTIONS <= stop.questions < 40
+    assert stop.of == 40
+    assert stop.against == "trial 1"
+    assert stop.best_accuracy == 1.0
+    assert stop.p_value < 0.1
+
+
+def test_a_candidate_better_on_every_question_is_never_stopped() -> None:
+    assert race_through([False] * 40, [True] * 40) is None
+
+
+def test_a_candidate_equal_to_the_best_is_never_stopped() -> None:
+    answers = [i % 3 == 0 for i in range(40)]
+    assert race_through(answers, answers) is None
+
+
+def test_no_decision_before_the_minimum_of_questions() -> None:
+    race = Race(outcomes([True] * 40), "start")
+    first = outcomes([False] * (MIN_QUESTIONS - 1), per_episode=MIN_QUESTIONS - 1)
+    assert race.observe(first) is None
+
+
+def test_the_order_is_seeded_and_the_same_on_every_call() -> None:
+    episodes = [f"e{i}" for i in range(30)]
+    assert race_order(episodes, 0, "dev") == race_order(episodes, 0, "dev")
+    assert race_order(episodes, 0, "dev") != race_order(episodes, 1, "dev")
+    assert sorted(race_order(episodes, 3, "dev")) == sorted(episodes)
+
+
+def test_race_spend_counts_questions_and_calls_of_a_full_evaluation() -> None:
+    full = Evaluation(split="dev", candidate="a", outcomes=outcomes([True] * 20), llm_calls=100)
+    stopped = Evaluation(
+        split="dev",
+        candidate="b",
+        outcomes=outcomes([False] * 5),
+        llm_calls=25,
+        stopped=RaceStop(questions=5, of=20, against="start", best_accuracy=1.0, p_value=0.03),
+    )
+    spend = RaceSpend.of([full, stopped])
+    assert (spend.candidates, spend.stopped) == (2, 1)
+    assert (spend.questions, spend.full_questions) == (25, 40)
+    assert (spend.llm_calls, spend.full_calls) == (125, 200)
+    assert spend.stopped_share == 0.25
+    assert "1 of 2 candidates stopped early" in spend.line()
+
+
+def test_the_power_line_says_what_the_splits_can_show() -> None:
+    assert detectable_gain(20, 0.3) == pytest.approx(0.207, abs=0.01)
+    assert detectable_gain(400, 0.5) < 0.05
+    small = power_line(20, 20, 0.3, 0.05)
+    assert "wider than --min-gain 0.05" in small
+    assert f"about {questions_for(0.05, 0.3)} test questions" in small
+    assert "before the baseline" in power_line(20, 20, None, 0.05)
+    assert "within --min-gain 0.1" in power_line(400, 400, 0.5, 0.1)
+
+
+# --- the controller, with the fakes of test_controller ------------------------------------------
+
+
+@pytest.fixture
+def twenty_dev(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Dev of 20 questions in 5 episodes: the start program passes 16; ``answer:1`` none (worse on
+    every question the start program passes); ``answer:2`` all 20."""
+    monkeypatch.setitem(fakes.QUESTIONS, "dev", 20)
+    monkeypatch.setattr(
+        fakes,
+        "DEV",
+        {
+            ("seed answer", "seed extract"): (16, fakes.ANSWER),
+            ("answer:1", "seed extract"): (0, fakes.ANSWER),
+            ("answer:2", "seed extract"): (20, fakes.ANSWER),
+            ("answer:3", "seed extract"): (0, fakes.ANSWER),
+            ("answer:4", "seed extract"): (0, fakes.ANSWER),
+        },
+    )
+
+
+def run(tmp_path: Path, *, race: bool = True, clock: fakes.Clock | None = None) -> fakes.Run:
+    clock = clock or fakes.Clock()
+    return fakes.Run(tmp_path / "ckpt.json", fakes.MemorySink(clock), clock, budget=4, race=race)
+
+
+def test_the_loop_stops_a_losing_candidate_counts_it_and_never_makes_it_the_best(
+    tmp_path: Path, twenty_dev: None
+) -> None:
+    loop = run(tmp_path)
+    result = loop.run()
+    tried = {t.origin.split(": ")[-1]: t for t in result.tried}
+    assert tried["answer 1"].stopped and not tried["answer 2"].stopped
+    assert result.best_trial == 2 and result.best_dev == 1.0
+    # answer:3 and answer:4 raced against trial 2, the new best
+    assert tried["answer 3"].stopped and tried["answer 4"].stopped
+    assert result.evaluations == 4  # --budget counts the stopped candidates
+    stopped_lines = [line for line in loop.lines if line.stopped is not None]
+    assert len(stopped_lines) == 3
+    assert "vs the start program's" in (stopped_lines[0].stopped or "")
+    assert "vs trial 2's" in (stopped_lines[-1].stopped or "")
+    assert "stopped after" in stopped_lines[0].text()
+    assert result.racing is not None and result.racing.stopped == 3
+    assert result.racing.questions < result.racing.full_questions == 80
+    assert result.power.startswith("power: dev 20 and test 24 questions")
+
+
+def test_without_racing_every_candidate_answers_every_dev_question(
+    tmp_path: Path, twenty_dev: None
+) -> None:
+    result = run(tmp_path, race=False).run()
+    assert not any(t.stopped for t in result.tried)
+    assert result.racing is None
+    assert result.best_trial == 2
+
+
+def test_a_resumed_run_races_the_same_way(tmp_path: Path, twenty_dev: None) -> None:
+    whole = run(tmp_path / "whole").run()
+    (tmp_path / "cut").mkdir()
+    first = run(tmp_path / "cut", clock=fakes.Clock(kill_on="evaluate dev", nth=5))
+    with pytest.raises(fakes.Killed):
+        first.run()
+    resumed = run(tmp_path / "cut").run()
+    assert [(t.trial, t.dev, t.stopped) for t in resumed.tried] == [
+        (t.trial, t.dev, t.stopped) for t in whole.tried
+    ]
+    assert resumed.best_trial == whole.best_trial
+
+
+def test_against_names_the_start_program_and_uses_the_run_seed() -> None:
+    against = Against(outcomes([True] * 8), "the start program", seed=7)
+    assert against.race().against == "the start program"
