@@ -194,7 +194,7 @@ def show_result(view: RunView, finished: Finished) -> None:
         view.keep(result.prompt_diff)
     if result.note:
         view.keep(f"note: {result.note}")
-    if result.racing is not None and result.racing.candidates:
+    if result.config.race and result.racing is not None and result.racing.candidates:
         view.keep(result.racing.line())
     if result.power:
         view.keep(result.power)

@@ -277,11 +277,7 @@ class Outcome:
             test_control_ci=self.test_control_ci,
             delta_control_ci=self.delta_control_ci,
             beats_control=comparison.beats_control,
-            racing=(
-                RaceSpend.of([t.evaluation for t in ckpt.trials if t.evaluation is not None])
-                if self.config.race
-                else None
-            ),
+            racing=RaceSpend.of([t.evaluation for t in ckpt.trials if t.evaluation is not None]),
             power=self.power(),
         )
 

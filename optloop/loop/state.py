@@ -247,8 +247,8 @@ class LoopResult(BaseModel):
     )
     racing: RaceSpend | None = Field(
         None,
-        description="what racing on dev spent and saved over this worker's trials (None: "
-        "--no-race)",
+        description="the dev questions and LLM calls this worker's trials spent, against full "
+        "evaluations (what racing saved; nothing stopped under --no-race)",
     )
     power: str = Field(
         "",

@@ -157,7 +157,8 @@ def test_without_racing_every_candidate_answers_every_dev_question(
 ) -> None:
     result = run(tmp_path, race=False).run()
     assert not any(t.stopped for t in result.tried)
-    assert result.racing is None
+    assert result.racing is not None and result.racing.stopped == 0
+    assert result.racing.questions == result.racing.full_questions == 80
     assert result.best_trial == 2
 
 
