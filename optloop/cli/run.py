@@ -196,6 +196,8 @@ def show_result(view: RunView, finished: Finished) -> None:
         view.keep(f"note: {result.note}")
     if result.config.race and result.racing is not None and result.racing.candidates:
         view.keep(result.racing.line())
+    if result.headroom:
+        view.keep(result.headroom)
     if result.power:
         view.keep(result.power)
     if faults := fault_line(finished.usage):

@@ -31,13 +31,13 @@ Pure functions and data: nothing here evaluates, logs or writes.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, Field
 
 from optloop.loop.candidate import Candidate
-from optloop.stats import Interval, bootstrap_mean
+from optloop.stats import Interval, bootstrap_mean, paired_bootstrap_delta
 
 if TYPE_CHECKING:
     from optloop.loop.state import LoopResult
@@ -71,6 +71,71 @@ def verdict(delta: Interval) -> str:
     if delta.high < 0:
         return "measurably worse"
     return NO_MEASURABLE_CHANGE
+
+
+class Headroom(BaseModel):
+    """Whether the blamed sites' prompt can matter: the start program against the control on the
+    same dev questions (:func:`headroom`).
+
+    Blame names the operation that lost a fact; it does not say that any prompt for that operation
+    would keep it. When the system's own instruction and the trivial one score the same within
+    ``--min-gain`` on n questions, the failures blamed there are the model's, not the prompt's:
+    a budget spent rewriting that site buys nothing, and the loop moves it to the other targets.
+    """
+
+    sites: list[str]
+    n: int
+    delta: Interval = Field(description="control - start program per dev question, paired")
+    min_gain: float
+    verdict: str = Field(description="'agree', 'differ' or 'unknown' (too few questions)")
+
+    @property
+    def model_bound(self) -> bool:
+        return self.verdict == "agree"
+
+    def line(self) -> str:
+        where = ", ".join(self.sites)
+        delta = f"control - own {self.delta}"
+        if self.verdict == "agree":
+            return (
+                f"headroom: {where}: own and the trivial instruction agree within "
+                f"\u00b1{self.min_gain:g} on {self.n} dev questions ({delta}): the failures "
+                "blamed here are the model's, not the prompt's; a larger model at that site or a "
+                "knob would move them"
+            )
+        if self.verdict == "differ":
+            return (
+                f"headroom: {where}: own and the trivial instruction differ on {self.n} dev "
+                f"questions ({delta}): the prompt there matters"
+            )
+        return (
+            f"headroom: {where}: {self.n} dev questions cannot tell whether the prompt there "
+            f"matters by \u00b1{self.min_gain:g} ({delta})"
+        )
+
+
+def headroom(
+    sites: list[str],
+    own: Sequence[bool],
+    control: Sequence[bool],
+    *,
+    min_gain: float,
+    seed: int,
+) -> Headroom:
+    """The :class:`Headroom` of ``sites`` from the start program's and the control's per-question
+    dev results (the same questions, in the same order): ``differ`` when the paired CI of control
+    − own excludes 0; ``agree`` when it lies within ±``min_gain`` on at least
+    ``3 / min_gain`` questions (with no disagreement seen, the rule of three bounds the share of
+    questions they differ on by ``3 / n`` at 95%: fewer questions cannot show agreement to
+    ``min_gain``); else ``unknown``."""
+    delta = paired_bootstrap_delta([float(x) for x in own], [float(x) for x in control], seed=seed)
+    if delta.low > 0 or delta.high < 0:
+        found = "differ"
+    elif -min_gain <= delta.low and delta.high <= min_gain and len(own) * min_gain >= 3:
+        found = "agree"
+    else:
+        found = "unknown"
+    return Headroom(sites=sites, n=len(own), delta=delta, min_gain=min_gain, verdict=found)
 
 
 def dev_interval(accuracy: float, n: int, seed: int) -> Interval:
@@ -222,6 +287,7 @@ def control_line(comparison: Comparison) -> str | None:
 __all__ = [
     "Comparison",
     "Difference",
+    "Headroom",
     "NO_MEASURABLE_CHANGE",
     "Row",
     "compare",
@@ -229,5 +295,6 @@ __all__ = [
     "control_candidate",
     "control_line",
     "dev_interval",
+    "headroom",
     "verdict",
 ]

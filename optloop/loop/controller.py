@@ -48,12 +48,12 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from optloop.attribution import blame
 from optloop.loop.budget.eta import TrialLine
 from optloop.loop.candidate import Candidate, prompt_diff
-from optloop.loop.control import control_candidate
+from optloop.loop.control import control_candidate, headroom
 from optloop.loop.evaluate import Evaluation
 from optloop.loop.interfaces import (
     CandidateEvaluator,
@@ -131,6 +131,7 @@ class Controller:
             self._boundary()  # after the baseline: where --estimate stops
             targeting = self._target()
             control = self._control(targeting)
+            targeting = self._headroom(targeting)
             self._repair()
             optimizer, best = self._resume_optimizer(targeting)
             note = self._trials(optimizer, best, targeting.note)
@@ -253,6 +254,35 @@ class Controller:
             )
         self.coordinator.publish_control(ckpt.control_dev)
         return control
+
+    def _headroom(self, targeting: Targeting) -> Targeting:
+        """Whether the prompt at the control's sites can matter (:func:`headroom`: the start
+        program and the control on the same dev questions). When the two agree within
+        ``--min-gain``, the failures blamed there are the model's: the optimizer gets the other
+        targets, if the blame names any, and the run says so."""
+        ckpt = self.ckpt
+        if not targeting.control_sites or ckpt.control_dev is None:
+            return targeting
+        assert ckpt.baseline_dev is not None
+        if ckpt.control_dev is ckpt.baseline_dev or ckpt.control_dev.n != ckpt.baseline_dev.n:
+            return targeting
+        found = headroom(
+            targeting.control_sites,
+            [o.passed for o in ckpt.baseline_dev.outcomes],
+            [o.passed for o in ckpt.control_dev.outcomes],
+            min_gain=self.config.min_gain,
+            seed=self.config.seed,
+        )
+        line = found.line()
+        sites = [s for s in targeting.sites if s not in found.sites]
+        if found.model_bound and (sites or targeting.knobs) and sites != targeting.sites:
+            line += f"; the budget goes to {', '.join(sites + targeting.knobs)}"
+            targeting = replace(targeting, sites=sites)
+        elif found.model_bound:
+            line += "; the blame names no other target, so the budget stays there"
+        if self.coordinator.leads:
+            self.ctx.progress(line)
+        return replace(targeting, headroom=line)
 
     def _repair(self) -> None:
         """Undo a trial a kill left half done (its record discarded, its candidate queued first),

@@ -79,6 +79,8 @@ class Targeting:
     note: str
     control_sites: list[str] = field(default_factory=list)
     control_note: str = ""
+    # Whether the control's sites' prompt can matter (optloop.loop.control.Headroom.line).
+    headroom: str = ""
 
 
 @dataclass(frozen=True)

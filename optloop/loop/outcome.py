@@ -279,6 +279,7 @@ class Outcome:
             beats_control=comparison.beats_control,
             racing=RaceSpend.of([t.evaluation for t in ckpt.trials if t.evaluation is not None]),
             power=self.power(),
+            headroom=self.targeting.headroom,
         )
 
     def power(self) -> str:

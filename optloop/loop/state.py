@@ -250,6 +250,11 @@ class LoopResult(BaseModel):
         description="the dev questions and LLM calls this worker's trials spent, against full "
         "evaluations (what racing saved; nothing stopped under --no-race)",
     )
+    headroom: str = Field(
+        "",
+        description="whether the blamed sites' prompt can matter: the start program against the "
+        "control on the same dev questions (optloop.loop.control.Headroom); '': no control",
+    )
     power: str = Field(
         "",
         description="what the splits can show: the smallest held-out gain at the baseline's "

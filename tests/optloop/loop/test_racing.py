@@ -178,3 +178,60 @@ def test_a_resumed_run_races_the_same_way(tmp_path: Path, twenty_dev: None) -> N
 def test_against_names_the_start_program_and_uses_the_run_seed() -> None:
     against = Against(outcomes([True] * 8), "the start program", seed=7)
     assert against.race().against == "the start program"
+
+
+# --- headroom: whether the blamed site's prompt can matter ---------------------------------------
+
+
+def test_headroom_agrees_only_on_enough_questions_and_differs_when_the_ci_excludes_0() -> None:
+    from optloop.loop.control import headroom
+
+    same = [i % 2 == 0 for i in range(100)]
+    assert headroom(["a"], same, same, min_gain=0.05, seed=0).verdict == "agree"
+    assert headroom(["a"], same[:20], same[:20], min_gain=0.05, seed=0).verdict == "unknown"
+    better = [True] * 100
+    found = headroom(["a"], same, better, min_gain=0.05, seed=0)
+    assert found.verdict == "differ" and "the prompt there matters" in found.line()
+    assert (
+        "the model's, not the prompt's"
+        in headroom(["a"], same, same, min_gain=0.05, seed=0).line()
+    )
+
+
+@pytest.fixture
+def model_bound_answer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Dev of 80 questions on which the start program and the control (the trivial instruction at
+    ``answer``) pass the same 40, their failures blamed on ``answer`` and ``mem.extract``."""
+    monkeypatch.setitem(fakes.QUESTIONS, "dev", 80)
+    monkeypatch.setattr(
+        fakes,
+        "DEV",
+        {
+            ("seed answer", "seed extract"): (40, fakes.ANSWER),
+            ("trivial answer", "seed extract"): (40, fakes.ANSWER),
+        },
+    )
+
+
+def test_a_model_bound_site_gives_its_budget_to_the_other_targets(
+    tmp_path: Path, model_bound_answer: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from optloop.loop import controller as controller_module
+
+    # the blame names answer first, then mem.extract: both are targets
+    monkeypatch.setattr(
+        controller_module,
+        "choose_targets",
+        lambda entries, config, names: ([fakes.ANSWER, fakes.EXTRACT], [], ""),
+    )
+    monkeypatch.setattr(
+        controller_module,
+        "control_sites",
+        lambda entries, config, names: ([fakes.ANSWER], ""),
+    )
+    loop = run(tmp_path)
+    result = loop.run()
+    assert "agree within \u00b10.05 on 80 dev questions" in result.headroom
+    assert result.headroom.endswith("the budget goes to mem.extract")
+    assert loop.optimizers[0].sites == [fakes.EXTRACT]
+    assert any(m.startswith("headroom: answer:") for m in loop.messages)
