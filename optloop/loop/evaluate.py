@@ -9,8 +9,10 @@ on stores this evaluator keeps; see ``docs/architecture.md``.
 
 Ingestion reuse: the store after ingesting an episode is
 kept, live, under the key (system, ingest sites' instructions and demos,
-episode). A candidate that changes only retrieve or answer sites, or knobs,
-asks its questions against the same store and costs only its question calls.
+episode), enough for the largest split evaluated under two ingest keys. A candidate that
+changes only retrieve or answer sites, or knobs, asks its questions against the same stores
+and costs only its question calls; so do the held-out arms (the start program, the control,
+the best) that share an ingest key.
 Ingestion always runs on the system's own LM (an optimizer's temperature
 variants apply to retrieve and answer sites), so a store is a pure function of
 its key; the persistent LM cache makes rebuilding an evicted store cheap.
@@ -97,6 +99,10 @@ if TYPE_CHECKING:
     from systems.base import MemorySystem
 
 logger = logging.getLogger(__name__)
+
+# The fewest and the most stores one batch slot keeps live (a split of more episodes than the
+# most rebuilds some of them).
+MIN_LIVE, MAX_LIVE = 8, 64
 
 
 class Evaluation(BaseModel):
@@ -203,7 +209,7 @@ class Evaluator:
         embedder: Embedder | None = None,
         knobs: Mapping[str, Any] | None = None,
         dataset_uri: str = "",
-        max_live: int = 8,
+        max_live: int | None = None,
         query_site: bool = False,
         allowed_failed_share: float = failures.ALLOWED_SHARE,
     ):
@@ -219,6 +225,7 @@ class Evaluator:
             embedder or get_embedder(), batches=False, max_texts=20_000
         )
         self.dataset_uri = dataset_uri
+        # None: as many live stores as the largest split evaluated has episodes (_keep_live).
         self.max_live = max_live
         self.judges = default_judges(self.embedder)
         self.attributor = Attributor(self.judges, self.embedder)
@@ -236,7 +243,7 @@ class Evaluator:
         )
         self.sites = self.template.prompt_sites()
         self.stages = {name: site.stage for name, site in self.sites.items()}
-        self._stores = StoreCache(max_live)
+        self._stores = StoreCache(max_live or MIN_LIVE)
         self._episodes: dict[str, tuple[Episode, dict[str, Question]]] = {}
 
     def register(self, *datasets: Dataset) -> None:
@@ -343,6 +350,14 @@ class Evaluator:
             for name, lm in saved_lms.items():
                 ingest_modules[name].lm = lm
 
+    def _keep_live(self, episodes: int, slots: int = 1) -> None:
+        """Keep the stores of a split of ``episodes`` under two ingest keys live per batch slot
+        (the start program's and a candidate's: a trial that changes an ingest site leaves the
+        start program's stores for the next one, and the held-out arms share theirs), between
+        :data:`MIN_LIVE` and :data:`MAX_LIVE`; or the ``max_live`` the evaluator was given."""
+        per_slot = self.max_live or min(max(MIN_LIVE, 2 * episodes), MAX_LIVE)
+        self._stores.max_live = max(self._stores.max_live, per_slot * slots)
+
     # --- questions ------------------------------------------------------------------------
 
     @staticmethod
@@ -406,7 +421,7 @@ class Evaluator:
         tokens, dollars). ``against``: each candidate raced against the same best."""
         if len(candidates) <= 1:
             return [self.evaluate(c, dataset, split=split, against=against) for c in candidates]
-        self._stores.max_live = max(self._stores.max_live, self.max_live * len(candidates))
+        self._keep_live(len(dataset.episodes), slots=len(candidates))
         slots = list(enumerate(candidates))
         # The threads are the pipeline's daemon workers: an interrupt does not wait for calls in
         # flight.
@@ -454,6 +469,11 @@ class Evaluator:
         stopped: RaceStop | None = None
         key = ingest_key(self.system_name, candidate, self.stages)
         episodes = list(dataset.episodes)
+        # The split's stores stay live after it: the next candidate with the same ingest key (one
+        # that changes only retrieval or answer sites, a held-out arm) reuses them all. Fewer live
+        # stores than the split's episodes, opened in the same order, would reuse none.
+        if not slot:
+            self._keep_live(len(episodes))
         race = None
         if against is not None:
             race = against.race()

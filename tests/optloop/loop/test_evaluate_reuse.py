@@ -28,7 +28,8 @@ def respond(body: dict) -> tuple[str, str]:
 
 
 def test_a_changed_ingest_prompt_never_reuses_stores_and_an_unchanged_one_always_does(tmp_path):
-    dataset = load_dataset("synthetic:recall?seed=0&episodes=3")
+    # more episodes than the fewest stores kept live (8): a split's stores all stay live
+    dataset = load_dataset("synthetic:recall?seed=0&episodes=10")
     with ScriptedOpenAIServer([("respond", respond)]) as server:
         evaluator = Evaluator(
             "md_flat", scripted_lm(server.base_url), tmp_path, embedder=get_embedder("local")
