@@ -126,9 +126,13 @@ def twenty_dev(monkeypatch: pytest.MonkeyPatch) -> None:
     )
 
 
-def run(tmp_path: Path, *, race: bool = True, clock: fakes.Clock | None = None) -> fakes.Run:
+def run(
+    tmp_path: Path, *, race: bool = True, clock: fakes.Clock | None = None, batch: int = 1
+) -> fakes.Run:
     clock = clock or fakes.Clock()
-    return fakes.Run(tmp_path / "ckpt.json", fakes.MemorySink(clock), clock, budget=4, race=race)
+    return fakes.Run(
+        tmp_path / "ckpt.json", fakes.MemorySink(clock), clock, budget=4, race=race, batch=batch
+    )
 
 
 def test_the_loop_stops_a_losing_candidate_counts_it_and_never_makes_it_the_best(
@@ -150,6 +154,16 @@ def test_the_loop_stops_a_losing_candidate_counts_it_and_never_makes_it_the_best
     assert result.racing is not None and result.racing.stopped == 3
     assert result.racing.questions < result.racing.full_questions == 80
     assert result.power.startswith("power: dev 20 and test 24 questions")
+
+
+def test_a_batch_races_each_candidate_against_the_best_it_started_from(
+    tmp_path: Path, twenty_dev: None
+) -> None:
+    loop = run(tmp_path, batch=2)
+    result = loop.run()
+    assert loop.evaluator.batches == [2, 2]
+    assert [t.stopped for t in result.tried] == [True, False, True, True]
+    assert result.best_trial == 2
 
 
 def test_without_racing_every_candidate_answers_every_dev_question(
