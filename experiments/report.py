@@ -963,6 +963,34 @@ def reuse() -> list[str]:
     ]
 
 
+RACING_RUNS = (
+    ("racing_demo.json", "`make demo`'s run"),
+    ("racing_demo_budget10.json", "`make demo`'s run at `--budget 10`"),
+    ("racing_mem0.json", "mem0, the Qwen2.5-Coder 0.5B answering and the 1.5B writing"),
+)
+
+
+def racing() -> list[str]:
+    from experiments.bench.racing import figures
+
+    found = [(name, what, data) for name, what, data in ((n, w, load(n)) for n, w in RACING_RUNS)]
+    runs = [(name, what, data) for name, what, data in found if data is not None]
+    if not runs:
+        return []
+    out = [
+        "## Racing on dev",
+        "Does racing each candidate against the best (Optuna's WilcoxonPruner, the default) "
+        "cut what a losing candidate costs to at most a third of a full dev evaluation, without "
+        "choosing a best that is measurably worse on the held-out questions? The same seeded "
+        "run twice, with and without `--no-race`, each in a fresh state directory: "
+        "`python -m experiments.bench.racing`. Wall times come from a machine that ran other "
+        "jobs beside them; the questions and calls do not depend on it.",
+    ]
+    for name, what, data in runs:
+        out += [f"### {what}", provenance(data, name), *figures(data)]
+    return out
+
+
 def planted() -> list[str]:
     out = [
         "## Attribution on planted faults",
@@ -1547,6 +1575,7 @@ SECTIONS: tuple[Callable[[], list[str]], ...] = (
     repair,
     targeted,
     reuse,
+    racing,
     planted,
     baselines,
     gated,

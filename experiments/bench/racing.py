@@ -139,7 +139,9 @@ HEADER = [
 ]
 
 
-def to_markdown(results: Mapping[str, Any]) -> str:
+def figures(results: Mapping[str, Any]) -> list[str]:
+    """The arms' table and the two targets, as markdown blocks (the page's section reads them
+    too)."""
     arms: Mapping[str, Mapping[str, Any]] = results["arms"]
     rows = [
         [
@@ -159,19 +161,28 @@ def to_markdown(results: Mapping[str, Any]) -> str:
     c = results["comparison"]
     delta = _interval(c["best_race_minus_no_race"], signed=True)
     share = "-" if c["loser_share"] is None else f"{c['loser_share']:.2f}"
-    return "\n".join(
-        [
-            "# Racing against no racing: the same seeded run both ways\n",
-            provenance_lines(results["provenance"]).rstrip("\n") + "\n",
-            f"Command (each arm adds its flag): `python -m optloop.run {results['run_args']}`\n",
-            table(HEADER, rows) + "\n",
-            f"- a losing candidate's mean share of a full dev evaluation under racing: {share} "
-            f"(target at most {LOSER_SHARE_TARGET:.2f}: "
-            f"{'met' if c['loser_share_met'] else 'not met'})",
-            f"- held-out accuracy, racing's best − the best without racing, paired by question: "
-            f"{delta} ({'not measurably worse: met' if c['not_worse_met'] else 'measurably worse'}"
-            f"; {'the same best' if c['same_best'] else 'different bests'})\n",
-        ]
+    return [
+        f"Command (each arm adds its flag): `python -m optloop.run {results['run_args']}`",
+        table(HEADER, rows),
+        f"- a losing candidate's mean share of a full dev evaluation under racing: {share} "
+        f"(target at most {LOSER_SHARE_TARGET:.2f}: "
+        f"{'met' if c['loser_share_met'] else 'not met'})\n"
+        f"- held-out accuracy, racing's best − the best without racing, paired by question: "
+        f"{delta} ({'not measurably worse: met' if c['not_worse_met'] else 'measurably worse'}"
+        f"; {'the same best' if c['same_best'] else 'different bests'})",
+    ]
+
+
+def to_markdown(results: Mapping[str, Any]) -> str:
+    return (
+        "\n\n".join(
+            [
+                "# Racing against no racing: the same seeded run both ways",
+                provenance_lines(results["provenance"]).rstrip("\n"),
+                *figures(results),
+            ]
+        )
+        + "\n"
     )
 
 
