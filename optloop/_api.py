@@ -19,9 +19,9 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
-from optloop.loop.budget.limits import SpendingLimits
 from optloop.loop.config import LoopConfig, OptimizerName
 from optloop.loop.request import RunOptions, RunRequest, checked, loop_config, run_lms
+from optloop.loop.spending.limits import SpendingLimits
 from optloop.offline import offline_defaults
 
 if TYPE_CHECKING:
@@ -169,7 +169,7 @@ def optimize(
         optloop.errors.OptloopError:
             Bad input (exit code 2 on the command line), an unavailable endpoint (75), or a state
             that cannot be written (74); nothing is written for bad input.
-        optloop.loop.budget.limits.RunStopped:
+        optloop.loop.spending.limits.RunStopped:
             ``max_cost`` or ``max_calls`` was reached; the run is saved and the same call with a
             higher limit resumes it.
     """

@@ -116,13 +116,13 @@ from optloop.cli.command import CommandParser, dataset_help, lm_overrides
 from optloop.datasets.defaults import defaults_help
 from optloop.errors import ConfigError
 from optloop.failures import ALLOWED_SHARE
-from optloop.loop.budget.limits import SpendingLimits
 from optloop.loop.config import MAX_BATCH, MAX_BUDGET, OPTIMIZER_NAMES, LoopConfig, check_fractions
 from optloop.loop.policy import FEW_QUESTIONS
 from optloop.loop.request import ANSWER_SETTINGS as ANSWER_SETTINGS
 from optloop.loop.request import RunOptions, RunRequest, checked, loop_config, run_lms
 from optloop.loop.request import answer_settings as answer_settings
 from optloop.loop.request import default_optimizer as default_optimizer
+from optloop.loop.spending.limits import SpendingLimits
 from systems import SYSTEMS
 
 if TYPE_CHECKING:

@@ -51,7 +51,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from optloop.attribution import blame
-from optloop.loop.budget.eta import TrialLine
 from optloop.loop.candidate import Candidate, prompt_diff
 from optloop.loop.control import control_candidate
 from optloop.loop.evaluate import Evaluation
@@ -68,6 +67,7 @@ from optloop.loop.optimizers.base import Optimizer
 from optloop.loop.outcome import Outcome, best_of
 from optloop.loop.policy import choose_targets, control_sites, floor_warning
 from optloop.loop.run_context import RunContext
+from optloop.loop.spending.eta import TrialLine
 from optloop.loop.state import Checkpoint, Cost, LoopConfig, LoopResult, Trial, add_costs
 
 logger = logging.getLogger(__name__)

@@ -28,9 +28,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from optloop.errors import ConfigError
-from optloop.loop.budget.limits import SpendingLimits
 from optloop.loop.config import LoopConfig, OptimizerName
 from optloop.loop.optimizers import registry
+from optloop.loop.spending.limits import SpendingLimits
 
 if TYPE_CHECKING:
     from optloop.lm import LMSettings

@@ -3,7 +3,7 @@ run's wiring needs to know of it before building one.
 
 Adding an optimizer is a module in this package (its
 :class:`~optloop.loop.optimizers.base.Optimizer` and its cost model, a function ``work`` of a
-:class:`~optloop.loop.budget.shape.RunShape`) and one entry here. This module imports nothing of
+:class:`~optloop.loop.spending.shape.RunShape`) and one entry here. This module imports nothing of
 optloop, so the run's configuration (:mod:`optloop.loop.config`) reads the names from it without
 loading DSPy; the classes and cost models are imported when asked for.
 """

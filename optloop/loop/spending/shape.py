@@ -43,7 +43,7 @@ proposer's rewrites: a run of train and a few proposer calls), a retarget's new 
 (Optuna) or fresh mini-batch stores, and the LM cache (its hits are counted as requests, their
 tokens as computed, as the trials' are). Once the run has finished trials, ``--estimate``
 measures the optimizer's calls on them instead
-(:func:`~optloop.loop.budget.optimizer_work.measured_work`).
+(:func:`~optloop.loop.spending.optimizer_work.measured_work`).
 """
 
 from __future__ import annotations
@@ -57,10 +57,10 @@ import dspy
 from pydantic import BaseModel, Field
 
 from optloop.attribution import blame
-from optloop.loop.budget.optimizer_work import OptimizerWork
 from optloop.loop.optimizers import registry
 from optloop.loop.optimizers.propose import failure_summary
 from optloop.loop.policy import choose_targets
+from optloop.loop.spending.optimizer_work import OptimizerWork
 from optloop.loop.writer import CASE_CHARS, MAX_CASES
 
 if TYPE_CHECKING:
