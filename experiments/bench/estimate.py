@@ -85,6 +85,7 @@ from optloop.lm.pricing import ModelPrice, model_price
 from optloop.loop.cost import LMCost
 from optloop.loop.optimizers.base import ENDPOINT_THREADS
 from optloop.loop.optimizers.registry import NAMES
+from optloop.loop.optimizers.work import cost_model
 from optloop.loop.spending.estimate import (
     Chains,
     Estimate,
@@ -94,7 +95,7 @@ from optloop.loop.spending.estimate import (
     evaluation_seconds,
     project,
 )
-from optloop.loop.spending.shape import RunShape, cost_model
+from optloop.loop.spending.shape import RunShape
 from optloop.loop.state import LoopConfig
 from optloop.paths import state_dir, write_atomic
 from optloop.sites import ANSWER, QUERY_REWRITE

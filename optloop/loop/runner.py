@@ -68,6 +68,7 @@ from optloop.loop.gate import logs_under, refusals
 from optloop.loop.mlflow_sink import MlflowSink
 from optloop.loop.optimizers import registry
 from optloop.loop.optimizers.base import Optimizer, default_threads
+from optloop.loop.optimizers.work import modeled_work
 from optloop.loop.policy import (
     FEW_QUESTIONS,
     check_knobs,
@@ -95,7 +96,7 @@ from optloop.loop.spending.estimate import (
 )
 from optloop.loop.spending.eta import Eta, TrialLine
 from optloop.loop.spending.limits import STOPPED_BY, RunStopped, SpendingLimits
-from optloop.loop.spending.shape import RunShape, modeled_work, run_shape
+from optloop.loop.spending.shape import RunShape, run_shape
 from optloop.loop.split_evaluator import SplitEvaluator
 from optloop.loop.state import (
     MAX_BUDGET,
@@ -494,12 +495,10 @@ class Loop:
 
     def optimizer_work(self, ckpt: Checkpoint, shape: RunShape) -> OptimizerWork | None:
         """The optimizer's own work over the whole run (for ``--estimate``), once ``ckpt`` holds
-        the baseline:
-        measured on its finished trials when it has some
+        the baseline: measured on its finished trials when it has some
         (:func:`~optloop.loop.spending.estimate.measured_work`), else the optimizer's model
-        (:mod:`optloop.loop.spending.shape`) on this run's ``shape`` (:meth:`run_shape`); ``None``
-        when
-        neither can say."""
+        (:func:`~optloop.loop.optimizers.work.modeled_work`) on this run's ``shape``
+        (:meth:`run_shape`); ``None`` when neither can say."""
         model = modeled_work(shape, self.config.optimizer)
         return measured_work(ckpt, model, self.config.budget) or model
 

@@ -12,9 +12,9 @@ from optloop.errors import ConfigError
 from optloop.lm.pricing import model_price
 from optloop.loop.cost import LMCost
 from optloop.loop.evaluate import Evaluation
+from optloop.loop.optimizers.work import cost_model
 from optloop.loop.spending.estimate import Estimate, measured_chains, work_units
 from optloop.loop.spending.estimate import estimate as product_estimate
-from optloop.loop.spending.shape import cost_model
 from optloop.loop.state import Checkpoint
 
 

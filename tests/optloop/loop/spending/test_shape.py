@@ -23,14 +23,9 @@ from optloop.loop.optimizers.optuna import work as optuna_work
 from optloop.loop.optimizers.propose import ProposeInstruction
 from optloop.loop.optimizers.registry import NAMES
 from optloop.loop.optimizers.simba import work as simba_work
+from optloop.loop.optimizers.work import cost_model, modeled_work
 from optloop.loop.spending.estimate import trials_at_once
-from optloop.loop.spending.shape import (
-    RunShape,
-    cost_model,
-    modeled_work,
-    run_shape,
-    template_tokens,
-)
+from optloop.loop.spending.shape import RunShape, run_shape, template_tokens
 from optloop.loop.state import Checkpoint, LoopConfig
 
 ANSWER, CURATE = "answer", "md_flat.curate"
