@@ -25,6 +25,8 @@ from optloop.loop.spending.limits import SpendingLimits
 from optloop.offline import offline_defaults
 
 if TYPE_CHECKING:
+    from optloop.loop.optimizers.base import Optimizer
+    from optloop.loop.optimizers.registry import OptimizerSpec
     from optloop.loop.session import OnEvent
     from optloop.loop.state import LoopResult
 
@@ -36,7 +38,7 @@ def optimize(
     system: str = _LOOP["system"].default,
     dataset: str | None = None,
     budget: int = _LOOP["budget"].default,
-    optimizer: OptimizerName | None = None,
+    optimizer: OptimizerName | OptimizerSpec | type[Optimizer] | None = None,
     lm: str | None = None,
     *,
     seed: int = _LOOP["seed"].default,
@@ -92,7 +94,14 @@ def optimize(
         budget:
             Candidate evaluations on the dev split.
         optimizer:
-            ``simba``, ``gepa``, ``optuna`` or ``edit``; :obj:`None` is the command's rule
+            A name ``--optimizer`` takes (the keys of
+            ``optloop.loop.optimizers.registry.OPTIMIZERS``), an
+            ``optloop.loop.optimizers.registry.OptimizerSpec`` or a subclass of
+            ``optloop.loop.optimizers.base.Optimizer``, as a study takes a sampler: a spec or a
+            class is registered under its name (a class's ``name``), which the run records, so
+            the same call resumes the run. The run builds the optimizer itself, on its evaluator,
+            proposer LM and train split, so it takes the class, not an object of it.
+            :obj:`None` is the command's rule
             (:func:`optloop.loop.request.default_optimizer`): ``edit`` when the instructions
             would be written by the embedded model (``proposer_lm``, else ``lm``, is ``local``),
             ``simba`` when by an endpoint. Until this version the function's default was

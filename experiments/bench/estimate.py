@@ -83,8 +83,8 @@ from optloop.datasets.split import split_counts
 from optloop.errors import ConfigError
 from optloop.lm.pricing import ModelPrice, model_price
 from optloop.loop.cost import LMCost
+from optloop.loop.optimizers import registry
 from optloop.loop.optimizers.base import ENDPOINT_THREADS
-from optloop.loop.optimizers.registry import NAMES
 from optloop.loop.optimizers.work import cost_model
 from optloop.loop.spending.estimate import (
     Chains,
@@ -319,7 +319,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--budget", type=int, default=50)
     parser.add_argument(
         "--optimizer",
-        choices=list(NAMES),
+        choices=registry.names(),
         default=LoopConfig.model_fields["optimizer"].default,
         help="whose own calls to model (optloop.run's default: %(default)s)",
     )

@@ -16,12 +16,12 @@ from optloop.attribution import Attribution, ErrorType
 from optloop.loop.candidate import Candidate, SiteState
 from optloop.loop.cost import LMCost
 from optloop.loop.evaluate import Evaluation, QuestionOutcome
+from optloop.loop.optimizers import registry
 from optloop.loop.optimizers.edit import ParaphrasePhrase
 from optloop.loop.optimizers.edit import work as edit_work
 from optloop.loop.optimizers.gepa import work as gepa_work
 from optloop.loop.optimizers.optuna import work as optuna_work
 from optloop.loop.optimizers.propose import ProposeInstruction
-from optloop.loop.optimizers.registry import NAMES
 from optloop.loop.optimizers.simba import work as simba_work
 from optloop.loop.optimizers.work import cost_model, modeled_work
 from optloop.loop.spending.estimate import trials_at_once
@@ -55,7 +55,7 @@ def shape(**update) -> RunShape:
 
 
 def test_every_optimizer_has_a_model():
-    assert all(callable(cost_model(name)) for name in NAMES)
+    assert all(callable(cost_model(name)) for name in registry.names())
     assert modeled_work(shape(), "nosuch") is None
 
 
