@@ -19,12 +19,14 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
-from optloop.loop.budget.limits import SpendingLimits
 from optloop.loop.config import LoopConfig, OptimizerName
 from optloop.loop.request import RunOptions, RunRequest, checked, loop_config, run_lms
+from optloop.loop.spending.limits import SpendingLimits
 from optloop.offline import offline_defaults
 
 if TYPE_CHECKING:
+    from optloop.loop.optimizers.base import Optimizer
+    from optloop.loop.optimizers.registry import OptimizerSpec
     from optloop.loop.session import OnEvent
     from optloop.loop.state import LoopResult
 
@@ -36,7 +38,7 @@ def optimize(
     system: str = _LOOP["system"].default,
     dataset: str | None = None,
     budget: int = _LOOP["budget"].default,
-    optimizer: OptimizerName | None = None,
+    optimizer: OptimizerName | OptimizerSpec | type[Optimizer] | None = None,
     lm: str | None = None,
     *,
     seed: int = _LOOP["seed"].default,
@@ -94,7 +96,14 @@ def optimize(
         budget:
             Candidate evaluations on the dev split.
         optimizer:
-            ``simba``, ``gepa``, ``optuna`` or ``edit``; :obj:`None` is the command's rule
+            A name ``--optimizer`` takes (the keys of
+            ``optloop.loop.optimizers.registry.OPTIMIZERS``), an
+            ``optloop.loop.optimizers.registry.OptimizerSpec`` or a subclass of
+            ``optloop.loop.optimizers.base.Optimizer``, as a study takes a sampler: a spec or a
+            class is registered under its name (a class's ``name``), which the run records, so
+            the same call resumes the run. The run builds the optimizer itself, on its evaluator,
+            proposer LM and train split, so it takes the class, not an object of it.
+            :obj:`None` is the command's rule
             (:func:`optloop.loop.request.default_optimizer`): ``edit`` when the instructions
             would be written by the embedded model (``proposer_lm``, else ``lm``, is ``local``),
             ``simba`` when by an endpoint. Until this version the function's default was
@@ -178,7 +187,7 @@ def optimize(
         optloop.errors.OptloopError:
             Bad input (exit code 2 on the command line), an unavailable endpoint (75), or a state
             that cannot be written (74); nothing is written for bad input.
-        optloop.loop.budget.limits.RunStopped:
+        optloop.loop.spending.limits.RunStopped:
             ``max_cost`` or ``max_calls`` was reached; the run is saved and the same call with a
             higher limit resumes it.
     """

@@ -56,7 +56,7 @@ def duration(seconds: float, *, minutes_from: float = 90, hours_from: float = 54
     """``41 s``, ``18 min``, ``2.5 h``: a span in the unit that reads best, seconds below
     ``minutes_from`` seconds, hours from ``hours_from`` seconds, minutes between. A progress line
     keeps the defaults (``75 s``, ``80 min``); a projection
-    (:func:`optloop.loop.budget.eta.projected`)
+    (:func:`optloop.loop.spending.eta.projected`)
     moves to the next unit at a whole minute and a whole hour."""
     if seconds < minutes_from:
         return f"{seconds:.0f} s"

@@ -363,8 +363,8 @@ def estimate_markdown(paths: Sequence[Path], n: int) -> str:
         f"\n## The projection: `--system {first['system']} --budget {first['budget']}` on "
         f"LoCoMo with {first['model']} at --concurrency {n}\n\n- command: `python -m "
         f"experiments.bench.estimate --n {n} --batch K --json OUT` (the run model of "
-        "`optloop.run --estimate`, optloop/loop/budget/estimate.py, on a baseline modeled from a "
-        f"recording of {first['recording']} made {first['recorded_on']}; "
+        "`optloop.run --estimate`, optloop/loop/spending/estimate.py, on a baseline modeled "
+        f"from a recording of {first['recording']} made {first['recorded_on']}; "
         f"{first['conversations']} conversations of `{first['dataset']}`; "
         f"{first['latency_ms']:g} ms a call assumed; optimizer {first['optimizer']})\n\n"
     )

@@ -14,7 +14,7 @@ instead (``python -m experiments.bench.throughput record``: one evaluation of th
 embedded LM, its calls and tokens per prompt site in ``recording.json``). Nothing here calls or
 loads an LM.
 
-The run model is ``optloop.run --estimate``'s own (:func:`optloop.loop.budget.estimate.project`):
+The run model is ``optloop.run --estimate``'s own (:func:`optloop.loop.spending.estimate.project`):
 what differs is only where the baseline's figures come from. Here they are modeled:
 
 - **per session**: the recording's ingestion calls and tokens over its sessions; **per question**:
@@ -33,11 +33,11 @@ what differs is only where the baseline's figures come from. Here they are model
   twice (the dev evaluation scaled by sessions + questions); an evaluation at concurrency N
   takes ``max(requests x latency / N, chain x latency)``: N requests always in flight, but
   never less than its longest conversation's chain, whose sessions are ingested one after
-  another before a question's requests (:class:`~optloop.loop.budget.estimate.Chains`). Each split
-  is taken to hold a conversation as long as the dataset's longest (:meth:`Shape.chain`), the
-  modeled baseline's evaluations included; the output says which parts the chain timed.
+  another before a question's requests (:class:`~optloop.loop.spending.estimate.Chains`). Each
+  split is taken to hold a conversation as long as the dataset's longest (:meth:`Shape.chain`),
+  the modeled baseline's evaluations included; the output says which parts the chain timed.
 - **the optimizer** (``--optimizer``, ``optloop.run``'s default ``simba``): its model in
-  each optimizer's ``work`` on a :class:`~optloop.loop.budget.shape.RunShape` built from the
+  each optimizer's ``work`` on a :class:`~optloop.loop.spending.shape.RunShape` built from the
   recording and LoCoMo's shape (:func:`run_shape`): the train split's questions and
   conversations, the calls and tokens per question and per conversation above, the optimizer's
   threads on an endpoint, the proposer being ``--model`` too. The target sites are the system's
@@ -82,7 +82,11 @@ from optloop.datasets import Dataset, load_dataset
 from optloop.datasets.split import split_counts
 from optloop.errors import ConfigError
 from optloop.lm.pricing import ModelPrice, model_price
-from optloop.loop.budget.estimate import (
+from optloop.loop.cost import LMCost
+from optloop.loop.optimizers import registry
+from optloop.loop.optimizers.base import ENDPOINT_THREADS
+from optloop.loop.optimizers.work import cost_model
+from optloop.loop.spending.estimate import (
     Chains,
     Estimate,
     ModeledFigures,
@@ -91,10 +95,7 @@ from optloop.loop.budget.estimate import (
     evaluation_seconds,
     project,
 )
-from optloop.loop.budget.shape import RunShape, cost_model
-from optloop.loop.cost import LMCost
-from optloop.loop.optimizers.base import ENDPOINT_THREADS
-from optloop.loop.optimizers.registry import NAMES
+from optloop.loop.spending.shape import RunShape
 from optloop.loop.state import LoopConfig
 from optloop.paths import state_dir, write_atomic
 from optloop.sites import ANSWER, QUERY_REWRITE
@@ -143,9 +144,8 @@ class Shape(BaseModel):
         )
 
     def units(self, conversations: int) -> float:
-        """:func:`~optloop.loop.budget.estimate.work_units` of ``conversations`` of them: sessions
-        plus
-        questions."""
+        """:func:`~optloop.loop.spending.estimate.work_units` of ``conversations`` of them:
+        sessions plus questions."""
         return conversations * (self.sessions + self.questions)
 
     def chain(self, unit: PerUnit) -> float:
@@ -276,8 +276,8 @@ def run_estimate(
     concurrency: int,
     batch: int = 1,
 ) -> Estimate:
-    """``optloop.run --estimate``'s projection (:func:`~optloop.loop.budget.estimate.project`) of a
-    run on ``splits`` (train, dev, test conversations of ``shape``'s), its baseline modeled from
+    """``optloop.run --estimate``'s projection (:func:`~optloop.loop.spending.estimate.project`) of
+    a run on ``splits`` (train, dev, test conversations of ``shape``'s), its baseline modeled from
     ``unit``;
     the proposer priced as the LM."""
     train, dev, test = splits
@@ -319,7 +319,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--budget", type=int, default=50)
     parser.add_argument(
         "--optimizer",
-        choices=list(NAMES),
+        choices=registry.names(),
         default=LoopConfig.model_fields["optimizer"].default,
         help="whose own calls to model (optloop.run's default: %(default)s)",
     )
@@ -481,7 +481,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{shape.sessions:.1f} sessions, {shape.questions:.0f} questions each, the longest "
         f"{shape.longest} sessions. Price: ${price.input * 1e6:.3f} / ${price.output * 1e6:.3f} "
         "per million prompt / completion tokens.",
-        "how: optloop.run --estimate's run model (optloop/loop/budget/estimate.py), its "
+        "how: optloop.run --estimate's run model (optloop/loop/spending/estimate.py), its "
         "baseline's train and dev modeled from "
         f"the recording, every request computed in an assumed {args.latency_ms:.0f} ms.",
         optimizer_line(first, config)

@@ -88,9 +88,9 @@ from optloop.datasets import Dataset, load_dataset
 from optloop.embed import Embedder, get_embedder
 from optloop.errors import ConfigError
 from optloop.lm import LMSettings, OptloopLM, Usage
-from optloop.loop.budget.estimate import evaluation_seconds
 from optloop.loop.cost import LMCost
 from optloop.loop.evaluate import Evaluation, Evaluator
+from optloop.loop.spending.estimate import evaluation_seconds
 from optloop.paths import state_dir, write_atomic
 from optloop.pipeline import EpisodeResult
 from optloop.testing.replay import ReplayConfig, ReplayServer, load_cache

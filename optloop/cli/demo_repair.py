@@ -37,7 +37,7 @@ from optloop.cli import run as optloop_run
 from optloop.cli.command import CommandParser, parse_command, run_cli
 from optloop.faults.sabotages import SABOTAGES
 from optloop.loop.candidate import prompt_diff
-from optloop.loop.optimizers.registry import EDIT, GEPA, OPTUNA, SIMBA
+from optloop.loop.optimizers import registry
 from optloop.output import make_console
 from optloop.paths import state_dir
 
@@ -61,7 +61,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="the sabotage to plant (a case of optloop.faults.sabotages)",
     )
     parser.add_argument("--dataset", help="the dataset to run on (default: the case's own)")
-    parser.add_argument("--optimizer", default=EDIT, choices=[EDIT, SIMBA, GEPA, OPTUNA])
+    parser.add_argument("--optimizer", default=registry.EDIT, choices=registry.names())
     parser.add_argument("--budget", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     args = parse_command(parser, argv)

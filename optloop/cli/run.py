@@ -46,7 +46,6 @@ from optloop.cli.run_tables import (
 from optloop.cli.status import RunProgress
 from optloop.errors import CallsFailedError, EndpointDownError
 from optloop.interrupt import interruptible
-from optloop.loop.budget.limits import ESTIMATE, EXIT_LIMIT, RunStopped
 from optloop.loop.policy import questions
 from optloop.loop.session import (
     Finished,
@@ -59,6 +58,7 @@ from optloop.loop.session import (
     TrialDone,
     prepare,
 )
+from optloop.loop.spending.limits import ESTIMATE, EXIT_LIMIT, RunStopped
 from optloop.output import make_console
 from optloop.paths import write_atomic
 

@@ -127,13 +127,14 @@ from optloop.cli.command import CommandParser, dataset_help, lm_overrides
 from optloop.datasets.defaults import defaults_help
 from optloop.errors import ConfigError
 from optloop.failures import ALLOWED_SHARE
-from optloop.loop.budget.limits import SpendingLimits
-from optloop.loop.config import MAX_BATCH, MAX_BUDGET, OPTIMIZER_NAMES, LoopConfig, check_fractions
+from optloop.loop.config import MAX_BATCH, MAX_BUDGET, LoopConfig, check_fractions
+from optloop.loop.optimizers import registry
 from optloop.loop.policy import FEW_QUESTIONS
 from optloop.loop.request import ANSWER_SETTINGS as ANSWER_SETTINGS
 from optloop.loop.request import RunOptions, RunRequest, checked, loop_config, run_lms
 from optloop.loop.request import answer_settings as answer_settings
 from optloop.loop.request import default_optimizer as default_optimizer
+from optloop.loop.spending.limits import SpendingLimits
 from systems import SYSTEMS
 
 if TYPE_CHECKING:
@@ -217,6 +218,16 @@ class _OneLineParser(CommandParser):
         self.exit(2, f"optloop: error: {' '.join(message.split())}; see {self.prog} --help\n")
 
 
+def optimizers_help() -> str:
+    """The registered optimizers as ``--optimizer``'s help lists them, each with its summary
+    (``simba, gepa, optuna (TPE ...), or edit (GrIPS-style ...)``)."""
+    words = [
+        f"{spec.name} ({spec.summary})" if spec.summary else spec.name
+        for spec in registry.OPTIMIZERS.values()
+    ]
+    return ", or ".join([", ".join(words[:-1]), words[-1]]) if len(words) > 1 else words[0]
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _OneLineParser("python -m optloop.run", __doc__, lm=True)
     parser.add_argument(
@@ -241,13 +252,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--optimizer",
-        choices=list(OPTIMIZER_NAMES),
+        choices=registry.names(),
         default=None,
-        help="simba, gepa, optuna (TPE over proposed instructions and knobs), or edit "
-        "(GrIPS-style phrase edits of the blamed instruction: delete, swap, paraphrase, add "
-        "back; needs no strong proposer). Default: edit when the instructions would be written "
-        "by the embedded model (a 135M model writes rules no one would ship), simba when "
-        "--proposer-lm or --lm is an endpoint",
+        help=f"{optimizers_help()}. Default: {registry.WITHOUT_WRITER} when the instructions "
+        "would be written by the embedded model (a 135M model writes rules no one would ship), "
+        f"{registry.DEFAULT} when --proposer-lm or --lm is an endpoint",
     )
     parser.add_argument(
         "--proposer-lm",

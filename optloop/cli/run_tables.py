@@ -1,23 +1,23 @@
 """What ``python -m optloop.run`` prints: the result's tables, the ``--estimate``'s lines, and the
 lines for a run that stopped (durations and accuracies with their CIs, formatted once here). The
 estimate's table, the projection's line and money are the library's words
-(:mod:`optloop.loop.budget.report`), so a run's ``run.log`` says them as the console does."""
+(:mod:`optloop.loop.spending.report`), so a run's ``run.log`` says them as the console does."""
 
 from __future__ import annotations
 
 from optloop.attribution.taxonomy import Target
 from optloop.failures import mark
 from optloop.lm import Usage
-from optloop.loop.budget.estimate import Estimate
-from optloop.loop.budget.eta import projected as projected
-from optloop.loop.budget.limits import MAX_COST, STOPPED_BY, RunStopped, run_dollars
-from optloop.loop.budget.report import estimate_table as estimate_table
-from optloop.loop.budget.report import model_name as model_name
-from optloop.loop.budget.report import money
 from optloop.loop.control import comparison_of
 from optloop.loop.optimizers import registry
 from optloop.loop.policy import floor_warning
 from optloop.loop.runner import Checkpoint, LoopConfig, LoopResult
+from optloop.loop.spending.estimate import Estimate
+from optloop.loop.spending.eta import projected as projected
+from optloop.loop.spending.limits import MAX_COST, STOPPED_BY, RunStopped, run_dollars
+from optloop.loop.spending.report import estimate_table as estimate_table
+from optloop.loop.spending.report import model_name as model_name
+from optloop.loop.spending.report import money
 from optloop.output import Table
 from optloop.stats import Interval
 

@@ -5,7 +5,8 @@ parent run's params, digested for resuming), each with its default written once,
 fields; what a default depends on (the dataset, the optimizer) is decided by the rules of
 :mod:`optloop.loop.request`, where both entry points build a run. The module imports only pydantic,
 so the Python API reads it without loading DSPy, MLflow or a memory library (the optimizers'
-names come from :mod:`optloop.loop.optimizers.registry`, which imports nothing of optloop).
+names come from :mod:`optloop.loop.optimizers.registry`, which imports nothing of optloop: a run
+takes any name registered there when its config is made).
 """
 
 from __future__ import annotations
@@ -16,14 +17,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator
 
-from optloop.loop.optimizers.registry import DEFAULT, NAMES, OptimizerName
+from optloop.loop.optimizers import registry
+from optloop.loop.optimizers.registry import DEFAULT, OptimizerName
 
 MAX_BUDGET = 500
 MAX_BATCH = 64
 # The smallest held-out gain a run is meant to show unless --min-gain says otherwise.
 MIN_GAIN = 0.05
-
-OPTIMIZER_NAMES: tuple[str, ...] = NAMES
 
 
 def check_fractions(fractions: tuple[float, ...]) -> tuple[float, float, float]:
@@ -110,6 +110,11 @@ class LoopConfig(BaseModel):
         "line says when the splits are too small for it",
     )
 
+    @field_validator("optimizer")
+    @classmethod
+    def _optimizer(cls, value: str) -> str:
+        return registry.check(value)
+
     @field_validator("fractions")
     @classmethod
     def _fractions(cls, value: tuple[float, float, float]) -> tuple[float, float, float]:
@@ -154,7 +159,6 @@ def _digest(payload: dict[str, Any]) -> str:
 __all__ = [
     "MAX_BATCH",
     "MAX_BUDGET",
-    "OPTIMIZER_NAMES",
     "LoopConfig",
     "OptimizerName",
     "check_fractions",

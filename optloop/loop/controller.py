@@ -34,7 +34,7 @@ has spent, and every process adds itself to the checkpoint's count, so the run's
 every process that worked on it (a kill loses only what was spent since the last save, which is
 the work that is redone).
 
-**Spending limits** (``--max-cost``, ``--max-calls``, ``--estimate``: :mod:`optloop.loop.budget`)
+**Spending limits** (``--max-cost``, ``--max-calls``, ``--estimate``: :mod:`optloop.loop.spending`)
 are checked at step boundaries only (:meth:`Controller._boundary`): before each evaluation
 outside a trial, after the baseline, and before each trial's proposal, where everything done
 is checkpointed and no trial is open. A limit reached there raises ``RunStopped``; the run
@@ -51,7 +51,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from optloop.attribution import blame
-from optloop.loop.budget.eta import TrialLine
 from optloop.loop.candidate import Candidate, prompt_diff
 from optloop.loop.control import control_candidate, headroom
 from optloop.loop.evaluate import Evaluation
@@ -69,6 +68,7 @@ from optloop.loop.outcome import Outcome, best_of
 from optloop.loop.policy import choose_targets, control_sites, floor_warning
 from optloop.loop.racing import Against
 from optloop.loop.run_context import RunContext
+from optloop.loop.spending.eta import TrialLine
 from optloop.loop.state import Checkpoint, Cost, LoopConfig, LoopResult, Trial, add_costs
 
 logger = logging.getLogger(__name__)
@@ -122,7 +122,7 @@ class Controller:
 
         One call is one process's share of the run (:meth:`Checkpoint.begin_process`). When it
         stops midway (a kill signal turned into ``KeyboardInterrupt``, an error, a spending limit's
-        :class:`~optloop.loop.budget.limits.RunStopped` at a step boundary), what it spent is
+        :class:`~optloop.loop.spending.limits.RunStopped` at a step boundary), what it spent is
         written into the checkpoint on disk before the exception goes on.
         """
         self.ckpt.begin_process()

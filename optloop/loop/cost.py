@@ -3,7 +3,7 @@
 An :class:`~optloop.loop.evaluate.Evaluation` carries its LM cost (:func:`evaluation_cost`):
 dollars, the seconds the model spent, and an :class:`LMCost` per prompt site, so a trial's
 child run logs them (:func:`site_metrics`) from the checkpointed evaluation, and
-``--estimate`` (:mod:`optloop.loop.budget.estimate`) extrapolates from the baseline's. The run's
+``--estimate`` (:mod:`optloop.loop.spending.estimate`) extrapolates from the baseline's. The run's
 own cost (``Loop._cost``: what each process spent, summed over processes by the checkpoint) uses
 the same per-site metric names, so the parent run shows the run's totals per site.
 

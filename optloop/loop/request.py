@@ -28,12 +28,14 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from optloop.errors import ConfigError
-from optloop.loop.budget.limits import SpendingLimits
 from optloop.loop.config import LoopConfig, OptimizerName
 from optloop.loop.optimizers import registry
+from optloop.loop.spending.limits import SpendingLimits
 
 if TYPE_CHECKING:
     from optloop.lm import LMSettings
+    from optloop.loop.optimizers.base import Optimizer
+    from optloop.loop.optimizers.registry import OptimizerSpec
 
 # The LM settings that change what the model answers: part of a run's settings
 # (LoopConfig.lm_settings), so the same command with another context window or decoding bound is
@@ -135,6 +137,21 @@ def default_optimizer(proposer: LMSettings) -> OptimizerName:
     return registry.WITHOUT_WRITER if proposer.backend == "local" else registry.DEFAULT
 
 
+def optimizer_name(
+    optimizer: OptimizerName | OptimizerSpec | type[Optimizer] | None,
+) -> OptimizerName | None:
+    """The name a run's config records for ``optimizer`` (``None`` when none is given): a spec or
+    an :class:`~optloop.loop.optimizers.base.Optimizer` subclass is registered under its name
+    (:func:`optloop.loop.optimizers.registry.resolve`); what cannot be is a
+    :class:`ConfigError`."""
+    if optimizer is None:
+        return None
+    try:
+        return registry.resolve(optimizer)
+    except ValueError as exc:
+        raise ConfigError(f"invalid run setting optimizer: {exc}") from None
+
+
 def answer_settings(settings: LMSettings) -> dict[str, object]:
     """:data:`ANSWER_SETTINGS` of ``settings``. The embedded model decodes every schema in-process,
     whatever the schema mode: its runs keep the mode they were started under (json_schema), so they
@@ -170,7 +187,7 @@ def loop_config(
     proposer: LMSettings | None = None,
     *,
     dataset: str | None = None,
-    optimizer: OptimizerName | None = None,
+    optimizer: OptimizerName | OptimizerSpec | type[Optimizer] | None = None,
     **fields: Any,
 ) -> LoopConfig:
     """The config of a run on the LM ``settings`` (``proposer``: the LM that writes new
@@ -179,7 +196,9 @@ def loop_config(
 
     - ``dataset``: the dataset optloop generates for the system
       (:func:`~optloop.datasets.defaults.default_dataset`);
-    - ``optimizer``: :func:`default_optimizer` of the proposer, else of ``settings``;
+    - ``optimizer``: :func:`default_optimizer` of the proposer, else of ``settings``; a spec or an
+      :class:`~optloop.loop.optimizers.base.Optimizer` subclass is registered and the config
+      records its name (:func:`optloop.loop.optimizers.registry.resolve`);
     - ``lm_settings``: :func:`answer_settings` of ``settings``;
     - ``run_name``: ``-`` until the run is chosen (:func:`optloop.loop.resume.choose_run`).
 
@@ -193,7 +212,7 @@ def loop_config(
         LoopConfig,
         **{"run_name": "-", **given},
         dataset=dataset or default_dataset(system).uri,
-        optimizer=optimizer or default_optimizer(proposer or settings),
+        optimizer=optimizer_name(optimizer) or default_optimizer(proposer or settings),
         lm_settings=answer_settings(settings),
     )
 
@@ -206,5 +225,6 @@ __all__ = [
     "checked",
     "default_optimizer",
     "loop_config",
+    "optimizer_name",
     "run_lms",
 ]

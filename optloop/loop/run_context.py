@@ -8,9 +8,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from optloop.loop.budget.eta import Eta, TrialLine
-from optloop.loop.budget.limits import SpendingLimits
 from optloop.loop.candidate import Candidate
+from optloop.loop.spending.eta import Eta, TrialLine
+from optloop.loop.spending.limits import SpendingLimits
 from optloop.loop.state import Checkpoint, Cost, LoopConfig
 
 
@@ -39,10 +39,10 @@ class RunContext:
     this process has spent so far (LLM calls, tokens, seconds), saved with every checkpoint (the
     run's total adds up every process's: :meth:`Checkpoint.total_cost`); ``limits`` are this
     process's ``--max-cost``, ``--max-calls`` and ``--estimate``, checked at step boundaries
-    against that total (:mod:`optloop.loop.budget`); ``baseline_done`` is called once the baseline
-    is known and trials are to come (``Loop`` prints the projection of the whole run there) and
-    returns the :class:`Eta` its projection starts; ``trial_done`` receives one :class:`TrialLine`
-    per evaluated trial.
+    against that total (:mod:`optloop.loop.spending`); ``baseline_done`` is called once the
+    baseline is known and trials are to come (``Loop`` prints the projection of the whole run
+    there) and returns the :class:`Eta` its projection starts; ``trial_done`` receives one
+    :class:`TrialLine` per evaluated trial.
     """
 
     config: LoopConfig

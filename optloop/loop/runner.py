@@ -31,7 +31,7 @@ ended KILLED and deleted from MLflow and redone, nothing is counted twice, and w
 every process spent adds up (the controller's docstring says how). An interrupt
 (``KeyboardInterrupt``: Ctrl-C, or SIGTERM as ``optloop.run`` maps it) ends the
 MLflow runs it leaves as KILLED. A spending limit (``limits``: ``--max-cost``,
-``--max-calls``, ``--estimate``; :mod:`optloop.loop.budget`) stops the controller at a step
+``--max-calls``, ``--estimate``; :mod:`optloop.loop.spending`) stops the controller at a step
 boundary: the parent run ends KILLED with the tag ``optloop.stopped_by``, which the next
 process to open the run removes.
 
@@ -59,18 +59,6 @@ from optloop.attribution import blame
 from optloop.datasets import Dataset, load_dataset
 from optloop.errors import ConfigError
 from optloop.loop import checkpoint_guard, mlflow_run
-from optloop.loop.budget.estimate import (
-    Estimate,
-    OptimizerWork,
-    answer_path,
-    estimate,
-    measured_chains,
-    measured_work,
-    work_units,
-)
-from optloop.loop.budget.eta import Eta, TrialLine
-from optloop.loop.budget.limits import STOPPED_BY, RunStopped, SpendingLimits
-from optloop.loop.budget.shape import RunShape, modeled_work, run_shape
 from optloop.loop.candidate import Candidate
 from optloop.loop.controller import Controller
 from optloop.loop.coordinator import LocalCoordinator, SharedCoordinator
@@ -80,6 +68,7 @@ from optloop.loop.gate import logs_under, refusals
 from optloop.loop.mlflow_sink import MlflowSink
 from optloop.loop.optimizers import registry
 from optloop.loop.optimizers.base import Optimizer, default_threads
+from optloop.loop.optimizers.work import modeled_work
 from optloop.loop.policy import (
     FEW_QUESTIONS,
     check_knobs,
@@ -96,6 +85,18 @@ from optloop.loop.policy import (
 from optloop.loop.run_context import RunContext
 from optloop.loop.run_dirs import Unfinished, in_use, matches, unfinished_runs
 from optloop.loop.run_dirs import lock_dir as _lock_dir
+from optloop.loop.spending.estimate import (
+    Estimate,
+    OptimizerWork,
+    answer_path,
+    estimate,
+    measured_chains,
+    measured_work,
+    work_units,
+)
+from optloop.loop.spending.eta import Eta, TrialLine
+from optloop.loop.spending.limits import STOPPED_BY, RunStopped, SpendingLimits
+from optloop.loop.spending.shape import RunShape, run_shape
 from optloop.loop.split_evaluator import SplitEvaluator
 from optloop.loop.state import (
     MAX_BUDGET,
@@ -435,7 +436,7 @@ class Loop:
 
     def estimate(self, ckpt: Checkpoint) -> Estimate:
         """``--estimate``'s projection of the whole run from ``ckpt``'s baseline
-        (:func:`~optloop.loop.budget.estimate.estimate`):
+        (:func:`~optloop.loop.spending.estimate.estimate`):
         this run's splits, ``--concurrency``, ``--batch``, the optimizer's work and the proposer's
         price."""
         self.prepare()
@@ -494,19 +495,17 @@ class Loop:
 
     def optimizer_work(self, ckpt: Checkpoint, shape: RunShape) -> OptimizerWork | None:
         """The optimizer's own work over the whole run (for ``--estimate``), once ``ckpt`` holds
-        the baseline:
-        measured on its finished trials when it has some
-        (:func:`~optloop.loop.budget.estimate.measured_work`), else the optimizer's model
-        (:mod:`optloop.loop.budget.shape`) on this run's ``shape`` (:meth:`run_shape`); ``None``
-        when
-        neither can say."""
+        the baseline: measured on its finished trials when it has some
+        (:func:`~optloop.loop.spending.estimate.measured_work`), else the optimizer's model
+        (:func:`~optloop.loop.optimizers.work.modeled_work`) on this run's ``shape``
+        (:meth:`run_shape`); ``None`` when neither can say."""
         model = modeled_work(shape, self.config.optimizer)
         return measured_work(ckpt, model, self.config.budget) or model
 
     def run_shape(self, ckpt: Checkpoint) -> RunShape:
         """This run's shape once ``ckpt`` holds the baseline: its target sites, those at the
         ingest stage among them, its per-request rates
-        (:func:`~optloop.loop.budget.shape.run_shape`).
+        (:func:`~optloop.loop.spending.shape.run_shape`).
         """
         self.prepare()
         assert self._prepared is not None

@@ -39,15 +39,15 @@ from optloop.datasets import Dataset
 from optloop.errors import ConfigError, EndpointDownError, LMUnreachableError
 from optloop.lm import LMSettings, OptloopLM, Usage
 from optloop.loop import checkpoint_guard
-from optloop.loop.budget.estimate import Estimate
-from optloop.loop.budget.eta import TrialLine
-from optloop.loop.budget.report import estimate_table, model_name, projection_line
 from optloop.loop.config import LoopConfig
 from optloop.loop.evaluate import Evaluator
 from optloop.loop.policy import check_split_sizes, power_line, questions
 from optloop.loop.request import RunRequest
 from optloop.loop.resume import choose_run, saved_line
 from optloop.loop.runner import Loop, check_start_sites, run_evaluator, split_dataset
+from optloop.loop.spending.estimate import Estimate
+from optloop.loop.spending.eta import TrialLine
+from optloop.loop.spending.report import estimate_table, model_name, projection_line
 from optloop.loop.state import Checkpoint, LoopResult
 from optloop.paths import state_dir
 from optloop.progress import LOG_NAME, RunLog
@@ -243,7 +243,7 @@ class Session:
         """Run the loop (after :meth:`start`) and report the result (:class:`Finished`).
 
         Raises what the command turns into exit codes: :class:`~optloop.errors.OptloopError`,
-        :class:`~optloop.loop.budget.limits.RunStopped` (a spending limit or ``--estimate``: the
+        :class:`~optloop.loop.spending.limits.RunStopped` (a spending limit or ``--estimate``: the
         run is saved), :class:`KeyboardInterrupt`."""
         result = self.loop.run()
         own = self.proposer is not self.lm
@@ -362,7 +362,7 @@ def run(
 
     Raises what the command turns into exit codes: :class:`~optloop.errors.OptloopError` (bad
     input, an unavailable endpoint, an unwritable state),
-    :class:`~optloop.loop.budget.limits.RunStopped`
+    :class:`~optloop.loop.spending.limits.RunStopped`
     (a spending limit or ``--estimate``: the run is saved), :class:`KeyboardInterrupt`."""
     with opened(request, again, on_event) as session:
         session.start()

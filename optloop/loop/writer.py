@@ -129,6 +129,16 @@ def failure_cases(
     return "\n".join(lines) or "(no failure attributed to this step yet)"
 
 
+def failure_summary(attributions: Sequence[Attribution], site: str) -> str:
+    """The failures blamed on ``site``, one line each, as the attribution words them: what the
+    proposer's rewrite of a whole instruction is shown (:mod:`optloop.loop.optimizers.propose`),
+    and what ``--estimate`` counts of a proposer prompt."""
+    lines = [
+        f"- {a.error_type.value}: {a.explanation[:300]}" for a in attributions if a.target == site
+    ]
+    return "\n".join(lines)[:3000] or "(no failure attributed here yet)"
+
+
 def describe(site: str, signature: type[dspy.Signature] | None = None) -> tuple[str, str]:
     """What a writer is told of ``site``: its job and its output format (a site whose job optloop
     does not know is described by its signature's fields)."""

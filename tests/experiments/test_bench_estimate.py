@@ -10,11 +10,11 @@ from experiments.bench.throughput import Recorded, Recording
 from optloop.datasets import load_dataset
 from optloop.errors import ConfigError
 from optloop.lm.pricing import model_price
-from optloop.loop.budget.estimate import Estimate, measured_chains, work_units
-from optloop.loop.budget.estimate import estimate as product_estimate
-from optloop.loop.budget.shape import cost_model
 from optloop.loop.cost import LMCost
 from optloop.loop.evaluate import Evaluation
+from optloop.loop.optimizers.work import cost_model
+from optloop.loop.spending.estimate import Estimate, measured_chains, work_units
+from optloop.loop.spending.estimate import estimate as product_estimate
 from optloop.loop.state import Checkpoint
 
 

@@ -183,9 +183,9 @@ def test_optimize_prints_nothing_while_the_command_shows_every_line_and_both_kee
     its events to ``on_event``; the command prints which run, the dataset, the stage, the line,
     the trial and the summary; each run's ``run.log`` holds the same lines."""
     from optloop.cli.run import main
-    from optloop.loop.budget.eta import TrialLine
     from optloop.loop.runner import Loop
     from optloop.loop.session import Finished, Said, Stage, TrialDone
+    from optloop.loop.spending.eta import TrialLine
     from tests.optloop.cli.test_run_tables import result
 
     def fake_run(self: Loop) -> Any:

@@ -59,7 +59,7 @@ def test_max_failed_share_is_parsed_into_the_limits_default_five_percent():
     """``--max-failed-share`` is this process's allowance (like --max-calls): parsed into the
     limits, default 5 %."""
     from optloop.cli.run_args import build_parser
-    from optloop.loop.budget.limits import SpendingLimits
+    from optloop.loop.spending.limits import SpendingLimits
 
     assert build_parser().parse_args([]).max_failed_share == ALLOWED_SHARE
     args = build_parser().parse_args(["--max-failed-share", "0.25"])

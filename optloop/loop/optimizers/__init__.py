@@ -2,9 +2,10 @@
 
 :mod:`~optloop.loop.optimizers.base` holds the contract (:class:`~.base.Optimizer`: propose,
 observe, retarget, release, and the hooks a resumed or shared run needs);
-:mod:`~optloop.loop.optimizers.registry` is the only list of names ``--optimizer`` takes, where
-each lives and what the run's wiring needs to know of it. Each optimizer's module holds its class
-and its cost model (``work``, what ``--estimate`` adds for its own LM calls): SIMBA
+:mod:`~optloop.loop.optimizers.registry` is the only list of names ``--optimizer`` takes, one
+entry each (where it lives and what the run's wiring needs to know of it). Each optimizer's module
+holds its class and its cost model (``work``, what ``--estimate`` adds for its own LM calls, found
+by name in :mod:`~.work`): SIMBA
 (:mod:`~.simba`, its step on a kept pool in :mod:`~.simba_step`), GEPA (:mod:`~.gepa`), Optuna
 (:mod:`~.optuna`) and GrIPS-style edits (:mod:`~.edit`); SIMBA and GEPA share the rounds of a
 DSPy optimizer (:mod:`~.rounds`), and the proposer's instruction rewrite (:mod:`~.propose`) serves

@@ -67,8 +67,12 @@ from typing import TYPE_CHECKING, Any
 import dspy
 
 from optloop.lm import prompt_site
-from optloop.loop.budget.estimate import OptimizerWork
-from optloop.loop.budget.shape import (
+from optloop.loop.candidate import Candidate, SiteState, trivial_instruction
+from optloop.loop.gate import active, register_template
+from optloop.loop.optimizers.base import PROPOSER_SITE, QueuedOptimizer
+from optloop.loop.optimizers.registry import EDIT
+from optloop.loop.spending.estimate import OptimizerWork
+from optloop.loop.spending.shape import (
     JSON_TOKENS,
     PARAPHRASES_PER_EXTRA,
     WRITE_CASE_TOKENS,
@@ -76,10 +80,6 @@ from optloop.loop.budget.shape import (
     RunShape,
     template_tokens,
 )
-from optloop.loop.candidate import Candidate, SiteState, trivial_instruction
-from optloop.loop.gate import active, register_template
-from optloop.loop.optimizers.base import PROPOSER_SITE, QueuedOptimizer
-from optloop.loop.optimizers.registry import EDIT
 from optloop.loop.units import Instruction, Kind, problems
 from optloop.loop.writer import WriteInstruction, failure_cases, long_instruction
 from optloop.text import normalize

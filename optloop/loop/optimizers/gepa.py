@@ -33,20 +33,20 @@ from dspy.teleprompt.gepa import InstructionProposer
 from pydantic import BaseModel, Field
 
 from optloop.lm import collect_calls, prompt_site
-from optloop.loop.budget.estimate import OptimizerWork
-from optloop.loop.budget.shape import (
-    ACCEPT_SHARE,
-    CHARS_PER_TOKEN,
-    FEEDBACK_TOKENS,
-    JSON_TOKENS,
-    RunShape,
-)
 from optloop.loop.candidate import Candidate
 from optloop.loop.gate import ProposalGate, current_gate
 from optloop.loop.optimizers.base import PROPOSER_SITE
 from optloop.loop.optimizers.registry import GEPA
 from optloop.loop.optimizers.rounds import RoundsOptimizer
 from optloop.loop.program import examples, feedback_metric, site_name
+from optloop.loop.spending.estimate import OptimizerWork
+from optloop.loop.spending.shape import (
+    ACCEPT_SHARE,
+    CHARS_PER_TOKEN,
+    FEEDBACK_TOKENS,
+    JSON_TOKENS,
+    RunShape,
+)
 from optloop.paths import write_atomic
 
 logger = logging.getLogger(__name__)

@@ -14,17 +14,14 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from optloop.errors import ConfigError
-from optloop.loop.budget.estimate import OptimizerWork
-from optloop.loop.budget.shape import CHARS_PER_TOKEN, JSON_TOKENS, RunShape, template_tokens
 from optloop.loop.candidate import Candidate, SiteState
 from optloop.loop.optimizers.base import Optimizer
-from optloop.loop.optimizers.propose import (
-    ProposeInstruction,
-    failure_summary,
-    propose_instruction,
-)
+from optloop.loop.optimizers.propose import ProposeInstruction, propose_instruction
 from optloop.loop.optimizers.registry import OPTUNA
+from optloop.loop.spending.estimate import OptimizerWork
+from optloop.loop.spending.shape import CHARS_PER_TOKEN, JSON_TOKENS, RunShape, template_tokens
 from optloop.loop.study import SharedStudy
+from optloop.loop.writer import failure_summary
 
 if TYPE_CHECKING:
     from optloop.loop.evaluate import Evaluation

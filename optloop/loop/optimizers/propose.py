@@ -4,11 +4,9 @@ a round that yields nothing new falls back on."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
 
 import dspy
 
-from optloop.attribution import Attribution
 from optloop.lm import collect_calls, prompt_site
 from optloop.loop.gate import ProposalGate, current_gate, register_template
 from optloop.loop.optimizers.base import PROPOSER_SITE
@@ -65,11 +63,3 @@ def propose_instruction(
     ):
         return None
     return text or None
-
-
-def failure_summary(attributions: Sequence[Attribution], site: str) -> str:
-    """The failures blamed on ``site``, one line each: what the proposer rewrites from."""
-    lines = [
-        f"- {a.error_type.value}: {a.explanation[:300]}" for a in attributions if a.target == site
-    ]
-    return "\n".join(lines)[:3000] or "(no failure attributed here yet)"

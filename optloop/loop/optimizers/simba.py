@@ -18,14 +18,6 @@ from typing import Any
 
 import dspy
 
-from optloop.loop.budget.estimate import OptimizerWork
-from optloop.loop.budget.shape import (
-    FIELD_TOKENS,
-    JSON_TOKENS,
-    RULE_SHARE,
-    RunShape,
-    template_tokens,
-)
 from optloop.loop.candidate import Candidate
 from optloop.loop.optimizers.registry import SIMBA
 from optloop.loop.optimizers.rounds import RoundsOptimizer
@@ -39,6 +31,14 @@ from optloop.loop.optimizers.simba_step import (
     simba_step,
 )
 from optloop.loop.program import MemoryProgram, attr_name, examples
+from optloop.loop.spending.estimate import OptimizerWork
+from optloop.loop.spending.shape import (
+    FIELD_TOKENS,
+    JSON_TOKENS,
+    RULE_SHARE,
+    RunShape,
+    template_tokens,
+)
 
 logger = logging.getLogger(__name__)
 

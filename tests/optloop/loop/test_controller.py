@@ -20,13 +20,13 @@ from typing import Any
 import pytest
 
 from optloop.attribution import Attribution, ErrorType
-from optloop.loop.budget.eta import TrialLine
 from optloop.loop.candidate import Candidate, SiteState
 from optloop.loop.controller import Controller, RunContext, Split, Summary, Targeting
 from optloop.loop.coordinator import LocalCoordinator, SharedCoordinator
 from optloop.loop.evaluate import Evaluation, QuestionOutcome
 from optloop.loop.optimizers.base import QueuedOptimizer
 from optloop.loop.racing import Against, race_order
+from optloop.loop.spending.eta import TrialLine
 from optloop.loop.state import Checkpoint, LoopConfig, LoopResult
 
 ANSWER, EXTRACT = "answer", "mem.extract"
@@ -717,7 +717,7 @@ def test_a_batched_run_is_deterministic_for_its_seed_and_batch_size(tmp_path):
 
 
 def test_every_trial_reports_a_line_with_an_eta(tmp_path):
-    from optloop.loop.budget.eta import Eta
+    from optloop.loop.spending.eta import Eta
 
     clock, sink = Clock(), MemorySink(Clock())
     run = Run(tmp_path / "eta.json", sink, clock, batch=2)

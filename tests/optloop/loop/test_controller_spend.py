@@ -14,16 +14,16 @@ from pathlib import Path
 import pytest
 
 from optloop.datasets import load_dataset
-from optloop.loop.budget.estimate import (
+from optloop.loop.coordinator import LocalCoordinator
+from optloop.loop.evaluate import Evaluation
+from optloop.loop.spending.estimate import (
     Chains,
     OptimizerWork,
     estimate,
     measured_chains,
     measured_work,
 )
-from optloop.loop.budget.limits import ESTIMATE, MAX_CALLS, MAX_COST, RunStopped, SpendingLimits
-from optloop.loop.coordinator import LocalCoordinator
-from optloop.loop.evaluate import Evaluation
+from optloop.loop.spending.limits import ESTIMATE, MAX_CALLS, MAX_COST, RunStopped, SpendingLimits
 from optloop.loop.state import Checkpoint, Trial
 from tests.optloop.loop.test_controller import (
     BASE,
@@ -369,7 +369,7 @@ def test_an_unpriced_or_fully_cached_baseline_says_what_it_cannot_know():
     )
     assert figures.latency_s is None and figures.total.tokens is None
     # A cache that kept each response's computing time: the replay still projects the run.
-    from optloop.loop.budget.eta import Eta
+    from optloop.loop.spending.eta import Eta
 
     replayed = cached.model_copy(
         update={
@@ -719,7 +719,7 @@ def test_a_batch_shares_the_concurrency_and_its_chain_floors_the_batch_not_each_
 
 
 def test_the_eta_starts_from_the_projection_and_follows_the_trials_timed():
-    from optloop.loop.budget.eta import Eta, TrialLine
+    from optloop.loop.spending.eta import Eta, TrialLine
 
     figures = estimate(baseline_checkpoint(), budget=4, concurrency=1, dev_units=10, test_units=15)
     eta = Eta.of(figures, 4)
@@ -744,8 +744,8 @@ def test_the_eta_starts_from_the_projection_and_follows_the_trials_timed():
 
 
 def test_trials_that_reuse_every_store_are_projected_by_the_answer_path_alone():
-    from optloop.loop.budget.estimate import answer_path
     from optloop.loop.cost import LMCost
+    from optloop.loop.spending.estimate import answer_path
 
     dev = Evaluation(
         split="dev",
@@ -794,8 +794,8 @@ def test_trials_that_reuse_every_store_are_projected_by_the_answer_path_alone():
 
 
 def test_the_estimate_counts_the_controls_two_evaluations_and_the_eta_its_test_one():
-    from optloop.loop.budget.estimate import CONTROL_PART, HELD_OUT_PART
-    from optloop.loop.budget.eta import Eta
+    from optloop.loop.spending.estimate import CONTROL_PART, HELD_OUT_PART
+    from optloop.loop.spending.eta import Eta
 
     plain = estimate(baseline_checkpoint(), budget=3, concurrency=4, dev_units=10, test_units=15)
     figures = estimate(
@@ -820,7 +820,7 @@ def test_the_estimate_counts_the_controls_two_evaluations_and_the_eta_its_test_o
 
 
 def test_a_control_the_run_has_evaluated_is_measured_in_the_estimate():
-    from optloop.loop.budget.estimate import CONTROL_PART
+    from optloop.loop.spending.estimate import CONTROL_PART
 
     control_dev = measured(
         "dev", calls=7, computed=7, tokens=70, dollars=0.07, lm_seconds=7, seconds=36

@@ -19,7 +19,7 @@ When a limit is reached the controller raises :class:`RunStopped`: the checkpoin
 ``max-calls``; removed when a later process takes the run up again), and ``optloop.run``
 prints which limit stopped it and exits with :data:`EXIT_LIMIT`.
 
-The ``--estimate`` of a run's cost is :mod:`optloop.loop.budget.estimate`'s.
+The ``--estimate`` of a run's cost is :mod:`optloop.loop.spending.estimate`'s.
 """
 
 from __future__ import annotations

@@ -6,9 +6,9 @@ model's name as a run writes them. Built here, below the commands, so that a run
 from __future__ import annotations
 
 from optloop.lm import LMSettings
-from optloop.loop.budget.estimate import Estimate
-from optloop.loop.budget.eta import Eta, projected
 from optloop.loop.config import LoopConfig
+from optloop.loop.spending.estimate import Estimate
+from optloop.loop.spending.eta import Eta, projected
 from optloop.loop.state import Checkpoint
 from optloop.output import Table
 
@@ -34,7 +34,7 @@ def _cell(value: float | None, fmt: str) -> str:
 
 
 def estimate_table(figures: Estimate, config: LoopConfig, settings: LMSettings) -> Table:
-    """The ``--estimate`` of a run, one row per part (see :mod:`optloop.loop.budget.estimate` for
+    """The ``--estimate`` of a run, one row per part (see :mod:`optloop.loop.spending.estimate` for
     the
     model)."""
     table = Table(

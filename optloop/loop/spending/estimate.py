@@ -1,6 +1,6 @@
 """The ``--estimate`` of a run's cost, from its baseline.
 
-**Estimate** (``--estimate``): the spending limits' machinery (:mod:`optloop.loop.budget.limits`)
+**Estimate** (``--estimate``): the spending limits' machinery (:mod:`optloop.loop.spending.limits`)
 stops the run right after its baseline (reason ``estimate``), and :func:`estimate` projects the
 whole configured run from it. The model, stated in the output too (:data:`MODEL`), is
 :func:`project`'s, on the baseline's train and dev figures (:class:`Figures`);
@@ -11,14 +11,14 @@ whole configured run from it. The model, stated in the output too (:data:`MODEL`
   evaluation with every request computed (tokens and dollars per computed call times all
   requests): an upper bound for the evaluation, since a trial reuses the stores of episodes
   whose ingest prompts it leaves unchanged and the LM cache serves repeated calls;
-- the optimizer's own calls (:class:`OptimizerWork`, :mod:`optloop.loop.budget.optimizer_work`):
+- the optimizer's own calls (:class:`OptimizerWork`, :mod:`optloop.loop.spending.optimizer_work`):
   its runs on train (the edit optimizer's screening, SIMBA's and GEPA's mini-batches) on the
   system LM and its calls to the proposer (SIMBA's advice, GEPA's reflection, the edit
   optimizer's paraphrases, Optuna's proposals).
   Measured on the run's finished trials when the checkpoint has some (:func:`measured_work`: the
   run's total less its evaluations, per round of the optimizer, times the rounds the run takes);
   otherwise modeled from the optimizer's structure and the baseline's measurements
-  (:mod:`optloop.loop.budget.shape`, one model per optimizer, its assumptions in its ``basis``).
+  (:mod:`optloop.loop.spending.shape`, one model per optimizer, its assumptions in its ``basis``).
   Its system-LM requests are priced as the trials' are (tokens as modeled, dollars per token and
   latency per call measured on the baseline's dev); the proposer's tokens at the proposer LM's
   price (a separate ``--proposer-lm`` without a price: unknown dollars), its time at the
@@ -34,7 +34,7 @@ whole configured run from it. The model, stated in the output too (:data:`MODEL`
   latency of one computed call. An evaluation (a trial's, a held-out one) takes
   ``max(requests x latency / --concurrency, chain x latency)``: N requests always in flight,
   but never less than its split's longest **chain** of sequential requests (:class:`Chains`,
-  :mod:`optloop.loop.budget.chains`).
+  :mod:`optloop.loop.spending.chains`).
   The sessions of one episode are ingested in order (memory is stateful) and a question's
   requests follow its episode's ingestion, so the longest episode's ingestion (its sessions x
   the requests one session takes) plus one question's requests is a chain no concurrency
@@ -57,13 +57,13 @@ from typing import TYPE_CHECKING, Protocol
 
 from pydantic import BaseModel, Field
 
-from optloop.loop.budget.chains import (
+from optloop.loop.spending.chains import (
     Chains,
     chain_requests,
     evaluation_seconds,
     measured_chains,
 )
-from optloop.loop.budget.optimizer_work import OptimizerWork, measured_work
+from optloop.loop.spending.optimizer_work import OptimizerWork, measured_work
 
 if TYPE_CHECKING:
     from optloop.datasets import Dataset
@@ -405,7 +405,7 @@ def estimate(
     each trial's and held-out evaluation's time (none when ``None``).
 
     ``optimizer``: the optimizer's own work (:func:`measured_work`, or the model of
-    :mod:`optloop.loop.budget.shape`), a part of its own after the trials (none when ``None``);
+    :mod:`optloop.loop.spending.shape`), a part of its own after the trials (none when ``None``);
     ``proposer_price``: the proposer LM's dollars per prompt and per completion token, when it has
     a price; ``own_proposer``: the proposer is another LM than the system's (``--proposer-lm``), so
     without a price its dollars are unknown (the system LM's are measured); ``batch``: the trials

@@ -1,9 +1,9 @@
 """The optimizer's own LM work over a run, beside the evaluations: :class:`OptimizerWork`, what
-the ``--estimate`` model (:mod:`optloop.loop.budget.estimate`) prices as the optimizer's part.
+the ``--estimate`` model (:mod:`optloop.loop.spending.estimate`) prices as the optimizer's part.
 
 It is modeled from the optimizer's structure before any trial has finished
-(:mod:`optloop.loop.budget.shape`, one model per optimizer, its assumptions in its ``basis``), and
-measured on the run's finished trials once the checkpoint has some (:func:`measured_work`: the
+(:mod:`optloop.loop.spending.shape`, one model per optimizer, its assumptions in its ``basis``),
+and measured on the run's finished trials once the checkpoint has some (:func:`measured_work`: the
 run's total less its evaluations, per round of the optimizer, times the rounds the run takes).
 """
 
@@ -22,9 +22,9 @@ if TYPE_CHECKING:
 
 class OptimizerWork(BaseModel):
     """The optimizer's own LM work over the whole run, beside the evaluations: what
-    :func:`~optloop.loop.budget.estimate.estimate` prices as the optimizer's part. Modeled from the
-    optimizer's structure (:mod:`optloop.loop.budget.shape`) or measured on the run's finished
-    trials (:func:`measured_work`)."""
+    :func:`~optloop.loop.spending.estimate.estimate` prices as the optimizer's part. Modeled from
+    the optimizer's structure (:mod:`optloop.loop.spending.shape`) or measured on the run's
+    finished trials (:func:`measured_work`)."""
 
     optimizer: str
     measured: bool = Field(

@@ -1,7 +1,7 @@
 """How long a run has left: the ETA printed before the first trial and on every trial line.
 
 Before any trial of this process is timed, the ETA is the projection of the rest of the run by
-``--estimate``'s model (:func:`optloop.loop.budget.estimate.estimate`, fed by the measured
+``--estimate``'s model (:func:`optloop.loop.spending.estimate.estimate`, fed by the measured
 baseline): the trials' and the optimizer's time per trial, times the trials left, plus the held-out
 test. Once trials have been timed here, their measured mean (wall time from the proposal to the
 last record, the optimizer's own work and a batch's shared time included) replaces the projected
@@ -23,11 +23,11 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, Field
 
-from optloop.loop.budget.estimate import CONTROL_PART, HELD_OUT_PART
+from optloop.loop.spending.estimate import CONTROL_PART, HELD_OUT_PART
 from optloop.progress import duration, trial_line
 
 if TYPE_CHECKING:
-    from optloop.loop.budget.estimate import Estimate
+    from optloop.loop.spending.estimate import Estimate
 
 
 def projected(seconds: float) -> str:

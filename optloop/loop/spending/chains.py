@@ -7,7 +7,7 @@ one session takes) plus one question's requests is a chain: an evaluation takes
 ``max(requests x latency / --concurrency, chain x latency)`` (:func:`evaluation_seconds`).
 ``optloop.run`` measures the requests per session and per question on the baseline's dev
 evaluation and takes the longest episode of the dev and the test split (:func:`measured_chains`);
-the ``--estimate`` model (:mod:`optloop.loop.budget.estimate`) floors each part's time with them.
+the ``--estimate`` model (:mod:`optloop.loop.spending.estimate`) floors each part's time with them.
 """
 
 from __future__ import annotations

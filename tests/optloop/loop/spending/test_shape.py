@@ -1,5 +1,5 @@
 """The models of each optimizer's own LM calls (``work`` in each optimizer's module, on a
-``optloop.loop.budget.shape.RunShape``): what ``--estimate`` adds to the trials.
+``optloop.loop.spending.shape.RunShape``): what ``--estimate`` adds to the trials.
 
 Each model is checked against the structure it states (rounds, runs on train, proposer calls) on a
 hand-made
@@ -13,24 +13,19 @@ from __future__ import annotations
 import pytest
 
 from optloop.attribution import Attribution, ErrorType
-from optloop.loop.budget.estimate import trials_at_once
-from optloop.loop.budget.shape import (
-    RunShape,
-    cost_model,
-    modeled_work,
-    run_shape,
-    template_tokens,
-)
 from optloop.loop.candidate import Candidate, SiteState
 from optloop.loop.cost import LMCost
 from optloop.loop.evaluate import Evaluation, QuestionOutcome
+from optloop.loop.optimizers import registry
 from optloop.loop.optimizers.edit import ParaphrasePhrase
 from optloop.loop.optimizers.edit import work as edit_work
 from optloop.loop.optimizers.gepa import work as gepa_work
 from optloop.loop.optimizers.optuna import work as optuna_work
 from optloop.loop.optimizers.propose import ProposeInstruction
-from optloop.loop.optimizers.registry import NAMES
 from optloop.loop.optimizers.simba import work as simba_work
+from optloop.loop.optimizers.work import cost_model, modeled_work
+from optloop.loop.spending.estimate import trials_at_once
+from optloop.loop.spending.shape import RunShape, run_shape, template_tokens
 from optloop.loop.state import Checkpoint, LoopConfig
 
 ANSWER, CURATE = "answer", "md_flat.curate"
@@ -60,7 +55,7 @@ def shape(**update) -> RunShape:
 
 
 def test_every_optimizer_has_a_model():
-    assert all(callable(cost_model(name)) for name in NAMES)
+    assert all(callable(cost_model(name)) for name in registry.names())
     assert modeled_work(shape(), "nosuch") is None
 
 

@@ -5,7 +5,7 @@ A trial's dev evaluation is only part of what a trial costs: before it, the opti
 candidates on train and asks the proposer LM for text. How much depends on the optimizer, so each
 has a model, the function ``work`` beside the optimizer in its own module
 (``optloop/loop/optimizers/<name>.py``, found by
-:func:`~optloop.loop.optimizers.registry.cost_model`), written from its structure and fed by what
+:func:`~optloop.loop.optimizers.work.cost_model`), written from its structure and fed by what
 the baseline measured: the :class:`RunShape` this module makes (:func:`run_shape`). A model counts,
 over the whole run:
 
@@ -43,25 +43,22 @@ proposer's rewrites: a run of train and a few proposer calls), a retarget's new 
 (Optuna) or fresh mini-batch stores, and the LM cache (its hits are counted as requests, their
 tokens as computed, as the trials' are). Once the run has finished trials, ``--estimate``
 measures the optimizer's calls on them instead
-(:func:`~optloop.loop.budget.optimizer_work.measured_work`).
+(:func:`~optloop.loop.spending.optimizer_work.measured_work`).
 """
 
 from __future__ import annotations
 
 import functools
-import importlib
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import dspy
 from pydantic import BaseModel, Field
 
 from optloop.attribution import blame
-from optloop.loop.budget.optimizer_work import OptimizerWork
-from optloop.loop.optimizers import registry
-from optloop.loop.optimizers.propose import failure_summary
 from optloop.loop.policy import choose_targets
-from optloop.loop.writer import CASE_CHARS, MAX_CASES
+from optloop.loop.spending.optimizer_work import OptimizerWork
+from optloop.loop.writer import CASE_CHARS, MAX_CASES, failure_summary
 
 if TYPE_CHECKING:
     from optloop.datasets import Dataset
@@ -252,26 +249,9 @@ def run_shape(
     )
 
 
-def cost_model(optimizer: str) -> Callable[[RunShape], OptimizerWork]:
-    """``optimizer``'s model of its own LM calls over a run: the function ``work`` beside its class
-    (the module :mod:`~optloop.loop.optimizers.registry` names)."""
-    model: Callable[[RunShape], OptimizerWork] = importlib.import_module(
-        registry.entry(optimizer).module
-    ).work
-    return model
-
-
-def modeled_work(shape: RunShape, optimizer: str) -> OptimizerWork | None:
-    """The model of ``optimizer`` on ``shape`` (``None``: no model for it)."""
-    model = cost_model(optimizer) if optimizer in registry.NAMES else None
-    return None if model is None else model(shape)
-
-
 __all__ = [
     "CHARS_PER_TOKEN",
     "RunShape",
-    "cost_model",
-    "modeled_work",
     "run_shape",
     "template_tokens",
 ]
