@@ -769,7 +769,7 @@ def _winners(cases: list[Json]) -> str:
     says of it: a run whose winner the gate would now refuse gained with a text nobody would
     ship."""
     from experiments.bench.repair import label
-    from optloop.loop.gate import ProposalGate
+    from optloop.loop.proposals.gate import ProposalGate
 
     gate = ProposalGate()
 
@@ -1269,7 +1269,7 @@ def _flag(command: list[str], name: str) -> str | None:
 
 
 def _delta_cell(delta: Json) -> str:
-    from optloop.loop.control import verdict
+    from optloop.loop.trivial_control import verdict
     from optloop.stats import Interval
 
     said = verdict(Interval.model_validate(delta))

@@ -20,9 +20,9 @@ Read from the source as text and syntax trees (nothing is imported or run):
   (errors, paths, sites, ...) to the commands (``cli/``) and the entry points (the Python API and
   the documented module paths, ``python -m optloop.run`` and the like); a module may import from
   its own layer and the layers below it. An import *up a layer* is one
-  from a module of a lower layer of a module of a higher one (``optloop.loop.runner`` importing
-  ``optloop.cli.run`` would be one: the loop would then depend on its command). Every import
-  counts, each shown with where it stands: ``top`` (run on import), ``function`` (inside a
+  from a module of a lower layer of a module of a higher one (``optloop.loop.runs.runner``
+  importing ``optloop.cli.run`` would be one: the loop would then depend on its command). Every
+  import counts, each shown with where it stands: ``top`` (run on import), ``function`` (inside a
   function) or ``typing`` (under ``TYPE_CHECKING``, never run);
 * **package cycles**: the import cycles between the parts of :data:`LAYERS` (each package and
   top-level module under ``optloop/``, and the packages ``systems`` and ``signatures``), with the
@@ -254,7 +254,7 @@ def import_cycles(root: Path) -> list[list[str]]:
 
 
 def part_of(module: str) -> str:
-    """The part of :data:`LAYERS` a module belongs to: ``optloop.loop.runner`` -> ``loop``,
+    """The part of :data:`LAYERS` a module belongs to: ``optloop.loop.runs.runner`` -> ``loop``,
     ``optloop.run`` -> ``run``, ``optloop`` -> ``__init__``, ``systems.mem0_system`` ->
     ``systems``."""
     names = module.split(".")

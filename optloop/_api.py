@@ -3,14 +3,15 @@ attributes a system's failures, lives with its command in :mod:`optloop.attribut
 
 It runs what ``optloop run`` runs and returns the result object; it prints nothing (what the run
 says reaches an ``on_event`` callback, when one is given, and the run's ``run.log``). Its keyword
-arguments become the same typed objects the command's flags become (:mod:`optloop.loop.request`:
-``LoopConfig``, ``RunOptions``, the LMs' ``LMSettings``), and :func:`optloop.loop.session.run`
-runs them: no command line is built or parsed. The defaults in its signature are those models'
-field defaults, read from them, so the function and the command cannot disagree.
+arguments become the same typed objects the command's flags become
+(:mod:`optloop.loop.runs.request`: ``LoopConfig``, ``RunOptions``, the LMs' ``LMSettings``), and
+:func:`optloop.loop.runs.session.run` runs them: no command line is built or parsed. The defaults
+in its signature are those models' field defaults, read from them, so the function and the command
+cannot disagree.
 
 Heavy modules (DSPy, MLflow, the memory libraries) are imported inside the functions, so
 ``import optloop`` stays cheap and changes nothing in the process's environment
-(:mod:`optloop.loop.config` and :mod:`optloop.loop.request` need pydantic only).
+(:mod:`optloop.loop.config` and :mod:`optloop.loop.runs.request` need pydantic only).
 """
 
 from __future__ import annotations
@@ -20,14 +21,14 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from optloop.loop.config import LoopConfig, OptimizerName
-from optloop.loop.request import RunOptions, RunRequest, checked, loop_config, run_lms
+from optloop.loop.runs.request import RunOptions, RunRequest, checked, loop_config, run_lms
 from optloop.loop.spending.limits import SpendingLimits
 from optloop.offline import offline_defaults
 
 if TYPE_CHECKING:
     from optloop.loop.optimizers.base import Optimizer
     from optloop.loop.optimizers.registry import OptimizerSpec
-    from optloop.loop.session import OnEvent
+    from optloop.loop.runs.session import OnEvent
     from optloop.loop.state import LoopResult
 
 _LOOP = LoopConfig.model_fields
@@ -104,7 +105,7 @@ def optimize(
             the same call resumes the run. The run builds the optimizer itself, on its evaluator,
             proposer LM and train split, so it takes the class, not an object of it.
             :obj:`None` is the command's rule
-            (:func:`optloop.loop.request.default_optimizer`): ``edit`` when the instructions
+            (:func:`optloop.loop.runs.request.default_optimizer`): ``edit`` when the instructions
             would be written by the embedded model (``proposer_lm``, else ``lm``, is ``local``),
             ``simba`` when by an endpoint. Until this version the function's default was
             ``simba`` whatever the LM: a call that relied on it on the embedded model now runs
@@ -171,10 +172,10 @@ def optimize(
             Accepted for the command's ``--verbose``; a library call leaves logging to its
             program.
         on_event:
-            Called with each thing the run says as it runs (:data:`optloop.loop.session.RunEvent`:
-            which run, each stage, each trial, the projection, the result); :obj:`None` says
-            nothing. Either way the run's ``run.log`` gets what ``optloop run`` shows while the
-            run runs.
+            Called with each thing the run says as it runs
+            (:data:`optloop.loop.runs.session.RunEvent`: which run, each stage, each trial, the
+            projection, the result); :obj:`None` says nothing. Either way the run's ``run.log``
+            gets what ``optloop run`` shows while the run runs.
 
     Returns:
         The run's :class:`~optloop.loop.state.LoopResult`: dev and held-out accuracies with their
@@ -194,7 +195,7 @@ def optimize(
     os.environ.update(
         offline_defaults()
     )  # before DSPy, litellm and the memory libraries are imported
-    from optloop.loop import session
+    from optloop.loop.runs import session
 
     options = checked(
         RunOptions,

@@ -1,8 +1,8 @@
 """The names of the files a loop run leaves: MLflow artifacts and the run's checkpoint.
 
-One module, so the writer (``optloop.loop.mlflow_sink``, ``optloop.loop.runner``), the readers
-(``optloop.export``) and the tests name them the same way. These names are stored in MLflow:
-renaming one is a data migration (see ``docs/architecture.md``, "Names that are stored").
+One module, so the writer (``optloop.loop.tracking.sink``, ``optloop.loop.runs.runner``), the
+readers (``optloop.export``) and the tests name them the same way. These names are stored in
+MLflow: renaming one is a data migration (see ``docs/architecture.md``, "Names that are stored").
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ QUESTIONS_TEST = "questions_test.csv"
 SUMMARY = "summary.json"
 """The report's comparison: the start program, the trivial-instruction control and the best on dev
 and test, each accuracy with its n and 95% CI, the paired differences on test, whether the best
-beat the control, and the control's prompts (:mod:`optloop.loop.control`)."""
+beat the control, and the control's prompts (:mod:`optloop.loop.trivial_control`)."""
 ACCURACY_PLOT = "accuracy_by_trial.png"
 BLAME_PLOT = "blame_by_site.png"
 PROGRAM = "program.json"

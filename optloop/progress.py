@@ -22,7 +22,7 @@ LOG_NAME = "run.log"
 
 class RunLog:
     """A run's ``run.log``: every line appended with the time it was written. The loop's session
-    (:mod:`optloop.loop.session`) keeps one for every run, whoever started it; ``optloop
+    (:mod:`optloop.loop.runs.session`) keeps one for every run, whoever started it; ``optloop
     attribute`` keeps one beside its reports. Safe to call from several threads (an optimizer's
     threads report too)."""
 

@@ -1,11 +1,11 @@
 """Prompt-site names, as constants.
 
 A site's name is a plain string wherever it is stored (candidates, checkpoints, blame
-targets, MLflow metrics, registry names: :func:`optloop.loop.prompt_registry.registry_name`), so
-these values never change. Every system has :data:`ANSWER` and may add
-:data:`QUERY_REWRITE` (``systems/base.py``); the library sites below are the ones
-optloop's own code names (the fault catalogue, export); graphiti's are generated from
-graphiti's prompt library (``systems/graphiti_system.py``). :data:`PROPOSER` is no
+targets, MLflow metrics, registry names:
+:func:`optloop.loop.tracking.prompt_registry.registry_name`), so these values never change. Every
+system has :data:`ANSWER` and may add :data:`QUERY_REWRITE` (``systems/base.py``); the library
+sites below are the ones optloop's own code names (the fault catalogue, export); graphiti's are
+generated from graphiti's prompt library (``systems/graphiti_system.py``). :data:`PROPOSER` is no
 system's site: every call an optimizer makes to write or edit a prompt is charged to it.
 How sites, blame targets and the loop fit together: ``docs/architecture.md``.
 """

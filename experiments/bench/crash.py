@@ -98,7 +98,8 @@ def install(point: str | None, record: Path | None) -> None:
     state and spending appended to ``record``."""
     import mlflow
 
-    from optloop.loop import mlflow_sink, state
+    from optloop.loop import state
+    from optloop.loop.tracking import sink as mlflow_sink
 
     save = state.Checkpoint.save
 

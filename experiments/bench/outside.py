@@ -717,7 +717,7 @@ def case_export_and_gold(work: Path) -> list[Row]:
     db = work / "mlruns" / "mlflow.db"
     ensure_sqlite_store(db)
     code = (
-        "import sys, mlflow; from optloop.loop.prompt_registry import register_prompts; "
+        "import sys, mlflow; from optloop.loop.tracking.prompt_registry import register_prompts; "
         "mlflow.set_tracking_uri(sys.argv[1]); "
         "register_prompts('mem0', {'mem0.extract': sys.argv[2]}, run_id='', promote=True, "
         "message='m')"

@@ -60,11 +60,11 @@ train screen's order alone, the order before the evidence was read. Each run rep
 names the screen order's rows ``edit (screen order)``, so two reports, one per order, compare
 case by case.
 
-Every loop runs the way ``optloop.optimize`` runs it (:func:`optloop.loop.session.opened`, its
+Every loop runs the way ``optloop.optimize`` runs it (:func:`optloop.loop.runs.session.opened`, its
 runs in a temporary folder), and the bite check evaluates through the run's own evaluator
-(:func:`optloop.loop.session.evaluator`). All arms share one LM cache (``--cache``; a temporary one
-by default), so an evaluation repeated across arms costs nothing the second time; ``llm_calls``
-counts every call, cached or not, and ``model_calls`` the computed ones. MLflow
+(:func:`optloop.loop.runs.session.evaluator`). All arms share one LM cache (``--cache``; a
+temporary one by default), so an evaluation repeated across arms costs nothing the second time;
+``llm_calls`` counts every call, cached or not, and ``model_calls`` the computed ones. MLflow
 runs go to a temporary store unless ``--tracking-uri`` is given. ``--resume`` keeps the runs the
 ``--json`` report already holds and runs only the others, so a long table is built over several
 commands (with the same ``--cache``, the bite checks are replays). A report names the optimizers
@@ -112,14 +112,14 @@ from optloop.faults.sabotages import (
     WRITER_CASES,
 )
 from optloop.lm import LMSettings, OptloopLM
-from optloop.loop import session
 from optloop.loop.candidate import Candidate
 from optloop.loop.config import LoopConfig
 from optloop.loop.evaluate import Evaluation
 from optloop.loop.optimizers.base import PROPOSER_SITE
 from optloop.loop.optimizers.edit import EditOptimizer
 from optloop.loop.policy import start_candidate
-from optloop.loop.request import RunOptions, RunRequest, loop_config, run_lms
+from optloop.loop.runs import session
+from optloop.loop.runs.request import RunOptions, RunRequest, loop_config, run_lms
 from optloop.loop.state import Checkpoint, LoopResult
 from optloop.paths import state_dir, write_atomic
 from optloop.stats import Interval, bootstrap_mean, paired_bootstrap_delta, recovered_share
@@ -251,9 +251,9 @@ class Bench:
     def run_loop(
         self, config: LoopConfig, witness: Witness | None = None
     ) -> tuple[LoopResult, Checkpoint, Candidate]:
-        """One loop run, the way ``optloop.optimize`` runs it (:mod:`optloop.loop.session`), in
-        the bench's runs folder: its result, checkpoint and start program. ``witness`` watches the
-        run's LM."""
+        """One loop run, the way ``optloop.optimize`` runs it (:mod:`optloop.loop.runs.session`),
+        in the bench's runs folder: its result, checkpoint and start program. ``witness`` watches
+        the run's LM."""
         name = config.run_name
         options = RunOptions(run_name=name, allow_small_splits=True, runs_dir=self.tmp / "runs")
         proposer = self.proposer(config.system) if config.proposer_lm != "same" else None

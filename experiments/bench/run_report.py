@@ -34,10 +34,10 @@ from typing import Any
 from experiments.markdown import provenance_lines, table
 from experiments.provenance import model_of, stamped
 from optloop.cli.command import CommandParser, parse_command, run_cli
-from optloop.loop.control import dev_interval, verdict
 from optloop.loop.evaluate import Evaluation
-from optloop.loop.gate import logs_under, verdicts
+from optloop.loop.proposals.gate import logs_under, verdicts
 from optloop.loop.state import Checkpoint
+from optloop.loop.trivial_control import dev_interval, verdict
 from optloop.paths import write_atomic
 from optloop.pipeline import QuestionOutcome
 from optloop.stats import Interval, bootstrap_mean, paired_bootstrap_delta
@@ -69,8 +69,8 @@ def process_spans(lines: list[tuple[datetime, str]]) -> list[tuple[datetime, dat
 
 def accuracy(evaluation: Evaluation | None, *, dev: bool = False) -> str:
     """The share of questions passed (as the loop counts them), with its 95% CI and n: a dev
-    figure's CI as the run printed it (:func:`~optloop.loop.control.dev_interval`, from the count
-    of passes), a test figure's over the questions in order."""
+    figure's CI as the run printed it (:func:`~optloop.loop.trivial_control.dev_interval`, from the
+    count of passes), a test figure's over the questions in order."""
     if evaluation is None:
         return "-"
     ci = (

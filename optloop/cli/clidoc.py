@@ -26,7 +26,7 @@ OUTPUT = (
     "one per stage and per trial, `optloop attribute` one per episode "
     "(`[41 s] episode 3/40 recall-2: 4/6 correct so far, 2 failures attributed, ETA 2 min`), each "
     "after the time so far, tables `$COLUMNS` wide (else 120), each title a line of its own, and "
-    "each warning one line (`WARNING optloop.loop.runner: ...`). "
+    "each warning one line (`WARNING optloop.loop.runs.runner: ...`). "
     "Either way `optloop run` appends its lines and tables, each line after the time of day, to "
     "`run.log` in the run's directory, and `optloop attribute` to `run.log` beside its reports. "
     "Third-party progress bars (tqdm's: GEPA's, MLflow's, Hugging Face's) and library INFO logs "

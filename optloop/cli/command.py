@@ -258,8 +258,9 @@ class _StdoutHandler(logging.StreamHandler):
 
 def setup_logging(verbose: bool) -> None:
     """Log records on stdout, WARNING and up (``verbose``: DEBUG, with tracebacks): rich's
-    columns on a terminal; elsewhere one plain line each, ``WARNING optloop.loop.runner: ...``,
-    as a log file reads best (rich's columns there wrap every message at 80 columns and pad it)."""
+    columns on a terminal; elsewhere one plain line each, ``WARNING optloop.loop.runs.runner:
+    ...``, as a log file reads best (rich's columns there wrap every message at 80 columns and pad
+    it)."""
     handler: logging.Handler
     if is_terminal(sys.stdout):
         handler = RichHandler(show_path=False, rich_tracebacks=verbose)

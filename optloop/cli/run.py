@@ -3,12 +3,13 @@ rewrite only that one, measure), wired from its flags (:mod:`optloop.cli.run_arg
 is the ``--help`` manual), the run it resumes (:mod:`optloop.cli.run_resume`) and what it prints
 (:mod:`optloop.cli.run_tables`).
 
-The run itself is the library's (:mod:`optloop.loop.session`, shared with ``optloop.optimize``):
-:func:`~optloop.loop.session.prepare` checks a :class:`~optloop.loop.request.RunRequest` (what the
-flags ask for) and builds its loop, :meth:`~optloop.loop.session.Session.run` runs it, and what
-the run says reaches this command as events, which :class:`RunView` shows on the console (a status
-line on a terminal, plain lines elsewhere: :class:`~optloop.cli.status.RunProgress`). Only this
-module parses flags, prints and maps what a run raises to exit codes."""
+The run itself is the library's (:mod:`optloop.loop.runs.session`, shared with
+``optloop.optimize``): :func:`~optloop.loop.runs.session.prepare` checks a
+:class:`~optloop.loop.runs.request.RunRequest` (what the flags ask for) and builds its loop,
+:meth:`~optloop.loop.runs.session.Session.run` runs it, and what the run says reaches this command
+as events, which :class:`RunView` shows on the console (a status line on a terminal, plain lines
+elsewhere: :class:`~optloop.cli.status.RunProgress`). Only this module parses flags, prints and
+maps what a run raises to exit codes."""
 
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ from optloop.cli.status import RunProgress
 from optloop.errors import CallsFailedError, EndpointDownError
 from optloop.interrupt import interruptible
 from optloop.loop.policy import questions
-from optloop.loop.session import (
+from optloop.loop.runs.session import (
     Finished,
     Projected,
     Retired,
@@ -69,8 +70,8 @@ console = make_console(stderr=True)
 
 
 class RunView:
-    """What ``optloop run`` shows of a run's events (:data:`~optloop.loop.session.RunEvent`) on
-    the console: a broken run set aside as a line of its own; from the first line of the run on,
+    """What ``optloop run`` shows of a run's events (:data:`~optloop.loop.runs.session.RunEvent`)
+    on the console: a broken run set aside as a line of its own; from the first line of the run on,
     a :class:`RunProgress` (its clock starts there): the lines that stay and the projection as they
     are, each stage on the status line (a plain line off a terminal), each trial as a line. The
     run's ``run.log`` is the session's (it already holds every event): what the command adds to

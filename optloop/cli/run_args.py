@@ -130,18 +130,18 @@ from optloop.failures import ALLOWED_SHARE
 from optloop.loop.config import MAX_BATCH, MAX_BUDGET, LoopConfig, check_fractions
 from optloop.loop.optimizers import registry
 from optloop.loop.policy import FEW_QUESTIONS
-from optloop.loop.request import ANSWER_SETTINGS as ANSWER_SETTINGS
-from optloop.loop.request import RunOptions, RunRequest, checked, loop_config, run_lms
-from optloop.loop.request import answer_settings as answer_settings
-from optloop.loop.request import default_optimizer as default_optimizer
+from optloop.loop.runs.request import ANSWER_SETTINGS as ANSWER_SETTINGS
+from optloop.loop.runs.request import RunOptions, RunRequest, checked, loop_config, run_lms
+from optloop.loop.runs.request import answer_settings as answer_settings
+from optloop.loop.runs.request import default_optimizer as default_optimizer
 from optloop.loop.spending.limits import SpendingLimits
 from systems import SYSTEMS
 
 if TYPE_CHECKING:
     from optloop.lm import LMSettings
 
-# The flags' defaults are the config models' (optloop.loop.config, optloop.loop.request): written
-# there once, read by this parser and by optloop.optimize alike.
+# The flags' defaults are the config models' (optloop.loop.config, optloop.loop.runs.request):
+# written there once, read by this parser and by optloop.optimize alike.
 _LOOP = LoopConfig.model_fields
 # --promote-if's choices, each with when it moves the champion alias.
 _PROMOTE_IF = {
@@ -471,8 +471,8 @@ def run_config(
     args: argparse.Namespace, settings: LMSettings, proposer: LMSettings | None = None
 ) -> LoopConfig:
     """The run's settings from the flags, on the LM ``settings`` (``proposer``: --proposer-lm's);
-    what a flag leaves unset follows :func:`optloop.loop.request.loop_config`'s rules (the run name
-    is chosen later: see :func:`choose_run`)."""
+    what a flag leaves unset follows :func:`optloop.loop.runs.request.loop_config`'s rules (the run
+    name is chosen later: see :func:`choose_run`)."""
     return loop_config(
         settings,
         proposer,
@@ -501,7 +501,7 @@ def run_config(
 
 
 def run_request(args: argparse.Namespace) -> RunRequest:
-    """The run the flags ask for, as :func:`optloop.loop.session.prepare` takes it: the same
+    """The run the flags ask for, as :func:`optloop.loop.runs.session.prepare` takes it: the same
     objects ``optloop.optimize`` builds from its arguments."""
     options = run_options(args)  # --new with --run-name is refused before anything else
     settings, proposer = run_lms(args.system, args.lm, args.proposer_lm, **lm_overrides(args))

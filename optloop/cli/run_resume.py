@@ -1,4 +1,4 @@
-"""Which run ``python -m optloop.run`` works on (:func:`~optloop.loop.resume.choose_run`, the
+"""Which run ``python -m optloop.run`` works on (:func:`~optloop.loop.runs.resume.choose_run`, the
 library's rule, re-exported) and the command that resumes it (:func:`resume_command`)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import shlex
 from collections.abc import Sequence
 
-from optloop.loop.resume import Asked, Choice, choose_run, saved_line
+from optloop.loop.runs.resume import Asked, Choice, choose_run, saved_line
 
 __all__ = ["Asked", "Choice", "choose_run", "resume_command", "saved_line"]
 

@@ -8,16 +8,16 @@ from __future__ import annotations
 from optloop.attribution.taxonomy import Target
 from optloop.failures import mark
 from optloop.lm import Usage
-from optloop.loop.control import comparison_of
 from optloop.loop.optimizers import registry
 from optloop.loop.policy import floor_warning
-from optloop.loop.runner import Checkpoint, LoopConfig, LoopResult
+from optloop.loop.runs.runner import Checkpoint, LoopConfig, LoopResult
 from optloop.loop.spending.estimate import Estimate
 from optloop.loop.spending.eta import projected as projected
 from optloop.loop.spending.limits import MAX_COST, STOPPED_BY, RunStopped, run_dollars
 from optloop.loop.spending.report import estimate_table as estimate_table
 from optloop.loop.spending.report import model_name as model_name
 from optloop.loop.spending.report import money
+from optloop.loop.trivial_control import comparison_of
 from optloop.output import Table
 from optloop.stats import Interval
 
@@ -37,9 +37,9 @@ _FAILED = {
 
 def summary_table(result: LoopResult) -> Table:
     """The run's result: three rows on dev and test (the system's own prompt, the
-    trivial-instruction control, the loop's best; :mod:`optloop.loop.control`), each accuracy with
-    its 95% CI and n; the paired differences loop - own prompt and loop - control on test, each
-    with its verdict; then the targets, the promotion and the cost."""
+    trivial-instruction control, the loop's best; :mod:`optloop.loop.trivial_control`), each
+    accuracy with its 95% CI and n; the paired differences loop - own prompt and loop - control on
+    test, each with its verdict; then the targets, the promotion and the cost."""
     cfg = result.config
     cost = result.cost
     comparison = comparison_of(result)
@@ -99,7 +99,7 @@ def summary_table(result: LoopResult) -> Table:
 
 def proposals_line(proposals: dict[str, int]) -> str:
     """``9 passed, 4 refused (2 echo, 1 off_task, 1 cut_off)``: what the proposal gate
-    said of the optimizer's proposals (:mod:`optloop.loop.gate`)."""
+    said of the optimizer's proposals (:mod:`optloop.loop.proposals.gate`)."""
     refused = {k: v for k, v in proposals.items() if k != "passed"}
     why = ", ".join(f"{n} {reason}" for reason, n in sorted(refused.items(), key=lambda x: -x[1]))
     return f"{proposals.get('passed', 0)} passed, {sum(refused.values())} refused" + (

@@ -8,8 +8,8 @@ and so is what the command prints to stay (:meth:`RunProgress.show`), as
 :func:`optloop.output.plain_text` renders it: ``optloop attribute`` keeps its ``run.log`` beside
 its reports this way, one line per episode (:func:`~optloop.progress.episode_line`).
 ``optloop run`` hands none: its run's session keeps the run's ``run.log``
-(:mod:`optloop.loop.session`), and this shows the session's events. The library below only calls
-the callback it is handed; this is what the commands hand it.
+(:mod:`optloop.loop.runs.session`), and this shows the session's events. The library below only
+calls the callback it is handed; this is what the commands hand it.
 """
 
 from __future__ import annotations

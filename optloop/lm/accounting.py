@@ -98,7 +98,7 @@ class CallRecord:
     ``truncated``: the answer stopped at ``max_tokens`` (``finish_reason`` ``length``), or a
     decoding bound closed its JSON (a string of ``--lm-max-chars`` characters, an answer asked
     again under tighter bounds: :func:`optloop.lm.requests.asked_until_whole`): text cut where
-    the limit fell (the proposal gate refuses such a proposal, :mod:`optloop.loop.gate`).
+    the limit fell (the proposal gate refuses such a proposal, :mod:`optloop.loop.proposals.gate`).
     """
 
     site: str | None

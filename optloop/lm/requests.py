@@ -230,7 +230,7 @@ def asked_until_whole(
     An answer given under tighter bounds than the first try's, or one whose JSON fills a bound
     (:func:`at_bound`), is whole JSON but not the whole text the model was writing: it is marked
     :data:`CUT_BY_BOUND`, so its call record says ``truncated`` (a proposal cut there is refused
-    as cut off, :mod:`optloop.loop.gate`, not judged as the model's own text)."""
+    as cut off, :mod:`optloop.loop.proposals.gate`, not judged as the model's own text)."""
     spent: dict[str, int] = {}
     bounded = first is None
     response = send(max_chars, max_items) if first is None else first

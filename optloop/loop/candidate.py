@@ -89,7 +89,8 @@ def candidate_from_modules(
 def trivial_instruction(signature: type[dspy.Signature]) -> str:
     """The instruction DSPy gives ``signature``'s fields when none is written ("Given the fields
     `question`, produce the fields `answer`."): the edit optimizer's deletion of every unit and
-    the run's control (:mod:`optloop.loop.control`) both use it, so the two are the same text."""
+    the run's control (:mod:`optloop.loop.trivial_control`) both use it, so the two are the same
+    text."""
     return dspy.make_signature(dict(signature.fields)).instructions
 
 

@@ -3,10 +3,10 @@ parent run's params, digested for resuming), each with its default written once,
 
 ``optloop run``'s parser and ``optloop.optimize``'s signature read their defaults from these
 fields; what a default depends on (the dataset, the optimizer) is decided by the rules of
-:mod:`optloop.loop.request`, where both entry points build a run. The module imports only pydantic,
-so the Python API reads it without loading DSPy, MLflow or a memory library (the optimizers'
-names come from :mod:`optloop.loop.optimizers.registry`, which imports nothing of optloop: a run
-takes any name registered there when its config is made).
+:mod:`optloop.loop.runs.request`, where both entry points build a run. The module imports only
+pydantic, so the Python API reads it without loading DSPy, MLflow or a memory library (the
+optimizers' names come from :mod:`optloop.loop.optimizers.registry`, which imports nothing of
+optloop: a run takes any name registered there when its config is made).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ class LoopConfig(BaseModel):
     system: str = "mem0"
     # The defaults of dataset and optimizer serve a config built directly (tests, benchmarks):
     # optloop run and optloop.optimize decide both by a rule of the system and the LM instead
-    # (optloop.loop.request.loop_config).
+    # (optloop.loop.runs.request.loop_config).
     dataset: str = "builtin:tiny"
     budget: int = Field(3, ge=1, le=MAX_BUDGET)
     optimizer: OptimizerName = DEFAULT

@@ -7,18 +7,18 @@
         ─► settle (the coordinator) ─► baseline, best and control on test ─► summary, registry
         ─► result
 
-The **control** (:mod:`optloop.loop.control`) is the start program with each site of the first
-targeting given its signature's trivial instruction: what the loop's best must beat besides the
-start program for its gain to be the loop's writing. The leading worker evaluates it on dev once
-the targets are chosen and hands it to the others as it hands over the baseline; the worker that
-finishes the run evaluates it on test. ``--no-control`` skips it; a blame that names no prompt
+The **control** (:mod:`optloop.loop.trivial_control`) is the start program with each site of the
+first targeting given its signature's trivial instruction: what the loop's best must beat besides
+the start program for its gain to be the loop's writing. The leading worker evaluates it on dev
+once the targets are chosen and hands it to the others as it hands over the baseline; the worker
+that finishes the run evaluates it on test. ``--no-control`` skips it; a blame that names no prompt
 site leaves none.
 
 The controller owns the algorithm and the checkpoint discipline and nothing else. What it
 talks to sits behind small interfaces (:mod:`optloop.loop.interfaces`: the evaluator, the
 tracking sink, the coordinator, and the optimizer factory), so tests drive it with fakes
-(``tests/optloop/loop/test_controller.py``) and :class:`optloop.loop.runner.Loop` wires the
-real ones; what one run works on is its :class:`~optloop.loop.run_context.RunContext`, and the
+(``tests/optloop/loop/test_controller.py``) and :class:`optloop.loop.runs.runner.Loop` wires the
+real ones; what one run works on is its :class:`~optloop.loop.runs.context.RunContext`, and the
 figures a finished run reports are made by :mod:`optloop.loop.outcome`.
 
 **Checkpoint discipline** (why a resumed run equals an uninterrupted one). Every
@@ -52,7 +52,6 @@ from dataclasses import dataclass, replace
 
 from optloop.attribution import blame
 from optloop.loop.candidate import Candidate, prompt_diff
-from optloop.loop.control import control_candidate, headroom
 from optloop.loop.evaluate import Evaluation
 from optloop.loop.interfaces import (
     CandidateEvaluator,
@@ -67,9 +66,10 @@ from optloop.loop.optimizers.base import Optimizer
 from optloop.loop.outcome import Outcome, best_of
 from optloop.loop.policy import choose_targets, control_sites, floor_warning
 from optloop.loop.racing import Against
-from optloop.loop.run_context import RunContext
+from optloop.loop.runs.context import RunContext
 from optloop.loop.spending.eta import TrialLine
 from optloop.loop.state import Checkpoint, Cost, LoopConfig, LoopResult, Trial, add_costs
+from optloop.loop.trivial_control import control_candidate, headroom
 
 logger = logging.getLogger(__name__)
 

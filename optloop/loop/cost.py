@@ -7,7 +7,7 @@ child run logs them (:func:`site_metrics`) from the checkpointed evaluation, and
 own cost (``Loop._cost``: what each process spent, summed over processes by the checkpoint) uses
 the same per-site metric names, so the parent run shows the run's totals per site.
 
-Metric names follow :mod:`optloop.loop.metric_names` (``<metric>/<breakdown>``, like
+Metric names follow :mod:`optloop.loop.tracking.names` (``<metric>/<breakdown>``, like
 ``acc_dev/<task>``): ``llm_calls/<site>``, ``tokens/<site>``, ``cost_usd/<site>``; calls made
 outside any prompt site are charged to ``no_site``. A site without a price has no
 ``cost_usd/<site>`` (MLflow takes no None; 0 would claim it was free).
@@ -21,7 +21,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from optloop.lm.accounting import Usage
-from optloop.loop.metric_names import metric_key
+from optloop.loop.tracking.names import metric_key
 
 NO_SITE = "no_site"  # where calls made outside any prompt site are charged
 

@@ -266,7 +266,7 @@ class Evaluator:
 
     def trivial_instruction(self, site: str) -> str:
         """DSPy's default instruction for ``site``'s signature (the run's control gives it to each
-        blamed site: :mod:`optloop.loop.control`)."""
+        blamed site: :mod:`optloop.loop.trivial_control`)."""
         return trivial_instruction(self.sites[site].module.signature)
 
     def knob_choices(self, name: str, current: Any = None) -> list[Any]:

@@ -3,18 +3,18 @@ the data it hands over through them.
 
 The controller owns the algorithm and the checkpoint discipline and nothing else; what it talks to
 sits behind these small interfaces, so tests drive it with fakes
-(``tests/optloop/loop/test_controller.py``) and :class:`optloop.loop.runner.Loop` wires the
+(``tests/optloop/loop/test_controller.py``) and :class:`optloop.loop.runs.runner.Loop` wires the
 real ones. Each interface, what it does, and its real implementation:
 
 - :class:`CandidateEvaluator`: one candidate over a named split -> Evaluation;
   ``split_evaluator.SplitEvaluator`` (the Evaluator)
 - :class:`TrackingSink`: records the run (parent metrics, child runs, artifacts, the prompt
-  registry); ``mlflow_sink.MlflowSink``
+  registry); ``tracking.sink.MlflowSink``
 - :class:`Coordinator`: who evaluates the baseline, who may take the next trial, who finishes;
   ``coordinator.LocalCoordinator``, ``coordinator.SharedCoordinator``
 - ``make_optimizer``: an :class:`~optloop.loop.optimizers.base.Optimizer` for (sites, knobs);
   ``Loop._optimizer`` (:mod:`~optloop.loop.optimizers.registry`)
-- :class:`~optloop.loop.run_context.RunContext`: config, checkpoint, start program, progress,
+- :class:`~optloop.loop.runs.context.RunContext`: config, checkpoint, start program, progress,
   cost; built by ``Loop``
 """
 
@@ -27,10 +27,10 @@ from typing import Any, Literal, Protocol
 
 from optloop.attribution import BlameEntry
 from optloop.loop.candidate import Candidate
-from optloop.loop.control import Comparison
 from optloop.loop.evaluate import Evaluation
 from optloop.loop.racing import Against
 from optloop.loop.state import Cost, LoopConfig, LoopResult, Trial
+from optloop.loop.trivial_control import Comparison
 from optloop.stats import Interval
 
 Split = Literal["train", "dev", "test"]
@@ -79,7 +79,7 @@ class Targeting:
     note: str
     control_sites: list[str] = field(default_factory=list)
     control_note: str = ""
-    # Whether the control's sites' prompt can matter (optloop.loop.control.Headroom.line).
+    # Whether the control's sites' prompt can matter (optloop.loop.trivial_control.Headroom.line).
     headroom: str = ""
 
 
@@ -180,8 +180,8 @@ class TrialRecord:
 class Coordinator(Protocol):
     """Who does what when one or several workers run the same loop.
 
-    :class:`~optloop.loop.coordinator.LocalCoordinator` is one worker; the shared one splits
-    the budget between the workers of one Optuna study (:mod:`optloop.loop.study`).
+    :class:`~optloop.loop.workers.coordinator.LocalCoordinator` is one worker; the shared one
+    splits the budget between the workers of one Optuna study (:mod:`optloop.loop.workers.study`).
     """
 
     @property

@@ -16,12 +16,12 @@ from dataclasses import dataclass
 from itertools import accumulate
 
 from optloop.loop.candidate import Candidate
-from optloop.loop.control import Comparison, compare, control_line
 from optloop.loop.evaluate import Evaluation
 from optloop.loop.interfaces import Summary, Targeting, TrialRecord
 from optloop.loop.policy import held_out_intervals, power_line, promotion, small_split_warning
 from optloop.loop.racing import RaceSpend
 from optloop.loop.state import Checkpoint, Cost, LoopConfig, LoopResult, Tried
+from optloop.loop.trivial_control import Comparison, compare, control_line
 from optloop.stats import Interval
 
 

@@ -211,7 +211,7 @@ def control_sites(
     entries: Sequence[BlameEntry], config: LoopConfig, all_sites: list[str]
 ) -> tuple[list[str], str]:
     """(sites, note): the prompt sites the trivial-instruction control rewrites
-    (:mod:`optloop.loop.control`), and why there are none.
+    (:mod:`optloop.loop.trivial_control`), and why there are none.
 
     They are the sites of the first targeting (:func:`choose_targets`): the blamed prompt sites,
     or ``--sites``, or every site with ``--untargeted``. When no prompt site is blamed (only knobs,

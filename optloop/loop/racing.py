@@ -13,7 +13,6 @@ so (:class:`RaceStop`); it never becomes the best, and ``--budget`` counts it li
 
 from __future__ import annotations
 
-import logging
 import random
 import warnings
 from collections.abc import Sequence
@@ -160,8 +159,8 @@ class Race:
         self._steps = {(o.episode_id, o.question_id): i for i, o in enumerate(best_outcomes)}
         self._best = {i: float(o.passed) for i, o in enumerate(best_outcomes)}
         self._mine: dict[int, float] = {}
-        optuna.logging.disable_default_handler()
-        logging.getLogger("optuna").setLevel(logging.WARNING)
+        # as the Optuna optimizer does: no "A new study created in memory" line per race
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ExperimentalWarning)
             pruner = optuna.pruners.WilcoxonPruner(

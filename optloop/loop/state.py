@@ -93,7 +93,7 @@ class Checkpoint(BaseModel):
     test_before: Evaluation | None = None
     test_after: Evaluation | None = None
     control_dev: Evaluation | None = Field(
-        None, description="the trivial-instruction control on dev (optloop.loop.control)"
+        None, description="the trivial-instruction control on dev (optloop.loop.trivial_control)"
     )
     control_test: Evaluation | None = Field(
         None, description="the trivial-instruction control on test"
@@ -219,7 +219,7 @@ class LoopResult(BaseModel):
     proposals: dict[str, int] = Field(
         default_factory=dict,
         description="the optimizer's proposals by the proposal gate's verdict: 'passed' or the "
-        "reason each was refused (optloop.loop.gate)",
+        "reason each was refused (optloop.loop.proposals.gate)",
     )
     failed_calls: dict[str, int] = Field(
         default_factory=dict,
@@ -230,7 +230,7 @@ class LoopResult(BaseModel):
     control_sites: list[str] = Field(
         default_factory=list,
         description="the sites the trivial-instruction control gave DSPy's default instruction "
-        "(optloop.loop.control); empty: no control, control_note says why",
+        "(optloop.loop.trivial_control); empty: no control, control_note says why",
     )
     control_note: str = Field("", description="why the run has no control ('': it has one)")
     control_dev: float | None = Field(None, description="the control's dev accuracy")
@@ -253,7 +253,8 @@ class LoopResult(BaseModel):
     headroom: str = Field(
         "",
         description="whether the blamed sites' prompt can matter: the start program against the "
-        "control on the same dev questions (optloop.loop.control.Headroom); '': no control",
+        "control on the same dev questions (optloop.loop.trivial_control.Headroom); '': no "
+        "control",
     )
     power: str = Field(
         "",

@@ -13,7 +13,7 @@ until the file is deleted by hand. So:
   one that holds data is refused with a :class:`~optloop.errors.StoreWriteError` that
   says how to mend it (``mlflow db upgrade`` on a backup).
 
-Callers hold the store's creation lock (``optloop.loop.mlflow_run.experiment``).
+Callers hold the store's creation lock (``optloop.loop.tracking.run.experiment``).
 """
 
 from __future__ import annotations

@@ -111,7 +111,7 @@ def stub_answer(body: dict[str, Any]) -> tuple[str, Any]:
 
     Its strings vary with the request's seed, as a sampled answer would (an optimizer's
     rollouts then propose distinct candidates), and each is a well-formed instruction, so an
-    optimizer that leaves out the others (:func:`optloop.loop.units.problems`) keeps it.
+    optimizer that leaves out the others (:func:`optloop.loop.proposals.units.problems`) keeps it.
     """
     fmt = body.get("response_format") or {}
     text = f"Keep every name, date and number of the question (variant {body.get('seed', 0)})."

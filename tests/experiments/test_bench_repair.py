@@ -241,14 +241,15 @@ def test_report_only_needs_an_earlier_report(tmp_path):
 def test_a_loop_run_goes_through_the_session_with_the_witness_on_the_runs_lm(
     tmp_path, monkeypatch
 ):
-    """``Bench.run_loop`` runs a loop the way ``optloop.optimize`` does (``optloop.loop.session``,
-    scripted here): the request carries the config, the bench's LM settings and cache, its runs
-    folder; the witness watches the LM the run builds, and only while it runs."""
+    """``Bench.run_loop`` runs a loop the way ``optloop.optimize`` does
+    (``optloop.loop.runs.session``, scripted here): the request carries the config, the bench's LM
+    settings and cache, its runs folder; the witness watches the LM the run builds, and only while
+    it runs."""
     from contextlib import contextmanager
 
     from optloop.lm import current_site
-    from optloop.loop import session
-    from optloop.loop.request import answer_settings
+    from optloop.loop.runs import session
+    from optloop.loop.runs.request import answer_settings
 
     args = repair.build_parser().parse_args(
         ["--cache", str(tmp_path / "cache.sqlite"), "--tracking-uri", "sqlite:///x.db"]

@@ -118,21 +118,21 @@ def test_modules_over_600_lines_and_optimizer_names_spelled_in_code_are_listed(t
 
 def test_no_study_wires_a_loop_itself():
     """One way to run a loop from ``experiments/``: ``optloop.optimize``, ``python -m optloop.run``
-    or :mod:`optloop.loop.session`, never the wiring below them (``optloop.loop.runner``'s
-    ``Loop``, the controller)."""
+    or :mod:`optloop.loop.runs.session`, never the wiring below them
+    (``optloop.loop.runs.runner``'s ``Loop``, the controller)."""
     import ast
 
-    wiring = {"optloop.loop.runner", "optloop.loop.controller"}
+    wiring = {"optloop.loop.runs.runner", "optloop.loop.controller"}
     found = []
     for path in sorted((REPO / "experiments").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.module in wiring:
                 found.append(f"{path.relative_to(REPO)}: from {node.module}")
-            if isinstance(node, ast.ImportFrom) and node.module == "optloop.loop":
+            if isinstance(node, ast.ImportFrom) and node.module:
                 found += [
                     f"{path.relative_to(REPO)}: {alias.name}"
                     for alias in node.names
-                    if f"optloop.loop.{alias.name}" in wiring
+                    if f"{node.module}.{alias.name}" in wiring
                 ]
             if isinstance(node, ast.Import):
                 found += [

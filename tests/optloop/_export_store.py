@@ -21,9 +21,9 @@ import pytest
 
 from optloop import artifacts
 from optloop.loop.candidate import SiteState, apply_state, candidate_from_modules, prompt_text
-from optloop.loop.metrics import log_json
 from optloop.loop.program import AllSites
-from optloop.loop.prompt_registry import register_prompts
+from optloop.loop.tracking.metrics import log_json
+from optloop.loop.tracking.prompt_registry import register_prompts
 from optloop.services import tracking
 from signatures.common import AnswerFromMemories
 from signatures.graphiti import SIGNATURES as GRAPHITI_SIGNATURES

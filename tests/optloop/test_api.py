@@ -2,7 +2,8 @@
 become (no command line is built or parsed), with the same defaults, read from the config models.
 
 Where a run would start, the ``Loop`` is stubbed (its ``run`` returns what it was configured with)
-or ``optloop.loop.session.run`` is (it returns the request it was given): nothing is evaluated.
+or ``optloop.loop.runs.session.run`` is (it returns the request it was given): nothing is
+evaluated.
 """
 
 from __future__ import annotations
@@ -15,11 +16,11 @@ import pytest
 
 import optloop
 import optloop.cli.run
-import optloop.loop.session
+import optloop.loop.runs.session
 from optloop.cli import run_args
 from optloop.cli.run_args import build_parser, run_request
 from optloop.loop.config import LoopConfig
-from optloop.loop.request import RunOptions, RunRequest
+from optloop.loop.runs.request import RunOptions, RunRequest
 
 
 def cli_request(*flags: str) -> RunRequest:
@@ -29,11 +30,11 @@ def cli_request(*flags: str) -> RunRequest:
 
 @pytest.fixture
 def requests(monkeypatch) -> list[RunRequest]:
-    """The requests ``optloop.optimize`` hands the library (``optloop.loop.session.run``
+    """The requests ``optloop.optimize`` hands the library (``optloop.loop.runs.session.run``
     stubbed)."""
     seen: list[RunRequest] = []
     monkeypatch.setattr(
-        optloop.loop.session, "run", lambda request, **kwargs: seen.append(request) or "done"
+        optloop.loop.runs.session, "run", lambda request, **kwargs: seen.append(request) or "done"
     )
     return seen
 
@@ -42,7 +43,7 @@ def requests(monkeypatch) -> list[RunRequest]:
 def oracle(oracle_state, monkeypatch):
     """A loopback endpoint that needs no model, the state and MLflow store under ``tmp_path``, and
     ``Loop.run`` stubbed: it returns the config the run was built with."""
-    from optloop.loop.runner import Loop
+    from optloop.loop.runs.runner import Loop
 
     monkeypatch.setattr(Loop, "run", lambda self: self.config)
     return oracle_state
@@ -129,12 +130,12 @@ def test_the_default_optimizer_is_the_commands_rule(requests):
 def test_a_setting_added_to_the_config_model_reaches_both_entry_points(oracle, monkeypatch):
     """A field added to LoopConfig with its default, in that one place: the loop ``optimize``
     starts and the config ``optloop run``'s flags map to both carry it."""
-    import optloop.loop.request
+    import optloop.loop.runs.request
 
     class WithPatience(LoopConfig):
         patience: int = 4
 
-    monkeypatch.setattr(optloop.loop.request, "LoopConfig", WithPatience)
+    monkeypatch.setattr(optloop.loop.runs.request, "LoopConfig", WithPatience)
     endpoint = ["--lm", "openai:oracle", "--lm-base-url", oracle.base_url]
     api = optloop.optimize(system="md_flat", lm="openai:oracle", lm_base_url=oracle.base_url)
     cli = cli_request("--system", "md_flat", *endpoint).config
@@ -183,8 +184,8 @@ def test_optimize_prints_nothing_while_the_command_shows_every_line_and_both_kee
     its events to ``on_event``; the command prints which run, the dataset, the stage, the line,
     the trial and the summary; each run's ``run.log`` holds the same lines."""
     from optloop.cli.run import main
-    from optloop.loop.runner import Loop
-    from optloop.loop.session import Finished, Said, Stage, TrialDone
+    from optloop.loop.runs.runner import Loop
+    from optloop.loop.runs.session import Finished, Said, Stage, TrialDone
     from optloop.loop.spending.eta import TrialLine
     from tests.optloop.cli.test_run_tables import result
 

@@ -21,7 +21,7 @@ def _env_after(code: str, env: dict[str, str]) -> dict[str, str]:
 
 
 def test_importing_optloop_and_its_pipeline_leaves_the_environment_alone():
-    env = _env_after("import optloop, optloop.pipeline, optloop.loop.runner", BASE)
+    env = _env_after("import optloop, optloop.pipeline, optloop.loop.runs.runner", BASE)
     assert not set(OFFLINE_DEFAULTS) & set(env)
 
 

@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING, Any
 
 import dspy
 
-from optloop.loop.gate import LOG_NAME, ProposalGate
-from optloop.loop.writer import Writer
+from optloop.loop.proposals.gate import LOG_NAME, ProposalGate
+from optloop.loop.proposals.writer import Writer
 from optloop.sites import PROPOSER
 
 if TYPE_CHECKING:
@@ -101,9 +101,10 @@ class Optimizer(ABC):
 
     @property
     def gate(self) -> ProposalGate:
-        """The proposal gate every proposal of this optimizer passes (:mod:`optloop.loop.gate`),
-        its verdicts logged in the work directory (so a resumed run keeps counting); with an
-        evaluator that has no work directory (a test's fake) and none given, kept in memory."""
+        """The proposal gate every proposal of this optimizer passes
+        (:mod:`optloop.loop.proposals.gate`), its verdicts logged in the work directory (so a
+        resumed run keeps counting); with an evaluator that has no work directory (a test's fake)
+        and none given, kept in memory."""
         if self._gate is None:
             where = self._work or getattr(self.evaluator, "work", None)
             self._gate = ProposalGate(self.work / LOG_NAME if where is not None else None)

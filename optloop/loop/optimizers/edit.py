@@ -12,7 +12,7 @@ blamed ones, most blamed first):
 
 1. the site's instruction is split into units a person could strike out and
    leave complete sentences (sentences, semicolon clauses, list items:
-   :mod:`optloop.loop.units`);
+   :mod:`optloop.loop.proposals.units`);
 2. the edits proposed are single-unit deletions (an ablation of the
    instruction): every deletion the failures point at (below), then random
    ones up to ``deletions``; the deletion of every unit (the signature's own
@@ -20,7 +20,7 @@ blamed ones, most blamed first):
    :func:`~optloop.loop.candidate.trivial_instruction`, the run's control); and ``extra`` random
    edits (swap, paraphrase, add; one or two composed, as GrIPS's
    ``num_compose``). An edit that leaves malformed text (a sentence cut short,
-   an unmatched quote, an empty sentence: :func:`optloop.loop.units.problems`)
+   an unmatched quote, an empty sentence: :func:`optloop.loop.proposals.units.problems`)
    is dropped before anything runs it;
 3. every site's edits are scored together on a seeded mini-batch of train
    questions (GrIPS's score set; these runs are the optimizer's cost, not
@@ -68,9 +68,11 @@ import dspy
 
 from optloop.lm import prompt_site
 from optloop.loop.candidate import Candidate, SiteState, trivial_instruction
-from optloop.loop.gate import active, register_template
 from optloop.loop.optimizers.base import PROPOSER_SITE, QueuedOptimizer
 from optloop.loop.optimizers.registry import EDIT
+from optloop.loop.proposals.gate import active, register_template
+from optloop.loop.proposals.units import Instruction, Kind, problems
+from optloop.loop.proposals.writer import WriteInstruction, failure_cases, long_instruction
 from optloop.loop.spending.estimate import OptimizerWork
 from optloop.loop.spending.shape import (
     JSON_TOKENS,
@@ -80,8 +82,6 @@ from optloop.loop.spending.shape import (
     RunShape,
     template_tokens,
 )
-from optloop.loop.units import Instruction, Kind, problems
-from optloop.loop.writer import WriteInstruction, failure_cases, long_instruction
 from optloop.text import normalize
 
 if TYPE_CHECKING:
@@ -305,7 +305,7 @@ class EditOptimizer(QueuedOptimizer):
         ``deletions`` (drawn at random when the instruction has more units), the deletion of all
         units, the written edits (:meth:`written`, shown ``shown``, default ``failures``), then
         ``extra`` random composed edits; any edit whose text has a problem the instruction did
-        not have (:func:`~optloop.loop.units.problems`) is dropped.
+        not have (:func:`~optloop.loop.proposals.units.problems`) is dropped.
 
         An instruction over :data:`LONG_WORDS` words gets neither the random deletions nor the
         random composed edits: one unit of mem0's 190 is half a percent of the prompt, so a
@@ -383,12 +383,12 @@ class EditOptimizer(QueuedOptimizer):
         failures: Sequence[Attribution],
         supported: Sequence[int] = (),
     ) -> list[Edit]:
-        """The round's written edits of ``site`` (:class:`~optloop.loop.writer.Writer`, each answer
-        through the proposal gate): a short instruction for the site's job in place of the whole
-        (``write``), one sentence added at the end (``add written``), and one sentence written anew
-        (``write k``: the unit the failures point at most, else one drawn at random). Each task
-        shows the proposer the failures blamed on the site, never the instruction whole when it
-        is long.
+        """The round's written edits of ``site`` (:class:`~optloop.loop.proposals.writer.Writer`,
+        each answer through the proposal gate): a short instruction for the site's job in place of
+        the whole (``write``), one sentence added at the end (``add written``), and one sentence
+        written anew (``write k``: the unit the failures point at most, else one drawn at random).
+        Each task shows the proposer the failures blamed on the site, never the instruction whole
+        when it is long.
 
         When the gate refuses the short instruction, the added sentence takes its place if the
         gate passes it as a whole instruction for the site's job (``write (the added sentence

@@ -34,11 +34,11 @@ from pydantic import BaseModel, Field
 
 from optloop.lm import collect_calls, prompt_site
 from optloop.loop.candidate import Candidate
-from optloop.loop.gate import ProposalGate, current_gate
 from optloop.loop.optimizers.base import PROPOSER_SITE
 from optloop.loop.optimizers.registry import GEPA
 from optloop.loop.optimizers.rounds import RoundsOptimizer
 from optloop.loop.program import examples, feedback_metric, site_name
+from optloop.loop.proposals.gate import ProposalGate, current_gate
 from optloop.loop.spending.estimate import OptimizerWork
 from optloop.loop.spending.shape import (
     ACCEPT_SHARE,
@@ -182,13 +182,13 @@ class GepaOptimizer(RoundsOptimizer):
 
 class GatedProposer(InstructionProposer):
     """GEPA's own instruction proposer, less the proposals the proposal gate refuses
-    (:mod:`optloop.loop.gate`: cut off by the token limit, not well-formed, an echo of GEPA's
-    reflection template, not an instruction for the site's job), each counted with a log line. A
-    reflection left with no proposal makes no candidate: GEPA skips it without evaluating
+    (:mod:`optloop.loop.proposals.gate`: cut off by the token limit, not well-formed, an echo of
+    GEPA's reflection template, not an instruction for the site's job), each counted with a log
+    line. A reflection left with no proposal makes no candidate: GEPA skips it without evaluating
     anything.
 
-    ``gate``: the optimizer's gate (``None``: :func:`~optloop.loop.gate.current_gate` when
-    called). It is held here, and the proposer's prompt site and the collection of its call
+    ``gate``: the optimizer's gate (``None``: :func:`~optloop.loop.proposals.gate.current_gate`
+    when called). It is held here, and the proposer's prompt site and the collection of its call
     records are set up inside each call, so a reflection that GEPA runs in a thread of its own
     (whose context holds none of the round's) is still judged by that gate, charged to the
     proposer and, when its answer was cut, refused as cut off.

@@ -2,7 +2,7 @@
 the attributions, plus the values of blamed knobs (each system's ``knob_values``); ask and tell,
 and with ``--batch K`` K asks before their tells (the trials asked meanwhile are running, as in
 Optuna's own ``n_jobs``). The study lives in ``--storage`` (SQLite by default), so it resumes; with
-``postgresql://...`` several workers share it (see :mod:`optloop.loop.study`).
+``postgresql://...`` several workers share it (see :mod:`optloop.loop.workers.study`).
 
 :func:`work` models its proposer calls for ``--estimate``.
 """
@@ -18,10 +18,10 @@ from optloop.loop.candidate import Candidate, SiteState
 from optloop.loop.optimizers.base import Optimizer
 from optloop.loop.optimizers.propose import ProposeInstruction, propose_instruction
 from optloop.loop.optimizers.registry import OPTUNA
+from optloop.loop.proposals.writer import failure_summary
 from optloop.loop.spending.estimate import OptimizerWork
 from optloop.loop.spending.shape import CHARS_PER_TOKEN, JSON_TOKENS, RunShape, template_tokens
-from optloop.loop.study import SharedStudy
-from optloop.loop.writer import failure_summary
+from optloop.loop.workers.study import SharedStudy
 
 if TYPE_CHECKING:
     from optloop.loop.evaluate import Evaluation
@@ -36,7 +36,7 @@ MAX_BUDGET_SLOTS = 500
 class OptunaOptimizer(Optimizer):
     """TPE over LLM-proposed instructions per blamed site and the values of blamed knobs.
 
-    The study is a :class:`~optloop.loop.study.SharedStudy`: several workers may ask it for
+    The study is a :class:`~optloop.loop.workers.study.SharedStudy`: several workers may ask it for
     trials at once. Each site's candidate instructions are proposed once per study (first
     proposer wins, the others wait for its list), so every worker searches the same space; a
     candidate is claimed before it is evaluated, so no two workers evaluate the same one.

@@ -8,9 +8,9 @@ import logging
 import dspy
 
 from optloop.lm import collect_calls, prompt_site
-from optloop.loop.gate import ProposalGate, current_gate, register_template
 from optloop.loop.optimizers.base import PROPOSER_SITE
-from optloop.loop.writer import Writer, long_instruction
+from optloop.loop.proposals.gate import ProposalGate, current_gate, register_template
+from optloop.loop.proposals.writer import Writer, long_instruction
 
 logger = logging.getLogger(__name__)
 
@@ -37,9 +37,10 @@ def propose_instruction(
     gate: ProposalGate | None = None,
 ) -> str | None:
     """One rewrite of ``instruction`` by the proposer LM (``None`` when it fails, or when the
-    proposal gate refuses what it wrote: :mod:`optloop.loop.gate`). A long instruction (a library
-    prompt of thousands of tokens) is never handed over to be re-typed: the writer asks for a short
-    instruction for the site's job instead (:meth:`optloop.loop.writer.Writer.instruction`)."""
+    proposal gate refuses what it wrote: :mod:`optloop.loop.proposals.gate`). A long instruction (a
+    library prompt of thousands of tokens) is never handed over to be re-typed: the writer asks for
+    a short instruction for the site's job instead
+    (:meth:`optloop.loop.proposals.writer.Writer.instruction`)."""
     gate = gate or current_gate()
     if long_instruction(instruction):
         return Writer(proposer, gate).instruction(site, failures, rollout=rollout)

@@ -17,11 +17,11 @@ import dspy
 
 from optloop.attribution import Attribution
 from optloop.loop.candidate import Candidate
-from optloop.loop.gate import active
 from optloop.loop.optimizers.base import QueuedOptimizer
 from optloop.loop.optimizers.propose import propose_instruction
 from optloop.loop.program import MemoryProgram, attr_name, examples, running
-from optloop.loop.writer import failure_summary
+from optloop.loop.proposals.gate import active
+from optloop.loop.proposals.writer import failure_summary
 
 if TYPE_CHECKING:
     from optloop.loop.evaluate import Evaluation

@@ -3,7 +3,8 @@ on :class:`~optloop.loop.program.MemoryProgram` s whose only predictors are the 
 whose metric returns the attribution beside the score. The program pool and its scores are kept
 across rounds (and across a resume, in ``<work>/pool.json``); each round's best new program is
 queued (with ``--batch K``, its best K, evaluated at once). The default when an endpoint writes
-the instructions (``edit`` on the embedded model, :func:`optloop.loop.request.default_optimizer`).
+the instructions (``edit`` on the embedded model,
+:func:`optloop.loop.runs.request.default_optimizer`).
 
 Its mini-batch runs are the optimizer's own cost: counted and reported, not evaluations.
 :func:`work` models them for ``--estimate`` from the defaults below.

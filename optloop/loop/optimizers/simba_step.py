@@ -46,9 +46,9 @@ from pydantic import BaseModel, Field
 
 from optloop.lm import prompt_site
 from optloop.loop.candidate import Candidate
-from optloop.loop.gate import current_gate
 from optloop.loop.optimizers.base import PROPOSER_SITE
 from optloop.loop.program import MemoryProgram, feedback_metric, site_name
+from optloop.loop.proposals.gate import current_gate
 from optloop.paths import write_atomic
 from signatures._layout import jsonable
 
@@ -249,7 +249,7 @@ def offer_advice(
 def append_advice(program: dspy.Module, advice: dict[str, str]) -> list[str]:
     """Each module's advice appended to its instructions; the modules that got some.
 
-    Advice that is not a well-formed instruction (:func:`~optloop.loop.units.problems`: a
+    Advice that is not a well-formed instruction (:func:`~optloop.loop.proposals.units.problems`: a
     sentence cut short, an unmatched quote, an empty sentence) is left out and logged, as the
     edit optimizer leaves such candidates out: a prompt a person would not ship is not tried."""
     changed = []

@@ -23,8 +23,8 @@ whole configured run from it. The model, stated in the output too (:data:`MODEL`
   latency per call measured on the baseline's dev); the proposer's tokens at the proposer LM's
   price (a separate ``--proposer-lm`` without a price: unknown dollars), its time at the
   baseline's latency per token, one call at a time;
-- the trivial-instruction control (:mod:`optloop.loop.control`; none with ``--no-control`` or
-  when the baseline's blame names no prompt site): one evaluation of the dev split before the
+- the trivial-instruction control (:mod:`optloop.loop.trivial_control`; none with ``--no-control``
+  or when the baseline's blame names no prompt site): one evaluation of the dev split before the
   trials, costed as the baseline's dev evaluation (measured, once the run has made it), and one
   of the test split in the held-out part;
 - the held-out test: two evaluations of the test split (baseline and best; one when the

@@ -1,7 +1,7 @@
 """What an estimate says, in words: its table (``--estimate``, and the projection a run makes
 before its first trial), the line with the run's ETA that follows the projection, and money and a
 model's name as a run writes them. Built here, below the commands, so that a run's ``run.log``
-(:mod:`optloop.loop.session`) and ``optloop run``'s console say them the same way."""
+(:mod:`optloop.loop.runs.session`) and ``optloop run``'s console say them the same way."""
 
 from __future__ import annotations
 

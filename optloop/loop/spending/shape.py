@@ -57,8 +57,8 @@ from pydantic import BaseModel, Field
 
 from optloop.attribution import blame
 from optloop.loop.policy import choose_targets
+from optloop.loop.proposals.writer import CASE_CHARS, MAX_CASES, failure_summary
 from optloop.loop.spending.optimizer_work import OptimizerWork
-from optloop.loop.writer import CASE_CHARS, MAX_CASES, failure_summary
 
 if TYPE_CHECKING:
     from optloop.datasets import Dataset

@@ -58,5 +58,5 @@ def test_without_a_terminal_a_log_record_is_one_plain_line(capsys):
 
     setup_logging(False)
     message = "dev has 4 questions, test 4: a 95% CI this small spans about ±0.5; " * 3
-    logging.getLogger("optloop.loop.runner").warning("%s", message.strip())
-    assert capsys.readouterr().out == f"WARNING optloop.loop.runner: {message.strip()}\n"
+    logging.getLogger("optloop.loop.runs.runner").warning("%s", message.strip())
+    assert capsys.readouterr().out == f"WARNING optloop.loop.runs.runner: {message.strip()}\n"

@@ -10,9 +10,9 @@ import json
 from rich.console import Console
 
 from optloop.cli.run_tables import summary_table, tried_table
-from optloop.loop.control import NO_MEASURABLE_CHANGE, comparison_of
 from optloop.loop.policy import NO_CONTROL, held_out_intervals
 from optloop.loop.state import LoopConfig, LoopResult
+from optloop.loop.trivial_control import NO_MEASURABLE_CHANGE, comparison_of
 from tests.optloop.loop.test_promotion import evaluation
 
 KEYS = [(f"e{i // 4}", f"q{i}") for i in range(20)]

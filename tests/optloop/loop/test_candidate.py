@@ -8,7 +8,7 @@ from optloop.attribution import blame
 from optloop.attribution.taxonomy import Attribution, ErrorType
 from optloop.errors import ConfigError
 from optloop.loop.candidate import Candidate, SiteState, ingest_key, prompt_diff
-from optloop.loop.runner import LoopConfig, choose_targets
+from optloop.loop.runs.runner import LoopConfig, choose_targets
 
 STAGES = {"md_flat.curate": "ingest", "answer": "answer"}
 

@@ -22,12 +22,12 @@ import pytest
 from optloop.attribution import Attribution, ErrorType
 from optloop.loop.candidate import Candidate, SiteState
 from optloop.loop.controller import Controller, RunContext, Split, Summary, Targeting
-from optloop.loop.coordinator import LocalCoordinator, SharedCoordinator
 from optloop.loop.evaluate import Evaluation, QuestionOutcome
 from optloop.loop.optimizers.base import QueuedOptimizer
 from optloop.loop.racing import Against, race_order
 from optloop.loop.spending.eta import TrialLine
 from optloop.loop.state import Checkpoint, LoopConfig, LoopResult
+from optloop.loop.workers.coordinator import LocalCoordinator, SharedCoordinator
 
 ANSWER, EXTRACT = "answer", "mem.extract"
 SITES = [ANSWER, EXTRACT]

@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 
 from optloop.datasets import load_dataset
-from optloop.loop.coordinator import LocalCoordinator
 from optloop.loop.evaluate import Evaluation
 from optloop.loop.spending.estimate import (
     Chains,
@@ -25,6 +24,7 @@ from optloop.loop.spending.estimate import (
 )
 from optloop.loop.spending.limits import ESTIMATE, MAX_CALLS, MAX_COST, RunStopped, SpendingLimits
 from optloop.loop.state import Checkpoint, Trial
+from optloop.loop.workers.coordinator import LocalCoordinator
 from tests.optloop.loop.test_controller import (
     BASE,
     EVALUATION_CALLS,
@@ -285,7 +285,7 @@ def measured(
 @pytest.mark.parametrize("dev_passes", [0, 1])
 def test_the_estimate_warns_first_when_the_baseline_answers_no_dev_question(dev_passes):
     from optloop.cli.run_tables import estimate_lines
-    from optloop.loop.runner import LoopConfig
+    from optloop.loop.runs.runner import LoopConfig
     from tests.optloop.loop.test_promotion import evaluation
 
     def answered(split: str, passes: list[bool]) -> Evaluation:

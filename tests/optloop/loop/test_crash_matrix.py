@@ -22,8 +22,8 @@ from typing import Any
 
 import pytest
 
-from optloop.loop.coordinator import SharedCoordinator
 from optloop.loop.state import Checkpoint, LoopConfig, LoopResult
+from optloop.loop.workers.coordinator import SharedCoordinator
 from tests.optloop.loop.test_controller import (
     EVALUATION_CALLS,
     ONE_TRIAL,

@@ -1,7 +1,7 @@
 """Several ``optloop.run`` workers on one Optuna study (``docs/architecture.md``, "Several
 workers").
 
-The unit tests drive the shared-study protocol (``optloop.loop.study``) and the
+The unit tests drive the shared-study protocol (``optloop.loop.workers.study``) and the
 Optuna optimizer on a SQLite storage with several connections at once, no LM.
 The integration test starts a real PostgreSQL server on loopback from the OS
 packages and runs two real workers against one study.
@@ -27,7 +27,7 @@ import pytest
 from optloop.errors import ConfigError
 from optloop.loop.candidate import Candidate, SiteState
 from optloop.loop.optimizers.optuna import OptunaOptimizer
-from optloop.loop.study import SharedStudy, redact_url, storage_url
+from optloop.loop.workers.study import SharedStudy, redact_url, storage_url
 from systems import get_system
 
 REPO = Path(__file__).resolve().parents[3]
@@ -162,7 +162,7 @@ def test_records_live_in_optloops_own_table_not_optunas_private_models(sqlite_ur
 
     import sqlalchemy
 
-    from optloop.loop import study as study_module
+    from optloop.loop.workers import study as study_module
 
     assert "optuna.storages._" not in inspect.getsource(
         study_module
@@ -230,7 +230,7 @@ def test_a_bare_postgresql_url_gets_an_installed_driver():
 
 
 def test_workers_on_one_machine_get_their_own_state_dir(tmp_path):
-    from optloop.loop.runner import Loop, LoopConfig
+    from optloop.loop.runs.runner import Loop, LoopConfig
 
     def loop(optimizer):
         return Loop(

@@ -13,8 +13,8 @@ from mlflow.tracking import MlflowClient
 
 from optloop.artifacts import CHILD_ARTIFACTS, PARENT_ARTIFACTS
 from optloop.cli.run import main
-from optloop.loop.mlflow_sink import MlflowSink
-from optloop.loop.runner import SplitEvaluator
+from optloop.loop.runs.runner import SplitEvaluator
+from optloop.loop.tracking.sink import MlflowSink
 
 TINY = [
     "--dataset",

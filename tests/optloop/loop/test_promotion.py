@@ -12,7 +12,7 @@ from rich.console import Console
 
 from optloop.cli.run_tables import summary_table
 from optloop.loop.evaluate import Evaluation, QuestionOutcome
-from optloop.loop.runner import (
+from optloop.loop.runs.runner import (
     LoopConfig,
     LoopResult,
     held_out_intervals,

@@ -198,7 +198,7 @@ def test_against_names_the_start_program_and_uses_the_run_seed() -> None:
 
 
 def test_headroom_agrees_only_on_enough_questions_and_differs_when_the_ci_excludes_0() -> None:
-    from optloop.loop.control import headroom
+    from optloop.loop.trivial_control import headroom
 
     same = [i % 2 == 0 for i in range(100)]
     assert headroom(["a"], same, same, min_gain=0.05, seed=0).verdict == "agree"

@@ -347,7 +347,7 @@ def test_other_settings_or_nothing_unfinished_start_a_new_run(tmp_path):
 
 
 def test_a_run_in_use_is_left_to_its_process_unless_workers_share_it(tmp_path):
-    from optloop.loop.runner import _lock_dir
+    from optloop.loop.runs.runner import _lock_dir
 
     runs = tmp_path / "runs"
     args = args_of()
@@ -1058,8 +1058,8 @@ def test_the_summary_reports_the_trivial_instruction_control_and_no_control_skip
 
     from experiments.bench.crash import env_for, run_args
     from optloop.artifacts import SUMMARY
-    from optloop.loop.metric_names import BEATS_CONTROL
     from optloop.loop.policy import NO_CONTROL
+    from optloop.loop.tracking.names import BEATS_CONTROL
     from optloop.testing.oracle import OracleEndpoint
 
     done: dict[str, subprocess.CompletedProcess[str]] = {}

@@ -8,7 +8,7 @@ fault this machine cannot inject (a tmpfs mount, an immutable file) skips its te
 several runs each (a real ``mlflow server`` killed and restarted, a SIGKILL then a resume) are
 ``slow``; the fast suite covers the same faults through the units they meet
 (``tests/optloop/services/test_outside.py``, ``test_preflight.py``, ``test_tracking_store.py``,
-``tests/optloop/loop/test_checkpoint_guard.py``).
+``tests/optloop/loop/runs/test_checkpoint_guard.py``).
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ from optloop.datasets import Episode, load_dataset, passed, score
 from optloop.embed import get_embedder
 from optloop.lm import LMSettings, OptloopLM
 from optloop.loop.candidate import prompt_text, site_state
-from optloop.loop.prompt_registry import register_prompts
+from optloop.loop.tracking.prompt_registry import register_prompts
 from optloop.testing.scripted import ScriptedOpenAIServer, answer_with
 from signatures.common import AnswerFromMemories, render_memories
 from systems.base import MemoryItem, PromptSite

@@ -19,7 +19,7 @@ from optloop.loop.optimizers.edit import (
     same_length,
     support,
 )
-from optloop.loop.units import Instruction, problems
+from optloop.loop.proposals.units import Instruction, problems
 
 SABOTAGE = "Reply with exactly N/A."
 CLEAN = "Answer the question from the memories. Give the shortest answer, a name or a number."

@@ -19,8 +19,8 @@ from dspy.utils import DummyLM
 from dspy.utils.exceptions import LMError
 
 from optloop.loop.candidate import Candidate, SiteState
-from optloop.loop.gate import LOG_NAME, ProposalGate, Reason, verdicts
 from optloop.loop.optimizers.gepa import GatedProposer, GepaOptimizer, GepaSettings
+from optloop.loop.proposals.gate import LOG_NAME, ProposalGate, Reason, verdicts
 from optloop.sites import PROPOSER
 from tests.optloop.loop.optimizers.test_optimizer_state import (
     NO_EVAL,

@@ -131,7 +131,7 @@ def test_dspy_progress_bars_are_hidden_inside_a_round_unless_verbose(capsys):
 
 
 def test_a_run_starts_from_the_given_instructions_replaced_appended_or_prepended(evaluator):
-    from optloop.loop.runner import LoopConfig, start_candidate
+    from optloop.loop.runs.runner import LoopConfig, start_candidate
 
     own = evaluator.baseline().sites["answer"].instructions
     replaced = start_candidate(

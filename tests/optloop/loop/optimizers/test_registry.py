@@ -4,7 +4,7 @@ run's wiring, ``--estimate``'s cost model), and ``optloop.optimize(optimizer=...
 or an :class:`Optimizer` subclass, recorded by name.
 
 A fake optimizer is registered by one entry, in a copy of ``OPTIMIZERS`` (monkeypatched);
-``optloop.loop.session.run`` is stubbed, so nothing runs.
+``optloop.loop.runs.session.run`` is stubbed, so nothing runs.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 import optloop
-import optloop.loop.session
+import optloop.loop.runs.session
 from optloop.cli import demo_repair
 from optloop.cli.run_args import build_parser, run_request
 from optloop.errors import ConfigError
@@ -26,7 +26,7 @@ from optloop.loop.optimizers import registry
 from optloop.loop.optimizers.base import Optimizer
 from optloop.loop.optimizers.registry import OptimizerSpec
 from optloop.loop.optimizers.work import cost_model, modeled_work
-from optloop.loop.request import RunRequest
+from optloop.loop.runs.request import RunRequest
 from optloop.loop.spending.optimizer_work import OptimizerWork
 from optloop.loop.spending.shape import RunShape
 
@@ -69,11 +69,11 @@ def optimizers(monkeypatch) -> dict[str, OptimizerSpec]:
 
 @pytest.fixture
 def requests(monkeypatch) -> list[RunRequest]:
-    """The requests ``optloop.optimize`` hands the library (``optloop.loop.session.run``
+    """The requests ``optloop.optimize`` hands the library (``optloop.loop.runs.session.run``
     stubbed)."""
     seen: list[RunRequest] = []
     monkeypatch.setattr(
-        optloop.loop.session, "run", lambda request, **kwargs: seen.append(request) or "done"
+        optloop.loop.runs.session, "run", lambda request, **kwargs: seen.append(request) or "done"
     )
     return seen
 
@@ -119,7 +119,7 @@ def test_an_optimizer_registered_in_one_place_is_usable_by_name(optimizers, requ
         demo_repair.main(["--help"])
     assert "edit,fake}" in capsys.readouterr().out
     # the run's wiring builds it, without knobs (it tunes none); --estimate finds its model
-    from optloop.loop.runner import Loop
+    from optloop.loop.runs.runner import Loop
 
     loop = Loop(LoopConfig(run_name="r", optimizer=FAKE, seed=3), lm=None, proposer="proposer")
     evaluator = SimpleNamespace(work="/nonexistent", lm=None)

@@ -12,8 +12,8 @@ reason, when it is
     under tighter bounds: ``CallRecord.truncated``): the text ends where the limit fell, not
     where the writer meant it to;
 ``malformed``
-    not well-formed text (:func:`optloop.loop.units.problems`: a sentence cut short, an unmatched
-    quote, an empty sentence);
+    not well-formed text (:func:`optloop.loop.proposals.units.problems`: a sentence cut short, an
+    unmatched quote, an empty sentence);
 ``echo``
     a re-typing of the proposer's own prompt: at least :data:`ECHO_SHARE` of its word 5-grams are
     in the template the proposer was given (GEPA's reflection template, optloop's own proposer
@@ -23,13 +23,13 @@ reason, when it is
     shown, not written for the site;
 ``off_task``
     not an instruction for the site's job: it names none of the job's words
-    (:mod:`optloop.loop.jobs`: an extraction instruction says extract, memory, fact, store,
-    remember ...), or it asks the reader for input ("Please provide the task details", "Ask the
-    user for their question", "Ask the user to provide a question") instead of telling the model
-    what to do, or it talks about the prompt and its failures instead of to the model ("The model
-    should be programmed to ...", "so that the step no longer fails as in the cases where ...",
-    "If the extraction process fails, you need to fix the extraction prompt", "The instruction
-    should be general and not focus on specific facts").
+    (:mod:`optloop.loop.proposals.jobs`: an extraction instruction says extract, memory, fact,
+    store, remember ...), or it asks the reader for input ("Please provide the task details", "Ask
+    the user for their question", "Ask the user to provide a question") instead of telling the
+    model what to do, or it talks about the prompt and its failures instead of to the model ("The
+    model should be programmed to ...", "so that the step no longer fails as in the cases where
+    ...", "If the extraction process fails, you need to fix the extraction prompt", "The
+    instruction should be general and not focus on specific facts").
 
 The judgement of "asks for the site's job" is by words, on purpose: it is cheap, the same on every
 run, and a reader can check each refusal. It tells an instruction for the site from a text about
@@ -57,8 +57,8 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from optloop.loop.jobs import asks_for, site_job
-from optloop.loop.units import problems
+from optloop.loop.proposals.jobs import asks_for, site_job
+from optloop.loop.proposals.units import problems
 
 logger = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """A run's own records on MLflow, around what the controller's sink records
-(:mod:`optloop.loop.mlflow_sink`: the trials' child runs, the metrics, the registry): the
+(:mod:`optloop.loop.tracking.sink`: the trials' child runs, the metrics, the registry): the
 experiment the run goes into, made once however many workers start together
 (:func:`experiment`), the parent run's params (:func:`log_params`), and the runs a run leaves
 open when it ends, ended with its status (:func:`end_runs`)."""

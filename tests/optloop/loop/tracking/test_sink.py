@@ -8,9 +8,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from optloop.loop.mlflow_sink import MlflowSink
-from optloop.loop.runner import Loop
+from optloop.loop.runs.runner import Loop
 from optloop.loop.state import LoopConfig
+from optloop.loop.tracking.sink import MlflowSink
 
 
 @pytest.fixture

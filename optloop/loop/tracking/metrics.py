@@ -1,6 +1,6 @@
 """What a loop run logs to MLflow besides its prompts: the metrics of an evaluation, a CI, a
-trial's cost and the blame (named as :mod:`optloop.loop.metric_names` lists), the per-question CSV,
-the attribution report, the plots, and text or JSON artifacts."""
+trial's cost and the blame (named as :mod:`optloop.loop.tracking.names` lists), the per-question
+CSV, the attribution report, the plots, and text or JSON artifacts."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from optloop.loop.cost import site_metrics
-from optloop.loop.metric_names import metric_key
+from optloop.loop.tracking.names import metric_key
 
 if TYPE_CHECKING:
     from optloop.loop.evaluate import Evaluation
@@ -65,9 +65,10 @@ def race_metrics(evaluation: Evaluation) -> dict[str, float]:
 
 
 def control_metrics(summary: Summary) -> dict[str, float]:
-    """The trivial-instruction control's figures (:mod:`optloop.loop.control`; none when the run
-    has no control): ``acc_dev_control``, ``acc_test_control`` and its CI, ``delta_test_control``
-    (best - control per test question) and its paired CI, their failed LM calls."""
+    """The trivial-instruction control's figures (:mod:`optloop.loop.trivial_control`; none when
+    the run has no control): ``acc_dev_control``, ``acc_test_control`` and its CI,
+    ``delta_test_control`` (best - control per test question) and its paired CI, their failed LM
+    calls."""
     row, diffs = summary.comparison.row("control"), summary.comparison.differences
     against = next((d for d in diffs if d.against == "control"), None)
     if row.dev is None or row.test is None or against is None:

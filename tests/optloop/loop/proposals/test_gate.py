@@ -4,8 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from optloop.loop.gate import ProposalGate, Reason, active, current_gate, refusals, verdicts
-from optloop.loop.jobs import asks_for, site_job
+from optloop.loop.proposals.gate import (
+    ProposalGate,
+    Reason,
+    active,
+    current_gate,
+    refusals,
+    verdicts,
+)
+from optloop.loop.proposals.jobs import asks_for, site_job
 from optloop.sites import ANSWER, MEM0_EXTRACT, QUERY_REWRITE
 
 # What a 1.5B reflection model wrote as mem0's extraction instruction when handed GEPA's reflection

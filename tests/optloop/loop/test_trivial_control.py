@@ -9,9 +9,9 @@ import pytest
 from optloop.attribution import blame
 from optloop.attribution.taxonomy import Attribution, ErrorType
 from optloop.loop.candidate import Candidate, SiteState, trivial_instruction
-from optloop.loop.control import NO_MEASURABLE_CHANGE, control_candidate, verdict
 from optloop.loop.policy import NO_CONTROL, control_sites
 from optloop.loop.state import LoopConfig
+from optloop.loop.trivial_control import NO_MEASURABLE_CHANGE, control_candidate, verdict
 from optloop.stats import Interval
 from tests.optloop.loop.optimizers.test_edit import FakeEvaluator, _train
 

@@ -1,6 +1,7 @@
-"""``optloop.loop.session`` as a benchmark uses it: a run kept in a runs folder of the caller's
-(``RunOptions.runs_dir``), opened for its LM, start program and checkpoint (``opened``), and the
-run's own evaluator outside a run (``evaluator``). The loop is stubbed and no LM is called."""
+"""``optloop.loop.runs.session`` as a benchmark uses it: a run kept in a runs folder of the
+caller's (``RunOptions.runs_dir``), opened for its LM, start program and checkpoint (``opened``),
+and the run's own evaluator outside a run (``evaluator``). The loop is stubbed and no LM is
+called."""
 
 from __future__ import annotations
 
@@ -11,9 +12,9 @@ import pytest
 
 from optloop.datasets import load_dataset
 from optloop.lm import LMSettings, OptloopLM
-from optloop.loop import session
 from optloop.loop.policy import start_candidate
-from optloop.loop.request import RunOptions, RunRequest, loop_config, run_lms
+from optloop.loop.runs import session
+from optloop.loop.runs.request import RunOptions, RunRequest, loop_config, run_lms
 
 
 @pytest.fixture
@@ -29,7 +30,7 @@ def test_the_default_runs_folder_is_the_state_dirs():
 def test_a_run_is_kept_in_the_runs_folder_it_is_given_and_opened_forgets_it_on_leaving(
     endpoint, tmp_path, monkeypatch
 ):
-    from optloop.loop.runner import Loop
+    from optloop.loop.runs.runner import Loop
 
     def fake_run(self: Loop) -> Any:
         self.progress("evaluating baseline on train (4 questions)")

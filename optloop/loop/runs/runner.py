@@ -11,16 +11,16 @@ owns what is not the loop's logic:
 
 - the state directory and its lock (one process per directory; another worker of a
   shared run takes ``workers/<n>/``), and the checkpoint's settings check
-  (:mod:`optloop.loop.run_dirs`);
+  (:mod:`optloop.loop.runs.dirs`);
 - the MLflow experiment (created under a lock: workers starting together race for it)
   and the parent run (created by the leading worker, resumed by id, ended with the
-  run's status; :mod:`optloop.loop.mlflow_run`);
+  run's status; :mod:`optloop.loop.tracking.run`);
 - the real implementations of the controller's interfaces
-  (:mod:`optloop.loop.interfaces`): :class:`~optloop.loop.split_evaluator.SplitEvaluator`
+  (:mod:`optloop.loop.interfaces`): :class:`~optloop.loop.runs.split_evaluator.SplitEvaluator`
   (the :class:`~optloop.loop.evaluate.Evaluator` over the run's splits),
-  :class:`~optloop.loop.mlflow_sink.MlflowSink`, and a
-  :class:`~optloop.loop.coordinator.LocalCoordinator` or, for ``--optimizer optuna``,
-  a :class:`~optloop.loop.coordinator.SharedCoordinator`;
+  :class:`~optloop.loop.tracking.sink.MlflowSink`, and a
+  :class:`~optloop.loop.workers.coordinator.LocalCoordinator` or, for ``--optimizer optuna``,
+  a :class:`~optloop.loop.workers.coordinator.SharedCoordinator`;
 - the optimizer factory (:mod:`~optloop.loop.optimizers.registry`) and the cost accounting.
 
 State lives in ``<state dir>/runs/<run name>/checkpoint.json``, rewritten
@@ -38,7 +38,7 @@ process to open the run removes.
 Several workers (``--optimizer optuna``): every process started with the same
 command joins one Optuna study (``--storage``; the SQLite file in the run
 directory by default, ``postgresql://...`` across machines) and they split
-the budget through it (:mod:`optloop.loop.study`, :mod:`optloop.loop.coordinator`).
+the budget through it (:mod:`optloop.loop.workers.study`, :mod:`optloop.loop.workers.coordinator`).
 The data flow and where each stage lives: ``docs/architecture.md``.
 """
 
@@ -58,14 +58,10 @@ from optloop import artifacts, failures
 from optloop.attribution import blame
 from optloop.datasets import Dataset, load_dataset
 from optloop.errors import ConfigError
-from optloop.loop import checkpoint_guard, mlflow_run
 from optloop.loop.candidate import Candidate
 from optloop.loop.controller import Controller
-from optloop.loop.coordinator import LocalCoordinator, SharedCoordinator
 from optloop.loop.cost import site_costs, site_metrics
 from optloop.loop.evaluate import Evaluator
-from optloop.loop.gate import logs_under, refusals
-from optloop.loop.mlflow_sink import MlflowSink
 from optloop.loop.optimizers import registry
 from optloop.loop.optimizers.base import Optimizer, default_threads
 from optloop.loop.optimizers.work import modeled_work
@@ -82,9 +78,12 @@ from optloop.loop.policy import (
     split_dataset,
     start_candidate,
 )
-from optloop.loop.run_context import RunContext
-from optloop.loop.run_dirs import Unfinished, in_use, matches, unfinished_runs
-from optloop.loop.run_dirs import lock_dir as _lock_dir
+from optloop.loop.proposals.gate import logs_under, refusals
+from optloop.loop.runs import checkpoint_guard
+from optloop.loop.runs.context import RunContext
+from optloop.loop.runs.dirs import Unfinished, in_use, matches, unfinished_runs
+from optloop.loop.runs.dirs import lock_dir as _lock_dir
+from optloop.loop.runs.split_evaluator import SplitEvaluator
 from optloop.loop.spending.estimate import (
     Estimate,
     OptimizerWork,
@@ -97,7 +96,6 @@ from optloop.loop.spending.estimate import (
 from optloop.loop.spending.eta import Eta, TrialLine
 from optloop.loop.spending.limits import STOPPED_BY, RunStopped, SpendingLimits
 from optloop.loop.spending.shape import RunShape, run_shape
-from optloop.loop.split_evaluator import SplitEvaluator
 from optloop.loop.state import (
     MAX_BUDGET,
     Checkpoint,
@@ -107,6 +105,9 @@ from optloop.loop.state import (
     Tried,
     check_fractions,
 )
+from optloop.loop.tracking import run as mlflow_run
+from optloop.loop.tracking.sink import MlflowSink
+from optloop.loop.workers.coordinator import LocalCoordinator, SharedCoordinator
 from optloop.paths import state_dir
 from optloop.sites import PROPOSER
 from systems import get_system
@@ -389,7 +390,7 @@ class Loop:
             )
             result = controller.run()
             # What the proposal gate said of the optimizer's proposals, by reason (every process
-            # of the run appended to the same logs: optloop.loop.gate).
+            # of the run appended to the same logs: optloop.loop.proposals.gate).
             proposals = refusals(logs_under(self.state / "work" / "optimizers"))
             if proposals:
                 result = result.model_copy(update={"proposals": proposals})

@@ -8,7 +8,7 @@ import pytest
 
 from optloop.cli.run import build_parser, choose_run
 from optloop.errors import ConfigError
-from optloop.loop.checkpoint_guard import broken_runs, parent_run_missing, retire
+from optloop.loop.runs.checkpoint_guard import broken_runs, parent_run_missing, retire
 from optloop.loop.state import Checkpoint
 from tests.optloop.loop.test_run_cli import args_of, config_of, snapshot, unfinished
 

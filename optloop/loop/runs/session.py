@@ -1,5 +1,5 @@
 """A run, from what it is asked for to its result: :func:`prepare` checks a
-:class:`~optloop.loop.request.RunRequest` against the world and builds its :class:`Loop` (a
+:class:`~optloop.loop.runs.request.RunRequest` against the world and builds its :class:`Loop` (a
 :class:`Session`, not started); :func:`run` runs it and returns the result. ``optloop.optimize``
 calls :func:`run`; ``optloop run`` (:mod:`optloop.cli.run`) calls :func:`prepare` and
 :meth:`Session.run`, then prints the result. A benchmark that needs more of a run than its result
@@ -38,13 +38,13 @@ from optloop import artifacts
 from optloop.datasets import Dataset
 from optloop.errors import ConfigError, EndpointDownError, LMUnreachableError
 from optloop.lm import LMSettings, OptloopLM, Usage
-from optloop.loop import checkpoint_guard
 from optloop.loop.config import LoopConfig
 from optloop.loop.evaluate import Evaluator
 from optloop.loop.policy import check_split_sizes, power_line, questions
-from optloop.loop.request import RunRequest
-from optloop.loop.resume import choose_run, saved_line
-from optloop.loop.runner import Loop, check_start_sites, run_evaluator, split_dataset
+from optloop.loop.runs import checkpoint_guard
+from optloop.loop.runs.request import RunRequest
+from optloop.loop.runs.resume import choose_run, saved_line
+from optloop.loop.runs.runner import Loop, check_start_sites, run_evaluator, split_dataset
 from optloop.loop.spending.estimate import Estimate
 from optloop.loop.spending.eta import TrialLine
 from optloop.loop.spending.report import estimate_table, model_name, projection_line
@@ -375,7 +375,7 @@ def evaluator(
 ) -> Iterator[Evaluator]:
     """Programs of a run of ``config`` evaluated outside a run (a benchmark's plain evaluations,
     e.g. a whole dataset): the :class:`Evaluator` the run would build
-    (:func:`~optloop.loop.runner.run_evaluator`, its system, knobs and query-rewrite site) on
+    (:func:`~optloop.loop.runs.runner.run_evaluator`, its system, knobs and query-rewrite site) on
     ``lm``, in ``work``, for ``dataset``; closed on leaving.
     :func:`~optloop.loop.policy.start_candidate` of it and ``config`` is the run's start program,
     :meth:`Evaluator.evaluate` evaluates a program."""

@@ -1,7 +1,7 @@
 """Which run a run request works on: a new one, the one named, or the latest unfinished run of the
 same settings (:func:`choose_run`), and where a run a fault stopped stands (:func:`saved_line`).
 Both entry points, ``optloop.optimize`` and ``optloop run``, choose the same way
-(:mod:`optloop.loop.session`)."""
+(:mod:`optloop.loop.runs.session`)."""
 
 from __future__ import annotations
 
@@ -11,15 +11,15 @@ from pathlib import Path
 from typing import Protocol
 
 from optloop.errors import ConfigError
-from optloop.loop import checkpoint_guard
 from optloop.loop.optimizers import registry
-from optloop.loop.runner import Checkpoint, LoopConfig, matches, unfinished_runs
+from optloop.loop.runs import checkpoint_guard
+from optloop.loop.runs.runner import Checkpoint, LoopConfig, matches, unfinished_runs
 
 
 class Asked(Protocol):
     """Which run was asked for: by name (``run_name``), or a new one (``new``); else the latest
-    unfinished run of the same settings. :class:`~optloop.loop.request.RunOptions` is one, and so
-    is ``optloop run``'s parsed flags."""
+    unfinished run of the same settings. :class:`~optloop.loop.runs.request.RunOptions` is one, and
+    so is ``optloop run``'s parsed flags."""
 
     @property
     def run_name(self) -> str | None: ...

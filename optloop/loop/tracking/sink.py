@@ -5,7 +5,7 @@ trial, the blame and targets, one nested child run per trial, and at the end the
 metrics (the trivial-instruction control's among them), artifacts (``summary.json``: the
 report's comparison of the start program, the control and the best), tags (whether the best
 beat the control: ``optloop.beats_control``) and the prompt registry. Metric names are listed in
-:mod:`optloop.loop.metric_names`, built by :mod:`optloop.loop.metrics`. See
+:mod:`optloop.loop.tracking.names`, built by :mod:`optloop.loop.tracking.metrics`. See
 ``docs/architecture.md``.
 """
 
@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from optloop import artifacts
-from optloop.loop import metrics
 from optloop.loop.candidate import Candidate
-from optloop.loop.metric_names import BEATS_CONTROL, metric_key
-from optloop.loop.prompt_registry import register_prompts
+from optloop.loop.tracking import metrics
+from optloop.loop.tracking.names import BEATS_CONTROL, metric_key
+from optloop.loop.tracking.prompt_registry import register_prompts
 
 if TYPE_CHECKING:
     import dspy

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from optloop.loop.prompt_registry import registry_name
+from optloop.loop.tracking.prompt_registry import registry_name
 
 
 def test_library_sites_are_not_prefixed_twice_and_shared_sites_get_the_system():
@@ -21,7 +21,7 @@ def test_the_mlflow_sink_discards_every_record_of_a_trial_and_registers_a_prompt
     import mlflow
     from mlflow.tracking import MlflowClient
 
-    from optloop.loop.mlflow_sink import MlflowSink
+    from optloop.loop.tracking.sink import MlflowSink
 
     mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
     experiment = mlflow.set_experiment(

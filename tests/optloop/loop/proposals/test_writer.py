@@ -7,8 +7,8 @@ import pytest
 from dspy.utils import DummyLM
 
 from optloop.attribution.taxonomy import Attribution, ErrorType
-from optloop.loop.gate import ProposalGate
-from optloop.loop.writer import Writer, describe, failure_cases, long_instruction
+from optloop.loop.proposals.gate import ProposalGate
+from optloop.loop.proposals.writer import Writer, describe, failure_cases, long_instruction
 from optloop.sites import ANSWER, MEM0_EXTRACT
 
 

@@ -16,7 +16,7 @@ question, after - before);
                                     ``--promote-if ci`` moves ``champion`` only when
                                     ``delta_test_ci_low > 0``
 ``acc_dev_control``         parent  dev accuracy of the trivial-instruction control
-                                    (``optloop.loop.control``; absent: no control)
+                                    (``optloop.loop.trivial_control``; absent: no control)
 ``acc_test_control``        parent  its held-out test accuracy, with ``_ci_{low,high}``
 ``delta_test_control``      parent  ``acc_test_after - acc_test_control`` per question, with its
                                     paired ``_ci_{low,high}``; the tag ``optloop.beats_control``

@@ -4,7 +4,7 @@ options), and the rules that fill what the caller left unset.
 
 Both entry points build their run here: ``optloop run`` maps its flags onto these objects
 (:mod:`optloop.cli.run_args`), ``optloop.optimize`` its keyword arguments (:mod:`optloop._api`),
-and :func:`optloop.loop.session.prepare` starts from the :class:`RunRequest`. A setting's
+and :func:`optloop.loop.runs.session.prepare` starts from the :class:`RunRequest`. A setting's
 default is a field default of :class:`~optloop.loop.config.LoopConfig` or :class:`RunOptions`
 (the parser's and the API's are read from it); what depends on other settings is decided by one
 function:
@@ -101,7 +101,7 @@ class RunRequest:
     (``config``), the LM that runs it (``lm``) and the one that writes new instructions
     (``proposer``; None: that same LM), and how this process takes part (``options``). Nothing is
     checked against the world yet (the dataset, the endpoint, the stores): that is
-    :func:`optloop.loop.session.prepare`'s."""
+    :func:`optloop.loop.runs.session.prepare`'s."""
 
     config: LoopConfig
     lm: LMSettings
@@ -200,7 +200,7 @@ def loop_config(
       :class:`~optloop.loop.optimizers.base.Optimizer` subclass is registered and the config
       records its name (:func:`optloop.loop.optimizers.registry.resolve`);
     - ``lm_settings``: :func:`answer_settings` of ``settings``;
-    - ``run_name``: ``-`` until the run is chosen (:func:`optloop.loop.resume.choose_run`).
+    - ``run_name``: ``-`` until the run is chosen (:func:`optloop.loop.runs.resume.choose_run`).
 
     A value LoopConfig refuses is a :class:`ConfigError` naming the field.
     """

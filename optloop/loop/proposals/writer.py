@@ -7,15 +7,16 @@ line, with the cases that failed in front of it, it writes something a person co
 writer never hands the proposer a long prompt to re-type; it asks for one of
 
 - :meth:`Writer.instruction`: a short instruction (two to four sentences) for the site's job
-  (:mod:`optloop.loop.jobs`), from the failures: what replaces a long prompt that does not work;
+  (:mod:`optloop.loop.proposals.jobs`), from the failures: what replaces a long prompt that does
+  not work;
 - :meth:`Writer.sentence`: one sentence to add to the instruction;
 - :meth:`Writer.rewrite`: one sentence of the instruction written anew (the unit the failures point
   at, or one a sabotage replaced).
 
-Each answer passes the proposal gate (:class:`~optloop.loop.gate.ProposalGate`: cut off by the
-token limit, malformed, an echo of the prompt, off the site's job) before it becomes a candidate.
-The failures shown are the attributions blamed on the site: the question asked later, its right
-answer, and what the decisive operation did with the evidence (:func:`failure_cases`).
+Each answer passes the proposal gate (:class:`~optloop.loop.proposals.gate.ProposalGate`: cut off
+by the token limit, malformed, an echo of the prompt, off the site's job) before it becomes a
+candidate. The failures shown are the attributions blamed on the site: the question asked later,
+its right answer, and what the decisive operation did with the evidence (:func:`failure_cases`).
 """
 
 from __future__ import annotations
@@ -31,13 +32,13 @@ import dspy
 
 from optloop.attribution.taxonomy import ErrorType
 from optloop.lm import collect_calls, prompt_site
-from optloop.loop.gate import register_template
-from optloop.loop.jobs import site_job
+from optloop.loop.proposals.gate import register_template
+from optloop.loop.proposals.jobs import site_job
 from optloop.sites import PROPOSER
 
 if TYPE_CHECKING:
     from optloop.attribution.taxonomy import Attribution
-    from optloop.loop.gate import ProposalGate
+    from optloop.loop.proposals.gate import ProposalGate
 
 logger = logging.getLogger(__name__)
 

@@ -2,9 +2,9 @@
 instruction for it names.
 
 A proposed instruction is only worth evaluating if it asks for its site's job (the proposal gate,
-:mod:`optloop.loop.gate`), and a proposer writes better when it is told the job in one plain
-sentence than when it is handed a long library prompt to re-type (the writer,
-:mod:`optloop.loop.writer`). Both read it here.
+:mod:`optloop.loop.proposals.gate`), and a proposer writes better when it is told the job in one
+plain sentence than when it is handed a long library prompt to re-type (the writer,
+:mod:`optloop.loop.proposals.writer`). Both read it here.
 
 ``words`` are lower-case word stems: an instruction for the site must contain a word starting with
 one of them ("memor" matches memory, memories, memorize). They are deliberately broad: the check

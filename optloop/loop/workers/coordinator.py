@@ -3,14 +3,14 @@ controller's :class:`~optloop.loop.interfaces.Coordinator`.
 
 :class:`LocalCoordinator` is one worker: it evaluates the baseline, numbers trials from its
 checkpoint and finishes the run itself. :class:`SharedCoordinator` is one worker of several
-sharing one Optuna study (:class:`~optloop.loop.study.SharedStudy`, ``--optimizer optuna``):
-the first worker (the leader) creates the MLflow parent run and evaluates the baseline and
-the trivial-instruction control on dev (:mod:`optloop.loop.control`), handing both over
+sharing one Optuna study (:class:`~optloop.loop.workers.study.SharedStudy`, ``--optimizer
+optuna``): the first worker (the leader) creates the MLflow parent run and evaluates the baseline
+and the trivial-instruction control on dev (:mod:`optloop.loop.trivial_control`), handing both over
 through the study, every worker takes budget slots from the study, and the worker that sees
 the last evaluation done finishes the run (the control's test evaluation included) while the
 others wait for its result. The controller
 (:mod:`optloop.loop.controller`) calls both the same way; ``Loop``
-(:mod:`optloop.loop.runner`) also asks them about the parent run and the Optuna optimizer's
+(:mod:`optloop.loop.runs.runner`) also asks them about the parent run and the Optuna optimizer's
 study. See ``docs/architecture.md``.
 """
 
@@ -28,7 +28,7 @@ from optloop.loop.candidate import Candidate
 from optloop.loop.evaluate import Evaluation
 from optloop.loop.interfaces import TrialRecord
 from optloop.loop.state import Cost, LoopConfig, LoopResult, Trial
-from optloop.loop.study import SharedStudy
+from optloop.loop.workers.study import SharedStudy
 
 logger = logging.getLogger(__name__)
 
@@ -134,7 +134,7 @@ class LocalCoordinator:
 
 class SharedCoordinator:
     """One worker of a run shared through an Optuna study (see the module docstring and
-    :mod:`optloop.loop.study` for the records it keeps)."""
+    :mod:`optloop.loop.workers.study` for the records it keeps)."""
 
     scope = " by this worker"
 
