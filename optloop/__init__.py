@@ -34,8 +34,8 @@ def __getattr__(name: str) -> Any:
         return importlib.import_module("optloop._api").optimize
     if name == "AttributionReport":
         return importlib.import_module("optloop.analysis").AttributionReport
-    if name == "attribute":  # the module optloop.attribute, callable as its function attribute()
-        return importlib.import_module("optloop.attribute")
+    if name == "attribute":
+        return importlib.import_module("optloop.analysis").attribute
     if name == "LoopResult":
         return importlib.import_module("optloop.loop.state").LoopResult
     raise AttributeError(f"module 'optloop' has no attribute {name!r}")

@@ -1,4 +1,4 @@
-"""``python -m optloop``: the ``optloop`` command (:mod:`optloop.console`)."""
+"""``python -m optloop COMMAND``: the ``optloop`` command (:mod:`optloop.cli.console`)."""
 
 import sys
 

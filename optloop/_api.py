@@ -1,5 +1,5 @@
 """optloop in Python: :func:`optimize` runs the closed loop (``optloop.attribute(...)``, which
-attributes a system's failures, lives with its command in :mod:`optloop.attribute`).
+attributes a system's failures, is :func:`optloop.analysis.attribute`).
 
 It runs what ``optloop run`` runs and returns the result object; it prints nothing (what the run
 says reaches an ``on_event`` callback, when one is given, and the run's ``run.log``). Its keyword
@@ -112,7 +112,7 @@ def optimize(
             ``edit``, as ``optloop run`` always did (pass ``optimizer="simba"`` for the old run).
         lm:
             The LM spec: ``local`` (the embedded model), ``local:<name>`` (a model of
-            ``python -m optloop.models list``, e.g. ``local:qwen2.5-coder-1.5b``),
+            ``python -m optloop models list``, e.g. ``local:qwen2.5-coder-1.5b``),
             ``local:/path/model.gguf`` or ``openai:<model>``; :obj:`None` reads ``OPTLOOP_LM``,
             else ``local``.
         seed:

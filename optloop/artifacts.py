@@ -1,7 +1,7 @@
 """The names of the files a loop run leaves: MLflow artifacts and the run's checkpoint.
 
 One module, so the writer (``optloop.loop.tracking.sink``, ``optloop.loop.runs.runner``), the
-readers (``optloop.export``) and the tests name them the same way. These names are stored in
+readers (``optloop export``) and the tests name them the same way. These names are stored in
 MLflow: renaming one is a data migration (see ``docs/architecture.md``, "Names that are stored").
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 PROMPTS_BEFORE = "prompts_before.json"
 """Every site's prompt text in the start program: ``{site: text}``."""
 PROMPTS_AFTER = "prompts_after.json"
-"""Every site's prompt text in the best program: ``{site: text}`` (what ``optloop.export``
+"""Every site's prompt text in the best program: ``{site: text}`` (what ``optloop export``
 reads)."""
 PROMPTS_DIFF = "prompts.diff"
 """A unified diff of the prompts that changed (also on each trial's child run)."""

@@ -394,7 +394,7 @@ class GatedSystem(MemorySystem):
         super().use_modules(modules)
 
     def apply_pack(self, pack: dict[str, Any]) -> None:
-        """Use an exported prompt pack (``python -m optloop.export --format pack``): its prompts
+        """Use an exported prompt pack (``python -m optloop export --format pack``): its prompts
         and knobs."""
         if pack.get("system") not in (None, self.name):
             raise ConfigError(f"the pack holds {pack.get('system')} prompts, not {self.name}'s")

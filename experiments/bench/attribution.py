@@ -74,7 +74,7 @@ def select_faults(spec: str | None) -> list[str] | None:
     unknown = sorted(set(names) - {f.name for f in CATALOGUE})
     if unknown:
         raise ConfigError(
-            f"unknown fault(s) {unknown}; see python -m optloop.attribute --list-faults"
+            f"unknown fault(s) {unknown}; see python -m optloop attribute --list-faults"
         )
     return list(dict.fromkeys(names))
 
@@ -99,7 +99,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--faults",
         metavar="NAMES",
         help="comma-separated fault names, or 'preregistered' for the faults written down before "
-        "any run evaluated them (default: the whole catalogue; see python -m optloop.attribute "
+        "any run evaluated them (default: the whole catalogue; see python -m optloop attribute "
         "--list-faults)",
     )
     parser.add_argument("--json", type=Path, help="also write the figures (and every case) here")

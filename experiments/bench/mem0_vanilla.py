@@ -13,7 +13,7 @@ server:
   sampling: temperature 0.1, top_p 0.1, max_tokens 2000);
 * ``optloop``: optloop's ``Mem0System`` (the baseline prompts, optloop's LM at the server: the
   site's schema in the endpoint's schema mode, temperature 0, max_tokens 512, seed 0);
-* ``exported``: the vanilla app with ``optloop.export``'s mem0 module of the baseline prompts
+* ``exported``: the vanilla app with ``optloop export``'s mem0 module of the baseline prompts
   applied (``mem0_prompts.apply``): the requests the ``optloop`` arm sent, from a product.
 
 With ``--extract-prompt FILE`` (an instruction for ``mem0.extract``, such as the one a loop
@@ -84,7 +84,7 @@ def app_config(root: Path, base_url: str, model: str) -> dict[str, Any]:
 
 
 def exported_module(root: Path, extract: str | None = None) -> Any:
-    """``optloop.export``'s mem0 module of the baseline prompts (mem0's own text, the site's
+    """``optloop export``'s mem0 module of the baseline prompts (mem0's own text, the site's
     schema), or of ``extract`` as the extraction instruction."""
     from optloop.product.export import Bundle, render
     from signatures.mem0 import Mem0Extract

@@ -707,7 +707,7 @@ def case_refusals(work: Path) -> list[Row]:
 
 
 def case_export_and_gold(work: Path) -> list[Row]:
-    """``optloop.export --prompt`` of a reference ending in a newline (a mem0 module), its file
+    """``optloop export --prompt`` of a reference ending in a newline (a mem0 module), its file
     mode under umask 022; a dataset question with an empty gold answer."""
     import stat
 
@@ -740,7 +740,8 @@ def case_export_and_gold(work: Path) -> list[Row]:
             "sh",
             sys.executable,
             "-m",
-            "optloop.export",
+            "optloop",
+            "export",
             "--prompt",
             "optloop.mem0.extract@champion\n",
             "--format",
@@ -767,7 +768,7 @@ def case_export_and_gold(work: Path) -> list[Row]:
     rows = [
         _row(
             "export-newline-ref",
-            "`optloop.export --prompt 'optloop.mem0.extract@champion\\n' "
+            "`optloop export --prompt 'optloop.mem0.extract@champion\\n' "
             "--format mem0` under umask 022",
             done,
             seconds,

@@ -4,7 +4,7 @@ The deterministic walk (:mod:`optloop.attribution.decisive`) marks an
 attribution ``ambiguous`` when its judges could not follow the evidence (no
 unit matched although extraction kept it, a loss no recorded operation
 explains, no evidence found at all). For those, and only when asked
-(``python -m optloop.attribute --agent``), an LLM inspects operations one at a
+(``python -m optloop attribute --agent``), an LLM inspects operations one at a
 time, the way MemTrace's agent does:
 
 - the **to-explore list** starts with the operations that consumed the

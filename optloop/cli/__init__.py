@@ -5,8 +5,9 @@ parses a flag or writes to a console.
 :mod:`~optloop.cli.command` is the start every command shares (its parser, the LM flags,
 :func:`run_cli`); :mod:`~optloop.cli.console` is the ``optloop`` command, one subcommand per
 module: ``run`` (with ``run_args``, ``run_resume``, ``run_tables``), ``attribute``, ``export``,
-``doctor``, ``models``, ``ui``; ``demo_repair`` and ``clidoc`` (docs/cli.md) beside them.
-``python -m optloop.<command>`` runs the same module through a shim at the old path.
+``doctor``, ``models``, ``ui``, ``demo_repair`` (``optloop demo-repair``) and ``clidoc``
+(docs/cli.md). ``optloop COMMAND`` and ``python -m optloop COMMAND`` are the way into each;
+``python -m optloop.run`` runs ``run`` too.
 
 The shared start is re-exported here and imported on first use, so that ``optloop --help``
 loads no ML library.

@@ -1,7 +1,7 @@
 """Attribute every wrong answer of a memory system to the operation that caused it.
 
-    python -m optloop.attribute --system mem0 --dataset builtin:tiny
-    python -m optloop.attribute --system rag_bm25 --dataset synthetic:suite --faults planted \\
+    python -m optloop attribute --system mem0 --dataset builtin:tiny
+    python -m optloop attribute --system rag_bm25 --dataset synthetic:suite --faults planted \\
         --json report.json
 
 Runs the system over the dataset with the tracer on (one execution graph per
@@ -38,19 +38,16 @@ from __future__ import annotations
 
 import os
 
-from optloop.offline import offline_defaults, quiet_defaults
+from optloop.offline import offline_defaults
 
 os.environ.update(
     offline_defaults()
 )  # first: litellm, mem0 and Hugging Face read them when imported
-if __name__ == "__main__":  # run as a command (not imported): tqdm's bars off unless --verbose
-    os.environ.update(quiet_defaults())
 
 import argparse
 import json
 import logging
 import shutil
-import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -66,7 +63,7 @@ from optloop.analysis import (
     planted_report,
     traces_report,
 )
-from optloop.cli.command import CommandParser, dataset_help, lm_from_args, parse_command, run_cli
+from optloop.cli.command import CommandParser, dataset_help, lm_from_args, parse_command
 from optloop.cli.status import RunProgress
 from optloop.datasets import load_dataset
 from optloop.errors import ConfigError
@@ -401,7 +398,7 @@ def render_planted_markdown(report: dict[str, Any]) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = CommandParser("python -m optloop.attribute", __doc__, lm=True)
+    parser = CommandParser("optloop attribute", __doc__, lm=True)
     parser.add_argument(
         "--system",
         default=DEFAULT_SYSTEM,
@@ -566,7 +563,3 @@ def main_traces(args: argparse.Namespace) -> int:
         f"graphs in {out / 'graphs'}"
     )
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(run_cli(main))

@@ -1,6 +1,6 @@
 """docs/cli.md, the command-line reference, written from the parsers themselves.
 
-    python -m optloop.clidoc > docs/cli.md
+    optloop clidoc > docs/cli.md            # or: optloop clidoc --out docs/cli.md
 
 Every subcommand of ``optloop`` (:data:`optloop.cli.console.COMMANDS`) is rendered from the parser
 its module builds: usage, summary, and one table per group of flags with each flag's value,
@@ -12,8 +12,13 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
+from pathlib import Path
 
-from optloop.cli.console import COMMANDS, build_parser
+from optloop.cli.command import CommandParser
+from optloop.cli.console import COMMANDS
+from optloop.cli.console import build_parser as build_top_parser
+from optloop.paths import write_atomic
 
 WIDTH = 100
 """Usage lines are wrapped at this width whatever the terminal (argparse reads $COLUMNS
@@ -113,12 +118,12 @@ def render_parser(parser: argparse.ArgumentParser, title: str) -> list[str]:
 
 def render() -> str:
     """docs/cli.md's text."""
-    top = build_parser()
+    top = build_top_parser()
     out = [
         "# Command-line reference",
         "",
-        "Generated from the parsers by `python -m optloop.clidoc > docs/cli.md`; a test fails "
-        "when it drifts from them. Each `optloop COMMAND` is also `python -m optloop.COMMAND` "
+        "Generated from the parsers by `python -m optloop clidoc > docs/cli.md`; a test fails "
+        "when it drifts from them. Each `optloop COMMAND` is also `python -m optloop COMMAND` "
         "with the same flags. How the commands fit together: [loop.md](loop.md), "
         "[attribution.md](attribution.md), [endpoints.md](endpoints.md).",
         "",
@@ -142,10 +147,24 @@ def render() -> str:
     return "\n".join(out)
 
 
-def main() -> int:
-    sys.stdout.write(render())
+def build_parser() -> CommandParser:
+    parser = CommandParser("optloop clidoc", __doc__)
+    parser.add_argument(
+        "--out",
+        metavar="PATH",
+        type=Path,
+        help="write the reference to PATH (docs/cli.md) instead of stdout",
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """docs/cli.md's text on stdout, or in ``--out`` (logging is left as it is: a record on
+    stdout would land in the reference)."""
+    args = build_parser().parse_args(argv)
+    text = render()
+    if args.out is None:
+        sys.stdout.write(text)
+    else:
+        write_atomic(args.out, text)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

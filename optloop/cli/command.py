@@ -28,7 +28,7 @@ LM_HELP = """\
 LM backends (--lm, or the OPTLOOP_LM environment variable):
   local                      the bundled SmolLM2-135M-Instruct, llama.cpp in-process (default)
   local:<name>               a model by name: qwen2.5-coder-0.5b, qwen2.5-coder-1.5b (installed
-                             by `make setup`), smollm2-135m; python -m optloop.models list
+                             by `make setup`), smollm2-135m; python -m optloop models list
   local:/path/model.gguf     any GGUF file, llama.cpp in-process
   openai:<model>             any OpenAI-compatible endpoint; --lm-base-url or OPENAI_BASE_URL
                              (vLLM, Ollama, a llama.cpp server), key from OPENAI_API_KEY;
@@ -43,7 +43,7 @@ _COMMAND: ContextVar[str | None] = ContextVar("optloop_command", default=None)
 @contextmanager
 def command_name(name: str) -> Iterator[None]:
     """Within this block, parsers name themselves ``name`` (``optloop run``): set by the
-    ``optloop`` command (:mod:`optloop.console`)."""
+    ``optloop`` command (:mod:`optloop.cli.console`)."""
     token = _COMMAND.set(name)
     try:
         yield

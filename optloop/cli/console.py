@@ -1,15 +1,20 @@
 """The ``optloop`` command: one entry point, a subcommand per job.
 
-    optloop run --system mem0 --budget 3        # = python -m optloop.run ...
-    optloop attribute --system rag_bm25         # = python -m optloop.attribute ...
+    optloop run --system mem0 --budget 3        # = python -m optloop run ...
+    optloop attribute --system rag_bm25         # = python -m optloop attribute ...
     optloop export --run <id> --format mem0 --out mem0_prompts.py
     optloop doctor                              # check the stack with real calls
     optloop models install                      # assemble the Qwen2.5-Coder GGUF models
     optloop ui                                  # the MLflow UI on optloop's store
+    optloop demo-repair                         # one sabotage planted, blamed, mended, exported
+    optloop clidoc > docs/cli.md                # the command-line reference
 
-Each subcommand is its module's own parser and ``main``, so ``optloop run`` and
-``python -m optloop.run`` take the same flags, print the same and exit with the same codes.
-Subcommand modules are imported only when run: ``optloop --help`` loads no ML library.
+The installed ``optloop`` script and ``python -m optloop`` (:mod:`optloop.__main__`) both run
+:func:`main`: they are the way into every command. ``python -m optloop.run`` is the one module
+path kept besides (:mod:`optloop.run`, over :mod:`optloop.cli.run`). Each subcommand is its
+module's own parser and ``main``, so ``optloop run`` and ``python -m optloop.run`` take the same
+flags, print the same and exit with the same codes. Subcommand modules are imported only when
+run: ``optloop --help`` loads no ML library.
 """
 
 from __future__ import annotations
@@ -59,6 +64,12 @@ COMMANDS: tuple[Command, ...] = (
     Command("doctor", "optloop.cli.doctor", "check the stack end to end with real calls"),
     Command("models", "optloop.cli.models", "list and install the GGUF models run in-process"),
     Command("ui", "optloop.cli.ui", "the MLflow UI on optloop's store (loopback only)"),
+    Command(
+        "demo-repair",
+        "optloop.cli.demo_repair",
+        "one repair case end to end: a sabotage planted, blamed, mended, exported",
+    ),
+    Command("clidoc", "optloop.cli.clidoc", "print docs/cli.md, the reference of every command"),
 )
 BY_NAME = {c.name: c for c in COMMANDS}
 
@@ -72,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="optloop: trace every memory operation, blame the faulty prompt, optimize "
         "only that prompt.",
         epilog="Every subcommand has its own --help (optloop run --help). The same commands run "
-        "as python -m optloop.<command>. Guides: docs/ in the repository; every flag: "
+        "as python -m optloop COMMAND. Guides: docs/ in the repository; every flag: "
         "docs/cli.md.",
     )
     parser.add_argument("--version", action="version", version=f"optloop {__version__}")
@@ -108,7 +119,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = BY_NAME[args[0]]
     with command_name(f"optloop {command.name}"):
         return run_cli(command.main(), args[1:])
-
-
-if __name__ == "__main__":
-    sys.exit(main())

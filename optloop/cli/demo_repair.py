@@ -1,15 +1,14 @@
 """One repair case end to end (``make demo-repair``): plant a sabotage, let the loop find and mend
 it, export.
 
-    python -m optloop.demo_repair    # recall-answer-unknown-prepend: rag_bm25 on synthetic:recall,
-                                     # edit
-    python -m optloop.demo_repair --case answer-echo --dataset "memfail:persona?limit=12" \\
+    optloop demo-repair    # recall-answer-unknown-prepend: rag_bm25 on synthetic:recall, edit
+    optloop demo-repair --case answer-echo --dataset "memfail:persona?limit=12" \\
         --lm-max-items 8
 
 1. the sabotage (a case of :mod:`optloop.faults.sabotages`) is planted as the run's start
-   instruction: ``optloop.run --start SITE=TEXT``; the loop is not told which site it is in;
-2. ``optloop.run`` attributes the failures, blames a site and rewrites only that one;
-3. the run's prompts are exported (``optloop.export --format json``) as a product would take them;
+   instruction: ``optloop run --start SITE=TEXT``; the loop is not told which site it is in;
+2. ``optloop run`` attributes the failures, blames a site and rewrites only that one;
+3. the run's prompts are exported (``optloop export --format json``) as a product would take them;
 4. the before/after diff of the mended prompt is printed, with where the first blame went, the
    held-out delta with its CI, and whether the sabotage's text is still in the exported prompt.
 """
@@ -18,23 +17,20 @@ from __future__ import annotations
 
 import os
 
-from optloop.offline import offline_defaults, quiet_defaults
+from optloop.offline import offline_defaults
 
 os.environ.update(
     offline_defaults()
 )  # first: litellm, mem0 and Hugging Face read them when imported
-if __name__ == "__main__":  # run as a command (not imported): tqdm's bars off unless --verbose
-    os.environ.update(quiet_defaults())
 
 import json
-import sys
 import time
 from collections.abc import Sequence
 
 from optloop import artifacts
 from optloop.cli import export
 from optloop.cli import run as optloop_run
-from optloop.cli.command import CommandParser, parse_command, run_cli
+from optloop.cli.command import CommandParser, command_name, parse_command
 from optloop.faults.sabotages import SABOTAGES
 from optloop.loop.candidate import prompt_diff
 from optloop.loop.optimizers import registry
@@ -52,8 +48,8 @@ def _logged_prompts(run_id: str, artifact: str) -> dict[str, str]:
     return json.loads(mlflow.artifacts.load_text(f"runs:/{run_id}/{artifact}"))
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = CommandParser("python -m optloop.demo_repair", __doc__, lm=True)
+def build_parser() -> CommandParser:
+    parser = CommandParser("optloop demo-repair", __doc__, lm=True)
     parser.add_argument(
         "--case",
         default="recall-answer-unknown-prepend",
@@ -61,10 +57,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="the sabotage to plant (a case of optloop.faults.sabotages)",
     )
     parser.add_argument("--dataset", help="the dataset to run on (default: the case's own)")
-    parser.add_argument("--optimizer", default=registry.EDIT, choices=registry.names())
-    parser.add_argument("--budget", type=int, default=3)
-    parser.add_argument("--seed", type=int, default=0)
-    args = parse_command(parser, argv)
+    parser.add_argument(
+        "--optimizer",
+        default=registry.EDIT,
+        choices=registry.names(),
+        help="the run's optimizer (default %(default)s)",
+    )
+    parser.add_argument(
+        "--budget", type=int, default=3, help="the run's candidate evaluations on dev"
+    )
+    parser.add_argument(
+        "--seed", type=int, default=0, help="the run's split, optimizer and bootstrap seed"
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_command(build_parser(), argv)
     lm_flags = [
         f
         for flag, value in (
@@ -81,37 +90,39 @@ def main(argv: Sequence[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     name = f"demo-repair-{args.case}-{time.strftime('%Y%m%d-%H%M%S')}"
     console.rule(f"[bold]1. plant[/] {sabotage.site} <- {sabotage.mode} {sabotage.text!r}")
-    code = optloop_run.main(
-        [
-            "--system",
-            sabotage.system,
-            "--dataset",
-            args.dataset or sabotage.dataset,
-            "--allow-small-splits",
-            "--optimizer",
-            args.optimizer,
-            "--budget",
-            str(args.budget),
-            "--seed",
-            str(args.seed),
-            "--run-name",
-            name,
-            "--start",
-            f"{sabotage.site}={sabotage.start}",
-            *(["--query-rewrite"] if sabotage.query_rewrite else []),
-            "--json",
-            str(out / f"{name}.json"),
-            *lm_flags,
-        ]
-    )
+    with command_name("optloop run"):
+        code = optloop_run.main(
+            [
+                "--system",
+                sabotage.system,
+                "--dataset",
+                args.dataset or sabotage.dataset,
+                "--allow-small-splits",
+                "--optimizer",
+                args.optimizer,
+                "--budget",
+                str(args.budget),
+                "--seed",
+                str(args.seed),
+                "--run-name",
+                name,
+                "--start",
+                f"{sabotage.site}={sabotage.start}",
+                *(["--query-rewrite"] if sabotage.query_rewrite else []),
+                "--json",
+                str(out / f"{name}.json"),
+                *lm_flags,
+            ]
+        )
     if code:
         return code
     result = json.loads((out / f"{name}.json").read_text())
     prompts = out / f"{name}.prompts.json"
-    console.rule("[bold]3. export[/] (optloop.export --format json)")
-    code = export.main(
-        ["--run", result["parent_run_id"], "--format", "json", "--out", str(prompts)]
-    )
+    console.rule("[bold]3. export[/] (optloop export --format json)")
+    with command_name("optloop export"):
+        code = export.main(
+            ["--run", result["parent_run_id"], "--format", "json", "--out", str(prompts)]
+        )
     if code:
         return code
     after = json.loads(prompts.read_text())[sabotage.site]
@@ -149,7 +160,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     console.print(f"exported prompts: {prompts}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(run_cli(main))

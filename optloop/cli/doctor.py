@@ -1,4 +1,4 @@
-"""``python -m optloop.doctor``: check that the whole stack works here, end to end.
+"""``optloop doctor``: check that the whole stack works here, end to end.
 
 It makes real calls, not import checks: a schema-constrained extraction and a
 free-text answer through :mod:`optloop.lm`, an embedding through
@@ -19,23 +19,20 @@ from __future__ import annotations
 
 import os
 
-from optloop.offline import offline_defaults, quiet_defaults
+from optloop.offline import offline_defaults
 
 os.environ.update(
     offline_defaults()
 )  # first: litellm, mem0 and Hugging Face read them when imported
-if __name__ == "__main__":  # run as a command (not imported): tqdm's bars off unless --verbose
-    os.environ.update(quiet_defaults())
 
 import importlib.metadata
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 from pydantic import BaseModel
 
-from optloop.cli.command import LM_HELP, CommandParser, lm_from_args, parse_command, run_cli
+from optloop.cli.command import LM_HELP, CommandParser, lm_from_args, parse_command
 from optloop.embed import get_embedder
 from optloop.errors import ConfigError
 from optloop.lm import MODELS, MachineSlots, prompt_site, threads_per_slot
@@ -165,7 +162,7 @@ class Facts(BaseModel):
 
 def build_parser() -> CommandParser:
     parser = CommandParser(
-        "python -m optloop.doctor",
+        "python -m optloop doctor",
         "Check the optloop stack end to end with real calls: LM (schema-constrained and free "
         "text), embeddings, the installed versions, and each installed model's tokens/s.",
         lm=True,
@@ -281,7 +278,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     ok = bool(answer.strip()) and close > far
     console.print("[green]all checks passed[/green]" if ok else "[red]a check failed[/red]")
     return 0 if ok else 1
-
-
-if __name__ == "__main__":
-    sys.exit(run_cli(main))

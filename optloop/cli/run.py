@@ -15,13 +15,11 @@ from __future__ import annotations
 
 import os
 
-from optloop.offline import offline_defaults, quiet_defaults
+from optloop.offline import offline_defaults
 
 os.environ.update(
     offline_defaults()
 )  # first: litellm, mem0 and Hugging Face read them when imported
-if __name__ == "__main__":  # run as a command (not imported): tqdm's bars off unless --verbose
-    os.environ.update(quiet_defaults())
 
 import json
 import logging
@@ -33,7 +31,7 @@ from rich.console import RenderableType
 from rich.text import Text
 
 from optloop import artifacts
-from optloop.cli.command import parse_command, run_cli
+from optloop.cli.command import parse_command
 from optloop.cli.run_args import build_parser, run_request
 from optloop.cli.run_resume import choose_run, resume_command
 from optloop.cli.run_tables import (
@@ -207,7 +205,3 @@ def show_result(view: RunView, finished: Finished) -> None:
         f"MLflow parent run {result.parent_run_id} (experiment optloop-{result.config.system}); "
         "`make ui` to compare"
     )
-
-
-if __name__ == "__main__":
-    sys.exit(run_cli(main))

@@ -18,12 +18,12 @@ import os
 import sys
 from collections.abc import Sequence
 
-from optloop.cli.command import CommandParser, parse_command, run_cli
+from optloop.cli.command import CommandParser, parse_command
 from optloop.errors import ConfigError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = CommandParser("python -m optloop.ui", __doc__)
+    parser = CommandParser("optloop ui", __doc__)
     parser.add_argument("--port", type=int, default=5000, help="port to serve on (default 5000)")
     parser.add_argument(
         "--host",
@@ -81,7 +81,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         command[0], command, env
     )  # the server replaces this process: its exit code is the command's
     return 0  # not reached
-
-
-if __name__ == "__main__":
-    sys.exit(run_cli(main))

@@ -1,8 +1,8 @@
 """The repair catalogue: instruction faults (:class:`~optloop.faults.model.InstructionFault`) a run
 can start from (``optloop.run --start SITE=TEXT``), each a written instruction at one site that the
 loop must find and mend, with the dataset it is run on. ``make demo-repair`` plants one of them
-(:mod:`optloop.demo_repair`); the repair benchmark (``experiments/bench/repair.py``) plants them
-all.
+(``optloop demo-repair``, :mod:`optloop.cli.demo_repair`); the repair benchmark
+(``experiments/bench/repair.py``) plants them all.
 
 The catalogue grew in six parts, each written down before any of its faults was run; the comments
 above each say what the runs before it showed and why its cases are what they are.

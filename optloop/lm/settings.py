@@ -173,7 +173,7 @@ class LMSettings(BaseModel):
             fields["base_url"] = os.environ.get("OPENAI_BASE_URL") or None
         else:
             raise ConfigError(
-                f"unknown LM spec {spec!r}; use 'local', 'local:<name>' (python -m optloop.models "
+                f"unknown LM spec {spec!r}; use 'local', 'local:<name>' (python -m optloop models "
                 "list), 'local:/path/model.gguf' or 'openai:<model>' (with --lm-base-url for "
                 "vLLM, Ollama or a llama.cpp server)"
             )

@@ -14,7 +14,7 @@
           "optloop.graphiti.dedupe_nodes.nodes/3")                    # several prompts, alias or
           version
     apply(memory, {"mem0.extract": text})                             # site -> text
-    apply(memory, "exported.json")                                    # python -m optloop.export
+    apply(memory, "exported.json")                                    # python -m optloop export
     --format json
 
 A source is a registry reference (``prompts:/NAME@ALIAS``, ``prompts:/NAME/VERSION``,
@@ -224,7 +224,7 @@ def _read_json_export(path: Path) -> dict[str, str]:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ConfigError(
-            f"{path}: no such file; write one with python -m optloop.export --format json"
+            f"{path}: no such file; write one with python -m optloop export --format json"
         ) from None
     except (OSError, json.JSONDecodeError) as exc:
         raise ConfigError(f"{path}: not a JSON export ({type(exc).__name__}: {exc})") from None

@@ -1,7 +1,7 @@
 """Optimized prompts out of MLflow, as what a product on vanilla mem0 or graphiti loads: a run's
 prompts or one registry prompt (:func:`from_run`, :func:`from_prompt`: a :class:`Bundle`),
 rendered in one of :data:`FORMATS` (:func:`render`). The command that writes them to a file is
-:mod:`optloop.cli.export` (``python -m optloop.export``).
+:mod:`optloop.cli.export` (``python -m optloop export``).
 """
 
 from __future__ import annotations
@@ -254,7 +254,7 @@ def _module(bundle: Bundle, library: str, *, schema_mode: SchemaMode, command: s
         "KNOBS": ("dict[str, Any]", bundle.knobs),
         "SOURCE": ("dict[str, Any]", bundle.source),
     }
-    written_by = " ".join((command or "python -m optloop.export").split())  # a comment: one line
+    written_by = " ".join((command or "python -m optloop export").split())  # a comment: one line
     header = (
         f"# Written by `{written_by}` ({' '.join(bundle.label.split())}).\n"
         "# Standalone: needs only the memory library. Export again rather than edit PROMPTS "

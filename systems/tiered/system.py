@@ -314,7 +314,7 @@ class TieredSystem(MemorySystem):
                 )
 
     def apply_pack(self, pack: dict[str, Any]) -> None:
-        """Use a prompt pack (``python -m optloop.export --format pack``): its instructions and
+        """Use a prompt pack (``python -m optloop export --format pack``): its instructions and
         knobs."""
         if pack.get("system") not in (None, self.name):
             raise ConfigError(f"the prompt pack is for {pack.get('system')}, not {self.name}")

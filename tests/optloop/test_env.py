@@ -75,7 +75,7 @@ def test_a_command_run_as_a_module_hides_third_party_bars_unless_verbose():
 
 
 def test_the_optloop_command_hides_them_before_it_imports_tqdm():
-    command = "from optloop.console import main; assert main(['ui', '--port', '0']) == 2\n"
+    command = "from optloop.cli.console import main; assert main(['ui', '--port', '0']) == 2\n"
     assert "GEPA Optimization" not in _stderr(f"{command}{GEPA_BAR}")
 
 

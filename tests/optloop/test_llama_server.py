@@ -39,6 +39,8 @@ def server(tmp_path_factory) -> LlamaServer:
 def cli(
     module: str, args: list[str], base_url: str, tmp_path: Path, timeout: int = 600
 ) -> subprocess.CompletedProcess:
+    """``python -m MODULE ARGS`` against ``base_url``: ``module`` is ``optloop.run`` or
+    ``optloop COMMAND``."""
     env = {
         **os.environ,
         "OPTLOOP_HOME": str(tmp_path / "state"),
@@ -56,7 +58,7 @@ def cli(
     command = [
         sys.executable,
         "-m",
-        module,
+        *module.split(),
         *args,
         # small datasets keep these runs to minutes; their figures are not the point here
         *(["--allow-small-splits"] if module == "optloop.run" else []),
@@ -69,7 +71,7 @@ def cli(
 
 
 def test_doctor_finds_the_schema_mode_and_the_concurrency(server, tmp_path):
-    result = cli("optloop.doctor", [], server.base_url, tmp_path)
+    result = cli("optloop doctor", [], server.base_url, tmp_path)
     out = result.stdout + result.stderr
     print(out)  # pytest -rP shows it: the schema mode and the concurrency chosen, and why
     assert result.returncode == 0, out[-3000:]
@@ -108,7 +110,7 @@ def test_rag_bm25_budget_1_runs_and_attribute_reports(server, tmp_path):
     result = json.loads((tmp_path / "run.json").read_text())
     assert result["lm"]["errors"] == 0 and result["n_test"] > 0 and not result["failed_calls"]
     attribute = cli(
-        "optloop.attribute",
+        "optloop attribute",
         [
             "--system",
             "rag_bm25",

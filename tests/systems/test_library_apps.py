@@ -79,7 +79,7 @@ def app_memory(root: Path, base_url: str) -> Any:
 
 
 def exported(root: Path, prompt: str, **options: Any) -> Any:
-    """``python -m optloop.export --format mem0``'s module for ``prompt``, imported as a product
+    """``python -m optloop export --format mem0``'s module for ``prompt``, imported as a product
     imports it."""
     bundle = Bundle(
         system="mem0",

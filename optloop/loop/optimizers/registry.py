@@ -6,7 +6,7 @@ Adding an optimizer is a module in this package (its
 :class:`~optloop.loop.optimizers.base.Optimizer` and its cost model, a function ``work`` of a
 :class:`~optloop.loop.spending.shape.RunShape`) and one line in :data:`OPTIMIZERS`; everything
 else reads the registry: the names :class:`~optloop.loop.config.LoopConfig` takes,
-``--optimizer``'s choices and help (``optloop run``, ``python -m optloop.demo_repair``), the
+``--optimizer``'s choices and help (``optloop run``, ``python -m optloop demo-repair``), the
 run's wiring (:mod:`optloop.loop.runs.runner`) and ``--estimate``'s model
 (:mod:`optloop.loop.optimizers.work`). ``optloop.optimize(optimizer=...)`` also takes a spec or
 an :class:`~optloop.loop.optimizers.base.Optimizer` subclass, registered for the process under

@@ -2,7 +2,7 @@
 
 Each module here is valid Python on its own: it imports only the standard
 library and the memory library it targets, never optloop. ``python -m
-optloop.export --format mem0|graphiti`` writes a copy of one of them with its
+optloop export --format mem0|graphiti`` writes a copy of one of them with its
 data block (``PROMPTS`` ...) filled in, for a product to import with no
 optloop installed; :mod:`optloop.product` imports the very same code to apply
 prompts loaded from the MLflow Prompt Registry. One implementation, two ways in.
@@ -19,7 +19,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-DATA_BEGIN = "# --- exported data: python -m optloop.export writes this block ---"
+DATA_BEGIN = "# --- exported data: python -m optloop export writes this block ---"
 DATA_END = "# --- end of exported data ---"
 _BLOCK = re.compile(re.escape(DATA_BEGIN) + r"\n.*?" + re.escape(DATA_END), re.S)
 

@@ -4,7 +4,7 @@ optloop installed.
 Use::
 
     from graphiti_core import Graphiti
-    import graphiti_prompts                  # this file, as python -m optloop.export wrote it
+    import graphiti_prompts                  # this file, as python -m optloop export wrote it
 
     graphiti = Graphiti(graph_driver=driver, llm_client=llm, embedder=embedder,
     cross_encoder=reranker,
@@ -37,7 +37,7 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
-# --- exported data: python -m optloop.export writes this block ---
+# --- exported data: python -m optloop export writes this block ---
 PROMPTS: dict[str, str] = {}
 LIBRARY_SHA256: dict[str, str] = {}
 KNOBS: dict[str, Any] = {}

@@ -3,7 +3,7 @@
 Use::
 
     from mem0 import Memory
-    import mem0_prompts                      # this file, as python -m optloop.export wrote it
+    import mem0_prompts                      # this file, as python -m optloop export wrote it
 
     memory = Memory(config)                  # your own config: LLM, vector store, embedder
     mem0_prompts.apply(memory)               # from now on mem0 sends the optimized prompts
@@ -42,7 +42,7 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
-# --- exported data: python -m optloop.export writes this block ---
+# --- exported data: python -m optloop export writes this block ---
 PROMPTS: dict[str, str] = {}
 RESPONSE_FORMATS: dict[str, dict[str, Any]] = {}
 LIBRARY_SHA256: dict[str, str] = {}

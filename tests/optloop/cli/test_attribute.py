@@ -1,4 +1,4 @@
-"""``python -m optloop.attribute``: bad input fails before any work; a real run leaves reports and
+"""``python -m optloop attribute``: bad input fails before any work; a real run leaves reports and
 traces."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``python -m optloop.attribute --from-traces meme:<dir>``: offline, no LM made, reports and
+"""``python -m optloop attribute --from-traces meme:<dir>``: offline, no LM made, reports and
 graphs written."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """docs/cli.md is what the parsers say: a flag added, removed or reworded in code fails here until
-the reference is written again (``python -m optloop.clidoc > docs/cli.md``)."""
+the reference is written again (``python -m optloop clidoc > docs/cli.md``)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ DOC = Path(__file__).resolve().parents[3] / "docs" / "cli.md"
 def test_docs_cli_md_is_generated_from_the_parsers():
     assert DOC.read_text(encoding="utf-8") == clidoc.render(), (
         "docs/cli.md drifted from the command-line parsers; write it again: python -m "
-        "optloop.clidoc > docs/cli.md"
+        "optloop clidoc > docs/cli.md"
     )
 
 
@@ -51,3 +51,9 @@ def test_a_flag_added_to_a_parser_makes_the_reference_drift(monkeypatch):
     monkeypatch.setattr(export, "build_parser", with_one_more_flag)
     assert clidoc.render() != DOC.read_text(encoding="utf-8")
     assert "`--planted-flag`" in clidoc.render()
+
+
+def test_optloop_clidoc_writes_the_reference_to_out(tmp_path, capsys):
+    out = tmp_path / "docs" / "cli.md"
+    assert clidoc.main(["--out", str(out)]) == 0
+    assert out.read_text(encoding="utf-8") == clidoc.render() and capsys.readouterr().out == ""

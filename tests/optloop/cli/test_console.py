@@ -3,6 +3,8 @@ import."""
 
 from __future__ import annotations
 
+import ast
+import inspect
 import os
 import subprocess
 import sys
@@ -61,3 +63,61 @@ def test_importing_optloop_loads_no_library_and_sets_no_environment():
         [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, check=True
     ).stdout
     assert out.strip() == "[] []", out
+
+
+# Every command the optloop command runs; the list is written out so that one dropped from
+# COMMANDS fails here.
+EVERY_COMMAND = ("run", "attribute", "export", "doctor", "models", "ui", "demo-repair", "clidoc")
+
+
+def test_python_dash_m_optloop_help_lists_every_command():
+    done = subprocess.run(
+        [sys.executable, "-m", "optloop", "--help"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage: optloop ")
+    assert [c.name for c in COMMANDS] == list(EVERY_COMMAND)
+    listed = [line.split()[0] for line in done.stdout.splitlines() if line.startswith("    ")]
+    assert [name for name in listed if name in EVERY_COMMAND] == list(EVERY_COMMAND), done.stdout
+
+
+@pytest.mark.parametrize(
+    "name", ["export", "doctor", "models", "ui", "demo_repair", "clidoc", "console", "attribute"]
+)
+def test_no_module_beside_the_optloop_command_runs_a_command_but_optloop_run(name):
+    """``python -m optloop COMMAND`` (and the ``optloop`` script) is the way in: optloop holds no
+    module or package NAME, and of its top-level modules only ``__main__`` and ``run`` import
+    ``optloop.cli``."""
+    import optloop
+
+    package = Path(optloop.__file__).parent
+    assert not (package / f"{name}.py").exists() and not (package / name).exists()
+    importers = sorted(
+        path.name
+        for path in package.glob("*.py")
+        if any(module.startswith("optloop.cli") for module in _imports(path))
+    )
+    assert importers == ["__main__.py", "run.py"]
+
+
+def _imports(path: Path) -> list[str]:
+    """The modules ``path`` imports, at any depth of its syntax tree."""
+    modules: list[str] = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            modules += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            modules.append(node.module)
+    return modules
+
+
+def test_optloop_attribute_is_the_function():
+    import optloop
+    import optloop.analysis
+
+    assert optloop.attribute is optloop.analysis.attribute
+    assert inspect.isfunction(optloop.attribute)

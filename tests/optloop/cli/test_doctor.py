@@ -20,7 +20,7 @@ def test_the_model_list_names_every_model_and_how_to_install_a_missing_one():
     text = rendered(doctor.models_table(measure=False))
     for name in MODELS:
         assert name in text
-    assert "install: python -m optloop.models install qwen2.5-coder-1.5b" in text
+    assert "install: python -m optloop models install qwen2.5-coder-1.5b" in text
     assert str(MODELS["qwen2.5-coder-1.5b"].path()) in text  # where it will be
     assert str(bundled_model_path()) in text and "not measured" in text
 

@@ -1,4 +1,4 @@
-"""python -m optloop.export: every format from a real MLflow store, standalone modules, bad inputs.
+"""python -m optloop export: every format from a real MLflow store, standalone modules, bad inputs.
 
 The store is built with real MLflow calls as ``optloop.run`` lays a run out
 (``tests/optloop/_export_store.py``). The exported mem0 and graphiti modules are
@@ -317,9 +317,9 @@ def test_every_command_the_help_shows_is_one_the_parser_takes():
     from optloop.cli import export
 
     commands = [
-        shlex.split(line.strip())[3:]
+        shlex.split(line.strip())[4:]
         for line in (export.__doc__ or "").replace("\\\n", " ").splitlines()
-        if line.strip().startswith("python -m optloop.export ")
+        if line.strip().startswith("python -m optloop export ")
     ]
     assert len(commands) >= 5
     for argv in commands:
@@ -407,7 +407,7 @@ def test_unwritable_out_paths_are_refused_before_any_work(store, tmp_path, capsy
 
 def test_argument_errors_exit_non_zero():
     done = subprocess.run(
-        [sys.executable, "-m", "optloop.export", "--format", "json", "--out", "x.json"],
+        [sys.executable, "-m", "optloop", "export", "--format", "json", "--out", "x.json"],
         capture_output=True,
         text=True,
     )
@@ -426,7 +426,7 @@ def test_a_prompt_reference_ending_in_a_newline_exports_a_module_that_compiles(s
     text = out.read_text()
     compile(text, str(out), "exec")
     assert text.splitlines()[0].startswith(
-        "# Written by `python -m optloop.export --prompt "
+        "# Written by `python -m optloop export --prompt "
         "optloop.mem0.extract@champion --format mem0` (prompt "
     )
 

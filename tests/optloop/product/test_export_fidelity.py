@@ -5,7 +5,7 @@ One loopback OpenAI-compatible server stands in front of the embedded SmolLM2
 ``GraphitiSystem``) on an ``openai:`` LM at that server, one site's instructions
 changed as an optimizer changes them (the seed plus a rule sentence). The changed
 prompt is registered in the MLflow Prompt Registry and exported through
-``python -m optloop.export``; the vanilla library, with the exported module
+``python -m optloop export``; the vanilla library, with the exported module
 applied, then ingests the same sessions and answers the same questions. Checked:
 the chat requests the server received are the same, call by call (messages
 byte-identical; mem0's response_format too), the stored memories are identical,
