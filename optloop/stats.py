@@ -66,9 +66,8 @@ def bootstrap_mean(
     if data.size == 0:
         return Interval(estimate=0.0, low=0.0, high=0.0, n=0, confidence=confidence)
     estimate = float(data.mean())
-    if np.all(
-        data == data[0]
-    ):  # every resample is the same sample: scipy would warn and answer nan
+    # every resample is the same sample: scipy would warn and answer nan
+    if np.all(data == data[0]):
         return Interval(
             estimate=estimate, low=estimate, high=estimate, n=data.size, confidence=confidence
         )
@@ -170,9 +169,8 @@ def _percentile_interval(
     here before the percentiles. For a mean every resample is finite and this is scipy's own
     percentile interval."""
     with warnings.catch_warnings():
-        warnings.simplefilter(
-            "ignore", RuntimeWarning
-        )  # scipy's warning about the nan interval dropped below
+        # scipy's warning about the nan interval dropped below
+        warnings.simplefilter("ignore", RuntimeWarning)
         result = stats.bootstrap(
             data,
             statistic,

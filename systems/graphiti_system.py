@@ -586,9 +586,8 @@ class GraphitiSystem(MemorySystem):
             return
         driver: Any = self._graphiti.driver  # a KuzuDriver when backend is kuzu
         await self._graphiti.close()
-        if (
-            self.backend == "kuzu"
-        ):  # KuzuDriver.close leaves the files open; reset must delete them
+        # KuzuDriver.close leaves the files open; reset must delete them
+        if self.backend == "kuzu":
             driver.client.close()
             driver.db.close()
         self._graphiti = None
@@ -613,9 +612,8 @@ class GraphitiSystem(MemorySystem):
 
     def reset(self) -> None:
         with self._lock:
-            if (
-                self.backend != "kuzu"
-            ):  # a server outlives the run directory: delete this group's data
+            # a server outlives the run directory: delete this group's data
+            if self.backend != "kuzu":
                 from graphiti_core.utils.maintenance.graph_data_operations import clear_data
 
                 self._loop.run(clear_data(self._group_driver(), group_ids=[self.group_id]))

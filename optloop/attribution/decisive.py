@@ -205,9 +205,8 @@ class _Walk:
             )
         memories = self.graph.by_cls("memory")
         kinds = self.graph.meta.get("retrievable_kinds")
-        if (
-            kinds is not None
-        ):  # a unit the configured search can never return is not stored *for* retrieval
+        # a unit the configured search can never return is not stored *for* retrieval
+        if kinds is not None:
             memories = [v for v in memories if _kind(v) is None or _kind(v) in kinds]
         carriers = [
             v

@@ -20,9 +20,8 @@ import os
 
 from optloop.offline import offline_defaults, quiet_defaults
 
-os.environ.update(
-    offline_defaults()
-)  # first: litellm, mem0 and Hugging Face read them when imported
+# first: litellm, mem0 and Hugging Face read them when imported
+os.environ.update(offline_defaults())
 if __name__ == "__main__":  # run as a command (not imported): tqdm's bars off unless --verbose
     os.environ.update(quiet_defaults())
 
@@ -136,9 +135,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         else "the sabotage's text is still in the exported prompt: whatever changed, the loop "
         "did not take it out"
     )
-    diff = prompt_diff(
-        {sabotage.site: before}, {sabotage.site: after}
-    )  # before: the sabotaged start
+    # before: the sabotaged start
+    diff = prompt_diff({sabotage.site: before}, {sabotage.site: after})
     console.print(
         diff
         if before != after

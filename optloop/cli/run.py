@@ -16,9 +16,8 @@ import os
 
 from optloop.offline import offline_defaults, quiet_defaults
 
-os.environ.update(
-    offline_defaults()
-)  # first: litellm, mem0 and Hugging Face read them when imported
+# first: litellm, mem0 and Hugging Face read them when imported
+os.environ.update(offline_defaults())
 if __name__ == "__main__":  # run as a command (not imported): tqdm's bars off unless --verbose
     os.environ.update(quiet_defaults())
 

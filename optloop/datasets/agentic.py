@@ -295,9 +295,8 @@ def to_episode(record: AgenticEpisode) -> Episode:
                 fact.status == "superseded"
                 and _superseding(record.facts, record.facts.index(fact)) is None
             ):
-                tag["status"] = (
-                    "superseded"  # said explicitly: no later fact in the log supersedes it
-                )
+                # said explicitly: no later fact in the log supersedes it
+                tag["status"] = "superseded"
             turns.append(
                 Turn(
                     id=fact.id,
@@ -385,9 +384,8 @@ class ContextScore(BaseModel):
     question_id: str
     category: str
     recall: float  # share of recall markers in the positive context
-    recall_any: (
-        float  # share of recall markers anywhere in the context (negative evidence included)
-    )
+    # share of recall markers anywhere in the context (negative evidence included)
+    recall_any: float
     contaminated: bool  # a distractor marker in the positive context
     leaked: bool  # a foreign (other-workspace) marker anywhere in the context
     positive: int
@@ -817,9 +815,8 @@ def load_agentic(rest: str, params: dict[str, str]) -> tuple[str, list[Episode]]
     path = existing_file(rest, "agentic")
     try:
         return f"agentic:{path.stem}", [to_episode(r) for r in read_agentic_jsonl(path)]
-    except (
-        ValidationError
-    ) as exc:  # an episode the records could not become (a bug, or a record past the checks)
+    # an episode the records could not become (a bug, or a record past the checks)
+    except ValidationError as exc:
         raise validation_error(path, None, exc) from None
 
 

@@ -566,9 +566,8 @@ def _meme_record(seed: int, index: int, domain: str, fillers: int) -> dict[str, 
     for task in tasks:
         value, evidence = world.resolve(task.key)
         abstain = task.task_type in _ABSTAIN_GOLD
-        if abstain != (
-            value is None
-        ):  # the construction guarantees this; fail loudly if a template breaks it
+        # the construction guarantees this; fail loudly if a template breaks it
+        if abstain != (value is None):
             raise RuntimeError(
                 f"synthetic:meme {task.task_type}: propagated value {value!r} contradicts the task"
             )

@@ -185,9 +185,8 @@ class OptloopEngine:
         payload = {"model": self.backend.identity, **asdict(request), "rollout_id": rollout_id}
         started = time.perf_counter()
         try:
-            decoding = self.backend.decoding(
-                request
-            )  # may probe the endpoint once (the schema mode)
+            # may probe the endpoint once (the schema mode)
+            decoding = self.backend.decoding(request)
         except LMError as exc:  # the probe's failure is this call's
             self._record(request, None, started, cached=False, error=str(exc))
             if isinstance(exc, LMUnreachableError):
@@ -203,9 +202,8 @@ class OptloopEngine:
             self._record(request, timed[0], started, cached=True, key=key, replayed=timed[1])
             return timed[0]
         with self._single_flight(key):
-            if (
-                timed := self.cache.get_timed(key)
-            ) is not None:  # another thread's call for this key just finished
+            # another thread's call for this key just finished
+            if (timed := self.cache.get_timed(key)) is not None:
                 self._record(request, timed[0], started, cached=True, key=key, replayed=timed[1])
                 return timed[0]
             return self._call_model(request, key, started, store=True)
@@ -259,9 +257,8 @@ class OptloopEngine:
                 except Exception as exc:
                     if backend.is_rate_limited(exc):
                         rate_limited += 1
-                        self.throttle.settle(
-                            estimate, 0
-                        )  # refused: nothing of the estimate was spent
+                        # refused: nothing of the estimate was spent
+                        self.throttle.settle(estimate, 0)
                     else:
                         faults.append(backend.fault_label(exc))
                         timeouts += backend.is_timeout(exc)

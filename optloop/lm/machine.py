@@ -120,9 +120,8 @@ class MachineSlots:
         try:
             for i in range(self.slots):
                 fds.append(self._open(i))
-        except (
-            OSError
-        ) as exc:  # a read-only or foreign temp dir: run, uncoordinated, rather than fail
+        # a read-only or foreign temp dir: run, uncoordinated, rather than fail
+        except OSError as exc:
             for fd in fds:
                 os.close(fd)
             if not self._warned:
@@ -144,9 +143,8 @@ class MachineSlots:
             while held is None:
                 held = next((i for i in order if self._try(fds[i])), None)
                 if held is None and self.slots == 1:
-                    fcntl.flock(
-                        fds[0], fcntl.LOCK_EX
-                    )  # sleeps in the kernel until the holder lets go: no polling
+                    # sleeps in the kernel until the holder lets go: no polling
+                    fcntl.flock(fds[0], fcntl.LOCK_EX)
                     held = 0
                 elif held is None:
                     time.sleep(self.POLL_S)

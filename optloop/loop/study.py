@@ -321,9 +321,8 @@ class SharedStudy:
                 rank = k
             k += 1
         self.rank = rank
-        if (
-            rank
-        ):  # another seed per worker, else every worker's TPE starts with the same random points
+        # another seed per worker, else every worker's TPE starts with the same random points
+        if rank:
             self.study.sampler = optuna.samplers.TPESampler(seed=self.seed + 7919 * rank)
         self.put(f"{PREFIX}out:{self.worker}", False)
         self.beat()

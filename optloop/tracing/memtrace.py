@@ -216,9 +216,8 @@ def to_memtrace(
     graph: ExecutionGraph, annotations: Iterable[Mapping[str, Any]] | None = None
 ) -> dict[str, Any]:
     """The MemTraceBench JSON form of ``graph`` (plus ``annotations``), JSON-ready."""
-    dumped = (
-        graph.to_json()
-    )  # JSON-safe values (data, knobs) without re-implementing pydantic's dump
+    # JSON-safe values (data, knobs) without re-implementing pydantic's dump
+    dumped = graph.to_json()
     kept: dict[str, Any] = graph.meta.get(MEMTRACE_KEY) or {}
     node_extra: dict[str, dict[str, Any]] = kept.get("node_extra") or {}
     op_extra: dict[str, dict[str, Any]] = kept.get("op_extra") or {}
