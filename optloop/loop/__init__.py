@@ -4,15 +4,16 @@
 for and the rules that fill what is unset), ``candidate`` (what may change, as data),
 ``evaluate`` (a candidate over a split, through the one episode pipeline
 :mod:`optloop.pipeline`, with ingestion reuse), ``program`` (a system as a DSPy program with
-unblamed sites frozen, and the attribution-carrying metric), ``optimizers`` and ``edit``
-(SIMBA, GEPA, Optuna, GrIPS-style edits behind one interface), ``state`` (checkpoint,
-result), ``policy`` (the pure rules), ``control`` (the trivial-instruction control every
-report compares the best with), ``controller`` (the loop itself, behind the small
-``interfaces``, on its ``run_context``; ``outcome``: the figures a finished run reports),
-``coordinator`` (one worker or several), ``mlflow_sink`` and ``record`` (MLflow names,
-artifacts, registry), ``runner`` (``Loop``: the wiring, with ``split_evaluator``, ``run_dirs``
-and ``mlflow_run``). The command is
-``python -m optloop.run``; the map is ``docs/architecture.md``.
+unblamed sites frozen, and the attribution-carrying metric), ``optimizers`` (SIMBA, GEPA,
+Optuna and the GrIPS-style ``edit`` behind one interface), ``budget`` (spending limits and the
+``--estimate`` cost model), ``state`` (checkpoint, result), ``policy`` (the pure rules),
+``control`` (the trivial-instruction control every report compares the best with),
+``controller`` (the loop itself, behind the small ``interfaces``, on its ``run_context``;
+``outcome``: the figures a finished run reports), ``coordinator`` and ``study`` (one worker or
+several), ``mlflow_sink``, ``mlflow_run`` and ``prompt_registry`` (MLflow names, artifacts,
+registry), ``runner`` (``Loop``: the wiring, with ``split_evaluator`` and ``run_dirs``),
+``session`` (a run from its request to its result). The command is ``python -m optloop.run``;
+the map of every module is ``docs/architecture.md``.
 
 The names below are imported on first use, as :mod:`optloop`'s are: importing a light module
 of the package (``optloop.loop.config`` and ``optloop.loop.request``, where the Python API
