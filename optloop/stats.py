@@ -4,9 +4,12 @@ Every number here is over *questions* (0/1 scores, or per-question differences),
 replacement by :func:`scipy.stats.bootstrap` (method ``percentile``: BCa fails on the degenerate
 samples that small 0/1 vectors often are). The same ``seed`` gives the same interval.
 
-    paired_bootstrap_delta(before, after)   mean of after - before per question, e.g. "+0.167
-    [−0.083, +0.417] (n=24)" bootstrap_mean(values)                  an accuracy with its interval
-    recovered_share(clean, sabotaged, after)  how much of a sabotage's damage an optimizer undid
+============================================  =====================================================
+``paired_bootstrap_delta(before, after)``     mean of after - before per question, e.g.
+                                              ``+0.167 [−0.083, +0.417] (n=24)``
+``bootstrap_mean(values)``                    an accuracy with its interval
+``recovered_share(clean, sabotaged, after)``  how much of a sabotage's damage an optimizer undid
+============================================  =====================================================
 """
 
 from __future__ import annotations
