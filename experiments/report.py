@@ -632,9 +632,9 @@ def _repair_writer_qwen() -> list[str]:
     return [
         "#### Replaced instructions on the Qwen models, mended by the 1.5B",
         "Cases written for a task model that uses what is written, before they ran "
-        "(`--cases writer`; the catalogue's comments in `optloop/faults/sabotages.py` say why "
-        "each is what it is): each replaces a site's instruction with a fixed rule, so that "
-        "only new text mends it.",
+        "(`--cases writer`; [the repair catalogue, part by "
+        "part](#the-repair-catalogue-part-by-part) says why each is what it is): each replaces a "
+        "site's instruction with a fixed rule, so that only new text mends it.",
         *out,
     ]
 
@@ -808,6 +808,124 @@ def _winners(cases: list[Json]) -> str:
     )
 
 
+# Why each part of the repair catalogue (optloop/faults/sabotages.py) is what it is: what the runs
+# before it showed, written down before any of its faults ran.
+REPAIR_CATALOGUE_PARTS = (
+    (
+        "1. **answer-echo, answer-na, answer-french, curate-empty, curate-redact, curate-food, "
+        "mem0-extract-empty** (`memfail:persona`). The 135M model follows behaviour and format "
+        "instructions far better than topic filters (measured before this benchmark: a "
+        'food-only curate instruction and an "answer only word for word" rule left md_flat\'s '
+        "accuracy where it was), so most cases are of that kind; `curate-food` is kept as the "
+        "topic-filter case."
+    ),
+    (
+        "2. **answer-never-abstain, answer-echo-append**. The first run showed why the first "
+        "part's appended cases could not bite here: on memfail:persona, md_flat's clean "
+        "accuracy (0.36) comes almost wholly from the answer site declining questions about "
+        'people never mentioned; "reply N/A" and "answer in French" still decline (the '
+        "abstention scorer accepts them), and the persona questions the curate site serves are "
+        "lost even clean. The one case that bit, answer-echo, replaces the instruction: mending "
+        "it means writing the abstention rule the optimizer never sees. These append behaviour "
+        "rules that attack that declining, so that what bites is also what an optimizer can "
+        "find and take back out."
+    ),
+    (
+        "3. **answer-echo-prepend**. The second part's two appended rules did not bite (margins "
+        "+0.014 and +0.000, CIs across 0: SmolLM2 acts on the start of the answer instruction, "
+        "not on a sentence after it): answer-echo's own text put in front of the clean "
+        "instruction instead of replacing it."
+    ),
+    (
+        "4. **cond-curate-empty, cond-curate-redact, cond-answer-echo** "
+        "(`memfail:conditional_easy?limit=40`). The first part's curate cases, bite-checked on "
+        "memfail:persona (curate-empty -0.056 [-0.139, 0.028], curate-redact -0.014 [-0.069, "
+        "0.042]), do not bite, because persona's clean score is the answer site declining, "
+        "which needs no stored fact: the same curate sabotages and answer-echo on a task whose "
+        "answers need the stored facts (MemFail's conditional facts, easy: \"would she do X "
+        'now?", where X depends on a condition stated in the session).'
+    ),
+    (
+        "5. **recall-answer-echo-prepend, recall-answer-echo, recall-answer-unknown-prepend, "
+        "recall-answer-echo-append, recall-query-nothing-prepend, recall-query-nothing, "
+        "recall-query-weather-prepend, recall-query-nothing-append** "
+        "(`synthetic:recall?seed=0&episodes=40`, rag_bm25). The four parts above showed that on "
+        "SmolLM2-135M, md_flat's score on MemFail barely depends on memory (a curate sabotage "
+        "that stores nothing moves nothing), and the answer sabotage that bites replaces the "
+        "instruction, which only writing can mend. So: a task whose score depends on memory "
+        "even at 135M (three made-up facts, two asked; the answer is a value copied from "
+        "context), a system with two sites on the path of every question (rag_bm25 with its "
+        "query rewrite: retrieve.query, then answer; no LLM at ingest, so a question's fault is "
+        "at one of the two), and for each site sabotages of three kinds: put in front of the "
+        "site's own instruction (one phrase, so one deletion takes it out), replacing it, and "
+        "appended. Which of them bite is the bite check's to say."
+    ),
+    (
+        "6. **recall-answer-abstain-prepend, recall-answer-abstain-append**, for the repair "
+        "proof on a champion (`experiments.bench.repair --champion`). The clean answer "
+        "instruction ends with its own rule, 'If the memories do not contain the answer, reply "
+        "\"I don't know\"', which SmolLM2 follows on questions the memories do answer: on "
+        "synthetic:recall that rule costs more accuracy than most sabotages above, and an edit "
+        "that deletes it reads as a repair. The champion is the program the loop reaches from "
+        "the clean one (the rule deleted, where the loop deletes it); these cases put that rule "
+        "back on the champion, in front and at the end, so the fault to mend is the one the "
+        "clean program carried. Where the champion still says it, the bench drops the case (the "
+        "text is already there)."
+    ),
+    (
+        "7. **recall-answer-unknown, recall-answer-nothing, recall-query-weather, "
+        "recall-query-first-word**, for a task model that can use a written instruction "
+        "(Qwen2.5-Coder 0.5B). The replaced-instruction cases above bite on SmolLM2-135M, which "
+        "cannot use the instruction a writer puts back; on the 0.5B neither bites "
+        "(recall-answer-echo margin -0.03 [-0.06, +0.00], recall-query-nothing -0.25 [-0.35, "
+        "-0.16], n=80: the 0.5B answers the question whatever the answer instruction says, and "
+        'its query under "nothing" finds more than the clean rewrite\'s). These replace each '
+        "site's instruction with a fixed rule such a model is more likely to obey, a non-answer "
+        "at the answer site and a query about something else at the query site, so that mending "
+        "them means writing the site's instruction again. The bite check says which of them "
+        "bite on the 0.5B; the repair runs (three seeds, three arms, a writer) take, at each "
+        "site, the case that bites by the widest margin."
+    ),
+    (
+        "8. **recall-curate-empty, recall-curate-food, recall-md-answer-unknown** (md_flat). "
+        "None of the seventh part's four bit on the 0.5B: under each, the 0.5B answered as well "
+        "as under rag_bm25's own prompts or better (answer margins -0.013 and -0.025, query "
+        "margins -0.350, n=80). rag_bm25's sites return one JSON field each, and the 0.5B fills "
+        "it from the question and the memories whatever the instruction above says: its rewrite "
+        'under "weather" or "first word" is the question as asked, which finds more than '
+        "its rewrite under the clean instruction. These move to a site whose output is built "
+        "from what the instruction asks for: md_flat's curate step, which writes down the facts "
+        "of each session (nothing written down, nothing to answer from), on the same task; and "
+        "the fixed non-answer at md_flat's answer site. The repair runs take, at each site, the "
+        "case that bites by the widest margin, as above."
+    ),
+)
+
+
+def repair_catalogue() -> list[str]:
+    """The repair catalogue, part by part (hand-written: no results file holds it)."""
+    return [
+        "### The repair catalogue, part by part",
+        "The catalogue (`optloop/faults/sabotages.py`) grew in parts, each written down before "
+        "any of its faults was run; what the runs before each part showed, and why its cases "
+        "are what they are:",
+        "\n".join(REPAIR_CATALOGUE_PARTS),
+        "The writer's cases (`WRITER_CASES`: parts 7 and 8, `--cases writer`, run with `--lm` "
+        "and a writer) were then run further, each step written down before it ran. After the "
+        "eighth part's first repair runs on the 0.5B (seed 0, three arms: nothing recovered; "
+        "under every instruction tried there, the writer's included, the 0.5B's curate step "
+        "drops the first session's facts when it writes the list after the second): the "
+        "replaced-instruction cases at rag_bm25's sites, the champion table's two and the "
+        "seventh part's, are bite-checked with Qwen2.5-Coder 1.5B answering, a model that "
+        "follows more of what is written (recall-answer-echo, recall-query-nothing, "
+        "recall-answer-unknown, recall-query-weather). After the 1.5B's repair runs on "
+        "recall-answer-unknown (nine of nine recovered, each by the signature's default "
+        "instruction, which the writer's texts tied on dev): recall-curate-empty with the 1.5B "
+        "answering, where the default instruction may not carry the memory file forward and "
+        "only a written one would.",
+    ]
+
+
 def repair() -> list[str]:
     out = [
         "## The repair benchmark: does the loop mend a prompt that was made worse?",
@@ -819,6 +937,7 @@ def repair() -> list[str]:
         "(after - sabotaged, paired bootstrap CI), whether the first blame named the sabotaged "
         "site, and the cost. `recovered` = gain / (clean - sabotaged). "
         "`experiments/bench/repair.py` documents every step and every catalogue.",
+        *repair_catalogue(),
     ]
     for name, title in (
         (

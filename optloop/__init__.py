@@ -4,8 +4,10 @@ In Python::
 
     import optloop
 
-    result = optloop.optimize(system="rag_bm25", dataset="builtin:tiny", budget=3,
-    optimizer="edit") report = optloop.attribute(system="rag_bm25", dataset="builtin:tiny")
+    result = optloop.optimize(
+        system="rag_bm25", dataset="builtin:tiny", budget=3, optimizer="edit"
+    )
+    report = optloop.attribute(system="rag_bm25", dataset="builtin:tiny")
 
 :func:`optimize` returns the run's :class:`~optloop.loop.state.LoopResult`, :func:`attribute` an
 :class:`AttributionReport`. Importing optloop loads nothing else (its version aside): each name

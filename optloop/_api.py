@@ -107,9 +107,8 @@ def optimize(
             :obj:`None` is the command's rule
             (:func:`optloop.loop.runs.request.default_optimizer`): ``edit`` when the instructions
             would be written by the embedded model (``proposer_lm``, else ``lm``, is ``local``),
-            ``simba`` when by an endpoint. Until this version the function's default was
-            ``simba`` whatever the LM: a call that relied on it on the embedded model now runs
-            ``edit``, as ``optloop run`` always did (pass ``optimizer="simba"`` for the old run).
+            ``simba`` when by an endpoint (pass ``optimizer="simba"`` to run SIMBA on the
+            embedded model).
         lm:
             The LM spec: ``local`` (the embedded model), ``local:<name>`` (a model of
             ``python -m optloop models list``, e.g. ``local:qwen2.5-coder-1.5b``),

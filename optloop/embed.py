@@ -129,9 +129,8 @@ class CachedEmbedder(WrappedEmbedder):
                     self._vectors[text] = found[text] = vector
                 while self.max_texts is not None and len(self._vectors) > self.max_texts:
                     self._vectors.popitem(last=False)
-        return np.stack(
-            [found[text] for text in texts]
-        )  # a new array: the caller's own, as the inner's would be
+        # a new array: the caller's own, as the inner's would be
+        return np.stack([found[text] for text in texts])
 
 
 _MODELS: dict[str, Any] = {}

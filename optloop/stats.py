@@ -4,9 +4,12 @@ Every number here is over *questions* (0/1 scores, or per-question differences),
 replacement by :func:`scipy.stats.bootstrap` (method ``percentile``: BCa fails on the degenerate
 samples that small 0/1 vectors often are). The same ``seed`` gives the same interval.
 
-    paired_bootstrap_delta(before, after)   mean of after - before per question, e.g. "+0.167
-    [−0.083, +0.417] (n=24)" bootstrap_mean(values)                  an accuracy with its interval
-    recovered_share(clean, sabotaged, after)  how much of a sabotage's damage an optimizer undid
+============================================  =====================================================
+``paired_bootstrap_delta(before, after)``     mean of after - before per question, e.g.
+                                              ``+0.167 [−0.083, +0.417] (n=24)``
+``bootstrap_mean(values)``                    an accuracy with its interval
+``recovered_share(clean, sabotaged, after)``  how much of a sabotage's damage an optimizer undid
+============================================  =====================================================
 """
 
 from __future__ import annotations
@@ -66,9 +69,8 @@ def bootstrap_mean(
     if data.size == 0:
         return Interval(estimate=0.0, low=0.0, high=0.0, n=0, confidence=confidence)
     estimate = float(data.mean())
-    if np.all(
-        data == data[0]
-    ):  # every resample is the same sample: scipy would warn and answer nan
+    # every resample is the same sample: scipy would warn and answer nan
+    if np.all(data == data[0]):
         return Interval(
             estimate=estimate, low=estimate, high=estimate, n=data.size, confidence=confidence
         )
@@ -170,9 +172,8 @@ def _percentile_interval(
     here before the percentiles. For a mean every resample is finite and this is scipy's own
     percentile interval."""
     with warnings.catch_warnings():
-        warnings.simplefilter(
-            "ignore", RuntimeWarning
-        )  # scipy's warning about the nan interval dropped below
+        # scipy's warning about the nan interval dropped below
+        warnings.simplefilter("ignore", RuntimeWarning)
         result = stats.bootstrap(
             data,
             statistic,

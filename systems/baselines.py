@@ -252,9 +252,8 @@ class LongContextSystem(_RawTurnSystem):
     knob_values: ClassVar[Mapping[str, Sequence[Any]]] = {
         "max_context_tokens": (2000, 4000, 6000, 8000)
     }
-    search_knob: ClassVar[str | None] = (
-        None  # nothing is searched: every turn that fits is in context
-    )
+    # nothing is searched: every turn that fits is in context
+    search_knob: ClassVar[str | None] = None
 
     def __init__(
         self,
@@ -596,9 +595,8 @@ class MarkdownFlatSystem(_FileBackedSystem):
         facts: list[Fact] = []
         seen: set[str] = set()
         for raw in raw_facts:
-            _, text = _parse_line(
-                str(raw)
-            )  # the model may copy the "- [date] " of the file it was shown
+            # the model may copy the "- [date] " of the file it was shown
+            _, text = _parse_line(str(raw))
             key = _normalize(text)
             if not key or key in seen:
                 continue

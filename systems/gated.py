@@ -1,50 +1,20 @@
 """gated: a state-aware agent memory with an admission gate in front of the answer.
 
-The pattern of coding and ops agents. Every memory carries the state it was written in:
+The pattern of coding and ops agents. Every memory carries the state it was written in: a
+**workspace** and a **path** in it, a **status** (``active``, or ``superseded`` once a later
+completed run wrote a new value for the same key in the same workspace) and the **branch status**
+of the run that wrote it (``completed``, ``failed`` or ``rolled_back``). Ingestion reads the agent
+log format of :mod:`optloop.datasets.agentic` (any other session is stored as notes of a completed
+run), into ``gated.sqlite`` under ``run_dir``; every column travels in the memory's ``metadata``,
+so the execution graph shows the state.
 
-- a **workspace** and a **path** in it (``billing``, ``services/api``);
-- a **status**: ``active``, or ``superseded`` once a later completed run wrote a new value
-  for the same key in the same workspace (the old row is kept, pointing at its successor);
-- the **branch status** of the run that wrote it: ``completed``, ``failed`` or ``rolled_back``.
-
-Ingestion reads the agent log format of :mod:`optloop.datasets.agentic` (``@run``, ``@fact``
-and ``@end`` tag lines; one session per run). A session without tags (a plain conversation)
-is stored turn by turn as notes of a completed run in the current workspace, so ``gated``
-runs on any dataset. State lives in one SQLite file, ``gated.sqlite`` under ``run_dir``::
-
-    runs(session_id PK, run, seq, workspace, path, branch_status, timestamp)
-    memories(id PK (the turn id), seq UNIQUE, run, session_id, timestamp, workspace, path,
-             key, value, content, status CHECK active|superseded,
-             branch_status CHECK completed|failed|rolled_back, superseded_by, superseded_at,
-             embedder, embedding BLOB (float32))
-
-Every column travels in the memory's ``metadata`` (``all_memories``), so the recorder puts
-the schema's state into each memory variable of the execution graph; a superseded row
-carries ``invalid_at`` and is recorded as an invalidating update.
-
-**Retrieval** (``retrieve``, no LLM): the question's scope header
-(``[workspace billing, path services/api] ...``; without one, the workspace of the latest
-run) picks the candidates: knob ``scope`` = ``workspace_path`` (same workspace, path on the
-same branch of the tree), ``workspace`` or ``all``; then the ``top_k`` closest by cosine.
-
-**Admission** (``admit``, inside ``answer``): one call of the prompt site ``gated.admit`` per
-question decides, for every candidate, ``admit`` (positive context), ``negative`` (shown to
-the answer as "this did not work: ...") or ``reject``, each with its reason and who decided
-(``by``: ``floor``, ``llm``, or ``default`` when the LLM left a candidate out). Deterministic
-**floors** decide first and hold whatever the LLM says (knob ``floors``):
-
-=========  ==================================================================================
-strict     another workspace: reject; superseded: reject; failed or rolled-back run: negative
-           evidence only (reject when ``negative_evidence`` is off). The LLM sees the rest.
-lenient    another workspace: reject. Status and branch are shown to the LLM, which decides.
-off        no floor; the LLM decides everything.
-=========  ==================================================================================
-
-Knob ``gate`` = ``llm`` (the site is asked) or ``floors_only`` (no LLM call: what the floors
-leave open is admitted; the retrieval-only benchmark runs this way). The site's one recorded
-operation (op kind ``admit``, category ``answer``) outputs the full decision list, floors
-included, and the answer operation consumes it: the gate is visible in the execution graph.
-Knob value spaces: :data:`KNOB_VALUES`.
+**Retrieval** (no LLM) keeps the question's scope (knob ``scope``) and the ``top_k`` closest.
+**Admission** (inside ``answer``): deterministic **floors** decide first and hold (knob
+``floors``: ``strict``, ``lenient``, ``off``), then one call of the prompt site ``gated.admit``
+per question (knob ``gate``: ``llm`` or ``floors_only``) gives every open candidate ``admit``,
+``negative`` (shown as "this did not work: ...") or ``reject``, with its reason and who decided.
+The gate is one recorded ``admit`` operation the answer consumes. Knob value spaces:
+:data:`KNOB_VALUES`; the schema, the floors and the dataset: ``docs/systems.md`` (``gated``).
 """
 
 from __future__ import annotations

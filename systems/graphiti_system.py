@@ -1,33 +1,21 @@
 """graphiti as an optloop memory system: the real ``graphiti-core``, its LLM calls on prompt sites.
 
-Storage, extraction pipeline and search are graphiti's own. Only its LLM client
-is replaced: :class:`SiteLLMClient` receives each ``generate_response`` call,
-looks up the prompt site named after its ``prompt_name``
-(``graphiti.extract_edges.edge`` ...) and runs that site's DSPy module on the
-system's :class:`~optloop.lm.OptloopLM`. The messages it sends are what vanilla
-graphiti with ``OpenAIGenericClient`` sends: the prompt builder's system text
-(the site's instructions), then graphiti's framing appended exactly where the
-library appends it (the do-not-escape-unicode note, the attribute-extraction
-preamble, the multilingual instruction), control characters cleaned the same
-way, and the builder's user message verbatim.
+Storage, extraction pipeline and search are graphiti's own. Only its LLM client is replaced:
+:class:`SiteLLMClient` receives each ``generate_response`` call, looks up the prompt site named
+after its ``prompt_name`` (``graphiti.extract_edges.edge`` ...) and runs that site's DSPy module
+on the system's :class:`~optloop.lm.OptloopLM`. The messages it sends are what vanilla graphiti
+with ``OpenAIGenericClient`` sends: the prompt builder's system text (the site's instructions),
+then graphiti's framing appended exactly where the library appends it, control characters cleaned
+the same way, and the builder's user message verbatim.
 
-The graph lives in Kuzu embedded under ``run_dir`` by default; pass
-``graph_uri`` (``bolt://`` / ``neo4j://`` for Neo4j, ``falkor://`` /
-``redis://`` for FalkorDB) to use a server instead. Embeddings and reranking
-are local (:class:`LocalEmbedderClient`, :class:`LocalCrossEncoderClient`), so
-nothing calls OpenAI unless the LM itself is remote.
-
-graphiti is async; the system owns one event loop on a private thread and
-exposes the synchronous :class:`~systems.base.MemorySystem` API over it. The
-caller's context variables (DSPy settings and traces, optloop's prompt-site
-accounting) travel with each call into the loop.
-
-Concurrency (``--concurrency N``, see ``optloop/pipeline/``): the episodes of a split
-run on the pipeline's threads like every other system's, each driving its own system and
-event loop; inside one ``add_episode`` graphiti itself makes its independent calls at once
-(its ``semaphore_gather``), on the LM's pool. Every request passes the LM's one throttle,
-the single limit shared by every episode. Sessions go in order (``ingest`` holds the
-system's lock); searches take the lock too, answers do not.
+The graph lives in Kuzu embedded under ``run_dir`` by default; ``graph_uri`` (``bolt://`` /
+``neo4j://`` for Neo4j, ``falkor://`` / ``redis://`` for FalkorDB) uses a server instead.
+Embeddings and reranking are local, so nothing calls OpenAI unless the LM itself is remote.
+graphiti is async: the system owns one event loop on a private thread and exposes the synchronous
+:class:`~systems.base.MemorySystem` API over it, the caller's context variables travelling with
+each call. Sessions go in order (``ingest`` holds the system's lock); searches take the lock too,
+answers do not. How graphiti runs at ``--concurrency N``: ``docs/architecture.md``
+("Concurrency").
 """
 
 from __future__ import annotations
@@ -586,9 +574,8 @@ class GraphitiSystem(MemorySystem):
             return
         driver: Any = self._graphiti.driver  # a KuzuDriver when backend is kuzu
         await self._graphiti.close()
-        if (
-            self.backend == "kuzu"
-        ):  # KuzuDriver.close leaves the files open; reset must delete them
+        # KuzuDriver.close leaves the files open; reset must delete them
+        if self.backend == "kuzu":
             driver.client.close()
             driver.db.close()
         self._graphiti = None
@@ -613,9 +600,8 @@ class GraphitiSystem(MemorySystem):
 
     def reset(self) -> None:
         with self._lock:
-            if (
-                self.backend != "kuzu"
-            ):  # a server outlives the run directory: delete this group's data
+            # a server outlives the run directory: delete this group's data
+            if self.backend != "kuzu":
                 from graphiti_core.utils.maintenance.graph_data_operations import clear_data
 
                 self._loop.run(clear_data(self._group_driver(), group_ids=[self.group_id]))

@@ -280,9 +280,8 @@ class Mem0System(MemorySystem):
         """
         if system == ADDITIVE_EXTRACTION_PROMPT:
             prediction = self._run_site(MEM0_EXTRACT, user)
-        elif (
-            system == ADDITIVE_EXTRACTION_PROMPT + AGENT_CONTEXT_SUFFIX
-        ):  # agent-scoped add (no user_id)
+        # agent-scoped add (no user_id)
+        elif system == ADDITIVE_EXTRACTION_PROMPT + AGENT_CONTEXT_SUFFIX:
             prediction = self._run_site(MEM0_EXTRACT, user, suffix=AGENT_CONTEXT_SUFFIX)
         elif system == RERANK_SYSTEM_PROMPT:
             if MEM0_RERANK not in self._sites:

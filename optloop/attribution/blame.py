@@ -97,7 +97,6 @@ def blame(attributions: Iterable[Attribution], *, passed: int | None = None) -> 
             )
         )
     if passed is not None:
-        entries.sort(
-            key=lambda e: (-(e.rate or 0.0), -e.failures)
-        )  # stable: count order breaks full ties
+        # stable: count order breaks full ties
+        entries.sort(key=lambda e: (-(e.rate or 0.0), -e.failures))
     return entries

@@ -1,42 +1,15 @@
 """The decisive-error search: follow the evidence forward through the graph.
 
-For a failed question the walk asks, in the order the data flowed:
-
-1. **extracted?** Did any memory unit ever carry the evidence? If not, the
-   first extraction call of the evidence session whose output lost it is the
-   decisive error (``ExtractionError``); if every extraction output still had
-   it, the dedupe/update call that followed lost it (``UpdateError``).
-2. **kept?** Is some unit that carried it still live, unchanged, at question
-   time? If not, the earliest update or delete that took it away is decisive
-   (``UpdateError`` / ``DeletionError``), blamed on the session's prompt site
-   that decides updates or deletes.
-3. **retrieved?** Did the retrieval hand it to the answer? If not,
-   ``RetrievalError``: blamed on the ``retrieve.query`` site when its rewrite
-   drifted from the question or the same search for the question as asked (recorded
-   beside the rewrite's) returns it, on ``knob:max_context_tokens`` when a long
-   context was truncated, on ``knob:top_k`` when a wider search ranks it just
-   below the cut, else on the system's search knob.
-4. **admitted?** (systems with an admission gate: an operation of kind ``admit``, whose
-   output lists a decision per retrieved memory) Did the gate let it into the answer's
-   positive context? If it rejected it or showed it only as negative evidence,
-   ``RetrievalError``: blamed on the gate's site when the LLM decided, on ``knob:floors``
-   when a deterministic floor did.
-5. **used?** It was in front of the answer and the answer is still wrong:
-   ``ResponseError`` at the ``answer`` site.
-
-The first "no" is the decisive error. Before the five questions comes one more:
-**contaminated?** The answer states a value that is stale (superseded), from a dead branch
-(a failed or rolled-back run) or from another workspace, and a memory in its positive
-context carries that value: ``ContaminationError``. What is stale is known from the
-question's markers (``Question.meta["distractors"]`` and ``["foreign"]``, as the
-``agentic:`` dataset sets them) or from the memory's own state (``status`` superseded,
-``branch_status`` failed or rolled back, as the ``gated`` system records it). It is blamed
-on whoever let the memory in: the gate's site when its LLM admitted it, ``knob:floors``
-when it passed the floors without an LLM verdict, and, without a gate, the retrieval knob
-(``top_k`` when the evidence ranked above the contaminant, else the search knob).
-
-No LLM is called unless an LLM judge is configured
-(:func:`optloop.attribution.judges.default_judges`).
+For a failed question the walk asks, in the order the data flowed, whether the evidence was
+**extracted** (``ExtractionError``, or ``UpdateError`` for the dedupe that lost it), **kept**
+(``UpdateError`` / ``DeletionError``), **retrieved** (``RetrievalError``, blamed on the query
+rewrite or a retrieval knob), **admitted** by an admission gate where the system has one
+(``RetrievalError`` on the gate's site or ``knob:floors``) and **used** (``ResponseError`` at
+``answer``); the first "no" is the decisive error. Before them, **contaminated?**: an answer that
+states a stale, dead-branch or other-workspace value a memory in its positive context carries is a
+``ContaminationError``, blamed on whoever let that memory in. No LLM is called unless an LLM judge
+is configured (:func:`optloop.attribution.judges.default_judges`). Each step's blame rules:
+``docs/attribution.md`` ("Attributing a system's failures").
 """
 
 from __future__ import annotations
@@ -205,9 +178,8 @@ class _Walk:
             )
         memories = self.graph.by_cls("memory")
         kinds = self.graph.meta.get("retrievable_kinds")
-        if (
-            kinds is not None
-        ):  # a unit the configured search can never return is not stored *for* retrieval
+        # a unit the configured search can never return is not stored *for* retrieval
+        if kinds is not None:
             memories = [v for v in memories if _kind(v) is None or _kind(v) in kinds]
         carriers = [
             v

@@ -72,9 +72,8 @@ def _default(action: argparse.Action) -> str:
 
 
 def _help(action: argparse.Action, formatter: argparse.HelpFormatter) -> str:
-    text = (
-        formatter._expand_help(action) if action.help else ""
-    )  # the %(default)s / %% expansion argparse does
+    # the %(default)s / %% expansion argparse does
+    text = formatter._expand_help(action) if action.help else ""
     if action.choices and not all(str(choice) in text for choice in action.choices):
         text = f"{text} (one of: {', '.join(map(str, action.choices))})".strip()
     return _cell(text)

@@ -19,9 +19,8 @@ import os
 
 from optloop.offline import offline_defaults
 
-os.environ.update(
-    offline_defaults()
-)  # first: litellm, mem0 and Hugging Face read them when imported
+# first: litellm, mem0 and Hugging Face read them when imported
+os.environ.update(offline_defaults())
 
 import json
 import time
@@ -147,9 +146,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         else "the sabotage's text is still in the exported prompt: whatever changed, the loop "
         "did not take it out"
     )
-    diff = prompt_diff(
-        {sabotage.site: before}, {sabotage.site: after}
-    )  # before: the sabotaged start
+    # before: the sabotaged start
+    diff = prompt_diff({sabotage.site: before}, {sabotage.site: after})
     console.print(
         diff
         if before != after

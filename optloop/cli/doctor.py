@@ -21,9 +21,8 @@ import os
 
 from optloop.offline import offline_defaults
 
-os.environ.update(
-    offline_defaults()
-)  # first: litellm, mem0 and Hugging Face read them when imported
+# first: litellm, mem0 and Hugging Face read them when imported
+os.environ.update(offline_defaults())
 
 import importlib.metadata
 import time
@@ -198,9 +197,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     console.print(
         f"LM: [bold]{lm.backend.identity}[/bold]  cache: {lm.settings.resolved_cache_path()}"
     )
-    for (
-        line
-    ) in lm.check_endpoint():  # an endpoint: the schema mode and the concurrency it gets, and why
+    # an endpoint: the schema mode and the concurrency it gets, and why
+    for line in lm.check_endpoint():
         console.print(line, soft_wrap=True, markup=False, highlight=False)
     checks = Table(title="checks", show_header=True)
     for col in ("check", "result", "seconds"):

@@ -17,9 +17,8 @@ import os
 
 from optloop.offline import offline_defaults
 
-os.environ.update(
-    offline_defaults()
-)  # first: litellm, mem0 and Hugging Face read them when imported
+# first: litellm, mem0 and Hugging Face read them when imported
+os.environ.update(offline_defaults())
 
 import json
 import logging

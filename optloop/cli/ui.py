@@ -77,7 +77,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise ConfigError(f"--port {args.port}: give a port from 1 to 65535")
     command, env = server_command(args)
     print(f"optloop ui: http://{args.host}:{args.port} (Ctrl-C stops it)", file=sys.stderr)
-    os.execvpe(
-        command[0], command, env
-    )  # the server replaces this process: its exit code is the command's
+    # the server replaces this process: its exit code is the command's
+    os.execvpe(command[0], command, env)
     return 0  # not reached

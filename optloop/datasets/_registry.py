@@ -1,21 +1,23 @@
 """Dataset URIs: ``<scheme>:<rest>[?key=value&...]`` -> :class:`Dataset`.
 
-=====================================  ==============================================
-``builtin:<name>``                     shipped in code: tiny (``builtin:``), suite, meme,
-                                       assistant
-``memfail:<task>[:path]``              coexisting, conditional_easy, conditional_hard,
-                                       persona, long_hop
-``locomo:<path>``                      official ``locomo10.json`` layout
-``longmemeval:<path>``                 official LongMemEval JSON
-``meme:<path>``                        MEME records (JSON list / JSONL)
-``jsonl:<path>``                       one Episode per line (the model's JSON)
-``synthetic:meme?seed=&episodes=&fillers=&domain=``   generated MEME-style episodes
-``synthetic:suite?seed=``              generated end-to-end memory check-list
-``synthetic:recall?seed=&episodes=``   generated plain fact recall (three facts, two asked, per
-episode) ``agentic:<path>``                     agent memories with workspace, status, branch
-status ``agentic:generate?records=&seed=``    generated agentic probes (``probes=``,
-``workspaces=``)
-=====================================  ==============================================
+===================================================  ==============================================
+``builtin:<name>``                                   shipped in code: tiny (``builtin:``), suite,
+                                                     meme, assistant
+``memfail:<task>[:path]``                            coexisting, conditional_easy,
+                                                     conditional_hard, persona, long_hop
+``locomo:<path>``                                    official ``locomo10.json`` layout
+``longmemeval:<path>``                               official LongMemEval JSON
+``meme:<path>``                                      MEME records (JSON list / JSONL)
+``jsonl:<path>``                                     one Episode per line (the model's JSON)
+``synthetic:meme?seed=&episodes=&fillers=&domain=``  generated MEME-style episodes
+``synthetic:suite?seed=``                            generated end-to-end memory check-list
+``synthetic:recall?seed=&episodes=``                 generated plain fact recall (three facts, two
+                                                     asked, per episode)
+``agentic:<path>``                                   agent memories with workspace, status, branch
+                                                     status
+``agentic:generate?records=&seed=``                  generated agentic probes (``probes=``,
+                                                     ``workspaces=``)
+===================================================  ==============================================
 
 Query parameters every scheme accepts, applied in this order after loading:
 ``tasks=a,b`` keeps questions of those task types (episodes left without questions

@@ -1,13 +1,13 @@
 """Agent memory under state: ``agentic:<path>`` (a jsonl layout) and ``agentic:generate?...``
 (seeded).
 
-A coding or ops agent writes memories while it works: "the API listens on port 24817",
-"the schema is at migration m0417_kelvor". Each memory belongs to a **workspace** (and a
-path in it), has a **status** (``active``, or ``superseded`` once a later completed run
-wrote a new value for the same key) and carries the **branch status** of the run that
-wrote it (``completed``, ``failed`` or ``rolled_back``). A memory system that ignores
-that state hands the answer a dead attempt or an old value; one that honours it too
-strictly loses a correct fact that a failed run happened to find.
+A coding or ops agent writes memories while it works. Each memory belongs to a **workspace** (and
+a path in it), has a **status** (``active``, or ``superseded`` once a later completed run wrote a
+new value for the same key) and carries the **branch status** of the run that wrote it
+(``completed``, ``failed`` or ``rolled_back``). Probes ask for a value where that state decides
+the answer (categories ``dead_branch``, ``superseded``, ``clean_recall``,
+``failed_branch_truth``); :func:`score_context` scores what a system put in front of the answer
+(recall, contamination, cross-workspace leakage, clean context).
 
 Layout (``agentic:<path>``): one episode per line, :class:`AgenticEpisode`::
 
@@ -19,38 +19,10 @@ Layout (``agentic:<path>``): one episode per line, :class:`AgenticEpisode`::
                  "gold": "24817", "workspace": "billing", "path": "services/api",
                  "category": "dead_branch", "recall": ["24817"], "distractors": ["8080"]}]}
 
-A run is the facts that name it, contiguous, in one workspace, path and branch status;
-facts are in chronological order. ``foreign`` markers of a probe default to the values of
-every fact written in another workspace. Probe **categories**:
-
-=====================  ==============================================================
-dead_branch            a completed value, then a failed or rolled-back run wrote another
-                       (distractor: the dead value)
-superseded             a completed value replaced by a later completed run (distractor:
-                       the old value)
-clean_recall           one completed value, nothing else (control)
-failed_branch_truth    the only value is on a failed run, and it is correct: what a strict
-                       gate costs in recall
-=====================  ==============================================================
-
-Each episode becomes an :class:`~optloop.datasets.Episode`: one session per run
-(``kind="agent_run"``), a start turn, one turn per fact and an end turn. Every turn ends
-in a machine-readable tag line (``@run {...}``, ``@fact {...}``, ``@end {...}``) under its
-human-readable text: the agent log format :mod:`systems.gated` reads, and plain text to
-any other system. A probe's question starts with its scope header,
-``[workspace billing, path services/api] Which port ...?``. Its markers travel in
-``Question.meta`` (``recall``, ``distractors``, ``foreign``, ``category``, ``workspace``,
-``path``); distractor and foreign values are also ``forbidden`` (an answer naming one scores 0).
-
-Metrics (:func:`score_context`, over what a system put in front of the answer): **recall**
-(share of recall markers in the positive context), **contamination** (a distractor marker in
-the positive context), **cross-workspace leakage** (a foreign marker anywhere in the context,
-negative evidence included) and **clean context** (neither). Negative evidence (a memory shown
-as "this did not work: ...") is context, but not positive context.
-
-Generator (``agentic:generate?records=2000&seed=0&probes=8&workspaces=3``): ``records``
-probes in all, ``probes`` per episode, categories in rotation (so balanced), made-up values
-that are unique within an episode (so a marker names one fact). Nothing here calls an LM.
+Each episode becomes an :class:`~optloop.datasets.Episode`, one session per run, every turn
+ending in the tag line :mod:`systems.gated` reads (``@run``, ``@fact``, ``@end``). Nothing here
+calls an LM. The categories, the episode's turns and the generator: ``docs/systems.md``
+(``gated``).
 """
 
 from __future__ import annotations
@@ -295,9 +267,8 @@ def to_episode(record: AgenticEpisode) -> Episode:
                 fact.status == "superseded"
                 and _superseding(record.facts, record.facts.index(fact)) is None
             ):
-                tag["status"] = (
-                    "superseded"  # said explicitly: no later fact in the log supersedes it
-                )
+                # said explicitly: no later fact in the log supersedes it
+                tag["status"] = "superseded"
             turns.append(
                 Turn(
                     id=fact.id,
@@ -385,9 +356,8 @@ class ContextScore(BaseModel):
     question_id: str
     category: str
     recall: float  # share of recall markers in the positive context
-    recall_any: (
-        float  # share of recall markers anywhere in the context (negative evidence included)
-    )
+    # share of recall markers anywhere in the context (negative evidence included)
+    recall_any: float
     contaminated: bool  # a distractor marker in the positive context
     leaked: bool  # a foreign (other-workspace) marker anywhere in the context
     positive: int
@@ -817,9 +787,8 @@ def load_agentic(rest: str, params: dict[str, str]) -> tuple[str, list[Episode]]
     path = existing_file(rest, "agentic")
     try:
         return f"agentic:{path.stem}", [to_episode(r) for r in read_agentic_jsonl(path)]
-    except (
-        ValidationError
-    ) as exc:  # an episode the records could not become (a bug, or a record past the checks)
+    # an episode the records could not become (a bug, or a record past the checks)
+    except ValidationError as exc:
         raise validation_error(path, None, exc) from None
 
 

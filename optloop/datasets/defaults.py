@@ -9,21 +9,13 @@ A default must make ``python -m optloop.run --system S --budget N`` mean somethi
 - **headroom on the embedded model**: SmolLM2-135M's baseline on dev between 0.2 and 0.8,
   so a better prompt can show and a worse one too.
 
-``synthetic:recall?seed=0&episodes=40`` meets all three for the systems that read plain
-conversations: 40 episodes of three made-up facts stated in a first session and two of them
-asked after a second, unrelated one (scorer ``contains``), split 20/10/10 episodes, 40/20/20
-questions. What a 135M model answers there depends on what the memory kept and retrieved,
-not on what the model knows (every value is a made-up name). graphiti has headroom there with
-its default search, which returns the episodes beside the facts: with the facts alone
-(``--knob search_recipe=EDGE_HYBRID_SEARCH_RRF``) the 135M model's extraction keeps almost no
-fact, and dev accuracy is 0 of 20. md_flat has no headroom there: the 135M model's curation
-keeps almost none of the facts (17 of its 20 dev failures are blamed on ``md_flat.curate``),
-so its baseline is 0 of 20 (it is the curation that fails, not the dataset), and a run from it
-is warned of before its budget is spent, ``--estimate`` included. tiered's baseline there
-(0.150) is below 0.2: what the 135M model writes under its extraction schema is mostly wrong
-(``docs/tiered.md``), and mem0's is 0 of 20. :data:`DEFAULTS` holds each
-system's default and the baseline measured for it (the command and figures in
-``experiments/results/defaults.md``).
+``synthetic:recall?seed=0&episodes=40`` (:data:`RECALL`) is every system's default: 40 episodes
+of three made-up facts stated in a first session and two of them asked after a second, unrelated
+one (scorer ``contains``), split 20/10/10 episodes, 40/20/20 questions. What a small model
+answers there depends on what the memory kept and retrieved, not on what the model knows (every
+value is a made-up name). :data:`DEFAULTS` holds each system's default and the embedded model's
+baseline recorded for it, which ``optloop.run --help`` prints; the measurements, with their
+command, date and commit, are in ``experiments/results/defaults.md`` and ``docs/systems.md``.
 """
 
 from __future__ import annotations

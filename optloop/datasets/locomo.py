@@ -1,42 +1,13 @@
 """LoCoMo (``locomo10.json`` layout) as episodes: ``locomo:<path>``.
 
-The file is a JSON list of samples ``{sample_id, conversation, qa}``; ``conversation``
-holds ``speaker_a``, ``speaker_b``, ``session_<N>`` (list of ``{speaker, dia_id, text}``,
-optionally ``blip_caption`` for a shared photo) and ``session_<N>_date_time``. One
-sample is one episode; session ``session_<N>`` becomes ``s<N>`` and its j-th turn
-``s<N>:t<j>``. Both speakers are ``role="user"`` with ``speaker`` set (neither is an
-assistant); a photo's caption is appended to the text as LoCoMo's own code does.
-
-Question categories follow the official evaluation script:
-
-==  ===========  ==========================================================
-1   multi_hop    ``f1_multi`` (comma-separated sub-answers)
-2   temporal     ``f1``
-3   open_domain  ``f1`` against the first ``;``-separated gold answer
-4   single_hop   ``f1``
-5   adversarial  ``abstain``: the question presupposes something never said;
-                 ``adversarial_answer`` (the trap) is kept in ``meta``
-==  ===========  ==========================================================
-
-Evidence ids ``D<session>:<turn>`` map to turn ids; malformed entries in the
-official data (``"D8:6; D9:17"``, ``"D:11:26"``) are parsed leniently and ones that
-name no turn are dropped with a warning (counted in ``meta["dropped_evidence"]``).
-For adversarial questions the cited turns support the trap, not an answer, so they go
-to ``meta["distractor_evidence"]`` and ``evidence_ids`` stays empty.
-
-A LoCoMo conversation is long (19-32 sessions, 105-260 questions in ``locomo10.json``'s
-samples), so the URI takes three parameters that size a run, applied per conversation:
-
-``sessions=N``   keep the first N sessions, and only the questions whose cited turns all lie in
-                 them (an adversarial question by its trap's turns; a question citing no turn
-                 is dropped, since nothing says it can be answered from those sessions);
-``questions=N``  a seeded sample of N questions, stratified by category: each category keeps
-                 its share (largest remainder, every category present keeps at least one when N
-                 allows), in the file's order;
-``seed=K``       the sample's seed (default 0).
-
-``locomo:locomo10.json?sessions=8&questions=20`` is a conversation's first 8 sessions and 20
-of the questions they answer.
+The file is a JSON list of samples ``{sample_id, conversation, qa}``; one sample is one episode,
+session ``session_<N>`` becomes ``s<N>`` and its j-th turn ``s<N>:t<j>``, both speakers
+``role="user"`` with ``speaker`` set. Questions are scored as the official evaluation script
+scores their category (token F1, multi-hop F1, abstention for adversarial ones, whose trap stays
+in ``meta``); evidence ids ``D<session>:<turn>`` map to turn ids, malformed ones parsed leniently
+or dropped with a warning. The URI's ``sessions=N``, ``questions=N`` (a seeded sample stratified
+by category) and ``seed=K`` size a run per conversation. The categories, the evidence rules and
+the parameters in full: ``docs/systems.md`` ("LoCoMo").
 """
 
 from __future__ import annotations

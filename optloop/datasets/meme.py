@@ -1,40 +1,14 @@
 """MEME episodes as episodes: ``meme:<path>``.
 
-The authors' published layout (``SeokwonJung-Jay/meme-eval``: ``src/data/<name>.json``
-and ``public/<name>/``) is read by :mod:`optloop.datasets.meme_published` when the path
-is a checkout directory or such a file.
-
-File layout (this project's; the generator ``synthetic:meme`` produces the same
-records): a JSON list of records, a JSON object ``{"episodes": [records]}``, or a
-``.jsonl`` file with one record per line. A record is::
-
-    {
-      "episode":   {"id": "e1",                      # optional (default: meme-<n>)
-                    "domain": "workplace", "root": "project Velmora",
-                    "evidence_session_indices": [1, 3]},
-      "sessions":  [{"idx": 0, "kind": "filler" | "evidence" | "probe-before" | "probe-after",
-                     "timestamp": "2024-03-01",      # optional
-                     "conversation": [{"role": "user", "content": "..."}, ...],
-                     "gold_facts": [{"entity": "...", "value": "...", "fact_text": "...",
-                                     "conveyed_in_turn": 0}]}],   # 0-based index into conversation
-      "questions": [{"task_type": "cascade", "question": "...", "gold_answer": "...",
-                     "id": "...",                                   # optional
-                     "evidence_turns": [[3, 0], [5, 2]],            # optional: [session idx, turn
-                     index]
-                     "evidence_session_indices": [3, 5],            # optional
-                     "entity": "...",                               # optional: narrows gold_facts
-                     "scorer": "contains", "forbidden": ["..."], "meta": {...}}]   # optional
-    }
-
-Session ``idx`` k becomes ``s<k>`` and its conversation's j-th message (0-based)
-turn ``s<k>:t<j+1>``. A question's evidence is, first found: its ``evidence_turns``;
-else the turns conveying ``gold_facts`` (of ``entity`` when given) in its
-``evidence_session_indices`` or the episode's; else all user turns of those sessions.
-
-Task types and their scorers: ``exact_recall``, ``tracking`` (latest value),
-``cascade`` (a derived value after its root changed) -> ``contains``; ``aggregation``
--> ``contains_all``; ``deletion`` (the fact was retracted) and ``absence`` (never
-stated) -> ``abstain``.
+The authors' published layout (``SeokwonJung-Jay/meme-eval``: ``src/data/<name>.json`` and
+``public/<name>/``) is read by :mod:`optloop.datasets.meme_published` when the path is a checkout
+directory or such a file. Otherwise the file holds this project's records (the generator
+``synthetic:meme`` produces the same): a JSON list, ``{"episodes": [records]}`` or JSONL, each
+record an ``episode`` header, its ``sessions`` (``idx``, ``kind``, ``conversation``,
+``gold_facts``) and its ``questions`` (``task_type``, ``question``, ``gold_answer``, optional
+evidence). Session ``idx`` k becomes ``s<k>`` and its j-th message (0-based) turn ``s<k>:t<j+1>``;
+each task type has its scorer (``contains``, ``contains_all`` or ``abstain``). The record's every
+field, the evidence rule and the scorers: ``docs/systems.md`` ("MEME records").
 """
 
 from __future__ import annotations

@@ -338,9 +338,8 @@ def _question(
     flat = [str(v) for e in entities for v in _as_list(values.get(e))]
     scorer = TASK_SCORERS[task] if abstain or task not in ABSTAIN_TASKS else "contains"
     if scorer == "contains_all" and len(flat) > 1:
-        gold_for_scoring = ", ".join(
-            flat
-        )  # a sentence gold splits badly on commas; the values do not
+        # a sentence gold splits badly on commas; the values do not
+        gold_for_scoring = ", ".join(flat)
     else:
         gold_for_scoring = gold
     with record_context(source, where):

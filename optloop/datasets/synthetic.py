@@ -1,39 +1,14 @@
 """Seeded generators: ``synthetic:meme?seed=K&episodes=N&fillers=F&domain=D``,
 ``synthetic:suite?seed=K`` and ``synthetic:recall?seed=K&episodes=N``.
 
-``synthetic:meme`` builds MEME-style episodes (the records :mod:`optloop.datasets.meme`
-reads) from a small dependency DAG over fictitious values, in two domains
-(``workplace``, ``household``; ``domain=`` picks one, default alternates). Each episode
-asks all six MEME tasks once:
-
-==============  =====================================================================
-exact_recall    a fact stated once
-aggregation     three facts of one relation in three sessions -> all three
-tracking        a value overwritten two or three times -> the latest
-deletion        a fact stated, then retracted -> nothing (abstain)
-cascade         a rule ("project P's office is in the city its lead lives in"), the
-                link and the root; later the root moves or the link is reassigned ->
-                the derived value after propagation
-absence         an attribute never stated -> unknown (abstain)
-==============  =====================================================================
-
-Gold answers are not written by hand: the timeline of statements is replayed on a
-tiny world model (:class:`_World`: base facts, set-valued facts, deletions and
-derived rules), and each question's gold and evidence turns are what the world
-resolves at the end. Filler sessions (chit-chat, no facts) are interleaved. The same
-seed gives identical output; every value is a made-up name so a model cannot know it.
-
-``synthetic:suite`` is an end-to-end memory check-list in the spirit of a personal
-assistant's tests, one small episode per check: store, same_session_recall,
-cross_session_recall, multi_fact, selective_recall, update (the old value must not
-come back), forget, implicit_info, numbers.
-
-``synthetic:recall`` is the plainest memory task at any size: each episode is one user
-stating three personal facts (made-up values) in a first session, chatting about
-something else in a second, then asked for two of the facts (scorer ``contains``). A
-model that can copy a value from its context passes it when the fact reaches the answer,
-so even a 135M model's score depends on what memory kept and retrieved: the controlled
-setting of the repair benchmark (``experiments/bench/repair.py``).
+``synthetic:meme`` builds MEME-style episodes (the records :mod:`optloop.datasets.meme` reads),
+each asking all six MEME tasks once, with gold answers and evidence turns resolved by replaying the
+statements on a tiny world model (:class:`_World`), not written by hand. ``synthetic:suite`` is an
+end-to-end memory check-list, one small episode per check. ``synthetic:recall`` is the plainest
+memory task at any size: three made-up facts stated, two asked after an unrelated session
+(scorer ``contains``), so even a 135M model's score depends on what memory kept and retrieved.
+The same seed gives identical output; every value is a made-up name so a model cannot know it.
+Each generator's tasks: ``docs/systems.md`` ("Generated datasets").
 """
 
 from __future__ import annotations
@@ -566,9 +541,8 @@ def _meme_record(seed: int, index: int, domain: str, fillers: int) -> dict[str, 
     for task in tasks:
         value, evidence = world.resolve(task.key)
         abstain = task.task_type in _ABSTAIN_GOLD
-        if abstain != (
-            value is None
-        ):  # the construction guarantees this; fail loudly if a template breaks it
+        # the construction guarantees this; fail loudly if a template breaks it
+        if abstain != (value is None):
             raise RuntimeError(
                 f"synthetic:meme {task.task_type}: propagated value {value!r} contradicts the task"
             )

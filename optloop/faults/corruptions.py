@@ -42,9 +42,8 @@ def _already_in_file(item: Any, inputs: dict[str, Any]) -> bool:
 
 def _blur(text: str) -> str:
     """The same sentence with its specifics (names, numbers, places) replaced: an overwrite."""
-    parts = (
-        text.split()
-    )  # the sentence's own words, case and spelling kept (not optloop.text.words)
+    # the sentence's own words, case and spelling kept (not optloop.text.words)
+    parts = text.split()
     out = [
         ("something" if i > 0 and (w[:1].isupper() or any(c.isdigit() for c in w)) else w)
         for i, w in enumerate(parts)

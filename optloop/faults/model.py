@@ -119,9 +119,8 @@ class OperationFault(PlantedFault):
             for session in sessions:
                 before = {m.id for m in system.all_memories()}
                 original([session])
-                hook(
-                    system, before
-                )  # after the first session too (``before`` empty): the old hooks then do nothing
+                # after the first session too (``before`` empty): the old hooks then do nothing
+                hook(system, before)
 
         system.ingest = faulty_ingest  # type: ignore[method-assign]
 

@@ -108,9 +108,8 @@ def summarize(run: PlantedRun, *, seed: int = 0, min_n: int = MIN_SAMPLE) -> dic
         first = tallies[0] if tallies else None
         ind = [c for c in group if c.induced]
         by_fault[key] = {
-            **_block(
-                ind, "induced failures", seed
-            ),  # n, site/type accuracy: induced only, as before
+            # n, site/type accuracy at the top level: the induced failures only (as "induced")
+            **_block(ind, "induced failures", seed),
             "caused": len(group),
             "induced": _block(ind, "induced failures", seed),
             "all": _block(group, "failures caused", seed),
@@ -172,9 +171,8 @@ def summarize(run: PlantedRun, *, seed: int = 0, min_n: int = MIN_SAMPLE) -> dic
 
     median, p95 = _ms(cases)
     return {
-        **_block(
-            induced, "induced failures", seed
-        ),  # n, site_accuracy, type_accuracy: induced only, as before
+        # n, site_accuracy, type_accuracy at the top level: induced failures only (as "induced")
+        **_block(induced, "induced failures", seed),
         "induced": _block(induced, "induced failures", seed),
         "all_failures": _block(cases, "failures caused", seed),
         "set_aside": {

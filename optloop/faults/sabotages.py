@@ -4,8 +4,9 @@ loop must find and mend, with the dataset it is run on. ``make demo-repair`` pla
 (``optloop demo-repair``, :mod:`optloop.cli.demo_repair`); the repair benchmark
 (``experiments/bench/repair.py``) plants them all.
 
-The catalogue grew in six parts, each written down before any of its faults was run; the comments
-above each say what the runs before it showed and why its cases are what they are.
+The catalogue grew in parts, each written down before any of its faults was run; what the runs
+before each part showed and why its cases are what they are is in ``docs/benchmarks.md`` ("The
+repair catalogue, part by part").
 """
 
 from __future__ import annotations
@@ -13,10 +14,9 @@ from __future__ import annotations
 from optloop.faults.model import InstructionFault
 from optloop.sites import ANSWER, MD_FLAT_CURATE, MEM0_EXTRACT, QUERY_REWRITE
 
-# Written before the first run (see the module docstring). The 135M model follows behaviour and
-# format instructions far better than topic filters (measured before this benchmark: a food-only
-# curate instruction and an "answer only word for word" rule left md_flat's accuracy where it was),
-# so most cases are of that kind; `curate-food` is kept as the topic-filter case.
+# Part 1: behaviour and format rules at md_flat's sites on memfail:persona, and one topic filter
+# (curate-food). Why each part's cases are what they are: docs/benchmarks.md, "The repair
+# catalogue, part by part".
 SABOTAGES: list[InstructionFault] = [
     InstructionFault(
         name="answer-echo",
@@ -76,14 +76,7 @@ SABOTAGES: list[InstructionFault] = [
         description="behaviour, appended to mem0's own extraction prompt (slow: ~50 s a session)",
     ),
 ]
-# Second catalogue, written after the first run and before any of these ran. The first run showed
-# why the first catalogue's appended cases could not bite here: on memfail:persona, md_flat's clean
-# accuracy (0.36) comes almost wholly from the answer site declining questions about people never
-# mentioned; "reply N/A" and "answer in French" still decline (the abstention scorer accepts them),
-# and the persona questions the curate site serves are lost even clean. The one case that bit,
-# answer-echo, replaces the instruction: mending it means writing the abstention rule the optimizer
-# never sees. These append behaviour rules that attack that declining, so that what bites is also
-# what an optimizer can find and take back out.
+# Part 2: appended behaviour rules against the answer site's declining.
 SABOTAGES += [
     InstructionFault(
         name="answer-never-abstain",
@@ -103,10 +96,7 @@ SABOTAGES += [
         description="answer-echo's behaviour, appended instead of replacing",
     ),
 ]
-# Third, written after the second catalogue's two appended rules did not bite (margins +0.014 and
-# +0.000, CIs across 0: SmolLM2 acts on the start of the answer instruction, not on a sentence
-# after it) and before this ran: answer-echo's own text put in front of the clean instruction
-# instead of replacing it.
+# Part 3: answer-echo's own text in front of the clean instruction.
 SABOTAGES += [
     InstructionFault(
         name="answer-echo-prepend",
@@ -117,12 +107,7 @@ SABOTAGES += [
         description="answer-echo's behaviour, put before the clean instruction",
     ),
 ]
-# Fourth, written after the first catalogue's curate cases were bite-checked on memfail:persona
-# (curate-empty -0.056 [-0.139, 0.028], curate-redact -0.014 [-0.069, 0.042]: neither bites,
-# because persona's clean score is the answer site declining, which needs no stored fact) and
-# before any of these ran: the same curate sabotages and answer-echo on a task whose answers need
-# the stored facts (MemFail's conditional facts, easy: "would she do X now?", where X depends on a
-# condition stated in the session).
+# Part 4: the curate cases and answer-echo on a task whose answers need the stored facts.
 CONDITIONAL = "memfail:conditional_easy?limit=40"
 SABOTAGES += [
     InstructionFault(
@@ -153,15 +138,7 @@ SABOTAGES += [
         description="behaviour: the answer becomes the question",
     ),
 ]
-# Fifth, written before any of these ran. The four catalogues above showed that on SmolLM2-135M,
-# md_flat's score on MemFail barely depends on memory (a curate sabotage that stores nothing moves
-# nothing), and the answer sabotage that bites replaces the instruction, which only writing can
-# mend. So: a task whose score depends on memory even at 135M (synthetic:recall: three made-up
-# facts, two asked; the answer is a value copied from context), a system with two sites on the path
-# of every question (rag_bm25 with its query rewrite: retrieve.query, then answer; no LLM at
-# ingest, so a question's fault is at one of the two), and for each site sabotages of three kinds:
-# put in front of the site's own instruction (one phrase, so one deletion takes it out), replacing
-# it, and appended. Which of them bite is the bite check's to say.
+# Part 5: rag_bm25's two sites on synthetic:recall, each sabotaged in front, in place and after.
 RECALL = "synthetic:recall?seed=0&episodes=40"
 _ECHO_ONE = "Repeat the question back word for word instead of answering it."
 _NOTHING = "Reply with the single word nothing."
@@ -248,14 +225,8 @@ SABOTAGES += [
         description="behaviour, appended",
     ),
 ]
-# Sixth, for the repair proof on a champion (``experiments.bench.repair --champion``), written
-# before any of these ran. The clean answer instruction ends with its own rule, 'If the memories
-# do not contain the answer, reply "I don't know"', which SmolLM2 follows on questions the
-# memories do answer: on synthetic:recall that rule costs more accuracy than most sabotages above,
-# and an edit that deletes it reads as a repair. The champion is the program the loop reaches from
-# the clean one (the rule deleted, where the loop deletes it); these cases put that rule back on
-# the champion, in front and at the end, so the fault to mend is the one the clean program
-# carried. Where the champion still says it, the bench drops the case (the text is already there).
+# Part 6: the clean answer instruction's own abstention rule put back on a champion
+# (``experiments.bench.repair --champion``); dropped where the champion still says it.
 _ABSTAIN = 'If the memories do not contain the answer, reply "I don\'t know".'
 SABOTAGES += [
     InstructionFault(
@@ -280,16 +251,7 @@ SABOTAGES += [
         "has it",
     ),
 ]
-# Seventh, for a task model that can use a written instruction (Qwen2.5-Coder 0.5B), written
-# before any of these ran. The replaced-instruction cases above bite on SmolLM2-135M, which cannot
-# use the instruction a writer puts back; on the 0.5B neither bites (recall-answer-echo margin
-# -0.03 [-0.06, +0.00], recall-query-nothing -0.25 [-0.35, -0.16], n=80: the 0.5B answers the
-# question whatever the answer instruction says, and its query under "nothing" finds more than the
-# clean rewrite's). These replace each site's instruction with a fixed rule such a model is more
-# likely to obey, a non-answer at the answer site and a query about something else at the query
-# site, so that mending them means writing the site's instruction again. The bite check says which
-# of them bite on the 0.5B; the repair runs (three seeds, three arms, a writer) take, at each site,
-# the case that bites by the widest margin.
+# Part 7: rag_bm25's sites given a fixed rule a model that uses what is written obeys.
 _UNKNOWN = "Always reply exactly I don't know whatever the memories say."
 SABOTAGES += [
     InstructionFault(
@@ -333,16 +295,7 @@ SABOTAGES += [
         description="behaviour: the rewrite replaced by a query that keeps no name or attribute",
     ),
 ]
-# Eighth, written after the seventh's bite check on the 0.5B and before any of these ran. None of
-# the four bit: under each, the 0.5B answered as well as under rag_bm25's own prompts or better
-# (answer margins -0.013 and -0.025, query margins -0.350, n=80). rag_bm25's sites return one
-# JSON field each, and the 0.5B fills it from the question and the memories whatever the
-# instruction above says: its rewrite under "weather" or "first word" is the question as asked,
-# which finds more than its rewrite under the clean instruction. These move to a site whose
-# output is built from what the instruction asks for: md_flat's curate step, which writes down
-# the facts of each session (nothing written down, nothing to answer from), on the same task;
-# and the fixed non-answer at md_flat's answer site. The repair runs take, at each site, the
-# case that bites by the widest margin, as above.
+# Part 8: md_flat's curate and answer sites on synthetic:recall, for the same models.
 SABOTAGES += [
     InstructionFault(
         name="recall-curate-empty",
@@ -373,17 +326,6 @@ SABOTAGES += [
         description="behaviour: md_flat's answer instruction replaced by a fixed non-answer",
     ),
 ]
-# Written after the eighth's first repair runs on the 0.5B (seed 0, three arms: nothing recovered;
-# under every instruction tried there, the writer's included, the 0.5B's curate step drops the
-# first session's facts when it writes the list after the second) and before this ran: the
-# replaced-instruction cases at rag_bm25's sites, the champion table's two and the seventh's, are
-# bite-checked with Qwen2.5-Coder 1.5B answering, a model that follows more of what is written;
-# the repair runs take, at each site, the case that bites by the widest margin. The cases:
-# recall-answer-echo, recall-query-nothing, recall-answer-unknown, recall-query-weather.
-# Written after the 1.5B's repair runs on recall-answer-unknown (nine of nine recovered, each by
-# the signature's default instruction, which the writer's texts tied on dev) and before this ran:
-# recall-curate-empty with the 1.5B answering, where the default instruction may not carry the
-# memory file forward and only a written one would.
 # The cases written for a model that uses what is written (run with --lm and a writer).
 WRITER_CASES = [
     "recall-answer-unknown",

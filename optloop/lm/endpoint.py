@@ -248,9 +248,8 @@ class OpenAICompatibleBackend(Backend):
         try:
             response = self.client.chat.completions.create(model=self.model, **kwargs)
         except json.JSONDecodeError as exc:  # the SDK could not parse the body at all
-            doc = (
-                exc.doc.strip()
-            )  # a body that starts as JSON and stops (not one that goes wrong) was cut short
+            # a body that starts as JSON and stops (not one that goes wrong) was cut short
+            doc = exc.doc.strip()
             cut = doc[:1] in ("{", "[") and (
                 exc.msg.startswith("Unterminated string") or exc.pos >= len(doc)
             )

@@ -1,38 +1,17 @@
 """optloop's DSPy engine: ``complete(lm15.Request) -> lm15.Response`` over one backend.
 
 DSPy 3.4 runs a custom model through an *engine* passed to ``dspy.LM(engine=...,
-async_engine=...)``: the engine gets one canonical ``dspy.lm15.Request`` per attempt
-and returns one ``dspy.lm15.Response`` (``dspy/clients/engines/base.py``). optloop's
-engine keeps what optloop needs in one place, for DSPy's calls and optloop's own
-direct calls (:meth:`OptloopEngine.call`) alike:
-
-* the persistent cache (:class:`~optloop.lm.cache.LMCache`), keyed as before the
-  engine existed, so caches written by earlier versions still answer;
-* retries with jittered backoff, HTTP 429 after ``Retry-After`` on a budget of its own,
-  fault labels, the endpoint's health (DSPy's own retries and cache are off for this LM:
-  ``num_retries=0``, ``cache=False``);
-* the process's ``--rpm`` / ``--tpm`` / ``--concurrency`` throttle for the endpoint
-  (:mod:`optloop.lm.limits`), and single-flight cache misses (concurrent calls with one key
-  make one model call);
-* one :class:`~optloop.lm.accounting.CallRecord` per call, charged to the
-  :func:`~optloop.lm.accounting.prompt_site` of the calling thread or task, with its
-  dollar cost (:mod:`optloop.lm.pricing`);
-* the request watchers (a benchmark's witness of what reaches the model).
-
-What DSPy 3.4.1's engine interface cannot carry, and how the gap is bridged
-(:class:`~optloop.lm.dspy_lm.OptloopLM` is the whole shim):
-
-* ``rollout_id`` and a call's ``cache=`` flag stop at DSPy's own cache and never
-  reach an engine (``Config.extensions`` refuses them), yet optloop keys its cache
-  and seeds its sampling with the rollout. ``OptloopLM.__call__``/``acall`` put
-  them in a context variable (:data:`CALL_OPTIONS`) that :meth:`complete` reads.
-* A pydantic ``response_format`` is rewritten by DSPy into OpenAI's strict form
-  (every property required, ``None`` defaults dropped) before an engine sees it;
-  the local model would then decode under another grammar than the library's own
-  schema. ``OptloopLM`` hands DSPy the schema as a dict, which it passes on as is.
-* An exception an engine raises that is not a DSPy/lm15 error reaches the caller
-  as ``dspy.utils.exceptions.LMUnexpectedError``; ``OptloopLM`` re-raises optloop's
-  own :class:`~optloop.errors.LMError` (its cause), which the pipeline handles.
+async_engine=...)``: one canonical ``dspy.lm15.Request`` in per attempt, one
+``dspy.lm15.Response`` out. optloop's engine keeps what optloop needs in one place, for DSPy's
+calls and optloop's own direct calls (:meth:`OptloopEngine.call`) alike: the persistent cache
+(:class:`~optloop.lm.cache.LMCache`) with single-flight misses, retries with jittered backoff
+(HTTP 429 on a budget of its own), fault labels and the endpoint's health, the process's
+``--rpm`` / ``--tpm`` / ``--concurrency`` throttle (:mod:`optloop.lm.limits`), one
+:class:`~optloop.lm.accounting.CallRecord` per call charged to the calling prompt site with its
+dollar cost, and the request watchers. DSPy's own retries and cache are off for this LM. What
+DSPy's engine interface cannot carry (``rollout_id``, ``cache=``, a pydantic
+``response_format``, optloop's own errors) is bridged in :class:`~optloop.lm.dspy_lm.OptloopLM`,
+through :data:`CALL_OPTIONS`; ``docs/architecture.md`` ("The LM layer") says how.
 """
 
 from __future__ import annotations
@@ -185,9 +164,8 @@ class OptloopEngine:
         payload = {"model": self.backend.identity, **asdict(request), "rollout_id": rollout_id}
         started = time.perf_counter()
         try:
-            decoding = self.backend.decoding(
-                request
-            )  # may probe the endpoint once (the schema mode)
+            # may probe the endpoint once (the schema mode)
+            decoding = self.backend.decoding(request)
         except LMError as exc:  # the probe's failure is this call's
             self._record(request, None, started, cached=False, error=str(exc))
             if isinstance(exc, LMUnreachableError):
@@ -203,9 +181,8 @@ class OptloopEngine:
             self._record(request, timed[0], started, cached=True, key=key, replayed=timed[1])
             return timed[0]
         with self._single_flight(key):
-            if (
-                timed := self.cache.get_timed(key)
-            ) is not None:  # another thread's call for this key just finished
+            # another thread's call for this key just finished
+            if (timed := self.cache.get_timed(key)) is not None:
                 self._record(request, timed[0], started, cached=True, key=key, replayed=timed[1])
                 return timed[0]
             return self._call_model(request, key, started, store=True)
@@ -259,9 +236,8 @@ class OptloopEngine:
                 except Exception as exc:
                     if backend.is_rate_limited(exc):
                         rate_limited += 1
-                        self.throttle.settle(
-                            estimate, 0
-                        )  # refused: nothing of the estimate was spent
+                        # refused: nothing of the estimate was spent
+                        self.throttle.settle(estimate, 0)
                     else:
                         faults.append(backend.fault_label(exc))
                         timeouts += backend.is_timeout(exc)

@@ -1,29 +1,13 @@
 """One machine, many runs: a machine-wide budget of llama.cpp threads.
 
-Every process that runs the embedded model (llama.cpp in-process) takes a *slot*
-before each model call and gives it back after. A slot is an exclusive
-``fcntl.flock`` on one of ``OPTLOOP_LLAMA_SLOTS`` lock files (default 1); each
-slot's holder runs llama.cpp with ``cpu_count // slots`` threads. So at most
-``cpu_count`` llama.cpp threads run on the machine at a time, however many runs
-share it.
-
-Why serialize calls (one slot) rather than split the cores between the runs:
-llama.cpp's worker threads spin at a barrier after every layer, so two processes
-that each start ``cpu_count`` threads on the same cores make every barrier wait
-for a descheduled thread. That is what turned two ``--budget 2`` runs on the
-2-core machine from 44 s alone into ~495 s each (11x). One holder at a time with
-every core gives the same throughput as one run alone, and a run left alone
-keeps every core, whereas a fixed split (each process loading its model with
-half the threads) would leave half the machine idle once the other run finishes,
-because llama.cpp fixes its thread count when the model loads. The non-model
-work of the runs (Python, SQLite, embeddings) still overlaps.
-
-Robustness: the kernel releases a flock when its holder dies, however it dies
-(SIGKILL included), so a killed run never leaves the machine locked; the lock
-files themselves are never deleted (deleting one that another process holds
-open would split the lock). They live in ``OPTLOOP_LOCK_DIR``, by default a
-per-user directory in the system temp dir rather than under ``OPTLOOP_HOME``:
-two runs with different ``OPTLOOP_HOME`` on one machine still share the CPU.
+Every process that runs the embedded model (llama.cpp in-process) takes a *slot* before each model
+call and gives it back after. A slot is an exclusive ``fcntl.flock`` on one of
+``OPTLOOP_LLAMA_SLOTS`` lock files (default 1) in ``OPTLOOP_LOCK_DIR`` (default a per-user
+directory in the system temp dir); each slot's holder runs llama.cpp with ``cpu_count // slots``
+threads, so at most ``cpu_count`` llama.cpp threads run on the machine at a time, however many
+runs share it. The kernel releases a flock when its holder dies, so a killed run never leaves the
+machine locked; the lock files are never deleted. Why one slot rather than a split of the cores:
+``docs/architecture.md`` ("The LM layer", one machine, many runs).
 
 This module uses only the standard library, so tests can load it without DSPy.
 """
@@ -120,9 +104,8 @@ class MachineSlots:
         try:
             for i in range(self.slots):
                 fds.append(self._open(i))
-        except (
-            OSError
-        ) as exc:  # a read-only or foreign temp dir: run, uncoordinated, rather than fail
+        # a read-only or foreign temp dir: run, uncoordinated, rather than fail
+        except OSError as exc:
             for fd in fds:
                 os.close(fd)
             if not self._warned:
@@ -144,9 +127,8 @@ class MachineSlots:
             while held is None:
                 held = next((i for i in order if self._try(fds[i])), None)
                 if held is None and self.slots == 1:
-                    fcntl.flock(
-                        fds[0], fcntl.LOCK_EX
-                    )  # sleeps in the kernel until the holder lets go: no polling
+                    # sleeps in the kernel until the holder lets go: no polling
+                    fcntl.flock(fds[0], fcntl.LOCK_EX)
                     held = 0
                 elif held is None:
                     time.sleep(self.POLL_S)

@@ -32,9 +32,8 @@ if TYPE_CHECKING:
     from optloop.datasets import Dataset
     from optloop.loop.evaluate import Evaluator
 
-RUNNER_SETTING = (
-    "optloop_program_runner"  # the dspy.context key the running evaluator travels under
-)
+# the dspy.context key the running evaluator travels under
+RUNNER_SETTING = "optloop_program_runner"
 
 
 @contextmanager

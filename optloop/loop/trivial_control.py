@@ -1,32 +1,20 @@
 """The trivial-instruction control: the figure a loop's prompt must beat besides the system's own.
 
 A gain counts only when the prompt that carries it beats a trivial instruction as well as the
-system's own prompt. On mem0 with a 0.5B model, mem0's own 8,000-token extraction prompt stores
-nothing (dev 0.00) while any short system text ("You are a helpful assistant.") gets 0.95: a loop
-that reports +0.75 over mem0's prompt has earned nothing a trivial instruction does not. So every
-run evaluates a **control** beside the start program and the best (``--no-control`` skips it,
-and the report then cannot say what the loop's writing earned):
+system's own prompt: a long library prompt can fail for reasons no rewrite of its words is needed
+for (``docs/loop.md`` has the case). So every run evaluates a **control** beside the start program
+and the best (``--no-control`` skips it, and the report then cannot say what the loop's writing
+earned): :func:`control_candidate` is the start program with each prompt site of the first
+targeting (:func:`optloop.loop.policy.control_sites`) given
+:func:`optloop.loop.candidate.trivial_instruction`, knobs and demos as they are (no prompt site
+blamed: no control); the controller evaluates it on dev before the trials and on test beside the
+start program and the best; :class:`Comparison` (:func:`compare`) is what the report shows and
+MLflow keeps: the three on dev and test with their 95% CIs, and the paired differences loop − own
+prompt and loop − control on test, a CI that includes 0 being "no measurable change".
 
-- the control candidate (:func:`control_candidate`) is the run's start program with each prompt
-  site of the first targeting (the sites the baseline's blame chose; ``--sites``; every site with
-  ``--untargeted``: :func:`optloop.loop.policy.control_sites`) given the trivial instruction for
-  its signature, :func:`optloop.loop.candidate.trivial_instruction` (DSPy's default instruction
-  built from the signature's fields, the edit optimizer's deletion of every unit); knobs and demos
-  stay as they are. When the blame names no prompt site (only knobs) there is no control, and the
-  report says so;
-- the controller evaluates it on dev once the targets are chosen (before the trials) and on test
-  beside the start program and the best, each evaluation checkpointed as soon as it returns
-  (:mod:`optloop.loop.controller`);
-- :class:`Comparison` (:func:`compare`) is what the report shows and MLflow keeps: three rows,
-  the start program, the control and the loop's best, each with its dev and test accuracy, n and
-  95% bootstrap CI; and the paired differences loop − own prompt and loop − control on test with
-  their paired bootstrap CIs (:mod:`optloop.stats`, seeded with ``--seed``). A difference whose CI
-  includes 0 is "no measurable change".
-
-The promotion rule does not look at the control (the champion moves on the delta against the
-start program, :func:`optloop.loop.policy.promotion`); whether the best beat the control is
-recorded beside it (``LoopResult.beats_control``, the MLflow tag ``optloop.beats_control``).
-Pure functions and data: nothing here evaluates, logs or writes.
+The promotion rule does not look at the control (:func:`optloop.loop.policy.promotion`); whether
+the best beat it is recorded beside it (``LoopResult.beats_control``, the MLflow tag
+``optloop.beats_control``). Pure functions and data: nothing here evaluates, logs or writes.
 """
 
 from __future__ import annotations

@@ -267,9 +267,8 @@ def run_episode(
     with contextlib.ExitStack() as stack:
         if workers is None and (n := concurrency(lm)) > 1:
             workers = stack.enter_context(Workers(n))
-        calls = stack.enter_context(
-            collect_calls()
-        )  # this episode's LM calls (did a fault hit it?)
+        # this episode's LM calls (did a fault hit it?)
+        calls = stack.enter_context(collect_calls())
         try:
             store, reused = stores.open(episode)
         except LMError as exc:  # ingestion hit an LM fault
@@ -459,9 +458,8 @@ def _ask_parallel(
     pending: list[tuple[QuestionOutcome, Question]] = []
     for done in answered:
         if done.graph is not None and result.graph is not None:
-            result.graph.absorb(
-                done.graph, since=since
-            )  # a private store's graph is result.graph: folded in order
+            # a private store's graph is result.graph: folded in order
+            result.graph.absorb(done.graph, since=since)
         if done.error is not None:
             if on_lm_error == "raise" or not isinstance(done.error, LMError):
                 raise done.error

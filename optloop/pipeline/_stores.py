@@ -58,9 +58,8 @@ def ingest(
     """
     started = time.perf_counter()
     recorder = None
-    with (
-        collect_calls() as calls
-    ):  # this episode's calls only, whatever other threads call meanwhile
+    # this episode's calls only, whatever other threads call meanwhile
+    with collect_calls() as calls:
         try:
             if record:
                 with Recorder(system, episode, dataset=dataset_uri) as recorder:
@@ -69,9 +68,8 @@ def ingest(
                 system.ingest(episode.sessions)
         except BaseException as exc:
             system.close()
-            if (
-                recorder is not None
-            ):  # what ran before the fault, the failed call marked: for the fault graph
+            # what ran before the fault, the failed call marked: for the fault graph
+            if recorder is not None:
                 exc.partial_graph = recorder.graph  # type: ignore[attr-defined]
             raise
     return Store(system, recorder, len(calls), ingest_s=time.perf_counter() - started)
@@ -207,18 +205,16 @@ class StoreCache:
                 except BaseException:
                     self._let_go(entry)
                     raise
-            if (
-                entry.failed
-            ):  # the build this opener waited for failed: build anew, as the serial run would
+            # the build this opener waited for failed: build anew, as the serial run would
+            if entry.failed:
                 self._let_go(entry)
                 plan = None
                 continue
             assert entry.store is not None
             if not pin:
                 with self._lock:
-                    entry.users -= (
-                        1  # an evicted one stays in _retired: its caller is about to use it
-                    )
+                    # an evicted one stays in _retired: its caller is about to use it
+                    entry.users -= 1
             return entry.store, reused
 
     @contextlib.contextmanager
@@ -237,9 +233,8 @@ class StoreCache:
         finally:
             for key, left in plan.decisions.items():
                 for entry, reused in left:
-                    if (
-                        not reused and entry.store is None
-                    ):  # never built: out, and nobody waits for it
+                    # never built: out, and nobody waits for it
+                    if not reused and entry.store is None:
                         self._drop(key, entry)
                     self._let_go(entry)
 

@@ -6,34 +6,23 @@
     from optloop.product import apply
 
     memory = Memory(config)
-    apply(memory, "prompts:/optloop.mem0.extract@champion")          # from the MLflow Prompt
-    Registry
-
-    graphiti = Graphiti(...)
-    apply(graphiti, "prompts:/optloop.graphiti.extract_edges.edge@champion",
-          "optloop.graphiti.dedupe_nodes.nodes/3")                    # several prompts, alias or
-          version
-    apply(memory, {"mem0.extract": text})                             # site -> text
-    apply(memory, "exported.json")                                    # python -m optloop export
-    --format json
+    # from the MLflow Prompt Registry: an alias or a version, one prompt or several
+    apply(memory, "prompts:/optloop.mem0.extract@champion")
+    apply(graphiti, "optloop.graphiti.extract_edges.edge@champion", "optloop.graphiti.x.y/3")
+    # site -> text, or a file of ``python -m optloop export --format json``
+    apply(memory, {"mem0.extract": text})
+    apply(memory, "exported.json")
 
 A source is a registry reference (``prompts:/NAME@ALIAS``, ``prompts:/NAME/VERSION``,
-``NAME@ALIAS``, ``NAME/VERSION``), a mapping or JSON file of site -> prompt text,
-or a list of those; later sources win for the same site. Registry prompts are
-read from ``tracking_uri``, else ``MLFLOW_TRACKING_URI``, else optloop's store.
-
-The target decides what is applied, by the same code an export writes into a
-standalone module (:mod:`optloop.product.templates`):
-
-- ``mem0.Memory``: ``mem0.extract`` / ``mem0.rerank`` replace mem0's own system
-  prompts on the instance's LLM client, with the site's response schema
-  (:func:`response_format`), so mem0 sends what the optimization run sent;
-- ``graphiti_core.Graphiti``: ``graphiti.<group>.<method>`` sites override
-  graphiti's builders; the library is set where graphiti reads it at call
-  time (``graphiti.clients.prompt_library``, and ``llm_runtime.library``).
-
-``answer`` and ``retrieve.query`` are optloop's own steps, not the library's:
-they are skipped (logged); a prompt of the other library is an error.
+``NAME@ALIAS``, ``NAME/VERSION``), a mapping or JSON file of site -> prompt text, or a list of
+those; later sources win for the same site. Registry prompts are read from ``tracking_uri``, else
+``MLFLOW_TRACKING_URI``, else optloop's store. The target decides what is applied, by the same
+code an export writes into a standalone module (:mod:`optloop.product.templates`): on a
+``mem0.Memory`` the ``mem0.*`` sites replace mem0's system prompts, with the site's response
+schema (:func:`response_format`), so mem0 sends what the optimization run sent; on a
+``graphiti_core.Graphiti`` the ``graphiti.*`` sites override graphiti's builders where graphiti
+reads them at call time. ``answer`` and ``retrieve.query`` are optloop's own steps, not the
+library's: they are skipped (logged); a prompt of the other library is an error.
 """
 
 from __future__ import annotations

@@ -10,9 +10,8 @@ import os
 
 from optloop.offline import offline_defaults
 
-os.environ.update(
-    offline_defaults()
-)  # first: litellm, mem0 and Hugging Face read them when imported
+# first: litellm, mem0 and Hugging Face read them when imported
+os.environ.update(offline_defaults())
 
 import ast
 import json
@@ -109,9 +108,8 @@ def from_run(run_id: str) -> Bundle:
 def _artifact_text(run_id: str, path: str) -> str:
     import mlflow
 
-    os.environ.setdefault(
-        "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false"
-    )  # stderr stays one line on success
+    # stderr stays one line on success
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
     with tempfile.TemporaryDirectory() as tmp:
         local = mlflow.artifacts.download_artifacts(
@@ -261,9 +259,8 @@ def _module(bundle: Bundle, library: str, *, schema_mode: SchemaMode, command: s
         "by hand.\n"
     )
     text = fill(template_source(f"{library}_prompts"), data, header)
-    compile(
-        text, f"{library}_prompts.py", "exec"
-    )  # a template or data bug fails here, not in the product
+    # a template or data bug fails here, not in the product
+    compile(text, f"{library}_prompts.py", "exec")
     return text
 
 

@@ -68,9 +68,8 @@ def schema_state(db: Path) -> SchemaState:
             if t in tables
         )
         experiments = 0
-        if (
-            "experiments" in tables
-        ):  # the store's own "Default" experiment is no record of the user's
+        # the store's own "Default" experiment is no record of the user's
+        if "experiments" in tables:
             experiments = conn.execute(
                 "select count(*) from experiments where name != 'Default'"
             ).fetchone()[0]
@@ -118,14 +117,12 @@ def _create(db: Path) -> None:
     _remove(tmp)
     engine = sqlalchemy.create_engine(f"sqlite:///{tmp}")
     try:
-        with muted(
-            "mlflow.store.db.utils"
-        ):  # its INFO lines, and a traceback at ERROR before it raises
+        # its INFO lines, and a traceback at ERROR before it raises
+        with muted("mlflow.store.db.utils"):
             _initialize_tables(engine)
         engine.dispose()
-        with open(
-            tmp, "rb+"
-        ) as handle:  # the whole schema on disk before it takes the store's name
+        # the whole schema on disk before it takes the store's name
+        with open(tmp, "rb+") as handle:
             os.fsync(handle.fileno())
         os.replace(tmp, db)
     finally:

@@ -172,9 +172,8 @@ class FaultyEndpoint:
 
         def handle_error(request: Any, client_address: Any) -> None:
             if not isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
-                default_handle_error(
-                    request, client_address
-                )  # a client that gave up on an answer is no news
+                # a client that gave up on an answer is no news
+                default_handle_error(request, client_address)
 
         self.server.httpd.handle_error = handle_error  # type: ignore[method-assign]
 
@@ -215,9 +214,8 @@ class FaultyEndpoint:
             answer = self.answer(body)
             self.answer_seconds.append(time.perf_counter() - started)
             if self.client_timeout and self.answer_seconds[-1] >= self.client_timeout:
-                with (
-                    self._lock
-                ):  # a real answer the client had stopped waiting for: a fault nobody injected
+                # a real answer the client had stopped waiting for: a fault nobody injected
+                with self._lock:
                     self.log[n - 1] = (n, "slow")
             return answer
         return {

@@ -46,9 +46,8 @@ class OracleEndpoint:
             q.question: q.gold for e in load_dataset(dataset).episodes for q in e.questions
         }
         self.planted = planted
-        self.delay = (
-            delay  # seconds per chat answer (a run long enough for a second worker to join)
-        )
+        # seconds per chat answer (a run long enough for a second worker to join)
+        self.delay = delay
         self.hold_when: Callable[[], bool] | None = None  # while true, requests wait for release()
         self.holding = threading.Event()  # set when a request is being held
         self._released = threading.Event()
@@ -58,9 +57,8 @@ class OracleEndpoint:
 
         def handle_error(request: Any, client_address: Any) -> None:
             if not isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
-                default_handle_error(
-                    request, client_address
-                )  # a killed client is what this endpoint is for
+                # a killed client is what this endpoint is for
+                default_handle_error(request, client_address)
 
         self.server.httpd.handle_error = handle_error  # type: ignore[method-assign]
 

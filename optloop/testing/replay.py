@@ -36,9 +36,8 @@ import os
 
 from optloop.offline import offline_defaults
 
-os.environ.update(
-    offline_defaults()
-)  # first: litellm, mem0 and Hugging Face read them when imported
+# first: litellm, mem0 and Hugging Face read them when imported
+os.environ.update(offline_defaults())
 
 import hashlib
 import json
@@ -159,9 +158,8 @@ class ReplayConfig:
     seed: int = 0
     rate_429: float = 0.0
     retry_after: float = 1.0
-    retry_after_date: bool = (
-        False  # send Retry-After as an HTTP date (whole seconds) instead of seconds
-    )
+    # send Retry-After as an HTTP date (whole seconds) instead of seconds
+    retry_after_date: bool = False
 
     def __post_init__(self) -> None:
         if self.latency_ms < 0 or self.jitter_ms < 0 or self.jitter_ms > self.latency_ms:
@@ -276,9 +274,8 @@ class ReplayServer(LoopbackServer):
                 self.config.latency_ms / 1000,
             )
         if key is None and self.fallback is not None and body.get("max_tokens") != 1:
-            with (
-                self._fallback_lock
-            ):  # one model, one call at a time; a request asked twice is computed once
+            # one model, one call at a time; a request asked twice is computed once
+            with self._fallback_lock:
                 if not any(k in self.responses for k in keys):
                     self.responses[keys[0]] = self.fallback(body)
             key = next(k for k in keys if k in self.responses)

@@ -1,43 +1,14 @@
 """Read and write execution graphs in the MemTraceBench / smartcomment JSON layout.
 
-The layout is one JSON object::
-
-    {"data": {"nodes": [...], "edges": [...], "operations": [...],
-              "sessions": [...], "annotations": [...], "meta": {...}}}
-
-* **node** — a variable: ``full_node_id`` (``class:name@version``, our
-  :attr:`Variable.id`), ``class``, ``name``, ``version``, ``content`` (our
-  :attr:`Variable.text`), and under ``meta`` the fields MemTraceBench has no
-  column for (``data``, ``session_id``, ``question_id``, ``timestamp``,
-  ``provenance``, ``status``).
-* **operation** — ``op_id``, ``op_name``, ``category``, ``comment``, and under
-  ``meta``: ``seq``, ``site``, ``knobs``, ``session_id``, ``question_id``,
-  ``error``, ``llm_calls``, ``retries``, ``seconds``.
-* **edge** — ``op_id``, ``source_full_node_id``, ``target_full_node_id``: an
-  input variable is ``var -> op`` (target is the op id), an output variable is
-  ``op -> var`` (source is the op id), exactly :meth:`ExecutionGraph.edges`.
-  An operation's ``inputs`` / ``outputs`` are rebuilt from the edges, in order.
-* **session** — ``session_id``, ``timestamp``, ``message_ids``, derived from the
-  ``message`` variables.
-* **annotation** — ``query_id``, ``query``, ``golden_answers`` (list),
-  ``prediction``, ``source_evidence_ids`` (list), ``final_error_type``,
-  ``final_op_id``; any other key (``site``, ``explanation`` …) is kept.
-* ``data.meta`` — optloop's graph-level fields (``schema``, ``system``,
-  ``episode_id``, ``dataset``, ``graph_meta``) so that a round trip
-  graph -> MemTraceBench -> graph is lossless (``==`` on the models).
-
-Files written by others need no ``meta`` keys: a node's class, name and version
-are read from its id, an operation's ``seq`` is its position, and a category
-outside ``ingest|retrieve|answer|judge`` is mapped (``*retriev*`` -> retrieve,
-``*answer*``/``*respon*``/``*generat*`` -> answer, ``*judg*``/``*eval*`` -> judge,
-else ingest). What such a file carries that our models have no field for — the
-original category string, unknown keys of nodes and operations, session records
-that cannot be derived again — is kept in ``graph.meta["memtrace"]`` and written
-back on export, so foreign files survive a round trip too.
-
-Malformed input raises :class:`~optloop.errors.DatasetError` with a one-line
-message naming the record and the field, e.g.
-``memtrace: edges[3] (op op00002): field 'target_full_node_id': 'fact:x@0' is not a node``.
+The layout is one JSON object, ``{"data": {"nodes", "edges", "operations", "sessions",
+"annotations", "meta"}}``: a node is a :class:`Variable` (``full_node_id`` is its id), an
+operation an :class:`Operation`, an edge one of :meth:`ExecutionGraph.edges`, an annotation a
+question's verdict. optloop's fields that MemTraceBench has no column for travel under ``meta``,
+so a round trip graph -> MemTraceBench -> graph is lossless (``==`` on the models); files written
+by others need no ``meta`` and survive a round trip too (what the models have no field for is kept
+in ``graph.meta["memtrace"]``). Malformed input raises :class:`~optloop.errors.DatasetError` with
+a one-line message naming the record and the field. Every field: ``docs/graph-schema.md``
+("MemTraceBench layout").
 """
 
 from __future__ import annotations
@@ -216,9 +187,8 @@ def to_memtrace(
     graph: ExecutionGraph, annotations: Iterable[Mapping[str, Any]] | None = None
 ) -> dict[str, Any]:
     """The MemTraceBench JSON form of ``graph`` (plus ``annotations``), JSON-ready."""
-    dumped = (
-        graph.to_json()
-    )  # JSON-safe values (data, knobs) without re-implementing pydantic's dump
+    # JSON-safe values (data, knobs) without re-implementing pydantic's dump
+    dumped = graph.to_json()
     kept: dict[str, Any] = graph.meta.get(MEMTRACE_KEY) or {}
     node_extra: dict[str, dict[str, Any]] = kept.get("node_extra") or {}
     op_extra: dict[str, dict[str, Any]] = kept.get("op_extra") or {}

@@ -1,39 +1,14 @@
 """Mirror one question's slice of an :class:`ExecutionGraph` to an MLflow trace.
 
-A trace per question, so that ``mlflow ui`` shows why it passed or failed:
-
-* a root span ``question <id>`` (inputs: the question; outputs: the prediction
-  and the gold answers; attributes: ``passed``, ``error_type``,
-  ``blamed_op_id``, ``site``, ``explanation`` from the attribution);
-* one child span per operation relevant to the question, in ``seq`` order: the
-  ingest operations that produced (transitively) what the question's
-  operations read — its retrieved memories, say — or that processed its
-  evidence messages (and what was derived from them), plus every operation
-  with ``op.question_id == question_id``. A span is named
-  ``"{op.name} [{op.site or 'no LLM'}] {op.id}"``; its inputs / outputs map
-  variable ids to their text (cut to :data:`TEXT_LIMIT` characters); its
-  attributes are the op's fields, and ``decisive: true`` marks the op the
-  attribution blames.
-
-Span types: ``LLM`` for an op with a prompt site, ``RETRIEVER`` for a
-non-LLM retrieval, ``MEMORY`` for a non-LLM ingest step (store / update /
-delete), ``EVALUATOR`` for a judge, else ``CHAIN``. The graph records durations
-but not wall-clock start times, so spans are laid end to end in ``seq`` order,
-each as long as the op's recorded ``seconds``.
-
-Backend: MLflow 3.x stores traces in a SQL tracking store; the file store
-(``file:`` / ``./mlruns``) refuses to open unless ``MLFLOW_ALLOW_FILE_STORE``
-is set, and is in maintenance mode. optloop uses ``sqlite:///<mlruns>/mlflow.db``
-(:func:`tracking_uri`, ``<mlruns>`` being ``OPTLOOP_MLRUNS``, default
-``./mlruns``), which works offline. Traces are written asynchronously by
-MLflow; :func:`log_question_trace` flushes the queue so that
-``mlflow.get_trace(trace_id)`` finds the trace when it returns.
-
-The attribution (a MemTraceBench annotation or the attributor's verdict) is
-a dict read leniently: ``passed``; ``final_error_type`` or ``error_type``;
-``final_op_id``, ``blamed_op_id`` or ``op_id``; ``site``; ``explanation``;
-``prediction``; ``golden_answers`` or ``gold``; ``source_evidence_ids`` or
-``evidence_ids``. Without ``passed``, a question passed when it has no error type.
+A trace per question, so that ``mlflow ui`` shows why it passed or failed: a root span
+``question <id>`` with the question, the prediction, the gold answers and the attribution's
+verdict, and one child span per operation relevant to the question (what produced what it read,
+what processed its evidence, its own operations), in ``seq`` order, laid end to end by their
+recorded ``seconds``; ``decisive: true`` marks the op the attribution blames. Traces go to the SQL
+tracking store ``sqlite:///<mlruns>/mlflow.db`` (:func:`tracking_uri`), offline;
+:func:`log_question_trace` returns once the trace can be read back. The attribution is a dict
+read leniently (a MemTraceBench annotation or the attributor's verdict). The spans, their types
+and the keys read: ``docs/graph-schema.md`` ("MLflow traces").
 """
 
 from __future__ import annotations

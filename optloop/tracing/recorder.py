@@ -165,9 +165,8 @@ class Recorder:
             str, tuple[str | None, dict[str, Any], float, list[CallRecord], contextvars.Token[Any]]
         ] = {}
         self._lock = threading.Lock()
-        self._tokens = (
-            threading.local()
-        )  # per thread, the ContextVar tokens of this recorder's activations
+        # per thread, the ContextVar tokens of this recorder's activations
+        self._tokens = threading.local()
         self.graph.meta["sites"] = {}
         self.graph.meta["knobs"] = {}
 

@@ -57,9 +57,8 @@ class Fact(BaseModel):
     label: str
     value: str
     category: str
-    written: list[dict[str, Any]] = Field(
-        default_factory=list
-    )  # the objects the model wrote for it
+    # the objects the model wrote for it
+    written: list[dict[str, Any]] = Field(default_factory=list)
 
     @property
     def written_keys(self) -> list[str]:

@@ -253,9 +253,8 @@ class TieredStore:
     def open(self) -> None:
         self._conn = sqlite3.connect(self.path, check_same_thread=False)
         self._conn.row_factory = sqlite3.Row
-        self._conn.execute(
-            "PRAGMA secure_delete = ON"
-        )  # a forgotten value is overwritten on disk, not just unlinked
+        # a forgotten value is overwritten on disk, not just unlinked
+        self._conn.execute("PRAGMA secure_delete = ON")
         with self._conn:
             self._conn.executescript(SCHEMA)
             version = self.meta("schema_version")

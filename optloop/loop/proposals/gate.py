@@ -3,41 +3,16 @@ for its site.
 
 Every optimizer's proposals pass through one :class:`ProposalGate` before anything runs them: the
 edit optimizer's written edits and paraphrases, SIMBA's advice, GEPA's reflections, the proposer's
-rewrites and Optuna's instruction choices. A proposal is refused, and the refusal counted by
-reason, when it is
-
-``cut_off``
-    the proposer stopped at its token limit (the call's ``finish_reason`` was ``length``), or a
-    decoding bound closed its JSON answer (a string at ``--lm-max-chars``, an answer asked again
-    under tighter bounds: ``CallRecord.truncated``): the text ends where the limit fell, not
-    where the writer meant it to;
-``malformed``
-    not well-formed text (:func:`optloop.loop.proposals.units.problems`: a sentence cut short, an
-    unmatched quote, an empty sentence);
-``echo``
-    a re-typing of the proposer's own prompt: at least :data:`ECHO_SHARE` of its word 5-grams are
-    in the template the proposer was given (GEPA's reflection template, optloop's own proposer
-    signatures) or in the failures it was shown ("I provided an assistant with instructions to
-    perform a task for me ..."); or it names an answer of those failures ("... the user was born
-    in Pamholm"), or quotes a phrase of them ('Search for "locker number"'): fitted to the cases
-    shown, not written for the site;
-``off_task``
-    not an instruction for the site's job: it names none of the job's words
-    (:mod:`optloop.loop.proposals.jobs`: an extraction instruction says extract, memory, fact,
-    store, remember ...), or it asks the reader for input ("Please provide the task details", "Ask
-    the user for their question", "Ask the user to provide a question") instead of telling the
-    model what to do, or it talks about the prompt and its failures instead of to the model ("The
-    model should be programmed to ...", "so that the step no longer fails as in the cases where
-    ...", "If the extraction process fails, you need to fix the extraction prompt", "The
-    instruction should be general and not focus on specific facts").
-
-The judgement of "asks for the site's job" is by words, on purpose: it is cheap, the same on every
-run, and a reader can check each refusal. It tells an instruction for the site from a text about
-something else; whether the instruction is a *good* one is for the evaluation on dev to say.
-
-Each verdict (refused or passed) is appended to the gate's log, one JSON object a line
-(``proposals.jsonl`` in the optimizer's work directory), so the counts survive a resumed run and a
-reader can audit every refusal: :func:`refusals` counts them by reason.
+rewrites and Optuna's instruction choices. A proposal is refused as ``cut_off`` (it ends where a
+token limit or a decoding bound fell), ``malformed``
+(:func:`optloop.loop.proposals.units.problems`), ``echo`` (a re-typing of the proposer's own
+prompt, at least :data:`ECHO_SHARE` of its word 5-grams, or a text fitted to the failures it was
+shown) or ``off_task`` (not an instruction for the site's job, :mod:`optloop.loop.proposals.jobs`).
+The judgement is by words, on purpose: the same on every run, and a reader can check each refusal;
+whether an instruction is a *good* one is for the evaluation on dev to say. Each verdict is
+appended to ``proposals.jsonl`` in the optimizer's work directory, so the counts survive a resumed
+run; :func:`refusals` counts them by reason. What each reason catches, with examples:
+``docs/loop.md`` ("Proposals a person would ship").
 """
 
 from __future__ import annotations

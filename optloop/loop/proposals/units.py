@@ -225,9 +225,8 @@ def _blocks(text: str) -> Iterator[tuple[str, str, str]]:
             ):
                 j += 1
             kind = "prose"
-        while (
-            j < len(lines) and not lines[j].strip()
-        ):  # blank lines belong to the white space after the block
+        # blank lines belong to the white space after the block
+        while j < len(lines) and not lines[j].strip():
             j += 1
         block = "".join(lines[i:j])
         body = block.rstrip()

@@ -68,9 +68,8 @@ class RunContext:
         if not self.path.exists():
             return
         saved = Checkpoint.load(self.path)
-        ckpt = (
-            self.checkpoint
-        )  # its cost fields are consistent in memory (begin_process moved the last spending)
+        # its cost fields are consistent in memory (begin_process moved the last spending)
+        ckpt = self.checkpoint
         saved.spent, saved.processes, saved.spending = ckpt.spent, ckpt.processes, self.cost()
         saved.save(self.path)
 

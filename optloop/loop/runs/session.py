@@ -21,9 +21,8 @@ import os
 
 from optloop.offline import offline_defaults
 
-os.environ.update(
-    offline_defaults()
-)  # first: litellm, mem0 and Hugging Face read them when imported
+# first: litellm, mem0 and Hugging Face read them when imported
+os.environ.update(offline_defaults())
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -192,9 +191,8 @@ class Session:
     again: str = field(repr=False)  # what resumes it
     dev: Dataset = field(repr=False)
     test: Dataset = field(repr=False)
-    endpoint: list[str] = field(
-        default_factory=list, repr=False
-    )  # the schema mode and concurrency chosen
+    # the schema mode and concurrency chosen
+    endpoint: list[str] = field(default_factory=list, repr=False)
     on_event: OnEvent = field(default=_ignore, repr=False)
     log: RunLog = field(init=False, repr=False)  # the run's run.log, in its directory
 
@@ -277,9 +275,8 @@ def prepare(
     )
     from optloop.datasets import load_dataset
 
-    dataset = load_dataset(
-        config.dataset
-    )  # a malformed dataset fails here, before any LLM call or any state
+    # a malformed dataset fails here, before any LLM call or any state
+    dataset = load_dataset(config.dataset)
     if options.limits.max_cost is not None:
         check_priced(settings, proposer_settings)
     # Everything the loop would refuse is refused now, before the LM (and its cache file) exists.
@@ -290,9 +287,8 @@ def prepare(
     choice = choose_run(options, config, runs)
     config = config.model_copy(update={"run_name": choice.name})
     endpoint_lines: list[str] = []
-    probe = probe_lm(
-        settings, endpoint_lines
-    )  # an unavailable endpoint fails now, before any state is written
+    # an unavailable endpoint fails now, before any state is written
+    probe = probe_lm(settings, endpoint_lines)
     if proposer_settings is not None:
         probe_lm(proposer_settings, endpoint_lines)
     check_start_sites(config, probe)  # --start names a site of the system (no LM cache file yet)
@@ -310,9 +306,8 @@ def prepare(
     broken = checkpoint_guard.broken_runs(runs, config) if options.new else []
     for line in checkpoint_guard.retire(broken, tracking_uri):  # --new past a broken checkpoint
         emit(Retired(line))
-    lm = OptloopLM(
-        settings
-    )  # the input is valid: now the LM cache may be opened (or found corrupt)
+    # the input is valid: now the LM cache may be opened (or found corrupt)
+    lm = OptloopLM(settings)
     proposer = OptloopLM(proposer_settings) if proposer_settings is not None else lm
     loop = Loop(
         config,

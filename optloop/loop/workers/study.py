@@ -1,46 +1,14 @@
 """One Optuna study shared by several ``optloop.run`` workers (``docs/architecture.md``, "Several
 workers").
 
-Workers started with the same command (same ``--run-name``, hence the same
-study name, and the same ``--storage``) coordinate through the study's RDB
-storage alone: PostgreSQL for workers on several machines, the embedded SQLite
-file for workers on one machine, the same code with another URL. A single
-worker is the one-worker case of the same protocol.
-
-The one primitive is :meth:`SharedStudy.claim`: a first-writer-wins record in
-optloop's own table ``optloop_study_records`` (study id, key, JSON value), kept in
-the study's database beside Optuna's tables, made atomic by its primary key
-(study, key): an ``INSERT`` that loses the race fails, and the loser reads the
-winner's value. (Optuna's public API has no insert-if-absent; its study user
-attributes are overwritten by the last writer.) A study whose records an older
-optloop kept in Optuna's study user attributes gets them copied over once.
-Everything else is built on it:
-
-=============================== ===========================================================
-record key                      meaning
-=============================== ===========================================================
-``optloop:config``              the run's settings digest: a worker with other settings refuses
-``optloop:worker:<rank>``       join order; rank 0 is the leader
-``optloop:beat:<worker>``       heartbeat (a counter; unchanged for ``stale_after`` s = dead)
-``optloop:parent_run_id``       the one MLflow parent run (the leader creates it)
-``optloop:baseline_{train,dev}``  the baseline evaluations (the leader runs them once)
-``optloop:control_dev``         the control's dev evaluation (the leader runs it once)
-``instructions:<site>``         the candidate instructions of a site (first proposer wins)
-``optloop:proposing:<site>``    who writes them (the others wait instead of proposing too)
-``optloop:candidate:<digest>``  who evaluates a candidate: no candidate is evaluated twice
-``optloop:slot:<k>``            budget slot k (trial k+1): only ``budget`` slots exist
-``optloop:done:<k>``            slot k's result: dev accuracy, candidate, child run
-``optloop:out:<worker>``        the worker left its trial loop
-``optloop:cost:<worker>``       the worker's LLM calls and tokens so far
-``optloop:finisher``            who runs the held-out test and the summary (once)
-``optloop:result``              the final result every worker prints
-=============================== ===========================================================
-
-Slots are claimed lowest first, so they always form a prefix 0..m-1 and
-``budget`` is never exceeded. The run settles when every claimed slot is done
-and either all slots are claimed or every worker has left its loop (or died);
-the first worker to see it settled claims the finisher role, the others wait
-for its result.
+Workers started with the same command (same ``--run-name`` and ``--storage``) coordinate through
+the study's RDB storage alone (PostgreSQL across machines, SQLite on one); a single worker is the
+one-worker case of the same protocol. The one primitive is :meth:`SharedStudy.claim`: a
+first-writer-wins record in optloop's own table ``optloop_study_records`` beside Optuna's, atomic
+by its primary key (study, key), whose loser reads the winner's value. Everything else (the
+settings digest, join order, heartbeats, the parent run, the baseline and control hand-over,
+proposals, budget slots, the finisher and the result) is a record claimed once; the record keys
+and how a run settles are in ``docs/architecture.md``.
 """
 
 from __future__ import annotations
@@ -321,9 +289,8 @@ class SharedStudy:
                 rank = k
             k += 1
         self.rank = rank
-        if (
-            rank
-        ):  # another seed per worker, else every worker's TPE starts with the same random points
+        # another seed per worker, else every worker's TPE starts with the same random points
+        if rank:
             self.study.sampler = optuna.samplers.TPESampler(seed=self.seed + 7919 * rank)
         self.put(f"{PREFIX}out:{self.worker}", False)
         self.beat()

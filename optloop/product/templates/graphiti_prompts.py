@@ -76,9 +76,8 @@ def overrides(prompts: Mapping[str, str] | None = None) -> dict[str, dict[str, C
         )
     out: dict[str, dict[str, Callable]] = {}
     for name, text in by_name.items():
-        builder = get_prompt_builder(
-            base, name
-        )  # raises ValueError on a name graphiti does not have
+        # raises ValueError on a name graphiti does not have
+        builder = get_prompt_builder(base, name)
         group, method = name.split(".", 1)
         out.setdefault(group, {})[method] = _override(name, builder, text)
     return out

@@ -168,9 +168,8 @@ def _route(
         text, fmt, post, options = route
         kwargs.update(options)
         sent = [{**first, "content": text}, *messages[1:]]
-        if (
-            fmt is not None
-        ):  # mem0 passes response_format by keyword (its LLMBase has no such parameter)
+        # mem0 passes response_format by keyword (its LLMBase has no such parameter)
+        if fmt is not None:
             kwargs["response_format"] = fmt
         try:
             answer = original(sent, *args, **kwargs)
