@@ -79,7 +79,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "attribution": ("attribution",),
     "pipeline": ("pipeline",),
     "faults": ("faults",),
-    "analysis": ("analysis", "config"),
+    "analysis": ("analysis",),
     "loop": ("loop",),
     "product": ("product",),
     "commands": ("cli", "testing"),

@@ -56,8 +56,8 @@ from rich.table import Table
 from experiments.bench._common import EpisodeRun, bench_lm, parse_systems, run_episode
 from experiments.markdown import provenance_lines
 from experiments.provenance import command_of, provenance
+from optloop.analysis.experiment_files import load_config, with_limit
 from optloop.cli.command import CommandParser, parse_command, run_cli
-from optloop.config import load_config, with_limit
 from optloop.datasets import LOADERS, Dataset, Episode, Question, load_dataset, parse_uri
 from optloop.datasets.memfail import default_path
 from optloop.embed import get_embedder

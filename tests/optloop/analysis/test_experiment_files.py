@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from optloop.config import ExperimentConfig, load_config, with_limit
+from optloop.analysis.experiment_files import ExperimentConfig, load_config, with_limit
 from optloop.datasets import load_dataset, parse_uri
 from optloop.datasets._io import shared_data_dirs
 from optloop.errors import ConfigError
 
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "experiments" / "configs"
+CONFIG_DIR = Path(__file__).resolve().parents[3] / "experiments" / "configs"
 CONFIG_FILES = sorted(CONFIG_DIR.glob("*.toml"))
 NEEDS_NO_FILES = {"builtin", "synthetic"}
 
