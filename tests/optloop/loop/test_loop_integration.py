@@ -103,9 +103,9 @@ def test_interrupted_run_resumes_without_redoing_or_double_counting(tmp_path, mo
     monkeypatch.setattr(
         SplitEvaluator,
         "evaluate",
-        lambda self, cand, split: (
+        lambda self, cand, split, **race: (
             evaluated.append((cand.origin, split)),
-            real_evaluate(self, cand, split),
+            real_evaluate(self, cand, split, **race),
         )[1],
     )
     assert main(args) == 0
