@@ -4,9 +4,9 @@ secrets stay out of every store and log, bad input writes nothing.
 The unit tests speak to a real loopback HTTP server (``optloop/testing/scripted.py``) with canned
 answers. The integration tests run the real ``python -m optloop.run`` (md_flat on
 builtin:tiny) in a subprocess against ``optloop.testing.chaos.FaultyEndpoint``: that
-server in front of the embedded SmolLM2 for the fault schedule; in front of a
-schema-valid stub for the dead endpoint and the secrets, where what the answers say
-does not matter and a real model would only make the test minutes longer.
+server in front of a schema-valid stub, where what the answers say does not matter and a
+real model would only make the test minutes longer (the fault schedule, the dead endpoint,
+the secrets); the fault schedule also in front of the embedded SmolLM2, under ``slow``.
 """
 
 from __future__ import annotations
