@@ -335,8 +335,8 @@ def test_bad_input_exits_with_one_line_and_writes_nothing(case, tmp_path):
 @pytest.mark.parametrize(
     "upstream, timeout",
     [
-        ("stub", 10.0),
-        pytest.param("model", 60.0, marks=pytest.mark.slow),
+        pytest.param("stub", 10.0, id="stub"),
+        pytest.param("model", 60.0, marks=pytest.mark.slow, id="model"),
     ],
 )
 def test_real_loop_survives_scheduled_faults_and_reports_consistent_figures(
