@@ -3,14 +3,22 @@
 Headless Debian Chromium (``/usr/bin/chromium``, installed by ``make system-deps``; no
 browser is downloaded) opens MLflow's compare page for two real ``optloop.run`` parent
 runs on a store of their own, served by ``mlflow ui`` on a free loopback port. The
-rendered DOM must name both runs and a loop metric: those assertions are the test. With
-``OPTLOOP_UPDATE_SCREENSHOT=1`` a screenshot of the page (an artifact, nothing is asserted of
-its pixels) replaces the committed one, ``experiments/results/mlflow_compare.png``; a plain
-test run takes none and leaves the tree clean.
+rendered DOM must name both runs and a loop metric: those assertions are the test.
+
+What the page shows is what optloop logged, not what the model answered, so the two runs
+ask a schema-valid stub endpoint (``optloop.testing.chaos.FaultyEndpoint`` with no LM, as
+the reliability tests do): seconds a run instead of minutes on the embedded model. The
+closed loop on the embedded model, MLflow store included, is proven by
+``tests/optloop/loop/test_loop_integration.py``. With ``OPTLOOP_UPDATE_SCREENSHOT=1`` the runs
+use the embedded model, so the figures are real ones, and a screenshot of the page (an
+artifact, nothing is asserted of its pixels) replaces the committed one,
+``experiments/results/mlflow_compare.png``; a plain test run takes none and leaves the tree
+clean.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -24,6 +32,8 @@ import warnings
 from pathlib import Path
 
 import pytest
+
+from optloop.testing.chaos import FaultyEndpoint
 
 REPO = Path(__file__).resolve().parents[1]
 SCREENSHOT_COPY = REPO / "experiments" / "results" / "mlflow_compare.png"
@@ -94,7 +104,10 @@ def _wait_until_up(server: subprocess.Popen, url: str, log: Path, timeout: float
     )
 
 
-def _optloop_run(name: str, extra: list[str], log: Path) -> None:
+def _optloop_run(name: str, extra: list[str], log: Path, base_url: str | None) -> None:
+    """``optloop.run`` on ``SYSTEM``, budget 1: against the endpoint at ``base_url``, or on the
+    embedded model when it is None."""
+    endpoint = ["--lm", "openai:smollm2", "--lm-base-url", base_url] if base_url else []
     cmd = [
         sys.executable,
         "-m",
@@ -108,6 +121,7 @@ def _optloop_run(name: str, extra: list[str], log: Path) -> None:
         "1",
         "--run-name",
         name,
+        *endpoint,
         *extra,
     ]
     with log.open("w") as out:
@@ -139,8 +153,12 @@ def _parent_runs(tracking_uri: str) -> tuple[str, dict[str, str]]:
 @pytest.mark.timeout(3600)
 def test_mlflow_ui_compares_two_optloop_runs_in_chromium(tmp_path):
     mlruns = Path(os.environ["OPTLOOP_MLRUNS"])  # the conftest's per-test store, inherited below
-    for name, extra in RUNS.items():
-        _optloop_run(name, extra, tmp_path / f"{name}.log")
+    screenshot = bool(os.environ.get("OPTLOOP_UPDATE_SCREENSHOT"))
+    # the stub, unless the screenshot is refreshed: see the module docstring
+    with contextlib.nullcontext() if screenshot else FaultyEndpoint(None) as endpoint:
+        for name, extra in RUNS.items():
+            base_url = endpoint.base_url if endpoint is not None else None
+            _optloop_run(name, extra, tmp_path / f"{name}.log", base_url)
     tracking_uri = f"sqlite:///{mlruns.resolve() / 'mlflow.db'}"
     experiment_id, ids = _parent_runs(tracking_uri)
 
@@ -190,7 +208,7 @@ def test_mlflow_ui_compares_two_optloop_runs_in_chromium(tmp_path):
 
         # The screenshot is an artifact for people, not a check: the DOM above is what the test
         # asserts. It is taken only to refresh the committed copy.
-        if not os.environ.get("OPTLOOP_UPDATE_SCREENSHOT"):
+        if not screenshot:
             return
         png = tmp_path / "mlflow_compare.png"
         shot = _chromium(

@@ -299,16 +299,19 @@ def bench(
     schedule: FaultSchedule | None = None,
     lm: Any = None,
     optimizer: str | None = None,
+    stub: bool = False,
 ) -> tuple[Figures, subprocess.CompletedProcess[str]]:
     """The loop against a :class:`FaultyEndpoint` in front of ``lm``, and its figures.
 
-    ``optimizer`` None runs the loop's default (SIMBA); ``edit`` makes trial 1 a deletion the
-    failures point at, which needs no text from the model, so the budget is spent whatever the
-    model writes.
+    ``lm`` None: the embedded model (:func:`upstream_lm`); ``stub`` answers with
+    :func:`optloop.testing.chaos.stub_answer` instead of any model (the faults are the
+    endpoint's either way). ``optimizer`` None runs the loop's default (SIMBA); ``edit`` makes
+    trial 1 a deletion the failures point at, which needs no text from the model, so the budget
+    is spent whatever the model writes.
     """
     schedule = schedule or FaultSchedule()
     extra = ("--optimizer", optimizer) if optimizer else ()
-    lm = lm or upstream_lm(work)
+    lm = None if stub else (lm or upstream_lm(work))
     started = time.perf_counter()
     with FaultyEndpoint(lm, schedule, hang_s=timeout + 2, client_timeout=timeout) as endpoint:
         proc = run_loop(

@@ -4,9 +4,9 @@ secrets stay out of every store and log, bad input writes nothing.
 The unit tests speak to a real loopback HTTP server (``optloop/testing/scripted.py``) with canned
 answers. The integration tests run the real ``python -m optloop.run`` (md_flat on
 builtin:tiny) in a subprocess against ``optloop.testing.chaos.FaultyEndpoint``: that
-server in front of the embedded SmolLM2 for the fault schedule; in front of a
-schema-valid stub for the dead endpoint and the secrets, where what the answers say
-does not matter and a real model would only make the test minutes longer.
+server in front of a schema-valid stub, where what the answers say does not matter and a
+real model would only make the test minutes longer (the fault schedule, the dead endpoint,
+the secrets); the fault schedule also in front of the embedded SmolLM2, under ``slow``.
 """
 
 from __future__ import annotations
@@ -332,16 +332,37 @@ def test_bad_input_exits_with_one_line_and_writes_nothing(case, tmp_path):
 
 
 @pytest.mark.integration
-def test_real_loop_survives_scheduled_faults_and_reports_consistent_figures(tmp_path):
+@pytest.mark.parametrize(
+    "upstream, timeout",
+    [
+        pytest.param("stub", 10.0, id="stub"),
+        pytest.param("model", 60.0, marks=pytest.mark.slow, id="model"),
+    ],
+)
+def test_real_loop_survives_scheduled_faults_and_reports_consistent_figures(
+    upstream, timeout, tmp_path
+):
     """Every kind of fault on a schedule: the run completes; injected == cured + surfaced; graphs
-    marked."""
-    # The hang costs one --lm-timeout. 60 s: a real answer here takes a few seconds when the test
-    # runs alone, as in `make test` (on a 2-core machine shared with another llama.cpp job, up to
-    # 147 s: run this test alone).
+    marked.
+
+    The faults are the endpoint's; behind it answers either the schema-valid stub (``[stub]``,
+    seconds, in ``make test``) or the embedded SmolLM2 (``[model]``, minutes, ``slow``: real
+    answers, slow ones included, among the faults). Both make the same checks; ``[stub]`` keeps
+    proving them in ``make test``, and the closed loop on the embedded model is proven there by
+    ``tests/optloop/loop/test_loop_integration.py``."""
+    # The hang costs one --lm-timeout. For the model, 60 s: a real answer here takes a few seconds
+    # when the test runs alone (on a 2-core machine shared with another llama.cpp job, up to
+    # 147 s: run this test alone). The stub answers at once: 10 s.
     # The edit optimizer: trial 1 is a deletion, so the budget is spent whatever SmolLM2 writes
     # (its SIMBA advice, cut at the upstream's 120-character strings, can all be refused).
     fig, proc = bench(
-        tmp_path, budget=1, timeout=60.0, retries=1, lm=upstream_lm(tmp_path), optimizer="edit"
+        tmp_path,
+        budget=1,
+        timeout=timeout,
+        retries=1,
+        lm=upstream_lm(tmp_path) if upstream == "model" else None,
+        optimizer="edit",
+        stub=upstream == "stub",
     )
     print(fig.model_dump_json(indent=1))
     assert proc.returncode == 0, proc.stderr[-2000:]
