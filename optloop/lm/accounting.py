@@ -99,6 +99,10 @@ class CallRecord:
     decoding bound closed its JSON (a string of ``--lm-max-chars`` characters, an answer asked
     again under tighter bounds: :func:`optloop.lm.requests.asked_until_whole`): text cut where
     the limit fell (the proposal gate refuses such a proposal, :mod:`optloop.loop.proposals.gate`).
+
+    ``reused_prompt_tokens``: of ``prompt_tokens``, those the model did not compute because its
+    cache held them (a llama.cpp context's shared prefix with its previous call, a server's
+    ``prompt_tokens_details.cached_tokens``); 0 when the backend does not say.
     """
 
     site: str | None
@@ -119,6 +123,7 @@ class CallRecord:
     cost_usd: float | None = None
     replayed_s: float | None = None
     truncated: bool = False
+    reused_prompt_tokens: int = 0
 
 
 @dataclass
@@ -141,6 +146,8 @@ class Usage:
     cured: int = 0  # failed attempts of calls that a retry then completed
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    reused_prompt_tokens: int = 0  # of ``prompt_tokens``: held by the model's cache, not computed
+    truncated: int = 0  # model calls whose answer was cut where a limit fell
     seconds: float = 0.0
     queued_s: float = 0.0  # of ``seconds``: waiting for another process's model call
     retries_429: int = 0  # attempts refused with HTTP 429 (rate limited) and asked again
@@ -172,6 +179,8 @@ class Usage:
         if not rec.cached:  # tokens and seconds the model actually spent
             self.prompt_tokens += rec.prompt_tokens
             self.completion_tokens += rec.completion_tokens
+            self.reused_prompt_tokens += rec.reused_prompt_tokens
+            self.truncated += rec.truncated
         self.seconds += rec.seconds
         self.queued_s += rec.queued_s
         self.retries_429 += rec.retries_429

@@ -413,11 +413,9 @@ class OptloopEngine:
         usage = (response or {}).get("usage") or {}
         prompt_tokens = int(usage.get("prompt_tokens") or 0)
         completion_tokens = int(usage.get("completion_tokens") or 0)
+        cached_prompt = int(((usage.get("prompt_tokens_details") or {}).get("cached_tokens")) or 0)
         cost: float | None = None
         if self.price is not None:  # a cache hit or a failed call spent nothing
-            cached_prompt = int(
-                ((usage.get("prompt_tokens_details") or {}).get("cached_tokens")) or 0
-            )
             cost = (
                 0.0
                 if cached or response is None
@@ -440,6 +438,7 @@ class OptloopEngine:
                 cost_usd=cost,
                 replayed_s=replayed,
                 truncated=response is not None and truncated(response),
+                reused_prompt_tokens=min(cached_prompt, prompt_tokens),
                 **(load or {}),
             )
         )

@@ -215,7 +215,7 @@ class LocalLlamaBackend(Backend):
             # A truncated JSON answer is asked again under tighter bounds (requests.TIGHTEN).
             return asked_until_whole(send, self.max_chars, self.max_items, tightening=tightening)
         response = send(self.max_chars, self.max_items)
-        spent: dict[str, int] = {}
+        spent: dict[str, Any] = {}
         add_usage(spent, response)
         response["usage"] = spent
         return response

@@ -208,10 +208,17 @@ def at_bound(response: dict[str, Any], max_chars: int, max_items: int) -> bool:
     return full(document)
 
 
-def add_usage(spent: dict[str, int], response: dict[str, Any]) -> None:
-    """Add ``response``'s token counts to ``spent`` (each try of one call is paid for)."""
+def add_usage(spent: dict[str, Any], response: dict[str, Any]) -> None:
+    """Add ``response``'s token counts to ``spent`` (each try of one call is paid for), the
+    prompt tokens a server reused from its cache (``prompt_tokens_details.cached_tokens``)
+    among them."""
+    usage = response.get("usage") or {}
     for name in ("prompt_tokens", "completion_tokens", "total_tokens"):
-        spent[name] = spent.get(name, 0) + int((response.get("usage") or {}).get(name) or 0)
+        spent[name] = spent.get(name, 0) + int(usage.get(name) or 0)
+    reused = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+    if reused is not None:
+        details = spent.setdefault("prompt_tokens_details", {"cached_tokens": 0})
+        details["cached_tokens"] += int(reused)
 
 
 def asked_until_whole(
@@ -231,7 +238,7 @@ def asked_until_whole(
     (:func:`at_bound`), is whole JSON but not the whole text the model was writing: it is marked
     :data:`CUT_BY_BOUND`, so its call record says ``truncated`` (a proposal cut there is refused
     as cut off, :mod:`optloop.loop.proposals.gate`, not judged as the model's own text)."""
-    spent: dict[str, int] = {}
+    spent: dict[str, Any] = {}
     bounded = first is None
     response = send(max_chars, max_items) if first is None else first
     add_usage(spent, response)

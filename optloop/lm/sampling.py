@@ -96,7 +96,32 @@ class GrammarFirstLlama(Llama):
             return GreedyGrammar(self, kwargs["grammar"])
         return super()._init_sampler(*args, **kwargs)
 
+    prompt_evaluated = 0
+    """Prompt tokens the last completion evaluated: its prompt less the prefix the context
+    already held (llama.cpp's prefix match in ``Llama.generate``)."""
+
+    _prompt_pending = False
+
+    def generate(self, tokens: Any, *args: Any, **kwargs: Any) -> Any:
+        self.prompt_evaluated = 0
+        self._prompt_pending = True
+        yield from super().generate(tokens, *args, **kwargs)
+
+    def eval(self, tokens: Any) -> None:
+        # generate's first eval is the prompt's suffix; later ones are the tokens it samples
+        if self._prompt_pending:
+            self._prompt_pending = False
+            self.prompt_evaluated = len(tokens)
+        super().eval(tokens)
+
     def create_chat_completion(self, **kwargs: Any) -> Any:  # type: ignore[override]
         """llama-cpp-python's, with a JSON schema decoded under optloop's grammar
-        (:func:`optloop.lm.grammar.with_schema_grammar`)."""
-        return super().create_chat_completion(**with_schema_grammar(kwargs))
+        (:func:`optloop.lm.grammar.with_schema_grammar`), and in ``usage`` the prompt tokens
+        reused from the context's cache (``prompt_tokens_details.cached_tokens``, as OpenAI
+        and llama.cpp's server report it)."""
+        response: Any = super().create_chat_completion(**with_schema_grammar(kwargs))
+        usage = response.get("usage") if isinstance(response, dict) else None
+        if usage is not None:
+            reused = max(int(usage.get("prompt_tokens") or 0) - self.prompt_evaluated, 0)
+            usage["prompt_tokens_details"] = {"cached_tokens": reused}
+        return response

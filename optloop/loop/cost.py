@@ -40,6 +40,11 @@ class LMCost(BaseModel):
         0, description="cache hits whose response kept the seconds it took to compute"
     )
     replayed_tokens: int = Field(0, description="those responses' tokens")
+    reused_prompt_tokens: int = Field(
+        0, description="of ``prompt_tokens``, those the model's cache held (not computed)"
+    )
+    truncated: int = Field(0, description="computed requests whose answer a limit cut")
+    seconds: float = Field(0.0, description="seconds the model spent (:func:`lm_seconds`)")
 
     @classmethod
     def of(cls, usage: Usage) -> LMCost:
@@ -51,6 +56,9 @@ class LMCost(BaseModel):
             cost_usd=usage.cost_usd,
             replayed_calls=usage.replayed_calls,
             replayed_tokens=usage.replayed_tokens,
+            reused_prompt_tokens=usage.reused_prompt_tokens,
+            truncated=usage.truncated,
+            seconds=lm_seconds(usage),
         )
 
 

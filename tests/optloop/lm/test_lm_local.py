@@ -283,3 +283,23 @@ def test_rollout_ids_give_distinct_cache_entries(local_lm):
     assert [r.cached for r in local_lm.accounting.records[-2:]] == [False, False]
     local_lm.text(messages, temperature=1.0, rollout_id=1, max_tokens=8)
     assert local_lm.accounting.records[-1].cached
+
+
+def test_a_call_records_the_prompt_tokens_its_context_already_held(local_lm):
+    system = "You keep notes about the user. " * 40
+    first, second = (
+        [{"role": "system", "content": system}, {"role": "user", "content": text}]
+        for text in ("I moved to Bergen in May.", "My sister plays the cello.")
+    )
+    mark = local_lm.accounting.mark()
+    with prompt_site("notes"):
+        local_lm.text(first, max_tokens=8)
+        local_lm.text(second, max_tokens=8)
+    one, two = local_lm.accounting.records[mark:]
+    assert not one.cached and not two.cached
+    # the second call's context held the shared system message: only its own tail was computed
+    assert two.reused_prompt_tokens >= 200
+    assert two.reused_prompt_tokens < two.prompt_tokens
+    assert one.reused_prompt_tokens < two.reused_prompt_tokens
+    usage = local_lm.accounting.totals(since=mark)
+    assert usage.reused_prompt_tokens == one.reused_prompt_tokens + two.reused_prompt_tokens
