@@ -28,6 +28,16 @@ Read from the source as text and syntax trees (nothing is imported or run):
   top-level module under ``optloop/``, and the packages ``systems`` and ``signatures``), with the
   imports that close each one;
 * **modules over 600 lines** of ``optloop/``, ``systems/`` and ``signatures/``;
+* **loose modules**: the ``.py`` modules directly under ``optloop/`` (``__init__`` and
+  ``__main__`` aside), and **loop's top folder**: the modules and folders directly under
+  ``optloop/loop/`` (``__init__`` aside);
+* **hand-kept name lists**: a literal collection in the product's code (a tuple, list, set,
+  dict's keys or ``Literal[...]``) that spells every registered optimizer's name, or every
+  registered system's (the keys of ``systems.SYSTEMS``), outside the registry that defines them:
+  each is a list a new optimizer or system has to be added to by hand;
+* **what a new one touches**: per registered optimizer and system, the product's files that
+  name it (its name as a string literal, or an import of its module or, for a system, of the
+  ``signatures`` module its module imports); the fewest over them is what a new one must touch;
 * **optimizer names**: every string literal that is exactly an optimizer's name (``simba``,
   ``gepa``, ``optuna``, ``edit``) in the code of ``optloop/``, ``systems/`` and ``signatures/``
   (tests and studies aside): each is a place a new optimizer or a renamed one has to be found.
@@ -375,6 +385,138 @@ def long_lines(root: Path, limit: int = MAX_COLUMNS) -> dict[str, Any]:
     }
 
 
+def loose_modules(root: Path) -> list[str]:
+    """The ``.py`` modules directly under ``optloop/``, ``__init__`` and ``__main__`` aside."""
+    return sorted(
+        p.name for p in (root / "optloop").glob("*.py") if p.stem not in {"__init__", "__main__"}
+    )
+
+
+def loop_top(root: Path) -> dict[str, list[str]]:
+    """The modules (``__init__`` aside) and folders directly under ``optloop/loop/``."""
+    loop = root / "optloop" / "loop"
+    return {
+        "modules": sorted(p.name for p in loop.glob("*.py") if p.stem != "__init__"),
+        "folders": sorted(
+            p.name
+            for p in loop.iterdir()
+            if p.is_dir() and p.name not in SKIP and (p / "__init__.py").is_file()
+        ),
+    }
+
+
+def system_names(root: Path) -> dict[str, str]:
+    """``systems.SYSTEMS`` as written in ``systems/__init__.py``: name -> ``module:Class``."""
+    tree = ast.parse((root / "systems" / "__init__.py").read_text())
+    for node in ast.walk(tree):
+        target = node.target if isinstance(node, ast.AnnAssign) else None
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target = node.targets[0]
+        value = getattr(node, "value", None)
+        if isinstance(target, ast.Name) and target.id == "SYSTEMS" and isinstance(value, ast.Dict):
+            return {
+                k.value: v.value
+                for k, v in zip(value.keys, value.values, strict=True)
+                if isinstance(k, ast.Constant) and isinstance(v, ast.Constant)
+            }
+    return {}
+
+
+REGISTRIES = ("systems/__init__.py", "optloop/loop/optimizers/registry.py")
+
+
+def _spelled(node: ast.AST) -> set[str]:
+    """The string literals a collection literal spells (a dict: its keys)."""
+    if isinstance(node, ast.Dict):
+        items: list[ast.AST | None] = list(node.keys)
+    elif isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        items = list(node.elts)
+    else:
+        return set()
+    return {i.value for i in items if isinstance(i, ast.Constant) and isinstance(i.value, str)}
+
+
+def name_lists(root: Path) -> list[dict[str, Any]]:
+    """Literal collections outside :data:`REGISTRIES` spelling every optimizer's or every
+    system's name: file, line, kind."""
+    kinds = {"optimizers": set(OPTIMIZER_NAMES), "systems": set(system_names(root))}
+    rows = []
+    for path in python_files(root, PACKAGES):
+        file = str(path.relative_to(root))
+        if file in REGISTRIES:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Tuple):
+                spelled = _spelled(node.slice)  # Literal["simba", "gepa", ...]
+            else:
+                spelled = _spelled(node)
+            for kind, names in kinds.items():
+                if names and names <= spelled:
+                    rows.append({"file": file, "line": node.lineno, "kind": kind})
+    return sorted(rows, key=lambda row: (row["file"], row["line"]))
+
+
+def _imports_of(path: Path) -> set[str]:
+    modules = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            modules.add(node.module)
+            modules.update(f"{node.module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Import):
+            modules.update(alias.name for alias in node.names)
+    return modules
+
+
+def _literals_of(path: Path) -> set[str]:
+    return {
+        node.value
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Constant) and isinstance(node.value, str)
+    }
+
+
+def touches(root: Path) -> dict[str, dict[str, list[str]]]:
+    """Per registered optimizer and system, the product's files that name it: its name as a
+    string literal (``optloop/loop/optimizers/registry.py`` and ``systems/__init__.py``, the
+    registries, among them), its module, the files importing its module, and for a system the
+    ``signatures`` modules its module imports."""
+    files = {str(p.relative_to(root)): p for p in python_files(root, PACKAGES)}
+    literals = {file: _literals_of(path) for file, path in files.items()}
+    imports = {file: _imports_of(path) for file, path in files.items()}
+
+    def module_file(module: str) -> str | None:
+        base = module.replace(".", "/")
+        for candidate in (f"{base}.py", f"{base}/__init__.py"):
+            if candidate in files:
+                return candidate
+        return None
+
+    def naming(name: str, module: str) -> list[str]:
+        found = {file for file in files if name in literals[file]}
+        own = module_file(module)
+        if own is not None:
+            found.add(own)
+            found.update(file for file in files if module in imports[file])
+            if own.endswith("/__init__.py"):  # a package: its modules are its own
+                found.update(file for file in files if file.startswith(own[: -len("__init__.py")]))
+        return sorted(found)
+
+    optimizers = {
+        name: naming(name, f"optloop.loop.optimizers.{name}") for name in OPTIMIZER_NAMES
+    }
+    systems = {}
+    for name, target in system_names(root).items():
+        module = target.partition(":")[0]
+        found = set(naming(name, module))
+        own = module_file(module)
+        if own is not None:
+            for imported in imports[own]:
+                if imported.startswith("signatures.") and module_file(imported):
+                    found.add(str(module_file(imported)))
+        systems[name] = sorted(found)
+    return {"optimizers": optimizers, "systems": systems}
+
+
 def measure(root: Path) -> dict[str, Any]:
     return {
         "root": str(root),
@@ -387,6 +529,10 @@ def measure(root: Path) -> dict[str, Any]:
         "package_cycles": package_cycles(root),
         "long_modules": long_modules(root),
         "optimizer_names": optimizer_names(root),
+        "loose_modules": loose_modules(root),
+        "loop_top": loop_top(root),
+        "name_lists": name_lists(root),
+        "touches": touches(root),
     }
 
 
@@ -420,6 +566,20 @@ def report_lines(figures: dict[str, Any]) -> list[str]:
         files.setdefault(r["file"], []).append(f"{r['name']}:{r['line']}")
     out.append(f"optimizer names spelled as literals: {len(names)} in {len(files)} files")
     out += [f"  {file}: {', '.join(places)}" for file, places in files.items()]
+    loose = figures["loose_modules"]
+    out.append(f"loose modules under optloop/: {len(loose)}: {', '.join(loose)}")
+    top = figures["loop_top"]
+    out.append(
+        f"loop/'s top folder: {len(top['modules'])} modules, {len(top['folders'])} folders "
+        f"({', '.join(top['folders'])})"
+    )
+    lists = figures["name_lists"]
+    out.append(f"hand-kept name lists: {len(lists)}")
+    out += [f"  {r['file']}:{r['line']} ({r['kind']})" for r in lists]
+    for kind, named in figures["touches"].items():
+        fewest = min((len(f) for f in named.values()), default=0)
+        out.append(f"files naming each of the {kind} (fewest: {fewest}):")
+        out += [f"  {name} {len(f)}: {', '.join(f)}" for name, f in named.items()]
     return out
 
 

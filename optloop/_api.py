@@ -87,13 +87,12 @@ def optimize(
 
     Args:
         system:
-            A memory system of ``systems.SYSTEMS``: ``mem0``, ``graphiti``, ``tiered``, ``gated``,
-            ``long_context``, ``rag_bm25``, ``rag_embedding`` or ``md_flat``.
+            A memory system: a name of ``systems.SYSTEMS`` (``optloop run --help`` lists them).
         dataset:
             A dataset URI, e.g. ``synthetic:recall?seed=0&episodes=40``,
             ``memfail:persona?limit=40``, ``locomo:<path>`` (see ``docs/systems.md``); :obj:`None`
-            is the dataset optloop generates for the system (``optloop.datasets.defaults``: 20 dev
-            and 20 test questions).
+            is the dataset optloop generates (``optloop.datasets.defaults``: 20 dev and 20 test
+            questions).
         budget:
             Candidate evaluations on the dev split.
         optimizer:

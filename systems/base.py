@@ -53,6 +53,9 @@ class PromptSite:
     = the library's prompt, user = the library's own user content), so the
     messages are what the vanilla library sends. ``layout="dspy"`` sites are
     optloop's own (answer, query rewrite) and use DSPy's JSONAdapter.
+
+    ``max_tokens``: the most tokens the library lets this prompt's answer take (mem0 asks with
+    its LLM config's ``max_tokens``); None: the LM's ``max_tokens``.
     """
 
     name: str
@@ -61,6 +64,7 @@ class PromptSite:
     seed_instruction: str
     op_kinds: tuple[str, ...] = ()
     layout: Literal["library", "dspy"] = "library"
+    max_tokens: int | None = None
     _adapter: Any = field(default=None, repr=False)
 
     @classmethod
@@ -72,12 +76,14 @@ class PromptSite:
         *,
         op_kinds: tuple[str, ...] = (),
         layout: Literal["library", "dspy"] = "library",
+        max_tokens: int | None = None,
     ) -> PromptSite:
         return cls(
             name=name,
             stage=stage,
             module=dspy.Predict(signature),
             seed_instruction=signature.instructions,
+            max_tokens=max_tokens,
             op_kinds=op_kinds,
             layout=layout,
         )
@@ -100,10 +106,14 @@ class PromptSite:
             )
         return self._adapter
 
+    def call_config(self) -> dict[str, Any]:
+        """What a call of this site adds to the LM's settings (DSPy's ``config``)."""
+        return {} if self.max_tokens is None else {"max_tokens": self.max_tokens}
+
     def __call__(self, lm: OptloopLM, **inputs: Any) -> dspy.Prediction:
         """Run the site on ``lm``, charging the call to this site's name."""
         with prompt_site(self.name), dspy.context(lm=lm, adapter=self.adapter()):
-            return self.module(**inputs)
+            return self.module(**inputs, config=self.call_config())
 
 
 class MemoryItem(BaseModel):

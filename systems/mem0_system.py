@@ -210,7 +210,11 @@ class Mem0System(MemorySystem):
 
     def _build_sites(self) -> None:
         self._sites[MEM0_EXTRACT] = PromptSite.from_signature(
-            MEM0_EXTRACT, "ingest", Mem0Extract, op_kinds=("extract", "store")
+            MEM0_EXTRACT,
+            "ingest",
+            Mem0Extract,
+            op_kinds=("extract", "store"),
+            max_tokens=BaseLlmConfig().max_tokens,  # what mem0's own LLM call allows
         )
         if self._knobs["rerank"]:
             self._add_rerank_site()
@@ -311,7 +315,7 @@ class Mem0System(MemorySystem):
         predict = site.module.deepcopy()
         predict.signature = predict.signature.with_instructions(site.instructions + suffix)
         with prompt_site(site.name), dspy.context(lm=self.lm, adapter=site.adapter()):
-            return predict(user_content=user)
+            return predict(user_content=user, config=site.call_config())
 
     # --- MemorySystem --------------------------------------------------------------------
 

@@ -210,7 +210,7 @@ def sampler(name: str) -> Iterator[None]:
 
 
 def profile_once(
-    system: str, dataset_uri: str, config: str, embedder: Any
+    system: str, dataset_uri: str, config: str, embedder: Any, lm_spec: str = "local"
 ) -> tuple[dict[str, Any], dict[str, dict[str, str]], dict[str, float]]:
     """One evaluation under ``config`` (``K:SAMPLER``): (figures, answers by call, score by
     question)."""
@@ -223,7 +223,7 @@ def profile_once(
     with tempfile.TemporaryDirectory(prefix="optloop-profile-") as tmp:
         lm = OptloopLM(
             LMSettings.from_spec(
-                "local", cache_path=Path(tmp) / "cache.sqlite", **get_system(system).local_decoding
+                lm_spec, cache_path=Path(tmp) / "cache.sqlite", **get_system(system).local_decoding
             )
         )
         with instruments(clock, answers), sampler(name or "grammar-first"):
@@ -250,6 +250,7 @@ def profile_once(
         "prompt_tokens_evaluated": clock.counts.get("prompt eval", 0),
         "tokens_generated": clock.counts.get("generation", 0),
         "max_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+        "sites": {name: cost.model_dump() for name, cost in evaluation.sites.items()},
     }
     return figures, answers, scores
 
@@ -391,6 +392,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--system", default=DEFAULT_SYSTEM)
     parser.add_argument("--dataset", default=DEFAULT_DATASET)
     parser.add_argument(
+        "--lm",
+        default="local",
+        help="the embedded model: local (the bundled SmolLM2) or local:NAME (e.g. "
+        "local:qwen2.5-coder-0.5b)",
+    )
+    parser.add_argument(
         "--configs",
         default="1:llama.cpp,8:grammar-first",
         help="K:SAMPLER, comma-separated: K llama.cpp contexts per model file, SAMPLER "
@@ -439,7 +446,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     answers: list[dict[str, dict[str, str]]] = []
     scores: list[dict[str, float]] = []
     for config in args.configs.split(","):
-        figures, calls, score = profile_once(args.system, args.dataset, config, embedder)
+        figures, calls, score = profile_once(
+            args.system, args.dataset, config, embedder, args.lm
+        )
         console.print(
             f"{config}: {figures['seconds']} s ({figures['seconds_per_session']} s a "
             f"session), {figures['calls']} calls, {figures['parts_s']}"
@@ -466,7 +475,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             "runs": runs,
             "comparisons": comparisons,
         },
-        model=f"{bundled_model_path().name} (embedded, llama.cpp)",
+        model=(
+            f"{bundled_model_path().name} (embedded, llama.cpp)"
+            if args.lm == "local"
+            else f"{args.lm} (embedded, llama.cpp)"
+        ),
     )
     if args.json:
         write_atomic(args.json, json.dumps(report, indent=1))

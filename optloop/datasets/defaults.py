@@ -13,61 +13,28 @@ A default must make ``python -m optloop.run --system S --budget N`` mean somethi
 of three made-up facts stated in a first session and two of them asked after a second, unrelated
 one (scorer ``contains``), split 20/10/10 episodes, 40/20/20 questions. What a small model
 answers there depends on what the memory kept and retrieved, not on what the model knows (every
-value is a made-up name). :data:`DEFAULTS` holds each system's default and the embedded model's
-baseline recorded for it, which ``optloop.run --help`` prints; the measurements, with their
-command, date and commit, are in ``experiments/results/defaults.md`` and ``docs/systems.md``.
+value is a made-up name). The embedded model's baseline there, per system, with its command, date
+and commit: ``docs/systems.md`` and ``experiments/results/defaults.md``.
 """
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
-
 RECALL = "synthetic:recall?seed=0&episodes=40"
 
 
-class DefaultDataset(BaseModel):
-    """A system's default dataset and why."""
-
-    uri: str
-    baseline: str | None = Field(
-        None,
-        description="the embedded model's dev accuracy there, as measured (None: not measured)",
-    )
-
-
-DEFAULTS: dict[str, DefaultDataset] = {
-    "mem0": DefaultDataset(uri=RECALL, baseline="0.000 [0.000, 0.000] n=20, no headroom"),
-    "graphiti": DefaultDataset(uri=RECALL, baseline="0.450 [0.250, 0.650] n=20"),
-    "long_context": DefaultDataset(uri=RECALL, baseline="0.600 [0.400, 0.800] n=20"),
-    "rag_bm25": DefaultDataset(uri=RECALL, baseline="0.250 [0.050, 0.450] n=20"),
-    "rag_embedding": DefaultDataset(uri=RECALL, baseline="0.450 [0.250, 0.650] n=20"),
-    "md_flat": DefaultDataset(uri=RECALL, baseline="0.000 [0.000, 0.000] n=20, no headroom"),
-    "tiered": DefaultDataset(uri=RECALL, baseline="0.150 [0.000, 0.300] n=20, little headroom"),
-    "gated": DefaultDataset(uri=RECALL, baseline="0.450 [0.250, 0.650] n=20"),
-}
-"""``--system`` -> its default dataset (a system not listed: :data:`RECALL`)."""
-
-
 def defaults_help() -> str:
-    """What ``optloop.run --help`` says of the defaults: the datasets, and each measured
-    baseline."""
-    uris = sorted({d.uri for d in DEFAULTS.values()})
-    measured = [f"{s} {d.baseline}" for s, d in DEFAULTS.items() if d.baseline]
-    unmeasured = [s for s, d in DEFAULTS.items() if not d.baseline]
+    """What ``optloop.run --help`` says of the default dataset."""
     return (
-        f"{' / '.join(uris)} for every system: 40 episodes of three made-up facts, two asked "
-        "after an unrelated session; 20 dev and 20 test questions, so one question moves "
-        "accuracy by 0.05; the embedded model's baseline is meant to have room to rise and to "
-        "fall there (dev accuracy "
-        + "; ".join(measured)
-        + (f"; not measured yet for {', '.join(unmeasured)}" if unmeasured else "")
-        + "; see optloop/datasets/defaults.py)"
+        f"{RECALL} for every system: 40 episodes of three made-up facts, two asked after an "
+        "unrelated session; 20 dev and 20 test questions, so one question moves accuracy by "
+        "0.05; each system's embedded baseline there is in docs/systems.md"
     )
 
 
-def default_dataset(system: str) -> DefaultDataset:
-    """``system``'s default dataset (:data:`DEFAULTS`)."""
-    return DEFAULTS.get(system, DefaultDataset(uri=RECALL))
+def default_dataset(system: str) -> str:
+    """The dataset URI ``system`` runs on without ``--dataset`` (:data:`RECALL` for every
+    system)."""
+    return RECALL
 
 
-__all__ = ["DEFAULTS", "RECALL", "DefaultDataset", "default_dataset", "defaults_help"]
+__all__ = ["RECALL", "default_dataset", "defaults_help"]

@@ -39,18 +39,10 @@ from optloop.sites import (
     QUERY_REWRITE,
     TIERED_EXTRACT,
 )
+from systems import SYSTEMS
 
 _BASELINES_AND_MEM0 = ("mem0", "rag_bm25", "rag_embedding", "long_context")
-_ALL_SYSTEMS = (
-    "mem0",
-    "graphiti",
-    "long_context",
-    "rag_bm25",
-    "rag_embedding",
-    "md_flat",
-    "tiered",
-    "gated",
-)
+_ALL_SYSTEMS = tuple(SYSTEMS)
 
 CATALOGUE: tuple[OperationFault, ...] = (
     OperationFault(

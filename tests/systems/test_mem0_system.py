@@ -192,6 +192,8 @@ def test_extract_site_seeds_from_installed_mem0_prompt_verbatim(tmp_path, embedd
 
 
 def test_seed_extraction_messages_are_byte_identical_to_vanilla_mem0(tmp_path, embedder):
+    from mem0.configs.llms.base import BaseLlmConfig
+
     with (
         ScriptedOpenAIServer(SCRIPT) as vanilla_server,
         ScriptedOpenAIServer(SCRIPT) as our_server,
@@ -215,6 +217,9 @@ def test_seed_extraction_messages_are_byte_identical_to_vanilla_mem0(tmp_path, e
     )
     assert vanilla_server.requests[0]["body"]["response_format"] == {"type": "json_object"}
     assert our_server.requests[0]["body"]["response_format"]["type"] == "json_schema"
+    # and the answer may be as long as mem0's own call allows (its LLM config's max_tokens)
+    assert our_server.requests[0]["body"]["max_tokens"] == BaseLlmConfig().max_tokens
+    assert vanilla_server.requests[0]["body"]["max_tokens"] == BaseLlmConfig().max_tokens
     # Both stores end up holding the same memories.
     vanilla_texts = sorted(
         r["memory"] for r in vanilla.get_all(filters={"user_id": USER_ID})["results"]

@@ -211,7 +211,7 @@ def loop_config(
     return checked(
         LoopConfig,
         **{"run_name": "-", **given},
-        dataset=dataset or default_dataset(system).uri,
+        dataset=dataset or default_dataset(system),
         optimizer=optimizer_name(optimizer) or default_optimizer(proposer or settings),
         lm_settings=answer_settings(settings),
     )

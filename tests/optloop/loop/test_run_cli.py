@@ -960,18 +960,17 @@ def test_a_split_under_20_dev_or_test_questions_is_refused_in_one_line_and_nothi
 def test_without_a_dataset_each_system_runs_on_a_generated_one_with_20_dev_and_20_test_questions():
     from optloop.cli.command import lm_settings_from_args
     from optloop.datasets import load_dataset
-    from optloop.datasets.defaults import DEFAULTS
+    from optloop.datasets.defaults import default_dataset
     from optloop.loop.policy import questions, split_dataset
     from systems import SYSTEMS
 
-    assert set(DEFAULTS) == set(SYSTEMS)
     text = " ".join(build_parser().format_help().split())
-    for system, default in DEFAULTS.items():
-        assert default.uri.startswith("synthetic:") and default.uri in text and system in text
+    for system in SYSTEMS:
+        uri = default_dataset(system)
+        assert uri.startswith("synthetic:") and uri in text and system in text
         config = run_config(args_of("--system", system), lm_settings_from_args(args_of()))
-        _, dev, test = split_dataset(
-            load_dataset(default.uri), config.model_copy(update={"dataset": default.uri})
-        )
+        assert config.dataset == uri
+        _, dev, test = split_dataset(load_dataset(uri), config)
         assert questions(dev) >= 20 and questions(test) >= 20
 
 
