@@ -1509,6 +1509,19 @@ def linked() -> list[str]:
             ],
         ),
         (
+            "mem0's extraction on LoCoMo, call by call",
+            "On two LoCoMo sessions with the Qwen2.5-Coder 0.5B, what does each of mem0's "
+            "extraction calls cost (prompt tokens computed and reused from the cached prefix, "
+            "tokens generated, cut at a limit or not), before and after the site asks with "
+            "mem0's own max_tokens? `python -m experiments.bench.profile --system mem0 --lm "
+            "local:qwen2.5-coder-0.5b`",
+            [
+                "profile_mem0_locomo.md",
+                "profile_mem0_locomo.json",
+                "profile_mem0_locomo_before.json",
+            ],
+        ),
+        (
             "The edit optimizer's order: evidence first against the train screen alone",
             "On the champion's repair cases (targeted arm, seeds 0-2), does trying the edits "
             "the failures point at first remove the sabotage more often, or find the best "
