@@ -284,6 +284,49 @@ class Controller:
             self.ctx.progress(line)
         return replace(targeting, headroom=line)
 
+    def _headroom_after(self, targeting: Targeting, control: Candidate | None) -> Targeting:
+        """The headroom again after the trials, with a third arm: of the trials that rewrote the
+        control's sites and answered all of dev, the best, against the start program and the
+        control on the same dev questions (:func:`headroom`). Its line follows the first one."""
+        ckpt = self.ckpt
+        own = ckpt.baseline_dev
+        if control is None or ckpt.control_dev is None or own is None:
+            return targeting
+        if ckpt.control_dev is own or ckpt.control_dev.n != own.n:
+            return targeting
+        base = self.ctx.base
+        written = [
+            (t.evaluation, t.trial)
+            for t in ckpt.trials
+            if t.evaluation is not None
+            and t.evaluation.complete
+            and t.evaluation.n == own.n
+            and any(
+                t.candidate.sites.get(s) not in (base.sites.get(s), control.sites.get(s))
+                for s in targeting.control_sites
+            )
+        ]
+        if not written:
+            return targeting
+        top, trial = max(written, key=lambda w: (w[0].accuracy, -w[1]))
+        found = headroom(
+            targeting.control_sites,
+            [o.passed for o in own.outcomes],
+            [o.passed for o in ckpt.control_dev.outcomes],
+            min_gain=self.config.min_gain,
+            seed=self.config.seed,
+            written=[o.passed for o in top.outcomes],
+            written_label=f"trial {trial}'s instruction",
+        )
+        line = found.line().removeprefix("headroom: ")
+        after = f"after the trials, {line}"
+        return replace(
+            targeting,
+            headroom=f"{targeting.headroom}; {after}"
+            if targeting.headroom
+            else f"headroom: {after}",
+        )
+
     def _repair(self) -> None:
         """Undo a trial a kill left half done (its record discarded, its candidate queued first),
         then report evaluated trials a kill kept from being reported."""
@@ -543,6 +586,7 @@ class Controller:
             ckpt.test_after = ckpt.test_before if best is base else self._evaluate(best, "test")
             self.ctx.save()
         control_test = self._control_test(control, best) if control is not None else None
+        targeting = self._headroom_after(targeting, control)
         outcome = Outcome.of(
             cfg, ckpt, targeting, base, best, best_trial, records, control, control_test
         )

@@ -62,13 +62,15 @@ def verdict(delta: Interval) -> str:
 
 
 class Headroom(BaseModel):
-    """Whether the blamed sites' prompt can matter: the start program against the control on the
-    same dev questions (:func:`headroom`).
+    """Whether the blamed sites' prompt can matter: the start program against the control, and
+    once the trials have written one, against a written instruction, on the same dev questions
+    (:func:`headroom`).
 
     Blame names the operation that lost a fact; it does not say that any prompt for that operation
-    would keep it. When the system's own instruction and the trivial one score the same within
-    ``--min-gain`` on n questions, the failures blamed there are the model's, not the prompt's:
-    a budget spent rewriting that site buys nothing, and the loop moves it to the other targets.
+    would keep it. When the system's own instruction and the trivial one (and a written one) score
+    the same within ``--min-gain`` on n questions, the failures blamed there are the model's, not
+    the prompt's: a budget spent rewriting that site buys nothing, and the loop moves it to the
+    other targets.
     """
 
     sites: list[str]
@@ -76,6 +78,10 @@ class Headroom(BaseModel):
     delta: Interval = Field(description="control - start program per dev question, paired")
     min_gain: float
     verdict: str = Field(description="'agree', 'differ' or 'unknown' (too few questions)")
+    written: Interval | None = Field(
+        None, description="the written instruction - start program per dev question, paired"
+    )
+    written_label: str = Field("", description="which trial wrote it")
 
     @property
     def model_bound(self) -> bool:
@@ -83,18 +89,21 @@ class Headroom(BaseModel):
 
     def line(self) -> str:
         where = ", ".join(self.sites)
+        arms = "own and the trivial instruction"
         delta = f"control - own {self.delta}"
+        if self.written is not None:
+            arms = f"own, the trivial instruction and {self.written_label}"
+            delta += f"; written - own {self.written}"
         if self.verdict == "agree":
             return (
-                f"headroom: {where}: own and the trivial instruction agree within "
-                f"\u00b1{self.min_gain:g} on {self.n} dev questions ({delta}): the failures "
-                "blamed here are the model's, not the prompt's; a larger model at that site or a "
-                "knob would move them"
+                f"headroom: {where}: {arms} agree within \u00b1{self.min_gain:g} on {self.n} dev "
+                f"questions ({delta}): the failures blamed here are the model's, not the "
+                "prompt's; a larger model at that site or a knob would move them"
             )
         if self.verdict == "differ":
             return (
-                f"headroom: {where}: own and the trivial instruction differ on {self.n} dev "
-                f"questions ({delta}): the prompt there matters"
+                f"headroom: {where}: {arms} differ on {self.n} dev questions ({delta}): the "
+                "prompt there matters"
             )
         return (
             f"headroom: {where}: {self.n} dev questions cannot tell whether the prompt there "
@@ -109,21 +118,37 @@ def headroom(
     *,
     min_gain: float,
     seed: int,
+    written: Sequence[bool] | None = None,
+    written_label: str = "a written instruction",
 ) -> Headroom:
-    """The :class:`Headroom` of ``sites`` from the start program's and the control's per-question
-    dev results (the same questions, in the same order): ``differ`` when the paired CI of control
-    − own excludes 0; ``agree`` when it lies within ±``min_gain`` on at least
-    ``3 / min_gain`` questions (with no disagreement seen, the rule of three bounds the share of
-    questions they differ on by ``3 / n`` at 95%: fewer questions cannot show agreement to
-    ``min_gain``); else ``unknown``."""
-    delta = paired_bootstrap_delta([float(x) for x in own], [float(x) for x in control], seed=seed)
-    if delta.low > 0 or delta.high < 0:
+    """The :class:`Headroom` of ``sites`` from the start program's, the control's and, when given,
+    a written instruction's per-question dev results (the same questions, in the same order):
+    ``differ`` when a paired CI against the start program excludes 0; ``agree`` when each lies
+    within ±``min_gain`` on at least ``3 / min_gain`` questions (with no disagreement seen, the
+    rule of three bounds the share of questions they differ on by ``3 / n`` at 95%: fewer
+    questions cannot show agreement to ``min_gain``); else ``unknown``."""
+    base = [float(x) for x in own]
+    delta = paired_bootstrap_delta(base, [float(x) for x in control], seed=seed)
+    deltas = [delta]
+    if written is not None:
+        deltas.append(paired_bootstrap_delta(base, [float(x) for x in written], seed=seed))
+    if any(d.low > 0 or d.high < 0 for d in deltas):
         found = "differ"
-    elif -min_gain <= delta.low and delta.high <= min_gain and len(own) * min_gain >= 3:
+    elif all(-min_gain <= d.low and d.high <= min_gain for d in deltas) and (
+        len(own) * min_gain >= 3
+    ):
         found = "agree"
     else:
         found = "unknown"
-    return Headroom(sites=sites, n=len(own), delta=delta, min_gain=min_gain, verdict=found)
+    return Headroom(
+        sites=sites,
+        n=len(own),
+        delta=delta,
+        min_gain=min_gain,
+        verdict=found,
+        written=deltas[1] if written is not None else None,
+        written_label=written_label if written is not None else "",
+    )
 
 
 def dev_interval(accuracy: float, n: int, seed: int) -> Interval:

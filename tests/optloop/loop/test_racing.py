@@ -249,3 +249,36 @@ def test_a_model_bound_site_gives_its_budget_to_the_other_targets(
     assert result.headroom.endswith("the budget goes to mem.extract")
     assert loop.optimizers[0].sites == [fakes.EXTRACT]
     assert any(m.startswith("headroom: answer:") for m in loop.messages)
+
+
+@pytest.mark.parametrize(("written", "verdict"), [(40, "agree"), (80, "differ")])
+def test_after_the_trials_the_best_written_instruction_joins_own_and_the_control(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, written: int, verdict: str
+) -> None:
+    from optloop.loop import controller as controller_module
+
+    monkeypatch.setitem(fakes.QUESTIONS, "dev", 80)
+    dev = {
+        ("seed answer", "seed extract"): (40, fakes.ANSWER),
+        ("trivial answer", "seed extract"): (40, fakes.ANSWER),
+    }
+    for k in range(1, 5):
+        dev[(f"answer:{k}", "seed extract")] = (written if k == 1 else 20, fakes.ANSWER)
+    monkeypatch.setattr(fakes, "DEV", dev)
+    # the blame names answer alone: the budget stays there, whatever the first check says
+    monkeypatch.setattr(
+        controller_module, "choose_targets", lambda entries, config, names: ([fakes.ANSWER], [], "")
+    )
+    monkeypatch.setattr(
+        controller_module, "control_sites", lambda entries, config, names: ([fakes.ANSWER], "")
+    )
+    result = run(tmp_path).run()
+    first, _, after = result.headroom.partition("; after the trials, ")
+    assert first.startswith("headroom: answer: own and the trivial instruction agree")
+    assert after.startswith("answer: own, the trivial instruction and trial 1's instruction")
+    if verdict == "agree":
+        assert "agree within \u00b10.05 on 80 dev questions" in after
+        assert "written - own +0.000 [+0.000, +0.000]" in after
+        assert after.endswith("a larger model at that site or a knob would move them")
+    else:
+        assert "differ on 80 dev questions" in after and after.endswith("the prompt there matters")
