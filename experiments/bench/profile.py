@@ -446,9 +446,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     answers: list[dict[str, dict[str, str]]] = []
     scores: list[dict[str, float]] = []
     for config in args.configs.split(","):
-        figures, calls, score = profile_once(
-            args.system, args.dataset, config, embedder, args.lm
-        )
+        figures, calls, score = profile_once(args.system, args.dataset, config, embedder, args.lm)
         console.print(
             f"{config}: {figures['seconds']} s ({figures['seconds_per_session']} s a "
             f"session), {figures['calls']} calls, {figures['parts_s']}"

@@ -1,45 +1,13 @@
 """The loop controller: propose, evaluate, observe, re-attribute and retarget, finish.
 
-    baseline on train and dev ─► blame ─► targets ─► the control on dev
-        ─► repair what a kill left half done
-        ─► while the coordinator grants a trial: the optimizer proposes ─► evaluate on dev
-           (a child run of the sink) ─► the optimizer observes ─► if better: re-attribute, retarget
-        ─► settle (the coordinator) ─► baseline, best and control on test ─► summary, registry
-        ─► result
-
-The **control** (:mod:`optloop.loop.trivial_control`) is the start program with each site of the
-first targeting given its signature's trivial instruction: what the loop's best must beat besides
-the start program for its gain to be the loop's writing. The leading worker evaluates it on dev
-once the targets are chosen and hands it to the others as it hands over the baseline; the worker
-that finishes the run evaluates it on test. ``--no-control`` skips it; a blame that names no prompt
-site leaves none.
-
-The controller owns the algorithm and the checkpoint discipline and nothing else. What it
-talks to sits behind small interfaces (:mod:`optloop.loop.interfaces`: the evaluator, the
-tracking sink, the coordinator, and the optimizer factory), so tests drive it with fakes
+:class:`Controller` owns the loop's algorithm and its checkpoint discipline, nothing else: what it
+talks to sits behind :mod:`optloop.loop.interfaces` (the evaluator, the tracking sink, the
+coordinator, the optimizer factory), so tests drive it with fakes
 (``tests/optloop/loop/test_controller.py``) and :class:`optloop.loop.runs.runner.Loop` wires the
-real ones; what one run works on is its :class:`~optloop.loop.runs.context.RunContext`, and the
-figures a finished run reports are made by :mod:`optloop.loop.outcome`.
-
-**Checkpoint discipline** (why a resumed run equals an uninterrupted one). Every
-evaluation is written to the checkpoint as soon as it returns. A trial is appended to the
-checkpoint *before* its record (child run) opens and it is evaluated, so a kill from
-then on leaves it without an evaluation: on resume every record of that trial number is
-discarded and its candidate goes back to the head of the queue, to be redone under the
-same trial number. The
-optimizer is rebuilt on resume and told every candidate already tried; a queue-based
-optimizer gets its saved queue back. Nothing is counted twice: the budget counts the
-checkpoint's trials (or, shared, the study's slots). Every save also writes what this process
-has spent, and every process adds itself to the checkpoint's count, so the run's cost adds up
-every process that worked on it (a kill loses only what was spent since the last save, which is
-the work that is redone).
-
-**Spending limits** (``--max-cost``, ``--max-calls``, ``--estimate``: :mod:`optloop.loop.spending`)
-are checked at step boundaries only (:meth:`Controller._boundary`): before each evaluation
-outside a trial, after the baseline, and before each trial's proposal, where everything done
-is checkpointed and no trial is open. A limit reached there raises ``RunStopped``; the run
-resumes from its checkpoint as after any other stop. The data flow of the whole system is in
-``docs/architecture.md``.
+real ones. What one run works on is its :class:`~optloop.loop.runs.context.RunContext`; the
+figures a finished run reports are made by :mod:`optloop.loop.outcome`. The data flow, the
+interfaces and the checkpoint: ``docs/architecture.md`` ("The loop controller", "Resume and crash
+consistency").
 """
 
 from __future__ import annotations
@@ -89,7 +57,31 @@ class _Best:
 
 
 class Controller:
-    """Runs the loop of the module docstring once (or resumes it from the context's checkpoint)."""
+    """Runs the loop once, or resumes it from the context's checkpoint::
+
+        baseline on train and dev ─► blame ─► targets ─► the control on dev
+            ─► repair what a kill left half done
+            ─► while the coordinator grants a trial: the optimizer proposes ─► evaluate on dev
+               (a child run of the sink) ─► the optimizer observes ─► if better: re-attribute,
+               retarget
+            ─► settle (the coordinator) ─► baseline, best and control on test ─► summary,
+               registry ─► result
+
+    The control (:mod:`optloop.loop.trivial_control`) is the start program with each site of the
+    first targeting given its signature's trivial instruction; the leading worker evaluates it on
+    dev once the targets are chosen and hands it to the others as it hands over the baseline, and
+    the worker that finishes the run evaluates it on test.
+
+    Checkpoint discipline, so that a resumed run equals an uninterrupted one: every evaluation is
+    checkpointed as soon as it returns; a trial is appended to the checkpoint *before* its record
+    (child run) opens, so on resume a trial without an evaluation has its records discarded and
+    its candidate redone first under the same number (:meth:`_repair`); the optimizer is rebuilt
+    and told every candidate already tried, a queue-based one given its saved queue back. The
+    budget counts the checkpoint's trials (shared: the study's slots), so nothing is counted
+    twice, and every save writes what this process has spent, so the run's cost adds up every
+    process that worked on it. Spending limits are checked at step boundaries only
+    (:meth:`_boundary`).
+    """
 
     def __init__(
         self,
@@ -104,9 +96,8 @@ class Controller:
         self.sink = sink
         self.coordinator = coordinator
         self.make_optimizer = make_optimizer
-        self._redo = (
-            0  # trials a kill left half done, redone first as a batch of their own (_repair)
-        )
+        # trials a kill left half done, redone first as a batch of their own (_repair)
+        self._redo = 0
 
     @property
     def config(self) -> LoopConfig:
@@ -436,9 +427,8 @@ class Controller:
                 )
             against = self._against(best)
             evaluations = self._evaluate_many(trials, against)
-            seconds: float | None = (
-                None  # each trial's share of the batch's time, proposals included
-            )
+            # each trial's share of the batch's time, proposals included
+            seconds: float | None = None
             for trial, evaluation in zip(trials, evaluations):
                 self._record_trial(trial, evaluation, against)
                 if seconds is None:  # a trial alone was evaluated inside its record
@@ -524,7 +514,7 @@ class Controller:
         """``trial``'s record (a child run): its evaluation (made here when ``None``: the record's
         time is then the evaluation's), logged into it, then set on the trial. The trial is in the
         checkpoint before its record opens, so whatever a kill leaves of it is found and discarded
-        on resume (see the module docstring)."""
+        on resume (:meth:`_repair`)."""
         base = self.ctx.base
         with self.sink.open_trial(trial.trial, self.coordinator.trial_tags()) as run_id:
             trial.child_run_id = run_id

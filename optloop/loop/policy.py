@@ -71,9 +71,8 @@ def small_split_warning(n_dev: int, n_test: int) -> str | None:
     are fine)."""
     if min(n_dev, n_test) >= FEW_QUESTIONS:
         return None
-    spread = (
-        1.96 * 0.5 / math.sqrt(max(min(n_dev, n_test), 1))
-    )  # a 95% CI's half-width at accuracy 0.5
+    # a 95% CI's half-width at accuracy 0.5
+    spread = 1.96 * 0.5 / math.sqrt(max(min(n_dev, n_test), 1))
     return (
         f"dev has {n_dev} questions, test {n_test}: a 95% CI this small spans about "
         f"\u00b1{spread:.1f}; use more episodes (?limit=) or --split"

@@ -3,31 +3,13 @@
     python -m optloop.testing.replay --cache .optloop/lm_cache.sqlite \\
         --latency-ms 300 --jitter-ms 50 --seed 0 --rate-429 0.1 --retry-after 1
 
-prints its base URL (``http://127.0.0.1:PORT/v1``) on the first line of stdout and serves
-until interrupted; ``GET /stats`` returns what it served. ``optloop.run --lm openai:replay
---lm-base-url <url>`` then runs against it: the throughput benchmark's endpoint, whose
-answers are the real ones recorded once from the embedded LM, at a latency chosen here.
-
-Keys: a chat request is turned back into optloop's :class:`~optloop.lm.requests.Request`
-(messages, response format, temperature, max_tokens, seed, stop) and keyed exactly as
-:class:`~optloop.lm.engine.OptloopEngine` keys its cache, under the model identity the cache
-was written with (``--identity``, default the bundled SmolLM2 GGUF, ``local:<file>:<size>``)
-and, for a schema request, each of the backend decodings the cache may hold
-(``--decoding``; default the embedded model's bounds, graphiti's bounds and the endpoint
-schema modes). A request whose answer was sampled for a DSPy rollout cannot be found (its key
-holds the rollout id, which does not travel over HTTP); evaluations use none.
-
-Faults, all drawn from ``--seed`` and the request's key (and how many times that key was asked
-before), so a run at any concurrency sees the same latencies and the same 429s:
-
-* latency: ``latency_ms + uniform(-jitter_ms, +jitter_ms)`` before each answer;
-* ``--rate-429 F``: that fraction of requests is answered at once with HTTP 429 and
-  ``Retry-After: --retry-after`` (seconds; ``--retry-after-date`` sends it as an HTTP date);
-* a request with no recorded answer gets HTTP 400 ``no recorded response`` (not retried by
-  optloop, so the question fails visibly), except a 1-token probe (``max_tokens == 1``,
-  :meth:`~optloop.lm.OptloopLM.check_endpoint`'s ping), answered ``ok``; the start-up probes of the
-  schema mode and of ``--concurrency auto`` are answered as a json_schema endpoint that serves
-  requests side by side would.
+prints its base URL (``http://127.0.0.1:PORT/v1``) on the first line of stdout and serves until
+interrupted; ``GET /stats`` returns what it served. ``optloop.run --lm openai:replay
+--lm-base-url <url>`` then runs against it: the throughput benchmark's endpoint, whose answers
+are the real ones recorded once from the embedded LM. A request is answered from the cache under
+the key optloop's engine gives it (:func:`request_keys`), after a latency, or with an HTTP 429,
+drawn from ``--seed`` and that key (:class:`ReplayConfig`), so a run at any concurrency sees the
+same ones; what else a request can get: :meth:`ReplayServer.answer`.
 """
 
 from __future__ import annotations
@@ -117,7 +99,16 @@ def request_of(body: dict[str, Any]) -> Request:
 
 
 def request_keys(body: dict[str, Any], identity: str, decodings: Sequence[str]) -> list[str]:
-    """The cache keys a chat-completions body may have been stored under, most specific first."""
+    """The cache keys a chat-completions body may have been stored under, most specific first.
+
+    The body is turned back into optloop's :class:`Request` (messages, response format,
+    temperature, max_tokens, seed, stop) and keyed exactly as
+    :class:`~optloop.lm.engine.OptloopEngine` keys its cache, under the model ``identity`` the
+    cache was written with (``--identity``; default the bundled GGUF, ``local:<file>:<size>``)
+    and, for a schema request, each of the backend ``decodings`` the cache may hold
+    (``--decoding``; default :data:`DEFAULT_DECODINGS`). A request whose answer was sampled for a
+    DSPy rollout cannot be found (its key holds the rollout id, which does not travel over HTTP);
+    evaluations use none."""
     request = request_of(body)
     json_mode, schema = request.json_mode, request.schema
     payload = {"model": identity, **asdict(request), "rollout_id": None}
@@ -153,6 +144,11 @@ def _unit(*parts: Any) -> float:
 
 @dataclass
 class ReplayConfig:
+    """The faults a replay injects, each drawn from ``seed``, the request's key and how many times
+    that key was asked before: a latency of ``latency_ms + uniform(-jitter_ms, +jitter_ms)``
+    before each answer, and HTTP 429 at once for a ``rate_429`` fraction of requests, with
+    ``Retry-After: retry_after`` (seconds, or an HTTP date with ``retry_after_date``)."""
+
     latency_ms: float = 300.0
     jitter_ms: float = 50.0
     seed: int = 0
@@ -245,7 +241,13 @@ class ReplayServer(LoopbackServer):
     # --- what a request gets -------------------------------------------------------------
 
     def answer(self, body: dict[str, Any]) -> tuple[int, dict[str, Any], dict[str, str], float]:
-        """(status, payload, headers, seconds to wait before sending) for one chat request."""
+        """(status, payload, headers, seconds to wait before sending) for one chat request.
+
+        A request with no recorded answer gets HTTP 400 ``no recorded response`` (not retried by
+        optloop, so the question fails visibly), except a 1-token probe (``max_tokens == 1``,
+        :meth:`~optloop.lm.OptloopLM.check_endpoint`'s ping), answered ``ok``; the start-up probes
+        of the schema mode and of ``--concurrency auto`` are answered as a json_schema endpoint
+        that serves requests side by side would."""
         try:
             keys = request_keys(body, self.identity, self.decodings)
         except Exception as exc:  # noqa: BLE001 - a request optloop would not send

@@ -1,32 +1,11 @@
 """Record a memory system's run as an :class:`ExecutionGraph`, without touching its code.
 
-Two sources feed the graph:
-
-* **Prompt-site calls**, through a DSPy callback attached to every site's
-  ``dspy.Predict``: each call becomes an LLM operation with its prompt, inputs
-  and outputs (list outputs become one ``fact`` variable per item), its LLM
-  calls and retries, and, from the LM layer's call records of the calls made
-  inside it, ``lm_attempts``, ``lm_faults`` (each failed attempt: ``HTTP 503``,
-  ``timeout`` ...) and ``lm_error`` (a fault no retry cured); the LM calls made inside a site call
-  are collected in that call's context (an accounting listener), so calls of other threads never
-  count. The callback finds the active recorder in a
-  :class:`contextvars.ContextVar`: each thread (an optimizer's worker, say) records into its own
-  recorder, and calls made on graphiti's own event-loop thread, which runs in a copy of the
-  caller's context, are seen by the caller's recorder.
-* **The store**, observed from outside: after each session the recorder diffs
-  ``all_memories()`` against the state before it. New units become ``store``
-  operations, changed or invalidated ones ``update``, vanished ones ``delete``.
-  A unit that vanishes in the same session a near-identical one appears (a
-  system that keys facts by their text, like MD-flat) is recorded as an update
-  of the old unit into the new one, which is what it is.
-
-Retrieval and answering are recorded by :meth:`Recorder.ask`: the question, the
-``retrieve`` operation (memory versions in, ranked list out, knobs attached,
-plus the ranks of a wider search so attribution can tell "ranked 7th with
-top_k=5" from "never found"), and the answer call.
-
-Ingestion goes session by session (``system.ingest([session])``); every
-system in ``systems/`` supports incremental ingestion.
+:class:`Recorder` watches a system ingest an episode session by session and answer its questions:
+its prompt-site calls through a DSPy callback (:class:`SiteCallback`), its store by diffing
+``all_memories()`` after each session, and retrieval and answering through :meth:`Recorder.ask`.
+The active recorder lives in a :class:`contextvars.ContextVar`, so each thread records into its
+own. :func:`record_episode` records a whole episode. The graph's layout:
+``docs/graph-schema.md``; where recording sits in the pipeline: ``docs/architecture.md``.
 """
 
 from __future__ import annotations
@@ -113,7 +92,10 @@ class SiteCallback(BaseCallback):
     """Forwards every prompt-site call to the :class:`Recorder` active in the calling context (if
     any).
 
-    It holds no state (a call's start is kept by the recorder), so a deep-copied module (an
+    The recorder is found in a :class:`contextvars.ContextVar`: each thread (an optimizer's
+    worker, say) records into its own recorder, and calls made on graphiti's own event-loop
+    thread, which runs in a copy of the caller's context, are seen by the caller's recorder. It
+    holds no state (a call's start is kept by the recorder), so a deep-copied module (an
     optimizer's candidate) may carry a copy of it.
     """
 
@@ -135,6 +117,20 @@ SITE_CALLBACK = SiteCallback()
 
 class Recorder:
     """Runs a system over an episode and records the execution graph.
+
+    Two sources feed the graph:
+
+    * **prompt-site calls**, through :class:`SiteCallback` on every site's ``dspy.Predict``: each
+      call becomes an LLM operation with its prompt, inputs and outputs (list outputs of an
+      ingest site become one ``fact`` variable per item), its LLM calls and retries, and, from
+      the LM layer's records of the calls made inside it, ``lm_attempts``, ``lm_faults`` and
+      ``lm_error`` (:func:`lm_fault_fields`). Those calls are collected in the site call's own
+      context (an accounting listener), so calls of other threads never count;
+    * **the store**, observed from outside: after each session (:meth:`ingest_session`) the
+      recorder diffs ``all_memories()`` against the state before it (:meth:`_diff_store`).
+
+    :meth:`ask` records retrieval and answering. Ingestion goes session by session
+    (``system.ingest([session])``); every system in ``systems/`` supports incremental ingestion.
 
     Use as a context manager (one recorder is active per context: a thread records into its own)::
 
@@ -343,6 +339,8 @@ class Recorder:
             self.ingest_session(session)
 
     def ingest_session(self, session: Session) -> None:
+        """Ingest one session (``system.ingest([session])``): its turns as ``message`` variables,
+        the site calls it makes, then the changes to the store."""
         messages = []
         for turn in session.turns:
             var = self.graph.add_variable(
@@ -362,6 +360,10 @@ class Recorder:
         self._diff_store(session, messages, facts or messages)
 
     def _diff_store(self, session: Session, messages: list[str], sources: list[str]) -> None:
+        """The store's changes in ``session``: new units become ``store`` operations, changed or
+        invalidated ones ``update``, vanished ones ``delete``. A unit that vanishes in the same
+        session a near-identical one appears (a system that keys facts by their text, like
+        MD-flat) is recorded as an update of the old unit into the new one, which is what it is."""
         after = {item.id: item for item in self.system.all_memories()}
         added, updated = [], []
         for mid, item in after.items():
@@ -494,7 +496,11 @@ class Recorder:
     # --- questions ------------------------------------------------------------------------
 
     def ask(self, question: Question) -> str:
-        """Retrieve and answer ``question``, recording both; returns the prediction."""
+        """Retrieve and answer ``question``, recording both; returns the prediction.
+
+        Recorded: the ``question`` variable, the ``retrieve`` operation (memory versions in, the
+        ranked list out, knobs attached, plus the ranks of a wider search so attribution can tell
+        "ranked 7th with top_k=5" from "never found"), and the answer call."""
         qvar = self.graph.add_variable(question_variable(question))
         with self._scoped("retrieve", [qvar.id], question_id=question.id) as ops:
             started = time.perf_counter()

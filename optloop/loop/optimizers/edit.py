@@ -1,56 +1,12 @@
-"""An edit-based optimizer in the manner of GrIPS (Prasad et al., EACL 2023): ``--optimizer edit``.
+"""The edit optimizer (``--optimizer edit``): GrIPS-style edits of the blamed instructions.
 
-GrIPS improves an instruction without asking a model to write one: it splits the
-instruction into phrases and edits them (**delete**, **swap**, **paraphrase**,
-**add** back a phrase deleted earlier), keeping an edit only when it scores
-better. That suits a small model, which follows instructions far better than it
-writes them: only the paraphrase edit asks the proposer LM for text, and one
-phrase at a time.
-
-One round here, from the current best candidate, for each target site (the
-blamed ones, most blamed first):
-
-1. the site's instruction is split into units a person could strike out and
-   leave complete sentences (sentences, semicolon clauses, list items:
-   :mod:`optloop.loop.proposals.units`);
-2. the edits proposed are single-unit deletions (an ablation of the
-   instruction): every deletion the failures point at (below), then random
-   ones up to ``deletions``; the deletion of every unit (the signature's own
-   default instruction, built by DSPy from its fields:
-   :func:`~optloop.loop.candidate.trivial_instruction`, the run's control); and ``extra`` random
-   edits (swap, paraphrase, add; one or two composed, as GrIPS's
-   ``num_compose``). An edit that leaves malformed text (a sentence cut short,
-   an unmatched quote, an empty sentence: :func:`optloop.loop.proposals.units.problems`)
-   is dropped before anything runs it;
-3. every site's edits are scored together on a seeded mini-batch of train
-   questions (GrIPS's score set; these runs are the optimizer's cost, not
-   evaluations of ``--budget``: ``--estimate`` counts them, with the best's
-   screening and the paraphrase calls, by :func:`work`, its cost model, below);
-4. the edits are queued with the best-supported deletions first (of two units
-   the same failures support, the unconditional command before the one that
-   applies under a condition), then best train score first, and the loop
-   evaluates them on dev, one per budget unit. When a trial beats the best, the
-   rest of the round is dropped and the next round edits the new best; when the
-   queue is spent, the next round edits the best so far (GrIPS's greedy search).
-   The loop retargets the sites when re-attribution moves the blame.
-
-**Evidence.** The attributions of the best candidate's dev failures blamed on a site
-hold what the decisive operation said (for ``answer``, the model's answer). A unit
-that would make the model say it (its text contains the failing answer, or the
-answer's opening words, at least :data:`MIN_PHRASE` of them, or a quoted phrase
-of the unit is in the answer) is *supported* by that failure; a deletion
-supported by at least :data:`MIN_SUPPORT` failures and a quarter of them is tried
-first (an unconditional command, "Always reply ...", before a conditional rule
-the same failures support, "If ..., reply ...": :func:`conditional`), and its
-reason is part of the candidate's ``origin`` (the trial line and the MLflow
-``origin`` parameter): ``answer del 2 (deleted sentence 3: 14 of 16
-failures answered "I don't know")``. The written edits (a short instruction, a sentence added, a
-sentence rewritten: :meth:`EditOptimizer.written`) are shown the best's failures on the train
-mini-batch instead (its screen, run first): a writer shown dev's questions and answers writes
-sentences that name them, which the dev evaluation of those same questions would then choose.
-
-The optimizer sees only the instruction it starts from and the attributions of
-its failures: nothing else of the system's original prompt.
+GrIPS (Prasad et al., EACL 2023) improves an instruction without asking a model to write one: it
+edits its phrases (delete, swap, paraphrase, add back one deleted earlier) and keeps an edit only
+when it scores better, which suits a small model that follows instructions far better than it
+writes them. :class:`EditOptimizer` makes a round of edits per target site, screens them on a
+train mini-batch and queues them for the loop; :func:`support` and :func:`conditional` say which
+deletions the failures point at; :func:`work` is its cost model for ``--estimate``. How a run
+uses it: ``docs/loop.md`` ("What it does", "Proposals a person would ship").
 """
 
 from __future__ import annotations
@@ -190,19 +146,43 @@ class Edit:
 
 
 class EditOptimizer(QueuedOptimizer):
-    """GrIPS-style phrase edits of the blamed instructions, screened on train, queued for the loop
-    (see module doc)."""
+    """GrIPS-style phrase edits of the blamed instructions, screened on train, queued for the loop.
+
+    A round (:meth:`round`), from the current best, for each target site (most blamed first):
+
+    1. the site's instruction is split into units a person could strike out and leave complete
+       sentences (sentences, semicolon clauses, list items: :mod:`optloop.loop.proposals.units`);
+    2. :meth:`edits` proposes single-unit deletions (an ablation of the instruction): every
+       deletion the failures point at (:func:`support`), then random ones up to ``deletions``;
+       the deletion of every unit (the signature's default instruction, built by DSPy from its
+       fields: :func:`~optloop.loop.candidate.trivial_instruction`, the run's control); the
+       written edits (:meth:`written`); and ``extra`` random edits (swap, paraphrase, add; one or
+       two composed, as GrIPS's ``num_compose``). An edit that leaves malformed text is dropped
+       before anything runs it;
+    3. every site's edits are screened together on a seeded mini-batch of ``bsize`` train
+       questions (GrIPS's score set): optimizer cost, not evaluations of ``--budget``;
+    4. they are queued with the best-supported deletions first (of two units the same failures
+       support, the unconditional command before the conditional one: :func:`conditional`), then
+       best train score first, and the loop evaluates them on dev, one per trial. When a trial
+       beats the best, :meth:`propose` drops the rest of the round and the next round edits the
+       new best; when the queue is spent, the next round edits the best so far (GrIPS's greedy
+       search). The loop retargets the sites when re-attribution moves the blame.
+
+    The deletions read the best's dev failures; the written edits are shown its failures on the
+    train mini-batch instead (its screen, run first), so a written sentence is never fitted to a
+    dev question. A supported deletion's reason is part of the candidate's ``origin`` (the trial
+    line and the MLflow ``origin`` parameter): ``edit round 1: answer del 2 (deleted sentence 3:
+    14 of 16 failures answered "I don't know")``. The optimizer sees only the instruction it
+    starts from and the attributions of its failures: nothing else of the system's own prompt.
+    """
 
     name = EDIT
-    DELETIONS, EXTRA, BSIZE = (
-        3,
-        1,
-        6,
-    )  # the defaults (also what --estimate's model of a round assumes: overhead.py)
+    # the defaults (also what --estimate's model of a round assumes: :func:`work`)
+    DELETIONS, EXTRA, BSIZE = 3, 1, 6
     # Written edits a round asks the proposer for, per site: a short instruction, a sentence added,
-    # a sentence rewritten (:meth:`written`; also in overhead.py's model of a round).
+    # a sentence rewritten (:meth:`written`; also in :func:`work`'s model of a round).
     WRITES = 3
-    # Whether the deletions the failures support go first (module doc, "Evidence"); False leaves
+    # Whether the deletions the failures support go first (:func:`support`); False leaves
     # the train screen's order alone, as a baseline (``experiments.bench.repair --edit-order``).
     evidence = True
 
@@ -351,9 +331,8 @@ class EditOptimizer(QueuedOptimizer):
             text, ops = start, list[str]()
             for _ in range(self.rng.choice((1, 2))):  # GrIPS's num_compose
                 present = {(u.body, u.kind) for u in text.editable}
-                gone = [
-                    p for p in pool if p not in present
-                ]  # units an earlier edit deleted: "add" puts one back
+                # units an earlier edit deleted: "add" puts one back
+                gone = [p for p in pool if p not in present]
                 op = self.rng.choice(
                     [o for o in ("swap", "par", "add", "del") if self._can(o, text, gone)]
                 )
@@ -542,7 +521,15 @@ __all__ = ["EditOptimizer", "conditional", "phrases", "same_length", "support"]
 
 
 def work(shape: RunShape) -> OptimizerWork:
-    """``--optimizer edit`` (see the module docstring)."""
+    """``--optimizer edit``'s cost model. A round makes, per target site, ``min(DELETIONS, units)``
+    single-unit deletions (none for a one-unit instruction), the deletion of all, ``WRITES`` written
+    edits (one proposer call each) and ``EXTRA`` composed edit (1 or 2 operations, a paraphrase
+    one time in 3: :data:`~optloop.loop.spending.shape.PARAPHRASES_PER_EXTRA` proposer calls). It
+    screens the best and every edit on the mini-batch (``b = min(BSIZE, train questions)``
+    questions each; an edit of an ingest site also ingests the mini-batch's ``m = min(b, train
+    episodes)`` episodes), and the loop evaluates the edits, one a trial: the budget over the
+    edits a round, rounded up, plus about ``log2(budget + 1)`` rounds that a trial beating the
+    best starts early."""
     opt = EditOptimizer
     b = min(opt.BSIZE, shape.train_questions)
     m = min(b, shape.train_episodes)

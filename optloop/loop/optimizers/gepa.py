@@ -118,7 +118,7 @@ class GepaOptimizer(RoundsOptimizer):
     def round_metric_calls(train: int) -> int:
         """The metric calls (program runs on one train example) a round grants GEPA by default: two
         passes over train and 12 more (also what --estimate's model of a round assumes:
-        overhead.py)."""
+        :func:`work`)."""
         return 2 * train + 12
 
     def log_dir(self) -> Path:
@@ -131,9 +131,8 @@ class GepaOptimizer(RoundsOptimizer):
         train = examples(self.trainset)
         log_dir = self.log_dir()
         log_dir.mkdir(parents=True, exist_ok=True)
-        ledger = (
-            log_dir / "optloop.json"
-        )  # what this run was granted so far: GEPA counts its calls since start
+        # what this run was granted so far: GEPA counts its calls since start
+        ledger = log_dir / "optloop.json"
         granted = (
             json.loads(ledger.read_text()) if ledger.exists() else {"metric_calls": 0, "rounds": 0}
         )
@@ -258,7 +257,14 @@ def gepa_template_tokens() -> float:
 
 
 def work(shape: RunShape) -> OptimizerWork:
-    """``--optimizer gepa`` (see the module docstring)."""
+    """``--optimizer gepa``'s cost model. A round over ``Q`` train questions is granted ``2Q + 12``
+    metric calls (:meth:`GepaOptimizer.round_metric_calls`; one program run on one train question
+    each); an iteration runs the current candidate and its mutation on a mini-batch of ``r =
+    min(REFLECTION_MINIBATCH, Q)`` and, for the one mutation in two accepted
+    (:data:`~optloop.loop.spending.shape.ACCEPT_SHARE`), the new candidate on all ``Q``: about
+    ``(2Q + 12) / (2r + Q/2)`` reflection calls a round, half of them new candidates (trials), at
+    least one. It mutates the most blamed site only. Its reflections are assumed to pass the
+    gate: a round ended early by refused reflections costs less."""
     opt = GepaOptimizer
     q = max(shape.train_questions, 1)
     r = min(opt.REFLECTION_MINIBATCH, q)

@@ -90,10 +90,10 @@ class OptunaOptimizer(Optimizer):
     def _instructions(self, site: str, base: Candidate, best_eval: Evaluation) -> list[str]:
         key = f"instructions:{site}"
         stored = self.shared.get(key)
-        if (
-            stored is not None
-        ):  # proposals are made once per study, so every worker and a resumed study see
-            return list(stored)  # the same space
+        # proposals are made once per study, so every worker and a resumed study see the same
+        # space
+        if stored is not None:
+            return list(stored)
         holder = self.shared.claim(f"optloop:proposing:{site}", {"worker": self.shared.worker})[
             "worker"
         ]
@@ -150,9 +150,8 @@ class OptunaOptimizer(Optimizer):
                     knobs[target] = choices[index]
             candidate = Candidate(sites=sites, knobs=knobs, origin=f"optuna trial {trial.number}")
             digest = candidate.digest()
-            if (
-                digest in self.pending
-            ):  # asked again while a batch evaluates it: no value to tell yet
+            # asked again while a batch evaluates it: no value to tell yet
+            if digest in self.pending:
                 self.study.tell(trial, state=TrialState.FAIL)
                 self.duplicates += 1
                 continue
@@ -162,16 +161,14 @@ class OptunaOptimizer(Optimizer):
                     for t in self.study.trials
                     if t.params == trial.params and t.value is not None
                 ]
-                self.study.tell(
-                    trial, previous[0].value if previous else 0.0
-                )  # already evaluated: no budget spent
+                # already evaluated: no budget spent
+                self.study.tell(trial, previous[0].value if previous else 0.0)
                 self.duplicates += 1
                 continue
             self.seen.add(digest)
             owner = self.shared.claim_candidate(digest, trial.number)
-            if (
-                owner["worker"] != self.shared.worker
-            ):  # another worker has it: its result, when known, is ours
+            # another worker has it: its result, when known, is ours
+            if owner["worker"] != self.shared.worker:
                 trial.set_user_attr("optloop:duplicate_of", owner["study_trial"])
                 theirs = [
                     t
@@ -239,7 +236,9 @@ class OptunaOptimizer(Optimizer):
 
 
 def work(shape: RunShape) -> OptimizerWork:
-    """``--optimizer optuna`` (see the module docstring)."""
+    """``--optimizer optuna``'s cost model: ``PROPOSALS`` proposer calls per target site, once
+    per study, up front; no runs on train. The proposals for sites a retarget adds are not
+    modeled."""
     opt = OptunaOptimizer
     calls = opt.PROPOSALS * len(shape.sites)
     prompt = sum(

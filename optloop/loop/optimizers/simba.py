@@ -49,10 +49,8 @@ class SimbaOptimizer(RoundsOptimizer):
     (:mod:`optloop.loop.optimizers.simba_step`)."""
 
     name = SIMBA
-    BSIZE, NUM_CANDIDATES = (
-        6,
-        2,
-    )  # the defaults (also what --estimate's model of a step assumes: overhead.py)
+    # the defaults (also what --estimate's model of a step assumes: :func:`work`)
+    BSIZE, NUM_CANDIDATES = 6, 2
 
     def __init__(
         self,
@@ -139,23 +137,29 @@ class SimbaOptimizer(RoundsOptimizer):
 
 
 def work(shape: RunShape) -> OptimizerWork:
-    """``--optimizer simba`` (see the module docstring)."""
+    """``--optimizer simba``'s cost model. One SIMBA step a round and one trial a round
+    (``min(--batch, NUM_CANDIDATES + 1)`` with ``--batch``: the step's best new programs,
+    evaluated at once). A step runs ``NUM_CANDIDATES`` sampled programs on the mini-batch (``b =
+    min(BSIZE, train questions)`` questions), then its ``NUM_CANDIDATES + 1`` new programs on it;
+    half the new programs (:data:`~optloop.loop.spending.shape.RULE_SHARE`) get a rule (one advice
+    call to the proposer each, showing a worse and a better trajectory; a rule on an ingest site
+    rebuilds the mini-batch's ``min(b, train episodes)`` episodes), half a demo (no call)."""
     opt = SimbaOptimizer
     b = min(opt.BSIZE, shape.train_questions)
     m = min(b, shape.train_episodes)
     made = opt.NUM_CANDIDATES + 1
-    per_round = max(
-        1, min(shape.batch, made)
-    )  # one winner a step, or a batch of the step's new programs
+    # one winner a step, or a batch of the step's new programs
+    per_round = max(1, min(shape.batch, made))
     rounds = math.ceil(shape.budget / per_round)
     rules = made * RULE_SHARE
     names = tuple(attr_name(s) for s in shape.sites)
     advice: Any = advice_signature(names)  # a class made at run time: hashable, as lru_cache needs
+    # the template, the instructions, and the worse and the better trajectory
     prompt = (
         template_tokens(advice)
         + sum(shape.instruction_tokens(s) for s in shape.sites)
         + 2 * sum(shape.call_tokens(s) for s in shape.sites)
-    )  # the worse and the better trajectory
+    )
     return shape.work(
         opt.name,
         rounds=rounds,

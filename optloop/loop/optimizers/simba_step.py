@@ -57,9 +57,8 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 R = TypeVar("R")
 
-DEMO_INPUT_MAX_CHARS = (
-    100_000  # an input field longer than this is cut in a demo (dspy.SIMBA's default)
-)
+# an input field longer than this is cut in a demo (dspy.SIMBA's default)
+DEMO_INPUT_MAX_CHARS = 100_000
 
 
 # --- running programs ------------------------------------------------------------------------
@@ -72,13 +71,11 @@ class Run:
 
     example: dspy.Example
     prediction: dspy.Prediction | None
-    steps: list[
-        tuple[str, dict[str, Any], dict[str, Any]]
-    ]  # (predictor name, inputs, outputs), in order
+    # (predictor name, inputs, outputs), in order
+    steps: list[tuple[str, dict[str, Any], dict[str, Any]]]
     score: float
-    info: dict[str, Any] = field(
-        default_factory=dict
-    )  # the metric's other fields: feedback, error_type, site
+    # the metric's other fields: feedback, error_type, site
+    info: dict[str, Any] = field(default_factory=dict)
 
 
 def run_example(program: dspy.Module, example: dspy.Example) -> Run:
@@ -364,10 +361,8 @@ class SimbaPool:
         out)."""
         state = self.state
         if len(state.order) != n_examples:
-            state.order, state.position = (
-                list(range(n_examples)),
-                n_examples,
-            )  # a new train split: shuffle below
+            # a new train split: shuffle below
+            state.order, state.position = list(range(n_examples)), n_examples
         if state.position + bsize > n_examples:
             rng.shuffle(state.order)
             state.position = 0
@@ -495,9 +490,8 @@ def simba_step(
         mine = [r.score for r in runs[k * len(batch) : (k + 1) * len(batch)]]
         candidate = program.candidate(f" (step {step})")
         known = any(e.candidate.digest() == candidate.digest() for e in pool.entries)
-        pool.entries[
-            pool.index(candidate)
-        ].scores += mine  # a program made again: more evidence for it
+        # a program made again: more evidence for it
+        pool.entries[pool.index(candidate)].scores += mine
         if not known and candidate.digest() != source.digest():
             scored.append((sum(mine) / len(mine), candidate))
     pool.save()

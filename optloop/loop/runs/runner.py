@@ -1,45 +1,11 @@
 """The closed loop, wired: one ``optloop.run`` from the dataset to the result.
 
-    split by episode ─► baseline on train + dev ─► attribute failures ─► blame
-        ─► for trial 1..budget: optimizer proposes (only blamed sites) ─► evaluate on dev
-           (child run) ─► if better: new best, re-attribute, retarget the optimizer
-        ─► baseline and best on test ─► parent metrics, artifacts, prompt registry
-
-The loop itself is :class:`optloop.loop.controller.Controller`, which knows nothing of
-MLflow, Optuna or files beyond its checkpoint. :class:`Loop` builds what it runs on and
-owns what is not the loop's logic:
-
-- the state directory and its lock (one process per directory; another worker of a
-  shared run takes ``workers/<n>/``), and the checkpoint's settings check
-  (:mod:`optloop.loop.runs.dirs`);
-- the MLflow experiment (created under a lock: workers starting together race for it)
-  and the parent run (created by the leading worker, resumed by id, ended with the
-  run's status; :mod:`optloop.loop.tracking.run`);
-- the real implementations of the controller's interfaces
-  (:mod:`optloop.loop.interfaces`): :class:`~optloop.loop.runs.split_evaluator.SplitEvaluator`
-  (the :class:`~optloop.loop.evaluate.Evaluator` over the run's splits),
-  :class:`~optloop.loop.tracking.sink.MlflowSink`, and a
-  :class:`~optloop.loop.workers.coordinator.LocalCoordinator` or, for ``--optimizer optuna``,
-  a :class:`~optloop.loop.workers.coordinator.SharedCoordinator`;
-- the optimizer factory (:mod:`~optloop.loop.optimizers.registry`) and the cost accounting.
-
-State lives in ``<state dir>/runs/<run name>/checkpoint.json``, rewritten
-atomically after every step, so the same command resumes an interrupted run
-(``optloop.run`` finds it by :meth:`LoopConfig.resume_key`, or by ``--run-name``):
-finished evaluations are read back, a trial whose child run was left half-done is
-ended KILLED and deleted from MLflow and redone, nothing is counted twice, and what
-every process spent adds up (the controller's docstring says how). An interrupt
-(``KeyboardInterrupt``: Ctrl-C, or SIGTERM as ``optloop.run`` maps it) ends the
-MLflow runs it leaves as KILLED. A spending limit (``limits``: ``--max-cost``,
-``--max-calls``, ``--estimate``; :mod:`optloop.loop.spending`) stops the controller at a step
-boundary: the parent run ends KILLED with the tag ``optloop.stopped_by``, which the next
-process to open the run removes.
-
-Several workers (``--optimizer optuna``): every process started with the same
-command joins one Optuna study (``--storage``; the SQLite file in the run
-directory by default, ``postgresql://...`` across machines) and they split
-the budget through it (:mod:`optloop.loop.workers.study`, :mod:`optloop.loop.workers.coordinator`).
-The data flow and where each stage lives: ``docs/architecture.md``.
+:class:`Loop` builds what :class:`optloop.loop.controller.Controller` runs on and owns what is not
+the loop's logic: the run's state directory, the MLflow experiment and parent run, the real
+implementations of the controller's interfaces, the optimizer from the registry, the run's cost
+and its projection. :func:`run_evaluator` is the evaluator a run builds; :func:`check_start_sites`
+refuses flags that name what the system lacks before anything is written. The data flow:
+``docs/architecture.md``; resume, spending limits and exit codes: ``docs/loop.md``.
 """
 
 from __future__ import annotations
@@ -158,7 +124,32 @@ def run_evaluator(
 
 
 class Loop:
-    """One ``optloop.run``: see the module docstring."""
+    """One ``optloop.run``: the wiring around :class:`~optloop.loop.controller.Controller`, which
+    knows nothing of MLflow, Optuna or files beyond its checkpoint. A ``Loop`` owns:
+
+    - the state directory and its lock (one process per directory; another worker of a shared run
+      takes ``workers/<n>/``), and the checkpoint's settings check (:mod:`optloop.loop.runs.dirs`);
+    - the MLflow experiment (created under a lock: workers starting together race for it) and the
+      parent run (created by the leading worker, resumed by id, ended with the run's status:
+      :mod:`optloop.loop.tracking.run`);
+    - the real implementations of the controller's interfaces (:mod:`optloop.loop.interfaces`):
+      :class:`~optloop.loop.runs.split_evaluator.SplitEvaluator` (the
+      :class:`~optloop.loop.evaluate.Evaluator` over the run's splits),
+      :class:`~optloop.loop.tracking.sink.MlflowSink`, and a
+      :class:`~optloop.loop.workers.coordinator.LocalCoordinator` or, for an optimizer that shares
+      a study (``--optimizer optuna``), a
+      :class:`~optloop.loop.workers.coordinator.SharedCoordinator`;
+    - the optimizer factory (:mod:`~optloop.loop.optimizers.registry`), the cost accounting and the
+      projection after the baseline.
+
+    The checkpoint, ``<state dir>/runs/<run name>/checkpoint.json``, is rewritten atomically after
+    every step, so the same command resumes an interrupted run (found by
+    :meth:`LoopConfig.resume_key`, or by ``--run-name``). An interrupt (``KeyboardInterrupt``:
+    Ctrl-C, or SIGTERM as ``optloop.run`` maps it) ends the MLflow runs it leaves as KILLED; a
+    spending limit (:class:`~optloop.loop.spending.limits.RunStopped`, at a step boundary) ends
+    the parent run KILLED with the tag ``optloop.stopped_by``, which the next process to open the
+    run removes.
+    """
 
     def __init__(
         self,
@@ -173,31 +164,25 @@ class Loop:
         prepared: tuple[Dataset, Dataset, Dataset, Dataset] | None = None,
     ):
         self.config = config
-        self.limits = (
-            limits or SpendingLimits()
-        )  # this process's --max-cost, --max-calls, --estimate
-        self.auto_named = (
-            auto_named  # the run name was made up: the same command (no --run-name) resumes it
-        )
+        # this process's --max-cost, --max-calls, --estimate
+        self.limits = limits or SpendingLimits()
+        # the run name was made up: the same command (no --run-name) resumes it
+        self.auto_named = auto_named
         self.lm = lm
         self.proposer = proposer
-        self.run_dir = (
-            work or state_dir(create=False) / "runs" / config.run_name
-        )  # created when claimed
-        self.state = (
-            self.run_dir
-        )  # this worker's own directory (another one under workers/ when shared)
+        # created when claimed
+        self.run_dir = work or state_dir(create=False) / "runs" / config.run_name
+        # this worker's own directory (another one under workers/ when shared)
+        self.state = self.run_dir
         self.progress = progress or (lambda msg: None)
         self.started = time.perf_counter()
         self._lock: Any = None
         # the dataset and its train, dev and test splits, once loaded and checked (see prepare)
         self._prepared = prepared
-        self.site_stages: dict[
-            str, str
-        ] = {}  # the system's prompt sites and their stages, once the run has begun
-        self.start: Candidate | None = (
-            None  # the program the run starts from, once the run has begun
-        )
+        # the system's prompt sites and their stages, once the run has begun
+        self.site_stages: dict[str, str] = {}
+        # the program the run starts from, once the run has begun
+        self.start: Candidate | None = None
         # One line to the user (optloop.run prints it; a library caller gets a warning).
         self.announce: Callable[[str], None] = lambda line: logger.warning("%s", line)
         # Once the baseline is known and trials are to come: the projection of the whole run
@@ -278,9 +263,8 @@ class Loop:
         ckpt = ckpt or Checkpoint(
             config_digest=cfg.digest(), resume_key=cfg.resume_key(), auto_named=self.auto_named
         )
-        ckpt.resume_key = (
-            ckpt.resume_key or cfg.resume_key()
-        )  # a checkpoint from before resume keys existed
+        # a checkpoint from before resume keys existed
+        ckpt.resume_key = ckpt.resume_key or cfg.resume_key()
         if ckpt.finished:
             raise ConfigError(
                 f"run {cfg.run_name!r} already finished (MLflow run {ckpt.parent_run_id}); pick "
@@ -291,9 +275,8 @@ class Loop:
             "dev": [e.id for e in dev.episodes],
             "test": [e.id for e in test.episodes],
         }
-        ckpt.save(
-            ckpt_path
-        )  # the worker id first: a restarted worker must find its slots and roles again
+        # the worker id first: a restarted worker must find its slots and roles again
+        ckpt.save(ckpt_path)
         coordinator: Coordinators = (
             SharedCoordinator.join(cfg, self._storage(), ckpt.worker, self.progress)
             if registry.shared_study(cfg.optimizer)
@@ -334,9 +317,8 @@ class Loop:
         mark = self.lm.accounting.mark()
         proposer_mark = self.proposer.accounting.mark() if self.proposer is not self.lm else None
         run_id = ckpt.parent_run_id or coordinator.leader_parent_run_id()
-        relog = (
-            False  # another store than the run's first: a new parent run, the trials logged again
-        )
+        # another store than the run's first: a new parent run, the trials logged again
+        relog = False
         if run_id and checkpoint_guard.parent_run_missing(run_id):
             uri = mlflow.get_tracking_uri()
             self.announce(checkpoint_guard.lost_parent_line(cfg, run_id, uri, ckpt))
@@ -351,9 +333,8 @@ class Loop:
             )
         ckpt.parent_run_id = parent.info.run_id
         ckpt.save(ckpt_path)
-        if parent.data.tags.get(
-            STOPPED_BY
-        ):  # a limit stopped an earlier process; this one takes the run up again
+        # a limit stopped an earlier process; this one takes the run up again
+        if parent.data.tags.get(STOPPED_BY):
             MlflowClient().delete_tag(parent.info.run_id, STOPPED_BY)
         status = "FAILED"
         try:

@@ -1,54 +1,12 @@
-"""The ``--estimate`` of a run's cost, from its baseline.
+"""The ``--estimate`` of a run's cost and time, projected from its baseline.
 
-**Estimate** (``--estimate``): the spending limits' machinery (:mod:`optloop.loop.spending.limits`)
-stops the run right after its baseline (reason ``estimate``), and :func:`estimate` projects the
-whole configured run from it. The model, stated in the output too (:data:`MODEL`), is
-:func:`project`'s, on the baseline's train and dev figures (:class:`Figures`);
-``experiments/bench/estimate.py`` runs it on figures modeled from a recording:
-
-- the baseline (train and dev): measured, as it ran;
-- each of ``--budget`` trials: one evaluation of the dev split, costed as the baseline's dev
-  evaluation with every request computed (tokens and dollars per computed call times all
-  requests): an upper bound for the evaluation, since a trial reuses the stores of episodes
-  whose ingest prompts it leaves unchanged and the LM cache serves repeated calls;
-- the optimizer's own calls (:class:`OptimizerWork`, :mod:`optloop.loop.spending.optimizer_work`):
-  its runs on train (the edit optimizer's screening, SIMBA's and GEPA's mini-batches) on the
-  system LM and its calls to the proposer (SIMBA's advice, GEPA's reflection, the edit
-  optimizer's paraphrases, Optuna's proposals).
-  Measured on the run's finished trials when the checkpoint has some (:func:`measured_work`: the
-  run's total less its evaluations, per round of the optimizer, times the rounds the run takes);
-  otherwise modeled from the optimizer's structure and the baseline's measurements
-  (:mod:`optloop.loop.spending.shape`, one model per optimizer, its assumptions in its ``basis``).
-  Its system-LM requests are priced as the trials' are (tokens as modeled, dollars per token and
-  latency per call measured on the baseline's dev); the proposer's tokens at the proposer LM's
-  price (a separate ``--proposer-lm`` without a price: unknown dollars), its time at the
-  baseline's latency per token, one call at a time;
-- the trivial-instruction control (:mod:`optloop.loop.trivial_control`; none with ``--no-control``
-  or when the baseline's blame names no prompt site): one evaluation of the dev split before the
-  trials, costed as the baseline's dev evaluation (measured, once the run has made it), and one
-  of the test split in the held-out part;
-- the held-out test: two evaluations of the test split (baseline and best; one when the
-  baseline stays best), three with the control, the dev evaluation scaled by the splits' work
-  (sessions to ingest plus questions to answer);
-- hours: LM time only (local work, embedding and scoring, is left out), at the measured mean
-  latency of one computed call. An evaluation (a trial's, a held-out one) takes
-  ``max(requests x latency / --concurrency, chain x latency)``: N requests always in flight,
-  but never less than its split's longest **chain** of sequential requests (:class:`Chains`,
-  :mod:`optloop.loop.spending.chains`).
-  The sessions of one episode are ingested in order (memory is stateful) and a question's
-  requests follow its episode's ingestion, so the longest episode's ingestion (its sessions x
-  the requests one session takes) plus one question's requests is a chain no concurrency
-  shortens: a split with few long episodes at a large N takes that chain's time, not
-  requests / N. With ``--batch K`` the trials run K at once, each on its own stores: a
-  batch takes ``max(K x requests x latency / --concurrency, chain x latency)``, so the
-  chain floors a batch, not each trial. ``optloop.run`` measures the requests per session and per
-  question on the baseline's dev evaluation and takes the longest episode of the dev and the test
-  split (:func:`measured_chains`); a part whose time the chain set says so (:attr:`Part.floor`,
-  :func:`floor_line`). The optimizer's part is not floored: its runs on train are spread over
-  steps of its own (mini-batches, screening) at its own threads, an order the model does not
-  follow, so its time stays requests x latency / its threads (the proposer's, one call at a
-  time). Without chains (a caller that passes none) there is no floor. The baseline's own
-  hours are its measured wall time.
+:func:`estimate` (from a checkpoint's baseline) and :func:`project` (from any :class:`Figures`:
+measured evaluations, or :class:`ModeledFigures`, as ``experiments/bench/estimate.py`` makes from
+a recording) make an :class:`Estimate`: one :class:`Part` per part of the run (the baseline, the
+control, the trials, the optimizer's own work, the held-out test) with its calls, tokens, dollars
+and hours, each evaluation's time floored by its split's longest chain of sequential requests
+(:mod:`optloop.loop.spending.chains`). :data:`MODEL` states the model in the output;
+``docs/loop.md`` ("Spending limits", ``--estimate``) explains it.
 """
 
 from __future__ import annotations
@@ -123,7 +81,7 @@ class Part(BaseModel):
 
 
 class Estimate(BaseModel):
-    """The expected cost of the whole configured run (see the module docstring for the model)."""
+    """The expected cost of the whole configured run (the model: :data:`MODEL`)."""
 
     parts: list[Part]
     total: Part
@@ -269,9 +227,9 @@ def _scaled(
     batch: int = 1,
 ) -> Part:
     """``evaluations`` times ``dev`` with every request computed, in ``count`` evaluations each no
-    shorter than ``chain`` (the split and the requests of its longest chain; see the module
-    docstring), ``batch`` of them at once: a batch's requests share the ``concurrency`` slots, and
-    its time is floored by the chain once."""
+    shorter than ``chain`` (the split and the requests of its longest chain:
+    :mod:`optloop.loop.spending.chains`), ``batch`` of them at once: a batch's requests share the
+    ``concurrency`` slots, and its time is floored by the chain once."""
     calls = round(dev.llm_calls * evaluations)
     tokens, dollars, latency = per_call(dev)
     each = calls / max(count, 1)  # requests of one evaluation
@@ -335,7 +293,13 @@ def _optimizer_part(
     proposer_price: tuple[float, float] | None,
     own_proposer: bool,
 ) -> Part:
-    """``work`` priced from the baseline's dev evaluation (see the module docstring)."""
+    """``work`` priced from the baseline's dev evaluation. Measured work keeps its dollars; modeled
+    system-LM requests are priced as the trials' are (tokens as modeled, dollars per token and
+    latency per call measured on the baseline's dev), the proposer's tokens at ``proposer_price``
+    (without one: at the system LM's dollars per token, or unknown for an ``own_proposer``). Its
+    time is not floored by a chain: its runs on train take requests x latency / its threads (no
+    more than ``concurrency``), the proposer's calls the baseline's latency per token, one call at
+    a time."""
     dollars_per_token = _ratio(dev.cost_usd, dev.tokens)
     if work.measured:
         dollars = work.cost_usd
@@ -352,8 +316,7 @@ def _optimizer_part(
                 work.proposer_prompt_tokens * proposer_price[0]
                 + work.proposer_completion_tokens * proposer_price[1]
             )
-        # the system LM's measured dollars per token, unless the proposer is another LM (without a
-        # price)
+        # the system LM's measured dollars per token, unless the proposer is another LM (no price)
         else:
             proposer = (
                 None
@@ -365,11 +328,12 @@ def _optimizer_part(
     token_seconds = None if latency is None or not tokens else latency / tokens
     parallel = max(min(work.threads or concurrency, concurrency), 1)
     system_hours = None if latency is None else work.calls * latency / parallel
+    # the proposer's calls: one at a time
     proposer_hours = (
         0.0
         if not work.proposer_calls
         else (None if token_seconds is None else work.proposer_tokens * token_seconds)
-    )  # one call at a time
+    )
     hours = _sum([system_hours, proposer_hours])
     return Part(
         part=f"optimizer ({work.optimizer}, {'measured' if work.measured else 'modeled'})",

@@ -32,9 +32,9 @@ from optloop.failures import ALLOWED_SHARE
 
 MAX_COST, MAX_CALLS, ESTIMATE = "max-cost", "max-calls", "estimate"
 STOPPED_BY = "optloop.stopped_by"  # the MLflow parent run's tag: which limit stopped the run
-EXIT_LIMIT = (
-    3  # optloop.run's exit code when a spending limit stopped the run (README "Exit codes")
-)
+# optloop.run's exit code when a spending limit stopped the run (docs/loop.md, "Resume,
+# interrupts and exit codes")
+EXIT_LIMIT = 3
 
 
 class RunStopped(Exception):

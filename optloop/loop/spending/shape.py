@@ -1,49 +1,13 @@
-"""The optimizer's own LM calls over a run, modeled per optimizer: what ``--estimate`` adds to the
-trials.
+"""The run's shape that every optimizer's cost model reads: what ``--estimate`` adds to the trials.
 
-A trial's dev evaluation is only part of what a trial costs: before it, the optimizer runs
-candidates on train and asks the proposer LM for text. How much depends on the optimizer, so each
-has a model, the function ``work`` beside the optimizer in its own module
+Before a trial's dev evaluation the optimizer runs candidates on train and asks the proposer LM
+for text. Each optimizer models that work in a function ``work`` beside it
 (``optloop/loop/optimizers/<name>.py``, found by
-:func:`~optloop.loop.optimizers.work.cost_model`), written from its structure and fed by what
-the baseline measured: the :class:`RunShape` this module makes (:func:`run_shape`). A model counts,
-over the whole run:
-
-- **runs on train**, in train questions answered (``question_runs``, at the measured requests of
-  answering one train question, its ingestion aside) and train episodes ingested again
-  (``episode_ingests``, at the measured requests of ingesting one: a candidate that changes an
-  ingest-stage site cannot reuse the stores), on the system LM;
-- **proposer calls** and their tokens: a proposer prompt is its template (the DSPy or GEPA prompt
-  with empty inputs, formatted here) plus what the optimizer puts in it (the instruction, the
-  failure summary, a trajectory: one call's prompt at each shown site, as measured on the
-  baseline), at :data:`CHARS_PER_TOKEN` characters a token; its completion is the text asked for.
-
-The models (the defaults each optimizer is built with; ``Q`` train questions, ``E`` train
-episodes, ``S`` target sites, ``b = min(bsize, Q)`` a mini-batch, ``m = min(b, E)`` its episodes):
-
-- **edit**: a round makes, per target site, ``min(3, phrases)`` single-phrase deletions, the
-  deletion of all, and 1 composed edit (1 or 2 operations, a paraphrase one time in 3: 0.5
-  proposer calls); it screens the best and every edit on the mini-batch (``b`` questions each;
-  an edit of an ingest site also ingests the ``m`` episodes), and the loop evaluates the edits,
-  one a trial: rounds = budget / edits a round, rounded up.
-- **simba**: one SIMBA step a round, one trial a round (``min(--batch, 3)`` with ``--batch``: the
-  step's best new programs, evaluated at once): 2 sampled programs x ``b`` questions,
-  then 3 new programs x ``b`` questions; half the new programs get a rule (one advice call to
-  the proposer each, showing a worse and a better trajectory; a rule on an ingest site rebuilds
-  the mini-batch's ``m`` episodes), half a demo (no call).
-- **gepa**: a round is granted ``2Q + 12`` metric calls (one program run on one train question
-  each); an iteration runs the current candidate and its mutation on a mini-batch of
-  ``r = min(3, Q)`` and, one mutation in two accepted, the new candidate on all ``Q``: about
-  ``(2Q + 12) / (2r + Q/2)`` reflection calls a round, half of them new candidates (trials), at
-  least one; it mutates the most blamed site only.
-- **optuna**: 3 proposals per target site, once per study, up front: no runs on train.
-
-Not modeled: what a round that yields nothing new costs on top (SIMBA's attributed rule, the
-proposer's rewrites: a run of train and a few proposer calls), a retarget's new proposals
-(Optuna) or fresh mini-batch stores, and the LM cache (its hits are counted as requests, their
-tokens as computed, as the trials' are). Once the run has finished trials, ``--estimate``
-measures the optimizer's calls on them instead
-(:func:`~optloop.loop.spending.optimizer_work.measured_work`).
+:func:`~optloop.loop.optimizers.work.cost_model`), from its structure and the :class:`RunShape`
+made here (:func:`run_shape`: the targets the baseline's blame picks and its measured rates).
+Once the run has finished trials, ``--estimate`` measures that work instead
+(:func:`~optloop.loop.spending.optimizer_work.measured_work`). The estimate as a whole:
+``docs/loop.md``, "Spending limits".
 """
 
 from __future__ import annotations
@@ -151,7 +115,17 @@ class RunShape(BaseModel):
     ) -> OptimizerWork:
         """The work of ``question_runs`` train questions, ``episode_ingests`` episode ingestions
         and ``proposer_calls`` (``prompt_tokens``, ``completion_tokens`` each), at this run's
-        measured rates."""
+        measured rates.
+
+        A model counts, over the whole run, the **runs on train** on the system LM: train
+        questions answered (``question_runs``, at the measured requests of answering one, its
+        ingestion aside) and train episodes ingested again (``episode_ingests``, at the measured
+        requests of ingesting one: a candidate that changes an ingest-stage site cannot reuse the
+        stores); and the **proposer calls** with their tokens: a proposer prompt is its template
+        (:func:`template_tokens`) plus what the optimizer puts in it (the instruction, the failure
+        summary, a trajectory: one call's prompt at each shown site, as measured on the
+        baseline), at :data:`CHARS_PER_TOKEN` characters a token; its completion is the text
+        asked for."""
         calls = question_runs * self.question_calls + episode_ingests * self.ingest_calls
         parts = [
             (question_runs * self.question_calls, self.question_tokens),

@@ -36,9 +36,8 @@ OPEN_RETRIES = 6
 
 def _engine_kwargs(url: str) -> dict[str, Any]:
     if url.startswith("sqlite"):
-        return {
-            "connect_args": {"timeout": 60}
-        }  # several local workers wait for SQLite's write lock
+        # several local workers wait for SQLite's write lock
+        return {"connect_args": {"timeout": 60}}
     return {"pool_pre_ping": True}
 
 
