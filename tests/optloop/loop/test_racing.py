@@ -267,7 +267,9 @@ def test_after_the_trials_the_best_written_instruction_joins_own_and_the_control
     monkeypatch.setattr(fakes, "DEV", dev)
     # the blame names answer alone: the budget stays there, whatever the first check says
     monkeypatch.setattr(
-        controller_module, "choose_targets", lambda entries, config, names: ([fakes.ANSWER], [], "")
+        controller_module,
+        "choose_targets",
+        lambda entries, config, names: ([fakes.ANSWER], [], ""),
     )
     monkeypatch.setattr(
         controller_module, "control_sites", lambda entries, config, names: ([fakes.ANSWER], "")
