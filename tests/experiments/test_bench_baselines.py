@@ -46,7 +46,7 @@ def _args(**kw) -> argparse.Namespace:
         (["--systems", "rag_bm25,nope"], "unknown system 'nope'"),
         (["--systems", ","], "names no system"),
         (["--datasets", "nope:x"], "unknown dataset scheme"),
-        (["--datasets", "builtin:tiny,memfail:coexisting?limit=x"], "'limit'"),
+        (["--datasets", "builtin:tiny,synthetic:recall?seed=0&limit=x"], "'limit'"),
         (["--datasets", "memfail:no_such_task"], "unknown task"),
     ],
 )

@@ -83,7 +83,15 @@ def run(system: str, n: int, root: Path, endpoint: KeyedEndpoint, embedder: Any)
     }
     return {
         "evaluations": [
-            e.model_dump(exclude={"seconds", "lm_seconds", "replayed_seconds", "fault_graphs"})
+            e.model_dump(
+                exclude={
+                    "seconds": True,
+                    "lm_seconds": True,
+                    "replayed_seconds": True,
+                    "fault_graphs": True,
+                    "sites": {"__all__": {"seconds"}},  # each site's model seconds
+                }
+            )
             for e in evaluations
         ],
         "graphs": graphs,
