@@ -107,13 +107,14 @@ class PromptSite:
         return self._adapter
 
     def call_config(self) -> dict[str, Any]:
-        """What a call of this site adds to the LM's settings (DSPy's ``config``)."""
-        return {} if self.max_tokens is None else {"max_tokens": self.max_tokens}
+        """What a call of this site adds to the LM's settings: DSPy's ``config`` keyword, or
+        nothing."""
+        return {} if self.max_tokens is None else {"config": {"max_tokens": self.max_tokens}}
 
     def __call__(self, lm: OptloopLM, **inputs: Any) -> dspy.Prediction:
         """Run the site on ``lm``, charging the call to this site's name."""
         with prompt_site(self.name), dspy.context(lm=lm, adapter=self.adapter()):
-            return self.module(**inputs, config=self.call_config())
+            return self.module(**inputs, **self.call_config())
 
 
 class MemoryItem(BaseModel):

@@ -315,7 +315,7 @@ class Mem0System(MemorySystem):
         predict = site.module.deepcopy()
         predict.signature = predict.signature.with_instructions(site.instructions + suffix)
         with prompt_site(site.name), dspy.context(lm=self.lm, adapter=site.adapter()):
-            return predict(user_content=user, config=site.call_config())
+            return predict(user_content=user, **site.call_config())
 
     # --- MemorySystem --------------------------------------------------------------------
 
