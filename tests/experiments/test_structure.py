@@ -11,9 +11,13 @@ from experiments.structure import (
     long_modules,
     longest_classes,
     longest_modules,
+    loop_top,
+    loose_modules,
+    name_lists,
     optimizer_names,
     package_cycles,
     top_level,
+    touches,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -141,3 +145,47 @@ def test_no_study_wires_a_loop_itself():
                     if alias.name in wiring
                 ]
     assert found == []
+
+
+def test_loose_modules_name_lists_and_the_files_naming_a_system_or_an_optimizer(tmp_path):
+    root = write(
+        tmp_path,
+        {
+            "optloop/__init__.py": "",
+            "optloop/__main__.py": "",
+            "optloop/errors.py": "",
+            "optloop/loop/__init__.py": "",
+            "optloop/loop/controller.py": "",
+            "optloop/loop/runs/__init__.py": "",
+            "optloop/loop/optimizers/registry.py": 'NAMES = ("simba", "gepa", "optuna", "edit")\n',
+            "optloop/loop/optimizers/edit.py": "",
+            "optloop/defaults.py": 'BY_SYSTEM = {"alpha": 1, "beta": 2}\n',
+            "optloop/faults.py": 'FOR_ALPHA = ("alpha",)\n',
+            "systems/__init__.py": 'SYSTEMS = {"alpha": "systems.a:A", "beta": "systems.b:B"}\n',
+            "systems/a.py": "from signatures.a import Extract\n",
+            "systems/b.py": "",
+            "signatures/__init__.py": "",
+            "signatures/a.py": "",
+        },
+    )
+    assert loose_modules(root) == ["defaults.py", "errors.py", "faults.py"]
+    assert loop_top(root) == {"modules": ["controller.py"], "folders": ["runs"]}
+    # the registries define the names; only a list outside them that spells all is hand-kept
+    assert name_lists(root) == [{"file": "optloop/defaults.py", "line": 1, "kind": "systems"}]
+    named = touches(root)
+    assert named["optimizers"]["edit"] == [
+        "optloop/loop/optimizers/edit.py",
+        "optloop/loop/optimizers/registry.py",
+    ]
+    assert named["systems"]["alpha"] == [
+        "optloop/defaults.py",
+        "optloop/faults.py",
+        "signatures/a.py",
+        "systems/__init__.py",
+        "systems/a.py",
+    ]
+    assert named["systems"]["beta"] == [
+        "optloop/defaults.py",
+        "systems/__init__.py",
+        "systems/b.py",
+    ]
