@@ -3,11 +3,13 @@ instruction, the table that picks the defaults.
 
     flock /tmp/optloop-lm.lock python -m experiments.bench.headroom --systems mem0 \
         --lms local:qwen2.5-coder-0.5b --datasets "synthetic:recall?seed=0&episodes=40" \
-        [--variants own,trivial] [--sites mem0.extract] [--home DIR] \
+        [--variants own,trivial,given] [--sites mem0.extract] [--home DIR] \
+        [--given TEXT | --given-file experiments/cases/FILE.md] \
+        [--split dev|test|all] [--shares 0.5,0.25,0.25] \
         [--json experiments/results/headroom.json] [--markdown experiments/results/headroom.md]
 
-For every combination, the dev split ``optloop.run`` would use (0.5/0.25/0.25 by episode, seed 0)
-is evaluated through the library's evaluator (the same pipeline a run's baseline goes through):
+For every combination, the dev split ``optloop.run`` would use (``--shares``, default
+0.5/0.25/0.25 by episode, seed 0; ``--split test``: its held-out split) is evaluated through the library's evaluator (the same pipeline a run's baseline goes through):
 
 - ``own``: the system's own prompts (what ``optloop.run`` starts from);
 - ``trivial``: the control every loop report carries: each of ``--sites`` (default: the system's
@@ -55,6 +57,26 @@ from systems import get_system
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "experiments" / "results"
 HEADROOM = (0.2, 0.8)
+DEFAULT_SHARES = (0.5, 0.25, 0.25)
+
+
+def given_text(path: Path) -> str:
+    """The instruction a case file holds: the text between its first two lines that are exactly
+    ``---`` (``experiments/cases/``)."""
+    lines = path.read_text().splitlines()
+    marks = [i for i, line in enumerate(lines) if line.strip() == "---"]
+    if len(marks) < 2:
+        raise ValueError(f"{path}: no instruction between two lines of '---'")
+    return "\n".join(lines[marks[0] + 1 : marks[1]]).strip()
+
+
+def shares_of(text: str) -> tuple[float, float, float]:
+    """``--shares TRAIN,DEV,TEST`` as optloop.run's ``--split`` takes it."""
+    try:
+        train, dev, test = (float(x) for x in text.split(","))
+    except ValueError:
+        raise ValueError(f"--shares {text!r}: three numbers, e.g. 0.2,0.2,0.6") from None
+    return train, dev, test
 
 
 class Row(BaseModel):
@@ -100,6 +122,7 @@ def measure(
     home: Path,
     given: str = "",
     split: str = "dev",
+    shares: tuple[float, float, float] = DEFAULT_SHARES,
 ) -> Row:
     cls = get_system(system)
     work = home / f"{system}-{model_name(spec)}"
@@ -111,7 +134,8 @@ def measure(
     )
     try:
         dataset = load_dataset(uri)
-        dev = split_episodes(dataset, (0.5, 0.25, 0.25), seed=0)[1] if split == "dev" else dataset
+        parts = split_episodes(dataset, shares, seed=0)
+        dev = {"dev": parts[1], "test": parts[2]}.get(split, dataset)
         evaluator.register(dev)
         candidate = evaluator.baseline()
         chosen = list(sites) or [n for n, s in evaluator.sites.items() if s.stage == "ingest"]
@@ -124,7 +148,7 @@ def measure(
             candidate = candidate.model_copy(update={"sites": states})
         mark = lm.accounting.mark()
         started = time.perf_counter()
-        evaluation = evaluator.evaluate(candidate, dev, split="dev")
+        evaluation = evaluator.evaluate(candidate, dev, split="test" if split == "test" else "dev")
         seconds = time.perf_counter() - started
         calls = lm.accounting.since(mark)
     finally:
@@ -172,7 +196,7 @@ def to_markdown(rows: Sequence[Row], results: dict[str, Any]) -> str:
             (
                 r.system,
                 r.model,
-                f"`{r.dataset}`" + (" (all)" if r.split == "all" else ""),
+                f"`{r.dataset}`" + ("" if r.split == "dev" else f" ({r.split})"),
                 "own" if r.variant == "own" else f"{r.variant} ({', '.join(r.sites)})",
                 f"{r.accuracy:.3f} [{r.low:.3f}, {r.high:.3f}]",
                 r.n,
@@ -197,7 +221,7 @@ def to_markdown(rows: Sequence[Row], results: dict[str, Any]) -> str:
                     (
                         a.system,
                         a.model,
-                        f"`{a.dataset}`" + (" (all)" if a.split == "all" else ""),
+                        f"`{a.dataset}`" + ("" if a.split == "dev" else f" ({a.split})"),
                         f"{a.variant} - {b.variant}",
                         f"{d.estimate:+.3f} [{d.low:+.3f}, {d.high:+.3f}] n={d.n} ({verdict})",
                     )
@@ -242,11 +266,23 @@ def build_parser() -> CommandParser:
         "--report-only", action="store_true", help="write the markdown again from --json"
     )
     parser.add_argument(
+        "--given-file",
+        type=Path,
+        help="read the 'given' instruction from a case file (between two lines of '---', "
+        "experiments/cases/)",
+    )
+    parser.add_argument(
         "--split",
-        choices=("dev", "all"),
+        choices=("dev", "test", "all"),
         default="dev",
-        help="dev: the dev split optloop.run would use; all: every question of the dataset (a "
-        "held-out set for prompts a loop wrote on another seed)",
+        help="dev or test: that split of optloop.run with --shares (seed 0); all: every question "
+        "of the dataset (a held-out set for prompts a loop wrote on another seed)",
+    )
+    parser.add_argument(
+        "--shares",
+        default="0.5,0.25,0.25",
+        help="optloop.run's --split TRAIN,DEV,TEST the dev and test splits follow (default "
+        "0.5,0.25,0.25)",
     )
     return parser
 
@@ -260,6 +296,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         write_atomic(args.markdown, to_markdown(rows, old))
         return 0
     done = {r.key() for r in rows}
+    shares = shares_of(args.shares)
+    split = (
+        args.split
+        if shares == DEFAULT_SHARES or args.split == "all"
+        else (f"{args.split} {args.shares}")
+    )
+    given = given_text(args.given_file) if args.given_file else args.given
     sites = [s for s in args.sites.split(",") if s]
     specs = [s for s in args.lms.split(",") if s]
     models = ", ".join(sorted({model_name(s) for s in specs} | {r.model for r in rows}))
@@ -267,13 +310,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         for spec in specs:
             for uri in [u.strip() for u in args.datasets.split(" ; ") if u.strip()]:
                 for variant in args.variants.split(","):
-                    if (system, model_name(spec), f"{uri} [{args.split}]", variant) in done:
+                    if (system, model_name(spec), f"{uri} [{split}]", variant) in done:
                         continue
                     print(f"{system} {model_name(spec)} {uri} {variant} ...", flush=True)
                     row = measure(
-                        system, spec, uri, variant, sites, args.home, args.given, args.split
+                        system, spec, uri, variant, sites, args.home, given, args.split, shares
                     )
-                    row.commit = code
+                    row.commit, row.split = code, split
                     print(
                         f"  {row.accuracy:.3f} [{row.low:.3f}, {row.high:.3f}] n={row.n} "
                         f"{row.seconds:.0f}s blamed {row.blamed}",
