@@ -9,12 +9,14 @@ instruction, the table that picks the defaults.
         [--json experiments/results/headroom.json] [--markdown experiments/results/headroom.md]
 
 For every combination, the dev split ``optloop.run`` would use (``--shares``, default
-0.5/0.25/0.25 by episode, seed 0; ``--split test``: its held-out split) is evaluated through the library's evaluator (the same pipeline a run's baseline goes through):
+0.5/0.25/0.25 by episode, seed 0; ``--split test``: its held-out split) is evaluated through the
+library's evaluator (the same pipeline a run's baseline goes through):
 
 - ``own``: the system's own prompts (what ``optloop.run`` starts from);
 - ``trivial``: the control every loop report carries: each of ``--sites`` (default: the system's
   ingest prompt sites, where its memories are written) given DSPy's default instruction for its
-  signature ("Given the fields ..., produce the fields ...").
+  signature ("Given the fields ..., produce the fields ...");
+- ``given``: each of ``--sites`` given ``--given``, or the instruction a case file holds.
 
 A row gives the accuracy with its 95% CI (bootstrap over the dev questions, seeded), n, whether it
 lies in the headroom band (0.2-0.8: a better prompt can show, a worse one too), the seconds the
