@@ -158,6 +158,9 @@ def test_prompt_tokens_the_provider_cached_are_priced_at_the_cache_read_price():
     assert lm.accounting.records[0].cost_usd == pytest.approx(
         200 * price.input + 800 * price.cached_input + 10 * price.output
     )
+    # and the record says how much of the prompt the provider's cache held
+    assert lm.accounting.records[0].reused_prompt_tokens == 800
+    assert site_costs(lm.accounting.by_site())["no_site"].reused_prompt_tokens == 800
 
 
 def test_the_embedded_model_has_no_price(monkeypatch, tmp_path):
