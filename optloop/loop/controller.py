@@ -37,7 +37,7 @@ from optloop.loop.racing import Against
 from optloop.loop.runs.context import RunContext
 from optloop.loop.spending.eta import TrialLine
 from optloop.loop.state import Checkpoint, Cost, LoopConfig, LoopResult, Trial, add_costs
-from optloop.loop.trivial_control import control_candidate, headroom
+from optloop.loop.trivial_control import Headroom, control_candidate, headroom
 
 logger = logging.getLogger(__name__)
 
@@ -251,19 +251,9 @@ class Controller:
         program and the control on the same dev questions). When the two agree within
         ``--min-gain``, the failures blamed there are the model's: the optimizer gets the other
         targets, if the blame names any, and the run says so."""
-        ckpt = self.ckpt
-        if not targeting.control_sites or ckpt.control_dev is None:
+        found = self._headroom_of(targeting.control_sites)
+        if found is None:
             return targeting
-        assert ckpt.baseline_dev is not None
-        if ckpt.control_dev is ckpt.baseline_dev or ckpt.control_dev.n != ckpt.baseline_dev.n:
-            return targeting
-        found = headroom(
-            targeting.control_sites,
-            [o.passed for o in ckpt.baseline_dev.outcomes],
-            [o.passed for o in ckpt.control_dev.outcomes],
-            min_gain=self.config.min_gain,
-            seed=self.config.seed,
-        )
         line = found.line()
         sites = [s for s in targeting.sites if s not in found.sites]
         if found.model_bound and (sites or targeting.knobs) and sites != targeting.sites:
@@ -279,16 +269,12 @@ class Controller:
         """The headroom again after the trials, with a third arm: of the trials that rewrote the
         control's sites and answered all of dev, the best, against the start program and the
         control on the same dev questions (:func:`headroom`). Its line follows the first one."""
-        ckpt = self.ckpt
-        own = ckpt.baseline_dev
-        if control is None or ckpt.control_dev is None or own is None:
+        own, base = self.ckpt.baseline_dev, self.ctx.base
+        if control is None or own is None:
             return targeting
-        if ckpt.control_dev is own or ckpt.control_dev.n != own.n:
-            return targeting
-        base = self.ctx.base
         written = [
             (t.evaluation, t.trial)
-            for t in ckpt.trials
+            for t in self.ckpt.trials
             if t.evaluation is not None
             and t.evaluation.complete
             and t.evaluation.n == own.n
@@ -300,22 +286,36 @@ class Controller:
         if not written:
             return targeting
         top, trial = max(written, key=lambda w: (w[0].accuracy, -w[1]))
-        found = headroom(
-            targeting.control_sites,
-            [o.passed for o in own.outcomes],
-            [o.passed for o in ckpt.control_dev.outcomes],
-            min_gain=self.config.min_gain,
-            seed=self.config.seed,
-            written=[o.passed for o in top.outcomes],
-            written_label=f"trial {trial}'s instruction",
-        )
-        line = found.line().removeprefix("headroom: ")
-        after = f"after the trials, {line}"
+        found = self._headroom_of(targeting.control_sites, top, f"trial {trial}'s instruction")
+        if found is None:
+            return targeting
+        after = f"after the trials, {found.line().removeprefix('headroom: ')}"
         return replace(
             targeting,
             headroom=f"{targeting.headroom}; {after}"
             if targeting.headroom
             else f"headroom: {after}",
+        )
+
+    def _headroom_of(
+        self, sites: list[str], written: Evaluation | None = None, label: str = ""
+    ) -> Headroom | None:
+        """:func:`headroom` of ``sites`` from the start program's and the control's dev outcomes
+        (and ``written``'s, labelled ``label``); None when there is no control on dev to compare,
+        or it is the start program itself, or it answered other questions."""
+        own, control_dev = self.ckpt.baseline_dev, self.ckpt.control_dev
+        if not sites or own is None or control_dev is None:
+            return None
+        if control_dev is own or control_dev.n != own.n:
+            return None
+        return headroom(
+            sites,
+            [o.passed for o in own.outcomes],
+            [o.passed for o in control_dev.outcomes],
+            min_gain=self.config.min_gain,
+            seed=self.config.seed,
+            written=None if written is None else [o.passed for o in written.outcomes],
+            written_label=label,
         )
 
     def _repair(self) -> None:
