@@ -57,6 +57,7 @@ def optimize(
     control: bool = _LOOP["control"].default,
     race: bool = _LOOP["race"].default,
     min_gain: float = _LOOP["min_gain"].default,
+    stall: int = _LOOP["stall"].default,
     allow_small_splits: bool = _RUN["allow_small_splits"].default,
     max_cost: float | None = None,
     max_calls: int | None = None,
@@ -151,6 +152,11 @@ def optimize(
         min_gain:
             The smallest held-out gain the run is meant to show: the result's ``power`` line says
             whether the dev and test splits can show it.
+        stall:
+            After this many trials in a row without a new best, check again whether the prompt at
+            the control's sites can matter (the start program, the control and the best trial
+            that rewrote them, on the same dev questions) and move the rest of the budget to the
+            other targets when all three agree within ``min_gain``; 0 never checks again.
         allow_small_splits:
             Run even when the dev or test split has fewer than 20 questions (its CIs are too wide
             to show a change).
@@ -229,5 +235,6 @@ def optimize(
         control=control,
         race=race,
         min_gain=min_gain,
+        stall=stall,
     )
     return session.run(RunRequest(config, settings, proposer, options), on_event=on_event)

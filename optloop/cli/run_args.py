@@ -320,6 +320,17 @@ def build_parser() -> argparse.ArgumentParser:
         "too small to show it, and what to change",
     )
     parser.add_argument(
+        "--stall",
+        type=int,
+        metavar="N",
+        default=_LOOP["stall"].default,
+        help="after N trials in a row without a new best (default %(default)s; 0: never), check "
+        "again whether the prompt at the control's sites can matter: the start program, the "
+        "control and the best trial that rewrote those sites on the same dev questions; when all "
+        "three agree within --min-gain, the rest of the budget goes to the other blamed sites and "
+        "knobs",
+    )
+    parser.add_argument(
         "--no-race",
         dest="race",
         action="store_false",
@@ -497,6 +508,7 @@ def run_config(
         control=args.control,
         race=args.race,
         min_gain=args.min_gain,
+        stall=args.stall,
     )
 
 

@@ -24,6 +24,8 @@ MAX_BUDGET = 500
 MAX_BATCH = 64
 # The smallest held-out gain a run is meant to show unless --min-gain says otherwise.
 MIN_GAIN = 0.05
+# Trials in a row without a new best before the headroom is checked again, unless --stall says.
+STALL = 2
 
 
 def check_fractions(fractions: tuple[float, ...]) -> tuple[float, float, float]:
@@ -109,6 +111,14 @@ class LoopConfig(BaseModel):
         description="the smallest held-out gain the run is meant to show (--min-gain): the power "
         "line says when the splits are too small for it",
     )
+    stall: int = Field(
+        STALL,
+        ge=0,
+        description="trials in a row without a new best after which the loop checks again "
+        "whether the prompt at the control's sites can matter, now with the best trial that "
+        "rewrote them as a third arm, and moves the budget off them when all three agree "
+        "(--stall; 0: never)",
+    )
 
     @field_validator("optimizer")
     @classmethod
@@ -149,6 +159,7 @@ class LoopConfig(BaseModel):
             | ({"control"} if self.control else set())
             | ({"race"} if self.race else set())
             | ({"min_gain"} if self.min_gain == MIN_GAIN else set())
+            | ({"stall"} if self.stall == STALL else set())
         )
 
 

@@ -36,7 +36,15 @@ from optloop.loop.policy import choose_targets, control_sites, floor_warning
 from optloop.loop.racing import Against
 from optloop.loop.runs.context import RunContext
 from optloop.loop.spending.eta import TrialLine
-from optloop.loop.state import Checkpoint, Cost, LoopConfig, LoopResult, Trial, add_costs
+from optloop.loop.state import (
+    Checkpoint,
+    Cost,
+    LoopConfig,
+    LoopResult,
+    Recheck,
+    Trial,
+    add_costs,
+)
 from optloop.loop.trivial_control import Headroom, control_candidate, headroom
 
 logger = logging.getLogger(__name__)
@@ -98,6 +106,8 @@ class Controller:
         self.make_optimizer = make_optimizer
         # trials a kill left half done, redone first as a batch of their own (_repair)
         self._redo = 0
+        # sites a headroom check found the model's, not the prompt's: the budget left them
+        self._bound: set[str] = set()
 
     @property
     def config(self) -> LoopConfig:
@@ -125,7 +135,7 @@ class Controller:
             targeting = self._headroom(targeting)
             self._repair()
             optimizer, best = self._resume_optimizer(targeting)
-            note = self._trials(optimizer, best, targeting.note)
+            note = self._trials(optimizer, best, targeting, control)
             result = self.coordinator.settle(
                 lambda: self._finish(targeting, control, note), self.run_cost
             )
@@ -259,6 +269,7 @@ class Controller:
         if found.model_bound and (sites or targeting.knobs) and sites != targeting.sites:
             line += f"; the budget goes to {', '.join(sites + targeting.knobs)}"
             targeting = replace(targeting, sites=sites)
+            self._bound.update(found.sites)
         elif found.model_bound:
             line += "; the blame names no other target, so the budget stays there"
         if self.coordinator.leads:
@@ -269,9 +280,29 @@ class Controller:
         """The headroom again after the trials, with a third arm: of the trials that rewrote the
         control's sites and answered all of dev, the best, against the start program and the
         control on the same dev questions (:func:`headroom`). Its line follows the first one."""
+        found = self._headroom_written(targeting, control)
+        lines = [r.line for r in self.ckpt.rechecks]
+        if found is not None:
+            lines.append(f"after the trials, {found.line().removeprefix('headroom: ')}")
+        if not lines:
+            return targeting
+        after = "; ".join(lines)
+        return replace(
+            targeting,
+            headroom=f"{targeting.headroom}; {after}"
+            if targeting.headroom
+            else f"headroom: {after}",
+        )
+
+    def _headroom_written(
+        self, targeting: Targeting, control: Candidate | None
+    ) -> Headroom | None:
+        """:meth:`_headroom_of` the control's sites with the best trial so far that rewrote them
+        (to neither the start program's text nor the control's) and answered all of dev as the
+        third arm; None without such a trial."""
         own, base = self.ckpt.baseline_dev, self.ctx.base
         if control is None or own is None:
-            return targeting
+            return None
         written = [
             (t.evaluation, t.trial)
             for t in self.ckpt.trials
@@ -284,18 +315,78 @@ class Controller:
             )
         ]
         if not written:
-            return targeting
+            return None
         top, trial = max(written, key=lambda w: (w[0].accuracy, -w[1]))
-        found = self._headroom_of(targeting.control_sites, top, f"trial {trial}'s instruction")
+        return self._headroom_of(targeting.control_sites, top, f"trial {trial}'s instruction")
+
+    def _stalled(self) -> int:
+        """The trials in a row, up to the last one evaluated, without a new best, when that is a
+        multiple of ``--stall`` (else 0: no re-check due)."""
+        if not self.config.stall:
+            return 0
+        streak = 0
+        for t in sorted(self.ckpt.trials, key=lambda t: t.trial, reverse=True):
+            if t.evaluation is None:
+                continue
+            if t.improved:
+                break
+            streak += 1
+        return streak if streak and streak % self.config.stall == 0 else 0
+
+    def _recheck(
+        self,
+        optimizer: Optimizer,
+        best: Candidate,
+        targeting: Targeting,
+        control: Candidate | None,
+        trial: int,
+    ) -> None:
+        """After a stall (:meth:`_stalled`) while the optimizer still rewrites the control's
+        sites, the headroom again, with the best trial that rewrote them as the third arm
+        (:meth:`_headroom_written`). When the three agree within ``--min-gain``, the optimizer
+        is retargeted on the other sites and knobs it had, if any, and its queued candidates that
+        rewrite the sites it left (from ``best``'s text) are dropped. Checkpointed (the budget
+        stays moved after a resume), said, and in the summary's headroom line."""
+        streak = self._stalled()
+        spent_there = [s for s in optimizer.sites if s in targeting.control_sites]
+        if (
+            not streak
+            or not spent_there
+            or any(r.after_trial == trial for r in self.ckpt.rechecks)
+        ):
+            return
+        found = self._headroom_written(targeting, control)
         if found is None:
-            return targeting
-        after = f"after the trials, {found.line().removeprefix('headroom: ')}"
-        return replace(
-            targeting,
-            headroom=f"{targeting.headroom}; {after}"
-            if targeting.headroom
-            else f"headroom: {after}",
+            return
+        line = (
+            f"after trial {trial} ({streak} without a new best), "
+            f"{found.line().removeprefix('headroom: ')}"
         )
+        left: list[str] = []
+        sites = [s for s in optimizer.sites if s not in found.sites]
+        if found.model_bound and (sites or optimizer.knobs):
+            left = spent_there
+            line += f"; the rest of the budget goes to {', '.join(sites + optimizer.knobs)}"
+            self._bound.update(found.sites)
+            optimizer.retarget(sites, list(optimizer.knobs))
+            kept: list[Candidate] = []
+            while (queued := optimizer.next_queued()) is not None:
+                if all(queued.sites.get(s) == best.sites.get(s) for s in left):
+                    kept.append(queued)
+            for queued in reversed(kept):
+                optimizer.release(queued)
+            self.ckpt.queue = optimizer.queued()
+        elif found.model_bound:
+            line += "; the blame names no other target, so the budget stays there"
+        self.ckpt.rechecks.append(Recheck(after_trial=trial, left=left, line=line))
+        self.ctx.save()
+        self.ctx.progress(f"headroom {line}")
+
+    def _unbound(self, sites: list[str], knobs: list[str]) -> tuple[list[str], list[str]]:
+        """``sites`` and ``knobs`` without the sites a headroom check moved the budget off, unless
+        nothing would be left."""
+        kept = [s for s in sites if s not in self._bound]
+        return (kept, knobs) if kept or knobs else (sites, knobs)
 
     def _headroom_of(
         self, sites: list[str], written: Evaluation | None = None, label: str = ""
@@ -356,7 +447,8 @@ class Controller:
         queue restored."""
         ckpt, base = self.ckpt, self.ctx.base
         assert ckpt.baseline_dev is not None
-        optimizer = self.make_optimizer(targeting.sites, targeting.knobs)
+        self._bound.update(s for r in ckpt.rechecks for s in r.left)
+        optimizer = self.make_optimizer(*self._unbound(targeting.sites, targeting.knobs))
         optimizer.mark_seen(base)
         best = _Best(base, ckpt.baseline_dev)
         for t in ckpt.trials:
@@ -368,11 +460,10 @@ class Controller:
             ):
                 best = _Best(t.candidate, t.evaluation, t.trial)
         if best.trial:
-            optimizer.retarget(
-                *choose_targets(best.evaluation.blame(), self.config, self.evaluator.site_names)[
-                    :2
-                ]
+            sites, knobs, _ = choose_targets(
+                best.evaluation.blame(), self.config, self.evaluator.site_names
             )
+            optimizer.retarget(*self._unbound(sites, knobs))
         optimizer.restore_queue(ckpt.queue)
         # Its rounds counted on: a round's draws are seeded by its number, and a round numbered
         # again from 1 would make the first round's candidates, all seen, so nothing new.
@@ -381,9 +472,16 @@ class Controller:
 
     # --- the trials -----------------------------------------------------------------------
 
-    def _trials(self, optimizer: Optimizer, best: _Best, note: str) -> str:
+    def _trials(
+        self,
+        optimizer: Optimizer,
+        best: _Best,
+        targeting: Targeting,
+        control: Candidate | None,
+    ) -> str:
         """Propose, evaluate and observe while the coordinator grants trials, ``--batch``
-        candidates at a time; the note, extended when the optimizer ran dry.
+        candidates at a time; the note (``targeting``'s), extended when the optimizer ran dry.
+        After each trial, a stall may check the headroom again (:meth:`_recheck`).
 
         A batch is one round's candidates (:meth:`Optimizer.propose_batch`), taken as trials in
         order and checkpointed before any is evaluated; they are evaluated at once
@@ -393,6 +491,7 @@ class Controller:
         uninterrupted one did."""
         ckpt, cfg, coordinator = self.ckpt, self.config, self.coordinator
         assert ckpt.baseline_dev is not None
+        note = targeting.note
         eta = self.ctx.baseline_done(ckpt) if coordinator.budget_left(ckpt.trials) else None
         while coordinator.budget_left(ckpt.trials):
             self._boundary()  # the last trial and its acc_dev point are recorded
@@ -463,6 +562,7 @@ class Controller:
                         ),
                     )
                 )
+                self._recheck(optimizer, best.candidate, targeting, control, trial.trial)
             if len(trials) < len(candidates):  # the budget went to other workers
                 break
         return note
@@ -529,8 +629,8 @@ class Controller:
     def _retarget(self, optimizer: Optimizer, evaluation: Evaluation) -> None:
         """A new best: re-attribute from its failures and retarget the optimizer when the blame
         moved."""
-        sites, knobs, _ = choose_targets(
-            evaluation.blame(), self.config, self.evaluator.site_names
+        sites, knobs = self._unbound(
+            *choose_targets(evaluation.blame(), self.config, self.evaluator.site_names)[:2]
         )
         if (sites, knobs) != (optimizer.sites, optimizer.knobs):
             self.ctx.progress(f"re-attribution: blame moved to {', '.join(sites + knobs)}")

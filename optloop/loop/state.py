@@ -56,6 +56,17 @@ class Trial(BaseModel):
     improved: bool = False
 
 
+class Recheck(BaseModel):
+    """The headroom checked again after a stall (:meth:`Controller._recheck`): what it found, and
+    the sites the budget left because of it."""
+
+    after_trial: int = Field(description="the trial after which it was checked")
+    left: list[str] = Field(
+        default_factory=list, description="the sites the budget left ([]: it stayed)"
+    )
+    line: str = Field(description="what it found, as the run's progress and summary say it")
+
+
 _ROUND = re.compile(r"\bround (\d+)\b")  # in a candidate's origin: "edit round 2: ..."
 
 
@@ -97,6 +108,10 @@ class Checkpoint(BaseModel):
     )
     control_test: Evaluation | None = Field(
         None, description="the trivial-instruction control on test"
+    )
+    rechecks: list[Recheck] = Field(
+        default_factory=list,
+        description="the headroom checked again after each stall (--stall), in trial order",
     )
     registered: dict[str, Any] = Field(default_factory=dict)
     finished: bool = False

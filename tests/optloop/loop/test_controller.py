@@ -375,6 +375,7 @@ class Run:
         batch: int = 1,
         control: bool = True,
         race: bool = True,
+        stall: int = 2,
     ):
         self.config = LoopConfig(
             system="fake",
@@ -385,6 +386,7 @@ class Run:
             batch=batch,
             control=control,
             race=race,
+            stall=stall,
         )
         ckpt = (
             Checkpoint.load(path)

@@ -10,6 +10,7 @@ import pytest
 from optloop.loop.evaluate import Evaluation, QuestionOutcome
 from optloop.loop.policy import detectable_gain, power_line, questions_for
 from optloop.loop.racing import MIN_QUESTIONS, Against, Race, RaceSpend, RaceStop, race_order
+from optloop.loop.state import Checkpoint
 from tests.optloop.loop import test_controller as fakes
 
 
@@ -127,11 +128,22 @@ def twenty_dev(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def run(
-    tmp_path: Path, *, race: bool = True, clock: fakes.Clock | None = None, batch: int = 1
+    tmp_path: Path,
+    *,
+    race: bool = True,
+    clock: fakes.Clock | None = None,
+    batch: int = 1,
+    stall: int = 2,
 ) -> fakes.Run:
     clock = clock or fakes.Clock()
     return fakes.Run(
-        tmp_path / "ckpt.json", fakes.MemorySink(clock), clock, budget=4, race=race, batch=batch
+        tmp_path / "ckpt.json",
+        fakes.MemorySink(clock),
+        clock,
+        budget=4,
+        race=race,
+        batch=batch,
+        stall=stall,
     )
 
 
@@ -284,3 +296,92 @@ def test_after_the_trials_the_best_written_instruction_joins_own_and_the_control
         assert after.endswith("a larger model at that site or a knob would move them")
     else:
         assert "differ on 80 dev questions" in after and after.endswith("the prompt there matters")
+
+
+@pytest.fixture
+def blame_brings_extract_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Dev of 80 questions. The start program and the control (the trivial instruction at
+    ``answer``) pass the same 40, their failures blamed on ``answer`` alone, so the first check
+    agrees but the budget has nowhere else to go. Trial 1 (``answer:1``) passes 41 and its failures
+    are blamed on ``mem.extract``, which the blame then names beside ``answer``; trials 2 and 3
+    pass 1 (a stall of two)."""
+    from optloop.loop import controller as controller_module
+
+    monkeypatch.setitem(fakes.QUESTIONS, "dev", 80)
+    monkeypatch.setattr(
+        fakes,
+        "DEV",
+        {
+            ("seed answer", "seed extract"): (40, fakes.ANSWER),
+            ("trivial answer", "seed extract"): (40, fakes.ANSWER),
+            ("answer:1", "seed extract"): (41, fakes.EXTRACT),
+        },
+    )
+    monkeypatch.setattr(
+        controller_module,
+        "choose_targets",
+        lambda entries, config, names: (
+            [fakes.ANSWER, fakes.EXTRACT]
+            if any(e.target == fakes.EXTRACT for e in entries)
+            else [fakes.ANSWER],
+            [],
+            "",
+        ),
+    )
+    monkeypatch.setattr(
+        controller_module, "control_sites", lambda entries, config, names: ([fakes.ANSWER], "")
+    )
+
+
+def test_a_stall_checks_the_headroom_again_and_moves_the_budget_off_a_model_bound_site(
+    tmp_path: Path, blame_brings_extract_back: None
+) -> None:
+    loop = run(tmp_path)
+    result = loop.run()
+    assert result.headroom.startswith(
+        "headroom: answer: own and the trivial instruction agree"
+    ) and ("the blame names no other target, so the budget stays there" in result.headroom)
+    assert (
+        "; after trial 3 (2 without a new best), answer: own, the trivial instruction and trial "
+        "1's instruction agree within \u00b10.05 on 80 dev questions" in result.headroom
+    )
+    assert "the rest of the budget goes to mem.extract" in result.headroom
+    assert loop.optimizer.retargets[-1] == ([fakes.EXTRACT], [])
+    ckpt = Checkpoint.load(tmp_path / "ckpt.json")
+    assert [(r.after_trial, r.left) for r in ckpt.rechecks] == [(3, [fakes.ANSWER])]
+    # the trial after the re-check rewrites mem.extract, not answer
+    last = max(ckpt.trials, key=lambda t: t.trial)
+    assert last.trial == 4
+    assert last.candidate.sites[fakes.EXTRACT].instructions == "mem.extract:1"
+    assert any(
+        m.startswith("headroom after trial 3 (2 without a new best)") for m in loop.messages
+    )
+
+
+def test_a_resumed_run_keeps_the_budget_where_the_re_check_moved_it(
+    tmp_path: Path, blame_brings_extract_back: None
+) -> None:
+    (tmp_path / "clean").mkdir()
+    clean = run(tmp_path / "clean").run()
+    with pytest.raises(fakes.Killed):
+        run(tmp_path, clock=fakes.Clock(kill_on="propose", nth=4)).run()
+    resumed = run(tmp_path)
+    assert fakes.without_cost(resumed.run()) == fakes.without_cost(clean)
+    assert resumed.optimizer.sites == [fakes.EXTRACT]
+    assert len(Checkpoint.load(tmp_path / "ckpt.json").rechecks) == 1
+
+
+def test_a_written_instruction_that_differs_keeps_the_budget_and_stall_0_never_checks_again(
+    tmp_path: Path, blame_brings_extract_back: None
+) -> None:
+    fakes.DEV[("answer:1", "seed extract")] = (60, fakes.EXTRACT)
+    for name in ("differs", "never"):
+        (tmp_path / name).mkdir()
+    loop = run(tmp_path / "differs")
+    result = loop.run()
+    assert "after trial 3 (2 without a new best)" in result.headroom
+    assert "differ on 80 dev questions" in result.headroom
+    assert loop.optimizer.sites == [fakes.ANSWER, fakes.EXTRACT]
+    never = run(tmp_path / "never", stall=0)
+    assert "after trial" not in never.run().headroom
+    assert not Checkpoint.load(tmp_path / "never" / "ckpt.json").rechecks

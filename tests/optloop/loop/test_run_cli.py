@@ -156,8 +156,8 @@ def test_query_rewrite_reaches_the_config_and_leaves_older_runs_resumable():
     older = {
         k: v
         for k, v in plain.model_dump().items()
-        if k not in ("query_rewrite", "batch", "control", "race", "min_gain")
-    }  # all five came later
+        if k not in ("query_rewrite", "batch", "control", "race", "min_gain", "stall")
+    }  # all six came later
     assert plain.resume_key() == _digest(
         {k: v for k, v in older.items() if k not in ("tracking_uri", "run_name")}
     )
