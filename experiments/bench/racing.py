@@ -16,6 +16,15 @@ average at most a third of a full dev evaluation under racing; and racing's best
 worse on the held-out questions than the best chosen without it (the paired bootstrap of
 raced best − unraced best on the same test questions, read from both runs' checkpoints).
 ``--report-only`` writes the markdown again from ``--json``.
+
+An arm that takes hours can run on its own: ``--arms race`` runs only that arm, and a later
+``--arms no-race`` reads the race arm back from ``<work>/race`` (its ``figures.json``, or its
+result and checkpoint, its wall time then the run's own ``seconds``). ``--cache-from race`` starts
+each arm run now with a copy of that arm's LM cache: the calls both arms make alike (the baseline,
+the control, the held-out start program, every question a race answered) are replayed free, so
+the questions and LLM calls (cache hits counted) still compare and the wall times do not; the
+table says so. The same requests then get the same answers in both arms, which a fresh llama.cpp
+context does not quite promise.
 """
 
 from __future__ import annotations
@@ -63,6 +72,23 @@ def _checkpoint(home: Path) -> dict[str, Any]:
     (path,) = sorted((home / "runs").glob(f"*/{CHECKPOINT}"))
     data: dict[str, Any] = json.loads(path.read_text())
     return data
+
+
+FIGURES = "figures.json"  # an arm's figures, kept in its home for a later call to read back
+
+
+def _read_arm(home: Path) -> dict[str, Any] | None:
+    """An arm an earlier call ran: its saved figures, or, when that call did not save them, its
+    result and checkpoint with the run's own seconds as its wall time. None: not finished there."""
+    if (home / FIGURES).exists():
+        saved: dict[str, Any] = json.loads((home / FIGURES).read_text())
+        return saved
+    if not (home / "result.json").exists():
+        return None
+    result = json.loads((home / "result.json").read_text())
+    return arm_figures(result, _checkpoint(home), float(result["cost"].get("seconds", 0.0))) | {
+        "cache_from": None
+    }
 
 
 def arm_figures(result: Mapping[str, Any], ckpt: Mapping[str, Any], seconds: float) -> dict:
@@ -151,7 +177,8 @@ def figures(results: Mapping[str, Any]) -> list[str]:
             f"{a['trial_llm_calls']:,} ({a['trial_llm_calls_full']:,})",
             "-" if a["loser_share"] is None else f"{a['loser_share']:.2f} of {a['losers']}",
             f"{a['run_llm_calls']:,}",
-            f"{a['wall_s']:.0f}",
+            f"{a['wall_s']:.0f}"
+            + (f" ({a['cache_from']}'s LM cache)" if a.get("cache_from") else ""),
             f"trial {a['best_trial']}: {a['best_origin']} (dev {a['best_dev']:.3f})",
             _interval(a["test_after_ci"]),
             _interval(a["delta_test_ci"], signed=True),
@@ -192,6 +219,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, required=True)
     parser.add_argument("--markdown", type=Path, required=True)
     parser.add_argument("--report-only", action="store_true")
+    parser.add_argument(
+        "--arms",
+        default=",".join(ARMS),
+        help="the arms to run now (default both); the others are read back from <work>/<arm>",
+    )
+    parser.add_argument(
+        "--cache-from",
+        choices=list(ARMS),
+        help="start each arm run now with a copy of that arm's LM cache (its calls replayed free: "
+        "questions and calls compare, wall times do not)",
+    )
     parser.add_argument("run_args", nargs=argparse.REMAINDER, help="-- then optloop.run's flags")
     args = parse_command(parser, argv)
     run_args = [a for a in args.run_args if a != "--"]
@@ -200,11 +238,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         if not run_args:
             parser.error("give optloop.run's flags after --")
+        now = [a.strip() for a in args.arms.split(",") if a.strip()]
+        if unknown := sorted(set(now) - set(ARMS)):
+            parser.error(f"--arms: unknown {', '.join(unknown)} (arms: {', '.join(ARMS)})")
         arms: dict[str, Any] = {}
         for arm, flags in ARMS.items():
             home = args.work / arm
+            if arm not in now:
+                if (read := _read_arm(home)) is None:
+                    parser.error(f"{arm}: no finished arm in {home}; run it with --arms {arm}")
+                arms[arm] = read
+                continue
             shutil.rmtree(home, ignore_errors=True)
             home.mkdir(parents=True)
+            cache_from = args.cache_from if args.cache_from != arm else None
+            if cache_from is not None:
+                for cache in (args.work / cache_from).glob("lm_cache.sqlite*"):
+                    shutil.copy2(cache, home / cache.name)
             out = home / "result.json"
             cmd = [*run_args, *flags, "--new", "--json", str(out)]
             print(f"racing: {arm}: python -m optloop.run {shlex.join(cmd)}", flush=True)
@@ -218,7 +268,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return done.returncode
             arms[arm] = arm_figures(
                 json.loads(out.read_text()), _checkpoint(home), time.perf_counter() - started
-            )
+            ) | {"cache_from": cache_from}
+            write_atomic(home / FIGURES, json.dumps(arms[arm], indent=1))
         results = stamped(
             {"arms": arms, "comparison": compare(arms), "run_args": shlex.join(run_args)},
             model_of(_lm_flags(run_args)),
