@@ -14,7 +14,9 @@ whole; and what the proposal gate said of every proposal (``proposals.jsonl``: c
 and each refused text); per question category (LoCoMo's multi_hop, temporal, ...) the held-out
 accuracy and mean score (token F1 under LoCoMo's scorers, its official metric) before, under the
 control and after, the overall mean score's paired delta; and the baseline's failures on train and
-dev by blamed site and error type. The provenance header
+dev by blamed site and error type; the power line and every headroom check (before the trials,
+after each stall, and, with ``--console``, the summary's, after the trials) as the run said them.
+The provenance header
 names the run's own command (``--command``) and the commit the run ran at (``--commit``, default:
 this checkout's).
 """
@@ -130,6 +132,11 @@ def report(
     ]
     printed = console.read_text().splitlines() if console is not None else []
     etas = [line.strip() for line in printed if "ETA" in line and "projected" in line]
+    # the summary's headroom (with the check after the trials) is printed, not logged
+    checks = [text for _, text in lines if text.startswith("headroom")]
+    summary = [line.strip() for line in printed if line.strip().startswith("headroom:")]
+    if summary and summary[-1] not in checks:
+        checks.append(summary[-1])
     before = [float(o.passed) for o in ckpt.test_before.outcomes]
     after = [float(o.passed) for o in ckpt.test_after.outcomes]
     delta = paired_bootstrap_delta(before, after, seed=0)
@@ -187,6 +194,8 @@ def report(
         "test_after": accuracy(ckpt.test_after),
         "delta": _interval(delta),
         "projection_printed": etas,
+        "power": next((text for _, text in lines if text.startswith("power:")), None),
+        "headroom": checks,
         "trial_lines": [line.strip() for line in printed if re.search(r"trial \d+/\d+ dev", line)],
         "stages": stages,
         "wall_s": int(worked),
@@ -343,6 +352,7 @@ def to_markdown(data: dict[str, Any]) -> str:
             ],
         ),
         "",
+        *_check_lines(data),
         "Printed before the first trial: "
         + ("; ".join(f"`{e}`" for e in data["projection_printed"]) or "(no console given)"),
         "",
@@ -366,6 +376,18 @@ def to_markdown(data: dict[str, Any]) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _check_lines(data: dict[str, Any]) -> list[str]:
+    """The power line and the headroom checks, each as the run said it."""
+    said = ([data["power"]] if data.get("power") else []) + list(data.get("headroom") or [])
+    if not said:
+        return []
+    return (
+        ["What the splits can show and whether the blamed prompt can matter:", ""]
+        + [f"- {line}" for line in said]
+        + [""]
+    )
 
 
 def _control_lines(data: dict[str, Any]) -> list[str]:

@@ -48,7 +48,10 @@ def finished_run(tmp_path: Path, *, finished: bool = True) -> Path:
     ).save(run / "checkpoint.json")
     (run / "run.log").write_text(
         "2026-11-26 10:00:00 evaluating baseline on train (2 questions)\n"
+        "2026-11-26 10:00:00 power: dev 4 and test 4 questions show gains of ±0.45\n"
         "2026-11-26 10:01:00 evaluating baseline on dev (4 questions)\n"
+        "2026-11-26 10:01:30 headroom: answer: 4 dev questions cannot tell\n"
+        "2026-11-26 10:02:00 headroom after trial 2 (2 without a new best), answer: agree\n"
         "2026-11-26 10:02:00 trial 1/50 dev 0.500 (best 0.500) 30 s, ETA 5 min\n"
         "2026-11-26 10:03:00 evaluating baseline on test (4 questions)\n"
         "2026-11-26 10:05:00 done\n"
@@ -160,3 +163,17 @@ def test_the_wall_time_of_a_resumed_run_leaves_out_the_time_it_stood_stopped(tmp
     from experiments.bench.run_report import _wall
 
     assert _wall(data).startswith("16 min over 2 processes (not counting the 110 min it stood")
+
+
+def test_the_power_line_and_every_headroom_check_are_reported_as_the_run_said_them(tmp_path):
+    console = tmp_path / "console.txt"
+    console.write_text("headroom: answer: 4 dev questions cannot tell; after the trials, agree\n")
+    data = report(finished_run(tmp_path), console)
+    assert data["power"].startswith("power: dev 4 and test 4")
+    assert data["headroom"] == [
+        "headroom: answer: 4 dev questions cannot tell",
+        "headroom after trial 2 (2 without a new best), answer: agree",
+        "headroom: answer: 4 dev questions cannot tell; after the trials, agree",
+    ]
+    (tmp_path / "x").mkdir()
+    assert report(finished_run(tmp_path / "x"), None)["headroom"][-1].startswith("headroom after")
