@@ -109,14 +109,21 @@ def test_the_power_line_says_what_the_splits_can_show() -> None:
 # --- the controller, with the fakes of test_controller ------------------------------------------
 
 
+def scripted_dev(
+    monkeypatch: pytest.MonkeyPatch, n: int, dev: dict[tuple[str, str], tuple[int, str]]
+) -> None:
+    """Dev of ``n`` questions, each program's passes and blamed site as ``dev`` scripts them."""
+    monkeypatch.setitem(fakes.QUESTIONS, "dev", n)
+    monkeypatch.setattr(fakes, "DEV", dev)
+
+
 @pytest.fixture
 def twenty_dev(monkeypatch: pytest.MonkeyPatch) -> None:
     """Dev of 20 questions in 5 episodes: the start program passes 16; ``answer:1`` none (worse on
     every question the start program passes); ``answer:2`` all 20."""
-    monkeypatch.setitem(fakes.QUESTIONS, "dev", 20)
-    monkeypatch.setattr(
-        fakes,
-        "DEV",
+    scripted_dev(
+        monkeypatch,
+        20,
         {
             ("seed answer", "seed extract"): (16, fakes.ANSWER),
             ("answer:1", "seed extract"): (0, fakes.ANSWER),
@@ -228,10 +235,9 @@ def test_headroom_agrees_only_on_enough_questions_and_differs_when_the_ci_exclud
 def model_bound_answer(monkeypatch: pytest.MonkeyPatch) -> None:
     """Dev of 80 questions on which the start program and the control (the trivial instruction at
     ``answer``) pass the same 40, their failures blamed on ``answer`` and ``mem.extract``."""
-    monkeypatch.setitem(fakes.QUESTIONS, "dev", 80)
-    monkeypatch.setattr(
-        fakes,
-        "DEV",
+    scripted_dev(
+        monkeypatch,
+        80,
         {
             ("seed answer", "seed extract"): (40, fakes.ANSWER),
             ("trivial answer", "seed extract"): (40, fakes.ANSWER),
@@ -269,14 +275,13 @@ def test_after_the_trials_the_best_written_instruction_joins_own_and_the_control
 ) -> None:
     from optloop.loop import controller as controller_module
 
-    monkeypatch.setitem(fakes.QUESTIONS, "dev", 80)
     dev = {
         ("seed answer", "seed extract"): (40, fakes.ANSWER),
         ("trivial answer", "seed extract"): (40, fakes.ANSWER),
     }
     for k in range(1, 5):
         dev[(f"answer:{k}", "seed extract")] = (written if k == 1 else 20, fakes.ANSWER)
-    monkeypatch.setattr(fakes, "DEV", dev)
+    scripted_dev(monkeypatch, 80, dev)
     # the blame names answer alone: the budget stays there, whatever the first check says
     monkeypatch.setattr(
         controller_module,
@@ -307,10 +312,9 @@ def blame_brings_extract_back(monkeypatch: pytest.MonkeyPatch) -> None:
     pass 1 (a stall of two)."""
     from optloop.loop import controller as controller_module
 
-    monkeypatch.setitem(fakes.QUESTIONS, "dev", 80)
-    monkeypatch.setattr(
-        fakes,
-        "DEV",
+    scripted_dev(
+        monkeypatch,
+        80,
         {
             ("seed answer", "seed extract"): (40, fakes.ANSWER),
             ("trivial answer", "seed extract"): (40, fakes.ANSWER),
