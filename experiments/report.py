@@ -1103,7 +1103,10 @@ def racing() -> list[str]:
         "choosing a best that is measurably worse on the held-out questions? The same seeded "
         "run twice, with and without `--no-race`, each in a fresh state directory: "
         "`python -m experiments.bench.racing`. Wall times come from a machine that ran other "
-        "jobs beside them; the questions and calls do not depend on it.",
+        "jobs beside them; the questions and calls do not depend on it. An arm whose wall time "
+        "names another arm's LM cache started from a copy of it (`--cache-from`): the calls "
+        "both arms make alike were replayed, so its seconds do not compare, while its questions "
+        "and calls (cache hits counted) do.",
     ]
     for name, what, data in runs:
         out += [f"### {what}", provenance(data, name), *figures(data)]
