@@ -22,7 +22,10 @@ A row gives the accuracy with its 95% CI (bootstrap over the dev questions, seed
 lies in the headroom band (0.2-0.8: a better prompt can show, a worse one too), the seconds the
 evaluation took, the share of LM calls that failed, and the sites the failures were blamed on. A
 row already in ``--json`` is not run again (the file is rewritten after every row), so a killed
-run resumes. Each combination gets its own LM cache under ``--home``.
+run resumes. Each combination gets its own LM cache under ``--home``; ``--lm-cache FILE`` starts
+a combination's cache, when it has none yet, as a copy of FILE (a run's
+``.optloop/lm_cache.sqlite``), so the calls that run already made (the same prompts on the same
+questions) are replayed, not computed again.
 """
 
 from __future__ import annotations
@@ -34,9 +37,11 @@ from optloop.offline import offline_defaults
 os.environ.update(offline_defaults())  # first: litellm, mem0 and Hugging Face read them
 
 import json
+import sqlite3
 import time
 from collections import Counter
 from collections.abc import Sequence
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -115,6 +120,20 @@ def model_name(spec: str) -> str:
     return Path(found.file if found else settings.model).stem
 
 
+def seed_cache(source: Path, target: Path) -> None:
+    """``target`` as a copy of the LM cache ``source`` (SQLite's online backup, so a cache another
+    process holds open copies whole), unless ``target`` already exists."""
+    if target.exists():
+        return
+    if not source.is_file():
+        raise ValueError(f"--lm-cache {source}: no such LM cache file")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(target.name + ".part")
+    with closing(sqlite3.connect(source)) as src, closing(sqlite3.connect(partial)) as dst:
+        src.backup(dst)
+    partial.replace(target)
+
+
 def measure(
     system: str,
     spec: str,
@@ -125,9 +144,12 @@ def measure(
     given: str = "",
     split: str = "dev",
     shares: tuple[float, float, float] = DEFAULT_SHARES,
+    lm_cache: Path | None = None,
 ) -> Row:
     cls = get_system(system)
     work = home / f"{system}-{model_name(spec)}"
+    if lm_cache is not None:
+        seed_cache(lm_cache, work / "lm_cache.sqlite")
     lm = OptloopLM(
         LMSettings.from_spec(spec, cache_path=work / "lm_cache.sqlite", **dict(cls.local_decoding))
     )
@@ -281,6 +303,12 @@ def build_parser() -> CommandParser:
         "of the dataset (a held-out set for prompts a loop wrote on another seed)",
     )
     parser.add_argument(
+        "--lm-cache",
+        type=Path,
+        help="start each combination's LM cache (when it has none) as a copy of this one, e.g. a "
+        "run's .optloop/lm_cache.sqlite: calls that run made are replayed",
+    )
+    parser.add_argument(
         "--shares",
         default="0.5,0.25,0.25",
         help="optloop.run's --split TRAIN,DEV,TEST the dev and test splits follow (default "
@@ -316,7 +344,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                         continue
                     print(f"{system} {model_name(spec)} {uri} {variant} ...", flush=True)
                     row = measure(
-                        system, spec, uri, variant, sites, args.home, given, args.split, shares
+                        system,
+                        spec,
+                        uri,
+                        variant,
+                        sites,
+                        args.home,
+                        given,
+                        args.split,
+                        shares,
+                        args.lm_cache,
                     )
                     row.commit, row.split = code, split
                     print(
