@@ -369,18 +369,21 @@ class Controller:
             line += f"; the rest of the budget goes to {', '.join(sites + optimizer.knobs)}"
             self._bound.update(found.sites)
             optimizer.retarget(sites, list(optimizer.knobs))
-            kept: list[Candidate] = []
-            while (queued := optimizer.next_queued()) is not None:
-                if all(queued.sites.get(s) == best.sites.get(s) for s in left):
-                    kept.append(queued)
-            for queued in reversed(kept):
-                optimizer.release(queued)
+            optimizer.drop_queued(lambda c: all(c.sites.get(s) == best.sites.get(s) for s in left))
             self.ckpt.queue = optimizer.queued()
         elif found.model_bound:
             line += "; the blame names no other target, so the budget stays there"
         self.ckpt.rechecks.append(Recheck(after_trial=trial, left=left, line=line))
         self.ctx.save()
         self.ctx.progress(f"headroom {line}")
+
+    def _targets_of(self, evaluation: Evaluation) -> tuple[list[str], list[str]]:
+        """The sites and knobs the blame of ``evaluation``'s failures names
+        (:func:`choose_targets`), without those a headroom check moved the budget off."""
+        sites, knobs, _ = choose_targets(
+            evaluation.blame(), self.config, self.evaluator.site_names
+        )
+        return self._unbound(sites, knobs)
 
     def _unbound(self, sites: list[str], knobs: list[str]) -> tuple[list[str], list[str]]:
         """``sites`` and ``knobs`` without the sites a headroom check moved the budget off, unless
@@ -460,10 +463,7 @@ class Controller:
             ):
                 best = _Best(t.candidate, t.evaluation, t.trial)
         if best.trial:
-            sites, knobs, _ = choose_targets(
-                best.evaluation.blame(), self.config, self.evaluator.site_names
-            )
-            optimizer.retarget(*self._unbound(sites, knobs))
+            optimizer.retarget(*self._targets_of(best.evaluation))
         optimizer.restore_queue(ckpt.queue)
         # Its rounds counted on: a round's draws are seeded by its number, and a round numbered
         # again from 1 would make the first round's candidates, all seen, so nothing new.
@@ -629,9 +629,7 @@ class Controller:
     def _retarget(self, optimizer: Optimizer, evaluation: Evaluation) -> None:
         """A new best: re-attribute from its failures and retarget the optimizer when the blame
         moved."""
-        sites, knobs = self._unbound(
-            *choose_targets(evaluation.blame(), self.config, self.evaluator.site_names)[:2]
-        )
+        sites, knobs = self._targets_of(evaluation)
         if (sites, knobs) != (optimizer.sites, optimizer.knobs):
             self.ctx.progress(f"re-attribution: blame moved to {', '.join(sites + knobs)}")
             optimizer.retarget(sites, knobs)

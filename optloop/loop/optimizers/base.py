@@ -150,6 +150,10 @@ class Optimizer(ABC):
     def restore_queue(self, candidates: Sequence[Candidate]) -> None:
         """A resumed run's saved queue given back (an optimizer without a queue ignores it)."""
 
+    def drop_queued(self, keep: Callable[[Candidate], bool]) -> None:
+        """Forget the queued candidates ``keep`` refuses (they stay seen, so never proposed
+        again): the budget left what they rewrite. An optimizer without a queue has none."""
+
     def study_trial(self, candidate: Candidate) -> int | None:
         """The number of the study trial ``candidate`` was asked as, for a coordinator that shares
         a study between workers (``None``: not asked of a study)."""
@@ -183,6 +187,9 @@ class QueuedOptimizer(Optimizer):
         """The saved candidates not proposed since (each now marked seen), first in the queue."""
         self.queue = [c for c in candidates if c.digest() not in self.seen]
         self.seen |= {c.digest() for c in self.queue}
+
+    def drop_queued(self, keep: Callable[[Candidate], bool]) -> None:
+        self.queue = [c for c in self.queue if keep(c)]
 
     def release(self, candidate: Candidate) -> None:
         self.queue.insert(0, candidate)
