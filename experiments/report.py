@@ -1646,6 +1646,10 @@ def linked() -> list[str]:
             "experiments.bench.run_report` on the runs",
             [
                 "locomo.md",
+                "locomo_heldout.md",
+                "locomo_heldout.json",
+                "headroom_locomo_test.md",
+                "headroom_locomo_test.json",
                 "locomo_mem0.md",
                 "locomo_mem0.json",
                 "locomo_mem0_grammar.md",

@@ -208,7 +208,7 @@ def to_markdown(rows: Sequence[Row], results: dict[str, Any]) -> str:
             "model",
             "dataset",
             "prompt",
-            "dev accuracy [95% CI]",
+            "accuracy [95% CI]",
             "n",
             "0.2-0.8",
             "s / evaluation",
@@ -257,8 +257,9 @@ def to_markdown(rows: Sequence[Row], results: dict[str, Any]) -> str:
     return (
         "# Headroom: system x model x dataset, own prompts against a trivial instruction\n\n"
         + provenance_lines(results["provenance"])
-        + "Dev split of `optloop.run` (0.5/0.25/0.25 by episode, seed 0); accuracy with a 95% "
-        "bootstrap CI over the dev questions (seeded). *trivial*: the named sites given DSPy's "
+        + "The split of `optloop.run` a row names after its dataset (dev, with shares "
+        "0.5/0.25/0.25 by episode, seed 0, when it names none); accuracy with a 95% bootstrap CI "
+        "over that split's questions (seeded). *trivial*: the named sites given DSPy's "
         "default instruction for their signature, the control every loop report carries; *given*: "
         "a hand-written instruction (the row's JSON has it). "
         "Headroom: 0.2 <= accuracy <= 0.8. Each row's commit is the code it was measured with; "

@@ -28,7 +28,7 @@ import json
 import re
 import shlex
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -103,11 +103,16 @@ def start_instructions(system: str, lm: str | None = None) -> dict[str, str]:
 
 def system_of(command: str) -> str | None:
     """The ``--system`` a run's command names, if any."""
+    return _flag_of(command, "--system")
+
+
+def _flag_of(command: str, flag: str) -> str | None:
+    """The value ``command`` gives ``flag`` (``--flag VALUE`` or ``--flag=VALUE``), if any."""
     words = shlex.split(command)
     for i, word in enumerate(words):
-        if word == "--system" and i + 1 < len(words):
+        if word == flag and i + 1 < len(words):
             return words[i + 1]
-        if word.startswith("--system="):
+        if word.startswith(f"{flag}="):
             return word.split("=", 1)[1]
     return None
 
@@ -131,12 +136,19 @@ def report(
         if text.startswith("evaluating baseline") or "on test" in text
     ]
     printed = console.read_text().splitlines() if console is not None else []
-    etas = [line.strip() for line in printed if "ETA" in line and "projected" in line]
-    # the summary's headroom (with the check after the trials) is printed, not logged
-    checks = [text for _, text in lines if text.startswith("headroom")]
+    # A resumed run says its projection, power line and first headroom check again in each
+    # process: each is kept once, in the order first said.
+    etas = _once(line.strip() for line in printed if "ETA" in line and "projected" in line)
+    # the summary's headroom (with the check after the trials) and power line are printed, not
+    # logged
+    checks = _once(text for _, text in lines if text.startswith("headroom"))
     summary = [line.strip() for line in printed if line.strip().startswith("headroom:")]
     if summary and summary[-1] not in checks:
         checks.append(summary[-1])
+    powers = _once(text for _, text in lines if text.startswith("power:"))
+    said_power = [line.strip() for line in printed if line.strip().startswith("power:")]
+    if said_power and said_power[-1] not in powers:
+        powers.append(said_power[-1])
     before = [float(o.passed) for o in ckpt.test_before.outcomes]
     after = [float(o.passed) for o in ckpt.test_after.outcomes]
     delta = paired_bootstrap_delta(before, after, seed=0)
@@ -194,7 +206,8 @@ def report(
         "test_after": accuracy(ckpt.test_after),
         "delta": _interval(delta),
         "projection_printed": etas,
-        "power": next((text for _, text in lines if text.startswith("power:")), None),
+        "power": powers[0] if powers else None,
+        "power_after": powers[-1] if len(powers) > 1 else None,
         "headroom": checks,
         "trial_lines": [line.strip() for line in printed if re.search(r"trial \d+/\d+ dev", line)],
         "stages": stages,
@@ -380,7 +393,9 @@ def to_markdown(data: dict[str, Any]) -> str:
 
 def _check_lines(data: dict[str, Any]) -> list[str]:
     """The power line and the headroom checks, each as the run said it."""
-    said = ([data["power"]] if data.get("power") else []) + list(data.get("headroom") or [])
+    said = [p for p in (data.get("power"), data.get("power_after")) if p] + list(
+        data.get("headroom") or []
+    )
     if not said:
         return []
     return (
@@ -534,16 +549,27 @@ def _cost_lines(data: dict[str, Any]) -> list[str]:
     ]
 
 
+def _once(lines: Iterable[str]) -> list[str]:
+    """``lines`` without repeats, in the order first said."""
+    return list(dict.fromkeys(lines))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = CommandParser("python -m experiments.bench.run_report", __doc__)
     parser.add_argument("--run-dir", type=Path, required=True, help="the run's directory")
     parser.add_argument("--command", required=True, help="the command the run was started with")
     parser.add_argument("--commit", help="the commit the run ran at (default: this checkout's)")
     parser.add_argument("--console", type=Path, help="what the run printed to its terminal")
-    parser.add_argument("--lm", default=None, help="the run's --lm (default: the embedded model)")
+    parser.add_argument(
+        "--lm",
+        default=None,
+        help="the run's --lm (default: the one --command names, else the embedded model)",
+    )
     parser.add_argument("--json", type=Path, required=True, metavar="OUT")
     parser.add_argument("--markdown", type=Path, metavar="OUT")
     args = parse_command(parser, argv)
+    if args.lm is None:
+        args.lm = _flag_of(args.command, "--lm")
     system = system_of(args.command)
     start = start_instructions(system, args.lm) if system else None
     data = stamped(report(args.run_dir, args.console, start), model_of(args), args.command)

@@ -283,9 +283,14 @@ class Outcome:
         )
 
     def power(self) -> str:
-        """The power line at the start program's dev accuracy (:func:`power_line`)."""
+        """The power line at the start program's accuracy on each split (:func:`power_line`):
+        dev's, and the held-out test's measured before the trials' best."""
         return power_line(
-            self.baseline_dev.n, self.before.n, self.baseline_dev.accuracy, self.config.min_gain
+            self.baseline_dev.n,
+            self.before.n,
+            self.baseline_dev.accuracy,
+            self.config.min_gain,
+            test_accuracy=self.before.accuracy,
         )
 
 

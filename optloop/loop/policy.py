@@ -98,24 +98,39 @@ def questions_for(gain: float, accuracy: float) -> int:
     return math.ceil(1.96**2 * p * (1 - p) / gain**2)
 
 
-def power_line(n_dev: int, n_test: int, accuracy: float | None, min_gain: float) -> str:
+def power_line(
+    n_dev: int,
+    n_test: int,
+    accuracy: float | None,
+    min_gain: float,
+    test_accuracy: float | None = None,
+) -> str:
     """What the run's splits can show: ``power: dev 20 and test 20 questions at the baseline's 0.30
     show gains of ±0.21 and ±0.21 (95% CI half-widths)``, then whether the held-out one is within
     ``min_gain`` and, when it is not, what to change. ``accuracy`` ``None``: before the baseline,
-    at 0.5 (the widest)."""
+    at 0.5 (the widest). ``test_accuracy``: the held-out split's own (the start program's on test,
+    once measured: the summary's), else ``accuracy``."""
     at = 0.5 if accuracy is None else accuracy
-    dev, test = detectable_gain(n_dev, at), detectable_gain(n_test, at)
-    where = "at 0.50 (before the baseline)" if accuracy is None else f"at the baseline's {at:.2f}"
+    at_test = at if test_accuracy is None else test_accuracy
+    dev, test = detectable_gain(n_dev, at), detectable_gain(n_test, at_test)
+    if accuracy is None:
+        where = f"dev {n_dev} and test {n_test} questions at 0.50 (before the baseline)"
+    elif test_accuracy is None:
+        where = f"dev {n_dev} and test {n_test} questions at the baseline's {at:.2f}"
+    else:
+        where = (
+            f"dev {n_dev} questions at the baseline's {at:.2f} and test {n_test} at its "
+            f"{at_test:.2f}"
+        )
     line = (
-        f"power: dev {n_dev} and test {n_test} questions {where} show gains of "
-        f"\u00b1{dev:.2f} and \u00b1{test:.2f} (95% CI half-widths)"
+        f"power: {where} show gains of \u00b1{dev:.2f} and \u00b1{test:.2f} (95% CI half-widths)"
     )
     if test <= min_gain:
         return f"{line}, within --min-gain {min_gain:g}"
     return (
         f"{line}; a held-out gain under {test:.2f} reads 'no measurable change', wider than "
-        f"--min-gain {min_gain:g}: about {questions_for(min_gain, at)} test questions would show "
-        f"{min_gain:g} (a --dataset with more questions, or a larger test share with --split)"
+        f"--min-gain {min_gain:g}: about {questions_for(min_gain, at_test)} test questions would "
+        f"show {min_gain:g} (a --dataset with more questions, or a larger test share with --split)"
     )
 
 

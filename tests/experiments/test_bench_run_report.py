@@ -177,3 +177,28 @@ def test_the_power_line_and_every_headroom_check_are_reported_as_the_run_said_th
     ]
     (tmp_path / "x").mkdir()
     assert report(finished_run(tmp_path / "x"), None)["headroom"][-1].startswith("headroom after")
+
+
+def test_a_resumed_runs_repeated_lines_are_reported_once_and_the_summarys_power_after(tmp_path):
+    run = finished_run(tmp_path)
+    log = (run / "run.log").read_text().splitlines(keepends=True)
+    # a second process says its power line and first headroom check again
+    (run / "run.log").write_text("".join([*log[:4], *log[1:2], *log[3:4], *log[4:]]))
+    console = tmp_path / "console.txt"
+    console.write_text(
+        "projected: 9 calls, 9 tokens; ETA 4 min for the rest of the run\n"
+        "projected: 9 calls, 9 tokens; ETA 4 min for the rest of the run\n"
+        "power: dev 4 questions at the baseline's 0.25 and test 4 at its 0.25 show gains\n"
+    )
+    data = report(run, console)
+    assert data["projection_printed"] == [
+        "projected: 9 calls, 9 tokens; ETA 4 min for the rest of the run"
+    ]
+    assert data["headroom"][:2] == [
+        "headroom: answer: 4 dev questions cannot tell",
+        "headroom after trial 2 (2 without a new best), answer: agree",
+    ]
+    assert data["power"].startswith("power: dev 4 and test 4")
+    assert data["power_after"].startswith("power: dev 4 questions at the baseline's 0.25")
+    (tmp_path / "x").mkdir()
+    assert report(finished_run(tmp_path / "x"), None)["power_after"] is None

@@ -11,6 +11,7 @@ uses it: ``docs/loop.md`` ("What it does", "Proposals a person would ship").
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import random
@@ -18,6 +19,7 @@ import re
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import dspy
@@ -38,6 +40,7 @@ from optloop.loop.spending.shape import (
     RunShape,
     template_tokens,
 )
+from optloop.paths import write_atomic
 from optloop.text import normalize
 
 if TYPE_CHECKING:
@@ -52,6 +55,9 @@ MIN_SUPPORT = 2  # failures that must point at a unit before its deletion goes f
 # An instruction longer than this (a library's own prompt: mem0's extraction prompt is 5,062 words
 # in 190 units) gets no random deletions or random composed edits (:meth:`EditOptimizer.edits`).
 LONG_WORDS = 1000
+# What a round leaves for the next (the units "add" can put back, the draws' state), per round, in
+# the optimizer's work directory: a resumed run makes the round an uninterrupted one would.
+STATE_NAME = "rounds.json"
 MIN_PHRASE = 3  # words of an answer's opening a unit must hold to support it
 _QUOTED = re.compile(r'"([^"]+)"|\u201c([^\u201d]+)\u201d')
 _CONDITION = re.compile(r"\b(if|when|whenever|unless|otherwise|in case)\b", re.IGNORECASE)
@@ -208,6 +214,7 @@ class EditOptimizer(QueuedOptimizer):
         # candidate digest -> its evaluation on the train mini-batch (its accuracy orders the
         # round; the best's failures there are what the writer is shown)
         self.screened: dict[str, Evaluation] = {}
+        self._restored = False  # whether the rounds' saved state was read (:meth:`_restore`)
 
     # --- the loop's interface ------------------------------------------------------------
 
@@ -230,7 +237,17 @@ class EditOptimizer(QueuedOptimizer):
         """Edits of every target site's instruction in ``best``, screened together on the train
         mini-batch: the deletions ``best_eval``'s failures support first (most supported first;
         of equal support, an unconditional command before a conditional one), then best train
-        score first (ties: the more blamed site, then the proposal order)."""
+        score first (ties: the more blamed site, then the proposal order).
+
+        The round starts from what the round before it left (:meth:`_restore`) and saves what it
+        leaves (:meth:`_save`), so the round after a resume is the one an uninterrupted run makes."""
+        self._restore()
+        try:
+            return self._round(best, best_eval)
+        finally:
+            self._save()
+
+    def _round(self, best: Candidate, best_eval: Evaluation | None) -> list[Candidate]:
         failures = best_eval.attributions() if best_eval is not None else []
         # The writer is shown the best's failures on the train mini-batch, never dev's: a sentence
         # fitted to a dev case would be chosen by the dev evaluation of that same case.
@@ -381,7 +398,12 @@ class EditOptimizer(QueuedOptimizer):
         text = self.writer.instruction(site, cases, rollout=rollout, signature=signature)
         if text:
             out.append(Edit(text, [f"write (a short instruction{shown})"]))
-        if sentence := self.writer.sentence(site, cases, rollout=rollout + 1, signature=signature):
+        sentence = self.writer.sentence(site, cases, rollout=rollout + 1, signature=signature)
+        if sentence and self._repeats(start, sentence):
+            # The added sentence is one the instruction already holds (a writer restating its own
+            # earlier sentence): the edit would only say it twice.
+            logger.info("edit add written of %s dropped: the instruction already says it", site)
+        elif sentence:
             n = len(start.editable)
             out.append(Edit(start.insert(n, sentence, "sentence").text, ["add written"]))
             if not text and self.writer.as_instruction(site, sentence, cases):
@@ -395,6 +417,13 @@ class EditOptimizer(QueuedOptimizer):
             if new:
                 out.append(Edit(start.replace_body(k, new).text, [f"write {k}"]))
         return out
+
+    @staticmethod
+    def _repeats(start: Instruction, sentence: str) -> bool:
+        """Whether ``sentence`` says what one of ``start``'s units says, word for word once
+        normalized (case, punctuation, articles)."""
+        said = normalize(sentence)
+        return any(normalize(u.body) == said for u in start.editable)
 
     def _signature(self, site: str) -> Any:
         module = getattr(self.evaluator, "sites", {}).get(site)
@@ -467,6 +496,55 @@ class EditOptimizer(QueuedOptimizer):
         if self.gate.refuses(site, text, who="a paraphrase", whole=False):
             return None
         return text
+
+    # --- what a round leaves for the next ----------------------------------------------------
+
+    @property
+    def _state_path(self) -> Path | None:
+        """Where the rounds' state is kept (``None``: an evaluator without a work directory, a
+        test's fake, and none given: kept in memory)."""
+        if self._work is None and getattr(self.evaluator, "work", None) is None:
+            return None
+        return self.work / STATE_NAME
+
+    def _saved(self) -> dict[str, Any]:
+        path = self._state_path
+        if path is None or not path.exists():
+            return {}
+        try:
+            saved = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            logger.warning("edit: %s unreadable (%s); the round starts afresh", path, exc)
+            return {}
+        return saved if isinstance(saved, dict) else {}
+
+    def _restore(self) -> None:
+        """Before round ``rounds + 1`` in a fresh process that a resume numbered on: the pool and
+        the draws' state round ``rounds`` left. Nothing to do in the process that ran it, or when
+        no round was saved (a run begun before the state was kept starts the round afresh)."""
+        if self._restored or self.rounds <= 1:
+            self._restored = True
+            return
+        self._restored = True
+        left = self._saved().get(str(self.rounds - 1))
+        if not left:
+            return
+        self.pool = {
+            site: [(body, kind) for body, kind in units] for site, units in left["pool"].items()
+        }
+        version, internal, gauss = left["rng"]
+        self.rng.setstate((version, tuple(internal), gauss))
+
+    def _save(self) -> None:
+        """Round ``rounds``'s pool and draws' state, beside the earlier rounds' (a checkpoint may
+        trail the rounds run, and a resume restores the one its checkpoint counted)."""
+        path = self._state_path
+        if path is None:
+            return
+        saved = self._saved()
+        saved[str(self.rounds)] = {"pool": self.pool, "rng": list(self.rng.getstate())}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, json.dumps(saved))
 
     # --- screening on train --------------------------------------------------------------
 

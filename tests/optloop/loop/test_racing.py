@@ -104,6 +104,12 @@ def test_the_power_line_says_what_the_splits_can_show() -> None:
     assert f"about {questions_for(0.05, 0.3)} test questions" in small
     assert "before the baseline" in power_line(20, 20, None, 0.05)
     assert "within --min-gain 0.1" in power_line(400, 400, 0.5, 0.1)
+    # once the held-out split is measured, its own accuracy sets its width
+    after = power_line(51, 196, 0.02, 0.05, test_accuracy=0.10)
+    assert after.startswith(
+        "power: dev 51 questions at the baseline's 0.02 and test 196 at its 0.10"
+    )
+    assert f"\u00b1{detectable_gain(196, 0.10):.2f} (95% CI" in after
 
 
 # --- the controller, with the fakes of test_controller ------------------------------------------
@@ -172,7 +178,8 @@ def test_the_loop_stops_a_losing_candidate_counts_it_and_never_makes_it_the_best
     assert "stopped after" in stopped_lines[0].text()
     assert result.racing is not None and result.racing.stopped == 3
     assert result.racing.questions < result.racing.full_questions == 80
-    assert result.power.startswith("power: dev 20 and test 24 questions")
+    assert result.power.startswith("power: dev 20 questions at the baseline")
+    assert " and test 24 at its " in result.power
 
 
 def test_a_batch_races_each_candidate_against_the_best_it_started_from(

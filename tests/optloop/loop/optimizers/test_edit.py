@@ -464,3 +464,61 @@ def test_a_long_instruction_gets_no_random_deletions_or_composed_edits(optimizer
     # three random single-unit deletions, the default, then the random composed edits
     assert all(len(o) == 1 and o[0].startswith("del ") and "all" not in o[0] for o in ops[:3])
     assert ops[3][0].startswith("del all") and len(ops) > 4
+
+
+def test_a_resumed_optimizer_makes_the_round_an_uninterrupted_one_makes(tmp_path):
+    """The draws and the units "add" can put back are saved with each round, so the round after
+    a resume (a fresh optimizer, its rounds counted on and told what was tried) is the same."""
+
+    def fresh(work):
+        lm = DummyLM([{"paraphrase": "Say only N/A."}] * 100)
+        return EditOptimizer(
+            FakeEvaluator(),
+            lm,
+            _train(),
+            sites=["answer"],
+            seed=0,
+            extra=3,
+            write=False,
+            work=work,
+        )
+
+    long_start = Candidate(
+        sites={"answer": SiteState(instructions=f"{CLEAN} Be brief. Use the memories. {SABOTAGE}")}
+    )
+
+    def rounds(opt, *, resume_after_first: bool):
+        first = opt.propose(
+            long_start, Evaluation(split="dev", candidate=long_start.digest(), outcomes=[])
+        )
+        assert first is not None
+        if resume_after_first:
+            seen, opt = set(opt.seen), fresh(opt.work)
+            opt.seen, opt.rounds = seen, 1
+        nxt = opt.propose(first, Evaluation(split="dev", candidate=first.digest(), outcomes=[]))
+        assert opt.rounds == 2 and nxt is not None
+        return [c.sites["answer"].instructions for c in (nxt, *opt.queue)], [
+            c.origin for c in (nxt, *opt.queue)
+        ]
+
+    assert rounds(fresh(tmp_path / "a"), resume_after_first=True) == rounds(
+        fresh(tmp_path / "b"), resume_after_first=False
+    )
+    assert (tmp_path / "a" / "rounds.json").exists()
+
+
+def test_an_added_sentence_the_instruction_already_says_is_not_proposed():
+    """A writer that restates a sentence the instruction holds (case and punctuation aside) gets
+    no "add written" edit: the instruction would say it twice."""
+    lm = DummyLM(
+        [
+            {"instruction": "Answer the question with the name or number the memories give."},
+            {"sentence": "answer the question from the memories"},
+            {"new_sentence": "Answer only from the memories."},
+        ]
+    )
+    opt = EditOptimizer(
+        FakeEvaluator(), lm, _train(), sites=["answer"], seed=0, deletions=0, extra=0, bsize=3
+    )
+    ops = [e.ops[0] for e in opt.edits(f"{CLEAN} {SABOTAGE}", "answer")]
+    assert "add written" not in ops and "write (a short instruction)" in ops
