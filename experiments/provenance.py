@@ -54,6 +54,17 @@ def command_of(module: str, argv: Sequence[str] | None = None) -> str:
     return shlex.join(["python", "-m", module, *(sys.argv[1:] if argv is None else argv)])
 
 
+def flag_of(command: str, flag: str) -> str | None:
+    """The value ``command`` gives ``flag`` (``--flag VALUE`` or ``--flag=VALUE``), if any."""
+    words = shlex.split(command)
+    for i, word in enumerate(words):
+        if word == flag and i + 1 < len(words):
+            return words[i + 1]
+        if word.startswith(f"{flag}="):
+            return word.split("=", 1)[1]
+    return None
+
+
 def provenance(model: str, command: str | None = None) -> dict[str, str]:
     """The header: ``command`` (default: this process's own, as ``python -m module args``), today's
     date (UTC), the commit, ``model`` and the machine."""

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.markdown import table
+from experiments.provenance import flag_of
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "experiments" / "results"
@@ -1385,11 +1386,6 @@ def _is_written(origin: str) -> bool:
     return any(w in origin for w in _WRITTEN)
 
 
-def _flag(command: list[str], name: str) -> str | None:
-    """The value after ``name`` in a command's words (``None`` when the flag is absent)."""
-    return command[command.index(name) + 1] if name in command[:-1] else None
-
-
 def _delta_cell(delta: Json) -> str:
     from optloop.loop.trivial_control import verdict
     from optloop.stats import Interval
@@ -1414,24 +1410,25 @@ def written_against_control() -> list[str]:
     rows = []
     wins = []
     for name, data in runs:
-        command = shlex.split(data["provenance"]["command"])
+        command = data["provenance"]["command"]
         best = next((t for t in data["trials"] if t["trial"] == data.get("best_trial")), None)
         origin = best["origin"] if best else "the system's own prompts (nothing beat them)"
         written = best is not None and _is_written(origin)
         over_control = data["control"]["delta_best_minus_control"]
         if written and over_control["low"] > 0 and data["delta"]["low"] > 0:
             wins.append(name)
-        system = _flag(command, "--system") or "?"
-        if "--query-rewrite" in command:
+        system = flag_of(command, "--system") or "?"
+        if "--query-rewrite" in shlex.split(command):
             system += " (query rewrite)"
         rows.append(
             [
                 f"[`{name}`](../experiments/results/{name.removesuffix('.json')}.md)",
                 system,
-                f"`{_flag(command, '--dataset') or 'the default'}`",
+                f"`{flag_of(command, '--dataset') or 'the default'}`",
                 f"{data['provenance']['model']}; "
-                f"{_flag(command, '--proposer-lm') or 'the task model'} writes",
-                f"{_flag(command, '--optimizer') or 'edit'}, budget {_flag(command, '--budget')}",
+                f"{flag_of(command, '--proposer-lm') or 'the task model'} writes",
+                f"{flag_of(command, '--optimizer') or 'edit'}, "
+                f"budget {flag_of(command, '--budget')}",
                 f"{data['provenance']['date']}, {data['provenance']['commit']}",
                 data["test_before"],
                 data["control"]["test"],

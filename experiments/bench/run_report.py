@@ -26,7 +26,6 @@ from __future__ import annotations
 import difflib
 import json
 import re
-import shlex
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from datetime import datetime
@@ -34,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.markdown import provenance_lines, table
-from experiments.provenance import model_of, stamped
+from experiments.provenance import flag_of, model_of, stamped
 from optloop.cli.command import CommandParser, parse_command, run_cli
 from optloop.loop.evaluate import Evaluation
 from optloop.loop.proposals.gate import logs_under, verdicts
@@ -103,18 +102,7 @@ def start_instructions(system: str, lm: str | None = None) -> dict[str, str]:
 
 def system_of(command: str) -> str | None:
     """The ``--system`` a run's command names, if any."""
-    return _flag_of(command, "--system")
-
-
-def _flag_of(command: str, flag: str) -> str | None:
-    """The value ``command`` gives ``flag`` (``--flag VALUE`` or ``--flag=VALUE``), if any."""
-    words = shlex.split(command)
-    for i, word in enumerate(words):
-        if word == flag and i + 1 < len(words):
-            return words[i + 1]
-        if word.startswith(f"{flag}="):
-            return word.split("=", 1)[1]
-    return None
+    return flag_of(command, "--system")
 
 
 def report(
@@ -139,16 +127,8 @@ def report(
     # A resumed run says its projection, power line and first headroom check again in each
     # process: each is kept once, in the order first said.
     etas = _once(line.strip() for line in printed if "ETA" in line and "projected" in line)
-    # the summary's headroom (with the check after the trials) and power line are printed, not
-    # logged
-    checks = _once(text for _, text in lines if text.startswith("headroom"))
-    summary = [line.strip() for line in printed if line.strip().startswith("headroom:")]
-    if summary and summary[-1] not in checks:
-        checks.append(summary[-1])
-    powers = _once(text for _, text in lines if text.startswith("power:"))
-    said_power = [line.strip() for line in printed if line.strip().startswith("power:")]
-    if said_power and said_power[-1] not in powers:
-        powers.append(said_power[-1])
+    checks = _said([text for _, text in lines], printed, "headroom", "headroom:")
+    powers = _said([text for _, text in lines], printed, "power:", "power:")
     before = [float(o.passed) for o in ckpt.test_before.outcomes]
     after = [float(o.passed) for o in ckpt.test_after.outcomes]
     delta = paired_bootstrap_delta(before, after, seed=0)
@@ -554,6 +534,17 @@ def _once(lines: Iterable[str]) -> list[str]:
     return list(dict.fromkeys(lines))
 
 
+def _said(logged: Sequence[str], printed: Sequence[str], prefix: str, summary: str) -> list[str]:
+    """The lines starting with ``prefix`` that run.log holds, once each, then the summary's line
+    (the last printed line starting with ``summary``) when it is new: the summary's headroom
+    (with the check after the trials) and power line are printed, not logged."""
+    said = _once(text for text in logged if text.startswith(prefix))
+    last = [line.strip() for line in printed if line.strip().startswith(summary)]
+    if last and last[-1] not in said:
+        said.append(last[-1])
+    return said
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = CommandParser("python -m experiments.bench.run_report", __doc__)
     parser.add_argument("--run-dir", type=Path, required=True, help="the run's directory")
@@ -569,7 +560,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--markdown", type=Path, metavar="OUT")
     args = parse_command(parser, argv)
     if args.lm is None:
-        args.lm = _flag_of(args.command, "--lm")
+        args.lm = flag_of(args.command, "--lm")
     system = system_of(args.command)
     start = start_instructions(system, args.lm) if system else None
     data = stamped(report(args.run_dir, args.console, start), model_of(args), args.command)
