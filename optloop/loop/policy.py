@@ -194,7 +194,14 @@ def choose_targets(
                 f"--sites {','.join(unknown)}: no such site on {config.system}; its sites are "
                 f"{', '.join(all_sites)}"
             )
-        return list(config.sites), [], "sites given by --sites"
+        left = [e.target for e in entries if e.blamed.name not in config.sites]
+        return (
+            list(config.sites),
+            [],
+            f"--sites {','.join(config.sites)}: the optimizer rewrites only "
+            + ("these" if len(config.sites) > 1 else "this site")
+            + (f"; the blame also names {', '.join(left)}, left as they are" if left else ""),
+        )
     targets = [e.blamed for e in entries]
     knobs = [t.name for t in targets if t.kind == "knob"]
     if config.untargeted:

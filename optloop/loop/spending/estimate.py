@@ -38,6 +38,9 @@ MODEL = (
     "structure (see the optimizer line); control: the trivial instruction at the blamed sites, "
     "one evaluation of dev before the trials and one of test; held-out test: 2 evaluations of "
     "the test split (3 with the control), the dev evaluation scaled by sessions + questions; "
+    "when no target is an ingest site, the trials, the control and the optimizer's runs reuse "
+    "every store and the held-out best and control reuse the start program's: their calls off "
+    "the ingest stage alone; "
     "hours: requests x mean latency / concurrency, LM time only, as if that many requests were "
     "always in flight, but an evaluation takes at least its split's longest episode's chain of "
     "sequential requests x latency (its sessions ingested in order, then one question), when "
@@ -292,10 +295,13 @@ def _optimizer_part(
     concurrency: int,
     proposer_price: tuple[float, float] | None,
     own_proposer: bool,
+    trial: Figures | None = None,
 ) -> Part:
-    """``work`` priced from the baseline's dev evaluation. Measured work keeps its dollars; modeled
-    system-LM requests are priced as the trials' are (tokens as modeled, dollars per token and
-    latency per call measured on the baseline's dev), the proposer's tokens at ``proposer_price``
+    """``work`` priced from the baseline's dev evaluation (its system-LM requests at ``trial``'s
+    seconds a call when the targets reuse every store: they answer, they do not ingest). Measured
+    work keeps its dollars; modeled system-LM requests are priced as the trials' are (tokens as
+    modeled, dollars per token and latency per call measured on the baseline's dev), the
+    proposer's tokens at ``proposer_price``
     (without one: at the system LM's dollars per token, or unknown for an ``own_proposer``). Its
     time is not floored by a chain: its runs on train take requests x latency / its threads (no
     more than ``concurrency``), the proposer's calls the baseline's latency per token, one call at
@@ -327,7 +333,8 @@ def _optimizer_part(
     tokens, _, latency = per_call(dev)
     token_seconds = None if latency is None or not tokens else latency / tokens
     parallel = max(min(work.threads or concurrency, concurrency), 1)
-    system_hours = None if latency is None else work.calls * latency / parallel
+    each = latency if trial is None else _ratio(trial.lm_seconds, trial.llm_calls)
+    system_hours = None if each is None else work.calls * each / parallel
     # the proposer's calls: one at a time
     proposer_hours = (
         0.0
@@ -432,12 +439,12 @@ def project(
             _measured(control_dev, CONTROL_PART + " (measured)")
             if control_dev is not None
             else _scaled(
-                dev,
+                dev if trial is None else trial,
                 1,
-                CONTROL_PART,
+                CONTROL_PART + ("" if trial is None else ", stores reused"),
                 1,
                 concurrency,
-                None if chains is None else ("dev", chains.dev),
+                None if chains is None or trial is not None else ("dev", chains.dev),
             )
         )
     parts += [
@@ -454,17 +461,12 @@ def project(
         ),
     ]
     if optimizer is not None:
-        parts.append(_optimizer_part(optimizer, dev, concurrency, proposer_price, own_proposer))
+        parts.append(
+            _optimizer_part(optimizer, dev, concurrency, proposer_price, own_proposer, trial)
+        )
     held_out = 3 if control else 2  # the start program, the best, the control
     parts.append(
-        _scaled(
-            dev,
-            held_out * test_units / max(dev_units, 1),
-            HELD_OUT_PART,
-            held_out,
-            concurrency,
-            None if chains is None else ("test", chains.test),
-        )
+        _held_out(dev, trial, held_out, test_units / max(dev_units, 1), concurrency, chains)
     )
     total = Part(
         part="total",
@@ -482,6 +484,33 @@ def project(
         priced=dev.cost_usd is not None,
         optimizer=optimizer,
         batch=batch,
+    )
+
+
+def _held_out(
+    dev: Figures,
+    trial: Figures | None,
+    evaluations: int,
+    scale: float,
+    concurrency: int,
+    chains: Chains | None,
+) -> Part:
+    """The held-out test: ``evaluations`` of the test split, each ``scale`` times dev's work. When
+    the targets reuse every store (``trial``: :func:`answer_path`), only the start program ingests
+    test; the best and the control answer on its stores."""
+    chain = None if chains is None else ("test", chains.test)
+    if trial is None:
+        return _scaled(dev, evaluations * scale, HELD_OUT_PART, evaluations, concurrency, chain)
+    start = _scaled(dev, scale, HELD_OUT_PART, 1, concurrency, chain)
+    rest = _scaled(trial, (evaluations - 1) * scale, HELD_OUT_PART, evaluations - 1, concurrency)
+    return Part(
+        part=HELD_OUT_PART,
+        evaluations=evaluations,
+        calls=start.calls + rest.calls,
+        tokens=None if start.tokens is None or rest.tokens is None else start.tokens + rest.tokens,
+        cost_usd=_sum([start.cost_usd, rest.cost_usd]),
+        hours=_sum([start.hours, rest.hours]),
+        floor=start.floor,
     )
 
 

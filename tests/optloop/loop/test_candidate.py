@@ -101,6 +101,20 @@ def test_without_a_blamed_prompt_the_answer_site_is_targeted_and_the_note_says_w
     assert (sites, knobs) == (["answer"], ["top_k"]) and "no prompt site is to blame" in note
 
 
+def test_given_sites_are_the_targets_and_the_note_names_the_blame_left_alone():
+    entries = blame(
+        [attribution("md_flat.curate"), attribution("knob:top_k", ErrorType.RETRIEVAL)]
+    )
+    sites, knobs, note = choose_targets(
+        entries, config(sites=["answer"]), ["md_flat.curate", "answer"]
+    )
+    assert (sites, knobs) == (["answer"], [])
+    assert note == (
+        "--sites answer: the optimizer rewrites only this site; the blame also names "
+        "md_flat.curate, knob:top_k, left as they are"
+    )
+
+
 def test_unknown_sites_are_refused():
     with pytest.raises(ConfigError, match="no such site"):
         choose_targets([], config(sites=["nope"]), ["answer"])

@@ -772,7 +772,25 @@ def test_trials_that_reuse_every_store_are_projected_by_the_answer_path_alone():
     assert reused.parts[1].part == "10 trials, stores reused" and reused.parts[1].calls == 200
     assert reused.parts[1].hours == pytest.approx(10 * 40 / 3600)
     assert rebuilt.parts[1].hours == pytest.approx(10 * 840 / 3600)
-    assert reused.parts[-1].hours == rebuilt.parts[-1].hours  # the held-out test ingests anew
+    # the held-out test: the start program ingests test anew, the best answers on its stores
+    assert (reused.parts[-1].evaluations, reused.parts[-1].calls) == (2, 100 + 20)
+    assert reused.parts[-1].hours == pytest.approx((840 + 40) / 3600)
+    assert rebuilt.parts[-1].hours == pytest.approx(2 * 840 / 3600)
+    # so does the control, on dev and on test; the optimizer's runs on train answer: 2 s a call
+    both = estimate(
+        ckpt,
+        budget=10,
+        concurrency=1,
+        dev_units=10,
+        test_units=10,
+        trial=trial,
+        control=True,
+        optimizer=work(optimizer="gepa", calls=50, proposer_calls=0),
+    )
+    parts = {p.part: p for p in both.parts}
+    assert parts["control on dev, stores reused"].hours == pytest.approx(40 / 3600)
+    assert parts["optimizer (gepa, modeled)"].hours == pytest.approx(50 * 2 / 3600)
+    assert parts["held-out test"].hours == pytest.approx((840 + 2 * 40) / 3600)
     # Nothing computed off the ingest stage: nothing to model a trial from, unless the cache kept
     # what computing its responses took.
     cached = dev.model_copy(
