@@ -493,7 +493,7 @@ class EditOptimizer(QueuedOptimizer):
             return None
         if not text or text == phrase or not same_length(phrase, text):
             return None
-        if self.gate.refuses(site, text, who="a paraphrase", whole=False):
+        if self.gate.refuses(site, text, who="a paraphrase", whole=False, replaces=phrase):
             return None
         return text
 

@@ -230,7 +230,11 @@ class GatedProposer(InstructionProposer):
                 for component, text in proposed.items():
                     judged = True
                     if not gate.refuses(
-                        site_name(component), text, who="GEPA's reflection", cut_off=cut_off
+                        site_name(component),
+                        text,
+                        who="GEPA's reflection",
+                        cut_off=cut_off,
+                        replaces=candidate.get(component, ""),
                     ):
                         kept[component] = text
         except Exception:

@@ -60,7 +60,12 @@ def propose_instruction(
         return None
     cut_off = any(c.truncated for c in calls)
     if text and gate.refuses(
-        site, text, who="the proposer's rewrite", cut_off=cut_off, shown=failures
+        site,
+        text,
+        who="the proposer's rewrite",
+        cut_off=cut_off,
+        shown=failures,
+        replaces=instruction,
     ):
         return None
     return text or None

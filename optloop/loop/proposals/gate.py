@@ -34,6 +34,7 @@ from pydantic import BaseModel
 
 from optloop.loop.proposals.jobs import asks_for, site_job
 from optloop.loop.proposals.units import problems
+from optloop.text import normalize
 
 logger = logging.getLogger(__name__)
 
@@ -215,6 +216,7 @@ class ProposalGate:
         shown: str = "",
         values: Sequence[str] = (),
         whole: bool = True,
+        replaces: str = "",
     ) -> tuple[Reason | None, str]:
         """The reason ``text`` is refused as an instruction for ``site`` (``None``: it passes) and
         what was found. ``cut_off``: the proposer's call was cut at a limit; ``shown``: the
@@ -222,11 +224,15 @@ class ProposalGate:
         ``values``: the answers of the failures it was shown (an instruction that names one is
         fitted to those cases, not written for the site: refused as an echo); ``whole``: ``text``
         is a whole instruction, which must name the site's job (a sentence added to one, or
-        written in place of one of its sentences, need not)."""
+        written in place of one of its sentences, need not); ``replaces``: the text it would
+        replace (a re-typing of it, the same words up to case, quotes and punctuation, is refused
+        as an echo: evaluating it would spend a candidate on the instruction already there)."""
         if cut_off:
             return Reason.CUT_OFF, "the proposer's text was cut at its token limit or bound"
         if faults := problems(text):
             return Reason.MALFORMED, "; ".join(faults)
+        if replaces and normalize(text) == normalize(replaces):
+            return Reason.ECHO, "it re-types the instruction it would replace"
         for value in values:
             if len(value) >= 3 and re.search(rf"\b{re.escape(value)}\b", text, re.IGNORECASE):
                 return Reason.ECHO, f"it names {value!r}, an answer of the failures it was shown"
@@ -265,11 +271,12 @@ class ProposalGate:
         shown: str = "",
         values: Sequence[str] = (),
         whole: bool = True,
+        replaces: str = "",
     ) -> bool:
         """Whether to refuse ``text`` (see :meth:`judge`), recorded in the log either way, and said
         in a log line when refused; ``who`` names the proposal ("GEPA's reflection")."""
         reason, detail = self.judge(
-            site, text, cut_off=cut_off, shown=shown, values=values, whole=whole
+            site, text, cut_off=cut_off, shown=shown, values=values, whole=whole, replaces=replaces
         )
         verdict = Verdict(site=site, who=who, text=text, reason=reason, detail=detail)
         with self._lock:

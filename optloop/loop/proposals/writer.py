@@ -225,8 +225,8 @@ class Writer:
         rollout: int,
         signature: type[dspy.Signature] | None = None,
     ) -> str | None:
-        """``sentence`` of ``site``'s instruction written anew (``None``: failed, refused, or the
-        same sentence)."""
+        """``sentence`` of ``site``'s instruction written anew (``None``: failed, or refused, as
+        the same sentence re-typed is)."""
         step, _ = describe(site, signature)
         text = self._write(
             site,
@@ -237,7 +237,7 @@ class Writer:
             who="the writer's rewritten sentence",
             whole=False,
         )
-        return None if text is None or text.strip() == sentence.strip() else text
+        return text
 
     def _write(
         self,
@@ -280,6 +280,7 @@ class Writer:
             shown=failures,
             values=_GOLD.findall(failures),
             whole=whole,
+            replaces=str(inputs.get("sentence") or ""),
         ):
             return None
         return text

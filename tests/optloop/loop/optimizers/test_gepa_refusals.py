@@ -170,6 +170,14 @@ def test_refused_reflections_in_a_row_exhaust_the_proposer_and_a_passing_one_res
     assert dict(gate.counts) == {"off_task": 2, "passed": 2}
 
 
+def test_a_reflection_that_re_types_the_candidates_instruction_is_refused_as_an_echo():
+    gate = ProposalGate()
+    proposer = GatedProposer(gate, refusals_to_stop=2)
+    with dspy.context(lm=_reflection_lm(["Answer with the name, only."])):
+        assert proposer({"answer": PASSES}, {"answer": EXAMPLES}, ["answer"]) == {}
+    assert dict(gate.counts) == {"echo": 1} and proposer.refused_in_a_row == 1
+
+
 def test_the_gepa_settings_have_one_default_each_and_refuse_a_zero():
     assert GepaSettings().refusals_to_stop == 3 and GepaSettings().metric_calls is None
     with pytest.raises(ValueError):

@@ -272,3 +272,20 @@ def test_a_curate_text_that_restates_the_task_or_asks_for_a_program_is_off_task(
     reason, detail = gate.judge("md_flat.curate", text)
     assert reason is Reason.OFF_TASK and found in detail.lower()
     assert gate.judge("md_flat.curate", fine)[0] is None
+
+
+def test_a_re_typing_of_the_instruction_it_would_replace_is_an_echo(gate):
+    # A 1.5B proposer's rewrite of optloop's answer instruction on LoCoMo: the same words, its
+    # double quotes made single.
+    current = (
+        "Answer the user's question using only the memories below. Give the shortest answer "
+        'that is correct. If the memories do not contain the answer, reply "I don\'t know".'
+    )
+    retyped = current.replace('"', "'")
+    assert gate.judge(ANSWER, retyped, replaces=current) == (
+        Reason.ECHO,
+        "it re-types the instruction it would replace",
+    )
+    changed = retyped.replace("the shortest answer", "a short answer")
+    assert gate.judge(ANSWER, changed, replaces=current) == (None, "")
+    assert gate.judge(ANSWER, retyped) == (None, "")  # nothing to compare with
