@@ -179,10 +179,25 @@ class GepaOptimizer(RoundsOptimizer):
         return [p.candidate("") for p in programs]
 
 
+def shown_text(value: Any) -> str:
+    """The words of what a reflection was shown (GEPA's reflective examples for one component:
+    their inputs, the outputs and the feedback), one text for the gate to find an echo of the
+    cases in: an answer that restates them ("Based on the memories provided, Maria donated her
+    car ...") is fitted to those cases, not an instruction for the site."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, Mapping):
+        return "\n".join(shown_text(v) for v in value.values())
+    if isinstance(value, Sequence):
+        return "\n".join(shown_text(v) for v in value)
+    return "" if value is None else str(value)
+
+
 class GatedProposer(InstructionProposer):
     """GEPA's own instruction proposer, less the proposals the proposal gate refuses
     (:mod:`optloop.loop.proposals.gate`: cut off by the token limit, not well-formed, an echo of
-    GEPA's reflection template, not an instruction for the site's job), each counted with a log
+    GEPA's reflection template, of the examples it was shown (:func:`shown_text`) or of the
+    instruction it would replace, not an instruction for the site's job), each counted with a log
     line. A reflection left with no proposal makes no candidate: GEPA skips it without evaluating
     anything.
 
@@ -234,6 +249,7 @@ class GatedProposer(InstructionProposer):
                         text,
                         who="GEPA's reflection",
                         cut_off=cut_off,
+                        shown=shown_text(reflective_dataset.get(component, ())),
                         replaces=candidate.get(component, ""),
                     ):
                         kept[component] = text

@@ -178,6 +178,27 @@ def test_a_reflection_that_re_types_the_candidates_instruction_is_refused_as_an_
     assert dict(gate.counts) == {"echo": 1} and proposer.refused_in_a_row == 1
 
 
+def test_a_reflection_that_answers_a_case_it_was_shown_is_refused_as_an_echo():
+    # A 1.5B reflection over LoCoMo answer cases: an answer to one of them, not an instruction.
+    shown = [
+        {
+            "Inputs": {
+                "memories": "- [2022-12-17] Maria donated her old car to a homeless shelter",
+                "question": "What did Maria donate to a homeless shelter in December 2023?",
+            },
+            "Generated Outputs": {"answer": "a luxury store"},
+            "Feedback": "The answer ignored the memory that held it.",
+        }
+    ]
+    answered = "Based on the memories, Maria donated her old car to a homeless shelter in 2022."
+    gate = ProposalGate()
+    with dspy.context(lm=_reflection_lm([answered, PASSES])):
+        assert GatedProposer(gate)({"answer": "Answer."}, {"answer": shown}, ["answer"]) == {}
+        kept = GatedProposer(gate)({"answer": "Answer."}, {"answer": shown}, ["answer"])
+    assert kept == {"answer": PASSES}
+    assert dict(gate.counts) == {"echo": 1, "passed": 1}
+
+
 def test_the_gepa_settings_have_one_default_each_and_refuse_a_zero():
     assert GepaSettings().refusals_to_stop == 3 and GepaSettings().metric_calls is None
     with pytest.raises(ValueError):
