@@ -107,6 +107,36 @@ def _restated_from(text: str, shown: str) -> str | None:
     return " ".join(words[run.a : run.a + run.size]) if run.size >= RESTATED_WORDS else None
 
 
+# Where a sentence starts: after its end mark, at a line break, and at a quote (a quoted question
+# in the failures shown starts with a capital that names nothing).
+_SENTENCE_START = re.compile(r"(?<=[.!?:])\s+|\n+|[\"'\u2018\u201c]")
+_TOKEN = re.compile(r"[A-Za-z][A-Za-z0-9]*")
+_NAME = re.compile(r"[A-Z][a-z]{2,}")
+
+
+def _names(text: str, *, first: bool = False) -> set[str]:
+    """The words ``text`` capitalizes inside a sentence: the names of people, places and things
+    ("Maria", "John"); ``first``: a sentence's first word too."""
+    found = set()
+    for sentence in _SENTENCE_START.split(text):
+        for token in _TOKEN.findall(sentence)[0 if first else 1 :]:
+            if _NAME.fullmatch(token):
+                found.add(token)
+    return found
+
+
+def _named_from(text: str, shown: str, replaces: str = "") -> str | None:
+    """A name of ``shown`` (:func:`_names`) that ``text`` has and the text it would replace does
+    not, else None: an instruction for a site is written for every conversation, so one that names
+    a person of the failures shown ("the issue of John not starting volunteering") is fitted to
+    them."""
+    if not shown:
+        return None
+    kept = set(_words(replaces))
+    named = _names(text, first=True) & _names(shown)
+    return min((n for n in named if n.lower() not in kept), default=None)
+
+
 def _only_questions(text: str) -> bool:
     """Whether every sentence of ``text`` is a question ("What is a name, number, date, yes or
     no, or an option letter?": a paraphrase turned into one)."""
@@ -240,6 +270,8 @@ class ProposalGate:
             return Reason.ECHO, f"it quotes {quoted!r} from the failures it was shown"
         if restated := _restated_from(text, shown):
             return Reason.ECHO, f"it restates {restated!r} from the failures it was shown"
+        if named := _named_from(text, shown, replaces):
+            return Reason.ECHO, f"it names {named!r} from the failures it was shown"
         grams = _ngrams(text)
         if grams:
             seen = grams & (self.template_grams() | (_ngrams(shown) if shown else set()))

@@ -289,3 +289,42 @@ def test_a_re_typing_of_the_instruction_it_would_replace_is_an_echo(gate):
     changed = retyped.replace("the shortest answer", "a short answer")
     assert gate.judge(ANSWER, changed, replaces=current) == (None, "")
     assert gate.judge(ANSWER, retyped) == (None, "")  # nothing to compare with
+
+
+# The writer's failure cases on LoCoMo (optloop.loop.proposals.writer.failure_cases), abridged.
+LOCOMO_CASES = (
+    "- The conversation said: 'I started volunteering at the shelter with Rob'. Later asked 'Who "
+    "inspired John to start volunteering?' (answer: 'his aunt'). The memories held it, but the "
+    "reply was 'John'.\n"
+    "- Later asked 'Why did Maria decide to run for office again?' (answer: 'to help'). This step "
+    "stored nothing about it."
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "name"),
+    [
+        # what a 1.5B writer added to the answer instruction, and the loop's best on dev for it
+        (
+            "To address the issue of John not starting volunteering, the assistant can encourage "
+            "him to decline and focus on other activities.",
+            "John",
+        ),
+        ("Maria's reasons for running for office are personal; answer briefly.", "Maria"),
+    ],
+)
+def test_a_sentence_that_names_a_person_of_the_failures_shown_is_an_echo(gate, text, name):
+    assert gate.judge(ANSWER, text, shown=LOCOMO_CASES, whole=False) == (
+        Reason.ECHO,
+        f"it names {name!r} from the failures it was shown",
+    )
+
+
+def test_a_name_the_instruction_already_has_or_a_capital_that_starts_a_quote_is_no_echo(gate):
+    # "Who" starts a quoted question in the cases, "Answer" starts a sentence: neither is a name.
+    text = "Answer with the name of the person Who the question asks about."
+    assert gate.judge(ANSWER, text, shown=LOCOMO_CASES, whole=False) == (None, "")
+    kept = "Reply as John would, in his words."
+    assert gate.judge(ANSWER, kept, shown=LOCOMO_CASES, replaces=kept + " Be brief.")[0] != (
+        Reason.ECHO
+    )
