@@ -1420,6 +1420,8 @@ def written_against_control() -> list[str]:
         system = flag_of(command, "--system") or "?"
         if "--query-rewrite" in shlex.split(command):
             system += " (query rewrite)"
+        if sites := flag_of(command, "--sites"):
+            system += f" (--sites {sites})"
         rows.append(
             [
                 f"[`{name}`](../experiments/results/{name.removesuffix('.json')}.md)",
