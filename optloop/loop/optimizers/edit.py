@@ -58,6 +58,7 @@ LONG_WORDS = 1000
 # What a round leaves for the next (the units "add" can put back, the draws' state), per round, in
 # the optimizer's work directory: a resumed run makes the round an uninterrupted one would.
 STATE_NAME = "rounds.json"
+SCREENED_DIR = "screened"  # one <candidate digest>.json a screen, beside STATE_NAME
 MIN_PHRASE = 3  # words of an answer's opening a unit must hold to support it
 _QUOTED = re.compile(r'"([^"]+)"|\u201c([^\u201d]+)\u201d')
 _CONDITION = re.compile(r"\b(if|when|whenever|unless|otherwise|in case)\b", re.IGNORECASE)
@@ -558,13 +559,37 @@ class EditOptimizer(QueuedOptimizer):
         ]
         return trainset.model_copy(update={"episodes": [e for e in episodes if e.questions]})
 
+    def _known(self, digest: str) -> Evaluation | None:
+        """The candidate's screen, from this process or, after a resume, from the one that ran it
+        (kept in :data:`SCREENED_DIR`), so a resumed run never screens a program twice."""
+        if digest not in self.screened and (path := self._screened_path(digest)) is not None:
+            from optloop.loop.evaluate import Evaluation
+
+            try:
+                self.screened[digest] = Evaluation.model_validate_json(path.read_text())
+            except FileNotFoundError:
+                pass
+            except (OSError, ValueError) as exc:
+                logger.warning("edit: %s unreadable (%s); screened again", path, exc)
+        return self.screened.get(digest)
+
+    def _keep(self, digest: str, evaluation: Evaluation) -> None:
+        self.screened[digest] = evaluation
+        if (path := self._screened_path(digest)) is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(path, evaluation.model_dump_json())
+
+    def _screened_path(self, digest: str) -> Path | None:
+        state = self._state_path
+        return None if state is None else state.parent / SCREENED_DIR / f"{digest}.json"
+
     def _screen_all(self, candidates: list[Candidate], what: str | None = None) -> None:
         """Screen the candidates not screened yet, ``num_threads`` at once (on an endpoint; one at
         a time on the embedded model): each evaluation is the one it gets alone
         (:meth:`Evaluator.evaluate_many`). ``what``: the progress line's name for them (default:
         "k of n programs")."""
         todo = list(
-            {c.digest(): c for c in candidates if c.digest() not in self.screened}.values()
+            {c.digest(): c for c in candidates if self._known(c.digest()) is None}.values()
         )
         step = max(1, self.num_threads)
         for i in range(0, len(todo), step):
@@ -581,15 +606,14 @@ class EditOptimizer(QueuedOptimizer):
             for candidate, evaluation in zip(
                 chunk, self.evaluator.evaluate_many(chunk, self.minibatch, split="train")
             ):
-                self.screened[candidate.digest()] = evaluation
+                self._keep(candidate.digest(), evaluation)
 
     def _screen(self, candidate: Candidate) -> float:
         digest = candidate.digest()
-        if digest not in self.screened:
-            self.screened[digest] = self.evaluator.evaluate(
-                candidate, self.minibatch, split="train"
-            )
-        return self.screened[digest].accuracy
+        if (known := self._known(digest)) is None:
+            known = self.evaluator.evaluate(candidate, self.minibatch, split="train")
+            self._keep(digest, known)
+        return known.accuracy
 
 
 __all__ = ["EditOptimizer", "conditional", "phrases", "same_length", "support"]

@@ -487,15 +487,20 @@ def test_a_resumed_optimizer_makes_the_round_an_uninterrupted_one_makes(tmp_path
         sites={"answer": SiteState(instructions=f"{CLEAN} Be brief. Use the memories. {SABOTAGE}")}
     )
 
+    screens: dict[bool, list[str]] = {}
+
     def rounds(opt, *, resume_after_first: bool):
         first = opt.propose(
             long_start, Evaluation(split="dev", candidate=long_start.digest(), outcomes=[])
         )
         assert first is not None
+        before = opt.evaluator.evaluated
         if resume_after_first:
             seen, opt = set(opt.seen), fresh(opt.work)
             opt.seen, opt.rounds = seen, 1
         nxt = opt.propose(first, Evaluation(split="dev", candidate=first.digest(), outcomes=[]))
+        after = opt.evaluator.evaluated
+        screens[resume_after_first] = before + after if after is not before else before
         assert opt.rounds == 2 and nxt is not None
         return [c.sites["answer"].instructions for c in (nxt, *opt.queue)], [
             c.origin for c in (nxt, *opt.queue)
@@ -505,6 +510,9 @@ def test_a_resumed_optimizer_makes_the_round_an_uninterrupted_one_makes(tmp_path
         fresh(tmp_path / "b"), resume_after_first=False
     )
     assert (tmp_path / "a" / "rounds.json").exists()
+    # and it screens no program the process before it screened (each screen is kept there too)
+    assert len(screens[True]) == len(screens[False])
+    assert len(set(screens[True])) == len(screens[True])
 
 
 def test_an_added_sentence_the_instruction_already_says_is_not_proposed():
