@@ -26,9 +26,13 @@ killed run by itself.
 Compared with the uninterrupted run: the candidates tried and their dev accuracies, the held-out
 accuracies, the registered prompt versions and the ``champion`` alias (in the MLflow registry),
 no MLflow run left RUNNING (deleted ones included), no trial's child run or ``acc_dev`` point
-twice, and the cost: the resumed run's LLM calls, model calls and tokens may exceed the
-uninterrupted run's by at most the costliest step between two of its checkpoints (one trial, or
-one held-out evaluation); its seconds are every process's, startup included, and are reported.
+twice, and the cost: the resumed run's model calls and tokens may exceed the uninterrupted run's
+by at most the costliest step between two of its checkpoints (one trial, or one held-out
+evaluation). Its LLM calls, cache hits included, and its seconds (every process's, startup
+included) are reported, not bounded: a fresh process reads back from the LM cache what the killed
+one computed (a half-done trial redone, its stores rebuilt, since stores do not survive a
+process), which costs no model call but can pass a step of the uninterrupted run, whose trials
+reuse the stores it built.
 """
 
 from __future__ import annotations
@@ -65,6 +69,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 SYSTEM = "md_flat"
 COSTS = ("llm_calls", "model_calls", "tokens")
+BOUNDED = ("model_calls", "tokens")  # what the model computed (COSTS less the cache hits)
 
 
 # --- the killed process: hooks, then optloop.run -------------------------------------------------
@@ -360,7 +365,8 @@ class Row(BaseModel):
     no_duplicate: bool
     extra: dict[str, float] = Field(description="resumed minus uninterrupted cost")
     within_one_step: bool = Field(
-        description="extra LLM calls, model calls and tokens within the costliest step"
+        description="extra model calls and tokens within the costliest step (LLM calls, cache "
+        "hits included, are reported in ``extra``)"
     )
     processes: int
     discarded: list[str] = Field(default_factory=list)
@@ -443,7 +449,7 @@ def scenario(
         k: round(result["cost"].get(k, 0) - clean["cost"].get(k, 0), 1)
         for k in (*COSTS, "seconds")
     }
-    within = all(abs(extra[k]) <= bound[k] for k in COSTS)
+    within = all(abs(extra[k]) <= bound[k] for k in BOUNDED)
     if not within:
         problems.append(f"extra cost {extra} beyond the costliest step {bound}")
     return Row(
