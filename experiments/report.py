@@ -1653,6 +1653,8 @@ def linked() -> list[str]:
                 "locomo_heldout_gepa_answer.json",
                 "locomo_heldout_edit_answer.md",
                 "locomo_heldout_edit_answer.json",
+                "locomo_heldout_edit_answer_gated.md",
+                "locomo_heldout_edit_answer_gated.json",
                 "headroom_locomo_answer_test.md",
                 "headroom_locomo_answer_test.json",
                 "locomo_mem0.md",
