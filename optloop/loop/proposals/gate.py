@@ -255,8 +255,9 @@ class ProposalGate:
         fitted to those cases, not written for the site: refused as an echo); ``whole``: ``text``
         is a whole instruction, which must name the site's job (a sentence added to one, or
         written in place of one of its sentences, need not); ``replaces``: the text it would
-        replace (a re-typing of it, the same words up to case, quotes and punctuation, is refused
-        as an echo: evaluating it would spend a candidate on the instruction already there)."""
+        replace (a re-typing of it, the same words up to case, articles, quotes and punctuation,
+        is refused as an echo: evaluating it would spend a candidate on the instruction already
+        there)."""
         if cut_off:
             return Reason.CUT_OFF, "the proposer's text was cut at its token limit or bound"
         if faults := problems(text):

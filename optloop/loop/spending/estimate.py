@@ -468,14 +468,7 @@ def project(
     parts.append(
         _held_out(dev, trial, held_out, test_units / max(dev_units, 1), concurrency, chains)
     )
-    total = Part(
-        part="total",
-        evaluations=sum(p.evaluations for p in parts),
-        calls=sum(p.calls for p in parts),
-        tokens=_sum([p.tokens for p in parts]),
-        cost_usd=_sum([p.cost_usd for p in parts]),
-        hours=_sum([p.hours for p in parts]),
-    )
+    total = _combined("total", parts)
     return Estimate(
         parts=parts,
         total=total,
@@ -503,14 +496,21 @@ def _held_out(
         return _scaled(dev, evaluations * scale, HELD_OUT_PART, evaluations, concurrency, chain)
     start = _scaled(dev, scale, HELD_OUT_PART, 1, concurrency, chain)
     rest = _scaled(trial, (evaluations - 1) * scale, HELD_OUT_PART, evaluations - 1, concurrency)
+    return _combined(HELD_OUT_PART, [start, rest], floor=start.floor)
+
+
+def _combined(name: str, parts: list[Part], floor: Floor | None = None) -> Part:
+    """``parts`` as one row: their evaluations, calls, tokens, dollars and hours added up (a
+    figure unknown in one of them is unknown in the sum)."""
+    tokens = _sum([p.tokens for p in parts])
     return Part(
-        part=HELD_OUT_PART,
-        evaluations=evaluations,
-        calls=start.calls + rest.calls,
-        tokens=None if start.tokens is None or rest.tokens is None else start.tokens + rest.tokens,
-        cost_usd=_sum([start.cost_usd, rest.cost_usd]),
-        hours=_sum([start.hours, rest.hours]),
-        floor=start.floor,
+        part=name,
+        evaluations=sum(p.evaluations for p in parts),
+        calls=sum(p.calls for p in parts),
+        tokens=None if tokens is None else round(tokens),
+        cost_usd=_sum([p.cost_usd for p in parts]),
+        hours=_sum([p.hours for p in parts]),
+        floor=floor,
     )
 
 

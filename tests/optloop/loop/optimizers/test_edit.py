@@ -408,18 +408,24 @@ def test_the_writer_is_shown_the_bests_failures_on_train_and_the_deletions_dev_s
     assert set(seen["written"]) == {"train says N/A"}
 
 
-def test_written_edits_the_gate_refuses_are_not_proposed():
+def _written_edits(instruction: str, sentence: str, new_sentence: str):
+    """The optimizer and the ops of its edits of the sabotaged instruction, with no deletion or
+    composed edit, when the writer answers its three tasks with these texts."""
     lm = DummyLM(
-        [
-            {"instruction": "Please provide the task details and examples of task inputs."},
-            {"sentence": "Never reply N/A when a"},
-            {"new_sentence": "Answer only from the memories."},
-        ]
+        [{"instruction": instruction}, {"sentence": sentence}, {"new_sentence": new_sentence}]
     )
     opt = EditOptimizer(
         FakeEvaluator(), lm, _train(), sites=["answer"], seed=0, deletions=0, extra=0, bsize=3
     )
-    ops = [e.ops[0] for e in opt.edits(f"{CLEAN} {SABOTAGE}", "answer")]
+    return opt, [e.ops[0] for e in opt.edits(f"{CLEAN} {SABOTAGE}", "answer")]
+
+
+def test_written_edits_the_gate_refuses_are_not_proposed():
+    opt, ops = _written_edits(
+        "Please provide the task details and examples of task inputs.",
+        "Never reply N/A when a",
+        "Answer only from the memories.",
+    )
     assert "write (a short instruction)" not in ops and "add written" not in ops
     assert opt.gate.counts == {"off_task": 1, "malformed": 1, "passed": 1}
 
@@ -518,15 +524,9 @@ def test_a_resumed_optimizer_makes_the_round_an_uninterrupted_one_makes(tmp_path
 def test_an_added_sentence_the_instruction_already_says_is_not_proposed():
     """A writer that restates a sentence the instruction holds (case and punctuation aside) gets
     no "add written" edit: the instruction would say it twice."""
-    lm = DummyLM(
-        [
-            {"instruction": "Answer the question with the name or number the memories give."},
-            {"sentence": "answer the question from the memories"},
-            {"new_sentence": "Answer only from the memories."},
-        ]
+    _, ops = _written_edits(
+        "Answer the question with the name or number the memories give.",
+        "answer the question from the memories",
+        "Answer only from the memories.",
     )
-    opt = EditOptimizer(
-        FakeEvaluator(), lm, _train(), sites=["answer"], seed=0, deletions=0, extra=0, bsize=3
-    )
-    ops = [e.ops[0] for e in opt.edits(f"{CLEAN} {SABOTAGE}", "answer")]
     assert "add written" not in ops and "write (a short instruction)" in ops
