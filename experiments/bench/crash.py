@@ -98,9 +98,18 @@ def reached(point: str, ckpt: Any) -> bool:
     return False
 
 
-def install(point: str | None, record: Path | None) -> None:
-    """The hooks of a killed (or recorded) process: SIGKILL at ``point``; every checkpoint write's
-    state and spending appended to ``record``."""
+def _wait_for(after: Path | None, timeout: float = 120) -> None:
+    """Hold this process until the file ``after`` exists (the bench says another worker is at
+    work), at most ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while after is not None and not after.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
+def install(point: str | None, record: Path | None, after: Path | None = None) -> None:
+    """The hooks of a killed (or recorded) process: SIGKILL at ``point`` (at an ``in-`` trial
+    point, once the file ``after`` exists); every checkpoint write's state and spending appended
+    to ``record``."""
     import mlflow
 
     from optloop.loop import state
@@ -134,6 +143,7 @@ def install(point: str | None, record: Path | None) -> None:
         def hooked_log_trial(self: Any, trial: int, *args: Any, **kwargs: Any) -> None:
             log_trial(self, trial, *args, **kwargs)
             if point == "in-first-trial" or trial == int(point.split(":")[1]):
+                _wait_for(after)  # the trial stays open while it waits
                 _die()  # the child run holds the trial's results; the checkpoint does not
 
         mlflow_sink.MlflowSink.log_trial = hooked_log_trial  # type: ignore[method-assign]
@@ -148,14 +158,15 @@ def install(point: str | None, record: Path | None) -> None:
 
 
 def kill_main(argv: Sequence[str]) -> int:
-    """``python -m experiments.bench.crash kill [--at POINT] [--record FILE] --
+    """``python -m experiments.bench.crash kill [--at POINT] [--record FILE] [--after FILE] --
     <optloop.run arguments>``"""
     parser = argparse.ArgumentParser(prog="python -m experiments.bench.crash kill")
     parser.add_argument("--at")
     parser.add_argument("--record", type=Path)
+    parser.add_argument("--after", type=Path, help="at an in- trial point, die once FILE exists")
     parser.add_argument("args", nargs=argparse.REMAINDER)
     ns = parser.parse_args(argv)
-    install(ns.at, ns.record)
+    install(ns.at, ns.record, ns.after)
     from optloop.cli.command import run_cli
     from optloop.cli.run import main
 
@@ -549,6 +560,10 @@ def shared(
             "answer",
         ]
         ckpt = work / "state" / "runs" / "shared" / "checkpoint.json"
+        # written once worker 1 joined: worker 0 dies in its first trial only then, so that the
+        # two work on the study at once (else worker 1, slower to start, finds worker 0 dead and
+        # resumes its checkpoint, and the restarted worker 0 comes to a run already done)
+        joined = work / "worker1-joined"
         progress("shared study: worker 0, to be killed in its first trial")
         launcher = [
             sys.executable,
@@ -557,6 +572,8 @@ def shared(
             "kill",
             "--at",
             "in-first-trial",
+            "--after",
+            str(joined),
             "--",
         ]
         leader = subprocess.Popen(
@@ -582,6 +599,12 @@ def shared(
                 stderr=subprocess.STDOUT,
                 text=True,
             )
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline and other.poll() is None:
+                if "joined run shared as worker" in (work / "worker1.log").read_text():
+                    break
+                time.sleep(0.2)
+            joined.touch()
             _, leader_err = leader.communicate(timeout=600)
             progress("shared study: worker 0 again, the same command")
             again = optloop_run([*args, "--json", str(work / "w0.json")], env)

@@ -705,7 +705,12 @@ class Controller:
             self.ctx.save()  # registered once: a kill after this point does not register again
         note = outcome.note(note)
         self.sink.tag_result(outcome.promoted, outcome.reason, note)
-        result = self.coordinator.publish(outcome.result(cost, diff, note))
+        # the gate's counts go into the result before it is published, so that every worker of
+        # a shared run prints the one result
+        result = outcome.result(cost, diff, note)
+        if proposals := self.ctx.proposals():
+            result = result.model_copy(update={"proposals": proposals})
+        result = self.coordinator.publish(result)
         ckpt.finished = True
         self.ctx.save()
         return result

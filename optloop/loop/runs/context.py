@@ -30,6 +30,10 @@ def _no_line(line: TrialLine) -> None:
     """The default trial callback: says nothing."""
 
 
+def _no_proposals() -> dict[str, int]:
+    return {}
+
+
 @dataclass
 class RunContext:
     """What one run of the controller works on.
@@ -42,7 +46,9 @@ class RunContext:
     against that total (:mod:`optloop.loop.spending`); ``baseline_done`` is called once the
     baseline is known and trials are to come (``Loop`` prints the projection of the whole run
     there) and returns the :class:`Eta` its projection starts; ``trial_done`` receives one
-    :class:`TrialLine` per evaluated trial.
+    :class:`TrialLine` per evaluated trial; ``proposals`` counts what the proposal gate said of
+    the optimizer's proposals, by verdict (:func:`optloop.loop.proposals.gate.refusals`), for the
+    result the worker that finishes the run publishes.
     """
 
     config: LoopConfig
@@ -54,6 +60,7 @@ class RunContext:
     limits: SpendingLimits = SpendingLimits()
     baseline_done: Callable[[Checkpoint], Eta | None] = _no_projection
     trial_done: Callable[[TrialLine], None] = _no_line
+    proposals: Callable[[], dict[str, int]] = _no_proposals
 
     def save(self) -> None:
         """Write the checkpoint atomically, with what this process has spent so far."""

@@ -361,6 +361,8 @@ class Loop:
                 limits=self.limits,
                 baseline_done=self._projection,
                 trial_done=self.on_trial,
+                # every worker's gate logs on this host (the run's directory and workers/ in it)
+                proposals=lambda: refusals(logs_under(self.run_dir)),
             )
             controller = Controller(
                 context,
@@ -371,12 +373,10 @@ class Loop:
             )
             result = controller.run()
             # What the proposal gate said of the optimizer's proposals, by reason (every process
-            # of the run appended to the same logs: optloop.loop.proposals.gate).
-            proposals = refusals(logs_under(self.state / "work" / "optimizers"))
-            if proposals:
-                result = result.model_copy(update={"proposals": proposals})
+            # of the run appended to the same logs: optloop.loop.proposals.gate), as published.
+            if result.proposals:
                 mlflow.log_metrics(
-                    {f"proposals/{reason}": float(n) for reason, n in proposals.items()},
+                    {f"proposals/{reason}": float(n) for reason, n in result.proposals.items()},
                     run_id=parent.info.run_id,
                 )
             status = "FINISHED"

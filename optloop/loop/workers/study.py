@@ -455,15 +455,15 @@ class SharedStudy:
     def settled(self) -> tuple[bool, list[str]]:
         """(whether every evaluation of the run is done, the workers it still waits for).
 
-        Settled: every claimed slot is done, and either the whole budget is claimed or every
-        worker has left its loop (or stopped beating, so it claims nothing more).
+        Settled: every claimed slot is done and every worker has left its loop (or stopped
+        beating, so it claims nothing more). A worker still in its loop when the whole budget is
+        claimed leaves it at its next look, with its cost written (:meth:`put_cost`), so the
+        result counts every process that worked on the run.
         """
         slots, done = self.slots(), self.done()
         holding = sorted({v["worker"] for k, v in slots.items() if k not in done})
         if holding:
             return False, holding
-        if len(slots) >= self.budget:
-            return True, []
         out = self.scan(f"{PREFIX}out:")
         working = sorted(w for w, left in out.items() if not left and self.alive(w))
         return not working, working
