@@ -45,7 +45,12 @@ from optloop.loop.state import (
     Trial,
     add_costs,
 )
-from optloop.loop.trivial_control import Headroom, control_candidate, headroom
+from optloop.loop.trivial_control import (
+    Headroom,
+    control_candidate,
+    headroom,
+    wider_can_agree,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -132,7 +137,7 @@ class Controller:
             self._boundary()  # after the baseline: where --estimate stops
             targeting = self._target()
             control = self._control(targeting)
-            targeting = self._headroom(targeting)
+            targeting = self._headroom(targeting, control)
             self._repair()
             optimizer, best = self._resume_optimizer(targeting)
             note = self._trials(optimizer, best, targeting, control)
@@ -256,14 +261,17 @@ class Controller:
         self.coordinator.publish_control(ckpt.control_dev)
         return control
 
-    def _headroom(self, targeting: Targeting) -> Targeting:
+    def _headroom(self, targeting: Targeting, control: Candidate | None) -> Targeting:
         """Whether the prompt at the control's sites can matter (:func:`headroom`: the start
-        program and the control on the same dev questions). When the two agree within
-        ``--min-gain``, the failures blamed there are the model's: the optimizer gets the other
-        targets, if the blame names any, and the run says so."""
+        program and the control on the same dev questions, and on train too when dev alone cannot
+        tell: :meth:`_headroom_wider`). When the two agree within ``--min-gain``, the failures
+        blamed there are the model's: the optimizer gets the other targets, if the blame names
+        any, and the run says so."""
         found = self._headroom_of(targeting.control_sites)
         if found is None:
             return targeting
+        if found.verdict == "unknown" and control is not None and self.coordinator.leads:
+            found = self._headroom_wider(targeting.control_sites, control, found)
         line = found.line()
         sites = [s for s in targeting.sites if s not in found.sites]
         if found.model_bound and (sites or targeting.knobs) and sites != targeting.sites:
@@ -275,6 +283,39 @@ class Controller:
         if self.coordinator.leads:
             self.ctx.progress(line)
         return replace(targeting, headroom=line)
+
+    def _headroom_wider(self, sites: list[str], control: Candidate, dev: Headroom) -> Headroom:
+        """The headroom on train and dev when dev alone cannot tell (``dev``'s verdict) and the
+        two together are questions enough to show agreement (:func:`wider_can_agree`): the
+        control answers train too (once; checkpointed), the start program's train answers are the
+        baseline's, and the two are compared on every train and dev question. Train's questions
+        are the ones whose failures the blame read, as dev's are; neither program was chosen on
+        them, so the paired comparison is as fair there as on dev. ``dev`` when train has no
+        questions or the control answered others."""
+        ckpt = self.ckpt
+        own_train, own_dev, control_dev = ckpt.baseline_train, ckpt.baseline_dev, ckpt.control_dev
+        assert own_dev is not None and control_dev is not None
+        if own_train is None or not wider_can_agree(own_train.n, own_dev.n, self.config.min_gain):
+            return dev
+        if ckpt.control_train is None:
+            self.ctx.progress(
+                f"{dev.line()}; the control answers train too ({own_train.n} questions)"
+            )
+            self._boundary()
+            ckpt.control_train = self._evaluate(control, "train")
+            self.ctx.save()
+        if ckpt.control_train.n != own_train.n:
+            return dev
+        own = [o.passed for ev in (own_train, own_dev) for o in ev.outcomes]
+        theirs = [o.passed for ev in (ckpt.control_train, control_dev) for o in ev.outcomes]
+        return headroom(
+            sites,
+            own,
+            theirs,
+            min_gain=self.config.min_gain,
+            seed=self.config.seed,
+            questions="train and dev",
+        )
 
     def _headroom_after(self, targeting: Targeting, control: Candidate | None) -> Targeting:
         """The headroom again after the trials, with a third arm: of the trials that rewrote the

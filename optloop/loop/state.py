@@ -109,6 +109,11 @@ class Checkpoint(BaseModel):
     control_test: Evaluation | None = Field(
         None, description="the trivial-instruction control on test"
     )
+    control_train: Evaluation | None = Field(
+        None,
+        description="the control on train, when dev alone could not tell whether the blamed "
+        "sites' prompt matters (Controller._headroom)",
+    )
     rechecks: list[Recheck] = Field(
         default_factory=list,
         description="the headroom checked again after each stall (--stall), in trial order",

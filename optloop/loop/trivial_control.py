@@ -82,6 +82,7 @@ class Headroom(BaseModel):
         None, description="the written instruction - start program per dev question, paired"
     )
     written_label: str = Field("", description="which trial wrote it")
+    questions: str = Field("dev", description="the split(s) of the n questions")
 
     @property
     def model_bound(self) -> bool:
@@ -96,19 +97,32 @@ class Headroom(BaseModel):
             delta += f"; written - own {self.written}"
         if self.verdict == "agree":
             return (
-                f"headroom: {where}: {arms} agree within \u00b1{self.min_gain:g} on {self.n} dev "
-                f"questions ({delta}): the failures blamed here are the model's, not the "
-                "prompt's; a larger model at that site or a knob would move them"
+                f"headroom: {where}: {arms} agree within \u00b1{self.min_gain:g} on {self.n} "
+                f"{self.questions} questions ({delta}): the failures blamed here are the model's, "
+                "not the prompt's; a larger model at that site or a knob would move them"
             )
         if self.verdict == "differ":
             return (
-                f"headroom: {where}: {arms} differ on {self.n} dev questions ({delta}): the "
-                "prompt there matters"
+                f"headroom: {where}: {arms} differ on {self.n} {self.questions} questions "
+                f"({delta}): the prompt there matters"
             )
         return (
-            f"headroom: {where}: {self.n} dev questions cannot tell whether the prompt there "
-            f"matters by \u00b1{self.min_gain:g} ({delta})"
+            f"headroom: {where}: {self.n} {self.questions} questions cannot tell whether the "
+            f"prompt there matters by \u00b1{self.min_gain:g} ({delta})"
         )
+
+
+def too_few_to_agree(n: int, min_gain: float) -> bool:
+    """Whether ``n`` questions are too few to show two programs agree within ``min_gain``
+    (:func:`headroom`'s rule of three: fewer than ``3 / min_gain``)."""
+    return n * min_gain < 3
+
+
+def wider_can_agree(train: int, dev: int, min_gain: float) -> bool:
+    """Whether the headroom is worth checking on train and dev when dev alone cannot tell: the two
+    together are enough questions to show agreement (:func:`too_few_to_agree`), and train has
+    some."""
+    return train > 0 and not too_few_to_agree(train + dev, min_gain)
 
 
 def headroom(
@@ -120,6 +134,7 @@ def headroom(
     seed: int,
     written: Sequence[bool] | None = None,
     written_label: str = "a written instruction",
+    questions: str = "dev",
 ) -> Headroom:
     """The :class:`Headroom` of ``sites`` from the start program's, the control's and, when given,
     a written instruction's per-question dev results (the same questions, in the same order):
@@ -134,8 +149,8 @@ def headroom(
         deltas.append(paired_bootstrap_delta(base, [float(x) for x in written], seed=seed))
     if any(d.low > 0 or d.high < 0 for d in deltas):
         found = "differ"
-    elif all(-min_gain <= d.low and d.high <= min_gain for d in deltas) and (
-        len(own) * min_gain >= 3
+    elif all(-min_gain <= d.low and d.high <= min_gain for d in deltas) and not (
+        too_few_to_agree(len(own), min_gain)
     ):
         found = "agree"
     else:
@@ -148,6 +163,7 @@ def headroom(
         verdict=found,
         written=deltas[1] if written is not None else None,
         written_label=written_label if written is not None else "",
+        questions=questions,
     )
 
 
@@ -309,5 +325,7 @@ __all__ = [
     "control_line",
     "dev_interval",
     "headroom",
+    "too_few_to_agree",
+    "wider_can_agree",
     "verdict",
 ]

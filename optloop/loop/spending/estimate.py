@@ -36,7 +36,9 @@ MODEL = (
     "with every request computed (stores reused and cache hits make it cheaper); optimizer: its "
     "own runs on train and its proposer calls, measured on finished trials or modeled from its "
     "structure (see the optimizer line); control: the trivial instruction at the blamed sites, "
-    "one evaluation of dev before the trials and one of test; held-out test: 2 evaluations of "
+    "one evaluation of dev before the trials and one of test, and one of train when dev has too "
+    "few questions to tell whether the prompt there matters (priced as the baseline's train "
+    "evaluation, an upper bound); held-out test: 2 evaluations of "
     "the test split (3 with the control), the dev evaluation scaled by sessions + questions; "
     "when no target is an ingest site, the trials, the control and the optimizer's runs reuse "
     "every store and the held-out best and control reuse the start program's: their calls off "
@@ -49,6 +51,7 @@ MODEL = (
 
 
 CONTROL_PART = "control on dev"  # the estimate's part for the control's dev evaluation
+CONTROL_TRAIN_PART = "control on train"  # when dev alone cannot tell the headroom
 HELD_OUT_PART = "held-out test"
 
 
@@ -366,6 +369,7 @@ def estimate(
     batch: int = 1,
     trial: Figures | None = None,
     control: bool = False,
+    control_train: bool = False,
 ) -> Estimate:
     """The whole run of ``budget`` trials, from ``ckpt``'s baseline (train and dev must be
     evaluated); ``trial``: one trial's evaluation when it is not the baseline's dev evaluation
@@ -381,7 +385,8 @@ def estimate(
     a price; ``own_proposer``: the proposer is another LM than the system's (``--proposer-lm``), so
     without a price its dollars are unknown (the system LM's are measured); ``batch``: the trials
     evaluated at once (``--batch``); ``control``: the run evaluates the trivial-instruction control
-    (on dev as ``ckpt`` measured it, once it has)."""
+    (on dev as ``ckpt`` measured it, once it has); ``control_train``: and on train, for the
+    headroom (as ``ckpt`` measured it, once it has)."""
     train, dev = ckpt.baseline_train, ckpt.baseline_dev
     assert train is not None and dev is not None, "the estimate needs the baseline"
     return project(
@@ -399,6 +404,8 @@ def estimate(
         trial=trial,
         control=control,
         control_dev=ckpt.control_dev,
+        control_train=ckpt.control_train if control_train else None,
+        train_control=control and control_train,
     )
 
 
@@ -419,11 +426,15 @@ def project(
     trial: Figures | None = None,
     control: bool = False,
     control_dev: Figures | None = None,
+    control_train: Figures | None = None,
+    train_control: bool = False,
 ) -> Estimate:
     """The run model of :func:`estimate` on the baseline's train and dev evaluations as figures
-    (measured ones, or a model's of them); ``baseline``: the name of their part; ``control_dev``:
-    the control's dev evaluation once the run has made it (its part is then measured). The other
-    arguments are :func:`estimate`'s."""
+    (measured ones, or a model's of them); ``baseline``: the name of their part; ``control_dev``,
+    ``control_train``: the control's dev and train evaluations once the run has made them (their
+    parts are then measured); ``train_control``: the run evaluates the control on train (priced
+    as the baseline's train evaluation until measured). The other arguments are
+    :func:`estimate`'s."""
     batch = trials_at_once(batch, optimizer)
     first = Part(
         part=baseline,
@@ -446,6 +457,12 @@ def project(
                 concurrency,
                 None if chains is None or trial is not None else ("dev", chains.dev),
             )
+        )
+    if train_control:
+        parts.append(
+            _measured(control_train, CONTROL_TRAIN_PART + " (measured)")
+            if control_train is not None
+            else _measured(train, CONTROL_TRAIN_PART + " (as the baseline's)")
         )
     parts += [
         _scaled(

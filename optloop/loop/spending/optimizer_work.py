@@ -105,10 +105,10 @@ def measured_work(
     # the control's, unless it took the baseline's or a held-out evaluation (the same program)
     made = {
         (e.split, e.candidate)
-        for e in (ckpt.baseline_dev, ckpt.test_before, ckpt.test_after)
+        for e in (ckpt.baseline_train, ckpt.baseline_dev, ckpt.test_before, ckpt.test_after)
         if e is not None
     }
-    for control in (ckpt.control_dev, ckpt.control_test):
+    for control in (ckpt.control_dev, ckpt.control_test, ckpt.control_train):
         if control is not None and (control.split, control.candidate) not in made:
             evaluations.append(control)
     total = ckpt.total_cost()

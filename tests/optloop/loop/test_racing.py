@@ -276,6 +276,79 @@ def test_a_model_bound_site_gives_its_budget_to_the_other_targets(
     assert any(m.startswith("headroom: answer:") for m in loop.messages)
 
 
+@pytest.fixture
+def small_dev_model_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Dev of 20 questions (too few to show agreement within ±0.05) and train of 40, on which the
+    start program and the control (the trivial instruction at ``answer``) pass the same half, their
+    failures blamed on ``answer``; the blame names ``answer`` and ``mem.extract``."""
+    from optloop.loop import controller as controller_module
+
+    scripted_dev(
+        monkeypatch,
+        20,
+        {
+            ("seed answer", "seed extract"): (10, fakes.ANSWER),
+            ("trivial answer", "seed extract"): (10, fakes.ANSWER),
+        },
+    )
+    monkeypatch.setitem(fakes.QUESTIONS, "train", 40)
+    monkeypatch.setattr(
+        controller_module,
+        "choose_targets",
+        lambda entries, config, names: ([fakes.ANSWER, fakes.EXTRACT], [], ""),
+    )
+    monkeypatch.setattr(
+        controller_module, "control_sites", lambda entries, config, names: ([fakes.ANSWER], "")
+    )
+
+
+def test_when_dev_cannot_tell_the_control_answers_train_too_and_the_verdict_reads_both(
+    tmp_path: Path, small_dev_model_bound: None
+) -> None:
+    loop = run(tmp_path)
+    result = loop.run()
+    train = [digest for split, digest in loop.evaluator.calls if split == "train"]
+    assert train[0] == fakes.BASE.digest() and len(train) == 2  # the baseline, then the control
+    assert (
+        result.headroom.startswith(
+            "headroom: answer: own and the trivial instruction agree within \u00b10.05 on 60 train "
+            "and dev questions"
+        )
+        and "the budget goes to mem.extract" in result.headroom
+    )
+    assert loop.optimizers[0].sites == [fakes.EXTRACT]
+    assert any(
+        m.startswith("headroom: answer: 20 dev questions cannot tell")
+        and m.endswith("the control answers train too (40 questions)")
+        for m in loop.messages
+    )
+    ckpt = Checkpoint.load(tmp_path / "ckpt.json")
+    assert ckpt.control_train is not None and ckpt.control_train.n == 40
+
+
+def test_a_resumed_run_reads_the_controls_train_answers_from_the_checkpoint(
+    tmp_path: Path, small_dev_model_bound: None
+) -> None:
+    (tmp_path / "clean").mkdir()
+    clean = run(tmp_path / "clean").run()
+    with pytest.raises(fakes.Killed):
+        run(tmp_path, clock=fakes.Clock(kill_on="propose")).run()
+    resumed = run(tmp_path)
+    assert fakes.without_cost(resumed.run()) == fakes.without_cost(clean)
+    assert not [c for c in resumed.evaluator.calls if c[0] == "train"]
+
+
+def test_train_too_small_to_show_agreement_is_not_spent_on_the_control(
+    tmp_path: Path, small_dev_model_bound: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(fakes.QUESTIONS, "train", 30)  # 50 questions: 3 / 0.05 is 60
+    loop = run(tmp_path)
+    result = loop.run()
+    assert result.headroom.startswith("headroom: answer: 20 dev questions cannot tell")
+    assert [c for c in loop.evaluator.calls if c[0] == "train"] == [("train", fakes.BASE.digest())]
+    assert Checkpoint.load(tmp_path / "ckpt.json").control_train is None
+
+
 @pytest.mark.parametrize(("written", "verdict"), [(40, "agree"), (80, "differ")])
 def test_after_the_trials_the_best_written_instruction_joins_own_and_the_control(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, written: int, verdict: str
