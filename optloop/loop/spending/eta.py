@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, Field
 
-from optloop.loop.spending.estimate import CONTROL_PART, HELD_OUT_PART
+from optloop.loop.spending.estimate import CONTROL_PART, CONTROL_TRAIN_PART, HELD_OUT_PART
 from optloop.progress import duration, trial_line
 
 if TYPE_CHECKING:
@@ -86,8 +86,8 @@ class Eta:
         test_s: float | None = None
         held_out = 2
         for part in figures.parts:
-            # done by the time trials begin: the baseline, the control's dev evaluation
-            if part.part.startswith(("baseline", CONTROL_PART)):
+            # done by the time trials begin: the baseline, the control's dev (and train) evaluation
+            if part.part.startswith(("baseline", CONTROL_PART, CONTROL_TRAIN_PART)):
                 continue
             if part.part == HELD_OUT_PART:
                 test_s = None if part.hours is None else part.hours * 3600

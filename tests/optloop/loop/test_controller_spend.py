@@ -857,6 +857,31 @@ def test_a_control_the_run_has_evaluated_is_measured_in_the_estimate():
     assert part.hours == pytest.approx(36 / 3600)
 
 
+def test_the_controls_train_evaluation_is_priced_as_the_baselines_until_measured():
+    from optloop.loop.spending.estimate import CONTROL_TRAIN_PART
+    from optloop.loop.spending.eta import Eta
+
+    ckpt = baseline_checkpoint()
+    kwargs = {"budget": 3, "concurrency": 4, "dev_units": 10, "test_units": 15, "control": True}
+    plain = estimate(ckpt, **kwargs)
+    wider = estimate(ckpt, **kwargs, control_train=True)
+    parts = {p.part: p for p in wider.parts}
+    priced = parts[f"{CONTROL_TRAIN_PART} (as the baseline's)"]
+    assert ckpt.baseline_train is not None
+    assert (priced.evaluations, priced.calls) == (1, round(ckpt.baseline_train.llm_calls))
+    assert wider.total.calls == plain.total.calls + priced.calls
+    # done before the trials: the ETA leaves it out
+    assert Eta.of(wider, 3).trial_s == pytest.approx(Eta.of(plain, 3).trial_s)
+    control_train = measured(
+        "train", calls=9, computed=9, tokens=90, dollars=0.09, lm_seconds=9, seconds=40
+    )
+    measured_figures = estimate(
+        ckpt.model_copy(update={"control_train": control_train}), **kwargs, control_train=True
+    )
+    [part] = [p for p in measured_figures.parts if p.part.startswith(CONTROL_TRAIN_PART)]
+    assert (part.part, part.calls) == (f"{CONTROL_TRAIN_PART} (measured)", 9)
+
+
 def test_the_optimizers_measured_calls_leave_the_controls_evaluations_out():
     spent = {"llm_calls": 100, "model_calls": 100, "tokens": 4300, "cost_usd": 0.14}
     ckpt = baseline_checkpoint(trials=[trial(1, 10), trial(2, 10)], spent=spent, processes=1)
@@ -871,3 +896,12 @@ def test_the_optimizers_measured_calls_leave_the_controls_evaluations_out():
     same = ckpt.model_copy(update={"control_dev": ckpt.baseline_dev})
     reused = measured_work(same, None, 2)
     assert reused is not None and reused.calls == without.calls
+    control_train = measured(
+        "train", calls=10, computed=10, tokens=100, dollars=0.01, lm_seconds=10, seconds=10
+    ).model_copy(update={"candidate": "control"})
+    both = measured_work(
+        ckpt.model_copy(update={"control_dev": control_dev, "control_train": control_train}),
+        None,
+        2,
+    )
+    assert both is not None and both.calls == without.calls - 20  # nor is its train one

@@ -309,13 +309,9 @@ def test_when_dev_cannot_tell_the_control_answers_train_too_and_the_verdict_read
     result = loop.run()
     train = [digest for split, digest in loop.evaluator.calls if split == "train"]
     assert train[0] == fakes.BASE.digest() and len(train) == 2  # the baseline, then the control
-    assert (
-        result.headroom.startswith(
-            "headroom: answer: own and the trivial instruction agree within \u00b10.05 on 60 train "
-            "and dev questions"
-        )
-        and "the budget goes to mem.extract" in result.headroom
-    )
+    agree = "own and the trivial instruction agree within \u00b10.05 on 60 train and dev questions"
+    assert result.headroom.startswith(f"headroom: answer: {agree}")
+    assert "the budget goes to mem.extract" in result.headroom
     assert loop.optimizers[0].sites == [fakes.EXTRACT]
     assert any(
         m.startswith("headroom: answer: 20 dev questions cannot tell")
