@@ -49,7 +49,7 @@ from optloop.loop.trivial_control import (
     Headroom,
     control_candidate,
     headroom,
-    wider_can_agree,
+    widens,
 )
 
 logger = logging.getLogger(__name__)
@@ -270,7 +270,18 @@ class Controller:
         found = self._headroom_of(targeting.control_sites)
         if found is None:
             return targeting
-        if found.verdict == "unknown" and control is not None and self.coordinator.leads:
+        ckpt = self.ckpt
+        if (
+            control is not None
+            and self.coordinator.leads
+            and widens(
+                ckpt.baseline_train,
+                ckpt.baseline_dev,
+                ckpt.control_dev,
+                min_gain=self.config.min_gain,
+                seed=self.config.seed,
+            )
+        ):
             found = self._headroom_wider(targeting.control_sites, control, found)
         line = found.line()
         sites = [s for s in targeting.sites if s not in found.sites]
@@ -285,18 +296,16 @@ class Controller:
         return replace(targeting, headroom=line)
 
     def _headroom_wider(self, sites: list[str], control: Candidate, dev: Headroom) -> Headroom:
-        """The headroom on train and dev when dev alone cannot tell (``dev``'s verdict) and the
-        two together are questions enough to show agreement (:func:`wider_can_agree`): the
-        control answers train too (once; checkpointed), the start program's train answers are the
-        baseline's, and the two are compared on every train and dev question. Train's questions
-        are the ones whose failures the blame read, as dev's are; neither program was chosen on
-        them, so the paired comparison is as fair there as on dev. ``dev`` when train has no
-        questions or the control answered others."""
+        """The headroom on train and dev when dev alone cannot tell and the two together are
+        questions enough to show agreement (:func:`widens`): the control answers train too (once;
+        checkpointed), the start program's train answers are the baseline's, and the two are
+        compared on every train and dev question. Train's questions are the ones whose failures
+        the blame read, as dev's are; neither program was chosen on them, so the paired
+        comparison is as fair there as on dev. ``dev`` (its verdict on dev) when the control
+        answered other train questions."""
         ckpt = self.ckpt
         own_train, own_dev, control_dev = ckpt.baseline_train, ckpt.baseline_dev, ckpt.control_dev
-        assert own_dev is not None and control_dev is not None
-        if own_train is None or not wider_can_agree(own_train.n, own_dev.n, self.config.min_gain):
-            return dev
+        assert own_train is not None and own_dev is not None and control_dev is not None
         if ckpt.control_train is None:
             self.ctx.progress(
                 f"{dev.line()}; the control answers train too ({own_train.n} questions)"

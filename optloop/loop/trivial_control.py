@@ -28,6 +28,7 @@ from optloop.loop.candidate import Candidate
 from optloop.stats import Interval, bootstrap_mean, paired_bootstrap_delta
 
 if TYPE_CHECKING:
+    from optloop.loop.evaluate import Evaluation
     from optloop.loop.state import LoopResult
 
 NO_MEASURABLE_CHANGE = "no measurable change"
@@ -123,6 +124,32 @@ def wider_can_agree(train: int, dev: int, min_gain: float) -> bool:
     together are enough questions to show agreement (:func:`too_few_to_agree`), and train has
     some."""
     return train > 0 and not too_few_to_agree(train + dev, min_gain)
+
+
+def widens(
+    own_train: Evaluation | None,
+    own_dev: Evaluation | None,
+    control_dev: Evaluation | None,
+    *,
+    min_gain: float,
+    seed: int,
+) -> bool:
+    """Whether the headroom check evaluates the control on train too: train and dev together have
+    questions enough to show agreement (:func:`wider_can_agree`), the control is not the start
+    program, and dev alone cannot tell (:func:`headroom`'s verdict on dev is ``unknown``). Before
+    the control's dev evaluation (``control_dev`` None), whether it may: dev has too few
+    questions to show agreement (it may still tell a difference alone)."""
+    if own_train is None or own_dev is None:
+        return False
+    if not wider_can_agree(own_train.n, own_dev.n, min_gain):
+        return False
+    if control_dev is None:
+        return too_few_to_agree(own_dev.n, min_gain)
+    if control_dev.candidate == own_dev.candidate or control_dev.n != own_dev.n:
+        return False
+    own = [o.passed for o in own_dev.outcomes]
+    theirs = [o.passed for o in control_dev.outcomes]
+    return headroom([], own, theirs, min_gain=min_gain, seed=seed).verdict == "unknown"
 
 
 def headroom(
@@ -327,5 +354,6 @@ __all__ = [
     "headroom",
     "too_few_to_agree",
     "wider_can_agree",
+    "widens",
     "verdict",
 ]

@@ -73,7 +73,7 @@ from optloop.loop.state import (
 )
 from optloop.loop.tracking import run as mlflow_run
 from optloop.loop.tracking.sink import MlflowSink
-from optloop.loop.trivial_control import too_few_to_agree, wider_can_agree
+from optloop.loop.trivial_control import widens
 from optloop.loop.workers.coordinator import LocalCoordinator, SharedCoordinator
 from optloop.paths import state_dir
 from optloop.sites import PROPOSER
@@ -448,20 +448,14 @@ class Loop:
             batch=self.config.batch,
             trial=trial,
             control=self.has_control(ckpt),
-            control_train=ckpt.control_train is not None or self.train_control(ckpt),
-        )
-
-    def train_control(self, ckpt: Checkpoint) -> bool:
-        """Whether the estimate prices the control on train: dev has too few questions to show
-        the headroom's agreement and train and dev together have enough
-        (:meth:`Controller._headroom_wider`; dev may still tell a difference alone, so this is an
-        upper bound)."""
-        train, dev, min_gain = ckpt.baseline_train, ckpt.baseline_dev, self.config.min_gain
-        return (
-            train is not None
-            and dev is not None
-            and too_few_to_agree(dev.n, min_gain)
-            and wider_can_agree(train.n, dev.n, min_gain)
+            control_train=ckpt.control_train is not None
+            or widens(
+                ckpt.baseline_train,
+                ckpt.baseline_dev,
+                ckpt.control_dev,
+                min_gain=self.config.min_gain,
+                seed=self.config.seed,
+            ),
         )
 
     def has_control(self, ckpt: Checkpoint) -> bool:

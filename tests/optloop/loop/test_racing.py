@@ -276,6 +276,26 @@ def test_a_model_bound_site_gives_its_budget_to_the_other_targets(
     assert any(m.startswith("headroom: answer:") for m in loop.messages)
 
 
+def test_the_control_answers_train_only_where_dev_cannot_tell_and_both_can() -> None:
+    from optloop.loop.trivial_control import control_candidate, widens
+
+    def ev(split: str, program: str, passes: int, n: int) -> Evaluation:
+        candidate = (
+            fakes.BASE
+            if program == "own"
+            else control_candidate(fakes.BASE, {fakes.ANSWER: program})
+        )
+        return fakes.evaluation(split, candidate, passes, n, fakes.ANSWER)
+
+    train, dev = ev("train", "own", 20, 40), ev("dev", "own", 10, 20)
+    kwargs = {"min_gain": 0.05, "seed": 0}
+    assert widens(train, dev, None, **kwargs)  # before the control: dev's 20 are too few
+    assert widens(train, dev, ev("dev", "trivial", 10, 20), **kwargs)  # dev cannot tell
+    assert not widens(train, dev, ev("dev", "trivial", 20, 20), **kwargs)  # dev tells: differ
+    assert not widens(train, dev, dev, **kwargs)  # the control is the start program
+    assert not widens(ev("train", "own", 20, 30), dev, None, **kwargs)  # 50 of 60 questions
+
+
 @pytest.fixture
 def small_dev_model_bound(monkeypatch: pytest.MonkeyPatch) -> None:
     """Dev of 20 questions (too few to show agreement within ±0.05) and train of 40, on which the
