@@ -270,18 +270,7 @@ class Controller:
         found = self._headroom_of(targeting.control_sites)
         if found is None:
             return targeting
-        ckpt = self.ckpt
-        if (
-            control is not None
-            and self.coordinator.leads
-            and widens(
-                ckpt.baseline_train,
-                ckpt.baseline_dev,
-                ckpt.control_dev,
-                min_gain=self.config.min_gain,
-                seed=self.config.seed,
-            )
-        ):
+        if control is not None and self.coordinator.leads and widens(self.ckpt, self.config):
             found = self._headroom_wider(targeting.control_sites, control, found)
         line = found.line()
         sites = [s for s in targeting.sites if s not in found.sites]

@@ -28,8 +28,8 @@ from optloop.loop.candidate import Candidate
 from optloop.stats import Interval, bootstrap_mean, paired_bootstrap_delta
 
 if TYPE_CHECKING:
-    from optloop.loop.evaluate import Evaluation
-    from optloop.loop.state import LoopResult
+    from optloop.loop.config import LoopConfig
+    from optloop.loop.state import Checkpoint, LoopResult
 
 NO_MEASURABLE_CHANGE = "no measurable change"
 
@@ -126,19 +126,15 @@ def wider_can_agree(train: int, dev: int, min_gain: float) -> bool:
     return train > 0 and not too_few_to_agree(train + dev, min_gain)
 
 
-def widens(
-    own_train: Evaluation | None,
-    own_dev: Evaluation | None,
-    control_dev: Evaluation | None,
-    *,
-    min_gain: float,
-    seed: int,
-) -> bool:
-    """Whether the headroom check evaluates the control on train too: train and dev together have
-    questions enough to show agreement (:func:`wider_can_agree`), the control is not the start
-    program, and dev alone cannot tell (:func:`headroom`'s verdict on dev is ``unknown``). Before
-    the control's dev evaluation (``control_dev`` None), whether it may: dev has too few
-    questions to show agreement (it may still tell a difference alone)."""
+def widens(ckpt: Checkpoint, config: LoopConfig) -> bool:
+    """Whether the headroom check of the run at ``ckpt`` evaluates the control on train too:
+    train and dev together have questions enough to show agreement (:func:`wider_can_agree`),
+    the control is not the start program, and dev alone cannot tell (:func:`headroom`'s verdict
+    on dev, at ``config``'s ``--min-gain`` and seed, is ``unknown``). Before the control's dev
+    evaluation, whether it may: dev has too few questions to show agreement (it may still tell a
+    difference alone)."""
+    own_train, own_dev, control_dev = ckpt.baseline_train, ckpt.baseline_dev, ckpt.control_dev
+    min_gain, seed = config.min_gain, config.seed
     if own_train is None or own_dev is None:
         return False
     if not wider_can_agree(own_train.n, own_dev.n, min_gain):

@@ -448,14 +448,7 @@ class Loop:
             batch=self.config.batch,
             trial=trial,
             control=self.has_control(ckpt),
-            control_train=ckpt.control_train is not None
-            or widens(
-                ckpt.baseline_train,
-                ckpt.baseline_dev,
-                ckpt.control_dev,
-                min_gain=self.config.min_gain,
-                seed=self.config.seed,
-            ),
+            control_train=ckpt.control_train is not None or widens(ckpt, self.config),
         )
 
     def has_control(self, ckpt: Checkpoint) -> bool:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from optloop.loop.config import LoopConfig
 from optloop.loop.evaluate import Evaluation, QuestionOutcome
 from optloop.loop.policy import detectable_gain, power_line, questions_for
 from optloop.loop.racing import MIN_QUESTIONS, Against, Race, RaceSpend, RaceStop, race_order
@@ -287,13 +288,18 @@ def test_the_control_answers_train_only_where_dev_cannot_tell_and_both_can() -> 
         )
         return fakes.evaluation(split, candidate, passes, n, fakes.ANSWER)
 
+    config = LoopConfig(system="fake", run_name="r", min_gain=0.05)
+
+    def at(train: Evaluation, dev: Evaluation, control: Evaluation | None) -> bool:
+        ckpt = Checkpoint(config_digest="", baseline_train=train, baseline_dev=dev)
+        return widens(ckpt.model_copy(update={"control_dev": control}), config)
+
     train, dev = ev("train", "own", 20, 40), ev("dev", "own", 10, 20)
-    kwargs = {"min_gain": 0.05, "seed": 0}
-    assert widens(train, dev, None, **kwargs)  # before the control: dev's 20 are too few
-    assert widens(train, dev, ev("dev", "trivial", 10, 20), **kwargs)  # dev cannot tell
-    assert not widens(train, dev, ev("dev", "trivial", 20, 20), **kwargs)  # dev tells: differ
-    assert not widens(train, dev, dev, **kwargs)  # the control is the start program
-    assert not widens(ev("train", "own", 20, 30), dev, None, **kwargs)  # 50 of 60 questions
+    assert at(train, dev, None)  # before the control: dev's 20 are too few
+    assert at(train, dev, ev("dev", "trivial", 10, 20))  # dev cannot tell
+    assert not at(train, dev, ev("dev", "trivial", 20, 20))  # dev tells: they differ
+    assert not at(train, dev, dev)  # the control is the start program
+    assert not at(ev("train", "own", 20, 30), dev, None)  # 50 questions of the 60 needed
 
 
 @pytest.fixture
