@@ -1655,6 +1655,8 @@ def linked() -> list[str]:
                 "locomo_heldout_edit_answer.json",
                 "locomo_heldout_edit_answer_gated.md",
                 "locomo_heldout_edit_answer_gated.json",
+                "locomo_heldout_wider.md",
+                "locomo_heldout_wider.json",
                 "headroom_locomo_answer_test.md",
                 "headroom_locomo_answer_test.json",
                 "locomo_mem0.md",
